@@ -1,0 +1,431 @@
+"""The fused gated-RMSNorm + per-token FP8 op of the KDA ``o_proj`` epilogue, and
+``per_token_fp8_quant``, against their torch references and against exact fp64 math.
+
+Without a GPU the Triton kernels run under ``TRITON_INTERPRET=1`` (see ``tests/conftest.py``), so
+these tests check the kernels themselves, not only the references. With a GPU they run natively;
+the ``gpu``-marked tests add large shapes and CUDA-graph capture.
+
+Bounds, and why they hold:
+* Triton vs reference: both compute in fp32 with the same operation order; they differ only in the
+  ulps of rsqrt / sigmoid / sum order (a few 1e-7 relative). Scale: relative error <= 1e-6. Codes:
+  an fp32 difference that small crosses an FP8 rounding midpoint rarely, so codes may differ by one
+  step in under 1e-3 of positions, never by more.
+* Against exact math (fp64 from the same inputs): round-to-nearest puts every dequantized value
+  within half an FP8 step of ``y / scale``; the fp32 computation of ``y`` adds < 1e-6 relative,
+  which is < 1e-4 of a half step (an e4m3 half step is >= 2^-5 of the value), hence the 1 + 1e-4.
+* Fused vs sequential (norm rounded to bf16, then ``per_token_fp8_quant``): rounding ``y`` to bf16
+  moves each value, and so the amax, by at most 2^-8 relative (bf16's unit roundoff: 8 significant
+  bits). Scales agree within 2^-8 (+ fp32 rounding) and codes within one FP8 step, because
+  2 * 2^-8 is far below the 2^-4 relative size of an e4m3 step.
+"""
+
+import pytest
+import torch
+
+import vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token as op_module
+from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import (
+    per_token_fp8_quant,
+    per_token_fp8_quant_ref,
+    rmsnorm_gated_fp8_per_token,
+    rmsnorm_gated_fp8_per_token_ref,
+    rmsnorm_gated_ref,
+)
+from vllm.platforms import current_platform
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+FP8_DTYPES = [torch.float8_e4m3fn, torch.float8_e4m3fnuz]
+X_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+EPS = 1e-5
+# Smallest normal exponent, for the size of an FP8 step in the subnormal range.
+FP8_MIN_EXP = {torch.float8_e4m3fn: -6, torch.float8_e4m3fnuz: -7}
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def fp8_ordinal(q: torch.Tensor) -> torch.Tensor:
+    """Sign-magnitude FP8 codes as integers: neighbouring values differ by one."""
+    bits = q.view(torch.uint8).to(torch.int32)
+    magnitude = bits & 0x7F
+    return torch.where(bits >= 0x80, -magnitude, magnitude)
+
+
+def assert_codes_close(q: torch.Tensor, q_ref: torch.Tensor, max_fraction: float = 1e-3) -> None:
+    assert q.shape == q_ref.shape and q.dtype == q_ref.dtype
+    diff = (fp8_ordinal(q) - fp8_ordinal(q_ref)).abs()
+    assert int(diff.max()) <= 1, f"codes differ by {int(diff.max())} steps"
+    n_diff = int((diff > 0).sum())
+    assert n_diff <= max_fraction * q.numel(), f"{n_diff} of {q.numel()} codes differ"
+
+
+def assert_scale_close(scale: torch.Tensor, scale_ref: torch.Tensor, rtol: float = 1e-6) -> None:
+    assert scale.shape == scale_ref.shape and scale.dtype == torch.float32
+    rel = ((scale.double() - scale_ref.double()).abs() / scale_ref.double()).max()
+    assert float(rel) <= rtol, f"scale relative error {float(rel):.3g} > {rtol}"
+
+
+def exact_rmsnorm_gated(x, weight, gate, eps) -> torch.Tensor:
+    xd = x.double()
+    rstd = torch.rsqrt(xd.square().mean(dim=-1, keepdim=True) + eps)
+    return xd * rstd * weight.double() * torch.sigmoid(gate.double())
+
+
+def assert_within_half_step(q: torch.Tensor, scale: torch.Tensor, exact: torch.Tensor) -> None:
+    """Every dequantized value lies within half an FP8 step of the exact value."""
+    scale = scale.double()
+    v = exact.double() / scale
+    exponent = torch.floor(torch.log2(v.abs())).clamp(min=FP8_MIN_EXP[q.dtype])
+    half_step = torch.exp2(exponent - 3) / 2 * scale
+    err = (q.double() * scale - exact.double()).abs()
+    excess = (err - half_step * (1 + 1e-4)).max()
+    assert float(excess) <= 0, f"dequantized error exceeds half an FP8 step by {float(excess):.3g}"
+
+
+def make_inputs(tokens, heads, head_dim, dtype, *, gate_slice=True, x_strided=False, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    width = heads * head_dim
+    if x_strided:
+        # x as a head-slice of a wider buffer: non-contiguous token and head strides.
+        base = torch.randn(tokens, heads + 2, head_dim + 32, generator=gen)
+        x = base.to(dtype).to(DEVICE)[:, 1 : heads + 1, :head_dim]
+    else:
+        x = torch.randn(tokens, heads, head_dim, generator=gen).to(dtype).to(DEVICE)
+    if gate_slice:
+        # The gate as a column slice of a wider projection (as KDA's fused in_proj output).
+        wide = torch.randn(tokens, 4 * width + 16, generator=gen).to(dtype).to(DEVICE)
+        gate = wide[:, 3 * width : 4 * width].view(tokens, heads, head_dim)
+    else:
+        gate = torch.randn(tokens, heads, head_dim, generator=gen).to(dtype).to(DEVICE)
+    weight = (torch.rand(head_dim, generator=gen) + 0.5).to(dtype).to(DEVICE)
+    return x, weight, gate
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton kernel vs torch reference vs exact math
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("quant_dtype", FP8_DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", X_DTYPES, ids=str)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("heads", [1, 3, 8, 12, 32])
+@pytest.mark.parametrize("tokens", [0, 1, 3, 17, 129])
+def test_fused_matches_reference(tokens, heads, head_dim, dtype, quant_dtype):
+    x, weight, gate = make_inputs(tokens, heads, head_dim, dtype, x_strided=tokens % 2 == 1)
+    q, scale = rmsnorm_gated_fp8_per_token(x, weight, gate, EPS, quant_dtype)
+    assert q.shape == (tokens, heads * head_dim) and q.dtype == quant_dtype
+    assert scale.shape == (tokens, 1) and scale.dtype == torch.float32
+    if tokens == 0:
+        return
+    q_ref, scale_ref = rmsnorm_gated_fp8_per_token_ref(x, weight, gate, EPS, quant_dtype)
+    assert_scale_close(scale, scale_ref)
+    assert_codes_close(q, q_ref)
+    exact = exact_rmsnorm_gated(x, weight, gate, EPS).reshape(tokens, -1)
+    assert_within_half_step(q, scale, exact)
+    fp8_max = current_platform.fp8_max(quant_dtype)
+    torch.testing.assert_close(
+        scale.double().squeeze(1), exact.abs().amax(dim=1) / fp8_max, rtol=1e-6, atol=0
+    )
+
+
+@pytest.mark.parametrize(
+    "heads,head_dim",
+    [(48, 256), (3, 96), (5, 512), (2, 640)],
+    ids=["wide-two-pass", "non-pow2-D", "D512", "D640-fallback"],
+)
+def test_fused_other_launch_shapes(heads, head_dim):
+    """Wide tokens (two-pass kernel), non-power-of-two D, D=512, and the D>512 fallback."""
+    x, weight, gate = make_inputs(5, heads, head_dim, torch.bfloat16)
+    q, scale = rmsnorm_gated_fp8_per_token(x, weight, gate, EPS)
+    q_ref, scale_ref = rmsnorm_gated_fp8_per_token_ref(x, weight, gate, EPS)
+    assert_scale_close(scale, scale_ref)
+    assert_codes_close(q, q_ref)
+    assert_within_half_step(q, scale, exact_rmsnorm_gated(x, weight, gate, EPS).reshape(5, -1))
+
+
+def test_two_dim_gate_accepted_for_one_head():
+    x, weight, gate = make_inputs(4, 1, 64, torch.bfloat16)
+    q, scale = rmsnorm_gated_fp8_per_token(x, weight, gate[:, 0, :], EPS)
+    q_ref, scale_ref = rmsnorm_gated_fp8_per_token_ref(x, weight, gate, EPS)
+    assert_scale_close(scale, scale_ref)
+    assert_codes_close(q, q_ref)
+
+
+@pytest.mark.parametrize("quant_dtype", FP8_DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", X_DTYPES, ids=str)
+@pytest.mark.parametrize("width", [64, 1536, 2304, 7168, 20000])
+@pytest.mark.parametrize("tokens", [0, 1, 3, 17, 129])
+def test_per_token_quant_matches_reference(tokens, width, dtype, quant_dtype):
+    gen = torch.Generator().manual_seed(tokens * 7 + width)
+    wide = (torch.randn(tokens, width + 64, generator=gen) * 3).to(dtype).to(DEVICE)
+    x = wide[:, 32 : 32 + width]  # row stride != width
+    q, scale = per_token_fp8_quant(x, quant_dtype)
+    assert q.shape == (tokens, width) and scale.shape == (tokens, 1)
+    if tokens == 0:
+        return
+    q_ref, scale_ref = per_token_fp8_quant_ref(x, quant_dtype)
+    assert_scale_close(scale, scale_ref)
+    assert_codes_close(q, q_ref)
+    assert_within_half_step(q, scale, x.double())
+
+
+# ---------------------------------------------------------------------------------------------
+# Fused vs sequential (norm rounded to bf16, then per_token_fp8_quant)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("heads", [3, 12, 32])
+@pytest.mark.parametrize("tokens", [1, 17, 129])
+def test_fused_vs_sequential(tokens, heads):
+    x, weight, gate = make_inputs(tokens, heads, 128, torch.bfloat16, seed=tokens + heads)
+    q, scale = rmsnorm_gated_fp8_per_token(x, weight, gate, EPS)
+    normed = rmsnorm_gated_ref(x, weight, gate, EPS).to(torch.bfloat16).reshape(tokens, -1)
+    q_seq, scale_seq = per_token_fp8_quant(normed)
+    assert_scale_close(scale, scale_seq, rtol=2**-8 + 1e-6)
+    assert_codes_close(q, q_seq, max_fraction=1.0)  # every code within one step
+
+
+# ---------------------------------------------------------------------------------------------
+# Edge cases: scale spans heads, zero tokens, huge values, non-finite input, every output written
+# ---------------------------------------------------------------------------------------------
+
+
+def test_scale_spans_all_heads():
+    tokens, heads, head_dim = 6, 12, 128
+    x = torch.full((tokens, heads, head_dim), 0.01, dtype=torch.bfloat16)
+    x[:, 5, :] = 4.0  # one loud head; RMSNorm alone would equalize heads, so vary the weight too
+    gate = torch.zeros_like(x)
+    gate[:, 5, :] = 6.0
+    weight = torch.linspace(0.5, 1.5, head_dim, dtype=torch.bfloat16)
+    x, gate, weight = x.to(DEVICE), gate.to(DEVICE), weight.to(DEVICE)
+    q, scale = rmsnorm_gated_fp8_per_token(x, weight, gate, EPS)
+    exact = exact_rmsnorm_gated(x, weight, gate, EPS)
+    loud_amax = exact[:, 5, :].abs().amax(dim=1)
+    fp8_max = current_platform.fp8_max()
+    torch.testing.assert_close(scale.double().squeeze(1), loud_amax / fp8_max, rtol=1e-6, atol=0)
+    # Quiet heads (sigmoid(0) = 0.5) are quantized with the loud head's scale, not their own.
+    quiet = q.view(tokens, heads, head_dim)[:, 0, :].float()
+    assert quiet.abs().max() < 0.8 * fp8_max
+    assert_within_half_step(q, scale, exact.reshape(tokens, -1))
+
+
+def test_zero_token_gets_floor_scale_and_zero_codes():
+    x, weight, gate = make_inputs(4, 12, 128, torch.bfloat16)
+    x[2] = 0.0
+    q, scale = rmsnorm_gated_fp8_per_token(x, weight, gate, EPS)
+    min_scale = current_platform.fp8_min_scale()
+    assert float(scale[2]) == pytest.approx(min_scale, rel=1e-7)
+    assert torch.isfinite(scale).all()
+    assert (q[2].float() == 0).all()
+    qp, sp = per_token_fp8_quant(torch.zeros(3, 1536, dtype=torch.bfloat16, device=DEVICE))
+    assert (qp.float() == 0).all() and torch.allclose(sp, torch.full_like(sp, min_scale))
+
+
+def test_one_huge_value():
+    x, weight, gate = make_inputs(3, 12, 128, torch.float32)
+    x[1, 7, 3] = 3.0e4
+    q, scale = rmsnorm_gated_fp8_per_token(x, weight, gate, EPS)
+    q_ref, scale_ref = rmsnorm_gated_fp8_per_token_ref(x, weight, gate, EPS)
+    assert_scale_close(scale, scale_ref)
+    assert_codes_close(q, q_ref)
+    assert_within_half_step(q, scale, exact_rmsnorm_gated(x, weight, gate, EPS).reshape(3, -1))
+
+    y = torch.randn(3, 1536, device=DEVICE)
+    y[1, 100] = 1.0e30
+    qp, sp = per_token_fp8_quant(y)
+    fp8_max = current_platform.fp8_max()
+    assert float(qp[1, 100].float()) == fp8_max
+    assert float(sp[1]) == pytest.approx(1.0e30 / fp8_max, rel=1e-6)
+    assert_within_half_step(qp, sp, y.double())
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_non_finite_token_is_poisoned_and_others_are_not():
+    x, weight, gate = make_inputs(4, 3, 64, torch.float32)
+    x[1, 2, 5] = float("nan")
+    x[3, 0, 0] = float("inf")
+    q, scale = rmsnorm_gated_fp8_per_token(x, weight, gate, EPS)
+    q_ref, scale_ref = rmsnorm_gated_fp8_per_token_ref(x, weight, gate, EPS)
+    assert torch.isinf(scale[1]).all() and torch.isinf(scale[3]).all()
+    assert torch.equal(torch.isnan(q.float()), torch.isnan(q_ref.float()))
+    # The NaN head of token 1 (and the Inf head of token 3) quantize to NaN, the rest to 0.
+    assert torch.isnan(q.float().view(4, 3, 64)[1, 2]).all()
+    assert (q.float().view(4, 3, 64)[1, :2] == 0).all()
+    for t in (0, 2):
+        assert_scale_close(scale[t : t + 1], scale_ref[t : t + 1])
+        assert_codes_close(q[t : t + 1], q_ref[t : t + 1])
+
+    y = torch.randn(3, 256, device=DEVICE)
+    y[0, 3] = float("-inf")
+    qp, sp = per_token_fp8_quant(y)
+    qp_ref, sp_ref = per_token_fp8_quant_ref(y)
+    assert torch.isinf(sp[0]).all() and torch.isfinite(sp[1:]).all()
+    assert torch.isnan(qp.float()[0, 3]) and (qp.float()[0, :3] == 0).all()
+    assert torch.equal(torch.isnan(qp.float()), torch.isnan(qp_ref.float()))
+
+
+def poison(t: torch.Tensor) -> torch.Tensor:
+    """Fill with NaN bytes (0x7F is NaN in e4m3fn; in fp32 0x7F7F7F7F is a finite value)."""
+    t.view(torch.uint8).fill_(0x7F)
+    if t.dtype == torch.float32:
+        t.fill_(float("nan"))
+    return t
+
+
+def test_every_output_written_into_preallocated_buffers():
+    tokens, heads, head_dim = 17, 12, 128
+    x, weight, gate = make_inputs(tokens, heads, head_dim, torch.bfloat16)
+    buf = poison(
+        torch.empty(tokens, heads * head_dim + 64, dtype=torch.float8_e4m3fn, device=DEVICE)
+    )
+    out = buf[:, : heads * head_dim]  # a row stride wider than the row
+    scale_out = poison(torch.empty(tokens, 1, dtype=torch.float32, device=DEVICE))
+    q, scale = rmsnorm_gated_fp8_per_token(
+        x, weight, gate, EPS, torch.float8_e4m3fn, out=out, scale_out=scale_out
+    )
+    assert q.data_ptr() == out.data_ptr() and scale.data_ptr() == scale_out.data_ptr()
+    assert not torch.isnan(q.float()).any() and not torch.isnan(scale).any()
+    assert torch.isnan(buf[:, heads * head_dim :].float()).all(), "wrote past the row"
+    q_ref, scale_ref = rmsnorm_gated_fp8_per_token_ref(x, weight, gate, EPS, torch.float8_e4m3fn)
+    assert_scale_close(scale, scale_ref)
+    assert_codes_close(q, q_ref)
+
+    y = torch.randn(tokens, 7168, device=DEVICE)
+    out = poison(torch.empty(tokens, 7168, dtype=torch.float8_e4m3fn, device=DEVICE))
+    scale_out = poison(torch.empty(tokens, 1, dtype=torch.float32, device=DEVICE))
+    per_token_fp8_quant(y, torch.float8_e4m3fn, out=out, scale_out=scale_out)
+    assert not torch.isnan(out.float()).any() and not torch.isnan(scale_out).any()
+
+
+def test_zero_tokens_launch_nothing(monkeypatch):
+    class NoLaunch:
+        def __getitem__(self, grid):
+            raise AssertionError("a kernel was launched for T == 0")
+
+    monkeypatch.setattr(op_module, "_rmsnorm_gated_fp8_kernel", NoLaunch())
+    monkeypatch.setattr(op_module, "_rmsnorm_gated_fp8_wide_kernel", NoLaunch())
+    monkeypatch.setattr(op_module, "_per_token_fp8_quant_kernel", NoLaunch())
+    x, weight, gate = make_inputs(0, 12, 128, torch.bfloat16)
+    q, scale = rmsnorm_gated_fp8_per_token(x, weight, gate, EPS)
+    assert q.shape == (0, 1536) and scale.shape == (0, 1)
+    q, scale = per_token_fp8_quant(torch.empty(0, 1536, device=DEVICE))
+    assert q.shape == (0, 1536) and scale.shape == (0, 1)
+
+
+def test_hot_path_does_not_call_finfo(monkeypatch):
+    x, weight, gate = make_inputs(2, 12, 128, torch.bfloat16)
+
+    def no_finfo(*args, **kwargs):
+        raise AssertionError("torch.finfo on the hot path")
+
+    monkeypatch.setattr(torch, "finfo", no_finfo)
+    rmsnorm_gated_fp8_per_token(x, weight, gate, EPS)
+    per_token_fp8_quant(x.reshape(2, -1))
+
+
+# ---------------------------------------------------------------------------------------------
+# Input validation
+# ---------------------------------------------------------------------------------------------
+
+
+def _bad_fused_inputs():
+    x, w, g = make_inputs(4, 12, 128, torch.bfloat16, gate_slice=False)
+    return [
+        ("x must be 3-D", dict(x=x.reshape(4, -1))),
+        ("gate shape", dict(gate=g[:, :6])),
+        ("weight must have shape", dict(weight=w[:64])),
+        ("x must have unit stride", dict(x=x.transpose(1, 2).contiguous().transpose(1, 2))),
+        ("gate must have unit stride", dict(gate=g.transpose(1, 2).contiguous().transpose(1, 2))),
+        ("x must be bfloat16", dict(x=x.to(torch.float64))),
+        ("gate must be bfloat16", dict(gate=g.to(torch.int32))),
+        ("weight must be bfloat16", dict(weight=w.to(torch.float64))),
+        ("gate is 2-D", dict(gate=g.reshape(4, -1))),
+        ("one device", dict(weight=w.to("meta"))),
+        ("quant_dtype must be one of", dict(quant_dtype=torch.int8)),
+        ("eps must be", dict(eps=-1.0)),
+        ("out must be", dict(out=torch.empty(4, 1536, dtype=torch.float16, device=DEVICE))),
+        ("scale_out must be", dict(scale_out=torch.empty(4, dtype=torch.float32, device=DEVICE))),
+    ]
+
+
+@pytest.mark.parametrize("message,override", _bad_fused_inputs(), ids=lambda v: str(v)[:30])
+def test_fused_rejects_bad_input(message, override):
+    x, w, g = make_inputs(4, 12, 128, torch.bfloat16, gate_slice=False)
+    args = dict(x=x, weight=w, gate=g, eps=EPS, quant_dtype=None, out=None, scale_out=None)
+    args.update(override)
+    with pytest.raises(ValueError, match=message):
+        rmsnorm_gated_fp8_per_token(**args)
+
+
+@pytest.mark.parametrize(
+    "message,x",
+    [
+        ("x must be 2-D", torch.randn(2, 3, 4)),
+        ("x must be bfloat16", torch.randn(2, 8, dtype=torch.float64)),
+        ("x must have unit stride", torch.randn(8, 2).t()),
+        ("non-empty last dim", torch.randn(2, 0)),
+    ],
+)
+def test_per_token_quant_rejects_bad_input(message, x):
+    with pytest.raises(ValueError, match=message):
+        per_token_fp8_quant(x.to(DEVICE))
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: large shapes, CUDA graphs, the native baseline
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [4096, 65536])
+@pytest.mark.parametrize("heads", [8, 12, 32])
+def test_gpu_large_shapes(tokens, heads):
+    x, weight, gate = make_inputs(tokens, heads, 128, torch.bfloat16, seed=heads)
+    q, scale = rmsnorm_gated_fp8_per_token(x, weight, gate, 1e-6)
+    q_ref, scale_ref = rmsnorm_gated_fp8_per_token_ref(x, weight, gate, 1e-6)
+    assert_scale_close(scale, scale_ref)
+    assert_codes_close(q, q_ref)
+    exact = exact_rmsnorm_gated(x, weight, gate, 1e-6).reshape(tokens, -1)
+    assert_within_half_step(q, scale, exact)
+    normed = rmsnorm_gated_ref(x, weight, gate, 1e-6).to(torch.bfloat16).reshape(tokens, -1)
+    qs, ss = per_token_fp8_quant(normed)
+    qs_ref, ss_ref = per_token_fp8_quant_ref(normed)
+    assert_scale_close(ss, ss_ref)
+    assert_codes_close(qs, qs_ref)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_replay_matches_eager():
+    tokens, heads, head_dim = 64, 12, 128
+    x, weight, gate = make_inputs(tokens, heads, head_dim, torch.bfloat16)
+    out = torch.empty(tokens, heads * head_dim, dtype=current_platform.fp8_dtype(), device="cuda")
+    scale_out = torch.empty(tokens, 1, dtype=torch.float32, device="cuda")
+    rmsnorm_gated_fp8_per_token(x, weight, gate, EPS, out=out, scale_out=scale_out)  # compile
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        rmsnorm_gated_fp8_per_token(x, weight, gate, EPS, out=out, scale_out=scale_out)
+    new_x, _, new_gate = make_inputs(tokens, heads, head_dim, torch.bfloat16, seed=7)
+    x.copy_(new_x)
+    gate.copy_(new_gate)
+    graph.replay()
+    q_eager, scale_eager = rmsnorm_gated_fp8_per_token(x, weight, gate, EPS)
+    torch.cuda.synchronize()
+    assert torch.equal(out.view(torch.uint8), q_eager.view(torch.uint8))
+    assert torch.equal(scale_out, scale_eager)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("width", [1536, 7168])
+def test_gpu_native_per_token_quant_baseline(width):
+    from vllm import _custom_ops as ops
+
+    if not ops.has_native_ops():
+        pytest.skip("vllm._C is not built")
+    x = torch.randn(1000, width, dtype=torch.bfloat16, device="cuda")
+    q, scale = ops.dynamic_per_token_scaled_fp8_quant(x)
+    q_ref, scale_ref = per_token_fp8_quant_ref(x)
+    # Same scale rule; the native kernel divides where ours multiplies by 1/scale.
+    assert_scale_close(scale, scale_ref)
+    assert_codes_close(q, q_ref)

@@ -1,0 +1,43 @@
+"""Every `VLLM_*` environment variable the fork reads, typed and documented, in one place.
+
+Read through this module (`vllm.envs.VLLM_LOGGING_LEVEL`), never with `os.environ` elsewhere, so
+that `python -c "import vllm.envs as e; print(e.describe())"` lists them all.
+"""
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+# name -> (parser of the raw value or None, help text)
+_VARIABLES: dict[str, tuple[Callable[[str | None], Any], str]] = {
+    "VLLM_TARGET_DEVICE": (
+        lambda v: (v or "").lower() or None,
+        "Build target for setup.py: cuda | rocm | cpu | empty. Unset: detected from the "
+        "installed torch (a GPU build of torch with its compiler present builds vllm._C).",
+    ),
+    "VLLM_TARGET_PLATFORM": (
+        lambda v: (v or "").lower() or None,
+        "Force the run-time platform (cuda | rocm | cpu) instead of detecting it from torch.",
+    ),
+    "VLLM_LOGGING_LEVEL": (
+        lambda v: (v or "INFO").upper(),
+        "Level of the `vllm` loggers (default INFO).",
+    ),
+}
+
+
+def describe() -> str:
+    """One line per variable: name, current value, help."""
+    return "\n".join(
+        f"{name}={__getattr__(name)!r}: {help_text}" for name, (_, help_text) in _VARIABLES.items()
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name in _VARIABLES:
+        return _VARIABLES[name][0](os.environ.get(name))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return [*_VARIABLES, "describe"]

@@ -1,0 +1,1 @@
+"""Model execution: layers, quantization, kernels."""

@@ -1,0 +1,1 @@
+"""Neural-network layers shared by the models."""

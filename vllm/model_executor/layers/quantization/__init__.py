@@ -1,0 +1,1 @@
+"""Quantization methods and their shared descriptions."""

@@ -1,0 +1,1 @@
+"""Quantization descriptors (group shapes, scale descriptions, quant keys)."""

@@ -1,0 +1,13 @@
+"""NVIDIA CUDA platform: e4m3fn FP8, Triton kernels, torch rowwise `_scaled_mm`."""
+
+import torch
+
+from vllm.platforms.interface import Platform, PlatformEnum
+
+
+class CudaPlatform(Platform):
+    _enum = PlatformEnum.CUDA
+    device_type = "cuda"
+
+    def get_device_name(self) -> str:
+        return torch.cuda.get_device_name(0)

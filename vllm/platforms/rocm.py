@@ -1,0 +1,40 @@
+"""AMD ROCm platform: FP8 flavour from the GCN arch, AITER availability.
+
+Written to the documented ROCm facts (no AMD GPU is available to this project): `is_fp8_fnuz` is
+true iff device 0's GCN arch name contains "gfx94" (MI300/MI325); gfx950 (MI355X) uses e4m3fn.
+"""
+
+from functools import cached_property
+
+import torch
+
+from vllm.platforms.interface import Platform, PlatformEnum
+
+
+class RocmPlatform(Platform):
+    _enum = PlatformEnum.ROCM
+    device_type = "cuda"  # HIP devices are addressed as "cuda" by torch
+
+    def __init__(self, gcn_arch: str | None = None) -> None:
+        # Tests pass the arch string; at run time it is read from device 0 once.
+        self._gcn_arch_override = gcn_arch
+
+    @cached_property
+    def gcn_arch(self) -> str:
+        if self._gcn_arch_override is not None:
+            return self._gcn_arch_override
+        return torch.cuda.get_device_properties(0).gcnArchName
+
+    def is_fp8_fnuz(self) -> bool:
+        return "gfx94" in self.gcn_arch
+
+    def get_device_name(self) -> str:
+        return torch.cuda.get_device_name(0)
+
+    def has_aiter(self) -> bool:
+        """Whether the `aiter` package imports. Imported lazily: never at module import."""
+        try:
+            import aiter  # noqa: F401
+        except ImportError:
+            return False
+        return True
