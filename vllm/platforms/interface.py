@@ -71,6 +71,13 @@ class Platform:
         """Smallest dynamic scale `1 / (fp8_max * 512)`, as upstream's C++ kernel and QuantFP8."""
         return 1.0 / (self.fp8_max(dtype) * 512.0)
 
+    def triton_supports_fp8(self, dtype: torch.dtype) -> bool:
+        """Whether Triton kernels on this platform's GPU can emit `dtype`.
+
+        The base answer is for Triton's CPU interpreter, which handles both flavours.
+        """
+        return dtype in _FP8_MAX
+
     def get_device_name(self) -> str:
         return "cpu"
 

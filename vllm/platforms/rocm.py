@@ -28,6 +28,10 @@ class RocmPlatform(Platform):
     def is_fp8_fnuz(self) -> bool:
         return "gfx94" in self.gcn_arch
 
+    def triton_supports_fp8(self, dtype: torch.dtype) -> bool:
+        # gfx94x converts to e4m3fnuz, gfx950 to OCP e4m3fn: only the arch's own flavour.
+        return dtype == self.fp8_dtype()
+
     def get_device_name(self) -> str:
         return torch.cuda.get_device_name(0)
 

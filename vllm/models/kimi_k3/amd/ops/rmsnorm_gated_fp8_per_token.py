@@ -42,6 +42,7 @@ out-of-bounds address is ever formed.
 
 import os
 from functools import cache, lru_cache
+from typing import NamedTuple
 
 import torch
 
@@ -260,24 +261,31 @@ def _num_sms() -> int:
     return 1
 
 
+class FusedLaunchConfig(NamedTuple):
+    """How the fused op is launched for one shape (see the module docstring)."""
+
+    wide: bool  # one token per program, heads in chunks of `block`, two passes
+    block: int  # rows (token, head) per program; heads per chunk when `wide`
+    tokens_per_program: int
+    num_warps: int
+
+
 @cache
-def _fused_config(t_bucket: int, heads: int, head_dim: int) -> tuple[bool, int, int, int, int]:
-    """(wide, block_rows_or_heads, tokens_per_program, block_tokens, num_warps) for a shape."""
+def fused_launch_config(t_bucket: int, heads: int, head_dim: int) -> FusedLaunchConfig:
+    """The launch configuration for ``[~t_bucket, heads, head_dim]`` inputs."""
     block_d = _next_pow2(head_dim)
     min_rows = _next_pow2(heads)
     if min_rows * block_d > _MAX_TILE:
-        block_heads = max(1, _MAX_TILE // block_d)
-        return True, block_heads, 1, 1, 8
+        return FusedLaunchConfig(True, max(1, _MAX_TILE // block_d), 1, 8)
     # Grow the tile (more whole tokens per program) while the grid still fills the GPU.
     rows = min_rows
     target_programs = 4 * _num_sms()
-    while (
-        rows * 2 * block_d <= _MAX_TILE and -(-t_bucket // ((rows * 2) // heads)) >= target_programs
-    ):
+    while rows * 2 * block_d <= _MAX_TILE:
+        if -(-t_bucket // ((rows * 2) // heads)) < target_programs:
+            break
         rows *= 2
-    tokens = rows // heads
     num_warps = max(1, min(8, rows * block_d // 512))
-    return False, rows, tokens, _next_pow2(tokens), num_warps
+    return FusedLaunchConfig(False, rows, rows // heads, num_warps)
 
 
 @cache
@@ -355,10 +363,12 @@ def _outputs(
     return out, scale_out
 
 
-def _use_triton(device: torch.device) -> bool:
+def _use_triton(device: torch.device, quant_dtype: torch.dtype) -> bool:
     if triton is None:
         return False
-    return device.type == "cuda" or (_INTERPRET and device.type == "cpu")
+    if device.type == "cpu":
+        return _INTERPRET
+    return device.type == "cuda" and current_platform.triton_supports_fp8(quant_dtype)
 
 
 def _check_fused_inputs(
@@ -470,37 +480,53 @@ def rmsnorm_gated_fp8_per_token(
     out, scale_out = _outputs(out, scale_out, tokens, heads * head_dim, quant_dtype, x.device)
     if tokens == 0:
         return out, scale_out
-    if head_dim > _MAX_TRITON_D or not _use_triton(x.device):
+    if head_dim > _MAX_TRITON_D or not _use_triton(x.device, quant_dtype):
         y = rmsnorm_gated_ref(x, weight, gate, eps).reshape(tokens, heads * head_dim)
         q, scale = per_token_fp8_quant_ref(y, quant_dtype)
         out.copy_(q)
         scale_out.copy_(scale)
         return out, scale_out
 
-    wide, block, tokens_per_prog, block_tokens, num_warps = _fused_config(
-        _next_pow2(tokens), heads, head_dim
-    )
-    if wide:
+    config = fused_launch_config(_next_pow2(tokens), heads, head_dim)
+    launch_fused(x, weight, gate, eps, out, scale_out, fp8_max, min_scale, config)
+    return out, scale_out
+
+
+def launch_fused(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    gate: torch.Tensor,
+    eps: float,
+    out: torch.Tensor,
+    scale_out: torch.Tensor,
+    fp8_max: float,
+    min_scale: float,
+    config: FusedLaunchConfig,
+) -> None:
+    """Launch the fused kernel with an explicit configuration on validated arguments.
+
+    For ``rmsnorm_gated_fp8_per_token`` and for tuning sweeps (the benchmark's ``--sweep``).
+    """
+    tokens, heads, head_dim = x.shape
+    common = (eps, fp8_max, min_scale)
+    if config.wide:
         _rmsnorm_gated_fp8_wide_kernel[(tokens,)](
             x, gate, weight, out, scale_out,
             x.stride(0), x.stride(1), gate.stride(0), gate.stride(1),
-            out.stride(0), scale_out.stride(0),
-            eps, fp8_max, min_scale,
-            H=heads, D=head_dim, BLOCK_D=_next_pow2(head_dim), BLOCK_HEADS=block,
-            num_warps=num_warps,
+            out.stride(0), scale_out.stride(0), *common,
+            H=heads, D=head_dim, BLOCK_D=_next_pow2(head_dim), BLOCK_HEADS=config.block,
+            num_warps=config.num_warps,
         )  # fmt: skip
     else:
-        grid = (-(-tokens // tokens_per_prog),)
-        _rmsnorm_gated_fp8_kernel[grid](
+        tokens_per_program = config.tokens_per_program
+        _rmsnorm_gated_fp8_kernel[(-(-tokens // tokens_per_program),)](
             x, gate, weight, out, scale_out,
             tokens, x.stride(0), x.stride(1), gate.stride(0), gate.stride(1),
-            out.stride(0), scale_out.stride(0),
-            eps, fp8_max, min_scale,
-            H=heads, D=head_dim, BLOCK_D=_next_pow2(head_dim),
-            BLOCK_ROWS=block, TOKENS=tokens_per_prog, BLOCK_TOKENS=block_tokens,
-            num_warps=num_warps,
+            out.stride(0), scale_out.stride(0), *common,
+            H=heads, D=head_dim, BLOCK_D=_next_pow2(head_dim), BLOCK_ROWS=config.block,
+            TOKENS=tokens_per_program, BLOCK_TOKENS=_next_pow2(tokens_per_program),
+            num_warps=config.num_warps,
         )  # fmt: skip
-    return out, scale_out
 
 
 def per_token_fp8_quant(
@@ -530,7 +556,7 @@ def per_token_fp8_quant(
     out, scale_out = _outputs(out, scale_out, tokens, width, quant_dtype, x.device)
     if tokens == 0:
         return out, scale_out
-    if not _use_triton(x.device):
+    if not _use_triton(x.device, quant_dtype):
         q, scale = per_token_fp8_quant_ref(x, quant_dtype)
         out.copy_(q)
         scale_out.copy_(scale)

@@ -1,0 +1,366 @@
+"""Benchmark the fused gated RMSNorm + per-token FP8 op against its baselines and ceilings.
+
+Providers, timed in one run on the same inputs:
+  fused          rmsnorm_gated_fp8_per_token (this fork)
+  ref_design     a plain reimplementation of the upstream kernel design (upstream-facts F.3): one
+                 token per program, a [next_pow2(H), next_pow2(D)] tile, default num_warps
+  unfused        fla-core's FusedRMSNormGated (sigmoid), then per_token_fp8_quant
+  unfused_native fla-core's FusedRMSNormGated, then vllm._C's per-token quant (if built)
+  copy           a same-bytes Triton copy: reads x and gate, writes FP8 and a per-token scale
+                 (the best of several block sizes): the bandwidth ceiling
+  empty          an empty Triton kernel: the launch floor
+
+Small T (<= --graph-max-tokens) is timed as CUDA-graph replay of --graph-calls back-to-back calls,
+which is what a decode step pays; larger T with triton's do_bench, L2 flushed before every call.
+Reports microseconds per call, GB/s (x + gate read, FP8 + scale written) and percent of the copy.
+
+    python benchmarks/kernels/benchmark_rmsnorm_gated_fp8_per_token.py --csv out.csv
+"""
+
+import argparse
+import csv
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from vllm import _custom_ops
+from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import (
+    FusedLaunchConfig,
+    fused_launch_config,
+    launch_fused,
+    per_token_fp8_quant,
+    rmsnorm_gated_fp8_per_token,
+)
+from vllm.platforms import current_platform
+
+TOKENS = [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536]
+HEADS = [8, 12, 32]
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparison kernels (benchmark-only)
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _reference_design_kernel(
+    x_ptr, g_ptr, w_ptr, q_ptr, s_ptr,
+    stride_xt, stride_xh, stride_gt, stride_gh, stride_qt,
+    eps, fp8_max,
+    HEADS: tl.constexpr, HEADS_POW2: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    tok = tl.program_id(0)
+    head = tl.arange(0, HEADS_POW2)[:, None]
+    col = tl.arange(0, BLOCK)[None, :]
+    mask = (head < HEADS) & (col < HEAD_DIM)
+    h_safe = tl.where(head < HEADS, head, 0)
+    x = tl.load(x_ptr + tok * stride_xt + h_safe * stride_xh + col, mask=mask, other=0.0)
+    g = tl.load(g_ptr + tok * stride_gt + h_safe * stride_gh + col, mask=mask, other=0.0)
+    w = tl.load(w_ptr + col, mask=col < HEAD_DIM, other=0.0).to(tl.float32)
+    x = x.to(tl.float32)
+    var = tl.sum(x * x, axis=1) / HEAD_DIM
+    rstd = 1.0 / tl.sqrt(var + eps)
+    normed = x * rstd[:, None] * w * tl.sigmoid(g.to(tl.float32))
+    scale = tl.max(tl.abs(normed)) / fp8_max
+    inv = tl.where(scale > 0, 1.0 / scale, 0.0)
+    q = tl.clamp(normed * inv, -fp8_max, fp8_max)
+    tl.store(q_ptr + tok * stride_qt + h_safe * HEAD_DIM + col, q.to(q_ptr.dtype.element_ty), mask)
+    tl.store(s_ptr + tok, scale)
+
+
+@triton.jit
+def _same_bytes_copy_kernel(
+    x_ptr, g_ptr, q_ptr, s_ptr, n,
+    stride_xt, stride_xh, stride_gt, stride_gh,
+    WIDTH: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tok = offs // WIDTH
+    col = offs % WIDTH
+    head = col // HEAD_DIM
+    d = col % HEAD_DIM
+    x = tl.load(x_ptr + tok * stride_xt + head * stride_xh + d, mask=mask, other=0.0)
+    g = tl.load(g_ptr + tok * stride_gt + head * stride_gh + d, mask=mask, other=0.0)
+    v = x.to(tl.float32) + g.to(tl.float32)
+    tl.store(q_ptr + offs, v.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(s_ptr + tok, v, mask=mask & (col == 0))
+
+
+@triton.jit
+def _empty_kernel(x_ptr):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing
+# ---------------------------------------------------------------------------------------------
+
+
+def time_graph(fn: Callable[[], object], calls: int, reps: int = 50) -> float:
+    """Median microseconds per call of `fn`, replayed `calls` times in one CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def time_flushed(fn: Callable[[], object]) -> float:
+    """Median microseconds per call with L2 flushed before each call."""
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
+
+
+# ---------------------------------------------------------------------------------------------
+# Cases
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    tokens: int
+    heads: int
+    head_dim: int
+    strided_gate: bool
+    x: torch.Tensor
+    gate: torch.Tensor
+    weight: torch.Tensor
+    eps: float
+
+    @property
+    def name(self) -> str:
+        return f"H={self.heads}" + (" strided-gate" if self.strided_gate else "")
+
+    @property
+    def bytes_moved(self) -> int:
+        n = self.tokens * self.heads * self.head_dim
+        return n * (self.x.element_size() + self.gate.element_size() + 1) + 4 * self.tokens
+
+
+def make_case(tokens: int, heads: int, head_dim: int, strided_gate: bool, eps: float) -> Case:
+    width = heads * head_dim
+    x = torch.randn(tokens, heads, head_dim, dtype=torch.bfloat16, device="cuda")
+    if strided_gate:
+        # KDA's fused in_proj output: q, k, v, g, f_a, b, padded to a multiple of 16 (E.3).
+        row = 4 * width + head_dim + heads
+        row += -row % 16
+        proj = torch.randn(tokens, row, dtype=torch.bfloat16, device="cuda")
+        gate = proj[:, 3 * width : 4 * width].view(tokens, heads, head_dim)
+    else:
+        gate = torch.randn(tokens, heads, head_dim, dtype=torch.bfloat16, device="cuda")
+    weight = torch.rand(head_dim, dtype=torch.bfloat16, device="cuda") + 0.5
+    return Case(tokens, heads, head_dim, strided_gate, x, gate, weight, eps)
+
+
+def providers(case: Case, fla_norm: torch.nn.Module | None) -> dict[str, Callable[[], object]]:
+    t, h, d = case.tokens, case.heads, case.head_dim
+    fp8 = current_platform.fp8_dtype()
+    fp8_max = current_platform.fp8_max()
+    x, gate, weight, eps = case.x, case.gate, case.weight, case.eps
+    q = torch.empty(t, h * d, dtype=fp8, device="cuda")
+    s = torch.empty(t, 1, dtype=torch.float32, device="cuda")
+    fns: dict[str, Callable[[], object]] = {
+        "fused": lambda: rmsnorm_gated_fp8_per_token(x, weight, gate, eps, out=q, scale_out=s),
+        "ref_design": lambda: _reference_design_kernel[(t,)](
+            x,
+            gate,
+            weight,
+            q,
+            s,
+            x.stride(0),
+            x.stride(1),
+            gate.stride(0),
+            gate.stride(1),
+            q.stride(0),
+            eps,
+            fp8_max,
+            HEADS=h,
+            HEADS_POW2=triton.next_power_of_2(h),
+            HEAD_DIM=d,
+            BLOCK=triton.next_power_of_2(d),
+        ),  # fmt: skip
+    }
+    if fla_norm is not None:
+        fns["unfused"] = lambda: per_token_fp8_quant(
+            fla_norm(x, gate).view(t, h * d), out=q, scale_out=s
+        )
+        if _custom_ops.has_native_ops():
+            fns["unfused_native"] = lambda: _custom_ops.dynamic_per_token_scaled_fp8_quant(
+                fla_norm(x, gate).view(t, h * d)
+            )
+    n = t * h * d
+    for block in (1024, 2048, 4096):
+        for warps in (4, 8):
+            fns[f"copy/{block}/{warps}"] = lambda block=block, warps=warps: _same_bytes_copy_kernel[
+                (triton.cdiv(n, block),)
+            ](
+                x, gate, q, s, n,
+                x.stride(0), x.stride(1), gate.stride(0), gate.stride(1),
+                WIDTH=h * d, HEAD_DIM=d, BLOCK=block, num_warps=warps,
+            )  # fmt: skip
+    fns["empty"] = lambda: _empty_kernel[(1,)](x)
+    return fns
+
+
+def run_case(case: Case, fla_norm, args) -> dict[str, float]:
+    timer = (
+        (lambda fn: time_graph(fn, args.graph_calls))
+        if case.tokens <= args.graph_max_tokens
+        else time_flushed
+    )
+    results = {}
+    for name, fn in providers(case, fla_norm).items():
+        fn()
+        torch.cuda.synchronize()
+        results[name] = timer(fn)
+    copies = {k: v for k, v in results.items() if k.startswith("copy/")}
+    results = {k: v for k, v in results.items() if not k.startswith("copy/")}
+    results["copy"] = min(copies.values())
+    return results
+
+
+def sweep_configs(case: Case, args) -> list[tuple[FusedLaunchConfig, float]]:
+    """Time every sensible launch configuration of the fused kernel for one case."""
+    t, h, d = case.tokens, case.heads, case.head_dim
+    fp8 = current_platform.fp8_dtype()
+    q = torch.empty(t, h * d, dtype=fp8, device="cuda")
+    s = torch.empty(t, 1, dtype=torch.float32, device="cuda")
+    fp8_max, min_scale = current_platform.fp8_max(), current_platform.fp8_min_scale()
+    timer = (
+        (lambda fn: time_graph(fn, args.graph_calls))
+        if t <= args.graph_max_tokens
+        else time_flushed
+    )
+    block_d = triton.next_power_of_2(d)
+    rows = triton.next_power_of_2(h)
+    out = []
+    while rows * block_d <= 16384:
+        for warps in (1, 2, 4, 8, 16):
+            if rows * block_d // (warps * 32) < 4:
+                continue
+            config = FusedLaunchConfig(False, rows, rows // h, warps)
+
+            def fn(config=config):
+                launch_fused(
+                    case.x, case.weight, case.gate, case.eps, q, s, fp8_max, min_scale, config
+                )
+
+            fn()
+            torch.cuda.synchronize()
+            out.append((config, timer(fn)))
+        rows *= 2
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--tokens", type=int, nargs="+", default=TOKENS, help="T values")
+    parser.add_argument("--heads", type=int, nargs="+", default=HEADS, help="H values")
+    parser.add_argument("--head-dim", type=int, default=128, help="D (default 128)")
+    parser.add_argument("--eps", type=float, default=1e-5)
+    parser.add_argument(
+        "--strided-gate-heads",
+        type=int,
+        default=12,
+        help="H of the extra strided-gate case (gate sliced from a fused projection); 0: none",
+    )
+    parser.add_argument("--graph-max-tokens", type=int, default=1024)
+    parser.add_argument("--graph-calls", type=int, default=20, help="calls per captured graph")
+    parser.add_argument("--no-fla", action="store_true", help="skip the fla-core baselines")
+    parser.add_argument(
+        "--sweep", action="store_true", help="time every fused launch config instead"
+    )
+    parser.add_argument("--csv", help="write the results to this CSV file")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        parser.error("this benchmark needs a CUDA or ROCm GPU")
+
+    fla_norm = None
+    if not args.no_fla:
+        from fla.modules import FusedRMSNormGated
+
+        fla_norm = FusedRMSNormGated(args.head_dim, eps=args.eps, activation="sigmoid")
+        fla_norm = fla_norm.to(device="cuda", dtype=torch.bfloat16)
+
+    cases = [(t, h, False) for h in args.heads for t in args.tokens]
+    if args.strided_gate_heads:
+        cases += [(t, args.strided_gate_heads, True) for t in args.tokens]
+
+    rows: list[dict[str, object]] = []
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        for t, h, strided in cases:
+            case = make_case(t, h, args.head_dim, strided, args.eps)
+            if fla_norm is not None:
+                fla_norm.weight.copy_(case.weight)
+            if args.sweep:
+                default = fused_launch_config(triton.next_power_of_2(t), h, args.head_dim)
+                for config, us in sweep_configs(case, args):
+                    rows.append(
+                        dict(case=case.name, T=t, rows=config.block, warps=config.num_warps,
+                             us=round(us, 3), default=config == default)
+                    )  # fmt: skip
+                best = min((r for r in rows if r["case"] == case.name and r["T"] == t),
+                           key=lambda r: r["us"])  # fmt: skip
+                print(f"{case.name:>18} T={t:>6} best rows={best['rows']} warps={best['warps']} "
+                      f"{best['us']:.2f} us", flush=True)  # fmt: skip
+                continue
+            res = run_case(case, fla_norm, args)
+            gbs = {k: case.bytes_moved / (v * 1e-6) / 1e9 for k, v in res.items()}
+            row = dict(
+                case=case.name, T=t, timing="graph" if t <= args.graph_max_tokens else "flushed"
+            )
+            for k, v in res.items():
+                row[f"{k}_us"] = round(v, 3)
+            row["fused_GBps"] = round(gbs["fused"], 1)
+            row["fused_pct_copy"] = round(100 * res["copy"] / res["fused"], 1)
+            row["ref_design_pct_copy"] = round(100 * res["copy"] / res["ref_design"], 1)
+            row["fused_vs_copy"] = round(res["fused"] / res["copy"], 3)
+            row["speedup_vs_ref_design"] = round(res["ref_design"] / res["fused"], 3)
+            if "unfused" in res:
+                best_unfused = min(v for k, v in res.items() if k.startswith("unfused"))
+                row["speedup_vs_unfused"] = round(best_unfused / res["fused"], 3)
+            rows.append(row)
+            print(
+                f"{case.name:>18} T={t:>6} fused {res['fused']:8.2f} us "
+                f"({row['fused_pct_copy']:5.1f}% of copy {res['copy']:.2f}) "
+                f"ref_design {res['ref_design']:8.2f} "
+                + (f"unfused {res['unfused']:8.2f} " if "unfused" in res else "")
+                + (f"native {res['unfused_native']:8.2f} " if "unfused_native" in res else "")
+                + f"empty {res['empty']:.2f}",
+                flush=True,
+            )
+    if args.csv and rows:
+        keys = list(dict.fromkeys(k for r in rows for k in r))
+        with open(args.csv, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=keys)
+            writer.writeheader()
+            writer.writerows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
