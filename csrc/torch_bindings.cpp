@@ -1,6 +1,7 @@
 // Registers the native ops of vllm._C with the torch dispatcher and gives Python a module to import.
 
 #include <Python.h>
+#include <torch/all.h>
 #include <torch/library.h>
 
 void dynamic_per_token_scaled_fp8_quant(torch::Tensor& out, const torch::Tensor& input,

@@ -21,6 +21,7 @@ import argparse
 import csv
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -75,21 +76,25 @@ def _reference_design_kernel(
 
 @triton.jit
 def _same_bytes_copy_kernel(
-    x_ptr, g_ptr, q_ptr, s_ptr, n,
+    x_ptr, g_ptr, q_ptr, s_ptr, n_rows,
     stride_xt, stride_xh, stride_gt, stride_gh,
-    WIDTH: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr,
+    HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr,
 ):  # fmt: skip
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    tok = offs // WIDTH
-    col = offs % WIDTH
-    head = col // HEAD_DIM
-    d = col % HEAD_DIM
-    x = tl.load(x_ptr + tok * stride_xt + head * stride_xh + d, mask=mask, other=0.0)
-    g = tl.load(g_ptr + tok * stride_gt + head * stride_gh + d, mask=mask, other=0.0)
+    # Rows are (token, head) pairs, read with the same strides as the fused op.
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    ok = rows < n_rows
+    rows = tl.where(ok, rows, 0)
+    tok = rows // HEADS
+    head = rows % HEADS
+    cols = tl.arange(0, HEAD_DIM)
+    x = tl.load(x_ptr + (tok * stride_xt + head * stride_xh)[:, None] + cols[None, :],
+                mask=ok[:, None], other=0.0)  # fmt: skip
+    g = tl.load(g_ptr + (tok * stride_gt + head * stride_gh)[:, None] + cols[None, :],
+                mask=ok[:, None], other=0.0)  # fmt: skip
     v = x.to(tl.float32) + g.to(tl.float32)
-    tl.store(q_ptr + offs, v.to(q_ptr.dtype.element_ty), mask=mask)
-    tl.store(s_ptr + tok, v, mask=mask & (col == 0))
+    q_offs = (tok * (HEADS * HEAD_DIM) + head * HEAD_DIM)[:, None] + cols[None, :]
+    tl.store(q_ptr + q_offs, v.to(q_ptr.dtype.element_ty), mask=ok[:, None])
+    tl.store(s_ptr + tok, tl.sum(v, axis=1), mask=ok & (head == 0))
 
 
 @triton.jit
@@ -102,8 +107,7 @@ def _empty_kernel(x_ptr):
 # ---------------------------------------------------------------------------------------------
 
 
-def time_graph(fn: Callable[[], object], calls: int, reps: int = 50) -> float:
-    """Median microseconds per call of `fn`, replayed `calls` times in one CUDA graph."""
+def _capture(fn: Callable[[], object], calls: int) -> torch.cuda.CUDAGraph:
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -116,6 +120,12 @@ def time_graph(fn: Callable[[], object], calls: int, reps: int = 50) -> float:
             fn()
     graph.replay()
     torch.cuda.synchronize()
+    return graph
+
+
+def time_graph(fn: Callable[[], object], calls: int, reps: int = 50) -> float:
+    """Median microseconds per call of `fn`, replayed `calls` times in one CUDA graph."""
+    graph = _capture(fn, calls)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(reps):
@@ -127,9 +137,28 @@ def time_graph(fn: Callable[[], object], calls: int, reps: int = 50) -> float:
     return statistics.median(times)
 
 
-def time_flushed(fn: Callable[[], object]) -> float:
-    """Median microseconds per call with L2 flushed before each call."""
-    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
+_FLUSH = None
+
+
+def time_flushed(fn: Callable[[], object], reps: int = 100) -> float:
+    """Median microseconds per call with L2 flushed before each call.
+
+    `fn` is captured once in a CUDA graph and replayed, so host overhead (which differs a lot
+    between providers, and which the GPU would wait for if it exceeded the flush) is not timed.
+    """
+    global _FLUSH
+    if _FLUSH is None:
+        _FLUSH = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")  # > 4x L2
+    graph = _capture(fn, 1)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for start, end in zip(starts, ends, strict=True):
+        _FLUSH.zero_()
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends, strict=True))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,16 +238,14 @@ def providers(case: Case, fla_norm: torch.nn.Module | None) -> dict[str, Callabl
             fns["unfused_native"] = lambda: _custom_ops.dynamic_per_token_scaled_fp8_quant(
                 fla_norm(x, gate).view(t, h * d)
             )
-    n = t * h * d
-    for block in (1024, 2048, 4096):
-        for warps in (4, 8):
-            fns[f"copy/{block}/{warps}"] = lambda block=block, warps=warps: _same_bytes_copy_kernel[
-                (triton.cdiv(n, block),)
-            ](
-                x, gate, q, s, n,
-                x.stride(0), x.stride(1), gate.stride(0), gate.stride(1),
-                WIDTH=h * d, HEAD_DIM=d, BLOCK=block, num_warps=warps,
-            )  # fmt: skip
+    for rows, warps in ((8, 2), (16, 4), (16, 8), (64, 4), (64, 8)):
+        fns[f"copy/{rows}/{warps}"] = lambda rows=rows, warps=warps: _same_bytes_copy_kernel[
+            (triton.cdiv(t * h, rows),)
+        ](
+            x, gate, q, s, t * h,
+            x.stride(0), x.stride(1), gate.stride(0), gate.stride(1),
+            HEADS=h, HEAD_DIM=d, BLOCK_ROWS=rows, num_warps=warps,
+        )  # fmt: skip
     fns["empty"] = lambda: _empty_kernel[(1,)](x)
     return fns
 
@@ -252,24 +279,34 @@ def sweep_configs(case: Case, args) -> list[tuple[FusedLaunchConfig, float]]:
         if t <= args.graph_max_tokens
         else time_flushed
     )
-    block_d = triton.next_power_of_2(d)
-    rows = triton.next_power_of_2(h)
     out = []
-    while rows * block_d <= 16384:
-        for warps in (1, 2, 4, 8, 16):
-            if rows * block_d // (warps * 32) < 4:
-                continue
-            config = FusedLaunchConfig(False, rows, rows // h, warps)
+    for warps in (1, 2, 4, 8, 16):
+        config = FusedLaunchConfig(False, h, warps)
 
-            def fn(config=config):
-                launch_fused(
-                    case.x, case.weight, case.gate, case.eps, q, s, fp8_max, min_scale, config
-                )
+        def fn(config=config):
+            launch_fused(case.x, case.weight, case.gate, case.eps, q, s, fp8_max, min_scale, config)
 
+        fn()
+        torch.cuda.synchronize()
+        out.append((config, timer(fn)))
+    return out
+
+
+def host_overhead(args) -> dict[str, float]:
+    """Eager microseconds of host time per call at T=1 (GPU idle): what eager decode pays."""
+    case = make_case(1, 12, args.head_dim, True, args.eps)
+    fns = providers(case, None)
+    out = {}
+    for name in ("fused", "ref_design", "empty"):
+        fn = fns[name]
+        for _ in range(20):
             fn()
-            torch.cuda.synchronize()
-            out.append((config, timer(fn)))
-        rows *= 2
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(500):
+            fn()
+        out[name] = (time.perf_counter() - start) / 500 * 1e6
+        torch.cuda.synchronize()
     return out
 
 
@@ -305,6 +342,15 @@ def main(argv: list[str] | None = None) -> int:
         fla_norm = FusedRMSNormGated(args.head_dim, eps=args.eps, activation="sigmoid")
         fla_norm = fla_norm.to(device="cuda", dtype=torch.bfloat16)
 
+    print(
+        f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, triton {triton.__version__}"
+    )
+    if not args.sweep:
+        host = host_overhead(args)
+        print(
+            "# host us/call (eager, T=1, H=12): "
+            + ", ".join(f"{k} {v:.1f}" for k, v in host.items())
+        )
     cases = [(t, h, False) for h in args.heads for t in args.tokens]
     if args.strided_gate_heads:
         cases += [(t, args.strided_gate_heads, True) for t in args.tokens]
@@ -320,13 +366,14 @@ def main(argv: list[str] | None = None) -> int:
                 default = fused_launch_config(triton.next_power_of_2(t), h, args.head_dim)
                 for config, us in sweep_configs(case, args):
                     rows.append(
-                        dict(case=case.name, T=t, rows=config.block, warps=config.num_warps,
+                        dict(case=case.name, T=t, warps=config.num_warps,
                              us=round(us, 3), default=config == default)
                     )  # fmt: skip
                 best = min((r for r in rows if r["case"] == case.name and r["T"] == t),
                            key=lambda r: r["us"])  # fmt: skip
-                print(f"{case.name:>18} T={t:>6} best rows={best['rows']} warps={best['warps']} "
+                print(f"{case.name:>18} T={t:>6} best warps={best['warps']} "
                       f"{best['us']:.2f} us", flush=True)  # fmt: skip
+                write_csv(args.csv, rows)
                 continue
             res = run_case(case, fla_norm, args)
             gbs = {k: case.bytes_moved / (v * 1e-6) / 1e9 for k, v in res.items()}
@@ -353,13 +400,19 @@ def main(argv: list[str] | None = None) -> int:
                 + f"empty {res['empty']:.2f}",
                 flush=True,
             )
-    if args.csv and rows:
-        keys = list(dict.fromkeys(k for r in rows for k in r))
-        with open(args.csv, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=keys)
-            writer.writeheader()
-            writer.writerows(rows)
+            write_csv(args.csv, rows)
     return 0
+
+
+def write_csv(path: str | None, rows: list[dict[str, object]]) -> None:
+    """(Re)write all rows so far, so an interrupted run keeps what it measured."""
+    if not path or not rows:
+        return
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@
 // NaN is dropped by fmaxf in the reduction, as in upstream's kernel; the Triton op in
 // vllm/models/kimi_k3/amd/ops/rmsnorm_gated_fp8_per_token.py states the fork's own policy.
 
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/util/Float8_e4m3fn.h>
 #include <c10/util/Float8_e4m3fnuz.h>
 #include <torch/all.h>
@@ -76,8 +77,8 @@ void dynamic_per_token_scaled_fp8_quant(torch::Tensor& out, const torch::Tensor&
   const int64_t hidden = input.size(1);
   if (tokens == 0) return;
 
-  const at::cuda::OptionalCUDAGuard guard(device_of(input));
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const c10::cuda::CUDAGuard guard(input.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const int threads =
       static_cast<int>(std::min<int64_t>((hidden + vllm::kWarp - 1) / vllm::kWarp * vllm::kWarp,
                                          vllm::kMaxBlock));

@@ -241,29 +241,29 @@ def test_one_huge_value():
     assert_within_half_step(qp, sp, y.double())
 
 
-@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy under the interpreter
 def test_non_finite_token_is_poisoned_and_others_are_not():
     x, weight, gate = make_inputs(4, 3, 64, torch.float32)
     x[1, 2, 5] = float("nan")
-    x[3, 0, 0] = float("inf")
+    x[3, 0, 0] = float("inf")  # inf * rsqrt(inf) = inf * 0: NaN after the norm
     q, scale = rmsnorm_gated_fp8_per_token(x, weight, gate, EPS)
     q_ref, scale_ref = rmsnorm_gated_fp8_per_token_ref(x, weight, gate, EPS)
-    assert torch.isinf(scale[1]).all() and torch.isinf(scale[3]).all()
-    assert torch.equal(torch.isnan(q.float()), torch.isnan(q_ref.float()))
-    # The NaN head of token 1 (and the Inf head of token 3) quantize to NaN, the rest to 0.
-    assert torch.isnan(q.float().view(4, 3, 64)[1, 2]).all()
-    assert (q.float().view(4, 3, 64)[1, :2] == 0).all()
+    for t in (1, 3):
+        assert torch.isnan(scale[t]).all() and torch.isnan(scale_ref[t]).all()
+        assert torch.isnan(q[t].float()).all() and torch.isnan(q_ref[t].float()).all()
     for t in (0, 2):
         assert_scale_close(scale[t : t + 1], scale_ref[t : t + 1])
         assert_codes_close(q[t : t + 1], q_ref[t : t + 1])
 
     y = torch.randn(3, 256, device=DEVICE)
     y[0, 3] = float("-inf")
+    y[2, 7] = float("nan")
     qp, sp = per_token_fp8_quant(y)
     qp_ref, sp_ref = per_token_fp8_quant_ref(y)
-    assert torch.isinf(sp[0]).all() and torch.isfinite(sp[1:]).all()
-    assert torch.isnan(qp.float()[0, 3]) and (qp.float()[0, :3] == 0).all()
-    assert torch.equal(torch.isnan(qp.float()), torch.isnan(qp_ref.float()))
+    for t in (0, 2):
+        assert torch.isnan(sp[t]).all() and torch.isnan(sp_ref[t]).all()
+        assert torch.isnan(qp[t].float()).all() and torch.isnan(qp_ref[t].float()).all()
+    assert torch.equal(sp[1], sp_ref[1]) and torch.equal(qp[1].float(), qp_ref[1].float())
 
 
 def poison(t: torch.Tensor) -> torch.Tensor:

@@ -24,19 +24,20 @@ Numerics policy (shared by both ops, their Triton kernels and their torch refere
   never rounds ``y`` to bf16; the unfused chain does, which is the only difference between the two).
 * ``scale = max(amax / fp8_max, 1 / (fp8_max * 512))`` in fp32 with correctly rounded division.
   The floor is upstream's minimum scale: an all-zero token gets that finite scale and zero codes.
-* ``q = clamp(y * (1 / scale), -fp8_max, fp8_max)`` with ``1 / scale`` correctly rounded once per
-  token, then round-to-nearest-even into FP8. (upstream's C++ kernel divides each element instead;
-  both are within one rounding of ``y / scale``, multiplying costs less, and the reference does the
-  same operations, so kernel and reference agree to the ulps of rsqrt / sigmoid.)
-* Non-finite input is never hidden: if any ``y`` of a token is NaN or +-Inf, the token's scale is
-  +Inf, its finite values get code 0 and its NaN / Inf values get the NaN code, so the token's
-  dequantized values (and its GEMM output row) are NaN. Other tokens are unaffected.
+* ``q = round(y * (1 / scale))``, ``1 / scale`` correctly rounded once per token, round to nearest
+  even into FP8. Upstream's C++ kernel divides each element instead; both are within one rounding
+  of ``y / scale``, multiplying costs less, and the reference does the same operations, so kernel
+  and reference agree up to the ulps of rsqrt and sigmoid. No clamp is needed: the scale bounds
+  ``|y * (1 / scale)|`` by ``fp8_max * (1 + 2^-23)``, which rounds to ``fp8_max``.
+* Non-finite input is never hidden: a token whose ``y`` holds a NaN or an Inf gets scale NaN and
+  all-NaN codes, so its dequantized values (and its GEMM output row) are NaN. Other tokens are
+  unaffected.
 
-Launch shapes: the fused kernel tiles ``[BLOCK_ROWS, next_pow2(D)]`` where a row is one (token,
-head) pair and a program owns ``BLOCK_ROWS // H`` whole tokens, so no head lane is padded except the
-remainder of that division (upstream pads every token to ``next_pow2(H)`` heads). Tokens too wide
-for one tile (``next_pow2(H) * next_pow2(D) > 8192``) use a two-pass kernel over head chunks, one
-token per program. ``D > 512`` uses the torch reference. Padded lanes use clamped indices, so no
+Launch shapes: one program per token. Its heads are split into at most three power-of-two chunks
+(12 = 8 + 4), each a ``[rows, next_pow2(D)]`` register tile, so no head lane is padded for H with at
+most two set bits (upstream pads every token to ``next_pow2(H)`` heads: a quarter of the lanes at
+H = 12). Tokens wider than 8192 padded elements use a two-pass kernel over head chunks. ``D > 512``
+uses the torch reference. Padded lanes read clamped, in-bounds addresses under a mask, so no
 out-of-bounds address is ever formed.
 """
 
@@ -81,79 +82,117 @@ _MAX_TRITON_D = 512
 if triton is not None:
 
     @triton.jit
-    def _nonfinite_as_inf_abs(y):
-        # |y| with NaN mapped to +inf, so a token holding NaN or Inf gets scale +inf.
-        return tl.where(y == y, tl.abs(y), float("inf"))
+    def _abs_max(y, axis: tl.constexpr = None):
+        # max |y|, made NaN when any y is NaN or Inf: y * 0 is 0 for finite y and NaN otherwise,
+        # and a NaN-propagating max reduction is slow in Triton's interpreter.
+        return tl.max(tl.abs(y), axis=axis) + tl.sum(y * 0.0, axis=axis)
 
     @triton.jit
-    def _scale_from_amax(amax, fp8_max, min_scale):
-        return tl.maximum(tl.math.div_rn(amax, fp8_max), min_scale)
+    def _max_keep_nan(a, b):
+        # maximum() drops NaN; adding a * 0 + b * 0 (0, or NaN if either is NaN) keeps it.
+        return tl.maximum(a, b) + (a * 0.0 + b * 0.0)
 
     @triton.jit
-    def _quantize(y, inv_scale, fp8_max, out_ty: tl.constexpr):
-        v = tl.clamp(y * inv_scale, -fp8_max, fp8_max, propagate_nan=tl.PropagateNan.ALL)
-        return v.to(out_ty)
+    def _scale_and_inverse(amax, fp8_max, min_scale):
+        # NaN amax must give a NaN scale: maximum() with min_scale would drop it.
+        scale = tl.math.div_rn(amax, fp8_max)
+        scale = tl.where(scale < min_scale, min_scale, scale)
+        return scale, tl.math.div_rn(1.0, scale)
 
     @triton.jit
-    def _gated_rmsnorm_tile(x, g, w, eps, D: tl.constexpr):
-        # x, g: [R, BLOCK_D] fp32 (padded lanes 0); w: [BLOCK_D] fp32. Returns y [R, BLOCK_D].
-        var = tl.math.div_rn(tl.sum(x * x, axis=1), D)
-        rstd = tl.rsqrt(var + eps)
+    def _gated_rmsnorm_heads(
+        x_row, g_row, w, stride_xh, stride_gh, eps,
+        FIRST: tl.constexpr, ROWS: tl.constexpr, VALID: tl.constexpr,
+        D: tl.constexpr, BLOCK_D: tl.constexpr,
+    ):  # fmt: skip
+        # y for heads FIRST .. FIRST + VALID - 1 of one token, as a [ROWS, BLOCK_D] fp32 tile.
+        # Padded rows / columns read clamped (in-bounds) addresses under a mask and give y = 0.
+        heads = FIRST + tl.arange(0, ROWS)
+        cols = tl.arange(0, BLOCK_D)
+        if BLOCK_D != D:
+            col_ok = cols < D
+            cols = tl.where(col_ok, cols, 0)
+        if VALID < ROWS:
+            head_ok = heads < FIRST + VALID
+            heads = tl.where(head_ok, heads, FIRST)
+        x_ptrs = x_row + (heads * stride_xh)[:, None] + cols[None, :]
+        g_ptrs = g_row + (heads * stride_gh)[:, None] + cols[None, :]
+        if (VALID < ROWS) or (BLOCK_D != D):
+            if VALID == ROWS:
+                mask = col_ok[None, :]
+            elif BLOCK_D == D:
+                mask = head_ok[:, None]
+            else:
+                mask = head_ok[:, None] & col_ok[None, :]
+            x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
+            g = tl.load(g_ptrs, mask=mask, other=0.0).to(tl.float32)
+        else:
+            x = tl.load(x_ptrs).to(tl.float32)
+            g = tl.load(g_ptrs).to(tl.float32)
+        rstd = tl.rsqrt(tl.math.div_rn(tl.sum(x * x, axis=1), D) + eps)
+        if VALID < ROWS:
+            rstd = tl.where(head_ok, rstd, 0.0)  # eps == 0 must not turn padding into NaN
         return x * rstd[:, None] * w[None, :] * tl.sigmoid(g)
+
+    @triton.jit
+    def _store_heads(
+        q_row, y, inv,
+        FIRST: tl.constexpr, ROWS: tl.constexpr, VALID: tl.constexpr,
+        D: tl.constexpr, BLOCK_D: tl.constexpr,
+    ):  # fmt: skip
+        # |y * inv| <= fp8_max * (1 + 2^-23) by construction, which rounds to at most fp8_max:
+        # no clamp is needed, and NaN stays NaN.
+        heads = FIRST + tl.arange(0, ROWS)
+        cols = tl.arange(0, BLOCK_D)
+        q = (y * inv).to(q_row.dtype.element_ty)
+        if (VALID < ROWS) or (BLOCK_D != D):
+            head_ok = heads < FIRST + VALID
+            col_ok = cols < D
+            mask = head_ok[:, None] & col_ok[None, :]
+            offs = tl.where(head_ok, heads, FIRST)[:, None] * D + tl.where(col_ok, cols, 0)[None, :]
+            tl.store(q_row + offs, q, mask=mask)
+        else:
+            tl.store(q_row + heads[:, None] * D + cols[None, :], q)
 
     @triton.jit
     def _rmsnorm_gated_fp8_kernel(
         x_ptr, g_ptr, w_ptr, q_ptr, s_ptr,
-        T, stride_xt, stride_xh, stride_gt, stride_gh, stride_qt, stride_st,
+        stride_xt, stride_xh, stride_gt, stride_gh, stride_qt, stride_st,
         eps, fp8_max, min_scale,
-        H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-        BLOCK_ROWS: tl.constexpr, TOKENS: tl.constexpr, BLOCK_TOKENS: tl.constexpr,
+        D: tl.constexpr, BLOCK_D: tl.constexpr,
+        ROWS0: tl.constexpr, ROWS1: tl.constexpr, ROWS2: tl.constexpr,
+        VALID0: tl.constexpr, VALID1: tl.constexpr, VALID2: tl.constexpr,
     ):  # fmt: skip
-        # One program owns TOKENS whole tokens: rows r = (local token r // H, head r % H).
-        pid = tl.program_id(0)
-        rows = tl.arange(0, BLOCK_ROWS)
-        local_tok = rows // H
-        head = rows - local_tok * H
-        tok = pid * TOKENS + local_tok
-        row_ok = (local_tok < TOKENS) & (tok < T)
-        tok64 = tl.where(row_ok, tok, 0).to(tl.int64)
+        # One token per program. Its heads are split into up to three power-of-two chunks
+        # (12 = 8 + 4), so no lane is padded unless the third chunk needs it (15 = 8 + 4 + 4).
+        tok = tl.program_id(0).to(tl.int64)
+        x_row = x_ptr + tok * stride_xt
+        g_row = g_ptr + tok * stride_gt
+        q_row = q_ptr + tok * stride_qt
         cols = tl.arange(0, BLOCK_D)
-        if BLOCK_D == D:
-            mask = row_ok[:, None]
-            col_ok = cols < BLOCK_D
-        else:
-            col_ok = cols < D
-            cols = tl.where(col_ok, cols, 0)
-            mask = row_ok[:, None] & col_ok[None, :]
-
-        x = tl.load(x_ptr + (tok64 * stride_xt + head * stride_xh)[:, None] + cols[None, :],
-                    mask=mask, other=0.0).to(tl.float32)  # fmt: skip
-        g = tl.load(g_ptr + (tok64 * stride_gt + head * stride_gh)[:, None] + cols[None, :],
-                    mask=mask, other=0.0).to(tl.float32)  # fmt: skip
-        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-        y = _gated_rmsnorm_tile(x, g, w, eps, D)
-        row_amax = tl.max(tl.where(mask, _nonfinite_as_inf_abs(y), 0.0), axis=1)
-
-        if TOKENS == 1:
-            scale = _scale_from_amax(tl.max(row_amax, axis=0), fp8_max, min_scale)
-            row_inv = tl.math.div_rn(1.0, scale)
-            tl.store(s_ptr + pid.to(tl.int64) * stride_st, scale)
-            q = _quantize(y, row_inv, fp8_max, q_ptr.dtype.element_ty)
-        else:
-            # Segmented max over each token's H rows, then broadcast the token's 1/scale back.
-            toks = tl.arange(0, BLOCK_TOKENS)
-            member = local_tok[None, :] == toks[:, None]
-            tok_amax = tl.max(tl.where(member, row_amax[None, :], 0.0), axis=1)
-            scale = _scale_from_amax(tok_amax, fp8_max, min_scale)
-            inv = tl.math.div_rn(1.0, scale)
-            row_inv = tl.max(tl.where(member, inv[:, None], 0.0), axis=0)
-            out_tok = pid * TOKENS + toks
-            s_ok = (toks < TOKENS) & (out_tok < T)
-            out_tok64 = tl.where(s_ok, out_tok, 0).to(tl.int64)
-            tl.store(s_ptr + out_tok64 * stride_st, scale, mask=s_ok)
-            q = _quantize(y, row_inv[:, None], fp8_max, q_ptr.dtype.element_ty)
-
-        tl.store(q_ptr + (tok64 * stride_qt + head * D)[:, None] + cols[None, :], q, mask=mask)
+        w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
+        y0 = _gated_rmsnorm_heads(
+            x_row, g_row, w, stride_xh, stride_gh, eps, 0, ROWS0, VALID0, D, BLOCK_D
+        )
+        amax = _abs_max(y0)
+        if ROWS1 > 0:
+            y1 = _gated_rmsnorm_heads(
+                x_row, g_row, w, stride_xh, stride_gh, eps, VALID0, ROWS1, VALID1, D, BLOCK_D
+            )
+            amax = _max_keep_nan(amax, _abs_max(y1))
+        if ROWS2 > 0:
+            first2: tl.constexpr = VALID0 + VALID1
+            y2 = _gated_rmsnorm_heads(
+                x_row, g_row, w, stride_xh, stride_gh, eps, first2, ROWS2, VALID2, D, BLOCK_D
+            )
+            amax = _max_keep_nan(amax, _abs_max(y2))
+        scale, inv = _scale_and_inverse(amax, fp8_max, min_scale)
+        tl.store(s_ptr + tok * stride_st, scale)
+        _store_heads(q_row, y0, inv, 0, ROWS0, VALID0, D, BLOCK_D)
+        if ROWS1 > 0:
+            _store_heads(q_row, y1, inv, VALID0, ROWS1, VALID1, D, BLOCK_D)
+        if ROWS2 > 0:
+            _store_heads(q_row, y2, inv, VALID0 + VALID1, ROWS2, VALID2, D, BLOCK_D)
 
     @triton.jit
     def _rmsnorm_gated_fp8_wide_kernel(
@@ -162,40 +201,29 @@ if triton is not None:
         eps, fp8_max, min_scale,
         H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_HEADS: tl.constexpr,
     ):  # fmt: skip
-        # One token per program; heads in chunks of BLOCK_HEADS. Pass 1 finds the token's amax,
-        # pass 2 recomputes y (cheaper than spilling it) and quantizes.
-        tok64 = tl.program_id(0).to(tl.int64)
+        # Tokens too wide for registers: one token per program, heads in chunks of BLOCK_HEADS.
+        # Pass 1 finds the token's amax, pass 2 recomputes y (cheaper than spilling it).
+        tok = tl.program_id(0).to(tl.int64)
+        x_row = x_ptr + tok * stride_xt
+        g_row = g_ptr + tok * stride_gt
+        q_row = q_ptr + tok * stride_qt
         cols = tl.arange(0, BLOCK_D)
-        col_ok = cols < D
-        cols = tl.where(col_ok, cols, 0)
-        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-        x_row = x_ptr + tok64 * stride_xt
-        g_row = g_ptr + tok64 * stride_gt
-        amax = tl.zeros([BLOCK_HEADS], dtype=tl.float32)
-        for h0 in range(0, H, BLOCK_HEADS):
-            heads = h0 + tl.arange(0, BLOCK_HEADS)
-            head_ok = heads < H
-            heads = tl.where(head_ok, heads, 0)
-            mask = head_ok[:, None] & col_ok[None, :]
-            x = tl.load(x_row + (heads * stride_xh)[:, None] + cols[None, :], mask=mask, other=0.0)
-            g = tl.load(g_row + (heads * stride_gh)[:, None] + cols[None, :], mask=mask, other=0.0)
-            y = _gated_rmsnorm_tile(x.to(tl.float32), g.to(tl.float32), w, eps, D)
-            a = tl.max(tl.where(mask, _nonfinite_as_inf_abs(y), 0.0), axis=1)
-            amax = tl.maximum(amax, a)
-        scale = _scale_from_amax(tl.max(amax, axis=0), fp8_max, min_scale)
-        inv = tl.math.div_rn(1.0, scale)
-        tl.store(s_ptr + tok64 * stride_st, scale)
-        for h0 in range(0, H, BLOCK_HEADS):
-            heads = h0 + tl.arange(0, BLOCK_HEADS)
-            head_ok = heads < H
-            heads = tl.where(head_ok, heads, 0)
-            mask = head_ok[:, None] & col_ok[None, :]
-            x = tl.load(x_row + (heads * stride_xh)[:, None] + cols[None, :], mask=mask, other=0.0)
-            g = tl.load(g_row + (heads * stride_gh)[:, None] + cols[None, :], mask=mask, other=0.0)
-            y = _gated_rmsnorm_tile(x.to(tl.float32), g.to(tl.float32), w, eps, D)
-            q = _quantize(y, inv, fp8_max, q_ptr.dtype.element_ty)
-            q_off = tok64 * stride_qt + (heads * D)[:, None] + cols[None, :]
-            tl.store(q_ptr + q_off, q, mask=mask)
+        w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
+        amax = 0.0
+        for first in tl.static_range(0, H, BLOCK_HEADS):
+            valid: tl.constexpr = min(BLOCK_HEADS, H - first)
+            y = _gated_rmsnorm_heads(
+                x_row, g_row, w, stride_xh, stride_gh, eps, first, BLOCK_HEADS, valid, D, BLOCK_D
+            )
+            amax = _max_keep_nan(amax, _abs_max(y))
+        scale, inv = _scale_and_inverse(amax, fp8_max, min_scale)
+        tl.store(s_ptr + tok * stride_st, scale)
+        for first in tl.static_range(0, H, BLOCK_HEADS):
+            valid: tl.constexpr = min(BLOCK_HEADS, H - first)
+            y = _gated_rmsnorm_heads(
+                x_row, g_row, w, stride_xh, stride_gh, eps, first, BLOCK_HEADS, valid, D, BLOCK_D
+            )
+            _store_heads(q_row, y, inv, first, BLOCK_HEADS, valid, D, BLOCK_D)
 
     @triton.jit
     def _per_token_fp8_quant_kernel(
@@ -217,10 +245,9 @@ if triton is not None:
             cols = tl.where(col_ok, cols, 0)
             mask = tok_ok[:, None] & col_ok[None, :]
             x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            amax = tl.max(tl.where(mask, _nonfinite_as_inf_abs(x), 0.0), axis=1)
-            scale = _scale_from_amax(amax, fp8_max, min_scale)
-            inv = tl.math.div_rn(1.0, scale)
-            q = _quantize(x, inv[:, None], fp8_max, q_ptr.dtype.element_ty)
+            amax = _abs_max(x, 1)
+            scale, inv = _scale_and_inverse(amax, fp8_max, min_scale)
+            q = (x * inv[:, None]).to(q_ptr.dtype.element_ty)
             tl.store(q_rows + cols[None, :], q, mask=mask)
         else:
             amax = tl.zeros([BLOCK_T], dtype=tl.float32)
@@ -230,17 +257,15 @@ if triton is not None:
                 kk = tl.where(col_ok, kk, 0)
                 mask = tok_ok[:, None] & col_ok[None, :]
                 x = tl.load(x_rows + kk[None, :], mask=mask, other=0.0).to(tl.float32)
-                a = tl.max(tl.where(mask, _nonfinite_as_inf_abs(x), 0.0), axis=1)
-                amax = tl.maximum(amax, a)
-            scale = _scale_from_amax(amax, fp8_max, min_scale)
-            inv = tl.math.div_rn(1.0, scale)
+                amax = _max_keep_nan(amax, _abs_max(x, 1))
+            scale, inv = _scale_and_inverse(amax, fp8_max, min_scale)
             for k0 in range(0, K, BLOCK_K):
                 kk = k0 + cols
                 col_ok = kk < K
                 kk = tl.where(col_ok, kk, 0)
                 mask = tok_ok[:, None] & col_ok[None, :]
                 x = tl.load(x_rows + kk[None, :], mask=mask, other=0.0).to(tl.float32)
-                q = _quantize(x, inv[:, None], fp8_max, q_ptr.dtype.element_ty)
+                q = (x * inv[:, None]).to(q_ptr.dtype.element_ty)
                 tl.store(q_rows + kk[None, :], q, mask=mask)
         tl.store(s_ptr + toks64 * stride_st, scale, mask=tok_ok)
 
@@ -261,12 +286,28 @@ def _num_sms() -> int:
     return 1
 
 
+def head_chunks(heads: int) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+    """Split ``heads`` into three (rows, valid) power-of-two chunks; (0, 0) marks an unused one.
+
+    The first two are exact powers of two; the third, if needed, is padded (15 = 8 + 4 + 4/3).
+    """
+    chunks = []
+    remaining = heads
+    while remaining and len(chunks) < 2:
+        rows = 1 << (remaining.bit_length() - 1)
+        chunks.append((rows, rows))
+        remaining -= rows
+    if remaining:
+        chunks.append((_next_pow2(remaining), remaining))
+    chunks += [(0, 0)] * (3 - len(chunks))
+    return tuple(chunks)
+
+
 class FusedLaunchConfig(NamedTuple):
     """How the fused op is launched for one shape (see the module docstring)."""
 
-    wide: bool  # one token per program, heads in chunks of `block`, two passes
-    block: int  # rows (token, head) per program; heads per chunk when `wide`
-    tokens_per_program: int
+    wide: bool  # two-pass kernel over chunks of `block_heads` heads
+    block_heads: int
     num_warps: int
 
 
@@ -274,18 +315,17 @@ class FusedLaunchConfig(NamedTuple):
 def fused_launch_config(t_bucket: int, heads: int, head_dim: int) -> FusedLaunchConfig:
     """The launch configuration for ``[~t_bucket, heads, head_dim]`` inputs."""
     block_d = _next_pow2(head_dim)
-    min_rows = _next_pow2(heads)
-    if min_rows * block_d > _MAX_TILE:
-        return FusedLaunchConfig(True, max(1, _MAX_TILE // block_d), 1, 8)
-    # Grow the tile (more whole tokens per program) while the grid still fills the GPU.
-    rows = min_rows
-    target_programs = 4 * _num_sms()
-    while rows * 2 * block_d <= _MAX_TILE:
-        if -(-t_bucket // ((rows * 2) // heads)) < target_programs:
-            break
-        rows *= 2
-    num_warps = max(1, min(8, rows * block_d // 512))
-    return FusedLaunchConfig(False, rows, rows // heads, num_warps)
+    padded = sum(rows for rows, _ in head_chunks(heads)) * block_d
+    if padded > _MAX_TILE:
+        return FusedLaunchConfig(True, max(1, _MAX_TILE // 2 // block_d), 8)
+    # Few tokens: latency-bound, spread a token over many threads. Many tokens: bandwidth-bound,
+    # give each thread more elements in flight (measured on H200, docs/performance.md).
+    if t_bucket <= 8 * _num_sms():
+        per_thread = 8
+    else:
+        per_thread = 32
+    num_warps = max(1, min(8, padded // (32 * per_thread)))
+    return FusedLaunchConfig(False, heads, num_warps)
 
 
 @cache
@@ -424,9 +464,12 @@ def per_token_fp8_quant_ref(
     """Per-token FP8 quantization of ``x`` ``[T, K]`` by the module's numerics policy."""
     quant_dtype, fp8_max, min_scale = _quant_params(quant_dtype)
     xf = x.float()
-    amax = torch.where(torch.isnan(xf), torch.inf, xf.abs()).amax(dim=-1, keepdim=True)
-    scale = torch.clamp(amax / fp8_max, min=min_scale)
-    q = (xf * (1.0 / scale)).clamp(-fp8_max, fp8_max).to(quant_dtype)
+    # + sum(x * 0): NaN when the token holds NaN or Inf (the non-finite rule).
+    amax = xf.abs().amax(dim=-1, keepdim=True) + (xf * 0.0).sum(dim=-1, keepdim=True)
+    # A tensor divisor: torch on CUDA turns division by a Python scalar into multiplication by
+    # its reciprocal, which is not correctly rounded.
+    scale = torch.clamp(amax / amax.new_full((), fp8_max), min=min_scale)
+    q = (xf * torch.reciprocal(scale)).to(quant_dtype)
     return q, scale
 
 
@@ -508,23 +551,22 @@ def launch_fused(
     For ``rmsnorm_gated_fp8_per_token`` and for tuning sweeps (the benchmark's ``--sweep``).
     """
     tokens, heads, head_dim = x.shape
-    common = (eps, fp8_max, min_scale)
+    x_strides, g_strides = x.stride(), gate.stride()
+    args = (
+        x, gate, weight, out, scale_out,
+        x_strides[0], x_strides[1], g_strides[0], g_strides[1], out.stride(0), scale_out.stride(0),
+        eps, fp8_max, min_scale,
+    )  # fmt: skip
     if config.wide:
         _rmsnorm_gated_fp8_wide_kernel[(tokens,)](
-            x, gate, weight, out, scale_out,
-            x.stride(0), x.stride(1), gate.stride(0), gate.stride(1),
-            out.stride(0), scale_out.stride(0), *common,
-            H=heads, D=head_dim, BLOCK_D=_next_pow2(head_dim), BLOCK_HEADS=config.block,
-            num_warps=config.num_warps,
+            *args, H=heads, D=head_dim, BLOCK_D=_next_pow2(head_dim),
+            BLOCK_HEADS=config.block_heads, num_warps=config.num_warps,
         )  # fmt: skip
     else:
-        tokens_per_program = config.tokens_per_program
-        _rmsnorm_gated_fp8_kernel[(-(-tokens // tokens_per_program),)](
-            x, gate, weight, out, scale_out,
-            tokens, x.stride(0), x.stride(1), gate.stride(0), gate.stride(1),
-            out.stride(0), scale_out.stride(0), *common,
-            H=heads, D=head_dim, BLOCK_D=_next_pow2(head_dim), BLOCK_ROWS=config.block,
-            TOKENS=tokens_per_program, BLOCK_TOKENS=_next_pow2(tokens_per_program),
+        (r0, v0), (r1, v1), (r2, v2) = head_chunks(heads)
+        _rmsnorm_gated_fp8_kernel[(tokens,)](
+            *args, D=head_dim, BLOCK_D=_next_pow2(head_dim),
+            ROWS0=r0, ROWS1=r1, ROWS2=r2, VALID0=v0, VALID1=v1, VALID2=v2,
             num_warps=config.num_warps,
         )  # fmt: skip
 
