@@ -132,11 +132,12 @@ def test_fused_matches_reference(tokens, heads, head_dim, dtype, quant_dtype):
 
 @pytest.mark.parametrize(
     "heads,head_dim",
-    [(48, 256), (3, 96), (5, 512), (2, 640)],
-    ids=["wide-two-pass", "non-pow2-D", "D512", "D640-fallback"],
+    [(48, 256), (15, 64), (3, 96), (5, 512), (2, 640)],
+    ids=["wide-two-pass", "three-chunks-padded", "non-pow2-D", "D512", "D640-fallback"],
 )
 def test_fused_other_launch_shapes(heads, head_dim):
-    """Wide tokens (two-pass kernel), non-power-of-two D, D=512, and the D>512 fallback."""
+    """Wide tokens (two-pass kernel), a padded third head chunk, non-power-of-two D, D=512, and
+    the D>512 fallback."""
     x, weight, gate = make_inputs(5, heads, head_dim, torch.bfloat16)
     q, scale = rmsnorm_gated_fp8_per_token(x, weight, gate, EPS)
     q_ref, scale_ref = rmsnorm_gated_fp8_per_token_ref(x, weight, gate, EPS)

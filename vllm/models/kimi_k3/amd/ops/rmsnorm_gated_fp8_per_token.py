@@ -100,44 +100,52 @@ if triton is not None:
         return scale, tl.math.div_rn(1.0, scale)
 
     @triton.jit
-    def _gated_rmsnorm_heads(
-        x_row, g_row, w, stride_xh, stride_gh, eps,
-        FIRST: tl.constexpr, ROWS: tl.constexpr, VALID: tl.constexpr,
+    def _load_heads(
+        x_row, g_row, stride_xh, stride_gh,
+        FIRST: tl.constexpr, ROWS: tl.constexpr, LAST: tl.constexpr,
         D: tl.constexpr, BLOCK_D: tl.constexpr,
     ):  # fmt: skip
-        # y for heads FIRST .. FIRST + VALID - 1 of one token, as a [ROWS, BLOCK_D] fp32 tile.
-        # Padded rows / columns read clamped (in-bounds) addresses under a mask and give y = 0.
+        # x and gate of heads FIRST .. LAST - 1 of one token as [ROWS, BLOCK_D] fp32 tiles.
+        # Padded rows / columns read clamped (in-bounds) addresses under a mask and give 0.
         heads = FIRST + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_D)
         if BLOCK_D != D:
             col_ok = cols < D
             cols = tl.where(col_ok, cols, 0)
-        if VALID < ROWS:
-            head_ok = heads < FIRST + VALID
+        if FIRST + ROWS > LAST:
+            head_ok = heads < LAST
             heads = tl.where(head_ok, heads, FIRST)
         x_ptrs = x_row + (heads * stride_xh)[:, None] + cols[None, :]
         g_ptrs = g_row + (heads * stride_gh)[:, None] + cols[None, :]
-        if (VALID < ROWS) or (BLOCK_D != D):
-            if VALID == ROWS:
+        if (FIRST + ROWS > LAST) or (BLOCK_D != D):
+            if FIRST + ROWS <= LAST:
                 mask = col_ok[None, :]
             elif BLOCK_D == D:
                 mask = head_ok[:, None]
             else:
                 mask = head_ok[:, None] & col_ok[None, :]
-            x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
-            g = tl.load(g_ptrs, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(x_ptrs, mask=mask, other=0.0)
+            g = tl.load(g_ptrs, mask=mask, other=0.0)
         else:
-            x = tl.load(x_ptrs).to(tl.float32)
-            g = tl.load(g_ptrs).to(tl.float32)
+            x = tl.load(x_ptrs)
+            g = tl.load(g_ptrs)
+        return x.to(tl.float32), g.to(tl.float32)
+
+    @triton.jit
+    def _gated_rmsnorm(
+        x, g, w, eps,
+        FIRST: tl.constexpr, ROWS: tl.constexpr, LAST: tl.constexpr, D: tl.constexpr,
+    ):  # fmt: skip
         rstd = tl.rsqrt(tl.math.div_rn(tl.sum(x * x, axis=1), D) + eps)
-        if VALID < ROWS:
-            rstd = tl.where(head_ok, rstd, 0.0)  # eps == 0 must not turn padding into NaN
+        if FIRST + ROWS > LAST:
+            # Padded rows: eps == 0 must not turn 0 * rsqrt(0) into NaN.
+            rstd = tl.where(FIRST + tl.arange(0, ROWS) < LAST, rstd, 0.0)
         return x * rstd[:, None] * w[None, :] * tl.sigmoid(g)
 
     @triton.jit
     def _store_heads(
         q_row, y, inv,
-        FIRST: tl.constexpr, ROWS: tl.constexpr, VALID: tl.constexpr,
+        FIRST: tl.constexpr, ROWS: tl.constexpr, LAST: tl.constexpr,
         D: tl.constexpr, BLOCK_D: tl.constexpr,
     ):  # fmt: skip
         # |y * inv| <= fp8_max * (1 + 2^-23) by construction, which rounds to at most fp8_max:
@@ -145,8 +153,8 @@ if triton is not None:
         heads = FIRST + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_D)
         q = (y * inv).to(q_row.dtype.element_ty)
-        if (VALID < ROWS) or (BLOCK_D != D):
-            head_ok = heads < FIRST + VALID
+        if (FIRST + ROWS > LAST) or (BLOCK_D != D):
+            head_ok = heads < LAST
             col_ok = cols < D
             mask = head_ok[:, None] & col_ok[None, :]
             offs = tl.where(head_ok, heads, FIRST)[:, None] * D + tl.where(col_ok, cols, 0)[None, :]
@@ -161,38 +169,39 @@ if triton is not None:
         eps, fp8_max, min_scale,
         D: tl.constexpr, BLOCK_D: tl.constexpr,
         ROWS0: tl.constexpr, ROWS1: tl.constexpr, ROWS2: tl.constexpr,
-        VALID0: tl.constexpr, VALID1: tl.constexpr, VALID2: tl.constexpr,
+        END0: tl.constexpr, END1: tl.constexpr, END2: tl.constexpr,
     ):  # fmt: skip
         # One token per program. Its heads are split into up to three power-of-two chunks
         # (12 = 8 + 4), so no lane is padded unless the third chunk needs it (15 = 8 + 4 + 4).
+        # Every chunk is loaded before any is reduced, so all loads are in flight at once.
         tok = tl.program_id(0).to(tl.int64)
         x_row = x_ptr + tok * stride_xt
         g_row = g_ptr + tok * stride_gt
         q_row = q_ptr + tok * stride_qt
+        args = (x_row, g_row, stride_xh, stride_gh)
+        x0, g0 = _load_heads(*args, 0, ROWS0, END0, D, BLOCK_D)
+        if ROWS1 > 0:
+            x1, g1 = _load_heads(*args, END0, ROWS1, END1, D, BLOCK_D)
+        if ROWS2 > 0:
+            x2, g2 = _load_heads(*args, END1, ROWS2, END2, D, BLOCK_D)
         cols = tl.arange(0, BLOCK_D)
         w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
-        y0 = _gated_rmsnorm_heads(
-            x_row, g_row, w, stride_xh, stride_gh, eps, 0, ROWS0, VALID0, D, BLOCK_D
-        )
+
+        y0 = _gated_rmsnorm(x0, g0, w, eps, 0, ROWS0, END0, D)
         amax = _abs_max(y0)
         if ROWS1 > 0:
-            y1 = _gated_rmsnorm_heads(
-                x_row, g_row, w, stride_xh, stride_gh, eps, VALID0, ROWS1, VALID1, D, BLOCK_D
-            )
+            y1 = _gated_rmsnorm(x1, g1, w, eps, END0, ROWS1, END1, D)
             amax = _max_keep_nan(amax, _abs_max(y1))
         if ROWS2 > 0:
-            first2: tl.constexpr = VALID0 + VALID1
-            y2 = _gated_rmsnorm_heads(
-                x_row, g_row, w, stride_xh, stride_gh, eps, first2, ROWS2, VALID2, D, BLOCK_D
-            )
+            y2 = _gated_rmsnorm(x2, g2, w, eps, END1, ROWS2, END2, D)
             amax = _max_keep_nan(amax, _abs_max(y2))
         scale, inv = _scale_and_inverse(amax, fp8_max, min_scale)
         tl.store(s_ptr + tok * stride_st, scale)
-        _store_heads(q_row, y0, inv, 0, ROWS0, VALID0, D, BLOCK_D)
+        _store_heads(q_row, y0, inv, 0, ROWS0, END0, D, BLOCK_D)
         if ROWS1 > 0:
-            _store_heads(q_row, y1, inv, VALID0, ROWS1, VALID1, D, BLOCK_D)
+            _store_heads(q_row, y1, inv, END0, ROWS1, END1, D, BLOCK_D)
         if ROWS2 > 0:
-            _store_heads(q_row, y2, inv, VALID0 + VALID1, ROWS2, VALID2, D, BLOCK_D)
+            _store_heads(q_row, y2, inv, END1, ROWS2, END2, D, BLOCK_D)
 
     @triton.jit
     def _rmsnorm_gated_fp8_wide_kernel(
@@ -207,23 +216,20 @@ if triton is not None:
         x_row = x_ptr + tok * stride_xt
         g_row = g_ptr + tok * stride_gt
         q_row = q_ptr + tok * stride_qt
+        args = (x_row, g_row, stride_xh, stride_gh)
         cols = tl.arange(0, BLOCK_D)
         w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
         amax = 0.0
         for first in tl.static_range(0, H, BLOCK_HEADS):
-            valid: tl.constexpr = min(BLOCK_HEADS, H - first)
-            y = _gated_rmsnorm_heads(
-                x_row, g_row, w, stride_xh, stride_gh, eps, first, BLOCK_HEADS, valid, D, BLOCK_D
-            )
+            x, g = _load_heads(*args, first, BLOCK_HEADS, H, D, BLOCK_D)
+            y = _gated_rmsnorm(x, g, w, eps, first, BLOCK_HEADS, H, D)
             amax = _max_keep_nan(amax, _abs_max(y))
         scale, inv = _scale_and_inverse(amax, fp8_max, min_scale)
         tl.store(s_ptr + tok * stride_st, scale)
         for first in tl.static_range(0, H, BLOCK_HEADS):
-            valid: tl.constexpr = min(BLOCK_HEADS, H - first)
-            y = _gated_rmsnorm_heads(
-                x_row, g_row, w, stride_xh, stride_gh, eps, first, BLOCK_HEADS, valid, D, BLOCK_D
-            )
-            _store_heads(q_row, y, inv, first, BLOCK_HEADS, valid, D, BLOCK_D)
+            x, g = _load_heads(*args, first, BLOCK_HEADS, H, D, BLOCK_D)
+            y = _gated_rmsnorm(x, g, w, eps, first, BLOCK_HEADS, H, D)
+            _store_heads(q_row, y, inv, first, BLOCK_HEADS, H, D, BLOCK_D)
 
     @triton.jit
     def _per_token_fp8_quant_kernel(
@@ -318,14 +324,11 @@ def fused_launch_config(t_bucket: int, heads: int, head_dim: int) -> FusedLaunch
     padded = sum(rows for rows, _ in head_chunks(heads)) * block_d
     if padded > _MAX_TILE:
         return FusedLaunchConfig(True, max(1, _MAX_TILE // 2 // block_d), 8)
-    # Few tokens: latency-bound, spread a token over many threads. Many tokens: bandwidth-bound,
-    # give each thread more elements in flight (measured on H200, docs/performance.md).
-    if t_bucket <= 8 * _num_sms():
-        per_thread = 8
-    else:
-        per_thread = 32
-    num_warps = max(1, min(8, padded // (32 * per_thread)))
-    return FusedLaunchConfig(False, heads, num_warps)
+    # Few tokens: latency-bound, spread a token over many threads (4 values each). Many tokens:
+    # bandwidth-bound, give each thread 32-64 values in flight. Swept on H200 (performance.md).
+    per_thread = 4 if t_bucket <= 512 else 64
+    warps = max(1, min(8, padded // (32 * per_thread)))
+    return FusedLaunchConfig(False, heads, 1 << (warps.bit_length() - 1))
 
 
 @cache
@@ -338,8 +341,8 @@ def _quant_config(t_bucket: int, k: int) -> tuple[int, int, bool, int]:
     target_programs = 4 * _num_sms()
     while block_t * 2 * block_k <= _MAX_TILE and -(-t_bucket // (block_t * 2)) >= target_programs:
         block_t *= 2
-    num_warps = max(1, min(8, block_t * block_k // 512))
-    return block_t, block_k, True, num_warps
+    warps = max(1, min(8, block_t * block_k // 512))
+    return block_t, block_k, True, 1 << (warps.bit_length() - 1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -566,7 +569,7 @@ def launch_fused(
         (r0, v0), (r1, v1), (r2, v2) = head_chunks(heads)
         _rmsnorm_gated_fp8_kernel[(tokens,)](
             *args, D=head_dim, BLOCK_D=_next_pow2(head_dim),
-            ROWS0=r0, ROWS1=r1, ROWS2=r2, VALID0=v0, VALID1=v1, VALID2=v2,
+            ROWS0=r0, ROWS1=r1, ROWS2=r2, END0=v0, END1=v0 + v1, END2=v0 + v1 + v2,
             num_warps=config.num_warps,
         )  # fmt: skip
 
