@@ -19,6 +19,7 @@ Reports microseconds per call, GB/s (x + gate read, FP8 + scale written) and per
 
 import argparse
 import csv
+import itertools
 import statistics
 import sys
 import time
@@ -280,8 +281,8 @@ def sweep_configs(case: Case, args) -> list[tuple[FusedLaunchConfig, float]]:
         else time_flushed
     )
     out = []
-    for warps in (1, 2, 4, 8, 16):
-        config = FusedLaunchConfig(False, h, warps)
+    for warps, split in itertools.product((1, 2, 4, 8, 16), (True, False)):
+        config = FusedLaunchConfig(False, h, warps, split)
 
         def fn(config=config):
             launch_fused(case.x, case.weight, case.gate, case.eps, q, s, fp8_max, min_scale, config)
@@ -366,12 +367,12 @@ def main(argv: list[str] | None = None) -> int:
                 default = fused_launch_config(triton.next_power_of_2(t), h, args.head_dim)
                 for config, us in sweep_configs(case, args):
                     rows.append(
-                        dict(case=case.name, T=t, warps=config.num_warps,
+                        dict(case=case.name, T=t, warps=config.num_warps, split=config.split_heads,
                              us=round(us, 3), default=config == default)
                     )  # fmt: skip
                 best = min((r for r in rows if r["case"] == case.name and r["T"] == t),
                            key=lambda r: r["us"])  # fmt: skip
-                print(f"{case.name:>18} T={t:>6} best warps={best['warps']} "
+                print(f"{case.name:>18} T={t:>6} best warps={best['warps']} split={best['split']} "
                       f"{best['us']:.2f} us", flush=True)  # fmt: skip
                 write_csv(args.csv, rows)
                 continue

@@ -146,6 +146,22 @@ def test_fused_other_launch_shapes(heads, head_dim):
     assert_within_half_step(q, scale, exact_rmsnorm_gated(x, weight, gate, EPS).reshape(5, -1))
 
 
+@pytest.mark.parametrize("split_heads", [True, False], ids=["head-chunks", "padded-tile"])
+@pytest.mark.parametrize("heads", [3, 12, 15])
+def test_both_tile_shapes(heads, split_heads):
+    """Few tokens use one padded tile, many tokens unpadded head chunks: check both directly."""
+    x, weight, gate = make_inputs(9, heads, 128, torch.bfloat16, x_strided=True)
+    fp8 = current_platform.fp8_dtype()
+    q = torch.empty(9, heads * 128, dtype=fp8, device=DEVICE)
+    scale = torch.empty(9, 1, dtype=torch.float32, device=DEVICE)
+    config = op_module.FusedLaunchConfig(False, heads, 2, split_heads)
+    fp8_max, min_scale = current_platform.fp8_max(), current_platform.fp8_min_scale()
+    op_module.launch_fused(x, weight, gate, EPS, q, scale, fp8_max, min_scale, config)
+    q_ref, scale_ref = rmsnorm_gated_fp8_per_token_ref(x, weight, gate, EPS)
+    assert_scale_close(scale, scale_ref)
+    assert_codes_close(q, q_ref)
+
+
 def test_two_dim_gate_accepted_for_one_head():
     x, weight, gate = make_inputs(4, 1, 64, torch.bfloat16)
     q, scale = rmsnorm_gated_fp8_per_token(x, weight, gate[:, 0, :], EPS)

@@ -315,20 +315,39 @@ class FusedLaunchConfig(NamedTuple):
     wide: bool  # two-pass kernel over chunks of `block_heads` heads
     block_heads: int
     num_warps: int
+    split_heads: bool = True  # power-of-two head chunks; False: one padded tile
 
 
 @cache
 def fused_launch_config(t_bucket: int, heads: int, head_dim: int) -> FusedLaunchConfig:
-    """The launch configuration for ``[~t_bucket, heads, head_dim]`` inputs."""
+    """The launch configuration for ``[~t_bucket, heads, head_dim]`` inputs.
+
+    Swept on an H200 (docs/performance.md). Few tokens are latency-bound: one padded
+    ``[next_pow2(H), D]`` tile (one reduction chain) with about 4 values per thread. Many tokens
+    are bandwidth-bound: unpadded power-of-two head chunks with 32-64 values per thread.
+    """
     block_d = _next_pow2(head_dim)
     padded = sum(rows for rows, _ in head_chunks(heads)) * block_d
     if padded > _MAX_TILE:
         return FusedLaunchConfig(True, max(1, _MAX_TILE // 2 // block_d), 8)
-    # Few tokens: latency-bound, spread a token over many threads (4 values each). Many tokens:
-    # bandwidth-bound, give each thread 32-64 values in flight. Swept on H200 (performance.md).
-    per_thread = 4 if t_bucket <= 512 else 64
-    warps = max(1, min(8, padded // (32 * per_thread)))
-    return FusedLaunchConfig(False, heads, 1 << (warps.bit_length() - 1))
+    few_tokens = t_bucket <= 512
+    if few_tokens:
+        padded = _next_pow2(heads) * block_d
+    warps = max(1, min(8, padded // (32 * (4 if few_tokens else 64))))
+    return FusedLaunchConfig(False, heads, 1 << (warps.bit_length() - 1), not few_tokens)
+
+
+@cache
+def _fused_kernel_kwargs(config: FusedLaunchConfig, heads: int, head_dim: int) -> dict:
+    """Compile-time arguments of the fused kernel for a config (cached: hot path)."""
+    kwargs = dict(D=head_dim, BLOCK_D=_next_pow2(head_dim), num_warps=config.num_warps)
+    if config.wide:
+        return dict(kwargs, H=heads, BLOCK_HEADS=config.block_heads)
+    if config.split_heads:
+        (r0, v0), (r1, v1), (r2, v2) = head_chunks(heads)
+    else:
+        (r0, v0), (r1, v1), (r2, v2) = (_next_pow2(heads), heads), (0, 0), (0, 0)
+    return dict(kwargs, ROWS0=r0, ROWS1=r1, ROWS2=r2, END0=v0, END1=v0 + v1, END2=v0 + v1 + v2)
 
 
 @cache
@@ -555,23 +574,13 @@ def launch_fused(
     """
     tokens, heads, head_dim = x.shape
     x_strides, g_strides = x.stride(), gate.stride()
-    args = (
+    kernel = _rmsnorm_gated_fp8_wide_kernel if config.wide else _rmsnorm_gated_fp8_kernel
+    kernel[(tokens,)](
         x, gate, weight, out, scale_out,
         x_strides[0], x_strides[1], g_strides[0], g_strides[1], out.stride(0), scale_out.stride(0),
         eps, fp8_max, min_scale,
+        **_fused_kernel_kwargs(config, heads, head_dim),
     )  # fmt: skip
-    if config.wide:
-        _rmsnorm_gated_fp8_wide_kernel[(tokens,)](
-            *args, H=heads, D=head_dim, BLOCK_D=_next_pow2(head_dim),
-            BLOCK_HEADS=config.block_heads, num_warps=config.num_warps,
-        )  # fmt: skip
-    else:
-        (r0, v0), (r1, v1), (r2, v2) = head_chunks(heads)
-        _rmsnorm_gated_fp8_kernel[(tokens,)](
-            *args, D=head_dim, BLOCK_D=_next_pow2(head_dim),
-            ROWS0=r0, ROWS1=r1, ROWS2=r2, END0=v0, END1=v0 + v1, END2=v0 + v1 + v2,
-            num_warps=config.num_warps,
-        )  # fmt: skip
 
 
 def per_token_fp8_quant(
