@@ -322,19 +322,17 @@ class FusedLaunchConfig(NamedTuple):
 def fused_launch_config(t_bucket: int, heads: int, head_dim: int) -> FusedLaunchConfig:
     """The launch configuration for ``[~t_bucket, heads, head_dim]`` inputs.
 
-    Swept on an H200 (docs/performance.md). Few tokens are latency-bound: one padded
-    ``[next_pow2(H), D]`` tile (one reduction chain) with about 4 values per thread. Many tokens
-    are bandwidth-bound: unpadded power-of-two head chunks with 32-64 values per thread.
+    Swept on an H200 (docs/performance.md): unpadded power-of-two head chunks won at every T;
+    few tokens are latency-bound and want ~16 values per thread, many tokens are bandwidth-bound
+    and want 32-64 values per thread in flight.
     """
     block_d = _next_pow2(head_dim)
     padded = sum(rows for rows, _ in head_chunks(heads)) * block_d
     if padded > _MAX_TILE:
         return FusedLaunchConfig(True, max(1, _MAX_TILE // 2 // block_d), 8)
-    few_tokens = t_bucket <= 512
-    if few_tokens:
-        padded = _next_pow2(heads) * block_d
-    warps = max(1, min(8, padded // (32 * (4 if few_tokens else 64))))
-    return FusedLaunchConfig(False, heads, 1 << (warps.bit_length() - 1), not few_tokens)
+    per_thread = 16 if t_bucket <= 64 else 32 if t_bucket <= 512 else 64
+    warps = min(8, _next_pow2(max(1, -(-padded // (32 * per_thread)))))
+    return FusedLaunchConfig(False, heads, warps)
 
 
 @cache
