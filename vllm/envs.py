@@ -19,6 +19,23 @@ _VARIABLES: dict[str, tuple[Callable[[str | None], Any], str]] = {
         lambda v: (v or "").lower() or None,
         "Force the run-time platform (cuda | rocm | cpu) instead of detecting it from torch.",
     ),
+    "VLLM_FP8_LINEAR_KERNEL": (
+        lambda v: v or None,
+        "Force the FP8 scaled-mm linear kernel by class name (e.g. "
+        "ChannelWiseTorchFP8ScaledMMLinearKernel) instead of choosing by platform.",
+    ),
+    "VLLM_ROCM_USE_AITER": (
+        lambda v: (v or "0") == "1",
+        "ROCm: use AITER kernels at all (default 0).",
+    ),
+    "VLLM_ROCM_USE_AITER_LINEAR": (
+        lambda v: (v or "1") == "1",
+        "ROCm: with VLLM_ROCM_USE_AITER=1, use AITER's FP8 linear kernels (default 1).",
+    ),
+    "VLLM_ROCM_USE_AITER_LINEAR_HIPBMM": (
+        lambda v: (v or "0") == "1",
+        "ROCm: allow the hipBLASLt preshuffled PTPC GEMM (aiter.hipb_mm) (default 0).",
+    ),
     "VLLM_LOGGING_LEVEL": (
         lambda v: (v or "INFO").upper(),
         "Level of the `vllm` loggers (default INFO).",

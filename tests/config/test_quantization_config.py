@@ -1,0 +1,140 @@
+"""`--quantization-config` parsing, and the PR recipe's ignore pattern over Kimi-K3's layers."""
+
+import pytest
+import torch
+
+from vllm.config.quantization import parse_quantization_config
+from vllm.model_executor.layers.linear import (
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+)
+from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
+from vllm.model_executor.layers.quantization.online.fp8 import Fp8PtpcOnlineLinearMethod
+from vllm.model_executor.layers.quantization.utils.quant_utils import kFp8StaticChannelSym
+
+# As the PR's command line passes it: shell single quotes, JSON-escaped backslash.
+PR_RECIPE = '{"linear":"fp8_per_channel","ignore":["re:(?!.*self_attn\\\\.o_proj$).*"]}'
+
+# Kimi-K3 text model: 93 layers, MLA at these 1-based indices, KDA elsewhere (upstream-facts D.1).
+MLA_LAYERS = set(range(4, 93, 4)) | {93}
+PACKED = {
+    "in_proj_qkvgfab": ["q_proj", "k_proj", "v_proj", "g_proj", "f_a_proj", "b_proj"],
+    "fused_qkv_a_proj": ["q_a_proj", "kv_a_proj_with_mqa", "g_proj"],
+    "gate_up_proj": ["gate_proj", "up_proj"],
+}
+
+
+def kimi_k3_linear_layers() -> list[tuple[str, type, dict]]:
+    """(module path, linear class, extra kwargs) of every linear layer of the text model."""
+    layers = []
+    for i in range(93):
+        p = f"language_model.model.layers.{i}."
+        if i + 1 in MLA_LAYERS:
+            layers += [
+                (p + "self_attn.fused_qkv_a_proj", MergedColumnParallelLinear, {}),
+                (p + "self_attn.q_b_proj", ColumnParallelLinear, {}),
+                (p + "self_attn.kv_b_proj", ColumnParallelLinear, {}),
+            ]
+        else:
+            layers += [
+                (p + "self_attn.in_proj_qkvgfab", MergedColumnParallelLinear, {}),
+                (p + "self_attn.f_b_proj", ColumnParallelLinear, {}),
+            ]
+        layers.append((p + "self_attn.o_proj", RowParallelLinear, {}))
+        mlp = p + ("mlp." if i == 0 else "block_sparse_moe.shared_experts.")
+        layers += [
+            (mlp + "gate_up_proj", MergedColumnParallelLinear, {}),
+            (mlp + "down_proj", RowParallelLinear, {}),
+        ]
+        if i > 0:
+            layers += [
+                (p + "block_sparse_moe.routed_expert_up_proj", ReplicatedLinear, {}),
+                (p + "block_sparse_moe.routed_expert_down_proj", ReplicatedLinear, {}),
+            ]
+    return layers
+
+
+def build(cls, prefix, quant_config):
+    if cls is MergedColumnParallelLinear:
+        return cls(32, [16, 16], bias=False, quant_config=quant_config, prefix=prefix)
+    return cls(32, 16, bias=False, quant_config=quant_config, prefix=prefix)
+
+
+def test_pr_recipe_quantizes_exactly_the_attention_o_proj_layers():
+    args = parse_quantization_config(PR_RECIPE)
+    assert args.ignore == ["re:(?!.*self_attn\\.o_proj$).*"]
+    config = OnlineQuantizationConfig(args, PACKED)
+    quantized = []
+    for prefix, cls, _ in kimi_k3_linear_layers():
+        layer = build(cls, prefix, config)
+        if isinstance(layer.quant_method, Fp8PtpcOnlineLinearMethod):
+            quantized.append(prefix)
+    assert len(quantized) == 93
+    assert all(p.endswith(".self_attn.o_proj") for p in quantized)
+    mla = [p for p in quantized if int(p.split(".")[3]) + 1 in MLA_LAYERS]
+    assert len(mla) == 24  # MLA and KDA o_proj alike: both live under self_attn
+
+
+def test_shorthand_fills_linear_and_moe():
+    args = parse_quantization_config({"linear": "fp8_per_channel", "moe": "fp8_per_channel"})
+    assert args.linear.weight == kFp8StaticChannelSym and args.moe.weight == kFp8StaticChannelSym
+    assert parse_quantization_config({"linear": {"weight": "fp8_per_channel_static"}}).linear == (
+        args.linear
+    )
+
+
+def test_regex_is_anchored_at_the_start_only():
+    args = parse_quantization_config({"linear": "fp8_per_channel", "ignore": ["re:model"]})
+    assert args.should_ignore("model.layers.0.mlp.down_proj")  # re.match: a prefix suffices
+    assert not args.should_ignore("lm.model.layers.0")
+
+
+def test_plain_patterns_are_exact_or_fnmatch():
+    args = parse_quantization_config(
+        {"linear": "fp8_per_channel", "ignore": ["lm_head", "model.layers.*.mlp.down_proj"]}
+    )
+    assert args.should_ignore("lm_head") and not args.should_ignore("lm_head2")
+    assert args.should_ignore("model.layers.3.mlp.down_proj")
+    assert not args.should_ignore("model.layers.3.mlp.gate_up_proj")
+
+
+def test_fused_layer_follows_its_shards_and_they_must_agree():
+    both = parse_quantization_config({"ignore": ["*.gate_proj", "*.up_proj"]})
+    assert both.should_ignore("m.mlp.gate_up_proj", ["gate_proj", "up_proj"])
+    one = parse_quantization_config({"ignore": ["*.gate_proj"]})
+    with pytest.raises(ValueError, match="split the fused layer"):
+        one.should_ignore("m.mlp.gate_up_proj", ["gate_proj", "up_proj"])
+
+
+@pytest.mark.parametrize(
+    "config,message",
+    [
+        ("{linear: fp8}", "not valid JSON"),
+        ("[1, 2]", "must be a JSON object"),
+        ('{"linear": "fp4_magic"}', "field 'linear': unknown scheme 'fp4_magic'"),
+        ('{"moe": 3}', "field 'moe' must be a string or an object"),
+        ('{"ignore": ["re:(unclosed"]}', r"field 'ignore\[0\]': invalid regex"),
+        ('{"ignore": "re:.*"}', "'ignore' must be a list of strings"),
+        ('{"linear": {"weight": "fp8_per_channel_static", "activation": "fp8_per_token"}}',
+         "'linear.activation': an activation override is not supported"),
+        ('{"linear": {"scale": 1}}', "unknown keys"),
+        ('{"targets": {"re:.*": "fp8_per_channel"}}', "field 'targets' is not supported"),
+        ('{"kv_cache": "fp8"}', "unknown field 'kv_cache'"),
+    ],
+)  # fmt: skip
+def test_bad_configs_name_the_field(config, message):
+    with pytest.raises(ValueError, match=message):
+        parse_quantization_config(config)
+
+
+def test_linear_scheme_without_online_method_is_rejected():
+    with pytest.raises(ValueError, match="no online method"):
+        OnlineQuantizationConfig(parse_quantization_config({"linear": "fp8_per_token"}))
+
+
+def test_unselected_layers_keep_the_default_method():
+    config = OnlineQuantizationConfig(parse_quantization_config({"ignore": []}))
+    layer = RowParallelLinear(32, 16, params_dtype=torch.bfloat16, quant_config=config)
+    assert type(layer.quant_method).__name__ == "UnquantizedLinearMethod"

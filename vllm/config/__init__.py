@@ -1,0 +1,1 @@
+"""Engine configuration: dataclass configs and parsing of user-facing options."""

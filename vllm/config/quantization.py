@@ -1,0 +1,160 @@
+"""`--quantization-config`: which layers are quantized online, and how.
+
+The JSON object of upstream's recipe, for example (the PR's: only attention `o_proj` layers)::
+
+    {"linear": "fp8_per_channel", "ignore": ["re:(?!.*self_attn\\\\.o_proj$).*"]}
+
+Fields: `linear` and `moe` take an online shorthand (`fp8_per_channel`: per-channel FP8 weights with
+dynamic per-token activations) or a weight quant-key name, or `{"weight": <name>}`; `ignore` lists
+module paths that stay unquantized. An `ignore` pattern starting with `re:` is a regular expression
+matched with `re.match` against the full module path (anchored at the start only, as upstream); any
+other pattern matches by equality or fnmatch. A fused layer that matches nothing by its own name
+is ignored when all of its shards are, and mixing ignored and quantized shards is an error.
+`targets` (upstream's per-pattern shorthands) is not supported yet and is rejected by name, as is
+an explicit `activation` (online methods choose their activation quantization).
+"""
+
+import fnmatch
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm.model_executor.layers.quantization.utils.quant_utils import (
+    QuantKey,
+    kFp8DynamicTensorSym,
+    kFp8DynamicTokenSym,
+    kFp8StaticChannelSym,
+    kFp8StaticTensorSym,
+)
+
+QUANT_KEY_NAMES: dict[str, QuantKey] = {
+    "fp8_per_token": kFp8DynamicTokenSym,
+    "fp8_per_tensor": kFp8DynamicTensorSym,
+    "fp8_per_tensor_static": kFp8StaticTensorSym,
+    "fp8_per_channel_static": kFp8StaticChannelSym,
+}
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """How one kind of layer is quantized: its weight key (the activation follows the method)."""
+
+    weight: QuantKey
+
+
+ONLINE_SHORTHANDS: dict[str, dict[str, QuantSpec]] = {
+    "fp8_per_channel": {
+        "linear": QuantSpec(kFp8StaticChannelSym),
+        "moe": QuantSpec(kFp8StaticChannelSym),
+    },
+}
+
+_FIELDS = ("linear", "moe", "ignore")
+_UNSUPPORTED_FIELDS = ("targets",)
+
+
+@dataclass
+class QuantizationConfigArgs:
+    """The parsed `--quantization-config`."""
+
+    linear: QuantSpec | None = None
+    moe: QuantSpec | None = None
+    ignore: list[str] = field(default_factory=list)
+    _compiled: list[re.Pattern | str] = field(default_factory=list, repr=False)
+
+    def should_ignore(self, prefix: str, fused_shards: list[str] | None = None) -> bool:
+        """Whether the layer at module path `prefix` stays unquantized.
+
+        `fused_shards` names the checkpoint modules a fused layer stands for (for example
+        `["gate_proj", "up_proj"]` for `gate_up_proj`): tried when the fused name matches nothing.
+        """
+        if self._matches(prefix) or not fused_shards:
+            return self._matches(prefix)
+        parent = prefix.rsplit(".", 1)[0] + "." if "." in prefix else ""
+        verdicts = {shard: self._matches(parent + shard) for shard in fused_shards}
+        if len(set(verdicts.values())) > 1:
+            raise ValueError(
+                f"ignore patterns split the fused layer {prefix!r}: {verdicts}; a fused layer is "
+                "quantized as one, so ignore all of its shards or none"
+            )
+        return next(iter(verdicts.values()))
+
+    def _matches(self, name: str) -> bool:
+        for pattern in self._compiled:
+            if isinstance(pattern, re.Pattern):
+                if pattern.match(name):
+                    return True
+            elif name == pattern or fnmatch.fnmatch(name, pattern):
+                return True
+        return False
+
+
+def _spec(field_name: str, value: Any) -> QuantSpec | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if value in ONLINE_SHORTHANDS:
+            return ONLINE_SHORTHANDS[value][field_name]
+        if value in QUANT_KEY_NAMES:
+            return QuantSpec(QUANT_KEY_NAMES[value])
+        raise ValueError(
+            f"quantization config field {field_name!r}: unknown scheme {value!r}; expected one of "
+            f"{sorted(ONLINE_SHORTHANDS) + sorted(QUANT_KEY_NAMES)}"
+        )
+    if isinstance(value, dict):
+        unknown = set(value) - {"weight", "activation"}
+        if unknown:
+            raise ValueError(f"quantization config field {field_name!r}: unknown keys {unknown}")
+        if "activation" in value:
+            raise ValueError(
+                f"quantization config field '{field_name}.activation': an activation override is "
+                "not supported for online quantization (the method sets it)"
+            )
+        if "weight" not in value:
+            raise ValueError(f"quantization config field {field_name!r} needs a 'weight'")
+        return _spec(field_name, value["weight"])
+    raise ValueError(
+        f"quantization config field {field_name!r} must be a string or an object, got "
+        f"{type(value).__name__}"
+    )
+
+
+def parse_quantization_config(config: "str | dict[str, Any]") -> QuantizationConfigArgs:
+    """Parse `--quantization-config` (a JSON string or an already decoded object)."""
+    if isinstance(config, str):
+        try:
+            config = json.loads(config)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--quantization-config is not valid JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise ValueError(
+            f"--quantization-config must be a JSON object, got {type(config).__name__}"
+        )
+    for name in config:
+        if name in _UNSUPPORTED_FIELDS:
+            raise ValueError(f"quantization config field {name!r} is not supported yet")
+        if name not in _FIELDS:
+            raise ValueError(
+                f"quantization config has an unknown field {name!r}; expected {list(_FIELDS)}"
+            )
+    ignore = config.get("ignore", [])
+    if not isinstance(ignore, list) or not all(isinstance(p, str) for p in ignore):
+        raise ValueError("quantization config field 'ignore' must be a list of strings")
+    compiled: list[re.Pattern | str] = []
+    for i, pattern in enumerate(ignore):
+        if pattern.startswith("re:"):
+            try:
+                compiled.append(re.compile(pattern[3:]))
+            except re.error as e:
+                raise ValueError(
+                    f"quantization config field 'ignore[{i}]': invalid regex {pattern[3:]!r}: {e}"
+                ) from None
+        else:
+            compiled.append(pattern)
+    return QuantizationConfigArgs(
+        linear=_spec("linear", config.get("linear")),
+        moe=_spec("moe", config.get("moe")),
+        ignore=list(ignore),
+        _compiled=compiled,
+    )

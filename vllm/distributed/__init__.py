@@ -1,0 +1,19 @@
+"""Tensor parallelism on torch.distributed (NCCL on GPU, gloo on CPU); no-ops at TP=1."""
+
+from vllm.distributed.parallel_state import (
+    destroy_model_parallel,
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+    get_tp_group,
+    initialize_model_parallel,
+    tensor_model_parallel_all_reduce,
+)
+
+__all__ = [
+    "destroy_model_parallel",
+    "get_tensor_model_parallel_rank",
+    "get_tensor_model_parallel_world_size",
+    "get_tp_group",
+    "initialize_model_parallel",
+    "tensor_model_parallel_all_reduce",
+]

@@ -1,0 +1,59 @@
+"""The tensor-parallel group: who this process is among the ranks that shard one model.
+
+With no group initialized everything runs as TP=1 and collectives return their input untouched,
+so single-process use needs no process group at all.
+"""
+
+import torch
+import torch.distributed as dist
+
+_TP_GROUP: dist.ProcessGroup | None = None
+_TP_SIZE = 1
+_TP_RANK = 0
+
+
+def initialize_model_parallel(tensor_parallel_size: int = 1) -> None:
+    """Use the default process group (already initialized, of `tensor_parallel_size` ranks) for TP.
+
+    Only pure tensor parallelism exists here, so the TP group is the whole world.
+    """
+    global _TP_GROUP, _TP_SIZE, _TP_RANK
+    if tensor_parallel_size == 1:
+        _TP_GROUP, _TP_SIZE, _TP_RANK = None, 1, 0
+        return
+    if not dist.is_initialized():
+        raise ValueError(
+            f"tensor_parallel_size={tensor_parallel_size} needs torch.distributed initialized first"
+        )
+    if dist.get_world_size() != tensor_parallel_size:
+        raise ValueError(
+            f"tensor_parallel_size={tensor_parallel_size} but the world has "
+            f"{dist.get_world_size()} ranks"
+        )
+    _TP_GROUP, _TP_SIZE, _TP_RANK = dist.group.WORLD, tensor_parallel_size, dist.get_rank()
+
+
+def destroy_model_parallel() -> None:
+    global _TP_GROUP, _TP_SIZE, _TP_RANK
+    _TP_GROUP, _TP_SIZE, _TP_RANK = None, 1, 0
+
+
+def get_tp_group() -> dist.ProcessGroup | None:
+    return _TP_GROUP
+
+
+def get_tensor_model_parallel_world_size() -> int:
+    return _TP_SIZE
+
+
+def get_tensor_model_parallel_rank() -> int:
+    return _TP_RANK
+
+
+def tensor_model_parallel_all_reduce(
+    x: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
+) -> torch.Tensor:
+    """All-reduce `x` in place over the TP group (identity at TP=1); returns `x`."""
+    if _TP_SIZE > 1:
+        dist.all_reduce(x, op=op, group=_TP_GROUP)
+    return x

@@ -1,0 +1,1 @@
+"""Kernels behind layers, chosen per platform."""

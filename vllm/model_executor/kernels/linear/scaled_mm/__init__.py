@@ -1,0 +1,1 @@
+"""FP8 scaled-mm linear kernels (see ScaledMMLinearKernel.py)."""

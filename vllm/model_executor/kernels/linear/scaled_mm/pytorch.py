@@ -1,0 +1,128 @@
+"""FP8 scaled-mm kernels built on torch: CUDA rowwise `_scaled_mm`, a per-tensor kernel, and a
+portable fallback that runs anywhere (CPU included).
+"""
+
+import torch
+
+from vllm.model_executor.kernels.linear.scaled_mm.ScaledMMLinearKernel import (
+    FP8ScaledMMLinearKernel,
+    FP8ScaledMMLinearLayerConfig,
+)
+from vllm.model_executor.layers.quantization.utils.quant_utils import (
+    QuantKey,
+    kFp8DynamicTokenSym,
+    kFp8StaticChannelSym,
+)
+from vllm.platforms import current_platform
+
+
+def _is_ptpc(config: FP8ScaledMMLinearLayerConfig) -> bool:
+    return (
+        config.activation_quant_key == kFp8DynamicTokenSym
+        and config.weight_quant_key == kFp8StaticChannelSym
+    )
+
+
+class RowWiseTorchFP8ScaledMMLinearKernel(FP8ScaledMMLinearKernel):
+    """CUDA PTPC GEMM: `torch._scaled_mm` with `[M, 1]` and `[1, N]` fp32 scales, bf16 out.
+
+    Consumes a pre-quantized per-token activation, so the KDA epilogue fusion engages on NVIDIA
+    too (upstream's CUDA kernels return no key).
+    """
+
+    @classmethod
+    def is_supported(cls) -> tuple[bool, str | None]:
+        if not current_platform.is_cuda():
+            return False, "needs CUDA"
+        if torch.cuda.get_device_capability() < (8, 9):
+            return False, "rowwise FP8 _scaled_mm needs sm_89 or newer"
+        return True, None
+
+    @classmethod
+    def can_implement(cls, config: FP8ScaledMMLinearLayerConfig) -> tuple[bool, str | None]:
+        if not _is_ptpc(config):
+            return False, "only per-token activations with per-channel weights"
+        if config.out_dtype != torch.bfloat16:
+            return False, "rowwise _scaled_mm produces bf16 only"
+        n, k = config.weight_shape
+        if n % 16 or k % 16:
+            return False, f"N and K must be multiples of 16, got N={n} K={k}"
+        return True, None
+
+    def input_quant_key(self) -> QuantKey | None:
+        return kFp8DynamicTokenSym
+
+    def apply_scaled_mm(self, a, b, out_dtype, a_scale, b_scale, bias):
+        # b is the [K, N] transposed view of row-major [N, K] codes: column-major, as required.
+        return torch._scaled_mm(
+            a, b, scale_a=a_scale, scale_b=b_scale.t(), bias=bias, out_dtype=out_dtype
+        )
+
+
+class PerTensorTorchFP8ScaledMMLinearKernel(FP8ScaledMMLinearKernel):
+    """Dynamic per-tensor activation scale with per-channel weights, quantized inside the kernel.
+
+    Cannot take a per-token pre-quantized activation (one scale per tensor), so it returns no
+    input key: a producer seeing such a layer hands it the plain activation. Only chosen when
+    forced (`VLLM_FP8_LINEAR_KERNEL`).
+    """
+
+    @classmethod
+    def is_supported(cls) -> tuple[bool, str | None]:
+        return True, None
+
+    @classmethod
+    def can_implement(cls, config: FP8ScaledMMLinearLayerConfig) -> tuple[bool, str | None]:
+        if config.weight_quant_key != kFp8StaticChannelSym:
+            return False, "only per-channel weights"
+        return True, None
+
+    def quantize_input(self, x_2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        fp8_max = current_platform.fp8_max()
+        xf = x_2d.float()
+        amax = xf.abs().amax().reshape(1, 1)
+        scale = torch.clamp(amax / amax.new_full((), fp8_max), min=current_platform.fp8_min_scale())
+        q = (xf * torch.reciprocal(scale)).to(current_platform.fp8_dtype())
+        return q, scale.expand(x_2d.shape[0], 1)
+
+    def apply_scaled_mm(self, a, b, out_dtype, a_scale, b_scale, bias):
+        return dequantized_matmul(a, b, out_dtype, a_scale, b_scale, bias)
+
+
+class ChannelWiseTorchFP8ScaledMMLinearKernel(FP8ScaledMMLinearKernel):
+    """Portable PTPC fallback (CPU and anything else): dequantize and multiply in fp32.
+
+    Exact up to fp32 accumulation order, and it consumes a pre-quantized activation like the GPU
+    kernels, so the fused and unfused paths can be compared anywhere.
+    """
+
+    @classmethod
+    def is_supported(cls) -> tuple[bool, str | None]:
+        return True, None
+
+    @classmethod
+    def can_implement(cls, config: FP8ScaledMMLinearLayerConfig) -> tuple[bool, str | None]:
+        if not _is_ptpc(config):
+            return False, "only per-token activations with per-channel weights"
+        return True, None
+
+    def input_quant_key(self) -> QuantKey | None:
+        return kFp8DynamicTokenSym
+
+    def apply_scaled_mm(self, a, b, out_dtype, a_scale, b_scale, bias):
+        return dequantized_matmul(a, b, out_dtype, a_scale, b_scale, bias)
+
+
+def dequantized_matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out_dtype: torch.dtype,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """`(a * a_scale) @ (b * b_scale^T)` in fp32: the scales factor out of the integer-like sum."""
+    out = (a.float() @ b.float()) * a_scale * b_scale.reshape(1, -1)
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(out_dtype)

@@ -1,0 +1,1 @@
+"""Producer-consumer fusions: activations handed to a linear already quantized."""

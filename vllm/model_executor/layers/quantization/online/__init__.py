@@ -1,0 +1,1 @@
+"""Online quantization: bf16 checkpoints quantized at load time."""
