@@ -198,3 +198,51 @@ def test_tp2_row_parallel_matches_tp1():
         assert ((out.float() - exact).abs() <= bound + exact.abs() * 2**-8).all()
     assert torch.equal(results[0][1], results[1][1])
     assert ((out_tp1 - exact).abs() <= gemm_bound(xf, weight, scale) + exact.abs() * 2**-8).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel override, and the decline path of a kernel that quantizes inside
+# ---------------------------------------------------------------------------------------------
+
+
+def test_forced_per_tensor_kernel_leaves_the_layer_unmarked(monkeypatch):
+    monkeypatch.setenv("VLLM_FP8_LINEAR_KERNEL", "PerTensorTorchFP8ScaledMMLinearKernel")
+    layer, weight = ptpc_layer()
+    assert type(layer.fp8_linear).__name__ == "PerTensorTorchFP8ScaledMMLinearKernel"
+    assert get_input_quant_key(layer) is None  # a producer must hand it the plain activation
+    x = torch.randn(4, 256).to(torch.bfloat16).to(DEVICE)
+    out = layer(x)[0].float().cpu()
+    ref = x.float().cpu() @ weight.t()
+    # One scale for the whole tensor: coarser than per token, still within a few percent here.
+    assert ((out - ref).norm() / ref.norm()) < 0.05
+    q, scale = per_token_fp8_quant(x)
+    with pytest.raises(ValueError, match="expects None"):
+        layer(QuantizedActivation(q, scale, x.dtype, x.shape, kFp8DynamicTokenSym))
+
+
+def test_bad_kernel_override_is_reported(monkeypatch):
+    monkeypatch.setenv("VLLM_FP8_LINEAR_KERNEL", "NoSuchKernel")
+    with pytest.raises(ValueError, match="VLLM_FP8_LINEAR_KERNEL='NoSuchKernel' is not one of"):
+        ptpc_layer()
+    monkeypatch.setenv("VLLM_FP8_LINEAR_KERNEL", "AiterPerTokenFp8ScaledMMLinearKernel")
+    if not current_platform.is_rocm():
+        with pytest.raises(ValueError, match="AiterPerTokenFp8ScaledMMLinearKernel: needs ROCm"):
+            ptpc_layer()
+
+
+@pytest.mark.gpu
+def test_gpu_rowwise_scaled_mm_consumes_and_matches_bound():
+    if not current_platform.is_cuda():
+        pytest.skip("the rowwise torch._scaled_mm kernel is the CUDA choice")
+    layer, weight = ptpc_layer(RowParallelLinear, k=1536, n=7168, bias=False)
+    assert type(layer.fp8_linear).__name__ == "RowWiseTorchFP8ScaledMMLinearKernel"
+    assert get_input_quant_key(layer) == kFp8DynamicTokenSym
+    x = torch.randn(33, 1536, device="cuda").to(torch.bfloat16)
+    out = layer(x)[0]
+    q, scale = per_token_fp8_quant(x)
+    fused = layer(QuantizedActivation(q, scale, x.dtype, x.shape, kFp8DynamicTokenSym))[0]
+    assert torch.equal(out, fused)
+    xf = x.float().cpu()
+    ref = xf @ weight.t()
+    bound = gemm_bound(xf, weight, layer.weight_scale.cpu()) + ref.abs() * 2**-8
+    assert ((out.float().cpu() - ref).abs() <= bound).all()
