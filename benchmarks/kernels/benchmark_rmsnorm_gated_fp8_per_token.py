@@ -11,7 +11,8 @@ Providers, timed in one run on the same inputs:
   empty          an empty Triton kernel: the launch floor
 
 Small T (<= --graph-max-tokens) is timed as CUDA-graph replay of --graph-calls back-to-back calls,
-which is what a decode step pays; larger T with triton's do_bench, L2 flushed before every call.
+which is what a decode step pays; larger T as replays of a one-call CUDA graph with L2 flushed
+(a 256 MiB buffer zeroed) before each, timed with CUDA events.
 Reports microseconds per call, GB/s (x + gate read, FP8 + scale written) and percent of the copy.
 
     python benchmarks/kernels/benchmark_rmsnorm_gated_fp8_per_token.py --csv out.csv
@@ -280,9 +281,16 @@ def sweep_configs(case: Case, args) -> list[tuple[FusedLaunchConfig, float]]:
         if t <= args.graph_max_tokens
         else time_flushed
     )
+    default = fused_launch_config(triton.next_power_of_2(t), h, d)
+    if default.wide:
+        configs = [default._replace(num_warps=w) for w in (1, 2, 4, 8, 16)]
+    else:
+        configs = [
+            FusedLaunchConfig(False, h, w, split)
+            for w, split in itertools.product((1, 2, 4, 8, 16), (True, False))
+        ]
     out = []
-    for warps, split in itertools.product((1, 2, 4, 8, 16), (True, False)):
-        config = FusedLaunchConfig(False, h, warps, split)
+    for config in configs:
 
         def fn(config=config):
             launch_fused(case.x, case.weight, case.gate, case.eps, q, s, fp8_max, min_scale, config)
@@ -335,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("this benchmark needs a CUDA or ROCm GPU")
+    if args.head_dim & (args.head_dim - 1) or args.head_dim > 512:
+        parser.error("--head-dim must be a power of two up to 512 (the copy and reference tiles)")
 
     fla_norm = None
     if not args.no_fla:

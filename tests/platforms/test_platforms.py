@@ -54,3 +54,16 @@ def test_forced_platform_by_name():
     assert isinstance(resolve_platform("rocm"), RocmPlatform)
     with pytest.raises(ValueError, match="VLLM_TARGET_PLATFORM"):
         resolve_platform("tpu")
+
+
+def test_triton_fp8_support_by_platform():
+    hopper, ampere = CudaPlatform(), CudaPlatform()
+    hopper.__dict__["device_capability"] = (9, 0)  # cached_property: no GPU needed
+    ampere.__dict__["device_capability"] = (8, 0)
+    assert hopper.triton_supports_fp8(torch.float8_e4m3fn)
+    assert not hopper.triton_supports_fp8(torch.float8_e4m3fnuz)  # no fnuz on NVIDIA
+    assert not ampere.triton_supports_fp8(torch.float8_e4m3fn)  # Triton emits fp8 from sm_89
+    mi300 = RocmPlatform(gcn_arch="gfx942:sramecc+:xnack-")
+    assert mi300.triton_supports_fp8(torch.float8_e4m3fnuz)
+    assert not mi300.triton_supports_fp8(torch.float8_e4m3fn)
+    assert CpuPlatform().triton_supports_fp8(torch.float8_e4m3fnuz)  # the interpreter does both

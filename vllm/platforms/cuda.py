@@ -1,5 +1,7 @@
 """NVIDIA CUDA platform: e4m3fn FP8, Triton kernels, torch rowwise `_scaled_mm`."""
 
+from functools import cached_property
+
 import torch
 
 from vllm.platforms.interface import Platform, PlatformEnum
@@ -9,9 +11,13 @@ class CudaPlatform(Platform):
     _enum = PlatformEnum.CUDA
     device_type = "cuda"
 
+    @cached_property
+    def device_capability(self) -> tuple[int, int]:
+        return torch.cuda.get_device_capability(0)
+
     def triton_supports_fp8(self, dtype: torch.dtype) -> bool:
-        # NVIDIA GPUs have no e4m3fnuz conversions; fnuz requests use the torch reference.
-        return dtype == torch.float8_e4m3fn
+        # Triton emits e4m3fn from sm_89 on; NVIDIA has no e4m3fnuz. Otherwise: torch reference.
+        return dtype == torch.float8_e4m3fn and self.device_capability >= (8, 9)
 
     def get_device_name(self) -> str:
         return torch.cuda.get_device_name(0)

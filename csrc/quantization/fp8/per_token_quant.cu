@@ -1,8 +1,9 @@
 // Per-token dynamic FP8 quantization, the unfused path's native kernel (upstream-facts F.2):
 // one thread block per token, block-wide max of |x|, scale = max(amax / fp8_max, 1 / (fp8_max * 512)),
 // then x / scale (true division), clamped to +-fp8_max and converted with c10's FP8 types.
-// NaN is dropped by fmaxf in the reduction, as in upstream's kernel; the Triton op in
-// vllm/models/kimi_k3/amd/ops/rmsnorm_gated_fp8_per_token.py states the fork's own policy.
+// As in upstream's kernel, NaN is dropped by fmaxf in the reduction and becomes -fp8_max in the
+// clamp; the Triton op in vllm/models/kimi_k3/amd/ops/rmsnorm_gated_fp8_per_token.py states the
+// fork's own policy. The ROCm build (64-lane wavefronts) is written but has not been compiled here.
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -14,11 +15,19 @@
 namespace vllm {
 
 constexpr int kMaxBlock = 256;
+#ifdef USE_ROCM
+constexpr int kWarp = 64;
+__device__ __forceinline__ float shfl_xor(float v, int offset) { return __shfl_xor(v, offset); }
+#else
 constexpr int kWarp = 32;
+__device__ __forceinline__ float shfl_xor(float v, int offset) {
+  return __shfl_xor_sync(0xffffffffu, v, offset);
+}
+#endif
 
 __device__ __forceinline__ float warp_max(float v) {
   for (int offset = kWarp / 2; offset > 0; offset /= 2) {
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    v = fmaxf(v, shfl_xor(v, offset));
   }
   return v;
 }
@@ -75,7 +84,7 @@ void dynamic_per_token_scaled_fp8_quant(torch::Tensor& out, const torch::Tensor&
               "scales must be a contiguous float32 tensor with one entry per token");
   const int64_t tokens = input.size(0);
   const int64_t hidden = input.size(1);
-  if (tokens == 0) return;
+  if (tokens == 0 || hidden == 0) return;
 
   const c10::cuda::CUDAGuard guard(input.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();

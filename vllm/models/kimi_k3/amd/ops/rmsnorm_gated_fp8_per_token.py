@@ -29,16 +29,18 @@ Numerics policy (shared by both ops, their Triton kernels and their torch refere
   of ``y / scale``, multiplying costs less, and the reference does the same operations, so kernel
   and reference agree up to the ulps of rsqrt and sigmoid. No clamp is needed: the scale bounds
   ``|y * (1 / scale)|`` by ``fp8_max * (1 + 2^-23)``, which rounds to ``fp8_max``.
+* ``eps`` must be positive. ``x^2`` is summed in fp32: a head with ``|x|`` above about 1.8e19
+  (finite in bf16 / fp32) overflows to ``rstd = 0`` and is zeroed, in kernel and reference alike.
 * Non-finite input is never hidden: a token whose ``y`` holds a NaN or an Inf gets scale NaN and
   all-NaN codes, so its dequantized values (and its GEMM output row) are NaN. Other tokens are
   unaffected.
 
 Launch shapes: one program per token. Its heads are split into at most three power-of-two chunks
-(12 = 8 + 4), each a ``[rows, next_pow2(D)]`` register tile, so no head lane is padded for H with at
-most two set bits (upstream pads every token to ``next_pow2(H)`` heads: a quarter of the lanes at
-H = 12). Tokens wider than 8192 padded elements use a two-pass kernel over head chunks. ``D > 512``
-uses the torch reference. Padded lanes read clamped, in-bounds addresses under a mask, so no
-out-of-bounds address is ever formed.
+(12 = 8 + 4), each a ``[rows, next_pow2(D)]`` register tile, so no head lane is padded for H with
+at most three set bits (upstream pads every token to ``next_pow2(H)`` heads: a quarter of the lanes
+at H = 12). Tokens wider than 8192 padded elements use a two-pass kernel over head chunks.
+``D > 512`` uses the torch reference. Padded lanes read clamped, in-bounds addresses under a mask,
+so no out-of-bounds address is ever formed.
 """
 
 import os
@@ -136,10 +138,8 @@ if triton is not None:
         x, g, w, eps,
         FIRST: tl.constexpr, ROWS: tl.constexpr, LAST: tl.constexpr, D: tl.constexpr,
     ):  # fmt: skip
+        # eps > 0 (validated), so padded rows (all zero) give y = 0, never 0 * inf.
         rstd = tl.rsqrt(tl.math.div_rn(tl.sum(x * x, axis=1), D) + eps)
-        if FIRST + ROWS > LAST:
-            # Padded rows: eps == 0 must not turn 0 * rsqrt(0) into NaN.
-            rstd = tl.where(FIRST + tl.arange(0, ROWS) < LAST, rstd, 0.0)
         return x * rstd[:, None] * w[None, :] * tl.sigmoid(g)
 
     @triton.jit
@@ -403,11 +403,12 @@ def _outputs(
         or out.dtype != quant_dtype
         or out.device != device
         or (width > 1 and out.stride(1) != 1)
+        or (tokens > 1 and out.stride(0) < width)
     ):
         raise ValueError(
             f"out must be a [{tokens}, {width}] {quant_dtype} tensor on {device} with unit stride "
-            f"on its last dim, got {tuple(out.shape)} {out.dtype} on {out.device} "
-            f"strides {out.stride()}"
+            f"on its last dim and rows that do not overlap, got {tuple(out.shape)} {out.dtype} "
+            f"on {out.device} strides {out.stride()}"
         )
     if scale_out is None:
         scale_out = torch.empty((tokens, 1), dtype=torch.float32, device=device)
@@ -459,8 +460,9 @@ def _check_fused_inputs(
             f"x, gate and weight must be on one device, got {x.device}, {gate.device}, "
             f"{weight.device}"
         )
-    if not eps >= 0.0:
-        raise ValueError(f"eps must be a non-negative float, got {eps}")
+    if not eps > 0.0:
+        # eps == 0 would turn an all-zero head into 0 * rsqrt(0) = NaN.
+        raise ValueError(f"eps must be a positive float, got {eps}")
     return gate
 
 
@@ -474,7 +476,8 @@ def rmsnorm_gated_ref(
 ) -> torch.Tensor:
     """Gated RMSNorm per (token, head) over the last dim, in fp32. Returns fp32 like ``x``."""
     xf = x.float()
-    var = xf.square().sum(dim=-1, keepdim=True) / x.shape[-1]
+    # A tensor divisor keeps the division correctly rounded on CUDA (as the kernel's div_rn).
+    var = xf.square().sum(dim=-1, keepdim=True) / xf.new_full((), x.shape[-1])
     return xf * torch.rsqrt(var + eps) * weight.float() * torch.sigmoid(gate.float())
 
 
