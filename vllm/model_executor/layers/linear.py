@@ -206,16 +206,22 @@ class ColumnParallelLinear(LinearBase):
         quant_config: QuantizationConfig | None = None,
         output_sizes: list[int] | None = None,
         prefix: str = "",
+        replicated_shards: frozenset[int] = frozenset(),
     ) -> None:
         super().__init__(input_size, output_size, skip_bias_add, params_dtype, quant_config, prefix)
         self.output_sizes = output_sizes or [output_size]
-        for size in self.output_sizes:
-            if size % self.tp_size:
+        self.replicated_shards = replicated_shards
+        for i, size in enumerate(self.output_sizes):
+            if size % self.tp_size and i not in replicated_shards:
                 raise ValueError(
                     f"{prefix}: output size {size} is not divisible by TP size {self.tp_size}"
                 )
-        self._create(input_size, [size // self.tp_size for size in self.output_sizes])
+        self._create(input_size, [self._local_size(i) for i in range(len(self.output_sizes))])
         self._create_bias(bias, self.output_size_per_partition)
+
+    def _local_size(self, shard: int) -> int:
+        size = self.output_sizes[shard]
+        return size if shard in self.replicated_shards else size // self.tp_size
 
     def weight_loader(self, param: Parameter, loaded_weight: torch.Tensor) -> None:
         if loaded_weight.shape[0] != param.shape[0] * self.tp_size:
@@ -238,7 +244,11 @@ class ColumnParallelLinear(LinearBase):
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
-    """Several column-parallel projections in one weight (e.g. gate and up)."""
+    """Several column-parallel projections in one weight (e.g. gate and up).
+
+    Shards listed in `replicated_shards` are not split: every rank holds all of them (KDA's
+    `f_a` projection, which feeds a per-rank low-rank product).
+    """
 
     def __init__(
         self,
@@ -249,6 +259,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         params_dtype: torch.dtype | None = None,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
+        replicated_shards: frozenset[int] = frozenset(),
     ) -> None:
         super().__init__(
             input_size,
@@ -259,6 +270,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
             quant_config,
             output_sizes=list(output_sizes),
             prefix=prefix,
+            replicated_shards=replicated_shards,
         )
 
     def weight_loader(
@@ -276,9 +288,10 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
                 f"{self.prefix} shard {shard_id}: checkpoint tensor has shape "
                 f"{tuple(loaded_weight.shape)}, expected {self.output_sizes[shard_id]} rows"
             )
-        local = self.output_sizes[shard_id] // self.tp_size
-        offset = sum(self.output_sizes[:shard_id]) // self.tp_size
-        shard = loaded_weight.narrow(0, self.tp_rank * local, local)
+        local = self._local_size(shard_id)
+        offset = sum(self._local_size(i) for i in range(shard_id))
+        rank = 0 if shard_id in self.replicated_shards else self.tp_rank
+        shard = loaded_weight.narrow(0, rank * local, local)
         target = param.data.narrow(0, offset, local)
         self._check_shape(target, shard, f"{self.prefix} shard {shard_id}")
         target.copy_(shard)

@@ -1,0 +1,273 @@
+"""The KDA layer: against transformers' Kimi-Linear KDA module (its pure-torch path), chunked
+prefill against one-shot prefill, and the PTPC `o_proj` epilogue (norm exactly once, fused vs
+unfused within the bound the bf16 intermediate and one FP8 step imply)."""
+
+import contextlib
+import sys
+
+import pytest
+import torch
+
+import vllm.models.kimi_k3.amd.kda as kda_module
+from vllm.config.quantization import parse_quantization_config
+from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
+from vllm.models.kimi_k3.amd.kda import KDAMetadata, KDAStatePool, KimiK3DeltaAttention
+
+HIDDEN, HEADS, HEAD_DIM, EPS = 64, 2, 32, 1e-5
+
+
+@contextlib.contextmanager
+def fla_hidden():
+    """transformers binds fla's Triton kernels at import when fla imports; hide it for the
+    pure-torch path (the independent reference)."""
+    saved = {k: v for k, v in sys.modules.items() if k == "fla" or k.startswith("fla.")}
+    sys.modules["fla"] = None
+    try:
+        yield
+    finally:
+        del sys.modules["fla"]
+        sys.modules.update(saved)
+
+
+def hf_kda(seed=0):
+    transformers = pytest.importorskip("transformers")
+    with fla_hidden():
+        from transformers.models.kimi_linear import modeling_kimi_linear as hf_module
+    if hf_module.recurrent_kimi_delta_attention.__module__.startswith("fla"):
+        pytest.skip("transformers' Kimi-Linear was imported earlier with fla's kernels bound")
+    KimiLinearDeltaAttention = hf_module.KimiLinearDeltaAttention  # noqa: N806
+    cfg = transformers.KimiLinearConfig(
+        hidden_size=HIDDEN, num_hidden_layers=1, linear_num_heads=HEADS, linear_head_dim=HEAD_DIM,
+        hidden_act="silu", rms_norm_eps=EPS, num_attention_heads=HEADS, num_key_value_heads=HEADS,
+        linear_attn_config={"kda_layers": [1], "full_attn_layers": []},
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    module = KimiLinearDeltaAttention(cfg, 0).float()
+    with torch.no_grad():
+        gate = module.forget_gate
+        gate.A_log.copy_(torch.log(torch.empty_like(gate.A_log).uniform_(1, 16)))
+        gate.dt_bias.copy_(torch.randn_like(gate.dt_bias) * 0.5)
+        module.o_norm.weight.copy_(1 + 0.1 * torch.randn_like(module.o_norm.weight))
+    return module
+
+
+def checkpoint_tensors(hf_module, full_rank=False) -> list[tuple[str, torch.Tensor]]:
+    """transformers' in-memory names -> Kimi checkpoint names (what its save_pretrained writes).
+
+    `full_rank`: Kimi-K3's single `g_proj` instead, the product of the low-rank pair (same gate).
+    """
+    state = dict(hf_module.state_dict())
+    if full_rank:
+        state["g_proj.weight"] = state.pop("g_b_proj.weight") @ state.pop("g_a_proj.weight")
+    out = []
+    for name, tensor in state.items():
+        if name == "conv1d.weight":
+            for prefix, part in zip(("q", "k", "v"), tensor.chunk(3), strict=True):
+                out.append((f"{prefix}_conv1d.weight", part))
+        else:
+            out.append((name.removeprefix("forget_gate."), tensor))
+    return out
+
+
+def our_kda(hf_module=None, dtype=torch.float32, quant_config=None, full_rank=False, seed=0):
+    layer = KimiK3DeltaAttention(
+        HIDDEN, HEADS, HEAD_DIM, full_rank_gate=full_rank, norm_eps=EPS, params_dtype=dtype,
+        quant_config=quant_config, prefix="model.layers.0.self_attn",
+    )  # fmt: skip
+    if hf_module is None:
+        hf_module = hf_kda(seed)
+    loaded = layer.load_weights(checkpoint_tensors(hf_module, full_rank))
+    assert "q_conv1d.weight" in loaded and "A_log" in loaded
+    layer.process_weights_after_loading()
+    return layer
+
+
+def prefill_metadata(lengths, slots, has_initial):
+    qsl = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    return KDAMetadata(qsl, torch.tensor(slots), torch.tensor(has_initial), 0, len(lengths))
+
+
+def decode_metadata(slots):
+    n = len(slots)
+    return KDAMetadata(
+        torch.arange(n + 1), torch.tensor(slots), torch.ones(n, dtype=torch.bool), n, 0
+    )
+
+
+def pool_for(layer, dtype=torch.float32, slots=4):
+    return KDAStatePool.allocate(slots, layer.local_heads, HEAD_DIM, 4, dtype, "cpu")
+
+
+def rel_err(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def test_layer_matches_transformers_prefill_then_decode():
+    hf = hf_kda()
+    layer = our_kda(hf)
+    lengths, steps = [5, 9, 3], 3
+    inputs = [torch.randn(n + steps, HIDDEN) for n in lengths]
+    with torch.no_grad():
+        expected = [hf(x.unsqueeze(0)).squeeze(0) for x in inputs]  # chunked torch path
+        pool = pool_for(layer)
+        meta = prefill_metadata(lengths, [2, 0, 1], [False] * 3)
+        out = layer(torch.cat([x[:n] for x, n in zip(inputs, lengths, strict=True)]), meta, pool)
+        got = list(out.split(lengths))
+        for step in range(steps):
+            x = torch.stack([x[n + step] for x, n in zip(inputs, lengths, strict=True)])
+            out = layer(x, decode_metadata([2, 0, 1]), pool)
+            for i in range(3):
+                got[i] = torch.cat([got[i], out[i : i + 1]])
+    # fp32 on both sides; they differ only in summation order (chunked triangular solve vs
+    # per-token recurrence): well under 1e-4 relative.
+    for g, e in zip(got, expected, strict=True):
+        assert rel_err(g, e) < 1e-4
+
+
+def test_chunked_prefill_and_mixed_batches_equal_one_shot():
+    layer = our_kda()
+    x0, x1 = torch.randn(7, HIDDEN), torch.randn(12, HIDDEN)
+    with torch.no_grad():
+        one_pool = pool_for(layer)
+        one = layer(torch.cat([x0, x1]), prefill_metadata([7, 12], [0, 1], [False] * 2), one_pool)
+        pool = pool_for(layer)
+        a = layer(torch.cat([x0[:3], x1[:5]]), prefill_metadata([3, 5], [0, 1], [False] * 2), pool)
+        # mixed: sequence 0 decodes one token while sequence 1 continues its prefill
+        mixed = KDAMetadata(
+            torch.tensor([0, 1, 5]), torch.tensor([0, 1]), torch.tensor([True, True]), 1, 1
+        )
+        b = layer(torch.cat([x0[3:4], x1[5:9]]), mixed, pool)
+        c = layer(torch.cat([x0[4:], x1[9:]]), prefill_metadata([3, 3], [0, 1], [True] * 2), pool)
+    got0 = torch.cat([a[:3], b[:1], c[:3]])
+    got1 = torch.cat([a[3:], b[1:], c[3:]])
+    assert rel_err(got0, one[:7]) < 1e-5 and rel_err(got1, one[7:]) < 1e-5
+    assert rel_err(pool.ssm_state[:2], one_pool.ssm_state[:2]) < 1e-5
+    assert torch.equal(pool.conv_state[:2], one_pool.conv_state[:2])
+
+
+# ---------------------------------------------------------------------------------------------
+# The PTPC epilogue
+# ---------------------------------------------------------------------------------------------
+
+PTPC_O_PROJ = OnlineQuantizationConfig(
+    parse_quantization_config(
+        {"linear": "fp8_per_channel", "ignore": ["re:(?!.*self_attn\\.o_proj$).*"]}
+    )
+)
+
+
+class Counts:
+    """Counts norm / quantization calls made by the given layers (check after each forward)."""
+
+    def __init__(self, monkeypatch, *layers):
+        self.n = {"o_norm": 0, "fused": 0, "quant": 0, "kernel_quant": 0}
+
+        def wrap(key, fn):
+            def counted(*args, **kwargs):
+                self.n[key] += 1
+                return fn(*args, **kwargs)
+
+            return counted
+
+        monkeypatch.setattr(
+            kda_module, "rmsnorm_gated_fp8_per_token",
+            wrap("fused", kda_module.rmsnorm_gated_fp8_per_token),
+        )  # fmt: skip
+        monkeypatch.setattr(
+            kda_module, "per_token_fp8_quant", wrap("quant", kda_module.per_token_fp8_quant)
+        )
+        for layer in layers:
+            monkeypatch.setattr(layer.o_norm, "forward", wrap("o_norm", layer.o_norm.forward))
+            kernel = getattr(layer.o_proj, "fp8_linear", None)  # a bf16 o_proj has none
+            if kernel is not None:
+                monkeypatch.setattr(
+                    kernel, "quantize_input", wrap("kernel_quant", kernel.quantize_input)
+                )
+
+    def take(self):
+        n, self.n = self.n, dict.fromkeys(self.n, 0)
+        return n
+
+
+def batches():
+    """(name, metadata, tokens) for a prefill, a decode and a mixed batch over slots 0 and 1."""
+    return [
+        ("prefill", prefill_metadata([4, 6], [0, 1], [False, False]), 10),
+        ("decode", decode_metadata([0, 1]), 2),
+        (
+            "mixed",
+            KDAMetadata(
+                torch.tensor([0, 1, 4]), torch.tensor([0, 1]), torch.tensor([True] * 2), 1, 1
+            ),
+            4,
+        ),
+    ]
+
+
+def test_full_rank_gate_equals_its_low_rank_factors():
+    hf = hf_kda()
+    low, full = our_kda(hf), our_kda(hf, full_rank=True)
+    x = torch.randn(6, HIDDEN)
+    with torch.no_grad():
+        a = low(x, prefill_metadata([6], [0], [False]), pool_for(low))
+        b = full(x, prefill_metadata([6], [0], [False]), pool_for(full))
+    assert rel_err(b, a) < 1e-5
+
+
+@pytest.mark.parametrize("full_rank", [True, False], ids=["k3-full-rank-gate", "low-rank-gate"])
+def test_ptpc_epilogue_norms_exactly_once_and_matches_unfused(monkeypatch, full_rank):
+    hf = hf_kda()
+    fused = our_kda(hf, torch.bfloat16, PTPC_O_PROJ, full_rank)
+    unfused = our_kda(hf, torch.bfloat16, PTPC_O_PROJ, full_rank)
+    assert fused.o_proj_is_ptpc_fp8()
+    monkeypatch.setattr(unfused, "o_proj_is_ptpc_fp8", lambda: False)  # o_norm, then o_proj
+    counts = Counts(monkeypatch, fused, unfused)
+    pool_f, pool_u = pool_for(fused, torch.bfloat16), pool_for(unfused, torch.bfloat16)
+    seen = []
+    unfused.o_proj.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    w = (unfused.o_proj.weight.float() * unfused.o_proj.weight_scale.t()).t()  # [N, K] dequant
+    with torch.no_grad():
+        for _, meta, tokens in batches():
+            x = torch.randn(tokens, HIDDEN).to(torch.bfloat16)
+            out_f = fused(x, meta, pool_f).float()
+            assert counts.take() == {"o_norm": 0, "fused": 1, "quant": 0, "kernel_quant": 0}
+            out_u = unfused(x, meta, pool_u).float()
+            assert counts.take() == {"o_norm": 1, "fused": 0, "quant": 0, "kernel_quant": 1}
+            # Same core and weights; the two o_proj activations differ by the bf16 rounding of
+            # the normed value, so each code by at most one FP8 step: 2^-3 of the value above the
+            # subnormal range, 2^-9 of the token's scale below it. Both outputs round to bf16.
+            act = seen.pop().float()
+            step = act.abs() * 2**-3 + act.abs().amax(1, keepdim=True) / 448 * 2**-9
+            bound = (step @ w.abs().t()) * (1 + 2**-7) + (out_f.abs() + out_u.abs()) * 2**-8
+            assert ((out_f - out_u).abs() <= bound).all()
+
+
+def test_already_normed_core_is_only_quantized(monkeypatch):
+    layer = our_kda(None, torch.bfloat16, PTPC_O_PROJ)
+    counts = Counts(monkeypatch, layer)
+    core = torch.randn(3, HEADS, HEAD_DIM).to(torch.bfloat16)
+    gate = torch.randn(3, HEADS, HEAD_DIM).to(torch.bfloat16)
+    with torch.no_grad():
+        layer._epilogue(core, gate, normed=True)
+    assert counts.take() == {"o_norm": 0, "fused": 0, "quant": 1, "kernel_quant": 0}
+    monkeypatch.setattr(layer, "o_proj_is_ptpc_fp8", lambda: False)
+    with torch.no_grad():
+        layer._epilogue(core, gate, normed=True)
+    assert counts.take() == {"o_norm": 0, "fused": 0, "quant": 0, "kernel_quant": 1}
+
+
+@pytest.mark.parametrize("kernel", [None, "PerTensorTorchFP8ScaledMMLinearKernel"])
+def test_non_ptpc_o_proj_takes_the_plain_path(monkeypatch, kernel):
+    if kernel:
+        monkeypatch.setenv("VLLM_FP8_LINEAR_KERNEL", kernel)
+        layer = our_kda(None, torch.bfloat16, PTPC_O_PROJ)  # FP8, but its kernel has no key
+    else:
+        layer = our_kda(None, torch.bfloat16)  # bf16 o_proj
+    assert not layer.o_proj_is_ptpc_fp8()
+    counts = Counts(monkeypatch, layer)
+    with torch.no_grad():
+        layer(torch.randn(5, HIDDEN).to(torch.bfloat16), prefill_metadata([5], [0], [False]),
+              pool_for(layer, torch.bfloat16))  # fmt: skip
+    assert counts.take() == {
+        "o_norm": 1, "fused": 0, "quant": 0, "kernel_quant": 1 if kernel else 0
+    }  # fmt: skip

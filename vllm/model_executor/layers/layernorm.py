@@ -1,0 +1,21 @@
+"""Normalization layers."""
+
+import torch
+
+from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import rmsnorm_gated_ref
+
+
+class RMSNormGated(torch.nn.Module):
+    """Gated RMSNorm over the last dim with a sigmoid gate (KDA's `o_norm`).
+
+    `y = x * rsqrt(mean(x^2) + eps) * weight * sigmoid(gate)` in fp32, returned in `x`'s dtype;
+    `weight` `[hidden_size]` is shared by all heads. The same math as the fused op's reference.
+    """
+
+    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        return rmsnorm_gated_ref(x, self.weight, gate, self.eps).to(x.dtype)

@@ -1,0 +1,279 @@
+"""`KimiK3DeltaAttention`: the KDA (Kimi Delta Attention) layer of Kimi-K3 / Kimi-Linear, with the
+PTPC FP8 `o_proj` epilogue.
+
+Parameters use the names of upstream's layer (upstream-facts D.2, D.7):
+`in_proj_qkvgfab` (q, k, v, g [full-rank gate only], f_a [replicated on every rank], b),
+`g_a_proj` / `g_b_proj` (Kimi-Linear's low-rank output gate), `f_b_proj`, `conv1d` (depthwise
+short conv on q, k, v), `A_log`, `dt_bias`, `o_norm` (gated RMSNorm, sigmoid, per head, weight
+shared by heads) and `o_proj` (row-parallel). Tensor parallel over heads.
+
+The layer runs on a flattened batch described by `KDAMetadata` (decodes first, one token each,
+then prefill chunks) and reads / updates its sequences' slots in a `KDAStatePool` in place.
+
+Epilogue, decided once per forward from the same metadata the core uses:
+- `o_proj` consumes `kFp8DynamicTokenSym` (`get_input_quant_key`): the gated norm and the per-token
+  FP8 quantization run as one fused op (or, for a core that already applied the norm, only the
+  quantization) and `o_proj` receives a `QuantizedActivation`;
+- otherwise `o_norm`, then `o_proj` (which quantizes for itself if it is FP8).
+Every core reports whether it normed, and the epilogue applies the norm iff it did not: never twice,
+never zero times.
+
+`o_norm.eps` is the config's `rms_norm_eps` (what transformers' Kimi-Linear reference uses);
+upstream vLLM hard-codes 1e-5, which equals Kimi-K3's `rms_norm_eps`, so K3 is unchanged.
+"""
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+from vllm.model_executor.layers.fusion.quant_activation import (
+    QuantizedActivation,
+    get_input_quant_key,
+)
+from vllm.model_executor.layers.layernorm import RMSNormGated
+from vllm.model_executor.layers.linear import (
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+)
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+from vllm.model_executor.layers.quantization.utils.quant_utils import kFp8DynamicTokenSym
+from vllm.models.kimi_k3.amd.ops.causal_conv1d import causal_conv1d_decode, causal_conv1d_prefill
+from vllm.models.kimi_k3.amd.ops.kda_core import kda_decode, kda_prefill
+from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate
+from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import (
+    per_token_fp8_quant,
+    rmsnorm_gated_fp8_per_token,
+)
+
+
+@dataclass
+class KDAMetadata:
+    """The flattened batch as the KDA core sees it.
+
+    Sequences are ordered decodes first (one token each), then prefill chunks.
+    """
+
+    query_start_loc: torch.Tensor  # [N + 1] int, on the device
+    state_slots: torch.Tensor  # [N] long: each sequence's slot in the state pool
+    has_initial_state: torch.Tensor  # [N] bool: continue from the slot, or start from zero
+    num_decodes: int
+    num_prefills: int
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return self.num_decodes
+
+
+@dataclass
+class KDAStatePool:
+    """Per-slot state of one KDA layer: conv inputs (model dtype) and the fp32 recurrent state."""
+
+    conv_state: torch.Tensor  # [S, 3 * H_local * K, W - 1]
+    ssm_state: torch.Tensor  # [S, H_local, K, V]
+
+    @classmethod
+    def allocate(
+        cls,
+        num_slots: int,
+        local_heads: int,
+        head_dim: int,
+        conv_kernel_size: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> "KDAStatePool":
+        conv = torch.zeros(
+            num_slots, 3 * local_heads * head_dim, conv_kernel_size - 1, dtype=dtype, device=device
+        )
+        ssm = torch.zeros(
+            num_slots, local_heads, head_dim, head_dim, dtype=torch.float32, device=device
+        )
+        return cls(conv, ssm)
+
+
+class KimiK3DeltaAttention(torch.nn.Module):
+    """One KDA layer (see the module docstring)."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        head_dim: int,
+        conv_kernel_size: int = 4,
+        full_rank_gate: bool = True,
+        gate_lower_bound: float | None = None,
+        norm_eps: float = 1e-5,
+        params_dtype: torch.dtype | None = None,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ) -> None:
+        super().__init__()
+        tp_size = get_tensor_model_parallel_world_size()
+        if num_heads % tp_size:
+            raise ValueError(f"{prefix}: {num_heads} KDA heads do not split over TP {tp_size}")
+        self.hidden_size = hidden_size
+        self.num_heads = num_heads
+        self.local_heads = num_heads // tp_size
+        self.head_dim = head_dim
+        self.conv_kernel_size = conv_kernel_size
+        self.full_rank_gate = full_rank_gate
+        self.gate_lower_bound = gate_lower_bound
+        self.prefix = prefix
+        dtype = params_dtype or torch.get_default_dtype()
+        proj = num_heads * head_dim
+        local_proj = self.local_heads * head_dim
+
+        # q, k, v, [g], f_a (replicated), b
+        sizes = [proj, proj, proj] + ([proj] if full_rank_gate else []) + [head_dim, num_heads]
+        self.shard_ids = {"q_proj": 0, "k_proj": 1, "v_proj": 2}
+        if full_rank_gate:
+            self.shard_ids["g_proj"] = 3
+        self.shard_ids["f_a_proj"] = len(sizes) - 2
+        self.shard_ids["b_proj"] = len(sizes) - 1
+        self.in_proj_qkvgfab = MergedColumnParallelLinear(
+            hidden_size, sizes, bias=False, params_dtype=dtype, quant_config=quant_config,
+            prefix=f"{prefix}.in_proj_qkvgfab", replicated_shards=frozenset({len(sizes) - 2}),
+        )  # fmt: skip
+        self.local_sizes = [self.in_proj_qkvgfab._local_size(i) for i in range(len(sizes))]
+        if not full_rank_gate:
+            self.g_a_proj = ReplicatedLinear(
+                hidden_size, head_dim, bias=False, params_dtype=dtype,
+                quant_config=quant_config, prefix=f"{prefix}.g_a_proj",
+            )  # fmt: skip
+            self.g_b_proj = ColumnParallelLinear(
+                head_dim, proj, bias=False, params_dtype=dtype,
+                quant_config=quant_config, prefix=f"{prefix}.g_b_proj",
+            )  # fmt: skip
+        self.f_b_proj = ColumnParallelLinear(
+            head_dim, proj, bias=False, params_dtype=dtype, quant_config=quant_config,
+            prefix=f"{prefix}.f_b_proj",
+        )  # fmt: skip
+        self.conv1d_weight = torch.nn.Parameter(
+            torch.zeros(3 * local_proj, conv_kernel_size, dtype=torch.float32), requires_grad=False
+        )
+        self.A_log = torch.nn.Parameter(torch.zeros(self.local_heads), requires_grad=False)
+        self.dt_bias = torch.nn.Parameter(torch.zeros(local_proj), requires_grad=False)
+        self.o_norm = RMSNormGated(head_dim, eps=norm_eps, dtype=dtype)
+        self.o_proj = RowParallelLinear(
+            proj, hidden_size, bias=False, params_dtype=dtype, quant_config=quant_config,
+            prefix=f"{prefix}.o_proj",
+        )  # fmt: skip
+
+    # -- forward --------------------------------------------------------------------------------
+
+    def forward(
+        self,
+        hidden_states: "torch.Tensor | QuantizedActivation",
+        metadata: KDAMetadata,
+        pool: KDAStatePool,
+    ) -> torch.Tensor:
+        projected = self.in_proj_qkvgfab(hidden_states)[0]
+        tokens = projected.shape[0]
+        h, d = self.local_heads, self.head_dim
+        parts = torch.split(projected, self.local_sizes, dim=-1)
+        mixed_qkv = projected[:, : 3 * h * d]
+        if self.full_rank_gate:
+            gate = parts[3]
+        else:
+            gate = self.g_b_proj(self.g_a_proj(hidden_states)[0])[0]
+        f_a, b = parts[-2], parts[-1]
+        gate = gate.view(tokens, h, d)  # a strided view of `projected` for the full-rank gate
+
+        raw_g = self.f_b_proj(f_a)[0]
+        g = kda_gate(raw_g, self.A_log, self.dt_bias, self.gate_lower_bound)
+        beta = torch.sigmoid(b.float())
+        core, normed = self._core(mixed_qkv, g, beta, metadata, pool)
+        return self._epilogue(core, gate, normed)
+
+    def _core(self, mixed_qkv, g, beta, metadata: KDAMetadata, pool: KDAStatePool):
+        """Conv + delta rule for the batch. Returns (core `[T, H, D]`, whether it is normed)."""
+        tokens = mixed_qkv.shape[0]
+        h, d = self.local_heads, self.head_dim
+        nd = metadata.num_decodes
+        slots = metadata.state_slots
+        conv = torch.empty_like(mixed_qkv)
+        if nd:
+            conv[:nd] = causal_conv1d_decode(
+                mixed_qkv[:nd], self.conv1d_weight, pool.conv_state, slots[:nd]
+            )
+        if metadata.num_prefills:
+            qsl = metadata.query_start_loc[nd:]
+            starts = (qsl - qsl[0]).tolist()
+            conv[nd:] = causal_conv1d_prefill(
+                mixed_qkv[nd:], self.conv1d_weight, pool.conv_state, starts,
+                slots[nd:].tolist(), metadata.has_initial_state[nd:].tolist(),
+            )  # fmt: skip
+        q, k, v = (t.reshape(tokens, h, d) for t in conv.split(h * d, dim=-1))
+        core = torch.empty(tokens, h, d, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
+        if nd:
+            core[:nd] = kda_decode(
+                q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], pool.ssm_state, slots[:nd]
+            )
+        if metadata.num_prefills:
+            qsl = metadata.query_start_loc[nd:]
+            core[nd:] = kda_prefill(
+                q[nd:], k[nd:], v[nd:], g[nd:], beta[nd:], pool.ssm_state, qsl - qsl[0],
+                slots[nd:], metadata.has_initial_state[nd:],
+            )  # fmt: skip
+        return core, False
+
+    def o_proj_is_ptpc_fp8(self) -> bool:
+        return get_input_quant_key(self.o_proj) == kFp8DynamicTokenSym
+
+    def _epilogue(self, core: torch.Tensor, gate: torch.Tensor, normed: bool) -> torch.Tensor:
+        tokens = core.shape[0]
+        width = self.local_heads * self.head_dim
+        if self.o_proj_is_ptpc_fp8():
+            if normed:
+                q, scale = per_token_fp8_quant(core.reshape(tokens, width))
+            else:
+                q, scale = rmsnorm_gated_fp8_per_token(
+                    core, self.o_norm.weight, gate, self.o_norm.eps
+                )
+            x = QuantizedActivation(
+                q, scale, core.dtype, torch.Size([tokens, width]), kFp8DynamicTokenSym
+            )
+        else:
+            x = (core if normed else self.o_norm(core, gate)).reshape(tokens, width)
+        return self.o_proj(x)[0]
+
+    # -- weights --------------------------------------------------------------------------------
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load checkpoint tensors named relative to this layer (`q_proj.weight`, `q_conv1d.weight`,
+        `A_log`, ...). Returns the names loaded; raises on an unknown name."""
+        loaded = set()
+        tp_rank = get_tensor_model_parallel_rank()
+        local_proj = self.local_heads * self.head_dim
+        for name, tensor in weights:
+            module = name.rsplit(".", 1)[0]
+            if module in self.shard_ids and name.endswith(".weight"):
+                p = self.in_proj_qkvgfab.weight
+                self.in_proj_qkvgfab.weight_loader(p, tensor, self.shard_ids[module])
+            elif module in ("q_conv1d", "k_conv1d", "v_conv1d"):
+                shard = ("q_conv1d", "k_conv1d", "v_conv1d").index(module)
+                w = tensor.reshape(tensor.shape[0], -1)  # [P, 1, W] -> [P, W]
+                mine = w.narrow(0, tp_rank * local_proj, local_proj)
+                self.conv1d_weight.data[shard * local_proj : (shard + 1) * local_proj] = mine
+            elif name == "A_log":
+                heads = tensor.reshape(-1)  # legacy checkpoints store (1, 1, H, 1)
+                self.A_log.data.copy_(heads.narrow(0, tp_rank * self.local_heads, self.local_heads))
+            elif name == "dt_bias":
+                self.dt_bias.data.copy_(tensor.narrow(0, tp_rank * local_proj, local_proj))
+            elif name == "o_norm.weight":
+                self.o_norm.weight.data.copy_(tensor)
+            elif module in ("f_b_proj", "o_proj", "g_a_proj", "g_b_proj") and hasattr(self, module):
+                layer = getattr(self, module)
+                layer.weight_loader(layer.weight, tensor)
+            else:
+                raise ValueError(f"{self.prefix}: unexpected checkpoint tensor {name!r}")
+            loaded.add(name)
+        return loaded
+
+    def process_weights_after_loading(self) -> None:
+        for module in self.modules():
+            if module is not self and hasattr(module, "quant_method"):
+                module.process_weights_after_loading()

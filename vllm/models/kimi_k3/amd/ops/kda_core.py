@@ -1,0 +1,118 @@
+"""The KDA core (gated delta rule with per-key-channel decay) over a flattened batch, with the
+recurrent state of each sequence kept in a slot pool.
+
+Per head, with `q`, `k` L2-normalised (`x / sqrt(sum x^2 + 1e-6)`) and `q` scaled by `K^-0.5`, and
+state `S` `[K, V]` fp32, every token does::
+
+    S = S * exp(g)[:, None];  u = beta * (v - S^T k);  S = S + k u^T;  o = S^T q
+
+Inputs: `q`, `k` `[T, H, K]`, `v` `[T, H, V]`, `g` `[T, H, K]` (log decay, fp32), `beta` `[T, H]`;
+`state` `[S, H, K, V]` fp32, read at `slots` (zeros where a sequence has no initial state) and
+written back. Output `[T, H, V]` in `v`'s dtype.
+
+GPU: fla-core's `chunk_kda` (prefill) and `fused_recurrent_kda` (decode) with `cu_seqlens`.
+CPU: the per-token recurrence above in fp32, the exact reference. `kda_prefill` / `kda_decode`
+choose.
+"""
+
+import torch
+
+
+def l2_normalize(x: torch.Tensor) -> torch.Tensor:
+    """fla's q/k normalisation: `x / sqrt(sum x^2 + 1e-6)` over the last dim, in fp32."""
+    x = x.float()
+    return x / torch.sqrt((x * x).sum(dim=-1, keepdim=True) + 1e-6)
+
+
+def kda_recurrent_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence: `q`, `k`, `g` `[L, H, K]`, `v` `[L, H, V]`, `beta` `[L, H]`, `state`
+    `[H, K, V]` fp32. Returns (o `[L, H, V]` fp32, final state)."""
+    q = l2_normalize(q) * q.shape[-1] ** -0.5
+    k, v, g, beta = l2_normalize(k), v.float(), g.float(), beta.float()
+    s = state.float().clone()
+    out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+    for t in range(q.shape[0]):
+        s = s * torch.exp(g[t]).unsqueeze(-1)
+        u = beta[t].unsqueeze(-1) * (v[t] - (s * k[t].unsqueeze(-1)).sum(dim=-2))
+        s = s + k[t].unsqueeze(-1) * u.unsqueeze(-2)
+        out[t] = (s * q[t].unsqueeze(-1)).sum(dim=-2)
+    return out, s
+
+
+def _gather_initial(state: torch.Tensor, slots: torch.Tensor, has_initial: torch.Tensor):
+    init = state[slots]
+    return torch.where(has_initial.view(-1, 1, 1, 1), init, torch.zeros_like(init))
+
+
+def kda_prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    slots: torch.Tensor,
+    has_initial_state: torch.Tensor,
+) -> torch.Tensor:
+    """Prefill (or continued prefill) of N sequences; `query_start_loc` `[N + 1]`."""
+    if q.is_cuda:
+        from fla.ops.kda import chunk_kda
+
+        init = _gather_initial(state, slots, has_initial_state)
+        out, final = chunk_kda(
+            q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0), beta.unsqueeze(0),
+            initial_state=init, output_final_state=True, use_qk_l2norm_in_kernel=True,
+            cu_seqlens=query_start_loc.long(),
+        )  # fmt: skip
+        state[slots] = final
+        return out.squeeze(0)
+    out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    starts = query_start_loc.tolist()
+    for i, (slot, has_init) in enumerate(
+        zip(slots.tolist(), has_initial_state.tolist(), strict=True)
+    ):
+        a, b = starts[i], starts[i + 1]
+        init = state[slot] if has_init else torch.zeros_like(state[slot])
+        o, final = kda_recurrent_ref(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], init)
+        out[a:b] = o.to(v.dtype)
+        state[slot] = final
+    return out
+
+
+def kda_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    slots: torch.Tensor,
+) -> torch.Tensor:
+    """One token for each of N sequences continuing from their slots: inputs `[N, H, ...]`."""
+    if q.is_cuda:
+        from fla.ops.kda import fused_recurrent_kda
+
+        n = q.shape[0]
+        cu = torch.arange(n + 1, dtype=torch.long, device=q.device)
+        out, final = fused_recurrent_kda(
+            q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0), beta.unsqueeze(0),
+            initial_state=state[slots], output_final_state=True, use_qk_l2norm_in_kernel=True,
+            cu_seqlens=cu,
+        )  # fmt: skip
+        state[slots] = final
+        return out.squeeze(0)
+    qn = l2_normalize(q) * q.shape[-1] ** -0.5
+    kn = l2_normalize(k)
+    s = state[slots] * torch.exp(g.float()).unsqueeze(-1)  # [N, H, K, V]
+    u = beta.float().unsqueeze(-1) * (v.float() - (s * kn.unsqueeze(-1)).sum(dim=-2))
+    s = s + kn.unsqueeze(-1) * u.unsqueeze(-2)
+    state[slots] = s
+    return (s * qn.unsqueeze(-1)).sum(dim=-2).to(v.dtype)
