@@ -42,6 +42,7 @@ from vllm.model_executor.layers.linear import (
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.layers.quantization.utils.quant_utils import kFp8DynamicTokenSym
 from vllm.models.kimi_k3.amd.ops.causal_conv1d import causal_conv1d_decode, causal_conv1d_prefill
+from vllm.models.kimi_k3.amd.ops.fused_kda_decode import fused_kda_decode
 from vllm.models.kimi_k3.amd.ops.kda_core import kda_decode, kda_prefill
 from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate
 from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import (
@@ -183,13 +184,24 @@ class KimiK3DeltaAttention(torch.nn.Module):
         gate = gate.view(tokens, h, d)  # a strided view of `projected` for the full-rank gate
 
         raw_g = self.f_b_proj(f_a)[0]
-        g = kda_gate(raw_g, self.A_log, self.dt_bias, self.gate_lower_bound)
-        beta = torch.sigmoid(b.float())
-        core, normed = self._core(mixed_qkv, g, beta, metadata, pool)
+        core, normed = self._core(mixed_qkv, raw_g, b, gate, metadata, pool)
         return self._epilogue(core, gate, normed)
 
-    def _core(self, mixed_qkv, g, beta, metadata: KDAMetadata, pool: KDAStatePool):
-        """Conv + delta rule for the batch. Returns (core `[T, H, D]`, whether it is normed)."""
+    def _core(self, mixed_qkv, raw_g, b, gate, metadata: KDAMetadata, pool: KDAStatePool):
+        """Conv + delta rule for the batch. Returns (core `[T, H, D]`, whether it is normed).
+
+        A batch of decodes only runs the fused decode kernel with its norm epilogue; anything
+        else runs the conv, gate and core ops and leaves the norm to the epilogue.
+        """
+        if metadata.num_prefills == 0 and metadata.num_decodes:
+            core = fused_kda_decode(
+                mixed_qkv, self.conv1d_weight, pool.conv_state, raw_g, self.A_log, self.dt_bias,
+                self.gate_lower_bound, b, pool.ssm_state, metadata.state_slots,
+                self.o_norm.weight, gate, self.o_norm.eps,
+            )  # fmt: skip
+            return core, True
+        g = kda_gate(raw_g, self.A_log, self.dt_bias, self.gate_lower_bound)
+        beta = torch.sigmoid(b.float())
         tokens = mixed_qkv.shape[0]
         h, d = self.local_heads, self.head_dim
         nd = metadata.num_decodes

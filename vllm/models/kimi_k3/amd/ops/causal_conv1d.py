@@ -36,12 +36,17 @@ def causal_conv1d_prefill(
 
 
 def causal_conv1d_decode(
-    x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, slots: torch.Tensor
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    conv_state: torch.Tensor,
+    slots: torch.Tensor,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """One token for each of N sequences: `x` `[N, C]`, `slots` `[N]`."""
+    """One token for each of N sequences: `x` `[N, C]`, `slots` `[N]`; output in `out_dtype`
+    (default `x`'s)."""
     full = torch.cat([conv_state[slots].to(x.dtype), x.unsqueeze(-1)], dim=-1)  # [N, C, W]
     conv_state[slots] = full[..., 1:].to(conv_state.dtype)
-    return F.silu((full.float() * weight.float()).sum(-1)).to(x.dtype)
+    return F.silu((full.float() * weight.float()).sum(-1)).to(out_dtype or x.dtype)
 
 
 def _conv_silu(full: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
