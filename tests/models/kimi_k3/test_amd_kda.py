@@ -335,3 +335,60 @@ def test_gpu_cuda_graph_decode_replays_eagerly():
         eager = layer(x, meta, pool)
     torch.cuda.synchronize()
     assert torch.equal(replayed, eager)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensor parallel over heads: TP=2 on CPU (gloo) equals TP=1
+# ---------------------------------------------------------------------------------------------
+
+
+def _tp_worker(rank, port, tensors, x, results):
+    import os
+
+    import torch.distributed as dist
+
+    from vllm.distributed import destroy_model_parallel, initialize_model_parallel
+
+    os.environ["TRITON_INTERPRET"] = "1"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        initialize_model_parallel(2)
+        layer = KimiK3DeltaAttention(
+            HIDDEN, HEADS, HEAD_DIM, full_rank_gate=True, norm_eps=EPS,
+            params_dtype=torch.float32, prefix="l",
+        )  # fmt: skip
+        layer.load_weights(tensors)
+        with torch.no_grad():
+            pool = pool_for(layer)
+            a = layer(x[:9], prefill_metadata([4, 5], [0, 1], [False] * 2), pool)
+            b = layer(x[9:], decode_metadata([0, 1]), pool)
+        results[rank] = torch.cat([a, b])
+    finally:
+        destroy_model_parallel()
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the gloo test runs on CPU")
+def test_tp2_heads_split_equals_tp1():
+    import socket
+
+    import torch.multiprocessing as mp
+
+    hf = hf_kda()
+    tensors = checkpoint_tensors(hf, full_rank=True)
+    layer = our_kda(hf, full_rank=True)
+    x = torch.randn(11, HIDDEN)
+    with torch.no_grad():
+        pool = pool_for(layer)
+        a = layer(x[:9], prefill_metadata([4, 5], [0, 1], [False] * 2), pool)
+        b = layer(x[9:], decode_metadata([0, 1]), pool)
+    expected = torch.cat([a, b])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_tp_worker, args=(port, tensors, x, results), nprocs=2, join=True)
+        results = dict(results)
+    for rank in (0, 1):  # each rank: its heads' partial o_proj, all-reduced; fp32 sum order only
+        assert rel_err(results[rank], expected) < 1e-5
