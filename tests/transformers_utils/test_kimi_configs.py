@@ -1,0 +1,98 @@
+"""Kimi-Linear / Kimi-K3 configs: published values parse, derived facts hold, bad fields named."""
+
+import json
+
+import pytest
+
+from vllm.transformers_utils.configs import KimiK3Config, KimiLinearConfig, load_model_config
+
+KIMI_LINEAR_48B = {
+    "architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear",
+    "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 27,
+    "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 163840,
+    "rms_norm_eps": 1e-5, "hidden_act": "silu", "q_lora_rank": None, "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "mla_use_nope": True,
+    "num_experts": 256, "num_experts_per_token": 8, "num_shared_experts": 1,
+    "moe_intermediate_size": 1024, "moe_router_activation_func": "sigmoid",
+    "moe_renormalize": True, "routed_scaling_factor": 2.446, "use_grouped_topk": True,
+    "num_expert_group": 1, "topk_group": 1, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+    "torch_dtype": "bfloat16",
+    "linear_attn_config": {
+        "kda_layers": [1, 2, 3, 5, 6, 7, 9, 10, 11, 13, 14, 15, 17, 18, 19, 21, 22, 23, 25, 26],
+        "full_attn_layers": [4, 8, 12, 16, 20, 24, 27],
+        "num_heads": 32, "head_dim": 128, "short_conv_kernel_size": 4,
+    },
+}  # fmt: skip
+
+K3_TEXT = dict(
+    KIMI_LINEAR_48B,
+    hidden_size=7168, num_hidden_layers=93, num_attention_heads=64, q_lora_rank=1536,
+    mla_use_output_gate=True, num_experts=896, num_experts_per_token=16, num_shared_experts=2,
+    moe_intermediate_size=3072, routed_expert_hidden_size=3584, latent_moe_use_norm=True,
+    routed_scaling_factor=1.0, hidden_act="situ", activation_situ_beta=4.0,
+    activation_situ_linear_beta=25.0, attn_res_block_size=12,
+    linear_attn_config={
+        "kda_layers": [i for i in range(1, 94) if i % 4 and i != 93],
+        "full_attn_layers": [*range(4, 93, 4), 93],
+        "num_heads": 96, "head_dim": 128, "short_conv_kernel_size": 4,
+        "gate_lower_bound": -5.0, "use_full_rank_gate": True,
+    },
+)  # fmt: skip
+
+
+def test_kimi_linear_published_config():
+    cfg = KimiLinearConfig.from_dict(KIMI_LINEAR_48B)
+    kda = [i for i in range(27) if cfg.is_kda_layer(i)]
+    assert len(kda) == 20 and not cfg.is_kda_layer(3) and cfg.is_kda_layer(0)  # 1-based list
+    assert not cfg.is_kda_layer(26)  # layer 27 (1-based) is MLA
+    assert not cfg.is_moe_layer(0) and cfg.is_moe_layer(1)  # first_k_dense_replace = 1
+    assert cfg.kda_num_heads == 32 and cfg.gate_lower_bound is None
+    assert not cfg.use_full_rank_gate
+
+
+def test_kimi_k3_text_config_through_the_wrapper(tmp_path):
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "kimi_k3", "text_config": K3_TEXT, "vision_config": {"x": 1}})
+    )
+    cfg = load_model_config(tmp_path)
+    assert sum(cfg.is_kda_layer(i) for i in range(93)) == 69
+    assert cfg.use_full_rank_gate and cfg.gate_lower_bound == -5.0 and cfg.hidden_act == "situ"
+    assert KimiK3Config.from_dict({"text_config": K3_TEXT}).vision_config == {}
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"hidden_act": "gelu"}, "'hidden_act': 'gelu' is not one of"),
+        ({"hidden_act": "situ"}, "'activation_situ_beta'"),
+        ({"mla_use_nope": False}, "'mla_use_nope': only NoPE"),
+        ({"moe_router_activation_func": "relu"}, "'moe_router_activation_func'"),
+        ({"topk_method": "greedy"}, "'topk_method'"),
+        ({"num_experts_per_token": 300}, "'num_experts_per_token'"),
+        ({"rms_norm_eps": 0}, "'rms_norm_eps'"),
+        ({"num_hidden_layers": "27"}, "'num_hidden_layers': must be a positive integer"),
+        ({"rope_scaling": {"type": "yarn"}}, "'rope_scaling'"),
+        ({"linear_attn_config": {"kda_layers": [1]}}, "'linear_attn_config.full_attn_layers'"),
+        ({"linear_attn_config": dict(KIMI_LINEAR_48B["linear_attn_config"], kda_layers=[28])},
+         r"'linear_attn_config.kda_layers': 1-based layer numbers \[28\]"),
+        ({"linear_attn_config": dict(KIMI_LINEAR_48B["linear_attn_config"], kda_layers=[4])},
+         "also full-attention"),
+        ({"linear_attn_config": dict(KIMI_LINEAR_48B["linear_attn_config"], gate_lower_bound=-6)},
+         "'linear_attn_config.gate_lower_bound'"),
+        ({"linear_attn_config": dict(KIMI_LINEAR_48B["linear_attn_config"], typo=1)},
+         "unknown keys"),
+    ],
+)  # fmt: skip
+def test_bad_fields_are_named(change, message):
+    with pytest.raises(ValueError, match=message):
+        KimiLinearConfig.from_dict(dict(KIMI_LINEAR_48B, **change))
+
+
+def test_wrapper_prefixes_text_config_errors(tmp_path):
+    with pytest.raises(ValueError, match="'text_config.hidden_act'"):
+        KimiK3Config.from_dict({"text_config": dict(K3_TEXT, hidden_act="gelu")})
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(ValueError, match="'model_type': 'llama'"):
+        load_model_config(tmp_path)
+    with pytest.raises(ValueError, match="cannot read model config"):
+        load_model_config(tmp_path / "missing.json")

@@ -1,0 +1,1 @@
+"""Model configs read from Hugging Face `config.json` files."""

@@ -1,0 +1,190 @@
+"""`KimiLinearConfig`: the Kimi-Linear text model's `config.json`, with upstream vLLM's field names
+and semantics (upstream-facts D.1, engine-facts 5), validated at load.
+
+transformers' own `KimiLinearConfig` renames the linear-attention fields (`linear_num_heads`, ...)
+and lacks Kimi-K3's (`gate_lower_bound`, `use_full_rank_gate`, latent MoE, SiTU, AttnRes), so this
+fork reads the checkpoint's names directly. `is_kda_layer` is 1-based as upstream: 0-based layer
+`i` is KDA iff `i + 1` is in `linear_attn_config["kda_layers"]`; every other layer is MLA.
+"""
+
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+_LINEAR_ATTN_KEYS = {
+    "kda_layers", "full_attn_layers", "num_heads", "head_dim", "short_conv_kernel_size",
+    "gate_lower_bound", "use_full_rank_gate",
+}  # fmt: skip
+_ACTIVATIONS = ("silu", "situ")
+
+
+def _fail(name: str, message: str) -> None:
+    raise ValueError(f"config field {name!r}: {message}")
+
+
+@dataclass
+class KimiLinearConfig:
+    """Kimi-Linear / Kimi-K3 text model hyper-parameters (`model_type` `kimi_linear`)."""
+
+    vocab_size: int = 163840
+    hidden_size: int = 2304
+    intermediate_size: int = 9216
+    num_hidden_layers: int = 27
+    num_attention_heads: int = 32
+    num_key_value_heads: int | None = None
+    hidden_act: str = "silu"
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 1048576
+    tie_word_embeddings: bool = False
+    # MLA
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = 512
+    qk_nope_head_dim: int = 128
+    qk_rope_head_dim: int = 64
+    v_head_dim: int = 128
+    mla_use_nope: bool = True
+    mla_use_output_gate: bool = False
+    # MoE
+    num_experts: int | None = None
+    num_experts_per_token: int = 8
+    moe_intermediate_size: int = 1024
+    moe_renormalize: bool = True
+    moe_router_activation_func: str = "sigmoid"
+    num_shared_experts: int = 0
+    routed_scaling_factor: float = 1.0
+    first_k_dense_replace: int = 0
+    moe_layer_freq: int = 1
+    use_grouped_topk: bool = True
+    num_expert_group: int = 1
+    topk_group: int = 1
+    topk_method: str = "noaux_tc"
+    routed_expert_hidden_size: int | None = None  # Kimi-K3's latent MoE
+    latent_moe_use_norm: bool = False
+    # activations and residuals (Kimi-K3)
+    activation_situ_beta: float | None = None
+    activation_situ_linear_beta: float | None = None
+    attn_res_block_size: int | None = None
+    num_nextn_predict_layers: int = 0
+    linear_attn_config: dict[str, Any] = field(default_factory=dict)
+    model_type: str = "kimi_linear"
+
+    @classmethod
+    def from_dict(cls, config: dict[str, Any]) -> "KimiLinearConfig":
+        """Build and validate from a `config.json` object; unknown fields are ignored as HF does
+        (checkpoints carry bookkeeping such as `architectures` and `torch_dtype`)."""
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in config.items() if k in known}
+        if "rope_scaling" in config and config["rope_scaling"] is not None:
+            _fail("rope_scaling", "not supported: Kimi MLA layers use no rotary embedding")
+        self = cls(**values)
+        self.validate()
+        return self
+
+    # -- derived facts -------------------------------------------------------------------------
+
+    @property
+    def kda_num_heads(self) -> int:
+        return self.linear_attn_config["num_heads"]
+
+    @property
+    def kda_head_dim(self) -> int:
+        return self.linear_attn_config["head_dim"]
+
+    @property
+    def kda_conv_kernel_size(self) -> int:
+        return self.linear_attn_config.get("short_conv_kernel_size", 4)
+
+    @property
+    def gate_lower_bound(self) -> float | None:
+        return self.linear_attn_config.get("gate_lower_bound")
+
+    @property
+    def use_full_rank_gate(self) -> bool:
+        return bool(self.linear_attn_config.get("use_full_rank_gate", False))
+
+    def is_kda_layer(self, layer_idx: int) -> bool:
+        """Whether 0-based layer `layer_idx` is KDA (the config's list is 1-based)."""
+        return layer_idx + 1 in self.linear_attn_config["kda_layers"]
+
+    def is_moe_layer(self, layer_idx: int) -> bool:
+        return (
+            self.num_experts is not None
+            and layer_idx >= self.first_k_dense_replace
+            and layer_idx % self.moe_layer_freq == 0
+        )
+
+    # -- validation ----------------------------------------------------------------------------
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first invalid or unsupported field."""
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
+                _fail(name, f"must be a positive integer, got {getattr(self, name)!r}")
+        if self.hidden_act not in _ACTIVATIONS:
+            _fail("hidden_act", f"{self.hidden_act!r} is not one of {_ACTIVATIONS}")
+        if self.hidden_act == "situ" and (
+            self.activation_situ_beta is None or self.activation_situ_linear_beta is None
+        ):
+            _fail("activation_situ_beta", "SiTU needs activation_situ_beta and _linear_beta")
+        if not self.rms_norm_eps > 0:
+            _fail("rms_norm_eps", f"must be positive, got {self.rms_norm_eps}")
+        if not self.mla_use_nope:
+            _fail("mla_use_nope", "only NoPE MLA (no rotary embedding) is supported, as upstream")
+        if self.moe_router_activation_func not in ("sigmoid", "softmax"):
+            _fail("moe_router_activation_func", "must be 'sigmoid' or 'softmax'")
+        if self.topk_method != "noaux_tc":
+            _fail("topk_method", f"only 'noaux_tc' is supported, got {self.topk_method!r}")
+        if self.num_experts is not None:
+            if self.num_experts_per_token > self.num_experts:
+                _fail("num_experts_per_token", "exceeds num_experts")
+            if self.num_experts % self.num_expert_group:
+                _fail("num_expert_group", "must divide num_experts")
+            if self.topk_group > self.num_expert_group:
+                _fail("topk_group", "exceeds num_expert_group")
+        if self.moe_layer_freq <= 0:
+            _fail("moe_layer_freq", "must be positive")
+        if self.attn_res_block_size is not None and self.attn_res_block_size <= 0:
+            _fail("attn_res_block_size", "must be positive when set")
+        self._validate_linear_attn()
+
+    def _validate_linear_attn(self) -> None:
+        lac = self.linear_attn_config
+        if not isinstance(lac, dict):
+            _fail("linear_attn_config", "must be an object")
+        unknown = set(lac) - _LINEAR_ATTN_KEYS
+        if unknown:
+            _fail("linear_attn_config", f"unknown keys {sorted(unknown)}")
+        for key in ("kda_layers", "full_attn_layers", "num_heads", "head_dim"):
+            if lac.get(key) is None:
+                _fail(f"linear_attn_config.{key}", "is required")
+        layers = range(1, self.num_hidden_layers + 1)
+        for key in ("kda_layers", "full_attn_layers"):
+            bad = [i for i in lac[key] if i not in layers]
+            if bad:
+                _fail(f"linear_attn_config.{key}", f"1-based layer numbers {bad} out of range")
+        both = set(lac["kda_layers"]) & set(lac["full_attn_layers"])
+        if both:
+            _fail("linear_attn_config.kda_layers", f"layers {sorted(both)} are also full-attention")
+        lower = lac.get("gate_lower_bound")
+        if lower is not None and not -5.0 <= lower < 0.0:
+            _fail("linear_attn_config.gate_lower_bound", f"must be in [-5, 0), got {lower}")
+        if lac["num_heads"] <= 0 or lac["head_dim"] <= 0:
+            _fail("linear_attn_config.num_heads", "num_heads and head_dim must be positive")
+
+
+def load_model_config(path: "str | Path") -> "KimiLinearConfig":
+    """Read `config.json` in a checkpoint folder: `kimi_linear`, or `kimi_k3`'s text model."""
+    from vllm.transformers_utils.configs.kimi_k3 import KimiK3Config
+
+    file = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
+    try:
+        config = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read model config {file}: {e}") from None
+    model_type = config.get("model_type")
+    if model_type == "kimi_linear":
+        return KimiLinearConfig.from_dict(config)
+    if model_type == "kimi_k3":
+        return KimiK3Config.from_dict(config).text_config
+    raise ValueError(f"config field 'model_type': {model_type!r} is not kimi_linear or kimi_k3")
