@@ -19,3 +19,17 @@ class RMSNormGated(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         return rmsnorm_gated_ref(x, self.weight, gate, self.eps).to(x.dtype)
+
+
+class RMSNorm(torch.nn.Module):
+    """`x * rsqrt(mean(x^2) + eps) * weight` in fp32, returned in `x`'s dtype."""
+
+    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.square().mean(dim=-1, keepdim=True) + self.eps)
+        return (xf * self.weight.float()).to(x.dtype)

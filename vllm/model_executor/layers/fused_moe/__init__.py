@@ -1,0 +1,1 @@
+"""Mixture-of-experts: the router and the expert computation."""

@@ -1,0 +1,94 @@
+"""`FusedMoE`: the routed experts of a MoE layer, tensor parallel over the intermediate dim.
+
+Weights: `w13_weight` `[E, 2 * I_local, H]` (gate | up of each expert) and `w2_weight`
+`[E, H, I_local]`, loaded from the checkpoint's per-expert `w1` (gate), `w3` (up) and `w2` (down).
+The forward takes the router's `(weights, ids)` and returns the weighted sum of the chosen experts'
+outputs, all-reduced over TP ranks when `reduce_results`. Torch implementation (a loop over the
+experts that received tokens); a grouped-GEMM kernel can replace `_experts` later.
+"""
+
+import torch
+
+from vllm.distributed import (
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+    tensor_model_parallel_all_reduce,
+)
+
+
+class FusedMoE(torch.nn.Module):
+    def __init__(
+        self,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        act_and_mul: torch.nn.Module,
+        params_dtype: torch.dtype | None = None,
+        reduce_results: bool = True,
+        prefix: str = "",
+    ) -> None:
+        super().__init__()
+        self.tp_size = get_tensor_model_parallel_world_size()
+        self.tp_rank = get_tensor_model_parallel_rank()
+        if intermediate_size % self.tp_size:
+            raise ValueError(f"{prefix}: moe intermediate {intermediate_size} % TP {self.tp_size}")
+        self.num_experts = num_experts
+        self.local_intermediate = intermediate_size // self.tp_size
+        self.act_and_mul = act_and_mul
+        self.reduce_results = reduce_results
+        self.prefix = prefix
+        dtype = params_dtype or torch.get_default_dtype()
+        i = self.local_intermediate
+        self.w13_weight = torch.nn.Parameter(
+            torch.empty(num_experts, 2 * i, hidden_size, dtype=dtype), requires_grad=False
+        )
+        self.w2_weight = torch.nn.Parameter(
+            torch.empty(num_experts, hidden_size, i, dtype=dtype), requires_grad=False
+        )
+
+    def weight_loader(self, loaded: torch.Tensor, expert_id: int, shard: str) -> None:
+        """Load one expert's `w1` (gate `[I, H]`), `w3` (up `[I, H]`) or `w2` (down `[H, I]`)."""
+        if not 0 <= expert_id < self.num_experts:
+            raise ValueError(f"{self.prefix}: expert {expert_id} out of range")
+        i = self.local_intermediate
+        start = self.tp_rank * i
+        if shard in ("w1", "w3"):
+            part = loaded.narrow(0, start, i)
+            target = self.w13_weight.data[expert_id, (0 if shard == "w1" else i) :][:i]
+        elif shard == "w2":
+            part = loaded.narrow(1, start, i)
+            target = self.w2_weight.data[expert_id]
+        else:
+            raise ValueError(f"{self.prefix}: unknown expert weight {shard!r}")
+        if target.shape != part.shape:
+            raise ValueError(
+                f"{self.prefix}.experts.{expert_id}.{shard}: shape {tuple(loaded.shape)} does not "
+                f"fit {tuple(target.shape)} per rank"
+            )
+        target.copy_(part)
+
+    def forward(
+        self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    ) -> torch.Tensor:
+        out = self._experts(x, topk_weights, topk_ids)
+        if self.reduce_results and self.tp_size > 1:
+            out = tensor_model_parallel_all_reduce(out)
+        return out
+
+    def _experts(self, x, topk_weights, topk_ids) -> torch.Tensor:
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        flat_ids = topk_ids.reshape(-1)
+        order = flat_ids.argsort()
+        counts = torch.bincount(flat_ids, minlength=self.num_experts).tolist()
+        token_of = order // topk_ids.shape[1]
+        weight_of = topk_weights.reshape(-1)[order]
+        start = 0
+        for expert, count in enumerate(counts):
+            if count == 0:
+                continue
+            tokens = token_of[start : start + count]
+            h = self.act_and_mul(x[tokens] @ self.w13_weight[expert].t())
+            y = (h @ self.w2_weight[expert].t()).float() * weight_of[start : start + count, None]
+            out.index_add_(0, tokens, y)
+            start += count
+        return out.to(x.dtype)
