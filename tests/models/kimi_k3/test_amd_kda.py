@@ -2,9 +2,6 @@
 prefill against one-shot prefill, and the PTPC `o_proj` epilogue (norm exactly once, fused vs
 unfused within the bound the bf16 intermediate and one FP8 step imply)."""
 
-import contextlib
-import sys
-
 import pytest
 import torch
 
@@ -14,35 +11,23 @@ from vllm.model_executor.layers.quantization.online.base import OnlineQuantizati
 from vllm.models.kimi_k3.amd.kda import KDAMetadata, KDAStatePool, KimiK3DeltaAttention
 
 HIDDEN, HEADS, HEAD_DIM, EPS = 64, 2, 32, 1e-5
+HF = None  # transformers' modeling_kimi_linear, set by the fixture below
 
 
-@contextlib.contextmanager
-def fla_hidden():
-    """transformers binds fla's Triton kernels at import when fla imports; hide it for the
-    pure-torch path (the independent reference)."""
-    saved = {k: v for k, v in sys.modules.items() if k == "fla" or k.startswith("fla.")}
-    sys.modules["fla"] = None
-    try:
-        yield
-    finally:
-        del sys.modules["fla"]
-        sys.modules.update(saved)
+@pytest.fixture(autouse=True)
+def _hf(hf_kimi_linear):
+    global HF
+    HF = hf_kimi_linear
 
 
 def hf_kda(seed=0):
-    transformers = pytest.importorskip("transformers")
-    with fla_hidden():
-        from transformers.models.kimi_linear import modeling_kimi_linear as hf_module
-    if hf_module.recurrent_kimi_delta_attention.__module__.startswith("fla"):
-        pytest.skip("transformers' Kimi-Linear was imported earlier with fla's kernels bound")
-    KimiLinearDeltaAttention = hf_module.KimiLinearDeltaAttention  # noqa: N806
-    cfg = transformers.KimiLinearConfig(
+    cfg = HF.KimiLinearConfig(
         hidden_size=HIDDEN, num_hidden_layers=1, linear_num_heads=HEADS, linear_head_dim=HEAD_DIM,
         hidden_act="silu", rms_norm_eps=EPS, num_attention_heads=HEADS, num_key_value_heads=HEADS,
         linear_attn_config={"kda_layers": [1], "full_attn_layers": []},
     )  # fmt: skip
     torch.manual_seed(seed)
-    module = KimiLinearDeltaAttention(cfg, 0).float()
+    module = HF.KimiLinearDeltaAttention(cfg, 0).float()
     with torch.no_grad():
         gate = module.forget_gate
         gate.A_log.copy_(torch.log(torch.empty_like(gate.A_log).uniform_(1, 16)))

@@ -2,7 +2,6 @@
 transformers' router with expert groups, SiTU against its formula, and the latent-MoE path."""
 
 import dataclasses
-import sys
 
 import pytest
 import torch
@@ -13,27 +12,24 @@ from vllm.models.kimi_k3.amd.linear import KimiMLP, KimiMoE
 from vllm.transformers_utils.configs import KimiLinearConfig
 
 H, E, TOPK, I_MOE = 48, 16, 4, 32
+HF = None  # transformers' modeling_kimi_linear, set by the fixture below
+
+
+@pytest.fixture(autouse=True)
+def _hf(hf_kimi_linear):
+    global HF
+    HF = hf_kimi_linear
 
 
 def hf_moe(groups=1, topk_group=1, seed=0):
-    transformers = pytest.importorskip("transformers")
-    saved = sys.modules.get("fla")
-    sys.modules["fla"] = None  # the pure-torch path
-    try:
-        from transformers.models.kimi_linear import modeling_kimi_linear as hf
-    finally:
-        if saved is None:
-            del sys.modules["fla"]
-        else:
-            sys.modules["fla"] = saved
-    cfg = transformers.KimiLinearConfig(
+    cfg = HF.KimiLinearConfig(
         hidden_size=H, num_hidden_layers=1, num_experts=E, num_experts_per_token=TOPK,
         moe_intermediate_size=I_MOE, num_shared_experts=2, num_expert_group=groups,
         topk_group=topk_group, routed_scaling_factor=2.5, moe_renormalize=True,
         hidden_act="silu", linear_attn_config={"kda_layers": [], "full_attn_layers": [1]},
     )  # fmt: skip
     torch.manual_seed(seed)
-    moe = hf.KimiLinearMoE(cfg).float()
+    moe = HF.KimiLinearMoE(cfg).float()
     with torch.no_grad():
         moe.gate.weight.normal_(0, 0.3)
         moe.gate.e_score_correction_bias.normal_(0, 0.1)

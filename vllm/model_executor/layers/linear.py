@@ -343,10 +343,11 @@ class RowParallelLinear(LinearBase):
             if isinstance(x, QuantizedActivation):
                 raise ValueError(f"{self.prefix}: cannot split a QuantizedActivation over ranks")
             x = x.chunk(self.tp_size, dim=-1)[self.tp_rank].contiguous()
-        # The bias is added once, after the reduction.
+        # The bias is added once: after the reduction, or by rank 0 when the caller reduces.
         out = self.quant_method.apply(self, x, None)
         if self.reduce_results and self.tp_size > 1:
             out = tensor_model_parallel_all_reduce(out)
-        if self.bias is not None and not self.skip_bias_add:
+        add_bias = self.reduce_results or self.tp_rank == 0
+        if self.bias is not None and not self.skip_bias_add and add_bias:
             out = out + self.bias
         return self._output(out)

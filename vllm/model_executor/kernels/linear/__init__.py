@@ -83,7 +83,12 @@ def init_fp8_linear_kernel(
         if ok:
             ok, reason = cls.can_implement(config)
         if ok:
-            logger.info("Selected %s for %s", cls.__name__, module_name or "an FP8 linear")
+            name = module_name or "an FP8 linear"
+            if cls is ChannelWiseTorchFP8ScaledMMLinearKernel and reasons:
+                # On a GPU this dequantizes the weight on every call: far slower than the FP8 GEMM.
+                logger.warning("%s falls back to %s: %s", name, cls.__name__, "; ".join(reasons))
+            else:
+                logger.info("Selected %s for %s", cls.__name__, name)
             return cls(config)
         reasons.append(f"{cls.__name__}: {reason}")
     raise ValueError(f"no FP8 linear kernel can run {config}: " + "; ".join(reasons))

@@ -55,7 +55,8 @@ from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import (
 class KDAMetadata:
     """The flattened batch as the KDA core sees it.
 
-    Sequences are ordered decodes first (one token each), then prefill chunks.
+    Sequences are ordered decodes first (one token each), then prefill chunks. Every slot is a
+    real one (no padding entries such as -1): the kernels index the pools with them unchecked.
     """
 
     query_start_loc: torch.Tensor  # [N + 1] int, on the device
@@ -155,8 +156,12 @@ class KimiK3DeltaAttention(torch.nn.Module):
         self.conv1d_weight = torch.nn.Parameter(
             torch.zeros(3 * local_proj, conv_kernel_size, dtype=torch.float32), requires_grad=False
         )
-        self.A_log = torch.nn.Parameter(torch.zeros(self.local_heads), requires_grad=False)
-        self.dt_bias = torch.nn.Parameter(torch.zeros(local_proj), requires_grad=False)
+        # fp32 whatever the model dtype, as upstream: the gate is computed in fp32.
+        f32 = torch.float32
+        self.A_log = torch.nn.Parameter(
+            torch.zeros(self.local_heads, dtype=f32), requires_grad=False
+        )
+        self.dt_bias = torch.nn.Parameter(torch.zeros(local_proj, dtype=f32), requires_grad=False)
         self.o_norm = RMSNormGated(head_dim, eps=norm_eps, dtype=dtype)
         self.o_proj = RowParallelLinear(
             proj, hidden_size, bias=False, params_dtype=dtype, quant_config=quant_config,

@@ -6,8 +6,9 @@ activation goes straight to the GEMM (no quantization, no padding); a plain tens
 token with the numerics of `per_token_fp8_quant`. Kernels that can consume a pre-quantized input
 return their key from `input_quant_key()`; the base returns None (in-kernel quantization only).
 
-Layer parameters after `process_weights_after_loading` (online PTPC): `weight` `[K, N]` FP8 (a
-transposed view of the row-major `[N, K]` codes), `weight_scale` `[N, 1]` fp32.
+Layer parameters handed to a kernel's `process_weights_after_loading` (online PTPC): `weight`
+`[K, N]` FP8 (a transposed view of the row-major `[N, K]` codes), `weight_scale` `[N, 1]` fp32.
+Kernels may re-lay them out there (the AITER kernels do; see aiter.py).
 """
 
 from abc import ABC, abstractmethod

@@ -4,6 +4,7 @@ portable fallback that runs anywhere (CPU included).
 
 import torch
 
+import vllm.platforms
 from vllm.model_executor.kernels.linear.scaled_mm.ScaledMMLinearKernel import (
     FP8ScaledMMLinearKernel,
     FP8ScaledMMLinearLayerConfig,
@@ -13,7 +14,6 @@ from vllm.model_executor.layers.quantization.utils.quant_utils import (
     kFp8DynamicTokenSym,
     kFp8StaticChannelSym,
 )
-from vllm.platforms import current_platform
 
 
 def _is_ptpc(config: FP8ScaledMMLinearLayerConfig) -> bool:
@@ -32,7 +32,7 @@ class RowWiseTorchFP8ScaledMMLinearKernel(FP8ScaledMMLinearKernel):
 
     @classmethod
     def is_supported(cls) -> tuple[bool, str | None]:
-        if not current_platform.is_cuda():
+        if not vllm.platforms.current_platform.is_cuda():
             return False, "needs CUDA"
         if torch.cuda.get_device_capability() < (8, 9):
             return False, "rowwise FP8 _scaled_mm needs sm_89 or newer"
@@ -53,6 +53,8 @@ class RowWiseTorchFP8ScaledMMLinearKernel(FP8ScaledMMLinearKernel):
         return kFp8DynamicTokenSym
 
     def apply_scaled_mm(self, a, b, out_dtype, a_scale, b_scale, bias):
+        if not a.is_cuda:  # a layer kept on the CPU of a CUDA host (tests, references)
+            return dequantized_matmul(a, b, out_dtype, a_scale, b_scale, bias)
         # b is the [K, N] transposed view of row-major [N, K] codes: column-major, as required.
         return torch._scaled_mm(
             a, b, scale_a=a_scale, scale_b=b_scale.t(), bias=bias, out_dtype=out_dtype
@@ -78,6 +80,7 @@ class PerTensorTorchFP8ScaledMMLinearKernel(FP8ScaledMMLinearKernel):
         return True, None
 
     def quantize_input(self, x_2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        current_platform = vllm.platforms.current_platform
         fp8_max = current_platform.fp8_max()
         xf = x_2d.float()
         amax = xf.abs().amax().reshape(1, 1)

@@ -164,6 +164,14 @@ def fused_kda_decode(
         3 * heads * d, width - 1
     ):  # fmt: skip
         raise ValueError("conv_weight must be [3HD, W] and conv_state [S, 3HD, W - 1]")
+    if raw_g.shape != (n, heads * d) or slots.shape != (n,) or dt_bias.shape != (heads * d,):
+        raise ValueError("raw_g must be [N, H * D], slots [N] and dt_bias [H * D]")
+    if slots.device != mixed_qkv.device or slots.dtype not in (torch.int32, torch.int64):
+        raise ValueError("slots must be an integer tensor on the inputs' device")
+    if conv_weight.stride(1) != 1 or not dt_bias.is_contiguous():
+        raise ValueError("conv_weight and dt_bias must be contiguous in their last dim")
+    if norm_weight is not None and not norm_weight.is_contiguous():
+        raise ValueError("norm_weight must be contiguous")
     if conv_state.stride(2) != 1 or ssm_state.stride(3) != 1 or ssm_state.stride(2) != d:
         raise ValueError("conv_state and ssm_state must be contiguous in their last dims")
     if raw_g.stride(-1) != 1 or b.stride(-1) != 1:

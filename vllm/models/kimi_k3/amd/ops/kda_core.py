@@ -8,7 +8,7 @@ state `S` `[K, V]` fp32, every token does::
 
 Inputs: `q`, `k` `[T, H, K]`, `v` `[T, H, V]`, `g` `[T, H, K]` (log decay, fp32), `beta` `[T, H]`;
 `state` `[S, H, K, V]` fp32, read at `slots` (zeros where a sequence has no initial state) and
-written back. Output `[T, H, V]` in `v`'s dtype.
+written back. Output `[T, H, V]` in the inputs' dtype (q, k, v share one).
 
 GPU: fla-core's `chunk_kda` (prefill) and `fused_recurrent_kda` (decode) with `cu_seqlens`.
 CPU: the per-token recurrence above in fp32, the exact reference. `kda_prefill` / `kda_decode`
