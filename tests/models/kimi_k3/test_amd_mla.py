@@ -1,0 +1,133 @@
+"""Kimi MLA (NoPE) with the paged latent cache against transformers' Kimi-Linear MLA (pure torch):
+prefill of several sequences in one batch, then decode steps reading the cache through block
+tables; the K3 variant (q_lora, output gate) against its own unfused formula."""
+
+import pytest
+import torch
+
+from vllm.models.kimi_k3.amd.mla import KimiMLAAttention, MLAMetadata
+from vllm.transformers_utils.configs import KimiLinearConfig
+
+H, HEADS, BLOCK = 64, 4, 4
+HF = None
+
+
+@pytest.fixture(autouse=True)
+def _hf(hf_kimi_linear):
+    global HF
+    HF = hf_kimi_linear
+
+
+def config(**changes):
+    base = dict(
+        hidden_size=H, num_hidden_layers=1, num_attention_heads=HEADS, num_key_value_heads=HEADS,
+        kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+        rms_norm_eps=1e-6,  # transformers' MLA norms use their default 1e-6
+        linear_attn_config={"kda_layers": [], "full_attn_layers": [1], "num_heads": 1,
+                            "head_dim": 8},
+    )  # fmt: skip
+    base.update(changes)
+    return base
+
+
+def hf_mla(**changes):
+    cfg = HF.KimiLinearConfig(**config(**changes))
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    module = HF.KimiLinearAttention(cfg, 0).float()
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("layernorm.weight"):
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+    return module
+
+
+def hf_forward(module, x):
+    n = x.shape[0]
+    mask = torch.full((n, n), float("-inf")).triu(1).view(1, 1, n, n)
+    return module(x.unsqueeze(0), attention_mask=mask)[0].squeeze(0)
+
+
+class PagedCache:
+    """Hands out blocks in a scrambled order, so block tables are really used."""
+
+    def __init__(self, num_blocks=32):
+        self.cache = torch.zeros(num_blocks, BLOCK, 32 + 8)
+        self.free = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(3)).tolist()
+        self.tables: dict[int, list[int]] = {}
+        self.lens: dict[int, int] = {}
+
+    def step(self, seqs: dict[int, int]) -> MLAMetadata:
+        """`seqs`: sequence id -> number of new tokens (in batch order)."""
+        qsl, seq_lens, slots = [0], [], []
+        for sid, new in seqs.items():
+            start = self.lens.get(sid, 0)
+            table = self.tables.setdefault(sid, [])
+            for pos in range(start, start + new):
+                if pos // BLOCK >= len(table):
+                    table.append(self.free.pop())
+                slots.append(table[pos // BLOCK] * BLOCK + pos % BLOCK)
+            self.lens[sid] = start + new
+            qsl.append(qsl[-1] + new)
+            seq_lens.append(start + new)
+        width = max(len(self.tables[s]) for s in seqs)
+        tables = torch.tensor([self.tables[s] + [0] * (width - len(self.tables[s])) for s in seqs])
+        return MLAMetadata(qsl, seq_lens, tables, torch.tensor(slots))
+
+
+def test_mla_matches_transformers_prefill_then_decode():
+    hf = hf_mla()
+    ours = KimiMLAAttention(KimiLinearConfig.from_dict(config()), params_dtype=torch.float32)
+    ours.load_weights(hf.state_dict().items())
+    lengths, steps = [6, 3, 9], 3
+    xs = [torch.randn(n + steps, H) for n in lengths]
+    cache = PagedCache()
+    with torch.no_grad():
+        expected = [hf_forward(hf, x) for x in xs]
+        meta = cache.step({i: n for i, n in enumerate(lengths)})
+        out = ours(torch.cat([x[:n] for x, n in zip(xs, lengths, strict=True)]), meta, cache.cache)
+        got = list(out.split(lengths))
+        for s in range(steps):
+            order = [2, 0, 1]  # any order of sequences in the batch
+            meta = cache.step({i: 1 for i in order})
+            out = ours(torch.stack([xs[i][lengths[i] + s] for i in order]), meta, cache.cache)
+            for row, i in enumerate(order):
+                got[i] = torch.cat([got[i], out[row : row + 1]])
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+
+
+def test_k3_variant_q_lora_and_output_gate():
+    cfg = KimiLinearConfig.from_dict(config(q_lora_rank=24, mla_use_output_gate=True))
+    ours = KimiMLAAttention(cfg, params_dtype=torch.float32, prefix="self_attn")
+    gen = torch.Generator().manual_seed(0)
+    shapes = {
+        "q_a_proj.weight": (24, H), "kv_a_proj_with_mqa.weight": (40, H),
+        "g_proj.weight": (HEADS * 16, H), "q_a_layernorm.weight": (24,),
+        "q_b_proj.weight": (HEADS * 24, 24), "kv_a_layernorm.weight": (32,),
+        "kv_b_proj.weight": (HEADS * 32, 32), "o_proj.weight": (H, HEADS * 16),
+    }  # fmt: skip
+    t = {k: torch.randn(*s, generator=gen) * 0.2 for k, s in shapes.items()}
+    assert ours.load_weights(t.items()) == set(t)
+    x = torch.randn(5, H)
+    cache = PagedCache()
+    with torch.no_grad():
+        got = ours(x, cache.step({0: 5}), cache.cache)
+
+    def rms(v, w):
+        return v * torch.rsqrt(v.square().mean(-1, keepdim=True) + 1e-6) * w
+
+    q = rms(x @ t["q_a_proj.weight"].t(), t["q_a_layernorm.weight"]) @ t["q_b_proj.weight"].t()
+    q = q.view(5, HEADS, 24)
+    kv_a = x @ t["kv_a_proj_with_mqa.weight"].t()
+    kv = (rms(kv_a[:, :32], t["kv_a_layernorm.weight"]) @ t["kv_b_proj.weight"].t()).view(
+        5, HEADS, 32
+    )
+    k = torch.cat([kv[..., :16], kv_a[:, None, 32:].expand(5, HEADS, 8)], -1)
+    scores = torch.einsum("qhd,khd->hqk", q, k) * 24**-0.5
+    scores = scores.masked_fill(torch.ones(5, 5, dtype=torch.bool).triu(1), float("-inf"))
+    attn = torch.einsum("hqk,khd->qhd", scores.softmax(-1), kv[..., 16:])
+    attn = attn * torch.sigmoid((x @ t["g_proj.weight"].t()).view(5, HEADS, 16))
+    torch.testing.assert_close(got, attn.reshape(5, -1) @ t["o_proj.weight"].t())
+    with pytest.raises(ValueError, match="self_attn: unexpected checkpoint tensor 'q_proj.weight'"):
+        ours.load_weights([("q_proj.weight", torch.zeros(1))])
