@@ -1,14 +1,16 @@
-"""Kimi-K3 / Kimi-Linear MLP blocks: the dense `KimiMLP` and the `KimiMoE` block (sigmoid
-`noaux_tc` router, routed experts, shared experts, and Kimi-K3's latent MoE with optional norm).
+"""Kimi-K3 / Kimi-Linear text model: the dense `KimiMLP`, the `KimiMoE` block (sigmoid `noaux_tc`
+router, routed and shared experts, Kimi-K3's latent MoE with optional norm), decoder layers and
+`KimiLinearForCausalLM`.
 
 Checkpoint names (upstream-facts D.7): `mlp.gate_proj/up_proj/down_proj`;
 `block_sparse_moe.gate.weight`, `.gate.e_score_correction_bias`, `.experts.{e}.w1/w2/w3`,
 `.shared_experts.gate_proj/up_proj/down_proj`, `.routed_expert_down_proj`, `.routed_expert_norm`,
-`.routed_expert_up_proj`. Decoder layers and the causal LM come with the model issue.
+`.routed_expert_up_proj`. Also the decoder layer and `KimiLinearForCausalLM`.
 """
 
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -24,9 +26,12 @@ from vllm.model_executor.layers.linear import (
     RowParallelLinear,
 )
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+from vllm.models.kimi_k3.amd.kda import KDAMetadata, KDAStatePool, KimiK3DeltaAttention
+from vllm.models.kimi_k3.amd.mla import KimiMLAAttention, MLAMetadata
 from vllm.transformers_utils.configs import KimiLinearConfig
 
 _EXPERT = re.compile(r"experts\.(\d+)\.(w[123])\.weight")
+_LAYER = re.compile(r"model\.layers\.(\d+)\.([a-z_]+)\.(.+)")
 
 
 def _act(config: KimiLinearConfig) -> torch.nn.Module:
@@ -172,3 +177,161 @@ class KimiMoE(torch.nn.Module):
                 raise ValueError(f"{self.prefix}: unexpected checkpoint tensor {name!r}")
             loaded.add(name)
         return loaded
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoder layers and the causal LM
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class KimiBatch:
+    """What one forward needs besides token ids: metadata for both attention kinds and the caches
+    (a state pool per KDA layer, a paged latent cache per MLA layer), indexed by layer."""
+
+    kda: KDAMetadata
+    mla: MLAMetadata
+    kda_pools: dict[int, KDAStatePool]
+    mla_caches: dict[int, torch.Tensor]
+
+
+class KimiDecoderLayer(torch.nn.Module):
+    """Pre-norm residual block: KDA or MLA attention, then a dense MLP or the MoE block."""
+
+    def __init__(
+        self,
+        config: KimiLinearConfig,
+        layer_idx: int,
+        params_dtype: torch.dtype | None = None,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.is_kda = config.is_kda_layer(layer_idx)
+        attn_prefix = f"{prefix}.self_attn"
+        if self.is_kda:
+            self.self_attn = KimiK3DeltaAttention(
+                config.hidden_size, config.kda_num_heads, config.kda_head_dim,
+                config.kda_conv_kernel_size, config.use_full_rank_gate, config.gate_lower_bound,
+                config.rms_norm_eps, params_dtype, quant_config, attn_prefix,
+            )  # fmt: skip
+        else:
+            self.self_attn = KimiMLAAttention(config, params_dtype, quant_config, attn_prefix)
+        if config.is_moe_layer(layer_idx):
+            self.block_sparse_moe = KimiMoE(
+                config, params_dtype, quant_config, f"{prefix}.block_sparse_moe"
+            )
+        else:
+            self.mlp = KimiMLP(
+                config, config.intermediate_size, params_dtype=params_dtype,
+                quant_config=quant_config, prefix=f"{prefix}.mlp",
+            )  # fmt: skip
+        eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, params_dtype)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, params_dtype)
+
+    def forward(self, x: torch.Tensor, batch: KimiBatch) -> torch.Tensor:
+        h = self.input_layernorm(x)
+        if self.is_kda:
+            h = self.self_attn(h, batch.kda, batch.kda_pools[self.layer_idx])
+        else:
+            h = self.self_attn(h, batch.mla, batch.mla_caches[self.layer_idx])
+        x = x + h
+        h = self.post_attention_layernorm(x)
+        ffn = self.block_sparse_moe if hasattr(self, "block_sparse_moe") else self.mlp
+        return x + ffn(h)
+
+
+class KimiLinearForCausalLM(torch.nn.Module):
+    """The Kimi-Linear / Kimi-K3 text model: embeddings, decoder layers, final norm, LM head.
+
+    Embeddings and the LM head are replicated on every TP rank for now.
+    """
+
+    def __init__(
+        self,
+        config: KimiLinearConfig,
+        params_dtype: torch.dtype | None = None,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "model",
+    ) -> None:
+        super().__init__()
+        if config.attn_res_block_size is not None:
+            raise ValueError("config field 'attn_res_block_size': AttnRes is not supported yet")
+        self.config = config
+        dtype = params_dtype or torch.get_default_dtype()
+        self.embed_tokens = torch.nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.layers = torch.nn.ModuleList(
+            KimiDecoderLayer(config, i, dtype, quant_config, f"{prefix}.layers.{i}")
+            for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
+        )
+
+    def forward(self, input_ids: torch.Tensor, batch: KimiBatch) -> torch.Tensor:
+        """Hidden states `[T, hidden]` of the flattened batch."""
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x, batch)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden.float(), weight.float())
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load Hugging Face checkpoint tensors (`model.layers.{i}....`, `lm_head.weight`).
+
+        Raises ValueError naming an unexpected tensor; returns the names loaded."""
+        per_layer: dict[tuple[int, str], list[tuple[str, torch.Tensor]]] = {}
+        loaded = set()
+        for name, tensor in weights:
+            match = _LAYER.fullmatch(name)
+            if match:
+                i, part, rest = int(match[1]), match[2], match[3]
+                if i >= len(self.layers):
+                    raise ValueError(f"unexpected checkpoint tensor {name!r}: no layer {i}")
+                per_layer.setdefault((i, part), []).append((rest, tensor))
+            elif name == "model.embed_tokens.weight":
+                self._copy(self.embed_tokens.weight, tensor, name)
+            elif name == "model.norm.weight":
+                self._copy(self.norm.weight, tensor, name)
+            elif name == "lm_head.weight" and self.lm_head is not None:
+                self._copy(self.lm_head.weight, tensor, name)
+            else:
+                raise ValueError(f"unexpected checkpoint tensor {name!r}")
+            loaded.add(name)
+        for (i, part), tensors in per_layer.items():
+            layer = self.layers[i]
+            if part in ("input_layernorm", "post_attention_layernorm"):
+                for rest, tensor in tensors:
+                    self._copy(getattr(layer, part).weight, tensor, f"layers.{i}.{part}.{rest}")
+            elif part == "self_attn":
+                layer.self_attn.load_weights(tensors)
+            elif part == "block_sparse_moe" and hasattr(layer, "block_sparse_moe"):
+                layer.block_sparse_moe.load_weights(tensors)
+            elif part in ("mlp", "block_sparse_moe") and hasattr(layer, "mlp"):
+                # transformers' save_pretrained names the dense MLP `block_sparse_moe.*` too
+                for rest, tensor in tensors:
+                    layer.mlp.load_weight(rest, tensor)
+            else:
+                raise ValueError(f"unexpected checkpoint tensors under model.layers.{i}.{part}")
+        return loaded
+
+    def process_weights_after_loading(self) -> None:
+        for module in self.modules():
+            if hasattr(module, "quant_method"):
+                module.process_weights_after_loading()
+
+    @staticmethod
+    def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
+        if param.shape != tensor.shape:
+            raise ValueError(
+                f"{name}: checkpoint shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
+            )
+        param.data.copy_(tensor)
