@@ -163,3 +163,43 @@ def test_loading_errors_name_the_tensor(checkpoint):
     bad = tensors["model.layers.1.self_attn.kv_b_proj.weight"][:, :-1]
     with pytest.raises(ValueError, match="kv_b_proj"):
         model.load_weights([("model.layers.1.self_attn.kv_b_proj.weight", bad)])
+
+
+def test_ptpc_recipe_fused_vs_unfused_and_vs_bf16(checkpoint, monkeypatch):
+    from vllm.config.quantization import parse_quantization_config
+    from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
+    from vllm.models.kimi_k3.amd.kda import KimiK3DeltaAttention
+
+    folder, _ = checkpoint
+    recipe = {"linear": "fp8_per_channel", "ignore": ["re:(?!.*self_attn\\.o_proj$).*"]}
+    tensors = load_file(folder / "model.safetensors")
+
+    def build(quant):
+        config = OnlineQuantizationConfig(parse_quantization_config(recipe)) if quant else None
+        model = KimiLinearForCausalLM(load_model_config(folder), torch.float32, config)
+        model.load_weights(tensors.items())
+        model.process_weights_after_loading()
+        return model
+
+    fused, unfused, plain = build(True), build(True), build(False)
+    o_projs = [type(layer.self_attn.o_proj.quant_method).__name__ for layer in fused.layers]
+    assert o_projs == ["Fp8PtpcOnlineLinearMethod"] * 3  # KDA and MLA o_proj, nothing else
+    for layer in unfused.layers:
+        if isinstance(layer.self_attn, KimiK3DeltaAttention):
+            monkeypatch.setattr(layer.self_attn, "o_proj_is_ptpc_fp8", lambda: False)
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17]]
+    logits = {}
+    for name, model in (("fused", fused), ("unfused", unfused), ("plain", plain)):
+        harness = Harness(model)
+        logits[name] = harness.step({i: p for i, p in enumerate(prompts)})
+
+    def kl(p_logits, q_logits):
+        p, q = p_logits.log_softmax(-1), q_logits.log_softmax(-1)
+        return float((p.exp() * (p - q)).sum(-1).max())
+
+    # Fused and unfused epilogues differ only by rounding the normed activation before the FP8
+    # quantization (fp32 here: not at all, so codes match except at rounding ties), and PTPC
+    # differs from unquantized o_proj by FP8 rounding (~2^-4 relative per element): small KL.
+    assert torch.equal(logits["fused"].argmax(-1), logits["unfused"].argmax(-1))
+    assert kl(logits["unfused"], logits["fused"]) < 1e-4
+    assert kl(logits["plain"], logits["fused"]) < 1e-2
