@@ -203,3 +203,65 @@ def test_ptpc_recipe_fused_vs_unfused_and_vs_bf16(checkpoint, monkeypatch):
     assert torch.equal(logits["fused"].argmax(-1), logits["unfused"].argmax(-1))
     assert kl(logits["unfused"], logits["fused"]) < 1e-4
     assert kl(logits["plain"], logits["fused"]) < 1e-2
+
+
+# ---------------------------------------------------------------------------------------------
+# load_model: safetensors (single / sharded), completeness, dummy weights, K3 names
+# ---------------------------------------------------------------------------------------------
+
+
+def test_load_model_single_and_sharded_give_the_same_model(checkpoint, tmp_path):
+    from safetensors.torch import save_file
+
+    from vllm.model_executor.model_loader.loader import load_model
+
+    folder, hf = checkpoint
+    single = load_model(folder, dtype=torch.float32)
+    hf.save_pretrained(tmp_path, max_shard_size="100KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    sharded = load_model(tmp_path, dtype=torch.float32)
+    prompts = {0: [5, 6, 7], 1: [8, 9]}
+    torch.testing.assert_close(Harness(single).step(prompts), Harness(sharded).step(prompts))
+
+    tensors = load_file(folder / "model.safetensors")
+    tensors.pop("model.layers.2.self_attn.q_conv1d.weight")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((folder / "config.json").read_text())
+    save_file(tensors, broken / "model.safetensors")
+    with pytest.raises(
+        ValueError, match=r"missing tensors for: model\.layers\.2\.self_attn\.conv1d"
+    ):
+        load_model(broken, dtype=torch.float32)
+    tensors["model.layers.2.self_attn.q_conv1d.weight"] = torch.zeros(64, 1, 4)
+    tensors["model.layers.2.self_attn.extra.weight"] = torch.zeros(1)
+    save_file(tensors, broken / "model.safetensors")
+    with pytest.raises(ValueError, match="unexpected checkpoint tensor 'extra.weight'"):
+        load_model(broken, dtype=torch.float32)
+
+
+def test_dummy_weights_are_deterministic_and_sane(checkpoint):
+    from vllm.model_executor.model_loader.loader import load_model
+
+    folder, _ = checkpoint
+    a = load_model(folder, "dummy", torch.float32, seed=3)
+    b = load_model(folder, "dummy", torch.float32, seed=3)
+    c = load_model(folder, "dummy", torch.float32, seed=4)
+    prompts = {0: [5, 6, 7, 8]}
+    la, lb, lc = (Harness(m).step(prompts) for m in (a, b, c))
+    assert torch.equal(la, lb) and not torch.equal(la, lc)
+    assert torch.isfinite(la).all() and 0.1 < float(la.std()) < 100
+
+
+def test_kimi_k3_checkpoint_names_map_to_the_text_model():
+    from vllm.model_executor.model_loader.loader import map_checkpoint_name
+
+    assert map_checkpoint_name("language_model.layers.3.self_attn.o_proj.weight") == (
+        "model.layers.3.self_attn.o_proj.weight"
+    )
+    assert map_checkpoint_name("language_model.model.norm.weight") == "model.norm.weight"
+    assert map_checkpoint_name("language_model.lm_head.weight") == "lm_head.weight"
+    assert map_checkpoint_name("vision_tower.blocks.0.attn.qkv.weight") is None
+    assert map_checkpoint_name("model.layers.0.mlp.gate_proj.weight") == (
+        "model.layers.0.mlp.gate_proj.weight"
+    )

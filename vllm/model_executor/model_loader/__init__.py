@@ -1,0 +1,1 @@
+"""Building models and filling their weights (safetensors checkpoints or dummy weights)."""

@@ -1,0 +1,107 @@
+"""`load_model`: config -> model -> weights (checkpoint or dummy) -> post-processing.
+
+Checkpoint loading maps Kimi-K3's names (`language_model.layers.*` -> `model.layers.*`; the vision
+tower is skipped: text model only) and checks completeness: every parameter starts as NaN and a
+parameter still holding NaN after loading names a tensor the checkpoint lacks. `load_format="dummy"`
+fills random weights at realistic scales instead, the same for the same seed.
+"""
+
+import math
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+
+from vllm.logger import init_logger
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+from vllm.model_executor.model_loader.safetensors_loader import iterate_tensors
+from vllm.models.kimi_k3.amd.linear import KimiLinearForCausalLM
+from vllm.transformers_utils.configs import load_model_config
+
+logger = init_logger(__name__)
+
+_K3_SKIPPED_PREFIXES = ("vision_tower.", "multi_modal_projector.", "mm_projector.")
+
+
+def map_checkpoint_name(name: str) -> str | None:
+    """Checkpoint name -> `KimiLinearForCausalLM` name; None for tensors of other towers."""
+    if name.startswith(_K3_SKIPPED_PREFIXES):
+        return None
+    if name.startswith("language_model."):
+        name = name.removeprefix("language_model.")
+        if not name.startswith(("model.", "lm_head.")):
+            name = "model." + name
+    return name
+
+
+def _mapped(tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, tensor in tensors:
+        mapped = map_checkpoint_name(name)
+        if mapped is not None:
+            yield mapped, tensor
+
+
+def load_model(
+    model_path: "str | Path",
+    load_format: str = "auto",
+    dtype: torch.dtype = torch.bfloat16,
+    quant_config: QuantizationConfig | None = None,
+    device: "str | torch.device" = "cpu",
+    seed: int = 0,
+) -> KimiLinearForCausalLM:
+    """Build the model of the checkpoint folder `model_path` and fill its weights."""
+    folder = Path(model_path)
+    config = load_model_config(folder)
+    model = KimiLinearForCausalLM(config, dtype, quant_config)
+    if load_format == "dummy":
+        fill_dummy_weights(model, seed)
+    elif load_format in ("auto", "safetensors"):
+        _poison(model)
+        model.load_weights(_mapped(iterate_tensors(folder)))
+        _check_complete(model)
+    else:
+        raise ValueError(f"load_format {load_format!r} is not 'auto', 'safetensors' or 'dummy'")
+    model.to(device)
+    model.process_weights_after_loading()
+    logger.info("Loaded %s (%s weights) from %s", type(model).__name__, load_format, folder)
+    return model.eval()
+
+
+def _poison(model: torch.nn.Module) -> None:
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.is_floating_point():
+                p.fill_(float("nan"))
+
+
+def _check_complete(model: torch.nn.Module) -> None:
+    missing = [
+        name if name.startswith("lm_head") else f"model.{name}"  # the checkpoint's namespace
+        for name, p in model.named_parameters()
+        if torch.isnan(p).any()
+    ]
+    if missing:
+        shown = ", ".join(missing[:5]) + (
+            f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        )
+        raise ValueError(f"the checkpoint is missing tensors for: {shown}")
+
+
+def fill_dummy_weights(model: torch.nn.Module, seed: int = 0) -> None:
+    """Random weights at the scales of a trained model, deterministic for `seed`."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            leaf = name.rsplit(".", 1)[-1]
+            if leaf == "A_log":
+                value = torch.log(torch.rand(p.shape, generator=gen) * 15 + 1)
+            elif leaf == "dt_bias" or leaf == "e_score_correction_bias":
+                value = torch.randn(p.shape, generator=gen) * 0.1
+            elif "norm" in name:
+                value = 1 + torch.randn(p.shape, generator=gen) * 0.05
+            elif p.dim() >= 2:
+                fan_in = p.shape[-1]
+                value = torch.randn(p.shape, generator=gen) / math.sqrt(fan_in)
+            else:
+                value = torch.randn(p.shape, generator=gen) * 0.02
+            p.copy_(value.to(p.dtype))
