@@ -265,3 +265,36 @@ def test_kimi_k3_checkpoint_names_map_to_the_text_model():
     assert map_checkpoint_name("model.layers.0.mlp.gate_proj.weight") == (
         "model.layers.0.mlp.gate_proj.weight"
     )
+
+
+@pytest.mark.parametrize("name", ["kimi-linear-tiny", "kimi-k3-tiny"])
+def test_builtin_tiny_models_run_with_their_tokenizer(name):
+    from vllm.config.quantization import parse_quantization_config
+    from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
+    from vllm.model_executor.model_loader.builtin import BUILTIN_MODELS
+    from vllm.model_executor.model_loader.loader import load_model
+    from vllm.transformers_utils.tokenizer import get_tokenizer
+
+    tokenizer = get_tokenizer(BUILTIN_MODELS[name])
+    ids = tokenizer.encode("Question: 12 + 30 = ?").ids
+    assert tokenizer.decode(ids) == "Question: 12 + 30 = ?"
+    recipe = {"linear": "fp8_per_channel", "ignore": ["re:(?!.*self_attn\\.o_proj$).*"]}
+    quant = OnlineQuantizationConfig(parse_quantization_config(recipe))
+    model = load_model(name, dtype=torch.float32, quant_config=quant)
+    cfg = model.config
+    if name == "kimi-k3-tiny":
+        assert (cfg.kda_num_heads, cfg.kda_head_dim) == (12, 128)  # K3's per-GPU KDA shape
+        assert cfg.use_full_rank_gate and cfg.q_lora_rank and cfg.routed_expert_hidden_size
+    assert all(layer.self_attn.o_proj._input_quant_key for layer in model.layers)
+    again = load_model(name, dtype=torch.float32, quant_config=quant)
+    a = Harness(model).step({0: ids, 1: ids[:5]})
+    b = Harness(again).step({0: ids, 1: ids[:5]})
+    assert torch.equal(a, b) and torch.isfinite(a).all()  # deterministic built-in weights
+    assert torch.allclose(a[len(ids) : len(ids) + 5], a[:5], rtol=1e-5, atol=1e-5)  # same prefix
+
+
+def test_unknown_model_name_is_reported():
+    from vllm.model_executor.model_loader.loader import load_model
+
+    with pytest.raises(ValueError, match="neither a folder nor a built-in model"):
+        load_model("kimi-giant-tiny")

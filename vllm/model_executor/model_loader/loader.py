@@ -7,13 +7,14 @@ fills random weights at realistic scales instead, the same for the same seed.
 """
 
 import math
+import os
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 
 import torch
 
 from vllm.logger import init_logger
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+from vllm.model_executor.model_loader.builtin import resolve_model
 from vllm.model_executor.model_loader.safetensors_loader import iterate_tensors
 from vllm.models.kimi_k3.amd.linear import KimiLinearForCausalLM
 from vllm.transformers_utils.configs import load_model_config
@@ -42,17 +43,22 @@ def _mapped(tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, 
 
 
 def load_model(
-    model_path: "str | Path",
+    model_path: "str | os.PathLike",
     load_format: str = "auto",
     dtype: torch.dtype = torch.bfloat16,
     quant_config: QuantizationConfig | None = None,
     device: "str | torch.device" = "cpu",
     seed: int = 0,
 ) -> KimiLinearForCausalLM:
-    """Build the model of the checkpoint folder `model_path` and fill its weights."""
-    folder = Path(model_path)
+    """Build the model of a checkpoint folder (or built-in tiny model name) and fill its weights.
+
+    A built-in tiny model has no weight files: "auto" gives it the dummy weights of seed 0.
+    """
+    folder, builtin = resolve_model(model_path)
     config = load_model_config(folder)
     model = KimiLinearForCausalLM(config, dtype, quant_config)
+    if builtin and load_format == "auto":
+        load_format, seed = "dummy", 0
     if load_format == "dummy":
         fill_dummy_weights(model, seed)
     elif load_format in ("auto", "safetensors"):

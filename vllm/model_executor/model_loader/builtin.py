@@ -1,0 +1,27 @@
+"""Built-in tiny checkpoints, addressable by name: a config and a byte-level tokenizer shipped with
+the package (no download), weights from the deterministic dummy initialisation (seed 0).
+
+- `kimi-linear-tiny`: Kimi-Linear's features (low-rank output gate, MLA without q_lora, MoE with a
+  shared expert, dense first layer, SiLU) in 4 layers of hidden 256.
+- `kimi-k3-tiny`: Kimi-K3's (full-rank gate, gate lower bound, q_lora MLA with output gate, latent
+  MoE with norm, SiTU, dense first layer) with K3's per-GPU KDA shape, 12 heads x 128, at TP=1.
+  AttnRes is not in it: the fork does not implement AttnRes yet.
+"""
+
+from pathlib import Path
+
+_TINY = Path(__file__).resolve().parents[2] / "models" / "kimi_k3" / "tiny"
+BUILTIN_MODELS = {name: _TINY / name for name in ("kimi-linear-tiny", "kimi-k3-tiny")}
+
+
+def resolve_model(name_or_path: "str | Path") -> tuple[Path, bool]:
+    """(checkpoint folder, whether it is a built-in tiny model) for a name or a path."""
+    if str(name_or_path) in BUILTIN_MODELS:
+        return BUILTIN_MODELS[str(name_or_path)], True
+    path = Path(name_or_path)
+    if not path.exists():
+        raise ValueError(
+            f"model {str(name_or_path)!r} is neither a folder nor a built-in model "
+            f"({', '.join(BUILTIN_MODELS)})"
+        )
+    return path, False
