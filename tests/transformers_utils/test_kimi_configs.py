@@ -54,7 +54,7 @@ def test_kimi_k3_text_config_through_the_wrapper(tmp_path):
     (tmp_path / "config.json").write_text(
         json.dumps({"model_type": "kimi_k3", "text_config": K3_TEXT, "vision_config": {"x": 1}})
     )
-    cfg = load_model_config(tmp_path)
+    cfg = load_model_config(tmp_path).text_config
     assert sum(cfg.is_kda_layer(i) for i in range(93)) == 69
     assert cfg.use_full_rank_gate and cfg.gate_lower_bound == -5.0 and cfg.hidden_act == "situ"
     assert KimiK3Config.from_dict({"text_config": K3_TEXT}).vision_config == {}

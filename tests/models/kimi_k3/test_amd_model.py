@@ -53,8 +53,9 @@ class Harness:
     """Just enough of an engine to drive the model: slots, blocks and metadata per step."""
 
     def __init__(self, model, num_blocks=64):
-        cfg = model.config
         self.model = model
+        model = getattr(model, "language_model", model)  # Kimi-K3's wrapper holds the text model
+        cfg = model.config
         heads, dim = cfg.kda_num_heads, cfg.kda_head_dim
         self.kda_pools = {
             i: KDAStatePool.allocate(8, heads, dim, 4, torch.float32, "cpu")
@@ -254,7 +255,7 @@ def test_dummy_weights_are_deterministic_and_sane(checkpoint):
 
 
 def test_kimi_k3_checkpoint_names_map_to_the_text_model():
-    from vllm.model_executor.model_loader.loader import map_checkpoint_name
+    from vllm.models.kimi_k3.amd.model import map_k3_checkpoint_name as map_checkpoint_name
 
     assert map_checkpoint_name("language_model.layers.3.self_attn.o_proj.weight") == (
         "model.layers.3.self_attn.o_proj.weight"
@@ -281,11 +282,13 @@ def test_builtin_tiny_models_run_with_their_tokenizer(name):
     recipe = {"linear": "fp8_per_channel", "ignore": ["re:(?!.*self_attn\\.o_proj$).*"]}
     quant = OnlineQuantizationConfig(parse_quantization_config(recipe))
     model = load_model(name, dtype=torch.float32, quant_config=quant)
-    cfg = model.config
+    text = getattr(model, "language_model", model)
+    cfg = text.config
     if name == "kimi-k3-tiny":
+        assert type(model).__name__ == "KimiK3ForConditionalGeneration"
         assert (cfg.kda_num_heads, cfg.kda_head_dim) == (12, 128)  # K3's per-GPU KDA shape
         assert cfg.use_full_rank_gate and cfg.q_lora_rank and cfg.routed_expert_hidden_size
-    assert all(layer.self_attn.o_proj._input_quant_key for layer in model.layers)
+    assert all(layer.self_attn.o_proj._input_quant_key for layer in text.layers)
     again = load_model(name, dtype=torch.float32, quant_config=quant)
     a = Harness(model).step({0: ids, 1: ids[:5]})
     b = Harness(again).step({0: ids, 1: ids[:5]})

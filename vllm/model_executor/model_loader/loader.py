@@ -1,14 +1,14 @@
 """`load_model`: config -> model -> weights (checkpoint or dummy) -> post-processing.
 
-Checkpoint loading maps Kimi-K3's names (`language_model.layers.*` -> `model.layers.*`; the vision
-tower is skipped: text model only) and checks completeness: every parameter starts as NaN and a
-parameter still holding NaN after loading names a tensor the checkpoint lacks. `load_format="dummy"`
-fills random weights at realistic scales instead, the same for the same seed.
+`kimi_linear` checkpoints build `KimiLinearForCausalLM`, `kimi_k3` ones the text-only
+`KimiK3ForConditionalGeneration` (which maps K3's names). Checkpoint loading checks completeness:
+every parameter starts as NaN, and a parameter still holding NaN after loading names a tensor the
+checkpoint lacks. `load_format="dummy"` fills random weights at realistic scales instead, the
+same for the same seed.
 """
 
 import math
 import os
-from collections.abc import Iterable, Iterator
 
 import torch
 
@@ -17,29 +17,10 @@ from vllm.model_executor.layers.quantization.base_config import QuantizationConf
 from vllm.model_executor.model_loader.builtin import resolve_model
 from vllm.model_executor.model_loader.safetensors_loader import iterate_tensors
 from vllm.models.kimi_k3.amd.linear import KimiLinearForCausalLM
-from vllm.transformers_utils.configs import load_model_config
+from vllm.models.kimi_k3.amd.model import KimiK3ForConditionalGeneration
+from vllm.transformers_utils.configs import KimiK3Config, load_model_config
 
 logger = init_logger(__name__)
-
-_K3_SKIPPED_PREFIXES = ("vision_tower.", "multi_modal_projector.", "mm_projector.")
-
-
-def map_checkpoint_name(name: str) -> str | None:
-    """Checkpoint name -> `KimiLinearForCausalLM` name; None for tensors of other towers."""
-    if name.startswith(_K3_SKIPPED_PREFIXES):
-        return None
-    if name.startswith("language_model."):
-        name = name.removeprefix("language_model.")
-        if not name.startswith(("model.", "lm_head.")):
-            name = "model." + name
-    return name
-
-
-def _mapped(tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-    for name, tensor in tensors:
-        mapped = map_checkpoint_name(name)
-        if mapped is not None:
-            yield mapped, tensor
 
 
 def load_model(
@@ -49,21 +30,24 @@ def load_model(
     quant_config: QuantizationConfig | None = None,
     device: "str | torch.device" = "cpu",
     seed: int = 0,
-) -> KimiLinearForCausalLM:
+) -> "KimiLinearForCausalLM | KimiK3ForConditionalGeneration":
     """Build the model of a checkpoint folder (or built-in tiny model name) and fill its weights.
 
     A built-in tiny model has no weight files: "auto" gives it the dummy weights of seed 0.
     """
     folder, builtin = resolve_model(model_path)
     config = load_model_config(folder)
-    model = KimiLinearForCausalLM(config, dtype, quant_config)
+    if isinstance(config, KimiK3Config):
+        model = KimiK3ForConditionalGeneration(config, dtype, quant_config)
+    else:
+        model = KimiLinearForCausalLM(config, dtype, quant_config)
     if builtin and load_format == "auto":
         load_format, seed = "dummy", 0
     if load_format == "dummy":
         fill_dummy_weights(model, seed)
     elif load_format in ("auto", "safetensors"):
         _poison(model)
-        model.load_weights(_mapped(iterate_tensors(folder)))
+        model.load_weights(iterate_tensors(folder))
         _check_complete(model)
     else:
         raise ValueError(f"load_format {load_format!r} is not 'auto', 'safetensors' or 'dummy'")

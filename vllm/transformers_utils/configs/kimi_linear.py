@@ -173,8 +173,8 @@ class KimiLinearConfig:
             _fail("linear_attn_config.num_heads", "num_heads and head_dim must be positive")
 
 
-def load_model_config(path: "str | Path") -> "KimiLinearConfig":
-    """Read `config.json` in a checkpoint folder: `kimi_linear`, or `kimi_k3`'s text model."""
+def load_model_config(path: "str | Path") -> "KimiLinearConfig | KimiK3Config":  # noqa: F821
+    """Read `config.json` in a checkpoint folder: a `kimi_linear` or a `kimi_k3` config."""
     from vllm.transformers_utils.configs.kimi_k3 import KimiK3Config
 
     file = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
@@ -186,5 +186,5 @@ def load_model_config(path: "str | Path") -> "KimiLinearConfig":
     if model_type == "kimi_linear":
         return KimiLinearConfig.from_dict(config)
     if model_type == "kimi_k3":
-        return KimiK3Config.from_dict(config).text_config
+        return KimiK3Config.from_dict(config)
     raise ValueError(f"config field 'model_type': {model_type!r} is not kimi_linear or kimi_k3")

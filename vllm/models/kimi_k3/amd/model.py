@@ -1,0 +1,57 @@
+"""`KimiK3ForConditionalGeneration`, text only: Kimi-K3's checkpoint around the Kimi-Linear text
+model (upstream's `--language-model-only`). The language model sits under `language_model`; the
+checkpoint's `language_model.layers.*` are the text model's `model.layers.*`, and the vision tower
+and projector tensors are skipped.
+"""
+
+from collections.abc import Iterable
+
+import torch
+
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+from vllm.models.kimi_k3.amd.linear import KimiBatch, KimiLinearForCausalLM
+from vllm.transformers_utils.configs import KimiK3Config
+
+_SKIPPED_PREFIXES = ("vision_tower.", "multi_modal_projector.", "mm_projector.")
+
+
+def map_k3_checkpoint_name(name: str) -> str | None:
+    """Checkpoint name -> name inside `language_model`; None for the vision side."""
+    if name.startswith(_SKIPPED_PREFIXES):
+        return None
+    if name.startswith("language_model."):
+        name = name.removeprefix("language_model.")
+        if not name.startswith(("model.", "lm_head.")):
+            name = "model." + name
+    return name
+
+
+class KimiK3ForConditionalGeneration(torch.nn.Module):
+    def __init__(
+        self,
+        config: KimiK3Config,
+        params_dtype: torch.dtype | None = None,
+        quant_config: QuantizationConfig | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.language_model = KimiLinearForCausalLM(
+            config.text_config, params_dtype, quant_config, prefix="language_model.model"
+        )
+
+    def forward(self, input_ids: torch.Tensor, batch: KimiBatch) -> torch.Tensor:
+        return self.language_model(input_ids, batch)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.language_model.compute_logits(hidden)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        mapped = (
+            (new, tensor)
+            for name, tensor in weights
+            if (new := map_k3_checkpoint_name(name)) is not None
+        )
+        return self.language_model.load_weights(mapped)
+
+    def process_weights_after_loading(self) -> None:
+        self.language_model.process_weights_after_loading()
