@@ -52,18 +52,19 @@ def checkpoint(hf_kimi_linear, tmp_path_factory):
 class Harness:
     """Just enough of an engine to drive the model: slots, blocks and metadata per step."""
 
-    def __init__(self, model, num_blocks=64):
+    def __init__(self, model, num_blocks=64, device="cpu", dtype=torch.float32):
         self.model = model
+        self.device = device
         model = getattr(model, "language_model", model)  # Kimi-K3's wrapper holds the text model
         cfg = model.config
         heads, dim = cfg.kda_num_heads, cfg.kda_head_dim
         self.kda_pools = {
-            i: KDAStatePool.allocate(8, heads, dim, 4, torch.float32, "cpu")
+            i: KDAStatePool.allocate(8, heads, dim, 4, dtype, device)
             for i, layer in enumerate(model.layers) if layer.is_kda
         }  # fmt: skip
         width = cfg.kv_lora_rank + cfg.qk_rope_head_dim
         self.mla_caches = {
-            i: torch.zeros(num_blocks, BLOCK, width)
+            i: torch.zeros(num_blocks, BLOCK, width, dtype=dtype, device=device)
             for i, layer in enumerate(model.layers) if not layer.is_kda
         }  # fmt: skip
         self.free = list(range(num_blocks))
@@ -91,12 +92,17 @@ class Harness:
         width = max(len(self.tables[s]) for s in new_tokens)
         tables = [self.tables[s] + [0] * (width - len(self.tables[s])) for s in new_tokens]
         n = len(new_tokens)
-        kda = KDAMetadata(torch.tensor(qsl), torch.tensor(kda_slots), torch.tensor(has_init),
-                          decodes, n - decodes)  # fmt: skip
-        mla = MLAMetadata(qsl, seq_lens, torch.tensor(tables), torch.tensor(slots))
+        dev = self.device
+        kda = KDAMetadata(
+            torch.tensor(qsl, device=dev), torch.tensor(kda_slots, device=dev),
+            torch.tensor(has_init, device=dev), decodes, n - decodes,
+        )  # fmt: skip
+        mla = MLAMetadata(
+            qsl, seq_lens, torch.tensor(tables, device=dev), torch.tensor(slots, device=dev)
+        )
         batch = KimiBatch(kda, mla, self.kda_pools, self.mla_caches)
         with torch.no_grad():
-            return self.model.compute_logits(self.model(torch.tensor(ids), batch))
+            return self.model.compute_logits(self.model(torch.tensor(ids, device=dev), batch))
 
 
 def load_ours(folder):
@@ -301,3 +307,37 @@ def test_unknown_model_name_is_reported():
 
     with pytest.raises(ValueError, match="neither a folder nor a built-in model"):
         load_model("kimi-giant-tiny")
+
+
+@pytest.mark.gpu
+def test_gpu_k3_tiny_ptpc_launches_one_epilogue_per_kda_layer():
+    """Decode: one fused decode kernel (norm inside) and one quant per KDA layer, no separate
+    norm; prefill: one fused norm+quant per KDA layer. MLA o_proj quantizes its own input."""
+    from vllm.config.quantization import parse_quantization_config
+    from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
+    from vllm.model_executor.model_loader.loader import load_model
+
+    recipe = {"linear": "fp8_per_channel", "ignore": ["re:(?!.*self_attn\\.o_proj$).*"]}
+    quant = OnlineQuantizationConfig(parse_quantization_config(recipe))
+    model = load_model("kimi-k3-tiny", dtype=torch.bfloat16, quant_config=quant, device="cuda")
+    text = model.language_model
+    kda_layers = sum(layer.is_kda for layer in text.layers)
+    mla_layers = len(text.layers) - kda_layers
+    harness = Harness(model, device="cuda", dtype=torch.bfloat16)
+
+    def launches(step):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            step()
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        return {k: sum(k in n for n in names) for k in (
+            "_rmsnorm_gated_fp8_kernel", "_fused_kda_decode_kernel", "_per_token_fp8_quant_kernel"
+        )}  # fmt: skip
+
+    prefill = launches(lambda: harness.step({0: [5, 6, 7, 8], 1: [9, 10]}))
+    assert prefill["_rmsnorm_gated_fp8_kernel"] == kda_layers
+    assert prefill["_per_token_fp8_quant_kernel"] == mla_layers
+    decode = launches(lambda: harness.step({0: [11], 1: [12]}))
+    assert decode["_fused_kda_decode_kernel"] == kda_layers
+    assert decode["_rmsnorm_gated_fp8_kernel"] == 0
+    assert decode["_per_token_fp8_quant_kernel"] == kda_layers + mla_layers
