@@ -6,6 +6,7 @@ from vllm.distributed.parallel_state import (
     get_tensor_model_parallel_world_size,
     get_tp_group,
     initialize_model_parallel,
+    tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,
 )
 
@@ -15,5 +16,6 @@ __all__ = [
     "get_tensor_model_parallel_world_size",
     "get_tp_group",
     "initialize_model_parallel",
+    "tensor_model_parallel_all_gather",
     "tensor_model_parallel_all_reduce",
 ]

@@ -57,3 +57,12 @@ def tensor_model_parallel_all_reduce(
     if _TP_SIZE > 1:
         dist.all_reduce(x, op=op, group=_TP_GROUP)
     return x
+
+
+def tensor_model_parallel_all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Concatenate every rank's `x` along `dim` (identity at TP=1)."""
+    if _TP_SIZE == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(_TP_SIZE)]
+    dist.all_gather(parts, x.contiguous(), group=_TP_GROUP)
+    return torch.cat(parts, dim=dim)

@@ -26,6 +26,10 @@ from vllm.model_executor.layers.linear import (
     RowParallelLinear,
 )
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+from vllm.model_executor.layers.vocab_parallel_embedding import (
+    ParallelLMHead,
+    VocabParallelEmbedding,
+)
 from vllm.models.kimi_k3.amd.kda import KDAMetadata, KDAStatePool, KimiK3DeltaAttention
 from vllm.models.kimi_k3.amd.mla import KimiMLAAttention, MLAMetadata
 from vllm.transformers_utils.configs import KimiLinearConfig
@@ -246,7 +250,7 @@ class KimiDecoderLayer(torch.nn.Module):
 class KimiLinearForCausalLM(torch.nn.Module):
     """The Kimi-Linear / Kimi-K3 text model: embeddings, decoder layers, final norm, LM head.
 
-    Embeddings and the LM head are replicated on every TP rank for now.
+    Embeddings and the LM head are sharded over the vocabulary across TP ranks.
     """
 
     def __init__(
@@ -261,17 +265,18 @@ class KimiLinearForCausalLM(torch.nn.Module):
             raise ValueError("config field 'attn_res_block_size': AttnRes is not supported yet")
         self.config = config
         dtype = params_dtype or torch.get_default_dtype()
-        self.embed_tokens = torch.nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.embed_tokens = VocabParallelEmbedding(
+            config.vocab_size, config.hidden_size, dtype, f"{prefix}.embed_tokens"
+        )
         self.layers = torch.nn.ModuleList(
             KimiDecoderLayer(config, i, dtype, quant_config, f"{prefix}.layers.{i}")
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.lm_head = (
-            None
-            if config.tie_word_embeddings
-            else torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
-        )
+        # A tied head computes with the embedding's (identically sharded) weight.
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, dtype, "lm_head")
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, batch: KimiBatch) -> torch.Tensor:
         """Hidden states `[T, hidden]` of the flattened batch."""
@@ -281,8 +286,7 @@ class KimiLinearForCausalLM(torch.nn.Module):
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden.float(), weight.float())
+        return self.lm_head.compute_logits(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load Hugging Face checkpoint tensors (`model.layers.{i}....`, `lm_head.weight`).
@@ -298,11 +302,11 @@ class KimiLinearForCausalLM(torch.nn.Module):
                     raise ValueError(f"unexpected checkpoint tensor {name!r}: no layer {i}")
                 per_layer.setdefault((i, part), []).append((rest, tensor))
             elif name == "model.embed_tokens.weight":
-                self._copy(self.embed_tokens.weight, tensor, name)
+                self.embed_tokens.weight_loader(self.embed_tokens.weight, tensor)
             elif name == "model.norm.weight":
                 self._copy(self.norm.weight, tensor, name)
-            elif name == "lm_head.weight" and self.lm_head is not None:
-                self._copy(self.lm_head.weight, tensor, name)
+            elif name == "lm_head.weight" and not self.config.tie_word_embeddings:
+                self.lm_head.weight_loader(self.lm_head.weight, tensor)
             else:
                 raise ValueError(f"unexpected checkpoint tensor {name!r}")
             loaded.add(name)
