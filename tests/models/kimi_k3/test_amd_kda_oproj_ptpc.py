@@ -148,19 +148,26 @@ def test_fused_other_launch_shapes(heads, head_dim):
     assert_within_half_step(q, scale, exact_rmsnorm_gated(x, weight, gate, EPS).reshape(5, -1))
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy under the interpreter
+@pytest.mark.parametrize("one_reduction", [False, True], ids=["two-reductions", "one-reduction"])
 @pytest.mark.parametrize("split_heads", [True, False], ids=["head-chunks", "padded-tile"])
 @pytest.mark.parametrize("heads", [3, 12, 15])
-def test_both_tile_shapes(heads, split_heads):
-    """Few tokens use one padded tile, many tokens unpadded head chunks: check both directly."""
+def test_both_tile_shapes(heads, split_heads, one_reduction):
+    """The launch variants a sweep can choose (chunked or padded tile, one or two reductions)
+    compute the same function, non-finite tokens included."""
     x, weight, gate = make_inputs(9, heads, 128, torch.bfloat16, x_strided=True)
+    x[2, 0, 5] = float("nan")
+    x[4, heads - 1, 0] = float("inf")
     fp8 = current_platform.fp8_dtype()
     q = torch.empty(9, heads * 128, dtype=fp8, device=DEVICE)
     scale = torch.empty(9, 1, dtype=torch.float32, device=DEVICE)
-    config = op_module.FusedLaunchConfig(False, heads, 2, split_heads)
+    config = op_module.FusedLaunchConfig(False, heads, 2, split_heads, one_reduction)
     fp8_max, min_scale = current_platform.fp8_max(), current_platform.fp8_min_scale()
     op_module.launch_fused(x, weight, gate, EPS, q, scale, fp8_max, min_scale, config)
     q_ref, scale_ref = rmsnorm_gated_fp8_per_token_ref(x, weight, gate, EPS)
-    assert_scale_close(scale, scale_ref)
+    assert torch.isnan(scale[[2, 4]]).all() and torch.isnan(q[[2, 4]].float()).all()
+    finite = [0, 1, 3, 5, 6, 7, 8]
+    assert_scale_close(scale[finite], scale_ref[finite])
     assert_codes_close(q, q_ref)
 
 

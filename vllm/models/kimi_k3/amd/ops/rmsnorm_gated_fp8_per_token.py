@@ -84,10 +84,19 @@ _MAX_TRITON_D = 512
 if triton is not None:
 
     @triton.jit
-    def _abs_max(y, axis: tl.constexpr = None):
-        # max |y|, made NaN when any y is NaN or Inf: y * 0 is 0 for finite y and NaN otherwise,
-        # and a NaN-propagating max reduction is slow in Triton's interpreter.
-        return tl.max(tl.abs(y), axis=axis) + tl.sum(y * 0.0, axis=axis)
+    def _abs_max(y, axis: tl.constexpr = None, ONE_REDUCTION: tl.constexpr = False):
+        # max |y|, non-finite (NaN or Inf) when any y is NaN or Inf; callers map that to NaN with
+        # _nan_if_not_finite. tl.max drops NaN (and a NaN-propagating custom reduction is slow in
+        # Triton's interpreter), so either NaN becomes +inf before one max, or a second reduction,
+        # sum(y * 0), is NaN exactly when some y is not finite.
+        if ONE_REDUCTION:
+            return tl.max(tl.where(y == y, tl.abs(y), float("inf")), axis=axis)
+        else:
+            return tl.max(tl.abs(y), axis=axis) + tl.sum(y * 0.0, axis=axis)
+
+    @triton.jit
+    def _nan_if_not_finite(a):
+        return a + a * 0.0  # inf * 0 and NaN * 0 are NaN; a finite value is unchanged
 
     @triton.jit
     def _max_keep_nan(a, b):
@@ -170,6 +179,7 @@ if triton is not None:
         D: tl.constexpr, BLOCK_D: tl.constexpr,
         ROWS0: tl.constexpr, ROWS1: tl.constexpr, ROWS2: tl.constexpr,
         END0: tl.constexpr, END1: tl.constexpr, END2: tl.constexpr,
+        ONE_REDUCTION: tl.constexpr = False,
     ):  # fmt: skip
         # One token per program. Its heads are split into up to three power-of-two chunks
         # (12 = 8 + 4), so no lane is padded unless the third chunk needs it (15 = 8 + 4 + 4).
@@ -188,14 +198,14 @@ if triton is not None:
         w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
 
         y0 = _gated_rmsnorm(x0, g0, w, eps, 0, ROWS0, END0, D)
-        amax = _abs_max(y0)
+        amax = _abs_max(y0, None, ONE_REDUCTION)
         if ROWS1 > 0:
             y1 = _gated_rmsnorm(x1, g1, w, eps, END0, ROWS1, END1, D)
-            amax = _max_keep_nan(amax, _abs_max(y1))
+            amax = _max_keep_nan(amax, _abs_max(y1, None, ONE_REDUCTION))
         if ROWS2 > 0:
             y2 = _gated_rmsnorm(x2, g2, w, eps, END1, ROWS2, END2, D)
-            amax = _max_keep_nan(amax, _abs_max(y2))
-        scale, inv = _scale_and_inverse(amax, fp8_max, min_scale)
+            amax = _max_keep_nan(amax, _abs_max(y2, None, ONE_REDUCTION))
+        scale, inv = _scale_and_inverse(_nan_if_not_finite(amax), fp8_max, min_scale)
         tl.store(s_ptr + tok * stride_st, scale)
         _store_heads(q_row, y0, inv, 0, ROWS0, END0, D, BLOCK_D)
         if ROWS1 > 0:
@@ -316,6 +326,9 @@ class FusedLaunchConfig(NamedTuple):
     block_heads: int
     num_warps: int
     split_heads: bool = True  # power-of-two head chunks; False: one padded tile
+    # One max reduction per chunk (NaN -> inf first) instead of a max and a NaN-check sum: same
+    # results; a candidate for the latency of small T, not yet measured, so off by default.
+    one_reduction: bool = False
 
 
 @cache
@@ -345,7 +358,10 @@ def _fused_kernel_kwargs(config: FusedLaunchConfig, heads: int, head_dim: int) -
         (r0, v0), (r1, v1), (r2, v2) = head_chunks(heads)
     else:
         (r0, v0), (r1, v1), (r2, v2) = (_next_pow2(heads), heads), (0, 0), (0, 0)
-    return dict(kwargs, ROWS0=r0, ROWS1=r1, ROWS2=r2, END0=v0, END1=v0 + v1, END2=v0 + v1 + v2)
+    return dict(
+        kwargs, ROWS0=r0, ROWS1=r1, ROWS2=r2, END0=v0, END1=v0 + v1, END2=v0 + v1 + v2,
+        ONE_REDUCTION=config.one_reduction,
+    )  # fmt: skip
 
 
 @cache
