@@ -81,6 +81,12 @@ def test_kimi_k3_text_config_through_the_wrapper(tmp_path):
          "'linear_attn_config.gate_lower_bound'"),
         ({"linear_attn_config": dict(KIMI_LINEAR_48B["linear_attn_config"], typo=1)},
          "unknown keys"),
+        ({"linear_attn_config": dict(KIMI_LINEAR_48B["linear_attn_config"], kda_layers=[1, 2])},
+         r"'linear_attn_config.full_attn_layers': layers \[3, 5, .*\] are in neither list"),
+        ({"rms_norm_eps": "1e-5"}, "'rms_norm_eps': must be a positive number"),
+        ({"num_expert_group": 0}, "'num_expert_group': must be a positive integer"),
+        ({"num_expert_group": 256, "topk_group": 1}, "need >= 2"),
+        ({"num_expert_group": 64, "topk_group": 1}, "'topk_group': the kept groups hold fewer"),
     ],
 )  # fmt: skip
 def test_bad_fields_are_named(change, message):

@@ -237,7 +237,7 @@ def test_load_model_single_and_sharded_give_the_same_model(checkpoint, tmp_path)
     (broken / "config.json").write_text((folder / "config.json").read_text())
     save_file(tensors, broken / "model.safetensors")
     with pytest.raises(
-        ValueError, match=r"missing tensors for: model\.layers\.2\.self_attn\.conv1d"
+        ValueError, match=r"missing tensors for the parameters: model\.layers\.2\.self_attn\.conv1d"
     ):
         load_model(broken, dtype=torch.float32)
     tensors["model.layers.2.self_attn.q_conv1d.weight"] = torch.zeros(64, 1, 4)
@@ -389,3 +389,21 @@ def test_tp2_model_equals_tp1(checkpoint):
         results = dict(results)
     for rank in (0, 1):
         assert float((results[rank] - expected).norm() / expected.norm()) < 1e-5
+
+
+def test_tied_checkpoint_skips_the_saved_head_copy(checkpoint, tmp_path):
+    import json
+    import shutil
+
+    from vllm.model_executor.model_loader.loader import load_model
+
+    folder, _ = checkpoint
+    config = json.loads((folder / "config.json").read_text())
+    config["tie_word_embeddings"] = True
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    shutil.copy(folder / "model.safetensors", tmp_path / "model.safetensors")
+    model = load_model(tmp_path, dtype=torch.float32)  # lm_head.weight present, not an error
+    assert model.lm_head.weight is model.embed_tokens.weight
+    hidden = torch.randn(2, 64)
+    expected = hidden @ load_file(folder / "model.safetensors")["model.embed_tokens.weight"].t()
+    torch.testing.assert_close(model.compute_logits(hidden), expected)

@@ -92,6 +92,8 @@ def test_unexpected_tensor_is_named():
     ours = KimiMoE(our_config(), params_dtype=torch.float32, prefix="layers.3.block_sparse_moe")
     with pytest.raises(ValueError, match="layers.3.block_sparse_moe: unexpected .*'gate.bias'"):
         ours.load_weights([("gate.bias", torch.zeros(E))])
+    with pytest.raises(ValueError, match=r"experts\.3\.w1: checkpoint shape \(64, 48\)"):
+        ours.load_weights([("experts.3.w1.weight", torch.zeros(2 * I_MOE, H))])
     with pytest.raises(ValueError, match="expert 16 out of range"):
         ours.load_weights([("experts.16.w1.weight", torch.zeros(I_MOE, H))])
 

@@ -63,5 +63,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         self, hidden: torch.Tensor, weight: torch.Tensor | None = None
     ) -> torch.Tensor:
         """fp32 logits `[T, vocab]`; `weight` overrides this layer's (tied embeddings)."""
-        local = F.linear(hidden.float(), (self.weight if weight is None else weight).float())
+        weight = self.weight if weight is None else weight
+        # In the weight's dtype (no fp32 copy of a vocab-sized matrix per call), logits in fp32.
+        local = F.linear(hidden.to(weight.dtype), weight).float()
         return tensor_model_parallel_all_gather(local, dim=-1)[:, : self.num_embeddings]

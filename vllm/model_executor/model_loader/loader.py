@@ -2,9 +2,10 @@
 
 `kimi_linear` checkpoints build `KimiLinearForCausalLM`, `kimi_k3` ones the text-only
 `KimiK3ForConditionalGeneration` (which maps K3's names). Checkpoint loading checks completeness:
-every parameter starts as NaN, and a parameter still holding NaN after loading names a tensor the
-checkpoint lacks. `load_format="dummy"` fills random weights at realistic scales instead, the
-same for the same seed.
+every parameter starts as NaN, and a parameter still holding NaN after loading is reported by its
+module path (for fused parameters, one of the checkpoint tensors it is built from is missing).
+`load_format="dummy"` fills random weights at realistic scales instead, the same for the same
+seed.
 """
 
 import math
@@ -74,11 +75,13 @@ def _check_complete(model: torch.nn.Module) -> None:
         shown = ", ".join(missing[:5]) + (
             f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         )
-        raise ValueError(f"the checkpoint is missing tensors for: {shown}")
+        raise ValueError(f"the checkpoint is missing tensors for the parameters: {shown}")
 
 
 def fill_dummy_weights(model: torch.nn.Module, seed: int = 0) -> None:
-    """Random weights at the scales of a trained model, deterministic for `seed`."""
+    """Random weights at about the scales of a trained model, deterministic for `seed`.
+
+    Drawn from each rank's local shapes: at TP>1 ranks differ even in replicated weights."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():

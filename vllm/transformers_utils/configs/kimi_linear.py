@@ -43,6 +43,7 @@ class KimiLinearConfig:
     qk_nope_head_dim: int = 128
     qk_rope_head_dim: int = 64
     v_head_dim: int = 128
+    # True by default: transformers' save_pretrained omits the field and its Kimi-Linear is NoPE.
     mla_use_nope: bool = True
     mla_use_output_gate: bool = False
     # MoE
@@ -127,8 +128,8 @@ class KimiLinearConfig:
             self.activation_situ_beta is None or self.activation_situ_linear_beta is None
         ):
             _fail("activation_situ_beta", "SiTU needs activation_situ_beta and _linear_beta")
-        if not self.rms_norm_eps > 0:
-            _fail("rms_norm_eps", f"must be positive, got {self.rms_norm_eps}")
+        if not isinstance(self.rms_norm_eps, (int, float)) or not self.rms_norm_eps > 0:
+            _fail("rms_norm_eps", f"must be a positive number, got {self.rms_norm_eps!r}")
         if not self.mla_use_nope:
             _fail("mla_use_nope", "only NoPE MLA (no rotary embedding) is supported, as upstream")
         if self.moe_router_activation_func not in ("sigmoid", "softmax"):
@@ -136,12 +137,21 @@ class KimiLinearConfig:
         if self.topk_method != "noaux_tc":
             _fail("topk_method", f"only 'noaux_tc' is supported, got {self.topk_method!r}")
         if self.num_experts is not None:
+            for name in ("num_experts", "num_experts_per_token", "moe_intermediate_size",
+                         "num_expert_group", "topk_group"):  # fmt: skip
+                if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
+                    _fail(name, f"must be a positive integer, got {getattr(self, name)!r}")
             if self.num_experts_per_token > self.num_experts:
                 _fail("num_experts_per_token", "exceeds num_experts")
             if self.num_experts % self.num_expert_group:
                 _fail("num_expert_group", "must divide num_experts")
             if self.topk_group > self.num_expert_group:
                 _fail("topk_group", "exceeds num_expert_group")
+            per_group = self.num_experts // self.num_expert_group
+            if self.num_expert_group > 1 and per_group < 2:
+                _fail("num_expert_group", "groups are ranked by their best two experts: need >= 2")
+            if self.topk_group * per_group < self.num_experts_per_token:
+                _fail("topk_group", "the kept groups hold fewer experts than num_experts_per_token")
         if self.moe_layer_freq <= 0:
             _fail("moe_layer_freq", "must be positive")
         if self.attn_res_block_size is not None and self.attn_res_block_size <= 0:
@@ -166,6 +176,12 @@ class KimiLinearConfig:
         both = set(lac["kda_layers"]) & set(lac["full_attn_layers"])
         if both:
             _fail("linear_attn_config.kda_layers", f"layers {sorted(both)} are also full-attention")
+        unlisted = set(layers) - set(lac["kda_layers"]) - set(lac["full_attn_layers"])
+        if unlisted:
+            _fail(
+                "linear_attn_config.full_attn_layers",
+                f"layers {sorted(unlisted)} are in neither list",
+            )
         lower = lac.get("gate_lower_bound")
         if lower is not None and not -5.0 <= lower < 0.0:
             _fail("linear_attn_config.gate_lower_bound", f"must be in [-5, 0), got {lower}")

@@ -52,6 +52,13 @@ class FusedMoE(torch.nn.Module):
             raise ValueError(f"{self.prefix}: expert {expert_id} out of range")
         i = self.local_intermediate
         start = self.tp_rank * i
+        full = (i * self.tp_size, self.w13_weight.shape[2])  # [I, H] for w1 / w3
+        expected = full if shard in ("w1", "w3") else full[::-1]
+        if shard in ("w1", "w2", "w3") and tuple(loaded.shape) != expected:
+            raise ValueError(
+                f"{self.prefix}.experts.{expert_id}.{shard}: checkpoint shape "
+                f"{tuple(loaded.shape)}, expected {expected}"
+            )
         if shard in ("w1", "w3"):
             part = loaded.narrow(0, start, i)
             target = self.w13_weight.data[expert_id, (0 if shard == "w1" else i) :][:i]
@@ -60,11 +67,6 @@ class FusedMoE(torch.nn.Module):
             target = self.w2_weight.data[expert_id]
         else:
             raise ValueError(f"{self.prefix}: unknown expert weight {shard!r}")
-        if target.shape != part.shape:
-            raise ValueError(
-                f"{self.prefix}.experts.{expert_id}.{shard}: shape {tuple(loaded.shape)} does not "
-                f"fit {tuple(target.shape)} per rank"
-            )
         target.copy_(part)
 
     def forward(

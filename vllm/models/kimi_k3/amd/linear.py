@@ -38,6 +38,14 @@ _EXPERT = re.compile(r"experts\.(\d+)\.(w[123])\.weight")
 _LAYER = re.compile(r"model\.layers\.(\d+)\.([a-z_]+)\.(.+)")
 
 
+def _copy_checked(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
+    if param.shape != tensor.shape:
+        raise ValueError(
+            f"{name}: checkpoint shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
+        )
+    param.data.copy_(tensor)
+
+
 def _act(config: KimiLinearConfig) -> torch.nn.Module:
     return get_act_and_mul(
         config.hidden_act, config.activation_situ_beta, config.activation_situ_linear_beta
@@ -165,13 +173,13 @@ class KimiMoE(torch.nn.Module):
             if expert:
                 self.experts.weight_loader(tensor, int(expert[1]), expert[2])
             elif name == "gate.weight":
-                self.gate_weight.data.copy_(tensor)
+                _copy_checked(self.gate_weight, tensor, f"{self.prefix}.{name}")
             elif name == "gate.e_score_correction_bias":
-                self.e_score_correction_bias.data.copy_(tensor)
+                _copy_checked(self.e_score_correction_bias, tensor, f"{self.prefix}.{name}")
             elif name.startswith("shared_experts.") and self.shared_experts is not None:
                 self.shared_experts.load_weight(name.removeprefix("shared_experts."), tensor)
             elif self.latent and name == "routed_expert_norm.weight" and self.routed_expert_norm:
-                self.routed_expert_norm.weight.data.copy_(tensor)
+                _copy_checked(self.routed_expert_norm.weight, tensor, f"{self.prefix}.{name}")
             elif self.latent and name in (
                 "routed_expert_down_proj.weight", "routed_expert_up_proj.weight"
             ):  # fmt: skip
@@ -298,15 +306,20 @@ class KimiLinearForCausalLM(torch.nn.Module):
             match = _LAYER.fullmatch(name)
             if match:
                 i, part, rest = int(match[1]), match[2], match[3]
-                if i >= len(self.layers):
+                if i >= len(self.layers) + self.config.num_nextn_predict_layers:
                     raise ValueError(f"unexpected checkpoint tensor {name!r}: no layer {i}")
+                if i >= len(self.layers):
+                    continue  # multi-token-prediction layers: not served
+
                 per_layer.setdefault((i, part), []).append((rest, tensor))
             elif name == "model.embed_tokens.weight":
                 self.embed_tokens.weight_loader(self.embed_tokens.weight, tensor)
             elif name == "model.norm.weight":
-                self._copy(self.norm.weight, tensor, name)
-            elif name == "lm_head.weight" and not self.config.tie_word_embeddings:
-                self.lm_head.weight_loader(self.lm_head.weight, tensor)
+                _copy_checked(self.norm.weight, tensor, name)
+            elif name == "lm_head.weight":
+                # Tied: the head is the embedding; transformers still saves a copy, skipped.
+                if not self.config.tie_word_embeddings:
+                    self.lm_head.weight_loader(self.lm_head.weight, tensor)
             else:
                 raise ValueError(f"unexpected checkpoint tensor {name!r}")
             loaded.add(name)
@@ -314,7 +327,7 @@ class KimiLinearForCausalLM(torch.nn.Module):
             layer = self.layers[i]
             if part in ("input_layernorm", "post_attention_layernorm"):
                 for rest, tensor in tensors:
-                    self._copy(getattr(layer, part).weight, tensor, f"layers.{i}.{part}.{rest}")
+                    _copy_checked(getattr(layer, part).weight, tensor, f"layers.{i}.{part}.{rest}")
             elif part == "self_attn":
                 layer.self_attn.load_weights(tensors)
             elif part == "block_sparse_moe" and hasattr(layer, "block_sparse_moe"):
@@ -331,11 +344,3 @@ class KimiLinearForCausalLM(torch.nn.Module):
         for module in self.modules():
             if hasattr(module, "quant_method"):
                 module.process_weights_after_loading()
-
-    @staticmethod
-    def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
-        if param.shape != tensor.shape:
-            raise ValueError(
-                f"{name}: checkpoint shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
-            )
-        param.data.copy_(tensor)

@@ -41,6 +41,7 @@ class MLAMetadata:
     seq_lens: list[int]  # [N]: context length of each sequence including this step's tokens
     block_tables: torch.Tensor  # [N, max_blocks] int: cache blocks of each sequence, in order
     slot_mapping: torch.Tensor  # [T] long: cache slot (block * block_size + offset) of each token
+    # No padding entries (-1): slots and block tables index the cache unchecked.
 
 
 class KimiMLAAttention(torch.nn.Module):
@@ -159,7 +160,12 @@ class KimiMLAAttention(torch.nn.Module):
                 p = self.fused_qkv_a_proj.weight
                 self.fused_qkv_a_proj.weight_loader(p, tensor, shards[module])
             elif module in ("q_a_layernorm", "kv_a_layernorm") and hasattr(self, module):
-                getattr(self, module).weight.data.copy_(tensor)
+                weight = getattr(self, module).weight
+                if weight.shape != tensor.shape:
+                    raise ValueError(
+                        f"{self.prefix}.{name}: checkpoint shape {tuple(tensor.shape)}"
+                    )
+                weight.data.copy_(tensor)
             elif hasattr(self, module) and isinstance(getattr(self, module), torch.nn.Module):
                 layer = getattr(self, module)
                 layer.weight_loader(layer.weight, tensor)
