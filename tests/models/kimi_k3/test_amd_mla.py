@@ -131,3 +131,21 @@ def test_k3_variant_q_lora_and_output_gate():
     torch.testing.assert_close(got, attn.reshape(5, -1) @ t["o_proj.weight"].t())
     with pytest.raises(ValueError, match="self_attn: unexpected checkpoint tensor 'q_proj.weight'"):
         ours.load_weights([("q_proj.weight", torch.zeros(1))])
+
+
+def test_continued_prefill_on_top_of_cached_context():
+    """A prefill chunk of several tokens attends to the context already in the cache."""
+    hf = hf_mla()
+    ours = KimiMLAAttention(KimiLinearConfig.from_dict(config()), params_dtype=torch.float32)
+    ours.load_weights(hf.state_dict().items())
+    x0, x1 = torch.randn(11, H), torch.randn(6, H)
+    cache = PagedCache()
+    with torch.no_grad():
+        expected0, expected1 = hf_forward(hf, x0), hf_forward(hf, x1)
+        a = ours(torch.cat([x0[:4], x1[:2]]), cache.step({0: 4, 1: 2}), cache.cache)
+        b = ours(torch.cat([x1[2:3], x0[4:9]]), cache.step({1: 1, 0: 5}), cache.cache)
+        c = ours(torch.cat([x0[9:], x1[3:]]), cache.step({0: 2, 1: 3}), cache.cache)
+    got0 = torch.cat([a[:4], b[1:], c[:2]])
+    got1 = torch.cat([a[4:], b[:1], c[2:]])
+    torch.testing.assert_close(got0, expected0, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got1, expected1, rtol=1e-5, atol=1e-5)

@@ -407,3 +407,30 @@ def test_tied_checkpoint_skips_the_saved_head_copy(checkpoint, tmp_path):
     hidden = torch.randn(2, 64)
     expected = hidden @ load_file(folder / "model.safetensors")["model.embed_tokens.weight"].t()
     torch.testing.assert_close(model.compute_logits(hidden), expected)
+
+
+def test_kimi_k3_checkpoint_loads_end_to_end(checkpoint, tmp_path):
+    """The Kimi-Linear checkpoint re-packaged the Kimi-K3 way (`kimi_k3` config with a
+    `text_config`, `language_model.*` names, a vision tensor to skip) gives the same logits."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from vllm.model_executor.model_loader.loader import load_model
+
+    folder, _ = checkpoint
+    text = json.loads((folder / "config.json").read_text())
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "kimi_k3", "text_config": text, "vision_config": {}})
+    )
+    tensors = {
+        ("language_model." + name.removeprefix("model.")): t
+        for name, t in load_file(folder / "model.safetensors").items()
+    }
+    tensors["vision_tower.patch_embed.weight"] = torch.zeros(2, 2)
+    save_file(tensors, tmp_path / "model.safetensors")
+    k3 = load_model(tmp_path, dtype=torch.float32)
+    assert type(k3).__name__ == "KimiK3ForConditionalGeneration"
+    linear = load_model(folder, dtype=torch.float32)
+    prompts = {0: [5, 6, 7, 8], 1: [9, 10, 11]}
+    torch.testing.assert_close(Harness(k3).step(prompts), Harness(linear).step(prompts))
