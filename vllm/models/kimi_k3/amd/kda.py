@@ -24,6 +24,7 @@ upstream vLLM hard-codes 1e-5, which equals Kimi-K3's `rms_norm_eps`, so K3 is u
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -68,6 +69,18 @@ class KDAMetadata:
     @property
     def num_decode_tokens(self) -> int:
         return self.num_decodes
+
+    @cached_property
+    def prefill_host(self) -> tuple[list[int], list[int], list[bool]]:
+        """(start offsets within the prefill tokens, slots, has-initial-state) of the prefill
+        sequences as Python lists: one device-to-host copy per forward, shared by every layer."""
+        nd = self.num_decodes
+        qsl = self.query_start_loc[nd:]
+        return (
+            (qsl - qsl[0]).tolist(),
+            self.state_slots[nd:].tolist(),
+            self.has_initial_state[nd:].tolist(),
+        )
 
 
 @dataclass
@@ -217,12 +230,9 @@ class KimiK3DeltaAttention(torch.nn.Module):
                 mixed_qkv[:nd], self.conv1d_weight, pool.conv_state, slots[:nd]
             )
         if metadata.num_prefills:
-            qsl = metadata.query_start_loc[nd:]
-            starts = (qsl - qsl[0]).tolist()
             conv[nd:] = causal_conv1d_prefill(
-                mixed_qkv[nd:], self.conv1d_weight, pool.conv_state, starts,
-                slots[nd:].tolist(), metadata.has_initial_state[nd:].tolist(),
-            )  # fmt: skip
+                mixed_qkv[nd:], self.conv1d_weight, pool.conv_state, *metadata.prefill_host
+            )
         q, k, v = (t.reshape(tokens, h, d) for t in conv.split(h * d, dim=-1))
         core = torch.empty(tokens, h, d, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
         if nd:

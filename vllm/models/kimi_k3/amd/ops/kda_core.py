@@ -24,6 +24,15 @@ def l2_normalize(x: torch.Tensor) -> torch.Tensor:
     return x / torch.sqrt((x * x).sum(dim=-1, keepdim=True) + 1e-6)
 
 
+def _delta_rule_step(s, q, k, v, g, beta):
+    """One token of the recurrence on fp32 state `s` `[..., H, K, V]` with normalised q, k
+    `[..., H, K]`, v `[..., H, V]`, log decay g `[..., H, K]`, beta `[..., H]`: (o, new state)."""
+    s = s * torch.exp(g).unsqueeze(-1)
+    u = beta.unsqueeze(-1) * (v - (s * k.unsqueeze(-1)).sum(dim=-2))
+    s = s + k.unsqueeze(-1) * u.unsqueeze(-2)
+    return (s * q.unsqueeze(-1)).sum(dim=-2), s
+
+
 def kda_recurrent_ref(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -39,10 +48,7 @@ def kda_recurrent_ref(
     s = state.float().clone()
     out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
     for t in range(q.shape[0]):
-        s = s * torch.exp(g[t]).unsqueeze(-1)
-        u = beta[t].unsqueeze(-1) * (v[t] - (s * k[t].unsqueeze(-1)).sum(dim=-2))
-        s = s + k[t].unsqueeze(-1) * u.unsqueeze(-2)
-        out[t] = (s * q[t].unsqueeze(-1)).sum(dim=-2)
+        out[t], s = _delta_rule_step(s, q[t], k[t], v[t], g[t], beta[t])
     return out, s
 
 
@@ -110,9 +116,7 @@ def kda_decode(
         state[slots] = final
         return out.squeeze(0)
     qn = l2_normalize(q) * q.shape[-1] ** -0.5
-    kn = l2_normalize(k)
-    s = state[slots] * torch.exp(g.float()).unsqueeze(-1)  # [N, H, K, V]
-    u = beta.float().unsqueeze(-1) * (v.float() - (s * kn.unsqueeze(-1)).sum(dim=-2))
-    s = s + kn.unsqueeze(-1) * u.unsqueeze(-2)
-    state[slots] = s
-    return (s * qn.unsqueeze(-1)).sum(dim=-2).to(v.dtype)
+    o, state[slots] = _delta_rule_step(
+        state[slots], qn, l2_normalize(k), v.float(), g.float(), beta.float()
+    )
+    return o.to(v.dtype)
