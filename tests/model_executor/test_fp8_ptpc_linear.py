@@ -1,16 +1,11 @@
 """PTPC FP8 linears: online weight quantization, the FP8 GEMM against fp32 math, consuming a
 QuantizedActivation without quantizing again, and tensor parallelism (TP=2 on CPU with gloo)."""
 
-import os
-import socket
-
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo_tp2 import run_tp2
 
 from vllm.config.quantization import parse_quantization_config
-from vllm.distributed import destroy_model_parallel, initialize_model_parallel
 from vllm.model_executor.kernels.linear.scaled_mm.ScaledMMLinearKernel import (
     FP8ScaledMMLinearKernel,
 )
@@ -157,24 +152,11 @@ def test_replicated_linear_rejects_wrong_shape():
 # ---------------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _tp_worker(rank: int, port: int, results: dict) -> None:
-    os.environ["TRITON_INTERPRET"] = "1"  # CPU workers run the Triton quant under the interpreter
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        initialize_model_parallel(2)
-        layer, _ = ptpc_layer(RowParallelLinear, bias=True)
-        x = torch.randn(5, 256, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
-        out = layer(x.chunk(2, dim=-1)[rank])[0]
-        results[rank] = (layer.weight_scale.clone(), out.clone())
-    finally:
-        destroy_model_parallel()
-        dist.destroy_process_group()
+def _tp_worker(rank: int):
+    layer, _ = ptpc_layer(RowParallelLinear, bias=True)
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    out = layer(x.chunk(2, dim=-1)[rank])[0]
+    return layer.weight_scale.clone(), out.clone()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the gloo test runs on CPU")
@@ -184,10 +166,7 @@ def test_tp2_row_parallel_matches_tp1():
     out_tp1 = layer(x)[0].float()
     xf = x.float()
     exact = xf @ weight.t() + layer.bias.float()
-    with mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(_tp_worker, args=(_free_port(), results), nprocs=2, join=True)
-        results = dict(results)
+    results = run_tp2(_tp_worker)
     for rank in (0, 1):
         scale, out = results[rank]
         # MAX-reduced channel amax: every shard uses the unsharded layer's scales.

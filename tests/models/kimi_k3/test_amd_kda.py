@@ -327,37 +327,22 @@ def test_gpu_cuda_graph_decode_replays_eagerly():
 # ---------------------------------------------------------------------------------------------
 
 
-def _tp_worker(rank, port, tensors, x, results):
-    import os
-
-    import torch.distributed as dist
-
-    from vllm.distributed import destroy_model_parallel, initialize_model_parallel
-
-    os.environ["TRITON_INTERPRET"] = "1"
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        initialize_model_parallel(2)
-        layer = KimiK3DeltaAttention(
-            HIDDEN, HEADS, HEAD_DIM, full_rank_gate=True, norm_eps=EPS,
-            params_dtype=torch.float32, prefix="l",
-        )  # fmt: skip
-        layer.load_weights(tensors)
-        with torch.no_grad():
-            pool = pool_for(layer)
-            a = layer(x[:9], prefill_metadata([4, 5], [0, 1], [False] * 2), pool)
-            b = layer(x[9:], decode_metadata([0, 1]), pool)
-        results[rank] = torch.cat([a, b])
-    finally:
-        destroy_model_parallel()
-        dist.destroy_process_group()
+def _tp_worker(rank, tensors, x):
+    layer = KimiK3DeltaAttention(
+        HIDDEN, HEADS, HEAD_DIM, full_rank_gate=True, norm_eps=EPS,
+        params_dtype=torch.float32, prefix="l",
+    )  # fmt: skip
+    layer.load_weights(tensors)
+    with torch.no_grad():
+        pool = pool_for(layer)
+        a = layer(x[:9], prefill_metadata([4, 5], [0, 1], [False] * 2), pool)
+        b = layer(x[9:], decode_metadata([0, 1]), pool)
+    return torch.cat([a, b])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the gloo test runs on CPU")
 def test_tp2_heads_split_equals_tp1():
-    import socket
-
-    import torch.multiprocessing as mp
+    from gloo_tp2 import run_tp2
 
     hf = hf_kda()
     tensors = checkpoint_tensors(hf, full_rank=True)
@@ -368,12 +353,6 @@ def test_tp2_heads_split_equals_tp1():
         a = layer(x[:9], prefill_metadata([4, 5], [0, 1], [False] * 2), pool)
         b = layer(x[9:], decode_metadata([0, 1]), pool)
     expected = torch.cat([a, b])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(_tp_worker, args=(port, tensors, x, results), nprocs=2, join=True)
-        results = dict(results)
+    results = run_tp2(_tp_worker, tensors, x)
     for rank in (0, 1):  # each rank: its heads' partial o_proj, all-reduced; fp32 sum order only
         assert rel_err(results[rank], expected) < 1e-5

@@ -343,26 +343,12 @@ def test_gpu_k3_tiny_ptpc_launches_one_epilogue_per_kda_layer():
     assert decode["_per_token_fp8_quant_kernel"] == kda_layers + mla_layers
 
 
-def _tp_model_worker(rank, port, folder, prompts, results):
-    import os
-
-    import torch.distributed as dist
-
-    from vllm.distributed import destroy_model_parallel, initialize_model_parallel
+def _tp_model_worker(rank, folder, prompts):
     from vllm.model_executor.model_loader.loader import load_model
 
-    os.environ["TRITON_INTERPRET"] = "1"
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        initialize_model_parallel(2)
-        model = load_model(folder, dtype=torch.float32)  # full tensors, sharded by the loaders
-        harness = Harness(model)
-        first = harness.step(prompts)
-        second = harness.step({i: [40 + i] for i in prompts})
-        results[rank] = torch.cat([first, second])
-    finally:
-        destroy_model_parallel()
-        dist.destroy_process_group()
+    harness = Harness(load_model(folder, dtype=torch.float32))  # full tensors, sharded on load
+    first = harness.step(prompts)
+    return torch.cat([first, harness.step({i: [40 + i] for i in prompts})])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the gloo test runs on CPU")
@@ -370,9 +356,7 @@ def test_tp2_model_equals_tp1(checkpoint):
     """Every sharded layer (KDA and MLA heads, MoE and MLP intermediates) at TP=2 over gloo gives
     the TP=1 logits: fp32, partial sums reordered only. (Dummy weights are drawn per rank, so
     only a checkpoint gives both the same model.)"""
-    import socket
-
-    import torch.multiprocessing as mp
+    from gloo_tp2 import run_tp2
 
     from vllm.model_executor.model_loader.loader import load_model
 
@@ -380,13 +364,7 @@ def test_tp2_model_equals_tp1(checkpoint):
     prompts = {0: [5, 6, 7, 8, 9], 1: [10, 11, 12]}
     harness = Harness(load_model(folder, dtype=torch.float32))
     expected = torch.cat([harness.step(prompts), harness.step({i: [40 + i] for i in prompts})])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(_tp_model_worker, args=(port, folder, prompts, results), nprocs=2, join=True)
-        results = dict(results)
+    results = run_tp2(_tp_model_worker, folder, prompts)
     for rank in (0, 1):
         assert float((results[rank] - expected).norm() / expected.norm()) < 1e-5
 

@@ -1,0 +1,34 @@
+"""Run a function on two CPU processes forming a TP=2 group over gloo, for the TP tests.
+
+`run_tp2(worker, *args)` returns `{rank: worker(rank, *args)}`; `worker` must be a module-level
+function (it is pickled into the spawned processes) and its result picklable.
+"""
+
+import os
+import socket
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from vllm.distributed import destroy_model_parallel, initialize_model_parallel
+
+
+def _entry(rank, port, worker, args, results):
+    os.environ["TRITON_INTERPRET"] = "1"  # CPU workers run the Triton kernels interpreted
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        initialize_model_parallel(2)
+        results[rank] = worker(rank, *args)
+    finally:
+        destroy_model_parallel()
+        dist.destroy_process_group()
+
+
+def run_tp2(worker, *args) -> dict:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_entry, args=(port, worker, args, results), nprocs=2, join=True)
+        return dict(results)
