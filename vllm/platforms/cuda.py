@@ -18,6 +18,3 @@ class CudaPlatform(Platform):
     def triton_supports_fp8(self, dtype: torch.dtype) -> bool:
         # Triton emits e4m3fn from sm_89 on; NVIDIA has no e4m3fnuz. Otherwise: torch reference.
         return dtype == torch.float8_e4m3fn and self.device_capability >= (8, 9)
-
-    def get_device_name(self) -> str:
-        return torch.cuda.get_device_name(0)

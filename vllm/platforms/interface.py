@@ -39,10 +39,6 @@ class Platform:
     def is_cpu(self) -> bool:
         return self._enum == PlatformEnum.CPU
 
-    def is_cuda_alike(self) -> bool:
-        """True for CUDA and ROCm, the platforms where Triton kernels run on a GPU."""
-        return self._enum in (PlatformEnum.CUDA, PlatformEnum.ROCM)
-
     def is_fp8_fnuz(self) -> bool:
         """Whether the platform's FP8 is the `fnuz` flavour (gfx94x only)."""
         return False
@@ -77,9 +73,6 @@ class Platform:
         The base answer is for Triton's CPU interpreter, which handles both flavours.
         """
         return dtype in _FP8_MAX
-
-    def get_device_name(self) -> str:
-        return "cpu"
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

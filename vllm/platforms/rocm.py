@@ -32,9 +32,6 @@ class RocmPlatform(Platform):
         # gfx94x converts to e4m3fnuz, gfx950 to OCP e4m3fn: only the arch's own flavour.
         return dtype == self.fp8_dtype()
 
-    def get_device_name(self) -> str:
-        return torch.cuda.get_device_name(0)
-
     def has_aiter(self) -> bool:
         """Whether the `aiter` package imports. Imported lazily: never at module import."""
         try:

@@ -66,10 +66,6 @@ class KDAMetadata:
     num_decodes: int
     num_prefills: int
 
-    @property
-    def num_decode_tokens(self) -> int:
-        return self.num_decodes
-
     @cached_property
     def prefill_host(self) -> tuple[list[int], list[int], list[bool]]:
         """(start offsets within the prefill tokens, slots, has-initial-state) of the prefill
