@@ -286,8 +286,8 @@ def sweep_configs(case: Case, args) -> list[tuple[FusedLaunchConfig, float]]:
         configs = [default._replace(num_warps=w) for w in (1, 2, 4, 8, 16)]
     else:
         configs = [
-            FusedLaunchConfig(False, h, w, split, one)
-            for w, split, one in itertools.product((1, 2, 4, 8, 16), (True, False), (False, True))
+            FusedLaunchConfig(False, h, w, split)
+            for w, split in itertools.product((1, 2, 4, 8, 16), (True, False))
         ]
     out = []
     for config in configs:
@@ -378,13 +378,11 @@ def main(argv: list[str] | None = None) -> int:
                 for config, us in sweep_configs(case, args):
                     rows.append(
                         dict(case=case.name, T=t, warps=config.num_warps, split=config.split_heads,
-                             one_reduction=config.one_reduction,
                              us=round(us, 3), default=config == default)
                     )  # fmt: skip
                 best = min((r for r in rows if r["case"] == case.name and r["T"] == t),
                            key=lambda r: r["us"])  # fmt: skip
                 print(f"{case.name:>18} T={t:>6} best warps={best['warps']} split={best['split']} "
-                      f"one_reduction={best['one_reduction']} "
                       f"{best['us']:.2f} us", flush=True)  # fmt: skip
                 write_csv(args.csv, rows)
                 continue

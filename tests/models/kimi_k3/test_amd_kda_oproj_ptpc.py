@@ -149,19 +149,18 @@ def test_fused_other_launch_shapes(heads, head_dim):
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy under the interpreter
-@pytest.mark.parametrize("one_reduction", [False, True], ids=["two-reductions", "one-reduction"])
 @pytest.mark.parametrize("split_heads", [True, False], ids=["head-chunks", "padded-tile"])
 @pytest.mark.parametrize("heads", [3, 12, 15])
-def test_both_tile_shapes(heads, split_heads, one_reduction):
-    """The launch variants a sweep can choose (chunked or padded tile, one or two reductions)
-    compute the same function, non-finite tokens included."""
+def test_both_tile_shapes(heads, split_heads):
+    """The launch variants a sweep can choose (chunked or padded tile) compute the same
+    function, non-finite tokens included."""
     x, weight, gate = make_inputs(9, heads, 128, torch.bfloat16, x_strided=True)
     x[2, 0, 5] = float("nan")
     x[4, heads - 1, 0] = float("inf")
     fp8 = current_platform.fp8_dtype()
     q = torch.empty(9, heads * 128, dtype=fp8, device=DEVICE)
     scale = torch.empty(9, 1, dtype=torch.float32, device=DEVICE)
-    config = op_module.FusedLaunchConfig(False, heads, 2, split_heads, one_reduction)
+    config = op_module.FusedLaunchConfig(False, heads, 2, split_heads)
     fp8_max, min_scale = current_platform.fp8_max(), current_platform.fp8_min_scale()
     op_module.launch_fused(x, weight, gate, EPS, q, scale, fp8_max, min_scale, config)
     q_ref, scale_ref = rmsnorm_gated_fp8_per_token_ref(x, weight, gate, EPS)
@@ -290,6 +289,28 @@ def test_non_finite_token_is_poisoned_and_others_are_not():
         assert torch.isnan(sp[t]).all() and torch.isnan(sp_ref[t]).all()
         assert torch.isnan(qp[t].float()).all() and torch.isnan(qp_ref[t].float()).all()
     assert torch.equal(sp[1], sp_ref[1]) and torch.equal(qp[1].float(), qp_ref[1].float())
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy under the interpreter
+def test_head_whose_sum_of_squares_overflows():
+    """|x| ~ 1e20 overflows sum(x^2) to Inf, so rstd = 0: the head is zeroed and the token's
+    scale comes from its other heads; where x * weight * sigmoid(gate) itself overflows, y holds
+    0 * Inf = NaN and the token is poisoned. Kernel and reference alike."""
+    x, weight, gate = make_inputs(3, 4, 64, torch.float32)
+    weight = weight.abs() + 1.0
+    gate = gate.abs() + 4.0  # sigmoid > 0.98, so 3e38 * weight * sigmoid overflows
+    x[0, 1] = 1.0e20
+    x[2, 2, 7] = 3.0e38
+    q, scale = rmsnorm_gated_fp8_per_token(x, weight, gate, EPS)
+    q_ref, scale_ref = rmsnorm_gated_fp8_per_token_ref(x, weight, gate, EPS)
+    assert (q[0].view(4, 64)[1].float() == 0).all()
+    others = x[0:1, [0, 2, 3]]
+    _, scale_others = rmsnorm_gated_fp8_per_token_ref(others, weight, gate[0:1, [0, 2, 3]], EPS)
+    assert_scale_close(scale[0:1], scale_others)
+    assert_scale_close(scale[:2], scale_ref[:2])
+    assert_codes_close(q[:2], q_ref[:2])
+    assert torch.isnan(scale[2]).all() and torch.isnan(scale_ref[2]).all()
+    assert torch.isnan(q[2].float()).all() and torch.isnan(q_ref[2].float()).all()
 
 
 def poison(t: torch.Tensor) -> torch.Tensor:

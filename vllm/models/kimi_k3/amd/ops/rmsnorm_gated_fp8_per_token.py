@@ -8,7 +8,7 @@ beside it that runs everywhere (and is what CPU tensors use unless ``TRITON_INTE
     strides (a gate that is a column slice of a wider projection is read in place, never copied);
     ``weight``: ``[D]``, shared by all heads. Per (token, head), in fp32::
 
-        y = x * rsqrt(mean_D(x^2) + eps) * weight * sigmoid(gate)
+        y = (x * weight * sigmoid(gate)) * rsqrt(mean_D(x^2) + eps)
 
     then the token's ``H * D`` values are quantized with ONE scale (amax across all heads).
     Returns ``q`` ``[T, H * D]`` (FP8, row-major) and ``scale`` ``[T, 1]`` fp32.
@@ -30,7 +30,8 @@ Numerics policy (shared by both ops, their Triton kernels and their torch refere
   and reference agree up to the ulps of rsqrt and sigmoid. No clamp is needed: the scale bounds
   ``|y * (1 / scale)|`` by ``fp8_max * (1 + 2^-23)``, which rounds to ``fp8_max``.
 * ``eps`` must be positive. ``x^2`` is summed in fp32: a head with ``|x|`` above about 1.8e19
-  (finite in bf16 / fp32) overflows to ``rstd = 0`` and is zeroed, in kernel and reference alike.
+  (finite in bf16 / fp32) overflows to ``rstd = 0`` and is zeroed (NaN where ``x * weight *
+  sigmoid(gate)`` itself overflows to Inf), in kernel and reference alike.
 * Non-finite input is never hidden: a token whose ``y`` holds a NaN or an Inf gets scale NaN and
   all-NaN codes, so its dequantized values (and its GEMM output row) are NaN. Other tokens are
   unaffected.
@@ -84,24 +85,14 @@ _MAX_TRITON_D = 512
 if triton is not None:
 
     @triton.jit
-    def _abs_max(y, axis: tl.constexpr = None, ONE_REDUCTION: tl.constexpr = False):
-        # max |y|, non-finite (NaN or Inf) when any y is NaN or Inf; callers map that to NaN with
-        # _nan_if_not_finite. tl.max drops NaN (and a NaN-propagating custom reduction is slow in
-        # Triton's interpreter), so either NaN becomes +inf before one max, or a second reduction,
-        # sum(y * 0), is NaN exactly when some y is not finite.
-        if ONE_REDUCTION:
-            return tl.max(tl.where(y == y, tl.abs(y), float("inf")), axis=axis)
-        else:
-            return tl.max(tl.abs(y), axis=axis) + tl.sum(y * 0.0, axis=axis)
+    def _abs_max(y, axis: tl.constexpr = None):
+        # max |y| in one reduction, +inf when any y is NaN or Inf: tl.max drops NaN, so NaN is
+        # mapped to +inf first. Callers turn an infinite amax into NaN (_nan_if_not_finite).
+        return tl.max(tl.where(y == y, tl.abs(y), float("inf")), axis=axis)
 
     @triton.jit
     def _nan_if_not_finite(a):
         return a + a * 0.0  # inf * 0 and NaN * 0 are NaN; a finite value is unchanged
-
-    @triton.jit
-    def _max_keep_nan(a, b):
-        # maximum() drops NaN; adding a * 0 + b * 0 (0, or NaN if either is NaN) keeps it.
-        return tl.maximum(a, b) + (a * 0.0 + b * 0.0)
 
     @triton.jit
     def _scale_and_inverse(amax, fp8_max, min_scale):
@@ -143,13 +134,23 @@ if triton is not None:
         return x.to(tl.float32), g.to(tl.float32)
 
     @triton.jit
-    def _gated_rmsnorm(
-        x, g, w, eps,
-        FIRST: tl.constexpr, ROWS: tl.constexpr, LAST: tl.constexpr, D: tl.constexpr,
-    ):  # fmt: skip
-        # eps > 0 (validated), so padded rows (all zero) give y = 0, never 0 * inf.
-        rstd = tl.rsqrt(tl.math.div_rn(tl.sum(x * x, axis=1), D) + eps)
-        return x * rstd[:, None] * w[None, :] * tl.sigmoid(g)
+    def _gated_rmsnorm(x, g, w, eps, D: tl.constexpr):
+        # y = (x * w * sigmoid(g)) * rstd, and max |y| of the tile (+inf if any y is not finite).
+        # Rounding is monotonic and rstd > 0, so max_d |fl(z_d * rstd)| == fl(max_d |z_d| * rstd):
+        # each head's max of |z| is reduced alongside its sum of squares instead of after it,
+        # which takes a reduction off the latency chain. eps > 0 (validated), so padded rows
+        # (all zero) give y = 0, never 0 * inf.
+        z = x * w[None, :] * tl.sigmoid(g)
+        z_max = _abs_max(z, 1)
+        if (D & (D - 1)) == 0:
+            mean_sq = tl.sum(x * x, axis=1) * (1.0 / D)  # exact: 1 / D is a power of two
+        else:
+            mean_sq = tl.math.div_rn(tl.sum(x * x, axis=1), D)
+        rstd = tl.rsqrt(mean_sq + eps)
+        y_max = z_max * rstd
+        # 0 * inf (a head whose x * w overflowed, so rstd = 0) is NaN: map it to +inf as well.
+        y_max = tl.where(y_max == y_max, y_max, float("inf"))
+        return z * rstd[:, None], tl.max(y_max, axis=0)
 
     @triton.jit
     def _store_heads(
@@ -179,7 +180,6 @@ if triton is not None:
         D: tl.constexpr, BLOCK_D: tl.constexpr,
         ROWS0: tl.constexpr, ROWS1: tl.constexpr, ROWS2: tl.constexpr,
         END0: tl.constexpr, END1: tl.constexpr, END2: tl.constexpr,
-        ONE_REDUCTION: tl.constexpr = False,
     ):  # fmt: skip
         # One token per program. Its heads are split into up to three power-of-two chunks
         # (12 = 8 + 4), so no lane is padded unless the third chunk needs it (15 = 8 + 4 + 4).
@@ -197,14 +197,13 @@ if triton is not None:
         cols = tl.arange(0, BLOCK_D)
         w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
 
-        y0 = _gated_rmsnorm(x0, g0, w, eps, 0, ROWS0, END0, D)
-        amax = _abs_max(y0, None, ONE_REDUCTION)
+        y0, amax = _gated_rmsnorm(x0, g0, w, eps, D)
         if ROWS1 > 0:
-            y1 = _gated_rmsnorm(x1, g1, w, eps, END0, ROWS1, END1, D)
-            amax = _max_keep_nan(amax, _abs_max(y1, None, ONE_REDUCTION))
+            y1, amax1 = _gated_rmsnorm(x1, g1, w, eps, D)
+            amax = tl.maximum(amax, amax1)
         if ROWS2 > 0:
-            y2 = _gated_rmsnorm(x2, g2, w, eps, END1, ROWS2, END2, D)
-            amax = _max_keep_nan(amax, _abs_max(y2, None, ONE_REDUCTION))
+            y2, amax2 = _gated_rmsnorm(x2, g2, w, eps, D)
+            amax = tl.maximum(amax, amax2)
         scale, inv = _scale_and_inverse(_nan_if_not_finite(amax), fp8_max, min_scale)
         tl.store(s_ptr + tok * stride_st, scale)
         _store_heads(q_row, y0, inv, 0, ROWS0, END0, D, BLOCK_D)
@@ -232,13 +231,13 @@ if triton is not None:
         amax = 0.0
         for first in tl.static_range(0, H, BLOCK_HEADS):
             x, g = _load_heads(*args, first, BLOCK_HEADS, H, D, BLOCK_D)
-            y = _gated_rmsnorm(x, g, w, eps, first, BLOCK_HEADS, H, D)
-            amax = _max_keep_nan(amax, _abs_max(y))
-        scale, inv = _scale_and_inverse(amax, fp8_max, min_scale)
+            _, head_amax = _gated_rmsnorm(x, g, w, eps, D)
+            amax = tl.maximum(amax, head_amax)
+        scale, inv = _scale_and_inverse(_nan_if_not_finite(amax), fp8_max, min_scale)
         tl.store(s_ptr + tok * stride_st, scale)
         for first in tl.static_range(0, H, BLOCK_HEADS):
             x, g = _load_heads(*args, first, BLOCK_HEADS, H, D, BLOCK_D)
-            y = _gated_rmsnorm(x, g, w, eps, first, BLOCK_HEADS, H, D)
+            y, _ = _gated_rmsnorm(x, g, w, eps, D)
             _store_heads(q_row, y, inv, first, BLOCK_HEADS, H, D, BLOCK_D)
 
     @triton.jit
@@ -261,8 +260,7 @@ if triton is not None:
             cols = tl.where(col_ok, cols, 0)
             mask = tok_ok[:, None] & col_ok[None, :]
             x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            amax = _abs_max(x, 1)
-            scale, inv = _scale_and_inverse(amax, fp8_max, min_scale)
+            scale, inv = _scale_and_inverse(_nan_if_not_finite(_abs_max(x, 1)), fp8_max, min_scale)
             q = (x * inv[:, None]).to(q_ptr.dtype.element_ty)
             tl.store(q_rows + cols[None, :], q, mask=mask)
         else:
@@ -273,8 +271,8 @@ if triton is not None:
                 kk = tl.where(col_ok, kk, 0)
                 mask = tok_ok[:, None] & col_ok[None, :]
                 x = tl.load(x_rows + kk[None, :], mask=mask, other=0.0).to(tl.float32)
-                amax = _max_keep_nan(amax, _abs_max(x, 1))
-            scale, inv = _scale_and_inverse(amax, fp8_max, min_scale)
+                amax = tl.maximum(amax, _abs_max(x, 1))
+            scale, inv = _scale_and_inverse(_nan_if_not_finite(amax), fp8_max, min_scale)
             for k0 in range(0, K, BLOCK_K):
                 kk = k0 + cols
                 col_ok = kk < K
@@ -326,9 +324,6 @@ class FusedLaunchConfig(NamedTuple):
     block_heads: int
     num_warps: int
     split_heads: bool = True  # power-of-two head chunks; False: one padded tile
-    # One max reduction per chunk (NaN -> inf first) instead of a max and a NaN-check sum: same
-    # results; a candidate for the latency of small T, not yet measured, so off by default.
-    one_reduction: bool = False
 
 
 @cache
@@ -358,10 +353,7 @@ def _fused_kernel_kwargs(config: FusedLaunchConfig, heads: int, head_dim: int) -
         (r0, v0), (r1, v1), (r2, v2) = head_chunks(heads)
     else:
         (r0, v0), (r1, v1), (r2, v2) = (_next_pow2(heads), heads), (0, 0), (0, 0)
-    return dict(
-        kwargs, ROWS0=r0, ROWS1=r1, ROWS2=r2, END0=v0, END1=v0 + v1, END2=v0 + v1 + v2,
-        ONE_REDUCTION=config.one_reduction,
-    )  # fmt: skip
+    return dict(kwargs, ROWS0=r0, ROWS1=r1, ROWS2=r2, END0=v0, END1=v0 + v1, END2=v0 + v1 + v2)
 
 
 @cache
@@ -494,7 +486,8 @@ def rmsnorm_gated_ref(
     xf = x.float()
     # A tensor divisor keeps the division correctly rounded on CUDA (as the kernel's div_rn).
     var = xf.square().sum(dim=-1, keepdim=True) / xf.new_full((), x.shape[-1])
-    return xf * torch.rsqrt(var + eps) * weight.float() * torch.sigmoid(gate.float())
+    # The kernels' order of operations: (x * weight * sigmoid(gate)) * rstd.
+    return xf * weight.float() * torch.sigmoid(gate.float()) * torch.rsqrt(var + eps)
 
 
 def per_token_fp8_quant_ref(
