@@ -57,6 +57,7 @@ def test_kimi_k3_text_config_through_the_wrapper(tmp_path):
     cfg = load_model_config(tmp_path).text_config
     assert sum(cfg.is_kda_layer(i) for i in range(93)) == 69
     assert cfg.use_full_rank_gate and cfg.gate_lower_bound == -5.0 and cfg.hidden_act == "situ"
+    assert cfg.attn_res_block_size == 12
     assert KimiK3Config.from_dict({"text_config": K3_TEXT}).vision_config == {}
 
 
@@ -87,6 +88,11 @@ def test_kimi_k3_text_config_through_the_wrapper(tmp_path):
         ({"num_expert_group": 0}, "'num_expert_group': must be a positive integer"),
         ({"num_expert_group": 256, "topk_group": 1}, "need >= 2"),
         ({"num_expert_group": 64, "topk_group": 1}, "'topk_group': the kept groups hold fewer"),
+        ({"attn_res_block_size": 0}, "'attn_res_block_size': must be a positive integer"),
+        ({"attn_res_block_size": -12}, "'attn_res_block_size': must be a positive integer"),
+        ({"attn_res_block_size": 2.5}, "'attn_res_block_size': .* got 2.5"),
+        ({"attn_res_block_size": "12"}, "'attn_res_block_size': .* got '12'"),
+        ({"attn_res_block_size": True}, "'attn_res_block_size': .* got True"),
     ],
 )  # fmt: skip
 def test_bad_fields_are_named(change, message):
@@ -97,6 +103,8 @@ def test_bad_fields_are_named(change, message):
 def test_wrapper_prefixes_text_config_errors(tmp_path):
     with pytest.raises(ValueError, match="'text_config.hidden_act'"):
         KimiK3Config.from_dict({"text_config": dict(K3_TEXT, hidden_act="gelu")})
+    with pytest.raises(ValueError, match="'text_config.attn_res_block_size'"):
+        KimiK3Config.from_dict({"text_config": dict(K3_TEXT, attn_res_block_size=0)})
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(ValueError, match="'model_type': 'llama'"):
         load_model_config(tmp_path)

@@ -24,10 +24,10 @@ TINY = dict(
 )  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def checkpoint(hf_kimi_linear, tmp_path_factory):
-    """(folder, transformers model) of a random tiny Kimi-Linear saved with save_pretrained."""
-    cfg = hf_kimi_linear.KimiLinearConfig(**TINY)
+def random_hf_model(hf_kimi_linear, **changes):
+    """transformers' KimiLinearForCausalLM of config TINY (with `changes`), fp32, random weights
+    at trained-like scales (seed 0)."""
+    cfg = hf_kimi_linear.KimiLinearConfig(**dict(TINY, **changes))
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
     model = hf_kimi_linear.KimiLinearForCausalLM(cfg).float().eval()
@@ -44,6 +44,13 @@ def checkpoint(hf_kimi_linear, tmp_path_factory):
         for name, b in model.named_buffers():
             if "e_score_correction_bias" in name:
                 b.normal_(0, 0.3)
+    return model
+
+
+@pytest.fixture(scope="module")
+def checkpoint(hf_kimi_linear, tmp_path_factory):
+    """(folder, transformers model) of a random tiny Kimi-Linear saved with save_pretrained."""
+    model = random_hf_model(hf_kimi_linear)
     folder = tmp_path_factory.mktemp("kimi_linear_tiny")
     model.save_pretrained(folder)
     return folder, model
@@ -294,6 +301,9 @@ def test_builtin_tiny_models_run_with_their_tokenizer(name):
         assert type(model).__name__ == "KimiK3ForConditionalGeneration"
         assert (cfg.kda_num_heads, cfg.kda_head_dim) == (12, 128)  # K3's per-GPU KDA shape
         assert cfg.use_full_rank_gate and cfg.q_lora_rank and cfg.routed_expert_hidden_size
+        assert cfg.attn_res_block_size == 2 and text.output_attn_res_proj.weight.shape == (1, 512)
+    else:  # Kimi-Linear has no AttnRes (and transformers' model, its reference, neither)
+        assert cfg.attn_res_block_size is None and not hasattr(text, "output_attn_res_proj")
     assert all(layer.self_attn.o_proj._input_quant_key for layer in text.layers)
     again = load_model(name, dtype=torch.float32, quant_config=quant)
     a = Harness(model).step({0: ids, 1: ids[:5]})

@@ -4,8 +4,8 @@ the package (no download), weights from the deterministic dummy initialisation (
 - `kimi-linear-tiny`: Kimi-Linear's features (low-rank output gate, MLA without q_lora, MoE with a
   shared expert, dense first layer, SiLU) in 4 layers of hidden 256.
 - `kimi-k3-tiny`: Kimi-K3's (full-rank gate, gate lower bound, q_lora MLA with output gate, latent
-  MoE with norm, SiTU, dense first layer) with K3's per-GPU KDA shape, 12 heads x 128, at TP=1.
-  AttnRes is not in it: the fork does not implement AttnRes yet.
+  MoE with norm, SiTU, dense first layer, AttnRes with blocks of 2 layers, so its 4 layers close
+  two blocks) with K3's per-GPU KDA shape, 12 heads x 128, at TP=1.
 """
 
 from pathlib import Path

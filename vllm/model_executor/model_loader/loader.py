@@ -66,8 +66,10 @@ def _poison(model: torch.nn.Module) -> None:
 
 
 def _check_complete(model: torch.nn.Module) -> None:
+    # Parameter path -> checkpoint name: Kimi-Linear's lack the `model.` of its layers and
+    # norms; Kimi-K3's wrapper paths (`language_model.layers.*`, ...) already are K3 names.
     missing = [
-        name if name.startswith("lm_head") else f"model.{name}"  # the checkpoint's namespace
+        name if name.startswith(("lm_head", "language_model.")) else f"model.{name}"
         for name, p in model.named_parameters()
         if torch.isnan(p).any()
     ]

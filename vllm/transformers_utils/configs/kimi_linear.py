@@ -154,8 +154,12 @@ class KimiLinearConfig:
                 _fail("topk_group", "the kept groups hold fewer experts than num_experts_per_token")
         if self.moe_layer_freq <= 0:
             _fail("moe_layer_freq", "must be positive")
-        if self.attn_res_block_size is not None and self.attn_res_block_size <= 0:
-            _fail("attn_res_block_size", "must be positive when set")
+        block = self.attn_res_block_size
+        # bool is an int subclass: `true` must not silently mean a block of one layer
+        if block is not None and (
+            not isinstance(block, int) or isinstance(block, bool) or block <= 0
+        ):
+            _fail("attn_res_block_size", f"must be a positive integer when set, got {block!r}")
         self._validate_linear_attn()
 
     def _validate_linear_attn(self) -> None:

@@ -5,7 +5,9 @@ router, routed and shared experts, Kimi-K3's latent MoE with optional norm), dec
 Checkpoint names (upstream-facts D.7): `mlp.gate_proj/up_proj/down_proj`;
 `block_sparse_moe.gate.weight`, `.gate.e_score_correction_bias`, `.experts.{e}.w1/w2/w3`,
 `.shared_experts.gate_proj/up_proj/down_proj`, `.routed_expert_down_proj`, `.routed_expert_norm`,
-`.routed_expert_up_proj`. Also the decoder layer and `KimiLinearForCausalLM`.
+`.routed_expert_up_proj`. Also the decoder layer and `KimiLinearForCausalLM`, with Kimi-K3's
+block attention residuals when `attn_res_block_size` is set (`attn_res.py`): per layer
+`self_attention_res_norm/_proj`, `mlp_res_norm/_proj`, and model-level `output_attn_res_norm/_proj`.
 """
 
 import re
@@ -30,12 +32,21 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
     ParallelLMHead,
     VocabParallelEmbedding,
 )
+from vllm.models.kimi_k3.amd.attn_res import AttnResState
 from vllm.models.kimi_k3.amd.kda import KDAMetadata, KDAStatePool, KimiK3DeltaAttention
 from vllm.models.kimi_k3.amd.mla import KimiMLAAttention, MLAMetadata
 from vllm.transformers_utils.configs import KimiLinearConfig
 
 _EXPERT = re.compile(r"experts\.(\d+)\.(w[123])\.weight")
 _LAYER = re.compile(r"model\.layers\.(\d+)\.([a-z_]+)\.(.+)")
+_LAYER_NORMS = ("input_layernorm", "post_attention_layernorm")
+_LAYER_ATTN_RES = (
+    "self_attention_res_norm",
+    "self_attention_res_proj",
+    "mlp_res_norm",
+    "mlp_res_proj",
+)
+_MODEL_ATTN_RES = ("model.output_attn_res_norm.weight", "model.output_attn_res_proj.weight")
 
 
 def _copy_checked(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
@@ -196,6 +207,16 @@ class KimiMoE(torch.nn.Module):
 # ---------------------------------------------------------------------------------------------
 
 
+def _attn_res_proj(
+    hidden_size: int, params_dtype: torch.dtype | None, prefix: str
+) -> ReplicatedLinear:
+    """An AttnRes pseudo-query (weight `[1, hidden]`). Built without a quant config, as
+    upstream: --quantization-config never applies to it."""
+    return ReplicatedLinear(
+        hidden_size, 1, bias=False, params_dtype=params_dtype, quant_config=None, prefix=prefix
+    )
+
+
 @dataclass
 class KimiBatch:
     """What one forward needs besides token ids: metadata for both attention kinds and the caches
@@ -208,7 +229,11 @@ class KimiBatch:
 
 
 class KimiDecoderLayer(torch.nn.Module):
-    """Pre-norm residual block: KDA or MLA attention, then a dense MLP or the MoE block."""
+    """Pre-norm residual block: KDA or MLA attention, then a dense MLP or the MoE block.
+
+    `forward` is the standard residual; with `attn_res_block_size` set the model calls
+    `forward_attn_res` instead, whose sublayers read AttnRes mixtures (`attn_res.py`).
+    """
 
     def __init__(
         self,
@@ -242,23 +267,43 @@ class KimiDecoderLayer(torch.nn.Module):
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps, params_dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, params_dtype)
+        self.has_attn_res = config.attn_res_block_size is not None
+        if self.has_attn_res:
+            h = config.hidden_size
+            self.self_attention_res_norm = RMSNorm(h, eps, params_dtype)
+            self.self_attention_res_proj = _attn_res_proj(
+                h, params_dtype, f"{prefix}.self_attention_res_proj"
+            )
+            self.mlp_res_norm = RMSNorm(h, eps, params_dtype)
+            self.mlp_res_proj = _attn_res_proj(h, params_dtype, f"{prefix}.mlp_res_proj")
+
+    def _attention(self, h: torch.Tensor, batch: KimiBatch) -> torch.Tensor:
+        if self.is_kda:
+            return self.self_attn(h, batch.kda, batch.kda_pools[self.layer_idx])
+        return self.self_attn(h, batch.mla, batch.mla_caches[self.layer_idx])
+
+    def _ffn(self, h: torch.Tensor) -> torch.Tensor:
+        return (self.block_sparse_moe if hasattr(self, "block_sparse_moe") else self.mlp)(h)
 
     def forward(self, x: torch.Tensor, batch: KimiBatch) -> torch.Tensor:
-        h = self.input_layernorm(x)
-        if self.is_kda:
-            h = self.self_attn(h, batch.kda, batch.kda_pools[self.layer_idx])
-        else:
-            h = self.self_attn(h, batch.mla, batch.mla_caches[self.layer_idx])
-        x = x + h
-        h = self.post_attention_layernorm(x)
-        ffn = self.block_sparse_moe if hasattr(self, "block_sparse_moe") else self.mlp
-        return x + ffn(h)
+        x = x + self._attention(self.input_layernorm(x), batch)
+        return x + self._ffn(self.post_attention_layernorm(x))
+
+    def forward_attn_res(self, state: AttnResState, batch: KimiBatch) -> None:
+        """Run the layer on the AttnRes stream `state`, adding both sublayer outputs to it."""
+        state.begin_layer(self.layer_idx)
+        h = state.mix(self.self_attention_res_norm, self.self_attention_res_proj)
+        state.add(self._attention(self.input_layernorm(h), batch))
+        h = state.mix(self.mlp_res_norm, self.mlp_res_proj)
+        state.add(self._ffn(self.post_attention_layernorm(h)))
 
 
 class KimiLinearForCausalLM(torch.nn.Module):
     """The Kimi-Linear / Kimi-K3 text model: embeddings, decoder layers, final norm, LM head.
 
-    Embeddings and the LM head are sharded over the vocabulary across TP ranks.
+    Embeddings and the LM head are sharded over the vocabulary across TP ranks. With
+    `attn_res_block_size` set the layers run on an AttnRes stream and a model-level mixture
+    (`output_attn_res_norm/_proj`) feeds the final norm.
     """
 
     def __init__(
@@ -269,8 +314,6 @@ class KimiLinearForCausalLM(torch.nn.Module):
         prefix: str = "model",
     ) -> None:
         super().__init__()
-        if config.attn_res_block_size is not None:
-            raise ValueError("config field 'attn_res_block_size': AttnRes is not supported yet")
         self.config = config
         dtype = params_dtype or torch.get_default_dtype()
         self.embed_tokens = VocabParallelEmbedding(
@@ -280,6 +323,11 @@ class KimiLinearForCausalLM(torch.nn.Module):
             KimiDecoderLayer(config, i, dtype, quant_config, f"{prefix}.layers.{i}")
             for i in range(config.num_hidden_layers)
         )
+        if config.attn_res_block_size is not None:
+            self.output_attn_res_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+            self.output_attn_res_proj = _attn_res_proj(
+                config.hidden_size, dtype, f"{prefix}.output_attn_res_proj"
+            )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         # A tied head computes with the embedding's (identically sharded) weight.
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, dtype, "lm_head")
@@ -289,15 +337,23 @@ class KimiLinearForCausalLM(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor, batch: KimiBatch) -> torch.Tensor:
         """Hidden states `[T, hidden]` of the flattened batch."""
         x = self.embed_tokens(input_ids)
-        for layer in self.layers:
-            x = layer(x, batch)
+        block_size = self.config.attn_res_block_size
+        if block_size is None:
+            for layer in self.layers:
+                x = layer(x, batch)
+        else:
+            state = AttnResState(x, len(self.layers), block_size)
+            for layer in self.layers:
+                layer.forward_attn_res(state, batch)
+            x = state.mix(self.output_attn_res_norm, self.output_attn_res_proj)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head.compute_logits(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Load Hugging Face checkpoint tensors (`model.layers.{i}....`, `lm_head.weight`).
+        """Load Hugging Face checkpoint tensors (`model.layers.{i}....`, `lm_head.weight`); the
+        AttnRes ones only when `attn_res_block_size` is set.
 
         Raises ValueError naming an unexpected tensor; returns the names loaded."""
         per_layer: dict[tuple[int, str], list[tuple[str, torch.Tensor]]] = {}
@@ -316,6 +372,9 @@ class KimiLinearForCausalLM(torch.nn.Module):
                 self.embed_tokens.weight_loader(self.embed_tokens.weight, tensor)
             elif name == "model.norm.weight":
                 _copy_checked(self.norm.weight, tensor, name)
+            elif name in _MODEL_ATTN_RES and self.config.attn_res_block_size is not None:
+                # a norm or an unquantized replicated projection: the whole weight on every rank
+                _copy_checked(getattr(self, name.split(".")[1]).weight, tensor, name)
             elif name == "lm_head.weight":
                 # Tied: the head is the embedding; transformers still saves a copy, skipped.
                 if not self.config.tie_word_embeddings:
@@ -325,9 +384,12 @@ class KimiLinearForCausalLM(torch.nn.Module):
             loaded.add(name)
         for (i, part), tensors in per_layer.items():
             layer = self.layers[i]
-            if part in ("input_layernorm", "post_attention_layernorm"):
+            if part in _LAYER_NORMS or (part in _LAYER_ATTN_RES and layer.has_attn_res):
                 for rest, tensor in tensors:
-                    _copy_checked(getattr(layer, part).weight, tensor, f"layers.{i}.{part}.{rest}")
+                    name = f"model.layers.{i}.{part}.{rest}"
+                    if rest != "weight":
+                        raise ValueError(f"unexpected checkpoint tensor {name!r}")
+                    _copy_checked(getattr(layer, part).weight, tensor, name)
             elif part == "self_attn":
                 layer.self_attn.load_weights(tensors)
             elif part == "block_sparse_moe" and hasattr(layer, "block_sparse_moe"):
