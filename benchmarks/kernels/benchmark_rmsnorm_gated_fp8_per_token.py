@@ -33,8 +33,10 @@ import triton.language as tl
 
 from vllm import _custom_ops
 from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import (
+    HEAD_SPLITS,
     FusedLaunchConfig,
     fused_launch_config,
+    head_chunks,
     launch_fused,
     per_token_fp8_quant,
     rmsnorm_gated_fp8_per_token,
@@ -287,7 +289,8 @@ def sweep_configs(case: Case, args) -> list[tuple[FusedLaunchConfig, float]]:
     else:
         configs = [
             FusedLaunchConfig(False, h, w, split)
-            for w, split in itertools.product((1, 2, 4, 8, 16), (True, False))
+            for w, split in itertools.product((1, 2, 4, 8, 16), HEAD_SPLITS)
+            if split == "pow2" or head_chunks(h, split) != head_chunks(h)
         ]
     out = []
     for config in configs:
@@ -377,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
                 default = fused_launch_config(triton.next_power_of_2(t), h, args.head_dim)
                 for config, us in sweep_configs(case, args):
                     rows.append(
-                        dict(case=case.name, T=t, warps=config.num_warps, split=config.split_heads,
+                        dict(case=case.name, T=t, warps=config.num_warps, split=config.head_split,
                              us=round(us, 3), default=config == default)
                     )  # fmt: skip
                 best = min((r for r in rows if r["case"] == case.name and r["T"] == t),

@@ -148,19 +148,33 @@ def test_fused_other_launch_shapes(heads, head_dim):
     assert_within_half_step(q, scale, exact_rmsnorm_gated(x, weight, gate, EPS).reshape(5, -1))
 
 
+def test_head_chunks_cover_every_head_once():
+    for heads in range(1, 97):
+        for split in op_module.HEAD_SPLITS:
+            chunks = [c for c in op_module.head_chunks(heads, split) if c != (0, 0)]
+            assert sum(valid for _, valid in chunks) == heads, (heads, split)
+            assert all(rows & (rows - 1) == 0 and valid <= rows for rows, valid in chunks)
+    assert op_module.head_chunks(12, "pow2")[:2] == ((8, 8), (4, 4))
+    assert op_module.head_chunks(12, "equal") == ((4, 4), (4, 4), (4, 4))
+    assert op_module.head_chunks(12, "padded") == ((16, 12), (0, 0), (0, 0))
+    assert op_module.head_chunks(5, "equal") == op_module.head_chunks(5, "pow2")  # 5 x 1: pow2
+    with pytest.raises(ValueError, match="head split"):
+        op_module.head_chunks(12, "halves")
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy under the interpreter
-@pytest.mark.parametrize("split_heads", [True, False], ids=["head-chunks", "padded-tile"])
-@pytest.mark.parametrize("heads", [3, 12, 15])
-def test_both_tile_shapes(heads, split_heads):
-    """The launch variants a sweep can choose (chunked or padded tile) compute the same
-    function, non-finite tokens included."""
+@pytest.mark.parametrize("head_split", op_module.HEAD_SPLITS)
+@pytest.mark.parametrize("heads", [3, 12, 15, 24])
+def test_every_head_split(heads, head_split):
+    """The launch variants a sweep can choose (power-of-two, equal or padded head chunks)
+    compute the same function, non-finite tokens included."""
     x, weight, gate = make_inputs(9, heads, 128, torch.bfloat16, x_strided=True)
     x[2, 0, 5] = float("nan")
     x[4, heads - 1, 0] = float("inf")
     fp8 = current_platform.fp8_dtype()
     q = torch.empty(9, heads * 128, dtype=fp8, device=DEVICE)
     scale = torch.empty(9, 1, dtype=torch.float32, device=DEVICE)
-    config = op_module.FusedLaunchConfig(False, heads, 2, split_heads)
+    config = op_module.FusedLaunchConfig(False, heads, 2, head_split)
     fp8_max, min_scale = current_platform.fp8_max(), current_platform.fp8_min_scale()
     op_module.launch_fused(x, weight, gate, EPS, q, scale, fp8_max, min_scale, config)
     q_ref, scale_ref = rmsnorm_gated_fp8_per_token_ref(x, weight, gate, EPS)

@@ -103,11 +103,11 @@ if triton is not None:
 
     @triton.jit
     def _load_heads(
-        x_row, g_row, stride_xh, stride_gh,
+        x_row, g_row, w_ptr, stride_xh, stride_gh,
         FIRST: tl.constexpr, ROWS: tl.constexpr, LAST: tl.constexpr,
         D: tl.constexpr, BLOCK_D: tl.constexpr,
     ):  # fmt: skip
-        # x and gate of heads FIRST .. LAST - 1 of one token as [ROWS, BLOCK_D] fp32 tiles.
+        # x, gate and weight of heads FIRST .. LAST - 1 of one token as [ROWS, BLOCK_D] fp32 tiles.
         # Padded rows / columns read clamped (in-bounds) addresses under a mask and give 0.
         heads = FIRST + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_D)
@@ -119,6 +119,10 @@ if triton is not None:
             heads = tl.where(head_ok, heads, FIRST)
         x_ptrs = x_row + (heads * stride_xh)[:, None] + cols[None, :]
         g_ptrs = g_row + (heads * stride_gh)[:, None] + cols[None, :]
+        # The weight is read as a [ROWS, BLOCK_D] tile with row stride 0 (cached, no extra DRAM
+        # traffic) so that it gets x's register layout: a [BLOCK_D] load would get its own
+        # layout and a shared-memory conversion, with barriers, on the latency chain.
+        w_ptrs = w_ptr + (heads * 0)[:, None] + cols[None, :]
         if (FIRST + ROWS > LAST) or (BLOCK_D != D):
             if FIRST + ROWS <= LAST:
                 mask = col_ok[None, :]
@@ -128,19 +132,21 @@ if triton is not None:
                 mask = head_ok[:, None] & col_ok[None, :]
             x = tl.load(x_ptrs, mask=mask, other=0.0)
             g = tl.load(g_ptrs, mask=mask, other=0.0)
+            w = tl.load(w_ptrs, mask=mask, other=0.0)
         else:
             x = tl.load(x_ptrs)
             g = tl.load(g_ptrs)
-        return x.to(tl.float32), g.to(tl.float32)
+            w = tl.load(w_ptrs)
+        return x.to(tl.float32), g.to(tl.float32), w.to(tl.float32)
 
     @triton.jit
     def _gated_rmsnorm(x, g, w, eps, D: tl.constexpr):
-        # y = (x * w * sigmoid(g)) * rstd, and max |y| of the tile (+inf if any y is not finite).
-        # Rounding is monotonic and rstd > 0, so max_d |fl(z_d * rstd)| == fl(max_d |z_d| * rstd):
-        # each head's max of |z| is reduced alongside its sum of squares instead of after it,
-        # which takes a reduction off the latency chain. eps > 0 (validated), so padded rows
-        # (all zero) give y = 0, never 0 * inf.
-        z = x * w[None, :] * tl.sigmoid(g)
+        # y = (x * w * sigmoid(g)) * rstd, and per row (head) max |y|, +inf if any y is not
+        # finite. Rounding is monotonic and rstd > 0, so max_d |fl(z_d * rstd)| equals
+        # fl(max_d |z_d| * rstd): each head's max |z| is reduced alongside its sum of squares
+        # instead of after it, which takes a reduction off the latency chain. eps > 0
+        # (validated), so padded rows (all zero) give y = 0, never 0 * inf.
+        z = x * w * tl.sigmoid(g)
         z_max = _abs_max(z, 1)
         if (D & (D - 1)) == 0:
             mean_sq = tl.sum(x * x, axis=1) * (1.0 / D)  # exact: 1 / D is a power of two
@@ -149,8 +155,7 @@ if triton is not None:
         rstd = tl.rsqrt(mean_sq + eps)
         y_max = z_max * rstd
         # 0 * inf (a head whose x * w overflowed, so rstd = 0) is NaN: map it to +inf as well.
-        y_max = tl.where(y_max == y_max, y_max, float("inf"))
-        return z * rstd[:, None], tl.max(y_max, axis=0)
+        return z * rstd[:, None], tl.where(y_max == y_max, y_max, float("inf"))
 
     @triton.jit
     def _store_heads(
@@ -188,22 +193,29 @@ if triton is not None:
         x_row = x_ptr + tok * stride_xt
         g_row = g_ptr + tok * stride_gt
         q_row = q_ptr + tok * stride_qt
-        args = (x_row, g_row, stride_xh, stride_gh)
-        x0, g0 = _load_heads(*args, 0, ROWS0, END0, D, BLOCK_D)
+        args = (x_row, g_row, w_ptr, stride_xh, stride_gh)
+        x0, g0, w0 = _load_heads(*args, 0, ROWS0, END0, D, BLOCK_D)
         if ROWS1 > 0:
-            x1, g1 = _load_heads(*args, END0, ROWS1, END1, D, BLOCK_D)
+            x1, g1, w1 = _load_heads(*args, END0, ROWS1, END1, D, BLOCK_D)
         if ROWS2 > 0:
-            x2, g2 = _load_heads(*args, END1, ROWS2, END2, D, BLOCK_D)
-        cols = tl.arange(0, BLOCK_D)
-        w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
-
-        y0, amax = _gated_rmsnorm(x0, g0, w, eps, D)
+            x2, g2, w2 = _load_heads(*args, END1, ROWS2, END2, D, BLOCK_D)
+        # Per-head maxima of every chunk first (reductions within a warp), then as few
+        # cross-warp reductions as possible: chunks of equal rows share a layout, so their
+        # per-head maxima combine elementwise into one vector and one reduction.
+        y0, m0 = _gated_rmsnorm(x0, g0, w0, eps, D)
         if ROWS1 > 0:
-            y1, amax1 = _gated_rmsnorm(x1, g1, w, eps, D)
-            amax = tl.maximum(amax, amax1)
+            y1, m1 = _gated_rmsnorm(x1, g1, w1, eps, D)
         if ROWS2 > 0:
-            y2, amax2 = _gated_rmsnorm(x2, g2, w, eps, D)
-            amax = tl.maximum(amax, amax2)
+            y2, m2 = _gated_rmsnorm(x2, g2, w2, eps, D)
+        if ROWS1 == ROWS0 and ROWS1 > 0:
+            m0 = tl.maximum(m0, m1)
+        if ROWS2 == ROWS0 and ROWS2 > 0:
+            m0 = tl.maximum(m0, m2)
+        amax = tl.max(m0, axis=0)
+        if ROWS1 != ROWS0 and ROWS1 > 0:
+            amax = tl.maximum(amax, tl.max(m1, axis=0))
+        if ROWS2 != ROWS0 and ROWS2 > 0:
+            amax = tl.maximum(amax, tl.max(m2, axis=0))
         scale, inv = _scale_and_inverse(_nan_if_not_finite(amax), fp8_max, min_scale)
         tl.store(s_ptr + tok * stride_st, scale)
         _store_heads(q_row, y0, inv, 0, ROWS0, END0, D, BLOCK_D)
@@ -225,18 +237,16 @@ if triton is not None:
         x_row = x_ptr + tok * stride_xt
         g_row = g_ptr + tok * stride_gt
         q_row = q_ptr + tok * stride_qt
-        args = (x_row, g_row, stride_xh, stride_gh)
-        cols = tl.arange(0, BLOCK_D)
-        w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
+        args = (x_row, g_row, w_ptr, stride_xh, stride_gh)
         amax = 0.0
         for first in tl.static_range(0, H, BLOCK_HEADS):
-            x, g = _load_heads(*args, first, BLOCK_HEADS, H, D, BLOCK_D)
-            _, head_amax = _gated_rmsnorm(x, g, w, eps, D)
-            amax = tl.maximum(amax, head_amax)
+            x, g, w = _load_heads(*args, first, BLOCK_HEADS, H, D, BLOCK_D)
+            _, head_max = _gated_rmsnorm(x, g, w, eps, D)
+            amax = tl.maximum(amax, tl.max(head_max, axis=0))
         scale, inv = _scale_and_inverse(_nan_if_not_finite(amax), fp8_max, min_scale)
         tl.store(s_ptr + tok * stride_st, scale)
         for first in tl.static_range(0, H, BLOCK_HEADS):
-            x, g = _load_heads(*args, first, BLOCK_HEADS, H, D, BLOCK_D)
+            x, g, w = _load_heads(*args, first, BLOCK_HEADS, H, D, BLOCK_D)
             y, _ = _gated_rmsnorm(x, g, w, eps, D)
             _store_heads(q_row, y, inv, first, BLOCK_HEADS, H, D, BLOCK_D)
 
@@ -300,11 +310,28 @@ def _num_sms() -> int:
     return 1
 
 
-def head_chunks(heads: int) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
-    """Split ``heads`` into three (rows, valid) power-of-two chunks; (0, 0) marks an unused one.
+HEAD_SPLITS = ("pow2", "equal", "padded")
 
-    The first two are exact powers of two; the third, if needed, is padded (15 = 8 + 4 + 4/3).
+
+def head_chunks(
+    heads: int, split: str = "pow2"
+) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+    """Split ``heads`` into three (rows, valid) chunks of power-of-two rows; (0, 0) marks an
+    unused one.
+
+    ``pow2``: decreasing powers of two, the third padded if needed (12 = 8 + 4, 15 = 8 + 4 + 4/3).
+    ``equal``: up to three chunks of the largest power of two dividing ``heads`` (12 = 4 + 4 + 4),
+    which share a register layout so their per-head maxima reduce across warps once; ``pow2``
+    when that would need more than three chunks. ``padded``: one ``next_pow2(heads)`` tile.
     """
+    if split not in HEAD_SPLITS:
+        raise ValueError(f"head split must be one of {HEAD_SPLITS}, got {split!r}")
+    if split == "padded":
+        return (_next_pow2(heads), heads), (0, 0), (0, 0)
+    rows = heads & -heads
+    if split == "equal" and heads // rows <= 3:
+        chunks = [(rows, rows)] * (heads // rows)
+        return tuple(chunks + [(0, 0)] * (3 - len(chunks)))
     chunks = []
     remaining = heads
     while remaining and len(chunks) < 2:
@@ -323,7 +350,7 @@ class FusedLaunchConfig(NamedTuple):
     wide: bool  # two-pass kernel over chunks of `block_heads` heads
     block_heads: int
     num_warps: int
-    split_heads: bool = True  # power-of-two head chunks; False: one padded tile
+    head_split: str = "pow2"  # see head_chunks
 
 
 @cache
@@ -349,10 +376,7 @@ def _fused_kernel_kwargs(config: FusedLaunchConfig, heads: int, head_dim: int) -
     kwargs = dict(D=head_dim, BLOCK_D=_next_pow2(head_dim), num_warps=config.num_warps)
     if config.wide:
         return dict(kwargs, H=heads, BLOCK_HEADS=config.block_heads)
-    if config.split_heads:
-        (r0, v0), (r1, v1), (r2, v2) = head_chunks(heads)
-    else:
-        (r0, v0), (r1, v1), (r2, v2) = (_next_pow2(heads), heads), (0, 0), (0, 0)
+    (r0, v0), (r1, v1), (r2, v2) = head_chunks(heads, config.head_split)
     return dict(kwargs, ROWS0=r0, ROWS1=r1, ROWS2=r2, END0=v0, END1=v0 + v1, END2=v0 + v1 + v2)
 
 
