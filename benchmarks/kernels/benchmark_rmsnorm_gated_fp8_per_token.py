@@ -288,8 +288,8 @@ def sweep_configs(case: Case, args) -> list[tuple[FusedLaunchConfig, float]]:
         configs = [default._replace(num_warps=w) for w in (1, 2, 4, 8, 16)]
     else:
         configs = [
-            FusedLaunchConfig(False, h, w, split)
-            for w, split in itertools.product((1, 2, 4, 8, 16), HEAD_SPLITS)
+            FusedLaunchConfig(False, h, w, split, tile)
+            for w, split, tile in itertools.product((1, 2, 4, 8, 16), HEAD_SPLITS, (True, False))
             if split == "pow2" or head_chunks(h, split) != head_chunks(h)
         ]
     out = []
@@ -381,11 +381,13 @@ def main(argv: list[str] | None = None) -> int:
                 for config, us in sweep_configs(case, args):
                     rows.append(
                         dict(case=case.name, T=t, warps=config.num_warps, split=config.head_split,
+                             weight_tile=config.weight_tile,
                              us=round(us, 3), default=config == default)
                     )  # fmt: skip
                 best = min((r for r in rows if r["case"] == case.name and r["T"] == t),
                            key=lambda r: r["us"])  # fmt: skip
                 print(f"{case.name:>18} T={t:>6} best warps={best['warps']} split={best['split']} "
+                      f"weight_tile={best['weight_tile']} "
                       f"{best['us']:.2f} us", flush=True)  # fmt: skip
                 write_csv(args.csv, rows)
                 continue

@@ -163,18 +163,19 @@ def test_head_chunks_cover_every_head_once():
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy under the interpreter
+@pytest.mark.parametrize("weight_tile", [True, False], ids=["weight-tile", "weight-row"])
 @pytest.mark.parametrize("head_split", op_module.HEAD_SPLITS)
 @pytest.mark.parametrize("heads", [3, 12, 15, 24])
-def test_every_head_split(heads, head_split):
-    """The launch variants a sweep can choose (power-of-two, equal or padded head chunks)
-    compute the same function, non-finite tokens included."""
+def test_every_launch_variant(heads, head_split, weight_tile):
+    """The launch variants a sweep can choose (power-of-two, equal or padded head chunks; the
+    weight as a tile or a row) compute the same function, non-finite tokens included."""
     x, weight, gate = make_inputs(9, heads, 128, torch.bfloat16, x_strided=True)
     x[2, 0, 5] = float("nan")
     x[4, heads - 1, 0] = float("inf")
     fp8 = current_platform.fp8_dtype()
     q = torch.empty(9, heads * 128, dtype=fp8, device=DEVICE)
     scale = torch.empty(9, 1, dtype=torch.float32, device=DEVICE)
-    config = op_module.FusedLaunchConfig(False, heads, 2, head_split)
+    config = op_module.FusedLaunchConfig(False, heads, 2, head_split, weight_tile)
     fp8_max, min_scale = current_platform.fp8_max(), current_platform.fp8_min_scale()
     op_module.launch_fused(x, weight, gate, EPS, q, scale, fp8_max, min_scale, config)
     q_ref, scale_ref = rmsnorm_gated_fp8_per_token_ref(x, weight, gate, EPS)

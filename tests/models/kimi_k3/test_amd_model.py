@@ -309,7 +309,11 @@ def test_builtin_tiny_models_run_with_their_tokenizer(name):
     a = Harness(model).step({0: ids, 1: ids[:5]})
     b = Harness(again).step({0: ids, 1: ids[:5]})
     assert torch.equal(a, b) and torch.isfinite(a).all()  # deterministic built-in weights
-    assert torch.allclose(a[len(ids) : len(ids) + 5], a[:5], rtol=1e-5, atol=1e-5)  # same prefix
+    # A prompt's prefix inside a longer prompt gives its logits. Checked without quantization:
+    # BLAS may round a row differently by its position in the batch (an ulp), and per-token FP8
+    # turns such an ulp at a rounding tie into a whole FP8 step (seen on the H200 host's CPU).
+    plain = Harness(load_model(name, dtype=torch.float32)).step({0: ids, 1: ids[:5]})
+    assert torch.allclose(plain[len(ids) : len(ids) + 5], plain[:5], rtol=1e-5, atol=1e-5)
 
 
 def test_unknown_model_name_is_reported():

@@ -105,9 +105,10 @@ if triton is not None:
     def _load_heads(
         x_row, g_row, w_ptr, stride_xh, stride_gh,
         FIRST: tl.constexpr, ROWS: tl.constexpr, LAST: tl.constexpr,
-        D: tl.constexpr, BLOCK_D: tl.constexpr,
+        D: tl.constexpr, BLOCK_D: tl.constexpr, WEIGHT_TILE: tl.constexpr,
     ):  # fmt: skip
-        # x, gate and weight of heads FIRST .. LAST - 1 of one token as [ROWS, BLOCK_D] fp32 tiles.
+        # x and gate of heads FIRST .. LAST - 1 of one token as [ROWS, BLOCK_D] fp32 tiles, and
+        # the weight as a tile or a [1, BLOCK_D] row.
         # Padded rows / columns read clamped (in-bounds) addresses under a mask and give 0.
         heads = FIRST + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_D)
@@ -119,10 +120,14 @@ if triton is not None:
             heads = tl.where(head_ok, heads, FIRST)
         x_ptrs = x_row + (heads * stride_xh)[:, None] + cols[None, :]
         g_ptrs = g_row + (heads * stride_gh)[:, None] + cols[None, :]
-        # The weight is read as a [ROWS, BLOCK_D] tile with row stride 0 (cached, no extra DRAM
-        # traffic) so that it gets x's register layout: a [BLOCK_D] load would get its own
-        # layout and a shared-memory conversion, with barriers, on the latency chain.
-        w_ptrs = w_ptr + (heads * 0)[:, None] + cols[None, :]
+        # WEIGHT_TILE: the weight is read as a [ROWS, BLOCK_D] tile with row stride 0 (cache
+        # hits) so that it gets x's register layout; a [BLOCK_D] load gets its own layout and a
+        # shared-memory conversion with barriers, which costs latency when few tokens run, while
+        # the tile's extra load instructions cost bandwidth when many do.
+        if WEIGHT_TILE:
+            w_ptrs = w_ptr + (heads * 0)[:, None] + cols[None, :]
+        else:
+            w_ptrs = w_ptr + cols
         if (FIRST + ROWS > LAST) or (BLOCK_D != D):
             if FIRST + ROWS <= LAST:
                 mask = col_ok[None, :]
@@ -132,11 +137,19 @@ if triton is not None:
                 mask = head_ok[:, None] & col_ok[None, :]
             x = tl.load(x_ptrs, mask=mask, other=0.0)
             g = tl.load(g_ptrs, mask=mask, other=0.0)
-            w = tl.load(w_ptrs, mask=mask, other=0.0)
         else:
             x = tl.load(x_ptrs)
             g = tl.load(g_ptrs)
-            w = tl.load(w_ptrs)
+        if WEIGHT_TILE:
+            if BLOCK_D != D:
+                w = tl.load(w_ptrs, mask=col_ok[None, :], other=0.0)
+            else:
+                w = tl.load(w_ptrs)
+        else:
+            if BLOCK_D != D:
+                w = tl.load(w_ptrs, mask=col_ok, other=0.0)[None, :]
+            else:
+                w = tl.load(w_ptrs)[None, :]
         return x.to(tl.float32), g.to(tl.float32), w.to(tl.float32)
 
     @triton.jit
@@ -184,7 +197,7 @@ if triton is not None:
         eps, fp8_max, min_scale,
         D: tl.constexpr, BLOCK_D: tl.constexpr,
         ROWS0: tl.constexpr, ROWS1: tl.constexpr, ROWS2: tl.constexpr,
-        END0: tl.constexpr, END1: tl.constexpr, END2: tl.constexpr,
+        END0: tl.constexpr, END1: tl.constexpr, END2: tl.constexpr, WEIGHT_TILE: tl.constexpr,
     ):  # fmt: skip
         # One token per program. Its heads are split into up to three power-of-two chunks
         # (12 = 8 + 4), so no lane is padded unless the third chunk needs it (15 = 8 + 4 + 4).
@@ -194,11 +207,11 @@ if triton is not None:
         g_row = g_ptr + tok * stride_gt
         q_row = q_ptr + tok * stride_qt
         args = (x_row, g_row, w_ptr, stride_xh, stride_gh)
-        x0, g0, w0 = _load_heads(*args, 0, ROWS0, END0, D, BLOCK_D)
+        x0, g0, w0 = _load_heads(*args, 0, ROWS0, END0, D, BLOCK_D, WEIGHT_TILE)
         if ROWS1 > 0:
-            x1, g1, w1 = _load_heads(*args, END0, ROWS1, END1, D, BLOCK_D)
+            x1, g1, w1 = _load_heads(*args, END0, ROWS1, END1, D, BLOCK_D, WEIGHT_TILE)
         if ROWS2 > 0:
-            x2, g2, w2 = _load_heads(*args, END1, ROWS2, END2, D, BLOCK_D)
+            x2, g2, w2 = _load_heads(*args, END1, ROWS2, END2, D, BLOCK_D, WEIGHT_TILE)
         # Per-head maxima of every chunk first (reductions within a warp), then as few
         # cross-warp reductions as possible: chunks of equal rows share a layout, so their
         # per-head maxima combine elementwise into one vector and one reduction.
@@ -240,13 +253,13 @@ if triton is not None:
         args = (x_row, g_row, w_ptr, stride_xh, stride_gh)
         amax = 0.0
         for first in tl.static_range(0, H, BLOCK_HEADS):
-            x, g, w = _load_heads(*args, first, BLOCK_HEADS, H, D, BLOCK_D)
+            x, g, w = _load_heads(*args, first, BLOCK_HEADS, H, D, BLOCK_D, False)
             _, head_max = _gated_rmsnorm(x, g, w, eps, D)
             amax = tl.maximum(amax, tl.max(head_max, axis=0))
         scale, inv = _scale_and_inverse(_nan_if_not_finite(amax), fp8_max, min_scale)
         tl.store(s_ptr + tok * stride_st, scale)
         for first in tl.static_range(0, H, BLOCK_HEADS):
-            x, g, w = _load_heads(*args, first, BLOCK_HEADS, H, D, BLOCK_D)
+            x, g, w = _load_heads(*args, first, BLOCK_HEADS, H, D, BLOCK_D, False)
             y, _ = _gated_rmsnorm(x, g, w, eps, D)
             _store_heads(q_row, y, inv, first, BLOCK_HEADS, H, D, BLOCK_D)
 
@@ -351,23 +364,34 @@ class FusedLaunchConfig(NamedTuple):
     block_heads: int
     num_warps: int
     head_split: str = "pow2"  # see head_chunks
+    weight_tile: bool = True  # the weight read in x's register layout (see _load_heads)
 
 
 @cache
 def fused_launch_config(t_bucket: int, heads: int, head_dim: int) -> FusedLaunchConfig:
     """The launch configuration for ``[~t_bucket, heads, head_dim]`` inputs.
 
-    Swept on an H200 (docs/performance.md): unpadded power-of-two head chunks won at every T;
-    few tokens are latency-bound and want ~16 values per thread, many tokens are bandwidth-bound
-    and want 32-64 values per thread in flight.
+    Swept on an H200 (docs/performance.md). Up to 256 tokens the op is latency-bound: about
+    4 values per thread, equal head chunks (one cross-warp reduction), no warp split inside a
+    head, the weight read as a tile. Up to 1024 tokens, about 16 values per thread. Beyond, it is
+    bandwidth-bound: 64 values per thread in flight, power-of-two chunks, the weight as a row.
     """
     block_d = _next_pow2(head_dim)
     padded = sum(rows for rows, _ in head_chunks(heads)) * block_d
     if padded > _MAX_TILE:
         return FusedLaunchConfig(True, max(1, _MAX_TILE // 2 // block_d), 8)
-    per_thread = 16 if t_bucket <= 64 else 32 if t_bucket <= 512 else 64
-    warps = min(8, _next_pow2(max(1, -(-padded // (32 * per_thread)))))
-    return FusedLaunchConfig(False, heads, warps)
+    if t_bucket > 1024:
+        warps = _next_pow2(max(1, -(-padded // (32 * 64))))
+        return FusedLaunchConfig(False, heads, min(8, warps), "pow2", weight_tile=False)
+    chunks = head_chunks(heads, "equal")
+    rows = chunks[0][0]
+    padded = sum(r for r, _ in chunks) * block_d
+    if t_bucket <= 256:
+        warps = _next_pow2(max(1, -(-padded // (32 * 4))))
+    else:
+        warps = 1 << (max(1, padded // (32 * 16)).bit_length() - 1)
+    # A warp per head row at most: more would split a head's sums across warps.
+    return FusedLaunchConfig(False, heads, max(1, min(16, rows, warps)), "equal")
 
 
 @cache
@@ -377,7 +401,10 @@ def _fused_kernel_kwargs(config: FusedLaunchConfig, heads: int, head_dim: int) -
     if config.wide:
         return dict(kwargs, H=heads, BLOCK_HEADS=config.block_heads)
     (r0, v0), (r1, v1), (r2, v2) = head_chunks(heads, config.head_split)
-    return dict(kwargs, ROWS0=r0, ROWS1=r1, ROWS2=r2, END0=v0, END1=v0 + v1, END2=v0 + v1 + v2)
+    return dict(
+        kwargs, ROWS0=r0, ROWS1=r1, ROWS2=r2, END0=v0, END1=v0 + v1, END2=v0 + v1 + v2,
+        WEIGHT_TILE=config.weight_tile,
+    )  # fmt: skip
 
 
 @cache
