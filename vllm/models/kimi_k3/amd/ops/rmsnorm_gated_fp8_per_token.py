@@ -373,14 +373,14 @@ def fused_launch_config(t_bucket: int, heads: int, head_dim: int) -> FusedLaunch
 
     Swept on an H200 (docs/performance.md). Up to 256 tokens the op is latency-bound: about
     4 values per thread, equal head chunks (one cross-warp reduction), no warp split inside a
-    head, the weight read as a tile. Up to 1024 tokens, about 16 values per thread. Beyond, it is
+    head, the weight read as a tile. Up to 4096 tokens, about 16 values per thread. Beyond, it is
     bandwidth-bound: 64 values per thread in flight, power-of-two chunks, the weight as a row.
     """
     block_d = _next_pow2(head_dim)
     padded = sum(rows for rows, _ in head_chunks(heads)) * block_d
     if padded > _MAX_TILE:
         return FusedLaunchConfig(True, max(1, _MAX_TILE // 2 // block_d), 8)
-    if t_bucket > 1024:
+    if t_bucket > 4096:
         warps = _next_pow2(max(1, -(-padded // (32 * 64))))
         return FusedLaunchConfig(False, heads, min(8, warps), "pow2", weight_tile=False)
     chunks = head_chunks(heads, "equal")
