@@ -12,6 +12,8 @@ from vllm.models.kimi_k3.amd.mla import MLAMetadata
 from vllm.transformers_utils.configs import load_model_config
 
 BLOCK = 4
+# The CPU tests run again on a GPU with fla-core's kernels (marked `gpu`).
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 TINY = dict(
     vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
     num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, qk_nope_head_dim=16,
@@ -112,44 +114,49 @@ class Harness:
             return self.model.compute_logits(self.model(torch.tensor(ids, device=dev), batch))
 
 
-def load_ours(folder):
+def load_ours(folder, device="cpu"):
     model = KimiLinearForCausalLM(load_model_config(folder), params_dtype=torch.float32)
     loaded = model.load_weights(load_file(folder / "model.safetensors").items())
     assert "lm_head.weight" in loaded
+    model.to(device)
     model.process_weights_after_loading()
     return model
 
 
-def test_logits_match_transformers_prefill_and_decode(checkpoint):
+@pytest.mark.parametrize("device", DEVICES)
+def test_logits_match_transformers_prefill_and_decode(checkpoint, device):
     folder, hf = checkpoint
-    model = load_ours(folder)
+    model = load_ours(folder, device)
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, 128, (n,), generator=gen).tolist() for n in (5, 9, 3)]
     steps = 3
     full = [p + torch.randint(3, 128, (steps,), generator=gen).tolist() for p in prompts]
     with torch.no_grad():
         expected = [hf(torch.tensor([f])).logits[0].float() for f in full]
-    harness = Harness(model)
-    out = harness.step({i: p for i, p in enumerate(prompts)})
+    harness = Harness(model, device=device)
+    out = harness.step({i: p for i, p in enumerate(prompts)}).cpu()
     got = list(out.split([len(p) for p in prompts]))
     for s in range(steps):
         order = [1, 2, 0]
-        out = harness.step({i: [full[i][len(prompts[i]) + s]] for i in order})
+        out = harness.step({i: [full[i][len(prompts[i]) + s]] for i in order}).cpu()
         for row, i in enumerate(order):
             got[i] = torch.cat([got[i], out[row : row + 1]])
     # fp32 on both sides; KDA's chunked (transformers) vs recurrent (ours) summation order and
-    # the MoE's expert order differ: relative error well under 1e-4.
+    # the MoE's expert order differ: relative error well under 1e-4. On a GPU fla's chunk
+    # kernels round their fp32 dot inputs to TF32 (2^-11 relative): ~1e-3, bound 1e-2.
+    bound = 1e-4 if device == "cpu" else 1e-2
     for g, e in zip(got, expected, strict=True):
-        assert float((g - e).norm() / e.norm()) < 1e-4
+        assert float((g - e).norm() / e.norm()) < bound
 
 
-def test_sequence_alone_or_in_a_batch_decodes_the_same(checkpoint):
+@pytest.mark.parametrize("device", DEVICES)
+def test_sequence_alone_or_in_a_batch_decodes_the_same(checkpoint, device):
     folder, _ = checkpoint
-    model = load_ours(folder)
+    model = load_ours(folder, device)
     prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18]]
 
     def greedy(batch_ids, steps=4):
-        harness = Harness(model)
+        harness = Harness(model, device=device)
         logits = harness.step({i: prompts[i] for i in batch_ids})
         ends = torch.tensor([len(prompts[i]) for i in batch_ids]).cumsum(0) - 1
         tokens = {
@@ -179,7 +186,8 @@ def test_loading_errors_name_the_tensor(checkpoint):
         model.load_weights([("model.layers.1.self_attn.kv_b_proj.weight", bad)])
 
 
-def test_ptpc_recipe_fused_vs_unfused_and_vs_bf16(checkpoint, monkeypatch):
+@pytest.mark.parametrize("device", DEVICES)
+def test_ptpc_recipe_fused_vs_unfused_and_vs_bf16(checkpoint, monkeypatch, device):
     from vllm.config.quantization import parse_quantization_config
     from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
     from vllm.models.kimi_k3.amd.kda import KimiK3DeltaAttention
@@ -192,6 +200,7 @@ def test_ptpc_recipe_fused_vs_unfused_and_vs_bf16(checkpoint, monkeypatch):
         config = OnlineQuantizationConfig(parse_quantization_config(recipe)) if quant else None
         model = KimiLinearForCausalLM(load_model_config(folder), torch.float32, config)
         model.load_weights(tensors.items())
+        model.to(device)
         model.process_weights_after_loading()
         return model
 
@@ -204,8 +213,8 @@ def test_ptpc_recipe_fused_vs_unfused_and_vs_bf16(checkpoint, monkeypatch):
     prompts = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17]]
     logits = {}
     for name, model in (("fused", fused), ("unfused", unfused), ("plain", plain)):
-        harness = Harness(model)
-        logits[name] = harness.step({i: p for i, p in enumerate(prompts)})
+        harness = Harness(model, device=device)
+        logits[name] = harness.step({i: p for i, p in enumerate(prompts)}).cpu()
 
     def kl(p_logits, q_logits):
         p, q = p_logits.log_softmax(-1), q_logits.log_softmax(-1)
