@@ -146,7 +146,13 @@ def test_chunked_prefill_and_mixed_batches_equal_one_shot(device):
     bound = 1e-5 if device == "cpu" else FP32_REL[device]
     assert rel_err(got0, one[:7]) < bound and rel_err(got1, one[7:]) < bound
     assert rel_err(pool.ssm_state[:2], one_pool.ssm_state[:2]) < bound
-    assert torch.equal(pool.conv_state[:2], one_pool.conv_state[:2])
+    # The conv state holds projected inputs. CPU: bit-exact. GPU: cuBLAS picks its fp32 kernel by
+    # the number of rows, so a row's projection may round differently in the two runs (summation
+    # order over 64 products: a few ulps, far under 1e-5 relative).
+    if device == "cpu":
+        assert torch.equal(pool.conv_state[:2], one_pool.conv_state[:2])
+    else:
+        assert rel_err(pool.conv_state[:2], one_pool.conv_state[:2]) < 1e-5
 
 
 # ---------------------------------------------------------------------------------------------

@@ -36,10 +36,13 @@ Numerics policy (shared by both ops, their Triton kernels and their torch refere
   all-NaN codes, so its dequantized values (and its GEMM output row) are NaN. Other tokens are
   unaffected.
 
-Launch shapes: one program per token. Its heads are split into at most three power-of-two chunks
-(12 = 8 + 4), each a ``[rows, next_pow2(D)]`` register tile, so no head lane is padded for H with
-at most three set bits (upstream pads every token to ``next_pow2(H)`` heads: a quarter of the lanes
-at H = 12). Tokens wider than 8192 padded elements use a two-pass kernel over head chunks.
+Launch shapes: one program per token. Its heads are split into at most three chunks of
+power-of-two rows, each a ``[rows, next_pow2(D)]`` register tile, so no head lane is padded for
+H = 12, 24, 48, 96 (upstream pads every token to ``next_pow2(H)`` heads: a quarter of the lanes at
+H = 12): equal chunks (12 = 4 + 4 + 4) for few tokens, whose per-head maxima cross warps in one
+reduction, decreasing powers of two (12 = 8 + 4) for many (``head_chunks``). Each head's max of
+``|x * w * sigmoid(g)|`` is reduced alongside its sum of squares, so the token's amax needs no
+pass over ``y``. Tokens wider than 8192 padded elements use a two-pass kernel over head chunks.
 ``D > 512`` uses the torch reference. Padded lanes read clamped, in-bounds addresses under a mask,
 so no out-of-bounds address is ever formed.
 """
