@@ -202,9 +202,10 @@ if triton is not None:
         ROWS0: tl.constexpr, ROWS1: tl.constexpr, ROWS2: tl.constexpr,
         END0: tl.constexpr, END1: tl.constexpr, END2: tl.constexpr, WEIGHT_TILE: tl.constexpr,
     ):  # fmt: skip
-        # One token per program. Its heads are split into up to three power-of-two chunks
-        # (12 = 8 + 4), so no lane is padded unless the third chunk needs it (15 = 8 + 4 + 4).
-        # Every chunk is loaded before any is reduced, so all loads are in flight at once.
+        # One token per program. Its heads are split into up to three chunks of power-of-two
+        # rows (head_chunks: 12 = 4 + 4 + 4 or 8 + 4), so no lane is padded unless the last
+        # chunk needs it (15 = 8 + 4 + 4). Every chunk is loaded before any is reduced, so all
+        # loads are in flight at once.
         tok = tl.program_id(0).to(tl.int64)
         x_row = x_ptr + tok * stride_xt
         g_row = g_ptr + tok * stride_gt
