@@ -14,11 +14,10 @@ counted with the torch profiler over one eager call. Prints a table; `--csv` wri
 """
 
 import argparse
-import csv
 import sys
 
 import torch
-from benchmark_rmsnorm_gated_fp8_per_token import time_graph
+from benchmark_rmsnorm_gated_fp8_per_token import time_graph, write_csv
 
 from vllm.models.kimi_k3.amd.ops.causal_conv1d import causal_conv1d_decode
 from vllm.models.kimi_k3.amd.ops.fused_kda_decode import fused_kda_decode
@@ -119,17 +118,13 @@ def main(argv: list[str] | None = None) -> int:
                     row[f"{name}_us"] = round(time_graph(fn, args.graph_calls), 3)
                 row["speedup"] = round(row["unfused_us"] / row["fused_us"], 3)
                 rows.append(row)
+                write_csv(args.csv, rows)  # after every row: an interrupted run keeps its rows
                 print(
                     f"{shape:>12} B={batch:>4} unfused {row['unfused_us']:7.2f} us "
                     f"({row['unfused_kernels']} kernels)  fused {row['fused_us']:7.2f} us "
                     f"({row['fused_kernels']} kernels)  {row['speedup']:.2f}x",
                     flush=True,
                 )
-    if args.csv and rows:
-        with open(args.csv, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
     return 0
 
 
