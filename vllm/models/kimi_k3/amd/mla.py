@@ -17,7 +17,7 @@ MLA's own kernels are a later step.
 """
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -42,6 +42,27 @@ class MLAMetadata:
     block_tables: torch.Tensor  # [N, max_blocks] int: cache blocks of each sequence, in order
     slot_mapping: torch.Tensor  # [T] long: cache slot (block * block_size + offset) of each token
     # No padding entries (-1): slots and block tables index the cache unchecked.
+    _contexts: dict[int, list] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def contexts(self, block_size: int) -> list[tuple[int, int, torch.Tensor, torch.Tensor]]:
+        """`(start, end, slots, masked)` of each sequence with tokens this step: the cache slots
+        `[ctx]` of its context in order and the causal mask `[end - start, ctx]` (True above the
+        diagonal). The same for every MLA layer of a forward, so built by the first one."""
+        if block_size not in self._contexts:
+            device = self.block_tables.device
+            out = []
+            qsl = self.query_start_loc
+            for i, ctx in enumerate(self.seq_lens):
+                start, end = qsl[i], qsl[i + 1]
+                if end == start:
+                    continue
+                positions = torch.arange(ctx, device=device)
+                slots = self.block_tables[i][positions // block_size] * block_size
+                query_pos = positions[ctx - (end - start) :]
+                masked = positions[None, :] > query_pos[:, None]
+                out.append((start, end, slots + positions % block_size, masked))
+            self._contexts[block_size] = out
+        return self._contexts[block_size]
 
 
 class KimiMLAAttention(torch.nn.Module):
@@ -120,34 +141,25 @@ class KimiMLAAttention(torch.nn.Module):
         flat_cache[metadata.slot_mapping] = latent.to(kv_cache.dtype)
 
         out = torch.empty(tokens, self.heads, self.v_dim, dtype=x.dtype, device=x.device)
-        block = kv_cache.shape[1]
-        qsl = metadata.query_start_loc
-        for i, ctx in enumerate(metadata.seq_lens):
-            a, b = qsl[i], qsl[i + 1]
-            if b == a:
-                continue
-            positions = torch.arange(ctx, device=x.device)
-            slots = metadata.block_tables[i][positions // block] * block + positions % block
-            out[a:b] = self._attend(q[a:b], flat_cache[slots], ctx)
+        for a, b, slots, masked in metadata.contexts(kv_cache.shape[1]):
+            out[a:b] = self._attend(q[a:b], flat_cache[slots], masked)
         if gate is not None:
             out = out * torch.sigmoid(gate.view(tokens, self.heads, self.v_dim).float()).to(
                 out.dtype
             )
         return self.o_proj(out.reshape(tokens, -1))[0]
 
-    def _attend(self, q: torch.Tensor, cached: torch.Tensor, ctx: int) -> torch.Tensor:
-        """`q` `[Lq, h, nope + rope]` of the last Lq positions of a sequence with `ctx` cached."""
+    def _attend(self, q: torch.Tensor, cached: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+        """`q` `[Lq, h, nope + rope]` of the last Lq positions of a sequence whose `ctx` cached
+        latents are `cached`; `masked` `[Lq, ctx]` is its causal mask."""
         kv = self.kv_b_proj(cached[:, : self.kv_lora].to(q.dtype))[0]
-        kv = kv.view(ctx, self.heads, self.nope + self.v_dim).float()
+        kv = kv.view(cached.shape[0], self.heads, self.nope + self.v_dim).float()
         k_nope, v = kv[..., : self.nope], kv[..., self.nope :]
         k_pe = cached[:, self.kv_lora :].float()  # [ctx, rope], shared by the heads
         qf = q.float()
         scores = torch.einsum("qhd,khd->hqk", qf[..., : self.nope], k_nope)
         scores += torch.einsum("qhd,kd->hqk", qf[..., self.nope :], k_pe)
-        lq = q.shape[0]
-        query_pos = torch.arange(ctx - lq, ctx, device=q.device)
-        causal = torch.arange(ctx, device=q.device)[None, :] > query_pos[:, None]
-        probs = (scores * self.scale).masked_fill(causal, float("-inf")).softmax(dim=-1)
+        probs = (scores * self.scale).masked_fill(masked, float("-inf")).softmax(dim=-1)
         return torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
