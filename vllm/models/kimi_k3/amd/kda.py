@@ -67,13 +67,19 @@ class KDAMetadata:
     num_prefills: int
 
     @cached_property
+    def prefill_query_start_loc(self) -> torch.Tensor:
+        """`[num_prefills + 1]`: start offsets of the prefill sequences within the prefill
+        tokens, on the device; computed once per forward, shared by every layer."""
+        qsl = self.query_start_loc[self.num_decodes :]
+        return qsl - qsl[0]
+
+    @cached_property
     def prefill_host(self) -> tuple[list[int], list[int], list[bool]]:
         """(start offsets within the prefill tokens, slots, has-initial-state) of the prefill
         sequences as Python lists: one device-to-host copy per forward, shared by every layer."""
         nd = self.num_decodes
-        qsl = self.query_start_loc[nd:]
         return (
-            (qsl - qsl[0]).tolist(),
+            self.prefill_query_start_loc.tolist(),
             self.state_slots[nd:].tolist(),
             self.has_initial_state[nd:].tolist(),
         )
@@ -236,10 +242,9 @@ class KimiK3DeltaAttention(torch.nn.Module):
                 q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], pool.ssm_state, slots[:nd]
             )
         if metadata.num_prefills:
-            qsl = metadata.query_start_loc[nd:]
             core[nd:] = kda_prefill(
-                q[nd:], k[nd:], v[nd:], g[nd:], beta[nd:], pool.ssm_state, qsl - qsl[0],
-                slots[nd:], metadata.has_initial_state[nd:],
+                q[nd:], k[nd:], v[nd:], g[nd:], beta[nd:], pool.ssm_state,
+                metadata.prefill_query_start_loc, slots[nd:], metadata.has_initial_state[nd:],
             )  # fmt: skip
         return core, False
 
