@@ -38,7 +38,11 @@ WeightLoader = Callable[..., None]
 
 
 class LinearMethodBase(QuantizeMethodBase):
-    """Quant methods for linear layers."""
+    """Quant methods for linear layers.
+
+    The default `create_weights` registers the unquantized `[N_local, K_local]` weight that the
+    loaders fill: the unquantized method uses it as is, online methods quantize it after loading.
+    """
 
     def create_weights(
         self,
@@ -50,7 +54,12 @@ class LinearMethodBase(QuantizeMethodBase):
         params_dtype: torch.dtype,
         weight_loader: WeightLoader,
     ) -> None:
-        raise NotImplementedError
+        weight = Parameter(
+            torch.empty(sum(output_partition_sizes), input_size_per_partition, dtype=params_dtype),
+            requires_grad=False,
+        )
+        weight.weight_loader = weight_loader
+        layer.register_parameter("weight", weight)
 
     def apply(
         self,
@@ -61,38 +70,8 @@ class LinearMethodBase(QuantizeMethodBase):
         raise NotImplementedError
 
 
-def create_weight(
-    layer: torch.nn.Module,
-    input_size_per_partition: int,
-    output_partition_sizes: list[int],
-    params_dtype: torch.dtype,
-    weight_loader: WeightLoader,
-) -> None:
-    """Register the unquantized `[N_local, K_local]` weight that loaders fill."""
-    weight = Parameter(
-        torch.empty(sum(output_partition_sizes), input_size_per_partition, dtype=params_dtype),
-        requires_grad=False,
-    )
-    weight.weight_loader = weight_loader
-    layer.register_parameter("weight", weight)
-
-
 class UnquantizedLinearMethod(LinearMethodBase):
     """Plain `F.linear` in the parameter dtype."""
-
-    def create_weights(
-        self,
-        layer,
-        input_size_per_partition,
-        output_partition_sizes,
-        input_size,
-        output_size,
-        params_dtype,
-        weight_loader,
-    ) -> None:
-        create_weight(
-            layer, input_size_per_partition, output_partition_sizes, params_dtype, weight_loader
-        )
 
     def apply(self, layer, x, bias=None) -> torch.Tensor:
         as_quantized_activation(x, None)  # a pre-quantized input here is a producer bug: raise

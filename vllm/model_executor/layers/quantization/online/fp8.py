@@ -16,7 +16,7 @@ from vllm.model_executor.layers.fusion.quant_activation import (
     QuantizedActivation,
     expose_input_quant_key,
 )
-from vllm.model_executor.layers.linear import LinearMethodBase, RowParallelLinear, create_weight
+from vllm.model_executor.layers.linear import LinearMethodBase, RowParallelLinear
 from vllm.model_executor.layers.quantization.utils.quant_utils import (
     kFp8DynamicTokenSym,
     kFp8StaticChannelSym,
@@ -62,8 +62,14 @@ class Fp8PtpcOnlineLinearMethod(LinearMethodBase):
         params_dtype,
         weight_loader,
     ) -> None:
-        create_weight(
-            layer, input_size_per_partition, output_partition_sizes, params_dtype, weight_loader
+        super().create_weights(
+            layer,
+            input_size_per_partition,
+            output_partition_sizes,
+            input_size,
+            output_size,
+            params_dtype,
+            weight_loader,
         )
         layer.fp8_linear = init_fp8_linear_kernel(
             self.activation_quant_key,
