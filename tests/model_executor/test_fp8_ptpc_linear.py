@@ -139,6 +139,11 @@ def test_merged_column_loads_shards_into_place():
         layer.weight_loader(layer.weight, torch.randn(9, 16), 0)
     with pytest.raises(ValueError, match="shard_id 2"):
         layer.weight_loader(layer.weight, a, 2)
+    fused = torch.randn(32, 16)
+    layer.weight_loader(layer.weight, fused)  # the fused tensor as a whole
+    assert torch.equal(layer.weight, fused)
+    with pytest.raises(ValueError, match="expected 32 rows"):
+        layer.weight_loader(layer.weight, torch.randn(33, 16))
 
 
 def test_replicated_linear_rejects_wrong_shape():

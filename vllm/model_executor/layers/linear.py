@@ -131,6 +131,11 @@ class LinearBase(torch.nn.Module):
     def _output(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         return out, (self.bias if self.skip_bias_add else None)
 
+    def forward(self, x):
+        """Layers whose output needs no reduction: the quant method adds the bias."""
+        bias = None if self.skip_bias_add else self.bias
+        return self._output(self.quant_method.apply(self, x, bias))
+
     @staticmethod
     def _check_shape(param: torch.Tensor, loaded: torch.Tensor, name: str) -> None:
         if param.shape != loaded.shape:
@@ -167,10 +172,6 @@ class ReplicatedLinear(LinearBase):
         self._check_shape(param, loaded_weight, self.prefix)
         param.data.copy_(loaded_weight)
 
-    def forward(self, x):
-        bias = None if self.skip_bias_add else self.bias
-        return self._output(self.quant_method.apply(self, x, bias))
-
 
 class ColumnParallelLinear(LinearBase):
     """Output features split over the TP ranks; each rank returns its slice of the output."""
@@ -202,24 +203,35 @@ class ColumnParallelLinear(LinearBase):
         size = self.output_sizes[shard]
         return size if shard in self.replicated_shards else size // self.tp_size
 
-    def weight_loader(self, param: Parameter, loaded_weight: torch.Tensor) -> None:
-        if loaded_weight.shape[0] != param.shape[0] * self.tp_size:
+    def weight_loader(
+        self, param: Parameter, loaded_weight: torch.Tensor, shard_id: int | None = None
+    ) -> None:
+        """Copy this rank's rows of one output shard, or of all of them when `shard_id` is None."""
+        if shard_id is None:
+            if loaded_weight.shape[0] != self.output_size:
+                raise ValueError(
+                    f"{self.prefix}: checkpoint tensor has shape {tuple(loaded_weight.shape)}, "
+                    f"expected {self.output_size} rows"
+                )
+            offset = 0
+            for i, size in enumerate(self.output_sizes):
+                self.weight_loader(param, loaded_weight.narrow(0, offset, size), i)
+                offset += size
+            return
+        if not 0 <= shard_id < len(self.output_sizes):
+            raise ValueError(f"{self.prefix}: shard_id {shard_id} out of range")
+        if loaded_weight.shape[0] != self.output_sizes[shard_id]:
             raise ValueError(
-                f"{self.prefix}: checkpoint tensor has {loaded_weight.shape[0]} output rows, "
-                f"expected {param.shape[0] * self.tp_size}"
+                f"{self.prefix} shard {shard_id}: checkpoint tensor has shape "
+                f"{tuple(loaded_weight.shape)}, expected {self.output_sizes[shard_id]} rows"
             )
-        local = param.shape[0]
-        shard = (
-            loaded_weight.narrow(0, self.tp_rank * local, local)
-            if self.tp_size > 1
-            else (loaded_weight)
-        )
-        self._check_shape(param, shard, self.prefix)
-        param.data.copy_(shard)
-
-    def forward(self, x):
-        bias = None if self.skip_bias_add else self.bias
-        return self._output(self.quant_method.apply(self, x, bias))
+        local = self._local_size(shard_id)
+        offset = sum(self._local_size(i) for i in range(shard_id))
+        rank = 0 if shard_id in self.replicated_shards else self.tp_rank
+        shard = loaded_weight.narrow(0, rank * local, local)
+        target = param.data.narrow(0, offset, local)
+        self._check_shape(target, shard, f"{self.prefix} shard {shard_id}")
+        target.copy_(shard)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -251,29 +263,6 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
             prefix=prefix,
             replicated_shards=replicated_shards,
         )
-
-    def weight_loader(
-        self, param: Parameter, loaded_weight: torch.Tensor, shard_id: int | None = None
-    ) -> None:
-        if shard_id is None:  # the fused tensor as a whole
-            for i, size in enumerate(self.output_sizes):
-                offset = sum(self.output_sizes[:i])
-                self.weight_loader(param, loaded_weight.narrow(0, offset, size), i)
-            return
-        if not 0 <= shard_id < len(self.output_sizes):
-            raise ValueError(f"{self.prefix}: shard_id {shard_id} out of range")
-        if loaded_weight.shape[0] != self.output_sizes[shard_id]:
-            raise ValueError(
-                f"{self.prefix} shard {shard_id}: checkpoint tensor has shape "
-                f"{tuple(loaded_weight.shape)}, expected {self.output_sizes[shard_id]} rows"
-            )
-        local = self._local_size(shard_id)
-        offset = sum(self._local_size(i) for i in range(shard_id))
-        rank = 0 if shard_id in self.replicated_shards else self.tp_rank
-        shard = loaded_weight.narrow(0, rank * local, local)
-        target = param.data.narrow(0, offset, local)
-        self._check_shape(target, shard, f"{self.prefix} shard {shard_id}")
-        target.copy_(shard)
 
 
 class RowParallelLinear(LinearBase):
