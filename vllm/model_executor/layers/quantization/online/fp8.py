@@ -27,12 +27,13 @@ _CHUNK_ELEMENTS = 16 * 1024 * 1024  # quantize at most this many weights at a ti
 
 
 def quantize_weight_per_channel(
-    weight: torch.Tensor, amax: torch.Tensor, quant_dtype: torch.dtype | None = None
+    weight: torch.Tensor, amax: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-output-channel FP8 codes `[N, K]` and scales `[N, 1]` of `weight` given its row amax."""
-    quant_dtype = quant_dtype or current_platform.fp8_dtype()
+    """Per-output-channel FP8 codes `[N, K]` and scales `[N, 1]` of `weight` given its fp32 row
+    amax, in the platform's FP8 dtype."""
+    quant_dtype = current_platform.fp8_dtype()
     fp8_max = current_platform.fp8_max(quant_dtype)
-    amax = amax.float().reshape(-1, 1)
+    amax = amax.reshape(-1, 1)
     # A tensor divisor keeps the division correctly rounded on CUDA.
     scale = torch.clamp(
         amax / amax.new_full((), fp8_max), min=current_platform.fp8_min_scale(quant_dtype)
@@ -90,7 +91,6 @@ class Fp8PtpcOnlineLinearMethod(LinearMethodBase):
         codes, scale = quantize_weight_per_channel(weight, amax)
         layer.weight = torch.nn.Parameter(codes.t(), requires_grad=False)  # [K, N] view
         layer.weight_scale = torch.nn.Parameter(scale, requires_grad=False)  # [N, 1]
-        layer.input_scale = None
         layer.fp8_linear.process_weights_after_loading(layer)
         expose_input_quant_key(layer, layer.fp8_linear)
         layer._fp8_weights_processed = True
