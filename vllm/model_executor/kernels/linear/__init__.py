@@ -47,10 +47,8 @@ _POSSIBLE_FP8_KERNELS: dict[PlatformEnum, list[type[FP8ScaledMMLinearKernel]]] =
 
 ALL_FP8_KERNELS: dict[str, type[FP8ScaledMMLinearKernel]] = {
     cls.__name__: cls
-    for cls in (
-        *_POSSIBLE_FP8_KERNELS[PlatformEnum.ROCM],
-        PerTensorTorchFP8ScaledMMLinearKernel,
-    )
+    for kernels in (*_POSSIBLE_FP8_KERNELS.values(), [PerTensorTorchFP8ScaledMMLinearKernel])
+    for cls in kernels
 }
 
 

@@ -20,7 +20,11 @@ from vllm.model_executor.layers.fusion.quant_activation import (
     QuantizedActivation,
     as_quantized_activation,
 )
-from vllm.model_executor.layers.quantization.utils.quant_utils import QuantKey
+from vllm.model_executor.layers.quantization.utils.quant_utils import (
+    QuantKey,
+    kFp8DynamicTokenSym,
+    kFp8StaticChannelSym,
+)
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,15 @@ class FP8ScaledMMLinearLayerConfig:
     weight_shape: tuple[int, int]
     input_dtype: torch.dtype
     out_dtype: torch.dtype | None  # None: the activation's dtype
+
+
+def ptpc_mismatch(config: FP8ScaledMMLinearLayerConfig) -> str | None:
+    """Why `config` is not PTPC (per-token dynamic activations, per-channel weights), or None."""
+    if config.activation_quant_key != kFp8DynamicTokenSym:
+        return "needs per-token dynamic activations"
+    if config.weight_quant_key != kFp8StaticChannelSym:
+        return "needs per-channel weights"
+    return None
 
 
 class ScaledMMLinearKernel(ABC):

@@ -24,11 +24,11 @@ from vllm import envs
 from vllm.model_executor.kernels.linear.scaled_mm.ScaledMMLinearKernel import (
     FP8ScaledMMLinearKernel,
     FP8ScaledMMLinearLayerConfig,
+    ptpc_mismatch,
 )
 from vllm.model_executor.layers.quantization.utils.quant_utils import (
     QuantKey,
     kFp8DynamicTokenSym,
-    kFp8StaticChannelSym,
 )
 
 # AITER's tuned-GEMM tables, under the package's configs/ folder: columns include N and K.
@@ -73,13 +73,10 @@ def _aiter_linear_enabled() -> tuple[bool, str | None]:
 
 
 def _check_ptpc(config: FP8ScaledMMLinearLayerConfig, bf16_only: bool) -> str | None:
-    if config.activation_quant_key != kFp8DynamicTokenSym:
-        return "needs per-token dynamic activations"
-    if config.weight_quant_key != kFp8StaticChannelSym:
-        return "needs per-channel weights"
-    if bf16_only and config.out_dtype not in (None, torch.bfloat16):
+    reason = ptpc_mismatch(config)
+    if reason is None and bf16_only and config.out_dtype not in (None, torch.bfloat16):
         return "produces bf16 only"
-    return None
+    return reason
 
 
 class _AiterPtpcKernel(FP8ScaledMMLinearKernel):

@@ -8,19 +8,13 @@ import vllm.platforms
 from vllm.model_executor.kernels.linear.scaled_mm.ScaledMMLinearKernel import (
     FP8ScaledMMLinearKernel,
     FP8ScaledMMLinearLayerConfig,
+    ptpc_mismatch,
 )
 from vllm.model_executor.layers.quantization.utils.quant_utils import (
     QuantKey,
     kFp8DynamicTokenSym,
     kFp8StaticChannelSym,
 )
-
-
-def _is_ptpc(config: FP8ScaledMMLinearLayerConfig) -> bool:
-    return (
-        config.activation_quant_key == kFp8DynamicTokenSym
-        and config.weight_quant_key == kFp8StaticChannelSym
-    )
 
 
 class RowWiseTorchFP8ScaledMMLinearKernel(FP8ScaledMMLinearKernel):
@@ -34,14 +28,14 @@ class RowWiseTorchFP8ScaledMMLinearKernel(FP8ScaledMMLinearKernel):
     def is_supported(cls) -> tuple[bool, str | None]:
         if not vllm.platforms.current_platform.is_cuda():
             return False, "needs CUDA"
-        if torch.cuda.get_device_capability() < (8, 9):
+        if vllm.platforms.current_platform.device_capability < (8, 9):
             return False, "rowwise FP8 _scaled_mm needs sm_89 or newer"
         return True, None
 
     @classmethod
     def can_implement(cls, config: FP8ScaledMMLinearLayerConfig) -> tuple[bool, str | None]:
-        if not _is_ptpc(config):
-            return False, "only per-token activations with per-channel weights"
+        if reason := ptpc_mismatch(config):
+            return False, reason
         if config.out_dtype != torch.bfloat16:
             return False, "rowwise _scaled_mm produces bf16 only"
         n, k = config.weight_shape
@@ -105,8 +99,8 @@ class ChannelWiseTorchFP8ScaledMMLinearKernel(FP8ScaledMMLinearKernel):
 
     @classmethod
     def can_implement(cls, config: FP8ScaledMMLinearLayerConfig) -> tuple[bool, str | None]:
-        if not _is_ptpc(config):
-            return False, "only per-token activations with per-channel weights"
+        if reason := ptpc_mismatch(config):
+            return False, reason
         return True, None
 
     def input_quant_key(self) -> QuantKey | None:
