@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from vllm.config.quantization import parse_quantization_config
+from vllm.config.quantization import QuantizationConfigArgs, parse_quantization_config
 from vllm.model_executor.layers.linear import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,
@@ -89,6 +89,15 @@ def test_regex_is_anchored_at_the_start_only():
     args = parse_quantization_config({"linear": "fp8_per_channel", "ignore": ["re:model"]})
     assert args.should_ignore("model.layers.0.mlp.down_proj")  # re.match: a prefix suffices
     assert not args.should_ignore("lm.model.layers.0")
+
+
+def test_args_built_directly_honour_their_ignore_patterns():
+    args = QuantizationConfigArgs(ignore=["re:.*o_proj$", "lm_head"])
+    assert args.should_ignore("model.layers.0.self_attn.o_proj")
+    assert args.should_ignore("lm_head")
+    assert not args.should_ignore("model.layers.0.mlp.down_proj")
+    with pytest.raises(ValueError, match=r"'ignore\[0\]': invalid regex"):
+        QuantizationConfigArgs(ignore=["re:("])
 
 
 def test_plain_patterns_are_exact_or_fnmatch():

@@ -61,7 +61,20 @@ class QuantizationConfigArgs:
     linear: QuantSpec | None = None
     moe: QuantSpec | None = None
     ignore: list[str] = field(default_factory=list)
-    _compiled: list[re.Pattern | str] = field(default_factory=list, repr=False)
+    _compiled: list[re.Pattern | str] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._compiled = []
+        for i, pattern in enumerate(self.ignore):
+            if not pattern.startswith("re:"):
+                self._compiled.append(pattern)
+                continue
+            try:
+                self._compiled.append(re.compile(pattern[3:]))
+            except re.error as e:
+                raise ValueError(
+                    f"quantization config field 'ignore[{i}]': invalid regex {pattern[3:]!r}: {e}"
+                ) from None
 
     def should_ignore(self, prefix: str, fused_shards: list[str] | None = None) -> bool:
         """Whether the layer at module path `prefix` stays unquantized.
@@ -69,8 +82,9 @@ class QuantizationConfigArgs:
         `fused_shards` names the checkpoint modules a fused layer stands for (for example
         `["gate_proj", "up_proj"]` for `gate_up_proj`): tried when the fused name matches nothing.
         """
-        if self._matches(prefix) or not fused_shards:
-            return self._matches(prefix)
+        matched = self._matches(prefix)
+        if matched or not fused_shards:
+            return matched
         parent = prefix.rsplit(".", 1)[0] + "." if "." in prefix else ""
         verdicts = {shard: self._matches(parent + shard) for shard in fused_shards}
         if len(set(verdicts.values())) > 1:
@@ -141,20 +155,8 @@ def parse_quantization_config(config: "str | dict[str, Any]") -> QuantizationCon
     ignore = config.get("ignore", [])
     if not isinstance(ignore, list) or not all(isinstance(p, str) for p in ignore):
         raise ValueError("quantization config field 'ignore' must be a list of strings")
-    compiled: list[re.Pattern | str] = []
-    for i, pattern in enumerate(ignore):
-        if pattern.startswith("re:"):
-            try:
-                compiled.append(re.compile(pattern[3:]))
-            except re.error as e:
-                raise ValueError(
-                    f"quantization config field 'ignore[{i}]': invalid regex {pattern[3:]!r}: {e}"
-                ) from None
-        else:
-            compiled.append(pattern)
     return QuantizationConfigArgs(
         linear=_spec("linear", config.get("linear")),
         moe=_spec("moe", config.get("moe")),
         ignore=list(ignore),
-        _compiled=compiled,
     )
