@@ -210,6 +210,13 @@ def batches(device="cpu"):
     ]
 
 
+def test_load_weights_checks_the_norm_weight_shape():
+    """A `[1]` o_norm weight would broadcast under `copy_`; it must be refused."""
+    layer = KimiK3DeltaAttention(HIDDEN, HEADS, HEAD_DIM, prefix="model.layers.0.self_attn")
+    with pytest.raises(ValueError, match=r"self_attn.o_norm.weight: checkpoint shape \(1,\)"):
+        layer.load_weights([("o_norm.weight", torch.ones(1))])
+
+
 def test_full_rank_gate_equals_its_low_rank_factors():
     hf = hf_kda()
     low, full = our_kda(hf), our_kda(hf, full_rank=True)

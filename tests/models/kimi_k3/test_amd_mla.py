@@ -131,6 +131,10 @@ def test_k3_variant_q_lora_and_output_gate():
     torch.testing.assert_close(got, attn.reshape(5, -1) @ t["o_proj.weight"].t())
     with pytest.raises(ValueError, match="self_attn: unexpected checkpoint tensor 'q_proj.weight'"):
         ours.load_weights([("q_proj.weight", torch.zeros(1))])
+    with pytest.raises(
+        ValueError, match=r"self_attn.q_a_layernorm.weight: checkpoint shape \(1,\)"
+    ):
+        ours.load_weights([("q_a_layernorm.weight", torch.zeros(1))])
 
 
 def test_continued_prefill_on_top_of_cached_context():

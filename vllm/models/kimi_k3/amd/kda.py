@@ -51,6 +51,9 @@ from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import (
     rmsnorm_gated_fp8_per_token,
 )
 
+# Loaded through their own `weight_loader` (TP sharding, shape checks).
+_MODULES = ("f_b_proj", "o_proj", "g_a_proj", "g_b_proj", "o_norm")
+
 
 @dataclass
 class KDAMetadata:
@@ -177,7 +180,7 @@ class KimiK3DeltaAttention(torch.nn.Module):
             torch.zeros(self.local_heads, dtype=f32), requires_grad=False
         )
         self.dt_bias = torch.nn.Parameter(torch.zeros(local_proj, dtype=f32), requires_grad=False)
-        self.o_norm = RMSNormGated(head_dim, eps=norm_eps, dtype=dtype)
+        self.o_norm = RMSNormGated(head_dim, norm_eps, dtype, f"{prefix}.o_norm")
         self.o_proj = RowParallelLinear(
             proj, hidden_size, bias=False, params_dtype=dtype, quant_config=quant_config,
             prefix=f"{prefix}.o_proj",
@@ -291,9 +294,7 @@ class KimiK3DeltaAttention(torch.nn.Module):
                 self.A_log.data.copy_(heads.narrow(0, tp_rank * self.local_heads, self.local_heads))
             elif name == "dt_bias":
                 self.dt_bias.data.copy_(tensor.narrow(0, tp_rank * local_proj, local_proj))
-            elif name == "o_norm.weight":
-                self.o_norm.weight.data.copy_(tensor)
-            elif module in ("f_b_proj", "o_proj", "g_a_proj", "g_b_proj") and hasattr(self, module):
+            elif module in _MODULES and name.endswith(".weight") and hasattr(self, module):
                 layer = getattr(self, module)
                 layer.weight_loader(layer.weight, tensor)
             else:

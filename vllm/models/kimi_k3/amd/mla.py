@@ -95,7 +95,9 @@ class KimiMLAAttention(torch.nn.Module):
                 h, sizes, prefix=f"{prefix}.fused_qkv_a_proj",
                 replicated_shards=frozenset({0, 1}), **common,
             )  # fmt: skip
-            self.q_a_layernorm = RMSNorm(self.q_lora, config.rms_norm_eps, params_dtype)
+            self.q_a_layernorm = RMSNorm(
+                self.q_lora, config.rms_norm_eps, params_dtype, f"{prefix}.q_a_layernorm"
+            )
             self.q_b_proj = ColumnParallelLinear(
                 self.q_lora, heads * qk, prefix=f"{prefix}.q_b_proj", **common
             )
@@ -108,7 +110,9 @@ class KimiMLAAttention(torch.nn.Module):
                 self.g_proj = ColumnParallelLinear(
                     h, heads * self.v_dim, prefix=f"{prefix}.g_proj", **common
                 )
-        self.kv_a_layernorm = RMSNorm(self.kv_lora, config.rms_norm_eps, params_dtype)
+        self.kv_a_layernorm = RMSNorm(
+            self.kv_lora, config.rms_norm_eps, params_dtype, f"{prefix}.kv_a_layernorm"
+        )
         self.kv_b_proj = ColumnParallelLinear(
             self.kv_lora, heads * (self.nope + self.v_dim), prefix=f"{prefix}.kv_b_proj", **common
         )
@@ -171,13 +175,6 @@ class KimiMLAAttention(torch.nn.Module):
             if module in shards:
                 p = self.fused_qkv_a_proj.weight
                 self.fused_qkv_a_proj.weight_loader(p, tensor, shards[module])
-            elif module in ("q_a_layernorm", "kv_a_layernorm") and hasattr(self, module):
-                weight = getattr(self, module).weight
-                if weight.shape != tensor.shape:
-                    raise ValueError(
-                        f"{self.prefix}.{name}: checkpoint shape {tuple(tensor.shape)}"
-                    )
-                weight.data.copy_(tensor)
             elif hasattr(self, module) and isinstance(getattr(self, module), torch.nn.Module):
                 layer = getattr(self, module)
                 layer.weight_loader(layer.weight, tensor)
