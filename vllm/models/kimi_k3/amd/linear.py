@@ -255,7 +255,8 @@ class KimiDecoderLayer(torch.nn.Module):
             )  # fmt: skip
         else:
             self.self_attn = KimiMLAAttention(config, params_dtype, quant_config, attn_prefix)
-        if config.is_moe_layer(layer_idx):
+        self.is_moe = config.is_moe_layer(layer_idx)
+        if self.is_moe:
             self.block_sparse_moe = KimiMoE(
                 config, params_dtype, quant_config, f"{prefix}.block_sparse_moe"
             )
@@ -283,7 +284,7 @@ class KimiDecoderLayer(torch.nn.Module):
         return self.self_attn(h, batch.mla, batch.mla_caches[self.layer_idx])
 
     def _ffn(self, h: torch.Tensor) -> torch.Tensor:
-        return (self.block_sparse_moe if hasattr(self, "block_sparse_moe") else self.mlp)(h)
+        return (self.block_sparse_moe if self.is_moe else self.mlp)(h)
 
     def forward(self, x: torch.Tensor, batch: KimiBatch) -> torch.Tensor:
         x = x + self._attention(self.input_layernorm(x), batch)
@@ -392,9 +393,9 @@ class KimiLinearForCausalLM(torch.nn.Module):
                     _copy_checked(getattr(layer, part).weight, tensor, name)
             elif part == "self_attn":
                 layer.self_attn.load_weights(tensors)
-            elif part == "block_sparse_moe" and hasattr(layer, "block_sparse_moe"):
+            elif part == "block_sparse_moe" and layer.is_moe:
                 layer.block_sparse_moe.load_weights(tensors)
-            elif part in ("mlp", "block_sparse_moe") and hasattr(layer, "mlp"):
+            elif part in ("mlp", "block_sparse_moe") and not layer.is_moe:
                 # transformers' save_pretrained names the dense MLP `block_sparse_moe.*` too
                 for rest, tensor in tensors:
                     layer.mlp.load_weight(rest, tensor)
