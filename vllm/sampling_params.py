@@ -1,0 +1,124 @@
+"""`SamplingParams`: how one request is sampled and when it stops (upstream's names and defaults).
+
+Every field is validated at construction; a bad value raises `ValueError` naming the field, so a
+bad request is refused when it is added, never in the middle of a step.
+"""
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+# Below this a temperature means greedy (argmax), as upstream.
+_GREEDY_EPS = 1e-5
+
+
+class SamplingType(IntEnum):
+    GREEDY = 0
+    RANDOM = 1
+    RANDOM_SEED = 2
+
+
+@dataclass
+class SamplingParams:
+    """Sampling and stopping of one request.
+
+    - `n`: completions per prompt (each its own sequence; with a `seed`, completion i uses
+      `seed + i`).
+    - `temperature` (0: greedy), `top_k` (0 or -1: off), `top_p` (1: off), `min_p` (0: off).
+    - `seed`: per-request generator: the same seed gives the same tokens whatever else is batched.
+    - `max_tokens` (None: up to `max_model_len`), `min_tokens` (eos and `stop_token_ids` are
+      suppressed before it).
+    - `stop` strings (matched in the detokenized text, across token boundaries; excluded from the
+      text unless `include_stop_str_in_output`), `stop_token_ids`, `ignore_eos`.
+    - `logprobs`: number of top logprobs per sampled token (0: only the sampled one);
+      `prompt_logprobs`: the same for each prompt token.
+    - `repetition_penalty` (1: off; > 1 discourages tokens already in the prompt or output).
+    - `skip_special_tokens`, `spaces_between_special_tokens`: detokenization.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    repetition_penalty: float = 1.0
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    # Filled by the engine: the tokenizer's eos id and the full stop-token set it implies.
+    all_stop_token_ids: set[int] = field(default_factory=set, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        self._check_int("n", self.n, 1)
+        self._check_number("temperature", self.temperature, 0.0)
+        self._check_number("top_p", self.top_p, 0.0, 1.0)
+        if self.top_p == 0.0:
+            raise ValueError("top_p must be in (0, 1], got 0")
+        self._check_int("top_k", self.top_k, -1)
+        self._check_number("min_p", self.min_p, 0.0, 1.0)
+        if self.seed is not None:
+            self._check_int("seed", self.seed, None)
+        if self.max_tokens is not None:
+            self._check_int("max_tokens", self.max_tokens, 0)
+        self._check_int("min_tokens", self.min_tokens, 0)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})"
+            )
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"stop must hold non-empty strings, got {s!r}")
+        for t in self.stop_token_ids:
+            self._check_int("stop_token_ids", t, 0)
+        if self.logprobs is not None:
+            self._check_int("logprobs", self.logprobs, 0)
+        if self.prompt_logprobs is not None:
+            self._check_int("prompt_logprobs", self.prompt_logprobs, 0)
+        self._check_number("repetition_penalty", self.repetition_penalty, 0.0)
+        if self.repetition_penalty == 0.0:
+            raise ValueError("repetition_penalty must be > 0, got 0")
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.temperature < _GREEDY_EPS:
+            # Greedy: the sampling knobs would change nothing (upstream resets them the same way).
+            self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+        self.all_stop_token_ids = set(self.stop_token_ids)
+
+    @staticmethod
+    def _check_int(name: str, value: object, low: int | None) -> None:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+        if low is not None and value < low:
+            raise ValueError(f"{name} must be >= {low}, got {value}")
+
+    @staticmethod
+    def _check_number(name: str, value: object, low: float, high: float | None = None) -> None:
+        if not isinstance(value, int | float) or isinstance(value, bool) or value != value:
+            raise ValueError(f"{name} must be a number, got {value!r}")
+        if value < low or (high is not None and value > high):
+            bounds = f"in [{low}, {high}]" if high is not None else f">= {low}"
+            raise ValueError(f"{name} must be {bounds}, got {value}")
+
+    @property
+    def sampling_type(self) -> SamplingType:
+        if self.temperature < _GREEDY_EPS:
+            return SamplingType.GREEDY
+        return SamplingType.RANDOM if self.seed is None else SamplingType.RANDOM_SEED
+
+    def update_from_tokenizer(self, eos_token_id: int | None) -> None:
+        """Add the tokenizer's eos to the stop tokens unless `ignore_eos` (called by the engine)."""
+        self.all_stop_token_ids = set(self.stop_token_ids)
+        if eos_token_id is not None and not self.ignore_eos:
+            self.all_stop_token_ids.add(eos_token_id)
