@@ -1,0 +1,88 @@
+"""The resolved engine configuration: what `EngineArgs` becomes once every default is decided and
+every value checked. Plain dataclasses, picklable (tensor-parallel workers receive a copy)."""
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+@dataclass
+class ModelConfig:
+    """The checkpoint and how it is run."""
+
+    model: str  # what the user named (folder or built-in name)
+    folder: Path  # the checkpoint folder it resolved to
+    tokenizer: Path  # folder holding the tokenizer files
+    hf_config: Any  # KimiLinearConfig | KimiK3Config
+    dtype: torch.dtype
+    max_model_len: int
+    load_format: str
+    seed: int
+    quantization_config: dict[str, Any] | None  # the parsed --quantization-config object
+    enforce_eager: bool
+
+    @property
+    def text_config(self) -> Any:
+        """The Kimi-Linear config of the text model (Kimi-K3 nests it)."""
+        return getattr(self.hf_config, "text_config", self.hf_config)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.text_config.vocab_size
+
+
+@dataclass
+class CacheConfig:
+    """Paged MLA latent blocks and KDA state slots, and how their memory is decided."""
+
+    block_size: int
+    gpu_memory_utilization: float
+    num_gpu_blocks_override: int | None
+    kv_cache_memory: int | None  # bytes for all caches, instead of profiling
+    # Decided by the runner at start-up (including the reserved dummy block and slot).
+    num_blocks: int = 0
+    num_kda_slots: int = 0
+
+
+@dataclass
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+    distributed_init_method: str | None = None  # tcp://127.0.0.1:port, chosen by the executor
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+
+
+@dataclass
+class CompilationConfig:
+    """CUDA-graph capture sizes of decode-only steps (empty when graphs are off)."""
+
+    cudagraph_capture_sizes: list[int]
+
+
+@dataclass
+class VllmConfig:
+    model_config: ModelConfig
+    cache_config: CacheConfig
+    parallel_config: ParallelConfig
+    scheduler_config: SchedulerConfig
+    compilation_config: CompilationConfig
+    device: str  # "cuda" | "cpu"
+
+
+def cudagraph_capture_sizes(max_num_seqs: int, max_capture_size: int | None) -> list[int]:
+    """Decode batch sizes captured as CUDA graphs: 1, 2, 4, 8, then every 8 up to 256 and every 16
+    beyond, capped by `max_num_seqs` and `max_capture_size`; the cap itself is always included
+    so every batch up to it has a graph to pad to."""
+    cap = min(max_num_seqs, max_capture_size if max_capture_size is not None else 512)
+    sizes = [s for s in (1, 2, 4) if s <= cap]
+    sizes += list(range(8, min(cap, 256) + 1, 8)) + list(range(272, cap + 1, 16))
+    if cap >= 1 and (not sizes or sizes[-1] != cap):
+        sizes.append(cap)
+    return sorted(set(sizes))

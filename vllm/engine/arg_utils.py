@@ -1,0 +1,217 @@
+"""`EngineArgs`: the one dataclass that both the `vllm` command line and `LLM(...)` fill.
+
+Every field is a keyword of `LLM(...)` and a `--flag` of the CLI (underscores become dashes);
+`create_engine_config()` resolves defaults and checks every value, so a bad argument fails at
+construction with a message naming it.
+"""
+
+import argparse
+import dataclasses
+import json
+import re
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+
+from vllm.config.quantization import parse_quantization_config
+from vllm.config.vllm import (
+    CacheConfig,
+    CompilationConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    VllmConfig,
+    cudagraph_capture_sizes,
+)
+
+_DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "float32": torch.float32,
+    "float": torch.float32,
+}
+_LOAD_FORMATS = ("auto", "safetensors", "dummy")
+_SUFFIX = {"k": 1_000, "m": 1_000_000, "g": 1_000_000_000}
+_BINARY = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_max_model_len(value: "int | str | None") -> int | None:
+    """An int, a string with a k/m/g suffix (`32k`; `32K` means 1024s), or `auto`/`-1` (None:
+    the model's `max_position_embeddings`)."""
+    if value is None or value in ("auto", "-1", -1):
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgG]?)", str(value).strip())
+    if not match:
+        raise ValueError(f"max_model_len: cannot parse {value!r} (e.g. 4096, 32k, 1m, auto)")
+    number, suffix = float(match[1]), match[2]
+    scale = _SUFFIX.get(suffix, 1) if suffix.islower() or not suffix else _BINARY[suffix]
+    return int(number * scale)
+
+
+@dataclass
+class EngineArgs:
+    """Arguments of the engine (see each field's comment; CLI help is generated from them)."""
+
+    model: str = "kimi-k3-tiny"  # checkpoint folder or built-in model name
+    tokenizer: str | None = None  # folder with the tokenizer files (default: the model's)
+    dtype: str = "auto"  # auto | bfloat16 | float16 | float32 (auto: bf16 on GPU, fp32 on CPU)
+    seed: int = 0  # dummy weights and unseeded sampling
+    load_format: str = "auto"  # auto | safetensors | dummy
+    quantization_config: str | dict | None = None  # online quantization JSON (see docs)
+    tensor_parallel_size: int = 1  # ranks sharding the model (workers: NCCL on GPU, gloo on CPU)
+    max_model_len: int | str | None = None  # prompt + output tokens (default: the model's)
+    max_num_seqs: int = 256  # sequences in flight
+    max_num_batched_tokens: int | None = None  # tokens per step (default 8192)
+    block_size: int = 16  # tokens per MLA latent cache block
+    gpu_memory_utilization: float = 0.9  # fraction of GPU memory the engine may use
+    num_gpu_blocks_override: int | None = None  # MLA blocks, instead of sizing from memory
+    kv_cache_memory: int | None = None  # bytes for all caches, instead of profiling (CPU: 1 GiB)
+    enforce_eager: bool = False  # no CUDA graphs
+    max_cudagraph_capture_size: int | None = None  # largest decode batch captured (default 512)
+    device: str = "auto"  # auto | cuda | cpu
+    kv_cache_dtype: str = "auto"  # only auto: the MLA cache is kept in the model dtype
+    trust_remote_code: bool = False  # accepted for recipe compatibility: no remote code runs
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        """Add one `--flag` per field (help from the field comments of this class)."""
+        helps = _field_help()
+        for f in fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            if f.type is bool or f.type == "bool":
+                parser.add_argument(flag, action="store_true", help=helps.get(f.name))
+                continue
+            parser.add_argument(flag, default=f.default, help=helps.get(f.name), type=_cli_type(f))
+        return parser
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+    def create_engine_config(self) -> VllmConfig:
+        """Resolve defaults and validate; raises ValueError naming the bad argument."""
+        from vllm.model_executor.model_loader.builtin import resolve_model
+        from vllm.transformers_utils.configs import load_model_config
+
+        _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
+        _check_int("max_num_seqs", self.max_num_seqs, 1)
+        _check_int("block_size", self.block_size, 1)
+        _check_int("seed", self.seed, None)
+        for name in ("max_num_batched_tokens", "num_gpu_blocks_override", "kv_cache_memory"):
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), 1)
+        if self.max_cudagraph_capture_size is not None:
+            _check_int("max_cudagraph_capture_size", self.max_cudagraph_capture_size, 0)
+        if not isinstance(self.gpu_memory_utilization, int | float) or not (
+            0 < self.gpu_memory_utilization <= 1
+        ):
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
+            )
+        if self.load_format not in _LOAD_FORMATS:
+            raise ValueError(
+                f"load_format must be one of {_LOAD_FORMATS}, got {self.load_format!r}"
+            )
+        if self.kv_cache_dtype != "auto":
+            raise ValueError(
+                f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported: the MLA latent cache is "
+                "kept in the model dtype ('auto')"
+            )
+        device = self._device()
+        folder, _ = resolve_model(self.model)
+        hf_config = load_model_config(folder)
+        text = getattr(hf_config, "text_config", hf_config)
+        max_model_len = parse_max_model_len(self.max_model_len)
+        limit = text.max_position_embeddings
+        if max_model_len is None:
+            max_model_len = limit
+        _check_int("max_model_len", max_model_len, 1)
+        if max_model_len > limit:
+            raise ValueError(
+                f"max_model_len {max_model_len} exceeds the model's max_position_embeddings {limit}"
+            )
+        batched = self.max_num_batched_tokens or 8192
+        quant = self.quantization_config
+        if quant is not None:
+            if isinstance(quant, str):
+                try:
+                    quant = json.loads(quant)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"quantization_config is not valid JSON: {e}") from None
+            parse_quantization_config(quant)  # validates; the loader parses it again
+        tokenizer = folder if self.tokenizer is None else resolve_model(self.tokenizer)[0]
+        model_config = ModelConfig(
+            model=str(self.model), folder=folder, tokenizer=tokenizer, hf_config=hf_config,
+            dtype=self._dtype(device), max_model_len=max_model_len, load_format=self.load_format,
+            seed=self.seed, quantization_config=quant, enforce_eager=self.enforce_eager,
+        )  # fmt: skip
+        graphs = device == "cuda" and not self.enforce_eager
+        sizes = cudagraph_capture_sizes(self.max_num_seqs, self.max_cudagraph_capture_size)
+        return VllmConfig(
+            model_config=model_config,
+            cache_config=CacheConfig(
+                self.block_size,
+                self.gpu_memory_utilization,
+                self.num_gpu_blocks_override,
+                self.kv_cache_memory,
+            ),
+            parallel_config=ParallelConfig(self.tensor_parallel_size),
+            scheduler_config=SchedulerConfig(self.max_num_seqs, batched, max_model_len),
+            compilation_config=CompilationConfig(sizes if graphs else []),
+            device=device,
+        )
+
+    def _device(self) -> str:
+        if self.device not in ("auto", "cuda", "cpu"):
+            raise ValueError(f"device must be auto, cuda or cpu, got {self.device!r}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' but torch sees no GPU")
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.device
+
+    def _dtype(self, device: str) -> torch.dtype:
+        if isinstance(self.dtype, torch.dtype):
+            if self.dtype not in _DTYPES.values():
+                raise ValueError(f"dtype {self.dtype} is not one of {sorted(set(_DTYPES))}")
+            return self.dtype
+        if self.dtype == "auto":
+            # CPU BLAS is slow and inexact in bf16; the CPU reference paths are fp32.
+            return torch.bfloat16 if device == "cuda" else torch.float32
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be auto or one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        return _DTYPES[self.dtype]
+
+
+def _check_int(name: str, value: Any, low: int | None) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if low is not None and value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+
+
+def _cli_type(f: dataclasses.Field) -> Any:
+    if f.name in ("max_model_len", "quantization_config", "dtype", "model", "tokenizer"):
+        return str
+    if f.name == "gpu_memory_utilization":
+        return float
+    if "int" in str(f.type):
+        return int
+    return str
+
+
+def _field_help() -> dict[str, str]:
+    """Field name -> its trailing comment in this class's source (one source of help text)."""
+    import inspect
+
+    helps = {}
+    for line in inspect.getsource(EngineArgs).splitlines():
+        match = re.match(r"\s+(\w+): [^=]+= .*?#\s*(.+)$", line)
+        if match:
+            helps[match[1]] = match[2]
+    return helps

@@ -1,0 +1,185 @@
+"""`LLMEngine`: the step loop. Requests are checked and tokenized when added; each `step()`
+schedules a batch, runs it, samples, folds the tokens into the requests and returns the outputs of
+the requests that changed.
+
+A request with `n > 1` is scheduled as n sequences `<request_id>#<i>` (their own KDA slots and
+blocks; no prefix sharing), gathered back into one `RequestOutput`.
+"""
+
+import dataclasses
+import itertools
+import time
+
+from vllm.config.vllm import VllmConfig
+from vllm.engine.arg_utils import EngineArgs
+from vllm.logger import init_logger
+from vllm.outputs import RequestOutput
+from vllm.sampling_params import SamplingParams
+from vllm.transformers_utils.tokenizer import get_tokenizer
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+from vllm.v1.core.kv_cache_utils import determine_cache_sizes
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.engine.output_processor import OutputProcessor
+from vllm.v1.executor.multiproc_executor import Executor
+from vllm.v1.request import Request, RequestStatus
+
+logger = init_logger(__name__)
+
+
+class LLMEngine:
+    def __init__(self, config: VllmConfig) -> None:
+        self.config = config
+        mc, cc, sc = config.model_config, config.cache_config, config.scheduler_config
+        self.tokenizer = get_tokenizer(mc.tokenizer)
+        self.executor = Executor(config)
+        start = time.perf_counter()
+        try:
+            self.executor.collective_rpc("load_model")
+            budget = None
+            if cc.num_gpu_blocks_override is None:
+                budget = self.executor.collective_rpc("available_cache_memory")
+            runner = self.executor.runner
+            sizes = determine_cache_sizes(
+                runner.spec, cc.block_size, sc.max_num_seqs, sc.max_model_len, budget,
+                cc.num_gpu_blocks_override,
+            )  # fmt: skip
+            cc.num_blocks, cc.num_kda_slots = sizes.num_blocks, sizes.num_kda_slots
+            self.executor.collective_rpc("initialize_cache", sizes.num_blocks, sizes.num_kda_slots)
+            self.executor.collective_rpc("capture_cudagraphs")
+        except BaseException:
+            self.executor.shutdown()
+            raise
+        logger.info("Engine ready in %.1f s (%s, %s, TP=%d)", time.perf_counter() - start,
+                    mc.model, mc.dtype, config.parallel_config.tensor_parallel_size)  # fmt: skip
+        self.kv_cache_manager = KVCacheManager(sizes.num_blocks, cc.block_size, sizes.num_kda_slots)
+        self.scheduler = Scheduler(
+            sc.max_num_seqs, sc.max_num_batched_tokens, sc.max_model_len, self.kv_cache_manager
+        )
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self._arrivals = itertools.count()
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
+        return cls(engine_args.create_engine_config())
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: "str | list[int]",
+        params: SamplingParams | None = None,
+    ) -> None:
+        """Check and queue a request. Raises ValueError (naming what is wrong) for an empty or
+        too long prompt, token ids outside the vocabulary, `max_tokens` that cannot fit in
+        `max_model_len`, or a request id already in use."""
+        params = params or SamplingParams()
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
+        if request_id in self.output_processor.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        text, ids = self._tokenize(prompt)
+        max_len = self.config.scheduler_config.max_model_len
+        if len(ids) >= max_len:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens; max_model_len {max_len} leaves no room for "
+                "an output token"
+            )
+        room = max_len - len(ids)
+        if params.max_tokens is not None and params.max_tokens > room:
+            raise ValueError(
+                f"max_tokens {params.max_tokens} does not fit: the prompt has {len(ids)} tokens "
+                f"and max_model_len is {max_len} (at most {room})"
+            )
+        max_tokens = room if params.max_tokens is None else params.max_tokens
+        discard = max_tokens == 0  # prompt scoring only: run the prefill, drop its token
+        eos = self.tokenizer.eos_token_id
+        sequences = []
+        for i in range(params.n):
+            seed = None if params.seed is None else params.seed + i
+            child = dataclasses.replace(
+                params, n=1, seed=seed, max_tokens=max(max_tokens, 1),
+                prompt_logprobs=params.prompt_logprobs if i == 0 else None,
+            )  # fmt: skip
+            child.update_from_tokenizer(eos)
+            sequences.append(
+                Request(
+                    f"{request_id}#{i}",
+                    list(ids),
+                    child,
+                    eos,
+                    max(max_tokens, 1),
+                    next(self._arrivals),
+                )  # fmt: skip
+            )
+        self.output_processor.add_request(request_id, text, ids, params, sequences, discard)
+        for seq in sequences:
+            self.scheduler.add_request(seq)
+
+    def _tokenize(self, prompt: "str | list[int]") -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+            text = prompt
+        elif isinstance(prompt, list | tuple) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        ):
+            ids, text = list(prompt), None
+        else:
+            raise ValueError("prompt must be a string or a list of token ids")
+        if not ids:
+            raise ValueError("the prompt is empty")
+        vocab = self.config.model_config.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+        return text, ids
+
+    def abort_request(self, request_ids: "str | list[str]") -> list[RequestOutput]:
+        """Abort requests in any state, freeing their blocks and slots; unknown ids are ignored.
+        Returns their final outputs (finish_reason "abort")."""
+        if isinstance(request_ids, str):
+            request_ids = [request_ids]
+        outputs = []
+        for request_id in request_ids:
+            seqs = self.output_processor.sequences_of(request_id)
+            self.scheduler.finish_requests(seqs, RequestStatus.FINISHED_ABORTED)
+            self.executor.runner.free_requests(seqs)
+            for seq in seqs:
+                out = self.output_processor.finish_with(seq, "abort")
+                if out is not None and out.finished:
+                    outputs.append(out)
+        return outputs
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.output_processor.requests)
+
+    # -- the step -----------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        sched_out = self.scheduler.schedule()
+        if not sched_out.scheduled:
+            return []
+        runner = self.executor.runner
+        step, plan = runner.prepare(sched_out)
+        logits = self.executor.collective_rpc("execute", step)
+        result = runner.sample(logits, plan)
+        finished = self.scheduler.update_from_output(sched_out, result.sampled)
+        outputs, stopped = self.output_processor.process(
+            result.sampled, result.logprobs, result.prompt_logprobs, finished
+        )
+        for seq_id, reason in stopped:
+            status = (
+                RequestStatus.FINISHED_STOPPED
+                if reason == "stop"
+                else (RequestStatus.FINISHED_ERROR)
+            )
+            self.scheduler.finish_requests([seq_id], status)
+        done = [seq.request_id for seq in finished] + [seq_id for seq_id, _ in stopped]
+        runner.free_requests(done)
+        return outputs
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()

@@ -1,0 +1,173 @@
+"""From sampled token ids to `RequestOutput`s: detokenization, stop strings, logprobs, and the
+gathering of a request's `n` completions (each scheduled as its own sequence) into one output."""
+
+from dataclasses import dataclass, field
+
+from vllm.logger import init_logger
+from vllm.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
+from vllm.sampling_params import SamplingParams
+from vllm.v1.engine.detokenizer import IncrementalDetokenizer
+from vllm.v1.request import Request
+
+logger = init_logger(__name__)
+
+
+@dataclass
+class _Completion:
+    index: int
+    request: Request
+    detokenizer: IncrementalDetokenizer
+    logprobs: list[PositionLogprobs] | None
+    cumulative_logprob: float | None
+    discard_output: bool  # max_tokens=0: the one token sampled to end the prefill is dropped
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class _RequestState:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    completions: list[_Completion]
+    prompt_logprobs: list[PositionLogprobs | None] | None = field(default=None)
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.requests: dict[str, _RequestState] = {}
+        self.parent_of: dict[str, tuple[str, int]] = {}  # sequence id -> (request id, index)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        sequences: list[Request],
+        discard_output: bool,
+    ) -> None:
+        completions = []
+        for i, seq in enumerate(sequences):
+            detok = IncrementalDetokenizer(
+                self.tokenizer, prompt_token_ids, params.stop, params.include_stop_str_in_output,
+                params.skip_special_tokens,
+            )  # fmt: skip
+            wants = params.logprobs is not None
+            completions.append(
+                _Completion(
+                    i, seq, detok, [] if wants else None, 0.0 if wants else None, discard_output
+                )  # fmt: skip
+            )
+            self.parent_of[seq.request_id] = (request_id, i)
+        state = _RequestState(request_id, prompt, prompt_token_ids, params, completions)
+        if params.prompt_logprobs is not None:
+            state.prompt_logprobs = [None]
+        self.requests[request_id] = state
+
+    def sequences_of(self, request_id: str) -> list[str]:
+        state = self.requests.get(request_id)
+        return [c.request.request_id for c in state.completions] if state else []
+
+    def process(
+        self,
+        sampled: dict[str, list[int]],
+        logprobs: dict[str, tuple[list[int], list[float], int]],
+        prompt_logprobs: dict[str, list[tuple[list[int], list[float], int]]],
+        finished: list[Request],
+    ) -> tuple[list[RequestOutput], list[tuple[str, str]]]:
+        """Fold one step in. Returns the outputs of requests that changed, and the sequences that
+        finished here rather than in the scheduler, as (sequence id, "stop" for a stop string or
+        "error" when their output could not be processed), for the scheduler to free."""
+        touched: dict[str, _RequestState] = {}
+        stopped = []
+        for seq_id, rows in prompt_logprobs.items():
+            state = self.requests[self.parent_of[seq_id][0]]
+            state.prompt_logprobs += [self._position(*row) for row in rows]
+        for seq_id, tokens in sampled.items():
+            request_id, index = self.parent_of[seq_id]
+            state = self.requests[request_id]
+            completion = state.completions[index]
+            touched[request_id] = state
+            if completion.discard_output:
+                continue
+            if seq_id in logprobs:
+                position = self._position(*logprobs[seq_id])
+                completion.logprobs.append(position)
+                completion.cumulative_logprob += position[tokens[-1]].logprob
+            try:
+                stop = completion.detokenizer.update(tokens)
+            except Exception:
+                # One request's bad output must not take the engine down with it.
+                logger.exception("request %s failed while detokenizing", seq_id)
+                completion.finish_reason = "error"
+                stopped.append((seq_id, "error"))
+                continue
+            if stop is not None and completion.finish_reason is None:
+                completion.finish_reason, completion.stop_reason = "stop", stop
+                stopped.append((seq_id, "stop"))
+        for seq in finished:
+            request_id, index = self.parent_of[seq.request_id]
+            completion = self.requests[request_id].completions[index]
+            if completion.finish_reason is None:
+                completion.finish_reason = seq.get_finished_reason()
+                completion.stop_reason = seq.stop_reason
+            touched[request_id] = self.requests[request_id]
+        outputs = [self._output(state) for state in touched.values()]
+        for out in outputs:
+            if out.finished:
+                self._forget(out.request_id)
+        return outputs, stopped
+
+    def finish_with(self, seq_id: str, reason: str) -> RequestOutput | None:
+        """Mark one sequence finished for `reason` (abort, error); the request's output if that
+        finished it."""
+        if seq_id not in self.parent_of:
+            return None
+        request_id, index = self.parent_of[seq_id]
+        state = self.requests[request_id]
+        completion = state.completions[index]
+        if completion.finish_reason is None:
+            completion.finish_reason = reason
+        out = self._output(state)
+        if out.finished:
+            self._forget(request_id)
+        return out
+
+    def _forget(self, request_id: str) -> None:
+        state = self.requests.pop(request_id)
+        for completion in state.completions:
+            self.parent_of.pop(completion.request.request_id, None)
+
+    def _position(self, token_ids: list[int], logprobs: list[float], rank: int) -> PositionLogprobs:
+        """Column 0 is the chosen token (with its vocabulary rank), then the top-k in order."""
+        position = {}
+        for i, (token, value) in enumerate(zip(token_ids, logprobs, strict=True)):
+            if token not in position:
+                text = self.tokenizer.decode([token], skip_special_tokens=False)
+                position[token] = Logprob(value, rank if i == 0 else i, text)
+        return position
+
+    def _output(self, state: _RequestState) -> RequestOutput:
+        outputs = []
+        for c in state.completions:
+            done = c.finish_reason is not None
+            # Until done, what could still turn into a stop string (or half a character) is
+            # held back.
+            text = "" if c.discard_output else c.detokenizer.get_next_output_text(done, False)
+            tokens = [] if c.discard_output else list(c.request.output_token_ids)
+            outputs.append(
+                CompletionOutput(
+                    c.index, text, tokens, c.cumulative_logprob,
+                    None if c.logprobs is None else list(c.logprobs),
+                    c.finish_reason, c.stop_reason,
+                )
+            )  # fmt: skip
+        finished = all(o.finish_reason is not None for o in outputs)
+        return RequestOutput(
+            state.request_id, state.prompt, state.prompt_token_ids,
+            None if state.prompt_logprobs is None else list(state.prompt_logprobs),
+            outputs, finished,
+        )  # fmt: skip

@@ -1,0 +1,1 @@
+"""Executors: where the model runners of the tensor-parallel ranks live."""

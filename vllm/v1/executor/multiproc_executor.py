@@ -1,0 +1,143 @@
+"""The executor: rank 0's model runner in this process plus, for tensor parallelism, one worker
+process per other rank.
+
+Workers are spawned processes that join a torch.distributed group (NCCL on GPU, gloo on CPU) and
+then follow rank 0: each control message is `(method, *args)` on a pipe, and the worker calls
+the same method of its own runner. Tensors only move through the collectives inside the model;
+the pipes carry the step's host data (`StepInput`). Only rank 0 samples.
+
+A worker that raises sends its traceback and exits; one that dies is noticed through its process
+sentinel. Either fails the engine with `RuntimeError` naming the rank instead of hanging: a
+collective with a dead gloo peer errors out, and rank 0 checks the workers around every call.
+"""
+
+import multiprocessing as mp
+import os
+import socket
+import traceback
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from vllm.config.vllm import VllmConfig
+from vllm.distributed import destroy_model_parallel, initialize_model_parallel
+from vllm.logger import init_logger
+from vllm.v1.worker.model_runner import ModelRunner
+
+logger = init_logger(__name__)
+
+# Long enough for the first Triton compilation of a step; a dead peer fails a gloo collective at
+# once, this bounds a hung NCCL one.
+_COLLECTIVE_TIMEOUT = timedelta(minutes=10)
+# Methods whose workers answer (start-up); step messages are not answered, to keep steps fast.
+_ANSWERED = frozenset({"load_model", "available_cache_memory", "initialize_cache",
+                       "capture_cudagraphs"})  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _init_distributed(config: VllmConfig, rank: int) -> None:
+    backend = "nccl" if config.device == "cuda" else "gloo"
+    dist.init_process_group(
+        backend, init_method=config.parallel_config.distributed_init_method, rank=rank,
+        world_size=config.parallel_config.tensor_parallel_size, timeout=_COLLECTIVE_TIMEOUT,
+    )  # fmt: skip
+    initialize_model_parallel(config.parallel_config.tensor_parallel_size)
+
+
+def _worker_main(rank: int, config: VllmConfig, conn) -> None:
+    if config.device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    try:
+        _init_distributed(config, rank)
+        runner = ModelRunner(config, rank)
+        while True:
+            method, *args = conn.recv()
+            if method == "shutdown":
+                break
+            result = getattr(runner, method)(*args)
+            if method in _ANSWERED:
+                conn.send(("ok", result))
+    except Exception:
+        conn.send(("error", traceback.format_exc()))
+        raise SystemExit(1) from None
+    finally:
+        destroy_model_parallel()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class Executor:
+    def __init__(self, config: VllmConfig) -> None:
+        self.config = config
+        tp = config.parallel_config.tensor_parallel_size
+        self.workers: list[tuple[Any, Any]] = []  # (process, pipe)
+        if tp > 1:
+            config.parallel_config.distributed_init_method = f"tcp://127.0.0.1:{_free_port()}"
+            ctx = mp.get_context("spawn")
+            for rank in range(1, tp):
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=_worker_main, args=(rank, config, child), daemon=True)
+                proc.start()
+                self.workers.append((proc, parent))
+            _init_distributed(config, 0)
+        self.runner = ModelRunner(config, 0)
+
+    def collective_rpc(self, method: str, *args: Any) -> Any:
+        """Call `method` on every rank's runner; returns rank 0's result."""
+        self._check_workers()
+        for _, pipe in self.workers:
+            pipe.send((method, *args))
+        try:
+            result = getattr(self.runner, method)(*args)
+        except Exception as e:
+            self._check_workers()
+            raise e
+        if method in _ANSWERED:
+            for rank, (proc, pipe) in enumerate(self.workers, start=1):
+                while not pipe.poll(1.0):
+                    if not proc.is_alive():
+                        self._fail(rank)
+                status, payload = pipe.recv()
+                if status != "ok":
+                    raise RuntimeError(f"tensor-parallel worker {rank} failed:\n{payload}")
+        self._check_workers()
+        return result
+
+    def _check_workers(self) -> None:
+        for rank, (proc, pipe) in enumerate(self.workers, start=1):
+            if pipe.poll():
+                status, payload = pipe.recv()
+                if status == "error":
+                    raise RuntimeError(f"tensor-parallel worker {rank} failed:\n{payload}")
+            if not proc.is_alive():
+                self._fail(rank)
+
+    def _fail(self, rank: int) -> None:
+        proc = self.workers[rank - 1][0]
+        raise RuntimeError(
+            f"tensor-parallel worker {rank} died (exit code {proc.exitcode}); the engine cannot "
+            "continue"
+        )
+
+    def shutdown(self) -> None:
+        for proc, pipe in self.workers:
+            if proc.is_alive():
+                try:
+                    pipe.send(("shutdown",))
+                except OSError:
+                    pass
+        for proc, _ in self.workers:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        self.workers = []
+        if dist.is_initialized():
+            destroy_model_parallel()
+            dist.destroy_process_group()

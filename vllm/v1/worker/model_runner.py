@@ -1,0 +1,339 @@
+"""The model runner: one per tensor-parallel rank. It owns the model, its caches and the step's
+device buffers, turns a `StepInput` (flattened tokens + per-sequence schedule, host data that is
+the same on every rank) into logits, and replays CUDA graphs for decode-only steps.
+
+Rank 0's runner also samples (`sample`): the scheduler's view of requests never reaches the other
+ranks, which only need the flattened batch.
+
+CUDA-graph rule: a decode-only step of N sequences runs the graph captured for the smallest size
+B >= N; the N real rows come first and the B - N padded rows use the reserved dummy block 0 and
+KDA slot 0 (see `vllm/models/kimi_k3/amd/metadata.py`), so they write nowhere that is read. The
+graph covers the model forward and the LM head of all B rows (every decode row samples); input
+ids and metadata live in persistent buffers that `build` rewrites in place before each replay.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from vllm.config.quantization import parse_quantization_config
+from vllm.config.vllm import VllmConfig
+from vllm.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_reduce
+from vllm.logger import init_logger
+from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
+from vllm.model_executor.model_loader.loader import load_model
+from vllm.models.kimi_k3.amd.metadata import KimiMetadataBuilder, SeqSchedule
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.kv_cache_interface import allocate_kv_caches
+from vllm.v1.sample.metadata import SamplingMetadata
+from vllm.v1.sample.sampler import Sampler, compute_prompt_logprobs
+
+logger = init_logger(__name__)
+
+# Memory kept free for CUDA-graph pools and allocator fragmentation when sizing from
+# gpu_memory_utilization.
+_GRAPH_RESERVE_BYTES = 512 << 20
+_CPU_DEFAULT_CACHE_BYTES = 1 << 30
+
+
+@dataclass
+class StepInput:
+    """One forward, as every rank needs it: host data only (picklable for the TP workers)."""
+
+    input_ids: list[int]
+    seqs: list[SeqSchedule]
+    num_decodes: int
+    logits_rows: list[int]  # token rows whose logits are computed, in this order
+
+
+@dataclass
+class SamplePlan:
+    """Rank 0's bookkeeping of which logits row belongs to which request."""
+
+    sample_requests: list = field(default_factory=list)  # Request per sampling row
+    # (request_id, first row, number of rows, target token ids) per prompt-logprob slice
+    prompt_slices: list[tuple[str, int, int, list[int], int]] = field(default_factory=list)
+
+
+@dataclass
+class ModelRunnerOutput:
+    sampled: dict[str, list[int]]
+    # request_id -> (token ids, logprobs, rank of the sampled token) of its sampled token
+    logprobs: dict[str, tuple[list[int], list[float], int]]
+    # request_id -> one (token ids, logprobs, rank) per prompt position this step
+    prompt_logprobs: dict[str, list[tuple[list[int], list[float], int]]]
+
+
+class ModelRunner:
+    def __init__(self, config: VllmConfig, rank: int = 0) -> None:
+        self.config = config
+        self.rank = rank
+        if config.device == "cuda":
+            self.device = torch.device("cuda", rank)
+            torch.cuda.set_device(self.device)
+        else:
+            self.device = torch.device("cpu")
+        sched = config.scheduler_config
+        self.max_num_seqs = sched.max_num_seqs
+        sizes = config.compilation_config.cudagraph_capture_sizes
+        self.max_num_tokens = max(sched.max_num_batched_tokens, max(sizes, default=0))
+        self.block_size = config.cache_config.block_size
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.sampler = Sampler()
+        self.generators: dict[str, torch.Generator] = {}
+        self.prompt_logprobs_done: dict[str, int] = {}
+
+    # -- start-up ---------------------------------------------------------------------------
+
+    def load_model(self) -> None:
+        mc = self.config.model_config
+        quant = None
+        if mc.quantization_config is not None:
+            from vllm.models.kimi_k3.amd.linear import KimiLinearForCausalLM
+
+            quant = OnlineQuantizationConfig(
+                parse_quantization_config(mc.quantization_config),
+                KimiLinearForCausalLM.packed_modules_mapping,
+            )
+        self.model = load_model(mc.folder, mc.load_format, mc.dtype, quant, self.device, mc.seed)
+        self.spec = self.model.get_kv_cache_spec()
+        self.vocab_size = mc.vocab_size
+        self.input_ids = torch.zeros(self.max_num_tokens, dtype=torch.long, device=self.device)
+
+    def available_cache_memory(self) -> int:
+        """Bytes the caches may take on this rank (the minimum over TP ranks): measured after a
+        profiling forward of a full step on GPU, else the explicit `kv_cache_memory` (CPU
+        default 1 GiB)."""
+        cc = self.config.cache_config
+        if cc.kv_cache_memory is not None or self.device.type != "cuda":
+            budget = cc.kv_cache_memory or _CPU_DEFAULT_CACHE_BYTES
+        else:
+            budget = self._profile_gpu_budget()
+        if get_tensor_model_parallel_world_size() > 1:
+            t = torch.tensor([budget], dtype=torch.float64, device=self.device)
+            budget = int(tensor_model_parallel_all_reduce(t, torch.distributed.ReduceOp.MIN))
+        return budget
+
+    def _profile_gpu_budget(self) -> int:
+        """Run the largest step the scheduler can produce (max_num_batched_tokens of prefill in
+        up to max_num_seqs sequences, logits of max_num_seqs rows) on throw-away caches, and give
+        the caches what gpu_memory_utilization leaves after weights and that peak."""
+        torch.cuda.synchronize(self.device)
+        free, total = torch.cuda.mem_get_info(self.device)
+        used = total - free
+        torch.cuda.reset_peak_memory_stats(self.device)
+        base = torch.cuda.memory_allocated(self.device)
+        mc = self.config.model_config
+        tokens = self.config.scheduler_config.max_num_batched_tokens
+        seq_len = min(mc.max_model_len, tokens)
+        lengths = [seq_len] * (tokens // seq_len) + ([tokens % seq_len] if tokens % seq_len else [])
+        lengths = lengths[: self.max_num_seqs]
+        blocks = [math.ceil(n / self.block_size) for n in lengths]
+        num_blocks, num_slots = sum(blocks) + 1, len(lengths) + 1
+        kda, mla = allocate_kv_caches(
+            self.spec, num_blocks, self.block_size, num_slots, self.device
+        )
+        self.model.bind_kv_caches(kda, mla)
+        builder = KimiMetadataBuilder(
+            sum(lengths), len(lengths), max(blocks), self.block_size, num_blocks, num_slots,
+            self.device,
+        )  # fmt: skip
+        seqs, next_block = [], 1
+        for i, (n, b) in enumerate(zip(lengths, blocks, strict=True)):
+            seqs.append(SeqSchedule(0, n, list(range(next_block, next_block + b)), i + 1))
+            next_block += b
+        ids = torch.zeros(sum(lengths), dtype=torch.long, device=self.device)
+        with torch.no_grad():
+            hidden = self.model(ids, builder.build(seqs, 0))
+            rows = hidden[: self.max_num_seqs]
+            torch.softmax(self.model.compute_logits(rows), dim=-1)
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - base
+        del kda, mla, builder, hidden, rows
+        self.model.bind_kv_caches({}, {})
+        torch.cuda.empty_cache()
+        budget = int(total * self.config.cache_config.gpu_memory_utilization) - used - peak
+        budget -= _GRAPH_RESERVE_BYTES
+        logger.info(
+            "Memory: %.2f GiB used after loading, %.2f GiB activation peak, %.2f GiB for caches",
+            used / 2**30, peak / 2**30, budget / 2**30,
+        )  # fmt: skip
+        if budget <= 0:
+            raise ValueError(
+                "no GPU memory left for the caches: raise gpu_memory_utilization or lower "
+                "max_num_batched_tokens"
+            )
+        return budget
+
+    def initialize_cache(self, num_blocks: int, num_kda_slots: int) -> None:
+        kda, mla = allocate_kv_caches(
+            self.spec, num_blocks, self.block_size, num_kda_slots, self.device
+        )
+        self.model.bind_kv_caches(kda, mla)
+        max_blocks = math.ceil(self.config.model_config.max_model_len / self.block_size)
+        self.builder = KimiMetadataBuilder(
+            self.max_num_tokens, self.max_num_seqs, max_blocks, self.block_size, num_blocks,
+            num_kda_slots, self.device,
+        )  # fmt: skip
+
+    def capture_cudagraphs(self) -> float:
+        """Capture one decode graph per configured batch size (largest first, one memory pool).
+        Returns the seconds it took."""
+        import time
+
+        sizes = self.config.compilation_config.cudagraph_capture_sizes
+        if not sizes or self.device.type != "cuda":
+            return 0.0
+        start = time.perf_counter()
+        pool = torch.cuda.graph_pool_handle()
+        with torch.no_grad():
+            for size in sorted(sizes, reverse=True):
+                metadata = self.builder.build([], 0, pad_to=size)
+                ids = self.input_ids[:size]
+                self._logits(ids, metadata)  # warm-up: Triton compiles outside the capture
+                torch.cuda.synchronize(self.device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    out = self._logits(ids, metadata)
+                self.graphs[size] = (graph, out)
+        torch.cuda.synchronize(self.device)
+        elapsed = time.perf_counter() - start
+        logger.info("Captured %d CUDA graphs (decode batch 1..%d) in %.1f s", len(sizes),
+                    max(sizes), elapsed)  # fmt: skip
+        return elapsed
+
+    # -- one step -----------------------------------------------------------------------------
+
+    def _logits(self, ids: torch.Tensor, metadata) -> torch.Tensor:
+        return self.model.compute_logits(self.model(ids, metadata))
+
+    def execute(self, step: StepInput) -> torch.Tensor:
+        """Logits `[len(step.logits_rows), vocab]` (fp32) of the step; every rank runs it."""
+        tokens, n = len(step.input_ids), len(step.seqs)
+        if tokens > self.max_num_tokens:
+            raise ValueError(f"step of {tokens} tokens exceeds the buffers ({self.max_num_tokens})")
+        bad = [t for t in step.input_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
+        host = torch.tensor(step.input_ids, dtype=torch.long)
+        if self.device.type == "cuda":
+            host = host.pin_memory()
+        self.input_ids[:tokens].copy_(host, non_blocking=True)
+        graph_size = self._graph_size(step)
+        with torch.no_grad():
+            if graph_size is not None:
+                self.builder.build(step.seqs, step.num_decodes, pad_to=graph_size)
+                graph, out = self.graphs[graph_size]
+                graph.replay()
+                return out[:n]
+            metadata = self.builder.build(step.seqs, step.num_decodes)
+            hidden = self.model(self.input_ids[:tokens], metadata)
+            rows = torch.tensor(step.logits_rows, dtype=torch.long).to(self.device)
+            return self.model.compute_logits(hidden[rows])
+
+    def _graph_size(self, step: StepInput) -> int | None:
+        n = len(step.seqs)
+        if not self.graphs or step.num_decodes != n or n == 0:
+            return None
+        return next((size for size in sorted(self.graphs) if size >= n), None)
+
+    # -- rank 0: from the scheduler to tokens ---------------------------------------------------
+
+    def prepare(self, out: SchedulerOutput) -> tuple[StepInput, SamplePlan]:
+        """The step's flattened batch and which logits rows sample or score prompt tokens."""
+        ids, seqs, rows, plan = [], [], [], SamplePlan()
+        prompt_rows: list[tuple[str, list[int], list[int], int]] = []
+        for entry in out.scheduled:
+            req = entry.request
+            start = len(ids)
+            ids += entry.token_ids
+            seqs.append(
+                SeqSchedule(
+                    entry.num_computed_tokens, entry.num_new_tokens, entry.block_table,
+                    entry.kda_slot,
+                )
+            )  # fmt: skip
+            if entry.samples:
+                rows.append(len(ids) - 1)
+                plan.sample_requests.append(req)
+            k = req.sampling_params.prompt_logprobs
+            if k is not None and not entry.is_decode:
+                scored = self._prompt_positions(req, entry.num_computed_tokens, len(ids) - start)
+                if scored:
+                    first, last = scored
+                    prompt_rows.append(
+                        (
+                            req.request_id,
+                            list(range(start + first - entry.num_computed_tokens,
+                                       start + last - entry.num_computed_tokens)),
+                            req.prompt_token_ids[first + 1 : last + 1],
+                            k,
+                        )
+                    )  # fmt: skip
+        for request_id, token_rows, targets, k in prompt_rows:
+            plan.prompt_slices.append((request_id, len(rows), len(token_rows), targets, k))
+            rows += token_rows
+        return StepInput(ids, seqs, out.num_decodes, rows), plan
+
+    def _prompt_positions(self, req, computed: int, new: int) -> tuple[int, int] | None:
+        """[first, last) token positions of this chunk whose logits score a not yet scored
+        prompt token (position p predicts prompt token p + 1)."""
+        done = self.prompt_logprobs_done.get(req.request_id, 0)
+        first = max(computed, done)
+        last = min(computed + new, len(req.prompt_token_ids) - 1)
+        if first >= last:
+            return None
+        self.prompt_logprobs_done[req.request_id] = last
+        return first, last
+
+    def sample(self, logits: torch.Tensor, plan: SamplePlan) -> ModelRunnerOutput:
+        result = ModelRunnerOutput({}, {}, {})
+        reqs = plan.sample_requests
+        if reqs:
+            params = [r.sampling_params for r in reqs]
+            metadata = SamplingMetadata.from_requests(
+                params,
+                [self._generator(r) for r in reqs],
+                [r.prompt_token_ids for r in reqs],
+                [r.output_token_ids for r in reqs],
+                self.vocab_size,
+                logits.device,
+            )
+            out = self.sampler(logits[: len(reqs)], metadata)
+            sampled = out.sampled_token_ids.tolist()
+            lp = None
+            if out.logprobs is not None:
+                lp = (
+                    out.logprobs.token_ids.tolist(),
+                    out.logprobs.logprobs.tolist(),
+                    out.logprobs.ranks.tolist(),
+                )
+            for i, (req, token) in enumerate(zip(reqs, sampled, strict=True)):
+                result.sampled[req.request_id] = [token]
+                k = req.sampling_params.logprobs
+                if lp is not None and k is not None:
+                    result.logprobs[req.request_id] = (lp[0][i][: k + 1], lp[1][i][: k + 1],
+                                                       lp[2][i])  # fmt: skip
+        for request_id, first, count, targets, k in plan.prompt_slices:
+            target = torch.tensor(targets, dtype=torch.long, device=logits.device)
+            lp = compute_prompt_logprobs(logits[first : first + count], target, k)
+            ids, values, ranks = lp.token_ids.tolist(), lp.logprobs.tolist(), lp.ranks.tolist()
+            result.prompt_logprobs[request_id] = list(zip(ids, values, ranks, strict=True))
+        return result
+
+    def _generator(self, req) -> torch.Generator | None:
+        seed = req.sampling_params.seed
+        if seed is None:
+            return None
+        gen = self.generators.get(req.request_id)
+        if gen is None:
+            gen = torch.Generator(device=self.device).manual_seed(seed)
+            self.generators[req.request_id] = gen
+        return gen
+
+    def free_requests(self, request_ids: list[str]) -> None:
+        """Forget the per-request sampling state of finished requests."""
+        for request_id in request_ids:
+            self.generators.pop(request_id, None)
+            self.prompt_logprobs_done.pop(request_id, None)
