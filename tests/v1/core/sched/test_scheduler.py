@@ -186,8 +186,8 @@ def test_abort_in_any_state_frees_everything(state):
     assert request.is_finished and request.finish_reason == "abort"
     assert sched.finish_requests(victim, RequestStatus.FINISHED_ABORTED) == []
     if out is not None:
-        sampled = {e.request_id: [7] for e in out.entries if e.samples}
-        assert sched.update_from_output(out, sampled) == []
+        # The aborted row's token may be left out (the soak test passes it in).
+        assert sched.update_from_output(out, {}) == []
         assert request.num_computed_tokens == 3 and request.output_token_ids == [7]
     assert sched.get_num_unfinished_requests() == 1
     (other,) = sched.finish_requests(["a", "b"], RequestStatus.FINISHED_ERROR)
@@ -250,8 +250,12 @@ def test_bad_input_is_refused():
         sched.schedule()
     with pytest.raises(ValueError, match="sampled"):
         sched.update_from_output(out, {})
+    assert sched.update_from_output(out, {"ok": [3]})[0].finish_reason == "length"
     with pytest.raises(ValueError, match="scheduler_output"):
-        sched.update_from_output(SchedulerOutput([]), {})
+        sched.update_from_output(out, {"ok": [3]})
+    # Nothing to run: the engine may skip the model and the update, and schedule again.
+    assert sched.schedule().entries == [] and sched.schedule().entries == []
+    assert sched.update_from_output(SchedulerOutput([]), {}) == []
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
         Scheduler(8, 4, 32, sched.kv_cache_manager)
     with pytest.raises(ValueError, match="max_tokens"):

@@ -102,7 +102,9 @@ class Scheduler:
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
-    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
+    def finish_requests(
+        self, request_ids: str | Iterable[str], status: RequestStatus
+    ) -> list[Request]:
         """Finish requests in any state, freeing their cache; ids already finished are skipped
         (an abort may race a natural finish). Returns the requests finished here."""
         if not isinstance(status, RequestStatus) or not status.is_finished:
@@ -157,21 +159,29 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             self._add(step, request, n, is_decode=False)
-        self._pending = SchedulerOutput(list(step.scheduled.values()), step.preempted)
-        return self._pending
+        out = SchedulerOutput(list(step.scheduled.values()), step.preempted)
+        # An empty step computes nothing, so the engine may skip both the model and the update.
+        self._pending = out if out.entries else None
+        return out
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, sampled: dict[str, list[int]]
     ) -> list[Request]:
-        """Record the step: advance the cache, append sampled tokens (one list per sampling row),
-        finish requests on stop tokens and length caps. Returns the requests finished here."""
-        if scheduler_output is not self._pending:
+        """Record the step: advance the cache, append sampled tokens (one list per sampling row;
+        rows of requests finished since `schedule()` may be left out), finish requests on stop
+        tokens and length caps. Returns the requests finished here."""
+        if scheduler_output.entries and scheduler_output is not self._pending:
             raise ValueError("scheduler_output must be the output of the last schedule()")
-        expected = {e.request_id for e in scheduler_output.entries if e.samples}
-        if set(sampled) != expected or not all(sampled.values()):
+        rows = {e.request_id for e in scheduler_output.entries if e.samples}
+        required = {
+            e.request_id
+            for e in scheduler_output.entries
+            if e.samples and not e.request.is_finished
+        }
+        if not required <= set(sampled) <= rows or not all(sampled.values()):
             raise ValueError(
-                f"sampled must map exactly the sampling rows {sorted(expected)} to non-empty "
-                f"token lists, got {sorted(sampled)}"
+                f"sampled must map the sampling rows {sorted(rows)} to non-empty token lists, "
+                f"got {sorted(sampled)}"
             )
         self._pending = None
         finished = []
