@@ -1,0 +1,250 @@
+"""`Scheduler`: continuous batching under a token budget, with chunked prefill and preemption.
+
+Each step first gives every running request that has one token left to compute a decode, then
+spends the rest of the budget on prefill chunks: running requests part-way through a prefill, then
+waiting requests in order. When a request cannot get a block, the most recently admitted running
+request is preempted by recompute (it frees everything and later re-prefills all its tokens). So the
+oldest running request always makes progress, and `add_request` refuses any request that could not
+finish alone in the cache, hence every request eventually finishes.
+"""
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from vllm.logger import init_logger
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+from vllm.v1.core.sched.output import ScheduledRequest, SchedulerOutput
+from vllm.v1.request import Request, RequestStatus
+
+logger = init_logger(__name__)
+
+
+@dataclass
+class _Step:
+    budget: int
+    scheduled: dict[str, ScheduledRequest] = field(default_factory=dict)
+    preempted: list[str] = field(default_factory=list)
+
+
+def _is_decode(request: Request) -> bool:
+    return request.num_computed_tokens > 0 and request.num_tokens - request.num_computed_tokens == 1
+
+
+class Scheduler:
+    """Owns the waiting and running queues; `schedule()` and `update_from_output()` alternate."""
+
+    def __init__(
+        self,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        kv_cache_manager: KVCacheManager,
+    ) -> None:
+        for name, value, low in (
+            ("max_num_seqs", max_num_seqs, 1),
+            ("max_num_batched_tokens", max_num_batched_tokens, 1),
+            ("max_model_len", max_model_len, 2),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        if max_num_batched_tokens < max_num_seqs:
+            # Every running request's decode must fit one step's budget.
+            raise ValueError(
+                f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs "
+                f"({max_num_seqs})"
+            )
+        if not isinstance(kv_cache_manager, KVCacheManager):
+            raise ValueError(f"kv_cache_manager must be a KVCacheManager, got {kv_cache_manager!r}")
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.kv_cache_manager = kv_cache_manager
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        # Admission order: the tail is the first to be preempted.
+        self.running: list[Request] = []
+        self._pending: SchedulerOutput | None = None
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        """Waiting requests, preempted ones included."""
+        return len(self.waiting)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    def add_request(self, request: Request) -> None:
+        if not isinstance(request, Request) or request.status != RequestStatus.WAITING:
+            raise ValueError(f"request must be a new Request, got {request!r}")
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already scheduled")
+        if request.num_tokens >= self.max_model_len:
+            raise ValueError(
+                f"request {request.request_id!r} has {request.num_tokens} prompt tokens, "
+                f"max_model_len is {self.max_model_len}"
+            )
+        # The last step that computes anything holds every token but the final sampled one.
+        most_cached = min(request.num_tokens + request.max_tokens, self.max_model_len) - 1
+        kv = self.kv_cache_manager
+        if kv.num_blocks_for(most_cached) > kv.initial_num_free_blocks:
+            raise ValueError(
+                f"request {request.request_id!r} may need {most_cached} cached tokens, more than "
+                f"the cache holds ({kv.initial_num_free_blocks} blocks of {kv.block_size})"
+            )
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def finish_requests(
+        self, request_ids: str | Iterable[str], status: RequestStatus
+    ) -> list[Request]:
+        """Finish requests in any state, freeing their cache; ids already finished are skipped
+        (an abort may race a natural finish). Returns the requests finished here."""
+        if not isinstance(status, RequestStatus) or not status.is_finished:
+            raise ValueError(f"status must be a finished RequestStatus, got {status!r}")
+        if isinstance(request_ids, str):
+            request_ids = [request_ids]
+        finished = []
+        for request_id in request_ids:
+            request = self.requests.pop(request_id, None)
+            if request is None:
+                continue
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            self.kv_cache_manager.free(request)
+            request.status = status
+            finished.append(request)
+        return finished
+
+    def schedule(self) -> SchedulerOutput:
+        if self._pending is not None:
+            raise RuntimeError("schedule() called again before update_from_output()")
+        step = _Step(budget=self.max_num_batched_tokens)
+        # Index loops: preemption pops the tail of `running`, which is never behind the cursor.
+        i = 0
+        while i < len(self.running):
+            request = self.running[i]
+            if _is_decode(request) and self._allocate(request, 1, step):
+                self._add(step, request, 1, is_decode=True)
+            i += 1
+        i = 0
+        while i < len(self.running) and step.budget > 0:
+            request = self.running[i]
+            if not _is_decode(request):
+                n = min(request.num_tokens - request.num_computed_tokens, step.budget)
+                if self._allocate(request, n, step):
+                    self._add(step, request, n, is_decode=False)
+            i += 1
+        # After a preemption the pool is tight: admitting more would only cause more of them.
+        while (
+            self.waiting
+            and not step.preempted
+            and step.budget > 0
+            and len(self.running) < self.max_num_seqs
+        ):
+            request = self.waiting[0]
+            n = min(request.num_tokens, step.budget)
+            if not self.kv_cache_manager.allocate_slots(request, n):
+                break
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            self._add(step, request, n, is_decode=False)
+        out = SchedulerOutput(list(step.scheduled.values()), step.preempted)
+        # An empty step computes nothing, so the engine may skip both the model and the update.
+        self._pending = out if out.entries else None
+        return out
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, sampled: dict[str, list[int]]
+    ) -> list[Request]:
+        """Record the step: advance the cache, append sampled tokens (one list per sampling row;
+        rows of requests finished since `schedule()` may be left out), finish requests on stop
+        tokens and length caps. Returns the requests finished here."""
+        if scheduler_output.entries and scheduler_output is not self._pending:
+            raise ValueError("scheduler_output must be the output of the last schedule()")
+        rows = {e.request_id for e in scheduler_output.entries if e.samples}
+        required = {
+            e.request_id
+            for e in scheduler_output.entries
+            if e.samples and not e.request.is_finished
+        }
+        if not required <= set(sampled) <= rows or not all(sampled.values()):
+            raise ValueError(
+                f"sampled must map the sampling rows {sorted(rows)} to non-empty token lists, "
+                f"got {sorted(sampled)}"
+            )
+        self._pending = None
+        finished = []
+        for entry in scheduler_output.entries:
+            request = entry.request
+            if request.is_finished:
+                continue
+            request.num_computed_tokens += entry.num_new_tokens
+            for token_id in sampled.get(entry.request_id, []):
+                request.append_output_token_id(token_id)
+                status = self._stop_status(request, token_id)
+                if status is not None:
+                    finished.extend(self.finish_requests([request.request_id], status))
+                    break
+        return finished
+
+    def _stop_status(self, request: Request, token_id: int) -> RequestStatus | None:
+        params = request.sampling_params
+        num_output = len(request.output_token_ids)
+        if num_output >= params.min_tokens and token_id in params.all_stop_token_ids:
+            request.stop_reason = token_id if token_id in params.stop_token_ids else None
+            return RequestStatus.FINISHED_STOPPED
+        if num_output >= request.max_tokens or request.num_tokens >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH_CAPPED
+        return None
+
+    def _allocate(self, request: Request, num_new_tokens: int, step: _Step) -> bool:
+        """Allocate, preempting from the tail of `running` until it fits; False when `request`
+        itself had to be preempted."""
+        while not self.kv_cache_manager.allocate_slots(request, num_new_tokens):
+            victim = self.running.pop()
+            self._preempt(victim, step)
+            if victim is request:
+                return False
+        return True
+
+    def _preempt(self, request: Request, step: _Step) -> None:
+        self.kv_cache_manager.free(request)
+        # A victim may already hold a row in this step (a decode ahead of a prefill chunk).
+        entry = step.scheduled.pop(request.request_id, None)
+        if entry is not None:
+            step.budget += entry.num_new_tokens
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        request.num_preemptions += 1
+        self.waiting.appendleft(request)
+        step.preempted.append(request.request_id)
+        logger.debug(
+            "preempted %s (%d tokens to recompute)", request.request_id, request.num_tokens
+        )
+
+    def _add(self, step: _Step, request: Request, num_new_tokens: int, is_decode: bool) -> None:
+        start = request.num_computed_tokens
+        step.scheduled[request.request_id] = ScheduledRequest(
+            request_id=request.request_id,
+            request=request,
+            token_ids=request.all_token_ids[start : start + num_new_tokens],
+            num_computed_tokens=start,
+            num_new_tokens=num_new_tokens,
+            is_decode=is_decode,
+            block_table=self.kv_cache_manager.get_block_table(request.request_id),
+            kda_slot=self.kv_cache_manager.get_kda_slot(request.request_id),
+            is_new_slot=start == 0,
+            samples=start + num_new_tokens == request.num_tokens,
+        )
+        step.budget -= num_new_tokens
