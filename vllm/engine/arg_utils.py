@@ -135,7 +135,12 @@ class EngineArgs:
             raise ValueError(
                 f"max_model_len {max_model_len} exceeds the model's max_position_embeddings {limit}"
             )
-        batched = self.max_num_batched_tokens or 8192
+        batched = self.max_num_batched_tokens or max(8192, self.max_num_seqs)
+        if batched < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({batched}) must be >= max_num_seqs "
+                f"({self.max_num_seqs}): every running sequence's decode token fits in a step"
+            )
         quant = self.quantization_config
         if quant is not None:
             if isinstance(quant, str):

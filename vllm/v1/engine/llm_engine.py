@@ -160,7 +160,7 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         sched_out = self.scheduler.schedule()
-        if not sched_out.scheduled:
+        if not sched_out.entries:
             return []
         runner = self.executor.runner
         step, plan = runner.prepare(sched_out)

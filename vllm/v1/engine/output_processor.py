@@ -112,7 +112,7 @@ class OutputProcessor:
             request_id, index = self.parent_of[seq.request_id]
             completion = self.requests[request_id].completions[index]
             if completion.finish_reason is None:
-                completion.finish_reason = seq.get_finished_reason()
+                completion.finish_reason = seq.finish_reason
                 completion.stop_reason = seq.stop_reason
             touched[request_id] = self.requests[request_id]
         outputs = [self._output(state) for state in touched.values()]

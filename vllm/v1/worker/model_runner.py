@@ -244,7 +244,7 @@ class ModelRunner:
         """The step's flattened batch and which logits rows sample or score prompt tokens."""
         ids, seqs, rows, plan = [], [], [], SamplePlan()
         prompt_rows: list[tuple[str, list[int], list[int], int]] = []
-        for entry in out.scheduled:
+        for entry in out.entries:
             req = entry.request
             start = len(ids)
             ids += entry.token_ids
