@@ -6,7 +6,7 @@ import torch
 
 from vllm.sampling_params import SamplingParams
 from vllm.v1.sample.metadata import SamplingMetadata
-from vllm.v1.sample.sampler import Sampler, compute_prompt_logprobs
+from vllm.v1.sample.sampler import Sampler, _top_k_top_p_floor, compute_prompt_logprobs
 
 # Row probabilities with clear gaps, so every cut below has a margin far above float rounding.
 PROBS = torch.tensor([0.3, 0.25, 0.2, 0.1, 0.08, 0.04, 0.02, 0.01])
@@ -96,6 +96,15 @@ def test_top_k_without_top_p_keeps_off_rows_whole():
         out = _sample(logits, params).sampled_token_ids
     assert set(out[1::2].tolist()) == {0, 1}
     assert set(out[0::2].tolist()) == set(range(V))
+
+
+def test_top_p_off_rows_keep_tokens_below_cumsum_rounding():
+    # The last token's mass before it rounds to the row's total in float32, so only the
+    # explicit "top_p == 1 keeps everything" rule keeps it for the row that has top_p off.
+    probs = torch.tensor([[0.5, 0.25, 0.25 - 2e-9, 2e-9]]).repeat(2, 1)
+    md = _metadata([SamplingParams(top_p=0.6), SamplingParams()], vocab_size=4)
+    floor = _top_k_top_p_floor(probs, md)
+    assert floor[0].item() == pytest.approx(0.25) and floor[1].item() == pytest.approx(2e-9)
 
 
 def test_temperature_distribution_matches_softmax():
