@@ -80,6 +80,9 @@ class SamplingMetadata:
         if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size <= 0:
             raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
         device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            # Pin the index so that the sampler can compare it with the logits' device.
+            device = torch.device("cuda", torch.cuda.current_device())
 
         greedy = [p.sampling_type == SamplingType.GREEDY for p in params]
         md = cls(
