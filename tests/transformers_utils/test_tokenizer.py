@@ -215,6 +215,19 @@ def test_tiktoken_chat_template(kimi):
     }
 
 
+def test_chat_template_is_sandboxed_and_checked(tmp_path):
+    messages = [{"role": "user", "content": "hi"}]
+    tok = get_tokenizer(write_tiktoken_folder(tmp_path / "a", chat_template="{{ messages.pop() }}"))
+    with pytest.raises(ValueError, match="chat_template failed"):
+        tok.apply_chat_template(messages)
+    assert messages == [{"role": "user", "content": "hi"}]
+    tok = get_tokenizer(write_tiktoken_folder(tmp_path / "b", chat_template="{% if %}"))
+    with pytest.raises(ValueError, match="chat_template does not parse"):
+        tok.apply_chat_template(messages)
+    tok = get_tokenizer(write_tiktoken_folder(tmp_path / "c", chat_template="{{ bos_token }}!"))
+    assert tok.apply_chat_template(messages, bos_token="override") == "override!"
+
+
 def test_tiktoken_long_runs_are_encoded_in_pieces(kimi, monkeypatch):
     monkeypatch.setattr(tokenizer_module, "_MAX_RUN_CHARS", 5)
     monkeypatch.setattr(tokenizer_module, "_MAX_ENCODE_CHARS", 16)

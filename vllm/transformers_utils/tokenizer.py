@@ -189,16 +189,13 @@ class Tokenizer(ABC):
                 self._template = env.from_string(self.chat_template)
             except jinja2.TemplateSyntaxError as e:
                 raise ValueError(f"chat_template does not parse: {e}") from e
-        text = self._template.render(
-            **{
-                "bos_token": self.bos_token,
-                "eos_token": self.eos_token,
-                "pad_token": self.pad_token,
-                **kwargs,
-                "messages": messages,
-                "add_generation_prompt": add_generation_prompt,
-            }
-        )
+        variables = {"bos_token": self.bos_token, "eos_token": self.eos_token}
+        variables.update(pad_token=self.pad_token, **kwargs)
+        variables.update(messages=messages, add_generation_prompt=add_generation_prompt)
+        try:
+            text = self._template.render(variables)
+        except jinja2.TemplateError as e:  # includes the sandbox's SecurityError
+            raise ValueError(f"chat_template failed on these messages: {e}") from e
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
     def tokenizer_info(self) -> dict[str, Any]:
