@@ -123,21 +123,33 @@ def test_special_tokens_are_skipped_or_kept():
     assert det.output_text == "".join(deltas) == "<|bos|>hi<|eos|>"
 
 
-def test_merged_tokens_holding_part_of_a_character(tmp_path):
-    # A Kimi-format tokenizer whose merges "a\xe4" and "\xb8\x96" split 世 (e4 b8 96) mid-token.
-    tokens = [bytes([b]) for b in range(256)] + [b"a\xe4", b"\xb8\x96"]
+@pytest.fixture
+def merged(tmp_path):
+    """A Kimi-format tokenizer whose merges "a\xe4" and "\xb8\x96" split 世 (e4 b8 96) mid-token."""
+    tokens = [bytes([b]) for b in range(256)] + [b"a\xe4", b"\xb8\x96", b"\x96\xe4\xb8"]
     lines = [f"{base64.b64encode(t).decode()} {rank}" for rank, t in enumerate(tokens)]
     (tmp_path / "tiktoken.model").write_text("\n".join(lines))
-    (tmp_path / "tokenizer_config.json").write_text(
-        json.dumps({"eos_token": "<|reserved_token_258|>"})
-    )
-    kimi = get_tokenizer(tmp_path)
-    det, deltas, _ = stream([256, 257, ord("!")], tokenizer=kimi, prompt=[])
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "[EOS]"}))
+    return get_tokenizer(tmp_path)
+
+
+def test_merged_tokens_holding_part_of_a_character(merged):
+    det, deltas, _ = stream([256, 257, ord("!")], tokenizer=merged, prompt=[])
     assert deltas == ["a", "世", "!", ""]
 
 
-def soak(ids, chunk_rng, stop=(), skip=True):
-    spy = SpyTokenizer(TOK)
+def test_soak_merged_tokens_match_full_decode(merged):
+    rng = random.Random(5)
+    ids = [
+        rng.choice([256, 257, 258, 0xE4, 0xB8, 0x96, 0x61, rng.randrange(515)]) for _ in range(3000)
+    ]
+    det, streamed, longest = soak(ids, rng, tokenizer=merged)
+    assert det.output_text == streamed == merged.decode(ids)
+    assert longest <= 30
+
+
+def soak(ids, chunk_rng, stop=(), skip=True, tokenizer=TOK):
+    spy = SpyTokenizer(tokenizer)
     det = IncrementalDetokenizer(spy, PROMPT, list(stop), False, skip)
     streamed, i = [], 0
     while i < len(ids):

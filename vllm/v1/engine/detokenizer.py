@@ -1,11 +1,12 @@
 """Incremental detokenization of one sequence: its text, stop strings, and what to stream.
 
-Each step decodes only a small window of recent tokens. `_ids[_prefix:_read]` are tokens whose text
-is already final (decoded as context, their `_prefix_len` characters are subtracted) and
-`_ids[_read:]` are pending: their text is appended as soon as it is stable, i.e. up to any trailing
-U+FFFD, which may be a character whose remaining bytes are in tokens not sampled yet. When the
-pending text ends cleanly the window slides forward, so for byte-level tokenizers `output_text`
-ends up equal to `tokenizer.decode(output ids)` without re-decoding the whole output per token.
+Each step decodes only a small window of recent tokens, the only ones kept: `_ids[:_read]` are
+tokens whose text is already final (decoded as context; their `_prefix_len` characters are
+subtracted) and `_ids[_read:]` are pending: their text is appended as soon as it is stable, i.e. up
+to any trailing U+FFFD, which may be a character whose remaining bytes are in tokens not sampled
+yet. When the pending text ends cleanly the window slides forward, so for byte-level tokenizers
+`output_text` ends up equal to `tokenizer.decode(output ids)` without re-decoding the whole output
+per token.
 """
 
 from vllm.transformers_utils.tokenizer import Tokenizer
@@ -52,7 +53,7 @@ class IncrementalDetokenizer:
             # of the output ids would.
             context, context_text = [], ""
         self._ids = list(context)
-        self._prefix, self._read = 0, len(context)
+        self._read = len(context)
         self._prefix_len = len(context_text)
         self._emitted = 0  # characters of the pending text already in output_text
 
@@ -66,7 +67,7 @@ class IncrementalDetokenizer:
             )
         self._ids += new_token_ids
         before = len(self.output_text)
-        text = self._decode(self._ids[self._prefix :])
+        text = self._decode(self._ids)
         pending = text[self._prefix_len :]
         stable = len(pending.rstrip(_REPLACEMENT))
         self._emit(pending, stable)
@@ -84,7 +85,7 @@ class IncrementalDetokenizer:
         that never completed (as U+FFFD, as a full decode shows it).
         """
         if finished and self.matched_stop is None:
-            pending = self._decode(self._ids[self._prefix :])[self._prefix_len :]
+            pending = self._decode(self._ids)[self._prefix_len :]
             self._emit(pending, len(pending))
         end = len(self.output_text)
         if not finished and self.matched_stop is None:
@@ -102,8 +103,9 @@ class IncrementalDetokenizer:
 
     def _slide(self) -> None:
         """Make the pending tokens (all emitted) the context of the next ones."""
-        self._prefix, self._read = self._read, len(self._ids)
-        self._prefix_len = len(self._decode(self._ids[self._prefix : self._read]))
+        del self._ids[: self._read]  # final text that no later token can change
+        self._read = len(self._ids)
+        self._prefix_len = len(self._decode(self._ids))
         self._emitted = 0
 
     def _cut(self, text: str) -> None:
@@ -111,11 +113,12 @@ class IncrementalDetokenizer:
         last = len(self._ids) - _UNFINISHED_TOKENS
         # Invalid sequences span at most 3 bytes, so one of 4 consecutive boundaries splits them.
         for k in range(last, last - 4, -1):
-            head = self._decode(self._ids[self._prefix : k])
+            head = self._decode(self._ids[:k])
             if head + self._decode(self._ids[k:]) == text:
                 head_len = len(head) - self._prefix_len
                 self._emit(text[self._prefix_len :], head_len)
-                self._prefix = self._read = k
+                del self._ids[:k]
+                self._read = 0
                 self._prefix_len = 0
                 self._emitted -= head_len
                 return
