@@ -18,7 +18,8 @@ TEXTS = ["Question: 12 + 30 = ?", "héllo wörld\n\n  tabs\tand 世界 🙂 ok",
 MERGES = [b"he", b"ll", b"hell", b"hello", b"12", b"34", b"1234", b"a\xe4"]
 BASE = 256 + len(MERGES)
 KIMI_TEMPLATE = (
-    "{%- if tools -%}<|im_system|>tools<|im_middle|>{{ tools | tojson }}<|im_end|>{%- endif -%}"
+    "{%- if tools -%}<|im_system|>tools<|im_middle|>"
+    "{{ tools | tojson(separators=(',', ':')) }}<|im_end|>{%- endif -%}"
     "{%- for message in messages -%}"
     "{%- if message['role'] not in ['user', 'assistant', 'system'] -%}"
     "{{ raise_exception('unknown role ' + message['role']) }}"
@@ -184,7 +185,7 @@ def test_tiktoken_chat_template(kimi):
     tools = [{"name": "f", "description": "<x> & 'y'"}]
     text = kimi.apply_chat_template(messages, tools=tools)
     assert text == (
-        '<|im_system|>tools<|im_middle|>[{"name": "f", "description": "<x> & \'y\'"}]<|im_end|>'
+        '<|im_system|>tools<|im_middle|>[{"name":"f","description":"<x> & \'y\'"}]<|im_end|>'
         "<|im_user|>user<|im_middle|>hi<|im_end|>"
         "<|im_assistant|>assistant<|im_middle|>ok <b><|im_end|>"
         "<|im_assistant|>assistant<|im_middle|>"

@@ -11,7 +11,6 @@ folder has one; otherwise bos/eos/pad come from `config.json` ids (or its `text_
 """
 
 import base64
-import binascii
 import json
 import re
 from abc import ABC, abstractmethod
@@ -66,9 +65,9 @@ _BYTE_TO_UNICODE = _byte_to_unicode()
 _UNICODE_TO_BYTE = {c: b for b, c in _BYTE_TO_UNICODE.items()}
 
 
-def _tojson(value: Any, indent: int | None = None, separators: Any = None, **kw: Any) -> str:
+def _tojson(value: Any, ensure_ascii: bool = False, **kwargs: Any) -> str:
     # Jinja's own tojson escapes <, >, & and ' for HTML, which would corrupt prompts.
-    return json.dumps(value, ensure_ascii=False, indent=indent, separators=separators, **kw)
+    return json.dumps(value, ensure_ascii=ensure_ascii, **kwargs)
 
 
 def _raise_exception(message: str) -> None:
@@ -286,7 +285,7 @@ def _read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
         try:
             token, rank = line.split()
             ranks[base64.b64decode(token, validate=True)] = int(rank)
-        except (ValueError, binascii.Error) as e:
+        except ValueError as e:  # binascii.Error is one
             raise ValueError(f"{path}:{number}: expected 'base64 rank', got {line!r}") from e
     if sorted(ranks.values()) != list(range(len(ranks))):
         raise ValueError(f"{path}: ranks must be 0..{len(ranks) - 1}, each once")
