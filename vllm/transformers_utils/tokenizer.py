@@ -1,13 +1,381 @@
-"""Tokenizer of a checkpoint folder: its `tokenizer.json` through the `tokenizers` library."""
+"""Tokenizer of a checkpoint folder: special tokens, chat template and the info the server shows.
 
+Two formats are read:
+- `tokenizer.json`, through the `tokenizers` library (the built-in tiny models, HF checkpoints);
+- `tiktoken.model` + `tokenizer_config.json`, the format of the published Kimi checkpoints:
+  byte-level BPE ranks ("base64(token bytes) rank" per line) read by `tiktoken`, with Kimi's
+  pre-tokenizer split and 256 special-token ids numbered right after the BPE ranks.
+
+Special tokens, the chat template and `model_max_length` come from `tokenizer_config.json` when the
+folder has one; otherwise bos/eos/pad come from `config.json` ids (or its `text_config`).
+"""
+
+import base64
+import json
+import re
+from abc import ABC, abstractmethod
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
-from tokenizers import Tokenizer
+import jinja2
+import tiktoken
+import tokenizers
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+# Kimi's split regex (tokenization_kimi.py): CJK ideographs form their own runs, letter runs may
+# carry one leading non-letter and an English contraction, digits group by at most three.
+KIMI_PAT_STR = "|".join(
+    [
+        r"""[\p{Han}]+""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*"""
+        r"""[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+"""
+        r"""[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
+NUM_RESERVED_SPECIAL_TOKENS = 256
+# tiktoken panics past ~400k characters in one call and turns quadratic on very long runs of
+# whitespace or non-whitespace, so text is encoded in pieces cut at these lengths (as Kimi does).
+_MAX_ENCODE_CHARS = 400_000
+_MAX_RUN_CHARS = 25_000
+# HF writes int(1e30) as model_max_length when a checkpoint sets no limit.
+_NO_LIMIT = 10**12
+
+
+def _byte_to_unicode() -> dict[int, str]:
+    """GPT-2's printable stand-in for each byte, so that byte-level tokens read as text."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    table = {b: chr(b) for b in printable}
+    shifted = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + shifted)
+            shifted += 1
+    return table
+
+
+_BYTE_TO_UNICODE = _byte_to_unicode()
+_UNICODE_TO_BYTE = {c: b for b, c in _BYTE_TO_UNICODE.items()}
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, **kwargs: Any) -> str:
+    # Jinja's own tojson escapes <, >, & and ' for HTML, which would corrupt prompts.
+    return json.dumps(value, ensure_ascii=ensure_ascii, **kwargs)
+
+
+def _raise_exception(message: str) -> None:
+    raise ValueError(f"chat template: {message}")
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object")
+    return data
+
+
+def _token_text(value: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or {"content": ...}."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+class Tokenizer(ABC):
+    """Encode/decode plus special tokens, chat template and tokenizer info of one checkpoint.
+
+    Ids outside the vocabulary (models pad their embedding tables beyond it) decode to nothing.
+    """
+
+    default_class: str
+
+    def __init__(self, folder: Path) -> None:
+        self._config = _read_json(folder / "tokenizer_config.json")
+        model_config = _read_json(folder / "config.json")
+        self._model_configs = [model_config, model_config.get("text_config") or {}]
+        self.bos_token = self._special_text("bos")
+        self.eos_token = self._special_text("eos")
+        self.pad_token = self._special_text("pad")
+        self.chat_template = self._find_chat_template(folder)
+        self._template: jinja2.Template | None = None
+
+    # Backend surface.
+    @abstractmethod
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]: ...
+
+    @abstractmethod
+    def _decode(self, ids: list[int], skip_special_tokens: bool) -> str: ...
+
+    @abstractmethod
+    def _id_to_token(self, token_id: int) -> str: ...
+
+    @abstractmethod
+    def token_to_id(self, token: str) -> int | None:
+        """The id of a token's text (special tokens by their text), None if there is none."""
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """Number of ids, special ones included."""
+
+    @property
+    @abstractmethod
+    def all_special_ids(self) -> list[int]: ...
+
+    # Shared behaviour.
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`; special-token text in it becomes the special token."""
+        if not isinstance(text, str):
+            raise ValueError(f"text must be a str, got {type(text).__name__}")
+        return self._encode(text, add_special_tokens)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """Text of `ids`; an incomplete UTF-8 sequence decodes to U+FFFD."""
+        return self._decode(self._known(ids), skip_special_tokens)
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        """Each id's token text (byte-level tokens in GPT-2's printable alphabet); "" if unknown."""
+        return [self._id_to_token(i) if 0 <= i < self.vocab_size else "" for i in ids]
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return None if self.bos_token is None else self.token_to_id(self.bos_token)
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return None if self.eos_token is None else self.token_to_id(self.eos_token)
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return None if self.pad_token is None else self.token_to_id(self.pad_token)
+
+    def apply_chat_template(
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = True,
+        tokenize: bool = False,
+        **kwargs: Any,
+    ) -> str | list[int]:
+        """Render `messages` with the checkpoint's template, as HF does; ids if `tokenize`.
+
+        The template sees `messages`, `add_generation_prompt`, the bos/eos/pad token texts and every
+        extra keyword (`tools`, ...). Its text already holds the special tokens, so tokenizing adds
+        none.
+        """
+        if self.chat_template is None:
+            raise ValueError("chat_template: this tokenizer has none; pass a prompt instead")
+        if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and "role" in m for m in messages
+        ):
+            raise ValueError("messages must be a list of dicts, each with a 'role'")
+        if self._template is None:
+            env = ImmutableSandboxedEnvironment(
+                trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+            )
+            env.filters["tojson"] = _tojson
+            env.globals["raise_exception"] = _raise_exception
+            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+            try:
+                self._template = env.from_string(self.chat_template)
+            except jinja2.TemplateSyntaxError as e:
+                raise ValueError(f"chat_template does not parse: {e}") from e
+        variables = {"bos_token": self.bos_token, "eos_token": self.eos_token}
+        variables.update(pad_token=self.pad_token, **kwargs)
+        variables.update(messages=messages, add_generation_prompt=add_generation_prompt)
+        try:
+            text = self._template.render(variables)
+        except jinja2.TemplateError as e:  # includes the sandbox's SecurityError
+            raise ValueError(f"chat_template failed on these messages: {e}") from e
+        return self.encode(text, add_special_tokens=False) if tokenize else text
+
+    def tokenizer_info(self) -> dict[str, Any]:
+        """tokenizer_config-like description for a /tokenizer_info endpoint."""
+        info: dict[str, Any] = {
+            "tokenizer_class": self._config.get("tokenizer_class", self.default_class),
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            "pad_token": self.pad_token,
+            "chat_template": self.chat_template,
+        }
+        limit = self._config.get("model_max_length")
+        if not isinstance(limit, (int, float)) or limit >= _NO_LIMIT:
+            limit = self._model_value("max_position_embeddings")
+        if isinstance(limit, (int, float)) and limit < _NO_LIMIT:
+            info["model_max_length"] = int(limit)
+        return info
+
+    def _known(self, ids: list[int]) -> list[int]:
+        size = self.vocab_size
+        return [i for i in ids if 0 <= i < size]
+
+    def _model_value(self, key: str) -> Any:
+        for cfg in self._model_configs:
+            if cfg.get(key) is not None:
+                return cfg[key]
+        return None
+
+    def _special_text(self, kind: str) -> str | None:
+        text = _token_text(self._config.get(f"{kind}_token"))
+        if text is not None:
+            return text
+        token_id = self._model_value(f"{kind}_token_id")
+        if isinstance(token_id, list):  # several eos ids: the first names the token
+            token_id = token_id[0] if token_id else None
+        if isinstance(token_id, int) and 0 <= token_id < self.vocab_size:
+            return self._id_to_token(token_id)
+        return None
+
+    def _find_chat_template(self, folder: Path) -> str | None:
+        template = self._config.get("chat_template")
+        if isinstance(template, list):  # named templates: the one HF uses by default
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = named.get("default")
+        if isinstance(template, str):
+            return template
+        file = folder / "chat_template.jinja"
+        return file.read_text(encoding="utf-8") if file.is_file() else None
+
+
+class JsonTokenizer(Tokenizer):
+    """A `tokenizer.json` read by the `tokenizers` library."""
+
+    default_class = "PreTrainedTokenizerFast"
+
+    def __init__(self, folder: Path) -> None:
+        self._tok = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+        added = self._tok.get_added_tokens_decoder()
+        self._special_ids = sorted(i for i, tok in added.items() if tok.special)
+        super().__init__(folder)
+
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def _id_to_token(self, token_id: int) -> str:
+        return self._tok.id_to_token(token_id) or ""
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def all_special_ids(self) -> list[int]:
+        return list(self._special_ids)
+
+
+def _read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
+    ranks: dict[bytes, int] = {}
+    for number, line in enumerate(path.read_text(encoding="ascii").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            token, rank = line.split()
+            ranks[base64.b64decode(token, validate=True)] = int(rank)
+        except ValueError as e:  # binascii.Error is one
+            raise ValueError(f"{path}:{number}: expected 'base64 rank', got {line!r}") from e
+    if sorted(ranks.values()) != list(range(len(ranks))):
+        raise ValueError(f"{path}: ranks must be 0..{len(ranks) - 1}, each once")
+    return ranks
+
+
+def _split_for_tiktoken(text: str) -> list[str]:
+    cuts = set(range(_MAX_ENCODE_CHARS, len(text), _MAX_ENCODE_CHARS))
+    # The lookbehinds anchor each match at the start of a run, keeping the scan linear.
+    long_run = rf"(?<!\s)\s{{{_MAX_RUN_CHARS},}}|(?<!\S)\S{{{_MAX_RUN_CHARS},}}"
+    for run in re.finditer(long_run, text):
+        cuts.update(range(run.start() + _MAX_RUN_CHARS, run.end(), _MAX_RUN_CHARS))
+    bounds = [0, *sorted(cuts), len(text)]
+    return [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+class TiktokenTokenizer(Tokenizer):
+    """Kimi's format: `tiktoken.model` ranks, special tokens from `tokenizer_config.json`.
+
+    The special ids are the `NUM_RESERVED_SPECIAL_TOKENS` ids after the last rank; those that
+    `added_tokens_decoder` does not name are `<|reserved_token_{id}|>`.
+    """
+
+    default_class = "TikTokenTokenizer"
+
+    def __init__(self, folder: Path) -> None:
+        ranks = _read_tiktoken_ranks(folder / "tiktoken.model")
+        config = _read_json(folder / "tokenizer_config.json")
+        first, end = len(ranks), len(ranks) + NUM_RESERVED_SPECIAL_TOKENS
+        named: dict[int, str] = {}
+        for key, entry in (config.get("added_tokens_decoder") or {}).items():
+            token_id, text = int(key), _token_text(entry)
+            if not first <= token_id < end or text is None:
+                raise ValueError(
+                    f"added_tokens_decoder: token {key} must have a 'content' and an id in "
+                    f"[{first}, {end})"
+                )
+            named[token_id] = text
+        self._special = {i: named.get(i, f"<|reserved_token_{i}|>") for i in range(first, end)}
+        self._special_by_text = {text: i for i, text in self._special.items()}
+        self._enc = tiktoken.Encoding(
+            folder.name or "tiktoken",
+            pat_str=KIMI_PAT_STR,
+            mergeable_ranks=ranks,
+            special_tokens=self._special_by_text,
+        )
+        super().__init__(folder)
+
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        bos = self.bos_token_id
+        add_bos = add_special_tokens and self._config.get("add_bos_token") and bos is not None
+        ids: list[int] = [bos] if add_bos else []
+        for piece in _split_for_tiktoken(text):
+            ids += self._enc.encode(piece, allowed_special="all")
+        return ids
+
+    def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+        if skip_special_tokens:
+            ids = [i for i in ids if i not in self._special]
+        return self._enc.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    def _id_to_token(self, token_id: int) -> str:
+        if token_id in self._special:
+            return self._special[token_id]
+        return "".join(_BYTE_TO_UNICODE[b] for b in self._enc.decode_single_token_bytes(token_id))
+
+    def token_to_id(self, token: str) -> int | None:
+        if token in self._special_by_text:
+            return self._special_by_text[token]
+        try:
+            return self._enc.encode_single_token(bytes(_UNICODE_TO_BYTE[c] for c in token))
+        except KeyError:
+            return None
+
+    @property
+    def vocab_size(self) -> int:
+        return self._enc.n_vocab
+
+    @property
+    def all_special_ids(self) -> list[int]:
+        return list(self._special)
 
 
 def get_tokenizer(folder: "str | Path") -> Tokenizer:
-    """The fast tokenizer saved in `folder/tokenizer.json`."""
-    file = Path(folder) / "tokenizer.json"
-    if not file.is_file():
-        raise ValueError(f"no tokenizer.json in {folder}")
-    return Tokenizer.from_file(str(file))
+    """The tokenizer of checkpoint `folder`: its tokenizer.json, else its tiktoken.model."""
+    path = Path(folder)
+    if not path.is_dir():
+        raise ValueError(f"folder {str(folder)!r} is not a directory")
+    if (path / "tokenizer.json").is_file():
+        return JsonTokenizer(path)
+    if (path / "tiktoken.model").is_file():
+        return TiktokenTokenizer(path)
+    raise ValueError(f"folder {str(folder)!r} has neither tokenizer.json nor tiktoken.model")

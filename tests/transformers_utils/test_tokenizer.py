@@ -1,0 +1,260 @@
+"""get_tokenizer on the built-in tiny tokenizer.json models and on a small Kimi-format tiktoken."""
+
+import base64
+import json
+import random
+import shutil
+
+import pytest
+
+from vllm.model_executor.model_loader.builtin import BUILTIN_MODELS
+from vllm.transformers_utils import tokenizer as tokenizer_module
+from vllm.transformers_utils.tokenizer import get_tokenizer
+
+TINY_SPECIAL = ("<|bos|>", "<|eos|>", "<|pad|>")
+TEXTS = ["Question: 12 + 30 = ?", "héllo wörld\n\n  tabs\tand 世界 🙂 ok", "", " ", "a<b>&'c'"]
+
+# Byte tokens 0..255, then merges; ids 261.. are special (256 of them).
+MERGES = [b"he", b"ll", b"hell", b"hello", b"12", b"34", b"1234", b"a\xe4"]
+BASE = 256 + len(MERGES)
+KIMI_TEMPLATE = (
+    "{%- if tools -%}<|im_system|>tools<|im_middle|>"
+    "{{ tools | tojson(separators=(',', ':')) }}<|im_end|>{%- endif -%}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] not in ['user', 'assistant', 'system'] -%}"
+    "{{ raise_exception('unknown role ' + message['role']) }}"
+    "{%- endif -%}"
+    "<|im_{{ message['role'] }}|>{{ message['role'] }}<|im_middle|>"
+    "{{ message['content'] }}<|im_end|>"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|im_assistant|>assistant<|im_middle|>{%- endif -%}"
+)
+NAMED = {
+    BASE: "[BOS]",
+    BASE + 1: "[EOS]",
+    BASE + 2: "<|im_end|>",
+    BASE + 3: "<|im_user|>",
+    BASE + 4: "<|im_assistant|>",
+    BASE + 5: "<|im_system|>",
+    BASE + 6: "<|im_middle|>",
+    BASE + 255: "[PAD]",
+}
+
+
+def write_tiktoken_folder(folder, **config):
+    folder.mkdir(exist_ok=True)
+    tokens = [bytes([b]) for b in range(256)] + MERGES
+    lines = [f"{base64.b64encode(t).decode()} {rank}" for rank, t in enumerate(tokens)]
+    (folder / "tiktoken.model").write_text("\n".join(lines) + "\n")
+    cfg = {
+        "added_tokens_decoder": {str(i): {"content": t, "special": True} for i, t in NAMED.items()},
+        "bos_token": "[BOS]",
+        "eos_token": {"content": "[EOS]", "special": True},
+        "pad_token": "[PAD]",
+        "tokenizer_class": "TikTokenTokenizer",
+        "model_max_length": 1048576,
+        "chat_template": KIMI_TEMPLATE,
+        **config,
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+@pytest.fixture
+def kimi(tmp_path):
+    return get_tokenizer(write_tiktoken_folder(tmp_path / "kimi"))
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_MODELS))
+def test_builtin_tiny_tokenizer(name):
+    tok = get_tokenizer(BUILTIN_MODELS[name])
+    assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (256, 257, 258)
+    assert (tok.bos_token, tok.eos_token) == ("<|bos|>", "<|eos|>")
+    assert tok.vocab_size == 259 and tok.all_special_ids == [256, 257, 258]
+    for text in TEXTS:
+        ids = tok.encode(text)
+        assert all(0 <= i < 256 for i in ids)
+        assert tok.decode(ids) == text
+    ids = tok.encode("<|bos|>hi<|eos|>")
+    assert ids[0] == 256 and ids[-1] == 257 and len(ids) == 4
+    assert tok.decode(ids) == "hi"
+    assert tok.decode(ids, skip_special_tokens=False) == "<|bos|>hi<|eos|>"
+    # Ids past the tokenizer (the tiny models' embeddings have 320 rows) decode to nothing.
+    assert tok.decode([*ids, 300, 319], skip_special_tokens=False) == "<|bos|>hi<|eos|>"
+    assert tok.convert_ids_to_tokens([256, *tok.encode(" é"), 300]) == [
+        "<|bos|>",
+        "Ġ",
+        "Ã",
+        "©",
+        "",
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_MODELS))
+def test_builtin_tiny_chat_template(name):
+    tok = get_tokenizer(BUILTIN_MODELS[name])
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "世"}],
+        },
+    ]
+    text = tok.apply_chat_template(messages)
+    assert text == "<|bos|>system: be brief<|eos|>\nuser: hi 世<|eos|>\nassistant: "
+    closed = tok.apply_chat_template(messages, add_generation_prompt=False)
+    assert closed == text.removesuffix("assistant: ")
+    ids = tok.apply_chat_template(messages, tokenize=True)
+    assert ids == tok.encode(text, add_special_tokens=False)
+    assert ids[0] == 256 and ids.count(257) == 2
+    info = tok.tokenizer_info()
+    assert info["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert info["model_max_length"] == 4096 and info["chat_template"] == tok.chat_template
+    assert (info["bos_token"], info["eos_token"], info["pad_token"]) == TINY_SPECIAL
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_MODELS))
+def test_tokenizer_json_without_tokenizer_config_reads_config_ids(tmp_path, name):
+    for file in ("tokenizer.json", "config.json"):
+        shutil.copy(BUILTIN_MODELS[name] / file, tmp_path / file)
+    tok = get_tokenizer(tmp_path)
+    # kimi-k3-tiny keeps pad_token_id only in text_config.
+    assert (tok.bos_token, tok.eos_token, tok.pad_token) == TINY_SPECIAL
+    assert tok.pad_token_id == 258
+    assert tok.chat_template is None
+    with pytest.raises(ValueError, match="chat_template"):
+        tok.apply_chat_template([{"role": "user", "content": "hi"}])
+    info = tok.tokenizer_info()
+    assert info["model_max_length"] == 4096 and info["chat_template"] is None
+
+
+def test_tiktoken_merges_and_kimi_split(kimi):
+    rank = {t: 256 + i for i, t in enumerate(MERGES)}
+    assert kimi.encode("hello") == [rank[b"hello"]]
+    assert kimi.encode("hello hello") == [rank[b"hello"], 32, rank[b"hello"]]
+    assert kimi.encode("1234") == [rank[b"12"], ord("3"), ord("4")]  # digits split by three
+    assert kimi.encode("x1234") == [ord("x"), rank[b"12"], ord("3"), ord("4")]
+    # Han is cut from letters of other scripts, so the merge "a\xe4" never applies.
+    assert kimi.encode("a世") == [ord("a"), *"世".encode()]
+    assert kimi.convert_ids_to_tokens([rank[b"hello"], 32, 0xE4]) == ["hello", "Ġ", "ä"]
+    assert kimi.token_to_id("hello") == rank[b"hello"] and kimi.token_to_id("Ġ") == 32
+    assert kimi.token_to_id("no such token") is None
+
+
+def test_tiktoken_round_trips(kimi):
+    rng = random.Random(0)
+    alphabet = "hel o12345 \n\t世界🙂éÅ.,!'sABC"
+    texts = TEXTS + [
+        "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 60))) for _ in range(200)
+    ]
+    for text in texts:
+        ids = kimi.encode(text)
+        assert all(0 <= i < BASE for i in ids)
+        assert kimi.decode(ids) == text
+
+
+def test_tiktoken_special_tokens(kimi):
+    assert (kimi.bos_token_id, kimi.eos_token_id, kimi.pad_token_id) == (BASE, BASE + 1, BASE + 255)
+    assert (kimi.bos_token, kimi.eos_token, kimi.pad_token) == ("[BOS]", "[EOS]", "[PAD]")
+    assert kimi.vocab_size == BASE + 256
+    assert kimi.all_special_ids == list(range(BASE, BASE + 256))
+    assert kimi.convert_ids_to_tokens([BASE + 7, BASE + 2]) == [
+        f"<|reserved_token_{BASE + 7}|>",
+        "<|im_end|>",
+    ]
+    # Special-token text in the input is read as the special token, as Kimi's tokenizer does.
+    ids = kimi.encode("[BOS]hello<|im_end|>" + f"<|reserved_token_{BASE + 7}|>")
+    assert ids == [BASE, 256 + MERGES.index(b"hello"), BASE + 2, BASE + 7]
+    assert kimi.decode(ids) == "hello"
+    assert kimi.decode(ids, skip_special_tokens=False) == (
+        f"[BOS]hello<|im_end|><|reserved_token_{BASE + 7}|>"
+    )
+    # Ids outside the vocabulary decode to nothing.
+    assert kimi.decode([*ids, BASE + 256, -1], skip_special_tokens=False).endswith(f"{BASE + 7}|>")
+    assert kimi.decode([0xE4, 0xB8]) == "\ufffd"  # an incomplete character
+
+
+def test_tiktoken_add_bos_token(tmp_path):
+    tok = get_tokenizer(write_tiktoken_folder(tmp_path / "k", add_bos_token=True))
+    assert tok.encode("hi") == [BASE, ord("h"), ord("i")]
+    assert tok.encode("hi", add_special_tokens=False) == [ord("h"), ord("i")]
+
+
+def test_tiktoken_chat_template(kimi):
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok <b>"}]
+    tools = [{"name": "f", "description": "<x> & 'y'"}]
+    text = kimi.apply_chat_template(messages, tools=tools)
+    assert text == (
+        '<|im_system|>tools<|im_middle|>[{"name":"f","description":"<x> & \'y\'"}]<|im_end|>'
+        "<|im_user|>user<|im_middle|>hi<|im_end|>"
+        "<|im_assistant|>assistant<|im_middle|>ok <b><|im_end|>"
+        "<|im_assistant|>assistant<|im_middle|>"
+    )
+    ids = kimi.apply_chat_template(messages[:1], tokenize=True)
+    assert ids == [
+        BASE + 3,
+        *b"user",
+        BASE + 6,
+        *b"hi",
+        BASE + 2,
+        BASE + 4,
+        *b"assistant",
+        BASE + 6,
+    ]
+    with pytest.raises(ValueError, match="unknown role tool"):
+        kimi.apply_chat_template([{"role": "tool", "content": "x"}])
+    with pytest.raises(ValueError, match="messages"):
+        kimi.apply_chat_template([{"content": "no role"}])
+    info = kimi.tokenizer_info()
+    assert info == {
+        "tokenizer_class": "TikTokenTokenizer",
+        "bos_token": "[BOS]",
+        "eos_token": "[EOS]",
+        "pad_token": "[PAD]",
+        "chat_template": KIMI_TEMPLATE,
+        "model_max_length": 1048576,
+    }
+
+
+def test_chat_template_is_sandboxed_and_checked(tmp_path):
+    messages = [{"role": "user", "content": "hi"}]
+    tok = get_tokenizer(write_tiktoken_folder(tmp_path / "a", chat_template="{{ messages.pop() }}"))
+    with pytest.raises(ValueError, match="chat_template failed"):
+        tok.apply_chat_template(messages)
+    assert messages == [{"role": "user", "content": "hi"}]
+    tok = get_tokenizer(write_tiktoken_folder(tmp_path / "b", chat_template="{% if %}"))
+    with pytest.raises(ValueError, match="chat_template does not parse"):
+        tok.apply_chat_template(messages)
+    tok = get_tokenizer(write_tiktoken_folder(tmp_path / "c", chat_template="{{ bos_token }}!"))
+    assert tok.apply_chat_template(messages, bos_token="override") == "override!"
+
+
+def test_tiktoken_long_runs_are_encoded_in_pieces(kimi, monkeypatch):
+    monkeypatch.setattr(tokenizer_module, "_MAX_RUN_CHARS", 5)
+    monkeypatch.setattr(tokenizer_module, "_MAX_ENCODE_CHARS", 16)
+    text = "hellohellohello" + " " * 12 + "12" * 9 + "\n"
+    pieces = tokenizer_module._split_for_tiktoken(text)
+    # Runs cut every 5 characters, the text every 16.
+    assert pieces == [
+        "hello", "hello", "hello ", "    ", "     ", "  12121", "21212", "12121", "212\n"
+    ]  # fmt: skip
+    assert kimi.decode(kimi.encode(text)) == text
+    assert kimi.encode("hellohello") == [256 + MERGES.index(b"hello")] * 2
+
+
+def test_bad_input(tmp_path):
+    with pytest.raises(ValueError, match="folder"):
+        get_tokenizer(tmp_path / "missing")
+    with pytest.raises(ValueError, match="neither tokenizer.json nor tiktoken.model"):
+        get_tokenizer(tmp_path)
+    folder = write_tiktoken_folder(tmp_path / "a")
+    with pytest.raises(ValueError, match="text"):
+        get_tokenizer(folder).encode(b"bytes")
+    (folder / "tiktoken.model").write_text("aGk= 0\nnot-base64!! 1\n")
+    with pytest.raises(ValueError, match="tiktoken.model:2"):
+        get_tokenizer(folder)
+    folder = write_tiktoken_folder(
+        tmp_path / "b", added_tokens_decoder={"5": {"content": "[X]", "special": True}}
+    )
+    with pytest.raises(ValueError, match="added_tokens_decoder"):
+        get_tokenizer(folder)
