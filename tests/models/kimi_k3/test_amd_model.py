@@ -299,7 +299,7 @@ def test_builtin_tiny_models_run_with_their_tokenizer(name):
     from vllm.transformers_utils.tokenizer import get_tokenizer
 
     tokenizer = get_tokenizer(BUILTIN_MODELS[name])
-    ids = tokenizer.encode("Question: 12 + 30 = ?").ids
+    ids = tokenizer.encode("Question: 12 + 30 = ?")
     assert tokenizer.decode(ids) == "Question: 12 + 30 = ?"
     recipe = {"linear": "fp8_per_channel", "ignore": ["re:(?!.*self_attn\\.o_proj$).*"]}
     quant = OnlineQuantizationConfig(parse_quantization_config(recipe))
