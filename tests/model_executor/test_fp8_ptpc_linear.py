@@ -120,6 +120,25 @@ def test_prequantized_input_is_not_quantized_again(monkeypatch):
         layer(x)
 
 
+@pytest.mark.parametrize(
+    "orig_shape,orig_dtype,message",
+    [
+        ((2, 3, 128), torch.bfloat16, r"orig_shape \(2, 3, 128\) does not match"),  # last dim
+        ((2, 2, 256), torch.bfloat16, r"orig_shape \(2, 2, 256\) does not match"),  # rows
+        ((2, 3, 256), torch.float32, "orig_dtype torch.float32 differs"),
+    ],
+)
+def test_layer_refuses_a_quantized_activation_that_misdescribes_its_data(
+    orig_shape, orig_dtype, message
+):
+    layer, _ = ptpc_layer()
+    x = torch.randn(6, 256, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    q, scale = per_token_fp8_quant(x.to(DEVICE))
+    qa = QuantizedActivation(q, scale, orig_dtype, torch.Size(orig_shape), kFp8DynamicTokenSym)
+    with pytest.raises(ValueError, match=message):
+        layer(qa)
+
+
 def test_unquantized_layer_refuses_a_quantized_activation():
     layer = RowParallelLinear(64, 32, bias=False, params_dtype=torch.bfloat16)
     q, scale = per_token_fp8_quant(torch.randn(3, 64, device=DEVICE))
