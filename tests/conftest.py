@@ -2,14 +2,14 @@
 
 Without a GPU every Triton kernel runs under ``TRITON_INTERPRET=1``. That interpreter converts fp32
 to fp8 wrongly (ties round away from zero and a rounding carry into the exponent is dropped, so
-127.97 becomes 64; triton PR #11897). The fixture below routes fp32 -> fp8 conversions through
-torch's correctly rounded cast, so the kernels are checked against the true FP8 rounding rather
-than a widened tolerance.
+127.97 becomes 64; triton PR #11897). The fixture below installs tests/fp8_interpreter.py, which
+routes fp32 -> fp8 conversions through torch's correctly rounded cast, so the kernels are checked
+against the true FP8 rounding rather than a widened tolerance.
 """
 
 import os
 
-import numpy as np
+import fp8_interpreter
 import pytest
 import torch
 
@@ -38,21 +38,8 @@ def _interpreter_fp8_rounding():
     if os.environ.get("TRITON_INTERPRET") != "1":
         yield
         return
-    import triton.language as tl
-    from triton.runtime import interpreter
-
-    original = interpreter._convert_float
-    fp8_targets = {tl.float8e4nv: torch.float8_e4m3fn, tl.float8e4b8: torch.float8_e4m3fnuz}
-
-    def convert(input, input_dtype, output_dtype, rounding_mode):
-        target = fp8_targets.get(output_dtype)
-        if target is None or input_dtype != tl.float32:
-            return original(input, input_dtype, output_dtype, rounding_mode)
-        values = torch.from_numpy(np.ascontiguousarray(input).view(np.float32))
-        return values.to(target).view(torch.uint8).numpy().reshape(input.shape)
-
-    interpreter._convert_float = convert
+    restore = fp8_interpreter.install()
     try:
         yield
     finally:
-        interpreter._convert_float = original
+        restore()
