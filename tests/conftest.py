@@ -43,3 +43,45 @@ def _interpreter_fp8_rounding():
         yield
     finally:
         restore()
+
+
+class _CountedKernel:
+    """A Triton kernel whose `kernel[grid](...)` launches are counted under its name."""
+
+    def __init__(self, kernel, name: str, counts: dict[str, int]) -> None:
+        self._kernel, self._name, self._counts = kernel, name, counts
+
+    def __getitem__(self, grid):
+        self._counts[self._name] += 1
+        return self._kernel[grid]
+
+    def __getattr__(self, attr):
+        return getattr(self._kernel, attr)
+
+
+# module -> Triton kernels launched from it (by `kernel[grid](...)`)
+_COUNTED_KERNELS = {
+    "vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token": (
+        "_rmsnorm_gated_fp8_kernel", "_rmsnorm_gated_fp8_wide_kernel",
+        "_per_token_fp8_quant_kernel",
+    ),
+    "vllm.models.kimi_k3.amd.ops.fused_kda_decode": ("_fused_kda_decode_kernel",),
+}  # fmt: skip
+
+
+@pytest.fixture
+def triton_launches(monkeypatch):
+    """Counts launches of the fork's Triton kernels, by kernel name, during the test.
+
+    Without it a test comparing a kernel with its torch reference could silently compare the
+    reference with itself (a dispatch that always falls back passes every numeric check).
+    """
+    import importlib
+
+    counts: dict[str, int] = {}
+    for module_name, kernels in _COUNTED_KERNELS.items():
+        module = importlib.import_module(module_name)
+        for name in kernels:
+            counts[name] = 0
+            monkeypatch.setattr(module, name, _CountedKernel(getattr(module, name), name, counts))
+    return counts

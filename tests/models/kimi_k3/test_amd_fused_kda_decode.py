@@ -45,13 +45,14 @@ def clone(step):
 @pytest.mark.parametrize("lower_bound", [None, -5.0], ids=["softplus", "lower-bound"])
 @pytest.mark.parametrize("norm", [True, False], ids=["norm", "no-norm"])
 @pytest.mark.parametrize("heads,d", [(2, 32), (3, 64), (1, 128)])
-def test_fused_decode_matches_unfused_ops(heads, d, norm, lower_bound, dtype):
+def test_fused_decode_matches_unfused_ops(heads, d, norm, lower_bound, dtype, triton_launches):
     step = make_step(4, heads, d, 4, dtype, seed=heads * d)
     if not norm:
         step["gate"] = step["norm_weight"] = None
     ref_step, got_step = clone(step), clone(step)
     ref = fused_kda_decode_ref(**ref_step, lower_bound=lower_bound, eps=1e-5)
     got = fused_kda_decode(**got_step, lower_bound=lower_bound, eps=1e-5)
+    assert triton_launches["_fused_kda_decode_kernel"] == 1  # the kernel, not its reference
     assert got.shape == (4, heads, d) and got.dtype == dtype
     # Same fp32 math up to the order of the K-reductions and the ulps of exp/sigmoid/rsqrt; the
     # output is rounded to `dtype` last (bf16: one rounding, 2^-8 relative).
