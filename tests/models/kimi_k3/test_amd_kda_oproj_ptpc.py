@@ -443,10 +443,10 @@ def test_fused_rejects_bad_input(message, override):
 @pytest.mark.parametrize(
     "message,x",
     [
-        ("x must be 2-D", torch.randn(2, 3, 4)),
-        ("x must be bfloat16", torch.randn(2, 8, dtype=torch.float64)),
-        ("x must have unit stride", torch.randn(8, 2).t()),
-        ("non-empty last dim", torch.randn(2, 0)),
+        ("x must be 2-D", torch.ones(2, 3, 4)),
+        ("x must be bfloat16", torch.ones(2, 8, dtype=torch.float64)),
+        ("x must have unit stride", torch.ones(8, 2).t()),
+        ("non-empty last dim", torch.ones(2, 0)),
     ],
 )
 def test_per_token_quant_rejects_bad_input(message, x):
