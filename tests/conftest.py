@@ -2,13 +2,15 @@
 
 Without a GPU every Triton kernel runs under ``TRITON_INTERPRET=1``. That interpreter converts fp32
 to fp8 wrongly (ties round away from zero and a rounding carry into the exponent is dropped, so
-127.97 becomes 64; triton PR #11897). The fixture below routes fp32 -> fp8 conversions through
-torch's correctly rounded cast, so the kernels are checked against the true FP8 rounding rather
-than a widened tolerance.
+127.97 becomes 64; triton PR #11897). The fixture below installs tests/fp8_interpreter.py, which
+routes fp32 -> fp8 conversions through torch's correctly rounded cast, so the kernels are checked
+against the true FP8 rounding rather than a widened tolerance.
 """
 
 import os
+import zlib
 
+import fp8_interpreter
 import numpy as np
 import pytest
 import torch
@@ -32,27 +34,65 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _seed_each_test(request: pytest.FixtureRequest) -> None:
+    """Seed the global generators from the test's own id, so a test that draws from them gets
+    the same data whatever ran before it (tests should still prefer a local torch.Generator)."""
+    seed = zlib.crc32(request.node.nodeid.encode())
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _interpreter_fp8_rounding():
     """Make the Triton interpreter's fp32 -> fp8 casts round like torch (and the hardware)."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         yield
         return
-    import triton.language as tl
-    from triton.runtime import interpreter
-
-    original = interpreter._convert_float
-    fp8_targets = {tl.float8e4nv: torch.float8_e4m3fn, tl.float8e4b8: torch.float8_e4m3fnuz}
-
-    def convert(input, input_dtype, output_dtype, rounding_mode):
-        target = fp8_targets.get(output_dtype)
-        if target is None or input_dtype != tl.float32:
-            return original(input, input_dtype, output_dtype, rounding_mode)
-        values = torch.from_numpy(np.ascontiguousarray(input).view(np.float32))
-        return values.to(target).view(torch.uint8).numpy().reshape(input.shape)
-
-    interpreter._convert_float = convert
+    restore = fp8_interpreter.install()
     try:
         yield
     finally:
-        interpreter._convert_float = original
+        restore()
+
+
+class _CountedKernel:
+    """A Triton kernel whose `kernel[grid](...)` launches are counted under its name."""
+
+    def __init__(self, kernel, name: str, counts: dict[str, int]) -> None:
+        self._kernel, self._name, self._counts = kernel, name, counts
+
+    def __getitem__(self, grid):
+        self._counts[self._name] += 1
+        return self._kernel[grid]
+
+    def __getattr__(self, attr):
+        return getattr(self._kernel, attr)
+
+
+# module -> Triton kernels launched from it (by `kernel[grid](...)`)
+_COUNTED_KERNELS = {
+    "vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token": (
+        "_rmsnorm_gated_fp8_kernel", "_rmsnorm_gated_fp8_wide_kernel",
+        "_per_token_fp8_quant_kernel",
+    ),
+    "vllm.models.kimi_k3.amd.ops.fused_kda_decode": ("_fused_kda_decode_kernel",),
+}  # fmt: skip
+
+
+@pytest.fixture
+def triton_launches(monkeypatch):
+    """Counts launches of the fork's Triton kernels, by kernel name, during the test.
+
+    Without it a test comparing a kernel with its torch reference could silently compare the
+    reference with itself (a dispatch that always falls back passes every numeric check).
+    """
+    import importlib
+
+    counts: dict[str, int] = {}
+    for module_name, kernels in _COUNTED_KERNELS.items():
+        module = importlib.import_module(module_name)
+        for name in kernels:
+            counts[name] = 0
+            monkeypatch.setattr(module, name, _CountedKernel(getattr(module, name), name, counts))
+    return counts

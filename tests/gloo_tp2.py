@@ -1,12 +1,15 @@
 """Run a function on two CPU processes forming a TP=2 group over gloo, for the TP tests.
 
 `run_tp2(worker, *args)` returns `{rank: worker(rank, *args)}`; `worker` must be a module-level
-function (it is pickled into the spawned processes) and its result picklable.
+function (it is pickled into the spawned processes) and its result picklable. The workers are
+fresh processes: they install the interpreter's FP8 rounding fix themselves
+(tests/fp8_interpreter.py), as the parent's test session does.
 """
 
 import os
 import socket
 
+import fp8_interpreter
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
@@ -15,6 +18,7 @@ from vllm.distributed import destroy_model_parallel, initialize_model_parallel
 
 def _entry(rank, port, worker, args, results):
     os.environ["TRITON_INTERPRET"] = "1"  # CPU workers run the Triton kernels interpreted
+    fp8_interpreter.install()  # the process ends with the worker: nothing to restore
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         initialize_model_parallel(2)

@@ -77,12 +77,19 @@ def test_pr_recipe_quantizes_exactly_the_attention_o_proj_layers():
     assert len(mla) == 24  # MLA and KDA o_proj alike: both live under self_attn
 
 
-def test_shorthand_fills_linear_and_moe():
-    args = parse_quantization_config({"linear": "fp8_per_channel", "moe": "fp8_per_channel"})
-    assert args.linear.weight == kFp8StaticChannelSym and args.moe.weight == kFp8StaticChannelSym
+def test_shorthand_fills_linear():
+    args = parse_quantization_config({"linear": "fp8_per_channel", "moe": None})
+    assert args.linear.weight == kFp8StaticChannelSym
     assert parse_quantization_config({"linear": {"weight": "fp8_per_channel_static"}}).linear == (
         args.linear
     )
+
+
+@pytest.mark.parametrize("moe", ["fp8_per_channel", {"weight": "fp8_per_channel_static"}, 3])
+def test_moe_field_is_refused_by_name(moe):
+    # parsed but never applied on main: experts and shared experts silently stayed bf16
+    with pytest.raises(ValueError, match="'moe': MoE online FP8 is not implemented"):
+        parse_quantization_config({"linear": "fp8_per_channel", "moe": moe})
 
 
 def test_regex_is_anchored_at_the_start_only():
@@ -123,13 +130,13 @@ def test_fused_layer_follows_its_shards_and_they_must_agree():
         ("{linear: fp8}", "not valid JSON"),
         ("[1, 2]", "must be a JSON object"),
         ('{"linear": "fp4_magic"}', "field 'linear': unknown scheme 'fp4_magic'"),
-        ('{"moe": 3}', "field 'moe' must be a string or an object"),
+        ('{"linear": 3}', "field 'linear' must be a string or an object"),
         ('{"ignore": ["re:(unclosed"]}', r"field 'ignore\[0\]': invalid regex"),
         ('{"ignore": "re:.*"}', "'ignore' must be a list of strings"),
         ('{"linear": {"weight": "fp8_per_channel_static", "activation": "fp8_per_token"}}',
          "'linear.activation': an activation override is not supported"),
         ('{"linear": {"scale": 1}}', "unknown keys"),
-        ('{"targets": {"re:.*": "fp8_per_channel"}}', "field 'targets' is not supported"),
+        ('{"targets": {"re:.*": "fp8_per_channel"}}', "field 'targets': is not supported"),
         ('{"kv_cache": "fp8"}', "unknown field 'kv_cache'"),
     ],
 )  # fmt: skip

@@ -92,16 +92,29 @@ def test_as_quantized_activation_accepts_a_match_and_ignores_plain_tensors():
         ("does not view as", {}, kFp8DynamicTokenSym, 32),
         ("but its key says", {"data": torch.zeros(5, 64, dtype=torch.float8_e5m2)},
          kFp8DynamicTokenSym, 64),
-        ("scale must be", {"scale": torch.rand(5)}, kFp8DynamicTokenSym, 64),
-        ("scale must be", {"scale": torch.rand(5, 1, dtype=torch.float64)},
+        ("scale must be", {"scale": torch.ones(5)}, kFp8DynamicTokenSym, 64),
+        ("scale must be", {"scale": torch.ones(5, 1, dtype=torch.float64)},
          kFp8DynamicTokenSym, 64),
-        ("scale must be", {"scale": torch.rand(4, 1)}, kFp8DynamicTokenSym, 64),
-        ("scale must be", {"scale": torch.rand(5, 1, device="meta")}, kFp8DynamicTokenSym, 64),
+        ("scale must be", {"scale": torch.ones(4, 1)}, kFp8DynamicTokenSym, 64),
+        ("scale must be", {"scale": torch.ones(5, 1, device="meta")}, kFp8DynamicTokenSym, 64),
+        # orig_shape must describe the data: last dim K, leading dims multiplying to M
+        ("orig_shape", {"orig_shape": torch.Size([5, 32])}, kFp8DynamicTokenSym, 64),
+        ("orig_shape", {"orig_shape": torch.Size([2, 2, 64])}, kFp8DynamicTokenSym, 64),
+        ("orig_shape", {"orig_shape": torch.Size([])}, kFp8DynamicTokenSym, 64),
     ],
 )  # fmt: skip
 def test_as_quantized_activation_rejects(message, kwargs, expected_key, k):
     with pytest.raises(ValueError, match=message):
         as_quantized_activation(make_qa(**kwargs), expected_key, k)
+
+
+def test_orig_shape_with_leading_dims_and_orig_dtype_against_a_fixed_output_dtype():
+    qa = make_qa(m=6, orig_shape=torch.Size([2, 3, 64]))
+    assert as_quantized_activation(qa, kFp8DynamicTokenSym, 64, torch.bfloat16) is qa
+    with pytest.raises(ValueError, match="orig_dtype torch.float32 differs .* torch.bfloat16"):
+        as_quantized_activation(
+            make_qa(orig_dtype=torch.float32), kFp8DynamicTokenSym, 64, torch.bfloat16
+        )
 
 
 def test_foreign_fp8_flavour_is_rejected():

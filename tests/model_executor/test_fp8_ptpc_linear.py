@@ -6,6 +6,7 @@ import torch
 from gloo_tp2 import run_tp2
 
 from vllm.config.quantization import parse_quantization_config
+from vllm.model_executor.kernels.linear.scaled_mm.pytorch import dequantized_matmul
 from vllm.model_executor.kernels.linear.scaled_mm.ScaledMMLinearKernel import (
     FP8ScaledMMLinearKernel,
 )
@@ -21,7 +22,10 @@ from vllm.model_executor.layers.linear import (
 )
 from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
 from vllm.model_executor.layers.quantization.utils.quant_utils import kFp8DynamicTokenSym
-from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import per_token_fp8_quant
+from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import (
+    per_token_fp8_quant,
+    per_token_fp8_quant_ref,
+)
 from vllm.platforms import current_platform
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -120,6 +124,25 @@ def test_prequantized_input_is_not_quantized_again(monkeypatch):
         layer(x)
 
 
+@pytest.mark.parametrize(
+    "orig_shape,orig_dtype,message",
+    [
+        ((2, 3, 128), torch.bfloat16, r"orig_shape \(2, 3, 128\) does not match"),  # last dim
+        ((2, 2, 256), torch.bfloat16, r"orig_shape \(2, 2, 256\) does not match"),  # rows
+        ((2, 3, 256), torch.float32, "orig_dtype torch.float32 differs"),
+    ],
+)
+def test_layer_refuses_a_quantized_activation_that_misdescribes_its_data(
+    orig_shape, orig_dtype, message
+):
+    layer, _ = ptpc_layer()
+    x = torch.randn(6, 256, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    q, scale = per_token_fp8_quant(x.to(DEVICE))
+    qa = QuantizedActivation(q, scale, orig_dtype, torch.Size(orig_shape), kFp8DynamicTokenSym)
+    with pytest.raises(ValueError, match=message):
+        layer(qa)
+
+
 def test_unquantized_layer_refuses_a_quantized_activation():
     layer = RowParallelLinear(64, 32, bias=False, params_dtype=torch.bfloat16)
     q, scale = per_token_fp8_quant(torch.randn(3, 64, device=DEVICE))
@@ -160,8 +183,10 @@ def test_replicated_linear_rejects_wrong_shape():
 def _tp_worker(rank: int):
     layer, _ = ptpc_layer(RowParallelLinear, bias=True)
     x = torch.randn(5, 256, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
-    out = layer(x.chunk(2, dim=-1)[rank])[0]
-    return layer.weight_scale.clone(), out.clone()
+    half = x.chunk(2, dim=-1)[rank]
+    out = layer(half)[0]
+    q, _ = per_token_fp8_quant(half.contiguous())  # what the kernel quantized, on this process
+    return layer.weight_scale.clone(), out.clone(), q.clone()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the gloo test runs on CPU")
@@ -172,12 +197,29 @@ def test_tp2_row_parallel_matches_tp1():
     xf = x.float()
     exact = xf @ weight.t() + layer.bias.float()
     results = run_tp2(_tp_worker)
+    # What TP=2 computes, rebuilt here: each rank quantizes its half of x per token, multiplies
+    # by its K-shard of the (identical) FP8 weight and rounds to bf16; the bf16 all-reduce adds
+    # the two partials, then the bias is added in bf16.
+    partials = []
+    for rank, half in enumerate(x.chunk(2, dim=-1)):
+        q, scale = per_token_fp8_quant_ref(half.float())
+        w_half = layer.weight.chunk(2, dim=0)[rank]
+        partials.append(
+            dequantized_matmul(q, w_half, torch.bfloat16, scale, layer.weight_scale, None)
+        )
+        # the workers' interpreted Triton quantization rounds like torch (the fix installed)
+        assert torch.equal(results[rank][2].view(torch.uint8), q.view(torch.uint8))
+    rebuilt = ((partials[0] + partials[1]) + layer.bias).float()
     for rank in (0, 1):
-        scale, out = results[rank]
+        scale, out, _ = results[rank]
         # MAX-reduced channel amax: every shard uses the unsharded layer's scales.
         assert torch.equal(scale, layer.weight_scale)
-        # Each rank quantizes its half of x with its own per-token scale and rounds its partial
-        # product to bf16 before the sum: the fp8 bound per shard plus three bf16 roundings.
+        # Only the fp32 summation order of the 128-term shard products may differ from the
+        # rebuild, which can move a bf16 rounding of a partial or of the sum by one ulp each:
+        # two bf16 ulps of the largest term involved.
+        ulp = torch.stack([p.float().abs() for p in partials]).amax(0) * 2**-7
+        assert ((out.float() - rebuilt).abs() <= 2 * ulp).all()
+        # and the fp8 bound per shard plus three bf16 roundings still holds against exact math
         bound = gemm_bound(xf, weight, scale, shards=2) + (xf.abs() @ weight.abs().t()) * 2**-7
         assert ((out.float() - exact).abs() <= bound + exact.abs() * 2**-8).all()
     assert torch.equal(results[0][1], results[1][1])
@@ -194,12 +236,40 @@ def test_forced_per_tensor_kernel_leaves_the_layer_unmarked(monkeypatch):
     layer, weight = ptpc_layer()
     assert type(layer.fp8_linear).__name__ == "PerTensorTorchFP8ScaledMMLinearKernel"
     assert get_input_quant_key(layer) is None  # a producer must hand it the plain activation
-    x = torch.randn(4, 256).to(torch.bfloat16).to(DEVICE)
+    scales = []
+    quantize = layer.fp8_linear.quantize_input
+
+    def record(x_2d):
+        q, scale = quantize(x_2d)
+        scales.append(scale)
+        return q, scale
+
+    monkeypatch.setattr(layer.fp8_linear, "quantize_input", record)
+    # Rows five decades apart: per-token scales would follow each row, one tensor scale cannot.
+    gen = torch.Generator().manual_seed(4)
+    row_size = torch.tensor([[1.0], [1e-2], [1e-4], [1e-5]])
+    x = (torch.randn(4, 256, generator=gen) * row_size).to(torch.bfloat16).to(DEVICE)
     out = layer(x)[0].float().cpu()
-    ref = x.float().cpu() @ weight.t()
-    # One scale for the whole tensor: coarser than per token, still within a few percent here.
-    assert ((out - ref).norm() / ref.norm()) < 0.05
+    xf = x.float().cpu()
+    ref = xf @ weight.t()
+    (scale,) = scales
+    tensor_scale = xf.abs().amax() / current_platform.fp8_max()
+    assert torch.equal(scale.cpu(), tensor_scale.expand(4, 1))  # one scale, the tensor's
+    # Per-tensor rounding: half a step of x / tensor_scale for every element (the small rows
+    # fall into the subnormal range), plus the weight's and the bf16 output's rounding.
+    hx = fp8_half_step(xf / tensor_scale) * tensor_scale
+    hw = fp8_half_step(weight / layer.weight_scale.cpu()) * layer.weight_scale.cpu()
+    bound = hx @ weight.abs().t() + xf.abs() @ hw.t() + hx @ hw.t() + ref.abs() * 2**-8
+    assert ((out - ref).abs() <= bound * (1 + 1e-5)).all()
+    # ...and it is not per-token: the smallest row (x / tensor_scale ~ 2^-8, at the bottom of the
+    # subnormal range, step 2^-9) loses most of its digits, where per-token quantization of the
+    # same row keeps it within a few percent.
     q, scale = per_token_fp8_quant(x)
+    w_dq = layer.weight.float().cpu().t() * layer.weight_scale.cpu()  # [N, K]
+    per_token_out = (q.float().cpu() * scale.cpu()) @ w_dq.t()
+    per_token_err = (per_token_out[3] - ref[3]).norm() / ref[3].norm()
+    per_tensor_err = (out[3] - ref[3]).norm() / ref[3].norm()
+    assert per_token_err < 0.05 and per_tensor_err > 0.25, (per_token_err, per_tensor_err)
     with pytest.raises(ValueError, match="expects None"):
         layer(QuantizedActivation(q, scale, x.dtype, x.shape, kFp8DynamicTokenSym))
 

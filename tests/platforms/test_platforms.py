@@ -33,7 +33,7 @@ def test_detected_platform_matches_torch():
 def test_fp8_dtype_and_limits(platform, dtype, fp8_max, fnuz):
     assert platform.is_fp8_fnuz() is fnuz
     assert platform.fp8_dtype() == dtype
-    assert platform.fp8_min_max() == (-fp8_max, fp8_max)
+    assert platform.fp8_max() == fp8_max
     assert platform.fp8_min_scale() == 1.0 / (fp8_max * 512.0)
 
 
@@ -67,3 +67,16 @@ def test_triton_fp8_support_by_platform():
     assert mi300.triton_supports_fp8(torch.float8_e4m3fnuz)
     assert not mi300.triton_supports_fp8(torch.float8_e4m3fn)
     assert CpuPlatform().triton_supports_fp8(torch.float8_e4m3fnuz)  # the interpreter does both
+
+
+def test_helpers_only_tests_called_are_gone():
+    """Dead code removed: no library caller ever used these (issue 10)."""
+    import inspect
+
+    import vllm.distributed
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+    from vllm.platforms import Platform
+
+    assert not hasattr(Platform, "fp8_min_max")  # fp8_max is the one source of truth
+    assert not hasattr(vllm.distributed, "get_tp_group")
+    assert list(inspect.signature(ParallelLMHead.compute_logits).parameters) == ["self", "hidden"]

@@ -93,6 +93,29 @@ def test_kimi_k3_text_config_through_the_wrapper(tmp_path):
         ({"attn_res_block_size": 2.5}, "'attn_res_block_size': .* got 2.5"),
         ({"attn_res_block_size": "12"}, "'attn_res_block_size': .* got '12'"),
         ({"attn_res_block_size": True}, "'attn_res_block_size': .* got True"),
+        ({"hidden_size": True}, "'hidden_size': must be a positive integer, got True"),
+        ({"rms_norm_eps": True}, "'rms_norm_eps': must be a positive number, got True"),
+        ({"intermediate_size": -1}, "'intermediate_size': must be a positive integer, got -1"),
+        ({"kv_lora_rank": 0}, "'kv_lora_rank': must be a positive integer, got 0"),
+        ({"first_k_dense_replace": -3}, "'first_k_dense_replace': .* non-negative .* got -3"),
+        ({"tie_word_embeddings": "false"}, "'tie_word_embeddings': must be true or false"),
+        ({"moe_layer_freq": "2"}, "'moe_layer_freq': must be a positive integer, got '2'"),
+        ({"max_position_embeddings": 0}, "'max_position_embeddings'"),
+        ({"eos_token_id": -1}, "'eos_token_id'"),
+        ({"bos_token_id": "1"}, "'bos_token_id'"),
+        ({"use_grouped_topk": False, "num_expert_group": 8, "topk_group": 4},
+         "'use_grouped_topk'"),
+        ({"linear_attn_config": dict(KIMI_LINEAR_48B["linear_attn_config"], kda_layers=5)},
+         "'linear_attn_config.kda_layers': must be a list of integers, got 5"),
+        ({"linear_attn_config": dict(KIMI_LINEAR_48B["linear_attn_config"], num_heads="32")},
+         "'linear_attn_config.num_heads': must be a positive integer, got '32'"),
+        ({"linear_attn_config": dict(KIMI_LINEAR_48B["linear_attn_config"],
+                                     short_conv_kernel_size=0)},
+         "'linear_attn_config.short_conv_kernel_size': must be a positive integer, got 0"),
+        ({"linear_attn_config": dict(KIMI_LINEAR_48B["linear_attn_config"], head_dim=96)},
+         "'linear_attn_config.head_dim': must be a power of two <= 256, got 96"),
+        ({"linear_attn_config": dict(KIMI_LINEAR_48B["linear_attn_config"], head_dim=512)},
+         "'linear_attn_config.head_dim': must be a power of two <= 256, got 512"),
     ],
 )  # fmt: skip
 def test_bad_fields_are_named(change, message):
@@ -110,3 +133,27 @@ def test_wrapper_prefixes_text_config_errors(tmp_path):
         load_model_config(tmp_path)
     with pytest.raises(ValueError, match="cannot read model config"):
         load_model_config(tmp_path / "missing.json")
+
+
+def test_engine_fields_are_kept_and_reachable_from_the_k3_wrapper():
+    ids = {"eos_token_id": 163586, "bos_token_id": 163584, "pad_token_id": 163839}
+    cfg = KimiLinearConfig.from_dict(dict(KIMI_LINEAR_48B, max_position_embeddings=4096, **ids))
+    assert (cfg.eos_token_id, cfg.bos_token_id, cfg.pad_token_id) == tuple(ids.values())
+    assert cfg.max_position_embeddings == 4096
+    assert KimiLinearConfig.from_dict(dict(KIMI_LINEAR_48B, eos_token_id=[1, 2])).eos_token_id == [
+        1,
+        2,
+    ]
+    # top-level ids (Kimi-K3's packaging) reach text_config; text_config's own are read too
+    k3 = KimiK3Config.from_dict({"text_config": K3_TEXT, "max_position_embeddings": 8192, **ids})
+    assert (k3.eos_token_id, k3.bos_token_id, k3.pad_token_id) == tuple(ids.values())
+    assert k3.text_config.eos_token_id == 163586 and k3.max_position_embeddings == 8192
+    inner = KimiK3Config.from_dict({"text_config": dict(K3_TEXT, eos_token_id=7)})
+    assert inner.eos_token_id == 7
+    with pytest.raises(ValueError, match="'eos_token_id': top level 1 disagrees"):
+        KimiK3Config.from_dict({"text_config": dict(K3_TEXT, eos_token_id=7), "eos_token_id": 1})
+
+
+def test_unread_fields_are_not_carried():
+    cfg = KimiLinearConfig.from_dict(KIMI_LINEAR_48B)
+    assert not hasattr(cfg, "num_key_value_heads") and not hasattr(cfg, "torch_dtype")

@@ -38,10 +38,6 @@ def destroy_model_parallel() -> None:
     _TP_GROUP, _TP_SIZE, _TP_RANK = None, 1, 0
 
 
-def get_tp_group() -> dist.ProcessGroup | None:
-    return _TP_GROUP
-
-
 def get_tensor_model_parallel_world_size() -> int:
     return _TP_SIZE
 

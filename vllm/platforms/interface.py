@@ -47,11 +47,6 @@ class Platform:
         """The FP8 dtype activations and weights are quantized to on this platform."""
         return torch.float8_e4m3fnuz if self.is_fp8_fnuz() else torch.float8_e4m3fn
 
-    def fp8_min_max(self, dtype: torch.dtype | None = None) -> tuple[float, float]:
-        """(min, max) used for dynamic FP8 quantization of `dtype` (default: the platform's)."""
-        fp8_max = self.fp8_max(dtype)
-        return -fp8_max, fp8_max
-
     def fp8_max(self, dtype: torch.dtype | None = None) -> float:
         """The quantization maximum of `dtype`: 448 for e4m3fn, 224 for e4m3fnuz."""
         if dtype is None:

@@ -1,9 +1,14 @@
 """The fused KDA decode kernel (under TRITON_INTERPRET=1 on CPU) against the unfused ops it fuses,
-with and without its gated-RMSNorm epilogue, and the states it updates in place."""
+with and without its gated-RMSNorm epilogue, and the states it updates in place; and the Kimi-K3
+lower-bound gate of the whole layer against an independent reference (transformers' KDA with the
+gate written out from the formula on CPU, fla-core's in-kernel gate on GPU)."""
+
+import math
 
 import pytest
 import torch
 
+from vllm.models.kimi_k3.amd.kda import KDAMetadata, KDAStatePool, KimiK3DeltaAttention
 from vllm.models.kimi_k3.amd.ops.fused_kda_decode import fused_kda_decode, fused_kda_decode_ref
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -40,13 +45,14 @@ def clone(step):
 @pytest.mark.parametrize("lower_bound", [None, -5.0], ids=["softplus", "lower-bound"])
 @pytest.mark.parametrize("norm", [True, False], ids=["norm", "no-norm"])
 @pytest.mark.parametrize("heads,d", [(2, 32), (3, 64), (1, 128)])
-def test_fused_decode_matches_unfused_ops(heads, d, norm, lower_bound, dtype):
+def test_fused_decode_matches_unfused_ops(heads, d, norm, lower_bound, dtype, triton_launches):
     step = make_step(4, heads, d, 4, dtype, seed=heads * d)
     if not norm:
         step["gate"] = step["norm_weight"] = None
     ref_step, got_step = clone(step), clone(step)
     ref = fused_kda_decode_ref(**ref_step, lower_bound=lower_bound, eps=1e-5)
     got = fused_kda_decode(**got_step, lower_bound=lower_bound, eps=1e-5)
+    assert triton_launches["_fused_kda_decode_kernel"] == 1  # the kernel, not its reference
     assert got.shape == (4, heads, d) and got.dtype == dtype
     # Same fp32 math up to the order of the K-reductions and the ulps of exp/sigmoid/rsqrt; the
     # output is rounded to `dtype` last (bf16: one rounding, 2^-8 relative).
@@ -64,3 +70,118 @@ def test_norm_and_gate_go_together():
     step["gate"] = None
     with pytest.raises(ValueError, match="norm_weight and gate go together"):
         fused_kda_decode(**step, lower_bound=None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Kimi-K3's lower-bound gate against an independent reference
+# ---------------------------------------------------------------------------------------------
+
+
+def lower_bound_gate_loop(raw, A_log, dt_bias, lower_bound, heads, d):  # noqa: N803
+    """fla's Kimi-K3 gate written out per token, head and channel from the formula:
+    g = lower_bound * sigmoid(exp(A_log[h]) * (g_raw + dt_bias))."""
+    out = torch.empty(raw.shape[0], heads, d)
+    for t in range(raw.shape[0]):
+        for h in range(heads):
+            rate = math.exp(float(A_log[h]))
+            for c in range(d):
+                x = float(raw[t, h * d + c]) + float(dt_bias[h * d + c])
+                out[t, h, c] = lower_bound * (1.0 / (1.0 + math.exp(-rate * x)))
+    return out
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the per-token loop reference runs on CPU")
+def test_lower_bound_gate_layer_matches_transformers_with_the_formula_gate(hf_kimi_linear):
+    """The K3 layer (prefill through kda_gate, decode through the fused kernel) against
+    transformers' KDA with its softplus gate replaced by the per-token formula loop."""
+    hidden, heads, d, lower_bound = 64, 2, 32, -5.0
+    cfg = hf_kimi_linear.KimiLinearConfig(
+        hidden_size=hidden, num_hidden_layers=1, linear_num_heads=heads, linear_head_dim=d,
+        hidden_act="silu", rms_norm_eps=1e-5, num_attention_heads=heads,
+        num_key_value_heads=heads, linear_attn_config={"kda_layers": [1], "full_attn_layers": []},
+    )  # fmt: skip
+    torch.manual_seed(5)  # transformers' initializers draw from the global generator
+    hf = hf_kimi_linear.KimiLinearDeltaAttention(cfg, 0).float()
+    gate = hf.forget_gate
+    with torch.no_grad():
+        gate.A_log.copy_(torch.log(torch.empty_like(gate.A_log).uniform_(1, 16)))
+        gate.dt_bias.copy_(torch.randn_like(gate.dt_bias) * 0.5)
+        hf.o_norm.weight.copy_(1 + 0.1 * torch.randn_like(hf.o_norm.weight))
+
+    def formula_gate(hidden_states):
+        raw = gate.f_b_proj(gate.f_a_proj(hidden_states))[0]
+        g = lower_bound_gate_loop(raw, gate.A_log.flatten(), gate.dt_bias, lower_bound, heads, d)
+        return g.unsqueeze(0)
+
+    gate.forward = formula_gate
+    layer = KimiK3DeltaAttention(
+        hidden, heads, d, full_rank_gate=False, gate_lower_bound=lower_bound, norm_eps=1e-5,
+        params_dtype=torch.float32, prefix="l",
+    )  # fmt: skip
+    tensors = []
+    for name, tensor in hf.state_dict().items():
+        if name == "conv1d.weight":
+            parts = zip("qkv", tensor.chunk(3), strict=True)
+            tensors += [(f"{p}_conv1d.weight", t) for p, t in parts]
+        else:
+            tensors.append((name.removeprefix("forget_gate."), tensor))
+    layer.load_weights(tensors)
+    layer.process_weights_after_loading()
+
+    gen = torch.Generator().manual_seed(6)
+    lengths, steps = [5, 3], 2
+    inputs = [torch.randn(n + steps, hidden, generator=gen) for n in lengths]
+    pool = KDAStatePool.allocate(2, heads, d, 4, torch.float32, "cpu")
+
+    def meta(qsl, decodes, prefills, has_initial):
+        return KDAMetadata(
+            torch.tensor(qsl), torch.tensor([0, 1]), torch.tensor(has_initial), decodes, prefills
+        )
+
+    with torch.no_grad():
+        expected = [hf(x.unsqueeze(0)).squeeze(0) for x in inputs]
+        x = torch.cat([x[:n] for x, n in zip(inputs, lengths, strict=True)])
+        got = list(layer(x, meta([0, 5, 8], 0, 2, [False] * 2), pool).split(lengths))
+        for step in range(steps):
+            x = torch.stack([x[n + step] for x, n in zip(inputs, lengths, strict=True)])
+            out = layer(x, meta([0, 1, 2], 2, 0, [True] * 2), pool)
+            got = [torch.cat([g, out[i : i + 1]]) for i, g in enumerate(got)]
+    # fp32 on both sides; they differ in summation order only (chunked vs per-token recurrence,
+    # fused decode kernel): under 1e-4 relative, where dropping exp(A_log) moves the output ~1.
+    for g, e in zip(got, expected, strict=True):
+        assert float((g - e).norm() / e.norm()) < 1e-4
+
+
+@pytest.mark.gpu
+def test_gpu_lower_bound_gate_and_core_match_fla_in_kernel_gate():
+    """kda_gate + kda_prefill (what the layer runs) against fla-core's chunk_kda computing the
+    Kimi-K3 gate itself (use_gate_in_kernel with A_log, dt_bias, lower_bound)."""
+    pytest.importorskip("fla")
+    from fla.ops.kda import chunk_kda
+
+    from vllm.models.kimi_k3.amd.ops.kda_core import kda_prefill
+    from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate
+
+    gen = torch.Generator().manual_seed(7)
+    heads, d, lengths, lower_bound = 4, 64, [37, 70], -5.0
+    t = sum(lengths)
+    q, k, v = (torch.randn(t, heads, d, generator=gen).cuda() for _ in range(3))
+    raw = torch.randn(t, heads * d, generator=gen).cuda()
+    A_log = torch.log(torch.rand(heads, generator=gen) * 15 + 1).cuda()  # noqa: N806
+    dt_bias = (torch.randn(heads * d, generator=gen) * 0.5).cuda()
+    beta = torch.rand(t, heads, generator=gen).cuda()
+    qsl = torch.tensor([0, lengths[0], t], device="cuda")
+    state = torch.zeros(2, heads, d, d, device="cuda")
+    g = kda_gate(raw, A_log, dt_bias, lower_bound)
+    got = kda_prefill(q, k, v, g, beta, state, qsl, torch.tensor([0, 1], device="cuda"),
+                      torch.tensor([False, False], device="cuda"))  # fmt: skip
+    ref, ref_state = chunk_kda(
+        q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), raw.view(1, t, heads, d),
+        beta.unsqueeze(0), A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
+        use_gate_in_kernel=True, use_qk_l2norm_in_kernel=True, output_final_state=True,
+        cu_seqlens=qsl.long(),
+    )  # fmt: skip
+    # The same chunk kernel on both sides (TF32 dots): only the gate's ulps differ, far below
+    # the O(1) change that dropping exp(A_log) makes.
+    assert float((got - ref.squeeze(0)).norm() / ref.norm()) < 1e-2
+    assert float((state - ref_state).norm() / ref_state.norm()) < 1e-2

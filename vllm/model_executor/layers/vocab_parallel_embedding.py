@@ -59,11 +59,9 @@ class VocabParallelEmbedding(torch.nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """The output projection to the vocabulary (its weight may be the embedding's, if tied)."""
 
-    def compute_logits(
-        self, hidden: torch.Tensor, weight: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """fp32 logits `[T, vocab]`; `weight` overrides this layer's (tied embeddings)."""
-        weight = self.weight if weight is None else weight
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 logits `[T, vocab]` (tied embeddings share this layer's weight at load)."""
+        weight = self.weight
         # In the weight's dtype (no fp32 copy of a vocab-sized matrix per call), logits in fp32.
         local = F.linear(hidden.to(weight.dtype), weight).float()
         return tensor_model_parallel_all_gather(local, dim=-1)[:, : self.num_embeddings]

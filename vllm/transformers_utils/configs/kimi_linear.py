@@ -5,6 +5,10 @@ transformers' own `KimiLinearConfig` renames the linear-attention fields (`linea
 and lacks Kimi-K3's (`gate_lower_bound`, `use_full_rank_gate`, latent MoE, SiTU, AttnRes), so this
 fork reads the checkpoint's names directly. `is_kda_layer` is 1-based as upstream: 0-based layer
 `i` is KDA iff `i + 1` is in `linear_attn_config["kda_layers"]`; every other layer is MLA.
+
+Every field is type- and range-checked at load (a JSON `true` is not an integer, a string is not a
+boolean), so a bad checkpoint fails here with the field's name instead of deep in a kernel. Fields
+the fork does not read are not kept; docs/model.md lists them.
 """
 
 import json
@@ -17,10 +21,69 @@ _LINEAR_ATTN_KEYS = {
     "gate_lower_bound", "use_full_rank_gate",
 }  # fmt: skip
 _ACTIVATIONS = ("silu", "situ")
+# head_dim limit of the fused KDA decode kernel (ops/fused_kda_decode.py): one power-of-two tile
+_MAX_KDA_HEAD_DIM = 256
+
+# Type and range of every scalar field, checked before any semantic rule reads them.
+_POSITIVE_INTS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "max_position_embeddings",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "v_head_dim",
+    "num_experts_per_token",
+    "moe_intermediate_size",
+    "moe_layer_freq",
+    "num_expert_group",
+    "topk_group",
+)
+_NON_NEGATIVE_INTS = (
+    "qk_rope_head_dim",
+    "num_shared_experts",
+    "first_k_dense_replace",
+    "num_nextn_predict_layers",
+)
+_OPTIONAL_POSITIVE_INTS = (
+    "q_lora_rank",
+    "num_experts",
+    "routed_expert_hidden_size",
+    "attn_res_block_size",
+)
+_OPTIONAL_TOKEN_IDS = ("bos_token_id", "pad_token_id")
+_BOOLS = (
+    "tie_word_embeddings",
+    "mla_use_nope",
+    "mla_use_output_gate",
+    "moe_renormalize",
+    "use_grouped_topk",
+    "latent_moe_use_norm",
+)
+_POSITIVE_FLOATS = ("rms_norm_eps", "routed_scaling_factor")
+_OPTIONAL_FLOATS = ("activation_situ_beta", "activation_situ_linear_beta")
+_STRINGS = ("hidden_act", "moe_router_activation_func", "topk_method")
 
 
 def _fail(name: str, message: str) -> None:
     raise ValueError(f"config field {name!r}: {message}")
+
+
+def _is_int(value: Any) -> bool:
+    # bool is an int subclass: a JSON `true` must not silently mean 1
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if not _is_int(value) or value < minimum:
+        kind = "a positive integer" if minimum > 0 else "a non-negative integer"
+        _fail(name, f"must be {kind}, got {value!r}")
 
 
 @dataclass
@@ -32,11 +95,14 @@ class KimiLinearConfig:
     intermediate_size: int = 9216
     num_hidden_layers: int = 27
     num_attention_heads: int = 32
-    num_key_value_heads: int | None = None
     hidden_act: str = "silu"
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 1048576
     tie_word_embeddings: bool = False
+    # kept for the engine (stop on EOS, padding); not used by the model itself
+    eos_token_id: int | list[int] | None = None
+    bos_token_id: int | None = None
+    pad_token_id: int | None = None
     # MLA
     q_lora_rank: int | None = None
     kv_lora_rank: int = 512
@@ -119,17 +185,13 @@ class KimiLinearConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the first invalid or unsupported field."""
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
-                _fail(name, f"must be a positive integer, got {getattr(self, name)!r}")
+        self._validate_types()
         if self.hidden_act not in _ACTIVATIONS:
             _fail("hidden_act", f"{self.hidden_act!r} is not one of {_ACTIVATIONS}")
         if self.hidden_act == "situ" and (
             self.activation_situ_beta is None or self.activation_situ_linear_beta is None
         ):
             _fail("activation_situ_beta", "SiTU needs activation_situ_beta and _linear_beta")
-        if not isinstance(self.rms_norm_eps, (int, float)) or not self.rms_norm_eps > 0:
-            _fail("rms_norm_eps", f"must be a positive number, got {self.rms_norm_eps!r}")
         if not self.mla_use_nope:
             _fail("mla_use_nope", "only NoPE MLA (no rotary embedding) is supported, as upstream")
         if self.moe_router_activation_func not in ("sigmoid", "softmax"):
@@ -137,10 +199,6 @@ class KimiLinearConfig:
         if self.topk_method != "noaux_tc":
             _fail("topk_method", f"only 'noaux_tc' is supported, got {self.topk_method!r}")
         if self.num_experts is not None:
-            for name in ("num_experts", "num_experts_per_token", "moe_intermediate_size",
-                         "num_expert_group", "topk_group"):  # fmt: skip
-                if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
-                    _fail(name, f"must be a positive integer, got {getattr(self, name)!r}")
             if self.num_experts_per_token > self.num_experts:
                 _fail("num_experts_per_token", "exceeds num_experts")
             if self.num_experts % self.num_expert_group:
@@ -152,15 +210,42 @@ class KimiLinearConfig:
                 _fail("num_expert_group", "groups are ranked by their best two experts: need >= 2")
             if self.topk_group * per_group < self.num_experts_per_token:
                 _fail("topk_group", "the kept groups hold fewer experts than num_experts_per_token")
-        if self.moe_layer_freq <= 0:
-            _fail("moe_layer_freq", "must be positive")
-        block = self.attn_res_block_size
-        # bool is an int subclass: `true` must not silently mean a block of one layer
-        if block is not None and (
-            not isinstance(block, int) or isinstance(block, bool) or block <= 0
-        ):
-            _fail("attn_res_block_size", f"must be a positive integer when set, got {block!r}")
+        if not self.use_grouped_topk and self.num_expert_group > 1:
+            # the router always ranks groups when there are several: refuse the other meaning
+            _fail("use_grouped_topk", "false with num_expert_group > 1 is not supported")
         self._validate_linear_attn()
+
+    def _validate_types(self) -> None:
+        for name in _POSITIVE_INTS:
+            _check_int(name, getattr(self, name), 1)
+        for name in _NON_NEGATIVE_INTS:
+            _check_int(name, getattr(self, name), 0)
+        for name in _OPTIONAL_POSITIVE_INTS:
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value <= 0):
+                _fail(name, f"must be a positive integer when set, got {value!r}")
+        for name in _OPTIONAL_TOKEN_IDS:
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value < 0):
+                _fail(name, f"must be a non-negative integer when set, got {value!r}")
+        eos = self.eos_token_id
+        eos_ids = eos if isinstance(eos, list) and eos else [eos]
+        if eos is not None and not all(_is_int(i) and i >= 0 for i in eos_ids):
+            _fail("eos_token_id", f"must be a token id or a non-empty list of them, got {eos!r}")
+        for name in _BOOLS:
+            if not isinstance(getattr(self, name), bool):
+                _fail(name, f"must be true or false, got {getattr(self, name)!r}")
+        for name in _POSITIVE_FLOATS:
+            value = getattr(self, name)
+            if not _is_number(value) or not value > 0:
+                _fail(name, f"must be a positive number, got {value!r}")
+        for name in _OPTIONAL_FLOATS:
+            value = getattr(self, name)
+            if value is not None and not _is_number(value):
+                _fail(name, f"must be a number when set, got {value!r}")
+        for name in _STRINGS:
+            if not isinstance(getattr(self, name), str):
+                _fail(name, f"must be a string, got {getattr(self, name)!r}")
 
     def _validate_linear_attn(self) -> None:
         lac = self.linear_attn_config
@@ -172,6 +257,27 @@ class KimiLinearConfig:
         for key in ("kda_layers", "full_attn_layers", "num_heads", "head_dim"):
             if lac.get(key) is None:
                 _fail(f"linear_attn_config.{key}", "is required")
+        for key in ("kda_layers", "full_attn_layers"):
+            if not isinstance(lac[key], list) or not all(_is_int(i) for i in lac[key]):
+                _fail(f"linear_attn_config.{key}", f"must be a list of integers, got {lac[key]!r}")
+        for key in ("num_heads", "head_dim"):
+            _check_int(f"linear_attn_config.{key}", lac[key], 1)
+        head_dim = lac["head_dim"]
+        if head_dim & (head_dim - 1) or head_dim > _MAX_KDA_HEAD_DIM:
+            # the fused decode kernel tiles head_dim as one power-of-two block
+            _fail(
+                "linear_attn_config.head_dim",
+                f"must be a power of two <= {_MAX_KDA_HEAD_DIM}, got {head_dim}",
+            )
+        if "short_conv_kernel_size" in lac:
+            _check_int(
+                "linear_attn_config.short_conv_kernel_size", lac["short_conv_kernel_size"], 1
+            )
+        if not isinstance(lac.get("use_full_rank_gate", False), bool):
+            _fail(
+                "linear_attn_config.use_full_rank_gate",
+                f"must be true or false, got {lac['use_full_rank_gate']!r}",
+            )
         layers = range(1, self.num_hidden_layers + 1)
         for key in ("kda_layers", "full_attn_layers"):
             bad = [i for i in lac[key] if i not in layers]
@@ -187,10 +293,8 @@ class KimiLinearConfig:
                 f"layers {sorted(unlisted)} are in neither list",
             )
         lower = lac.get("gate_lower_bound")
-        if lower is not None and not -5.0 <= lower < 0.0:
-            _fail("linear_attn_config.gate_lower_bound", f"must be in [-5, 0), got {lower}")
-        if lac["num_heads"] <= 0 or lac["head_dim"] <= 0:
-            _fail("linear_attn_config.num_heads", "num_heads and head_dim must be positive")
+        if lower is not None and (not _is_number(lower) or not -5.0 <= lower < 0.0):
+            _fail("linear_attn_config.gate_lower_bound", f"must be in [-5, 0), got {lower!r}")
 
 
 def load_model_config(path: "str | Path") -> "KimiLinearConfig | KimiK3Config":  # noqa: F821

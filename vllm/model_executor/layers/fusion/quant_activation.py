@@ -9,8 +9,15 @@ calls `as_quantized_activation`, which validates the pair, and skips its own qua
 The key fixes dtype, scale granularity and symmetry; the layout is the consumer's. For PTPC FP8 that
 is data `[M, K]` (any leading dims that flatten to M) in the platform FP8 dtype and scale `[M, 1]`
 fp32 on the same device, which `as_quantized_activation` checks (upstream checks only the key).
+
+`orig_shape` and `orig_dtype` describe the activation before quantization, and the consumer uses
+them as it would a plain tensor's: the output is `[*orig_shape[:-1], N]` in `orig_dtype`. Both are
+checked: `orig_shape` must flatten to the data's `[M, K]`, and a consumer whose output dtype is
+fixed (an FP8 linear built with `out_dtype`) refuses an `orig_dtype` that differs, rather than
+return a dtype the producer did not ask for.
 """
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -25,8 +32,8 @@ class QuantizedActivation:
 
     data: torch.Tensor
     scale: torch.Tensor
-    orig_dtype: torch.dtype  # dtype of the activation before quantization (the GEMM output dtype)
-    orig_shape: torch.Size  # logical shape before quantization; its leading dims shape the output
+    orig_dtype: torch.dtype  # dtype of the activation before quantization: the GEMM output dtype
+    orig_shape: torch.Size  # shape before quantization, [..., K]: its leading dims shape the output
     quant_key: QuantKey
 
     def weak_ref(self) -> "QuantizedActivation":
@@ -68,13 +75,15 @@ def as_quantized_activation(
     x: "torch.Tensor | QuantizedActivation",
     expected_key: QuantKey | None,
     in_features: int | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> QuantizedActivation | None:
     """Validate a pre-quantized input for a consumer; None for a plain tensor.
 
     Raises ValueError when `x` is a `QuantizedActivation` that the consumer cannot take as is:
     a key other than `expected_key` (including a consumer that expects none), data that does not
     view as `[M, in_features]`, an FP8 dtype other than the platform's, or a scale that is not a
-    `[M, 1]` float32 tensor on the data's device.
+    `[M, 1]` float32 tensor on the data's device, an `orig_shape` that is not `[..., K]` with
+    leading dims multiplying to M, or an `orig_dtype` other than the consumer's fixed `out_dtype`.
     """
     if not isinstance(x, QuantizedActivation):
         return None
@@ -103,5 +112,16 @@ def as_quantized_activation(
         raise ValueError(
             f"QuantizedActivation scale must be a [{m}, 1] float32 tensor on {data.device}, got "
             f"{tuple(scale.shape)} {scale.dtype} on {scale.device}"
+        )
+    shape = tuple(x.orig_shape)
+    if len(shape) == 0 or shape[-1] != k or math.prod(shape[:-1]) != m:
+        raise ValueError(
+            f"QuantizedActivation orig_shape {shape} does not match its data: expected [..., {k}] "
+            f"with leading dims multiplying to {m} rows"
+        )
+    if out_dtype is not None and x.orig_dtype != out_dtype:
+        raise ValueError(
+            f"QuantizedActivation orig_dtype {x.orig_dtype} differs from the consumer's output "
+            f"dtype {out_dtype}"
         )
     return x

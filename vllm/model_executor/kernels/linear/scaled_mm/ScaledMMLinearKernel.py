@@ -100,7 +100,7 @@ class FP8ScaledMMLinearKernel(ScaledMMLinearKernel):
     ) -> torch.Tensor:
         w, w_s = layer.weight, layer.weight_scale
         k = self.config.weight_shape[1]
-        qa = as_quantized_activation(x, self.input_quant_key(), k)
+        qa = as_quantized_activation(x, self.input_quant_key(), k, self.config.out_dtype)
         if qa is not None:
             x_q, x_s = qa.data.reshape(-1, k), qa.scale
             orig_shape, orig_dtype = qa.orig_shape, qa.orig_dtype
