@@ -89,7 +89,9 @@ class EngineHarness:
         """One forward of a causal LM; returns logits `[T, vocab]` (padded rows included)."""
         meta = self.schedule({sid: len(t) for sid, t in new_tokens.items()}, pad_to)
         ids = [t for toks in new_tokens.values() for t in toks]
-        ids += [0] * (meta.num_tokens - len(ids))
+        # Padded rows take any id; not the usual pad id 0, whose embedding is zero: real values
+        # show that padded rows write only the dummies.
+        ids += [1] * (meta.num_tokens - len(ids))
         with torch.no_grad():
-            hidden = self.model(torch.tensor(ids, device=self.device), meta)
+            hidden = self.model(torch.tensor(ids, dtype=torch.long, device=self.device), meta)
             return self.model.compute_logits(hidden)

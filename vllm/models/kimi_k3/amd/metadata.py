@@ -169,7 +169,8 @@ class KimiMetadataBuilder:
         positions = starts.repeat_interleave(counts) + offsets
         blocks = tables[seq_of_token, positions // bs].long()
         self._host_slot_mapping[:t] = blocks * bs + positions % bs
-        prefill_qsl = qsl[num_decodes : n + 1] - qsl[num_decodes]
+        nd = n if pad_to is not None else num_decodes  # padded rows are decodes too
+        prefill_qsl = qsl[nd : n + 1] - qsl[nd]
         self._host_prefill_qsl[: num_prefills + 1] = prefill_qsl
 
         copies = (
@@ -186,7 +187,6 @@ class KimiMetadataBuilder:
         if self._copied is not None:
             self._copied.record()
 
-        nd = n if pad_to is not None else num_decodes
         kda = KDAMetadata(
             query_start_loc=self.query_start_loc[: n + 1],
             state_slots=self.kda_slots[:n],
