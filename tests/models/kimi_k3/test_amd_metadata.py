@@ -4,7 +4,7 @@ the allocated caches, binding, new sequences on reused slots, the empty batch.""
 import pytest
 import torch
 from engine_harness import EngineHarness
-from test_amd_model import load_ours, random_hf_model
+from test_amd_model import TINY, load_ours, random_hf_model
 
 from vllm.models.kimi_k3.amd.metadata import (
     KimiMetadataBuilder,
@@ -234,3 +234,20 @@ def test_new_one_token_prompt_on_a_reused_slot_starts_from_zero(model):
         torch.testing.assert_close(got, lone, rtol=1e-5, atol=1e-5)
         following = reused.step({0: [16], 7: [34]})  # decode-only: the fused decode path
         torch.testing.assert_close(following[1:], lone_next, rtol=1e-5, atol=1e-5)
+
+
+def test_conv_width_3_model_matches_transformers(hf_kimi_linear, tmp_path):
+    """The KDA pools take the conv window from the model's `short_conv_kernel_size`."""
+    linear_attn = dict(TINY["linear_attn_config"], short_conv_kernel_size=3)
+    hf = random_hf_model(hf_kimi_linear, linear_attn_config=linear_attn)
+    hf.save_pretrained(tmp_path)
+    model = load_ours(tmp_path)
+    assert model.get_kv_cache_spec()[0].conv_shape == (3 * 2 * 32, 2)
+    prompt, decoded = [5, 6, 7, 8, 9, 10, 11], [12, 13]
+    with torch.no_grad():
+        expected = hf(torch.tensor([prompt + decoded])).logits[0]
+    harness = EngineHarness(model)
+    got = torch.cat([harness.step({0: prompt})] + [harness.step({0: [t]}) for t in decoded])
+    # fp32 both; chunked (transformers) vs recurrent (ours) summation order: as in
+    # test_amd_model's parity test, relative error well under 1e-4.
+    assert float((got - expected).norm() / expected.norm()) < 1e-4
