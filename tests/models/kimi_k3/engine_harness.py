@@ -4,12 +4,8 @@ KDA-slot bookkeeping per sequence, caches from the model's spec bound once, and 
 
 import torch
 
-from vllm.models.kimi_k3.amd.metadata import (
-    KimiMetadata,
-    KimiMetadataBuilder,
-    SeqSchedule,
-    allocate_kv_caches,
-)
+from vllm.models.kimi_k3.amd.metadata import KimiMetadata, KimiMetadataBuilder, SeqSchedule
+from vllm.v1.kv_cache_interface import allocate_kv_caches
 
 
 class SingleLayer(torch.nn.Module):

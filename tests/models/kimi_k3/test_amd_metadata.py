@@ -6,12 +6,8 @@ import torch
 from engine_harness import EngineHarness
 from test_amd_model import TINY, load_ours, random_hf_model
 
-from vllm.models.kimi_k3.amd.metadata import (
-    KimiMetadataBuilder,
-    SeqSchedule,
-    allocate_kv_caches,
-)
-from vllm.v1.kv_cache_interface import KDAStateSpec, MLAAttentionSpec
+from vllm.models.kimi_k3.amd.metadata import KimiMetadataBuilder, SeqSchedule
+from vllm.v1.kv_cache_interface import KDAStateSpec, MLAAttentionSpec, allocate_kv_caches
 
 BLOCK = 4
 
@@ -123,6 +119,11 @@ def test_empty_schedule_builds():
     meta = builder().build([], 0)
     assert meta.num_tokens == 0 and meta.kda.query_start_loc.tolist() == [0]
     assert meta.mla.slot_mapping.numel() == 0 and meta.mla.prefills == []
+    # what a runner captures a CUDA graph on: only padded rows
+    meta = builder().build([], 0, pad_to=3)
+    assert meta.num_tokens == 3 and meta.kda.state_slots.tolist() == [0, 0, 0]
+    assert meta.mla.decode_seq_lens.tolist() == [1, 1, 1]
+    assert meta.mla.slot_mapping.tolist() == [0, 0, 0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,6 +165,14 @@ def test_bind_kv_caches_checks_them_against_the_spec(model):
     small[2] = type(pools[2])(pools[2].conv_state[:, :, :2], pools[2].ssm_state)
     with pytest.raises(ValueError, match="pool of .*layers.2.*conv"):
         model.bind_kv_caches(small, caches)
+    model.bind_kv_caches(pools, caches)
+    model.bind_kv_caches({}, {})  # released, e.g. after a profiling run
+    assert all(getattr(x.self_attn, "state_pool", None) is None for x in model.layers)
+    assert model.layers[1].self_attn.kv_cache is None
+    meta = EngineHarness(model).schedule({0: 2})
+    model.bind_kv_caches({}, {})
+    with pytest.raises(RuntimeError, match="no state pool bound"):
+        model(torch.tensor([5, 6]), meta)
 
 
 def test_empty_batch_returns_an_empty_result(model):

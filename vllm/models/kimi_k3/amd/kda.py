@@ -50,7 +50,7 @@ from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import (
     per_token_fp8_quant,
     rmsnorm_gated_fp8_per_token,
 )
-from vllm.v1.kv_cache_interface import KDAStateSpec
+from vllm.v1.kv_cache_interface import KDAStatePool, KDAStateSpec
 
 # Loaded through their own `weight_loader` (TP sharding, shape checks).
 _MODULES = ("f_b_proj", "o_proj", "g_a_proj", "g_b_proj", "o_norm")
@@ -77,29 +77,6 @@ class KDAMetadata:
     prefill_host_query_start_loc: list[int]
     prefill_host_slots: list[int]
     prefill_host_has_initial_state: list[bool]
-
-
-@dataclass
-class KDAStatePool:
-    """Per-slot state of one KDA layer: conv inputs (model dtype) and the fp32 recurrent state."""
-
-    conv_state: torch.Tensor  # [S, 3 * H_local * K, W - 1]
-    ssm_state: torch.Tensor  # [S, H_local, K, V]
-
-    @classmethod
-    def allocate(
-        cls, spec: KDAStateSpec, num_slots: int, device: torch.device | str
-    ) -> "KDAStatePool":
-        """A zeroed pool of `num_slots` slots shaped by `spec`."""
-        if num_slots < 1:
-            raise ValueError(f"num_slots must be >= 1, got {num_slots}")
-        conv = torch.zeros(num_slots, *spec.conv_shape, dtype=spec.conv_dtype, device=device)
-        ssm = torch.zeros(num_slots, *spec.ssm_shape, dtype=spec.ssm_dtype, device=device)
-        return cls(conv, ssm)
-
-    @property
-    def num_slots(self) -> int:
-        return self.conv_state.shape[0]
 
 
 class KimiK3DeltaAttention(torch.nn.Module):
@@ -199,6 +176,9 @@ class KimiK3DeltaAttention(torch.nn.Module):
         if ssm.dtype != spec.ssm_dtype or conv.shape[0] != ssm.shape[0]:
             raise ValueError(f"pool of {self.prefix}: ssm state must be fp32 with the conv's slots")
         self.state_pool = pool
+
+    def release_kv_cache(self) -> None:
+        self.state_pool = None
 
     # -- forward --------------------------------------------------------------------------------
 

@@ -354,7 +354,12 @@ class KimiLinearForCausalLM(torch.nn.Module):
         self, kda_pools: dict[int, KDAStatePool], mla_caches: dict[int, torch.Tensor]
     ) -> None:
         """Bind each layer's cache to it, once (checked against `get_kv_cache_spec`): a KDA
-        layer's state pool, an MLA layer's paged latent cache. Rebinding replaces them."""
+        layer's state pool, an MLA layer's paged latent cache. Rebinding replaces them; two
+        empty dicts release them (after a profiling run on throw-away caches)."""
+        if not kda_pools and not mla_caches:
+            for layer in self.layers:
+                layer.self_attn.release_kv_cache()
+            return
         spec = self.get_kv_cache_spec()
         kda = {i for i, s in spec.items() if isinstance(s, KDAStateSpec)}
         if set(kda_pools) != kda:

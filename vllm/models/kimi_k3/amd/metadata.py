@@ -1,5 +1,6 @@
-"""The engine <-> model seam of the Kimi text model: allocating the caches a model's
-`get_kv_cache_spec` describes, and building (and validating) the per-step metadata.
+"""The engine <-> model seam of the Kimi text model: building (and validating) the per-step
+metadata. (The caches come from `vllm.v1.kv_cache_interface.allocate_kv_caches` over the model's
+`get_kv_cache_spec()` and are bound to the layers once by `model.bind_kv_caches`.)
 
 The model runner schedules sequences as `SeqSchedule`s (how many tokens are already cached, how
 many are new, the sequence's MLA blocks and its KDA state slot), decodes first, and
@@ -29,9 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from vllm.models.kimi_k3.amd.kda import KDAMetadata, KDAStatePool
+from vllm.models.kimi_k3.amd.kda import KDAMetadata
 from vllm.models.kimi_k3.amd.mla import MLAMetadata
-from vllm.v1.kv_cache_interface import KDAStateSpec, KVCacheSpec, MLAAttentionSpec
 
 # Reserved for padded rows (see the module docstring).
 DUMMY_BLOCK = 0
@@ -55,36 +55,6 @@ class KimiMetadata:
     kda: KDAMetadata
     mla: MLAMetadata
     num_tokens: int  # T, padded rows included: the length of the runner's input_ids
-
-
-def allocate_kv_caches(
-    spec: dict[int, KVCacheSpec],
-    num_blocks: int,
-    block_size: int,
-    num_kda_slots: int,
-    device: torch.device | str,
-) -> tuple[dict[int, KDAStatePool], dict[int, torch.Tensor]]:
-    """Zeroed caches for `spec` (from `model.get_kv_cache_spec()`): a KDA state pool of
-    `num_kda_slots` slots per KDA layer, a `[num_blocks, block_size, entry]` cache per MLA layer.
-    Slot 0 and block 0 are the reserved dummies, so a pool holds `num_kda_slots - 1` sequences."""
-    if num_blocks < 2:
-        raise ValueError(f"num_blocks must be >= 2 (block 0 is reserved), got {num_blocks}")
-    if num_kda_slots < 2:
-        raise ValueError(f"num_kda_slots must be >= 2 (slot 0 is reserved), got {num_kda_slots}")
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
-    kda_pools, mla_caches = {}, {}
-    for i, layer_spec in spec.items():
-        if isinstance(layer_spec, KDAStateSpec):
-            kda_pools[i] = KDAStatePool.allocate(layer_spec, num_kda_slots, device)
-        elif isinstance(layer_spec, MLAAttentionSpec):
-            mla_caches[i] = torch.zeros(
-                num_blocks, block_size, layer_spec.entry_size, dtype=layer_spec.dtype,
-                device=device,
-            )  # fmt: skip
-        else:
-            raise ValueError(f"spec[{i}]: unknown cache spec {layer_spec!r}")
-    return kda_pools, mla_caches
 
 
 class KimiMetadataBuilder:

@@ -131,6 +131,9 @@ class KimiMLAAttention(torch.nn.Module):
             )
         self.kv_cache = kv_cache
 
+    def release_kv_cache(self) -> None:
+        self.kv_cache = None
+
     # -- weights --------------------------------------------------------------------------------
 
     def process_weights_after_loading(self) -> None:
