@@ -14,8 +14,9 @@ import re
 
 import pytest
 import torch
+from engine_harness import EngineHarness as Harness
 from safetensors.torch import load_file, save_file
-from test_amd_model import Harness, random_hf_model
+from test_amd_model import random_hf_model
 
 from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 from vllm.model_executor.model_loader.loader import fill_dummy_weights, load_model
@@ -103,7 +104,7 @@ def reference_mix(sources: list[torch.Tensor], norm, proj) -> torch.Tensor:
     return out
 
 
-def reference_forward(model: KimiLinearForCausalLM, ids: torch.Tensor, batch) -> torch.Tensor:
+def reference_forward(model: KimiLinearForCausalLM, ids: torch.Tensor, metadata) -> torch.Tensor:
     """Hidden states under AttnRes with a list of blocks and a partial sum (None when empty),
     running the model's own sublayers."""
     block_size = model.config.attn_res_block_size
@@ -114,10 +115,7 @@ def reference_forward(model: KimiLinearForCausalLM, ids: torch.Tensor, batch) ->
         sources = blocks + ([] if partial is None else [partial])
         h = reference_mix(sources, layer.self_attention_res_norm, layer.self_attention_res_proj)
         h = layer.input_layernorm(h)
-        if layer.is_kda:
-            out = layer.self_attn(h, batch.kda, batch.kda_pools[i])
-        else:
-            out = layer.self_attn(h, batch.mla, batch.mla_caches[i])
+        out = layer.self_attn(h, metadata.kda if layer.is_kda else metadata.mla)
         partial = out if partial is None else partial + out
         h = layer.post_attention_layernorm(
             reference_mix(blocks + [partial], layer.mlp_res_norm, layer.mlp_res_proj)
@@ -137,8 +135,14 @@ class Reference(torch.nn.Module):
         super().__init__()
         self.language_model = model
 
-    def forward(self, ids, batch):
-        return reference_forward(self.language_model, ids, batch)
+    def forward(self, ids, metadata):
+        return reference_forward(self.language_model, ids, metadata)
+
+    def get_kv_cache_spec(self):
+        return self.language_model.get_kv_cache_spec()
+
+    def bind_kv_caches(self, kda_pools, mla_caches):
+        self.language_model.bind_kv_caches(kda_pools, mla_caches)
 
     def compute_logits(self, hidden):
         return self.language_model.compute_logits(hidden)

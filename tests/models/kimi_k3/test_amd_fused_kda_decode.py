@@ -7,8 +7,9 @@ import math
 
 import pytest
 import torch
+from engine_harness import EngineHarness, SingleLayer
 
-from vllm.models.kimi_k3.amd.kda import KDAMetadata, KDAStatePool, KimiK3DeltaAttention
+from vllm.models.kimi_k3.amd.kda import KimiK3DeltaAttention
 from vllm.models.kimi_k3.amd.ops.fused_kda_decode import fused_kda_decode, fused_kda_decode_ref
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -131,20 +132,15 @@ def test_lower_bound_gate_layer_matches_transformers_with_the_formula_gate(hf_ki
     gen = torch.Generator().manual_seed(6)
     lengths, steps = [5, 3], 2
     inputs = [torch.randn(n + steps, hidden, generator=gen) for n in lengths]
-    pool = KDAStatePool.allocate(2, heads, d, 4, torch.float32, "cpu")
-
-    def meta(qsl, decodes, prefills, has_initial):
-        return KDAMetadata(
-            torch.tensor(qsl), torch.tensor([0, 1]), torch.tensor(has_initial), decodes, prefills
-        )
+    harness = EngineHarness(SingleLayer(layer, torch.float32), num_kda_slots=3)
 
     with torch.no_grad():
         expected = [hf(x.unsqueeze(0)).squeeze(0) for x in inputs]
         x = torch.cat([x[:n] for x, n in zip(inputs, lengths, strict=True)])
-        got = list(layer(x, meta([0, 5, 8], 0, 2, [False] * 2), pool).split(lengths))
+        got = list(layer(x, harness.schedule({0: 5, 1: 3}).kda).split(lengths))
         for step in range(steps):
             x = torch.stack([x[n + step] for x, n in zip(inputs, lengths, strict=True)])
-            out = layer(x, meta([0, 1, 2], 2, 0, [True] * 2), pool)
+            out = layer(x, harness.schedule({0: 1, 1: 1}).kda)
             got = [torch.cat([g, out[i : i + 1]]) for i, g in enumerate(got)]
     # fp32 on both sides; they differ in summation order only (chunked vs per-token recurrence,
     # fused decode kernel): under 1e-4 relative, where dropping exp(A_log) moves the output ~1.

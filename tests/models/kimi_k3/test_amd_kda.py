@@ -4,11 +4,12 @@ unfused within the bound the bf16 intermediate and one FP8 step imply)."""
 
 import pytest
 import torch
+from engine_harness import EngineHarness, SingleLayer
 
 import vllm.models.kimi_k3.amd.kda as kda_module
 from vllm.config.quantization import parse_quantization_config
 from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
-from vllm.models.kimi_k3.amd.kda import KDAMetadata, KDAStatePool, KimiK3DeltaAttention
+from vllm.models.kimi_k3.amd.kda import KimiK3DeltaAttention
 from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import per_token_fp8_quant
 
 HIDDEN, HEADS, HEAD_DIM, EPS = 64, 2, 32, 1e-5
@@ -26,11 +27,12 @@ def _hf(hf_kimi_linear):
     HF = hf_kimi_linear
 
 
-def hf_kda(seed=0):
+def hf_kda(seed=0, conv=4):
     cfg = HF.KimiLinearConfig(
         hidden_size=HIDDEN, num_hidden_layers=1, linear_num_heads=HEADS, linear_head_dim=HEAD_DIM,
         hidden_act="silu", rms_norm_eps=EPS, num_attention_heads=HEADS, num_key_value_heads=HEADS,
-        linear_attn_config={"kda_layers": [1], "full_attn_layers": []},
+        linear_attn_config={"kda_layers": [1], "full_attn_layers": [],
+                            "short_conv_kernel_size": conv},
     )  # fmt: skip
     torch.manual_seed(seed)
     module = HF.KimiLinearDeltaAttention(cfg, 0).float()
@@ -61,11 +63,12 @@ def checkpoint_tensors(hf_module, full_rank=False) -> list[tuple[str, torch.Tens
 
 
 def our_kda(
-    hf_module=None, dtype=torch.float32, quant_config=None, full_rank=False, seed=0, device="cpu"
-):
+    hf_module=None, dtype=torch.float32, quant_config=None, full_rank=False, seed=0, device="cpu",
+    conv=4,
+):  # fmt: skip
     layer = KimiK3DeltaAttention(
-        HIDDEN, HEADS, HEAD_DIM, full_rank_gate=full_rank, norm_eps=EPS, params_dtype=dtype,
-        quant_config=quant_config, prefix="model.layers.0.self_attn",
+        HIDDEN, HEADS, HEAD_DIM, conv_kernel_size=conv, full_rank_gate=full_rank, norm_eps=EPS,
+        params_dtype=dtype, quant_config=quant_config, prefix="model.layers.0.self_attn",
     )  # fmt: skip
     if hf_module is None:
         hf_module = hf_kda(seed)
@@ -76,25 +79,9 @@ def our_kda(
     return layer
 
 
-def metadata(qsl, slots, has_initial, decodes, prefills, device="cpu"):
-    return KDAMetadata(
-        torch.tensor(qsl, device=device), torch.tensor(slots, device=device),
-        torch.tensor(has_initial, device=device), decodes, prefills,
-    )  # fmt: skip
-
-
-def prefill_metadata(lengths, slots, has_initial, device="cpu"):
-    qsl = [0, *torch.tensor(lengths).cumsum(0).tolist()]
-    return metadata(qsl, slots, has_initial, 0, len(lengths), device)
-
-
-def decode_metadata(slots, device="cpu"):
-    n = len(slots)
-    return metadata(list(range(n + 1)), slots, [True] * n, n, 0, device)
-
-
-def pool_for(layer, dtype=torch.float32, slots=4, device="cpu"):
-    return KDAStatePool.allocate(slots, layer.local_heads, HEAD_DIM, 4, dtype, device)
+def harness_for(layer, dtype=torch.float32, device="cpu", slots=5) -> EngineHarness:
+    """Bookkeeping and metadata for one KDA layer, its state pool bound to it."""
+    return EngineHarness(SingleLayer(layer, dtype), num_kda_slots=slots, device=device)
 
 
 def rel_err(a, b):
@@ -102,20 +89,26 @@ def rel_err(a, b):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_layer_matches_transformers_prefill_then_decode(device):
-    hf = hf_kda()
-    layer = our_kda(hf, device=device)
+@pytest.mark.parametrize("conv", [4, 3], ids=["conv4", "conv3"])
+def test_layer_matches_transformers_prefill_then_decode(device, conv):
+    """Also with a short conv of width 3: the state pool's window comes from the layer."""
+    hf = hf_kda(conv=conv)
+    layer = our_kda(hf, device=device, conv=conv)
+    assert layer.get_kv_cache_spec(torch.float32).conv_shape == (3 * HEADS * HEAD_DIM, conv - 1)
     lengths, steps = [5, 9, 3], 3
+    torch.manual_seed(1)
     inputs = [torch.randn(n + steps, HIDDEN) for n in lengths]
+    harness = harness_for(layer, device=device)
     with torch.no_grad():
         expected = [hf(x.unsqueeze(0)).squeeze(0) for x in inputs]  # chunked torch path
-        pool = pool_for(layer, device=device)
-        meta = prefill_metadata(lengths, [2, 0, 1], [False] * 3, device)
+        meta = harness.schedule({2: 5, 0: 9, 1: 3}).kda  # slots handed out in another order
         x = torch.cat([x[:n] for x, n in zip(inputs, lengths, strict=True)])
-        got = list(layer(x.to(device), meta, pool).cpu().split(lengths))
+        got = list(layer(x.to(device), meta).cpu().split(lengths))
         for step in range(steps):
             x = torch.stack([x[n + step] for x, n in zip(inputs, lengths, strict=True)])
-            out = layer(x.to(device), decode_metadata([2, 0, 1], device), pool).cpu()
+            meta = harness.schedule({2: 1, 0: 1, 1: 1}).kda
+            assert meta.num_decodes == 3
+            out = layer(x.to(device), meta).cpu()
             for i in range(3):
                 got[i] = torch.cat([got[i], out[i : i + 1]])
     # fp32 on both sides; on CPU they differ only in summation order (chunked triangular solve
@@ -127,26 +120,28 @@ def test_layer_matches_transformers_prefill_then_decode(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_chunked_prefill_and_mixed_batches_equal_one_shot(device):
     layer = our_kda(device=device)
+    torch.manual_seed(1)
     x0, x1 = torch.randn(7, HIDDEN, device=device), torch.randn(12, HIDDEN, device=device)
     with torch.no_grad():
-        one_pool = pool_for(layer, device=device)
-        meta = prefill_metadata([7, 12], [0, 1], [False] * 2, device)
-        one = layer(torch.cat([x0, x1]), meta, one_pool)
-        pool = pool_for(layer, device=device)
-        meta = prefill_metadata([3, 5], [0, 1], [False] * 2, device)
-        a = layer(torch.cat([x0[:3], x1[:5]]), meta, pool)
+        one_shot = harness_for(layer, device=device)
+        one = layer(torch.cat([x0, x1]), one_shot.schedule({0: 7, 1: 12}).kda)
+        one_pool = one_shot.kda_pools[0]
+        chunked = harness_for(layer, device=device)
+        a = layer(torch.cat([x0[:3], x1[:5]]), chunked.schedule({0: 3, 1: 5}).kda)
         # mixed: sequence 0 decodes one token while sequence 1 continues its prefill
-        mixed = metadata([0, 1, 5], [0, 1], [True, True], 1, 1, device)
-        b = layer(torch.cat([x0[3:4], x1[5:9]]), mixed, pool)
-        meta = prefill_metadata([3, 3], [0, 1], [True] * 2, device)
-        c = layer(torch.cat([x0[4:], x1[9:]]), meta, pool)
+        mixed = chunked.schedule({0: 1, 1: 4}).kda
+        assert (mixed.num_decodes, mixed.num_prefills) == (1, 1)
+        b = layer(torch.cat([x0[3:4], x1[5:9]]), mixed)
+        c = layer(torch.cat([x0[4:], x1[9:]]), chunked.schedule({0: 3, 1: 3}).kda)
+        pool = chunked.kda_pools[0]
+    assert chunked.slots == one_shot.slots == {0: 1, 1: 2}
     got0 = torch.cat([a[:3], b[:1], c[:3]])
     got1 = torch.cat([a[3:], b[1:], c[3:]])
     # CPU: the same fp32 recurrence in both (1e-5). GPU: fla's chunked kernel splits the
     # sequences differently in the two runs, each with its own TF32 rounding (FP32_REL).
     bound = 1e-5 if device == "cpu" else FP32_REL[device]
     assert rel_err(got0, one[:7]) < bound and rel_err(got1, one[7:]) < bound
-    assert rel_err(pool.ssm_state[:2], one_pool.ssm_state[:2]) < bound
+    assert rel_err(pool.ssm_state[1:3], one_pool.ssm_state[1:3]) < bound
     # The conv state holds the q/k/v projections of each sequence's last W-1 tokens. BLAS picks its
     # fp32 kernel (blocking, vector width) by the number of rows, on CPU (MKL) as on GPU (cuBLAS),
     # so a row's projection may be summed in another order in the two runs. Two orders of a
@@ -158,8 +153,8 @@ def test_chunked_prefill_and_mixed_batches_equal_one_shot(device):
     magnitude = (tails.abs() @ w.abs().t()).transpose(1, 2)  # [2, C, W-1], the state's layout
     k, u = HIDDEN, 2.0**-24
     bound = 2 * (k * u / (1 - k * u)) * magnitude
-    assert rel_err(one_pool.conv_state[:2], (tails @ w.t()).transpose(1, 2)) < 1e-5  # layout
-    assert ((pool.conv_state[:2] - one_pool.conv_state[:2]).abs() <= bound).all()
+    assert rel_err(one_pool.conv_state[1:3], (tails @ w.t()).transpose(1, 2)) < 1e-5  # layout
+    assert ((pool.conv_state[1:3] - one_pool.conv_state[1:3]).abs() <= bound).all()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,15 +201,13 @@ class Counts:
         return n
 
 
-def batches(device="cpu"):
-    """(name, metadata, tokens) for a prefill, a decode and a mixed batch over slots 0 and 1.
-
-    The decode batch runs the fused decode kernel, which applies the norm itself."""
-    return [
-        ("prefill", prefill_metadata([4, 6], [0, 1], [False, False], device), 10),
-        ("decode", decode_metadata([0, 1], device), 2),
-        ("mixed", metadata([0, 1, 4], [0, 1], [True] * 2, 1, 1, device), 4),
-    ]
+# (name, new tokens per sequence, tokens) of a prefill, a decode and a mixed batch over two
+# sequences, in this order. The decode batch runs the fused decode kernel, which norms itself.
+BATCHES = [
+    ("prefill", {0: 4, 1: 6}, 10),
+    ("decode", {0: 1, 1: 1}, 2),
+    ("mixed", {0: 1, 1: 3}, 4),
+]
 
 
 def test_load_weights_checks_the_norm_weight_shape():
@@ -229,8 +222,8 @@ def test_full_rank_gate_equals_its_low_rank_factors():
     low, full = our_kda(hf), our_kda(hf, full_rank=True)
     x = torch.randn(6, HIDDEN)
     with torch.no_grad():
-        a = low(x, prefill_metadata([6], [0], [False]), pool_for(low))
-        b = full(x, prefill_metadata([6], [0], [False]), pool_for(full))
+        a = low(x, harness_for(low).schedule({0: 6}).kda)
+        b = full(x, harness_for(full).schedule({0: 6}).kda)
     assert rel_err(b, a) < 1e-5
 
 
@@ -264,19 +257,20 @@ def test_ptpc_epilogue_norms_exactly_once_and_matches_unfused(monkeypatch, full_
 
     monkeypatch.setattr(kda_module, "rmsnorm_gated_fp8_per_token", capture)
     counts = Counts(monkeypatch, fused, unfused)
-    pool_f = pool_for(fused, torch.bfloat16, device=device)
-    pool_u = pool_for(unfused, torch.bfloat16, device=device)
+    harness_f = harness_for(fused, torch.bfloat16, device)
+    harness_u = harness_for(unfused, torch.bfloat16, device)
     gen = torch.Generator().manual_seed(3)
     errors = []
     with torch.no_grad():
-        for name, meta, tokens in batches(device):
+        for name, new, tokens in BATCHES:
             x = torch.randn(tokens, HIDDEN, generator=gen).to(torch.bfloat16).to(device)
+            meta_f, meta_u = harness_f.schedule(new).kda, harness_u.schedule(new).kda
             if name == "decode":  # keep both pools in step; nothing to compare here
-                fused(x, meta, pool_f), unfused(x, meta, pool_u), counts.take(), captured.clear()
+                fused(x, meta_f), unfused(x, meta_u), counts.take(), captured.clear()
                 continue
-            out_f = fused(x, meta, pool_f).float()
+            out_f = fused(x, meta_f).float()
             assert counts.take() == {"o_norm": 0, "fused": 1, "quant": 0, "kernel_quant": 0}
-            out_u = unfused(x, meta, pool_u).float()
+            out_u = unfused(x, meta_u).float()
             assert counts.take() == {"o_norm": 1, "fused": 0, "quant": 0, "kernel_quant": 1}
             core, gate, q, scale = captured.pop()
             ref_q, ref_scale = per_token_fp8_quant(
@@ -325,9 +319,8 @@ def test_non_ptpc_o_proj_takes_the_plain_path(monkeypatch, kernel, device):
     assert not layer.o_proj_is_ptpc_fp8()
     counts = Counts(monkeypatch, layer)
     with torch.no_grad():
-        layer(torch.randn(5, HIDDEN, device=device).to(torch.bfloat16),
-              prefill_metadata([5], [0], [False], device),
-              pool_for(layer, torch.bfloat16, device=device))  # fmt: skip
+        meta = harness_for(layer, torch.bfloat16, device).schedule({0: 5}).kda
+        layer(torch.randn(5, HIDDEN, device=device).to(torch.bfloat16), meta)
     assert counts.take() == {
         "o_norm": 1, "fused": 0, "quant": 0, "kernel_quant": 1 if kernel else 0
     }  # fmt: skip
@@ -343,13 +336,13 @@ def test_gpu_layer_matches_cpu_reference():
     hf = hf_kda()
     cpu = our_kda(hf, torch.bfloat16, PTPC_O_PROJ, full_rank=True)
     gpu = our_kda(hf, torch.bfloat16, PTPC_O_PROJ, full_rank=True, device="cuda")
-    pool_c = pool_for(cpu, torch.bfloat16)
-    pool_g = pool_for(gpu, torch.bfloat16, device="cuda")
+    harness_c = harness_for(cpu, torch.bfloat16)
+    harness_g = harness_for(gpu, torch.bfloat16, "cuda")
     with torch.no_grad():
-        for (_, meta, tokens), (_, meta_g, _) in zip(batches(), batches("cuda"), strict=True):
+        for _, new, tokens in BATCHES:
             x = torch.randn(tokens, HIDDEN).to(torch.bfloat16)
-            a = cpu(x, meta, pool_c).float()
-            b = gpu(x.cuda(), meta_g, pool_g).float().cpu()
+            a = cpu(x, harness_c.schedule(new).kda).float()
+            b = gpu(x.cuda(), harness_g.schedule(new).kda).float().cpu()
             # bf16 activations, fla's chunked fp32 core vs the fp32 recurrence, FP8 o_proj: the
             # codes may move by one step where bf16 rounding differs.
             assert rel_err(b, a) < 2**-4
@@ -358,15 +351,17 @@ def test_gpu_layer_matches_cpu_reference():
 @pytest.mark.gpu
 def test_gpu_cuda_graph_decode_replays_eagerly():
     layer = our_kda(None, torch.bfloat16, PTPC_O_PROJ, full_rank=True, device="cuda")
-    pool = pool_for(layer, torch.bfloat16, slots=8, device="cuda")
-    meta = decode_metadata([3, 5], "cuda")
+    harness = harness_for(layer, torch.bfloat16, "cuda", slots=8)
+    pool = harness.kda_pools[0]
     x = torch.randn(2, HIDDEN, device="cuda").to(torch.bfloat16)
     with torch.no_grad():
-        layer(x, meta, pool)  # compile and warm up outside the capture
+        layer(x, harness.schedule({0: 1, 1: 1}).kda)  # two one-token prompts
+        meta = harness.schedule({0: 1, 1: 1}).kda
+        layer(x, meta)  # compile and warm up outside the capture
         start = (pool.conv_state.clone(), pool.ssm_state.clone())
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out = layer(x, meta, pool)
+            out = layer(x, meta)
         pool.conv_state.copy_(start[0])
         pool.ssm_state.copy_(start[1])
         x.copy_(torch.randn_like(x))
@@ -374,7 +369,7 @@ def test_gpu_cuda_graph_decode_replays_eagerly():
         replayed = out.clone()
         pool.conv_state.copy_(start[0])
         pool.ssm_state.copy_(start[1])
-        eager = layer(x, meta, pool)
+        eager = layer(x, meta)
     torch.cuda.synchronize()
     assert torch.equal(replayed, eager)
 
@@ -391,9 +386,9 @@ def _tp_worker(rank, tensors, x):
     )  # fmt: skip
     layer.load_weights(tensors)
     with torch.no_grad():
-        pool = pool_for(layer)
-        a = layer(x[:9], prefill_metadata([4, 5], [0, 1], [False] * 2), pool)
-        b = layer(x[9:], decode_metadata([0, 1]), pool)
+        harness = harness_for(layer)
+        a = layer(x[:9], harness.schedule({0: 4, 1: 5}).kda)
+        b = layer(x[9:], harness.schedule({0: 1, 1: 1}).kda)
     return torch.cat([a, b])
 
 
@@ -406,9 +401,9 @@ def test_tp2_heads_split_equals_tp1():
     layer = our_kda(hf, full_rank=True)
     x = torch.randn(11, HIDDEN)
     with torch.no_grad():
-        pool = pool_for(layer)
-        a = layer(x[:9], prefill_metadata([4, 5], [0, 1], [False] * 2), pool)
-        b = layer(x[9:], decode_metadata([0, 1]), pool)
+        harness = harness_for(layer)
+        a = layer(x[:9], harness.schedule({0: 4, 1: 5}).kda)
+        b = layer(x[9:], harness.schedule({0: 1, 1: 1}).kda)
     expected = torch.cat([a, b])
     results = run_tp2(_tp_worker, tensors, x)
     for rank in (0, 1):  # each rank: its heads' partial o_proj, all-reduced; fp32 sum order only

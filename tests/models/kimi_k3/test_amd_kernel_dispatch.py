@@ -3,7 +3,7 @@ on CPU), not their torch references: a prefill launches the fused epilogue of ev
 the MLA o_proj's per-token quantization, a decode the fused KDA decode kernel."""
 
 import torch
-from test_amd_model import Harness
+from engine_harness import EngineHarness as Harness
 
 from vllm.config.quantization import parse_quantization_config
 from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
@@ -18,7 +18,7 @@ PTPC = OnlineQuantizationConfig(
 
 def test_tiny_model_prefill_and_decode_launch_the_triton_kernels(triton_launches):
     model = load_model("kimi-k3-tiny", dtype=torch.bfloat16, quant_config=PTPC)
-    harness = Harness(model, dtype=torch.bfloat16)
+    harness = Harness(model)
     text = getattr(model, "language_model", model)
     kda_layers = sum(layer.is_kda for layer in text.layers)
     mla_layers = len(text.layers) - kda_layers

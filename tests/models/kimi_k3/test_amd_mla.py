@@ -4,8 +4,9 @@ tables; the K3 variant (q_lora, output gate) against its own unfused formula."""
 
 import pytest
 import torch
+from engine_harness import EngineHarness, SingleLayer
 
-from vllm.models.kimi_k3.amd.mla import KimiMLAAttention, MLAMetadata
+from vllm.models.kimi_k3.amd.mla import KimiMLAAttention
 from vllm.transformers_utils.configs import KimiLinearConfig
 
 H, HEADS, BLOCK = 64, 4, 4
@@ -48,49 +49,37 @@ def hf_forward(module, x):
     return module(x.unsqueeze(0), attention_mask=mask)[0].squeeze(0)
 
 
-class PagedCache:
-    """Hands out blocks in a scrambled order, so block tables are really used."""
+def ours_mla(cfg, **kwargs) -> KimiMLAAttention:
+    return KimiMLAAttention(KimiLinearConfig.from_dict(cfg), params_dtype=torch.float32, **kwargs)
 
-    def __init__(self, num_blocks=32):
-        self.cache = torch.zeros(num_blocks, BLOCK, 32 + 8)
-        self.free = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(3)).tolist()
-        self.tables: dict[int, list[int]] = {}
-        self.lens: dict[int, int] = {}
 
-    def step(self, seqs: dict[int, int]) -> MLAMetadata:
-        """`seqs`: sequence id -> number of new tokens (in batch order)."""
-        qsl, seq_lens, slots = [0], [], []
-        for sid, new in seqs.items():
-            start = self.lens.get(sid, 0)
-            table = self.tables.setdefault(sid, [])
-            for pos in range(start, start + new):
-                if pos // BLOCK >= len(table):
-                    table.append(self.free.pop())
-                slots.append(table[pos // BLOCK] * BLOCK + pos % BLOCK)
-            self.lens[sid] = start + new
-            qsl.append(qsl[-1] + new)
-            seq_lens.append(start + new)
-        width = max(len(self.tables[s]) for s in seqs)
-        tables = torch.tensor([self.tables[s] + [0] * (width - len(self.tables[s])) for s in seqs])
-        return MLAMetadata(qsl, seq_lens, tables, torch.tensor(slots))
+def harness_for(layer: KimiMLAAttention) -> EngineHarness:
+    """Blocks handed out in a scrambled order, so block tables are really used."""
+    harness = EngineHarness(SingleLayer(layer, torch.float32), num_blocks=32, block_size=BLOCK)
+    order = torch.randperm(31, generator=torch.Generator().manual_seed(3)) + 1
+    harness.free_blocks = order.tolist()
+    return harness
 
 
 def test_mla_matches_transformers_prefill_then_decode():
     hf = hf_mla()
-    ours = KimiMLAAttention(KimiLinearConfig.from_dict(config()), params_dtype=torch.float32)
+    ours = ours_mla(config())
     ours.load_weights(hf.state_dict().items())
+    ours.process_weights_after_loading()
     lengths, steps = [6, 3, 9], 3
+    torch.manual_seed(1)
     xs = [torch.randn(n + steps, H) for n in lengths]
-    cache = PagedCache()
+    harness = harness_for(ours)
     with torch.no_grad():
         expected = [hf_forward(hf, x) for x in xs]
-        meta = cache.step({i: n for i, n in enumerate(lengths)})
-        out = ours(torch.cat([x[:n] for x, n in zip(xs, lengths, strict=True)]), meta, cache.cache)
+        meta = harness.schedule({i: n for i, n in enumerate(lengths)}).mla
+        out = ours(torch.cat([x[:n] for x, n in zip(xs, lengths, strict=True)]), meta)
         got = list(out.split(lengths))
         for s in range(steps):
             order = [2, 0, 1]  # any order of sequences in the batch
-            meta = cache.step({i: 1 for i in order})
-            out = ours(torch.stack([xs[i][lengths[i] + s] for i in order]), meta, cache.cache)
+            meta = harness.schedule({i: 1 for i in order}).mla
+            assert meta.num_decodes == 3  # the absorbed decode path
+            out = ours(torch.stack([xs[i][lengths[i] + s] for i in order]), meta)
             for row, i in enumerate(order):
                 got[i] = torch.cat([got[i], out[row : row + 1]])
     for g, e in zip(got, expected, strict=True):
@@ -109,10 +98,10 @@ def test_k3_variant_q_lora_and_output_gate():
     }  # fmt: skip
     t = {k: torch.randn(*s, generator=gen) * 0.2 for k, s in shapes.items()}
     assert ours.load_weights(t.items()) == set(t)
-    x = torch.randn(5, H)
-    cache = PagedCache()
+    ours.process_weights_after_loading()
+    x = torch.randn(5, H, generator=gen)
     with torch.no_grad():
-        got = ours(x, cache.step({0: 5}), cache.cache)
+        got = ours(x, harness_for(ours).schedule({0: 5}).mla)
 
     def rms(v, w):
         return v * torch.rsqrt(v.square().mean(-1, keepdim=True) + 1e-6) * w
@@ -140,16 +129,52 @@ def test_k3_variant_q_lora_and_output_gate():
 def test_continued_prefill_on_top_of_cached_context():
     """A prefill chunk of several tokens attends to the context already in the cache."""
     hf = hf_mla()
-    ours = KimiMLAAttention(KimiLinearConfig.from_dict(config()), params_dtype=torch.float32)
+    ours = ours_mla(config())
     ours.load_weights(hf.state_dict().items())
+    ours.process_weights_after_loading()
+    torch.manual_seed(1)
     x0, x1 = torch.randn(11, H), torch.randn(6, H)
-    cache = PagedCache()
+    harness = harness_for(ours)
     with torch.no_grad():
         expected0, expected1 = hf_forward(hf, x0), hf_forward(hf, x1)
-        a = ours(torch.cat([x0[:4], x1[:2]]), cache.step({0: 4, 1: 2}), cache.cache)
-        b = ours(torch.cat([x1[2:3], x0[4:9]]), cache.step({1: 1, 0: 5}), cache.cache)
-        c = ours(torch.cat([x0[9:], x1[3:]]), cache.step({0: 2, 1: 3}), cache.cache)
+        a = ours(torch.cat([x0[:4], x1[:2]]), harness.schedule({0: 4, 1: 2}).mla)
+        # sequence 1 decodes (absorbed path) while sequence 0 continues its prefill (exact path)
+        b = ours(torch.cat([x1[2:3], x0[4:9]]), harness.schedule({1: 1, 0: 5}).mla)
+        c = ours(torch.cat([x0[9:], x1[3:]]), harness.schedule({0: 2, 1: 3}).mla)
     got0 = torch.cat([a[:4], b[1:], c[:2]])
     got1 = torch.cat([a[4:], b[:1], c[2:]])
     torch.testing.assert_close(got0, expected0, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got1, expected1, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("q_lora", [None, 24], ids=["kimi-linear", "k3-q-lora-gate"])
+def test_absorbed_decode_equals_exact_decompressing_path(q_lora):
+    """The same decode tokens through the absorbed path (num_decodes = N) and as one-token
+    prefill chunks through the exact path, on identical caches."""
+    cfg = config(q_lora_rank=q_lora, mla_use_output_gate=q_lora is not None)
+    torch.manual_seed(0)
+    ours = ours_mla(cfg)
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.copy_(torch.randn_like(p) * 0.2)
+    ours.process_weights_after_loading()
+    absorbed, exact = harness_for(ours), harness_for(ours)
+    lengths = [7, 2, 13, 4]
+    x = torch.randn(sum(lengths), H)
+    with torch.no_grad():
+        for harness in (absorbed, exact):
+            ours.bind_kv_cache(harness.mla_caches[0])
+            ours(x, harness.schedule(dict(enumerate(lengths))).mla)
+        for _ in range(3):
+            x = torch.randn(len(lengths), H)
+            ours.bind_kv_cache(absorbed.mla_caches[0])
+            meta = absorbed.schedule(dict.fromkeys(range(len(lengths)), 1)).mla
+            assert meta.num_decodes == len(lengths)
+            got = ours(x, meta)
+            ours.bind_kv_cache(exact.mla_caches[0])
+            meta = exact.schedule(dict.fromkeys(range(len(lengths)), 1), decodes=False).mla
+            assert meta.num_decodes == 0 and len(meta.prefills) == len(lengths)
+            expected = ours(x, meta)
+            # fp32 both: q.(W_UK c) vs (q W_UK).c and (p c) W_UV vs p (c W_UV) are the same sums
+            # reassociated (32 latents, 16 head dims): a few ulps, far under 1e-5.
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)

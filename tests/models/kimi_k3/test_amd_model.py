@@ -4,14 +4,12 @@ name, prompts of different lengths prefilled in one batch, then decode steps thr
 
 import pytest
 import torch
+from engine_harness import EngineHarness as Harness
 from safetensors.torch import load_file
 
-from vllm.models.kimi_k3.amd.kda import KDAMetadata, KDAStatePool
-from vllm.models.kimi_k3.amd.linear import KimiBatch, KimiLinearForCausalLM
-from vllm.models.kimi_k3.amd.mla import MLAMetadata
+from vllm.models.kimi_k3.amd.linear import KimiLinearForCausalLM
 from vllm.transformers_utils.configs import load_model_config
 
-BLOCK = 4
 # The CPU tests run again on a GPU with fla-core's kernels (marked `gpu`).
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 TINY = dict(
@@ -56,62 +54,6 @@ def checkpoint(hf_kimi_linear, tmp_path_factory):
     folder = tmp_path_factory.mktemp("kimi_linear_tiny")
     model.save_pretrained(folder)
     return folder, model
-
-
-class Harness:
-    """Just enough of an engine to drive the model: slots, blocks and metadata per step."""
-
-    def __init__(self, model, num_blocks=64, device="cpu", dtype=torch.float32):
-        self.model = model
-        self.device = device
-        model = getattr(model, "language_model", model)  # Kimi-K3's wrapper holds the text model
-        cfg = model.config
-        dim = cfg.kda_head_dim
-        self.kda_pools = {
-            i: KDAStatePool.allocate(8, layer.self_attn.local_heads, dim, 4, dtype, device)
-            for i, layer in enumerate(model.layers) if layer.is_kda
-        }  # fmt: skip
-        width = cfg.kv_lora_rank + cfg.qk_rope_head_dim
-        self.mla_caches = {
-            i: torch.zeros(num_blocks, BLOCK, width, dtype=dtype, device=device)
-            for i, layer in enumerate(model.layers) if not layer.is_kda
-        }  # fmt: skip
-        self.free = list(range(num_blocks))
-        self.tables: dict[int, list[int]] = {}
-        self.lens: dict[int, int] = {}
-
-    def step(self, new_tokens: dict[int, list[int]]) -> torch.Tensor:
-        """Run one step; decodes must come first in `new_tokens`. Returns logits `[T, vocab]`."""
-        ids, qsl, seq_lens, slots, kda_slots, has_init = [], [0], [], [], [], []
-        decodes = 0
-        for sid, toks in new_tokens.items():
-            start = self.lens.get(sid, 0)
-            decodes += start > 0 and len(toks) == 1
-            table = self.tables.setdefault(sid, [])
-            for pos in range(start, start + len(toks)):
-                if pos // BLOCK >= len(table):
-                    table.append(self.free.pop(0))
-                slots.append(table[pos // BLOCK] * BLOCK + pos % BLOCK)
-            ids += toks
-            self.lens[sid] = start + len(toks)
-            qsl.append(qsl[-1] + len(toks))
-            seq_lens.append(start + len(toks))
-            kda_slots.append(sid)
-            has_init.append(start > 0)
-        width = max(len(self.tables[s]) for s in new_tokens)
-        tables = [self.tables[s] + [0] * (width - len(self.tables[s])) for s in new_tokens]
-        n = len(new_tokens)
-        dev = self.device
-        kda = KDAMetadata(
-            torch.tensor(qsl, device=dev), torch.tensor(kda_slots, device=dev),
-            torch.tensor(has_init, device=dev), decodes, n - decodes,
-        )  # fmt: skip
-        mla = MLAMetadata(
-            qsl, seq_lens, torch.tensor(tables, device=dev), torch.tensor(slots, device=dev)
-        )
-        batch = KimiBatch(kda, mla, self.kda_pools, self.mla_caches)
-        with torch.no_grad():
-            return self.model.compute_logits(self.model(torch.tensor(ids, device=dev), batch))
 
 
 def load_ours(folder, device="cpu"):
@@ -346,7 +288,7 @@ def test_gpu_k3_tiny_ptpc_launches_one_epilogue_per_kda_layer():
     text = model.language_model
     kda_layers = sum(layer.is_kda for layer in text.layers)
     mla_layers = len(text.layers) - kda_layers
-    harness = Harness(model, device="cuda", dtype=torch.bfloat16)
+    harness = Harness(model, device="cuda")
 
     def launches(step):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:

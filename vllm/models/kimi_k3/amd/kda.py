@@ -8,7 +8,8 @@ short conv on q, k, v), `A_log`, `dt_bias`, `o_norm` (gated RMSNorm, sigmoid, pe
 shared by heads) and `o_proj` (row-parallel). Tensor parallel over heads.
 
 The layer runs on a flattened batch described by `KDAMetadata` (decodes first, one token each,
-then prefill chunks) and reads / updates its sequences' slots in a `KDAStatePool` in place.
+then prefill chunks) and reads / updates its sequences' slots in place in the `KDAStatePool` bound
+to it once by `bind_kv_cache` (its shapes are `get_kv_cache_spec`'s).
 
 Epilogue, decided once per forward from the same metadata the core uses:
 - `o_proj` consumes `kFp8DynamicTokenSym` (`get_input_quant_key`): the gated norm and the per-token
@@ -24,7 +25,6 @@ upstream vLLM hard-codes 1e-5, which equals Kimi-K3's `rms_norm_eps`, so K3 is u
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import cached_property
 
 import torch
 
@@ -50,6 +50,7 @@ from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import (
     per_token_fp8_quant,
     rmsnorm_gated_fp8_per_token,
 )
+from vllm.v1.kv_cache_interface import KDAStatePool, KDAStateSpec
 
 # Loaded through their own `weight_loader` (TP sharding, shape checks).
 _MODULES = ("f_b_proj", "o_proj", "g_a_proj", "g_b_proj", "o_norm")
@@ -57,61 +58,25 @@ _MODULES = ("f_b_proj", "o_proj", "g_a_proj", "g_b_proj", "o_norm")
 
 @dataclass
 class KDAMetadata:
-    """The flattened batch as the KDA core sees it.
+    """The flattened batch as the KDA core sees it, built by `KimiMetadataBuilder`.
 
     Sequences are ordered decodes first (one token each), then prefill chunks. Every slot is a
-    real one (no padding entries such as -1): the kernels index the pools with them unchecked.
+    real one or the reserved dummy slot 0 of a padded row (no -1 entries: the kernels index the
+    pools unchecked). Every field is filled at build time; nothing is derived lazily, so a
+    builder may refill the tensors it views for the next step.
     """
 
-    query_start_loc: torch.Tensor  # [N + 1] int, on the device
+    query_start_loc: torch.Tensor  # [N + 1] int32, on the device
     state_slots: torch.Tensor  # [N] long: each sequence's slot in the state pool
     has_initial_state: torch.Tensor  # [N] bool: continue from the slot, or start from zero
     num_decodes: int
     num_prefills: int
-
-    @cached_property
-    def prefill_query_start_loc(self) -> torch.Tensor:
-        """`[num_prefills + 1]`: start offsets of the prefill sequences within the prefill
-        tokens, on the device; computed once per forward, shared by every layer."""
-        qsl = self.query_start_loc[self.num_decodes :]
-        return qsl - qsl[0]
-
-    @cached_property
-    def prefill_host(self) -> tuple[list[int], list[int], list[bool]]:
-        """(start offsets within the prefill tokens, slots, has-initial-state) of the prefill
-        sequences as Python lists: one device-to-host copy per forward, shared by every layer."""
-        nd = self.num_decodes
-        return (
-            self.prefill_query_start_loc.tolist(),
-            self.state_slots[nd:].tolist(),
-            self.has_initial_state[nd:].tolist(),
-        )
-
-
-@dataclass
-class KDAStatePool:
-    """Per-slot state of one KDA layer: conv inputs (model dtype) and the fp32 recurrent state."""
-
-    conv_state: torch.Tensor  # [S, 3 * H_local * K, W - 1]
-    ssm_state: torch.Tensor  # [S, H_local, K, V]
-
-    @classmethod
-    def allocate(
-        cls,
-        num_slots: int,
-        local_heads: int,
-        head_dim: int,
-        conv_kernel_size: int,
-        dtype: torch.dtype,
-        device: torch.device | str,
-    ) -> "KDAStatePool":
-        conv = torch.zeros(
-            num_slots, 3 * local_heads * head_dim, conv_kernel_size - 1, dtype=dtype, device=device
-        )
-        ssm = torch.zeros(
-            num_slots, local_heads, head_dim, head_dim, dtype=torch.float32, device=device
-        )
-        return cls(conv, ssm)
+    # The prefill sequences alone: start offsets within the prefill tokens `[num_prefills + 1]`
+    # on the device, and the same offsets, slots and has-initial-state as host lists.
+    prefill_query_start_loc: torch.Tensor
+    prefill_host_query_start_loc: list[int]
+    prefill_host_slots: list[int]
+    prefill_host_has_initial_state: list[bool]
 
 
 class KimiK3DeltaAttention(torch.nn.Module):
@@ -185,6 +150,35 @@ class KimiK3DeltaAttention(torch.nn.Module):
             proj, hidden_size, bias=False, params_dtype=dtype, quant_config=quant_config,
             prefix=f"{prefix}.o_proj",
         )  # fmt: skip
+        self.state_pool: KDAStatePool | None = None  # set once by `bind_kv_cache`
+
+    # -- cache ----------------------------------------------------------------------------------
+
+    def get_kv_cache_spec(self, dtype: torch.dtype) -> KDAStateSpec:
+        """This rank's per-slot state: the conv window in `dtype` (the model's), fp32 recurrence."""
+        channels = 3 * self.local_heads * self.head_dim
+        return KDAStateSpec(
+            conv_shape=(channels, self.conv_kernel_size - 1),
+            conv_dtype=dtype,
+            ssm_shape=(self.local_heads, self.head_dim, self.head_dim),
+            ssm_dtype=torch.float32,
+        )
+
+    def bind_kv_cache(self, pool: KDAStatePool) -> None:
+        """Keep `pool` as this layer's state (checked against the spec of its conv dtype)."""
+        spec = self.get_kv_cache_spec(pool.conv_state.dtype)
+        conv, ssm = pool.conv_state, pool.ssm_state
+        if tuple(conv.shape[1:]) != spec.conv_shape or tuple(ssm.shape[1:]) != spec.ssm_shape:
+            raise ValueError(
+                f"pool of {self.prefix}: conv {tuple(conv.shape)} / ssm {tuple(ssm.shape)}, "
+                f"expected [S, {spec.conv_shape}] / [S, {spec.ssm_shape}]"
+            )
+        if ssm.dtype != spec.ssm_dtype or conv.shape[0] != ssm.shape[0]:
+            raise ValueError(f"pool of {self.prefix}: ssm state must be fp32 with the conv's slots")
+        self.state_pool = pool
+
+    def release_kv_cache(self) -> None:
+        self.state_pool = None
 
     # -- forward --------------------------------------------------------------------------------
 
@@ -192,8 +186,10 @@ class KimiK3DeltaAttention(torch.nn.Module):
         self,
         hidden_states: "torch.Tensor | QuantizedActivation",
         metadata: KDAMetadata,
-        pool: KDAStatePool,
     ) -> torch.Tensor:
+        pool = self.state_pool
+        if pool is None:
+            raise RuntimeError(f"{self.prefix}: no state pool bound (call bind_kv_cache first)")
         projected = self.in_proj_qkvgfab(hidden_states)[0]
         tokens = projected.shape[0]
         h, d = self.local_heads, self.head_dim
@@ -236,8 +232,10 @@ class KimiK3DeltaAttention(torch.nn.Module):
             )
         if metadata.num_prefills:
             conv[nd:] = causal_conv1d_prefill(
-                mixed_qkv[nd:], self.conv1d_weight, pool.conv_state, *metadata.prefill_host
-            )
+                mixed_qkv[nd:], self.conv1d_weight, pool.conv_state,
+                metadata.prefill_host_query_start_loc, metadata.prefill_host_slots,
+                metadata.prefill_host_has_initial_state,
+            )  # fmt: skip
         q, k, v = (t.reshape(tokens, h, d) for t in conv.split(h * d, dim=-1))
         core = torch.empty(tokens, h, d, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
         if nd:

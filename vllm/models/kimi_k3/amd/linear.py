@@ -12,7 +12,6 @@ block attention residuals when `attn_res_block_size` is set (`attn_res.py`): per
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -33,9 +32,11 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
     VocabParallelEmbedding,
 )
 from vllm.models.kimi_k3.amd.attn_res import AttnResState
-from vllm.models.kimi_k3.amd.kda import KDAMetadata, KDAStatePool, KimiK3DeltaAttention
-from vllm.models.kimi_k3.amd.mla import KimiMLAAttention, MLAMetadata
+from vllm.models.kimi_k3.amd.kda import KDAStatePool, KimiK3DeltaAttention
+from vllm.models.kimi_k3.amd.metadata import KimiMetadata
+from vllm.models.kimi_k3.amd.mla import KimiMLAAttention
 from vllm.transformers_utils.configs import KimiLinearConfig
+from vllm.v1.kv_cache_interface import KDAStateSpec, KVCacheSpec, MLAAttentionSpec
 
 _EXPERT = re.compile(r"experts\.(\d+)\.(w[123])\.weight")
 _LAYER = re.compile(r"model\.layers\.(\d+)\.([a-z_]+)\.(.+)")
@@ -217,17 +218,6 @@ def _attn_res_proj(
     )
 
 
-@dataclass
-class KimiBatch:
-    """What one forward needs besides token ids: metadata for both attention kinds and the caches
-    (a state pool per KDA layer, a paged latent cache per MLA layer), indexed by layer."""
-
-    kda: KDAMetadata
-    mla: MLAMetadata
-    kda_pools: dict[int, KDAStatePool]
-    mla_caches: dict[int, torch.Tensor]
-
-
 class KimiDecoderLayer(torch.nn.Module):
     """Pre-norm residual block: KDA or MLA attention, then a dense MLP or the MoE block.
 
@@ -278,23 +268,21 @@ class KimiDecoderLayer(torch.nn.Module):
             self.mlp_res_norm = RMSNorm(h, eps, params_dtype)
             self.mlp_res_proj = _attn_res_proj(h, params_dtype, f"{prefix}.mlp_res_proj")
 
-    def _attention(self, h: torch.Tensor, batch: KimiBatch) -> torch.Tensor:
-        if self.is_kda:
-            return self.self_attn(h, batch.kda, batch.kda_pools[self.layer_idx])
-        return self.self_attn(h, batch.mla, batch.mla_caches[self.layer_idx])
+    def _attention(self, h: torch.Tensor, metadata: KimiMetadata) -> torch.Tensor:
+        return self.self_attn(h, metadata.kda if self.is_kda else metadata.mla)
 
     def _ffn(self, h: torch.Tensor) -> torch.Tensor:
         return (self.block_sparse_moe if self.is_moe else self.mlp)(h)
 
-    def forward(self, x: torch.Tensor, batch: KimiBatch) -> torch.Tensor:
-        x = x + self._attention(self.input_layernorm(x), batch)
+    def forward(self, x: torch.Tensor, metadata: KimiMetadata) -> torch.Tensor:
+        x = x + self._attention(self.input_layernorm(x), metadata)
         return x + self._ffn(self.post_attention_layernorm(x))
 
-    def forward_attn_res(self, state: AttnResState, batch: KimiBatch) -> None:
+    def forward_attn_res(self, state: AttnResState, metadata: KimiMetadata) -> None:
         """Run the layer on the AttnRes stream `state`, adding both sublayer outputs to it."""
         state.begin_layer(self.layer_idx)
         h = state.mix(self.self_attention_res_norm, self.self_attention_res_proj)
-        state.add(self._attention(self.input_layernorm(h), batch))
+        state.add(self._attention(self.input_layernorm(h), metadata))
         h = state.mix(self.mlp_res_norm, self.mlp_res_proj)
         state.add(self._ffn(self.post_attention_layernorm(h)))
 
@@ -335,22 +323,67 @@ class KimiLinearForCausalLM(torch.nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def forward(self, input_ids: torch.Tensor, batch: KimiBatch) -> torch.Tensor:
-        """Hidden states `[T, hidden]` of the flattened batch."""
+    def forward(self, input_ids: torch.Tensor, metadata: KimiMetadata) -> torch.Tensor:
+        """Hidden states `[T, hidden]` of the flattened batch (`[0, hidden]` for no tokens), on
+        the caches bound by `bind_kv_caches`."""
         x = self.embed_tokens(input_ids)
+        if x.shape[0] == 0:
+            return x
         block_size = self.config.attn_res_block_size
         if block_size is None:
             for layer in self.layers:
-                x = layer(x, batch)
+                x = layer(x, metadata)
         else:
             state = AttnResState(x, len(self.layers), block_size)
             for layer in self.layers:
-                layer.forward_attn_res(state, batch)
+                layer.forward_attn_res(state, metadata)
             x = state.mix(self.output_attn_res_norm, self.output_attn_res_proj)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head.compute_logits(hidden)
+
+    # -- caches ---------------------------------------------------------------------------------
+
+    def get_kv_cache_spec(self) -> dict[int, KVCacheSpec]:
+        """Layer index -> this rank's cache spec, in the model dtype (the embedding's)."""
+        dtype = self.embed_tokens.weight.dtype
+        return {i: layer.self_attn.get_kv_cache_spec(dtype) for i, layer in enumerate(self.layers)}
+
+    def bind_kv_caches(
+        self, kda_pools: dict[int, KDAStatePool], mla_caches: dict[int, torch.Tensor]
+    ) -> None:
+        """Bind each layer's cache to it, once (checked against `get_kv_cache_spec`): a KDA
+        layer's state pool, an MLA layer's paged latent cache. Rebinding replaces them; two
+        empty dicts release them (after a profiling run on throw-away caches)."""
+        if not kda_pools and not mla_caches:
+            for layer in self.layers:
+                layer.self_attn.release_kv_cache()
+            return
+        spec = self.get_kv_cache_spec()
+        kda = {i for i, s in spec.items() if isinstance(s, KDAStateSpec)}
+        if set(kda_pools) != kda:
+            raise ValueError(f"kda_pools has layers {sorted(kda_pools)}, the model {sorted(kda)}")
+        if set(mla_caches) != set(spec) - kda:
+            raise ValueError(
+                f"mla_caches has layers {sorted(mla_caches)}, the model {sorted(set(spec) - kda)}"
+            )
+        device = self.embed_tokens.weight.device
+        for i, pool in kda_pools.items():
+            if pool.conv_state.dtype != spec[i].conv_dtype or pool.conv_state.device != device:
+                raise ValueError(
+                    f"kda_pools[{i}]: conv state {pool.conv_state.dtype} on "
+                    f"{pool.conv_state.device}, expected {spec[i].conv_dtype} on {device}"
+                )
+            self.layers[i].self_attn.bind_kv_cache(pool)
+        for i, cache in mla_caches.items():
+            layer_spec: MLAAttentionSpec = spec[i]
+            if cache.dtype != layer_spec.dtype or cache.device != device:
+                raise ValueError(
+                    f"mla_caches[{i}]: {cache.dtype} on {cache.device}, expected "
+                    f"{layer_spec.dtype} on {device}"
+                )
+            self.layers[i].self_attn.bind_kv_cache(cache)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load Hugging Face checkpoint tensors (`model.layers.{i}....`, `lm_head.weight`); the
@@ -407,3 +440,6 @@ class KimiLinearForCausalLM(torch.nn.Module):
         for module in self.modules():
             if hasattr(module, "quant_method"):
                 module.process_weights_after_loading()
+        for layer in self.layers:  # after the quant methods: MLA derives from the processed weights
+            if not layer.is_kda:
+                layer.self_attn.process_weights_after_loading()

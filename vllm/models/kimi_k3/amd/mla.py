@@ -12,12 +12,18 @@ and `q_b_proj`; without it (Kimi-Linear) `q_proj`, `kv_a_proj_with_mqa` and an o
 `kv_b_proj` expands latents to per-head `k_nope` and `v`; with `mla_use_output_gate` the attention
 output is multiplied by `sigmoid(gate)` before `o_proj`.
 
-Attention is plain torch (decompress the sequence's cached latents, masked softmax): correct first;
-MLA's own kernels are a later step.
+Attention, decodes first like KDA (`MLAMetadata`):
+- decode rows run in the weight-absorbed form over the paged cache: `q_latent = q_nope @ W_UK` per
+  head, `mla_decode_paged` (a Triton kernel on GPU, the torch reference on CPU) with the block
+  tables and lengths as device tensors, then `o_latent @ W_UV` per head. `W_UK` / `W_UV` are
+  `kv_b_proj`'s (dequantized) weight split per head, derived once in
+  `process_weights_after_loading`. No host sync and no loop over sequences: capturable.
+- prefill rows (new prompts and prefill chunks on top of cached context) take the exact path:
+  decompress each sequence's cached latents through `kv_b_proj`, masked softmax in fp32.
 """
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -30,39 +36,27 @@ from vllm.model_executor.layers.linear import (
     RowParallelLinear,
 )
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+from vllm.models.kimi_k3.amd.ops.mla_decode import mla_decode_paged
 from vllm.transformers_utils.configs import KimiLinearConfig
+from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
 
 @dataclass
 class MLAMetadata:
-    """The flattened batch as MLA sees it (any order of sequences)."""
+    """The flattened batch as MLA sees it, built by `KimiMetadataBuilder`: decodes first (one
+    token each), then prefill chunks; every field is filled at build time.
 
-    query_start_loc: list[int]  # [N + 1]: this step's tokens of each sequence
-    seq_lens: list[int]  # [N]: context length of each sequence including this step's tokens
-    block_tables: torch.Tensor  # [N, max_blocks] int: cache blocks of each sequence, in order
+    Padded decode rows (CUDA-graph batch sizes) use the reserved block 0: a table of zeros,
+    length 1 and a slot in block 0, so they read and write only that dummy block.
+    """
+
+    num_decodes: int
     slot_mapping: torch.Tensor  # [T] long: cache slot (block * block_size + offset) of each token
-    # No padding entries (-1): slots and block tables index the cache unchecked.
-    _contexts: dict[int, list] = field(default_factory=dict, init=False, repr=False, compare=False)
-
-    def contexts(self, block_size: int) -> list[tuple[int, int, torch.Tensor, torch.Tensor]]:
-        """`(start, end, slots, masked)` of each sequence with tokens this step: the cache slots
-        `[ctx]` of its context in order and the causal mask `[end - start, ctx]` (True above the
-        diagonal). The same for every MLA layer of a forward, so built by the first one."""
-        if block_size not in self._contexts:
-            device = self.block_tables.device
-            out = []
-            qsl = self.query_start_loc
-            for i, ctx in enumerate(self.seq_lens):
-                start, end = qsl[i], qsl[i + 1]
-                if end == start:
-                    continue
-                positions = torch.arange(ctx, device=device)
-                slots = self.block_tables[i][positions // block_size] * block_size
-                query_pos = positions[ctx - (end - start) :]
-                masked = positions[None, :] > query_pos[:, None]
-                out.append((start, end, slots + positions % block_size, masked))
-            self._contexts[block_size] = out
-        return self._contexts[block_size]
+    decode_block_tables: torch.Tensor  # [num_decodes, max_blocks] int32, on the device
+    decode_seq_lens: torch.Tensor  # [num_decodes] int32: context length including the new token
+    # Per prefill sequence: (start, end) of its tokens in the batch, the cache slots `[ctx]` of
+    # its whole context in order, and its causal mask `[end - start, ctx]` (True = masked).
+    prefills: list[tuple[int, int, torch.Tensor, torch.Tensor]]
 
 
 class KimiMLAAttention(torch.nn.Module):
@@ -117,10 +111,49 @@ class KimiMLAAttention(torch.nn.Module):
             self.kv_lora, heads * (self.nope + self.v_dim), prefix=f"{prefix}.kv_b_proj", **common
         )
         self.o_proj = RowParallelLinear(heads * self.v_dim, h, prefix=f"{prefix}.o_proj", **common)
+        # Absorbed decode weights: W_UK `[H, nope, L]`, W_UV `[H, L, v]` (derived, not loaded).
+        self.register_buffer("w_uk", None, persistent=False)
+        self.register_buffer("w_uv", None, persistent=False)
+        self.kv_cache: torch.Tensor | None = None  # set once by `bind_kv_cache`
 
-    def forward(
-        self, x: torch.Tensor, metadata: MLAMetadata, kv_cache: torch.Tensor
-    ) -> torch.Tensor:
+    # -- cache ----------------------------------------------------------------------------------
+
+    def get_kv_cache_spec(self, dtype: torch.dtype) -> MLAAttentionSpec:
+        """Per token: the normed latent and the shared `k_pe`, in `dtype` (the model's)."""
+        return MLAAttentionSpec(entry_size=self.kv_lora + self.rope, dtype=dtype)
+
+    def bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
+        """Keep `kv_cache` `[num_blocks, block_size, kv_lora_rank + rope]` as this layer's cache."""
+        if kv_cache.dim() != 3 or kv_cache.shape[-1] != self.kv_lora + self.rope:
+            raise ValueError(
+                f"kv_cache of {self.prefix}: shape {tuple(kv_cache.shape)}, expected "
+                f"[num_blocks, block_size, {self.kv_lora + self.rope}]"
+            )
+        self.kv_cache = kv_cache
+
+    def release_kv_cache(self) -> None:
+        self.kv_cache = None
+
+    # -- weights --------------------------------------------------------------------------------
+
+    def process_weights_after_loading(self) -> None:
+        """Derive W_UK / W_UV from `kv_b_proj` as it computes (after its own quant method has
+        processed it): its output for the identity is its dequantized weight transposed, whatever
+        the quant method's layout. A PTPC FP8 method quantizes each identity row exactly (one
+        nonzero of 1.0, scale 1/448: the code is 448, representable)."""
+        dtype = self.kv_a_layernorm.weight.dtype
+        eye = torch.eye(self.kv_lora, dtype=dtype, device=self.kv_a_layernorm.weight.device)
+        with torch.no_grad():
+            w = self.kv_b_proj(eye)[0].view(self.kv_lora, self.heads, self.nope + self.v_dim)
+        self.w_uk = w[..., : self.nope].permute(1, 2, 0).contiguous()
+        self.w_uv = w[..., self.nope :].permute(1, 0, 2).contiguous()
+
+    # -- forward --------------------------------------------------------------------------------
+
+    def forward(self, x: torch.Tensor, metadata: MLAMetadata) -> torch.Tensor:
+        kv_cache = self.kv_cache
+        if kv_cache is None:
+            raise RuntimeError(f"{self.prefix}: no kv cache bound (call bind_kv_cache first)")
         tokens = x.shape[0]
         gate = None
         if self.q_lora:
@@ -145,13 +178,27 @@ class KimiMLAAttention(torch.nn.Module):
         flat_cache[metadata.slot_mapping] = latent.to(kv_cache.dtype)
 
         out = torch.empty(tokens, self.heads, self.v_dim, dtype=x.dtype, device=x.device)
-        for a, b, slots, masked in metadata.contexts(kv_cache.shape[1]):
+        nd = metadata.num_decodes
+        if nd:
+            out[:nd] = self._decode(q[:nd], kv_cache, metadata)
+        for a, b, slots, masked in metadata.prefills:
             out[a:b] = self._attend(q[a:b], flat_cache[slots], masked)
         if gate is not None:
             out = out * torch.sigmoid(gate.view(tokens, self.heads, self.v_dim).float()).to(
                 out.dtype
             )
         return self.o_proj(out.reshape(tokens, -1))[0]
+
+    def _decode(self, q: torch.Tensor, kv_cache: torch.Tensor, md: MLAMetadata) -> torch.Tensor:
+        """Absorbed form for one token per sequence: `q` `[Nd, h, nope + rope]` -> `[Nd, h, v]`."""
+        if self.w_uk is None:
+            raise RuntimeError(f"{self.prefix}: process_weights_after_loading was not called")
+        q_nope, q_pe = q[..., : self.nope], q[..., self.nope :]
+        q_latent = torch.bmm(q_nope.transpose(0, 1), self.w_uk).transpose(0, 1)  # [Nd, h, L]
+        o_latent = mla_decode_paged(
+            q_latent, q_pe, kv_cache, md.decode_block_tables, md.decode_seq_lens, self.scale
+        )
+        return torch.bmm(o_latent.transpose(0, 1), self.w_uv).transpose(0, 1)
 
     def _attend(self, q: torch.Tensor, cached: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
         """`q` `[Lq, h, nope + rope]` of the last Lq positions of a sequence whose `ctx` cached

@@ -9,8 +9,11 @@ from collections.abc import Iterable
 import torch
 
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
-from vllm.models.kimi_k3.amd.linear import KimiBatch, KimiLinearForCausalLM
+from vllm.models.kimi_k3.amd.kda import KDAStatePool
+from vllm.models.kimi_k3.amd.linear import KimiLinearForCausalLM
+from vllm.models.kimi_k3.amd.metadata import KimiMetadata
 from vllm.transformers_utils.configs import KimiK3Config
+from vllm.v1.kv_cache_interface import KVCacheSpec
 
 _SKIPPED_PREFIXES = ("vision_tower.", "multi_modal_projector.", "mm_projector.")
 
@@ -39,11 +42,19 @@ class KimiK3ForConditionalGeneration(torch.nn.Module):
             config.text_config, params_dtype, quant_config, prefix="language_model.model"
         )
 
-    def forward(self, input_ids: torch.Tensor, batch: KimiBatch) -> torch.Tensor:
-        return self.language_model(input_ids, batch)
+    def forward(self, input_ids: torch.Tensor, metadata: KimiMetadata) -> torch.Tensor:
+        return self.language_model(input_ids, metadata)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.language_model.compute_logits(hidden)
+
+    def get_kv_cache_spec(self) -> dict[int, KVCacheSpec]:
+        return self.language_model.get_kv_cache_spec()
+
+    def bind_kv_caches(
+        self, kda_pools: dict[int, KDAStatePool], mla_caches: dict[int, torch.Tensor]
+    ) -> None:
+        self.language_model.bind_kv_caches(kda_pools, mla_caches)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         mapped = (

@@ -1,0 +1,251 @@
+"""The engine <-> model seam of the Kimi text model: building (and validating) the per-step
+metadata. (The caches come from `vllm.v1.kv_cache_interface.allocate_kv_caches` over the model's
+`get_kv_cache_spec()` and are bound to the layers once by `model.bind_kv_caches`.)
+
+The model runner schedules sequences as `SeqSchedule`s (how many tokens are already cached, how
+many are new, the sequence's MLA blocks and its KDA state slot), decodes first, and
+`KimiMetadataBuilder.build` turns them into a `KimiMetadata` for `model.forward(input_ids,
+metadata)`. Every rule the kernels rely on is checked there, with a ValueError, so that nothing
+is checked inside the (CUDA-graph captured) forward:
+
+- decodes come first, each exactly one token continuing a sequence (`num_computed > 0`);
+- a sequence with `num_computed == 0` is a prefill starting from zero state, even a one-token
+  prompt: a reused slot or block is never read for a new sequence;
+- `T == sum(num_new) == query_start_loc[-1] <= max_num_tokens`, `N <= max_num_seqs`;
+- KDA slots lie in `[1, num_kda_slots)` and are distinct; block ids lie in `[1, num_blocks)`, a
+  table covers `num_computed + num_new` tokens and has at most `max_blocks_per_seq` entries.
+
+Padding rule (decode-only batches padded to a captured batch size with `pad_to`): block 0 and KDA
+slot 0 are reserved dummies, never handed to a sequence. A padded row is a decode on KDA slot 0
+with block table `[0, 0, ...]`, seq_len 1 and its slot mapping at block 0, offset 0, so padded
+rows read and write only the dummies; real rows and real slots / blocks are untouched. The runner
+feeds any token id for padded rows and ignores their outputs.
+
+The returned metadata views the builder's persistent fixed-capacity device buffers (staged in
+pinned host memory and copied without blocking on CUDA): a CUDA graph captured on them replays
+with whatever the next `build` wrote. A `KimiMetadata` is therefore valid until the next `build`.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from vllm.models.kimi_k3.amd.kda import KDAMetadata
+from vllm.models.kimi_k3.amd.mla import MLAMetadata
+
+# Reserved for padded rows (see the module docstring).
+DUMMY_BLOCK = 0
+DUMMY_KDA_SLOT = 0
+
+
+@dataclass(frozen=True)
+class SeqSchedule:
+    """One sequence's share of a step: `num_new` tokens after `num_computed` cached ones."""
+
+    num_computed: int
+    num_new: int
+    block_table: list[int]  # MLA cache blocks of the sequence, in order
+    kda_slot: int  # its KDA state slot (the same in every KDA layer)
+
+
+@dataclass
+class KimiMetadata:
+    """What one forward needs besides the token ids: both attention kinds' view of the batch."""
+
+    kda: KDAMetadata
+    mla: MLAMetadata
+    num_tokens: int  # T, padded rows included: the length of the runner's input_ids
+
+
+class KimiMetadataBuilder:
+    """Validates a step's schedule and fills the persistent buffers the metadata views."""
+
+    def __init__(
+        self,
+        max_num_tokens: int,
+        max_num_seqs: int,
+        max_blocks_per_seq: int,
+        block_size: int,
+        num_blocks: int,
+        num_kda_slots: int,
+        device: torch.device | str,
+    ) -> None:
+        for name, value, low in (
+            ("max_num_tokens", max_num_tokens, 1), ("max_num_seqs", max_num_seqs, 1),
+            ("max_blocks_per_seq", max_blocks_per_seq, 1), ("block_size", block_size, 1),
+            ("num_blocks", num_blocks, 2), ("num_kda_slots", num_kda_slots, 2),
+        ):  # fmt: skip
+            if value < low:
+                raise ValueError(f"{name} must be >= {low}, got {value}")
+        self.max_num_tokens = max_num_tokens
+        self.max_num_seqs = max_num_seqs
+        self.max_blocks_per_seq = max_blocks_per_seq
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.num_kda_slots = num_kda_slots
+        self.device = torch.device(device)
+        pin = self.device.type == "cuda"
+        n, t = max_num_seqs, max_num_tokens
+
+        def pair(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+            host = torch.zeros(shape, dtype=dtype, pin_memory=pin)
+            return host, torch.zeros(shape, dtype=dtype, device=self.device)
+
+        self._host_qsl, self.query_start_loc = pair((n + 1,), torch.int32)
+        self._host_prefill_qsl, self.prefill_query_start_loc = pair((n + 1,), torch.int32)
+        self._host_seq_lens, self.seq_lens = pair((n,), torch.int32)
+        self._host_kda_slots, self.kda_slots = pair((n,), torch.int64)
+        self._host_has_init, self.has_initial_state = pair((n,), torch.bool)
+        self._host_tables, self.block_tables = pair((n, max_blocks_per_seq), torch.int32)
+        self._host_slot_mapping, self.slot_mapping = pair((t,), torch.int64)
+        self._copied = torch.cuda.Event() if pin else None
+
+    def build(
+        self, seqs: list[SeqSchedule], num_decodes: int, pad_to: int | None = None
+    ) -> KimiMetadata:
+        """Metadata for `seqs` (the first `num_decodes` are decodes); `pad_to` pads a decode-only
+        batch with dummy rows to that many sequences (see the module docstring)."""
+        self._validate(seqs, num_decodes, pad_to)
+        if self._copied is not None:
+            # The staging buffers are about to be overwritten: the last build's copies out of
+            # them must have run (they normally have, long before the next step is built).
+            self._copied.synchronize()
+        n_real = len(seqs)
+        n = n_real if pad_to is None else pad_to
+        num_prefills = n_real - num_decodes
+        lens = [s.num_new for s in seqs] + [1] * (n - n_real)
+        t = sum(lens)
+        bs = self.block_size
+
+        qsl = self._host_qsl
+        qsl[0] = 0
+        qsl[1 : n + 1] = torch.tensor(lens, dtype=torch.int32).cumsum(0)
+        seq_lens = [s.num_computed + s.num_new for s in seqs] + [1] * (n - n_real)
+        self._host_seq_lens[:n] = torch.tensor(seq_lens, dtype=torch.int32)
+        slots = [s.kda_slot for s in seqs] + [DUMMY_KDA_SLOT] * (n - n_real)
+        self._host_kda_slots[:n] = torch.tensor(slots, dtype=torch.int64)
+        has_init = [s.num_computed > 0 for s in seqs] + [True] * (n - n_real)
+        self._host_has_init[:n] = torch.tensor(has_init, dtype=torch.bool)
+        tables = self._host_tables
+        tables[:n] = DUMMY_BLOCK
+        for i, s in enumerate(seqs):
+            tables[i, : len(s.block_table)] = torch.tensor(s.block_table, dtype=torch.int32)
+        # Slot of every token: its sequence's block at position // block_size (padded rows:
+        # block 0, position 0).
+        counts = torch.tensor(lens, dtype=torch.long)
+        seq_of_token = torch.arange(n).repeat_interleave(counts)
+        starts = torch.tensor([s.num_computed for s in seqs] + [0] * (n - n_real), dtype=torch.long)
+        offsets = torch.arange(t) - qsl[:n].long().repeat_interleave(counts)
+        positions = starts.repeat_interleave(counts) + offsets
+        blocks = tables[seq_of_token, positions // bs].long()
+        self._host_slot_mapping[:t] = blocks * bs + positions % bs
+        nd = n if pad_to is not None else num_decodes  # padded rows are decodes too
+        prefill_qsl = qsl[nd : n + 1] - qsl[nd]
+        self._host_prefill_qsl[: num_prefills + 1] = prefill_qsl
+
+        copies = (
+            (self._host_qsl, self.query_start_loc, n + 1),
+            (self._host_prefill_qsl, self.prefill_query_start_loc, num_prefills + 1),
+            (self._host_seq_lens, self.seq_lens, n),
+            (self._host_kda_slots, self.kda_slots, n),
+            (self._host_has_init, self.has_initial_state, n),
+            (self._host_tables, self.block_tables, n),
+            (self._host_slot_mapping, self.slot_mapping, t),
+        )
+        for host, dev, count in copies:
+            dev[:count].copy_(host[:count], non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
+
+        kda = KDAMetadata(
+            query_start_loc=self.query_start_loc[: n + 1],
+            state_slots=self.kda_slots[:n],
+            has_initial_state=self.has_initial_state[:n],
+            num_decodes=nd,
+            num_prefills=num_prefills,
+            prefill_query_start_loc=self.prefill_query_start_loc[: num_prefills + 1],
+            prefill_host_query_start_loc=prefill_qsl.tolist(),
+            prefill_host_slots=slots[num_decodes:n_real],
+            prefill_host_has_initial_state=has_init[num_decodes:n_real],
+        )
+        mla = MLAMetadata(
+            num_decodes=nd,
+            slot_mapping=self.slot_mapping[:t],
+            decode_block_tables=self.block_tables[:nd],
+            decode_seq_lens=self.seq_lens[:nd],
+            prefills=self._prefill_contexts(seqs, num_decodes, qsl),
+        )
+        return KimiMetadata(kda, mla, t)
+
+    def _prefill_contexts(
+        self, seqs: list[SeqSchedule], num_decodes: int, qsl: torch.Tensor
+    ) -> list[tuple[int, int, torch.Tensor, torch.Tensor]]:
+        """(start, end, context slots, causal mask) of each prefill sequence, on the device:
+        fresh tensors (prefill steps are not captured), one host-to-device copy for all slots."""
+        prefills = seqs[num_decodes:]
+        if not prefills:
+            return []
+        bs = self.block_size
+        ctx_lens = [s.num_computed + s.num_new for s in prefills]
+        host = []
+        for s, ctx in zip(prefills, ctx_lens, strict=True):
+            positions = torch.arange(ctx)
+            host.append(torch.tensor(s.block_table)[positions // bs] * bs + positions % bs)
+        all_slots = torch.cat(host).to(self.device, non_blocking=True)
+        out = []
+        start = int(qsl[num_decodes])
+        for s, ctx, ctx_slots in zip(prefills, ctx_lens, all_slots.split(ctx_lens), strict=True):
+            positions = torch.arange(ctx, device=self.device)
+            masked = positions[None, :] > positions[s.num_computed :, None]
+            out.append((start, start + s.num_new, ctx_slots, masked))
+            start += s.num_new
+        return out
+
+    def _validate(self, seqs: list[SeqSchedule], num_decodes: int, pad_to: int | None) -> None:
+        n = len(seqs)
+        if not 0 <= num_decodes <= n:
+            raise ValueError(f"num_decodes must be in [0, {n}], got {num_decodes}")
+        if n > self.max_num_seqs:
+            raise ValueError(f"seqs: {n} sequences exceed max_num_seqs {self.max_num_seqs}")
+        if pad_to is not None:
+            if num_decodes != n:
+                raise ValueError("pad_to: only a decode-only batch can be padded")
+            if not n <= pad_to <= self.max_num_seqs:
+                raise ValueError(f"pad_to must be in [{n}, {self.max_num_seqs}], got {pad_to}")
+        tokens = sum(s.num_new for s in seqs)
+        if max(tokens, pad_to or 0) > self.max_num_tokens:
+            raise ValueError(f"seqs: {tokens} tokens exceed max_num_tokens {self.max_num_tokens}")
+        seen_slots = set()
+        for i, s in enumerate(seqs):
+            if i < num_decodes and (s.num_new != 1 or s.num_computed < 1):
+                raise ValueError(
+                    f"seqs[{i}] is a decode: it needs num_new == 1 and num_computed >= 1 (a new "
+                    f"sequence is a prefill), got {s.num_new} new after {s.num_computed}"
+                )
+            if s.num_new < 1 or s.num_computed < 0:
+                raise ValueError(
+                    f"seqs[{i}]: num_new must be >= 1 and num_computed >= 0, got "
+                    f"{s.num_new} and {s.num_computed}"
+                )
+            if not 1 <= s.kda_slot < self.num_kda_slots:
+                raise ValueError(
+                    f"seqs[{i}].kda_slot {s.kda_slot} is outside [1, {self.num_kda_slots})"
+                )
+            if s.kda_slot in seen_slots:
+                raise ValueError(f"seqs[{i}].kda_slot {s.kda_slot} is used by another sequence")
+            seen_slots.add(s.kda_slot)
+            table = s.block_table
+            if len(table) > self.max_blocks_per_seq:
+                raise ValueError(
+                    f"seqs[{i}].block_table has {len(table)} blocks, more than "
+                    f"max_blocks_per_seq {self.max_blocks_per_seq}"
+                )
+            if len(table) * self.block_size < s.num_computed + s.num_new:
+                raise ValueError(
+                    f"seqs[{i}].block_table: {len(table)} blocks of {self.block_size} do not "
+                    f"hold {s.num_computed + s.num_new} tokens"
+                )
+            if min(table) < 1 or max(table) >= self.num_blocks:
+                raise ValueError(
+                    f"seqs[{i}].block_table {table} has a block outside [1, {self.num_blocks})"
+                )
