@@ -32,6 +32,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
     ParallelLMHead,
     VocabParallelEmbedding,
 )
+from vllm.model_executor.model_loader.weight_utils import copy_checked
 from vllm.models.kimi_k3.amd.attn_res import AttnResState
 from vllm.models.kimi_k3.amd.kda import KDAMetadata, KDAStatePool, KimiK3DeltaAttention
 from vllm.models.kimi_k3.amd.mla import KimiMLAAttention, MLAMetadata
@@ -47,14 +48,6 @@ _LAYER_ATTN_RES = (
     "mlp_res_proj",
 )
 _MODEL_ATTN_RES = ("model.output_attn_res_norm.weight", "model.output_attn_res_proj.weight")
-
-
-def _copy_checked(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
-    if param.shape != tensor.shape:
-        raise ValueError(
-            f"{name}: checkpoint shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
-        )
-    param.data.copy_(tensor)
 
 
 def _act(config: KimiLinearConfig) -> torch.nn.Module:
@@ -184,13 +177,13 @@ class KimiMoE(torch.nn.Module):
             if expert:
                 self.experts.weight_loader(tensor, int(expert[1]), expert[2])
             elif name == "gate.weight":
-                _copy_checked(self.gate_weight, tensor, f"{self.prefix}.{name}")
+                copy_checked(self.gate_weight, tensor, f"{self.prefix}.{name}")
             elif name == "gate.e_score_correction_bias":
-                _copy_checked(self.e_score_correction_bias, tensor, f"{self.prefix}.{name}")
+                copy_checked(self.e_score_correction_bias, tensor, f"{self.prefix}.{name}")
             elif name.startswith("shared_experts.") and self.shared_experts is not None:
                 self.shared_experts.load_weight(name.removeprefix("shared_experts."), tensor)
             elif self.latent and name == "routed_expert_norm.weight" and self.routed_expert_norm:
-                _copy_checked(self.routed_expert_norm.weight, tensor, f"{self.prefix}.{name}")
+                copy_checked(self.routed_expert_norm.weight, tensor, f"{self.prefix}.{name}")
             elif self.latent and name in (
                 "routed_expert_down_proj.weight", "routed_expert_up_proj.weight"
             ):  # fmt: skip
@@ -373,10 +366,10 @@ class KimiLinearForCausalLM(torch.nn.Module):
             elif name == "model.embed_tokens.weight":
                 self.embed_tokens.weight_loader(self.embed_tokens.weight, tensor)
             elif name == "model.norm.weight":
-                _copy_checked(self.norm.weight, tensor, name)
+                copy_checked(self.norm.weight, tensor, name)
             elif name in _MODEL_ATTN_RES and self.config.attn_res_block_size is not None:
                 # a norm or an unquantized replicated projection: the whole weight on every rank
-                _copy_checked(getattr(self, name.split(".")[1]).weight, tensor, name)
+                copy_checked(getattr(self, name.split(".")[1]).weight, tensor, name)
             elif name == "lm_head.weight":
                 # Tied: the head is the embedding; transformers still saves a copy, skipped.
                 if not self.config.tie_word_embeddings:
@@ -393,7 +386,7 @@ class KimiLinearForCausalLM(torch.nn.Module):
         if part in _LAYER_NORMS or (part in _LAYER_ATTN_RES and layer.has_attn_res):
             if rest != "weight":
                 raise ValueError(f"unexpected checkpoint tensor {name!r}")
-            _copy_checked(getattr(layer, part).weight, tensor, name)
+            copy_checked(getattr(layer, part).weight, tensor, name)
         elif part == "self_attn":
             layer.self_attn.load_weights([(rest, tensor)])
         elif part == "block_sparse_moe" and layer.is_moe:
