@@ -75,7 +75,9 @@ def our_kda(
     loaded = layer.load_weights(checkpoint_tensors(hf_module, full_rank))
     assert "q_conv1d.weight" in loaded and "A_log" in loaded
     layer.to(device)
-    layer.process_weights_after_loading()
+    for module in layer.modules():  # the causal LM's walk, for a lone layer
+        if hasattr(module, "process_weights_after_loading"):
+            module.process_weights_after_loading()
     return layer
 
 

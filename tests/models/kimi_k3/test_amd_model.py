@@ -194,9 +194,8 @@ def test_load_model_single_and_sharded_give_the_same_model(checkpoint, tmp_path)
     broken.mkdir()
     (broken / "config.json").write_text((folder / "config.json").read_text())
     save_file(tensors, broken / "model.safetensors")
-    with pytest.raises(
-        ValueError, match=r"missing tensors for the parameters: model\.layers\.2\.self_attn\.conv1d"
-    ):
+    missing = r"missing tensors for the parameters: model\.layers\.2\.self_attn\.q_conv1d\.weight$"
+    with pytest.raises(ValueError, match=missing):
         load_model(broken, dtype=torch.float32)
     tensors["model.layers.2.self_attn.q_conv1d.weight"] = torch.zeros(64, 1, 4)
     tensors["model.layers.2.self_attn.extra.weight"] = torch.zeros(1)
@@ -308,30 +307,59 @@ def test_gpu_k3_tiny_ptpc_launches_one_epilogue_per_kda_layer():
     assert decode["_per_token_fp8_quant_kernel"] == kda_layers + mla_layers
 
 
-def _tp_model_worker(rank, folder, prompts):
+def _tp_model_worker(rank, folder, prompts, load_format):
     from vllm.model_executor.model_loader.loader import load_model
 
-    harness = Harness(load_model(folder, dtype=torch.float32))  # full tensors, sharded on load
+    model = load_model(folder, load_format, dtype=torch.float32)  # full tensors, sharded on load
+    harness = Harness(model)
     first = harness.step(prompts)
-    return torch.cat([first, harness.step({i: [40 + i] for i in prompts})])
+    params = {name: p.detach().clone() for name, p in model.named_parameters()}
+    return torch.cat([first, harness.step({i: [40 + i] for i in prompts})]), params
+
+
+def _shard_of(module, leaf: str, full: torch.Tensor, local: torch.Tensor, rank: int):
+    """Rank `rank`'s part (of 2) of the TP=1 parameter `full`, by how its layer shards it."""
+    from vllm.model_executor.layers.linear import ColumnParallelLinear
+
+    if full.shape == local.shape:
+        return full  # replicated
+    if isinstance(module, ColumnParallelLinear) and leaf == "weight":
+        parts = full.split(module.output_sizes)
+        return torch.cat([
+            p if i in module.replicated_shards else p.chunk(2)[rank] for i, p in enumerate(parts)
+        ])  # fmt: skip
+    if leaf == "conv1d_weight":  # q | k | v
+        return torch.cat([p.chunk(2)[rank] for p in full.chunk(3)])
+    if leaf == "w13_weight":  # gate | up of each expert
+        return torch.cat([p.chunk(2, dim=1)[rank] for p in full.chunk(2, dim=1)], dim=1)
+    dim = next(d for d in range(full.dim()) if full.shape[d] != local.shape[d])
+    return full.chunk(2, dim=dim)[rank]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the gloo test runs on CPU")
-def test_tp2_model_equals_tp1(checkpoint):
+@pytest.mark.parametrize("load_format", ["auto", "dummy"])
+def test_tp2_model_equals_tp1(checkpoint, load_format):
     """Every sharded layer (KDA and MLA heads, MoE and MLP intermediates) at TP=2 over gloo gives
-    the TP=1 logits: fp32, partial sums reordered only. (Dummy weights are drawn per rank, so
-    only a checkpoint gives both the same model.)"""
+    the TP=1 logits: fp32, partial sums reordered only. Dummy weights are drawn per checkpoint
+    tensor, so each TP=2 rank holds exactly its shard of the TP=1 parameters."""
     from gloo_tp2 import run_tp2
 
     from vllm.model_executor.model_loader.loader import load_model
 
     folder, _ = checkpoint
     prompts = {0: [5, 6, 7, 8, 9], 1: [10, 11, 12]}
-    harness = Harness(load_model(folder, dtype=torch.float32))
+    model = load_model(folder, load_format, dtype=torch.float32)
+    harness = Harness(model)
     expected = torch.cat([harness.step(prompts), harness.step({i: [40 + i] for i in prompts})])
-    results = run_tp2(_tp_model_worker, folder, prompts)
+    results = run_tp2(_tp_model_worker, folder, prompts, load_format)
+    modules = dict(model.named_modules())
     for rank in (0, 1):
-        assert float((results[rank] - expected).norm() / expected.norm()) < 1e-5
+        logits, params = results[rank]
+        assert float((logits - expected).norm() / expected.norm()) < 1e-5
+        for name, full in model.named_parameters():
+            owner, leaf = name.rsplit(".", 1)
+            shard = _shard_of(modules[owner], leaf, full.detach(), params[name], rank)
+            assert torch.equal(params[name], shard), (rank, name)
 
 
 def test_tied_checkpoint_skips_the_saved_head_copy(checkpoint, tmp_path):

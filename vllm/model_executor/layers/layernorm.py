@@ -2,6 +2,7 @@
 
 import torch
 
+from vllm.model_executor.model_loader.weight_utils import copy_checked
 from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import rmsnorm_gated_ref
 
 
@@ -19,12 +20,7 @@ class _RMSNormBase(torch.nn.Module):
     def weight_loader(self, param: torch.nn.Parameter, loaded: torch.Tensor) -> None:
         """Copy the checkpoint's whole weight; a shape mismatch is a ValueError (`copy_` would
         broadcast a `[1]` tensor silently)."""
-        if loaded.shape != param.shape:
-            raise ValueError(
-                f"{self.prefix}.weight: checkpoint shape {tuple(loaded.shape)}, "
-                f"expected {tuple(param.shape)}"
-            )
-        param.data.copy_(loaded)
+        copy_checked(param.data, loaded, f"{self.prefix}.weight")
 
 
 class RMSNormGated(_RMSNormBase):

@@ -33,6 +33,7 @@ from vllm.model_executor.layers.quantization.base_config import (
     QuantizationConfig,
     QuantizeMethodBase,
 )
+from vllm.model_executor.model_loader.weight_utils import copy_checked
 
 WeightLoader = Callable[..., None]
 
@@ -136,14 +137,6 @@ class LinearBase(torch.nn.Module):
         bias = None if self.skip_bias_add else self.bias
         return self._output(self.quant_method.apply(self, x, bias))
 
-    @staticmethod
-    def _check_shape(param: torch.Tensor, loaded: torch.Tensor, name: str) -> None:
-        if param.shape != loaded.shape:
-            raise ValueError(
-                f"{name}: checkpoint tensor shard has shape {tuple(loaded.shape)}, the parameter "
-                f"expects {tuple(param.shape)}"
-            )
-
     def extra_repr(self) -> str:
         return (
             f"in={self.input_size}, out={self.output_size}, tp={self.tp_size}, "
@@ -169,8 +162,7 @@ class ReplicatedLinear(LinearBase):
         self._create_bias(bias, output_size)
 
     def weight_loader(self, param: Parameter, loaded_weight: torch.Tensor) -> None:
-        self._check_shape(param, loaded_weight, self.prefix)
-        param.data.copy_(loaded_weight)
+        copy_checked(param.data, loaded_weight, self.prefix)
 
 
 class ColumnParallelLinear(LinearBase):
@@ -230,8 +222,7 @@ class ColumnParallelLinear(LinearBase):
         rank = 0 if shard_id in self.replicated_shards else self.tp_rank
         shard = loaded_weight.narrow(0, rank * local, local)
         target = param.data.narrow(0, offset, local)
-        self._check_shape(target, shard, f"{self.prefix} shard {shard_id}")
-        target.copy_(shard)
+        copy_checked(target, shard, f"{self.prefix} shard {shard_id}")
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -303,8 +294,7 @@ class RowParallelLinear(LinearBase):
         if param.dim() == 2 and self.tp_size > 1:
             local = param.shape[1]
             loaded_weight = loaded_weight.narrow(1, self.tp_rank * local, local)
-        self._check_shape(param, loaded_weight, self.prefix)
-        param.data.copy_(loaded_weight)
+        copy_checked(param.data, loaded_weight, self.prefix)
 
     def forward(self, x):
         if not self.input_is_parallel and self.tp_size > 1:

@@ -1,27 +1,36 @@
-"""`load_model`: config -> model -> weights (checkpoint or dummy) -> post-processing.
+"""`load_model`: config -> model built on its device -> weights (checkpoint or dummy) ->
+post-processing.
 
 `kimi_linear` checkpoints build `KimiLinearForCausalLM`, `kimi_k3` ones the text-only
-`KimiK3ForConditionalGeneration` (which maps K3's names). Checkpoint loading checks completeness:
-every parameter starts as NaN, and a parameter still holding NaN after loading is reported by its
-module path (for fused parameters, one of the checkpoint tensors it is built from is missing).
-`load_format="dummy"` fills random weights at realistic scales instead, the same for the same
-seed.
+`KimiK3ForConditionalGeneration` (which maps K3's names). The model is constructed directly on the
+target device and checkpoint tensors are streamed one at a time into it, so host memory holds one
+tensor, never the model. Completeness is tracked by name: the tensors the config implies
+(`checkpoint_names.expected_checkpoint_tensors`) minus those loaded are reported by their
+checkpoint names. `load_format="dummy"` draws each of those full tensors on the device from a
+generator seeded by (seed, name) and loads it the way a checkpoint tensor is loaded, so every TP
+rank holds exactly its shard of the TP=1 weights.
 """
 
+import hashlib
 import math
 import os
+import time
+from collections.abc import Iterable, Iterator
 
 import torch
 
 from vllm.logger import init_logger
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.model_loader.builtin import resolve_model
+from vllm.model_executor.model_loader.checkpoint_names import expected_checkpoint_tensors
 from vllm.model_executor.model_loader.safetensors_loader import iterate_tensors
 from vllm.models.kimi_k3.amd.linear import KimiLinearForCausalLM
 from vllm.models.kimi_k3.amd.model import KimiK3ForConditionalGeneration
 from vllm.transformers_utils.configs import KimiK3Config, load_model_config
 
 logger = init_logger(__name__)
+
+KimiModel = KimiLinearForCausalLM | KimiK3ForConditionalGeneration
 
 
 def load_model(
@@ -31,48 +40,58 @@ def load_model(
     quant_config: QuantizationConfig | None = None,
     device: "str | torch.device" = "cpu",
     seed: int = 0,
-) -> "KimiLinearForCausalLM | KimiK3ForConditionalGeneration":
-    """Build the model of a checkpoint folder (or built-in tiny model name) and fill its weights.
+) -> KimiModel:
+    """Build the model of a checkpoint folder (or built-in tiny model name) on `device` and fill
+    its weights.
 
     A built-in tiny model has no weight files: "auto" gives it the dummy weights of seed 0.
     """
+    if load_format not in ("auto", "safetensors", "dummy"):
+        raise ValueError(f"load_format {load_format!r} is not 'auto', 'safetensors' or 'dummy'")
     folder, builtin = resolve_model(model_path)
     config = load_model_config(folder)
-    if isinstance(config, KimiK3Config):
-        model = KimiK3ForConditionalGeneration(config, dtype, quant_config)
-    else:
-        model = KimiLinearForCausalLM(config, dtype, quant_config)
+    device = torch.device(device)
+    with torch.device(device):  # parameters are allocated on the device, never on the host first
+        if isinstance(config, KimiK3Config):
+            model: KimiModel = KimiK3ForConditionalGeneration(config, dtype, quant_config)
+        else:
+            model = KimiLinearForCausalLM(config, dtype, quant_config)
     if builtin and load_format == "auto":
         load_format, seed = "dummy", 0
+    start = time.perf_counter()
     if load_format == "dummy":
-        fill_dummy_weights(model, seed)
-    elif load_format in ("auto", "safetensors"):
-        _poison(model)
-        model.load_weights(iterate_tensors(folder))
-        _check_complete(model)
+        tensors = dummy_tensors(config, seed, device)
     else:
-        raise ValueError(f"load_format {load_format!r} is not 'auto', 'safetensors' or 'dummy'")
-    model.to(device)
+        tensors = iterate_tensors(folder)
+    counter = _ByteCounter(tensors)
+    loaded = model.load_weights(counter)
+    check_complete(expected_checkpoint_tensors(config), loaded)
     model.process_weights_after_loading()
-    logger.info("Loaded %s (%s weights) from %s", type(model).__name__, load_format, folder)
+    seconds = time.perf_counter() - start
+    gb = counter.bytes / 1e9
+    logger.info(
+        "Loaded %s (%s weights, %.2f GB) from %s onto %s in %.1f s (%.2f GB/s)",
+        type(model).__name__, load_format, gb, folder, device, seconds, gb / max(seconds, 1e-9),
+    )  # fmt: skip
     return model.eval()
 
 
-def _poison(model: torch.nn.Module) -> None:
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.is_floating_point():
-                p.fill_(float("nan"))
+class _ByteCounter:
+    """Passes (name, tensor) pairs through, counting their bytes (for the load-speed log)."""
+
+    def __init__(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.tensors = tensors
+        self.bytes = 0
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in self.tensors:
+            self.bytes += tensor.numel() * tensor.element_size()
+            yield name, tensor
 
 
-def _check_complete(model: torch.nn.Module) -> None:
-    # Parameter path -> checkpoint name: Kimi-Linear's lack the `model.` of its layers and
-    # norms; Kimi-K3's wrapper paths (`language_model.layers.*`, ...) already are K3 names.
-    missing = [
-        name if name.startswith(("lm_head", "language_model.")) else f"model.{name}"
-        for name, p in model.named_parameters()
-        if torch.isnan(p).any()
-    ]
+def check_complete(expected: Iterable[str], loaded: set[str]) -> None:
+    """Raise ValueError naming the expected checkpoint tensors not loaded (first 5 + count)."""
+    missing = [name for name in expected if name not in loaded]
     if missing:
         shown = ", ".join(missing[:5]) + (
             f" and {len(missing) - 5} more" if len(missing) > 5 else ""
@@ -80,23 +99,37 @@ def _check_complete(model: torch.nn.Module) -> None:
         raise ValueError(f"the checkpoint is missing tensors for the parameters: {shown}")
 
 
-def fill_dummy_weights(model: torch.nn.Module, seed: int = 0) -> None:
-    """Random weights at about the scales of a trained model, deterministic for `seed`.
+def _seed_of(seed: int, name: str) -> int:
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
-    Drawn from each rank's local shapes: at TP>1 ranks differ even in replicated weights."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            leaf = name.rsplit(".", 1)[-1]
+
+def dummy_tensors(
+    config: "KimiK3Config | object", seed: int, device: "str | torch.device" = "cpu"
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every checkpoint tensor of `config`, full shape, fp32, drawn on `device` at about the scales
+    of a trained model from a generator seeded by (seed, name): the same tensors whatever the TP
+    size (values depend on the device type, whose generators differ)."""
+    device = torch.device(device)
+    for name, shape in expected_checkpoint_tensors(config).items():
+        gen = torch.Generator(device=device).manual_seed(_seed_of(seed, name))
+        leaf = name.rsplit(".", 1)[-1]
+        with torch.device(device):
             if leaf == "A_log":
-                value = torch.log(torch.rand(p.shape, generator=gen) * 15 + 1)
-            elif leaf == "dt_bias" or leaf == "e_score_correction_bias":
-                value = torch.randn(p.shape, generator=gen) * 0.1
+                value = torch.log(torch.rand(shape, generator=gen) * 15 + 1)
+            elif leaf in ("dt_bias", "e_score_correction_bias"):
+                value = torch.randn(shape, generator=gen) * 0.1
             elif "norm" in name:
-                value = 1 + torch.randn(p.shape, generator=gen) * 0.05
-            elif p.dim() >= 2:
-                fan_in = p.shape[-1]
-                value = torch.randn(p.shape, generator=gen) / math.sqrt(fan_in)
+                value = 1 + torch.randn(shape, generator=gen) * 0.05
+            elif len(shape) >= 2:
+                value = torch.randn(shape, generator=gen) / math.sqrt(shape[-1])
             else:
-                value = torch.randn(p.shape, generator=gen) * 0.02
-            p.copy_(value.to(p.dtype))
+                value = torch.randn(shape, generator=gen) * 0.02
+        yield name, value
+
+
+def fill_dummy_weights(model: torch.nn.Module, seed: int = 0) -> None:
+    """Load the dummy weights of `model.config` for `seed` into `model` (on its parameters'
+    device), through `model.load_weights` as a checkpoint would be."""
+    device = next(model.parameters()).device
+    model.load_weights(dummy_tensors(model.config, seed, device))

@@ -288,6 +288,11 @@ class KimiK3DeltaAttention(torch.nn.Module):
                 mine = w.narrow(0, tp_rank * local_proj, local_proj)
                 self.conv1d_weight.data[shard * local_proj : (shard + 1) * local_proj] = mine
             elif name == "A_log":
+                if tuple(tensor.shape) not in ((self.num_heads,), (1, 1, self.num_heads, 1)):
+                    raise ValueError(
+                        f"{self.prefix}.A_log: checkpoint shape {tuple(tensor.shape)}, expected "
+                        f"({self.num_heads},) or legacy (1, 1, {self.num_heads}, 1)"
+                    )
                 heads = tensor.reshape(-1)  # legacy checkpoints store (1, 1, H, 1)
                 self.A_log.data.copy_(heads.narrow(0, tp_rank * self.local_heads, self.local_heads))
             elif name == "dt_bias":
@@ -299,8 +304,3 @@ class KimiK3DeltaAttention(torch.nn.Module):
                 raise ValueError(f"{self.prefix}: unexpected checkpoint tensor {name!r}")
             loaded.add(name)
         return loaded
-
-    def process_weights_after_loading(self) -> None:
-        for module in self.modules():
-            if module is not self and hasattr(module, "quant_method"):
-                module.process_weights_after_loading()

@@ -31,6 +31,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
     ParallelLMHead,
     VocabParallelEmbedding,
 )
+from vllm.model_executor.model_loader.weight_utils import copy_checked
 from vllm.models.kimi_k3.amd.attn_res import AttnResState
 from vllm.models.kimi_k3.amd.kda import KDAStatePool, KimiK3DeltaAttention
 from vllm.models.kimi_k3.amd.metadata import KimiMetadata
@@ -48,14 +49,6 @@ _LAYER_ATTN_RES = (
     "mlp_res_proj",
 )
 _MODEL_ATTN_RES = ("model.output_attn_res_norm.weight", "model.output_attn_res_proj.weight")
-
-
-def _copy_checked(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
-    if param.shape != tensor.shape:
-        raise ValueError(
-            f"{name}: checkpoint shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
-        )
-    param.data.copy_(tensor)
 
 
 def _act(config: KimiLinearConfig) -> torch.nn.Module:
@@ -185,13 +178,13 @@ class KimiMoE(torch.nn.Module):
             if expert:
                 self.experts.weight_loader(tensor, int(expert[1]), expert[2])
             elif name == "gate.weight":
-                _copy_checked(self.gate_weight, tensor, f"{self.prefix}.{name}")
+                copy_checked(self.gate_weight, tensor, f"{self.prefix}.{name}")
             elif name == "gate.e_score_correction_bias":
-                _copy_checked(self.e_score_correction_bias, tensor, f"{self.prefix}.{name}")
+                copy_checked(self.e_score_correction_bias, tensor, f"{self.prefix}.{name}")
             elif name.startswith("shared_experts.") and self.shared_experts is not None:
                 self.shared_experts.load_weight(name.removeprefix("shared_experts."), tensor)
             elif self.latent and name == "routed_expert_norm.weight" and self.routed_expert_norm:
-                _copy_checked(self.routed_expert_norm.weight, tensor, f"{self.prefix}.{name}")
+                copy_checked(self.routed_expert_norm.weight, tensor, f"{self.prefix}.{name}")
             elif self.latent and name in (
                 "routed_expert_down_proj.weight", "routed_expert_up_proj.weight"
             ):  # fmt: skip
@@ -389,26 +382,27 @@ class KimiLinearForCausalLM(torch.nn.Module):
         """Load Hugging Face checkpoint tensors (`model.layers.{i}....`, `lm_head.weight`); the
         AttnRes ones only when `attn_res_block_size` is set.
 
-        Raises ValueError naming an unexpected tensor; returns the names loaded."""
-        per_layer: dict[tuple[int, str], list[tuple[str, torch.Tensor]]] = {}
+        Each tensor is dispatched as it arrives (nothing is held back), so a streamed checkpoint
+        needs host memory for one tensor only. Raises ValueError naming an unexpected tensor;
+        returns the canonical names loaded (`model_loader.checkpoint_names`): transformers'
+        `block_sparse_moe.*` spelling of a dense MLP is reported as `mlp.*`."""
         loaded = set()
         for name, tensor in weights:
             match = _LAYER.fullmatch(name)
             if match:
-                i, part, rest = int(match[1]), match[2], match[3]
+                i = int(match[1])
                 if i >= len(self.layers) + self.config.num_nextn_predict_layers:
                     raise ValueError(f"unexpected checkpoint tensor {name!r}: no layer {i}")
                 if i >= len(self.layers):
                     continue  # multi-token-prediction layers: not served
-
-                per_layer.setdefault((i, part), []).append((rest, tensor))
+                name = self._load_layer_tensor(i, match[2], match[3], tensor)
             elif name == "model.embed_tokens.weight":
                 self.embed_tokens.weight_loader(self.embed_tokens.weight, tensor)
             elif name == "model.norm.weight":
-                _copy_checked(self.norm.weight, tensor, name)
+                copy_checked(self.norm.weight, tensor, name)
             elif name in _MODEL_ATTN_RES and self.config.attn_res_block_size is not None:
                 # a norm or an unquantized replicated projection: the whole weight on every rank
-                _copy_checked(getattr(self, name.split(".")[1]).weight, tensor, name)
+                copy_checked(getattr(self, name.split(".")[1]).weight, tensor, name)
             elif name == "lm_head.weight":
                 # Tied: the head is the embedding; transformers still saves a copy, skipped.
                 if not self.config.tie_word_embeddings:
@@ -416,29 +410,34 @@ class KimiLinearForCausalLM(torch.nn.Module):
             else:
                 raise ValueError(f"unexpected checkpoint tensor {name!r}")
             loaded.add(name)
-        for (i, part), tensors in per_layer.items():
-            layer = self.layers[i]
-            if part in _LAYER_NORMS or (part in _LAYER_ATTN_RES and layer.has_attn_res):
-                for rest, tensor in tensors:
-                    name = f"model.layers.{i}.{part}.{rest}"
-                    if rest != "weight":
-                        raise ValueError(f"unexpected checkpoint tensor {name!r}")
-                    _copy_checked(getattr(layer, part).weight, tensor, name)
-            elif part == "self_attn":
-                layer.self_attn.load_weights(tensors)
-            elif part == "block_sparse_moe" and layer.is_moe:
-                layer.block_sparse_moe.load_weights(tensors)
-            elif part in ("mlp", "block_sparse_moe") and not layer.is_moe:
-                # transformers' save_pretrained names the dense MLP `block_sparse_moe.*` too
-                for rest, tensor in tensors:
-                    layer.mlp.load_weight(rest, tensor)
-            else:
-                raise ValueError(f"unexpected checkpoint tensors under model.layers.{i}.{part}")
         return loaded
 
+    def _load_layer_tensor(self, i: int, part: str, rest: str, tensor: torch.Tensor) -> str:
+        """Load `model.layers.{i}.{part}.{rest}`; returns its canonical name."""
+        layer = self.layers[i]
+        name = f"model.layers.{i}.{part}.{rest}"
+        if part in _LAYER_NORMS or (part in _LAYER_ATTN_RES and layer.has_attn_res):
+            if rest != "weight":
+                raise ValueError(f"unexpected checkpoint tensor {name!r}")
+            copy_checked(getattr(layer, part).weight, tensor, name)
+        elif part == "self_attn":
+            layer.self_attn.load_weights([(rest, tensor)])
+        elif part == "block_sparse_moe" and layer.is_moe:
+            layer.block_sparse_moe.load_weights([(rest, tensor)])
+        elif part in ("mlp", "block_sparse_moe") and not layer.is_moe:
+            # transformers' save_pretrained names the dense MLP `block_sparse_moe.*` too
+            layer.mlp.load_weight(rest, tensor)
+            name = f"model.layers.{i}.mlp.{rest}"
+        else:
+            raise ValueError(f"unexpected checkpoint tensors under model.layers.{i}.{part}")
+        return name
+
     def process_weights_after_loading(self) -> None:
+        """The one walk after loading: every submodule that defines `process_weights_after_loading`
+        (linears with quant methods, MLA's absorbed weights) runs it once, parents first
+        (`modules()` order); no submodule walks its own children."""
         for module in self.modules():
-            if hasattr(module, "quant_method"):
+            if module is not self and hasattr(module, "process_weights_after_loading"):
                 module.process_weights_after_loading()
         for layer in self.layers:  # after the quant methods: MLA derives from the processed weights
             if not layer.is_kda:

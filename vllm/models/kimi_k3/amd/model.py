@@ -29,6 +29,12 @@ def map_k3_checkpoint_name(name: str) -> str | None:
     return name
 
 
+def k3_checkpoint_name(text_name: str) -> str:
+    """Text-model checkpoint name -> Kimi-K3's (`model.layers.3.x` -> `language_model.layers.3.x`,
+    `lm_head.weight` -> `language_model.lm_head.weight`), as K3 checkpoints spell them."""
+    return "language_model." + text_name.removeprefix("model.")
+
+
 class KimiK3ForConditionalGeneration(torch.nn.Module):
     def __init__(
         self,
@@ -57,12 +63,13 @@ class KimiK3ForConditionalGeneration(torch.nn.Module):
         self.language_model.bind_kv_caches(kda_pools, mla_caches)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load Kimi-K3 checkpoint tensors one by one; returns the canonical K3 names loaded."""
         mapped = (
             (new, tensor)
             for name, tensor in weights
             if (new := map_k3_checkpoint_name(name)) is not None
         )
-        return self.language_model.load_weights(mapped)
+        return {k3_checkpoint_name(n) for n in self.language_model.load_weights(mapped)}
 
     def process_weights_after_loading(self) -> None:
         self.language_model.process_weights_after_loading()
