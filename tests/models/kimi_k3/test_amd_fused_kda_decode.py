@@ -127,7 +127,9 @@ def test_lower_bound_gate_layer_matches_transformers_with_the_formula_gate(hf_ki
         else:
             tensors.append((name.removeprefix("forget_gate."), tensor))
     layer.load_weights(tensors)
-    layer.process_weights_after_loading()
+    for module in layer.modules():  # unquantized linears: nothing to process, the walk as loaded
+        if hasattr(module, "process_weights_after_loading"):
+            module.process_weights_after_loading()
 
     gen = torch.Generator().manual_seed(6)
     lengths, steps = [5, 3], 2

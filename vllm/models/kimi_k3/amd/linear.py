@@ -434,11 +434,9 @@ class KimiLinearForCausalLM(torch.nn.Module):
 
     def process_weights_after_loading(self) -> None:
         """The one walk after loading: every submodule that defines `process_weights_after_loading`
-        (linears with quant methods, MLA's absorbed weights) runs it once, parents first
-        (`modules()` order); no submodule walks its own children."""
-        for module in self.modules():
+        runs it once, children before their parents (reversed `modules()` order), so MLA derives
+        its absorbed weights from a `kv_b_proj` its quant method has already processed; no
+        submodule walks its own children."""
+        for module in reversed(list(self.modules())):
             if module is not self and hasattr(module, "process_weights_after_loading"):
                 module.process_weights_after_loading()
-        for layer in self.layers:  # after the quant methods: MLA derives from the processed weights
-            if not layer.is_kda:
-                layer.self_attn.process_weights_after_loading()
