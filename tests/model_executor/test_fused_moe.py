@@ -15,6 +15,7 @@ from vllm.model_executor.layers.fused_moe.experts import (
     select_experts_impl,
 )
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE
+from vllm.model_executor.layers.fused_moe.router import grouped_topk
 from vllm.platforms.cpu import CpuPlatform
 from vllm.platforms.cuda import CudaPlatform
 
@@ -223,3 +224,20 @@ def test_cuda_graph_bf16(tokens):
     bound = 4 * 2**-8 * expected.abs().max()
     assert (loop.double().cpu() - expected).abs().max() <= bound
     assert (eager.double().cpu() - expected).abs().max() <= bound
+
+
+def test_router_rejects_bad_groups():
+    logits = torch.zeros(2, E)
+    with pytest.raises(ValueError, match="top_k 17"):
+        grouped_topk(logits, None, 17)
+    with pytest.raises(ValueError, match="num_expert_group 3"):
+        grouped_topk(logits, None, 2, num_expert_group=3, topk_group=1)
+    with pytest.raises(ValueError, match="topk_group 5"):
+        grouped_topk(logits, None, 2, num_expert_group=4, topk_group=5)
+
+
+def test_router_runs_without_tensor_values():
+    logits = torch.empty(3, E, device="meta")
+    bias = torch.empty(E, device="meta")
+    weights, ids = grouped_topk(logits, bias, K, num_expert_group=4, topk_group=2)
+    assert weights.shape == ids.shape == (3, K) and ids.dtype == torch.int64
