@@ -104,8 +104,11 @@ def moe_experts_gathered(
 ) -> torch.Tensor:
     """Sync-free on any device: gather the chosen experts' weights per (token, slot) and `bmm`."""
     _check_inputs(x, w13, w2, topk_weights, topk_ids)
+    tokens, k = topk_ids.shape
     flat_ids = topk_ids.reshape(-1)
-    rows = x.repeat_interleave(topk_ids.shape[1], dim=0).unsqueeze(-1)  # [T * K, H, 1]
+    # expand, not repeat_interleave: some torch versions build a repeats tensor and sum it on
+    # the host.
+    rows = x.unsqueeze(1).expand(tokens, k, x.shape[1]).reshape(tokens * k, x.shape[1], 1)
     h = torch.bmm(w13.index_select(0, flat_ids), rows).squeeze(-1)  # [T * K, 2 * I]
     a = act_and_mul(h).unsqueeze(-1)  # [T * K, I, 1]
     y = torch.bmm(w2.index_select(0, flat_ids), a).squeeze(-1)  # [T * K, H]
