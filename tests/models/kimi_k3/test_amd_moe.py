@@ -154,3 +154,12 @@ def test_situ_formula_and_dense_mlp():
         torch.testing.assert_close(
             mlp(x), (torch.nn.functional.silu(x @ g.t()) * (x @ u.t())) @ d.t()
         )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_moe_block_decode_needs_no_tensor_values(dtype):
+    """Router, routed experts and shared experts of a decode batch on the meta device: any host
+    read of a value (a sync on a GPU) or value-dependent shape would fail here."""
+    moe = KimiMoE(our_config(groups=4, topk_group=2), params_dtype=dtype).to("meta")
+    out = moe(torch.empty(3, H, dtype=dtype, device="meta"))
+    assert out.device.type == "meta" and out.shape == (3, H) and out.dtype == dtype

@@ -3,8 +3,9 @@
 Weights: `w13_weight` `[E, 2 * I_local, H]` (gate | up of each expert) and `w2_weight`
 `[E, H, I_local]`, loaded from the checkpoint's per-expert `w1` (gate), `w3` (up) and `w2` (down).
 The forward takes the router's `(weights, ids)` and returns the weighted sum of the chosen experts'
-outputs, all-reduced over TP ranks when `reduce_results`. Torch implementation (a loop over the
-experts that received tokens); a grouped-GEMM kernel can replace `_experts` later.
+outputs, all-reduced over TP ranks when `reduce_results`. The expert computation is one of the
+implementations in `experts.py`, chosen from the device, dtype and batch shape (static facts), so a
+decode batch runs without host syncs and can be captured in a CUDA graph.
 """
 
 import torch
@@ -14,6 +15,7 @@ from vllm.distributed import (
     get_tensor_model_parallel_world_size,
     tensor_model_parallel_all_reduce,
 )
+from vllm.model_executor.layers.fused_moe.experts import select_experts_impl
 
 
 class FusedMoE(torch.nn.Module):
@@ -77,20 +79,10 @@ class FusedMoE(torch.nn.Module):
             out = tensor_model_parallel_all_reduce(out)
         return out
 
-    def _experts(self, x, topk_weights, topk_ids) -> torch.Tensor:
-        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-        flat_ids = topk_ids.reshape(-1)
-        order = flat_ids.argsort()
-        counts = torch.bincount(flat_ids, minlength=self.num_experts).tolist()
-        token_of = order // topk_ids.shape[1]
-        weight_of = topk_weights.reshape(-1)[order]
-        start = 0
-        for expert, count in enumerate(counts):
-            if count == 0:
-                continue
-            tokens = token_of[start : start + count]
-            h = self.act_and_mul(x[tokens] @ self.w13_weight[expert].t())
-            y = (h @ self.w2_weight[expert].t()).float() * weight_of[start : start + count, None]
-            out.index_add_(0, tokens, y)
-            start += count
-        return out.to(x.dtype)
+    def _experts(
+        self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    ) -> torch.Tensor:
+        impl = select_experts_impl(
+            x.device, x.dtype, topk_ids.numel(), x.shape[1], self.local_intermediate
+        )
+        return impl(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids, self.act_and_mul)

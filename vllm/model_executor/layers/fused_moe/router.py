@@ -5,6 +5,9 @@ Scores are `sigmoid` (or `softmax`) of the fp32 router logits. Selection uses th
 `topk_group` groups kept, then the `top_k` best biased experts among them. The weights are the
 unbiased scores of the chosen experts, renormalised to sum to one if asked, times
 `routed_scaling_factor`.
+
+Only fixed-shape ops (topk, gather, scatter, masked_fill), so routing never syncs the host and can
+be captured in a CUDA graph; the argument checks read shapes, never values.
 """
 
 import torch
@@ -28,8 +31,18 @@ def grouped_topk(
         scores = logits.softmax(dim=-1)
     else:
         raise ValueError(f"scoring_func {scoring_func!r} is not 'sigmoid' or 'softmax'")
+    tokens, experts = scores.shape
+    if not 0 < top_k <= experts:
+        raise ValueError(f"top_k {top_k} is not in [1, num_experts={experts}]")
+    if num_expert_group > 1:
+        if experts % num_expert_group or experts // num_expert_group < 2:
+            raise ValueError(
+                f"num_expert_group {num_expert_group} must split {experts} experts into groups "
+                "of at least 2"
+            )
+        if not 0 < topk_group <= num_expert_group:
+            raise ValueError(f"topk_group {topk_group} is not in [1, {num_expert_group}]")
     choice = scores if e_score_correction_bias is None else scores + e_score_correction_bias
-    tokens, experts = choice.shape
     if num_expert_group > 1:
         grouped = choice.view(tokens, num_expert_group, experts // num_expert_group)
         group_scores = grouped.topk(2, dim=-1)[0].sum(dim=-1)

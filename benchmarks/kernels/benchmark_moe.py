@@ -1,0 +1,154 @@
+"""Benchmark FusedMoE's routed-expert paths on Kimi-Linear-48B expert shapes.
+
+Shapes: 256 experts, top-8, hidden 2304, intermediate 1024, bf16, tokens 1-256 (decode sizes).
+Routing: `grouped_topk` (sigmoid, score-correction bias, renormalised) of random router logits.
+
+  grouped   torch._grouped_mm over rows sorted by expert (sync-free on sm90 / sm100 only)
+  gathered  the chosen experts' weights gathered per (token, slot), then two bmm
+  loop      the per-expert Python loop (syncs the host; timed eagerly, not in a CUDA graph)
+
+The sync-free paths are timed as CUDA-graph replay of --graph-calls back-to-back calls (what a
+decode step pays). Expert-weight bytes touched are the distinct experts the router chose in the
+run times the bytes of one expert (w13 and w2); the bandwidth is reported against an eager
+`copy_` of --copy-gib GiB measured in the same run after a warm-up (read + write bytes / time).
+
+    python benchmarks/kernels/benchmark_moe.py --csv moe.csv
+    python benchmarks/kernels/benchmark_moe.py --dry-run      # tiny shapes, CPU, no GPU needed
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+from benchmark_rmsnorm_gated_fp8_per_token import time_graph, write_csv
+
+from vllm.model_executor.layers.activation import SiluAndMul
+from vllm.model_executor.layers.fused_moe.experts import (
+    grouped_mm_is_sync_free,
+    moe_experts_gathered,
+    moe_experts_grouped,
+    moe_experts_loop,
+)
+from vllm.model_executor.layers.fused_moe.router import grouped_topk
+
+PATHS = {"grouped": moe_experts_grouped, "gathered": moe_experts_gathered, "loop": moe_experts_loop}
+TOKENS = [1, 8, 64, 256]
+KIMI_LINEAR = dict(experts=256, topk=8, hidden=2304, intermediate=1024)
+DRY_RUN = dict(experts=8, topk=2, hidden=64, intermediate=32)
+
+
+def time_eager(fn: Callable[[], object], device: torch.device, reps: int = 20) -> float:
+    """Median microseconds per eager call (includes the host syncs the call itself makes)."""
+    fn()
+    times = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(times)
+
+
+def copy_bandwidth(gib: float, device: torch.device, reps: int = 10) -> float:
+    """GB/s of an eager `copy_` of `gib` GiB (bytes read + written), median after a warm-up."""
+    numel = int(gib * 2**30) // 2
+    src = torch.empty(numel, dtype=torch.bfloat16, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # warm-up: first-touch of the pages, clock ramp
+    seconds = time_eager(lambda: dst.copy_(src), device, reps) / 1e6
+    return 2 * src.numel() * src.element_size() / seconds / 1e9
+
+
+def make_moe(shape: dict[str, int], tokens: int, device: torch.device, seed: int):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    e, h, i, k = shape["experts"], shape["hidden"], shape["intermediate"], shape["topk"]
+
+    def randn(*size: int, scale: float) -> torch.Tensor:
+        return (torch.randn(*size, generator=gen, device=device) * scale).to(torch.bfloat16)
+
+    w13, w2 = randn(e, 2 * i, h, scale=h**-0.5), randn(e, h, i, scale=i**-0.5)
+    x = randn(tokens, h, scale=1.0)
+    logits = torch.randn(tokens, e, generator=gen, device=device)
+    bias = torch.randn(e, generator=gen, device=device) * 0.1
+    weights, ids = grouped_topk(logits, bias, k, renormalize=True)
+    return x, w13, w2, weights, ids
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--tokens", type=int, nargs="+", default=TOKENS, help="tokens per call")
+    parser.add_argument(
+        "--paths", nargs="+", default=list(PATHS), choices=list(PATHS), help="expert paths"
+    )
+    parser.add_argument("--graph-calls", type=int, default=10, help="calls per captured graph")
+    parser.add_argument("--copy-gib", type=float, default=2.0, help="size of the copy baseline")
+    parser.add_argument("--seed", type=int, default=0, help="seed of weights and router logits")
+    parser.add_argument("--csv", help="write the results to this CSV file")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="tiny shapes on the CPU, eager timing: checks the script, measures nothing useful",
+    )
+    args = parser.parse_args(argv)
+    if args.copy_gib < 1:
+        # Smaller copies partly hit L2 and under-report the HBM bandwidth.
+        parser.error(f"--copy-gib must be at least 1, got {args.copy_gib}")
+    if args.dry_run:
+        device, shape, copy_gib = torch.device("cpu"), DRY_RUN, 1 / 64
+    elif torch.cuda.is_available():
+        device, shape, copy_gib = torch.device("cuda"), KIMI_LINEAR, args.copy_gib
+    else:
+        parser.error("this benchmark needs a CUDA GPU (or --dry-run)")
+
+    expert_bytes = 3 * shape["intermediate"] * shape["hidden"] * 2  # gate, up, down in bf16
+    copy_gbps = copy_bandwidth(copy_gib, device)
+    print(f"{device.type}: eager copy_ of {copy_gib:g} GiB: {copy_gbps:.0f} GB/s", flush=True)
+    act = SiluAndMul()
+    rows = []
+    with torch.inference_mode():
+        for tokens in args.tokens:
+            inputs = make_moe(shape, tokens, device, args.seed)
+            distinct = inputs[-1].unique().numel()  # host read, outside every timed region
+            touched = distinct * expert_bytes
+            for name in args.paths:
+                impl = PATHS[name]
+                row = dict(tokens=tokens, path=name, distinct_experts=distinct,
+                           weight_mb=round(touched / 1e6, 2))  # fmt: skip
+                graphed = device.type == "cuda" and name != "loop"
+                if name == "grouped" and device.type == "cuda":
+                    if not grouped_mm_is_sync_free(device, torch.bfloat16):
+                        print(f"T={tokens:>4} grouped: skipped (torch's fallback syncs here)")
+                        continue
+
+                def call(impl=impl, inputs=inputs):
+                    return impl(*inputs, act)
+
+                if graphed:
+                    us = time_graph(call, args.graph_calls)
+                else:
+                    us = time_eager(call, device)
+                gbps = touched / (us * 1e-6) / 1e9
+                row.update(timing="graph" if graphed else "eager", us=round(us, 2),
+                           gbps=round(gbps, 1), pct_copy=round(100 * gbps / copy_gbps, 1),
+                           copy_gbps=round(copy_gbps, 1))  # fmt: skip
+                rows.append(row)
+                write_csv(args.csv, rows)  # after every row: an interrupted run keeps its rows
+                print(
+                    f"T={tokens:>4} {name:>8} ({row['timing']}) {us:10.2f} us  "
+                    f"{distinct:>3} experts {row['weight_mb']:9.2f} MB  {gbps:7.1f} GB/s  "
+                    f"{row['pct_copy']:5.1f}% of copy",
+                    flush=True,
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

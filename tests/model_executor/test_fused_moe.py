@@ -1,0 +1,245 @@
+"""FusedMoE's expert implementations: each against an fp64 per-(token, slot) reference and against
+the loop, their static-shape (sync-free) property, the path selection, and CUDA-graph capture."""
+
+import pytest
+import torch
+
+import vllm.model_executor.layers.fused_moe.experts as experts_mod
+from vllm.model_executor.layers.activation import SiluAndMul, SituAndMul
+from vllm.model_executor.layers.fused_moe.experts import (
+    GATHER_MAX_ROWS,
+    grouped_mm_is_sync_free,
+    moe_experts_gathered,
+    moe_experts_grouped,
+    moe_experts_loop,
+    select_experts_impl,
+)
+from vllm.model_executor.layers.fused_moe.layer import FusedMoE
+from vllm.model_executor.layers.fused_moe.router import grouped_topk
+from vllm.platforms.cpu import CpuPlatform
+from vllm.platforms.cuda import CudaPlatform
+
+E, H, INTER, K = 16, 64, 32, 4
+SYNC_FREE = [moe_experts_gathered, moe_experts_grouped]
+
+
+def make_case(tokens, dtype, device="cpu", seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    # Scaled so every GEMM output is O(1): errors are then comparable to the dtype's epsilon.
+    w13 = torch.randn(E, 2 * INTER, H, generator=gen) / H**0.5
+    w2 = torch.randn(E, H, INTER, generator=gen) / INTER**0.5
+    x = torch.randn(tokens, H, generator=gen)
+    ids = torch.rand(tokens, E, generator=gen).topk(K, dim=1)[1]
+    weights = torch.rand(tokens, K, generator=gen)
+    on = dict(device=device)
+    return (x.to(dtype=dtype, **on), w13.to(dtype=dtype, **on), w2.to(dtype=dtype, **on),
+            weights.to(**on), ids.to(**on))  # fmt: skip
+
+
+def reference_fp64(x, w13, w2, weights, ids, act):
+    """Sum over (token, slot) of weight * w2[e] @ act(w13[e] @ x[t]), in fp64, one row at a time."""
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            h = act(w13[e].double().cpu() @ x[t].double().cpu())
+            out[t] += float(weights[t, j]) * (w2[e].double().cpu() @ h)
+    return out
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 37])
+@pytest.mark.parametrize("impl", [moe_experts_loop, *SYNC_FREE])
+def test_fp32_matches_fp64_reference(impl, tokens):
+    x, w13, w2, w, ids = make_case(tokens, torch.float32)
+    out = impl(x, w13, w2, w, ids, SiluAndMul())
+    # fp32 defaults (rtol 1.3e-6, atol 1e-5): two length-<=64 fp32 dot products of O(1) terms
+    # and a K=4 sum accumulate ~64 * 6e-8 absolute error, well inside atol.
+    torch.testing.assert_close(out.double(), reference_fp64(x, w13, w2, w, ids, SiluAndMul()),
+                               rtol=1.3e-6, atol=1e-5)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens", [0, 1, 8, 37])
+@pytest.mark.parametrize("impl", SYNC_FREE)
+def test_matches_loop(impl, tokens, dtype):
+    x, w13, w2, w, ids = make_case(tokens, dtype, seed=tokens)
+    act = SituAndMul(4.0, 25.0)
+    expected = moe_experts_loop(x, w13, w2, w, ids, act)
+    out = impl(x, w13, w2, w, ids, act)
+    assert out.dtype == dtype and out.shape == x.shape
+    # Same rounding points as the loop (GEMM outputs and the activation in `dtype`, fp32 sum), so
+    # only the GEMMs' accumulation order may differ: torch's defaults for the dtype (fp32: rtol
+    # 1.3e-6 / atol 1e-5; bf16: rtol 1.6e-2 = 2 ulps of bf16 / atol 1e-5).
+    torch.testing.assert_close(out, expected)
+
+
+def test_bf16_loop_is_within_bf16_rounding_of_fp64():
+    x, w13, w2, w, ids = make_case(37, torch.bfloat16)
+    act = SiluAndMul()
+    expected = reference_fp64(x, w13, w2, w, ids, act)
+    out = moe_experts_loop(x, w13, w2, w, ids, act).double()
+    # Three bf16 roundings (h, act, y) of ~2^-9 relative each plus the final cast: a few bf16
+    # ulps of the output scale.
+    scale = expected.abs().max()
+    assert (out - expected).abs().max() <= 4 * 2**-8 * scale
+
+
+def test_repeated_expert_in_a_token_counts_twice():
+    x, w13, w2, w, _ = make_case(3, torch.float32)
+    ids = torch.tensor([[2, 2, 5, 5], [0, 1, 2, 3], [7, 7, 7, 7]])
+    for impl in SYNC_FREE:
+        torch.testing.assert_close(
+            impl(x, w13, w2, w, ids, SiluAndMul()),
+            moe_experts_loop(x, w13, w2, w, ids, SiluAndMul()),
+        )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sync_free_paths_run_without_tensor_values(dtype):
+    """On the meta device no value exists: a path that reads one on the host (a sync on a GPU) or
+    makes a shape depend on one fails here. The loop is the control that must fail."""
+    x, w13, w2, w, ids = make_case(6, dtype)
+    meta = [t.to("meta") for t in (x, w13, w2, w, ids)]
+    impls = [moe_experts_gathered] + ([moe_experts_grouped] if dtype == torch.bfloat16 else [])
+    for impl in impls:
+        out = impl(*meta, SituAndMul(4.0, 25.0))
+        assert out.device.type == "meta" and out.shape == x.shape and out.dtype == dtype
+    with pytest.raises(NotImplementedError):
+        moe_experts_loop(*meta, SiluAndMul())
+
+
+def test_bad_shapes_name_the_argument():
+    x, w13, w2, w, ids = make_case(3, torch.float32)
+    act = SiluAndMul()
+    with pytest.raises(ValueError, match="w13 must be"):
+        moe_experts_gathered(x, w13[:, :, :-1], w2, w, ids, act)
+    with pytest.raises(ValueError, match="w2 must be"):
+        moe_experts_grouped(x, w13, w2[:, :, :-1], w, ids, act)
+    with pytest.raises(ValueError, match="topk_ids must be"):
+        moe_experts_loop(x, w13, w2, w, ids[:2], act)
+    with pytest.raises(ValueError, match="topk_weights shape"):
+        moe_experts_gathered(x, w13, w2, w[:, :2], ids, act)
+
+
+def _cuda_platform(capability):
+    platform = CudaPlatform()
+    platform.__dict__["device_capability"] = capability  # the cached_property's slot
+    return platform
+
+
+@pytest.mark.parametrize(
+    "capability,dtype,rows,hidden,expected",
+    [
+        ((9, 0), torch.bfloat16, 8, 2304, moe_experts_grouped),
+        ((9, 0), torch.bfloat16, 4096, 2304, moe_experts_grouped),
+        ((10, 0), torch.bfloat16, 4096, 2304, moe_experts_grouped),
+        ((9, 0), torch.bfloat16, 8, 2300, moe_experts_gathered),  # rows not 16-byte aligned
+        ((9, 0), torch.float32, GATHER_MAX_ROWS, 2304, moe_experts_gathered),
+        ((9, 0), torch.float32, GATHER_MAX_ROWS + 1, 2304, moe_experts_loop),
+        ((8, 0), torch.bfloat16, 8, 2304, moe_experts_gathered),  # torch's fallback syncs
+        ((12, 0), torch.bfloat16, 8, 2304, moe_experts_gathered),
+    ],
+)
+def test_selection_on_cuda(monkeypatch, capability, dtype, rows, hidden, expected):
+    monkeypatch.setattr(experts_mod, "current_platform", _cuda_platform(capability))
+    impl = select_experts_impl(torch.device("cuda"), dtype, rows, hidden, 1024)
+    assert impl is expected
+
+
+def test_selection_on_cpu(monkeypatch):
+    monkeypatch.setattr(experts_mod, "current_platform", CpuPlatform())
+    cpu = torch.device("cpu")
+    assert not grouped_mm_is_sync_free(cpu, torch.bfloat16)
+    assert select_experts_impl(cpu, torch.bfloat16, 8, H, INTER) is moe_experts_gathered
+    large = GATHER_MAX_ROWS + 1
+    assert select_experts_impl(cpu, torch.bfloat16, large, H, INTER) is moe_experts_loop
+
+
+def _fused_moe(dtype, device, seed=0):
+    x, w13, w2, w, ids = make_case(1, dtype, seed=seed)
+    layer = FusedMoE(E, H, INTER, SiluAndMul(), params_dtype=dtype)
+    layer.w13_weight.data.copy_(w13)
+    layer.w2_weight.data.copy_(w2)
+    return layer.to(device)
+
+
+@pytest.mark.parametrize("tokens", [2, GATHER_MAX_ROWS // K + 3])  # gathered, then loop
+def test_fused_moe_forward_matches_loop(tokens):
+    layer = _fused_moe(torch.float32, "cpu")
+    x, _, _, w, ids = make_case(tokens, torch.float32, seed=1)
+    expected = moe_experts_loop(x, layer.w13_weight, layer.w2_weight, w, ids, SiluAndMul())
+    torch.testing.assert_close(layer(x, w, ids), expected)
+
+
+def _graph_replay_equals_eager(dtype, tokens):
+    layer = _fused_moe(dtype, "cuda")
+    x, _, _, w, ids = make_case(tokens, dtype, device="cuda", seed=2)
+    # Captured on other values, so the replay must read the inputs copied in afterwards.
+    other = make_case(tokens, dtype, device="cuda", seed=3)
+    static = [other[0], other[3], other[4]]
+    layer(x, w, ids)  # first call: lazy library init is not what a decode step pays
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        eager = layer(x, w, ids)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        layer(*static)  # warm-up outside the graph (workspace allocations, lazy init)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = layer(*static)
+    for buf, new in zip(static, (x, w, ids), strict=True):
+        buf.copy_(new)
+    captured.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+    reference = moe_experts_loop(x, layer.w13_weight, layer.w2_weight, w, ids, SiluAndMul())
+    return eager, reference
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 8])
+def test_cuda_graph_fp32_gathered(tokens):
+    eager, reference = _graph_replay_equals_eager(torch.float32, tokens)
+    # Differs from the loop only in GEMM accumulation order (cuBLAS with TF32 off).
+    torch.testing.assert_close(eager, reference)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 8, 64])
+def test_cuda_graph_bf16(tokens):
+    if tokens * K > GATHER_MAX_ROWS and not grouped_mm_is_sync_free(
+        torch.device("cuda"), torch.bfloat16
+    ):
+        pytest.skip("no sync-free path for this batch on this GPU (torch's grouped GEMM: sm90/100)")
+    eager, loop = _graph_replay_equals_eager(torch.bfloat16, tokens)
+    layer = _fused_moe(torch.bfloat16, "cpu")
+    x, _, _, w, ids = make_case(tokens, torch.bfloat16, seed=2)
+    expected = reference_fp64(x, layer.w13_weight, layer.w2_weight, w, ids, SiluAndMul())
+    # The CUTLASS grouped GEMM and cuBLAS accumulate in different orders, so they need not agree
+    # bit for bit; both must be within the bf16 rounding bound that the loop meets on CPU.
+    bound = 4 * 2**-8 * expected.abs().max()
+    assert (loop.double().cpu() - expected).abs().max() <= bound
+    assert (eager.double().cpu() - expected).abs().max() <= bound
+
+
+def test_router_rejects_bad_groups():
+    logits = torch.zeros(2, E)
+    with pytest.raises(ValueError, match="top_k 17"):
+        grouped_topk(logits, None, 17)
+    with pytest.raises(ValueError, match="num_expert_group 3"):
+        grouped_topk(logits, None, 2, num_expert_group=3, topk_group=1)
+    with pytest.raises(ValueError, match="topk_group 5"):
+        grouped_topk(logits, None, 2, num_expert_group=4, topk_group=5)
+
+
+def test_router_runs_without_tensor_values():
+    logits = torch.empty(3, E, device="meta")
+    bias = torch.empty(E, device="meta")
+    weights, ids = grouped_topk(logits, bias, K, num_expert_group=4, topk_group=2)
+    assert weights.shape == ids.shape == (3, K) and ids.dtype == torch.int64

@@ -1,0 +1,173 @@
+"""The routed-expert computation of a MoE layer, in three interchangeable implementations.
+
+Every implementation takes `x` `[T, H]`, `w13` `[E, 2 * I, H]` (gate | up of each expert), `w2`
+`[E, H, I]`, the router's `topk_weights` `[T, K]` (fp32) and `topk_ids` `[T, K]` (int64) and an
+`act_and_mul` module mapping `[..., 2 * I]` to `[..., I]`; it returns
+`sum_k topk_weights[t, k] * w2[e] @ act_and_mul(w13[e] @ x[t])` with `e = topk_ids[t, k]`, in the
+dtype of `x`. The two GEMMs and the activation run in the dtype of `x` (fp32 accumulation inside the
+GEMMs); the weighted sum over the K chosen experts runs in fp32.
+
+  loop      a Python loop over the experts that received tokens. Exact reference; reads the
+            per-expert counts on the host, so it syncs once per call and cannot be graph-captured.
+  gathered  copies the chosen experts' weights to `[T * K, ...]` and runs two `bmm`s. No host sync
+            and only static shapes, on any device and dtype; its weight traffic is three times the
+            chosen experts' bytes, so it is meant for decode-size `T * K`.
+  grouped   `torch._grouped_mm` over the rows sorted by expert, with int32 group ends computed on
+            the device. No host sync where torch runs its CUTLASS kernel: CUDA, bf16, sm90 / sm100
+            (elsewhere torch falls back to a per-group loop that copies the ends to the host).
+
+`select_experts_impl` picks one from shapes, dtype and device only, so the choice is the same in
+eager mode and inside a CUDA graph.
+"""
+
+from collections.abc import Callable
+
+import torch
+
+from vllm.platforms import current_platform
+
+# Largest T * K that the gathered path serves. Its weight copy grows with T * K (64 rows of the
+# Kimi-Linear experts are ~450 MB), so larger eager batches take the loop.
+GATHER_MAX_ROWS = 64
+
+ExpertsImpl = Callable[..., torch.Tensor]
+
+
+def _check_inputs(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> None:
+    # Shape checks only: they read metadata, never tensor values, so they cost no sync.
+    if x.dim() != 2:
+        raise ValueError(f"x must be [T, H], got shape {tuple(x.shape)}")
+    if w13.dim() != 3 or w13.shape[2] != x.shape[1] or w13.shape[1] % 2:
+        raise ValueError(f"w13 must be [E, 2 * I, H={x.shape[1]}], got {tuple(w13.shape)}")
+    expected_w2 = (w13.shape[0], x.shape[1], w13.shape[1] // 2)
+    if tuple(w2.shape) != expected_w2:
+        raise ValueError(f"w2 must be [E, H, I] = {expected_w2}, got {tuple(w2.shape)}")
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
+        raise ValueError(f"topk_ids must be [T={x.shape[0]}, K], got {tuple(topk_ids.shape)}")
+    if topk_weights.shape != topk_ids.shape:
+        raise ValueError(
+            f"topk_weights shape {tuple(topk_weights.shape)} != topk_ids {tuple(topk_ids.shape)}"
+        )
+
+
+def _weighted_sum(y: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`y` `[T * K, H]` in (token, slot) order -> fp32 weighted sum over the slots, cast to `dtype`.
+
+    A fixed-order reduction instead of atomics, so the result is deterministic.
+    """
+    tokens, k = topk_weights.shape
+    y = y.view(tokens, k, y.shape[-1]).float() * topk_weights.float().unsqueeze(-1)
+    return y.sum(dim=1).to(dtype)
+
+
+def moe_experts_loop(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    act_and_mul: torch.nn.Module,
+) -> torch.Tensor:
+    """Reference: loop over the experts that received tokens (one host sync per call)."""
+    _check_inputs(x, w13, w2, topk_weights, topk_ids)
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    flat_ids = topk_ids.reshape(-1)
+    order = flat_ids.argsort()
+    counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()
+    token_of = order // topk_ids.shape[1]
+    weight_of = topk_weights.reshape(-1)[order]
+    start = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        tokens = token_of[start : start + count]
+        h = act_and_mul(x[tokens] @ w13[expert].t())
+        y = (h @ w2[expert].t()).float() * weight_of[start : start + count, None]
+        out.index_add_(0, tokens, y)
+        start += count
+    return out.to(x.dtype)
+
+
+def moe_experts_gathered(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    act_and_mul: torch.nn.Module,
+) -> torch.Tensor:
+    """Sync-free on any device: gather the chosen experts' weights per (token, slot) and `bmm`."""
+    _check_inputs(x, w13, w2, topk_weights, topk_ids)
+    tokens, k = topk_ids.shape
+    flat_ids = topk_ids.reshape(-1)
+    # expand, not repeat_interleave: some torch versions build a repeats tensor and sum it on
+    # the host.
+    rows = x.unsqueeze(1).expand(tokens, k, x.shape[1]).reshape(tokens * k, x.shape[1], 1)
+    h = torch.bmm(w13.index_select(0, flat_ids), rows).squeeze(-1)  # [T * K, 2 * I]
+    a = act_and_mul(h).unsqueeze(-1)  # [T * K, I, 1]
+    y = torch.bmm(w2.index_select(0, flat_ids), a).squeeze(-1)  # [T * K, H]
+    return _weighted_sum(y, topk_weights, x.dtype)
+
+
+def moe_experts_grouped(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    act_and_mul: torch.nn.Module,
+) -> torch.Tensor:
+    """`torch._grouped_mm` on rows sorted by expert; the group ends never leave the device.
+
+    `_grouped_mm(a [M, K], b [G, K, N], offs)` multiplies rows `offs[g-1]:offs[g]` of `a` by
+    `b[g]`; `offs` is int32, the cumulative row ends of the groups. `b` is the transposed view of
+    the `[E, N, K]` weights (column-major in its last two dims, as the kernel prefers), so nothing
+    is copied. The kernel needs 16-byte aligned row strides: H and I multiples of 8 for bf16.
+    """
+    _check_inputs(x, w13, w2, topk_weights, topk_ids)
+    num_experts = w13.shape[0]
+    k = topk_ids.shape[1]
+    flat_ids = topk_ids.reshape(-1)
+    # Stable, so rows of one expert keep token order (matches the loop's accumulation order).
+    sorted_ids, order = flat_ids.sort(stable=True)
+    # Group ends: how many sorted ids are <= e, for every expert e (a device-side cumsum).
+    experts = torch.arange(num_experts, device=x.device, dtype=sorted_ids.dtype)
+    offs = torch.searchsorted(sorted_ids, experts, right=True, out_int32=True)
+    rows = x.index_select(0, order // k)
+    h = torch._grouped_mm(rows, w13.transpose(1, 2), offs=offs)
+    y = torch._grouped_mm(act_and_mul(h), w2.transpose(1, 2), offs=offs)
+    # Back to (token, slot) order, then the same fixed-order weighted sum as the gathered path.
+    y = torch.empty_like(y).index_copy_(0, order, y)
+    return _weighted_sum(y, topk_weights, x.dtype)
+
+
+def grouped_mm_is_sync_free(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether `torch._grouped_mm` runs its device-only CUTLASS kernel for `dtype` on `device`.
+
+    torch takes that kernel for bf16 on CUDA compute capability 9.x and 10.x only; other CUDA
+    devices and dtypes use a fallback that reads the group ends on the host.
+    """
+    if device.type != "cuda" or dtype != torch.bfloat16 or not current_platform.is_cuda():
+        return False
+    return current_platform.device_capability[0] in (9, 10)
+
+
+def select_experts_impl(
+    device: torch.device, dtype: torch.dtype, num_rows: int, hidden: int, intermediate: int
+) -> ExpertsImpl:
+    """The implementation for `num_rows = T * K` routed rows of `dtype` on `device`.
+
+    Depends only on static facts (device, dtype, shapes), never on tensor values.
+    """
+    aligned = hidden % 8 == 0 and intermediate % 8 == 0
+    if aligned and grouped_mm_is_sync_free(device, dtype):
+        return moe_experts_grouped
+    if num_rows <= GATHER_MAX_ROWS:
+        return moe_experts_gathered
+    return moe_experts_loop
