@@ -39,6 +39,7 @@ import torch
 
 # The one switch every op here uses to run its Triton kernels on CPU tensors (the interpreter).
 from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import _INTERPRET
+from vllm.platforms import current_platform
 
 try:
     import triton
@@ -223,13 +224,14 @@ def mla_decode_config(
     splits = max(1, min(splits, capacity // _MIN_SPLIT_TOKENS, _MAX_SPLITS))
     wide = _next_pow2(latent) >= 256
     # Wide latents: [32, 512] tiles keep q, the accumulator and a cache tile within registers
-    # and shared memory with two pipeline stages.
+    # and shared memory with two pipeline stages (a [32, 576] bf16 tile is 36 KiB); ROCm's 64 KiB
+    # of LDS holds only one stage next to the dot operands.
     return MlaDecodeConfig(
         num_splits=splits,
         block_h=block_h,
         block_n=32 if wide else 64,
         num_warps=8 if wide else 4,
-        num_stages=2,
+        num_stages=1 if current_platform.is_rocm() else 2,
     )
 
 
@@ -284,7 +286,7 @@ def launch_mla_decode(
             *part.stride()[:3], *lse.stride()[:2], *out.stride()[:2],
             config.num_splits,
             L=latent, BLOCK_L=block_l, BLOCK_S=_next_pow2(config.num_splits),
-            num_warps=4,
+            num_warps=8 if block_l >= 256 else 4,
         )  # fmt: skip
     return out
 
