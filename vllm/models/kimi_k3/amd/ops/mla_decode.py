@@ -4,8 +4,9 @@ One query token for each of N sequences, H local heads, latent width L (`kv_lora
 position part R (`qk_rope_head_dim`; unrotated here, MLA is NoPE):
 
 - `q_latent` `[N, H, L]`: the query's nope part already multiplied into the latent space
-  (`q_nope @ W_UK` per head), `q_pe` `[N, H, R]`;
-- `kv_cache` `[num_blocks, block_size, L + R]`: per token the normed latent `c` and `k_pe`;
+  (`q_nope @ W_UK` per head), `q_pe` `[N, H, R]`; any strides, unit last stride;
+- `kv_cache` `[num_blocks, block_size, L + R]`: per token the normed latent `c` and `k_pe`; any
+  block and token strides, unit last stride; same dtype as the queries (fp16, bf16 or fp32);
 - `block_tables` `[N, max_blocks]` int32/int64 and `seq_lens` `[N]` int32/int64 on the device:
   sequence n attends to its first `seq_lens[n]` cached tokens, token p at
   `kv_cache[block_tables[n, p // block_size], p % block_size]`. Entries of `block_tables` past a
@@ -16,9 +17,154 @@ Output `[N, H, L]` in `q_latent`'s dtype: `sum_p softmax_p(scale * (q_latent . c
 
 Shapes are fixed by the buffers, not by the lengths, and nothing is read back to the host: the op
 can be captured in a CUDA graph.
+
+GPU path (Triton, split-KV). Program (n, head block, split) holds `BLOCK_H` heads of sequence n, so
+each cache tile it loads serves all of them (MLA heads share `c` and `k_pe`). Its split is the
+`s`-th of `num_splits` equal, `BLOCK_N`-aligned slices of `[0, seq_lens[n])`, cut on the device;
+slices past the length are empty and contribute nothing. It walks its slice in tiles of `BLOCK_N`
+tokens (rows found through `block_tables`), scores them with `tl.dot`, and keeps an online softmax
+(running max and sum, fp32, base 2). With one split it writes the output directly; otherwise it
+writes its normalized fp32 partial and log2-sum-exp, and a second kernel merges the splits per
+(n, head). `num_splits` is chosen on the host from N, H, the SM count and the context capacity
+(`max_blocks * block_size`), never from `seq_lens`. bf16/fp16 caches: the probabilities are
+rounded to the cache dtype for the `p @ c` tensor-core product (relative 2^-9 per weight); fp32
+caches use IEEE fp32 products throughout.
 """
 
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
 import torch
+
+# The one switch every op here uses to run its Triton kernels on CPU tensors (the interpreter).
+from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import _INTERPRET
+from vllm.platforms import current_platform
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs without Triton use the torch reference
+    triton = None
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_LOG2E = math.log2(math.e)
+# A split shorter than this spends more on its partial's write and merge than it saves.
+_MIN_SPLIT_TOKENS = 256
+# Bounds the partial buffer ([N, H, splits, L] fp32) and the merge kernel's tile.
+_MAX_SPLITS = 32
+# tl.dot needs every dimension of its operands to be at least 16.
+_MIN_DOT = 16
+
+if triton is not None:
+
+    @triton.jit
+    def _mla_decode_split_kernel(
+        q_ptr, qpe_ptr, kv_ptr, bt_ptr, seq_lens_ptr, out_ptr, lse_ptr,
+        stride_qn, stride_qh, stride_pn, stride_ph, stride_kb, stride_kt, stride_btn,
+        stride_on, stride_oh, stride_os, stride_ln, stride_lh,
+        heads, qk_scale_log2,
+        L: tl.constexpr, R: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr,
+        BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
+        DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
+    ):  # fmt: skip
+        n = tl.program_id(0).to(tl.int64)
+        split = tl.program_id(1)
+        num_splits = tl.num_programs(1)
+        h = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
+        h_ok = h < heads
+        col_l = tl.arange(0, BLOCK_L)
+        col_r = tl.arange(0, BLOCK_R)
+        l_ok = col_l < L
+        r_ok = col_r < R
+        # Padded heads and columns load as zeros: they add nothing to the scores, and padded
+        # heads (whose rows are never stored) still see finite scores.
+        q = tl.load(
+            q_ptr + n * stride_qn + h[:, None] * stride_qh + col_l[None, :],
+            mask=h_ok[:, None] & l_ok[None, :], other=0.0,
+        )  # fmt: skip
+        q_pe = tl.load(
+            qpe_ptr + n * stride_pn + h[:, None] * stride_ph + col_r[None, :],
+            mask=h_ok[:, None] & r_ok[None, :], other=0.0,
+        )  # fmt: skip
+
+        seq_len = tl.load(seq_lens_ptr + n).to(tl.int32)
+        # Equal slices of this sequence's own length (not of the capacity), so that every split
+        # of a long sequence has work; rounded to whole tiles.
+        per_split = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+        lo = split * per_split
+        hi = tl.minimum(lo + per_split, seq_len)
+
+        m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        denom = tl.zeros([BLOCK_H], tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_L], tl.float32)
+        bt_row = bt_ptr + n * stride_btn
+        for start in range(lo, hi, BLOCK_N):
+            pos = start + tl.arange(0, BLOCK_N)
+            ok = pos < hi
+            # Masked positions read no block-table entry and no cache row.
+            block = tl.load(bt_row + pos // PAGE, mask=ok, other=0).to(tl.int64)
+            rows = block * stride_kb + (pos % PAGE).to(tl.int64) * stride_kt
+            c = tl.load(
+                kv_ptr + rows[:, None] + col_l[None, :], mask=ok[:, None] & l_ok[None, :], other=0.0
+            )
+            k_pe = tl.load(
+                kv_ptr + rows[:, None] + L + col_r[None, :],
+                mask=ok[:, None] & r_ok[None, :], other=0.0,
+            )  # fmt: skip
+            scores = tl.dot(q, tl.trans(c), input_precision=DOT_PRECISION)
+            scores += tl.dot(q_pe, tl.trans(k_pe), input_precision=DOT_PRECISION)
+            # Every tile starts inside [lo, hi), so each row has a finite maximum.
+            scores = tl.where(ok[None, :], scores * qk_scale_log2, float("-inf"))
+            m_new = tl.maximum(m, tl.max(scores, axis=1))
+            alpha = tl.exp2(m - m_new)
+            p = tl.exp2(scores - m_new[:, None])
+            denom = denom * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c, input_precision=DOT_PRECISION)
+            m = m_new
+
+        out_mask = h_ok[:, None] & l_ok[None, :]
+        if SPLIT:
+            # An empty split (past the sequence's length) leaves a zero partial and a -inf
+            # log-sum-exp, so the merge gives it zero weight.
+            nonempty = denom > 0.0
+            o = acc / tl.where(nonempty, denom, 1.0)[:, None]
+            lse = tl.where(nonempty, m + tl.log2(tl.where(nonempty, denom, 1.0)), float("-inf"))
+            base = out_ptr + n * stride_on + split * stride_os
+            tl.store(base + h[:, None] * stride_oh + col_l[None, :], o, mask=out_mask)
+            tl.store(lse_ptr + n * stride_ln + h * stride_lh + split, lse, mask=h_ok)
+        else:
+            o = acc / denom[:, None]
+            tl.store(
+                out_ptr + n * stride_on + h[:, None] * stride_oh + col_l[None, :],
+                o.to(out_ptr.dtype.element_ty), mask=out_mask,
+            )  # fmt: skip
+
+    @triton.jit
+    def _mla_decode_merge_kernel(
+        part_ptr, lse_ptr, out_ptr,
+        stride_pn, stride_ph, stride_ps, stride_ln, stride_lh, stride_on, stride_oh,
+        num_splits,
+        L: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_S: tl.constexpr,
+    ):  # fmt: skip
+        n = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1)
+        s = tl.arange(0, BLOCK_S)
+        s_ok = s < num_splits
+        col = tl.arange(0, BLOCK_L)
+        lse = tl.load(lse_ptr + n * stride_ln + h * stride_lh + s, mask=s_ok, other=float("-inf"))
+        # Split 0 always holds the sequence's first token, so the maximum is finite.
+        weight = tl.exp2(lse - tl.max(lse, axis=0))
+        weight = weight / tl.sum(weight, axis=0)
+        part = tl.load(
+            part_ptr + n * stride_pn + h * stride_ph + s[:, None] * stride_ps + col[None, :],
+            mask=s_ok[:, None] & (col < L)[None, :], other=0.0,
+        )  # fmt: skip
+        o = tl.sum(part * weight[:, None], axis=0)
+        tl.store(
+            out_ptr + n * stride_on + h * stride_oh + col, o.to(out_ptr.dtype.element_ty),
+            mask=col < L,
+        )  # fmt: skip
 
 
 def mla_decode_paged_ref(
@@ -41,6 +187,110 @@ def mla_decode_paged_ref(
     return torch.einsum("nhp,npl->nhl", probs, ctx[..., :latent]).to(q_latent.dtype)
 
 
+@dataclass(frozen=True)
+class MlaDecodeConfig:
+    """Launch parameters of the Triton path (all powers of two except `num_splits`)."""
+
+    num_splits: int
+    block_h: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+@lru_cache(maxsize=8)
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 1  # the interpreter runs programs one after another
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def mla_decode_config(
+    n: int, heads: int, latent: int, capacity: int, num_sms: int
+) -> MlaDecodeConfig:
+    """The default launch for N sequences of `heads` heads over `capacity` cached positions.
+
+    Splits only when the (sequence, head block) programs would not fill the `num_sms` SMs, and
+    never below `_MIN_SPLIT_TOKENS` positions of capacity per split. Depends on shapes only, so a
+    captured graph stays valid for every `seq_lens`.
+    """
+    block_h = max(_MIN_DOT, min(_next_pow2(heads), 32))
+    programs = n * -(-heads // block_h)
+    splits = -(-num_sms // programs) if programs < num_sms else 1
+    splits = max(1, min(splits, capacity // _MIN_SPLIT_TOKENS, _MAX_SPLITS))
+    wide = _next_pow2(latent) >= 256
+    # Wide latents: [32, 512] tiles keep q, the accumulator and a cache tile within registers
+    # and shared memory with two pipeline stages (a [32, 576] bf16 tile is 36 KiB); ROCm's 64 KiB
+    # of LDS holds only one stage next to the dot operands.
+    return MlaDecodeConfig(
+        num_splits=splits,
+        block_h=block_h,
+        block_n=32 if wide else 64,
+        num_warps=8 if wide else 4,
+        num_stages=1 if current_platform.is_rocm() else 2,
+    )
+
+
+def launch_mla_decode(
+    q_latent: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    config: MlaDecodeConfig,
+) -> torch.Tensor:
+    """Run the Triton kernels with an explicit `config` (inputs already validated)."""
+    if config.num_splits < 1:
+        raise ValueError(f"config.num_splits must be >= 1, got {config.num_splits}")
+    for name in ("block_h", "block_n"):
+        value = getattr(config, name)
+        if value < _MIN_DOT or value & (value - 1):
+            raise ValueError(f"config.{name} must be a power of two >= {_MIN_DOT}, got {value}")
+    n, heads, latent = q_latent.shape
+    rope = q_pe.shape[-1]
+    out = q_latent.new_empty(n, heads, latent)
+    if n == 0:
+        return out
+    split = config.num_splits > 1
+    if split:
+        part = torch.empty(
+            n, heads, config.num_splits, latent, dtype=torch.float32, device=q_latent.device
+        )
+        lse = torch.empty(n, heads, config.num_splits, dtype=torch.float32, device=q_latent.device)
+        dest, part_strides, lse_strides = part, part.stride()[:3], lse.stride()[:2]
+    else:
+        lse = out  # unused without splits
+        dest, part_strides, lse_strides = out, (*out.stride()[:2], 0), (0, 0)
+    block_l = max(_MIN_DOT, _next_pow2(latent))
+    grid = (n, config.num_splits, -(-heads // config.block_h))
+    _mla_decode_split_kernel[grid](
+        q_latent, q_pe, kv_cache, block_tables, seq_lens, dest, lse,
+        q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1),
+        kv_cache.stride(0), kv_cache.stride(1), block_tables.stride(0),
+        *part_strides, *lse_strides,
+        heads, scale * _LOG2E,
+        L=latent, R=rope, BLOCK_L=block_l, BLOCK_R=max(_MIN_DOT, _next_pow2(rope)),
+        BLOCK_H=config.block_h, BLOCK_N=config.block_n, PAGE=kv_cache.shape[1],
+        # fp32 caches: full fp32 products (not TF32); 16-bit: the backend's default.
+        DOT_PRECISION="ieee" if q_latent.dtype == torch.float32 else None, SPLIT=split,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )  # fmt: skip
+    if split:
+        _mla_decode_merge_kernel[(n, heads)](
+            part, lse, out,
+            *part.stride()[:3], *lse.stride()[:2], *out.stride()[:2],
+            config.num_splits,
+            L=latent, BLOCK_L=block_l, BLOCK_S=_next_pow2(config.num_splits),
+            num_warps=8 if block_l >= 256 else 4,
+        )  # fmt: skip
+    return out
+
+
 def _validate(q_latent, q_pe, kv_cache, block_tables, seq_lens) -> None:
     if q_latent.dim() != 3 or q_pe.dim() != 3 or q_latent.shape[:2] != q_pe.shape[:2]:
         raise ValueError(
@@ -60,6 +310,26 @@ def _validate(q_latent, q_pe, kv_cache, block_tables, seq_lens) -> None:
     for name, t in (("block_tables", block_tables), ("seq_lens", seq_lens)):
         if t.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"{name} must be int32 or int64, got {t.dtype}")
+    if q_latent.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"q_latent must be fp16, bf16 or fp32, got {q_latent.dtype}")
+    for name, t in (("q_pe", q_pe), ("kv_cache", kv_cache)):
+        if t.dtype != q_latent.dtype:
+            raise ValueError(f"{name} must have q_latent's dtype {q_latent.dtype}, got {t.dtype}")
+    for name, t in (("q_latent", q_latent), ("q_pe", q_pe), ("kv_cache", kv_cache)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must have unit stride on its last dim, got {t.stride()}")
+    for name, t in (("q_pe", q_pe), ("kv_cache", kv_cache), ("block_tables", block_tables),
+                    ("seq_lens", seq_lens)):  # fmt: skip
+        if t.device != q_latent.device:
+            raise ValueError(
+                f"{name} must be on q_latent's device {q_latent.device}, not {t.device}"
+            )
+
+
+def _use_triton(device: torch.device) -> bool:
+    if triton is None:
+        return False
+    return device.type == "cuda" or (device.type == "cpu" and _INTERPRET)
 
 
 def mla_decode_paged(
@@ -72,4 +342,11 @@ def mla_decode_paged(
 ) -> torch.Tensor:
     """Absorbed-form MLA decode attention (see the module docstring for shapes and numerics)."""
     _validate(q_latent, q_pe, kv_cache, block_tables, seq_lens)
-    return mla_decode_paged_ref(q_latent, q_pe, kv_cache, block_tables, seq_lens, scale)
+    if q_latent.shape[0] == 0:
+        return q_latent.new_empty(q_latent.shape)
+    if not _use_triton(q_latent.device):
+        return mla_decode_paged_ref(q_latent, q_pe, kv_cache, block_tables, seq_lens, scale)
+    n, heads, latent = q_latent.shape
+    capacity = block_tables.shape[1] * kv_cache.shape[1]
+    config = mla_decode_config(n, heads, latent, capacity, _num_sms(q_latent.device))
+    return launch_mla_decode(q_latent, q_pe, kv_cache, block_tables, seq_lens, scale, config)

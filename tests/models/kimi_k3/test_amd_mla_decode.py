@@ -1,0 +1,301 @@
+"""The split-KV Triton MLA decode kernel (under TRITON_INTERPRET=1 on CPU) against the torch
+reference: paged caches whose unused rows are NaN, lengths at and around block boundaries, one and
+several splits (some past a sequence's end), padded head and column tiles; the default launch
+choice; validation; and on a GPU, Kimi-Linear sizes and CUDA-graph replay."""
+
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+import vllm.models.kimi_k3.amd.ops.mla_decode as op_module
+from vllm.models.kimi_k3.amd.ops.mla_decode import (
+    MlaDecodeConfig,
+    launch_mla_decode,
+    mla_decode_config,
+    mla_decode_paged,
+    mla_decode_paged_ref,
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _interpreter_bf16_dot():
+    """Make the Triton interpreter's tl.dot read bf16 operands as numbers.
+
+    The interpreter keeps bf16 tensors as raw uint16 (numpy has no bf16) and multiplies those bit
+    patterns; the hardware multiplies the values exactly into fp32. Widening bf16 -> fp32 is
+    exact, so this gives the hardware's products.
+    """
+    if DEVICE != "cpu":
+        yield
+        return
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    original = interpreter.InterpreterBuilder.create_dot
+
+    def widen(x):
+        if x.dtype.scalar != tl.bfloat16:
+            return x
+        data = interpreter._convert_float(x.data, tl.bfloat16, tl.float32, None)
+        return interpreter.TensorHandle(data.view(np.float32).reshape(x.data.shape), tl.float32)
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return original(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+    interpreter.InterpreterBuilder.create_dot = create_dot
+    try:
+        yield
+    finally:
+        interpreter.InterpreterBuilder.create_dot = original
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Counts launches of the two kernels, so a test cannot pass on the torch reference alone."""
+    counts = Counter()
+
+    class Counted:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                counts[self.name] += 1
+                return self.kernel[grid](*args, **kwargs)
+
+            return launch
+
+    for name in ("_mla_decode_split_kernel", "_mla_decode_merge_kernel"):
+        monkeypatch.setattr(op_module, name, Counted(name, getattr(op_module, name)))
+    return counts
+
+
+def make_case(n, heads, latent, rope, block_size, seq_lens, max_blocks, dtype, seed):
+    """Queries (strided views of one [N, H, L + R] tensor), a paged cache with the sequences'
+    blocks scattered among spare ones, and the same cache with every row no sequence may read
+    (tails of last blocks, padded table entries, spare blocks) set to NaN."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(n, heads, latent + rope, generator=gen).to(dtype)
+    num_blocks = n * max_blocks + 3
+    cache = torch.randn(num_blocks, block_size, latent + rope, generator=gen).to(dtype)
+    block_tables = torch.randperm(num_blocks, generator=gen)[: n * max_blocks].view(n, max_blocks)
+    readable = torch.zeros(num_blocks, block_size, dtype=torch.bool)
+    for i, length in enumerate(seq_lens):
+        for p in range(length):
+            readable[block_tables[i, p // block_size], p % block_size] = True
+    # The reference multiplies zero probabilities into unread rows, so it gets zeros there; the
+    # kernel gets NaN, which would show in its output if it read any of them.
+    clean = cache.masked_fill(~readable[..., None], 0.0)
+    poisoned = cache.masked_fill(~readable[..., None], float("nan"))
+    index_dtype = torch.int32 if n % 2 else torch.int64
+    return (
+        dict(
+            q_latent=q[..., :latent].to(DEVICE),
+            q_pe=q[..., latent:].to(DEVICE),
+            block_tables=block_tables.to(index_dtype).to(DEVICE),
+            seq_lens=torch.tensor(seq_lens, dtype=index_dtype, device=DEVICE),
+            scale=(latent + rope) ** -0.5,
+        ),
+        clean.to(DEVICE),
+        poisoned.to(DEVICE),
+    )
+
+
+def tolerance(dtype):
+    # fp32: IEEE fp32 products in both; only the summation order and exp2 vs exp differ (a few
+    # ulps over <= 64 terms). bf16: the kernel rounds each probability to bf16 for the p @ c
+    # product (relative <= 2^-8 even when the interpreter truncates), which perturbs the
+    # weighted mean of c (|c| <~ 4) by far less than 2^-8 * 4 on average, and both outputs are
+    # rounded to bf16 at the end (2^-9 relative each).
+    return (1e-5, 1e-5) if dtype == torch.float32 else (2**-7, 2**-7)
+
+
+def check(got, ref, dtype):
+    assert got.shape == ref.shape and got.dtype == dtype
+    assert torch.isfinite(got).all()
+    rtol, atol = tolerance(dtype)
+    torch.testing.assert_close(got.float(), ref.float(), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("block_size", [4, 16])
+@pytest.mark.parametrize("latent,rope", [(32, 8), (64, 16)])
+@pytest.mark.parametrize("heads", [1, 4])
+@pytest.mark.parametrize("n", [1, 3])
+def test_triton_matches_reference(n, heads, latent, rope, block_size, dtype, launches):
+    # Lengths: one token, exactly one block, one past a block; the table has a padded block.
+    lengths = [2 * block_size + 1] if n == 1 else [1, block_size, 2 * block_size + 1]
+    args, clean, poisoned = make_case(
+        n, heads, latent, rope, block_size, lengths, 4, dtype, seed=n * heads + latent + block_size
+    )
+    ref = mla_decode_paged_ref(kv_cache=clean, **args)
+    # Three splits: with one token the second and third are empty; with 2 * block_size + 1
+    # tokens and 16-token tiles, the last split is empty for block_size 4.
+    for splits in (1, 3):
+        config = MlaDecodeConfig(num_splits=splits, block_h=16, block_n=16, num_warps=4,
+                                 num_stages=1)  # fmt: skip
+        check(launch_mla_decode(kv_cache=poisoned, config=config, **args), ref, dtype)
+    assert launches == {"_mla_decode_split_kernel": 2, "_mla_decode_merge_kernel": 1}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_kimi_widths_short_context(dtype, launches):
+    """L = 512, R = 64 (Kimi-Linear's widths), through the entry point and the default config."""
+    args, clean, poisoned = make_case(2, 2, 512, 64, 16, [5, 16], 2, dtype, seed=7)
+    got = mla_decode_paged(kv_cache=poisoned, **args)
+    check(got, mla_decode_paged_ref(kv_cache=clean, **args), dtype)
+    assert launches == {"_mla_decode_split_kernel": 1}
+
+
+def test_many_tiles_and_splits(launches):
+    """Several tiles per split, splits not dividing the tiles, and more than 16 heads (two head
+    blocks), so the online softmax rescales across tiles and the merge weighs uneven splits."""
+    args, clean, poisoned = make_case(2, 20, 32, 8, 8, [97, 200], 25, torch.float32, seed=3)
+    ref = mla_decode_paged_ref(kv_cache=clean, **args)
+    config = MlaDecodeConfig(num_splits=5, block_h=16, block_n=16, num_warps=4, num_stages=1)
+    check(launch_mla_decode(kv_cache=poisoned, config=config, **args), ref, torch.float32)
+    assert launches == {"_mla_decode_split_kernel": 1, "_mla_decode_merge_kernel": 1}
+
+
+def test_default_config_depends_on_shapes_only():
+    sms = 132
+    # Few programs, long capacity: split to fill the SMs, at most 32 splits.
+    assert mla_decode_config(1, 32, 512, 32768, sms).num_splits == 32
+    assert mla_decode_config(4, 32, 512, 32768, sms).num_splits == 32
+    assert mla_decode_config(8, 32, 512, 32768, sms).num_splits == 17
+    # Splits never shorter than 256 positions of capacity.
+    assert mla_decode_config(1, 32, 512, 1024, sms).num_splits == 4
+    assert mla_decode_config(1, 32, 512, 200, sms).num_splits == 1
+    # Enough (sequence, head block) programs to fill the SMs: no split, no merge kernel.
+    assert mla_decode_config(132, 32, 512, 32768, sms).num_splits == 1
+    assert mla_decode_config(64, 128, 512, 32768, sms).num_splits == 1
+    config = mla_decode_config(1, 4, 32, 64, 1)
+    assert config.block_h == 16 and config.block_n >= 16 and config.num_splits == 1
+
+
+def test_config_is_checked():
+    args, clean, _ = make_case(1, 1, 32, 8, 4, [3], 1, torch.float32, seed=0)
+    for bad, match in (
+        (MlaDecodeConfig(0, 16, 16, 4, 1), "num_splits"),
+        (MlaDecodeConfig(1, 8, 16, 4, 1), "block_h"),
+        (MlaDecodeConfig(1, 16, 24, 4, 1), "block_n"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            launch_mla_decode(kv_cache=clean, config=bad, **args)
+
+
+def test_zero_sequences_launch_nothing(launches):
+    args, clean, _ = make_case(1, 2, 32, 8, 4, [3], 1, torch.float32, seed=0)
+    args = {k: (v[:0] if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
+    out = mla_decode_paged(kv_cache=clean, **args)
+    assert out.shape == (0, 2, 32) and not launches
+
+
+def _bad_inputs():
+    args, cache, _ = make_case(2, 2, 32, 8, 4, [3, 4], 2, torch.float32, seed=0)
+    base = dict(args, kv_cache=cache)
+    yield "q_pe", dict(base, q_pe=base["q_pe"][:1])
+    yield "kv_cache", dict(base, kv_cache=cache[..., :-1])
+    yield "block_tables", dict(base, block_tables=base["block_tables"][:1])
+    yield "block_tables must be int", dict(base, block_tables=base["block_tables"].float())
+    yield "seq_lens", dict(base, seq_lens=base["seq_lens"][:1])
+    yield "seq_lens must be int", dict(base, seq_lens=base["seq_lens"].float())
+    yield (
+        "q_latent must be fp16",
+        dict(base, q_latent=base["q_latent"].double(), q_pe=base["q_pe"].double()),
+    )
+    yield "kv_cache must have q_latent's dtype", dict(base, kv_cache=cache.bfloat16())
+    yield "q_pe must have q_latent's dtype", dict(base, q_pe=base["q_pe"].half())
+    yield (
+        "q_latent must have unit stride",
+        dict(base, q_latent=base["q_latent"].transpose(1, 2).contiguous().transpose(1, 2)),
+    )
+    yield (
+        "kv_cache must have unit stride",
+        dict(base, kv_cache=cache.transpose(1, 2).contiguous().transpose(1, 2)),
+    )
+    yield "seq_lens must be on q_latent's device", dict(base, seq_lens=base["seq_lens"].to("meta"))
+
+
+@pytest.mark.parametrize("match,inputs", list(_bad_inputs()), ids=lambda x: str(x)[:30])
+def test_validation(match, inputs):
+    with pytest.raises(ValueError, match=match):
+        mla_decode_paged(**inputs)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: Kimi-Linear sizes (H = 32, L = 512, R = 64), batch 1..64, contexts up to 8k
+# ---------------------------------------------------------------------------------------------
+
+
+def make_gpu_case(n, capacity, block_size, dtype, seed):
+    """Random lengths up to `capacity` (with a 1 and a full one), blocks scattered in the pool."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    heads, latent, rope = 32, 512, 64
+    max_blocks = capacity // block_size
+    lengths = torch.randint(1, capacity + 1, (n,), generator=gen, device="cuda")
+    lengths[0] = capacity
+    lengths[-1] = 1 if n > 1 else lengths[-1]
+    num_blocks = n * max_blocks + 7
+    cache = torch.randn(num_blocks, block_size, latent + rope, generator=gen, device="cuda")
+    perm = torch.randperm(num_blocks, generator=gen, device="cuda")[: n * max_blocks]
+    q = torch.randn(n, heads, latent + rope, generator=gen, device="cuda")
+    return dict(
+        q_latent=q[..., :latent].to(dtype),
+        q_pe=q[..., latent:].to(dtype),
+        kv_cache=cache.to(dtype),
+        block_tables=perm.view(n, max_blocks).to(torch.int32),
+        seq_lens=lengths.to(torch.int32),
+        scale=(192) ** -0.5,  # Kimi-Linear's softmax scale: (qk_nope + qk_rope) ** -0.5
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("n,capacity,block_size", [(1, 8192, 64), (8, 4096, 16), (64, 2048, 256),
+                                                   (64, 8192, 128), (3, 100 * 16, 16)])  # fmt: skip
+def test_gpu_kimi_sizes(n, capacity, block_size, dtype):
+    args = make_gpu_case(n, capacity, block_size, dtype, seed=n + capacity)
+    got = mla_decode_paged(**args)
+    ref = mla_decode_paged_ref(**args)
+    # bf16/fp16 probabilities in p @ c: relative 2^-9 (bf16) per weight, rounded to nearest.
+    rtol, atol = tolerance(torch.bfloat16)
+    torch.testing.assert_close(got.float(), ref.float(), rtol=rtol, atol=atol)
+
+
+@pytest.mark.gpu
+def test_gpu_fp32_uses_ieee_products():
+    args = make_gpu_case(4, 2048, 64, torch.float32, seed=1)
+    torch.testing.assert_close(mla_decode_paged(**args), mla_decode_paged_ref(**args),
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 64])
+def test_gpu_cuda_graph_replay_is_bit_equal(n):
+    """Capture once, then change the lengths and queries in place: replay must equal eager."""
+    args = make_gpu_case(n, 4096, 64, torch.bfloat16, seed=n)
+    static = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        mla_decode_paged(**static)  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = mla_decode_paged(**static)
+    gen = torch.Generator(device="cuda").manual_seed(99)
+    for _ in range(3):
+        static["seq_lens"].copy_(torch.randint(1, 4097, (n,), generator=gen, device="cuda"))
+        static["q_latent"].copy_(torch.randn(static["q_latent"].shape, generator=gen,
+                                             device="cuda"))  # fmt: skip
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = mla_decode_paged(**static)
+        assert torch.equal(out, eager)
+    assert not math.isnan(out.float().sum().item())
