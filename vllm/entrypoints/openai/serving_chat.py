@@ -145,6 +145,11 @@ class OpenAIServingChat(OpenAIServing):
     ) -> tuple[str | None, str]:
         if self.reasoning_parser is None:
             return None, text
+        eos = self.tokenizer.eos_token
+        if self.reasoning_parser.needs_special_tokens and final and eos and text.endswith(eos):
+            # Special tokens are kept for the markers' sake, so the eos that ended the reply
+            # shows up in the (final) text; it is not part of the answer.
+            text = text[: -len(eos)]
         reasoning, content = self.reasoning_parser.split(text, in_reasoning, final)
         return (reasoning if request.include_reasoning else None), content
 
