@@ -55,6 +55,9 @@ class RemoteServer:
         self.timeout = timeout
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
         self.proc: subprocess.Popen | None = None
+        self.exit_code: int | None = None  # of a clean exit after SIGTERM
+        self.leftover: list[int] = []  # processes of its session still alive after it exited
+        self._stopped = False
 
     def url(self, path: str = "") -> str:
         return f"http://127.0.0.1:{self.port}{path}"
@@ -92,27 +95,41 @@ class RemoteServer:
             time.sleep(0.5)
         raise TimeoutError(f"server not healthy after {self.timeout} s:\n{self.output()}")
 
-    def stop(self, timeout: float = 60.0) -> int | None:
-        """SIGTERM and wait; SIGKILL the process group if it does not exit. Returns the exit
-        code of a clean exit (None if it had to be killed)."""
-        if self.proc is None:
-            return None
-        code = None
+    def session_pids(self) -> list[int]:
+        """Live processes in the server's session (the server and anything it started)."""
+        pids = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            # After the command name: state, ppid, pgrp, session; zombies are already dead.
+            if fields[0] != "Z" and int(fields[3]) == self.proc.pid:
+                pids.append(int(stat.parent.name))
+        return pids
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """SIGTERM and wait; record the exit code and any process of its session left behind,
+        then SIGKILL that process group, so that nothing outlives the test."""
+        if self.proc is None or self._stopped:
+            return
+        self._stopped = True
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                code = self.proc.wait(timeout)
+                self.exit_code = self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                code = None
+                self.exit_code = None
         else:
-            code = self.proc.returncode
+            self.exit_code = self.proc.returncode
+        time.sleep(0.2)
+        self.leftover = [pid for pid in self.session_pids() if pid != self.proc.pid]
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # workers left in the session, if any
+            os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         if self.proc.poll() is None:
             self.proc.wait()
-        return code
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
