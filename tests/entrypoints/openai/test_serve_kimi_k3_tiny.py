@@ -17,6 +17,9 @@ import pytest
 import requests
 from server_utils import ROOT, RemoteServer, server_env
 
+from vllm.model_executor.model_loader.builtin import resolve_model
+from vllm.transformers_utils.tokenizer import get_tokenizer
+
 MODEL = "kimi-k3-tiny"
 NAME = "moonshotai/Kimi-K3"
 PTPC = '{"linear":"fp8_per_channel","ignore":["re:(?!.*self_attn\\\\.o_proj$).*"]}'
@@ -162,7 +165,9 @@ def test_tokenizer_endpoints_lm_eval_probes(server: RemoteServer) -> None:
     probe = requests.post(
         server.url("/tokenize"), json={"prompt": "test", "add_special_tokens": False}, timeout=10
     ).json()
-    assert probe["tokens"] == [ord(c) for c in "test"] and probe["count"] == 4
+    tokenizer = get_tokenizer(resolve_model(MODEL)[0])
+    assert probe["tokens"] == tokenizer.encode("test", add_special_tokens=False)
+    assert probe["count"] == 4
     assert probe["max_model_len"] == 2048
     text = requests.post(server.url("/detokenize"), json={"tokens": probe["tokens"]}).json()
     assert text == {"prompt": "test"}
@@ -200,7 +205,9 @@ def _assert_lm_eval_ran(out: dict, expected_docs: int) -> None:
     results = out["results"]
     for key in ("exact_match,strict-match", "exact_match,flexible-extract"):
         assert 0.0 <= results[key] <= 1.0
-    assert len(out["samples"]) == expected_docs
+    # One logged sample per document and filter.
+    assert sorted({s["doc_id"] for s in out["samples"]}) == list(range(expected_docs))
+    assert {s["filter"] for s in out["samples"]} == {"strict-match", "flexible-extract"}
     for sample in out["samples"]:
         (response,) = sample["resps"][0]
         assert response != "LMEVAL_MODEL_NONE_ANSWER_PLACEHOLDER"
