@@ -2,6 +2,7 @@
 before the model loads, by name and with the reason (argparse exit code 2)."""
 
 import dataclasses
+import socket
 
 import pytest
 
@@ -72,3 +73,15 @@ def test_bad_flags_are_refused_by_name(
     err = capsys.readouterr().err
     for name in names:
         assert name in err, err
+
+
+def test_busy_port_is_refused_before_loading(capsys: pytest.CaptureFixture) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        with pytest.raises(SystemExit) as exit_info:
+            main(["serve", "kimi-k3-tiny", "--host", "127.0.0.1", "--port", str(port)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--host/--port" in err and str(port) in err

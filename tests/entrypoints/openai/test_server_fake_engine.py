@@ -29,7 +29,8 @@ def server():
 
 def _post(server: RemoteServer, path: str, body: dict, key: str | None = KEY, **kw):
     headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
-    return requests.post(server.url(path), json=body, headers=headers, timeout=30, **kw)
+    kw.setdefault("timeout", 30)
+    return requests.post(server.url(path), json=body, headers=headers, **kw)
 
 
 def _events(response: requests.Response) -> list:
@@ -132,3 +133,15 @@ def test_disconnect_mid_stream_aborts_and_frees(server: RemoteServer) -> None:
     # 120 tokens take >= 0.6 s at 5 ms per step: the abort, not the end, freed it.
     time.sleep(1.0)
     assert _metric(server, "vllm:generation_tokens_total") - generated < 120
+
+
+def test_disconnect_while_waiting_for_a_whole_response_aborts(server: RemoteServer) -> None:
+    generated = _metric(server, "vllm:generation_tokens_total")
+    with pytest.raises(requests.exceptions.ReadTimeout):
+        _post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 120}, timeout=0.2)
+    time.sleep(1.0)  # the whole reply would need >= 0.6 s
+    assert _metric(server, "vllm:num_requests_running") == 0
+    assert _metric(server, "vllm:generation_tokens_total") - generated < 120
+    assert _metric(server, "vllm:num_free_blocks") == _metric(
+        server, "vllm:initial_num_free_blocks"
+    )

@@ -233,13 +233,19 @@ def run_server(args: argparse.Namespace, engine_config: Any) -> None:
     import uvicorn
 
     from vllm.entrypoints.cli.startup import log_startup
-    from vllm.v1.engine.llm_engine import LLMEngine
 
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    sock = bind_socket(args.host, args.port)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        sock = bind_socket(args.host, args.port)
+    except BindError:
+        signal.signal(signal.SIGTERM, previous)
+        raise
     served = args.served_model_name or [args.model]
     engine = async_llm = None
     try:
+        # Imported only now: a busy port fails before the model code is even loaded.
+        from vllm.v1.engine.llm_engine import LLMEngine
+
         engine = LLMEngine(engine_config)
         log_startup(engine, served, args)
         async_llm = AsyncLLM(engine, [LoggingStatLogger()])
@@ -268,7 +274,7 @@ def run_server(args: argparse.Namespace, engine_config: Any) -> None:
     except (KeyboardInterrupt, _Terminated):
         pass
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, previous)
         logger.info("Shutting down")
         if async_llm is not None:
             async_llm.shutdown()
