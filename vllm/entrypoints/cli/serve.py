@@ -11,6 +11,7 @@ import dataclasses
 import json
 import re
 
+from vllm import envs
 from vllm.engine.arg_utils import EngineArgs
 from vllm.logger import init_logger
 from vllm.reasoning import REASONING_PARSERS
@@ -39,7 +40,8 @@ _SERVER_FLAGS: list[tuple[tuple[str, ...], dict]] = [
         ("--api-key",),
         dict(
             default=None,
-            help="require `Authorization: Bearer KEY` on /v1/* requests (401 otherwise)",
+            help="require `Authorization: Bearer KEY` on /v1/* requests (401 otherwise); "
+            "default: $VLLM_API_KEY",
         ),
     ),
     (
@@ -157,6 +159,10 @@ def check_server_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
                 key,
                 value,
             )
+    if args.api_key is None:
+        args.api_key = envs.VLLM_API_KEY
+    if envs.VLLM_USE_BREAKABLE_CUDAGRAPH is not None:
+        logger.info("VLLM_USE_BREAKABLE_CUDAGRAPH has no effect: decode graphs are whole")
     if args.language_model_only:
         logger.info("--language-model-only: the text model is all that vllm-k3 serves")
     if args.served_model_name is not None and not all(args.served_model_name):
