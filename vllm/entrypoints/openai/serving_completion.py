@@ -142,7 +142,7 @@ class OpenAIServingCompletion(OpenAIServing):
         if request.echo:
             text = prompt_text + text
         if request.logprobs is not None:
-            logprobs = self._logprobs(request, out, c, request.echo)
+            logprobs = self._logprobs(out, c, request.echo)
         return CompletionChoice(
             index=prompt_index * request.n + c.index,
             text=text,
@@ -153,7 +153,6 @@ class OpenAIServingCompletion(OpenAIServing):
 
     def _logprobs(
         self,
-        request: CompletionRequest,
         out: RequestOutput,
         c: CompletionOutput,
         with_prompt: bool,
@@ -202,18 +201,15 @@ class OpenAIServingCompletion(OpenAIServing):
                     logprobs = None
                     if request.logprobs is not None:
                         logprobs = self._logprobs(
-                            request,
                             out,
                             c,
                             request.echo and first,
                             sent_tokens.get(index, 0),
                             text_offsets.get(index, 0),
                         )
-                        text_offsets[index] = (
-                            logprobs.text_offset[-1] + len(logprobs.tokens[-1])
-                            if logprobs.tokens
-                            else text_offsets.get(index, 0)
-                        )
+                        if logprobs.tokens:  # the next chunk's tokens start after these
+                            end = logprobs.text_offset[-1] + len(logprobs.tokens[-1])
+                            text_offsets[index] = end
                     sent_tokens[index] = len(c.token_ids)
                     sent_text[index] = len(c.text)
                     text = prompt_texts[i] + delta if first and request.echo else delta
@@ -242,8 +238,6 @@ class OpenAIServingCompletion(OpenAIServing):
                 )
         except EngineDeadError as e:
             yield sse(OpenAIError(str(e), 503).response())
-        except OpenAIError as e:
-            yield sse(e.response())
         finally:
             self._abort(request_ids)
         yield sse("[DONE]")
