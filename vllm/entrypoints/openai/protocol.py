@@ -65,7 +65,7 @@ class SamplingFields(OpenAIModel):
     skip_special_tokens: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
+    user: str | None = None  # sent by some OpenAI clients; unused
 
     def sampling_params(
         self,
@@ -153,11 +153,9 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
-    continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     include_reasoning: bool = True
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None  # passed to the chat template; no tool parser
 
 
 class ChatLogProb(BaseModel):
