@@ -145,3 +145,24 @@ def test_disconnect_while_waiting_for_a_whole_response_aborts(server: RemoteServ
     assert _metric(server, "vllm:num_free_blocks") == _metric(
         server, "vllm:initial_num_free_blocks"
     )
+
+
+def test_streamed_completion_with_echo_and_logprobs_adds_up(server: RemoteServer) -> None:
+    body = {"prompt": ["ab", "xyz"], "max_tokens": 6, "stream": True, "echo": True,
+            "logprobs": 1, "n": 2}  # fmt: skip
+    events = _events(_post(server, "/v1/completions", body, stream=True))
+    assert events[-1] == "[DONE]"
+    texts: dict[int, str] = {}
+    tokens: dict[int, list[str]] = {}
+    offsets: dict[int, list[int]] = {}
+    for event in events[:-1]:
+        (choice,) = event["choices"]
+        i = choice["index"]
+        texts[i] = texts.get(i, "") + choice["text"]
+        tokens.setdefault(i, []).extend(choice["logprobs"]["tokens"])
+        offsets.setdefault(i, []).extend(choice["logprobs"]["text_offset"])
+    reply = SCRIPT[:6]
+    assert texts == {0: "ab" + reply, 1: "ab" + reply, 2: "xyz" + reply, 3: "xyz" + reply}
+    for i, text in texts.items():
+        assert "".join(tokens[i]) == text
+        assert offsets[i] == list(range(len(text)))  # one character per token here
