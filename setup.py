@@ -95,6 +95,7 @@ setup(
     package_data={"vllm.models.kimi_k3": ["tiny/*/*.json"]},
     install_requires=read_requirements(requirements_file),
     extras_require={"test": read_requirements("test.txt")},
+    entry_points={"console_scripts": ["vllm = vllm.entrypoints.cli.main:main"]},
     ext_modules=ext_modules,
     cmdclass={"build_ext": CMakeBuild},
 )

@@ -36,6 +36,15 @@ _VARIABLES: dict[str, tuple[Callable[[str | None], Any], str]] = {
         lambda v: (v or "0") == "1",
         "ROCm: allow the hipBLASLt preshuffled PTPC GEMM (aiter.hipb_mm) (default 0).",
     ),
+    "VLLM_USE_BREAKABLE_CUDAGRAPH": (
+        lambda v: None if v is None else v == "1",
+        "Set by the ROCm serving recipe; no effect here (decode runs as whole CUDA graphs, "
+        "one per batch size). `vllm serve` logs that it is ignored.",
+    ),
+    "VLLM_API_KEY": (
+        lambda v: v or None,
+        "`vllm serve`: the API key when --api-key is not given.",
+    ),
     "VLLM_LOGGING_LEVEL": (
         lambda v: (v or "INFO").upper(),
         "Level of the `vllm` loggers (default INFO).",

@@ -1,0 +1,87 @@
+"""`vllm serve` flags: --help documents every flag, and each flag that cannot work is refused
+before the model loads, by name and with the reason (argparse exit code 2)."""
+
+import dataclasses
+import socket
+
+import pytest
+
+from vllm.engine.arg_utils import EngineArgs
+from vllm.entrypoints.cli.main import main, make_parser
+
+RECIPE_FLAGS = [
+    "--served-model-name", "--host", "--port", "--trust-remote-code", "--tensor-parallel-size",
+    "-tp", "--language-model-only", "--reasoning-parser", "--max-model-len", "--kv-cache-dtype",
+    "--attention-config", "-ac", "--quantization-config", "--speculative-config", "-sc",
+    "--load-format", "--max-num-seqs", "--max-num-batched-tokens", "--gpu-memory-utilization",
+    "--enforce-eager", "--seed", "--dtype", "--api-key", "--enable-tokenizer-info-endpoint",
+    "--uvicorn-log-level",
+]  # fmt: skip
+
+
+def test_help_lists_every_flag_with_text(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for flag in RECIPE_FLAGS:
+        assert flag in text, flag
+    for field in dataclasses.fields(EngineArgs):
+        assert "--" + field.name.replace("_", "-") in text, field.name
+    serve = make_parser()._subparsers._group_actions[0].choices["serve"]
+    for action in serve._actions:
+        assert action.help, action.option_strings
+
+
+def test_recipe_flags_parse() -> None:
+    args = make_parser().parse_args(
+        ["serve", "kimi-k3-tiny", "--served-model-name", "a", "b", "-tp", "2",
+         "--trust-remote-code", "--language-model-only", "--reasoning-parser", "kimi_k3",
+         "--max-model-len", "2k", "-ac", '{"mla_prefill_backend": "TRITON_MLA"}',
+         "--quantization-config", '{"linear":"fp8_per_channel"}']
+    )  # fmt: skip
+    assert args.served_model_name == ["a", "b"]
+    assert args.tensor_parallel_size == 2 and args.trust_remote_code
+    assert args.reasoning_parser == "kimi_k3" and args.max_model_len == "2k"
+    assert args.enable_tokenizer_info_endpoint  # on by default
+
+
+@pytest.mark.parametrize(
+    "argv, names",
+    [
+        (["-sc", '{"method": "dspark", "num_speculative_tokens": 2}'],
+         ["--speculative-config", "not implemented"]),
+        (["-ac", "{not json"], ["--attention-config", "JSON"]),
+        (["-ac", "[1]"], ["--attention-config", "object"]),
+        (["--kv-cache-dtype", "fp8"], ["--kv-cache-dtype", "not supported"]),
+        (["--max-model-len", "12q"], ["--max-model-len", "cannot parse"]),
+        (["--max-model-len", "1m"], ["--max-model-len", "max_position_embeddings"]),
+        (["--quantization-config", "{oops"], ["--quantization-config", "not valid JSON"]),
+        (["--load-format", "pt"], ["--load-format"]),
+        (["--gpu-memory-utilization", "1.5"], ["--gpu-memory-utilization"]),
+        (["--reasoning-parser", "deepseek"], ["--reasoning-parser", "invalid choice"]),
+        (["--dtype", "int3"], ["--dtype"]),
+        (["--port", "70000"], ["--port"]),
+    ],
+)  # fmt: skip
+def test_bad_flags_are_refused_by_name(
+    argv: list[str], names: list[str], capsys: pytest.CaptureFixture
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "kimi-k3-tiny", *argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    for name in names:
+        assert name in err, err
+
+
+def test_busy_port_is_refused_before_loading(capsys: pytest.CaptureFixture) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        with pytest.raises(SystemExit) as exit_info:
+            main(["serve", "kimi-k3-tiny", "--host", "127.0.0.1", "--port", str(port)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--host/--port" in err and str(port) in err

@@ -1,0 +1,137 @@
+"""Start a real server process on a free loopback port, wait for /health, always stop it.
+
+The child runs in its own session, so stopping it (SIGTERM, then SIGKILL of that session's
+process group if it hangs) also takes down any tensor-parallel workers it started. It must not
+inherit TRITON_INTERPRET=1 from the test conftest: the engine's CPU path is the torch reference,
+not the Triton interpreter.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def server_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("HF_DATASETS_OFFLINE", "1")
+    return env
+
+
+class RemoteServer:
+    """`with RemoteServer(["serve", "kimi-k3-tiny", ...]) as server: server.url(...)`.
+
+    `argv` follows `python -m vllm.entrypoints.cli.main` (that is, the `vllm` command) unless
+    `command` is given in full; `--host`/`--port` are added."""
+
+    def __init__(
+        self,
+        argv: list[str] | None = None,
+        command: list[str] | None = None,
+        timeout: float = 240.0,
+        port: int | None = None,
+    ) -> None:
+        self.port = port or free_port()
+        if command is None:
+            command = [sys.executable, "-m", "vllm.entrypoints.cli.main", *argv]
+            command += ["--host", "127.0.0.1", "--port", str(self.port)]
+        self.command = command
+        self.timeout = timeout
+        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+        self.proc: subprocess.Popen | None = None
+        self.exit_code: int | None = None  # of a clean exit after SIGTERM
+        self.leftover: list[int] = []  # processes of its session still alive after it exited
+        self._stopped = False
+
+    def url(self, path: str = "") -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def output(self) -> str:
+        self.log.flush()
+        return Path(self.log.name).read_text(errors="replace")
+
+    def __enter__(self) -> "RemoteServer":
+        self.proc = subprocess.Popen(
+            self.command,
+            cwd=ROOT,
+            env=server_env(),
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                if requests.get(self.url("/health"), timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"server not healthy after {self.timeout} s:\n{self.output()}")
+
+    def session_pids(self) -> list[int]:
+        """Live processes in the server's session (the server and anything it started)."""
+        pids = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            # After the command name: state, ppid, pgrp, session; zombies are already dead.
+            if fields[0] != "Z" and int(fields[3]) == self.proc.pid:
+                pids.append(int(stat.parent.name))
+        return pids
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """SIGTERM and wait; record the exit code and any process of its session left behind,
+        then SIGKILL that process group, so that nothing outlives the test."""
+        if self.proc is None or self._stopped:
+            return
+        self._stopped = True
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.exit_code = self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.exit_code = None
+        else:
+            self.exit_code = self.proc.returncode
+        time.sleep(0.2)
+        self.leftover = [pid for pid in self.session_pids() if pid != self.proc.pid]
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if self.proc.poll() is None:
+            self.proc.wait()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        self.log.close()
+        os.unlink(self.log.name)

@@ -1,0 +1,116 @@
+"""AsyncLLM over a scripted engine: concurrent requests, early close aborts and frees, a refused
+request leaves the loop running, a failing step fails every open request and /health's state."""
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from fake_engine import FakeEngine  # noqa: E402
+
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.v1.engine.async_llm import AsyncLLM, EngineDeadError, StatLogger  # noqa: E402
+
+
+@pytest.fixture
+def llm():
+    engine = AsyncLLM(FakeEngine("The quick brown fox jumps over the lazy dog."))
+    yield engine
+    engine.shutdown()
+
+
+async def _collect(llm: AsyncLLM, request_id: str, prompt: str, max_tokens: int) -> str:
+    last = None
+    async for out in llm.generate(request_id, prompt, SamplingParams(max_tokens=max_tokens)):
+        last = out
+    assert last.finished
+    return last.outputs[0].text
+
+
+def test_concurrent_requests_each_get_their_own_output(llm: AsyncLLM) -> None:
+    async def main() -> list[str]:
+        return await asyncio.gather(*(_collect(llm, f"r{i}", "hi", 3 + i) for i in range(8)))
+
+    texts = asyncio.run(main())
+    script = "The quick brown fox jumps over the lazy dog."
+    assert texts == [script[: 3 + i] for i in range(8)]
+    assert llm.engine.requests == {}
+
+
+def test_closing_the_stream_early_aborts_and_frees(llm: AsyncLLM) -> None:
+    async def main() -> None:
+        stream = await llm.add_request("a", "hi", SamplingParams(max_tokens=100))
+        async for out in stream:
+            assert not out.finished
+            break
+        await stream.aclose()
+        for _ in range(100):
+            if not llm.engine.requests:
+                return
+            await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    kv = llm.engine.kv_cache_manager
+    assert llm.engine.requests == {}
+    assert kv.num_free_blocks == kv.initial_num_free_blocks
+    assert llm.scheduler_stats.num_free_kda_slots == kv.initial_num_free_kda_slots
+
+
+def test_refused_request_raises_and_the_loop_keeps_serving(llm: AsyncLLM) -> None:
+    async def main() -> str:
+        with pytest.raises(ValueError, match="empty"):
+            await llm.add_request("bad", [], SamplingParams())
+        return await _collect(llm, "good", "hi", 4)
+
+    assert asyncio.run(main()) == "The "
+    assert llm.is_running
+
+
+def test_duplicate_request_id_is_refused(llm: AsyncLLM) -> None:
+    async def main() -> None:
+        stream = await llm.add_request("dup", "hi", SamplingParams(max_tokens=50))
+        with pytest.raises(ValueError, match="already in use"):
+            await llm.add_request("dup", "hi", SamplingParams())
+        await stream.aclose()
+
+    asyncio.run(main())
+
+
+def test_step_failure_kills_the_loop_and_fails_open_requests() -> None:
+    engine = FakeEngine("abc")
+
+    def broken_step():
+        raise RuntimeError("device lost")
+
+    llm = AsyncLLM(engine)
+    try:
+        engine.step = broken_step
+
+        async def main() -> None:
+            with pytest.raises(EngineDeadError):
+                await _collect(llm, "x", "hi", 5)
+
+        asyncio.run(main())
+        assert not llm.is_running
+        assert isinstance(llm.errored, RuntimeError)
+    finally:
+        llm.shutdown()
+    assert engine.shut_down
+
+
+def test_stat_loggers_see_tokens_and_finished_requests(llm: AsyncLLM) -> None:
+    seen = {"generated": 0, "finished": [], "ttft": 0}
+
+    class Recorder(StatLogger):
+        def record(self, scheduler, iteration) -> None:
+            if iteration is not None:
+                seen["generated"] += iteration.num_generation_tokens
+                seen["finished"] += [reason for reason, _ in iteration.finished]
+                seen["ttft"] += len(iteration.time_to_first_token)
+
+    llm.add_stat_logger(Recorder())
+    asyncio.run(_collect(llm, "s", "hi", 6))
+    assert seen == {"generated": 6, "finished": ["length"], "ttft": 1}

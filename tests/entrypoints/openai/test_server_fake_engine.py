@@ -1,0 +1,168 @@
+"""The HTTP layer in a real server process, over a scripted engine (so replies are known):
+chat with the kimi_k3 reasoning parser (whole and streamed), the error shapes and fields, the
+API key, and a client that disconnects mid-stream freeing its cache."""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from server_utils import RemoteServer, free_port
+
+from vllm.reasoning.kimi_k3_reasoning_parser import THINK_END, THINK_START
+
+SCRIPT = f"Hmm.{THINK_START}Two and two make four.{THINK_END} The answer is 4."
+KEY = "sk-test"
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = free_port()
+    script = str(Path(__file__).parent / "fake_server.py")
+    command = [sys.executable, script, str(port), SCRIPT, "--reasoning-parser", "kimi_k3",
+               "--api-key", KEY, "--step-delay", "0.005"]  # fmt: skip
+    with RemoteServer(command=command, port=port, timeout=60) as remote:
+        yield remote
+
+
+def _post(server: RemoteServer, path: str, body: dict, key: str | None = KEY, **kw):
+    headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
+    kw.setdefault("timeout", 30)
+    return requests.post(server.url(path), json=body, headers=headers, **kw)
+
+
+def _events(response: requests.Response) -> list:
+    events = []
+    for line in response.iter_lines():
+        if line:
+            assert line.startswith(b"data: "), line
+            data = line[len(b"data: ") :]
+            events.append(data.decode() if data == b"[DONE]" else json.loads(data))
+    return events
+
+
+def test_chat_splits_reasoning(server: RemoteServer) -> None:
+    body = {"model": "fake-alias", "messages": [{"role": "user", "content": "2+2?"}],
+            "max_tokens": len(SCRIPT)}  # fmt: skip
+    reply = _post(server, "/v1/chat/completions", body).json()
+    message = reply["choices"][0]["message"]
+    assert message["reasoning"] == "Two and two make four."
+    assert message["content"] == "Hmm. The answer is 4."
+    assert reply["model"] == "fake"  # the first served name
+    usage = reply["usage"]
+    assert usage["completion_tokens"] == len(SCRIPT)  # one byte-level token per character
+    assert usage["total_tokens"] == usage["prompt_tokens"] + len(SCRIPT) > len(SCRIPT)
+
+
+def test_streamed_chat_deltas_add_up(server: RemoteServer) -> None:
+    body = {"messages": [{"role": "user", "content": "2+2?"}], "max_tokens": len(SCRIPT),
+            "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    events = _events(_post(server, "/v1/chat/completions", body, stream=True))
+    assert events[-1] == "[DONE]"
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert events[-2]["choices"] == [] and events[-2]["usage"]["completion_tokens"] > 0
+    deltas = [e["choices"][0]["delta"] for e in events[1:-2]]
+    assert "".join(d["reasoning"] or "" for d in deltas) == "Two and two make four."
+    assert "".join(d["content"] or "" for d in deltas) == "Hmm. The answer is 4."
+    assert events[-3]["choices"][0]["finish_reason"] == "length"
+    assert len(deltas) > 5  # really streamed
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"prompt": "hi", "max_tokens": "many"}, "max_tokens"),
+        ({"prompt": "hi", "temperature": -0.5}, "temperature"),
+        ({"prompt": "hi", "top_p": 1.5}, "top_p"),
+        ({"prompt": "hi", "n": 0}, "n"),
+        ({"prompt": "hi", "max_tokens": 129}, "max_tokens"),
+        ({"prompt": "x" * 200}, "prompt"),
+        ({"prompt": [1, 2, 100000]}, "prompt"),
+        ({"prompt": 5}, "prompt"),
+        ({"prompt": "hi", "stop": [""]}, "stop"),
+        ({"prompt": "hi", "logprobs": -1}, "logprobs"),
+        ({"max_tokens": 3}, "prompt"),
+    ],
+)
+def test_bad_completion_fields_are_400s_naming_them(
+    server: RemoteServer, body: dict, param: str
+) -> None:
+    response = _post(server, "/v1/completions", body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and error["code"] == 400, error
+    assert error["type"] == "BadRequestError" and error["message"]
+
+
+def test_unknown_model_is_404(server: RemoteServer) -> None:
+    response = _post(server, "/v1/completions", {"prompt": "hi", "model": "gpt-9"})
+    assert response.status_code == 404
+    assert response.json()["error"]["message"] == "The model `gpt-9` does not exist."
+
+
+def test_api_key_guards_v1_only(server: RemoteServer) -> None:
+    assert _post(server, "/v1/completions", {"prompt": "hi"}, key=None).status_code == 401
+    assert _post(server, "/v1/completions", {"prompt": "hi"}, key="wrong").status_code == 401
+    assert _post(server, "/v1/completions", {"prompt": "hi"}).status_code == 200
+    assert _post(server, "/tokenize", {"prompt": "hi"}, key=None).status_code == 200
+
+
+def _metric(server: RemoteServer, name: str) -> float:
+    for line in requests.get(server.url("/metrics"), timeout=10).text.splitlines():
+        if line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(name)
+
+
+def test_disconnect_mid_stream_aborts_and_frees(server: RemoteServer) -> None:
+    body = {"prompt": "hi", "max_tokens": 120, "stream": True}
+    generated = _metric(server, "vllm:generation_tokens_total")
+    with _post(server, "/v1/completions", body, stream=True) as response:
+        lines = response.iter_lines()
+        next(line for line in lines if line)
+        assert _metric(server, "vllm:num_requests_running") == 1
+    deadline = time.monotonic() + 10
+    while _metric(server, "vllm:num_requests_running") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _metric(server, "vllm:num_requests_running") == 0
+    assert _metric(server, "vllm:num_free_blocks") == _metric(
+        server, "vllm:initial_num_free_blocks"
+    )
+    # 120 tokens take >= 0.6 s at 5 ms per step: the abort, not the end, freed it.
+    time.sleep(1.0)
+    assert _metric(server, "vllm:generation_tokens_total") - generated < 120
+
+
+def test_disconnect_while_waiting_for_a_whole_response_aborts(server: RemoteServer) -> None:
+    generated = _metric(server, "vllm:generation_tokens_total")
+    with pytest.raises(requests.exceptions.ReadTimeout):
+        _post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 120}, timeout=0.2)
+    time.sleep(1.0)  # the whole reply would need >= 0.6 s
+    assert _metric(server, "vllm:num_requests_running") == 0
+    assert _metric(server, "vllm:generation_tokens_total") - generated < 120
+    assert _metric(server, "vllm:num_free_blocks") == _metric(
+        server, "vllm:initial_num_free_blocks"
+    )
+
+
+def test_streamed_completion_with_echo_and_logprobs_adds_up(server: RemoteServer) -> None:
+    body = {"prompt": ["ab", "xyz"], "max_tokens": 6, "stream": True, "echo": True,
+            "logprobs": 1, "n": 2}  # fmt: skip
+    events = _events(_post(server, "/v1/completions", body, stream=True))
+    assert events[-1] == "[DONE]"
+    texts: dict[int, str] = {}
+    tokens: dict[int, list[str]] = {}
+    offsets: dict[int, list[int]] = {}
+    for event in events[:-1]:
+        (choice,) = event["choices"]
+        i = choice["index"]
+        texts[i] = texts.get(i, "") + choice["text"]
+        tokens.setdefault(i, []).extend(choice["logprobs"]["tokens"])
+        offsets.setdefault(i, []).extend(choice["logprobs"]["text_offset"])
+    reply = SCRIPT[:6]
+    assert texts == {0: "ab" + reply, 1: "ab" + reply, 2: "xyz" + reply, 3: "xyz" + reply}
+    for i, text in texts.items():
+        assert "".join(tokens[i]) == text
+        assert offsets[i] == list(range(len(text)))  # one character per token here

@@ -1,0 +1,1 @@
+"""The `vllm` console script (`vllm serve MODEL [flags]`)."""

@@ -1,0 +1,189 @@
+"""`vllm serve MODEL [flags]`: the OpenAI-compatible server.
+
+Engine flags come from `EngineArgs.add_cli_args` (the same fields as `LLM(...)` keywords); this
+module adds the server's own flags and the recipe's flags that the engine has no field for, each
+either working or refused at start-up with a message naming it. Every check runs before the model
+loads.
+"""
+
+import argparse
+import dataclasses
+import json
+import re
+
+from vllm import envs
+from vllm.engine.arg_utils import EngineArgs
+from vllm.logger import init_logger
+from vllm.reasoning import REASONING_PARSERS
+
+logger = init_logger(__name__)
+
+_DESCRIPTION = """\
+Serve MODEL (a checkpoint folder or a built-in name such as kimi-k3-tiny) over an
+OpenAI-compatible HTTP API: /v1/completions, /v1/chat/completions, /v1/models, /tokenize,
+/detokenize, /tokenizer_info, /health, /version, /metrics. See docs/serving.md."""
+
+_SERVER_FLAGS: list[tuple[tuple[str, ...], dict]] = [
+    (
+        ("--served-model-name",),
+        dict(
+            nargs="+",
+            default=None,
+            metavar="NAME",
+            help="name(s) the API accepts in the `model` field; responses echo the first "
+            "(default: MODEL)",
+        ),
+    ),
+    (("--host",), dict(default=None, help="address to bind (default: all interfaces)")),
+    (("--port",), dict(type=int, default=8000, help="TCP port (default 8000)")),
+    (
+        ("--api-key",),
+        dict(
+            default=None,
+            help="require `Authorization: Bearer KEY` on /v1/* requests (401 otherwise); "
+            "default: $VLLM_API_KEY",
+        ),
+    ),
+    (
+        ("--enable-tokenizer-info-endpoint",),
+        dict(
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="serve GET /tokenizer_info (on by default here, unlike vLLM: lm_eval's "
+            "remote tokenizer needs it, or it downloads a tokenizer from the hub)",
+        ),
+    ),
+    (
+        ("--uvicorn-log-level",),
+        dict(
+            default="info",
+            choices=["critical", "error", "warning", "info", "debug", "trace"],
+            help="log level of uvicorn's access and error logs",
+        ),
+    ),
+    (
+        ("--reasoning-parser",),
+        dict(
+            default=None,
+            choices=sorted(REASONING_PARSERS),
+            help="split the chat reply's think channel into `reasoning` (kimi_k3: "
+            "<|open|>think<|sep|> ... <|close|>think<|sep|>); no effect on /v1/completions",
+        ),
+    ),
+    (
+        ("--language-model-only",),
+        dict(
+            action="store_true",
+            help="serve only the text model; this fork has no vision tower, so this is always the "
+            "case (accepted for the recipe)",
+        ),
+    ),
+    (
+        ("--attention-config", "-ac"),
+        dict(
+            default=None,
+            metavar="JSON",
+            help="upstream AttentionConfig as a JSON object; this fork has one MLA/KDA "
+            "implementation per platform, so each key is reported as having no effect",
+        ),
+    ),
+    (
+        ("--speculative-config", "-sc"),
+        dict(
+            default=None,
+            metavar="JSON",
+            help="speculative decoding config: refused, speculative decoding is not implemented",
+        ),
+    ),
+]
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve a model over an OpenAI-compatible API",
+        description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "model_tag",
+        nargs="?",
+        default=None,
+        metavar="MODEL",
+        help="checkpoint folder or built-in model name (overrides --model)",
+    )
+    engine = parser.add_argument_group("engine (the same fields as LLM(...) keywords)")
+    EngineArgs.add_cli_args(engine)
+    engine.add_argument(
+        "-tp",
+        dest="tensor_parallel_size",
+        type=int,
+        default=argparse.SUPPRESS,
+        help="short for --tensor-parallel-size",
+    )
+    server = parser.add_argument_group("server")
+    for names, kwargs in _SERVER_FLAGS:
+        server.add_argument(*names, **kwargs)
+    parser.set_defaults(dispatch=run, subparser=parser)
+    return parser
+
+
+def _flag_of(message: str) -> str:
+    """The CLI flag of the first EngineArgs field that an error message names."""
+    names = {f.name for f in dataclasses.fields(EngineArgs)}
+    for word in re.findall(r"[a-z][a-z_]+", message):
+        if word in names:
+            return "--" + word.replace("_", "-")
+    return "engine arguments"
+
+
+def check_server_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Refuse (by name, with the reason) the flags that cannot work; warn for no-op ones."""
+    if args.speculative_config is not None:
+        parser.error(
+            "argument --speculative-config/-sc: speculative decoding is not implemented in "
+            "vllm-k3 (no draft model runner or rejection sampler); remove the flag to serve "
+            "without it"
+        )
+    if args.attention_config is not None:
+        try:
+            config = json.loads(args.attention_config)
+        except json.JSONDecodeError as e:
+            parser.error(f"argument --attention-config/-ac: not valid JSON: {e}")
+        if not isinstance(config, dict):
+            parser.error("argument --attention-config/-ac: must be a JSON object")
+        for key, value in config.items():
+            logger.warning(
+                "--attention-config %s=%r has no effect: vllm-k3 has one MLA and one KDA "
+                "implementation per platform (no backend choice)",
+                key,
+                value,
+            )
+    if args.api_key is None:
+        args.api_key = envs.VLLM_API_KEY
+    if envs.VLLM_USE_BREAKABLE_CUDAGRAPH is not None:
+        logger.info("VLLM_USE_BREAKABLE_CUDAGRAPH has no effect: decode graphs are whole")
+    if args.language_model_only:
+        logger.info("--language-model-only: the text model is all that vllm-k3 serves")
+    if args.served_model_name is not None and not all(args.served_model_name):
+        parser.error("argument --served-model-name: names must not be empty")
+    if not 0 < args.port < 65536:
+        parser.error(f"argument --port: must be in 1..65535, got {args.port}")
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Validate everything, then serve until interrupted."""
+    from vllm.entrypoints.openai.api_server import BindError, run_server
+
+    if args.model_tag is not None:
+        args.model = args.model_tag
+    check_server_args(args, parser)
+    try:
+        config = EngineArgs.from_cli_args(args).create_engine_config()
+    except ValueError as e:
+        parser.error(f"argument {_flag_of(str(e))}: {e}")
+    try:
+        run_server(args, config)
+    except BindError as e:
+        parser.error(str(e))
+    return 0

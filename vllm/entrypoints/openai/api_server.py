@@ -1,0 +1,283 @@
+"""The FastAPI app of `vllm serve` and the function that runs it.
+
+`build_app` wires the endpoints to an `AsyncLLM`; `run_server` validates the flags, binds the
+port (before loading, so a busy port fails fast), builds the engine, logs what a user needs to know
+and serves with uvicorn until SIGINT/SIGTERM, then stops the engine and its workers.
+"""
+
+import argparse
+import asyncio
+import json
+import signal
+import socket
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ValidationError
+
+import vllm
+from vllm.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+)
+from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
+from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from vllm.entrypoints.openai.serving_engine import OpenAIError
+from vllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
+from vllm.logger import init_logger
+from vllm.reasoning import REASONING_PARSERS
+from vllm.v1.engine.async_llm import AsyncLLM, EngineDeadError
+from vllm.v1.metrics.loggers import LoggingStatLogger, PrometheusStatLogger
+
+logger = init_logger(__name__)
+
+# Paths an --api-key protects (as vLLM: the OpenAI API; health, metrics and tokenizer stay open).
+_PROTECTED_PREFIX = "/v1"
+
+
+class _ApiKeyMiddleware:
+    """401 for /v1 requests without `Authorization: Bearer <key>` (a plain ASGI middleware, so
+    that streaming responses still see client disconnects)."""
+
+    def __init__(self, app: Any, api_key: str) -> None:
+        self.app, self.expected = app, f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(_PROTECTED_PREFIX):
+            headers = dict(scope.get("headers") or [])
+            if headers.get(b"authorization") != self.expected:
+                error = OpenAIError("Unauthorized: a valid API key is required", 401)
+                response = JSONResponse(error.response().model_dump(), status_code=401)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+async def _parse(request: Request, model: type[BaseModel]) -> Any:
+    """The JSON body as `model`; a 400 naming the first bad field otherwise."""
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise OpenAIError(f"the request body is not valid JSON: {e}", 400) from None
+    if not isinstance(body, dict):
+        raise OpenAIError("the request body must be a JSON object", 400)
+    try:
+        parsed = model.model_validate(body)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = [str(part) for part in first["loc"]]
+        param = loc[0] if loc else None
+        raise OpenAIError(f"{'.'.join(loc)}: {first['msg']}", 400, param) from None
+    extra = sorted(parsed.model_extra or {})
+    if extra:
+        logger.warning("%s: ignoring unknown fields %s", request.url.path, extra)
+    return parsed
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
+    """Run `work`, cancelling it (which aborts its engine requests) if the client goes away."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return Response(status_code=499)
+    return task.result()
+
+
+def _respond(result: Any) -> Response:
+    if isinstance(result, Response):
+        return result
+    if isinstance(result, AsyncIterator):
+        return StreamingResponse(result, media_type="text/event-stream")
+    return JSONResponse(result.model_dump())
+
+
+def build_app(
+    engine: AsyncLLM,
+    served_model_names: list[str],
+    model_path: str,
+    *,
+    api_key: str | None = None,
+    enable_tokenizer_info_endpoint: bool = True,
+    reasoning_parser: str | None = None,
+) -> FastAPI:
+    """The OpenAI-compatible app over `engine` (see docs/serving.md for the endpoints)."""
+    parser = None
+    if reasoning_parser is not None:
+        parser = REASONING_PARSERS[reasoning_parser](engine.tokenizer)
+    shared = (engine, served_model_names, model_path)
+    completion = OpenAIServingCompletion(*shared)
+    chat = OpenAIServingChat(*shared, reasoning_parser=parser)
+    tokenization = OpenAIServingTokenization(*shared, chat=chat)
+    metrics = PrometheusStatLogger(served_model_names[0])
+    engine.add_stat_logger(metrics)
+
+    app = FastAPI(title="vllm-k3", version=vllm.__version__)
+    if api_key:
+        app.add_middleware(_ApiKeyMiddleware, api_key=api_key)
+
+    @app.exception_handler(OpenAIError)
+    async def openai_error(_: Request, e: OpenAIError) -> JSONResponse:
+        return JSONResponse(e.response().model_dump(), status_code=e.code)
+
+    @app.exception_handler(EngineDeadError)
+    async def engine_dead(_: Request, e: EngineDeadError) -> JSONResponse:
+        return await openai_error(_, OpenAIError(str(e), 503))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, e: Exception) -> JSONResponse:
+        logger.exception("%s failed", request.url.path)
+        error = OpenAIError(f"internal error: {type(e).__name__}: {e}", 500)
+        return JSONResponse(error.response().model_dump(), status_code=500)
+
+    @app.get("/health")
+    @app.get("/ping")
+    async def health() -> Response:
+        completion.check_health()
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": vllm.__version__}
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        cards = [
+            ModelCard(id=name, root=model_path, max_model_len=completion.max_model_len)
+            for name in served_model_names
+        ]
+        return JSONResponse(ModelList(data=cards).model_dump())
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = await _parse(request, CompletionRequest)
+        completion.check_health()
+        return _respond(await _unless_disconnected(request, completion.create_completion(body)))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        body = await _parse(request, ChatCompletionRequest)
+        completion.check_health()
+        work = chat.create_chat_completion(body)
+        return _respond(await _unless_disconnected(request, work))
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        return _respond(tokenization.tokenize(await _parse(request, TokenizeRequest)))
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> Response:
+        return _respond(tokenization.detokenize(await _parse(request, DetokenizeRequest)))
+
+    if enable_tokenizer_info_endpoint:
+
+        @app.get("/tokenizer_info")
+        async def tokenizer_info() -> JSONResponse:
+            return JSONResponse(tokenization.tokenizer_info())
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+class BindError(OSError):
+    """The server's address could not be bound (in use, not local, no permission)."""
+
+
+class _Terminated(Exception):
+    """Raised by the SIGTERM handler so that shutdown runs through `finally` blocks."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise _Terminated()
+
+
+def bind_socket(host: str | None, port: int) -> socket.socket:
+    """A listening TCP socket on host:port (all interfaces for None)."""
+    family = socket.AF_INET6 if host and ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host or "0.0.0.0", port))
+    except OSError as e:
+        sock.close()
+        raise BindError(
+            f"argument --host/--port: cannot bind {host or '0.0.0.0'}:{port}: {e}"
+        ) from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def run_server(args: argparse.Namespace, engine_config: Any) -> None:
+    """Serve `engine_config` (validated `VllmConfig`) with the server flags in `args`."""
+    import uvicorn
+
+    from vllm.entrypoints.cli.startup import log_startup
+
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        sock = bind_socket(args.host, args.port)
+    except BindError:
+        signal.signal(signal.SIGTERM, previous)
+        raise
+    served = args.served_model_name or [args.model]
+    engine = async_llm = None
+    try:
+        # Imported only now: a busy port fails before the model code is even loaded.
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        engine = LLMEngine(engine_config)
+        log_startup(engine, served, args)
+        async_llm = AsyncLLM(engine, [LoggingStatLogger()])
+        app = build_app(
+            async_llm,
+            served,
+            args.model,
+            api_key=args.api_key,
+            enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
+            reasoning_parser=args.reasoning_parser,
+        )
+        config = uvicorn.Config(
+            app,
+            log_level=args.uvicorn_log_level,
+            timeout_graceful_shutdown=5,
+            timeout_keep_alive=30,
+        )
+        host = args.host or "0.0.0.0"
+        logger.info(
+            "Serving %s on http://%s:%d (OpenAI API under /v1; Ctrl-C stops)",
+            ", ".join(served),
+            host,
+            args.port,
+        )
+        uvicorn.Server(config).run(sockets=[sock])
+    except (KeyboardInterrupt, _Terminated):
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        logger.info("Shutting down")
+        if async_llm is not None:
+            async_llm.shutdown()
+        elif engine is not None:
+            engine.shutdown()
+        sock.close()

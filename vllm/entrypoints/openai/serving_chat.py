@@ -1,0 +1,237 @@
+"""POST /v1/chat/completions: messages rendered with the tokenizer's chat template, the reply
+split into `reasoning` and `content` by the reasoning parser (if one is configured), chat-style
+logprobs, and SSE streaming of deltas."""
+
+from collections.abc import AsyncIterator
+
+from vllm.entrypoints.openai.protocol import (
+    ChatCompletionChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatLogProb,
+    ChatLogProbs,
+    ChatLogProbsContent,
+    ChatResponseMessage,
+    ChatStreamChoice,
+    DeltaMessage,
+    UsageInfo,
+    random_id,
+)
+from vllm.entrypoints.openai.serving_engine import OpenAIError, OpenAIServing, bad_request, sse
+from vllm.outputs import CompletionOutput, PositionLogprobs
+from vllm.reasoning import KimiK3ReasoningParser
+from vllm.v1.engine.async_llm import EngineDeadError
+
+
+def chat_logprobs(
+    token_ids: list[int], positions: "list[PositionLogprobs]", num_top: int, tokenizer
+) -> ChatLogProbs:
+    """Per generated token: its text, logprob, UTF-8 bytes and the `num_top` most likely."""
+    content = []
+    for position in positions[: len(token_ids)]:
+        entries = []
+        for tid, lp in position.items():
+            text = lp.decoded_token
+            if text is None:
+                text = tokenizer.decode([tid], skip_special_tokens=False)
+            entries.append((tid, text, max(lp.logprob, -9999.0)))
+        _, text, logprob = entries[0]  # the sampled token comes first
+        top = sorted(entries, key=lambda e: -e[2])[:num_top]
+        content.append(
+            ChatLogProbsContent(
+                token=text,
+                logprob=logprob,
+                bytes=list(text.encode()),
+                top_logprobs=[
+                    ChatLogProb(token=t, logprob=v, bytes=list(t.encode())) for _, t, v in top
+                ],
+            )
+        )
+    return ChatLogProbs(content=content)
+
+
+def render_messages(request: ChatCompletionRequest) -> list[dict]:
+    return [m.model_dump(exclude_none=False) for m in request.messages]
+
+
+class OpenAIServingChat(OpenAIServing):
+    def __init__(self, *args, reasoning_parser: KimiK3ReasoningParser | None = None, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.reasoning_parser = reasoning_parser
+
+    def render(self, request: ChatCompletionRequest) -> str:
+        """The prompt text of the conversation (400 naming messages if the template fails)."""
+        kwargs = dict(request.chat_template_kwargs or {})
+        if request.tools:
+            kwargs.setdefault("tools", request.tools)
+        try:
+            return self.tokenizer.apply_chat_template(
+                render_messages(request),
+                add_generation_prompt=request.add_generation_prompt,
+                tokenize=False,
+                **kwargs,
+            )
+        except ValueError as e:
+            raise OpenAIError(str(e), 400, "messages") from None
+
+    async def create_chat_completion(
+        self, request: ChatCompletionRequest
+    ) -> "ChatCompletionResponse | AsyncIterator[str]":
+        self.check_model(request.model)
+        prompt_text = self.render(request)
+        ids = self.tokenizer.encode(prompt_text, add_special_tokens=False)
+        requested = request.max_completion_tokens
+        if requested is None:
+            requested = request.max_tokens
+        max_tokens = self.max_tokens_for(ids, requested, "messages")
+        parser = self.reasoning_parser
+        skip_special = request.skip_special_tokens
+        if parser is not None and parser.needs_special_tokens:
+            skip_special = False
+        num_top = None
+        if request.logprobs:
+            num_top = request.top_logprobs or 0
+        elif request.top_logprobs:
+            raise OpenAIError("top_logprobs needs logprobs: true", 400, "top_logprobs")
+        try:
+            params = request.sampling_params(max_tokens, num_top, skip_special_tokens=skip_special)
+        except ValueError as e:
+            raise bad_request(e, ChatCompletionRequest) from None
+        request_id = random_id("chatcmpl")
+        try:
+            stream = await self.engine.add_request(request_id, ids, params)
+        except ValueError as e:
+            self.engine.abort(request_id)
+            raise bad_request(e, ChatCompletionRequest) from None
+        in_reasoning = parser is not None and parser.starts_in_reasoning(prompt_text)
+        if request.stream:
+            return self._stream(request, request_id, stream, in_reasoning)
+        final = None
+        try:
+            async for out in stream:
+                final = out
+        except EngineDeadError as e:
+            raise OpenAIError(str(e), 503) from None
+        finally:
+            self.engine.abort(request_id)
+        choices = []
+        for c in final.outputs:
+            reasoning, content = self._split(request, c.text, in_reasoning, True)
+            logprobs = None
+            if num_top is not None:
+                logprobs = chat_logprobs(c.token_ids, c.logprobs or [], num_top, self.tokenizer)
+            choices.append(
+                ChatCompletionChoice(
+                    index=c.index,
+                    message=ChatResponseMessage(content=content, reasoning=reasoning or None),
+                    logprobs=logprobs,
+                    finish_reason=c.finish_reason,
+                    stop_reason=c.stop_reason,
+                )
+            )
+        completion = sum(len(c.token_ids) for c in final.outputs)
+        usage = UsageInfo(
+            prompt_tokens=len(final.prompt_token_ids),
+            completion_tokens=completion,
+            total_tokens=len(final.prompt_token_ids) + completion,
+        )
+        return ChatCompletionResponse(
+            id=request_id, model=self.model_name, choices=choices, usage=usage
+        )
+
+    def _split(
+        self, request: ChatCompletionRequest, text: str, in_reasoning: bool, final: bool
+    ) -> tuple[str | None, str]:
+        if self.reasoning_parser is None:
+            return None, text
+        eos = self.tokenizer.eos_token
+        if self.reasoning_parser.needs_special_tokens and final and eos and text.endswith(eos):
+            # Special tokens are kept for the markers' sake, so the eos that ended the reply
+            # shows up in the (final) text; it is not part of the answer.
+            text = text[: -len(eos)]
+        reasoning, content = self.reasoning_parser.split(text, in_reasoning, final)
+        return (reasoning if request.include_reasoning else None), content
+
+    async def _stream(
+        self,
+        request: ChatCompletionRequest,
+        request_id: str,
+        stream: AsyncIterator,
+        in_reasoning: bool,
+    ) -> AsyncIterator[str]:
+        def chunk(choices: list[ChatStreamChoice], usage: UsageInfo | None = None) -> str:
+            return sse(
+                ChatCompletionChunk(
+                    id=request_id, model=self.model_name, choices=choices, usage=usage
+                )
+            )
+
+        num_top = (request.top_logprobs or 0) if request.logprobs else None
+        sent: dict[int, tuple[int, int, int]] = {}  # index -> reasoning, content, tokens sent
+        done: set[int] = set()
+        final = None
+        try:
+            async for out in stream:
+                final = out
+                for c in out.outputs:
+                    if c.index in done:
+                        continue
+                    if c.index not in sent:
+                        sent[c.index] = (0, 0, 0)
+                        delta = DeltaMessage(role="assistant", content="")
+                        yield chunk([ChatStreamChoice(index=c.index, delta=delta)])
+                    piece = self._delta(request, c, in_reasoning, sent, num_top)
+                    if piece is None:
+                        continue
+                    if c.finish_reason is not None:
+                        done.add(c.index)
+                    yield chunk([piece])
+            if request.stream_options and request.stream_options.include_usage and final:
+                completion = sum(len(c.token_ids) for c in final.outputs)
+                prompt = len(final.prompt_token_ids)
+                usage = UsageInfo(
+                    prompt_tokens=prompt,
+                    completion_tokens=completion,
+                    total_tokens=prompt + completion,
+                )
+                yield chunk([], usage)
+        except EngineDeadError as e:
+            yield sse(OpenAIError(str(e), 503).response())
+        finally:
+            self.engine.abort(request_id)
+        yield sse("[DONE]")
+
+    def _delta(
+        self,
+        request: ChatCompletionRequest,
+        c: CompletionOutput,
+        in_reasoning: bool,
+        sent: dict[int, tuple[int, int, int]],
+        num_top: int | None,
+    ) -> ChatStreamChoice | None:
+        """The next delta of completion `c` (None if nothing new is ready)."""
+        finished = c.finish_reason is not None
+        reasoning, content = self._split(request, c.text, in_reasoning, finished)
+        sent_reasoning, sent_content, sent_tokens = sent[c.index]
+        new_reasoning = (reasoning or "")[sent_reasoning:]
+        new_content = content[sent_content:]
+        if not (new_reasoning or new_content or finished):
+            return None
+        sent[c.index] = (len(reasoning or ""), len(content), len(c.token_ids))
+        logprobs = None
+        if num_top is not None:
+            logprobs = chat_logprobs(
+                c.token_ids[sent_tokens:],
+                (c.logprobs or [])[sent_tokens:],
+                num_top,
+                self.tokenizer,
+            )
+        delta = DeltaMessage(content=new_content or None, reasoning=new_reasoning or None)
+        return ChatStreamChoice(
+            index=c.index,
+            delta=delta,
+            logprobs=logprobs,
+            finish_reason=c.finish_reason,
+            stop_reason=c.stop_reason,
+        )

@@ -1,0 +1,243 @@
+"""POST /v1/completions: prompts in all four OpenAI forms, echo and logprobs (prompt logprobs
+for loglikelihood scoring), n completions per prompt, and SSE streaming."""
+
+from collections.abc import AsyncIterator
+
+from vllm.entrypoints.openai.protocol import (
+    CompletionChoice,
+    CompletionLogProbs,
+    CompletionRequest,
+    CompletionResponse,
+    UsageInfo,
+    random_id,
+)
+from vllm.entrypoints.openai.serving_engine import (
+    OpenAIError,
+    OpenAIServing,
+    bad_request,
+    merge_streams,
+    sse,
+)
+from vllm.outputs import CompletionOutput, PositionLogprobs, RequestOutput
+from vllm.v1.engine.async_llm import EngineDeadError
+
+
+def normalize_prompts(prompt: "str | list[str] | list[int] | list[list[int]]") -> list:
+    """The request's prompts as a list of strings or token-id lists."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise OpenAIError("prompt must not be empty", 400, "prompt")
+    if isinstance(prompt[0], int):
+        return [prompt]
+    return list(prompt)
+
+
+def completion_logprobs(
+    token_ids: list[int],
+    positions: "list[PositionLogprobs | None]",
+    tokenizer,
+    text_offset: int = 0,
+) -> CompletionLogProbs:
+    """OpenAI's legacy logprobs: per token its text, logprob (None where nothing predicts it),
+    the top alternatives {text: logprob}, and its character offset."""
+    result = CompletionLogProbs()
+    for token, position in zip(token_ids, positions, strict=True):
+        if position is None or token not in position:
+            text = tokenizer.decode([token], skip_special_tokens=False)
+            result.tokens.append(text)
+            result.token_logprobs.append(None)
+            result.top_logprobs.append(None)
+        else:
+            entry = position[token]
+            text = entry.decoded_token
+            if text is None:
+                text = tokenizer.decode([token], skip_special_tokens=False)
+            result.tokens.append(text)
+            result.token_logprobs.append(max(entry.logprob, -9999.0))
+            top = {}
+            for tid, lp in position.items():
+                key = lp.decoded_token
+                if key is None:
+                    key = tokenizer.decode([tid], skip_special_tokens=False)
+                top.setdefault(key, max(lp.logprob, -9999.0))
+            result.top_logprobs.append(top)
+        result.text_offset.append(text_offset)
+        text_offset += len(text)
+    return result
+
+
+class OpenAIServingCompletion(OpenAIServing):
+    async def create_completion(
+        self, request: CompletionRequest
+    ) -> "CompletionResponse | AsyncIterator[str]":
+        """The response, or for `stream` the SSE events (after the requests were accepted)."""
+        self.check_model(request.model)
+        if request.suffix:
+            raise OpenAIError("suffix is not supported", 400, "suffix")
+        prompts = normalize_prompts(request.prompt)
+        inputs = []
+        for prompt in prompts:
+            ids = self.encode(prompt, request.add_special_tokens, "prompt")
+            max_tokens = self.max_tokens_for(ids, request.max_tokens, "prompt")
+            text = prompt if isinstance(prompt, str) else None
+            prompt_logprobs = request.logprobs if request.echo else None
+            try:
+                params = request.sampling_params(max_tokens, request.logprobs, prompt_logprobs)
+            except ValueError as e:
+                raise bad_request(e, CompletionRequest) from None
+            inputs.append((ids, text, params))
+        request_id = random_id("cmpl")
+        ids_of = [f"{request_id}-{i}" for i in range(len(inputs))]
+        streams = []
+        try:
+            for rid, (ids, _, params) in zip(ids_of, inputs, strict=True):
+                streams.append(await self.engine.add_request(rid, ids, params))
+        except ValueError as e:
+            self._abort(ids_of)
+            raise bad_request(e, CompletionRequest) from None
+        except BaseException:
+            self._abort(ids_of)
+            raise
+        prompt_texts = [
+            text if text is not None else self.tokenizer.decode(ids, skip_special_tokens=False)
+            for ids, text, _ in inputs
+        ]
+        if request.stream:
+            return self._stream(request, request_id, ids_of, streams, prompt_texts)
+        try:
+            finals: dict[int, RequestOutput] = {}
+            async for i, out in merge_streams(streams):
+                if out.finished:
+                    finals[i] = out
+        except EngineDeadError as e:
+            raise OpenAIError(str(e), 503) from None
+        finally:
+            self._abort(ids_of)
+        choices, usage = [], UsageInfo()
+        for i in range(len(inputs)):
+            out = finals[i]
+            usage.prompt_tokens += len(out.prompt_token_ids)
+            for c in out.outputs:
+                usage.completion_tokens += len(c.token_ids)
+                choices.append(self._choice(request, i, out, c, prompt_texts[i]))
+        usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+        return CompletionResponse(
+            id=request_id, model=self.model_name, choices=choices, usage=usage
+        )
+
+    def _abort(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            self.engine.abort(rid)
+
+    def _choice(
+        self,
+        request: CompletionRequest,
+        prompt_index: int,
+        out: RequestOutput,
+        c: CompletionOutput,
+        prompt_text: str,
+    ) -> CompletionChoice:
+        text, logprobs = c.text, None
+        if request.echo:
+            text = prompt_text + text
+        if request.logprobs is not None:
+            logprobs = self._logprobs(out, c, request.echo)
+        return CompletionChoice(
+            index=prompt_index * request.n + c.index,
+            text=text,
+            logprobs=logprobs,
+            finish_reason=c.finish_reason,
+            stop_reason=c.stop_reason,
+        )
+
+    def _logprobs(
+        self,
+        out: RequestOutput,
+        c: CompletionOutput,
+        with_prompt: bool,
+        start: int = 0,
+        text_offset: int = 0,
+    ) -> CompletionLogProbs:
+        tokens: list[int] = []
+        positions: list = []
+        if with_prompt:
+            tokens += out.prompt_token_ids
+            prompt_positions = out.prompt_logprobs or []
+            positions += prompt_positions + [None] * (len(tokens) - len(prompt_positions))
+        generated = c.token_ids[start:]
+        tokens += generated
+        positions += (c.logprobs or [])[start : start + len(generated)]
+        positions += [None] * (len(tokens) - len(positions))
+        return completion_logprobs(tokens, positions, self.tokenizer, text_offset)
+
+    async def _stream(
+        self,
+        request: CompletionRequest,
+        request_id: str,
+        request_ids: list[str],
+        streams: list,
+        prompt_texts: list[str],
+    ) -> AsyncIterator[str]:
+        n = request.n
+        sent_text: dict[int, int] = {}
+        sent_tokens: dict[int, int] = {}
+        text_offsets: dict[int, int] = {}
+        done: set[int] = set()
+        prompt_tokens: dict[int, int] = {}
+        completion_tokens: dict[int, int] = {}
+        try:
+            async for i, out in merge_streams(streams):
+                prompt_tokens[i] = len(out.prompt_token_ids)
+                for c in out.outputs:
+                    index = i * n + c.index
+                    if index in done:
+                        continue
+                    completion_tokens[index] = len(c.token_ids)
+                    first = index not in sent_text
+                    delta = c.text[sent_text.get(index, 0) :]
+                    if not delta and c.finish_reason is None and not (first and request.echo):
+                        continue
+                    logprobs = None
+                    if request.logprobs is not None:
+                        logprobs = self._logprobs(
+                            out,
+                            c,
+                            request.echo and first,
+                            sent_tokens.get(index, 0),
+                            text_offsets.get(index, 0),
+                        )
+                        if logprobs.tokens:  # the next chunk's tokens start after these
+                            end = logprobs.text_offset[-1] + len(logprobs.tokens[-1])
+                            text_offsets[index] = end
+                    sent_tokens[index] = len(c.token_ids)
+                    sent_text[index] = len(c.text)
+                    text = prompt_texts[i] + delta if first and request.echo else delta
+                    if c.finish_reason is not None:
+                        done.add(index)
+                    choice = CompletionChoice(
+                        index=index,
+                        text=text,
+                        logprobs=logprobs,
+                        finish_reason=c.finish_reason,
+                        stop_reason=c.stop_reason,
+                    )
+                    yield sse(
+                        CompletionResponse(id=request_id, model=self.model_name, choices=[choice])
+                    )
+            if request.stream_options and request.stream_options.include_usage:
+                usage = UsageInfo(
+                    prompt_tokens=sum(prompt_tokens.values()),
+                    completion_tokens=sum(completion_tokens.values()),
+                )
+                usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+                yield sse(
+                    CompletionResponse(
+                        id=request_id, model=self.model_name, choices=[], usage=usage
+                    )
+                )
+        except EngineDeadError as e:
+            yield sse(OpenAIError(str(e), 503).response())
+        finally:
+            self._abort(request_ids)
+        yield sse("[DONE]")

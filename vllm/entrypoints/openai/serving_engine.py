@@ -1,0 +1,158 @@
+"""What every endpoint shares: the served model names, the OpenAI error shape, prompt length
+checks, and merging the output streams of a request's prompts."""
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator
+from http import HTTPStatus
+from typing import Any
+
+from pydantic import BaseModel
+
+from vllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
+from vllm.logger import init_logger
+from vllm.v1.engine.async_llm import AsyncLLM
+
+logger = init_logger(__name__)
+
+_ERROR_TYPES = {
+    400: "BadRequestError",
+    401: "Unauthorized",
+    404: "NotFoundError",
+    503: "ServiceUnavailableError",
+}
+
+
+class OpenAIError(Exception):
+    """An error that becomes `{"error": {message, type, param, code}}` with status `code`."""
+
+    def __init__(self, message: str, code: int = 400, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.code, self.param = message, code, param
+
+    def response(self) -> ErrorResponse:
+        error_type = _ERROR_TYPES.get(self.code, HTTPStatus(self.code).phrase.replace(" ", ""))
+        return ErrorResponse(
+            error=ErrorInfo(message=self.message, type=error_type, param=self.param, code=self.code)
+        )
+
+
+def bad_request(error: ValueError, fields: "type[BaseModel] | None" = None) -> OpenAIError:
+    """A 400 for a refused value; `param` is the first request field its message names."""
+    message = str(error)
+    names = set(fields.model_fields) if fields is not None else set()
+    names |= {"prompt", "messages", "max_tokens", "tokens"}
+    param = next((w for w in re.findall(r"[a-z_]+", message) if w in names), None)
+    return OpenAIError(message, 400, param)
+
+
+def sse(payload: "BaseModel | dict[str, Any] | str") -> str:
+    """One server-sent event carrying `payload` (`[DONE]` as is)."""
+    if isinstance(payload, BaseModel):
+        data = payload.model_dump_json(exclude_unset=False)
+    elif isinstance(payload, dict):
+        data = json.dumps(payload)
+    else:
+        data = payload
+    return f"data: {data}\n\n"
+
+
+async def merge_streams(streams: list[AsyncIterator[Any]]) -> AsyncIterator[tuple[int, Any]]:
+    """Items of several async iterators as they come, tagged with the iterator's index; an
+    exception in one stops all (the others are closed, which aborts their requests)."""
+    if len(streams) == 1:
+        async for item in streams[0]:
+            yield 0, item
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(i: int, stream: AsyncIterator[Any]) -> None:
+        try:
+            async for item in stream:
+                await queue.put((i, item))
+            await queue.put((i, done))
+        except BaseException as e:  # noqa: B036 - forwarded to the consumer, then re-raised
+            await queue.put((i, e))
+            raise
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for stream in streams:
+            await stream.aclose()
+
+
+class OpenAIServing:
+    """State the endpoint handlers share: engine, served names, limits."""
+
+    def __init__(self, engine: AsyncLLM, served_model_names: list[str], model_path: str) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.served_model_names = served_model_names
+        self.model_path = model_path
+        self.max_model_len: int = engine.config.model_config.max_model_len
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_names[0]
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name not in self.served_model_names:
+            raise OpenAIError(f"The model `{name}` does not exist.", 404, "model")
+
+    def check_health(self) -> None:
+        if not self.engine.is_running:
+            raise OpenAIError("The engine is not running.", 503)
+
+    def encode(self, prompt: "str | list[int]", add_special_tokens: bool, param: str) -> list[int]:
+        """Token ids of one prompt (text or ids), checked against the vocabulary."""
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+        vocab = self.engine.config.model_config.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise OpenAIError(
+                f"{param} holds token ids outside [0, {vocab}): {bad[:5]}", 400, param
+            )
+        return list(prompt)
+
+    def max_tokens_for(self, prompt_ids: list[int], max_tokens: int | None, param: str) -> int:
+        """Effective max_tokens: a prompt that leaves no room or `max_tokens` over
+        `max_model_len` is a 400; otherwise it is clamped to the room left (as vLLM does)."""
+        limit, n = self.max_model_len, len(prompt_ids)
+        if n == 0:
+            raise OpenAIError(f"{param} is empty", 400, param)
+        if n >= limit:
+            raise OpenAIError(
+                f"This model's maximum context length is {limit} tokens. However, your request "
+                f"has {n} input tokens ({param}), which leaves no room for output tokens. Please "
+                f"reduce the length of the {param}.",
+                400,
+                param,
+            )
+        if max_tokens is not None and not isinstance(max_tokens, bool):
+            if max_tokens > limit:
+                raise OpenAIError(
+                    f"max_tokens ({max_tokens}) is greater than the model's maximum context "
+                    f"length ({limit} tokens).",
+                    400,
+                    "max_tokens",
+                )
+            if max_tokens < 0:
+                raise OpenAIError(f"max_tokens must be >= 0, got {max_tokens}", 400, "max_tokens")
+        room = limit - n
+        return room if max_tokens is None else min(max_tokens, room)

@@ -1,0 +1,293 @@
+"""`AsyncLLM`: the synchronous `LLMEngine` behind an asyncio interface, for the API server.
+
+The engine is not thread-safe, so every engine call happens on one background thread, the engine
+loop: it takes commands (add, abort, stop) from a queue, steps the engine while it has work, and
+hands each `RequestOutput` to the asyncio queue of its request through
+`loop.call_soon_threadsafe`. Coroutines never touch the engine; they await futures that the loop
+resolves. One bad request fails alone (its `add_request` raises); an exception inside `step()` is
+fatal: every open request gets an `EngineDeadError` and `/health` reports 503.
+"""
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from vllm.logger import init_logger
+from vllm.outputs import RequestOutput
+from vllm.sampling_params import SamplingParams
+
+logger = init_logger(__name__)
+
+# How long the idle loop sleeps on the command queue before checking for a stop.
+_IDLE_WAIT_S = 0.5
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop stopped after an unrecoverable error; no request can run."""
+
+
+@dataclasses.dataclass
+class SchedulerStats:
+    """The engine's load and cache occupancy after the latest loop iteration."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0
+    num_free_blocks: int = 0
+    initial_num_free_blocks: int = 0
+    num_free_kda_slots: int = 0
+    initial_num_free_kda_slots: int = 0
+
+
+@dataclasses.dataclass
+class IterationStats:
+    """What one engine step produced, for the metrics (times in seconds)."""
+
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+    time_to_first_token: list[float] = dataclasses.field(default_factory=list)
+    time_per_output_token: list[float] = dataclasses.field(default_factory=list)
+    finished: list[tuple[str, float]] = dataclasses.field(default_factory=list)  # reason, e2e
+
+
+class StatLogger:
+    """Receives the engine loop's statistics (called on the engine thread)."""
+
+    def record(self, scheduler: SchedulerStats, iteration: IterationStats | None) -> None:
+        raise NotImplementedError
+
+
+@dataclasses.dataclass
+class _Tracked:
+    """Per-request bookkeeping of the engine loop (timing and token counts)."""
+
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    arrival: float
+    num_tokens: int = 0
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+
+
+class AsyncLLM:
+    """Runs `engine` on a dedicated thread; `generate()` streams a request's outputs."""
+
+    def __init__(self, engine: Any, stat_loggers: list[StatLogger] | None = None) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.config = engine.config
+        self.stat_loggers = list(stat_loggers or [])
+        self.scheduler_stats = SchedulerStats()
+        self.errored: BaseException | None = None
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._tracked: dict[str, _Tracked] = {}
+        self._stopping = False
+        self._refresh_scheduler_stats()
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    @property
+    def is_running(self) -> bool:
+        return self.errored is None and self._thread.is_alive()
+
+    def add_stat_logger(self, stat_logger: StatLogger) -> None:
+        self.stat_loggers.append(stat_logger)
+        stat_logger.record(self.scheduler_stats, None)
+
+    async def add_request(
+        self, request_id: str, prompt: "str | list[int]", params: SamplingParams
+    ) -> AsyncIterator[RequestOutput]:
+        """Add a request; once the engine accepted it, return the iterator of its outputs.
+
+        Raises ValueError if the engine refuses the request. The iterator yields the latest output
+        whenever it changed, until it finishes; closing it early aborts the request. A caller that
+        may drop the iterator unstarted must `abort()` the id itself (aborting is idempotent)."""
+        if not self.is_running:
+            raise EngineDeadError("the engine is not running") from self.errored
+        loop = asyncio.get_running_loop()
+        outputs: asyncio.Queue = asyncio.Queue()
+        added: concurrent.futures.Future = concurrent.futures.Future()
+        self._commands.put(("add", request_id, prompt, params, loop, outputs, added))
+        await asyncio.wrap_future(added)
+        return self._stream(request_id, outputs)
+
+    async def generate(
+        self, request_id: str, prompt: "str | list[int]", params: SamplingParams
+    ) -> AsyncIterator[RequestOutput]:
+        """`add_request` and iterate its outputs."""
+        stream = await self.add_request(request_id, prompt, params)
+        try:
+            async for out in stream:
+                yield out
+        finally:
+            await stream.aclose()
+            self.abort(request_id)
+
+    async def _stream(
+        self, request_id: str, outputs: asyncio.Queue
+    ) -> AsyncIterator[RequestOutput]:
+        finished = False
+        try:
+            while True:
+                item = await outputs.get()
+                # Outputs are cumulative, so a consumer that fell behind only needs the latest.
+                while not outputs.empty() and not isinstance(item, BaseException):
+                    item = outputs.get_nowait()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (no-op if it already finished); returns at once."""
+        self._commands.put(("abort", request_id))
+
+    async def call(self, fn: Callable[[Any], Any]) -> Any:
+        """Run `fn(engine)` on the engine thread and return its result."""
+        if not self.is_running:
+            raise EngineDeadError("the engine is not running") from self.errored
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        self._commands.put(("call", fn, done))
+        return await asyncio.wrap_future(done)
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop the loop (aborting what is in flight) and the engine's workers."""
+        self._stopping = True
+        self._commands.put(("stop",))
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+        self.engine.shutdown()
+
+    # -- the engine thread -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                busy = self.engine.has_unfinished_requests()
+                self._handle_commands(block=not busy)
+                if self._stopping:
+                    break
+                iteration = None
+                if self.engine.has_unfinished_requests():
+                    iteration = self._step()
+                self._refresh_scheduler_stats()
+                for stat_logger in self.stat_loggers:
+                    stat_logger.record(self.scheduler_stats, iteration)
+        except BaseException as e:
+            logger.exception("The engine loop failed; the server can no longer run requests")
+            self.errored = e
+        finally:
+            self._fail_all(EngineDeadError("the engine stopped"))
+
+    def _handle_commands(self, block: bool) -> None:
+        while True:
+            try:
+                command = self._commands.get(timeout=_IDLE_WAIT_S) if block else None
+                if command is None:
+                    command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            block = False
+            kind = command[0]
+            if kind == "stop":
+                self._stopping = True
+                return
+            if kind == "add":
+                self._add(*command[1:])
+            elif kind == "abort":
+                self._abort(command[1])
+            elif kind == "call":
+                fn, done = command[1:]
+                try:
+                    done.set_result(fn(self.engine))
+                except Exception as e:
+                    done.set_exception(e)
+
+    def _add(self, request_id, prompt, params, loop, outputs, added) -> None:
+        if request_id in self._tracked:
+            added.set_exception(ValueError(f"request id {request_id!r} is already in use"))
+            return
+        try:
+            self.engine.add_request(request_id, prompt, params)
+        except Exception as e:  # the request's own fault (ValueError) or a refused value
+            added.set_exception(e)
+            return
+        self._tracked[request_id] = _Tracked(loop, outputs, time.monotonic())
+        added.set_result(None)
+
+    def _abort(self, request_id: str) -> None:
+        if self._tracked.pop(request_id, None) is not None:
+            self.engine.abort_request([request_id])
+
+    def _step(self) -> IterationStats:
+        outputs = self.engine.step()
+        now = time.monotonic()
+        stats = IterationStats()
+        for out in outputs:
+            tracked = self._tracked.get(out.request_id)
+            if tracked is None:
+                continue
+            num_tokens = sum(len(c.token_ids) for c in out.outputs)
+            new = num_tokens - tracked.num_tokens
+            if new > 0 or (out.finished and tracked.first_token_time is None):
+                if tracked.first_token_time is None:
+                    tracked.first_token_time = now
+                    stats.num_prompt_tokens += len(out.prompt_token_ids)
+                    stats.time_to_first_token.append(now - tracked.arrival)
+                elif new > 0:
+                    stats.time_per_output_token.append((now - tracked.last_token_time) / new)
+                tracked.last_token_time = now
+            stats.num_generation_tokens += max(new, 0)
+            tracked.num_tokens = num_tokens
+            if out.finished:
+                del self._tracked[out.request_id]
+                reason = out.outputs[0].finish_reason if out.outputs else "abort"
+                stats.finished.append((reason or "stop", now - tracked.arrival))
+            self._deliver(tracked, out)
+        return stats
+
+    def _deliver(self, tracked: _Tracked, item: Any) -> None:
+        try:
+            tracked.loop.call_soon_threadsafe(tracked.queue.put_nowait, item)
+        except RuntimeError:  # the caller's event loop is closed: nobody is waiting
+            pass
+
+    def _fail_all(self, error: BaseException) -> None:
+        for request_id, tracked in list(self._tracked.items()):
+            self._deliver(tracked, error)
+            try:
+                self.engine.abort_request([request_id])
+            except Exception:
+                logger.exception("aborting %s after the loop stopped failed", request_id)
+        self._tracked.clear()
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            future = {"add": -1, "call": -1}.get(command[0])
+            if future is not None and not command[future].done():
+                command[future].set_exception(error)
+
+    def _refresh_scheduler_stats(self) -> None:
+        kv = self.engine.kv_cache_manager
+        scheduler = self.engine.scheduler
+        self.scheduler_stats = SchedulerStats(
+            num_running=scheduler.num_running,
+            num_waiting=scheduler.num_waiting,
+            kv_cache_usage=float(kv.usage),
+            num_free_blocks=kv.num_free_blocks,
+            initial_num_free_blocks=kv.initial_num_free_blocks,
+            num_free_kda_slots=kv.num_free_kda_slots,
+            initial_num_free_kda_slots=kv.initial_num_free_kda_slots,
+        )

@@ -1,0 +1,1 @@
+"""Engine statistics exported by the server (Prometheus) and logged periodically."""
