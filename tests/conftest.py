@@ -56,6 +56,14 @@ def _interpreter_fp8_rounding():
         restore()
 
 
+@pytest.fixture
+def torch_reference_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run every op's torch reference on CPU instead of its interpreted Triton kernel (engine
+    tests: whole models, many steps). Set in the environment, so TP workers spawned by the test
+    inherit it (`vllm.triton_utils` reads it at each call)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+
+
 class _CountedKernel:
     """A Triton kernel whose `kernel[grid](...)` launches are counted under its name."""
 

@@ -11,6 +11,7 @@ at construction with a message naming it.
 
 import dataclasses
 import itertools
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -118,5 +119,6 @@ class LLM:
 
     def __del__(self) -> None:
         engine = getattr(self, "llm_engine", None)
-        if engine is not None:
+        # At interpreter exit module globals may already be gone; the daemon workers die anyway.
+        if engine is not None and not sys.is_finalizing():
             engine.shutdown()

@@ -19,6 +19,8 @@ def resolve_model(name_or_path: "str | Path") -> tuple[Path, bool]:
     if str(name_or_path) in BUILTIN_MODELS:
         return BUILTIN_MODELS[str(name_or_path)], True
     path = Path(name_or_path)
+    if path.resolve() in {folder.resolve() for folder in BUILTIN_MODELS.values()}:
+        return path, True  # a built-in model named by its folder (as engine configs carry it)
     if not path.exists():
         raise ValueError(
             f"model {str(name_or_path)!r} is neither a folder nor a built-in model "

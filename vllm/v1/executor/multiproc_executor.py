@@ -12,7 +12,6 @@ collective with a dead gloo peer errors out, and rank 0 checks the workers aroun
 """
 
 import multiprocessing as mp
-import os
 import socket
 import traceback
 from datetime import timedelta
@@ -51,8 +50,6 @@ def _init_distributed(config: VllmConfig, rank: int) -> None:
 
 
 def _worker_main(rank: int, config: VllmConfig, conn) -> None:
-    if config.device == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")
     try:
         _init_distributed(config, rank)
         runner = ModelRunner(config, rank)

@@ -288,6 +288,13 @@ class KimiLinearForCausalLM(torch.nn.Module):
     (`output_attn_res_norm/_proj`) feeds the final norm.
     """
 
+    # fused layer -> the checkpoint modules it holds (for `re:` ignore rules on fused layers)
+    packed_modules_mapping: dict[str, list[str]] = {
+        "in_proj_qkvgfab": ["q_proj", "k_proj", "v_proj", "g_proj", "f_a_proj", "b_proj"],
+        "fused_qkv_a_proj": ["q_a_proj", "kv_a_proj_with_mqa", "g_proj"],
+        "gate_up_proj": ["gate_proj", "up_proj"],
+    }
+
     def __init__(
         self,
         config: KimiLinearConfig,

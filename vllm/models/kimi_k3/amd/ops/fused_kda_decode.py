@@ -17,22 +17,19 @@ The torch reference composes the layer's unfused ops (conv decode, gate, recurre
 fused and unfused decode are checked against the same math.
 """
 
-import os
-
 import torch
 
 from vllm.models.kimi_k3.amd.ops.causal_conv1d import causal_conv1d_decode
 from vllm.models.kimi_k3.amd.ops.kda_core import kda_decode
 from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate
 from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import rmsnorm_gated_ref
+from vllm.triton_utils import use_triton
 
 try:
     import triton
     import triton.language as tl
 except ImportError:  # CPU-only installs without Triton use the torch reference
     triton = None
-
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 if triton is not None:
 
@@ -182,7 +179,7 @@ def fused_kda_decode(
         raise ValueError(f"gate must be [{n}, {heads}, {d}] with unit last stride")
     if n == 0:
         return mixed_qkv.new_empty(0, heads, d)
-    if triton is None or not (mixed_qkv.is_cuda or (_INTERPRET and mixed_qkv.device.type == "cpu")):
+    if not use_triton(mixed_qkv.device):
         return fused_kda_decode_ref(
             mixed_qkv, conv_weight, conv_state, raw_g, A_log, dt_bias, lower_bound, b,
             ssm_state, slots, norm_weight, gate, eps,

@@ -37,9 +37,10 @@ from functools import lru_cache
 
 import torch
 
-# The one switch every op here uses to run its Triton kernels on CPU tensors (the interpreter).
-from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import _INTERPRET
 from vllm.platforms import current_platform
+
+# The one switch every op here uses to run its Triton kernels on CPU tensors (the interpreter).
+from vllm.triton_utils import use_triton
 
 try:
     import triton
@@ -326,12 +327,6 @@ def _validate(q_latent, q_pe, kv_cache, block_tables, seq_lens) -> None:
             )
 
 
-def _use_triton(device: torch.device) -> bool:
-    if triton is None:
-        return False
-    return device.type == "cuda" or (device.type == "cpu" and _INTERPRET)
-
-
 def mla_decode_paged(
     q_latent: torch.Tensor,
     q_pe: torch.Tensor,
@@ -344,7 +339,7 @@ def mla_decode_paged(
     _validate(q_latent, q_pe, kv_cache, block_tables, seq_lens)
     if q_latent.shape[0] == 0:
         return q_latent.new_empty(q_latent.shape)
-    if not _use_triton(q_latent.device):
+    if not use_triton(q_latent.device):
         return mla_decode_paged_ref(q_latent, q_pe, kv_cache, block_tables, seq_lens, scale)
     n, heads, latent = q_latent.shape
     capacity = block_tables.shape[1] * kv_cache.shape[1]

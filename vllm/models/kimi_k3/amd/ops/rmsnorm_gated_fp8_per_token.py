@@ -47,13 +47,13 @@ pass over ``y``. Tokens wider than 8192 padded elements use a two-pass kernel ov
 so no out-of-bounds address is ever formed.
 """
 
-import os
 from functools import cache, lru_cache
 from typing import NamedTuple
 
 import torch
 
 from vllm.platforms import current_platform, supported_fp8_dtypes
+from vllm.triton_utils import use_triton
 
 try:
     import triton
@@ -76,7 +76,6 @@ _QUANT_PARAMS = {
     for dtype in supported_fp8_dtypes()
 }
 _DEFAULT_FP8_DTYPE = current_platform.fp8_dtype()
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _MAX_TILE = 8192  # elements per register tile; bounds registers per program
 _MAX_TRITON_D = 512
 
@@ -488,11 +487,9 @@ def _outputs(
 
 
 def _use_triton(device: torch.device, quant_dtype: torch.dtype) -> bool:
-    if triton is None:
+    if device.type == "cuda" and not current_platform.triton_supports_fp8(quant_dtype):
         return False
-    if device.type == "cpu":
-        return _INTERPRET
-    return device.type == "cuda" and current_platform.triton_supports_fp8(quant_dtype)
+    return use_triton(device)
 
 
 def _check_fused_inputs(

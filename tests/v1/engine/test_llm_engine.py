@@ -1,0 +1,231 @@
+"""The engine end to end on the built-in tiny models (CPU, torch reference kernels):
+
+- greedy outputs of a batch of prompts of different lengths equal a one-sequence-at-a-time greedy
+  decode through the model itself (which the model tests tie to transformers), also with chunked
+  prefill forced small, preemption forced by a tiny block pool, requests arriving mid-run, aborts;
+- the cache counters return to their initial values after every workload;
+- a randomized soak of 200 requests.
+"""
+
+import random
+
+import pytest
+import torch
+
+from vllm.engine.arg_utils import EngineArgs
+from vllm.models.kimi_k3.amd.metadata import KimiMetadataBuilder, SeqSchedule
+from vllm.sampling_params import SamplingParams
+from vllm.v1.engine.llm_engine import LLMEngine
+from vllm.v1.kv_cache_interface import allocate_kv_caches
+
+MODEL = "kimi-k3-tiny"
+
+
+@pytest.fixture(autouse=True)
+def reference_kernels(torch_reference_kernels):
+    """The engine tests check scheduling, not kernels: run the torch references (the Triton
+    interpreter would make every decode step seconds long)."""
+
+
+def make_engine(**kwargs) -> LLMEngine:
+    args = dict(model=MODEL, max_num_seqs=8, max_num_batched_tokens=64, block_size=4,
+                kv_cache_memory=64 << 20)  # fmt: skip
+    args.update(kwargs)
+    return LLMEngine.from_engine_args(EngineArgs(**args))
+
+
+def prompts_of(lengths: list[int], seed: int = 0) -> list[list[int]]:
+    gen = random.Random(seed)
+    return [[gen.randrange(0, 256) for _ in range(n)] for n in lengths]
+
+
+def reference_greedy(engine: LLMEngine, prompt: list[int], max_tokens: int) -> list[int]:
+    """Greedy tokens of one sequence alone through the model: the whole prompt as one prefill,
+    then one decode per token, on caches of its own."""
+    runner = engine.executor.runner
+    model, block_size = runner.model, 4
+    blocks = (len(prompt) + max_tokens) // block_size + 2
+    kda, mla = allocate_kv_caches(runner.spec, blocks + 1, block_size, 2, runner.device)
+    model.bind_kv_caches(kda, mla)
+    try:
+        builder = KimiMetadataBuilder(len(prompt), 1, blocks, block_size, blocks + 1, 2,
+                                      runner.device)  # fmt: skip
+        table = list(range(1, blocks + 1))
+        tokens, out, computed, new = list(prompt), [], 0, list(prompt)
+        with torch.no_grad():
+            while len(out) < max_tokens:
+                md = builder.build([SeqSchedule(computed, len(new), table, 1)], int(computed > 0))
+                hidden = model(torch.tensor(new), md)
+                token = int(model.compute_logits(hidden[-1:]).argmax(-1))
+                computed += len(new)
+                out.append(token)
+                tokens.append(token)
+                new = [token]
+        return out
+    finally:
+        runner.initialize_cache(engine.config.cache_config.num_blocks,
+                                engine.config.cache_config.num_kda_slots)  # fmt: skip
+
+
+def run_all(engine: LLMEngine, requests: dict[str, tuple[list[int], SamplingParams]],
+            arrivals: dict[int, list[str]] | None = None,
+            aborts: dict[int, list[str]] | None = None) -> dict:  # fmt: skip
+    """Drive `engine` until every request finished; requests in `arrivals[step]` join at that
+    step (the rest at step 0), `aborts[step]` are aborted then. Returns the final outputs."""
+    arrivals = arrivals or {}
+    late = {r for ids in arrivals.values() for r in ids}
+    for request_id, (prompt, params) in requests.items():
+        if request_id not in late:
+            engine.add_request(request_id, prompt, params)
+    finals, step = {}, 0
+    while engine.has_unfinished_requests() or step <= max(arrivals, default=0):
+        for request_id in arrivals.get(step, []):
+            engine.add_request(request_id, *requests[request_id])
+        for out in engine.abort_request((aborts or {}).get(step, [])):
+            finals[out.request_id] = out
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = out
+        step += 1
+    return finals
+
+
+def assert_cache_free(engine: LLMEngine) -> None:
+    kv = engine.kv_cache_manager
+    assert kv.num_free_blocks == kv.initial_num_free_blocks
+    assert kv.num_free_kda_slots == kv.initial_num_free_kda_slots
+    assert not engine.has_unfinished_requests()
+
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+LENGTHS = [1, 5, 17, 9, 30, 2]
+
+
+@pytest.fixture(scope="module")
+def expected():
+    engine = make_engine()
+    try:
+        return {
+            str(i): reference_greedy(engine, p, GREEDY.max_tokens)
+            for i, p in enumerate(prompts_of(LENGTHS))
+        }
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.parametrize(
+    "name, kwargs",
+    [
+        ("batched", {}),
+        ("chunked_prefill", {"max_num_batched_tokens": 8}),
+        (
+            "preemption",
+            {"num_gpu_blocks_override": 14, "kv_cache_memory": None, "max_model_len": 48},
+        ),
+        ("one_seq_at_a_time", {"max_num_seqs": 1}),
+    ],
+)
+def test_greedy_batch_equals_one_sequence_reference(expected, name, kwargs):
+    engine = make_engine(**kwargs)
+    try:
+        requests = {str(i): (p, GREEDY) for i, p in enumerate(prompts_of(LENGTHS))}
+        preempted = []
+        schedule = engine.scheduler.schedule
+
+        def spy():
+            out = schedule()
+            preempted.extend(out.preempted_request_ids)
+            return out
+
+        engine.scheduler.schedule = spy
+        finals = run_all(engine, requests)
+        assert {r: o.outputs[0].token_ids for r, o in finals.items()} == expected
+        assert bool(preempted) == (name == "preemption")
+        assert_cache_free(engine)
+    finally:
+        engine.shutdown()
+
+
+def test_requests_arriving_mid_run_and_aborts(expected):
+    engine = make_engine()
+    try:
+        requests = {str(i): (p, GREEDY) for i, p in enumerate(prompts_of(LENGTHS))}
+        requests["gone"] = (prompts_of([12], seed=5)[0], SamplingParams(max_tokens=50))
+        requests["late_gone"] = (prompts_of([3], seed=6)[0], SamplingParams(max_tokens=50))
+        finals = run_all(
+            engine, requests, arrivals={2: ["3", "4"], 3: ["late_gone"], 5: ["5"]},
+            aborts={1: ["gone"], 4: ["late_gone"]},
+        )  # fmt: skip
+        assert finals["gone"].outputs[0].finish_reason == "abort"
+        assert finals["late_gone"].outputs[0].finish_reason == "abort"
+        got = {r: o.outputs[0].token_ids for r, o in finals.items() if "gone" not in r}
+        assert got == expected
+        assert_cache_free(engine)
+    finally:
+        engine.shutdown()
+
+
+def test_add_request_refuses_what_cannot_fit():
+    engine = make_engine(max_model_len=32)
+    try:
+        with pytest.raises(ValueError, match="max_model_len 32"):
+            engine.add_request("a", [1] * 32)
+        with pytest.raises(ValueError, match="max_tokens 10 does not fit"):
+            engine.add_request("b", [1] * 25, SamplingParams(max_tokens=10))
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            engine.add_request("c", [1, 100000])
+        with pytest.raises(ValueError, match="empty"):
+            engine.add_request("d", [])
+        engine.add_request("e", [1, 2], SamplingParams(max_tokens=2))
+        with pytest.raises(ValueError, match="already in use"):
+            engine.add_request("e", [1, 2])
+        engine.abort_request("e")
+        assert_cache_free(engine)
+    finally:
+        engine.shutdown()
+
+
+def test_randomized_soak():
+    """200 requests of random lengths and sampling parameters, random arrivals and aborts."""
+    gen = random.Random(1234)
+    engine = make_engine(max_num_seqs=16, max_num_batched_tokens=48, num_gpu_blocks_override=60,
+                         kv_cache_memory=None, max_model_len=96)  # fmt: skip
+    try:
+        pending = []
+        for i in range(200):
+            prompt = [gen.randrange(0, 300) for _ in range(gen.randint(1, 40))]
+            params = SamplingParams(
+                n=gen.choice([1, 1, 1, 2]),
+                temperature=gen.choice([0.0, 0.7, 1.0]),
+                top_k=gen.choice([0, 5]),
+                top_p=gen.choice([1.0, 0.9]),
+                seed=gen.choice([None, i]),
+                max_tokens=gen.randint(1, 20),
+                stop=gen.choice([None, ["a"]]),
+                logprobs=gen.choice([None, 2]),
+            )
+            pending.append((str(i), prompt, params))
+        aborted, finished, step = set(), {}, 0
+        while pending or engine.has_unfinished_requests():
+            for _ in range(gen.randint(0, 4)):
+                if pending:
+                    request_id, prompt, params = pending.pop(0)
+                    engine.add_request(request_id, prompt, params)
+            if gen.random() < 0.1 and engine.output_processor.requests:
+                victim = gen.choice(sorted(engine.output_processor.requests))
+                engine.abort_request(victim)
+                aborted.add(victim)
+            for out in engine.step():
+                if out.finished:
+                    finished[out.request_id] = out
+            step += 1
+            assert step < 5000
+        assert set(finished) | aborted == {str(i) for i in range(200)}
+        for request_id, out in finished.items():
+            if request_id in aborted:
+                continue
+            for completion in out.outputs:
+                assert completion.finish_reason in ("stop", "length")
+        assert_cache_free(engine)
+    finally:
+        engine.shutdown()

@@ -1,0 +1,97 @@
+"""CUDA-graph decode on a GPU (marked `gpu`): kimi-k3-tiny with the PTPC recipe.
+
+- every configured batch size is captured;
+- a mixed workload (prompts of different lengths arriving at different steps, so decode-only steps
+  of many sizes and mixed prefill steps) gives the same greedy tokens with graphs and eagerly;
+- a graph-replayed decode step neither synchronizes with the host nor compiles anything.
+"""
+
+import random
+
+import pytest
+import torch
+
+from vllm.engine.arg_utils import EngineArgs
+from vllm.sampling_params import SamplingParams
+from vllm.v1.engine.llm_engine import LLMEngine
+
+PTPC = {"linear": "fp8_per_channel", "ignore": ["re:(?!.*self_attn\\.o_proj$).*"]}
+
+
+def engine(enforce_eager: bool) -> LLMEngine:
+    return LLMEngine.from_engine_args(
+        EngineArgs(
+            model="kimi-k3-tiny", quantization_config=PTPC, enforce_eager=enforce_eager,
+            max_num_seqs=24, max_num_batched_tokens=256, kv_cache_memory=1 << 30,
+            max_model_len=512,
+        )
+    )  # fmt: skip
+
+
+def workload(eng: LLMEngine) -> dict[str, list[int]]:
+    gen = random.Random(0)
+    prompts = [[gen.randrange(0, 256) for _ in range(gen.randint(1, 60))] for _ in range(20)]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    out, step = {}, 0
+    while len(out) < len(prompts):
+        if step < len(prompts):
+            eng.add_request(str(step), prompts[step], params)
+        for o in eng.step():
+            if o.finished:
+                out[o.request_id] = o.outputs[0].token_ids
+        step += 1
+    return out
+
+
+@pytest.mark.gpu
+def test_graphs_capture_every_size_and_match_eager():
+    graphed = engine(enforce_eager=False)
+    try:
+        runner = graphed.executor.runner
+        sizes = graphed.config.compilation_config.cudagraph_capture_sizes
+        assert sizes == [1, 2, 4, 8, 16, 24]
+        assert sorted(runner.graphs) == sizes
+        with_graphs = workload(graphed)
+    finally:
+        graphed.shutdown()
+    eager = engine(enforce_eager=True)
+    try:
+        assert not eager.executor.runner.graphs
+        assert workload(eager) == with_graphs
+    finally:
+        eager.shutdown()
+
+
+@pytest.mark.gpu
+def test_replayed_decode_step_has_no_host_sync_or_compilation(monkeypatch):
+    import triton
+
+    eng = engine(enforce_eager=False)
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+        for i in range(3):
+            eng.add_request(str(i), [1, 2, 3 + i], params)
+        eng.step()  # the prefill
+        runner = eng.executor.runner
+        compiled = []
+        monkeypatch.setattr(triton.compiler, "compile", lambda *a, **k: compiled.append(a))
+        replays = []
+        original = runner.execute
+
+        def checked(step):
+            assert runner._graph_size(step) == 4
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                logits = original(step)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            replays.append(step)
+            return logits
+
+        monkeypatch.setattr(runner, "execute", checked)
+        for _ in range(4):
+            eng.step()
+        assert len(replays) == 4 and not compiled
+    finally:
+        eng.shutdown()

@@ -1,0 +1,30 @@
+"""Where the fork's Triton kernels run: the one switch every op consults.
+
+On a GPU (CUDA or ROCm, both `device.type == "cuda"` in torch) an op launches its Triton kernel.
+On CPU it runs its torch reference, unless ``TRITON_INTERPRET=1`` asks for Triton's interpreter
+(the tests do, to check the kernels without a GPU). The variable is read at each call, so a test
+or a worker process can switch it without re-importing the ops.
+"""
+
+import os
+
+import torch
+
+try:
+    import triton
+except ImportError:  # CPU-only installs without Triton use the torch references
+    triton = None
+
+HAS_TRITON = triton is not None
+
+
+def triton_interpreting() -> bool:
+    """Whether Triton kernels run under the CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def use_triton(device: torch.device) -> bool:
+    """Whether an op on tensors of `device` launches its Triton kernel (else its reference)."""
+    if not HAS_TRITON:
+        return False
+    return device.type == "cuda" or (device.type == "cpu" and triton_interpreting())
