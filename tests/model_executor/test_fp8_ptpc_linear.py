@@ -21,11 +21,11 @@ from vllm.model_executor.layers.linear import (
     RowParallelLinear,
 )
 from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
-from vllm.model_executor.layers.quantization.utils.quant_utils import kFp8DynamicTokenSym
-from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import (
+from vllm.model_executor.layers.quantization.utils.fp8_per_token import (
     per_token_fp8_quant,
     per_token_fp8_quant_ref,
 )
+from vllm.model_executor.layers.quantization.utils.quant_utils import kFp8DynamicTokenSym
 from vllm.platforms import current_platform
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -17,8 +17,8 @@ from vllm.model_executor.layers.fusion.quant_activation import (
 )
 from vllm.model_executor.layers.linear import RowParallelLinear
 from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
+from vllm.model_executor.layers.quantization.utils.fp8_per_token import per_token_fp8_quant
 from vllm.model_executor.layers.quantization.utils.quant_utils import kFp8DynamicTokenSym
-from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import per_token_fp8_quant
 from vllm.platforms import RocmPlatform
 
 N, K = 96, 256  # the layer below: o_proj-like, N and K multiples of 16

@@ -22,6 +22,7 @@ Bounds, and why they hold:
 import pytest
 import torch
 
+import vllm.model_executor.layers.quantization.utils.fp8_per_token as quant_module
 import vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token as op_module
 from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import (
     per_token_fp8_quant,
@@ -382,7 +383,7 @@ def test_zero_tokens_launch_nothing(monkeypatch):
 
     monkeypatch.setattr(op_module, "_rmsnorm_gated_fp8_kernel", NoLaunch())
     monkeypatch.setattr(op_module, "_rmsnorm_gated_fp8_wide_kernel", NoLaunch())
-    monkeypatch.setattr(op_module, "_per_token_fp8_quant_kernel", NoLaunch())
+    monkeypatch.setattr(quant_module, "_per_token_fp8_quant_kernel", NoLaunch())
     x, weight, gate = make_inputs(0, 12, 128, torch.bfloat16)
     q, scale = rmsnorm_gated_fp8_per_token(x, weight, gate, EPS)
     assert q.shape == (0, 1536) and scale.shape == (0, 1)
