@@ -82,6 +82,8 @@ class _CountedKernel:
 _COUNTED_KERNELS = {
     "vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token": (
         "_rmsnorm_gated_fp8_kernel", "_rmsnorm_gated_fp8_wide_kernel",
+    ),
+    "vllm.model_executor.layers.quantization.utils.fp8_per_token": (
         "_per_token_fp8_quant_kernel",
     ),
     "vllm.models.kimi_k3.amd.ops.fused_kda_decode": ("_fused_kda_decode_kernel",),

@@ -68,17 +68,18 @@ def test_bridge_marks_consumers_and_leaves_others_unmarked():
 
 
 def make_qa(m=5, k=64, **changes):
-    data = torch.randn(m, k).to(kFp8DynamicTokenSym.dtype)
-    qa = QuantizedActivation(
-        data, torch.rand(m, 1), torch.bfloat16, torch.Size([m, k]), kFp8DynamicTokenSym
-    )
+    gen = torch.Generator().manual_seed(0)
+    data = torch.randn(m, k, generator=gen).to(kFp8DynamicTokenSym.dtype)
+    scale = torch.rand(m, 1, generator=gen)
+    qa = QuantizedActivation(data, scale, torch.bfloat16, torch.Size([m, k]), kFp8DynamicTokenSym)
     return dataclasses.replace(qa, **changes)
 
 
 def test_as_quantized_activation_accepts_a_match_and_ignores_plain_tensors():
     qa = make_qa()
     assert as_quantized_activation(qa, kFp8DynamicTokenSym, 64) is qa
-    assert as_quantized_activation(torch.randn(5, 64), kFp8DynamicTokenSym, 64) is None
+    plain = torch.randn(5, 64, generator=torch.Generator().manual_seed(1))
+    assert as_quantized_activation(plain, kFp8DynamicTokenSym, 64) is None
     # leading dims that flatten to M are fine
     qa3 = make_qa(data=qa.data.view(5, 1, 64))
     assert as_quantized_activation(qa3, kFp8DynamicTokenSym, 64) is qa3

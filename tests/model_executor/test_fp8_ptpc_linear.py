@@ -21,11 +21,11 @@ from vllm.model_executor.layers.linear import (
     RowParallelLinear,
 )
 from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
-from vllm.model_executor.layers.quantization.utils.quant_utils import kFp8DynamicTokenSym
-from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import (
+from vllm.model_executor.layers.quantization.utils.fp8_per_token import (
     per_token_fp8_quant,
     per_token_fp8_quant_ref,
 )
+from vllm.model_executor.layers.quantization.utils.quant_utils import kFp8DynamicTokenSym
 from vllm.platforms import current_platform
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -97,7 +97,8 @@ def test_process_weights_after_loading_is_idempotent():
 def test_fp8_gemm_within_the_fp8_rounding_bound():
     """|out - x @ w.T| <= what rounding x and w to FP8 and the output to bf16 can cause."""
     layer, weight = ptpc_layer(ColumnParallelLinear, bias=True)
-    x = (torch.randn(7, 256) * 2).to(torch.bfloat16).to(DEVICE)
+    x = (torch.randn(7, 256, generator=torch.Generator().manual_seed(1)) * 2).to(torch.bfloat16)
+    x = x.to(DEVICE)
     out = layer(x)[0].float().cpu()
     xf = x.float().cpu()
     ref = xf @ weight.t() + layer.bias.float().cpu()
@@ -108,7 +109,8 @@ def test_fp8_gemm_within_the_fp8_rounding_bound():
 def test_prequantized_input_is_not_quantized_again(monkeypatch):
     layer, _ = ptpc_layer()
     assert get_input_quant_key(layer) == kFp8DynamicTokenSym
-    x = torch.randn(2, 3, 256).to(torch.bfloat16).to(DEVICE)
+    x = torch.randn(2, 3, 256, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    x = x.to(DEVICE)
     plain = layer(x)[0]
     q, scale = per_token_fp8_quant(x.reshape(-1, 256))
 
@@ -145,7 +147,8 @@ def test_layer_refuses_a_quantized_activation_that_misdescribes_its_data(
 
 def test_unquantized_layer_refuses_a_quantized_activation():
     layer = RowParallelLinear(64, 32, bias=False, params_dtype=torch.bfloat16)
-    q, scale = per_token_fp8_quant(torch.randn(3, 64, device=DEVICE))
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(4))
+    q, scale = per_token_fp8_quant(x.to(DEVICE))
     qa = QuantizedActivation(q, scale, torch.bfloat16, q.shape, kFp8DynamicTokenSym)
     assert get_input_quant_key(layer) is None
     with pytest.raises(ValueError, match="expects None"):
@@ -154,25 +157,27 @@ def test_unquantized_layer_refuses_a_quantized_activation():
 
 def test_merged_column_loads_shards_into_place():
     layer = MergedColumnParallelLinear(16, [8, 24], bias=False, params_dtype=torch.float32)
-    a, b = torch.randn(8, 16), torch.randn(24, 16)
+    gen = torch.Generator().manual_seed(5)
+    a, b = torch.randn(8, 16, generator=gen), torch.randn(24, 16, generator=gen)
     layer.weight_loader(layer.weight, b, 1)
     layer.weight_loader(layer.weight, a, 0)
     assert torch.equal(layer.weight, torch.cat([a, b]))
     with pytest.raises(ValueError, match="shape"):
-        layer.weight_loader(layer.weight, torch.randn(9, 16), 0)
+        layer.weight_loader(layer.weight, torch.randn(9, 16, generator=gen), 0)
     with pytest.raises(ValueError, match="shard_id 2"):
         layer.weight_loader(layer.weight, a, 2)
-    fused = torch.randn(32, 16)
+    fused = torch.randn(32, 16, generator=gen)
     layer.weight_loader(layer.weight, fused)  # the fused tensor as a whole
     assert torch.equal(layer.weight, fused)
     with pytest.raises(ValueError, match="expected 32 rows"):
-        layer.weight_loader(layer.weight, torch.randn(33, 16))
+        layer.weight_loader(layer.weight, torch.randn(33, 16, generator=gen))
 
 
 def test_replicated_linear_rejects_wrong_shape():
     layer = ReplicatedLinear(16, 8, params_dtype=torch.float32, prefix="m.proj")
+    wrong = torch.randn(8, 15, generator=torch.Generator().manual_seed(7))
     with pytest.raises(ValueError, match=r"m\.proj: checkpoint shape \(8, 15\), expected"):
-        layer.weight_loader(layer.weight, torch.randn(8, 15))
+        layer.weight_loader(layer.weight, wrong)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -291,7 +296,8 @@ def test_gpu_rowwise_scaled_mm_consumes_and_matches_bound():
     layer, weight = ptpc_layer(RowParallelLinear, k=1536, n=7168, bias=False)
     assert type(layer.fp8_linear).__name__ == "RowWiseTorchFP8ScaledMMLinearKernel"
     assert get_input_quant_key(layer) == kFp8DynamicTokenSym
-    x = torch.randn(33, 1536, device="cuda").to(torch.bfloat16)
+    x = torch.randn(33, 1536, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    x = x.cuda()
     out = layer(x)[0]
     q, scale = per_token_fp8_quant(x)
     fused = layer(QuantizedActivation(q, scale, x.dtype, x.shape, kFp8DynamicTokenSym))[0]

@@ -28,3 +28,9 @@ def use_triton(device: torch.device) -> bool:
     if not HAS_TRITON:
         return False
     return device.type == "cuda" or (device.type == "cpu" and triton_interpreting())
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= `n` (1 for `n <= 1`): Triton block sizes must be powers of
+    two. Here, not from Triton, so launch configurations can be computed without it."""
+    return 1 << max(n - 1, 0).bit_length()

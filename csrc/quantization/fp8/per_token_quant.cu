@@ -2,8 +2,9 @@
 // one thread block per token, block-wide max of |x|, scale = max(amax / fp8_max, 1 / (fp8_max * 512)),
 // then x / scale (true division), clamped to +-fp8_max and converted with c10's FP8 types.
 // As in upstream's kernel, NaN is dropped by fmaxf in the reduction and becomes -fp8_max in the
-// clamp; the Triton op in vllm/models/kimi_k3/amd/ops/rmsnorm_gated_fp8_per_token.py states the
-// fork's own policy. The ROCm build (64-lane wavefronts) is written but has not been compiled here.
+// clamp; the Triton op in vllm/model_executor/layers/quantization/utils/fp8_per_token.py states
+// the fork's own policy. The ROCm build (64-lane wavefronts) is written but has not been compiled
+// here.
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>

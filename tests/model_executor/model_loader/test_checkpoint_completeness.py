@@ -11,8 +11,11 @@ import torch
 from safetensors.torch import save_file
 
 from vllm.model_executor.model_loader.builtin import BUILTIN_MODELS
-from vllm.model_executor.model_loader.checkpoint_names import expected_checkpoint_tensors
-from vllm.model_executor.model_loader.loader import dummy_tensors, load_model
+from vllm.model_executor.model_loader.loader import (
+    dummy_tensors,
+    expected_checkpoint_tensors,
+    load_model,
+)
 from vllm.transformers_utils.configs import load_model_config
 
 TINY = BUILTIN_MODELS["kimi-linear-tiny"]

@@ -104,10 +104,11 @@ def test_lower_bound_gate_layer_matches_transformers_with_the_formula_gate(hf_ki
     torch.manual_seed(5)  # transformers' initializers draw from the global generator
     hf = hf_kimi_linear.KimiLinearDeltaAttention(cfg, 0).float()
     gate = hf.forget_gate
+    gen = torch.Generator().manual_seed(5)
     with torch.no_grad():
-        gate.A_log.copy_(torch.log(torch.empty_like(gate.A_log).uniform_(1, 16)))
-        gate.dt_bias.copy_(torch.randn_like(gate.dt_bias) * 0.5)
-        hf.o_norm.weight.copy_(1 + 0.1 * torch.randn_like(hf.o_norm.weight))
+        gate.A_log.copy_(torch.log(torch.empty_like(gate.A_log).uniform_(1, 16, generator=gen)))
+        gate.dt_bias.copy_(torch.randn(gate.dt_bias.shape, generator=gen) * 0.5)
+        hf.o_norm.weight.copy_(1 + 0.1 * torch.randn(hf.o_norm.weight.shape, generator=gen))
 
     def formula_gate(hidden_states):
         raw = gate.f_b_proj(gate.f_a_proj(hidden_states))[0]

@@ -34,13 +34,14 @@ def hf_kda(seed=0, conv=4):
         linear_attn_config={"kda_layers": [1], "full_attn_layers": [],
                             "short_conv_kernel_size": conv},
     )  # fmt: skip
-    torch.manual_seed(seed)
+    torch.manual_seed(seed)  # transformers' initializers draw from the global generator
     module = HF.KimiLinearDeltaAttention(cfg, 0).float()
+    gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         gate = module.forget_gate
-        gate.A_log.copy_(torch.log(torch.empty_like(gate.A_log).uniform_(1, 16)))
-        gate.dt_bias.copy_(torch.randn_like(gate.dt_bias) * 0.5)
-        module.o_norm.weight.copy_(1 + 0.1 * torch.randn_like(module.o_norm.weight))
+        gate.A_log.copy_(torch.log(torch.empty_like(gate.A_log).uniform_(1, 16, generator=gen)))
+        gate.dt_bias.copy_(torch.randn(gate.dt_bias.shape, generator=gen) * 0.5)
+        module.o_norm.weight.copy_(1 + 0.1 * torch.randn(module.o_norm.weight.shape, generator=gen))
     return module
 
 
@@ -98,8 +99,8 @@ def test_layer_matches_transformers_prefill_then_decode(device, conv):
     layer = our_kda(hf, device=device, conv=conv)
     assert layer.get_kv_cache_spec(torch.float32).conv_shape == (3 * HEADS * HEAD_DIM, conv - 1)
     lengths, steps = [5, 9, 3], 3
-    torch.manual_seed(1)
-    inputs = [torch.randn(n + steps, HIDDEN) for n in lengths]
+    gen = torch.Generator().manual_seed(1)
+    inputs = [torch.randn(n + steps, HIDDEN, generator=gen) for n in lengths]
     harness = harness_for(layer, device=device)
     with torch.no_grad():
         expected = [hf(x.unsqueeze(0)).squeeze(0) for x in inputs]  # chunked torch path
@@ -122,8 +123,9 @@ def test_layer_matches_transformers_prefill_then_decode(device, conv):
 @pytest.mark.parametrize("device", DEVICES)
 def test_chunked_prefill_and_mixed_batches_equal_one_shot(device):
     layer = our_kda(device=device)
-    torch.manual_seed(1)
-    x0, x1 = torch.randn(7, HIDDEN, device=device), torch.randn(12, HIDDEN, device=device)
+    gen = torch.Generator().manual_seed(1)
+    x0 = torch.randn(7, HIDDEN, generator=gen).to(device)
+    x1 = torch.randn(12, HIDDEN, generator=gen).to(device)
     with torch.no_grad():
         one_shot = harness_for(layer, device=device)
         one = layer(torch.cat([x0, x1]), one_shot.schedule({0: 7, 1: 12}).kda)
@@ -222,7 +224,7 @@ def test_load_weights_checks_the_norm_weight_shape():
 def test_full_rank_gate_equals_its_low_rank_factors():
     hf = hf_kda()
     low, full = our_kda(hf), our_kda(hf, full_rank=True)
-    x = torch.randn(6, HIDDEN)
+    x = torch.randn(6, HIDDEN, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         a = low(x, harness_for(low).schedule({0: 6}).kda)
         b = full(x, harness_for(full).schedule({0: 6}).kda)
@@ -298,8 +300,9 @@ def test_ptpc_epilogue_norms_exactly_once_and_matches_unfused(monkeypatch, full_
 def test_already_normed_core_is_only_quantized(monkeypatch):
     layer = our_kda(None, torch.bfloat16, PTPC_O_PROJ)
     counts = Counts(monkeypatch, layer)
-    core = torch.randn(3, HEADS, HEAD_DIM).to(torch.bfloat16)
-    gate = torch.randn(3, HEADS, HEAD_DIM).to(torch.bfloat16)
+    gen = torch.Generator().manual_seed(4)
+    core = torch.randn(3, HEADS, HEAD_DIM, generator=gen).to(torch.bfloat16)
+    gate = torch.randn(3, HEADS, HEAD_DIM, generator=gen).to(torch.bfloat16)
     with torch.no_grad():
         layer._epilogue(core, gate, normed=True)
     assert counts.take() == {"o_norm": 0, "fused": 0, "quant": 1, "kernel_quant": 0}
@@ -322,7 +325,8 @@ def test_non_ptpc_o_proj_takes_the_plain_path(monkeypatch, kernel, device):
     counts = Counts(monkeypatch, layer)
     with torch.no_grad():
         meta = harness_for(layer, torch.bfloat16, device).schedule({0: 5}).kda
-        layer(torch.randn(5, HIDDEN, device=device).to(torch.bfloat16), meta)
+        x = torch.randn(5, HIDDEN, generator=torch.Generator().manual_seed(5))
+        layer(x.to(torch.bfloat16).to(device), meta)
     assert counts.take() == {
         "o_norm": 1, "fused": 0, "quant": 0, "kernel_quant": 1 if kernel else 0
     }  # fmt: skip
@@ -340,9 +344,10 @@ def test_gpu_layer_matches_cpu_reference():
     gpu = our_kda(hf, torch.bfloat16, PTPC_O_PROJ, full_rank=True, device="cuda")
     harness_c = harness_for(cpu, torch.bfloat16)
     harness_g = harness_for(gpu, torch.bfloat16, "cuda")
+    gen = torch.Generator().manual_seed(6)
     with torch.no_grad():
         for _, new, tokens in BATCHES:
-            x = torch.randn(tokens, HIDDEN).to(torch.bfloat16)
+            x = torch.randn(tokens, HIDDEN, generator=gen).to(torch.bfloat16)
             a = cpu(x, harness_c.schedule(new).kda).float()
             b = gpu(x.cuda(), harness_g.schedule(new).kda).float().cpu()
             # bf16 activations, fla's chunked fp32 core vs the fp32 recurrence, FP8 o_proj: the
@@ -355,7 +360,8 @@ def test_gpu_cuda_graph_decode_replays_eagerly():
     layer = our_kda(None, torch.bfloat16, PTPC_O_PROJ, full_rank=True, device="cuda")
     harness = harness_for(layer, torch.bfloat16, "cuda", slots=8)
     pool = harness.kda_pools[0]
-    x = torch.randn(2, HIDDEN, device="cuda").to(torch.bfloat16)
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(2, HIDDEN, generator=gen).to(torch.bfloat16).cuda()
     with torch.no_grad():
         layer(x, harness.schedule({0: 1, 1: 1}).kda)  # two one-token prompts
         meta = harness.schedule({0: 1, 1: 1}).kda
@@ -366,7 +372,7 @@ def test_gpu_cuda_graph_decode_replays_eagerly():
             out = layer(x, meta)
         pool.conv_state.copy_(start[0])
         pool.ssm_state.copy_(start[1])
-        x.copy_(torch.randn_like(x))
+        x.copy_(torch.randn(x.shape, generator=gen))
         graph.replay()
         replayed = out.clone()
         pool.conv_state.copy_(start[0])
@@ -401,7 +407,7 @@ def test_tp2_heads_split_equals_tp1():
     hf = hf_kda()
     tensors = checkpoint_tensors(hf, full_rank=True)
     layer = our_kda(hf, full_rank=True)
-    x = torch.randn(11, HIDDEN)
+    x = torch.randn(11, HIDDEN, generator=torch.Generator().manual_seed(8))
     with torch.no_grad():
         harness = harness_for(layer)
         a = layer(x[:9], harness.schedule({0: 4, 1: 5}).kda)

@@ -22,6 +22,7 @@ Bounds, and why they hold:
 import pytest
 import torch
 
+import vllm.model_executor.layers.quantization.utils.fp8_per_token as quant_module
 import vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token as op_module
 from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import (
     per_token_fp8_quant,
@@ -286,7 +287,7 @@ def test_one_huge_value():
     assert_codes_close(q, q_ref)
     assert_within_half_step(q, scale, exact_rmsnorm_gated(x, weight, gate, EPS).reshape(3, -1))
 
-    y = torch.randn(3, 1536, device=DEVICE)
+    y = torch.randn(3, 1536, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     y[1, 100] = 1.0e30
     qp, sp = per_token_fp8_quant(y)
     fp8_max = current_platform.fp8_max()
@@ -309,7 +310,7 @@ def test_non_finite_token_is_poisoned_and_others_are_not():
         assert_scale_close(scale[t : t + 1], scale_ref[t : t + 1])
         assert_codes_close(q[t : t + 1], q_ref[t : t + 1])
 
-    y = torch.randn(3, 256, device=DEVICE)
+    y = torch.randn(3, 256, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     y[0, 3] = float("-inf")
     y[2, 7] = float("nan")
     qp, sp = per_token_fp8_quant(y)
@@ -368,7 +369,7 @@ def test_every_output_written_into_preallocated_buffers():
     assert_scale_close(scale, scale_ref)
     assert_codes_close(q, q_ref)
 
-    y = torch.randn(tokens, 7168, device=DEVICE)
+    y = torch.randn(tokens, 7168, generator=torch.Generator().manual_seed(3)).to(DEVICE)
     out = poison(torch.empty(tokens, 7168, dtype=torch.float8_e4m3fn, device=DEVICE))
     scale_out = poison(torch.empty(tokens, 1, dtype=torch.float32, device=DEVICE))
     per_token_fp8_quant(y, torch.float8_e4m3fn, out=out, scale_out=scale_out)
@@ -382,7 +383,7 @@ def test_zero_tokens_launch_nothing(monkeypatch):
 
     monkeypatch.setattr(op_module, "_rmsnorm_gated_fp8_kernel", NoLaunch())
     monkeypatch.setattr(op_module, "_rmsnorm_gated_fp8_wide_kernel", NoLaunch())
-    monkeypatch.setattr(op_module, "_per_token_fp8_quant_kernel", NoLaunch())
+    monkeypatch.setattr(quant_module, "_per_token_fp8_quant_kernel", NoLaunch())
     x, weight, gate = make_inputs(0, 12, 128, torch.bfloat16)
     q, scale = rmsnorm_gated_fp8_per_token(x, weight, gate, EPS)
     assert q.shape == (0, 1536) and scale.shape == (0, 1)
@@ -504,7 +505,8 @@ def test_gpu_native_per_token_quant_baseline(width):
 
     if not ops.has_native_ops():
         pytest.skip("vllm._C is not built")
-    x = torch.randn(1000, width, dtype=torch.bfloat16, device="cuda")
+    gen = torch.Generator().manual_seed(width)
+    x = torch.randn(1000, width, generator=gen).to(torch.bfloat16).cuda()
     q, scale = ops.dynamic_per_token_scaled_fp8_quant(x)
     q_ref, scale_ref = per_token_fp8_quant_ref(x)
     # Same scale rule; the native kernel divides where ours multiplies by 1/scale.

@@ -34,12 +34,13 @@ def config(**changes):
 def hf_mla(**changes):
     cfg = HF.KimiLinearConfig(**config(**changes))
     cfg._attn_implementation = "eager"
-    torch.manual_seed(0)
+    torch.manual_seed(0)  # transformers' initializers draw from the global generator
     module = HF.KimiLinearAttention(cfg, 0).float()
+    gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, p in module.named_parameters():
             if name.endswith("layernorm.weight"):
-                p.copy_(1 + 0.1 * torch.randn_like(p))
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=gen))
     return module
 
 
@@ -67,8 +68,8 @@ def test_mla_matches_transformers_prefill_then_decode():
     ours.load_weights(hf.state_dict().items())
     ours.process_weights_after_loading()
     lengths, steps = [6, 3, 9], 3
-    torch.manual_seed(1)
-    xs = [torch.randn(n + steps, H) for n in lengths]
+    gen = torch.Generator().manual_seed(1)
+    xs = [torch.randn(n + steps, H, generator=gen) for n in lengths]
     harness = harness_for(ours)
     with torch.no_grad():
         expected = [hf_forward(hf, x) for x in xs]
@@ -132,8 +133,8 @@ def test_continued_prefill_on_top_of_cached_context():
     ours = ours_mla(config())
     ours.load_weights(hf.state_dict().items())
     ours.process_weights_after_loading()
-    torch.manual_seed(1)
-    x0, x1 = torch.randn(11, H), torch.randn(6, H)
+    gen = torch.Generator().manual_seed(1)
+    x0, x1 = torch.randn(11, H, generator=gen), torch.randn(6, H, generator=gen)
     harness = harness_for(ours)
     with torch.no_grad():
         expected0, expected1 = hf_forward(hf, x0), hf_forward(hf, x1)
@@ -152,21 +153,21 @@ def test_absorbed_decode_equals_exact_decompressing_path(q_lora):
     """The same decode tokens through the absorbed path (num_decodes = N) and as one-token
     prefill chunks through the exact path, on identical caches."""
     cfg = config(q_lora_rank=q_lora, mla_use_output_gate=q_lora is not None)
-    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
     ours = ours_mla(cfg)
     with torch.no_grad():
         for p in ours.parameters():
-            p.copy_(torch.randn_like(p) * 0.2)
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
     ours.process_weights_after_loading()
     absorbed, exact = harness_for(ours), harness_for(ours)
     lengths = [7, 2, 13, 4]
-    x = torch.randn(sum(lengths), H)
+    x = torch.randn(sum(lengths), H, generator=gen)
     with torch.no_grad():
         for harness in (absorbed, exact):
             ours.bind_kv_cache(harness.mla_caches[0])
             ours(x, harness.schedule(dict(enumerate(lengths))).mla)
         for _ in range(3):
-            x = torch.randn(len(lengths), H)
+            x = torch.randn(len(lengths), H, generator=gen)
             ours.bind_kv_cache(absorbed.mla_caches[0])
             meta = absorbed.schedule(dict.fromkeys(range(len(lengths)), 1)).mla
             assert meta.num_decodes == len(lengths)

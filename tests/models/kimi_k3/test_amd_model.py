@@ -29,21 +29,22 @@ def random_hf_model(hf_kimi_linear, **changes):
     at trained-like scales (seed 0)."""
     cfg = hf_kimi_linear.KimiLinearConfig(**dict(TINY, **changes))
     cfg._attn_implementation = "eager"
-    torch.manual_seed(0)
+    torch.manual_seed(0)  # transformers' initializers draw from the global generator
     model = hf_kimi_linear.KimiLinearForCausalLM(cfg).float().eval()
+    gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith(("A_log",)):
-                p.copy_(torch.log(torch.empty_like(p).uniform_(1, 16)))
+                p.copy_(torch.log(torch.empty_like(p).uniform_(1, 16, generator=gen)))
             elif name.endswith("dt_bias") or "e_score_correction_bias" in name:
-                p.normal_(0, 0.3)
+                p.normal_(0, 0.3, generator=gen)
             elif name.endswith("norm.weight"):
-                p.copy_(1 + 0.1 * torch.randn_like(p))
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=gen))
             elif name.endswith("gate.weight") or ".experts." in name:
-                p.normal_(0, 0.2)
+                p.normal_(0, 0.2, generator=gen)
         for name, b in model.named_buffers():
             if "e_score_correction_bias" in name:
-                b.normal_(0, 0.3)
+                b.normal_(0, 0.3, generator=gen)
     return model
 
 
@@ -375,7 +376,7 @@ def test_tied_checkpoint_skips_the_saved_head_copy(checkpoint, tmp_path):
     shutil.copy(folder / "model.safetensors", tmp_path / "model.safetensors")
     model = load_model(tmp_path, dtype=torch.float32)  # lm_head.weight present, not an error
     assert model.lm_head.weight is model.embed_tokens.weight
-    hidden = torch.randn(2, 64)
+    hidden = torch.randn(2, 64, generator=torch.Generator().manual_seed(0))
     expected = hidden @ load_file(folder / "model.safetensors")["model.embed_tokens.weight"].t()
     torch.testing.assert_close(model.compute_logits(hidden), expected)
 

@@ -28,13 +28,14 @@ def hf_moe(groups=1, topk_group=1, seed=0):
         topk_group=topk_group, routed_scaling_factor=2.5, moe_renormalize=True,
         hidden_act="silu", linear_attn_config={"kda_layers": [], "full_attn_layers": [1]},
     )  # fmt: skip
-    torch.manual_seed(seed)
+    torch.manual_seed(seed)  # transformers' initializers draw from the global generator
     moe = HF.KimiLinearMoE(cfg).float()
+    gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        moe.gate.weight.normal_(0, 0.3)
-        moe.gate.e_score_correction_bias.normal_(0, 0.1)
-        moe.experts.gate_up_proj.normal_(0, 0.1)
-        moe.experts.down_proj.normal_(0, 0.1)
+        moe.gate.weight.normal_(0, 0.3, generator=gen)
+        moe.gate.e_score_correction_bias.normal_(0, 0.1, generator=gen)
+        moe.experts.gate_up_proj.normal_(0, 0.1, generator=gen)
+        moe.experts.down_proj.normal_(0, 0.1, generator=gen)
     return moe
 
 
@@ -68,7 +69,7 @@ def checkpoint(moe) -> list[tuple[str, torch.Tensor]]:
 @pytest.mark.parametrize("groups,topk_group", [(1, 1), (4, 2)])
 def test_router_matches_transformers(groups, topk_group):
     hf = hf_moe(groups, topk_group)
-    x = torch.randn(37, H)
+    x = torch.randn(37, H, generator=torch.Generator().manual_seed(1))
     _, hf_w, hf_ids = hf.gate(x)
     logits = x @ hf.gate.weight.t()
     w, ids = grouped_topk(
@@ -83,7 +84,7 @@ def test_moe_block_matches_transformers():
     hf = hf_moe()
     ours = KimiMoE(our_config(), params_dtype=torch.float32, prefix="block_sparse_moe")
     assert len(ours.load_weights(checkpoint(hf))) == 2 + 3 * E + 3
-    x = torch.randn(29, H)
+    x = torch.randn(29, H, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         torch.testing.assert_close(ours(x), hf(x), rtol=1e-5, atol=1e-5)
 
@@ -114,7 +115,7 @@ def test_latent_moe_is_down_norm_experts_up():
             )
     moe.load_weights(tensors)
     t = dict(tensors)
-    x = torch.randn(5, H)
+    x = torch.randn(5, H, generator=gen)
     w, ids = grouped_topk(
         x @ t["gate.weight"].t(), t["gate.e_score_correction_bias"], TOPK,
         renormalize=True, routed_scaling_factor=2.5,
@@ -138,7 +139,8 @@ def test_latent_moe_is_down_norm_experts_up():
 
 
 def test_situ_formula_and_dense_mlp():
-    x = torch.randn(6, 20) * 30  # large values reach the soft caps
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 20, generator=gen) * 30  # large values reach the soft caps
     gate, up = x.chunk(2, dim=-1)
     expected = 4 * torch.tanh(gate / 4) * torch.sigmoid(gate) * 25 * torch.tanh(up / 25)
     torch.testing.assert_close(SituAndMul(4.0, 25.0)(x), expected)
@@ -146,10 +148,10 @@ def test_situ_formula_and_dense_mlp():
     with pytest.raises(ValueError, match="needs activation_situ_beta"):
         get_act_and_mul("situ")
     mlp = KimiMLP(our_config(), 40, params_dtype=torch.float32)
-    g, u, d = torch.randn(40, H), torch.randn(40, H), torch.randn(H, 40)
+    g, u, d = (torch.randn(shape, generator=gen) for shape in ((40, H), (40, H), (H, 40)))
     for name, t in (("gate_proj.weight", g), ("up_proj.weight", u), ("down_proj.weight", d)):
         mlp.load_weight(name, t)
-    x = torch.randn(3, H)
+    x = torch.randn(3, H, generator=gen)
     with torch.no_grad():
         torch.testing.assert_close(
             mlp(x), (torch.nn.functional.silu(x @ g.t()) * (x @ u.t())) @ d.t()

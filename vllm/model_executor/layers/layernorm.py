@@ -1,9 +1,23 @@
-"""Normalization layers."""
+"""Normalization layers, and the gated RMSNorm reference that fused gated-norm kernels match."""
 
 import torch
 
 from vllm.model_executor.model_loader.weight_utils import copy_checked
-from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import rmsnorm_gated_ref
+
+
+def rmsnorm_gated_ref(
+    x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """Gated RMSNorm per row over the last dim, in fp32: `x` and `gate` `[..., D]` (any float
+    dtype), `weight` `[D]`. Returns `(x * weight * sigmoid(gate)) * rsqrt(mean(x^2) + eps)` as fp32.
+
+    The exact statement of the fused kernels' math (`rmsnorm_gated_fp8_per_token`, the fused KDA
+    decode epilogue), in their order of operations, so kernel and reference differ only in ulps.
+    """
+    xf = x.float()
+    # A tensor divisor keeps the division correctly rounded on CUDA (as the kernels' div_rn).
+    var = xf.square().sum(dim=-1, keepdim=True) / xf.new_full((), x.shape[-1])
+    return xf * weight.float() * torch.sigmoid(gate.float()) * torch.rsqrt(var + eps)
 
 
 class _RMSNormBase(torch.nn.Module):

@@ -1,15 +1,14 @@
 """`load_model`: config -> model built on its device -> weights (checkpoint or dummy) ->
 post-processing.
 
-`kimi_linear` checkpoints build `KimiLinearForCausalLM`, `kimi_k3` ones the text-only
-`KimiK3ForConditionalGeneration` (which maps K3's names). The model is constructed directly on the
-target device and checkpoint tensors are streamed one at a time into it, so host memory holds one
-tensor, never the model. Completeness is tracked by name: the tensors the config implies
-(`checkpoint_names.expected_checkpoint_tensors`) minus those loaded are reported by their
-checkpoint names. `load_format="dummy"` draws each of those full tensors on the device from a
-generator seeded by (seed, name) and loads it the way a checkpoint tensor is loaded, so every TP
-rank holds exactly its shard of the TP=1 weights.
-"""
+The model class comes from `vllm.models.registry` by the config's `model_type` (`kimi_linear`:
+`KimiLinearForCausalLM`; `kimi_k3`: the text-only `KimiK3ForConditionalGeneration`, which maps
+K3's names). The model is constructed directly on the target device and checkpoint tensors are
+streamed one at a time into it, so host memory holds one tensor, never the model. Completeness is
+tracked by name: the tensors the config implies (the model class's `checkpoint_tensors`) minus
+those loaded are reported by their checkpoint names. `load_format="dummy"` draws each of those full
+tensors on the device from a generator seeded by (seed, name) and loads it the way a checkpoint
+tensor is loaded, so every TP rank holds exactly its shard of the TP=1 weights."""
 
 import hashlib
 import math
@@ -22,15 +21,11 @@ import torch
 from vllm.logger import init_logger
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.model_loader.builtin import resolve_model
-from vllm.model_executor.model_loader.checkpoint_names import expected_checkpoint_tensors
 from vllm.model_executor.model_loader.safetensors_loader import iterate_tensors
-from vllm.models.kimi_k3.amd.linear import KimiLinearForCausalLM
-from vllm.models.kimi_k3.amd.model import KimiK3ForConditionalGeneration
-from vllm.transformers_utils.configs import KimiK3Config, load_model_config
+from vllm.models.registry import model_class
+from vllm.transformers_utils.configs import load_model_config
 
 logger = init_logger(__name__)
-
-KimiModel = KimiLinearForCausalLM | KimiK3ForConditionalGeneration
 
 
 def load_model(
@@ -40,7 +35,7 @@ def load_model(
     quant_config: QuantizationConfig | None = None,
     device: "str | torch.device" = "cpu",
     seed: int = 0,
-) -> KimiModel:
+) -> torch.nn.Module:
     """Build the model of a checkpoint folder (or built-in tiny model name) on `device` and fill
     its weights.
 
@@ -52,10 +47,7 @@ def load_model(
     config = load_model_config(folder)
     device = torch.device(device)
     with torch.device(device):  # parameters are allocated on the device, never on the host first
-        if isinstance(config, KimiK3Config):
-            model: KimiModel = KimiK3ForConditionalGeneration(config, dtype, quant_config)
-        else:
-            model = KimiLinearForCausalLM(config, dtype, quant_config)
+        model = model_class(config)(config, dtype, quant_config)
     if builtin and load_format == "auto":
         load_format, seed = "dummy", 0
     start = time.perf_counter()
@@ -89,6 +81,12 @@ class _ByteCounter:
             yield name, tensor
 
 
+def expected_checkpoint_tensors(config: object) -> dict[str, tuple[int, ...]]:
+    """Every checkpoint tensor the model of `config` loads, by canonical name, with its full
+    shape, in checkpoint order."""
+    return model_class(config).checkpoint_tensors(config)
+
+
 def check_complete(expected: Iterable[str], loaded: set[str]) -> None:
     """Raise ValueError naming the expected checkpoint tensors not loaded (first 5 + count)."""
     missing = [name for name in expected if name not in loaded]
@@ -105,7 +103,7 @@ def _seed_of(seed: int, name: str) -> int:
 
 
 def dummy_tensors(
-    config: "KimiK3Config | object", seed: int, device: "str | torch.device" = "cpu"
+    config: object, seed: int, device: "str | torch.device" = "cpu"
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Every checkpoint tensor of `config`, full shape, fp32, drawn on `device` at about the scales
     of a trained model from a generator seeded by (seed, name): the same tensors whatever the TP

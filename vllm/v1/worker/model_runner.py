@@ -24,6 +24,7 @@ from vllm.logger import init_logger
 from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
 from vllm.model_executor.model_loader.loader import load_model
 from vllm.models.kimi_k3.amd.metadata import KimiMetadataBuilder, SeqSchedule
+from vllm.models.registry import model_class
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import allocate_kv_caches
 from vllm.v1.sample.metadata import SamplingMetadata
@@ -90,11 +91,9 @@ class ModelRunner:
         mc = self.config.model_config
         quant = None
         if mc.quantization_config is not None:
-            from vllm.models.kimi_k3.amd.linear import KimiLinearForCausalLM
-
             quant = OnlineQuantizationConfig(
                 parse_quantization_config(mc.quantization_config),
-                KimiLinearForCausalLM.packed_modules_mapping,
+                model_class(mc.hf_config).packed_modules_mapping,
             )
         self.model = load_model(mc.folder, mc.load_format, mc.dtype, quant, self.device, mc.seed)
         self.spec = self.model.get_kv_cache_spec()

@@ -33,6 +33,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
 )
 from vllm.model_executor.model_loader.weight_utils import copy_checked
 from vllm.models.kimi_k3.amd.attn_res import AttnResState
+from vllm.models.kimi_k3.amd.checkpoint_names import text_checkpoint_tensors
 from vllm.models.kimi_k3.amd.kda import KDAStatePool, KimiK3DeltaAttention
 from vllm.models.kimi_k3.amd.metadata import KimiMetadata
 from vllm.models.kimi_k3.amd.mla import KimiMLAAttention
@@ -323,6 +324,12 @@ class KimiLinearForCausalLM(torch.nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
+    @staticmethod
+    def checkpoint_tensors(config: KimiLinearConfig) -> dict[str, tuple[int, ...]]:
+        """Every checkpoint tensor `config` implies: canonical name -> full (unsharded) shape, in
+        checkpoint order (see `checkpoint_names`)."""
+        return text_checkpoint_tensors(config)
+
     def forward(self, input_ids: torch.Tensor, metadata: KimiMetadata) -> torch.Tensor:
         """Hidden states `[T, hidden]` of the flattened batch (`[0, hidden]` for no tokens), on
         the caches bound by `bind_kv_caches`."""
@@ -391,7 +398,7 @@ class KimiLinearForCausalLM(torch.nn.Module):
 
         Each tensor is dispatched as it arrives (nothing is held back), so a streamed checkpoint
         needs host memory for one tensor only. Raises ValueError naming an unexpected tensor;
-        returns the canonical names loaded (`model_loader.checkpoint_names`): transformers'
+        returns the canonical names loaded (`checkpoint_tensors`): transformers'
         `block_sparse_moe.*` spelling of a dense MLP is reported as `mlp.*`."""
         loaded = set()
         for name, tensor in weights:

@@ -36,6 +36,9 @@ def k3_checkpoint_name(text_name: str) -> str:
 
 
 class KimiK3ForConditionalGeneration(torch.nn.Module):
+    # the text model's fused layers, under `language_model.`
+    packed_modules_mapping = KimiLinearForCausalLM.packed_modules_mapping
+
     def __init__(
         self,
         config: KimiK3Config,
@@ -47,6 +50,12 @@ class KimiK3ForConditionalGeneration(torch.nn.Module):
         self.language_model = KimiLinearForCausalLM(
             config.text_config, params_dtype, quant_config, prefix="language_model.model"
         )
+
+    @staticmethod
+    def checkpoint_tensors(config: KimiK3Config) -> dict[str, tuple[int, ...]]:
+        """Every checkpoint tensor `config` implies, by K3's names, with its full shape."""
+        text = KimiLinearForCausalLM.checkpoint_tensors(config.text_config)
+        return {k3_checkpoint_name(name): shape for name, shape in text.items()}
 
     def forward(self, input_ids: torch.Tensor, metadata: KimiMetadata) -> torch.Tensor:
         return self.language_model(input_ids, metadata)

@@ -20,6 +20,7 @@ from vllm.model_executor.layers.fusion.quant_activation import (
     QuantizedActivation,
     as_quantized_activation,
 )
+from vllm.model_executor.layers.quantization.utils.fp8_per_token import per_token_fp8_quant
 from vllm.model_executor.layers.quantization.utils.quant_utils import (
     QuantKey,
     kFp8DynamicTokenSym,
@@ -88,8 +89,6 @@ class FP8ScaledMMLinearKernel(ScaledMMLinearKernel):
 
     def quantize_input(self, x_2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token dynamic FP8 quantization of a plain `[M, K]` input (one launch on GPU)."""
-        from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import per_token_fp8_quant
-
         return per_token_fp8_quant(x_2d)
 
     def apply_weights(

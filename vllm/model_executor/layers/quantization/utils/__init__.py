@@ -1,1 +1,1 @@
-"""Quantization descriptors (group shapes, scale descriptions, quant keys)."""
+"""Quantization descriptors (group shapes, scale descriptions, quant keys) and per-token FP8."""

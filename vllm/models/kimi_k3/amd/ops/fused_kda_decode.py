@@ -19,10 +19,10 @@ fused and unfused decode are checked against the same math.
 
 import torch
 
+from vllm.model_executor.layers.layernorm import rmsnorm_gated_ref
 from vllm.models.kimi_k3.amd.ops.causal_conv1d import causal_conv1d_decode
 from vllm.models.kimi_k3.amd.ops.kda_core import kda_decode
 from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate
-from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import rmsnorm_gated_ref
 from vllm.triton_utils import use_triton
 
 try:

@@ -1,7 +1,7 @@
 """Fused gated RMSNorm + per-token FP8 quantization for the Kimi-K3 KDA ``o_proj`` epilogue.
 
-Two public ops, each a single Triton launch on GPU (CUDA and ROCm) with an exact torch reference
-beside it that runs everywhere (and is what CPU tensors use unless ``TRITON_INTERPRET=1``):
+One Triton launch on GPU (CUDA and ROCm) with an exact torch reference beside it that runs
+everywhere (and is what CPU tensors use unless ``TRITON_INTERPRET=1``):
 
 ``rmsnorm_gated_fp8_per_token(x, weight, gate, eps)``
     ``x``, ``gate``: ``[T, H, D]`` bf16 / fp16 / fp32, unit stride on the last dim, any other
@@ -13,28 +13,20 @@ beside it that runs everywhere (and is what CPU tensors use unless ``TRITON_INTE
     then the token's ``H * D`` values are quantized with ONE scale (amax across all heads).
     Returns ``q`` ``[T, H * D]`` (FP8, row-major) and ``scale`` ``[T, 1]`` fp32.
 
-``per_token_fp8_quant(x)``
-    The same quantization for an activation that is already normed: ``x`` ``[T, K]``.
+The unfused pieces live with the generic layers: the gated RMSNorm reference
+(``rmsnorm_gated_ref``) in ``vllm/model_executor/layers/layernorm.py``, and ``per_token_fp8_quant``
+(the same quantization for an activation that is already normed) with the numerics policy they
+share in ``vllm/model_executor/layers/quantization/utils/fp8_per_token.py``. This module re-exports
+both, as the upstream PR's import path.
 
-Numerics policy (shared by both ops, their Triton kernels and their torch references)
--------------------------------------------------------------------------------------
-* ``fp8_max`` comes from the platform (``current_platform.fp8_max``): 448 for e4m3fn, 224 for
-  e4m3fnuz (upstream's dynamic-quant maximum, not ``torch.finfo``'s 240).
-* ``amax`` is the max of ``|y|`` over the token, computed on the fp32 value ``y`` (the fused op
-  never rounds ``y`` to bf16; the unfused chain does, which is the only difference between the two).
-* ``scale = max(amax / fp8_max, 1 / (fp8_max * 512))`` in fp32 with correctly rounded division.
-  The floor is upstream's minimum scale: an all-zero token gets that finite scale and zero codes.
-* ``q = round(y * (1 / scale))``, ``1 / scale`` correctly rounded once per token, round to nearest
-  even into FP8. Upstream's C++ kernel divides each element instead; both are within one rounding
-  of ``y / scale``, multiplying costs less, and the reference does the same operations, so kernel
-  and reference agree up to the ulps of rsqrt and sigmoid. No clamp is needed: the scale bounds
-  ``|y * (1 / scale)|`` by ``fp8_max * (1 + 2^-23)``, which rounds to ``fp8_max``.
-* ``eps`` must be positive. ``x^2`` is summed in fp32: a head with ``|x|`` above about 1.8e19
-  (finite in bf16 / fp32) overflows to ``rstd = 0`` and is zeroed (NaN where ``x * weight *
-  sigmoid(gate)`` itself overflows to Inf), in kernel and reference alike.
-* Non-finite input is never hidden: a token whose ``y`` holds a NaN or an Inf gets scale NaN and
-  all-NaN codes, so its dequantized values (and its GEMM output row) are NaN. Other tokens are
-  unaffected.
+Numerics: the per-token policy of ``fp8_per_token`` (platform ``fp8_max``, scale floor
+``1 / (fp8_max * 512)``, ``q = round(y * (1 / scale))`` with ``1 / scale`` correctly rounded, NaN
+scale and codes for a token with a non-finite ``y``), applied to the fp32 ``y``. The fused op never
+rounds ``y`` to bf16; the unfused chain does, which is the only difference between the two. Kernel
+and reference agree up to the ulps of rsqrt and sigmoid. ``eps`` must be positive. ``x^2`` is summed
+in fp32: a head with ``|x|`` above about 1.8e19 (finite in bf16 / fp32) overflows to ``rstd = 0``
+and is zeroed (NaN where ``x * weight * sigmoid(gate)`` itself overflows to Inf), in kernel and
+reference alike.
 
 Launch shapes: one program per token. Its heads are split into at most three chunks of
 power-of-two rows, each a ``[rows, next_pow2(D)]`` register tile, so no head lane is padded for
@@ -47,20 +39,36 @@ pass over ``y``. Tokens wider than 8192 padded elements use a two-pass kernel ov
 so no out-of-bounds address is ever formed.
 """
 
-from functools import cache, lru_cache
+from functools import cache
 from typing import NamedTuple
 
 import torch
 
-from vllm.platforms import current_platform, supported_fp8_dtypes
-from vllm.triton_utils import use_triton
+from vllm.model_executor.layers.layernorm import rmsnorm_gated_ref
+from vllm.model_executor.layers.quantization.utils.fp8_per_token import (
+    check_float_input,
+    fp8_outputs,
+    fp8_quant_params,
+    per_token_fp8_quant,
+    per_token_fp8_quant_ref,
+    use_triton_fp8,
+)
+from vllm.triton_utils import next_power_of_2
 
 try:
     import triton
     import triton.language as tl
+
+    from vllm.model_executor.layers.quantization.utils.fp8_per_token import (
+        abs_max,
+        fp8_scale_and_inverse,
+        nan_if_not_finite,
+    )
 except ImportError:  # CPU-only installs without Triton use the torch references
     triton = None
 
+# per_token_fp8_quant and the references are re-exported: this module is the upstream PR's import
+# path for both ops.
 __all__ = [
     "per_token_fp8_quant",
     "per_token_fp8_quant_ref",
@@ -69,13 +77,6 @@ __all__ = [
     "rmsnorm_gated_ref",
 ]
 
-_FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# (fp8_max, min_scale) per FP8 dtype, computed once: the hot path must not call torch.finfo.
-_QUANT_PARAMS = {
-    dtype: (current_platform.fp8_max(dtype), current_platform.fp8_min_scale(dtype))
-    for dtype in supported_fp8_dtypes()
-}
-_DEFAULT_FP8_DTYPE = current_platform.fp8_dtype()
 _MAX_TILE = 8192  # elements per register tile; bounds registers per program
 _MAX_TRITON_D = 512
 
@@ -85,23 +86,6 @@ _MAX_TRITON_D = 512
 # --------------------------------------------------------------------------------------------
 
 if triton is not None:
-
-    @triton.jit
-    def _abs_max(y, axis: tl.constexpr = None):
-        # max |y| in one reduction, +inf when any y is NaN or Inf: tl.max drops NaN, so NaN is
-        # mapped to +inf first. Callers turn an infinite amax into NaN (_nan_if_not_finite).
-        return tl.max(tl.where(y == y, tl.abs(y), float("inf")), axis=axis)
-
-    @triton.jit
-    def _nan_if_not_finite(a):
-        return a + a * 0.0  # inf * 0 and NaN * 0 are NaN; a finite value is unchanged
-
-    @triton.jit
-    def _scale_and_inverse(amax, fp8_max, min_scale):
-        # NaN amax must give a NaN scale: maximum() with min_scale would drop it.
-        scale = tl.math.div_rn(amax, fp8_max)
-        scale = tl.where(scale < min_scale, min_scale, scale)
-        return scale, tl.math.div_rn(1.0, scale)
 
     @triton.jit
     def _load_heads(
@@ -162,7 +146,7 @@ if triton is not None:
         # instead of after it, which takes a reduction off the latency chain. eps > 0
         # (validated), so padded rows (all zero) give y = 0, never 0 * inf.
         z = x * w * tl.sigmoid(g)
-        z_max = _abs_max(z, 1)
+        z_max = abs_max(z, 1)
         if (D & (D - 1)) == 0:
             mean_sq = tl.sum(x * x, axis=1) * (1.0 / D)  # exact: 1 / D is a power of two
         else:
@@ -232,7 +216,7 @@ if triton is not None:
             amax = tl.maximum(amax, tl.max(m1, axis=0))
         if ROWS2 != ROWS0 and ROWS2 > 0:
             amax = tl.maximum(amax, tl.max(m2, axis=0))
-        scale, inv = _scale_and_inverse(_nan_if_not_finite(amax), fp8_max, min_scale)
+        scale, inv = fp8_scale_and_inverse(nan_if_not_finite(amax), fp8_max, min_scale)
         tl.store(s_ptr + tok * stride_st, scale)
         _store_heads(q_row, y0, inv, 0, ROWS0, END0, D, BLOCK_D)
         if ROWS1 > 0:
@@ -259,71 +243,16 @@ if triton is not None:
             x, g, w = _load_heads(*args, first, BLOCK_HEADS, H, D, BLOCK_D, False)
             _, head_max = _gated_rmsnorm(x, g, w, eps, D)
             amax = tl.maximum(amax, tl.max(head_max, axis=0))
-        scale, inv = _scale_and_inverse(_nan_if_not_finite(amax), fp8_max, min_scale)
+        scale, inv = fp8_scale_and_inverse(nan_if_not_finite(amax), fp8_max, min_scale)
         tl.store(s_ptr + tok * stride_st, scale)
         for first in tl.static_range(0, H, BLOCK_HEADS):
             x, g, w = _load_heads(*args, first, BLOCK_HEADS, H, D, BLOCK_D, False)
             y, _ = _gated_rmsnorm(x, g, w, eps, D)
             _store_heads(q_row, y, inv, first, BLOCK_HEADS, H, D, BLOCK_D)
 
-    @triton.jit
-    def _per_token_fp8_quant_kernel(
-        x_ptr, q_ptr, s_ptr,
-        T, K, stride_xt, stride_qt, stride_st,
-        fp8_max, min_scale,
-        BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE_PASS: tl.constexpr,
-    ):  # fmt: skip
-        # BLOCK_T tokens per program. SINGLE_PASS: the whole row fits one [BLOCK_T, BLOCK_K]
-        # tile and stays in registers; otherwise pass 1 reduces amax over K chunks, pass 2 re-reads.
-        toks = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-        tok_ok = toks < T
-        toks64 = tl.where(tok_ok, toks, 0).to(tl.int64)
-        x_rows = x_ptr + toks64[:, None] * stride_xt
-        q_rows = q_ptr + toks64[:, None] * stride_qt
-        cols = tl.arange(0, BLOCK_K)
-        if SINGLE_PASS:
-            col_ok = cols < K
-            cols = tl.where(col_ok, cols, 0)
-            mask = tok_ok[:, None] & col_ok[None, :]
-            x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            scale, inv = _scale_and_inverse(_nan_if_not_finite(_abs_max(x, 1)), fp8_max, min_scale)
-            q = (x * inv[:, None]).to(q_ptr.dtype.element_ty)
-            tl.store(q_rows + cols[None, :], q, mask=mask)
-        else:
-            amax = tl.zeros([BLOCK_T], dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                kk = k0 + cols
-                col_ok = kk < K
-                kk = tl.where(col_ok, kk, 0)
-                mask = tok_ok[:, None] & col_ok[None, :]
-                x = tl.load(x_rows + kk[None, :], mask=mask, other=0.0).to(tl.float32)
-                amax = tl.maximum(amax, _abs_max(x, 1))
-            scale, inv = _scale_and_inverse(_nan_if_not_finite(amax), fp8_max, min_scale)
-            for k0 in range(0, K, BLOCK_K):
-                kk = k0 + cols
-                col_ok = kk < K
-                kk = tl.where(col_ok, kk, 0)
-                mask = tok_ok[:, None] & col_ok[None, :]
-                x = tl.load(x_rows + kk[None, :], mask=mask, other=0.0).to(tl.float32)
-                q = (x * inv[:, None]).to(q_ptr.dtype.element_ty)
-                tl.store(q_rows + kk[None, :], q, mask=mask)
-        tl.store(s_ptr + toks64 * stride_st, scale, mask=tok_ok)
-
-
 # --------------------------------------------------------------------------------------------
 # Launch configuration
 # --------------------------------------------------------------------------------------------
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << (n - 1).bit_length()
-
-
-@lru_cache(maxsize=1)
-def _num_sms() -> int:
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_properties(0).multi_processor_count
-    return 1
 
 
 HEAD_SPLITS = ("pow2", "equal", "padded")
@@ -343,7 +272,7 @@ def head_chunks(
     if split not in HEAD_SPLITS:
         raise ValueError(f"head split must be one of {HEAD_SPLITS}, got {split!r}")
     if split == "padded":
-        return (_next_pow2(heads), heads), (0, 0), (0, 0)
+        return (next_power_of_2(heads), heads), (0, 0), (0, 0)
     rows = heads & -heads
     if split == "equal" and heads // rows <= 3:
         chunks = [(rows, rows)] * (heads // rows)
@@ -355,7 +284,7 @@ def head_chunks(
         chunks.append((rows, rows))
         remaining -= rows
     if remaining:
-        chunks.append((_next_pow2(remaining), remaining))
+        chunks.append((next_power_of_2(remaining), remaining))
     chunks += [(0, 0)] * (3 - len(chunks))
     return tuple(chunks)
 
@@ -379,18 +308,18 @@ def fused_launch_config(t_bucket: int, heads: int, head_dim: int) -> FusedLaunch
     head, the weight read as a tile. Up to 4096 tokens, about 16 values per thread. Beyond, it is
     bandwidth-bound: 64 values per thread in flight, power-of-two chunks, the weight as a row.
     """
-    block_d = _next_pow2(head_dim)
+    block_d = next_power_of_2(head_dim)
     padded = sum(rows for rows, _ in head_chunks(heads)) * block_d
     if padded > _MAX_TILE:
         return FusedLaunchConfig(True, max(1, _MAX_TILE // 2 // block_d), 8)
     if t_bucket > 4096:
-        warps = _next_pow2(max(1, -(-padded // (32 * 64))))
+        warps = next_power_of_2(max(1, -(-padded // (32 * 64))))
         return FusedLaunchConfig(False, heads, min(8, warps), "pow2", weight_tile=False)
     chunks = head_chunks(heads, "equal")
     rows = chunks[0][0]
     padded = sum(r for r, _ in chunks) * block_d
     if t_bucket <= 256:
-        warps = _next_pow2(max(1, -(-padded // (32 * 4))))
+        warps = next_power_of_2(max(1, -(-padded // (32 * 4))))
     else:
         warps = 1 << (max(1, padded // (32 * 16)).bit_length() - 1)
     # A warp per head row at most: more would split a head's sums across warps.
@@ -400,7 +329,7 @@ def fused_launch_config(t_bucket: int, heads: int, head_dim: int) -> FusedLaunch
 @cache
 def _fused_kernel_kwargs(config: FusedLaunchConfig, heads: int, head_dim: int) -> dict:
     """Compile-time arguments of the fused kernel for a config (cached: hot path)."""
-    kwargs = dict(D=head_dim, BLOCK_D=_next_pow2(head_dim), num_warps=config.num_warps)
+    kwargs = dict(D=head_dim, BLOCK_D=next_power_of_2(head_dim), num_warps=config.num_warps)
     if config.wide:
         return dict(kwargs, H=heads, BLOCK_HEADS=config.block_heads)
     (r0, v0), (r1, v1), (r2, v2) = head_chunks(heads, config.head_split)
@@ -410,95 +339,18 @@ def _fused_kernel_kwargs(config: FusedLaunchConfig, heads: int, head_dim: int) -
     )  # fmt: skip
 
 
-@cache
-def _quant_config(t_bucket: int, k: int) -> tuple[int, int, bool, int]:
-    """(block_t, block_k, single_pass, num_warps) for per-token quantization of [T, K]."""
-    block_k = _next_pow2(k)
-    if block_k > _MAX_TILE:
-        return 1, _MAX_TILE, False, 8
-    block_t = 1
-    target_programs = 4 * _num_sms()
-    while block_t * 2 * block_k <= _MAX_TILE and -(-t_bucket // (block_t * 2)) >= target_programs:
-        block_t *= 2
-    warps = max(1, min(8, block_t * block_k // 512))
-    return block_t, block_k, True, 1 << (warps.bit_length() - 1)
-
-
 # --------------------------------------------------------------------------------------------
-# Validation and outputs
+# Validation
 # --------------------------------------------------------------------------------------------
-
-
-def _check_float(name: str, t: torch.Tensor) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in _FLOAT_DTYPES:
-        raise ValueError(f"{name} must be bfloat16, float16 or float32, got {t.dtype}")
-    if t.dim() > 0 and t.stride(-1) != 1 and t.size(-1) > 1:
-        raise ValueError(f"{name} must have unit stride on its last dim, got strides {t.stride()}")
-
-
-def _quant_params(quant_dtype: torch.dtype | None) -> tuple[torch.dtype, float, float]:
-    if quant_dtype is None:
-        quant_dtype = _DEFAULT_FP8_DTYPE
-    try:
-        fp8_max, min_scale = _QUANT_PARAMS[quant_dtype]
-    except KeyError:
-        raise ValueError(
-            f"quant_dtype must be one of {[str(d) for d in _QUANT_PARAMS]}, got {quant_dtype}"
-        ) from None
-    return quant_dtype, fp8_max, min_scale
-
-
-def _outputs(
-    out: torch.Tensor | None,
-    scale_out: torch.Tensor | None,
-    tokens: int,
-    width: int,
-    quant_dtype: torch.dtype,
-    device: torch.device,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    if out is None:
-        out = torch.empty((tokens, width), dtype=quant_dtype, device=device)
-    elif (
-        out.shape != (tokens, width)
-        or out.dtype != quant_dtype
-        or out.device != device
-        or (width > 1 and out.stride(1) != 1)
-        or (tokens > 1 and out.stride(0) < width)
-    ):
-        raise ValueError(
-            f"out must be a [{tokens}, {width}] {quant_dtype} tensor on {device} with unit stride "
-            f"on its last dim and rows that do not overlap, got {tuple(out.shape)} {out.dtype} "
-            f"on {out.device} strides {out.stride()}"
-        )
-    if scale_out is None:
-        scale_out = torch.empty((tokens, 1), dtype=torch.float32, device=device)
-    elif (
-        scale_out.shape != (tokens, 1)
-        or scale_out.dtype != torch.float32
-        or scale_out.device != device
-    ):
-        raise ValueError(
-            f"scale_out must be a [{tokens}, 1] float32 tensor on {device}, got "
-            f"{tuple(scale_out.shape)} {scale_out.dtype} on {scale_out.device}"
-        )
-    return out, scale_out
-
-
-def _use_triton(device: torch.device, quant_dtype: torch.dtype) -> bool:
-    if device.type == "cuda" and not current_platform.triton_supports_fp8(quant_dtype):
-        return False
-    return use_triton(device)
 
 
 def _check_fused_inputs(
     x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor, eps: float
 ) -> torch.Tensor:
     """Validate the fused op's inputs; return the gate as a [T, H, D] view."""
-    _check_float("x", x)
-    _check_float("gate", gate)
-    _check_float("weight", weight)
+    check_float_input("x", x)
+    check_float_input("gate", gate)
+    check_float_input("weight", weight)
     if x.dim() != 3:
         raise ValueError(f"x must be 3-D [tokens, heads, head_dim], got shape {tuple(x.shape)}")
     tokens, heads, head_dim = x.shape
@@ -527,34 +379,8 @@ def _check_fused_inputs(
 
 
 # --------------------------------------------------------------------------------------------
-# Torch references (exact statement of the numerics policy; used on CPU)
+# Torch reference (used on CPU)
 # --------------------------------------------------------------------------------------------
-
-
-def rmsnorm_gated_ref(
-    x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor, eps: float
-) -> torch.Tensor:
-    """Gated RMSNorm per (token, head) over the last dim, in fp32. Returns fp32 like ``x``."""
-    xf = x.float()
-    # A tensor divisor keeps the division correctly rounded on CUDA (as the kernel's div_rn).
-    var = xf.square().sum(dim=-1, keepdim=True) / xf.new_full((), x.shape[-1])
-    # The kernels' order of operations: (x * weight * sigmoid(gate)) * rstd.
-    return xf * weight.float() * torch.sigmoid(gate.float()) * torch.rsqrt(var + eps)
-
-
-def per_token_fp8_quant_ref(
-    x: torch.Tensor, quant_dtype: torch.dtype | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token FP8 quantization of ``x`` ``[T, K]`` by the module's numerics policy."""
-    quant_dtype, fp8_max, min_scale = _quant_params(quant_dtype)
-    xf = x.float()
-    # + sum(x * 0): NaN when the token holds NaN or Inf (the non-finite rule).
-    amax = xf.abs().amax(dim=-1, keepdim=True) + (xf * 0.0).sum(dim=-1, keepdim=True)
-    # A tensor divisor: torch on CUDA turns division by a Python scalar into multiplication by
-    # its reciprocal, which is not correctly rounded.
-    scale = torch.clamp(amax / amax.new_full((), fp8_max), min=min_scale)
-    q = (xf * torch.reciprocal(scale)).to(quant_dtype)
-    return q, scale
 
 
 def rmsnorm_gated_fp8_per_token_ref(
@@ -602,19 +428,19 @@ def rmsnorm_gated_fp8_per_token(
         approximates ``y`` (see the module docstring for the exact policy).
     """
     gate = _check_fused_inputs(x, weight, gate, eps)
-    quant_dtype, fp8_max, min_scale = _quant_params(quant_dtype)
+    quant_dtype, fp8_max, min_scale = fp8_quant_params(quant_dtype)
     tokens, heads, head_dim = x.shape
-    out, scale_out = _outputs(out, scale_out, tokens, heads * head_dim, quant_dtype, x.device)
+    out, scale_out = fp8_outputs(out, scale_out, tokens, heads * head_dim, quant_dtype, x.device)
     if tokens == 0:
         return out, scale_out
-    if head_dim > _MAX_TRITON_D or not _use_triton(x.device, quant_dtype):
+    if head_dim > _MAX_TRITON_D or not use_triton_fp8(x.device, quant_dtype):
         y = rmsnorm_gated_ref(x, weight, gate, eps).reshape(tokens, heads * head_dim)
         q, scale = per_token_fp8_quant_ref(y, quant_dtype)
         out.copy_(q)
         scale_out.copy_(scale)
         return out, scale_out
 
-    config = fused_launch_config(_next_pow2(tokens), heads, head_dim)
+    config = fused_launch_config(next_power_of_2(tokens), heads, head_dim)
     launch_fused(x, weight, gate, eps, out, scale_out, fp8_max, min_scale, config)
     return out, scale_out
 
@@ -643,47 +469,3 @@ def launch_fused(
         eps, fp8_max, min_scale,
         **_fused_kernel_kwargs(config, heads, head_dim),
     )  # fmt: skip
-
-
-def per_token_fp8_quant(
-    x: torch.Tensor,
-    quant_dtype: torch.dtype | None = None,
-    *,
-    out: torch.Tensor | None = None,
-    scale_out: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token dynamic FP8 quantization of an already-normed activation, in one launch.
-
-    Args:
-        x: ``[T, K]`` bf16/fp16/fp32, unit stride on the last dim (any row stride).
-        quant_dtype: FP8 dtype of ``q`` (default: the platform's).
-        out, scale_out: optional preallocated ``[T, K]`` FP8 and ``[T, 1]`` fp32 outputs.
-
-    Returns:
-        ``(q, scale)`` with the numerics of the module docstring.
-    """
-    _check_float("x", x)
-    if x.dim() != 2:
-        raise ValueError(f"x must be 2-D [tokens, hidden], got shape {tuple(x.shape)}")
-    tokens, width = x.shape
-    if width == 0:
-        raise ValueError(f"x must have a non-empty last dim, got shape {tuple(x.shape)}")
-    quant_dtype, fp8_max, min_scale = _quant_params(quant_dtype)
-    out, scale_out = _outputs(out, scale_out, tokens, width, quant_dtype, x.device)
-    if tokens == 0:
-        return out, scale_out
-    if not _use_triton(x.device, quant_dtype):
-        q, scale = per_token_fp8_quant_ref(x, quant_dtype)
-        out.copy_(q)
-        scale_out.copy_(scale)
-        return out, scale_out
-
-    block_t, block_k, single_pass, num_warps = _quant_config(_next_pow2(tokens), width)
-    _per_token_fp8_quant_kernel[(-(-tokens // block_t),)](
-        x, out, scale_out,
-        tokens, width, x.stride(0), out.stride(0), scale_out.stride(0),
-        fp8_max, min_scale,
-        BLOCK_T=block_t, BLOCK_K=block_k, SINGLE_PASS=single_pass,
-        num_warps=num_warps,
-    )  # fmt: skip
-    return out, scale_out

@@ -5,11 +5,12 @@ of a fused parameter) and for dummy weights (drawn per checkpoint tensor, so eve
 the same model). Names are the canonical ones the model's `load_weights` reports: the dense MLP as
 `mlp.*` (transformers' `block_sparse_moe.*` spelling is mapped to it on load), `A_log` as `[H]`
 (legacy `(1, 1, H, 1)` is accepted on load), no multi-token-prediction layers, no `lm_head` when
-tied. Kimi-K3 configs give K3's `language_model.*` names.
+tied. Kimi-K3's `language_model.*` names are these mapped by `model.k3_checkpoint_name`. The
+models expose them as `checkpoint_tensors(config)`, which the loader reaches through
+`vllm.models.registry`.
 """
 
-from vllm.models.kimi_k3.amd.model import k3_checkpoint_name
-from vllm.transformers_utils.configs import KimiK3Config, KimiLinearConfig
+from vllm.transformers_utils.configs import KimiLinearConfig
 
 Shapes = dict[str, tuple[int, ...]]
 
@@ -79,7 +80,9 @@ def _moe(cfg: KimiLinearConfig, p: str) -> Shapes:
     return out
 
 
-def _text_tensors(cfg: KimiLinearConfig) -> Shapes:
+def text_checkpoint_tensors(cfg: KimiLinearConfig) -> Shapes:
+    """Every checkpoint tensor of the Kimi-Linear text model of `cfg`, by canonical name, with its
+    full shape, in checkpoint order (embeddings, layers, norm, head)."""
     h = cfg.hidden_size
     out: Shapes = {"model.embed_tokens.weight": (cfg.vocab_size, h), "model.norm.weight": (h,)}
     if not cfg.tie_word_embeddings:
@@ -103,13 +106,3 @@ def _text_tensors(cfg: KimiLinearConfig) -> Shapes:
         else:
             out |= _mlp(h, cfg.intermediate_size, f"{p}.mlp")
     return out
-
-
-def expected_checkpoint_tensors(config: "KimiLinearConfig | KimiK3Config") -> Shapes:
-    """Every checkpoint tensor the model of `config` loads, by canonical name, with its full
-    shape, in checkpoint order (embeddings, layers, norm, head)."""
-    if isinstance(config, KimiK3Config):
-        return {k3_checkpoint_name(k): v for k, v in _text_tensors(config.text_config).items()}
-    if not isinstance(config, KimiLinearConfig):
-        raise ValueError(f"config: expected a Kimi-Linear or Kimi-K3 config, got {type(config)}")
-    return _text_tensors(config)
