@@ -97,7 +97,7 @@ class EngineArgs:
 
     def create_engine_config(self) -> VllmConfig:
         """Resolve defaults and validate; raises ValueError naming the bad argument."""
-        from vllm.model_executor.model_loader.builtin import resolve_model
+        from vllm.model_executor.model_loader.builtin import check_load_format, resolve_model
         from vllm.transformers_utils.configs import load_model_config
 
         _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
@@ -126,6 +126,7 @@ class EngineArgs:
             )
         device = self._device()
         folder, _ = resolve_model(self.model)
+        check_load_format(folder, self.load_format)
         hf_config = load_model_config(folder)
         text = getattr(hf_config, "text_config", hf_config)
         max_model_len = parse_max_model_len(self.max_model_len)

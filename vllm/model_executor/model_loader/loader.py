@@ -21,7 +21,7 @@ import torch
 
 from vllm.logger import init_logger
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
-from vllm.model_executor.model_loader.builtin import resolve_model
+from vllm.model_executor.model_loader.builtin import check_load_format, resolve_model
 from vllm.model_executor.model_loader.checkpoint_names import expected_checkpoint_tensors
 from vllm.model_executor.model_loader.safetensors_loader import iterate_tensors
 from vllm.models.kimi_k3.amd.linear import KimiLinearForCausalLM
@@ -49,6 +49,7 @@ def load_model(
     if load_format not in ("auto", "safetensors", "dummy"):
         raise ValueError(f"load_format {load_format!r} is not 'auto', 'safetensors' or 'dummy'")
     folder, builtin = resolve_model(model_path)
+    check_load_format(folder, load_format)
     config = load_model_config(folder)
     device = torch.device(device)
     with torch.device(device):  # parameters are allocated on the device, never on the host first
