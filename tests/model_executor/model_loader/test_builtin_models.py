@@ -8,7 +8,7 @@ import torch
 
 from vllm.engine.arg_utils import EngineArgs
 from vllm.model_executor.model_loader.builtin import CONFIG_ONLY_MODELS, resolve_model
-from vllm.model_executor.model_loader.loader import load_model
+from vllm.model_executor.model_loader.loader import build_model, load_model
 from vllm.models.kimi_k3.amd.footprint import model_footprint
 from vllm.models.kimi_k3.amd.linear import KimiLinearForCausalLM
 from vllm.models.kimi_k3.amd.model import KimiK3ForConditionalGeneration
@@ -36,8 +36,8 @@ def test_config_is_the_published_architecture():
 
 
 def test_meta_build_counts_48b_total_3b_active():
-    with torch.device("meta"):
-        model = KimiLinearForCausalLM(load_model_config(resolve_model(NAME)[0]), torch.bfloat16)
+    model = build_model(load_model_config(resolve_model(NAME)[0]), device="meta")
+    assert isinstance(model, KimiLinearForCausalLM) and model.embed_tokens.weight.is_meta
     f = model_footprint(model)
     assert f.total_params == 49_122_681_728
     assert f.active_params_per_token == 3_106_972_544  # LM head included, embedding not
@@ -76,8 +76,6 @@ def test_needs_skip_tokenizer_init():
 def test_footprint_of_a_loaded_model_equals_its_meta_count(name):
     loaded = model_footprint(load_model(name, dtype=torch.float32))
     config = load_model_config(resolve_model(name)[0])
-    k3 = isinstance(config, KimiK3Config)
-    cls = KimiK3ForConditionalGeneration if k3 else KimiLinearForCausalLM
-    with torch.device("meta"):
-        meta = model_footprint(cls(config, torch.float32))
-    assert loaded == meta
+    meta = build_model(config, torch.float32, device="meta")
+    assert isinstance(meta, KimiK3ForConditionalGeneration) == isinstance(config, KimiK3Config)
+    assert model_footprint(meta) == loaded

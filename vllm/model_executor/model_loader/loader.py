@@ -26,7 +26,7 @@ from vllm.model_executor.model_loader.checkpoint_names import expected_checkpoin
 from vllm.model_executor.model_loader.safetensors_loader import iterate_tensors
 from vllm.models.kimi_k3.amd.linear import KimiLinearForCausalLM
 from vllm.models.kimi_k3.amd.model import KimiK3ForConditionalGeneration
-from vllm.transformers_utils.configs import KimiK3Config, load_model_config
+from vllm.transformers_utils.configs import KimiK3Config, KimiLinearConfig, load_model_config
 
 logger = init_logger(__name__)
 
@@ -52,11 +52,7 @@ def load_model(
     check_load_format(folder, load_format)
     config = load_model_config(folder)
     device = torch.device(device)
-    with torch.device(device):  # parameters are allocated on the device, never on the host first
-        if isinstance(config, KimiK3Config):
-            model: KimiModel = KimiK3ForConditionalGeneration(config, dtype, quant_config)
-        else:
-            model = KimiLinearForCausalLM(config, dtype, quant_config)
+    model = build_model(config, dtype, quant_config, device)
     if builtin and load_format == "auto":
         load_format, seed = "dummy", 0
     start = time.perf_counter()
@@ -75,6 +71,20 @@ def load_model(
         type(model).__name__, load_format, gb, folder, device, seconds, gb / max(seconds, 1e-9),
     )  # fmt: skip
     return model.eval()
+
+
+def build_model(
+    config: "KimiLinearConfig | KimiK3Config",
+    dtype: torch.dtype = torch.bfloat16,
+    quant_config: QuantizationConfig | None = None,
+    device: "str | torch.device" = "cpu",
+) -> KimiModel:
+    """The model class of `config`, its parameters allocated on `device` (uninitialised; `meta`
+    builds the structure only, for counting) and never on the host first."""
+    with torch.device(device):
+        if isinstance(config, KimiK3Config):
+            return KimiK3ForConditionalGeneration(config, dtype, quant_config)
+        return KimiLinearForCausalLM(config, dtype, quant_config)
 
 
 class _ByteCounter:
