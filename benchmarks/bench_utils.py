@@ -82,17 +82,18 @@ def engine_args(args: argparse.Namespace, **overrides: Any) -> EngineArgs:
 
 
 def cache_memory_for(ea: EngineArgs, num_seqs: int, tokens_per_seq: int) -> int:
-    """Bytes of exactly the caches of `num_seqs` sequences of `tokens_per_seq` tokens: their KDA
-    slots and MLA blocks plus the reserved dummy slot and block, counted on a meta-device build
-    of the model in the engine's dtype (TP=1 shapes: at TP > 1 a rank's KDA slots are smaller and
-    the surplus becomes MLA blocks). Passed as `kv_cache_memory`, it replaces the start-up
-    profiling run."""
+    """Bytes of exactly the caches `ea`'s engine needs to run `num_seqs` sequences of
+    `tokens_per_seq` tokens: a KDA slot per schedulable sequence (the engine reserves
+    max_num_seqs of them) and the MLA blocks, plus the reserved dummy slot and block, counted on a
+    meta-device build of the model in the engine's dtype (TP=1 shapes: at TP > 1 a rank's KDA
+    slots are smaller and the surplus becomes MLA blocks). Passed as `kv_cache_memory`, it
+    replaces the start-up profiling run."""
     config = ea.create_engine_config()
     mc = config.model_config
     model = build_model(load_model_config(resolve_model(mc.model)[0]), mc.dtype, device="meta")
     block_bytes, slot_bytes = cache_bytes(model.get_kv_cache_spec(), ea.block_size)
     blocks = num_seqs * math.ceil(tokens_per_seq / ea.block_size) + 1
-    return (num_seqs + 1) * slot_bytes + blocks * block_bytes
+    return (config.scheduler_config.max_num_seqs + 1) * slot_bytes + blocks * block_bytes
 
 
 def synchronize(device: torch.device) -> None:

@@ -140,13 +140,15 @@ class Sweep:
                 "sized too small)"
             )
 
-    def warm_up(self, input_lens: list[int]) -> None:
-        """One prompt per length, two tokens each: kernels compiled or tuned per shape (Triton,
-        fla's chunked KDA) compile here, outside every timed region."""
+    def warm_up(self, input_lens: list[int], max_batch: int) -> None:
+        """Per length, up to three prompts at once, two tokens each (prefill, mixed and decode
+        steps): kernels compiled or tuned per shape (Triton, fla's chunked KDA) compile here,
+        outside every timed region."""
         start = time.perf_counter()
         for length in input_lens:
-            (prompt,) = random_prompts(1, length, self.vocab, self.args.seed)
-            self.engine.add_request(f"warmup-{length}", prompt, greedy(2))
+            prompts = random_prompts(min(3, max_batch), length, self.vocab, self.args.seed)
+            for i, prompt in enumerate(prompts):
+                self.engine.add_request(f"warmup-{length}-{i}", prompt, greedy(2))
             self.run_until_idle()
         self.record["warmup_s"] = time.perf_counter() - start
         print(f"warm-up (kernel compilation) {self.record['warmup_s']:.1f} s", flush=True)
@@ -409,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
             "included)",
             flush=True,
         )
-        run.warm_up(input_lens)
+        run.warm_up(input_lens, max(batch_sizes))
         for index, length in enumerate(input_lens):
             run.run_context(length, batch_sizes, max_tokens[length], len(input_lens) - index - 1)
     finally:
