@@ -14,7 +14,7 @@ class ModelConfig:
 
     model: str  # what the user named (folder or built-in name)
     folder: Path  # the checkpoint folder it resolved to
-    tokenizer: Path  # folder holding the tokenizer files
+    tokenizer: Path | None  # folder holding the tokenizer files (None: skip_tokenizer_init)
     hf_config: Any  # KimiLinearConfig | KimiK3Config
     dtype: torch.dtype
     max_model_len: int

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import re
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -59,6 +60,7 @@ class EngineArgs:
 
     model: str = "kimi-k3-tiny"  # checkpoint folder or built-in model name
     tokenizer: str | None = None  # folder with the tokenizer files (default: the model's)
+    skip_tokenizer_init: bool = False  # no tokenizer: prompts must be token ids, outputs no text
     dtype: str = "auto"  # auto | bfloat16 | float16 | float32 (auto: bf16 on GPU, fp32 on CPU)
     seed: int = 0  # dummy weights and unseeded sampling
     load_format: str = "auto"  # auto | safetensors | dummy
@@ -95,7 +97,7 @@ class EngineArgs:
 
     def create_engine_config(self) -> VllmConfig:
         """Resolve defaults and validate; raises ValueError naming the bad argument."""
-        from vllm.model_executor.model_loader.builtin import resolve_model
+        from vllm.model_executor.model_loader.builtin import check_load_format, resolve_model
         from vllm.transformers_utils.configs import load_model_config
 
         _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
@@ -124,6 +126,7 @@ class EngineArgs:
             )
         device = self._device()
         folder, _ = resolve_model(self.model)
+        check_load_format(folder, self.load_format)
         hf_config = load_model_config(folder)
         text = getattr(hf_config, "text_config", hf_config)
         max_model_len = parse_max_model_len(self.max_model_len)
@@ -149,7 +152,7 @@ class EngineArgs:
                 except json.JSONDecodeError as e:
                     raise ValueError(f"quantization_config is not valid JSON: {e}") from None
             parse_quantization_config(quant)  # validates; the loader parses it again
-        tokenizer = folder if self.tokenizer is None else resolve_model(self.tokenizer)[0]
+        tokenizer = self._tokenizer_folder(folder)
         model_config = ModelConfig(
             model=str(self.model), folder=folder, tokenizer=tokenizer, hf_config=hf_config,
             dtype=self._dtype(device), max_model_len=max_model_len, load_format=self.load_format,
@@ -170,6 +173,23 @@ class EngineArgs:
             compilation_config=CompilationConfig(sizes if graphs else []),
             device=device,
         )
+
+    def _tokenizer_folder(self, model_folder: Path) -> Path | None:
+        """The folder the tokenizer is read from; None with `skip_tokenizer_init`."""
+        from vllm.model_executor.model_loader.builtin import resolve_model
+        from vllm.transformers_utils.tokenizer import has_tokenizer
+
+        if self.skip_tokenizer_init:
+            if self.tokenizer is not None:
+                raise ValueError("tokenizer and skip_tokenizer_init exclude each other")
+            return None
+        folder = model_folder if self.tokenizer is None else resolve_model(self.tokenizer)[0]
+        if not has_tokenizer(folder):
+            raise ValueError(
+                f"tokenizer: {str(folder)!r} has neither tokenizer.json nor tiktoken.model; pass "
+                "a tokenizer folder, or skip_tokenizer_init to run on token-id prompts"
+            )
+        return folder
 
     def _device(self) -> str:
         if self.device not in ("auto", "cuda", "cpu"):

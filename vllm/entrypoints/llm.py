@@ -70,8 +70,10 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generate replies to one conversation (a list of `{"role", "content"}` messages) or a
         list of them, rendered with the tokenizer's chat template."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tokenizer = self.get_tokenizer()
+        if tokenizer is None:
+            raise ValueError("chat needs a tokenizer (skip_tokenizer_init is set)")
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [
             tokenizer.apply_chat_template(
                 conv,

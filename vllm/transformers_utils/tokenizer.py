@@ -369,6 +369,12 @@ class TiktokenTokenizer(Tokenizer):
         return list(self._special)
 
 
+def has_tokenizer(folder: "str | Path") -> bool:
+    """Whether `folder` holds a tokenizer that `get_tokenizer` reads."""
+    path = Path(folder)
+    return (path / "tokenizer.json").is_file() or (path / "tiktoken.model").is_file()
+
+
 def get_tokenizer(folder: "str | Path") -> Tokenizer:
     """The tokenizer of checkpoint `folder`: its tokenizer.json, else its tiktoken.model."""
     path = Path(folder)

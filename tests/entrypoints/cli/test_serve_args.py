@@ -62,6 +62,7 @@ def test_recipe_flags_parse() -> None:
         (["--reasoning-parser", "deepseek"], ["--reasoning-parser", "invalid choice"]),
         (["--dtype", "int3"], ["--dtype"]),
         (["--port", "70000"], ["--port"]),
+        (["--skip-tokenizer-init"], ["--skip-tokenizer-init", "needs a"]),
     ],
 )  # fmt: skip
 def test_bad_flags_are_refused_by_name(

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from vllm.engine.arg_utils import EngineArgs
+from vllm.model_executor.model_loader.builtin import resolve_model
 from vllm.models.kimi_k3.amd.metadata import KimiMetadataBuilder, SeqSchedule
 from vllm.sampling_params import SamplingParams
 from vllm.v1.engine.llm_engine import LLMEngine
@@ -183,6 +184,30 @@ def test_add_request_refuses_what_cannot_fit():
         assert_cache_free(engine)
     finally:
         engine.shutdown()
+
+
+def test_skip_tokenizer_init_runs_on_token_ids(expected, tmp_path):
+    engine = make_engine(skip_tokenizer_init=True)
+    try:
+        assert engine.tokenizer is None
+        requests = {str(i): (p, GREEDY) for i, p in enumerate(prompts_of(LENGTHS))}
+        finals = run_all(engine, requests)
+        assert {r: o.outputs[0].token_ids for r, o in finals.items()} == expected
+        assert all(o.outputs[0].text == "" for o in finals.values())
+        with pytest.raises(ValueError, match="needs a tokenizer"):
+            engine.add_request("text", "hello")
+        with pytest.raises(ValueError, match="stop strings need a tokenizer"):
+            engine.add_request("stop", [1, 2], SamplingParams(stop=["x"]))
+        assert_cache_free(engine)
+    finally:
+        engine.shutdown()
+    with pytest.raises(ValueError, match="exclude each other"):
+        EngineArgs(model=MODEL, tokenizer=MODEL, skip_tokenizer_init=True).create_engine_config()
+    # A folder without tokenizer files names both ways out.
+    (tmp_path / "config.json").write_bytes((resolve_model(MODEL)[0] / "config.json").read_bytes())
+    with pytest.raises(ValueError, match="skip_tokenizer_init"):
+        EngineArgs(model=str(tmp_path)).create_engine_config()
+    EngineArgs(model=str(tmp_path), skip_tokenizer_init=True).create_engine_config()
 
 
 def test_randomized_soak():

@@ -159,6 +159,11 @@ def check_server_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
                 key,
                 value,
             )
+    if args.skip_tokenizer_init:
+        parser.error(
+            "argument --skip-tokenizer-init: the server takes and returns text, so it needs a "
+            "tokenizer; use LLM(...) or the benchmarks for token-id-only runs"
+        )
     if args.api_key is None:
         args.api_key = envs.VLLM_API_KEY
     if envs.VLLM_USE_BREAKABLE_CUDAGRAPH is not None:

@@ -1,29 +1,57 @@
-"""Built-in tiny checkpoints, addressable by name: a config and a byte-level tokenizer shipped with
-the package (no download), weights from the deterministic dummy initialisation (seed 0).
+"""Built-in models, addressable by name: configs shipped with the package (no download).
+
+Tiny checkpoints (`BUILTIN_MODELS`): a config and a byte-level tokenizer, weights from the
+deterministic dummy initialisation (seed 0), so `load_format="auto"` means dummy for them.
 
 - `kimi-linear-tiny`: Kimi-Linear's features (low-rank output gate, MLA without q_lora, MoE with a
   shared expert, dense first layer, SiLU) in 4 layers of hidden 256.
 - `kimi-k3-tiny`: Kimi-K3's (full-rank gate, gate lower bound, q_lora MLA with output gate, latent
   MoE with norm, SiTU, dense first layer, AttnRes with blocks of 2 layers, so its 4 layers close
   two blocks) with K3's per-GPU KDA shape, 12 heads x 128, at TP=1.
+
+Config-only models (`CONFIG_ONLY_MODELS`): a published architecture at full size for benchmarks,
+with neither weights nor tokenizer, so they load only with an explicit `load_format="dummy"` and
+run with `skip_tokenizer_init` (token-id prompts).
+
+- `kimi-linear-48b-a3b`: the `config.json` of Kimi-Linear-48B-A3B-Instruct as published (the
+  values quoted in ../shared/docs/upstream-facts.md D and engine-facts 5; without the checkpoint's
+  own quantization block). It sets no `max_position_embeddings`: the config default, 1,048,576,
+  equals its `model_max_length`. 49.1 B parameters, 3.1 B active per token with the LM head
+  (`tests/model_executor/model_loader/test_builtin_models.py` counts them on the meta device).
 """
 
 from pathlib import Path
 
-_TINY = Path(__file__).resolve().parents[2] / "models" / "kimi_k3" / "tiny"
-BUILTIN_MODELS = {name: _TINY / name for name in ("kimi-linear-tiny", "kimi-k3-tiny")}
+_KIMI = Path(__file__).resolve().parents[2] / "models" / "kimi_k3"
+BUILTIN_MODELS = {name: _KIMI / "tiny" / name for name in ("kimi-linear-tiny", "kimi-k3-tiny")}
+CONFIG_ONLY_MODELS = {"kimi-linear-48b-a3b": _KIMI / "config_only" / "kimi-linear-48b-a3b"}
 
 
 def resolve_model(name_or_path: "str | Path") -> tuple[Path, bool]:
     """(checkpoint folder, whether it is a built-in tiny model) for a name or a path."""
-    if str(name_or_path) in BUILTIN_MODELS:
-        return BUILTIN_MODELS[str(name_or_path)], True
+    name = str(name_or_path)
+    if name in BUILTIN_MODELS:
+        return BUILTIN_MODELS[name], True
+    if name in CONFIG_ONLY_MODELS:
+        return CONFIG_ONLY_MODELS[name], False
     path = Path(name_or_path)
     if path.resolve() in {folder.resolve() for folder in BUILTIN_MODELS.values()}:
         return path, True  # a built-in model named by its folder (as engine configs carry it)
     if not path.exists():
         raise ValueError(
-            f"model {str(name_or_path)!r} is neither a folder nor a built-in model "
-            f"({', '.join(BUILTIN_MODELS)})"
+            f"model {name!r} is neither a folder nor a built-in model "
+            f"({', '.join([*BUILTIN_MODELS, *CONFIG_ONLY_MODELS])})"
         )
     return path, False
+
+
+def check_load_format(folder: "str | Path", load_format: str) -> None:
+    """Raise ValueError when `folder` is a config-only model and `load_format` is not "dummy":
+    it has no weights to read."""
+    resolved = Path(folder).resolve()
+    for name, config_only in CONFIG_ONLY_MODELS.items():
+        if resolved == config_only.resolve() and load_format != "dummy":
+            raise ValueError(
+                f"load_format {load_format!r}: the built-in {name!r} is a config without weights; "
+                "load it with load_format='dummy' (--load-format dummy)"
+            )

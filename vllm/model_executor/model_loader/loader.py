@@ -20,7 +20,7 @@ import torch
 
 from vllm.logger import init_logger
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
-from vllm.model_executor.model_loader.builtin import resolve_model
+from vllm.model_executor.model_loader.builtin import check_load_format, resolve_model
 from vllm.model_executor.model_loader.safetensors_loader import iterate_tensors
 from vllm.models.registry import model_class
 from vllm.transformers_utils.configs import load_model_config
@@ -44,10 +44,10 @@ def load_model(
     if load_format not in ("auto", "safetensors", "dummy"):
         raise ValueError(f"load_format {load_format!r} is not 'auto', 'safetensors' or 'dummy'")
     folder, builtin = resolve_model(model_path)
+    check_load_format(folder, load_format)
     config = load_model_config(folder)
     device = torch.device(device)
-    with torch.device(device):  # parameters are allocated on the device, never on the host first
-        model = model_class(config)(config, dtype, quant_config)
+    model = build_model(config, dtype, quant_config, device)
     if builtin and load_format == "auto":
         load_format, seed = "dummy", 0
     start = time.perf_counter()
@@ -66,6 +66,18 @@ def load_model(
         type(model).__name__, load_format, gb, folder, device, seconds, gb / max(seconds, 1e-9),
     )  # fmt: skip
     return model.eval()
+
+
+def build_model(
+    config: object,
+    dtype: torch.dtype = torch.bfloat16,
+    quant_config: QuantizationConfig | None = None,
+    device: "str | torch.device" = "cpu",
+) -> torch.nn.Module:
+    """The registered model class of `config`, its parameters allocated on `device`
+    (uninitialised; `meta` builds the structure only, for counting), never on the host first."""
+    with torch.device(device):
+        return model_class(config)(config, dtype, quant_config)
 
 
 class _ByteCounter:

@@ -4,6 +4,10 @@ the requests that changed.
 
 A request with `n > 1` is scheduled as n sequences `<request_id>#<i>` (their own KDA slots and
 blocks; no prefix sharing), gathered back into one `RequestOutput`.
+
+With `skip_tokenizer_init` there is no tokenizer (as upstream): prompts must be token ids, outputs
+carry token ids and empty text, no eos id stops a sequence (only `stop_token_ids`, `max_tokens`
+and `max_model_len` do) and stop strings are refused.
 """
 
 import dataclasses
@@ -30,7 +34,7 @@ class LLMEngine:
     def __init__(self, config: VllmConfig) -> None:
         self.config = config
         mc, cc, sc = config.model_config, config.cache_config, config.scheduler_config
-        self.tokenizer = get_tokenizer(mc.tokenizer)
+        self.tokenizer = None if mc.tokenizer is None else get_tokenizer(mc.tokenizer)
         self.executor = Executor(config)
         start = time.perf_counter()
         try:
@@ -78,6 +82,8 @@ class LLMEngine:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
         if request_id in self.output_processor.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
+        if self.tokenizer is None and params.stop:
+            raise ValueError("stop strings need a tokenizer (skip_tokenizer_init is set)")
         text, ids = self._tokenize(prompt)
         max_len = self.config.scheduler_config.max_model_len
         if len(ids) >= max_len:
@@ -93,7 +99,7 @@ class LLMEngine:
             )
         max_tokens = room if params.max_tokens is None else params.max_tokens
         discard = max_tokens == 0  # prompt scoring only: run the prefill, drop its token
-        eos = self.tokenizer.eos_token_id
+        eos = None if self.tokenizer is None else self.tokenizer.eos_token_id
         sequences = []
         for i in range(params.n):
             seed = None if params.seed is None else params.seed + i
@@ -118,6 +124,8 @@ class LLMEngine:
 
     def _tokenize(self, prompt: "str | list[int]") -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("a text prompt needs a tokenizer: pass token ids")
             ids = self.tokenizer.encode(prompt)
             text = prompt
         elif isinstance(prompt, list | tuple) and all(

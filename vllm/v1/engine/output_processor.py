@@ -16,7 +16,7 @@ logger = init_logger(__name__)
 class _Completion:
     index: int
     request: Request
-    detokenizer: IncrementalDetokenizer
+    detokenizer: IncrementalDetokenizer | None  # None without a tokenizer: no text
     logprobs: list[PositionLogprobs] | None
     cumulative_logprob: float | None
     discard_output: bool  # max_tokens=0: the one token sampled to end the prefill is dropped
@@ -51,10 +51,12 @@ class OutputProcessor:
     ) -> None:
         completions = []
         for i, seq in enumerate(sequences):
-            detok = IncrementalDetokenizer(
-                self.tokenizer, prompt_token_ids, params.stop, params.include_stop_str_in_output,
-                params.skip_special_tokens,
-            )  # fmt: skip
+            detok = None
+            if self.tokenizer is not None:
+                detok = IncrementalDetokenizer(
+                    self.tokenizer, prompt_token_ids, params.stop,
+                    params.include_stop_str_in_output, params.skip_special_tokens,
+                )  # fmt: skip
             wants = params.logprobs is not None
             completions.append(
                 _Completion(
@@ -97,6 +99,8 @@ class OutputProcessor:
                 position = self._position(*logprobs[seq_id])
                 completion.logprobs.append(position)
                 completion.cumulative_logprob += position[tokens[-1]].logprob
+            if completion.detokenizer is None:
+                continue
             try:
                 stop = completion.detokenizer.update(tokens)
             except Exception:
@@ -146,7 +150,9 @@ class OutputProcessor:
         position = {}
         for i, (token, value) in enumerate(zip(token_ids, logprobs, strict=True)):
             if token not in position:
-                text = self.tokenizer.decode([token], skip_special_tokens=False)
+                text = None
+                if self.tokenizer is not None:
+                    text = self.tokenizer.decode([token], skip_special_tokens=False)
                 position[token] = Logprob(value, rank if i == 0 else i, text)
         return position
 
@@ -156,7 +162,9 @@ class OutputProcessor:
             done = c.finish_reason is not None
             # Until done, what could still turn into a stop string (or half a character) is
             # held back.
-            text = "" if c.discard_output else c.detokenizer.get_next_output_text(done, False)
+            text = ""
+            if not c.discard_output and c.detokenizer is not None:
+                text = c.detokenizer.get_next_output_text(done, False)
             tokens = [] if c.discard_output else list(c.request.output_token_ids)
             outputs.append(
                 CompletionOutput(

@@ -1,0 +1,273 @@
+"""Shared pieces of the engine benchmarks (`benchmark_latency.py`, `benchmark_throughput.py`): the
+command line (every `EngineArgs` flag, `-tp`, `--output-json`, `--dry-run`), the two ceilings
+measured in the same run, cache sizing for a workload, prompts, step timing and the JSON record.
+
+Ceilings, measured before the engine is built so that their buffers never compete with the model:
+- copy bandwidth: an eager `copy_` of >= 1 GiB after a warm-up, (bytes read + written) / median
+  time. Eager on purpose: a `copy_` captured in a CUDA graph timed ~2.7 TB/s on the H200 against
+  4.2-4.3 TB/s eager (issue 12), and would understate the floor's bandwidth;
+- bf16 GEMM peak: `torch.matmul` of two random n x n bf16 matrices (n = 8192 by default),
+  2 n^3 / median time.
+"""
+
+import argparse
+import dataclasses
+import datetime
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from vllm.engine.arg_utils import EngineArgs
+from vllm.model_executor.layers.fused_moe.layer import FusedMoE
+from vllm.model_executor.model_loader.builtin import resolve_model
+from vllm.model_executor.model_loader.loader import build_model
+from vllm.transformers_utils.configs import load_model_config
+from vllm.v1.core.kv_cache_utils import cache_bytes
+from vllm.v1.engine.llm_engine import LLMEngine
+
+DRY_RUN_MODEL = "kimi-k3-tiny"
+
+
+def make_parser(doc: str) -> argparse.ArgumentParser:
+    """Every `EngineArgs` flag (as `vllm serve` has them), `-tp`, `--output-json` and `--dry-run`.
+    `--max-num-seqs` and `--max-model-len` default to None: the benchmark sizes them."""
+    parser = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    engine = parser.add_argument_group("engine (EngineArgs: the same fields as LLM(...) keywords)")
+    EngineArgs.add_cli_args(engine)
+    engine.add_argument(
+        "-tp",
+        dest="tensor_parallel_size",
+        type=int,
+        default=argparse.SUPPRESS,
+        help="short for --tensor-parallel-size",
+    )
+    parser.set_defaults(max_num_seqs=None)
+    bench = parser.add_argument_group("benchmark")
+    bench.add_argument(
+        "--output-json", help="write the results to this JSON file (after each case)"
+    )
+    bench.add_argument(
+        "--dry-run",
+        action="store_true",
+        help=f"run the whole script on the CPU on {DRY_RUN_MODEL} at tiny sizes (replacing the "
+        "model, device and sizes): checks the script, measures nothing useful",
+    )
+    return parser
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> torch.device:
+    """The device the benchmark runs on; parser errors for flags that cannot work."""
+    if args.dry_run:
+        return torch.device("cpu")
+    if args.device == "cpu" or not torch.cuda.is_available():
+        parser.error("this benchmark measures a GPU: run it on one, or use --dry-run on the CPU")
+    return torch.device("cuda")
+
+
+def engine_args(args: argparse.Namespace, **overrides: Any) -> EngineArgs:
+    """`EngineArgs` from the parsed flags, with `overrides` for the fields the benchmark sizes."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineArgs)}
+    values.update(overrides)
+    return EngineArgs(**values)
+
+
+def cache_memory_for(ea: EngineArgs, num_seqs: int, tokens_per_seq: int) -> int:
+    """Bytes of exactly the caches `ea`'s engine needs to run `num_seqs` sequences of
+    `tokens_per_seq` tokens: a KDA slot per schedulable sequence (the engine reserves
+    max_num_seqs of them) and the MLA blocks, plus the reserved dummy slot and block, counted on a
+    meta-device build of the model in the engine's dtype (TP=1 shapes: at TP > 1 a rank's KDA
+    slots are smaller and the surplus becomes MLA blocks). Passed as `kv_cache_memory`, it
+    replaces the start-up profiling run."""
+    config = ea.create_engine_config()
+    mc = config.model_config
+    model = build_model(load_model_config(resolve_model(mc.model)[0]), mc.dtype, device="meta")
+    block_bytes, slot_bytes = cache_bytes(model.get_kv_cache_spec(), ea.block_size)
+    blocks = num_seqs * math.ceil(tokens_per_seq / ea.block_size) + 1
+    return (config.scheduler_config.max_num_seqs + 1) * slot_bytes + blocks * block_bytes
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_seconds(fn: Callable[[], object], device: torch.device, reps: int) -> float:
+    """Median seconds of `reps` calls of `fn` after three warm-up calls (CUDA events on a GPU)."""
+    for _ in range(3):
+        fn()
+    synchronize(device)
+    if device.type != "cuda":
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+    events = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(reps)
+    ]
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    synchronize(device)
+    return statistics.median(start.elapsed_time(end) / 1e3 for start, end in events)
+
+
+def copy_gbps(gib: float, device: torch.device) -> float:
+    """GB/s (read + write) of an eager `copy_` of `gib` GiB of bf16, median of 20 after warm-up."""
+    src = torch.randn(int(gib * 2**30) // 2, device=device, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    seconds = median_seconds(lambda: dst.copy_(src), device, reps=20)
+    return 2 * src.numel() * src.element_size() / seconds / 1e9
+
+
+def matmul_tflops(n: int, device: torch.device) -> float:
+    """TFLOP/s of `torch.matmul` of two random n x n bf16 matrices, median of 20 after warm-up."""
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    return 2 * n**3 / median_seconds(lambda: torch.matmul(a, b), device, reps=20) / 1e12
+
+
+def measure_ceilings(device: torch.device, copy_gib: float, matmul_n: int) -> dict[str, float]:
+    """Both ceilings on `device`; their buffers are freed before returning."""
+    ceilings = {
+        "copy_gib": copy_gib,
+        "copy_gbps": copy_gbps(copy_gib, device),
+        "matmul_n": matmul_n,
+        "matmul_bf16_tflops": matmul_tflops(matmul_n, device),
+    }
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # give the engine every byte back
+    return ceilings
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    """Device, versions and date of the run (for docs/performance.md)."""
+
+    def version(package: str) -> str | None:
+        try:
+            return importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "gpus": torch.cuda.device_count() if device.type == "cuda" else 0,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": version("triton"),
+        "fla-core": version("fla-core"),
+        "python": platform.python_version(),
+    }
+
+
+def random_prompts(count: int, length: int, vocab_size: int, seed: int) -> list[list[int]]:
+    """`count` prompts of `length` token ids drawn uniformly from the vocabulary."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size, (count, length), generator=gen).tolist()
+
+
+def is_decode_only(engine: LLMEngine) -> bool:
+    """Whether the next step can only be decodes: nothing waits and every running sequence has
+    its prompt in the cache."""
+    sched = engine.scheduler
+    return sched.num_waiting == 0 and all(
+        r.num_computed_tokens >= len(r.prompt_token_ids) for r in sched.running
+    )
+
+
+def timed_step(engine: LLMEngine, device: torch.device) -> float:
+    """Seconds of one `engine.step()` (schedule, forward, sample, outputs), device synchronized
+    on both sides."""
+    synchronize(device)
+    start = time.perf_counter()
+    engine.step()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+class ForwardTimer:
+    """Times rank 0's model forward of each step on the device: CUDA events around the runner's
+    `execute` (metadata upload + graph replay or eager forward), host clock on the CPU. The
+    wrapper is an instance attribute that `close` removes, so the engine is left as found."""
+
+    def __init__(self, engine: LLMEngine, device: torch.device) -> None:
+        self.runner = engine.executor.runner
+        self.device = device
+        self._execute = self.runner.execute
+        self._marks: list[tuple[Any, Any]] = []
+        self.runner.execute = self._timed
+
+    def _timed(self, step: Any) -> torch.Tensor:
+        if self.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = self._execute(step)
+            end.record()
+        else:
+            start = time.perf_counter()
+            out = self._execute(step)
+            end = time.perf_counter()
+        self._marks.append((start, end))
+        return out
+
+    def close(self) -> list[float]:
+        """Stop timing; seconds of each forward since construction."""
+        del self.runner.execute
+        synchronize(self.device)
+        if self.device.type == "cuda":
+            return [start.elapsed_time(end) / 1e3 for start, end in self._marks]
+        return [end - start for start, end in self._marks]
+
+
+def distinct_experts_of_one_step(engine: LLMEngine) -> list[int]:
+    """Run one engine step eagerly and return, per MoE layer, how many distinct experts its
+    router chose (forward hooks on rank 0's `FusedMoE` modules). Hooks do not run inside a CUDA
+    graph replay, so the runner's graphs are set aside for this step."""
+    runner = engine.executor.runner
+    counts: list[int] = []
+
+    def hook(module: torch.nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+        counts.append(int(inputs[2].unique().numel()))  # inputs: (x, topk_weights, topk_ids)
+
+    moes = [m for m in runner.model.modules() if isinstance(m, FusedMoE)]
+    handles = [m.register_forward_hook(hook) for m in moes]
+    graphs, runner.graphs = runner.graphs, {}
+    try:
+        engine.step()
+    finally:
+        runner.graphs = graphs
+        for handle in handles:
+            handle.remove()
+    if len(counts) != len(moes):
+        raise RuntimeError(f"{len(counts)} router calls in the step, expected {len(moes)}")
+    return counts
+
+
+def expected_distinct_experts(num_experts: int, top_k: int, tokens: int) -> float:
+    """Distinct experts `tokens` tokens touch in expectation if each picks top_k uniformly."""
+    return num_experts * (1 - (1 - top_k / num_experts) ** tokens)
+
+
+def write_json(path: str | None, record: dict[str, Any]) -> None:
+    """Write `record` to `path` (if given) through a temporary file, so that a run killed
+    mid-write leaves the previous complete record."""
+    if not path:
+        return
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(record, f, indent=1, default=str)
+    os.replace(tmp, path)

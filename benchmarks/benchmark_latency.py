@@ -1,0 +1,479 @@
+"""Latency of a Kimi model in the engine: the decode step against its HBM floor and prefill against
+the bf16 GEMM peak, per batch size and context length, all measured in one run (issue 12).
+
+vLLM's script name and main flags (`--model`, `--load-format dummy`, `--quantization-config`,
+`--batch-size`, `--input-len`, `--output-len`, `--enforce-eager`, `-tp`, `--output-json`), every
+other `EngineArgs` flag, and a sweep on one loaded model (`--batch-sizes`, `--input-lens`).
+
+For each context length L of `--input-lens`, shortest first, after a warm-up workload that compiles
+every kernel (untimed):
+1. one prompt of L tokens is prefilled alone: prefill seconds and TFLOP/s of one prompt;
+2. B_max prompts of L tokens (B_max: the largest batch size, or the largest whose prefill fits the
+   `--time-budget-s` at the rate of step 1) are added at once and stepped until every prompt is in
+   the cache: the phase's seconds, tokens/s and TFLOP/s. The scheduler runs decodes first, so
+   sequences prefilled early decode in the later (eager, mixed) steps; their tokens count too. If
+   the phase still runs past the budget, the prompts not yet prefilled are aborted and the batch
+   sizes above the sequences left are skipped;
+3. for each batch size B <= B_max, largest first: the requests beyond the first B are aborted,
+   `--warmup-steps` decode steps run, then `--output-len` decode steps (CUDA-graph replays unless
+   `--enforce-eager`) are timed one by one with the device synchronized around `engine.step()`;
+   one more step runs eagerly with hooks on the routers to count the distinct experts per layer.
+
+Per case: step ms (median wall time of `engine.step()`: scheduling, forward, sampling, outputs),
+forward ms (rank 0's forward on the device: CUDA events around the runner's execute), tokens/s
+(B / step), the floor and step / floor. Floor = the bytes a decode step must move
+(`vllm/models/kimi_k3/amd/footprint.py`: weights the step uses, each distinct expert the router
+chose once, KDA state read and written, the MLA latent cache at the sequences' context lengths,
+averaged over the timed steps) / the eager copy bandwidth measured in the same run. Distinct experts
+are measured on rank 0 unless TP > 1 and B has no graph of its own (rank 0 alone would run other
+shapes): then the uniform-routing estimate E (1 - (1 - k/E)^B) is used and marked so.
+
+Prefill TFLOP/s count 2 x active parameters x tokens: the body's active parameters for every token
+processed and the LM head's for every row that samples; attention's own FLOPs (quadratic in L) are
+not counted. Per GPU at TP > 1 (rank 0's shards), as are the floor bytes.
+
+The engine is sized for the sweep unless the flags say otherwise: `--max-num-seqs` = the largest
+batch, `--max-model-len` = the longest prompt + every decode token the sweep needs,
+`--kv-cache-memory` = exactly the caches of that many sequences of that length (no profiling run).
+CUDA graphs are captured for every decode size up to `--max-num-seqs`.
+
+    python benchmarks/benchmark_latency.py --dry-run
+    python benchmarks/benchmark_latency.py --model kimi-linear-48b-a3b --load-format dummy \\
+        --skip-tokenizer-init --batch-sizes 1 8 64 256 --input-lens 1024 8192 --output-len 32 \\
+        --max-num-batched-tokens 2048 --output-json latency.json
+"""
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from dataclasses import asdict
+from typing import Any
+
+import torch
+from bench_utils import (
+    DRY_RUN_MODEL,
+    ForwardTimer,
+    cache_memory_for,
+    check_args,
+    distinct_experts_of_one_step,
+    engine_args,
+    environment,
+    expected_distinct_experts,
+    is_decode_only,
+    make_parser,
+    measure_ceilings,
+    random_prompts,
+    synchronize,
+    timed_step,
+    write_json,
+)
+
+from vllm.engine.arg_utils import EngineArgs, parse_max_model_len
+from vllm.models.kimi_k3.amd.footprint import model_footprint
+from vllm.sampling_params import SamplingParams
+from vllm.v1.engine.llm_engine import LLMEngine
+
+# Seconds kept free per context length still to run, for its decode cases: (warm-up + timed + 1)
+# steps per batch size, about 0.05-0.3 s each on the 48B model at batch 1-256 (a guess until
+# measured; only `--time-budget-s` reads it).
+DECODE_RESERVE_S = 20.0
+# The batch prefill's predicted time (from the single prompt's rate) is padded by this factor.
+PREFILL_MARGIN = 1.25
+
+
+def decode_tokens_needed(length: int, batch: int, budget: int, cases: int, per_case: int) -> int:
+    """max_tokens of each request at context `length`: the decodes its sequence may run while the
+    other prompts of the batch prefill (at most one per step; each step prefills at least
+    `budget - batch` tokens), then `per_case` steps for each of `cases` batch sizes, plus one."""
+    prefill_steps = math.ceil(batch * length / (budget - batch)) + 1
+    return prefill_steps + cases * per_case + 1
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    """Greedy sampling of exactly `max_tokens` tokens (no eos stop)."""
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+
+
+def parent_id(seq_id: str) -> str:
+    """The request id of a sequence id `<request_id>#<i>`."""
+    return seq_id.rsplit("#", 1)[0]
+
+
+class Sweep:
+    """One loaded engine, the ceilings and footprint of the run, and the record being filled."""
+
+    def __init__(
+        self, engine: LLMEngine, args: Any, record: dict[str, Any], device: torch.device,
+        deadline: float,
+    ) -> None:  # fmt: skip
+        self.engine, self.args, self.record, self.device = engine, args, record, device
+        self.deadline = deadline
+        self.fp = model_footprint(engine.executor.runner.model)
+        self.copy_gbps = record["ceilings"]["copy_gbps"]
+        self.peak = record["ceilings"]["matmul_bf16_tflops"]
+        self.vocab = engine.config.model_config.vocab_size
+        record["footprint"] = asdict(self.fp) | {
+            "active_params_per_token": self.fp.active_params_per_token,
+            "active_params_without_lm_head": self.fp.active_params_without_lm_head,
+        }
+        record["prefill"], record["decode"] = [], []
+
+    # -- driving the engine ---------------------------------------------------------------------
+
+    def run_until_idle(self) -> None:
+        while self.engine.has_unfinished_requests():
+            self.engine.step()
+
+    def abort_all(self) -> None:
+        sched = self.engine.scheduler
+        seqs = [*sched.running, *sched.waiting]
+        self.engine.abort_request(sorted({parent_id(r.request_id) for r in seqs}))
+
+    def check_batch(self, batch: int) -> None:
+        running = len(self.engine.scheduler.running)
+        if running != batch or not is_decode_only(self.engine):
+            raise RuntimeError(
+                f"expected a decode-only step of {batch} sequences, the scheduler has {running} "
+                f"running and {self.engine.scheduler.num_waiting} waiting (cache or max_tokens "
+                "sized too small)"
+            )
+
+    def warm_up(self, input_lens: list[int], max_batch: int) -> None:
+        """Per length, up to three prompts at once, two tokens each (prefill, mixed and decode
+        steps): kernels compiled or tuned per shape (Triton, fla's chunked KDA) compile here,
+        outside every timed region."""
+        start = time.perf_counter()
+        for length in input_lens:
+            prompts = random_prompts(min(3, max_batch), length, self.vocab, self.args.seed)
+            for i, prompt in enumerate(prompts):
+                self.engine.add_request(f"warmup-{length}-{i}", prompt, greedy(2))
+            self.run_until_idle()
+        self.record["warmup_s"] = time.perf_counter() - start
+        print(f"warm-up (kernel compilation) {self.record['warmup_s']:.1f} s", flush=True)
+
+    # -- measurements -----------------------------------------------------------------------------
+
+    def add_prefill(
+        self, phase: str, length: int, batch: int, tokens: int, sampled: int, seconds: float,
+        **extra: Any,
+    ) -> None:  # fmt: skip
+        """Record a prefill of `tokens` processed tokens and `sampled` LM-head rows: TFLOP/s are
+        2 x (body active params x tokens + LM head params x sampled rows) / seconds."""
+        fp = self.fp
+        flops = 2.0 * (fp.active_params_without_lm_head * tokens + fp.lm_head_params * sampled)
+        tflops = flops / seconds / 1e12
+        p = {
+            "phase": phase, "input_len": length, "batch": batch, "tokens": tokens,
+            "seconds": seconds, "tokens_per_s": tokens / seconds, "tflops": tflops,
+            "pct_of_matmul_peak": 100 * tflops / self.peak, **extra,
+        }  # fmt: skip
+        self.record["prefill"].append(p)
+        print(
+            f"L={length:>6} B={batch:>4} prefill ({phase}): {tokens} tokens in {seconds:.2f} s, "
+            f"{p['tokens_per_s']:.0f} tok/s, {tflops:.1f} TFLOP/s "
+            f"({p['pct_of_matmul_peak']:.1f}% of the bf16 matmul)",
+            flush=True,
+        )
+        write_json(self.args.output_json, self.record)
+
+    def skip(self, length: int, batches: list[int], reason: str) -> None:
+        for b in batches:
+            self.record["decode"].append({"input_len": length, "batch": b, "skipped": reason})
+            print(f"L={length:>6} B={b:>4} skipped: {reason}", flush=True)
+        write_json(self.args.output_json, self.record)
+
+    def single_prefill(self, length: int) -> float:
+        """Prefill one prompt of `length` tokens alone; returns its seconds."""
+        (prompt,) = random_prompts(1, length, self.vocab, self.args.seed + 1)
+        self.engine.add_request(f"single-{length}", prompt, greedy(1))
+        synchronize(self.device)
+        start = time.perf_counter()
+        self.run_until_idle()
+        synchronize(self.device)
+        seconds = time.perf_counter() - start
+        self.add_prefill("single prompt", length, 1, length, 1, seconds)
+        return seconds
+
+    def batch_prefill(self, length: int, batch: int, max_tokens: int, stop_at: float) -> int:
+        """Prefill `batch` prompts of `length` tokens together (requests of `max_tokens` tokens,
+        left running). Past `stop_at` the prompts not yet fully prefilled are aborted. Returns
+        how many sequences are left running, all prefilled."""
+        prompts = random_prompts(batch, length, self.vocab, self.args.seed + 2)
+        for i, prompt in enumerate(prompts):
+            self.engine.add_request(f"ctx{length}-{i}", prompt, greedy(max_tokens))
+        sched = self.engine.scheduler
+        synchronize(self.device)
+        start, steps, cut = time.perf_counter(), 0, False
+        while not is_decode_only(self.engine):
+            if time.perf_counter() > stop_at:
+                cut = True
+                break
+            self.engine.step()
+            steps += 1
+        synchronize(self.device)
+        seconds = time.perf_counter() - start
+        running = sched.running
+        tokens = sum(r.num_computed_tokens for r in running)
+        sampled = sum(len(r.output_token_ids) for r in running)
+        phase = "batch (cut at the time budget)" if cut else "batch"
+        self.add_prefill(phase, length, batch, tokens, sampled, seconds, steps=steps,
+                         prompt_tokens=batch * length)  # fmt: skip
+        unfinished = [*sched.waiting]
+        unfinished += [r for r in running if r.num_computed_tokens < len(r.prompt_token_ids)]
+        self.engine.abort_request(sorted({parent_id(r.request_id) for r in unfinished}))
+        return len(sched.running)
+
+    def distinct_experts(self, batch: int) -> tuple[list[float], str]:
+        """Distinct experts per MoE layer of the next step, measured on rank 0 where every rank
+        runs the same shapes (TP=1, or a graph of exactly `batch`), else the uniform estimate."""
+        runner = self.engine.executor.runner
+        tp = self.engine.config.parallel_config.tensor_parallel_size
+        if tp == 1 or not runner.graphs or batch in runner.graphs:
+            return [float(n) for n in distinct_experts_of_one_step(self.engine)], "measured"
+        num_experts = self.engine.config.model_config.text_config.num_experts
+        guess = expected_distinct_experts(num_experts, self.fp.top_k, batch)
+        return [guess] * self.fp.num_moe_layers, "estimate"
+
+    def decode_case(self, length: int, batch: int) -> None:
+        """Time `--output-len` decode steps of the first `batch` running sequences (the others
+        are aborted), then measure the experts they touch and the floor."""
+        engine, args = self.engine, self.args
+        running = sorted(engine.scheduler.running, key=lambda r: r.arrival_index)
+        engine.abort_request([parent_id(r.request_id) for r in running[batch:]])
+        for _ in range(args.warmup_steps):
+            self.check_batch(batch)
+            engine.step()
+        steps, contexts = [], []
+        timer = ForwardTimer(engine, self.device)
+        try:
+            for _ in range(args.output_len):
+                self.check_batch(batch)
+                steps.append(timed_step(engine, self.device))
+                contexts.append([r.num_computed_tokens for r in engine.scheduler.running])
+        finally:
+            forwards = timer.close()
+        self.check_batch(batch)
+        distinct, source = self.distinct_experts(batch)
+        floor_bytes = statistics.fmean(self.fp.decode_bytes(distinct, c) for c in contexts)
+        floor_s = floor_bytes / (self.copy_gbps * 1e9)
+        step_s, forward_s = statistics.median(steps), statistics.median(forwards)
+        graphs = engine.executor.runner.graphs
+        case = {
+            "input_len": length,
+            "batch": batch,
+            "mode": "graph" if any(size >= batch for size in graphs) else "eager",
+            "mean_context": statistics.fmean(sum(c) / batch for c in contexts),
+            "step_ms": 1e3 * step_s,
+            "step_ms_min": 1e3 * min(steps),
+            "step_ms_max": 1e3 * max(steps),
+            "forward_ms": 1e3 * forward_s,
+            "tokens_per_s": batch / step_s,
+            "distinct_experts_mean": statistics.fmean(distinct),
+            "distinct_experts": distinct,
+            "distinct_experts_source": source,
+            "floor_gb": floor_bytes / 1e9,
+            "floor_ms": 1e3 * floor_s,
+            "step_over_floor": step_s / floor_s,
+            "forward_over_floor": forward_s / floor_s,
+        }
+        self.record["decode"].append(case)
+        print(
+            f"L={length:>6} B={batch:>4} decode ({case['mode']}): step {case['step_ms']:.2f} ms "
+            f"(forward {case['forward_ms']:.2f}), {case['tokens_per_s']:.0f} tok/s, floor "
+            f"{case['floor_ms']:.2f} ms ({case['floor_gb']:.2f} GB, "
+            f"{case['distinct_experts_mean']:.1f} experts/layer {source}), "
+            f"step/floor {case['step_over_floor']:.2f}",
+            flush=True,
+        )
+        write_json(args.output_json, self.record)
+
+    def run_context(self, length: int, batch_sizes: list[int], max_tokens: int, later: int) -> None:
+        """Every case at context `length`; `later` context lengths still follow this one."""
+        # Time kept for the decode cases of this context and of the later ones.
+        stop_at = self.deadline - DECODE_RESERVE_S * (1 + later)
+        if time.perf_counter() > stop_at:
+            self.skip(length, batch_sizes, "no time left in --time-budget-s")
+            return
+        single_s = self.single_prefill(length)
+        # The batch prefill takes about batch x single_s.
+        room = stop_at - time.perf_counter()
+        fitting = [b for b in batch_sizes if PREFILL_MARGIN * b * single_s <= room]
+        late = [b for b in batch_sizes if b not in fitting]
+        self.skip(length, late, "its prefill is predicted to end past --time-budget-s")
+        if not fitting:
+            return
+        prefilled = self.batch_prefill(length, max(fitting), max_tokens, stop_at)
+        cut = [b for b in fitting if b > prefilled]
+        self.skip(length, cut, f"only {prefilled} prompts were prefilled within --time-budget-s")
+        for batch in sorted(set(fitting) - set(cut), reverse=True):
+            self.decode_case(length, batch)
+        self.abort_all()
+
+
+def sized_engine_args(
+    parser: argparse.ArgumentParser, args: Any, batch_sizes: list[int], input_lens: list[int]
+) -> tuple[EngineArgs, dict[int, int]]:
+    """Engine arguments sized for the sweep (flags given explicitly win) and each context's
+    max_tokens per request."""
+    bmax = max(batch_sizes)
+    ea = engine_args(args, max_num_seqs=args.max_num_seqs or bmax)
+    try:
+        budget = ea.create_engine_config().scheduler_config.max_num_batched_tokens
+    except ValueError as e:
+        parser.error(str(e))
+    if budget <= bmax:
+        parser.error(f"--max-num-batched-tokens ({budget}) must exceed the largest batch ({bmax})")
+    per_case = args.warmup_steps + args.output_len + 1
+    max_tokens = {
+        n: decode_tokens_needed(n, bmax, budget, len(batch_sizes), per_case) for n in input_lens
+    }
+    needed = max(n + max_tokens[n] for n in input_lens)
+    if args.max_model_len is None:
+        ea.max_model_len = needed
+    elif parse_max_model_len(args.max_model_len) < needed:
+        parser.error(f"argument --max-model-len: this sweep needs at least {needed}")
+    if ea.kv_cache_memory is None and ea.num_gpu_blocks_override is None:
+        ea.kv_cache_memory = cache_memory_for(ea, bmax, needed)
+    return ea, max_tokens
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser(__doc__)
+    sweep = parser.add_argument_group("latency sweep")
+    sweep.add_argument("--batch-size", type=int, default=8, help="sequences decoded together")
+    sweep.add_argument("--input-len", type=int, default=32, help="prompt tokens")
+    sweep.add_argument("--output-len", type=int, default=128, help="decode steps timed per case")
+    sweep.add_argument(
+        "--batch-sizes", type=int, nargs="+", help="sweep these batch sizes (default --batch-size)"
+    )
+    sweep.add_argument(
+        "--input-lens", type=int, nargs="+", help="sweep these prompt lengths (default --input-len)"
+    )
+    sweep.add_argument(
+        "--warmup-steps", type=int, default=2, help="untimed decode steps before each case"
+    )
+    sweep.add_argument(
+        "--copy-gib", type=float, default=2.0, help="size of the eager copy_ ceiling (>= 1 GiB)"
+    )
+    sweep.add_argument(
+        "--matmul-size", type=int, default=8192, help="n of the n x n x n bf16 matmul ceiling"
+    )
+    sweep.add_argument(
+        "--time-budget-s",
+        type=float,
+        default=None,
+        help="wall seconds for the whole run (engine start included): at each context the batch "
+        "prefill is cut to what fits, keeping 20 s per context for its decode cases; cases cut "
+        "are reported as skipped",
+    )
+    args = parser.parse_args(argv)
+    device = check_args(parser, args)
+    if args.dry_run:
+        args.model, args.load_format, args.skip_tokenizer_init = DRY_RUN_MODEL, "dummy", True
+        args.device, args.dtype, args.copy_gib, args.matmul_size = "cpu", "auto", 1 / 64, 256
+        args.batch_sizes, args.input_lens = [1, 2], [8, 20]
+        args.output_len, args.warmup_steps, args.max_num_batched_tokens = 2, 1, 16
+        args.max_num_seqs = args.max_model_len = args.kv_cache_memory = None
+        args.num_gpu_blocks_override = None
+    batch_sizes = sorted(set(args.batch_sizes or [args.batch_size]))
+    input_lens = sorted(set(args.input_lens or [args.input_len]))
+    if min(batch_sizes + input_lens + [args.output_len, args.matmul_size]) < 1:
+        parser.error("batch sizes, input lengths, --output-len and --matmul-size must be positive")
+    if args.warmup_steps < 0:
+        parser.error(f"argument --warmup-steps: must be >= 0, got {args.warmup_steps}")
+    if args.copy_gib < 1 and not args.dry_run:
+        # A smaller copy partly hits the 50 MB L2 and overstates the HBM bandwidth.
+        parser.error(f"argument --copy-gib: must be at least 1, got {args.copy_gib}")
+    start = time.perf_counter()
+    deadline = start + args.time_budget_s if args.time_budget_s else math.inf
+    ea, max_tokens = sized_engine_args(parser, args, batch_sizes, input_lens)
+
+    record: dict[str, Any] = {"benchmark": "latency", "environment": environment(device)}
+    record["args"] = vars(args)
+    record["ceilings"] = c = measure_ceilings(device, args.copy_gib, args.matmul_size)
+    print(
+        f"{record['environment']['device']}: eager copy_ of {args.copy_gib:g} GiB "
+        f"{c['copy_gbps']:.0f} GB/s; bf16 matmul {args.matmul_size}^3 "
+        f"{c['matmul_bf16_tflops']:.1f} TFLOP/s",
+        flush=True,
+    )
+    t0 = time.perf_counter()
+    engine = LLMEngine.from_engine_args(ea)
+    record["engine_start_s"] = time.perf_counter() - t0
+    record["engine"] = engine_summary(engine, ea)
+    try:
+        run = Sweep(engine, args, record, device, deadline)
+        print(
+            f"engine ready in {record['engine_start_s']:.1f} s; {run.fp.total_params / 1e9:.2f} B"
+            f" params, {run.fp.active_params_per_token / 1e9:.3f} B active per token (LM head "
+            "included)",
+            flush=True,
+        )
+        run.warm_up(input_lens, max(batch_sizes))
+        for index, length in enumerate(input_lens):
+            run.run_context(length, batch_sizes, max_tokens[length], len(input_lens) - index - 1)
+    finally:
+        engine.shutdown()
+    record["total_s"] = time.perf_counter() - start
+    write_json(args.output_json, record)
+    print_summary(record)
+    return 0
+
+
+def engine_summary(engine: LLMEngine, ea: EngineArgs) -> dict[str, Any]:
+    config = engine.config
+    return {
+        "max_num_seqs": config.scheduler_config.max_num_seqs,
+        "max_model_len": config.scheduler_config.max_model_len,
+        "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
+        "kv_cache_memory": ea.kv_cache_memory,
+        "num_blocks": config.cache_config.num_blocks,
+        "num_kda_slots": config.cache_config.num_kda_slots,
+        "cudagraph_capture_sizes": config.compilation_config.cudagraph_capture_sizes,
+        "tensor_parallel_size": config.parallel_config.tensor_parallel_size,
+        "dtype": str(config.model_config.dtype),
+        "quantization_config": config.model_config.quantization_config,
+    }
+
+
+def print_table(title: str, columns: list[tuple[str, str, str]], rows: list[dict]) -> None:
+    """`columns`: (heading, record key, format spec); a row with "skipped" prints its reason."""
+    cells = [
+        [format(row[k], f) for _, k, f in (columns[:2] if "skipped" in row else columns)]
+        for row in rows
+    ]
+    widths = [max([len(h)] + [len(c[i]) for c in cells if i < len(c)]) for i, (h, _, _) in
+              enumerate(columns)]  # fmt: skip
+    print(f"\n{title}")
+    print("  ".join(h.rjust(w) for (h, _, _), w in zip(columns, widths, strict=True)))
+    for row, line in zip(rows, cells, strict=True):
+        text = "  ".join(v.rjust(w) for v, w in zip(line, widths, strict=False))
+        print(text + (f"  skipped: {row['skipped']}" if "skipped" in row else ""))
+
+
+def print_summary(record: dict[str, Any]) -> None:
+    env, c = record["environment"], record["ceilings"]
+    print(
+        f"\n{env['device']}, torch {env['torch']}, triton {env['triton']}, fla-core "
+        f"{env['fla-core']}; copy {c['copy_gbps']:.0f} GB/s, bf16 matmul "
+        f"{c['matmul_bf16_tflops']:.1f} TFLOP/s; engine start {record['engine_start_s']:.1f} s, "
+        f"total {record['total_s']:.1f} s"
+    )
+    prefill = [("ctx", "input_len", "d"), ("batch", "batch", "d"), ("phase", "phase", "s"),
+               ("tokens", "tokens", "d"), ("s", "seconds", ".2f"),
+               ("tok/s", "tokens_per_s", ".0f"), ("TFLOP/s", "tflops", ".1f"),
+               ("% peak", "pct_of_matmul_peak", ".1f")]  # fmt: skip
+    print_table("prefill", prefill, record["prefill"])
+    decode = [("ctx", "input_len", "d"), ("batch", "batch", "d"), ("mode", "mode", "s"),
+              ("mean ctx", "mean_context", ".0f"), ("step ms", "step_ms", ".2f"),
+              ("fwd ms", "forward_ms", ".2f"), ("tok/s", "tokens_per_s", ".0f"),
+              ("experts", "distinct_experts_mean", ".1f"), ("floor GB", "floor_gb", ".2f"),
+              ("floor ms", "floor_ms", ".2f"), ("step/flr", "step_over_floor", ".2f"),
+              ("fwd/flr", "forward_over_floor", ".2f")]  # fmt: skip
+    print_table("decode", decode, record["decode"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

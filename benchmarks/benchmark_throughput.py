@@ -1,0 +1,158 @@
+"""Throughput of a Kimi model in the engine, measured as vLLM's benchmark_throughput does: add
+`--num-prompts` prompts of `--input-len` random token ids at once, each generating exactly
+`--output-len` tokens (eos ignored), and step the engine until all finish. Prints requests/s, total
+tokens/s and output tokens/s, then how the time splits between steps that carry prefill tokens
+(eager) and decode-only steps (CUDA-graph replays unless `--enforce-eager`): their count, seconds,
+median step and mean batch.
+
+vLLM's script name and main flags (`--model`, `--load-format dummy`, `--quantization-config`,
+`--input-len`, `--output-len`, `--num-prompts`, `--enforce-eager`, `-tp`, `--output-json`) and
+every other `EngineArgs` flag. A warm-up of two short requests compiles the kernels first. The
+engine is sized for the workload unless the flags say otherwise: `--max-num-seqs` = min(number of
+prompts, 256), `--max-model-len` = input + output length, `--kv-cache-memory` = exactly the caches
+of that many sequences of that length (no profiling run).
+
+The decode floor against the copy bandwidth, per batch size and context, is
+`benchmark_latency.py`'s job.
+
+    python benchmarks/benchmark_throughput.py --dry-run
+    python benchmarks/benchmark_throughput.py --model kimi-linear-48b-a3b --load-format dummy \\
+        --skip-tokenizer-init --num-prompts 256 --input-len 1024 --output-len 128 \\
+        --max-num-batched-tokens 8192 --output-json throughput.json
+"""
+
+import statistics
+import sys
+import time
+from typing import Any
+
+from bench_utils import (
+    DRY_RUN_MODEL,
+    cache_memory_for,
+    check_args,
+    engine_args,
+    environment,
+    is_decode_only,
+    make_parser,
+    random_prompts,
+    synchronize,
+    timed_step,
+    write_json,
+)
+
+from vllm.engine.arg_utils import parse_max_model_len
+from vllm.sampling_params import SamplingParams
+from vllm.v1.engine.llm_engine import LLMEngine
+
+# Default concurrency cap, as the engine's own max_num_seqs default.
+MAX_NUM_SEQS = 256
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    """Greedy sampling of exactly `max_tokens` tokens (no eos stop)."""
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+
+
+def phase(steps: list[tuple[float, int]]) -> dict[str, Any]:
+    """Count, seconds, median ms and mean batch of (seconds, sequences) steps."""
+    if not steps:
+        return {"steps": 0, "seconds": 0.0}
+    seconds = [s for s, _ in steps]
+    return {
+        "steps": len(steps),
+        "seconds": sum(seconds),
+        "step_ms_median": 1e3 * statistics.median(seconds),
+        "mean_batch": statistics.fmean(n for _, n in steps),
+        "sequence_steps_per_s": sum(n for _, n in steps) / sum(seconds),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser(__doc__)
+    work = parser.add_argument_group("workload")
+    work.add_argument("--num-prompts", type=int, default=256, help="prompts added at once")
+    work.add_argument("--input-len", type=int, default=1024, help="prompt tokens")
+    work.add_argument("--output-len", type=int, default=128, help="tokens generated per prompt")
+    args = parser.parse_args(argv)
+    device = check_args(parser, args)
+    if args.dry_run:
+        args.model, args.load_format, args.skip_tokenizer_init = DRY_RUN_MODEL, "dummy", True
+        args.device, args.dtype, args.max_num_batched_tokens = "cpu", "auto", 16
+        args.num_prompts, args.input_len, args.output_len, args.max_num_seqs = 3, 12, 3, 2
+        args.max_model_len = args.kv_cache_memory = args.num_gpu_blocks_override = None
+    if min(args.num_prompts, args.input_len, args.output_len) < 1:
+        parser.error("--num-prompts, --input-len and --output-len must be positive")
+    seqs = args.max_num_seqs or min(args.num_prompts, MAX_NUM_SEQS)
+    needed = args.input_len + args.output_len
+    if args.max_model_len is not None and parse_max_model_len(args.max_model_len) < needed:
+        parser.error(f"argument --max-model-len: this workload needs at least {needed}")
+    ea = engine_args(args, max_num_seqs=seqs, max_model_len=args.max_model_len or needed)
+    try:
+        if ea.kv_cache_memory is None and ea.num_gpu_blocks_override is None:
+            ea.kv_cache_memory = cache_memory_for(ea, seqs, needed)
+    except ValueError as e:
+        parser.error(str(e))
+
+    record: dict[str, Any] = {"benchmark": "throughput", "environment": environment(device)}
+    record["args"] = vars(args)
+    start = time.perf_counter()
+    engine = LLMEngine.from_engine_args(ea)
+    record["engine_start_s"] = time.perf_counter() - start
+    try:
+        vocab = engine.config.model_config.vocab_size
+        start = time.perf_counter()
+        warm = random_prompts(min(2, seqs), args.input_len, vocab, args.seed)
+        for i, prompt in enumerate(warm):
+            engine.add_request(f"warmup-{i}", prompt, greedy(2))
+        while engine.has_unfinished_requests():
+            engine.step()
+        record["warmup_s"] = time.perf_counter() - start
+        print(f"engine start {record['engine_start_s']:.1f} s, warm-up {record['warmup_s']:.1f} s")
+        prompts = random_prompts(args.num_prompts, args.input_len, vocab, args.seed + 1)
+        for i, prompt in enumerate(prompts):
+            engine.add_request(str(i), prompt, greedy(args.output_len))
+        mixed, decodes = [], []
+        synchronize(device)
+        start = time.perf_counter()
+        while engine.has_unfinished_requests():
+            decode_only = is_decode_only(engine)
+            batch = len(engine.scheduler.running)
+            (decodes if decode_only else mixed).append((timed_step(engine, device), batch))
+        elapsed = time.perf_counter() - start
+    finally:
+        engine.shutdown()
+    n = args.num_prompts
+    record["results"] = {
+        "elapsed_s": elapsed,
+        "requests_per_s": n / elapsed,
+        "total_tokens_per_s": n * (args.input_len + args.output_len) / elapsed,
+        "output_tokens_per_s": n * args.output_len / elapsed,
+        "steps_with_prefill": phase(mixed),
+        "decode_only_steps": phase(decodes),
+    }
+    write_json(args.output_json, record)
+    print_results(record, args, seqs)
+    return 0
+
+
+def print_results(record: dict[str, Any], args: Any, seqs: int) -> None:
+    r, env = record["results"], record["environment"]
+    print(
+        f"{env['device']}, torch {env['torch']}: {args.num_prompts} prompts x ({args.input_len} "
+        f"in, {args.output_len} out), max_num_seqs {seqs}, TP {args.tensor_parallel_size}"
+    )
+    print(
+        f"Throughput: {r['requests_per_s']:.2f} requests/s, {r['total_tokens_per_s']:.2f} total "
+        f"tokens/s, {r['output_tokens_per_s']:.2f} output tokens/s ({r['elapsed_s']:.1f} s)"
+    )
+    for name in ("steps_with_prefill", "decode_only_steps"):
+        p = r[name]
+        if p["steps"]:
+            print(
+                f"{name.replace('_', ' ')}: {p['steps']} steps, {p['seconds']:.2f} s, median "
+                f"{p['step_ms_median']:.2f} ms, mean batch {p['mean_batch']:.1f}"
+            )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""The engine benchmarks run end to end with `--dry-run` (CPU, kimi-k3-tiny, tiny sizes) and write
+a JSON record with every case measured: the scripts cannot rot between GPU runs."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture(autouse=True)
+def benchmarks_importable(monkeypatch: pytest.MonkeyPatch, torch_reference_kernels) -> None:
+    # The scripts import their sibling `bench_utils` as run from their folder.
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+
+
+def test_latency_dry_run(tmp_path: Path) -> None:
+    import benchmark_latency
+
+    out = tmp_path / "latency.json"
+    assert benchmark_latency.main(["--dry-run", "--output-json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert [(p["phase"], p["input_len"]) for p in record["prefill"]] == [
+        ("single prompt", 8), ("batch", 8), ("single prompt", 20), ("batch", 20),
+    ]  # fmt: skip
+    cases = [(d["input_len"], d["batch"]) for d in record["decode"]]
+    assert cases == [(8, 2), (8, 1), (20, 2), (20, 1)]
+    for d in record["decode"]:
+        assert d["distinct_experts_source"] == "measured" and d["step_over_floor"] > 0
+        assert len(d["distinct_experts"]) == record["footprint"]["num_moe_layers"]
+
+
+def test_throughput_dry_run(tmp_path: Path) -> None:
+    import benchmark_throughput
+
+    out = tmp_path / "throughput.json"
+    assert benchmark_throughput.main(["--dry-run", "--output-json", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert results["requests_per_s"] > 0 and results["decode_only_steps"]["steps"] > 0
+
+
+def test_help_names_the_vllm_flags(capsys: pytest.CaptureFixture) -> None:
+    import benchmark_latency
+    import benchmark_throughput
+
+    flags = ["--model", "--load-format", "--quantization-config", "--enforce-eager", "-tp",
+             "--tensor-parallel-size", "--output-json", "--output-len", "--input-len"]  # fmt: skip
+    for script, extra in ((benchmark_latency, ["--batch-size", "--batch-sizes", "--input-lens"]),
+                          (benchmark_throughput, ["--num-prompts"])):  # fmt: skip
+        with pytest.raises(SystemExit) as exit_info:
+            script.main(["--help"])
+        assert exit_info.value.code == 0
+        text = capsys.readouterr().out
+        for flag in flags + extra:
+            assert flag in text, (script.__name__, flag)
+    assert sys.modules["bench_utils"].DRY_RUN_MODEL == "kimi-k3-tiny"

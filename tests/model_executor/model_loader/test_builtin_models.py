@@ -1,0 +1,81 @@
+"""The config-only built-in `kimi-linear-48b-a3b`: its published config validates, the model builds
+on the meta device with the expected parameter counts (about 48 B total, 3 B active per token), it
+loads only with dummy weights and runs only without a tokenizer; `model_footprint` counts a
+loaded model as it counts the same model on meta."""
+
+import pytest
+import torch
+
+from vllm.engine.arg_utils import EngineArgs
+from vllm.model_executor.model_loader.builtin import CONFIG_ONLY_MODELS, resolve_model
+from vllm.model_executor.model_loader.loader import build_model, load_model
+from vllm.models.kimi_k3.amd.footprint import model_footprint
+from vllm.models.kimi_k3.amd.linear import KimiLinearForCausalLM
+from vllm.models.kimi_k3.amd.model import KimiK3ForConditionalGeneration
+from vllm.transformers_utils.configs import KimiK3Config, load_model_config
+
+NAME = "kimi-linear-48b-a3b"
+
+
+def test_config_is_the_published_architecture():
+    folder, tiny = resolve_model(NAME)
+    assert folder == CONFIG_ONLY_MODELS[NAME] and not tiny
+    cfg = load_model_config(folder)
+    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size) == (27, 2304, 163840)
+    mla = [i + 1 for i in range(27) if not cfg.is_kda_layer(i)]
+    assert mla == [4, 8, 12, 16, 20, 24, 27]
+    assert (cfg.num_experts, cfg.num_experts_per_token, cfg.num_shared_experts) == (256, 8, 1)
+    assert (cfg.moe_intermediate_size, cfg.intermediate_size, cfg.first_k_dense_replace) == (
+        1024,
+        9216,
+        1,
+    )
+    assert (cfg.kda_num_heads, cfg.kda_head_dim, cfg.use_full_rank_gate) == (32, 128, False)
+    assert cfg.q_lora_rank is None and cfg.kv_lora_rank == 512
+    assert cfg.max_position_embeddings == 1048576 and cfg.eos_token_id == 163586
+
+
+def test_meta_build_counts_48b_total_3b_active():
+    model = build_model(load_model_config(resolve_model(NAME)[0]), device="meta")
+    assert isinstance(model, KimiLinearForCausalLM) and model.embed_tokens.weight.is_meta
+    f = model_footprint(model)
+    assert f.total_params == 49_122_681_728
+    assert f.active_params_per_token == 3_106_972_544  # LM head included, embedding not
+    assert f.lm_head_params == f.embedding_params == 163840 * 2304
+    assert (f.num_moe_layers, f.top_k, f.params_per_expert) == (26, 8, 3 * 2304 * 1024)
+    assert f.kda_state_bytes_per_seq == 20 * (32 * 128 * 128 * 4 + 3 * 4096 * 3 * 2)
+    assert f.mla_bytes_per_token == 7 * (512 + 64) * 2
+    # Batch 1: ~6.2 GB of weights (8 experts per layer) plus the KDA state read and written.
+    weights = f.decode_bytes([8] * 26, [1]) - 2 * f.kda_state_bytes_per_seq - 2 * 8064
+    assert 6.2e9 < weights < 6.3e9
+    with pytest.raises(ValueError, match="26 MoE layers"):
+        f.decode_bytes([8], [1])
+
+
+@pytest.mark.parametrize("load_format", ["auto", "safetensors"])
+def test_loads_only_with_dummy_weights(load_format):
+    with pytest.raises(ValueError, match="load_format='dummy'"):
+        EngineArgs(
+            model=NAME, load_format=load_format, skip_tokenizer_init=True
+        ).create_engine_config()
+    with pytest.raises(ValueError, match="config without weights"):
+        load_model(NAME, load_format=load_format, device="meta")
+
+
+def test_needs_skip_tokenizer_init():
+    with pytest.raises(ValueError, match="skip_tokenizer_init"):
+        EngineArgs(model=NAME, load_format="dummy").create_engine_config()
+    config = EngineArgs(
+        model=NAME, load_format="dummy", skip_tokenizer_init=True, max_model_len="8k",
+        device="cpu",
+    ).create_engine_config()  # fmt: skip
+    assert config.model_config.tokenizer is None and config.model_config.max_model_len == 8000
+
+
+@pytest.mark.parametrize("name", ["kimi-linear-tiny", "kimi-k3-tiny"])
+def test_footprint_of_a_loaded_model_equals_its_meta_count(name):
+    loaded = model_footprint(load_model(name, dtype=torch.float32))
+    config = load_model_config(resolve_model(name)[0])
+    meta = build_model(config, torch.float32, device="meta")
+    assert isinstance(meta, KimiK3ForConditionalGeneration) == isinstance(config, KimiK3Config)
+    assert model_footprint(meta) == loaded
