@@ -41,6 +41,12 @@ _VARIABLES: dict[str, tuple[Callable[[str | None], Any], str]] = {
         "Set by the ROCm serving recipe; no effect here (decode runs as whole CUDA graphs, "
         "one per batch size). `vllm serve` logs that it is ignored.",
     ),
+    "VLLM_KIMI_K3_FUSED_OPROJ_EPILOGUE": (
+        lambda v: (v or "1") == "1",
+        "KDA layers whose o_proj is PTPC FP8 run gated RMSNorm + per-token FP8 quantization as "
+        "one fused op feeding o_proj (default 1). 0: o_norm, then o_proj quantizes its own "
+        "normed input (the unfused baseline, for accuracy and speed comparisons).",
+    ),
     "VLLM_API_KEY": (
         lambda v: v or None,
         "`vllm serve`: the API key when --api-key is not given.",

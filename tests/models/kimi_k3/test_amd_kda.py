@@ -313,6 +313,30 @@ def test_already_normed_core_is_only_quantized(monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_fusion_switch_off_gives_the_unfused_path(monkeypatch, device):
+    """VLLM_KIMI_K3_FUSED_OPROJ_EPILOGUE=0: a PTPC o_proj gets o_norm's output and quantizes it
+    itself, on every batch kind; the output equals the unfused path's exactly."""
+    hf = hf_kda()
+    switched = our_kda(hf, torch.bfloat16, PTPC_O_PROJ, device=device)
+    unfused = our_kda(hf, torch.bfloat16, PTPC_O_PROJ, device=device)
+    monkeypatch.setattr(unfused, "o_proj_is_ptpc_fp8", lambda: False)
+    monkeypatch.setenv("VLLM_KIMI_K3_FUSED_OPROJ_EPILOGUE", "0")
+    counts = Counts(monkeypatch, switched, unfused)
+    harness_s = harness_for(switched, torch.bfloat16, device)
+    harness_u = harness_for(unfused, torch.bfloat16, device)
+    gen = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for name, new, tokens in BATCHES:
+            x = torch.randn(tokens, HIDDEN, generator=gen).to(torch.bfloat16).to(device)
+            out_s = switched(x, harness_s.schedule(new).kda)
+            norms = 0 if name == "decode" else 1  # the decode kernel norms itself
+            assert counts.take() == {"o_norm": norms, "fused": 0, "quant": 0, "kernel_quant": 1}
+            out_u = unfused(x, harness_u.schedule(new).kda)
+            counts.take()
+            assert torch.equal(out_s, out_u), name
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kernel", [None, "PerTensorTorchFP8ScaledMMLinearKernel"])
 def test_non_ptpc_o_proj_takes_the_plain_path(monkeypatch, kernel, device):
     if kernel:

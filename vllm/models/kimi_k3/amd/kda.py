@@ -12,10 +12,12 @@ then prefill chunks) and reads / updates its sequences' slots in place in the `K
 to it once by `bind_kv_cache` (its shapes are `get_kv_cache_spec`'s).
 
 Epilogue, decided once per forward from the same metadata the core uses:
-- `o_proj` consumes `kFp8DynamicTokenSym` (`get_input_quant_key`): the gated norm and the per-token
-  FP8 quantization run as one fused op (or, for a core that already applied the norm, only the
+- `o_proj` consumes `kFp8DynamicTokenSym` (`get_input_quant_key`) and
+  `VLLM_KIMI_K3_FUSED_OPROJ_EPILOGUE` is on (the default): the gated norm and the per-token FP8
+  quantization run as one fused op (or, for a core that already applied the norm, only the
   quantization) and `o_proj` receives a `QuantizedActivation`;
-- otherwise `o_norm`, then `o_proj` (which quantizes for itself if it is FP8).
+- otherwise `o_norm`, then `o_proj` (which quantizes for itself if it is FP8): with the variable
+  set to 0 this is the unfused baseline of the same PTPC model.
 Every core reports whether it normed, and the epilogue applies the norm iff it did not: never twice,
 never zero times.
 
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vllm import envs
 from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 from vllm.model_executor.layers.fusion.quant_activation import (
     QuantizedActivation,
@@ -255,7 +258,7 @@ class KimiK3DeltaAttention(torch.nn.Module):
     def _epilogue(self, core: torch.Tensor, gate: torch.Tensor, normed: bool) -> torch.Tensor:
         tokens = core.shape[0]
         width = self.local_heads * self.head_dim
-        if self.o_proj_is_ptpc_fp8():
+        if self.o_proj_is_ptpc_fp8() and envs.VLLM_KIMI_K3_FUSED_OPROJ_EPILOGUE:
             if normed:
                 q, scale = per_token_fp8_quant(core.reshape(tokens, width))
             else:
