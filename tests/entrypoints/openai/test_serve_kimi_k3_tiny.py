@@ -63,6 +63,7 @@ def reference() -> dict:
         cwd=ROOT, env=server_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
+    assert "Exception ignored" not in run.stderr, run.stderr[-3000:]  # LLM.__del__ at exit
     line = next(x for x in run.stdout.splitlines() if x.startswith("REFERENCE "))
     return json.loads(line[len("REFERENCE ") :])
 
