@@ -321,6 +321,10 @@ def test_lm_eval_on_the_pr_recipe_with_ptpc(tmp_path: Path) -> None:
             assert expected in log, (expected, log[-3000:])
         models = requests.get(remote.url("/v1/models"), timeout=10).json()["data"]
         assert [(m["id"], m["max_model_len"]) for m in models] == [(NAME, 2000)]
+        chat = {"model": NAME, "messages": CHAT, "max_tokens": 8, "temperature": 0}
+        reply = requests.post(remote.url("/v1/chat/completions"), json=chat, timeout=120)
+        assert reply.status_code == 200, reply.text  # through the kimi_k3 reasoning parser
+        assert reply.json()["choices"][0]["finish_reason"] in ("stop", "length")
         _assert_lm_eval_ran(_run_lm_eval(remote, tmp_path, limit=4), 4)
     assert remote.exit_code == 0 and remote.leftover == []
 

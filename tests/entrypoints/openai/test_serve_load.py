@@ -1,23 +1,28 @@
 """Load and faults against a real `vllm serve kimi-k3-tiny`: 32 concurrent clients x 10 requests
 of random lengths and parameters, a quarter cancelled mid-stream and a few malformed. No 5xx, each
 malformed request a 400 naming its field, and afterwards the cache counters in /metrics back to
-their initial values. Then tensor parallelism: a TP=2 (gloo) server answers the same greedy text
-as TP=1. Both are stopped with streams in flight, TP=1 by SIGTERM and TP=2 by Ctrl-C (SIGINT to
-the process group, workers included): the streams end with a 503 "shutting down" event and
-`[DONE]`, the server exits 0 with no traceback and leaves no process behind."""
+their initial values. Then tensor parallelism: a TP=2 (gloo) server of a checkpoint folder
+answers the same greedy text as TP=1. Both are stopped with streams in flight, TP=1 by SIGTERM and
+TP=2 by Ctrl-C (SIGINT to the process group, workers included): the streams end with a 503
+"shutting down" event and `[DONE]`, the server exits 0 with no traceback and leaves no process
+behind."""
 
 import asyncio
 import collections
 import json
 import random
+import shutil
 import signal
 import threading
 import time
+from pathlib import Path
 
 import aiohttp
 import pytest
 import requests
 from server_utils import RemoteServer
+
+from vllm.model_executor.model_loader.builtin import resolve_model
 
 SERVE = ["serve", "kimi-k3-tiny", "--max-model-len", "1024", "--seed", "0"]
 CLIENTS, REQUESTS = 32, 10
@@ -217,15 +222,23 @@ def test_sigterm_with_streams_in_flight_shuts_down_cleanly(tp1_greedy: dict) -> 
     _assert_shut_down_cleanly(tp1_greedy["stopped"])
 
 
-def test_tp2_serves_the_same_greedy_text_and_stops_on_ctrl_c(tp1_greedy: dict) -> None:
-    """TP=2 (gloo), also with the recipe's remaining flags that work: each takes effect."""
+def test_tp2_serves_the_same_greedy_text_and_stops_on_ctrl_c(
+    tp1_greedy: dict, tmp_path: Path
+) -> None:
+    """TP=2 (gloo), serving a checkpoint folder (a copy of kimi-k3-tiny's, with the same dummy
+    weights) with the remaining flags that work: each takes effect."""
+    folder = tmp_path / "checkpoint"
+    shutil.copytree(resolve_model("kimi-k3-tiny")[0], folder)
     key = {"Authorization": "Bearer sk-tp2"}
     flags = ["-tp", "2", "--no-enable-tokenizer-info-endpoint", "--uvicorn-log-level",
              "warning", "--enforce-eager", "--max-num-seqs", "16", "--max-num-batched-tokens",
              "256", "--dtype", "float32", "--load-format", "dummy",
              "--gpu-memory-utilization", "0.5"]  # fmt: skip
-    with RemoteServer([*SERVE, *flags], env={"VLLM_API_KEY": "sk-tp2"}) as server:
+    argv = ["serve", str(folder), *SERVE[2:], *flags]
+    with RemoteServer(argv, env={"VLLM_API_KEY": "sk-tp2"}) as server:
         assert _greedy(server, GREEDY_PROMPTS, key) == tp1_greedy["greedy"]
+        models = requests.get(server.url("/v1/models"), headers=key, timeout=10).json()["data"]
+        assert [(m["id"], m["root"]) for m in models] == [(str(folder), str(folder))]
         assert requests.post(server.url("/v1/completions"), json={"prompt": "a"}).status_code == 401
         assert requests.get(server.url("/tokenizer_info")).status_code == 404
         log = server.output()
