@@ -62,11 +62,11 @@ class EngineArgs:
     tokenizer: str | None = None  # folder with the tokenizer files (default: the model's)
     skip_tokenizer_init: bool = False  # no tokenizer: prompts must be token ids, outputs no text
     dtype: str = "auto"  # auto | bfloat16 | float16 | float32 (auto: bf16 on GPU, fp32 on CPU)
-    seed: int = 0  # dummy weights and unseeded sampling
+    seed: int = 0  # seed of the dummy weights (a request seeds its sampling with `seed`)
     load_format: str = "auto"  # auto | safetensors | dummy
-    quantization_config: str | dict | None = None  # online quantization JSON (see docs)
+    quantization_config: str | dict | None = None  # online quantization JSON, docs/quantization.md
     tensor_parallel_size: int = 1  # ranks sharding the model (workers: NCCL on GPU, gloo on CPU)
-    max_model_len: int | str | None = None  # prompt + output tokens (default: the model's)
+    max_model_len: int | str | None = None  # prompt+output tokens: 4096, 32k, 1m (K: x1024), auto
     max_num_seqs: int = 256  # sequences in flight
     max_num_batched_tokens: int | None = None  # tokens per step (default 8192)
     block_size: int = 16  # tokens per MLA latent cache block
@@ -76,7 +76,7 @@ class EngineArgs:
     enforce_eager: bool = False  # no CUDA graphs
     max_cudagraph_capture_size: int | None = None  # largest decode batch captured (default 512)
     device: str = "auto"  # auto | cuda | cpu
-    kv_cache_dtype: str = "auto"  # only auto: the MLA cache is kept in the model dtype
+    kv_cache_dtype: str = "auto"  # auto (the model dtype) only: fp8 MLA caches are refused
     trust_remote_code: bool = False  # accepted for recipe compatibility: no remote code runs
 
     @classmethod
@@ -88,7 +88,10 @@ class EngineArgs:
             if f.type is bool or f.type == "bool":
                 parser.add_argument(flag, action="store_true", help=helps.get(f.name))
                 continue
-            parser.add_argument(flag, default=f.default, help=helps.get(f.name), type=_cli_type(f))
+            help_text = helps.get(f.name)
+            if f.default is not None:
+                help_text = f"{help_text} (default: {f.default})"
+            parser.add_argument(flag, default=f.default, help=help_text, type=_cli_type(f))
         return parser
 
     @classmethod

@@ -119,8 +119,9 @@ class LLM:
         """Stop tensor-parallel workers (also done at interpreter exit, as they are daemons)."""
         self.llm_engine.shutdown()
 
-    def __del__(self) -> None:
+    def __del__(self, _is_finalizing=sys.is_finalizing) -> None:
         engine = getattr(self, "llm_engine", None)
-        # At interpreter exit module globals may already be gone; the daemon workers die anyway.
-        if engine is not None and not sys.is_finalizing():
+        # At interpreter exit module globals (`sys` too: hence the default argument) may already
+        # be gone; the daemon workers die anyway.
+        if engine is not None and not _is_finalizing():
             engine.shutdown()

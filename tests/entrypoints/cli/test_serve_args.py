@@ -31,6 +31,22 @@ def test_help_lists_every_flag_with_text(capsys: pytest.CaptureFixture) -> None:
     serve = make_parser()._subparsers._group_actions[0].choices["serve"]
     for action in serve._actions:
         assert action.help, action.option_strings
+    helps = {name: action.help for action in serve._actions for name in action.option_strings}
+    assert "32k" in helps["--max-model-len"] and "auto" in helps["--max-model-len"]
+    assert "fp8" in helps["--kv-cache-dtype"]
+    assert helps["--max-num-seqs"].endswith("(default: 256)")
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [("1500", 1500), ("2k", 2000), ("2K", 2048), ("0.5k", 500), ("auto", 4096), ("-1", 4096)],
+)
+def test_max_model_len_suffixes_and_auto(value: str, expected: int) -> None:
+    """k = 1000s, K = 1024s; auto and -1 take kimi-k3-tiny's max_position_embeddings (4096)."""
+    args = make_parser().parse_args(["serve", "kimi-k3-tiny", "--max-model-len", value])
+    config = EngineArgs.from_cli_args(args).create_engine_config()
+    assert config.model_config.max_model_len == expected
+    assert config.scheduler_config.max_model_len == expected
 
 
 def test_recipe_flags_parse() -> None:

@@ -46,12 +46,14 @@ class RemoteServer:
         command: list[str] | None = None,
         timeout: float = 240.0,
         port: int | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.port = port or free_port()
         if command is None:
             command = [sys.executable, "-m", "vllm.entrypoints.cli.main", *argv]
             command += ["--host", "127.0.0.1", "--port", str(self.port)]
         self.command = command
+        self.env = {**server_env(), **(env or {})}
         self.timeout = timeout
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
         self.proc: subprocess.Popen | None = None
@@ -70,7 +72,7 @@ class RemoteServer:
         self.proc = subprocess.Popen(
             self.command,
             cwd=ROOT,
-            env=server_env(),
+            env=self.env,
             stdout=self.log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -108,14 +110,18 @@ class RemoteServer:
                 pids.append(int(stat.parent.name))
         return pids
 
-    def stop(self, timeout: float = 60.0) -> None:
-        """SIGTERM and wait; record the exit code and any process of its session left behind,
-        then SIGKILL that process group, so that nothing outlives the test."""
+    def stop(self, timeout: float = 60.0, sig: int = signal.SIGTERM, group: bool = False) -> None:
+        """Send `sig` (to the whole process group with `group`, as Ctrl-C in a terminal does) and
+        wait; record the exit code and any process of its session left behind, then SIGKILL that
+        process group, so that nothing outlives the test."""
         if self.proc is None or self._stopped:
             return
         self._stopped = True
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            if group:
+                os.killpg(self.proc.pid, sig)
+            else:
+                self.proc.send_signal(sig)
             try:
                 self.exit_code = self.proc.wait(timeout)
             except subprocess.TimeoutExpired:

@@ -114,3 +114,28 @@ def test_stat_loggers_see_tokens_and_finished_requests(llm: AsyncLLM) -> None:
     llm.add_stat_logger(Recorder())
     asyncio.run(_collect(llm, "s", "hi", 6))
     assert seen == {"generated": 6, "finished": ["length"], "ttft": 1}
+
+
+def test_stop_ends_open_requests_at_once_and_refuses_new_ones() -> None:
+    engine = FakeEngine("abc", step_delay=0.01)
+    llm = AsyncLLM(engine)
+    try:
+
+        async def main() -> None:
+            stream = await llm.add_request("open", "hi", SamplingParams(max_tokens=10_000))
+            async for out in stream:
+                assert not out.finished
+                break
+            llm.stop()  # returns at once; the loop ends after its current step
+            with pytest.raises(EngineDeadError, match="the server is shutting down"):
+                async for _ in stream:
+                    pass
+            with pytest.raises(EngineDeadError):
+                await llm.add_request("late", "hi", SamplingParams())
+
+        asyncio.run(asyncio.wait_for(main(), timeout=10))
+        assert not llm.is_running and llm.errored is None
+        assert engine.requests == {}  # the open request was aborted in the engine
+    finally:
+        llm.shutdown()
+    assert engine.shut_down

@@ -1,9 +1,11 @@
 """End to end: real `vllm serve kimi-k3-tiny` processes on CPU.
 
 The official openai client (completion, streamed completion, chat, streamed chat, logprobs) with
-greedy text equal to `LLM.generate` / `LLM.chat`; the tokenizer endpoints lm_eval probes; lm_eval
-0.4.12 local-completions with the PR recipe's model_args on the local GSM8K-format task, with and
-without the PTPC quantization config; a clean SIGTERM shutdown.
+greedy text equal to `LLM.generate` / `LLM.chat`; the prompt forms and sampling fields of
+/v1/completions on the real engine; the tokenizer endpoints lm_eval probes; lm_eval 0.4.12
+local-completions with the PR recipe's model_args on the local GSM8K-format task, plain and on a
+server started with the PR recipe's flags, env and PTPC quantization config; /metrics; a clean
+SIGTERM shutdown.
 """
 
 import json
@@ -23,6 +25,14 @@ from vllm.transformers_utils.tokenizer import get_tokenizer
 MODEL = "kimi-k3-tiny"
 NAME = "moonshotai/Kimi-K3"
 PTPC = '{"linear":"fp8_per_channel","ignore":["re:(?!.*self_attn\\\\.o_proj$).*"]}'
+# The PR recipe's flags, less the ones refused by name (--kv-cache-dtype fp8,
+# --speculative-config: tests/entrypoints/cli) and with sizes that fit kimi-k3-tiny on CPU.
+RECIPE = ["serve", MODEL, "--served-model-name", NAME, "--trust-remote-code",
+          "--tensor-parallel-size", "1", "--language-model-only", "--reasoning-parser", "kimi_k3",
+          "--max-model-len", "2k", "--kv-cache-dtype", "auto",
+          "--attention-config", '{"mla_prefill_backend":"FLASH_ATTN"}',
+          "--quantization-config", PTPC]  # fmt: skip
+RECIPE_ENV = {"VLLM_ROCM_USE_AITER": "1", "VLLM_USE_BREAKABLE_CUDAGRAPH": "0"}
 SERVE = ["serve", MODEL, "--served-model-name", NAME, MODEL, "--max-model-len", "2048"]
 PROMPTS = ["Question: What is 2 + 3?\nAnswer:", "The capital of France is", "Once upon a time"]
 CHAT = [{"role": "user", "content": "Say hello."}]
@@ -35,10 +45,12 @@ from vllm import LLM, SamplingParams
 prompts, chat, max_tokens = json.loads(sys.argv[1])
 llm = LLM("kimi-k3-tiny", max_model_len=2048)
 params = SamplingParams(temperature=0, max_tokens=max_tokens)
-texts = [o.outputs[0].text for o in llm.generate(prompts, params, use_tqdm=False)]
+outputs = llm.generate(prompts, params, use_tqdm=False)
+texts = [o.outputs[0].text for o in outputs]
+ids = [o.outputs[0].token_ids for o in outputs]
 chat_text = llm.chat(chat, params, use_tqdm=False)[0].outputs[0].text
 llm.shutdown()
-print("REFERENCE " + json.dumps({"texts": texts, "chat": chat_text}))
+print("REFERENCE " + json.dumps({"texts": texts, "ids": ids, "chat": chat_text}))
 """
 
 
@@ -51,6 +63,7 @@ def reference() -> dict:
         cwd=ROOT, env=server_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
+    assert "Exception ignored" not in run.stderr, run.stderr[-3000:]  # LLM.__del__ at exit
     line = next(x for x in run.stdout.splitlines() if x.startswith("REFERENCE "))
     return json.loads(line[len("REFERENCE ") :])
 
@@ -71,7 +84,8 @@ def client(server: RemoteServer) -> openai.OpenAI:
 def test_startup_log_says_what_was_loaded(server: RemoteServer) -> None:
     log = server.output()
     for expected in (
-        "Model kimi-k3-tiny",
+        f"Model kimi-k3-tiny (served as {NAME}, {MODEL}): dtype float32, device cpu, TP=1",
+        "max_model_len 2048",
         "Quantization: none",
         "MLA blocks",
         "KDA state slots",
@@ -110,6 +124,79 @@ def test_streamed_completion_adds_up(client: openai.OpenAI, reference: dict) -> 
     assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens == len(PROMPTS[0])
     finals = [c.choices[0].finish_reason for c in chunks if c.choices]
     assert finals[-1] in ("stop", "length") and set(finals[:-1]) <= {None}
+
+
+def test_token_id_prompts_match_text_prompts(client: openai.OpenAI, reference: dict) -> None:
+    tokenizer = get_tokenizer(resolve_model(MODEL)[0])
+    ids = [tokenizer.encode(prompt) for prompt in PROMPTS]
+    one = client.completions.create(model=NAME, prompt=ids[0], max_tokens=MAX_TOKENS, temperature=0)
+    assert one.choices[0].text == reference["texts"][0]
+    assert one.usage.prompt_tokens == len(ids[0])
+    batch = client.completions.create(model=NAME, prompt=ids, max_tokens=MAX_TOKENS, temperature=0)
+    assert [c.index for c in batch.choices] == [0, 1, 2]
+    assert [c.text for c in batch.choices] == reference["texts"]
+
+
+def _complete(server: RemoteServer, **body) -> dict:
+    body = {"model": NAME, "max_tokens": MAX_TOKENS, **body}
+    response = requests.post(server.url("/v1/completions"), json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_sampling_fields_on_the_real_engine(server: RemoteServer, reference: dict) -> None:
+    """Each field changes the reply the way vLLM's does (greedy replies from `reference`)."""
+    text, ids = reference["texts"][1], reference["ids"][1]
+    # A stop string: cut before it (or after it with include_stop_str_in_output).
+    at = next(i for i in range(1, len(text) - 1) if text[i : i + 2].isascii())
+    stop = text[at : at + 2]
+    cut = text.find(stop)
+    choice = _complete(server, prompt=PROMPTS[1], temperature=0, stop=[stop])["choices"][0]
+    assert (choice["text"], choice["finish_reason"], choice["stop_reason"]) == (
+        text[:cut], "stop", stop)  # fmt: skip
+    choice = _complete(server, prompt=PROMPTS[1], temperature=0, stop=stop,
+                       include_stop_str_in_output=True)["choices"][0]  # fmt: skip
+    assert choice["text"] == text[: cut + len(stop)] and choice["stop_reason"] == stop
+    # A stop token id: the reply ends with it (counted, its text left out).
+    at = ids.index(ids[3])
+    reply = _complete(server, prompt=PROMPTS[1], temperature=0, stop_token_ids=[ids[at]])
+    choice = reply["choices"][0]
+    assert (choice["finish_reason"], choice["stop_reason"]) == ("stop", ids[at])
+    assert reply["usage"]["completion_tokens"] == at + 1 and text.startswith(choice["text"])
+    # eos ends a reply with stop_reason null; ignore_eos runs on to max_tokens.
+    eos_ids = reference["ids"][2]
+    assert len(eos_ids) < MAX_TOKENS, "the third prompt's greedy reply should end with eos"
+    choice = _complete(server, prompt=PROMPTS[2], temperature=0)["choices"][0]
+    assert (choice["finish_reason"], choice["stop_reason"]) == ("stop", None)
+    reply = _complete(server, prompt=PROMPTS[2], temperature=0, ignore_eos=True)
+    assert reply["choices"][0]["finish_reason"] == "length"
+    assert reply["usage"]["completion_tokens"] == MAX_TOKENS
+    # At temperature 1, top_k=1, a tiny top_p and min_p=1 each leave only the greedy token.
+    for field in ({"top_k": 1}, {"top_p": 1e-6}, {"min_p": 1.0}):
+        reply = _complete(server, prompt=PROMPTS[0], temperature=1.0, **field)
+        assert reply["choices"][0]["text"] == reference["texts"][0], field
+    # seed: the same seed gives the same sample; n gives n choices.
+    sampled = [_complete(server, prompt=PROMPTS[0], temperature=1.0, seed=seed, n=2)
+               for seed in (7, 7, 8)]  # fmt: skip
+    texts = [[c["text"] for c in reply["choices"]] for reply in sampled]
+    assert [len(t) for t in texts] == [2, 2, 2]
+    assert texts[0] == texts[1] and texts[0] != texts[2]
+    # Plain sampling is not greedy here, so the greedy replies above came from the fields.
+    assert reference["texts"][0] not in texts[0] + texts[2]
+    assert [c["index"] for c in sampled[0]["choices"]] == [0, 1]
+
+
+def test_completion_logprobs_with_the_openai_client(client: openai.OpenAI, reference: dict) -> None:
+    reply = client.completions.create(
+        model=NAME, prompt=PROMPTS[0], max_tokens=4, temperature=0, logprobs=2
+    )
+    logprobs = reply.choices[0].logprobs
+    assert reply.choices[0].text == reference["texts"][0][: len(reply.choices[0].text)]
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == 4
+    assert "".join(logprobs.tokens) == reply.choices[0].text
+    for chosen, top in zip(logprobs.token_logprobs, logprobs.top_logprobs, strict=True):
+        assert 1 <= len(top) <= 2  # two alternatives (fewer if their texts coincide)
+        assert chosen == pytest.approx(max(top.values()), abs=1e-4)  # greedy: the top one
 
 
 def test_chat_and_streamed_chat_match_llm_chat(client: openai.OpenAI, reference: dict) -> None:
@@ -218,10 +305,26 @@ def test_lm_eval_gsm8k_local(server: RemoteServer, tmp_path: Path) -> None:
     _assert_lm_eval_ran(_run_lm_eval(server, tmp_path), docs)
 
 
-def test_lm_eval_with_ptpc_quantization(tmp_path: Path) -> None:
-    with RemoteServer([*SERVE, "--quantization-config", PTPC]) as remote:
+def test_lm_eval_on_the_pr_recipe_with_ptpc(tmp_path: Path) -> None:
+    """The PR recipe's flags and env, each working (or a no-op that says so); then lm_eval."""
+    with RemoteServer(RECIPE, env=RECIPE_ENV) as remote:
         log = remote.output()
-        assert "Online quantization" in log and "self_attn.o_proj" in log, log[-3000:]
+        for expected in (
+            "Online quantization",
+            "4 layers with Fp8PtpcOnlineLinearMethod: "
+            "language_model.model.layers.*.self_attn.o_proj (4)",
+            "--attention-config mla_prefill_backend='FLASH_ATTN' has no effect",
+            "VLLM_USE_BREAKABLE_CUDAGRAPH has no effect",
+            "--language-model-only",
+            "max_model_len 2000",
+        ):
+            assert expected in log, (expected, log[-3000:])
+        models = requests.get(remote.url("/v1/models"), timeout=10).json()["data"]
+        assert [(m["id"], m["max_model_len"]) for m in models] == [(NAME, 2000)]
+        chat = {"model": NAME, "messages": CHAT, "max_tokens": 8, "temperature": 0}
+        reply = requests.post(remote.url("/v1/chat/completions"), json=chat, timeout=120)
+        assert reply.status_code == 200, reply.text  # through the kimi_k3 reasoning parser
+        assert reply.json()["choices"][0]["finish_reason"] in ("stop", "length")
         _assert_lm_eval_ran(_run_lm_eval(remote, tmp_path, limit=4), 4)
     assert remote.exit_code == 0 and remote.leftover == []
 
@@ -238,9 +341,17 @@ def test_metrics_back_to_initial_when_idle(server: RemoteServer) -> None:
     assert metrics["vllm:num_free_blocks"] == metrics["vllm:initial_num_free_blocks"] > 0
     assert metrics["vllm:num_free_kda_slots"] == metrics["vllm:initial_num_free_kda_slots"] > 0
     assert metrics["vllm:kv_cache_usage_perc"] == 0
+    assert metrics["vllm:prompt_tokens_total"] > 0
     assert metrics["vllm:generation_tokens_total"] > 0
     assert metrics["vllm:time_to_first_token_seconds_count"] > 0
     assert metrics["vllm:time_per_output_token_seconds_count"] > 0
+    assert metrics["vllm:e2e_request_latency_seconds_count"] > 0
+    assert metrics["vllm:request_success_total"] > 0
+    for gauge in (
+        "vllm:avg_prompt_throughput_toks_per_s",
+        "vllm:avg_generation_throughput_toks_per_s",
+    ):
+        assert metrics[gauge] >= 0
 
 
 def _metrics(server: RemoteServer) -> dict[str, float]:

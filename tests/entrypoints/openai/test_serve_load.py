@@ -1,17 +1,28 @@
 """Load and faults against a real `vllm serve kimi-k3-tiny`: 32 concurrent clients x 10 requests
-of random lengths and parameters, a quarter cancelled mid-stream and a few malformed. No 5xx, each
-malformed request a 400 naming its field, and afterwards the cache counters in /metrics back to
-their initial values. Then tensor parallelism: a TP=2 (gloo) server answers the same greedy text
-as TP=1, and both shut down without leaving processes behind."""
+of random lengths and parameters, a quarter cancelled mid-stream and an eighth malformed. No 5xx,
+each malformed request a 400 naming its field, and afterwards the cache counters in /metrics back to
+their initial values. Then tensor parallelism: a TP=2 (gloo) server of a checkpoint folder
+answers the same greedy text as TP=1. Both are stopped with streams in flight, TP=1 by SIGTERM and
+TP=2 by Ctrl-C (SIGINT to the process group, workers included): the streams end with a 503
+"shutting down" event and `[DONE]`, the server exits 0 with no traceback and leaves no process
+behind."""
 
 import asyncio
+import collections
 import json
 import random
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
 
 import aiohttp
 import pytest
 import requests
 from server_utils import RemoteServer
+
+from vllm.model_executor.model_loader.builtin import resolve_model
 
 SERVE = ["serve", "kimi-k3-tiny", "--max-model-len", "1024", "--seed", "0"]
 CLIENTS, REQUESTS = 32, 10
@@ -51,21 +62,28 @@ def _body(rng: random.Random) -> dict:
     return body
 
 
-async def _client(session: aiohttp.ClientSession, url: str, index: int) -> list[str]:
-    """Run one client's requests; returns the problems seen (empty if all went right)."""
+async def _client(
+    session: aiohttp.ClientSession, url: str, index: int, kinds: collections.Counter
+) -> list[str]:
+    """Run one client's requests, counting each kind sent in `kinds`; returns the problems seen
+    (empty if all went right)."""
     rng = random.Random(1000 + index)
     problems = []
-    for _ in range(REQUESTS):
+    for r in range(REQUESTS):
         body = _body(rng)
-        kind = rng.random()
-        if kind < 0.1:
-            change, param = rng.choice(MALFORMED)
+        # By position, so that exactly a quarter are cancelled and an eighth malformed, spread
+        # over the clients and over time.
+        slot = index * REQUESTS + r
+        if slot % 8 == 2:
+            kinds["malformed"] += 1
+            change, param = MALFORMED[slot // 8 % len(MALFORMED)]  # each kind 4 times
             async with session.post(url, json={**body, **change}) as response:
                 error = (await response.json()).get("error", {})
                 if response.status != 400 or error.get("param") != param:
                     problems.append(f"malformed {change}: {response.status} {error}")
             continue
-        if kind < 0.35:  # cancelled mid-stream
+        if slot % 4 == 1:  # cancelled mid-stream
+            kinds["cancelled"] += 1
             body.update(stream=True, max_tokens=rng.randint(20, 60))
             async with session.post(url, json=body) as response:
                 if response.status != 200:
@@ -76,6 +94,7 @@ async def _client(session: aiohttp.ClientSession, url: str, index: int) -> list[
                 response.close()  # drop the connection with the request unfinished
             continue
         body["stream"] = rng.random() < 0.3
+        kinds["streamed" if body["stream"] else "whole"] += 1
         async with session.post(url, json=body) as response:
             text = await response.text()
             if response.status != 200:
@@ -89,11 +108,13 @@ async def _client(session: aiohttp.ClientSession, url: str, index: int) -> list[
     return problems
 
 
-async def _load(url: str) -> list[str]:
+async def _load(url: str) -> tuple[list[str], collections.Counter]:
     timeout = aiohttp.ClientTimeout(total=600)
+    kinds: collections.Counter = collections.Counter()
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        results = await asyncio.gather(*(_client(session, url, i) for i in range(CLIENTS)))
-    return [p for problems in results for p in problems]
+        clients = (_client(session, url, i, kinds) for i in range(CLIENTS))
+        results = await asyncio.gather(*clients)
+    return [p for problems in results for p in problems], kinds
 
 
 def _metrics(server: RemoteServer) -> dict[str, float]:
@@ -105,44 +126,127 @@ def _metrics(server: RemoteServer) -> dict[str, float]:
     return values
 
 
-def _greedy(server: RemoteServer, prompts: list[str]) -> list[str]:
+def _greedy(server: RemoteServer, prompts: list[str], headers: dict | None = None) -> list[str]:
     body = {"prompt": prompts, "max_tokens": 16, "temperature": 0}
-    reply = requests.post(server.url("/v1/completions"), json=body, timeout=300).json()
+    reply = requests.post(
+        server.url("/v1/completions"), json=body, headers=headers, timeout=300
+    ).json()
     return [c["text"] for c in sorted(reply["choices"], key=lambda c: c["index"])]
 
 
 GREEDY_PROMPTS = ["Once upon a time", "Question: 7 * 6?\nAnswer:", "a b c d e f"]
 
 
+def _stop_with_streams_in_flight(
+    server: RemoteServer, sig: int, group: bool, headers: dict | None = None, streams: int = 3
+) -> dict:
+    """Open `streams` long streamed completions, send `sig` once each has its first chunk; returns
+    each stream's last two events (or the exception that ended it), the server's log, exit code
+    and leftover processes."""
+    started = threading.Semaphore(0)
+    tails: list = [None] * streams
+    body = {"prompt": "hello", "max_tokens": 900, "ignore_eos": True, "stream": True}
+
+    def read(i: int) -> None:
+        events = []
+        try:
+            with requests.post(server.url("/v1/completions"), json=body, headers=headers,
+                               stream=True, timeout=120) as response:  # fmt: skip
+                for line in response.iter_lines():
+                    if line:
+                        if not events:
+                            started.release()
+                        events.append(line.decode())
+            tails[i] = events[-2:]
+        except requests.RequestException as e:
+            tails[i] = e
+        finally:
+            if not events:
+                started.release()
+
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(streams)]
+    for thread in threads:
+        thread.start()
+    for _ in threads:
+        assert started.acquire(timeout=120)
+    server.stop(sig=sig, group=group)
+    for thread in threads:
+        thread.join(60)
+    return {"tails": tails, "log": server.output(), "exit_code": server.exit_code,
+            "leftover": server.leftover}  # fmt: skip
+
+
+def _assert_shut_down_cleanly(stopped: dict) -> None:
+    for tail in stopped["tails"]:
+        assert isinstance(tail, list), tail
+        error = json.loads(tail[0].removeprefix("data: "))["error"]
+        assert error["code"] == 503 and error["message"] == "the server is shutting down", error
+        assert tail[1] == "data: [DONE]"
+    log = stopped["log"]
+    assert stopped["exit_code"] == 0, log[-3000:]
+    assert "Traceback" not in log and "graceful shutdown exceeded" not in log, log[-3000:]
+    assert stopped["leftover"] == []  # TP workers and multiprocessing helpers went down with it
+
+
 @pytest.fixture(scope="module")
 def tp1_greedy() -> dict:
     with RemoteServer(SERVE) as server:
-        problems = asyncio.run(_load(server.url("/v1/completions")))
-        metrics = _metrics(server)
-        for _ in range(100):  # aborts of dropped streams land within a step or two
-            if metrics["vllm:num_requests_running"] + metrics["vllm:num_requests_waiting"] == 0:
-                break
+        problems, kinds = asyncio.run(_load(server.url("/v1/completions")))
+        deadline = time.monotonic() + 30
+        while True:  # aborts of dropped streams land within a step or two
             metrics = _metrics(server)
+            idle = metrics["vllm:num_requests_running"] + metrics["vllm:num_requests_waiting"] == 0
+            if idle or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         greedy = _greedy(server, GREEDY_PROMPTS)
         healthy = requests.get(server.url("/health"), timeout=10).status_code
-    return {"problems": problems, "metrics": metrics, "greedy": greedy, "healthy": healthy,
-            "exit_code": server.exit_code, "leftover": server.leftover}  # fmt: skip
+        stopped = _stop_with_streams_in_flight(server, signal.SIGTERM, group=False)
+    return {"problems": problems, "kinds": kinds, "metrics": metrics, "greedy": greedy,
+            "healthy": healthy, "stopped": stopped}  # fmt: skip
 
 
 def test_load_with_cancellations_and_malformed_requests(tp1_greedy: dict) -> None:
     assert tp1_greedy["problems"] == []
+    kinds = tp1_greedy["kinds"]
+    assert sum(kinds.values()) == CLIENTS * REQUESTS
+    assert (kinds["cancelled"], kinds["malformed"]) == (CLIENTS * REQUESTS // 4, 40), kinds
     assert tp1_greedy["healthy"] == 200
     metrics = tp1_greedy["metrics"]
     assert metrics["vllm:num_requests_running"] == metrics["vllm:num_requests_waiting"] == 0
     assert metrics["vllm:num_free_blocks"] == metrics["vllm:initial_num_free_blocks"]
     assert metrics["vllm:num_free_kda_slots"] == metrics["vllm:initial_num_free_kda_slots"]
+    assert metrics["vllm:kv_cache_usage_perc"] == 0
     assert metrics["vllm:request_success_total"] > CLIENTS * REQUESTS / 2
-    assert tp1_greedy["exit_code"] == 0 and tp1_greedy["leftover"] == []
 
 
-def test_tp2_serves_the_same_greedy_text(tp1_greedy: dict) -> None:
-    with RemoteServer([*SERVE, "-tp", "2"]) as server:
-        assert _greedy(server, GREEDY_PROMPTS) == tp1_greedy["greedy"]
-        assert "TP=2" in server.output()
-    assert server.exit_code == 0, server.output()[-3000:]
-    assert server.leftover == []  # the gloo worker went down with the server
+def test_sigterm_with_streams_in_flight_shuts_down_cleanly(tp1_greedy: dict) -> None:
+    _assert_shut_down_cleanly(tp1_greedy["stopped"])
+
+
+def test_tp2_serves_the_same_greedy_text_and_stops_on_ctrl_c(
+    tp1_greedy: dict, tmp_path: Path
+) -> None:
+    """TP=2 (gloo), serving a checkpoint folder (a copy of kimi-k3-tiny's, with the same dummy
+    weights) with the remaining flags that work: each takes effect."""
+    folder = tmp_path / "checkpoint"
+    shutil.copytree(resolve_model("kimi-k3-tiny")[0], folder)
+    key = {"Authorization": "Bearer sk-tp2"}
+    flags = ["-tp", "2", "--no-enable-tokenizer-info-endpoint", "--uvicorn-log-level",
+             "warning", "--enforce-eager", "--max-num-seqs", "16", "--max-num-batched-tokens",
+             "256", "--dtype", "float32", "--load-format", "dummy",
+             "--gpu-memory-utilization", "0.5"]  # fmt: skip
+    argv = ["serve", str(folder), *SERVE[2:], *flags]
+    with RemoteServer(argv, env={"VLLM_API_KEY": "sk-tp2"}) as server:
+        assert _greedy(server, GREEDY_PROMPTS, key) == tp1_greedy["greedy"]
+        models = requests.get(server.url("/v1/models"), headers=key, timeout=10).json()["data"]
+        assert [(m["id"], m["root"]) for m in models] == [(str(folder), str(folder))]
+        assert requests.post(server.url("/v1/completions"), json={"prompt": "a"}).status_code == 401
+        assert requests.get(server.url("/tokenizer_info")).status_code == 404
+        log = server.output()
+        assert "TP=2" in log and "dtype float32" in log
+        assert "max_num_seqs 16, max_num_batched_tokens 256" in log
+        assert "CUDA graphs: off (--enforce-eager)" in log
+        assert "Started server process" not in log  # uvicorn's info lines are off
+        stopped = _stop_with_streams_in_flight(server, signal.SIGINT, group=True, headers=key)
+    _assert_shut_down_cleanly(stopped)

@@ -96,15 +96,71 @@ def test_bad_completion_fields_are_400s_naming_them(
     assert error["type"] == "BadRequestError" and error["message"]
 
 
-def test_unknown_model_is_404(server: RemoteServer) -> None:
-    response = _post(server, "/v1/completions", {"prompt": "hi", "model": "gpt-9"})
+USER = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(
+    "path, body, param",
+    [
+        ("/v1/chat/completions", {}, "messages"),
+        ("/v1/chat/completions", {"messages": []}, "messages"),
+        ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, "messages"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 200}]},
+         "messages"),
+        ("/v1/chat/completions", {"messages": USER, "max_tokens": 129}, "max_tokens"),
+        ("/v1/chat/completions", {"messages": USER, "max_completion_tokens": "x"},
+         "max_completion_tokens"),
+        ("/v1/chat/completions", {"messages": USER, "temperature": -1}, "temperature"),
+        ("/v1/chat/completions", {"messages": USER, "top_logprobs": 2}, "top_logprobs"),
+        ("/v1/chat/completions", {"messages": USER, "n": "two"}, "n"),
+        ("/tokenize", {}, "prompt"),
+        ("/tokenize", {"prompt": 3}, "prompt"),
+        ("/detokenize", {"tokens": [1, 100000]}, "tokens"),
+        ("/detokenize", {"tokens": "abc"}, "tokens"),
+    ],
+)  # fmt: skip
+def test_bad_chat_and_tokenizer_fields_are_400s_naming_them(
+    server: RemoteServer, path: str, body: dict, param: str
+) -> None:
+    response = _post(server, path, body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["param"], error["code"], error["type"]) == (param, 400, "BadRequestError"), error
+
+
+def test_a_body_that_is_not_json_is_a_400(server: RemoteServer) -> None:
+    response = requests.post(
+        server.url("/v1/completions"), data=b"{oops", timeout=10,
+        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+    )  # fmt: skip
+    assert response.status_code == 400
+    assert "not valid JSON" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/completions", {"prompt": "hi", "model": "gpt-9"}),
+        ("/v1/chat/completions", {"messages": USER, "model": "gpt-9"}),
+        ("/tokenize", {"prompt": "hi", "model": "gpt-9"}),
+        ("/detokenize", {"tokens": [1], "model": "gpt-9"}),
+    ],
+)
+def test_unknown_model_is_404(server: RemoteServer, path: str, body: dict) -> None:
+    response = _post(server, path, body)
     assert response.status_code == 404
-    assert response.json()["error"]["message"] == "The model `gpt-9` does not exist."
+    error = response.json()["error"]
+    assert error["message"] == "The model `gpt-9` does not exist."
+    assert (error["type"], error["param"], error["code"]) == ("NotFoundError", "model", 404)
 
 
 def test_api_key_guards_v1_only(server: RemoteServer) -> None:
-    assert _post(server, "/v1/completions", {"prompt": "hi"}, key=None).status_code == 401
+    response = _post(server, "/v1/completions", {"prompt": "hi"}, key=None)
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == 401
     assert _post(server, "/v1/completions", {"prompt": "hi"}, key="wrong").status_code == 401
+    assert _post(server, "/v1/chat/completions", {"messages": USER}, key=None).status_code == 401
+    assert requests.get(server.url("/v1/models"), timeout=10).status_code == 401
     assert _post(server, "/v1/completions", {"prompt": "hi"}).status_code == 200
     assert _post(server, "/tokenize", {"prompt": "hi"}, key=None).status_code == 200
 

@@ -4,6 +4,7 @@ has and how many requests of full length fit at once."""
 import argparse
 import collections
 import json
+import re
 from typing import Any
 
 from vllm.logger import init_logger
@@ -12,13 +13,23 @@ logger = init_logger(__name__)
 
 
 def quantized_layers(model: Any) -> dict[str, list[str]]:
-    """Quant method class name -> names of the linear layers using it (unquantized left out)."""
+    """Quant method class name -> names of the linear layers using it (unquantized left out).
+
+    A layer's name is its `prefix`, the name that the quantization config's `ignore` patterns were
+    matched against (the module path can differ, e.g. without the checkpoint's `.model`)."""
     layers: dict[str, list[str]] = collections.defaultdict(list)
     for name, module in model.named_modules():
         method = getattr(module, "quant_method", None)
         if method is not None and not type(method).__name__.startswith("Unquantized"):
-            layers[type(method).__name__].append(name)
+            layers[type(method).__name__].append(getattr(module, "prefix", None) or name)
     return dict(layers)
+
+
+def layer_patterns(names: list[str]) -> str:
+    """The names with layer indices as `*`, each distinct pattern with its count, e.g.
+    `language_model.model.layers.*.self_attn.o_proj (4)`."""
+    patterns = collections.Counter(re.sub(r"\.\d+(?=\.|$)", ".*", name) for name in names)
+    return ", ".join(f"{pattern} ({count})" for pattern, count in patterns.items())
 
 
 def log_startup(engine: Any, served_model_names: list[str], args: argparse.Namespace) -> None:
@@ -43,7 +54,7 @@ def log_startup(engine: Any, served_model_names: list[str], args: argparse.Names
             layers = quantized_layers(model)
             summary = (
                 "; ".join(
-                    f"{len(names)} layers with {method} (e.g. {names[0]})"
+                    f"{len(names)} layers with {method}: {layer_patterns(names)}"
                     for method, names in layers.items()
                 )
                 or "no layer matched"

@@ -160,10 +160,17 @@ class AsyncLLM:
         self._commands.put(("call", fn, done))
         return await asyncio.wrap_future(done)
 
-    def shutdown(self, timeout: float = 30.0) -> None:
-        """Stop the loop (aborting what is in flight) and the engine's workers."""
+    def stop(self) -> None:
+        """Begin stopping without waiting: the loop ends after its current step, and every open
+        request then ends with `EngineDeadError("the server is shutting down")`, so a server that
+        is shutting down answers its in-flight requests at once instead of leaving them to be
+        cancelled mid-response. Idempotent."""
         self._stopping = True
         self._commands.put(("stop",))
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop the loop (aborting what is in flight) and the engine's workers."""
+        self.stop()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
         self.engine.shutdown()
@@ -187,7 +194,8 @@ class AsyncLLM:
             logger.exception("The engine loop failed; the server can no longer run requests")
             self.errored = e
         finally:
-            self._fail_all(EngineDeadError("the engine stopped"))
+            reason = "the engine stopped" if self.errored else "the server is shutting down"
+            self._fail_all(EngineDeadError(reason))
 
     def _handle_commands(self, block: bool) -> None:
         while True:

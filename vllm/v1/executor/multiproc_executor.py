@@ -12,6 +12,7 @@ collective with a dead gloo peer errors out, and rank 0 checks the workers aroun
 """
 
 import multiprocessing as mp
+import signal
 import socket
 import traceback
 from datetime import timedelta
@@ -50,6 +51,10 @@ def _init_distributed(config: VllmConfig, rank: int) -> None:
 
 
 def _worker_main(rank: int, config: VllmConfig, conn) -> None:
+    # Ctrl-C in a terminal signals the whole process group. Rank 0 stops the workers through
+    # their pipes once the server has wound down; a worker killed by the SIGINT mid-step would
+    # instead fail rank 0's collective and turn a clean shutdown into an engine error.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         _init_distributed(config, rank)
         runner = ModelRunner(config, rank)
