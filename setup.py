@@ -92,7 +92,11 @@ setup(
     description="A vLLM-style engine for Kimi-K3 / Kimi-Linear with PTPC FP8 linears",
     python_requires=">=3.10",
     packages=find_packages(include=["vllm", "vllm.*"]),
-    package_data={"vllm.models.kimi_k3": ["tiny/*/*.json", "config_only/*/*.json"]},
+    package_data={
+        "vllm.models.kimi_k3": [
+            "tiny/*/*.json", "config_only/*/*.json", "trained/*/*.json", "trained/*/*.safetensors",
+        ]
+    },
     install_requires=read_requirements(requirements_file),
     extras_require={"test": read_requirements("test.txt")},
     entry_points={"console_scripts": ["vllm = vllm.entrypoints.cli.main:main"]},

@@ -18,6 +18,14 @@ run with `skip_tokenizer_init` (token-id prompts).
   own quantization block). It sets no `max_position_embeddings`: the config default, 1,048,576,
   equals its `model_max_length`. 49.1 B parameters, 3.1 B active per token with the LM head
   (`tests/model_executor/model_loader/test_builtin_models.py` counts them on the meta device).
+
+Trained checkpoints (`TRAINED_MODELS`): real weights shipped as safetensors with their tokenizer,
+loaded like any checkpoint folder.
+
+- `kimi-linear-arith`: a 7.4 M-parameter Kimi-Linear (3 KDA + 1 MLA layers, MoE with a shared
+  expert, dense first layer) trained by `benchmarks/accuracy/train_arith.py` on generated
+  GSM8K-format arithmetic problems (digit-level tokenizer); the model of the accuracy comparisons
+  in docs/accuracy.md.
 """
 
 from pathlib import Path
@@ -25,6 +33,7 @@ from pathlib import Path
 _KIMI = Path(__file__).resolve().parents[2] / "models" / "kimi_k3"
 BUILTIN_MODELS = {name: _KIMI / "tiny" / name for name in ("kimi-linear-tiny", "kimi-k3-tiny")}
 CONFIG_ONLY_MODELS = {"kimi-linear-48b-a3b": _KIMI / "config_only" / "kimi-linear-48b-a3b"}
+TRAINED_MODELS = {"kimi-linear-arith": _KIMI / "trained" / "kimi-linear-arith"}
 
 
 def resolve_model(name_or_path: "str | Path") -> tuple[Path, bool]:
@@ -34,13 +43,15 @@ def resolve_model(name_or_path: "str | Path") -> tuple[Path, bool]:
         return BUILTIN_MODELS[name], True
     if name in CONFIG_ONLY_MODELS:
         return CONFIG_ONLY_MODELS[name], False
+    if name in TRAINED_MODELS:
+        return TRAINED_MODELS[name], False
     path = Path(name_or_path)
     if path.resolve() in {folder.resolve() for folder in BUILTIN_MODELS.values()}:
         return path, True  # a built-in model named by its folder (as engine configs carry it)
     if not path.exists():
         raise ValueError(
             f"model {name!r} is neither a folder nor a built-in model "
-            f"({', '.join([*BUILTIN_MODELS, *CONFIG_ONLY_MODELS])})"
+            f"({', '.join([*BUILTIN_MODELS, *CONFIG_ONLY_MODELS, *TRAINED_MODELS])})"
         )
     return path, False
 
