@@ -21,7 +21,7 @@ from vllm.v1.kv_cache_interface import allocate_kv_caches
 MODEL = "kimi-k3-tiny"
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def reference_kernels(torch_reference_kernels):
     """The engine tests check scheduling, not kernels: run the torch references (the Triton
     interpreter would make every decode step seconds long)."""
