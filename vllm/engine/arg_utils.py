@@ -98,6 +98,9 @@ class EngineArgs:
         from vllm.model_executor.model_loader.builtin import resolve_model
         from vllm.transformers_utils.configs import load_model_config
 
+        for f in fields(self):
+            if f.type is bool and not isinstance(getattr(self, f.name), bool):
+                raise ValueError(f"{f.name} must be a bool, got {getattr(self, f.name)!r}")
         _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
         _check_int("max_num_seqs", self.max_num_seqs, 1)
         _check_int("block_size", self.block_size, 1)
@@ -149,7 +152,9 @@ class EngineArgs:
                 except json.JSONDecodeError as e:
                     raise ValueError(f"quantization_config is not valid JSON: {e}") from None
             parse_quantization_config(quant)  # validates; the loader parses it again
-        tokenizer = folder if self.tokenizer is None else resolve_model(self.tokenizer)[0]
+        tokenizer = folder
+        if self.tokenizer is not None:
+            tokenizer = resolve_model(self.tokenizer, "tokenizer")[0]
         model_config = ModelConfig(
             model=str(self.model), folder=folder, tokenizer=tokenizer, hf_config=hf_config,
             dtype=self._dtype(device), max_model_len=max_model_len, load_format=self.load_format,

@@ -14,8 +14,9 @@ _TINY = Path(__file__).resolve().parents[2] / "models" / "kimi_k3" / "tiny"
 BUILTIN_MODELS = {name: _TINY / name for name in ("kimi-linear-tiny", "kimi-k3-tiny")}
 
 
-def resolve_model(name_or_path: "str | Path") -> tuple[Path, bool]:
-    """(checkpoint folder, whether it is a built-in tiny model) for a name or a path."""
+def resolve_model(name_or_path: "str | Path", argument: str = "model") -> tuple[Path, bool]:
+    """(checkpoint folder, whether it is a built-in tiny model) for a name or a path; `argument`
+    names what the user passed it as, in the error."""
     if str(name_or_path) in BUILTIN_MODELS:
         return BUILTIN_MODELS[str(name_or_path)], True
     path = Path(name_or_path)
@@ -23,7 +24,7 @@ def resolve_model(name_or_path: "str | Path") -> tuple[Path, bool]:
         return path, True  # a built-in model named by its folder (as engine configs carry it)
     if not path.exists():
         raise ValueError(
-            f"model {str(name_or_path)!r} is neither a folder nor a built-in model "
+            f"{argument} {str(name_or_path)!r} is neither a folder nor a built-in model "
             f"({', '.join(BUILTIN_MODELS)})"
         )
     return path, False
