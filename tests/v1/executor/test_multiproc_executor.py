@@ -167,16 +167,23 @@ def test_worker_raising_fails_the_engine_with_its_traceback(tp2_llm):
 
 
 def test_collecting_an_llm_stops_its_workers_and_spares_a_newer_engine():
+    """Also: while a TP engine is alive, another engine in the process is refused at once."""
+    expected = tp1_tokens("kimi-k3-tiny")
     old = LLM("kimi-k3-tiny", tensor_parallel_size=2, **ARGS)
     old_pids = [proc.pid for proc in worker_processes(old)]
     old.shutdown()
     new = LLM("kimi-k3-tiny", tensor_parallel_size=2, **ARGS)
     new_pids = [proc.pid for proc in worker_processes(new)]
+    # One TP group per process: another engine is refused before it builds or starts anything.
+    for tp in (2, 1):
+        with pytest.raises(RuntimeError, match="a tensor-parallel engine already runs"):
+            LLM("kimi-k3-tiny", tensor_parallel_size=tp, **ARGS)
+    assert len(multiprocessing.active_children()) == 1
     # Collecting the old LLM shuts it down again: that must leave the new engine's group alone.
     del old
     gc.collect()
     outputs = new.generate(PROMPTS, GREEDY, use_tqdm=False)
-    assert [list(out.outputs[0].token_ids) for out in outputs] == tp1_tokens("kimi-k3-tiny")
+    assert [list(out.outputs[0].token_ids) for out in outputs] == expected
     assert all(proc.is_alive() for proc in worker_processes(new))
     del new, outputs
     gc.collect()

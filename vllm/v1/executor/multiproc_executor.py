@@ -23,7 +23,11 @@ from typing import Any, NoReturn
 import torch.distributed as dist
 
 from vllm.config.vllm import VllmConfig
-from vllm.distributed import destroy_model_parallel, initialize_model_parallel
+from vllm.distributed import (
+    destroy_model_parallel,
+    get_tensor_model_parallel_world_size,
+    initialize_model_parallel,
+)
 from vllm.logger import init_logger
 from vllm.v1.worker.model_runner import ModelRunner
 
@@ -77,6 +81,14 @@ class Executor:
     def __init__(self, config: VllmConfig) -> None:
         self.config = config
         tp = config.parallel_config.tensor_parallel_size
+        # The TP group is the process's default group and the TP size a process-wide setting
+        # that every layer reads when it is built: one TP engine per process, and no other engine
+        # beside it (a TP=1 model built now would shard itself and wait in collectives).
+        if get_tensor_model_parallel_world_size() > 1 or (tp > 1 and dist.is_initialized()):
+            raise RuntimeError(
+                "a tensor-parallel engine already runs in this process; shut it down before "
+                "starting another engine"
+            )
         self.workers: list[tuple[Any, Any]] = []  # (process, pipe)
         # Whether this executor initialized the (process-global) TP group and must destroy it.
         self._owns_group = False
