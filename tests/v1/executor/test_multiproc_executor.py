@@ -5,7 +5,8 @@ on CPU (torch reference kernels, inherited through the environment).
   transformers' `save_pretrained`;
 - a worker that is killed (idle or in the middle of a generation) or that raises fails the engine
   with a RuntimeError naming it, in bounded time; so does one that dies before joining the group;
-- shutdown (explicit or when the `LLM` is collected) leaves no worker process behind.
+- shutdown (explicit or when the `LLM` is collected) leaves no worker process behind and leaves a
+  newer engine's process group alone; no other engine starts beside a live TP engine.
 """
 
 import functools
@@ -29,6 +30,8 @@ from vllm.v1.worker.model_runner import StepInput
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the gloo engine runs on CPU")
 
+# The failure and shutdown tests need any TP model: the faster of the two.
+FAST = "kimi-linear-tiny"
 ARGS = dict(max_model_len=64, max_num_seqs=4, kv_cache_memory=32 << 20)
 PROMPTS = [[5, 6, 7], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50], [90, 91, 92, 93, 94, 95]]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
@@ -116,7 +119,7 @@ def generate_in_thread(llm: LLM, params: SamplingParams) -> BaseException | None
 
 @pytest.fixture
 def tp2_llm():
-    llm = LLM("kimi-k3-tiny", tensor_parallel_size=2, **ARGS)
+    llm = LLM(FAST, tensor_parallel_size=2, **ARGS)
     pids = [proc.pid for proc in worker_processes(llm)]
     yield llm
     llm.shutdown()
@@ -168,16 +171,16 @@ def test_worker_raising_fails_the_engine_with_its_traceback(tp2_llm):
 
 def test_collecting_an_llm_stops_its_workers_and_spares_a_newer_engine():
     """Also: while a TP engine is alive, another engine in the process is refused at once."""
-    expected = tp1_tokens("kimi-k3-tiny")
-    old = LLM("kimi-k3-tiny", tensor_parallel_size=2, **ARGS)
+    expected = tp1_tokens(FAST)
+    old = LLM(FAST, tensor_parallel_size=2, **ARGS)
     old_pids = [proc.pid for proc in worker_processes(old)]
     old.shutdown()
-    new = LLM("kimi-k3-tiny", tensor_parallel_size=2, **ARGS)
+    new = LLM(FAST, tensor_parallel_size=2, **ARGS)
     new_pids = [proc.pid for proc in worker_processes(new)]
     # One TP group per process: another engine is refused before it builds or starts anything.
     for tp in (2, 1):
         with pytest.raises(RuntimeError, match="a tensor-parallel engine already runs"):
-            LLM("kimi-k3-tiny", tensor_parallel_size=tp, **ARGS)
+            LLM(FAST, tensor_parallel_size=tp, **ARGS)
     assert len(multiprocessing.active_children()) == 1
     # Collecting the old LLM shuts it down again: that must leave the new engine's group alone.
     del old
@@ -200,7 +203,7 @@ def test_worker_dying_before_joining_fails_startup(tmp_path):
             f"""\
             from vllm import LLM
 
-            LLM("kimi-k3-tiny", tensor_parallel_size=2, **{ARGS!r})
+            LLM({FAST!r}, tensor_parallel_size=2, **{ARGS!r})
             """
         )
     )
