@@ -94,7 +94,10 @@ setup(
     packages=find_packages(include=["vllm", "vllm.*"]),
     package_data={
         "vllm.models.kimi_k3": [
-            "tiny/*/*.json", "config_only/*/*.json", "trained/*/*.json", "trained/*/*.safetensors",
+            "tiny/*/*.json",
+            "config_only/*/*.json",
+            "trained/*/*.json",
+            "trained/*/*.safetensors",
         ]
     },
     install_requires=read_requirements(requirements_file),

@@ -9,6 +9,7 @@ against the true FP8 rounding rather than a widened tolerance.
 
 import os
 import zlib
+from collections.abc import Iterator
 
 import fp8_interpreter
 import numpy as np
@@ -56,12 +57,15 @@ def _interpreter_fp8_rounding():
         restore()
 
 
-@pytest.fixture
-def torch_reference_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(scope="module")
+def torch_reference_kernels() -> Iterator[None]:
     """Run every op's torch reference on CPU instead of its interpreted Triton kernel (engine
     tests: whole models, many steps). Set in the environment, so TP workers spawned by the test
-    inherit it (`vllm.triton_utils` reads it at each call)."""
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    inherit it (`vllm.triton_utils` reads it at each call). Module-scoped, so that engines built
+    by module fixtures (and their workers) run the references too."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "0")
+        yield
 
 
 class _CountedKernel:

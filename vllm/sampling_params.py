@@ -26,9 +26,10 @@ class SamplingParams:
     - `temperature` (0: greedy), `top_k` (0 or -1: off), `top_p` (1: off), `min_p` (0: off).
     - `seed`: per-request generator: the same seed gives the same tokens whatever else is batched.
     - `max_tokens` (None: up to `max_model_len`), `min_tokens` (eos and `stop_token_ids` are
-      suppressed before it).
-    - `stop` strings (matched in the detokenized text, across token boundaries; excluded from the
-      text unless `include_stop_str_in_output`), `stop_token_ids`, `ignore_eos`.
+      suppressed, and stop strings ending in the text of those tokens ignored, before it).
+    - `stop` strings (matched in the detokenized text, across token boundaries), `stop_token_ids`,
+      `ignore_eos`. The matched stop string, or the text of the stop token (eos included), is left
+      out of the text unless `include_stop_str_in_output`; a stop token stays in the token ids.
     - `logprobs`: number of top logprobs per sampled token (0: only the sampled one);
       `prompt_logprobs`: the same for each prompt token.
     - `repetition_penalty` (1: off; > 1 discourages tokens already in the prompt or output).

@@ -103,6 +103,9 @@ class EngineArgs:
         from vllm.model_executor.model_loader.builtin import check_load_format, resolve_model
         from vllm.transformers_utils.configs import load_model_config
 
+        for f in fields(self):
+            if f.type is bool and not isinstance(getattr(self, f.name), bool):
+                raise ValueError(f"{f.name} must be a bool, got {getattr(self, f.name)!r}")
         _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
         _check_int("max_num_seqs", self.max_num_seqs, 1)
         _check_int("block_size", self.block_size, 1)
@@ -186,7 +189,9 @@ class EngineArgs:
             if self.tokenizer is not None:
                 raise ValueError("tokenizer and skip_tokenizer_init exclude each other")
             return None
-        folder = model_folder if self.tokenizer is None else resolve_model(self.tokenizer)[0]
+        folder = model_folder
+        if self.tokenizer is not None:
+            folder = resolve_model(self.tokenizer, "tokenizer")[0]
         if not has_tokenizer(folder):
             raise ValueError(
                 f"tokenizer: {str(folder)!r} has neither tokenizer.json nor tiktoken.model; pass "

@@ -15,8 +15,8 @@ import re
 import pytest
 import torch
 from engine_harness import EngineHarness as Harness
+from hf_kimi_linear import random_hf_model
 from safetensors.torch import load_file, save_file
-from test_amd_model import random_hf_model
 
 from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 from vllm.model_executor.model_loader.loader import fill_dummy_weights, load_model

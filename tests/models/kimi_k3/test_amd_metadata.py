@@ -4,7 +4,8 @@ the allocated caches, binding, new sequences on reused slots, the empty batch.""
 import pytest
 import torch
 from engine_harness import EngineHarness
-from test_amd_model import TINY, load_ours, random_hf_model
+from hf_kimi_linear import TINY, random_hf_model
+from test_amd_model import load_ours
 
 from vllm.models.kimi_k3.amd.metadata import KimiMetadataBuilder, SeqSchedule
 from vllm.v1.kv_cache_interface import KDAStateSpec, MLAAttentionSpec, allocate_kv_caches

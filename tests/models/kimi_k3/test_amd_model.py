@@ -5,6 +5,7 @@ name, prompts of different lengths prefilled in one batch, then decode steps thr
 import pytest
 import torch
 from engine_harness import EngineHarness as Harness
+from hf_kimi_linear import random_hf_model
 from safetensors.torch import load_file
 
 from vllm.models.kimi_k3.amd.linear import KimiLinearForCausalLM
@@ -12,40 +13,6 @@ from vllm.transformers_utils.configs import load_model_config
 
 # The CPU tests run again on a GPU with fla-core's kernels (marked `gpu`).
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
-TINY = dict(
-    vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-    num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, qk_nope_head_dim=16,
-    qk_rope_head_dim=8, v_head_dim=16, q_lora_rank=None, num_experts=8, num_experts_per_token=2,
-    moe_intermediate_size=32, num_shared_experts=1, first_k_dense_replace=1, moe_layer_freq=1,
-    hidden_act="silu", rms_norm_eps=1e-6, tie_word_embeddings=False, pad_token_id=0,
-    bos_token_id=1, eos_token_id=2,
-    linear_attn_config={"kda_layers": [1, 3], "full_attn_layers": [2], "num_heads": 2,
-                        "head_dim": 32, "short_conv_kernel_size": 4},
-)  # fmt: skip
-
-
-def random_hf_model(hf_kimi_linear, **changes):
-    """transformers' KimiLinearForCausalLM of config TINY (with `changes`), fp32, random weights
-    at trained-like scales (seed 0)."""
-    cfg = hf_kimi_linear.KimiLinearConfig(**dict(TINY, **changes))
-    cfg._attn_implementation = "eager"
-    torch.manual_seed(0)  # transformers' initializers draw from the global generator
-    model = hf_kimi_linear.KimiLinearForCausalLM(cfg).float().eval()
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(("A_log",)):
-                p.copy_(torch.log(torch.empty_like(p).uniform_(1, 16, generator=gen)))
-            elif name.endswith("dt_bias") or "e_score_correction_bias" in name:
-                p.normal_(0, 0.3, generator=gen)
-            elif name.endswith("norm.weight"):
-                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=gen))
-            elif name.endswith("gate.weight") or ".experts." in name:
-                p.normal_(0, 0.2, generator=gen)
-        for name, b in model.named_buffers():
-            if "e_score_correction_bias" in name:
-                b.normal_(0, 0.3, generator=gen)
-    return model
 
 
 @pytest.fixture(scope="module")

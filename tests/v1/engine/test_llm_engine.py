@@ -10,19 +10,17 @@
 import random
 
 import pytest
-import torch
+from model_reference import reference_decode
 
 from vllm.engine.arg_utils import EngineArgs
 from vllm.model_executor.model_loader.builtin import resolve_model
-from vllm.models.kimi_k3.amd.metadata import KimiMetadataBuilder, SeqSchedule
 from vllm.sampling_params import SamplingParams
 from vllm.v1.engine.llm_engine import LLMEngine
-from vllm.v1.kv_cache_interface import allocate_kv_caches
 
 MODEL = "kimi-k3-tiny"
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def reference_kernels(torch_reference_kernels):
     """The engine tests check scheduling, not kernels: run the torch references (the Triton
     interpreter would make every decode step seconds long)."""
@@ -38,34 +36,6 @@ def make_engine(**kwargs) -> LLMEngine:
 def prompts_of(lengths: list[int], seed: int = 0) -> list[list[int]]:
     gen = random.Random(seed)
     return [[gen.randrange(0, 256) for _ in range(n)] for n in lengths]
-
-
-def reference_greedy(engine: LLMEngine, prompt: list[int], max_tokens: int) -> list[int]:
-    """Greedy tokens of one sequence alone through the model: the whole prompt as one prefill,
-    then one decode per token, on caches of its own."""
-    runner = engine.executor.runner
-    model, block_size = runner.model, 4
-    blocks = (len(prompt) + max_tokens) // block_size + 2
-    kda, mla = allocate_kv_caches(runner.spec, blocks + 1, block_size, 2, runner.device)
-    model.bind_kv_caches(kda, mla)
-    try:
-        builder = KimiMetadataBuilder(len(prompt), 1, blocks, block_size, blocks + 1, 2,
-                                      runner.device)  # fmt: skip
-        table = list(range(1, blocks + 1))
-        tokens, out, computed, new = list(prompt), [], 0, list(prompt)
-        with torch.no_grad():
-            while len(out) < max_tokens:
-                md = builder.build([SeqSchedule(computed, len(new), table, 1)], int(computed > 0))
-                hidden = model(torch.tensor(new), md)
-                token = int(model.compute_logits(hidden[-1:]).argmax(-1))
-                computed += len(new)
-                out.append(token)
-                tokens.append(token)
-                new = [token]
-        return out
-    finally:
-        runner.initialize_cache(engine.config.cache_config.num_blocks,
-                                engine.config.cache_config.num_kda_slots)  # fmt: skip
 
 
 def run_all(engine: LLMEngine, requests: dict[str, tuple[list[int], SamplingParams]],
@@ -107,7 +77,7 @@ def expected():
     engine = make_engine()
     try:
         return {
-            str(i): reference_greedy(engine, p, GREEDY.max_tokens)
+            str(i): reference_decode(engine, p, GREEDY.max_tokens)[0]
             for i, p in enumerate(prompts_of(LENGTHS))
         }
     finally:

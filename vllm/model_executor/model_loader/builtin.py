@@ -36,8 +36,9 @@ CONFIG_ONLY_MODELS = {"kimi-linear-48b-a3b": _KIMI / "config_only" / "kimi-linea
 TRAINED_MODELS = {"kimi-linear-arith": _KIMI / "trained" / "kimi-linear-arith"}
 
 
-def resolve_model(name_or_path: "str | Path") -> tuple[Path, bool]:
-    """(checkpoint folder, whether it is a built-in tiny model) for a name or a path."""
+def resolve_model(name_or_path: "str | Path", argument: str = "model") -> tuple[Path, bool]:
+    """(checkpoint folder, whether it is a built-in tiny model) for a name or a path; `argument`
+    names what the user passed it as, in the error."""
     name = str(name_or_path)
     if name in BUILTIN_MODELS:
         return BUILTIN_MODELS[name], True
@@ -50,7 +51,7 @@ def resolve_model(name_or_path: "str | Path") -> tuple[Path, bool]:
         return path, True  # a built-in model named by its folder (as engine configs carry it)
     if not path.exists():
         raise ValueError(
-            f"model {name!r} is neither a folder nor a built-in model "
+            f"{argument} {name!r} is neither a folder nor a built-in model "
             f"({', '.join([*BUILTIN_MODELS, *CONFIG_ONLY_MODELS, *TRAINED_MODELS])})"
         )
     return path, False

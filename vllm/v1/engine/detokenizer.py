@@ -32,6 +32,7 @@ class IncrementalDetokenizer:
         stop: list[str],
         include_stop_str_in_output: bool,
         skip_special_tokens: bool = True,
+        min_tokens: int = 0,
     ) -> None:
         if not isinstance(prompt_token_ids, list):
             raise ValueError("prompt_token_ids must be a list of token ids")
@@ -41,6 +42,10 @@ class IncrementalDetokenizer:
         self.stop = stop
         self.include_stop_str_in_output = include_stop_str_in_output
         self.skip_special_tokens = skip_special_tokens
+        # Like eos and stop token ids, stop strings do not end the first `min_tokens` tokens: only
+        # a match ending in the text of a later token counts.
+        self.min_tokens = min_tokens
+        self._num_tokens = 0
         self.output_text = ""
         self.matched_stop: str | None = None
         # Text that may be the start of a stop string is held back from streaming.
@@ -66,6 +71,7 @@ class IncrementalDetokenizer:
                 f"new_token_ids: the sequence already stopped at {self.matched_stop!r}"
             )
         self._ids += new_token_ids
+        self._num_tokens += len(new_token_ids)
         before = len(self.output_text)
         text = self._decode(self._ids)
         pending = text[self._prefix_len :]
@@ -75,7 +81,9 @@ class IncrementalDetokenizer:
             self._slide()
         elif len(self._ids) - self._read > _MAX_PENDING:
             self._cut(text)
-        return self._find_stop(before) if len(self.output_text) > before else None
+        if len(self.output_text) == before or self._num_tokens <= self.min_tokens:
+            return None
+        return self._find_stop(before)
 
     def get_next_output_text(self, finished: bool, delta: bool) -> str:
         """Text to stream now: new text since the last call if `delta`, else all text so far.

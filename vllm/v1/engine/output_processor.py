@@ -56,6 +56,7 @@ class OutputProcessor:
                 detok = IncrementalDetokenizer(
                     self.tokenizer, prompt_token_ids, params.stop,
                     params.include_stop_str_in_output, params.skip_special_tokens,
+                    params.min_tokens,
                 )  # fmt: skip
             wants = params.logprobs is not None
             completions.append(
@@ -85,6 +86,8 @@ class OutputProcessor:
         "error" when their output could not be processed), for the scheduler to free."""
         touched: dict[str, _RequestState] = {}
         stopped = []
+        # Sequences whose last token is eos or one of their stop_token_ids.
+        stop_token_ended = {seq.request_id for seq in finished if seq.finish_reason == "stop"}
         for seq_id, rows in prompt_logprobs.items():
             state = self.requests[self.parent_of[seq_id][0]]
             state.prompt_logprobs += [self._position(*row) for row in rows]
@@ -101,8 +104,13 @@ class OutputProcessor:
                 completion.cumulative_logprob += position[tokens[-1]].logprob
             if completion.detokenizer is None:
                 continue
+            text_tokens = tokens
+            if seq_id in stop_token_ended and not state.params.include_stop_str_in_output:
+                # The stop token ends the token ids but, like a stop string, stays out of the
+                # text unless asked for (as upstream).
+                text_tokens = tokens[:-1]
             try:
-                stop = completion.detokenizer.update(tokens)
+                stop = completion.detokenizer.update(text_tokens) if text_tokens else None
             except Exception:
                 # One request's bad output must not take the engine down with it.
                 logger.exception("request %s failed while detokenizing", seq_id)

@@ -6,9 +6,12 @@ then follow rank 0: each control message is `(method, *args)` on a pipe, and the
 the same method of its own runner. Tensors only move through the collectives inside the model;
 the pipes carry the step's host data (`StepInput`). Only rank 0 samples.
 
-A worker that raises sends its traceback and exits; one that dies is noticed through its process
-sentinel. Either fails the engine with `RuntimeError` naming the rank instead of hanging: a
-collective with a dead gloo peer errors out, and rank 0 checks the workers around every call.
+A worker that raises sends its traceback and exits; one that dies is noticed by its pipe closing
+or its process ending. Either fails the engine with `RuntimeError` naming the rank instead of
+hanging: a collective with a dead gloo peer errors out, and rank 0 checks the workers around every
+call. At start-up each worker reports that it is running before rank 0 enters the rendezvous,
+which would otherwise wait for a worker that died while bootstrapping (e.g. a script without the
+`if __name__ == "__main__":` guard that spawn needs) until the collective timeout.
 """
 
 import multiprocessing as mp
@@ -16,12 +19,16 @@ import signal
 import socket
 import traceback
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import torch.distributed as dist
 
 from vllm.config.vllm import VllmConfig
-from vllm.distributed import destroy_model_parallel, initialize_model_parallel
+from vllm.distributed import (
+    destroy_model_parallel,
+    get_tensor_model_parallel_world_size,
+    initialize_model_parallel,
+)
 from vllm.logger import init_logger
 from vllm.v1.worker.model_runner import ModelRunner
 
@@ -56,6 +63,7 @@ def _worker_main(rank: int, config: VllmConfig, conn) -> None:
     # instead fail rank 0's collective and turn a clean shutdown into an engine error.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
+        conn.send(("ok", "started"))
         _init_distributed(config, rank)
         runner = ModelRunner(config, rank)
         while True:
@@ -78,17 +86,34 @@ class Executor:
     def __init__(self, config: VllmConfig) -> None:
         self.config = config
         tp = config.parallel_config.tensor_parallel_size
+        # The TP group is the process's default group and the TP size a process-wide setting
+        # that every layer reads when it is built: one TP engine per process, and no other engine
+        # beside it (a TP=1 model built now would shard itself and wait in collectives).
+        if get_tensor_model_parallel_world_size() > 1 or (tp > 1 and dist.is_initialized()):
+            raise RuntimeError(
+                "a tensor-parallel engine already runs in this process; shut it down before "
+                "starting another engine"
+            )
         self.workers: list[tuple[Any, Any]] = []  # (process, pipe)
-        if tp > 1:
-            config.parallel_config.distributed_init_method = f"tcp://127.0.0.1:{_free_port()}"
-            ctx = mp.get_context("spawn")
-            for rank in range(1, tp):
-                parent, child = ctx.Pipe()
-                proc = ctx.Process(target=_worker_main, args=(rank, config, child), daemon=True)
-                proc.start()
-                self.workers.append((proc, parent))
-            _init_distributed(config, 0)
-        self.runner = ModelRunner(config, 0)
+        # Whether this executor initialized the (process-global) TP group and must destroy it.
+        self._owns_group = False
+        try:
+            if tp > 1:
+                config.parallel_config.distributed_init_method = f"tcp://127.0.0.1:{_free_port()}"
+                ctx = mp.get_context("spawn")
+                for rank in range(1, tp):
+                    parent, child = ctx.Pipe()
+                    proc = ctx.Process(target=_worker_main, args=(rank, config, child), daemon=True)
+                    proc.start()
+                    self.workers.append((proc, parent))
+                for rank in range(1, tp):
+                    self._answer(rank)  # "started"
+                _init_distributed(config, 0)
+                self._owns_group = True
+            self.runner = ModelRunner(config, 0)
+        except BaseException:
+            self.shutdown()
+            raise
 
     def collective_rpc(self, method: str, *args: Any) -> Any:
         """Call `method` on every rank's runner; returns rank 0's result."""
@@ -101,27 +126,40 @@ class Executor:
             self._check_workers()
             raise e
         if method in _ANSWERED:
-            for rank, (proc, pipe) in enumerate(self.workers, start=1):
-                while not pipe.poll(1.0):
-                    if not proc.is_alive():
-                        self._fail(rank)
-                status, payload = pipe.recv()
-                if status != "ok":
-                    raise RuntimeError(f"tensor-parallel worker {rank} failed:\n{payload}")
+            for rank in range(1, len(self.workers) + 1):
+                self._answer(rank)
         self._check_workers()
         return result
+
+    def _answer(self, rank: int) -> Any:
+        """Wait for worker `rank`'s answer, failing as soon as it fails or dies."""
+        proc, pipe = self.workers[rank - 1]
+        while not pipe.poll(1.0):
+            if not proc.is_alive():
+                self._fail(rank)
+        return self._receive(rank)
 
     def _check_workers(self) -> None:
         for rank, (proc, pipe) in enumerate(self.workers, start=1):
             if pipe.poll():
-                status, payload = pipe.recv()
-                if status == "error":
-                    raise RuntimeError(f"tensor-parallel worker {rank} failed:\n{payload}")
+                self._receive(rank)  # unasked, only an error (or the end of a dead pipe) comes
             if not proc.is_alive():
                 self._fail(rank)
 
-    def _fail(self, rank: int) -> None:
+    def _receive(self, rank: int) -> Any:
+        try:
+            status, payload = self.workers[rank - 1][1].recv()
+        except (EOFError, OSError):
+            # poll() also reports a pipe whose other end closed: the worker is gone.
+            self._fail(rank)
+        if status != "ok":
+            raise RuntimeError(f"tensor-parallel worker {rank} failed:\n{payload}")
+        return payload
+
+    def _fail(self, rank: int) -> NoReturn:
         proc = self.workers[rank - 1][0]
+        # Its pipe may close a moment before the process is reaped; wait for the exit code.
+        proc.join(timeout=5)
         raise RuntimeError(
             f"tensor-parallel worker {rank} died (exit code {proc.exitcode}); the engine cannot "
             "continue"
@@ -140,6 +178,10 @@ class Executor:
                 proc.kill()
                 proc.join()
         self.workers = []
-        if dist.is_initialized():
+        # Only its own group: shutting down again (an `LLM` collected after `shutdown()`) must not
+        # tear down the group of an engine built since, which would silently turn its
+        # collectives into no-ops on rank 0.
+        if self._owns_group:
+            self._owns_group = False
             destroy_model_parallel()
             dist.destroy_process_group()

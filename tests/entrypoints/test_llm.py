@@ -1,0 +1,140 @@
+"""The offline `LLM` API (CPU, torch reference kernels): bad arguments fail at construction with a
+message naming the argument, before any worker starts; prompts as text or as token ids; `chat`
+through the tiny model's chat template; the `use_tqdm` progress bar."""
+
+import multiprocessing
+
+import pytest
+
+from vllm import LLM, SamplingParams
+
+MODEL = "kimi-linear-tiny"
+ARGS = dict(max_model_len=128, max_num_seqs=4, kv_cache_memory=16 << 20)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm(torch_reference_kernels):
+    llm = LLM(MODEL, **ARGS)
+    yield llm
+    llm.shutdown()
+
+
+def tokens_of(outputs) -> list[list[int]]:
+    return [list(out.outputs[0].token_ids) for out in outputs]
+
+
+# -- bad arguments --------------------------------------------------------------------------------
+
+BAD_ARGUMENTS = [
+    (dict(tensor_parallel_size=0), "tensor_parallel_size must be >= 1"),
+    (dict(tensor_parallel_size=1.5), "tensor_parallel_size must be an integer"),
+    (dict(max_model_len=10**6), "max_model_len 1000000 exceeds the model's max_position"),
+    (dict(max_model_len="many"), "max_model_len: cannot parse 'many'"),
+    (dict(dtype="float8"), "dtype must be auto or one of"),
+    (dict(load_format="pt"), "load_format must be one of"),
+    (dict(quantization_config="{linear: fp8}"), "quantization_config is not valid JSON"),
+    (dict(quantization_config='{"linear": "fp4"}'), "quantization config field 'linear'"),
+    (dict(quantization_config='{"lienar": "fp8_per_channel"}'), "unknown field 'lienar'"),
+    (dict(tokenizer="/no/such/folder"), "tokenizer '/no/such/folder' is neither a folder"),
+    (dict(enforce_eager="yes"), "enforce_eager must be a bool"),
+    (dict(kv_cache_dtype="fp8"), "kv_cache_dtype 'fp8' is not supported"),
+    (dict(gpu_memory_utilization=0), "gpu_memory_utilization must be in"),
+    (dict(max_num_seqs=8, max_num_batched_tokens=4), r"max_num_batched_tokens \(4\) must be >="),
+    (dict(tensor_parallel_size=2, tensor_paralel_size=2), "unknown arguments.*tensor_paralel_size"),
+]
+
+
+@pytest.mark.parametrize("kwargs, message", BAD_ARGUMENTS, ids=lambda v: str(v)[:40])
+def test_bad_argument_fails_at_construction_naming_it(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        LLM(MODEL, **dict(ARGS, **kwargs))
+    assert multiprocessing.active_children() == []  # refused before any worker started
+
+
+def test_unknown_model_is_named():
+    with pytest.raises(ValueError, match="model 'kimi-huge' is neither a folder nor a built-in"):
+        LLM("kimi-huge")
+
+
+def test_tensor_parallel_size_that_does_not_divide_the_heads(torch_reference_kernels):
+    """Checked when the model is built on each rank: the error names the layer and the TP size,
+    and the started worker is stopped."""
+    with pytest.raises(ValueError, match="KDA heads do not split over TP 3"):
+        LLM(MODEL, **dict(ARGS, tensor_parallel_size=3))
+    assert multiprocessing.active_children() == []
+
+
+# -- prompts --------------------------------------------------------------------------------------
+
+
+def test_text_and_token_id_prompts(llm):
+    tokenizer = llm.get_tokenizer()
+    texts = ["Question: 12 + 30 = ?", "héllo wörld"]
+    ids = [tokenizer.encode(t) for t in texts]
+    by_text = llm.generate(texts, GREEDY, use_tqdm=False)
+    by_ids = llm.generate(ids, GREEDY, use_tqdm=False)
+    assert [out.prompt for out in by_text] == texts
+    assert [out.prompt for out in by_ids] == [None, None]
+    assert [out.prompt_token_ids for out in by_text] == ids
+    assert tokens_of(by_text) == tokens_of(by_ids)
+    # One prompt, bare: a string, or a list of ints (not a list of one-token prompts).
+    assert tokens_of(llm.generate(texts[0], GREEDY, use_tqdm=False)) == tokens_of(by_text[:1])
+    assert tokens_of(llm.generate(ids[1], GREEDY, use_tqdm=False)) == tokens_of(by_ids[1:])
+    # Mixed, with one SamplingParams per prompt, outputs in prompt order.
+    longer = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    mixed = llm.generate([ids[1], texts[0]], [longer, GREEDY], use_tqdm=False)
+    assert [len(t) for t in tokens_of(mixed)] == [6, 4]
+    assert tokens_of(mixed)[1] == tokens_of(by_text)[0]
+    assert tokens_of(mixed)[0][:4] == tokens_of(by_ids)[1]
+
+
+@pytest.mark.parametrize(
+    "prompts, params, message",
+    [
+        ([[1, "2"]], GREEDY, "prompt must be a string or a list of token ids"),
+        (["a", "b"], [GREEDY], "sampling_params has 1 entries for 3 prompts"),
+        ([""], GREEDY, "the prompt is empty"),
+        ([[5, 100000]], GREEDY, "outside the vocabulary"),
+    ],
+)
+def test_bad_prompts_are_refused_and_leave_nothing_queued(llm, prompts, params, message):
+    with pytest.raises(ValueError, match=message):
+        llm.generate(["fine", *prompts], params, use_tqdm=False)
+    assert not llm.llm_engine.has_unfinished_requests()
+    kv = llm.llm_engine.kv_cache_manager
+    assert kv.num_free_blocks == kv.initial_num_free_blocks
+
+
+# -- chat -----------------------------------------------------------------------------------------
+
+
+def test_chat_renders_the_models_template(llm):
+    tokenizer = llm.get_tokenizer()
+    first = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    second = [{"role": "user", "content": "2 + 2?"}]
+    outputs = llm.chat([first, second], GREEDY, use_tqdm=False)
+    for conversation, out in zip([first, second], outputs, strict=True):
+        rendered = tokenizer.apply_chat_template(conversation, add_generation_prompt=True)
+        # The template's own markers, then each message in order, ending on the reply's cue.
+        assert rendered.startswith(tokenizer.bos_token)
+        positions = [rendered.index(m["content"]) for m in conversation]
+        assert positions == sorted(positions)
+        assert tokenizer.decode(out.prompt_token_ids, skip_special_tokens=False) == rendered
+        (expected,) = llm.generate([out.prompt_token_ids], GREEDY, use_tqdm=False)
+        assert out.outputs[0].token_ids == expected.outputs[0].token_ids
+    (single,) = llm.chat(second, GREEDY, use_tqdm=False)  # one conversation, not a list of them
+    assert single.prompt_token_ids == outputs[1].prompt_token_ids
+    (closed,) = llm.chat(second, GREEDY, use_tqdm=False, add_generation_prompt=False)
+    assert len(closed.prompt_token_ids) < len(single.prompt_token_ids)
+
+
+# -- progress bar ---------------------------------------------------------------------------------
+
+
+def test_use_tqdm_shows_a_progress_bar(llm, capsys):
+    llm.generate(["a", "b", "c"], GREEDY, use_tqdm=True)
+    shown = capsys.readouterr().err
+    assert "Processed prompts" in shown and "3/3" in shown
+    llm.generate(["a", "b", "c"], GREEDY, use_tqdm=False)
+    assert "Processed prompts" not in capsys.readouterr().err

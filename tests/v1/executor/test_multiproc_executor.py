@@ -1,0 +1,217 @@
+"""Tensor parallelism through the engine: `LLM(..., tensor_parallel_size=2)` spawns one gloo worker
+on CPU (torch reference kernels, inherited through the environment).
+
+- TP=2 gives the TP=1 greedy tokens on the built-in tiny models and on a checkpoint saved by
+  transformers' `save_pretrained`;
+- a worker that is killed (idle or in the middle of a generation) or that raises fails the engine
+  with a RuntimeError naming it, in bounded time; so does one that dies before joining the group;
+- shutdown (explicit or when the `LLM` is collected) leaves no worker process behind and leaves a
+  newer engine's process group alone; no other engine starts beside a live TP engine.
+"""
+
+import functools
+import gc
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hf_kimi_linear import import_modeling_kimi_linear, random_hf_model
+
+from vllm import LLM, SamplingParams
+from vllm.v1.worker.model_runner import StepInput
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the gloo engine runs on CPU")
+
+# The failure and shutdown tests need any TP model: the faster of the two.
+FAST = "kimi-linear-tiny"
+ARGS = dict(max_model_len=64, max_num_seqs=4, kv_cache_memory=32 << 20)
+PROMPTS = [[5, 6, 7], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50], [90, 91, 92, 93, 94, 95]]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+# Far above a step's time on a loaded CPU, far below the 10-minute collective timeout.
+BOUND_S = 60.0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def reference_kernels(torch_reference_kernels):
+    """Whole models over many steps: run the torch references, not interpreted Triton."""
+
+
+def worker_processes(llm: LLM) -> list[multiprocessing.Process]:
+    return [proc for proc, _ in llm.llm_engine.executor.workers]
+
+
+def assert_no_workers_left(pids: list[int]) -> None:
+    assert multiprocessing.active_children() == []
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # reaped, not a zombie either
+
+
+def greedy_tokens(model: str, tp: int, **kwargs) -> list[list[int]]:
+    llm = LLM(model, tensor_parallel_size=tp, **ARGS, **kwargs)
+    try:
+        assert len(worker_processes(llm)) == tp - 1
+        pids = [proc.pid for proc in worker_processes(llm)]
+        outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert_no_workers_left(pids)
+    return [list(out.outputs[0].token_ids) for out in outputs]
+
+
+@functools.cache
+def tp1_tokens(model: str) -> list[list[int]]:
+    return greedy_tokens(model, 1)
+
+
+@pytest.mark.parametrize("model", ["kimi-k3-tiny", "kimi-linear-tiny"])
+def test_tp2_gives_the_tp1_greedy_tokens_on_builtin_models(model):
+    assert all(len(tokens) == GREEDY.max_tokens for tokens in tp1_tokens(model))
+    assert greedy_tokens(model, 2) == tp1_tokens(model)
+
+
+@pytest.fixture(scope="module")
+def hf_checkpoint(tmp_path_factory) -> Path:
+    """A random tiny Kimi-Linear saved by transformers, with the built-in models' vocabulary (so
+    that their byte-level tokenizer fits it)."""
+    pytest.importorskip("transformers")
+    model = random_hf_model(
+        import_modeling_kimi_linear(), vocab_size=320, bos_token_id=256, eos_token_id=257,
+        pad_token_id=258,
+    )  # fmt: skip
+    folder = tmp_path_factory.mktemp("hf_kimi_linear")
+    model.save_pretrained(folder)
+    return folder
+
+
+def test_tp2_gives_the_tp1_greedy_tokens_on_a_transformers_checkpoint(hf_checkpoint):
+    tp1 = greedy_tokens(str(hf_checkpoint), 1, tokenizer="kimi-linear-tiny")
+    assert greedy_tokens(str(hf_checkpoint), 2, tokenizer="kimi-linear-tiny") == tp1
+
+
+def generate_in_thread(llm: LLM, params: SamplingParams) -> BaseException | None:
+    """Run `llm.generate` with a deadline; returns what it raised (None if it returned). Fails
+    the test if it is still running after BOUND_S (a hang)."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            llm.generate(PROMPTS, params, use_tqdm=False)
+        except BaseException as e:  # noqa: BLE001 - handed to the test thread
+            raised.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    start = time.monotonic()
+    thread.start()
+    thread.join(BOUND_S)
+    assert not thread.is_alive(), f"generate still running after {BOUND_S} s"
+    assert time.monotonic() - start < BOUND_S
+    return raised[0] if raised else None
+
+
+@pytest.fixture
+def tp2_llm():
+    llm = LLM(FAST, tensor_parallel_size=2, **ARGS)
+    pids = [proc.pid for proc in worker_processes(llm)]
+    yield llm
+    llm.shutdown()
+    assert_no_workers_left(pids)
+
+
+def test_worker_killed_while_idle_fails_the_next_generate(tp2_llm):
+    assert generate_in_thread(tp2_llm, GREEDY) is None
+    (worker,) = worker_processes(tp2_llm)
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.join()
+    error = generate_in_thread(tp2_llm, GREEDY)
+    assert isinstance(error, RuntimeError)
+    assert "tensor-parallel worker 1 died" in str(error)
+    # The failed generate left nothing queued.
+    assert not tp2_llm.llm_engine.has_unfinished_requests()
+
+
+def test_worker_killed_mid_generation_fails_the_engine(tp2_llm):
+    (worker,) = worker_processes(tp2_llm)
+    engine = tp2_llm.llm_engine
+    step = engine.step
+    steps = []
+
+    def step_then_kill():
+        steps.append(1)
+        if len(steps) == 3:
+            # Killed while rank 0 runs the step, so rank 0 usually meets the death inside a
+            # collective (or, if it lands between steps, at its next check of the workers).
+            threading.Timer(0.05, os.kill, (worker.pid, signal.SIGKILL)).start()
+        return step()
+
+    engine.step = step_then_kill
+    error = generate_in_thread(tp2_llm, SamplingParams(temperature=0.0, max_tokens=50))
+    assert isinstance(error, RuntimeError)
+    assert "tensor-parallel worker 1 died" in str(error)
+    assert len(steps) >= 3
+
+
+def test_worker_raising_fails_the_engine_with_its_traceback(tp2_llm):
+    (_, pipe) = tp2_llm.llm_engine.executor.workers[0]
+    # Only the worker runs this bad step, then the real ones: it raises while rank 0 proceeds.
+    pipe.send(("execute", StepInput([10**6], [], 0, [])))
+    error = generate_in_thread(tp2_llm, GREEDY)
+    assert isinstance(error, RuntimeError)
+    assert "tensor-parallel worker 1 failed" in str(error)
+    assert "token ids outside the vocabulary" in str(error)
+
+
+def test_collecting_an_llm_stops_its_workers_and_spares_a_newer_engine():
+    """Also: while a TP engine is alive, another engine in the process is refused at once."""
+    expected = tp1_tokens(FAST)
+    old = LLM(FAST, tensor_parallel_size=2, **ARGS)
+    old_pids = [proc.pid for proc in worker_processes(old)]
+    old.shutdown()
+    new = LLM(FAST, tensor_parallel_size=2, **ARGS)
+    new_pids = [proc.pid for proc in worker_processes(new)]
+    # One TP group per process: another engine is refused before it builds or starts anything.
+    for tp in (2, 1):
+        with pytest.raises(RuntimeError, match="a tensor-parallel engine already runs"):
+            LLM(FAST, tensor_parallel_size=tp, **ARGS)
+    assert len(multiprocessing.active_children()) == 1
+    # Collecting the old LLM shuts it down again: that must leave the new engine's group alone.
+    del old
+    gc.collect()
+    outputs = new.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert [list(out.outputs[0].token_ids) for out in outputs] == expected
+    assert all(proc.is_alive() for proc in worker_processes(new))
+    del new, outputs
+    gc.collect()
+    assert_no_workers_left(old_pids + new_pids)
+
+
+def test_worker_dying_before_joining_fails_startup(tmp_path):
+    """A script that builds a TP engine without the `__main__` guard: each spawned worker
+    re-runs it and dies while bootstrapping, before joining the process group. Rank 0 must not
+    wait for it at the rendezvous."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""\
+            from vllm import LLM
+
+            LLM({FAST!r}, tensor_parallel_size=2, **{ARGS!r})
+            """
+        )
+    )
+    start = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=2 * BOUND_S,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert time.monotonic() - start < 2 * BOUND_S
+    assert result.returncode != 0
+    assert "RuntimeError: tensor-parallel worker 1 died" in result.stderr, result.stderr[-3000:]
