@@ -278,6 +278,18 @@ def save_checkpoint(model: torch.nn.Module, folder: Path, log: list[dict]) -> No
     shutil.rmtree(old, ignore_errors=True)
 
 
+def check_fork_reads_config(folder: Path) -> None:
+    """Print whether the fork's config reader accepts the saved config.json (it validates every
+    field, e.g. the KDA head_dim limit of the decode kernel); never raises: the model is saved."""
+    try:
+        from vllm.transformers_utils.configs import load_model_config
+
+        load_model_config(folder)
+        print(f"the fork's config reader accepts {folder / 'config.json'}", flush=True)
+    except Exception as e:  # report anything: an import problem on this machine included
+        print(f"WARNING: the fork's config reader refuses {folder}: {e}", flush=True)
+
+
 class RouterBalancer:
     """Auxiliary-loss-free load balancing of the MoE routers (DeepSeek-V3's rule): after each
     step every router's `e_score_correction_bias` moves by `rate` towards the experts that got
@@ -300,10 +312,17 @@ class RouterBalancer:
     @staticmethod
     def _counter(load: torch.Tensor):
         def hook(module, inputs, output):
-            if module.training:
-                # the top-k expert ids: the router's one integer output (its position differs
-                # between transformers versions)
-                indices = next(t for t in output if not t.is_floating_point()).flatten()
+            # The top-k expert ids are the router's integer output; its position differs between
+            # transformers versions, and a router that leaves top-k to its MoE block has none
+            # (then nothing is counted, the biases stay 0 and the log shows
+            # router_max_over_mean 0).
+            ids = (
+                [t for t in output if not t.is_floating_point()]
+                if isinstance(output, tuple)
+                else []
+            )
+            if module.training and ids:
+                indices = ids[0].flatten()
                 load.scatter_add_(0, indices, torch.ones_like(indices, dtype=load.dtype))
 
         return hook
@@ -311,9 +330,9 @@ class RouterBalancer:
     @torch.no_grad()
     def step(self) -> torch.Tensor:
         """Update the biases from the loads counted since the last call. Returns the busiest
-        expert's load over the mean load of the worst router (1: balanced), left on the device
-        so that the step does not wait for it."""
-        worst = torch.ones(())
+        expert's load over the mean load of the worst router (1: balanced; 0: nothing counted),
+        left on the device so that the step does not wait for it."""
+        worst = torch.zeros(())
         for router, load in zip(self.routers, self.loads, strict=True):
             router.e_score_correction_bias += self.rate * torch.sign(load.mean() - load)
             worst = torch.maximum(worst.to(load.device), load.max() / load.mean().clamp(min=1))
@@ -593,6 +612,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     save_checkpoint(model, args.out, log)
     print(json.dumps({k: v for k, v in summary.items() if k != "args"}), flush=True)
     print(f"saved to {args.out}", flush=True)
+    check_fork_reads_config(args.out)
     return summary
 
 
