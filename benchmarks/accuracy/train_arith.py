@@ -445,6 +445,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
     add("--seed", type=int, default=0, help="seed of the weights and the training stream")
     add(
+        "--init",
+        type=Path,
+        default=None,
+        help="continue from this saved folder (its architecture; the model flags are ignored); "
+        "give another --seed for problems it has not seen",
+    )
+    add(
         "--max-minutes",
         type=float,
         default=8.0,
@@ -538,14 +545,19 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     modeling = import_modeling(device)
     if device == "cpu":
         use_fast_cpu_functions(modeling)
-    config = modeling.KimiLinearConfig(**model_kwargs(args))
-    model = modeling.KimiLinearForCausalLM(config).to(device)
+    if args.init is None:
+        config = modeling.KimiLinearConfig(**model_kwargs(args))
+        model = modeling.KimiLinearForCausalLM(config).to(device)
+    else:  # continue a saved run: its architecture and weights, router biases included
+        model = modeling.KimiLinearForCausalLM.from_pretrained(args.init, dtype=torch.float32)
+        model = model.to(device)
     if any("rotary" in name.lower() for name, _ in model.named_modules()):
         print("WARNING: this transformers version builds a rotary embedding; the fork's MLA is "
               "NoPE (mla_use_nope), so its logits would not match", flush=True)  # fmt: skip
     params = sum(p.numel() for p in model.parameters())
-    print(f"model: {params / 1e6:.2f}M parameters, layers {args.layers}, d_model {args.d_model}, "
-          f"device {device}", flush=True)  # fmt: skip
+    kinds = "".join("M" if t == "full_attention" else "K" for t in model.config.layer_types)
+    print(f"model: {params / 1e6:.2f}M parameters, layers {kinds}, hidden "
+          f"{model.config.hidden_size}, device {device}", flush=True)  # fmt: skip
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
