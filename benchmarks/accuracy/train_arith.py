@@ -24,9 +24,10 @@ Time: `--max-minutes` bounds the training loop from the start of the script (the
 includes fla's kernel compilation, about 3.5 minutes on an H200); the learning rate follows a
 cosine over that wall-clock budget (or over `--steps`). Then the final evaluation runs and the
 model is saved. A checkpoint is also written every `--save-every-minutes`, so a killed run leaves a
-loadable model. The output folder holds config.json, model.safetensors (bf16; the fp32 parameters
-of the reference, A_log, dt_bias and the router, stay fp32), tokenizer.json,
-tokenizer_config.json and train_log.jsonl.
+loadable model (the untrained model is saved and loaded by the fork's loader first, so that a
+config or naming mismatch stops the run before minutes of compilation). The output folder holds
+config.json, model.safetensors (bf16; the fp32 parameters of the reference, A_log, dt_bias and
+the router, stay fp32), tokenizer.json, tokenizer_config.json and train_log.jsonl.
 """
 
 import argparse
@@ -117,15 +118,18 @@ def encode(text: str) -> list[int]:
 def model_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """Config fields in Kimi's config.json names (which transformers and the fork both read)."""
     d = args.d_model
-    kda_head_dim = args.kda_head_dim or d // args.kda_heads
-    mla_dim = args.mla_head_dim or d // args.mla_heads
+    kda_heads = args.kda_heads or max(1, d // 64)
+    mla_heads = args.mla_heads or max(1, d // 64)
+    kda_head_dim = args.kda_head_dim or d // kda_heads
+    mla_dim = args.mla_head_dim or d // mla_heads
+    kv_rank = args.kv_lora_rank or 1 << (d // 2 - 1).bit_length()
     layers = args.layers.upper()
     if set(layers) - {"K", "M"} or "K" not in layers or "M" not in layers:
         raise SystemExit(f"--layers {args.layers!r}: a string of K (KDA) and M (MLA), with both")
     return dict(
         vocab_size=VOCAB_SIZE, hidden_size=d, intermediate_size=args.dense_intermediate or 4 * d,
-        num_hidden_layers=len(layers), num_attention_heads=args.mla_heads,
-        num_key_value_heads=args.mla_heads, kv_lora_rank=args.kv_lora_rank or d // 2,
+        num_hidden_layers=len(layers), num_attention_heads=mla_heads,
+        num_key_value_heads=mla_heads, kv_lora_rank=kv_rank,
         qk_nope_head_dim=mla_dim, qk_rope_head_dim=mla_dim // 2, v_head_dim=mla_dim,
         q_lora_rank=None, mla_use_nope=True, num_experts=args.experts,
         num_experts_per_token=args.experts_per_token,
@@ -138,7 +142,7 @@ def model_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         linear_attn_config={
             "kda_layers": [i + 1 for i, t in enumerate(layers) if t == "K"],
             "full_attn_layers": [i + 1 for i, t in enumerate(layers) if t == "M"],
-            "num_heads": args.kda_heads, "head_dim": kda_head_dim, "short_conv_kernel_size": 4,
+            "num_heads": kda_heads, "head_dim": kda_head_dim, "short_conv_kernel_size": 4,
         },
     )  # fmt: skip
 
@@ -265,6 +269,8 @@ def save_checkpoint(model: torch.nn.Module, folder: Path, log: list[dict]) -> No
         if tensor.dtype == torch.float32 and not name.endswith(FP32_SUFFIXES):
             tensors[name] = tensor.to(torch.bfloat16)
     save_file(tensors, weights, metadata={"format": "pt"})
+    # Generation defaults are not read by the fork; fewer files also come back from a GPU run.
+    (tmp / "generation_config.json").unlink(missing_ok=True)
     config = json.loads((tmp / "config.json").read_text())
     # transformers writes the context length as model_max_length; the fork reads Kimi's name
     config["max_position_embeddings"] = MAX_MODEL_LEN
@@ -276,6 +282,26 @@ def save_checkpoint(model: torch.nn.Module, folder: Path, log: list[dict]) -> No
         folder.rename(old)
     tmp.rename(folder)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def check_fork_loads(folder: Path, fatal: bool) -> None:
+    """Load the saved folder with the fork's loader on CPU (config validation, every checkpoint
+    tensor named and shaped as the fork expects). A failure ends the run if `fatal` (the check
+    of the untrained model, before minutes of compilation are spent), else it is reported."""
+    try:
+        from vllm.model_executor.model_loader.loader import load_model
+    except ImportError as e:  # a dependency of the fork missing on this machine
+        print(f"WARNING: the fork's loader does not import here ({e}); not checked", flush=True)
+        return
+    try:
+        load_model(folder, dtype=torch.float32, device="cpu")
+    except Exception as e:
+        message = f"the fork cannot load {folder}: {e}"
+        if fatal:
+            raise SystemExit(message) from e
+        print(f"WARNING: {message}", flush=True)
+        return
+    print(f"the fork's loader loads {folder}", flush=True)
 
 
 class RouterBalancer:
@@ -300,10 +326,17 @@ class RouterBalancer:
     @staticmethod
     def _counter(load: torch.Tensor):
         def hook(module, inputs, output):
-            if module.training:
-                # the top-k expert ids: the router's one integer output (its position differs
-                # between transformers versions)
-                indices = next(t for t in output if not t.is_floating_point()).flatten()
+            # The top-k expert ids are the router's integer output; its position differs between
+            # transformers versions, and a router that leaves top-k to its MoE block has none
+            # (then nothing is counted, the biases stay 0 and the log shows
+            # router_max_over_mean 0).
+            ids = (
+                [t for t in output if not t.is_floating_point()]
+                if isinstance(output, tuple)
+                else []
+            )
+            if module.training and ids:
+                indices = ids[0].flatten()
                 load.scatter_add_(0, indices, torch.ones_like(indices, dtype=load.dtype))
 
         return hook
@@ -311,9 +344,9 @@ class RouterBalancer:
     @torch.no_grad()
     def step(self) -> torch.Tensor:
         """Update the biases from the loads counted since the last call. Returns the busiest
-        expert's load over the mean load of the worst router (1: balanced), left on the device
-        so that the step does not wait for it."""
-        worst = torch.ones(())
+        expert's load over the mean load of the worst router (1: balanced; 0: nothing counted),
+        left on the device so that the step does not wait for it."""
+        worst = torch.zeros(())
         for router, load in zip(self.routers, self.loads, strict=True):
             router.e_score_correction_bias += self.rate * torch.sign(load.mean() - load)
             worst = torch.maximum(worst.to(load.device), load.max() / load.mean().clamp(min=1))
@@ -412,6 +445,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
     add("--seed", type=int, default=0, help="seed of the weights and the training stream")
     add(
+        "--init",
+        type=Path,
+        default=None,
+        help="continue from this saved folder (its architecture; the model flags are ignored); "
+        "give another --seed for problems it has not seen",
+    )
+    add(
         "--max-minutes",
         type=float,
         default=8.0,
@@ -437,21 +477,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # model
     add("--d-model", type=int, default=256, help="hidden size")
     add("--layers", default="KKMK", help="layer types in order: K = KDA, M = MLA")
-    add("--kda-heads", type=int, default=4, help="KDA heads")
+    add("--kda-heads", type=int, default=None, help="KDA heads (default d-model / 64)")
     add(
         "--kda-head-dim",
         type=int,
         default=None,
         help="KDA head dim, a power of two <= 256 (default d-model / kda-heads)",
     )
-    add("--mla-heads", type=int, default=4, help="MLA heads")
+    add("--mla-heads", type=int, default=None, help="MLA heads (default d-model / 64)")
     add(
         "--mla-head-dim",
         type=int,
         default=None,
         help="MLA qk_nope and v head dim (default d-model / mla-heads; rope part: half)",
     )
-    add("--kv-lora-rank", type=int, default=None, help="MLA latent rank (default d-model / 2)")
+    add(
+        "--kv-lora-rank",
+        type=int,
+        default=None,
+        help="MLA latent rank (default d-model / 2 rounded up to a power of two)",
+    )
     add("--experts", type=int, default=8, help="routed experts per MoE layer")
     add("--experts-per-token", type=int, default=2, help="routed experts per token")
     add("--moe-intermediate", type=int, default=None, help="expert hidden size (default d-model)")
@@ -464,7 +509,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # optimisation
     add("--seq-len", type=int, default=2048, help="tokens per packed row")
     add("--rows", type=int, default=8, help="rows per step (8 x 2048 = 16k tokens)")
-    add("--lr", type=float, default=2e-3, help="peak learning rate (AdamW)")
+    add("--lr", type=float, default=1.5e-3, help="peak learning rate (AdamW)")
     add("--min-lr-ratio", type=float, default=0.1, help="final lr / peak lr")
     add("--warmup-steps", type=int, default=100, help="linear warm-up steps")
     add("--weight-decay", type=float, default=0.1, help="AdamW decay of the matrices")
@@ -500,14 +545,19 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     modeling = import_modeling(device)
     if device == "cpu":
         use_fast_cpu_functions(modeling)
-    config = modeling.KimiLinearConfig(**model_kwargs(args))
-    model = modeling.KimiLinearForCausalLM(config).to(device)
+    if args.init is None:
+        config = modeling.KimiLinearConfig(**model_kwargs(args))
+        model = modeling.KimiLinearForCausalLM(config).to(device)
+    else:  # continue a saved run: its architecture and weights, router biases included
+        model = modeling.KimiLinearForCausalLM.from_pretrained(args.init, dtype=torch.float32)
+        model = model.to(device)
     if any("rotary" in name.lower() for name, _ in model.named_modules()):
         print("WARNING: this transformers version builds a rotary embedding; the fork's MLA is "
               "NoPE (mla_use_nope), so its logits would not match", flush=True)  # fmt: skip
     params = sum(p.numel() for p in model.parameters())
-    print(f"model: {params / 1e6:.2f}M parameters, layers {args.layers}, d_model {args.d_model}, "
-          f"device {device}", flush=True)  # fmt: skip
+    kinds = "".join("M" if t == "full_attention" else "K" for t in model.config.layer_types)
+    print(f"model: {params / 1e6:.2f}M parameters, layers {kinds}, hidden "
+          f"{model.config.hidden_size}, device {device}", flush=True)  # fmt: skip
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
@@ -515,6 +565,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
          {"params": no_decay, "weight_decay": 0.0}],
         lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=device == "cuda",
     )  # fmt: skip
+    save_checkpoint(model, args.out, [])
+    check_fork_loads(args.out, fatal=True)
     balancer = RouterBalancer(model, args.router_bias_rate)
     # bf16 autocast on the GPU (the fp32 master weights stay in AdamW); fp32 on CPU, where
     # bf16 matmuls are slower and the torch reference path is the one being exercised.
@@ -593,6 +645,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     save_checkpoint(model, args.out, log)
     print(json.dumps({k: v for k, v in summary.items() if k != "args"}), flush=True)
     print(f"saved to {args.out}", flush=True)
+    check_fork_loads(args.out, fatal=False)
     return summary
 
 
