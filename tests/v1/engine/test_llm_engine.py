@@ -224,3 +224,46 @@ def test_randomized_soak():
         assert_cache_free(engine)
     finally:
         engine.shutdown()
+
+
+def test_sampling_params_beyond_the_vocabulary_are_refused_at_add_request():
+    engine = make_engine()
+    try:
+        vocab = engine.config.model_config.vocab_size
+        cases = {
+            "stop_token_ids": SamplingParams(stop_token_ids=[vocab], min_tokens=1),
+            "logprobs": SamplingParams(logprobs=vocab + 1),
+            "prompt_logprobs": SamplingParams(prompt_logprobs=vocab + 1),
+        }
+        for name, params in cases.items():
+            with pytest.raises(ValueError, match=name):
+                engine.add_request(name, [1, 2, 3], params)
+        assert not engine.has_unfinished_requests()
+    finally:
+        engine.shutdown()
+
+
+def test_a_failed_step_finishes_its_requests_as_errors_and_the_engine_goes_on(expected):
+    engine = make_engine()
+    try:
+        prompts = prompts_of(LENGTHS)
+        engine.add_request("doomed", prompts[0], GREEDY)
+        runner = engine.executor.runner
+        execute = runner.execute
+
+        def fail(step):
+            raise RuntimeError("out of memory (injected)")
+
+        runner.execute = fail
+        with pytest.raises(RuntimeError, match="injected"):
+            engine.step()
+        runner.execute = execute
+        assert "doomed" not in engine.output_processor.requests
+        assert_cache_free(engine)
+        # The scheduler is not stuck: the next requests run and give the reference tokens.
+        requests = {str(i): (p, GREEDY) for i, p in enumerate(prompts)}
+        finals = run_all(engine, requests)
+        assert {r: o.outputs[0].token_ids for r, o in finals.items()} == expected
+        assert_cache_free(engine)
+    finally:
+        engine.shutdown()

@@ -22,6 +22,7 @@ from vllm.sampling_params import SamplingParams
 from vllm.transformers_utils.tokenizer import get_tokenizer
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.kv_cache_utils import determine_cache_sizes
+from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine.output_processor import OutputProcessor
 from vllm.v1.executor.multiproc_executor import Executor
@@ -85,6 +86,7 @@ class LLMEngine:
         if self.tokenizer is None and params.stop:
             raise ValueError("stop strings need a tokenizer (skip_tokenizer_init is set)")
         text, ids = self._tokenize(prompt)
+        self._check_vocab_bounds(params)
         max_len = self.config.scheduler_config.max_model_len
         if len(ids) >= max_len:
             raise ValueError(
@@ -121,6 +123,18 @@ class LLMEngine:
         self.output_processor.add_request(request_id, text, ids, params, sequences, discard)
         for seq in sequences:
             self.scheduler.add_request(seq)
+
+    def _check_vocab_bounds(self, params: SamplingParams) -> None:
+        """What SamplingParams cannot check alone: token ids and top-k counts against the
+        vocabulary, so that no request fails during a step."""
+        vocab = self.config.model_config.vocab_size
+        bad = [t for t in params.stop_token_ids or [] if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"stop_token_ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > vocab:
+                raise ValueError(f"{name} {value} exceeds the vocabulary size {vocab}")
 
     def _tokenize(self, prompt: "str | list[int]") -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -171,9 +185,15 @@ class LLMEngine:
         if not sched_out.entries:
             return []
         runner = self.executor.runner
-        step, plan = runner.prepare(sched_out)
-        logits = self.executor.collective_rpc("execute", step)
-        result = runner.sample(logits, plan)
+        try:
+            step, plan = runner.prepare(sched_out)
+            logits = self.executor.collective_rpc("execute", step)
+            result = runner.sample(logits, plan)
+        except BaseException:
+            # The step's sequences may hold half-written cache state: finish them as errors so
+            # the scheduler can go on with the rest (then let the caller see the exception).
+            self._fail_step(sched_out)
+            raise
         finished = self.scheduler.update_from_output(sched_out, result.sampled)
         outputs, stopped = self.output_processor.process(
             result.sampled, result.logprobs, result.prompt_logprobs, finished
@@ -188,6 +208,14 @@ class LLMEngine:
         done = [seq.request_id for seq in finished] + [seq_id for seq_id, _ in stopped]
         runner.free_requests(done)
         return outputs
+
+    def _fail_step(self, sched_out: SchedulerOutput) -> None:
+        seq_ids = [entry.request_id for entry in sched_out.entries]
+        self.scheduler.cancel_step(sched_out)
+        self.scheduler.finish_requests(seq_ids, RequestStatus.FINISHED_ERROR)
+        self.executor.runner.free_requests(seq_ids)
+        for seq_id in seq_ids:
+            self.output_processor.finish_with(seq_id, "error")
 
     def shutdown(self) -> None:
         self.executor.shutdown()

@@ -164,6 +164,13 @@ class Scheduler:
         self._pending = out if out.entries else None
         return out
 
+    def cancel_step(self, scheduler_output: SchedulerOutput) -> None:
+        """Forget the last schedule() without recording it (its step failed); the caller
+        finishes or requeues the step's requests."""
+        if scheduler_output is not self._pending:
+            raise ValueError("scheduler_output must be the output of the last schedule()")
+        self._pending = None
+
     def update_from_output(
         self, scheduler_output: SchedulerOutput, sampled: dict[str, list[int]]
     ) -> list[Request]:
