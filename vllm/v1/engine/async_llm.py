@@ -184,12 +184,15 @@ class AsyncLLM:
                 self._handle_commands(block=not busy)
                 if self._stopping:
                     break
-                iteration = None
+                iteration, deliveries = None, []
                 if self.engine.has_unfinished_requests():
-                    iteration = self._step()
+                    iteration, deliveries = self._step()
                 self._refresh_scheduler_stats()
                 for stat_logger in self.stat_loggers:
                     stat_logger.record(self.scheduler_stats, iteration)
+                # After the stats: a caller that sees its output finds it counted in /metrics.
+                for tracked, out in deliveries:
+                    self._deliver(tracked, out)
         except BaseException as e:
             logger.exception("The engine loop failed; the server can no longer run requests")
             self.errored = e
@@ -237,10 +240,12 @@ class AsyncLLM:
         if self._tracked.pop(request_id, None) is not None:
             self.engine.abort_request([request_id])
 
-    def _step(self) -> IterationStats:
+    def _step(self) -> tuple[IterationStats, list[tuple[_Tracked, RequestOutput]]]:
+        """One engine step: its stats and the outputs to deliver (after the stats are recorded)."""
         outputs = self.engine.step()
         now = time.monotonic()
         stats = IterationStats()
+        deliveries = []
         for out in outputs:
             tracked = self._tracked.get(out.request_id)
             if tracked is None:
@@ -261,8 +266,8 @@ class AsyncLLM:
                 del self._tracked[out.request_id]
                 reason = out.outputs[0].finish_reason if out.outputs else "abort"
                 stats.finished.append((reason or "stop", now - tracked.arrival))
-            self._deliver(tracked, out)
-        return stats
+            deliveries.append((tracked, out))
+        return stats, deliveries
 
     def _deliver(self, tracked: _Tracked, item: Any) -> None:
         try:
