@@ -44,13 +44,6 @@ def make_parser(doc: str) -> argparse.ArgumentParser:
     )
     engine = parser.add_argument_group("engine (EngineArgs: the same fields as LLM(...) keywords)")
     EngineArgs.add_cli_args(engine)
-    engine.add_argument(
-        "-tp",
-        dest="tensor_parallel_size",
-        type=int,
-        default=argparse.SUPPRESS,
-        help="short for --tensor-parallel-size",
-    )
     parser.set_defaults(max_num_seqs=None)
     bench = parser.add_argument_group("benchmark")
     bench.add_argument(

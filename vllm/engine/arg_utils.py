@@ -54,6 +54,10 @@ def parse_max_model_len(value: "int | str | None") -> int | None:
     return int(number * scale)
 
 
+# upstream's short spellings of some flags
+_SHORT_FLAGS = {"tensor_parallel_size": ("-tp",)}
+
+
 @dataclass
 class EngineArgs:
     """Arguments of the engine (see each field's comment; CLI help is generated from them)."""
@@ -84,14 +88,14 @@ class EngineArgs:
         """Add one `--flag` per field (help from the field comments of this class)."""
         helps = _field_help()
         for f in fields(cls):
-            flag = "--" + f.name.replace("_", "-")
+            flags = ["--" + f.name.replace("_", "-"), *_SHORT_FLAGS.get(f.name, ())]
             if f.type is bool or f.type == "bool":
-                parser.add_argument(flag, action="store_true", help=helps.get(f.name))
+                parser.add_argument(*flags, action="store_true", help=helps.get(f.name))
                 continue
             help_text = helps.get(f.name)
             if f.default is not None:
                 help_text = f"{help_text} (default: {f.default})"
-            parser.add_argument(flag, default=f.default, help=help_text, type=_cli_type(f))
+            parser.add_argument(*flags, default=f.default, help=help_text, type=_cli_type(f))
         return parser
 
     @classmethod

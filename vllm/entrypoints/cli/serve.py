@@ -114,13 +114,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     engine = parser.add_argument_group("engine (the same fields as LLM(...) keywords)")
     EngineArgs.add_cli_args(engine)
-    engine.add_argument(
-        "-tp",
-        dest="tensor_parallel_size",
-        type=int,
-        default=argparse.SUPPRESS,
-        help="short for --tensor-parallel-size",
-    )
     server = parser.add_argument_group("server")
     for names, kwargs in _SERVER_FLAGS:
         server.add_argument(*names, **kwargs)
