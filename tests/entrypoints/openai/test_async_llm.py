@@ -139,3 +139,18 @@ def test_stop_ends_open_requests_at_once_and_refuses_new_ones() -> None:
     finally:
         llm.shutdown()
     assert engine.shut_down
+
+
+def test_commands_right_after_stop_are_refused_not_left_waiting(llm: AsyncLLM) -> None:
+    """Between stop() and the loop's last drain a request or call must fail at once: queued
+    after the drain, nothing would ever answer it."""
+
+    async def main() -> None:
+        llm.stop()
+        assert not llm.is_running  # at once, while the loop thread may still be finishing
+        with pytest.raises(EngineDeadError):
+            await llm.add_request("late", "hi", SamplingParams())
+        with pytest.raises(EngineDeadError):
+            await llm.call(lambda engine: None)
+
+    asyncio.run(asyncio.wait_for(main(), timeout=5))

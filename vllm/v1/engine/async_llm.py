@@ -87,13 +87,23 @@ class AsyncLLM:
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._tracked: dict[str, _Tracked] = {}
         self._stopping = False
+        # Guards `_closed` against a command queued after the loop drained the queue for good.
+        self._submit_lock = threading.Lock()
+        self._closed = False
         self._refresh_scheduler_stats()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
     @property
     def is_running(self) -> bool:
-        return self.errored is None and self._thread.is_alive()
+        return self.errored is None and not self._stopping and self._thread.is_alive()
+
+    def _submit(self, command: tuple) -> None:
+        """Queue a command whose future the loop answers; refused once the loop has closed."""
+        with self._submit_lock:
+            if self._closed or not self.is_running:
+                raise EngineDeadError("the engine is not running") from self.errored
+            self._commands.put(command)
 
     def add_stat_logger(self, stat_logger: StatLogger) -> None:
         self.stat_loggers.append(stat_logger)
@@ -107,12 +117,10 @@ class AsyncLLM:
         Raises ValueError if the engine refuses the request. The iterator yields the latest output
         whenever it changed, until it finishes; closing it early aborts the request. A caller that
         may drop the iterator unstarted must `abort()` the id itself (aborting is idempotent)."""
-        if not self.is_running:
-            raise EngineDeadError("the engine is not running") from self.errored
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue = asyncio.Queue()
         added: concurrent.futures.Future = concurrent.futures.Future()
-        self._commands.put(("add", request_id, prompt, params, loop, outputs, added))
+        self._submit(("add", request_id, prompt, params, loop, outputs, added))
         await asyncio.wrap_future(added)
         return self._stream(request_id, outputs)
 
@@ -125,8 +133,7 @@ class AsyncLLM:
             async for out in stream:
                 yield out
         finally:
-            await stream.aclose()
-            self.abort(request_id)
+            await stream.aclose()  # aborts the request unless it finished
 
     async def _stream(
         self, request_id: str, outputs: asyncio.Queue
@@ -154,10 +161,8 @@ class AsyncLLM:
 
     async def call(self, fn: Callable[[Any], Any]) -> Any:
         """Run `fn(engine)` on the engine thread and return its result."""
-        if not self.is_running:
-            raise EngineDeadError("the engine is not running") from self.errored
         done: concurrent.futures.Future = concurrent.futures.Future()
-        self._commands.put(("call", fn, done))
+        self._submit(("call", fn, done))
         return await asyncio.wrap_future(done)
 
     def stop(self) -> None:
@@ -276,6 +281,8 @@ class AsyncLLM:
             pass
 
     def _fail_all(self, error: BaseException) -> None:
+        with self._submit_lock:
+            self._closed = True
         for request_id, tracked in list(self._tracked.items()):
             self._deliver(tracked, error)
             try:
@@ -288,9 +295,8 @@ class AsyncLLM:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
-            future = {"add": -1, "call": -1}.get(command[0])
-            if future is not None and not command[future].done():
-                command[future].set_exception(error)
+            if command[0] in ("add", "call") and not command[-1].done():
+                command[-1].set_exception(error)
 
     def _refresh_scheduler_stats(self) -> None:
         kv = self.engine.kv_cache_manager
