@@ -69,9 +69,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tor
 
 def engine_args(args: argparse.Namespace, **overrides: Any) -> EngineArgs:
     """`EngineArgs` from the parsed flags, with `overrides` for the fields the benchmark sizes."""
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineArgs)}
-    values.update(overrides)
-    return EngineArgs(**values)
+    return dataclasses.replace(EngineArgs.from_cli_args(args), **overrides)
 
 
 def cache_memory_for(ea: EngineArgs, num_seqs: int, tokens_per_seq: int) -> int:
