@@ -40,7 +40,7 @@ import torch
 from vllm.platforms import current_platform
 
 # The one switch every op here uses to run its Triton kernels on CPU tensors (the interpreter).
-from vllm.triton_utils import use_triton
+from vllm.triton_utils import next_power_of_2, use_triton
 
 try:
     import triton
@@ -206,10 +206,6 @@ def _num_sms(device: torch.device) -> int:
     return 1  # the interpreter runs programs one after another
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << (n - 1).bit_length()
-
-
 def mla_decode_config(
     n: int, heads: int, latent: int, capacity: int, num_sms: int
 ) -> MlaDecodeConfig:
@@ -219,11 +215,11 @@ def mla_decode_config(
     never below `_MIN_SPLIT_TOKENS` positions of capacity per split. Depends on shapes only, so a
     captured graph stays valid for every `seq_lens`.
     """
-    block_h = max(_MIN_DOT, min(_next_pow2(heads), 32))
+    block_h = max(_MIN_DOT, min(next_power_of_2(heads), 32))
     programs = n * -(-heads // block_h)
     splits = -(-num_sms // programs) if programs < num_sms else 1
     splits = max(1, min(splits, capacity // _MIN_SPLIT_TOKENS, _MAX_SPLITS))
-    wide = _next_pow2(latent) >= 256
+    wide = next_power_of_2(latent) >= 256
     # Wide latents: [32, 512] tiles keep q, the accumulator and a cache tile within registers
     # and shared memory with two pipeline stages (a [32, 576] bf16 tile is 36 KiB); ROCm's 64 KiB
     # of LDS holds only one stage next to the dot operands.
@@ -267,7 +263,7 @@ def launch_mla_decode(
     else:
         lse = out  # unused without splits
         dest, part_strides, lse_strides = out, (*out.stride()[:2], 0), (0, 0)
-    block_l = max(_MIN_DOT, _next_pow2(latent))
+    block_l = max(_MIN_DOT, next_power_of_2(latent))
     grid = (n, config.num_splits, -(-heads // config.block_h))
     _mla_decode_split_kernel[grid](
         q_latent, q_pe, kv_cache, block_tables, seq_lens, dest, lse,
@@ -275,7 +271,7 @@ def launch_mla_decode(
         kv_cache.stride(0), kv_cache.stride(1), block_tables.stride(0),
         *part_strides, *lse_strides,
         heads, scale * _LOG2E,
-        L=latent, R=rope, BLOCK_L=block_l, BLOCK_R=max(_MIN_DOT, _next_pow2(rope)),
+        L=latent, R=rope, BLOCK_L=block_l, BLOCK_R=max(_MIN_DOT, next_power_of_2(rope)),
         BLOCK_H=config.block_h, BLOCK_N=config.block_n, PAGE=kv_cache.shape[1],
         # fp32 caches: full fp32 products (not TF32); 16-bit: the backend's default.
         DOT_PRECISION="ieee" if q_latent.dtype == torch.float32 else None, SPLIT=split,
@@ -286,7 +282,7 @@ def launch_mla_decode(
             part, lse, out,
             *part.stride()[:3], *lse.stride()[:2], *out.stride()[:2],
             config.num_splits,
-            L=latent, BLOCK_L=block_l, BLOCK_S=_next_pow2(config.num_splits),
+            L=latent, BLOCK_L=block_l, BLOCK_S=next_power_of_2(config.num_splits),
             num_warps=8 if block_l >= 256 else 4,
         )  # fmt: skip
     return out
