@@ -101,8 +101,7 @@ class OpenAIServingChat(OpenAIServing):
         request_id = random_id("chatcmpl")
         try:
             stream = await self.engine.add_request(request_id, ids, params)
-        except ValueError as e:
-            self.engine.abort(request_id)
+        except ValueError as e:  # refused: the engine never tracked it, nothing to abort
             raise bad_request(e, ChatCompletionRequest) from None
         in_reasoning = parser is not None and parser.starts_in_reasoning(prompt_text)
         if request.stream:
