@@ -258,6 +258,13 @@ def cpu_causal_conv1d(
 FP32_SUFFIXES = ("A_log", "dt_bias", ".gate.weight", "e_score_correction_bias")
 
 
+def read_log(folder: Path) -> list[dict]:
+    """The records of `folder`'s train_log.jsonl, then one naming the run that continues it."""
+    path = folder / "train_log.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return records + [{"continued_from": str(folder)}]
+
+
 def save_checkpoint(model: torch.nn.Module, folder: Path, log: list[dict]) -> None:
     """Write a loadable model folder, replacing `folder` only once the new one is complete."""
     tmp = folder.with_name(folder.name + ".tmp")
@@ -577,7 +584,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                       args.seq_len)  # fmt: skip
     rows = rows_stream(args.seed + 1, args.seq_len)
     tokens_per_step = args.rows * args.seq_len
-    log: list[dict] = []
+    # A continued run keeps the history of the one it starts from, so the shipped log is complete.
+    log = read_log(args.init) if args.init is not None else []
     step, loop_start, last_save = 0, None, time.monotonic()
     loss_sum = torch.zeros((), device=device)
     window_start = time.monotonic()  # of the current loss window, shifted past evals and saves
