@@ -11,6 +11,7 @@ Ceilings, measured before the engine is built so that their buffers never compet
 """
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import importlib.metadata
@@ -20,7 +21,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -224,6 +225,17 @@ class ForwardTimer:
         return [end - start for start, end in self._marks]
 
 
+@contextlib.contextmanager
+def graphs_set_aside(engine: LLMEngine) -> Iterator[None]:
+    """Steps inside run eagerly on rank 0 (its runner's CUDA graphs are put back on exit)."""
+    runner = engine.executor.runner
+    graphs, runner.graphs = runner.graphs, {}
+    try:
+        yield
+    finally:
+        runner.graphs = graphs
+
+
 def distinct_experts_of_one_step(engine: LLMEngine) -> list[int]:
     """Run one engine step eagerly and return, per MoE layer, how many distinct experts its
     router chose (forward hooks on rank 0's `FusedMoE` modules). Hooks do not run inside a CUDA
@@ -236,11 +248,10 @@ def distinct_experts_of_one_step(engine: LLMEngine) -> list[int]:
 
     moes = [m for m in runner.model.modules() if isinstance(m, FusedMoE)]
     handles = [m.register_forward_hook(hook) for m in moes]
-    graphs, runner.graphs = runner.graphs, {}
     try:
-        engine.step()
+        with graphs_set_aside(engine):
+            engine.step()
     finally:
-        runner.graphs = graphs
         for handle in handles:
             handle.remove()
     if len(counts) != len(moes):

@@ -17,7 +17,10 @@ every kernel (untimed):
 3. for each batch size B <= B_max, largest first: the requests beyond the first B are aborted,
    `--warmup-steps` decode steps run, then `--output-len` decode steps (CUDA-graph replays unless
    `--enforce-eager`) are timed one by one with the device synchronized around `engine.step()`;
-   one more step runs eagerly with hooks on the routers to count the distinct experts per layer.
+   one step runs eagerly (graphs set aside: the host's launch cost, which prefill and mixed steps
+   always pay) and one more with hooks on the routers to count the distinct experts per layer;
+   with `--profile-steps N`, N more steps run under `torch.profiler` (`step_profile.py`): device
+   time per kernel and per group of kernels, each group against its own floor.
 
 Per case: step ms (median wall time of `engine.step()`: scheduling, forward, sampling, outputs),
 forward ms (rank 0's forward on the device: CUDA events around the runner's execute), tokens/s
@@ -61,6 +64,7 @@ from bench_utils import (
     engine_args,
     environment,
     expected_distinct_experts,
+    graphs_set_aside,
     is_decode_only,
     make_parser,
     measure_ceilings,
@@ -69,6 +73,7 @@ from bench_utils import (
     timed_step,
     write_json,
 )
+from step_profile import breakdown, profile_steps
 
 from vllm.engine.arg_utils import EngineArgs, parse_max_model_len
 from vllm.models.kimi_k3.amd.footprint import model_footprint
@@ -81,6 +86,8 @@ from vllm.v1.engine.llm_engine import LLMEngine
 DECODE_RESERVE_S = 20.0
 # The batch prefill's predicted time (from the single prompt's rate) is padded by this factor.
 PREFILL_MARGIN = 1.25
+# Kernels listed per profiled case (the groups cover all of them).
+TOP_KERNELS = 25
 
 
 def decode_tokens_needed(length: int, batch: int, budget: int, cases: int, per_case: int) -> int:
@@ -119,6 +126,10 @@ class Sweep:
             "active_params_without_lm_head": self.fp.active_params_without_lm_head,
         }
         record["prefill"], record["decode"] = [], []
+        model = engine.executor.runner.model
+        self.fp8_weight_bytes = sum(
+            p.numel() for p in model.parameters() if p.dtype == torch.float8_e4m3fn
+        )
 
     # -- driving the engine ---------------------------------------------------------------------
 
@@ -225,6 +236,19 @@ class Sweep:
         self.engine.abort_request(sorted({parent_id(r.request_id) for r in unfinished}))
         return len(sched.running)
 
+    def eager_step(self, batch: int) -> float | None:
+        """Seconds of one eager step of the case (graphs set aside): against the graph step, the
+        host's cost of launching the forward kernel by kernel, which prefill and mixed steps
+        always pay. None where rank 0 alone cannot run it eagerly (TP > 1 with graphs)."""
+        runner = self.engine.executor.runner
+        tp = self.engine.config.parallel_config.tensor_parallel_size
+        if not runner.graphs:
+            return None  # --enforce-eager: the timed steps are eager already
+        if tp > 1 and batch in runner.graphs:
+            return None  # the other ranks would replay graphs while rank 0 runs eagerly
+        with graphs_set_aside(self.engine):
+            return timed_step(self.engine, self.device)
+
     def distinct_experts(self, batch: int) -> tuple[list[float], str]:
         """Distinct experts per MoE layer of the next step, measured on rank 0 where every rank
         runs the same shapes (TP=1, or a graph of exactly `batch`), else the uniform estimate."""
@@ -255,6 +279,8 @@ class Sweep:
         finally:
             forwards = timer.close()
         self.check_batch(batch)
+        eager_s = self.eager_step(batch)
+        self.check_batch(batch)
         distinct, source = self.distinct_experts(batch)
         floor_bytes = statistics.fmean(self.fp.decode_bytes(distinct, c) for c in contexts)
         floor_s = floor_bytes / (self.copy_gbps * 1e9)
@@ -269,6 +295,7 @@ class Sweep:
             "step_ms_min": 1e3 * min(steps),
             "step_ms_max": 1e3 * max(steps),
             "forward_ms": 1e3 * forward_s,
+            "eager_step_ms": None if eager_s is None else 1e3 * eager_s,
             "tokens_per_s": batch / step_s,
             "distinct_experts_mean": statistics.fmean(distinct),
             "distinct_experts": distinct,
@@ -287,7 +314,48 @@ class Sweep:
             f"step/floor {case['step_over_floor']:.2f}",
             flush=True,
         )
+        if args.profile_steps:
+            case["profile"] = self.profile(batch, distinct, contexts[-1], forward_s)
         write_json(args.output_json, self.record)
+
+    def profile(
+        self, batch: int, distinct: list[float], contexts: list[int], forward_s: float
+    ) -> dict[str, Any]:
+        """`--profile-steps` decode steps under the profiler: kernels and groups of kernels
+        against the median forward time, each group against the bytes it must move."""
+
+        def step() -> None:
+            self.check_batch(batch)
+            self.engine.step()
+
+        kernels = profile_steps(step, self.args.profile_steps, self.device)
+        fp = self.fp
+        floors = {
+            "routed experts": sum(distinct) * fp.expert_bytes,
+            "KDA decode": 2 * batch * fp.kda_state_bytes_per_seq,
+            "MLA decode": (sum(contexts) + batch) * fp.mla_bytes_per_token,
+            "FP8 GEMM": self.fp8_weight_bytes,
+            # Every other weight a decode step reads; norms and convolution taps included
+            # (a few MB of 3 GB).
+            "bf16 GEMM / GEMV": fp.dense_decode_bytes - self.fp8_weight_bytes,
+        }
+        groups = breakdown(kernels, 1e6 * forward_s, floors, self.copy_gbps)
+        print_table(
+            f"B={batch}: device time per decode step by kernel group (forward "
+            f"{1e3 * forward_s:.2f} ms)",
+            [("group", "group", "s"), ("us/step", "us_per_step", ".1f"),
+             ("% of fwd", "pct_of_step", ".1f"), ("floor us", "floor_us", ".1f"),
+             ("% of floor", "pct_of_floor", ".1f")],
+            groups,
+        )  # fmt: skip
+        top = [asdict(k) for k in kernels[:TOP_KERNELS]]
+        print_table(
+            f"B={batch}: top kernels",
+            [("us/step", "us_per_step", ".1f"), ("calls", "calls_per_step", ".1f"),
+             ("group", "group", "s"), ("kernel", "name", ".90s")],
+            top,
+        )  # fmt: skip
+        return {"groups": groups, "kernels": top}
 
     def run_context(self, length: int, batch_sizes: list[int], max_tokens: int, later: int) -> None:
         """Every case at context `length`; `later` context lengths still follow this one."""
@@ -325,7 +393,7 @@ def sized_engine_args(
         parser.error(str(e))
     if budget <= bmax:
         parser.error(f"--max-num-batched-tokens ({budget}) must exceed the largest batch ({bmax})")
-    per_case = args.warmup_steps + args.output_len + 1
+    per_case = args.warmup_steps + args.output_len + 2 + args.profile_steps
     max_tokens = {
         n: decode_tokens_needed(n, bmax, budget, len(batch_sizes), per_case) for n in input_lens
     }
@@ -355,6 +423,13 @@ def main(argv: list[str] | None = None) -> int:
         "--warmup-steps", type=int, default=2, help="untimed decode steps before each case"
     )
     sweep.add_argument(
+        "--profile-steps",
+        type=int,
+        default=0,
+        help="after each case, profile this many more decode steps: device time per kernel and "
+        "per kernel group against each group's floor (0: no profile)",
+    )
+    sweep.add_argument(
         "--copy-gib", type=float, default=2.0, help="size of the eager copy_ ceiling (>= 1 GiB)"
     )
     sweep.add_argument(
@@ -375,6 +450,7 @@ def main(argv: list[str] | None = None) -> int:
         args.device, args.dtype, args.copy_gib, args.matmul_size = "cpu", "auto", 1 / 64, 256
         args.batch_sizes, args.input_lens = [1, 2], [8, 20]
         args.output_len, args.warmup_steps, args.max_num_batched_tokens = 2, 1, 16
+        args.profile_steps = 1
         args.max_num_seqs = args.max_model_len = args.kv_cache_memory = None
         args.num_gpu_blocks_override = None
     batch_sizes = sorted(set(args.batch_sizes or [args.batch_size]))
@@ -383,6 +459,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("batch sizes, input lengths, --output-len and --matmul-size must be positive")
     if args.warmup_steps < 0:
         parser.error(f"argument --warmup-steps: must be >= 0, got {args.warmup_steps}")
+    if args.profile_steps < 0:
+        parser.error(f"argument --profile-steps: must be >= 0, got {args.profile_steps}")
     if args.copy_gib < 1 and not args.dry_run:
         # A smaller copy partly hits the 50 MB L2 and overstates the HBM bandwidth.
         parser.error(f"argument --copy-gib: must be at least 1, got {args.copy_gib}")
@@ -439,9 +517,13 @@ def engine_summary(engine: LLMEngine, ea: EngineArgs) -> dict[str, Any]:
 
 
 def print_table(title: str, columns: list[tuple[str, str, str]], rows: list[dict]) -> None:
-    """`columns`: (heading, record key, format spec); a row with "skipped" prints its reason."""
+    """`columns`: (heading, record key, format spec); a missing value prints "-", a row with
+    "skipped" prints its reason."""
     cells = [
-        [format(row[k], f) for _, k, f in (columns[:2] if "skipped" in row else columns)]
+        [
+            "-" if row.get(k) is None else format(row[k], f)
+            for _, k, f in (columns[:2] if "skipped" in row else columns)
+        ]
         for row in rows
     ]
     widths = [max([len(h)] + [len(c[i]) for c in cells if i < len(c)]) for i, (h, _, _) in
@@ -468,7 +550,8 @@ def print_summary(record: dict[str, Any]) -> None:
     print_table("prefill", prefill, record["prefill"])
     decode = [("ctx", "input_len", "d"), ("batch", "batch", "d"), ("mode", "mode", "s"),
               ("mean ctx", "mean_context", ".0f"), ("step ms", "step_ms", ".2f"),
-              ("fwd ms", "forward_ms", ".2f"), ("tok/s", "tokens_per_s", ".0f"),
+              ("fwd ms", "forward_ms", ".2f"), ("eager ms", "eager_step_ms", ".2f"),
+              ("tok/s", "tokens_per_s", ".0f"),
               ("experts", "distinct_experts_mean", ".1f"), ("floor GB", "floor_gb", ".2f"),
               ("floor ms", "floor_ms", ".2f"), ("step/flr", "step_over_floor", ".2f"),
               ("fwd/flr", "forward_over_floor", ".2f")]  # fmt: skip

@@ -30,6 +30,9 @@ def test_latency_dry_run(tmp_path: Path) -> None:
     for d in record["decode"]:
         assert d["distinct_experts_source"] == "measured" and d["step_over_floor"] > 0
         assert len(d["distinct_experts"]) == record["footprint"]["num_moe_layers"]
+        groups = {g["group"]: g for g in d["profile"]["groups"]}  # the dry run profiles one step
+        assert groups["bf16 GEMM / GEMV"]["us_per_step"] > 0
+        assert groups["bf16 GEMM / GEMV"]["pct_of_floor"] > 0
 
 
 def test_throughput_dry_run(tmp_path: Path) -> None:

@@ -1,0 +1,106 @@
+"""Where a decode step's device time goes: the kernels of a few engine steps under
+`torch.profiler`, grouped by what they do, each group against the bytes it must move (issue 12's
+profiler breakdown).
+
+The profiler records the kernels of a CUDA-graph replay like eager ones (CUPTI sees graph
+nodes), so the steps profiled are the ones the latency benchmark times. Kernel names are matched
+against `CATEGORIES` in order; the first pattern that matches names the group. A group's floor is
+the bytes it must read or write at least once per step (the routed experts the router chose, the
+KDA state, the MLA cache, the weights of the dense linears) at the copy bandwidth of the run;
+groups whose traffic is activations only have no floor. On the CPU (the benchmarks' `--dry-run`)
+the profiler's CPU operators stand in for kernels, so the code path runs without a GPU.
+"""
+
+import re
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+# (group, pattern over the kernel name), first match wins. Triton kernels carry the names of the
+# fork's functions; cuBLAS / CUTLASS kernels carry their library's names (nvjet, gemv, cutlass,
+# xmma), FP8 ones an e4m3 / f8 tag.
+CATEGORIES: list[tuple[str, str]] = [
+    ("routed experts", r"moe|grouped|GroupProblemShape"),
+    ("MLA decode", r"mla_decode"),
+    ("KDA decode", r"kda_decode"),
+    ("gated RMSNorm + FP8 quant", r"rmsnorm_gated|per_token_fp8|fp8_per_token"),
+    ("FP8 GEMM", r"e4m3|f8f8|fp8|_f8_"),
+    ("bf16 GEMM / GEMV", r"gemm|gemv|nvjet|cutlass|xmma|sm90|matmul|aten::mm|aten::addmm"),
+    ("norms", r"rms_norm|rmsnorm|layer_norm"),
+    ("memcpy / memset", r"[Mm]emcpy|[Mm]emset"),
+]
+OTHER = "other (elementwise, routing, sampling)"
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    name: str
+    group: str
+    us_per_step: float
+    calls_per_step: float
+
+
+def group_of(name: str) -> str:
+    """The `CATEGORIES` group of a kernel name (case-insensitive), or `OTHER`."""
+    for group, pattern in CATEGORIES:
+        if re.search(pattern, name, flags=re.IGNORECASE):
+            return group
+    return OTHER
+
+
+def profile_steps(step: Callable[[], Any], steps: int, device: torch.device) -> list[KernelTime]:
+    """Run `step` `steps` times under the profiler; per kernel name, device microseconds and
+    launches per step, longest first."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    cuda = device.type == "cuda"
+    activity = ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU
+    with profile(activities=[activity]) as prof:
+        for _ in range(steps):
+            step()
+        if cuda:
+            torch.cuda.synchronize(device)
+    totals: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for event in prof.events():
+        if cuda:
+            if event.device_type != DeviceType.CUDA:
+                continue
+            us = event.device_time_total
+        else:
+            # CPU operators nest; self time counts each microsecond once.
+            if event.device_type != DeviceType.CPU or not event.name.startswith("aten::"):
+                continue
+            us = event.self_cpu_time_total
+        totals[event.name] += us
+        counts[event.name] += 1
+    kernels = [
+        KernelTime(name, group_of(name), us / steps, counts[name] / steps)
+        for name, us in totals.items()
+    ]
+    return sorted(kernels, key=lambda k: k.us_per_step, reverse=True)
+
+
+def breakdown(
+    kernels: list[KernelTime], step_us: float, floor_bytes: dict[str, float], copy_gbps: float
+) -> list[dict[str, Any]]:
+    """One row per group, longest first: us per step, % of `step_us`, and where `floor_bytes`
+    names the group, its floor (bytes at `copy_gbps`) as a % of its time."""
+    per_group: dict[str, float] = defaultdict(float)
+    for k in kernels:
+        per_group[k.group] += k.us_per_step
+    rows = []
+    for group, us in sorted(per_group.items(), key=lambda item: item[1], reverse=True):
+        row: dict[str, Any] = {"group": group, "us_per_step": us,
+                               "pct_of_step": 100 * us / step_us}  # fmt: skip
+        if group in floor_bytes and us > 0:
+            floor_us = floor_bytes[group] / (copy_gbps * 1e3)
+            row["floor_us"] = floor_us
+            row["pct_of_floor"] = 100 * floor_us / us
+        rows.append(row)
+    return rows
