@@ -132,3 +132,20 @@ def test_training_run_saves_a_model_the_engine_serves(
         with torch.no_grad():
             greedy = hf.generate(ids, max_new_tokens=12, do_sample=False)
         assert greedy[0, ids.shape[1] :].tolist() == list(out.outputs[0].token_ids), prompt
+
+    # A continued run starts from the saved weights and keeps the history of the run it continues.
+    more = tmp_path / "more"
+    continued = train_arith.parse_args(
+        ["--out", str(more), "--init", str(folder), "--device", "cpu", "--steps", "2",
+         "--seq-len", "512", "--rows", "1", "--eval-shots", "0", "--eval-questions", "1",
+         "--eval-every", "5", "--final-eval-questions", "1", "--log-every", "1",
+         "--warmup-steps", "1", "--seed", "1"]
+    )  # fmt: skip
+    with monkeypatch.context() as patch:
+        for name in ("chunk_kimi_delta_attention", "causal_conv1d_fn"):
+            patch.setattr(modeling, name, getattr(modeling, name))
+        assert train_arith.train(continued)["parameters"] == summary["parameters"]
+    new_log = [json.loads(line) for line in (more / "train_log.jsonl").read_text().splitlines()]
+    assert new_log[: len(log)] == log and new_log[len(log)] == {"continued_from": str(folder)}
+    assert [r.get("step") for r in new_log[len(log) + 1 :]] == [2, None]
+    assert new_log[-1]["final"] and new_log[-1]["steps"] == 2
