@@ -59,3 +59,17 @@ def test_help_names_the_vllm_flags(capsys: pytest.CaptureFixture) -> None:
         for flag in flags + extra:
             assert flag in text, (script.__name__, flag)
     assert sys.modules["bench_utils"].DRY_RUN_MODEL == "kimi-k3-tiny"
+
+
+def test_load_dry_run(tmp_path: Path) -> None:
+    import benchmark_load
+
+    out, folder = tmp_path / "load.json", tmp_path / "ckpt"
+    assert benchmark_load.main(["--dry-run", "--out", str(folder), "--output-json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    ckpt = record["checkpoint"]
+    assert ckpt["num_experts"] == 4 and ckpt["shards"] > 1  # sharded, with its index
+    for kind in ("cold", "warm"):
+        assert record[kind]["bytes"] == ckpt["bytes"] and record[kind]["gb_per_s"] > 0
+        assert record[kind]["peak_rss_bytes"] >= record[kind]["rss_before_load_bytes"] > 0
+    assert not folder.exists()  # removed without --keep

@@ -59,6 +59,8 @@ def load_model(
     loaded = model.load_weights(counter)
     check_complete(expected_checkpoint_tensors(config), loaded)
     model.process_weights_after_loading()
+    if device.type == "cuda":  # copies and dummy draws are asynchronous: time their end
+        torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
     gb = counter.bytes / 1e9
     logger.info(
