@@ -215,11 +215,12 @@ _MIN_PROGRAMS_PER_SM = 4
 def kda_decode_config(n: int, heads: int, d: int, num_sms: int) -> KdaDecodeConfig:
     """The default launch for N sequences of `heads` heads of dim `d` on `num_sms` SMs.
 
-    The single kernel holds a [D, D] fp32 tile per program (at D = 128, ~164 registers a thread
-    with 8 warps on sm_90: one program per SM), so its state loads, prologue and reductions
-    barely overlap. The split variant's [D, 32] tiles leave room for several programs per SM
-    and give four times as many; narrower blocks only when even that would not put
-    `_MIN_PROGRAMS_PER_SM` programs on every SM. Small heads have small tiles: no split.
+    The single kernel holds a [D, D] fp32 tile per program (at D = 128 with 8 warps, 168
+    registers a thread on sm_90 with Triton 3.6: one program per SM), so its state loads,
+    prologue and reductions barely overlap. The split variant's [D, 32] tiles with 4 warps
+    (~72 registers: about 7 programs per SM) give four times as many programs and let several
+    share an SM; narrower blocks only when even that would not put `_MIN_PROGRAMS_PER_SM`
+    programs on every SM. Small heads have small tiles: no split.
     """
     if d < 64:
         return KdaDecodeConfig(block_v=d, num_warps=4)
