@@ -114,6 +114,35 @@ def test_config_is_checked(block_v):
         fused_kda_decode(**step, lower_bound=None, config=KdaDecodeConfig(block_v, 2))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_v,num_warps", [(128, 8), (64, 4), (32, 4), (16, 2), (8, 1)])
+def test_gpu_kimi_linear_sizes_every_variant(block_v, num_warps, triton_launches):
+    """32 heads x 128 at batch 64: on the GPU the V blocks of a head run concurrently, which the
+    interpreter (one program after another) cannot show; every one reads the q/k conv windows
+    that only the epilogue kernel may shift."""
+    step = make_step(64, 32, 128, 4, torch.bfloat16, seed=block_v)
+    check_against_unfused(step, -5.0, KdaDecodeConfig(block_v, num_warps), triton_launches)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_replay_matches_eager():
+    """The default launch (V-split with its fp32 scratch at these sizes) captured once: a replay
+    gives the eager call's output and states, bit for bit."""
+    step = make_step(8, 32, 128, 4, torch.bfloat16, seed=1)
+    warm, graph_step, eager_step = clone(step), clone(step), clone(step)
+    fused_kda_decode(**warm, lower_bound=-5.0)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused_kda_decode(**graph_step, lower_bound=-5.0)
+    graph.replay()
+    expected = fused_kda_decode(**eager_step, lower_bound=-5.0)
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected)
+    assert torch.equal(graph_step["ssm_state"], eager_step["ssm_state"])
+    assert torch.equal(graph_step["conv_state"], eager_step["conv_state"])
+
+
 def test_norm_and_gate_go_together():
     step = make_step(2, 2, 32, 4, torch.float32, seed=0)
     step["gate"] = None
