@@ -201,9 +201,14 @@ def test_default_config_depends_on_shapes_only():
     assert mla_decode_config(64, 128, 512, 32768, sms).num_splits == 1
     config = mla_decode_config(1, 4, 32, 64, 1)
     assert config.block_h == 16 and config.block_n >= 16 and config.num_splits == 1
-    # Less shared memory than two [64, 576] tiles need (A100, Ada): single-buffered 32-token tiles.
+    # Less shared memory than two [64, 576] tiles need (A100; fp32 caches on an H200):
+    # single-buffered 32-token tiles.
     small = mla_decode_config(1, 32, 512, 32768, 108, max_smem=164 * 1024)
     assert (small.block_n, small.num_stages) == (32, 2)
+    fp32 = mla_decode_config(1, 32, 512, 32768, 132, max_smem=227 * 1024, elem_bytes=4)
+    assert (fp32.block_n, fp32.num_stages) == (32, 2)
+    bf16 = mla_decode_config(1, 32, 512, 32768, 132, max_smem=227 * 1024, elem_bytes=2)
+    assert (bf16.block_n, bf16.num_stages) == (64, 5)
 
 
 def test_config_is_checked():
@@ -294,6 +299,25 @@ def test_gpu_kimi_sizes(n, capacity, block_size, dtype):
     # bf16/fp16 probabilities in p @ c: relative 2^-9 (bf16) per weight, rounded to nearest.
     rtol, atol = tolerance(torch.bfloat16)
     torch.testing.assert_close(got.float(), ref.float(), rtol=rtol, atol=atol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "block_h,block_n,num_warps,num_stages",
+    [(32, 32, 8, 2), (32, 16, 8, 2), (32, 32, 8, 5), (32, 32, 8, 7), (32, 64, 8, 5),
+     (32, 64, 8, 2), (16, 32, 8, 5), (16, 16, 8, 5)],
+)  # fmt: skip
+def test_gpu_benchmark_sweep_configs(block_h, block_n, num_warps, num_stages):
+    """Every kernel config benchmark_mla_decode.py sweeps, at Kimi-Linear sizes with 7 splits
+    (one with a single split too): each compiles on the device and matches the reference."""
+    args = make_gpu_case(4, 4096, 64, torch.bfloat16, seed=block_n + num_stages)
+    ref = mla_decode_paged_ref(**args)
+    splits = (1, 7) if (block_h, block_n, num_stages) == (32, 64, 5) else (7,)
+    for num_splits in splits:
+        config = MlaDecodeConfig(num_splits, block_h, block_n, num_warps, num_stages)
+        got = launch_mla_decode(**args, config=config)
+        rtol, atol = tolerance(torch.bfloat16)
+        torch.testing.assert_close(got.float(), ref.float(), rtol=rtol, atol=atol)
 
 
 @pytest.mark.gpu

@@ -59,7 +59,8 @@ _MIN_SPLIT_TOKENS = 128
 _MAX_SPLITS = 128
 # Programs of the default launch that an SM holds at once (registers, shared memory): one wave.
 _PROGRAMS_PER_SM = 1
-# Shared memory of the wide default on CUDA, [64, 576] tiles with 5 stages (Triton 3.6, sm_90).
+# Shared memory of the wide default on CUDA, bf16 [64, 576] tiles with 5 stages (Triton 3.6,
+# sm_90).
 _PIPELINED_WIDE_SMEM = 189440
 # tl.dot needs every dimension of its operands to be at least 16.
 _MIN_DOT = 16
@@ -241,7 +242,13 @@ def _max_smem(device: torch.device) -> int:
 
 
 def mla_decode_config(
-    n: int, heads: int, latent: int, capacity: int, num_sms: int, max_smem: int = 2**31
+    n: int,
+    heads: int,
+    latent: int,
+    capacity: int,
+    num_sms: int,
+    max_smem: int = 2**31,
+    elem_bytes: int = 2,
 ) -> MlaDecodeConfig:
     """The default launch for N sequences of `heads` heads over `capacity` cached positions.
 
@@ -251,9 +258,10 @@ def mla_decode_config(
     stages on that indirection: below 5 stages each tile is loaded into a single buffer after
     the previous one is consumed, so loads and compute do not overlap (sm_90, Triton 3.6 and
     3.9). At 5 stages the tiles are double buffered (two in flight, ~185 KiB of shared memory;
-    ~216 registers a thread, so one program per SM). GPUs with less shared memory a program
-    (`max_smem`, bytes: A100 164 KiB, Ada 99 KiB) keep the single-buffered `[32, 576]` tiles
-    with 2 stages; ROCm keeps 32-token tiles and one stage (64 KiB of LDS).
+    ~216 registers a thread, so one program per SM). Where that does not fit the shared memory
+    a program may use (`max_smem`, bytes: A100 164 KiB, Ada 99 KiB; fp32 caches, `elem_bytes`
+    4, need twice as much), single-buffered `[32, 576]` tiles with 2 stages; ROCm keeps 32-token
+    tiles and one stage (64 KiB of LDS).
 
     Splits: as many as fill one wave (`_PROGRAMS_PER_SM * num_sms` programs, rounded down so that
     equal-length sequences leave no nearly empty last wave), no split shorter than
@@ -266,7 +274,7 @@ def mla_decode_config(
         block_n, num_warps, num_stages = (32, 8, 1) if wide else (64, 4, 1)
     elif not wide:
         block_n, num_warps, num_stages = 64, 4, 2
-    elif max_smem >= _PIPELINED_WIDE_SMEM:
+    elif max_smem >= _PIPELINED_WIDE_SMEM * elem_bytes // 2:
         block_n, num_warps, num_stages = 64, 8, 5
     else:
         block_n, num_warps, num_stages = 32, 8, 2
@@ -395,5 +403,7 @@ def mla_decode_paged(
     n, heads, latent = q_latent.shape
     capacity = block_tables.shape[1] * kv_cache.shape[1]
     device = q_latent.device
-    config = mla_decode_config(n, heads, latent, capacity, _num_sms(device), _max_smem(device))
+    config = mla_decode_config(
+        n, heads, latent, capacity, _num_sms(device), _max_smem(device), q_latent.element_size()
+    )
     return launch_mla_decode(q_latent, q_pe, kv_cache, block_tables, seq_lens, scale, config)
