@@ -90,7 +90,9 @@ _COUNTED_KERNELS = {
     "vllm.model_executor.layers.quantization.utils.fp8_per_token": (
         "_per_token_fp8_quant_kernel",
     ),
-    "vllm.models.kimi_k3.amd.ops.fused_kda_decode": ("_fused_kda_decode_kernel",),
+    "vllm.models.kimi_k3.amd.ops.fused_kda_decode": (
+        "_fused_kda_decode_kernel", "_kda_decode_epilogue_kernel",
+    ),
 }  # fmt: skip
 
 

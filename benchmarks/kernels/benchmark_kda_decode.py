@@ -1,51 +1,91 @@
-"""Benchmark one KDA decode step: the unfused chain against the fork's fused decode + PTPC epilogue.
+"""Benchmark one KDA decode step: the launch variants of `fused_kda_decode`, and the unfused chain
+against the fused decode + PTPC epilogue.
 
 Shapes: Kimi-K3 per GPU at TP8 (12 heads x 128) and Kimi-Linear (32 heads x 128), batch 1-256.
+
+Variant sweep (the op alone, with its gated-RMSNorm epilogue), one line per (shape, batch):
+
+  v{block_v}w{num_warps}  `KdaDecodeConfig(block_v, num_warps)`; v128 is the single kernel (v128w8
+                          is the kernel before the V split), v64 and below the V-split kernel plus
+                          its epilogue kernel
+  us / %copy              microseconds per call, and the state bytes (read + written, 2 * N * H *
+                          D * D * 4 B) per second over the device's copy bandwidth (an eager
+                          `copy_` of --copy-gib GiB measured in the same run, read + write bytes)
+  best, heuristic         the fastest variant, and what `kda_decode_config` picks (its time and
+                          how much slower than the best it is)
+
+Each call of the captured graph works on its own state slots, rotating through enough slots that
+the states one replay touches (96 MiB or more) do not stay in the H200's 50 MiB L2 between calls,
+as in a real decode step, where every other layer's traffic passes through L2 in between.
+
+Comparison (default launch) at --compare-batches, as this benchmark measured it before the sweep:
 
   unfused  conv-state update, gates (torch ops), fla-core `fused_recurrent_kda`, fla-core
            `FusedRMSNormGated` (sigmoid), then `per_token_fp8_quant`
   fused    `fused_kda_decode` with its gated-RMSNorm epilogue, then `per_token_fp8_quant`
            (the layer's already-normed PTPC path)
 
-Each provider is timed as CUDA-graph replay (what a decode step pays) and its kernels per layer are
-counted with the torch profiler over one eager call. Prints a table; `--csv` writes it.
+timed as CUDA-graph replay (what a decode step pays) on one set of slots, with the kernels per
+layer counted by the torch profiler over one eager call. Prints tables; `--csv` writes the sweep.
 
     python benchmarks/kernels/benchmark_kda_decode.py --csv kda_decode.csv
+
+`--dry-run` checks three variants (v32w4 single, v16w2 and v8w1 split, at D = 32) once against the
+torch reference at a tiny shape, untimed; without a GPU run it under the Triton interpreter:
+TRITON_INTERPRET=1 python ... --dry-run
 """
 
 import argparse
+import itertools
 import sys
 
 import torch
-from benchmark_rmsnorm_gated_fp8_per_token import time_graph, write_csv
 
 from vllm.models.kimi_k3.amd.ops.causal_conv1d import causal_conv1d_decode
-from vllm.models.kimi_k3.amd.ops.fused_kda_decode import fused_kda_decode
+from vllm.models.kimi_k3.amd.ops.fused_kda_decode import (
+    KdaDecodeConfig,
+    fused_kda_decode,
+    fused_kda_decode_ref,
+    kda_decode_config,
+)
 from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate
 from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import per_token_fp8_quant
+from vllm.triton_utils import use_triton
 
 SHAPES = {"kimi-k3-tp8": 12, "kimi-linear": 32}
-BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+BATCHES = [1, 4, 16, 64, 128, 256]
 HEAD_DIM, WIDTH = 128, 4
+# (block_v, num_warps) at D = 128. Registers a thread on sm_90 (ptxas, Triton 3.6 / 3.9) and so
+# the programs an SM holds: v128w8 168/128 (1-2), v128w16 99/85 (1), v64w4 127 (4), v64w8 ~94
+# (2), v32w2 ~127 (8), v32w4 72/77 (6-7), v32w8 ~62 (4), v16w2 ~79 (12), v16w4 56 (9),
+# v8w1 ~75 (26), v8w2 56 (18).
+VARIANTS = [(128, 8), (128, 16), (64, 4), (64, 8), (32, 2), (32, 4), (32, 8), (16, 2), (16, 4),
+            (8, 1), (8, 2)]  # fmt: skip
+# State traffic (read + write) of one replay of the sweep's graph, at most 128 slot sets: the
+# states touched are 96 MiB or more, against the H200's 50 MiB L2.
+ROTATE_BYTES = 256 * 2**20
 
 
-def make_step(batch: int, heads: int, lower_bound: float | None):
-    d, proj = HEAD_DIM, heads * HEAD_DIM
-    cuda = dict(device="cuda")
-    projected = torch.randn(batch, 4 * proj + d + heads, dtype=torch.bfloat16, **cuda)
+def make_step(batch: int, heads: int, lower_bound: float | None, device: str = "cuda",
+              head_dim: int = HEAD_DIM, slots: int | None = None):  # fmt: skip
+    """One decode step's inputs; `slots` state slots in the pools (default: one per sequence)."""
+    d, proj = head_dim, heads * head_dim
+    slots = slots or batch
+    dev = dict(device=device)
+    projected = torch.randn(batch, 4 * proj + d + heads, dtype=torch.bfloat16, **dev)
     return dict(
         mixed_qkv=projected[:, : 3 * proj],
-        conv_weight=torch.randn(3 * proj, WIDTH, **cuda) * 0.5,
-        conv_state=torch.randn(batch, 3 * proj, WIDTH - 1, dtype=torch.bfloat16, **cuda),
-        raw_g=torch.randn(batch, proj, dtype=torch.bfloat16, **cuda),
-        A_log=torch.log(torch.rand(heads, **cuda) * 15 + 1),
-        dt_bias=torch.randn(proj, **cuda) * 0.5,
+        conv_weight=torch.randn(3 * proj, WIDTH, **dev) * 0.5,
+        conv_state=torch.randn(slots, 3 * proj, WIDTH - 1, dtype=torch.bfloat16, **dev),
+        raw_g=torch.randn(batch, proj, dtype=torch.bfloat16, **dev),
+        A_log=torch.log(torch.rand(heads, **dev) * 15 + 1),
+        dt_bias=torch.randn(proj, **dev) * 0.5,
         lower_bound=lower_bound,
         b=projected[:, -heads:],
-        ssm_state=torch.randn(batch, heads, d, d, **cuda) * 0.1,
-        slots=torch.arange(batch, **cuda),
+        ssm_state=torch.randn(slots, heads, d, d, **dev) * 0.1,
+        slots=torch.arange(batch, **dev),
         gate=projected[:, 3 * proj : 4 * proj].view(batch, heads, d),
-        norm_weight=torch.ones(d, dtype=torch.bfloat16, **cuda),
+        norm_weight=torch.ones(d, dtype=torch.bfloat16, **dev),
     )
 
 
@@ -82,6 +122,82 @@ def count_kernels(fn) -> int:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
+def name(config: KdaDecodeConfig) -> str:
+    return f"v{config.block_v}w{config.num_warps}"
+
+
+def sweep(shape: str, batch: int, args, copy: float, sms: int, variants) -> dict[str, object]:
+    from benchmark_rmsnorm_gated_fp8_per_token import time_graph
+
+    heads = SHAPES[shape]
+    per_call = 2 * batch * heads * HEAD_DIM * HEAD_DIM * 4  # state read + written
+    # The pool holds `blocks` disjoint slot sets; consecutive calls take consecutive sets, so a
+    # call reads states that the calls before it (>= ROTATE_BYTES of traffic) evicted from L2.
+    blocks = max(1, min(-(-ROTATE_BYTES // per_call), 128))
+    calls = max(args.graph_calls, blocks)
+    step = make_step(batch, heads, args.lower_bound, slots=blocks * batch)
+    slot_sets = [torch.arange(batch, device="cuda") + batch * i for i in range(blocks)]
+
+    def timed(config: KdaDecodeConfig) -> float:
+        sets = itertools.cycle(slot_sets)
+
+        def call():
+            return fused_kda_decode(**dict(step, slots=next(sets)), config=config)
+
+        return time_graph(call, calls, reps=args.reps)
+
+    row = dict(shape=shape, batch=batch)
+    times = {name(config): timed(config) for config in variants}
+    for key, us in times.items():
+        row[f"{key}_us"] = round(us, 2)
+        row[f"{key}_pct_copy"] = round(100 * per_call / us / 1e3 / copy, 1)
+    best = min(times, key=times.get)
+    chosen = name(kda_decode_config(batch, heads, HEAD_DIM, sms))
+    row.update(best=best, heuristic=chosen, state_mib=round(per_call / 2**20, 1))
+    if chosen not in times:  # a heuristic outside the swept grid: time it too
+        times[chosen] = timed(kda_decode_config(batch, heads, HEAD_DIM, sms))
+        row[f"{chosen}_us"] = round(times[chosen], 2)
+    row["heuristic_over_best"] = round(times[chosen] / times[best], 3)
+    return row
+
+
+def compare(shape: str, batch: int, args, norm) -> dict[str, object]:
+    from benchmark_rmsnorm_gated_fp8_per_token import time_graph
+
+    step = make_step(batch, SHAPES[shape], args.lower_bound)
+    row = dict(shape=shape, batch=batch)
+    providers = {"fused": lambda s=step: fused(s)}
+    if norm is not None:
+        providers["unfused"] = lambda s=step: unfused(s, norm)
+    for key, fn in providers.items():
+        fn()
+        row[f"{key}_kernels"] = count_kernels(fn)
+        row[f"{key}_us"] = round(time_graph(fn, args.graph_calls, reps=args.reps), 3)
+    return row
+
+
+def dry_run() -> int:
+    """Every variant (scaled to D = 32) once against the reference at a tiny shape."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    d, out_err, state_err = 32, 0.0, 0.0
+    variants = [KdaDecodeConfig(32, 4), KdaDecodeConfig(16, 2), KdaDecodeConfig(8, 1)]
+    for config in variants:
+        step = make_step(3, 2, -5.0, device=device, head_dim=d, slots=4)
+        ref_step = dict(step, conv_state=step["conv_state"].clone())
+        ref_step["ssm_state"] = step["ssm_state"].clone()
+        got = fused_kda_decode(**step, config=config).float()
+        ref = fused_kda_decode_ref(**ref_step).float()
+        # Relative to 1 + |ref|: normed outputs are O(1), rounded to bf16 on both sides.
+        out_err = max(out_err, ((got - ref).abs() / (1 + ref.abs())).max().item())
+        state_err = max(state_err, (step["ssm_state"] - ref_step["ssm_state"]).abs().max().item())
+    path = "Triton" if use_triton(torch.device(device)) else "the torch reference"
+    print(
+        f"dry run on {device} via {path}: {' '.join(map(name, variants))} at H = 2, D = {d}: "
+        f"max |diff| output {out_err:.2e} of 1 + |ref| (bf16), state {state_err:.2e} (fp32)"
+    )
+    return 0 if out_err <= 2**-7 and state_err < 1e-4 else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -92,39 +208,82 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES), help="model shapes"
     )
+    parser.add_argument(
+        "--variants", nargs="+", default=[f"v{b}w{w}" for b, w in VARIANTS],
+        help="launch variants to sweep, as v{block_v}w{num_warps}",
+    )  # fmt: skip
     parser.add_argument("--lower-bound", type=float, default=-5.0, help="gate lower bound (K3)")
     parser.add_argument("--graph-calls", type=int, default=20, help="calls per captured graph")
-    parser.add_argument("--csv", help="write the results to this CSV file")
+    parser.add_argument("--reps", type=int, default=20, help="graph replays per timing")
+    parser.add_argument("--copy-gib", type=float, default=2.0, help="size of the copy (>= 1)")
+    parser.add_argument(
+        "--compare-batches", type=int, nargs="+", default=[1, 64, 256],
+        help="batch sizes of the fused/unfused comparison",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-unfused", action="store_true", help="skip the fla-core unfused comparison"
+    )
+    parser.add_argument("--csv", help="write the variant sweep to this CSV file")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="three variants once, checked, untimed (CPU too)"
+    )
     args = parser.parse_args(argv)
+    if args.dry_run:
+        return dry_run()
     if not torch.cuda.is_available():
-        parser.error("this benchmark needs a CUDA or ROCm GPU")
+        parser.error("this benchmark needs a CUDA or ROCm GPU (or --dry-run)")
+    if args.copy_gib < 1:
+        parser.error("--copy-gib must be >= 1 so the copy is not served from L2")
+    try:
+        variants = [KdaDecodeConfig(*map(int, v[1:].split("w"))) for v in args.variants]
+    except ValueError:
+        parser.error("--variants are v{block_v}w{num_warps}, e.g. v32w4")
 
-    from fla.modules import FusedRMSNormGated
+    # Imported here: that module needs Triton, which --dry-run on a bare CPU may lack.
+    from benchmark_rmsnorm_gated_fp8_per_token import copy_gbps, write_csv
 
-    norm = FusedRMSNormGated(HEAD_DIM, eps=1e-5, activation="sigmoid").to("cuda", torch.bfloat16)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    copy = copy_gbps(args.copy_gib)
+    print(f"{torch.cuda.get_device_name(0)}: copy {copy:.0f} GB/s (read + write), {sms} SMs")
+    print("variant sweep (op alone, norm epilogue, cold state): us (% of copy)")
+    header = " ".join(f"{name(c):>13}" for c in variants)
+    print(f"{'shape':>12} {'B':>4} {header}  best / heuristic")
     rows = []
     with torch.inference_mode():
         for shape in args.shapes:
             for batch in args.batches:
-                step = make_step(batch, SHAPES[shape], args.lower_bound)
-                providers = {
-                    "unfused": lambda s=step: unfused(s, norm),
-                    "fused": lambda s=step: fused(s),
-                }
-                row = dict(shape=shape, batch=batch)
-                for name, fn in providers.items():
-                    fn()
-                    row[f"{name}_kernels"] = count_kernels(fn)
-                    row[f"{name}_us"] = round(time_graph(fn, args.graph_calls), 3)
-                row["speedup"] = round(row["unfused_us"] / row["fused_us"], 3)
+                row = sweep(shape, batch, args, copy, sms, variants)
                 rows.append(row)
                 write_csv(args.csv, rows)  # after every row: an interrupted run keeps its rows
+                cells = " ".join(
+                    f"{row[f'{name(c)}_us']:7.1f}({row[f'{name(c)}_pct_copy']:3.0f}%)"
+                    for c in variants
+                )
                 print(
-                    f"{shape:>12} B={batch:>4} unfused {row['unfused_us']:7.2f} us "
-                    f"({row['unfused_kernels']} kernels)  fused {row['fused_us']:7.2f} us "
-                    f"({row['fused_kernels']} kernels)  {row['speedup']:.2f}x",
+                    f"{shape:>12} {batch:>4} {cells}  {row['best']} / {row['heuristic']} "
+                    f"({row['heuristic_over_best']:.2f}x best)",
                     flush=True,
                 )
+                torch.cuda.empty_cache()
+
+        norm = None
+        if not args.no_unfused:
+            from fla.modules import FusedRMSNormGated
+
+            norm = FusedRMSNormGated(HEAD_DIM, eps=1e-5, activation="sigmoid")
+            norm = norm.to("cuda", torch.bfloat16)
+        print("comparison (default launch, + per_token_fp8_quant, one set of slots)")
+        for shape in args.shapes:
+            for batch in args.compare_batches:
+                row = compare(shape, batch, args, norm)
+                line = f"{shape:>12} B={batch:>4} fused {row['fused_us']:7.2f} us "
+                line += f"({row['fused_kernels']} kernels)"
+                if norm is not None:
+                    line += (
+                        f"  unfused {row['unfused_us']:7.2f} us ({row['unfused_kernels']} "
+                        f"kernels)  {row['unfused_us'] / row['fused_us']:.2f}x"
+                    )
+                print(line, flush=True)
     return 0
 
 

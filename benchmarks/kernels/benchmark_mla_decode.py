@@ -1,73 +1,101 @@
-"""Benchmark MLA paged decode (absorbed form): the fork's split-KV Triton kernel against the torch
-reference, at Kimi-Linear sizes (32 heads, latent 512, rope 64, bf16 cache).
+"""Benchmark MLA paged decode (absorbed form): a sweep of the split-KV Triton kernel's launch
+configurations at Kimi-Linear sizes (32 heads, latent 512, rope 64, bf16 cache), against the
+default choice of `mla_decode_config`.
 
-Every sequence of a batch holds the full context; its blocks are scattered through the pool. Both
-providers are timed as CUDA-graph replay (what a decode step pays). Reported per case:
+Every sequence of a batch holds the full context; its blocks are scattered through the pool. Each
+launch is timed as CUDA-graph replay (what a decode step pays), every call of a replay reading its
+own copy of the cache, so that the cache is read from HBM and not from L2 (the copies of one replay
+add up to >= 256 MiB). Per (batch, context):
 
-  kernel_us  `mla_decode_paged` (split kernel + merge when it splits), microseconds per call
-  GB/s       cache bytes read, N * ctx * (L + R) * 2 B, per second (queries and output are < 1%)
-  %copy      GB/s over the device's copy bandwidth, measured in the same run: an eager `copy_` of
-             --copy-gib GiB after warm-up, counting bytes read + written
-  ref_us     `mla_decode_paged_ref` (gathers the whole context in fp32), where it fits in
-             --ref-max-gib of scratch memory; `speedup` = ref_us / kernel_us
+  config     h{block_h}n{block_n}w{num_warps}s{num_stages} x{num_splits}
+  us         `launch_mla_decode` (split kernel + merge when it splits), microseconds per call
+  %copy      cache bytes read (N * ctx * (L + R) * 2 B) per second over the device's copy
+             bandwidth, measured in the same run: an eager `copy_` of --copy-gib GiB after
+             warm-up, counting bytes read + written
+
+Printed per case: the heuristic's config, the best config and, for every kernel config, its best
+split count. Split counts swept: those giving about 1, 2 and 4 programs per SM (at least one tile
+per split, at most 512), and the heuristic's. `--csv` writes every measurement (one row per config
+and split count); `--ref` also times the torch reference (gathers the whole context in fp32) where
+it fits in --ref-max-gib of scratch memory.
 
     python benchmarks/kernels/benchmark_mla_decode.py --csv mla_decode.csv
 
-`--dry-run` runs one tiny case once, checked against the reference and untimed; without a GPU
-run it under the Triton interpreter: TRITON_INTERPRET=1 python ... --dry-run
+`--dry-run` runs one tiny case once per config kind (one split, several, two head blocks),
+checked against the reference and untimed; without a GPU run it under the Triton interpreter:
+TRITON_INTERPRET=1 python ... --dry-run
 """
 
 import argparse
+import itertools
 import sys
 
 import torch
 
-from vllm.models.kimi_k3.amd.ops import mla_decode as op_module
 from vllm.models.kimi_k3.amd.ops.mla_decode import (
+    MlaDecodeConfig,
+    launch_mla_decode,
     mla_decode_config,
     mla_decode_paged,
     mla_decode_paged_ref,
 )
+from vllm.triton_utils import use_triton
 
 HEADS, LATENT, ROPE = 32, 512, 64
-BATCHES = [1, 8, 64]
-CONTEXTS = [1024, 8192, 32768]
+BATCHES = [1, 4, 16, 64]
+CONTEXTS = [8192, 32768]
+# (block_h, block_n, num_warps, num_stages), with what ptxas reports on sm_90 (Triton 3.6):
+# registers a thread, shared memory, programs an SM holds, and cache tiles in flight. Below 5
+# stages the block-table indirection leaves the tiles single-buffered (see `mla_decode_config`).
+#   h32n32w8s2  128 regs,  74 KiB, 2 per SM, single-buffered (the default before this sweep)
+#   h32n16w8s2  128 regs,  55 KiB, 2 per SM, single-buffered
+#   h32n32w8s5  218 regs, 111 KiB, 1 per SM, double-buffered
+#   h32n32w8s7  228 regs, 147 KiB, 1 per SM, triple-buffered
+#   h32n64w8s5  216 regs, 185 KiB, 1 per SM, double-buffered (the default now)
+#   h32n64w8s2  208 regs, 112 KiB, 1 per SM, single-buffered
+#   h16n32w8s5  128 regs,  92 KiB, 2 per SM, double-buffered; two head blocks read the cache
+#   h16n16w8s5  122 regs,  55 KiB, 2 per SM, double-buffered; (the second one mostly from L2)
+KERNEL_CONFIGS = [(32, 32, 8, 2), (32, 16, 8, 2), (32, 32, 8, 5), (32, 32, 8, 7), (32, 64, 8, 5),
+                  (32, 64, 8, 2), (16, 32, 8, 5), (16, 16, 8, 5)]  # fmt: skip
+PROGRAMS_PER_SM = [1, 2, 4]
+MAX_SWEEP_SPLITS = 512
+ROTATE_BYTES = 256 * 2**20
 
 
-def make_case(batch: int, ctx: int, block_size: int, device: str, dtype: torch.dtype, seed: int):
+def make_case(batch: int, ctx: int, block_size: int, device: str, dtype: torch.dtype, seed: int,
+              copies: int = 1):  # fmt: skip
+    """Queries and a paged cache; `copies` block tables over disjoint blocks of one pool
+    (`block_tables` is the first, `tables` all of them)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     max_blocks = -(-ctx // block_size)
     num_blocks = batch * max_blocks
     q = torch.randn(batch, HEADS, LATENT + ROPE, generator=gen, device=device, dtype=dtype)
     cache = torch.randn(
-        num_blocks, block_size, LATENT + ROPE, generator=gen, device=device, dtype=dtype
+        copies * num_blocks, block_size, LATENT + ROPE, generator=gen, device=device, dtype=dtype
     )
     tables = torch.randperm(num_blocks, generator=gen, device=device).view(batch, max_blocks)
-    return dict(
+    tables = [(tables + i * num_blocks).to(torch.int32) for i in range(copies)]
+    case = dict(
         q_latent=q[..., :LATENT],
         q_pe=q[..., LATENT:],
         kv_cache=cache,
-        block_tables=tables.to(torch.int32),
+        block_tables=tables[0],
         seq_lens=torch.full((batch,), ctx, dtype=torch.int32, device=device),
         scale=192**-0.5,
     )
+    return case, tables
 
 
-def copy_gbps(gib: float) -> float:
-    """Device copy bandwidth (GB/s, read + write) of an eager `copy_`, after warm-up."""
-    src = torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    reps = 10
-    start.record()
-    for _ in range(reps):
-        dst.copy_(src)
-    end.record()
-    end.synchronize()
-    seconds = start.elapsed_time(end) / 1e3 / reps
-    return 2 * src.numel() / seconds / 1e9
+def name(config: MlaDecodeConfig) -> str:
+    c = config
+    return f"h{c.block_h}n{c.block_n}w{c.num_warps}s{c.num_stages} x{c.num_splits}"
+
+
+def split_candidates(batch: int, ctx: int, block_h: int, block_n: int, sms: int) -> list[int]:
+    head_blocks = -(-HEADS // block_h)
+    most = max(1, min(-(-ctx // block_n), MAX_SWEEP_SPLITS))
+    counts = {max(1, min(round(f * sms / (batch * head_blocks)), most)) for f in PROGRAMS_PER_SM}
+    return sorted(counts)
 
 
 def ref_scratch_bytes(batch: int, ctx: int) -> int:
@@ -78,15 +106,86 @@ def ref_scratch_bytes(batch: int, ctx: int) -> int:
 def dry_run(block_size: int) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    case = make_case(2, 3 * block_size + 1, block_size, device, dtype, seed=0)
-    got = mla_decode_paged(**case)
+    ctx = 3 * block_size + 1
+    case, _ = make_case(2, ctx, block_size, device, dtype, seed=0)
     ref = mla_decode_paged_ref(**case)
-    err = (got.float() - ref.float()).abs().max().item()
-    path = "Triton" if op_module._use_triton(torch.device(device)) else "the torch reference"
+    results = {"default": mla_decode_paged(**case)}
+    for config in (MlaDecodeConfig(1, 32, 32, 8, 2), MlaDecodeConfig(5, 32, 16, 8, 5),
+                   MlaDecodeConfig(3, 16, 64, 4, 2)):  # fmt: skip
+        results[name(config)] = launch_mla_decode(**case, config=config)
+    err = max((got.float() - ref.float()).abs().max().item() for got in results.values())
+    path = "Triton" if use_triton(torch.device(device)) else "the torch reference"
     print(
-        f"dry run on {device} via {path}: batch 2, ctx {3 * block_size + 1}, max |diff| {err:.2e}"
+        f"dry run on {device} via {path}: batch 2, ctx {ctx}, {', '.join(results)}: "
+        f"max |diff| {err:.2e}"
     )
     return 0 if err < 2**-7 else 1
+
+
+def sweep_case(
+    batch: int, ctx: int, args, copy: float, sms: int, smem: int
+) -> list[dict[str, object]]:
+    from benchmark_rmsnorm_gated_fp8_per_token import time_graph
+
+    cache_bytes = batch * ctx * (LATENT + ROPE) * 2
+    copies = max(1, min(-(-ROTATE_BYTES // cache_bytes), 64))
+    case, tables = make_case(batch, ctx, args.block_size, "cuda", torch.bfloat16, batch, copies)
+    capacity = case["block_tables"].shape[1] * args.block_size
+    heuristic = mla_decode_config(batch, HEADS, LATENT, capacity, sms, smem)
+    configs = {heuristic}
+    for block_h, block_n, warps, stages in KERNEL_CONFIGS:
+        for splits in split_candidates(batch, ctx, block_h, block_n, sms):
+            configs.add(MlaDecodeConfig(splits, block_h, block_n, warps, stages))
+    # Large caches take long per call: fewer calls per graph, so the sweep stays short.
+    calls = max(copies, args.graph_calls if cache_bytes < 64 * 2**20 else 2)
+    reps = args.reps if cache_bytes < 64 * 2**20 else 5
+    rows = []
+    for config in sorted(configs, key=name):
+        cycle = itertools.cycle(tables)
+
+        def call(config=config, cycle=cycle):
+            return launch_mla_decode(**dict(case, block_tables=next(cycle)), config=config)
+
+        us = time_graph(call, calls, reps=reps)
+        gbps = cache_bytes / us / 1e3
+        rows.append(dict(
+            batch=batch, ctx=ctx, block_size=args.block_size, config=name(config),
+            block_h=config.block_h, block_n=config.block_n, num_warps=config.num_warps,
+            num_stages=config.num_stages, num_splits=config.num_splits,
+            heuristic=config == heuristic, us=round(us, 2), gbps=round(gbps, 1),
+            pct_copy=round(100 * gbps / copy, 1), cache_mib=round(cache_bytes / 2**20, 1),
+            copy_gbps=round(copy, 1), ref_us=None,
+        ))  # fmt: skip
+    if args.ref and ref_scratch_bytes(batch, ctx) <= args.ref_max_gib * 2**30:
+        ref_us = time_graph(lambda: mla_decode_paged_ref(**case), 2, reps=5)
+        for row in rows:
+            row["ref_us"] = round(ref_us, 2)
+    return rows
+
+
+def report(rows: list[dict[str, object]]) -> None:
+    first = rows[0]
+    best = min(rows, key=lambda r: r["us"])
+    chosen = next(r for r in rows if r["heuristic"])
+
+    def cell(r):
+        return f"{r['config']:>22} {r['us']:8.2f} us {r['pct_copy']:5.1f}%"
+
+    print(
+        f"B={first['batch']:>3} ctx={first['ctx']:>6} {first['cache_mib']:7.1f} MiB  "
+        f"heuristic {cell(chosen)}  best {cell(best)}  ({chosen['us'] / best['us']:.2f}x best)",
+        flush=True,
+    )
+    by_kernel = {}
+    for r in rows:
+        key = r["config"].split(" ")[0]
+        if key not in by_kernel or r["us"] < by_kernel[key]["us"]:
+            by_kernel[key] = r
+    cells = [cell(r) for r in sorted(by_kernel.values(), key=lambda r: r["us"])]
+    for i in range(0, len(cells), 3):
+        print("      " + " |".join(cells[i : i + 3]))
+    if first["ref_us"] is not None:
+        print(f"      torch reference {first['ref_us']:.2f} us")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,11 +198,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--block-size", type=int, default=64, help="tokens per cache block")
     parser.add_argument("--graph-calls", type=int, default=20, help="calls per captured graph")
+    parser.add_argument("--reps", type=int, default=10, help="graph replays per timing")
     parser.add_argument("--copy-gib", type=float, default=2.0, help="size of the copy (>= 1)")
+    parser.add_argument("--ref", action="store_true", help="also time the torch reference")
     parser.add_argument(
         "--ref-max-gib", type=float, default=24.0, help="skip the reference above this scratch"
     )
-    parser.add_argument("--csv", help="write the results to this CSV file")
+    parser.add_argument("--csv", help="write every measurement to this CSV file")
     parser.add_argument(
         "--dry-run", action="store_true", help="one tiny checked case, untimed (works on CPU)"
     )
@@ -116,42 +217,21 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--copy-gib must be >= 1 so the copy is not served from L2")
 
     # Imported here: that module needs Triton, which --dry-run on a bare CPU may lack.
-    from benchmark_rmsnorm_gated_fp8_per_token import time_graph, write_csv
+    from benchmark_rmsnorm_gated_fp8_per_token import copy_gbps, write_csv
 
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    props = torch.cuda.get_device_properties(0)
+    sms = props.multi_processor_count
+    smem = getattr(props, "shared_memory_per_block_optin", 0)  # as mla_decode_paged reads it
     copy = copy_gbps(args.copy_gib)
     print(f"{torch.cuda.get_device_name(0)}: copy {copy:.0f} GB/s (read + write), {sms} SMs")
     rows = []
     with torch.inference_mode():
         for ctx in args.contexts:
             for batch in args.batches:
-                case = make_case(batch, ctx, args.block_size, "cuda", torch.bfloat16, seed=batch)
-                capacity = case["block_tables"].shape[1] * args.block_size
-                splits = mla_decode_config(batch, HEADS, LATENT, capacity, sms).num_splits
-                cache_bytes = batch * ctx * (LATENT + ROPE) * 2
-                kernel_us = time_graph(lambda c=case: mla_decode_paged(**c), args.graph_calls)
-                gbps = cache_bytes / kernel_us / 1e3
-                row = dict(
-                    batch=batch, ctx=ctx, block_size=args.block_size, splits=splits,
-                    cache_mib=round(cache_bytes / 2**20, 1), kernel_us=round(kernel_us, 2),
-                    gbps=round(gbps, 1), pct_copy=round(100 * gbps / copy, 1),
-                    copy_gbps=round(copy, 1), ref_us=None, speedup=None,
-                )  # fmt: skip
-                if ref_scratch_bytes(batch, ctx) <= args.ref_max_gib * 2**30:
-                    ref_us = time_graph(lambda c=case: mla_decode_paged_ref(**c), 2, reps=10)
-                    row.update(ref_us=round(ref_us, 2), speedup=round(ref_us / kernel_us, 2))
-                rows.append(row)
-                write_csv(args.csv, rows)  # after every row: an interrupted run keeps its rows
-                ref = "ref skipped"
-                if row["ref_us"] is not None:
-                    ref = f"ref {row['ref_us']:9.2f} us ({row['speedup']:6.2f}x)"
-                print(
-                    f"B={batch:>3} ctx={ctx:>6} splits={splits:>2} {row['cache_mib']:8.1f} MiB  "
-                    f"kernel {kernel_us:8.2f} us {gbps:7.0f} GB/s {row['pct_copy']:5.1f}% copy  "
-                    f"{ref}",
-                    flush=True,
-                )
-                del case
+                case_rows = sweep_case(batch, ctx, args, copy, sms, smem)
+                rows += case_rows
+                write_csv(args.csv, rows)  # after every case: an interrupted run keeps its rows
+                report(case_rows)
                 torch.cuda.empty_cache()
     return 0
 

@@ -165,6 +165,24 @@ def time_flushed(fn: Callable[[], object], reps: int = 100) -> float:
     return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends, strict=True))
 
 
+def copy_gbps(gib: float) -> float:
+    """Device copy bandwidth (GB/s, read + write) of an eager `copy_`, after warm-up: the
+    denominator of the decode benchmarks' % of copy."""
+    src = torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    reps = 10
+    start.record()
+    for _ in range(reps):
+        dst.copy_(src)
+    end.record()
+    end.synchronize()
+    seconds = start.elapsed_time(end) / 1e3 / reps
+    return 2 * src.numel() / seconds / 1e9
+
+
 # ---------------------------------------------------------------------------------------------
 # Cases
 # ---------------------------------------------------------------------------------------------

@@ -10,7 +10,12 @@ import torch
 from engine_harness import EngineHarness, SingleLayer
 
 from vllm.models.kimi_k3.amd.kda import KimiK3DeltaAttention
-from vllm.models.kimi_k3.amd.ops.fused_kda_decode import fused_kda_decode, fused_kda_decode_ref
+from vllm.models.kimi_k3.amd.ops.fused_kda_decode import (
+    KdaDecodeConfig,
+    fused_kda_decode,
+    fused_kda_decode_ref,
+    kda_decode_config,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -42,19 +47,17 @@ def clone(step):
     return {k: (v.clone() if k in ("conv_state", "ssm_state") else v) for k, v in step.items()}
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("lower_bound", [None, -5.0], ids=["softplus", "lower-bound"])
-@pytest.mark.parametrize("norm", [True, False], ids=["norm", "no-norm"])
-@pytest.mark.parametrize("heads,d", [(2, 32), (3, 64), (1, 128)])
-def test_fused_decode_matches_unfused_ops(heads, d, norm, lower_bound, dtype, triton_launches):
-    step = make_step(4, heads, d, 4, dtype, seed=heads * d)
-    if not norm:
-        step["gate"] = step["norm_weight"] = None
+def check_against_unfused(step, lower_bound, config, triton_launches):
+    """Runs the kernel(s) and the unfused reference on copies of the states and compares."""
+    heads, d = step["ssm_state"].shape[1], step["ssm_state"].shape[-1]
+    n, dtype = step["b"].shape[0], step["mixed_qkv"].dtype
     ref_step, got_step = clone(step), clone(step)
     ref = fused_kda_decode_ref(**ref_step, lower_bound=lower_bound, eps=1e-5)
-    got = fused_kda_decode(**got_step, lower_bound=lower_bound, eps=1e-5)
+    got = fused_kda_decode(**got_step, lower_bound=lower_bound, eps=1e-5, config=config)
     assert triton_launches["_fused_kda_decode_kernel"] == 1  # the kernel, not its reference
-    assert got.shape == (4, heads, d) and got.dtype == dtype
+    split = (config or kda_decode_config(n, heads, d, 1)).block_v < d
+    assert triton_launches["_kda_decode_epilogue_kernel"] == int(split)
+    assert got.shape == (n, heads, d) and got.dtype == dtype
     # Same fp32 math up to the order of the K-reductions and the ulps of exp/sigmoid/rsqrt; the
     # output is rounded to `dtype` last (bf16: one rounding, 2^-8 relative).
     tol = 1e-5 if dtype == torch.float32 else 2**-7
@@ -64,6 +67,80 @@ def test_fused_decode_matches_unfused_ops(heads, d, norm, lower_bound, dtype, tr
     untouched = torch.ones(step["ssm_state"].shape[0], dtype=torch.bool, device=DEVICE)
     untouched[step["slots"]] = False
     assert torch.equal(got_step["ssm_state"][untouched], step["ssm_state"][untouched])
+    assert torch.equal(got_step["conv_state"][untouched], step["conv_state"][untouched])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("lower_bound", [None, -5.0], ids=["softplus", "lower-bound"])
+@pytest.mark.parametrize("norm", [True, False], ids=["norm", "no-norm"])
+@pytest.mark.parametrize("heads,d", [(2, 32), (3, 64), (1, 128)])
+def test_fused_decode_matches_unfused_ops(heads, d, norm, lower_bound, dtype, triton_launches):
+    """The default launch (single kernel below D = 64, V-split from there)."""
+    step = make_step(4, heads, d, 4, dtype, seed=heads * d)
+    if not norm:
+        step["gate"] = step["norm_weight"] = None
+    check_against_unfused(step, lower_bound, None, triton_launches)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("norm", [True, False], ids=["norm", "no-norm"])
+@pytest.mark.parametrize("d,block_v", [(16, 2), (16, 4), (16, 16), (32, 8), (32, 16), (32, 32)])
+def test_every_launch_variant_matches_unfused_ops(d, block_v, norm, dtype, triton_launches):
+    """Single kernel (block_v == D) and V-split variants of several widths, with and without the
+    norm (which the split leaves to its epilogue kernel), conv width 3 and 4."""
+    width = 3 if block_v % 4 else 4
+    step = make_step(3, 2, d, width, dtype, seed=d + block_v)
+    if not norm:
+        step["gate"] = step["norm_weight"] = None
+    config = KdaDecodeConfig(block_v=block_v, num_warps=2)
+    check_against_unfused(step, -5.0, config, triton_launches)
+
+
+def test_default_config_depends_on_shapes_only():
+    sms = 132
+    # D = 128: V-split; 16-column blocks while 32-column ones would not give 4 programs per SM.
+    assert kda_decode_config(1, 32, 128, sms) == KdaDecodeConfig(block_v=16, num_warps=4)
+    assert kda_decode_config(4, 32, 128, sms).block_v == 16
+    assert kda_decode_config(5, 32, 128, sms) == KdaDecodeConfig(block_v=32, num_warps=4)
+    assert kda_decode_config(256, 12, 128, sms).block_v == 32
+    # Small heads: one program per head.
+    assert kda_decode_config(1, 2, 32, sms) == KdaDecodeConfig(block_v=32, num_warps=4)
+
+
+@pytest.mark.parametrize("block_v", [0, 3, 64])
+def test_config_is_checked(block_v):
+    step = make_step(2, 2, 32, 4, torch.float32, seed=0)
+    with pytest.raises(ValueError, match="config.block_v"):
+        fused_kda_decode(**step, lower_bound=None, config=KdaDecodeConfig(block_v, 2))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_v,num_warps", [(128, 8), (64, 4), (32, 4), (16, 2), (8, 1)])
+def test_gpu_kimi_linear_sizes_every_variant(block_v, num_warps, triton_launches):
+    """32 heads x 128 at batch 64: on the GPU the V blocks of a head run concurrently, which the
+    interpreter (one program after another) cannot show; every one reads the q/k conv windows
+    that only the epilogue kernel may shift."""
+    step = make_step(64, 32, 128, 4, torch.bfloat16, seed=block_v)
+    check_against_unfused(step, -5.0, KdaDecodeConfig(block_v, num_warps), triton_launches)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_replay_matches_eager():
+    """The default launch (V-split with its fp32 scratch at these sizes) captured once: a replay
+    gives the eager call's output and states, bit for bit."""
+    step = make_step(8, 32, 128, 4, torch.bfloat16, seed=1)
+    warm, graph_step, eager_step = clone(step), clone(step), clone(step)
+    fused_kda_decode(**warm, lower_bound=-5.0)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused_kda_decode(**graph_step, lower_bound=-5.0)
+    graph.replay()
+    expected = fused_kda_decode(**eager_step, lower_bound=-5.0)
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected)
+    assert torch.equal(graph_step["ssm_state"], eager_step["ssm_state"])
+    assert torch.equal(graph_step["conv_state"], eager_step["conv_state"])
 
 
 def test_norm_and_gate_go_together():

@@ -162,20 +162,53 @@ def test_many_tiles_and_splits(launches):
     assert launches == {"_mla_decode_split_kernel": 1, "_mla_decode_merge_kernel": 1}
 
 
+@pytest.mark.parametrize("heads,block_h,block_n", [(20, 32, 32), (20, 16, 16), (3, 16, 64)])
+def test_many_splits_and_column_chunks(heads, block_h, block_n, launches, monkeypatch):
+    """More splits than the merge's chunk of 16 (three chunks), most of them empty for the
+    shorter sequences; one head block with padded heads, or two; merge programs over column
+    chunks. The partial buffer starts as NaN: the merge must not read the empty splits' rows."""
+    real_empty = torch.empty
+
+    def nan_empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    args, clean, poisoned = make_case(2, heads, 128, 16, 8, [1, 301], 40, torch.float32, seed=4)
+    ref = mla_decode_paged_ref(kv_cache=clean, **args)
+    config = MlaDecodeConfig(num_splits=40, block_h=block_h, block_n=block_n, num_warps=4,
+                             num_stages=5)  # fmt: skip
+    monkeypatch.setattr(torch, "empty", nan_empty)
+    got = launch_mla_decode(kv_cache=poisoned, config=config, **args)
+    monkeypatch.undo()
+    check(got, ref, torch.float32)
+    assert launches == {"_mla_decode_split_kernel": 1, "_mla_decode_merge_kernel": 1}
+
+
 def test_default_config_depends_on_shapes_only():
     sms = 132
-    # Few programs, long capacity: split to fill the SMs, at most 32 splits.
-    assert mla_decode_config(1, 32, 512, 32768, sms).num_splits == 32
-    assert mla_decode_config(4, 32, 512, 32768, sms).num_splits == 32
-    assert mla_decode_config(8, 32, 512, 32768, sms).num_splits == 17
-    # Splits never shorter than 256 positions of capacity.
-    assert mla_decode_config(1, 32, 512, 1024, sms).num_splits == 4
+    # Wide latents on CUDA: 64-token tiles, 8 warps, 5 stages (double-buffered), 1 per SM.
+    config = mla_decode_config(1, 32, 512, 32768, sms)
+    assert config == MlaDecodeConfig(num_splits=128, block_h=32, block_n=64, num_warps=8,
+                                     num_stages=5)  # fmt: skip
+    # Splits fill one wave of 132 programs, rounded down; at most 128; >= 128 tokens each.
+    assert mla_decode_config(4, 32, 512, 32768, sms).num_splits == 33
+    assert mla_decode_config(8, 32, 512, 32768, sms).num_splits == 16
+    assert mla_decode_config(64, 32, 512, 32768, sms).num_splits == 2
+    assert mla_decode_config(1, 32, 512, 8192, sms).num_splits == 64
     assert mla_decode_config(1, 32, 512, 200, sms).num_splits == 1
-    # Enough (sequence, head block) programs to fill the SMs: no split, no merge kernel.
+    # A full wave of (sequence, head block) programs: no split, no merge kernel.
     assert mla_decode_config(132, 32, 512, 32768, sms).num_splits == 1
     assert mla_decode_config(64, 128, 512, 32768, sms).num_splits == 1
     config = mla_decode_config(1, 4, 32, 64, 1)
     assert config.block_h == 16 and config.block_n >= 16 and config.num_splits == 1
+    # Less shared memory than two [64, 576] tiles need (A100; fp32 caches on an H200):
+    # single-buffered 32-token tiles.
+    small = mla_decode_config(1, 32, 512, 32768, 108, max_smem=164 * 1024)
+    assert (small.block_n, small.num_stages) == (32, 2)
+    fp32 = mla_decode_config(1, 32, 512, 32768, 132, max_smem=227 * 1024, elem_bytes=4)
+    assert (fp32.block_n, fp32.num_stages) == (32, 2)
+    bf16 = mla_decode_config(1, 32, 512, 32768, 132, max_smem=227 * 1024, elem_bytes=2)
+    assert (bf16.block_n, bf16.num_stages) == (64, 5)
 
 
 def test_config_is_checked():
@@ -266,6 +299,25 @@ def test_gpu_kimi_sizes(n, capacity, block_size, dtype):
     # bf16/fp16 probabilities in p @ c: relative 2^-9 (bf16) per weight, rounded to nearest.
     rtol, atol = tolerance(torch.bfloat16)
     torch.testing.assert_close(got.float(), ref.float(), rtol=rtol, atol=atol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "block_h,block_n,num_warps,num_stages",
+    [(32, 32, 8, 2), (32, 16, 8, 2), (32, 32, 8, 5), (32, 32, 8, 7), (32, 64, 8, 5),
+     (32, 64, 8, 2), (16, 32, 8, 5), (16, 16, 8, 5)],
+)  # fmt: skip
+def test_gpu_benchmark_sweep_configs(block_h, block_n, num_warps, num_stages):
+    """Every kernel config benchmark_mla_decode.py sweeps, at Kimi-Linear sizes with 7 splits
+    (one with a single split too): each compiles on the device and matches the reference."""
+    args = make_gpu_case(4, 4096, 64, torch.bfloat16, seed=block_n + num_stages)
+    ref = mla_decode_paged_ref(**args)
+    splits = (1, 7) if (block_h, block_n, num_stages) == (32, 64, 5) else (7,)
+    for num_splits in splits:
+        config = MlaDecodeConfig(num_splits, block_h, block_n, num_warps, num_stages)
+        got = launch_mla_decode(**args, config=config)
+        rtol, atol = tolerance(torch.bfloat16)
+        torch.testing.assert_close(got.float(), ref.float(), rtol=rtol, atol=atol)
 
 
 @pytest.mark.gpu

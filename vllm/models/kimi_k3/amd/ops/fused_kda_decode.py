@@ -1,5 +1,6 @@
 """Fused KDA decode step: short-conv update, gates, delta-rule update and output, and an optional
-gated-RMSNorm epilogue, in one launch (the fork's counterpart of upstream's `fused_kda_decode`).
+gated-RMSNorm epilogue, in one call of one or two kernels (the fork's counterpart of upstream's
+`fused_kda_decode`).
 
 One token for each of N sequences, H local heads, head dim D (= K = V), conv width W:
 
@@ -10,12 +11,29 @@ One token for each of N sequences, H local heads, head dim D (= K = V), conv wid
 - `b` `[N, H]` beta logits (any row stride), `ssm_state` `[S, H, D, D]` fp32 (updated at `slots`);
 - with `norm_weight` `[D]` and `gate` `[N, H, D]` (any strides, unit last): the output is
   `o * rsqrt(mean(o^2) + eps) * norm_weight * sigmoid(gate)` computed on the fp32 `o`.
-Output `[N, H, D]` in `mixed_qkv`'s dtype. Program (n, h) owns head h of sequence n: its conv
-channels, its `[D, D]` state and its output row.
+Output `[N, H, D]` in `mixed_qkv`'s dtype.
+
+Two launch variants (`KdaDecodeConfig.block_v`; `kda_decode_config` picks one from the shapes):
+
+- single (`block_v == D`): program (n, h) owns head h of sequence n: its conv channels, its
+  `[D, D]` state and its output row, norm included; one kernel.
+- V-split (`block_v < D`): program (n, h, j) owns the state columns `[j * block_v, (j + 1) *
+  block_v)`, a `[D, block_v]` tile, and those v channels. Every column needs all of q and k, so
+  each program recomputes them from the conv windows without shifting them; the norm needs the
+  whole row of o. A second small kernel, after all columns are done, shifts the q/k windows and
+  norms (the first kernel then writes o unnormed in an fp32 scratch `[N, H, D]`). The state is
+  read and written once either way; the split trades a second launch and recomputed q/k for
+  programs small enough that several share an SM and overlap their loads.
+
+Both compute o as `S_decayed^T q + (k . q) u`, equal to `S_new^T q`, so both reductions read the
+same decayed tile.
 
 The torch reference composes the layer's unfused ops (conv decode, gate, recurrent core, norm), so
 fused and unfused decode are checked against the same math.
 """
+
+from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -34,24 +52,32 @@ except ImportError:  # CPU-only installs without Triton use the torch reference
 if triton is not None:
 
     @triton.jit
-    def _conv_channels(
-        x_row, w_ptr, state_ptr, stride_wc, stride_sc, chans,
-        W: tl.constexpr, BLOCK_W: tl.constexpr,
-    ):  # fmt: skip
-        # silu(causal conv) of one token for `chans`, and the slot's window shifted by one.
-        # Everything is loaded before the barrier and stored after it: a channel can be held by
-        # two warps (a [D] vector over more threads than D), which must not race on the window.
+    def _shift_window(x_row, state_ptr, stride_sc, chans, W: tl.constexpr, BLOCK_W: tl.constexpr):
+        # The slot's conv window of `chans` moves on by one token (the oldest drops out, x enters).
+        # Loads precede the barrier and stores follow it: a channel can be held by two warps (a
+        # [C] vector over more threads than C), which must not race on the window.
         j = tl.arange(0, BLOCK_W)[None, :]
         rows = chans[:, None] * stride_sc
         x = tl.load(x_row + chans)
-        old = tl.load(state_ptr + rows + j, mask=j < W - 1, other=0.0)
         nxt = tl.load(state_ptr + rows + j + 1, mask=j + 1 < W - 1, other=0.0)
-        taps = tl.load(w_ptr + chans[:, None] * stride_wc + j, mask=j < W, other=0.0)
-        window = tl.where(j == W - 1, x[:, None], old).to(tl.float32)
-        acc = tl.sum(window * taps, axis=1)
         shifted = tl.where(j + 1 == W - 1, x[:, None], nxt)
         tl.debug_barrier()
         tl.store(state_ptr + rows + j, shifted.to(state_ptr.dtype.element_ty), mask=j < W - 1)
+
+    @triton.jit
+    def _conv_channels(
+        x_row, w_ptr, state_ptr, stride_wc, stride_sc, chans,
+        W: tl.constexpr, BLOCK_W: tl.constexpr, UPDATE: tl.constexpr,
+    ):  # fmt: skip
+        # silu(causal conv) of one token for `chans`; with UPDATE, also shifts their window.
+        j = tl.arange(0, BLOCK_W)[None, :]
+        x = tl.load(x_row + chans)
+        old = tl.load(state_ptr + chans[:, None] * stride_sc + j, mask=j < W - 1, other=0.0)
+        taps = tl.load(w_ptr + chans[:, None] * stride_wc + j, mask=j < W, other=0.0)
+        window = tl.where(j == W - 1, x[:, None], old).to(tl.float32)
+        acc = tl.sum(window * taps, axis=1)
+        if UPDATE:
+            _shift_window(x_row, state_ptr, stride_sc, chans, W, BLOCK_W)
         return acc * tl.sigmoid(acc)
 
     @triton.jit
@@ -59,25 +85,36 @@ if triton is not None:
         return x / tl.sqrt(tl.sum(x * x, axis=0) + 1e-6)
 
     @triton.jit
+    def _gated_rms_norm(o, gate_row, norm_w_ptr, eps, D: tl.constexpr):
+        d = tl.arange(0, D)
+        rstd = tl.rsqrt(tl.sum(o * o, axis=0) / D + eps)
+        z = tl.load(gate_row + d).to(tl.float32)
+        return o * rstd * tl.load(norm_w_ptr + d).to(tl.float32) * tl.sigmoid(z)
+
+    @triton.jit
     def _fused_kda_decode_kernel(
         qkv_ptr, conv_w_ptr, conv_state_ptr, raw_g_ptr, a_log_ptr, dt_bias_ptr, b_ptr,
         ssm_ptr, slots_ptr, gate_ptr, norm_w_ptr, out_ptr,
         stride_qkv, stride_wc, stride_cs, stride_cc, stride_g, stride_b,
         stride_ss, stride_sh, stride_gate_n, stride_gate_h, stride_on, stride_oh,
-        lower_bound, eps, q_scale,
-        H: tl.constexpr, D: tl.constexpr, W: tl.constexpr, BLOCK_W: tl.constexpr,
-        HAS_LOWER_BOUND: tl.constexpr, APPLY_NORM: tl.constexpr,
+        heads, lower_bound, eps, q_scale,
+        D: tl.constexpr, W: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_V: tl.constexpr,
+        SPLIT: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, APPLY_NORM: tl.constexpr,
     ):  # fmt: skip
         n = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
         slot = tl.load(slots_ptr + n).to(tl.int64)
         d = tl.arange(0, D)
+        cols = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)  # this program's V columns
+        s_ptrs = ssm_ptr + slot * stride_ss + h * stride_sh + d[:, None] * D + cols[None, :]
         x_row = qkv_ptr + n * stride_qkv
         state = conv_state_ptr + slot * stride_cs
         conv = (x_row, conv_w_ptr, state, stride_wc, stride_cc)
-        q = _conv_channels(*conv, h * D + d, W, BLOCK_W)
-        k = _conv_channels(*conv, (H + h) * D + d, W, BLOCK_W)
-        v = _conv_channels(*conv, (2 * H + h) * D + d, W, BLOCK_W)
+        # Split: every V block needs all of q and k but owns only its v channels, so q/k windows
+        # are only read here (the epilogue kernel shifts them once all blocks have read them).
+        q = _conv_channels(*conv, h * D + d, W, BLOCK_W, not SPLIT)
+        k = _conv_channels(*conv, (heads + h) * D + d, W, BLOCK_W, not SPLIT)
+        v = _conv_channels(*conv, (2 * heads + h) * D + cols, W, BLOCK_W, True)
         q = _l2_normalize(q) * q_scale
         k = _l2_normalize(k)
 
@@ -90,17 +127,43 @@ if triton is not None:
             g = -rate * tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))
         beta = tl.sigmoid(tl.load(b_ptr + n * stride_b + h).to(tl.float32))
 
-        s_ptrs = ssm_ptr + slot * stride_ss + h * stride_sh + d[:, None] * D + d[None, :]
-        s = tl.load(s_ptrs) * tl.exp(g)[:, None]  # [K, V]
+        # Loaded here, not before the prologue: loaded first, Triton gives the tile the conv
+        # windows' layout and converts it through shared memory (sm_90, Triton 3.9). Other
+        # programs on the SM (split variant) cover the prologue's latency instead.
+        s = tl.load(s_ptrs) * tl.exp(g)[:, None]  # [K, BLOCK_V]
+        # o = (S + k u^T)^T q = S^T q + (k . q) u: both reductions read the decayed tile, so
+        # they run together and o does not wait for the update.
         u = beta * (v - tl.sum(s * k[:, None], axis=0))
-        s += k[:, None] * u[None, :]
-        tl.store(s_ptrs, s)
-        o = tl.sum(s * q[:, None], axis=0)  # [V]
+        o = tl.sum(s * q[:, None], axis=0) + tl.sum(k * q, axis=0) * u  # [BLOCK_V]
+        tl.store(s_ptrs, s + k[:, None] * u[None, :])
+        if APPLY_NORM and not SPLIT:
+            o = _gated_rms_norm(o, gate_ptr + n * stride_gate_n + h * stride_gate_h, norm_w_ptr,
+                                eps, D)  # fmt: skip
+        # Split with the norm: `out_ptr` is the fp32 [N, H, D] scratch the epilogue norms.
+        tl.store(out_ptr + n * stride_on + h * stride_oh + cols, o.to(out_ptr.dtype.element_ty))
+
+    @triton.jit
+    def _kda_decode_epilogue_kernel(
+        qkv_ptr, conv_state_ptr, slots_ptr, o_ptr, gate_ptr, norm_w_ptr, out_ptr,
+        stride_qkv, stride_cs, stride_cc, stride_gate_n, stride_gate_h, stride_on, stride_oh,
+        heads, eps,
+        D: tl.constexpr, W: tl.constexpr, BLOCK_W: tl.constexpr, APPLY_NORM: tl.constexpr,
+    ):  # fmt: skip
+        # After the V-split kernel: shifts head h's q and k windows (which its V blocks all read)
+        # and applies the norm, which needs the whole [D] row of o.
+        n = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1)
+        slot = tl.load(slots_ptr + n).to(tl.int64)
+        d = tl.arange(0, D)
+        x_row = qkv_ptr + n * stride_qkv
+        state = conv_state_ptr + slot * stride_cs
+        _shift_window(x_row, state, stride_cc, h * D + d, W, BLOCK_W)
+        _shift_window(x_row, state, stride_cc, (heads + h) * D + d, W, BLOCK_W)
         if APPLY_NORM:
-            rstd = tl.rsqrt(tl.sum(o * o, axis=0) / D + eps)
-            z = tl.load(gate_ptr + n * stride_gate_n + h * stride_gate_h + d).to(tl.float32)
-            o = o * rstd * tl.load(norm_w_ptr + d).to(tl.float32) * tl.sigmoid(z)
-        tl.store(out_ptr + n * stride_on + h * stride_oh + d, o.to(out_ptr.dtype.element_ty))
+            o = tl.load(o_ptr + (n * heads + h) * D + d)
+            o = _gated_rms_norm(o, gate_ptr + n * stride_gate_n + h * stride_gate_h, norm_w_ptr,
+                                eps, D)  # fmt: skip
+            tl.store(out_ptr + n * stride_on + h * stride_oh + d, o.to(out_ptr.dtype.element_ty))
 
 
 def fused_kda_decode_ref(
@@ -131,6 +194,49 @@ def fused_kda_decode_ref(
     return o.to(mixed_qkv.dtype)
 
 
+@dataclass(frozen=True)
+class KdaDecodeConfig:
+    """Launch parameters of the Triton path.
+
+    `block_v`: value columns per program, a power of two dividing D. `block_v == D` is the
+    single-kernel variant (program per (sequence, head), norm in the kernel); below D the V-split
+    variant (program per (sequence, head, V block) on a `[D, block_v]` state tile, then the
+    epilogue kernel).
+    """
+
+    block_v: int
+    num_warps: int
+
+
+# Heads x V blocks per SM below which the split variant uses narrower blocks (more programs).
+_MIN_PROGRAMS_PER_SM = 4
+
+
+def kda_decode_config(n: int, heads: int, d: int, num_sms: int) -> KdaDecodeConfig:
+    """The default launch for N sequences of `heads` heads of dim `d` on `num_sms` SMs.
+
+    The single kernel holds a [D, D] fp32 tile per program (at D = 128 with 8 warps, 168
+    registers a thread on sm_90 with Triton 3.6: one program per SM), so its state loads,
+    prologue and reductions barely overlap. The split variant's [D, 32] tiles with 4 warps
+    (~72 registers: about 7 programs per SM) give four times as many programs and let several
+    share an SM; narrower blocks only when even that would not put `_MIN_PROGRAMS_PER_SM`
+    programs on every SM. Small heads have small tiles: no split.
+    """
+    if d < 64:
+        return KdaDecodeConfig(block_v=d, num_warps=4)
+    block_v = 32
+    if n * heads * (d // block_v) < _MIN_PROGRAMS_PER_SM * num_sms:
+        block_v = 16
+    return KdaDecodeConfig(block_v=block_v, num_warps=4)
+
+
+@lru_cache(maxsize=8)
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 1  # the interpreter runs programs one after another
+
+
 def fused_kda_decode(
     mixed_qkv: torch.Tensor,
     conv_weight: torch.Tensor,
@@ -145,8 +251,10 @@ def fused_kda_decode(
     norm_weight: torch.Tensor | None = None,
     gate: torch.Tensor | None = None,
     eps: float = 1e-5,
+    config: KdaDecodeConfig | None = None,
 ) -> torch.Tensor:
-    """One decode step of N sequences in one launch; see the module docstring for shapes."""
+    """One decode step of N sequences; see the module docstring for shapes. `config` overrides
+    the default launch (`kda_decode_config`; benchmarks and tests)."""
     n, heads = b.shape
     _, _, d, d_v = ssm_state.shape
     width = conv_weight.shape[1]
@@ -184,18 +292,40 @@ def fused_kda_decode(
             mixed_qkv, conv_weight, conv_state, raw_g, A_log, dt_bias, lower_bound, b,
             ssm_state, slots, norm_weight, gate, eps,
         )  # fmt: skip
-    out = torch.empty(n, heads, d, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
+    if config is None:
+        config = kda_decode_config(n, heads, d, _num_sms(mixed_qkv.device))
+    block_v = config.block_v
+    if block_v < 1 or block_v > d or block_v & (block_v - 1):
+        raise ValueError(f"config.block_v must be a power of two <= D = {d}, got {block_v}")
+    split = block_v < d
     apply_norm = norm_weight is not None
+    out = torch.empty(n, heads, d, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
+    # Split with the norm: the V blocks write o unnormed in fp32, the epilogue norms whole rows.
+    core_out = (
+        torch.empty(n, heads, d, dtype=torch.float32, device=out.device)
+        if split and apply_norm
+        else out
+    )
     gate_arg = gate if apply_norm else out
-    _fused_kda_decode_kernel[(n, heads)](
+    norm_w_arg = norm_weight if apply_norm else A_log
+    block_w = triton.next_power_of_2(width)
+    _fused_kda_decode_kernel[(n, heads, d // block_v)](
         mixed_qkv, conv_weight, conv_state, raw_g, A_log, dt_bias, b,
-        ssm_state, slots, gate_arg, norm_weight if apply_norm else A_log, out,
+        ssm_state, slots, gate_arg, norm_w_arg, core_out,
         mixed_qkv.stride(0), conv_weight.stride(0), conv_state.stride(0), conv_state.stride(1),
         raw_g.stride(0), b.stride(0), ssm_state.stride(0), ssm_state.stride(1),
-        gate_arg.stride(0), gate_arg.stride(1), out.stride(0), out.stride(1),
-        lower_bound if lower_bound is not None else 0.0, eps, d**-0.5,
-        H=heads, D=d, W=width, BLOCK_W=triton.next_power_of_2(width),
+        gate_arg.stride(0), gate_arg.stride(1), core_out.stride(0), core_out.stride(1),
+        heads, lower_bound if lower_bound is not None else 0.0, eps, d**-0.5,
+        D=d, W=width, BLOCK_W=block_w, BLOCK_V=block_v, SPLIT=split,
         HAS_LOWER_BOUND=lower_bound is not None, APPLY_NORM=apply_norm,
-        num_warps=8 if d >= 128 else 4,
+        num_warps=config.num_warps,
     )  # fmt: skip
+    if split:
+        _kda_decode_epilogue_kernel[(n, heads)](
+            mixed_qkv, conv_state, slots, core_out, gate_arg, norm_w_arg, out,
+            mixed_qkv.stride(0), conv_state.stride(0), conv_state.stride(1),
+            gate_arg.stride(0), gate_arg.stride(1), out.stride(0), out.stride(1),
+            heads, eps,
+            D=d, W=width, BLOCK_W=block_w, APPLY_NORM=apply_norm, num_warps=2,
+        )  # fmt: skip
     return out

@@ -18,14 +18,16 @@ Output `[N, H, L]` in `q_latent`'s dtype: `sum_p softmax_p(scale * (q_latent . c
 Shapes are fixed by the buffers, not by the lengths, and nothing is read back to the host: the op
 can be captured in a CUDA graph.
 
-GPU path (Triton, split-KV). Program (n, head block, split) holds `BLOCK_H` heads of sequence n, so
-each cache tile it loads serves all of them (MLA heads share `c` and `k_pe`). Its split is the
+GPU path (Triton, split-KV). Program (head block, split, n) holds `BLOCK_H` heads of sequence n,
+so each cache tile it loads serves all of them (MLA heads share `c` and `k_pe`). Its split is the
 `s`-th of `num_splits` equal, `BLOCK_N`-aligned slices of `[0, seq_lens[n])`, cut on the device;
 slices past the length are empty and contribute nothing. It walks its slice in tiles of `BLOCK_N`
 tokens (rows found through `block_tables`), scores them with `tl.dot`, and keeps an online softmax
 (running max and sum, fp32, base 2). With one split it writes the output directly; otherwise it
-writes its normalized fp32 partial and log2-sum-exp, and a second kernel merges the splits per
-(n, head). `num_splits` is chosen on the host from N, H, the SM count and the context capacity
+writes its normalized fp32 partial and log2-sum-exp (an empty split writes only a -inf
+log-sum-exp), and a second kernel merges the splits per (n, head, column block), skipping empty
+ones. `MlaDecodeConfig` sets the tiles, warps, pipeline stages and split count;
+`mla_decode_config` chooses them on the host from N, H, the SM count and the context capacity
 (`max_blocks * block_size`), never from `seq_lens`. bf16/fp16 caches: the probabilities are
 rounded to the cache dtype for the `p @ c` tensor-core product (relative 2^-9 per weight); fp32
 caches use IEEE fp32 products throughout.
@@ -50,10 +52,16 @@ except ImportError:  # CPU-only installs without Triton use the torch reference
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _LOG2E = math.log2(math.e)
-# A split shorter than this spends more on its partial's write and merge than it saves.
-_MIN_SPLIT_TOKENS = 256
-# Bounds the partial buffer ([N, H, splits, L] fp32) and the merge kernel's tile.
-_MAX_SPLITS = 32
+# A split shorter than this spends more on its partial's write and merge (a [H, L] fp32 row, 64
+# KiB at Kimi-Linear's sizes, against 147 KiB of bf16 cache) than it saves.
+_MIN_SPLIT_TOKENS = 128
+# Bounds the partial buffer ([N, H, splits, L] fp32: 8 MiB at N = 1 for Kimi-Linear's sizes).
+_MAX_SPLITS = 128
+# Programs of the default launch that an SM holds at once (registers, shared memory): one wave.
+_PROGRAMS_PER_SM = 1
+# Shared memory of the wide default on CUDA, bf16 [64, 576] tiles with 5 stages (Triton 3.6,
+# sm_90).
+_PIPELINED_WIDE_SMEM = 189440
 # tl.dot needs every dimension of its operands to be at least 16.
 _MIN_DOT = 16
 
@@ -69,10 +77,12 @@ if triton is not None:
         BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
         DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
     ):  # fmt: skip
-        n = tl.program_id(0).to(tl.int64)
+        # Head blocks vary fastest in launch order: the programs that read the same cache tiles
+        # for different heads run at the same time, and the later ones find the tiles in L2.
+        h = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
         split = tl.program_id(1)
         num_splits = tl.num_programs(1)
-        h = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
+        n = tl.program_id(2).to(tl.int64)
         h_ok = h < heads
         col_l = tl.arange(0, BLOCK_L)
         col_r = tl.arange(0, BLOCK_R)
@@ -126,13 +136,14 @@ if triton is not None:
 
         out_mask = h_ok[:, None] & l_ok[None, :]
         if SPLIT:
-            # An empty split (past the sequence's length) leaves a zero partial and a -inf
-            # log-sum-exp, so the merge gives it zero weight.
+            # An empty split (past the sequence's length) writes only a -inf log-sum-exp: the
+            # merge gives it zero weight and does not read its partial.
             nonempty = denom > 0.0
             o = acc / tl.where(nonempty, denom, 1.0)[:, None]
             lse = tl.where(nonempty, m + tl.log2(tl.where(nonempty, denom, 1.0)), float("-inf"))
             base = out_ptr + n * stride_on + split * stride_os
-            tl.store(base + h[:, None] * stride_oh + col_l[None, :], o, mask=out_mask)
+            tl.store(base + h[:, None] * stride_oh + col_l[None, :], o,
+                     mask=out_mask & nonempty[:, None])  # fmt: skip
             tl.store(lse_ptr + n * stride_ln + h * stride_lh + split, lse, mask=h_ok)
         else:
             o = acc / denom[:, None]
@@ -148,20 +159,35 @@ if triton is not None:
         num_splits,
         L: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_S: tl.constexpr,
     ):  # fmt: skip
+        # Program (n, h, j): columns [j * BLOCK_L, (j + 1) * BLOCK_L) of head h's output, so
+        # that a small batch still spreads its partials' reads over many SMs. Splits in chunks
+        # of BLOCK_S: the first pass finds the largest log-sum-exp, the second sums.
         n = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
-        s = tl.arange(0, BLOCK_S)
-        s_ok = s < num_splits
-        col = tl.arange(0, BLOCK_L)
-        lse = tl.load(lse_ptr + n * stride_ln + h * stride_lh + s, mask=s_ok, other=float("-inf"))
+        col = tl.program_id(2) * BLOCK_L + tl.arange(0, BLOCK_L)
+        lse_row = lse_ptr + n * stride_ln + h * stride_lh
         # Split 0 always holds the sequence's first token, so the maximum is finite.
-        weight = tl.exp2(lse - tl.max(lse, axis=0))
-        weight = weight / tl.sum(weight, axis=0)
-        part = tl.load(
-            part_ptr + n * stride_pn + h * stride_ph + s[:, None] * stride_ps + col[None, :],
-            mask=s_ok[:, None] & (col < L)[None, :], other=0.0,
-        )  # fmt: skip
-        o = tl.sum(part * weight[:, None], axis=0)
+        top = tl.full([], float("-inf"), tl.float32)
+        for s0 in range(0, num_splits, BLOCK_S):
+            s = s0 + tl.arange(0, BLOCK_S)
+            lse = tl.load(lse_row + s, mask=s < num_splits, other=float("-inf"))
+            top = tl.maximum(top, tl.max(lse, axis=0))
+        acc = tl.zeros([BLOCK_L], tl.float32)
+        total = tl.zeros([], tl.float32)
+        part_row = part_ptr + n * stride_pn + h * stride_ph
+        for s0 in range(0, num_splits, BLOCK_S):
+            s = s0 + tl.arange(0, BLOCK_S)
+            lse = tl.load(lse_row + s, mask=s < num_splits, other=float("-inf"))
+            # Empty splits (-inf) have weight 0 and no partial written: not read.
+            live = lse > float("-inf")
+            weight = tl.where(live, tl.exp2(lse - top), 0.0)
+            part = tl.load(
+                part_row + s[:, None] * stride_ps + col[None, :],
+                mask=live[:, None] & (col < L)[None, :], other=0.0,
+            )  # fmt: skip
+            acc += tl.sum(part * weight[:, None], axis=0)
+            total += tl.sum(weight, axis=0)
+        o = acc / total
         tl.store(
             out_ptr + n * stride_on + h * stride_oh + col, o.to(out_ptr.dtype.element_ty),
             mask=col < L,
@@ -206,30 +232,65 @@ def _num_sms(device: torch.device) -> int:
     return 1  # the interpreter runs programs one after another
 
 
+@lru_cache(maxsize=8)
+def _max_smem(device: torch.device) -> int:
+    """Shared memory one program may use (bytes); no limit for the interpreter. 0 where torch does
+    not report it (ROCm, whose launch does not depend on it; old torch: the small-memory launch)."""
+    if device.type != "cuda":
+        return 2**31
+    return getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", 0)
+
+
 def mla_decode_config(
-    n: int, heads: int, latent: int, capacity: int, num_sms: int
+    n: int,
+    heads: int,
+    latent: int,
+    capacity: int,
+    num_sms: int,
+    max_smem: int = 2**31,
+    elem_bytes: int = 2,
 ) -> MlaDecodeConfig:
     """The default launch for N sequences of `heads` heads over `capacity` cached positions.
 
-    Splits only when the (sequence, head block) programs would not fill the `num_sms` SMs, and
-    never below `_MIN_SPLIT_TOKENS` positions of capacity per split. Depends on shapes only, so a
-    captured graph stays valid for every `seq_lens`.
+    Decode reads the cache once, so the kernel is bound by the bytes in flight per SM. Wide
+    latents on CUDA: `[64, 576]` bf16 cache tiles (72 KiB), 8 warps, 5 stages, one program per
+    SM. The cache rows are found through the block table and Triton's pipeliner spends two
+    stages on that indirection: below 5 stages each tile is loaded into a single buffer after
+    the previous one is consumed, so loads and compute do not overlap (sm_90, Triton 3.6 and
+    3.9). At 5 stages the tiles are double buffered (two in flight, ~185 KiB of shared memory;
+    ~216 registers a thread, so one program per SM). Where that does not fit the shared memory
+    a program may use (`max_smem`, bytes: A100 164 KiB, Ada 99 KiB; fp32 caches, `elem_bytes`
+    4, need twice as much), single-buffered `[32, 576]` tiles with 2 stages; ROCm keeps 32-token
+    tiles and one stage (64 KiB of LDS).
+
+    Splits: as many as fill one wave (`_PROGRAMS_PER_SM * num_sms` programs, rounded down so that
+    equal-length sequences leave no nearly empty last wave), no split shorter than
+    `_MIN_SPLIT_TOKENS` positions of capacity, at most `_MAX_SPLITS`. Depends on shapes only, so
+    a captured graph stays valid for every `seq_lens`.
     """
     block_h = max(_MIN_DOT, min(next_power_of_2(heads), 32))
-    programs = n * -(-heads // block_h)
-    splits = -(-num_sms // programs) if programs < num_sms else 1
-    splits = max(1, min(splits, capacity // _MIN_SPLIT_TOKENS, _MAX_SPLITS))
     wide = next_power_of_2(latent) >= 256
-    # Wide latents: [32, 512] tiles keep q, the accumulator and a cache tile within registers
-    # and shared memory with two pipeline stages (a [32, 576] bf16 tile is 36 KiB); ROCm's 64 KiB
-    # of LDS holds only one stage next to the dot operands.
-    return MlaDecodeConfig(
-        num_splits=splits,
-        block_h=block_h,
-        block_n=32 if wide else 64,
-        num_warps=8 if wide else 4,
-        num_stages=1 if current_platform.is_rocm() else 2,
-    )
+    if current_platform.is_rocm():
+        block_n, num_warps, num_stages = (32, 8, 1) if wide else (64, 4, 1)
+    elif not wide:
+        block_n, num_warps, num_stages = 64, 4, 2
+    elif max_smem >= _PIPELINED_WIDE_SMEM * elem_bytes // 2:
+        block_n, num_warps, num_stages = 64, 8, 5
+    else:
+        block_n, num_warps, num_stages = 32, 8, 2
+    programs = n * -(-heads // block_h)
+    splits = max(1, min(_PROGRAMS_PER_SM * num_sms // programs, capacity // _MIN_SPLIT_TOKENS,
+                        _MAX_SPLITS))  # fmt: skip
+    return MlaDecodeConfig(splits, block_h, block_n, num_warps, num_stages)
+
+
+def _merge_block_l(n: int, heads: int, latent: int, num_sms: int) -> int:
+    """Output columns per merge program: narrower until there are ~4 programs per SM, so that a
+    small batch reads its partials from many SMs at once."""
+    block = next_power_of_2(latent)
+    while block > 64 and n * heads * -(-latent // block) < 4 * num_sms:
+        block //= 2
+    return block
 
 
 def launch_mla_decode(
@@ -264,7 +325,7 @@ def launch_mla_decode(
         lse = out  # unused without splits
         dest, part_strides, lse_strides = out, (*out.stride()[:2], 0), (0, 0)
     block_l = max(_MIN_DOT, next_power_of_2(latent))
-    grid = (n, config.num_splits, -(-heads // config.block_h))
+    grid = (-(-heads // config.block_h), config.num_splits, n)
     _mla_decode_split_kernel[grid](
         q_latent, q_pe, kv_cache, block_tables, seq_lens, dest, lse,
         q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1),
@@ -278,12 +339,14 @@ def launch_mla_decode(
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     if split:
-        _mla_decode_merge_kernel[(n, heads)](
+        merge_l = _merge_block_l(n, heads, latent, _num_sms(q_latent.device))
+        _mla_decode_merge_kernel[(n, heads, -(-latent // merge_l))](
             part, lse, out,
             *part.stride()[:3], *lse.stride()[:2], *out.stride()[:2],
             config.num_splits,
-            L=latent, BLOCK_L=block_l, BLOCK_S=next_power_of_2(config.num_splits),
-            num_warps=8 if block_l >= 256 else 4,
+            # Splits in chunks of 16: one compiled merge for every split count.
+            L=latent, BLOCK_L=merge_l, BLOCK_S=16,
+            num_warps=4,
         )  # fmt: skip
     return out
 
@@ -339,5 +402,8 @@ def mla_decode_paged(
         return mla_decode_paged_ref(q_latent, q_pe, kv_cache, block_tables, seq_lens, scale)
     n, heads, latent = q_latent.shape
     capacity = block_tables.shape[1] * kv_cache.shape[1]
-    config = mla_decode_config(n, heads, latent, capacity, _num_sms(q_latent.device))
+    device = q_latent.device
+    config = mla_decode_config(
+        n, heads, latent, capacity, _num_sms(device), _max_smem(device), q_latent.element_size()
+    )
     return launch_mla_decode(q_latent, q_pe, kv_cache, block_tables, seq_lens, scale, config)
