@@ -91,6 +91,7 @@ _COUNTED_KERNELS = {
         "_per_token_fp8_quant_kernel",
     ),
     "vllm.models.kimi_k3.amd.ops.fused_kda_decode": ("_fused_kda_decode_kernel",),
+    "vllm.model_executor.kernels.linear.small_m_gemm": ("_small_m_gemm_kernel",),
 }  # fmt: skip
 
 
