@@ -42,15 +42,15 @@ def small_ints(gen: torch.Generator, *shape: int, bound: int = 16) -> torch.Tens
 
 
 def fp8_operands(m, n, k, bias, seed, exact=True, device=DEVICE):
-    """(xq, x_scale [M, 1], wq [N, K] as the transposed [K, N] view the PTPC layer stores,
-    w_scale [N, 1], bias [N] bf16 or None)."""
+    """(xq, x_scale [M, 1], wq [N, K] row-major (the codes whose [K, N] transposed view the PTPC
+    layer stores), w_scale [N, 1], bias [N] bf16 or None)."""
     gen = torch.Generator().manual_seed(seed)
     if exact:
         x, w = small_ints(gen, m, k), small_ints(gen, n, k)
     else:  # full-range codes, as quantization produces
         x = torch.randn(m, k, generator=gen) * 120
         w = torch.randn(n, k, generator=gen) * 120
-    xq, wq = x.to(FP8), w.to(FP8).t().contiguous().t()
+    xq, wq = x.to(FP8), w.to(FP8)
     x_scale = torch.rand(m, 1, generator=gen) * 0.01 + 1e-3
     w_scale = torch.rand(n, 1, generator=gen) * 0.01 + 1e-3
     b = torch.randn(n, generator=gen).to(torch.bfloat16) if bias else None
@@ -98,6 +98,14 @@ def test_fp8_kernel_within_fp32_summation_of_reference(m, out_dtype):
     if out_dtype == torch.bfloat16:
         bound = bound + bf16_ulp(ref)  # the two may round to neighbouring bf16 values
     assert ((out - ref).abs() <= bound).all()
+
+
+def test_fp8_kernel_reads_any_weight_strides():
+    xq, xs, wq, ws, b = fp8_operands(3, 37, 200, True, seed=6)
+    column_major = wq.t().contiguous().t()
+    assert column_major.stride() == (1, 37)
+    out = smg.fp8_small_m_gemm(xq, xs, column_major, ws, b)
+    assert torch.equal(out, smg.fp8_small_m_gemm(xq, xs, wq, ws, b))
 
 
 def test_fp8_split_k_is_deterministic_and_leaves_semaphores_zero():
