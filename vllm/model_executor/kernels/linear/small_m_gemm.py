@@ -216,11 +216,14 @@ def _default_config(block_m: int, n: int, k: int, elem_bytes: int, sms: int) -> 
     while n_tiles * split < 2 * sms and k_tiles >= 4 * split and n_tiles <= _SEMAPHORE_SLOTS:
         split *= 2
     split = _even_split(k_tiles, split)
+    # Shared memory per stage is (BLOCK_N + BLOCK_M) x 256 bytes: fewer stages for wider tiles.
     stages = 4 if block_m * block_n <= 32 * 32 else 3
     return SmallMGemmConfig(block_n, block_k, split, num_warps=4, num_stages=stages)
 
 
-def default_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device):
+def default_config(
+    m: int, n: int, k: int, dtype: torch.dtype, device: torch.device
+) -> SmallMGemmConfig:
     """The launch shape used for an ``[M, K] x [N, K]^T`` product of ``dtype`` operands."""
     return _default_config(_block_m(m), n, k, dtype.itemsize, _num_sms(device))
 
