@@ -1,9 +1,12 @@
-"""Correct fp32 -> fp8 rounding for Triton's CPU interpreter, for pytest and spawned workers.
+"""Correct fp32 -> fp8 and fp32 -> bf16 rounding for Triton's CPU interpreter, for pytest and
+spawned workers.
 
 Triton's interpreter (``TRITON_INTERPRET=1``) converts fp32 to fp8 wrongly: ties round away from
 zero and a rounding carry into the exponent is dropped, so 127.97 becomes 64 (triton PR #11897).
+It truncates fp32 to bf16 (``x.to(tl.bfloat16)`` and stores of fp32 into bf16), where GPUs round
+to nearest even: half of all values land one bf16 ulp toward zero (Triton 3.9).
 ``install()`` routes those conversions through torch's correctly rounded cast, so the kernels are
-checked against the true FP8 rounding rather than a widened tolerance. The test session installs
+checked against the true rounding rather than a widened tolerance. The test session installs
 it (tests/conftest.py) and so do the gloo TP workers (tests/gloo_tp2.py), which are fresh
 processes that do not inherit the parent's patch.
 """
@@ -20,14 +23,18 @@ def install() -> Callable[[], None]:
     from triton.runtime import interpreter
 
     original = interpreter._convert_float
-    fp8_targets = {tl.float8e4nv: torch.float8_e4m3fn, tl.float8e4b8: torch.float8_e4m3fnuz}
+    targets = {
+        tl.float8e4nv: (torch.float8_e4m3fn, torch.uint8),
+        tl.float8e4b8: (torch.float8_e4m3fnuz, torch.uint8),
+        tl.bfloat16: (torch.bfloat16, torch.uint16),
+    }
 
     def convert(input, input_dtype, output_dtype, rounding_mode):
-        target = fp8_targets.get(output_dtype)
+        target = targets.get(output_dtype)
         if target is None or input_dtype != tl.float32:
             return original(input, input_dtype, output_dtype, rounding_mode)
         values = torch.from_numpy(np.ascontiguousarray(input).view(np.float32))
-        return values.to(target).view(torch.uint8).numpy().reshape(input.shape)
+        return values.to(target[0]).view(target[1]).numpy().reshape(input.shape)
 
     interpreter._convert_float = convert
 
