@@ -91,6 +91,9 @@ _COUNTED_KERNELS = {
         "_per_token_fp8_quant_kernel",
     ),
     "vllm.models.kimi_k3.amd.ops.fused_kda_decode": ("_fused_kda_decode_kernel",),
+    "vllm.model_executor.layers.fused_moe.experts_triton": (
+        "_moe_gate_up_kernel", "_moe_down_kernel",
+    ),
 }  # fmt: skip
 
 
