@@ -19,7 +19,7 @@ largest T * K up to which the fastest triton config beats grouped at every measu
 
     python benchmarks/kernels/benchmark_moe.py --csv moe.csv
     python benchmarks/kernels/benchmark_moe.py --paths grouped triton --tokens 1 8 16 \
-        --triton-configs 16,256,4/8,256,4 32,128,4/16,256,4 8,256,4/4,512,4
+        --triton-configs 16,256,4/8,256,8 32,128,4/16,256,8 8,256,4/8,128,4 16,512,8/4,512,8
     python benchmarks/kernels/benchmark_moe.py --dry-run      # tiny shapes, CPU, no GPU needed
 
 A triton config is `BLOCK_N,BLOCK_K,WARPS/BLOCK_H,BLOCK_I,WARPS`: gate/up kernel (intermediate

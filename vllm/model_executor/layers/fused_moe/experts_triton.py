@@ -37,7 +37,9 @@ weighted sum). In fp32 every rounding is the identity.
 
 Launch shapes: defaults are for Hopper at 1-8 tokens of Kimi-Linear (H 2304, I 1024, K 8): 8 rows
 x 64 blocks of 16 intermediate columns is 512 gate/up programs (~4 per SM on 132 SMs), and 2304 /
-8 = 288 down programs for one token, each with a 16-32 KB tile of loads in flight per step.
+8 = 288 down programs for one token; each program has a 16 KB (gate/up) or 32 KB (down) tile of
+16-byte loads in flight per step. Compiled for sm_90 (Triton 3.9) they take 56 and 95 registers
+and spill nothing (the down tile over 4 warps would take 167). These are starting points:
 `benchmarks/kernels/benchmark_moe.py --triton-configs` sweeps them.
 """
 
@@ -148,7 +150,7 @@ def moe_experts_triton(
     gate_up_warps: int = 4,
     block_h: int = 8,
     block_i: int = 256,
-    down_warps: int = 4,
+    down_warps: int = 8,
 ) -> torch.Tensor:
     """Routed experts in two Triton launches; see the module docstring for shapes and numerics.
 
