@@ -2,9 +2,9 @@
 
 Without a GPU every Triton kernel runs under ``TRITON_INTERPRET=1``. That interpreter converts fp32
 to fp8 wrongly (ties round away from zero and a rounding carry into the exponent is dropped, so
-127.97 becomes 64; triton PR #11897). The fixture below installs tests/fp8_interpreter.py, which
-routes fp32 -> fp8 conversions through torch's correctly rounded cast, so the kernels are checked
-against the true FP8 rounding rather than a widened tolerance.
+127.97 becomes 64; triton PR #11897) and truncates fp32 to bf16. The fixture below installs
+tests/fp8_interpreter.py, which routes fp32 -> fp8 / bf16 conversions through torch's correctly
+rounded cast, so the kernels are checked against the true rounding rather than a widened tolerance.
 """
 
 import os
@@ -46,7 +46,7 @@ def _seed_each_test(request: pytest.FixtureRequest) -> None:
 
 @pytest.fixture(autouse=True, scope="session")
 def _interpreter_fp8_rounding():
-    """Make the Triton interpreter's fp32 -> fp8 casts round like torch (and the hardware)."""
+    """Make the Triton interpreter's fp32 -> fp8 / bf16 casts round like torch (and the GPU)."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         yield
         return
@@ -94,6 +94,9 @@ _COUNTED_KERNELS = {
         "_fused_kda_decode_kernel", "_kda_decode_epilogue_kernel",
     ),
     "vllm.model_executor.kernels.linear.small_m_gemm": ("_small_m_gemm_kernel",),
+    "vllm.model_executor.layers.fused_moe.experts_triton": (
+        "_moe_gate_up_kernel", "_moe_down_kernel",
+    ),
 }  # fmt: skip
 
 

@@ -4,6 +4,8 @@ Shapes: 256 experts, top-8, hidden 2304, intermediate 1024, bf16, tokens 1-256 (
 Routing: `grouped_topk` (sigmoid, score-correction bias, renormalised) of random router logits.
 
   grouped   torch._grouped_mm over rows sorted by expert (sync-free on sm90 / sm100 only)
+  triton    moe_experts_triton: GEMV-style gate/up + SiLU and down + weighted-sum kernels, at its
+            default blocks or at each --triton-configs entry (a sweep)
   gathered  the chosen experts' weights gathered per (token, slot), then two bmm
   loop      the per-expert Python loop (syncs the host; timed eagerly, not in a CUDA graph)
 
@@ -12,11 +14,22 @@ decode step pays). Expert-weight bytes touched are the distinct experts the rout
 run times the bytes of one expert (w13 and w2); the bandwidth is reported against an eager
 `copy_` of --copy-gib GiB measured in the same run after a warm-up (read + write bytes / time).
 
+The last line suggests `TRITON_MAX_ROWS` (vllm/model_executor/layers/fused_moe/experts.py): the
+largest T * K up to which the fastest triton config beats grouped at every measured size.
+
     python benchmarks/kernels/benchmark_moe.py --csv moe.csv
+    python benchmarks/kernels/benchmark_moe.py --paths grouped triton --tokens 1 8 16 \
+        --triton-configs 16,256,4/8,256,8 32,128,4/16,256,8 8,256,4/8,128,4 16,512,8/4,512,8
     python benchmarks/kernels/benchmark_moe.py --dry-run      # tiny shapes, CPU, no GPU needed
+
+A triton config is `BLOCK_N,BLOCK_K,WARPS/BLOCK_H,BLOCK_I,WARPS`: gate/up kernel (intermediate
+columns per program, hidden chunk per step, warps), then down kernel (hidden outputs per program,
+intermediate chunk per step, warps); powers of two. On CPU the triton path runs only under
+TRITON_INTERPRET=1 (slow: keep --tokens small).
 """
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -32,10 +45,18 @@ from vllm.model_executor.layers.fused_moe.experts import (
     moe_experts_grouped,
     moe_experts_loop,
 )
+from vllm.model_executor.layers.fused_moe.experts_triton import moe_experts_triton
 from vllm.model_executor.layers.fused_moe.router import grouped_topk
+from vllm.triton_utils import use_triton
 
-PATHS = {"grouped": moe_experts_grouped, "gathered": moe_experts_gathered, "loop": moe_experts_loop}
-TOKENS = [1, 8, 64, 256]
+PATHS = {
+    "grouped": moe_experts_grouped,
+    "triton": moe_experts_triton,
+    "gathered": moe_experts_gathered,
+    "loop": moe_experts_loop,
+}
+# Rows T * K = 8 ... 512 around the Triton / grouped crossover, and one prefill-like size.
+TOKENS = [1, 2, 4, 8, 16, 32, 64, 256]
 KIMI_LINEAR = dict(experts=256, topk=8, hidden=2304, intermediate=1024)
 DRY_RUN = dict(experts=8, topk=2, hidden=64, intermediate=32)
 
@@ -65,6 +86,41 @@ def copy_bandwidth(gib: float, device: torch.device, reps: int = 10) -> float:
     return 2 * src.numel() * src.element_size() / seconds / 1e9
 
 
+def triton_config(text: str) -> tuple[str, dict[str, int]]:
+    """`BLOCK_N,BLOCK_K,WARPS/BLOCK_H,BLOCK_I,WARPS` -> (path name, moe_experts_triton's keyword
+    arguments)."""
+    names = ("block_n", "block_k", "gate_up_warps", "block_h", "block_i", "down_warps")
+    try:
+        values = [int(v) for part in text.split("/", 1) for v in part.split(",")]
+    except ValueError:
+        values = []
+    if len(values) != len(names) or "/" not in text or any(v < 1 or v & (v - 1) for v in values):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not BLOCK_N,BLOCK_K,WARPS/BLOCK_H,BLOCK_I,WARPS (powers of two)"
+        )
+    return f"triton[{text}]", dict(zip(names, values, strict=True))
+
+
+def suggest_triton_max_rows(rows: list[dict[str, object]]) -> int | None:
+    """Largest T * K such that the fastest triton config beats grouped at it and every smaller
+    measured size; None if triton or grouped was not measured (0: triton never wins)."""
+    best: dict[int, dict[str, float]] = {}
+    for row in rows:
+        path = "triton" if str(row["path"]).startswith("triton") else row["path"]
+        if path in ("triton", "grouped"):
+            by_path = best.setdefault(int(row["rows"]), {})
+            by_path[path] = min(by_path.get(path, float("inf")), float(row["us"]))
+    measured = sorted((n, p) for n, p in best.items() if len(p) == 2)
+    if not measured:
+        return None
+    limit = 0
+    for n, by_path in measured:
+        if by_path["triton"] >= by_path["grouped"]:
+            break
+        limit = n
+    return limit
+
+
 def make_moe(shape: dict[str, int], tokens: int, device: torch.device, seed: int):
     gen = torch.Generator(device=device).manual_seed(seed)
     e, h, i, k = shape["experts"], shape["hidden"], shape["intermediate"], shape["topk"]
@@ -87,6 +143,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, nargs="+", default=TOKENS, help="tokens per call")
     parser.add_argument(
         "--paths", nargs="+", default=list(PATHS), choices=list(PATHS), help="expert paths"
+    )
+    parser.add_argument(
+        "--triton-configs",
+        nargs="+",
+        type=triton_config,
+        metavar="BN,BK,W/BH,BI,W",
+        help="time the triton path at each of these block configs (default: its defaults)",
     )
     parser.add_argument("--graph-calls", type=int, default=10, help="calls per captured graph")
     parser.add_argument("--copy-gib", type=float, default=2.0, help="size of the copy baseline")
@@ -112,21 +175,31 @@ def main(argv: list[str] | None = None) -> int:
     copy_gbps = copy_bandwidth(copy_gib, device)
     print(f"{device.type}: eager copy_ of {copy_gib:g} GiB: {copy_gbps:.0f} GB/s", flush=True)
     act = SiluAndMul()
+    impls = []
+    for name in args.paths:
+        if name != "triton":
+            impls.append((name, PATHS[name]))
+            continue
+        for path, cfg in args.triton_configs or [("triton", {})]:
+            impls.append((path, functools.partial(moe_experts_triton, **cfg)))
     rows = []
     with torch.inference_mode():
         for tokens in args.tokens:
             inputs = make_moe(shape, tokens, device, args.seed)
             distinct = inputs[-1].unique().numel()  # host read, outside every timed region
             touched = distinct * expert_bytes
-            for name in args.paths:
-                impl = PATHS[name]
-                row = dict(tokens=tokens, path=name, distinct_experts=distinct,
+            for name, impl in impls:
+                row = dict(tokens=tokens, rows=tokens * shape["topk"], path=name,
+                           distinct_experts=distinct,
                            weight_mb=round(touched / 1e6, 2))  # fmt: skip
                 graphed = device.type == "cuda" and name != "loop"
                 if name == "grouped" and device.type == "cuda":
                     if not grouped_mm_is_sync_free(device, torch.bfloat16):
                         print(f"T={tokens:>4} grouped: skipped (torch's fallback syncs here)")
                         continue
+                if name.startswith("triton") and not use_triton(device):
+                    print(f"T={tokens:>4} {name}: skipped (on CPU only with TRITON_INTERPRET=1)")
+                    continue
 
                 def call(impl=impl, inputs=inputs):
                     return impl(*inputs, act)
@@ -147,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"{row['pct_copy']:5.1f}% of copy",
                     flush=True,
                 )
+    limit = suggest_triton_max_rows(rows)
+    if limit is not None:
+        print(f"fastest triton config beats grouped up to T * K = {limit} rows: TRITON_MAX_ROWS")
     return 0
 
 

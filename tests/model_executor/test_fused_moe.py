@@ -1,5 +1,6 @@
 """FusedMoE's expert implementations: each against an fp64 per-(token, slot) reference and against
-the loop, their static-shape (sync-free) property, the path selection, and CUDA-graph capture."""
+the loop, their static-shape (sync-free) property, the path selection, and CUDA-graph capture.
+The Triton path runs under the interpreter on CPU (tests/conftest.py) and natively on a GPU."""
 
 import pytest
 import torch
@@ -8,12 +9,14 @@ import vllm.model_executor.layers.fused_moe.experts as experts_mod
 from vllm.model_executor.layers.activation import SiluAndMul, SituAndMul
 from vllm.model_executor.layers.fused_moe.experts import (
     GATHER_MAX_ROWS,
+    TRITON_MAX_ROWS,
     grouped_mm_is_sync_free,
     moe_experts_gathered,
     moe_experts_grouped,
     moe_experts_loop,
     select_experts_impl,
 )
+from vllm.model_executor.layers.fused_moe.experts_triton import moe_experts_triton
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 from vllm.model_executor.layers.fused_moe.router import grouped_topk
 from vllm.platforms.cpu import CpuPlatform
@@ -21,16 +24,18 @@ from vllm.platforms.cuda import CudaPlatform
 
 E, H, INTER, K = 16, 64, 32, 4
 SYNC_FREE = [moe_experts_gathered, moe_experts_grouped]
+# Where the Triton path runs: natively on a GPU, under the interpreter on CPU (tests/conftest.py).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def make_case(tokens, dtype, device="cpu", seed=0):
+def make_case(tokens, dtype, device="cpu", seed=0, experts=E, hidden=H, inter=INTER, topk=K):
     gen = torch.Generator().manual_seed(seed)
     # Scaled so every GEMM output is O(1): errors are then comparable to the dtype's epsilon.
-    w13 = torch.randn(E, 2 * INTER, H, generator=gen) / H**0.5
-    w2 = torch.randn(E, H, INTER, generator=gen) / INTER**0.5
-    x = torch.randn(tokens, H, generator=gen)
-    ids = torch.rand(tokens, E, generator=gen).topk(K, dim=1)[1]
-    weights = torch.rand(tokens, K, generator=gen)
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) / hidden**0.5
+    w2 = torch.randn(experts, hidden, inter, generator=gen) / inter**0.5
+    x = torch.randn(tokens, hidden, generator=gen)
+    ids = torch.rand(tokens, experts, generator=gen).topk(topk, dim=1)[1]
+    weights = torch.rand(tokens, topk, generator=gen)
     on = dict(device=device)
     return (x.to(dtype=dtype, **on), w13.to(dtype=dtype, **on), w2.to(dtype=dtype, **on),
             weights.to(**on), ids.to(**on))  # fmt: skip
@@ -127,32 +132,52 @@ def _cuda_platform(capability):
     return platform
 
 
+SILU, SITU = SiluAndMul(), SituAndMul(4.0, 25.0)
+
+
 @pytest.mark.parametrize(
-    "capability,dtype,rows,hidden,expected",
+    "capability,dtype,rows,hidden,act,expected",
     [
-        ((9, 0), torch.bfloat16, 8, 2304, moe_experts_grouped),
-        ((9, 0), torch.bfloat16, 4096, 2304, moe_experts_grouped),
-        ((10, 0), torch.bfloat16, 4096, 2304, moe_experts_grouped),
-        ((9, 0), torch.bfloat16, 8, 2300, moe_experts_gathered),  # rows not 16-byte aligned
-        ((9, 0), torch.float32, GATHER_MAX_ROWS, 2304, moe_experts_gathered),
-        ((9, 0), torch.float32, GATHER_MAX_ROWS + 1, 2304, moe_experts_loop),
-        ((8, 0), torch.bfloat16, 8, 2304, moe_experts_gathered),  # torch's fallback syncs
-        ((12, 0), torch.bfloat16, 8, 2304, moe_experts_gathered),
+        ((9, 0), torch.bfloat16, 1, 2304, SILU, moe_experts_triton),
+        ((9, 0), torch.bfloat16, TRITON_MAX_ROWS, 2304, SILU, moe_experts_triton),
+        ((9, 0), torch.bfloat16, TRITON_MAX_ROWS + 1, 2304, SILU, moe_experts_grouped),
+        ((9, 0), torch.bfloat16, 8, 2304, SITU, moe_experts_grouped),  # SiTU is not fused
+        ((9, 0), torch.bfloat16, 4096, 2304, SILU, moe_experts_grouped),
+        ((10, 0), torch.bfloat16, 4096, 2304, SILU, moe_experts_grouped),
+        ((9, 0), torch.bfloat16, 8, 2300, SITU, moe_experts_gathered),  # rows not 16-byte aligned
+        ((9, 0), torch.bfloat16, 8, 2300, SILU, moe_experts_triton),  # any alignment
+        ((9, 0), torch.float32, 8, 2304, SILU, moe_experts_triton),
+        ((9, 0), torch.float32, GATHER_MAX_ROWS, 2304, SITU, moe_experts_gathered),
+        ((9, 0), torch.float32, GATHER_MAX_ROWS + 1, 2304, SILU, moe_experts_loop),
+        ((8, 0), torch.bfloat16, 8, 2304, SITU, moe_experts_gathered),  # torch's fallback syncs
+        ((8, 0), torch.bfloat16, 8, 2304, SILU, moe_experts_triton),
+        ((12, 0), torch.bfloat16, 8, 2304, SITU, moe_experts_gathered),
     ],
 )
-def test_selection_on_cuda(monkeypatch, capability, dtype, rows, hidden, expected):
+def test_selection_on_cuda(monkeypatch, capability, dtype, rows, hidden, act, expected):
     monkeypatch.setattr(experts_mod, "current_platform", _cuda_platform(capability))
-    impl = select_experts_impl(torch.device("cuda"), dtype, rows, hidden, 1024)
+    impl = select_experts_impl(torch.device("cuda"), dtype, rows, hidden, 1024, act)
     assert impl is expected
 
 
 def test_selection_on_cpu(monkeypatch):
     monkeypatch.setattr(experts_mod, "current_platform", CpuPlatform())
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
     cpu = torch.device("cpu")
     assert not grouped_mm_is_sync_free(cpu, torch.bfloat16)
-    assert select_experts_impl(cpu, torch.bfloat16, 8, H, INTER) is moe_experts_gathered
+    assert select_experts_impl(cpu, torch.bfloat16, 8, H, INTER, SILU) is moe_experts_gathered
     large = GATHER_MAX_ROWS + 1
-    assert select_experts_impl(cpu, torch.bfloat16, large, H, INTER) is moe_experts_loop
+    assert select_experts_impl(cpu, torch.bfloat16, large, H, INTER, SILU) is moe_experts_loop
+
+
+def test_selection_on_cpu_under_the_triton_interpreter(monkeypatch):
+    monkeypatch.setattr(experts_mod, "current_platform", CpuPlatform())
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    cpu = torch.device("cpu")
+    rows = TRITON_MAX_ROWS
+    assert select_experts_impl(cpu, torch.float32, rows, H, INTER, SILU) is moe_experts_triton
+    assert select_experts_impl(cpu, torch.float32, rows, H, INTER, SITU) is moe_experts_gathered
+    assert select_experts_impl(cpu, torch.float32, rows + 1, H, INTER, SILU) is moe_experts_loop
 
 
 def _fused_moe(dtype, device, seed=0):
@@ -163,12 +188,14 @@ def _fused_moe(dtype, device, seed=0):
     return layer.to(device)
 
 
-@pytest.mark.parametrize("tokens", [2, GATHER_MAX_ROWS // K + 3])  # gathered, then loop
-def test_fused_moe_forward_matches_loop(tokens):
-    layer = _fused_moe(torch.float32, "cpu")
-    x, _, _, w, ids = make_case(tokens, torch.float32, seed=1)
+# Triton, then the loop (fp32 rows above both thresholds).
+@pytest.mark.parametrize("tokens", [2, max(TRITON_MAX_ROWS, GATHER_MAX_ROWS) // K + 3])
+def test_fused_moe_forward_matches_loop(tokens, triton_launches):
+    layer = _fused_moe(torch.float32, DEVICE)
+    x, _, _, w, ids = make_case(tokens, torch.float32, device=DEVICE, seed=1)
     expected = moe_experts_loop(x, layer.w13_weight, layer.w2_weight, w, ids, SiluAndMul())
     torch.testing.assert_close(layer(x, w, ids), expected)
+    assert triton_launches["_moe_down_kernel"] == int(tokens * K <= TRITON_MAX_ROWS)
 
 
 def _graph_replay_equals_eager(dtype, tokens):
@@ -204,9 +231,10 @@ def _graph_replay_equals_eager(dtype, tokens):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [1, 8])
-def test_cuda_graph_fp32_gathered(tokens):
+def test_cuda_graph_fp32(tokens):
+    # Triton up to TRITON_MAX_ROWS rows (32 here), else gathered: the only difference from the
+    # loop is GEMM accumulation order (cuBLAS with TF32 off).
     eager, reference = _graph_replay_equals_eager(torch.float32, tokens)
-    # Differs from the loop only in GEMM accumulation order (cuBLAS with TF32 off).
     torch.testing.assert_close(eager, reference)
 
 
@@ -226,6 +254,119 @@ def test_cuda_graph_bf16(tokens):
     bound = 4 * 2**-8 * expected.abs().max()
     assert (loop.double().cpu() - expected).abs().max() <= bound
     assert (eager.double().cpu() - expected).abs().max() <= bound
+
+
+SMALL_BLOCKS = dict(block_n=8, block_k=16, gate_up_warps=2, block_h=16, block_i=8, down_warps=2)
+
+
+def assert_close_to_loop(out, expected):
+    """fp32: torch's defaults. bf16: rtol 2 bf16 ulps, atol 1 ulp of the output scale. Same
+    rounding points as the loop, but where the accumulation order flips a GEMM output by one
+    ulp, an output entry near zero moves by about one ulp of the output scale."""
+    scale = expected.abs().amax().item() if expected.numel() else 0.0
+    atol = 1e-5 if out.dtype == torch.float32 else max(2**-8 * scale, 1e-5)
+    rtol = 1.3e-6 if out.dtype == torch.float32 else 1.6e-2
+    torch.testing.assert_close(out, expected, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("blocks", [{}, SMALL_BLOCKS], ids=["default", "small"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    "tokens,experts,topk,hidden,inter",
+    [
+        (1, 16, 4, 64, 32),
+        (13, 16, 4, 64, 32),
+        (5, 8, 3, 40, 24),  # K, H and I not multiples of the blocks: masked tails
+        (6, 4, 4, 96, 16),  # every token routes to every expert
+        (3, 32, 1, 64, 32),
+        (0, 16, 4, 64, 32),
+    ],
+)
+def test_triton_matches_loop(
+    tokens, experts, topk, hidden, inter, dtype, blocks, triton_launches
+):  # fmt: skip
+    shape = dict(experts=experts, hidden=hidden, inter=inter, topk=topk)
+    x, w13, w2, w, ids = make_case(tokens, dtype, DEVICE, seed=tokens + topk, **shape)
+    expected = moe_experts_loop(x, w13, w2, w, ids, SiluAndMul())
+    out = moe_experts_triton(x, w13, w2, w, ids, SiluAndMul(), **blocks)
+    assert out.dtype == dtype and out.shape == x.shape
+    assert_close_to_loop(out, expected)
+    launches = int(tokens > 0)
+    assert triton_launches["_moe_gate_up_kernel"] == triton_launches["_moe_down_kernel"] == launches
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 13])
+def test_triton_fp32_matches_fp64_reference(tokens):
+    x, w13, w2, w, ids = make_case(tokens, torch.float32, DEVICE)
+    out = moe_experts_triton(x, w13, w2, w, ids, SiluAndMul()).double().cpu()
+    # As for the torch paths: fp32 accumulation of length-<=64 dot products of O(1) terms.
+    torch.testing.assert_close(out, reference_fp64(x, w13, w2, w, ids, SiluAndMul()),
+                               rtol=1.3e-6, atol=1e-5)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_triton_shared_and_repeated_experts(dtype):
+    x, w13, w2, w, _ = make_case(4, dtype, DEVICE, seed=4)
+    # Tokens share experts in different slots; the last repeats one (the router never does,
+    # but the sum defines it).
+    ids = torch.tensor([[2, 5, 0, 7], [5, 2, 7, 0], [2, 3, 4, 5], [7, 7, 7, 7]], device=DEVICE)
+    expected = moe_experts_loop(x, w13, w2, w, ids, SiluAndMul())
+    out = moe_experts_triton(x, w13, w2, w, ids, SiluAndMul())
+    assert_close_to_loop(out, expected)
+    assert torch.equal(moe_experts_triton(x, w13, w2, w, ids, SiluAndMul()), out)  # no atomics
+
+
+def test_triton_reads_strided_router_outputs_and_int32_ids():
+    x, w13, w2, w, ids = make_case(6, torch.bfloat16, DEVICE, seed=6)
+    wide_x = torch.zeros(6, H + 8, dtype=x.dtype, device=DEVICE)
+    wide_x[:, :H] = x
+    wide_w = torch.zeros(6, 2 * K, device=DEVICE)
+    wide_w[:, ::2] = w
+    out = moe_experts_triton(wide_x[:, :H], w13, w2, wide_w[:, ::2], ids.int().t().contiguous().t(),
+                             SiluAndMul())  # fmt: skip
+    assert torch.equal(out, moe_experts_triton(x, w13, w2, w, ids, SiluAndMul()))
+
+
+def test_triton_rejects_bad_inputs(monkeypatch):
+    x, w13, w2, w, ids = make_case(3, torch.float32, DEVICE)
+    silu = SiluAndMul()
+    cases = [
+        ((x, w13[:, :, :-1], w2, w, ids, silu), {}, "w13 must be"),
+        ((x, w13, w2[:, :, :-1], w, ids, silu), {}, "w2 must be"),
+        ((x, w13, w2, w, ids[:2], silu), {}, "topk_ids must be"),
+        ((x, w13, w2, w[:, :2], ids, silu), {}, "topk_weights shape"),
+        ((x.bfloat16(), w13, w2, w, ids, silu), {}, "share one dtype"),
+        ((x, w13, w2, w, ids.float(), silu), {}, "int32 / int64"),
+        ((x, w13.transpose(1, 2).contiguous().transpose(1, 2), w2, w, ids, silu), {},
+         "unit stride"),
+        ((x, w13, w2, w, ids, SituAndMul(4.0, 25.0)), {}, "must be SiluAndMul"),
+        ((x, w13, w2, w, ids, silu), {"block_n": 24}, "block_n must be a positive power of two"),
+        ((x, w13, w2, w, ids, silu), {"down_warps": 0}, "down_warps must be"),
+    ]  # fmt: skip
+    for args, blocks, match in cases:
+        with pytest.raises(ValueError, match=match):
+            moe_experts_triton(*args, **blocks)
+    cpu = [t.cpu() for t in (x, w13, w2, w, ids)]
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="needs a CUDA / ROCm device or TRITON_INTERPRET=1"):
+        moe_experts_triton(*cpu, silu)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("blocks", [{}, dict(block_n=32, block_k=128, gate_up_warps=8,
+                                            block_h=16, block_i=256, down_warps=8)])  # fmt: skip
+@pytest.mark.parametrize("tokens", [1, 8, 16])
+def test_triton_kimi_linear_shapes_on_gpu(tokens, blocks):
+    # Kimi-Linear's expert shapes (fewer experts, so tokens share them), top-8.
+    shape = dict(experts=16, hidden=2304, inter=1024, topk=8)
+    case = make_case(tokens, torch.bfloat16, "cuda", seed=tokens, **shape)
+    out = moe_experts_triton(*case, SiluAndMul(), **blocks)
+    loop = moe_experts_loop(*case, SiluAndMul())
+    expected = reference_fp64(*[t.cpu() for t in case], SiluAndMul())
+    # The bf16 rounding bound that the loop meets on CPU (test_bf16_loop_is_within_...).
+    bound = 4 * 2**-8 * expected.abs().max()
+    assert (loop.double().cpu() - expected).abs().max() <= bound
+    assert (out.double().cpu() - expected).abs().max() <= bound
 
 
 def test_router_rejects_bad_groups():

@@ -1,4 +1,4 @@
-"""The routed-expert computation of a MoE layer, in three interchangeable implementations.
+"""The routed-expert computation of a MoE layer, in four interchangeable implementations.
 
 Every implementation takes `x` `[T, H]`, `w13` `[E, 2 * I, H]` (gate | up of each expert), `w2`
 `[E, H, I]`, the router's `topk_weights` `[T, K]` (fp32) and `topk_ids` `[T, K]` (int64) and an
@@ -15,20 +15,31 @@ GEMMs); the weighted sum over the K chosen experts runs in fp32.
   grouped   `torch._grouped_mm` over the rows sorted by expert, with int32 group ends computed on
             the device. No host sync where torch runs its CUTLASS kernel: CUDA, bf16, sm90 / sm100
             (elsewhere torch falls back to a per-group loop that copies the ends to the host).
+  triton    `moe_experts_triton` (experts_triton.py): two GEMV-style Triton kernels that stream
+            each routed row's expert weights once, for decode-size `T * K`; SiluAndMul only.
 
-`select_experts_impl` picks one from shapes, dtype and device only, so the choice is the same in
-eager mode and inside a CUDA graph.
+`select_experts_impl` picks one from shapes, dtype, device and the activation's type only, so the
+choice is the same in eager mode and inside a CUDA graph.
 """
 
 from collections.abc import Callable
 
 import torch
 
+from vllm.model_executor.layers.fused_moe.experts_triton import (
+    moe_experts_triton,
+    triton_experts_supported,
+)
 from vllm.platforms import current_platform
 
 # Largest T * K that the gathered path serves. Its weight copy grows with T * K (64 rows of the
 # Kimi-Linear experts are ~450 MB), so larger eager batches take the loop.
 GATHER_MAX_ROWS = 64
+
+# Largest T * K that the Triton GEMV path serves where Triton runs; larger batches take the
+# grouped GEMM (or the gathered / loop fallbacks). A starting value: set it to the largest row
+# count at which `benchmarks/kernels/benchmark_moe.py` times the triton path below grouped.
+TRITON_MAX_ROWS = 64
 
 ExpertsImpl = Callable[..., torch.Tensor]
 
@@ -159,12 +170,20 @@ def grouped_mm_is_sync_free(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def select_experts_impl(
-    device: torch.device, dtype: torch.dtype, num_rows: int, hidden: int, intermediate: int
+    device: torch.device,
+    dtype: torch.dtype,
+    num_rows: int,
+    hidden: int,
+    intermediate: int,
+    act_and_mul: torch.nn.Module,
 ) -> ExpertsImpl:
     """The implementation for `num_rows = T * K` routed rows of `dtype` on `device`.
 
-    Depends only on static facts (device, dtype, shapes), never on tensor values.
+    Depends only on static facts (device, dtype, shapes, the activation's type), never on tensor
+    values. On CPU the Triton path is taken only under `TRITON_INTERPRET=1` (`use_triton`).
     """
+    if num_rows <= TRITON_MAX_ROWS and triton_experts_supported(device, dtype, act_and_mul):
+        return moe_experts_triton
     aligned = hidden % 8 == 0 and intermediate % 8 == 0
     if aligned and grouped_mm_is_sync_free(device, dtype):
         return moe_experts_grouped

@@ -4,8 +4,8 @@ Weights: `w13_weight` `[E, 2 * I_local, H]` (gate | up of each expert) and `w2_w
 `[E, H, I_local]`, loaded from the checkpoint's per-expert `w1` (gate), `w3` (up) and `w2` (down).
 The forward takes the router's `(weights, ids)` and returns the weighted sum of the chosen experts'
 outputs, all-reduced over TP ranks when `reduce_results`. The expert computation is one of the
-implementations in `experts.py`, chosen from the device, dtype and batch shape (static facts), so a
-decode batch runs without host syncs and can be captured in a CUDA graph.
+implementations in `experts.py`, chosen from the device, dtype, batch shape and activation (static
+facts), so a decode batch runs without host syncs and can be captured in a CUDA graph.
 """
 
 import torch
@@ -82,7 +82,6 @@ class FusedMoE(torch.nn.Module):
     def _experts(
         self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
     ) -> torch.Tensor:
-        impl = select_experts_impl(
-            x.device, x.dtype, topk_ids.numel(), x.shape[1], self.local_intermediate
-        )
+        rows, inter = topk_ids.numel(), self.local_intermediate
+        impl = select_experts_impl(x.device, x.dtype, rows, x.shape[1], inter, self.act_and_mul)
         return impl(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids, self.act_and_mul)

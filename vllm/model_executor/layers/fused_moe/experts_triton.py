@@ -1,0 +1,224 @@
+"""Routed experts for decode-size batches: two GEMV-style Triton kernels that stream each chosen
+expert's weights once per (routed row, output block).
+
+`moe_experts_triton(x, w13, w2, topk_weights, topk_ids, act_and_mul)` computes what the
+implementations in `experts.py` compute (`moe_experts_loop` / `moe_experts_gathered` are its torch
+references), with the same shapes:
+
+  x             `[T, H]` bf16 / fp16 / fp32, unit stride on the last dim
+  w13           `[E, 2 * I, H]` (gate | up of each expert), x's dtype, unit stride on the last dim
+  w2            `[E, H, I]`, x's dtype, unit stride on the last dim
+  topk_weights  `[T, K]` floating point (read as fp32)
+  topk_ids      `[T, K]` int32 / int64, values in `[0, E)` (not checked: that would read them on
+                the host)
+  act_and_mul   must be `SiluAndMul` (the only activation the first kernel fuses)
+  returns       `[T, H]` in x's dtype
+
+Kernels (R = T * K routed rows, row r = (t, k) = (r // K, r % K), e = topk_ids[t, k]):
+
+  gate/up  grid (R, cdiv(I, block_n)). Dot products of x[t] with block_n gate rows and block_n up
+           rows of w13[e], reduced over H in chunks of block_k, fp32 accumulation; writes
+           `a[r] = silu(gate) * up` `[R, I]` in x's dtype.
+  down     grid (T, cdiv(H, block_h)). For all K slots of token t at once (a `[K, block_h,
+           block_i]` tile, so one program keeps K experts' loads in flight), `w2[e] @ a[r]` over I
+           in chunks of block_i with fp32 accumulation, then `sum_k topk_weights[t, k] * y_k` in
+           fp32 in a fixed reduction order (no atomics: deterministic); output in x's dtype.
+
+Rows, not experts, index the programs, so nothing depends on tensor values on the host: no sync,
+static shapes, CUDA-graph capturable. Row r's programs for one output block are adjacent in launch
+order, so rows that share an expert read its weight tile while it is still in L2.
+
+Rounding, chosen to match the references (which round every GEMM output and the activation to x's
+dtype): `gate` and `up` are rounded to x's dtype, `silu(gate)` is computed in fp32 from the rounded
+gate and rounded, its product with `up` is computed in fp32 and rounded (`a`); each `y_k` is
+rounded to x's dtype before the fp32 weighted sum. So the kernels differ from the references only
+in the GEMMs' accumulation order (within a few ulps of x's dtype; fp32 summation order in the
+weighted sum). In fp32 every rounding is the identity.
+
+Launch shapes: defaults are for Hopper at 1-8 tokens of Kimi-Linear (H 2304, I 1024, K 8): 8 rows
+x 64 blocks of 16 intermediate columns is 512 gate/up programs (~4 per SM on 132 SMs), and 2304 /
+8 = 288 down programs for one token; each program has a 16 KB (gate/up) or 32 KB (down) tile of
+16-byte loads in flight per step. Compiled for sm_90 (Triton 3.9) they take 56 and 95 registers
+and spill nothing (the down tile over 4 warps would take 167). These are starting points:
+`benchmarks/kernels/benchmark_moe.py --triton-configs` sweeps them.
+"""
+
+import torch
+
+from vllm.model_executor.layers.activation import SiluAndMul
+from vllm.triton_utils import next_power_of_2, use_triton
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs without Triton never select this path
+    triton = None
+
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+if triton is not None:
+
+    @triton.jit
+    def _moe_gate_up_kernel(
+        x_ptr, w13_ptr, ids_ptr, a_ptr,
+        stride_xt, stride_it, stride_ik, stride_we, stride_wn, stride_ar,
+        hidden, inter,
+        TOPK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
+        r = tl.program_id(0)
+        t = r // TOPK
+        e = tl.load(ids_ptr + t * stride_it + (r % TOPK) * stride_ik).to(tl.int64)
+        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = n < inter
+        kk = tl.arange(0, BLOCK_K)
+        gate_ptrs = w13_ptr + e * stride_we + n[:, None] * stride_wn + kk[None, :]
+        up_ptrs = gate_ptrs + inter * stride_wn
+        x_row = x_ptr + t * stride_xt
+        acc_gate = tl.zeros([BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, hidden, BLOCK_K):
+            k_ok = k0 + kk < hidden
+            xv = tl.load(x_row + k0 + kk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+            mask = n_ok[:, None] & k_ok[None, :]
+            gate = tl.load(gate_ptrs + k0, mask=mask, other=0.0)
+            up = tl.load(up_ptrs + k0, mask=mask, other=0.0)
+            acc_gate += tl.sum(gate.to(tl.float32) * xv, axis=1)
+            acc_up += tl.sum(up.to(tl.float32) * xv, axis=1)
+        # The references' rounding points (module docstring); silu as torch writes it.
+        dtype = a_ptr.dtype.element_ty
+        gate = acc_gate.to(dtype).to(tl.float32)
+        up = acc_up.to(dtype).to(tl.float32)
+        act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+        tl.store(a_ptr + r * stride_ar + n, (act * up).to(dtype), mask=n_ok)
+
+    @triton.jit
+    def _moe_down_kernel(
+        a_ptr, w2_ptr, ids_ptr, topk_w_ptr, out_ptr,
+        stride_ar, stride_it, stride_ik, stride_wt, stride_wk, stride_we, stride_wh, stride_ot,
+        hidden, inter,
+        TOPK: tl.constexpr, BLOCK_TOPK: tl.constexpr, BLOCK_H: tl.constexpr,
+        BLOCK_I: tl.constexpr,
+    ):  # fmt: skip
+        t = tl.program_id(0)
+        j = tl.arange(0, BLOCK_TOPK)
+        j_ok = j < TOPK
+        e = tl.load(ids_ptr + t * stride_it + j * stride_ik, mask=j_ok, other=0).to(tl.int64)
+        weight = tl.load(topk_w_ptr + t * stride_wt + j * stride_wk, mask=j_ok, other=0.0)
+        h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        h_ok = h < hidden
+        ii = tl.arange(0, BLOCK_I)
+        w_ptrs = (
+            w2_ptr + e[:, None, None] * stride_we + h[None, :, None] * stride_wh
+            + ii[None, None, :]
+        )  # fmt: skip
+        a_ptrs = a_ptr + (t * TOPK + j)[:, None] * stride_ar + ii[None, :]
+        acc = tl.zeros([BLOCK_TOPK, BLOCK_H], dtype=tl.float32)
+        for i0 in range(0, inter, BLOCK_I):
+            i_ok = i0 + ii < inter
+            av = tl.load(a_ptrs + i0, mask=j_ok[:, None] & i_ok[None, :], other=0.0)
+            w_mask = (j_ok[:, None] & h_ok[None, :])[:, :, None] & i_ok[None, None, :]
+            w = tl.load(w_ptrs + i0, mask=w_mask, other=0.0)
+            acc += tl.sum(w.to(tl.float32) * av.to(tl.float32)[:, None, :], axis=2)
+        dtype = out_ptr.dtype.element_ty
+        y = acc.to(dtype).to(tl.float32) * weight.to(tl.float32)[:, None]
+        tl.store(out_ptr + t * stride_ot + h, tl.sum(y, axis=0).to(dtype), mask=h_ok)
+
+
+def triton_experts_supported(
+    device: torch.device, dtype: torch.dtype, act_and_mul: torch.nn.Module
+) -> bool:
+    """Whether `moe_experts_triton` runs for `dtype` tensors on `device` with `act_and_mul`."""
+    # Exact type: a subclass may change forward, which the kernel would not follow.
+    return use_triton(device) and dtype in _DTYPES and type(act_and_mul) is SiluAndMul
+
+
+def _check_block(name: str, value: int) -> None:
+    if value < 1 or value & (value - 1):
+        raise ValueError(f"{name} must be a positive power of two, got {value}")
+
+
+def moe_experts_triton(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    act_and_mul: torch.nn.Module,
+    *,
+    block_n: int = 16,
+    block_k: int = 256,
+    gate_up_warps: int = 4,
+    block_h: int = 8,
+    block_i: int = 256,
+    down_warps: int = 8,
+) -> torch.Tensor:
+    """Routed experts in two Triton launches; see the module docstring for shapes and numerics.
+
+    `block_n` / `block_k` / `gate_up_warps` tile the gate/up kernel (intermediate columns per
+    program, hidden chunk per step, warps); `block_h` / `block_i` / `down_warps` tile the down
+    kernel (hidden outputs per program, intermediate chunk per step, warps). Powers of two.
+    """
+    # Metadata checks only, so the call stays free of host syncs.
+    if x.dim() != 2:
+        raise ValueError(f"x must be [T, H], got shape {tuple(x.shape)}")
+    tokens, hidden = x.shape
+    if w13.dim() != 3 or w13.shape[2] != hidden or w13.shape[1] % 2:
+        raise ValueError(f"w13 must be [E, 2 * I, H={hidden}], got {tuple(w13.shape)}")
+    num_experts, inter = w13.shape[0], w13.shape[1] // 2
+    if tuple(w2.shape) != (num_experts, hidden, inter):
+        raise ValueError(
+            f"w2 must be [E, H, I] = {(num_experts, hidden, inter)}, got {tuple(w2.shape)}"
+        )
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != tokens:
+        raise ValueError(f"topk_ids must be [T={tokens}, K], got {tuple(topk_ids.shape)}")
+    if topk_weights.shape != topk_ids.shape:
+        raise ValueError(
+            f"topk_weights shape {tuple(topk_weights.shape)} != topk_ids {tuple(topk_ids.shape)}"
+        )
+    if x.dtype not in _DTYPES or w13.dtype != x.dtype or w2.dtype != x.dtype:
+        raise ValueError(
+            f"x, w13 and w2 must share one dtype of {_DTYPES}, got {x.dtype}, {w13.dtype}, "
+            f"{w2.dtype}"
+        )
+    if topk_ids.dtype not in (torch.int32, torch.int64) or not topk_weights.is_floating_point():
+        raise ValueError(
+            f"topk_ids must be int32 / int64 and topk_weights floating point, got "
+            f"{topk_ids.dtype}, {topk_weights.dtype}"
+        )
+    if len({t.device for t in (x, w13, w2, topk_weights, topk_ids)}) != 1:
+        raise ValueError("x, w13, w2, topk_weights and topk_ids must be on one device")
+    if x.stride(1) != 1 or w13.stride(2) != 1 or w2.stride(2) != 1:
+        raise ValueError("x, w13 and w2 must have unit stride on their last dim")
+    if type(act_and_mul) is not SiluAndMul:
+        raise ValueError(
+            f"act_and_mul must be SiluAndMul (the activation the kernel fuses), got "
+            f"{type(act_and_mul).__name__}; use select_experts_impl to pick a path"
+        )
+    if not use_triton(x.device):
+        raise ValueError(
+            f"moe_experts_triton needs a CUDA / ROCm device or TRITON_INTERPRET=1 on CPU, got "
+            f"{x.device}; use select_experts_impl to pick a path"
+        )
+    blocks = dict(block_n=block_n, block_k=block_k, gate_up_warps=gate_up_warps,
+                  block_h=block_h, block_i=block_i, down_warps=down_warps)  # fmt: skip
+    for name, value in blocks.items():
+        _check_block(name, value)
+    topk = topk_ids.shape[1]
+    out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
+    if 0 in (tokens, topk, hidden, inter):
+        return out.zero_()
+    a = torch.empty(tokens * topk, inter, dtype=x.dtype, device=x.device)
+    _moe_gate_up_kernel[(tokens * topk, triton.cdiv(inter, block_n))](
+        x, w13, topk_ids, a,
+        x.stride(0), topk_ids.stride(0), topk_ids.stride(1), w13.stride(0), w13.stride(1),
+        a.stride(0), hidden, inter,
+        TOPK=topk, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=gate_up_warps,
+    )  # fmt: skip
+    _moe_down_kernel[(tokens, triton.cdiv(hidden, block_h))](
+        a, w2, topk_ids, topk_weights, out,
+        a.stride(0), topk_ids.stride(0), topk_ids.stride(1), topk_weights.stride(0),
+        topk_weights.stride(1), w2.stride(0), w2.stride(1), out.stride(0), hidden, inter,
+        TOPK=topk, BLOCK_TOPK=next_power_of_2(topk), BLOCK_H=block_h, BLOCK_I=block_i,
+        num_warps=down_warps,
+    )  # fmt: skip
+    return out
