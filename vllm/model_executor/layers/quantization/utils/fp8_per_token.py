@@ -320,7 +320,7 @@ def per_token_fp8_quant(
     launch(
         _per_token_fp8_quant_kernel, (-(-tokens // block_t), 1, 1),
         (
-            x, out, scale_out, tokens, width, x.stride(0), out.stride(0), scale_out.stride(0),
+            x, out, scale_out, tokens, width, x.stride()[0], out.stride()[0], scale_out.stride()[0],
             fp8_max, min_scale,
         ),
         spec,

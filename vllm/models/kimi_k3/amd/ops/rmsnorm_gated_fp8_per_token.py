@@ -490,14 +490,14 @@ def launch_fused(
     For ``rmsnorm_gated_fp8_per_token`` and for tuning sweeps (the benchmark's ``--sweep``).
     """
     tokens, heads, head_dim = x.shape
-    x_strides, g_strides = x.stride(), gate.stride()
+    x_strides, g_strides = x.stride(), gate.stride()  # stride() is cheaper than stride(dim)
     kernel = _rmsnorm_gated_fp8_wide_kernel if config.wide else _rmsnorm_gated_fp8_kernel
     launch(
         kernel, (tokens, 1, 1),
         (
             x, gate, weight, out, scale_out,
-            x_strides[0], x_strides[1], g_strides[0], g_strides[1], out.stride(0),
-            scale_out.stride(0), eps, fp8_max, min_scale,
+            x_strides[0], x_strides[1], g_strides[0], g_strides[1], out.stride()[0],
+            scale_out.stride()[0], eps, fp8_max, min_scale,
         ),
         fused_launch_spec(config, heads, head_dim),
     )  # fmt: skip
