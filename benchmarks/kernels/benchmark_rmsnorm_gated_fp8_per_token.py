@@ -16,6 +16,10 @@ which is what a decode step pays; larger T as replays of a one-call CUDA graph w
 Reports microseconds per call, GB/s (x + gate read, FP8 + scale written) and percent of the copy.
 
     python benchmarks/kernels/benchmark_rmsnorm_gated_fp8_per_token.py --csv out.csv
+
+Every run first prints the host time per eager call at T=1 and where it goes (pre-launch Python,
+launch, Triton's plain dispatch of the same kernel; see host_overhead); --host-overhead prints
+only that, in well under a minute.
 """
 
 import argparse
@@ -26,16 +30,19 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from unittest import mock
 
 import torch
 import triton
 import triton.language as tl
 
+import vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token as op_module
 from vllm import _custom_ops
 from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import (
     HEAD_SPLITS,
     FusedLaunchConfig,
     fused_launch_config,
+    fused_launch_spec,
     head_chunks,
     launch_fused,
     per_token_fp8_quant,
@@ -322,22 +329,78 @@ def sweep_configs(case: Case, args) -> list[tuple[FusedLaunchConfig, float]]:
     return out
 
 
+HOST_REPEATS, HOST_CALLS = 7, 200
+
+
+def _host_us(fn: Callable[[], object]) -> float:
+    """Median over HOST_REPEATS of the host microseconds per call of HOST_CALLS eager calls."""
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(HOST_REPEATS):
+        start = time.perf_counter()
+        for _ in range(HOST_CALLS):
+            fn()
+        times.append((time.perf_counter() - start) / HOST_CALLS * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(times)
+
+
 def host_overhead(args) -> dict[str, float]:
-    """Eager microseconds of host time per call at T=1 (GPU idle): what eager decode pays."""
+    """Eager host microseconds per call at T=1, H=12, strided gate (the GPU idles: host-bound),
+    what an eager step pays per KDA layer, and where it goes:
+
+      fused          the op with preallocated outputs (the `fused` provider)
+      pre_launch     the same with `launch_fused` a no-op: validation, dispatch, launch config
+      launch         `launch_fused` on validated arguments (vllm.triton_utils.launch)
+      kernel_grid    the same kernel through Triton's `kernel[grid](...)` on every call
+      fused_alloc    the op allocating its outputs, as the KDA layer calls it
+      quant          per_token_fp8_quant of the [1, H * D] row into preallocated outputs
+      ref_design     the upstream design's bare `kernel[grid](...)`
+      empty          an empty kernel's `kernel[grid](x)`: Triton's launch floor
+    """
     case = make_case(1, 12, args.head_dim, True, args.eps)
     fns = providers(case, None)
-    out = {}
-    for name in ("fused", "ref_design", "empty"):
-        fn = fns[name]
-        for _ in range(20):
-            fn()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(500):
-            fn()
-        out[name] = (time.perf_counter() - start) / 500 * 1e6
-        torch.cuda.synchronize()
+    x, gate, weight, eps = case.x, case.gate, case.weight, case.eps
+    width = case.heads * case.head_dim
+    q = torch.empty(1, width, dtype=current_platform.fp8_dtype(), device="cuda")
+    s = torch.empty(1, 1, dtype=torch.float32, device="cuda")
+    fp8_max, min_scale = current_platform.fp8_max(), current_platform.fp8_min_scale()
+    config = fused_launch_config(1, case.heads, case.head_dim)
+    spec = fused_launch_spec(config, case.heads, case.head_dim)
+    wide, narrow = op_module._rmsnorm_gated_fp8_wide_kernel, op_module._rmsnorm_gated_fp8_kernel
+    kernel = wide if config.wide else narrow
+    kernel_args = (
+        x, gate, weight, q, s, x.stride(0), x.stride(1), gate.stride(0), gate.stride(1),
+        q.stride(0), s.stride(0), eps, fp8_max, min_scale,
+    )  # fmt: skip
+    row = x.reshape(1, width)
+    out = {"fused": _host_us(fns["fused"])}
+    with mock.patch.object(op_module, "launch_fused", lambda *a: None):
+        out["pre_launch"] = _host_us(fns["fused"])
+    out["launch"] = _host_us(
+        lambda: launch_fused(x, weight, gate, eps, q, s, fp8_max, min_scale, config)
+    )
+    out["kernel_grid"] = _host_us(lambda: kernel[(1, 1, 1)](*kernel_args, **spec.kwargs))
+    out["fused_alloc"] = _host_us(lambda: rmsnorm_gated_fp8_per_token(x, weight, gate, eps))
+    out["quant"] = _host_us(lambda: per_token_fp8_quant(row, out=q, scale_out=s))
+    out["ref_design"] = _host_us(fns["ref_design"])
+    out["empty"] = _host_us(fns["empty"])
     return out
+
+
+def print_host_overhead(host: dict[str, float]) -> None:
+    lines = [
+        f"host us/call (eager, T=1, H=12, strided gate; median of {HOST_REPEATS} x {HOST_CALLS} "
+        "calls):",
+        f"  fused {host['fused']:.1f} ~ pre-launch {host['pre_launch']:.1f} + launch "
+        f"{host['launch']:.1f} (that kernel through kernel[grid]: {host['kernel_grid']:.1f})",
+        f"  fused allocating its outputs, as the KDA layer calls it: {host['fused_alloc']:.1f}",
+        f"  per_token_fp8_quant {host['quant']:.1f}, ref_design {host['ref_design']:.1f}, "
+        f"empty kernel {host['empty']:.1f}",
+    ]
+    print("\n".join("# " + line for line in lines), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -360,12 +423,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sweep", action="store_true", help="time every fused launch config instead"
     )
+    parser.add_argument(
+        "--host-overhead",
+        action="store_true",
+        help="only the host time per eager call and its breakdown (well under a minute)",
+    )
     parser.add_argument("--csv", help="write the results to this CSV file")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("this benchmark needs a CUDA or ROCm GPU")
     if args.head_dim & (args.head_dim - 1) or args.head_dim > 512:
         parser.error("--head-dim must be a power of two up to 512 (the copy and reference tiles)")
+
+    print(
+        f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, triton {triton.__version__}"
+    )
+    if args.host_overhead:
+        host = host_overhead(args)
+        print_host_overhead(host)
+        write_csv(args.csv, [{k: round(v, 2) for k, v in host.items()}])
+        return 0
 
     fla_norm = None
     if not args.no_fla:
@@ -374,15 +451,8 @@ def main(argv: list[str] | None = None) -> int:
         fla_norm = FusedRMSNormGated(args.head_dim, eps=args.eps, activation="sigmoid")
         fla_norm = fla_norm.to(device="cuda", dtype=torch.bfloat16)
 
-    print(
-        f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, triton {triton.__version__}"
-    )
     if not args.sweep:
-        host = host_overhead(args)
-        print(
-            "# host us/call (eager, T=1, H=12): "
-            + ", ".join(f"{k} {v:.1f}" for k, v in host.items())
-        )
+        print_host_overhead(host_overhead(args))
     cases = [(t, h, False) for h in args.heads for t in args.tokens]
     if args.strided_gate_heads:
         cases += [(t, args.strided_gate_heads, True) for t in args.tokens]

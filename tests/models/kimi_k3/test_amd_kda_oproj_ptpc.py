@@ -402,6 +402,28 @@ def test_hot_path_does_not_call_finfo(monkeypatch):
     per_token_fp8_quant(x.reshape(2, -1))
 
 
+def test_common_case_skips_the_one_by_one_checks(monkeypatch):
+    """Valid inputs, strided gate and x included, pass the wrappers' combined check (few tensor
+    attribute reads per call); the named checks run only for what it does not accept."""
+
+    def named_check(name, t):
+        raise AssertionError(f"the one-by-one checks ran for a valid {name}")
+
+    monkeypatch.setattr(op_module, "check_float_input", named_check)
+    monkeypatch.setattr(quant_module, "check_float_input", named_check)
+    fp8 = current_platform.fp8_dtype()
+    for kwargs in (dict(), dict(x_strided=True), dict(gate_slice=False)):
+        x, weight, gate = make_inputs(3, 12, 64, torch.bfloat16, **kwargs)
+        q, scale = rmsnorm_gated_fp8_per_token(x, weight, gate, EPS)
+        out = torch.empty(3, 12 * 64, dtype=fp8, device=DEVICE)
+        scale_out = torch.empty(3, 1, dtype=torch.float32, device=DEVICE)
+        rmsnorm_gated_fp8_per_token(x, weight, gate, EPS, out=out, scale_out=scale_out)
+        assert torch.equal(out.view(torch.uint8), q.view(torch.uint8))
+        assert torch.equal(scale_out, scale)
+    per_token_fp8_quant(gate.reshape(3, -1))
+    per_token_fp8_quant(make_inputs(3, 12, 64, torch.bfloat16)[2].reshape(3, -1))  # row stride
+
+
 # ---------------------------------------------------------------------------------------------
 # Input validation
 # ---------------------------------------------------------------------------------------------
@@ -420,6 +442,13 @@ def _bad_fused_inputs():
         ("weight must be bfloat16", dict(weight=w.to(torch.float64))),
         ("gate is 2-D", dict(gate=g.reshape(4, -1))),
         ("one device", dict(weight=w.to("meta"))),
+        ("one device", dict(gate=g.to("meta"))),
+        ("x must be a torch.Tensor", dict(x=x.tolist())),
+        ("gate must be a torch.Tensor", dict(gate=g.float().cpu().numpy())),
+        ("weight must be a torch.Tensor", dict(weight=None)),
+        ("weight must have unit stride", dict(weight=w.repeat_interleave(2)[::2])),
+        ("at least one head", dict(x=x[:, :0], gate=g[:, :0])),
+        ("eps must be a positive", dict(eps=float("nan"))),
         ("quant_dtype must be one of", dict(quant_dtype=torch.int8)),
         ("eps must be a positive", dict(eps=-1.0)),
         ("eps must be a positive", dict(eps=0.0)),
@@ -448,11 +477,12 @@ def test_fused_rejects_bad_input(message, override):
         ("x must be bfloat16", torch.ones(2, 8, dtype=torch.float64)),
         ("x must have unit stride", torch.ones(8, 2).t()),
         ("non-empty last dim", torch.ones(2, 0)),
+        ("x must be a torch.Tensor", [[1.0, 2.0]]),
     ],
 )
 def test_per_token_quant_rejects_bad_input(message, x):
     with pytest.raises(ValueError, match=message):
-        per_token_fp8_quant(x.to(DEVICE))
+        per_token_fp8_quant(x.to(DEVICE) if isinstance(x, torch.Tensor) else x)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -512,3 +542,45 @@ def test_gpu_native_per_token_quant_baseline(width):
     # Same scale rule; the native kernel divides where ours multiplies by 1/scale.
     assert_scale_close(scale, scale_ref)
     assert_codes_close(q, q_ref)
+
+
+@pytest.mark.gpu
+def test_gpu_repeated_calls_reuse_the_compiled_kernel():
+    """From the second call on, the ops launch the compiled kernel directly
+    (vllm.triton_utils.launch); its results equal the first call's, and an unaligned input,
+    which takes Triton's plain dispatch every time, still matches the reference."""
+    import vllm.triton_utils.launch as launch_module
+
+    tokens, heads, head_dim = 3, 12, 128
+    x, weight, gate = make_inputs(tokens, heads, head_dim, torch.bfloat16)
+    config = op_module.fused_launch_config(4, heads, head_dim)
+    spec = op_module.fused_launch_spec(config, heads, head_dim)
+    spec.compiled.clear()
+    first = rmsnorm_gated_fp8_per_token(x, weight, gate, EPS)
+    second = rmsnorm_gated_fp8_per_token(x, weight, gate, EPS)
+    assert len(spec.compiled) == (1 if launch_module._FAST else 0)
+    assert torch.equal(first[0].view(torch.uint8), second[0].view(torch.uint8))
+    assert torch.equal(first[1], second[1])
+    q_ref, scale_ref = rmsnorm_gated_fp8_per_token_ref(x, weight, gate, EPS)
+    assert_scale_close(second[1], scale_ref)
+    assert_codes_close(second[0], q_ref)
+
+    width = heads * head_dim
+    wide = torch.randn(tokens, 4 * width + 17, device="cuda").to(torch.bfloat16)
+    unaligned = wide[:, 3 * width + 1 : 4 * width + 1].view(tokens, heads, head_dim)
+    for _ in range(2):
+        q, scale = rmsnorm_gated_fp8_per_token(x, weight, unaligned, EPS)
+        q_ref, scale_ref = rmsnorm_gated_fp8_per_token_ref(x, weight, unaligned, EPS)
+        assert_scale_close(scale, scale_ref)
+        assert_codes_close(q, q_ref)
+
+    # Token counts of one int class (i32, not a multiple of 16) share a compiled quant kernel.
+    _, quant_spec = quant_module._quant_config(32, width)
+    quant_spec.compiled.clear()
+    for t in (17, 18, 31):
+        y = torch.randn(t, width, device="cuda").to(torch.bfloat16)
+        qp, sp = per_token_fp8_quant(y)
+        qp_ref, sp_ref = per_token_fp8_quant_ref(y)
+        assert_scale_close(sp, sp_ref)
+        assert_codes_close(qp, qp_ref)
+    assert len(quant_spec.compiled) == (1 if launch_module._FAST else 0)

@@ -38,7 +38,8 @@ from functools import cache, lru_cache
 import torch
 
 from vllm.platforms import current_platform, supported_fp8_dtypes
-from vllm.triton_utils import next_power_of_2, use_triton
+from vllm.triton_utils import HAS_TRITON, next_power_of_2, use_triton
+from vllm.triton_utils.launch import LaunchSpec, launch
 
 try:
     import triton
@@ -47,6 +48,7 @@ except ImportError:  # CPU-only installs without Triton use the torch reference
     triton = None
 
 __all__ = [
+    "FLOAT_DTYPES",
     "check_float_input",
     "fp8_outputs",
     "fp8_quant_params",
@@ -55,7 +57,8 @@ __all__ = [
     "use_triton_fp8",
 ]
 
-_FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# The activation dtypes the FP8 producers read (a set: membership is tested on the hot path).
+FLOAT_DTYPES = frozenset((torch.bfloat16, torch.float16, torch.float32))
 # (fp8_max, min_scale) per FP8 dtype, computed once: the hot path must not call torch.finfo.
 _QUANT_PARAMS = {
     dtype: (current_platform.fp8_max(dtype), current_platform.fp8_min_scale(dtype))
@@ -150,17 +153,20 @@ def _num_sms() -> int:
 
 
 @cache
-def _quant_config(t_bucket: int, k: int) -> tuple[int, int, bool, int]:
-    """(block_t, block_k, single_pass, num_warps) for per-token quantization of [T, K]."""
+def _quant_config(t_bucket: int, k: int) -> tuple[int, LaunchSpec]:
+    """(block_t, the kernel's constexprs and num_warps) for per-token quantization of [T, K];
+    cached: the spec also holds the compiled kernels (``vllm.triton_utils.launch``)."""
     block_k = next_power_of_2(k)
     if block_k > _MAX_TILE:
-        return 1, _MAX_TILE, False, 8
+        return 1, LaunchSpec(BLOCK_T=1, BLOCK_K=_MAX_TILE, SINGLE_PASS=False, num_warps=8)
     block_t = 1
     target_programs = 4 * _num_sms()
     while block_t * 2 * block_k <= _MAX_TILE and -(-t_bucket // (block_t * 2)) >= target_programs:
         block_t *= 2
     warps = max(1, min(8, block_t * block_k // 512))
-    return block_t, block_k, True, 1 << (warps.bit_length() - 1)
+    return block_t, LaunchSpec(
+        BLOCK_T=block_t, BLOCK_K=block_k, SINGLE_PASS=True, num_warps=1 << (warps.bit_length() - 1)
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -173,7 +179,7 @@ def check_float_input(name: str, t: torch.Tensor) -> None:
     its last dim."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in _FLOAT_DTYPES:
+    if t.dtype not in FLOAT_DTYPES:
         raise ValueError(f"{name} must be bfloat16, float16 or float32, got {t.dtype}")
     if t.dim() > 0 and t.stride(-1) != 1 and t.size(-1) > 1:
         raise ValueError(f"{name} must have unit stride on its last dim, got strides {t.stride()}")
@@ -203,14 +209,16 @@ def fp8_outputs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``[tokens, width]`` FP8 codes and ``[tokens, 1]`` fp32 scales to write: the given
     buffers once checked (``out`` may have any row stride that keeps rows apart), else new ones."""
+    # Sizes as separate arguments: torch parses them faster than a tuple.
     if out is None:
-        out = torch.empty((tokens, width), dtype=quant_dtype, device=device)
+        out = torch.empty(tokens, width, dtype=quant_dtype, device=device)
     elif (
         out.shape != (tokens, width)
         or out.dtype != quant_dtype
         or out.device != device
-        or (width > 1 and out.stride(1) != 1)
-        or (tokens > 1 and out.stride(0) < width)
+        # stride() is cheaper than stride(dim)
+        or (width > 1 and out.stride()[1] != 1)
+        or (tokens > 1 and out.stride()[0] < width)
     ):
         raise ValueError(
             f"out must be a [{tokens}, {width}] {quant_dtype} tensor on {device} with unit stride "
@@ -218,7 +226,7 @@ def fp8_outputs(
             f"on {out.device} strides {out.stride()}"
         )
     if scale_out is None:
-        scale_out = torch.empty((tokens, 1), dtype=torch.float32, device=device)
+        scale_out = torch.empty(tokens, 1, dtype=torch.float32, device=device)
     elif (
         scale_out.shape != (tokens, 1)
         or scale_out.dtype != torch.float32
@@ -234,8 +242,8 @@ def fp8_outputs(
 def use_triton_fp8(device: torch.device, quant_dtype: torch.dtype) -> bool:
     """Whether an FP8-producing op on ``device`` launches its Triton kernel: ``use_triton``, and
     on a GPU only where Triton can emit ``quant_dtype``."""
-    if device.type == "cuda" and not current_platform.triton_supports_fp8(quant_dtype):
-        return False
+    if device.type == "cuda":  # use_triton is HAS_TRITON here: one call fewer on the hot path
+        return HAS_TRITON and current_platform.triton_supports_fp8(quant_dtype)
     return use_triton(device)
 
 
@@ -282,28 +290,39 @@ def per_token_fp8_quant(
     Returns:
         ``(q, scale)`` with the numerics of the module docstring.
     """
-    check_float_input("x", x)
-    if x.dim() != 2:
-        raise ValueError(f"x must be 2-D [tokens, hidden], got shape {tuple(x.shape)}")
+    # The common case in few tensor attribute reads; it implies the checks under it, which name
+    # what is wrong when it does not hold.
+    if not (
+        isinstance(x, torch.Tensor)
+        and len(shape := x.shape) == 2
+        and shape[1] > 0
+        and x.stride()[1] == 1  # stride() is cheaper than stride(dim)
+        and x.dtype in FLOAT_DTYPES
+    ):
+        check_float_input("x", x)
+        if x.dim() != 2:
+            raise ValueError(f"x must be 2-D [tokens, hidden], got shape {tuple(x.shape)}")
+        if x.shape[1] == 0:
+            raise ValueError(f"x must have a non-empty last dim, got shape {tuple(x.shape)}")
     tokens, width = x.shape
-    if width == 0:
-        raise ValueError(f"x must have a non-empty last dim, got shape {tuple(x.shape)}")
+    device = x.device
     quant_dtype, fp8_max, min_scale = fp8_quant_params(quant_dtype)
-    out, scale_out = fp8_outputs(out, scale_out, tokens, width, quant_dtype, x.device)
+    out, scale_out = fp8_outputs(out, scale_out, tokens, width, quant_dtype, device)
     if tokens == 0:
         return out, scale_out
-    if not use_triton_fp8(x.device, quant_dtype):
+    if not use_triton_fp8(device, quant_dtype):
         q, scale = per_token_fp8_quant_ref(x, quant_dtype)
         out.copy_(q)
         scale_out.copy_(scale)
         return out, scale_out
 
-    block_t, block_k, single_pass, num_warps = _quant_config(next_power_of_2(tokens), width)
-    _per_token_fp8_quant_kernel[(-(-tokens // block_t),)](
-        x, out, scale_out,
-        tokens, width, x.stride(0), out.stride(0), scale_out.stride(0),
-        fp8_max, min_scale,
-        BLOCK_T=block_t, BLOCK_K=block_k, SINGLE_PASS=single_pass,
-        num_warps=num_warps,
+    block_t, spec = _quant_config(next_power_of_2(tokens), width)
+    launch(
+        _per_token_fp8_quant_kernel, (-(-tokens // block_t), 1, 1),
+        (
+            x, out, scale_out, tokens, width, x.stride()[0], out.stride()[0], scale_out.stride()[0],
+            fp8_max, min_scale,
+        ),
+        spec,
     )  # fmt: skip
     return out, scale_out

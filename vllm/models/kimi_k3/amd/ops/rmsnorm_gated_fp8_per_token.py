@@ -37,6 +37,10 @@ reduction, decreasing powers of two (12 = 8 + 4) for many (``head_chunks``). Eac
 pass over ``y``. Tokens wider than 8192 padded elements use a two-pass kernel over head chunks.
 ``D > 512`` uses the torch reference. Padded lanes read clamped, in-bounds addresses under a mask,
 so no out-of-bounds address is ever formed.
+
+Host time: the op runs once per KDA layer in eager steps, so its Python is kept short: one combined
+check of the common case before the checks that name a bad argument, and the launch through
+``vllm.triton_utils.launch`` (Triton's argument binding once per launch key, not per call).
 """
 
 from functools import cache
@@ -46,6 +50,7 @@ import torch
 
 from vllm.model_executor.layers.layernorm import rmsnorm_gated_ref
 from vllm.model_executor.layers.quantization.utils.fp8_per_token import (
+    FLOAT_DTYPES,
     check_float_input,
     fp8_outputs,
     fp8_quant_params,
@@ -54,6 +59,7 @@ from vllm.model_executor.layers.quantization.utils.fp8_per_token import (
     use_triton_fp8,
 )
 from vllm.triton_utils import next_power_of_2
+from vllm.triton_utils.launch import LaunchSpec, launch
 
 try:
     import triton
@@ -327,14 +333,15 @@ def fused_launch_config(t_bucket: int, heads: int, head_dim: int) -> FusedLaunch
 
 
 @cache
-def _fused_kernel_kwargs(config: FusedLaunchConfig, heads: int, head_dim: int) -> dict:
-    """Compile-time arguments of the fused kernel for a config (cached: hot path)."""
+def fused_launch_spec(config: FusedLaunchConfig, heads: int, head_dim: int) -> LaunchSpec:
+    """Compile-time arguments of the fused kernel for a config (cached: the spec also holds the
+    compiled kernels, see ``vllm.triton_utils.launch``)."""
     kwargs = dict(D=head_dim, BLOCK_D=next_power_of_2(head_dim), num_warps=config.num_warps)
     if config.wide:
-        return dict(kwargs, H=heads, BLOCK_HEADS=config.block_heads)
+        return LaunchSpec(**kwargs, H=heads, BLOCK_HEADS=config.block_heads)
     (r0, v0), (r1, v1), (r2, v2) = head_chunks(heads, config.head_split)
-    return dict(
-        kwargs, ROWS0=r0, ROWS1=r1, ROWS2=r2, END0=v0, END1=v0 + v1, END2=v0 + v1 + v2,
+    return LaunchSpec(
+        **kwargs, ROWS0=r0, ROWS1=r1, ROWS2=r2, END0=v0, END1=v0 + v1, END2=v0 + v1 + v2,
         WEIGHT_TILE=config.weight_tile,
     )  # fmt: skip
 
@@ -348,6 +355,27 @@ def _check_fused_inputs(
     x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor, eps: float
 ) -> torch.Tensor:
     """Validate the fused op's inputs; return the gate as a [T, H, D] view."""
+    # The common case in few tensor attribute reads (this runs once per KDA layer and step); it
+    # implies every check below, which name what is wrong when it does not hold.
+    if (
+        isinstance(x, torch.Tensor)
+        and isinstance(gate, torch.Tensor)
+        and isinstance(weight, torch.Tensor)
+        and len(shape := x.shape) == 3
+        and shape[1] > 0
+        and shape[2] > 0
+        and gate.shape == shape
+        and weight.shape == (shape[2],)
+        and x.stride()[2] == 1  # stride() is cheaper than stride(dim)
+        and gate.stride()[2] == 1
+        and weight.is_contiguous()
+        and x.dtype in FLOAT_DTYPES
+        and gate.dtype in FLOAT_DTYPES
+        and weight.dtype in FLOAT_DTYPES
+        and x.device == gate.device == weight.device
+        and eps > 0.0
+    ):
+        return gate
     check_float_input("x", x)
     check_float_input("gate", gate)
     check_float_input("weight", weight)
@@ -430,10 +458,11 @@ def rmsnorm_gated_fp8_per_token(
     gate = _check_fused_inputs(x, weight, gate, eps)
     quant_dtype, fp8_max, min_scale = fp8_quant_params(quant_dtype)
     tokens, heads, head_dim = x.shape
-    out, scale_out = fp8_outputs(out, scale_out, tokens, heads * head_dim, quant_dtype, x.device)
+    device = x.device
+    out, scale_out = fp8_outputs(out, scale_out, tokens, heads * head_dim, quant_dtype, device)
     if tokens == 0:
         return out, scale_out
-    if head_dim > _MAX_TRITON_D or not use_triton_fp8(x.device, quant_dtype):
+    if head_dim > _MAX_TRITON_D or not use_triton_fp8(device, quant_dtype):
         y = rmsnorm_gated_ref(x, weight, gate, eps).reshape(tokens, heads * head_dim)
         q, scale = per_token_fp8_quant_ref(y, quant_dtype)
         out.copy_(q)
@@ -461,11 +490,14 @@ def launch_fused(
     For ``rmsnorm_gated_fp8_per_token`` and for tuning sweeps (the benchmark's ``--sweep``).
     """
     tokens, heads, head_dim = x.shape
-    x_strides, g_strides = x.stride(), gate.stride()
+    x_strides, g_strides = x.stride(), gate.stride()  # stride() is cheaper than stride(dim)
     kernel = _rmsnorm_gated_fp8_wide_kernel if config.wide else _rmsnorm_gated_fp8_kernel
-    kernel[(tokens,)](
-        x, gate, weight, out, scale_out,
-        x_strides[0], x_strides[1], g_strides[0], g_strides[1], out.stride(0), scale_out.stride(0),
-        eps, fp8_max, min_scale,
-        **_fused_kernel_kwargs(config, heads, head_dim),
+    launch(
+        kernel, (tokens, 1, 1),
+        (
+            x, gate, weight, out, scale_out,
+            x_strides[0], x_strides[1], g_strides[0], g_strides[1], out.stride()[0],
+            scale_out.stride()[0], eps, fp8_max, min_scale,
+        ),
+        fused_launch_spec(config, heads, head_dim),
     )  # fmt: skip

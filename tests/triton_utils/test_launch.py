@@ -1,0 +1,264 @@
+"""``vllm.triton_utils.launch``: which calls reuse a compiled kernel, and (on a GPU) that the
+launch key picks the compiled kernel Triton's own dispatch would.
+
+Without a GPU the fast path is driven through stand-ins for Triton's ``JITFunction``,
+``CompiledKernel`` and driver, so the caching rules are checked on every machine.
+"""
+
+import math
+
+import pytest
+import torch
+
+import vllm.triton_utils.launch as launch_module
+from vllm.triton_utils.launch import LaunchSpec, launch
+
+# ---------------------------------------------------------------------------------------------
+# Caching rules, with stand-ins for Triton
+# ---------------------------------------------------------------------------------------------
+
+
+def _kernel_fn(x_ptr, n, scale, BLOCK, ROWS=4):  # the stand-in kernel's signature
+    pass
+
+
+class FakeCompiled:
+    def __init__(self, log: list) -> None:
+        self.log = log
+
+    def __getitem__(self, grid):
+        def runner(*args, stream=None):
+            self.log.append(("compiled", grid, args, stream))
+
+        return runner
+
+
+class FakeJIT:
+    """Launches like a JITFunction: ``kernel[grid](*args, **kwargs)`` returns the compiled one."""
+
+    fn = staticmethod(_kernel_fn)
+
+    def __init__(self) -> None:
+        self.log: list = []
+        self.compiled = FakeCompiled(self.log)
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.log.append(("plain", grid, args, kwargs))
+            return self.compiled
+
+        return run
+
+    def kinds(self) -> list[str]:
+        return [entry[0] for entry in self.log]
+
+
+class FakeDriver:
+    def __init__(self) -> None:
+        self.device = 0
+
+    @property
+    def active(self):
+        return self
+
+    def get_current_device(self) -> int:
+        return self.device
+
+    def get_current_stream(self, device: int) -> int:
+        return 1000 + device
+
+
+@pytest.fixture
+def fake_triton(monkeypatch):
+    driver = FakeDriver()
+    monkeypatch.setattr(launch_module, "_FAST", True)
+    monkeypatch.setattr(launch_module, "JITFunction", FakeJIT)
+    monkeypatch.setattr(launch_module, "CompiledKernel", FakeCompiled)
+    monkeypatch.setattr(launch_module, "driver", driver)
+    return driver
+
+
+GRID = (3, 1, 1)
+
+
+def test_second_call_launches_the_compiled_kernel(fake_triton):
+    kernel, spec = FakeJIT(), LaunchSpec(BLOCK=64, num_warps=4)
+    x = torch.zeros(64)
+    launch(kernel, GRID, (x, 32, 0.5), spec)
+    launch(kernel, GRID, (x, 48, 0.25), spec)  # 32 and 48: both i32, both divisible by 16
+    assert kernel.kinds() == ["plain", "compiled"]
+    assert kernel.log[0] == ("plain", GRID, (x, 32, 0.5), {"BLOCK": 64, "num_warps": 4})
+    # Every parameter positional, constexprs in signature order (ROWS from its default, no
+    # num_warps: not a parameter), on the current device's stream.
+    assert kernel.log[1] == ("compiled", GRID, (x, 48, 0.25, 64, 4), 1000)
+
+
+@pytest.mark.parametrize(
+    "first,second",
+    [(16, 17), (16, 1), (17, 1), (16, 2**31), (2**31, 2**63), (16, 16.0), (2**31, 2**31 + 1)],
+    ids=str,
+)
+def test_int_class_change_takes_the_plain_path(fake_triton, first, second):
+    kernel, spec = FakeJIT(), LaunchSpec(BLOCK=64)
+    x = torch.zeros(64)
+    for n in (first, second, first, second):
+        launch(kernel, GRID, (x, n, 0.5), spec)
+    assert kernel.kinds() == ["plain", "plain", "compiled", "compiled"]
+
+
+def test_same_int_class_reuses(fake_triton):
+    kernel, spec = FakeJIT(), LaunchSpec(BLOCK=64)
+    x = torch.zeros(64)
+    for n in (17, 18, 2**31 - 1, 3):  # i32, not divisible by 16, not 1
+        launch(kernel, GRID, (x, n, 0.5), spec)
+    assert kernel.kinds() == ["plain", "compiled", "compiled", "compiled"]
+
+
+def test_dtype_device_and_kernel_are_in_the_key(fake_triton):
+    kernel, other, spec = FakeJIT(), FakeJIT(), LaunchSpec(BLOCK=64)
+    x = torch.zeros(64)
+    launch(kernel, GRID, (x, 16, 0.5), spec)
+    launch(kernel, GRID, (x.half(), 16, 0.5), spec)
+    fake_triton.device = 1
+    launch(kernel, GRID, (x, 16, 0.5), spec)
+    launch(other, GRID, (x, 16, 0.5), spec)
+    assert kernel.kinds() == ["plain"] * 3 and other.kinds() == ["plain"]
+    launch(other, GRID, (x, 16, 0.5), spec)
+    assert other.log[-1] == ("compiled", GRID, (x, 16, 0.5, 64, 4), 1001)
+
+
+def test_unaligned_tensor_always_takes_the_plain_path(fake_triton):
+    kernel, spec = FakeJIT(), LaunchSpec(BLOCK=64)
+    x = torch.zeros(64)
+    for _ in range(3):
+        launch(kernel, GRID, (x[1:], 16, 0.5), spec)
+    assert kernel.kinds() == ["plain"] * 3
+    launch(kernel, GRID, (x, 16, 0.5), spec)
+    launch(kernel, GRID, (x[4:], 16, 0.5), spec)  # 16 bytes in: aligned again
+    assert kernel.kinds() == ["plain"] * 4 + ["compiled"]
+
+
+@pytest.mark.parametrize("odd", [None, True, (1, 2)], ids=str)
+def test_unmirrored_argument_types_take_the_plain_path(fake_triton, odd):
+    kernel, spec = FakeJIT(), LaunchSpec(BLOCK=64)
+    x = torch.zeros(64)
+    for _ in range(2):
+        launch(kernel, GRID, (x, odd, 0.5), spec)
+    assert kernel.kinds() == ["plain", "plain"]
+
+
+def test_not_a_jit_kernel_takes_the_plain_path(fake_triton):
+    class Counted(FakeJIT):  # what the tests' launch counters look like: not the JIT class
+        pass
+
+    kernel, spec = Counted(), LaunchSpec(BLOCK=64)
+    x = torch.zeros(64)
+    for _ in range(2):
+        launch(kernel, GRID, (x, 16, 0.5), spec)
+    assert kernel.kinds() == ["plain", "plain"]
+
+
+def test_nothing_cached_when_no_compiled_kernel_comes_back(fake_triton):
+    kernel, spec = FakeJIT(), LaunchSpec(BLOCK=64)
+    kernel.compiled = None  # e.g. a compile hook that skipped compilation
+    x = torch.zeros(64)
+    for _ in range(2):
+        launch(kernel, GRID, (x, 16, 0.5), spec)
+    assert kernel.kinds() == ["plain", "plain"] and not spec.compiled
+
+
+def test_cache_is_bounded(fake_triton):
+    kernel, spec = FakeJIT(), LaunchSpec(BLOCK=64)
+    x = torch.zeros(64)
+    for device in range(3 * launch_module._MAX_KEYS):
+        fake_triton.device = device
+        launch(kernel, GRID, (x, 16, 0.5), spec)
+    assert 0 < len(spec.compiled) <= launch_module._MAX_KEYS
+
+
+def test_plain_path_off_the_fast_platforms(monkeypatch):
+    monkeypatch.setattr(launch_module, "_FAST", False)
+    monkeypatch.setattr(launch_module, "JITFunction", FakeJIT)
+    kernel, spec = FakeJIT(), LaunchSpec(BLOCK=64)
+    x = torch.zeros(64)
+    for _ in range(2):
+        launch(kernel, GRID, (x, 16, 0.5), spec)
+    assert kernel.kinds() == ["plain", "plain"]
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: the key against Triton's own dispatch
+# ---------------------------------------------------------------------------------------------
+
+
+def _gpu_probe_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def probe(x_ptr, y_ptr, n, a, b, scale, BLOCK: tl.constexpr):
+        # y = x * scale + a % 7 + b % 5: every runtime argument reaches the output.
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        y = x * scale + a % 7 + b % 5
+        tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+    return probe
+
+
+def _same_class(v: int) -> int:
+    """Another int that Triton specializes like ``v`` (1; i32 or i64; divisible by 16 or not)."""
+    return 1 if v == 1 else v + 32 if v >= 2**31 else v - 32
+
+
+def _probe_expected(x, scale, a, b, dtype):
+    # Triton's % truncates like C (math.fmod), Python's floors.
+    return (x.float() * scale + math.fmod(a, 7) + math.fmod(b, 5)).to(dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 100, 4096])
+@pytest.mark.parametrize(
+    "dtypes", [(torch.float32, torch.float32), (torch.bfloat16, torch.float16)], ids=str
+)
+@pytest.mark.parametrize(
+    "a,b", [(1, 2), (16, 17), (2**31 - 16, -16), (2**31, 2**40 + 3), (-(2**33), 48)], ids=str
+)
+def test_gpu_reused_kernel_is_the_one_triton_picks(n, dtypes, a, b):
+    """Whenever the launch key reuses a compiled kernel, Triton's dispatch (``warmup``) picks
+    that same kernel for those arguments, and the launch computes the right values."""
+    if not launch_module._FAST:
+        pytest.skip("the fast path is CUDA-only")
+    probe = _gpu_probe_kernel()
+    dtype_in, dtype_out = dtypes
+    spec = LaunchSpec(BLOCK=128, num_warps=4)
+    grid = (-(-n // 128), 1, 1)
+    x = torch.randn(n, device="cuda").to(dtype_in)
+    y = torch.empty(n, dtype=dtype_out, device="cuda")
+    launch(probe, grid, (x, y, n, a, b, 0.5), spec)  # plain: fills the cache
+    assert torch.equal(y, _probe_expected(x, 0.5, a, b, dtype_out))
+    ((_, compiled, _),) = spec.compiled.values()
+
+    x2 = torch.randn(n, device="cuda").to(dtype_in)
+    y2 = torch.empty(n, dtype=dtype_out, device="cuda")
+    args2 = (x2, y2, n, _same_class(a), _same_class(b), 0.25)
+    assert probe.warmup(*args2, grid=grid, **spec.kwargs) is compiled
+    launch(probe, grid, args2, spec)  # reuses `compiled`
+    assert len(spec.compiled) == 1
+    assert torch.equal(y2, _probe_expected(x2, 0.25, *args2[3:5], dtype_out))
+
+
+@pytest.mark.gpu
+def test_gpu_unaligned_view_launches_correctly():
+    if not launch_module._FAST:
+        pytest.skip("the fast path is CUDA-only")
+    probe = _gpu_probe_kernel()
+    spec = LaunchSpec(BLOCK=128, num_warps=4)
+    x = torch.randn(1001, device="cuda")[1:]  # 4 bytes past an aligned address
+    y = torch.empty(1000, device="cuda")
+    for _ in range(2):
+        y.zero_()
+        launch(probe, (8, 1, 1), (x, y, 1000, 3, 4, 0.5), spec)
+        assert torch.equal(y, _probe_expected(x, 0.5, 3, 4, torch.float32))
+    assert not spec.compiled
