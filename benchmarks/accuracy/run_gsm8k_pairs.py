@@ -133,16 +133,21 @@ def run_lm_eval(args: argparse.Namespace, mode: str, out: Path) -> dict[str, Any
     if args.limit is not None:
         lm_eval += ["--limit", str(args.limit)]
     env = child_env(fusion)
-    log(f"{mode}: serving ({' '.join(serve[3:])}, {FUSION_ENV}={fusion})")
     start = time.monotonic()
-    with Server(serve, env, out / f"server_{mode}.log"):
-        log(f"{mode}: server up after {time.monotonic() - start:.0f} s; lm_eval running")
-        with (out / f"lm_eval_{mode}.log").open("w") as lm_log:
-            run = subprocess.run(
-                lm_eval, cwd=ROOT, env=env, stdout=lm_log, stderr=subprocess.STDOUT
+    if args.reuse_lm_eval and any(results_dir.rglob("results_*.json")):
+        log(f"{mode}: reusing the lm_eval results in {results_dir}")
+    else:
+        log(f"{mode}: serving ({' '.join(serve[3:])}, {FUSION_ENV}={fusion})")
+        with Server(serve, env, out / f"server_{mode}.log"):
+            log(f"{mode}: server up after {time.monotonic() - start:.0f} s; lm_eval running")
+            with (out / f"lm_eval_{mode}.log").open("w") as lm_log:
+                run = subprocess.run(
+                    lm_eval, cwd=ROOT, env=env, stdout=lm_log, stderr=subprocess.STDOUT
+                )
+        if run.returncode != 0:
+            raise RuntimeError(
+                f"lm_eval failed ({run.returncode}); see {out / f'lm_eval_{mode}.log'}"
             )
-    if run.returncode != 0:
-        raise RuntimeError(f"lm_eval failed ({run.returncode}); see {out / f'lm_eval_{mode}.log'}")
     results = json.loads(max(results_dir.rglob("results_*.json")).read_text())
     metrics = results["results"][TASK]
     responses = {}
@@ -327,6 +332,12 @@ def parse_args() -> argparse.Namespace:
     add("--batch", type=int, default=16, help="prompts per LLM.generate call")
     add("--dtype", default="bfloat16", help="model dtype of every mode")
     add("--skip-lm-eval", action="store_true", help="only the direct LLM comparison")
+    add(
+        "--reuse-lm-eval",
+        action="store_true",
+        help="take a mode's lm_eval results from --out where an earlier run left them (same "
+        "flags), instead of serving and running lm_eval again",
+    )
     args = parser.parse_args()
     args.model = args.model.resolve()
     return args
