@@ -93,7 +93,6 @@ _COUNTED_KERNELS = {
     "vllm.models.kimi_k3.amd.ops.fused_kda_decode": (
         "_fused_kda_decode_kernel", "_kda_decode_epilogue_kernel",
     ),
-    "vllm.model_executor.kernels.linear.small_m_gemm": ("_small_m_gemm_kernel",),
     "vllm.model_executor.layers.fused_moe.experts_triton": (
         "_moe_gate_up_kernel", "_moe_down_kernel",
     ),

@@ -290,16 +290,13 @@ def test_bad_kernel_override_is_reported(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 16, 33, 300])
-def test_gpu_ptpc_kernel_consumes_and_matches_bound(m):
-    """The CUDA choice (small-M Triton GEMM at M <= FP8_SMALL_M_THRESHOLD, rowwise
-    torch._scaled_mm above) at decode and prefill sizes."""
+def test_gpu_rowwise_scaled_mm_consumes_and_matches_bound():
     if not current_platform.is_cuda():
-        pytest.skip("the small-M Triton / rowwise torch._scaled_mm kernel is the CUDA choice")
+        pytest.skip("the rowwise torch._scaled_mm kernel is the CUDA choice")
     layer, weight = ptpc_layer(RowParallelLinear, k=1536, n=7168, bias=False)
-    assert type(layer.fp8_linear).__name__ == "TritonSmallMFP8ScaledMMLinearKernel"
+    assert type(layer.fp8_linear).__name__ == "RowWiseTorchFP8ScaledMMLinearKernel"
     assert get_input_quant_key(layer) == kFp8DynamicTokenSym
-    x = torch.randn(m, 1536, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    x = torch.randn(33, 1536, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
     x = x.cuda()
     out = layer(x)[0]
     q, scale = per_token_fp8_quant(x)

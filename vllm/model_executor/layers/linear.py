@@ -17,6 +17,7 @@ Weights are stored as upstream does, `[N_local, K_local]` before quantization, w
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch.nn import Parameter
 
 from vllm.distributed import (
@@ -24,7 +25,6 @@ from vllm.distributed import (
     get_tensor_model_parallel_world_size,
     tensor_model_parallel_all_reduce,
 )
-from vllm.model_executor.kernels.linear.small_m_gemm import unquantized_linear
 from vllm.model_executor.layers.fusion.quant_activation import (
     QuantizedActivation,
     as_quantized_activation,
@@ -72,11 +72,11 @@ class LinearMethodBase(QuantizeMethodBase):
 
 
 class UnquantizedLinearMethod(LinearMethodBase):
-    """`F.linear` in the parameter dtype; on CUDA at decode sizes, the small-M Triton GEMM."""
+    """Plain `F.linear` in the parameter dtype."""
 
     def apply(self, layer, x, bias=None) -> torch.Tensor:
         as_quantized_activation(x, None)  # a pre-quantized input here is a producer bug: raise
-        return unquantized_linear(x, layer.weight, bias)
+        return F.linear(x, layer.weight, bias)
 
 
 class LinearBase(torch.nn.Module):

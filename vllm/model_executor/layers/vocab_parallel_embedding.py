@@ -14,7 +14,6 @@ from vllm.distributed import (
     tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,
 )
-from vllm.model_executor.kernels.linear.small_m_gemm import unquantized_linear
 
 
 class VocabParallelEmbedding(torch.nn.Module):
@@ -64,5 +63,5 @@ class ParallelLMHead(VocabParallelEmbedding):
         """fp32 logits `[T, vocab]` (tied embeddings share this layer's weight at load)."""
         weight = self.weight
         # In the weight's dtype (no fp32 copy of a vocab-sized matrix per call), logits in fp32.
-        local = unquantized_linear(hidden.to(weight.dtype), weight).float()
+        local = F.linear(hidden.to(weight.dtype), weight).float()
         return tensor_model_parallel_all_gather(local, dim=-1)[:, : self.num_embeddings]

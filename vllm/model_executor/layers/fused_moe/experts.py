@@ -37,9 +37,10 @@ from vllm.platforms import current_platform
 GATHER_MAX_ROWS = 64
 
 # Largest T * K that the Triton GEMV path serves where Triton runs; larger batches take the
-# grouped GEMM (or the gathered / loop fallbacks). A starting value: set it to the largest row
-# count at which `benchmarks/kernels/benchmark_moe.py` times the triton path below grouped.
-TRITON_MAX_ROWS = 64
+# grouped GEMM (or the gathered / loop fallbacks). `benchmarks/kernels/benchmark_moe.py` on an
+# H200 (Kimi-Linear-48B experts, top-8): triton beats grouped up to 16 tokens (128 rows), grouped
+# wins from 32 tokens on (2026-12-01).
+TRITON_MAX_ROWS = 128
 
 ExpertsImpl = Callable[..., torch.Tensor]
 

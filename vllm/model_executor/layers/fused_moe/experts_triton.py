@@ -145,18 +145,20 @@ def moe_experts_triton(
     topk_ids: torch.Tensor,
     act_and_mul: torch.nn.Module,
     *,
-    block_n: int = 16,
+    block_n: int = 8,
     block_k: int = 256,
     gate_up_warps: int = 4,
     block_h: int = 8,
-    block_i: int = 256,
-    down_warps: int = 8,
+    block_i: int = 128,
+    down_warps: int = 4,
 ) -> torch.Tensor:
     """Routed experts in two Triton launches; see the module docstring for shapes and numerics.
 
     `block_n` / `block_k` / `gate_up_warps` tile the gate/up kernel (intermediate columns per
     program, hidden chunk per step, warps); `block_h` / `block_i` / `down_warps` tile the down
     kernel (hidden outputs per program, intermediate chunk per step, warps). Powers of two.
+    The defaults were the fastest of four configurations timed on an H200 at Kimi-Linear-48B
+    expert shapes for 2-16 tokens (2026-12-01, docs/performance.md).
     """
     # Metadata checks only, so the call stays free of host syncs.
     if x.dim() != 2:
