@@ -29,7 +29,9 @@ CATEGORIES: list[tuple[str, str]] = [
     ("MLA decode", r"mla_decode"),
     ("KDA decode", r"kda_decode"),
     ("gated RMSNorm + FP8 quant", r"rmsnorm_gated|per_token_fp8|fp8_per_token"),
-    ("FP8 GEMM", r"e4m3|f8f8|fp8|_f8_"),
+    # cuBLASLt's FP8 kernels on sm90 are named nvjet_..._qqtst_..._ovscale_... (two quantized
+    # operands, output scale).
+    ("FP8 GEMM", r"e4m3|f8f8|fp8|_f8_|qqtst|ovscale"),
     ("bf16 GEMM / GEMV", r"gemm|gemv|nvjet|cutlass|xmma|sm90|matmul|aten::mm|aten::addmm"),
     ("norms", r"rms_norm|rmsnorm|layer_norm"),
     ("memcpy / memset", r"[Mm]emcpy|[Mm]emset"),

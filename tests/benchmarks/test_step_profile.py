@@ -24,6 +24,7 @@ from step_profile import OTHER, KernelTime, breakdown, group_of, profile_steps  
         ("void cutlass::device_kernel<GroupProblemShape<...>>", "routed experts"),
         ("_moe_gemv_kernel", "routed experts"),
         ("sm90_xmma_gemm_e4m3bf16_e4m3f32_f32_tn_n_tilesize64x64x128", "FP8 GEMM"),
+        ("nvjet_sm90_qqtst_128x128_128x6_1x1_h_bz_coopA_algo2_ovscale_TNT", "FP8 GEMM"),
         ("nvjet_tst_128x64_64x8_2x1_v_bz_TNT", "bf16 GEMM / GEMV"),
         ("void gemv2T_kernel_val<int, int, __nv_bfloat16>", "bf16 GEMM / GEMV"),
         ("Memcpy HtoD (Pinned -> Device)", "memcpy / memset"),

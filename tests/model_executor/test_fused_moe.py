@@ -148,7 +148,14 @@ SILU, SITU = SiluAndMul(), SituAndMul(4.0, 25.0)
         ((9, 0), torch.bfloat16, 8, 2300, SILU, moe_experts_triton),  # any alignment
         ((9, 0), torch.float32, 8, 2304, SILU, moe_experts_triton),
         ((9, 0), torch.float32, GATHER_MAX_ROWS, 2304, SITU, moe_experts_gathered),
-        ((9, 0), torch.float32, GATHER_MAX_ROWS + 1, 2304, SILU, moe_experts_loop),
+        (
+            (9, 0),
+            torch.float32,
+            max(GATHER_MAX_ROWS, TRITON_MAX_ROWS) + 1,
+            2304,
+            SILU,
+            moe_experts_loop,
+        ),
         ((8, 0), torch.bfloat16, 8, 2304, SITU, moe_experts_gathered),  # torch's fallback syncs
         ((8, 0), torch.bfloat16, 8, 2304, SILU, moe_experts_triton),
         ((12, 0), torch.bfloat16, 8, 2304, SITU, moe_experts_gathered),
@@ -176,7 +183,8 @@ def test_selection_on_cpu_under_the_triton_interpreter(monkeypatch):
     cpu = torch.device("cpu")
     rows = TRITON_MAX_ROWS
     assert select_experts_impl(cpu, torch.float32, rows, H, INTER, SILU) is moe_experts_triton
-    assert select_experts_impl(cpu, torch.float32, rows, H, INTER, SITU) is moe_experts_gathered
+    gather = GATHER_MAX_ROWS
+    assert select_experts_impl(cpu, torch.float32, gather, H, INTER, SITU) is moe_experts_gathered
     assert select_experts_impl(cpu, torch.float32, rows + 1, H, INTER, SILU) is moe_experts_loop
 
 

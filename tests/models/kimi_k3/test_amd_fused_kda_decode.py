@@ -98,11 +98,11 @@ def test_every_launch_variant_matches_unfused_ops(d, block_v, norm, dtype, trito
 
 def test_default_config_depends_on_shapes_only():
     sms = 132
-    # D = 128: V-split; 16-column blocks while 32-column ones would not give 4 programs per SM.
+    # D = 128: V-split; 16-column blocks while 64-column ones would not give 4 programs per SM.
     assert kda_decode_config(1, 32, 128, sms) == KdaDecodeConfig(block_v=16, num_warps=4)
-    assert kda_decode_config(4, 32, 128, sms).block_v == 16
-    assert kda_decode_config(5, 32, 128, sms) == KdaDecodeConfig(block_v=32, num_warps=4)
-    assert kda_decode_config(256, 12, 128, sms).block_v == 32
+    assert kda_decode_config(8, 32, 128, sms).block_v == 16
+    assert kda_decode_config(9, 32, 128, sms) == KdaDecodeConfig(block_v=64, num_warps=4)
+    assert kda_decode_config(256, 12, 128, sms).block_v == 64
     # Small heads: one program per head.
     assert kda_decode_config(1, 2, 32, sms) == KdaDecodeConfig(block_v=32, num_warps=4)
 
