@@ -234,13 +234,13 @@ def test_gpu_reused_kernel_is_the_one_triton_picks(n, dtypes, a, b):
     dtype_in, dtype_out = dtypes
     spec = LaunchSpec(BLOCK=128, num_warps=4)
     grid = (-(-n // 128), 1, 1)
-    x = torch.randn(n, device="cuda").to(dtype_in)
+    x = torch.randn(n, device="cuda", generator=_cuda_gen(1)).to(dtype_in)
     y = torch.empty(n, dtype=dtype_out, device="cuda")
     launch(probe, grid, (x, y, n, a, b, 0.5), spec)  # plain: fills the cache
     assert torch.equal(y, _probe_expected(x, 0.5, a, b, dtype_out))
     ((_, compiled, _),) = spec.compiled.values()
 
-    x2 = torch.randn(n, device="cuda").to(dtype_in)
+    x2 = torch.randn(n, device="cuda", generator=_cuda_gen(2)).to(dtype_in)
     y2 = torch.empty(n, dtype=dtype_out, device="cuda")
     args2 = (x2, y2, n, _same_class(a), _same_class(b), 0.25)
     assert probe.warmup(*args2, grid=grid, **spec.kwargs) is compiled
@@ -255,10 +255,15 @@ def test_gpu_unaligned_view_launches_correctly():
         pytest.skip("the fast path is CUDA-only")
     probe = _gpu_probe_kernel()
     spec = LaunchSpec(BLOCK=128, num_warps=4)
-    x = torch.randn(1001, device="cuda")[1:]  # 4 bytes past an aligned address
+    # 4 bytes past an aligned address
+    x = torch.randn(1001, device="cuda", generator=_cuda_gen(3))[1:]
     y = torch.empty(1000, device="cuda")
     for _ in range(2):
         y.zero_()
         launch(probe, (8, 1, 1), (x, y, 1000, 3, 4, 0.5), spec)
         assert torch.equal(y, _probe_expected(x, 0.5, 3, 4, torch.float32))
     assert not spec.compiled
+
+
+def _cuda_gen(seed: int) -> torch.Generator:
+    return torch.Generator(device="cuda").manual_seed(seed)

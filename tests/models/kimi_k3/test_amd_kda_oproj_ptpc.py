@@ -566,7 +566,9 @@ def test_gpu_repeated_calls_reuse_the_compiled_kernel():
     assert_codes_close(second[0], q_ref)
 
     width = heads * head_dim
-    wide = torch.randn(tokens, 4 * width + 17, device="cuda").to(torch.bfloat16)
+    wide = torch.randn(tokens, 4 * width + 17, device="cuda", generator=_cuda_gen(1)).to(
+        torch.bfloat16
+    )
     unaligned = wide[:, 3 * width + 1 : 4 * width + 1].view(tokens, heads, head_dim)
     for _ in range(2):
         q, scale = rmsnorm_gated_fp8_per_token(x, weight, unaligned, EPS)
@@ -578,9 +580,13 @@ def test_gpu_repeated_calls_reuse_the_compiled_kernel():
     _, quant_spec = quant_module._quant_config(32, width)
     quant_spec.compiled.clear()
     for t in (17, 18, 31):
-        y = torch.randn(t, width, device="cuda").to(torch.bfloat16)
+        y = torch.randn(t, width, device="cuda", generator=_cuda_gen(2)).to(torch.bfloat16)
         qp, sp = per_token_fp8_quant(y)
         qp_ref, sp_ref = per_token_fp8_quant_ref(y)
         assert_scale_close(sp, sp_ref)
         assert_codes_close(qp, qp_ref)
     assert len(quant_spec.compiled) == (1 if launch_module._FAST else 0)
+
+
+def _cuda_gen(seed: int) -> torch.Generator:
+    return torch.Generator(device="cuda").manual_seed(seed)
