@@ -73,3 +73,26 @@ def test_load_dry_run(tmp_path: Path) -> None:
         assert record[kind]["bytes"] == ckpt["bytes"] and record[kind]["gb_per_s"] > 0
         assert record[kind]["peak_rss_bytes"] >= record[kind]["rss_before_load_bytes"] > 0
     assert not folder.exists()  # removed without --keep
+
+
+def test_tp_greedy_dry_run(tmp_path: Path) -> None:
+    """TP=2 (gloo, two worker processes) against TP=1 on kimi-k3-tiny: every greedy token equal."""
+    import benchmark_tp_greedy
+
+    out = tmp_path / "tp.json"
+    assert benchmark_tp_greedy.main(["--dry-run", "--output-json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert set(record["runs"]) == {"1", "2"}
+    comparison = record["comparisons"]["2"]
+    assert comparison["prompts"] == 3 and comparison["identical"] == 3
+
+
+def test_tp_greedy_compare_reports_the_first_divergence_and_its_gap() -> None:
+    import benchmark_tp_greedy
+
+    base = {"tokens": [[1, 2, 3], [4, 5, 6]], "gaps": [[0.5, 0.01, 2.0], [1.0, 1.0, 1.0]]}
+    other = {"tokens": [[1, 7, 3], [4, 5, 6]]}
+    c = benchmark_tp_greedy.compare(base, other)
+    assert (c["identical"], c["first_divergence_positions"]) == (1, [1])
+    assert c["top_two_gap_at_divergence"] == [0.01]
+    assert c["matching_tokens_fraction"] == (2 / 3 + 1) / 2

@@ -1,0 +1,150 @@
+"""Greedy tokens at tensor parallel sizes > 1 against TP = 1 on the same model and prompts.
+
+Dummy weights are drawn TP-invariantly (every rank holds its shard of the same full tensor), so a
+TP run and the TP = 1 run compute the same function and differ only in reduction order (the
+all-reduce of row-parallel outputs). Each TP size runs in its own process, one after another, so
+that each gets the GPUs to itself. For every prompt the script records the greedy tokens and, at
+each position, the logprob gap between the two most likely tokens of the TP = 1 run; a divergence
+is then either a near-tie (the gap at the first differing position is within a bf16 rounding of
+the logits) or a bug.
+
+    python benchmarks/benchmark_tp_greedy.py --dry-run
+    python benchmarks/benchmark_tp_greedy.py --model kimi-linear-48b-a3b --load-format dummy \\
+        --skip-tokenizer-init --tp-sizes 1 2 --num-prompts 64 --input-len 256 --output-len 32 \\
+        --output-json tp_greedy.json
+"""
+
+import argparse
+import dataclasses
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench_utils import (
+    DRY_RUN_MODEL,
+    check_args,
+    engine_args,
+    environment,
+    make_parser,
+    random_prompts,
+)
+
+from vllm.entrypoints.llm import LLM
+from vllm.sampling_params import SamplingParams
+
+# The TP = 1 run asks for the two best logprobs per position, to tell near-ties from bugs.
+TOP_LOGPROBS = 2
+
+
+def run_one(args: Any, out: Path) -> None:
+    """Generate greedily at `args.tensor_parallel_size` and write tokens, gaps and timing."""
+    ea = engine_args(
+        args, max_model_len=args.input_len + args.output_len, max_num_seqs=args.num_prompts
+    )
+    kwargs = dataclasses.asdict(ea)
+    start = time.perf_counter()
+    llm = LLM(kwargs.pop("model"), **kwargs)
+    ready_s = time.perf_counter() - start
+    vocab = llm.llm_engine.config.model_config.vocab_size
+    prompts = random_prompts(args.num_prompts, args.input_len, vocab, args.seed)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=args.output_len, ignore_eos=True, logprobs=TOP_LOGPROBS
+    )
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    generate_s = time.perf_counter() - start
+    llm.shutdown()
+    tokens, gaps = [], []
+    for request in outputs:
+        completion = request.outputs[0]
+        tokens.append(completion.token_ids)
+        gaps.append([top_two_gap(position) for position in completion.logprobs])
+    record = {"tokens": tokens, "gaps": gaps, "ready_s": ready_s, "generate_s": generate_s}
+    out.write_text(json.dumps(record))
+
+
+def top_two_gap(position: dict) -> float | None:
+    """Logprob of the best token minus the second best's at one position (None if one only)."""
+    best = sorted((lp.logprob for lp in position.values()), reverse=True)
+    return best[0] - best[1] if len(best) > 1 else None
+
+
+def compare(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """Per-prompt agreement of `other`'s greedy tokens with `base`'s (the TP = 1 run)."""
+    identical, first_diffs, gaps_at_diff = 0, [], []
+    for ref, got, gaps in zip(base["tokens"], other["tokens"], base["gaps"], strict=True):
+        diff = next((i for i, (a, b) in enumerate(zip(ref, got, strict=True)) if a != b), None)
+        if diff is None:
+            identical += 1
+        else:
+            first_diffs.append(diff)
+            gaps_at_diff.append(gaps[diff])
+    count = len(base["tokens"])
+    return {
+        "prompts": count,
+        "identical": identical,
+        "identical_fraction": identical / count,
+        "first_divergence_positions": first_diffs,
+        "top_two_gap_at_divergence": gaps_at_diff,
+        "matching_tokens_fraction": statistics.fmean(
+            sum(a == b for a, b in zip(r, g, strict=True)) / len(r)
+            for r, g in zip(base["tokens"], other["tokens"], strict=True)
+        ),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = make_parser(__doc__)
+    work = parser.add_argument_group("workload")
+    work.add_argument("--tp-sizes", type=int, nargs="+", default=[1, 2], help="TP sizes to run")
+    work.add_argument("--num-prompts", type=int, default=64, help="prompts, decoded together")
+    work.add_argument("--input-len", type=int, default=256, help="prompt tokens")
+    work.add_argument("--output-len", type=int, default=32, help="greedy tokens per prompt")
+    work.add_argument("--result-file", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    device = check_args(parser, args)
+    if args.dry_run:
+        args.model, args.load_format, args.skip_tokenizer_init = DRY_RUN_MODEL, "dummy", True
+        args.device, args.num_prompts, args.input_len, args.output_len = "cpu", 3, 6, 4
+    if args.result_file:  # one TP size, in a child process of the run below
+        run_one(args, Path(args.result_file))
+        return 0
+    if 1 not in args.tp_sizes:
+        parser.error("--tp-sizes must include 1: the other sizes are compared with it")
+    runs = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for tp in sorted(set(args.tp_sizes)):
+            result = Path(folder) / f"tp{tp}.json"
+            child = [sys.executable, __file__, *argv, "-tp", str(tp), "--result-file", str(result)]
+            print(f"TP={tp}: generating ...", flush=True)
+            subprocess.run(child, check=True)
+            runs[tp] = json.loads(result.read_text())
+    record = {
+        "environment": environment(device),
+        "model": args.model,
+        "workload": {k: getattr(args, k) for k in ("num_prompts", "input_len", "output_len")},
+        "runs": {
+            tp: {"ready_s": r["ready_s"], "generate_s": r["generate_s"]} for tp, r in runs.items()
+        },
+        "comparisons": {tp: compare(runs[1], r) for tp, r in runs.items() if tp != 1},
+    }
+    for tp, c in record["comparisons"].items():
+        print(
+            f"TP={tp} vs TP=1: {c['identical']}/{c['prompts']} prompts identical, "
+            f"{100 * c['matching_tokens_fraction']:.1f}% of tokens; first divergences at "
+            f"{c['first_divergence_positions']} with top-two logprob gaps "
+            f"{[round(g, 4) if g is not None else None for g in c['top_two_gap_at_divergence']]}"
+        )
+    if args.output_json:
+        Path(args.output_json).write_text(json.dumps(record, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
