@@ -29,3 +29,12 @@ def test_mla_decode_dry_run(capsys: pytest.CaptureFixture) -> None:
 
     assert benchmark_mla_decode.main(["--dry-run"]) == 0
     assert "via Triton" in capsys.readouterr().out
+
+
+def test_router_dry_run(triton_launches, capsys: pytest.CaptureFixture) -> None:
+    import benchmark_router
+
+    assert benchmark_router.main(["--dry-run", "--warps", "1", "2"]) == 0
+    assert triton_launches["_grouped_topk_kernel"] > 0  # the kernel, not the reference
+    out = capsys.readouterr().out
+    assert "kernel[w1]" in out and "kernel[w2]" in out and "reference" in out

@@ -18,7 +18,11 @@ from vllm.model_executor.layers.fused_moe.experts import (
 )
 from vllm.model_executor.layers.fused_moe.experts_triton import moe_experts_triton
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE
-from vllm.model_executor.layers.fused_moe.router import grouped_topk
+from vllm.model_executor.layers.fused_moe.router import (
+    grouped_topk,
+    grouped_topk_ref,
+    grouped_topk_triton,
+)
 from vllm.platforms.cpu import CpuPlatform
 from vllm.platforms.cuda import CudaPlatform
 
@@ -392,3 +396,172 @@ def test_router_runs_without_tensor_values():
     bias = torch.empty(E, device="meta")
     weights, ids = grouped_topk(logits, bias, K, num_expert_group=4, topk_group=2)
     assert weights.shape == ids.shape == (3, K) and ids.dtype == torch.int64
+
+
+def test_router_rejects_bad_arguments():
+    logits = torch.zeros(2, E)
+    with pytest.raises(ValueError, match="scoring_func 'relu'"):
+        grouped_topk(logits, None, 2, scoring_func="relu")
+    with pytest.raises(ValueError, match=r"router_logits must be \[T, E\]"):
+        grouped_topk(torch.zeros(E), None, 2)
+    with pytest.raises(ValueError, match="router_logits dtype torch.int64"):
+        grouped_topk(torch.zeros(2, E, dtype=torch.int64), None, 2)
+    with pytest.raises(ValueError, match=r"e_score_correction_bias must be \[E=16\]"):
+        grouped_topk(logits, torch.zeros(E + 1), 2)
+    with pytest.raises(ValueError, match="e_score_correction_bias must be floating point"):
+        grouped_topk(logits, torch.zeros(E, dtype=torch.int32), 2)
+    with pytest.raises(ValueError, match="top_k 9 exceeds the 8 experts of the 2 kept groups"):
+        grouped_topk(logits, None, 9, num_expert_group=4, topk_group=2)
+    with pytest.raises(ValueError, match="num_warps must be a positive power of two"):
+        grouped_topk_triton(logits, None, 2, num_warps=3)
+
+
+# ---------------------------------------------------------------------------------------------
+# The router's Triton kernel against its torch reference (interpreter on CPU, native on a GPU)
+# ---------------------------------------------------------------------------------------------
+
+# Kimi-Linear-48B-A3B's router (tests/transformers_utils/test_kimi_configs.py, KIMI_LINEAR_48B).
+KIMI_LINEAR_ROUTER = dict(
+    top_k=8, num_expert_group=1, topk_group=1, renormalize=True, routed_scaling_factor=2.446,
+    scoring_func="sigmoid",
+)  # fmt: skip
+# Weights: a few fp32 ulps (sigmoid / exp, and the order of the renormalising or softmax sums).
+ROUTER_ULPS = dict(rtol=8 * 2**-23, atol=0.0)
+
+
+def router_inputs(tokens, experts, seed, device="cpu", dtype=torch.float32):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    logits = torch.randn(tokens, experts, generator=gen, device=device).to(dtype)
+    bias = torch.randn(experts, generator=gen, device=device) * 0.1
+    return logits, bias
+
+
+def decision_gap(logits, bias, top_k, groups=1, topk_group=1, scoring_func="sigmoid"):
+    """The smallest fp64 gap between values whose order decides the selection (the top
+    `topk_group + 1` group scores, the top `top_k + 1` biased scores of the kept experts): data
+    is tie-free for the comparison when it is far above fp32 ulps."""
+    x = logits.double().cpu()
+    scores = x.sigmoid() if scoring_func == "sigmoid" else x.softmax(-1)
+    choice = scores if bias is None else scores + bias.double().cpu()
+    tokens, experts = choice.shape
+    gaps = []
+    if groups > 1:
+        grouped = choice.view(tokens, groups, experts // groups)
+        group_scores = grouped.topk(2, -1)[0].sum(-1)
+        ranked = group_scores.topk(min(topk_group + 1, groups), -1)[0]
+        gaps.append((ranked[:, :-1] - ranked[:, 1:]).min())
+        keep = torch.zeros_like(group_scores, dtype=torch.bool)
+        keep.scatter_(1, group_scores.topk(topk_group, -1)[1], True)
+        choice = grouped.masked_fill(~keep[..., None], float("-inf")).view(tokens, experts)
+    kept = experts // groups * topk_group
+    ranked = choice.topk(min(top_k + 1, kept), -1)[0]
+    gaps.append((ranked[:, :-1] - ranked[:, 1:]).min())
+    return min(float(g) for g in gaps)
+
+
+def assert_router_matches_reference(logits, bias, launches=None, **router):
+    """Kernel vs reference on tie-free data: identical ids, weights within fp32 ulps."""
+    groups, topk_group = router.get("num_expert_group", 1), router.get("topk_group", 1)
+    if logits.shape[0]:
+        gap = decision_gap(
+            logits, bias, router["top_k"], groups, topk_group, router.get("scoring_func", "sigmoid")
+        )
+        assert gap > 1e-5, f"test data is not tie-free (gap {gap:.3g}): pick another seed"
+    weights, ids = grouped_topk_triton(logits, bias, **router)
+    ref_weights, ref_ids = grouped_topk_ref(logits, bias, **router)
+    assert ids.dtype == ref_ids.dtype == torch.int64 and weights.dtype == torch.float32
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(weights, ref_weights, **ROUTER_ULPS)
+    if launches is not None:
+        assert launches["_grouped_topk_kernel"] == 1
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 17])
+@pytest.mark.parametrize("groups,topk_group", [(1, 1), (4, 2)])
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("scoring_func", ["sigmoid", "softmax"])
+def test_router_kernel_matches_reference(
+    scoring_func, with_bias, renormalize, groups, topk_group, tokens, triton_launches
+):
+    logits, bias = router_inputs(tokens, E, seed=tokens)
+    assert_router_matches_reference(
+        logits, bias if with_bias else None, triton_launches, top_k=K,
+        num_expert_group=groups, topk_group=topk_group, renormalize=renormalize,
+        routed_scaling_factor=2.5, scoring_func=scoring_func,
+    )  # fmt: skip
+
+
+def test_router_kernel_kimi_linear_config(triton_launches):
+    logits, bias = router_inputs(5, 256, seed=0)
+    assert_router_matches_reference(logits, bias, triton_launches, **KIMI_LINEAR_ROUTER)
+
+
+@pytest.mark.parametrize(
+    "experts,router",
+    [
+        (256, dict(top_k=8, num_expert_group=8, topk_group=4)),  # DeepSeek-V3's grouping
+        (20, dict(top_k=3, num_expert_group=4, topk_group=2)),  # groups of 5: padded lanes
+        (24, dict(top_k=6, num_expert_group=3, topk_group=2, scoring_func="softmax")),
+        (896, dict(top_k=16)),  # Kimi-K3: 896 experts in 1024 lanes
+    ],
+)
+def test_router_kernel_other_shapes(experts, router, triton_launches):
+    logits, bias = router_inputs(2, experts, seed=experts)
+    assert_router_matches_reference(logits, bias, triton_launches, **router)
+
+
+def test_router_kernel_reads_bf16_and_strided_logits(triton_launches):
+    wide, bias = router_inputs(3, 2 * E, seed=4, dtype=torch.bfloat16)
+    logits = wide[:, ::2]  # strided view, bf16: read in place and widened in the kernel
+    assert_router_matches_reference(logits, bias[::2], top_k=K, routed_scaling_factor=2.5)
+    assert triton_launches["_grouped_topk_kernel"] == 1
+
+
+def test_router_kernel_zero_tokens(triton_launches):
+    weights, ids = grouped_topk_triton(torch.zeros(0, E), torch.zeros(E), K)
+    assert weights.shape == ids.shape == (0, K)
+    assert (weights.dtype, ids.dtype) == (torch.float32, torch.int64)
+    assert triton_launches["_grouped_topk_kernel"] == 0
+
+
+def test_router_kernel_ties_go_to_the_lowest_index():
+    # All experts equal: the kernel's documented rule picks experts 0, 1, ... (and groups 0, 1).
+    logits = torch.zeros(2, E)
+    _, ids = grouped_topk_triton(logits, None, K)
+    assert ids.tolist() == [list(range(K))] * 2
+    bias = torch.zeros(E)
+    bias[12:] = 1.0  # group 3 is kept first; groups 0, 1 and 2 tie for the second place
+    _, ids = grouped_topk_triton(logits, bias, 6, num_expert_group=4, topk_group=2)
+    assert ids.tolist() == [[12, 13, 14, 15, 0, 1]] * 2
+
+
+def test_grouped_topk_dispatches_with_use_triton(triton_launches, monkeypatch):
+    logits, bias = router_inputs(3, E, seed=5)
+    grouped_topk(logits.to(DEVICE), bias.to(DEVICE), K)
+    assert triton_launches["_grouped_topk_kernel"] == 1
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # CPU tensors now take the torch reference
+    grouped_topk(logits, bias, K)
+    assert triton_launches["_grouped_topk_kernel"] == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 64, 256])
+def test_router_kernel_on_gpu(tokens, triton_launches):
+    logits, bias = router_inputs(tokens, 256, seed=tokens, device="cuda")
+    assert_router_matches_reference(logits, bias, triton_launches, **KIMI_LINEAR_ROUTER)
+
+
+@pytest.mark.gpu
+def test_router_kernel_replays_in_a_cuda_graph():
+    logits, bias = router_inputs(64, 256, seed=1, device="cuda")
+    static = logits.clone()
+    grouped_topk(static, bias, **KIMI_LINEAR_ROUTER)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        weights, ids = grouped_topk(static, bias, **KIMI_LINEAR_ROUTER)
+    static.copy_(logits.flip(0))
+    graph.replay()
+    ref_weights, ref_ids = grouped_topk_ref(logits.flip(0), bias, **KIMI_LINEAR_ROUTER)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(weights, ref_weights, **ROUTER_ULPS)

@@ -1,16 +1,255 @@
 """Expert selection: DeepSeek-V3-style `noaux_tc` grouped top-k (Kimi's router).
 
-Scores are `sigmoid` (or `softmax`) of the fp32 router logits. Selection uses the scores plus the
-`e_score_correction_bias`: groups are ranked by the sum of their two best biased scores, the best
-`topk_group` groups kept, then the `top_k` best biased experts among them. The weights are the
-unbiased scores of the chosen experts, renormalised to sum to one if asked, times
+Scores are `sigmoid` (or `softmax`) of the router logits, in fp32. Selection uses the scores plus
+the `e_score_correction_bias`: with `num_expert_group > 1`, groups are ranked by the sum of their
+two best biased scores and the best `topk_group` groups kept; then the `top_k` best biased experts
+among the kept ones are chosen, best first. The weights are the unbiased scores of the chosen
+experts, renormalised to sum to one if asked (`w / (sum(w) + 1e-20)`), times
 `routed_scaling_factor`.
 
-Only fixed-shape ops (topk, gather, scatter, masked_fill), so routing never syncs the host and can
-be captured in a CUDA graph; the argument checks read shapes, never values.
+  router_logits            `[T, E]` bf16 / fp16 / fp32, any strides (read as fp32)
+  e_score_correction_bias  `[E]` floating point (read as fp32), any stride, or None
+  returns                  weights `[T, top_k]` fp32, expert ids `[T, top_k]` int64
+
+`grouped_topk` runs `grouped_topk_triton` where `use_triton(device)` says so, else the torch
+reference `grouped_topk_ref`. Both use fixed shapes only and check arguments from metadata, never
+values, so routing never syncs the host and can be captured in a CUDA graph.
+
+Kernel: one program per token (a decode batch is a few hundred tokens at most, and a program is a
+handful of register-resident reductions, so more tokens per program would only serialise them).
+The token's E logits sit in one `next_pow2(E)` register vector; the group ranking uses a
+`[next_pow2(groups), next_pow2(E)]` membership tile, so group sizes need not be powers of two.
+The `top_k` experts are taken by `top_k` rounds of argmax, which replaces the reference's two
+`topk` sorts and its scatter / masked_fill / gather with reductions that never leave registers.
+
+Ties: the kernel's rule is that among equal biased scores (or equal group scores) the lowest
+expert (group) index wins. torch's `topk` documents no tie order, so the two agree on ids only
+when the deciding values are distinct; the tests use random data without ties. Divisions are
+correctly rounded (`div_rn`, as torch's; Triton's `/` is approximate in fp32 on NVIDIA), so the
+weights differ from the reference only by `exp` (approximate on GPUs) and the order of the
+softmax / renormalising sums: a few fp32 ulps. A NaN logit gives unspecified, but in-range and
+distinct, ids.
 """
 
 import torch
+
+from vllm.triton_utils import next_power_of_2, use_triton
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs without Triton use the reference
+    triton = None
+
+_SCORING = ("sigmoid", "softmax")
+_LOGIT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_EPS = 1e-20
+
+if triton is not None:
+
+    @triton.jit
+    def _grouped_topk_kernel(
+        logits_ptr, bias_ptr, weights_ptr, ids_ptr,
+        stride_lt, stride_le, stride_b, stride_wt, stride_it, scale,
+        E: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
+        NUM_GROUPS: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_G: tl.constexpr,
+        TOPK_GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTMAX: tl.constexpr,
+        RENORMALIZE: tl.constexpr,
+    ):  # fmt: skip
+        t = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, BLOCK_E)
+        valid = offs < E
+        # Padded lanes address a real expert (masked), so no out-of-bounds address is formed.
+        safe = tl.minimum(offs, E - 1)
+        x = tl.load(logits_ptr + t * stride_lt + safe * stride_le, mask=valid, other=0.0)
+        x = x.to(tl.float32)
+        if SOFTMAX:
+            x = tl.where(valid, x, float("-inf"))
+            ex = tl.exp(x - tl.max(x, axis=0))
+            scores = tl.div_rn(ex, tl.broadcast_to(tl.sum(ex, axis=0), [BLOCK_E]))
+        else:
+            scores = tl.div_rn(tl.full([BLOCK_E], 1.0, tl.float32), 1.0 + tl.exp(-x))
+        choice = scores
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + safe * stride_b, mask=valid, other=0.0)
+            choice = choice + bias.to(tl.float32)
+        choice = tl.where(valid, choice, float("-inf"))
+
+        if NUM_GROUPS > 1:
+            g = tl.arange(0, BLOCK_G)
+            g_valid = g < NUM_GROUPS
+            member = ((offs[None, :] // GROUP_SIZE) == g[:, None]) & valid[None, :]
+            tile = tl.where(member, choice[None, :], float("-inf"))
+            best = tl.max(tile, axis=1)
+            first = tl.min(tl.where(member & (tile == best[:, None]), offs[None, :], BLOCK_E), 1)
+            second = tl.max(tl.where(offs[None, :] == first[:, None], float("-inf"), tile), 1)
+            group_score = best + second
+            kept = tl.zeros([BLOCK_G], dtype=tl.int32)
+            for _ in range(TOPK_GROUP):
+                open_g = g_valid & (kept == 0)
+                top = tl.max(tl.where(open_g, group_score, float("-inf")), axis=0)
+                pick = tl.min(tl.where(open_g & (group_score == top), g, BLOCK_G), axis=0)
+                # A NaN group score matches nothing: fall back to the lowest open group.
+                pick = tl.where(pick < BLOCK_G, pick, tl.min(tl.where(open_g, g, BLOCK_G), 0))
+                kept = tl.where(g == pick, 1, kept)
+            lane_kept = tl.max(tl.where(member & (kept[:, None] != 0), 1, 0), axis=0)
+            choice = tl.where(lane_kept != 0, choice, float("-inf"))
+
+        k_offs = tl.arange(0, BLOCK_K)
+        taken = tl.zeros([BLOCK_E], dtype=tl.int32)
+        weights = tl.zeros([BLOCK_K], dtype=tl.float32)
+        ids = tl.zeros([BLOCK_K], dtype=tl.int32)
+        for k in range(TOP_K):
+            open_e = valid & (taken == 0)
+            top = tl.max(tl.where(open_e, choice, float("-inf")), axis=0)
+            idx = tl.min(tl.where(open_e & (choice == top), offs, BLOCK_E), axis=0)
+            idx = tl.where(idx < BLOCK_E, idx, tl.min(tl.where(open_e, offs, BLOCK_E), 0))
+            hit = offs == idx
+            taken = tl.where(hit, 1, taken)
+            weights = tl.where(k_offs == k, tl.sum(tl.where(hit, scores, 0.0), axis=0), weights)
+            ids = tl.where(k_offs == k, idx, ids)
+        if RENORMALIZE:
+            total = tl.sum(weights, axis=0) + 1e-20
+            weights = tl.div_rn(weights, tl.broadcast_to(total, [BLOCK_K]))
+        weights = weights * scale
+        k_valid = k_offs < TOP_K
+        tl.store(weights_ptr + t * stride_wt + k_offs, weights, mask=k_valid)
+        tl.store(ids_ptr + t * stride_it + k_offs, ids.to(tl.int64), mask=k_valid)
+
+
+def _check_args(
+    router_logits: torch.Tensor,
+    e_score_correction_bias: torch.Tensor | None,
+    top_k: int,
+    num_expert_group: int,
+    topk_group: int,
+    scoring_func: str,
+) -> None:
+    """Metadata checks shared by the kernel and the reference (never reads tensor values)."""
+    if scoring_func not in _SCORING:
+        raise ValueError(f"scoring_func {scoring_func!r} is not 'sigmoid' or 'softmax'")
+    if router_logits.dim() != 2:
+        raise ValueError(f"router_logits must be [T, E], got shape {tuple(router_logits.shape)}")
+    if router_logits.dtype not in _LOGIT_DTYPES:
+        raise ValueError(f"router_logits dtype {router_logits.dtype} is not one of {_LOGIT_DTYPES}")
+    experts = router_logits.shape[1]
+    if e_score_correction_bias is not None:
+        if tuple(e_score_correction_bias.shape) != (experts,):
+            raise ValueError(
+                f"e_score_correction_bias must be [E={experts}], got "
+                f"{tuple(e_score_correction_bias.shape)}"
+            )
+        if not e_score_correction_bias.is_floating_point():
+            raise ValueError(
+                f"e_score_correction_bias must be floating point, got "
+                f"{e_score_correction_bias.dtype}"
+            )
+        if e_score_correction_bias.device != router_logits.device:
+            raise ValueError(
+                f"e_score_correction_bias is on {e_score_correction_bias.device}, router_logits "
+                f"on {router_logits.device}"
+            )
+    if not 0 < top_k <= experts:
+        raise ValueError(f"top_k {top_k} is not in [1, num_experts={experts}]")
+    if num_expert_group > 1:
+        if experts % num_expert_group or experts // num_expert_group < 2:
+            raise ValueError(
+                f"num_expert_group {num_expert_group} must split {experts} experts into groups "
+                "of at least 2"
+            )
+        if not 0 < topk_group <= num_expert_group:
+            raise ValueError(f"topk_group {topk_group} is not in [1, {num_expert_group}]")
+        if top_k > topk_group * (experts // num_expert_group):
+            # Else the reference would fill the rest with arbitrary experts of dropped groups.
+            raise ValueError(
+                f"top_k {top_k} exceeds the {topk_group * (experts // num_expert_group)} experts "
+                f"of the {topk_group} kept groups"
+            )
+
+
+def grouped_topk_ref(
+    router_logits: torch.Tensor,
+    e_score_correction_bias: torch.Tensor | None,
+    top_k: int,
+    num_expert_group: int = 1,
+    topk_group: int = 1,
+    renormalize: bool = True,
+    routed_scaling_factor: float = 1.0,
+    scoring_func: str = "sigmoid",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The torch reference; see the module docstring for shapes and semantics."""
+    _check_args(
+        router_logits, e_score_correction_bias, top_k, num_expert_group, topk_group, scoring_func
+    )
+    logits = router_logits.float()
+    scores = logits.sigmoid() if scoring_func == "sigmoid" else logits.softmax(dim=-1)
+    tokens, experts = scores.shape
+    choice = scores if e_score_correction_bias is None else scores + e_score_correction_bias
+    if num_expert_group > 1:
+        grouped = choice.view(tokens, num_expert_group, experts // num_expert_group)
+        group_scores = grouped.topk(2, dim=-1)[0].sum(dim=-1)
+        keep = torch.zeros_like(group_scores, dtype=torch.bool)
+        keep.scatter_(1, group_scores.topk(topk_group, dim=-1)[1], True)
+        choice = grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).view(tokens, experts)
+    ids = choice.topk(top_k, dim=-1)[1]
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + _EPS)
+    return weights * routed_scaling_factor, ids
+
+
+def _default_warps(block_e: int) -> int:
+    # One warp reduces with shuffles only (no shared-memory round trip), which is what the
+    # 3 * top_k serial reductions of a program want; wider tokens spread their registers.
+    return 1 if block_e <= 512 else 2 if block_e <= 1024 else 4
+
+
+def grouped_topk_triton(
+    router_logits: torch.Tensor,
+    e_score_correction_bias: torch.Tensor | None,
+    top_k: int,
+    num_expert_group: int = 1,
+    topk_group: int = 1,
+    renormalize: bool = True,
+    routed_scaling_factor: float = 1.0,
+    scoring_func: str = "sigmoid",
+    *,
+    num_warps: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Triton kernel (one launch, or none for zero tokens); `num_warps` overrides the
+    default per-program warps (a power of two)."""
+    _check_args(
+        router_logits, e_score_correction_bias, top_k, num_expert_group, topk_group, scoring_func
+    )
+    if not use_triton(router_logits.device):
+        raise ValueError(
+            f"grouped_topk_triton needs a CUDA / ROCm device or TRITON_INTERPRET=1 on CPU, got "
+            f"{router_logits.device}"
+        )
+    block_e = next_power_of_2(router_logits.shape[1])
+    if num_warps is None:
+        num_warps = _default_warps(block_e)
+    elif num_warps < 1 or num_warps & (num_warps - 1):
+        raise ValueError(f"num_warps must be a positive power of two, got {num_warps}")
+    tokens, experts = router_logits.shape
+    device = router_logits.device
+    weights = torch.empty(tokens, top_k, dtype=torch.float32, device=device)
+    ids = torch.empty(tokens, top_k, dtype=torch.int64, device=device)
+    if tokens == 0:
+        return weights, ids
+    groups = max(num_expert_group, 1)
+    bias = e_score_correction_bias
+    _grouped_topk_kernel[(tokens,)](
+        router_logits, bias if bias is not None else router_logits, weights, ids,
+        router_logits.stride(0), router_logits.stride(1), bias.stride(0) if bias is not None else 0,
+        weights.stride(0), ids.stride(0),
+        float(routed_scaling_factor),
+        E=experts, BLOCK_E=block_e, TOP_K=top_k, BLOCK_K=next_power_of_2(top_k),
+        NUM_GROUPS=groups, GROUP_SIZE=experts // groups, BLOCK_G=next_power_of_2(groups),
+        TOPK_GROUP=topk_group if groups > 1 else 1, HAS_BIAS=bias is not None,
+        SOFTMAX=scoring_func == "softmax", RENORMALIZE=bool(renormalize), num_warps=num_warps,
+    )  # fmt: skip
+    return weights, ids
 
 
 def grouped_topk(
@@ -23,34 +262,10 @@ def grouped_topk(
     routed_scaling_factor: float = 1.0,
     scoring_func: str = "sigmoid",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`router_logits` `[T, E]` -> (weights `[T, top_k]` fp32, expert ids `[T, top_k]` int64)."""
-    logits = router_logits.float()
-    if scoring_func == "sigmoid":
-        scores = logits.sigmoid()
-    elif scoring_func == "softmax":
-        scores = logits.softmax(dim=-1)
-    else:
-        raise ValueError(f"scoring_func {scoring_func!r} is not 'sigmoid' or 'softmax'")
-    tokens, experts = scores.shape
-    if not 0 < top_k <= experts:
-        raise ValueError(f"top_k {top_k} is not in [1, num_experts={experts}]")
-    if num_expert_group > 1:
-        if experts % num_expert_group or experts // num_expert_group < 2:
-            raise ValueError(
-                f"num_expert_group {num_expert_group} must split {experts} experts into groups "
-                "of at least 2"
-            )
-        if not 0 < topk_group <= num_expert_group:
-            raise ValueError(f"topk_group {topk_group} is not in [1, {num_expert_group}]")
-    choice = scores if e_score_correction_bias is None else scores + e_score_correction_bias
-    if num_expert_group > 1:
-        grouped = choice.view(tokens, num_expert_group, experts // num_expert_group)
-        group_scores = grouped.topk(2, dim=-1)[0].sum(dim=-1)
-        keep = torch.zeros_like(group_scores, dtype=torch.bool)
-        keep.scatter_(1, group_scores.topk(topk_group, dim=-1)[1], True)
-        choice = grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).view(tokens, experts)
-    ids = choice.topk(top_k, dim=-1)[1]
-    weights = scores.gather(1, ids)
-    if renormalize:
-        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-    return weights * routed_scaling_factor, ids
+    """`router_logits` `[T, E]` -> (weights `[T, top_k]` fp32, expert ids `[T, top_k]` int64):
+    the Triton kernel where `use_triton` says so, else the torch reference."""
+    impl = grouped_topk_triton if use_triton(router_logits.device) else grouped_topk_ref
+    return impl(
+        router_logits, e_score_correction_bias, top_k, num_expert_group, topk_group,
+        renormalize, routed_scaling_factor, scoring_func,
+    )  # fmt: skip
