@@ -46,10 +46,11 @@ fp32 inputs use IEEE fp32 dots (no TF32), so the kernels differ from the referen
 GEMMs' accumulation order.
 
 Launch shapes: `tl.dot` needs every tile dim >= 16, so block_m >= 16. The defaults (block_m 16,
-64 x 128 tiles, 4 warps, 3 stages) are starting points for Hopper at Kimi-Linear sizes (H 2304,
-I 1024, E 256, K 8), where 32-256 tokens give 1-8 rows per expert on average and the kernels are
-bound by reading the weights: a gate/up stage holds 36 KB of loads (x 4 KB, gate and up 16 KB
-each), a down stage 20 KB. `benchmarks/kernels/benchmark_moe.py --tgrouped-configs` sweeps them.
+64 x 128 tiles (64 x 64 for fp32 gate/up), 4 warps, 3 stages) are starting points for Hopper at
+Kimi-Linear sizes (H 2304, I 1024, E 256, K 8), where 32-256 tokens give 1-8 rows per expert on
+average and the kernels are bound by reading the weights: a bf16 gate/up stage holds 36 KB of
+loads (x 4 KB, gate and up 16 KB each), a down stage 20 KB. `benchmarks/kernels/benchmark_moe.py
+--tgrouped-configs` sweeps them.
 """
 
 import torch
@@ -281,7 +282,7 @@ def moe_experts_triton_grouped(
     *,
     block_m: int = 16,
     block_n: int = 64,
-    block_k: int = 128,
+    block_k: int | None = None,
     gate_up_warps: int = 4,
     gate_up_stages: int = 3,
     down_block_n: int = 64,
@@ -297,12 +298,16 @@ def moe_experts_triton_grouped(
     columns per program, `block_k` hidden chunk per step, `gate_up_warps`, `gate_up_stages`
     (software-pipelined loads in flight). Down kernel: `down_block_n` hidden outputs per program,
     `down_block_k` intermediate chunk per step, `down_warps`, `down_stages`. Tile dims are powers
-    of two >= 16. `layout`: "triton" or "torch" block-table construction.
+    of two >= 16; `block_k` defaults to 128 for 2-byte dtypes and 64 for fp32 (whose 128-wide
+    gate/up stages would take 216 KB of shared memory at 3 stages). `layout`: "triton" or
+    "torch" block-table construction.
     """
     _check_inputs(x, w13, w2, topk_weights, topk_ids)
     check_triton_operands(
         x, w13, w2, topk_weights, topk_ids, act_and_mul, "moe_experts_triton_grouped"
     )
+    if block_k is None:
+        block_k = 128 if x.element_size() <= 2 else 64
     tiles = dict(block_m=block_m, block_n=block_n, block_k=block_k, down_block_n=down_block_n,
                  down_block_k=down_block_k)  # fmt: skip
     for name, value in tiles.items():
