@@ -1,11 +1,14 @@
 """Benchmark FusedMoE's routed-expert paths on Kimi-Linear-48B expert shapes.
 
-Shapes: 256 experts, top-8, hidden 2304, intermediate 1024, bf16, tokens 1-256 (decode sizes).
+Shapes: 256 experts, top-8, hidden 2304, intermediate 1024, bf16, tokens 1-512 (decode sizes).
 Routing: `grouped_topk` (sigmoid, score-correction bias, renormalised) of random router logits.
 
   grouped   torch._grouped_mm over rows sorted by expert (sync-free on sm90 / sm100 only)
   triton    moe_experts_triton: GEMV-style gate/up + SiLU and down + weighted-sum kernels, at its
             default blocks or at each --triton-configs entry (a sweep)
+  tgrouped  moe_experts_triton_grouped: rows grouped by expert on the device, Triton GEMM gate/up
+            + SiLU and down kernels, weighted sum; at its defaults or at each --tgrouped-configs
+            entry, with each --tgrouped-layouts block-table construction
   gathered  the chosen experts' weights gathered per (token, slot), then two bmm
   loop      the per-expert Python loop (syncs the host; timed eagerly, not in a CUDA graph)
 
@@ -14,18 +17,26 @@ decode step pays). Expert-weight bytes touched are the distinct experts the rout
 run times the bytes of one expert (w13 and w2); the bandwidth is reported against an eager
 `copy_` of --copy-gib GiB measured in the same run after a warm-up (read + write bytes / time).
 
-The last line suggests `TRITON_MAX_ROWS` (vllm/model_executor/layers/fused_moe/experts.py): the
-largest T * K up to which the fastest triton config beats grouped at every measured size.
+The last lines suggest `TRITON_MAX_ROWS` (vllm/model_executor/layers/fused_moe/experts.py): the
+largest T * K up to which the fastest triton config beats grouped at every measured size, and
+`TRITON_GROUPED_MAX_ROWS`: the same for the fastest tgrouped config.
 
     python benchmarks/kernels/benchmark_moe.py --csv moe.csv
     python benchmarks/kernels/benchmark_moe.py --paths grouped triton --tokens 1 8 16 \
         --triton-configs 16,256,4/8,256,8 32,128,4/16,256,8 8,256,4/8,128,4 16,512,8/4,512,8
+    python benchmarks/kernels/benchmark_moe.py --paths grouped triton tgrouped \
+        --tokens 16 32 64 128 256 512 --tgrouped-configs 16/64,128,4,3/64,128,4,3 \
+        16/128,64,4,4/128,64,4,4 32/64,128,4,3/64,128,4,3 --tgrouped-layouts triton torch
     python benchmarks/kernels/benchmark_moe.py --dry-run      # tiny shapes, CPU, no GPU needed
 
 A triton config is `BLOCK_N,BLOCK_K,WARPS/BLOCK_H,BLOCK_I,WARPS`: gate/up kernel (intermediate
 columns per program, hidden chunk per step, warps), then down kernel (hidden outputs per program,
-intermediate chunk per step, warps); powers of two. On CPU the triton path runs only under
-TRITON_INTERPRET=1 (slow: keep --tokens small).
+intermediate chunk per step, warps); powers of two. A tgrouped config is
+`BLOCK_M/BLOCK_N,BLOCK_K,WARPS,STAGES/BLOCK_N,BLOCK_K,WARPS,STAGES`: rows per expert block, then
+the gate/up kernel (intermediate columns per program, hidden chunk per step, warps, pipeline
+stages) and the down kernel (hidden outputs per program, intermediate chunk per step, warps,
+stages); tiles are powers of two >= 16. On CPU the Triton paths run only under TRITON_INTERPRET=1
+(slow: keep --tokens small).
 """
 
 import argparse
@@ -40,23 +51,30 @@ from benchmark_rmsnorm_gated_fp8_per_token import time_graph, write_csv
 
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.fused_moe.experts import (
+    TRITON_MAX_ROWS,
     grouped_mm_is_sync_free,
     moe_experts_gathered,
     moe_experts_grouped,
     moe_experts_loop,
 )
 from vllm.model_executor.layers.fused_moe.experts_triton import moe_experts_triton
+from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (
+    LAYOUTS,
+    moe_experts_triton_grouped,
+)
 from vllm.model_executor.layers.fused_moe.router import grouped_topk
 from vllm.triton_utils import use_triton
 
 PATHS = {
     "grouped": moe_experts_grouped,
     "triton": moe_experts_triton,
+    "tgrouped": moe_experts_triton_grouped,
     "gathered": moe_experts_gathered,
     "loop": moe_experts_loop,
 }
-# Rows T * K = 8 ... 512 around the Triton / grouped crossover, and one prefill-like size.
-TOKENS = [1, 2, 4, 8, 16, 32, 64, 256]
+# Rows T * K = 8 ... 2048: the GEMV Triton sizes, the grouped Triton sizes, and the crossovers
+# (the gathered path copies ~14 MB per row: keep it out of --tokens 512 runs).
+TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 KIMI_LINEAR = dict(experts=256, topk=8, hidden=2304, intermediate=1024)
 DRY_RUN = dict(experts=8, topk=2, hidden=64, intermediate=32)
 
@@ -101,24 +119,54 @@ def triton_config(text: str) -> tuple[str, dict[str, int]]:
     return f"triton[{text}]", dict(zip(names, values, strict=True))
 
 
-def suggest_triton_max_rows(rows: list[dict[str, object]]) -> int | None:
-    """Largest T * K such that the fastest triton config beats grouped at it and every smaller
-    measured size; None if triton or grouped was not measured (0: triton never wins)."""
+def tgrouped_config(text: str) -> tuple[str, dict[str, int]]:
+    """`BLOCK_M/BLOCK_N,BLOCK_K,WARPS,STAGES/BLOCK_N,BLOCK_K,WARPS,STAGES` -> (path name,
+    moe_experts_triton_grouped's keyword arguments)."""
+    names = ("block_m", "block_n", "block_k", "gate_up_warps", "gate_up_stages",
+             "down_block_n", "down_block_k", "down_warps", "down_stages")  # fmt: skip
+    parts = text.split("/")
+    try:
+        values = [int(v) for part in parts for v in part.split(",")]
+    except ValueError:
+        values = []
+    tiles = [values[i] for i in (0, 1, 2, 5, 6)] if len(values) == len(names) else []
+    if (
+        len(parts) != 3
+        or len(values) != len(names)
+        or any(v < 1 for v in values)
+        or any(v < 16 or v & (v - 1) for v in tiles)
+    ):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not BLOCK_M/BLOCK_N,BLOCK_K,WARPS,STAGES/BLOCK_N,BLOCK_K,WARPS,STAGES "
+            "(tiles powers of two >= 16)"
+        )
+    return f"tgrouped[{text}]", dict(zip(names, values, strict=True))
+
+
+def suggest_max_rows(rows: list[dict[str, object]], family: str, above: int = 0) -> int | None:
+    """Largest T * K above `above` such that the fastest config of `family` ("triton" or
+    "tgrouped") beats grouped at it and every smaller size above `above` where both were
+    measured; None if there is no such size measured by both (`above`: it never wins)."""
     best: dict[int, dict[str, float]] = {}
     for row in rows:
-        path = "triton" if str(row["path"]).startswith("triton") else row["path"]
-        if path in ("triton", "grouped"):
+        path = str(row["path"]).split("[", 1)[0]
+        if path in (family, "grouped"):
             by_path = best.setdefault(int(row["rows"]), {})
             by_path[path] = min(by_path.get(path, float("inf")), float(row["us"]))
-    measured = sorted((n, p) for n, p in best.items() if len(p) == 2)
+    measured = sorted((n, p) for n, p in best.items() if len(p) == 2 and n > above)
     if not measured:
         return None
-    limit = 0
+    limit = above
     for n, by_path in measured:
-        if by_path["triton"] >= by_path["grouped"]:
+        if by_path[family] >= by_path["grouped"]:
             break
         limit = n
     return limit
+
+
+def suggest_triton_max_rows(rows: list[dict[str, object]]) -> int | None:
+    """`suggest_max_rows` for the GEMV triton path (TRITON_MAX_ROWS)."""
+    return suggest_max_rows(rows, "triton")
 
 
 def make_moe(shape: dict[str, int], tokens: int, device: torch.device, seed: int):
@@ -151,6 +199,20 @@ def main(argv: list[str] | None = None) -> int:
         metavar="BN,BK,W/BH,BI,W",
         help="time the triton path at each of these block configs (default: its defaults)",
     )
+    parser.add_argument(
+        "--tgrouped-configs",
+        nargs="+",
+        type=tgrouped_config,
+        metavar="BM/BN,BK,W,S/BN,BK,W,S",
+        help="time the tgrouped path at each of these configs (default: its defaults)",
+    )
+    parser.add_argument(
+        "--tgrouped-layouts",
+        nargs="+",
+        choices=LAYOUTS,
+        default=["triton"],
+        help="block-table construction(s) of the tgrouped path",
+    )
     parser.add_argument("--graph-calls", type=int, default=10, help="calls per captured graph")
     parser.add_argument("--copy-gib", type=float, default=2.0, help="size of the copy baseline")
     parser.add_argument("--seed", type=int, default=0, help="seed of weights and router logits")
@@ -177,11 +239,17 @@ def main(argv: list[str] | None = None) -> int:
     act = SiluAndMul()
     impls = []
     for name in args.paths:
-        if name != "triton":
+        if name == "triton":
+            for path, cfg in args.triton_configs or [("triton", {})]:
+                impls.append((path, functools.partial(moe_experts_triton, **cfg)))
+        elif name == "tgrouped":
+            for path, cfg in args.tgrouped_configs or [("tgrouped", {})]:
+                for layout in args.tgrouped_layouts:
+                    label = path if layout == "triton" else f"{path}:{layout}"
+                    impl = functools.partial(moe_experts_triton_grouped, **cfg, layout=layout)
+                    impls.append((label, impl))
+        else:
             impls.append((name, PATHS[name]))
-            continue
-        for path, cfg in args.triton_configs or [("triton", {})]:
-            impls.append((path, functools.partial(moe_experts_triton, **cfg)))
     rows = []
     with torch.inference_mode():
         for tokens in args.tokens:
@@ -197,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                     if not grouped_mm_is_sync_free(device, torch.bfloat16):
                         print(f"T={tokens:>4} grouped: skipped (torch's fallback syncs here)")
                         continue
-                if name.startswith("triton") and not use_triton(device):
+                if name.startswith(("triton", "tgrouped")) and not use_triton(device):
                     print(f"T={tokens:>4} {name}: skipped (on CPU only with TRITON_INTERPRET=1)")
                     continue
 
@@ -220,9 +288,13 @@ def main(argv: list[str] | None = None) -> int:
                     f"{row['pct_copy']:5.1f}% of copy",
                     flush=True,
                 )
-    limit = suggest_triton_max_rows(rows)
-    if limit is not None:
-        print(f"fastest triton config beats grouped up to T * K = {limit} rows: TRITON_MAX_ROWS")
+    # The grouped Triton path serves only rows above TRITON_MAX_ROWS (the GEMV path's).
+    suggestions = (("triton", 0, "TRITON_MAX_ROWS"),
+                   ("tgrouped", TRITON_MAX_ROWS, "TRITON_GROUPED_MAX_ROWS"))  # fmt: skip
+    for family, above, constant in suggestions:
+        limit = suggest_max_rows(rows, family, above)
+        if limit is not None:
+            print(f"fastest {family} config beats grouped up to T * K = {limit} rows: {constant}")
     return 0
 
 

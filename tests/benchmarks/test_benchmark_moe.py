@@ -1,5 +1,6 @@
-"""benchmarks/kernels/benchmark_moe.py runs with `--dry-run` (CPU, tiny shapes) including a triton
-config sweep, and its TRITON_MAX_ROWS suggestion follows the measured crossover."""
+"""benchmarks/kernels/benchmark_moe.py runs with `--dry-run` (CPU, tiny shapes) including triton and
+tgrouped config sweeps, and its TRITON_MAX_ROWS / TRITON_GROUPED_MAX_ROWS suggestions follow the
+measured crossovers."""
 
 import csv
 from pathlib import Path
@@ -33,6 +34,47 @@ def test_moe_dry_run_with_a_triton_sweep(tmp_path: Path, capsys: pytest.CaptureF
     assert all(r["rows"] == "2" and float(r["us"]) > 0 for r in rows)
     if len(paths) > 1:
         assert "TRITON_MAX_ROWS" in capsys.readouterr().out.splitlines()[-1]
+
+
+def test_moe_dry_run_with_a_tgrouped_sweep(tmp_path: Path) -> None:
+    import benchmark_moe
+
+    out = tmp_path / "moe.csv"
+    argv = ["--dry-run", "--tokens", "1", "--paths", "tgrouped", "--csv", str(out),
+            "--tgrouped-configs", "16/16,32,2,2/32,16,2,2", "--tgrouped-layouts", "triton",
+            "torch"]  # fmt: skip
+    assert benchmark_moe.main(argv) == 0
+    rows = list(csv.DictReader(out.open()))
+    expected = ["tgrouped[16/16,32,2,2/32,16,2,2]", "tgrouped[16/16,32,2,2/32,16,2,2]:torch"]
+    assert [r["path"] for r in rows] == (expected if use_triton(torch.device("cpu")) else [])
+    assert all(r["rows"] == "2" and float(r["us"]) > 0 for r in rows)
+
+
+def test_bad_tgrouped_config_is_a_usage_error() -> None:
+    import benchmark_moe
+
+    for bad in ("16/64,128,4,3", "8/64,128,4,3/64,128,4,3", "16/64,128,4,0/64,128,4,3",
+                "16/64,96,4,3/64,128,4,3", "16/64,128,4/64,128,4,3"):  # fmt: skip
+        with pytest.raises(SystemExit) as exit_info:
+            benchmark_moe.main(["--dry-run", "--tgrouped-configs", bad])
+        assert exit_info.value.code == 2
+
+
+def test_tgrouped_max_rows_suggestion() -> None:
+    import benchmark_moe
+
+    def row(rows, path, us):
+        return dict(rows=rows, path=path, us=us)
+
+    measured = [
+        row(64, "grouped", 100.0), row(64, "tgrouped[a]", 200.0),  # at or below `above`: ignored
+        row(256, "grouped", 300.0), row(256, "tgrouped[a]", 250.0), row(256, "triton", 1.0),
+        row(512, "grouped", 400.0), row(512, "tgrouped[b]:torch", 350.0),
+        row(2048, "grouped", 700.0), row(2048, "tgrouped[a]", 710.0),
+    ]  # fmt: skip
+    assert benchmark_moe.suggest_max_rows(measured, "tgrouped", 128) == 512
+    assert benchmark_moe.suggest_max_rows(measured[-2:], "tgrouped", 128) == 128  # never wins
+    assert benchmark_moe.suggest_max_rows(measured[:2], "tgrouped", 128) is None
 
 
 def test_bad_triton_config_is_a_usage_error() -> None:

@@ -1,6 +1,7 @@
 """FusedMoE's expert implementations: each against an fp64 per-(token, slot) reference and against
 the loop, their static-shape (sync-free) property, the path selection, and CUDA-graph capture.
-The Triton path runs under the interpreter on CPU (tests/conftest.py) and natively on a GPU."""
+The Triton paths (GEMV and expert-grouped) run under the interpreter on CPU (tests/conftest.py)
+and natively on a GPU."""
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ import vllm.model_executor.layers.fused_moe.experts as experts_mod
 from vllm.model_executor.layers.activation import SiluAndMul, SituAndMul
 from vllm.model_executor.layers.fused_moe.experts import (
     GATHER_MAX_ROWS,
+    TRITON_GROUPED_MAX_ROWS,
     TRITON_MAX_ROWS,
     grouped_mm_is_sync_free,
     moe_experts_gathered,
@@ -17,6 +19,12 @@ from vllm.model_executor.layers.fused_moe.experts import (
     select_experts_impl,
 )
 from vllm.model_executor.layers.fused_moe.experts_triton import moe_experts_triton
+from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (
+    block_layout_reference,
+    group_rows,
+    max_blocks_for,
+    moe_experts_triton_grouped,
+)
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 from vllm.model_executor.layers.fused_moe.router import (
     grouped_topk,
@@ -144,24 +152,22 @@ SILU, SITU = SiluAndMul(), SituAndMul(4.0, 25.0)
     [
         ((9, 0), torch.bfloat16, 1, 2304, SILU, moe_experts_triton),
         ((9, 0), torch.bfloat16, TRITON_MAX_ROWS, 2304, SILU, moe_experts_triton),
-        ((9, 0), torch.bfloat16, TRITON_MAX_ROWS + 1, 2304, SILU, moe_experts_grouped),
+        ((9, 0), torch.bfloat16, TRITON_MAX_ROWS + 1, 2304, SILU, moe_experts_triton_grouped),
+        ((9, 0), torch.bfloat16, TRITON_GROUPED_MAX_ROWS, 2304, SILU, moe_experts_triton_grouped),
+        ((9, 0), torch.bfloat16, TRITON_GROUPED_MAX_ROWS + 1, 2304, SILU, moe_experts_grouped),
         ((9, 0), torch.bfloat16, 8, 2304, SITU, moe_experts_grouped),  # SiTU is not fused
-        ((9, 0), torch.bfloat16, 4096, 2304, SILU, moe_experts_grouped),
-        ((10, 0), torch.bfloat16, 4096, 2304, SILU, moe_experts_grouped),
+        ((9, 0), torch.bfloat16, 512, 2304, SITU, moe_experts_grouped),
+        ((10, 0), torch.bfloat16, TRITON_GROUPED_MAX_ROWS + 1, 2304, SILU, moe_experts_grouped),
         ((9, 0), torch.bfloat16, 8, 2300, SITU, moe_experts_gathered),  # rows not 16-byte aligned
         ((9, 0), torch.bfloat16, 8, 2300, SILU, moe_experts_triton),  # any alignment
+        ((9, 0), torch.bfloat16, 512, 2300, SILU, moe_experts_triton_grouped),
         ((9, 0), torch.float32, 8, 2304, SILU, moe_experts_triton),
         ((9, 0), torch.float32, GATHER_MAX_ROWS, 2304, SITU, moe_experts_gathered),
-        (
-            (9, 0),
-            torch.float32,
-            max(GATHER_MAX_ROWS, TRITON_MAX_ROWS) + 1,
-            2304,
-            SILU,
-            moe_experts_loop,
-        ),
+        ((9, 0), torch.float32, TRITON_MAX_ROWS + 1, 2304, SILU, moe_experts_triton_grouped),
+        ((9, 0), torch.float32, TRITON_GROUPED_MAX_ROWS + 1, 2304, SILU, moe_experts_loop),
         ((8, 0), torch.bfloat16, 8, 2304, SITU, moe_experts_gathered),  # torch's fallback syncs
         ((8, 0), torch.bfloat16, 8, 2304, SILU, moe_experts_triton),
+        ((8, 0), torch.bfloat16, 512, 2304, SILU, moe_experts_triton_grouped),
         ((12, 0), torch.bfloat16, 8, 2304, SITU, moe_experts_gathered),
     ],
 )
@@ -189,7 +195,10 @@ def test_selection_on_cpu_under_the_triton_interpreter(monkeypatch):
     assert select_experts_impl(cpu, torch.float32, rows, H, INTER, SILU) is moe_experts_triton
     gather = GATHER_MAX_ROWS
     assert select_experts_impl(cpu, torch.float32, gather, H, INTER, SITU) is moe_experts_gathered
-    assert select_experts_impl(cpu, torch.float32, rows + 1, H, INTER, SILU) is moe_experts_loop
+    grouped = select_experts_impl(cpu, torch.float32, rows + 1, H, INTER, SILU)
+    assert grouped is moe_experts_triton_grouped
+    above = TRITON_GROUPED_MAX_ROWS + 1
+    assert select_experts_impl(cpu, torch.float32, above, H, INTER, SILU) is moe_experts_loop
 
 
 def _fused_moe(dtype, device, seed=0):
@@ -200,14 +209,16 @@ def _fused_moe(dtype, device, seed=0):
     return layer.to(device)
 
 
-# Triton, then the loop (fp32 rows above both thresholds).
-@pytest.mark.parametrize("tokens", [2, max(TRITON_MAX_ROWS, GATHER_MAX_ROWS) // K + 3])
+# The Triton GEMV path, then the grouped Triton path (fp32 rows above TRITON_MAX_ROWS).
+@pytest.mark.parametrize("tokens", [2, TRITON_MAX_ROWS // K + 3])
 def test_fused_moe_forward_matches_loop(tokens, triton_launches):
     layer = _fused_moe(torch.float32, DEVICE)
     x, _, _, w, ids = make_case(tokens, torch.float32, device=DEVICE, seed=1)
     expected = moe_experts_loop(x, layer.w13_weight, layer.w2_weight, w, ids, SiluAndMul())
     torch.testing.assert_close(layer(x, w, ids), expected)
-    assert triton_launches["_moe_down_kernel"] == int(tokens * K <= TRITON_MAX_ROWS)
+    gemv = tokens * K <= TRITON_MAX_ROWS
+    assert triton_launches["_moe_down_kernel"] == int(gemv)
+    assert triton_launches["_moe_grouped_down_kernel"] == int(not gemv)
 
 
 def _graph_replay_equals_eager(dtype, tokens):
@@ -242,10 +253,10 @@ def _graph_replay_equals_eager(dtype, tokens):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tokens", [1, 8])
+@pytest.mark.parametrize("tokens", [1, 8, 64])
 def test_cuda_graph_fp32(tokens):
-    # Triton up to TRITON_MAX_ROWS rows (32 here), else gathered: the only difference from the
-    # loop is GEMM accumulation order (cuBLAS with TF32 off).
+    # Triton GEMV up to TRITON_MAX_ROWS rows (32 tokens here), grouped Triton above (IEEE fp32
+    # dots): the only difference from the loop is GEMM accumulation order (cuBLAS, TF32 off).
     eager, reference = _graph_replay_equals_eager(torch.float32, tokens)
     torch.testing.assert_close(eager, reference)
 
@@ -253,7 +264,7 @@ def test_cuda_graph_fp32(tokens):
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [1, 8, 64])
 def test_cuda_graph_bf16(tokens):
-    if tokens * K > GATHER_MAX_ROWS and not grouped_mm_is_sync_free(
+    if tokens * K > TRITON_GROUPED_MAX_ROWS and not grouped_mm_is_sync_free(
         torch.device("cuda"), torch.bfloat16
     ):
         pytest.skip("no sync-free path for this batch on this GPU (torch's grouped GEMM: sm90/100)")
@@ -379,6 +390,189 @@ def test_triton_kimi_linear_shapes_on_gpu(tokens, blocks):
     bound = 4 * 2**-8 * expected.abs().max()
     assert (loop.double().cpu() - expected).abs().max() <= bound
     assert (out.double().cpu() - expected).abs().max() <= bound
+
+
+# Tiles of the grouped Triton path small enough for the interpreter, with several steps over H
+# and I and several output tiles per block.
+GROUPED_BLOCKS = dict(block_m=16, block_n=16, block_k=32, down_block_n=32, down_block_k=16)
+GROUPED_KERNELS = ("_moe_block_layout_kernel", "_moe_grouped_gate_up_kernel",
+                   "_moe_grouped_down_kernel", "_moe_weighted_sum_kernel")  # fmt: skip
+
+
+def skewed_ids(tokens, topk, device):
+    """Every token routes to experts 0..topk-1: `tokens` rows each (several blocks of 16), and
+    the other experts get none."""
+    return torch.arange(topk, device=device).repeat(tokens, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    "tokens,topk,hidden,inter,skewed",
+    [
+        (1, 2, 64, 32, False),  # six of eight experts get no row
+        (17, 2, 64, 32, False),
+        (40, 4, 64, 32, False),  # 20 rows per expert on average: experts span two blocks
+        (40, 4, 64, 32, True),  # four experts of 40 rows (three blocks each), four of none
+        (9, 3, 40, 24, False),  # H and I not multiples of the tiles: masked tails
+    ],
+)
+def test_triton_grouped_matches_loop(tokens, topk, hidden, inter, skewed, dtype, triton_launches):
+    shape = dict(experts=8, hidden=hidden, inter=inter, topk=topk)
+    x, w13, w2, w, ids = make_case(tokens, dtype, DEVICE, seed=tokens + topk, **shape)
+    if skewed:
+        ids = skewed_ids(tokens, topk, DEVICE)
+    expected = moe_experts_loop(x, w13, w2, w, ids, SiluAndMul())
+    out = moe_experts_triton_grouped(x, w13, w2, w, ids, SiluAndMul(), **GROUPED_BLOCKS)
+    assert out.dtype == dtype and out.shape == x.shape
+    assert_close_to_loop(out, expected)
+    assert [triton_launches[name] for name in GROUPED_KERNELS] == [1, 1, 1, 1]
+
+
+def test_triton_grouped_fp32_matches_fp64_reference():
+    x, w13, w2, w, ids = make_case(37, torch.float32, DEVICE, experts=8)
+    out = moe_experts_triton_grouped(x, w13, w2, w, ids, SiluAndMul(), **GROUPED_BLOCKS)
+    # As for the other paths: fp32 accumulation of length-<=64 dot products of O(1) terms.
+    torch.testing.assert_close(out.double().cpu(), reference_fp64(x, w13, w2, w, ids, SiluAndMul()),
+                               rtol=1.3e-6, atol=1e-5)  # fmt: skip
+
+
+@pytest.mark.parametrize("block_m", [16, 32])
+@pytest.mark.parametrize("case", ["random", "skewed", "one_row", "int32"])
+def test_triton_block_table_matches_reference(case, block_m):
+    experts, tokens, topk = 8, 40, 4
+    gen = torch.Generator().manual_seed(block_m)
+    ids = torch.rand(tokens, experts, generator=gen).topk(topk, dim=1)[1]
+    if case == "skewed":
+        ids = skewed_ids(tokens, topk, "cpu")
+    elif case == "one_row":
+        ids = ids[:1, :1]
+    elif case == "int32":
+        ids = ids.int()
+    ids = ids.to(DEVICE)
+    order, table = group_rows(ids, experts, block_m, "triton")
+    torch_order, torch_table = group_rows(ids, experts, block_m, "torch")
+    assert torch.equal(table, torch_table) and torch.equal(order, torch_order)
+    num_rows = ids.numel()
+    assert table.shape == (3, max_blocks_for(num_rows, experts, block_m))
+    # The used blocks tile the sorted rows in order, each within one expert and <= block_m rows.
+    expert, row0, row1 = table.cpu().long()
+    used = expert >= 0
+    assert bool(used[: int(used.sum())].all())  # used blocks first
+    sorted_ids = ids.reshape(-1).cpu().long()[order.cpu()]
+    covered = torch.cat([torch.arange(a, b) for a, b in zip(row0[used], row1[used], strict=True)])
+    assert torch.equal(covered, torch.arange(num_rows))
+    assert bool(((row1 - row0)[used] <= block_m).all() and ((row1 - row0)[used] > 0).all())
+    assert torch.equal(sorted_ids, torch.repeat_interleave(expert[used], (row1 - row0)[used]))
+    reference = block_layout_reference(sorted_ids.to(DEVICE), experts, block_m, table.shape[1])
+    assert torch.equal(table, reference)
+
+
+def test_triton_grouped_is_deterministic_and_reads_strided_inputs():
+    x, w13, w2, w, ids = make_case(20, torch.bfloat16, DEVICE, seed=5, experts=8)
+    out = moe_experts_triton_grouped(x, w13, w2, w, ids, SiluAndMul(), **GROUPED_BLOCKS)
+    wide_x = torch.zeros(20, H + 8, dtype=x.dtype, device=DEVICE)
+    wide_x[:, :H] = x
+    wide_w = torch.zeros(20, 2 * K, device=DEVICE)
+    wide_w[:, ::2] = w
+    again = moe_experts_triton_grouped(wide_x[:, :H], w13, w2, wide_w[:, ::2], ids.int(),
+                                       SiluAndMul(), **GROUPED_BLOCKS)  # fmt: skip
+    assert torch.equal(again, out)  # no atomics: bit-identical
+
+
+def test_triton_grouped_rejects_bad_inputs():
+    x, w13, w2, w, ids = make_case(3, torch.float32, DEVICE, experts=8)
+    silu = SiluAndMul()
+    cases = [
+        ((x, w13[:, :, :-1], w2, w, ids, silu), {}, "w13 must be"),
+        ((x, w13, w2, w[:, :2], ids, silu), {}, "topk_weights shape"),
+        ((x.bfloat16(), w13, w2, w, ids, silu), {}, "share one dtype"),
+        ((x, w13, w2, w, ids, SituAndMul(4.0, 25.0)), {}, "must be SiluAndMul"),
+        ((x, w13, w2, w, ids, silu), {"block_m": 8}, "block_m must be >= 16"),
+        ((x, w13, w2, w, ids, silu), {"down_block_k": 48}, "down_block_k must be a positive"),
+        ((x, w13, w2, w, ids, silu), {"gate_up_stages": 0}, "gate_up_stages must be >= 1"),
+        ((x, w13, w2, w, ids, silu), {"layout": "cub"}, "layout must be one of"),
+    ]  # fmt: skip
+    for args, blocks, match in cases:
+        with pytest.raises(ValueError, match=match):
+            moe_experts_triton_grouped(*args, **blocks)
+
+
+def test_triton_grouped_empty_batch_is_zeros(triton_launches):
+    x, w13, w2, w, ids = make_case(0, torch.bfloat16, DEVICE, experts=8)
+    out = moe_experts_triton_grouped(x, w13, w2, w, ids, SiluAndMul())
+    assert out.shape == (0, H) and sum(triton_launches[n] for n in GROUPED_KERNELS) == 0
+
+
+KIMI_LINEAR = dict(experts=256, hidden=2304, inter=1024, topk=8)
+
+
+def _fp64_loop(case):
+    """The loop on fp64 operands on the case's device: GEMMs and activation in fp64, the weighted
+    sum in fp32 (the per-row fp64 reference is too slow at these sizes)."""
+    x, w13, w2, w, ids = case
+    return moe_experts_loop(x.double(), w13.double(), w2.double(), w, ids, SiluAndMul())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["triton", "torch"])
+@pytest.mark.parametrize("experts", [256, 16])  # 16: many rows per expert, several blocks each
+@pytest.mark.parametrize("tokens", [32, 64, 256])
+def test_triton_grouped_kimi_linear_shapes_on_gpu(tokens, experts, layout):
+    shape = dict(KIMI_LINEAR, experts=experts)
+    case = make_case(tokens, torch.bfloat16, "cuda", seed=tokens, **shape)
+    out = moe_experts_triton_grouped(*case, SiluAndMul(), layout=layout)
+    loop = moe_experts_loop(*case, SiluAndMul())
+    expected = _fp64_loop(case)
+    # The bf16 rounding bound that the loop meets on CPU (test_bf16_loop_is_within_...).
+    bound = 4 * 2**-8 * expected.abs().max()
+    assert (loop.double() - expected).abs().max() <= bound
+    assert (out.double() - expected).abs().max() <= bound
+    other = "torch" if layout == "triton" else "triton"
+    assert torch.equal(moe_experts_triton_grouped(*case, SiluAndMul(), layout=other), out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [32, 256])
+def test_triton_grouped_kimi_linear_fp32_on_gpu(tokens):
+    case = make_case(tokens, torch.float32, "cuda", seed=tokens, **dict(KIMI_LINEAR, experts=16))
+    out = moe_experts_triton_grouped(*case, SiluAndMul())
+    # IEEE fp32 dots (no TF32): within fp32 rounding of the fp64 loop over length-2304 sums.
+    torch.testing.assert_close(out.double(), _fp64_loop(case), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [32, 64, 256])
+def test_triton_grouped_graph_replay_equals_eager(tokens):
+    case = make_case(tokens, torch.bfloat16, "cuda", seed=tokens, **KIMI_LINEAR)
+    # Captured on other activations and routing, so the replay must read what is copied in.
+    other = make_case(tokens, torch.bfloat16, "cuda", seed=tokens + 1, **KIMI_LINEAR)
+    x, w13, w2, w, ids = case
+    static = [other[0], other[3], other[4]]
+
+    def call(x, w, ids):
+        return moe_experts_triton_grouped(x, w13, w2, w, ids, SiluAndMul())
+
+    call(x, w, ids)  # compile outside the checked region
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        eager = call(x, w, ids)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call(*static)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = call(*static)
+    for buf, new in zip(static, (x, w, ids), strict=True):
+        buf.copy_(new)
+    captured.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
 
 
 def test_router_rejects_bad_groups():

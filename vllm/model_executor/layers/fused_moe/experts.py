@@ -17,6 +17,10 @@ GEMMs); the weighted sum over the K chosen experts runs in fp32.
             (elsewhere torch falls back to a per-group loop that copies the ends to the host).
   triton    `moe_experts_triton` (experts_triton.py): two GEMV-style Triton kernels that stream
             each routed row's expert weights once, for decode-size `T * K`; SiluAndMul only.
+  triton_grouped
+            `moe_experts_triton_grouped` (experts_triton_grouped.py): rows grouped by expert on
+            the device, then Triton GEMM kernels that read each expert's weights once per block
+            of its rows, for batches between the two above; SiluAndMul only.
 
 `select_experts_impl` picks one from shapes, dtype, device and the activation's type only, so the
 choice is the same in eager mode and inside a CUDA graph.
@@ -41,6 +45,12 @@ GATHER_MAX_ROWS = 64
 # H200 (Kimi-Linear-48B experts, top-8): triton beats grouped up to 16 tokens (128 rows), grouped
 # wins from 32 tokens on (2026-12-01).
 TRITON_MAX_ROWS = 128
+
+# Largest T * K that the grouped Triton path serves where Triton runs (above TRITON_MAX_ROWS);
+# larger batches take torch's grouped GEMM. A starting point for the H200 (up to 512 tokens of
+# top-8), to be tuned with `benchmarks/kernels/benchmark_moe.py --paths grouped tgrouped`; setting
+# it to TRITON_MAX_ROWS turns the path off.
+TRITON_GROUPED_MAX_ROWS = 4096
 
 ExpertsImpl = Callable[..., torch.Tensor]
 
@@ -183,8 +193,16 @@ def select_experts_impl(
     Depends only on static facts (device, dtype, shapes, the activation's type), never on tensor
     values. On CPU the Triton path is taken only under `TRITON_INTERPRET=1` (`use_triton`).
     """
-    if num_rows <= TRITON_MAX_ROWS and triton_experts_supported(device, dtype, act_and_mul):
-        return moe_experts_triton
+    if triton_experts_supported(device, dtype, act_and_mul):
+        if num_rows <= TRITON_MAX_ROWS:
+            return moe_experts_triton
+        if num_rows <= TRITON_GROUPED_MAX_ROWS:
+            # Imported here: that module reuses this one's input checks.
+            from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (
+                moe_experts_triton_grouped,
+            )
+
+            return moe_experts_triton_grouped
     aligned = hidden % 8 == 0 and intermediate % 8 == 0
     if aligned and grouped_mm_is_sync_free(device, dtype):
         return moe_experts_grouped

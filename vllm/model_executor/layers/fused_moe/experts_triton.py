@@ -132,9 +132,47 @@ def triton_experts_supported(
     return use_triton(device) and dtype in _DTYPES and type(act_and_mul) is SiluAndMul
 
 
-def _check_block(name: str, value: int) -> None:
+def check_power_of_two(name: str, value: int) -> None:
     if value < 1 or value & (value - 1):
         raise ValueError(f"{name} must be a positive power of two, got {value}")
+
+
+def check_triton_operands(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    act_and_mul: torch.nn.Module,
+    op: str,
+) -> None:
+    """What the Triton expert kernels need beyond the shapes: dtypes, one device, unit inner
+    strides, the SiluAndMul activation and a device Triton runs on. `op` names the caller in the
+    errors. Metadata only, so the call stays free of host syncs."""
+    if x.dtype not in _DTYPES or w13.dtype != x.dtype or w2.dtype != x.dtype:
+        raise ValueError(
+            f"x, w13 and w2 must share one dtype of {_DTYPES}, got {x.dtype}, {w13.dtype}, "
+            f"{w2.dtype}"
+        )
+    if topk_ids.dtype not in (torch.int32, torch.int64) or not topk_weights.is_floating_point():
+        raise ValueError(
+            f"topk_ids must be int32 / int64 and topk_weights floating point, got "
+            f"{topk_ids.dtype}, {topk_weights.dtype}"
+        )
+    if len({t.device for t in (x, w13, w2, topk_weights, topk_ids)}) != 1:
+        raise ValueError("x, w13, w2, topk_weights and topk_ids must be on one device")
+    if x.stride(1) != 1 or w13.stride(2) != 1 or w2.stride(2) != 1:
+        raise ValueError("x, w13 and w2 must have unit stride on their last dim")
+    if type(act_and_mul) is not SiluAndMul:
+        raise ValueError(
+            f"act_and_mul must be SiluAndMul (the activation the kernel fuses), got "
+            f"{type(act_and_mul).__name__}; use select_experts_impl to pick a path"
+        )
+    if not use_triton(x.device):
+        raise ValueError(
+            f"{op} needs a CUDA / ROCm device or TRITON_INTERPRET=1 on CPU, got "
+            f"{x.device}; use select_experts_impl to pick a path"
+        )
 
 
 def moe_experts_triton(
@@ -177,34 +215,11 @@ def moe_experts_triton(
         raise ValueError(
             f"topk_weights shape {tuple(topk_weights.shape)} != topk_ids {tuple(topk_ids.shape)}"
         )
-    if x.dtype not in _DTYPES or w13.dtype != x.dtype or w2.dtype != x.dtype:
-        raise ValueError(
-            f"x, w13 and w2 must share one dtype of {_DTYPES}, got {x.dtype}, {w13.dtype}, "
-            f"{w2.dtype}"
-        )
-    if topk_ids.dtype not in (torch.int32, torch.int64) or not topk_weights.is_floating_point():
-        raise ValueError(
-            f"topk_ids must be int32 / int64 and topk_weights floating point, got "
-            f"{topk_ids.dtype}, {topk_weights.dtype}"
-        )
-    if len({t.device for t in (x, w13, w2, topk_weights, topk_ids)}) != 1:
-        raise ValueError("x, w13, w2, topk_weights and topk_ids must be on one device")
-    if x.stride(1) != 1 or w13.stride(2) != 1 or w2.stride(2) != 1:
-        raise ValueError("x, w13 and w2 must have unit stride on their last dim")
-    if type(act_and_mul) is not SiluAndMul:
-        raise ValueError(
-            f"act_and_mul must be SiluAndMul (the activation the kernel fuses), got "
-            f"{type(act_and_mul).__name__}; use select_experts_impl to pick a path"
-        )
-    if not use_triton(x.device):
-        raise ValueError(
-            f"moe_experts_triton needs a CUDA / ROCm device or TRITON_INTERPRET=1 on CPU, got "
-            f"{x.device}; use select_experts_impl to pick a path"
-        )
+    check_triton_operands(x, w13, w2, topk_weights, topk_ids, act_and_mul, "moe_experts_triton")
     blocks = dict(block_n=block_n, block_k=block_k, gate_up_warps=gate_up_warps,
                   block_h=block_h, block_i=block_i, down_warps=down_warps)  # fmt: skip
     for name, value in blocks.items():
-        _check_block(name, value)
+        check_power_of_two(name, value)
     topk = topk_ids.shape[1]
     out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
     if 0 in (tokens, topk, hidden, inter):

@@ -1,0 +1,350 @@
+"""Routed experts for batches between the GEMV path and `torch._grouped_mm` (about 17-512 tokens
+of top-8): the routed rows are grouped by expert on the device, and two Triton GEMM kernels read
+each expert's weight tile once per block of up to `block_m` of its rows.
+
+`moe_experts_triton_grouped(x, w13, w2, topk_weights, topk_ids, act_and_mul)` computes what the
+implementations in `experts.py` compute (`moe_experts_loop` is its reference), with the shapes and
+dtypes of `moe_experts_triton` (experts_triton.py):
+
+  x             `[T, H]` bf16 / fp16 / fp32, unit stride on the last dim
+  w13           `[E, 2 * I, H]` (gate | up of each expert), x's dtype, unit stride on the last dim
+  w2            `[E, H, I]`, x's dtype, unit stride on the last dim
+  topk_weights  `[T, K]` floating point (read as fp32)
+  topk_ids      `[T, K]` int32 / int64, values in `[0, E)` (not checked: that would read them on
+                the host)
+  act_and_mul   must be `SiluAndMul`
+  returns       `[T, H]` in x's dtype
+
+Steps (R = T * K routed rows, row r = (t, k) = (r // K, r % K)):
+
+  grouping  `order` = a stable sort of the flattened ids (so rows of one expert keep token order),
+            then the block table `[3, max_blocks]` int32: per block its expert (-1: unused), first
+            and end position in the sorted order. Each expert's rows are cut into blocks of
+            `block_m`, so there are at most `max_blocks = (R + min(E, R) * (block_m - 1)) //
+            block_m` blocks whatever the routing: the grids below are static and programs of
+            unused blocks return after reading the table. `layout="triton"` builds the table in
+            one single-program kernel from the sorted ids (expert boundaries, a cumsum of blocks
+            per expert); `layout="torch"` with a few torch ops (`block_layout_reference`, which
+            the tests compare it with).
+  gate/up   grid (max_blocks, cdiv(I, block_n)). The block's rows of x (gathered by token) times
+            block_n gate and block_n up columns of w13[e], `tl.dot` over H in chunks of block_k
+            with fp32 accumulation; writes `a = silu(gate) * up` `[R, I]` in sorted order.
+  down      grid (max_blocks, cdiv(H, down_block_n)). The block's rows of `a` times down_block_n
+            rows of w2[e], over I in chunks of down_block_k; writes `y` `[R, H]` in x's dtype at
+            each row's (token, slot) position.
+  sum       grid (T, cdiv(H, 512)). `sum_k topk_weights[t, k] * y[t, k]` in fp32, slots in
+            order (no atomics: deterministic), output in x's dtype.
+
+Nothing reads a tensor value on the host: no sync, static shapes, CUDA-graph capturable. Block is
+the fastest grid axis, so the blocks of one expert (an expert with more than block_m rows) read a
+weight tile at about the same time, mostly from L2.
+
+Rounding, as in experts_triton.py (chosen to match the references): `gate` and `up` are rounded
+to x's dtype, `silu(gate)` is computed in fp32 from the rounded gate and rounded, its product with
+`up` in fp32 and rounded (`a`); each `y` row is rounded to x's dtype before the fp32 weighted sum.
+fp32 inputs use IEEE fp32 dots (no TF32), so the kernels differ from the references only in the
+GEMMs' accumulation order.
+
+Launch shapes: `tl.dot` needs every tile dim >= 16, so block_m >= 16. The defaults (block_m 16,
+64 x 128 tiles (64 x 64 for fp32 gate/up), 4 warps, 3 stages) are starting points for Hopper at
+Kimi-Linear sizes (H 2304, I 1024, E 256, K 8), where 32-256 tokens give 1-8 rows per expert on
+average and the kernels are bound by reading the weights: a bf16 gate/up stage holds 36 KB of
+loads (x 4 KB, gate and up 16 KB each), a down stage 20 KB. `benchmarks/kernels/benchmark_moe.py
+--tgrouped-configs` sweeps them.
+"""
+
+import torch
+
+from vllm.model_executor.layers.fused_moe.experts import _check_inputs
+from vllm.model_executor.layers.fused_moe.experts_triton import (
+    check_power_of_two,
+    check_triton_operands,
+)
+from vllm.triton_utils import next_power_of_2
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs without Triton never select this path
+    triton = None
+
+LAYOUTS = ("triton", "torch")
+# Hidden outputs per program of the weighted sum (a few programs per token at H 2304).
+_SUM_BLOCK_H = 512
+# Sorted ids per step of the block-table kernel.
+_LAYOUT_BLOCK_R = 1024
+# Blocks per step of the block-table kernel ([_LAYOUT_BLOCK_B, E] compare tiles).
+_LAYOUT_BLOCK_B = 32
+
+if triton is not None:
+
+    @triton.jit
+    def _moe_block_layout_kernel(
+        sorted_ids_ptr, bounds_ptr, blocks_ptr,
+        num_rows, num_experts, max_blocks,
+        BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_R: tl.constexpr,
+        BLOCK_B: tl.constexpr,
+    ):  # fmt: skip
+        # One program. bounds_ptr is [2, BLOCK_E] int32 scratch: each expert's first and end
+        # position in the sorted order, found at the boundaries between runs of equal ids.
+        e = tl.arange(0, BLOCK_E)
+        tl.store(bounds_ptr + e, tl.zeros([BLOCK_E], dtype=tl.int32))
+        tl.store(bounds_ptr + BLOCK_E + e, tl.zeros([BLOCK_E], dtype=tl.int32))
+        tl.debug_barrier()  # the zeros before the boundary stores (other threads' lanes)
+        rr = tl.arange(0, BLOCK_R)
+        for r0 in range(0, num_rows, BLOCK_R):
+            r = r0 + rr
+            ok = r < num_rows
+            cur = tl.load(sorted_ids_ptr + r, mask=ok, other=-1)
+            prev = tl.load(sorted_ids_ptr + r - 1, mask=ok & (r > 0), other=-1)
+            nxt = tl.load(sorted_ids_ptr + r + 1, mask=r + 1 < num_rows, other=-1)
+            # Out-of-range ids would write outside the scratch: their rows are left out instead.
+            ok = ok & (cur >= 0) & (cur < num_experts)
+            tl.store(bounds_ptr + cur, r.to(tl.int32), mask=ok & (cur != prev))
+            tl.store(bounds_ptr + BLOCK_E + cur, (r + 1).to(tl.int32), mask=ok & (cur != nxt))
+        tl.debug_barrier()  # every boundary store before the loads
+        first = tl.load(bounds_ptr + e)
+        end = tl.load(bounds_ptr + BLOCK_E + e)
+        nblk = (end - first + BLOCK_M - 1) // BLOCK_M
+        blk_end = tl.cumsum(nblk, 0)
+        blk_first = blk_end - nblk
+        bb = tl.arange(0, BLOCK_B)
+        for b0 in range(0, max_blocks, BLOCK_B):
+            b = b0 + bb
+            # Block b belongs to the first expert whose blocks end after b (E: unused block).
+            owner = tl.sum((blk_end[None, :] <= b[:, None]).to(tl.int32), axis=1)
+            hit = e[None, :] == owner[:, None]
+            owner_blk = tl.sum(tl.where(hit, blk_first[None, :], 0), axis=1)
+            owner_first = tl.sum(tl.where(hit, first[None, :], 0), axis=1)
+            owner_end = tl.sum(tl.where(hit, end[None, :], 0), axis=1)
+            used = owner < num_experts
+            row0 = owner_first + (b - owner_blk) * BLOCK_M
+            row1 = tl.minimum(row0 + BLOCK_M, owner_end)
+            ok = b < max_blocks
+            tl.store(blocks_ptr + b, tl.where(used, owner, -1), mask=ok)
+            tl.store(blocks_ptr + max_blocks + b, tl.where(used, row0, 0), mask=ok)
+            tl.store(blocks_ptr + 2 * max_blocks + b, tl.where(used, row1, 0), mask=ok)
+
+    @triton.jit
+    def _moe_grouped_gate_up_kernel(
+        x_ptr, w13_ptr, order_ptr, blocks_ptr, a_ptr,
+        stride_xt, stride_we, stride_wn, stride_ar,
+        hidden, inter, max_blocks,
+        TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+    ):  # fmt: skip
+        blk = tl.program_id(0)
+        e = tl.load(blocks_ptr + blk)
+        if e < 0:
+            return
+        row0 = tl.load(blocks_ptr + max_blocks + blk)
+        row1 = tl.load(blocks_ptr + 2 * max_blocks + blk)
+        rows = row0 + tl.arange(0, BLOCK_M)
+        m_ok = rows < row1
+        tok = tl.load(order_ptr + rows, mask=m_ok, other=0) // TOPK
+        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = n < inter
+        kk = tl.arange(0, BLOCK_K)
+        x_ptrs = x_ptr + tok[:, None] * stride_xt + kk[None, :]
+        # [BLOCK_K, BLOCK_N] views of the gate and up rows (H contiguous in memory).
+        gate_ptrs = w13_ptr + e.to(tl.int64) * stride_we + n[None, :] * stride_wn + kk[:, None]
+        up_ptrs = gate_ptrs + inter * stride_wn
+        acc_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, hidden, BLOCK_K):
+            k_ok = k0 + kk < hidden
+            xv = tl.load(x_ptrs + k0, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            w_mask = k_ok[:, None] & n_ok[None, :]
+            gate = tl.load(gate_ptrs + k0, mask=w_mask, other=0.0)
+            up = tl.load(up_ptrs + k0, mask=w_mask, other=0.0)
+            acc_gate = tl.dot(xv, gate, acc_gate, input_precision=PRECISION)
+            acc_up = tl.dot(xv, up, acc_up, input_precision=PRECISION)
+        # The references' rounding points (module docstring); silu as torch writes it.
+        dtype = a_ptr.dtype.element_ty
+        gate = acc_gate.to(dtype).to(tl.float32)
+        up = acc_up.to(dtype).to(tl.float32)
+        act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+        a_ptrs = a_ptr + rows[:, None] * stride_ar + n[None, :]
+        tl.store(a_ptrs, (act * up).to(dtype), mask=m_ok[:, None] & n_ok[None, :])
+
+    @triton.jit
+    def _moe_grouped_down_kernel(
+        a_ptr, w2_ptr, order_ptr, blocks_ptr, y_ptr,
+        stride_ar, stride_we, stride_wh, stride_yr,
+        hidden, inter, max_blocks,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        PRECISION: tl.constexpr,
+    ):  # fmt: skip
+        blk = tl.program_id(0)
+        e = tl.load(blocks_ptr + blk)
+        if e < 0:
+            return
+        row0 = tl.load(blocks_ptr + max_blocks + blk)
+        row1 = tl.load(blocks_ptr + 2 * max_blocks + blk)
+        rows = row0 + tl.arange(0, BLOCK_M)
+        m_ok = rows < row1
+        h = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        h_ok = h < hidden
+        kk = tl.arange(0, BLOCK_K)
+        a_ptrs = a_ptr + rows[:, None] * stride_ar + kk[None, :]
+        # [BLOCK_K, BLOCK_N] view of w2[e]'s rows h (I contiguous in memory).
+        w_ptrs = w2_ptr + e.to(tl.int64) * stride_we + h[None, :] * stride_wh + kk[:, None]
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, inter, BLOCK_K):
+            k_ok = k0 + kk < inter
+            av = tl.load(a_ptrs + k0, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(w_ptrs + k0, mask=k_ok[:, None] & h_ok[None, :], other=0.0)
+            acc = tl.dot(av, w, acc, input_precision=PRECISION)
+        # Back to (token, slot) order, so the weighted sum reads each token's K rows in order.
+        dst = tl.load(order_ptr + rows, mask=m_ok, other=0)
+        y_ptrs = y_ptr + dst[:, None] * stride_yr + h[None, :]
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & h_ok[None, :])
+
+    @triton.jit
+    def _moe_weighted_sum_kernel(
+        y_ptr, topk_w_ptr, out_ptr,
+        stride_yr, stride_wt, stride_wk, stride_ot, hidden,
+        TOPK: tl.constexpr, BLOCK_H: tl.constexpr,
+    ):  # fmt: skip
+        t = tl.program_id(0)
+        h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        h_ok = h < hidden
+        acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+        for j in tl.static_range(TOPK):
+            weight = tl.load(topk_w_ptr + t * stride_wt + j * stride_wk).to(tl.float32)
+            y = tl.load(y_ptr + (t * TOPK + j) * stride_yr + h, mask=h_ok, other=0.0)
+            acc += y.to(tl.float32) * weight
+        tl.store(out_ptr + t * stride_ot + h, acc.to(out_ptr.dtype.element_ty), mask=h_ok)
+
+
+def max_blocks_for(num_rows: int, num_experts: int, block_m: int) -> int:
+    """Most blocks of `block_m` rows that `num_rows` rows over `num_experts` experts can need:
+    each non-empty expert (at most min(E, R) of them) pads its last block by < block_m rows."""
+    return (num_rows + min(num_experts, num_rows) * (block_m - 1)) // block_m
+
+
+def block_layout_reference(
+    sorted_ids: torch.Tensor, num_experts: int, block_m: int, max_blocks: int
+) -> torch.Tensor:
+    """The block table `[3, max_blocks]` int32 (expert or -1, first and end sorted position of
+    each block) from the sorted ids `[R]`, with torch ops only (no host sync)."""
+    experts = torch.arange(num_experts, device=sorted_ids.device, dtype=sorted_ids.dtype)
+    first = torch.searchsorted(sorted_ids, experts)
+    end = torch.searchsorted(sorted_ids, experts, right=True)
+    nblk = (end - first + block_m - 1) // block_m
+    blk_end = nblk.cumsum(0)
+    b = torch.arange(max_blocks, device=sorted_ids.device, dtype=blk_end.dtype)
+    owner = torch.searchsorted(blk_end, b, right=True)
+    used = owner < num_experts
+    e = owner.clamp(max=num_experts - 1)
+    row0 = first[e] + (b - (blk_end - nblk)[e]) * block_m
+    row1 = torch.minimum(row0 + block_m, end[e])
+    zero = torch.zeros_like(row0)
+    table = [
+        torch.where(used, owner, -1),
+        torch.where(used, row0, zero),
+        torch.where(used, row1, zero),
+    ]
+    return torch.stack(table).to(torch.int32)
+
+
+def group_rows(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int, layout: str = "triton"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`order` `[R]` (the (token, slot) row at each sorted position, int64) and the block table
+    `[3, max_blocks]` int32 of the routed rows; see the module docstring."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    # Stable, so rows of one expert keep token order (the loop's accumulation order).
+    sorted_ids, order = topk_ids.reshape(-1).sort(stable=True)
+    num_rows = sorted_ids.numel()
+    max_blocks = max_blocks_for(num_rows, num_experts, block_m)
+    if layout == "torch":
+        return order, block_layout_reference(sorted_ids, num_experts, block_m, max_blocks)
+    block_e = next_power_of_2(num_experts)
+    bounds = torch.empty(2, block_e, dtype=torch.int32, device=topk_ids.device)
+    blocks = torch.empty(3, max_blocks, dtype=torch.int32, device=topk_ids.device)
+    _moe_block_layout_kernel[(1,)](
+        sorted_ids, bounds, blocks, num_rows, num_experts, max_blocks,
+        BLOCK_M=block_m, BLOCK_E=block_e, BLOCK_R=_LAYOUT_BLOCK_R, BLOCK_B=_LAYOUT_BLOCK_B,
+        num_warps=8,
+    )  # fmt: skip
+    return order, blocks
+
+
+def moe_experts_triton_grouped(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    act_and_mul: torch.nn.Module,
+    *,
+    block_m: int = 16,
+    block_n: int = 64,
+    block_k: int | None = None,
+    gate_up_warps: int = 4,
+    gate_up_stages: int = 3,
+    down_block_n: int = 64,
+    down_block_k: int = 128,
+    down_warps: int = 4,
+    down_stages: int = 3,
+    layout: str = "triton",
+) -> torch.Tensor:
+    """Routed experts grouped by expert: a sort, then four launches (block table, gate/up, down,
+    weighted sum); see the module docstring for shapes, numerics and the steps.
+
+    `block_m` rows per block (>= 16, power of two). Gate/up kernel: `block_n` intermediate
+    columns per program, `block_k` hidden chunk per step, `gate_up_warps`, `gate_up_stages`
+    (software-pipelined loads in flight). Down kernel: `down_block_n` hidden outputs per program,
+    `down_block_k` intermediate chunk per step, `down_warps`, `down_stages`. Tile dims are powers
+    of two >= 16; `block_k` defaults to 128 for 2-byte dtypes and 64 for fp32 (whose 128-wide
+    gate/up stages would take 216 KB of shared memory at 3 stages). `layout`: "triton" or
+    "torch" block-table construction.
+    """
+    _check_inputs(x, w13, w2, topk_weights, topk_ids)
+    check_triton_operands(
+        x, w13, w2, topk_weights, topk_ids, act_and_mul, "moe_experts_triton_grouped"
+    )
+    if block_k is None:
+        block_k = 128 if x.element_size() <= 2 else 64
+    tiles = dict(block_m=block_m, block_n=block_n, block_k=block_k, down_block_n=down_block_n,
+                 down_block_k=down_block_k)  # fmt: skip
+    for name, value in tiles.items():
+        check_power_of_two(name, value)
+        if value < 16:
+            raise ValueError(f"{name} must be >= 16 (tl.dot's smallest tile), got {value}")
+    launch = dict(gate_up_warps=gate_up_warps, gate_up_stages=gate_up_stages,
+                  down_warps=down_warps, down_stages=down_stages)  # fmt: skip
+    for name, value in launch.items():
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    tokens, hidden = x.shape
+    num_experts, inter = w13.shape[0], w13.shape[1] // 2
+    topk = topk_ids.shape[1]
+    out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
+    if 0 in (tokens, topk, hidden, inter, num_experts):
+        return out.zero_()
+    order, blocks = group_rows(topk_ids, num_experts, block_m, layout)
+    max_blocks = blocks.shape[1]
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    a = torch.empty(tokens * topk, inter, dtype=x.dtype, device=x.device)
+    _moe_grouped_gate_up_kernel[(max_blocks, triton.cdiv(inter, block_n))](
+        x, w13, order, blocks, a,
+        x.stride(0), w13.stride(0), w13.stride(1), a.stride(0), hidden, inter, max_blocks,
+        TOPK=topk, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision,
+        num_warps=gate_up_warps, num_stages=gate_up_stages,
+    )  # fmt: skip
+    y = torch.empty(tokens * topk, hidden, dtype=x.dtype, device=x.device)
+    _moe_grouped_down_kernel[(max_blocks, triton.cdiv(hidden, down_block_n))](
+        a, w2, order, blocks, y,
+        a.stride(0), w2.stride(0), w2.stride(1), y.stride(0), hidden, inter, max_blocks,
+        BLOCK_M=block_m, BLOCK_N=down_block_n, BLOCK_K=down_block_k, PRECISION=precision,
+        num_warps=down_warps, num_stages=down_stages,
+    )  # fmt: skip
+    _moe_weighted_sum_kernel[(tokens, triton.cdiv(hidden, _SUM_BLOCK_H))](
+        y, topk_weights, out,
+        y.stride(0), topk_weights.stride(0), topk_weights.stride(1), out.stride(0), hidden,
+        TOPK=topk, BLOCK_H=_SUM_BLOCK_H, num_warps=4,
+    )  # fmt: skip
+    return out
