@@ -38,3 +38,14 @@ def test_router_dry_run(triton_launches, capsys: pytest.CaptureFixture) -> None:
     assert triton_launches["_grouped_topk_kernel"] > 0  # the kernel, not the reference
     out = capsys.readouterr().out
     assert "kernel[w1]" in out and "kernel[w2]" in out and "reference" in out
+
+
+def test_all_reduce_dry_run(tmp_path: Path) -> None:
+    """Two gloo ranks on the CPU: the script checks the sum of ones and writes one row per size."""
+    import benchmark_all_reduce
+
+    out = tmp_path / "ar.csv"
+    assert benchmark_all_reduce.main(["--dry-run", "--csv", str(out)]) == 0
+    lines = out.read_text().splitlines()
+    assert lines[0] == "tokens,bytes,eager_us,graph_us" and len(lines) == 3
+    assert lines[1].startswith("1,16,")
