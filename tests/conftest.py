@@ -96,6 +96,9 @@ _COUNTED_KERNELS = {
     "vllm.model_executor.layers.fused_moe.experts_triton": (
         "_moe_gate_up_kernel", "_moe_down_kernel",
     ),
+    "vllm.model_executor.kernels.linear.gemv": (
+        "_gemv_kernel", "_gemv_split_reduce_kernel",
+    ),
 }  # fmt: skip
 
 

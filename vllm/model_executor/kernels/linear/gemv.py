@@ -383,8 +383,12 @@ def _check_operands(
 
 
 def _check_scale(name: str, scale: torch.Tensor, rows: int, device: torch.device) -> None:
-    contiguous = scale.numel() == rows and (rows <= 1 or scale.reshape(-1).stride(0) == 1)
-    if scale.dtype != torch.float32 or scale.device != device or not contiguous:
+    if (
+        scale.numel() != rows
+        or scale.dtype != torch.float32
+        or scale.device != device
+        or not scale.is_contiguous()
+    ):
         raise ValueError(
             f"{name} must hold {rows} contiguous float32 values on {device}, got "
             f"{tuple(scale.shape)} {scale.dtype} on {scale.device}"
