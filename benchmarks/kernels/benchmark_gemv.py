@@ -18,12 +18,13 @@ which the fastest GEMV config beats the vendor GEMM at every shape and every sma
 
     python benchmarks/kernels/benchmark_gemv.py --output-json gemv.json --csv gemv.csv
     python benchmarks/kernels/benchmark_gemv.py --dtypes fp8 --shapes o_proj --m 1 4 16 \\
-        --configs default 4,1024,4 8,512,4 8,1024,8 16,256,4,1,3,dot 64,128,4,1,3,dot 4,512,4,2
+        --configs default 4,1024,4 4,1024,4,1,1 8,512,4 8,1024,8 4,512,4,2 16,256,4,1,3,dot \
+        64,128,4,1,3,dot
     python benchmarks/kernels/benchmark_gemv.py --dry-run       # tiny shapes on the CPU
 
 A config is `BLOCK_N,BLOCK_K,WARPS[,SPLIT_K[,STAGES[,dot]]]` (gemv.GemvConfig: output channels
-per program, K chunk per step, warps, K splits, software-pipeline stages, tl.dot instead of
-multiply-and-sum), or `default` for gemv.default_config.
+per program, K chunk per step, warps, K splits (default 1), software-pipeline stages (default
+3), tl.dot instead of multiply-and-sum), or `default` for gemv.default_config.
 """
 
 import argparse

@@ -282,7 +282,7 @@ def test_gpu_rowwise_fp8_dispatch_by_m(triton_launches, m):
 KIMI_SHAPES = [(4096, 2304), (2304, 12448), (2304, 1024), (1024, 2304), (2304, 163840)]
 GPU_CONFIGS = [
     None,
-    GemvConfig(block_n=8, block_k=256, split_k=4),
+    GemvConfig(block_n=8, block_k=256, split_k=4, num_stages=1),
     GemvConfig(block_n=16, block_k=256, use_dot=True, num_stages=3),
     GemvConfig(block_n=64, block_k=128, num_warps=4, use_dot=True, num_stages=3),
 ]

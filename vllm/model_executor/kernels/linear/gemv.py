@@ -21,7 +21,7 @@ Ops (each with its torch reference beside it; CPU tensors use the reference unle
 
 Strides: unit stride on the last dim of ``x`` / ``a`` and ``weight`` (any row stride), so the K
 loads vectorize; ``weight`` may be the ``[N, K]`` transpose of the ``[K, N]`` view that the FP8
-layers hold. Scales and bias: any layout with N (or M) elements in order, read contiguously.
+layers hold. Scales and bias: contiguous tensors of M (a_scale) or N elements.
 
 Numerics: every product is exact in fp32 (bf16 x bf16 and e4m3 x e4m3 fit in 24 bits); sums in
 fp32, in an order that differs from the references' (K chunks, then a tree within a chunk; with
@@ -34,26 +34,27 @@ a split-K launch writes fp32 partials that a second kernel sums in a fixed order
 Launch shape (``GemvConfig``, ``default_config``): grid (M blocks, N blocks, SPLIT_K) with the M
 blocks of one N block adjacent in launch order, so that M > BLOCK_M re-reads a weight tile from
 L2. The defaults aim at tens of KB of weight loads in flight per SM, the amount HBM latency
-needs on an H200 (132 SMs): a [BLOCK_N, BLOCK_K] tile of about 8 KB per step (BLOCK_K 512-1024
-at BLOCK_N 4-8), BLOCK_N grown with M so that the activation rows each program re-reads from
-L2 (M * BLOCK_K per step) stay within a small multiple of the weight tile, and SPLIT_K > 1 only
-when the N blocks alone give fewer than two programs per SM. ``USE_DOT`` swaps the
-broadcast-multiply-and-sum for ``tl.dot`` (weight as the wide operand, M padded to 16): a
-variant for the benchmark's sweep, chosen by no default. These are starting points measured by
-``benchmarks/kernels/benchmark_gemv.py --configs``.
+needs on an H200 (132 SMs): a [BLOCK_N, BLOCK_K] tile of about 8 KB per step (BLOCK_K 256-1024
+at BLOCK_N 4-16), 4 warps, Triton's default 3 pipeline stages; BLOCK_N grows with M so that the
+activation rows each program re-reads from L2 (M * BLOCK_K per step) stay within a small
+multiple of the weight tile, and SPLIT_K > 1 only when the N blocks alone give fewer than two
+programs per SM. ``USE_DOT`` swaps the broadcast-multiply-and-sum for ``tl.dot`` (weight as the
+wide operand, M padded to 16): a variant for the benchmark's sweep, chosen by no default. These
+are starting points measured by ``benchmarks/kernels/benchmark_gemv.py --configs``.
 
 Dispatch into the layers (thresholds are module constants, tuned from that benchmark):
 ``UnquantizedLinearMethod`` (vllm/model_executor/layers/linear.py) calls ``gemv`` for CUDA
 bf16 / fp16 inputs of at most ``BF16_GEMV_MAX_M`` rows, and ``RowWiseTorchFP8ScaledMMLinearKernel``
 (scaled_mm/pytorch.py) calls ``gemv_fp8`` for at most ``FP8_GEMV_MAX_M`` rows; above them the
-vendor GEMM runs. NVIDIA only: on ROCm neither path selects it (the rowwise FP8 kernel is
-CUDA-only, and the bf16 dispatch asks ``current_platform.is_cuda()``); the kernel itself reads
-any FP8 flavour Triton loads, e4m3fnuz included, but it is not validated on ROCm.
+vendor GEMM runs. The LM head (``ParallelLMHead.compute_logits``) keeps its own F.linear: cuBLAS
+already reads it at 96-100% of copy. NVIDIA only: on ROCm neither path selects it (the rowwise
+FP8 kernel is CUDA-only, and the bf16 dispatch asks ``current_platform.is_cuda()``); the kernel
+itself reads any FP8 flavour Triton loads, e4m3fnuz included, but is not validated on ROCm.
 
 Launches are static-shape and never read tensor values on the host: CUDA-graph capturable.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache, lru_cache
 
 import torch
@@ -144,9 +145,10 @@ if triton is not None:
                 x_rows = x_ptr + tl.where(m_ok, m, 0).to(tl.int64)[:, None] * stride_xm
                 x_mask = m_ok[:, None] if EVEN_K else m_ok[:, None] & (k < K)[None, :]
                 x = tl.load(x_rows + k[None, :], mask=x_mask, other=0.0)
-                # FP8 codes are exact in bf16; the products are exact and summed in fp32.
-                dot_dtype = tl.float16 if w.dtype == tl.float16 else tl.bfloat16
-                acc += tl.dot(w.to(dot_dtype), tl.trans(x.to(dot_dtype)))
+                if w.dtype.is_fp8():  # e4m3 codes are exact in bf16, products exact in fp32
+                    w = w.to(tl.bfloat16)
+                    x = x.to(tl.bfloat16)
+                acc += tl.dot(w, tl.trans(x))
             else:
                 # One row at a time: the weight tile is converted once and stays in registers,
                 # and no [BLOCK_M, BLOCK_N, BLOCK_K] product is ever live.
@@ -210,7 +212,7 @@ class GemvConfig:
     num_warps: int = 4
     split_k: int = 1
     use_dot: bool = False
-    num_stages: int = 1
+    num_stages: int = 3  # Triton's CUDA default, which the routed-experts GEMV ran at
 
     def check(self) -> None:
         """ValueError unless the config can be launched."""
@@ -295,8 +297,7 @@ def _launch(
     k_per_split = _cdiv(_cdiv(k, config.split_k), config.block_k) * config.block_k
     split_k = _cdiv(k, k_per_split)
     if split_k != config.split_k:
-        config = GemvConfig(config.block_n, config.block_k, config.num_warps, split_k,
-                            config.use_dot, config.num_stages)  # fmt: skip
+        config = replace(config, split_k=split_k)
     has_scales = x_scale is not None
     even_k = k % config.block_k == 0 and k_per_split * split_k == k
     main, reduce = _launch_specs(config, block_m, has_scales, bias is not None, even_k)
