@@ -101,6 +101,9 @@ _COUNTED_KERNELS = {
         "_moe_block_layout_kernel", "_moe_grouped_gate_up_kernel", "_moe_grouped_down_kernel",
         "_moe_weighted_sum_kernel",
     ),
+    "vllm.model_executor.kernels.linear.gemv": (
+        "_gemv_kernel", "_gemv_split_reduce_kernel",
+    ),
 }  # fmt: skip
 
 

@@ -1,13 +1,13 @@
-"""Correct fp32 -> fp8 and fp32 -> bf16 rounding and bf16 `tl.dot` for Triton's CPU interpreter,
-for pytest and spawned workers.
+"""Correct fp32 -> fp8 and fp32 -> bf16 rounding for Triton's CPU interpreter, for pytest and
+spawned workers.
 
 Triton's interpreter (``TRITON_INTERPRET=1``) converts fp32 to fp8 wrongly: ties round away from
 zero and a rounding carry into the exponent is dropped, so 127.97 becomes 64 (triton PR #11897).
 It truncates fp32 to bf16 (``x.to(tl.bfloat16)`` and stores of fp32 into bf16), where GPUs round
-to nearest even: half of all values land one bf16 ulp toward zero (Triton 3.9).
-Its `tl.dot` multiplies bf16 operands as their raw uint16 bit patterns (Triton 3.9), so every
-bf16 dot comes out as garbage; GPUs multiply the bf16 values exactly and accumulate in fp32.
-``install()`` routes those conversions through torch's correctly rounded cast, so the kernels are
+to nearest even: half of all values land one bf16 ulp toward zero (Triton 3.9). And its
+``tl.dot`` multiplies bf16 operands as their raw 16-bit patterns (it stores bf16 as uint16).
+``install()`` routes those conversions through torch's correctly rounded cast and widens bf16
+dot operands to fp32 (exact) first, so the kernels are
 checked against the true rounding rather than a widened tolerance. The test session installs
 it (tests/conftest.py) and so do the gloo TP workers (tests/gloo_tp2.py), which are fresh
 processes that do not inherit the parent's patch.
@@ -20,8 +20,7 @@ import torch
 
 
 def install() -> Callable[[], None]:
-    """Patch the interpreter's float conversion and bf16 dot; returns a function that restores
-    them."""
+    """Patch the interpreter's float conversion; returns a function that restores it."""
     import triton.language as tl
     from triton.runtime import interpreter
 
@@ -44,15 +43,14 @@ def install() -> Callable[[], None]:
     builder = interpreter.InterpreterBuilder
     original_dot = builder.create_dot
 
-    def widened(handle):
-        # bf16 is the top half of fp32: shifting the bits up gives the exact fp32 value.
-        bits = np.ascontiguousarray(handle.data).astype(np.uint32) << 16
-        return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
-
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        if a.dtype == tl.bfloat16 and b.dtype == tl.bfloat16:
-            a, b = widened(a), widened(b)
-        return original_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+        def widened(x):
+            if x.dtype.scalar != tl.bfloat16:
+                return x
+            bits = x.data.astype(np.uint32) << 16  # bf16 is the top half of an fp32
+            return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
+
+        return original_dot(self, widened(a), widened(b), d, input_precision, max_num_imprecise_acc)
 
     builder.create_dot = create_dot
 

@@ -49,3 +49,45 @@ def test_all_reduce_dry_run(tmp_path: Path) -> None:
     lines = out.read_text().splitlines()
     assert lines[0] == "tokens,bytes,eager_us,graph_us" and len(lines) == 3
     assert lines[1].startswith("1,16,")
+
+
+def test_gemv_dry_run_with_a_config_sweep(triton_launches, tmp_path: Path) -> None:
+    import json
+
+    import benchmark_gemv
+
+    out = tmp_path / "gemv.json"
+    argv = ["--dry-run", "--m", "1", "--configs", "default", "8,32,4,2", "16,32,4,1,2,dot",
+            "--out", str(out)]  # fmt: skip
+    assert benchmark_gemv.main(argv) == 0
+    record = json.loads(out.read_text())
+    labels = [(r["dtype"], r["config"]) for r in record["rows"]]
+    configs = ["vendor", "default", "8,32,4,2", "16,32,4,1,2,dot"]
+    assert labels == [(d, c) for d in ("bf16", "fp8") for c in configs]
+    assert all(r["us"] > 0 for r in record["rows"])
+    # The interpreted kernels ran (not the reference), split-K's reduction included.
+    assert triton_launches["_gemv_kernel"] > 0
+    assert triton_launches["_gemv_split_reduce_kernel"] > 0
+
+
+def test_gemv_suggested_threshold_follows_the_crossover() -> None:
+    import benchmark_gemv
+
+    def row(shape, m, path, us):
+        return dict(dtype="fp8", shape=shape, m=m, path=path, us=us)
+
+    rows = [row("a", 1, "vendor", 5), row("a", 1, "gemv", 3), row("b", 1, "vendor", 5),
+            row("b", 1, "gemv", 4), row("a", 4, "vendor", 5), row("a", 4, "gemv", 4),
+            row("b", 4, "vendor", 5), row("b", 4, "gemv", 6), row("a", 8, "vendor", 9),
+            row("a", 8, "gemv", 1), row("b", 8, "vendor", 9), row("b", 8, "gemv", 1)]  # fmt: skip
+    assert benchmark_gemv.suggest_max_m(rows, "fp8") == 1  # shape b loses at M = 4
+    assert benchmark_gemv.suggest_max_m(rows, "bf16") is None
+
+
+def test_gemv_bad_config_is_a_usage_error() -> None:
+    import benchmark_gemv
+
+    with pytest.raises(SystemExit):
+        benchmark_gemv.main(["--dry-run", "--configs", "6,32,4"])
+    with pytest.raises(SystemExit):
+        benchmark_gemv.main(["--dry-run", "--configs", "8,32,4,1,1,dot"])

@@ -1,0 +1,347 @@
+"""The small-M GEMV kernels (bf16 and PTPC FP8) against exact fp64 products, their dispatch from
+the linear layers, argument errors, and on a GPU: Kimi-Linear's shapes and CUDA-graph replay.
+
+Every comparison uses one bound, from the numerics of vllm/model_executor/kernels/linear/gemv.py:
+the kernel sums exact fp32 products in fp32 (K terms: at most about K * 2^-24 * sum |x w| off the
+exact sum, plus one fp32 rounding per epilogue step: scales, bias) and rounds once to the output
+dtype (at most 2^-8 relative for bf16's 8-bit significand). So
+
+    |out - exact| <= 2^-8 |exact| + (K + 3) * 2^-23 * (sum_k |x_k w_k| (* scales) + |bias|)
+
+with the factor 2 in 2^-23 covering the first-order terms' products. A wrong scale, a dropped bias,
+a missed K chunk or row breaks it by orders of magnitude.
+"""
+
+import pytest
+import torch
+
+from vllm.model_executor.kernels.linear import gemv as gemv_op
+from vllm.model_executor.kernels.linear.gemv import (
+    GemvConfig,
+    gemv,
+    gemv_fp8,
+    gemv_fp8_ref,
+    gemv_ref,
+)
+from vllm.model_executor.kernels.linear.scaled_mm.pytorch import (
+    RowWiseTorchFP8ScaledMMLinearKernel,
+    dequantized_matmul,
+)
+from vllm.model_executor.kernels.linear.scaled_mm.ScaledMMLinearKernel import (
+    FP8ScaledMMLinearLayerConfig,
+)
+from vllm.model_executor.layers.linear import ReplicatedLinear
+from vllm.model_executor.layers.quantization.utils.quant_utils import (
+    kFp8DynamicTokenSym,
+    kFp8StaticChannelSym,
+)
+from vllm.platforms import current_platform
+
+HAS_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_GPU else "cpu"
+FP8 = current_platform.fp8_dtype()
+
+# Interpreter configs: the default, a tail in N and K, split-K (with an uneven last split), dot.
+CPU_CONFIGS = {
+    "default": None,
+    "split": GemvConfig(block_n=8, block_k=32, split_k=3),
+    "dot": GemvConfig(block_n=16, block_k=64, use_dot=True),
+}
+
+
+def bf16_case(m: int, n: int, k: int, device: str, seed: int, bias: bool = True):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(m, k, generator=gen, device=device).to(torch.bfloat16)
+    w = (torch.randn(n, k, generator=gen, device=device) * k**-0.5).to(torch.bfloat16)
+    b = torch.randn(n, generator=gen, device=device).to(torch.bfloat16) if bias else None
+    return x, w, b
+
+
+def fp8_case(m: int, n: int, k: int, device: str, seed: int, bias: bool = False):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    fp8_max = current_platform.fp8_max()
+    # Codes over the whole e4m3 range (subnormals to fp8_max), scales of a few decades.
+    a = (torch.randn(m, k, generator=gen, device=device) * fp8_max / 4).clamp(-fp8_max, fp8_max)
+    w = (torch.randn(n, k, generator=gen, device=device) * fp8_max / 4).clamp(-fp8_max, fp8_max)
+    a_scale = torch.rand(m, 1, generator=gen, device=device) * 1e-2 + 1e-4
+    w_scale = torch.rand(n, 1, generator=gen, device=device) * 1e-3 + 1e-5
+    b = torch.randn(n, generator=gen, device=device).to(torch.bfloat16) if bias else None
+    return a.to(FP8), a_scale, w.to(FP8), w_scale, b
+
+
+def assert_within_bound(out, x, w, bias=None, x_scale=None, w_scale=None):
+    """``out`` against the exact fp64 result, by the module docstring's bound."""
+    xd, wd = x.double(), w.double()
+    exact, size = xd @ wd.t(), xd.abs() @ wd.abs().t()
+    if x_scale is not None:
+        scale = x_scale.double().reshape(-1, 1) * w_scale.double().reshape(1, -1)
+        exact, size = exact * scale, size * scale
+    if bias is not None:
+        exact, size = exact + bias.double(), size + bias.double().abs()
+    bound = 2**-8 * exact.abs() + (x.shape[1] + 3) * 2**-23 * size
+    err = (out.double() - exact).abs()
+    assert out.shape == exact.shape
+    assert (err <= bound).all(), f"max excess {(err - bound).max().item():.3g}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels under the interpreter (CPU) or on the GPU: small shapes, tails in N and K
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("config", list(CPU_CONFIGS))
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_bf16_gemv_matches_exact(triton_launches, config, m):
+    x, w, b = bf16_case(m, 37, 200, DEVICE, seed=m)
+    out = gemv(x, w, b, config=CPU_CONFIGS[config])
+    assert out.dtype == torch.bfloat16
+    assert_within_bound(out, x, w, b)
+    assert triton_launches["_gemv_kernel"] == 1
+    assert triton_launches["_gemv_split_reduce_kernel"] == (config == "split")
+
+
+@pytest.mark.parametrize("config", list(CPU_CONFIGS))
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_fp8_gemv_matches_exact(triton_launches, config, m):
+    a, a_scale, w, w_scale, b = fp8_case(m, 37, 200, DEVICE, seed=10 + m, bias=m == 3)
+    out = gemv_fp8(a, a_scale, w, w_scale, b, config=CPU_CONFIGS[config])
+    assert out.dtype == torch.bfloat16
+    assert_within_bound(out, a, w, b, a_scale, w_scale)
+    assert triton_launches["_gemv_kernel"] == 1
+
+
+def test_more_rows_than_a_block_and_fp16(triton_launches):
+    # M = 17: a second M block; fp16 weights; no bias.
+    x, w, _ = bf16_case(17, 9, 64, DEVICE, seed=3, bias=False)
+    x, w = x.half(), w.half()
+    out = gemv(x, w)
+    assert out.dtype == torch.float16
+    assert_within_bound(out, x, w)
+    assert triton_launches["_gemv_kernel"] == 1
+
+
+def test_strided_rows_and_transposed_fp8_view(triton_launches):
+    # x rows with padding between them; the weight as the FP8 layers hold it, a [K, N] view.
+    a, a_scale, w, w_scale, _ = fp8_case(2, 24, 96, DEVICE, seed=4)
+    padded = torch.zeros(2, 128, dtype=torch.uint8, device=DEVICE).view(FP8)
+    padded[:, :96] = a
+    b_view = w.t()
+    out = gemv_fp8(padded[:, :96], a_scale, b_view.t(), w_scale.reshape(1, -1))
+    assert torch.equal(out, gemv_fp8(a, a_scale, w, w_scale))
+    assert_within_bound(out, a, w, None, a_scale, w_scale)
+
+
+def test_fp8_reference_is_dequantized_matmul():
+    a, a_scale, w, w_scale, b = fp8_case(5, 16, 64, "cpu", seed=5, bias=True)
+    ref = gemv_fp8_ref(a, a_scale, w, w_scale, b)
+    assert torch.equal(ref, dequantized_matmul(a, w.t(), torch.bfloat16, a_scale, w_scale, b))
+
+
+def test_cpu_without_interpreter_runs_the_references(monkeypatch, triton_launches):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    x, w, b = bf16_case(3, 12, 40, "cpu", seed=6)
+    assert torch.equal(gemv(x, w, b), gemv_ref(x, w, b))
+    a, a_scale, wq, w_scale, _ = fp8_case(3, 12, 40, "cpu", seed=7)
+    assert torch.equal(gemv_fp8(a, a_scale, wq, w_scale), gemv_fp8_ref(a, a_scale, wq, w_scale))
+    assert triton_launches["_gemv_kernel"] == 0
+
+
+def test_empty_inputs(triton_launches):
+    x, w, b = bf16_case(1, 5, 8, DEVICE, seed=8)
+    assert gemv(x[:0], w).shape == (0, 5)
+    no_k = gemv(x[:, :0], w[:, :0], b)  # K = 0: the bias alone
+    assert torch.equal(no_k, b.expand(1, 5))
+    assert triton_launches["_gemv_kernel"] == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument errors
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda x, w, b: (x[0], w, b), r"x must be \[M, K\]"),
+        (lambda x, w, b: (x, w[:, :8], b), r"x must be \[M, K\]"),
+        (lambda x, w, b: (x.float(), w.float(), b), "share one dtype"),
+        (lambda x, w, b: (x, w.half(), b), "share one dtype"),
+        (lambda x, w, b: (x, w.t().contiguous().t(), b), "unit stride on K"),
+        (lambda x, w, b: (x, w, b[:3]), r"bias must be a contiguous \[5\]"),
+        (lambda x, w, b: (x, w, b.half()), "bias must be torch.bfloat16"),
+    ],
+)
+def test_bf16_argument_errors(change, message):
+    x, w, b = bf16_case(2, 5, 16, "cpu", seed=9)
+    with pytest.raises(ValueError, match=message):
+        gemv(*change(x, w, b))
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda a, s, w, t: (a, s, w.to(torch.bfloat16), t), "share one dtype"),
+        (lambda a, s, w, t: (a, s[:1], w, t), "a_scale must hold 2 contiguous float32"),
+        (lambda a, s, w, t: (a, s.double(), w, t), "a_scale must hold 2"),
+        (lambda a, s, w, t: (a, s, w, t[:4]), "w_scale must hold 5"),
+        (lambda a, s, w, t: (a, s, w, t.repeat(1, 2)[:, 1]), "w_scale must hold 5"),
+    ],
+)
+def test_fp8_argument_errors(change, message):
+    a, a_scale, w, w_scale, _ = fp8_case(2, 5, 16, "cpu", seed=11)
+    with pytest.raises(ValueError, match=message):
+        gemv_fp8(*change(a, a_scale, w, w_scale))
+
+
+def test_fp8_out_dtype_and_config_errors():
+    a, a_scale, w, w_scale, _ = fp8_case(2, 5, 16, "cpu", seed=12)
+    with pytest.raises(ValueError, match="out_dtype must be one of"):
+        gemv_fp8(a, a_scale, w, w_scale, out_dtype=FP8)
+    x, wb, _ = bf16_case(2, 5, 16, DEVICE, seed=13)
+    for config, message in [
+        (GemvConfig(block_n=6, block_k=32), "block_n must be a positive power of two"),
+        (GemvConfig(block_n=8, block_k=32, split_k=0), "split_k and num_stages must be >= 1"),
+        (GemvConfig(block_n=8, block_k=32, use_dot=True), "use_dot needs block_n"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            gemv(x, wb, config=config)
+
+
+def test_default_config_fills_the_gpu():
+    for m, n, k in [(1, 2304, 4096), (16, 1024, 2304), (1, 163840, 2304)]:
+        config = gemv_op.default_config(m, n, k, 2)
+        config.check()
+        assert config.block_k * config.block_n * 2 <= 2 * gemv_op._TILE_BYTES
+        assert config.split_k == 1 or k >= 2 * config.split_k * config.block_k
+
+
+# ---------------------------------------------------------------------------------------------
+# Dispatch from the layers
+# ---------------------------------------------------------------------------------------------
+
+
+def bf16_layer(k: int, n: int, device: str, bias: bool = True) -> ReplicatedLinear:
+    layer = ReplicatedLinear(k, n, bias=bias, params_dtype=torch.bfloat16)
+    _, w, b = bf16_case(1, n, k, "cpu", seed=14, bias=True)
+    layer.weight_loader(layer.weight, w)
+    if bias:
+        layer.weight_loader(layer.bias, b)
+    return layer.to(device)
+
+
+def test_cpu_layer_uses_f_linear(triton_launches):
+    layer = bf16_layer(64, 24, "cpu")
+    x = bf16_case(3, 1, 64, "cpu", seed=15)[0].reshape(3, 1, 64)
+    out = layer(x)[0]
+    assert torch.equal(out, torch.nn.functional.linear(x, layer.weight, layer.bias))
+    assert triton_launches["_gemv_kernel"] == 0
+    assert not gemv_op.use_bf16_gemv(x, layer.weight)
+
+
+def rowwise_kernel(w: torch.Tensor) -> RowWiseTorchFP8ScaledMMLinearKernel:
+    config = FP8ScaledMMLinearLayerConfig(
+        kFp8DynamicTokenSym, kFp8StaticChannelSym, tuple(w.shape), torch.bfloat16, torch.bfloat16
+    )
+    return RowWiseTorchFP8ScaledMMLinearKernel(config)
+
+
+def test_cpu_rowwise_fp8_kernel_uses_the_reference(triton_launches):
+    a, a_scale, w, w_scale, _ = fp8_case(2, 16, 32, "cpu", seed=16)
+    out = rowwise_kernel(w).apply_scaled_mm(a, w.t(), torch.bfloat16, a_scale, w_scale, None)
+    assert torch.equal(out, dequantized_matmul(a, w.t(), torch.bfloat16, a_scale, w_scale, None))
+    assert triton_launches["_gemv_kernel"] == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, gemv_op.BF16_GEMV_MAX_M, gemv_op.BF16_GEMV_MAX_M + 1])
+def test_gpu_bf16_layer_dispatch_by_m(triton_launches, m):
+    layer = bf16_layer(256, 96, "cuda")
+    x = bf16_case(m, 1, 256, "cuda", seed=17)[0].reshape(m, 1, 256)
+    out = layer(x)[0]
+    assert out.shape == (m, 1, 96)
+    assert triton_launches["_gemv_kernel"] == (m <= gemv_op.BF16_GEMV_MAX_M)
+    assert_within_bound(out.reshape(m, 96), x.reshape(m, 256), layer.weight, layer.bias)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, gemv_op.FP8_GEMV_MAX_M, gemv_op.FP8_GEMV_MAX_M + 1])
+def test_gpu_rowwise_fp8_dispatch_by_m(triton_launches, m):
+    if not RowWiseTorchFP8ScaledMMLinearKernel.is_supported()[0]:
+        pytest.skip("rowwise _scaled_mm needs sm_89+")
+    a, a_scale, w, w_scale, _ = fp8_case(m, 256, 512, "cuda", seed=18)
+    out = rowwise_kernel(w).apply_scaled_mm(a, w.t(), torch.bfloat16, a_scale, w_scale, None)
+    assert triton_launches["_gemv_kernel"] == (m <= gemv_op.FP8_GEMV_MAX_M)
+    assert_within_bound(out, a, w, None, a_scale, w_scale)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: Kimi-Linear shapes, every kernel variant, CUDA graphs
+# ---------------------------------------------------------------------------------------------
+
+# (K, N): o_proj, q/k/v-sized, shared-expert down and gate/up, LM head.
+KIMI_SHAPES = [(4096, 2304), (2304, 12448), (2304, 1024), (1024, 2304), (2304, 163840)]
+GPU_CONFIGS = [
+    None,
+    GemvConfig(block_n=8, block_k=256, split_k=4, num_stages=1),
+    GemvConfig(block_n=16, block_k=256, use_dot=True, num_stages=3),
+    GemvConfig(block_n=64, block_k=128, num_warps=4, use_dot=True, num_stages=3),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 4, 16])
+@pytest.mark.parametrize("shape", KIMI_SHAPES, ids=lambda s: f"{s[0]}to{s[1]}")
+def test_gpu_bf16_kimi_shapes(m, shape):
+    k, n = shape
+    x, w, b = bf16_case(m, n, k, "cuda", seed=m + k, bias=m == 4)
+    assert_within_bound(gemv(x, w, b), x, w, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 4, 16])
+@pytest.mark.parametrize("shape", KIMI_SHAPES[:4], ids=lambda s: f"{s[0]}to{s[1]}")
+def test_gpu_fp8_kimi_shapes(m, shape):
+    k, n = shape
+    a, a_scale, w, w_scale, b = fp8_case(m, n, k, "cuda", seed=m + n, bias=m == 4)
+    assert_within_bound(gemv_fp8(a, a_scale, w, w_scale, b), a, w, b, a_scale, w_scale)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", range(len(GPU_CONFIGS)))
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_gpu_every_variant_compiles_and_is_exact(m, config):
+    # o_proj (4096 -> 2304) in FP8 and bf16 at each variant of the benchmark's sweep.
+    cfg = GPU_CONFIGS[config]
+    a, a_scale, w, w_scale, _ = fp8_case(m, 2304, 4096, "cuda", seed=m)
+    assert_within_bound(gemv_fp8(a, a_scale, w, w_scale, config=cfg), a, w, None, a_scale, w_scale)
+    x, wb, b = bf16_case(m, 2304, 4096, "cuda", seed=m)
+    assert_within_bound(gemv(x, wb, b, config=cfg), x, wb, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [0, 1])
+def test_gpu_cuda_graph_replay_equals_eager(config):
+    cfg = GPU_CONFIGS[config]
+    x, w, b = bf16_case(4, 2304, 4096, "cuda", seed=19)
+    a, a_scale, wq, w_scale, _ = fp8_case(4, 2304, 4096, "cuda", seed=20)
+
+    def step():
+        return gemv(x, w, b, config=cfg), gemv_fp8(a, a_scale, wq, w_scale, config=cfg)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    # New inputs in the captured buffers: the replay must read them, not the capture's values.
+    gen = torch.Generator(device="cuda").manual_seed(21)
+    x.copy_(torch.randn(x.shape, generator=gen, device="cuda"))
+    a.copy_(fp8_case(4, 1, 4096, "cuda", seed=22)[0])
+    eager = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured[0], eager[0])  # deterministic: bit for bit
+    assert torch.equal(captured[1], eager[1])

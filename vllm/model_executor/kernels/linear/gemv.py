@@ -1,0 +1,469 @@
+"""Dense linears at decode sizes: a GEMV-style Triton kernel that streams the weight once, for
+bf16 / fp16 weights and for PTPC FP8 (per-token activation scale, per-channel weight scale).
+
+At M <= 16 rows a dense linear is a read of its weight: the vendor GEMMs tile for the tensor
+cores and leave most of the HBM bandwidth unused at these sizes (cuBLAS bf16 ~40% of copy on
+Kimi-Linear's shapes at M = 1, rowwise `torch._scaled_mm` ~17%). Here every program owns BLOCK_N
+output channels and walks K in chunks of BLOCK_K, so each weight byte is loaded exactly once, as
+wide vector loads along the contiguous K, while the few activation rows come from L1 / L2.
+
+Ops (each with its torch reference beside it; CPU tensors use the reference unless
+``TRITON_INTERPRET=1``):
+
+``gemv(x, weight, bias=None)``
+    ``x`` ``[M, K]`` bf16 / fp16, ``weight`` ``[N, K]`` in x's dtype, ``bias`` ``[N]`` in x's dtype
+    or None; returns ``[M, N]`` in x's dtype. Reference: ``gemv_ref`` (``F.linear`` in fp32).
+``gemv_fp8(a, a_scale, weight, w_scale, bias=None, out_dtype=torch.bfloat16)``
+    ``a`` ``[M, K]`` FP8 codes (the platform's FP8 dtype), ``a_scale`` ``[M, 1]`` (or ``[M]``) fp32,
+    ``weight`` ``[N, K]`` FP8 codes of a's dtype, ``w_scale`` ``[N, 1]`` (or ``[N]`` / ``[1, N]``)
+    fp32, ``bias`` ``[N]`` or None; returns ``[M, N]`` in ``out_dtype`` (bf16 / fp16 / fp32).
+    Reference: ``gemv_fp8_ref`` (what ``dequantized_matmul`` in scaled_mm/pytorch.py computes).
+
+Strides: unit stride on the last dim of ``x`` / ``a`` and ``weight`` (any row stride), so the K
+loads vectorize; ``weight`` may be the ``[N, K]`` transpose of the ``[K, N]`` view that the FP8
+layers hold. Scales and bias: contiguous tensors of M (a_scale) or N elements.
+
+Numerics: every product is exact in fp32 (bf16 x bf16 and e4m3 x e4m3 fit in 24 bits); sums in
+fp32, in an order that differs from the references' (K chunks, then a tree within a chunk; with
+SPLIT_K the per-split sums are added in split order). The epilogue then does what the references
+do, in the same order: ``((acc * a_scale[m]) * w_scale[n] + bias[n])`` in fp32, one rounding to
+the output dtype. Kernel and reference therefore differ only by fp32 accumulation order (at most
+about K * 2^-24 * sum_k |x_k w_k|) before the shared final rounding. Deterministic: no atomics;
+a split-K launch writes fp32 partials that a second kernel sums in a fixed order.
+
+Launch shape (``GemvConfig``, ``default_config``): grid (M blocks, N blocks, SPLIT_K) with the M
+blocks of one N block adjacent in launch order, so that M > BLOCK_M re-reads a weight tile from
+L2. The defaults aim at tens of KB of weight loads in flight per SM, the amount HBM latency
+needs on an H200 (132 SMs): a [BLOCK_N, BLOCK_K] tile of about 8 KB per step (BLOCK_K 256-1024
+at BLOCK_N 4-16), 4 warps, Triton's default 3 pipeline stages; BLOCK_N grows with M so that the
+activation rows each program re-reads from L2 (M * BLOCK_K per step) stay within a small
+multiple of the weight tile, and SPLIT_K > 1 only when the N blocks alone give fewer than two
+programs per SM. ``USE_DOT`` swaps the broadcast-multiply-and-sum for ``tl.dot`` (weight as the
+wide operand, M padded to 16): a variant for the benchmark's sweep, chosen by no default. These
+are starting points measured by ``benchmarks/kernels/benchmark_gemv.py --configs``.
+
+Dispatch into the layers (thresholds are module constants, tuned from that benchmark):
+``UnquantizedLinearMethod`` (vllm/model_executor/layers/linear.py) calls ``gemv`` for CUDA
+bf16 / fp16 inputs of at most ``BF16_GEMV_MAX_M`` rows, and ``RowWiseTorchFP8ScaledMMLinearKernel``
+(scaled_mm/pytorch.py) calls ``gemv_fp8`` for at most ``FP8_GEMV_MAX_M`` rows; above them the
+vendor GEMM runs. The LM head (``ParallelLMHead.compute_logits``) keeps its own F.linear: cuBLAS
+already reads it at 96-100% of copy. NVIDIA only: on ROCm neither path selects it (the rowwise
+FP8 kernel is CUDA-only, and the bf16 dispatch asks ``current_platform.is_cuda()``); the kernel
+itself reads any FP8 flavour Triton loads, e4m3fnuz included, but is not validated on ROCm.
+
+Launches are static-shape and never read tensor values on the host: CUDA-graph capturable.
+"""
+
+from dataclasses import dataclass, replace
+from functools import cache, lru_cache
+
+import torch
+import torch.nn.functional as F
+
+from vllm.platforms import current_platform, supported_fp8_dtypes
+from vllm.triton_utils import next_power_of_2, use_triton
+from vllm.triton_utils.launch import LaunchSpec, launch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs without Triton use the torch references
+    triton = None
+
+__all__ = [
+    "BF16_GEMV_MAX_M",
+    "FP8_GEMV_MAX_M",
+    "GemvConfig",
+    "default_config",
+    "gemv",
+    "gemv_fp8",
+    "gemv_fp8_ref",
+    "gemv_ref",
+    "use_bf16_gemv",
+]
+
+# Largest M (rows of the flattened input) that the layers send to the Triton GEMV; above it the
+# vendor GEMM (F.linear / rowwise torch._scaled_mm) runs. Starting points from the design target
+# (M = 1..16); benchmarks/kernels/benchmark_gemv.py measures where the crossover really is.
+BF16_GEMV_MAX_M = 16
+FP8_GEMV_MAX_M = 16
+
+_FLOAT_DTYPES = (torch.bfloat16, torch.float16)
+_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_MAX_BLOCK_M = 16  # rows per program; larger M takes more M blocks (the weight then from L2)
+_TILE_BYTES = 8192  # weight bytes per [BLOCK_N, BLOCK_K] step of the default configs
+_REDUCE_BLOCK = 1024  # outputs per program of the split-K reduction
+
+
+# --------------------------------------------------------------------------------------------
+# Triton kernels
+# --------------------------------------------------------------------------------------------
+
+if triton is not None:
+
+    @triton.jit
+    def _gemv_epilogue(
+        acc, m, n, m_ok, n_ok, out_ptr, x_scale_ptr, w_scale_ptr, bias_ptr, stride_om,
+        HAS_SCALES: tl.constexpr, HAS_BIAS: tl.constexpr,
+    ):  # fmt: skip
+        """Store ``((acc * x_scale[m]) * w_scale[n] + bias[n])`` of an fp32 ``[BLOCK_N, BLOCK_M]``
+        tile at ``out[m, n]``, rounded once to out's dtype (the references' order)."""
+        if HAS_SCALES:
+            acc = acc * tl.load(x_scale_ptr + m, mask=m_ok, other=0.0)[None, :]
+            acc = acc * tl.load(w_scale_ptr + n, mask=n_ok, other=0.0)[:, None]
+        if HAS_BIAS:
+            acc = acc + tl.load(bias_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        out = out_ptr + m.to(tl.int64)[None, :] * stride_om + n[:, None]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
+
+    @triton.jit
+    def _gemv_kernel(
+        x_ptr, w_ptr, out_ptr, x_scale_ptr, w_scale_ptr, bias_ptr,
+        M, N, K, stride_xm, stride_wn, stride_om, k_per_split,
+        HAS_SCALES: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
+        EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr,
+    ):  # fmt: skip
+        # Program (M block, N block, K split). PARTIAL: write fp32 sums to out_ptr's
+        # [SPLIT_K, M, N] buffer for _gemv_split_reduce_kernel instead of the epilogue.
+        m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_ok = m < M
+        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = n < N
+        k_lo = tl.program_id(2) * k_per_split
+        kk = tl.arange(0, BLOCK_K)
+        # Padded rows and channels address row 0 under a false mask: no address leaves a tensor.
+        w_rows = w_ptr + tl.where(n_ok, n, 0).to(tl.int64)[:, None] * stride_wn
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
+            k = k0 + kk
+            if EVEN_K:
+                w = tl.load(w_rows + k[None, :], mask=n_ok[:, None], other=0.0)
+            else:
+                w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & (k < K)[None, :], other=0.0)
+            if USE_DOT:
+                x_rows = x_ptr + tl.where(m_ok, m, 0).to(tl.int64)[:, None] * stride_xm
+                x_mask = m_ok[:, None] if EVEN_K else m_ok[:, None] & (k < K)[None, :]
+                x = tl.load(x_rows + k[None, :], mask=x_mask, other=0.0)
+                if w.dtype.is_fp8():  # e4m3 codes are exact in bf16, products exact in fp32
+                    w = w.to(tl.bfloat16)
+                    x = x.to(tl.bfloat16)
+                acc += tl.dot(w, tl.trans(x))
+            else:
+                # One row at a time: the weight tile is converted once and stays in registers,
+                # and no [BLOCK_M, BLOCK_N, BLOCK_K] product is ever live.
+                wf = w.to(tl.float32)
+                cols = tl.arange(0, BLOCK_M)[None, :]
+                for i in tl.static_range(BLOCK_M):
+                    row = tl.program_id(0) * BLOCK_M + i
+                    x_row = x_ptr + tl.where(row < M, row, 0).to(tl.int64) * stride_xm
+                    row_ok = kk * 0 + row < M  # a block (the interpreter takes no scalar mask)
+                    x_ok = row_ok if EVEN_K else row_ok & (k < K)
+                    xi = tl.load(x_row + k, mask=x_ok, other=0.0).to(tl.float32)
+                    part = tl.sum(wf * xi[None, :], axis=1)
+                    acc = tl.where(cols == i, acc + part[:, None], acc)
+        if PARTIAL:
+            part_ptr = out_ptr + tl.program_id(2).to(tl.int64) * M * N
+            out = part_ptr + m.to(tl.int64)[None, :] * N + n[:, None]
+            tl.store(out, acc, mask=n_ok[:, None] & m_ok[None, :])
+        else:
+            _gemv_epilogue(
+                acc, m, n, m_ok, n_ok, out_ptr, x_scale_ptr, w_scale_ptr, bias_ptr, stride_om,
+                HAS_SCALES, HAS_BIAS,
+            )  # fmt: skip
+
+    @triton.jit
+    def _gemv_split_reduce_kernel(
+        part_ptr, out_ptr, x_scale_ptr, w_scale_ptr, bias_ptr, M, N, stride_om,
+        SPLIT_K: tl.constexpr, HAS_SCALES: tl.constexpr, HAS_BIAS: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):  # fmt: skip
+        # Sums the SPLIT_K fp32 partials of BLOCK outputs in split order (deterministic).
+        idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        ok = idx < M * N
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for s in tl.static_range(SPLIT_K):
+            acc += tl.load(part_ptr + s * M * N + idx, mask=ok, other=0.0)
+        m = idx // N
+        n = idx % N
+        if HAS_SCALES:
+            acc = acc * tl.load(x_scale_ptr + m, mask=ok, other=0.0)
+            acc = acc * tl.load(w_scale_ptr + n, mask=ok, other=0.0)
+        if HAS_BIAS:
+            acc = acc + tl.load(bias_ptr + n, mask=ok, other=0.0).to(tl.float32)
+        tl.store(
+            out_ptr + m.to(tl.int64) * stride_om + n, acc.to(out_ptr.dtype.element_ty), mask=ok
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Launch configuration
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """One launch shape: output channels per program, K chunk per step, warps, K splits
+    (1: no second kernel), ``tl.dot`` instead of multiply-and-sum, software-pipeline stages.
+    Powers of two except ``split_k`` and ``num_stages``."""
+
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    split_k: int = 1
+    use_dot: bool = False
+    num_stages: int = 3  # Triton's CUDA default, which the routed-experts GEMV ran at
+
+    def check(self) -> None:
+        """ValueError unless the config can be launched."""
+        for name in ("block_n", "block_k", "num_warps"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"{name} must be a positive power of two, got {value}")
+        if self.split_k < 1 or self.num_stages < 1:
+            raise ValueError(
+                f"split_k and num_stages must be >= 1, got {self.split_k}, {self.num_stages}"
+            )
+        if self.use_dot and (self.block_n < 16 or self.block_k < 16):
+            raise ValueError(
+                f"use_dot needs block_n and block_k >= 16 (tl.dot's minimum), got "
+                f"{self.block_n}, {self.block_k}"
+            )
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@lru_cache(maxsize=1)
+def _num_sms() -> int:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).multi_processor_count
+    return 1
+
+
+@cache
+def default_config(m: int, n: int, k: int, weight_bytes: int) -> GemvConfig:
+    """The launch shape for ``[m, k] @ [n, k]^T`` with ``weight_bytes`` per weight element
+    (module docstring: ~8 KB weight tile per step, BLOCK_N grown with M, split-K only when the
+    N blocks give fewer than two programs per SM)."""
+    block_n = 4 if m <= 2 else 8 if m <= 8 else 16
+    block_k = max(64, min(1024, _TILE_BYTES // (block_n * weight_bytes), next_power_of_2(k)))
+    sms = _num_sms()
+    programs = _cdiv(n, block_n) * _cdiv(m, _MAX_BLOCK_M)
+    split_k = 1
+    # Each split keeps at least two K chunks, so the reduction never outweighs the weight read.
+    while programs * split_k < 2 * sms and k >= 4 * split_k * block_k:
+        split_k *= 2
+    return GemvConfig(block_n, block_k, num_warps=4, split_k=split_k)
+
+
+@cache
+def _launch_specs(
+    config: GemvConfig, block_m: int, has_scales: bool, has_bias: bool, even_k: bool
+) -> tuple[LaunchSpec, LaunchSpec | None]:
+    """Cached ``LaunchSpec`` s (they hold the compiled kernels) of the main and reduce kernels."""
+    main = LaunchSpec(
+        HAS_SCALES=has_scales, HAS_BIAS=has_bias, PARTIAL=config.split_k > 1, EVEN_K=even_k,
+        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        USE_DOT=config.use_dot, num_warps=config.num_warps, num_stages=config.num_stages,
+    )  # fmt: skip
+    if config.split_k == 1:
+        return main, None
+    reduce = LaunchSpec(
+        SPLIT_K=config.split_k, HAS_SCALES=has_scales, HAS_BIAS=has_bias, BLOCK=_REDUCE_BLOCK,
+        num_warps=4,
+    )  # fmt: skip
+    return main, reduce
+
+
+def _launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    out: torch.Tensor,
+    x_scale: torch.Tensor | None,
+    w_scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    config: GemvConfig | None,
+) -> None:
+    m, k = x.shape
+    n = weight.shape[0]
+    if config is None:
+        config = default_config(m, n, k, weight.element_size())
+    else:
+        config.check()
+    block_m = _MAX_BLOCK_M if config.use_dot else min(_MAX_BLOCK_M, next_power_of_2(m))
+    # Whole K chunks in every split: the split's last chunk ends on its boundary.
+    k_per_split = _cdiv(_cdiv(k, config.split_k), config.block_k) * config.block_k
+    split_k = _cdiv(k, k_per_split)
+    if split_k != config.split_k:
+        config = replace(config, split_k=split_k)
+    has_scales = x_scale is not None
+    even_k = k % config.block_k == 0 and k_per_split * split_k == k
+    main, reduce = _launch_specs(config, block_m, has_scales, bias is not None, even_k)
+    # Unused pointer arguments get `out`: a valid tensor the constexpr flags never let be read.
+    xs = x_scale if has_scales else out
+    ws = w_scale if has_scales else out
+    b = bias if bias is not None else out
+    target = out
+    if reduce is not None:
+        target = torch.empty(split_k, m, n, dtype=torch.float32, device=out.device)
+    grid = (_cdiv(m, block_m), _cdiv(n, config.block_n), split_k)
+    launch(
+        _gemv_kernel, grid,
+        (x, weight, target, xs, ws, b, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
+         k_per_split),
+        main,
+    )  # fmt: skip
+    if reduce is not None:
+        launch(
+            _gemv_split_reduce_kernel, (_cdiv(m * n, _REDUCE_BLOCK), 1, 1),
+            (target, out, xs, ws, b, m, n, out.stride(0)),
+            reduce,
+        )  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# Torch references (used on CPU)
+# --------------------------------------------------------------------------------------------
+
+
+def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    """``x @ weight^T + bias`` in fp32, rounded once to x's dtype."""
+    b = bias.float() if bias is not None else None
+    return F.linear(x.float(), weight.float(), b).to(x.dtype)
+
+
+def gemv_fp8_ref(
+    a: torch.Tensor,
+    a_scale: torch.Tensor,
+    weight: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
+    """``((a @ weight^T) * a_scale) * w_scale^T + bias`` in fp32 on the FP8 codes (the scales
+    factor out of the sum), rounded once to ``out_dtype``."""
+    out = (a.float() @ weight.float().t()) * a_scale.reshape(-1, 1) * w_scale.reshape(1, -1)
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(out_dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Validation and public ops
+# --------------------------------------------------------------------------------------------
+
+
+def _check_operands(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dtypes: tuple
+) -> None:
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(
+            f"x must be [M, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}"
+        )
+    if x.dtype not in dtypes or weight.dtype != x.dtype:
+        raise ValueError(
+            f"x and weight must share one dtype of {[str(d) for d in dtypes]}, got {x.dtype} and "
+            f"{weight.dtype}"
+        )
+    if x.device != weight.device:
+        raise ValueError(f"x and weight must be on one device, got {x.device} and {weight.device}")
+    if x.shape[1] > 1 and (x.stride(1) != 1 or weight.stride(1) != 1):
+        raise ValueError(
+            f"x and weight must have unit stride on K, got strides {x.stride()} and "
+            f"{weight.stride()}"
+        )
+    if bias is not None and (
+        bias.shape != (weight.shape[0],) or bias.device != x.device or bias.stride(0) != 1
+    ):
+        raise ValueError(
+            f"bias must be a contiguous [{weight.shape[0]}] tensor on {x.device}, got "
+            f"{tuple(bias.shape)} on {bias.device}"
+        )
+
+
+def _check_scale(name: str, scale: torch.Tensor, rows: int, device: torch.device) -> None:
+    if (
+        scale.numel() != rows
+        or scale.dtype != torch.float32
+        or scale.device != device
+        or not scale.is_contiguous()
+    ):
+        raise ValueError(
+            f"{name} must hold {rows} contiguous float32 values on {device}, got "
+            f"{tuple(scale.shape)} {scale.dtype} on {scale.device}"
+        )
+
+
+def gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    config: GemvConfig | None = None,
+) -> torch.Tensor:
+    """``x @ weight^T + bias`` for ``x`` ``[M, K]`` bf16 / fp16 and ``weight`` ``[N, K]`` of its
+    dtype; ``[M, N]`` in x's dtype. ``config`` overrides ``default_config`` (benchmark sweeps)."""
+    _check_operands(x, weight, bias, _FLOAT_DTYPES)
+    if bias is not None and bias.dtype != x.dtype:
+        raise ValueError(f"bias must be {x.dtype}, got {bias.dtype}")
+    if not use_triton(x.device):
+        return gemv_ref(x, weight, bias)
+    out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
+    if out.numel() and x.shape[1]:
+        _launch(x, weight, out, None, None, bias, config)
+    elif out.numel():
+        out.copy_(gemv_ref(x, weight, bias))  # K == 0: the bias alone
+    return out
+
+
+def gemv_fp8(
+    a: torch.Tensor,
+    a_scale: torch.Tensor,
+    weight: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    *,
+    config: GemvConfig | None = None,
+) -> torch.Tensor:
+    """PTPC FP8 ``((a @ weight^T) * a_scale) * w_scale^T + bias``: ``a`` ``[M, K]`` and ``weight``
+    ``[N, K]`` FP8 codes, ``a_scale`` M and ``w_scale`` N fp32 values; ``[M, N]`` in
+    ``out_dtype``. ``config`` overrides ``default_config`` (benchmark sweeps)."""
+    _check_operands(a, weight, bias, supported_fp8_dtypes())
+    _check_scale("a_scale", a_scale, a.shape[0], a.device)
+    _check_scale("w_scale", w_scale, weight.shape[0], a.device)
+    if out_dtype not in _OUT_DTYPES:
+        raise ValueError(
+            f"out_dtype must be one of {[str(d) for d in _OUT_DTYPES]}, got {out_dtype}"
+        )
+    if bias is not None and not bias.is_floating_point():
+        raise ValueError(f"bias must be floating point, got {bias.dtype}")
+    triton_fp8 = a.device.type != "cuda" or current_platform.triton_supports_fp8(a.dtype)
+    if not (use_triton(a.device) and triton_fp8):
+        return gemv_fp8_ref(a, a_scale, weight, w_scale, bias, out_dtype)
+    out = torch.empty(a.shape[0], weight.shape[0], dtype=out_dtype, device=a.device)
+    if out.numel() and a.shape[1]:
+        _launch(a, weight, out, a_scale, w_scale, bias, config)
+    elif out.numel():
+        out.copy_(gemv_fp8_ref(a, a_scale, weight, w_scale, bias, out_dtype))
+    return out
+
+
+def use_bf16_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``UnquantizedLinearMethod`` sends ``x`` (any leading dims) to ``gemv``: an NVIDIA
+    GPU, bf16 / fp16 x and weight of one dtype, unit stride on K, 1..``BF16_GEMV_MAX_M`` rows."""
+    k = weight.shape[-1]
+    return (
+        x.is_cuda
+        and current_platform.is_cuda()
+        and x.dtype in _FLOAT_DTYPES
+        and weight.dtype == x.dtype
+        and x.dim() >= 1
+        and x.shape[-1] == k
+        and k > 0
+        and 0 < x.numel() <= BF16_GEMV_MAX_M * k
+        and x.stride(-1) == 1
+        and weight.stride(-1) == 1
+    )
