@@ -96,6 +96,7 @@ _COUNTED_KERNELS = {
     "vllm.model_executor.layers.fused_moe.experts_triton": (
         "_moe_gate_up_kernel", "_moe_down_kernel",
     ),
+    "vllm.model_executor.layers.ops.rms_norm": ("_rms_norm_kernel",),
 }  # fmt: skip
 
 
