@@ -104,6 +104,7 @@ _COUNTED_KERNELS = {
     "vllm.model_executor.kernels.linear.gemv": (
         "_gemv_kernel", "_gemv_split_reduce_kernel",
     ),
+    "vllm.model_executor.layers.ops.rms_norm": ("_rms_norm_kernel",),
 }  # fmt: skip
 
 

@@ -21,6 +21,7 @@ from step_profile import OTHER, KernelTime, breakdown, group_of, profile_steps  
         ("_mla_decode_merge_kernel", "MLA decode"),
         ("_rmsnorm_gated_fp8_kernel", "gated RMSNorm + FP8 quant"),
         ("_per_token_fp8_quant_kernel", "gated RMSNorm + FP8 quant"),
+        ("_rms_norm_kernel", "norms"),
         ("void cutlass::device_kernel<GroupProblemShape<...>>", "routed experts"),
         ("_moe_gemv_kernel", "routed experts"),
         ("sm90_xmma_gemm_e4m3bf16_e4m3f32_f32_tn_n_tilesize64x64x128", "FP8 GEMM"),

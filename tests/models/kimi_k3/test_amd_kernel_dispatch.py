@@ -1,11 +1,13 @@
 """A tiny Kimi-K3 model with the PTPC recipe runs the fork's Triton kernels (under the interpreter
 on CPU), not their torch references: a prefill launches the fused epilogue of every KDA layer and
-the MLA o_proj's per-token quantization, a decode the fused KDA decode kernel."""
+the MLA o_proj's per-token quantization, a decode the fused KDA decode kernel; every RMSNorm
+call is one launch of the RMSNorm kernel."""
 
 import torch
 from engine_harness import EngineHarness as Harness
 
 from vllm.config.quantization import parse_quantization_config
+from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
 from vllm.model_executor.model_loader.loader import load_model
 
@@ -30,7 +32,14 @@ def test_tiny_model_prefill_and_decode_launch_the_triton_kernels(triton_launches
     assert fused == kda_layers and triton_launches["_fused_kda_decode_kernel"] == 0
     # the MLA o_proj quantizes its own input (the KDA ones receive the fused op's output)
     assert triton_launches["_per_token_fp8_quant_kernel"] == mla_layers
+    # one launch per RMSNorm call, the residual adds fused in (the AttnRes norms lend only
+    # their weights to the mixture)
+    norms = sum(
+        type(m) is RMSNorm and not name.endswith("res_norm") for name, m in text.named_modules()
+    )
+    assert triton_launches["_rms_norm_kernel"] == norms
     next_tokens = logits.argmax(-1).tolist()
     harness.step({0: [next_tokens[4]], 1: [next_tokens[7]]})
     assert triton_launches["_fused_kda_decode_kernel"] == kda_layers
     assert triton_launches["_per_token_fp8_quant_kernel"] == 2 * mla_layers + kda_layers
+    assert triton_launches["_rms_norm_kernel"] == 2 * norms

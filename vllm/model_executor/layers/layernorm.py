@@ -2,6 +2,7 @@
 
 import torch
 
+from vllm.model_executor.layers.ops.rms_norm import fused_add_rms_norm, rms_norm
 from vllm.model_executor.model_loader.weight_utils import copy_checked
 
 
@@ -49,9 +50,16 @@ class RMSNormGated(_RMSNormBase):
 
 
 class RMSNorm(_RMSNormBase):
-    """`x * rsqrt(mean(x^2) + eps) * weight` in fp32, returned in `x`'s dtype."""
+    """`x * rsqrt(mean(x^2) + eps) * weight` in fp32, returned in `x`'s dtype.
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.square().mean(dim=-1, keepdim=True) + self.eps)
-        return (xf * self.weight.float()).to(x.dtype)
+    With `residual` the residual add before the norm is fused in: `s = x + residual` (in `x`'s
+    dtype) is normed and returned as the new residual stream, `(norm(s), s)`. One launch either
+    way (`vllm/model_executor/layers/ops/rms_norm.py`).
+    """
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            return rms_norm(x, self.weight, self.eps)
+        return fused_add_rms_norm(x, residual, self.weight, self.eps)

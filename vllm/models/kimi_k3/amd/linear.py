@@ -215,8 +215,10 @@ def _attn_res_proj(
 class KimiDecoderLayer(torch.nn.Module):
     """Pre-norm residual block: KDA or MLA attention, then a dense MLP or the MoE block.
 
-    `forward` is the standard residual; with `attn_res_block_size` set the model calls
-    `forward_attn_res` instead, whose sublayers read AttnRes mixtures (`attn_res.py`).
+    `forward` is the standard residual, the stream carried from layer to layer beside the
+    sublayer output (as upstream's decoders do) so each add fuses into the next norm; with
+    `attn_res_block_size` set the model calls `forward_attn_res` instead, whose sublayers read
+    AttnRes mixtures (`attn_res.py`).
     """
 
     def __init__(
@@ -268,9 +270,22 @@ class KimiDecoderLayer(torch.nn.Module):
     def _ffn(self, h: torch.Tensor) -> torch.Tensor:
         return (self.block_sparse_moe if self.is_moe else self.mlp)(h)
 
-    def forward(self, x: torch.Tensor, metadata: KimiMetadata) -> torch.Tensor:
-        x = x + self._attention(self.input_layernorm(x), metadata)
-        return x + self._ffn(self.post_attention_layernorm(x))
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, metadata: KimiMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(ffn output, residual stream)`; the caller adds the two in the next norm.
+
+        `x` is the previous layer's FFN output and `residual` its stream (None for the first
+        layer, whose `x` is the embeddings). Each residual add is fused into the norm after it:
+        the stream's values are those of `x + sublayer(norm(x))` computed step by step.
+        """
+        if residual is None:
+            residual = x
+            h = self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        h, residual = self.post_attention_layernorm(self._attention(h, metadata), residual)
+        return self._ffn(h), residual
 
     def forward_attn_res(self, state: AttnResState, metadata: KimiMetadata) -> None:
         """Run the layer on the AttnRes stream `state`, adding both sublayer outputs to it."""
@@ -338,14 +353,14 @@ class KimiLinearForCausalLM(torch.nn.Module):
             return x
         block_size = self.config.attn_res_block_size
         if block_size is None:
+            residual = None
             for layer in self.layers:
-                x = layer(x, metadata)
-        else:
-            state = AttnResState(x, len(self.layers), block_size)
-            for layer in self.layers:
-                layer.forward_attn_res(state, metadata)
-            x = state.mix(self.output_attn_res_norm, self.output_attn_res_proj)
-        return self.norm(x)
+                x, residual = layer(x, residual, metadata)
+            return self.norm(x, residual)[0]  # the config has at least one layer
+        state = AttnResState(x, len(self.layers), block_size)
+        for layer in self.layers:
+            layer.forward_attn_res(state, metadata)
+        return self.norm(state.mix(self.output_attn_res_norm, self.output_attn_res_proj))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head.compute_logits(hidden)

@@ -1,0 +1,1 @@
+"""Triton ops of the generic layers, one file per op with its launcher and torch reference."""
