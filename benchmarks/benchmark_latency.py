@@ -7,7 +7,11 @@ other `EngineArgs` flag, and a sweep on one loaded model (`--batch-sizes`, `--in
 
 For each context length L of `--input-lens`, shortest first, after a warm-up workload that compiles
 every kernel (untimed):
-1. one prompt of L tokens is prefilled alone: prefill seconds and TFLOP/s of one prompt;
+1. one prompt of L tokens is prefilled alone: prefill seconds and TFLOP/s of one prompt; with
+   `--profile-prefill` the same prefill (all its chunks) runs once more under `torch.profiler`:
+   device time per kernel group (MLA prefill attention, KDA prefill, routed experts, dense GEMMs,
+   other), each group against its floor (bytes at the copy bandwidth or FLOPs at the bf16 matmul
+   peak, whichever is larger), and the device's busy time against the prefill's wall time;
 2. B_max prompts of L tokens (B_max: the largest batch size, or the largest whose prefill fits the
    `--time-budget-s` at the rate of step 1) are added at once and stepped until every prompt is in
    the cache: the phase's seconds, tokens/s and TFLOP/s. The scheduler runs decodes first, so
@@ -76,7 +80,9 @@ from bench_utils import (
 from step_profile import breakdown, profile_steps
 
 from vllm.engine.arg_utils import EngineArgs, parse_max_model_len
+from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 from vllm.models.kimi_k3.amd.footprint import model_footprint
+from vllm.models.kimi_k3.amd.mla import KimiMLAAttention
 from vllm.sampling_params import SamplingParams
 from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -130,6 +136,16 @@ class Sweep:
         self.fp8_weight_bytes = sum(
             p.numel() for p in model.parameters() if p.dtype == torch.float8_e4m3fn
         )
+        # FP8 weights outside the routed experts (one byte per parameter) and whether the
+        # experts are FP8: the prefill profile's dense and expert floors.
+        moe = [m for m in model.modules() if isinstance(m, FusedMoE)]
+        expert_ids = {id(p) for m in moe for p in m.parameters()}
+        self.fp8_dense_params = sum(
+            p.numel() for p in model.parameters()
+            if p.dtype == torch.float8_e4m3fn and id(p) not in expert_ids
+        )  # fmt: skip
+        self.fp8_dense_bytes = self.fp8_dense_params
+        self.fp8_experts = any(m.w13_weight.dtype == torch.float8_e4m3fn for m in moe)
 
     # -- driving the engine ---------------------------------------------------------------------
 
@@ -169,9 +185,10 @@ class Sweep:
     def add_prefill(
         self, phase: str, length: int, batch: int, tokens: int, sampled: int, seconds: float,
         **extra: Any,
-    ) -> None:  # fmt: skip
+    ) -> dict[str, Any]:  # fmt: skip
         """Record a prefill of `tokens` processed tokens and `sampled` LM-head rows: TFLOP/s are
-        2 x (body active params x tokens + LM head params x sampled rows) / seconds."""
+        2 x (body active params x tokens + LM head params x sampled rows) / seconds. Returns the
+        record's entry."""
         fp = self.fp
         flops = 2.0 * (fp.active_params_without_lm_head * tokens + fp.lm_head_params * sampled)
         tflops = flops / seconds / 1e12
@@ -188,6 +205,7 @@ class Sweep:
             flush=True,
         )
         write_json(self.args.output_json, self.record)
+        return p
 
     def skip(self, length: int, batches: list[int], reason: str) -> None:
         for b in batches:
@@ -204,8 +222,97 @@ class Sweep:
         self.run_until_idle()
         synchronize(self.device)
         seconds = time.perf_counter() - start
-        self.add_prefill("single prompt", length, 1, length, 1, seconds)
+        entry = self.add_prefill("single prompt", length, 1, length, 1, seconds)
+        if self.args.profile_prefill:
+            entry["profile"] = self.profile_prefill(length)
+            write_json(self.args.output_json, self.record)
         return seconds
+
+    def profile_prefill(self, length: int) -> dict[str, Any]:
+        """Prefill one more prompt of `length` tokens alone, under the profiler: device time per
+        kernel group against each group's floor, the device's busy time against the wall time
+        (the rest is the host: launches, scheduling, syncs) and TFLOP/s against the bf16 matmul
+        peak."""
+        (prompt,) = random_prompts(1, length, self.vocab, self.args.seed + 3)
+        engine, fp = self.engine, self.fp
+        budget = engine.config.scheduler_config.max_num_batched_tokens
+        chunks = [min(budget, length - start) for start in range(0, length, budget)]
+        timing: dict[str, float] = {}
+
+        def prefill() -> None:
+            engine.add_request(f"profile-{length}", prompt, greedy(1))
+            synchronize(self.device)
+            start, steps = time.perf_counter(), 0
+            while engine.has_unfinished_requests():
+                engine.step()
+                steps += 1
+            synchronize(self.device)
+            timing["seconds"], timing["steps"] = time.perf_counter() - start, steps
+
+        kernels = profile_steps(prefill, 1, self.device)
+        seconds = timing["seconds"]
+        device_us = sum(k.us_per_step for k in kernels)
+        model = engine.executor.runner.model
+        mla = [m for m in model.modules() if isinstance(m, KimiMLAAttention)]
+        # Causal attention: position p attends to p + 1 keys, whatever the chunking.
+        attention_flops = sum(
+            2 * m.heads * (m.nope + m.rope + m.v_dim) * length * (length + 1) / 2 for m in mla
+        )
+        routed_active = fp.num_moe_layers * fp.top_k * fp.params_per_expert
+        bf16_dense = fp.active_params_without_lm_head - routed_active - self.fp8_dense_params
+        num_experts = fp.routed_expert_params // max(1, fp.params_per_expert * fp.num_moe_layers)
+        experts_read = (
+            sum(expected_distinct_experts(num_experts, fp.top_k, n) for n in chunks)
+            * fp.num_moe_layers
+        )
+        # FP8 GEMMs run at twice the bf16 rate on the H200: their FLOPs count half at its peak.
+        fp8_scale = 0.5
+        expert_flops = 2.0 * length * routed_active * (fp8_scale if self.fp8_experts else 1.0)
+        floor_flops = {
+            "MLA prefill attention": attention_flops,
+            "routed experts": expert_flops,
+            "FP8 GEMM": fp8_scale * 2.0 * length * self.fp8_dense_params,
+            "bf16 GEMM / GEMV": 2.0 * (length * bf16_dense + fp.lm_head_params),
+        }
+        floor_bytes = {
+            "routed experts": experts_read * fp.expert_bytes,
+            "FP8 GEMM": len(chunks) * self.fp8_dense_bytes,
+            "bf16 GEMM / GEMV": len(chunks) * (fp.dense_decode_bytes - self.fp8_dense_bytes),
+        }
+        groups = breakdown(kernels, 1e6 * seconds, floor_bytes, self.copy_gbps, floor_flops,
+                           self.peak)  # fmt: skip
+        flops = 2.0 * (fp.active_params_without_lm_head * length + fp.lm_head_params)
+        tflops = flops / seconds / 1e12
+        summary = {
+            "input_len": length,
+            "chunks": len(chunks),
+            "steps": timing["steps"],
+            "max_num_batched_tokens": budget,
+            "seconds": seconds,
+            "device_busy_s": device_us / 1e6,
+            "pct_device_busy": 100 * device_us / (1e6 * seconds),
+            "tflops": tflops,
+            "pct_of_matmul_peak": 100 * tflops / self.peak,
+            "tflops_with_attention": (flops + attention_flops) / seconds / 1e12,
+            "tflops_on_device_time": flops / (device_us / 1e6) / 1e12 if device_us else None,
+        }
+        print_table(
+            f"L={length}: device time of one prefill by kernel group ({len(chunks)} chunks of <= "
+            f"{budget} tokens, {seconds:.3f} s wall, device busy {summary['pct_device_busy']:.1f}%,"
+            f" {tflops:.1f} TFLOP/s = {summary['pct_of_matmul_peak']:.1f}% of the bf16 matmul)",
+            [("group", "group", "s"), ("us", "us_per_step", ".0f"),
+             ("% of wall", "pct_of_step", ".1f"), ("floor us", "floor_us", ".0f"),
+             ("% of floor", "pct_of_floor", ".1f"), ("bound", "bound", "s")],
+            groups,
+        )  # fmt: skip
+        top = [asdict(k) for k in kernels[:TOP_KERNELS]]
+        print_table(
+            f"L={length}: top kernels of the prefill",
+            [("us", "us_per_step", ".0f"), ("calls", "calls_per_step", ".0f"),
+             ("group", "group", "s"), ("kernel", "name", ".90s")],
+            top,
+        )  # fmt: skip
+        return summary | {"groups": groups, "kernels": top}
 
     def batch_prefill(self, length: int, batch: int, max_tokens: int, stop_at: float) -> int:
         """Prefill `batch` prompts of `length` tokens together (requests of `max_tokens` tokens,
@@ -430,6 +537,12 @@ def main(argv: list[str] | None = None) -> int:
         "per kernel group against each group's floor (0: no profile)",
     )
     sweep.add_argument(
+        "--profile-prefill",
+        action="store_true",
+        help="after each single-prompt prefill, prefill the prompt once more under the profiler: "
+        "device time per kernel group against each group's floor, and TFLOP/s",
+    )
+    sweep.add_argument(
         "--copy-gib", type=float, default=2.0, help="size of the eager copy_ ceiling (>= 1 GiB)"
     )
     sweep.add_argument(
@@ -450,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
         args.device, args.dtype, args.copy_gib, args.matmul_size = "cpu", "auto", 1 / 64, 256
         args.batch_sizes, args.input_lens = [1, 2], [8, 20]
         args.output_len, args.warmup_steps, args.max_num_batched_tokens = 2, 1, 16
-        args.profile_steps = 1
+        args.profile_steps, args.profile_prefill = 1, True
         args.max_num_seqs = args.max_model_len = args.kv_cache_memory = None
         args.num_gpu_blocks_override = None
     batch_sizes = sorted(set(args.batch_sizes or [args.batch_size]))

@@ -1,14 +1,16 @@
-"""Where a decode step's device time goes: the kernels of a few engine steps under
-`torch.profiler`, grouped by what they do, each group against the bytes it must move (issue 12's
-profiler breakdown).
+"""Where a decode step's or a prefill's device time goes: the kernels of a few engine steps under
+`torch.profiler`, grouped by what they do, each group against the bytes it must move and, for a
+prefill, the FLOPs it must compute (issue 12's profiler breakdown).
 
 The profiler records the kernels of a CUDA-graph replay like eager ones (CUPTI sees graph
 nodes), so the steps profiled are the ones the latency benchmark times. Kernel names are matched
 against `CATEGORIES` in order; the first pattern that matches names the group. A group's floor is
 the bytes it must read or write at least once per step (the routed experts the router chose, the
 KDA state, the MLA cache, the weights of the dense linears) at the copy bandwidth of the run;
-groups whose traffic is activations only have no floor. On the CPU (the benchmarks' `--dry-run`)
-the profiler's CPU operators stand in for kernels, so the code path runs without a GPU.
+groups whose traffic is activations only have no floor. A prefill group's floor is the larger of
+its bytes at the copy bandwidth and its FLOPs at the run's bf16 matmul peak. On the CPU (the
+benchmarks' `--dry-run`) the profiler's CPU operators stand in for kernels, so the code path runs
+without a GPU.
 """
 
 import re
@@ -28,6 +30,14 @@ CATEGORIES: list[tuple[str, str]] = [
     ("routed experts", r"moe|grouped|GroupProblemShape"),
     ("MLA decode", r"mla_decode"),
     ("KDA decode", r"kda_decode"),
+    # torch's fused attention: flash (flash_fwd), memory-efficient (fmha_cutlassF), cuDNN; on the
+    # CPU its aten operators.
+    ("MLA prefill attention", r"flash_fwd|fmha|attention_kernel|cudnn.*(sdpa|attn)|scaled_dot"),
+    # fla-core's chunked KDA (gate cumsum, intra-chunk WY solve, state recurrence, output).
+    (
+        "KDA prefill (fla)",
+        r"chunk_|gated_delta|recompute_w_u|solve_tril|merge_16x16|l2norm|wy_fast",
+    ),
     ("gated RMSNorm + FP8 quant", r"rmsnorm_gated|per_token_fp8|fp8_per_token"),
     # cuBLASLt's FP8 kernels on sm90 are named nvjet_..._qqtst_..._ovscale_... (two quantized
     # operands, output scale).
@@ -89,10 +99,19 @@ def profile_steps(step: Callable[[], Any], steps: int, device: torch.device) -> 
 
 
 def breakdown(
-    kernels: list[KernelTime], step_us: float, floor_bytes: dict[str, float], copy_gbps: float
+    kernels: list[KernelTime],
+    step_us: float,
+    floor_bytes: dict[str, float],
+    copy_gbps: float,
+    floor_flops: dict[str, float] | None = None,
+    peak_tflops: float | None = None,
 ) -> list[dict[str, Any]]:
     """One row per group, longest first: us per step, % of `step_us`, and where `floor_bytes`
-    names the group, its floor (bytes at `copy_gbps`) as a % of its time."""
+    names the group, its floor (bytes at `copy_gbps`) as a % of its time. With `floor_flops` (bf16
+    matmul FLOPs per step, at `peak_tflops`) the floor of a group named there is the larger of the
+    two, and the row says which one (`bound`)."""
+    if floor_flops and not peak_tflops:
+        raise ValueError("floor_flops needs peak_tflops")
     per_group: dict[str, float] = defaultdict(float)
     for k in kernels:
         per_group[k.group] += k.us_per_step
@@ -100,9 +119,16 @@ def breakdown(
     for group, us in sorted(per_group.items(), key=lambda item: item[1], reverse=True):
         row: dict[str, Any] = {"group": group, "us_per_step": us,
                                "pct_of_step": 100 * us / step_us}  # fmt: skip
-        if group in floor_bytes and us > 0:
-            floor_us = floor_bytes[group] / (copy_gbps * 1e3)
+        floors = {}
+        if group in floor_bytes:
+            floors["bytes"] = floor_bytes[group] / (copy_gbps * 1e3)
+        if floor_flops and group in floor_flops:
+            floors["FLOPs"] = floor_flops[group] / (peak_tflops * 1e6)
+        if floors and us > 0:
+            bound, floor_us = max(floors.items(), key=lambda item: item[1])
             row["floor_us"] = floor_us
             row["pct_of_floor"] = 100 * floor_us / us
+            if floor_flops is not None:
+                row["bound"] = bound
         rows.append(row)
     return rows

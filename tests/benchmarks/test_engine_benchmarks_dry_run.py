@@ -2,6 +2,7 @@
 a JSON record with every case measured: the scripts cannot rot between GPU runs."""
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -25,6 +26,27 @@ def test_latency_dry_run(tmp_path: Path) -> None:
     assert [(p["phase"], p["input_len"]) for p in record["prefill"]] == [
         ("single prompt", 8), ("batch", 8), ("single prompt", 20), ("batch", 20),
     ]  # fmt: skip
+    fp = record["footprint"]
+    for p in record["prefill"]:
+        assert ("profile" in p) == (p["phase"] == "single prompt")  # the dry run profiles prefill
+        if "profile" not in p:
+            continue
+        prof, length = p["profile"], p["input_len"]
+        # --max-num-batched-tokens 16: 8 tokens in one chunk, 20 in two.
+        assert prof["input_len"] == length and prof["chunks"] == prof["steps"] == -(-length // 16)
+        flops = 2 * (fp["active_params_without_lm_head"] * length + fp["lm_head_params"])
+        assert math.isclose(prof["tflops"], flops / prof["seconds"] / 1e12)
+        peak = record["ceilings"]["matmul_bf16_tflops"]
+        assert math.isclose(prof["pct_of_matmul_peak"], 100 * prof["tflops"] / peak)
+        assert prof["tflops_with_attention"] > prof["tflops"]
+        # The groups share out the device's busy time, which is part of the wall time.
+        assert math.isclose(sum(g["pct_of_step"] for g in prof["groups"]),
+                            prof["pct_device_busy"])  # fmt: skip
+        assert 0 < prof["device_busy_s"] <= prof["seconds"]
+        groups = {g["group"]: g for g in prof["groups"]}
+        assert groups["bf16 GEMM / GEMV"]["bound"] in ("bytes", "FLOPs")
+        assert groups["bf16 GEMM / GEMV"]["floor_us"] > 0
+        assert prof["kernels"] and all(k["us_per_step"] > 0 for k in prof["kernels"])
     cases = [(d["input_len"], d["batch"]) for d in record["decode"]]
     assert cases == [(8, 2), (8, 1), (20, 2), (20, 1)]
     for d in record["decode"]:

@@ -30,6 +30,18 @@ from step_profile import OTHER, KernelTime, breakdown, group_of, profile_steps  
         ("void gemv2T_kernel_val<int, int, __nv_bfloat16>", "bf16 GEMM / GEMV"),
         ("Memcpy HtoD (Pinned -> Device)", "memcpy / memset"),
         ("void at::native::vectorized_elementwise_kernel<4, silu>", OTHER),
+        (
+            "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<192, 128, 64>>",
+            "MLA prefill attention",
+        ),
+        ("fmha_cutlassF_bf16_aligned_64x128_rf_sm80", "MLA prefill attention"),
+        ("aten::_scaled_dot_product_flash_attention_for_cpu", "MLA prefill attention"),
+        ("chunk_gated_delta_rule_fwd_kernel_h_blockdim64", "KDA prefill (fla)"),
+        ("chunk_kda_fwd_kernel_intra_sub_chunk", "KDA prefill (fla)"),
+        ("chunk_gla_fwd_kernel_o", "KDA prefill (fla)"),
+        ("recompute_w_u_fwd_kernel", "KDA prefill (fla)"),
+        ("l2norm_fwd_kernel", "KDA prefill (fla)"),
+        ("fused_moe_kernel", "routed experts"),
     ],
 )
 def test_kernel_names_land_in_their_group(name: str, group: str) -> None:
@@ -50,6 +62,35 @@ def test_breakdown_adds_up_and_measures_against_the_floor() -> None:
     assert "pct_of_floor" not in rows[0]  # no floor given for the group
     assert math.isclose(rows[1]["floor_us"], 30.0) and math.isclose(rows[1]["pct_of_floor"], 100)
     assert math.isclose(sum(r["pct_of_step"] for r in rows), 100.0)
+
+
+def test_prefill_floor_is_the_larger_of_bytes_and_flops() -> None:
+    kernels = [
+        KernelTime("fused_moe_kernel", "routed experts", 400.0, 10.0),
+        KernelTime("nvjet_a", "bf16 GEMM / GEMV", 100.0, 10.0),
+        KernelTime("flash_fwd_kernel", "MLA prefill attention", 50.0, 2.0),
+        KernelTime("chunk_gla_fwd_kernel_o", "KDA prefill (fla)", 50.0, 2.0),
+    ]
+    # Copy 4e3 B/us, peak 1 TFLOP/s = 1e6 FLOP/us. Experts: 400_000 B = 100 us, 2e8 FLOPs =
+    # 200 us -> FLOP-bound at 200 us (50% of 400). GEMMs: 200 us of bytes beat 50 us of FLOPs.
+    rows = breakdown(
+        kernels, 1000.0,
+        {"routed experts": 400_000, "bf16 GEMM / GEMV": 800_000}, copy_gbps=4.0,
+        floor_flops={"routed experts": 2e8, "bf16 GEMM / GEMV": 5e7,
+                     "MLA prefill attention": 2.5e7},
+        peak_tflops=1.0,
+    )  # fmt: skip
+    by = {r["group"]: r for r in rows}
+    assert by["routed experts"]["bound"] == "FLOPs"
+    assert math.isclose(by["routed experts"]["floor_us"], 200.0)
+    assert math.isclose(by["routed experts"]["pct_of_floor"], 50.0)
+    assert by["bf16 GEMM / GEMV"]["bound"] == "bytes"
+    assert math.isclose(by["bf16 GEMM / GEMV"]["pct_of_floor"], 200.0)
+    assert by["MLA prefill attention"]["bound"] == "FLOPs"
+    assert "floor_us" not in by["KDA prefill (fla)"]
+    assert math.isclose(sum(r["pct_of_step"] for r in rows), 60.0)
+    with pytest.raises(ValueError, match="needs peak_tflops"):
+        breakdown(kernels, 1000.0, {}, 4.0, floor_flops={"routed experts": 1.0})
 
 
 def test_profile_steps_counts_each_step_once() -> None:

@@ -440,3 +440,16 @@ def test_tp2_heads_split_equals_tp1():
     results = run_tp2(_tp_worker, tensors, x)
     for rank in (0, 1):  # each rank: its heads' partial o_proj, all-reduced; fp32 sum order only
         assert rel_err(results[rank], expected) < 1e-5
+
+
+def test_kda_prefill_takes_int64_offsets():
+    """int32 offsets would be converted per layer, a new tensor each time: fla-core's per-tensor
+    cache of the offsets it reads back to the host would miss (a host sync per layer)."""
+    from vllm.models.kimi_k3.amd.ops.kda_core import kda_prefill
+
+    t, heads, d = 3, 1, 4
+    x = torch.zeros(t, heads, d)
+    with pytest.raises(ValueError, match="query_start_loc must be int64"):
+        kda_prefill(x, x, x, x, torch.zeros(t, heads), torch.zeros(2, heads, d, d),
+                    torch.tensor([0, t], dtype=torch.int32), torch.tensor([1]),
+                    torch.tensor([False]))  # fmt: skip

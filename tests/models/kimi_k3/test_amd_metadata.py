@@ -81,6 +81,7 @@ def test_layout_decodes_first_then_prefills():
     assert kda.has_initial_state.tolist() == [True, True, False]
     assert (kda.num_decodes, kda.num_prefills) == (1, 2)
     assert kda.prefill_query_start_loc.tolist() == [0, 3, 5]
+    assert kda.prefill_query_start_loc.dtype == torch.int64  # fla-core's offsets, as handed over
     assert kda.prefill_host_query_start_loc == [0, 3, 5]
     assert kda.prefill_host_slots == [1, 4]
     assert kda.prefill_host_has_initial_state == [True, False]

@@ -92,7 +92,8 @@ class KimiMetadataBuilder:
             return host, torch.zeros(shape, dtype=dtype, device=self.device)
 
         self._host_qsl, self.query_start_loc = pair((n + 1,), torch.int32)
-        self._host_prefill_qsl, self.prefill_query_start_loc = pair((n + 1,), torch.int32)
+        # int64: fla-core's chunked KDA takes int64 offsets (see `KDAMetadata`).
+        self._host_prefill_qsl, self.prefill_query_start_loc = pair((n + 1,), torch.int64)
         self._host_seq_lens, self.seq_lens = pair((n,), torch.int32)
         self._host_kda_slots, self.kda_slots = pair((n,), torch.int64)
         self._host_has_init, self.has_initial_state = pair((n,), torch.bool)

@@ -19,7 +19,9 @@ Attention, decodes first like KDA (`MLAMetadata`):
   `kv_b_proj`'s (dequantized) weight split per head, derived once in
   `process_weights_after_loading`. No host sync and no loop over sequences: capturable.
 - prefill rows (new prompts and prefill chunks on top of cached context) take the exact path:
-  decompress each sequence's cached latents through `kv_b_proj`, masked softmax in fp32.
+  decompress each sequence's cached latents through `kv_b_proj` (in the model dtype), then
+  `ops/mla_prefill.py`: torch's fused attention in the model dtype on GPU (no score matrix), the
+  masked fp32 softmax reference on CPU.
 """
 
 from collections.abc import Iterable
@@ -37,6 +39,10 @@ from vllm.model_executor.layers.linear import (
 )
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.models.kimi_k3.amd.ops.mla_decode import mla_decode_paged
+from vllm.models.kimi_k3.amd.ops.mla_prefill import (
+    mla_prefill_attention,
+    mla_prefill_attention_ref,
+)
 from vllm.transformers_utils.configs import KimiLinearConfig
 from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
@@ -202,16 +208,15 @@ class KimiMLAAttention(torch.nn.Module):
 
     def _attend(self, q: torch.Tensor, cached: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
         """`q` `[Lq, h, nope + rope]` of the last Lq positions of a sequence whose `ctx` cached
-        latents are `cached`; `masked` `[Lq, ctx]` is its causal mask."""
+        latents are `cached`; `masked` `[Lq, ctx]` is its causal mask (read by the CPU reference
+        only: the fused GPU path derives causality from the shapes)."""
         kv = self.kv_b_proj(cached[:, : self.kv_lora].to(q.dtype))[0]
-        kv = kv.view(cached.shape[0], self.heads, self.nope + self.v_dim).float()
+        kv = kv.view(cached.shape[0], self.heads, self.nope + self.v_dim)
         k_nope, v = kv[..., : self.nope], kv[..., self.nope :]
-        k_pe = cached[:, self.kv_lora :].float()  # [ctx, rope], shared by the heads
-        qf = q.float()
-        scores = torch.einsum("qhd,khd->hqk", qf[..., : self.nope], k_nope)
-        scores += torch.einsum("qhd,kd->hqk", qf[..., self.nope :], k_pe)
-        probs = (scores * self.scale).masked_fill(masked, float("-inf")).softmax(dim=-1)
-        return torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
+        k_pe = cached[:, self.kv_lora :].to(q.dtype)  # [ctx, rope], shared by the heads
+        if q.is_cuda:
+            return mla_prefill_attention(q, k_nope, k_pe, v, self.scale)
+        return mla_prefill_attention_ref(q, k_nope, k_pe, v, self.scale, masked)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Checkpoint tensors named relative to `self_attn.`; raises on an unknown name."""

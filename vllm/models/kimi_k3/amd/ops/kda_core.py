@@ -68,7 +68,11 @@ def kda_prefill(
     slots: torch.Tensor,
     has_initial_state: torch.Tensor,
 ) -> torch.Tensor:
-    """Prefill (or continued prefill) of N sequences; `query_start_loc` `[N + 1]`."""
+    """Prefill (or continued prefill) of N sequences; `query_start_loc` `[N + 1]` int64 (fla's
+    offsets dtype: converting here would hand fla a new tensor per layer, and fla's per-tensor
+    cache of the offsets it reads back to the host would miss, one host sync per layer)."""
+    if query_start_loc.dtype != torch.int64:
+        raise ValueError(f"query_start_loc must be int64, got {query_start_loc.dtype}")
     if q.is_cuda:
         from fla.ops.kda import chunk_kda
 
@@ -76,7 +80,7 @@ def kda_prefill(
         out, final = chunk_kda(
             q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0), beta.unsqueeze(0),
             initial_state=init, output_final_state=True, use_qk_l2norm_in_kernel=True,
-            cu_seqlens=query_start_loc.long(),
+            cu_seqlens=query_start_loc,
         )  # fmt: skip
         state[slots] = final
         return out.squeeze(0)

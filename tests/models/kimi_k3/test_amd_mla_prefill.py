@@ -1,0 +1,121 @@
+"""MLA prefill attention: torch's fused attention (the GPU path, run here on the CPU with its
+explicit mask) against the fp32 einsum reference, for new prompts (`Lq == ctx`) and chunks on top
+of cached context (`Lq < ctx`); at Kimi-Linear's sizes on a GPU, without the score matrix."""
+
+import pytest
+import torch
+
+from vllm.models.kimi_k3.amd.ops.mla_prefill import (
+    mla_prefill_attention,
+    mla_prefill_attention_ref,
+)
+
+
+def make_case(lq, ctx, heads, nope, rope, dv, dtype, gen, device="cpu"):
+    def draw(*shape):
+        return torch.randn(*shape, generator=gen, device=device).to(dtype)
+
+    q, k_nope, k_pe, v = draw(lq, heads, nope + rope), draw(ctx, heads, nope), draw(ctx, rope), \
+        draw(ctx, heads, dv)  # fmt: skip
+    positions = torch.arange(ctx, device=device)
+    masked = positions[None, :] > positions[ctx - lq :, None]  # as MLA's metadata builds it
+    return (q, k_nope, k_pe, v), masked, (nope + rope) ** -0.5
+
+
+def truth_of(inputs, scale, masked):
+    """The reference on the inputs as given, in fp32 throughout (output not rounded)."""
+    return mla_prefill_attention_ref(*[t.float() for t in inputs], scale, masked)
+
+
+SHAPES = [(64, 64), (24, 80), (1, 33), (17, 17)]  # new prompts, chunks on cached context, 1 token
+
+
+@pytest.mark.parametrize("lq,ctx", SHAPES)
+def test_fused_matches_reference_fp32(lq, ctx):
+    inputs, masked, scale = make_case(lq, ctx, 4, 32, 16, 24, torch.float32,
+                                      torch.Generator().manual_seed(lq * 100 + ctx))  # fmt: skip
+    got = mla_prefill_attention(*inputs, scale)
+    assert got.shape == (lq, 4, 24) and got.dtype == torch.float32
+    torch.testing.assert_close(got, mla_prefill_attention_ref(*inputs, scale, masked),
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+
+
+@pytest.mark.parametrize("lq,ctx", SHAPES)
+def test_fused_matches_reference_bf16(lq, ctx):
+    """bf16 inputs: both paths compute in fp32 on the CPU and round once to bf16 at the end, so
+    each is within one output rounding (half a bf16 ulp, <= 2^-8 relative) of the fp32 truth."""
+    inputs, masked, scale = make_case(lq, ctx, 4, 32, 16, 24, torch.bfloat16,
+                                      torch.Generator().manual_seed(lq * 100 + ctx))  # fmt: skip
+    truth = truth_of(inputs, scale, masked)
+    for got in (mla_prefill_attention(*inputs, scale),
+                mla_prefill_attention_ref(*inputs, scale, masked)):  # fmt: skip
+        assert got.dtype == torch.bfloat16
+        assert ((got.float() - truth).abs() <= 2**-8 * truth.abs()).all()
+
+
+def test_causality_is_bottom_right_aligned():
+    """With cached context, the first chunk query sees exactly the cached keys and itself: moving
+    a later key changes nothing, moving one it sees changes its output."""
+    lq, ctx = 4, 10
+    inputs, masked, scale = make_case(lq, ctx, 2, 8, 4, 8, torch.float32,
+                                      torch.Generator().manual_seed(5))  # fmt: skip
+    base = mla_prefill_attention(*inputs, scale)
+    q, k_nope, k_pe, v = inputs
+    for key, changes_first in ((ctx - lq + 1, False), (ctx - lq, True)):
+        v2 = v.clone()
+        v2[key] += 10
+        first = mla_prefill_attention(q, k_nope, k_pe, v2, scale)[0]
+        assert (not torch.equal(first, base[0])) == changes_first
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda a: (a[0][:, :, :-1], *a[1:]), "head dim"),
+        (lambda a: (a[0], a[1][:, :1], *a[2:]), "heads / context"),
+        (lambda a: (a[0][:1].expand(12, -1, -1), *a[1:]), "Lq <= ctx"),
+        (lambda a: (*a[:3], a[3].double()), "share a dtype"),
+        (lambda a: (a[0][0], *a[1:]), "expected q"),
+    ],
+)
+def test_validation(change, match):
+    inputs, _, scale = make_case(2, 10, 2, 8, 4, 8, torch.float32,
+                                 torch.Generator().manual_seed(0))  # fmt: skip
+    bad = change(inputs)
+    with pytest.raises(ValueError, match=match):
+        mla_prefill_attention(*bad, scale)
+
+
+def test_reference_checks_its_mask():
+    inputs, masked, scale = make_case(2, 10, 2, 8, 4, 8, torch.float32,
+                                      torch.Generator().manual_seed(0))  # fmt: skip
+    with pytest.raises(ValueError, match="masked must be bool"):
+        mla_prefill_attention_ref(*inputs, scale, masked[:, 1:])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lq,ctx", [(2048, 2048), (512, 4096)])
+def test_gpu_kimi_linear_sizes(lq, ctx):
+    """32 heads, nope 128, rope 64, v 128 (Kimi-Linear), bf16. The fused kernels keep P in bf16
+    at most before P @ V (an error of <= 2^-9 relative per probability, so <= 2^-9 max|v| on the
+    output) and round the output once (<= 2^-8 relative): that bounds the error against the fp32
+    truth. Beyond the operands they build (k `[ctx, 32, 192]`, v padded to 192, the padded
+    output), their memory is a small fraction of the fp32 score matrix they replace."""
+    device = torch.device("cuda")
+    inputs, masked, scale = make_case(lq, ctx, 32, 128, 64, 128, torch.bfloat16,
+                                      torch.Generator(device=device).manual_seed(lq + ctx),
+                                      device=device)  # fmt: skip
+    truth = truth_of(inputs, scale, masked)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    got = mla_prefill_attention(*inputs, scale)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before
+    operands = 2 * (2 * ctx + lq) * 32 * 192  # bf16 k, padded v, padded output
+    scores_bytes = 32 * lq * ctx * 4
+    assert extra - operands < scores_bytes / 16, (extra, operands, scores_bytes)
+    vmax = inputs[3].float().abs().max()
+    bound = 2**-9 * vmax + 2**-8 * truth.abs()
+    err = (got.float() - truth).abs()
+    assert (err <= bound).all(), (err - bound).max()

@@ -1,0 +1,93 @@
+"""MLA prefill attention of one sequence over its decompressed context.
+
+The last `Lq` positions of a sequence of `ctx` tokens attend causally to its whole context (a new
+prompt: `Lq == ctx`; a prefill chunk on top of cached tokens: `Lq < ctx`). Query i sits at position
+`ctx - Lq + i` and sees keys `0 .. ctx - Lq + i`. Per head the key is `[k_nope | k_pe]`, `k_pe`
+shared by the heads (MLA, NoPE: no rotary embedding).
+
+- `q` `[Lq, H, nope + rope]`, `k_nope` `[ctx, H, nope]`, `k_pe` `[ctx, rope]`, `v` `[ctx, H, Dv]`,
+  all in one dtype (fp32, fp16 or bf16); `Dv` may differ from `nope + rope`.
+- Output `[Lq, H, Dv]` in `q`'s dtype.
+
+`mla_prefill_attention`: torch's fused scaled-dot-product attention in the inputs' dtype. On a GPU
+the causal mask is `causal_lower_right` (a description, never a tensor) and `v` is zero-padded to
+the query's head dim, so the flash kernel, which needs one head dim for q, k and v, is eligible;
+the padded output columns are dropped. Memory is O((Lq + ctx) * H * head dim): no score matrix.
+On the CPU (tests) an explicit boolean mask `[Lq, ctx]` stands in.
+
+`mla_prefill_attention_ref`: the reference, scores and softmax in fp32 with the caller's mask
+`[Lq, ctx]` (True = masked), materializing `[H, Lq, ctx]` fp32 scores.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
+
+
+def _check(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor) -> None:
+    if q.dim() != 3 or k_nope.dim() != 3 or k_pe.dim() != 2 or v.dim() != 3:
+        raise ValueError(
+            "expected q [Lq, H, nope + rope], k_nope [ctx, H, nope], k_pe [ctx, rope], v [ctx, H, "
+            f"Dv]; got {tuple(q.shape)}, {tuple(k_nope.shape)}, {tuple(k_pe.shape)}, "
+            f"{tuple(v.shape)}"
+        )
+    lq, heads, qk = q.shape
+    ctx, nope = k_nope.shape[0], k_nope.shape[2]
+    if k_nope.shape[1] != heads or v.shape[:2] != (ctx, heads) or k_pe.shape[0] != ctx:
+        raise ValueError(
+            f"heads / context disagree: q {tuple(q.shape)}, k_nope {tuple(k_nope.shape)}, "
+            f"k_pe {tuple(k_pe.shape)}, v {tuple(v.shape)}"
+        )
+    if nope + k_pe.shape[1] != qk:
+        raise ValueError(f"q's head dim {qk} != nope {nope} + rope {k_pe.shape[1]}")
+    if not 1 <= lq <= ctx:
+        raise ValueError(f"need 1 <= Lq <= ctx, got Lq={lq}, ctx={ctx}")
+    if len({q.dtype, k_nope.dtype, k_pe.dtype, v.dtype}) != 1:
+        raise ValueError(
+            f"q, k_nope, k_pe, v must share a dtype, got {q.dtype}, {k_nope.dtype}, "
+            f"{k_pe.dtype}, {v.dtype}"
+        )
+
+
+def mla_prefill_attention(
+    q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Fused causal attention of the last `Lq` of `ctx` positions (see the module docstring)."""
+    _check(q, k_nope, k_pe, v)
+    lq, heads, qk = q.shape
+    ctx, dv = v.shape[0], v.shape[2]
+    k = torch.cat([k_nope, k_pe.unsqueeze(1).expand(ctx, heads, k_pe.shape[1])], dim=-1)
+    if q.is_cuda:
+        mask = causal_lower_right(lq, ctx)
+        if dv < qk:
+            v = F.pad(v, (0, qk - dv))
+    else:
+        mask = torch.ones(lq, ctx, dtype=torch.bool, device=q.device).tril(ctx - lq)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
+        v.transpose(0, 1).unsqueeze(0), attn_mask=mask, scale=scale,
+    )  # fmt: skip
+    return out[0, :, :, :dv].transpose(0, 1)
+
+
+def mla_prefill_attention_ref(
+    q: torch.Tensor,
+    k_nope: torch.Tensor,
+    k_pe: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    masked: torch.Tensor,
+) -> torch.Tensor:
+    """The fp32 reference; `masked` `[Lq, ctx]` bool, True where a query may not look."""
+    _check(q, k_nope, k_pe, v)
+    if masked.shape != (q.shape[0], k_nope.shape[0]) or masked.dtype != torch.bool:
+        raise ValueError(
+            f"masked must be bool [{q.shape[0]}, {k_nope.shape[0]}], got {masked.dtype} "
+            f"{tuple(masked.shape)}"
+        )
+    nope = k_nope.shape[-1]
+    qf = q.float()
+    scores = torch.einsum("qhd,khd->hqk", qf[..., :nope], k_nope.float())
+    scores += torch.einsum("qhd,kd->hqk", qf[..., nope:], k_pe.float())
+    probs = (scores * scale).masked_fill(masked, float("-inf")).softmax(dim=-1)
+    return torch.einsum("hqk,khd->qhd", probs, v.float()).to(q.dtype)
