@@ -243,8 +243,11 @@ def distinct_experts_of_one_step(engine: LLMEngine) -> list[int]:
     runner = engine.executor.runner
     counts: list[int] = []
 
-    def hook(module: torch.nn.Module, inputs: tuple, output: torch.Tensor) -> None:
-        counts.append(int(inputs[2].unique().numel()))  # inputs: (x, topk_weights, topk_ids)
+    def hook(module: FusedMoE, inputs: tuple, output: torch.Tensor) -> None:
+        # inputs: (x, topk_weights, topk_ids); the last columns are fused shared experts, if any
+        ids = inputs[2]
+        routed = ids[:, : ids.shape[1] - module.num_fused_shared_experts]
+        counts.append(int(routed.unique().numel()))
 
     moes = [m for m in runner.model.modules() if isinstance(m, FusedMoE)]
     handles = [m.register_forward_hook(hook) for m in moes]

@@ -47,6 +47,13 @@ _VARIABLES: dict[str, tuple[Callable[[str | None], Any], str]] = {
         "one fused op feeding o_proj (default 1). 0: o_norm, then o_proj quantizes its own "
         "normed input (the unfused baseline, for accuracy and speed comparisons).",
     ),
+    "VLLM_KIMI_FUSE_SHARED_EXPERTS": (
+        lambda v: (v or "1") == "1",
+        "Kimi MoE blocks with exactly one shared expert of the routed experts' size (no latent "
+        "MoE, SiLU, shared expert unquantized) run it as one more expert of the routed experts' "
+        "kernels, weight 1.0, summed with the routed outputs in fp32 (default 1). 0: a separate "
+        "shared MLP and a bf16 add (the unfused baseline, for accuracy and speed comparisons).",
+    ),
     "VLLM_API_KEY": (
         lambda v: v or None,
         "`vllm serve`: the API key when --api-key is not given.",

@@ -17,6 +17,11 @@ decode step pays). Expert-weight bytes touched are the distinct experts the rout
 run times the bytes of one expert (w13 and w2); the bandwidth is reported against an eager
 `copy_` of --copy-gib GiB measured in the same run after a warm-up (read + write bytes / time).
 
+`--shared-expert` times the whole `KimiMoE` block instead (router, routed experts and the shared
+expert, graph-replayed) in its two layouts: `fused` (the shared expert is expert 256 of the routed
+kernels, `VLLM_KIMI_FUSE_SHARED_EXPERTS=1`) and `separate` (the shared MLP and an add after the
+routed experts); bytes are the chosen experts', the shared expert's and the router's weights.
+
 The last lines suggest `TRITON_MAX_ROWS` (vllm/model_executor/layers/fused_moe/experts.py): the
 largest T * K up to which the fastest triton config beats grouped at every measured size, and
 `TRITON_GROUPED_MAX_ROWS`: the same for the fastest tgrouped config.
@@ -27,6 +32,7 @@ largest T * K up to which the fastest triton config beats grouped at every measu
     python benchmarks/kernels/benchmark_moe.py --paths grouped triton tgrouped \
         --tokens 16 32 64 128 256 512 --tgrouped-configs 16/64,128,4,3/64,128,4,3 \
         16/128,64,4,4/128,64,4,4 32/64,128,4,3/64,128,4,3 --tgrouped-layouts triton torch
+    python benchmarks/kernels/benchmark_moe.py --shared-expert --tokens 1 8 64 256 1024
     python benchmarks/kernels/benchmark_moe.py --dry-run      # tiny shapes, CPU, no GPU needed
 
 A triton config is `BLOCK_N,BLOCK_K,WARPS/BLOCK_H,BLOCK_I,WARPS`: gate/up kernel (intermediate
@@ -63,6 +69,8 @@ from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (
     moe_experts_triton_grouped,
 )
 from vllm.model_executor.layers.fused_moe.router import grouped_topk
+from vllm.models.kimi_k3.amd.linear import KimiMoE
+from vllm.transformers_utils.configs import KimiLinearConfig
 from vllm.triton_utils import use_triton
 
 PATHS = {
@@ -184,6 +192,81 @@ def make_moe(shape: dict[str, int], tokens: int, device: torch.device, seed: int
     return x, w13, w2, weights, ids
 
 
+def make_moe_blocks(
+    shape: dict[str, int], device: torch.device, seed: int
+) -> tuple[KimiMoE, KimiMoE, int]:
+    """The `KimiMoE` block at `shape` with one shared expert of the routed size (Kimi-Linear's
+    router: sigmoid, no groups, renormalised, scale 2.446), fused and separate, loaded from the
+    same random checkpoint tensors; and the bytes of the weights every call reads (the shared
+    expert and the fp32 router)."""
+    e, h, i = shape["experts"], shape["hidden"], shape["intermediate"]
+    config = KimiLinearConfig.from_dict(dict(
+        hidden_size=h, num_hidden_layers=1, num_experts=e, num_experts_per_token=shape["topk"],
+        moe_intermediate_size=i, num_shared_experts=1, routed_scaling_factor=2.446,
+        moe_renormalize=True, hidden_act="silu", rms_norm_eps=1e-5,
+        linear_attn_config={"kda_layers": [], "full_attn_layers": [1], "num_heads": 1,
+                            "head_dim": 8},
+    ))  # fmt: skip
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*size: int, scale: float) -> torch.Tensor:
+        return torch.randn(*size, generator=gen, device=device) * scale
+
+    with torch.device(device):
+        blocks = [KimiMoE(config, torch.bfloat16, fuse_shared_experts=f) for f in (True, False)]
+    router = [("gate.weight", randn(e, h, scale=h**-0.5)),
+              ("gate.e_score_correction_bias", randn(e, scale=0.1))]  # fmt: skip
+    for block in blocks:
+        block.load_weights(router)
+    shared = ("gate_proj", "up_proj", "down_proj")
+    parts = [(f"experts.{n}", ("w1", "w3", "w2")) for n in range(e)] + [("shared_experts", shared)]
+    for name, names in parts:
+        for part, (rows, cols) in zip(names, ((i, h), (i, h), (h, i)), strict=True):
+            tensor = randn(rows, cols, scale=cols**-0.5)  # one at a time: memory stays small
+            for block in blocks:
+                block.load_weights([(f"{name}.{part}.weight", tensor)])
+    every_call = 3 * h * i * 2 + (e * h + e) * 4
+    return blocks[0], blocks[1], every_call
+
+
+def shared_expert_rows(
+    args: argparse.Namespace, shape: dict[str, int], device: torch.device, copy_gbps: float
+) -> list[dict[str, object]]:
+    """Time the fused and separate MoE blocks at each of `args.tokens`; print and return rows."""
+    fused, separate, every_call = make_moe_blocks(shape, device, args.seed)
+    expert_bytes = 3 * shape["intermediate"] * shape["hidden"] * 2
+    rows = []
+    for tokens in args.tokens:
+        gen = torch.Generator(device=device).manual_seed(args.seed + tokens)
+        x = torch.randn(tokens, shape["hidden"], generator=gen, device=device).to(torch.bfloat16)
+        logits = torch.nn.functional.linear(x.float(), separate.gate_weight)
+        ids = grouped_topk(logits, separate.e_score_correction_bias, shape["topk"])[1]
+        distinct = ids.unique().numel()  # host read, outside every timed region
+        touched = distinct * expert_bytes + every_call
+        for name, block in (("fused", fused), ("separate", separate)):
+
+            def call(block=block, x=x):
+                return block(x)
+
+            graphed = device.type == "cuda"
+            us = time_graph(call, args.graph_calls) if graphed else time_eager(call, device)
+            gbps = touched / (us * 1e-6) / 1e9
+            row = dict(tokens=tokens, rows=tokens * shape["topk"], path=f"block:{name}",
+                       distinct_experts=distinct, weight_mb=round(touched / 1e6, 2),
+                       timing="graph" if graphed else "eager", us=round(us, 2),
+                       gbps=round(gbps, 1), pct_copy=round(100 * gbps / copy_gbps, 1),
+                       copy_gbps=round(copy_gbps, 1))  # fmt: skip
+            rows.append(row)
+            write_csv(args.csv, rows)
+            print(
+                f"T={tokens:>4} {name:>8} ({row['timing']}) {us:10.2f} us  {distinct:>3} experts "
+                f"+ shared {row['weight_mb']:9.2f} MB  {gbps:7.1f} GB/s  "
+                f"{row['pct_copy']:5.1f}% of copy",
+                flush=True,
+            )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -213,6 +296,11 @@ def main(argv: list[str] | None = None) -> int:
         default=["triton"],
         help="block-table construction(s) of the tgrouped path",
     )
+    parser.add_argument(
+        "--shared-expert",
+        action="store_true",
+        help="time the KimiMoE block with the shared expert fused vs separate (not the paths)",
+    )
     parser.add_argument("--graph-calls", type=int, default=10, help="calls per captured graph")
     parser.add_argument("--copy-gib", type=float, default=2.0, help="size of the copy baseline")
     parser.add_argument("--seed", type=int, default=0, help="seed of weights and router logits")
@@ -236,6 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     expert_bytes = 3 * shape["intermediate"] * shape["hidden"] * 2  # gate, up, down in bf16
     copy_gbps = copy_bandwidth(copy_gib, device)
     print(f"{device.type}: eager copy_ of {copy_gib:g} GiB: {copy_gbps:.0f} GB/s", flush=True)
+    if args.shared_expert:
+        with torch.inference_mode():
+            shared_expert_rows(args, shape, device, copy_gbps)
+        return 0
     act = SiluAndMul()
     impls = []
     for name in args.paths:

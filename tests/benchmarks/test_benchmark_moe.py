@@ -104,3 +104,18 @@ def test_triton_max_rows_suggestion() -> None:
     assert (
         benchmark_moe.suggest_triton_max_rows([row(8, "grouped", 1.0), row(8, "triton", 2.0)]) == 0
     )
+
+
+def test_moe_dry_run_shared_expert_fused_vs_separate(tmp_path: Path) -> None:
+    import benchmark_moe
+
+    out = tmp_path / "moe.csv"
+    assert (
+        benchmark_moe.main(["--dry-run", "--shared-expert", "--tokens", "1", "--csv", str(out)])
+        == 0
+    )
+    rows = list(csv.DictReader(out.open()))
+    assert [r["path"] for r in rows] == ["block:fused", "block:separate"]
+    # One token's two routed experts plus the shared expert and the router, both layouts alike.
+    assert all(r["distinct_experts"] == "2" and float(r["us"]) > 0 for r in rows)
+    assert rows[0]["weight_mb"] == rows[1]["weight_mb"]

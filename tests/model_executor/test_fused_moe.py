@@ -759,3 +759,56 @@ def test_router_kernel_replays_in_a_cuda_graph():
     ref_weights, ref_ids = grouped_topk_ref(logits.flip(0), bias, **KIMI_LINEAR_ROUTER)
     assert torch.equal(ids, ref_ids)
     torch.testing.assert_close(weights, ref_weights, **ROUTER_ULPS)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fused shared experts: the router's appended columns, K > 8 slots in the GEMV path, E + S experts
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shared", [1, 2])
+@pytest.mark.parametrize(
+    "experts,router",
+    [(E, dict(top_k=K, num_expert_group=4, topk_group=2, routed_scaling_factor=2.5)),
+     (256, KIMI_LINEAR_ROUTER)],  # top-8 + 1: the kernel's slot block pads to 16
+)  # fmt: skip
+def test_router_appends_fused_shared_expert_columns(experts, router, shared, triton_launches):
+    logits, bias = router_inputs(5, experts, seed=0)  # tie-free at both sizes
+    router = dict(router, num_fused_shared_experts=shared)
+    assert_router_matches_reference(logits, bias, triton_launches, **router)
+    for impl in (grouped_topk_triton, grouped_topk_ref):
+        weights, ids = impl(logits, bias, **router)
+        top_k = router["top_k"]
+        assert ids.shape == weights.shape == (5, top_k + shared)
+        assert torch.equal(ids[:, top_k:], torch.arange(experts, experts + shared).expand(5, -1))
+        assert torch.equal(weights[:, top_k:], torch.ones(5, shared))
+        assert bool((ids[:, :top_k] < experts).all())
+    with pytest.raises(ValueError, match="num_fused_shared_experts must be >= 0"):
+        grouped_topk(logits, bias, 2, num_fused_shared_experts=-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("topk", [9, 17])  # default block_h 4 and 2: 16- and 32-slot tiles
+def test_triton_more_than_eight_slots_matches_loop(topk, dtype, triton_launches):
+    shape = dict(experts=20, hidden=64, inter=32, topk=topk)
+    x, w13, w2, w, ids = make_case(3, dtype, DEVICE, seed=topk, **shape)
+    expected = moe_experts_loop(x, w13, w2, w, ids, SiluAndMul())
+    assert_close_to_loop(moe_experts_triton(x, w13, w2, w, ids, SiluAndMul()), expected)
+    assert triton_launches["_moe_down_kernel"] == 1
+
+
+def test_fused_moe_holds_and_loads_fused_shared_experts():
+    layer = FusedMoE(E, H, INTER, SiluAndMul(), params_dtype=torch.float32,
+                     num_fused_shared_experts=1)  # fmt: skip
+    assert layer.num_experts == E and layer.w13_weight.shape[0] == layer.w2_weight.shape[0] == E + 1
+    gen = torch.Generator().manual_seed(0)
+    gate, up, down = (torch.randn(shape, generator=gen) for shape in
+                      ((INTER, H), (INTER, H), (H, INTER)))  # fmt: skip
+    for shard, tensor in (("w1", gate), ("w3", up), ("w2", down)):
+        layer.weight_loader(tensor, E, shard)
+    assert torch.equal(layer.w13_weight[E], torch.cat([gate, up]))
+    assert torch.equal(layer.w2_weight[E], down)
+    with pytest.raises(ValueError, match=f"expert {E + 1} out of range"):
+        layer.weight_loader(gate, E + 1, "w1")
+    with pytest.raises(ValueError, match="num_fused_shared_experts -1 < 0"):
+        FusedMoE(E, H, INTER, SiluAndMul(), num_fused_shared_experts=-1)

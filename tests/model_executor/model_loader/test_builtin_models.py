@@ -79,3 +79,18 @@ def test_footprint_of_a_loaded_model_equals_its_meta_count(name):
     meta = build_model(config, torch.float32, device="meta")
     assert isinstance(meta, KimiK3ForConditionalGeneration) == isinstance(config, KimiK3Config)
     assert model_footprint(meta) == loaded
+
+
+def test_fused_shared_expert_keeps_the_footprint(monkeypatch):
+    """The shared expert fused into FusedMoE as expert 256 still counts as dense decode bytes,
+    not as a routed expert: the footprint equals the unfused layout's."""
+    config = load_model_config(resolve_model(NAME)[0])
+    footprints = {}
+    for fuse in ("1", "0"):
+        monkeypatch.setenv("VLLM_KIMI_FUSE_SHARED_EXPERTS", fuse)
+        model = build_model(config, device="meta")
+        moe = model.layers[1].block_sparse_moe
+        assert moe.fuses_shared_experts == (fuse == "1")
+        assert moe.experts.w13_weight.shape[0] == 256 + int(fuse)
+        footprints[fuse] = model_footprint(model)
+    assert footprints["1"] == footprints["0"]

@@ -1,14 +1,18 @@
 """Kimi MLP / MoE blocks against transformers' Kimi-Linear MoE (pure torch), the router against
-transformers' router with expert groups, SiTU against its formula, and the latent-MoE path."""
+transformers' router with expert groups, SiTU against its formula, the latent-MoE path, and the
+shared expert fused into the routed experts against the separate shared MLP."""
 
 import dataclasses
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+import vllm.model_executor.layers.fused_moe.experts as experts_mod
+import vllm.model_executor.layers.fused_moe.layer as layer_mod
 from vllm.model_executor.layers.activation import SituAndMul, get_act_and_mul
 from vllm.model_executor.layers.fused_moe.router import grouped_topk
-from vllm.models.kimi_k3.amd.linear import KimiMLP, KimiMoE
+from vllm.models.kimi_k3.amd.linear import KimiMLP, KimiMoE, shared_experts_fusable
 from vllm.transformers_utils.configs import KimiLinearConfig
 
 H, E, TOPK, I_MOE = 48, 16, 4, 32
@@ -21,10 +25,10 @@ def _hf(hf_kimi_linear):
     HF = hf_kimi_linear
 
 
-def hf_moe(groups=1, topk_group=1, seed=0):
+def hf_moe(groups=1, topk_group=1, seed=0, shared=2):
     cfg = HF.KimiLinearConfig(
         hidden_size=H, num_hidden_layers=1, num_experts=E, num_experts_per_token=TOPK,
-        moe_intermediate_size=I_MOE, num_shared_experts=2, num_expert_group=groups,
+        moe_intermediate_size=I_MOE, num_shared_experts=shared, num_expert_group=groups,
         topk_group=topk_group, routed_scaling_factor=2.5, moe_renormalize=True,
         hidden_act="silu", linear_attn_config={"kda_layers": [], "full_attn_layers": [1]},
     )  # fmt: skip
@@ -80,9 +84,12 @@ def test_router_matches_transformers(groups, topk_group):
     torch.testing.assert_close(w.gather(1, order), hf_w.gather(1, hf_order))
 
 
-def test_moe_block_matches_transformers():
-    hf = hf_moe()
-    ours = KimiMoE(our_config(), params_dtype=torch.float32, prefix="block_sparse_moe")
+@pytest.mark.parametrize("shared", [1, 2])
+def test_moe_block_matches_transformers(shared):
+    """One shared expert (Kimi-Linear's) is fused by default, two are not fusable."""
+    hf = hf_moe(shared=shared)
+    ours = KimiMoE(our_config(num_shared_experts=shared), torch.float32, prefix="block_sparse_moe")
+    assert ours.fuses_shared_experts == (shared == 1)
     assert len(ours.load_weights(checkpoint(hf))) == 2 + 3 * E + 3
     x = torch.randn(29, H, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
@@ -165,3 +172,214 @@ def test_moe_block_decode_needs_no_tensor_values(dtype):
     moe = KimiMoE(our_config(groups=4, topk_group=2), params_dtype=dtype).to("meta")
     out = moe(torch.empty(3, H, dtype=dtype, device="meta"))
     assert out.device.type == "meta" and out.shape == (3, H) and out.dtype == dtype
+
+
+# -- the shared expert fused into the routed experts -------------------------------------------
+
+
+def fused_config(**changes):
+    return our_config(groups=4, topk_group=2, **{"num_shared_experts": 1, **changes})
+
+
+def random_checkpoint(cfg, seed=0) -> list[tuple[str, torch.Tensor]]:
+    """Checkpoint tensors scaled so every GEMM output is O(1) (errors comparable to eps)."""
+    gen = torch.Generator().manual_seed(seed)
+    h, inter = cfg.hidden_size, cfg.moe_intermediate_size
+
+    def w(rows, cols):
+        return torch.randn(rows, cols, generator=gen) / cols**0.5
+
+    out = [("gate.weight", torch.randn(E, h, generator=gen)),
+           ("gate.e_score_correction_bias", torch.randn(E, generator=gen) * 0.1)]  # fmt: skip
+    for e in range(E):
+        out += [(f"experts.{e}.w1.weight", w(inter, h)), (f"experts.{e}.w3.weight", w(inter, h)),
+                (f"experts.{e}.w2.weight", w(h, inter))]  # fmt: skip
+    out += [("shared_experts.gate_proj.weight", w(inter, h)),
+            ("shared_experts.up_proj.weight", w(inter, h)),
+            ("shared_experts.down_proj.weight", w(h, inter))]  # fmt: skip
+    return out
+
+
+def fused_and_unfused(dtype, cfg=None):
+    cfg = cfg or fused_config()
+    tensors = random_checkpoint(cfg)
+    fused = KimiMoE(cfg, dtype, prefix="moe", fuse_shared_experts=True)
+    unfused = KimiMoE(cfg, dtype, prefix="moe", fuse_shared_experts=False)
+    assert fused.load_weights(tensors) == unfused.load_weights(tensors) == {n for n, _ in tensors}
+    return fused, unfused, dict(tensors)
+
+
+def test_fused_layout_holds_the_shared_expert_as_the_last_expert():
+    fused, unfused, t = fused_and_unfused(torch.float32)
+    assert fused.shared_experts is None and unfused.shared_experts is not None
+    assert fused.experts.w13_weight.shape == (E + 1, 2 * I_MOE, H)
+    assert fused.experts.w2_weight.shape == (E + 1, H, I_MOE)
+    assert (
+        unfused.experts.w13_weight.shape[0] == E and unfused.experts.num_fused_shared_experts == 0
+    )
+    w13, w2 = fused.experts.w13_weight, fused.experts.w2_weight
+    assert torch.equal(w13[E, :I_MOE], t["shared_experts.gate_proj.weight"])
+    assert torch.equal(w13[E, I_MOE:], t["shared_experts.up_proj.weight"])
+    assert torch.equal(w2[E], t["shared_experts.down_proj.weight"])
+    assert torch.equal(w13[:E], unfused.experts.w13_weight)
+    assert torch.equal(w2[:E], unfused.experts.w2_weight)
+    with pytest.raises(ValueError, match="moe: unexpected checkpoint tensor 'shared_experts.bias'"):
+        fused.load_weights([("shared_experts.bias", torch.zeros(H))])
+    with pytest.raises(ValueError, match=r"experts\.16\.w2: checkpoint shape \(48, 16\)"):
+        fused.load_weights([("shared_experts.down_proj.weight", torch.zeros(H, 16))])
+
+
+def test_which_configs_fuse(monkeypatch):
+    assert shared_experts_fusable(fused_config())
+    assert not shared_experts_fusable(fused_config(num_shared_experts=2))
+    assert not shared_experts_fusable(fused_config(num_shared_experts=0))
+    assert not shared_experts_fusable(fused_config(routed_expert_hidden_size=24))
+    situ = fused_config(hidden_act="situ", activation_situ_beta=4.0,
+                        activation_situ_linear_beta=25.0)  # fmt: skip
+    assert not shared_experts_fusable(situ)
+    with pytest.raises(ValueError, match="moe: this config's shared experts cannot be fused"):
+        KimiMoE(situ, torch.float32, prefix="moe", fuse_shared_experts=True)
+    assert KimiMoE(fused_config()).fuses_shared_experts  # the default where fusable
+    monkeypatch.setenv("VLLM_KIMI_FUSE_SHARED_EXPERTS", "0")
+    assert not KimiMoE(fused_config()).fuses_shared_experts
+
+
+def test_a_quantized_shared_expert_is_not_fused():
+    from vllm.config.quantization import parse_quantization_config
+    from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
+
+    everything = OnlineQuantizationConfig(parse_quantization_config({"linear": "fp8_per_channel"}))
+    o_proj_only = OnlineQuantizationConfig(parse_quantization_config(
+        {"linear": "fp8_per_channel", "ignore": ["re:(?!.*self_attn\\.o_proj$).*"]}
+    ))  # fmt: skip
+    prefix = "model.layers.1.block_sparse_moe"
+    assert not shared_experts_fusable(fused_config(), everything, prefix)
+    assert shared_experts_fusable(fused_config(), o_proj_only, prefix)
+    assert not KimiMoE(fused_config(), quant_config=everything, prefix=prefix).fuses_shared_experts
+
+
+def test_router_appends_the_shared_expert_column():
+    fused, unfused, _ = fused_and_unfused(torch.float32)
+    x = torch.randn(7, H, generator=torch.Generator().manual_seed(4))
+    logits = F.linear(x, fused.gate_weight)
+    args = (fused.e_score_correction_bias, TOPK, 4, 2, True, 2.5)
+    routed_w, routed_ids = grouped_topk(logits, *args)
+    w, ids = grouped_topk(logits, *args, num_fused_shared_experts=1)
+    assert ids.shape == w.shape == (7, TOPK + 1)
+    assert torch.equal(ids[:, :TOPK], routed_ids)
+    # The kernel's renormalising sum runs over a wider padded block: fp32 summation order only.
+    torch.testing.assert_close(w[:, :TOPK], routed_w, rtol=1.3e-6, atol=0)
+    assert torch.equal(ids[:, TOPK], torch.full((7,), E)) and torch.equal(w[:, TOPK], torch.ones(7))
+
+
+def _record_paths(monkeypatch) -> list[str]:
+    """The experts implementation each FusedMoE forward selects, by name."""
+    chosen = []
+    select = layer_mod.select_experts_impl
+
+    def recording(*args):
+        impl = select(*args)
+        chosen.append(impl.__name__)
+        return impl
+
+    monkeypatch.setattr(layer_mod, "select_experts_impl", recording)
+    return chosen
+
+
+# tokens -> the implementation their T * (K + 1) rows select, with the row limits scaled down in
+# `_small_limits` so that the interpreter runs small batches: GEMV Triton, grouped Triton, and
+# past both the torch paths (gathered / loop on CPU; torch._grouped_mm on an H200, see the GPU
+# test below).
+FUSED_CASES = [(1, "moe_experts_triton"), (6, "moe_experts_triton"),
+               (9, "moe_experts_triton_grouped"), (30, "moe_experts_triton_grouped"),
+               (40, "torch")]  # fmt: skip
+TORCH_PATHS = ("moe_experts_loop", "moe_experts_gathered", "moe_experts_grouped")
+
+
+def _assert_path(chosen: list[str], path: str) -> None:
+    assert chosen[0] in TORCH_PATHS if path == "torch" else chosen[0] == path
+
+
+def _small_limits(monkeypatch):
+    monkeypatch.setattr(experts_mod, "TRITON_MAX_ROWS", 30)
+    monkeypatch.setattr(experts_mod, "TRITON_GROUPED_MAX_ROWS", 150)
+
+
+@pytest.mark.parametrize("tokens,path", FUSED_CASES)
+def test_fused_equals_unfused_in_fp32(tokens, path, monkeypatch):
+    """fp32: every rounding step is exact up to accumulation order, so the fused block (shared
+    output summed in the experts' fp32 sum) equals the separate shared MLP plus an add to fp32
+    accumulation-order differences: sums of O(1) terms over H=48 / I=32 / K+1=5."""
+    _small_limits(monkeypatch)
+    chosen = _record_paths(monkeypatch)
+    fused, unfused, _ = fused_and_unfused(torch.float32)
+    x = torch.randn(tokens, H, generator=torch.Generator().manual_seed(tokens))
+    with torch.no_grad():
+        out, expected = fused(x), unfused(x)
+    _assert_path(chosen, path)
+    torch.testing.assert_close(out, expected, rtol=1.3e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("tokens,path", FUSED_CASES)
+def test_fused_is_within_bf16_rounding_of_unfused(tokens, path, monkeypatch):
+    """bf16: unfused u = rn(rn(R) + S) (the routed sum R and the shared output S each rounded,
+    then added), fused f = rn(R + S') with S' the experts kernels' shared output. With half an
+    ulp <= 2^-8 |v| in bf16: |f - u| <= 2^-8 (|f| + |R| + |u|) + |S - S'|, and S' has the
+    references' rounding points, so it is at most about an ulp of S off (accumulation order
+    flipping a rounding): |f - u| <= 2^-8 (|R| + |S| + |f| + |u|)."""
+    _small_limits(monkeypatch)
+    chosen = _record_paths(monkeypatch)
+    fused, unfused, _ = fused_and_unfused(torch.bfloat16)
+    x = torch.randn(tokens, H, generator=torch.Generator().manual_seed(tokens)).bfloat16()
+    with torch.no_grad():
+        out, expected = fused(x).float(), unfused(x).float()
+        cfg = unfused.config
+        w, ids = grouped_topk(
+            F.linear(x.float(), unfused.gate_weight), unfused.e_score_correction_bias, TOPK,
+            cfg.num_expert_group, cfg.topk_group, True, cfg.routed_scaling_factor,
+        )  # fmt: skip
+        routed = unfused.experts(x, w, ids).float()
+        shared = unfused.shared_experts(x).float()
+    _assert_path(chosen, path)
+    bound = 2**-8 * (routed.abs() + shared.abs() + out.abs() + expected.abs())
+    assert bool(((out - expected).abs() <= bound).all())
+    assert not torch.equal(out, expected)  # the fused sum really skips a rounding
+
+
+def test_fused_block_decode_needs_no_tensor_values():
+    moe = KimiMoE(fused_config(), params_dtype=torch.bfloat16).to("meta")
+    assert moe.fuses_shared_experts
+    out = moe(torch.empty(3, H, dtype=torch.bfloat16, device="meta"))
+    assert out.device.type == "meta" and out.shape == (3, H)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 8, 64, 256, 1024])
+def test_fused_equals_unfused_at_kimi_linear_sizes_on_gpu(tokens):
+    """H 2304, I 1024, 256 experts top-8 (groups 1), bf16 on the GPU: the GEMV Triton path (1, 8
+    tokens), the grouped Triton path (64, 256) and torch._grouped_mm (1024: 9216 rows)."""
+    cfg = dataclasses.replace(
+        fused_config(), hidden_size=2304, moe_intermediate_size=1024, num_experts=256,
+        num_experts_per_token=8, num_expert_group=1, topk_group=1,
+    )  # fmt: skip
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    fused = KimiMoE(cfg, torch.bfloat16, fuse_shared_experts=True).cuda()
+    unfused = KimiMoE(cfg, torch.bfloat16, fuse_shared_experts=False).cuda()
+    with torch.no_grad():
+        for p in fused.parameters():
+            p.normal_(0, p.shape[-1] ** -0.5, generator=gen)
+        fused.e_score_correction_bias.mul_(0.1)
+        unfused.gate_weight.copy_(fused.gate_weight)
+        unfused.e_score_correction_bias.copy_(fused.e_score_correction_bias)
+        unfused.experts.w13_weight.copy_(fused.experts.w13_weight[:256])
+        unfused.experts.w2_weight.copy_(fused.experts.w2_weight[:256])
+        unfused.shared_experts.gate_up_proj.weight.copy_(fused.experts.w13_weight[256])
+        unfused.shared_experts.down_proj.weight.copy_(fused.experts.w2_weight[256])
+        x = torch.randn(tokens, 2304, generator=gen, device="cuda").bfloat16()
+        out, expected = fused(x).float(), unfused(x).float()
+        w, ids = grouped_topk(F.linear(x.float(), unfused.gate_weight),
+                              unfused.e_score_correction_bias, 8, 1, 1, True, 2.5)  # fmt: skip
+        routed = unfused.experts(x, w, ids).float()
+        shared = unfused.shared_experts(x).float()
+    bound = 2**-8 * (routed.abs() + shared.abs() + out.abs() + expected.abs())
+    assert bool(((out - expected).abs() <= bound).all()), float((out - expected).abs().max())

@@ -186,7 +186,7 @@ def moe_experts_triton(
     block_n: int = 8,
     block_k: int = 256,
     gate_up_warps: int = 4,
-    block_h: int = 8,
+    block_h: int | None = None,
     block_i: int = 128,
     down_warps: int = 4,
 ) -> torch.Tensor:
@@ -196,7 +196,9 @@ def moe_experts_triton(
     program, hidden chunk per step, warps); `block_h` / `block_i` / `down_warps` tile the down
     kernel (hidden outputs per program, intermediate chunk per step, warps). Powers of two.
     The defaults were the fastest of four configurations timed on an H200 at Kimi-Linear-48B
-    expert shapes for 2-16 tokens (2026-12-01, docs/performance.md).
+    expert shapes for 2-16 tokens (2026-12-01, docs/performance.md). `block_h` defaults to 8,
+    or to `64 // next_power_of_2(K)` for K > 8 slots (top-8 plus a fused shared expert pads to
+    16), which keeps the down kernel's `[slots, block_h, block_i]` tile at the size tuned for K 8.
     """
     # Metadata checks only, so the call stays free of host syncs.
     if x.dim() != 2:
@@ -216,6 +218,9 @@ def moe_experts_triton(
             f"topk_weights shape {tuple(topk_weights.shape)} != topk_ids {tuple(topk_ids.shape)}"
         )
     check_triton_operands(x, w13, w2, topk_weights, topk_ids, act_and_mul, "moe_experts_triton")
+    block_topk = next_power_of_2(topk_ids.shape[1])
+    if block_h is None:
+        block_h = max(1, 64 // block_topk) if block_topk > 8 else 8
     blocks = dict(block_n=block_n, block_k=block_k, gate_up_warps=gate_up_warps,
                   block_h=block_h, block_i=block_i, down_warps=down_warps)  # fmt: skip
     for name, value in blocks.items():
@@ -235,7 +240,7 @@ def moe_experts_triton(
         a, w2, topk_ids, topk_weights, out,
         a.stride(0), topk_ids.stride(0), topk_ids.stride(1), topk_weights.stride(0),
         topk_weights.stride(1), w2.stride(0), w2.stride(1), out.stride(0), hidden, inter,
-        TOPK=topk, BLOCK_TOPK=next_power_of_2(topk), BLOCK_H=block_h, BLOCK_I=block_i,
+        TOPK=topk, BLOCK_TOPK=block_topk, BLOCK_H=block_h, BLOCK_I=block_i,
         num_warps=down_warps,
     )  # fmt: skip
     return out

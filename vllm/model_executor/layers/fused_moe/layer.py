@@ -6,6 +6,11 @@ The forward takes the router's `(weights, ids)` and returns the weighted sum of 
 outputs, all-reduced over TP ranks when `reduce_results`. The expert computation is one of the
 implementations in `experts.py`, chosen from the device, dtype, batch shape and activation (static
 facts), so a decode batch runs without host syncs and can be captured in a CUDA graph.
+
+With `num_fused_shared_experts` S > 0 the layer also holds S shared experts of the routed size as
+experts `E ... E + S - 1` (weights `[E + S, ...]`), loaded through `weight_loader` under those ids
+and sharded like the routed ones; the router appends their ids with weight 1.0
+(`grouped_topk(..., num_fused_shared_experts=S)`), so the forward's last S columns are them.
 """
 
 import torch
@@ -28,13 +33,18 @@ class FusedMoE(torch.nn.Module):
         params_dtype: torch.dtype | None = None,
         reduce_results: bool = True,
         prefix: str = "",
+        num_fused_shared_experts: int = 0,
     ) -> None:
         super().__init__()
         self.tp_size = get_tensor_model_parallel_world_size()
         self.tp_rank = get_tensor_model_parallel_rank()
         if intermediate_size % self.tp_size:
             raise ValueError(f"{prefix}: moe intermediate {intermediate_size} % TP {self.tp_size}")
-        self.num_experts = num_experts
+        if num_fused_shared_experts < 0:
+            raise ValueError(f"{prefix}: num_fused_shared_experts {num_fused_shared_experts} < 0")
+        self.num_experts = num_experts  # routed experts only
+        self.num_fused_shared_experts = num_fused_shared_experts
+        slots = num_experts + num_fused_shared_experts
         self.local_intermediate = intermediate_size // self.tp_size
         self.act_and_mul = act_and_mul
         self.reduce_results = reduce_results
@@ -42,15 +52,16 @@ class FusedMoE(torch.nn.Module):
         dtype = params_dtype or torch.get_default_dtype()
         i = self.local_intermediate
         self.w13_weight = torch.nn.Parameter(
-            torch.empty(num_experts, 2 * i, hidden_size, dtype=dtype), requires_grad=False
+            torch.empty(slots, 2 * i, hidden_size, dtype=dtype), requires_grad=False
         )
         self.w2_weight = torch.nn.Parameter(
-            torch.empty(num_experts, hidden_size, i, dtype=dtype), requires_grad=False
+            torch.empty(slots, hidden_size, i, dtype=dtype), requires_grad=False
         )
 
     def weight_loader(self, loaded: torch.Tensor, expert_id: int, shard: str) -> None:
-        """Load one expert's `w1` (gate `[I, H]`), `w3` (up `[I, H]`) or `w2` (down `[H, I]`)."""
-        if not 0 <= expert_id < self.num_experts:
+        """Load one expert's `w1` (gate `[I, H]`), `w3` (up `[I, H]`) or `w2` (down `[H, I]`);
+        ids from `num_experts` on are the fused shared experts."""
+        if not 0 <= expert_id < self.w13_weight.shape[0]:
             raise ValueError(f"{self.prefix}: expert {expert_id} out of range")
         i = self.local_intermediate
         start = self.tp_rank * i

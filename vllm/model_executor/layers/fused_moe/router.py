@@ -9,7 +9,12 @@ experts, renormalised to sum to one if asked (`w / (sum(w) + 1e-20)`), times
 
   router_logits            `[T, E]` bf16 / fp16 / fp32, any strides (read as fp32)
   e_score_correction_bias  `[E]` floating point (read as fp32), any stride, or None
-  returns                  weights `[T, top_k]` fp32, expert ids `[T, top_k]` int64
+  returns                  weights `[T, top_k + S]` fp32, expert ids `[T, top_k + S]` int64
+
+`num_fused_shared_experts` S (default 0) appends S columns after the routed ones: ids `E, ...,
+E + S - 1` with weight exactly 1.0 (neither renormalised nor scaled). A MoE layer whose experts
+kernels hold the shared experts as experts `E...` then sums them with the routed outputs in one
+weighted sum (`KimiMoE`), and the kernel writes those columns itself: no concatenation launch.
 
 `grouped_topk` runs `grouped_topk_triton` where `use_triton(device)` says so, else the torch
 reference `grouped_topk_ref`. Both use fixed shapes only and check arguments from metadata, never
@@ -54,7 +59,7 @@ if triton is not None:
         E: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
         NUM_GROUPS: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_G: tl.constexpr,
         TOPK_GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTMAX: tl.constexpr,
-        RENORMALIZE: tl.constexpr,
+        RENORMALIZE: tl.constexpr, NUM_SHARED: tl.constexpr,
     ):  # fmt: skip
         t = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK_E)
@@ -112,7 +117,11 @@ if triton is not None:
             total = tl.sum(weights, axis=0) + 1e-20
             weights = tl.div_rn(weights, tl.broadcast_to(total, [BLOCK_K]))
         weights = weights * scale
-        k_valid = k_offs < TOP_K
+        if NUM_SHARED > 0:
+            shared = k_offs >= TOP_K
+            weights = tl.where(shared, 1.0, weights)
+            ids = tl.where(shared, E + k_offs - TOP_K, ids)
+        k_valid = k_offs < TOP_K + NUM_SHARED
         tl.store(weights_ptr + t * stride_wt + k_offs, weights, mask=k_valid)
         tl.store(ids_ptr + t * stride_it + k_offs, ids.to(tl.int64), mask=k_valid)
 
@@ -124,8 +133,11 @@ def _check_args(
     num_expert_group: int,
     topk_group: int,
     scoring_func: str,
+    num_fused_shared_experts: int,
 ) -> None:
     """Metadata checks shared by the kernel and the reference (never reads tensor values)."""
+    if num_fused_shared_experts < 0:
+        raise ValueError(f"num_fused_shared_experts must be >= 0, got {num_fused_shared_experts}")
     if scoring_func not in _SCORING:
         raise ValueError(f"scoring_func {scoring_func!r} is not 'sigmoid' or 'softmax'")
     if router_logits.dim() != 2:
@@ -176,11 +188,13 @@ def grouped_topk_ref(
     renormalize: bool = True,
     routed_scaling_factor: float = 1.0,
     scoring_func: str = "sigmoid",
+    num_fused_shared_experts: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The torch reference; see the module docstring for shapes and semantics."""
     _check_args(
-        router_logits, e_score_correction_bias, top_k, num_expert_group, topk_group, scoring_func
-    )
+        router_logits, e_score_correction_bias, top_k, num_expert_group, topk_group, scoring_func,
+        num_fused_shared_experts,
+    )  # fmt: skip
     logits = router_logits.float()
     scores = logits.sigmoid() if scoring_func == "sigmoid" else logits.softmax(dim=-1)
     tokens, experts = scores.shape
@@ -195,7 +209,12 @@ def grouped_topk_ref(
     weights = scores.gather(1, ids)
     if renormalize:
         weights = weights / (weights.sum(dim=-1, keepdim=True) + _EPS)
-    return weights * routed_scaling_factor, ids
+    weights = weights * routed_scaling_factor
+    if num_fused_shared_experts:
+        shared = torch.arange(experts, experts + num_fused_shared_experts, device=ids.device)
+        ids = torch.cat([ids, shared.expand(tokens, -1)], dim=1)
+        weights = torch.cat([weights, weights.new_ones(tokens, num_fused_shared_experts)], dim=1)
+    return weights, ids
 
 
 def _default_warps(block_e: int) -> int:
@@ -213,14 +232,16 @@ def grouped_topk_triton(
     renormalize: bool = True,
     routed_scaling_factor: float = 1.0,
     scoring_func: str = "sigmoid",
+    num_fused_shared_experts: int = 0,
     *,
     num_warps: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The Triton kernel (one launch, or none for zero tokens); `num_warps` overrides the
     default per-program warps (a power of two)."""
     _check_args(
-        router_logits, e_score_correction_bias, top_k, num_expert_group, topk_group, scoring_func
-    )
+        router_logits, e_score_correction_bias, top_k, num_expert_group, topk_group, scoring_func,
+        num_fused_shared_experts,
+    )  # fmt: skip
     if not use_triton(router_logits.device):
         raise ValueError(
             f"grouped_topk_triton needs a CUDA / ROCm device or TRITON_INTERPRET=1 on CPU, got "
@@ -233,8 +254,9 @@ def grouped_topk_triton(
         raise ValueError(f"num_warps must be a positive power of two, got {num_warps}")
     tokens, experts = router_logits.shape
     device = router_logits.device
-    weights = torch.empty(tokens, top_k, dtype=torch.float32, device=device)
-    ids = torch.empty(tokens, top_k, dtype=torch.int64, device=device)
+    columns = top_k + num_fused_shared_experts
+    weights = torch.empty(tokens, columns, dtype=torch.float32, device=device)
+    ids = torch.empty(tokens, columns, dtype=torch.int64, device=device)
     if tokens == 0:
         return weights, ids
     groups = max(num_expert_group, 1)
@@ -244,10 +266,11 @@ def grouped_topk_triton(
         router_logits.stride(0), router_logits.stride(1), bias.stride(0) if bias is not None else 0,
         weights.stride(0), ids.stride(0),
         float(routed_scaling_factor),
-        E=experts, BLOCK_E=block_e, TOP_K=top_k, BLOCK_K=next_power_of_2(top_k),
+        E=experts, BLOCK_E=block_e, TOP_K=top_k, BLOCK_K=next_power_of_2(columns),
         NUM_GROUPS=groups, GROUP_SIZE=experts // groups, BLOCK_G=next_power_of_2(groups),
         TOPK_GROUP=topk_group if groups > 1 else 1, HAS_BIAS=bias is not None,
-        SOFTMAX=scoring_func == "softmax", RENORMALIZE=bool(renormalize), num_warps=num_warps,
+        SOFTMAX=scoring_func == "softmax", RENORMALIZE=bool(renormalize),
+        NUM_SHARED=num_fused_shared_experts, num_warps=num_warps,
     )  # fmt: skip
     return weights, ids
 
@@ -261,11 +284,13 @@ def grouped_topk(
     renormalize: bool = True,
     routed_scaling_factor: float = 1.0,
     scoring_func: str = "sigmoid",
+    num_fused_shared_experts: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`router_logits` `[T, E]` -> (weights `[T, top_k]` fp32, expert ids `[T, top_k]` int64):
-    the Triton kernel where `use_triton` says so, else the torch reference."""
+    """`router_logits` `[T, E]` -> (weights `[T, top_k + S]` fp32, expert ids `[T, top_k + S]`
+    int64, S = `num_fused_shared_experts`): the Triton kernel where `use_triton` says so, else
+    the torch reference."""
     impl = grouped_topk_triton if use_triton(router_logits.device) else grouped_topk_ref
     return impl(
         router_logits, e_score_correction_bias, top_k, num_expert_group, topk_group,
-        renormalize, routed_scaling_factor, scoring_func,
+        renormalize, routed_scaling_factor, scoring_func, num_fused_shared_experts,
     )  # fmt: skip

@@ -86,14 +86,17 @@ def model_footprint(model: torch.nn.Module) -> ModelFootprint:
     # routed experts (only the chosen ones), and kv_b_proj where MLA decodes through W_UK / W_UV.
     not_dense: set[int] = {id(embedding)}
     routed_params = expert_bytes = params_per_expert = moe_layers = 0
-    absorbed_bytes = 0
+    absorbed_bytes = fused_shared_bytes = 0
     for module in text.modules():
         if isinstance(module, FusedMoE):
             moe_layers += 1
             weights = (module.w13_weight, module.w2_weight)
-            routed_params += sum(w.numel() for w in weights)
+            # Experts from num_experts on are fused shared experts: read every step, so dense.
+            routed = module.num_experts
+            routed_params += sum(w[:routed].numel() for w in weights)
             params_per_expert = sum(w[0].numel() for w in weights)
             expert_bytes = sum(_nbytes(w[0]) for w in weights)
+            fused_shared_bytes += sum(_nbytes(w[routed:]) for w in weights)
             not_dense.update(id(w) for w in weights)
         elif isinstance(module, KimiMLAAttention):
             kv_b = list(module.kv_b_proj.parameters())
@@ -119,7 +122,7 @@ def model_footprint(model: torch.nn.Module) -> ModelFootprint:
         num_moe_layers=moe_layers,
         top_k=text.config.num_experts_per_token,
         params_per_expert=params_per_expert,
-        dense_decode_bytes=dense_bytes + absorbed_bytes,
+        dense_decode_bytes=dense_bytes + fused_shared_bytes + absorbed_bytes,
         embedding_row_bytes=_nbytes(embedding[0]),
         expert_bytes=expert_bytes,
         kda_state_bytes_per_seq=kda,

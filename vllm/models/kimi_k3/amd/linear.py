@@ -2,6 +2,15 @@
 router, routed and shared experts, Kimi-K3's latent MoE with optional norm), decoder layers and
 `KimiLinearForCausalLM`.
 
+Shared-expert fusion (`fuses_shared_experts`): a MoE block with exactly one shared expert of the
+routed experts' size (Kimi-Linear) holds it in `FusedMoE` as expert `num_experts`, and the router
+appends it to every token with weight 1.0, so the routed kernels compute it too: no separate
+gate_up GEMM, activation, down GEMM and add per layer. Numerics: the shared output joins the
+routed ones in the experts' fp32 weighted sum, rounded once; unfused, the routed sum and the
+shared output are each rounded to the model dtype and added there. In fp32 the two agree up to
+accumulation order; in bf16 within about one rounding of the routed sum (the fused one is the
+more accurate). `VLLM_KIMI_FUSE_SHARED_EXPERTS=0` keeps the separate shared MLP.
+
 Checkpoint names (upstream-facts D.7): `mlp.gate_proj/up_proj/down_proj`;
 `block_sparse_moe.gate.weight`, `.gate.e_score_correction_bias`, `.experts.{e}.w1/w2/w3`,
 `.shared_experts.gate_proj/up_proj/down_proj`, `.routed_expert_down_proj`, `.routed_expert_norm`,
@@ -16,8 +25,9 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 
+from vllm import envs
 from vllm.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_reduce
-from vllm.model_executor.layers.activation import get_act_and_mul
+from vllm.model_executor.layers.activation import SiluAndMul, get_act_and_mul
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 from vllm.model_executor.layers.fused_moe.router import grouped_topk
 from vllm.model_executor.layers.layernorm import RMSNorm
@@ -25,6 +35,7 @@ from vllm.model_executor.layers.linear import (
     MergedColumnParallelLinear,
     ReplicatedLinear,
     RowParallelLinear,
+    UnquantizedLinearMethod,
 )
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.layers.vocab_parallel_embedding import (
@@ -50,6 +61,8 @@ _LAYER_ATTN_RES = (
     "mlp_res_proj",
 )
 _MODEL_ATTN_RES = ("model.output_attn_res_norm.weight", "model.output_attn_res_proj.weight")
+# A fused shared expert's checkpoint tensors -> its FusedMoE shard names.
+_SHARED_SHARDS = {"gate_proj.weight": "w1", "up_proj.weight": "w3", "down_proj.weight": "w2"}
 
 
 def _act(config: KimiLinearConfig) -> torch.nn.Module:
@@ -96,8 +109,35 @@ class KimiMLP(torch.nn.Module):
             raise ValueError(f"unexpected MLP tensor {name!r}")
 
 
+def shared_experts_fusable(
+    config: KimiLinearConfig, quant_config: QuantizationConfig | None = None, prefix: str = ""
+) -> bool:
+    """Whether the MoE block at `prefix` can run its shared expert as one more routed expert:
+    no latent MoE (the shared expert reads the hidden states, the routed ones the latent), one
+    shared expert of the routed size, SiLU (the Triton experts' activation), and a shared MLP
+    that `quant_config` leaves unquantized (the routed experts are never quantized)."""
+    if config.routed_expert_hidden_size or config.num_shared_experts != 1:
+        return False
+    if type(_act(config)) is not SiluAndMul:
+        return False
+    if quant_config is None:
+        return True
+    with torch.device("meta"):  # only the linears' quant methods are wanted: allocate nothing
+        mlp = KimiMLP(config, config.moe_intermediate_size, reduce_results=False,
+                      quant_config=quant_config, prefix=f"{prefix}.shared_experts")  # fmt: skip
+    return all(
+        type(layer.quant_method) is UnquantizedLinearMethod
+        for layer in (mlp.gate_up_proj, mlp.down_proj)
+    )
+
+
 class KimiMoE(torch.nn.Module):
-    """Routed experts (optionally in a latent space) plus shared experts, one all-reduce."""
+    """Routed experts (optionally in a latent space) plus shared experts, one all-reduce.
+
+    `fuse_shared_experts`: run the shared expert inside the routed experts' kernels (module
+    docstring); None follows `VLLM_KIMI_FUSE_SHARED_EXPERTS` where `shared_experts_fusable`,
+    True raises where it is not. Both layouts load the same checkpoint tensors.
+    """
 
     def __init__(
         self,
@@ -105,6 +145,7 @@ class KimiMoE(torch.nn.Module):
         params_dtype: torch.dtype | None = None,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
+        fuse_shared_experts: bool | None = None,
     ) -> None:
         super().__init__()
         self.config = config
@@ -112,6 +153,11 @@ class KimiMoE(torch.nn.Module):
         h = config.hidden_size
         self.latent = config.routed_expert_hidden_size
         routed_hidden = self.latent or h
+        fusable = shared_experts_fusable(config, quant_config, prefix)
+        if fuse_shared_experts and not fusable:
+            raise ValueError(f"{prefix}: this config's shared experts cannot be fused")
+        if fuse_shared_experts is None:
+            fuse_shared_experts = fusable and envs.VLLM_KIMI_FUSE_SHARED_EXPERTS
         self.gate_weight = torch.nn.Parameter(
             torch.zeros(config.num_experts, h, dtype=torch.float32), requires_grad=False
         )
@@ -121,6 +167,7 @@ class KimiMoE(torch.nn.Module):
         self.experts = FusedMoE(
             config.num_experts, routed_hidden, config.moe_intermediate_size, _act(config),
             params_dtype=params_dtype, reduce_results=False, prefix=f"{prefix}.experts",
+            num_fused_shared_experts=1 if fuse_shared_experts else 0,
         )  # fmt: skip
         if self.latent:
             self.routed_expert_down_proj = ReplicatedLinear(
@@ -145,9 +192,13 @@ class KimiMoE(torch.nn.Module):
                 quant_config=quant_config,
                 prefix=f"{prefix}.shared_experts",
             )  # fmt: skip
-            if config.num_shared_experts
+            if config.num_shared_experts and not fuse_shared_experts
             else None
         )
+
+    @property
+    def fuses_shared_experts(self) -> bool:
+        return self.experts.num_fused_shared_experts > 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cfg = self.config
@@ -156,6 +207,7 @@ class KimiMoE(torch.nn.Module):
             logits, self.e_score_correction_bias, cfg.num_experts_per_token,
             cfg.num_expert_group, cfg.topk_group, cfg.moe_renormalize,
             cfg.routed_scaling_factor, cfg.moe_router_activation_func,
+            self.experts.num_fused_shared_experts,
         )  # fmt: skip
         routed_in = x
         if self.latent:
@@ -184,6 +236,11 @@ class KimiMoE(torch.nn.Module):
                 copy_checked(self.e_score_correction_bias, tensor, f"{self.prefix}.{name}")
             elif name.startswith("shared_experts.") and self.shared_experts is not None:
                 self.shared_experts.load_weight(name.removeprefix("shared_experts."), tensor)
+            elif self.fuses_shared_experts and name.startswith("shared_experts."):
+                shard = _SHARED_SHARDS.get(name.removeprefix("shared_experts."))
+                if shard is None:
+                    raise ValueError(f"{self.prefix}: unexpected checkpoint tensor {name!r}")
+                self.experts.weight_loader(tensor, self.config.num_experts, shard)
             elif self.latent and name == "routed_expert_norm.weight" and self.routed_expert_norm:
                 copy_checked(self.routed_expert_norm.weight, tensor, f"{self.prefix}.{name}")
             elif self.latent and name in (
