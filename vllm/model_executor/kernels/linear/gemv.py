@@ -43,13 +43,14 @@ wide operand, M padded to 16): a variant for the benchmark's sweep, chosen by no
 are starting points measured by ``benchmarks/kernels/benchmark_gemv.py --configs``.
 
 Dispatch into the layers (thresholds are module constants, tuned from that benchmark):
-``UnquantizedLinearMethod`` (vllm/model_executor/layers/linear.py) calls ``gemv`` for CUDA
-bf16 / fp16 inputs of at most ``BF16_GEMV_MAX_M`` rows, and ``RowWiseTorchFP8ScaledMMLinearKernel``
-(scaled_mm/pytorch.py) calls ``gemv_fp8`` for at most ``FP8_GEMV_MAX_M`` rows; above them the
-vendor GEMM runs. The LM head (``ParallelLMHead.compute_logits``) keeps its own F.linear: cuBLAS
-already reads it at 96-100% of copy. NVIDIA only: on ROCm neither path selects it (the rowwise
-FP8 kernel is CUDA-only, and the bf16 dispatch asks ``current_platform.is_cuda()``); the kernel
-itself reads any FP8 flavour Triton loads, e4m3fnuz included, but is not validated on ROCm.
+``UnquantizedLinearMethod`` (vllm/model_executor/layers/linear.py) calls ``gemv`` for CUDA bf16 /
+fp16 inputs of at most ``BF16_GEMV_MAX_M`` rows, and ``RowWiseTorchFP8ScaledMMLinearKernel``
+(scaled_mm/pytorch.py) calls ``gemv_fp8`` for at most ``FP8_GEMV_MAX_M`` rows, both only for weights
+of at most ``GEMV_MAX_WEIGHT_NUMEL`` elements; otherwise the vendor GEMM runs. The LM head
+(``ParallelLMHead.compute_logits``) keeps its own F.linear: cuBLAS already reads it at 96-100% of
+copy. NVIDIA only: on ROCm neither path selects it (the rowwise FP8 kernel is CUDA-only, and the
+bf16 dispatch asks ``current_platform.is_cuda()``); the kernel itself reads any FP8 flavour Triton
+loads, e4m3fnuz included, but is not validated on ROCm.
 
 Launches are static-shape and never read tensor values on the host: CUDA-graph capturable.
 """
@@ -73,6 +74,7 @@ except ImportError:  # CPU-only installs without Triton use the torch references
 __all__ = [
     "BF16_GEMV_MAX_M",
     "FP8_GEMV_MAX_M",
+    "GEMV_MAX_WEIGHT_NUMEL",
     "GemvConfig",
     "default_config",
     "gemv",
@@ -80,13 +82,19 @@ __all__ = [
     "gemv_fp8_ref",
     "gemv_ref",
     "use_bf16_gemv",
+    "use_fp8_gemv",
 ]
 
-# Largest M (rows of the flattened input) that the layers send to the Triton GEMV; above it the
-# vendor GEMM (F.linear / rowwise torch._scaled_mm) runs. Starting points from the design target
-# (M = 1..16); benchmarks/kernels/benchmark_gemv.py measures where the crossover really is.
-BF16_GEMV_MAX_M = 16
-FP8_GEMV_MAX_M = 16
+# What the layers send to the Triton GEMV: at most this many rows (M of the flattened input) and
+# a weight of at most GEMV_MAX_WEIGHT_NUMEL elements; anything else runs the vendor GEMM
+# (F.linear / rowwise torch._scaled_mm). From benchmarks/kernels/benchmark_gemv.py on the H200
+# (docs/performance.md, 2026-12-01): the GEMV's time grows with M (each row is its own pass over
+# the weight tile), so it wins only at M <= 2 (bf16) / M <= 4 (FP8, against a _scaled_mm that
+# reads o_proj at ~17% of HBM); cuBLAS already reads the q/k/v-sized (28.7M) and LM-head weights
+# at 76-100% at M = 1, so the large weights stay with it.
+BF16_GEMV_MAX_M = 2
+FP8_GEMV_MAX_M = 4
+GEMV_MAX_WEIGHT_NUMEL = 16 * 2**20
 
 _FLOAT_DTYPES = (torch.bfloat16, torch.float16)
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -451,12 +459,19 @@ def gemv_fp8(
     return out
 
 
+def use_fp8_gemv(m: int, weight: torch.Tensor) -> bool:
+    """Whether the rowwise FP8 kernel sends ``m`` rows against ``weight`` to ``gemv_fp8``."""
+    return 0 < m <= FP8_GEMV_MAX_M and weight.numel() <= GEMV_MAX_WEIGHT_NUMEL
+
+
 def use_bf16_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether ``UnquantizedLinearMethod`` sends ``x`` (any leading dims) to ``gemv``: an NVIDIA
-    GPU, bf16 / fp16 x and weight of one dtype, unit stride on K, 1..``BF16_GEMV_MAX_M`` rows."""
+    GPU, bf16 / fp16 x and weight of one dtype, unit stride on K, 1..``BF16_GEMV_MAX_M`` rows, a
+    weight of at most ``GEMV_MAX_WEIGHT_NUMEL`` elements."""
     k = weight.shape[-1]
     return (
-        x.is_cuda
+        weight.numel() <= GEMV_MAX_WEIGHT_NUMEL
+        and x.is_cuda
         and current_platform.is_cuda()
         and x.dtype in _FLOAT_DTYPES
         and weight.dtype == x.dtype

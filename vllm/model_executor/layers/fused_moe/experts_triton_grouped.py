@@ -46,7 +46,7 @@ fp32 inputs use IEEE fp32 dots (no TF32), so the kernels differ from the referen
 GEMMs' accumulation order.
 
 Launch shapes: `tl.dot` needs every tile dim >= 16, so block_m >= 16. The defaults (block_m 16,
-64 x 128 tiles (64 x 64 for fp32 gate/up), 4 warps, 3 stages) are starting points for Hopper at
+32 from 1024 rows; 64 x 128 tiles (64 x 64 for fp32 gate/up), 4 warps, 3 stages) are for Hopper at
 Kimi-Linear sizes (H 2304, I 1024, E 256, K 8), where 32-256 tokens give 1-8 rows per expert on
 average and the kernels are bound by reading the weights: a bf16 gate/up stage holds 36 KB of
 loads (x 4 KB, gate and up 16 KB each), a down stage 20 KB. `benchmarks/kernels/benchmark_moe.py
@@ -217,6 +217,18 @@ if triton is not None:
         tl.store(out_ptr + t * stride_ot + h, acc.to(out_ptr.dtype.element_ty), mask=h_ok)
 
 
+# From `benchmark_moe.py --tgrouped-configs` on the H200 (docs/performance.md, 2026-12-01): 32-row
+# blocks read each busy expert's weights half as often once experts average more than ~8 rows
+# (128+ tokens of top-8: 88-89% of copy at 128, 87% vs 83% at 256, 77% vs 69% at 512), and cost
+# nothing measurable below that (88-89% at 64 tokens either way).
+BLOCK_M_32_FROM_ROWS = 1024
+
+
+def default_block_m(num_rows: int) -> int:
+    """Rows per block for `num_rows = T * K` routed rows: 16, or 32 from BLOCK_M_32_FROM_ROWS."""
+    return 32 if num_rows >= BLOCK_M_32_FROM_ROWS else 16
+
+
 def max_blocks_for(num_rows: int, num_experts: int, block_m: int) -> int:
     """Most blocks of `block_m` rows that `num_rows` rows over `num_experts` experts can need:
     each non-empty expert (at most min(E, R) of them) pads its last block by < block_m rows."""
@@ -280,7 +292,7 @@ def moe_experts_triton_grouped(
     topk_ids: torch.Tensor,
     act_and_mul: torch.nn.Module,
     *,
-    block_m: int = 16,
+    block_m: int | None = None,
     block_n: int = 64,
     block_k: int | None = None,
     gate_up_warps: int = 4,
@@ -294,13 +306,13 @@ def moe_experts_triton_grouped(
     """Routed experts grouped by expert: a sort, then four launches (block table, gate/up, down,
     weighted sum); see the module docstring for shapes, numerics and the steps.
 
-    `block_m` rows per block (>= 16, power of two). Gate/up kernel: `block_n` intermediate
-    columns per program, `block_k` hidden chunk per step, `gate_up_warps`, `gate_up_stages`
-    (software-pipelined loads in flight). Down kernel: `down_block_n` hidden outputs per program,
-    `down_block_k` intermediate chunk per step, `down_warps`, `down_stages`. Tile dims are powers
-    of two >= 16; `block_k` defaults to 128 for 2-byte dtypes and 64 for fp32 (whose 128-wide
-    gate/up stages would take 216 KB of shared memory at 3 stages). `layout`: "triton" or
-    "torch" block-table construction.
+    `block_m` rows per block (>= 16, power of two; by default `default_block_m(T * K)`). Gate/up
+    kernel: `block_n` intermediate columns per program, `block_k` hidden chunk per step,
+    `gate_up_warps`, `gate_up_stages` (software-pipelined loads in flight). Down kernel:
+    `down_block_n` hidden outputs per program, `down_block_k` intermediate chunk per step,
+    `down_warps`, `down_stages`. Tile dims are powers of two >= 16; `block_k` defaults to 128 for
+    2-byte dtypes and 64 for fp32 (whose 128-wide gate/up stages would take 216 KB of shared
+    memory at 3 stages). `layout`: "triton" or "torch" block-table construction.
     """
     _check_inputs(x, w13, w2, topk_weights, topk_ids)
     check_triton_operands(
@@ -308,6 +320,8 @@ def moe_experts_triton_grouped(
     )
     if block_k is None:
         block_k = 128 if x.element_size() <= 2 else 64
+    if block_m is None:
+        block_m = default_block_m(topk_ids.numel())
     tiles = dict(block_m=block_m, block_n=block_n, block_k=block_k, down_block_n=down_block_n,
                  down_block_k=down_block_k)  # fmt: skip
     for name, value in tiles.items():

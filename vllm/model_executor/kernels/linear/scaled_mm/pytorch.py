@@ -20,8 +20,9 @@ from vllm.model_executor.layers.quantization.utils.quant_utils import (
 
 class RowWiseTorchFP8ScaledMMLinearKernel(FP8ScaledMMLinearKernel):
     """CUDA PTPC GEMM: `torch._scaled_mm` with `[M, 1]` and `[1, N]` fp32 scales, bf16 out; at
-    most `gemv.FP8_GEMV_MAX_M` rows take the Triton GEMV instead (it reads the weight at a higher
-    share of HBM bandwidth at decode sizes; see kernels/linear/gemv.py).
+    most `gemv.FP8_GEMV_MAX_M` rows against a weight of at most `gemv.GEMV_MAX_WEIGHT_NUMEL`
+    elements take the Triton GEMV instead (it reads such weights at a higher share of HBM
+    bandwidth at decode sizes; see kernels/linear/gemv.py).
 
     Consumes a pre-quantized per-token activation, so the KDA epilogue fusion engages on NVIDIA
     too (upstream's CUDA kernels return no key).
@@ -52,7 +53,7 @@ class RowWiseTorchFP8ScaledMMLinearKernel(FP8ScaledMMLinearKernel):
     def apply_scaled_mm(self, a, b, out_dtype, a_scale, b_scale, bias):
         if not a.is_cuda:  # a layer kept on the CPU of a CUDA host (tests, references)
             return dequantized_matmul(a, b, out_dtype, a_scale, b_scale, bias)
-        if a.shape[0] <= gemv_op.FP8_GEMV_MAX_M:
+        if gemv_op.use_fp8_gemv(a.shape[0], b):
             # b.t() is the row-major [N, K] codes the GEMV streams along K.
             return gemv_op.gemv_fp8(a, a_scale, b.t(), b_scale, bias, out_dtype)
         # b is the [K, N] transposed view of row-major [N, K] codes: column-major, as required.
