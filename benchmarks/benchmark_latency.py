@@ -169,13 +169,17 @@ class Sweep:
 
     def warm_up(self, input_lens: list[int], max_batch: int) -> None:
         """Per length, up to three prompts at once, two tokens each (prefill, mixed and decode
-        steps): kernels compiled or tuned per shape (Triton, fla's chunked KDA) compile here,
-        outside every timed region."""
+        steps), then one prompt alone (the single-prompt prefill's shapes): kernels compiled or
+        tuned per shape (Triton, fla's chunked KDA, cuDNN's attention graphs) compile here,
+        outside every timed region. Without the lone prompt, the first timed 1k prefill of the
+        2026-12-01 run took 11.9 s instead of 0.12 s."""
         start = time.perf_counter()
         for length in input_lens:
             prompts = random_prompts(min(3, max_batch), length, self.vocab, self.args.seed)
             for i, prompt in enumerate(prompts):
                 self.engine.add_request(f"warmup-{length}-{i}", prompt, greedy(2))
+            self.run_until_idle()
+            self.engine.add_request(f"warmup-{length}-alone", prompts[0], greedy(2))
             self.run_until_idle()
         self.record["warmup_s"] = time.perf_counter() - start
         print(f"warm-up (kernel compilation) {self.record['warmup_s']:.1f} s", flush=True)
