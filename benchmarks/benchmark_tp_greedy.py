@@ -15,6 +15,7 @@ the logits) or a bug.
 """
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import statistics
@@ -106,6 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     work.add_argument("--num-prompts", type=int, default=64, help="prompts, decoded together")
     work.add_argument("--input-len", type=int, default=256, help="prompt tokens")
     work.add_argument("--output-len", type=int, default=32, help="greedy tokens per prompt")
+    work.add_argument(
+        "--runs-dir",
+        help="keep each TP size's tokens in this folder and reuse the sizes already there (so "
+        "TP = 1 can run on one GPU beside other work, and TP > 1 later)",
+    )
     work.add_argument("--result-file", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     device = check_args(parser, args)
@@ -118,13 +124,21 @@ def main(argv: list[str] | None = None) -> int:
     if 1 not in args.tp_sizes:
         parser.error("--tp-sizes must include 1: the other sizes are compared with it")
     runs = {}
-    with tempfile.TemporaryDirectory() as folder:
+    with contextlib.ExitStack() as stack:
+        folder = args.runs_dir or stack.enter_context(tempfile.TemporaryDirectory())
+        Path(folder).mkdir(parents=True, exist_ok=True)
         for tp in sorted(set(args.tp_sizes)):
             result = Path(folder) / f"tp{tp}.json"
-            child = [sys.executable, __file__, *argv, "-tp", str(tp), "--result-file", str(result)]
-            print(f"TP={tp}: generating ...", flush=True)
-            subprocess.run(child, check=True)
+            if result.exists():
+                print(f"TP={tp}: reusing {result}", flush=True)
+            else:
+                child = [sys.executable, __file__, *argv, "-tp", str(tp), "--result-file",
+                         str(result)]  # fmt: skip
+                print(f"TP={tp}: generating ...", flush=True)
+                subprocess.run(child, check=True)
             runs[tp] = json.loads(result.read_text())
+    if len(runs) == 1:
+        return 0  # only the TP = 1 tokens, kept in --runs-dir for a later comparison
     record = {
         "environment": environment(device),
         "model": args.model,

@@ -101,8 +101,12 @@ def test_tp_greedy_dry_run(tmp_path: Path) -> None:
     """TP=2 (gloo, two worker processes) against TP=1 on kimi-k3-tiny: every greedy token equal."""
     import benchmark_tp_greedy
 
-    out = tmp_path / "tp.json"
-    assert benchmark_tp_greedy.main(["--dry-run", "--output-json", str(out)]) == 0
+    out, runs = tmp_path / "tp.json", tmp_path / "runs"
+    assert benchmark_tp_greedy.main(["--dry-run", "--tp-sizes", "1", "--runs-dir", str(runs)]) == 0
+    assert not out.exists() and (runs / "tp1.json").exists()  # TP = 1 alone: kept, not compared
+    argv = ["--dry-run", "--runs-dir", str(runs), "--output-json", str(out)]
+    assert benchmark_tp_greedy.main(argv) == 0  # reuses tp1.json, runs TP = 2
+    assert (runs / "tp2.json").exists()
     record = json.loads(out.read_text())
     assert set(record["runs"]) == {"1", "2"}
     comparison = record["comparisons"]["2"]
