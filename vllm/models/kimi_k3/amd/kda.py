@@ -236,10 +236,10 @@ class KimiK3DeltaAttention(torch.nn.Module):
                 mixed_qkv[:nd], self.conv1d_weight, pool.conv_state, slots[:nd]
             )
         if metadata.num_prefills:
-            conv[nd:] = causal_conv1d_prefill(
+            causal_conv1d_prefill(
                 mixed_qkv[nd:], self.conv1d_weight, pool.conv_state,
-                metadata.prefill_host_query_start_loc, metadata.prefill_host_slots,
-                metadata.prefill_host_has_initial_state,
+                metadata.prefill_query_start_loc, slots[nd:], metadata.has_initial_state[nd:],
+                out=conv[nd:],
             )  # fmt: skip
         q, k, v = (t.reshape(tokens, h, d) for t in conv.split(h * d, dim=-1))
         core = torch.empty(tokens, h, d, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
