@@ -99,6 +99,20 @@ def test_out_argument_and_strided_out(triton_launches):
     assert (buf[:4] == 7).all() and (buf[26:] == 7).all() and (buf[:, :16] == 7).all()
 
 
+def test_grouped_out_gives_contiguous_groups(triton_launches):
+    """`out` `[3, T, C / 3]`: q, k and v each contiguous (what the layer hands fla-core)."""
+    batch = make_batch([5, 1, 17], 48, 4, torch.bfloat16, torch.bfloat16, [True, False, True], 5)
+    args = {k: v for k, v in batch.items() if k != "conv_state"}
+    ref = causal_conv1d_prefill_ref(conv_state=batch["conv_state"].clone(), **args)
+    out = torch.empty(3, 23, 16, dtype=torch.bfloat16, device=DEVICE)
+    causal_conv1d_prefill(conv_state=batch["conv_state"].clone(), out=out, **args)
+    assert triton_launches["_causal_conv1d_prefill_kernel"] == 1
+    for i in range(3):
+        torch.testing.assert_close(
+            out[i].float(), ref[:, 16 * i : 16 * (i + 1)].float(), rtol=2**-7, atol=2**-7
+        )
+
+
 def test_prefill_rejects_bad_inputs():
     batch = make_batch([2, 3], 24, 4, torch.float32, torch.float32, [True, True], seed=1)
     bad = [
@@ -107,6 +121,8 @@ def test_prefill_rejects_bad_inputs():
         ("query_start_loc", batch["query_start_loc"][:2]),
         ("slots", batch["slots"].float()),
         ("has_initial_state", batch["has_initial_state"].int()),
+        ("out", torch.empty(5, 25, device=DEVICE)),
+        ("out", torch.empty(3, 5, 9, device=DEVICE)),
     ]
     for name, value in bad:
         with pytest.raises(ValueError, match=name):

@@ -35,7 +35,7 @@ if triton is not None:
     def _causal_conv1d_prefill_kernel(
         x_ptr, w_ptr, state_ptr, qsl_ptr, slots_ptr, has_init_ptr, out_ptr,
         stride_xt, stride_xc, stride_wc, stride_wj, stride_ss, stride_sc, stride_sj,
-        stride_ot, stride_oc, tokens, channels, num_seqs, search_steps,
+        stride_og, stride_ot, stride_oc, group, tokens, channels, num_seqs, search_steps,
         W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
     ):  # fmt: skip
         t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -68,7 +68,8 @@ if triton is not None:
             taps = tl.load(w_ptr + c * stride_wc + j * stride_wj, mask=c_ok, other=0.0)
             acc += v * taps.to(tl.float32)[None, :]
         y = acc * tl.sigmoid(acc)
-        o_ptrs = out_ptr + t[:, None] * stride_ot + c[None, :] * stride_oc
+        o_cols = (c // group) * stride_og + (c % group) * stride_oc
+        o_ptrs = out_ptr + t[:, None] * stride_ot + o_cols[None, :]
         tl.store(o_ptrs, y.to(out_ptr.dtype.element_ty), mask=tile_ok)
 
     @triton.jit
@@ -141,7 +142,9 @@ def causal_conv1d_prefill(
 ) -> torch.Tensor:
     """Prefill chunks of N sequences, described by device tensors: `query_start_loc` `[N + 1]`
     (int32 or int64, from 0, ending at T), `slots` `[N]` (int), `has_initial_state` `[N]`
-    (bool). Writes into `out` `[T, C]` (any strides, `x`'s dtype) when given, and returns it."""
+    (bool). Returns `[T, C]`, or writes into `out` (any strides, `x`'s dtype) and returns it:
+    `out` `[T, C]`, or `[G, T, C // G]` for channels in G groups (q | k | v), each group then
+    its own `[T, C // G]` tensor (contiguous for a contiguous `out`)."""
     tokens, channels = x.shape
     width = weight.shape[1]
     n = slots.shape[0]
@@ -163,22 +166,30 @@ def causal_conv1d_prefill(
         raise ValueError(f"has_initial_state must be bool on {x.device}")
     if out is None:
         out = torch.empty(tokens, channels, dtype=x.dtype, device=x.device)
-    elif out.shape != x.shape or out.dtype != x.dtype:
-        raise ValueError(f"out must be {tuple(x.shape)} {x.dtype}, got {tuple(out.shape)}")
+    # One layout for both forms: [G, T, C // G] (a [T, C] `out` is one group).
+    out3 = out.unsqueeze(0) if out.dim() == 2 else out
+    if out.dtype != x.dtype or out3.dim() != 3 or out3.shape[1] != tokens or (
+        out3.shape[0] * out3.shape[2] != channels
+    ):  # fmt: skip
+        raise ValueError(
+            f"out must be [{tokens}, {channels}] or [G, {tokens}, {channels} // G] of {x.dtype}, "
+            f"got {tuple(out.shape)} {out.dtype}"
+        )
     if tokens == 0 or n == 0:
         return out
     if not use_triton(x.device):
-        out.copy_(
-            causal_conv1d_prefill_ref(x, weight, conv_state, query_start_loc, slots,
-                                      has_initial_state)
-        )  # fmt: skip
+        ref = causal_conv1d_prefill_ref(
+            x, weight, conv_state, query_start_loc, slots, has_initial_state
+        )
+        out3.copy_(ref.view(tokens, out3.shape[0], -1).transpose(0, 1))
         return out
     block_t, block_c = 32, 128
     _causal_conv1d_prefill_kernel[(triton.cdiv(tokens, block_t), triton.cdiv(channels, block_c))](
-        x, weight, conv_state, query_start_loc, slots, has_initial_state, out,
+        x, weight, conv_state, query_start_loc, slots, has_initial_state, out3,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
         conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
-        out.stride(0), out.stride(1), tokens, channels, n, (n - 1).bit_length(),
+        out3.stride(0), out3.stride(1), out3.stride(2), out3.shape[2],
+        tokens, channels, n, (n - 1).bit_length(),
         W=width, BLOCK_T=block_t, BLOCK_C=block_c, num_warps=4,
     )  # fmt: skip
     _conv_state_update_kernel[(n, triton.cdiv(channels, block_c))](
