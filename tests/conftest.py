@@ -108,6 +108,7 @@ _COUNTED_KERNELS = {
     "vllm.models.kimi_k3.amd.ops.causal_conv1d": (
         "_causal_conv1d_prefill_kernel", "_conv_state_update_kernel",
     ),
+    "vllm.models.kimi_k3.amd.ops.kda_gate": ("_kda_gate_beta_kernel",),
 }  # fmt: skip
 
 

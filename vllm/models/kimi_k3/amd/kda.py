@@ -48,7 +48,7 @@ from vllm.model_executor.layers.quantization.utils.quant_utils import kFp8Dynami
 from vllm.models.kimi_k3.amd.ops.causal_conv1d import causal_conv1d_decode, causal_conv1d_prefill
 from vllm.models.kimi_k3.amd.ops.fused_kda_decode import fused_kda_decode
 from vllm.models.kimi_k3.amd.ops.kda_core import kda_decode, kda_prefill
-from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate
+from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate_beta
 from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import (
     per_token_fp8_quant,
     rmsnorm_gated_fp8_per_token,
@@ -224,8 +224,7 @@ class KimiK3DeltaAttention(torch.nn.Module):
                 self.o_norm.weight, gate, self.o_norm.eps,
             )  # fmt: skip
             return core, True
-        g = kda_gate(raw_g, self.A_log, self.dt_bias, self.gate_lower_bound)
-        beta = torch.sigmoid(b.float())
+        g, beta = kda_gate_beta(raw_g, self.A_log, self.dt_bias, self.gate_lower_bound, b)
         tokens = mixed_qkv.shape[0]
         h, d = self.local_heads, self.head_dim
         nd = metadata.num_decodes
