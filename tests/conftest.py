@@ -105,6 +105,10 @@ _COUNTED_KERNELS = {
         "_gemv_kernel", "_gemv_split_reduce_kernel",
     ),
     "vllm.model_executor.layers.ops.rms_norm": ("_rms_norm_kernel",),
+    "vllm.models.kimi_k3.amd.ops.causal_conv1d": (
+        "_causal_conv1d_prefill_kernel", "_conv_state_update_kernel",
+    ),
+    "vllm.models.kimi_k3.amd.ops.kda_gate": ("_kda_gate_beta_kernel",),
 }  # fmt: skip
 
 

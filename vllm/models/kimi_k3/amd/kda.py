@@ -48,7 +48,7 @@ from vllm.model_executor.layers.quantization.utils.quant_utils import kFp8Dynami
 from vllm.models.kimi_k3.amd.ops.causal_conv1d import causal_conv1d_decode, causal_conv1d_prefill
 from vllm.models.kimi_k3.amd.ops.fused_kda_decode import fused_kda_decode
 from vllm.models.kimi_k3.amd.ops.kda_core import kda_decode, kda_prefill
-from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate
+from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate_beta
 from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import (
     per_token_fp8_quant,
     rmsnorm_gated_fp8_per_token,
@@ -224,24 +224,32 @@ class KimiK3DeltaAttention(torch.nn.Module):
                 self.o_norm.weight, gate, self.o_norm.eps,
             )  # fmt: skip
             return core, True
-        g = kda_gate(raw_g, self.A_log, self.dt_bias, self.gate_lower_bound)
-        beta = torch.sigmoid(b.float())
+        g, beta = kda_gate_beta(raw_g, self.A_log, self.dt_bias, self.gate_lower_bound, b)
         tokens = mixed_qkv.shape[0]
         h, d = self.local_heads, self.head_dim
         nd = metadata.num_decodes
         slots = metadata.state_slots
-        conv = torch.empty_like(mixed_qkv)
+        # q | k | v written group-major, so that each is contiguous: fla-core's chunk_kda makes
+        # its inputs contiguous, which for column views of one [T, 3HD] buffer is a copy each.
+        conv = torch.empty(3, tokens, h * d, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
         if nd:
-            conv[:nd] = causal_conv1d_decode(
+            dec = causal_conv1d_decode(
                 mixed_qkv[:nd], self.conv1d_weight, pool.conv_state, slots[:nd]
             )
+            conv[:, :nd] = dec.view(nd, 3, h * d).transpose(0, 1)
         if metadata.num_prefills:
-            conv[nd:] = causal_conv1d_prefill(
+            causal_conv1d_prefill(
                 mixed_qkv[nd:], self.conv1d_weight, pool.conv_state,
-                metadata.prefill_host_query_start_loc, metadata.prefill_host_slots,
-                metadata.prefill_host_has_initial_state,
+                metadata.prefill_query_start_loc, slots[nd:], metadata.has_initial_state[nd:],
+                out=conv[:, nd:],
             )  # fmt: skip
-        q, k, v = (t.reshape(tokens, h, d) for t in conv.split(h * d, dim=-1))
+        q, k, v = conv.view(3, tokens, h, d).unbind(0)
+        if metadata.num_prefills and not nd:
+            # Prefill only: the core's output is the layer's, no copy into a [T, H, D] buffer.
+            return kda_prefill(
+                q, k, v, g, beta, pool.ssm_state, metadata.prefill_query_start_loc, slots,
+                metadata.has_initial_state,
+            ), False  # fmt: skip
         core = torch.empty(tokens, h, d, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
         if nd:
             core[:nd] = kda_decode(
