@@ -411,9 +411,9 @@ def test_gpu_cuda_graph_decode_replays_eagerly():
 # ---------------------------------------------------------------------------------------------
 
 
-def _tp_worker(rank, tensors, x):
+def _tp_worker(rank, tensors, x, full_rank):
     layer = KimiK3DeltaAttention(
-        HIDDEN, HEADS, HEAD_DIM, full_rank_gate=True, norm_eps=EPS,
+        HIDDEN, HEADS, HEAD_DIM, full_rank_gate=full_rank, norm_eps=EPS,
         params_dtype=torch.float32, prefix="l",
     )  # fmt: skip
     layer.load_weights(tensors)
@@ -425,19 +425,21 @@ def _tp_worker(rank, tensors, x):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the gloo test runs on CPU")
-def test_tp2_heads_split_equals_tp1():
+@pytest.mark.parametrize("full_rank", [True, False], ids=["k3-full-rank-gate", "low-rank-gate"])
+def test_tp2_heads_split_equals_tp1(full_rank):
+    """Low rank: f_a and g_a are replicated shards of the fused projection, g_b is split."""
     from gloo_tp2 import run_tp2
 
     hf = hf_kda()
-    tensors = checkpoint_tensors(hf, full_rank=True)
-    layer = our_kda(hf, full_rank=True)
+    tensors = checkpoint_tensors(hf, full_rank=full_rank)
+    layer = our_kda(hf, full_rank=full_rank)
     x = torch.randn(11, HIDDEN, generator=torch.Generator().manual_seed(8))
     with torch.no_grad():
         harness = harness_for(layer)
         a = layer(x[:9], harness.schedule({0: 4, 1: 5}).kda)
         b = layer(x[9:], harness.schedule({0: 1, 1: 1}).kda)
     expected = torch.cat([a, b])
-    results = run_tp2(_tp_worker, tensors, x)
+    results = run_tp2(_tp_worker, tensors, x, full_rank)
     for rank in (0, 1):  # each rank: its heads' partial o_proj, all-reduced; fp32 sum order only
         assert rel_err(results[rank], expected) < 1e-5
 

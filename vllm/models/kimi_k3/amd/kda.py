@@ -2,10 +2,11 @@
 PTPC FP8 `o_proj` epilogue.
 
 Parameters use the names of upstream's layer (upstream-facts D.2, D.7):
-`in_proj_qkvgfab` (q, k, v, g [full-rank gate only], f_a [replicated on every rank], b),
-`g_a_proj` / `g_b_proj` (Kimi-Linear's low-rank output gate), `f_b_proj`, `conv1d` (depthwise
-short conv on q, k, v), `A_log`, `dt_bias`, `o_norm` (gated RMSNorm, sigmoid, per head, weight
-shared by heads) and `o_proj` (row-parallel). Tensor parallel over heads.
+`in_proj_qkvgfab` (q, k, v, g [full-rank gate only], f_a, g_a [low-rank gate only], b; f_a and
+g_a replicated on every rank), `g_b_proj` (with g_a, Kimi-Linear's low-rank output gate; the
+checkpoint's `g_a_proj.weight` loads into its shard of `in_proj_qkvgfab`), `f_b_proj`, `conv1d`
+(depthwise short conv on q, k, v), `A_log`, `dt_bias`, `o_norm` (gated RMSNorm, sigmoid, per
+head, weight shared by heads) and `o_proj` (row-parallel). Tensor parallel over heads.
 
 The layer runs on a flattened batch described by `KDAMetadata` (decodes first, one token each,
 then prefill chunks) and reads / updates its sequences' slots in place in the `KDAStatePool` bound
@@ -40,7 +41,6 @@ from vllm.model_executor.layers.layernorm import RMSNormGated
 from vllm.model_executor.layers.linear import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,
-    ReplicatedLinear,
     RowParallelLinear,
 )
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
@@ -56,7 +56,7 @@ from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import (
 from vllm.v1.kv_cache_interface import KDAStatePool, KDAStateSpec
 
 # Loaded through their own `weight_loader` (TP sharding, shape checks).
-_MODULES = ("f_b_proj", "o_proj", "g_a_proj", "g_b_proj", "o_norm")
+_MODULES = ("f_b_proj", "o_proj", "g_b_proj", "o_norm")
 
 
 @dataclass
@@ -116,23 +116,20 @@ class KimiK3DeltaAttention(torch.nn.Module):
         proj = num_heads * head_dim
         local_proj = self.local_heads * head_dim
 
-        # q, k, v, [g], f_a (replicated), b
-        sizes = [proj, proj, proj] + ([proj] if full_rank_gate else []) + [head_dim, num_heads]
-        self.shard_ids = {"q_proj": 0, "k_proj": 1, "v_proj": 2}
-        if full_rank_gate:
-            self.shard_ids["g_proj"] = 3
-        self.shard_ids["f_a_proj"] = len(sizes) - 2
-        self.shard_ids["b_proj"] = len(sizes) - 1
+        # q, k, v, [g], f_a, [g_a], b; the low-rank heads f_a and g_a are replicated on every
+        # rank. g_a reads the same input as the rest, so it is one more shard, not a GEMV.
+        names = ["q_proj", "k_proj", "v_proj"] + (["g_proj"] if full_rank_gate else [])
+        names += ["f_a_proj"] + ([] if full_rank_gate else ["g_a_proj"]) + ["b_proj"]
+        rank_dims = {"f_a_proj": head_dim, "g_a_proj": head_dim, "b_proj": num_heads}
+        sizes = [rank_dims.get(name, proj) for name in names]
+        self.shard_ids = {name: i for i, name in enumerate(names)}
+        replicated = frozenset(self.shard_ids[n] for n in ("f_a_proj", "g_a_proj") if n in names)
         self.in_proj_qkvgfab = MergedColumnParallelLinear(
             hidden_size, sizes, bias=False, params_dtype=dtype, quant_config=quant_config,
-            prefix=f"{prefix}.in_proj_qkvgfab", replicated_shards=frozenset({len(sizes) - 2}),
+            prefix=f"{prefix}.in_proj_qkvgfab", replicated_shards=replicated,
         )  # fmt: skip
         self.local_sizes = [self.in_proj_qkvgfab._local_size(i) for i in range(len(sizes))]
         if not full_rank_gate:
-            self.g_a_proj = ReplicatedLinear(
-                hidden_size, head_dim, bias=False, params_dtype=dtype,
-                quant_config=quant_config, prefix=f"{prefix}.g_a_proj",
-            )  # fmt: skip
             self.g_b_proj = ColumnParallelLinear(
                 head_dim, proj, bias=False, params_dtype=dtype,
                 quant_config=quant_config, prefix=f"{prefix}.g_b_proj",
@@ -203,8 +200,8 @@ class KimiK3DeltaAttention(torch.nn.Module):
         if self.full_rank_gate:
             gate = parts[3]
         else:
-            gate = self.g_b_proj(self.g_a_proj(hidden_states)[0])[0]
-        f_a, b = parts[-2], parts[-1]
+            gate = self.g_b_proj(parts[self.shard_ids["g_a_proj"]])[0]
+        f_a, b = parts[self.shard_ids["f_a_proj"]], parts[-1]
         gate = gate.view(tokens, h, d)  # a strided view of `projected` for the full-rank gate
 
         raw_g = self.f_b_proj(f_a)[0]
