@@ -15,8 +15,9 @@ to it once by `bind_kv_cache` (its shapes are `get_kv_cache_spec`'s).
 Epilogue, decided once per forward from the same metadata the core uses:
 - `o_proj` consumes `kFp8DynamicTokenSym` (`get_input_quant_key`) and
   `VLLM_KIMI_K3_FUSED_OPROJ_EPILOGUE` is on (the default): the gated norm and the per-token FP8
-  quantization run as one fused op (or, for a core that already applied the norm, only the
-  quantization) and `o_proj` receives a `QuantizedActivation`;
+  quantization run as one fused op (a decode-only batch: inside the fused decode's epilogue,
+  which returns the codes and scales; a core that already applied the norm any other way: only
+  the quantization) and `o_proj` receives a `QuantizedActivation`;
 - otherwise `o_norm`, then `o_proj` (which quantizes for itself if it is FP8): with the variable
   set to 0 this is the unfused baseline of the same PTPC model.
 Every core reports whether it normed, and the epilogue applies the norm iff it did not: never twice,
@@ -205,20 +206,26 @@ class KimiK3DeltaAttention(torch.nn.Module):
         gate = gate.view(tokens, h, d)  # a strided view of `projected` for the full-rank gate
 
         raw_g = self.f_b_proj(f_a)[0]
-        core, normed = self._core(mixed_qkv, raw_g, b, gate, metadata, pool)
+        quantize = self.o_proj_is_ptpc_fp8() and envs.VLLM_KIMI_K3_FUSED_OPROJ_EPILOGUE
+        core, normed = self._core(mixed_qkv, raw_g, b, gate, metadata, pool, quantize)
         return self._epilogue(core, gate, normed)
 
-    def _core(self, mixed_qkv, raw_g, b, gate, metadata: KDAMetadata, pool: KDAStatePool):
+    def _core(
+        self, mixed_qkv, raw_g, b, gate, metadata: KDAMetadata, pool: KDAStatePool,
+        quantize: bool = False,
+    ):  # fmt: skip
         """Conv + delta rule for the batch. Returns (core `[T, H, D]`, whether it is normed).
 
-        A batch of decodes only runs the fused decode kernel with its norm epilogue; anything
-        else runs the conv, gate and core ops and leaves the norm to the epilogue.
+        A batch of decodes only runs the fused decode kernel with its norm epilogue, which with
+        `quantize` also quantizes per token: its core is then the `(codes, scales)` pair.
+        Anything else runs the conv, gate and core ops and leaves norm and quantization to the
+        epilogue.
         """
         if metadata.num_prefills == 0 and metadata.num_decodes:
             core = fused_kda_decode(
                 mixed_qkv, self.conv1d_weight, pool.conv_state, raw_g, self.A_log, self.dt_bias,
                 self.gate_lower_bound, b, pool.ssm_state, metadata.state_slots,
-                self.o_norm.weight, gate, self.o_norm.eps,
+                self.o_norm.weight, gate, self.o_norm.eps, quantize=quantize,
             )  # fmt: skip
             return core, True
         g = kda_gate(raw_g, self.A_log, self.dt_bias, self.gate_lower_bound)
@@ -254,10 +261,18 @@ class KimiK3DeltaAttention(torch.nn.Module):
     def o_proj_is_ptpc_fp8(self) -> bool:
         return get_input_quant_key(self.o_proj) == kFp8DynamicTokenSym
 
-    def _epilogue(self, core: torch.Tensor, gate: torch.Tensor, normed: bool) -> torch.Tensor:
-        tokens = core.shape[0]
+    def _epilogue(
+        self, core: "torch.Tensor | tuple[torch.Tensor, torch.Tensor]", gate: torch.Tensor,
+        normed: bool,
+    ) -> torch.Tensor:  # fmt: skip
+        """`o_proj` of the core: `[T, H, D]`, or the FP8 `(codes, scales)` of a normed core."""
+        tokens = gate.shape[0]
         width = self.local_heads * self.head_dim
-        if self.o_proj_is_ptpc_fp8() and envs.VLLM_KIMI_K3_FUSED_OPROJ_EPILOGUE:
+        if isinstance(core, tuple):
+            x = QuantizedActivation(
+                *core, gate.dtype, torch.Size([tokens, width]), kFp8DynamicTokenSym
+            )
+        elif self.o_proj_is_ptpc_fp8() and envs.VLLM_KIMI_K3_FUSED_OPROJ_EPILOGUE:
             if normed:
                 q, scale = per_token_fp8_quant(core.reshape(tokens, width))
             else:
