@@ -20,7 +20,7 @@ PR_RECIPE = '{"linear":"fp8_per_channel","ignore":["re:(?!.*self_attn\\\\.o_proj
 # Kimi-K3 text model: 93 layers, MLA at these 1-based indices, KDA elsewhere (upstream-facts D.1).
 MLA_LAYERS = set(range(4, 93, 4)) | {93}
 PACKED = {
-    "in_proj_qkvgfab": ["q_proj", "k_proj", "v_proj", "g_proj", "f_a_proj", "b_proj"],
+    "in_proj_qkvgfab": ["q_proj", "k_proj", "v_proj", "g_proj", "f_a_proj", "g_a_proj", "b_proj"],
     "fused_qkv_a_proj": ["q_a_proj", "kv_a_proj_with_mqa", "g_proj"],
     "gate_up_proj": ["gate_proj", "up_proj"],
 }
@@ -75,6 +75,23 @@ def test_pr_recipe_quantizes_exactly_the_attention_o_proj_layers():
     assert all(p.endswith(".self_attn.o_proj") for p in quantized)
     mla = [p for p in quantized if int(p.split(".")[3]) + 1 in MLA_LAYERS]
     assert len(mla) == 24  # MLA and KDA o_proj alike: both live under self_attn
+
+
+def test_low_rank_gate_shard_follows_the_fused_kda_projection():
+    """Kimi-Linear's `g_a_proj` is a shard of `in_proj_qkvgfab`: the PR recipe leaves the fused
+    layer (and so g_a) unquantized, as it left the separate g_a_proj; an ignore rule that names
+    g_a_proj alone would split the fused layer and is refused."""
+    from vllm.models.kimi_k3.amd.linear import KimiLinearForCausalLM
+
+    packed = KimiLinearForCausalLM.packed_modules_mapping
+    assert packed == PACKED
+    fused = "model.layers.0.self_attn.in_proj_qkvgfab"
+    config = OnlineQuantizationConfig(parse_quantization_config(PR_RECIPE), packed)
+    method = build(MergedColumnParallelLinear, fused, config).quant_method
+    assert type(method).__name__ == "UnquantizedLinearMethod"
+    split = parse_quantization_config({"linear": "fp8_per_channel", "ignore": ["re:.*g_a_proj"]})
+    with pytest.raises(ValueError, match="split the fused layer"):
+        split.should_ignore(fused, packed["in_proj_qkvgfab"])
 
 
 def test_shorthand_fills_linear():

@@ -38,6 +38,7 @@ def tensors():
     "dropped",
     [
         "model.layers.0.self_attn.k_proj.weight",  # one part of in_proj_qkvgfab
+        "model.layers.0.self_attn.g_a_proj.weight",  # the low-rank gate's shard of it
         "model.layers.0.self_attn.q_conv1d.weight",  # one part of conv1d_weight
         "model.layers.1.block_sparse_moe.experts.7.w3.weight",  # one part of experts.w13_weight
         "model.layers.1.block_sparse_moe.gate.weight",  # gate_weight

@@ -9,6 +9,8 @@ import pytest
 import torch
 from engine_harness import EngineHarness, SingleLayer
 
+import vllm.models.kimi_k3.amd.ops.fused_kda_decode as decode_module
+from vllm.model_executor.layers.quantization.utils.fp8_per_token import per_token_fp8_quant
 from vllm.models.kimi_k3.amd.kda import KimiK3DeltaAttention
 from vllm.models.kimi_k3.amd.ops.fused_kda_decode import (
     KdaDecodeConfig,
@@ -141,6 +143,75 @@ def test_gpu_cuda_graph_replay_matches_eager():
     assert torch.equal(out, expected)
     assert torch.equal(graph_step["ssm_state"], eager_step["ssm_state"])
     assert torch.equal(graph_step["conv_state"], eager_step["conv_state"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The per-token FP8 epilogue: exactly per_token_fp8_quant of the model-dtype output
+# ---------------------------------------------------------------------------------------------
+
+
+def check_quantized_equals_quantized_output(step, config, triton_launches, quant_dtype=None):
+    """`quantize=True` against per_token_fp8_quant(the bf16 output), bit for bit, and the same
+    state updates; returns the codes and scales."""
+    n, heads, d = step["gate"].shape
+    plain_step, quant_step = clone(step), clone(step)
+    plain = fused_kda_decode(**plain_step, lower_bound=-5.0, config=config)
+    ref_q, ref_scale = per_token_fp8_quant(plain.reshape(n, heads * d), quant_dtype)
+    for name in triton_launches:
+        triton_launches[name] = 0
+    q, scale = fused_kda_decode(
+        **quant_step, lower_bound=-5.0, config=config, quantize=True, quant_dtype=quant_dtype
+    )
+    split = (config or kda_decode_config(n, heads, d, 1)).block_v < d
+    assert triton_launches["_fused_kda_decode_kernel"] == 1
+    assert triton_launches["_kda_decode_epilogue_kernel"] == int(split)
+    assert triton_launches["_per_token_fp8_quant_kernel"] == int(not split)
+    assert q.shape == (n, heads * d) and q.dtype == ref_q.dtype
+    assert scale.shape == (n, 1) and scale.dtype == torch.float32
+    assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8))
+    assert torch.equal(scale, ref_scale)
+    assert torch.equal(quant_step["ssm_state"], plain_step["ssm_state"])
+    assert torch.equal(quant_step["conv_state"], plain_step["conv_state"])
+    return q, scale
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # exp(1e4) in the interpreter's sigmoid
+@pytest.mark.parametrize("quant_dtype", [torch.float8_e4m3fn, torch.float8_e4m3fnuz], ids=str)
+@pytest.mark.parametrize("tile", [4096, 32], ids=["one-chunk", "head-chunks"])
+@pytest.mark.parametrize("n", [1, 3])
+@pytest.mark.parametrize("heads,d,block_v", [(3, 16, 4), (4, 32, 16), (5, 16, 16)])
+def test_quantized_epilogue_equals_quantizing_the_output(
+    heads, d, block_v, n, tile, quant_dtype, monkeypatch, triton_launches
+):  # fmt: skip
+    """Token 0's gate zeroes its output (sigmoid(-1e4) = 0): the floor scale and zero codes.
+    `tile` 32 norms the heads in chunks of 2 (the second padded for odd head counts); block_v
+    == d is the single variant, which quantizes with per_token_fp8_quant."""
+    monkeypatch.setattr(decode_module, "_EPILOGUE_TILE", tile)
+    step = make_step(n, heads, d, 4, torch.bfloat16, seed=n * 10 + heads)
+    step["gate"][0] = -1.0e4
+    q, scale = check_quantized_equals_quantized_output(
+        step, KdaDecodeConfig(block_v, num_warps=2), triton_launches, quant_dtype
+    )
+    min_scale = decode_module.fp8_quant_params(quant_dtype)[2]
+    assert (q[0].float() == 0).all() and float(scale[0]) == pytest.approx(min_scale, rel=1e-7)
+    if n > 1:
+        assert (q[1:].float() != 0).any()
+
+
+def test_quantize_needs_the_norm():
+    step = make_step(2, 2, 32, 4, torch.float32, seed=0)
+    step["gate"] = step["norm_weight"] = None
+    with pytest.raises(ValueError, match="quantize needs the norm"):
+        fused_kda_decode(**step, lower_bound=None, quantize=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 64, 256])
+def test_gpu_quantized_epilogue_kimi_linear_sizes(n, triton_launches):
+    """32 heads x 128 with the default launch (V-split: the quantization is in the epilogue)."""
+    step = make_step(n, 32, 128, 4, torch.bfloat16, seed=n)
+    step["gate"][0] = -1.0e4
+    check_quantized_equals_quantized_output(step, None, triton_launches)
 
 
 def test_norm_and_gate_go_together():

@@ -7,9 +7,11 @@ import torch
 from engine_harness import EngineHarness, SingleLayer
 
 import vllm.models.kimi_k3.amd.kda as kda_module
+import vllm.models.kimi_k3.amd.ops.fused_kda_decode as fused_decode_module
 from vllm.config.quantization import parse_quantization_config
 from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
 from vllm.models.kimi_k3.amd.kda import KimiK3DeltaAttention
+from vllm.models.kimi_k3.amd.ops.fused_kda_decode import KdaDecodeConfig
 from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import per_token_fp8_quant
 
 HIDDEN, HEADS, HEAD_DIM, EPS = 64, 2, 32, 1e-5
@@ -270,7 +272,11 @@ def test_ptpc_epilogue_norms_exactly_once_and_matches_unfused(monkeypatch, full_
             x = torch.randn(tokens, HIDDEN, generator=gen).to(torch.bfloat16).to(device)
             meta_f, meta_u = harness_f.schedule(new).kda, harness_u.schedule(new).kda
             if name == "decode":  # keep both pools in step; nothing to compare here
-                fused(x, meta_f), unfused(x, meta_u), counts.take(), captured.clear()
+                counts.take()  # the previous batch's reference norm
+                fused(x, meta_f)
+                # normed and quantized inside the fused decode: no norm, no separate quant
+                assert counts.take() == {"o_norm": 0, "fused": 0, "quant": 0, "kernel_quant": 0}
+                unfused(x, meta_u), counts.take(), captured.clear()
                 continue
             out_f = fused(x, meta_f).float()
             assert counts.take() == {"o_norm": 0, "fused": 1, "quant": 0, "kernel_quant": 0}
@@ -334,6 +340,47 @@ def test_fusion_switch_off_gives_the_unfused_path(monkeypatch, device):
             out_u = unfused(x, harness_u.schedule(new).kda)
             counts.take()
             assert torch.equal(out_s, out_u), name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("block_v", [16, HEAD_DIM], ids=["v-split", "single"])
+def test_decode_quantized_in_the_kernel_equals_the_unfused_path(
+    monkeypatch, triton_launches, block_v, device
+):  # fmt: skip
+    """A PTPC decode batch: the fused decode returns the FP8 activation (the V-split variant from
+    its epilogue kernel, the single one through per_token_fp8_quant) and o_proj's output equals,
+    bit for bit, that of the switch-off path (o_proj quantizing the bf16 core itself); normed once
+    (in the kernel), quantized once."""
+    monkeypatch.setattr(
+        fused_decode_module, "kda_decode_config", lambda *_: KdaDecodeConfig(block_v, 2)
+    )
+    hf = hf_kda()
+    fused = our_kda(hf, torch.bfloat16, PTPC_O_PROJ, device=device)
+    switched = our_kda(hf, torch.bfloat16, PTPC_O_PROJ, device=device)
+    counts = Counts(monkeypatch, fused, switched)
+    harness_f = harness_for(fused, torch.bfloat16, device)
+    harness_s = harness_for(switched, torch.bfloat16, device)
+    gen = torch.Generator().manual_seed(9)
+    with torch.no_grad():
+        for name, new, tokens in BATCHES:
+            x = torch.randn(tokens, HIDDEN, generator=gen).to(torch.bfloat16).to(device)
+            meta_f, meta_s = harness_f.schedule(new).kda, harness_s.schedule(new).kda
+            for kernel in triton_launches:
+                triton_launches[kernel] = 0
+            out_f = fused(x, meta_f)
+            if name == "decode":
+                assert counts.take() == {"o_norm": 0, "fused": 0, "quant": 0, "kernel_quant": 0}
+                split = block_v < HEAD_DIM
+                assert triton_launches["_kda_decode_epilogue_kernel"] == int(split)
+                assert triton_launches["_per_token_fp8_quant_kernel"] == int(not split)
+            counts.take()
+            monkeypatch.setenv("VLLM_KIMI_K3_FUSED_OPROJ_EPILOGUE", "0")
+            out_s = switched(x, meta_s)
+            monkeypatch.delenv("VLLM_KIMI_K3_FUSED_OPROJ_EPILOGUE")
+            if name == "decode":
+                assert counts.take() == {"o_norm": 0, "fused": 0, "quant": 0, "kernel_quant": 1}
+                assert torch.equal(out_f, out_s)
+            counts.take()
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -411,9 +458,9 @@ def test_gpu_cuda_graph_decode_replays_eagerly():
 # ---------------------------------------------------------------------------------------------
 
 
-def _tp_worker(rank, tensors, x):
+def _tp_worker(rank, tensors, x, full_rank):
     layer = KimiK3DeltaAttention(
-        HIDDEN, HEADS, HEAD_DIM, full_rank_gate=True, norm_eps=EPS,
+        HIDDEN, HEADS, HEAD_DIM, full_rank_gate=full_rank, norm_eps=EPS,
         params_dtype=torch.float32, prefix="l",
     )  # fmt: skip
     layer.load_weights(tensors)
@@ -425,19 +472,21 @@ def _tp_worker(rank, tensors, x):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the gloo test runs on CPU")
-def test_tp2_heads_split_equals_tp1():
+@pytest.mark.parametrize("full_rank", [True, False], ids=["k3-full-rank-gate", "low-rank-gate"])
+def test_tp2_heads_split_equals_tp1(full_rank):
+    """Low rank: f_a and g_a are replicated shards of the fused projection, g_b is split."""
     from gloo_tp2 import run_tp2
 
     hf = hf_kda()
-    tensors = checkpoint_tensors(hf, full_rank=True)
-    layer = our_kda(hf, full_rank=True)
+    tensors = checkpoint_tensors(hf, full_rank=full_rank)
+    layer = our_kda(hf, full_rank=full_rank)
     x = torch.randn(11, HIDDEN, generator=torch.Generator().manual_seed(8))
     with torch.no_grad():
         harness = harness_for(layer)
         a = layer(x[:9], harness.schedule({0: 4, 1: 5}).kda)
         b = layer(x[9:], harness.schedule({0: 1, 1: 1}).kda)
     expected = torch.cat([a, b])
-    results = run_tp2(_tp_worker, tensors, x)
+    results = run_tp2(_tp_worker, tensors, x, full_rank)
     for rank in (0, 1):  # each rank: its heads' partial o_proj, all-reduced; fp32 sum order only
         assert rel_err(results[rank], expected) < 1e-5
 

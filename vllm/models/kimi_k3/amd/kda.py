@@ -2,10 +2,11 @@
 PTPC FP8 `o_proj` epilogue.
 
 Parameters use the names of upstream's layer (upstream-facts D.2, D.7):
-`in_proj_qkvgfab` (q, k, v, g [full-rank gate only], f_a [replicated on every rank], b),
-`g_a_proj` / `g_b_proj` (Kimi-Linear's low-rank output gate), `f_b_proj`, `conv1d` (depthwise
-short conv on q, k, v), `A_log`, `dt_bias`, `o_norm` (gated RMSNorm, sigmoid, per head, weight
-shared by heads) and `o_proj` (row-parallel). Tensor parallel over heads.
+`in_proj_qkvgfab` (q, k, v, g [full-rank gate only], f_a, g_a [low-rank gate only], b; f_a and
+g_a replicated on every rank), `g_b_proj` (with g_a, Kimi-Linear's low-rank output gate; the
+checkpoint's `g_a_proj.weight` loads into its shard of `in_proj_qkvgfab`), `f_b_proj`, `conv1d`
+(depthwise short conv on q, k, v), `A_log`, `dt_bias`, `o_norm` (gated RMSNorm, sigmoid, per
+head, weight shared by heads) and `o_proj` (row-parallel). Tensor parallel over heads.
 
 The layer runs on a flattened batch described by `KDAMetadata` (decodes first, one token each,
 then prefill chunks) and reads / updates its sequences' slots in place in the `KDAStatePool` bound
@@ -14,8 +15,9 @@ to it once by `bind_kv_cache` (its shapes are `get_kv_cache_spec`'s).
 Epilogue, decided once per forward from the same metadata the core uses:
 - `o_proj` consumes `kFp8DynamicTokenSym` (`get_input_quant_key`) and
   `VLLM_KIMI_K3_FUSED_OPROJ_EPILOGUE` is on (the default): the gated norm and the per-token FP8
-  quantization run as one fused op (or, for a core that already applied the norm, only the
-  quantization) and `o_proj` receives a `QuantizedActivation`;
+  quantization run as one fused op (a decode-only batch: inside the fused decode's epilogue,
+  which returns the codes and scales; a core that already applied the norm any other way: only
+  the quantization) and `o_proj` receives a `QuantizedActivation`;
 - otherwise `o_norm`, then `o_proj` (which quantizes for itself if it is FP8): with the variable
   set to 0 this is the unfused baseline of the same PTPC model.
 Every core reports whether it normed, and the epilogue applies the norm iff it did not: never twice,
@@ -40,7 +42,6 @@ from vllm.model_executor.layers.layernorm import RMSNormGated
 from vllm.model_executor.layers.linear import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,
-    ReplicatedLinear,
     RowParallelLinear,
 )
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
@@ -56,7 +57,7 @@ from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import (
 from vllm.v1.kv_cache_interface import KDAStatePool, KDAStateSpec
 
 # Loaded through their own `weight_loader` (TP sharding, shape checks).
-_MODULES = ("f_b_proj", "o_proj", "g_a_proj", "g_b_proj", "o_norm")
+_MODULES = ("f_b_proj", "o_proj", "g_b_proj", "o_norm")
 
 
 @dataclass
@@ -116,23 +117,20 @@ class KimiK3DeltaAttention(torch.nn.Module):
         proj = num_heads * head_dim
         local_proj = self.local_heads * head_dim
 
-        # q, k, v, [g], f_a (replicated), b
-        sizes = [proj, proj, proj] + ([proj] if full_rank_gate else []) + [head_dim, num_heads]
-        self.shard_ids = {"q_proj": 0, "k_proj": 1, "v_proj": 2}
-        if full_rank_gate:
-            self.shard_ids["g_proj"] = 3
-        self.shard_ids["f_a_proj"] = len(sizes) - 2
-        self.shard_ids["b_proj"] = len(sizes) - 1
+        # q, k, v, [g], f_a, [g_a], b; the low-rank heads f_a and g_a are replicated on every
+        # rank. g_a reads the same input as the rest, so it is one more shard, not a GEMV.
+        names = ["q_proj", "k_proj", "v_proj"] + (["g_proj"] if full_rank_gate else [])
+        names += ["f_a_proj"] + ([] if full_rank_gate else ["g_a_proj"]) + ["b_proj"]
+        rank_dims = {"f_a_proj": head_dim, "g_a_proj": head_dim, "b_proj": num_heads}
+        sizes = [rank_dims.get(name, proj) for name in names]
+        self.shard_ids = {name: i for i, name in enumerate(names)}
+        replicated = frozenset(self.shard_ids[n] for n in ("f_a_proj", "g_a_proj") if n in names)
         self.in_proj_qkvgfab = MergedColumnParallelLinear(
             hidden_size, sizes, bias=False, params_dtype=dtype, quant_config=quant_config,
-            prefix=f"{prefix}.in_proj_qkvgfab", replicated_shards=frozenset({len(sizes) - 2}),
+            prefix=f"{prefix}.in_proj_qkvgfab", replicated_shards=replicated,
         )  # fmt: skip
         self.local_sizes = [self.in_proj_qkvgfab._local_size(i) for i in range(len(sizes))]
         if not full_rank_gate:
-            self.g_a_proj = ReplicatedLinear(
-                hidden_size, head_dim, bias=False, params_dtype=dtype,
-                quant_config=quant_config, prefix=f"{prefix}.g_a_proj",
-            )  # fmt: skip
             self.g_b_proj = ColumnParallelLinear(
                 head_dim, proj, bias=False, params_dtype=dtype,
                 quant_config=quant_config, prefix=f"{prefix}.g_b_proj",
@@ -203,25 +201,31 @@ class KimiK3DeltaAttention(torch.nn.Module):
         if self.full_rank_gate:
             gate = parts[3]
         else:
-            gate = self.g_b_proj(self.g_a_proj(hidden_states)[0])[0]
-        f_a, b = parts[-2], parts[-1]
+            gate = self.g_b_proj(parts[self.shard_ids["g_a_proj"]])[0]
+        f_a, b = parts[self.shard_ids["f_a_proj"]], parts[-1]
         gate = gate.view(tokens, h, d)  # a strided view of `projected` for the full-rank gate
 
         raw_g = self.f_b_proj(f_a)[0]
-        core, normed = self._core(mixed_qkv, raw_g, b, gate, metadata, pool)
+        quantize = self.o_proj_is_ptpc_fp8() and envs.VLLM_KIMI_K3_FUSED_OPROJ_EPILOGUE
+        core, normed = self._core(mixed_qkv, raw_g, b, gate, metadata, pool, quantize)
         return self._epilogue(core, gate, normed)
 
-    def _core(self, mixed_qkv, raw_g, b, gate, metadata: KDAMetadata, pool: KDAStatePool):
+    def _core(
+        self, mixed_qkv, raw_g, b, gate, metadata: KDAMetadata, pool: KDAStatePool,
+        quantize: bool = False,
+    ):  # fmt: skip
         """Conv + delta rule for the batch. Returns (core `[T, H, D]`, whether it is normed).
 
-        A batch of decodes only runs the fused decode kernel with its norm epilogue; anything
-        else runs the conv, gate and core ops and leaves the norm to the epilogue.
+        A batch of decodes only runs the fused decode kernel with its norm epilogue, which with
+        `quantize` also quantizes per token: its core is then the `(codes, scales)` pair.
+        Anything else runs the conv, gate and core ops and leaves norm and quantization to the
+        epilogue.
         """
         if metadata.num_prefills == 0 and metadata.num_decodes:
             core = fused_kda_decode(
                 mixed_qkv, self.conv1d_weight, pool.conv_state, raw_g, self.A_log, self.dt_bias,
                 self.gate_lower_bound, b, pool.ssm_state, metadata.state_slots,
-                self.o_norm.weight, gate, self.o_norm.eps,
+                self.o_norm.weight, gate, self.o_norm.eps, quantize=quantize,
             )  # fmt: skip
             return core, True
         g, beta = kda_gate_beta(raw_g, self.A_log, self.dt_bias, self.gate_lower_bound, b)
@@ -265,10 +269,18 @@ class KimiK3DeltaAttention(torch.nn.Module):
     def o_proj_is_ptpc_fp8(self) -> bool:
         return get_input_quant_key(self.o_proj) == kFp8DynamicTokenSym
 
-    def _epilogue(self, core: torch.Tensor, gate: torch.Tensor, normed: bool) -> torch.Tensor:
-        tokens = core.shape[0]
+    def _epilogue(
+        self, core: "torch.Tensor | tuple[torch.Tensor, torch.Tensor]", gate: torch.Tensor,
+        normed: bool,
+    ) -> torch.Tensor:  # fmt: skip
+        """`o_proj` of the core: `[T, H, D]`, or the FP8 `(codes, scales)` of a normed core."""
+        tokens = gate.shape[0]
         width = self.local_heads * self.head_dim
-        if self.o_proj_is_ptpc_fp8() and envs.VLLM_KIMI_K3_FUSED_OPROJ_EPILOGUE:
+        if isinstance(core, tuple):
+            x = QuantizedActivation(
+                *core, gate.dtype, torch.Size([tokens, width]), kFp8DynamicTokenSym
+            )
+        elif self.o_proj_is_ptpc_fp8() and envs.VLLM_KIMI_K3_FUSED_OPROJ_EPILOGUE:
             if normed:
                 q, scale = per_token_fp8_quant(core.reshape(tokens, width))
             else:

@@ -363,7 +363,15 @@ class KimiLinearForCausalLM(torch.nn.Module):
 
     # fused layer -> the checkpoint modules it holds (for `re:` ignore rules on fused layers)
     packed_modules_mapping: dict[str, list[str]] = {
-        "in_proj_qkvgfab": ["q_proj", "k_proj", "v_proj", "g_proj", "f_a_proj", "b_proj"],
+        "in_proj_qkvgfab": [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "g_proj",
+            "f_a_proj",
+            "g_a_proj",
+            "b_proj",
+        ],
         "fused_qkv_a_proj": ["q_a_proj", "kv_a_proj_with_mqa", "g_proj"],
         "gate_up_proj": ["gate_proj", "up_proj"],
     }

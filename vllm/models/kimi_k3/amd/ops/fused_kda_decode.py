@@ -11,7 +11,9 @@ One token for each of N sequences, H local heads, head dim D (= K = V), conv wid
 - `b` `[N, H]` beta logits (any row stride), `ssm_state` `[S, H, D, D]` fp32 (updated at `slots`);
 - with `norm_weight` `[D]` and `gate` `[N, H, D]` (any strides, unit last): the output is
   `o * rsqrt(mean(o^2) + eps) * norm_weight * sigmoid(gate)` computed on the fp32 `o`.
-Output `[N, H, D]` in `mixed_qkv`'s dtype.
+Output `[N, H, D]` in `mixed_qkv`'s dtype; with `quantize` (norm required) the per-token FP8
+`(codes [N, H * D], scale [N, 1] fp32)` of that output instead, bit for bit what
+`per_token_fp8_quant` (whose numerics helpers the epilogue shares) makes of it.
 
 Two launch variants (`KdaDecodeConfig.block_v`; `kda_decode_config` picks one from the shapes):
 
@@ -21,7 +23,9 @@ Two launch variants (`KdaDecodeConfig.block_v`; `kda_decode_config` picks one fr
   block_v)`, a `[D, block_v]` tile, and those v channels. Every column needs all of q and k, so
   each program recomputes them from the conv windows without shifting them; the norm needs the
   whole row of o. A second small kernel, after all columns are done, shifts the q/k windows and
-  norms (the first kernel then writes o unnormed in an fp32 scratch `[N, H, D]`). The state is
+  norms (the first kernel then writes o unnormed in an fp32 scratch `[N, H, D]`): program
+  (n, h < H) shifts head h's windows, program (n, H) norms the whole token, so it can also take
+  the token's amax over all heads and quantize in the same launch. The state is
   read and written once either way; the split trades a second launch and recomputed q/k for
   programs small enough that several share an SM and overlap their loads.
 
@@ -38,6 +42,12 @@ from functools import lru_cache
 import torch
 
 from vllm.model_executor.layers.layernorm import rmsnorm_gated_ref
+from vllm.model_executor.layers.quantization.utils.fp8_per_token import (
+    fp8_outputs,
+    fp8_quant_params,
+    per_token_fp8_quant,
+    use_triton_fp8,
+)
 from vllm.models.kimi_k3.amd.ops.causal_conv1d import causal_conv1d_decode
 from vllm.models.kimi_k3.amd.ops.kda_core import kda_decode
 from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate
@@ -50,6 +60,11 @@ except ImportError:  # CPU-only installs without Triton use the torch reference
     triton = None
 
 if triton is not None:
+    from vllm.model_executor.layers.quantization.utils.fp8_per_token import (
+        abs_max,
+        fp8_scale_and_inverse,
+        nan_if_not_finite,
+    )
 
     @triton.jit
     def _shift_window(x_row, state_ptr, stride_sc, chans, W: tl.constexpr, BLOCK_W: tl.constexpr):
@@ -143,27 +158,73 @@ if triton is not None:
         tl.store(out_ptr + n * stride_on + h * stride_oh + cols, o.to(out_ptr.dtype.element_ty))
 
     @triton.jit
+    def _token_norm(o_row, gate_row, stride_gate_h, norm_w_ptr, eps, h0, heads,
+                    D: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
+        # Gated norm (fp32) of heads [h0, h0 + BLOCK_H) of one token: the one code path of both
+        # epilogue outputs, so the quantized one quantizes exactly the values (same sums, same
+        # bits) that the model-dtype output holds.
+        hs = h0 + tl.arange(0, BLOCK_H)
+        ok = hs < heads
+        hs = tl.where(ok, hs, 0)
+        d = tl.arange(0, D)
+        o = tl.load(o_row + hs[:, None] * D + d[None, :])
+        z = tl.load(gate_row + hs[:, None] * stride_gate_h + d[None, :]).to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(o * o, axis=1) / D + eps)
+        y = o * rstd[:, None] * tl.load(norm_w_ptr + d).to(tl.float32)[None, :] * tl.sigmoid(z)
+        return hs, ok, y
+
+    @triton.jit
     def _kda_decode_epilogue_kernel(
-        qkv_ptr, conv_state_ptr, slots_ptr, o_ptr, gate_ptr, norm_w_ptr, out_ptr,
-        stride_qkv, stride_cs, stride_cc, stride_gate_n, stride_gate_h, stride_on, stride_oh,
-        heads, eps,
-        D: tl.constexpr, W: tl.constexpr, BLOCK_W: tl.constexpr, APPLY_NORM: tl.constexpr,
+        qkv_ptr, conv_state_ptr, slots_ptr, o_ptr, gate_ptr, norm_w_ptr, out_ptr, scale_ptr,
+        stride_qkv, stride_cs, stride_cc, stride_gate_n, stride_gate_h, stride_on,
+        heads, eps, fp8_max, min_scale,
+        D: tl.constexpr, W: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_H: tl.constexpr,
+        ONE_CHUNK: tl.constexpr, APPLY_NORM: tl.constexpr, QUANT: tl.constexpr,
     ):  # fmt: skip
-        # After the V-split kernel: shifts head h's q and k windows (which its V blocks all read)
-        # and applies the norm, which needs the whole [D] row of o.
+        # After the V-split kernel. Program (n, h < heads) shifts head h's q and k windows, which
+        # its V blocks all read. With the norm, program (n, heads) owns the whole token: it norms
+        # every head (a [D] row of o each) and, with QUANT, takes the token's amax over all heads
+        # and writes FP8 codes `[N, H * D]` and the scale `[N, 1]` instead of the model-dtype row.
         n = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
-        slot = tl.load(slots_ptr + n).to(tl.int64)
-        d = tl.arange(0, D)
-        x_row = qkv_ptr + n * stride_qkv
-        state = conv_state_ptr + slot * stride_cs
-        _shift_window(x_row, state, stride_cc, h * D + d, W, BLOCK_W)
-        _shift_window(x_row, state, stride_cc, (heads + h) * D + d, W, BLOCK_W)
-        if APPLY_NORM:
-            o = tl.load(o_ptr + (n * heads + h) * D + d)
-            o = _gated_rms_norm(o, gate_ptr + n * stride_gate_n + h * stride_gate_h, norm_w_ptr,
-                                eps, D)  # fmt: skip
-            tl.store(out_ptr + n * stride_on + h * stride_oh + d, o.to(out_ptr.dtype.element_ty))
+        if h < heads:
+            slot = tl.load(slots_ptr + n).to(tl.int64)
+            d = tl.arange(0, D)
+            x_row = qkv_ptr + n * stride_qkv
+            state = conv_state_ptr + slot * stride_cs
+            _shift_window(x_row, state, stride_cc, h * D + d, W, BLOCK_W)
+            _shift_window(x_row, state, stride_cc, (heads + h) * D + d, W, BLOCK_W)
+        elif APPLY_NORM:
+            o_row = o_ptr + n * heads * D
+            gate_row = gate_ptr + n * stride_gate_n
+            out_row = out_ptr + n * stride_on
+            model_dtype = qkv_ptr.dtype.element_ty
+            d = tl.arange(0, D)[None, :]
+            norm = (o_row, gate_row, stride_gate_h, norm_w_ptr, eps)
+            if not QUANT:
+                for h0 in range(0, heads, BLOCK_H):
+                    hs, ok, y = _token_norm(*norm, h0, heads, D, BLOCK_H)
+                    tl.store(out_row + hs[:, None] * D + d, y.to(model_dtype), mask=ok[:, None])
+            elif ONE_CHUNK:
+                hs, ok, y = _token_norm(*norm, 0, heads, D, BLOCK_H)
+                y = tl.where(ok[:, None], y.to(model_dtype).to(tl.float32), 0.0)
+                amax = nan_if_not_finite(abs_max(y))
+                scale, inv = fp8_scale_and_inverse(amax, fp8_max, min_scale)
+                q = (y * inv).to(out_ptr.dtype.element_ty)
+                tl.store(out_row + hs[:, None] * D + d, q, mask=ok[:, None])
+                tl.store(scale_ptr + n, scale)
+            else:
+                amax = tl.full((), 0.0, tl.float32)
+                for h0 in range(0, heads, BLOCK_H):
+                    hs, ok, y = _token_norm(*norm, h0, heads, D, BLOCK_H)
+                    y = tl.where(ok[:, None], y.to(model_dtype).to(tl.float32), 0.0)
+                    amax = tl.maximum(amax, abs_max(y))
+                scale, inv = fp8_scale_and_inverse(nan_if_not_finite(amax), fp8_max, min_scale)
+                for h0 in range(0, heads, BLOCK_H):
+                    hs, ok, y = _token_norm(*norm, h0, heads, D, BLOCK_H)
+                    q = (y.to(model_dtype).to(tl.float32) * inv).to(out_ptr.dtype.element_ty)
+                    tl.store(out_row + hs[:, None] * D + d, q, mask=ok[:, None])
+                tl.store(scale_ptr + n, scale)
 
 
 def fused_kda_decode_ref(
@@ -207,6 +268,11 @@ class KdaDecodeConfig:
     block_v: int
     num_warps: int
 
+
+# The epilogue's token program norms (and quantizes) at most this many elements of a token at a
+# time: its heads in chunks of `_EPILOGUE_TILE // D`. Its warps serve the window shifts as well.
+_EPILOGUE_TILE = 4096
+_EPILOGUE_WARPS = 4
 
 # Heads x V blocks per SM below which the split variant uses narrower blocks (more programs).
 _MIN_PROGRAMS_PER_SM = 4
@@ -254,9 +320,17 @@ def fused_kda_decode(
     gate: torch.Tensor | None = None,
     eps: float = 1e-5,
     config: KdaDecodeConfig | None = None,
-) -> torch.Tensor:
+    quantize: bool = False,
+    quant_dtype: torch.dtype | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """One decode step of N sequences; see the module docstring for shapes. `config` overrides
-    the default launch (`kda_decode_config`; benchmarks and tests)."""
+    the default launch (`kda_decode_config`; benchmarks and tests).
+
+    `quantize` (with the norm): returns `(codes [N, H * D] FP8, scale [N, 1] fp32)`, exactly
+    `per_token_fp8_quant(output.reshape(N, H * D), quant_dtype)` of the model-dtype output, the
+    quantization done in the V-split variant's epilogue kernel (no extra launch); the single
+    variant and the reference quantize their output with `per_token_fp8_quant`.
+    """
     n, heads = b.shape
     _, _, d, d_v = ssm_state.shape
     width = conv_weight.shape[1]
@@ -287,13 +361,17 @@ def fused_kda_decode(
         raise ValueError("norm_weight and gate go together: both for the norm epilogue, or none")
     if gate is not None and (gate.shape != (n, heads, d) or gate.stride(-1) != 1):
         raise ValueError(f"gate must be [{n}, {heads}, {d}] with unit last stride")
-    if n == 0:
-        return mixed_qkv.new_empty(0, heads, d)
-    if not use_triton(mixed_qkv.device):
-        return fused_kda_decode_ref(
-            mixed_qkv, conv_weight, conv_state, raw_g, A_log, dt_bias, lower_bound, b,
-            ssm_state, slots, norm_weight, gate, eps,
-        )  # fmt: skip
+    if quantize and norm_weight is None:
+        raise ValueError("quantize needs the norm epilogue (norm_weight and gate)")
+    quant_dtype, fp8_max, min_scale = fp8_quant_params(quant_dtype)
+    if n == 0 or not use_triton(mixed_qkv.device):
+        out = mixed_qkv.new_empty(0, heads, d)
+        if n:
+            out = fused_kda_decode_ref(
+                mixed_qkv, conv_weight, conv_state, raw_g, A_log, dt_bias, lower_bound, b,
+                ssm_state, slots, norm_weight, gate, eps,
+            )  # fmt: skip
+        return per_token_fp8_quant(out.reshape(n, heads * d), quant_dtype) if quantize else out
     if config is None:
         config = kda_decode_config(n, heads, d, _num_sms(mixed_qkv.device))
     block_v = config.block_v
@@ -301,6 +379,7 @@ def fused_kda_decode(
         raise ValueError(f"config.block_v must be a power of two <= D = {d}, got {block_v}")
     split = block_v < d
     apply_norm = norm_weight is not None
+    fused_quant = quantize and split and use_triton_fp8(mixed_qkv.device, quant_dtype)
     out = torch.empty(n, heads, d, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
     # Split with the norm: the V blocks write o unnormed in fp32, the epilogue norms whole rows.
     core_out = (
@@ -322,12 +401,21 @@ def fused_kda_decode(
         HAS_LOWER_BOUND=lower_bound is not None, APPLY_NORM=apply_norm,
         num_warps=config.num_warps,
     )  # fmt: skip
-    if split:
-        _kda_decode_epilogue_kernel[(n, heads)](
-            mixed_qkv, conv_state, slots, core_out, gate_arg, norm_w_arg, out,
-            mixed_qkv.stride(0), conv_state.stride(0), conv_state.stride(1),
-            gate_arg.stride(0), gate_arg.stride(1), out.stride(0), out.stride(1),
-            heads, eps,
-            D=d, W=width, BLOCK_W=block_w, APPLY_NORM=apply_norm, num_warps=2,
-        )  # fmt: skip
-    return out
+    if not split:
+        return per_token_fp8_quant(out.reshape(n, heads * d), quant_dtype) if quantize else out
+    if fused_quant:
+        dest, scale = fp8_outputs(None, None, n, heads * d, quant_dtype, out.device)
+    else:
+        dest, scale = out.view(n, heads * d), out  # `out` stands in for the unused scale
+    block_h = min(triton.next_power_of_2(heads), max(1, _EPILOGUE_TILE // d))
+    _kda_decode_epilogue_kernel[(n, heads + int(apply_norm))](
+        mixed_qkv, conv_state, slots, core_out, gate_arg, norm_w_arg, dest, scale,
+        mixed_qkv.stride(0), conv_state.stride(0), conv_state.stride(1),
+        gate_arg.stride(0), gate_arg.stride(1), dest.stride(0),
+        heads, eps, fp8_max, min_scale,
+        D=d, W=width, BLOCK_W=block_w, BLOCK_H=block_h, ONE_CHUNK=block_h >= heads,
+        APPLY_NORM=apply_norm, QUANT=fused_quant, num_warps=_EPILOGUE_WARPS,
+    )  # fmt: skip
+    if fused_quant:
+        return dest, scale
+    return per_token_fp8_quant(dest, quant_dtype) if quantize else out
