@@ -1,7 +1,7 @@
 """A tiny Kimi-K3 model with the PTPC recipe runs the fork's Triton kernels (under the interpreter
 on CPU), not their torch references: a prefill launches the fused epilogue of every KDA layer and
-the MLA o_proj's per-token quantization, a decode the fused KDA decode kernel; every RMSNorm
-call is one launch of the RMSNorm kernel."""
+the MLA o_proj's per-token quantization, a decode the fused KDA decode kernel with its quantizing
+epilogue; every RMSNorm call is one launch of the RMSNorm kernel."""
 
 import torch
 from engine_harness import EngineHarness as Harness
@@ -41,5 +41,7 @@ def test_tiny_model_prefill_and_decode_launch_the_triton_kernels(triton_launches
     next_tokens = logits.argmax(-1).tolist()
     harness.step({0: [next_tokens[4]], 1: [next_tokens[7]]})
     assert triton_launches["_fused_kda_decode_kernel"] == kda_layers
-    assert triton_launches["_per_token_fp8_quant_kernel"] == 2 * mla_layers + kda_layers
+    # the KDA decode epilogue quantizes for o_proj itself: only the MLA layers launch the quant
+    assert triton_launches["_kda_decode_epilogue_kernel"] == kda_layers
+    assert triton_launches["_per_token_fp8_quant_kernel"] == 2 * mla_layers
     assert triton_launches["_rms_norm_kernel"] == 2 * norms

@@ -82,9 +82,6 @@ def test_layout_decodes_first_then_prefills():
     assert (kda.num_decodes, kda.num_prefills) == (1, 2)
     assert kda.prefill_query_start_loc.tolist() == [0, 3, 5]
     assert kda.prefill_query_start_loc.dtype == torch.int64  # fla-core's offsets, as handed over
-    assert kda.prefill_host_query_start_loc == [0, 3, 5]
-    assert kda.prefill_host_slots == [1, 4]
-    assert kda.prefill_host_has_initial_state == [True, False]
     # position 5 of [7, 2] is block 2 offset 1; positions 2..4 of [4, 9]; positions 0, 1 of [6]
     assert mla.slot_mapping.tolist() == [9, 18, 19, 36, 24, 25]
     assert mla.decode_block_tables.tolist() == [[7, 2, 0]]

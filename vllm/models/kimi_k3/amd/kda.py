@@ -76,13 +76,9 @@ class KDAMetadata:
     num_decodes: int
     num_prefills: int
     # The prefill sequences alone: start offsets within the prefill tokens `[num_prefills + 1]`
-    # int64 on the device, and the same offsets, slots and has-initial-state as host lists.
-    # int64 so that every KDA layer of a step hands fla-core the same tensor: fla reads the
-    # offsets back to the host (a sync) and caches the result per tensor object.
+    # int64 on the device, so that every KDA layer of a step hands fla-core the same tensor:
+    # fla reads the offsets back to the host (a sync) and caches the result per tensor object.
     prefill_query_start_loc: torch.Tensor
-    prefill_host_query_start_loc: list[int]
-    prefill_host_slots: list[int]
-    prefill_host_has_initial_state: list[bool]
 
 
 class KimiK3DeltaAttention(torch.nn.Module):

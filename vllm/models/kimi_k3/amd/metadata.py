@@ -165,9 +165,6 @@ class KimiMetadataBuilder:
             num_decodes=nd,
             num_prefills=num_prefills,
             prefill_query_start_loc=self.prefill_query_start_loc[: num_prefills + 1],
-            prefill_host_query_start_loc=prefill_qsl.tolist(),
-            prefill_host_slots=slots[num_decodes:n_real],
-            prefill_host_has_initial_state=has_init[num_decodes:n_real],
         )
         mla = MLAMetadata(
             num_decodes=nd,
