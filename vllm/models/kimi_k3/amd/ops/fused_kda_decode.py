@@ -199,19 +199,20 @@ if triton is not None:
             gate_row = gate_ptr + n * stride_gate_n
             out_row = out_ptr + n * stride_on
             model_dtype = qkv_ptr.dtype.element_ty
-            d = tl.arange(0, D)[None, :]
+            # (not `d`: Triton 3.6 wants a name bound in both branches to keep one type)
+            cols = tl.arange(0, D)[None, :]
             norm = (o_row, gate_row, stride_gate_h, norm_w_ptr, eps)
             if not QUANT:
                 for h0 in range(0, heads, BLOCK_H):
                     hs, ok, y = _token_norm(*norm, h0, heads, D, BLOCK_H)
-                    tl.store(out_row + hs[:, None] * D + d, y.to(model_dtype), mask=ok[:, None])
+                    tl.store(out_row + hs[:, None] * D + cols, y.to(model_dtype), mask=ok[:, None])
             elif ONE_CHUNK:
                 hs, ok, y = _token_norm(*norm, 0, heads, D, BLOCK_H)
                 y = tl.where(ok[:, None], y.to(model_dtype).to(tl.float32), 0.0)
                 amax = nan_if_not_finite(abs_max(y))
                 scale, inv = fp8_scale_and_inverse(amax, fp8_max, min_scale)
                 q = (y * inv).to(out_ptr.dtype.element_ty)
-                tl.store(out_row + hs[:, None] * D + d, q, mask=ok[:, None])
+                tl.store(out_row + hs[:, None] * D + cols, q, mask=ok[:, None])
                 tl.store(scale_ptr + n, scale)
             else:
                 amax = tl.full((), 0.0, tl.float32)
@@ -223,7 +224,7 @@ if triton is not None:
                 for h0 in range(0, heads, BLOCK_H):
                     hs, ok, y = _token_norm(*norm, h0, heads, D, BLOCK_H)
                     q = (y.to(model_dtype).to(tl.float32) * inv).to(out_ptr.dtype.element_ty)
-                    tl.store(out_row + hs[:, None] * D + d, q, mask=ok[:, None])
+                    tl.store(out_row + hs[:, None] * D + cols, q, mask=ok[:, None])
                 tl.store(scale_ptr + n, scale)
 
 
