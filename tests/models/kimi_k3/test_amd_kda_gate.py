@@ -34,7 +34,17 @@ def check(inputs, lower_bound, launches):
     assert g.shape == ref_g.shape and beta.shape == ref_beta.shape
     # fp32 both ways, different exp / log / sigmoid implementations: ulps, relative even where g
     # is tiny (softplus of very negative x is e^x itself, kept to the ulp).
-    torch.testing.assert_close(g, ref_g, rtol=1e-5, atol=1e-30)
+    rtol = 1e-5
+    if lower_bound is not None:
+        # g = lb * sigmoid(z), z = e^A_log * x, is ~lb * e^z for z << 0, and a GPU's fast exp
+        # rounds its argument: e^A_log off by |A_log| 2^-24 + 2^-22 relative (the rate), z * log2(e)
+        # by 2^-24 |z|, so e^z is off by up to |z| (2^-22 + 2^-24 (1 + |A_log|)) relative against
+        # torch's correctly rounded exp: 1.45e-5 measured on the H200 at z near -50, where g is
+        # ~1e-19 (8331 of 33.5M elements above 1e-5).
+        a_log = inputs["A_log"].double().repeat_interleave(g.shape[-1])  # per channel
+        z = a_log.exp() * (inputs["raw"].double() + inputs["dt_bias"].double())
+        rtol = (2**-21 * z.abs() * (1 + a_log.abs()) + 2**-20).view(g.shape)
+    assert bool(((g - ref_g).abs() <= rtol * ref_g.abs() + 1e-30).all())
     torch.testing.assert_close(beta, ref_beta, rtol=1e-5, atol=1e-7)
 
 
