@@ -1,0 +1,89 @@
+"""Compile recorded Triton launches for sm_90 (Hopper) without a GPU: the child process of
+tests/triton_utils/test_kernels_compile_for_hopper.py.
+
+It runs without ``TRITON_INTERPRET`` (the interpreter replaces ``triton.language`` in the process
+that uses it, and ``@triton.jit`` then gives interpreted functions Triton cannot compile), reads
+launches as JSON on stdin and writes one result per launch as JSON on stdout. A launch is
+``{"module", "kernel", "args": {name: value}, "options": {...}}`` where a tensor argument is
+``{"tensor": torch dtype name, "aligned": data_ptr % 16 == 0}``; the signature, constexprs and
+divisibility hints are derived from the values as Triton's launcher does for the CUDA backend
+(a bool is ``u1``, an int equal to 1 becomes the constant 1, a multiple of 16 or a 16-byte
+aligned pointer gets ``tt.divisibility`` 16, None becomes a constexpr None).
+"""
+
+import importlib
+import json
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+HOPPER = GPUTarget("cuda", 90, 32)
+H200_SHARED_MEMORY = 232448  # bytes a program may use (227 KiB, opted in)
+_I32_MIN, _I32_MAX, _I64_MAX = -(2**31), 2**31 - 1, 2**63 - 1
+_DIVISIBLE = [["tt.divisibility", 16]]
+
+# torch dtype name -> Triton's pointee type name
+_TRITON_TYPES = {
+    "bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64",
+    "float8_e4m3fn": "fp8e4nv", "float8_e4m3fnuz": "fp8e4b8", "float8_e5m2": "fp8e5",
+    "float8_e5m2fnuz": "fp8e5b16", "int64": "i64", "int32": "i32", "int16": "i16",
+    "int8": "i8", "uint8": "u8", "bool": "u1",
+}  # fmt: skip
+
+
+def _int_type(value: int) -> str:
+    if _I32_MIN <= value <= _I32_MAX:
+        return "i32"
+    return "i64" if value <= _I64_MAX else "u64"
+
+
+def specialize(kernel, args: dict) -> tuple[dict, dict, dict]:
+    """``(signature, constexprs, attrs)`` of ``kernel`` launched with the recorded ``args``."""
+    signature, constexprs, attrs = {}, {}, {}
+    for param in kernel.params:
+        name, value = param.name, args[param.name]
+        if param.is_constexpr or value is None:
+            signature[name], constexprs[name] = "constexpr", value
+        elif isinstance(value, dict):
+            signature[name] = "*" + _TRITON_TYPES[value["tensor"]]
+            if value["aligned"] and not param.do_not_specialize_on_alignment:
+                attrs[(param.num,)] = _DIVISIBLE
+        elif isinstance(value, bool):
+            signature[name] = "u1"
+        elif isinstance(value, int):
+            if value == 1 and not param.do_not_specialize:
+                signature[name], constexprs[name] = "constexpr", 1
+                continue
+            signature[name] = param.annotation_type or _int_type(value)
+            if value % 16 == 0 and not param.do_not_specialize:
+                attrs[(param.num,)] = _DIVISIBLE
+        elif isinstance(value, float):
+            signature[name] = param.annotation_type or "fp32"
+        else:
+            raise TypeError(f"{name}: no Triton type for a {type(value).__name__} argument")
+    return signature, constexprs, attrs
+
+
+def compile_launch(launch: dict) -> str | None:
+    """None if the launch compiles for sm_90 and fits an H200's shared memory, else why not."""
+    kernel = getattr(importlib.import_module(launch["module"]), launch["kernel"])
+    try:
+        signature, constexprs, attrs = specialize(kernel, launch["args"])
+        source = ASTSource(kernel, signature, constexprs, attrs)
+        shared = triton.compile(source, target=HOPPER, options=launch["options"]).metadata.shared
+    except Exception as e:  # the test reports any failure
+        return f"{type(e).__name__}: {e}"
+    if shared > H200_SHARED_MEMORY:
+        return f"needs {shared} bytes of shared memory, an H200 program has {H200_SHARED_MEMORY}"
+    return None
+
+
+def main() -> None:
+    launches = json.load(sys.stdin)
+    json.dump([compile_launch(launch) for launch in launches], sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,292 @@
+"""Every Triton kernel of the fork compiles for sm_90 (Hopper), with the launches its op makes,
+on a machine without a GPU.
+
+CPU tests run the kernels under ``TRITON_INTERPRET=1``, which never runs Triton's code generator:
+a kernel the interpreter runs correctly can still be rejected by the compiler (the KDA decode
+epilogue bound one name to a ``[D]`` and a ``[1, D]`` tensor in the two branches of an ``if``;
+only the H200 found it). Here each op's public function is called at Kimi-Linear's sizes and at
+small ones, with the kernels (the registry of tests/conftest.py) replaced by recorders that keep
+each launch's arguments and options instead of running it. Every recorded variant is then
+compiled to a cubin for sm_90 (Triton's bundled ptxas, no driver) in a child process
+(tests/triton_utils/sm90_compile.py) and has to fit the H200's shared memory.
+"""
+
+import functools
+import importlib
+import inspect
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import _COUNTED_KERNELS
+
+import vllm.models.kimi_k3.amd.ops.fused_kda_decode as kda_decode_module
+from vllm.model_executor.kernels.linear.gemv import GemvConfig, gemv, gemv_fp8
+from vllm.model_executor.layers.activation import SiluAndMul
+from vllm.model_executor.layers.fused_moe.experts_triton import moe_experts_triton
+from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (
+    moe_experts_triton_grouped,
+)
+from vllm.model_executor.layers.fused_moe.router import grouped_topk_triton
+from vllm.model_executor.layers.ops.rms_norm import fused_add_rms_norm, rms_norm
+from vllm.model_executor.layers.quantization.utils.fp8_per_token import per_token_fp8_quant
+from vllm.models.kimi_k3.amd.ops.causal_conv1d import causal_conv1d_prefill
+from vllm.models.kimi_k3.amd.ops.fused_kda_decode import (
+    KdaDecodeConfig,
+    fused_kda_decode,
+    kda_decode_config,
+)
+from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate_beta
+from vllm.models.kimi_k3.amd.ops.mla_decode import launch_mla_decode, mla_decode_config
+from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import rmsnorm_gated_fp8_per_token
+
+# The MLA decode kernels are launched by tests of their own, outside the counted registry.
+KERNELS = {
+    **_COUNTED_KERNELS,
+    "vllm.models.kimi_k3.amd.ops.mla_decode": (
+        "_mla_decode_split_kernel", "_mla_decode_merge_kernel",
+    ),
+}  # fmt: skip
+# Variants compiled per kernel: the first launches with distinct constexprs, dtypes and options
+# (the ops are driven at Kimi-Linear's sizes first). A compile takes 0.1-3 s on 2 cores.
+MAX_VARIANTS = 6
+H200_SMS = 132
+FP8 = torch.float8_e4m3fn  # NVIDIA's FP8 (the interpreter machine's platform may differ)
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="records launches under the interpreter"
+)
+
+
+def _has_nvidia_backend() -> bool:
+    try:
+        from triton.backends import backends
+    except ImportError:
+        return False
+    nvidia = backends.get("nvidia")
+    if nvidia is None:
+        return False
+    bundled = Path(inspect.getfile(nvidia.compiler)).parent / "bin" / "ptxas"
+    return bundled.exists() or shutil.which("ptxas") is not None
+
+
+def _describe(value):
+    """A launch argument as JSON: tensors by dtype and 16-byte alignment, like Triton keys them."""
+    if isinstance(value, torch.Tensor):
+        dtype = str(value.dtype).removeprefix("torch.")
+        return {"tensor": dtype, "aligned": value.data_ptr() % 16 == 0}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"cannot record a {type(value).__name__} launch argument")
+
+
+class _RecordedKernel:
+    """Stands in for a kernel: `kernel[grid](...)` records the launch and runs nothing (no op
+    reads a kernel's output on the host, so the rest of the op runs on unwritten buffers)."""
+
+    def __init__(self, module: str, name: str, kernel, launches: list[dict]) -> None:
+        self._module, self._name, self._kernel, self._launches = module, name, kernel, launches
+        self._signature = inspect.signature(kernel.fn)
+        self._seen: set[str] = set()
+
+    def __getitem__(self, grid):
+        return self._record
+
+    def _record(self, *args, **kwargs) -> None:
+        params = self._signature.parameters
+        options = {k: v for k, v in kwargs.items() if k not in params}
+        bound = self._signature.bind(*args, **{k: v for k, v in kwargs.items() if k in params})
+        bound.apply_defaults()
+        values = {name: _describe(value) for name, value in bound.arguments.items()}
+        variant = json.dumps(
+            [
+                options,
+                [v for n, v in values.items() if "constexpr" in str(params[n].annotation)],
+                [v["tensor"] for v in values.values() if isinstance(v, dict)],
+            ]
+        )
+        if variant in self._seen or len(self._seen) >= MAX_VARIANTS:
+            return
+        self._seen.add(variant)
+        self._launches.append(
+            dict(module=self._module, kernel=self._name, args=values, options=options)
+        )
+
+    def __getattr__(self, attr):
+        return getattr(self._kernel, attr)
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _drive_kda_decode(n: int, heads: int, d: int, configs) -> None:
+    gen = _gen(n + heads + d)
+    proj = torch.randn(n, 4 * heads * d, generator=gen).to(torch.bfloat16)
+
+    def step():
+        return dict(
+            mixed_qkv=proj[:, : 3 * heads * d],
+            conv_weight=torch.randn(3 * heads * d, 4, generator=gen),
+            conv_state=torch.randn(n + 1, 3 * heads * d, 3, generator=gen).to(torch.bfloat16),
+            raw_g=torch.randn(n, heads * d, generator=gen),
+            A_log=torch.rand(heads, generator=gen),
+            dt_bias=torch.randn(heads * d, generator=gen),
+            lower_bound=-5.0,
+            b=torch.randn(n, heads, generator=gen),
+            ssm_state=torch.zeros(n + 1, heads, d, d),
+            slots=torch.arange(n),
+            norm_weight=torch.ones(d, dtype=torch.bfloat16),
+            gate=proj[:, 3 * heads * d :].view(n, heads, d),
+        )
+
+    for config in configs:
+        fused_kda_decode(**step(), config=config)
+        fused_kda_decode(**step(), config=config, quantize=True, quant_dtype=FP8)
+
+
+def _drive_moe(tokens: int, experts: int, hidden: int, inter: int, topk: int) -> None:
+    gen = _gen(tokens + hidden)
+    x = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16)
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen).to(torch.bfloat16)
+    w2 = torch.randn(experts, hidden, inter, generator=gen).to(torch.bfloat16)
+    weights, ids = grouped_topk_triton(
+        torch.randn(tokens, experts, generator=gen), torch.randn(experts, generator=gen), topk
+    )
+    moe_experts_triton(x, w13, w2, weights, ids, SiluAndMul())
+    moe_experts_triton_grouped(x, w13, w2, weights, ids, SiluAndMul())
+
+
+def _drive_mla(n: int, heads: int, latent: int, rope: int, page: int, capacity: int) -> None:
+    gen = _gen(n + capacity)
+    q = torch.randn(n, heads, latent + rope, generator=gen).to(torch.bfloat16)
+    blocks = capacity // page
+    cache = torch.randn(n * blocks, page, latent + rope, generator=gen).to(torch.bfloat16)
+    tables = torch.arange(n * blocks, dtype=torch.int32).view(n, blocks)
+    lens = torch.full((n,), capacity, dtype=torch.int32)
+    # The H200's default launch for these sizes (the CPU's one SM would never split).
+    config = mla_decode_config(n, heads, latent, capacity, H200_SMS, max_smem=232448)
+    launch_mla_decode(q[..., :latent], q[..., latent:], cache, tables, lens, 0.1, config)
+
+
+def _drive_ops() -> None:
+    """Each op at Kimi-Linear's sizes (H200 launch choices where they depend on the device),
+    then at the small sizes the CPU tests use."""
+    gen = _gen(0)
+    for n in (8, 2):
+        h200 = kda_decode_config(n, 32, 128, H200_SMS)
+        _drive_kda_decode(n, 32, 128, [h200, KdaDecodeConfig(128, 8), KdaDecodeConfig(32, 4)])
+    _drive_kda_decode(3, 3, 16, [KdaDecodeConfig(4, 2), KdaDecodeConfig(16, 2)])
+
+    for m, n, k in ((1, 2304, 2304), (4, 256, 2304), (3, 40, 96)):
+        x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+        gemv(x, torch.randn(n, k, generator=gen).to(torch.bfloat16))
+        a_scale, w_scale = torch.rand(m, 1, generator=gen), torch.rand(n, 1, generator=gen)
+        w = torch.randn(n, k, generator=gen).to(FP8)
+        gemv_fp8(x.to(FP8), a_scale, w, w_scale)
+        gemv_fp8(x.to(FP8), a_scale, w, w_scale, torch.randn(n, generator=gen))
+    x = torch.randn(2, 64, generator=gen).to(torch.bfloat16)
+    for config in (GemvConfig(8, 32, split_k=3), GemvConfig(16, 64, use_dot=True)):
+        gemv(x, torch.randn(24, 64, generator=gen).to(torch.bfloat16), config=config)
+
+    _drive_moe(4, 64, 2304, 1024, 8)
+    _drive_moe(3, 16, 64, 32, 4)
+
+    for tokens, hidden in ((8, 2304), (3, 48)):
+        x = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16)
+        weight = torch.ones(hidden, dtype=torch.bfloat16)
+        rms_norm(x, weight, 1e-6)
+        fused_add_rms_norm(x, torch.randn(x.shape, generator=gen).to(x.dtype), weight, 1e-6)
+        per_token_fp8_quant(x, FP8)
+
+    for tokens, heads, d in ((8, 32, 128), (5000, 32, 128), (2, 96, 128), (3, 3, 16)):
+        x = torch.randn(tokens, heads, d, generator=gen).to(torch.bfloat16)
+        gate = torch.randn(x.shape, generator=gen).to(x.dtype)
+        rmsnorm_gated_fp8_per_token(x, torch.ones(d), gate, 1e-5, FP8)
+
+    for lens, channels in (((7, 300), 3 * 32 * 128), ((3, 1), 40)):
+        tokens = sum(lens)
+        qsl = torch.tensor([0, *lens]).cumsum(0)
+        causal_conv1d_prefill(
+            torch.randn(tokens, channels, generator=gen).to(torch.bfloat16),
+            torch.randn(channels, 4, generator=gen),
+            torch.randn(3, channels, 3, generator=gen).to(torch.bfloat16),
+            qsl, torch.tensor([2, 0]), torch.tensor([True, False]),
+        )  # fmt: skip
+
+    for tokens, heads, key_dim in ((300, 32, 128), (5, 3, 16)):
+        raw = torch.randn(tokens, heads * key_dim, generator=gen).to(torch.bfloat16)
+        b = torch.randn(tokens, heads, generator=gen).to(torch.bfloat16)
+        a_log = torch.rand(heads, generator=gen)
+        dt_bias = torch.randn(heads * key_dim, generator=gen)
+        for lower_bound in (-5.0, None):
+            kda_gate_beta(raw, a_log, dt_bias, lower_bound, b)
+
+    _drive_mla(2, 32, 512, 64, 64, 4096)
+    _drive_mla(1, 32, 512, 64, 16, 64)
+
+
+@functools.cache
+def _launches() -> tuple[dict, ...]:
+    """The recorded launches of every kernel (the ops driven once per session)."""
+    launches: list[dict] = []
+    with pytest.MonkeyPatch.context() as mp:
+        for module_name, names in KERNELS.items():
+            module = importlib.import_module(module_name)
+            for name in names:
+                recorder = _RecordedKernel(module_name, name, getattr(module, name), launches)
+                mp.setattr(module, name, recorder)
+        _drive_ops()
+        # The epilogue norming a token's heads in chunks (Kimi-Linear's 32 x 128 is one tile).
+        mp.setattr(kda_decode_module, "_EPILOGUE_TILE", 32)
+        _drive_kda_decode(3, 3, 16, [KdaDecodeConfig(4, 2)])
+    return tuple(launches)
+
+
+@functools.cache
+def _compile_errors() -> tuple[str | None, ...]:
+    """Compiles every recorded launch in one child process without the interpreter."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (root, env.get("PYTHONPATH"))))
+    result = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("sm90_compile.py"))],
+        input=json.dumps(_launches()), capture_output=True, text=True, env=env, check=False,
+    )  # fmt: skip
+    if result.returncode != 0:
+        raise RuntimeError(f"the compiling process failed:\n{result.stderr}")
+    return tuple(json.loads(result.stdout))
+
+
+def test_every_kernel_is_listed():
+    """A new `@triton.jit def ..._kernel` under vllm/ joins KERNELS (or the conftest registry)."""
+    root = Path(__file__).resolve().parents[2] / "vllm"
+    jit_kernel = re.compile(r"@triton\.jit\s*\n\s*def (\w+_kernel)\(")
+    found = {k for path in root.rglob("*.py") for k in jit_kernel.findall(path.read_text())}
+    listed = {k for names in KERNELS.values() for k in names}
+    assert found == listed
+
+
+@pytest.mark.skipif(not _has_nvidia_backend(), reason="needs Triton's NVIDIA backend and ptxas")
+@pytest.mark.parametrize("kernel", [k for names in KERNELS.values() for k in names])
+def test_kernel_compiles_for_sm90(kernel):
+    recorded = [
+        (launch, error)
+        for launch, error in zip(_launches(), _compile_errors(), strict=True)
+        if launch["kernel"] == kernel
+    ]
+    assert recorded, f"no op launched {kernel}: drive it in _drive_ops"
+    failures = [
+        f"{kernel} with {launch['options']} and "
+        f"{ {k: v for k, v in launch['args'].items() if not isinstance(v, dict)} }:\n{error}"
+        for launch, error in recorded
+        if error is not None
+    ]
+    if failures:
+        pytest.fail("\n\n".join(failures), pytrace=False)
