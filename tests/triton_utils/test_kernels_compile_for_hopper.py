@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import _COUNTED_KERNELS
+from counted_kernels import COUNTED_KERNELS
 
 import vllm.models.kimi_k3.amd.ops.fused_kda_decode as kda_decode_module
 from vllm.model_executor.kernels.linear.gemv import GemvConfig, gemv, gemv_fp8
@@ -48,7 +48,7 @@ from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import rmsnorm_gate
 
 # The MLA decode kernels are launched by tests of their own, outside the counted registry.
 KERNELS = {
-    **_COUNTED_KERNELS,
+    **COUNTED_KERNELS,
     "vllm.models.kimi_k3.amd.ops.mla_decode": (
         "_mla_decode_split_kernel", "_mla_decode_merge_kernel",
     ),

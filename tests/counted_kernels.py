@@ -1,0 +1,33 @@
+"""The fork's Triton kernels, by module: the registry that tests/conftest.py's `triton_launches`
+fixture counts and tests/triton_utils/test_kernels_compile_for_hopper.py compiles. A module of its
+own (not conftest.py) so that tests import it unambiguously: several test folders have a
+conftest.py."""
+
+# module -> Triton kernels launched from it (by `kernel[grid](...)`)
+COUNTED_KERNELS = {
+    "vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token": (
+        "_rmsnorm_gated_fp8_kernel", "_rmsnorm_gated_fp8_wide_kernel",
+    ),
+    "vllm.model_executor.layers.quantization.utils.fp8_per_token": (
+        "_per_token_fp8_quant_kernel",
+    ),
+    "vllm.models.kimi_k3.amd.ops.fused_kda_decode": (
+        "_fused_kda_decode_kernel", "_kda_decode_epilogue_kernel",
+    ),
+    "vllm.model_executor.layers.fused_moe.experts_triton": (
+        "_moe_gate_up_kernel", "_moe_down_kernel",
+    ),
+    "vllm.model_executor.layers.fused_moe.router": ("_grouped_topk_kernel",),
+    "vllm.model_executor.layers.fused_moe.experts_triton_grouped": (
+        "_moe_block_layout_kernel", "_moe_grouped_gate_up_kernel", "_moe_grouped_down_kernel",
+        "_moe_weighted_sum_kernel",
+    ),
+    "vllm.model_executor.kernels.linear.gemv": (
+        "_gemv_kernel", "_gemv_split_reduce_kernel",
+    ),
+    "vllm.model_executor.layers.ops.rms_norm": ("_rms_norm_kernel",),
+    "vllm.models.kimi_k3.amd.ops.causal_conv1d": (
+        "_causal_conv1d_prefill_kernel", "_conv_state_update_kernel",
+    ),
+    "vllm.models.kimi_k3.amd.ops.kda_gate": ("_kda_gate_beta_kernel",),
+}  # fmt: skip
