@@ -17,7 +17,10 @@ from vllm.distributed import destroy_model_parallel, initialize_model_parallel
 
 
 def _entry(rank, port, worker, args, results):
-    os.environ["TRITON_INTERPRET"] = "1"  # CPU workers run the Triton kernels interpreted
+    # CPU workers run the Triton kernels interpreted, unless the parent chose the torch
+    # references (`torch_reference_kernels`): spawned workers import Triton (unpickling `worker`)
+    # with the parent's environment before this runs, so they must keep its choice.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
     fp8_interpreter.install()  # the process ends with the worker: nothing to restore
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:

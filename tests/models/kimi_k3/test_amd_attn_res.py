@@ -5,7 +5,9 @@ the built-in kimi-k3-tiny decoding.
 
 The checkpoint is transformers' random tiny Kimi-Linear (5 layers: KDA, MLA, KDA, KDA, MLA; MoE
 after a dense first layer) plus random AttnRes tensors; transformers has no AttnRes, so the
-sublayers are checked by test_amd_model.py and the residual wiring here.
+sublayers are checked by test_amd_model.py and the residual wiring here. The layers' ops run their
+torch references (the Triton kernels have their own tests and are launched inside the model by
+test_amd_kernel_dispatch.py): under the interpreter this file took ~3 minutes.
 """
 
 import dataclasses
@@ -25,6 +27,13 @@ from vllm.models.kimi_k3.amd.linear import KimiLinearForCausalLM
 from vllm.transformers_utils.configs import KimiLinearConfig
 
 HIDDEN, LAYERS, BLOCK_SIZE = 64, 5, 2
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _ops_run_their_torch_references(torch_reference_kernels) -> None:
+    """Every test here runs on the torch references (see the module docstring)."""
+
+
 LAYOUT = dict(
     num_hidden_layers=LAYERS,
     linear_attn_config={"kda_layers": [1, 3, 4], "full_attn_layers": [2, 5], "num_heads": 2,

@@ -200,7 +200,9 @@ def test_kimi_k3_checkpoint_names_map_to_the_text_model():
 
 
 @pytest.mark.parametrize("name", ["kimi-linear-tiny", "kimi-k3-tiny"])
-def test_builtin_tiny_models_run_with_their_tokenizer(name):
+def test_builtin_tiny_models_run_with_their_tokenizer(name, torch_reference_kernels):
+    # torch references: this checks loading, tokenizers and recipes; the interpreted kernels of
+    # kimi-linear-tiny's MoE took 90 s here (they have their own tests)
     from vllm.config.quantization import parse_quantization_config
     from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
     from vllm.model_executor.model_loader.builtin import BUILTIN_MODELS
