@@ -63,6 +63,23 @@ def test_fused_add_rms_norm_matches_reference(rows, hidden, dtype, triton_launch
     assert torch.equal(normed, rms_norm(x + residual, w, EPS))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_eps_counts_for_small_rows(dtype, triton_launches):
+    """Rows whose mean square is near ``eps`` (and an all-zero row, which is zero, not NaN): at the
+    unit-scale rows above eps moves the output by ~1e-7 relative, under any tolerance."""
+    hidden = 96
+    x = rows_of((3, hidden), dtype, seed=6, scale=1e-3)
+    x[2] = 0
+    w = weight_of(hidden, dtype, seed=7)
+    got = rms_norm(x, w, EPS)
+    normed, _ = fused_add_rms_norm(x, torch.zeros_like(x), w, EPS)
+    assert triton_launches["_rms_norm_kernel"] == 2
+    ref = rms_norm_ref(x, w, EPS)
+    assert_close_to_ref(got, ref)
+    assert_close_to_ref(normed, ref)
+    assert torch.equal(got[2], torch.zeros_like(got[2]))
+
+
 def test_leading_dims_and_strided_rows(triton_launches):
     """[..., D] inputs are flattened to rows; a 2-D column slice is read in place."""
     hidden = 40
