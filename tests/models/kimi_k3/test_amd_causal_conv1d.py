@@ -95,6 +95,7 @@ def test_out_argument_and_strided_out(triton_launches):
     ref = causal_conv1d_prefill_ref(conv_state=batch["conv_state"].clone(), **args)
     got = causal_conv1d_prefill(conv_state=batch["conv_state"].clone(), out=out, **args)
     assert got.data_ptr() == out.data_ptr()
+    assert triton_launches["_causal_conv1d_prefill_kernel"] == 1  # the kernel, not its reference
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     assert (buf[:4] == 7).all() and (buf[26:] == 7).all() and (buf[:, :16] == 7).all()
 
