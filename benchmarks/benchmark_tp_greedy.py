@@ -33,6 +33,7 @@ from bench_utils import (
     environment,
     make_parser,
     random_prompts,
+    write_json,
 )
 
 from vllm.entrypoints.llm import LLM
@@ -155,8 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{c['first_divergence_positions']} with top-two logprob gaps "
             f"{[round(g, 4) if g is not None else None for g in c['top_two_gap_at_divergence']]}"
         )
-    if args.output_json:
-        Path(args.output_json).write_text(json.dumps(record, indent=1, default=str))
+    write_json(args.output_json, record)
     return 0
 
 

@@ -31,9 +31,11 @@ from collections.abc import Callable
 import torch
 
 from vllm.model_executor.layers.fused_moe.experts_triton import (
+    check_expert_shapes,
     moe_experts_triton,
     triton_experts_supported,
 )
+from vllm.model_executor.layers.fused_moe.experts_triton_grouped import moe_experts_triton_grouped
 from vllm.platforms import current_platform
 
 # Largest T * K that the gathered path serves. Its weight copy grows with T * K (64 rows of the
@@ -55,29 +57,6 @@ TRITON_GROUPED_MAX_ROWS = 4096
 ExpertsImpl = Callable[..., torch.Tensor]
 
 
-def _check_inputs(
-    x: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    topk_weights: torch.Tensor,
-    topk_ids: torch.Tensor,
-) -> None:
-    # Shape checks only: they read metadata, never tensor values, so they cost no sync.
-    if x.dim() != 2:
-        raise ValueError(f"x must be [T, H], got shape {tuple(x.shape)}")
-    if w13.dim() != 3 or w13.shape[2] != x.shape[1] or w13.shape[1] % 2:
-        raise ValueError(f"w13 must be [E, 2 * I, H={x.shape[1]}], got {tuple(w13.shape)}")
-    expected_w2 = (w13.shape[0], x.shape[1], w13.shape[1] // 2)
-    if tuple(w2.shape) != expected_w2:
-        raise ValueError(f"w2 must be [E, H, I] = {expected_w2}, got {tuple(w2.shape)}")
-    if topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
-        raise ValueError(f"topk_ids must be [T={x.shape[0]}, K], got {tuple(topk_ids.shape)}")
-    if topk_weights.shape != topk_ids.shape:
-        raise ValueError(
-            f"topk_weights shape {tuple(topk_weights.shape)} != topk_ids {tuple(topk_ids.shape)}"
-        )
-
-
 def _weighted_sum(y: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """`y` `[T * K, H]` in (token, slot) order -> fp32 weighted sum over the slots, cast to `dtype`.
 
@@ -97,7 +76,7 @@ def moe_experts_loop(
     act_and_mul: torch.nn.Module,
 ) -> torch.Tensor:
     """Reference: loop over the experts that received tokens (one host sync per call)."""
-    _check_inputs(x, w13, w2, topk_weights, topk_ids)
+    check_expert_shapes(x, w13, w2, topk_weights, topk_ids)
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     flat_ids = topk_ids.reshape(-1)
     order = flat_ids.argsort()
@@ -125,7 +104,7 @@ def moe_experts_gathered(
     act_and_mul: torch.nn.Module,
 ) -> torch.Tensor:
     """Sync-free on any device: gather the chosen experts' weights per (token, slot) and `bmm`."""
-    _check_inputs(x, w13, w2, topk_weights, topk_ids)
+    check_expert_shapes(x, w13, w2, topk_weights, topk_ids)
     tokens, k = topk_ids.shape
     flat_ids = topk_ids.reshape(-1)
     # expand, not repeat_interleave: some torch versions build a repeats tensor and sum it on
@@ -152,7 +131,7 @@ def moe_experts_grouped(
     the `[E, N, K]` weights (column-major in its last two dims, as the kernel prefers), so nothing
     is copied. The kernel needs 16-byte aligned row strides: H and I multiples of 8 for bf16.
     """
-    _check_inputs(x, w13, w2, topk_weights, topk_ids)
+    check_expert_shapes(x, w13, w2, topk_weights, topk_ids)
     num_experts = w13.shape[0]
     k = topk_ids.shape[1]
     flat_ids = topk_ids.reshape(-1)
@@ -197,11 +176,6 @@ def select_experts_impl(
         if num_rows <= TRITON_MAX_ROWS:
             return moe_experts_triton
         if num_rows <= TRITON_GROUPED_MAX_ROWS:
-            # Imported here: that module reuses this one's input checks.
-            from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (
-                moe_experts_triton_grouped,
-            )
-
             return moe_experts_triton_grouped
     aligned = hidden % 8 == 0 and intermediate % 8 == 0
     if aligned and grouped_mm_is_sync_free(device, dtype):

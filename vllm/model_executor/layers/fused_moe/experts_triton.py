@@ -132,6 +132,30 @@ def triton_experts_supported(
     return use_triton(device) and dtype in _DTYPES and type(act_and_mul) is SiluAndMul
 
 
+def check_expert_shapes(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> None:
+    """The shapes every experts implementation needs (`experts.py`). Metadata only, so the
+    call stays free of host syncs."""
+    if x.dim() != 2:
+        raise ValueError(f"x must be [T, H], got shape {tuple(x.shape)}")
+    if w13.dim() != 3 or w13.shape[2] != x.shape[1] or w13.shape[1] % 2:
+        raise ValueError(f"w13 must be [E, 2 * I, H={x.shape[1]}], got {tuple(w13.shape)}")
+    expected_w2 = (w13.shape[0], x.shape[1], w13.shape[1] // 2)
+    if tuple(w2.shape) != expected_w2:
+        raise ValueError(f"w2 must be [E, H, I] = {expected_w2}, got {tuple(w2.shape)}")
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
+        raise ValueError(f"topk_ids must be [T={x.shape[0]}, K], got {tuple(topk_ids.shape)}")
+    if topk_weights.shape != topk_ids.shape:
+        raise ValueError(
+            f"topk_weights shape {tuple(topk_weights.shape)} != topk_ids {tuple(topk_ids.shape)}"
+        )
+
+
 def check_power_of_two(name: str, value: int) -> None:
     if value < 1 or value & (value - 1):
         raise ValueError(f"{name} must be a positive power of two, got {value}")
@@ -200,23 +224,9 @@ def moe_experts_triton(
     or to `64 // next_power_of_2(K)` for K > 8 slots (top-8 plus a fused shared expert pads to
     16), which keeps the down kernel's `[slots, block_h, block_i]` tile at the size tuned for K 8.
     """
-    # Metadata checks only, so the call stays free of host syncs.
-    if x.dim() != 2:
-        raise ValueError(f"x must be [T, H], got shape {tuple(x.shape)}")
+    check_expert_shapes(x, w13, w2, topk_weights, topk_ids)
     tokens, hidden = x.shape
-    if w13.dim() != 3 or w13.shape[2] != hidden or w13.shape[1] % 2:
-        raise ValueError(f"w13 must be [E, 2 * I, H={hidden}], got {tuple(w13.shape)}")
-    num_experts, inter = w13.shape[0], w13.shape[1] // 2
-    if tuple(w2.shape) != (num_experts, hidden, inter):
-        raise ValueError(
-            f"w2 must be [E, H, I] = {(num_experts, hidden, inter)}, got {tuple(w2.shape)}"
-        )
-    if topk_ids.dim() != 2 or topk_ids.shape[0] != tokens:
-        raise ValueError(f"topk_ids must be [T={tokens}, K], got {tuple(topk_ids.shape)}")
-    if topk_weights.shape != topk_ids.shape:
-        raise ValueError(
-            f"topk_weights shape {tuple(topk_weights.shape)} != topk_ids {tuple(topk_ids.shape)}"
-        )
+    inter = w13.shape[1] // 2
     check_triton_operands(x, w13, w2, topk_weights, topk_ids, act_and_mul, "moe_experts_triton")
     block_topk = next_power_of_2(topk_ids.shape[1])
     if block_h is None:

@@ -55,8 +55,8 @@ loads (x 4 KB, gate and up 16 KB each), a down stage 20 KB. `benchmarks/kernels/
 
 import torch
 
-from vllm.model_executor.layers.fused_moe.experts import _check_inputs
 from vllm.model_executor.layers.fused_moe.experts_triton import (
+    check_expert_shapes,
     check_power_of_two,
     check_triton_operands,
 )
@@ -314,7 +314,7 @@ def moe_experts_triton_grouped(
     2-byte dtypes and 64 for fp32 (whose 128-wide gate/up stages would take 216 KB of shared
     memory at 3 stages). `layout`: "triton" or "torch" block-table construction.
     """
-    _check_inputs(x, w13, w2, topk_weights, topk_ids)
+    check_expert_shapes(x, w13, w2, topk_weights, topk_ids)
     check_triton_operands(
         x, w13, w2, topk_weights, topk_ids, act_and_mul, "moe_experts_triton_grouped"
     )
