@@ -17,15 +17,19 @@ dtypes of `moe_experts_triton` (experts_triton.py):
 
 Steps (R = T * K routed rows, row r = (t, k) = (r // K, r % K)):
 
-  grouping  `order` = a stable sort of the flattened ids (so rows of one expert keep token order),
-            then the block table `[3, max_blocks]` int32: per block its expert (-1: unused), first
-            and end position in the sorted order. Each expert's rows are cut into blocks of
-            `block_m`, so there are at most `max_blocks = (R + min(E, R) * (block_m - 1)) //
-            block_m` blocks whatever the routing: the grids below are static and programs of
-            unused blocks return after reading the table. `layout="triton"` builds the table in
-            one single-program kernel from the sorted ids (expert boundaries, a cumsum of blocks
-            per expert); `layout="torch"` with a few torch ops (`block_layout_reference`, which
-            the tests compare it with).
+  grouping  `group_rows`: one launch, grid (E + 1,). `order` `[R]` int32 is a stable sort of the
+            rows by expert (rows of one expert keep token order; rows whose id is outside
+            `[0, E)` come after all others, and no block covers them), `inverse` `[R]` int32 its
+            inverse (each row's sorted position), `offs` `[E]` int32 each expert's end position
+            (`torch._grouped_mm`'s offsets), and the block table `[3, max_blocks]` int32: per
+            block its expert (-1: unused), first and end sorted position. Each expert's rows are
+            cut into blocks of `block_m`, so there are at most `max_blocks = (R + min(E, R) *
+            (block_m - 1)) // block_m` blocks whatever the routing: the grids below are static
+            and programs of unused blocks return after reading the table. Program e histograms
+            all ids (its first position and first block are the rows and blocks of the experts
+            before it), then writes its rows and blocks; program E places the out-of-range rows
+            and marks the unused tail of the table. `group_rows_reference` computes the same
+            with a torch sort (the tests compare them exactly).
   gate/up   grid (max_blocks, cdiv(I, block_n)). The block's rows of x (gathered by token) times
             block_n gate and block_n up columns of w13[e], `tl.dot` over H in chunks of block_k
             with fp32 accumulation; writes `a = silu(gate) * up` `[R, I]` in sorted order.
@@ -53,6 +57,8 @@ loads (x 4 KB, gate and up 16 KB each), a down stage 20 KB. `benchmarks/kernels/
 --tgrouped-configs` sweeps them.
 """
 
+from typing import NamedTuple
+
 import torch
 
 from vllm.model_executor.layers.fused_moe.experts_triton import (
@@ -60,7 +66,7 @@ from vllm.model_executor.layers.fused_moe.experts_triton import (
     check_power_of_two,
     check_triton_operands,
 )
-from vllm.triton_utils import next_power_of_2
+from vllm.triton_utils import next_power_of_2, use_triton
 
 try:
     import triton
@@ -68,62 +74,69 @@ try:
 except ImportError:  # CPU-only installs without Triton never select this path
     triton = None
 
-LAYOUTS = ("triton", "torch")
 # Hidden outputs per program of the weighted sum (a few programs per token at H 2304).
 _SUM_BLOCK_H = 512
-# Sorted ids per step of the block-table kernel.
-_LAYOUT_BLOCK_R = 1024
-# Blocks per step of the block-table kernel ([_LAYOUT_BLOCK_B, E] compare tiles).
-_LAYOUT_BLOCK_B = 32
+# Ids per step of the grouping kernel: all of a decode batch's (up to 256 tokens of top-8) in one.
+_GROUP_MAX_BLOCK_R = 2048
+_GROUP_MIN_BLOCK_R = 256
+# Block-table entries per store of the grouping kernel.
+_GROUP_BLOCK_B = 64
 
 if triton is not None:
 
     @triton.jit
-    def _moe_block_layout_kernel(
-        sorted_ids_ptr, bounds_ptr, blocks_ptr,
+    def _expert_keys(ids_ptr, r, num_rows, num_experts):
+        # The row's expert, or num_experts for an out-of-range id and for r past the rows.
+        ids = tl.load(ids_ptr + r, mask=r < num_rows, other=num_experts)
+        valid = (ids >= 0) & (ids < num_experts)
+        return tl.where(valid, ids, num_experts).to(tl.int32)
+
+    @triton.jit
+    def _moe_group_rows_kernel(
+        ids_ptr, order_ptr, inverse_ptr, blocks_ptr, offs_ptr,
         num_rows, num_experts, max_blocks,
         BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_R: tl.constexpr,
         BLOCK_B: tl.constexpr,
     ):  # fmt: skip
-        # One program. bounds_ptr is [2, BLOCK_E] int32 scratch: each expert's first and end
-        # position in the sorted order, found at the boundaries between runs of equal ids.
-        e = tl.arange(0, BLOCK_E)
-        tl.store(bounds_ptr + e, tl.zeros([BLOCK_E], dtype=tl.int32))
-        tl.store(bounds_ptr + BLOCK_E + e, tl.zeros([BLOCK_E], dtype=tl.int32))
-        tl.debug_barrier()  # the zeros before the boundary stores (other threads' lanes)
+        # Program e < E: expert e's rows and blocks; program E: the out-of-range rows (bin E of
+        # the histogram, which also counts the padding past the rows) and the unused blocks.
+        e = tl.program_id(0)
         rr = tl.arange(0, BLOCK_R)
+        hist = tl.zeros([BLOCK_E], dtype=tl.int32)
+        for r0 in range(0, num_rows, BLOCK_R):
+            hist += tl.histogram(_expert_keys(ids_ptr, r0 + rr, num_rows, num_experts), BLOCK_E)
+        bins = tl.arange(0, BLOCK_E)
+        before = bins < e
+        first = tl.sum(tl.where(before, hist, 0), axis=0)
+        blk_first = tl.sum(tl.where(before, (hist + BLOCK_M - 1) // BLOCK_M, 0), axis=0)
+        seen = first
         for r0 in range(0, num_rows, BLOCK_R):
             r = r0 + rr
-            ok = r < num_rows
-            cur = tl.load(sorted_ids_ptr + r, mask=ok, other=-1)
-            prev = tl.load(sorted_ids_ptr + r - 1, mask=ok & (r > 0), other=-1)
-            nxt = tl.load(sorted_ids_ptr + r + 1, mask=r + 1 < num_rows, other=-1)
-            # Out-of-range ids would write outside the scratch: their rows are left out instead.
-            ok = ok & (cur >= 0) & (cur < num_experts)
-            tl.store(bounds_ptr + cur, r.to(tl.int32), mask=ok & (cur != prev))
-            tl.store(bounds_ptr + BLOCK_E + cur, (r + 1).to(tl.int32), mask=ok & (cur != nxt))
-        tl.debug_barrier()  # every boundary store before the loads
-        first = tl.load(bounds_ptr + e)
-        end = tl.load(bounds_ptr + BLOCK_E + e)
-        nblk = (end - first + BLOCK_M - 1) // BLOCK_M
-        blk_end = tl.cumsum(nblk, 0)
-        blk_first = blk_end - nblk
+            hit = (_expert_keys(ids_ptr, r, num_rows, num_experts) == e) & (r < num_rows)
+            # Stable: a row's rank among its expert's rows is the hits before it.
+            pos = seen + tl.cumsum(hit.to(tl.int32), 0) - 1
+            tl.store(order_ptr + pos, r, mask=hit)
+            tl.store(inverse_ptr + r, pos, mask=hit)
+            seen += tl.sum(hit.to(tl.int32), axis=0)
         bb = tl.arange(0, BLOCK_B)
-        for b0 in range(0, max_blocks, BLOCK_B):
-            b = b0 + bb
-            # Block b belongs to the first expert whose blocks end after b (E: unused block).
-            owner = tl.sum((blk_end[None, :] <= b[:, None]).to(tl.int32), axis=1)
-            hit = e[None, :] == owner[:, None]
-            owner_blk = tl.sum(tl.where(hit, blk_first[None, :], 0), axis=1)
-            owner_first = tl.sum(tl.where(hit, first[None, :], 0), axis=1)
-            owner_end = tl.sum(tl.where(hit, end[None, :], 0), axis=1)
-            used = owner < num_experts
-            row0 = owner_first + (b - owner_blk) * BLOCK_M
-            row1 = tl.minimum(row0 + BLOCK_M, owner_end)
-            ok = b < max_blocks
-            tl.store(blocks_ptr + b, tl.where(used, owner, -1), mask=ok)
-            tl.store(blocks_ptr + max_blocks + b, tl.where(used, row0, 0), mask=ok)
-            tl.store(blocks_ptr + 2 * max_blocks + b, tl.where(used, row1, 0), mask=ok)
+        if e < num_experts:
+            tl.store(offs_ptr + e, seen)
+            for b0 in range(0, (seen - first + BLOCK_M - 1) // BLOCK_M, BLOCK_B):
+                b = b0 + bb
+                row0 = first + b * BLOCK_M
+                ok = row0 < seen
+                tl.store(blocks_ptr + blk_first + b, e + 0 * b, mask=ok)
+                tl.store(blocks_ptr + max_blocks + blk_first + b, row0, mask=ok)
+                tl.store(blocks_ptr + 2 * max_blocks + blk_first + b,
+                         tl.minimum(row0 + BLOCK_M, seen), mask=ok)  # fmt: skip
+        else:
+            zero = tl.zeros([BLOCK_B], dtype=tl.int32)
+            for b0 in range(blk_first, max_blocks, BLOCK_B):
+                b = b0 + bb
+                ok = b < max_blocks
+                tl.store(blocks_ptr + b, zero - 1, mask=ok)
+                tl.store(blocks_ptr + max_blocks + b, zero, mask=ok)
+                tl.store(blocks_ptr + 2 * max_blocks + b, zero, mask=ok)
 
     @triton.jit
     def _moe_grouped_gate_up_kernel(
@@ -141,7 +154,8 @@ if triton is not None:
         row1 = tl.load(blocks_ptr + 2 * max_blocks + blk)
         rows = row0 + tl.arange(0, BLOCK_M)
         m_ok = rows < row1
-        tok = tl.load(order_ptr + rows, mask=m_ok, other=0) // TOPK
+        # int64: a token's offset into x can pass 2**31 elements in long prefills.
+        tok = (tl.load(order_ptr + rows, mask=m_ok, other=0) // TOPK).to(tl.int64)
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = n < inter
         kk = tl.arange(0, BLOCK_K)
@@ -196,7 +210,7 @@ if triton is not None:
             w = tl.load(w_ptrs + k0, mask=k_ok[:, None] & h_ok[None, :], other=0.0)
             acc = tl.dot(av, w, acc, input_precision=PRECISION)
         # Back to (token, slot) order, so the weighted sum reads each token's K rows in order.
-        dst = tl.load(order_ptr + rows, mask=m_ok, other=0)
+        dst = tl.load(order_ptr + rows, mask=m_ok, other=0).to(tl.int64)
         y_ptrs = y_ptr + dst[:, None] * stride_yr + h[None, :]
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & h_ok[None, :])
 
@@ -235,53 +249,79 @@ def max_blocks_for(num_rows: int, num_experts: int, block_m: int) -> int:
     return (num_rows + min(num_experts, num_rows) * (block_m - 1)) // block_m
 
 
-def block_layout_reference(
-    sorted_ids: torch.Tensor, num_experts: int, block_m: int, max_blocks: int
-) -> torch.Tensor:
-    """The block table `[3, max_blocks]` int32 (expert or -1, first and end sorted position of
-    each block) from the sorted ids `[R]`, with torch ops only (no host sync)."""
-    experts = torch.arange(num_experts, device=sorted_ids.device, dtype=sorted_ids.dtype)
-    first = torch.searchsorted(sorted_ids, experts)
-    end = torch.searchsorted(sorted_ids, experts, right=True)
+class GroupedRows(NamedTuple):
+    """The routed rows grouped by expert (module docstring, "grouping"); R = T * K rows."""
+
+    order: torch.Tensor  # [R] int32: the (token, slot) row at each sorted position
+    inverse: torch.Tensor  # [R] int32: the sorted position of each (token, slot) row
+    blocks: torch.Tensor  # [3, max_blocks] int32: expert or -1, first and end sorted position
+    offs: torch.Tensor  # [E] int32: each expert's end sorted position
+
+
+def _check_group_args(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> None:
+    if topk_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"topk_ids must be int32 or int64, got {topk_ids.dtype}")
+    if topk_ids.numel() >= 2**31:
+        raise ValueError(f"topk_ids has {topk_ids.numel()} rows; int32 positions hold < 2**31")
+    if num_experts < 1:
+        raise ValueError(f"num_experts must be >= 1, got {num_experts}")
+    if block_m < 1:
+        raise ValueError(f"block_m must be >= 1, got {block_m}")
+
+
+def group_rows_reference(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> GroupedRows:
+    """`group_rows` with torch ops only (a stable sort; no host sync)."""
+    _check_group_args(topk_ids, num_experts, block_m)
+    device = topk_ids.device
+    flat = topk_ids.reshape(-1)
+    num_rows = flat.numel()
+    valid = (flat >= 0) & (flat < num_experts)
+    keys, order = torch.where(valid, flat, num_experts).sort(stable=True)
+    rows = torch.arange(num_rows, device=device)
+    inverse = torch.empty_like(order).scatter_(0, order, rows)
+    experts = torch.arange(num_experts, device=device, dtype=keys.dtype)
+    first = torch.searchsorted(keys, experts)
+    end = torch.searchsorted(keys, experts, right=True)
     nblk = (end - first + block_m - 1) // block_m
     blk_end = nblk.cumsum(0)
-    b = torch.arange(max_blocks, device=sorted_ids.device, dtype=blk_end.dtype)
+    b = torch.arange(max_blocks_for(num_rows, num_experts, block_m), device=device)
     owner = torch.searchsorted(blk_end, b, right=True)
     used = owner < num_experts
     e = owner.clamp(max=num_experts - 1)
     row0 = first[e] + (b - (blk_end - nblk)[e]) * block_m
     row1 = torch.minimum(row0 + block_m, end[e])
     zero = torch.zeros_like(row0)
-    table = [
-        torch.where(used, owner, -1),
-        torch.where(used, row0, zero),
-        torch.where(used, row1, zero),
-    ]
-    return torch.stack(table).to(torch.int32)
+    blocks = torch.stack(
+        [torch.where(used, owner, -1), torch.where(used, row0, zero), torch.where(used, row1, zero)]
+    )
+    i32 = torch.int32
+    return GroupedRows(order.to(i32), inverse.to(i32), blocks.to(i32), end.to(i32))
 
 
-def group_rows(
-    topk_ids: torch.Tensor, num_experts: int, block_m: int, layout: str = "triton"
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`order` `[R]` (the (token, slot) row at each sorted position, int64) and the block table
-    `[3, max_blocks]` int32 of the routed rows; see the module docstring."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    # Stable, so rows of one expert keep token order (the loop's accumulation order).
-    sorted_ids, order = topk_ids.reshape(-1).sort(stable=True)
-    num_rows = sorted_ids.numel()
+def group_rows(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> GroupedRows:
+    """The routed rows of `topk_ids` (`[T, K]` int32 / int64, any layout) grouped by expert for
+    `num_experts` experts and blocks of `block_m` rows: one Triton launch where `use_triton`
+    (else `group_rows_reference`). Ids outside `[0, num_experts)` are sorted after all others
+    and left out of `blocks` and `offs`."""
+    _check_group_args(topk_ids, num_experts, block_m)
+    device = topk_ids.device
+    flat = topk_ids.reshape(-1)
+    num_rows = flat.numel()
+    if num_rows == 0 or not use_triton(device):
+        return group_rows_reference(topk_ids, num_experts, block_m)
     max_blocks = max_blocks_for(num_rows, num_experts, block_m)
-    if layout == "torch":
-        return order, block_layout_reference(sorted_ids, num_experts, block_m, max_blocks)
-    block_e = next_power_of_2(num_experts)
-    bounds = torch.empty(2, block_e, dtype=torch.int32, device=topk_ids.device)
-    blocks = torch.empty(3, max_blocks, dtype=torch.int32, device=topk_ids.device)
-    _moe_block_layout_kernel[(1,)](
-        sorted_ids, bounds, blocks, num_rows, num_experts, max_blocks,
-        BLOCK_M=block_m, BLOCK_E=block_e, BLOCK_R=_LAYOUT_BLOCK_R, BLOCK_B=_LAYOUT_BLOCK_B,
-        num_warps=8,
+    order = torch.empty(num_rows, dtype=torch.int32, device=device)
+    inverse = torch.empty(num_rows, dtype=torch.int32, device=device)
+    blocks = torch.empty(3, max_blocks, dtype=torch.int32, device=device)
+    offs = torch.empty(num_experts, dtype=torch.int32, device=device)
+    block_r = min(max(next_power_of_2(num_rows), _GROUP_MIN_BLOCK_R), _GROUP_MAX_BLOCK_R)
+    # Bin E (out-of-range ids and padding) must exist: E + 1 bins at least.
+    block_e = next_power_of_2(num_experts + 1)
+    _moe_group_rows_kernel[(num_experts + 1,)](
+        flat, order, inverse, blocks, offs, num_rows, num_experts, max_blocks,
+        BLOCK_M=block_m, BLOCK_E=block_e, BLOCK_R=block_r, BLOCK_B=_GROUP_BLOCK_B, num_warps=4,
     )  # fmt: skip
-    return order, blocks
+    return GroupedRows(order, inverse, blocks, offs)
 
 
 def moe_experts_triton_grouped(
@@ -301,10 +341,9 @@ def moe_experts_triton_grouped(
     down_block_k: int = 128,
     down_warps: int = 4,
     down_stages: int = 3,
-    layout: str = "triton",
 ) -> torch.Tensor:
-    """Routed experts grouped by expert: a sort, then four launches (block table, gate/up, down,
-    weighted sum); see the module docstring for shapes, numerics and the steps.
+    """Routed experts grouped by expert: four launches (grouping, gate/up, down, weighted sum);
+    see the module docstring for shapes, numerics and the steps.
 
     `block_m` rows per block (>= 16, power of two; by default `default_block_m(T * K)`). Gate/up
     kernel: `block_n` intermediate columns per program, `block_k` hidden chunk per step,
@@ -312,7 +351,7 @@ def moe_experts_triton_grouped(
     `down_block_n` hidden outputs per program, `down_block_k` intermediate chunk per step,
     `down_warps`, `down_stages`. Tile dims are powers of two >= 16; `block_k` defaults to 128 for
     2-byte dtypes and 64 for fp32 (whose 128-wide gate/up stages would take 216 KB of shared
-    memory at 3 stages). `layout`: "triton" or "torch" block-table construction.
+    memory at 3 stages).
     """
     check_expert_shapes(x, w13, w2, topk_weights, topk_ids)
     check_triton_operands(
@@ -339,7 +378,7 @@ def moe_experts_triton_grouped(
     out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
     if 0 in (tokens, topk, hidden, inter, num_experts):
         return out.zero_()
-    order, blocks = group_rows(topk_ids, num_experts, block_m, layout)
+    order, _, blocks, _ = group_rows(topk_ids, num_experts, block_m)
     max_blocks = blocks.shape[1]
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     a = torch.empty(tokens * topk, inter, dtype=x.dtype, device=x.device)
