@@ -19,7 +19,7 @@ COUNTED_KERNELS = {
     ),
     "vllm.model_executor.layers.fused_moe.router": ("_grouped_topk_kernel",),
     "vllm.model_executor.layers.fused_moe.experts_triton_grouped": (
-        "_moe_block_layout_kernel", "_moe_grouped_gate_up_kernel", "_moe_grouped_down_kernel",
+        "_moe_group_rows_kernel", "_moe_grouped_gate_up_kernel", "_moe_grouped_down_kernel",
         "_moe_weighted_sum_kernel",
     ),
     "vllm.model_executor.kernels.linear.gemv": (

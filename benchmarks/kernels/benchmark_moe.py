@@ -8,7 +8,10 @@ Routing: `grouped_topk` (sigmoid, score-correction bias, renormalised) of random
             default blocks or at each --triton-configs entry (a sweep)
   tgrouped  moe_experts_triton_grouped: rows grouped by expert on the device, Triton GEMM gate/up
             + SiLU and down kernels, weighted sum; at its defaults or at each --tgrouped-configs
-            entry, with each --tgrouped-layouts block-table construction
+            entry
+  grouping  tgrouped's grouping of the rows by expert alone (not in the default --paths):
+            `group_rows` (one kernel) as `grouping`, and `group_rows_reference` (a torch sort,
+            as the path grouped before it had its kernel) as `grouping:sort`; time only
   gathered  the chosen experts' weights gathered per (token, slot), then two bmm
   loop      the per-expert Python loop (syncs the host; timed eagerly, not in a CUDA graph)
 
@@ -31,7 +34,8 @@ largest T * K up to which the fastest triton config beats grouped at every measu
         --triton-configs 16,256,4/8,256,8 32,128,4/16,256,8 8,256,4/8,128,4 16,512,8/4,512,8
     python benchmarks/kernels/benchmark_moe.py --paths grouped triton tgrouped \
         --tokens 16 32 64 128 256 512 --tgrouped-configs 16/64,128,4,3/64,128,4,3 \
-        16/128,64,4,4/128,64,4,4 32/64,128,4,3/64,128,4,3 --tgrouped-layouts triton torch
+        16/128,64,4,4/128,64,4,4 32/64,128,4,3/64,128,4,3
+    python benchmarks/kernels/benchmark_moe.py --paths grouping --tokens 1 64 256 1024 4096
     python benchmarks/kernels/benchmark_moe.py --shared-expert --tokens 1 8 64 256 1024
     python benchmarks/kernels/benchmark_moe.py --dry-run      # tiny shapes, CPU, no GPU needed
 
@@ -65,7 +69,9 @@ from vllm.model_executor.layers.fused_moe.experts import (
 )
 from vllm.model_executor.layers.fused_moe.experts_triton import moe_experts_triton
 from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (
-    LAYOUTS,
+    default_block_m,
+    group_rows,
+    group_rows_reference,
     moe_experts_triton_grouped,
 )
 from vllm.model_executor.layers.fused_moe.router import grouped_topk
@@ -80,6 +86,8 @@ PATHS = {
     "gathered": moe_experts_gathered,
     "loop": moe_experts_loop,
 }
+# Timed on request only: the grouping step of tgrouped, its kernel and its torch reference.
+GROUPINGS = {"grouping": group_rows, "grouping:sort": group_rows_reference}
 # Rows T * K = 8 ... 2048: the GEMV Triton sizes, the grouped Triton sizes, and the crossovers
 # (the gathered path copies ~14 MB per row: keep it out of --tokens 512 runs).
 TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
@@ -273,7 +281,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--tokens", type=int, nargs="+", default=TOKENS, help="tokens per call")
     parser.add_argument(
-        "--paths", nargs="+", default=list(PATHS), choices=list(PATHS), help="expert paths"
+        "--paths",
+        nargs="+",
+        default=list(PATHS),
+        choices=[*PATHS, "grouping"],
+        help="expert paths (grouping: tgrouped's grouping step alone)",
     )
     parser.add_argument(
         "--triton-configs",
@@ -288,13 +300,6 @@ def main(argv: list[str] | None = None) -> int:
         type=tgrouped_config,
         metavar="BM/BN,BK,W,S/BN,BK,W,S",
         help="time the tgrouped path at each of these configs (default: its defaults)",
-    )
-    parser.add_argument(
-        "--tgrouped-layouts",
-        nargs="+",
-        choices=LAYOUTS,
-        default=["triton"],
-        help="block-table construction(s) of the tgrouped path",
     )
     parser.add_argument(
         "--shared-expert",
@@ -336,10 +341,9 @@ def main(argv: list[str] | None = None) -> int:
                 impls.append((path, functools.partial(moe_experts_triton, **cfg)))
         elif name == "tgrouped":
             for path, cfg in args.tgrouped_configs or [("tgrouped", {})]:
-                for layout in args.tgrouped_layouts:
-                    label = path if layout == "triton" else f"{path}:{layout}"
-                    impl = functools.partial(moe_experts_triton_grouped, **cfg, layout=layout)
-                    impls.append((label, impl))
+                impls.append((path, functools.partial(moe_experts_triton_grouped, **cfg)))
+        elif name == "grouping":
+            impls.extend(GROUPINGS.items())
         else:
             impls.append((name, PATHS[name]))
     rows = []
@@ -357,17 +361,28 @@ def main(argv: list[str] | None = None) -> int:
                     if not grouped_mm_is_sync_free(device, torch.bfloat16):
                         print(f"T={tokens:>4} grouped: skipped (torch's fallback syncs here)")
                         continue
-                if name.startswith(("triton", "tgrouped")) and not use_triton(device):
+                kernel = name.startswith(("triton", "tgrouped")) or name == "grouping"
+                if kernel and not use_triton(device):
                     print(f"T={tokens:>4} {name}: skipped (on CPU only with TRITON_INTERPRET=1)")
                     continue
+                if name in GROUPINGS:
+                    args_of_call = (inputs[-1], shape["experts"], default_block_m(row["rows"]))
+                else:
+                    args_of_call = (*inputs, act)
 
-                def call(impl=impl, inputs=inputs):
-                    return impl(*inputs, act)
+                def call(impl=impl, args_of_call=args_of_call):
+                    return impl(*args_of_call)
 
                 if graphed:
                     us = time_graph(call, args.graph_calls)
                 else:
                     us = time_eager(call, device)
+                if name in GROUPINGS:  # reads no weights: time only
+                    row.update(weight_mb=0, timing="graph" if graphed else "eager", us=round(us, 2))
+                    rows.append(row)
+                    write_csv(args.csv, rows)
+                    print(f"T={tokens:>4} {name:>13} ({row['timing']}) {us:10.2f} us", flush=True)
+                    continue
                 gbps = touched / (us * 1e-6) / 1e9
                 row.update(timing="graph" if graphed else "eager", us=round(us, 2),
                            gbps=round(gbps, 1), pct_copy=round(100 * gbps / copy_gbps, 1),

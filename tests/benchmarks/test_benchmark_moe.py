@@ -41,13 +41,26 @@ def test_moe_dry_run_with_a_tgrouped_sweep(tmp_path: Path) -> None:
 
     out = tmp_path / "moe.csv"
     argv = ["--dry-run", "--tokens", "1", "--paths", "tgrouped", "--csv", str(out),
-            "--tgrouped-configs", "16/16,32,2,2/32,16,2,2", "--tgrouped-layouts", "triton",
-            "torch"]  # fmt: skip
+            "--tgrouped-configs", "16/16,32,2,2/32,16,2,2", "16/32,16,2,2/16,32,2,2"]  # fmt: skip
     assert benchmark_moe.main(argv) == 0
     rows = list(csv.DictReader(out.open()))
-    expected = ["tgrouped[16/16,32,2,2/32,16,2,2]", "tgrouped[16/16,32,2,2/32,16,2,2]:torch"]
+    expected = ["tgrouped[16/16,32,2,2/32,16,2,2]", "tgrouped[16/32,16,2,2/16,32,2,2]"]
     assert [r["path"] for r in rows] == (expected if use_triton(torch.device("cpu")) else [])
     assert all(r["rows"] == "2" and float(r["us"]) > 0 for r in rows)
+
+
+def test_moe_dry_run_times_the_grouping(tmp_path: Path) -> None:
+    import benchmark_moe
+
+    out = tmp_path / "moe.csv"
+    argv = ["--dry-run", "--tokens", "1", "3", "--paths", "grouping", "--csv", str(out)]
+    assert benchmark_moe.main(argv) == 0
+    rows = list(csv.DictReader(out.open()))
+    # The torch sort always runs; the kernel only where Triton runs (the interpreter here).
+    kernel = ["grouping"] if use_triton(torch.device("cpu")) else []
+    assert [r["path"] for r in rows] == [*kernel, "grouping:sort"] * 2
+    assert [r["rows"] for r in rows] == ["2"] * (len(rows) // 2) + ["6"] * (len(rows) // 2)
+    assert all(float(r["us"]) > 0 and r["weight_mb"] == "0" for r in rows)
 
 
 def test_bad_tgrouped_config_is_a_usage_error() -> None:

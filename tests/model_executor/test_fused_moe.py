@@ -20,8 +20,8 @@ from vllm.model_executor.layers.fused_moe.experts import (
 )
 from vllm.model_executor.layers.fused_moe.experts_triton import moe_experts_triton
 from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (
-    block_layout_reference,
     group_rows,
+    group_rows_reference,
     max_blocks_for,
     moe_experts_triton_grouped,
 )
@@ -395,7 +395,7 @@ def test_triton_kimi_linear_shapes_on_gpu(tokens, blocks):
 # Tiles of the grouped Triton path small enough for the interpreter, with several steps over H
 # and I and several output tiles per block.
 GROUPED_BLOCKS = dict(block_m=16, block_n=16, block_k=32, down_block_n=32, down_block_k=16)
-GROUPED_KERNELS = ("_moe_block_layout_kernel", "_moe_grouped_gate_up_kernel",
+GROUPED_KERNELS = ("_moe_group_rows_kernel", "_moe_grouped_gate_up_kernel",
                    "_moe_grouped_down_kernel", "_moe_weighted_sum_kernel")  # fmt: skip
 
 
@@ -436,35 +436,72 @@ def test_triton_grouped_fp32_matches_fp64_reference():
                                rtol=1.3e-6, atol=1e-5)  # fmt: skip
 
 
-@pytest.mark.parametrize("block_m", [16, 32])
-@pytest.mark.parametrize("case", ["random", "skewed", "one_row", "int32"])
-def test_triton_block_table_matches_reference(case, block_m):
-    experts, tokens, topk = 8, 40, 4
-    gen = torch.Generator().manual_seed(block_m)
-    ids = torch.rand(tokens, experts, generator=gen).topk(topk, dim=1)[1]
+def grouping_ids(case, gen):
+    """`[T, K]` ids over 8 experts for `test_group_rows_matches_reference`."""
+    experts = 8
     if case == "skewed":
-        ids = skewed_ids(tokens, topk, "cpu")
-    elif case == "one_row":
-        ids = ids[:1, :1]
-    elif case == "int32":
-        ids = ids.int()
-    ids = ids.to(DEVICE)
-    order, table = group_rows(ids, experts, block_m, "triton")
-    torch_order, torch_table = group_rows(ids, experts, block_m, "torch")
-    assert torch.equal(table, torch_table) and torch.equal(order, torch_order)
-    num_rows = ids.numel()
+        return skewed_ids(40, 4, "cpu")
+    if case == "one_row":
+        return torch.tensor([[5]])
+    if case == "empty_experts":  # only experts 2 and 5, many repeats
+        return torch.tensor([2, 5])[torch.randint(0, 2, (37, 3), generator=gen)]
+    if case == "out_of_range":  # -1, E and beyond mixed with valid ids
+        return torch.randint(-3, experts + 3, (23, 4), generator=gen)
+    if case == "chunks":  # several 2048-id steps of the kernel, the last one partial
+        return torch.randint(0, experts, (700, 9), generator=gen)
+    ids = torch.rand(40, experts, generator=gen).topk(4, dim=1)[1]
+    return ids.int() if case == "int32" else ids
+
+
+@pytest.mark.parametrize("block_m", [16, 32])
+@pytest.mark.parametrize(
+    "case", ["random", "skewed", "one_row", "int32", "empty_experts", "out_of_range", "chunks"]
+)
+def test_group_rows_matches_reference(case, block_m, triton_launches):
+    experts = 8
+    ids = grouping_ids(case, torch.Generator().manual_seed(block_m)).to(DEVICE)
+    got = group_rows(ids, experts, block_m)
+    expected = group_rows_reference(ids, experts, block_m)
+    assert triton_launches["_moe_group_rows_kernel"] == 1
+    for name, a, b in zip(got._fields, got, expected, strict=True):
+        assert a.dtype == b.dtype == torch.int32, name
+        assert torch.equal(a, b), name
+    # The reference itself: a stable sort with out-of-range rows last, its inverse, the ends,
+    # and used blocks that tile the valid rows in order, each within one expert, <= block_m rows.
+    order, inverse, table, offs = (t.cpu().long() for t in expected)
+    flat = ids.reshape(-1).cpu().long()
+    num_rows = flat.numel()
+    valid = (flat >= 0) & (flat < experts)
+    keys = torch.where(valid, flat, experts)
+    assert torch.equal(keys[order], keys.sort(stable=True)[0])
+    for e in range(experts + 1):
+        rows = order[keys[order] == e]
+        assert torch.equal(rows, rows.sort()[0])  # token order within an expert
+    assert torch.equal(inverse[order], torch.arange(num_rows))
+    assert torch.equal(offs, torch.bincount(keys, minlength=experts + 1)[:experts].cumsum(0))
     assert table.shape == (3, max_blocks_for(num_rows, experts, block_m))
-    # The used blocks tile the sorted rows in order, each within one expert and <= block_m rows.
-    expert, row0, row1 = table.cpu().long()
+    expert, row0, row1 = table
     used = expert >= 0
     assert bool(used[: int(used.sum())].all())  # used blocks first
-    sorted_ids = ids.reshape(-1).cpu().long()[order.cpu()]
-    covered = torch.cat([torch.arange(a, b) for a, b in zip(row0[used], row1[used], strict=True)])
-    assert torch.equal(covered, torch.arange(num_rows))
+    covered = [torch.arange(a, b) for a, b in zip(row0[used], row1[used], strict=True)]
+    assert torch.equal(torch.cat(covered), torch.arange(int(valid.sum())))
     assert bool(((row1 - row0)[used] <= block_m).all() and ((row1 - row0)[used] > 0).all())
-    assert torch.equal(sorted_ids, torch.repeat_interleave(expert[used], (row1 - row0)[used]))
-    reference = block_layout_reference(sorted_ids.to(DEVICE), experts, block_m, table.shape[1])
-    assert torch.equal(table, reference)
+    assert torch.equal(keys[order][: int(valid.sum())],
+                       torch.repeat_interleave(expert[used], (row1 - row0)[used]))  # fmt: skip
+    assert not bool(row0[~used].any() or row1[~used].any())
+
+
+def test_group_rows_of_no_rows_and_bad_arguments(triton_launches):
+    got = group_rows(torch.empty(0, 4, dtype=torch.int64, device=DEVICE), 8, 16)
+    assert [tuple(t.shape) for t in got] == [(0,), (0,), (3, 0), (8,)]
+    assert not bool(got.offs.any()) and triton_launches["_moe_group_rows_kernel"] == 0
+    ids = torch.zeros(2, 2, dtype=torch.int64)
+    for args, match in [((ids.float(), 8, 16), "topk_ids must be int32 or int64"),
+                        ((ids, 0, 16), "num_experts must be >= 1"),
+                        ((ids, 8, 0), "block_m must be >= 1")]:  # fmt: skip
+        for fn in (group_rows, group_rows_reference):
+            with pytest.raises(ValueError, match=match):
+                fn(*args)
 
 
 def test_triton_grouped_is_deterministic_and_reads_strided_inputs():
@@ -490,7 +527,6 @@ def test_triton_grouped_rejects_bad_inputs():
         ((x, w13, w2, w, ids, silu), {"block_m": 8}, "block_m must be >= 16"),
         ((x, w13, w2, w, ids, silu), {"down_block_k": 48}, "down_block_k must be a positive"),
         ((x, w13, w2, w, ids, silu), {"gate_up_stages": 0}, "gate_up_stages must be >= 1"),
-        ((x, w13, w2, w, ids, silu), {"layout": "cub"}, "layout must be one of"),
     ]  # fmt: skip
     for args, blocks, match in cases:
         with pytest.raises(ValueError, match=match):
@@ -514,21 +550,18 @@ def _fp64_loop(case):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("layout", ["triton", "torch"])
 @pytest.mark.parametrize("experts", [256, 16])  # 16: many rows per expert, several blocks each
 @pytest.mark.parametrize("tokens", [32, 64, 256])
-def test_triton_grouped_kimi_linear_shapes_on_gpu(tokens, experts, layout):
+def test_triton_grouped_kimi_linear_shapes_on_gpu(tokens, experts):
     shape = dict(KIMI_LINEAR, experts=experts)
     case = make_case(tokens, torch.bfloat16, "cuda", seed=tokens, **shape)
-    out = moe_experts_triton_grouped(*case, SiluAndMul(), layout=layout)
+    out = moe_experts_triton_grouped(*case, SiluAndMul())
     loop = moe_experts_loop(*case, SiluAndMul())
     expected = _fp64_loop(case)
     # The bf16 rounding bound that the loop meets on CPU (test_bf16_loop_is_within_...).
     bound = 4 * 2**-8 * expected.abs().max()
     assert (loop.double() - expected).abs().max() <= bound
     assert (out.double() - expected).abs().max() <= bound
-    other = "torch" if layout == "triton" else "triton"
-    assert torch.equal(moe_experts_triton_grouped(*case, SiluAndMul(), layout=other), out)
 
 
 @pytest.mark.gpu
@@ -573,6 +606,39 @@ def test_triton_grouped_graph_replay_equals_eager(tokens):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, eager)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_m", [16, 32])
+def test_group_rows_on_gpu_eager_and_graph_replay(block_m):
+    # Kimi-Linear's 256 routed experts plus a fused shared expert (id 256), top-8 + shared: 9
+    # slots; 1-4096 tokens (decode batches and prefill chunks, several steps of the kernel).
+    experts, slots = 257, 9
+    gen = torch.Generator(device="cuda").manual_seed(block_m)
+    for tokens in (1, 2, 7, 16, 64, 113, 256, 512, 1024, 2048, 4096):
+        routed = torch.rand(tokens, experts - 1, generator=gen, device="cuda").topk(slots - 1)[1]
+        shared = torch.full((tokens, 1), experts - 1, device="cuda")
+        ids = torch.cat([routed, shared], dim=1)
+        expected = group_rows_reference(ids, experts, block_m)
+        eager = group_rows(ids, experts, block_m)
+        for name, a, b in zip(eager._fields, eager, expected, strict=True):
+            assert torch.equal(a, b), (tokens, name)
+        # Captured on other routing (int32, some of it out of range): the replay reads the ids.
+        static = torch.randint(-1, experts + 1, ids.shape, generator=gen, device="cuda").int()
+        group_rows(static, experts, block_m)  # compile outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = group_rows(static, experts, block_m)
+        for ids_now in (static.clone(), ids.int()):
+            static.copy_(ids_now)
+            for t in captured:
+                t.fill_(-7)
+            graph.replay()
+            torch.cuda.synchronize()
+            reference = group_rows_reference(ids_now, experts, block_m)
+            for name, a, b in zip(captured._fields, captured, reference, strict=True):
+                assert torch.equal(a, b), (tokens, name, "replay")
 
 
 def test_router_rejects_bad_groups():
