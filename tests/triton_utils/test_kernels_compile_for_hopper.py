@@ -31,6 +31,7 @@ from vllm.model_executor.kernels.linear.gemv import GemvConfig, gemv, gemv_fp8
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.fused_moe.experts_triton import moe_experts_triton
 from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (
+    group_rows,
     moe_experts_triton_grouped,
 )
 from vllm.model_executor.layers.fused_moe.router import grouped_topk_triton
@@ -197,6 +198,9 @@ def _drive_ops() -> None:
 
     _drive_moe(4, 64, 2304, 1024, 8)
     _drive_moe(3, 16, 64, 32, 4)
+    # The grouping's largest steps: 256 routed + 1 shared expert, 9 slots, decode to prefill.
+    for tokens, block_m in ((64, 16), (4096, 32)):
+        group_rows(torch.randint(0, 257, (tokens, 9), generator=gen), 257, block_m)
 
     for tokens, hidden in ((8, 2304), (3, 48)):
         x = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16)
