@@ -22,9 +22,10 @@ which the fastest GEMV config beats the vendor GEMM at every shape and every sma
         64,128,4,1,3,dot
     python benchmarks/kernels/benchmark_gemv.py --dry-run       # tiny shapes on the CPU
 
-A config is `BLOCK_N,BLOCK_K,WARPS[,SPLIT_K[,STAGES[,dot]]]` (gemv.GemvConfig: output channels
-per program, K chunk per step, warps, K splits (default 1), software-pipeline stages (default
-3), tl.dot instead of multiply-and-sum), or `default` for gemv.default_config.
+A config is `BLOCK_N,BLOCK_K,WARPS[,SPLIT_K[,STAGES[,dot]]][,mBLOCK_M]` (gemv.GemvConfig:
+output channels per program, K chunk per step, warps, K splits (default 1), software-pipeline
+stages (default 3), tl.dot instead of multiply-and-sum, rows per program), or `default` for
+gemv.default_config.
 """
 
 import argparse
@@ -56,10 +57,14 @@ DRY_RUN_SHAPES = {"tiny": (64, 48)}
 
 
 def gemv_config(text: str) -> tuple[str, GemvConfig | None]:
-    """`BLOCK_N,BLOCK_K,WARPS[,SPLIT_K[,STAGES[,dot]]]` or `default` -> (label, config)."""
+    """`BLOCK_N,BLOCK_K,WARPS[,SPLIT_K[,STAGES[,dot]]][,mBLOCK_M]` or `default` -> (label,
+    config)."""
     if text == "default":
         return text, None
     parts = text.split(",")
+    block_m = None
+    if parts[-1].startswith("m") and parts[-1][1:].isdigit():
+        block_m = int(parts.pop()[1:])
     use_dot = parts[-1] == "dot"
     if use_dot:
         parts = parts[:-1]
@@ -68,12 +73,14 @@ def gemv_config(text: str) -> tuple[str, GemvConfig | None]:
         if not 3 <= len(values) <= 5:
             raise ValueError
         names = ("block_n", "block_k", "num_warps", "split_k", "num_stages")
-        config = GemvConfig(**dict(zip(names, values, strict=False)), use_dot=use_dot)
+        config = GemvConfig(
+            **dict(zip(names, values, strict=False)), use_dot=use_dot, block_m=block_m
+        )
         config.check()
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not BLOCK_N,BLOCK_K,WARPS[,SPLIT_K[,STAGES[,dot]]] (powers of two; "
-            "tl.dot needs BLOCK_N, BLOCK_K >= 16) or 'default'"
+            f"{text!r} is not BLOCK_N,BLOCK_K,WARPS[,SPLIT_K[,STAGES[,dot]]][,mBLOCK_M] (powers "
+            "of two; tl.dot needs BLOCK_N, BLOCK_K, BLOCK_M >= 16) or 'default'"
         ) from None
     return text, config
 

@@ -14,21 +14,95 @@ and the reference choose the same experts.
     python benchmarks/kernels/benchmark_router.py --csv router.csv
     python benchmarks/kernels/benchmark_router.py --warps 1 2 4 --tokens 64 256
     python benchmarks/kernels/benchmark_router.py --dry-run     # tiny, CPU, no GPU needed
+
+--logits times the router's logits instead: `router_logits` (the fp32-weight GEMV of gemv.py)
+against `F.linear(x.float(), w)` (what KimiMoE ran before) for bf16 x `[T, 2304]` and the fp32
+gate `[256, 2304]`. A decode step runs one per MoE layer, each with its own 2.4 MB gate, so the
+graph replays --layers calls over as many distinct gates (26: 61 MB, beyond the H200's L2): the
+weight comes from HBM as it does in the model. Bytes are the gate, x and the logits; the weight
+read alone sets the floor. --logits-configs adds a sweep of GEMV configs (the syntax of
+benchmark_gemv.py; `default` is gemv.default_config), each checked against the fp64 bound of the
+tests first; the last lines name the fastest config per T, to update gemv._fp32_config.
+
+    python benchmarks/kernels/benchmark_router.py --logits --csv logits.csv
+    python benchmarks/kernels/benchmark_router.py --logits --logits-configs default \
+        2,1024,4 2,512,4 1,1024,2 4,512,4 2,256,4,2 16,64,4,8,3,dot,m64 16,64,4,4,3,dot,m64 \
+        32,64,4,4,3,dot,m64 16,32,4,8,3,dot,m32 16,128,4,4,3,dot,m16 16,64,8,2,3,dot,m64
 """
 
 import argparse
 import functools
+import itertools
 import sys
 
 import torch
+import torch.nn.functional as F
+from benchmark_gemv import gemv_config
 from benchmark_moe import copy_bandwidth, time_eager
 from benchmark_rmsnorm_gated_fp8_per_token import time_graph, write_csv
 
-from vllm.model_executor.layers.fused_moe.router import grouped_topk_ref, grouped_topk_triton
+from vllm.model_executor.kernels.linear.gemv import gemv_fp32
+from vllm.model_executor.layers.fused_moe.router import (
+    grouped_topk_ref,
+    grouped_topk_triton,
+    router_logits,
+)
 from vllm.triton_utils import use_triton
 
 TOKENS = [1, 8, 64, 256]
-KIMI_LINEAR = dict(experts=256, top_k=8, routed_scaling_factor=2.446)
+KIMI_LINEAR = dict(experts=256, top_k=8, routed_scaling_factor=2.446, hidden=2304, layers=26)
+
+
+def check_logits(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
+    """The tests' bound: fp32 products summed in fp32, (K + 2) * 2^-24 * sum |x w| off exact."""
+    xd, wd = x.double(), w.double()
+    err = (out.double() - xd @ wd.t()).abs()
+    if not (err <= (x.shape[1] + 2) * 2**-24 * (xd.abs() @ wd.abs().t())).all():
+        raise SystemExit("logits outside the fp32 accumulation bound")
+
+
+def bench_logits(args, device: torch.device, tokens_list: list[int], copy_gbps: float) -> int:
+    """Times the logits paths at each T (module docstring); rows go to --csv."""
+    gen = torch.Generator(device=device).manual_seed(args.seed)
+    experts, hidden = args.experts, args.hidden
+    gates = [
+        torch.randn(experts, hidden, generator=gen, device=device) * hidden**-0.5
+        for _ in range(args.layers)
+    ]
+    paths = [("F.linear", lambda x, w: F.linear(x.float(), w)), ("router_logits", router_logits)]
+    for label, cfg in args.logits_configs or []:
+        paths.append((f"gemv[{label}]", functools.partial(gemv_fp32, config=cfg)))
+    rows, best = [], {}
+    with torch.inference_mode():
+        for tokens in tokens_list:
+            x = torch.randn(tokens, hidden, generator=gen, device=device).to(torch.bfloat16)
+            moved = gates[0].numel() * 4 + x.numel() * 2 + tokens * experts * 4
+            for name, fn in paths:
+                check_logits(fn(x, gates[0]), x, gates[0])
+                layer = itertools.count()
+
+                def call(fn=fn, x=x, layer=layer):
+                    return fn(x, gates[next(layer) % len(gates)])
+
+                graphed = device.type == "cuda"
+                us = time_graph(call, len(gates)) if graphed else time_eager(call, device)
+                gbps = moved / (us * 1e-6) / 1e9
+                row = dict(tokens=tokens, experts=experts, hidden=hidden, path=name,
+                           timing="graph" if graphed else "eager", us=round(us, 2), bytes=moved,
+                           gbps=round(gbps, 2), pct_copy=round(100 * gbps / copy_gbps, 2),
+                           copy_gbps=round(copy_gbps, 1))  # fmt: skip
+                rows.append(row)
+                write_csv(args.csv, rows)
+                print(
+                    f"T={tokens:>4} {name:>28} ({row['timing']}) {us:9.2f} us  "
+                    f"{moved / 1e6:6.2f} MB  {gbps:8.1f} GB/s  {row['pct_copy']:6.2f}% of copy",
+                    flush=True,
+                )
+                if name != "F.linear" and us < best.get(tokens, ("", float("inf")))[1]:
+                    best[tokens] = (name, us)
+    for tokens, (name, us) in best.items():
+        print(f"fastest kernel path at T={tokens}: {name} ({us:.2f} us)")
+    return 0
 
 
 def make_inputs(tokens: int, experts: int, device: torch.device, seed: int):
@@ -51,6 +125,18 @@ def main(argv: list[str] | None = None) -> int:
         "--warps", type=int, nargs="+", help="time the kernel at each num_warps (default: its own)"
     )
     parser.add_argument("--graph-calls", type=int, default=20, help="calls per captured graph")
+    parser.add_argument(
+        "--logits", action="store_true", help="time the router logits (module docstring)"
+    )
+    parser.add_argument(
+        "--logits-configs", nargs="+", type=gemv_config, metavar="BN,BK,W[,S[,ST[,dot]]][,mBM]",
+        help="with --logits: also time gemv_fp32 at each config (a sweep)",
+    )  # fmt: skip
+    parser.add_argument("--hidden", type=int, default=KIMI_LINEAR["hidden"], help="--logits: H")
+    parser.add_argument(
+        "--layers", type=int, default=KIMI_LINEAR["layers"],
+        help="--logits: distinct gates per graph (one per MoE layer)",
+    )  # fmt: skip
     parser.add_argument("--copy-gib", type=float, default=2.0, help="size of the copy baseline")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--csv", help="write the results to this CSV file")
@@ -66,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--copy-gib must be at least 1, got {args.copy_gib}")
     if args.dry_run:
         device, tokens_list, copy_gib = torch.device("cpu"), [1, 3], 1 / 64
-        args.experts, args.top_k = 32, 4
+        args.experts, args.top_k, args.hidden, args.layers = 32, 4, 72, 2
     elif torch.cuda.is_available():
         device, tokens_list, copy_gib = torch.device("cuda"), args.tokens, args.copy_gib
     else:
@@ -85,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
 
     copy_gbps = copy_bandwidth(copy_gib, device)
     print(f"{device.type}: eager copy_ of {copy_gib:g} GiB: {copy_gbps:.0f} GB/s", flush=True)
+    if args.logits:
+        return bench_logits(args, device, tokens_list, copy_gbps)
     rows = []
     with torch.inference_mode():
         for tokens in tokens_list:

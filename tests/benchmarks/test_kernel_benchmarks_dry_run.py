@@ -40,6 +40,16 @@ def test_router_dry_run(triton_launches, capsys: pytest.CaptureFixture) -> None:
     assert "kernel[w1]" in out and "kernel[w2]" in out and "reference" in out
 
 
+def test_router_logits_dry_run(triton_launches, capsys: pytest.CaptureFixture) -> None:
+    import benchmark_router
+
+    argv = ["--dry-run", "--logits", "--logits-configs", "default", "16,32,4,2,3,dot,m16"]
+    assert benchmark_router.main(argv) == 0
+    assert triton_launches["_gemv_kernel"] > 0
+    out = capsys.readouterr().out
+    assert "F.linear" in out and "gemv[16,32,4,2,3,dot,m16]" in out and "fastest" in out
+
+
 def test_all_reduce_dry_run(tmp_path: Path) -> None:
     """Two gloo ranks on the CPU: the script checks the sum of ones and writes one row per size."""
     import benchmark_all_reduce

@@ -27,7 +27,7 @@ import torch
 from counted_kernels import COUNTED_KERNELS
 
 import vllm.models.kimi_k3.amd.ops.fused_kda_decode as kda_decode_module
-from vllm.model_executor.kernels.linear.gemv import GemvConfig, gemv, gemv_fp8
+from vllm.model_executor.kernels.linear.gemv import GemvConfig, gemv, gemv_fp8, gemv_fp32
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.fused_moe.experts_triton import moe_experts_triton
 from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (
@@ -185,6 +185,12 @@ def _drive_ops() -> None:
         _drive_kda_decode(n, 32, 128, [h200, KdaDecodeConfig(128, 8), KdaDecodeConfig(32, 4)])
     _drive_kda_decode(3, 3, 16, [KdaDecodeConfig(4, 2), KdaDecodeConfig(16, 2)])
 
+    # The router's fp32 gate first (bf16 x, fp32 weight): multiply-and-sum at T = 1 and the
+    # ieee tl.dot of 64-row blocks, split K, at T = 64.
+    gate = torch.randn(256, 2304, generator=gen)
+    gemv_fp32(torch.randn(1, 2304, generator=gen).to(torch.bfloat16), gate)
+    x = torch.randn(64, 2304, generator=gen).to(torch.bfloat16)
+    gemv_fp32(x, gate, config=GemvConfig(16, 64, split_k=8, use_dot=True, block_m=64))
     for m, n, k in ((1, 2304, 2304), (4, 256, 2304), (3, 40, 96)):
         x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
         gemv(x, torch.randn(n, k, generator=gen).to(torch.bfloat16))

@@ -352,3 +352,95 @@ def test_gpu_cuda_graph_replay_equals_eager(config):
     torch.cuda.synchronize()
     assert torch.equal(captured[0], eager[0])  # deterministic: bit for bit
     assert torch.equal(captured[1], eager[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# fp32 weights (the router's gate): IEEE fp32 products, no TF32
+# ---------------------------------------------------------------------------------------------
+
+# Interpreter configs for fp32 weights: the default (multiply-and-sum at M <= 8, tl.dot above),
+# split-K with a K tail, tl.dot with 32-row blocks.
+FP32_CONFIGS = {
+    "default": None,
+    "split": GemvConfig(block_n=4, block_k=32, split_k=3),
+    "dot_m32": GemvConfig(block_n=16, block_k=32, use_dot=True, block_m=32),
+}
+
+
+def assert_fp32_within_bound(out, x, w):
+    """fp32 products (one rounding each) summed in fp32 in any order: at most about
+    (K + 1) * 2^-24 * sum_k |x_k w_k| off the exact fp64 sum; (K + 2) covers second-order terms."""
+    xd, wd = x.double(), w.double()
+    exact, size = xd @ wd.t(), xd.abs() @ wd.abs().t()
+    err = (out.double() - exact).abs()
+    assert out.dtype == torch.float32 and out.shape == exact.shape
+    bound = (x.shape[1] + 2) * 2**-24 * size
+    assert (err <= bound).all(), f"max excess {(err - bound).max().item():.3g}"
+
+
+@pytest.mark.parametrize("config", list(FP32_CONFIGS))
+@pytest.mark.parametrize("m", [1, 3, 17])
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
+def test_fp32_weight_gemv_matches_exact(triton_launches, config, m, x_dtype):
+    gen = torch.Generator().manual_seed(30 + m)
+    x = torch.randn(m, 300, generator=gen).to(x_dtype)
+    w = torch.randn(40, 300, generator=gen) * 300**-0.5
+    assert_fp32_within_bound(gemv_op.gemv_fp32(x, w, config=FP32_CONFIGS[config]), x, w)
+    assert triton_launches["_gemv_kernel"] == 1
+
+
+@pytest.mark.parametrize("config", list(FP32_CONFIGS))
+def test_fp32_weight_is_not_rounded(triton_launches, config):
+    # One-hot rows of x: each logit is one product by a power of two, exact in fp32, so the
+    # output must equal the weight's column bit for bit. TF32 / bf16 rounding of the weight (its
+    # low mantissa bits are set here) would not.
+    gen = torch.Generator().manual_seed(33)
+    w = (1 + torch.rand(24, 80, generator=gen)) * (1 + 2**-20)
+    cols = torch.tensor([0, 7, 79, 40, 1])
+    x = torch.zeros(5, 80, dtype=torch.bfloat16)
+    x[torch.arange(5), cols] = torch.tensor([1.0, -2.0, 0.5, 4.0, 1.0], dtype=torch.bfloat16)
+    out = gemv_op.gemv_fp32(x, w, config=FP32_CONFIGS[config])
+    assert torch.equal(out, w[:, cols].t() * x[torch.arange(5), cols].float()[:, None])
+    assert triton_launches["_gemv_kernel"] == 1
+
+
+def test_fp32_weight_errors_and_empty(triton_launches):
+    x = torch.zeros(2, 8, dtype=torch.bfloat16)
+    w = torch.zeros(4, 8)
+    with pytest.raises(ValueError, match="weight torch.float32"):
+        gemv_op.gemv_fp32(x, w.bfloat16())
+    with pytest.raises(ValueError, match="x must be one of"):
+        gemv_op.gemv_fp32(x.to(torch.int32), w)
+    with pytest.raises(ValueError, match="use_dot needs block_m"):
+        gemv_op.gemv_fp32(x, w, config=GemvConfig(16, 16, use_dot=True, block_m=8))
+    assert gemv_op.gemv_fp32(x[:0], w).shape == (0, 4)
+    assert torch.equal(gemv_op.gemv_fp32(x[:, :0], w[:, :0]), torch.zeros(2, 4))
+    assert triton_launches["_gemv_kernel"] == 0
+
+
+def test_fp32_default_config_for_the_router(monkeypatch):
+    # Kimi's gate (256 x 2304 fp32) on the H200's 132 SMs: one launch of 128 programs at decode
+    # sizes, tl.dot above 8 rows with >= 100 programs up to T = 256, every config launchable.
+    monkeypatch.setattr(gemv_op, "_num_sms", lambda: 132)
+    gemv_op.default_config.cache_clear()
+    try:
+        configs = {m: gemv_op.default_config(m, 256, 2304, 4) for m in [1, 8, 9, 64, 256, 4096]}
+    finally:
+        gemv_op.default_config.cache_clear()
+    for m, cfg in configs.items():
+        cfg.check()
+        assert cfg.use_dot == (m > gemv_op._FP32_DOT_MIN_M)
+        m_blocks = -(-m // (cfg.block_m or 16))
+        programs = 256 // cfg.block_n * m_blocks * cfg.split_k
+        assert programs >= 100 and (cfg.split_k == 1 or 2 * cfg.split_k * cfg.block_k <= 2304)
+    assert configs[1].split_k == configs[8].split_k == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 8, 64, 256, 4096])
+@pytest.mark.parametrize("config", [None, GemvConfig(block_n=16, block_k=64, use_dot=True)])
+def test_gpu_fp32_weight_router_shape(m, config):
+    gen = torch.Generator(device="cuda").manual_seed(m)
+    x = torch.randn(m, 2304, generator=gen, device="cuda").to(torch.bfloat16)
+    w = torch.randn(256, 2304, generator=gen, device="cuda") * 2304**-0.5
+    assert_fp32_within_bound(gemv_op.gemv_fp32(x, w, config=config), x, w)

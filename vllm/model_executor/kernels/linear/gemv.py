@@ -1,5 +1,6 @@
 """Dense linears at decode sizes: a GEMV-style Triton kernel that streams the weight once, for
-bf16 / fp16 weights and for PTPC FP8 (per-token activation scale, per-channel weight scale).
+bf16 / fp16 weights, for PTPC FP8 (per-token activation scale, per-channel weight scale), and for
+fp32 weights against bf16 / fp16 / fp32 activations (the MoE router's logits).
 
 At M <= 16 rows a dense linear is a read of its weight: the vendor GEMMs tile for the tensor
 cores and leave most of the HBM bandwidth unused at these sizes (cuBLAS bf16 ~40% of copy on
@@ -18,18 +19,25 @@ Ops (each with its torch reference beside it; CPU tensors use the reference unle
     ``weight`` ``[N, K]`` FP8 codes of a's dtype, ``w_scale`` ``[N, 1]`` (or ``[N]`` / ``[1, N]``)
     fp32, ``bias`` ``[N]`` or None; returns ``[M, N]`` in ``out_dtype`` (bf16 / fp16 / fp32).
     Reference: ``gemv_fp8_ref`` (what ``dequantized_matmul`` in scaled_mm/pytorch.py computes).
+``gemv_fp32(x, weight)``
+    ``x`` ``[M, K]`` bf16 / fp16 / fp32, ``weight`` ``[N, K]`` fp32; returns ``[M, N]`` fp32.
+    Reference: ``gemv_fp32_ref`` (``F.linear(x.float(), weight)``). x is converted in registers:
+    no fp32 copy of it is written.
 
 Strides: unit stride on the last dim of ``x`` / ``a`` and ``weight`` (any row stride), so the K
 loads vectorize; ``weight`` may be the ``[N, K]`` transpose of the ``[K, N]`` view that the FP8
 layers hold. Scales and bias: contiguous tensors of M (a_scale) or N elements.
 
-Numerics: every product is exact in fp32 (bf16 x bf16 and e4m3 x e4m3 fit in 24 bits); sums in
-fp32, in an order that differs from the references' (K chunks, then a tree within a chunk; with
-SPLIT_K the per-split sums are added in split order). The epilogue then does what the references
-do, in the same order: ``((acc * a_scale[m]) * w_scale[n] + bias[n])`` in fp32, one rounding to
-the output dtype. Kernel and reference therefore differ only by fp32 accumulation order (at most
-about K * 2^-24 * sum_k |x_k w_k|) before the shared final rounding. Deterministic: no atomics;
-a split-K launch writes fp32 partials that a second kernel sums in a fixed order.
+Numerics: every product is exact in fp32 (bf16 x bf16 and e4m3 x e4m3 fit in 24 bits), except
+with fp32 weights, where each product is rounded to fp32 as in the reference, or fused into an
+fma (never TF32: the ``tl.dot`` variant asks for ``input_precision="ieee"``); sums in fp32, in an
+order that differs from the references' (K chunks, then a tree within a chunk; with SPLIT_K the
+per-split sums are added in split order). The epilogue then does what the references do, in the
+same order: ``((acc * a_scale[m]) * w_scale[n] + bias[n])`` in fp32, one rounding to the output
+dtype. Kernel and reference therefore differ only by fp32 rounding of the products and of the
+sums (at most about (K + 1) * 2^-24 * sum_k |x_k w_k| each off the exact sum) before the shared
+final rounding. Deterministic: no atomics; a split-K launch writes fp32 partials that a second
+kernel sums in a fixed order.
 
 Launch shape (``GemvConfig``, ``default_config``): grid (M blocks, N blocks, SPLIT_K) with the M
 blocks of one N block adjacent in launch order, so that M > BLOCK_M re-reads a weight tile from
@@ -39,8 +47,13 @@ at BLOCK_N 4-16), 4 warps, Triton's default 3 pipeline stages; BLOCK_N grows wit
 activation rows each program re-reads from L2 (M * BLOCK_K per step) stay within a small
 multiple of the weight tile, and SPLIT_K > 1 only when the N blocks alone give fewer than two
 programs per SM. ``USE_DOT`` swaps the broadcast-multiply-and-sum for ``tl.dot`` (weight as the
-wide operand, M padded to 16): a variant for the benchmark's sweep, chosen by no default. These
-are starting points measured by ``benchmarks/kernels/benchmark_gemv.py --configs``.
+wide operand, M padded to 16): a variant for the benchmark's sweep, chosen by no default except
+for fp32 weights at more than ``_FP32_DOT_MIN_M`` rows, where the FMA cost of one reduction per row
+and N block outgrows the weight read (the router's 256 x 2304 fp32 gate at T = 64..256).
+``block_m`` (rows per program, default ``min(16, M)``, 16 with ``tl.dot``) trades L2 re-reads of
+the weight for fewer programs. These are starting points measured by
+``benchmarks/kernels/benchmark_gemv.py --configs`` and, for fp32 weights,
+``benchmarks/kernels/benchmark_router.py --logits-configs``.
 
 Dispatch into the layers (thresholds are module constants, tuned from that benchmark):
 ``UnquantizedLinearMethod`` (vllm/model_executor/layers/linear.py) calls ``gemv`` for CUDA bf16 /
@@ -78,6 +91,8 @@ __all__ = [
     "GemvConfig",
     "default_config",
     "gemv",
+    "gemv_fp32",
+    "gemv_fp32_ref",
     "gemv_fp8",
     "gemv_fp8_ref",
     "gemv_ref",
@@ -97,10 +112,12 @@ FP8_GEMV_MAX_M = 4
 GEMV_MAX_WEIGHT_NUMEL = 16 * 2**20
 
 _FLOAT_DTYPES = (torch.bfloat16, torch.float16)
+_FP32_X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _MAX_BLOCK_M = 16  # rows per program; larger M takes more M blocks (the weight then from L2)
 _TILE_BYTES = 8192  # weight bytes per [BLOCK_N, BLOCK_K] step of the default configs
 _REDUCE_BLOCK = 1024  # outputs per program of the split-K reduction
+_FP32_DOT_MIN_M = 8  # fp32 weights: above this many rows the default config takes tl.dot
 
 
 # --------------------------------------------------------------------------------------------
@@ -156,7 +173,10 @@ if triton is not None:
                 if w.dtype.is_fp8():  # e4m3 codes are exact in bf16, products exact in fp32
                     w = w.to(tl.bfloat16)
                     x = x.to(tl.bfloat16)
-                acc += tl.dot(w, tl.trans(x))
+                if w.dtype == tl.float32:  # IEEE products: TF32 would round the weight
+                    acc += tl.dot(w, tl.trans(x.to(tl.float32)), input_precision="ieee")
+                else:
+                    acc += tl.dot(w, tl.trans(x))
             else:
                 # One row at a time: the weight tile is converted once and stays in registers,
                 # and no [BLOCK_M, BLOCK_N, BLOCK_K] product is ever live.
@@ -212,8 +232,9 @@ if triton is not None:
 @dataclass(frozen=True)
 class GemvConfig:
     """One launch shape: output channels per program, K chunk per step, warps, K splits
-    (1: no second kernel), ``tl.dot`` instead of multiply-and-sum, software-pipeline stages.
-    Powers of two except ``split_k`` and ``num_stages``."""
+    (1: no second kernel), ``tl.dot`` instead of multiply-and-sum, software-pipeline stages, rows
+    per program (None: ``min(16, M)``, 16 with ``tl.dot``). Powers of two except ``split_k`` and
+    ``num_stages``."""
 
     block_n: int
     block_k: int
@@ -221,11 +242,14 @@ class GemvConfig:
     split_k: int = 1
     use_dot: bool = False
     num_stages: int = 3  # Triton's CUDA default, which the routed-experts GEMV ran at
+    block_m: int | None = None
 
     def check(self) -> None:
         """ValueError unless the config can be launched."""
-        for name in ("block_n", "block_k", "num_warps"):
+        for name in ("block_n", "block_k", "num_warps", "block_m"):
             value = getattr(self, name)
+            if value is None:
+                continue
             if value < 1 or value & (value - 1):
                 raise ValueError(f"{name} must be a positive power of two, got {value}")
         if self.split_k < 1 or self.num_stages < 1:
@@ -237,6 +261,8 @@ class GemvConfig:
                 f"use_dot needs block_n and block_k >= 16 (tl.dot's minimum), got "
                 f"{self.block_n}, {self.block_k}"
             )
+        if self.use_dot and self.block_m is not None and self.block_m < 16:
+            raise ValueError(f"use_dot needs block_m >= 16 (tl.dot's minimum), got {self.block_m}")
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -254,7 +280,9 @@ def _num_sms() -> int:
 def default_config(m: int, n: int, k: int, weight_bytes: int) -> GemvConfig:
     """The launch shape for ``[m, k] @ [n, k]^T`` with ``weight_bytes`` per weight element
     (module docstring: ~8 KB weight tile per step, BLOCK_N grown with M, split-K only when the
-    N blocks give fewer than two programs per SM)."""
+    N blocks give fewer than two programs per SM; fp32 weights: ``_fp32_config``)."""
+    if weight_bytes == 4:
+        return _fp32_config(m, n, k)
     block_n = 4 if m <= 2 else 8 if m <= 8 else 16
     block_k = max(64, min(1024, _TILE_BYTES // (block_n * weight_bytes), next_power_of_2(k)))
     sms = _num_sms()
@@ -264,6 +292,23 @@ def default_config(m: int, n: int, k: int, weight_bytes: int) -> GemvConfig:
     while programs * split_k < 2 * sms and k >= 4 * split_k * block_k:
         split_k *= 2
     return GemvConfig(block_n, block_k, num_warps=4, split_k=split_k)
+
+
+def _fp32_config(m: int, n: int, k: int) -> GemvConfig:
+    # Few rows: as many single-pass programs as the N blocks allow before splitting K (a split
+    # costs a second launch, comparable to the whole read of the router's 2.4 MB gate): BLOCK_N 2
+    # gives 128 programs on its 256 experts. More rows: tl.dot (FMA, ieee) over [16, 64] weight
+    # tiles, M blocks of up to 64 rows so that T = 256 re-reads the weight from L2 only 4 times.
+    if m <= _FP32_DOT_MIN_M:
+        block_n, block_k, use_dot, block_m = 2, min(1024, max(64, next_power_of_2(k))), False, None
+    else:
+        block_n, block_k, use_dot = 16, 64, True
+        block_m = max(16, min(64, next_power_of_2(m)))
+    programs = _cdiv(n, block_n) * _cdiv(m, block_m or _MAX_BLOCK_M)
+    split_k = 1
+    while programs * split_k < _num_sms() and k >= 4 * split_k * block_k:
+        split_k *= 2
+    return GemvConfig(block_n, block_k, split_k=split_k, use_dot=use_dot, block_m=block_m)
 
 
 @cache
@@ -300,7 +345,10 @@ def _launch(
         config = default_config(m, n, k, weight.element_size())
     else:
         config.check()
-    block_m = _MAX_BLOCK_M if config.use_dot else min(_MAX_BLOCK_M, next_power_of_2(m))
+    if config.block_m is not None:
+        block_m = config.block_m
+    else:
+        block_m = _MAX_BLOCK_M if config.use_dot else min(_MAX_BLOCK_M, next_power_of_2(m))
     # Whole K chunks in every split: the split's last chunk ends on its boundary.
     k_per_split = _cdiv(_cdiv(k, config.split_k), config.block_k) * config.block_k
     split_k = _cdiv(k, k_per_split)
@@ -342,6 +390,11 @@ def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
     return F.linear(x.float(), weight.float(), b).to(x.dtype)
 
 
+def gemv_fp32_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight^T`` of x converted to fp32 and the fp32 weight, in fp32."""
+    return F.linear(x.float(), weight)
+
+
 def gemv_fp8_ref(
     a: torch.Tensor,
     a_scale: torch.Tensor,
@@ -364,13 +417,24 @@ def gemv_fp8_ref(
 
 
 def _check_operands(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dtypes: tuple
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    dtypes: tuple,
+    weight_dtype: torch.dtype | None = None,
 ) -> None:
+    """Shapes, devices and strides; ``weight_dtype`` None: the weight shares x's dtype."""
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(
             f"x must be [M, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}"
         )
-    if x.dtype not in dtypes or weight.dtype != x.dtype:
+    if weight_dtype is not None:
+        if x.dtype not in dtypes or weight.dtype != weight_dtype:
+            raise ValueError(
+                f"x must be one of {[str(d) for d in dtypes]} and weight {weight_dtype}, got "
+                f"{x.dtype} and {weight.dtype}"
+            )
+    elif x.dtype not in dtypes or weight.dtype != x.dtype:
         raise ValueError(
             f"x and weight must share one dtype of {[str(d) for d in dtypes]}, got {x.dtype} and "
             f"{weight.dtype}"
@@ -423,6 +487,22 @@ def gemv(
         _launch(x, weight, out, None, None, bias, config)
     elif out.numel():
         out.copy_(gemv_ref(x, weight, bias))  # K == 0: the bias alone
+    return out
+
+
+def gemv_fp32(
+    x: torch.Tensor, weight: torch.Tensor, *, config: GemvConfig | None = None
+) -> torch.Tensor:
+    """``x @ weight^T`` in fp32 for ``x`` ``[M, K]`` bf16 / fp16 / fp32 and ``weight`` ``[N, K]``
+    fp32; ``[M, N]`` fp32. ``config`` overrides ``default_config`` (benchmark sweeps)."""
+    _check_operands(x, weight, None, _FP32_X_DTYPES, torch.float32)
+    if not use_triton(x.device):
+        return gemv_fp32_ref(x, weight)
+    out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32, device=x.device)
+    if out.numel() and x.shape[1]:
+        _launch(x, weight, out, None, None, None, config)
+    elif out.numel():
+        out.zero_()  # K == 0: the empty sum
     return out
 
 

@@ -34,10 +34,20 @@ correctly rounded (`div_rn`, as torch's; Triton's `/` is approximate in fp32 on 
 weights differ from the reference only by `exp` (approximate on GPUs) and the order of the
 softmax / renormalising sums: a few fp32 ulps. A NaN logit gives unspecified, but in-range and
 distinct, ids.
+
+The logits themselves: `router_logits(x, gate_weight)` is `F.linear(x.float(), gate_weight)`
+(reference `router_logits_ref`) for hidden states `x` `[T, H]` bf16 / fp16 / fp32 and the fp32
+gate `[E, H]`, returning `[T, E]` fp32. Up to `ROUTER_GEMV_MAX_T` tokens (decode) on a GPU it runs
+the fp32-weight GEMV of vllm/model_executor/kernels/linear/gemv.py (`gemv_fp32`), which converts
+x in registers instead of writing an fp32 copy, and sums IEEE fp32 products in fp32 (no TF32:
+top-k selection is sensitive to the logits); above it (prefill), cuBLAS's fp32 GEMM. The choice
+depends on T only, so a captured graph always holds the path its size was captured with.
 """
 
 import torch
+import torch.nn.functional as F
 
+from vllm.model_executor.kernels.linear.gemv import gemv_fp32
 from vllm.triton_utils import next_power_of_2, use_triton
 
 try:
@@ -49,6 +59,11 @@ except ImportError:  # CPU-only installs without Triton use the reference
 _SCORING = ("sigmoid", "softmax")
 _LOGIT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _EPS = 1e-20
+# Tokens up to which `router_logits` takes the GEMV kernel (decode sizes, where cuBLAS's fp32 GEMM
+# plus the x.float() copy cost 7-17 us per layer on the H200 for a 2.4 MB weight); larger batches
+# keep cuBLAS, whose tiled GEMM wins once the products, not the weight read, dominate. Re-check
+# with benchmarks/kernels/benchmark_router.py --logits.
+ROUTER_GEMV_MAX_T = 256
 
 if triton is not None:
 
@@ -294,3 +309,38 @@ def grouped_topk(
         router_logits, e_score_correction_bias, top_k, num_expert_group, topk_group,
         renormalize, routed_scaling_factor, scoring_func, num_fused_shared_experts,
     )  # fmt: skip
+
+
+def _check_logits_args(x: torch.Tensor, gate_weight: torch.Tensor) -> None:
+    if x.dim() != 2 or gate_weight.dim() != 2 or x.shape[1] != gate_weight.shape[1]:
+        raise ValueError(
+            f"x must be [T, H] and gate_weight [E, H], got {tuple(x.shape)} and "
+            f"{tuple(gate_weight.shape)}"
+        )
+    if x.dtype not in _LOGIT_DTYPES:
+        raise ValueError(f"x dtype {x.dtype} is not one of {_LOGIT_DTYPES}")
+    if gate_weight.dtype != torch.float32:
+        raise ValueError(f"gate_weight must be float32, got {gate_weight.dtype}")
+    if x.device != gate_weight.device:
+        raise ValueError(f"x is on {x.device}, gate_weight on {gate_weight.device}")
+
+
+def router_logits_ref(x: torch.Tensor, gate_weight: torch.Tensor) -> torch.Tensor:
+    """The torch reference: `F.linear(x.float(), gate_weight)`, `[T, E]` fp32."""
+    _check_logits_args(x, gate_weight)
+    return F.linear(x.float(), gate_weight)
+
+
+def router_logits(x: torch.Tensor, gate_weight: torch.Tensor) -> torch.Tensor:
+    """Router logits `[T, E]` fp32 of hidden states `x` `[T, H]` (bf16 / fp16 / fp32) and the fp32
+    gate `gate_weight` `[E, H]`: the GEMV kernel for 1..`ROUTER_GEMV_MAX_T` tokens where
+    `use_triton` says so and both have unit stride on H, else the reference."""
+    _check_logits_args(x, gate_weight)
+    if (
+        use_triton(x.device)
+        and 0 < x.shape[0] <= ROUTER_GEMV_MAX_T
+        and x.stride(1) == 1
+        and gate_weight.stride(1) == 1
+    ):
+        return gemv_fp32(x, gate_weight)
+    return F.linear(x.float(), gate_weight)

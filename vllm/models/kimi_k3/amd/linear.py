@@ -23,13 +23,12 @@ import re
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 
 from vllm import envs
 from vllm.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_reduce
 from vllm.model_executor.layers.activation import SiluAndMul, get_act_and_mul
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE
-from vllm.model_executor.layers.fused_moe.router import grouped_topk
+from vllm.model_executor.layers.fused_moe.router import grouped_topk, router_logits
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (
     MergedColumnParallelLinear,
@@ -202,7 +201,7 @@ class KimiMoE(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cfg = self.config
-        logits = F.linear(x.float(), self.gate_weight)
+        logits = router_logits(x, self.gate_weight)
         weights, ids = grouped_topk(
             logits, self.e_score_correction_bias, cfg.num_experts_per_token,
             cfg.num_expert_group, cfg.topk_group, cfg.moe_renormalize,
