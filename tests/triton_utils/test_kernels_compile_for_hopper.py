@@ -56,7 +56,7 @@ KERNELS = {
 }  # fmt: skip
 # Variants compiled per kernel: the first launches with distinct constexprs, dtypes and options
 # (the ops are driven at Kimi-Linear's sizes first). A compile takes 0.1-3 s on 2 cores.
-MAX_VARIANTS = 6
+MAX_VARIANTS = 8
 H200_SMS = 132
 FP8 = torch.float8_e4m3fn  # NVIDIA's FP8 (the interpreter machine's platform may differ)
 
