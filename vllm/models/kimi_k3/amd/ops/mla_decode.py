@@ -26,11 +26,13 @@ tokens (rows found through `block_tables`), scores them with `tl.dot`, and keeps
 (running max and sum, fp32, base 2). With one split it writes the output directly; otherwise it
 writes its normalized fp32 partial and log2-sum-exp (an empty split writes only a -inf
 log-sum-exp), and a second kernel merges the splits per (n, head, column block), skipping empty
-ones. `MlaDecodeConfig` sets the tiles, warps, pipeline stages and split count;
+ones. With `split_l` > 1, `split_l` programs share each (head block, split, n), each scoring
+whole tiles but accumulating only its 1 / `split_l` of the output columns (read again, from L2).
+`MlaDecodeConfig` sets the tiles, warps, pipeline stages, column split and split count;
 `mla_decode_config` chooses them on the host from N, H, the SM count and the context capacity
-(`max_blocks * block_size`), never from `seq_lens`. bf16/fp16 caches: the probabilities are
-rounded to the cache dtype for the `p @ c` tensor-core product (relative 2^-9 per weight); fp32
-caches use IEEE fp32 products throughout.
+(`max_blocks * block_size`), never from `seq_lens`, or takes a measured entry of `_TUNED`.
+bf16/fp16 caches: the probabilities are rounded to the cache dtype for the `p @ c` tensor-core
+product (relative 2^-9 per weight); fp32 caches use IEEE fp32 products throughout.
 """
 
 import math
