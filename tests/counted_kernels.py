@@ -20,12 +20,13 @@ COUNTED_KERNELS = {
     "vllm.model_executor.layers.fused_moe.router": ("_grouped_topk_kernel",),
     "vllm.model_executor.layers.fused_moe.experts_triton_grouped": (
         "_moe_group_rows_kernel", "_moe_grouped_gate_up_kernel", "_moe_grouped_down_kernel",
-        "_moe_weighted_sum_kernel",
     ),
+    "vllm.model_executor.layers.fused_moe.weighted_sum": ("_moe_weighted_sum_kernel",),
     "vllm.model_executor.kernels.linear.gemv": (
         "_gemv_kernel", "_gemv_split_reduce_kernel",
     ),
     "vllm.model_executor.layers.ops.rms_norm": ("_rms_norm_kernel",),
+    "vllm.model_executor.layers.ops.silu_and_mul": ("_silu_and_mul_kernel",),
     "vllm.models.kimi_k3.amd.ops.causal_conv1d": (
         "_causal_conv1d_prefill_kernel", "_conv_state_update_kernel",
     ),

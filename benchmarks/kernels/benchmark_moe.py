@@ -16,9 +16,11 @@ Routing: `grouped_topk` (sigmoid, score-correction bias, renormalised) of random
   loop      the per-expert Python loop (syncs the host; timed eagerly, not in a CUDA graph)
 
 The sync-free paths are timed as CUDA-graph replay of --graph-calls back-to-back calls (what a
-decode step pays). Expert-weight bytes touched are the distinct experts the router chose in the
-run times the bytes of one expert (w13 and w2); the bandwidth is reported against an eager
-`copy_` of --copy-gib GiB measured in the same run after a warm-up (read + write bytes / time).
+decode step pays), or with `--timing flushed` one call per replay after an L2 flush (prefill
+sizes, where a call moves GBs and host time is no concern). Expert-weight bytes touched are the
+distinct experts the router chose in the run times the bytes of one expert (w13 and w2); the
+bandwidth is reported against an eager `copy_` of --copy-gib GiB measured in the same run after a
+warm-up (read + write bytes / time).
 
 `--shared-expert` times the whole `KimiMoE` block instead (router, routed experts and the shared
 expert, graph-replayed) in its two layouts: `fused` (the shared expert is expert 256 of the routed
@@ -37,6 +39,8 @@ largest T * K up to which the fastest triton config beats grouped at every measu
         16/128,64,4,4/128,64,4,4 32/64,128,4,3/64,128,4,3
     python benchmarks/kernels/benchmark_moe.py --paths grouping --tokens 1 64 256 1024 4096
     python benchmarks/kernels/benchmark_moe.py --shared-expert --tokens 1 8 64 256 1024
+    python benchmarks/kernels/benchmark_moe.py --paths grouped --tokens 1024 8192 \
+        --fused-shared-experts 1 --timing flushed    # prefill: one layer's routed experts
     python benchmarks/kernels/benchmark_moe.py --dry-run      # tiny shapes, CPU, no GPU needed
 
 A triton config is `BLOCK_N,BLOCK_K,WARPS/BLOCK_H,BLOCK_I,WARPS`: gate/up kernel (intermediate
@@ -57,7 +61,7 @@ import time
 from collections.abc import Callable
 
 import torch
-from benchmark_rmsnorm_gated_fp8_per_token import time_graph, write_csv
+from benchmark_rmsnorm_gated_fp8_per_token import time_flushed, time_graph, write_csv
 
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.fused_moe.experts import (
@@ -185,18 +189,25 @@ def suggest_triton_max_rows(rows: list[dict[str, object]]) -> int | None:
     return suggest_max_rows(rows, "triton")
 
 
-def make_moe(shape: dict[str, int], tokens: int, device: torch.device, seed: int):
+def make_moe(
+    shape: dict[str, int], tokens: int, device: torch.device, seed: int, fused_shared: int = 0
+):
+    """Inputs of the routed experts; `fused_shared` shared experts appended as experts E, E + 1,
+    ... that every token takes (Kimi-Linear with VLLM_KIMI_FUSE_SHARED_EXPERTS=1: 257, top-9)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     e, h, i, k = shape["experts"], shape["hidden"], shape["intermediate"], shape["topk"]
 
     def randn(*size: int, scale: float) -> torch.Tensor:
         return (torch.randn(*size, generator=gen, device=device) * scale).to(torch.bfloat16)
 
-    w13, w2 = randn(e, 2 * i, h, scale=h**-0.5), randn(e, h, i, scale=i**-0.5)
+    w13 = randn(e + fused_shared, 2 * i, h, scale=h**-0.5)
+    w2 = randn(e + fused_shared, h, i, scale=i**-0.5)
     x = randn(tokens, h, scale=1.0)
     logits = torch.randn(tokens, e, generator=gen, device=device)
     bias = torch.randn(e, generator=gen, device=device) * 0.1
-    weights, ids = grouped_topk(logits, bias, k, renormalize=True)
+    weights, ids = grouped_topk(
+        logits, bias, k, renormalize=True, num_fused_shared_experts=fused_shared
+    )
     return x, w13, w2, weights, ids
 
 
@@ -306,6 +317,20 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="time the KimiMoE block with the shared expert fused vs separate (not the paths)",
     )
+    parser.add_argument(
+        "--fused-shared-experts",
+        type=int,
+        default=0,
+        help="append this many shared experts that every token takes (1: Kimi-Linear's fused "
+        "layout, 257 experts, top-8 + 1)",
+    )
+    parser.add_argument(
+        "--timing",
+        choices=("graph", "flushed"),
+        default="graph",
+        help="graph: --graph-calls calls replayed back to back (decode sizes); flushed: one call "
+        "per graph replay with L2 flushed before it (prefill sizes, e.g. --tokens 8192)",
+    )
     parser.add_argument("--graph-calls", type=int, default=10, help="calls per captured graph")
     parser.add_argument("--copy-gib", type=float, default=2.0, help="size of the copy baseline")
     parser.add_argument("--seed", type=int, default=0, help="seed of weights and router logits")
@@ -349,11 +374,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with torch.inference_mode():
         for tokens in args.tokens:
-            inputs = make_moe(shape, tokens, device, args.seed)
+            inputs = make_moe(shape, tokens, device, args.seed, args.fused_shared_experts)
             distinct = inputs[-1].unique().numel()  # host read, outside every timed region
             touched = distinct * expert_bytes
             for name, impl in impls:
-                row = dict(tokens=tokens, rows=tokens * shape["topk"], path=name,
+                row = dict(tokens=tokens, rows=inputs[-1].numel(), path=name,
                            distinct_experts=distinct,
                            weight_mb=round(touched / 1e6, 2))  # fmt: skip
                 graphed = device.type == "cuda" and name != "loop"
@@ -373,7 +398,9 @@ def main(argv: list[str] | None = None) -> int:
                 def call(impl=impl, args_of_call=args_of_call):
                     return impl(*args_of_call)
 
-                if graphed:
+                if graphed and args.timing == "flushed":
+                    us = time_flushed(call)
+                elif graphed:
                     us = time_graph(call, args.graph_calls)
                 else:
                     us = time_eager(call, device)
@@ -384,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"T={tokens:>4} {name:>13} ({row['timing']}) {us:10.2f} us", flush=True)
                     continue
                 gbps = touched / (us * 1e-6) / 1e9
-                row.update(timing="graph" if graphed else "eager", us=round(us, 2),
+                row.update(timing=args.timing if graphed else "eager", us=round(us, 2),
                            gbps=round(gbps, 1), pct_copy=round(100 * gbps / copy_gbps, 1),
                            copy_gbps=round(copy_gbps, 1))  # fmt: skip
                 rows.append(row)

@@ -31,6 +31,8 @@ from vllm.model_executor.layers.fused_moe.router import (
     grouped_topk_ref,
     grouped_topk_triton,
 )
+from vllm.model_executor.layers.fused_moe.weighted_sum import moe_weighted_sum_ref
+from vllm.model_executor.layers.ops.silu_and_mul import silu_and_mul_ref
 from vllm.platforms.cpu import CpuPlatform
 from vllm.platforms.cuda import CudaPlatform
 
@@ -878,3 +880,75 @@ def test_fused_moe_holds_and_loads_fused_shared_experts():
         layer.weight_loader(gate, E + 1, "w1")
     with pytest.raises(ValueError, match="num_fused_shared_experts -1 < 0"):
         FusedMoE(E, H, INTER, SiluAndMul(), num_fused_shared_experts=-1)
+
+
+def grouped_before_triton_glue(x, w13, w2, weights, ids):
+    """`moe_experts_grouped` as it was before its glue became Triton launches (torch's SiluAndMul
+    ops, a copy back to (token, slot) order, the fp32 sum over a [T, K, H] temporary); also
+    returns y in sorted order and the inverse permutation, for the exact comparison."""
+    k = ids.shape[1]
+    sorted_ids, order = ids.reshape(-1).sort(stable=True)
+    experts = torch.arange(w13.shape[0], device=x.device, dtype=sorted_ids.dtype)
+    offs = torch.searchsorted(sorted_ids, experts, right=True, out_int32=True)
+    h = torch._grouped_mm(x.index_select(0, order // k), w13.transpose(1, 2), offs=offs)
+    y = torch._grouped_mm(silu_and_mul_ref(h), w2.transpose(1, 2), offs=offs)
+    back = torch.empty_like(y).index_copy_(0, order, y)
+    summed = back.view(*ids.shape, -1).float() * weights.float().unsqueeze(-1)
+    inverse = torch.empty_like(order).scatter_(
+        0, order, torch.arange(order.numel(), device=x.device)
+    )
+    return summed.sum(dim=1).to(x.dtype), y, inverse
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_glue_runs_the_triton_kernels(dtype, triton_launches):
+    """Under the interpreter (or on a GPU) the grouped path's SiluAndMul and weighted sum are one
+    launch each, and the sum reads the GEMM output through the inverse permutation."""
+    x, w13, w2, w, ids = make_case(9, dtype, device=DEVICE, seed=3)
+    out = moe_experts_grouped(x, w13, w2, w, ids, SiluAndMul())
+    assert triton_launches["_silu_and_mul_kernel"] == 1
+    assert triton_launches["_moe_weighted_sum_kernel"] == 1
+    _, y, inverse = grouped_before_triton_glue(x, w13, w2, w, ids)
+    # The same GEMMs on the same rows; the kernels' silu may differ from torch's by exp's ulps on
+    # CPU (test_silu_and_mul.py), so compare with the loop's tolerance, and exactly on a GPU.
+    expected = moe_weighted_sum_ref(y, w, dtype, inverse=inverse)
+    if DEVICE == "cuda":
+        assert torch.equal(out, expected)
+    else:
+        assert_close_to_loop(out, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [8192, 1000])
+def test_grouped_prefill_matches_the_torch_glue_on_gpu(tokens):
+    """Kimi-Linear's routed experts with the shared expert fused (E 257, top-8 + 1) at prefill
+    sizes: bit for bit the fixed-order sum of the same GEMM outputs, and within one bf16 rounding
+    of the previous torch glue (whose fp32 sum adds the K slots in another order)."""
+    if not grouped_mm_is_sync_free(torch.device("cuda"), torch.bfloat16):
+        pytest.skip("torch's grouped GEMM kernel needs sm90 / sm100")
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    experts, hidden, inter, topk = 257, 2304, 1024, 8
+
+    def randn(*size, scale):
+        return (torch.randn(*size, generator=gen, device="cuda") * scale).to(torch.bfloat16)
+
+    w13, w2 = (
+        randn(experts, 2 * inter, hidden, scale=hidden**-0.5),
+        randn(experts, hidden, inter, scale=inter**-0.5),
+    )
+    x = randn(tokens, hidden, scale=1.0)
+    logits = torch.randn(tokens, experts - 1, generator=gen, device="cuda")
+    bias = torch.randn(experts - 1, generator=gen, device="cuda") * 0.1
+    w, ids = grouped_topk(logits, bias, topk, num_fused_shared_experts=1)
+    assert ids.shape == (tokens, topk + 1)
+    out = moe_experts_grouped(x, w13, w2, w, ids, SiluAndMul())
+    before, y, inverse = grouped_before_triton_glue(x, w13, w2, w, ids)
+    assert torch.equal(out, moe_weighted_sum_ref(y, w, torch.bfloat16, inverse=inverse))
+    # Two fp32 sums of the same 9 products in different orders differ by a few fp32 ulps of the
+    # sum of |products|; after the bf16 rounding an entry differs by one bf16 ulp at most, and
+    # only where the fp32 sum lay that close to a rounding boundary (a tiny fraction).
+    terms = (y.index_select(0, inverse).view(tokens, topk + 1, hidden).float().abs()
+             * w.unsqueeze(-1)).sum(dim=1)  # fmt: skip
+    diff = (out.float() - before.float()).abs()
+    assert (diff <= before.float().abs() * 2**-8 + terms * 2**-20).all()
+    assert (out != before).float().mean() < 1e-3

@@ -35,7 +35,9 @@ from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (
     moe_experts_triton_grouped,
 )
 from vllm.model_executor.layers.fused_moe.router import grouped_topk_triton
+from vllm.model_executor.layers.fused_moe.weighted_sum import moe_weighted_sum
 from vllm.model_executor.layers.ops.rms_norm import fused_add_rms_norm, rms_norm
+from vllm.model_executor.layers.ops.silu_and_mul import silu_and_mul
 from vllm.model_executor.layers.quantization.utils.fp8_per_token import per_token_fp8_quant
 from vllm.models.kimi_k3.amd.ops.causal_conv1d import causal_conv1d_prefill
 from vllm.models.kimi_k3.amd.ops.fused_kda_decode import (
@@ -224,6 +226,17 @@ def _drive_ops() -> None:
     # The grouping's largest steps: 256 routed + 1 shared expert, 9 slots, decode to prefill.
     for tokens, block_m in ((64, 16), (4096, 32)):
         group_rows(torch.randint(0, 257, (tokens, 9), generator=gen), 257, block_m)
+    for tokens, topk, hidden in ((4, 9, 2304), (3, 2, 40)):
+        y = torch.randn(tokens * topk, hidden, generator=gen).to(torch.bfloat16)
+        weights = torch.rand(tokens, topk, generator=gen)
+        inverse = torch.randperm(tokens * topk, generator=gen)
+        moe_weighted_sum(y, weights, torch.bfloat16, inverse=inverse)
+        moe_weighted_sum(y.float(), weights, torch.float32)
+
+    for rows, inter in ((4, 1024), (3, 40)):
+        x = torch.randn(rows, 2 * inter, generator=gen)
+        silu_and_mul(x.to(torch.bfloat16))
+        silu_and_mul(x)
 
     for tokens, hidden in ((8, 2304), (3, 48)):
         x = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16)

@@ -1,15 +1,16 @@
 """Gated activations of MLPs: `act(gate) * up` over a `[..., 2 * I]` input (gate | up halves)."""
 
 import torch
-import torch.nn.functional as F
+
+from vllm.model_executor.layers.ops.silu_and_mul import silu_and_mul
 
 
 class SiluAndMul(torch.nn.Module):
-    """`silu(gate) * up`."""
+    """`silu(gate) * up`: one Triton launch where Triton runs, rounded as torch's `F.silu(gate) *
+    up` (vllm/model_executor/layers/ops/silu_and_mul.py)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = x.chunk(2, dim=-1)
-        return F.silu(gate) * up
+        return silu_and_mul(x)
 
 
 class SituAndMul(torch.nn.Module):

@@ -5,7 +5,8 @@ Every implementation takes `x` `[T, H]`, `w13` `[E, 2 * I, H]` (gate | up of eac
 `act_and_mul` module mapping `[..., 2 * I]` to `[..., I]`; it returns
 `sum_k topk_weights[t, k] * w2[e] @ act_and_mul(w13[e] @ x[t])` with `e = topk_ids[t, k]`, in the
 dtype of `x`. The two GEMMs and the activation run in the dtype of `x` (fp32 accumulation inside the
-GEMMs); the weighted sum over the K chosen experts runs in fp32.
+GEMMs); the weighted sum over the K chosen experts runs in fp32, slot by slot in a fixed order
+(`moe_weighted_sum`, weighted_sum.py).
 
   loop      a Python loop over the experts that received tokens. Exact reference; reads the
             per-expert counts on the host, so it syncs once per call and cannot be graph-captured.
@@ -35,7 +36,11 @@ from vllm.model_executor.layers.fused_moe.experts_triton import (
     moe_experts_triton,
     triton_experts_supported,
 )
-from vllm.model_executor.layers.fused_moe.experts_triton_grouped import moe_experts_triton_grouped
+from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (
+    group_rows,
+    moe_experts_triton_grouped,
+)
+from vllm.model_executor.layers.fused_moe.weighted_sum import moe_weighted_sum
 from vllm.platforms import current_platform
 
 # Largest T * K that the gathered path serves. Its weight copy grows with T * K (64 rows of the
@@ -55,16 +60,6 @@ TRITON_MAX_ROWS = 128
 TRITON_GROUPED_MAX_ROWS = 4096
 
 ExpertsImpl = Callable[..., torch.Tensor]
-
-
-def _weighted_sum(y: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """`y` `[T * K, H]` in (token, slot) order -> fp32 weighted sum over the slots, cast to `dtype`.
-
-    A fixed-order reduction instead of atomics, so the result is deterministic.
-    """
-    tokens, k = topk_weights.shape
-    y = y.view(tokens, k, y.shape[-1]).float() * topk_weights.float().unsqueeze(-1)
-    return y.sum(dim=1).to(dtype)
 
 
 def moe_experts_loop(
@@ -113,7 +108,7 @@ def moe_experts_gathered(
     h = torch.bmm(w13.index_select(0, flat_ids), rows).squeeze(-1)  # [T * K, 2 * I]
     a = act_and_mul(h).unsqueeze(-1)  # [T * K, I, 1]
     y = torch.bmm(w2.index_select(0, flat_ids), a).squeeze(-1)  # [T * K, H]
-    return _weighted_sum(y, topk_weights, x.dtype)
+    return moe_weighted_sum(y, topk_weights, x.dtype)
 
 
 def moe_experts_grouped(
@@ -130,22 +125,21 @@ def moe_experts_grouped(
     `b[g]`; `offs` is int32, the cumulative row ends of the groups. `b` is the transposed view of
     the `[E, N, K]` weights (column-major in its last two dims, as the kernel prefers), so nothing
     is copied. The kernel needs 16-byte aligned row strides: H and I multiples of 8 for bf16.
+
+    Around the GEMMs, each pass over `[T * K, ...]` rows costs about as much as a GEMM's output at
+    prefill sizes, so there are only three: the gather of x's rows, `act_and_mul` (one Triton
+    launch for SiluAndMul) and the weighted sum, which reads `y` in sorted order through the
+    inverse permutation instead of a copy back to (token, slot) order.
     """
     check_expert_shapes(x, w13, w2, topk_weights, topk_ids)
-    num_experts = w13.shape[0]
-    k = topk_ids.shape[1]
-    flat_ids = topk_ids.reshape(-1)
-    # Stable, so rows of one expert keep token order (matches the loop's accumulation order).
-    sorted_ids, order = flat_ids.sort(stable=True)
-    # Group ends: how many sorted ids are <= e, for every expert e (a device-side cumsum).
-    experts = torch.arange(num_experts, device=x.device, dtype=sorted_ids.dtype)
-    offs = torch.searchsorted(sorted_ids, experts, right=True, out_int32=True)
-    rows = x.index_select(0, order // k)
+    # Stable (rows of one expert keep token order, the loop's accumulation order), with the
+    # group ends and the inverse permutation, in one launch where Triton runs.
+    order, inverse, _, offs = group_rows(topk_ids, w13.shape[0], block_m=16)
+    rows = x.index_select(0, order // topk_ids.shape[1])
     h = torch._grouped_mm(rows, w13.transpose(1, 2), offs=offs)
     y = torch._grouped_mm(act_and_mul(h), w2.transpose(1, 2), offs=offs)
-    # Back to (token, slot) order, then the same fixed-order weighted sum as the gathered path.
-    y = torch.empty_like(y).index_copy_(0, order, y)
-    return _weighted_sum(y, topk_weights, x.dtype)
+    # The sum reads y where it lies (row r of (token, slot) order at inverse[r]).
+    return moe_weighted_sum(y, topk_weights, x.dtype, inverse=inverse)
 
 
 def grouped_mm_is_sync_free(device: torch.device, dtype: torch.dtype) -> bool:

@@ -36,8 +36,8 @@ Steps (R = T * K routed rows, row r = (t, k) = (r // K, r % K)):
   down      grid (max_blocks, cdiv(H, down_block_n)). The block's rows of `a` times down_block_n
             rows of w2[e], over I in chunks of down_block_k; writes `y` `[R, H]` in x's dtype at
             each row's (token, slot) position.
-  sum       grid (T, cdiv(H, 512)). `sum_k topk_weights[t, k] * y[t, k]` in fp32, slots in
-            order (no atomics: deterministic), output in x's dtype.
+  sum       `moe_weighted_sum` (weighted_sum.py): `sum_k topk_weights[t, k] * y[t, k]` in fp32,
+            slots in order (no atomics: deterministic), output in x's dtype.
 
 Nothing reads a tensor value on the host: no sync, static shapes, CUDA-graph capturable. Block is
 the fastest grid axis, so the blocks of one expert (an expert with more than block_m rows) read a
@@ -66,6 +66,7 @@ from vllm.model_executor.layers.fused_moe.experts_triton import (
     check_power_of_two,
     check_triton_operands,
 )
+from vllm.model_executor.layers.fused_moe.weighted_sum import moe_weighted_sum
 from vllm.triton_utils import next_power_of_2, use_triton
 
 try:
@@ -74,8 +75,6 @@ try:
 except ImportError:  # CPU-only installs without Triton never select this path
     triton = None
 
-# Hidden outputs per program of the weighted sum (a few programs per token at H 2304).
-_SUM_BLOCK_H = 512
 # Ids per step of the grouping kernel: all of a decode batch's (up to 256 tokens of top-8) in one.
 _GROUP_MAX_BLOCK_R = 2048
 _GROUP_MIN_BLOCK_R = 256
@@ -213,22 +212,6 @@ if triton is not None:
         dst = tl.load(order_ptr + rows, mask=m_ok, other=0).to(tl.int64)
         y_ptrs = y_ptr + dst[:, None] * stride_yr + h[None, :]
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & h_ok[None, :])
-
-    @triton.jit
-    def _moe_weighted_sum_kernel(
-        y_ptr, topk_w_ptr, out_ptr,
-        stride_yr, stride_wt, stride_wk, stride_ot, hidden,
-        TOPK: tl.constexpr, BLOCK_H: tl.constexpr,
-    ):  # fmt: skip
-        t = tl.program_id(0)
-        h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-        h_ok = h < hidden
-        acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-        for j in tl.static_range(TOPK):
-            weight = tl.load(topk_w_ptr + t * stride_wt + j * stride_wk).to(tl.float32)
-            y = tl.load(y_ptr + (t * TOPK + j) * stride_yr + h, mask=h_ok, other=0.0)
-            acc += y.to(tl.float32) * weight
-        tl.store(out_ptr + t * stride_ot + h, acc.to(out_ptr.dtype.element_ty), mask=h_ok)
 
 
 # From `benchmark_moe.py --tgrouped-configs` on the H200 (docs/performance.md, 2026-12-01): 32-row
@@ -375,9 +358,8 @@ def moe_experts_triton_grouped(
     tokens, hidden = x.shape
     num_experts, inter = w13.shape[0], w13.shape[1] // 2
     topk = topk_ids.shape[1]
-    out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
     if 0 in (tokens, topk, hidden, inter, num_experts):
-        return out.zero_()
+        return torch.zeros(tokens, hidden, dtype=x.dtype, device=x.device)
     order, _, blocks, _ = group_rows(topk_ids, num_experts, block_m)
     max_blocks = blocks.shape[1]
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
@@ -395,9 +377,4 @@ def moe_experts_triton_grouped(
         BLOCK_M=block_m, BLOCK_N=down_block_n, BLOCK_K=down_block_k, PRECISION=precision,
         num_warps=down_warps, num_stages=down_stages,
     )  # fmt: skip
-    _moe_weighted_sum_kernel[(tokens, triton.cdiv(hidden, _SUM_BLOCK_H))](
-        y, topk_weights, out,
-        y.stride(0), topk_weights.stride(0), topk_weights.stride(1), out.stride(0), hidden,
-        TOPK=topk, BLOCK_H=_SUM_BLOCK_H, num_warps=4,
-    )  # fmt: skip
-    return out
+    return moe_weighted_sum(y, topk_weights, x.dtype)
