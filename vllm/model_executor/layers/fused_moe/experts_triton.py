@@ -55,6 +55,9 @@ except ImportError:  # CPU-only installs without Triton never select this path
     triton = None
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# "tile": one [K padded to a power of two, block_h, block_i] tile per step; "slots": the K slots
+# unrolled, each a [block_h, block_i] tile (no padding).
+DOWN_KERNELS = ("tile", "slots")
 
 if triton is not None:
 
@@ -122,6 +125,36 @@ if triton is not None:
         dtype = out_ptr.dtype.element_ty
         y = acc.to(dtype).to(tl.float32) * weight.to(tl.float32)[:, None]
         tl.store(out_ptr + t * stride_ot + h, tl.sum(y, axis=0).to(dtype), mask=h_ok)
+
+    @triton.jit
+    def _moe_down_slots_kernel(
+        a_ptr, w2_ptr, ids_ptr, topk_w_ptr, out_ptr,
+        stride_ar, stride_it, stride_ik, stride_wt, stride_wk, stride_we, stride_wh, stride_ot,
+        hidden,
+        INTER: tl.constexpr, TOPK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_I: tl.constexpr,
+    ):  # fmt: skip
+        # The slots and the steps over I are unrolled (all constexpr), so the compiler can issue
+        # every slot's weight loads before the first reduction: no padding of K to a power of two.
+        t = tl.program_id(0)
+        h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        h_ok = h < hidden
+        ii = tl.arange(0, BLOCK_I)
+        dtype = out_ptr.dtype.element_ty
+        out = tl.zeros([BLOCK_H], dtype=tl.float32)
+        for j in tl.static_range(TOPK):
+            e = tl.load(ids_ptr + t * stride_it + j * stride_ik).to(tl.int64)
+            w_rows = w2_ptr + e * stride_we + h[:, None] * stride_wh
+            a_row = a_ptr + (t * TOPK + j) * stride_ar
+            acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+            for i0 in tl.static_range(0, INTER, BLOCK_I):
+                i_ok = i0 + ii < INTER
+                av = tl.load(a_row + i0 + ii, mask=i_ok, other=0.0).to(tl.float32)
+                w = tl.load(w_rows + i0 + ii[None, :], mask=h_ok[:, None] & i_ok[None, :],
+                            other=0.0)  # fmt: skip
+                acc += tl.sum(w.to(tl.float32) * av[None, :], axis=1)
+            weight = tl.load(topk_w_ptr + t * stride_wt + j * stride_wk).to(tl.float32)
+            out += acc.to(dtype).to(tl.float32) * weight
+        tl.store(out_ptr + t * stride_ot + h, out.to(dtype), mask=h_ok)
 
 
 def triton_experts_supported(
@@ -213,6 +246,7 @@ def moe_experts_triton(
     block_h: int | None = None,
     block_i: int = 128,
     down_warps: int = 4,
+    down_kernel: str = "tile",
 ) -> torch.Tensor:
     """Routed experts in two Triton launches; see the module docstring for shapes and numerics.
 
@@ -235,6 +269,8 @@ def moe_experts_triton(
                   block_h=block_h, block_i=block_i, down_warps=down_warps)  # fmt: skip
     for name, value in blocks.items():
         check_power_of_two(name, value)
+    if down_kernel not in DOWN_KERNELS:
+        raise ValueError(f"down_kernel must be one of {DOWN_KERNELS}, got {down_kernel!r}")
     topk = topk_ids.shape[1]
     out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
     if 0 in (tokens, topk, hidden, inter):
@@ -246,6 +282,14 @@ def moe_experts_triton(
         a.stride(0), hidden, inter,
         TOPK=topk, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=gate_up_warps,
     )  # fmt: skip
+    if down_kernel == "slots":
+        _moe_down_slots_kernel[(tokens, triton.cdiv(hidden, block_h))](
+            a, w2, topk_ids, topk_weights, out,
+            a.stride(0), topk_ids.stride(0), topk_ids.stride(1), topk_weights.stride(0),
+            topk_weights.stride(1), w2.stride(0), w2.stride(1), out.stride(0), hidden,
+            INTER=inter, TOPK=topk, BLOCK_H=block_h, BLOCK_I=block_i, num_warps=down_warps,
+        )  # fmt: skip
+        return out
     _moe_down_kernel[(tokens, triton.cdiv(hidden, block_h))](
         a, w2, topk_ids, topk_weights, out,
         a.stride(0), topk_ids.stride(0), topk_ids.stride(1), topk_weights.stride(0),
