@@ -46,12 +46,7 @@ from vllm.models.kimi_k3.amd.ops.fused_kda_decode import (
     kda_decode_config,
 )
 from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate_beta
-from vllm.models.kimi_k3.amd.ops.mla_decode import (
-    MLA_KERNEL_CHOICES,
-    MlaDecodeConfig,
-    launch_mla_decode,
-    mla_decode_config,
-)
+from vllm.models.kimi_k3.amd.ops.mla_decode import launch_mla_decode, mla_decode_config
 from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import rmsnorm_gated_fp8_per_token
 
 # The MLA decode kernels are launched by tests of their own, outside the counted registry.
@@ -64,9 +59,6 @@ KERNELS = {
 # Variants compiled per kernel: the first launches with distinct constexprs, dtypes and options
 # (the ops are driven at Kimi-Linear's sizes first). A compile takes 0.1-3 s on 2 cores.
 MAX_VARIANTS = 8
-# Kernels with more variants worth building: the MLA split kernel's launch choices (the
-# benchmark's sweep, any of which a tuned default may pick) plus its small-shape launches.
-MAX_VARIANTS_OF = {"_mla_decode_split_kernel": len(MLA_KERNEL_CHOICES) + 3}
 H200_SMS = 132
 FP8 = torch.float8_e4m3fn  # NVIDIA's FP8 (the interpreter machine's platform may differ)
 
@@ -122,9 +114,7 @@ class _RecordedKernel:
                 [v["tensor"] for v in values.values() if isinstance(v, dict)],
             ]
         )
-        if variant in self._seen or len(self._seen) >= MAX_VARIANTS_OF.get(
-            self._name, MAX_VARIANTS
-        ):
+        if variant in self._seen or len(self._seen) >= MAX_VARIANTS:
             return
         self._seen.add(variant)
         self._launches.append(
@@ -177,11 +167,7 @@ def _drive_moe(tokens: int, experts: int, hidden: int, inter: int, topk: int) ->
     moe_experts_triton_grouped(x, w13, w2, weights, ids, SiluAndMul())
 
 
-def _drive_mla(
-    n: int, heads: int, latent: int, rope: int, page: int, capacity: int, choices=()
-) -> None:
-    """The H200's default launch, then one launch per (block_h, block_n, warps, stages, split_l)
-    of `choices` (splitting, as the benchmark's sweep mostly does)."""
+def _drive_mla(n: int, heads: int, latent: int, rope: int, page: int, capacity: int) -> None:
     gen = _gen(n + capacity)
     q = torch.randn(n, heads, latent + rope, generator=gen).to(torch.bfloat16)
     blocks = capacity // page
@@ -191,9 +177,6 @@ def _drive_mla(
     # The H200's default launch for these sizes (the CPU's one SM would never split).
     config = mla_decode_config(n, heads, latent, capacity, H200_SMS, max_smem=232448)
     launch_mla_decode(q[..., :latent], q[..., latent:], cache, tables, lens, 0.1, config)
-    for choice in choices:
-        config = MlaDecodeConfig(4, *choice[:4], split_l=choice[4])
-        launch_mla_decode(q[..., :latent], q[..., latent:], cache, tables, lens, 0.1, config)
 
 
 def _drive_ops() -> None:
@@ -269,7 +252,7 @@ def _drive_ops() -> None:
         for lower_bound in (-5.0, None):
             kda_gate_beta(raw, a_log, dt_bias, lower_bound, b)
 
-    _drive_mla(2, 32, 512, 64, 64, 4096, MLA_KERNEL_CHOICES)
+    _drive_mla(2, 32, 512, 64, 64, 4096)
     _drive_mla(1, 32, 512, 64, 16, 64)
 
 

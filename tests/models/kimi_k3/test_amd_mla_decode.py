@@ -12,13 +12,11 @@ import torch
 
 import vllm.models.kimi_k3.amd.ops.mla_decode as op_module
 from vllm.models.kimi_k3.amd.ops.mla_decode import (
-    MLA_KERNEL_CHOICES,
     MlaDecodeConfig,
     launch_mla_decode,
     mla_decode_config,
     mla_decode_paged,
     mla_decode_paged_ref,
-    mla_num_splits,
 )
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -186,53 +184,6 @@ def test_many_splits_and_column_chunks(heads, block_h, block_n, launches, monkey
     assert launches == {"_mla_decode_split_kernel": 1, "_mla_decode_merge_kernel": 1}
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize(
-    "heads,latent,block_h,split_l",
-    [(3, 64, 16, 2), (3, 64, 64, 4), (20, 48, 16, 4), (20, 64, 16, 2)],
-)  # fmt: skip
-def test_split_columns_match_reference(heads, latent, block_h, split_l, dtype, launches):
-    """Output columns over `split_l` programs: one head block padded to 16 or 64 rows, or two
-    blocks; latent 48 pads to 64, so with four column blocks the last one holds no real column.
-    One split (direct store) and three (partials, one of them empty for the 1-token sequence)."""
-    args, clean, poisoned = make_case(
-        3, heads, latent, 8, 4, [1, 6, 17], 6, dtype, seed=heads + latent + block_h + split_l
-    )
-    ref = mla_decode_paged_ref(kv_cache=clean, **args)
-    for splits in (1, 3):
-        config = MlaDecodeConfig(splits, block_h, 16, num_warps=4, num_stages=2, split_l=split_l)
-        check(launch_mla_decode(kv_cache=poisoned, config=config, **args), ref, dtype)
-    assert launches == {"_mla_decode_split_kernel": 2, "_mla_decode_merge_kernel": 1}
-
-
-def test_tuned_table_picks_the_launch(monkeypatch):
-    """A `_TUNED` entry replaces the rules for its (batch, context) bucket, with its splits from
-    `mla_num_splits`; other buckets, fp32 caches and small shared memory keep the rules."""
-    monkeypatch.setattr(op_module, "_TUNED", {(8, 32768): (64, 32, 4, 4, 4, 2)})
-    config = mla_decode_config(8, 32, 512, 32768, 132, max_smem=227 * 1024)
-    splits = mla_num_splits(8, 32, 64, 4, 32768, 132, programs_per_sm=2)
-    assert splits == 264 // 32
-    assert config == MlaDecodeConfig(splits, 64, 32, 4, 4, split_l=4)
-    # Batches 3..22 share the bucket of 8; capacities above 16384 that of 32768.
-    assert mla_decode_config(20, 32, 512, 20000, 132, max_smem=227 * 1024).split_l == 4
-    for args, kwargs in (
-        ((2, 32, 512, 32768, 132), dict(max_smem=227 * 1024)),
-        ((8, 32, 512, 16384, 132), dict(max_smem=227 * 1024)),
-        ((8, 32, 512, 32768, 132), dict(max_smem=227 * 1024, elem_bytes=4)),
-        ((8, 32, 512, 32768, 108), dict(max_smem=164 * 1024)),
-        ((8, 4, 32, 32768, 132), dict(max_smem=227 * 1024)),
-    ):
-        assert mla_decode_config(*args, **kwargs).split_l == 1
-
-
-def test_tuned_entries_are_swept_choices():
-    """Every tuned launch is one the benchmark sweeps, the GPU tests run and the sm_90 compile
-    test builds; its programs per SM is one the benchmark measures."""
-    for (batch, ctx), entry in op_module._TUNED.items():
-        assert batch in (1, 8, 64) and ctx in (8192, 32768)
-        assert entry[:5] in MLA_KERNEL_CHOICES and entry[5] in (1, 2, 4)
-
-
 def test_default_config_depends_on_shapes_only():
     sms = 132
     # Wide latents on CUDA: 64-token tiles, 8 warps, 5 stages (double-buffered), 1 per SM.
@@ -266,10 +217,6 @@ def test_config_is_checked():
         (MlaDecodeConfig(0, 16, 16, 4, 1), "num_splits"),
         (MlaDecodeConfig(1, 8, 16, 4, 1), "block_h"),
         (MlaDecodeConfig(1, 16, 24, 4, 1), "block_n"),
-        (MlaDecodeConfig(1, 16, 16, 4, 1, split_l=3), "split_l"),
-        (MlaDecodeConfig(1, 16, 16, 4, 1, split_l=0), "split_l"),
-        # L = 32: four column blocks of 8 are below tl.dot's 16.
-        (MlaDecodeConfig(1, 16, 16, 4, 1, split_l=4), "split_l"),
     ):
         with pytest.raises(ValueError, match=match):
             launch_mla_decode(kv_cache=clean, config=bad, **args)
@@ -355,14 +302,19 @@ def test_gpu_kimi_sizes(n, capacity, block_size, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("block_h,block_n,num_warps,num_stages,split_l", MLA_KERNEL_CHOICES)
-def test_gpu_benchmark_sweep_configs(block_h, block_n, num_warps, num_stages, split_l):
+@pytest.mark.parametrize(
+    "block_h,block_n,num_warps,num_stages",
+    [(32, 32, 8, 2), (32, 16, 8, 2), (32, 32, 8, 5), (32, 32, 8, 7), (32, 64, 8, 5),
+     (32, 64, 8, 2), (16, 32, 8, 5), (16, 16, 8, 5)],
+)  # fmt: skip
+def test_gpu_benchmark_sweep_configs(block_h, block_n, num_warps, num_stages):
     """Every kernel config benchmark_mla_decode.py sweeps, at Kimi-Linear sizes with 7 splits
-    and with a single one: each compiles on the device and matches the reference."""
-    args = make_gpu_case(4, 4096, 64, torch.bfloat16, seed=block_n + num_stages + split_l)
+    (one with a single split too): each compiles on the device and matches the reference."""
+    args = make_gpu_case(4, 4096, 64, torch.bfloat16, seed=block_n + num_stages)
     ref = mla_decode_paged_ref(**args)
-    for num_splits in (1, 7):
-        config = MlaDecodeConfig(num_splits, block_h, block_n, num_warps, num_stages, split_l)
+    splits = (1, 7) if (block_h, block_n, num_stages) == (32, 64, 5) else (7,)
+    for num_splits in splits:
+        config = MlaDecodeConfig(num_splits, block_h, block_n, num_warps, num_stages)
         got = launch_mla_decode(**args, config=config)
         rtol, atol = tolerance(torch.bfloat16)
         torch.testing.assert_close(got.float(), ref.float(), rtol=rtol, atol=atol)

@@ -26,13 +26,11 @@ tokens (rows found through `block_tables`), scores them with `tl.dot`, and keeps
 (running max and sum, fp32, base 2). With one split it writes the output directly; otherwise it
 writes its normalized fp32 partial and log2-sum-exp (an empty split writes only a -inf
 log-sum-exp), and a second kernel merges the splits per (n, head, column block), skipping empty
-ones. With `split_l` > 1, `split_l` programs share each (head block, split, n), each scoring
-whole tiles but accumulating only its 1 / `split_l` of the output columns (read again, from L2).
-`MlaDecodeConfig` sets the tiles, warps, pipeline stages, column split and split count;
+ones. `MlaDecodeConfig` sets the tiles, warps, pipeline stages and split count;
 `mla_decode_config` chooses them on the host from N, H, the SM count and the context capacity
-(`max_blocks * block_size`), never from `seq_lens`, or takes a measured entry of `_TUNED`.
-bf16/fp16 caches: the probabilities are rounded to the cache dtype for the `p @ c` tensor-core
-product (relative 2^-9 per weight); fp32 caches use IEEE fp32 products throughout.
+(`max_blocks * block_size`), never from `seq_lens`. bf16/fp16 caches: the probabilities are
+rounded to the cache dtype for the `p @ c` tensor-core product (relative 2^-9 per weight); fp32
+caches use IEEE fp32 products throughout.
 """
 
 import math
@@ -66,20 +64,6 @@ _PROGRAMS_PER_SM = 1
 _PIPELINED_WIDE_SMEM = 189440
 # tl.dot needs every dimension of its operands to be at least 16.
 _MIN_DOT = 16
-# The kernel configs (block_h, block_n, num_warps, num_stages, split_l) for wide latents that
-# benchmarks/kernels/benchmark_mla_decode.py sweeps, the GPU tests check and the sm_90 compile test
-# builds: a `_TUNED` entry picks one of them.
-MLA_KERNEL_CHOICES = (
-    (32, 32, 8, 2, 1), (32, 16, 8, 2, 1), (32, 32, 8, 5, 1), (32, 32, 8, 7, 1), (32, 64, 8, 5, 1),
-    (32, 64, 8, 2, 1), (16, 32, 8, 5, 1), (16, 16, 8, 5, 1), (32, 64, 8, 4, 2), (32, 32, 8, 5, 2),
-    (32, 32, 8, 4, 2), (64, 32, 8, 4, 2), (64, 32, 8, 3, 4), (64, 32, 4, 4, 4), (64, 32, 4, 5, 4),
-    (64, 16, 4, 5, 4),
-)  # fmt: skip
-# Measured launches for wide bf16/fp16 latents on CUDA GPUs with an H200's shared memory, keyed by
-# (`_batch_bucket(N)`, `_context_bucket(capacity)`): a choice above plus programs_per_sm, i.e.
-# (block_h, block_n, num_warps, num_stages, split_l, programs_per_sm), as the benchmark prints
-# them. A bucket missing here takes the rules of `mla_decode_config`.
-_TUNED: dict[tuple[int, int], tuple[int, int, int, int, int, int]] = {}
 
 if triton is not None:
 
@@ -91,16 +75,11 @@ if triton is not None:
         heads, qk_scale_log2,
         L: tl.constexpr, R: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr,
         BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
-        DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr, SPLIT_L: tl.constexpr,
+        DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
     ):  # fmt: skip
-        # Head blocks and output column blocks vary fastest in launch order: the programs that
-        # read the same cache tiles run at the same time, and the later ones find them in L2.
-        h = tl.program_id(0) // SPLIT_L * BLOCK_H + tl.arange(0, BLOCK_H)
-        # This program's output columns: all of them, or a 1 / SPLIT_L slice (a smaller fp32
-        # accumulator; the scores still need the whole latent row).
-        BLOCK_V: tl.constexpr = BLOCK_L // SPLIT_L
-        col_v = tl.program_id(0) % SPLIT_L * BLOCK_V + tl.arange(0, BLOCK_V)
-        v_ok = col_v < L
+        # Head blocks vary fastest in launch order: the programs that read the same cache tiles
+        # for different heads run at the same time, and the later ones find the tiles in L2.
+        h = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
         split = tl.program_id(1)
         num_splits = tl.num_programs(1)
         n = tl.program_id(2).to(tl.int64)
@@ -129,7 +108,7 @@ if triton is not None:
 
         m = tl.full([BLOCK_H], float("-inf"), tl.float32)
         denom = tl.zeros([BLOCK_H], tl.float32)
-        acc = tl.zeros([BLOCK_H, BLOCK_V], tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_L], tl.float32)
         bt_row = bt_ptr + n * stride_btn
         for start in range(lo, hi, BLOCK_N):
             pos = start + tl.arange(0, BLOCK_N)
@@ -144,15 +123,6 @@ if triton is not None:
                 kv_ptr + rows[:, None] + L + col_r[None, :],
                 mask=ok[:, None] & r_ok[None, :], other=0.0,
             )  # fmt: skip
-            if SPLIT_L == 1:
-                v = c
-            else:
-                # The same rows again, only this program's columns: an L2 hit (the whole-row
-                # load above, or a sibling program's, brought them in).
-                v = tl.load(
-                    kv_ptr + rows[:, None] + col_v[None, :],
-                    mask=ok[:, None] & v_ok[None, :], other=0.0,
-                )  # fmt: skip
             scores = tl.dot(q, tl.trans(c), input_precision=DOT_PRECISION)
             scores += tl.dot(q_pe, tl.trans(k_pe), input_precision=DOT_PRECISION)
             # Every tile starts inside [lo, hi), so each row has a finite maximum.
@@ -161,10 +131,10 @@ if triton is not None:
             alpha = tl.exp2(m - m_new)
             p = tl.exp2(scores - m_new[:, None])
             denom = denom * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+            acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c, input_precision=DOT_PRECISION)
             m = m_new
 
-        out_mask = h_ok[:, None] & v_ok[None, :]
+        out_mask = h_ok[:, None] & l_ok[None, :]
         if SPLIT:
             # An empty split (past the sequence's length) writes only a -inf log-sum-exp: the
             # merge gives it zero weight and does not read its partial.
@@ -172,15 +142,13 @@ if triton is not None:
             o = acc / tl.where(nonempty, denom, 1.0)[:, None]
             lse = tl.where(nonempty, m + tl.log2(tl.where(nonempty, denom, 1.0)), float("-inf"))
             base = out_ptr + n * stride_on + split * stride_os
-            tl.store(base + h[:, None] * stride_oh + col_v[None, :], o,
+            tl.store(base + h[:, None] * stride_oh + col_l[None, :], o,
                      mask=out_mask & nonempty[:, None])  # fmt: skip
-            # Every column block of a head computes the same log-sum-exp; the first stores it.
-            tl.store(lse_ptr + n * stride_ln + h * stride_lh + split, lse,
-                     mask=h_ok & (tl.program_id(0) % SPLIT_L == tl.zeros_like(h)))  # fmt: skip
+            tl.store(lse_ptr + n * stride_ln + h * stride_lh + split, lse, mask=h_ok)
         else:
             o = acc / denom[:, None]
             tl.store(
-                out_ptr + n * stride_on + h[:, None] * stride_oh + col_v[None, :],
+                out_ptr + n * stride_on + h[:, None] * stride_oh + col_l[None, :],
                 o.to(out_ptr.dtype.element_ty), mask=out_mask,
             )  # fmt: skip
 
@@ -248,19 +216,13 @@ def mla_decode_paged_ref(
 
 @dataclass(frozen=True)
 class MlaDecodeConfig:
-    """Launch parameters of the Triton path (all powers of two except `num_splits`).
-
-    `split_l` programs share each (head block, split, sequence), each owning 1 / `split_l` of the
-    output columns: a smaller accumulator a program (fewer registers, or `block_h` 64, which
-    Hopper runs as wgmma) for `split_l` reads of every cache tile (all but one from L2).
-    """
+    """Launch parameters of the Triton path (all powers of two except `num_splits`)."""
 
     num_splits: int
     block_h: int
     block_n: int
     num_warps: int
     num_stages: int
-    split_l: int = 1
 
 
 @lru_cache(maxsize=8)
@@ -277,28 +239,6 @@ def _max_smem(device: torch.device) -> int:
     if device.type != "cuda":
         return 2**31
     return getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", 0)
-
-
-def _batch_bucket(n: int) -> int:
-    """1, 8 or 64: the nearest on a log scale (the batches the tuning sweep measures)."""
-    return 1 if n <= 2 else 8 if n <= 22 else 64
-
-
-def _context_bucket(capacity: int) -> int:
-    """8192 or 32768: the nearest on a log scale (the contexts the tuning sweep measures)."""
-    return 8192 if capacity <= 16384 else 32768
-
-
-def mla_num_splits(
-    n: int, heads: int, block_h: int, split_l: int, capacity: int, num_sms: int,
-    programs_per_sm: int = _PROGRAMS_PER_SM,
-) -> int:  # fmt: skip
-    """Splits for `programs_per_sm * num_sms` programs (rounded down, so that equal-length
-    sequences leave no nearly empty last wave), none shorter than `_MIN_SPLIT_TOKENS` positions
-    of capacity, at most `_MAX_SPLITS`."""
-    programs = n * -(-heads // block_h) * split_l
-    return max(1, min(programs_per_sm * num_sms // programs, capacity // _MIN_SPLIT_TOKENS,
-                      _MAX_SPLITS))  # fmt: skip
 
 
 def mla_decode_config(
@@ -323,34 +263,24 @@ def mla_decode_config(
     4, need twice as much), single-buffered `[32, 576]` tiles with 2 stages; ROCm keeps 32-token
     tiles and one stage (64 KiB of LDS).
 
-    Splits: as many as fill one wave (`mla_num_splits`). Where `_TUNED` has the (batch, context)
-    bucket (wide 16-bit latents on CUDA with the shared memory of the default above), its
-    measured launch instead. Depends on shapes only, so a captured graph stays valid for every
-    `seq_lens`.
+    Splits: as many as fill one wave (`_PROGRAMS_PER_SM * num_sms` programs, rounded down so that
+    equal-length sequences leave no nearly empty last wave), no split shorter than
+    `_MIN_SPLIT_TOKENS` positions of capacity, at most `_MAX_SPLITS`. Depends on shapes only, so
+    a captured graph stays valid for every `seq_lens`.
     """
     block_h = max(_MIN_DOT, min(next_power_of_2(heads), 32))
     wide = next_power_of_2(latent) >= 256
-    pipelined = max_smem >= _PIPELINED_WIDE_SMEM * elem_bytes // 2
-    tuned = _TUNED.get((_batch_bucket(n), _context_bucket(capacity)))
-    if (
-        tuned is not None
-        and wide
-        and elem_bytes == 2
-        and pipelined
-        and not current_platform.is_rocm()
-    ):
-        block_h, block_n, num_warps, num_stages, split_l, programs_per_sm = tuned
-        splits = mla_num_splits(n, heads, block_h, split_l, capacity, num_sms, programs_per_sm)
-        return MlaDecodeConfig(splits, block_h, block_n, num_warps, num_stages, split_l)
     if current_platform.is_rocm():
         block_n, num_warps, num_stages = (32, 8, 1) if wide else (64, 4, 1)
     elif not wide:
         block_n, num_warps, num_stages = 64, 4, 2
-    elif pipelined:
+    elif max_smem >= _PIPELINED_WIDE_SMEM * elem_bytes // 2:
         block_n, num_warps, num_stages = 64, 8, 5
     else:
         block_n, num_warps, num_stages = 32, 8, 2
-    splits = mla_num_splits(n, heads, block_h, 1, capacity, num_sms)
+    programs = n * -(-heads // block_h)
+    splits = max(1, min(_PROGRAMS_PER_SM * num_sms // programs, capacity // _MIN_SPLIT_TOKENS,
+                        _MAX_SPLITS))  # fmt: skip
     return MlaDecodeConfig(splits, block_h, block_n, num_warps, num_stages)
 
 
@@ -380,13 +310,6 @@ def launch_mla_decode(
         if value < _MIN_DOT or value & (value - 1):
             raise ValueError(f"config.{name} must be a power of two >= {_MIN_DOT}, got {value}")
     n, heads, latent = q_latent.shape
-    block_l = max(_MIN_DOT, next_power_of_2(latent))
-    split_l = config.split_l
-    if split_l < 1 or split_l & (split_l - 1) or block_l // split_l < _MIN_DOT:
-        raise ValueError(
-            f"config.split_l must be a power of two leaving >= {_MIN_DOT} of the {block_l} "
-            f"(padded) latent columns to each program, got {split_l}"
-        )
     rope = q_pe.shape[-1]
     out = q_latent.new_empty(n, heads, latent)
     if n == 0:
@@ -401,7 +324,8 @@ def launch_mla_decode(
     else:
         lse = out  # unused without splits
         dest, part_strides, lse_strides = out, (*out.stride()[:2], 0), (0, 0)
-    grid = (-(-heads // config.block_h) * split_l, config.num_splits, n)
+    block_l = max(_MIN_DOT, next_power_of_2(latent))
+    grid = (-(-heads // config.block_h), config.num_splits, n)
     _mla_decode_split_kernel[grid](
         q_latent, q_pe, kv_cache, block_tables, seq_lens, dest, lse,
         q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1),
@@ -412,7 +336,7 @@ def launch_mla_decode(
         BLOCK_H=config.block_h, BLOCK_N=config.block_n, PAGE=kv_cache.shape[1],
         # fp32 caches: full fp32 products (not TF32); 16-bit: the backend's default.
         DOT_PRECISION="ieee" if q_latent.dtype == torch.float32 else None, SPLIT=split,
-        SPLIT_L=split_l, num_warps=config.num_warps, num_stages=config.num_stages,
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     if split:
         merge_l = _merge_block_l(n, heads, latent, _num_sms(q_latent.device))
