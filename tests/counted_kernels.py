@@ -15,7 +15,7 @@ COUNTED_KERNELS = {
         "_fused_kda_decode_kernel", "_kda_decode_epilogue_kernel",
     ),
     "vllm.model_executor.layers.fused_moe.experts_triton": (
-        "_moe_gate_up_kernel", "_moe_down_kernel", "_moe_down_slots_kernel",
+        "_moe_gate_up_kernel", "_moe_down_kernel",
     ),
     "vllm.model_executor.layers.fused_moe.router": ("_grouped_topk_kernel",),
     "vllm.model_executor.layers.fused_moe.experts_triton_grouped": (

@@ -43,10 +43,9 @@ largest T * K up to which the fastest triton config beats grouped at every measu
         --fused-shared-experts 1 --timing flushed    # prefill: one layer's routed experts
     python benchmarks/kernels/benchmark_moe.py --dry-run      # tiny shapes, CPU, no GPU needed
 
-A triton config is `BLOCK_N,BLOCK_K,WARPS/BLOCK_H,BLOCK_I,WARPS[,s]`: gate/up kernel
-(intermediate columns per program, hidden chunk per step, warps), then down kernel (hidden outputs
-per program, intermediate chunk per step, warps; `,s`: the kernel with the slots unrolled);
-powers of two. A tgrouped config is
+A triton config is `BLOCK_N,BLOCK_K,WARPS/BLOCK_H,BLOCK_I,WARPS`: gate/up kernel (intermediate
+columns per program, hidden chunk per step, warps), then down kernel (hidden outputs per program,
+intermediate chunk per step, warps); powers of two. A tgrouped config is
 `BLOCK_M/BLOCK_N,BLOCK_K,WARPS,STAGES/BLOCK_N,BLOCK_K,WARPS,STAGES`: rows per expert block, then
 the gate/up kernel (intermediate columns per program, hidden chunk per step, warps, pipeline
 stages) and the down kernel (hidden outputs per program, intermediate chunk per step, warps,
@@ -125,22 +124,19 @@ def copy_bandwidth(gib: float, device: torch.device, reps: int = 10) -> float:
     return 2 * src.numel() * src.element_size() / seconds / 1e9
 
 
-def triton_config(text: str) -> tuple[str, dict[str, int | str]]:
-    """`BLOCK_N,BLOCK_K,WARPS/BLOCK_H,BLOCK_I,WARPS[,s]` -> (path name, moe_experts_triton's
-    keyword arguments); a trailing `,s` selects the down kernel with the slots unrolled."""
+def triton_config(text: str) -> tuple[str, dict[str, int]]:
+    """`BLOCK_N,BLOCK_K,WARPS/BLOCK_H,BLOCK_I,WARPS` -> (path name, moe_experts_triton's keyword
+    arguments)."""
     names = ("block_n", "block_k", "gate_up_warps", "block_h", "block_i", "down_warps")
-    body, slots = (text[:-2], True) if text.endswith(",s") else (text, False)
     try:
-        values = [int(v) for part in body.split("/", 1) for v in part.split(",")]
+        values = [int(v) for part in text.split("/", 1) for v in part.split(",")]
     except ValueError:
         values = []
-    if len(values) != len(names) or "/" not in body or any(v < 1 or v & (v - 1) for v in values):
+    if len(values) != len(names) or "/" not in text or any(v < 1 or v & (v - 1) for v in values):
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not BLOCK_N,BLOCK_K,WARPS/BLOCK_H,BLOCK_I,WARPS[,s] (powers of two)"
+            f"{text!r} is not BLOCK_N,BLOCK_K,WARPS/BLOCK_H,BLOCK_I,WARPS (powers of two)"
         )
-    config: dict[str, int | str] = dict(zip(names, values, strict=True))
-    config["down_kernel"] = "slots" if slots else "tile"
-    return f"triton[{text}]", config
+    return f"triton[{text}]", dict(zip(names, values, strict=True))
 
 
 def tgrouped_config(text: str) -> tuple[str, dict[str, int]]:
@@ -306,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         "--triton-configs",
         nargs="+",
         type=triton_config,
-        metavar="BN,BK,W/BH,BI,W[,s]",
+        metavar="BN,BK,W/BH,BI,W",
         help="time the triton path at each of these block configs (default: its defaults)",
     )
     parser.add_argument(

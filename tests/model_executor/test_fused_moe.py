@@ -294,12 +294,7 @@ def assert_close_to_loop(out, expected):
     torch.testing.assert_close(out, expected, rtol=rtol, atol=atol)
 
 
-SLOTS_BLOCKS = dict(SMALL_BLOCKS, down_kernel="slots")
-
-
-@pytest.mark.parametrize(
-    "blocks", [{}, SMALL_BLOCKS, SLOTS_BLOCKS], ids=["default", "small", "slots"]
-)
+@pytest.mark.parametrize("blocks", [{}, SMALL_BLOCKS], ids=["default", "small"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize(
     "tokens,experts,topk,hidden,inter",
@@ -322,8 +317,7 @@ def test_triton_matches_loop(
     assert out.dtype == dtype and out.shape == x.shape
     assert_close_to_loop(out, expected)
     launches = int(tokens > 0)
-    down = "_moe_down_slots_kernel" if blocks.get("down_kernel") == "slots" else "_moe_down_kernel"
-    assert triton_launches["_moe_gate_up_kernel"] == triton_launches[down] == launches
+    assert triton_launches["_moe_gate_up_kernel"] == triton_launches["_moe_down_kernel"] == launches
 
 
 @pytest.mark.parametrize("tokens", [1, 5, 13])
@@ -373,7 +367,6 @@ def test_triton_rejects_bad_inputs(monkeypatch):
         ((x, w13, w2, w, ids, SituAndMul(4.0, 25.0)), {}, "must be SiluAndMul"),
         ((x, w13, w2, w, ids, silu), {"block_n": 24}, "block_n must be a positive power of two"),
         ((x, w13, w2, w, ids, silu), {"down_warps": 0}, "down_warps must be"),
-        ((x, w13, w2, w, ids, silu), {"down_kernel": "rows"}, "down_kernel must be one of"),
     ]  # fmt: skip
     for args, blocks, match in cases:
         with pytest.raises(ValueError, match=match):
@@ -387,7 +380,7 @@ def test_triton_rejects_bad_inputs(monkeypatch):
 GPU_BLOCKS = [
     {},
     dict(block_n=32, block_k=128, gate_up_warps=8, block_h=16, block_i=256, down_warps=8),
-    dict(block_h=4, block_i=1024, down_kernel="slots"),
+    dict(block_h=4, block_i=512, down_warps=4),
 ]
 
 
@@ -868,17 +861,14 @@ def test_router_appends_fused_shared_expert_columns(experts, router, shared, tri
         grouped_topk(logits, bias, 2, num_fused_shared_experts=-1)
 
 
-@pytest.mark.parametrize("down_kernel", ["tile", "slots"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("topk", [9, 17])  # default block_h 4 and 2: 16- and 32-slot tiles
-def test_triton_more_than_eight_slots_matches_loop(topk, dtype, down_kernel, triton_launches):
+@pytest.mark.parametrize("topk", [9, 17])  # slots unrolled, not padded to 16 / 32
+def test_triton_more_than_eight_slots_matches_loop(topk, dtype, triton_launches):
     shape = dict(experts=20, hidden=64, inter=32, topk=topk)
     x, w13, w2, w, ids = make_case(3, dtype, DEVICE, seed=topk, **shape)
     expected = moe_experts_loop(x, w13, w2, w, ids, SiluAndMul())
-    out = moe_experts_triton(x, w13, w2, w, ids, SiluAndMul(), down_kernel=down_kernel)
-    assert_close_to_loop(out, expected)
-    down = "_moe_down_slots_kernel" if down_kernel == "slots" else "_moe_down_kernel"
-    assert triton_launches[down] == 1
+    assert_close_to_loop(moe_experts_triton(x, w13, w2, w, ids, SiluAndMul()), expected)
+    assert triton_launches["_moe_down_kernel"] == 1
 
 
 def test_fused_moe_holds_and_loads_fused_shared_experts():
@@ -962,9 +952,10 @@ def test_grouped_prefill_matches_the_torch_glue_on_gpu(tokens):
     assert torch.equal(out, moe_weighted_sum_ref(y, w, torch.bfloat16, inverse=inverse))
     # Two fp32 sums of the same 9 products in different orders differ by a few fp32 ulps of the
     # sum of |products|; after the bf16 rounding an entry differs by one bf16 ulp at most, and
-    # only where the fp32 sum lay that close to a rounding boundary (a tiny fraction).
+    # only where the fp32 sum lay that close to a rounding boundary (a tiny fraction). One bf16
+    # ulp of v is 2**-7 * |v| at most (8 significant bits: ulp / |v| lies in (2**-8, 2**-7]).
     terms = (y.index_select(0, inverse).view(tokens, topk + 1, hidden).float().abs()
              * w.unsqueeze(-1)).sum(dim=1)  # fmt: skip
     diff = (out.float() - before.float()).abs()
-    assert (diff <= before.float().abs() * 2**-8 + terms * 2**-20).all()
+    assert (diff <= before.float().abs() * 2**-7 + terms * 2**-20).all()
     assert (out != before).float().mean() < 1e-3

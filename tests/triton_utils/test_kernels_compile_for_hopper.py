@@ -163,7 +163,6 @@ def _drive_moe(tokens: int, experts: int, hidden: int, inter: int, topk: int) ->
         torch.randn(tokens, experts, generator=gen), torch.randn(experts, generator=gen), topk
     )
     moe_experts_triton(x, w13, w2, weights, ids, SiluAndMul())
-    moe_experts_triton(x, w13, w2, weights, ids, SiluAndMul(), down_kernel="slots")
     moe_experts_triton_grouped(x, w13, w2, weights, ids, SiluAndMul())
 
 

@@ -48,10 +48,11 @@ from vllm.platforms import current_platform
 GATHER_MAX_ROWS = 64
 
 # Largest T * K that the Triton GEMV path serves where Triton runs; larger batches take the
-# grouped GEMM (or the gathered / loop fallbacks). `benchmarks/kernels/benchmark_moe.py` on an
-# H200 (Kimi-Linear-48B experts, top-8): triton beats grouped up to 16 tokens (128 rows), grouped
-# wins from 32 tokens on (2026-12-01).
-TRITON_MAX_ROWS = 128
+# grouped Triton path (or the grouped GEMM / gathered / loop fallbacks). On an H200
+# (`benchmarks/kernels/benchmark_moe.py --fused-shared-experts 1`, Kimi-Linear-48B experts, top-8
+# + 1, 2026-12-01) the GEMV path wins at 1-2 tokens (9-18 rows: 40 vs 43 us, 65 vs 70 us) and the
+# grouped Triton path from 8 tokens (72 rows: 173 vs 199 us).
+TRITON_MAX_ROWS = 32
 
 # Largest T * K that the grouped Triton path serves where Triton runs (above TRITON_MAX_ROWS);
 # larger batches take torch's grouped GEMM. A starting point for the H200 (up to 512 tokens of

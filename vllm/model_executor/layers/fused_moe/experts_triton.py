@@ -19,10 +19,12 @@ Kernels (R = T * K routed rows, row r = (t, k) = (r // K, r % K), e = topk_ids[t
   gate/up  grid (R, cdiv(I, block_n)). Dot products of x[t] with block_n gate rows and block_n up
            rows of w13[e], reduced over H in chunks of block_k, fp32 accumulation; writes
            `a[r] = silu(gate) * up` `[R, I]` in x's dtype.
-  down     grid (T, cdiv(H, block_h)). For all K slots of token t at once (a `[K, block_h,
-           block_i]` tile, so one program keeps K experts' loads in flight), `w2[e] @ a[r]` over I
-           in chunks of block_i with fp32 accumulation, then `sum_k topk_weights[t, k] * y_k` in
-           fp32 in a fixed reduction order (no atomics: deterministic); output in x's dtype.
+  down     grid (T, cdiv(H, block_h)). For each of token t's K slots, `w2[e] @ a[r]` for block_h
+           hidden outputs over I in chunks of block_i with fp32 accumulation, then
+           `sum_k topk_weights[t, k] * y_k` in fp32, slots in order (no atomics:
+           deterministic); output in x's dtype. The slots and the chunks over I are unrolled (K
+           and I are constexpr), so the loads of all K experts' tiles can be in flight at once
+           without padding K to a power of two (top-8 plus a fused shared expert is K 9).
 
 Rows, not experts, index the programs, so nothing depends on tensor values on the host: no sync,
 static shapes, CUDA-graph capturable. Row r's programs for one output block are adjacent in launch
@@ -35,12 +37,12 @@ rounded to x's dtype before the fp32 weighted sum. So the kernels differ from th
 in the GEMMs' accumulation order (within a few ulps of x's dtype; fp32 summation order in the
 weighted sum). In fp32 every rounding is the identity.
 
-Launch shapes: defaults are for Hopper at 1-8 tokens of Kimi-Linear (H 2304, I 1024, K 8): 8 rows
-x 64 blocks of 16 intermediate columns is 512 gate/up programs (~4 per SM on 132 SMs), and 2304 /
-8 = 288 down programs for one token; each program has a 16 KB (gate/up) or 32 KB (down) tile of
-16-byte loads in flight per step. Compiled for sm_90 (Triton 3.9) they take 56 and 95 registers
-and spill nothing (the down tile over 4 warps would take 167). These are starting points:
-`benchmarks/kernels/benchmark_moe.py --triton-configs` sweeps them.
+Launch shapes: defaults are for Hopper at 1-4 tokens of Kimi-Linear (H 2304, I 1024, K 8 + 1
+fused shared expert): K rows x 128 blocks of 8 intermediate columns of gate/up programs, and 2304
+/ 2 = 1152 down programs per token, each reading 2 rows of all K experts' I = 1024 (a 4 KB tile
+per slot). On an H200 (2026-12-01, `benchmarks/kernels/benchmark_moe.py --triton-configs`) the
+block at one token reads 75% of the copy bandwidth, against 62% for the earlier down kernel that
+reduced a `[K padded to 16, block_h, block_i]` tile per step.
 """
 
 import torch
@@ -55,9 +57,6 @@ except ImportError:  # CPU-only installs without Triton never select this path
     triton = None
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# "tile": one [K padded to a power of two, block_h, block_i] tile per step; "slots": the K slots
-# unrolled, each a [block_h, block_i] tile (no padding).
-DOWN_KERNELS = ("tile", "slots")
 
 if triton is not None:
 
@@ -96,38 +95,6 @@ if triton is not None:
 
     @triton.jit
     def _moe_down_kernel(
-        a_ptr, w2_ptr, ids_ptr, topk_w_ptr, out_ptr,
-        stride_ar, stride_it, stride_ik, stride_wt, stride_wk, stride_we, stride_wh, stride_ot,
-        hidden, inter,
-        TOPK: tl.constexpr, BLOCK_TOPK: tl.constexpr, BLOCK_H: tl.constexpr,
-        BLOCK_I: tl.constexpr,
-    ):  # fmt: skip
-        t = tl.program_id(0)
-        j = tl.arange(0, BLOCK_TOPK)
-        j_ok = j < TOPK
-        e = tl.load(ids_ptr + t * stride_it + j * stride_ik, mask=j_ok, other=0).to(tl.int64)
-        weight = tl.load(topk_w_ptr + t * stride_wt + j * stride_wk, mask=j_ok, other=0.0)
-        h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-        h_ok = h < hidden
-        ii = tl.arange(0, BLOCK_I)
-        w_ptrs = (
-            w2_ptr + e[:, None, None] * stride_we + h[None, :, None] * stride_wh
-            + ii[None, None, :]
-        )  # fmt: skip
-        a_ptrs = a_ptr + (t * TOPK + j)[:, None] * stride_ar + ii[None, :]
-        acc = tl.zeros([BLOCK_TOPK, BLOCK_H], dtype=tl.float32)
-        for i0 in range(0, inter, BLOCK_I):
-            i_ok = i0 + ii < inter
-            av = tl.load(a_ptrs + i0, mask=j_ok[:, None] & i_ok[None, :], other=0.0)
-            w_mask = (j_ok[:, None] & h_ok[None, :])[:, :, None] & i_ok[None, None, :]
-            w = tl.load(w_ptrs + i0, mask=w_mask, other=0.0)
-            acc += tl.sum(w.to(tl.float32) * av.to(tl.float32)[:, None, :], axis=2)
-        dtype = out_ptr.dtype.element_ty
-        y = acc.to(dtype).to(tl.float32) * weight.to(tl.float32)[:, None]
-        tl.store(out_ptr + t * stride_ot + h, tl.sum(y, axis=0).to(dtype), mask=h_ok)
-
-    @triton.jit
-    def _moe_down_slots_kernel(
         a_ptr, w2_ptr, ids_ptr, topk_w_ptr, out_ptr,
         stride_ar, stride_it, stride_ik, stride_wt, stride_wk, stride_we, stride_wh, stride_ot,
         hidden,
@@ -243,34 +210,29 @@ def moe_experts_triton(
     block_n: int = 8,
     block_k: int = 256,
     gate_up_warps: int = 4,
-    block_h: int | None = None,
-    block_i: int = 128,
-    down_warps: int = 4,
-    down_kernel: str = "tile",
+    block_h: int = 2,
+    block_i: int | None = None,
+    down_warps: int = 2,
 ) -> torch.Tensor:
     """Routed experts in two Triton launches; see the module docstring for shapes and numerics.
 
     `block_n` / `block_k` / `gate_up_warps` tile the gate/up kernel (intermediate columns per
     program, hidden chunk per step, warps); `block_h` / `block_i` / `down_warps` tile the down
-    kernel (hidden outputs per program, intermediate chunk per step, warps). Powers of two.
-    The defaults were the fastest of four configurations timed on an H200 at Kimi-Linear-48B
-    expert shapes for 2-16 tokens (2026-12-01, docs/performance.md). `block_h` defaults to 8,
-    or to `64 // next_power_of_2(K)` for K > 8 slots (top-8 plus a fused shared expert pads to
-    16), which keeps the down kernel's `[slots, block_h, block_i]` tile at the size tuned for K 8.
+    kernel (hidden outputs per program, intermediate chunk per step (default: all of I up to
+    1024), warps). Powers of two. The defaults were the fastest configurations timed on an H200
+    at Kimi-Linear-48B expert shapes with the fused shared expert at 1-8 tokens (2026-12-01,
+    docs/performance.md).
     """
     check_expert_shapes(x, w13, w2, topk_weights, topk_ids)
     tokens, hidden = x.shape
     inter = w13.shape[1] // 2
     check_triton_operands(x, w13, w2, topk_weights, topk_ids, act_and_mul, "moe_experts_triton")
-    block_topk = next_power_of_2(topk_ids.shape[1])
-    if block_h is None:
-        block_h = max(1, 64 // block_topk) if block_topk > 8 else 8
+    if block_i is None:
+        block_i = min(next_power_of_2(inter), 1024)
     blocks = dict(block_n=block_n, block_k=block_k, gate_up_warps=gate_up_warps,
                   block_h=block_h, block_i=block_i, down_warps=down_warps)  # fmt: skip
     for name, value in blocks.items():
         check_power_of_two(name, value)
-    if down_kernel not in DOWN_KERNELS:
-        raise ValueError(f"down_kernel must be one of {DOWN_KERNELS}, got {down_kernel!r}")
     topk = topk_ids.shape[1]
     out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
     if 0 in (tokens, topk, hidden, inter):
@@ -282,19 +244,10 @@ def moe_experts_triton(
         a.stride(0), hidden, inter,
         TOPK=topk, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=gate_up_warps,
     )  # fmt: skip
-    if down_kernel == "slots":
-        _moe_down_slots_kernel[(tokens, triton.cdiv(hidden, block_h))](
-            a, w2, topk_ids, topk_weights, out,
-            a.stride(0), topk_ids.stride(0), topk_ids.stride(1), topk_weights.stride(0),
-            topk_weights.stride(1), w2.stride(0), w2.stride(1), out.stride(0), hidden,
-            INTER=inter, TOPK=topk, BLOCK_H=block_h, BLOCK_I=block_i, num_warps=down_warps,
-        )  # fmt: skip
-        return out
     _moe_down_kernel[(tokens, triton.cdiv(hidden, block_h))](
         a, w2, topk_ids, topk_weights, out,
         a.stride(0), topk_ids.stride(0), topk_ids.stride(1), topk_weights.stride(0),
-        topk_weights.stride(1), w2.stride(0), w2.stride(1), out.stride(0), hidden, inter,
-        TOPK=topk, BLOCK_TOPK=block_topk, BLOCK_H=block_h, BLOCK_I=block_i,
-        num_warps=down_warps,
+        topk_weights.stride(1), w2.stride(0), w2.stride(1), out.stride(0), hidden,
+        INTER=inter, TOPK=topk, BLOCK_H=block_h, BLOCK_I=block_i, num_warps=down_warps,
     )  # fmt: skip
     return out

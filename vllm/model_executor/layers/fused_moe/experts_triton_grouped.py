@@ -77,6 +77,11 @@ except ImportError:  # CPU-only installs without Triton never select this path
 
 # Ids per step of the grouping kernel: all of a decode batch's (up to 256 tokens of top-8) in one.
 _GROUP_MAX_BLOCK_R = 2048
+# Most rows the grouping kernel takes: each of its E + 1 programs reads every id, so its time grows
+# with E * R; above this the torch sort (flat at ~140 us on the H200) is faster. H200, 257 experts,
+# 9 slots (benchmark_moe.py --paths grouping, 2026-12-01): 3.6 / 8.3 / 26.6 / 199 us at 1 / 256 /
+# 1024 / 8192 tokens against 60 / 97 / 146 / 142 us for the sort.
+GROUP_KERNEL_MAX_ROWS = 32768
 _GROUP_MIN_BLOCK_R = 256
 # Block-table entries per store of the grouping kernel.
 _GROUP_BLOCK_B = 64
@@ -283,14 +288,14 @@ def group_rows_reference(topk_ids: torch.Tensor, num_experts: int, block_m: int)
 
 def group_rows(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> GroupedRows:
     """The routed rows of `topk_ids` (`[T, K]` int32 / int64, any layout) grouped by expert for
-    `num_experts` experts and blocks of `block_m` rows: one Triton launch where `use_triton`
-    (else `group_rows_reference`). Ids outside `[0, num_experts)` are sorted after all others
-    and left out of `blocks` and `offs`."""
+    `num_experts` experts and blocks of `block_m` rows: one Triton launch where `use_triton`, for
+    at most `GROUP_KERNEL_MAX_ROWS` rows (else `group_rows_reference`, the same result). Ids
+    outside `[0, num_experts)` are sorted after all others and left out of `blocks` and `offs`."""
     _check_group_args(topk_ids, num_experts, block_m)
     device = topk_ids.device
     flat = topk_ids.reshape(-1)
     num_rows = flat.numel()
-    if num_rows == 0 or not use_triton(device):
+    if num_rows == 0 or num_rows > GROUP_KERNEL_MAX_ROWS or not use_triton(device):
         return group_rows_reference(topk_ids, num_experts, block_m)
     max_blocks = max_blocks_for(num_rows, num_experts, block_m)
     order = torch.empty(num_rows, dtype=torch.int32, device=device)

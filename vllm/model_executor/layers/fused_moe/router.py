@@ -59,11 +59,11 @@ except ImportError:  # CPU-only installs without Triton use the reference
 _SCORING = ("sigmoid", "softmax")
 _LOGIT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _EPS = 1e-20
-# Tokens up to which `router_logits` takes the GEMV kernel (decode sizes, where cuBLAS's fp32 GEMM
-# plus the x.float() copy cost 7-17 us per layer on the H200 for a 2.4 MB weight); larger batches
-# keep cuBLAS, whose tiled GEMM wins once the products, not the weight read, dominate. Re-check
-# with benchmarks/kernels/benchmark_router.py --logits.
-ROUTER_GEMV_MAX_T = 256
+# Tokens up to which `router_logits` takes the GEMV kernel; larger batches keep cuBLAS, whose tiled
+# GEMM wins once the products, not the weight read, dominate. On the H200 (benchmark_router.py
+# --logits, graph replay with the x.float() copy counted, 2026-12-01): 4.1 vs 6.6 us at T = 1,
+# 11.8 vs 16.8 us at T = 8, but 23.9 vs 16.1 at T = 64 and 58.3 vs 21.2 at T = 256.
+ROUTER_GEMV_MAX_T = 8
 
 if triton is not None:
 
