@@ -109,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if min(args.batch_sizes + [args.input_len, args.steps]) < 1 or args.warmup_steps < 0:
         parser.error("batch sizes, --input-len and --steps must be positive")
+    # One thread: on a shared CPU, torch's worker threads make the small CPU ops jitter.
+    torch.set_num_threads(1)
     print(f"{'batch':>5}  {'median ms':>9}  {'mean ms':>8}  {'us/request':>10}")
     for batch in args.batch_sizes:
         start = time.perf_counter()
