@@ -9,7 +9,8 @@ CUDA-graph rule: a decode-only step of N sequences runs the graph captured for t
 B >= N; the N real rows come first and the B - N padded rows use the reserved dummy block 0 and
 KDA slot 0 (see `vllm/models/kimi_k3/amd/metadata.py`), so they write nowhere that is read. The
 graph covers the model forward and the LM head of all B rows (every decode row samples); input
-ids and metadata live in persistent buffers that `build` rewrites in place before each replay.
+ids and metadata live in persistent buffers that the builder's `stage` rewrites in place (one
+upload) before each replay.
 """
 
 import math
@@ -100,11 +101,6 @@ class ModelRunner:
         self.model = load_model(mc.folder, mc.load_format, mc.dtype, quant, self.device, mc.seed)
         self.spec = self.model.get_kv_cache_spec()
         self.vocab_size = mc.vocab_size
-        self.input_ids = torch.zeros(self.max_num_tokens, dtype=torch.long, device=self.device)
-        pin = self.device.type == "cuda"
-        # Staging for the ids' upload; the event marks when the last upload out of it has run.
-        self._host_ids = torch.zeros(self.max_num_tokens, dtype=torch.long, pin_memory=pin)
-        self._ids_copied = torch.cuda.Event() if pin else None
 
     def available_cache_memory(self) -> int:
         """Bytes the caches may take on this rank (the minimum over TP ranks): measured after a
@@ -181,6 +177,8 @@ class ModelRunner:
             self.max_num_tokens, self.max_num_seqs, max_blocks, self.block_size, num_blocks,
             num_kda_slots, self.device,
         )  # fmt: skip
+        # Uploaded by the builder with the step's metadata, in one copy.
+        self.input_ids = self.builder.input_ids
 
     def capture_cudagraphs(self) -> float:
         """Capture one decode graph per configured batch size (largest first, one memory pool).
@@ -224,19 +222,14 @@ class ModelRunner:
             raise ValueError(
                 f"token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5].tolist()}"
             )
-        if self._ids_copied is not None:
-            self._ids_copied.synchronize()
-        self._host_ids.numpy()[:tokens] = ids
-        self.input_ids[:tokens].copy_(self._host_ids[:tokens], non_blocking=True)
-        if self._ids_copied is not None:
-            self._ids_copied.record()
         graph_size = self._graph_size(step)
-        metadata = self.builder.build(step.seqs, step.num_decodes, pad_to=graph_size)
         with torch.no_grad():
             if graph_size is not None:
+                self.builder.stage(step.seqs, step.num_decodes, graph_size, ids)
                 graph, out = self.graphs[graph_size]
                 graph.replay()
                 return out[:n]
+            metadata = self.builder.build(step.seqs, step.num_decodes, input_ids=ids)
             hidden = self.model(self.input_ids[:tokens], metadata)
             rows = torch.tensor(step.logits_rows, dtype=torch.long).to(self.device)
             return self.model.compute_logits(hidden[rows])

@@ -23,7 +23,8 @@ feeds any token id for padded rows and ignores their outputs.
 
 The returned metadata views the builder's persistent fixed-capacity device buffers (staged in
 pinned host memory and copied without blocking on CUDA): a CUDA graph captured on them replays
-with whatever the next `build` wrote. A `KimiMetadata` is therefore valid until the next `build`.
+with whatever the next `build` (or `stage`, which fills the buffers without making the views)
+wrote. A `KimiMetadata` is therefore valid until the next `build` or `stage`.
 """
 
 import math
@@ -99,6 +100,7 @@ class KimiMetadataBuilder:
             ("kda_slots", torch.int64, (n,)),
             ("has_initial_state", torch.bool, (n,)),
             ("slot_mapping", torch.int64, (t,)),
+            ("input_ids", torch.int64, (t,)),  # the step's token ids, when `stage` gets them
             ("block_tables", torch.int32, (n, max_blocks_per_seq)),
         )
         offsets, size = [], 0
@@ -121,11 +123,52 @@ class KimiMetadataBuilder:
         self._copied = torch.cuda.Event() if pin else None
 
     def build(
-        self, seqs: list[SeqSchedule], num_decodes: int, pad_to: int | None = None
+        self,
+        seqs: list[SeqSchedule],
+        num_decodes: int,
+        pad_to: int | None = None,
+        input_ids: np.ndarray | None = None,
     ) -> KimiMetadata:
         """Metadata for `seqs` (the first `num_decodes` are decodes); `pad_to` pads a decode-only
-        batch with dummy rows to that many sequences (see the module docstring)."""
+        batch with dummy rows to that many sequences (see the module docstring). `input_ids`
+        (int64, one per new token), when given, are uploaded into `self.input_ids`."""
+        t = self.stage(seqs, num_decodes, pad_to, input_ids)
+        n = len(seqs) if pad_to is None else pad_to
+        nd = n if pad_to is not None else num_decodes  # padded rows are decodes too
+        num_prefills = len(seqs) - num_decodes
+        start = int(self._np["query_start_loc"][num_decodes])
+        kda = KDAMetadata(
+            query_start_loc=self.query_start_loc[: n + 1],
+            state_slots=self.kda_slots[:n],
+            has_initial_state=self.has_initial_state[:n],
+            num_decodes=nd,
+            num_prefills=num_prefills,
+            prefill_query_start_loc=self.prefill_query_start_loc[: num_prefills + 1],
+        )
+        mla = MLAMetadata(
+            num_decodes=nd,
+            slot_mapping=self.slot_mapping[:t],
+            decode_block_tables=self.block_tables[:nd],
+            decode_seq_lens=self.seq_lens[:nd],
+            prefills=self._prefill_contexts(seqs, num_decodes, start),
+        )
+        return KimiMetadata(kda, mla, t)
+
+    def stage(
+        self,
+        seqs: list[SeqSchedule],
+        num_decodes: int,
+        pad_to: int | None = None,
+        input_ids: np.ndarray | None = None,
+    ) -> int:
+        """`build` without making the metadata's views: fills and uploads the buffers, which is
+        all a CUDA-graph replay needs (the graph holds its own views). Returns the step's token
+        count T (padded rows included)."""
         self._validate(seqs, num_decodes, pad_to)
+        if input_ids is not None and len(input_ids) != sum(s.num_new for s in seqs):
+            raise ValueError(
+                f"input_ids: {len(input_ids)} ids for {sum(s.num_new for s in seqs)} new tokens"
+            )
         if self._copied is not None:
             # The staging buffers are about to be overwritten: the last build's copies out of
             # them must have run (they normally have, long before the next step is built).
@@ -165,27 +208,13 @@ class KimiMetadataBuilder:
         h["slot_mapping"][:t] = blocks * bs + positions % bs
         nd = n if pad_to is not None else num_decodes  # padded rows are decodes too
         h["prefill_query_start_loc"][: num_prefills + 1] = qsl[nd:] - qsl[nd]
+        if input_ids is not None:
+            h["input_ids"][: len(input_ids)] = input_ids
         if self._copied is not None:
             end = self._tables_offset + tables[:n].nbytes
             self._dev[:end].copy_(self._host[:end], non_blocking=True)
             self._copied.record()
-
-        kda = KDAMetadata(
-            query_start_loc=self.query_start_loc[: n + 1],
-            state_slots=self.kda_slots[:n],
-            has_initial_state=self.has_initial_state[:n],
-            num_decodes=nd,
-            num_prefills=num_prefills,
-            prefill_query_start_loc=self.prefill_query_start_loc[: num_prefills + 1],
-        )
-        mla = MLAMetadata(
-            num_decodes=nd,
-            slot_mapping=self.slot_mapping[:t],
-            decode_block_tables=self.block_tables[:nd],
-            decode_seq_lens=self.seq_lens[:nd],
-            prefills=self._prefill_contexts(seqs, num_decodes, int(qsl[num_decodes])),
-        )
-        return KimiMetadata(kda, mla, t)
+        return t
 
     def _prefill_contexts(
         self, seqs: list[SeqSchedule], num_decodes: int, start: int
