@@ -25,6 +25,7 @@ class RequestStatus(enum.Enum):
         return _FINISH_REASONS.get(self)
 
 
+_RUNNING = RequestStatus.RUNNING
 _FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH_CAPPED: "length",
@@ -87,7 +88,8 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        return self.status.is_finished
+        # Checked per running request per step: `is` skips the enum's Python-level hash.
+        return self.status is not _RUNNING and self.status.is_finished
 
     @property
     def finish_reason(self) -> str | None:

@@ -1,6 +1,7 @@
 """The engine <-> model seam: `KimiMetadataBuilder` validation and padding, cache specs against
 the allocated caches, binding, new sequences on reused slots, the empty batch."""
 
+import numpy as np
 import pytest
 import torch
 from engine_harness import EngineHarness
@@ -112,6 +113,23 @@ def test_padded_rows_use_only_the_dummies_and_buffers_are_reused():
         (first.mla.decode_block_tables, meta.mla.decode_block_tables),
     ):
         assert a.untyped_storage().data_ptr() == c.untyped_storage().data_ptr()
+
+
+def test_rows_rewritten_only_where_tables_change_and_ids_staged():
+    b = builder()
+    b.build([seq(9, 1, [7, 2, 3], 3), seq(1, 1, [4], 1)], 2)
+    # Row 0 gets a shorter table (its old tail must go), row 1 keeps its own.
+    meta = b.build([seq(1, 1, [5], 2), seq(2, 1, [4], 1)], 2, input_ids=np.array([6, 8]))
+    assert meta.mla.decode_block_tables.tolist() == [[5, 0, 0], [4, 0, 0]]
+    assert meta.mla.slot_mapping.tolist() == [21, 18]
+    assert b.input_ids[:2].tolist() == [6, 8]
+    assert b.stage([seq(2, 1, [5], 2)], 1, pad_to=2, input_ids=np.array([3])) == 2
+    assert b.block_tables[:2].tolist() == [[5, 0, 0], [0, 0, 0]] and b.input_ids[0] == 3
+    with pytest.raises(ValueError, match="input_ids: 2 ids for 1 new tokens"):
+        b.stage([seq(2, 1, [5], 2)], 1, input_ids=np.array([3, 4]))
+    # An unchanged table is not range-checked again, but a changed one is.
+    with pytest.raises(ValueError, match="has a block outside"):
+        b.build([seq(2, 1, [5, 10], 2)], 1)
 
 
 def test_empty_schedule_builds():

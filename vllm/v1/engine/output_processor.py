@@ -165,9 +165,10 @@ class OutputProcessor:
         return position
 
     def _output(self, state: _RequestState) -> RequestOutput:
-        outputs = []
+        outputs, finished = [], True
         for c in state.completions:
             done = c.finish_reason is not None
+            finished = finished and done
             # Until done, what could still turn into a stop string (or half a character) is
             # held back.
             text = ""
@@ -181,7 +182,6 @@ class OutputProcessor:
                     c.finish_reason, c.stop_reason,
                 )
             )  # fmt: skip
-        finished = all(o.finish_reason is not None for o in outputs)
         return RequestOutput(
             state.request_id, state.prompt, state.prompt_token_ids,
             None if state.prompt_logprobs is None else list(state.prompt_logprobs),

@@ -9,12 +9,14 @@ CUDA-graph rule: a decode-only step of N sequences runs the graph captured for t
 B >= N; the N real rows come first and the B - N padded rows use the reserved dummy block 0 and
 KDA slot 0 (see `vllm/models/kimi_k3/amd/metadata.py`), so they write nowhere that is read. The
 graph covers the model forward and the LM head of all B rows (every decode row samples); input
-ids and metadata live in persistent buffers that `build` rewrites in place before each replay.
+ids and metadata live in persistent buffers that the builder's `stage` rewrites in place (one
+upload) before each replay.
 """
 
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from vllm.config.quantization import parse_quantization_config
@@ -84,6 +86,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self.generators: dict[str, torch.Generator] = {}
         self.prompt_logprobs_done: dict[str, int] = {}
+        self._last_sampling: tuple[list, SamplingMetadata] | None = None
 
     # -- start-up ---------------------------------------------------------------------------
 
@@ -98,7 +101,6 @@ class ModelRunner:
         self.model = load_model(mc.folder, mc.load_format, mc.dtype, quant, self.device, mc.seed)
         self.spec = self.model.get_kv_cache_spec()
         self.vocab_size = mc.vocab_size
-        self.input_ids = torch.zeros(self.max_num_tokens, dtype=torch.long, device=self.device)
 
     def available_cache_memory(self) -> int:
         """Bytes the caches may take on this rank (the minimum over TP ranks): measured after a
@@ -175,6 +177,8 @@ class ModelRunner:
             self.max_num_tokens, self.max_num_seqs, max_blocks, self.block_size, num_blocks,
             num_kda_slots, self.device,
         )  # fmt: skip
+        # Uploaded by the builder with the step's metadata, in one copy.
+        self.input_ids = self.builder.input_ids
 
     def capture_cudagraphs(self) -> float:
         """Capture one decode graph per configured batch size (largest first, one memory pool).
@@ -212,21 +216,20 @@ class ModelRunner:
         tokens, n = len(step.input_ids), len(step.seqs)
         if tokens > self.max_num_tokens:
             raise ValueError(f"step of {tokens} tokens exceeds the buffers ({self.max_num_tokens})")
-        bad = [t for t in step.input_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
-        host = torch.tensor(step.input_ids, dtype=torch.long)
-        if self.device.type == "cuda":
-            host = host.pin_memory()
-        self.input_ids[:tokens].copy_(host, non_blocking=True)
+        ids = np.array(step.input_ids, dtype=np.int64)
+        bad = ids[(ids < 0) | (ids >= self.vocab_size)]
+        if bad.size:
+            raise ValueError(
+                f"token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5].tolist()}"
+            )
         graph_size = self._graph_size(step)
         with torch.no_grad():
             if graph_size is not None:
-                self.builder.build(step.seqs, step.num_decodes, pad_to=graph_size)
+                self.builder.stage(step.seqs, step.num_decodes, graph_size, ids)
                 graph, out = self.graphs[graph_size]
                 graph.replay()
                 return out[:n]
-            metadata = self.builder.build(step.seqs, step.num_decodes)
+            metadata = self.builder.build(step.seqs, step.num_decodes, input_ids=ids)
             hidden = self.model(self.input_ids[:tokens], metadata)
             rows = torch.tensor(step.logits_rows, dtype=torch.long).to(self.device)
             return self.model.compute_logits(hidden[rows])
@@ -290,15 +293,7 @@ class ModelRunner:
         result = ModelRunnerOutput({}, {}, {})
         reqs = plan.sample_requests
         if reqs:
-            params = [r.sampling_params for r in reqs]
-            metadata = SamplingMetadata.from_requests(
-                params,
-                [self._generator(r) for r in reqs],
-                [r.prompt_token_ids for r in reqs],
-                [r.output_token_ids for r in reqs],
-                self.vocab_size,
-                logits.device,
-            )
+            metadata = self._sampling_metadata(reqs, logits.device)
             out = self.sampler(logits[: len(reqs)], metadata)
             sampled = out.sampled_token_ids.tolist()
             lp = None
@@ -320,6 +315,25 @@ class ModelRunner:
             ids, values, ranks = lp.token_ids.tolist(), lp.logprobs.tolist(), lp.ranks.tolist()
             result.prompt_logprobs[request_id] = list(zip(ids, values, ranks, strict=True))
         return result
+
+    def _sampling_metadata(self, reqs: list, device: torch.device) -> SamplingMetadata:
+        """The last step's metadata when the rows are the same requests and it does not depend
+        on their token histories (no penalty, no `min_tokens` suppression: once none is due,
+        none becomes due again); else a fresh one."""
+        last = self._last_sampling
+        if last is not None and last[0] == reqs:
+            return last[1]
+        metadata = SamplingMetadata.from_requests(
+            [r.sampling_params for r in reqs],
+            [self._generator(r) for r in reqs],
+            [r.prompt_token_ids for r in reqs],
+            [r.output_token_ids for r in reqs],
+            self.vocab_size,
+            device,
+        )
+        reusable = metadata.seen_mask is None and metadata.suppress_rows is None
+        self._last_sampling = (reqs, metadata) if reusable else None
+        return metadata
 
     def _generator(self, req) -> torch.Generator | None:
         seed = req.sampling_params.seed

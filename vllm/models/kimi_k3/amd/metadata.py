@@ -23,11 +23,14 @@ feeds any token id for padded rows and ignores their outputs.
 
 The returned metadata views the builder's persistent fixed-capacity device buffers (staged in
 pinned host memory and copied without blocking on CUDA): a CUDA graph captured on them replays
-with whatever the next `build` wrote. A `KimiMetadata` is therefore valid until the next `build`.
+with whatever the next `build` (or `stage`, which fills the buffers without making the views)
+wrote. A `KimiMetadata` is therefore valid until the next `build` or `stage`.
 """
 
+import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from vllm.models.kimi_k3.amd.kda import KDAMetadata
@@ -38,7 +41,7 @@ DUMMY_BLOCK = 0
 DUMMY_KDA_SLOT = 0
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen: built for every sequence of every step, frozen costs ~1 us more
 class SeqSchedule:
     """One sequence's share of a step: `num_new` tokens after `num_computed` cached ones."""
 
@@ -86,78 +89,54 @@ class KimiMetadataBuilder:
         self.device = torch.device(device)
         pin = self.device.type == "cuda"
         n, t = max_num_seqs, max_num_tokens
-
-        def pair(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-            host = torch.zeros(shape, dtype=dtype, pin_memory=pin)
-            return host, torch.zeros(shape, dtype=dtype, device=self.device)
-
-        self._host_qsl, self.query_start_loc = pair((n + 1,), torch.int32)
-        # int64: fla-core's chunked KDA takes int64 offsets (see `KDAMetadata`).
-        self._host_prefill_qsl, self.prefill_query_start_loc = pair((n + 1,), torch.int64)
-        self._host_seq_lens, self.seq_lens = pair((n,), torch.int32)
-        self._host_kda_slots, self.kda_slots = pair((n,), torch.int64)
-        self._host_has_init, self.has_initial_state = pair((n,), torch.bool)
-        self._host_tables, self.block_tables = pair((n, max_blocks_per_seq), torch.int32)
-        self._host_slot_mapping, self.slot_mapping = pair((t,), torch.int64)
+        # Every buffer is a view of one packed byte buffer, staged in (pinned) host memory and
+        # uploaded with a single copy per step; the block tables come last so that the copy can
+        # stop after the rows in use.
+        fields = (
+            ("query_start_loc", torch.int32, (n + 1,)),
+            # int64: fla-core's chunked KDA takes int64 offsets (see `KDAMetadata`).
+            ("prefill_query_start_loc", torch.int64, (n + 1,)),
+            ("seq_lens", torch.int32, (n,)),
+            ("kda_slots", torch.int64, (n,)),
+            ("has_initial_state", torch.bool, (n,)),
+            ("slot_mapping", torch.int64, (t,)),
+            ("input_ids", torch.int64, (t,)),  # the step's token ids, when `stage` gets them
+            ("block_tables", torch.int32, (n, max_blocks_per_seq)),
+        )
+        offsets, size = [], 0
+        for _, dtype, shape in fields:
+            offsets.append(size)
+            size += -(-math.prod(shape) * dtype.itemsize // 8) * 8  # 8-byte aligned views
+        self._host = torch.zeros(size, dtype=torch.uint8, pin_memory=pin)
+        # On the CPU the staged bytes are the metadata: nothing to copy.
+        self._dev = torch.zeros(size, dtype=torch.uint8, device=self.device) if pin else self._host
+        self._np: dict[str, np.ndarray] = {}
+        for (name, dtype, shape), off in zip(fields, offsets, strict=True):
+            nbytes = math.prod(shape) * dtype.itemsize
+            view = self._dev[off : off + nbytes].view(dtype).view(shape)
+            setattr(self, name, view)
+            self._np[name] = self._host[off : off + nbytes].view(dtype).view(shape).numpy()
+        self._tables_offset = offsets[-1]
+        # The block table last written to each host row (validated then): unchanged rows, most
+        # of them in a decode step, are neither checked nor written again.
+        self._rows: list[list[int]] = [[] for _ in range(n)]
         self._copied = torch.cuda.Event() if pin else None
 
     def build(
-        self, seqs: list[SeqSchedule], num_decodes: int, pad_to: int | None = None
+        self,
+        seqs: list[SeqSchedule],
+        num_decodes: int,
+        pad_to: int | None = None,
+        input_ids: np.ndarray | None = None,
     ) -> KimiMetadata:
         """Metadata for `seqs` (the first `num_decodes` are decodes); `pad_to` pads a decode-only
-        batch with dummy rows to that many sequences (see the module docstring)."""
-        self._validate(seqs, num_decodes, pad_to)
-        if self._copied is not None:
-            # The staging buffers are about to be overwritten: the last build's copies out of
-            # them must have run (they normally have, long before the next step is built).
-            self._copied.synchronize()
-        n_real = len(seqs)
-        n = n_real if pad_to is None else pad_to
-        num_prefills = n_real - num_decodes
-        lens = [s.num_new for s in seqs] + [1] * (n - n_real)
-        t = sum(lens)
-        bs = self.block_size
-
-        qsl = self._host_qsl
-        qsl[0] = 0
-        qsl[1 : n + 1] = torch.tensor(lens, dtype=torch.int32).cumsum(0)
-        seq_lens = [s.num_computed + s.num_new for s in seqs] + [1] * (n - n_real)
-        self._host_seq_lens[:n] = torch.tensor(seq_lens, dtype=torch.int32)
-        slots = [s.kda_slot for s in seqs] + [DUMMY_KDA_SLOT] * (n - n_real)
-        self._host_kda_slots[:n] = torch.tensor(slots, dtype=torch.int64)
-        has_init = [s.num_computed > 0 for s in seqs] + [True] * (n - n_real)
-        self._host_has_init[:n] = torch.tensor(has_init, dtype=torch.bool)
-        tables = self._host_tables
-        tables[:n] = DUMMY_BLOCK
-        for i, s in enumerate(seqs):
-            tables[i, : len(s.block_table)] = torch.tensor(s.block_table, dtype=torch.int32)
-        # Slot of every token: its sequence's block at position // block_size (padded rows:
-        # block 0, position 0).
-        counts = torch.tensor(lens, dtype=torch.long)
-        seq_of_token = torch.arange(n).repeat_interleave(counts)
-        starts = torch.tensor([s.num_computed for s in seqs] + [0] * (n - n_real), dtype=torch.long)
-        offsets = torch.arange(t) - qsl[:n].long().repeat_interleave(counts)
-        positions = starts.repeat_interleave(counts) + offsets
-        blocks = tables[seq_of_token, positions // bs].long()
-        self._host_slot_mapping[:t] = blocks * bs + positions % bs
+        batch with dummy rows to that many sequences (see the module docstring). `input_ids`
+        (int64, one per new token), when given, are uploaded into `self.input_ids`."""
+        t = self.stage(seqs, num_decodes, pad_to, input_ids)
+        n = len(seqs) if pad_to is None else pad_to
         nd = n if pad_to is not None else num_decodes  # padded rows are decodes too
-        prefill_qsl = qsl[nd : n + 1] - qsl[nd]
-        self._host_prefill_qsl[: num_prefills + 1] = prefill_qsl
-
-        copies = (
-            (self._host_qsl, self.query_start_loc, n + 1),
-            (self._host_prefill_qsl, self.prefill_query_start_loc, num_prefills + 1),
-            (self._host_seq_lens, self.seq_lens, n),
-            (self._host_kda_slots, self.kda_slots, n),
-            (self._host_has_init, self.has_initial_state, n),
-            (self._host_tables, self.block_tables, n),
-            (self._host_slot_mapping, self.slot_mapping, t),
-        )
-        for host, dev, count in copies:
-            dev[:count].copy_(host[:count], non_blocking=True)
-        if self._copied is not None:
-            self._copied.record()
-
+        num_prefills = len(seqs) - num_decodes
+        start = int(self._np["query_start_loc"][num_decodes])
         kda = KDAMetadata(
             query_start_loc=self.query_start_loc[: n + 1],
             state_slots=self.kda_slots[:n],
@@ -171,12 +150,74 @@ class KimiMetadataBuilder:
             slot_mapping=self.slot_mapping[:t],
             decode_block_tables=self.block_tables[:nd],
             decode_seq_lens=self.seq_lens[:nd],
-            prefills=self._prefill_contexts(seqs, num_decodes, qsl),
+            prefills=self._prefill_contexts(seqs, num_decodes, start),
         )
         return KimiMetadata(kda, mla, t)
 
+    def stage(
+        self,
+        seqs: list[SeqSchedule],
+        num_decodes: int,
+        pad_to: int | None = None,
+        input_ids: np.ndarray | None = None,
+    ) -> int:
+        """`build` without making the metadata's views: fills and uploads the buffers, which is
+        all a CUDA-graph replay needs (the graph holds its own views). Returns the step's token
+        count T (padded rows included)."""
+        self._validate(seqs, num_decodes, pad_to)
+        if input_ids is not None and len(input_ids) != sum(s.num_new for s in seqs):
+            raise ValueError(
+                f"input_ids: {len(input_ids)} ids for {sum(s.num_new for s in seqs)} new tokens"
+            )
+        if self._copied is not None:
+            # The staging buffers are about to be overwritten: the last build's copies out of
+            # them must have run (they normally have, long before the next step is built).
+            self._copied.synchronize()
+        n_real = len(seqs)
+        n = n_real if pad_to is None else pad_to
+        num_prefills = n_real - num_decodes
+        h, bs = self._np, self.block_size
+        # Padded rows: one new token at position 0 of block 0, with "initial state" (slot 0).
+        computed = np.zeros(n, dtype=np.int64)
+        new = np.ones(n, dtype=np.int64)
+        slots = np.full(n, DUMMY_KDA_SLOT, dtype=np.int64)
+        if seqs:
+            computed[:n_real] = [s.num_computed for s in seqs]
+            new[:n_real] = [s.num_new for s in seqs]
+            slots[:n_real] = [s.kda_slot for s in seqs]
+        qsl = h["query_start_loc"][: n + 1]
+        qsl[0] = 0
+        np.cumsum(new, out=qsl[1:])
+        t = int(qsl[-1])
+        h["seq_lens"][:n] = computed + new
+        h["kda_slots"][:n] = slots
+        h["has_initial_state"][:n] = (computed > 0) | (np.arange(n) >= n_real)
+        tables = h["block_tables"]
+        for i in range(n):
+            table = seqs[i].block_table if i < n_real else []
+            old = self._rows[i]
+            if table != old:
+                tables[i, : len(table)] = table
+                tables[i, len(table) : len(old)] = DUMMY_BLOCK
+                self._rows[i] = list(table)
+        # Slot of every token: its sequence's block at position // block_size (padded rows:
+        # block 0, position 0).
+        seq_of_token = np.repeat(np.arange(n), new)
+        positions = np.repeat(computed - qsl[:n], new) + np.arange(t)
+        blocks = tables[seq_of_token, positions // bs].astype(np.int64)
+        h["slot_mapping"][:t] = blocks * bs + positions % bs
+        nd = n if pad_to is not None else num_decodes  # padded rows are decodes too
+        h["prefill_query_start_loc"][: num_prefills + 1] = qsl[nd:] - qsl[nd]
+        if input_ids is not None:
+            h["input_ids"][: len(input_ids)] = input_ids
+        if self._copied is not None:
+            end = self._tables_offset + tables[:n].nbytes
+            self._dev[:end].copy_(self._host[:end], non_blocking=True)
+            self._copied.record()
+        return t
+
     def _prefill_contexts(
-        self, seqs: list[SeqSchedule], num_decodes: int, qsl: torch.Tensor
+        self, seqs: list[SeqSchedule], num_decodes: int, start: int
     ) -> list[tuple[int, int, torch.Tensor, torch.Tensor]]:
         """(start, end, context slots, causal mask) of each prefill sequence, on the device:
         fresh tensors (prefill steps are not captured), one host-to-device copy for all slots."""
@@ -191,7 +232,6 @@ class KimiMetadataBuilder:
             host.append(torch.tensor(s.block_table)[positions // bs] * bs + positions % bs)
         all_slots = torch.cat(host).to(self.device, non_blocking=True)
         out = []
-        start = int(qsl[num_decodes])
         for s, ctx, ctx_slots in zip(prefills, ctx_lens, all_slots.split(ctx_lens), strict=True):
             positions = torch.arange(ctx, device=self.device)
             masked = positions[None, :] > positions[s.num_computed :, None]
@@ -243,7 +283,7 @@ class KimiMetadataBuilder:
                     f"seqs[{i}].block_table: {len(table)} blocks of {self.block_size} do not "
                     f"hold {s.num_computed + s.num_new} tokens"
                 )
-            if min(table) < 1 or max(table) >= self.num_blocks:
+            if table != self._rows[i] and (min(table) < 1 or max(table) >= self.num_blocks):
                 raise ValueError(
                     f"seqs[{i}].block_table {table} has a block outside [1, {self.num_blocks})"
                 )

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from vllm.v1.request import Request
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen: a frozen dataclass costs ~2 us more to build, per request per step
 class ScheduledRequest:
     """One request's row group in a step: `num_new_tokens` tokens starting at position
     `num_computed_tokens`.

@@ -136,7 +136,8 @@ class Scheduler:
             if _is_decode(request) and self._allocate(request, 1, step):
                 self._add(step, request, 1, is_decode=True)
             i += 1
-        i = 0
+        # Every running request not scheduled as a decode above has prefill left.
+        i = 0 if len(step.scheduled) < len(self.running) else len(self.running)
         while i < len(self.running) and step.budget > 0:
             request = self.running[i]
             if not _is_decode(request):

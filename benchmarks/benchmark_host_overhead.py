@@ -1,0 +1,131 @@
+"""Host time of a decode step: `engine.step()` of the built-in tiny model with the forward replaced
+by a no-op CUDA-graph "replay" whose output is fixed logits, so what is timed is everything but
+the forward: scheduling, building and uploading the step's inputs and metadata, sampling (greedy
+argmax of the fixed logits), reading the sampled ids back and output processing.
+
+On the H200 a decode step costs its forward plus this host time (they are not overlapped), so the
+numbers here are what `benchmark_latency.py`'s step ms minus forward ms should come to. Runs on
+the CPU as well as on a GPU (`--device cuda`); prompts are prefilled through the same stub.
+
+    python benchmarks/benchmark_host_overhead.py --batch-sizes 1 64 256
+    python benchmarks/benchmark_host_overhead.py --device cuda --batch-sizes 1 64 256
+"""
+
+import argparse
+import cProfile
+import math
+import pstats
+import statistics
+import sys
+import time
+
+import torch
+from bench_utils import is_decode_only, synchronize, timed_step
+
+from vllm.engine.arg_utils import EngineArgs
+from vllm.sampling_params import SamplingParams
+from vllm.v1.engine.llm_engine import LLMEngine
+
+
+class _StubModel:
+    """Stands in for the model: fixed logits for every row, no compute."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.logits = logits
+
+    def __call__(self, input_ids: torch.Tensor, metadata: object) -> torch.Tensor:
+        return input_ids
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.logits[: hidden.shape[0]]
+
+
+class _NoReplay:
+    def replay(self) -> None:
+        pass
+
+
+def stub_forward(engine: LLMEngine, batch: int) -> None:
+    """Replace rank 0's model by `_StubModel` and give it a no-op graph of `batch` rows, so that
+    decode steps take the runner's graph path (padding rule, persistent buffers) as on a GPU."""
+    runner = engine.executor.runner
+    vocab = engine.config.model_config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(runner.max_num_tokens, vocab, generator=gen).to(runner.device)
+    runner.model = _StubModel(logits)
+    runner.graphs = {batch: (_NoReplay(), logits[:batch])}
+
+
+def run_case(device: str, batch: int, input_len: int, steps: int, warmup: int, profile: bool):
+    """Median and fastest seconds of `steps` decode steps of `batch` sequences."""
+    budget = max(8192, batch)
+    # Sequences prefilled early decode while the others prefill (one token per step).
+    max_tokens = math.ceil(batch * input_len / (budget - batch)) + warmup + steps + 2
+    max_len = input_len + max_tokens + 1
+    ea = EngineArgs(
+        model="kimi-k3-tiny", load_format="dummy", skip_tokenizer_init=True, device=device,
+        enforce_eager=True, max_num_seqs=batch, max_model_len=max_len,
+        max_num_batched_tokens=budget, block_size=16,
+        num_gpu_blocks_override=batch * math.ceil(max_len / 16) + 1,
+    )  # fmt: skip
+    engine = LLMEngine.from_engine_args(ea)
+    try:
+        stub_forward(engine, batch)
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        vocab = engine.config.model_config.vocab_size
+        for i in range(batch):
+            engine.add_request(f"r{i}", [(i + j) % vocab for j in range(input_len)], params)
+        while not is_decode_only(engine):
+            engine.step()
+        for _ in range(warmup):
+            engine.step()
+        dev = torch.device(device)
+        profiler = cProfile.Profile() if profile else None
+        if profiler is not None:
+            profiler.enable()
+        times = [timed_step(engine, dev) for _ in range(steps)]
+        if profiler is not None:
+            profiler.disable()
+            print(f"\nB={batch}: cProfile of {steps} decode steps (top 30 by own time)")
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+        if len(engine.scheduler.running) != batch:
+            raise RuntimeError("a sequence finished early: the timed steps were not all decodes")
+        synchronize(dev)
+        return statistics.median(times), min(times)
+    finally:
+        engine.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64, 256])
+    parser.add_argument("--input-len", type=int, default=1024, help="prompt tokens")
+    parser.add_argument("--steps", type=int, default=50, help="decode steps timed per batch")
+    parser.add_argument("--warmup-steps", type=int, default=5)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--profile", action="store_true", help="cProfile the timed steps")
+    args = parser.parse_args(argv)
+    if min(args.batch_sizes + [args.input_len, args.steps]) < 1 or args.warmup_steps < 0:
+        parser.error("batch sizes, --input-len and --steps must be positive")
+    # One thread: on a shared CPU, torch's worker threads make the small CPU ops jitter.
+    torch.set_num_threads(1)
+    # The fastest step: the least disturbed by other processes on a shared CPU.
+    print(f"{'batch':>5}  {'median ms':>9}  {'min ms':>8}  {'median us/request':>17}")
+    for batch in args.batch_sizes:
+        start = time.perf_counter()
+        median, fastest = run_case(
+            args.device, batch, args.input_len, args.steps, args.warmup_steps, args.profile
+        )
+        print(
+            f"{batch:>5}  {1e3 * median:>9.3f}  {1e3 * fastest:>8.3f}"
+            f"  {1e6 * median / batch:>17.1f}"
+            f"  ({time.perf_counter() - start:.0f} s with start-up and prefill)",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
