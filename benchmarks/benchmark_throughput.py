@@ -7,10 +7,11 @@ median step and mean batch.
 
 vLLM's script name and main flags (`--model`, `--load-format dummy`, `--quantization-config`,
 `--input-len`, `--output-len`, `--num-prompts`, `--enforce-eager`, `-tp`, `--output-json`) and
-every other `EngineArgs` flag. A warm-up of two short requests compiles the kernels first. The
-engine is sized for the workload unless the flags say otherwise: `--max-num-seqs` = min(number of
-prompts, 256), `--max-model-len` = input + output length, `--kv-cache-memory` = exactly the caches
-of that many sequences of that length (no profiling run).
+every other `EngineArgs` flag. A warm-up of as many requests as fill one prefill step (at least
+two, 2 output tokens each) compiles the kernels first. The engine is sized for the workload unless
+the flags say otherwise: `--max-num-seqs` = min(number of prompts, 256), `--max-model-len` = input
++ output length, `--kv-cache-memory` = exactly the caches of that many sequences of that length (no
+profiling run).
 
 The decode floor against the copy bandwidth, per batch size and context, is
 `benchmark_latency.py`'s job.
@@ -101,7 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         vocab = engine.config.model_config.vocab_size
         start = time.perf_counter()
-        warm = random_prompts(min(2, seqs), args.input_len, vocab, args.seed)
+        # Enough prompts to fill one prefill step: fla's chunked kernels compile per step shape,
+        # and the timed run's steps are full (two prompts left ~25 s of compiling to the timed
+        # run of 256 x 1024 tokens on an H200).
+        per_step = engine.config.scheduler_config.max_num_batched_tokens // max(args.input_len, 1)
+        warm = random_prompts(min(max(2, per_step + 1), seqs), args.input_len, vocab, args.seed)
         for i, prompt in enumerate(warm):
             engine.add_request(f"warmup-{i}", prompt, greedy(2))
         while engine.has_unfinished_requests():
