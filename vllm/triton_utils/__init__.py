@@ -7,6 +7,7 @@ or a worker process can switch it without re-importing the ops.
 """
 
 import os
+from functools import cache
 
 import torch
 
@@ -34,3 +35,22 @@ def next_power_of_2(n: int) -> int:
     """The smallest power of two >= `n` (1 for `n <= 1`): Triton block sizes must be powers of
     two. Here, not from Triton, so launch configurations can be computed without it."""
     return 1 << max(n - 1, 0).bit_length()
+
+
+def num_sms(device: torch.device | None = None) -> int:
+    """Streaming multiprocessors (compute units on ROCm) of `device`, or of the current GPU when
+    `device` is None: what launch heuristics size their grids by. 1 off the GPU, where the
+    interpreter runs programs one after another."""
+    if device is None:
+        if not torch.cuda.is_available():
+            return 1
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device.type != "cuda":
+        return 1
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _num_sms(index)
+
+
+@cache
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count

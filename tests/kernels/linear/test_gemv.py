@@ -421,7 +421,7 @@ def test_fp32_weight_errors_and_empty(triton_launches):
 def test_fp32_default_config_for_the_router(monkeypatch):
     # Kimi's gate (256 x 2304 fp32) on the H200's 132 SMs: one launch of 128 programs at decode
     # sizes, tl.dot above 8 rows with >= 100 programs up to T = 256, every config launchable.
-    monkeypatch.setattr(gemv_op, "_num_sms", lambda: 132)
+    monkeypatch.setattr(gemv_op, "num_sms", lambda: 132)
     gemv_op.default_config.cache_clear()
     try:
         configs = {m: gemv_op.default_config(m, 256, 2304, 4) for m in [1, 8, 9, 64, 256, 4096]}

@@ -75,7 +75,7 @@ import torch
 import torch.nn.functional as F
 
 from vllm.platforms import current_platform, supported_fp8_dtypes
-from vllm.triton_utils import next_power_of_2, use_triton
+from vllm.triton_utils import next_power_of_2, num_sms, use_triton
 from vllm.triton_utils.launch import LaunchSpec, launch
 
 try:
@@ -270,12 +270,6 @@ def _cdiv(a: int, b: int) -> int:
 
 
 @lru_cache(maxsize=1)
-def _num_sms() -> int:
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_properties(0).multi_processor_count
-    return 1
-
-
 @cache
 def default_config(m: int, n: int, k: int, weight_bytes: int) -> GemvConfig:
     """The launch shape for ``[m, k] @ [n, k]^T`` with ``weight_bytes`` per weight element
@@ -285,7 +279,7 @@ def default_config(m: int, n: int, k: int, weight_bytes: int) -> GemvConfig:
         return _fp32_config(m, n, k)
     block_n = 4 if m <= 2 else 8 if m <= 8 else 16
     block_k = max(64, min(1024, _TILE_BYTES // (block_n * weight_bytes), next_power_of_2(k)))
-    sms = _num_sms()
+    sms = num_sms()
     programs = _cdiv(n, block_n) * _cdiv(m, _MAX_BLOCK_M)
     split_k = 1
     # Each split keeps at least two K chunks, so the reduction never outweighs the weight read.
@@ -306,7 +300,7 @@ def _fp32_config(m: int, n: int, k: int) -> GemvConfig:
         block_m = max(16, min(64, next_power_of_2(m)))
     programs = _cdiv(n, block_n) * _cdiv(m, block_m or _MAX_BLOCK_M)
     split_k = 1
-    while programs * split_k < _num_sms() and k >= 4 * split_k * block_k:
+    while programs * split_k < num_sms() and k >= 4 * split_k * block_k:
         split_k *= 2
     return GemvConfig(block_n, block_k, split_k=split_k, use_dot=use_dot, block_m=block_m)
 

@@ -38,7 +38,7 @@ from functools import cache, lru_cache
 import torch
 
 from vllm.platforms import current_platform, supported_fp8_dtypes
-from vllm.triton_utils import HAS_TRITON, next_power_of_2, use_triton
+from vllm.triton_utils import HAS_TRITON, next_power_of_2, num_sms, use_triton
 from vllm.triton_utils.launch import LaunchSpec, launch
 
 try:
@@ -146,12 +146,6 @@ if triton is not None:
 
 
 @lru_cache(maxsize=1)
-def _num_sms() -> int:
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_properties(0).multi_processor_count
-    return 1
-
-
 @cache
 def _quant_config(t_bucket: int, k: int) -> tuple[int, LaunchSpec]:
     """(block_t, the kernel's constexprs and num_warps) for per-token quantization of [T, K];
@@ -160,7 +154,7 @@ def _quant_config(t_bucket: int, k: int) -> tuple[int, LaunchSpec]:
     if block_k > _MAX_TILE:
         return 1, LaunchSpec(BLOCK_T=1, BLOCK_K=_MAX_TILE, SINGLE_PASS=False, num_warps=8)
     block_t = 1
-    target_programs = 4 * _num_sms()
+    target_programs = 4 * num_sms()
     while block_t * 2 * block_k <= _MAX_TILE and -(-t_bucket // (block_t * 2)) >= target_programs:
         block_t *= 2
     warps = max(1, min(8, block_t * block_k // 512))

@@ -51,7 +51,7 @@ from vllm.model_executor.layers.quantization.utils.fp8_per_token import (
 from vllm.models.kimi_k3.amd.ops.causal_conv1d import causal_conv1d_decode
 from vllm.models.kimi_k3.amd.ops.kda_core import kda_decode
 from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate
-from vllm.triton_utils import use_triton
+from vllm.triton_utils import num_sms, use_triton
 
 try:
     import triton
@@ -300,12 +300,6 @@ def kda_decode_config(n: int, heads: int, d: int, num_sms: int) -> KdaDecodeConf
 
 
 @lru_cache(maxsize=8)
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 1  # the interpreter runs programs one after another
-
-
 def fused_kda_decode(
     mixed_qkv: torch.Tensor,
     conv_weight: torch.Tensor,
@@ -374,7 +368,7 @@ def fused_kda_decode(
             )  # fmt: skip
         return per_token_fp8_quant(out.reshape(n, heads * d), quant_dtype) if quantize else out
     if config is None:
-        config = kda_decode_config(n, heads, d, _num_sms(mixed_qkv.device))
+        config = kda_decode_config(n, heads, d, num_sms(mixed_qkv.device))
     block_v = config.block_v
     if block_v < 1 or block_v > d or block_v & (block_v - 1):
         raise ValueError(f"config.block_v must be a power of two <= D = {d}, got {block_v}")

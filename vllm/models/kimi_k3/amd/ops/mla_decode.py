@@ -42,7 +42,7 @@ import torch
 from vllm.platforms import current_platform
 
 # The one switch every op here uses to run its Triton kernels on CPU tensors (the interpreter).
-from vllm.triton_utils import next_power_of_2, use_triton
+from vllm.triton_utils import next_power_of_2, num_sms, use_triton
 
 try:
     import triton
@@ -226,12 +226,6 @@ class MlaDecodeConfig:
 
 
 @lru_cache(maxsize=8)
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 1  # the interpreter runs programs one after another
-
-
 @lru_cache(maxsize=8)
 def _max_smem(device: torch.device) -> int:
     """Shared memory one program may use (bytes); no limit for the interpreter. 0 where torch does
@@ -339,7 +333,7 @@ def launch_mla_decode(
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     if split:
-        merge_l = _merge_block_l(n, heads, latent, _num_sms(q_latent.device))
+        merge_l = _merge_block_l(n, heads, latent, num_sms(q_latent.device))
         _mla_decode_merge_kernel[(n, heads, -(-latent // merge_l))](
             part, lse, out,
             *part.stride()[:3], *lse.stride()[:2], *out.stride()[:2],
@@ -404,6 +398,6 @@ def mla_decode_paged(
     capacity = block_tables.shape[1] * kv_cache.shape[1]
     device = q_latent.device
     config = mla_decode_config(
-        n, heads, latent, capacity, _num_sms(device), _max_smem(device), q_latent.element_size()
+        n, heads, latent, capacity, num_sms(device), _max_smem(device), q_latent.element_size()
     )
     return launch_mla_decode(q_latent, q_pe, kv_cache, block_tables, seq_lens, scale, config)
