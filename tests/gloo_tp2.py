@@ -7,13 +7,13 @@ fresh processes: they install the interpreter's FP8 rounding fix themselves
 """
 
 import os
-import socket
 
 import fp8_interpreter
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from vllm.distributed import destroy_model_parallel, initialize_model_parallel
+from vllm.utils.network_utils import get_open_port
 
 
 def _entry(rank, port, worker, args, results):
@@ -32,9 +32,7 @@ def _entry(rank, port, worker, args, results):
 
 
 def run_tp2(worker, *args) -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = get_open_port()
     with mp.Manager() as manager:
         results = manager.dict()
         mp.spawn(_entry, args=(port, worker, args, results), nprocs=2, join=True)

@@ -27,13 +27,14 @@ import platform
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from vllm.utils.network_utils import get_open_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK = "arith_gsm8k"
@@ -61,12 +62,6 @@ def child_env(fusion: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", **{FUSION_ENV: fusion})
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Server:
@@ -112,7 +107,7 @@ class Server:
 def run_lm_eval(args: argparse.Namespace, mode: str, out: Path) -> dict[str, Any]:
     """Serve `mode`, run lm_eval against it; returns its metrics and responses by doc id."""
     quant, fusion = MODES[mode]
-    port = str(free_port())
+    port = str(get_open_port())
     serve = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(args.model),
              "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", port,
              "--dtype", args.dtype, "--max-model-len", str(args.max_model_len),

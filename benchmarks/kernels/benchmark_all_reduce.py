@@ -13,7 +13,6 @@ overhead. Rank 0 prints the table and writes the CSV.
 import argparse
 import csv
 import os
-import socket
 import statistics
 import sys
 import time
@@ -22,13 +21,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from vllm.utils.network_utils import get_open_port
+
 HIDDEN = 2304  # Kimi-Linear-48B-A3B
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _time(fn, device: torch.device, reps: int) -> float:
@@ -125,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     if world < 2:
         parser.error(f"an all-reduce needs 2+ ranks, got {world}")
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # keep NVLink multicast off (shared hosts)
-    mp.spawn(_worker, args=(world, _free_port(), args), nprocs=world, join=True)
+    mp.spawn(_worker, args=(world, get_open_port(), args), nprocs=world, join=True)
     return 0
 
 

@@ -8,7 +8,6 @@ not the Triton interpreter.
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,13 +16,9 @@ from pathlib import Path
 
 import requests
 
+from vllm.utils.network_utils import get_open_port
+
 ROOT = Path(__file__).resolve().parents[3]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def server_env() -> dict[str, str]:
@@ -48,7 +43,7 @@ class RemoteServer:
         port: int | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
-        self.port = port or free_port()
+        self.port = port or get_open_port()
         if command is None:
             command = [sys.executable, "-m", "vllm.entrypoints.cli.main", *argv]
             command += ["--host", "127.0.0.1", "--port", str(self.port)]

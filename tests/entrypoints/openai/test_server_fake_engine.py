@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 import requests
-from server_utils import RemoteServer, free_port
+from server_utils import RemoteServer
 
 from vllm.reasoning.kimi_k3_reasoning_parser import THINK_END, THINK_START
+from vllm.utils.network_utils import get_open_port
 
 SCRIPT = f"Hmm.{THINK_START}Two and two make four.{THINK_END} The answer is 4."
 KEY = "sk-test"
@@ -19,7 +20,7 @@ KEY = "sk-test"
 
 @pytest.fixture(scope="module")
 def server():
-    port = free_port()
+    port = get_open_port()
     script = str(Path(__file__).parent / "fake_server.py")
     command = [sys.executable, script, str(port), SCRIPT, "--reasoning-parser", "kimi_k3",
                "--api-key", KEY, "--step-delay", "0.005"]  # fmt: skip

@@ -16,7 +16,6 @@ which would otherwise wait for a worker that died while bootstrapping (e.g. a sc
 
 import multiprocessing as mp
 import signal
-import socket
 import traceback
 from datetime import timedelta
 from typing import Any, NoReturn
@@ -30,6 +29,7 @@ from vllm.distributed import (
     initialize_model_parallel,
 )
 from vllm.logger import init_logger
+from vllm.utils.network_utils import get_open_port
 from vllm.v1.worker.model_runner import ModelRunner
 
 logger = init_logger(__name__)
@@ -40,12 +40,6 @@ _COLLECTIVE_TIMEOUT = timedelta(minutes=10)
 # Methods whose workers answer (start-up); step messages are not answered, to keep steps fast.
 _ANSWERED = frozenset({"load_model", "available_cache_memory", "initialize_cache",
                        "capture_cudagraphs"})  # fmt: skip
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _init_distributed(config: VllmConfig, rank: int) -> None:
@@ -99,7 +93,9 @@ class Executor:
         self._owns_group = False
         try:
             if tp > 1:
-                config.parallel_config.distributed_init_method = f"tcp://127.0.0.1:{_free_port()}"
+                config.parallel_config.distributed_init_method = (
+                    f"tcp://127.0.0.1:{get_open_port()}"
+                )
                 ctx = mp.get_context("spawn")
                 for rank in range(1, tp):
                     parent, child = ctx.Pipe()
