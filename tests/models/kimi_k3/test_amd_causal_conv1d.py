@@ -129,7 +129,7 @@ def test_inner_and_boundary_blocks_match_reference(config, grouped, triton_launc
     lens = [1, 2, 9, 0, 13, 3, 20, 1]
     init = [True, False, True, True, False, True, True, False]
     batch = make_batch(lens, 48, 4, torch.bfloat16, torch.bfloat16, init, seed=11)
-    out = torch.empty(3, sum(lens), 16, dtype=torch.bfloat16) if grouped else None
+    out = torch.empty(3, sum(lens), 16, dtype=torch.bfloat16, device=DEVICE) if grouped else None
     args = {k: v for k, v in batch.items() if k != "conv_state"}
     ref_state, got_state = batch["conv_state"].clone(), batch["conv_state"].clone()
     ref = causal_conv1d_prefill_ref(conv_state=ref_state, **args)
@@ -149,7 +149,7 @@ def test_inner_blocks_round_as_boundary_blocks(triton_launches):
     args = {k: v for k, v in batch.items() if k != "conv_state"}
     outs = []
     for config in (Conv1dPrefillConfig(64, 64, 4), Conv1dPrefillConfig(4, 32, 2)):
-        out = torch.empty(3, sum(lens), 16)
+        out = torch.empty(3, sum(lens), 16, device=DEVICE)
         causal_conv1d_prefill(
             conv_state=batch["conv_state"].clone(), out=out, config=config, **args
         )
