@@ -101,3 +101,19 @@ def test_gemv_bad_config_is_a_usage_error() -> None:
         benchmark_gemv.main(["--dry-run", "--configs", "6,32,4"])
     with pytest.raises(SystemExit):
         benchmark_gemv.main(["--dry-run", "--configs", "8,32,4,1,1,dot"])
+
+
+def test_causal_conv1d_dry_run(triton_launches, capsys: pytest.CaptureFixture) -> None:
+    import benchmark_causal_conv1d
+
+    argv = ["--dry-run", "--configs", "default", "4,16,2", "8,32,1"]
+    assert benchmark_causal_conv1d.main(argv) == 0
+    assert triton_launches["_causal_conv1d_prefill_kernel"] == 3  # the kernel, not the reference
+    assert "t32c256w4 t4c16w2 t8c32w1" in capsys.readouterr().out
+
+
+def test_causal_conv1d_bad_config_is_a_usage_error() -> None:
+    import benchmark_causal_conv1d
+
+    with pytest.raises(SystemExit):
+        benchmark_causal_conv1d.main(["--dry-run", "--configs", "32,256"])

@@ -39,7 +39,11 @@ from vllm.model_executor.layers.fused_moe.weighted_sum import moe_weighted_sum
 from vllm.model_executor.layers.ops.rms_norm import fused_add_rms_norm, rms_norm
 from vllm.model_executor.layers.ops.silu_and_mul import silu_and_mul
 from vllm.model_executor.layers.quantization.utils.fp8_per_token import per_token_fp8_quant
-from vllm.models.kimi_k3.amd.ops.causal_conv1d import causal_conv1d_prefill
+from vllm.models.kimi_k3.amd.ops.causal_conv1d import (
+    DEFAULT_PREFILL_CONFIG,
+    Conv1dPrefillConfig,
+    causal_conv1d_prefill,
+)
 from vllm.models.kimi_k3.amd.ops.fused_kda_decode import (
     KdaDecodeConfig,
     fused_kda_decode,
@@ -233,15 +237,25 @@ def _drive_ops() -> None:
         gate = torch.randn(x.shape, generator=gen).to(x.dtype)
         rmsnorm_gated_fp8_per_token(x, torch.ones(d), gate, 1e-5, FP8)
 
-    for lens, channels in (((7, 300), 3 * 32 * 128), ((3, 1), 40)):
+    # Kimi-Linear's q | k | v into three tensors (one group per channel block) at the default
+    # launch and the benchmark's sweep corners, then a flat `out` and groups split across blocks.
+    sweep = [Conv1dPrefillConfig(t, c, w) for t, c, w in ((16, 128, 4), (64, 256, 8))]
+    for lens, channels, groups, configs in (
+        ((7, 300), 3 * 32 * 128, 3, [DEFAULT_PREFILL_CONFIG, *sweep]),
+        ((3, 1), 40, 1, [None]),
+        ((3, 5), 48, 3, [Conv1dPrefillConfig(4, 32, 2)]),
+    ):
         tokens = sum(lens)
         qsl = torch.tensor([0, *lens]).cumsum(0)
-        causal_conv1d_prefill(
-            torch.randn(tokens, channels, generator=gen).to(torch.bfloat16),
-            torch.randn(channels, 4, generator=gen),
-            torch.randn(3, channels, 3, generator=gen).to(torch.bfloat16),
-            qsl, torch.tensor([2, 0]), torch.tensor([True, False]),
-        )  # fmt: skip
+        x = torch.randn(tokens, channels + 288, generator=gen).to(torch.bfloat16)[:, :channels]
+        out = torch.empty(groups, tokens, channels // groups, dtype=torch.bfloat16)
+        for config in configs:
+            causal_conv1d_prefill(
+                x, torch.randn(channels, 4, generator=gen),
+                torch.randn(3, channels, 3, generator=gen).to(torch.bfloat16),
+                qsl, torch.tensor([2, 0]), torch.tensor([True, False]),
+                out=out if groups > 1 else None, config=config,
+            )  # fmt: skip
 
     for tokens, heads, key_dim in ((300, 32, 128), (5, 3, 16)):
         raw = torch.randn(tokens, heads * key_dim, generator=gen).to(torch.bfloat16)

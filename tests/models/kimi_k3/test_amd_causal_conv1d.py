@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from vllm.models.kimi_k3.amd.ops.causal_conv1d import (
+    Conv1dPrefillConfig,
     causal_conv1d_prefill,
     causal_conv1d_prefill_ref,
 )
@@ -114,6 +115,49 @@ def test_grouped_out_gives_contiguous_groups(triton_launches):
         )
 
 
+# Small blocks, so that most take the inner path (no state, no per-token search) and the others
+# start a sequence, cross one or more boundaries, or run past T.
+SMALL_BLOCKS = [Conv1dPrefillConfig(4, 16, 2), Conv1dPrefillConfig(8, 8, 1)]
+
+
+@pytest.mark.parametrize("config", SMALL_BLOCKS, ids=lambda c: f"t{c.block_t}c{c.block_c}")
+@pytest.mark.parametrize("grouped", [False, True], ids=["flat", "qkv"])
+def test_inner_and_boundary_blocks_match_reference(config, grouped, triton_launches):
+    """Sequences shorter than W - 1 and empty ones, several in one block, continued prefill
+    from a state and new sequences, strided x, T off the block size; `out` flat or as q, k, v
+    (each group a whole number of channel blocks)."""
+    lens = [1, 2, 9, 0, 13, 3, 20, 1]
+    init = [True, False, True, True, False, True, True, False]
+    batch = make_batch(lens, 48, 4, torch.bfloat16, torch.bfloat16, init, seed=11)
+    out = torch.empty(3, sum(lens), 16, dtype=torch.bfloat16, device=DEVICE) if grouped else None
+    args = {k: v for k, v in batch.items() if k != "conv_state"}
+    ref_state, got_state = batch["conv_state"].clone(), batch["conv_state"].clone()
+    ref = causal_conv1d_prefill_ref(conv_state=ref_state, **args)
+    got = causal_conv1d_prefill(conv_state=got_state, out=out, config=config, **args)
+    assert triton_launches["_causal_conv1d_prefill_kernel"] == 1
+    flat = got.transpose(0, 1).reshape(ref.shape) if grouped else got
+    torch.testing.assert_close(flat.float(), ref.float(), rtol=2**-7, atol=2**-7)
+    assert torch.equal(got_state, ref_state)
+
+
+def test_inner_blocks_round_as_boundary_blocks(triton_launches):
+    """The inner path gives the same bits as the per-token path: one block of 64 covers all
+    tokens (per-token path only) against blocks of 4 (inner path for most); the channel groups
+    split across blocks (per-element output offsets) against whole groups per block."""
+    lens = [6, 30, 1, 20]
+    batch = make_batch(lens, 48, 4, torch.float32, torch.float32, [True, False, True, True], 13)
+    args = {k: v for k, v in batch.items() if k != "conv_state"}
+    outs = []
+    for config in (Conv1dPrefillConfig(64, 64, 4), Conv1dPrefillConfig(4, 32, 2)):
+        out = torch.empty(3, sum(lens), 16, device=DEVICE)
+        causal_conv1d_prefill(
+            conv_state=batch["conv_state"].clone(), out=out, config=config, **args
+        )
+        outs.append(out)
+    assert triton_launches["_causal_conv1d_prefill_kernel"] == 2
+    assert torch.equal(outs[0], outs[1])
+
+
 def test_prefill_rejects_bad_inputs():
     batch = make_batch([2, 3], 24, 4, torch.float32, torch.float32, [True, True], seed=1)
     bad = [
@@ -128,6 +172,8 @@ def test_prefill_rejects_bad_inputs():
     for name, value in bad:
         with pytest.raises(ValueError, match=name):
             causal_conv1d_prefill(**{**batch, name: value})
+    with pytest.raises(ValueError, match="block_t"):
+        causal_conv1d_prefill(**batch, config=Conv1dPrefillConfig(12, 16, 2))
 
 
 @pytest.mark.gpu
