@@ -332,3 +332,19 @@ def test_gpu_lower_bound_gate_and_core_match_fla_in_kernel_gate():
     # the O(1) change that dropping exp(A_log) makes.
     assert float((got - ref.squeeze(0)).norm() / ref.norm()) < 1e-2
     assert float((state - ref_state).norm() / ref_state.norm()) < 1e-2
+
+
+def test_repeated_calls_on_the_same_buffers_each_run_a_step(triton_launches):
+    """Decode reuses persistent buffers: a second call with the same tensor objects is a second
+    step (it advances the states again and reads the new inputs), never a cached answer."""
+    step = make_step(2, 2, 16, 4, torch.float32, seed=7)
+    got_step, ref_step = clone(step), clone(step)
+    for _ in range(2):
+        ref = fused_kda_decode_ref(**ref_step, lower_bound=-5.0, eps=1e-5)
+        got = fused_kda_decode(**got_step, lower_bound=-5.0, eps=1e-5)
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+        got_step["mixed_qkv"].mul_(-0.5)  # new inputs in the same buffer (a view of proj)
+        ref_step["mixed_qkv"].copy_(got_step["mixed_qkv"])
+    assert triton_launches["_fused_kda_decode_kernel"] == 2
+    torch.testing.assert_close(got_step["ssm_state"], ref_step["ssm_state"], rtol=1e-5, atol=1e-6)
+    assert torch.equal(got_step["conv_state"], ref_step["conv_state"])

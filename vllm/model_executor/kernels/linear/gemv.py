@@ -69,7 +69,7 @@ Launches are static-shape and never read tensor values on the host: CUDA-graph c
 """
 
 from dataclasses import dataclass, replace
-from functools import cache, lru_cache
+from functools import cache
 
 import torch
 import torch.nn.functional as F
@@ -269,7 +269,6 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-@lru_cache(maxsize=1)
 @cache
 def default_config(m: int, n: int, k: int, weight_bytes: int) -> GemvConfig:
     """The launch shape for ``[m, k] @ [n, k]^T`` with ``weight_bytes`` per weight element

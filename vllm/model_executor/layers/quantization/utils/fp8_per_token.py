@@ -33,7 +33,7 @@ A row of up to 8192 padded elements stays in registers (one pass); wider rows ta
 no out-of-bounds address is ever formed.
 """
 
-from functools import cache, lru_cache
+from functools import cache
 
 import torch
 
@@ -145,7 +145,6 @@ if triton is not None:
 # --------------------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=1)
 @cache
 def _quant_config(t_bucket: int, k: int) -> tuple[int, LaunchSpec]:
     """(block_t, the kernel's constexprs and num_warps) for per-token quantization of [T, K];

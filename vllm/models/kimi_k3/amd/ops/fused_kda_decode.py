@@ -37,7 +37,6 @@ fused and unfused decode are checked against the same math.
 """
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
 
@@ -299,7 +298,6 @@ def kda_decode_config(n: int, heads: int, d: int, num_sms: int) -> KdaDecodeConf
     return KdaDecodeConfig(block_v=block_v, num_warps=4)
 
 
-@lru_cache(maxsize=8)
 def fused_kda_decode(
     mixed_qkv: torch.Tensor,
     conv_weight: torch.Tensor,

@@ -226,7 +226,6 @@ class MlaDecodeConfig:
 
 
 @lru_cache(maxsize=8)
-@lru_cache(maxsize=8)
 def _max_smem(device: torch.device) -> int:
     """Shared memory one program may use (bytes); no limit for the interpreter. 0 where torch does
     not report it (ROCm, whose launch does not depend on it; old torch: the small-memory launch)."""
