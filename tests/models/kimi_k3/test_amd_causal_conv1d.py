@@ -174,6 +174,8 @@ def test_prefill_rejects_bad_inputs():
             causal_conv1d_prefill(**{**batch, name: value})
     with pytest.raises(ValueError, match="block_t"):
         causal_conv1d_prefill(**batch, config=Conv1dPrefillConfig(12, 16, 2))
+    with pytest.raises(ValueError, match="num_warps"):
+        causal_conv1d_prefill(**batch, config=Conv1dPrefillConfig(4, 16, 3))
 
 
 @pytest.mark.gpu

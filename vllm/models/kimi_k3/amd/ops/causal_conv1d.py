@@ -251,7 +251,8 @@ def causal_conv1d_prefill(
     if has_initial_state.dtype != torch.bool or has_initial_state.device != x.device:
         raise ValueError(f"has_initial_state must be bool on {x.device}")
     config = config or DEFAULT_PREFILL_CONFIG
-    for name, size in (("block_t", config.block_t), ("block_c", config.block_c)):
+    sizes = (("block_t", config.block_t), ("block_c", config.block_c))
+    for name, size in (*sizes, ("num_warps", config.num_warps)):
         if size < 1 or size & (size - 1):
             raise ValueError(f"config.{name} must be a power of two, got {size}")
     if out is None:
