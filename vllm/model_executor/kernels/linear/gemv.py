@@ -50,10 +50,10 @@ programs per SM. ``USE_DOT`` swaps the broadcast-multiply-and-sum for ``tl.dot``
 wide operand, M padded to 16): a variant for the benchmark's sweep, chosen by no default except
 for fp32 weights at more than ``_FP32_DOT_MIN_M`` rows, where the FMA cost of one reduction per row
 and N block outgrows the weight read (the router's 256 x 2304 fp32 gate at T = 64..256).
-``block_m`` (rows per program, default ``min(16, M)``, 16 with ``tl.dot``) trades L2 re-reads of
-the weight for fewer programs. These are starting points measured by
-``benchmarks/kernels/benchmark_gemv.py --configs`` and, for fp32 weights,
-``benchmarks/kernels/benchmark_router.py --logits-configs``.
+``block_m`` (rows per program; None: ``min(16, next_power_of_2(M))``, 16 with ``tl.dot``; the fp32
+default with ``tl.dot`` takes up to 64) trades L2 re-reads of the weight for fewer programs.
+These are starting points measured by ``benchmarks/kernels/benchmark_gemv.py --configs`` and,
+for fp32 weights, ``benchmarks/kernels/benchmark_router.py --logits-configs``.
 
 Dispatch into the layers (thresholds are module constants, tuned from that benchmark):
 ``UnquantizedLinearMethod`` (vllm/model_executor/layers/linear.py) calls ``gemv`` for CUDA bf16 /
@@ -233,8 +233,8 @@ if triton is not None:
 class GemvConfig:
     """One launch shape: output channels per program, K chunk per step, warps, K splits
     (1: no second kernel), ``tl.dot`` instead of multiply-and-sum, software-pipeline stages, rows
-    per program (None: ``min(16, M)``, 16 with ``tl.dot``). Powers of two except ``split_k`` and
-    ``num_stages``."""
+    per program (None: ``min(16, next_power_of_2(M))``, 16 with ``tl.dot``). Powers of two except
+    ``split_k`` and ``num_stages``."""
 
     block_n: int
     block_k: int
