@@ -136,7 +136,7 @@ class Scheduler:
             if _is_decode(request) and self._allocate(request, 1, step):
                 self._add(step, request, 1, is_decode=True)
             i += 1
-        # Every running request not scheduled as a decode above has prefill left.
+        # When every running request got its decode above, none has prefill left: skip the pass.
         i = 0 if len(step.scheduled) < len(self.running) else len(self.running)
         while i < len(self.running) and step.budget > 0:
             request = self.running[i]
