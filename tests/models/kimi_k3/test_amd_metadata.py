@@ -147,6 +147,9 @@ def test_a_table_grown_in_place_is_written_and_checked_only_in_its_tail():
     table.pop()
     meta = b.build([seq(3, 1, table, 2)], 1)
     assert meta.mla.decode_block_tables.tolist() == [[7, 0, 0]]
+    # Another list is compared by value: a changed head rewrites the row.
+    meta = b.build([seq(4, 1, [8, 6], 2)], 1)
+    assert meta.mla.decode_block_tables.tolist() == [[8, 6, 0]]
 
 
 def test_empty_schedule_builds():

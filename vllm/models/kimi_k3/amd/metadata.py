@@ -17,8 +17,9 @@ is checked inside the (CUDA-graph captured) forward:
 
 A row's block table given again as the same list object, longer or as long, is taken to have
 grown by appending only (as the KV cache manager's tables do): just its new tail is checked and
-written, so a decode step costs O(changed blocks), not O(context). Any other table (another list,
-or a shorter one) rewrites the row.
+written, so a decode step costs O(changed blocks), not O(context). Another list that starts with
+the blocks written (a copy, as the tensor-parallel workers receive) is compared to them and only
+its tail written; any other table rewrites the row.
 
 Padding rule (decode-only batches padded to a captured batch size with `pad_to`): block 0 and KDA
 slot 0 are reserved dummies, never handed to a sequence. A padded row is a decode on KDA slot 0
@@ -247,9 +248,11 @@ class KimiMetadataBuilder:
 
     def _num_written(self, row: int, table: list[int]) -> int:
         """How many leading entries of `table` host row `row` already holds (see the module
-        docstring): all that were written from the same list, else none."""
+        docstring)."""
         old, written = self._rows[row]
-        return written if table is old and len(table) >= written else 0
+        if len(table) >= written and (table is old or table[:written] == old[:written]):
+            return written
+        return 0
 
     def _validate(self, seqs: list[SeqSchedule], num_decodes: int, pad_to: int | None) -> None:
         n = len(seqs)
