@@ -13,16 +13,21 @@ the CPU as well as on a GPU (`--device cuda`); prompts are prefilled through the
 
 import argparse
 import cProfile
+import json
 import math
 import pstats
+import shutil
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 from bench_utils import is_decode_only, synchronize, timed_step
 
 from vllm.engine.arg_utils import EngineArgs
+from vllm.model_executor.model_loader.builtin import resolve_model
 from vllm.sampling_params import SamplingParams
 from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -56,14 +61,31 @@ def stub_forward(engine: LLMEngine, batch: int) -> None:
     runner.graphs = {batch: (_NoReplay(), logits[:batch])}
 
 
-def run_case(device: str, batch: int, input_len: int, steps: int, warmup: int, profile: bool):
+def tiny_model(folder: Path, max_len: int) -> str:
+    """The tiny model, or a copy of it in `folder` whose `max_position_embeddings` is `max_len`
+    when its own is too short (its MLA layers use no positional encoding, and the dummy weights
+    do not depend on it)."""
+    builtin, _ = resolve_model("kimi-k3-tiny")
+    config = json.loads((builtin / "config.json").read_text())
+    if max_len <= config["text_config"]["max_position_embeddings"]:
+        return "kimi-k3-tiny"
+    shutil.copytree(builtin, folder)
+    config["text_config"]["max_position_embeddings"] = max_len
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+def run_case(
+    device: str, batch: int, input_len: int, steps: int, warmup: int, profile: bool, tmp: Path
+):
     """Median and fastest seconds of `steps` decode steps of `batch` sequences."""
     budget = max(8192, batch)
     # Sequences prefilled early decode while the others prefill (one token per step).
     max_tokens = math.ceil(batch * input_len / (budget - batch)) + warmup + steps + 2
     max_len = input_len + max_tokens + 1
+    model = tiny_model(tmp / "tiny", max_len)
     ea = EngineArgs(
-        model="kimi-k3-tiny", load_format="dummy", skip_tokenizer_init=True, device=device,
+        model=model, load_format="dummy", skip_tokenizer_init=True, device=device,
         enforce_eager=True, max_num_seqs=batch, max_model_len=max_len,
         max_num_batched_tokens=budget, block_size=16,
         num_gpu_blocks_override=batch * math.ceil(max_len / 16) + 1,
@@ -115,9 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'batch':>5}  {'median ms':>9}  {'min ms':>8}  {'median us/request':>17}")
     for batch in args.batch_sizes:
         start = time.perf_counter()
-        median, fastest = run_case(
-            args.device, batch, args.input_len, args.steps, args.warmup_steps, args.profile
-        )
+        with tempfile.TemporaryDirectory() as tmp:
+            median, fastest = run_case(
+                args.device, batch, args.input_len, args.steps, args.warmup_steps, args.profile,
+                Path(tmp),
+            )  # fmt: skip
         print(
             f"{batch:>5}  {1e3 * median:>9.3f}  {1e3 * fastest:>8.3f}"
             f"  {1e6 * median / batch:>17.1f}"

@@ -132,6 +132,26 @@ def test_rows_rewritten_only_where_tables_change_and_ids_staged():
         b.build([seq(2, 1, [5, 10], 2)], 1)
 
 
+def test_a_table_grown_in_place_is_written_and_checked_only_in_its_tail():
+    b = builder()
+    table = [5]
+    b.build([seq(3, 1, table, 2)], 1)
+    table.append(10)
+    with pytest.raises(ValueError, match="has a block outside"):
+        b.build([seq(4, 1, table, 2)], 1)
+    # The same list is trusted to have grown by appending only: its head is not read again.
+    table[0], table[1] = 7, 6
+    meta = b.build([seq(4, 1, table, 2)], 1)
+    assert meta.mla.decode_block_tables.tolist() == [[5, 6, 0]]
+    # A shorter list, even the same one, rewrites the row and clears its old tail.
+    table.pop()
+    meta = b.build([seq(3, 1, table, 2)], 1)
+    assert meta.mla.decode_block_tables.tolist() == [[7, 0, 0]]
+    # Another list is compared by value: a changed head rewrites the row.
+    meta = b.build([seq(4, 1, [8, 6], 2)], 1)
+    assert meta.mla.decode_block_tables.tolist() == [[8, 6, 0]]
+
+
 def test_empty_schedule_builds():
     meta = builder().build([], 0)
     assert meta.num_tokens == 0 and meta.kda.query_start_loc.tolist() == [0]

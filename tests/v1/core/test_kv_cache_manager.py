@@ -27,13 +27,16 @@ def test_allocation_grows_the_table_and_keeps_the_slot():
     kv = KVCacheManager(num_blocks=8, block_size=4, num_kda_slots=4)
     r = _request("r", 12)
     assert kv.allocate_slots(r, 5)
-    assert len(kv.get_block_table("r")) == 2
+    table = kv.get_block_table("r")
+    first = list(table)
+    assert len(table) == 2
     slot = kv.get_kda_slot("r")
     r.num_computed_tokens = 5
     assert kv.allocate_slots(r, 3)  # 8 tokens still fit two blocks
     assert len(kv.get_block_table("r")) == 2
     assert kv.allocate_slots(r, 4)
-    assert len(kv.get_block_table("r")) == 3
+    # The live table grows in place by appending (the metadata builder reads only its tail).
+    assert kv.get_block_table("r") is table and len(table) == 3 and table[:2] == first
     assert kv.get_kda_slot("r") == slot and kv.num_free_kda_slots == 2
     assert kv.usage == pytest.approx(3 / 7)
 
@@ -63,10 +66,13 @@ def test_free_returns_everything_and_is_idempotent():
     assert kv.num_free_blocks == kv.initial_num_free_blocks
     assert kv.num_free_kda_slots == kv.initial_num_free_kda_slots
     assert kv.usage == 0.0
-    # The table handed out is a copy: editing it cannot corrupt the manager.
+    # A table freed and allocated again is a new list: a holder of the old one never sees it
+    # change (the metadata builder trusts a list it has seen to grow only).
     assert kv.allocate_slots(a, 2)
-    kv.get_block_table("a").clear()
-    assert len(kv.get_block_table("a")) == 2
+    old = kv.get_block_table("a")
+    kv.free(a)
+    assert kv.allocate_slots(a, 1)
+    assert kv.get_block_table("a") is not old and len(old) == 2
 
 
 @pytest.mark.parametrize(

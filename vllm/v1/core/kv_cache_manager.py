@@ -89,8 +89,11 @@ class KVCacheManager:
             self._free_slots.append(slot)
 
     def get_block_table(self, request_id: str) -> list[int]:
-        """A copy of the request's block table (empty when it holds no blocks)."""
-        return list(self._block_tables.get(request_id, []))
+        """The request's block table itself, not a copy (empty when it holds no blocks): read
+        only. While the request holds it, it only grows, by appending, so a consumer that keeps
+        the list needs to look only at its new tail (copying it would cost every step in
+        proportion to the context)."""
+        return self._block_tables.get(request_id, [])
 
     def get_kda_slot(self, request_id: str) -> int:
         if request_id not in self._kda_slots:

@@ -15,6 +15,12 @@ is checked inside the (CUDA-graph captured) forward:
 - KDA slots lie in `[1, num_kda_slots)` and are distinct; block ids lie in `[1, num_blocks)`, a
   table covers `num_computed + num_new` tokens and has at most `max_blocks_per_seq` entries.
 
+A row's block table given again as the same list object, longer or as long, is taken to have
+grown by appending only (as the KV cache manager's tables do): just its new tail is checked and
+written, so a decode step costs O(changed blocks), not O(context). Another list that starts with
+the blocks written (a copy, as the tensor-parallel workers receive) is compared to them and only
+its tail written; any other table rewrites the row.
+
 Padding rule (decode-only batches padded to a captured batch size with `pad_to`): block 0 and KDA
 slot 0 are reserved dummies, never handed to a sequence. A padded row is a decode on KDA slot 0
 with block table `[0, 0, ...]`, seq_len 1 and its slot mapping at block 0, offset 0, so padded
@@ -117,9 +123,9 @@ class KimiMetadataBuilder:
             setattr(self, name, view)
             self._np[name] = self._host[off : off + nbytes].view(dtype).view(shape).numpy()
         self._tables_offset = offsets[-1]
-        # The block table last written to each host row (validated then): unchanged rows, most
-        # of them in a decode step, are neither checked nor written again.
-        self._rows: list[list[int]] = [[] for _ in range(n)]
+        # Per host row: the block table list last written there and how many of its entries
+        # were (validated and) written; see `_num_written`.
+        self._rows: list[tuple[list[int], int]] = [([], 0)] * n
         self._copied = torch.cuda.Event() if pin else None
 
     def build(
@@ -195,11 +201,12 @@ class KimiMetadataBuilder:
         tables = h["block_tables"]
         for i in range(n):
             table = seqs[i].block_table if i < n_real else []
-            old = self._rows[i]
-            if table != old:
-                tables[i, : len(table)] = table
-                tables[i, len(table) : len(old)] = DUMMY_BLOCK
-                self._rows[i] = list(table)
+            done, end, old_end = self._num_written(i, table), len(table), self._rows[i][1]
+            if done < end:
+                tables[i, done:end] = table[done:]
+            if end < old_end:
+                tables[i, end:old_end] = DUMMY_BLOCK
+            self._rows[i] = (table, end)
         # Slot of every token: its sequence's block at position // block_size (padded rows:
         # block 0, position 0).
         seq_of_token = np.repeat(np.arange(n), new)
@@ -238,6 +245,14 @@ class KimiMetadataBuilder:
             out.append((start, start + s.num_new, ctx_slots, masked))
             start += s.num_new
         return out
+
+    def _num_written(self, row: int, table: list[int]) -> int:
+        """How many leading entries of `table` host row `row` already holds (see the module
+        docstring)."""
+        old, written = self._rows[row]
+        if len(table) >= written and (table is old or table[:written] == old[:written]):
+            return written
+        return 0
 
     def _validate(self, seqs: list[SeqSchedule], num_decodes: int, pad_to: int | None) -> None:
         n = len(seqs)
@@ -283,7 +298,8 @@ class KimiMetadataBuilder:
                     f"seqs[{i}].block_table: {len(table)} blocks of {self.block_size} do not "
                     f"hold {s.num_computed + s.num_new} tokens"
                 )
-            if table != self._rows[i] and (min(table) < 1 or max(table) >= self.num_blocks):
+            new = table[self._num_written(i, table) :]
+            if new and (min(new) < 1 or max(new) >= self.num_blocks):
                 raise ValueError(
                     f"seqs[{i}].block_table {table} has a block outside [1, {self.num_blocks})"
                 )

@@ -10,6 +10,7 @@ class ScheduledRequest:
     """One request's row group in a step: `num_new_tokens` tokens starting at position
     `num_computed_tokens`.
 
+    `block_table` is the KV cache manager's live list (see `KVCacheManager.get_block_table`).
     `is_decode`: exactly one token with some history already cached. `is_new_slot`: the KDA slot
     was just assigned (nothing computed yet), so its state must start at zero. `samples`: the chunk
     reaches the last known token, so the row's logits are sampled.
