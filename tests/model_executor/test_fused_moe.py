@@ -959,3 +959,26 @@ def test_grouped_prefill_matches_the_torch_glue_on_gpu(tokens):
     diff = (out.float() - before.float()).abs()
     assert (diff <= before.float().abs() * 2**-7 + terms * 2**-20).all()
     assert (out != before).float().mean() < 1e-3
+
+
+@pytest.mark.parametrize("impl", [moe_experts_triton, moe_experts_triton_grouped])
+def test_triton_rounds_each_slot_before_the_weighted_sum(impl):
+    """Exact integer GEMMs (any accumulation order) where the rounding points decide the answer:
+    slot 0 gives y = 257 (bf16: 256), slot 1 gives y = 1, weights 1 and 1. Rounding each slot's
+    y to bf16 before the fp32 sum, as the references do, gives 256 + 1 = 257 -> bf16 256; a kernel
+    that summed the unrounded fp32 values would give 258."""
+    hidden = inter = 16
+    x = torch.zeros(1, hidden, dtype=torch.bfloat16, device=DEVICE)
+    x[0, 0] = 1.0
+    w13 = torch.zeros(2, 2 * inter, hidden, dtype=torch.bfloat16, device=DEVICE)
+    w13[:, :2, 0] = 32.0  # gate 32 for columns 0 and 1: silu(32) == 32 in fp32
+    w13[:, inter, 0] = 1.0  # up: a = [32, 1, 0, ...]
+    w13[:, inter + 1, 0] = 1 / 32
+    w2 = torch.zeros(2, hidden, inter, dtype=torch.bfloat16, device=DEVICE)
+    w2[0, :, 0], w2[0, :, 1] = 8.0, 1.0  # y = 8 * 32 + 1 = 257
+    w2[1, :, 1] = 1.0  # y = 1
+    ids = torch.tensor([[0, 1]], device=DEVICE)
+    weights = torch.ones(1, 2, device=DEVICE)
+    expected = moe_experts_loop(x, w13, w2, weights, ids, SiluAndMul())
+    assert torch.equal(expected, torch.full_like(x, 256.0))
+    assert torch.equal(impl(x, w13, w2, weights, ids, SiluAndMul()), expected)
