@@ -50,6 +50,7 @@ INVALID = {
     "shared kda slot": ([seq(0, 2, [1], 2), seq(0, 2, [3], 2)], 0, None, "used by another"),
     "dummy block": ([seq(0, 2, [0], 1)], 0, None, "block outside \\[1, 10\\)"),
     "block past the cache": ([seq(0, 2, [10], 1)], 0, None, "block outside"),
+    "bad block before a good one": ([seq(0, 2, [10, 3], 1)], 0, None, "block outside"),
     "too few blocks": ([seq(2, 3, [1], 1)], 0, None, "do not hold 5 tokens"),
     "table too long": ([seq(0, 2, [1, 2, 3, 4], 1)], 0, None, "more than max_blocks_per_seq"),
     "padding a prefill": ([DECODE, seq(0, 2, [2], 2)], 1, 3, "only a decode-only batch"),
