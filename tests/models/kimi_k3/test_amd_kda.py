@@ -309,12 +309,12 @@ def test_already_normed_core_is_only_quantized(monkeypatch):
     gen = torch.Generator().manual_seed(4)
     core = torch.randn(3, HEADS, HEAD_DIM, generator=gen).to(torch.bfloat16)
     gate = torch.randn(3, HEADS, HEAD_DIM, generator=gen).to(torch.bfloat16)
+    assert layer.o_proj_is_ptpc_fp8()
     with torch.no_grad():
-        layer._epilogue(core, gate, normed=True)
+        layer._epilogue(core, gate, normed=True, quantize=True)
     assert counts.take() == {"o_norm": 0, "fused": 0, "quant": 1, "kernel_quant": 0}
-    monkeypatch.setattr(layer, "o_proj_is_ptpc_fp8", lambda: False)
-    with torch.no_grad():
-        layer._epilogue(core, gate, normed=True)
+    with torch.no_grad():  # fusion off: o_proj quantizes the normed core itself
+        layer._epilogue(core, gate, normed=True, quantize=False)
     assert counts.take() == {"o_norm": 0, "fused": 0, "quant": 0, "kernel_quant": 1}
 
 

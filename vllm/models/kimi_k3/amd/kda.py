@@ -204,7 +204,7 @@ class KimiK3DeltaAttention(torch.nn.Module):
         raw_g = self.f_b_proj(f_a)[0]
         quantize = self.o_proj_is_ptpc_fp8() and envs.VLLM_KIMI_K3_FUSED_OPROJ_EPILOGUE
         core, normed = self._core(mixed_qkv, raw_g, b, gate, metadata, pool, quantize)
-        return self._epilogue(core, gate, normed)
+        return self._epilogue(core, gate, normed, quantize)
 
     def _core(
         self, mixed_qkv, raw_g, b, gate, metadata: KDAMetadata, pool: KDAStatePool,
@@ -267,16 +267,17 @@ class KimiK3DeltaAttention(torch.nn.Module):
 
     def _epilogue(
         self, core: "torch.Tensor | tuple[torch.Tensor, torch.Tensor]", gate: torch.Tensor,
-        normed: bool,
+        normed: bool, quantize: bool,
     ) -> torch.Tensor:  # fmt: skip
-        """`o_proj` of the core: `[T, H, D]`, or the FP8 `(codes, scales)` of a normed core."""
+        """`o_proj` of the core: `[T, H, D]`, or the FP8 `(codes, scales)` of a normed core.
+        `quantize`: the forward's one decision that `o_proj` takes the fused PTPC epilogue."""
         tokens = gate.shape[0]
         width = self.local_heads * self.head_dim
         if isinstance(core, tuple):
             x = QuantizedActivation(
                 *core, gate.dtype, torch.Size([tokens, width]), kFp8DynamicTokenSym
             )
-        elif self.o_proj_is_ptpc_fp8() and envs.VLLM_KIMI_K3_FUSED_OPROJ_EPILOGUE:
+        elif quantize:
             if normed:
                 q, scale = per_token_fp8_quant(core.reshape(tokens, width))
             else:
