@@ -59,7 +59,7 @@ multiple of the weight tile, and SPLIT_K > 1 only when the N blocks alone give f
 programs per SM. ``USE_DOT`` swaps the broadcast-multiply-and-sum for ``tl.dot`` (weight as the
 wide operand, M padded to 16), whose time does not grow with M: the default above
 ``FP8_GEMV_MAX_M`` (FP8) / ``BF16_GEMV_MAX_M`` (bf16 / fp16) rows (``_dot_config``: BLOCK_N 128
-/ 64 channels, the MMA's 64-row side, 16 KB weight tiles, 4 stages, split-K up to two programs
+/ 64 channels, the MMA's 64-row side, 16 KB weight tiles, 4 stages, split-K up to one program
 per SM, fed to the same reduce kernel), and for fp32 weights at more than ``_FP32_DOT_MIN_M`` rows,
 where the FMA cost of one reduction per row and N block outgrows the weight read (the router's
 256 x 2304 fp32 gate at T = 64..256). ``block_m`` (rows per program; None:
@@ -326,9 +326,11 @@ def _block_m(config: GemvConfig, m: int) -> int:
 
 def auto_split_k(m: int, n: int, k: int, config: GemvConfig) -> int:
     """K splits for ``config`` (its own ``split_k`` aside) at ``[m, k] @ [n, k]^T``: the fewest
-    that give at least two programs per SM, each split keeping at least two K chunks."""
+    that give at least two programs per SM (one with ``tl.dot``, whose programs keep 64 KB of
+    loads in flight by their pipeline stages), each split keeping at least two K chunks."""
     programs = _cdiv(n, config.block_n) * _cdiv(m, _block_m(config, m))
-    return _split_k(programs, k, config.block_k, 2 * num_sms())
+    per_sm = 1 if config.use_dot else 2
+    return _split_k(programs, k, config.block_k, per_sm * num_sms())
 
 
 @cache
