@@ -92,6 +92,23 @@ def test_gemv_suggested_threshold_follows_the_crossover() -> None:
             row("a", 8, "gemv", 1), row("b", 8, "vendor", 9), row("b", 8, "gemv", 1)]  # fmt: skip
     assert benchmark_gemv.suggest_max_m(rows, "fp8") == 1  # shape b loses at M = 4
     assert benchmark_gemv.suggest_max_m(rows, "bf16") is None
+    # tl.dot from M = 4 on: it wins at M = 4 and 16, but shape b loses at M = 8.
+    rows += [row("a", 4, "dot", 4), row("b", 4, "dot", 4), row("a", 8, "dot", 2),
+             row("b", 8, "dot", 9), row("a", 16, "vendor", 9), row("a", 16, "dot", 1),
+             row("b", 16, "vendor", 9), row("b", 16, "dot", 1)]  # fmt: skip
+    assert benchmark_gemv.suggest_max_m(rows, "fp8", "dot", above=1) == 4
+    assert benchmark_gemv.suggest_max_m(rows, "fp8", "dot", above=8) == 16
+
+
+def test_gemv_dot_sweep_configs_parse() -> None:
+    import benchmark_gemv
+
+    configs = [benchmark_gemv.gemv_config(text) for text in benchmark_gemv.DOT_SWEEP]
+    assert all(cfg.use_dot and not cfg.fp8_mma for _, cfg in configs)
+    assert {cfg.split_k for _, cfg in configs} == {None, 1, 2, 4, 8}
+    label, cfg = benchmark_gemv.with_fp8_mma(*configs[-1])
+    assert label == "128,128,4,8,4,dot8,m64" and cfg.fp8_mma and cfg.block_m == 64
+    assert benchmark_gemv.gemv_config(label)[1] == cfg
 
 
 def test_gemv_bad_config_is_a_usage_error() -> None:

@@ -12,6 +12,8 @@ with the factor 2 in 2^-23 covering the first-order terms' products. A wrong sca
 a missed K chunk or row breaks it by orders of magnitude.
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -108,6 +110,89 @@ def test_fp8_gemv_matches_exact(triton_launches, config, m):
     assert out.dtype == torch.bfloat16
     assert_within_bound(out, a, w, b, a_scale, w_scale)
     assert triton_launches["_gemv_kernel"] == 1
+
+
+# tl.dot ("swap AB") under the interpreter: one and three K splits (the last one short), a K tail
+# (200 = 6 x 32 + 8), an N tail (37), one M block of 16 padded rows (M = 5) and two M blocks with
+# a one-row tail (M = 17, block_m 16), and the default block_m (32 at M = 17).
+DOT_CONFIGS = {
+    "dot": GemvConfig(block_n=16, block_k=32, use_dot=True, block_m=16),
+    "dot_split": GemvConfig(block_n=16, block_k=32, use_dot=True, split_k=3),
+}
+
+
+@pytest.mark.parametrize("config", list(DOT_CONFIGS))
+@pytest.mark.parametrize("m", [5, 17])
+@pytest.mark.parametrize("bias", [False, True])
+def test_bf16_dot_matches_exact(triton_launches, config, m, bias):
+    x, w, b = bf16_case(m, 37, 200, DEVICE, seed=40 + m, bias=bias)
+    out = gemv(x, w, b, config=DOT_CONFIGS[config])
+    assert_within_bound(out, x, w, b)
+    assert triton_launches["_gemv_kernel"] == 1
+    assert triton_launches["_gemv_split_reduce_kernel"] == (config == "dot_split")
+
+
+@pytest.mark.parametrize("fp8_mma", [False, True])
+@pytest.mark.parametrize("config", list(DOT_CONFIGS))
+@pytest.mark.parametrize("m", [5, 17])
+@pytest.mark.parametrize("bias", [False, True])
+def test_fp8_dot_matches_exact(triton_launches, fp8_mma, config, m, bias):
+    a, a_scale, w, w_scale, b = fp8_case(m, 37, 200, DEVICE, seed=50 + m, bias=bias)
+    cfg = replace(DOT_CONFIGS[config], fp8_mma=fp8_mma)
+    out = gemv_fp8(a, a_scale, w, w_scale, b, config=cfg)
+    assert out.dtype == torch.bfloat16
+    assert_within_bound(out, a, w, b, a_scale, w_scale)
+    assert triton_launches["_gemv_kernel"] == 1
+    assert triton_launches["_gemv_split_reduce_kernel"] == (config == "dot_split")
+
+
+@pytest.mark.parametrize("weight_bytes", [1, 2])
+def test_default_config_takes_dot_above_the_gemv_rows(monkeypatch, triton_launches, weight_bytes):
+    # One row more than the multiply-and-sum's range: the default config is tl.dot, and runs.
+    gemv_max = gemv_op.FP8_GEMV_MAX_M if weight_bytes == 1 else gemv_op.BF16_GEMV_MAX_M
+    assert not gemv_op.default_config(gemv_max, 37, 200, weight_bytes).use_dot
+    assert gemv_op.default_config(gemv_max + 1, 37, 200, weight_bytes).use_dot
+    if weight_bytes == 1:
+        a, a_scale, w, w_scale, b = fp8_case(gemv_max + 1, 37, 200, DEVICE, seed=60, bias=True)
+        assert_within_bound(gemv_fp8(a, a_scale, w, w_scale, b), a, w, b, a_scale, w_scale)
+    else:
+        x, w, b = bf16_case(gemv_max + 1, 37, 200, DEVICE, seed=61)
+        assert_within_bound(gemv(x, w, b), x, w, b)
+    assert triton_launches["_gemv_kernel"] == 1
+
+
+def test_dot_default_config_fills_the_h200(monkeypatch):
+    # o_proj (4096 -> 2304) and the q/k/v-sized weight on 132 SMs at M = 8..256: the MMA's
+    # 64-row side of channels per program, rows in blocks of 16..64, 16 KB weight tiles, and
+    # enough K splits for one program per SM wherever each split still keeps two K chunks.
+    monkeypatch.setattr(gemv_op, "num_sms", lambda: 132)
+    gemv_op.default_config.cache_clear()
+    try:
+        for weight_bytes, (k, n) in [(1, (4096, 2304)), (2, (4096, 2304)), (2, (2304, 12448))]:
+            for m in [8, 16, 32, 64, 128, 256]:
+                cfg = gemv_op.default_config(m, n, k, weight_bytes)
+                cfg.check()
+                assert cfg.use_dot and not cfg.fp8_mma
+                assert cfg.block_n * cfg.block_k * weight_bytes == 16384
+                block_m = min(64, max(16, m))
+                programs = -(-n // cfg.block_n) * -(-m // block_m) * cfg.split_k
+                assert programs >= 132 or k < 4 * cfg.split_k * cfg.block_k
+                assert cfg.split_k == 1 or k >= 2 * cfg.split_k * cfg.block_k
+        assert gemv_op.default_config(16, 2304, 4096, 1).split_k == 8  # 18 N blocks x 8
+    finally:
+        gemv_op.default_config.cache_clear()
+
+
+def test_fp8_mma_config_errors():
+    x, w, _ = bf16_case(2, 5, 64, "cpu", seed=62)
+    for config in (
+        GemvConfig(16, 64, fp8_mma=True),
+        GemvConfig(16, 16, use_dot=True, fp8_mma=True),
+    ):
+        with pytest.raises(ValueError, match="fp8_mma needs use_dot and block_k >= 32"):
+            gemv(x, w, config=config)
+    with pytest.raises(ValueError, match="split_k and num_stages must be >= 1"):
+        gemv(x, w, config=GemvConfig(16, 64, split_k=0))
 
 
 def test_more_rows_than_a_block_and_fp16(triton_launches):
@@ -292,6 +377,7 @@ GPU_CONFIGS = [
     GemvConfig(block_n=8, block_k=256, split_k=4, num_stages=1),
     GemvConfig(block_n=16, block_k=256, use_dot=True, num_stages=3),
     GemvConfig(block_n=64, block_k=128, num_warps=4, use_dot=True, num_stages=3),
+    GemvConfig(128, 128, split_k=None, use_dot=True, num_stages=4, fp8_mma=True),
 ]
 
 
@@ -325,8 +411,58 @@ def test_gpu_every_variant_compiles_and_is_exact(m, config):
     assert_within_bound(gemv(x, wb, b, config=cfg), x, wb, b)
 
 
+# The tl.dot path at o_proj size: the default config, then corners of the benchmark's
+# --dot-sweep (BLOCK_N 64 / 128, BLOCK_K 128 / 256, rows per program 16..64, split-K 1..16 / auto,
+# 4 / 8 warps, 3..5 stages), FP8 codes widened to bf16 or straight into the FP8 MMA.
+DOT_GPU_CONFIGS = [
+    None,
+    GemvConfig(128, 128, split_k=None, use_dot=True, num_stages=4, fp8_mma=True),
+    GemvConfig(128, 256, num_warps=8, split_k=None, use_dot=True, num_stages=3, block_m=64),
+    GemvConfig(64, 128, split_k=1, use_dot=True, num_stages=5, block_m=16, fp8_mma=True),
+    GemvConfig(64, 256, num_warps=8, split_k=8, use_dot=True, num_stages=3, block_m=32),
+]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [0, 1])
+@pytest.mark.parametrize("config", range(len(DOT_GPU_CONFIGS)))
+@pytest.mark.parametrize("m", [5, 8, 17, 64, 256])
+def test_gpu_dot_o_proj(m, config):
+    cfg = DOT_GPU_CONFIGS[config]
+    a, a_scale, w, w_scale, b = fp8_case(m, 2304, 4096, "cuda", seed=70 + m, bias=m == 17)
+    out = gemv_fp8(a, a_scale, w, w_scale, b, config=cfg)
+    assert_within_bound(out, a, w, b, a_scale, w_scale)
+    x, wb, b = bf16_case(m, 2304, 4096, "cuda", seed=80 + m, bias=m != 17)
+    assert_within_bound(gemv(x, wb, b, config=cfg), x, wb, b)
+    if cfg is None:
+        assert gemv_op.default_config(m, 2304, 4096, 1).use_dot
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [gemv_op.FP8_GEMV_MAX_M + 1, 64, 65])
+def test_gpu_rowwise_fp8_dot_dispatch(monkeypatch, triton_launches, m):
+    # With FP8_DOT_MAX_M = 64 the rows above the GEMV's up to 64 take the tl.dot path.
+    if not RowWiseTorchFP8ScaledMMLinearKernel.is_supported()[0]:
+        pytest.skip("rowwise _scaled_mm needs sm_89+")
+    monkeypatch.setattr(gemv_op, "FP8_DOT_MAX_M", 64)
+    a, a_scale, w, w_scale, _ = fp8_case(m, 256, 512, "cuda", seed=90)
+    out = rowwise_kernel(w).apply_scaled_mm(a, w.t(), torch.bfloat16, a_scale, w_scale, None)
+    assert triton_launches["_gemv_kernel"] == (m <= 64)
+    assert_within_bound(out, a, w, None, a_scale, w_scale)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [gemv_op.BF16_GEMV_MAX_M + 1, 32, 33])
+def test_gpu_bf16_dot_dispatch(monkeypatch, triton_launches, m):
+    monkeypatch.setattr(gemv_op, "BF16_DOT_MAX_M", 32)
+    layer = bf16_layer(256, 96, "cuda")
+    x = bf16_case(m, 1, 256, "cuda", seed=91)[0].reshape(m, 1, 256)
+    out = layer(x)[0]
+    assert triton_launches["_gemv_kernel"] == (m <= 32)
+    assert_within_bound(out.reshape(m, 96), x.reshape(m, 256), layer.weight, layer.bias)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [0, 1, 4])
 def test_gpu_cuda_graph_replay_equals_eager(config):
     cfg = GPU_CONFIGS[config]
     x, w, b = bf16_case(4, 2304, 4096, "cuda", seed=19)

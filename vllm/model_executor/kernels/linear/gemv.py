@@ -4,9 +4,14 @@ fp32 weights against bf16 / fp16 / fp32 activations (the MoE router's logits).
 
 At M <= 16 rows a dense linear is a read of its weight: the vendor GEMMs tile for the tensor
 cores and leave most of the HBM bandwidth unused at these sizes (cuBLAS bf16 ~40% of copy on
-Kimi-Linear's shapes at M = 1, rowwise `torch._scaled_mm` ~17%). Here every program owns BLOCK_N
-output channels and walks K in chunks of BLOCK_K, so each weight byte is loaded exactly once, as
-wide vector loads along the contiguous K, while the few activation rows come from L1 / L2.
+Kimi-Linear's shapes at M = 1, rowwise `torch._scaled_mm` ~17%, and still 13.4-13.7 us, ~16%,
+on o_proj at every M in 5..256). Here every program owns BLOCK_N output channels and walks K in
+chunks of BLOCK_K, so each weight byte is loaded exactly once, as wide vector loads along the
+contiguous K, while the few activation rows come from L1 / L2. Up to a few rows each row is a
+multiply-and-sum over the weight tile; above, the same loop runs the tile through the tensor
+cores ("swap AB": ``tl.dot`` of the [BLOCK_N, BLOCK_K] weight tile, the MMA's wide side, with
+the transposed [BLOCK_M, BLOCK_K] rows), so the time stays that of the weight read up to
+hundreds of rows.
 
 Ops (each with its torch reference beside it; CPU tensors use the reference unless
 ``TRITON_INTERPRET=1``):
@@ -37,7 +42,12 @@ same order: ``((acc * a_scale[m]) * w_scale[n] + bias[n])`` in fp32, one roundin
 dtype. Kernel and reference therefore differ only by fp32 rounding of the products and of the
 sums (at most about (K + 1) * 2^-24 * sum_k |x_k w_k| each off the exact sum) before the shared
 final rounding. Deterministic: no atomics; a split-K launch writes fp32 partials that a second
-kernel sums in a fixed order.
+kernel sums in a fixed order. ``tl.dot`` keeps this: bf16 / fp16 MMAs (FP8 codes are widened
+to bf16, exactly) give exact products summed in fp32. The exception is ``GemvConfig.fp8_mma``,
+FP8 codes straight into sm_90's FP8 MMA (half the MMA time): that tensor core sums its products
+in less than fp32 precision (DeepSeek-V3's report measured about 14 bits), so the kernel adds its
+partial sums into the fp32 accumulator every 32 products (Triton's ``max_num_imprecise_acc``),
+but the bound above is not guaranteed within those 32: no default config sets it.
 
 Launch shape (``GemvConfig``, ``default_config``): grid (M blocks, N blocks, SPLIT_K) with the M
 blocks of one N block adjacent in launch order, so that M > BLOCK_M re-reads a weight tile from
@@ -47,19 +57,24 @@ at BLOCK_N 4-16), 4 warps, Triton's default 3 pipeline stages; BLOCK_N grows wit
 activation rows each program re-reads from L2 (M * BLOCK_K per step) stay within a small
 multiple of the weight tile, and SPLIT_K > 1 only when the N blocks alone give fewer than two
 programs per SM. ``USE_DOT`` swaps the broadcast-multiply-and-sum for ``tl.dot`` (weight as the
-wide operand, M padded to 16): a variant for the benchmark's sweep, chosen by no default except
-for fp32 weights at more than ``_FP32_DOT_MIN_M`` rows, where the FMA cost of one reduction per row
-and N block outgrows the weight read (the router's 256 x 2304 fp32 gate at T = 64..256).
-``block_m`` (rows per program; None: ``min(16, next_power_of_2(M))``, 16 with ``tl.dot``; the fp32
-default with ``tl.dot`` takes up to 64) trades L2 re-reads of the weight for fewer programs.
-These are starting points measured by ``benchmarks/kernels/benchmark_gemv.py --configs`` and,
-for fp32 weights, ``benchmarks/kernels/benchmark_router.py --logits-configs``.
+wide operand, M padded to 16), whose time does not grow with M: the default above
+``FP8_GEMV_MAX_M`` (FP8) / ``BF16_GEMV_MAX_M`` (bf16 / fp16) rows (``_dot_config``: BLOCK_N 128
+/ 64 channels, the MMA's 64-row side, 16 KB weight tiles, 4 stages, split-K up to one program
+per SM, fed to the same reduce kernel), and for fp32 weights at more than ``_FP32_DOT_MIN_M`` rows,
+where the FMA cost of one reduction per row and N block outgrows the weight read (the router's
+256 x 2304 fp32 gate at T = 64..256). ``block_m`` (rows per program; None:
+``min(16, next_power_of_2(M))``, with ``tl.dot`` ``next_power_of_2(M)`` within 16..64) trades L2
+re-reads of the weight for fewer programs. These are starting points measured by
+``benchmarks/kernels/benchmark_gemv.py --configs`` / ``--dot-sweep`` and, for fp32 weights,
+``benchmarks/kernels/benchmark_router.py --logits-configs``.
 
 Dispatch into the layers (thresholds are module constants, tuned from that benchmark):
 ``UnquantizedLinearMethod`` (vllm/model_executor/layers/linear.py) calls ``gemv`` for CUDA bf16 /
-fp16 inputs of at most ``BF16_GEMV_MAX_M`` rows, and ``RowWiseTorchFP8ScaledMMLinearKernel``
-(scaled_mm/pytorch.py) calls ``gemv_fp8`` for at most ``FP8_GEMV_MAX_M`` rows, both only for weights
-of at most ``GEMV_MAX_WEIGHT_NUMEL`` elements; otherwise the vendor GEMM runs. The LM head
+fp16 inputs of at most ``max(BF16_GEMV_MAX_M, BF16_DOT_MAX_M)`` rows, and
+``RowWiseTorchFP8ScaledMMLinearKernel`` (scaled_mm/pytorch.py) calls ``gemv_fp8`` for at most
+``max(FP8_GEMV_MAX_M, FP8_DOT_MAX_M)`` rows, both only for weights of at most
+``GEMV_MAX_WEIGHT_NUMEL`` elements; otherwise the vendor GEMM runs. The ``*_DOT_MAX_M`` are 0
+(the ``tl.dot`` path off) until the H200 sweep sets them. The LM head
 (``ParallelLMHead.compute_logits``) keeps its own F.linear: cuBLAS already reads it at 96-100% of
 copy. NVIDIA only: on ROCm neither path selects it (the rowwise FP8 kernel is CUDA-only, and the
 bf16 dispatch asks ``current_platform.is_cuda()``); the kernel itself reads any FP8 flavour Triton
@@ -85,10 +100,13 @@ except ImportError:  # CPU-only installs without Triton use the torch references
     triton = None
 
 __all__ = [
+    "BF16_DOT_MAX_M",
     "BF16_GEMV_MAX_M",
+    "FP8_DOT_MAX_M",
     "FP8_GEMV_MAX_M",
     "GEMV_MAX_WEIGHT_NUMEL",
     "GemvConfig",
+    "auto_split_k",
     "default_config",
     "gemv",
     "gemv_fp32",
@@ -110,11 +128,17 @@ __all__ = [
 BF16_GEMV_MAX_M = 2
 FP8_GEMV_MAX_M = 4
 GEMV_MAX_WEIGHT_NUMEL = 16 * 2**20
+# Above those rows and up to these, the layers take the tl.dot ("swap AB") configs of
+# default_config instead of the vendor GEMM: 0 (off) until benchmark_gemv.py --dot-sweep has
+# measured them against cuBLAS / _scaled_mm on the H200.
+BF16_DOT_MAX_M = 0
+FP8_DOT_MAX_M = 0
 
 _FLOAT_DTYPES = (torch.bfloat16, torch.float16)
 _FP32_X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _MAX_BLOCK_M = 16  # rows per program; larger M takes more M blocks (the weight then from L2)
+_MAX_DOT_BLOCK_M = 64  # the same with tl.dot: a [BLOCK_N, 64] fp32 acc stays in registers
 _TILE_BYTES = 8192  # weight bytes per [BLOCK_N, BLOCK_K] step of the default configs
 _REDUCE_BLOCK = 1024  # outputs per program of the split-K reduction
 _FP32_DOT_MIN_M = 8  # fp32 weights: above this many rows the default config takes tl.dot
@@ -147,7 +171,7 @@ if triton is not None:
         M, N, K, stride_xm, stride_wn, stride_om, k_per_split,
         HAS_SCALES: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
         EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr,
+        BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, FP8_MMA: tl.constexpr,
     ):  # fmt: skip
         # Program (M block, N block, K split). PARTIAL: write fp32 sums to out_ptr's
         # [SPLIT_K, M, N] buffer for _gemv_split_reduce_kernel instead of the epilogue.
@@ -170,13 +194,19 @@ if triton is not None:
                 x_rows = x_ptr + tl.where(m_ok, m, 0).to(tl.int64)[:, None] * stride_xm
                 x_mask = m_ok[:, None] if EVEN_K else m_ok[:, None] & (k < K)[None, :]
                 x = tl.load(x_rows + k[None, :], mask=x_mask, other=0.0)
-                if w.dtype.is_fp8():  # e4m3 codes are exact in bf16, products exact in fp32
-                    w = w.to(tl.bfloat16)
-                    x = x.to(tl.bfloat16)
-                if w.dtype == tl.float32:  # IEEE products: TF32 would round the weight
-                    acc += tl.dot(w, tl.trans(x.to(tl.float32)), input_precision="ieee")
+                if FP8_MMA:
+                    # FP8 codes straight into the tensor cores. sm_90 sums FP8 products in less
+                    # than fp32: its partial sums join the fp32 acc every 32 products (one
+                    # wgmma's K), not once per loop (Triton's sm_90 default).
+                    acc = tl.dot(w, tl.trans(x), acc, max_num_imprecise_acc=32)
                 else:
-                    acc += tl.dot(w, tl.trans(x))
+                    if w.dtype.is_fp8():  # e4m3 codes are exact in bf16, products in fp32
+                        w = w.to(tl.bfloat16)
+                        x = x.to(tl.bfloat16)
+                    if w.dtype == tl.float32:  # IEEE products: TF32 would round the weight
+                        acc += tl.dot(w, tl.trans(x.to(tl.float32)), input_precision="ieee")
+                    else:
+                        acc += tl.dot(w, tl.trans(x))
             else:
                 # One row at a time: the weight tile is converted once and stays in registers,
                 # and no [BLOCK_M, BLOCK_N, BLOCK_K] product is ever live.
@@ -232,17 +262,20 @@ if triton is not None:
 @dataclass(frozen=True)
 class GemvConfig:
     """One launch shape: output channels per program, K chunk per step, warps, K splits
-    (1: no second kernel), ``tl.dot`` instead of multiply-and-sum, software-pipeline stages, rows
-    per program (None: ``min(16, next_power_of_2(M))``, 16 with ``tl.dot``). Powers of two except
-    ``split_k`` and ``num_stages``."""
+    (1: no second kernel; None: ``auto_split_k``), ``tl.dot`` instead of multiply-and-sum,
+    software-pipeline stages, rows per program (None: ``min(16, next_power_of_2(M))``, with
+    ``tl.dot`` ``next_power_of_2(M)`` within 16..64), and ``fp8_mma``: with ``tl.dot`` and FP8
+    weights, the FP8 codes go into the tensor cores as they are instead of widened to bf16 (see
+    the module docstring's numerics). Powers of two except ``split_k`` and ``num_stages``."""
 
     block_n: int
     block_k: int
     num_warps: int = 4
-    split_k: int = 1
+    split_k: int | None = 1
     use_dot: bool = False
     num_stages: int = 3  # Triton's CUDA default, which the routed-experts GEMV ran at
     block_m: int | None = None
+    fp8_mma: bool = False
 
     def check(self) -> None:
         """ValueError unless the config can be launched."""
@@ -252,9 +285,14 @@ class GemvConfig:
                 continue
             if value < 1 or value & (value - 1):
                 raise ValueError(f"{name} must be a positive power of two, got {value}")
-        if self.split_k < 1 or self.num_stages < 1:
+        if (self.split_k is not None and self.split_k < 1) or self.num_stages < 1:
             raise ValueError(
                 f"split_k and num_stages must be >= 1, got {self.split_k}, {self.num_stages}"
+            )
+        if self.fp8_mma and (not self.use_dot or self.block_k < 32):
+            raise ValueError(
+                f"fp8_mma needs use_dot and block_k >= 32 (one FP8 wgmma's K), got use_dot="
+                f"{self.use_dot}, block_k={self.block_k}"
             )
         if self.use_dot and (self.block_n < 16 or self.block_k < 16):
             raise ValueError(
@@ -269,22 +307,56 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _split_k(programs: int, k: int, block_k: int, min_programs: int) -> int:
+    """Doubles the K splits until ``programs`` times them reach ``min_programs``; each split
+    keeps at least two K chunks, so the reduction never outweighs the weight read."""
+    split_k = 1
+    while programs * split_k < min_programs and k >= 4 * split_k * block_k:
+        split_k *= 2
+    return split_k
+
+
+def _block_m(config: GemvConfig, m: int) -> int:
+    if config.block_m is not None:
+        return config.block_m
+    if config.use_dot:
+        return min(_MAX_DOT_BLOCK_M, max(16, next_power_of_2(m)))
+    return min(_MAX_BLOCK_M, next_power_of_2(m))
+
+
+def auto_split_k(m: int, n: int, k: int, config: GemvConfig) -> int:
+    """K splits for ``config`` (its own ``split_k`` aside) at ``[m, k] @ [n, k]^T``: the fewest
+    that give at least two programs per SM (one with ``tl.dot``, whose programs keep 64 KB of
+    loads in flight by their pipeline stages), each split keeping at least two K chunks."""
+    programs = _cdiv(n, config.block_n) * _cdiv(m, _block_m(config, m))
+    per_sm = 1 if config.use_dot else 2
+    return _split_k(programs, k, config.block_k, per_sm * num_sms())
+
+
 @cache
 def default_config(m: int, n: int, k: int, weight_bytes: int) -> GemvConfig:
     """The launch shape for ``[m, k] @ [n, k]^T`` with ``weight_bytes`` per weight element
     (module docstring: ~8 KB weight tile per step, BLOCK_N grown with M, split-K only when the
-    N blocks give fewer than two programs per SM; fp32 weights: ``_fp32_config``)."""
+    N blocks give fewer than two programs per SM; above ``FP8_GEMV_MAX_M`` (FP8) /
+    ``BF16_GEMV_MAX_M`` rows: ``_dot_config``; fp32 weights: ``_fp32_config``)."""
     if weight_bytes == 4:
         return _fp32_config(m, n, k)
+    if m > (FP8_GEMV_MAX_M if weight_bytes == 1 else BF16_GEMV_MAX_M):
+        return _dot_config(m, n, k, weight_bytes)
     block_n = 4 if m <= 2 else 8 if m <= 8 else 16
     block_k = max(64, min(1024, _TILE_BYTES // (block_n * weight_bytes), next_power_of_2(k)))
-    sms = num_sms()
-    programs = _cdiv(n, block_n) * _cdiv(m, _MAX_BLOCK_M)
-    split_k = 1
-    # Each split keeps at least two K chunks, so the reduction never outweighs the weight read.
-    while programs * split_k < 2 * sms and k >= 4 * split_k * block_k:
-        split_k *= 2
-    return GemvConfig(block_n, block_k, num_warps=4, split_k=split_k)
+    config = GemvConfig(block_n, block_k, num_warps=4)
+    return replace(config, split_k=auto_split_k(m, n, k, config))
+
+
+def _dot_config(m: int, n: int, k: int, weight_bytes: int) -> GemvConfig:
+    # Swap AB: the weight fills the MMA's 64-row side (BLOCK_N 64 / 128 channels), the rows its
+    # narrow side. A 16 KB [BLOCK_N, 128] weight tile per step and 4 stages: 64 KB of weight
+    # loads in flight per program. FP8 codes are widened to bf16 (fp8_mma off): the documented
+    # error bound holds, at twice the MMA time of FP8 MMAs (the benchmark's sweep weighs it).
+    block_n = 128 if weight_bytes == 1 else 64
+    config = GemvConfig(block_n, 128, num_warps=4, use_dot=True, num_stages=4)
+    return replace(config, split_k=auto_split_k(m, n, k, config))
 
 
 def _fp32_config(m: int, n: int, k: int) -> GemvConfig:
@@ -298,21 +370,25 @@ def _fp32_config(m: int, n: int, k: int) -> GemvConfig:
         block_n, block_k, use_dot = 16, 64, True
         block_m = max(16, min(64, next_power_of_2(m)))
     programs = _cdiv(n, block_n) * _cdiv(m, block_m or _MAX_BLOCK_M)
-    split_k = 1
-    while programs * split_k < num_sms() and k >= 4 * split_k * block_k:
-        split_k *= 2
+    split_k = _split_k(programs, k, block_k, num_sms())
     return GemvConfig(block_n, block_k, split_k=split_k, use_dot=use_dot, block_m=block_m)
 
 
 @cache
 def _launch_specs(
-    config: GemvConfig, block_m: int, has_scales: bool, has_bias: bool, even_k: bool
+    config: GemvConfig,
+    block_m: int,
+    has_scales: bool,
+    has_bias: bool,
+    even_k: bool,
+    fp8_mma: bool,
 ) -> tuple[LaunchSpec, LaunchSpec | None]:
     """Cached ``LaunchSpec`` s (they hold the compiled kernels) of the main and reduce kernels."""
     main = LaunchSpec(
         HAS_SCALES=has_scales, HAS_BIAS=has_bias, PARTIAL=config.split_k > 1, EVEN_K=even_k,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        USE_DOT=config.use_dot, num_warps=config.num_warps, num_stages=config.num_stages,
+        USE_DOT=config.use_dot, FP8_MMA=fp8_mma, num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )  # fmt: skip
     if config.split_k == 1:
         return main, None
@@ -338,10 +414,9 @@ def _launch(
         config = default_config(m, n, k, weight.element_size())
     else:
         config.check()
-    if config.block_m is not None:
-        block_m = config.block_m
-    else:
-        block_m = _MAX_BLOCK_M if config.use_dot else min(_MAX_BLOCK_M, next_power_of_2(m))
+    if config.split_k is None:
+        config = replace(config, split_k=auto_split_k(m, n, k, config))
+    block_m = _block_m(config, m)
     # Whole K chunks in every split: the split's last chunk ends on its boundary.
     k_per_split = _cdiv(_cdiv(k, config.split_k), config.block_k) * config.block_k
     split_k = _cdiv(k, k_per_split)
@@ -349,7 +424,8 @@ def _launch(
         config = replace(config, split_k=split_k)
     has_scales = x_scale is not None
     even_k = k % config.block_k == 0 and k_per_split * split_k == k
-    main, reduce = _launch_specs(config, block_m, has_scales, bias is not None, even_k)
+    fp8_mma = config.fp8_mma and weight.dtype in supported_fp8_dtypes()
+    main, reduce = _launch_specs(config, block_m, has_scales, bias is not None, even_k, fp8_mma)
     # Unused pointer arguments get `out`: a valid tensor the constexpr flags never let be read.
     xs = x_scale if has_scales else out
     ws = w_scale if has_scales else out
@@ -534,13 +610,14 @@ def gemv_fp8(
 
 def use_fp8_gemv(m: int, weight: torch.Tensor) -> bool:
     """Whether the rowwise FP8 kernel sends ``m`` rows against ``weight`` to ``gemv_fp8``."""
-    return 0 < m <= FP8_GEMV_MAX_M and weight.numel() <= GEMV_MAX_WEIGHT_NUMEL
+    max_m = max(FP8_GEMV_MAX_M, FP8_DOT_MAX_M)
+    return 0 < m <= max_m and weight.numel() <= GEMV_MAX_WEIGHT_NUMEL
 
 
 def use_bf16_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether ``UnquantizedLinearMethod`` sends ``x`` (any leading dims) to ``gemv``: an NVIDIA
-    GPU, bf16 / fp16 x and weight of one dtype, unit stride on K, 1..``BF16_GEMV_MAX_M`` rows, a
-    weight of at most ``GEMV_MAX_WEIGHT_NUMEL`` elements."""
+    GPU, bf16 / fp16 x and weight of one dtype, unit stride on K, 1..``BF16_GEMV_MAX_M`` rows (or
+    ``BF16_DOT_MAX_M``, if more), a weight of at most ``GEMV_MAX_WEIGHT_NUMEL`` elements."""
     k = weight.shape[-1]
     return (
         weight.numel() <= GEMV_MAX_WEIGHT_NUMEL
@@ -551,7 +628,7 @@ def use_bf16_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and x.dim() >= 1
         and x.shape[-1] == k
         and k > 0
-        and 0 < x.numel() <= BF16_GEMV_MAX_M * k
+        and 0 < x.numel() <= max(BF16_GEMV_MAX_M, BF16_DOT_MAX_M) * k
         and x.stride(-1) == 1
         and weight.stride(-1) == 1
     )
