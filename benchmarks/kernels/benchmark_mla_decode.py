@@ -130,11 +130,13 @@ def dry_run(block_size: int) -> int:
     )
     for config in configs:
         results[name(config)] = launch_mla_decode(**case, config=config)
+    # Relative to the output's magnitude: bf16 rounds the probabilities and the output (2^-9 each).
     err = max((got.float() - ref.float()).abs().max().item() for got in results.values())
+    err /= ref.float().abs().max().item()
     path = "Triton" if use_triton(torch.device(device)) else "the torch reference"
     print(
         f"dry run on {device} via {path}: batch 2, ctx {ctx}, {', '.join(results)}: "
-        f"max |diff| {err:.2e}"
+        f"max |diff| / max |ref| {err:.2e}"
     )
     return 0 if err < 2**-7 else 1
 
@@ -143,6 +145,7 @@ def sweep_case(
     batch: int, ctx: int, args, copy: float, sms: int, smem: int
 ) -> list[dict[str, object]]:
     from benchmark_rmsnorm_gated_fp8_per_token import time_graph
+    from triton.runtime.errors import OutOfResources
 
     cache_bytes = batch * ctx * (LATENT + ROPE) * 2
     copies = max(1, min(-(-ROTATE_BYTES // cache_bytes), 64))
@@ -163,7 +166,11 @@ def sweep_case(
         def call(config=config, cycle=cycle):
             return launch_mla_decode(**dict(case, block_tables=next(cycle)), config=config)
 
-        us = time_graph(call, calls, reps=reps)
+        try:
+            us = time_graph(call, calls, reps=reps)
+        except OutOfResources as error:  # raised by the eager warm-up, before any capture
+            print(f"      {name(config)}: skipped, {error}", flush=True)
+            continue
         gbps = cache_bytes / us / 1e3
         rows.append(dict(
             batch=batch, ctx=ctx, block_size=args.block_size, config=name(config),

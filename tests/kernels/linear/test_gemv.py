@@ -163,8 +163,9 @@ def test_default_config_takes_dot_above_the_gemv_rows(monkeypatch, triton_launch
 
 def test_dot_default_config_fills_the_h200(monkeypatch):
     # o_proj (4096 -> 2304) and the q/k/v-sized weight on 132 SMs at M = 8..256: the MMA's
-    # 64-row side of channels per program, rows in blocks of 16..64, 16 KB weight tiles, and
-    # enough K splits for one program per SM wherever each split still keeps two K chunks.
+    # 64-row side of channels per program, rows in blocks of 16..64, [64, 128] weight tiles (FP8
+    # into the FP8 MMA), and enough K splits for one program per SM wherever each split still
+    # keeps two K chunks.
     monkeypatch.setattr(gemv_op, "num_sms", lambda: 132)
     gemv_op.default_config.cache_clear()
     try:
@@ -172,13 +173,13 @@ def test_dot_default_config_fills_the_h200(monkeypatch):
             for m in [8, 16, 32, 64, 128, 256]:
                 cfg = gemv_op.default_config(m, n, k, weight_bytes)
                 cfg.check()
-                assert cfg.use_dot and not cfg.fp8_mma
-                assert cfg.block_n * cfg.block_k * weight_bytes == 16384
+                assert cfg.use_dot and cfg.fp8_mma == (weight_bytes == 1)
+                assert (cfg.block_n, cfg.block_k) == (64, 128)
                 block_m = min(64, max(16, m))
                 programs = -(-n // cfg.block_n) * -(-m // block_m) * cfg.split_k
                 assert programs >= 132 or k < 4 * cfg.split_k * cfg.block_k
                 assert cfg.split_k == 1 or k >= 2 * cfg.split_k * cfg.block_k
-        assert gemv_op.default_config(16, 2304, 4096, 1).split_k == 8  # 18 N blocks x 8
+        assert gemv_op.default_config(16, 2304, 4096, 1).split_k == 4  # 36 N blocks x 4
     finally:
         gemv_op.default_config.cache_clear()
 
@@ -350,14 +351,17 @@ def test_gpu_bf16_layer_dispatch_by_m(triton_launches, m):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, gemv_op.FP8_GEMV_MAX_M, gemv_op.FP8_GEMV_MAX_M + 1])
+@pytest.mark.parametrize(
+    "m", [1, gemv_op.FP8_GEMV_MAX_M + 1, gemv_op.FP8_DOT_MAX_M, gemv_op.FP8_DOT_MAX_M + 1]
+)
 def test_gpu_rowwise_fp8_dispatch_by_m(triton_launches, m):
     if not RowWiseTorchFP8ScaledMMLinearKernel.is_supported()[0]:
         pytest.skip("rowwise _scaled_mm needs sm_89+")
     a, a_scale, w, w_scale, _ = fp8_case(m, 256, 512, "cuda", seed=18)
     out = rowwise_kernel(w).apply_scaled_mm(a, w.t(), torch.bfloat16, a_scale, w_scale, None)
-    assert triton_launches["_gemv_kernel"] == (m <= gemv_op.FP8_GEMV_MAX_M)
-    if m <= gemv_op.FP8_GEMV_MAX_M:
+    triton_max = max(gemv_op.FP8_GEMV_MAX_M, gemv_op.FP8_DOT_MAX_M)
+    assert triton_launches["_gemv_kernel"] == (m <= triton_max)
+    if m <= triton_max:
         assert_within_bound(out, a, w, None, a_scale, w_scale)
     else:  # the vendor GEMM, exactly (its accumulation is cuBLASLt's, not the GEMV's bound)
         vendor = torch._scaled_mm(
@@ -417,7 +421,7 @@ def test_gpu_every_variant_compiles_and_is_exact(m, config):
 DOT_GPU_CONFIGS = [
     None,
     GemvConfig(128, 128, split_k=None, use_dot=True, num_stages=4, fp8_mma=True),
-    GemvConfig(128, 256, num_warps=8, split_k=None, use_dot=True, num_stages=3, block_m=64),
+    GemvConfig(128, 256, num_warps=8, split_k=None, use_dot=True, num_stages=2, block_m=64),
     GemvConfig(64, 128, split_k=1, use_dot=True, num_stages=5, block_m=16, fp8_mma=True),
     GemvConfig(64, 256, num_warps=8, split_k=8, use_dot=True, num_stages=3, block_m=32),
 ]
@@ -435,6 +439,23 @@ def test_gpu_dot_o_proj(m, config):
     assert_within_bound(gemv(x, wb, b, config=cfg), x, wb, b)
     if cfg is None:
         assert gemv_op.default_config(m, 2304, 4096, 1).use_dot
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [8, 64])
+def test_gpu_fp8_mma_exact_on_small_integer_codes(m):
+    # Codes in [-4, 4] and power-of-two scales: every product and every partial sum is an exact
+    # small integer (|sum| <= 16 * 4096), whatever the FP8 MMA's accumulation precision, so the
+    # default FP8 tl.dot path must equal the exact reference bit for bit at o_proj size.
+    gen = torch.Generator(device="cuda").manual_seed(m)
+    a = torch.randint(-4, 5, (m, 4096), generator=gen, device="cuda").to(FP8)
+    w = torch.randint(-4, 5, (2304, 4096), generator=gen, device="cuda").to(FP8)
+    a_scale = torch.full((m, 1), 0.5, device="cuda")
+    w_scale = 2.0 ** torch.randint(-3, 1, (2304, 1), generator=gen, device="cuda").float()
+    assert gemv_op.default_config(m, 2304, 4096, 1).fp8_mma
+    out = gemv_fp8(a, a_scale, w, w_scale)
+    exact = (a.double() @ w.double().t()) * a_scale.double() * w_scale.double().t()
+    torch.testing.assert_close(out, exact.to(torch.bfloat16), rtol=0, atol=0)
 
 
 @pytest.mark.gpu

@@ -44,29 +44,31 @@ sums (at most about (K + 1) * 2^-24 * sum_k |x_k w_k| each off the exact sum) be
 final rounding. Deterministic: no atomics; a split-K launch writes fp32 partials that a second
 kernel sums in a fixed order. ``tl.dot`` keeps this: bf16 / fp16 MMAs (FP8 codes are widened
 to bf16, exactly) give exact products summed in fp32. The exception is ``GemvConfig.fp8_mma``,
-FP8 codes straight into sm_90's FP8 MMA (half the MMA time): that tensor core sums its products
-in less than fp32 precision (DeepSeek-V3's report measured about 14 bits), so the kernel adds its
-partial sums into the fp32 accumulator every 32 products (Triton's ``max_num_imprecise_acc``),
-but the bound above is not guaranteed within those 32: no default config sets it.
+FP8 codes straight into sm_90's FP8 MMA, the FP8 default of ``_dot_config``: that tensor core
+sums its products in less than fp32 precision (NVIDIA documents no figure; DeepSeek-V3's report
+measured about 14 bits), so the kernel adds its partial sums into the fp32 accumulator every 32
+products (Triton's ``max_num_imprecise_acc``, the finest promotion there is), as the vendor FP8
+GEMM it replaces (rowwise ``_scaled_mm``) runs on the same MMA. Within those 32 products the bound
+above is not guaranteed; on the H200 the GPU tests' random o_proj-sized cases stay within it, and
+products of small integer codes (exact in any order) come out exact.
 
 Launch shape (``GemvConfig``, ``default_config``): grid (M blocks, N blocks, SPLIT_K) with the M
-blocks of one N block adjacent in launch order, so that M > BLOCK_M re-reads a weight tile from
-L2. The defaults aim at tens of KB of weight loads in flight per SM, the amount HBM latency
-needs on an H200 (132 SMs): a [BLOCK_N, BLOCK_K] tile of about 8 KB per step (BLOCK_K 256-1024
-at BLOCK_N 4-16), 4 warps, Triton's default 3 pipeline stages; BLOCK_N grows with M so that the
-activation rows each program re-reads from L2 (M * BLOCK_K per step) stay within a small
-multiple of the weight tile, and SPLIT_K > 1 only when the N blocks alone give fewer than two
-programs per SM. ``USE_DOT`` swaps the broadcast-multiply-and-sum for ``tl.dot`` (weight as the
-wide operand, M padded to 16), whose time does not grow with M: the default above
-``FP8_GEMV_MAX_M`` (FP8) / ``BF16_GEMV_MAX_M`` (bf16 / fp16) rows (``_dot_config``: BLOCK_N 128
-/ 64 channels, the MMA's 64-row side, 16 KB weight tiles, 4 stages, split-K up to one program
-per SM, fed to the same reduce kernel), and for fp32 weights at more than ``_FP32_DOT_MIN_M`` rows,
-where the FMA cost of one reduction per row and N block outgrows the weight read (the router's
-256 x 2304 fp32 gate at T = 64..256). ``block_m`` (rows per program; None:
-``min(16, next_power_of_2(M))``, with ``tl.dot`` ``next_power_of_2(M)`` within 16..64) trades L2
-re-reads of the weight for fewer programs. These are starting points measured by
-``benchmarks/kernels/benchmark_gemv.py --configs`` / ``--dot-sweep`` and, for fp32 weights,
-``benchmarks/kernels/benchmark_router.py --logits-configs``.
+blocks of one N block adjacent in launch order, so that M > BLOCK_M re-reads a weight tile from L2.
+The defaults aim at tens of KB of weight loads in flight per SM, the amount HBM latency needs on an
+H200 (132 SMs): a [BLOCK_N, BLOCK_K] tile of about 8 KB per step (BLOCK_K 256-1024 at BLOCK_N 4-16),
+4 warps, Triton's default 3 pipeline stages; BLOCK_N grows with M so that the activation rows each
+program re-reads from L2 (M * BLOCK_K per step) stay within a small multiple of the weight tile, and
+SPLIT_K > 1 only when the N blocks alone give fewer than two programs per SM. ``USE_DOT`` swaps the
+broadcast-multiply-and-sum for ``tl.dot`` (weight as the wide operand, M padded to 16), whose time
+grows slowly with M: the default above ``FP8_GEMV_MAX_M`` (FP8) / ``BF16_GEMV_MAX_M`` (bf16 / fp16)
+rows (``_dot_config``: BLOCK_N 64 channels, the MMA's 64-row side, [64, 128] weight tiles, 4 stages,
+split-K up to one program per SM, fed to the same reduce kernel; FP8 MMAs for FP8 weights), and for
+fp32 weights at more than ``_FP32_DOT_MIN_M`` rows, where the FMA cost of one reduction per row and
+N block outgrows the weight read (the router's 256 x 2304 fp32 gate at T = 64..256). ``block_m``
+(rows per program; None: ``min(16, next_power_of_2(M))``, with ``tl.dot`` ``next_power_of_2(M)``
+within 16..64) trades L2 re-reads of the weight for fewer programs. These are starting points
+measured by ``benchmarks/kernels/benchmark_gemv.py --configs`` / ``--dot-sweep`` and, for fp32
+weights, ``benchmarks/kernels/benchmark_router.py --logits-configs``.
 
 Dispatch into the layers (thresholds are module constants, tuned from that benchmark):
 ``UnquantizedLinearMethod`` (vllm/model_executor/layers/linear.py) calls ``gemv`` for CUDA bf16 /
@@ -122,17 +124,19 @@ __all__ = [
 # a weight of at most GEMV_MAX_WEIGHT_NUMEL elements; anything else runs the vendor GEMM
 # (F.linear / rowwise torch._scaled_mm). From benchmarks/kernels/benchmark_gemv.py on the H200
 # (docs/performance.md, 2026-12-01): the GEMV's time grows with M (each row is its own pass over
-# the weight tile), so it wins only at M <= 2 (bf16) / M <= 4 (FP8, against a _scaled_mm that
-# reads o_proj at ~17% of HBM); cuBLAS already reads the q/k/v-sized (28.7M) and LM-head weights
-# at 76-100% at M = 1, so the large weights stay with it.
+# the weight tile), so it wins only at M <= 2 (bf16 and FP8; at M = 4 the FP8 tl.dot path below
+# takes o_proj in 7.6 us against the GEMV's 12.2 and _scaled_mm's 13.6); cuBLAS already reads the
+# q/k/v-sized (28.7M) and LM-head weights at 76-100% at M = 1, so the large weights stay with it.
 BF16_GEMV_MAX_M = 2
-FP8_GEMV_MAX_M = 4
+FP8_GEMV_MAX_M = 2
 GEMV_MAX_WEIGHT_NUMEL = 16 * 2**20
 # Above those rows and up to these, the layers take the tl.dot ("swap AB") configs of
-# default_config instead of the vendor GEMM: 0 (off) until benchmark_gemv.py --dot-sweep has
-# measured them against cuBLAS / _scaled_mm on the H200.
+# default_config instead of the vendor GEMM. benchmark_gemv.py --dot-sweep on the H200
+# (2026-12-01, docs/performance.md): FP8 o_proj 7.4-9.7 us at M = 4-64 and 13.0 at 128 against
+# _scaled_mm's 13.6-14.1 (1.8x to 1.07x), slower at 256; bf16 within 10% of cuBLAS either way
+# (o_proj faster, MLA q_proj slower), so bf16 stays with cuBLAS.
 BF16_DOT_MAX_M = 0
-FP8_DOT_MAX_M = 0
+FP8_DOT_MAX_M = 128
 
 _FLOAT_DTYPES = (torch.bfloat16, torch.float16)
 _FP32_X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -350,12 +354,11 @@ def default_config(m: int, n: int, k: int, weight_bytes: int) -> GemvConfig:
 
 
 def _dot_config(m: int, n: int, k: int, weight_bytes: int) -> GemvConfig:
-    # Swap AB: the weight fills the MMA's 64-row side (BLOCK_N 64 / 128 channels), the rows its
-    # narrow side. A 16 KB [BLOCK_N, 128] weight tile per step and 4 stages: 64 KB of weight
-    # loads in flight per program. FP8 codes are widened to bf16 (fp8_mma off): the documented
-    # error bound holds, at twice the MMA time of FP8 MMAs (the benchmark's sweep weighs it).
-    block_n = 128 if weight_bytes == 1 else 64
-    config = GemvConfig(block_n, 128, num_warps=4, use_dot=True, num_stages=4)
+    # Swap AB: the weight fills the MMA's 64-row side, the rows its narrow side; [64, 128]
+    # weight tiles, 4 stages. FP8 codes go into the FP8 MMA: widened to bf16 they took 12.5-28 us
+    # on o_proj at M = 4-128 against 7.6-13.4 (the conversion, not the read, bounds it).
+    fp8 = weight_bytes == 1
+    config = GemvConfig(64, 128, num_warps=4, use_dot=True, num_stages=4, fp8_mma=fp8)
     return replace(config, split_k=auto_split_k(m, n, k, config))
 
 
