@@ -55,10 +55,8 @@ CONTEXTS = [8192, 32768]
 #   h32n64w8s2  208 regs, 112 KiB, 1 per SM, single-buffered
 #   h16n32w8s5  128 regs,  92 KiB, 2 per SM, double-buffered; two head blocks read the cache
 #   h16n16w8s5  122 regs,  55 KiB, 2 per SM, double-buffered; (the second one mostly from L2)
-# A trailing "t": the tokens-on-M form (`swap_ab`), untuned so far.
 KERNEL_CONFIGS = ["32,32,8,2", "32,16,8,2", "32,32,8,5", "32,32,8,7", "32,64,8,5", "32,64,8,2",
-                  "16,32,8,5", "16,16,8,5", "32,64,4,3t", "32,64,8,3t", "32,64,4,4t", "32,64,8,5t",
-                  "32,128,8,3t", "32,128,4,2t"]  # fmt: skip
+                  "16,32,8,5", "16,16,8,5"]  # fmt: skip
 PROGRAMS_PER_SM = [1, 2, 4]
 MAX_SWEEP_SPLITS = 512
 ROTATE_BYTES = 256 * 2**20
@@ -90,17 +88,18 @@ def make_case(batch: int, ctx: int, block_size: int, device: str, dtype: torch.d
 
 def name(config: MlaDecodeConfig) -> str:
     c = config
-    swap = "t" if c.swap_ab else ""
-    return f"h{c.block_h}n{c.block_n}w{c.num_warps}s{c.num_stages}{swap} x{c.num_splits}"
+    return f"h{c.block_h}n{c.block_n}w{c.num_warps}s{c.num_stages} x{c.num_splits}"
 
 
-def parse_kernel_config(text: str) -> tuple[int, int, int, int, bool]:
-    """`block_h,block_n,num_warps,num_stages`, with a trailing `t` for the swapped form."""
-    swap = text.endswith("t")
-    values = [int(v) for v in text.removesuffix("t").split(",")]
+def parse_kernel_config(text: str) -> tuple[int, int, int, int]:
+    """`block_h,block_n,num_warps,num_stages`."""
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        values = ()
     if len(values) != 4:
-        raise ValueError(f"kernel config {text!r} must be block_h,block_n,num_warps,num_stages[t]")
-    return (*values, swap)
+        raise ValueError(f"kernel config {text!r} must be block_h,block_n,num_warps,num_stages")
+    return values
 
 
 def split_candidates(batch: int, ctx: int, block_h: int, block_n: int, sms: int) -> list[int]:
@@ -122,13 +121,8 @@ def dry_run(block_size: int) -> int:
     case, _ = make_case(2, ctx, block_size, device, dtype, seed=0)
     ref = mla_decode_paged_ref(**case)
     results = {"default": mla_decode_paged(**case)}
-    configs = (
-        MlaDecodeConfig(1, 32, 32, 8, 2),
-        MlaDecodeConfig(5, 32, 16, 8, 5),
-        MlaDecodeConfig(3, 16, 64, 4, 2),
-        MlaDecodeConfig(3, 32, 64, 4, 2, swap_ab=True),
-    )
-    for config in configs:
+    for config in (MlaDecodeConfig(1, 32, 32, 8, 2), MlaDecodeConfig(5, 32, 16, 8, 5),
+                   MlaDecodeConfig(3, 16, 64, 4, 2)):  # fmt: skip
         results[name(config)] = launch_mla_decode(**case, config=config)
     # Relative to the output's magnitude: bf16 rounds the probabilities and the output (2^-9 each).
     err = max((got.float() - ref.float()).abs().max().item() for got in results.values())
@@ -153,9 +147,9 @@ def sweep_case(
     capacity = case["block_tables"].shape[1] * args.block_size
     heuristic = mla_decode_config(batch, HEADS, LATENT, capacity, sms, smem)
     configs = {heuristic}
-    for block_h, block_n, warps, stages, swap in args.kernel_configs:
+    for block_h, block_n, warps, stages in args.kernel_configs:
         for splits in split_candidates(batch, ctx, block_h, block_n, sms):
-            configs.add(MlaDecodeConfig(splits, block_h, block_n, warps, stages, swap))
+            configs.add(MlaDecodeConfig(splits, block_h, block_n, warps, stages))
     # Large caches take long per call: fewer calls per graph, so the sweep stays short.
     calls = max(copies, args.graph_calls if cache_bytes < 64 * 2**20 else 2)
     reps = args.reps if cache_bytes < 64 * 2**20 else 5
@@ -175,7 +169,7 @@ def sweep_case(
         rows.append(dict(
             batch=batch, ctx=ctx, block_size=args.block_size, config=name(config),
             block_h=config.block_h, block_n=config.block_n, num_warps=config.num_warps,
-            num_stages=config.num_stages, swap_ab=config.swap_ab, num_splits=config.num_splits,
+            num_stages=config.num_stages, num_splits=config.num_splits,
             heuristic=config == heuristic, us=round(us, 2), gbps=round(gbps, 1),
             pct_copy=round(100 * gbps / copy, 1), cache_mib=round(cache_bytes / 2**20, 1),
             copy_gbps=round(copy, 1), ref_us=None,
@@ -223,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-size", type=int, default=64, help="tokens per cache block")
     parser.add_argument(
         "--configs", nargs="+", default=KERNEL_CONFIGS, dest="kernel_configs",
-        help="kernel configs to sweep, block_h,block_n,num_warps,num_stages[t]",
+        help="kernel configs to sweep, block_h,block_n,num_warps,num_stages",
     )  # fmt: skip
     parser.add_argument("--graph-calls", type=int, default=20, help="calls per captured graph")
     parser.add_argument("--reps", type=int, default=10, help="graph replays per timing")

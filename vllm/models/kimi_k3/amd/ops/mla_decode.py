@@ -75,7 +75,7 @@ if triton is not None:
         heads, qk_scale_log2,
         L: tl.constexpr, R: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr,
         BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
-        DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr, SWAP_AB: tl.constexpr,
+        DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
     ):  # fmt: skip
         # Head blocks vary fastest in launch order: the programs that read the same cache tiles
         # for different heads run at the same time, and the later ones find the tiles in L2.
@@ -108,12 +108,7 @@ if triton is not None:
 
         m = tl.full([BLOCK_H], float("-inf"), tl.float32)
         denom = tl.zeros([BLOCK_H], tl.float32)
-        if SWAP_AB:
-            q_t = tl.trans(q)
-            q_pe_t = tl.trans(q_pe)
-            acc = tl.zeros([BLOCK_L, BLOCK_H], tl.float32)
-        else:
-            acc = tl.zeros([BLOCK_H, BLOCK_L], tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_L], tl.float32)
         bt_row = bt_ptr + n * stride_btn
         for start in range(lo, hi, BLOCK_N):
             pos = start + tl.arange(0, BLOCK_N)
@@ -128,33 +123,17 @@ if triton is not None:
                 kv_ptr + rows[:, None] + L + col_r[None, :],
                 mask=ok[:, None] & r_ok[None, :], other=0.0,
             )  # fmt: skip
-            if SWAP_AB:
-                # Tokens on the dot's M side (64 or more rows: Hopper's warpgroup MMA), heads on
-                # its N side; the running max, sum and output are kept transposed.
-                scores = tl.dot(c, q_t, input_precision=DOT_PRECISION)
-                scores += tl.dot(k_pe, q_pe_t, input_precision=DOT_PRECISION)
-                scores = tl.where(ok[:, None], scores * qk_scale_log2, float("-inf"))
-                m_new = tl.maximum(m, tl.max(scores, axis=0))
-                alpha = tl.exp2(m - m_new)
-                p = tl.exp2(scores - m_new[None, :])
-                denom = denom * alpha + tl.sum(p, axis=0)
-                acc = acc * alpha[None, :] + tl.dot(
-                    tl.trans(c), p.to(c.dtype), input_precision=DOT_PRECISION
-                )
-            else:
-                scores = tl.dot(q, tl.trans(c), input_precision=DOT_PRECISION)
-                scores += tl.dot(q_pe, tl.trans(k_pe), input_precision=DOT_PRECISION)
-                # Every tile starts inside [lo, hi), so each row has a finite maximum.
-                scores = tl.where(ok[None, :], scores * qk_scale_log2, float("-inf"))
-                m_new = tl.maximum(m, tl.max(scores, axis=1))
-                alpha = tl.exp2(m - m_new)
-                p = tl.exp2(scores - m_new[:, None])
-                denom = denom * alpha + tl.sum(p, axis=1)
-                acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c, input_precision=DOT_PRECISION)
+            scores = tl.dot(q, tl.trans(c), input_precision=DOT_PRECISION)
+            scores += tl.dot(q_pe, tl.trans(k_pe), input_precision=DOT_PRECISION)
+            # Every tile starts inside [lo, hi), so each row has a finite maximum.
+            scores = tl.where(ok[None, :], scores * qk_scale_log2, float("-inf"))
+            m_new = tl.maximum(m, tl.max(scores, axis=1))
+            alpha = tl.exp2(m - m_new)
+            p = tl.exp2(scores - m_new[:, None])
+            denom = denom * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c, input_precision=DOT_PRECISION)
             m = m_new
 
-        if SWAP_AB:
-            acc = tl.trans(acc)
         out_mask = h_ok[:, None] & l_ok[None, :]
         if SPLIT:
             # An empty split (past the sequence's length) writes only a -inf log-sum-exp: the
@@ -244,7 +223,6 @@ class MlaDecodeConfig:
     block_n: int
     num_warps: int
     num_stages: int
-    swap_ab: bool = False
 
 
 @lru_cache(maxsize=8)
@@ -351,7 +329,6 @@ def launch_mla_decode(
         BLOCK_H=config.block_h, BLOCK_N=config.block_n, PAGE=kv_cache.shape[1],
         # fp32 caches: full fp32 products (not TF32); 16-bit: the backend's default.
         DOT_PRECISION="ieee" if q_latent.dtype == torch.float32 else None, SPLIT=split,
-        SWAP_AB=config.swap_ab,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     if split:
