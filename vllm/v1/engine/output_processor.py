@@ -81,10 +81,10 @@ class OutputProcessor:
         prompt_logprobs: dict[str, list[tuple[list[int], list[float], int]]],
         finished: list[Request],
     ) -> tuple[list[RequestOutput], list[tuple[str, str]]]:
-        """Fold one step in. Returns the outputs of requests that changed (of a `FINAL_ONLY`
-        request: only once it finished), and the sequences that finished here rather than in the
-        scheduler, as (sequence id, "stop" for a stop string or
-        "error" when their output could not be processed), for the scheduler to free."""
+        """Fold one step in. Returns the outputs of requests that changed (a `FINAL_ONLY` request's
+        only once it finished), and the sequences that finished here rather than in the
+        scheduler, as (sequence id, "stop" for a stop string or "error" when their output could
+        not be processed), for the scheduler to free."""
         touched: dict[str, _RequestState] = {}
         stopped = []
         # Sequences whose last token is eos or one of their stop_token_ids.
