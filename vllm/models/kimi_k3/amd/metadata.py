@@ -253,9 +253,10 @@ class KimiMetadataBuilder:
     def _validate(
         self, seqs: list[SeqSchedule], num_decodes: int, pad_to: int | None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
-        """Check the schedule as a whole (numpy over the rows rather than a Python check per row,
-        which cost microseconds per sequence per step). Returns each row's num_computed,
-        num_new and kda_slot (int64) and how many of its table entries the host row holds."""
+        """Check the schedule with a few whole-batch checks (a Python check per row cost
+        microseconds per sequence per step); only a bad schedule is walked row by row, to name
+        its first bad row. Returns each row's num_computed, num_new and kda_slot (int64) and how
+        many of its table entries the host row holds."""
         n = len(seqs)
         if not 0 <= num_decodes <= n:
             raise ValueError(f"num_decodes must be in [0, {n}], got {num_decodes}")
@@ -266,49 +267,25 @@ class KimiMetadataBuilder:
                 raise ValueError("pad_to: only a decode-only batch can be padded")
             if not n <= pad_to <= self.max_num_seqs:
                 raise ValueError(f"pad_to must be in [{n}, {self.max_num_seqs}], got {pad_to}")
-        computed = np.array([s.num_computed for s in seqs], dtype=np.int64)
-        new = np.array([s.num_new for s in seqs], dtype=np.int64)
-        slots = np.array([s.kda_slot for s in seqs], dtype=np.int64)
-        table_lens = np.array([len(s.block_table) for s in seqs], dtype=np.int64)
-        tokens = int(new.sum())
+        computed = [s.num_computed for s in seqs]
+        new = [s.num_new for s in seqs]
+        slots = [s.kda_slot for s in seqs]
+        lens = [len(s.block_table) for s in seqs]
+        tokens = sum(new)
         if max(tokens, pad_to or 0) > self.max_num_tokens:
             raise ValueError(f"seqs: {tokens} tokens exceed max_num_tokens {self.max_num_tokens}")
-        bad = (new[:num_decodes] != 1) | (computed[:num_decodes] < 1)
-        if bad.any():
-            i = int(bad.argmax())
-            raise ValueError(
-                f"seqs[{i}] is a decode: it needs num_new == 1 and num_computed >= 1 (a new "
-                f"sequence is a prefill), got {new[i]} new after {computed[i]}"
-            )
-        bad = (new < 1) | (computed < 0)
-        if bad.any():
-            i = int(bad.argmax())
-            raise ValueError(
-                f"seqs[{i}]: num_new must be >= 1 and num_computed >= 0, got "
-                f"{new[i]} and {computed[i]}"
-            )
-        bad = (slots < 1) | (slots >= self.num_kda_slots)
-        if bad.any():
-            i = int(bad.argmax())
-            raise ValueError(f"seqs[{i}].kda_slot {slots[i]} is outside [1, {self.num_kda_slots})")
-        if len(np.unique(slots)) < n:
-            _, first = np.unique(slots, return_index=True)
-            i = int(np.setdiff1d(np.arange(n), first)[0])
-            raise ValueError(f"seqs[{i}].kda_slot {slots[i]} is used by another sequence")
-        bad = table_lens > self.max_blocks_per_seq
-        if bad.any():
-            i = int(bad.argmax())
-            raise ValueError(
-                f"seqs[{i}].block_table has {table_lens[i]} blocks, more than "
-                f"max_blocks_per_seq {self.max_blocks_per_seq}"
-            )
-        bad = table_lens * self.block_size < computed + new
-        if bad.any():
-            i = int(bad.argmax())
-            raise ValueError(
-                f"seqs[{i}].block_table: {table_lens[i]} blocks of {self.block_size} do not "
-                f"hold {computed[i] + new[i]} tokens"
-            )
+        nd, bs = num_decodes, self.block_size
+        if seqs and (
+            min(new) < 1
+            or min(computed) < 0
+            or (nd and (max(new[:nd]) != 1 or min(computed[:nd]) < 1))
+            or min(slots) < 1
+            or max(slots) >= self.num_kda_slots
+            or len(set(slots)) < n
+            or max(lens) > self.max_blocks_per_seq
+            or any(k * bs < c + w for k, c, w in zip(lens, computed, new, strict=True))
+        ):
+            self._raise_for_first_bad_row(seqs, num_decodes)
         written = []
         for i, s in enumerate(seqs):
             table = s.block_table
@@ -322,4 +299,37 @@ class KimiMetadataBuilder:
                         f"seqs[{i}].block_table {table} has a block outside [1, {self.num_blocks})"
                     )
             written.append(done)
-        return computed, new, slots, written
+        arrays = (np.array(x, dtype=np.int64) for x in (computed, new, slots))
+        return *arrays, written
+
+    def _raise_for_first_bad_row(self, seqs: list[SeqSchedule], num_decodes: int) -> None:
+        seen_slots = set()
+        for i, s in enumerate(seqs):
+            if i < num_decodes and (s.num_new != 1 or s.num_computed < 1):
+                raise ValueError(
+                    f"seqs[{i}] is a decode: it needs num_new == 1 and num_computed >= 1 (a new "
+                    f"sequence is a prefill), got {s.num_new} new after {s.num_computed}"
+                )
+            if s.num_new < 1 or s.num_computed < 0:
+                raise ValueError(
+                    f"seqs[{i}]: num_new must be >= 1 and num_computed >= 0, got "
+                    f"{s.num_new} and {s.num_computed}"
+                )
+            if not 1 <= s.kda_slot < self.num_kda_slots:
+                raise ValueError(
+                    f"seqs[{i}].kda_slot {s.kda_slot} is outside [1, {self.num_kda_slots})"
+                )
+            if s.kda_slot in seen_slots:
+                raise ValueError(f"seqs[{i}].kda_slot {s.kda_slot} is used by another sequence")
+            seen_slots.add(s.kda_slot)
+            table = s.block_table
+            if len(table) > self.max_blocks_per_seq:
+                raise ValueError(
+                    f"seqs[{i}].block_table has {len(table)} blocks, more than "
+                    f"max_blocks_per_seq {self.max_blocks_per_seq}"
+                )
+            if len(table) * self.block_size < s.num_computed + s.num_new:
+                raise ValueError(
+                    f"seqs[{i}].block_table: {len(table)} blocks of {self.block_size} do not "
+                    f"hold {s.num_computed + s.num_new} tokens"
+                )
