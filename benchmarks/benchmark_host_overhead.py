@@ -1,7 +1,9 @@
 """Host time of a decode step: `engine.step()` of the built-in tiny model with the forward replaced
 by a no-op CUDA-graph "replay" whose output is fixed logits, so what is timed is everything but
 the forward: scheduling, building and uploading the step's inputs and metadata, sampling (greedy
-argmax of the fixed logits), reading the sampled ids back and output processing.
+argmax of the fixed logits), reading the sampled ids back and output processing. Requests are
+final-output-only, as `LLM.generate` makes them; `--stream` builds every step's outputs instead, as
+for the API server's streamed requests.
 
 On the H200 a decode step costs its forward plus this host time (they are not overlapped), so the
 numbers here are what `benchmark_latency.py`'s step ms minus forward ms should come to. Runs on
@@ -28,7 +30,7 @@ from bench_utils import is_decode_only, synchronize, timed_step
 
 from vllm.engine.arg_utils import EngineArgs
 from vllm.model_executor.model_loader.builtin import resolve_model
-from vllm.sampling_params import SamplingParams
+from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.v1.engine.llm_engine import LLMEngine
 
 
@@ -76,8 +78,9 @@ def tiny_model(folder: Path, max_len: int) -> str:
 
 
 def run_case(
-    device: str, batch: int, input_len: int, steps: int, warmup: int, profile: bool, tmp: Path
-):
+    device: str, batch: int, input_len: int, steps: int, warmup: int, profile: bool, stream: bool,
+    tmp: Path,
+):  # fmt: skip
     """Median and fastest seconds of `steps` decode steps of `batch` sequences."""
     budget = max(8192, batch)
     # Sequences prefilled early decode while the others prefill (one token per step).
@@ -93,7 +96,10 @@ def run_case(
     engine = LLMEngine.from_engine_args(ea)
     try:
         stub_forward(engine, batch)
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        kind = RequestOutputKind.CUMULATIVE if stream else RequestOutputKind.FINAL_ONLY
+        params = SamplingParams(
+            temperature=0.0, max_tokens=max_tokens, ignore_eos=True, output_kind=kind
+        )
         vocab = engine.config.model_config.vocab_size
         for i in range(batch):
             engine.add_request(f"r{i}", [(i + j) % vocab for j in range(input_len)], params)
@@ -128,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-steps", type=int, default=5)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--profile", action="store_true", help="cProfile the timed steps")
+    parser.add_argument(
+        "--stream", action="store_true", help="every step returns the outputs (API streaming)"
+    )
     args = parser.parse_args(argv)
     if min(args.batch_sizes + [args.input_len, args.steps]) < 1 or args.warmup_steps < 0:
         parser.error("batch sizes, --input-len and --steps must be positive")
@@ -140,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             median, fastest = run_case(
                 args.device, batch, args.input_len, args.steps, args.warmup_steps, args.profile,
-                Path(tmp),
+                args.stream, Path(tmp),
             )  # fmt: skip
         print(
             f"{batch:>5}  {1e3 * median:>9.3f}  {1e3 * fastest:>8.3f}"

@@ -83,7 +83,7 @@ from vllm.engine.arg_utils import EngineArgs, parse_max_model_len
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 from vllm.models.kimi_k3.amd.footprint import model_footprint
 from vllm.models.kimi_k3.amd.mla import KimiMLAAttention
-from vllm.sampling_params import SamplingParams
+from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.v1.engine.llm_engine import LLMEngine
 
 # Seconds kept free per context length still to run, for its decode cases: (warm-up + timed + 1)
@@ -105,8 +105,12 @@ def decode_tokens_needed(length: int, batch: int, budget: int, cases: int, per_c
 
 
 def greedy(max_tokens: int) -> SamplingParams:
-    """Greedy sampling of exactly `max_tokens` tokens (no eos stop)."""
-    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    """Greedy sampling of exactly `max_tokens` tokens (no eos stop), final output only (as
+    `LLM.generate`: the steps' outputs are not read)."""
+    return SamplingParams(
+        temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )  # fmt: skip
 
 
 def parent_id(seq_id: str) -> str:

@@ -42,7 +42,7 @@ from bench_utils import (
 )
 
 from vllm.engine.arg_utils import parse_max_model_len
-from vllm.sampling_params import SamplingParams
+from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.v1.engine.llm_engine import LLMEngine
 
 # Default concurrency cap, as the engine's own max_num_seqs default.
@@ -50,8 +50,12 @@ MAX_NUM_SEQS = 256
 
 
 def greedy(max_tokens: int) -> SamplingParams:
-    """Greedy sampling of exactly `max_tokens` tokens (no eos stop)."""
-    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    """Greedy sampling of exactly `max_tokens` tokens (no eos stop), final output only (as
+    `LLM.generate`: the steps' outputs are not read)."""
+    return SamplingParams(
+        temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )  # fmt: skip
 
 
 def phase(steps: list[tuple[float, int]]) -> dict[str, Any]:

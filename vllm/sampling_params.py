@@ -17,6 +17,16 @@ class SamplingType(IntEnum):
     RANDOM_SEED = 2
 
 
+class RequestOutputKind(IntEnum):
+    """Which steps return a request's output: every step that changed it (cumulative: the text and
+    tokens so far, for streaming), or only the step that finished it (`LLM.generate`, which reads
+    nothing else, so the engine does not build an output per request per step for it)."""
+
+    # Upstream's values; its DELTA (1) is not supported.
+    CUMULATIVE = 0
+    FINAL_ONLY = 2
+
+
 @dataclass
 class SamplingParams:
     """Sampling and stopping of one request.
@@ -34,6 +44,7 @@ class SamplingParams:
       `prompt_logprobs`: the same for each prompt token.
     - `repetition_penalty` (1: off; > 1 discourages tokens already in the prompt or output).
     - `skip_special_tokens`, `spaces_between_special_tokens`: detokenization.
+    - `output_kind`: see `RequestOutputKind`.
     """
 
     n: int = 1
@@ -53,6 +64,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     # Filled by the engine: the tokenizer's eos id and the full stop-token set it implies.
     all_stop_token_ids: set[int] = field(default_factory=set, init=False, repr=False)
 
@@ -92,6 +104,8 @@ class SamplingParams:
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
         if self.temperature < _GREEDY_EPS:
             # Greedy: the sampling knobs would change nothing (upstream resets them the same way).
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0

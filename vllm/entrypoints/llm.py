@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from vllm.engine.arg_utils import EngineArgs
 from vllm.outputs import RequestOutput
-from vllm.sampling_params import SamplingParams
+from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.v1.engine.llm_engine import LLMEngine
 
 Prompt = str | list[int]
@@ -93,7 +93,9 @@ class LLM:
         try:
             for prompt, p in zip(prompts, params, strict=True):
                 request_id = str(next(self._ids))
-                engine.add_request(request_id, prompt, p)
+                # Only final outputs are read here: the engine need not build the others.
+                final_only = dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY)
+                engine.add_request(request_id, prompt, final_only)
                 order[request_id] = len(order)
         except Exception:
             engine.abort_request(list(order))

@@ -8,13 +8,14 @@
 """
 
 import random
+from dataclasses import replace
 
 import pytest
 from model_reference import reference_decode
 
 from vllm.engine.arg_utils import EngineArgs
 from vllm.model_executor.model_loader.builtin import resolve_model
-from vllm.sampling_params import SamplingParams
+from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.v1.engine.llm_engine import LLMEngine
 
 MODEL = "kimi-k3-tiny"
@@ -221,6 +222,37 @@ def test_randomized_soak():
                 continue
             for completion in out.outputs:
                 assert completion.finish_reason in ("stop", "length")
+        assert_cache_free(engine)
+    finally:
+        engine.shutdown()
+
+
+def test_final_only_requests_return_just_the_streamed_final_output():
+    """A FINAL_ONLY request appears once, finished, with the final output its CUMULATIVE twin
+    streams: n > 1 completions finishing at different steps (one by a stop string), logprobs."""
+    base = SamplingParams(n=2, temperature=1.0, seed=7, max_tokens=8, logprobs=1, ignore_eos=True)
+    engine = make_engine()
+    try:
+        (probe,) = run_all(engine, {"p": (prompts_of([5])[0], base)}).values()
+        # A stop string from completion 0's text: it ends that one early, not completion 1.
+        text = probe.outputs[0].text
+        assert len(text) >= 3 and text[1:3] not in probe.outputs[1].text
+        params = replace(base, stop=[text[1:3]])
+        # n=1: the stop string finishes the request; n=2: the other completion's length does.
+        for p, reasons in ((params, ["stop", "length"]), (replace(params, n=1), ["stop"])):
+            finals = {}
+            for kind in RequestOutputKind:
+                engine.add_request(kind.name, prompts_of([5])[0], replace(p, output_kind=kind))
+                seen = []
+                while engine.has_unfinished_requests():
+                    seen += engine.step()
+                assert [out.request_id for out in seen] == [kind.name] * len(seen)
+                assert seen[-1].finished
+                assert (len(seen) == 1) == (kind is RequestOutputKind.FINAL_ONLY)
+                finals[kind] = replace(seen[-1], request_id="x")
+            cumulative, final = finals.values()
+            assert [c.finish_reason for c in final.outputs] == reasons
+            assert final == cumulative
         assert_cache_free(engine)
     finally:
         engine.shutdown()

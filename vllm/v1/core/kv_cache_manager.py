@@ -70,6 +70,9 @@ class KVCacheManager:
             raise ValueError(f"num_new_tokens must be an integer >= 1, got {num_new_tokens!r}")
         rid = request.request_id
         table = self._block_tables.get(rid, [])
+        if len(table) * self.block_size >= request.num_computed_tokens + num_new_tokens:
+            # The common decode: the last block has room (a request with blocks has its slot).
+            return True
         num_needed = self.num_blocks_for(request.num_computed_tokens + num_new_tokens) - len(table)
         needs_slot = rid not in self._kda_slots
         if num_needed > len(self._free_blocks) or (needs_slot and not self._free_slots):

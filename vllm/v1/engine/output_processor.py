@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 from vllm.logger import init_logger
 from vllm.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
-from vllm.sampling_params import SamplingParams
+from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.v1.engine.detokenizer import IncrementalDetokenizer
 from vllm.v1.request import Request
 
@@ -81,9 +81,10 @@ class OutputProcessor:
         prompt_logprobs: dict[str, list[tuple[list[int], list[float], int]]],
         finished: list[Request],
     ) -> tuple[list[RequestOutput], list[tuple[str, str]]]:
-        """Fold one step in. Returns the outputs of requests that changed, and the sequences that
-        finished here rather than in the scheduler, as (sequence id, "stop" for a stop string or
-        "error" when their output could not be processed), for the scheduler to free."""
+        """Fold one step in. Returns the outputs of requests that changed (a `FINAL_ONLY` request's
+        only once it finished), and the sequences that finished here rather than in the
+        scheduler, as (sequence id, "stop" for a stop string or "error" when their output could
+        not be processed), for the scheduler to free."""
         touched: dict[str, _RequestState] = {}
         stopped = []
         # Sequences whose last token is eos or one of their stop_token_ids.
@@ -95,7 +96,8 @@ class OutputProcessor:
             request_id, index = self.parent_of[seq_id]
             state = self.requests[request_id]
             completion = state.completions[index]
-            touched[request_id] = state
+            if state.params.output_kind is RequestOutputKind.CUMULATIVE:
+                touched[request_id] = state
             if completion.discard_output:
                 continue
             if seq_id in logprobs:
@@ -116,10 +118,12 @@ class OutputProcessor:
                 logger.exception("request %s failed while detokenizing", seq_id)
                 completion.finish_reason = "error"
                 stopped.append((seq_id, "error"))
+                touched[request_id] = state
                 continue
             if stop is not None and completion.finish_reason is None:
                 completion.finish_reason, completion.stop_reason = "stop", stop
                 stopped.append((seq_id, "stop"))
+                touched[request_id] = state
         for seq in finished:
             request_id, index = self.parent_of[seq.request_id]
             completion = self.requests[request_id].completions[index]
@@ -127,10 +131,13 @@ class OutputProcessor:
                 completion.finish_reason = seq.finish_reason
                 completion.stop_reason = seq.stop_reason
             touched[request_id] = self.requests[request_id]
-        outputs = [self._output(state) for state in touched.values()]
-        for out in outputs:
+        outputs = []
+        for state in touched.values():
+            out = self._output(state)
             if out.finished:
                 self._forget(out.request_id)
+            if out.finished or state.params.output_kind is RequestOutputKind.CUMULATIVE:
+                outputs.append(out)
         return outputs, stopped
 
     def finish_with(self, seq_id: str, reason: str) -> RequestOutput | None:

@@ -5,7 +5,9 @@ from dataclasses import dataclass, field
 from vllm.v1.request import Request
 
 
-@dataclass  # not frozen: a frozen dataclass costs ~2 us more to build, per request per step
+# Not frozen: a frozen dataclass costs ~2 us more to build, per request per step; slots: cheaper
+# to build and read.
+@dataclass(slots=True)
 class ScheduledRequest:
     """One request's row group in a step: `num_new_tokens` tokens starting at position
     `num_computed_tokens`.

@@ -242,17 +242,11 @@ class Scheduler:
         )
 
     def _add(self, step: _Step, request: Request, num_new_tokens: int, is_decode: bool) -> None:
-        start = request.num_computed_tokens
-        step.scheduled[request.request_id] = ScheduledRequest(
-            request_id=request.request_id,
-            request=request,
-            token_ids=request.all_token_ids[start : start + num_new_tokens],
-            num_computed_tokens=start,
-            num_new_tokens=num_new_tokens,
-            is_decode=is_decode,
-            block_table=self.kv_cache_manager.get_block_table(request.request_id),
-            kda_slot=self.kv_cache_manager.get_kda_slot(request.request_id),
-            is_new_slot=start == 0,
-            samples=start + num_new_tokens == request.num_tokens,
-        )
+        start, end = request.num_computed_tokens, request.num_computed_tokens + num_new_tokens
+        rid, kv = request.request_id, self.kv_cache_manager
+        # Positional: keyword arguments cost measurably here, per request per step.
+        step.scheduled[rid] = ScheduledRequest(
+            rid, request, request.all_token_ids[start:end], start, num_new_tokens, is_decode,
+            kv.get_block_table(rid), kv.get_kda_slot(rid), start == 0, end == request.num_tokens,
+        )  # fmt: skip
         step.budget -= num_new_tokens
