@@ -284,8 +284,8 @@ def test_cuda_graph_bf16(tokens):
 SMALL_BLOCKS = dict(block_n=8, block_k=16, gate_up_warps=2, block_h=16, block_i=8, down_warps=2)
 # For the tests of something other than the tiling (ids, strides, slots, fp64 parity): 2 programs
 # per routed row and per token at I 32 / H 64, where the defaults launch 4 and 32 (the interpreter
-# pays per program). Only block_k / block_i order a sum, so outputs are those of the defaults, which
-# test_triton_matches_loop runs.
+# pays per program). Only block_k / block_i cut a sum into chunks, so the interpreter's outputs are
+# the defaults' bit for bit; test_triton_matches_loop runs the defaults themselves.
 WIDE_BLOCKS = dict(block_n=16, block_h=32)
 
 
