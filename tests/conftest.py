@@ -7,6 +7,7 @@ tests/fp8_interpreter.py, which routes fp32 -> fp8 / bf16 conversions through to
 rounded cast, so the kernels are checked against the true rounding rather than a widened tolerance.
 """
 
+import functools
 import os
 import zlib
 from collections.abc import Iterator
@@ -66,6 +67,30 @@ def torch_reference_kernels() -> Iterator[None]:
     by module fixtures (and their workers) run the references too."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRITON_INTERPRET", "0")
+        yield
+
+
+@pytest.fixture(scope="module")
+def interpreter_moe_blocks() -> Iterator[None]:
+    """Model and MoE-block tests: the GEMV MoE path (`moe_experts_triton`) with wider tiles than
+    its H200 defaults, two programs per routed row (I 32) and per token (H 48 / 64). The
+    interpreter pays per program, and the default tiles (2 hidden outputs per down program) made
+    the experts most of a model test's time. Only block_k / block_i cut a sum into chunks, so the
+    outputs are the defaults' bit for bit; the kernel's tests run the defaults, with tail blocks.
+    Module-scoped, like `torch_reference_kernels`; a GPU keeps the defaults."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        yield
+        return
+    from vllm.model_executor.layers.fused_moe import experts
+
+    triton_path = experts.moe_experts_triton
+
+    @functools.wraps(triton_path)
+    def wide(*args, **kwargs):
+        return triton_path(*args, **{"block_n": 16, "block_h": 32, **kwargs})
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(experts, "moe_experts_triton", wide)
         yield
 
 

@@ -282,6 +282,11 @@ def test_cuda_graph_bf16(tokens):
 
 
 SMALL_BLOCKS = dict(block_n=8, block_k=16, gate_up_warps=2, block_h=16, block_i=8, down_warps=2)
+# For the tests of something other than the tiling (ids, strides, slots, fp64 parity): 2 programs
+# per routed row and per token at I 32 / H 64, where the defaults launch 4 and 32 (the interpreter
+# pays per program). Only block_k / block_i cut a sum into chunks, so the interpreter's outputs are
+# the defaults' bit for bit; test_triton_matches_loop runs the defaults themselves.
+WIDE_BLOCKS = dict(block_n=16, block_h=32)
 
 
 def assert_close_to_loop(out, expected):
@@ -323,7 +328,7 @@ def test_triton_matches_loop(
 @pytest.mark.parametrize("tokens", [1, 5, 13])
 def test_triton_fp32_matches_fp64_reference(tokens):
     x, w13, w2, w, ids = make_case(tokens, torch.float32, DEVICE)
-    out = moe_experts_triton(x, w13, w2, w, ids, SiluAndMul()).double().cpu()
+    out = moe_experts_triton(x, w13, w2, w, ids, SiluAndMul(), **WIDE_BLOCKS).double().cpu()
     # As for the torch paths: fp32 accumulation of length-<=64 dot products of O(1) terms.
     torch.testing.assert_close(out, reference_fp64(x, w13, w2, w, ids, SiluAndMul()),
                                rtol=1.3e-6, atol=1e-5)  # fmt: skip
@@ -336,9 +341,10 @@ def test_triton_shared_and_repeated_experts(dtype):
     # but the sum defines it).
     ids = torch.tensor([[2, 5, 0, 7], [5, 2, 7, 0], [2, 3, 4, 5], [7, 7, 7, 7]], device=DEVICE)
     expected = moe_experts_loop(x, w13, w2, w, ids, SiluAndMul())
-    out = moe_experts_triton(x, w13, w2, w, ids, SiluAndMul())
+    out = moe_experts_triton(x, w13, w2, w, ids, SiluAndMul(), **WIDE_BLOCKS)
     assert_close_to_loop(out, expected)
-    assert torch.equal(moe_experts_triton(x, w13, w2, w, ids, SiluAndMul()), out)  # no atomics
+    again = moe_experts_triton(x, w13, w2, w, ids, SiluAndMul(), **WIDE_BLOCKS)
+    assert torch.equal(again, out)  # no atomics
 
 
 def test_triton_reads_strided_router_outputs_and_int32_ids():
@@ -348,8 +354,8 @@ def test_triton_reads_strided_router_outputs_and_int32_ids():
     wide_w = torch.zeros(6, 2 * K, device=DEVICE)
     wide_w[:, ::2] = w
     out = moe_experts_triton(wide_x[:, :H], w13, w2, wide_w[:, ::2], ids.int().t().contiguous().t(),
-                             SiluAndMul())  # fmt: skip
-    assert torch.equal(out, moe_experts_triton(x, w13, w2, w, ids, SiluAndMul()))
+                             SiluAndMul(), **WIDE_BLOCKS)  # fmt: skip
+    assert torch.equal(out, moe_experts_triton(x, w13, w2, w, ids, SiluAndMul(), **WIDE_BLOCKS))
 
 
 def test_triton_rejects_bad_inputs(monkeypatch):
@@ -867,7 +873,8 @@ def test_triton_more_than_eight_slots_matches_loop(topk, dtype, triton_launches)
     shape = dict(experts=20, hidden=64, inter=32, topk=topk)
     x, w13, w2, w, ids = make_case(3, dtype, DEVICE, seed=topk, **shape)
     expected = moe_experts_loop(x, w13, w2, w, ids, SiluAndMul())
-    assert_close_to_loop(moe_experts_triton(x, w13, w2, w, ids, SiluAndMul()), expected)
+    out = moe_experts_triton(x, w13, w2, w, ids, SiluAndMul(), **WIDE_BLOCKS)
+    assert_close_to_loop(out, expected)
     assert triton_launches["_moe_down_kernel"] == 1
 
 

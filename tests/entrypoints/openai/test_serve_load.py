@@ -1,4 +1,4 @@
-"""Load and faults against a real `vllm serve kimi-k3-tiny`: 32 concurrent clients x 10 requests
+"""Load and faults against a real `vllm serve kimi-k3-tiny`: 32 concurrent clients x 5 requests
 of random lengths and parameters, a quarter cancelled mid-stream and an eighth malformed. No 5xx,
 each malformed request a 400 naming its field, and afterwards the cache counters in /metrics back to
 their initial values. Then tensor parallelism: a TP=2 (gloo) server of a checkpoint folder
@@ -25,7 +25,7 @@ from server_utils import RemoteServer
 from vllm.model_executor.model_loader.builtin import resolve_model
 
 SERVE = ["serve", "kimi-k3-tiny", "--max-model-len", "1024", "--seed", "0"]
-CLIENTS, REQUESTS = 32, 10
+CLIENTS, REQUESTS = 32, 5
 WORDS = "the a of cat dog ran jumps over lazy quick brown fox 1 2 3 4 5 + = ? ! .".split()
 
 # (body change, field the 400 must name)
@@ -76,7 +76,7 @@ async def _client(
         slot = index * REQUESTS + r
         if slot % 8 == 2:
             kinds["malformed"] += 1
-            change, param = MALFORMED[slot // 8 % len(MALFORMED)]  # each kind 4 times
+            change, param = MALFORMED[slot // 8 % len(MALFORMED)]  # each kind twice
             async with session.post(url, json={**body, **change}) as response:
                 error = (await response.json()).get("error", {})
                 if response.status != 400 or error.get("param") != param:
@@ -210,7 +210,7 @@ def test_load_with_cancellations_and_malformed_requests(tp1_greedy: dict) -> Non
     assert tp1_greedy["problems"] == []
     kinds = tp1_greedy["kinds"]
     assert sum(kinds.values()) == CLIENTS * REQUESTS
-    assert (kinds["cancelled"], kinds["malformed"]) == (CLIENTS * REQUESTS // 4, 40), kinds
+    assert (kinds["cancelled"], kinds["malformed"]) == (CLIENTS * REQUESTS // 4, 20), kinds
     assert tp1_greedy["healthy"] == 200
     metrics = tp1_greedy["metrics"]
     assert metrics["vllm:num_requests_running"] == metrics["vllm:num_requests_waiting"] == 0

@@ -3,6 +3,7 @@ on CPU), not their torch references: a prefill launches the fused epilogue of ev
 the MLA o_proj's per-token quantization, a decode the fused KDA decode kernel with its quantizing
 epilogue; every RMSNorm call is one launch of the RMSNorm kernel."""
 
+import pytest
 import torch
 from engine_harness import EngineHarness as Harness
 
@@ -10,6 +11,8 @@ from vllm.config.quantization import parse_quantization_config
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
 from vllm.model_executor.model_loader.loader import load_model
+
+pytestmark = pytest.mark.usefixtures("interpreter_moe_blocks")
 
 PTPC = OnlineQuantizationConfig(
     parse_quantization_config(

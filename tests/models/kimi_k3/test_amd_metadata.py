@@ -13,6 +13,8 @@ from vllm.v1.kv_cache_interface import KDAStateSpec, MLAAttentionSpec, allocate_
 
 BLOCK = 4
 
+pytestmark = pytest.mark.usefixtures("interpreter_moe_blocks")
+
 
 def builder(**changes) -> KimiMetadataBuilder:
     args = dict(

@@ -14,6 +14,8 @@ from vllm.transformers_utils.configs import load_model_config
 # The CPU tests run again on a GPU with fla-core's kernels (marked `gpu`).
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
+pytestmark = pytest.mark.usefixtures("interpreter_moe_blocks")
+
 
 @pytest.fixture(scope="module")
 def checkpoint(hf_kimi_linear, tmp_path_factory):

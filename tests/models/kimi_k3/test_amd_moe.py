@@ -15,6 +15,8 @@ from vllm.model_executor.layers.fused_moe.router import grouped_topk
 from vllm.models.kimi_k3.amd.linear import KimiMLP, KimiMoE, shared_experts_fusable
 from vllm.transformers_utils.configs import KimiLinearConfig
 
+pytestmark = pytest.mark.usefixtures("interpreter_moe_blocks")
+
 H, E, TOPK, I_MOE = 48, 16, 4, 32
 HF = None  # transformers' modeling_kimi_linear, set by the fixture below
 
