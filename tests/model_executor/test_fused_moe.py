@@ -703,7 +703,9 @@ KIMI_LINEAR_ROUTER = dict(
 ROUTER_ULPS = dict(rtol=8 * 2**-23, atol=0.0)
 
 
-def router_inputs(tokens, experts, seed, device="cpu", dtype=torch.float32):
+def router_inputs(tokens, experts, seed, device=DEVICE, dtype=torch.float32):
+    # DEVICE: under the interpreter without a GPU; on a GPU machine the kernel itself (CPU tensors
+    # would have no Triton path there).
     gen = torch.Generator(device=device).manual_seed(seed)
     logits = torch.randn(tokens, experts, generator=gen, device=device).to(dtype)
     bias = torch.randn(experts, generator=gen, device=device) * 0.1
@@ -793,7 +795,9 @@ def test_router_kernel_reads_bf16_and_strided_logits(triton_launches):
 
 
 def test_router_kernel_zero_tokens(triton_launches):
-    weights, ids = grouped_topk_triton(torch.zeros(0, E), torch.zeros(E), K)
+    weights, ids = grouped_topk_triton(
+        torch.zeros(0, E, device=DEVICE), torch.zeros(E, device=DEVICE), K
+    )
     assert weights.shape == ids.shape == (0, K)
     assert (weights.dtype, ids.dtype) == (torch.float32, torch.int64)
     assert triton_launches["_grouped_topk_kernel"] == 0
@@ -801,10 +805,10 @@ def test_router_kernel_zero_tokens(triton_launches):
 
 def test_router_kernel_ties_go_to_the_lowest_index():
     # All experts equal: the kernel's documented rule picks experts 0, 1, ... (and groups 0, 1).
-    logits = torch.zeros(2, E)
+    logits = torch.zeros(2, E, device=DEVICE)
     _, ids = grouped_topk_triton(logits, None, K)
     assert ids.tolist() == [list(range(K))] * 2
-    bias = torch.zeros(E)
+    bias = torch.zeros(E, device=DEVICE)
     bias[12:] = 1.0  # group 3 is kept first; groups 0, 1 and 2 tie for the second place
     _, ids = grouped_topk_triton(logits, bias, 6, num_expert_group=4, topk_group=2)
     assert ids.tolist() == [[12, 13, 14, 15, 0, 1]] * 2
@@ -812,10 +816,10 @@ def test_router_kernel_ties_go_to_the_lowest_index():
 
 def test_grouped_topk_dispatches_with_use_triton(triton_launches, monkeypatch):
     logits, bias = router_inputs(3, E, seed=5)
-    grouped_topk(logits.to(DEVICE), bias.to(DEVICE), K)
+    grouped_topk(logits, bias, K)
     assert triton_launches["_grouped_topk_kernel"] == 1
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # CPU tensors now take the torch reference
-    grouped_topk(logits, bias, K)
+    grouped_topk(logits.cpu(), bias.cpu(), K)
     assert triton_launches["_grouped_topk_kernel"] == 1
 
 
