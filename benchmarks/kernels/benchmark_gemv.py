@@ -79,16 +79,18 @@ DOT_SWEEP = [
 
 
 def gemv_config(text: str) -> tuple[str, GemvConfig | None]:
-    """`BLOCK_N,BLOCK_K,WARPS[,SPLIT_K[,STAGES[,dot|dot8]]][,mBLOCK_M]` or `default` -> (label,
-    config); SPLIT_K `a`: gemv.auto_split_k (split_k None)."""
+    """`BLOCK_N,BLOCK_K,WARPS[,SPLIT_K[,STAGES[,dot|dot8|dot3]]][,mBLOCK_M]` or `default` ->
+    (label, config); SPLIT_K `a`: gemv.auto_split_k (split_k None); dot8: FP8 MMA (`fp8_mma`),
+    dot3: fp32 weights as three bf16 terms (`bf16x3`)."""
     if text == "default":
         return text, None
     parts = text.split(",")
     block_m = None
     if parts[-1].startswith("m") and parts[-1][1:].isdigit():
         block_m = int(parts.pop()[1:])
-    use_dot = parts[-1] in ("dot", "dot8")
+    use_dot = parts[-1] in ("dot", "dot8", "dot3")
     fp8_mma = parts[-1] == "dot8"
+    bf16x3 = parts[-1] == "dot3"
     if use_dot:
         parts = parts[:-1]
     try:
@@ -101,11 +103,12 @@ def gemv_config(text: str) -> tuple[str, GemvConfig | None]:
             use_dot=use_dot,
             block_m=block_m,
             fp8_mma=fp8_mma,
+            bf16x3=bf16x3,
         )
         config.check()
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not BLOCK_N,BLOCK_K,WARPS[,SPLIT_K[,STAGES[,dot|dot8]]][,mBLOCK_M] "
+            f"{text!r} is not BLOCK_N,BLOCK_K,WARPS[,SPLIT_K[,STAGES[,dot|dot8|dot3]]][,mBLOCK_M] "
             "(powers of two, SPLIT_K an integer or 'a'; tl.dot needs BLOCK_N, BLOCK_K, "
             "BLOCK_M >= 16, dot8 BLOCK_K >= 32) or 'default'"
         ) from None

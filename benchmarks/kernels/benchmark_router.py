@@ -28,6 +28,11 @@ tests first; the last lines name the fastest config per T, to update gemv._fp32_
     python benchmarks/kernels/benchmark_router.py --logits --logits-configs default \
         2,1024,4 2,512,4 1,1024,2 4,512,4 2,256,4,2 16,64,4,8,3,dot,m64 16,64,4,4,3,dot,m64 \
         32,64,4,4,3,dot,m64 16,32,4,8,3,dot,m32 16,128,4,4,3,dot,m16 16,64,8,2,3,dot,m64
+    python benchmarks/kernels/benchmark_router.py --logits --tokens 16 64 256 1024 8192 \
+        --logits-configs default 64,64,4,a,3,dot3 64,64,4,a,3,dot3,m32 128,64,8,a,3,dot3 \
+        64,32,4,a,4,dot3 64,64,4,1,3,dot3,m64
+
+`dot3` configs split the fp32 gate into three bf16 terms for bf16 MMAs (gemv.GemvConfig.bf16x3).
 """
 
 import argparse
@@ -53,11 +58,12 @@ TOKENS = [1, 8, 64, 256]
 KIMI_LINEAR = dict(experts=256, top_k=8, routed_scaling_factor=2.446, hidden=2304, layers=26)
 
 
-def check_logits(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
-    """The tests' bound: fp32 products summed in fp32, (K + 2) * 2^-24 * sum |x w| off exact."""
+def check_logits(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, terms_per_k: int = 1) -> None:
+    """The tests' bound: fp32 products summed in fp32, (K + 2) * 2^-24 * sum |x w| off exact
+    (`terms_per_k` 3 for a bf16x3 config's 3 K products)."""
     xd, wd = x.double(), w.double()
     err = (out.double() - xd @ wd.t()).abs()
-    if not (err <= (x.shape[1] + 2) * 2**-24 * (xd.abs() @ wd.abs().t())).all():
+    if not (err <= (terms_per_k * x.shape[1] + 2) * 2**-24 * (xd.abs() @ wd.abs().t())).all():
         raise SystemExit("logits outside the fp32 accumulation bound")
 
 
@@ -69,16 +75,20 @@ def bench_logits(args, device: torch.device, tokens_list: list[int], copy_gbps: 
         torch.randn(experts, hidden, generator=gen, device=device) * hidden**-0.5
         for _ in range(args.layers)
     ]
-    paths = [("F.linear", lambda x, w: F.linear(x.float(), w)), ("router_logits", router_logits)]
+    paths = [
+        ("F.linear", lambda x, w: F.linear(x.float(), w), 1),
+        ("router_logits", router_logits, 1),
+    ]
     for label, cfg in args.logits_configs or []:
-        paths.append((f"gemv[{label}]", functools.partial(gemv_fp32, config=cfg)))
+        fn = functools.partial(gemv_fp32, config=cfg)
+        paths.append((f"gemv[{label}]", fn, 3 if cfg is not None and cfg.bf16x3 else 1))
     rows, best = [], {}
     with torch.inference_mode():
         for tokens in tokens_list:
             x = torch.randn(tokens, hidden, generator=gen, device=device).to(torch.bfloat16)
             moved = gates[0].numel() * 4 + x.numel() * 2 + tokens * experts * 4
-            for name, fn in paths:
-                check_logits(fn(x, gates[0]), x, gates[0])
+            for name, fn, terms_per_k in paths:
+                check_logits(fn(x, gates[0]), x, gates[0], terms_per_k)
                 layer = itertools.count()
 
                 def call(fn=fn, x=x, layer=layer):
@@ -129,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         "--logits", action="store_true", help="time the router logits (module docstring)"
     )
     parser.add_argument(
-        "--logits-configs", nargs="+", type=gemv_config, metavar="BN,BK,W[,S[,ST[,dot]]][,mBM]",
+        "--logits-configs", nargs="+", type=gemv_config,
+        metavar="BN,BK,W[,S[,ST[,dot|dot3]]][,mBM]",
         help="with --logits: also time gemv_fp32 at each config (a sweep)",
     )  # fmt: skip
     parser.add_argument("--hidden", type=int, default=KIMI_LINEAR["hidden"], help="--logits: H")

@@ -43,11 +43,13 @@ def test_router_dry_run(triton_launches, capsys: pytest.CaptureFixture) -> None:
 def test_router_logits_dry_run(triton_launches, capsys: pytest.CaptureFixture) -> None:
     import benchmark_router
 
-    argv = ["--dry-run", "--logits", "--logits-configs", "default", "16,32,4,2,3,dot,m16"]
+    argv = ["--dry-run", "--logits", "--logits-configs", "default", "16,32,4,2,3,dot,m16",
+            "16,32,4,a,3,dot3"]  # fmt: skip
     assert benchmark_router.main(argv) == 0
     assert triton_launches["_gemv_kernel"] > 0
     out = capsys.readouterr().out
     assert "F.linear" in out and "gemv[16,32,4,2,3,dot,m16]" in out and "fastest" in out
+    assert "gemv[16,32,4,a,3,dot3]" in out
 
 
 def test_all_reduce_dry_run(tmp_path: Path) -> None:

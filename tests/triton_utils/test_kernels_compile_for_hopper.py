@@ -64,7 +64,7 @@ KERNELS = {
 # (the ops are driven at Kimi-Linear's sizes first). A compile takes 0.1-3 s on 2 cores.
 MAX_VARIANTS = 8
 # The GEMV's one kernel runs two algorithms (multiply-and-sum, tl.dot) on three weight dtypes.
-MAX_VARIANTS_OF = {"_gemv_kernel": 18}
+MAX_VARIANTS_OF = {"_gemv_kernel": 20}
 H200_SMS = 132
 FP8 = torch.float8_e4m3fn  # NVIDIA's FP8 (the interpreter machine's platform may differ)
 
@@ -194,14 +194,15 @@ def _drive_ops() -> None:
         _drive_kda_decode(n, 32, 128, [h200, KdaDecodeConfig(128, 8), KdaDecodeConfig(32, 4)])
     _drive_kda_decode(3, 3, 16, [KdaDecodeConfig(4, 2), KdaDecodeConfig(16, 2)])
 
-    # The router's fp32 gate first (bf16 x, fp32 weight): multiply-and-sum at T = 1 and the
-    # ieee tl.dot of 64-row blocks, split K, at T = 64.
+    # The router's fp32 gate first (bf16 x, fp32 weight): multiply-and-sum at T = 1, the ieee
+    # tl.dot of 64-row blocks, split K, at T = 64, and the weight split into three bf16 terms.
     gate = torch.randn(256, 2304, generator=gen)
     gemv_fp32(torch.randn(1, 2304, generator=gen).to(torch.bfloat16), gate)
     x = torch.randn(64, 2304, generator=gen).to(torch.bfloat16)
     gemv_fp32(x, gate, config=GemvConfig(16, 64, split_k=8, use_dot=True, block_m=64))
-    # o_proj (4096 -> 2304) at M = 64 through tl.dot, as the H200's default config launches it
-    # (FP8 widened to bf16, split 8), with FP8 codes into the FP8 MMA, and in bf16.
+    gemv_fp32(x, gate, config=GemvConfig(64, 64, split_k=2, use_dot=True, bf16x3=True))
+    # o_proj (4096 -> 2304) at M = 64 through tl.dot: FP8 widened to bf16 and FP8 codes into the
+    # FP8 MMA (the H200's default, also launched by default below), and in bf16.
     x = torch.randn(64, 4096, generator=gen).to(torch.bfloat16)
     w = torch.randn(2304, 4096, generator=gen)
     a_scale, w_scale = torch.rand(64, 1, generator=gen), torch.rand(2304, 1, generator=gen)
@@ -209,6 +210,7 @@ def _drive_ops() -> None:
         config = GemvConfig(128, 128, split_k=8, use_dot=True, num_stages=4, fp8_mma=fp8_mma)
         gemv_fp8(x.to(FP8), a_scale, w.to(FP8), w_scale, config=config)
     gemv(x, w.to(torch.bfloat16), config=GemvConfig(64, 128, split_k=4, use_dot=True, num_stages=4))
+    gemv_fp8(x.to(FP8), a_scale, w.to(FP8), w_scale)
     for m, n, k in ((1, 2304, 2304), (4, 256, 2304), (3, 40, 96)):
         x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
         gemv(x, torch.randn(n, k, generator=gen).to(torch.bfloat16))

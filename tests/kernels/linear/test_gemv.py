@@ -523,16 +523,19 @@ FP32_CONFIGS = {
     "split": GemvConfig(block_n=4, block_k=32, split_k=3),
     "dot_m32": GemvConfig(block_n=16, block_k=32, use_dot=True, block_m=32),
 }
+# The fp32 weight split into three bf16 terms for bf16 MMAs (bf16 x only), with a split K tail.
+BF16X3 = GemvConfig(block_n=16, block_k=32, split_k=2, use_dot=True, bf16x3=True)
 
 
-def assert_fp32_within_bound(out, x, w):
+def assert_fp32_within_bound(out, x, w, terms_per_k=1):
     """fp32 products (one rounding each) summed in fp32 in any order: at most about
-    (K + 1) * 2^-24 * sum_k |x_k w_k| off the exact fp64 sum; (K + 2) covers second-order terms."""
+    (K + 1) * 2^-24 * sum_k |x_k w_k| off the exact fp64 sum; (K + 2) covers second-order terms.
+    `terms_per_k` 3: bf16x3's 3 K exact products, (3 K + 2)."""
     xd, wd = x.double(), w.double()
     exact, size = xd @ wd.t(), xd.abs() @ wd.abs().t()
     err = (out.double() - exact).abs()
     assert out.dtype == torch.float32 and out.shape == exact.shape
-    bound = (x.shape[1] + 2) * 2**-24 * size
+    bound = (terms_per_k * x.shape[1] + 2) * 2**-24 * size
     assert (err <= bound).all(), f"max excess {(err - bound).max().item():.3g}"
 
 
@@ -562,6 +565,30 @@ def test_fp32_weight_is_not_rounded(triton_launches, config):
     assert triton_launches["_gemv_kernel"] == 1
 
 
+@pytest.mark.parametrize("m", [3, 17])
+def test_fp32_weight_bf16x3_matches_exact(triton_launches, m):
+    gen = torch.Generator().manual_seed(40 + m)
+    x = torch.randn(m, 300, generator=gen).to(torch.bfloat16)
+    w = torch.randn(24, 300, generator=gen) * 300**-0.5
+    assert_fp32_within_bound(gemv_op.gemv_fp32(x, w, config=BF16X3), x, w, terms_per_k=3)
+    assert triton_launches["_gemv_kernel"] == 1
+
+
+def test_fp32_weight_bf16x3_splits_the_weight_exactly(triton_launches):
+    # One-hot rows of x: each logit is hi + mid + lo of one weight times a power of two. Weights
+    # with all 24 significand bits set across many exponents come back bit for bit only if the
+    # three bf16 terms sum to the weight exactly (two terms would lose its last 8 bits).
+    gen = torch.Generator().manual_seed(34)
+    w = (1 + torch.rand(24, 80, generator=gen)) * (1 + 2**-20)
+    w = w * 2.0 ** torch.randint(-40, 40, (24, 80), generator=gen)
+    w[3, :] = -w[3, :]
+    cols = torch.tensor([0, 7, 79, 40, 1])
+    x = torch.zeros(5, 80, dtype=torch.bfloat16)
+    x[torch.arange(5), cols] = torch.tensor([1.0, -2.0, 0.5, 4.0, 1.0], dtype=torch.bfloat16)
+    out = gemv_op.gemv_fp32(x, w, config=BF16X3)
+    assert torch.equal(out, w[:, cols].t() * x[torch.arange(5), cols].float()[:, None])
+
+
 def test_fp32_weight_errors_and_empty(triton_launches):
     x = torch.zeros(2, 8, dtype=torch.bfloat16)
     w = torch.zeros(4, 8)
@@ -571,6 +598,10 @@ def test_fp32_weight_errors_and_empty(triton_launches):
         gemv_op.gemv_fp32(x.to(torch.int32), w)
     with pytest.raises(ValueError, match="use_dot needs block_m"):
         gemv_op.gemv_fp32(x, w, config=GemvConfig(16, 16, use_dot=True, block_m=8))
+    with pytest.raises(ValueError, match="bf16x3 needs use_dot"):
+        gemv_op.gemv_fp32(x, w, config=GemvConfig(16, 16, bf16x3=True))
+    with pytest.raises(ValueError, match="needs bf16 x"):
+        gemv_op.gemv_fp32(x.float(), w, config=BF16X3)
     assert gemv_op.gemv_fp32(x[:0], w).shape == (0, 4)
     assert torch.equal(gemv_op.gemv_fp32(x[:, :0], w[:, :0]), torch.zeros(2, 4))
     assert triton_launches["_gemv_kernel"] == 0
@@ -596,9 +627,17 @@ def test_fp32_default_config_for_the_router(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 8, 64, 256, 4096])
-@pytest.mark.parametrize("config", [None, GemvConfig(block_n=16, block_k=64, use_dot=True)])
+@pytest.mark.parametrize(
+    "config",
+    [
+        None,
+        GemvConfig(block_n=16, block_k=64, use_dot=True),
+        GemvConfig(block_n=64, block_k=64, split_k=None, use_dot=True, bf16x3=True),
+    ],
+)
 def test_gpu_fp32_weight_router_shape(m, config):
     gen = torch.Generator(device="cuda").manual_seed(m)
     x = torch.randn(m, 2304, generator=gen, device="cuda").to(torch.bfloat16)
     w = torch.randn(256, 2304, generator=gen, device="cuda") * 2304**-0.5
-    assert_fp32_within_bound(gemv_op.gemv_fp32(x, w, config=config), x, w)
+    out = gemv_op.gemv_fp32(x, w, config=config)
+    assert_fp32_within_bound(out, x, w, terms_per_k=3 if config and config.bf16x3 else 1)

@@ -50,7 +50,11 @@ measured about 14 bits), so the kernel adds its partial sums into the fp32 accum
 products (Triton's ``max_num_imprecise_acc``, the finest promotion there is), as the vendor FP8
 GEMM it replaces (rowwise ``_scaled_mm``) runs on the same MMA. Within those 32 products the bound
 above is not guaranteed; on the H200 the GPU tests' random o_proj-sized cases stay within it, and
-products of small integer codes (exact in any order) come out exact.
+products of small integer codes (exact in any order) come out exact. ``GemvConfig.bf16x3`` (fp32
+weights, bf16 x, ``tl.dot``) keeps the products exact on bf16 tensor cores: each fp32 weight is
+the exact sum of three bf16 terms (round to bf16, then round the exact remainder, twice; weights
+of magnitude 2^-100..2^126, far beyond a router's), each term times a bf16 x is exact in fp32,
+and the MMAs sum the 3 K products in fp32: the bound above with 3 K + 1 for K + 1.
 
 Launch shape (``GemvConfig``, ``default_config``): grid (M blocks, N blocks, SPLIT_K) with the M
 blocks of one N block adjacent in launch order, so that M > BLOCK_M re-reads a weight tile from L2.
@@ -176,6 +180,7 @@ if triton is not None:
         HAS_SCALES: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
         EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, FP8_MMA: tl.constexpr,
+        BF16X3: tl.constexpr,
     ):  # fmt: skip
         # Program (M block, N block, K split). PARTIAL: write fp32 sums to out_ptr's
         # [SPLIT_K, M, N] buffer for _gemv_split_reduce_kernel instead of the epilogue.
@@ -207,7 +212,18 @@ if triton is not None:
                     if w.dtype.is_fp8():  # e4m3 codes are exact in bf16, products in fp32
                         w = w.to(tl.bfloat16)
                         x = x.to(tl.bfloat16)
-                    if w.dtype == tl.float32:  # IEEE products: TF32 would round the weight
+                    if BF16X3:
+                        # w = hi + mid + lo exactly (8 significant bits each, fp32 has 24), and
+                        # bf16 x times each term is exact in fp32: bf16 MMAs, smallest term first.
+                        hi = w.to(tl.bfloat16)
+                        rest = w - hi.to(tl.float32)
+                        mid = rest.to(tl.bfloat16)
+                        lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
+                        x_t = tl.trans(x)
+                        acc = tl.dot(lo, x_t, acc)
+                        acc = tl.dot(mid, x_t, acc)
+                        acc = tl.dot(hi, x_t, acc)
+                    elif w.dtype == tl.float32:  # IEEE products: TF32 would round the weight
                         acc += tl.dot(w, tl.trans(x.to(tl.float32)), input_precision="ieee")
                     else:
                         acc += tl.dot(w, tl.trans(x))
@@ -270,7 +286,9 @@ class GemvConfig:
     software-pipeline stages, rows per program (None: ``min(16, next_power_of_2(M))``, with
     ``tl.dot`` ``next_power_of_2(M)`` within 16..64), and ``fp8_mma``: with ``tl.dot`` and FP8
     weights, the FP8 codes go into the tensor cores as they are instead of widened to bf16 (see
-    the module docstring's numerics). Powers of two except ``split_k`` and ``num_stages``."""
+    the module docstring's numerics), and ``bf16x3``: with ``tl.dot``, fp32 weights and bf16 x,
+    each weight tile is split into three bf16 terms for bf16 MMAs instead of FMA products.
+    Powers of two except ``split_k`` and ``num_stages``."""
 
     block_n: int
     block_k: int
@@ -280,6 +298,7 @@ class GemvConfig:
     num_stages: int = 3  # Triton's CUDA default, which the routed-experts GEMV ran at
     block_m: int | None = None
     fp8_mma: bool = False
+    bf16x3: bool = False
 
     def check(self) -> None:
         """ValueError unless the config can be launched."""
@@ -298,6 +317,8 @@ class GemvConfig:
                 f"fp8_mma needs use_dot and block_k >= 32 (one FP8 wgmma's K), got use_dot="
                 f"{self.use_dot}, block_k={self.block_k}"
             )
+        if self.bf16x3 and not self.use_dot:
+            raise ValueError("bf16x3 needs use_dot")
         if self.use_dot and (self.block_n < 16 or self.block_k < 16):
             raise ValueError(
                 f"use_dot needs block_n and block_k >= 16 (tl.dot's minimum), got "
@@ -385,12 +406,13 @@ def _launch_specs(
     has_bias: bool,
     even_k: bool,
     fp8_mma: bool,
+    bf16x3: bool,
 ) -> tuple[LaunchSpec, LaunchSpec | None]:
     """Cached ``LaunchSpec`` s (they hold the compiled kernels) of the main and reduce kernels."""
     main = LaunchSpec(
         HAS_SCALES=has_scales, HAS_BIAS=has_bias, PARTIAL=config.split_k > 1, EVEN_K=even_k,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        USE_DOT=config.use_dot, FP8_MMA=fp8_mma, num_warps=config.num_warps,
+        USE_DOT=config.use_dot, FP8_MMA=fp8_mma, BF16X3=bf16x3, num_warps=config.num_warps,
         num_stages=config.num_stages,
     )  # fmt: skip
     if config.split_k == 1:
@@ -428,7 +450,10 @@ def _launch(
     has_scales = x_scale is not None
     even_k = k % config.block_k == 0 and k_per_split * split_k == k
     fp8_mma = config.fp8_mma and weight.dtype in supported_fp8_dtypes()
-    main, reduce = _launch_specs(config, block_m, has_scales, bias is not None, even_k, fp8_mma)
+    bf16x3 = config.bf16x3 and weight.dtype == torch.float32
+    main, reduce = _launch_specs(
+        config, block_m, has_scales, bias is not None, even_k, fp8_mma, bf16x3
+    )
     # Unused pointer arguments get `out`: a valid tensor the constexpr flags never let be read.
     xs = x_scale if has_scales else out
     ws = w_scale if has_scales else out
@@ -566,8 +591,11 @@ def gemv_fp32(
     x: torch.Tensor, weight: torch.Tensor, *, config: GemvConfig | None = None
 ) -> torch.Tensor:
     """``x @ weight^T`` in fp32 for ``x`` ``[M, K]`` bf16 / fp16 / fp32 and ``weight`` ``[N, K]``
-    fp32; ``[M, N]`` fp32. ``config`` overrides ``default_config`` (benchmark sweeps)."""
+    fp32; ``[M, N]`` fp32. ``config`` overrides ``default_config`` (benchmark sweeps); a
+    ``bf16x3`` config needs bf16 x."""
     _check_operands(x, weight, None, _FP32_X_DTYPES, torch.float32)
+    if config is not None and config.bf16x3 and x.dtype != torch.bfloat16:
+        raise ValueError(f"a bf16x3 config needs bf16 x (exact in bf16 MMAs), got {x.dtype}")
     if not use_triton(x.device):
         return gemv_fp32_ref(x, weight)
     out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32, device=x.device)
