@@ -197,9 +197,11 @@ def test_fp8_mma_config_errors():
 
 
 def test_more_rows_than_a_block_and_fp16(triton_launches):
-    # M = 17: a second M block; fp16 weights; no bias.
-    x, w, _ = bf16_case(17, 9, 64, DEVICE, seed=3, bias=False)
+    # M = 65: the default (tl.dot, 64 rows per program) takes a second M block of one row; fp16
+    # weights; no bias.
+    x, w, _ = bf16_case(65, 9, 64, DEVICE, seed=3, bias=False)
     x, w = x.half(), w.half()
+    assert gemv_op._block_m(gemv_op.default_config(65, 9, 64, 2), 65) == 64
     out = gemv(x, w)
     assert out.dtype == torch.float16
     assert_within_bound(out, x, w)
