@@ -35,6 +35,7 @@ wrote. A `KimiMetadata` is therefore valid until the next `build` or `stage`.
 
 import math
 from dataclasses import dataclass
+from typing import NoReturn
 
 import numpy as np
 import torch
@@ -302,7 +303,7 @@ class KimiMetadataBuilder:
         arrays = (np.array(x, dtype=np.int64) for x in (computed, new, slots))
         return *arrays, written
 
-    def _raise_for_first_bad_row(self, seqs: list[SeqSchedule], num_decodes: int) -> None:
+    def _raise_for_first_bad_row(self, seqs: list[SeqSchedule], num_decodes: int) -> NoReturn:
         seen_slots = set()
         for i, s in enumerate(seqs):
             if i < num_decodes and (s.num_new != 1 or s.num_computed < 1):
@@ -333,3 +334,5 @@ class KimiMetadataBuilder:
                     f"seqs[{i}].block_table: {len(table)} blocks of {self.block_size} do not "
                     f"hold {s.num_computed + s.num_new} tokens"
                 )
+        # Only reached if the whole-batch checks and this walk ever disagreed: still refuse.
+        raise ValueError("seqs: the schedule failed a batch check that no single row fails")
