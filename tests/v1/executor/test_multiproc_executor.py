@@ -26,6 +26,7 @@ import torch
 from hf_kimi_linear import import_modeling_kimi_linear, random_hf_model
 
 from vllm import LLM, SamplingParams
+from vllm.v1.executor.multiproc_executor import Executor, WorkerFailed
 from vllm.v1.worker.model_runner import StepInput
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the gloo engine runs on CPU")
@@ -215,3 +216,52 @@ def test_worker_dying_before_joining_fails_startup(tmp_path):
     assert time.monotonic() - start < 2 * BOUND_S
     assert result.returncode != 0
     assert "RuntimeError: tensor-parallel worker 1 died" in result.stderr, result.stderr[-3000:]
+
+
+class _FailingWorker:
+    """A worker (process and pipe) that fails the first call it is sent with `error`: it sends
+    the traceback and exits."""
+
+    def __init__(self, error: str) -> None:
+        self.error, self.sent = error, []
+
+    def is_alive(self) -> bool:
+        return not self.sent
+
+    def poll(self, timeout: float = 0.0) -> bool:
+        return bool(self.sent)
+
+    def recv(self):
+        return self.sent.pop(0)
+
+    def send(self, message) -> None:
+        self.sent.append(("error", f"Traceback (most recent call last):\n  ...\n{self.error}\n"))
+
+    def join(self, timeout: float) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    "worker_error, raised",
+    [
+        ("ValueError: 4 heads do not split over TP 3", ValueError),  # the same failure
+        ("ValueError: something else", WorkerFailed),
+        ("KeyError: 'x'", WorkerFailed),
+    ],
+)
+def test_rank0_error_wins_over_the_same_error_from_a_worker(worker_error, raised):
+    # Whichever reports first (a worker, here), a failure every rank shares keeps rank 0's own
+    # exception type; a different worker failure is the engine's error.
+    class Runner:
+        def load_model(self):
+            raise ValueError("4 heads do not split over TP 3")
+
+    executor = object.__new__(Executor)
+    worker = _FailingWorker(worker_error)
+    executor.workers = [(worker, worker)]
+    executor.runner = Runner()
+    with pytest.raises(raised) as info:
+        executor.collective_rpc("load_model")
+    if raised is WorkerFailed:
+        assert "tensor-parallel worker 1 failed" in str(info.value)
+        assert worker_error in str(info.value)

@@ -6,12 +6,14 @@ then follow rank 0: each control message is `(method, *args)` on a pipe, and the
 the same method of its own runner. Tensors only move through the collectives inside the model;
 the pipes carry the step's host data (`StepInput`). Only rank 0 samples.
 
-A worker that raises sends its traceback and exits; one that dies is noticed by its pipe closing
-or its process ending. Either fails the engine with `RuntimeError` naming the rank instead of
-hanging: a collective with a dead gloo peer errors out, and rank 0 checks the workers around every
-call. At start-up each worker reports that it is running before rank 0 enters the rendezvous,
-which would otherwise wait for a worker that died while bootstrapping (e.g. a script without the
-`if __name__ == "__main__":` guard that spawn needs) until the collective timeout.
+A worker that raises sends its traceback and exits; one that dies is noticed by its pipe closing or
+its process ending. Either fails the engine with `RuntimeError` naming the rank instead of hanging
+(except where rank 0 raised the very same error as the failed worker, as every rank does for a model
+that cannot be built: then rank 0's own exception, a `ValueError` say, is raised): a collective with
+a dead gloo peer errors out, and rank 0 checks the workers around every call. At start-up each
+worker reports that it is running before rank 0 enters the rendezvous, which would otherwise wait
+for a worker that died while bootstrapping (e.g. a script without the `if __name__ == "__main__":`
+guard that spawn needs) until the collective timeout.
 """
 
 import multiprocessing as mp
@@ -33,6 +35,16 @@ from vllm.utils.network_utils import get_open_port
 from vllm.v1.worker.model_runner import ModelRunner
 
 logger = init_logger(__name__)
+
+
+class WorkerFailed(RuntimeError):
+    """A worker raised: its traceback is the message, `error` its last line (`Type: message`)."""
+
+    def __init__(self, rank: int, formatted_traceback: str) -> None:
+        super().__init__(f"tensor-parallel worker {rank} failed:\n{formatted_traceback}")
+        lines = formatted_traceback.strip().splitlines()
+        self.error = lines[-1] if lines else ""
+
 
 # Long enough for the first Triton compilation of a step; a dead peer fails a gloo collective at
 # once, this bounds a hung NCCL one.
@@ -119,7 +131,13 @@ class Executor:
         try:
             result = getattr(self.runner, method)(*args)
         except Exception as e:
-            self._check_workers()
+            try:
+                self._check_workers()
+            except WorkerFailed as failed:
+                # Every rank runs the same code: a worker that failed with rank 0's own error
+                # adds nothing, and whichever reported first, the caller sees that error's type.
+                if failed.error != f"{type(e).__name__}: {e}":
+                    raise
             raise e
         if method in _ANSWERED:
             for rank in range(1, len(self.workers) + 1):
@@ -149,7 +167,7 @@ class Executor:
             # poll() also reports a pipe whose other end closed: the worker is gone.
             self._fail(rank)
         if status != "ok":
-            raise RuntimeError(f"tensor-parallel worker {rank} failed:\n{payload}")
+            raise WorkerFailed(rank, payload)
         return payload
 
     def _fail(self, rank: int) -> NoReturn:
