@@ -138,7 +138,9 @@ GEMV_MAX_WEIGHT_NUMEL = 16 * 2**20
 # default_config instead of the vendor GEMM. benchmark_gemv.py --dot-sweep on the H200
 # (2026-12-01, docs/performance.md): FP8 o_proj 7.4-9.7 us at M = 4-64 and 13.0 at 128 against
 # _scaled_mm's 13.6-14.1 (1.8x to 1.07x), slower at 256; bf16 within 10% of cuBLAS either way
-# (o_proj faster, MLA q_proj slower), so bf16 stays with cuBLAS.
+# (o_proj faster, MLA q_proj slower), so bf16 stays with cuBLAS. Only o_proj was measured in FP8
+# (the PTPC recipe's one FP8 linear); recipes that quantize more send their other FP8 weights of
+# at most GEMV_MAX_WEIGHT_NUMEL elements here too.
 BF16_DOT_MAX_M = 0
 FP8_DOT_MAX_M = 128
 
