@@ -147,7 +147,7 @@ def test_fp8_dot_matches_exact(triton_launches, fp8_mma, config, m, bias):
 
 
 @pytest.mark.parametrize("weight_bytes", [1, 2])
-def test_default_config_takes_dot_above_the_gemv_rows(monkeypatch, triton_launches, weight_bytes):
+def test_default_config_takes_dot_above_the_gemv_rows(triton_launches, weight_bytes):
     # One row more than the multiply-and-sum's range: the default config is tl.dot, and runs.
     gemv_max = gemv_op.FP8_GEMV_MAX_M if weight_bytes == 1 else gemv_op.BF16_GEMV_MAX_M
     assert not gemv_op.default_config(gemv_max, 37, 200, weight_bytes).use_dot
