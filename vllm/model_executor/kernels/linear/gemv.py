@@ -59,9 +59,8 @@ and the MMAs sum the 3 K products in fp32: the bound above with 3 K + 1 for K + 
 Launch shape (``GemvConfig``, ``default_config``): grid (M blocks, N blocks, SPLIT_K) with the M
 blocks of one N block adjacent in launch order, so that M > BLOCK_M re-reads a weight tile from L2.
 The defaults aim at tens of KB of weight loads in flight per SM, the amount HBM latency needs on an
-H200 (132 SMs): a [BLOCK_N, BLOCK_K] tile of about 8 KB per step (BLOCK_K 256-1024 at BLOCK_N 4-16),
-4 warps, Triton's default 3 pipeline stages; BLOCK_N grows with M so that the activation rows each
-program re-reads from L2 (M * BLOCK_K per step) stay within a small multiple of the weight tile, and
+H200 (132 SMs): a [BLOCK_N, BLOCK_K] tile of about 8 KB per step (BLOCK_N 4, BLOCK_K 1024 for 16-bit
+weights, the 1-2 rows this form serves by default), 4 warps, Triton's default 3 pipeline stages, and
 SPLIT_K > 1 only when the N blocks alone give fewer than two programs per SM. ``USE_DOT`` swaps the
 broadcast-multiply-and-sum for ``tl.dot`` (weight as the wide operand, M padded to 16), whose time
 grows slowly with M: the default above ``FP8_GEMV_MAX_M`` (FP8) / ``BF16_GEMV_MAX_M`` (bf16 / fp16)
@@ -363,14 +362,14 @@ def auto_split_k(m: int, n: int, k: int, config: GemvConfig) -> int:
 @cache
 def default_config(m: int, n: int, k: int, weight_bytes: int) -> GemvConfig:
     """The launch shape for ``[m, k] @ [n, k]^T`` with ``weight_bytes`` per weight element
-    (module docstring: ~8 KB weight tile per step, BLOCK_N grown with M, split-K only when the
-    N blocks give fewer than two programs per SM; above ``FP8_GEMV_MAX_M`` (FP8) /
+    (module docstring: ~8 KB weight tile per step, split-K only when the N blocks give fewer
+    than two programs per SM; above ``FP8_GEMV_MAX_M`` (FP8) /
     ``BF16_GEMV_MAX_M`` rows: ``_dot_config``; fp32 weights: ``_fp32_config``)."""
     if weight_bytes == 4:
         return _fp32_config(m, n, k)
     if m > (FP8_GEMV_MAX_M if weight_bytes == 1 else BF16_GEMV_MAX_M):
         return _dot_config(m, n, k, weight_bytes)
-    block_n = 4 if m <= 2 else 8 if m <= 8 else 16
+    block_n = 4  # multiply-and-sum serves 1-2 rows: the rows add little to re-read from L2
     block_k = max(64, min(1024, _TILE_BYTES // (block_n * weight_bytes), next_power_of_2(k)))
     config = GemvConfig(block_n, block_k, num_warps=4)
     return replace(config, split_k=auto_split_k(m, n, k, config))
