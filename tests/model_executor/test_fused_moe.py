@@ -687,7 +687,7 @@ def test_router_rejects_bad_arguments():
     with pytest.raises(ValueError, match="top_k 9 exceeds the 8 experts of the 2 kept groups"):
         grouped_topk(logits, None, 9, num_expert_group=4, topk_group=2)
     with pytest.raises(ValueError, match="num_warps must be a positive power of two"):
-        grouped_topk_triton(logits, None, 2, num_warps=3)
+        grouped_topk_triton(logits.to(DEVICE), None, 2, num_warps=3)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -705,11 +705,12 @@ ROUTER_ULPS = dict(rtol=8 * 2**-23, atol=0.0)
 
 def router_inputs(tokens, experts, seed, device=DEVICE, dtype=torch.float32):
     # DEVICE: under the interpreter without a GPU; on a GPU machine the kernel itself (CPU tensors
-    # would have no Triton path there).
-    gen = torch.Generator(device=device).manual_seed(seed)
-    logits = torch.randn(tokens, experts, generator=gen, device=device).to(dtype)
-    bias = torch.randn(experts, generator=gen, device=device) * 0.1
-    return logits, bias
+    # would have no Triton path there). Drawn on the CPU, so that the seeds chosen for tie-free
+    # data give the same data on both.
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(tokens, experts, generator=gen).to(dtype)
+    bias = torch.randn(experts, generator=gen) * 0.1
+    return logits.to(device), bias.to(device)
 
 
 def decision_gap(logits, bias, top_k, groups=1, topk_group=1, scoring_func="sigmoid"):
@@ -864,8 +865,9 @@ def test_router_appends_fused_shared_expert_columns(experts, router, shared, tri
         weights, ids = impl(logits, bias, **router)
         top_k = router["top_k"]
         assert ids.shape == weights.shape == (5, top_k + shared)
-        assert torch.equal(ids[:, top_k:], torch.arange(experts, experts + shared).expand(5, -1))
-        assert torch.equal(weights[:, top_k:], torch.ones(5, shared))
+        shared_ids = torch.arange(experts, experts + shared, device=DEVICE).expand(5, -1)
+        assert torch.equal(ids[:, top_k:], shared_ids)
+        assert torch.equal(weights[:, top_k:], torch.ones(5, shared, device=DEVICE))
         assert bool((ids[:, :top_k] < experts).all())
     with pytest.raises(ValueError, match="num_fused_shared_experts must be >= 0"):
         grouped_topk(logits, bias, 2, num_fused_shared_experts=-1)

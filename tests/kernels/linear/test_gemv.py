@@ -546,9 +546,12 @@ def assert_fp32_within_bound(out, x, w, terms_per_k=1):
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
 def test_fp32_weight_gemv_matches_exact(triton_launches, config, m, x_dtype):
     gen = torch.Generator().manual_seed(30 + m)
-    x = torch.randn(m, 300, generator=gen).to(x_dtype)
-    w = torch.randn(24, 300, generator=gen) * 300**-0.5
-    assert_fp32_within_bound(gemv_op.gemv_fp32(x, w, config=FP32_CONFIGS[config]), x, w)
+    x = torch.randn(m, 300, generator=gen).to(x_dtype).to(DEVICE)
+    w = (torch.randn(24, 300, generator=gen) * 300**-0.5).to(DEVICE)
+    # The default takes bf16x3 for bf16 x above _FP32_DOT_MIN_M rows: 3 K products per sum.
+    bf16x3 = config == "default" and x_dtype == torch.bfloat16 and m > gemv_op._FP32_DOT_MIN_M
+    out = gemv_op.gemv_fp32(x, w, config=FP32_CONFIGS[config])
+    assert_fp32_within_bound(out, x, w, terms_per_k=3 if bf16x3 else 1)
     assert triton_launches["_gemv_kernel"] == 1
 
 
@@ -558,9 +561,9 @@ def test_fp32_weight_is_not_rounded(triton_launches, config):
     # output must equal the weight's column bit for bit. TF32 / bf16 rounding of the weight (its
     # low mantissa bits are set here) would not.
     gen = torch.Generator().manual_seed(33)
-    w = (1 + torch.rand(24, 80, generator=gen)) * (1 + 2**-20)
-    cols = torch.tensor([0, 7, 79, 40, 1])
-    x = torch.zeros(5, 80, dtype=torch.bfloat16)
+    w = ((1 + torch.rand(24, 80, generator=gen)) * (1 + 2**-20)).to(DEVICE)
+    cols = torch.tensor([0, 7, 79, 40, 1], device=DEVICE)
+    x = torch.zeros(5, 80, dtype=torch.bfloat16, device=DEVICE)
     x[torch.arange(5), cols] = torch.tensor([1.0, -2.0, 0.5, 4.0, 1.0], dtype=torch.bfloat16)
     out = gemv_op.gemv_fp32(x, w, config=FP32_CONFIGS[config])
     assert torch.equal(out, w[:, cols].t() * x[torch.arange(5), cols].float()[:, None])
@@ -570,8 +573,8 @@ def test_fp32_weight_is_not_rounded(triton_launches, config):
 @pytest.mark.parametrize("m", [3, 17])
 def test_fp32_weight_bf16x3_matches_exact(triton_launches, m):
     gen = torch.Generator().manual_seed(40 + m)
-    x = torch.randn(m, 300, generator=gen).to(torch.bfloat16)
-    w = torch.randn(24, 300, generator=gen) * 300**-0.5
+    x = torch.randn(m, 300, generator=gen).to(torch.bfloat16).to(DEVICE)
+    w = (torch.randn(24, 300, generator=gen) * 300**-0.5).to(DEVICE)
     assert_fp32_within_bound(gemv_op.gemv_fp32(x, w, config=BF16X3), x, w, terms_per_k=3)
     assert triton_launches["_gemv_kernel"] == 1
 
@@ -584,16 +587,17 @@ def test_fp32_weight_bf16x3_splits_the_weight_exactly(triton_launches):
     w = (1 + torch.rand(24, 80, generator=gen)) * (1 + 2**-20)
     w = w * 2.0 ** torch.randint(-40, 40, (24, 80), generator=gen)
     w[3, :] = -w[3, :]
-    cols = torch.tensor([0, 7, 79, 40, 1])
-    x = torch.zeros(5, 80, dtype=torch.bfloat16)
+    w = w.to(DEVICE)
+    cols = torch.tensor([0, 7, 79, 40, 1], device=DEVICE)
+    x = torch.zeros(5, 80, dtype=torch.bfloat16, device=DEVICE)
     x[torch.arange(5), cols] = torch.tensor([1.0, -2.0, 0.5, 4.0, 1.0], dtype=torch.bfloat16)
     out = gemv_op.gemv_fp32(x, w, config=BF16X3)
     assert torch.equal(out, w[:, cols].t() * x[torch.arange(5), cols].float()[:, None])
 
 
 def test_fp32_weight_errors_and_empty(triton_launches):
-    x = torch.zeros(2, 8, dtype=torch.bfloat16)
-    w = torch.zeros(4, 8)
+    x = torch.zeros(2, 8, dtype=torch.bfloat16, device=DEVICE)
+    w = torch.zeros(4, 8, device=DEVICE)
     with pytest.raises(ValueError, match="weight torch.float32"):
         gemv_op.gemv_fp32(x, w.bfloat16())
     with pytest.raises(ValueError, match="x must be one of"):
@@ -605,7 +609,7 @@ def test_fp32_weight_errors_and_empty(triton_launches):
     with pytest.raises(ValueError, match="needs bf16 x"):
         gemv_op.gemv_fp32(x.float(), w, config=BF16X3)
     assert gemv_op.gemv_fp32(x[:0], w).shape == (0, 4)
-    assert torch.equal(gemv_op.gemv_fp32(x[:, :0], w[:, :0]), torch.zeros(2, 4))
+    assert torch.equal(gemv_op.gemv_fp32(x[:, :0], w[:, :0]), torch.zeros(2, 4, device=DEVICE))
     assert triton_launches["_gemv_kernel"] == 0
 
 
@@ -616,8 +620,15 @@ def test_fp32_default_config_for_the_router(monkeypatch):
     gemv_op.default_config.cache_clear()
     try:
         configs = {m: gemv_op.default_config(m, 256, 2304, 4) for m in [1, 8, 9, 64, 256, 4096]}
+        bf16 = {m: gemv_op.default_config(m, 256, 2304, 4, True) for m in [1, 8, 9, 256, 4096]}
     finally:
         gemv_op.default_config.cache_clear()
+    # bf16 x: bf16x3 above 8 rows, 32-row M blocks up to 256 rows, then 64.
+    for m, cfg in bf16.items():
+        cfg.check()
+        assert cfg.bf16x3 == cfg.use_dot == (m > gemv_op._FP32_DOT_MIN_M)
+        assert m <= 8 or cfg.block_m == (32 if m <= 256 else 64)
+    assert bf16[1] == configs[1] and bf16[8] == configs[8]
     for m, cfg in configs.items():
         cfg.check()
         assert cfg.use_dot == (m > gemv_op._FP32_DOT_MIN_M)

@@ -1,52 +1,63 @@
 """`router_logits`: the fp32 router logits of bf16 / fp32 hidden states, against exact fp64
 products (bound of tests/kernels/linear/test_gemv.py's fp32 section: (K + 2) * 2^-24 *
-sum_k |x_k w_k|), its dispatch by T, argument errors, and on a GPU Kimi's sizes and graph replay.
+sum_k |x_k w_k|, (3 K + 2) for bf16x3), its dispatch by T and dtype, argument errors, and on a GPU
+Kimi's sizes and graph replay. The kernel tests run on the GPU where there is one (the
+interpreter otherwise), on data drawn on the CPU so that both see the same values.
 """
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from vllm.model_executor.kernels.linear import gemv as gemv_op
 from vllm.model_executor.layers.fused_moe import router as router_mod
 from vllm.model_executor.layers.fused_moe.router import router_logits, router_logits_ref
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 def case(t: int, e: int, h: int, device: str, seed: int, dtype=torch.bfloat16):
-    gen = torch.Generator(device=device).manual_seed(seed)
-    x = torch.randn(t, h, generator=gen, device=device).to(dtype)
-    w = torch.randn(e, h, generator=gen, device=device) * h**-0.5
-    return x, w
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, h, generator=gen).to(dtype)
+    w = torch.randn(e, h, generator=gen) * h**-0.5
+    return x.to(device), w.to(device)
 
 
-def assert_within_bound(out, x, w):
+def assert_within_bound(out, x, w, terms_per_k=1):
     xd, wd = x.double(), w.double()
     exact, size = xd @ wd.t(), xd.abs() @ wd.abs().t()
     assert out.dtype == torch.float32 and out.shape == exact.shape
-    bound = (x.shape[1] + 2) * 2**-24 * size
+    bound = (terms_per_k * x.shape[1] + 2) * 2**-24 * size
     err = (out.double() - exact).abs()
     assert (err <= bound).all(), f"max excess {(err - bound).max().item():.3g}"
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("t,e,h", [(1, 16, 64), (3, 64, 300), (17, 32, 136)])
-def test_matches_exact(monkeypatch, triton_launches, t, e, h):
-    # T = 17 takes the kernel's tl.dot configuration (above _FP32_DOT_MIN_M rows).
+def test_matches_exact(monkeypatch, triton_launches, t, e, h, dtype):
+    # T = 17 takes the kernel's tl.dot configurations (above _FP32_DOT_MIN_M rows): bf16x3 for
+    # bf16 x, FMA products for fp32 x (allowed there by the raised threshold).
     monkeypatch.setattr(router_mod, "ROUTER_GEMV_MAX_T", 32)
-    x, w = case(t, e, h, "cpu", seed=t)
-    assert_within_bound(router_logits(x, w), x, w)
+    x, w = case(t, e, h, DEVICE, seed=t, dtype=dtype)
+    terms = 3 if t > gemv_op._FP32_DOT_MIN_M and dtype == torch.bfloat16 else 1
+    assert_within_bound(router_logits(x, w), x, w, terms)
     assert triton_launches["_gemv_kernel"] == 1
     assert_within_bound(router_logits_ref(x, w), x, w)  # the bound holds for cuBLAS / MKL too
 
 
-def test_dispatch_by_tokens(monkeypatch, triton_launches):
+def test_dispatch_by_tokens_and_dtype(monkeypatch, triton_launches):
     monkeypatch.setattr(router_mod, "ROUTER_GEMV_MAX_T", 4)
-    x, w = case(5, 16, 64, "cpu", seed=5)
-    assert torch.equal(router_logits(x, w), F.linear(x.float(), w))  # above: the reference
+    x, w = case(9, 16, 64, DEVICE, seed=5)
+    # Above the threshold only bf16 x takes the kernel (bf16x3); fp32 x: the reference.
+    assert torch.equal(router_logits(x.float(), w), F.linear(x.float(), w))
     assert triton_launches["_gemv_kernel"] == 0
-    router_logits(x[:4], w)
+    assert_within_bound(router_logits(x, w), x, w, terms_per_k=3)
+    assert triton_launches["_gemv_kernel"] == 1
+    router_logits(x[:4].float(), w)
+    assert triton_launches["_gemv_kernel"] == 2
     router_logits(x.t().contiguous().t()[:4], w)  # x strided on H: the reference
-    assert triton_launches["_gemv_kernel"] == 1
     assert router_logits(x[:0], w).shape == (0, 16)
-    assert triton_launches["_gemv_kernel"] == 1
+    assert triton_launches["_gemv_kernel"] == 2
 
 
 def test_cpu_without_interpreter_runs_the_reference(monkeypatch, triton_launches):
@@ -80,9 +91,8 @@ KIMI = dict(e=256, h=2304)
 @pytest.mark.parametrize("t", [1, 8, 64, 256, 4096])
 def test_gpu_kimi_sizes(triton_launches, t):
     x, w = case(t, KIMI["e"], KIMI["h"], "cuda", seed=t)
-    assert_within_bound(router_logits(x, w), x, w)
-    expected = 1 if t <= router_mod.ROUTER_GEMV_MAX_T else 0
-    assert triton_launches["_gemv_kernel"] == expected
+    assert_within_bound(router_logits(x, w), x, w, 3 if t > gemv_op._FP32_DOT_MIN_M else 1)
+    assert triton_launches["_gemv_kernel"] == 1  # bf16 x: the kernel at every T
 
 
 @pytest.mark.gpu

@@ -67,7 +67,8 @@ grows slowly with M: the default above ``FP8_GEMV_MAX_M`` (FP8) / ``BF16_GEMV_MA
 rows (``_dot_config``: BLOCK_N 64 channels, the MMA's 64-row side, [64, 128] weight tiles, 4 stages,
 split-K up to one program per SM, fed to the same reduce kernel; FP8 MMAs for FP8 weights), and for
 fp32 weights at more than ``_FP32_DOT_MIN_M`` rows, where the FMA cost of one reduction per row and
-N block outgrows the weight read (the router's 256 x 2304 fp32 gate at T = 64..256). ``block_m``
+N block outgrows the weight read (the router's 256 x 2304 fp32 gate at T = 64..256); with bf16 x
+there ``bf16x3`` on bf16 tensor cores (``_fp32_config``). ``block_m``
 (rows per program; None: ``min(16, next_power_of_2(M))``, with ``tl.dot`` ``next_power_of_2(M)``
 within 16..64) trades L2 re-reads of the weight for fewer programs. These are starting points
 measured by ``benchmarks/kernels/benchmark_gemv.py --configs`` / ``--dot-sweep`` and, for fp32
@@ -360,13 +361,14 @@ def auto_split_k(m: int, n: int, k: int, config: GemvConfig) -> int:
 
 
 @cache
-def default_config(m: int, n: int, k: int, weight_bytes: int) -> GemvConfig:
+def default_config(m: int, n: int, k: int, weight_bytes: int, bf16_x: bool = False) -> GemvConfig:
     """The launch shape for ``[m, k] @ [n, k]^T`` with ``weight_bytes`` per weight element
     (module docstring: ~8 KB weight tile per step, split-K only when the N blocks give fewer
     than two programs per SM; above ``FP8_GEMV_MAX_M`` (FP8) /
-    ``BF16_GEMV_MAX_M`` rows: ``_dot_config``; fp32 weights: ``_fp32_config``)."""
+    ``BF16_GEMV_MAX_M`` rows: ``_dot_config``; fp32 weights: ``_fp32_config``, where ``bf16_x``
+    (x in bf16) allows ``bf16x3``)."""
     if weight_bytes == 4:
-        return _fp32_config(m, n, k)
+        return _fp32_config(m, n, k, bf16_x)
     if m > (FP8_GEMV_MAX_M if weight_bytes == 1 else BF16_GEMV_MAX_M):
         return _dot_config(m, n, k, weight_bytes)
     block_n = 4  # multiply-and-sum serves 1-2 rows: the rows add little to re-read from L2
@@ -384,11 +386,18 @@ def _dot_config(m: int, n: int, k: int, weight_bytes: int) -> GemvConfig:
     return replace(config, split_k=auto_split_k(m, n, k, config))
 
 
-def _fp32_config(m: int, n: int, k: int) -> GemvConfig:
+def _fp32_config(m: int, n: int, k: int, bf16_x: bool) -> GemvConfig:
     # Few rows: as many single-pass programs as the N blocks allow before splitting K (a split
     # costs a second launch, comparable to the whole read of the router's 2.4 MB gate): BLOCK_N 2
-    # gives 128 programs on its 256 experts. More rows: tl.dot (FMA, ieee) over [16, 64] weight
-    # tiles, M blocks of up to 64 rows so that T = 256 re-reads the weight from L2 only 4 times.
+    # gives 128 programs on its 256 experts. More rows with bf16 x: bf16x3 on [64, 64] weight
+    # tiles, 32-row M blocks up to 256 rows, then 64 (the router's gate on the H200,
+    # benchmark_router.py --logits: 7.5 / 7.9 / 10.7 / 19.0 / 84.8 us at T = 16 / 64 / 256 /
+    # 1024 / 8192 against cuBLAS's fp32 GEMM's 17.6 / 16.0 / 21.5 / 49.0 / 252, 2026-12-01).
+    # Other x: tl.dot (FMA, ieee) over [16, 64] weight tiles, M blocks of up to 64 rows so that
+    # T = 256 re-reads the weight from L2 only 4 times.
+    if m > _FP32_DOT_MIN_M and bf16_x:
+        config = GemvConfig(64, 64, use_dot=True, block_m=32 if m <= 256 else 64, bf16x3=True)
+        return replace(config, split_k=auto_split_k(m, n, k, config))
     if m <= _FP32_DOT_MIN_M:
         block_n, block_k, use_dot, block_m = 2, min(1024, max(64, next_power_of_2(k))), False, None
     else:
@@ -437,7 +446,7 @@ def _launch(
     m, k = x.shape
     n = weight.shape[0]
     if config is None:
-        config = default_config(m, n, k, weight.element_size())
+        config = default_config(m, n, k, weight.element_size(), x.dtype == torch.bfloat16)
     else:
         config.check()
     if config.split_k is None:

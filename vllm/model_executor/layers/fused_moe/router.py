@@ -37,11 +37,13 @@ distinct, ids.
 
 The logits themselves: `router_logits(x, gate_weight)` is `F.linear(x.float(), gate_weight)`
 (reference `router_logits_ref`) for hidden states `x` `[T, H]` bf16 / fp16 / fp32 and the fp32
-gate `[E, H]`, returning `[T, E]` fp32. Up to `ROUTER_GEMV_MAX_T` tokens (decode) on a GPU it runs
-the fp32-weight GEMV of vllm/model_executor/kernels/linear/gemv.py (`gemv_fp32`), which converts
-x in registers instead of writing an fp32 copy, and sums IEEE fp32 products in fp32 (no TF32:
-top-k selection is sensitive to the logits); above it (prefill), cuBLAS's fp32 GEMM. The choice
-depends on T only, so a captured graph always holds the path its size was captured with.
+gate `[E, H]`, returning `[T, E]` fp32. On a GPU it runs the fp32-weight kernel of
+vllm/model_executor/kernels/linear/gemv.py (`gemv_fp32`), which reads x as it is instead of
+writing an fp32 copy and keeps fp32 accuracy (no TF32: top-k selection is sensitive to the
+logits): IEEE fp32 products up to `ROUTER_GEMV_MAX_T` tokens (decode), and for bf16 x above
+that its `bf16x3` form, exact products of the gate split into three bf16 terms on bf16 tensor
+cores. fp16 / fp32 x above `ROUTER_GEMV_MAX_T` tokens keep cuBLAS's fp32 GEMM. The choice depends
+on T and the dtype only, so a captured graph always holds the path its size was captured with.
 """
 
 import torch
@@ -59,10 +61,10 @@ except ImportError:  # CPU-only installs without Triton use the reference
 _SCORING = ("sigmoid", "softmax")
 _LOGIT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _EPS = 1e-20
-# Tokens up to which `router_logits` takes the GEMV kernel; larger batches keep cuBLAS, whose tiled
-# GEMM wins once the products, not the weight read, dominate. On the H200 (benchmark_router.py
-# --logits, graph replay with the x.float() copy counted, 2026-12-01): 4.1 vs 6.6 us at T = 1,
-# 11.8 vs 16.8 us at T = 8, but 23.9 vs 16.1 at T = 64 and 58.3 vs 21.2 at T = 256.
+# Tokens up to which `router_logits` takes the GEMV kernel's FMA forms for any x dtype; above it
+# only bf16 x, through bf16x3. On the H200 (benchmark_router.py --logits, graph replay with the
+# x.float() copy counted, 2026-12-01): 4.1 vs 6.6 us at T = 1, 11.8 vs 16.8 us at T = 8, but 23.9
+# vs 16.1 at T = 64 and 58.3 vs 21.2 at T = 256; bf16x3 (gemv._fp32_config) 7.9 and 10.7 there.
 ROUTER_GEMV_MAX_T = 8
 
 if triton is not None:
@@ -333,12 +335,15 @@ def router_logits_ref(x: torch.Tensor, gate_weight: torch.Tensor) -> torch.Tenso
 
 def router_logits(x: torch.Tensor, gate_weight: torch.Tensor) -> torch.Tensor:
     """Router logits `[T, E]` fp32 of hidden states `x` `[T, H]` (bf16 / fp16 / fp32) and the fp32
-    gate `gate_weight` `[E, H]`: the GEMV kernel for 1..`ROUTER_GEMV_MAX_T` tokens where
-    `use_triton` says so and both have unit stride on H, else the reference."""
+    gate `gate_weight` `[E, H]`: the GEMV kernel for 1..`ROUTER_GEMV_MAX_T` tokens, and for any
+    number of bf16 tokens, where `use_triton` says so and both have unit stride on H; else the
+    reference."""
     _check_logits_args(x, gate_weight)
+    t = x.shape[0]
     if (
         use_triton(x.device)
-        and 0 < x.shape[0] <= ROUTER_GEMV_MAX_T
+        and 0 < t
+        and (t <= ROUTER_GEMV_MAX_T or x.dtype == torch.bfloat16)
         and x.stride(1) == 1
         and gate_weight.stride(1) == 1
     ):
