@@ -192,6 +192,8 @@ def _drive_ops() -> None:
     for n in (8, 2):
         h200 = kda_decode_config(n, 32, 128, H200_SMS)
         _drive_kda_decode(n, 32, 128, [h200, KdaDecodeConfig(128, 8), KdaDecodeConfig(32, 4)])
+    # The epilogue's fattest shift programs: 1024-channel tiles, one each and in a loop.
+    _drive_kda_decode(2, 32, 128, [KdaDecodeConfig(64, 4, 8), KdaDecodeConfig(64, 4, 1)])
     _drive_kda_decode(3, 3, 16, [KdaDecodeConfig(4, 2), KdaDecodeConfig(16, 2)])
 
     # The router's fp32 gate first (bf16 x, fp32 weight): multiply-and-sum at T = 1, the ieee
