@@ -188,8 +188,8 @@ if triton is not None:
         # channels, `BLOCK_C` at a time. With the norm, program (n, 0) owns the whole token: it
         # norms every head (a [D] row of o each) and, with QUANT, takes the token's amax over all
         # heads and writes FP8 codes `[N, H * D]` and the scale `[N, 1]` instead of the
-        # model-dtype row. It is column 0 so that blocks (scheduled column by column) start the
-        # token programs, the epilogue's longest, first instead of leaving them to a last wave.
+        # model-dtype row. It is column 0 because blocks are dispatched in order, program_id(0)
+        # fastest: the token programs, the epilogue's longest, start first instead of last.
         n = tl.program_id(0).to(tl.int64)
         if APPLY_NORM:
             first = (tl.program_id(1) - 1) * span
