@@ -3,14 +3,22 @@ against the fused decode + PTPC epilogue.
 
 Shapes: Kimi-K3 per GPU at TP8 (12 heads x 128) and Kimi-Linear (32 heads x 128), batch 1-256.
 
-Variant sweep (the op alone, with its gated-RMSNorm epilogue), one line per (shape, batch):
+Variant sweep (the op alone, with its gated-RMSNorm epilogue; with --quantize the engine's PTPC
+call, `quantize=True`, whose FP8 quantization the V-split epilogue does), one line per (shape,
+batch):
 
-  v{block_v}w{num_warps}  `KdaDecodeConfig(block_v, num_warps)`; v128 is the single kernel (v128w8
-                          is the kernel before the V split), v64 and below the V-split kernel plus
-                          its epilogue kernel
+  v{block_v}w{num_warps}[e{shift_programs}]
+                          `KdaDecodeConfig(block_v, num_warps, shift_programs)`; v128 is the
+                          single kernel (v128w8 is the kernel before the V split), v64 and below
+                          the V-split kernel plus its epilogue kernel, whose q/k window shifts of
+                          a token take at most `shift_programs` programs (without e: the default,
+                          `kda_epilogue_programs`)
   us / %copy              microseconds per call, and the state bytes (read + written, 2 * N * H *
                           D * D * 4 B) per second over the device's copy bandwidth (an eager
                           `copy_` of --copy-gib GiB measured in the same run, read + write bytes)
+  ep                      V-split only: microseconds of the epilogue kernel alone, the mean of its
+                          launches' device times (torch profiler) over eager calls on the same
+                          rotating slots
   best, heuristic         the fastest variant, and what `kda_decode_config` picks (its time and
                           how much slower than the best it is)
 
@@ -30,13 +38,20 @@ layer counted by the torch profiler over one eager call. Prints tables; `--csv` 
 
     python benchmarks/kernels/benchmark_kda_decode.py --csv kda_decode.csv
 
-`--dry-run` checks three variants (v32w4 single, v16w2 and v8w1 split, at D = 32) once against the
+The epilogue's layouts at Kimi-Linear's engine call (a row per shift-program count):
+
+    python benchmarks/kernels/benchmark_kda_decode.py --shapes kimi-linear --quantize \
+        --batches 1 8 64 256 --no-compare \
+        --variants v64w4e1 v64w4e2 v64w4e4 v64w4e8 v64w4e16 v64w4e64 v16w4e8 v16w4e64
+
+`--dry-run` checks three variants (v32w4 single, v16w2 and v8w1e1 split, at D = 32) once against the
 torch reference at a tiny shape, untimed; without a GPU run it under the Triton interpreter:
 TRITON_INTERPRET=1 python ... --dry-run
 """
 
 import argparse
 import itertools
+import re
 import sys
 
 import torch
@@ -122,8 +137,41 @@ def count_kernels(fn) -> int:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
+def kernel_us(fn, calls: int, kernel: str) -> float:
+    """Mean device microseconds of the launches of `kernel` over `calls` eager calls of `fn`
+    (the profiler's kernel records: launch gaps and the other kernels are not counted)."""
+    fn()  # compiled before the profile
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    times = [
+        e.time_range.elapsed_us()
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA and kernel in e.name
+    ]
+    return sum(times) / len(times) if times else float("nan")
+
+
 def name(config: KdaDecodeConfig) -> str:
-    return f"v{config.block_v}w{config.num_warps}"
+    shifts = "" if config.shift_programs is None else f"e{config.shift_programs}"
+    return f"v{config.block_v}w{config.num_warps}{shifts}"
+
+
+def cell(row: dict[str, object], key: str) -> str:
+    text = f"{row[f'{key}_us']:.1f}({row[f'{key}_pct_copy']:.0f}%)"
+    if f"{key}_epilogue_us" in row:
+        text += f" ep {row[f'{key}_epilogue_us']:.1f}"
+    return text
+
+
+def parse_variant(text: str) -> KdaDecodeConfig:
+    match = re.fullmatch(r"v(\d+)w(\d+)(?:e(\d+))?", text)
+    if match is None:
+        raise ValueError(text)
+    block_v, warps, shifts = match.groups()
+    return KdaDecodeConfig(int(block_v), int(warps), None if shifts is None else int(shifts))
 
 
 def sweep(shape: str, batch: int, args, copy: float, sms: int, variants) -> dict[str, object]:
@@ -137,26 +185,35 @@ def sweep(shape: str, batch: int, args, copy: float, sms: int, variants) -> dict
     calls = max(args.graph_calls, blocks)
     step = make_step(batch, heads, args.lower_bound, slots=blocks * batch)
     slot_sets = [torch.arange(batch, device="cuda") + batch * i for i in range(blocks)]
+    quantize = args.quantize
+    row = dict(shape=shape, batch=batch)
 
-    def timed(config: KdaDecodeConfig) -> float:
+    def caller(config: KdaDecodeConfig):
         sets = itertools.cycle(slot_sets)
 
         def call():
-            return fused_kda_decode(**dict(step, slots=next(sets)), config=config)
+            slots = next(sets)
+            return fused_kda_decode(**dict(step, slots=slots), config=config, quantize=quantize)
 
-        return time_graph(call, calls, reps=args.reps)
+        return call
 
-    row = dict(shape=shape, batch=batch)
-    times = {name(config): timed(config) for config in variants}
-    for key, us in times.items():
+    def timed(config: KdaDecodeConfig) -> float:
+        us = time_graph(caller(config), calls, reps=args.reps)
+        key = name(config)
         row[f"{key}_us"] = round(us, 2)
         row[f"{key}_pct_copy"] = round(100 * per_call / us / 1e3 / copy, 1)
+        if config.block_v < HEAD_DIM:
+            epilogue = kernel_us(caller(config), calls, "_kda_decode_epilogue_kernel")
+            row[f"{key}_epilogue_us"] = round(epilogue, 2)
+        return us
+
+    times = {name(config): timed(config) for config in variants}
     best = min(times, key=times.get)
-    chosen = name(kda_decode_config(batch, heads, HEAD_DIM, sms))
+    default = kda_decode_config(batch, heads, HEAD_DIM, sms)
+    chosen = name(default)
     row.update(best=best, heuristic=chosen, state_mib=round(per_call / 2**20, 1))
     if chosen not in times:  # a heuristic outside the swept grid: time it too
-        times[chosen] = timed(kda_decode_config(batch, heads, HEAD_DIM, sms))
-        row[f"{chosen}_us"] = round(times[chosen], 2)
+        times[chosen] = timed(default)
     row["heuristic_over_best"] = round(times[chosen] / times[best], 3)
     return row
 
@@ -180,7 +237,7 @@ def dry_run() -> int:
     """Every variant (scaled to D = 32) once against the reference at a tiny shape."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     d, out_err, state_err = 32, 0.0, 0.0
-    variants = [KdaDecodeConfig(32, 4), KdaDecodeConfig(16, 2), KdaDecodeConfig(8, 1)]
+    variants = [KdaDecodeConfig(32, 4), KdaDecodeConfig(16, 2), KdaDecodeConfig(8, 1, 1)]
     for config in variants:
         step = make_step(3, 2, -5.0, device=device, head_dim=d, slots=4)
         ref_step = dict(step, conv_state=step["conv_state"].clone())
@@ -210,7 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--variants", nargs="+", default=[f"v{b}w{w}" for b, w in VARIANTS],
-        help="launch variants to sweep, as v{block_v}w{num_warps}",
+        help="launch variants to sweep, as v{block_v}w{num_warps}[e{shift_programs}]",
+    )  # fmt: skip
+    parser.add_argument(
+        "--quantize", action="store_true",
+        help="sweep the engine's PTPC call (quantize=True: FP8 codes from the epilogue)",
     )  # fmt: skip
     parser.add_argument("--lower-bound", type=float, default=-5.0, help="gate lower bound (K3)")
     parser.add_argument("--graph-calls", type=int, default=20, help="calls per captured graph")
@@ -223,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-unfused", action="store_true", help="skip the fla-core unfused comparison"
     )
+    parser.add_argument("--no-compare", action="store_true", help="the variant sweep only")
     parser.add_argument("--csv", help="write the variant sweep to this CSV file")
     parser.add_argument(
         "--dry-run", action="store_true", help="three variants once, checked, untimed (CPU too)"
@@ -235,9 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.copy_gib < 1:
         parser.error("--copy-gib must be >= 1 so the copy is not served from L2")
     try:
-        variants = [KdaDecodeConfig(*map(int, v[1:].split("w"))) for v in args.variants]
+        variants = [parse_variant(v) for v in args.variants]
     except ValueError:
-        parser.error("--variants are v{block_v}w{num_warps}, e.g. v32w4")
+        parser.error("--variants are v{block_v}w{num_warps}[e{shift_programs}], e.g. v64w4e8")
 
     # Imported here: that module needs Triton, which --dry-run on a bare CPU may lack.
     from benchmark_rmsnorm_gated_fp8_per_token import copy_gbps, write_csv
@@ -245,8 +307,10 @@ def main(argv: list[str] | None = None) -> int:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     copy = copy_gbps(args.copy_gib)
     print(f"{torch.cuda.get_device_name(0)}: copy {copy:.0f} GB/s (read + write), {sms} SMs")
-    print("variant sweep (op alone, norm epilogue, cold state): us (% of copy)")
-    header = " ".join(f"{name(c):>13}" for c in variants)
+    call = "quantize=True" if args.quantize else "norm epilogue"
+    print(f"variant sweep (op alone, {call}, cold state): us (% of copy) [ep epilogue us]")
+    width = 24
+    header = " ".join(f"{name(c):>{width}}" for c in variants)
     print(f"{'shape':>12} {'B':>4} {header}  best / heuristic")
     rows = []
     with torch.inference_mode():
@@ -255,16 +319,15 @@ def main(argv: list[str] | None = None) -> int:
                 row = sweep(shape, batch, args, copy, sms, variants)
                 rows.append(row)
                 write_csv(args.csv, rows)  # after every row: an interrupted run keeps its rows
-                cells = " ".join(
-                    f"{row[f'{name(c)}_us']:7.1f}({row[f'{name(c)}_pct_copy']:3.0f}%)"
-                    for c in variants
-                )
+                cells = " ".join(f"{cell(row, name(c)):>{width}}" for c in variants)
                 print(
                     f"{shape:>12} {batch:>4} {cells}  {row['best']} / {row['heuristic']} "
-                    f"({row['heuristic_over_best']:.2f}x best)",
+                    f"{cell(row, row['heuristic'])} ({row['heuristic_over_best']:.2f}x best)",
                     flush=True,
                 )
                 torch.cuda.empty_cache()
+        if args.no_compare:
+            return 0
 
         norm = None
         if not args.no_unfused:

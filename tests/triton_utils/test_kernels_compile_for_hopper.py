@@ -63,8 +63,9 @@ KERNELS = {
 # Variants compiled per kernel: the first launches with distinct constexprs, dtypes and options
 # (the ops are driven at Kimi-Linear's sizes first). A compile takes 0.1-3 s on 2 cores.
 MAX_VARIANTS = 8
-# The GEMV's one kernel runs two algorithms (multiply-and-sum, tl.dot) on three weight dtypes.
-MAX_VARIANTS_OF = {"_gemv_kernel": 20}
+# The GEMV's one kernel runs two algorithms (multiply-and-sum, tl.dot) on three weight dtypes;
+# the KDA decode epilogue 9 (norm, quantized, shift-only; three shift tiles; chunked norm).
+MAX_VARIANTS_OF = {"_gemv_kernel": 20, "_kda_decode_epilogue_kernel": 10}
 H200_SMS = 132
 FP8 = torch.float8_e4m3fn  # NVIDIA's FP8 (the interpreter machine's platform may differ)
 
@@ -136,7 +137,7 @@ def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def _drive_kda_decode(n: int, heads: int, d: int, configs) -> None:
+def _drive_kda_decode(n: int, heads: int, d: int, configs, norm: bool = True) -> None:
     gen = _gen(n + heads + d)
     proj = torch.randn(n, 4 * heads * d, generator=gen).to(torch.bfloat16)
 
@@ -157,6 +158,9 @@ def _drive_kda_decode(n: int, heads: int, d: int, configs) -> None:
         )
 
     for config in configs:
+        if not norm:
+            fused_kda_decode(**dict(step(), norm_weight=None, gate=None), config=config)
+            continue
         fused_kda_decode(**step(), config=config)
         fused_kda_decode(**step(), config=config, quantize=True, quant_dtype=FP8)
 
@@ -192,6 +196,9 @@ def _drive_ops() -> None:
     for n in (8, 2):
         h200 = kda_decode_config(n, 32, 128, H200_SMS)
         _drive_kda_decode(n, 32, 128, [h200, KdaDecodeConfig(128, 8), KdaDecodeConfig(32, 4)])
+    # The epilogue's fattest shift programs: 1024-channel tiles, one each and in a loop.
+    _drive_kda_decode(2, 32, 128, [KdaDecodeConfig(64, 4, 8), KdaDecodeConfig(64, 4, 1)])
+    _drive_kda_decode(2, 32, 128, [KdaDecodeConfig(64, 4, 8)], norm=False)
     _drive_kda_decode(3, 3, 16, [KdaDecodeConfig(4, 2), KdaDecodeConfig(16, 2)])
 
     # The router's fp32 gate first (bf16 x, fp32 weight): multiply-and-sum at T = 1, the ieee

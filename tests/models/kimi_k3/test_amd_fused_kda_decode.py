@@ -18,6 +18,7 @@ from vllm.models.kimi_k3.amd.ops.fused_kda_decode import (
     fused_kda_decode_ref,
     kda_decode_config,
 )
+from vllm.triton_utils import num_sms
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -101,12 +102,67 @@ def test_every_launch_variant_matches_unfused_ops(d, block_v, norm, dtype, trito
 def test_default_config_depends_on_shapes_only():
     sms = 132
     # D = 128: V-split; 16-column blocks while 64-column ones would not give 4 programs per SM.
-    assert kda_decode_config(1, 32, 128, sms) == KdaDecodeConfig(block_v=16, num_warps=4)
+    assert kda_decode_config(1, 32, 128, sms) == KdaDecodeConfig(16, 4, shift_programs=64)
     assert kda_decode_config(8, 32, 128, sms).block_v == 16
-    assert kda_decode_config(9, 32, 128, sms) == KdaDecodeConfig(block_v=64, num_warps=4)
+    assert kda_decode_config(9, 32, 128, sms) == KdaDecodeConfig(64, 4, shift_programs=58)
     assert kda_decode_config(256, 12, 128, sms).block_v == 64
     # Small heads: one program per head.
-    assert kda_decode_config(1, 2, 32, sms) == KdaDecodeConfig(block_v=32, num_warps=4)
+    assert kda_decode_config(1, 2, 32, sms).block_v == 32
+
+
+def test_default_shift_programs_shrink_with_the_batch():
+    """One per q or k head row while the batch leaves SMs idle, down to one whole tile each
+    (Kimi-Linear's 8192 q | k channels in 1024-channel tiles; Kimi-K3 TP8's 3072)."""
+    sms = 132
+    counts = [decode_module.kda_epilogue_programs(n, 32, 128, sms) for n in (1, 8, 64, 256)]
+    assert counts == [64, 64, 8, 8]
+    assert decode_module.kda_epilogue_programs(16, 32, 128, sms) == 33
+    assert decode_module.kda_epilogue_programs(256, 12, 128, sms) == 3
+    assert decode_module.kda_epilogue_programs(1, 1, 16, sms) == 2
+
+
+@pytest.mark.parametrize("block_w", [2, 4, 8])
+@pytest.mark.parametrize("channels", [32, 96, 6 * 128, 8192, 3072])
+def test_epilogue_tiling_covers_every_channel_once(channels, block_w):
+    for programs in (1, 2, 3, 5, 7, 8, 33, 64, 10_000):
+        block_c, span, grid = decode_module._epilogue_tiling(channels, programs, block_w)
+        assert block_c & (block_c - 1) == 0 and channels % block_c == 0
+        assert block_c * block_w <= decode_module._SHIFT_TILE
+        assert span % block_c == 0
+        assert 1 <= grid <= programs
+        assert (grid - 1) * span < channels <= grid * span
+    # Kimi-Linear: one 1024-channel tile per program from 8 programs up; a loop over 8 below.
+    assert decode_module._epilogue_tiling(8192, 8, 4) == (1024, 1024, 8)
+    assert decode_module._epilogue_tiling(8192, 1, 4) == (1024, 8192, 1)
+    assert decode_module._epilogue_tiling(8192, 64, 4) == (128, 128, 64)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # exp(1e4) in the interpreter's sigmoid
+@pytest.mark.parametrize("norm", ["quant", "norm", "no-norm"])
+def test_shift_program_counts_give_identical_results(norm, triton_launches):
+    """3 heads of 16: 96 q | k channels in 32-channel tiles. 1 program loops over all three
+    tiles, 2 take 64 and 32 channels (four and two head rows: 3 heads are no multiple of the
+    2 heads a program holds), 3 and more one tile each, 6 and 100 one 16-channel row each; every
+    count matches the unfused ops, and all give the same bits."""
+    step = make_step(3, 3, 16, 4, torch.bfloat16, seed=11)
+    if norm == "no-norm":
+        step["gate"] = step["norm_weight"] = None
+    results = []
+    for programs in (1, 2, 3, 6, 100):
+        for name in triton_launches:
+            triton_launches[name] = 0
+        config = KdaDecodeConfig(block_v=4, num_warps=2, shift_programs=programs)
+        if norm == "quant":
+            got = check_quantized_equals_quantized_output(step, config, triton_launches)
+        else:
+            check_against_unfused(step, -5.0, config, triton_launches)
+            got = ()
+        got_step = clone(step)
+        out = fused_kda_decode(**got_step, lower_bound=-5.0, config=config)
+        results.append((*got, out, got_step["conv_state"], got_step["ssm_state"]))
+    for other in results[1:]:
+        for a, b in zip(results[0], other, strict=True):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
 @pytest.mark.parametrize("block_v", [0, 3, 64])
@@ -114,6 +170,14 @@ def test_config_is_checked(block_v):
     step = make_step(2, 2, 32, 4, torch.float32, seed=0)
     with pytest.raises(ValueError, match="config.block_v"):
         fused_kda_decode(**step, lower_bound=None, config=KdaDecodeConfig(block_v, 2))
+
+
+@pytest.mark.parametrize("programs", [0, -1])
+def test_shift_programs_are_checked(programs):
+    step = make_step(2, 2, 32, 4, torch.float32, seed=0)
+    config = KdaDecodeConfig(16, 2, shift_programs=programs)
+    with pytest.raises(ValueError, match="config.shift_programs"):
+        fused_kda_decode(**step, lower_bound=None, config=config)
 
 
 @pytest.mark.gpu
@@ -127,10 +191,12 @@ def test_gpu_kimi_linear_sizes_every_variant(block_v, num_warps, triton_launches
 
 
 @pytest.mark.gpu
-def test_gpu_cuda_graph_replay_matches_eager():
-    """The default launch (V-split with its fp32 scratch at these sizes) captured once: a replay
-    gives the eager call's output and states, bit for bit."""
-    step = make_step(8, 32, 128, 4, torch.bfloat16, seed=1)
+@pytest.mark.parametrize("n", [8, 256])
+def test_gpu_cuda_graph_replay_matches_eager(n):
+    """The default launch (V-split with its fp32 scratch at these sizes; 64 and 8 shift
+    programs a token) captured once: a replay gives the eager call's output and states, bit for
+    bit."""
+    step = make_step(n, 32, 128, 4, torch.bfloat16, seed=1)
     warm, graph_step, eager_step = clone(step), clone(step), clone(step)
     fused_kda_decode(**warm, lower_bound=-5.0)  # compile outside the capture
     torch.cuda.synchronize()
@@ -212,6 +278,32 @@ def test_gpu_quantized_epilogue_kimi_linear_sizes(n, triton_launches):
     step = make_step(n, 32, 128, 4, torch.bfloat16, seed=n)
     step["gate"][0] = -1.0e4
     check_quantized_equals_quantized_output(step, None, triton_launches)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 8, 64, 256])
+def test_gpu_shift_programs_kimi_linear_sizes(n, triton_launches):
+    """32 heads x 128: the default launch and the epilogue with 1 (a loop over 8 tiles), 8
+    (one 1024-channel tile each), 3 (three tiles, two in the last program) and 64 shift
+    programs a token: each quantizes exactly its bf16 output, and all give the same bits and
+    states; the default also matches the unfused ops. On the GPU the shift programs run
+    concurrently with the token's norm program, which the interpreter cannot show."""
+    step = make_step(n, 32, 128, 4, torch.bfloat16, seed=n + 5)
+    step["gate"][0] = -1.0e4
+    check_against_unfused(step, -5.0, None, triton_launches)
+    default = kda_decode_config(n, 32, 128, num_sms(torch.device("cuda")))
+    results = []
+    for programs in (default.shift_programs, 1, 8, 3, 64):
+        for name in triton_launches:
+            triton_launches[name] = 0
+        config = KdaDecodeConfig(default.block_v, default.num_warps, programs)
+        q, scale = check_quantized_equals_quantized_output(step, config, triton_launches)
+        got_step = clone(step)
+        out = fused_kda_decode(**got_step, lower_bound=-5.0, config=config)
+        results.append((q, scale, out, got_step["conv_state"], got_step["ssm_state"]))
+    for other in results[1:]:
+        for a, b in zip(results[0], other, strict=True):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
 def test_norm_and_gate_go_together():

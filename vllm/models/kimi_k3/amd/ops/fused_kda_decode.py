@@ -23,11 +23,13 @@ Two launch variants (`KdaDecodeConfig.block_v`; `kda_decode_config` picks one fr
   block_v)`, a `[D, block_v]` tile, and those v channels. Every column needs all of q and k, so
   each program recomputes them from the conv windows without shifting them; the norm needs the
   whole row of o. A second small kernel, after all columns are done, shifts the q/k windows and
-  norms (the first kernel then writes o unnormed in an fp32 scratch `[N, H, D]`): program
-  (n, h < H) shifts head h's windows, program (n, H) norms the whole token, so it can also take
-  the token's amax over all heads and quantize in the same launch. The state is
-  read and written once either way; the split trades a second launch and recomputed q/k for
-  programs small enough that several share an SM and overlap their loads.
+  norms (the first kernel then writes o unnormed in an fp32 scratch `[N, H, D]`): program (n, 0)
+  norms the whole token, so it can also take the token's amax over all heads and quantize in the
+  same launch, and the `KdaDecodeConfig.shift_programs` programs after it share the token's q/k
+  windows, each shifting whole tiles of channels (loads, then stores): few fat programs when
+  the batch fills the GPU, one per q or k head when it does not. The state is read and written
+  once either way; the split trades a second launch and recomputed q/k for programs small
+  enough that several share an SM and overlap their loads.
 
 Both compute o as `S_decayed^T q + (k . q) u`, equal to `S_new^T q`, so both reductions read the
 same decayed tile.
@@ -176,29 +178,35 @@ if triton is not None:
     def _kda_decode_epilogue_kernel(
         qkv_ptr, conv_state_ptr, slots_ptr, o_ptr, gate_ptr, norm_w_ptr, out_ptr, scale_ptr,
         stride_qkv, stride_cs, stride_cc, stride_gate_n, stride_gate_h, stride_on,
-        heads, eps, fp8_max, min_scale,
-        D: tl.constexpr, W: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_H: tl.constexpr,
-        ONE_CHUNK: tl.constexpr, APPLY_NORM: tl.constexpr, QUANT: tl.constexpr,
+        heads, span, eps, fp8_max, min_scale,
+        D: tl.constexpr, W: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr,
+        BLOCK_H: tl.constexpr, ONE_CHUNK: tl.constexpr, APPLY_NORM: tl.constexpr,
+        QUANT: tl.constexpr,
     ):  # fmt: skip
-        # After the V-split kernel. Program (n, h < heads) shifts head h's q and k windows, which
-        # its V blocks all read. With the norm, program (n, heads) owns the whole token: it norms
-        # every head (a [D] row of o each) and, with QUANT, takes the token's amax over all heads
-        # and writes FP8 codes `[N, H * D]` and the scale `[N, 1]` instead of the model-dtype row.
+        # After the V-split kernel. The shift programs of token n each move on the q/k conv
+        # windows (which all V blocks read) of `span` channels of the 2 * heads * D q | k
+        # channels, `BLOCK_C` at a time. With the norm, program (n, 0) owns the whole token: it
+        # norms every head (a [D] row of o each) and, with QUANT, takes the token's amax over all
+        # heads and writes FP8 codes `[N, H * D]` and the scale `[N, 1]` instead of the
+        # model-dtype row. It is column 0 because blocks are dispatched in order, program_id(0)
+        # fastest: the token programs, the epilogue's longest, start first instead of last.
         n = tl.program_id(0).to(tl.int64)
-        h = tl.program_id(1)
-        if h < heads:
+        if APPLY_NORM:
+            first = (tl.program_id(1) - 1) * span
+        else:
+            first = tl.program_id(1) * span
+        if first >= 0:
             slot = tl.load(slots_ptr + n).to(tl.int64)
-            d = tl.arange(0, D)
             x_row = qkv_ptr + n * stride_qkv
             state = conv_state_ptr + slot * stride_cs
-            _shift_window(x_row, state, stride_cc, h * D + d, W, BLOCK_W)
-            _shift_window(x_row, state, stride_cc, (heads + h) * D + d, W, BLOCK_W)
+            # BLOCK_C divides 2 * heads * D and `span`: every tile is whole, none needs a mask.
+            for c0 in range(first, tl.minimum(first + span, 2 * heads * D), BLOCK_C):
+                _shift_window(x_row, state, stride_cc, c0 + tl.arange(0, BLOCK_C), W, BLOCK_W)
         elif APPLY_NORM:
             o_row = o_ptr + n * heads * D
             gate_row = gate_ptr + n * stride_gate_n
             out_row = out_ptr + n * stride_on
             model_dtype = qkv_ptr.dtype.element_ty
-            # (not `d`: Triton 3.6 wants a name bound in both branches to keep one type)
             cols = tl.arange(0, D)[None, :]
             norm = (o_row, gate_row, stride_gate_h, norm_w_ptr, eps)
             if not QUANT:
@@ -263,19 +271,55 @@ class KdaDecodeConfig:
     single-kernel variant (program per (sequence, head), norm in the kernel); below D the V-split
     variant (program per (sequence, head, V block) on a `[D, block_v]` state tile, then the
     epilogue kernel).
+
+    `shift_programs`: the V-split epilogue's window-shift programs per token, at most (see
+    `_epilogue_tiling`); None takes `kda_epilogue_programs` for the launch's shapes.
     """
 
     block_v: int
     num_warps: int
+    shift_programs: int | None = None
 
 
 # The epilogue's token program norms (and quantizes) at most this many elements of a token at a
 # time: its heads in chunks of `_EPILOGUE_TILE // D`. Its warps serve the window shifts as well.
 _EPILOGUE_TILE = 4096
 _EPILOGUE_WARPS = 4
+# A shift program moves at most this many window elements (channels x BLOCK_W) per tile: 32 a
+# thread with `_EPILOGUE_WARPS` warps, all loaded before any is stored.
+_SHIFT_TILE = 4096
+# Shift programs per SM that `kda_epilogue_programs` aims for: about one wave of blocks, each with
+# a whole tile of loads in flight, instead of many waves of one-row blocks.
+_SHIFT_PROGRAMS_PER_SM = 4
 
 # Heads x V blocks per SM below which the split variant uses narrower blocks (more programs).
 _MIN_PROGRAMS_PER_SM = 4
+
+
+def kda_epilogue_programs(n: int, heads: int, d: int, num_sms: int) -> int:
+    """Window-shift programs per token of the V-split epilogue, for N sequences on `num_sms` SMs.
+
+    Aims at `_SHIFT_PROGRAMS_PER_SM` programs per SM over the batch, between one program per
+    q or k head row (2 * heads: small batches, where latency and not bytes bound the launch) and
+    one `_SHIFT_TILE` tile per program at conv width 4 (large batches: fewer, fatter programs).
+    """
+    rows = 2 * heads
+    fewest = max(1, -(-rows * d // (_SHIFT_TILE // 4)))
+    return max(fewest, min(rows, _SHIFT_PROGRAMS_PER_SM * num_sms // max(n, 1)))
+
+
+def _epilogue_tiling(channels: int, programs: int, block_w: int) -> tuple[int, int, int]:
+    """`(block_c, span, grid)`: channels per tile, channels per program (a multiple of block_c)
+    and shift programs (at most `programs`) for the q | k `channels` of a token.
+
+    `block_c` is a power of two dividing `channels` (so no tile is partial), at most
+    `_SHIFT_TILE // block_w`: the smallest one covering a program's share where those allow.
+    """
+    share = -(-channels // programs)
+    block_c = min(1 << (share - 1).bit_length(), channels & -channels)
+    block_c = min(block_c, max(1, _SHIFT_TILE // block_w))
+    span = -(-share // block_c) * block_c
+    return block_c, span, -(-channels // span)
 
 
 def kda_decode_config(n: int, heads: int, d: int, num_sms: int) -> KdaDecodeConfig:
@@ -288,14 +332,16 @@ def kda_decode_config(n: int, heads: int, d: int, num_sms: int) -> KdaDecodeConf
     (32 heads of 128) 89 / 336 us at batch 64 / 256 against 97 / 375 with [D, 32] tiles and
     145 / 554 for the single kernel (2026-12-01). Narrower [D, 16] blocks when even that would
     not put `_MIN_PROGRAMS_PER_SM` programs on every SM (batch 1: 7.4 us against 9.2).
-    Small heads have small tiles: no split.
+    Small heads have small tiles: no split. The epilogue's shift programs: see
+    `kda_epilogue_programs`.
     """
     if d < 64:
         return KdaDecodeConfig(block_v=d, num_warps=4)
     block_v = 64
     if n * heads * (d // block_v) < _MIN_PROGRAMS_PER_SM * num_sms:
         block_v = 16
-    return KdaDecodeConfig(block_v=block_v, num_warps=4)
+    shift_programs = kda_epilogue_programs(n, heads, d, num_sms)
+    return KdaDecodeConfig(block_v=block_v, num_warps=4, shift_programs=shift_programs)
 
 
 def fused_kda_decode(
@@ -370,6 +416,11 @@ def fused_kda_decode(
     block_v = config.block_v
     if block_v < 1 or block_v > d or block_v & (block_v - 1):
         raise ValueError(f"config.block_v must be a power of two <= D = {d}, got {block_v}")
+    shift_programs = config.shift_programs
+    if shift_programs is None:
+        shift_programs = kda_epilogue_programs(n, heads, d, num_sms(mixed_qkv.device))
+    if shift_programs < 1:
+        raise ValueError(f"config.shift_programs must be >= 1, got {shift_programs}")
     split = block_v < d
     apply_norm = norm_weight is not None
     fused_quant = quantize and split and use_triton_fp8(mixed_qkv.device, quant_dtype)
@@ -401,12 +452,14 @@ def fused_kda_decode(
     else:
         dest, scale = out.view(n, heads * d), out  # `out` stands in for the unused scale
     block_h = min(triton.next_power_of_2(heads), max(1, _EPILOGUE_TILE // d))
-    _kda_decode_epilogue_kernel[(n, heads + int(apply_norm))](
+    block_c, span, shifts = _epilogue_tiling(2 * heads * d, shift_programs, block_w)
+    _kda_decode_epilogue_kernel[(n, shifts + int(apply_norm))](
         mixed_qkv, conv_state, slots, core_out, gate_arg, norm_w_arg, dest, scale,
         mixed_qkv.stride(0), conv_state.stride(0), conv_state.stride(1),
         gate_arg.stride(0), gate_arg.stride(1), dest.stride(0),
-        heads, eps, fp8_max, min_scale,
-        D=d, W=width, BLOCK_W=block_w, BLOCK_H=block_h, ONE_CHUNK=block_h >= heads,
+        heads, span, eps, fp8_max, min_scale,
+        D=d, W=width, BLOCK_W=block_w, BLOCK_C=block_c, BLOCK_H=block_h,
+        ONE_CHUNK=block_h >= heads,
         APPLY_NORM=apply_norm, QUANT=fused_quant, num_warps=_EPILOGUE_WARPS,
     )  # fmt: skip
     if fused_quant:
