@@ -101,9 +101,10 @@ def test_every_launch_variant_matches_unfused_ops(d, block_v, norm, dtype, trito
 
 def test_default_config_depends_on_shapes_only():
     sms = 132
-    # D = 128: V-split; 16-column blocks while 64-column ones would not give 4 programs per SM.
+    # D = 128: V-split; 16-column blocks while 64-column ones would not give 2 programs per SM.
     assert kda_decode_config(1, 32, 128, sms) == KdaDecodeConfig(16, 4, shift_programs=64)
-    assert kda_decode_config(8, 32, 128, sms).block_v == 16
+    assert kda_decode_config(4, 32, 128, sms).block_v == 16
+    assert kda_decode_config(5, 32, 128, sms) == KdaDecodeConfig(64, 4, shift_programs=64)
     assert kda_decode_config(9, 32, 128, sms) == KdaDecodeConfig(64, 4, shift_programs=58)
     assert kda_decode_config(256, 12, 128, sms).block_v == 64
     # Small heads: one program per head.

@@ -293,7 +293,7 @@ _SHIFT_TILE = 4096
 _SHIFT_PROGRAMS_PER_SM = 4
 
 # Heads x V blocks per SM below which the split variant uses narrower blocks (more programs).
-_MIN_PROGRAMS_PER_SM = 4
+_MIN_PROGRAMS_PER_SM = 2
 
 
 def kda_epilogue_programs(n: int, heads: int, d: int, num_sms: int) -> int:
@@ -331,7 +331,9 @@ def kda_decode_config(n: int, heads: int, d: int, num_sms: int) -> KdaDecodeConf
     give twice as many programs and let several share an SM: on an H200 at Kimi-Linear sizes
     (32 heads of 128) 89 / 336 us at batch 64 / 256 against 97 / 375 with [D, 32] tiles and
     145 / 554 for the single kernel (2026-12-01). Narrower [D, 16] blocks when even that would
-    not put `_MIN_PROGRAMS_PER_SM` programs on every SM (batch 1: 7.4 us against 9.2).
+    not put `_MIN_PROGRAMS_PER_SM` programs on every SM (batch 1: 7.4 us against 9.2; with the
+    quantizing epilogue 8.1-8.3 against 8.6-8.9, but at batch 8, 4 programs per SM, 18.1 against
+    22.1, 2026-12-01).
     Small heads have small tiles: no split. The epilogue's shift programs: see
     `kda_epilogue_programs`.
     """
