@@ -136,3 +136,14 @@ def test_causal_conv1d_bad_config_is_a_usage_error() -> None:
 
     with pytest.raises(SystemExit):
         benchmark_causal_conv1d.main(["--dry-run", "--configs", "32,256"])
+
+
+def test_pdl_launch_benchmark_needs_a_hopper_gpu(capsys: pytest.CaptureFixture) -> None:
+    # No dry run: PDL's griddepcontrol has no interpreter path. The script imports and refuses
+    # clearly without an sm_90+ GPU.
+    import benchmark_pdl_launch
+
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark_pdl_launch.main([])
+    assert exit_info.value.code == 2
+    assert "compute capability 9.0" in capsys.readouterr().err
