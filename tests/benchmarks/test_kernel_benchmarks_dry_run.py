@@ -136,3 +136,11 @@ def test_causal_conv1d_bad_config_is_a_usage_error() -> None:
 
     with pytest.raises(SystemExit):
         benchmark_causal_conv1d.main(["--dry-run", "--configs", "32,256"])
+
+
+def test_gather_rows_dry_run(triton_launches, capsys: pytest.CaptureFixture) -> None:
+    import benchmark_gather_rows
+
+    assert benchmark_gather_rows.main(["--dry-run", "--configs", "default", "2,32,1"]) == 0
+    assert triton_launches["_gather_rows_kernel"] == 2  # the kernel, not the reference
+    assert "r16c256w4 r2c32w1" in capsys.readouterr().out
