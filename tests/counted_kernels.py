@@ -22,6 +22,7 @@ COUNTED_KERNELS = {
         "_moe_group_rows_kernel", "_moe_grouped_gate_up_kernel", "_moe_grouped_down_kernel",
     ),
     "vllm.model_executor.layers.fused_moe.weighted_sum": ("_moe_weighted_sum_kernel",),
+    "vllm.model_executor.layers.fused_moe.gather_rows": ("_gather_rows_kernel",),
     "vllm.model_executor.kernels.linear.gemv": (
         "_gemv_kernel", "_gemv_split_reduce_kernel",
     ),

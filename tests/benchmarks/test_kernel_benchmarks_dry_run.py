@@ -147,3 +147,11 @@ def test_pdl_launch_benchmark_needs_a_hopper_gpu(capsys: pytest.CaptureFixture) 
         benchmark_pdl_launch.main([])
     assert exit_info.value.code == 2
     assert "compute capability 9.0" in capsys.readouterr().err
+
+
+def test_gather_rows_dry_run(triton_launches, capsys: pytest.CaptureFixture) -> None:
+    import benchmark_gather_rows
+
+    assert benchmark_gather_rows.main(["--dry-run", "--configs", "default", "2,32,1"]) == 0
+    assert triton_launches["_gather_rows_kernel"] == 2  # the kernel, not the reference
+    assert "r16c256w4 r2c32w1" in capsys.readouterr().out

@@ -92,6 +92,14 @@ def test_matches_loop(impl, tokens, dtype):
     torch.testing.assert_close(out, expected)
 
 
+def test_grouped_gathers_rows_in_one_launch(triton_launches):
+    """Where Triton runs, the grouped path's row gather is `gather_rows` (one launch)."""
+    x, w13, w2, w, ids = make_case(8, torch.bfloat16, seed=3)
+    out = moe_experts_grouped(x, w13, w2, w, ids, SiluAndMul())
+    assert triton_launches["_gather_rows_kernel"] == 1
+    torch.testing.assert_close(out, moe_experts_loop(x, w13, w2, w, ids, SiluAndMul()))
+
+
 def test_bf16_loop_is_within_bf16_rounding_of_fp64():
     x, w13, w2, w, ids = make_case(37, torch.bfloat16)
     act = SiluAndMul()

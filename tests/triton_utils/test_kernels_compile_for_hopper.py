@@ -34,6 +34,7 @@ from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (
     group_rows,
     moe_experts_triton_grouped,
 )
+from vllm.model_executor.layers.fused_moe.gather_rows import GatherRowsConfig, gather_rows
 from vllm.model_executor.layers.fused_moe.router import grouped_topk_triton
 from vllm.model_executor.layers.fused_moe.weighted_sum import moe_weighted_sum
 from vllm.model_executor.layers.ops.rms_norm import fused_add_rms_norm, rms_norm
@@ -240,6 +241,15 @@ def _drive_ops() -> None:
         inverse = torch.randperm(tokens * topk, generator=gen)
         moe_weighted_sum(y, weights, torch.bfloat16, inverse=inverse)
         moe_weighted_sum(y.float(), weights, torch.float32)
+
+    # The prefill's row gather at Kimi-Linear's size (default launch, then the benchmark's sweep
+    # corners), int32 and int64 order, then a small odd one in fp32.
+    x = torch.randn(64, 2304, generator=gen).to(torch.bfloat16)
+    order = torch.randperm(64 * 9, generator=gen)
+    for config in (None, GatherRowsConfig(4, 1024, 4), GatherRowsConfig(32, 256, 8)):
+        gather_rows(x, order.to(torch.int32), 9, config=config)
+    gather_rows(x, order, 9)
+    gather_rows(torch.randn(3, 40, generator=gen), torch.arange(3), 1)
 
     for rows, inter in ((4, 1024), (3, 40)):
         x = torch.randn(rows, 2 * inter, generator=gen)
