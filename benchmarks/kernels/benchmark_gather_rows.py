@@ -4,10 +4,10 @@ fused shared expert, 257 experts).
 
 `order` is `group_rows`'s expert-sorted order of random routings, as `moe_experts_grouped` makes
 it. Each call is captured once in a CUDA graph and replayed with L2 flushed before each replay.
-Bytes are the output written plus as many read (what a copy of the output's size moves, read +
-write; x is mostly re-read from L2, since each of its rows is read k times). Two yardsticks from
-the same run: `copy_` of a tensor the output's size (same flushed timing: the ceiling for this
-shape) and an eager `copy_` of --copy-gib GiB (the device's bandwidth). --configs sweeps launches
+Bytes are what must cross HBM: x read once (each of its rows is read k times, the repeats from
+L2) and the output written; for the same-size copy, its output read and written. Two yardsticks
+from the same run: `copy_` of a tensor the output's size (same flushed timing) and an eager
+`copy_` of --copy-gib GiB (the device's bandwidth, read + write). --configs sweeps launches
 (`block_rows,block_cols,num_warps`, or `default`); each size's last line names the fastest, to
 update `DEFAULT_GATHER_ROWS_CONFIG`. Before timing, each launch is checked bit for bit against
 index_select.
@@ -121,10 +121,12 @@ def main(argv: list[str] | None = None) -> int:
                 providers[name(config)] = lambda x=x, order=order, c=config: gather_rows(
                     x, order, TOPK, config=c
                 )
-            moved = 2 * expected.numel() * expected.element_size()
-            print(f"T {tokens}, K {TOPK}, H {HIDDEN}: {moved / 2e6:.0f} MB written a call")
+            written = expected.numel() * expected.element_size()
+            gathered = written + x.numel() * x.element_size()
+            print(f"T {tokens}, K {TOPK}, H {HIDDEN}: {written / 1e6:.0f} MB written a call")
             times = {}
             for label, fn in providers.items():
+                moved = 2 * written if label == "copy_same_size" else gathered
                 us = time_flushed(fn, reps=args.reps)
                 times[label] = us
                 gbps = moved / us / 1e3

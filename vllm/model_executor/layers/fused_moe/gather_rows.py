@@ -10,9 +10,11 @@ token's hidden state, in the expert-sorted order, in one Triton launch.
     (``x.index_select(0, order // k)``).
 
 Why a kernel: torch's ``index_select`` there is a separate launch for ``order // k`` and a gather
-that reaches about a third of the H200's copy bandwidth at Kimi-Linear's prefill size (8192 tokens,
-9 slots, H 2304: ~300 MB written). Here the division is done on the indices as they are loaded, and
-each program copies a ``block_rows x block_cols`` tile with 16-byte vector loads and stores.
+that moved Kimi-Linear's prefill size (8192 tokens, 9 slots, H 2304: 340 MB written, 38 MB of x
+read) at 45% of the H200's copy bandwidth, 195 us; this kernel takes 143 us (62%; every launch
+shape swept within 1%, benchmarks/kernels/benchmark_gather_rows.py, 2026-12-01). The division is
+done on the indices as they are loaded, and each program copies a ``block_rows x block_cols`` tile
+with 16-byte vector loads and stores.
 
 Launch shape: a 1-D grid of ``cdiv(R, block_rows) * cdiv(H, block_cols)`` programs, the column
 blocks of one row block adjacent (consecutive programs write consecutive output), flat so that no
