@@ -51,7 +51,9 @@ def _chain_step_kernel(
             gdc_launch_dependents()
         gdc_wait()
     x = tl.load(x_ptr + offs, mask=ok, other=0.0)
-    tl.store(y_ptr + offs, x * 0.5 + acc * 1e-6 + 1.0, mask=ok)
+    # +1 a step: a kernel that read its input before the previous one wrote it is off by 1 or
+    # more at the end (a halving chain would have damped that away).
+    tl.store(y_ptr + offs, x + acc * 1e-6 + 1.0, mask=ok)
     if PDL and not EARLY:
         gdc_launch_dependents()
 
@@ -93,7 +95,7 @@ def time_chain(
     torch.cuda.synchronize()
     expect = torch.zeros_like(x)
     for i in range(chain):
-        expect = expect * 0.5 + sums[i % len(sums)] + 1.0
+        expect = expect + sums[i % len(sums)] + 1.0
     err = ((x if chain % 2 == 0 else y) - expect).abs().max().item()
     for _ in range(3):
         graph.replay()
@@ -130,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             worst = max(worst, err)
             cells.append(f"{us:7.2f} ({err:.0e})")
         print(f"{n:>8} {block:>5} {str(weight):>6} " + " ".join(f"{c:>16}" for c in cells))
-    # fp32 rounding of the weight sums only: a kernel that read stale input would be off by ~1.
-    if worst > 1e-3:
+    # fp32 rounding of the weight sums only: a kernel that read stale input is off by >= 1.
+    if worst > 1e-2:
         print(f"FAILED: a chain's result is off by {worst:.3g}")
         return 1
     return 0

@@ -712,9 +712,8 @@ ROUTER_ULPS = dict(rtol=8 * 2**-23, atol=0.0)
 
 
 def router_inputs(tokens, experts, seed, device=DEVICE, dtype=torch.float32):
-    # DEVICE: under the interpreter without a GPU; on a GPU machine the kernel itself (CPU tensors
-    # would have no Triton path there). Drawn on the CPU, so that the seeds chosen for tie-free
-    # data give the same data on both.
+    # DEVICE: the interpreter's CPU tensors in unmarked tests, the GPU in `gpu` tests. Drawn on
+    # the CPU, so that the seeds chosen for tie-free data give the same data on both.
     gen = torch.Generator().manual_seed(seed)
     logits = torch.randn(tokens, experts, generator=gen).to(dtype)
     bias = torch.randn(experts, generator=gen) * 0.1

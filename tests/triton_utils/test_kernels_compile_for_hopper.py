@@ -203,12 +203,14 @@ def _drive_ops() -> None:
     _drive_kda_decode(3, 3, 16, [KdaDecodeConfig(4, 2), KdaDecodeConfig(16, 2)])
 
     # The router's fp32 gate first (bf16 x, fp32 weight): multiply-and-sum at T = 1, the ieee
-    # tl.dot of 64-row blocks, split K, at T = 64, and the weight split into three bf16 terms.
+    # tl.dot of 64-row blocks, split K, at T = 64, and the defaults that split the weight into
+    # three bf16 terms (16-, 32- and 64-row blocks at T = 8, 64 and 300).
     gate = torch.randn(256, 2304, generator=gen)
     gemv_fp32(torch.randn(1, 2304, generator=gen).to(torch.bfloat16), gate)
     x = torch.randn(64, 2304, generator=gen).to(torch.bfloat16)
     gemv_fp32(x, gate, config=GemvConfig(16, 64, split_k=8, use_dot=True, block_m=64))
-    gemv_fp32(x, gate, config=GemvConfig(64, 64, split_k=2, use_dot=True, bf16x3=True))
+    for t in (8, 64, 300):
+        gemv_fp32(torch.randn(t, 2304, generator=gen).to(torch.bfloat16), gate)
     # o_proj (4096 -> 2304) at M = 64 through tl.dot: FP8 widened to bf16 and FP8 codes into the
     # FP8 MMA (the H200's default, also launched by default below), and in bf16.
     x = torch.randn(64, 4096, generator=gen).to(torch.bfloat16)

@@ -548,8 +548,8 @@ def test_fp32_weight_gemv_matches_exact(triton_launches, config, m, x_dtype):
     gen = torch.Generator().manual_seed(30 + m)
     x = torch.randn(m, 300, generator=gen).to(x_dtype).to(DEVICE)
     w = (torch.randn(24, 300, generator=gen) * 300**-0.5).to(DEVICE)
-    # The default takes bf16x3 for bf16 x above _FP32_DOT_MIN_M rows: 3 K products per sum.
-    bf16x3 = config == "default" and x_dtype == torch.bfloat16 and m > gemv_op._FP32_DOT_MIN_M
+    # The default takes bf16x3 for bf16 x above _FP32_BF16X3_MIN_M rows: 3 K products per sum.
+    bf16x3 = config == "default" and x_dtype == torch.bfloat16 and m > gemv_op._FP32_BF16X3_MIN_M
     out = gemv_op.gemv_fp32(x, w, config=FP32_CONFIGS[config])
     assert_fp32_within_bound(out, x, w, terms_per_k=3 if bf16x3 else 1)
     assert triton_launches["_gemv_kernel"] == 1
@@ -615,22 +615,26 @@ def test_fp32_weight_errors_and_empty(triton_launches):
 
 def test_fp32_default_config_for_the_router(monkeypatch):
     # Kimi's gate (256 x 2304 fp32) on the H200's 132 SMs: one launch of 128 programs at decode
-    # sizes, tl.dot above 8 rows with >= 100 programs up to T = 256, every config launchable.
+    # sizes, tl.dot above 8 rows with >= 100 programs up to T = 256 (fp32 x), every config
+    # launchable.
     monkeypatch.setattr(gemv_op, "num_sms", lambda: 132)
     gemv_op.default_config.cache_clear()
     try:
         configs = {m: gemv_op.default_config(m, 256, 2304, 4) for m in [1, 8, 9, 64, 256, 4096]}
-        bf16 = {m: gemv_op.default_config(m, 256, 2304, 4, True) for m in [1, 8, 9, 256, 4096]}
+        sizes = [1, 4, 5, 16, 17, 256, 257, 4096]
+        bf16 = {m: gemv_op.default_config(m, 256, 2304, 4, True) for m in sizes}
+        fp32_x = {m: gemv_op.default_config(m, 256, 2304, 4) for m in [1, 4]}
     finally:
         gemv_op.default_config.cache_clear()
-    # bf16 x: bf16x3 above 8 rows, 32-row M blocks up to 256 rows, then 64.
+    # bf16 x: bf16x3 above 4 rows; M blocks of 16 rows up to 16, 32 up to 256, then 64.
     for m, cfg in bf16.items():
         cfg.check()
-        assert cfg.bf16x3 == cfg.use_dot == (m > gemv_op._FP32_DOT_MIN_M)
-        assert m <= 8 or cfg.block_m == (32 if m <= 256 else 64)
-    assert bf16[1] == configs[1] and bf16[8] == configs[8]
+        assert cfg.bf16x3 == cfg.use_dot == (m > gemv_op._FP32_BF16X3_MIN_M)
+        assert m <= 4 or cfg.block_m == (16 if m <= 16 else 32 if m <= 256 else 64)
+    assert bf16[1] == fp32_x[1] and bf16[4] == fp32_x[4]
     for m, cfg in configs.items():
         cfg.check()
+        assert not cfg.bf16x3  # fp32 x: its products would not be exact in bf16 MMAs
         assert cfg.use_dot == (m > gemv_op._FP32_DOT_MIN_M)
         m_blocks = -(-m // (cfg.block_m or 16))
         programs = 256 // cfg.block_n * m_blocks * cfg.split_k

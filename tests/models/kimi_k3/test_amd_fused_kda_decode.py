@@ -143,8 +143,8 @@ def test_epilogue_tiling_covers_every_channel_once(channels, block_w):
 def test_shift_program_counts_give_identical_results(norm, triton_launches):
     """3 heads of 16: 96 q | k channels in 32-channel tiles. 1 program loops over all three
     tiles, 2 take 64 and 32 channels (four and two head rows: 3 heads are no multiple of the
-    2 heads a program holds), 3 and more one tile each, 6 and 100 one 16-channel row each; every
-    count matches the unfused ops, and all give the same bits."""
+    2 heads a program holds), 3 one tile each, 6 one 16-channel row each, 100 one channel each
+    (96 programs); every count matches the unfused ops, and all give the same bits."""
     step = make_step(3, 3, 16, 4, torch.bfloat16, seed=11)
     if norm == "no-norm":
         step["gate"] = step["norm_weight"] = None
@@ -173,7 +173,7 @@ def test_config_is_checked(block_v):
         fused_kda_decode(**step, lower_bound=None, config=KdaDecodeConfig(block_v, 2))
 
 
-@pytest.mark.parametrize("programs", [0, -1])
+@pytest.mark.parametrize("programs", [0, -1, 8.0, True])
 def test_shift_programs_are_checked(programs):
     step = make_step(2, 2, 32, 4, torch.float32, seed=0)
     config = KdaDecodeConfig(16, 2, shift_programs=programs)

@@ -1,8 +1,8 @@
 """`router_logits`: the fp32 router logits of bf16 / fp32 hidden states, against exact fp64
 products (bound of tests/kernels/linear/test_gemv.py's fp32 section: (K + 2) * 2^-24 *
 sum_k |x_k w_k|, (3 K + 2) for bf16x3), its dispatch by T and dtype, argument errors, and on a GPU
-Kimi's sizes and graph replay. The kernel tests run on the GPU where there is one (the
-interpreter otherwise), on data drawn on the CPU so that both see the same values.
+Kimi's sizes and graph replay. Data is drawn on the CPU, so that the interpreter (unmarked
+tests) and the GPU (`gpu` tests) see the same values for a seed.
 """
 
 import pytest
@@ -35,11 +35,11 @@ def assert_within_bound(out, x, w, terms_per_k=1):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("t,e,h", [(1, 16, 64), (3, 64, 300), (17, 32, 136)])
 def test_matches_exact(monkeypatch, triton_launches, t, e, h, dtype):
-    # T = 17 takes the kernel's tl.dot configurations (above _FP32_DOT_MIN_M rows): bf16x3 for
-    # bf16 x, FMA products for fp32 x (allowed there by the raised threshold).
+    # T = 17 takes the kernel's tl.dot configurations: bf16x3 for bf16 x (above
+    # _FP32_BF16X3_MIN_M rows), FMA products for fp32 x (allowed there by the raised threshold).
     monkeypatch.setattr(router_mod, "ROUTER_GEMV_MAX_T", 32)
     x, w = case(t, e, h, DEVICE, seed=t, dtype=dtype)
-    terms = 3 if t > gemv_op._FP32_DOT_MIN_M and dtype == torch.bfloat16 else 1
+    terms = 3 if t > gemv_op._FP32_BF16X3_MIN_M and dtype == torch.bfloat16 else 1
     assert_within_bound(router_logits(x, w), x, w, terms)
     assert triton_launches["_gemv_kernel"] == 1
     assert_within_bound(router_logits_ref(x, w), x, w)  # the bound holds for cuBLAS / MKL too
@@ -91,7 +91,7 @@ KIMI = dict(e=256, h=2304)
 @pytest.mark.parametrize("t", [1, 8, 64, 256, 4096])
 def test_gpu_kimi_sizes(triton_launches, t):
     x, w = case(t, KIMI["e"], KIMI["h"], "cuda", seed=t)
-    assert_within_bound(router_logits(x, w), x, w, 3 if t > gemv_op._FP32_DOT_MIN_M else 1)
+    assert_within_bound(router_logits(x, w), x, w, 3 if t > gemv_op._FP32_BF16X3_MIN_M else 1)
     assert triton_launches["_gemv_kernel"] == 1  # bf16 x: the kernel at every T
 
 

@@ -67,10 +67,11 @@ grows slowly with M: the default above ``FP8_GEMV_MAX_M`` (FP8) / ``BF16_GEMV_MA
 rows (``_dot_config``: BLOCK_N 64 channels, the MMA's 64-row side, [64, 128] weight tiles, 4 stages,
 split-K up to one program per SM, fed to the same reduce kernel; FP8 MMAs for FP8 weights), and for
 fp32 weights at more than ``_FP32_DOT_MIN_M`` rows, where the FMA cost of one reduction per row and
-N block outgrows the weight read (the router's 256 x 2304 fp32 gate at T = 64..256); with bf16 x
-there ``bf16x3`` on bf16 tensor cores (``_fp32_config``). ``block_m``
-(rows per program; None: ``min(16, next_power_of_2(M))``, with ``tl.dot`` ``next_power_of_2(M)``
-within 16..64) trades L2 re-reads of the weight for fewer programs. These are starting points
+N block outgrows the weight read (the router's 256 x 2304 fp32 gate at T = 64..256); bf16 x
+takes ``bf16x3`` on bf16 tensor cores above ``_FP32_BF16X3_MIN_M`` rows (``_fp32_config``).
+``block_m`` (rows per program; None: ``min(16, next_power_of_2(M))``, with ``tl.dot``
+``next_power_of_2(M)`` within 16..64) trades L2 re-reads of the weight for fewer programs. These
+are starting points
 measured by ``benchmarks/kernels/benchmark_gemv.py --configs`` / ``--dot-sweep`` and, for fp32
 weights, ``benchmarks/kernels/benchmark_router.py --logits-configs``.
 
@@ -152,6 +153,7 @@ _MAX_DOT_BLOCK_M = 64  # the same with tl.dot: a [BLOCK_N, 64] fp32 acc stays in
 _TILE_BYTES = 8192  # weight bytes per [BLOCK_N, BLOCK_K] step of the default configs
 _REDUCE_BLOCK = 1024  # outputs per program of the split-K reduction
 _FP32_DOT_MIN_M = 8  # fp32 weights: above this many rows the default config takes tl.dot
+_FP32_BF16X3_MIN_M = 4  # fp32 weights, bf16 x: above this many rows, tl.dot in bf16x3 form
 
 
 # --------------------------------------------------------------------------------------------
@@ -390,13 +392,15 @@ def _fp32_config(m: int, n: int, k: int, bf16_x: bool) -> GemvConfig:
     # Few rows: as many single-pass programs as the N blocks allow before splitting K (a split
     # costs a second launch, comparable to the whole read of the router's 2.4 MB gate): BLOCK_N 2
     # gives 128 programs on its 256 experts. More rows with bf16 x: bf16x3 on [64, 64] weight
-    # tiles, 32-row M blocks up to 256 rows, then 64 (the router's gate on the H200,
-    # benchmark_router.py --logits: 7.5 / 7.9 / 10.7 / 19.0 / 84.8 us at T = 16 / 64 / 256 /
-    # 1024 / 8192 against cuBLAS's fp32 GEMM's 17.6 / 16.0 / 21.5 / 49.0 / 252, 2026-12-01).
-    # Other x: tl.dot (FMA, ieee) over [16, 64] weight tiles, M blocks of up to 64 rows so that
-    # T = 256 re-reads the weight from L2 only 4 times.
-    if m > _FP32_DOT_MIN_M and bf16_x:
-        config = GemvConfig(64, 64, use_dot=True, block_m=32 if m <= 256 else 64, bf16x3=True)
+    # tiles, M blocks of up to 16 rows to T = 16, 32 to T = 256, then 64 (the router's gate on
+    # the H200, benchmark_router.py --logits, 2026-12-01: 7.4 / 7.4 / 7.5 / 7.9 / 10.7 / 19.0 /
+    # 84.8 us at T = 4 / 8 / 16 / 64 / 256 / 1024 / 8192, where the FMA GEMV takes 7.5 / 11.8 at T
+    # = 4 / 8 (but 4.0 / 5.2 at T = 1 / 2) and cuBLAS's fp32 GEMM 13.2 / 16.9 / 17.2 / 16.0 / 21.5
+    # / 49.0 / 252). Other x: tl.dot (FMA, ieee) over [16, 64] weight tiles, M blocks of up to 64
+    # rows so that T = 256 re-reads the weight from L2 only 4 times.
+    if m > _FP32_BF16X3_MIN_M and bf16_x:
+        block_m = 64 if m > 256 else max(16, min(32, next_power_of_2(m)))
+        config = GemvConfig(64, 64, use_dot=True, block_m=block_m, bf16x3=True)
         return replace(config, split_k=auto_split_k(m, n, k, config))
     if m <= _FP32_DOT_MIN_M:
         block_n, block_k, use_dot, block_m = 2, min(1024, max(64, next_power_of_2(k))), False, None

@@ -43,7 +43,6 @@ from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (
 from vllm.model_executor.layers.fused_moe.gather_rows import gather_rows
 from vllm.model_executor.layers.fused_moe.weighted_sum import moe_weighted_sum
 from vllm.platforms import current_platform
-from vllm.triton_utils import use_triton
 
 # Largest T * K that the gathered path serves. Its weight copy grows with T * K (64 rows of the
 # Kimi-Linear experts are ~450 MB), so larger eager batches take the loop.
@@ -139,14 +138,9 @@ def moe_experts_grouped(
     # Stable (rows of one expert keep token order, the loop's accumulation order), with the
     # group ends and the inverse permutation, in one launch where Triton runs.
     order, inverse, _, offs = group_rows(topk_ids, w13.shape[0], block_m=16)
-    k = topk_ids.shape[1]
-    # One launch where Triton runs, 1.37x faster than index_select and its division's launch on
-    # the H200 (gather_rows.py); meta tensors (the sync-free check) and Triton-less devices keep
-    # index_select.
-    if use_triton(x.device):
-        rows = gather_rows(x, order, k)
-    else:
-        rows = x.index_select(0, order // k)
+    # One launch where Triton runs (1.37x faster than index_select and its division's launch on
+    # the H200); index_select elsewhere, meta tensors included.
+    rows = gather_rows(x, order, topk_ids.shape[1])
     h = torch._grouped_mm(rows, w13.transpose(1, 2), offs=offs)
     y = torch._grouped_mm(act_and_mul(h), w2.transpose(1, 2), offs=offs)
     # The sum reads y where it lies (row r of (token, slot) order at inverse[r]).

@@ -2,12 +2,12 @@
 token's hidden state, in the expert-sorted order, in one Triton launch.
 
 ``gather_rows(x, order, k, config=None)``
-    ``x``: ``[T, H]``, unit stride on the last dim (any row stride); bf16 / fp16 / fp32 for the
-    kernel, other dtypes take the reference. ``order``: ``[R]`` int32 / int64 on ``x``'s device,
-    flat (token, slot) row numbers (``token * k + slot``), e.g. ``group_rows``'s expert-sorted
-    order. ``k``: the slots per token, ``>= 1``. Returns a new contiguous ``[R, H]`` tensor of
-    ``x``'s dtype whose row r is ``x[order[r] // k]``, bit for bit ``gather_rows_ref``
-    (``x.index_select(0, order // k)``).
+    ``x``: ``[T, H]``, any strides; bf16 / fp16 / fp32 with unit stride on the last dim for the
+    kernel (any row stride), other dtypes and strides take the reference. ``order``: ``[R]``
+    int32 / int64 on ``x``'s device, flat (token, slot) row numbers (``token * k + slot``), e.g.
+    ``group_rows``'s expert-sorted order. ``k``: the slots per token, ``>= 1``. Returns a new
+    contiguous ``[R, H]`` tensor of ``x``'s dtype whose row r is ``x[order[r] // k]``, bit for bit
+    ``gather_rows_ref`` (``x.index_select(0, order // k)``).
 
 Why a kernel: torch's ``index_select`` there is a separate launch for ``order // k`` and a gather
 that moved Kimi-Linear's prefill size (8192 tokens, 9 slots, H 2304: 340 MB written, 38 MB of x
@@ -123,8 +123,6 @@ def gather_rows_ref(x: torch.Tensor, order: torch.Tensor, k: int) -> torch.Tenso
 def _check(x: torch.Tensor, order: torch.Tensor, k: int) -> None:
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"x must be a 2-D torch.Tensor [T, H], got {x!r:.60}")
-    if x.stride(1) != 1 and x.shape[1] > 1:
-        raise ValueError(f"x must have unit stride on its last dim, got strides {x.stride()}")
     if not isinstance(order, torch.Tensor) or order.dim() != 1:
         raise ValueError(f"order must be a 1-D torch.Tensor, got {order!r:.60}")
     if order.dtype not in (torch.int32, torch.int64):
@@ -151,7 +149,8 @@ def gather_rows(
         A new contiguous ``[R, H]`` tensor of ``x``'s dtype.
     """
     _check(x, order, k)
-    if not use_triton(x.device) or x.dtype not in KERNEL_DTYPES:
+    unit_rows = x.stride(1) == 1 or x.shape[1] <= 1
+    if not use_triton(x.device) or x.dtype not in KERNEL_DTYPES or not unit_rows:
         return gather_rows_ref(x, order, k)
     config = config or DEFAULT_GATHER_ROWS_CONFIG
     num_rows, hidden = order.shape[0], x.shape[1]

@@ -40,10 +40,11 @@ The logits themselves: `router_logits(x, gate_weight)` is `F.linear(x.float(), g
 gate `[E, H]`, returning `[T, E]` fp32. On a GPU it runs the fp32-weight kernel of
 vllm/model_executor/kernels/linear/gemv.py (`gemv_fp32`), which reads x as it is instead of
 writing an fp32 copy and keeps fp32 accuracy (no TF32: top-k selection is sensitive to the
-logits): IEEE fp32 products up to `ROUTER_GEMV_MAX_T` tokens (decode), and for bf16 x above
-that its `bf16x3` form, exact products of the gate split into three bf16 terms on bf16 tensor
-cores. fp16 / fp32 x above `ROUTER_GEMV_MAX_T` tokens keep cuBLAS's fp32 GEMM. The choice depends
-on T and the dtype only, so a captured graph always holds the path its size was captured with.
+logits): IEEE fp32 products up to `ROUTER_GEMV_MAX_T` tokens (for bf16 x: up to 4), and for bf16
+x above that its `bf16x3` form, exact products of the gate split into three bf16 terms on bf16
+tensor cores. fp16 / fp32 x above `ROUTER_GEMV_MAX_T` tokens keep cuBLAS's fp32 GEMM. The choice
+depends on T and the dtype only, so a captured graph always holds the path its size was captured
+with.
 """
 
 import torch
@@ -61,10 +62,11 @@ except ImportError:  # CPU-only installs without Triton use the reference
 _SCORING = ("sigmoid", "softmax")
 _LOGIT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _EPS = 1e-20
-# Tokens up to which `router_logits` takes the GEMV kernel's FMA forms for any x dtype; above it
-# only bf16 x, through bf16x3. On the H200 (benchmark_router.py --logits, graph replay with the
-# x.float() copy counted, 2026-12-01): 4.1 vs 6.6 us at T = 1, 11.8 vs 16.8 us at T = 8, but 23.9
-# vs 16.1 at T = 64 and 58.3 vs 21.2 at T = 256; bf16x3 (gemv._fp32_config) 7.9 and 10.7 there.
+# Tokens up to which `router_logits` takes the GEMV kernel for any x dtype (FMA products); above
+# it only bf16 x, through bf16x3. On the H200 (benchmark_router.py --logits, graph replay with the
+# x.float() copy counted, 2026-12-01): FMA 4.1 vs cuBLAS 6.6 us at T = 1, 11.8 vs 16.8 us at T = 8,
+# but 23.9 vs 16.1 at T = 64 and 58.3 vs 21.2 at T = 256; bf16x3 (gemv._fp32_config, bf16 x from
+# T = 5) 7.4 at T = 8, 7.9 and 10.7 at T = 64 and 256.
 ROUTER_GEMV_MAX_T = 8
 
 if triton is not None:

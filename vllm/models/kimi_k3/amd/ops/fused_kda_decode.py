@@ -421,8 +421,8 @@ def fused_kda_decode(
     shift_programs = config.shift_programs
     if shift_programs is None:
         shift_programs = kda_epilogue_programs(n, heads, d, num_sms(mixed_qkv.device))
-    if shift_programs < 1:
-        raise ValueError(f"config.shift_programs must be >= 1, got {shift_programs}")
+    if type(shift_programs) is not int or shift_programs < 1:
+        raise ValueError(f"config.shift_programs must be an int >= 1, got {shift_programs!r}")
     split = block_v < d
     apply_norm = norm_weight is not None
     fused_quant = quantize and split and use_triton_fp8(mixed_qkv.device, quant_dtype)
