@@ -12,12 +12,12 @@ the CPU as well as on a GPU (`--device cuda`); prompts are prefilled through the
     python benchmarks/benchmark_host_overhead.py --batch-sizes 1 64 256
     python benchmarks/benchmark_host_overhead.py --device cuda --batch-sizes 1 64 256
 
-`--tp-worker` also times what a tensor-parallel worker rank does with each step before its replay:
-the step message (`("execute", StepInput)`, as the executor's pipe pickles it) is unpickled and
-given to a second runner, sharing rank 0's stub model but with its own metadata builder, as the
-worker's `ModelRunner.execute` (its no-op replay included). Every step of the run, prefill
-included, goes through the replica in order, so its builder holds the same state as a worker's.
-The pickled size of the decode steps' message is printed too.
+`--tp-worker` also times what tensor parallelism adds to each step: on rank 0, encoding the step
+message (`StepEncoder`) and pickling it as the executor's pipe does; on a worker, what it does
+before its replay: unpickling and decoding the message and the worker's `ModelRunner.execute`,
+run by a second runner that shares rank 0's stub model but has its own metadata builder (its
+no-op replay included). Every step of the run, prefill included, goes through the replica in
+order, so its state is a worker's. The pickled size of the decode steps' message is printed too.
 """
 
 import argparse
@@ -41,7 +41,8 @@ from vllm.engine.arg_utils import EngineArgs
 from vllm.model_executor.model_loader.builtin import resolve_model
 from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.v1.engine.llm_engine import LLMEngine
-from vllm.v1.worker.model_runner import ModelRunner
+from vllm.v1.executor.step_message import StepDecoder, StepEncoder
+from vllm.v1.worker.model_runner import ModelRunner, StepInput
 
 
 class _StubModel:
@@ -75,9 +76,10 @@ def stub_forward(engine: LLMEngine, batch: int) -> None:
 
 class WorkerReplica:
     """Rank 1's host side of every step, run in this process after rank 0's: the executor's
-    `collective_rpc` is wrapped so that each `execute` message is pickled as the pipe does, then
-    unpickled and executed by a copy of rank 0's (stubbed) runner with a builder of its own. The
-    replica's time is kept apart from rank 0's step, which `timed_step` times as usual."""
+    `collective_rpc` is wrapped so that each `execute` step is encoded and pickled as the executor
+    does for its pipes, then unpickled, decoded and executed by a copy of rank 0's (stubbed) runner
+    with a builder of its own. Both times are kept apart from rank 0's step, which `timed_step`
+    times as usual (a TP = 1 engine: no workers)."""
 
     def __init__(self, engine: LLMEngine) -> None:
         runner = engine.executor.runner
@@ -88,6 +90,8 @@ class WorkerReplica:
             b.num_kda_slots, b.device,
         )  # fmt: skip
         self.runner.input_ids = self.runner.builder.input_ids
+        self.encoder, self.decoder = StepEncoder(), StepDecoder()
+        self.send_times: list[float] = []
         self.times: list[float] = []
         self.message_bytes = 0
         rank0_rpc = engine.executor.collective_rpc
@@ -95,16 +99,19 @@ class WorkerReplica:
         def collective_rpc(method: str, *args: object) -> object:
             result = rank0_rpc(method, *args)
             if method == "execute":
-                self._execute(pickle.dumps((method, *args), pickle.HIGHEST_PROTOCOL))
+                self._execute(*args)
             return result
 
         engine.executor.collective_rpc = collective_rpc
 
-    def _execute(self, message: bytes) -> None:
+    def _execute(self, step: StepInput) -> None:
         start = time.perf_counter()
-        _, step = pickle.loads(message)
-        self.runner.execute(step)
-        self.times.append(time.perf_counter() - start)
+        message = pickle.dumps(("execute", self.encoder.encode(step)), pickle.HIGHEST_PROTOCOL)
+        sent = time.perf_counter()
+        _, received = pickle.loads(message)
+        self.runner.execute(self.decoder.decode(received))
+        self.send_times.append(sent - start)
+        self.times.append(time.perf_counter() - sent)
         self.message_bytes = len(message)
 
 
@@ -127,7 +134,8 @@ def run_case(
     tmp: Path, tp_worker: bool = False,
 ):  # fmt: skip
     """Median and fastest seconds of `steps` decode steps of `batch` sequences; with `tp_worker`
-    also the worker replica's median seconds and the step message's bytes (else None)."""
+    also the median seconds of rank 0's encoding and of the worker replica, and the step
+    message's bytes (else None)."""
     budget = max(8192, batch)
     # Sequences prefilled early decode while the others prefill (one token per step).
     max_tokens = math.ceil(batch * input_len / (budget - batch)) + warmup + steps + 2
@@ -168,8 +176,9 @@ def run_case(
         synchronize(dev)
         if worker is None:
             return statistics.median(times), min(times), None
-        worker_median = statistics.median(worker.times[-steps:])
-        return statistics.median(times), min(times), (worker_median, worker.message_bytes)
+        send = statistics.median(worker.send_times[-steps:])
+        receive = statistics.median(worker.times[-steps:])
+        return statistics.median(times), min(times), (send, receive, worker.message_bytes)
     finally:
         engine.shutdown()
 
@@ -198,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     # One thread: on a shared CPU, torch's worker threads make the small CPU ops jitter.
     torch.set_num_threads(1)
     # The fastest step: the least disturbed by other processes on a shared CPU.
-    worker_columns = f"  {'worker ms':>9}  {'message KB':>10}" if args.tp_worker else ""
+    worker_columns = f"  {'send ms':>7}  {'worker ms':>9}  {'message KB':>10}"
+    worker_columns = worker_columns if args.tp_worker else ""
     print(
         f"{'batch':>5}  {'median ms':>9}  {'min ms':>8}  {'median us/request':>17}{worker_columns}"
     )
@@ -209,9 +219,10 @@ def main(argv: list[str] | None = None) -> int:
                 args.device, batch, args.input_len, args.steps, args.warmup_steps, args.profile,
                 args.stream, Path(tmp), args.tp_worker,
             )  # fmt: skip
-        worker_cells = (
-            "" if worker is None else f"  {1e3 * worker[0]:>9.3f}  {worker[1] / 1e3:>10.1f}"
-        )
+        worker_cells = ""
+        if worker is not None:
+            send, receive, size = worker
+            worker_cells = f"  {1e3 * send:>7.3f}  {1e3 * receive:>9.3f}  {size / 1e3:>10.1f}"
         print(
             f"{batch:>5}  {1e3 * median:>9.3f}  {1e3 * fastest:>8.3f}"
             f"  {1e6 * median / batch:>17.1f}{worker_cells}"
