@@ -11,12 +11,21 @@ the CPU as well as on a GPU (`--device cuda`); prompts are prefilled through the
 
     python benchmarks/benchmark_host_overhead.py --batch-sizes 1 64 256
     python benchmarks/benchmark_host_overhead.py --device cuda --batch-sizes 1 64 256
+
+`--tp-worker` also times what tensor parallelism adds to each step: on rank 0, encoding the step
+message (`StepEncoder`) and pickling it as the executor's pipe does; on a worker, what it does
+before its replay: unpickling and decoding the message and the worker's `ModelRunner.execute`,
+run by a second runner that shares rank 0's stub model but has its own metadata builder (its
+no-op replay included). Every step of the run, prefill included, goes through the replica in
+order, so its state is a worker's. The pickled size of the decode steps' message is printed too.
 """
 
 import argparse
+import copy
 import cProfile
 import json
 import math
+import pickle
 import pstats
 import shutil
 import statistics
@@ -32,6 +41,8 @@ from vllm.engine.arg_utils import EngineArgs
 from vllm.model_executor.model_loader.builtin import resolve_model
 from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.v1.engine.llm_engine import LLMEngine
+from vllm.v1.executor.step_message import StepDecoder, StepEncoder
+from vllm.v1.worker.model_runner import ModelRunner, StepInput
 
 
 class _StubModel:
@@ -63,6 +74,47 @@ def stub_forward(engine: LLMEngine, batch: int) -> None:
     runner.graphs = {batch: (_NoReplay(), logits[:batch])}
 
 
+class WorkerReplica:
+    """Rank 1's host side of every step, run in this process after rank 0's: the executor's
+    `collective_rpc` is wrapped so that each `execute` step is encoded and pickled as the executor
+    does for its pipes, then unpickled, decoded and executed by a copy of rank 0's (stubbed) runner
+    with a builder of its own. Both times are kept apart from rank 0's step, which `timed_step`
+    times as usual (a TP = 1 engine: no workers)."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        runner = engine.executor.runner
+        b = runner.builder
+        self.runner: ModelRunner = copy.copy(runner)
+        self.runner.builder = type(b)(
+            b.max_num_tokens, b.max_num_seqs, b.max_blocks_per_seq, b.block_size, b.num_blocks,
+            b.num_kda_slots, b.device,
+        )  # fmt: skip
+        self.runner.input_ids = self.runner.builder.input_ids
+        self.encoder, self.decoder = StepEncoder(), StepDecoder()
+        self.send_times: list[float] = []
+        self.times: list[float] = []
+        self.message_bytes = 0
+        rank0_rpc = engine.executor.collective_rpc
+
+        def collective_rpc(method: str, *args: object) -> object:
+            result = rank0_rpc(method, *args)
+            if method == "execute":
+                self._execute(*args)
+            return result
+
+        engine.executor.collective_rpc = collective_rpc
+
+    def _execute(self, step: StepInput) -> None:
+        start = time.perf_counter()
+        message = pickle.dumps(("execute", self.encoder.encode(step)), pickle.HIGHEST_PROTOCOL)
+        sent = time.perf_counter()
+        _, received = pickle.loads(message)
+        self.runner.execute(self.decoder.decode(received))
+        self.send_times.append(sent - start)
+        self.times.append(time.perf_counter() - sent)
+        self.message_bytes = len(message)
+
+
 def tiny_model(folder: Path, max_len: int) -> str:
     """The tiny model, or a copy of it in `folder` whose `max_position_embeddings` is `max_len`
     when its own is too short (its MLA layers use no positional encoding, and the dummy weights
@@ -79,9 +131,11 @@ def tiny_model(folder: Path, max_len: int) -> str:
 
 def run_case(
     device: str, batch: int, input_len: int, steps: int, warmup: int, profile: bool, stream: bool,
-    tmp: Path,
+    tmp: Path, tp_worker: bool = False,
 ):  # fmt: skip
-    """Median and fastest seconds of `steps` decode steps of `batch` sequences."""
+    """Median and fastest seconds of `steps` decode steps of `batch` sequences; with `tp_worker`
+    also the median seconds of rank 0's encoding and of the worker replica, and the step
+    message's bytes (else None)."""
     budget = max(8192, batch)
     # Sequences prefilled early decode while the others prefill (one token per step).
     max_tokens = math.ceil(batch * input_len / (budget - batch)) + warmup + steps + 2
@@ -96,6 +150,7 @@ def run_case(
     engine = LLMEngine.from_engine_args(ea)
     try:
         stub_forward(engine, batch)
+        worker = WorkerReplica(engine) if tp_worker else None
         kind = RequestOutputKind.CUMULATIVE if stream else RequestOutputKind.FINAL_ONLY
         params = SamplingParams(
             temperature=0.0, max_tokens=max_tokens, ignore_eos=True, output_kind=kind
@@ -119,7 +174,11 @@ def run_case(
         if len(engine.scheduler.running) != batch:
             raise RuntimeError("a sequence finished early: the timed steps were not all decodes")
         synchronize(dev)
-        return statistics.median(times), min(times)
+        if worker is None:
+            return statistics.median(times), min(times), None
+        send = statistics.median(worker.send_times[-steps:])
+        receive = statistics.median(worker.times[-steps:])
+        return statistics.median(times), min(times), (send, receive, worker.message_bytes)
     finally:
         engine.shutdown()
 
@@ -137,23 +196,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--stream", action="store_true", help="every step returns the outputs (API streaming)"
     )
+    parser.add_argument(
+        "--tp-worker",
+        action="store_true",
+        help="also time a tensor-parallel worker's host work per step (see above)",
+    )
     args = parser.parse_args(argv)
     if min(args.batch_sizes + [args.input_len, args.steps]) < 1 or args.warmup_steps < 0:
         parser.error("batch sizes, --input-len and --steps must be positive")
     # One thread: on a shared CPU, torch's worker threads make the small CPU ops jitter.
     torch.set_num_threads(1)
     # The fastest step: the least disturbed by other processes on a shared CPU.
-    print(f"{'batch':>5}  {'median ms':>9}  {'min ms':>8}  {'median us/request':>17}")
+    worker_columns = f"  {'send ms':>7}  {'worker ms':>9}  {'message KB':>10}"
+    worker_columns = worker_columns if args.tp_worker else ""
+    print(
+        f"{'batch':>5}  {'median ms':>9}  {'min ms':>8}  {'median us/request':>17}{worker_columns}"
+    )
     for batch in args.batch_sizes:
         start = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
-            median, fastest = run_case(
+            median, fastest, worker = run_case(
                 args.device, batch, args.input_len, args.steps, args.warmup_steps, args.profile,
-                args.stream, Path(tmp),
+                args.stream, Path(tmp), args.tp_worker,
             )  # fmt: skip
+        worker_cells = ""
+        if worker is not None:
+            send, receive, size = worker
+            worker_cells = f"  {1e3 * send:>7.3f}  {1e3 * receive:>9.3f}  {size / 1e3:>10.1f}"
         print(
             f"{batch:>5}  {1e3 * median:>9.3f}  {1e3 * fastest:>8.3f}"
-            f"  {1e6 * median / batch:>17.1f}"
+            f"  {1e6 * median / batch:>17.1f}{worker_cells}"
             f"  ({time.perf_counter() - start:.0f} s with start-up and prefill)",
             flush=True,
         )

@@ -27,7 +27,7 @@ from hf_kimi_linear import import_modeling_kimi_linear, random_hf_model
 
 from vllm import LLM, SamplingParams
 from vllm.v1.executor.multiproc_executor import Executor, WorkerFailed
-from vllm.v1.worker.model_runner import StepInput
+from vllm.v1.executor.step_message import StepMessage
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the gloo engine runs on CPU")
 
@@ -163,7 +163,7 @@ def test_worker_killed_mid_generation_fails_the_engine(tp2_llm):
 def test_worker_raising_fails_the_engine_with_its_traceback(tp2_llm):
     (_, pipe) = tp2_llm.llm_engine.executor.workers[0]
     # Only the worker runs this bad step, then the real ones: it raises while rank 0 proceeds.
-    pipe.send(("execute", StepInput([10**6], [], 0, [])))
+    pipe.send(("execute", StepMessage([10**6], 0, [], [], [], [], [])))
     error = generate_in_thread(tp2_llm, GREEDY)
     assert isinstance(error, RuntimeError)
     assert "tensor-parallel worker 1 failed" in str(error)

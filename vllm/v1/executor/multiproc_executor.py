@@ -4,7 +4,8 @@ process per other rank.
 Workers are spawned processes that join a torch.distributed group (NCCL on GPU, gloo on CPU) and
 then follow rank 0: each control message is `(method, *args)` on a pipe, and the worker calls
 the same method of its own runner. Tensors only move through the collectives inside the model;
-the pipes carry the step's host data (`StepInput`). Only rank 0 samples.
+the pipes carry the step's host data: `execute`'s `StepInput` as a `StepMessage`, whose block
+tables are only their changes since the last step (`step_message.py`). Only rank 0 samples.
 
 A worker that raises sends its traceback and exits; one that dies is noticed by its pipe closing or
 its process ending. Either fails the engine with `RuntimeError` naming the rank instead of hanging
@@ -32,6 +33,7 @@ from vllm.distributed import (
 )
 from vllm.logger import init_logger
 from vllm.utils.network_utils import get_open_port
+from vllm.v1.executor.step_message import StepDecoder, StepEncoder
 from vllm.v1.worker.model_runner import ModelRunner
 
 logger = init_logger(__name__)
@@ -72,10 +74,13 @@ def _worker_main(rank: int, config: VllmConfig, conn) -> None:
         conn.send(("ok", "started"))
         _init_distributed(config, rank)
         runner = ModelRunner(config, rank)
+        decoder = StepDecoder()
         while True:
             method, *args = conn.recv()
             if method == "shutdown":
                 break
+            if method == "execute":
+                args = [decoder.decode(*args)]
             result = getattr(runner, method)(*args)
             if method in _ANSWERED:
                 conn.send(("ok", result))
@@ -101,6 +106,7 @@ class Executor:
                 "starting another engine"
             )
         self.workers: list[tuple[Any, Any]] = []  # (process, pipe)
+        self._encoder = StepEncoder()
         # Whether this executor initialized the (process-global) TP group and must destroy it.
         self._owns_group = False
         try:
@@ -126,8 +132,10 @@ class Executor:
     def collective_rpc(self, method: str, *args: Any) -> Any:
         """Call `method` on every rank's runner; returns rank 0's result."""
         self._check_workers()
-        for _, pipe in self.workers:
-            pipe.send((method, *args))
+        if self.workers:
+            sent = (self._encoder.encode(*args),) if method == "execute" else args
+            for _, pipe in self.workers:
+                pipe.send((method, *sent))
         try:
             result = getattr(self.runner, method)(*args)
         except Exception as e:
