@@ -144,12 +144,14 @@ def test_shift_program_counts_give_identical_results(norm, triton_launches):
     """3 heads of 16: 96 q | k channels in 32-channel tiles. 1 program loops over all three
     tiles, 2 take 64 and 32 channels (four and two head rows: 3 heads are no multiple of the
     2 heads a program holds), 3 one tile each, 6 one 16-channel row each, 100 one channel each
-    (96 programs); every count matches the unfused ops, and all give the same bits."""
+    (96 programs); every count matches the unfused ops, and all give the same bits. The norm-only
+    and no-norm launches (shift programs from column 1, or from 0) take 1, 2 and 6: a loop, an
+    uneven split and a narrow tile, without the 96 programs the interpreter pays for."""
     step = make_step(3, 3, 16, 4, torch.bfloat16, seed=11)
     if norm == "no-norm":
         step["gate"] = step["norm_weight"] = None
     results = []
-    for programs in (1, 2, 3, 6, 100):
+    for programs in (1, 2, 3, 6, 100) if norm == "quant" else (1, 2, 6):
         for name in triton_launches:
             triton_launches[name] = 0
         config = KdaDecodeConfig(block_v=4, num_warps=2, shift_programs=programs)
