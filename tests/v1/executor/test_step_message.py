@@ -39,6 +39,19 @@ def test_decoded_steps_equal_rank_0s_through_growth_reorder_shrink_and_new_table
         assert got == step
 
 
+def test_a_table_cut_in_place_is_sent_whole():
+    # Not what the KV cache manager does today (its tables only grow while a request holds
+    # them), but a same-list shrink must not leave the worker a stale, longer table.
+    enc, dec = StepEncoder(), StepDecoder()
+    a = [1, 2, 3]
+    assert through_pipe(enc, dec, decode_step([a], [40])) == decode_step([[1, 2, 3]], [40])
+    del a[1:]
+    a.append(9)
+    assert through_pipe(enc, dec, decode_step([a], [41])).seqs[0].block_table == [1, 9]
+    a.append(5)
+    assert through_pipe(enc, dec, decode_step([a], [42])).seqs[0].block_table == [1, 9, 5]
+
+
 def test_a_decode_steps_message_carries_only_the_changed_tails():
     enc, num_blocks = StepEncoder(), 512
     tables = [list(range(1 + i * num_blocks, 1 + (i + 1) * num_blocks)) for i in range(64)]
