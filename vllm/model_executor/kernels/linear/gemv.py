@@ -450,7 +450,9 @@ def _launch(
     m, k = x.shape
     n = weight.shape[0]
     if config is None:
-        config = default_config(m, n, k, weight.element_size(), x.dtype == torch.bfloat16)
+        # bf16 x matters to fp32 weights only (bf16x3): one cache entry per shape elsewhere.
+        bf16_x = weight.dtype == torch.float32 and x.dtype == torch.bfloat16
+        config = default_config(m, n, k, weight.element_size(), bf16_x)
     else:
         config.check()
     if config.split_k is None:
