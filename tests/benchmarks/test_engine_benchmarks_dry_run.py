@@ -122,3 +122,19 @@ def test_tp_greedy_compare_reports_the_first_divergence_and_its_gap() -> None:
     assert (c["identical"], c["first_divergence_positions"]) == (1, [1])
     assert c["top_two_gap_at_divergence"] == [0.01]
     assert c["matching_tokens_fraction"] == (2 / 3 + 1) / 2
+
+
+def test_host_overhead_with_a_tp_worker_replica(capsys: pytest.CaptureFixture) -> None:
+    # A few decode steps of the stubbed tiny model, each also encoded, pickled, decoded and
+    # executed by the worker replica (its decoder raises on a table change it cannot apply); the
+    # decode steps' message stays small (changed tails only).
+    import benchmark_host_overhead
+
+    argv = ["--batch-sizes", "3", "--input-len", "40", "--steps", "3", "--warmup-steps", "1",
+            "--tp-worker"]  # fmt: skip
+    assert benchmark_host_overhead.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "worker ms" in lines[0] and "message KB" in lines[0]
+    row = next(line.split() for line in lines[1:] if line.split()[:1] == ["3"])
+    send_ms, worker_ms, message_kb = (float(v) for v in row[4:7])
+    assert send_ms > 0 and worker_ms > 0 and 0 < message_kb < 4
