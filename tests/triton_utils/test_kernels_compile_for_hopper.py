@@ -233,6 +233,7 @@ def _drive_ops() -> None:
         gemv(x, torch.randn(24, 64, generator=gen).to(torch.bfloat16), config=config)
 
     _drive_moe(4, 64, 2304, 1024, 8)
+    _drive_moe(1, 64, 2304, 1024, 8)  # one token: the one-row, one-warp down programs
     _drive_moe(3, 16, 64, 32, 4)
     # The grouping's largest steps: 256 routed + 1 shared expert, 9 slots, decode to prefill.
     for tokens, block_m in ((64, 16), (4096, 32)):

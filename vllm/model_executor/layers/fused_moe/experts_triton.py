@@ -40,9 +40,10 @@ weighted sum). In fp32 every rounding is the identity.
 Launch shapes: defaults are for Hopper at 1-4 tokens of Kimi-Linear (H 2304, I 1024, K 8 + 1
 fused shared expert): K rows x 128 blocks of 8 intermediate columns of gate/up programs, and 2304
 / 2 = 1152 down programs per token, each reading 2 rows of all K experts' I = 1024 (a 4 KB tile
-per slot). On an H200 (2026-12-01, `benchmarks/kernels/benchmark_moe.py --triton-configs`) the
-block at one token reads 75% of the copy bandwidth, against 62% for the earlier down kernel that
-reduced a `[K padded to 16, block_h, block_i]` tile per step.
+per slot); at one token 2304 one-warp down programs of one row each. On an H200 (2026-12-01,
+`benchmarks/kernels/benchmark_moe.py --triton-configs`) the block at one token reads 82% of the
+copy bandwidth (75% with the two-row down programs; 62% for the earlier down kernel that reduced a
+`[K padded to 16, block_h, block_i]` tile per step).
 """
 
 import torch
@@ -210,9 +211,9 @@ def moe_experts_triton(
     block_n: int = 8,
     block_k: int = 256,
     gate_up_warps: int = 4,
-    block_h: int = 2,
+    block_h: int | None = None,
     block_i: int | None = None,
-    down_warps: int = 2,
+    down_warps: int | None = None,
 ) -> torch.Tensor:
     """Routed experts in two Triton launches; see the module docstring for shapes and numerics.
 
@@ -221,7 +222,9 @@ def moe_experts_triton(
     kernel (hidden outputs per program, intermediate chunk per step (default: all of I up to
     1024), warps). Powers of two. The defaults were the fastest configurations timed on an H200
     at Kimi-Linear-48B expert shapes with the fused shared expert at 1-8 tokens (2026-12-01,
-    docs/performance.md).
+    docs/performance.md): the down kernel takes one hidden output and one warp per program at one
+    token (twice the programs, each with a single warp's loads in flight: 37.1 against 40.4 us for
+    both kernels), two and two above (equal at 2 tokens, better at 4).
     """
     check_expert_shapes(x, w13, w2, topk_weights, topk_ids)
     tokens, hidden = x.shape
@@ -229,6 +232,10 @@ def moe_experts_triton(
     check_triton_operands(x, w13, w2, topk_weights, topk_ids, act_and_mul, "moe_experts_triton")
     if block_i is None:
         block_i = min(next_power_of_2(inter), 1024)
+    if block_h is None:
+        block_h = 1 if tokens == 1 else 2
+    if down_warps is None:
+        down_warps = 1 if tokens == 1 else 2
     blocks = dict(block_n=block_n, block_k=block_k, gate_up_warps=gate_up_warps,
                   block_h=block_h, block_i=block_i, down_warps=down_warps)  # fmt: skip
     for name, value in blocks.items():
