@@ -43,6 +43,44 @@ def test_greedy_is_argmax_and_does_minimal_work():
     assert out.logprobs is None
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_logits_sample_as_their_fp32_widening(dtype, monkeypatch):
+    # Logits in the LM head's dtype: every row samples what the same logits widened to fp32 give.
+    # Rounding to bf16 makes ties in the argmax: the first index must win, as in fp32.
+    logits = (torch.randn(6, 400, generator=_seeded(5)) * 4).to(dtype)
+    assert (logits == logits.amax(-1, keepdim=True)).sum() > 6 or dtype == torch.float16
+    wide = logits.float()
+    cases = [
+        [SamplingParams(temperature=0.0) for _ in range(6)],
+        [SamplingParams(temperature=0.0, logprobs=3) for _ in range(6)],
+        [SamplingParams(temperature=0.0, repetition_penalty=1.7) for _ in range(6)],
+        [SamplingParams(temperature=t, seed=9) for t in (0.0, 1.0, 0.5, 0.0, 2.0, 1.0)],
+    ]
+    widened = []
+    real_float = torch.Tensor.float
+
+    def spy(t):
+        widened.append(t.dtype)
+        return real_float(t)
+
+    monkeypatch.setattr(torch.Tensor, "float", spy)
+    for params in cases:
+        kw = dict(prompts=[[1, 2, 3]] * 6, outputs=[[4]] * 6)
+        got = _sample(logits, params, generators=[_seeded(9)] * 6, **kw)
+        want = _sample(wide, params, generators=[_seeded(9)] * 6, **kw)
+        assert torch.equal(got.sampled_token_ids, want.sampled_token_ids)
+        assert (got.logprobs is None) == (want.logprobs is None)
+        if got.logprobs is not None:
+            for name in ("token_ids", "logprobs", "ranks"):
+                assert torch.equal(getattr(got.logprobs, name), getattr(want.logprobs, name))
+        # Plain greedy rows read the logits as they are; everything else widens them once.
+        assert widened.count(dtype) == (0 if params is cases[0] else 1)
+        widened.clear()
+    prompt = compute_prompt_logprobs(logits, torch.arange(6), 2)
+    expected = compute_prompt_logprobs(wide, torch.arange(6), 2)
+    assert torch.equal(prompt.logprobs, expected.logprobs)
+
+
 def test_mixed_greedy_and_random_batch():
     logits = torch.randn(4, 50, generator=_seeded(1))
     params = [SamplingParams(temperature=t, seed=3) for t in (0.0, 1.0, 0.0, 1.0)]
@@ -276,8 +314,8 @@ def test_validation_errors():
     with pytest.raises(ValueError, match="logprobs"):
         _metadata([SamplingParams(logprobs=V + 1)])
     md = _metadata(ok)
-    with pytest.raises(ValueError, match="float32"):
-        Sampler()(torch.zeros(1, V, dtype=torch.bfloat16), md)
+    with pytest.raises(ValueError, match="bfloat16, float16 or float32"):
+        Sampler()(torch.zeros(1, V, dtype=torch.float64), md)
     with pytest.raises(ValueError, match="shape"):
         Sampler()(torch.zeros(2, V), md)
     with pytest.raises(ValueError, match="k must"):

@@ -60,8 +60,9 @@ class ParallelLMHead(VocabParallelEmbedding):
     """The output projection to the vocabulary (its weight may be the embedding's, if tied)."""
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """fp32 logits `[T, vocab]` (tied embeddings share this layer's weight at load)."""
+        """Logits `[T, vocab]` in the weight's dtype (tied embeddings share this layer's weight at
+        load). The sampler widens them to fp32 where it computes with them, and only there: a
+        greedy decode step's argmax reads them as they are (vllm/v1/sample/sampler.py)."""
         weight = self.weight
-        # In the weight's dtype (no fp32 copy of a vocab-sized matrix per call), logits in fp32.
-        local = F.linear(hidden.to(weight.dtype), weight).float()
+        local = F.linear(hidden.to(weight.dtype), weight)
         return tensor_model_parallel_all_gather(local, dim=-1)[:, : self.num_embeddings]

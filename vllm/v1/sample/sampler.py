@@ -1,4 +1,9 @@
-"""The on-device sampler: one next token per row of a [N, V] float32 logits tensor.
+"""The on-device sampler: one next token per row of a [N, V] logits tensor.
+
+Logits come in the LM head's dtype (bf16 for the served models; fp16 or fp32 also taken). They are
+widened to fp32 first, exactly (every bf16 / fp16 value is an fp32 value), unless the batch is all
+greedy with no penalty and no logprobs: then the argmax reads them as they are, which picks the
+same token as the fp32 copy would, without writing that copy ([256, 163840] fp32 is 168 MB).
 
 Order, per row: repetition penalty (a seen token's positive logit is divided by the penalty, a
 negative one multiplied), then eos / stop ids forced to -inf while `min_tokens` is not reached.
@@ -53,6 +58,11 @@ class Sampler(nn.Module):
         _check_logits(logits, metadata.num_reqs, metadata.vocab_size)
         if logits.device != metadata.device:
             raise ValueError(f"logits are on {logits.device}, metadata on {metadata.device}")
+        plain_greedy = (
+            metadata.all_greedy and metadata.seen_mask is None and metadata.max_num_logprobs is None
+        )
+        if not plain_greedy:
+            logits = logits.float()
         raw_logprobs = (
             torch.log_softmax(logits, dim=-1) if metadata.max_num_logprobs is not None else None
         )
@@ -73,7 +83,8 @@ class Sampler(nn.Module):
 def compute_prompt_logprobs(
     logits: torch.Tensor, target_ids: torch.Tensor, k: int
 ) -> LogprobsTensors:
-    """Logprobs of each prompt token: row j of `logits` [P, V] float32 predicts `target_ids[j]`.
+    """Logprobs of each prompt token: row j of `logits` [P, V] (bf16 / fp16 / fp32, computed in
+    fp32) predicts `target_ids[j]`.
 
     Column 0 is the target token, columns 1..k the top k; the ids are trusted to lie in [0, V)
     (checking them would read device memory back). Needs one extra [P, V] float32 buffer, so the
@@ -91,12 +102,15 @@ def compute_prompt_logprobs(
         )
     if k > logits.shape[1]:
         raise ValueError(f"k ({k}) exceeds the vocabulary size ({logits.shape[1]})")
-    return _gather_logprobs(torch.log_softmax(logits, dim=-1), target_ids, k)
+    return _gather_logprobs(torch.log_softmax(logits.float(), dim=-1), target_ids, k)
+
+
+_LOGIT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _check_logits(logits: torch.Tensor, num_rows: int, vocab_size: int) -> None:
-    if logits.dtype != torch.float32:
-        raise ValueError(f"logits must be float32, got {logits.dtype}")
+    if logits.dtype not in _LOGIT_DTYPES:
+        raise ValueError(f"logits must be bfloat16, float16 or float32, got {logits.dtype}")
     if logits.shape != (num_rows, vocab_size):
         raise ValueError(
             f"logits must have shape ({num_rows}, {vocab_size}), got {tuple(logits.shape)}"

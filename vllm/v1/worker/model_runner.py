@@ -148,7 +148,7 @@ class ModelRunner:
         with torch.no_grad():
             hidden = self.model(ids, builder.build(seqs, 0))
             rows = hidden[: self.max_num_seqs]
-            torch.softmax(self.model.compute_logits(rows), dim=-1)
+            torch.softmax(self.model.compute_logits(rows).float(), dim=-1)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - base
         del kda, mla, builder, hidden, rows
@@ -212,7 +212,8 @@ class ModelRunner:
         return self.model.compute_logits(self.model(ids, metadata))
 
     def execute(self, step: StepInput) -> torch.Tensor:
-        """Logits `[len(step.logits_rows), vocab]` (fp32) of the step; every rank runs it."""
+        """Logits `[len(step.logits_rows), vocab]` (the LM head's dtype) of the step; every rank
+        runs it."""
         tokens, n = len(step.input_ids), len(step.seqs)
         if tokens > self.max_num_tokens:
             raise ValueError(f"step of {tokens} tokens exceeds the buffers ({self.max_num_tokens})")
