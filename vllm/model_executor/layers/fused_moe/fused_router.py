@@ -45,6 +45,9 @@ Ordering (why the last program sees every logit, on NVIDIA, Triton 3.6 and 3.9):
   and atomic pattern.) The logits are read back with ``cache_modifier=".cg"`` (L2; the SM's L1 is
   not coherent), in a loop that is not software-pipelined (``num_stages=1``), so no load is
   issued before the acquire.
+* The sm_90 PTX of Triton 3.6.0 and 3.9.0 shows exactly that: ``bar.sync 0``, then
+  ``atom.global.gpu.acq_rel.add.u32`` under a thread-0 predicate, its result through
+  ``st.shared`` / ``bar.sync`` / ``ld.shared``, then ``ld.global.cg`` for the logits.
 * No program waits for another: nothing assumes programs run concurrently, so any grid size is
   safe, and under Triton's CPU interpreter (programs in order) the pattern runs unchanged.
 * The last program's count proves every other program has incremented, so its store of 0 races
@@ -56,8 +59,10 @@ Numerics: the logits are computed as `gemv_fp32`'s multiply-and-sum path does: x
 chunk, chunks in order), so each logit is within (H + 2) * 2^-24 * sum_h |x_h w_h| of the exact
 dot product, as `router_logits` and `F.linear` are; the three may differ from each other in the
 last bits (summation order). The selection is the same code as `grouped_topk`'s kernel, so on the
-same logits the two give the same bits (exact logits, as in the tests' integer data, make the
-fused op bit-equal to ``grouped_topk(router_logits(x, w), ...)``). Against the reference, ids
+same logits the two choose the same ids, with the same weights up to the order of the softmax and
+renormalising sums, which the warps per program set (bit for bit under the interpreter; the tests'
+integer data gives exact logits, hence ``grouped_topk(router_logits(x, w), ...)``'s ids and, up
+to those sums, weights). Against the reference, ids
 agree where the selection is decided by more than those logit errors, and the weights differ by
 the logit error carried through sigmoid / softmax and the renormalisation (relative error at most
 (2 for softmax) x (2 when renormalising) x the largest logit difference) plus a few ulps.
