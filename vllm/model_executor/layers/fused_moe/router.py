@@ -26,6 +26,8 @@ The token's E logits sit in one `next_pow2(E)` register vector; the group rankin
 `[next_pow2(groups), next_pow2(E)]` membership tile, so group sizes need not be powers of two.
 The `top_k` experts are taken by `top_k` rounds of argmax, which replaces the reference's two
 `topk` sorts and its scatter / masked_fill / gather with reductions that never leave registers.
+The selection of a token is the @triton.jit helper `grouped_topk_row`, which fused_router.py's
+one-launch router (logits and selection, at decode sizes) runs too.
 
 Ties: the kernel's rule is that among equal biased scores (or equal group scores) the lowest
 expert (group) index wins. torch's `topk` documents no tie order, so the two agree on ids only
