@@ -18,6 +18,7 @@ COUNTED_KERNELS = {
         "_moe_gate_up_kernel", "_moe_down_kernel",
     ),
     "vllm.model_executor.layers.fused_moe.router": ("_grouped_topk_kernel",),
+    "vllm.model_executor.layers.fused_moe.fused_router": ("_fused_router_topk_kernel",),
     "vllm.model_executor.layers.fused_moe.experts_triton_grouped": (
         "_moe_group_rows_kernel", "_moe_grouped_gate_up_kernel", "_moe_grouped_down_kernel",
     ),

@@ -33,6 +33,22 @@ tests first; the last lines name the fastest config per T, to update gemv._fp32_
         64,32,4,a,4,dot3 64,64,4,1,3,dot3,m64
 
 `dot3` configs split the fp32 gate into three bf16 terms for bf16 MMAs (gemv.GemvConfig.bf16x3).
+
+--fused times what KimiMoE routes a decode batch with: the two launches `router_logits` then
+`grouped_topk` against `fused_router_topk` (fused_router.py, one launch), with Kimi-Linear's fused
+shared expert (top-8 + 1), at T = 1, 2, 4, 8 unless --tokens says otherwise. As with --logits, the
+graph replays --layers calls over as many layers, each with its own gate, bias and (fused)
+semaphore, so the gates come from HBM. Each path is first checked on exact data (integer x, gates
+of multiples of 2^-10: all logits exact) to give the two launches' ids, and their weights up to
+the order of the renormalising sum.
+--fused-configs adds a sweep of `FusedRouterConfig`s, `BLOCK_N,BLOCK_H,WARPS` (experts per program,
+hidden chunk, warps; `default` is fused_router.default_config); the last lines compare each T's
+fastest fused path with the two launches, to update fused_router.default_config and
+FUSED_ROUTER_MAX_T.
+
+    python benchmarks/kernels/benchmark_router.py --fused --csv fused.csv
+    python benchmarks/kernels/benchmark_router.py --fused --fused-configs default 1,1024,4 \
+        2,512,4 2,1024,2 2,1024,1 2,2048,4 4,512,4 4,1024,8 8,256,4
 """
 
 import argparse
@@ -47,7 +63,9 @@ from benchmark_moe import copy_bandwidth, time_eager
 from benchmark_rmsnorm_gated_fp8_per_token import time_graph, write_csv
 
 from vllm.model_executor.kernels.linear.gemv import gemv_fp32
+from vllm.model_executor.layers.fused_moe.fused_router import FusedRouterConfig, fused_router_topk
 from vllm.model_executor.layers.fused_moe.router import (
+    grouped_topk,
     grouped_topk_ref,
     grouped_topk_triton,
     router_logits,
@@ -55,6 +73,7 @@ from vllm.model_executor.layers.fused_moe.router import (
 from vllm.triton_utils import use_triton
 
 TOKENS = [1, 8, 64, 256]
+FUSED_TOKENS = [1, 2, 4, 8]
 KIMI_LINEAR = dict(experts=256, top_k=8, routed_scaling_factor=2.446, hidden=2304, layers=26)
 
 
@@ -116,6 +135,94 @@ def bench_logits(args, device: torch.device, tokens_list: list[int], copy_gbps: 
     return 0
 
 
+def fused_config(text: str) -> tuple[str, FusedRouterConfig | None]:
+    """`BLOCK_N,BLOCK_H,WARPS` or `default` -> (label, config)."""
+    if text == "default":
+        return text, None
+    try:
+        config = FusedRouterConfig(*(int(v) for v in text.split(",")))
+        config.check()
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not BLOCK_N,BLOCK_H,WARPS (powers of two) or 'default'"
+        ) from None
+    return text, config
+
+
+def bench_fused(args, device: torch.device, tokens_list: list[int], copy_gbps: float) -> int:
+    """Times the two-launch router against the fused one at each T (module docstring)."""
+    gen = torch.Generator().manual_seed(args.seed)  # on the CPU: the same data on any device
+    experts, hidden, layers = args.experts, args.hidden, args.layers
+    router = dict(
+        top_k=args.top_k, num_expert_group=args.groups, topk_group=args.topk_group,
+        renormalize=True, routed_scaling_factor=KIMI_LINEAR["routed_scaling_factor"],
+        scoring_func="sigmoid", num_fused_shared_experts=1,
+    )  # fmt: skip
+    gates = [(torch.randn(experts, hidden, generator=gen) * hidden**-0.5).to(device)
+             for _ in range(layers)]  # fmt: skip
+    biases = [(torch.randn(experts, generator=gen) * 0.1).to(device) for _ in range(layers)]
+    semaphores = [torch.zeros(1, dtype=torch.int32, device=device) for _ in range(layers)]
+    columns = args.top_k + 1  # weights (fp32) and ids (int64) written per token
+    exact_x = torch.randint(-3, 4, (max(tokens_list), hidden), generator=gen).to(torch.bfloat16)
+    exact_gate = torch.randint(-64, 65, (experts, hidden), generator=gen) * 2.0**-10
+    exact_x, exact_gate = exact_x.to(device), exact_gate.to(device)
+
+    def two_launches(x, layer):
+        return grouped_topk(router_logits(x, gates[layer]), biases[layer], **router)
+
+    paths = [("two launches", None, two_launches)]
+    for label, config in args.fused_configs or [("default", None)]:
+
+        def fused(x, layer, config=config):
+            return fused_router_topk(x, gates[layer], biases[layer], **router,
+                                     semaphore=semaphores[layer], config=config)  # fmt: skip
+
+        paths.append((f"fused[{label}]", config, fused))
+    rows, best = [], {}
+    with torch.inference_mode():
+        for tokens in tokens_list:
+            x = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16).to(device)
+            moved = gates[0].numel() * 4 + x.numel() * 2 + experts * 4 + tokens * columns * 12
+            exact = grouped_topk(router_logits(exact_x[:tokens], exact_gate), biases[0], **router)
+            for name, config, fn in paths:
+                got = fused_router_topk(exact_x[:tokens], exact_gate, biases[0], **router,
+                                        semaphore=semaphores[0], config=config)  # fmt: skip
+                # Same ids; weights up to the order of the renormalising sum of top_k terms,
+                # which the warps per program set: 2 (top_k - 1) 2^-24 relative at most.
+                rtol = 2 * args.top_k * 2**-24
+                if not torch.equal(got[1], exact[1]) or not torch.allclose(
+                    got[0], exact[0], rtol=rtol, atol=0.0
+                ):
+                    raise SystemExit(f"T={tokens} {name}: differs from the two launches")
+                layer = itertools.count()
+
+                def call(fn=fn, x=x, layer=layer):
+                    return fn(x, next(layer) % layers)
+
+                graphed = device.type == "cuda"
+                us = time_graph(call, layers) if graphed else time_eager(call, device)
+                gbps = moved / (us * 1e-6) / 1e9
+                row = dict(tokens=tokens, experts=experts, hidden=hidden, path=name,
+                           timing="graph" if graphed else "eager", us=round(us, 2), bytes=moved,
+                           gbps=round(gbps, 2), pct_copy=round(100 * gbps / copy_gbps, 2),
+                           copy_gbps=round(copy_gbps, 1))  # fmt: skip
+                rows.append(row)
+                write_csv(args.csv, rows)
+                print(
+                    f"T={tokens:>4} {name:>24} ({row['timing']}) {us:9.2f} us  "
+                    f"{moved / 1e6:6.2f} MB  {gbps:8.1f} GB/s  {row['pct_copy']:6.2f}% of copy",
+                    flush=True,
+                )
+                if name == "two launches":
+                    best[tokens] = [us, ("", float("inf"))]
+                elif us < best[tokens][1][1]:
+                    best[tokens][1] = (name, us)
+    for tokens, (two_us, (name, us)) in best.items():
+        print(f"T={tokens}: fastest {name} {us:.2f} us vs two launches {two_us:.2f} us "
+              f"({us - two_us:+.2f} us, {us / two_us:.2f}x)")  # fmt: skip
+    return 0
+
+
 def make_inputs(tokens: int, experts: int, device: torch.device, seed: int):
     gen = torch.Generator(device=device).manual_seed(seed)
     logits = torch.randn(tokens, experts, generator=gen, device=device)
@@ -127,7 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--tokens", type=int, nargs="+", default=TOKENS, help="tokens per call")
+    parser.add_argument(
+        "--tokens", type=int, nargs="+",
+        help=f"tokens per call (default {TOKENS}, with --fused {FUSED_TOKENS})",
+    )  # fmt: skip
     parser.add_argument("--experts", type=int, default=KIMI_LINEAR["experts"])
     parser.add_argument("--top-k", type=int, default=KIMI_LINEAR["top_k"])
     parser.add_argument("--groups", type=int, default=1, help="num_expert_group")
@@ -144,10 +254,19 @@ def main(argv: list[str] | None = None) -> int:
         metavar="BN,BK,W[,S[,ST[,dot|dot3]]][,mBM]",
         help="with --logits: also time gemv_fp32 at each config (a sweep)",
     )  # fmt: skip
-    parser.add_argument("--hidden", type=int, default=KIMI_LINEAR["hidden"], help="--logits: H")
+    parser.add_argument(
+        "--fused", action="store_true", help="time the fused router (module docstring)"
+    )
+    parser.add_argument(
+        "--fused-configs", nargs="+", type=fused_config, metavar="BN,BH,W",
+        help="with --fused: time fused_router_topk at each config (a sweep)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--hidden", type=int, default=KIMI_LINEAR["hidden"], help="--logits / --fused: H"
+    )
     parser.add_argument(
         "--layers", type=int, default=KIMI_LINEAR["layers"],
-        help="--logits: distinct gates per graph (one per MoE layer)",
+        help="--logits / --fused: distinct gates per graph (one per MoE layer)",
     )  # fmt: skip
     parser.add_argument("--copy-gib", type=float, default=2.0, help="size of the copy baseline")
     parser.add_argument("--seed", type=int, default=0)
@@ -166,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         device, tokens_list, copy_gib = torch.device("cpu"), [1, 3], 1 / 64
         args.experts, args.top_k, args.hidden, args.layers = 32, 4, 72, 2
     elif torch.cuda.is_available():
-        device, tokens_list, copy_gib = torch.device("cuda"), args.tokens, args.copy_gib
+        tokens_list = args.tokens or (FUSED_TOKENS if args.fused else TOKENS)
+        device, copy_gib = torch.device("cuda"), args.copy_gib
     else:
         parser.error("this benchmark needs a CUDA GPU (or --dry-run)")
     if not use_triton(device):
@@ -185,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{device.type}: eager copy_ of {copy_gib:g} GiB: {copy_gbps:.0f} GB/s", flush=True)
     if args.logits:
         return bench_logits(args, device, tokens_list, copy_gbps)
+    if args.fused:
+        return bench_fused(args, device, tokens_list, copy_gbps)
     rows = []
     with torch.inference_mode():
         for tokens in tokens_list:

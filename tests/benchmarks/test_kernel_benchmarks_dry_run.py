@@ -52,6 +52,18 @@ def test_router_logits_dry_run(triton_launches, capsys: pytest.CaptureFixture) -
     assert "gemv[16,32,4,a,3,dot3]" in out
 
 
+def test_router_fused_dry_run(triton_launches, capsys: pytest.CaptureFixture) -> None:
+    import benchmark_router
+
+    argv = ["--dry-run", "--fused", "--fused-configs", "default", "32,128,4"]
+    assert benchmark_router.main(argv) == 0
+    assert triton_launches["_fused_router_topk_kernel"] > 0
+    assert triton_launches["_grouped_topk_kernel"] > 0  # the two launches are the kernels too
+    out = capsys.readouterr().out
+    assert "two launches" in out and "fused[default]" in out and "fused[32,128,4]" in out
+    assert "T=3: fastest fused[" in out
+
+
 def test_all_reduce_dry_run(tmp_path: Path) -> None:
     """Two gloo ranks on the CPU: the script checks the sum of ones and writes one row per size."""
     import benchmark_all_reduce

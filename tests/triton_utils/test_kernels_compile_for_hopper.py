@@ -34,6 +34,7 @@ from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (
     group_rows,
     moe_experts_triton_grouped,
 )
+from vllm.model_executor.layers.fused_moe.fused_router import FusedRouterConfig, fused_router_topk
 from vllm.model_executor.layers.fused_moe.gather_rows import GatherRowsConfig, gather_rows
 from vllm.model_executor.layers.fused_moe.router import grouped_topk_triton
 from vllm.model_executor.layers.fused_moe.weighted_sum import moe_weighted_sum
@@ -231,6 +232,18 @@ def _drive_ops() -> None:
     x = torch.randn(2, 64, generator=gen).to(torch.bfloat16)
     for config in (GemvConfig(8, 32, split_k=3), GemvConfig(16, 64, use_dot=True)):
         gemv(x, torch.randn(24, 64, generator=gen).to(torch.bfloat16), config=config)
+
+    # The fused router at Kimi-Linear's sizes (bf16 x, 256 experts top-8 + 1 shared, sigmoid,
+    # bias) at T = 1 and 4, a swept config, then a small grouped softmax one in fp32.
+    kimi = (8, 1, 1, True, 2.446, "sigmoid", 1)
+    semaphore = torch.zeros(1, dtype=torch.int32)
+    for t, config in ((1, None), (4, None), (2, FusedRouterConfig(4, 512, 8))):
+        x = torch.randn(t, 2304, generator=gen).to(torch.bfloat16)
+        fused_router_topk(x, gate, torch.randn(256, generator=gen), *kimi, semaphore, config=config)
+    fused_router_topk(
+        torch.randn(3, 40, generator=gen), torch.randn(24, 40, generator=gen), None,
+        4, 4, 2, False, 1.0, "softmax", 0, semaphore,
+    )  # fmt: skip
 
     _drive_moe(4, 64, 2304, 1024, 8)
     _drive_moe(1, 64, 2304, 1024, 8)  # one token: the one-row, one-warp down programs

@@ -26,6 +26,8 @@ The token's E logits sit in one `next_pow2(E)` register vector; the group rankin
 `[next_pow2(groups), next_pow2(E)]` membership tile, so group sizes need not be powers of two.
 The `top_k` experts are taken by `top_k` rounds of argmax, which replaces the reference's two
 `topk` sorts and its scatter / masked_fill / gather with reductions that never leave registers.
+The selection of a token is the @triton.jit helper `grouped_topk_row`, which fused_router.py's
+one-launch router (logits and selection, at decode sizes) runs too.
 
 Ties: the kernel's rule is that among equal biased scores (or equal group scores) the lowest
 expert (group) index wins. torch's `topk` documents no tie order, so the two agree on ids only
@@ -72,21 +74,20 @@ ROUTER_GEMV_MAX_T = 8
 if triton is not None:
 
     @triton.jit
-    def _grouped_topk_kernel(
-        logits_ptr, bias_ptr, weights_ptr, ids_ptr,
-        stride_lt, stride_le, stride_b, stride_wt, stride_it, scale,
+    def grouped_topk_row(
+        x, bias_ptr, stride_b, weights_row_ptr, ids_row_ptr, scale,
         E: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
         NUM_GROUPS: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_G: tl.constexpr,
         TOPK_GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTMAX: tl.constexpr,
         RENORMALIZE: tl.constexpr, NUM_SHARED: tl.constexpr,
     ):  # fmt: skip
-        t = tl.program_id(0).to(tl.int64)
+        """The selection of one token from its fp32 logits `x` `[BLOCK_E]` (lanes from E on are
+        ignored): stores its `TOP_K + NUM_SHARED` weights and int64 ids at the row pointers.
+        Shared by `_grouped_topk_kernel` and fused_router.py's kernel."""
         offs = tl.arange(0, BLOCK_E)
         valid = offs < E
         # Padded lanes address a real expert (masked), so no out-of-bounds address is formed.
         safe = tl.minimum(offs, E - 1)
-        x = tl.load(logits_ptr + t * stride_lt + safe * stride_le, mask=valid, other=0.0)
-        x = x.to(tl.float32)
         if SOFTMAX:
             x = tl.where(valid, x, float("-inf"))
             ex = tl.exp(x - tl.max(x, axis=0))
@@ -141,8 +142,28 @@ if triton is not None:
             weights = tl.where(shared, 1.0, weights)
             ids = tl.where(shared, E + k_offs - TOP_K, ids)
         k_valid = k_offs < TOP_K + NUM_SHARED
-        tl.store(weights_ptr + t * stride_wt + k_offs, weights, mask=k_valid)
-        tl.store(ids_ptr + t * stride_it + k_offs, ids.to(tl.int64), mask=k_valid)
+        tl.store(weights_row_ptr + k_offs, weights, mask=k_valid)
+        tl.store(ids_row_ptr + k_offs, ids.to(tl.int64), mask=k_valid)
+
+    @triton.jit
+    def _grouped_topk_kernel(
+        logits_ptr, bias_ptr, weights_ptr, ids_ptr,
+        stride_lt, stride_le, stride_b, stride_wt, stride_it, scale,
+        E: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
+        NUM_GROUPS: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_G: tl.constexpr,
+        TOPK_GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTMAX: tl.constexpr,
+        RENORMALIZE: tl.constexpr, NUM_SHARED: tl.constexpr,
+    ):  # fmt: skip
+        t = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, BLOCK_E)
+        safe = tl.minimum(offs, E - 1)
+        x = tl.load(logits_ptr + t * stride_lt + safe * stride_le, mask=offs < E, other=0.0)
+        grouped_topk_row(
+            x.to(tl.float32), bias_ptr, stride_b, weights_ptr + t * stride_wt,
+            ids_ptr + t * stride_it, scale,
+            E, BLOCK_E, TOP_K, BLOCK_K, NUM_GROUPS, GROUP_SIZE, BLOCK_G, TOPK_GROUP, HAS_BIAS,
+            SOFTMAX, RENORMALIZE, NUM_SHARED,
+        )  # fmt: skip
 
 
 def _check_args(
@@ -155,15 +176,32 @@ def _check_args(
     num_fused_shared_experts: int,
 ) -> None:
     """Metadata checks shared by the kernel and the reference (never reads tensor values)."""
-    if num_fused_shared_experts < 0:
-        raise ValueError(f"num_fused_shared_experts must be >= 0, got {num_fused_shared_experts}")
-    if scoring_func not in _SCORING:
-        raise ValueError(f"scoring_func {scoring_func!r} is not 'sigmoid' or 'softmax'")
     if router_logits.dim() != 2:
         raise ValueError(f"router_logits must be [T, E], got shape {tuple(router_logits.shape)}")
     if router_logits.dtype not in _LOGIT_DTYPES:
         raise ValueError(f"router_logits dtype {router_logits.dtype} is not one of {_LOGIT_DTYPES}")
-    experts = router_logits.shape[1]
+    check_routing_args(
+        router_logits.shape[1], router_logits.device, e_score_correction_bias, top_k,
+        num_expert_group, topk_group, scoring_func, num_fused_shared_experts,
+    )  # fmt: skip
+
+
+def check_routing_args(
+    experts: int,
+    device: torch.device,
+    e_score_correction_bias: torch.Tensor | None,
+    top_k: int,
+    num_expert_group: int,
+    topk_group: int,
+    scoring_func: str,
+    num_fused_shared_experts: int,
+) -> None:
+    """ValueError unless the routing arguments fit `experts` experts whose logits live on
+    `device` (metadata only; also fused_router.py's check)."""
+    if num_fused_shared_experts < 0:
+        raise ValueError(f"num_fused_shared_experts must be >= 0, got {num_fused_shared_experts}")
+    if scoring_func not in _SCORING:
+        raise ValueError(f"scoring_func {scoring_func!r} is not 'sigmoid' or 'softmax'")
     if e_score_correction_bias is not None:
         if tuple(e_score_correction_bias.shape) != (experts,):
             raise ValueError(
@@ -175,10 +213,10 @@ def _check_args(
                 f"e_score_correction_bias must be floating point, got "
                 f"{e_score_correction_bias.dtype}"
             )
-        if e_score_correction_bias.device != router_logits.device:
+        if e_score_correction_bias.device != device:
             raise ValueError(
-                f"e_score_correction_bias is on {e_score_correction_bias.device}, router_logits "
-                f"on {router_logits.device}"
+                f"e_score_correction_bias is on {e_score_correction_bias.device}, the logits on "
+                f"{device}"
             )
     if not 0 < top_k <= experts:
         raise ValueError(f"top_k {top_k} is not in [1, num_experts={experts}]")
@@ -315,7 +353,9 @@ def grouped_topk(
     )  # fmt: skip
 
 
-def _check_logits_args(x: torch.Tensor, gate_weight: torch.Tensor) -> None:
+def check_logits_args(x: torch.Tensor, gate_weight: torch.Tensor) -> None:
+    """ValueError unless `x` `[T, H]` (bf16 / fp16 / fp32) and the fp32 gate `[E, H]` fit
+    `router_logits` (also fused_router.py's check)."""
     if x.dim() != 2 or gate_weight.dim() != 2 or x.shape[1] != gate_weight.shape[1]:
         raise ValueError(
             f"x must be [T, H] and gate_weight [E, H], got {tuple(x.shape)} and "
@@ -331,7 +371,7 @@ def _check_logits_args(x: torch.Tensor, gate_weight: torch.Tensor) -> None:
 
 def router_logits_ref(x: torch.Tensor, gate_weight: torch.Tensor) -> torch.Tensor:
     """The torch reference: `F.linear(x.float(), gate_weight)`, `[T, E]` fp32."""
-    _check_logits_args(x, gate_weight)
+    check_logits_args(x, gate_weight)
     return F.linear(x.float(), gate_weight)
 
 
@@ -340,7 +380,7 @@ def router_logits(x: torch.Tensor, gate_weight: torch.Tensor) -> torch.Tensor:
     gate `gate_weight` `[E, H]`: the GEMV kernel for 1..`ROUTER_GEMV_MAX_T` tokens, and for any
     number of bf16 tokens, where `use_triton` says so and both have unit stride on H; else the
     reference."""
-    _check_logits_args(x, gate_weight)
+    check_logits_args(x, gate_weight)
     t = x.shape[0]
     if (
         use_triton(x.device)

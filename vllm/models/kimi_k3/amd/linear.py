@@ -27,6 +27,7 @@ import torch
 from vllm import envs
 from vllm.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_reduce
 from vllm.model_executor.layers.activation import SiluAndMul, get_act_and_mul
+from vllm.model_executor.layers.fused_moe.fused_router import fused_router_topk, use_fused_router
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 from vllm.model_executor.layers.fused_moe.router import grouped_topk, router_logits
 from vllm.model_executor.layers.layernorm import RMSNorm
@@ -163,6 +164,11 @@ class KimiMoE(torch.nn.Module):
         self.e_score_correction_bias = torch.nn.Parameter(
             torch.zeros(config.num_experts, dtype=torch.float32), requires_grad=False
         )
+        # The fused router's arrival counter (fused_router.py): one per layer, so no two
+        # launches in flight share one; 0 between launches. Not a checkpoint tensor.
+        self.register_buffer(
+            "router_semaphore", torch.zeros(1, dtype=torch.int32), persistent=False
+        )
         self.experts = FusedMoE(
             config.num_experts, routed_hidden, config.moe_intermediate_size, _act(config),
             params_dtype=params_dtype, reduce_results=False, prefix=f"{prefix}.experts",
@@ -201,13 +207,15 @@ class KimiMoE(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cfg = self.config
-        logits = router_logits(x, self.gate_weight)
-        weights, ids = grouped_topk(
-            logits, self.e_score_correction_bias, cfg.num_experts_per_token,
-            cfg.num_expert_group, cfg.topk_group, cfg.moe_renormalize,
-            cfg.routed_scaling_factor, cfg.moe_router_activation_func,
-            self.experts.num_fused_shared_experts,
+        routing = (
+            self.e_score_correction_bias, cfg.num_experts_per_token, cfg.num_expert_group,
+            cfg.topk_group, cfg.moe_renormalize, cfg.routed_scaling_factor,
+            cfg.moe_router_activation_func, self.experts.num_fused_shared_experts,
         )  # fmt: skip
+        if use_fused_router(x, self.gate_weight):
+            weights, ids = fused_router_topk(x, self.gate_weight, *routing, self.router_semaphore)
+        else:
+            weights, ids = grouped_topk(router_logits(x, self.gate_weight), *routing)
         routed_in = x
         if self.latent:
             routed_in = self.routed_expert_down_proj(x)[0]

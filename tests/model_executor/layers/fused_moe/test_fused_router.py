@@ -1,0 +1,430 @@
+"""`fused_router_topk`: router logits and grouped top-k in one launch, against the two-launch
+composition. On exact data (small integers: every logit exact in any summation order) it must
+equal `grouped_topk_triton(F.linear(x.float(), w))` at every launch shape (bit for bit under the
+interpreter; on a GPU the weights up to the order of the renormalising sum); on random
+data the reference composition's ids, with weights within the logit error carried through the
+scoring (module docstring of fused_router.py). Also the semaphore's reset, argument errors, the
+dispatch and KimiMoE's use of it, and on a GPU Kimi-Linear's sizes and CUDA-graph replay. Data is
+drawn on the CPU, so the interpreter and the GPU see the same values for a seed.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vllm.model_executor.layers.fused_moe import fused_router as fused_mod
+from vllm.model_executor.layers.fused_moe.fused_router import (
+    MAX_TOKENS,
+    FusedRouterConfig,
+    default_config,
+    fused_router_topk,
+    fused_router_topk_ref,
+    use_fused_router,
+)
+from vllm.model_executor.layers.fused_moe.router import (
+    grouped_topk,
+    grouped_topk_triton,
+    router_logits,
+)
+from vllm.models.kimi_k3.amd.linear import KimiMoE
+from vllm.transformers_utils.configs import KimiLinearConfig
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+KERNEL = "_fused_router_topk_kernel"
+# Kimi-Linear-48B's router with its shared expert fused (tests/model_executor/test_fused_moe.py).
+KIMI = dict(
+    top_k=8, num_expert_group=1, topk_group=1, renormalize=True, routed_scaling_factor=2.446,
+    scoring_func="sigmoid", num_fused_shared_experts=1,
+)  # fmt: skip
+# One expert per program with a tail H chunk, several experts per program, one program with
+# padded experts (block_n > E): the program count and the arrival order both change.
+CONFIGS = [FusedRouterConfig(1, 32, 1), FusedRouterConfig(4, 64, 2), FusedRouterConfig(64, 128, 4)]
+
+
+def router(top_k=4, groups=1, topk_group=1, renormalize=True, scale=2.5, scoring="sigmoid",
+           shared=0) -> dict:  # fmt: skip
+    return dict(top_k=top_k, num_expert_group=groups, topk_group=topk_group,
+                renormalize=renormalize, routed_scaling_factor=scale, scoring_func=scoring,
+                num_fused_shared_experts=shared)  # fmt: skip
+
+
+def semaphore(device=DEVICE) -> torch.Tensor:
+    return torch.zeros(1, dtype=torch.int32, device=device)
+
+
+def random_case(t, e, h, seed, device=DEVICE, dtype=torch.bfloat16, nonzero=None):
+    """Gaussian x, gate and bias; `nonzero`: that many nonzero entries of x per token (at random
+    places), which shrinks the rigorous logit error bound (`logit_error`) at large H."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, h, generator=gen)
+    if nonzero is not None:
+        keep = torch.rand(t, h, generator=gen).argsort(dim=1)[:, :nonzero]
+        x = torch.zeros_like(x).scatter_(1, keep, x.gather(1, keep))
+    w = torch.randn(e, h, generator=gen) * (nonzero or h) ** -0.5
+    bias = torch.randn(e, generator=gen) * 0.1
+    return x.to(dtype).to(device), w.to(device), bias.to(device)
+
+
+def tie_free_case(t, e, h, routing, seed, other_terms=1, with_bias=True, **kwargs):
+    """`random_case` (bias None unless `with_bias`) of the first seed from `seed` on (step 1000)
+    whose data is tie-free for `assert_close_routing` at `logit_error(x, w, other_terms)`:
+    deterministic, fp64 checks on the CPU only."""
+    for s in range(seed, seed + 100_000, 1000):
+        x, w, bias = random_case(t, e, h, s, **kwargs)
+        bias = bias if with_bias else None
+        gap = decision_gap(x, w, bias, routing["top_k"], routing["num_expert_group"],
+                           routing["topk_group"], routing["scoring_func"])  # fmt: skip
+        if bool((gap > 4 * logit_error(x, w, other_terms) + 1e-6).all()):
+            return x, w, bias
+    raise AssertionError("no tie-free seed in 100 tries")
+
+
+def exact_case(t, e, h, seed, device=DEVICE):
+    """Integers in x, multiples of 2^-10 in w: every product and partial sum (below 2^9 for H up
+    to 2304) is exact in fp32, so any kernel's logits are the exact ones whatever its summation
+    order. Ties are likely: the kernels share one tie rule."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randint(-3, 4, (t, h), generator=gen).to(torch.bfloat16)
+    w = torch.randint(-64, 65, (e, h), generator=gen) * 2.0**-10
+    bias = torch.randint(-8, 9, (e,), generator=gen) * 2.0**-6
+    return x.to(device), w.to(device), bias.to(device)
+
+
+def logit_error(x, w, other_terms=1):
+    """Per token, the largest gap between the fused kernel's logit and another fp32 one: each is
+    within (n + 2) 2^-24 sum_h |x_h w_h| of the exact dot product (fused_router.py, gemv.py; for
+    cuBLAS too), with n the token's nonzero x entries (adding an exact zero rounds nothing);
+    `other_terms` 3 for the other's bf16x3 form (3 products per element)."""
+    xd, wd = x.double().cpu(), w.double().cpu()
+    n = (xd != 0).sum(dim=1, keepdim=True)
+    size = xd.abs() @ wd.abs().t()
+    return ((n + 2 + other_terms * n + 2) * 2.0**-24 * size).amax(dim=1)
+
+
+def decision_gap(x, w, bias, top_k, groups, topk_group, scoring):
+    """Per token, in fp64: the smallest gap between values whose order decides the ids (the top
+    `topk_group + 1` group scores, then the top `top_k + 1` biased scores of the kept groups)."""
+    z = x.double().cpu() @ w.double().cpu().t()
+    scores = z.sigmoid() if scoring == "sigmoid" else z.softmax(-1)
+    choice = scores if bias is None else scores + bias.double().cpu()
+    t, e = choice.shape
+    gaps = []
+    if groups > 1:
+        grouped = choice.view(t, groups, e // groups)
+        group_scores = grouped.topk(2, -1)[0].sum(-1)
+        ranked = group_scores.sort(-1, descending=True)[0]
+        gaps.append(ranked[:, topk_group - 1] - ranked[:, topk_group])
+        dropped = group_scores < ranked[:, topk_group - 1 : topk_group]
+        choice = grouped.masked_fill(dropped[..., None], float("-inf")).view(t, e)
+    ranked = choice.sort(-1, descending=True)[0]
+    gaps.append((ranked[:, :top_k] - ranked[:, 1 : top_k + 1]).amin(-1))
+    return torch.stack(gaps).amin(0)
+
+
+def assert_close_routing(out, expected, x, w, bias, routing, d):
+    """Same ids, weights within the effect of logit differences up to `d` (per token): sigmoid
+    moves log(score) by at most d (its slope 1 - s <= 1), softmax by 2 d (the logit and the
+    normaliser), renormalising doubles that (first order; 1% covers the rest), plus fp32 ulps of
+    exp, the divisions and the scaling. Asserts first that the data is tie-free for that: no
+    deciding gap within 4 d (a score moves by at most 2 d, a group score by twice that)."""
+    scoring = routing["scoring_func"]
+    gap = decision_gap(x, w, bias, routing["top_k"], routing["num_expert_group"],
+                       routing["topk_group"], scoring)  # fmt: skip
+    assert bool((gap > 4 * d + 1e-6).all()), "data not tie-free for this bound: another seed"
+    (weights, ids), (ref_weights, ref_ids) = out, expected
+    assert ids.dtype == torch.int64 and weights.dtype == torch.float32
+    assert torch.equal(ids, ref_ids)
+    factor = (2 if scoring == "softmax" else 1) * (2 if routing["renormalize"] else 1) * 1.01
+    rtol = (factor * d + 16 * 2.0**-24).to(weights.device)[:, None]
+    assert bool(((weights - ref_weights).abs() <= rtol * ref_weights.abs()).all())
+
+
+def assert_matches_reference(x, w, bias, routing, config=None):
+    """The fused op against the reference composition (F.linear, then grouped_topk_ref)."""
+    out = fused_router_topk(x, w, bias, **routing, semaphore=sem(x), config=config)
+    expected = fused_router_topk_ref(x, w, bias, **routing)
+    assert_close_routing(out, expected, x, w, bias, routing, logit_error(x, w))
+
+
+_SEMAPHORES: dict[torch.device, torch.Tensor] = {}
+
+
+def sem(x: torch.Tensor) -> torch.Tensor:
+    """One semaphore per device, reused by every call: each call must leave it at 0."""
+    if x.device not in _SEMAPHORES:
+        _SEMAPHORES[x.device] = semaphore(x.device)
+    assert _SEMAPHORES[x.device].item() == 0
+    return _SEMAPHORES[x.device]
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernel under the interpreter (and natively on a GPU)
+# ---------------------------------------------------------------------------------------------
+
+
+ROUTINGS = [router(), router(groups=4, topk_group=2, shared=2, scoring="softmax"),
+            router(renormalize=False, shared=1)]  # fmt: skip
+
+
+# Each routing at the default launch and at one of CONFIGS.
+@pytest.mark.parametrize(
+    "routing,config",
+    [*((r, None) for r in ROUTINGS), *zip(ROUTINGS, CONFIGS, strict=True)],
+    ids=["sigmoid", "grouped-softmax-shared", "plain", "sigmoid-1x32", "grouped-4x64",
+         "plain-64x128"],
+)  # fmt: skip
+def test_exact_logits_equal_the_two_launches_bit_for_bit(routing, config, triton_launches):
+    for t in (1, 3):
+        x, w, bias = exact_case(t, 32, 80, seed=t)  # H 80: a tail chunk for block_h 32 / 64
+        weights, ids = fused_router_topk(x, w, bias, **routing, semaphore=sem(x), config=config)
+        ref_weights, ref_ids = grouped_topk_triton(F.linear(x.float(), w), bias, **routing)
+        assert torch.equal(ids, ref_ids) and torch.equal(weights, ref_weights)
+        assert sem(x).item() == 0
+    assert triton_launches[KERNEL] == 2 and triton_launches["_grouped_topk_kernel"] == 2
+
+
+@pytest.mark.parametrize("groups,topk_group", [(1, 1), (4, 2)])
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("scoring", ["sigmoid", "softmax"])
+def test_matches_the_reference_composition(scoring, with_bias, groups, topk_group):
+    for t in (1, 4) if groups == 1 else (2, 3):
+        routing = router(groups=groups, topk_group=topk_group, scoring=scoring,
+                         renormalize=t != 3, shared=t % 2)  # fmt: skip
+        x, w, bias = tie_free_case(t, 32, 96, routing, 10 * t + groups, with_bias=with_bias)
+        assert_matches_reference(x, w, bias, routing)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+def test_kimi_linear_router_and_other_x_dtypes(dtype, triton_launches):
+    x, w, bias = tie_free_case(4, 256, 128, KIMI, seed=3, dtype=dtype)
+    assert_matches_reference(x, w, bias, KIMI, config=FusedRouterConfig(32, 128, 4))
+    routing = router(top_k=3, groups=4, topk_group=2)
+    x, w, bias = tie_free_case(2, 20, 72, routing, seed=4, dtype=dtype)  # groups of 5: padding
+    assert_matches_reference(x, w, bias, routing, config=FusedRouterConfig(8, 32, 2))
+    x, w, bias = tie_free_case(2, 48, 40, router(shared=1), seed=5, dtype=dtype)
+    wide = torch.cat([x, x], dim=1)[:, :40]  # a row stride of 80
+    assert_matches_reference(wide, w, bias, router(shared=1))
+    assert triton_launches[KERNEL] == 3
+
+
+def test_the_semaphore_is_reset_for_the_next_launch(triton_launches):
+    """A kernel that left the count at num_programs would make no program of the next launch
+    the last one: its outputs would stay unwritten."""
+    counter = semaphore()
+    for seed in (1, 2, 3):
+        x, w, bias = tie_free_case(2, 16, 64, router(), seed=seed)
+        weights, ids = fused_router_topk(x, w, bias, **router(), semaphore=counter)
+        assert counter.item() == 0
+        ref_weights, ref_ids = fused_router_topk_ref(x, w, bias, **router())
+        assert torch.equal(ids, ref_ids)
+        torch.testing.assert_close(weights, ref_weights, rtol=1e-4, atol=0.0)
+    assert triton_launches[KERNEL] == 3
+
+
+def test_zero_tokens_launch_nothing(triton_launches):
+    x, w, bias = random_case(0, 16, 64, seed=0)
+    weights, ids = fused_router_topk(x, w, bias, **router(shared=1), semaphore=semaphore())
+    assert weights.shape == ids.shape == (0, 5)
+    assert (weights.dtype, ids.dtype) == (torch.float32, torch.int64)
+    assert triton_launches[KERNEL] == 0
+
+
+def test_cpu_without_interpreter_runs_the_reference(monkeypatch, triton_launches):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    x, w, bias = random_case(3, 16, 64, seed=6, device="cpu")
+    out = fused_router_topk(x, w, bias, **router(), semaphore=semaphore("cpu"))
+    ref = fused_router_topk_ref(x, w, bias, **router())
+    assert all(torch.equal(a, b) for a, b in zip(out, ref, strict=True))
+    assert triton_launches[KERNEL] == 0
+    assert not use_fused_router(x, w)
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (dict(x=lambda x: x[0]), r"x must be \[T, H\]"),
+        (dict(x=lambda x: x.to(torch.int32)), "x dtype"),
+        (dict(w=lambda w: w.bfloat16()), "gate_weight must be float32"),
+        (dict(x=lambda x: x.repeat(MAX_TOKENS, 1)), f"at most {MAX_TOKENS} tokens"),
+        (dict(x=lambda x: x.t().contiguous().t()), "unit stride on H"),
+        (dict(w=lambda w: w.t().contiguous().t()), "unit stride on H"),
+        (dict(s=lambda s: s.long()), "semaphore must be an int32 .1. tensor"),
+        (dict(s=lambda s: s.repeat(2)), "semaphore must be an int32 .1. tensor"),
+        (dict(s=lambda s: s.view(1, 1)), "semaphore must be an int32 .1. tensor"),
+        (dict(s=lambda s: s.to("meta")), "semaphore is on meta"),
+        (dict(b=lambda b: b[:-1]), r"e_score_correction_bias must be \[E=16\]"),
+        (dict(r=dict(top_k=17)), "top_k 17"),
+        (dict(r=dict(groups=3)), "num_expert_group 3"),
+        (dict(r=dict(scoring="relu")), "scoring_func 'relu'"),
+        (dict(c=FusedRouterConfig(3, 64)), "block_n must be a positive power of two"),
+        (dict(c=FusedRouterConfig(2, 64, 0)), "num_warps must be a positive power of two"),
+    ],
+)
+def test_argument_errors(change, message, triton_launches):
+    x, w, bias = random_case(2, 16, 64, seed=7)
+    x, w, bias = (change.get(k, lambda v: v)(v) for k, v in (("x", x), ("w", w), ("b", bias)))
+    s = change.get("s", lambda v: v)(semaphore())
+    with pytest.raises(ValueError, match=message):
+        fused_router_topk(x, w, bias, **router(**change.get("r", {})), semaphore=s,
+                          config=change.get("c"))  # fmt: skip
+    assert triton_launches[KERNEL] == 0
+
+
+def test_default_config():
+    assert default_config(2304) == FusedRouterConfig(2, 1024, 4)  # 128 programs at E 256
+    assert default_config(40) == FusedRouterConfig(2, 64, 4)
+    assert default_config(300) == FusedRouterConfig(2, 512, 4)
+
+
+def test_dispatch(monkeypatch):
+    x, w, _ = random_case(4, 16, 64, seed=8)
+    assert use_fused_router(x, w) and use_fused_router(x[:1], w)
+    assert not use_fused_router(x[:0], w)
+    assert not use_fused_router(x.repeat(2, 1)[: fused_mod.FUSED_ROUTER_MAX_T + 1], w)
+    assert not use_fused_router(x.t().contiguous().t(), w)
+    assert not use_fused_router(x.to("meta"), w.to("meta"))
+    monkeypatch.setattr(fused_mod, "FUSED_ROUTER_MAX_T", 2)
+    assert not use_fused_router(x[:3], w) and use_fused_router(x[:2], w)
+
+
+# ---------------------------------------------------------------------------------------------
+# KimiMoE: the fused router at decode sizes, the two launches above
+# ---------------------------------------------------------------------------------------------
+
+
+def kimi_moe(device=DEVICE, hidden=48, experts=16, top_k=4, dtype=torch.float32) -> KimiMoE:
+    cfg = KimiLinearConfig.from_dict(
+        dict(
+            hidden_size=hidden, num_hidden_layers=1, num_experts=experts,
+            num_experts_per_token=top_k, moe_intermediate_size=32, num_shared_experts=1,
+            num_expert_group=1, topk_group=1, routed_scaling_factor=2.5, moe_renormalize=True,
+            hidden_act="silu", rms_norm_eps=1e-5,
+            linear_attn_config={"kda_layers": [], "full_attn_layers": [1], "num_heads": 1,
+                                "head_dim": 8},
+        )
+    )  # fmt: skip
+    with torch.device(device):
+        moe = KimiMoE(cfg, dtype)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * p.shape[-1] ** -0.5)
+    return moe
+
+
+def test_kimi_moe_owns_its_semaphore():
+    moe = kimi_moe("meta")
+    assert moe.router_semaphore.device.type == "meta"
+    assert (moe.router_semaphore.dtype, tuple(moe.router_semaphore.shape)) == (torch.int32, (1,))
+    assert "router_semaphore" not in moe.state_dict()
+    other = kimi_moe("cpu")
+    assert other.router_semaphore.item() == 0
+    assert other.router_semaphore.data_ptr() != kimi_moe("cpu").router_semaphore.data_ptr()
+
+
+@pytest.mark.usefixtures("interpreter_moe_blocks")
+def test_kimi_moe_routes_decode_batches_in_one_launch(triton_launches, monkeypatch):
+    moe = kimi_moe()
+    gen = torch.Generator().manual_seed(9)
+    limit = fused_mod.FUSED_ROUTER_MAX_T
+    x = torch.randn(limit + 1, 48, generator=gen).to(DEVICE)
+    with torch.no_grad():
+        small = moe(x[:limit])
+        assert (triton_launches[KERNEL], triton_launches["_grouped_topk_kernel"]) == (1, 0)
+        assert triton_launches["_gemv_kernel"] == 0 and moe.router_semaphore.item() == 0
+        moe(x)
+        assert (triton_launches[KERNEL], triton_launches["_grouped_topk_kernel"]) == (1, 1)
+        monkeypatch.setattr(fused_mod, "FUSED_ROUTER_MAX_T", 0)
+        unfused = moe(x[:limit])
+    assert triton_launches[KERNEL] == 1
+    torch.testing.assert_close(small, unfused, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: Kimi-Linear's router (H 2304, E 256, top-8 + 1 shared, sigmoid, bias, scaling 2.446)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 2, 3, 4, 8, 16])
+def test_gpu_exact_logits_equal_the_two_launches(t, triton_launches):
+    """128 programs (the default) and the swept shapes on exact logits: the layer's two launches'
+    ids, and its weights up to the order of the renormalising sum of 8 scores, which the warps
+    per program set (grouped_topk runs 1, the fused kernel 4): 14 2^-24 relative at most."""
+    x, w, bias = exact_case(t, 256, 2304, seed=t, device="cuda")
+    two_launches = grouped_topk(router_logits(x, w), bias, **KIMI)
+    for config in (None, *CONFIGS):
+        weights, ids = fused_router_topk(x, w, bias, **KIMI, semaphore=sem(x), config=config)
+        assert torch.equal(ids, two_launches[1])
+        torch.testing.assert_close(weights, two_launches[0], rtol=14 * 2**-24, atol=0.0)
+    assert triton_launches[KERNEL] == 1 + len(CONFIGS)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 4, 8, 16])
+def test_gpu_kimi_sizes_against_the_two_launches(t):
+    """Gaussian data, 32 nonzero x entries per token (so that the rigorous logit error bound
+    leaves tie-free seeds at H 2304), against the reference and the layer's two launches."""
+    x, w, bias = tie_free_case(t, 256, 2304, KIMI, t, other_terms=3, device="cuda", nonzero=32)
+    assert_matches_reference(x, w, bias, KIMI)
+    out = fused_router_topk(x, w, bias, **KIMI, semaphore=sem(x))
+    two_launches = grouped_topk(router_logits(x, w), bias, **KIMI)
+    # router_logits takes bf16x3 above 4 bf16 tokens: 3 products per element.
+    assert_close_routing(out, two_launches, x, w, bias, KIMI, logit_error(x, w, 3))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 4])
+def test_gpu_cuda_graph_replays(t):
+    """26 layers' routers in one graph, each with its own gate and semaphore, then the same
+    semaphore for all: every replay computes afresh (the semaphore is back at 0 each time)."""
+    layers = [random_case(t, 256, 2304, seed=200 + i, device="cuda")[1:] for i in range(26)]
+    x = random_case(t, 256, 2304, seed=300 + t, device="cuda")[0]
+    for shared_semaphore in (False, True):
+        counters = [semaphore("cuda") for _ in layers]
+        if shared_semaphore:
+            counters = counters[:1] * len(layers)
+
+        def step(x=x, counters=counters):
+            return [fused_router_topk(x, w, b, **KIMI, semaphore=s)
+                    for (w, b), s in zip(layers, counters, strict=True)]  # fmt: skip
+
+        step()  # compile outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = step()
+        for seed in (1, 2, 3):
+            x.copy_(random_case(t, 256, 2304, seed=seed, device="cuda")[0])
+            for weights, ids in captured:
+                weights.fill_(-1.0)
+                ids.fill_(-1)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert all(c.item() == 0 for c in counters)
+            for (weights, ids), (w, b) in zip(captured, layers, strict=True):
+                eager_w, eager_ids = fused_router_topk(x, w, b, **KIMI, semaphore=semaphore("cuda"))
+                assert torch.equal(ids, eager_ids) and torch.equal(weights, eager_w)
+
+
+@pytest.mark.gpu
+def test_gpu_kimi_moe_in_a_cuda_graph():
+    """KimiMoE at batch 1, bf16, Kimi's router sizes: each replay on new hidden states equals the
+    eager block (a router left unrun would keep the previous replay's experts)."""
+    moe = kimi_moe("cuda", hidden=2304, experts=256, top_k=8, dtype=torch.bfloat16)
+    x = torch.zeros(1, 2304, dtype=torch.bfloat16, device="cuda")
+    with torch.no_grad():
+        moe(x)  # compile outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = moe(x)
+        outputs = []
+        for seed in (1, 2, 3):
+            x.copy_(random_case(1, 256, 2304, seed=seed, device="cuda")[0])
+            graph.replay()
+            torch.cuda.synchronize()
+            assert moe.router_semaphore.item() == 0
+            assert torch.equal(captured, moe(x))
+            outputs.append(captured.clone())
+    assert not torch.equal(outputs[0], outputs[1]) and not torch.equal(outputs[1], outputs[2])

@@ -1,0 +1,327 @@
+"""The MoE router in one launch at decode sizes: the fp32 router logits and their grouped top-k
+selection, which otherwise take two (`router_logits`, then `grouped_topk`, router.py).
+
+``fused_router_topk(x, gate_weight, e_score_correction_bias, top_k, num_expert_group,
+topk_group, renormalize, routed_scaling_factor, scoring_func, num_fused_shared_experts,
+semaphore, *, config=None)``
+    ``x`` ``[T, H]`` bf16 / fp16 / fp32 with unit stride on H (any row stride), 1 <= T <=
+    ``MAX_TOKENS`` (or 0: empty results, no launch); ``gate_weight`` ``[E, H]`` fp32 with unit
+    stride on H; the routing arguments as router.py's `grouped_topk`; ``semaphore`` an int32
+    ``[1]`` tensor on x's device holding 0, owned by the caller and used by one launch at a time
+    (the kernel leaves it at 0). Returns weights ``[T, top_k + S]`` fp32 and expert ids
+    ``[T, top_k + S]`` int64 (S = ``num_fused_shared_experts``): what
+    ``grouped_topk(router_logits(x, gate_weight), ...)`` returns. Reference:
+    ``fused_router_topk_ref``, that composition of the two references. CPU tensors take it unless
+    ``TRITON_INTERPRET=1`` (``use_triton``).
+
+``use_fused_router(x, gate_weight)`` says whether a MoE layer should call it: T in 1..
+``FUSED_ROUTER_MAX_T``, the strides above, Triton on the device, and NVIDIA rather than ROCm (the
+ordering argument below is PTX's). ``KimiMoE`` (vllm/models/kimi_k3/amd/linear.py) owns one
+semaphore per layer, so no two launches in flight ever share one.
+
+Why: at batch 1 the two launches are ~4 us each on the H200, mostly latency, plus the launch gap
+between them in the CUDA graph; one launch saves a gap, a ramp and the logits' round trip.
+
+Kernel: ``cdiv(E, block_n)`` programs (``FusedRouterConfig``; the default, 2 experts a program,
+128 programs for Kimi-Linear's 256, is the shape of `gemv_fp32`'s default at these sizes, which
+reads the 2.4 MB gate near HBM speed). Each program computes the fp32 logits of its experts for
+all T tokens, walking H in ``block_h`` chunks, and stores them to an fp32 scratch ``[T, E]``. The
+last program to finish then selects for every token: the one that reads ``num_programs - 1``
+from an atomic increment of ``semaphore``. It reads all the logits back and runs router.py's
+`grouped_topk_row`, the selection `_grouped_topk_kernel` runs, and sets ``semaphore`` back to 0.
+
+Ordering (why the last program sees every logit, on NVIDIA, Triton 3.6 and 3.9):
+
+* ``tl.debug_barrier()`` after the stores is a CTA barrier (``bar.sync``), which orders each
+  thread's earlier memory operations before every thread's later ones in the program.
+* ``tl.atomic_add`` on a scalar pointer is issued by one thread of the program, whose old value
+  Triton hands to all threads through shared memory and a barrier: one increment per program.
+  ``sem="acq_rel", scope="gpu"`` makes it ``atom.acq_rel.gpu``. Its release half is cumulative in
+  the PTX memory model: the program's stores, ordered before it by the barrier, are released.
+* The increments are read-modify-writes of one address, so each earlier release heads a release
+  sequence that the last increment continues; its acquire half therefore synchronizes with every
+  other program's release, and the barrier behind the broadcast extends that to all its threads.
+  (The cooperative-groups grid barrier rests on the same bar.sync, one-thread gpu-scope fence
+  and atomic pattern.) The logits are read back with ``cache_modifier=".cg"`` (L2; the SM's L1 is
+  not coherent), in a loop that is not software-pipelined (``num_stages=1``), so no load is
+  issued before the acquire.
+* The sm_90 PTX of Triton 3.6.0 and 3.9.0 shows exactly that: ``bar.sync 0``, then
+  ``atom.global.gpu.acq_rel.add.u32`` under a thread-0 predicate, its result through
+  ``st.shared`` / ``bar.sync`` / ``ld.shared``, then ``ld.global.cg`` for the logits.
+* No program waits for another: nothing assumes programs run concurrently, so any grid size is
+  safe, and under Triton's CPU interpreter (programs in order) the pattern runs unchanged.
+* The last program's count proves every other program has incremented, so its store of 0 races
+  with nothing; the kernel's end orders it before the next launch on the stream and before the
+  next replay of a CUDA graph holding it.
+
+Numerics: the logits are computed as `gemv_fp32`'s multiply-and-sum path does: x converted to fp32
+(exact), IEEE fp32 products (rounded, or fused into an FMA; never TF32), fp32 sums (a tree within a
+chunk, chunks in order), so each logit is within (H + 2) * 2^-24 * sum_h |x_h w_h| of the exact
+dot product, as `router_logits` and `F.linear` are; the three may differ from each other in the
+last bits (summation order). The selection is the same code as `grouped_topk`'s kernel, so on the
+same logits the two choose the same ids, with the same weights up to the order of the softmax and
+renormalising sums, which the warps per program set (bit for bit under the interpreter; the tests'
+integer data gives exact logits, hence ``grouped_topk(router_logits(x, w), ...)``'s ids and, up
+to those sums, weights). Against the reference, ids
+agree where the selection is decided by more than those logit errors, and the weights differ by
+the logit error carried through sigmoid / softmax and the renormalisation (relative error at most
+(2 for softmax) x (2 when renormalising) x the largest logit difference) plus a few ulps.
+
+Host side: metadata checks only, static shapes, no sync: CUDA-graph capturable.
+"""
+
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+
+from vllm.model_executor.layers.fused_moe.router import (
+    check_logits_args,
+    check_routing_args,
+    grouped_topk_ref,
+    router_logits_ref,
+)
+from vllm.platforms import current_platform
+from vllm.triton_utils import next_power_of_2, use_triton
+from vllm.triton_utils.launch import LaunchSpec, launch
+
+try:
+    import triton
+    import triton.language as tl
+
+    from vllm.model_executor.layers.fused_moe.router import grouped_topk_row
+except ImportError:  # CPU-only installs without Triton use the torch reference
+    triton = None
+
+__all__ = [
+    "FUSED_ROUTER_MAX_T",
+    "MAX_TOKENS",
+    "FusedRouterConfig",
+    "default_config",
+    "fused_router_topk",
+    "fused_router_topk_ref",
+    "use_fused_router",
+]
+
+# Tokens up to which a MoE layer takes the fused op (`use_fused_router`); above it the two
+# launches. A first guess from the unfused times (~4 us each at T = 1 on the H200); to be set
+# from benchmark_router.py --fused.
+FUSED_ROUTER_MAX_T = 4
+# The op's limit: every program computes all T tokens' logits, unrolled.
+MAX_TOKENS = 16
+_X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@dataclass(frozen=True)
+class FusedRouterConfig:
+    """Launch shape: ``block_n`` experts per program, ``block_h`` hidden elements per step of
+    the logits loop, ``num_warps`` warps (the selection runs in one program of these warps).
+    Powers of two."""
+
+    block_n: int
+    block_h: int
+    num_warps: int = 4
+
+    def check(self) -> None:
+        """ValueError unless the config can be launched."""
+        for name in ("block_n", "block_h", "num_warps"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"{name} must be a positive power of two, got {value}")
+
+
+def default_config(hidden: int) -> FusedRouterConfig:
+    """`gemv_fp32`'s default launch shape at a few tokens: 2 experts and up to 1024 hidden
+    elements (an 8 KB fp32 gate tile) per program step, 4 warps."""
+    return FusedRouterConfig(2, min(1024, max(64, next_power_of_2(hidden))), 4)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _fused_router_topk_kernel(
+        x_ptr, w_ptr, bias_ptr, scratch_ptr, weights_ptr, ids_ptr, semaphore_ptr,
+        T, H, stride_xt, stride_we, stride_b, stride_wt, stride_it, scale,
+        BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
+        EVEN_H: tl.constexpr, E: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr,
+        BLOCK_K: tl.constexpr, NUM_GROUPS: tl.constexpr, GROUP_SIZE: tl.constexpr,
+        BLOCK_G: tl.constexpr, TOPK_GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
+        SOFTMAX: tl.constexpr, RENORMALIZE: tl.constexpr, NUM_SHARED: tl.constexpr,
+    ):  # fmt: skip
+        n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = n < E
+        hh = tl.arange(0, BLOCK_H)
+        cols = tl.arange(0, BLOCK_T)
+        # Padded experts and tokens address row 0 under a false mask: no address leaves a tensor.
+        w_rows = w_ptr + tl.where(n_ok, n, 0).to(tl.int64)[:, None] * stride_we
+        acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
+        for h0 in range(0, H, BLOCK_H):
+            h = h0 + hh
+            if EVEN_H:
+                w = tl.load(w_rows + h[None, :], mask=n_ok[:, None], other=0.0)
+            else:
+                w = tl.load(w_rows + h[None, :], mask=n_ok[:, None] & (h < H)[None, :], other=0.0)
+            # One token at a time: no [BLOCK_N, BLOCK_T, BLOCK_H] product is ever live.
+            for i in tl.static_range(BLOCK_T):
+                x_row = x_ptr + tl.where(i < T, i, 0).to(tl.int64) * stride_xt
+                row_ok = hh * 0 + i < T  # a block (the interpreter takes no scalar mask)
+                x_ok = row_ok if EVEN_H else row_ok & (h < H)
+                xi = tl.load(x_row + h, mask=x_ok, other=0.0).to(tl.float32)
+                part = tl.sum(w * xi[None, :], axis=1)
+                acc = tl.where(cols[None, :] == i, acc + part[:, None], acc)
+        tl.store(
+            scratch_ptr + cols[None, :] * E + n[:, None], acc,
+            mask=n_ok[:, None] & (cols < T)[None, :],
+        )  # fmt: skip
+
+        # The module docstring argues the ordering of these four steps.
+        tl.debug_barrier()
+        count = tl.atomic_add(semaphore_ptr, 1, sem="acq_rel", scope="gpu")
+        if count == tl.num_programs(0) - 1:
+            offs = tl.arange(0, BLOCK_E)
+            safe = tl.minimum(offs, E - 1)
+            for t in tl.range(0, T, num_stages=1):
+                logits = tl.load(
+                    scratch_ptr + t * E + safe, mask=offs < E, other=0.0, cache_modifier=".cg"
+                )
+                grouped_topk_row(
+                    logits, bias_ptr, stride_b, weights_ptr + t * stride_wt,
+                    ids_ptr + t * stride_it, scale,
+                    E, BLOCK_E, TOP_K, BLOCK_K, NUM_GROUPS, GROUP_SIZE, BLOCK_G, TOPK_GROUP,
+                    HAS_BIAS, SOFTMAX, RENORMALIZE, NUM_SHARED,
+                )  # fmt: skip
+            tl.store(semaphore_ptr, 0)
+
+
+@cache
+def _spec(
+    block_t: int,
+    config: FusedRouterConfig,
+    even_h: bool,
+    experts: int,
+    top_k: int,
+    columns: int,
+    groups: int,
+    topk_group: int,
+    has_bias: bool,
+    softmax: bool,
+    renormalize: bool,
+    shared: int,
+) -> LaunchSpec:
+    """Constexprs and options; cached: the spec holds the compiled kernels."""
+    return LaunchSpec(
+        BLOCK_T=block_t, BLOCK_N=config.block_n, BLOCK_H=config.block_h, EVEN_H=even_h,
+        E=experts, BLOCK_E=next_power_of_2(experts), TOP_K=top_k,
+        BLOCK_K=next_power_of_2(columns), NUM_GROUPS=groups, GROUP_SIZE=experts // groups,
+        BLOCK_G=next_power_of_2(groups), TOPK_GROUP=topk_group, HAS_BIAS=has_bias,
+        SOFTMAX=softmax, RENORMALIZE=renormalize, NUM_SHARED=shared,
+        num_warps=config.num_warps,
+    )  # fmt: skip
+
+
+def fused_router_topk_ref(
+    x: torch.Tensor,
+    gate_weight: torch.Tensor,
+    e_score_correction_bias: torch.Tensor | None,
+    top_k: int,
+    num_expert_group: int,
+    topk_group: int,
+    renormalize: bool,
+    routed_scaling_factor: float,
+    scoring_func: str,
+    num_fused_shared_experts: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The torch reference: ``grouped_topk_ref(router_logits_ref(x, gate_weight), ...)``."""
+    return grouped_topk_ref(
+        router_logits_ref(x, gate_weight), e_score_correction_bias, top_k, num_expert_group,
+        topk_group, renormalize, routed_scaling_factor, scoring_func, num_fused_shared_experts,
+    )  # fmt: skip
+
+
+def _check_args(x: torch.Tensor, gate_weight: torch.Tensor, semaphore: torch.Tensor) -> None:
+    check_logits_args(x, gate_weight)
+    if x.shape[0] > MAX_TOKENS:
+        raise ValueError(f"fused_router_topk takes at most {MAX_TOKENS} tokens, got {x.shape[0]}")
+    if x.shape[1] > 1 and (x.stride(1) != 1 or gate_weight.stride(1) != 1):
+        raise ValueError(
+            f"x and gate_weight must have unit stride on H, got strides {x.stride()} and "
+            f"{gate_weight.stride()}"
+        )
+    if semaphore.dtype != torch.int32 or tuple(semaphore.shape) != (1,):
+        raise ValueError(
+            f"semaphore must be an int32 [1] tensor, got {semaphore.dtype} {tuple(semaphore.shape)}"
+        )
+    if semaphore.device != x.device:
+        raise ValueError(f"semaphore is on {semaphore.device}, x on {x.device}")
+
+
+def fused_router_topk(
+    x: torch.Tensor,
+    gate_weight: torch.Tensor,
+    e_score_correction_bias: torch.Tensor | None,
+    top_k: int,
+    num_expert_group: int,
+    topk_group: int,
+    renormalize: bool,
+    routed_scaling_factor: float,
+    scoring_func: str,
+    num_fused_shared_experts: int,
+    semaphore: torch.Tensor,
+    *,
+    config: FusedRouterConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights ``[T, top_k + S]`` fp32, ids ``[T, top_k + S]`` int64) of
+    ``grouped_topk(router_logits(x, gate_weight), ...)`` in one launch (module docstring).
+    ``config`` overrides ``default_config`` (benchmark sweeps)."""
+    _check_args(x, gate_weight, semaphore)
+    tokens, hidden = x.shape
+    experts = gate_weight.shape[0]
+    check_routing_args(
+        experts, x.device, e_score_correction_bias, top_k, num_expert_group, topk_group,
+        scoring_func, num_fused_shared_experts,
+    )  # fmt: skip
+    if config is None:
+        config = default_config(hidden)
+    else:
+        config.check()
+    if not use_triton(x.device):
+        return fused_router_topk_ref(
+            x, gate_weight, e_score_correction_bias, top_k, num_expert_group, topk_group,
+            renormalize, routed_scaling_factor, scoring_func, num_fused_shared_experts,
+        )  # fmt: skip
+    columns = top_k + num_fused_shared_experts
+    weights = torch.empty(tokens, columns, dtype=torch.float32, device=x.device)
+    ids = torch.empty(tokens, columns, dtype=torch.int64, device=x.device)
+    if tokens == 0:
+        return weights, ids
+    scratch = torch.empty(tokens, experts, dtype=torch.float32, device=x.device)
+    groups = max(num_expert_group, 1)
+    bias = e_score_correction_bias
+    spec = _spec(
+        next_power_of_2(tokens), config, hidden % config.block_h == 0, experts, top_k, columns,
+        groups, topk_group if groups > 1 else 1, bias is not None, scoring_func == "softmax",
+        bool(renormalize), num_fused_shared_experts,
+    )  # fmt: skip
+    launch(
+        _fused_router_topk_kernel, (triton.cdiv(experts, config.block_n), 1, 1),
+        (x, gate_weight, bias if bias is not None else scratch, scratch, weights, ids, semaphore,
+         tokens, hidden, x.stride(0), gate_weight.stride(0),
+         bias.stride(0) if bias is not None else 0, weights.stride(0), ids.stride(0),
+         float(routed_scaling_factor)),
+        spec,
+    )  # fmt: skip
+    return weights, ids
+
+
+def use_fused_router(x: torch.Tensor, gate_weight: torch.Tensor) -> bool:
+    """Whether a MoE layer routes `x` with `fused_router_topk` (module docstring) rather than
+    `router_logits` and `grouped_topk`."""
+    return (
+        use_triton(x.device)
+        and not (x.is_cuda and current_platform.is_rocm())
+        and x.dim() == 2
+        and 0 < x.shape[0] <= FUSED_ROUTER_MAX_T
+        and x.dtype in _X_DTYPES
+        and x.stride(1) == 1
+        and gate_weight.stride(1) == 1
+    )
