@@ -13,16 +13,19 @@ from vllm.models.kimi_k3.amd.ops.mla_cache_write import mla_cache_write, mla_cac
 BF16, FP32 = torch.bfloat16, torch.float32
 
 
-def make_case(tokens, latent, rope, num_blocks, block_size, kv_dtype, cache_dtype, device="cpu"):
-    """kv_a as a column slice of a wider projection, weights around 1, a cache that is a strided
-    view (every token row padded) filled with values the write must leave alone, and distinct
-    slots drawn over all blocks."""
+def make_case(
+    tokens, latent, rope, num_blocks, block_size, kv_dtype, cache_dtype, device="cpu", extra=24,
+    pad=8,
+):  # fmt: skip
+    """kv_a as a column slice of a wider projection (after `extra` columns), weights around 1, a
+    cache that is a strided view (each token row padded by `pad`) filled with values the write
+    must leave alone, and distinct slots drawn over all blocks."""
     gen = torch.Generator(device).manual_seed(tokens + latent + num_blocks)
-    width, extra = latent + rope, 24
+    width = latent + rope
     proj = torch.randn(tokens, extra + width, generator=gen, device=device) * 3
     kv_a = proj.to(kv_dtype)[:, extra:]
     weight = (1 + 0.1 * torch.randn(latent, generator=gen, device=device)).to(kv_dtype)
-    padded = torch.randn(num_blocks, block_size, width + 8, generator=gen, device=device)
+    padded = torch.randn(num_blocks, block_size, width + pad, generator=gen, device=device)
     cache = padded.to(cache_dtype)[:, :, :width]
     perm = torch.randperm(num_blocks * block_size, generator=gen, device=device)
     return kv_a, weight, cache, perm[:tokens]
@@ -134,10 +137,13 @@ def test_validation(changes, match):
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [1, 8, 256, 8192])
 def test_gpu_kimi_sizes_bit_identical_to_the_unfused_ops(tokens):
-    """bf16 kv_a sliced from the merged q | kv_a projection's width (32 heads x 192 + 576),
-    latent 512, rope 64, 16-token blocks: the same cache as the GPU's rms_norm kernel, cat and
-    indexed write."""
-    kv_a, weight, cache, slots = make_case(tokens, 512, 64, 1024, 16, BF16, BF16, "cuda")
+    """The model's layouts: bf16 kv_a sliced from the merged q | kv_a projection (32 heads x 192,
+    then latent 512 and rope 64), a contiguous cache of 16-token blocks. The same cache as the
+    GPU's rms_norm kernel, cat and indexed write (the kernels share tile, warps and access
+    alignment, hence the fp32 reduction order)."""
+    kv_a, weight, cache, slots = make_case(
+        tokens, 512, 64, 1024, 16, BF16, BF16, "cuda", extra=32 * 192, pad=0
+    )
     expected = cache.clone()
     unfused(kv_a, weight, 1e-6, expected, slots)
     mla_cache_write(kv_a, weight, 1e-6, cache, slots)
@@ -146,7 +152,7 @@ def test_gpu_kimi_sizes_bit_identical_to_the_unfused_ops(tokens):
 
 @pytest.mark.gpu
 def test_gpu_cuda_graph_replay_writes_the_new_slots():
-    kv_a, weight, cache, slots = make_case(8, 512, 64, 64, 16, BF16, BF16, "cuda")
+    kv_a, weight, cache, slots = make_case(8, 512, 64, 64, 16, BF16, BF16, "cuda", 6144, 0)
     static_kv_a, static_slots = kv_a.clone(), slots.clone()
     mla_cache_write(static_kv_a, weight, 1e-6, cache, static_slots)  # compile outside the graph
     graph = torch.cuda.CUDAGraph()

@@ -21,10 +21,12 @@ cache's dtype. Numerics are those of `vllm/model_executor/layers/ops/rms_norm.py
 `kv_a_layernorm` runs: fp32 sum of squares / L, rsqrt, times the row, times the weight, one
 rounding to ``kv_a``'s dtype, and only then the conversion to the cache's dtype (today's
 ``torch.cat(...).to(cache.dtype)``). The kernel repeats that kernel's expression on the same
-register tile (next_pow2(L) lanes, `row_tile_warps` warps), so on the GPU its fp32 reduction runs
-in the same order and the cached latent is bit for bit what the unfused ops wrote. The torch
-reference (`mla_cache_write_ref`, the unfused ops) sums in torch's order: fp32 results may differ
-from the kernel's in the last ulp, rounded bf16 ones rarely by one ulp.
+register tile (next_pow2(L) lanes, `row_tile_warps` warps). Triton lays the tile out by the
+alignment of the row accesses, and the fp32 sum follows the layout: with rows aligned alike (the
+model's: 16-byte aligned projection and cache rows) the two reduce in the same order and the
+cached latent is bit for bit what the unfused ops wrote (GPU test at Kimi-Linear's layout). The
+torch reference (`mla_cache_write_ref`, the unfused ops) sums in torch's order: fp32 results may
+differ from the kernel's in the last ulp, rounded bf16 ones rarely by one ulp.
 
 Launch: one program per token (as the norm kernel: the whole row in one tile); zero tokens launch
 nothing. No host reads of tensor values: CUDA-graph capturable. On CPU the reference runs unless
