@@ -33,4 +33,5 @@ COUNTED_KERNELS = {
         "_causal_conv1d_prefill_kernel", "_conv_state_update_kernel",
     ),
     "vllm.models.kimi_k3.amd.ops.kda_gate": ("_kda_gate_beta_kernel",),
+    "vllm.models.kimi_k3.amd.ops.mla_cache_write": ("_mla_cache_write_kernel",),
 }  # fmt: skip

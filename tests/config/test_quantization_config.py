@@ -22,6 +22,7 @@ MLA_LAYERS = set(range(4, 93, 4)) | {93}
 PACKED = {
     "in_proj_qkvgfab": ["q_proj", "k_proj", "v_proj", "g_proj", "f_a_proj", "g_a_proj", "b_proj"],
     "fused_qkv_a_proj": ["q_a_proj", "kv_a_proj_with_mqa", "g_proj"],
+    "fused_q_kv_a_proj": ["q_proj", "kv_a_proj_with_mqa", "g_proj"],
     "gate_up_proj": ["gate_proj", "up_proj"],
 }
 
@@ -92,6 +93,35 @@ def test_low_rank_gate_shard_follows_the_fused_kda_projection():
     split = parse_quantization_config({"linear": "fp8_per_channel", "ignore": ["re:.*g_a_proj"]})
     with pytest.raises(ValueError, match="split the fused layer"):
         split.should_ignore(fused, packed["in_proj_qkvgfab"])
+
+
+def test_kimi_linear_mla_projection_follows_its_shards():
+    """Kimi-Linear's MLA (no q_lora) holds `q_proj` and `kv_a_proj_with_mqa` in one
+    `fused_q_kv_a_proj`: the PR recipe leaves it unquantized, as it left both, and quantizes only
+    `o_proj`; a rule naming one of the two alone would split the fused layer and is refused."""
+    from vllm.model_executor.model_loader.builtin import BUILTIN_MODELS
+    from vllm.models.kimi_k3.amd.linear import KimiLinearForCausalLM
+    from vllm.models.kimi_k3.amd.mla import KimiMLAAttention
+    from vllm.transformers_utils.configs import load_model_config
+
+    packed = KimiLinearForCausalLM.packed_modules_mapping
+    config = OnlineQuantizationConfig(parse_quantization_config(PR_RECIPE), packed)
+    model_config = load_model_config(BUILTIN_MODELS["kimi-linear-tiny"])
+    prefix = "model.layers.3.self_attn"
+    mla = KimiMLAAttention(model_config, torch.bfloat16, config, prefix)
+    methods = {
+        n: type(m.quant_method).__name__ for n, m in mla.named_children() if n != "kv_a_layernorm"
+    }
+    assert methods == {
+        "fused_q_kv_a_proj": "UnquantizedLinearMethod",
+        "kv_b_proj": "UnquantizedLinearMethod",
+        "o_proj": "Fp8PtpcOnlineLinearMethod",
+    }
+    split = parse_quantization_config(
+        {"linear": "fp8_per_channel", "ignore": ["re:.*kv_a_proj_with_mqa$"]}
+    )
+    with pytest.raises(ValueError, match="split the fused layer"):
+        split.should_ignore(f"{prefix}.fused_q_kv_a_proj", packed["fused_q_kv_a_proj"])
 
 
 def test_shorthand_fills_linear():

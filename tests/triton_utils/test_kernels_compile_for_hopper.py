@@ -52,6 +52,7 @@ from vllm.models.kimi_k3.amd.ops.fused_kda_decode import (
     kda_decode_config,
 )
 from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate_beta
+from vllm.models.kimi_k3.amd.ops.mla_cache_write import mla_cache_write
 from vllm.models.kimi_k3.amd.ops.mla_decode import launch_mla_decode, mla_decode_config
 from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import rmsnorm_gated_fp8_per_token
 
@@ -311,6 +312,16 @@ def _drive_ops() -> None:
         dt_bias = torch.randn(heads * key_dim, generator=gen)
         for lower_bound in (-5.0, None):
             kda_gate_beta(raw, a_log, dt_bias, lower_bound, b)
+
+    # Kimi-Linear's latent write: bf16 kv_a sliced from the merged q | kv_a projection (32 heads
+    # x 192, then 576), int64 slots; then fp32 into a bf16 cache, int32 slots, small odd widths.
+    proj = torch.randn(3, 32 * 192 + 576, generator=gen).to(torch.bfloat16)
+    cache = torch.empty(4, 16, 576, dtype=torch.bfloat16)
+    weight = torch.ones(512, dtype=torch.bfloat16)
+    mla_cache_write(proj[:, 32 * 192 :], weight, 1e-6, cache, torch.tensor([5, 0, 63]))
+    kv_a = torch.randn(2, 40, generator=gen)
+    slots = torch.tensor([3, -1], dtype=torch.int32)
+    mla_cache_write(kv_a, torch.ones(33), 1e-6, cache[:, :, :40], slots)
 
     _drive_mla(2, 32, 512, 64, 64, 4096)
     _drive_mla(1, 32, 512, 64, 16, 64)

@@ -1,7 +1,8 @@
 """A tiny Kimi-K3 model with the PTPC recipe runs the fork's Triton kernels (under the interpreter
 on CPU), not their torch references: a prefill launches the fused epilogue of every KDA layer and
 the MLA o_proj's per-token quantization, a decode the fused KDA decode kernel with its quantizing
-epilogue; every RMSNorm call is one launch of the RMSNorm kernel."""
+epilogue; every RMSNorm call is one launch of the RMSNorm kernel, except the MLA layers'
+`kv_a_layernorm`, which their one cache-write launch applies."""
 
 import pytest
 import torch
@@ -36,11 +37,13 @@ def test_tiny_model_prefill_and_decode_launch_the_triton_kernels(triton_launches
     # the MLA o_proj quantizes its own input (the KDA ones receive the fused op's output)
     assert triton_launches["_per_token_fp8_quant_kernel"] == mla_layers
     # one launch per RMSNorm call, the residual adds fused in (the AttnRes norms lend only
-    # their weights to the mixture)
+    # their weights to the mixture, kv_a_layernorm its to the MLA cache write)
     norms = sum(
-        type(m) is RMSNorm and not name.endswith("res_norm") for name, m in text.named_modules()
+        type(m) is RMSNorm and not name.endswith(("res_norm", "kv_a_layernorm"))
+        for name, m in text.named_modules()
     )
     assert triton_launches["_rms_norm_kernel"] == norms
+    assert triton_launches["_mla_cache_write_kernel"] == mla_layers
     next_tokens = logits.argmax(-1).tolist()
     harness.step({0: [next_tokens[4]], 1: [next_tokens[7]]})
     assert triton_launches["_fused_kda_decode_kernel"] == kda_layers
@@ -48,3 +51,4 @@ def test_tiny_model_prefill_and_decode_launch_the_triton_kernels(triton_launches
     assert triton_launches["_kda_decode_epilogue_kernel"] == kda_layers
     assert triton_launches["_per_token_fp8_quant_kernel"] == 2 * mla_layers
     assert triton_launches["_rms_norm_kernel"] == 2 * norms
+    assert triton_launches["_mla_cache_write_kernel"] == 2 * mla_layers

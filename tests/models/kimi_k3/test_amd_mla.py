@@ -2,9 +2,12 @@
 prefill of several sequences in one batch, then decode steps reading the cache through block
 tables; the K3 variant (q_lora, output gate) against its own unfused formula."""
 
+import re
+
 import pytest
 import torch
 from engine_harness import EngineHarness, SingleLayer
+from torch.autograd import DeviceType
 
 from vllm.models.kimi_k3.amd.mla import KimiMLAAttention
 from vllm.transformers_utils.configs import KimiLinearConfig
@@ -148,10 +151,20 @@ def test_continued_prefill_on_top_of_cached_context():
     torch.testing.assert_close(got1, expected1, rtol=1e-5, atol=1e-5)
 
 
+def unfused_entries(layer: KimiMLAAttention, x: torch.Tensor) -> torch.Tensor:
+    """Each token's cache entry as the unfused ops made it: the layer's kv_a, `kv_a_layernorm`
+    (the rms_norm op), cat."""
+    kv_a = getattr(layer, layer.fused_a_name)(x)[0].split(layer.fused_a_sizes, -1)[1]
+    return torch.cat([layer.kv_a_layernorm(kv_a[:, :32]), kv_a[:, 32:]], -1)
+
+
 @pytest.mark.parametrize("q_lora", [None, 24], ids=["kimi-linear", "k3-q-lora-gate"])
-def test_absorbed_decode_equals_exact_decompressing_path(q_lora):
-    """The same decode tokens through the absorbed path (num_decodes = N) and as one-token
-    prefill chunks through the exact path, on identical caches."""
+def test_absorbed_decode_equals_exact_decompressing_path(q_lora, triton_launches):
+    """The same tokens through the absorbed decode path and as one-token prefill chunks through
+    the exact path, on identical caches: decode-only steps (one padded to a captured batch size:
+    the padded rows write the dummy block 0), then a mixed step (two decodes, a prefill chunk, a
+    one-token prefill). Each step writes every real token's unfused entry at its slot, bit for
+    bit, in one launch, and no other cache row."""
     cfg = config(q_lora_rank=q_lora, mla_use_output_gate=q_lora is not None)
     gen = torch.Generator().manual_seed(0)
     ours = ours_mla(cfg)
@@ -166,16 +179,104 @@ def test_absorbed_decode_equals_exact_decompressing_path(q_lora):
         for harness in (absorbed, exact):
             ours.bind_kv_cache(harness.mla_caches[0])
             ours(x, harness.schedule(dict(enumerate(lengths))).mla)
-        for _ in range(3):
-            x = torch.randn(len(lengths), H, generator=gen)
-            ours.bind_kv_cache(absorbed.mla_caches[0])
-            meta = absorbed.schedule(dict.fromkeys(range(len(lengths)), 1)).mla
-            assert meta.num_decodes == len(lengths)
+        decodes = dict.fromkeys(range(len(lengths)), 1)
+        steps = [
+            (decodes, None, 4),
+            (decodes, 6, 4),
+            (decodes, None, 4),
+            ({2: 1, 0: 1, 1: 3, 3: 1}, None, 2),
+        ]
+        for new, pad_to, num_decodes in steps:
+            tokens = sum(new.values())
+            x = torch.randn(pad_to or tokens, H, generator=gen)
+            cache = absorbed.mla_caches[0]
+            before = cache.clone()
+            ours.bind_kv_cache(cache)
+            meta = absorbed.schedule(new, pad_to=pad_to).mla
+            assert meta.num_decodes == (pad_to or num_decodes)
+            launches = dict(triton_launches)
             got = ours(x, meta)
+            new_launches = {k: n - launches[k] for k, n in triton_launches.items()}
+            # Only K3's q_a_layernorm is a norm of its own; kv_a_layernorm is in the cache write.
+            assert new_launches["_mla_cache_write_kernel"] == 1
+            assert new_launches["_rms_norm_kernel"] == (1 if q_lora else 0)
+            flat, slots = cache.view(-1, 40), meta.slot_mapping
+            assert torch.equal(flat[slots[:tokens]], unfused_entries(ours, x[:tokens]))
+            untouched = torch.ones(flat.shape[0], dtype=torch.bool)
+            untouched[slots] = False
+            assert torch.equal(flat[untouched], before.view(-1, 40)[untouched])
             ours.bind_kv_cache(exact.mla_caches[0])
-            meta = exact.schedule(dict.fromkeys(range(len(lengths)), 1), decodes=False).mla
-            assert meta.num_decodes == 0 and len(meta.prefills) == len(lengths)
-            expected = ours(x, meta)
+            meta = exact.schedule(new, decodes=False).mla
+            assert meta.num_decodes == 0 and len(meta.prefills) == len(new)
+            expected = ours(x[:tokens], meta)
             # fp32 both: q.(W_UK c) vs (q W_UK).c and (p c) W_UV vs p (c W_UV) are the same sums
             # reassociated (32 latents, 16 head dims): a few ulps, far under 1e-5.
-            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(got[:tokens], expected, rtol=1e-5, atol=1e-5)
+            assert torch.equal(cache[1:], exact.mla_caches[0][1:])  # block 0: padded rows'
+
+
+def test_kimi_linear_projections_load_into_one_fused_layer():
+    """Without q_lora, the checkpoint's `q_proj`, `kv_a_proj_with_mqa` (and `g_proj`) are the
+    shards of `fused_q_kv_a_proj`, one GEMM on x; names of the other variant are refused."""
+    gen = torch.Generator().manual_seed(0)
+    for gate in (True, False):
+        ours = ours_mla(config(mla_use_output_gate=gate), prefix="self_attn")
+        t = {
+            "q_proj.weight": torch.randn(HEADS * 24, H, generator=gen),
+            "kv_a_proj_with_mqa.weight": torch.randn(40, H, generator=gen),
+        }
+        if gate:
+            t["g_proj.weight"] = torch.randn(HEADS * 16, H, generator=gen)
+        assert ours.load_weights(t.items()) == set(t)
+        assert torch.equal(ours.fused_q_kv_a_proj.weight, torch.cat(list(t.values())))
+        assert not hasattr(ours, "q_proj") and not hasattr(ours, "kv_a_proj_with_mqa")
+        unknown = ["q_a_proj.weight"] + ([] if gate else ["g_proj.weight"])
+        for name in unknown:
+            with pytest.raises(ValueError, match=f"unexpected checkpoint tensor '{name}'"):
+                ours.load_weights([(name, torch.zeros(1))])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 8])
+def test_gpu_kimi_linear_decode_step_kernels(batch):
+    """A decode-only step at Kimi-Linear's sizes (bf16, 32 heads, latent 512, rope 64, 16-token
+    blocks) launches the cache write once and no norm, cat, index_put or copy kernel (the W_UV
+    product lands in the output rows), and matches the exact path."""
+    cfg = config(
+        hidden_size=2304, num_attention_heads=32, num_key_value_heads=32, kv_lora_rank=512,
+        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+    )  # fmt: skip
+    layer = KimiMLAAttention(KimiLinearConfig.from_dict(cfg), params_dtype=torch.bfloat16).cuda()
+    gen = torch.Generator("cuda").manual_seed(batch)
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            if not name.endswith("layernorm.weight"):  # norms keep their ones
+                p.copy_(torch.randn(p.shape, generator=gen, device="cuda") * 0.02)
+    layer.process_weights_after_loading()
+    absorbed, exact = (
+        EngineHarness(SingleLayer(layer, torch.bfloat16), 64, 16, device="cuda") for _ in range(2)
+    )
+    prompts = dict.fromkeys(range(batch), 20)
+    x = torch.randn(20 * batch, 2304, generator=gen, device="cuda").to(torch.bfloat16)
+    decodes = dict.fromkeys(range(batch), 1)
+    with torch.no_grad():
+        for harness in (absorbed, exact):
+            layer.bind_kv_cache(harness.mla_caches[0])
+            layer(x, harness.schedule(prompts).mla)
+        layer.bind_kv_cache(absorbed.mla_caches[0])
+        layer(x[:batch], absorbed.schedule(decodes).mla)  # compiles the decode kernels
+        meta = absorbed.schedule(decodes).mla
+        step = torch.randn(batch, 2304, generator=gen, device="cuda").to(torch.bfloat16)
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            got = layer(step, meta)
+            torch.cuda.synchronize()
+        layer.bind_kv_cache(exact.mla_caches[0])
+        layer(x[:batch], exact.schedule(decodes, decodes=False).mla)
+        expected = layer(step, exact.schedule(decodes, decodes=False).mla)
+    names = [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
+    assert sum("_mla_cache_write_kernel" in n for n in names) == 1, names
+    banned = re.compile(r"rms_norm|CatArray|index_put|index_elementwise|[Mm]emcpy|copy_kernel")
+    assert not [n for n in names if banned.search(n)], names
+    assert torch.equal(absorbed.mla_caches[0][1:], exact.mla_caches[0][1:])
+    assert float((got.float() - expected.float()).norm() / expected.float().norm()) < 2e-2

@@ -36,7 +36,14 @@ try:
 except ImportError:  # CPU-only installs without Triton use the torch reference
     triton = None
 
-__all__ = ["MAX_HIDDEN", "fused_add_rms_norm", "fused_add_rms_norm_ref", "rms_norm", "rms_norm_ref"]
+__all__ = [
+    "MAX_HIDDEN",
+    "fused_add_rms_norm",
+    "fused_add_rms_norm_ref",
+    "rms_norm",
+    "rms_norm_ref",
+    "row_tile_warps",
+]
 
 # The widest row one register tile holds without spilling badly; the models' norms are <= 8192.
 MAX_HIDDEN = 65536
@@ -71,14 +78,19 @@ if triton is not None:
         tl.store(out_ptr + row * D + cols, ((x * rstd) * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
+def row_tile_warps(block: int) -> int:
+    """Warps of the kernel's row tile of ``block`` lanes. Public so that kernels fusing this norm
+    (``ops/mla_cache_write.py``) take the same tile, hence the same fp32 reduction order."""
+    # 16 lanes per thread (two 16-byte loads of bf16) up to 8 warps: hidden 2304 (block 4096)
+    # gets 8, the MLA latent's 512 one.
+    return min(max(block // 512, 1), 8)
+
+
 @cache
 def _spec(block: int, has_residual: bool) -> LaunchSpec:
     """Constexprs and warps for a row tile of ``block`` lanes; cached: the spec holds the compiled
     kernels (``vllm.triton_utils.launch``)."""
-    # 16 lanes per thread (two 16-byte loads of bf16) up to 8 warps: hidden 2304 (block 4096)
-    # gets 8, the MLA latent's 512 one.
-    warps = min(max(block // 512, 1), 8)
-    return LaunchSpec(BLOCK=block, HAS_RESIDUAL=has_residual, num_warps=warps)
+    return LaunchSpec(BLOCK=block, HAS_RESIDUAL=has_residual, num_warps=row_tile_warps(block))
 
 
 # --------------------------------------------------------------------------------------------

@@ -380,6 +380,7 @@ class KimiLinearForCausalLM(torch.nn.Module):
             "b_proj",
         ],
         "fused_qkv_a_proj": ["q_a_proj", "kv_a_proj_with_mqa", "g_proj"],
+        "fused_q_kv_a_proj": ["q_proj", "kv_a_proj_with_mqa", "g_proj"],
         "gate_up_proj": ["gate_proj", "up_proj"],
     }
 

@@ -6,18 +6,26 @@ addressed through per-sequence block tables; `slot_mapping` says where each new 
 is no rotary embedding (`mla_use_nope`, as upstream): the "rope" part of q and the shared `k_pe`
 still take part in the dot product, with softmax scale `(qk_nope + qk_rope) ** -0.5`.
 
-Projections (upstream-facts D.4): with `q_lora_rank` (Kimi-K3) `fused_qkv_a_proj` holds
-`[q_a (replicated) | kv_a (replicated) | output gate (TP-sharded, if any)]`, then `q_a_layernorm`
-and `q_b_proj`; without it (Kimi-Linear) `q_proj`, `kv_a_proj_with_mqa` and an optional `g_proj`.
-`kv_b_proj` expands latents to per-head `k_nope` and `v`; with `mla_use_output_gate` the attention
-output is multiplied by `sigmoid(gate)` before `o_proj`.
+Projections (upstream-facts D.4): x goes through one merged projection. With `q_lora_rank`
+(Kimi-K3) `fused_qkv_a_proj` holds `[q_a (replicated) | kv_a (replicated) | output gate
+(TP-sharded, if any)]`, then `q_a_layernorm` and `q_b_proj`; without it (Kimi-Linear)
+`fused_q_kv_a_proj` holds `[q (TP-sharded) | kv_a (replicated) | gate (if any)]`, loaded from the
+checkpoint's `q_proj`, `kv_a_proj_with_mqa` and `g_proj` (the model's `packed_modules_mapping`
+names them for `--quantization-config` ignore rules). `kv_b_proj` expands latents to per-head
+`k_nope` and `v`; with `mla_use_output_gate` the attention output is multiplied by
+`sigmoid(gate)` before `o_proj`.
+
+Cache write: `ops/mla_cache_write.py` norms kv_a's latent with `kv_a_layernorm`, appends `k_pe`
+and writes each token's entry at its slot, in one launch (bit-identical to the separate norm, cat
+and indexed write it replaces).
 
 Attention, decodes first like KDA (`MLAMetadata`):
 - decode rows run in the weight-absorbed form over the paged cache: `q_latent = q_nope @ W_UK` per
   head, `mla_decode_paged` (a Triton kernel on GPU, the torch reference on CPU) with the block
-  tables and lengths as device tensors, then `o_latent @ W_UV` per head. `W_UK` / `W_UV` are
-  `kv_b_proj`'s (dequantized) weight split per head, derived once in
-  `process_weights_after_loading`. No host sync and no loop over sequences: capturable.
+  tables and lengths as device tensors, then `o_latent @ W_UV` per head, written by the bmm
+  straight into the output rows (no copy). `W_UK` / `W_UV` are `kv_b_proj`'s (dequantized) weight
+  split per head, derived once in `process_weights_after_loading`. No host sync and no loop over
+  sequences: capturable.
 - prefill rows (new prompts and prefill chunks on top of cached context) take the exact path:
   decompress each sequence's cached latents through `kv_b_proj` (in the model dtype), then
   `ops/mla_prefill.py`: torch's fused attention in the model dtype on GPU (no score matrix), the
@@ -34,10 +42,10 @@ from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,
-    ReplicatedLinear,
     RowParallelLinear,
 )
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+from vllm.models.kimi_k3.amd.ops.mla_cache_write import mla_cache_write
 from vllm.models.kimi_k3.amd.ops.mla_decode import mla_decode_paged
 from vllm.models.kimi_k3.amd.ops.mla_prefill import (
     mla_prefill_attention,
@@ -87,29 +95,26 @@ class KimiMLAAttention(torch.nn.Module):
         h, heads = config.hidden_size, config.num_attention_heads
         qk = self.nope + self.rope
         common = dict(bias=False, params_dtype=params_dtype, quant_config=quant_config)
+        # One projection of x: [q_a (replicated) or q (TP-sharded) | kv_a (replicated) | gate].
+        sizes = [self.q_lora or heads * qk, self.kv_lora + self.rope]
+        sizes += [heads * self.v_dim] if self.use_gate else []
+        self.fused_a_name = "fused_qkv_a_proj" if self.q_lora else "fused_q_kv_a_proj"
+        fused = MergedColumnParallelLinear(
+            h, sizes, prefix=f"{prefix}.{self.fused_a_name}",
+            replicated_shards=frozenset({0, 1} if self.q_lora else {1}), **common,
+        )  # fmt: skip
+        setattr(self, self.fused_a_name, fused)
+        self.fused_a_sizes = [fused._local_size(i) for i in range(len(sizes))]
+        # Checkpoint module -> its shard of the fused projection.
+        names = ["q_a_proj" if self.q_lora else "q_proj", "kv_a_proj_with_mqa", "g_proj"]
+        self.fused_a_shards = {name: i for i, name in enumerate(names[: len(sizes)])}
         if self.q_lora:
-            sizes = [self.q_lora, self.kv_lora + self.rope] + (
-                [heads * self.v_dim] if self.use_gate else []
-            )
-            self.fused_qkv_a_proj = MergedColumnParallelLinear(
-                h, sizes, prefix=f"{prefix}.fused_qkv_a_proj",
-                replicated_shards=frozenset({0, 1}), **common,
-            )  # fmt: skip
             self.q_a_layernorm = RMSNorm(
                 self.q_lora, config.rms_norm_eps, params_dtype, f"{prefix}.q_a_layernorm"
             )
             self.q_b_proj = ColumnParallelLinear(
                 self.q_lora, heads * qk, prefix=f"{prefix}.q_b_proj", **common
             )
-        else:
-            self.q_proj = ColumnParallelLinear(h, heads * qk, prefix=f"{prefix}.q_proj", **common)
-            self.kv_a_proj_with_mqa = ReplicatedLinear(
-                h, self.kv_lora + self.rope, prefix=f"{prefix}.kv_a_proj_with_mqa", **common
-            )
-            if self.use_gate:
-                self.g_proj = ColumnParallelLinear(
-                    h, heads * self.v_dim, prefix=f"{prefix}.g_proj", **common
-                )
         self.kv_a_layernorm = RMSNorm(
             self.kv_lora, config.rms_norm_eps, params_dtype, f"{prefix}.kv_a_layernorm"
         )
@@ -161,32 +166,20 @@ class KimiMLAAttention(torch.nn.Module):
         if kv_cache is None:
             raise RuntimeError(f"{self.prefix}: no kv cache bound (call bind_kv_cache first)")
         tokens = x.shape[0]
-        gate = None
+        parts = getattr(self, self.fused_a_name)(x)[0].split(self.fused_a_sizes, dim=-1)
+        q, kv_a = parts[0], parts[1]  # column slices of the projection, read in place
+        gate = parts[2] if self.use_gate else None
         if self.q_lora:
-            a = self.fused_qkv_a_proj(x)[0]
-            q_a, kv_a = (
-                a[:, : self.q_lora],
-                a[:, self.q_lora : self.q_lora + self.kv_lora + self.rope],
-            )
-            if self.use_gate:
-                gate = a[:, self.q_lora + self.kv_lora + self.rope :]
-            q = self.q_b_proj(self.q_a_layernorm(q_a))[0]
-        else:
-            q = self.q_proj(x)[0]
-            kv_a = self.kv_a_proj_with_mqa(x)[0]
-            if self.use_gate:
-                gate = self.g_proj(x)[0]
+            q = self.q_b_proj(self.q_a_layernorm(q))[0]
         q = q.view(tokens, self.heads, self.nope + self.rope)
-        latent = torch.cat(
-            [self.kv_a_layernorm(kv_a[:, : self.kv_lora]), kv_a[:, self.kv_lora :]], -1
-        )
-        flat_cache = kv_cache.view(-1, kv_cache.shape[-1])
-        flat_cache[metadata.slot_mapping] = latent.to(kv_cache.dtype)
+        norm = self.kv_a_layernorm
+        mla_cache_write(kv_a, norm.weight, norm.eps, kv_cache, metadata.slot_mapping)
 
         out = torch.empty(tokens, self.heads, self.v_dim, dtype=x.dtype, device=x.device)
         nd = metadata.num_decodes
         if nd:
-            out[:nd] = self._decode(q[:nd], kv_cache, metadata)
+            self._decode(q[:nd], kv_cache, metadata, out[:nd])
+        flat_cache = kv_cache.view(-1, kv_cache.shape[-1])
         for a, b, slots, masked in metadata.prefills:
             out[a:b] = self._attend(q[a:b], flat_cache[slots], masked)
         if gate is not None:
@@ -195,8 +188,11 @@ class KimiMLAAttention(torch.nn.Module):
             )
         return self.o_proj(out.reshape(tokens, -1))[0]
 
-    def _decode(self, q: torch.Tensor, kv_cache: torch.Tensor, md: MLAMetadata) -> torch.Tensor:
-        """Absorbed form for one token per sequence: `q` `[Nd, h, nope + rope]` -> `[Nd, h, v]`."""
+    def _decode(
+        self, q: torch.Tensor, kv_cache: torch.Tensor, md: MLAMetadata, out: torch.Tensor
+    ) -> None:
+        """Absorbed form for one token per sequence: `q` `[Nd, h, nope + rope]` -> `out`
+        `[Nd, h, v]` (contiguous rows of the layer's output)."""
         if self.w_uk is None:
             raise RuntimeError(f"{self.prefix}: process_weights_after_loading was not called")
         q_nope, q_pe = q[..., : self.nope], q[..., self.nope :]
@@ -204,7 +200,9 @@ class KimiMLAAttention(torch.nn.Module):
         o_latent = mla_decode_paged(
             q_latent, q_pe, kv_cache, md.decode_block_tables, md.decode_seq_lens, self.scale
         )
-        return torch.bmm(o_latent.transpose(0, 1), self.w_uv).transpose(0, 1)
+        # Written through out's [h, Nd, v] view: cuBLAS takes its strides as they are, so the
+        # product lands in the output rows with no copy after it.
+        torch.bmm(o_latent.transpose(0, 1), self.w_uv, out=out.transpose(0, 1))
 
     def _attend(self, q: torch.Tensor, cached: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
         """`q` `[Lq, h, nope + rope]` of the last Lq positions of a sequence whose `ctx` cached
@@ -220,13 +218,12 @@ class KimiMLAAttention(torch.nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Checkpoint tensors named relative to `self_attn.`; raises on an unknown name."""
-        shards = {"q_a_proj": 0, "kv_a_proj_with_mqa": 1, "g_proj": 2} if self.q_lora else {}
+        fused = getattr(self, self.fused_a_name)
         loaded = set()
         for name, tensor in weights:
             module = name.removesuffix(".weight")
-            if module in shards:
-                p = self.fused_qkv_a_proj.weight
-                self.fused_qkv_a_proj.weight_loader(p, tensor, shards[module])
+            if module in self.fused_a_shards:
+                fused.weight_loader(fused.weight, tensor, self.fused_a_shards[module])
             elif hasattr(self, module) and isinstance(getattr(self, module), torch.nn.Module):
                 layer = getattr(self, module)
                 layer.weight_loader(layer.weight, tensor)
