@@ -44,8 +44,19 @@ The epilogue's layouts at Kimi-Linear's engine call (a row per shift-program cou
         --batches 1 8 64 256 --no-compare \
         --variants v64w4e1 v64w4e2 v64w4e4 v64w4e8 v64w4e16 v64w4e64 v16w4e8 v16w4e64
 
+The gate projections (`--gate-proj`, at --batches, default launch, rotating cold states and
+weights as the sweep does): the layer's decode with `f_b_proj` and `g_b_proj` run as linears first
+(unfused: plain bf16 `ColumnParallelLinear`s, i.e. the Triton GEMV up to `BF16_GEMV_MAX_M` rows
+and cuBLAS above, then `fused_kda_decode`) against the kernel computing them (fused: `raw_g` and
+`gate` as `LowRankProj`), us per call and kernels per call; `default` says which one
+`kda_decode_config` picks (`GATE_PROJ_MAX_BATCH`):
+
+    python benchmarks/kernels/benchmark_kda_decode.py --gate-proj --shapes kimi-linear --quantize \
+        --batches 1 2 4 8 16 32 64 128 256
+
 `--dry-run` checks three variants (v32w4 single, v16w2 and v8w1e1 split, at D = 32) once against the
-torch reference at a tiny shape, untimed; without a GPU run it under the Triton interpreter:
+torch reference at a tiny shape, untimed (with `--gate-proj`: fused and unfused gate projections,
+v32w4 and v8w1, bit for bit); without a GPU run it under the Triton interpreter:
 TRITON_INTERPRET=1 python ... --dry-run
 """
 
@@ -56,9 +67,11 @@ import sys
 
 import torch
 
+from vllm.model_executor.layers.linear import ColumnParallelLinear
 from vllm.models.kimi_k3.amd.ops.causal_conv1d import causal_conv1d_decode
 from vllm.models.kimi_k3.amd.ops.fused_kda_decode import (
     KdaDecodeConfig,
+    LowRankProj,
     fused_kda_decode,
     fused_kda_decode_ref,
     kda_decode_config,
@@ -102,6 +115,36 @@ def make_step(batch: int, heads: int, lower_bound: float | None, device: str = "
         gate=projected[:, 3 * proj : 4 * proj].view(batch, heads, d),
         norm_weight=torch.ones(d, dtype=torch.bfloat16, **dev),
     )
+
+
+def gate_proj_inputs(batch: int, heads: int, device: str = "cuda", head_dim: int = HEAD_DIM):
+    """f_a and g_a (column views of one buffer, as of the in_proj output) and the plain bf16
+    f_b_proj / g_b_proj linears of rank R = head_dim (Kimi-Linear's). Dyadic values (a in 1/8
+    steps within [-1, 1], weights in 2^-11 steps within [-1/8, 1/8]): every partial sum of the
+    R-term dots is exact in fp32, so both forms round the same sums (the dry run's bit check)."""
+    rank, proj = head_dim, heads * head_dim
+    a = (torch.randint(-8, 9, (batch, 2 * rank + 8), device=device) / 8).to(torch.bfloat16)
+    inputs = dict(f_a=a[:, :rank], g_a=a[:, rank : 2 * rank])
+    for key in ("f_b_proj", "g_b_proj"):
+        linear = ColumnParallelLinear(rank, proj, bias=False, params_dtype=torch.bfloat16)
+        inputs[key] = linear.to(device)
+        with torch.no_grad():
+            linear.weight.copy_(torch.randint(-256, 257, (proj, rank), device=device) / 2048)
+    return inputs
+
+
+def decode_with_gate_proj(step, inputs, fuse: bool, config: KdaDecodeConfig, quantize: bool):
+    """The layer's decode call with the gate projections as linears first, or (`fuse`) in it."""
+    n, heads = step["b"].shape
+    f_b, g_b = inputs["f_b_proj"], inputs["g_b_proj"]
+    if fuse:
+        raw_g = LowRankProj(inputs["f_a"], f_b.weight)
+        gate = LowRankProj(inputs["g_a"], g_b.weight)
+    else:
+        raw_g = f_b(inputs["f_a"])[0]
+        gate = g_b(inputs["g_a"])[0].view(n, heads, -1)
+    step = dict(step, raw_g=raw_g, gate=gate)
+    return fused_kda_decode(**step, config=config, quantize=quantize)
 
 
 def unfused(step, norm):
@@ -233,6 +276,57 @@ def compare(shape: str, batch: int, args, norm) -> dict[str, object]:
     return row
 
 
+def gate_proj(shape: str, batch: int, args, sms: int) -> dict[str, object]:
+    from benchmark_rmsnorm_gated_fp8_per_token import time_graph
+
+    heads = SHAPES[shape]
+    per_call = 2 * batch * heads * HEAD_DIM * HEAD_DIM * 4  # state read + written
+    # As in `sweep`: each call on its own slots, and its own f_b / g_b weights (2 MB at
+    # Kimi-Linear's size), cold in L2 as in a step where all other layers run in between.
+    blocks = max(1, min(-(-ROTATE_BYTES // per_call), 128))
+    calls = max(args.graph_calls, blocks)
+    step = make_step(batch, heads, args.lower_bound, slots=blocks * batch)
+    sets = [
+        (torch.arange(batch, device="cuda") + batch * i, gate_proj_inputs(batch, heads))
+        for i in range(blocks)
+    ]
+    config = kda_decode_config(batch, heads, HEAD_DIM, sms)
+    row = dict(shape=shape, batch=batch, launch=name(config), default_gate_proj=config.gate_proj)
+    for key, fuse in (("unfused", False), ("fused", True)):
+        rotation = itertools.cycle(sets)
+
+        def call(fuse=fuse, rotation=rotation):
+            slots, inputs = next(rotation)
+            return decode_with_gate_proj(dict(step, slots=slots), inputs, fuse, config,
+                                         args.quantize)  # fmt: skip
+
+        row[f"{key}_kernels"] = count_kernels(call)
+        row[f"{key}_us"] = round(time_graph(call, calls, reps=args.reps), 2)
+    row["speedup"] = round(row["unfused_us"] / row["fused_us"], 3)
+    return row
+
+
+def dry_run_gate_proj(device: str) -> int:
+    """Both gate-projection forms, single (v32w4) and V-split (v8w1), bit for bit."""
+    d, heads, n, same = 32, 2, 3, True
+    variants = [KdaDecodeConfig(32, 4), KdaDecodeConfig(8, 1)]
+    for config in variants:
+        step = make_step(n, heads, -5.0, device=device, head_dim=d, slots=4)
+        inputs = gate_proj_inputs(n, heads, device, head_dim=d)
+        results = []
+        for fuse in (False, True):
+            states = {k: step[k].clone() for k in ("conv_state", "ssm_state")}
+            out = decode_with_gate_proj(dict(step, **states), inputs, fuse, config, False)
+            results.append((out, *states.values()))
+        same &= all(torch.equal(a, b) for a, b in zip(*results, strict=True))
+    path = "Triton" if use_triton(torch.device(device)) else "the torch reference"
+    print(
+        f"dry run --gate-proj on {device} via {path}: {' '.join(map(name, variants))} at H = "
+        f"{heads}, D = R = {d}: in-kernel gate projections equal the linears' bit for bit: {same}"
+    )
+    return 0 if same else 1
+
+
 def dry_run() -> int:
     """Every variant (scaled to D = 32) once against the reference at a tiny shape."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -253,6 +347,31 @@ def dry_run() -> int:
         f"max |diff| output {out_err:.2e} of 1 + |ref| (bf16), state {state_err:.2e} (fp32)"
     )
     return 0 if out_err <= 2**-7 and state_err < 1e-4 else 1
+
+
+def run_gate_proj(args, sms: int, call: str) -> int:
+    from benchmark_rmsnorm_gated_fp8_per_token import write_csv
+
+    print(f"gate projections ({call}, default launch, cold state and weights): us (kernels)")
+    print(f"{'shape':>12} {'B':>4} {'launch':>9} {'unfused':>12} {'fused':>12} speedup default")
+    rows = []
+    with torch.inference_mode():
+        for shape in args.shapes:
+            for batch in args.batches:
+                row = gate_proj(shape, batch, args, sms)
+                rows.append(row)
+                write_csv(args.csv, rows)
+                cells = [
+                    f"{row[f'{k}_us']:.1f} ({row[f'{k}_kernels']})" for k in ("unfused", "fused")
+                ]
+                default = "fused" if row["default_gate_proj"] else "unfused"
+                print(
+                    f"{shape:>12} {batch:>4} {row['launch']:>9} {cells[0]:>12} {cells[1]:>12} "
+                    f"{row['speedup']:6.2f}x {default}",
+                    flush=True,
+                )
+                torch.cuda.empty_cache()
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -285,11 +404,17 @@ def main(argv: list[str] | None = None) -> int:
         "--no-unfused", action="store_true", help="skip the fla-core unfused comparison"
     )
     parser.add_argument("--no-compare", action="store_true", help="the variant sweep only")
-    parser.add_argument("--csv", help="write the variant sweep to this CSV file")
+    parser.add_argument(
+        "--gate-proj", action="store_true",
+        help="instead of the sweep: f_b_proj / g_b_proj as linears vs in the kernel, per batch",
+    )  # fmt: skip
+    parser.add_argument("--csv", help="write the variant sweep (or --gate-proj) to this CSV file")
     parser.add_argument(
         "--dry-run", action="store_true", help="three variants once, checked, untimed (CPU too)"
     )
     args = parser.parse_args(argv)
+    if args.dry_run and args.gate_proj:
+        return dry_run_gate_proj("cuda" if torch.cuda.is_available() else "cpu")
     if args.dry_run:
         return dry_run()
     if not torch.cuda.is_available():
@@ -308,6 +433,8 @@ def main(argv: list[str] | None = None) -> int:
     copy = copy_gbps(args.copy_gib)
     print(f"{torch.cuda.get_device_name(0)}: copy {copy:.0f} GB/s (read + write), {sms} SMs")
     call = "quantize=True" if args.quantize else "norm epilogue"
+    if args.gate_proj:
+        return run_gate_proj(args, sms, call)
     print(f"variant sweep (op alone, {call}, cold state): us (% of copy) [ep epilogue us]")
     width = 24
     header = " ".join(f"{name(c):>{width}}" for c in variants)

@@ -24,6 +24,16 @@ def test_kda_decode_dry_run(triton_launches, capsys: pytest.CaptureFixture) -> N
     assert "v32w4 v16w2 v8w1" in capsys.readouterr().out
 
 
+def test_kda_decode_gate_proj_dry_run(triton_launches, capsys: pytest.CaptureFixture) -> None:
+    import benchmark_kda_decode
+
+    assert benchmark_kda_decode.main(["--dry-run", "--gate-proj"]) == 0
+    # Each form once on each variant (v32w4 single, v8w1 split), through the kernels.
+    assert triton_launches["_fused_kda_decode_kernel"] == 4
+    assert triton_launches["_kda_decode_epilogue_kernel"] == 2
+    assert "bit for bit: True" in capsys.readouterr().out
+
+
 def test_mla_decode_dry_run(capsys: pytest.CaptureFixture) -> None:
     import benchmark_mla_decode
 

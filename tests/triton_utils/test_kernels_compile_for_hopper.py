@@ -48,6 +48,7 @@ from vllm.models.kimi_k3.amd.ops.causal_conv1d import (
 )
 from vllm.models.kimi_k3.amd.ops.fused_kda_decode import (
     KdaDecodeConfig,
+    LowRankProj,
     fused_kda_decode,
     kda_decode_config,
 )
@@ -67,8 +68,11 @@ KERNELS = {
 # (the ops are driven at Kimi-Linear's sizes first). A compile takes 0.1-3 s on 2 cores.
 MAX_VARIANTS = 8
 # The GEMV's one kernel runs two algorithms (multiply-and-sum, tl.dot) on three weight dtypes;
-# the KDA decode epilogue 9 (norm, quantized, shift-only; three shift tiles; chunked norm).
-MAX_VARIANTS_OF = {"_gemv_kernel": 20, "_kda_decode_epilogue_kernel": 10}
+# the KDA decode epilogue 9 (norm, quantized, shift-only; three shift tiles; chunked norm), its
+# main kernel 12 (7 launches without the gate projections, 5 with them).
+MAX_VARIANTS_OF = {
+    "_gemv_kernel": 20, "_kda_decode_epilogue_kernel": 10, "_fused_kda_decode_kernel": 12,
+}  # fmt: skip
 H200_SMS = 132
 FP8 = torch.float8_e4m3fn  # NVIDIA's FP8 (the interpreter machine's platform may differ)
 
@@ -140,12 +144,18 @@ def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def _drive_kda_decode(n: int, heads: int, d: int, configs, norm: bool = True) -> None:
+def _drive_kda_decode(n: int, heads: int, d: int, configs, norm: bool = True, rank: int = 0):
+    """`rank`: raw_g and gate as `LowRankProj` of that rank (the gate projections in the kernel)."""
     gen = _gen(n + heads + d)
     proj = torch.randn(n, 4 * heads * d, generator=gen).to(torch.bfloat16)
+    low_rank = torch.randn(n, 2 * rank + 8, generator=gen).to(torch.bfloat16)
+
+    def factors(i):
+        weight = torch.randn(heads * d, rank, generator=gen).to(torch.bfloat16)
+        return LowRankProj(low_rank[:, i * rank : (i + 1) * rank], weight)
 
     def step():
-        return dict(
+        inputs = dict(
             mixed_qkv=proj[:, : 3 * heads * d],
             conv_weight=torch.randn(3 * heads * d, 4, generator=gen),
             conv_state=torch.randn(n + 1, 3 * heads * d, 3, generator=gen).to(torch.bfloat16),
@@ -159,6 +169,9 @@ def _drive_kda_decode(n: int, heads: int, d: int, configs, norm: bool = True) ->
             norm_weight=torch.ones(d, dtype=torch.bfloat16),
             gate=proj[:, 3 * heads * d :].view(n, heads, d),
         )
+        if rank:
+            inputs.update(raw_g=factors(0), gate=factors(1))
+        return inputs
 
     for config in configs:
         if not norm:
@@ -203,6 +216,12 @@ def _drive_ops() -> None:
     _drive_kda_decode(2, 32, 128, [KdaDecodeConfig(64, 4, 8), KdaDecodeConfig(64, 4, 1)])
     _drive_kda_decode(2, 32, 128, [KdaDecodeConfig(64, 4, 8)], norm=False)
     _drive_kda_decode(3, 3, 16, [KdaDecodeConfig(4, 2), KdaDecodeConfig(16, 2)])
+    # The gate projections in the kernel: R = D = 128 at the H200's launches and in the single
+    # kernel, then R = 20 (a masked chunk) small.
+    for n in (8, 2):
+        h200 = kda_decode_config(n, 32, 128, H200_SMS)
+        _drive_kda_decode(n, 32, 128, [h200, KdaDecodeConfig(128, 8)], rank=128)
+    _drive_kda_decode(3, 3, 16, [KdaDecodeConfig(4, 2), KdaDecodeConfig(16, 2)], rank=20)
 
     # The router's fp32 gate first (bf16 x, fp32 weight): multiply-and-sum at T = 1, the ieee
     # tl.dot of 64-row blocks, split K, at T = 64, and the defaults that split the weight into

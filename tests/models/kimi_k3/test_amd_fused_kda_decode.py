@@ -14,6 +14,7 @@ from vllm.model_executor.layers.quantization.utils.fp8_per_token import per_toke
 from vllm.models.kimi_k3.amd.kda import KimiK3DeltaAttention
 from vllm.models.kimi_k3.amd.ops.fused_kda_decode import (
     KdaDecodeConfig,
+    LowRankProj,
     fused_kda_decode,
     fused_kda_decode_ref,
     kda_decode_config,
@@ -102,13 +103,18 @@ def test_every_launch_variant_matches_unfused_ops(d, block_v, norm, dtype, trito
 def test_default_config_depends_on_shapes_only():
     sms = 132
     # D = 128: V-split; 16-column blocks while 64-column ones would not give 2 programs per SM.
-    assert kda_decode_config(1, 32, 128, sms) == KdaDecodeConfig(16, 4, shift_programs=64)
+    assert kda_decode_config(1, 32, 128, sms) == KdaDecodeConfig(16, 4, 64, gate_proj=True)
     assert kda_decode_config(4, 32, 128, sms).block_v == 16
-    assert kda_decode_config(5, 32, 128, sms) == KdaDecodeConfig(64, 4, shift_programs=64)
-    assert kda_decode_config(9, 32, 128, sms) == KdaDecodeConfig(64, 4, shift_programs=58)
-    assert kda_decode_config(256, 12, 128, sms).block_v == 64
+    assert kda_decode_config(5, 32, 128, sms) == KdaDecodeConfig(64, 4, 64, gate_proj=True)
+    assert kda_decode_config(9, 32, 128, sms) == KdaDecodeConfig(64, 4, 58, gate_proj=True)
+    assert kda_decode_config(256, 12, 128, sms) == KdaDecodeConfig(64, 4, 3, gate_proj=False)
     # Small heads: one program per head.
-    assert kda_decode_config(1, 2, 32, sms).block_v == 32
+    assert kda_decode_config(1, 2, 32, sms) == KdaDecodeConfig(32, 4, gate_proj=True)
+    # The gate projections move into the kernel up to GATE_PROJ_MAX_BATCH sequences, any shape.
+    most = decode_module.GATE_PROJ_MAX_BATCH
+    for heads, d in ((32, 128), (2, 32)):
+        assert kda_decode_config(most, heads, d, sms).gate_proj
+        assert not kda_decode_config(most + 1, heads, d, sms).gate_proj
 
 
 def test_default_shift_programs_shrink_with_the_batch():
@@ -314,6 +320,134 @@ def test_norm_and_gate_go_together():
     step["gate"] = None
     with pytest.raises(ValueError, match="norm_weight and gate go together"):
         fused_kda_decode(**step, lower_bound=None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The gate projections in the kernel (`LowRankProj`): the bits of the unfused call
+# ---------------------------------------------------------------------------------------------
+
+
+def low_rank(n, heads, d, rank, dtype, gen):
+    """A `LowRankProj` for an `[n, heads * d]` output whose R-term dots are exact in fp32 in any
+    order: `a` in steps of 1/8 within [-1, 1], the weight in steps of 2^-11 within [-1/8, 1/8]
+    (at most 8 significant bits: exact in bf16), so every partial sum is a multiple of 2^-14 of
+    magnitude <= R / 8: exact while R < 2^13. Kernel and reference then round the same sums to
+    the model dtype; most need more bits than bf16 keeps, so that rounding is checked too. `a` is
+    a column view of a wider buffer, as f_a and g_a are of the in_proj output."""
+    a = (torch.randint(-8, 9, (n, rank + 7), generator=gen) / 8).to(dtype).to(DEVICE)
+    weight = torch.randint(-256, 257, (heads * d, rank), generator=gen) / 2048
+    return LowRankProj(a[:, 3 : rank + 3], weight.to(dtype).to(DEVICE))
+
+
+def with_low_rank(step, rank, seed, raw_g=True, gate=True):
+    n, heads, d = step["b"].shape[0], step["b"].shape[1], step["ssm_state"].shape[-1]
+    gen = torch.Generator().manual_seed(seed)
+    dtype = step["mixed_qkv"].dtype
+    step = dict(step)
+    if raw_g:
+        step["raw_g"] = low_rank(n, heads, d, rank, dtype, gen)
+    if gate:
+        step["gate"] = low_rank(n, heads, d, rank, dtype, gen)
+    return step
+
+
+def as_tuple(out):
+    return out if isinstance(out, tuple) else (out,)
+
+
+def check_gate_proj_bits(step, config, triton_launches, **kwargs):
+    """The op with `LowRankProj` inputs against the op fed their reference products (the layer's
+    linears, exact here: see `low_rank`): the same outputs (codes and scales with quantize) and
+    states, bit for bit, in one launch of the kernel (and, split, of the epilogue)."""
+    n, heads, d = step["b"].shape[0], step["b"].shape[1], step["ssm_state"].shape[-1]
+    fused_step, plain_step = clone(step), clone(step)
+    for name in ("raw_g", "gate"):
+        if isinstance(step[name], LowRankProj):
+            plain_step[name] = step[name].reference()
+    if isinstance(step["gate"], LowRankProj):
+        plain_step["gate"] = plain_step["gate"].view(n, heads, d)
+    for name in triton_launches:
+        triton_launches[name] = 0
+    got = fused_kda_decode(**fused_step, config=config, **kwargs)
+    assert triton_launches["_fused_kda_decode_kernel"] == 1
+    assert triton_launches["_kda_decode_epilogue_kernel"] == int(config.block_v < d)
+    expected = fused_kda_decode(**plain_step, config=config, **kwargs)
+    for a, b in zip(as_tuple(got), as_tuple(expected), strict=True):
+        assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    assert torch.equal(fused_step["ssm_state"], plain_step["ssm_state"])
+    assert torch.equal(fused_step["conv_state"], plain_step["conv_state"])
+
+
+BF16, FP32 = torch.bfloat16, torch.float32
+# (tile, block_v, dtype, quantize, lower_bound): both variants (16: single, 4: V-split) with the
+# model-dtype and the quantized output, both gate forms, fp32; then R in three chunks.
+GATE_PROJ_CASES = [
+    *[(4096, 16, BF16, False, None), (4096, 16, BF16, True, -5.0), (4096, 16, FP32, False, -5.0)],
+    *[(4096, 4, BF16, False, None), (4096, 4, BF16, True, -5.0), (4096, 4, FP32, False, -5.0)],
+    *[(128, 16, BF16, False, -5.0), (128, 4, BF16, True, None)],
+]
+
+
+@pytest.mark.parametrize("tile,block_v,dtype,quantize,lower_bound", GATE_PROJ_CASES, ids=str)
+def test_gate_proj_gives_the_unfused_bits(
+    tile, block_v, dtype, quantize, lower_bound, monkeypatch, triton_launches
+):  # fmt: skip
+    """Both projections in the kernel, R = 20 (no power of two: the last chunk is masked), in one
+    chunk of 32 or (tile 128 at D = 16) three of 8. The single kernel norms with its gate; the
+    V-split hands it to the epilogue through the gate buffer (and quantizes there)."""
+    monkeypatch.setattr(decode_module, "_PROJ_TILE", tile)
+    step = with_low_rank(make_step(3, 2, 16, 4, dtype, seed=block_v), 20, seed=tile + block_v)
+    kwargs = dict(quantize=True, quant_dtype=torch.float8_e4m3fn) if quantize else {}
+    config = KdaDecodeConfig(block_v, num_warps=2)
+    check_gate_proj_bits(step, config, triton_launches, lower_bound=lower_bound, **kwargs)
+
+
+@pytest.mark.parametrize("which", ["raw_g", "gate", "raw_g-no-norm"])
+def test_either_projection_alone_gives_the_unfused_bits(which, triton_launches):
+    """raw_g alone is the full-rank-gate layer's form (its gate a view of the in_proj output)."""
+    step = make_step(3, 2, 16, 4, torch.bfloat16, seed=5)
+    if which == "raw_g-no-norm":
+        step["gate"] = step["norm_weight"] = None
+    step = with_low_rank(step, 16, seed=6, raw_g=which != "gate", gate=which == "gate")
+    check_gate_proj_bits(step, KdaDecodeConfig(4, num_warps=2), triton_launches, lower_bound=-5.0)
+
+
+@pytest.mark.parametrize("heads,d", [(2, 32), (3, 64)])
+def test_gate_proj_matches_unfused_ops(heads, d, triton_launches):
+    """The default launch (single at D = 32, V-split at 64) against the reference, which takes
+    `LowRankProj` too."""
+    step = with_low_rank(make_step(4, heads, d, 4, torch.bfloat16, seed=d), d, seed=d)
+    check_against_unfused(step, -5.0, None, triton_launches)
+
+
+def test_gate_proj_is_checked():
+    step = make_step(2, 2, 16, 4, torch.float32, seed=0)
+    good = low_rank(2, 2, 16, 8, torch.float32, torch.Generator().manual_seed(0))
+    bad = [
+        (LowRankProj(good.a, good.weight[:, :7]), "share R"),
+        (LowRankProj(good.a, good.weight[:31]), r"weight \[32, R\]"),
+        (LowRankProj(good.a[:1], good.weight), r"a must be \[2, R\]"),
+        (LowRankProj(good.a, good.weight.t().contiguous().t()), "unit stride on R"),
+        (LowRankProj(good.a.double(), good.weight.double()), "must be torch.float32"),
+    ]
+    for proj, match in bad:
+        for name in ("raw_g", "gate"):
+            with pytest.raises(ValueError, match=f"^{name}: .*{match}"):
+                fused_kda_decode(**dict(step, **{name: proj}), lower_bound=None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("quantize", [False, True])
+@pytest.mark.parametrize("variant", ["default", "single"])
+@pytest.mark.parametrize("n", [1, 8, 64])
+def test_gpu_gate_proj_kimi_linear_sizes(n, variant, quantize, triton_launches):
+    """32 heads x 128, R = 128: the default launch (V-split; on the GPU the epilogue reads the
+    gate buffer the V blocks wrote in the launch before) and the single kernel, against the
+    unfused call."""
+    step = with_low_rank(make_step(n, 32, 128, 4, torch.bfloat16, seed=n), 128, seed=n)
+    default = kda_decode_config(n, 32, 128, num_sms(torch.device("cuda")))
+    config = default if variant == "default" else KdaDecodeConfig(128, 8)
+    check_gate_proj_bits(step, config, triton_launches, lower_bound=-5.0, quantize=quantize)
 
 
 # ---------------------------------------------------------------------------------------------

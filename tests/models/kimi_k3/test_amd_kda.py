@@ -9,6 +9,7 @@ from engine_harness import EngineHarness, SingleLayer
 import vllm.models.kimi_k3.amd.kda as kda_module
 import vllm.models.kimi_k3.amd.ops.fused_kda_decode as fused_decode_module
 from vllm.config.quantization import parse_quantization_config
+from vllm.model_executor.layers.linear import ColumnParallelLinear
 from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
 from vllm.models.kimi_k3.amd.kda import KimiK3DeltaAttention
 from vllm.models.kimi_k3.amd.ops.fused_kda_decode import KdaDecodeConfig
@@ -311,10 +312,10 @@ def test_already_normed_core_is_only_quantized(monkeypatch):
     gate = torch.randn(3, HEADS, HEAD_DIM, generator=gen).to(torch.bfloat16)
     assert layer.o_proj_is_ptpc_fp8()
     with torch.no_grad():
-        layer._epilogue(core, gate, normed=True, quantize=True)
+        layer._epilogue(core, gate, normed=True, quantize=True, dtype=torch.bfloat16)
     assert counts.take() == {"o_norm": 0, "fused": 0, "quant": 1, "kernel_quant": 0}
     with torch.no_grad():  # fusion off: o_proj quantizes the normed core itself
-        layer._epilogue(core, gate, normed=True, quantize=False)
+        layer._epilogue(core, gate, normed=True, quantize=False, dtype=torch.bfloat16)
     assert counts.take() == {"o_norm": 0, "fused": 0, "quant": 0, "kernel_quant": 1}
 
 
@@ -351,9 +352,7 @@ def test_decode_quantized_in_the_kernel_equals_the_unfused_path(
     its epilogue kernel, the single one through per_token_fp8_quant) and o_proj's output equals,
     bit for bit, that of the switch-off path (o_proj quantizing the bf16 core itself); normed once
     (in the kernel), quantized once."""
-    monkeypatch.setattr(
-        fused_decode_module, "kda_decode_config", lambda *_: KdaDecodeConfig(block_v, 2)
-    )
+    monkeypatch.setattr(kda_module, "kda_decode_config", lambda *_: KdaDecodeConfig(block_v, 2))
     hf = hf_kda()
     fused = our_kda(hf, torch.bfloat16, PTPC_O_PROJ, device=device)
     switched = our_kda(hf, torch.bfloat16, PTPC_O_PROJ, device=device)
@@ -401,6 +400,102 @@ def test_non_ptpc_o_proj_takes_the_plain_path(monkeypatch, kernel, device):
     assert counts.take() == {
         "o_norm": 1, "fused": 0, "quant": 0, "kernel_quant": 1 if kernel else 0
     }  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# f_b_proj / g_b_proj inside the decode kernel
+# ---------------------------------------------------------------------------------------------
+
+
+def hf_kda_exact_gate_sums(seed=0):
+    """`hf_kda` with weights under which the gate projections' R-term dots are exact in fp32 in
+    any order, so that the decode kernel and the linears round the same sums: with inputs in
+    steps of 1/2 within [-1, 1] and in_proj shards in steps of 1/16 within [-1/2, 1/2], f_a and
+    g_a (HIDDEN terms, bf16) are multiples of 2^-5 of magnitude <= 32; f_b / g_b weights in steps
+    of 2^-11 within [-1/8, 1/8] then make every partial sum of their R = 32 terms a multiple of
+    2^-16 of magnitude <= 2^7 (23 bits). All exact in bf16."""
+    hf = hf_kda(seed)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            if name.endswith(("f_b_proj.weight", "g_b_proj.weight")):
+                param.copy_(torch.randint(-256, 257, param.shape, generator=gen) / 2048)
+            elif name.endswith("_proj.weight") and not name.startswith("o_proj"):
+                param.copy_(torch.randint(-8, 9, param.shape, generator=gen) / 16)
+    return hf
+
+
+F_B_QUANTIZED = OnlineQuantizationConfig(
+    parse_quantization_config({"linear": "fp8_per_channel", "ignore": ["re:(?!.*f_b(_proj)?$).*"]})
+)
+# case -> (layer options, calls of f_b_proj and of g_b_proj, if the layer has one, in a decode
+# step: 0 where the kernel computes it)
+GATE_PROJ_LAYERS = {
+    "low-rank": (dict(), (0, 0)),
+    "full-rank": (dict(full_rank=True), (0,)),
+    "f_b-quantized": (dict(quant_config=F_B_QUANTIZED), (1, 0)),
+    "above-threshold": (dict(), (1, 1)),
+    "fp32": (dict(dtype=torch.float32), (1, 1)),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", list(GATE_PROJ_LAYERS))
+def test_decode_runs_plain_gate_projections_in_the_kernel(case, device, monkeypatch):
+    """A decode batch of at most GATE_PROJ_MAX_BATCH sequences hands each plain (bf16 / fp16,
+    unquantized) gate projection to the decode kernel instead of running it; a quantized one, a
+    larger batch, fp32, prefill and mixed batches run the linears. Outputs equal, bit for bit,
+    those of the same layer with GATE_PROJ_MAX_BATCH 0 (the linears always), batch by batch."""
+    options, decode_calls = GATE_PROJ_LAYERS[case]
+    options = dict(dtype=torch.bfloat16, device=device) | options
+    if case == "above-threshold":
+        monkeypatch.setattr(fused_decode_module, "GATE_PROJ_MAX_BATCH", 1)  # decodes 2
+    hf = hf_kda_exact_gate_sums()
+    layer, twin = our_kda(hf, **options), our_kda(hf, **options)
+    calls = {}
+    for name in ("f_b_proj", "g_b_proj"):
+        if hasattr(layer, name):
+            calls[name] = 0
+            forward = getattr(layer, name).forward
+
+            def counted(x, name=name, forward=forward):
+                calls[name] += 1
+                return forward(x)
+
+            monkeypatch.setattr(getattr(layer, name), "forward", counted)
+    harness = harness_for(layer, options["dtype"], device)
+    twin_harness = harness_for(twin, options["dtype"], device)
+    gen = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for name, new, tokens in BATCHES:
+            x = (torch.randint(-2, 3, (tokens, HIDDEN), generator=gen) / 2).to(device)
+            x = x.to(options["dtype"])
+            out = layer(x, harness.schedule(new).kda)
+            with monkeypatch.context() as mp:
+                mp.setattr(fused_decode_module, "GATE_PROJ_MAX_BATCH", 0)
+                expected = twin(x, twin_harness.schedule(new).kda)
+            linears = decode_calls if name == "decode" else (1,) * len(calls)
+            assert tuple(calls.values()) == linears, name
+            calls.update(dict.fromkeys(calls, 0))
+            assert torch.equal(out, expected), name
+    mine, theirs = harness.kda_pools[0], twin_harness.kda_pools[0]
+    assert torch.equal(mine.ssm_state, theirs.ssm_state)
+    assert torch.equal(mine.conv_state, theirs.conv_state)
+
+
+def test_only_plain_linears_are_computed_in_the_kernel():
+    """Unquantized bf16 / fp16 without bias: what the kernel's fp32 sums and one rounding match."""
+    plain = kda_module._is_plain_linear
+
+    def linear(dtype=torch.bfloat16, bias=False, quant_config=None):
+        return ColumnParallelLinear(
+            HEAD_DIM, 64, bias=bias, params_dtype=dtype, quant_config=quant_config, prefix="f_b"
+        )
+
+    assert plain(linear()) and plain(linear(torch.float16))
+    assert not plain(linear(bias=True))
+    assert not plain(linear(torch.float32))
+    assert not plain(linear(quant_config=F_B_QUANTIZED))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,6 +12,12 @@ The layer runs on a flattened batch described by `KDAMetadata` (decodes first, o
 then prefill chunks) and reads / updates its sequences' slots in place in the `KDAStatePool` bound
 to it once by `bind_kv_cache` (its shapes are `get_kv_cache_spec`'s).
 
+A batch of decodes only runs `fused_kda_decode` on `kda_decode_config`'s launch. Where that says
+`gate_proj` (small batches), `f_b_proj` and `g_b_proj` do not run: each one that is a plain linear
+(unquantized bf16 / fp16, no bias) is handed to the kernel as `LowRankProj(input, weight)`, and the
+kernel computes its output as the linear would (fp32 sums, one rounding to the model dtype): two
+launches fewer per layer. Any other batch, or linear, runs the linears.
+
 Epilogue, decided once per forward from the same metadata the core uses:
 - `o_proj` consumes `kFp8DynamicTokenSym` (`get_input_quant_key`) and
   `VLLM_KIMI_K3_FUSED_OPROJ_EPILOGUE` is on (the default): the gated norm and the per-token FP8
@@ -41,23 +47,41 @@ from vllm.model_executor.layers.fusion.quant_activation import (
 from vllm.model_executor.layers.layernorm import RMSNormGated
 from vllm.model_executor.layers.linear import (
     ColumnParallelLinear,
+    LinearBase,
     MergedColumnParallelLinear,
     RowParallelLinear,
+    UnquantizedLinearMethod,
 )
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.layers.quantization.utils.quant_utils import kFp8DynamicTokenSym
 from vllm.models.kimi_k3.amd.ops.causal_conv1d import causal_conv1d_decode, causal_conv1d_prefill
-from vllm.models.kimi_k3.amd.ops.fused_kda_decode import fused_kda_decode
+from vllm.models.kimi_k3.amd.ops.fused_kda_decode import (
+    KdaDecodeConfig,
+    LowRankProj,
+    fused_kda_decode,
+    kda_decode_config,
+)
 from vllm.models.kimi_k3.amd.ops.kda_core import kda_decode, kda_prefill
 from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate_beta
 from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import (
     per_token_fp8_quant,
     rmsnorm_gated_fp8_per_token,
 )
+from vllm.triton_utils import num_sms
 from vllm.v1.kv_cache_interface import KDAStatePool, KDAStateSpec
 
 # Loaded through their own `weight_loader` (TP sharding, shape checks).
 _MODULES = ("f_b_proj", "o_proj", "g_b_proj", "o_norm")
+
+
+def _is_plain_linear(linear: LinearBase) -> bool:
+    """Unquantized bf16 / fp16 without bias: `x @ weight^T` summed in fp32 and rounded once to
+    the model dtype, which the decode kernel reproduces from a `LowRankProj`."""
+    return (
+        type(linear.quant_method) is UnquantizedLinearMethod
+        and linear.bias is None
+        and linear.weight.dtype in (torch.bfloat16, torch.float16)
+    )
 
 
 @dataclass
@@ -194,25 +218,39 @@ class KimiK3DeltaAttention(torch.nn.Module):
         h, d = self.local_heads, self.head_dim
         parts = torch.split(projected, self.local_sizes, dim=-1)
         mixed_qkv = projected[:, : 3 * h * d]
+        config = None
+        if metadata.num_prefills == 0 and metadata.num_decodes:
+            config = kda_decode_config(tokens, h, d, num_sms(projected.device))
+        fuse = config is not None and config.gate_proj
+        raw_g = self._b_proj(self.f_b_proj, parts[self.shard_ids["f_a_proj"]], fuse)
         if self.full_rank_gate:
             gate = parts[3]
         else:
-            gate = self.g_b_proj(parts[self.shard_ids["g_a_proj"]])[0]
-        f_a, b = parts[self.shard_ids["f_a_proj"]], parts[-1]
-        gate = gate.view(tokens, h, d)  # a strided view of `projected` for the full-rank gate
+            gate = self._b_proj(self.g_b_proj, parts[self.shard_ids["g_a_proj"]], fuse)
+        if isinstance(gate, torch.Tensor):
+            gate = gate.view(tokens, h, d)  # a strided view of `projected` for the full-rank gate
 
-        raw_g = self.f_b_proj(f_a)[0]
         quantize = self.o_proj_is_ptpc_fp8() and envs.VLLM_KIMI_K3_FUSED_OPROJ_EPILOGUE
-        core, normed = self._core(mixed_qkv, raw_g, b, gate, metadata, pool, quantize)
-        return self._epilogue(core, gate, normed, quantize)
+        core, normed = self._core(
+            mixed_qkv, raw_g, parts[-1], gate, metadata, pool, quantize, config
+        )
+        return self._epilogue(core, gate, normed, quantize, projected.dtype)
+
+    @staticmethod
+    def _b_proj(linear: LinearBase, a: torch.Tensor, fuse: bool) -> "torch.Tensor | LowRankProj":
+        """`linear(a)`, or with `fuse` and a plain linear its factors, for the decode kernel."""
+        if fuse and _is_plain_linear(linear):
+            return LowRankProj(a, linear.weight)
+        return linear(a)[0]
 
     def _core(
         self, mixed_qkv, raw_g, b, gate, metadata: KDAMetadata, pool: KDAStatePool,
-        quantize: bool = False,
+        quantize: bool = False, config: KdaDecodeConfig | None = None,
     ):  # fmt: skip
         """Conv + delta rule for the batch. Returns (core `[T, H, D]`, whether it is normed).
 
-        A batch of decodes only runs the fused decode kernel with its norm epilogue, which with
+        A batch of decodes only runs the fused decode kernel (on `config`, the forward's launch,
+        which `raw_g` / `gate` may be `LowRankProj` for) with its norm epilogue, which with
         `quantize` also quantizes per token: its core is then the `(codes, scales)` pair.
         Anything else runs the conv, gate and core ops and leaves norm and quantization to the
         epilogue.
@@ -221,7 +259,7 @@ class KimiK3DeltaAttention(torch.nn.Module):
             core = fused_kda_decode(
                 mixed_qkv, self.conv1d_weight, pool.conv_state, raw_g, self.A_log, self.dt_bias,
                 self.gate_lower_bound, b, pool.ssm_state, metadata.state_slots,
-                self.o_norm.weight, gate, self.o_norm.eps, quantize=quantize,
+                self.o_norm.weight, gate, self.o_norm.eps, config=config, quantize=quantize,
             )  # fmt: skip
             return core, True
         g, beta = kda_gate_beta(raw_g, self.A_log, self.dt_bias, self.gate_lower_bound, b)
@@ -266,17 +304,16 @@ class KimiK3DeltaAttention(torch.nn.Module):
         return get_input_quant_key(self.o_proj) == kFp8DynamicTokenSym
 
     def _epilogue(
-        self, core: "torch.Tensor | tuple[torch.Tensor, torch.Tensor]", gate: torch.Tensor,
-        normed: bool, quantize: bool,
+        self, core: "torch.Tensor | tuple[torch.Tensor, torch.Tensor]",
+        gate: "torch.Tensor | LowRankProj", normed: bool, quantize: bool, dtype: torch.dtype,
     ) -> torch.Tensor:  # fmt: skip
         """`o_proj` of the core: `[T, H, D]`, or the FP8 `(codes, scales)` of a normed core.
-        `quantize`: the forward's one decision that `o_proj` takes the fused PTPC epilogue."""
-        tokens = gate.shape[0]
+        `quantize`: the forward's one decision that `o_proj` takes the fused PTPC epilogue;
+        `gate`: a tensor where the core is not normed; `dtype`: the activations' (the model's)."""
+        tokens = (core[0] if isinstance(core, tuple) else core).shape[0]
         width = self.local_heads * self.head_dim
         if isinstance(core, tuple):
-            x = QuantizedActivation(
-                *core, gate.dtype, torch.Size([tokens, width]), kFp8DynamicTokenSym
-            )
+            x = QuantizedActivation(*core, dtype, torch.Size([tokens, width]), kFp8DynamicTokenSym)
         elif quantize:
             if normed:
                 q, scale = per_token_fp8_quant(core.reshape(tokens, width))

@@ -11,6 +11,12 @@ One token for each of N sequences, H local heads, head dim D (= K = V), conv wid
 - `b` `[N, H]` beta logits (any row stride), `ssm_state` `[S, H, D, D]` fp32 (updated at `slots`);
 - with `norm_weight` `[D]` and `gate` `[N, H, D]` (any strides, unit last): the output is
   `o * rsqrt(mean(o^2) + eps) * norm_weight * sigmoid(gate)` computed on the fp32 `o`.
+- `raw_g` and / or `gate` may instead be `LowRankProj(a, weight)`: the input `a` `[N, R]` (any
+  row stride, unit last: a column view of the in_proj output) and weight `[H * D, R]` of the
+  unquantized bias-free linear that makes them (`f_b_proj` on `f_a`, `g_b_proj` on `g_a`), all
+  in `mixed_qkv`'s dtype. The kernel then computes the rows it needs (the head's D raw_g
+  channels, its own V columns of the gate) instead of loading them, which saves the two small
+  linears' launches per layer at small batch (`KdaDecodeConfig.gate_proj`).
 Output `[N, H, D]` in `mixed_qkv`'s dtype; with `quantize` (norm required) the per-token FP8
 `(codes [N, H * D], scale [N, 1] fp32)` of that output instead, bit for bit what
 `per_token_fp8_quant` (whose numerics helpers the epilogue shares) makes of it.
@@ -34,8 +40,23 @@ Two launch variants (`KdaDecodeConfig.block_v`; `kda_decode_config` picks one fr
 Both compute o as `S_decayed^T q + (k . q) u`, equal to `S_new^T q`, so both reductions read the
 same decayed tile.
 
+In-kernel gate projections: every program of head h computes the head's raw_g (D dots of R terms
+on the head's [D, R] slice of the f_b weight, which its other programs and tokens read again,
+mostly from L2), so the V-split reads that slice D / block_v times per token; each program
+computes the gate only for its own V columns: the single kernel norms with it, the V-split stores
+it (model dtype) in an `[N, H, D]` buffer that the epilogue kernel, launched after it on the
+stream, norms with. Numerics: the layer's linears (`gemv` up to `BF16_GEMV_MAX_M` rows, cuBLAS
+above, `F.linear` on CPU) sum the R products in fp32 and round the sum once to the model dtype
+(cuBLAS may also be allowed reduced-precision split-K reductions by torch's defaults, roundings
+the kernel does not make), and so does the kernel, after which both run the same code on the same
+values. Products of bf16 / fp16 factors are exact in fp32, so kernel and linear differ only in the
+fp32 summation order of the R-term dots before that shared rounding (fp32 factors: also in the
+products' rounding); where the fp32 sums round to the same model-dtype value (always, if every
+partial sum is exact, which the tests arrange) the two forms give the same bits.
+
 The torch reference composes the layer's unfused ops (conv decode, gate, recurrent core, norm), so
-fused and unfused decode are checked against the same math.
+fused and unfused decode are checked against the same math; it makes a `LowRankProj`'s product as
+`LowRankProj.reference` does: fp32 sums, one rounding.
 """
 
 from dataclasses import dataclass
@@ -101,22 +122,40 @@ if triton is not None:
         return x / tl.sqrt(tl.sum(x * x, axis=0) + 1e-6)
 
     @triton.jit
-    def _gated_rms_norm(o, gate_row, norm_w_ptr, eps, D: tl.constexpr):
+    def _gated_rms_norm(o, z, norm_w_ptr, eps, D: tl.constexpr):
         d = tl.arange(0, D)
         rstd = tl.rsqrt(tl.sum(o * o, axis=0) / D + eps)
-        z = tl.load(gate_row + d).to(tl.float32)
-        return o * rstd * tl.load(norm_w_ptr + d).to(tl.float32) * tl.sigmoid(z)
+        return o * rstd * tl.load(norm_w_ptr + d).to(tl.float32) * tl.sigmoid(z.to(tl.float32))
+
+    @triton.jit
+    def _low_rank_rows(a_row, w_ptr, stride_w, rows, RANK: tl.constexpr, BLOCK_R: tl.constexpr):
+        # `weight[rows] @ a` as the unquantized linear makes it: fp32 sums, rounded once to its
+        # output dtype (the weight's). Unrolled, so all chunks' loads can be in flight at once.
+        r = tl.arange(0, BLOCK_R)
+        acc = tl.zeros(rows.shape, tl.float32)
+        for r0 in tl.static_range(0, RANK, BLOCK_R):
+            ok = r0 + r < RANK
+            a = tl.load(a_row + r0 + r, mask=ok, other=0.0).to(tl.float32)
+            w_ptrs = w_ptr + rows[:, None] * stride_w + r0 + r[None, :]
+            w = tl.load(w_ptrs, mask=ok[None, :], other=0.0).to(tl.float32)
+            acc += tl.sum(w * a[None, :], axis=1)
+        return acc.to(w_ptr.dtype.element_ty)
 
     @triton.jit
     def _fused_kda_decode_kernel(
         qkv_ptr, conv_w_ptr, conv_state_ptr, raw_g_ptr, a_log_ptr, dt_bias_ptr, b_ptr,
-        ssm_ptr, slots_ptr, gate_ptr, norm_w_ptr, out_ptr,
+        ssm_ptr, slots_ptr, gate_ptr, norm_w_ptr, out_ptr, f_w_ptr, g_a_ptr, g_w_ptr,
         stride_qkv, stride_wc, stride_cs, stride_cc, stride_g, stride_b,
         stride_ss, stride_sh, stride_gate_n, stride_gate_h, stride_on, stride_oh,
+        stride_fw, stride_ga, stride_gw,
         heads, lower_bound, eps, q_scale,
         D: tl.constexpr, W: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_V: tl.constexpr,
         SPLIT: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, APPLY_NORM: tl.constexpr,
+        RANK_F: tl.constexpr, RANK_G: tl.constexpr, BLOCK_R: tl.constexpr,
     ):  # fmt: skip
+        # RANK_F > 0: `raw_g_ptr` is f_a [N, RANK_F] and raw_g is f_w @ f_a. RANK_G > 0: the gate
+        # is g_w @ g_a; `gate_ptr` is then, for the split, the [N, H, D] buffer the V blocks
+        # write it to for the epilogue (the single kernel does not read it).
         n = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
         slot = tl.load(slots_ptr + n).to(tl.int64)
@@ -134,8 +173,20 @@ if triton is not None:
         q = _l2_normalize(q) * q_scale
         k = _l2_normalize(k)
 
-        x = tl.load(raw_g_ptr + n * stride_g + h * D + d).to(tl.float32)
+        if RANK_F:
+            x = _low_rank_rows(raw_g_ptr + n * stride_g, f_w_ptr, stride_fw, h * D + d, RANK_F,
+                               BLOCK_R).to(tl.float32)  # fmt: skip
+        else:
+            x = tl.load(raw_g_ptr + n * stride_g + h * D + d).to(tl.float32)
         x += tl.load(dt_bias_ptr + h * D + d).to(tl.float32)
+        gate_row = gate_ptr + n * stride_gate_n + h * stride_gate_h
+        if RANK_G:
+            # Next to raw_g's, so that both projections' loads overlap; before the state tile,
+            # whose registers are not live yet.
+            z = _low_rank_rows(g_a_ptr + n * stride_ga, g_w_ptr, stride_gw, h * D + cols, RANK_G,
+                               BLOCK_R)  # fmt: skip
+            if SPLIT:
+                tl.store(gate_row + cols, z)
         rate = tl.exp(tl.load(a_log_ptr + h).to(tl.float32))
         if HAS_LOWER_BOUND:
             g = lower_bound * tl.sigmoid(rate * x)
@@ -153,8 +204,9 @@ if triton is not None:
         o = tl.sum(s * q[:, None], axis=0) + tl.sum(k * q, axis=0) * u  # [BLOCK_V]
         tl.store(s_ptrs, s + k[:, None] * u[None, :])
         if APPLY_NORM and not SPLIT:
-            o = _gated_rms_norm(o, gate_ptr + n * stride_gate_n + h * stride_gate_h, norm_w_ptr,
-                                eps, D)  # fmt: skip
+            if not RANK_G:
+                z = tl.load(gate_row + cols)
+            o = _gated_rms_norm(o, z, norm_w_ptr, eps, D)
         # Split with the norm: `out_ptr` is the fp32 [N, H, D] scratch the epilogue norms.
         tl.store(out_ptr + n * stride_on + h * stride_oh + cols, o.to(out_ptr.dtype.element_ty))
 
@@ -235,11 +287,25 @@ if triton is not None:
                 tl.store(scale_ptr + n, scale)
 
 
+@dataclass(frozen=True)
+class LowRankProj:
+    """`a @ weight^T`, the output of an unquantized bias-free linear (`f_b_proj`, `g_b_proj`),
+    passed to `fused_kda_decode` as its input `a` `[N, R]` and weight `[H * D, R]` for the kernel
+    to compute (module docstring)."""
+
+    a: torch.Tensor
+    weight: torch.Tensor
+
+    def reference(self) -> torch.Tensor:
+        """`[N, H * D]` as the layer's linear makes it: fp32 sums, rounded once to a's dtype."""
+        return (self.a.float() @ self.weight.float().t()).to(self.a.dtype)
+
+
 def fused_kda_decode_ref(
     mixed_qkv: torch.Tensor,
     conv_weight: torch.Tensor,
     conv_state: torch.Tensor,
-    raw_g: torch.Tensor,
+    raw_g: torch.Tensor | LowRankProj,
     A_log: torch.Tensor,  # noqa: N803 (checkpoint name)
     dt_bias: torch.Tensor,
     lower_bound: float | None,
@@ -247,12 +313,16 @@ def fused_kda_decode_ref(
     ssm_state: torch.Tensor,
     slots: torch.Tensor,
     norm_weight: torch.Tensor | None = None,
-    gate: torch.Tensor | None = None,
+    gate: torch.Tensor | LowRankProj | None = None,
     eps: float = 1e-5,
 ) -> torch.Tensor:
     """The unfused decode ops in sequence (see the module docstring); updates the states."""
     n, heads = b.shape
     d = ssm_state.shape[-1]
+    if isinstance(raw_g, LowRankProj):
+        raw_g = raw_g.reference()
+    if isinstance(gate, LowRankProj):
+        gate = gate.reference().view(n, heads, d)
     # q, k, v and o stay fp32, as in the kernel.
     conv = causal_conv1d_decode(mixed_qkv, conv_weight, conv_state, slots, torch.float32)
     q, k, v = (t.reshape(n, heads, d) for t in conv.split(heads * d, dim=-1))
@@ -274,11 +344,17 @@ class KdaDecodeConfig:
 
     `shift_programs`: the V-split epilogue's window-shift programs per token, at most (see
     `_epilogue_tiling`); None takes `kda_epilogue_programs` for the launch's shapes.
+
+    `gate_proj`: whether a caller that can (the layer, where `f_b_proj` / `g_b_proj` are plain
+    linears) passes `raw_g` and `gate` as `LowRankProj` for the kernel to compute, or runs the
+    linears first. The op computes whatever it is passed; the choice is made here because its
+    cost depends on the launch: each of a head's D / block_v programs recomputes raw_g.
     """
 
     block_v: int
     num_warps: int
     shift_programs: int | None = None
+    gate_proj: bool = False
 
 
 # The epilogue's token program norms (and quantizes) at most this many elements of a token at a
@@ -294,6 +370,16 @@ _SHIFT_PROGRAMS_PER_SM = 4
 
 # Heads x V blocks per SM below which the split variant uses narrower blocks (more programs).
 _MIN_PROGRAMS_PER_SM = 2
+
+# `kda_decode_config` has the kernel compute the gate projections up to this many sequences. A
+# first estimate, to be tuned with benchmark_kda_decode.py --gate-proj on the H200: the two
+# linears cost ~4.2 us each plus ~1.5 us of launch gap in a captured step at batch 1 (1 MB of
+# weight each), while the kernel re-reads a head's 32 KB f_b slice (Kimi-Linear, D = R = 128) per
+# program: N * H * D / block_v slices, 32 MB from L2 at batch 16 (64-column blocks), 128 MB at 64.
+GATE_PROJ_MAX_BATCH = 16
+# Weight elements per [rows, BLOCK_R] chunk of an in-kernel gate projection (32 a thread at 4
+# warps for D rows).
+_PROJ_TILE = 4096
 
 
 def kda_epilogue_programs(n: int, heads: int, d: int, num_sms: int) -> int:
@@ -335,22 +421,45 @@ def kda_decode_config(n: int, heads: int, d: int, num_sms: int) -> KdaDecodeConf
     quantizing epilogue 8.1-8.3 against 8.6-8.9, but at batch 8, 4 programs per SM, 18.1 against
     22.1, 2026-12-01).
     Small heads have small tiles: no split. The epilogue's shift programs: see
-    `kda_epilogue_programs`.
+    `kda_epilogue_programs`. Gate projections in the kernel up to `GATE_PROJ_MAX_BATCH`.
     """
+    gate_proj = n <= GATE_PROJ_MAX_BATCH
     if d < 64:
-        return KdaDecodeConfig(block_v=d, num_warps=4)
+        return KdaDecodeConfig(block_v=d, num_warps=4, gate_proj=gate_proj)
     block_v = 64
     if n * heads * (d // block_v) < _MIN_PROGRAMS_PER_SM * num_sms:
         block_v = 16
     shift_programs = kda_epilogue_programs(n, heads, d, num_sms)
-    return KdaDecodeConfig(block_v=block_v, num_warps=4, shift_programs=shift_programs)
+    return KdaDecodeConfig(block_v, num_warps=4, shift_programs=shift_programs, gate_proj=gate_proj)
+
+
+def _check_low_rank(name: str, proj: LowRankProj, n: int, rows: int, like: torch.Tensor) -> int:
+    """Validates a `LowRankProj` standing for an `[n, rows]` output in `like`'s dtype; its R."""
+    a, w = proj.a, proj.weight
+    if a.dim() != 2 or w.dim() != 2 or a.shape[0] != n or w.shape[0] != rows:
+        raise ValueError(
+            f"{name}: a must be [{n}, R] and weight [{rows}, R], got {tuple(a.shape)} and "
+            f"{tuple(w.shape)}"
+        )
+    if a.shape[1] != w.shape[1] or a.shape[1] == 0:
+        raise ValueError(
+            f"{name}: a and weight must share R >= 1, got {a.shape[1]} and {w.shape[1]}"
+        )
+    if a.stride(1) != 1 or w.stride(1) != 1:
+        raise ValueError(f"{name}: a and weight must have unit stride on R")
+    if {a.dtype, w.dtype} != {like.dtype} or {a.device, w.device} != {like.device}:
+        raise ValueError(
+            f"{name}: a and weight must be {like.dtype} on {like.device} (the linear's input and "
+            f"output dtype is the model's), got {a.dtype} and {w.dtype}"
+        )
+    return a.shape[1]
 
 
 def fused_kda_decode(
     mixed_qkv: torch.Tensor,
     conv_weight: torch.Tensor,
     conv_state: torch.Tensor,
-    raw_g: torch.Tensor,
+    raw_g: torch.Tensor | LowRankProj,
     A_log: torch.Tensor,  # noqa: N803 (checkpoint name)
     dt_bias: torch.Tensor,
     lower_bound: float | None,
@@ -358,7 +467,7 @@ def fused_kda_decode(
     ssm_state: torch.Tensor,
     slots: torch.Tensor,
     norm_weight: torch.Tensor | None = None,
-    gate: torch.Tensor | None = None,
+    gate: torch.Tensor | LowRankProj | None = None,
     eps: float = 1e-5,
     config: KdaDecodeConfig | None = None,
     quantize: bool = False,
@@ -371,6 +480,9 @@ def fused_kda_decode(
     `per_token_fp8_quant(output.reshape(N, H * D), quant_dtype)` of the model-dtype output, the
     quantization done in the V-split variant's epilogue kernel (no extra launch); the single
     variant and the reference quantize their output with `per_token_fp8_quant`.
+
+    `raw_g` / `gate` as `LowRankProj`: the kernel computes them (module docstring), whatever
+    `config.gate_proj` says (that is the callers' choice).
     """
     n, heads = b.shape
     _, _, d, d_v = ssm_state.shape
@@ -386,8 +498,17 @@ def fused_kda_decode(
         3 * heads * d, width - 1
     ):  # fmt: skip
         raise ValueError("conv_weight must be [3HD, W] and conv_state [S, 3HD, W - 1]")
-    if raw_g.shape != (n, heads * d) or slots.shape != (n,) or dt_bias.shape != (heads * d,):
-        raise ValueError("raw_g must be [N, H * D], slots [N] and dt_bias [H * D]")
+    if slots.shape != (n,) or dt_bias.shape != (heads * d,):
+        raise ValueError("slots must be [N] and dt_bias [H * D]")
+    rank_f = rank_g = 0
+    if isinstance(raw_g, LowRankProj):
+        rank_f = _check_low_rank("raw_g", raw_g, n, heads * d, mixed_qkv)
+    elif raw_g.shape != (n, heads * d) or raw_g.stride(-1) != 1:
+        raise ValueError(f"raw_g must be [{n}, {heads * d}] with unit last stride")
+    if isinstance(gate, LowRankProj):
+        rank_g = _check_low_rank("gate", gate, n, heads * d, mixed_qkv)
+    elif gate is not None and (gate.shape != (n, heads, d) or gate.stride(-1) != 1):
+        raise ValueError(f"gate must be [{n}, {heads}, {d}] with unit last stride")
     if slots.device != mixed_qkv.device or slots.dtype not in (torch.int32, torch.int64):
         raise ValueError("slots must be an integer tensor on the inputs' device")
     if conv_weight.stride(1) != 1 or not dt_bias.is_contiguous():
@@ -396,12 +517,10 @@ def fused_kda_decode(
         raise ValueError("norm_weight must be contiguous")
     if conv_state.stride(2) != 1 or ssm_state.stride(3) != 1 or ssm_state.stride(2) != d:
         raise ValueError("conv_state and ssm_state must be contiguous in their last dims")
-    if raw_g.stride(-1) != 1 or b.stride(-1) != 1:
-        raise ValueError("raw_g and b must have unit stride on their last dim")
+    if b.stride(-1) != 1:
+        raise ValueError("b must have unit stride on its last dim")
     if (norm_weight is None) != (gate is None):
         raise ValueError("norm_weight and gate go together: both for the norm epilogue, or none")
-    if gate is not None and (gate.shape != (n, heads, d) or gate.stride(-1) != 1):
-        raise ValueError(f"gate must be [{n}, {heads}, {d}] with unit last stride")
     if quantize and norm_weight is None:
         raise ValueError("quantize needs the norm epilogue (norm_weight and gate)")
     quant_dtype, fp8_max, min_scale = fp8_quant_params(quant_dtype)
@@ -433,19 +552,28 @@ def fused_kda_decode(
         if split and apply_norm
         else out
     )
-    gate_arg = gate if apply_norm else out
+    if rank_g and split:
+        # The V blocks' gate channels, for the epilogue's norm.
+        gate_arg = torch.empty(n, heads, d, dtype=mixed_qkv.dtype, device=out.device)
+    else:
+        gate_arg = gate if apply_norm and not rank_g else out
     norm_w_arg = norm_weight if apply_norm else A_log
+    # Unused pointers get a stand-in tensor, as above.
+    raw_g_arg, f_w_arg = (raw_g.a, raw_g.weight) if rank_f else (raw_g, raw_g)
+    g_a_arg, g_w_arg = (gate.a, gate.weight) if rank_g else (raw_g_arg, raw_g_arg)
+    block_r = min(triton.next_power_of_2(max(rank_f, rank_g, 1)), max(1, _PROJ_TILE // d))
     block_w = triton.next_power_of_2(width)
     _fused_kda_decode_kernel[(n, heads, d // block_v)](
-        mixed_qkv, conv_weight, conv_state, raw_g, A_log, dt_bias, b,
-        ssm_state, slots, gate_arg, norm_w_arg, core_out,
+        mixed_qkv, conv_weight, conv_state, raw_g_arg, A_log, dt_bias, b,
+        ssm_state, slots, gate_arg, norm_w_arg, core_out, f_w_arg, g_a_arg, g_w_arg,
         mixed_qkv.stride(0), conv_weight.stride(0), conv_state.stride(0), conv_state.stride(1),
-        raw_g.stride(0), b.stride(0), ssm_state.stride(0), ssm_state.stride(1),
+        raw_g_arg.stride(0), b.stride(0), ssm_state.stride(0), ssm_state.stride(1),
         gate_arg.stride(0), gate_arg.stride(1), core_out.stride(0), core_out.stride(1),
+        f_w_arg.stride(0), g_a_arg.stride(0), g_w_arg.stride(0),
         heads, lower_bound if lower_bound is not None else 0.0, eps, d**-0.5,
         D=d, W=width, BLOCK_W=block_w, BLOCK_V=block_v, SPLIT=split,
         HAS_LOWER_BOUND=lower_bound is not None, APPLY_NORM=apply_norm,
-        num_warps=config.num_warps,
+        RANK_F=rank_f, RANK_G=rank_g, BLOCK_R=block_r, num_warps=config.num_warps,
     )  # fmt: skip
     if not split:
         return per_token_fp8_quant(out.reshape(n, heads * d), quant_dtype) if quantize else out
