@@ -131,10 +131,13 @@ __all__ = [
 # (docs/performance.md, 2026-12-01): the GEMV's time grows with M (each row is its own pass over
 # the weight tile), so it wins only at M <= 2 (bf16 and FP8; at M = 4 the FP8 tl.dot path below
 # takes o_proj in 7.6 us against the GEMV's 12.2 and _scaled_mm's 13.6); cuBLAS already reads the
-# q/k/v-sized (28.7M) and LM-head weights at 76-100% at M = 1, so the large weights stay with it.
+# q/k/v-sized (28.7M) and LM-head weights at 76-100% at M = 1, so the large weights stay with it,
+# and so does MLA's merged q | kv_a projection (2304 x 6720, 15.5M): cuBLAS 11.3 us against the
+# GEMV's 14.9 at M = 1 and 11.2 / 14.7 at M = 2 (benchmark_gemv.py --shapes mla_q_kv_a, H200,
+# 2026-12-01, docs/performance.md "Seventh run").
 BF16_GEMV_MAX_M = 2
 FP8_GEMV_MAX_M = 2
-GEMV_MAX_WEIGHT_NUMEL = 16 * 2**20
+GEMV_MAX_WEIGHT_NUMEL = 12 * 2**20
 # Above those rows and up to these, the layers take the tl.dot ("swap AB") configs of
 # default_config instead of the vendor GEMM. benchmark_gemv.py --dot-sweep on the H200
 # (2026-12-01, docs/performance.md): FP8 o_proj 7.4-9.7 us at M = 4-64 and 13.0 at 128 against
