@@ -120,19 +120,23 @@ if triton is not None:
             lane_kept = tl.max(tl.where(member & (kept[:, None] != 0), 1, 0), axis=0)
             choice = tl.where(lane_kept != 0, choice, float("-inf"))
 
+        # The top TOP_K in one descending sort of a distinct int64 key per lane: the high half maps
+        # the fp32 choice to int32 in order (negatives get their magnitude bits flipped; choice
+        # is never -0.0, a non-negative score plus the bias, so equal choices get equal halves),
+        # the low half is BLOCK_E - lane, so among equal choices the lowest expert ranks first.
+        # Padded lanes take the bits of the lowest NaN and a zero low half: the smallest int64,
+        # below every expert's key (NaN choices included), so the first TOP_K are real experts.
+        tl.static_assert(BLOCK_K <= BLOCK_E)
+        bits = tl.where(valid, choice.to(tl.int32, bitcast=True), -1)
+        key = (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64) << 32
+        key += tl.where(valid, BLOCK_E - offs, 0)
+        ranked = tl.reshape(tl.sort(key, descending=True), [BLOCK_E // BLOCK_K, BLOCK_K])
+        row = tl.arange(0, BLOCK_E // BLOCK_K)
+        first = tl.sum(tl.where(row[:, None] == 0, ranked, 0), axis=0)
         k_offs = tl.arange(0, BLOCK_K)
-        taken = tl.zeros([BLOCK_E], dtype=tl.int32)
-        weights = tl.zeros([BLOCK_K], dtype=tl.float32)
-        ids = tl.zeros([BLOCK_K], dtype=tl.int32)
-        for k in range(TOP_K):
-            open_e = valid & (taken == 0)
-            top = tl.max(tl.where(open_e, choice, float("-inf")), axis=0)
-            idx = tl.min(tl.where(open_e & (choice == top), offs, BLOCK_E), axis=0)
-            idx = tl.where(idx < BLOCK_E, idx, tl.min(tl.where(open_e, offs, BLOCK_E), 0))
-            hit = offs == idx
-            taken = tl.where(hit, 1, taken)
-            weights = tl.where(k_offs == k, tl.sum(tl.where(hit, scores, 0.0), axis=0), weights)
-            ids = tl.where(k_offs == k, idx, ids)
+        ids = BLOCK_E - first.to(tl.int32)  # the low half; slots from TOP_K on are overwritten
+        hit = (offs[None, :] == ids[:, None]) & (k_offs < TOP_K)[:, None]
+        weights = tl.sum(tl.where(hit, scores[None, :], 0.0), axis=1)
         if RENORMALIZE:
             total = tl.sum(weights, axis=0) + 1e-20
             weights = tl.div_rn(weights, tl.broadcast_to(total, [BLOCK_K]))
@@ -304,14 +308,15 @@ def grouped_topk_triton(
             f"grouped_topk_triton needs a CUDA / ROCm device or TRITON_INTERPRET=1 on CPU, got "
             f"{router_logits.device}"
         )
-    block_e = next_power_of_2(router_logits.shape[1])
+    tokens, experts = router_logits.shape
+    columns = top_k + num_fused_shared_experts
+    # Lanes for every output slot too: the selection reads its slots off the sorted lanes.
+    block_e = next_power_of_2(max(experts, columns))
     if num_warps is None:
         num_warps = _default_warps(block_e)
     elif num_warps < 1 or num_warps & (num_warps - 1):
         raise ValueError(f"num_warps must be a positive power of two, got {num_warps}")
-    tokens, experts = router_logits.shape
     device = router_logits.device
-    columns = top_k + num_fused_shared_experts
     weights = torch.empty(tokens, columns, dtype=torch.float32, device=device)
     ids = torch.empty(tokens, columns, dtype=torch.int64, device=device)
     if tokens == 0:
