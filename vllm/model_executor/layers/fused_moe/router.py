@@ -24,18 +24,24 @@ Kernel: one program per token (a decode batch is a few hundred tokens at most, a
 handful of register-resident reductions, so more tokens per program would only serialise them).
 The token's E logits sit in one `next_pow2(E)` register vector; the group ranking uses a
 `[next_pow2(groups), next_pow2(E)]` membership tile, so group sizes need not be powers of two.
-The `top_k` experts are taken by `top_k` rounds of argmax, which replaces the reference's two
-`topk` sorts and its scatter / masked_fill / gather with reductions that never leave registers.
+The `top_k` experts come from one `tl.sort` (descending) of a distinct int64 key per lane: the
+biased score mapped to int32 in order in the high half, `BLOCK_E - lane` in the low half (so equal
+scores rank the lowest expert first), padded lanes the smallest key. One masked reduction reads
+the first `next_pow2(top_k + S)` sorted keys (lanes are padded to at least that many) and one more
+gathers the chosen experts' unbiased scores. That is a fixed, short chain of sorting stages in
+registers instead of `top_k` dependent rounds of argmax (three reductions each), which set the
+latency of the standalone kernel and, per token, of fused_router.py's serial selection.
 The selection of a token is the @triton.jit helper `grouped_topk_row`, which fused_router.py's
 one-launch router (logits and selection, at decode sizes) runs too.
 
 Ties: the kernel's rule is that among equal biased scores (or equal group scores) the lowest
 expert (group) index wins. torch's `topk` documents no tie order, so the two agree on ids only
-when the deciding values are distinct; the tests use random data without ties. Divisions are
+when the deciding values are distinct: the tests compare the two on tie-free random data, and
+check tied data against a stable sort. Divisions are
 correctly rounded (`div_rn`, as torch's; Triton's `/` is approximate in fp32 on NVIDIA), so the
 weights differ from the reference only by `exp` (approximate on GPUs) and the order of the
 softmax / renormalising sums: a few fp32 ulps. A NaN logit gives unspecified, but in-range and
-distinct, ids.
+distinct, ids (a NaN's key sorts above +inf or below -inf by its sign, but above padded lanes).
 
 The logits themselves: `router_logits(x, gate_weight)` is `F.linear(x.float(), gate_weight)`
 (reference `router_logits_ref`) for hidden states `x` `[T, H]` bf16 / fp16 / fp32 and the fp32
@@ -279,8 +285,8 @@ def grouped_topk_ref(
 
 
 def _default_warps(block_e: int) -> int:
-    # One warp reduces with shuffles only (no shared-memory round trip), which is what the
-    # 3 * top_k serial reductions of a program want; wider tokens spread their registers.
+    # One warp sorts and reduces with shuffles only (no shared-memory round trip), which is what
+    # the dependent stages of a program's selection want; wider tokens spread their registers.
     return 1 if block_e <= 512 else 2 if block_e <= 1024 else 4
 
 
