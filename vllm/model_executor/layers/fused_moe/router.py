@@ -37,11 +37,11 @@ one-launch router (logits and selection, at decode sizes) runs too.
 Ties: the kernel's rule is that among equal biased scores (or equal group scores) the lowest
 expert (group) index wins. torch's `topk` documents no tie order, so the two agree on ids only
 when the deciding values are distinct: the tests compare the two on tie-free random data, and
-check tied data against a stable sort. Divisions are
-correctly rounded (`div_rn`, as torch's; Triton's `/` is approximate in fp32 on NVIDIA), so the
-weights differ from the reference only by `exp` (approximate on GPUs) and the order of the
-softmax / renormalising sums: a few fp32 ulps. A NaN logit gives unspecified, but in-range and
-distinct, ids (a NaN's key sorts above +inf or below -inf by its sign, but above padded lanes).
+check tied data against a stable sort. Divisions are correctly rounded (`div_rn`, as torch's;
+Triton's `/` is approximate in fp32 on NVIDIA), so the weights differ from the reference only by
+`exp` (approximate on GPUs) and the order of the softmax / renormalising sums: a few fp32 ulps.
+A NaN logit gives unspecified, but in-range and distinct, ids (a NaN's key sorts above +inf or
+below -inf by its sign, but above padded lanes).
 
 The logits themselves: `router_logits(x, gate_weight)` is `F.linear(x.float(), gate_weight)`
 (reference `router_logits_ref`) for hidden states `x` `[T, H]` bf16 / fp16 / fp32 and the fp32
@@ -128,7 +128,7 @@ if triton is not None:
 
         # The top TOP_K in one descending sort of a distinct int64 key per lane: the high half maps
         # the fp32 choice to int32 in order (negatives get their magnitude bits flipped; choice
-        # is never -0.0, a non-negative score plus the bias, so equal choices get equal halves),
+        # is never -0.0, as the score never is, so equal choices get equal high halves),
         # the low half is BLOCK_E - lane, so among equal choices the lowest expert ranks first.
         # Padded lanes take the bits of the lowest NaN and a zero low half: the smallest int64,
         # below every expert's key (NaN choices included), so the first TOP_K are real experts.
@@ -138,9 +138,9 @@ if triton is not None:
         key += tl.where(valid, BLOCK_E - offs, 0)
         ranked = tl.reshape(tl.sort(key, descending=True), [BLOCK_E // BLOCK_K, BLOCK_K])
         row = tl.arange(0, BLOCK_E // BLOCK_K)
-        first = tl.sum(tl.where(row[:, None] == 0, ranked, 0), axis=0)
+        leading = tl.sum(tl.where(row[:, None] == 0, ranked, 0), axis=0)
         k_offs = tl.arange(0, BLOCK_K)
-        ids = BLOCK_E - first.to(tl.int32)  # the low half; slots from TOP_K on are overwritten
+        ids = BLOCK_E - leading.to(tl.int32)  # the low half; slots from TOP_K on are overwritten
         hit = (offs[None, :] == ids[:, None]) & (k_offs < TOP_K)[:, None]
         weights = tl.sum(tl.where(hit, scores[None, :], 0.0), axis=1)
         if RENORMALIZE:
