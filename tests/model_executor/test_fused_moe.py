@@ -822,6 +822,83 @@ def test_router_kernel_ties_go_to_the_lowest_index():
     assert ids.tolist() == [[12, 13, 14, 15, 0, 1]] * 2
 
 
+def tied_router_inputs(tokens, experts, seed, device=DEVICE):
+    """Logits in {-2, -1, 0} plus five lanes at 3 per token, bias in {0, 0.25}: the top five
+    biased scores of a token tie, and so do the dozens after them, across the top-k boundary.
+    The distinct values (sigmoid of the logit plus the bias) are >= 0.05 apart."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randint(-2, 1, (tokens, experts), generator=gen).float()
+    for t in range(tokens):
+        logits[t, torch.randperm(experts, generator=gen)[:5]] = 3.0
+    bias = torch.randint(0, 2, (experts,), generator=gen).float() * 0.25
+    return logits.to(device), bias.to(device)
+
+
+def assert_ties_go_to_the_lowest_index(logits, bias, router):
+    """Ids exactly those of a stable descending sort of the biased scores (equal scores keep
+    index order), weights within ulps of the reference's formula on those ids."""
+    top_k, shared = router["top_k"], router.get("num_fused_shared_experts", 0)
+    scores = logits.float().cpu().sigmoid()
+    order = (scores + bias.cpu()).sort(dim=-1, descending=True, stable=True)[1][:, :top_k]
+    weights, ids = grouped_topk_triton(logits, bias, **router)
+    assert torch.equal(ids[:, :top_k].cpu(), order)
+    expected = scores.gather(1, order)
+    expected = expected / (expected.sum(-1, keepdim=True) + 1e-20) * router["routed_scaling_factor"]
+    torch.testing.assert_close(weights[:, :top_k].cpu(), expected, **ROUTER_ULPS)
+    experts = logits.shape[1]
+    assert ids[:, top_k:].tolist() == [list(range(experts, experts + shared))] * len(ids)
+    assert bool((weights[:, top_k:] == 1.0).all())
+
+
+@pytest.mark.parametrize("shared", [0, 1])
+def test_router_kernel_many_ties_across_the_top_k_boundary(shared, triton_launches):
+    logits, bias = tied_router_inputs(6, 256, seed=shared)
+    router = dict(KIMI_LINEAR_ROUTER, num_fused_shared_experts=shared)  # top-8 (+ 1) of 256
+    assert_ties_go_to_the_lowest_index(logits, bias, router)
+    assert triton_launches["_grouped_topk_kernel"] == 1
+
+
+def test_router_kernel_takes_every_expert_with_more_slots_than_experts():
+    # top-16 + 1 shared of 16 experts: 17 slots, more than the 16 experts' lanes.
+    logits, bias = router_inputs(2, E, seed=3)
+    router = dict(top_k=E, num_fused_shared_experts=1, routed_scaling_factor=2.5)
+    assert_router_matches_reference(logits, bias, **router)
+
+
+@pytest.mark.parametrize("groups,topk_group", [(1, 1), (4, 2)])
+def test_router_kernel_nan_gives_distinct_in_range_ids(groups, topk_group):
+    # 20 experts in 32 lanes: the padded lanes must never be chosen, whatever the NaN's sign.
+    logits, bias = router_inputs(4, 20, seed=7)
+    logits[0, 3] = float("nan")
+    logits[1, :] = float("nan")
+    bias[5] = float("nan")
+    bias[::2] = -float("nan")  # sign bit set: its key is below -inf's
+    router = dict(top_k=6, num_expert_group=groups, topk_group=topk_group,
+                  num_fused_shared_experts=1)  # fmt: skip
+    _, ids = grouped_topk_triton(logits, bias, **router)
+    routed = ids[:, :6].cpu()
+    assert bool(((routed >= 0) & (routed < 20)).all())
+    assert all(len(set(row)) == 6 for row in routed.tolist())
+    assert ids[:, 6].tolist() == [20] * 4
+    every = torch.full_like(bias, -float("nan"))  # every biased score a negative NaN
+    _, ids = grouped_topk_triton(logits, every, **router)
+    routed = ids[:, :6].cpu()
+    assert bool(((routed >= 0) & (routed < 20)).all())
+    assert all(len(set(row)) == 6 for row in routed.tolist())
+
+
+@pytest.mark.gpu
+def test_router_kernel_ties_and_nan_on_gpu():
+    logits, bias = tied_router_inputs(64, 256, seed=2, device="cuda")
+    assert_ties_go_to_the_lowest_index(
+        logits, bias, dict(KIMI_LINEAR_ROUTER, num_fused_shared_experts=1)
+    )
+    logits[:, ::3] = float("nan")
+    _, ids = grouped_topk_triton(logits, torch.full_like(bias, -float("nan")), **KIMI_LINEAR_ROUTER)
+    assert bool(((ids >= 0) & (ids < 256)).all())
+    assert bool((ids.sort(-1)[0].diff(dim=-1) > 0).all())
+
+
 def test_grouped_topk_dispatches_with_use_triton(triton_launches, monkeypatch):
     logits, bias = router_inputs(3, E, seed=5)
     grouped_topk(logits, bias, K)

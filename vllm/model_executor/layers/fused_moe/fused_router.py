@@ -211,7 +211,7 @@ def _spec(
     """Constexprs and options; cached: the spec holds the compiled kernels."""
     return LaunchSpec(
         BLOCK_T=block_t, BLOCK_N=config.block_n, BLOCK_H=config.block_h, EVEN_H=even_h,
-        E=experts, BLOCK_E=next_power_of_2(experts), TOP_K=top_k,
+        E=experts, BLOCK_E=next_power_of_2(max(experts, columns)), TOP_K=top_k,
         BLOCK_K=next_power_of_2(columns), NUM_GROUPS=groups, GROUP_SIZE=experts // groups,
         BLOCK_G=next_power_of_2(groups), TOPK_GROUP=topk_group, HAS_BIAS=has_bias,
         SOFTMAX=softmax, RENORMALIZE=renormalize, NUM_SHARED=shared,

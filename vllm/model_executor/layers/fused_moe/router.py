@@ -24,18 +24,24 @@ Kernel: one program per token (a decode batch is a few hundred tokens at most, a
 handful of register-resident reductions, so more tokens per program would only serialise them).
 The token's E logits sit in one `next_pow2(E)` register vector; the group ranking uses a
 `[next_pow2(groups), next_pow2(E)]` membership tile, so group sizes need not be powers of two.
-The `top_k` experts are taken by `top_k` rounds of argmax, which replaces the reference's two
-`topk` sorts and its scatter / masked_fill / gather with reductions that never leave registers.
+The `top_k` experts come from one `tl.sort` (descending) of a distinct int64 key per lane: the
+biased score mapped to int32 in order in the high half, `BLOCK_E - lane` in the low half (so equal
+scores rank the lowest expert first), padded lanes the smallest key. One masked reduction reads
+the first `next_pow2(top_k + S)` sorted keys (lanes are padded to at least that many) and one more
+gathers the chosen experts' unbiased scores. That is a fixed, short chain of sorting stages in
+registers instead of `top_k` dependent rounds of argmax (three reductions each), which set the
+latency of the standalone kernel and, per token, of fused_router.py's serial selection.
 The selection of a token is the @triton.jit helper `grouped_topk_row`, which fused_router.py's
 one-launch router (logits and selection, at decode sizes) runs too.
 
 Ties: the kernel's rule is that among equal biased scores (or equal group scores) the lowest
 expert (group) index wins. torch's `topk` documents no tie order, so the two agree on ids only
-when the deciding values are distinct; the tests use random data without ties. Divisions are
-correctly rounded (`div_rn`, as torch's; Triton's `/` is approximate in fp32 on NVIDIA), so the
-weights differ from the reference only by `exp` (approximate on GPUs) and the order of the
-softmax / renormalising sums: a few fp32 ulps. A NaN logit gives unspecified, but in-range and
-distinct, ids.
+when the deciding values are distinct: the tests compare the two on tie-free random data, and
+check tied data against a stable sort. Divisions are correctly rounded (`div_rn`, as torch's;
+Triton's `/` is approximate in fp32 on NVIDIA), so the weights differ from the reference only by
+`exp` (approximate on GPUs) and the order of the softmax / renormalising sums: a few fp32 ulps.
+A NaN logit gives unspecified, but in-range and distinct, ids (a NaN's key sorts above +inf or
+below -inf by its sign, but above padded lanes).
 
 The logits themselves: `router_logits(x, gate_weight)` is `F.linear(x.float(), gate_weight)`
 (reference `router_logits_ref`) for hidden states `x` `[T, H]` bf16 / fp16 / fp32 and the fp32
@@ -120,19 +126,23 @@ if triton is not None:
             lane_kept = tl.max(tl.where(member & (kept[:, None] != 0), 1, 0), axis=0)
             choice = tl.where(lane_kept != 0, choice, float("-inf"))
 
+        # The top TOP_K in one descending sort of a distinct int64 key per lane: the high half maps
+        # the fp32 choice to int32 in order (negatives get their magnitude bits flipped; choice
+        # is never -0.0, as the score never is, so equal choices get equal high halves),
+        # the low half is BLOCK_E - lane, so among equal choices the lowest expert ranks first.
+        # Padded lanes take the bits of the lowest NaN and a zero low half: the smallest int64,
+        # below every expert's key (NaN choices included), so the first TOP_K are real experts.
+        tl.static_assert(BLOCK_K <= BLOCK_E)
+        bits = tl.where(valid, choice.to(tl.int32, bitcast=True), -1)
+        key = (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64) << 32
+        key += tl.where(valid, BLOCK_E - offs, 0)
+        ranked = tl.reshape(tl.sort(key, descending=True), [BLOCK_E // BLOCK_K, BLOCK_K])
+        row = tl.arange(0, BLOCK_E // BLOCK_K)
+        leading = tl.sum(tl.where(row[:, None] == 0, ranked, 0), axis=0)
         k_offs = tl.arange(0, BLOCK_K)
-        taken = tl.zeros([BLOCK_E], dtype=tl.int32)
-        weights = tl.zeros([BLOCK_K], dtype=tl.float32)
-        ids = tl.zeros([BLOCK_K], dtype=tl.int32)
-        for k in range(TOP_K):
-            open_e = valid & (taken == 0)
-            top = tl.max(tl.where(open_e, choice, float("-inf")), axis=0)
-            idx = tl.min(tl.where(open_e & (choice == top), offs, BLOCK_E), axis=0)
-            idx = tl.where(idx < BLOCK_E, idx, tl.min(tl.where(open_e, offs, BLOCK_E), 0))
-            hit = offs == idx
-            taken = tl.where(hit, 1, taken)
-            weights = tl.where(k_offs == k, tl.sum(tl.where(hit, scores, 0.0), axis=0), weights)
-            ids = tl.where(k_offs == k, idx, ids)
+        ids = BLOCK_E - leading.to(tl.int32)  # the low half; slots from TOP_K on are overwritten
+        hit = (offs[None, :] == ids[:, None]) & (k_offs < TOP_K)[:, None]
+        weights = tl.sum(tl.where(hit, scores[None, :], 0.0), axis=1)
         if RENORMALIZE:
             total = tl.sum(weights, axis=0) + 1e-20
             weights = tl.div_rn(weights, tl.broadcast_to(total, [BLOCK_K]))
@@ -275,8 +285,8 @@ def grouped_topk_ref(
 
 
 def _default_warps(block_e: int) -> int:
-    # One warp reduces with shuffles only (no shared-memory round trip), which is what the
-    # 3 * top_k serial reductions of a program want; wider tokens spread their registers.
+    # One warp sorts and reduces with shuffles only (no shared-memory round trip), which is what
+    # the dependent stages of a program's selection want; wider tokens spread their registers.
     return 1 if block_e <= 512 else 2 if block_e <= 1024 else 4
 
 
@@ -304,14 +314,15 @@ def grouped_topk_triton(
             f"grouped_topk_triton needs a CUDA / ROCm device or TRITON_INTERPRET=1 on CPU, got "
             f"{router_logits.device}"
         )
-    block_e = next_power_of_2(router_logits.shape[1])
+    tokens, experts = router_logits.shape
+    columns = top_k + num_fused_shared_experts
+    # Lanes for every output slot too: the selection reads its slots off the sorted lanes.
+    block_e = next_power_of_2(max(experts, columns))
     if num_warps is None:
         num_warps = _default_warps(block_e)
     elif num_warps < 1 or num_warps & (num_warps - 1):
         raise ValueError(f"num_warps must be a positive power of two, got {num_warps}")
-    tokens, experts = router_logits.shape
     device = router_logits.device
-    columns = top_k + num_fused_shared_experts
     weights = torch.empty(tokens, columns, dtype=torch.float32, device=device)
     ids = torch.empty(tokens, columns, dtype=torch.int64, device=device)
     if tokens == 0:
