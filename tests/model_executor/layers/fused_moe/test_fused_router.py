@@ -278,9 +278,10 @@ def test_default_config():
 
 def test_dispatch(monkeypatch):
     x, w, _ = random_case(4, 16, 64, seed=8)
-    assert use_fused_router(x, w) and use_fused_router(x[:1], w)
-    assert not use_fused_router(x[:0], w)
+    assert use_fused_router(x[:1], w) and not use_fused_router(x[:0], w)
     assert not use_fused_router(x.repeat(2, 1)[: fused_mod.FUSED_ROUTER_MAX_T + 1], w)
+    monkeypatch.setattr(fused_mod, "FUSED_ROUTER_MAX_T", 4)
+    assert use_fused_router(x, w)
     assert not use_fused_router(x.t().contiguous().t(), w)
     assert not use_fused_router(x.to("meta"), w.to("meta"))
     monkeypatch.setattr(fused_mod, "FUSED_ROUTER_MAX_T", 2)

@@ -104,9 +104,10 @@ __all__ = [
 ]
 
 # Tokens up to which a MoE layer takes the fused op (`use_fused_router`); above it the two
-# launches. A first guess from the unfused times (~4 us each at T = 1 on the H200); to be set
-# from benchmark_router.py --fused.
-FUSED_ROUTER_MAX_T = 4
+# launches. benchmark_router.py --fused on the H200 (2026-12-01, sort-based selection, default
+# config): 7.4 against 8.4 us at T = 1, but 11.8 against 10.0 at T = 2 and 19.6 against 12.2 at
+# T = 4: the last program selects for the tokens one after another, the top-k kernel in parallel.
+FUSED_ROUTER_MAX_T = 1
 # The op's limit: every program computes all T tokens' logits, unrolled.
 MAX_TOKENS = 16
 _X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)

@@ -285,9 +285,11 @@ def grouped_topk_ref(
 
 
 def _default_warps(block_e: int) -> int:
-    # One warp sorts and reduces with shuffles only (no shared-memory round trip), which is what
-    # the dependent stages of a program's selection want; wider tokens spread their registers.
-    return 1 if block_e <= 512 else 2 if block_e <= 1024 else 4
+    # The sort's stages are independent across lanes: at 256 experts 4 warps beat 1 at every
+    # batch timed on the H200 (benchmark_router.py --warps 1 2 4, 2026-12-01: 3.6 / 3.7 / 4.4 us
+    # against 4.2 / 4.5 / 4.6 at T = 1 / 64 / 256), although the stages that cross warps go
+    # through shared memory. Tiny expert counts keep one warp: there is nothing to spread.
+    return 1 if block_e < 128 else 4
 
 
 def grouped_topk_triton(
