@@ -19,8 +19,9 @@ time), reported as % of copy.
 A table per (dtype, shape, M) then names the fastest GEMV config and its time against the
 vendor GEMM's. The last lines suggest BF16_GEMV_MAX_M / FP8_GEMV_MAX_M (gemv.py): the largest
 measured M up to which the fastest multiply-and-sum config beats the vendor GEMM at every shape
-the layers may send (weights of at most gemv.GEMV_MAX_WEIGHT_NUMEL elements) and every smaller
-M; and BF16_DOT_MAX_M / FP8_DOT_MAX_M: from there on, the same for the tl.dot configs.
+the layers may send (weights of at most gemv.BF16_GEMV_MAX_WEIGHT_NUMEL /
+FP8_GEMV_MAX_WEIGHT_NUMEL elements) and every smaller M; and BF16_DOT_MAX_M / FP8_DOT_MAX_M: from
+there on, the same for the tl.dot configs.
 
     python benchmarks/kernels/benchmark_gemv.py --output-json gemv.json --csv gemv.csv
     python benchmarks/kernels/benchmark_gemv.py --dtypes fp8 --shapes o_proj --m 1 4 16 \\
@@ -343,9 +344,10 @@ def main(argv: list[str] | None = None) -> int:
                     torch.cuda.empty_cache()
     print("\n".join(best_table(rows)))
     # The thresholds only reach weights the layers may send to the GEMV.
-    sendable = [r for r in rows if r["n"] * r["k"] <= gemv_op.GEMV_MAX_WEIGHT_NUMEL]
     for dtype in args.dtypes:
         prefix = dtype.upper()
+        max_numel = getattr(gemv_op, f"{prefix}_GEMV_MAX_WEIGHT_NUMEL")
+        sendable = [r for r in rows if r["n"] * r["k"] <= max_numel]
         limit = suggest_max_m(sendable, dtype)
         if limit is None:
             continue

@@ -291,10 +291,36 @@ def test_cuda_graph_bf16(tokens):
 
 SMALL_BLOCKS = dict(block_n=8, block_k=16, gate_up_warps=2, block_h=16, block_i=8, down_warps=2)
 # For the tests of something other than the tiling (ids, strides, slots, fp64 parity): 2 programs
-# per routed row and per token at I 32 / H 64, where the defaults launch 4 and 32 (the interpreter
-# pays per program). Only block_k / block_i cut a sum into chunks, so the interpreter's outputs are
-# the defaults' bit for bit; test_triton_matches_loop runs the defaults themselves.
+# per routed row and per token at I 32 / H 64, where the defaults launch 4 and 32 (64 at one
+# token; the interpreter pays per program). Only block_k / block_i cut a sum into chunks, so the
+# interpreter's outputs are the defaults' bit for bit; test_triton_matches_loop runs the defaults
+# themselves.
 WIDE_BLOCKS = dict(block_n=16, block_h=32)
+
+
+def test_triton_down_launch_by_tokens(monkeypatch):
+    # The H200 defaults of the down kernel: one hidden output and one warp per program at one
+    # token, two and two above (docs/performance.md, seventh run).
+    import vllm.model_executor.layers.fused_moe.experts_triton as experts_triton
+
+    launches = []
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                launches.append((self.name, grid, kwargs.get("BLOCK_H"), kwargs["num_warps"]))
+
+            return run
+
+    for name in ("_moe_gate_up_kernel", "_moe_down_kernel"):
+        monkeypatch.setattr(experts_triton, name, Recorder(name))
+    for tokens in (1, 2):
+        moe_experts_triton(*make_case(tokens, torch.float32), SiluAndMul())
+    down = [launch[1:] for launch in launches if launch[0] == "_moe_down_kernel"]
+    assert down == [((1, H), 1, 1), ((2, H // 2), 2, 2)]
 
 
 def assert_close_to_loop(out, expected):

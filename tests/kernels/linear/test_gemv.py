@@ -341,6 +341,26 @@ def test_cpu_rowwise_fp8_kernel_uses_the_reference(triton_launches):
     assert triton_launches["_gemv_kernel"] == 0
 
 
+# Kimi-Linear's decode linears by weight size: o_proj (2304 x 4096, 9.4M elements) takes the
+# GEMV in bf16 and FP8; MLA's merged q | kv_a projection (6720 x 2304, 15.5M) cuBLAS in bf16 (it
+# was slower on the GEMV, docs/performance.md, seventh run) and the GEMV in FP8; the KDA in_proj
+# (12576 x 2304, 29M) the vendor GEMM in both.
+WEIGHT_SIZES = [((2304, 4096), True, True), ((6720, 2304), False, True),
+                ((12576, 2304), False, False)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("shape", "bf16", "fp8"), WEIGHT_SIZES)
+def test_fp8_dispatch_by_weight_size(shape, bf16, fp8):
+    assert gemv_op.use_fp8_gemv(1, torch.empty(shape, device="meta")) == fp8
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("shape", "bf16", "fp8"), WEIGHT_SIZES)
+def test_gpu_bf16_dispatch_by_weight_size(shape, bf16, fp8):
+    x = torch.zeros(1, shape[1], dtype=torch.bfloat16, device="cuda")
+    assert gemv_op.use_bf16_gemv(x, torch.empty(shape, dtype=torch.bfloat16, device="cuda")) == bf16
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, gemv_op.BF16_GEMV_MAX_M, gemv_op.BF16_GEMV_MAX_M + 1])
 def test_gpu_bf16_layer_dispatch_by_m(triton_launches, m):

@@ -87,8 +87,8 @@ def compute_prompt_logprobs(
     fp32) predicts `target_ids[j]`.
 
     Column 0 is the target token, columns 1..k the top k; the ids are trusted to lie in [0, V)
-    (checking them would read device memory back). Needs one extra [P, V] float32 buffer, so the
-    caller bounds P.
+    (checking them would read device memory back). Needs one extra [P, V] float32 buffer (two for
+    bf16 / fp16 logits: their fp32 copy too), so the caller bounds P.
     """
     if not isinstance(k, int) or isinstance(k, bool) or k < 0:
         raise ValueError(f"k must be a non-negative integer, got {k!r}")

@@ -351,7 +351,7 @@ def test_kimi_moe_routes_decode_batches_in_one_launch(triton_launches, monkeypat
 def test_gpu_exact_logits_equal_the_two_launches(t, triton_launches):
     """128 programs (the default) and the swept shapes on exact logits: the layer's two launches'
     ids, and its weights up to the order of the renormalising sum of 8 scores, which the warps
-    per program set (grouped_topk runs 1, the fused kernel 4): 14 2^-24 relative at most."""
+    per program set (the configs differ in warps): 14 2^-24 relative at most."""
     x, w, bias = exact_case(t, 256, 2304, seed=t, device="cuda")
     two_launches = grouped_topk(router_logits(x, w), bias, **KIMI)
     for config in (None, *CONFIGS):

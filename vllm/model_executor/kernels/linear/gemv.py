@@ -79,8 +79,8 @@ Dispatch into the layers (thresholds are module constants, tuned from that bench
 ``UnquantizedLinearMethod`` (vllm/model_executor/layers/linear.py) calls ``gemv`` for CUDA bf16 /
 fp16 inputs of at most ``max(BF16_GEMV_MAX_M, BF16_DOT_MAX_M)`` rows, and
 ``RowWiseTorchFP8ScaledMMLinearKernel`` (scaled_mm/pytorch.py) calls ``gemv_fp8`` for at most
-``max(FP8_GEMV_MAX_M, FP8_DOT_MAX_M)`` rows, both only for weights of at most
-``GEMV_MAX_WEIGHT_NUMEL`` elements; otherwise the vendor GEMM runs. A ``*_DOT_MAX_M`` of 0 keeps
+``max(FP8_GEMV_MAX_M, FP8_DOT_MAX_M)`` rows, for weights of at most ``BF16_GEMV_MAX_WEIGHT_NUMEL`` /
+``FP8_GEMV_MAX_WEIGHT_NUMEL`` elements; otherwise the vendor GEMM runs. A ``*_DOT_MAX_M`` of 0 keeps
 the ``tl.dot`` path off: so for bf16, while FP8 takes it up to 128 rows (the H200 sweep). The LM
 head (``ParallelLMHead.compute_logits``) keeps its own F.linear: cuBLAS already reads it at 96-100%
 of copy. NVIDIA only: on ROCm neither path selects it (the rowwise FP8 kernel is CUDA-only, and the
@@ -111,7 +111,8 @@ __all__ = [
     "BF16_GEMV_MAX_M",
     "FP8_DOT_MAX_M",
     "FP8_GEMV_MAX_M",
-    "GEMV_MAX_WEIGHT_NUMEL",
+    "BF16_GEMV_MAX_WEIGHT_NUMEL",
+    "FP8_GEMV_MAX_WEIGHT_NUMEL",
     "GemvConfig",
     "auto_split_k",
     "default_config",
@@ -126,7 +127,7 @@ __all__ = [
 ]
 
 # What the layers send to the Triton GEMV: at most this many rows (M of the flattened input) and
-# a weight of at most GEMV_MAX_WEIGHT_NUMEL elements; anything else runs the vendor GEMM
+# a weight of at most *_GEMV_MAX_WEIGHT_NUMEL elements; anything else runs the vendor GEMM
 # (F.linear / rowwise torch._scaled_mm). From benchmarks/kernels/benchmark_gemv.py on the H200
 # (docs/performance.md, 2026-12-01): the GEMV's time grows with M (each row is its own pass over
 # the weight tile), so it wins only at M <= 2 (bf16 and FP8; at M = 4 the FP8 tl.dot path below
@@ -134,17 +135,19 @@ __all__ = [
 # q/k/v-sized (28.7M) and LM-head weights at 76-100% at M = 1, so the large weights stay with it,
 # and so does MLA's merged q | kv_a projection (2304 x 6720, 15.5M): cuBLAS 11.3 us against the
 # GEMV's 14.9 at M = 1 and 11.2 / 14.7 at M = 2 (benchmark_gemv.py --shapes mla_q_kv_a, H200,
-# 2026-12-01, docs/performance.md "Seventh run").
+# 2026-12-01, docs/performance.md "Seventh run"). FP8 weights keep the earlier 16M: the FP8
+# tl.dot path below was measured on o_proj only, and nothing says cuBLAS wins there.
 BF16_GEMV_MAX_M = 2
 FP8_GEMV_MAX_M = 2
-GEMV_MAX_WEIGHT_NUMEL = 12 * 2**20
+BF16_GEMV_MAX_WEIGHT_NUMEL = 12 * 2**20
+FP8_GEMV_MAX_WEIGHT_NUMEL = 16 * 2**20
 # Above those rows and up to these, the layers take the tl.dot ("swap AB") configs of
 # default_config instead of the vendor GEMM. benchmark_gemv.py --dot-sweep on the H200
 # (2026-12-01, docs/performance.md): FP8 o_proj 7.4-9.7 us at M = 4-64 and 13.0 at 128 against
 # _scaled_mm's 13.6-14.1 (1.8x to 1.07x), slower at 256; bf16 within 10% of cuBLAS either way
 # (o_proj faster, MLA q_proj slower), so bf16 stays with cuBLAS. Only o_proj was measured in FP8
 # (the PTPC recipe's one FP8 linear); recipes that quantize more send their other FP8 weights of
-# at most GEMV_MAX_WEIGHT_NUMEL elements here too.
+# at most FP8_GEMV_MAX_WEIGHT_NUMEL elements here too.
 BF16_DOT_MAX_M = 0
 FP8_DOT_MAX_M = 128
 
@@ -661,16 +664,16 @@ def gemv_fp8(
 def use_fp8_gemv(m: int, weight: torch.Tensor) -> bool:
     """Whether the rowwise FP8 kernel sends ``m`` rows against ``weight`` to ``gemv_fp8``."""
     max_m = max(FP8_GEMV_MAX_M, FP8_DOT_MAX_M)
-    return 0 < m <= max_m and weight.numel() <= GEMV_MAX_WEIGHT_NUMEL
+    return 0 < m <= max_m and weight.numel() <= FP8_GEMV_MAX_WEIGHT_NUMEL
 
 
 def use_bf16_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether ``UnquantizedLinearMethod`` sends ``x`` (any leading dims) to ``gemv``: an NVIDIA
     GPU, bf16 / fp16 x and weight of one dtype, unit stride on K, 1..``BF16_GEMV_MAX_M`` rows (or
-    ``BF16_DOT_MAX_M``, if more), a weight of at most ``GEMV_MAX_WEIGHT_NUMEL`` elements."""
+    ``BF16_DOT_MAX_M``, if more), a weight of at most ``BF16_GEMV_MAX_WEIGHT_NUMEL`` elements."""
     k = weight.shape[-1]
     return (
-        weight.numel() <= GEMV_MAX_WEIGHT_NUMEL
+        weight.numel() <= BF16_GEMV_MAX_WEIGHT_NUMEL
         and x.is_cuda
         and current_platform.is_cuda()
         and x.dtype in _FLOAT_DTYPES

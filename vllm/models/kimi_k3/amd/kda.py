@@ -149,7 +149,7 @@ class KimiK3DeltaAttention(torch.nn.Module):
             hidden_size, sizes, bias=False, params_dtype=dtype, quant_config=quant_config,
             prefix=f"{prefix}.in_proj_qkvgfab", replicated_shards=replicated,
         )  # fmt: skip
-        self.local_sizes = [self.in_proj_qkvgfab._local_size(i) for i in range(len(sizes))]
+        self.local_sizes = list(self.in_proj_qkvgfab.output_partition_sizes)
         if not full_rank_gate:
             self.g_b_proj = ColumnParallelLinear(
                 head_dim, proj, bias=False, params_dtype=dtype,

@@ -17,7 +17,8 @@ names them for `--quantization-config` ignore rules). `kv_b_proj` expands latent
 
 Cache write: `ops/mla_cache_write.py` norms kv_a's latent with `kv_a_layernorm`, appends `k_pe`
 and writes each token's entry at its slot, in one launch (bit-identical to the separate norm, cat
-and indexed write it replaces).
+and indexed write it replaces for kv_a rows aligned alike, as the projection's output rows are;
+see that module).
 
 Attention, decodes first like KDA (`MLAMetadata`):
 - decode rows run in the weight-absorbed form over the paged cache: `q_latent = q_nope @ W_UK` per
@@ -104,7 +105,7 @@ class KimiMLAAttention(torch.nn.Module):
             replicated_shards=frozenset({0, 1} if self.q_lora else {1}), **common,
         )  # fmt: skip
         setattr(self, self.fused_a_name, fused)
-        self.fused_a_sizes = [fused._local_size(i) for i in range(len(sizes))]
+        self.fused_a_sizes = list(fused.output_partition_sizes)
         # Checkpoint module -> its shard of the fused projection.
         names = ["q_a_proj" if self.q_lora else "q_proj", "kv_a_proj_with_mqa", "g_proj"]
         self.fused_a_shards = {name: i for i, name in enumerate(names[: len(sizes)])}

@@ -21,8 +21,8 @@ from vllm.model_executor.layers.quantization.utils.quant_utils import (
 class RowWiseTorchFP8ScaledMMLinearKernel(FP8ScaledMMLinearKernel):
     """CUDA PTPC GEMM: `torch._scaled_mm` with `[M, 1]` and `[1, N]` fp32 scales, bf16 out; at
     most `max(gemv.FP8_GEMV_MAX_M, gemv.FP8_DOT_MAX_M)` rows against a weight of at most
-    `gemv.GEMV_MAX_WEIGHT_NUMEL` elements take the Triton GEMV instead (it reads such weights at a
-    higher share of HBM bandwidth at these sizes; above `FP8_GEMV_MAX_M` rows through FP8 MMAs,
+    `gemv.FP8_GEMV_MAX_WEIGHT_NUMEL` elements take the Triton GEMV instead (it reads such weights at
+    a higher share of HBM bandwidth at these sizes; above `FP8_GEMV_MAX_M` rows through FP8 MMAs,
     see kernels/linear/gemv.py).
 
     Consumes a pre-quantized per-token activation, so the KDA epilogue fusion engages on NVIDIA

@@ -371,11 +371,13 @@ _SHIFT_PROGRAMS_PER_SM = 4
 # Heads x V blocks per SM below which the split variant uses narrower blocks (more programs).
 _MIN_PROGRAMS_PER_SM = 2
 
-# `kda_decode_config` has the kernel compute the gate projections up to this many sequences. A
-# first estimate, to be tuned with benchmark_kda_decode.py --gate-proj on the H200: the two
-# linears cost ~4.2 us each plus ~1.5 us of launch gap in a captured step at batch 1 (1 MB of
-# weight each), while the kernel re-reads a head's 32 KB f_b slice (Kimi-Linear, D = R = 128) per
-# program: N * H * D / block_v slices, 32 MB from L2 at batch 16 (64-column blocks), 128 MB at 64.
+# `kda_decode_config` has the kernel compute the gate projections up to this many sequences. The
+# kernel re-reads a head's 32 KB f_b slice (Kimi-Linear, D = R = 128) per program: N * H * D /
+# block_v slices, 32 MB from L2 at batch 16 (64-column blocks), 128 MB at 64. On the H200
+# (benchmark_kda_decode.py --gate-proj --quantize, 2026-12-01, docs/performance.md "Seventh run"),
+# fused against the two GEMVs plus the kernels: 12.8 / 15.0 us at batch 1, 22.8 / 26.6 at 8, 36.2
+# / 36.8 at 16, but 63.0 / 57.6 at 32 and 114 / 97 at 64; batch 4 (16-column V blocks, 8 programs
+# per head) is the exception below the cut, 21.7 / 20.7.
 GATE_PROJ_MAX_BATCH = 16
 # Weight elements per [rows, BLOCK_R] chunk of an in-kernel gate projection (32 a thread at 4
 # warps for D rows).
