@@ -114,25 +114,42 @@ def bench_logits(args, device: torch.device, tokens_list: list[int], copy_gbps: 
                 def call(fn=fn, x=x, layer=layer):
                     return fn(x, gates[next(layer) % len(gates)])
 
-                graphed = device.type == "cuda"
-                us = time_graph(call, len(gates)) if graphed else time_eager(call, device)
-                gbps = moved / (us * 1e-6) / 1e9
-                row = dict(tokens=tokens, experts=experts, hidden=hidden, path=name,
-                           timing="graph" if graphed else "eager", us=round(us, 2), bytes=moved,
-                           gbps=round(gbps, 2), pct_copy=round(100 * gbps / copy_gbps, 2),
-                           copy_gbps=round(copy_gbps, 1))  # fmt: skip
-                rows.append(row)
-                write_csv(args.csv, rows)
-                print(
-                    f"T={tokens:>4} {name:>28} ({row['timing']}) {us:9.2f} us  "
-                    f"{moved / 1e6:6.2f} MB  {gbps:8.1f} GB/s  {row['pct_copy']:6.2f}% of copy",
-                    flush=True,
-                )
+                us = time_and_record(
+                    call, len(gates), device, args.csv, rows, copy_gbps, 28, tokens=tokens,
+                    experts=experts, hidden=hidden, path=name, bytes=moved,
+                )  # fmt: skip
                 if name != "F.linear" and us < best.get(tokens, ("", float("inf")))[1]:
                     best[tokens] = (name, us)
     for tokens, (name, us) in best.items():
         print(f"fastest kernel path at T={tokens}: {name} ({us:.2f} us)")
     return 0
+
+
+def time_and_record(
+    call,
+    calls: int,
+    device: torch.device,
+    csv: str | None,
+    rows: list,
+    copy_gbps: float,
+    width: int,
+    **row: object,
+) -> float:
+    """Time `call` (graph replay of `calls` calls on CUDA, else eager), append its row (`row`
+    plus the timing columns) to `rows` and the CSV, print it; returns us per call."""
+    graphed = device.type == "cuda"
+    us = time_graph(call, calls) if graphed else time_eager(call, device)
+    gbps = row["bytes"] / (us * 1e-6) / 1e9
+    row.update(timing="graph" if graphed else "eager", us=round(us, 2), gbps=round(gbps, 2))
+    row.update(pct_copy=round(100 * gbps / copy_gbps, 2), copy_gbps=round(copy_gbps, 1))
+    rows.append(row)
+    write_csv(csv, rows)
+    print(
+        f"T={row['tokens']:>4} {row['path']:>{width}} ({row['timing']}) {us:9.2f} us  "
+        f"{row['bytes'] / 1e6:6.2f} MB  {gbps:8.1f} GB/s  {row['pct_copy']:6.2f}% of copy",
+        flush=True,
+    )
+    return us
 
 
 def fused_config(text: str) -> tuple[str, FusedRouterConfig | None]:
@@ -203,20 +220,10 @@ def bench_fused(args, device: torch.device, tokens_list: list[int], copy_gbps: f
                 def call(fn=fn, x=x, layer=layer):
                     return fn(x, next(layer) % layers)
 
-                graphed = device.type == "cuda"
-                us = time_graph(call, layers) if graphed else time_eager(call, device)
-                gbps = moved / (us * 1e-6) / 1e9
-                row = dict(tokens=tokens, experts=experts, hidden=hidden, path=name,
-                           timing="graph" if graphed else "eager", us=round(us, 2), bytes=moved,
-                           gbps=round(gbps, 2), pct_copy=round(100 * gbps / copy_gbps, 2),
-                           copy_gbps=round(copy_gbps, 1))  # fmt: skip
-                rows.append(row)
-                write_csv(args.csv, rows)
-                print(
-                    f"T={tokens:>4} {name:>24} ({row['timing']}) {us:9.2f} us  "
-                    f"{moved / 1e6:6.2f} MB  {gbps:8.1f} GB/s  {row['pct_copy']:6.2f}% of copy",
-                    flush=True,
-                )
+                us = time_and_record(
+                    call, layers, device, args.csv, rows, copy_gbps, 24, tokens=tokens,
+                    experts=experts, hidden=hidden, path=name, bytes=moved,
+                )  # fmt: skip
                 if name == "two launches":
                     best[tokens] = [us, ("", float("inf"))]
                 elif us < best[tokens][1][1]:
