@@ -247,8 +247,10 @@ def test_unknown_model_name_is_reported():
 
 @pytest.mark.gpu
 def test_gpu_k3_tiny_ptpc_launches_one_epilogue_per_kda_layer():
-    """Decode: one fused decode kernel (norm inside) and one quant per KDA layer, no separate
-    norm; prefill: one fused norm+quant per KDA layer. MLA o_proj quantizes its own input."""
+    """Decode: one fused decode kernel (norm inside) per KDA layer and one quantization of its
+    output, by `per_token_fp8_quant` after the single-kernel variant or inside the V-split
+    variant's epilogue kernel, no separate norm; prefill: one fused norm+quant per KDA layer.
+    MLA o_proj quantizes its own input."""
     from vllm.config.quantization import parse_quantization_config
     from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
     from vllm.model_executor.model_loader.loader import load_model
@@ -267,7 +269,8 @@ def test_gpu_k3_tiny_ptpc_launches_one_epilogue_per_kda_layer():
             torch.cuda.synchronize()
         names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         return {k: sum(k in n for n in names) for k in (
-            "_rmsnorm_gated_fp8_kernel", "_fused_kda_decode_kernel", "_per_token_fp8_quant_kernel"
+            "_rmsnorm_gated_fp8_kernel", "_fused_kda_decode_kernel", "_per_token_fp8_quant_kernel",
+            "_kda_decode_epilogue_kernel",
         )}  # fmt: skip
 
     prefill = launches(lambda: harness.step({0: [5, 6, 7, 8], 1: [9, 10]}))
@@ -276,7 +279,9 @@ def test_gpu_k3_tiny_ptpc_launches_one_epilogue_per_kda_layer():
     decode = launches(lambda: harness.step({0: [11], 1: [12]}))
     assert decode["_fused_kda_decode_kernel"] == kda_layers
     assert decode["_rmsnorm_gated_fp8_kernel"] == 0
-    assert decode["_per_token_fp8_quant_kernel"] == kda_layers + mla_layers
+    # the V-split variant's epilogue kernel quantizes, one launch per KDA layer
+    kda_quant = decode["_per_token_fp8_quant_kernel"] - mla_layers
+    assert kda_quant + decode["_kda_decode_epilogue_kernel"] == kda_layers
 
 
 def _tp_model_worker(rank, folder, prompts, load_format):
