@@ -38,7 +38,9 @@ def test_mla_decode_dry_run(capsys: pytest.CaptureFixture) -> None:
     import benchmark_mla_decode
 
     assert benchmark_mla_decode.main(["--dry-run"]) == 0
-    assert "via Triton" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "via Triton" in out and "x5 one" in out and "x5 two" in out
+    assert "one launch == two launches: True; counters at 0: True" in out
 
 
 def test_router_dry_run(triton_launches, capsys: pytest.CaptureFixture) -> None:

@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ import torch
 from counted_kernels import COUNTED_KERNELS
 
 import vllm.models.kimi_k3.amd.ops.fused_kda_decode as kda_decode_module
+import vllm.models.kimi_k3.amd.ops.mla_decode as mla_decode_module
 from vllm.model_executor.kernels.linear.gemv import GemvConfig, gemv, gemv_fp8, gemv_fp32
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.fused_moe.experts_triton import moe_experts_triton
@@ -54,7 +56,12 @@ from vllm.models.kimi_k3.amd.ops.fused_kda_decode import (
 )
 from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate_beta
 from vllm.models.kimi_k3.amd.ops.mla_cache_write import mla_cache_write
-from vllm.models.kimi_k3.amd.ops.mla_decode import launch_mla_decode, mla_decode_config
+from vllm.models.kimi_k3.amd.ops.mla_decode import (
+    DECODE_COUNTERS,
+    MlaDecodeConfig,
+    launch_mla_decode,
+    mla_decode_config,
+)
 from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import rmsnorm_gated_fp8_per_token
 
 # The MLA decode kernels are launched by tests of their own, outside the counted registry.
@@ -193,16 +200,23 @@ def _drive_moe(tokens: int, experts: int, hidden: int, inter: int, topk: int) ->
     moe_experts_triton_grouped(x, w13, w2, weights, ids, SiluAndMul())
 
 
-def _drive_mla(n: int, heads: int, latent: int, rope: int, page: int, capacity: int) -> None:
+def _drive_mla(n: int, heads: int, latent: int, rope: int, page: int, capacity: int,
+               configs=()) -> None:  # fmt: skip
+    """The H200's default launch for these sizes (the CPU's one SM would never split, nor narrow
+    the merge kernel's columns), the same merged in the split launch, then `configs`."""
     gen = _gen(n + capacity)
     q = torch.randn(n, heads, latent + rope, generator=gen).to(torch.bfloat16)
     blocks = capacity // page
     cache = torch.randn(n * blocks, page, latent + rope, generator=gen).to(torch.bfloat16)
     tables = torch.arange(n * blocks, dtype=torch.int32).view(n, blocks)
     lens = torch.full((n,), capacity, dtype=torch.int32)
-    # The H200's default launch for these sizes (the CPU's one SM would never split).
-    config = mla_decode_config(n, heads, latent, capacity, H200_SMS, max_smem=232448)
-    launch_mla_decode(q[..., :latent], q[..., latent:], cache, tables, lens, 0.1, config)
+    counters = torch.zeros(DECODE_COUNTERS, dtype=torch.int32)
+    default = mla_decode_config(n, heads, latent, capacity, H200_SMS, max_smem=232448)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mla_decode_module, "num_sms", lambda device=None: H200_SMS)
+        for config in (default, replace(default, fused_merge=True), *configs):
+            launch_mla_decode(q[..., :latent], q[..., latent:], cache, tables, lens, 0.1, config,
+                              counters)  # fmt: skip
 
 
 def _drive_ops() -> None:
@@ -342,7 +356,8 @@ def _drive_ops() -> None:
     slots = torch.tensor([3, -1], dtype=torch.int32)
     mla_cache_write(kv_a, torch.ones(33), 1e-6, cache[:, :, :40], slots)
 
-    _drive_mla(2, 32, 512, 64, 64, 4096)
+    # Kimi-Linear's sizes; then the benchmark's h16 tiles merged in the split launch.
+    _drive_mla(2, 32, 512, 64, 64, 4096, [MlaDecodeConfig(8, 16, 64, 8, 5, fused_merge=True)])
     _drive_mla(1, 32, 512, 64, 16, 64)
 
 

@@ -9,7 +9,9 @@ import torch
 from engine_harness import EngineHarness, SingleLayer
 from torch.autograd import DeviceType
 
+import vllm.models.kimi_k3.amd.mla as mla_module
 from vllm.models.kimi_k3.amd.mla import KimiMLAAttention
+from vllm.models.kimi_k3.amd.ops.mla_decode import DECODE_COUNTERS
 from vllm.transformers_utils.configs import KimiLinearConfig
 
 H, HEADS, BLOCK = 64, 4, 4
@@ -213,6 +215,29 @@ def test_absorbed_decode_equals_exact_decompressing_path(q_lora, triton_launches
             # reassociated (32 latents, 16 head dims): a few ulps, far under 1e-5.
             torch.testing.assert_close(got[:tokens], expected, rtol=1e-5, atol=1e-5)
             assert torch.equal(cache[1:], exact.mla_caches[0][1:])  # block 0: padded rows'
+
+
+def test_layer_owns_its_decode_counters(monkeypatch):
+    """Each layer holds its own zeroed arrival counters for the decode kernel's one-launch merge
+    (on the layer's device, not a checkpoint tensor) and hands them to every decode."""
+    with torch.device("meta"):
+        assert ours_mla(config()).decode_counters.device.type == "meta"
+    layer, other = ours_mla(config()), ours_mla(config())
+    counters = layer.decode_counters
+    assert (counters.dtype, tuple(counters.shape)) == (torch.int32, (DECODE_COUNTERS,))
+    assert not counters.any() and "decode_counters" not in layer.state_dict()
+    assert counters.data_ptr() != other.decode_counters.data_ptr()
+    layer.process_weights_after_loading()
+    harness = harness_for(layer)
+    layer.bind_kv_cache(harness.mla_caches[0])
+    x = torch.randn(5, H, generator=torch.Generator().manual_seed(1))
+    seen = []
+    decode = mla_module.mla_decode_paged
+    monkeypatch.setattr(mla_module, "mla_decode_paged", lambda *a: seen.append(a[-1]) or decode(*a))
+    with torch.no_grad():
+        layer(x, harness.schedule({0: 5}).mla)
+        layer(x[:1], harness.schedule({0: 1}).mla)
+    assert len(seen) == 1 and seen[0] is counters
 
 
 def test_kimi_linear_projections_load_into_one_fused_layer():

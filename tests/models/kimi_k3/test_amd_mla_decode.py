@@ -1,10 +1,12 @@
 """The split-KV Triton MLA decode kernel (under TRITON_INTERPRET=1 on CPU) against the torch
 reference: paged caches whose unused rows are NaN, lengths at and around block boundaries, one and
-several splits (some past a sequence's end), padded head and column tiles; the default launch
-choice; validation; and on a GPU, Kimi-Linear sizes and CUDA-graph replay."""
+several splits (some past a sequence's end), padded head and column tiles; the splits merged in a
+second launch and in the split launch (the same bits, the arrival counters back at 0); the
+default launch choice; validation; and on a GPU, Kimi-Linear sizes and CUDA-graph replay."""
 
 import math
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,12 +14,14 @@ import torch
 
 import vllm.models.kimi_k3.amd.ops.mla_decode as op_module
 from vllm.models.kimi_k3.amd.ops.mla_decode import (
+    DECODE_COUNTERS,
     MlaDecodeConfig,
     launch_mla_decode,
     mla_decode_config,
     mla_decode_paged,
     mla_decode_paged_ref,
 )
+from vllm.triton_utils import num_sms
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -122,6 +126,22 @@ def check(got, ref, dtype):
     torch.testing.assert_close(got.float(), ref.float(), rtol=rtol, atol=atol)
 
 
+def counters_for(device=DEVICE):
+    return torch.zeros(DECODE_COUNTERS, dtype=torch.int32, device=device)
+
+
+def both_merges(args, kv_cache, config, counters):
+    """The output merged in a second launch and in the split launch, checked equal bit for bit
+    (the same sums in the same order), with every arrival counter back at 0."""
+    two = launch_mla_decode(kv_cache=kv_cache, config=replace(config, fused_merge=False), **args)
+    one = launch_mla_decode(
+        kv_cache=kv_cache, config=replace(config, fused_merge=True), counters=counters, **args
+    )
+    assert torch.equal(one, two)
+    assert not counters.any()
+    return one
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("block_size", [4, 16])
 @pytest.mark.parametrize("latent,rope", [(32, 8), (64, 16)])
@@ -134,13 +154,13 @@ def test_triton_matches_reference(n, heads, latent, rope, block_size, dtype, lau
         n, heads, latent, rope, block_size, lengths, 4, dtype, seed=n * heads + latent + block_size
     )
     ref = mla_decode_paged_ref(kv_cache=clean, **args)
-    # Three splits: with one token the second and third are empty; with 2 * block_size + 1
-    # tokens and 16-token tiles, the last split is empty for block_size 4.
-    for splits in (1, 3):
-        config = MlaDecodeConfig(num_splits=splits, block_h=16, block_n=16, num_warps=4,
-                                 num_stages=1)  # fmt: skip
-        check(launch_mla_decode(kv_cache=poisoned, config=config, **args), ref, dtype)
-    assert launches == {"_mla_decode_split_kernel": 2, "_mla_decode_merge_kernel": 1}
+    # Three splits: with one token the second and third are empty (the first writes the output);
+    # with 2 * block_size + 1 tokens and 16-token tiles, the last split is empty for block_size 4.
+    config = MlaDecodeConfig(num_splits=1, block_h=16, block_n=16, num_warps=4, num_stages=1)
+    check(launch_mla_decode(kv_cache=poisoned, config=config, **args), ref, dtype)
+    config = replace(config, num_splits=3)
+    check(both_merges(args, poisoned, config, counters_for()), ref, dtype)
+    assert launches == {"_mla_decode_split_kernel": 3, "_mla_decode_merge_kernel": 1}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -158,30 +178,33 @@ def test_many_tiles_and_splits(launches):
     args, clean, poisoned = make_case(2, 20, 32, 8, 8, [97, 200], 25, torch.float32, seed=3)
     ref = mla_decode_paged_ref(kv_cache=clean, **args)
     config = MlaDecodeConfig(num_splits=5, block_h=16, block_n=16, num_warps=4, num_stages=1)
-    check(launch_mla_decode(kv_cache=poisoned, config=config, **args), ref, torch.float32)
-    assert launches == {"_mla_decode_split_kernel": 1, "_mla_decode_merge_kernel": 1}
+    check(both_merges(args, poisoned, config, counters_for()), ref, torch.float32)
+    assert launches == {"_mla_decode_split_kernel": 2, "_mla_decode_merge_kernel": 1}
 
 
 @pytest.mark.parametrize("heads,block_h,block_n", [(20, 32, 32), (20, 16, 16), (3, 16, 64)])
 def test_many_splits_and_column_chunks(heads, block_h, block_n, launches, monkeypatch):
-    """More splits than the merge's chunk of 16 (three chunks), most of them empty for the
-    shorter sequences; one head block with padded heads, or two; merge programs over column
-    chunks. The partial buffer starts as NaN: the merge must not read the empty splits' rows."""
+    """40 splits: 39 of them active for 613 tokens in 16-token tiles (three merge chunks, the
+    last split partly filled), 20 or 10 in wider tiles; one token leaves one active split, which
+    writes the output itself. One head block with padded heads, or two; merge programs over
+    column chunks. The partial buffer starts as NaN: no merge may read an inactive split's
+    rows."""
     real_empty = torch.empty
 
     def nan_empty(*args, **kwargs):
         t = real_empty(*args, **kwargs)
         return t.fill_(float("nan")) if t.is_floating_point() else t
 
-    args, clean, poisoned = make_case(2, heads, 128, 16, 8, [1, 301], 40, torch.float32, seed=4)
+    args, clean, poisoned = make_case(2, heads, 128, 16, 8, [1, 613], 80, torch.float32, seed=4)
     ref = mla_decode_paged_ref(kv_cache=clean, **args)
     config = MlaDecodeConfig(num_splits=40, block_h=block_h, block_n=block_n, num_warps=4,
                              num_stages=5)  # fmt: skip
+    counters = counters_for()
     monkeypatch.setattr(torch, "empty", nan_empty)
-    got = launch_mla_decode(kv_cache=poisoned, config=config, **args)
+    got = both_merges(args, poisoned, config, counters)
     monkeypatch.undo()
     check(got, ref, torch.float32)
-    assert launches == {"_mla_decode_split_kernel": 1, "_mla_decode_merge_kernel": 1}
+    assert launches == {"_mla_decode_split_kernel": 2, "_mla_decode_merge_kernel": 1}
 
 
 def test_default_config_depends_on_shapes_only():
@@ -195,7 +218,9 @@ def test_default_config_depends_on_shapes_only():
     assert mla_decode_config(8, 32, 512, 32768, sms).num_splits == 16
     assert mla_decode_config(64, 32, 512, 32768, sms).num_splits == 2
     assert mla_decode_config(1, 32, 512, 8192, sms).num_splits == 64
-    assert mla_decode_config(1, 32, 512, 200, sms).num_splits == 1
+    # Short capacities: one-tile splits, up to one merge chunk of them (the next test).
+    assert mla_decode_config(1, 32, 512, 200, sms).num_splits == 3
+    assert mla_decode_config(1, 32, 512, 63, sms).num_splits == 1
     # A full wave of (sequence, head block) programs: no split, no merge kernel.
     assert mla_decode_config(132, 32, 512, 32768, sms).num_splits == 1
     assert mla_decode_config(64, 128, 512, 32768, sms).num_splits == 1
@@ -209,6 +234,80 @@ def test_default_config_depends_on_shapes_only():
     assert (fp32.block_n, fp32.num_stages) == (32, 2)
     bf16 = mla_decode_config(1, 32, 512, 32768, 132, max_smem=227 * 1024, elem_bytes=2)
     assert (bf16.block_n, bf16.num_stages) == (64, 5)
+
+
+def test_default_merge_form_and_short_context_splits(monkeypatch):
+    def pick(n, capacity, counters=DECODE_COUNTERS):
+        config = mla_decode_config(n, 32, 512, capacity, 132, counters=counters)
+        return config.num_splits, config.fused_merge
+
+    # The merging program reads num_splits * 32 heads * 512 * 4 B: up to 8 splits (512 KiB)
+    # merge in the split launch, more in a second launch.
+    assert pick(1, 32768) == (128, False)
+    assert pick(8, 32768) == (16, False)
+    assert pick(16, 32768) == (8, True)
+    assert pick(64, 32768) == (2, True)
+    assert pick(132, 32768) == (1, False)  # nothing to merge
+    # Without a counter for every (sequence, head block): two launches.
+    assert pick(16, 32768, counters=0) == (8, False)
+    assert pick(16, 32768, counters=15) == (8, False)
+    # Short capacities: splits of one 64-token tile, up to 16 (one merge chunk) of them ...
+    assert pick(1, 256) == (4, True)
+    assert pick(1, 1024) == (16, False)
+    assert pick(4, 1024) == (16, False)
+    assert pick(16, 1024) == (8, True)
+    # ... beyond that no split shorter than 128 tokens of capacity.
+    assert pick(1, 2048) == (16, False)
+    assert pick(1, 4096) == (32, False)
+    # ROCm: the ordering argument is PTX's, so always two launches.
+    monkeypatch.setattr(op_module.current_platform, "is_rocm", lambda: True)
+    assert pick(64, 32768) == (2, False)
+
+
+def test_entry_point_merges_in_one_launch_with_counters(launches, monkeypatch):
+    """The default launch with the H200's SM count (the CPU has one): three one-tile splits of
+    a 192-token capacity (active: 3, 1 and 2), merged in the split launch when the caller passes
+    counters, in a second launch without; the same bits."""
+    monkeypatch.setattr(op_module, "num_sms", lambda device=None: 132)
+    args, clean, poisoned = make_case(3, 4, 32, 8, 16, [150, 1, 100], 12, torch.float32, seed=5)
+    counters = counters_for()
+    one = mla_decode_paged(kv_cache=poisoned, counters=counters, **args)
+    assert launches == {"_mla_decode_split_kernel": 1}
+    two = mla_decode_paged(kv_cache=poisoned, **args)
+    assert launches == {"_mla_decode_split_kernel": 2, "_mla_decode_merge_kernel": 1}
+    assert torch.equal(one, two) and not counters.any()
+    check(one, mla_decode_paged_ref(kv_cache=clean, **args), torch.float32)
+
+
+def test_counters_serve_launch_after_launch(launches):
+    """One counters tensor through launches of other batch sizes, lengths and head blocks: each
+    leaves every counter at 0, or a later launch would merge too early or never."""
+    counters = counters_for()
+    cases = [(2, 20, [97, 200]), (3, 4, [1, 64, 33]), (1, 20, [200])]
+    for seed, (n, heads, lengths) in enumerate(cases):
+        args, clean, poisoned = make_case(n, heads, 32, 8, 8, lengths, 25, torch.float32, seed)
+        config = MlaDecodeConfig(6, 16, 16, 4, 1, fused_merge=True)
+        got = launch_mla_decode(kv_cache=poisoned, config=config, counters=counters, **args)
+        check(got, mla_decode_paged_ref(kv_cache=clean, **args), torch.float32)
+        assert not counters.any()
+    assert launches == {"_mla_decode_split_kernel": 3}
+
+
+def test_one_launch_merge_checks_its_counters():
+    args, clean, _ = make_case(2, 20, 32, 8, 8, [97, 200], 25, torch.float32, seed=3)
+    config = MlaDecodeConfig(5, 16, 16, 4, 1, fused_merge=True)
+    slots = torch.zeros(8, dtype=torch.int32)
+    for counters, match in (
+        (None, "needs a counters tensor"),
+        (slots[:3], "holds 3 slots, the launch needs 4"),
+        (slots.long(), "int32"),
+        (slots[::2], "contiguous 1-D"),
+        (slots.to("meta"), "on q_latent's device"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            launch_mla_decode(kv_cache=clean, config=config, counters=counters, **args)
+    # One split merges nothing: no counters needed.
+    launch_mla_decode(kv_cache=clean, config=replace(config, num_splits=1), **args)
 
 
 def test_config_is_checked():
@@ -253,6 +352,7 @@ def _bad_inputs():
         dict(base, kv_cache=cache.transpose(1, 2).contiguous().transpose(1, 2)),
     )
     yield "seq_lens must be on q_latent's device", dict(base, seq_lens=base["seq_lens"].to("meta"))
+    yield "counters must be a contiguous 1-D int32", dict(base, counters=torch.zeros(4))
 
 
 @pytest.mark.parametrize("match,inputs", list(_bad_inputs()), ids=lambda x: str(x)[:30])
@@ -262,7 +362,7 @@ def test_validation(match, inputs):
 
 
 # ---------------------------------------------------------------------------------------------
-# GPU: Kimi-Linear sizes (H = 32, L = 512, R = 64), batch 1..64, contexts up to 8k
+# GPU: Kimi-Linear sizes (H = 32, L = 512, R = 64), batch 1..64, contexts up to 32k
 # ---------------------------------------------------------------------------------------------
 
 
@@ -305,18 +405,43 @@ def test_gpu_kimi_sizes(n, capacity, block_size, dtype):
 @pytest.mark.parametrize(
     "block_h,block_n,num_warps,num_stages",
     [(32, 32, 8, 2), (32, 16, 8, 2), (32, 32, 8, 5), (32, 32, 8, 7), (32, 64, 8, 5),
-     (32, 64, 8, 2), (16, 32, 8, 5), (16, 16, 8, 5)],
+     (32, 64, 8, 2), (16, 32, 8, 5), (16, 16, 8, 5), (16, 64, 8, 5)],
 )  # fmt: skip
 def test_gpu_benchmark_sweep_configs(block_h, block_n, num_warps, num_stages):
     """Every kernel config benchmark_mla_decode.py sweeps, at Kimi-Linear sizes with 7 splits
-    (one with a single split too): each compiles on the device and matches the reference."""
+    merged both ways (one with a single split too): each compiles on the device and matches the
+    reference, and the two merges give the same bits."""
     args = make_gpu_case(4, 4096, 64, torch.bfloat16, seed=block_n + num_stages)
     ref = mla_decode_paged_ref(**args)
-    splits = (1, 7) if (block_h, block_n, num_stages) == (32, 64, 5) else (7,)
-    for num_splits in splits:
-        config = MlaDecodeConfig(num_splits, block_h, block_n, num_warps, num_stages)
-        got = launch_mla_decode(**args, config=config)
-        rtol, atol = tolerance(torch.bfloat16)
+    rtol, atol = tolerance(torch.bfloat16)
+    config = MlaDecodeConfig(7, block_h, block_n, num_warps, num_stages)
+    if (block_h, block_n, num_stages) == (32, 64, 5):
+        got = launch_mla_decode(**args, config=replace(config, num_splits=1))
+        torch.testing.assert_close(got.float(), ref.float(), rtol=rtol, atol=atol)
+    cache = args.pop("kv_cache")
+    got = both_merges(args, cache, config, counters_for())
+    torch.testing.assert_close(got.float(), ref.float(), rtol=rtol, atol=atol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("capacity", [1024, 8192, 32768])
+@pytest.mark.parametrize("n", [1, 4, 16, 64])
+def test_gpu_one_launch_merge_kimi_sizes(n, capacity):
+    """Kimi-Linear sizes, bf16, 16-token blocks, random lengths up to the capacity (one full, one
+    of 1 token): the default launch with the layer's counters, then its kernel config at several
+    split counts merged both ways. Each matches the reference within the bf16 tolerance, the
+    two merges give the same bits, and every counter is back at 0."""
+    args = make_gpu_case(n, capacity, 16, torch.bfloat16, seed=n + capacity)
+    ref = mla_decode_paged_ref(**args)
+    rtol, atol = tolerance(torch.bfloat16)
+    counters = counters_for()
+    got = mla_decode_paged(**args, counters=counters)
+    torch.testing.assert_close(got.float(), ref.float(), rtol=rtol, atol=atol)
+    assert not counters.any()
+    default = mla_decode_config(n, 32, 512, capacity, num_sms(), counters=DECODE_COUNTERS)
+    cache = args.pop("kv_cache")
+    for splits in sorted({default.num_splits, 2, 5, 16, 33}):
+        got = both_merges(args, cache, replace(default, num_splits=splits), counters)
         torch.testing.assert_close(got.float(), ref.float(), rtol=rtol, atol=atol)
 
 
@@ -327,27 +452,69 @@ def test_gpu_fp32_uses_ieee_products():
                                rtol=1e-5, atol=1e-5)  # fmt: skip
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("n", [1, 64])
-def test_gpu_cuda_graph_replay_is_bit_equal(n):
-    """Capture once, then change the lengths and queries in place: replay must equal eager."""
-    args = make_gpu_case(n, 4096, 64, torch.bfloat16, seed=n)
-    static = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+def capture(fn):
+    """`fn()` captured in a CUDA graph after one eager call (compiles outside the capture)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        mla_decode_paged(**static)  # compile outside the capture
+        fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = mla_decode_paged(**static)
+        out = fn()
+    return graph, out
+
+
+def new_step(static, capacity, gen):
+    """New lengths (1..capacity) and queries, written in place as a decode step does."""
+    n = static["seq_lens"].shape[0]
+    static["seq_lens"].copy_(torch.randint(1, capacity + 1, (n,), generator=gen, device="cuda"))
+    static["q_latent"].copy_(torch.randn(static["q_latent"].shape, generator=gen, device="cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("with_counters", [False, True], ids=["two-launch", "counters"])
+@pytest.mark.parametrize("n", [1, 64])
+def test_gpu_cuda_graph_replay_is_bit_equal(n, with_counters):
+    """Capture once, then change the lengths and queries in place: replay must equal eager.
+    With counters, batch 64 takes the one-launch merge (2 splits)."""
+    args = make_gpu_case(n, 4096, 64, torch.bfloat16, seed=n)
+    static = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    counters = counters_for() if with_counters else None
+    graph, out = capture(lambda: mla_decode_paged(**static, counters=counters))
     gen = torch.Generator(device="cuda").manual_seed(99)
     for _ in range(3):
-        static["seq_lens"].copy_(torch.randint(1, 4097, (n,), generator=gen, device="cuda"))
-        static["q_latent"].copy_(torch.randn(static["q_latent"].shape, generator=gen,
-                                             device="cuda"))  # fmt: skip
+        new_step(static, 4096, gen)
         graph.replay()
         torch.cuda.synchronize()
-        eager = mla_decode_paged(**static)
+        eager = mla_decode_paged(**static, counters=counters)
         assert torch.equal(out, eager)
+        assert counters is None or not counters.any()
     assert not math.isnan(out.float().sum().item())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,capacity", [(1, 1024), (4, 8192), (16, 8192), (64, 32768)])
+def test_gpu_one_launch_merge_graph_replays_reset_counters(n, capacity):
+    """The one-launch merge (the default's splits, forced to merge in the split launch) captured
+    in a CUDA graph and replayed with new lengths and queries: every replay equals the eager
+    two-launch form bit for bit and leaves every counter at 0. A counter left set would make the
+    next replay's merge run early (wrong output) or never (stale output)."""
+    args = make_gpu_case(n, capacity, 16, torch.bfloat16, seed=n + capacity)
+    static = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    config = mla_decode_config(n, 32, 512, capacity, num_sms(), counters=DECODE_COUNTERS)
+    assert config.num_splits > 1
+    one, two = replace(config, fused_merge=True), replace(config, fused_merge=False)
+    counters = counters_for()
+    graph, out = capture(lambda: launch_mla_decode(**static, config=one, counters=counters))
+    assert not counters.any()
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    for _ in range(3):
+        new_step(static, capacity, gen)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert not counters.any()
+        assert torch.equal(out, launch_mla_decode(**static, config=two))
+        rtol, atol = tolerance(torch.bfloat16)
+        ref = mla_decode_paged_ref(**static)
+        torch.testing.assert_close(out.float(), ref.float(), rtol=rtol, atol=atol)

@@ -25,8 +25,9 @@ Attention, decodes first like KDA (`MLAMetadata`):
   head, `mla_decode_paged` (a Triton kernel on GPU, the torch reference on CPU) with the block
   tables and lengths as device tensors, then `o_latent @ W_UV` per head, written by the bmm
   straight into the output rows (no copy). `W_UK` / `W_UV` are `kv_b_proj`'s (dequantized) weight
-  split per head, derived once in `process_weights_after_loading`. No host sync and no loop over
-  sequences: capturable.
+  split per head, derived once in `process_weights_after_loading`. The layer owns the kernel's
+  arrival counters (`decode_counters`), so small batches merge the splits in the same launch. No
+  host sync and no loop over sequences: capturable.
 - prefill rows (new prompts and prefill chunks on top of cached context) take the exact path:
   decompress each sequence's cached latents through `kv_b_proj` (in the model dtype), then
   `ops/mla_prefill.py`: torch's fused attention in the model dtype on GPU (no score matrix), the
@@ -47,7 +48,7 @@ from vllm.model_executor.layers.linear import (
 )
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.models.kimi_k3.amd.ops.mla_cache_write import mla_cache_write
-from vllm.models.kimi_k3.amd.ops.mla_decode import mla_decode_paged
+from vllm.models.kimi_k3.amd.ops.mla_decode import DECODE_COUNTERS, mla_decode_paged
 from vllm.models.kimi_k3.amd.ops.mla_prefill import (
     mla_prefill_attention,
     mla_prefill_attention_ref,
@@ -126,6 +127,11 @@ class KimiMLAAttention(torch.nn.Module):
         # Absorbed decode weights: W_UK `[H, nope, L]`, W_UV `[H, L, v]` (derived, not loaded).
         self.register_buffer("w_uk", None, persistent=False)
         self.register_buffer("w_uv", None, persistent=False)
+        # The decode's arrival counters for its one-launch merge (ops/mla_decode.py): one set per
+        # layer, so no two launches in flight share them; 0 between launches. Not loaded.
+        self.register_buffer(
+            "decode_counters", torch.zeros(DECODE_COUNTERS, dtype=torch.int32), persistent=False
+        )
         self.kv_cache: torch.Tensor | None = None  # set once by `bind_kv_cache`
 
     # -- cache ----------------------------------------------------------------------------------
@@ -199,8 +205,9 @@ class KimiMLAAttention(torch.nn.Module):
         q_nope, q_pe = q[..., : self.nope], q[..., self.nope :]
         q_latent = torch.bmm(q_nope.transpose(0, 1), self.w_uk).transpose(0, 1)  # [Nd, h, L]
         o_latent = mla_decode_paged(
-            q_latent, q_pe, kv_cache, md.decode_block_tables, md.decode_seq_lens, self.scale
-        )
+            q_latent, q_pe, kv_cache, md.decode_block_tables, md.decode_seq_lens, self.scale,
+            self.decode_counters,
+        )  # fmt: skip
         # Written through out's [h, Nd, v] view: cuBLAS takes its strides as they are, so the
         # product lands in the output rows with no copy after it.
         torch.bmm(o_latent.transpose(0, 1), self.w_uv, out=out.transpose(0, 1))

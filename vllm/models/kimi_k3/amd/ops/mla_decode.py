@@ -10,7 +10,11 @@ position part R (`qk_rope_head_dim`; unrotated here, MLA is NoPE):
 - `block_tables` `[N, max_blocks]` int32/int64 and `seq_lens` `[N]` int32/int64 on the device:
   sequence n attends to its first `seq_lens[n]` cached tokens, token p at
   `kv_cache[block_tables[n, p // block_size], p % block_size]`. Entries of `block_tables` past a
-  sequence's length are never read. `seq_lens[n] >= 1`.
+  sequence's length are never read. `seq_lens[n] >= 1`;
+- `counters` (optional) int32 `[C]` on the device, all 0, owned by the caller and used by one
+  launch at a time (the kernel leaves it at 0): the arrival counters of the one-launch merge
+  below, one per (sequence, head block). `DECODE_COUNTERS` slots suffice for every default
+  launch.
 
 Output `[N, H, L]` in `q_latent`'s dtype: `sum_p softmax_p(scale * (q_latent . c_p + q_pe . k_pe_p))
 * c_p`, computed in fp32; the caller maps it out of the latent space with `W_UV`.
@@ -21,12 +25,40 @@ can be captured in a CUDA graph.
 GPU path (Triton, split-KV). Program (head block, split, n) holds `BLOCK_H` heads of sequence n,
 so each cache tile it loads serves all of them (MLA heads share `c` and `k_pe`). Its split is the
 `s`-th of `num_splits` equal, `BLOCK_N`-aligned slices of `[0, seq_lens[n])`, cut on the device;
-slices past the length are empty and contribute nothing. It walks its slice in tiles of `BLOCK_N`
-tokens (rows found through `block_tables`), scores them with `tl.dot`, and keeps an online softmax
-(running max and sum, fp32, base 2). With one split it writes the output directly; otherwise it
-writes its normalized fp32 partial and log2-sum-exp (an empty split writes only a -inf
-log-sum-exp), and a second kernel merges the splits per (n, head, column block), skipping empty
-ones. `MlaDecodeConfig` sets the tiles, warps, pipeline stages and split count;
+the first `active = cdiv(seq_lens[n], slice)` splits hold tokens, the others do nothing. It walks
+its slice in tiles of `BLOCK_N` tokens (rows found through `block_tables`), scores them with
+`tl.dot`, and keeps an online softmax (running max and sum, fp32, base 2). A sequence with one
+active split gets its output from that program directly. Otherwise each active program writes its
+normalized fp32 partial `[BLOCK_H, L]` and log2-sum-exp, and the splits are merged, in one of two
+ways (`MlaDecodeConfig.fused_merge`):
+
+- two launches: `_mla_decode_merge_kernel`, program (n, head, column block), reads the active
+  splits' partials;
+- one launch: the last active program of each (n, head block) to finish merges all of them. It
+  learns that it is last from an atomic increment of that pair's counter, `n * head_blocks +
+  head_block` in `counters`, and sets the counter back to 0. Saves the second launch and the gap
+  before it, but one program reads all `active * BLOCK_H * L * 4` bytes of partials: worth it
+  while the splits are few.
+
+Both merges compute, per head and column, `top = max_s lse_s`, then in split order `acc += part_s
+* exp2(lse_s - top)`, `total += exp2(lse_s - top)`, and `acc / total`: the same operations in the
+same order (sm_90 PTX: `ex2.approx.ftz`, `fma.rn`, `div.full` in both), so the two forms give the
+same bits.
+
+Ordering of the one-launch merge (why the last program reads every partial; NVIDIA): the argument
+of fused_router.py, whose pattern Triton 3.9's sm_90 PTX of this kernel shows. The partial
+stores, a CTA barrier (`tl.debug_barrier`, `bar.sync`), then one `atom.acq_rel.gpu` add per
+program (Triton issues a scalar atomic from one thread and broadcasts its result through shared
+memory and a barrier). The adds on one counter form a release sequence, so the last one's acquire
+synchronizes with every other program's release, and the barriers extend that to all threads of
+both programs. The merge reads partials and log-sum-exps with `cache_modifier=".cg"` (L2; the SM's
+L1 is not coherent) in loops that are not software-pipelined (`num_stages=1`), so no load is
+issued before the acquire. No program waits for another, so any grid and the interpreter
+(programs in order) are safe. The last program's store of 0 races with nothing (every other
+program has added), and the kernel's end orders it before the next launch on the stream or the
+next replay of a graph holding it.
+
+`MlaDecodeConfig` sets the tiles, warps, pipeline stages, split count and merge form;
 `mla_decode_config` chooses them on the host from N, H, the SM count and the context capacity
 (`max_blocks * block_size`), never from `seq_lens`. bf16/fp16 caches: the probabilities are
 rounded to the cache dtype for the `p @ c` tensor-core product (relative 2^-9 per weight); fp32
@@ -53,7 +85,8 @@ except ImportError:  # CPU-only installs without Triton use the torch reference
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _LOG2E = math.log2(math.e)
 # A split shorter than this spends more on its partial's write and merge (a [H, L] fp32 row, 64
-# KiB at Kimi-Linear's sizes, against 147 KiB of bf16 cache) than it saves.
+# KiB at Kimi-Linear's sizes, against 147 KiB of bf16 cache) than it saves, once the splits fill
+# more than one merge chunk (below).
 _MIN_SPLIT_TOKENS = 128
 # Bounds the partial buffer ([N, H, splits, L] fp32: 8 MiB at N = 1 for Kimi-Linear's sizes).
 _MAX_SPLITS = 128
@@ -64,18 +97,40 @@ _PROGRAMS_PER_SM = 1
 _PIPELINED_WIDE_SMEM = 189440
 # tl.dot needs every dimension of its operands to be at least 16.
 _MIN_DOT = 16
+# Splits the merges read per step: their log-sum-exps as one vector, and in the two-launch merge
+# their partials' rows as independent loads. Up to this many live splits cost a merge about one
+# round trip to L2, so the default cuts short contexts into splits of one tile up to this count.
+_MERGE_CHUNK = 16
+# Partial bytes (`num_splits * block_h * L * 4`) up to which the default merges in the split
+# launch. One program reads them all, while the merge kernel spreads them over hundreds: above
+# this, its reading takes longer than the second launch and the gap before it (a guess to tune
+# on the H200 with benchmark_mla_decode.py: 8 splits of 32 heads at Kimi-Linear's L = 512).
+_FUSED_MERGE_MAX_BYTES = 512 * 1024
+# Arrival counters a caller holds for the one-launch merge (module docstring): more than the
+# (sequence, head block) pairs of any default launch that splits (at most half the SMs).
+DECODE_COUNTERS = 1024
 
 if triton is not None:
 
     @triton.jit
+    def _split_slice(seq_len, num_splits, BLOCK_N: tl.constexpr):
+        """Tokens per split of a sequence (`BLOCK_N`-aligned, equal for its splits) and how many
+        of its splits hold tokens. Slices of its own length, not of the capacity, so that every
+        split of a long sequence has work. At least one tile, so that a (forbidden) length of 0
+        gives no active split rather than a division by zero."""
+        per_split = tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N), 1) * BLOCK_N
+        return per_split, tl.cdiv(seq_len, per_split)
+
+    @triton.jit
     def _mla_decode_split_kernel(
-        q_ptr, qpe_ptr, kv_ptr, bt_ptr, seq_lens_ptr, out_ptr, lse_ptr,
+        q_ptr, qpe_ptr, kv_ptr, bt_ptr, seq_lens_ptr, out_ptr, part_ptr, lse_ptr, counters_ptr,
         stride_qn, stride_qh, stride_pn, stride_ph, stride_kb, stride_kt, stride_btn,
-        stride_on, stride_oh, stride_os, stride_ln, stride_lh,
+        stride_on, stride_oh, stride_wn, stride_wh, stride_ws, stride_ln, stride_lh,
         heads, qk_scale_log2,
         L: tl.constexpr, R: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr,
         BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
-        DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
+        DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr,
+        MERGE_CHUNK: tl.constexpr,
     ):  # fmt: skip
         # Head blocks vary fastest in launch order: the programs that read the same cache tiles
         # for different heads run at the same time, and the later ones find the tiles in L2.
@@ -100,9 +155,7 @@ if triton is not None:
         )  # fmt: skip
 
         seq_len = tl.load(seq_lens_ptr + n).to(tl.int32)
-        # Equal slices of this sequence's own length (not of the capacity), so that every split
-        # of a long sequence has work; rounded to whole tiles.
-        per_split = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+        per_split, active = _split_slice(seq_len, num_splits, BLOCK_N)
         lo = split * per_split
         hi = tl.minimum(lo + per_split, seq_len)
 
@@ -135,63 +188,104 @@ if triton is not None:
             m = m_new
 
         out_mask = h_ok[:, None] & l_ok[None, :]
+        out_rows = out_ptr + n * stride_on + h[:, None] * stride_oh + col_l[None, :]
         if SPLIT:
-            # An empty split (past the sequence's length) writes only a -inf log-sum-exp: the
-            # merge gives it zero weight and does not read its partial.
-            nonempty = denom > 0.0
-            o = acc / tl.where(nonempty, denom, 1.0)[:, None]
-            lse = tl.where(nonempty, m + tl.log2(tl.where(nonempty, denom, 1.0)), float("-inf"))
-            base = out_ptr + n * stride_on + split * stride_os
-            tl.store(base + h[:, None] * stride_oh + col_l[None, :], o,
-                     mask=out_mask & nonempty[:, None])  # fmt: skip
-            tl.store(lse_ptr + n * stride_ln + h * stride_lh + split, lse, mask=h_ok)
+            # A program past the sequence's active splits has no tokens (denominators 0): it
+            # stores nothing. The conditions are per head (the interpreter's masks cannot
+            # combine a block with a scalar condition).
+            per_head = tl.zeros([BLOCK_H], tl.int32)
+            has_tokens = per_head + lo < seq_len
+            o = acc / tl.where(denom > 0.0, denom, 1.0)[:, None]
+            direct = h_ok & has_tokens & (per_head + active == 1)
+            tl.store(out_rows, o.to(out_ptr.dtype.element_ty), mask=direct[:, None] & l_ok[None, :])
+            partial = h_ok & has_tokens & (per_head + active > 1)
+            lse_rows = lse_ptr + n * stride_ln + h * stride_lh
+            part_rows = part_ptr + n * stride_wn + h[:, None] * stride_wh + col_l[None, :]
+            tl.store(part_rows + split * stride_ws, o, mask=partial[:, None] & l_ok[None, :])
+            tl.store(lse_rows + split, m + tl.log2(tl.where(denom > 0.0, denom, 1.0)),
+                     mask=partial)  # fmt: skip
+            if FUSED_MERGE:
+                if (lo < seq_len) & (active > 1):
+                    # The module docstring argues the ordering of the barrier, the add and the
+                    # merge's loads.
+                    tl.debug_barrier()
+                    counter = counters_ptr + n * tl.num_programs(0) + tl.program_id(0)
+                    arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+                    if arrived == active - 1:
+                        # The merge kernel's sums, per head. Padded heads take a maximum and
+                        # log-sum-exps of 0: weights of 1, no inf - inf.
+                        top = tl.full([BLOCK_H], float("-inf"), tl.float32)
+                        for s0 in tl.range(0, active, MERGE_CHUNK, num_stages=1):
+                            s = s0 + tl.arange(0, MERGE_CHUNK)
+                            lse = tl.load(
+                                lse_rows[:, None] + s[None, :],
+                                mask=h_ok[:, None] & (s < active)[None, :],
+                                other=float("-inf"), cache_modifier=".cg",
+                            )  # fmt: skip
+                            top = tl.maximum(top, tl.max(lse, axis=1))
+                        top = tl.where(h_ok, top, 0.0)
+                        merged = tl.zeros([BLOCK_H, BLOCK_L], tl.float32)
+                        total = tl.zeros([BLOCK_H], tl.float32)
+                        for s in tl.range(0, active, num_stages=1):
+                            lse = tl.load(lse_rows + s, mask=h_ok, other=0.0, cache_modifier=".cg")
+                            weight = tl.exp2(lse - top)
+                            part = tl.load(
+                                part_rows + s * stride_ws, mask=out_mask, other=0.0,
+                                cache_modifier=".cg",
+                            )  # fmt: skip
+                            merged += part * weight[:, None]
+                            total += weight
+                        o = merged / total[:, None]
+                        tl.store(out_rows, o.to(out_ptr.dtype.element_ty), mask=out_mask)
+                        tl.store(counter, 0)
         else:
             o = acc / denom[:, None]
-            tl.store(
-                out_ptr + n * stride_on + h[:, None] * stride_oh + col_l[None, :],
-                o.to(out_ptr.dtype.element_ty), mask=out_mask,
-            )  # fmt: skip
+            tl.store(out_rows, o.to(out_ptr.dtype.element_ty), mask=out_mask)
 
     @triton.jit
     def _mla_decode_merge_kernel(
-        part_ptr, lse_ptr, out_ptr,
+        part_ptr, lse_ptr, seq_lens_ptr, out_ptr,
         stride_pn, stride_ph, stride_ps, stride_ln, stride_lh, stride_on, stride_oh,
         num_splits,
-        L: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_S: tl.constexpr,
+        L: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr,
+        MERGE_CHUNK: tl.constexpr,
     ):  # fmt: skip
         # Program (n, h, j): columns [j * BLOCK_L, (j + 1) * BLOCK_L) of head h's output, so
-        # that a small batch still spreads its partials' reads over many SMs. Splits in chunks
-        # of BLOCK_S: the first pass finds the largest log-sum-exp, the second sums.
+        # that a small batch still spreads its partials' reads over many SMs. Only the active
+        # splits are read; a sequence with one has its output from the split kernel already.
         n = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
         col = tl.program_id(2) * BLOCK_L + tl.arange(0, BLOCK_L)
-        lse_row = lse_ptr + n * stride_ln + h * stride_lh
-        # Split 0 always holds the sequence's first token, so the maximum is finite.
-        top = tl.full([], float("-inf"), tl.float32)
-        for s0 in range(0, num_splits, BLOCK_S):
-            s = s0 + tl.arange(0, BLOCK_S)
-            lse = tl.load(lse_row + s, mask=s < num_splits, other=float("-inf"))
-            top = tl.maximum(top, tl.max(lse, axis=0))
-        acc = tl.zeros([BLOCK_L], tl.float32)
-        total = tl.zeros([], tl.float32)
-        part_row = part_ptr + n * stride_pn + h * stride_ph
-        for s0 in range(0, num_splits, BLOCK_S):
-            s = s0 + tl.arange(0, BLOCK_S)
-            lse = tl.load(lse_row + s, mask=s < num_splits, other=float("-inf"))
-            # Empty splits (-inf) have weight 0 and no partial written: not read.
-            live = lse > float("-inf")
-            weight = tl.where(live, tl.exp2(lse - top), 0.0)
-            part = tl.load(
-                part_row + s[:, None] * stride_ps + col[None, :],
-                mask=live[:, None] & (col < L)[None, :], other=0.0,
+        col_ok = col < L
+        _, active = _split_slice(tl.load(seq_lens_ptr + n).to(tl.int32), num_splits, BLOCK_N)
+        if active > 1:
+            lse_row = lse_ptr + n * stride_ln + h * stride_lh
+            top = tl.full([], float("-inf"), tl.float32)
+            for s0 in range(0, active, MERGE_CHUNK):
+                s = s0 + tl.arange(0, MERGE_CHUNK)
+                lse = tl.load(lse_row + s, mask=s < active, other=float("-inf"))
+                top = tl.maximum(top, tl.max(lse, axis=0))
+            merged = tl.zeros([BLOCK_L], tl.float32)
+            total = tl.zeros([BLOCK_L], tl.float32)
+            part_row = part_ptr + n * stride_pn + h * stride_ph + col
+            # The one-launch merge's sums, in the same order; a chunk's loads are independent,
+            # so they are in flight together. Splits past `active` add exact zeros. A split's
+            # log-sum-exp is loaded as a vector of one address (the interpreter takes no scalar
+            # mask).
+            zeros = tl.zeros([BLOCK_L], tl.int32)
+            for s0 in range(0, active, MERGE_CHUNK):
+                for j in tl.static_range(MERGE_CHUNK):
+                    live = zeros + s0 + j < active
+                    lse = tl.load(lse_row + zeros + s0 + j, mask=live, other=float("-inf"))
+                    weight = tl.exp2(lse - top)
+                    part = tl.load(part_row + (s0 + j) * stride_ps, mask=col_ok & live, other=0.0)
+                    merged += part * weight
+                    total += weight
+            o = merged / total
+            tl.store(
+                out_ptr + n * stride_on + h * stride_oh + col, o.to(out_ptr.dtype.element_ty),
+                mask=col_ok,
             )  # fmt: skip
-            acc += tl.sum(part * weight[:, None], axis=0)
-            total += tl.sum(weight, axis=0)
-        o = acc / total
-        tl.store(
-            out_ptr + n * stride_on + h * stride_oh + col, o.to(out_ptr.dtype.element_ty),
-            mask=col < L,
-        )  # fmt: skip
 
 
 def mla_decode_paged_ref(
@@ -216,13 +310,16 @@ def mla_decode_paged_ref(
 
 @dataclass(frozen=True)
 class MlaDecodeConfig:
-    """Launch parameters of the Triton path (all powers of two except `num_splits`)."""
+    """Launch parameters of the Triton path (all powers of two except `num_splits`).
+    `fused_merge`: merge the splits in the split launch (needs `counters`), else in a second
+    launch; no merge either way with one split."""
 
     num_splits: int
     block_h: int
     block_n: int
     num_warps: int
     num_stages: int
+    fused_merge: bool = False
 
 
 @lru_cache(maxsize=8)
@@ -242,8 +339,10 @@ def mla_decode_config(
     num_sms: int,
     max_smem: int = 2**31,
     elem_bytes: int = 2,
+    counters: int = 0,
 ) -> MlaDecodeConfig:
-    """The default launch for N sequences of `heads` heads over `capacity` cached positions.
+    """The default launch for N sequences of `heads` heads over `capacity` cached positions, with
+    `counters` arrival counters for the one-launch merge (0: two launches).
 
     Decode reads the cache once, so the kernel is bound by the bytes in flight per SM. Wide
     latents on CUDA: `[64, 576]` bf16 cache tiles (72 KiB), 8 warps, 5 stages, one program per
@@ -257,13 +356,22 @@ def mla_decode_config(
     tiles and one stage (64 KiB of LDS).
 
     Splits: as many as fill one wave (`_PROGRAMS_PER_SM * num_sms` programs, rounded down so that
-    equal-length sequences leave no nearly empty last wave), no split shorter than
-    `_MIN_SPLIT_TOKENS` positions of capacity, at most `_MAX_SPLITS`. Depends on shapes only, so
-    a captured graph stays valid for every `seq_lens`.
+    equal-length sequences leave no nearly empty last wave), at most `_MAX_SPLITS`, and no split
+    shorter than `_MIN_SPLIT_TOKENS` positions of capacity, except that a short capacity is cut
+    into up to `_MERGE_CHUNK` splits of one tile: a program's time grows with its tiles (on the
+    H200 one `[32 heads, 64 tokens]` tile costs it several microseconds of `tl.dot` operand
+    traffic, not HBM time), while a merge reads up to `_MERGE_CHUNK` splits in one step.
+
+    Merge: in the split launch where there are splits, counters for every (sequence, head block)
+    and at most `_FUSED_MERGE_MAX_BYTES` of partials per merging program (`num_splits * block_h *
+    latent * 4`); not on ROCm, where the ordering argument (PTX's) is unchecked.
+
+    Depends on shapes only, so a captured graph stays valid for every `seq_lens`.
     """
     block_h = max(_MIN_DOT, min(next_power_of_2(heads), 32))
     wide = next_power_of_2(latent) >= 256
-    if current_platform.is_rocm():
+    rocm = current_platform.is_rocm()
+    if rocm:
         block_n, num_warps, num_stages = (32, 8, 1) if wide else (64, 4, 1)
     elif not wide:
         block_n, num_warps, num_stages = 64, 4, 2
@@ -271,10 +379,17 @@ def mla_decode_config(
         block_n, num_warps, num_stages = 64, 8, 5
     else:
         block_n, num_warps, num_stages = 32, 8, 2
-    programs = n * -(-heads // block_h)
-    splits = max(1, min(_PROGRAMS_PER_SM * num_sms // programs, capacity // _MIN_SPLIT_TOKENS,
-                        _MAX_SPLITS))  # fmt: skip
-    return MlaDecodeConfig(splits, block_h, block_n, num_warps, num_stages)
+    head_blocks = -(-heads // block_h)
+    programs = n * head_blocks
+    longest = max(capacity // _MIN_SPLIT_TOKENS, min(capacity // block_n, _MERGE_CHUNK))
+    splits = max(1, min(_PROGRAMS_PER_SM * num_sms // programs, longest, _MAX_SPLITS))
+    fused = (
+        splits > 1
+        and not rocm
+        and counters >= programs
+        and splits * block_h * latent * 4 <= _FUSED_MERGE_MAX_BYTES
+    )
+    return MlaDecodeConfig(splits, block_h, block_n, num_warps, num_stages, fused)
 
 
 def _merge_block_l(n: int, heads: int, latent: int, num_sms: int) -> int:
@@ -294,8 +409,10 @@ def launch_mla_decode(
     seq_lens: torch.Tensor,
     scale: float,
     config: MlaDecodeConfig,
+    counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Run the Triton kernels with an explicit `config` (inputs already validated)."""
+    """Run the Triton kernels with an explicit `config` (inputs already validated); `counters`
+    as in the module docstring, needed by `config.fused_merge` with more than one split."""
     if config.num_splits < 1:
         raise ValueError(f"config.num_splits must be >= 1, got {config.num_splits}")
     for name in ("block_h", "block_n"):
@@ -304,44 +421,67 @@ def launch_mla_decode(
             raise ValueError(f"config.{name} must be a power of two >= {_MIN_DOT}, got {value}")
     n, heads, latent = q_latent.shape
     rope = q_pe.shape[-1]
+    head_blocks = -(-heads // config.block_h)
+    split = config.num_splits > 1
+    fused = split and config.fused_merge
+    if fused:
+        _check_counters(counters, n * head_blocks, q_latent.device)
     out = q_latent.new_empty(n, heads, latent)
     if n == 0:
         return out
-    split = config.num_splits > 1
     if split:
         part = torch.empty(
             n, heads, config.num_splits, latent, dtype=torch.float32, device=q_latent.device
         )
         lse = torch.empty(n, heads, config.num_splits, dtype=torch.float32, device=q_latent.device)
-        dest, part_strides, lse_strides = part, part.stride()[:3], lse.stride()[:2]
+        part_strides, lse_strides = part.stride()[:3], lse.stride()[:2]
     else:
-        lse = out  # unused without splits
-        dest, part_strides, lse_strides = out, (*out.stride()[:2], 0), (0, 0)
+        part = lse = out  # not read without splits
+        part_strides, lse_strides = (0, 0, 0), (0, 0)
     block_l = max(_MIN_DOT, next_power_of_2(latent))
-    grid = (-(-heads // config.block_h), config.num_splits, n)
+    grid = (head_blocks, config.num_splits, n)
     _mla_decode_split_kernel[grid](
-        q_latent, q_pe, kv_cache, block_tables, seq_lens, dest, lse,
+        q_latent, q_pe, kv_cache, block_tables, seq_lens, out, part, lse,
+        counters if fused else out,
         q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), block_tables.stride(0),
-        *part_strides, *lse_strides,
+        *out.stride()[:2], *part_strides, *lse_strides,
         heads, scale * _LOG2E,
         L=latent, R=rope, BLOCK_L=block_l, BLOCK_R=max(_MIN_DOT, next_power_of_2(rope)),
         BLOCK_H=config.block_h, BLOCK_N=config.block_n, PAGE=kv_cache.shape[1],
         # fp32 caches: full fp32 products (not TF32); 16-bit: the backend's default.
         DOT_PRECISION="ieee" if q_latent.dtype == torch.float32 else None, SPLIT=split,
+        FUSED_MERGE=fused, MERGE_CHUNK=_MERGE_CHUNK,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
-    if split:
+    if split and not fused:
         merge_l = _merge_block_l(n, heads, latent, num_sms(q_latent.device))
         _mla_decode_merge_kernel[(n, heads, -(-latent // merge_l))](
-            part, lse, out,
+            part, lse, seq_lens, out,
             *part.stride()[:3], *lse.stride()[:2], *out.stride()[:2],
             config.num_splits,
-            # Splits in chunks of 16: one compiled merge for every split count.
-            L=latent, BLOCK_L=merge_l, BLOCK_S=16,
-            num_warps=4,
+            L=latent, BLOCK_L=merge_l, BLOCK_N=config.block_n, MERGE_CHUNK=_MERGE_CHUNK,
+            # Four columns (16 bytes) a thread.
+            num_warps=max(1, min(4, merge_l // 128)),
         )  # fmt: skip
     return out
+
+
+def _check_counters(counters: torch.Tensor | None, needed: int, device: torch.device) -> None:
+    if counters is None:
+        raise ValueError("the one-launch merge (config.fused_merge) needs a counters tensor")
+    if counters.dtype != torch.int32 or counters.dim() != 1 or counters.stride(0) != 1:
+        raise ValueError(
+            f"counters must be a contiguous 1-D int32 tensor, got {counters.dtype} "
+            f"{tuple(counters.shape)}"
+        )
+    if counters.numel() < needed:
+        raise ValueError(
+            f"counters holds {counters.numel()} slots, the launch needs {needed} (one per "
+            "sequence and head block)"
+        )
+    if counters.device != device:
+        raise ValueError(f"counters must be on q_latent's device {device}, not {counters.device}")
 
 
 def _validate(q_latent, q_pe, kv_cache, block_tables, seq_lens) -> None:
@@ -386,9 +526,13 @@ def mla_decode_paged(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Absorbed-form MLA decode attention (see the module docstring for shapes and numerics)."""
+    """Absorbed-form MLA decode attention (see the module docstring for shapes, numerics and
+    `counters`; without them the splits are always merged in a second launch)."""
     _validate(q_latent, q_pe, kv_cache, block_tables, seq_lens)
+    if counters is not None:
+        _check_counters(counters, 0, q_latent.device)
     if q_latent.shape[0] == 0:
         return q_latent.new_empty(q_latent.shape)
     if not use_triton(q_latent.device):
@@ -397,6 +541,9 @@ def mla_decode_paged(
     capacity = block_tables.shape[1] * kv_cache.shape[1]
     device = q_latent.device
     config = mla_decode_config(
-        n, heads, latent, capacity, num_sms(device), _max_smem(device), q_latent.element_size()
+        n, heads, latent, capacity, num_sms(device), _max_smem(device), q_latent.element_size(),
+        counters.numel() if counters is not None else 0,
+    )  # fmt: skip
+    return launch_mla_decode(
+        q_latent, q_pe, kv_cache, block_tables, seq_lens, scale, config, counters
     )
-    return launch_mla_decode(q_latent, q_pe, kv_cache, block_tables, seq_lens, scale, config)
