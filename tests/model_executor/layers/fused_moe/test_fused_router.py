@@ -36,6 +36,7 @@ from vllm.model_executor.layers.fused_moe.router import (
     grouped_topk_triton,
     router_logits,
 )
+from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.ops.rms_norm import fused_add_rms_norm
 from vllm.models.kimi_k3.amd.linear import KimiMoE
 from vllm.transformers_utils.configs import KimiLinearConfig
@@ -528,6 +529,54 @@ def test_fused_norm_dispatch(monkeypatch):
     assert use_fused_norm_router(x, residual, norm_weight, w)
 
 
+def moe_and_norm(dtype, device=DEVICE, hidden=48, experts=16, top_k=4):
+    """`kimi_moe` and a post-attention RMSNorm with a weight near 1."""
+    moe = kimi_moe(device, hidden, experts, top_k, dtype)
+    norm = RMSNorm(hidden, 1e-5, dtype).to(device)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.1 * torch.randn(hidden, generator=gen))
+    return moe, norm
+
+
+@pytest.mark.usefixtures("interpreter_moe_blocks")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_kimi_moe_norms_in_the_router_launch_at_one_token(dtype, triton_launches, monkeypatch):
+    """forward_with_norm at T = 1: one launch for the norm and the router, and the block's output
+    and residual stream bit for bit those of the norm's launch, then `forward` (its router at the
+    fused norm's launch config, as the contract states it; the interpreter's sums would not tell
+    the warps apart anyway)."""
+    config = default_norm_config(48)
+    monkeypatch.setattr(fused_mod, "default_config", lambda hidden: config)
+    moe, norm = moe_and_norm(dtype)
+    x, residual, *_ = norm_case(1, 16, 48, seed=13, dtype=dtype)
+    with torch.no_grad():
+        out, new_residual = moe.forward_with_norm(x, residual, norm)
+        counts = (triton_launches[KERNEL], triton_launches["_rms_norm_kernel"],
+                  triton_launches["_grouped_topk_kernel"])  # fmt: skip
+        assert counts == (1, 0, 0) and moe.router_semaphore.item() == 0
+        h, expected_residual = norm(x, residual)
+        expected = moe(h)
+    assert triton_launches[KERNEL] == 2 and triton_launches["_rms_norm_kernel"] == 1
+    assert torch.equal(new_residual, expected_residual) and torch.equal(out, expected)
+
+
+@pytest.mark.usefixtures("interpreter_moe_blocks")
+def test_kimi_moe_with_norm_falls_back_above_one_token(triton_launches):
+    """T = 2 (above FUSED_ROUTER_MAX_T): the norm's own launch, then the two router launches."""
+    moe, norm = moe_and_norm(torch.bfloat16)
+    x, residual, *_ = norm_case(2, 16, 48, seed=14)
+    with torch.no_grad():
+        out, new_residual = moe.forward_with_norm(x, residual, norm)
+        counts = (triton_launches[KERNEL], triton_launches["_rms_norm_kernel"],
+                  triton_launches["_grouped_topk_kernel"])  # fmt: skip
+        assert counts == (0, 1, 1)
+        h, expected_residual = norm(x, residual)
+        assert torch.equal(new_residual, expected_residual) and torch.equal(out, moe(h))
+    with pytest.raises(ValueError, match="norm must be an RMSNorm, got Identity"):
+        moe.forward_with_norm(x, residual, torch.nn.Identity())
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU: Kimi-Linear's router (H 2304, E 256, top-8 + 1 shared, sigmoid, bias, scaling 2.446)
 # ---------------------------------------------------------------------------------------------
@@ -686,3 +735,34 @@ def test_gpu_fused_norm_cuda_graph_replays():
         for outputs, (n, w, b) in zip(captured, layers, strict=True):
             expected = norm_then_router(x, residual, n, w, b, KIMI, default_norm_config(2304))
             assert all(torch.equal(a, e) for a, e in zip(outputs, expected, strict=True))
+
+
+@pytest.mark.gpu
+def test_gpu_kimi_moe_forward_with_norm_in_a_cuda_graph(monkeypatch):
+    """KimiMoE at batch 1, bf16, Kimi-Linear's sizes (256 experts, top-8, the shared expert
+    fused): each replay equals the eager norm launch and then `forward`, its router at the fused
+    norm's launch config, bit for bit."""
+    config = default_norm_config(2304)
+    moe, norm = moe_and_norm(torch.bfloat16, "cuda", hidden=2304, experts=256, top_k=8)
+    assert moe.fuses_shared_experts
+    x, residual = (torch.zeros(1, 2304, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    with torch.no_grad():
+        moe.forward_with_norm(x, residual, norm)  # compile outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured, captured_residual = moe.forward_with_norm(x, residual, norm)
+        monkeypatch.setattr(fused_mod, "default_config", lambda hidden: config)
+        outputs = []
+        for seed in (1, 2, 3):
+            new_x, new_residual = norm_case(1, 256, 2304, seed=seed, device="cuda")[:2]
+            x.copy_(new_x)
+            residual.copy_(new_residual)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert moe.router_semaphore.item() == 0
+            h, expected_residual = norm(x, residual)
+            assert torch.equal(captured_residual, expected_residual)
+            assert torch.equal(captured, moe(h))
+            outputs.append(captured.clone())
+    assert not torch.equal(outputs[0], outputs[1]) and not torch.equal(outputs[1], outputs[2])
