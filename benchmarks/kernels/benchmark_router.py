@@ -49,6 +49,20 @@ FUSED_ROUTER_MAX_T.
     python benchmarks/kernels/benchmark_router.py --fused --csv fused.csv
     python benchmarks/kernels/benchmark_router.py --fused --fused-configs default 1,1024,4 \
         2,512,4 2,1024,2 2,1024,1 2,2048,4 4,512,4 4,1024,8 8,256,4
+
+--fused-norm times what a MoE decoder layer runs at one token before its experts: the
+post-attention residual add and RMSNorm (bf16 rows, a bf16 norm weight per layer) then the fused
+router, as two launches (`fused_add_rms_norm`, `fused_router_topk`), against
+`fused_norm_router_topk`, the norm in the router's launch (fused_router.py), at T = 1 unless
+--tokens says otherwise, over --layers layers as --fused does. `norm + router (before)` is what
+the layer ran before (the router at `default_config`, 4 warps); `norm + router[BN,BH,W]` the two
+launches with the router at a fused path's config, which takes the norm kernel's warps (8 at H
+2304). Each fused path is first checked to equal the latter bit for bit (h, residual, weights,
+ids) on the timed data. --fused-configs sweeps the fused path's BLOCK_N,BLOCK_H at the norm's warps.
+
+    python benchmarks/kernels/benchmark_router.py --fused-norm --csv fused_norm.csv
+    python benchmarks/kernels/benchmark_router.py --fused-norm --tokens 1 2 --fused-configs \
+        default 1,1024,8 4,512,8 4,1024,8 2,512,8
 """
 
 import argparse
@@ -63,18 +77,27 @@ from benchmark_moe import copy_bandwidth, time_eager
 from benchmark_rmsnorm_gated_fp8_per_token import time_graph, write_csv
 
 from vllm.model_executor.kernels.linear.gemv import gemv_fp32
-from vllm.model_executor.layers.fused_moe.fused_router import FusedRouterConfig, fused_router_topk
+from vllm.model_executor.layers.fused_moe.fused_router import (
+    FusedRouterConfig,
+    default_norm_config,
+    fused_norm_router_topk,
+    fused_router_topk,
+)
 from vllm.model_executor.layers.fused_moe.router import (
     grouped_topk,
     grouped_topk_ref,
     grouped_topk_triton,
     router_logits,
 )
+from vllm.model_executor.layers.ops.rms_norm import fused_add_rms_norm
 from vllm.triton_utils import use_triton
 
 TOKENS = [1, 8, 64, 256]
 FUSED_TOKENS = [1, 2, 4, 8]
-KIMI_LINEAR = dict(experts=256, top_k=8, routed_scaling_factor=2.446, hidden=2304, layers=26)
+FUSED_NORM_TOKENS = [1]
+KIMI_LINEAR = dict(
+    experts=256, top_k=8, routed_scaling_factor=2.446, hidden=2304, layers=26, rms_norm_eps=1e-5
+)
 
 
 def check_logits(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, terms_per_k: int = 1) -> None:
@@ -169,9 +192,11 @@ def fused_config(text: str) -> tuple[str, FusedRouterConfig | None]:
     return text, config
 
 
-def bench_fused(args, device: torch.device, tokens_list: list[int], copy_gbps: float) -> int:
-    """Times the two-launch router against the fused one at each T (module docstring)."""
-    gen = torch.Generator().manual_seed(args.seed)  # on the CPU: the same data on any device
+def router_layers(
+    args, device: torch.device, gen: torch.Generator
+) -> tuple[dict, list, list, list]:
+    """(routing arguments, then per layer: gates, biases, semaphores) of the --fused modes:
+    Kimi-Linear's router with its fused shared expert, one gate per MoE layer."""
     experts, hidden, layers = args.experts, args.hidden, args.layers
     router = dict(
         top_k=args.top_k, num_expert_group=args.groups, topk_group=args.topk_group,
@@ -182,6 +207,14 @@ def bench_fused(args, device: torch.device, tokens_list: list[int], copy_gbps: f
              for _ in range(layers)]  # fmt: skip
     biases = [(torch.randn(experts, generator=gen) * 0.1).to(device) for _ in range(layers)]
     semaphores = [torch.zeros(1, dtype=torch.int32, device=device) for _ in range(layers)]
+    return router, gates, biases, semaphores
+
+
+def bench_fused(args, device: torch.device, tokens_list: list[int], copy_gbps: float) -> int:
+    """Times the two-launch router against the fused one at each T (module docstring)."""
+    gen = torch.Generator().manual_seed(args.seed)  # on the CPU: the same data on any device
+    experts, hidden, layers = args.experts, args.hidden, args.layers
+    router, gates, biases, semaphores = router_layers(args, device, gen)
     columns = args.top_k + 1  # weights (fp32) and ids (int64) written per token
     exact_x = torch.randint(-3, 4, (max(tokens_list), hidden), generator=gen).to(torch.bfloat16)
     exact_gate = torch.randint(-64, 65, (experts, hidden), generator=gen) * 2.0**-10
@@ -234,6 +267,78 @@ def bench_fused(args, device: torch.device, tokens_list: list[int], copy_gbps: f
     return 0
 
 
+def bench_fused_norm(args, device: torch.device, tokens_list: list[int], copy_gbps: float) -> int:
+    """Times the norm's launch then the fused router against the norm in the router's launch at
+    each T (module docstring); rows go to --csv."""
+    gen = torch.Generator().manual_seed(args.seed)  # on the CPU: the same data on any device
+    experts, hidden, layers = args.experts, args.hidden, args.layers
+    router, gates, biases, semaphores = router_layers(args, device, gen)
+    norm_weights = [(1 + 0.1 * torch.randn(hidden, generator=gen)).to(torch.bfloat16).to(device)
+                    for _ in range(layers)]  # fmt: skip
+    eps = KIMI_LINEAR["rms_norm_eps"]
+    columns = args.top_k + 1
+    configs = args.fused_configs or [("default", None)]
+    for label, config in configs:
+        if config is not None and config.num_warps != default_norm_config(hidden).num_warps:
+            raise SystemExit(
+                f"--fused-norm: {label} must take the norm kernel's "
+                f"{default_norm_config(hidden).num_warps} warps at H {hidden}"
+            )
+
+    def unfused(x, residual, layer, config=None):
+        h, new_residual = fused_add_rms_norm(x, residual, norm_weights[layer], eps)
+        weights, ids = fused_router_topk(h, gates[layer], biases[layer], **router,
+                                         semaphore=semaphores[layer], config=config)  # fmt: skip
+        return h, new_residual, weights, ids
+
+    baseline = "norm + router (before)"
+    paths, exact_configs = [(baseline, None, unfused)], set()
+    for label, config in configs:
+        exact = config or default_norm_config(hidden)
+        if exact not in exact_configs:
+            exact_configs.add(exact)
+            shape = f"{exact.block_n},{exact.block_h},{exact.num_warps}"
+            paths.append((f"norm + router[{shape}]", exact,
+                          functools.partial(unfused, config=exact)))  # fmt: skip
+
+        def fused(x, residual, layer, config=config):
+            return fused_norm_router_topk(
+                x, residual, norm_weights[layer], eps, gates[layer], biases[layer], **router,
+                semaphore=semaphores[layer], config=config,
+            )  # fmt: skip
+
+        paths.append((f"fused norm+router[{label}]", exact, fused))
+    rows, best = [], {}
+    with torch.inference_mode():
+        for tokens in tokens_list:
+            x, residual = (torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16).to(device)
+                           for _ in range(2))  # fmt: skip
+            # gate, x, residual and norm weight read; h, residual, weights and ids written
+            moved = gates[0].numel() * 4 + (4 * tokens + 1) * hidden * 2 + tokens * columns * 12
+            for name, config, fn in paths:
+                if name.startswith("fused"):  # bit for bit the unfused launches at its config
+                    got, want = fn(x, residual, 0), unfused(x, residual, 0, config)
+                    if not all(torch.equal(a, b) for a, b in zip(got, want, strict=True)):
+                        raise SystemExit(f"T={tokens} {name}: differs from the norm + router")
+                layer = itertools.count()
+
+                def call(fn=fn, x=x, residual=residual, layer=layer):
+                    return fn(x, residual, next(layer) % layers)
+
+                us = time_and_record(
+                    call, layers, device, args.csv, rows, copy_gbps, 30, tokens=tokens,
+                    experts=experts, hidden=hidden, path=name, bytes=moved,
+                )  # fmt: skip
+                if name == baseline:
+                    best[tokens] = [us, ("", float("inf"))]
+                elif name.startswith("fused") and us < best[tokens][1][1]:
+                    best[tokens][1] = (name, us)
+    for tokens, (two_us, (name, us)) in best.items():
+        print(f"T={tokens}: fastest {name} {us:.2f} us vs {baseline} "
+              f"{two_us:.2f} us ({us - two_us:+.2f} us, {us / two_us:.2f}x)")  # fmt: skip
+    return 0
+
+
 def make_inputs(tokens: int, experts: int, device: torch.device, seed: int):
     gen = torch.Generator(device=device).manual_seed(seed)
     logits = torch.randn(tokens, experts, generator=gen, device=device)
@@ -269,15 +374,22 @@ def main(argv: list[str] | None = None) -> int:
         "--fused", action="store_true", help="time the fused router (module docstring)"
     )
     parser.add_argument(
-        "--fused-configs", nargs="+", type=fused_config, metavar="BN,BH,W",
-        help="with --fused: time fused_router_topk at each config (a sweep)",
+        "--fused-norm", action="store_true",
+        help="time the norm in the fused router's launch (module docstring)",
     )  # fmt: skip
     parser.add_argument(
-        "--hidden", type=int, default=KIMI_LINEAR["hidden"], help="--logits / --fused: H"
+        "--fused-configs", nargs="+", type=fused_config, metavar="BN,BH,W",
+        help="with --fused / --fused-norm: time the fused op at each config (a sweep)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--hidden",
+        type=int,
+        default=KIMI_LINEAR["hidden"],
+        help="--logits / --fused / --fused-norm: H",
     )
     parser.add_argument(
         "--layers", type=int, default=KIMI_LINEAR["layers"],
-        help="--logits / --fused: distinct gates per graph (one per MoE layer)",
+        help="--logits / --fused / --fused-norm: distinct gates per graph (one per MoE layer)",
     )  # fmt: skip
     parser.add_argument("--copy-gib", type=float, default=2.0, help="size of the copy baseline")
     parser.add_argument("--seed", type=int, default=0)
@@ -296,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
         device, tokens_list, copy_gib = torch.device("cpu"), [1, 3], 1 / 64
         args.experts, args.top_k, args.hidden, args.layers = 32, 4, 72, 2
     elif torch.cuda.is_available():
-        tokens_list = args.tokens or (FUSED_TOKENS if args.fused else TOKENS)
+        defaults = FUSED_NORM_TOKENS if args.fused_norm else FUSED_TOKENS if args.fused else TOKENS
+        tokens_list = args.tokens or defaults
         device, copy_gib = torch.device("cuda"), args.copy_gib
     else:
         parser.error("this benchmark needs a CUDA GPU (or --dry-run)")
@@ -318,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
         return bench_logits(args, device, tokens_list, copy_gbps)
     if args.fused:
         return bench_fused(args, device, tokens_list, copy_gbps)
+    if args.fused_norm:
+        return bench_fused_norm(args, device, tokens_list, copy_gbps)
     rows = []
     with torch.inference_mode():
         for tokens in tokens_list:

@@ -76,6 +76,22 @@ def test_router_fused_dry_run(triton_launches, capsys: pytest.CaptureFixture) ->
     assert "T=3: fastest fused[" in out
 
 
+def test_router_fused_norm_dry_run(triton_launches, capsys: pytest.CaptureFixture) -> None:
+    import benchmark_router
+
+    # H 72: the norm's tile of 128 lanes takes one warp, so the swept config does too
+    argv = ["--dry-run", "--fused-norm", "--fused-configs", "default", "8,32,1"]
+    assert benchmark_router.main(argv) == 0
+    assert triton_launches["_fused_router_topk_kernel"] > 0
+    assert triton_launches["_rms_norm_kernel"] > 0  # the unfused side is the kernels too
+    out = capsys.readouterr().out
+    assert "norm + router (before)" in out and "norm + router[2,128,1]" in out
+    assert "fused norm+router[default]" in out and "fused norm+router[8,32,1]" in out
+    assert "T=3: fastest fused norm+router[" in out
+    with pytest.raises(SystemExit, match="must take the norm kernel's 1 warps"):
+        benchmark_router.main(["--dry-run", "--fused-norm", "--fused-configs", "2,64,4"])
+
+
 def test_all_reduce_dry_run(tmp_path: Path) -> None:
     """Two gloo ranks on the CPU: the script checks the sum of ones and writes one row per size."""
     import benchmark_all_reduce

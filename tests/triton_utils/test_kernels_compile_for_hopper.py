@@ -36,7 +36,11 @@ from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (
     group_rows,
     moe_experts_triton_grouped,
 )
-from vllm.model_executor.layers.fused_moe.fused_router import FusedRouterConfig, fused_router_topk
+from vllm.model_executor.layers.fused_moe.fused_router import (
+    FusedRouterConfig,
+    fused_norm_router_topk,
+    fused_router_topk,
+)
 from vllm.model_executor.layers.fused_moe.gather_rows import GatherRowsConfig, gather_rows
 from vllm.model_executor.layers.fused_moe.router import grouped_topk_triton
 from vllm.model_executor.layers.fused_moe.weighted_sum import moe_weighted_sum
@@ -277,6 +281,20 @@ def _drive_ops() -> None:
     fused_router_topk(
         torch.randn(3, 40, generator=gen), torch.randn(24, 40, generator=gen), None,
         4, 4, 2, False, 1.0, "softmax", 0, semaphore,
+    )  # fmt: skip
+    # The residual add and RMSNorm in the same launch: Kimi-Linear's bf16 rows at T = 1 (the
+    # norm's 8 warps), default and swept, then small fp32 rows with tail chunks at T = 3.
+    norm_weight = torch.ones(2304, dtype=torch.bfloat16)
+    for config in (None, FusedRouterConfig(4, 512, 8)):
+        x, residual = (torch.randn(1, 2304, generator=gen).to(torch.bfloat16) for _ in range(2))
+        fused_norm_router_topk(
+            x, residual, norm_weight, 1e-6, gate, torch.randn(256, generator=gen), *kimi,
+            semaphore, config=config,
+        )  # fmt: skip
+    fused_norm_router_topk(
+        torch.randn(3, 40, generator=gen), torch.randn(3, 40, generator=gen), torch.ones(40),
+        1e-6, torch.randn(24, 40, generator=gen), None, 4, 4, 2, False, 1.0, "softmax", 0,
+        semaphore,
     )  # fmt: skip
 
     _drive_moe(4, 64, 2304, 1024, 8)

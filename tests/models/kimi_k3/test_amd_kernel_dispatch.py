@@ -2,12 +2,15 @@
 on CPU), not their torch references: a prefill launches the fused epilogue of every KDA layer and
 the MLA o_proj's per-token quantization, a decode the fused KDA decode kernel with its quantizing
 epilogue; every RMSNorm call is one launch of the RMSNorm kernel, except the MLA layers'
-`kv_a_layernorm`, which their one cache-write launch applies."""
+`kv_a_layernorm`, which their one cache-write launch applies. A tiny Kimi-Linear (the standard
+residual) decoding one token runs each MoE layer's post-attention norm inside its router's
+launch."""
 
 import pytest
 import torch
 from engine_harness import EngineHarness as Harness
 
+import vllm.models.kimi_k3.amd.linear as linear_mod
 from vllm.config.quantization import parse_quantization_config
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
@@ -36,12 +39,8 @@ def test_tiny_model_prefill_and_decode_launch_the_triton_kernels(triton_launches
     assert fused == kda_layers and triton_launches["_fused_kda_decode_kernel"] == 0
     # the MLA o_proj quantizes its own input (the KDA ones receive the fused op's output)
     assert triton_launches["_per_token_fp8_quant_kernel"] == mla_layers
-    # one launch per RMSNorm call, the residual adds fused in (the AttnRes norms lend only
-    # their weights to the mixture, kv_a_layernorm its to the MLA cache write)
-    norms = sum(
-        type(m) is RMSNorm and not name.endswith(("res_norm", "kv_a_layernorm"))
-        for name, m in text.named_modules()
-    )
+    # one launch per RMSNorm call, the residual adds fused in
+    norms = _counted_norms(text)
     assert triton_launches["_rms_norm_kernel"] == norms
     assert triton_launches["_mla_cache_write_kernel"] == mla_layers
     next_tokens = logits.argmax(-1).tolist()
@@ -52,3 +51,40 @@ def test_tiny_model_prefill_and_decode_launch_the_triton_kernels(triton_launches
     assert triton_launches["_per_token_fp8_quant_kernel"] == 2 * mla_layers
     assert triton_launches["_rms_norm_kernel"] == 2 * norms
     assert triton_launches["_mla_cache_write_kernel"] == 2 * mla_layers
+
+
+def _counted_norms(text) -> int:
+    """RMSNorm modules called once per step, each by a launch of its own: all but the AttnRes
+    norms (their weights go to the mixture) and kv_a_layernorm (the MLA cache write's)."""
+    return sum(
+        type(m) is RMSNorm and not name.endswith(("res_norm", "kv_a_layernorm"))
+        for name, m in text.named_modules()
+    )
+
+
+def test_one_token_decode_norms_in_the_moe_routers_launch(triton_launches, monkeypatch):
+    """Kimi-Linear decoding one token: one RMSNorm launch fewer per MoE layer (the norm runs in
+    the fused router's launch), and the logits those of the unfused layers bit for bit; two
+    tokens keep the norm's launch and the two router launches."""
+    model = load_model("kimi-linear-tiny", dtype=torch.bfloat16)
+    moe_layers = sum(layer.is_moe for layer in model.layers)
+    assert moe_layers and model.config.attn_res_block_size is None
+    norms = _counted_norms(model)
+    kernels = ("_rms_norm_kernel", "_fused_router_topk_kernel", "_grouped_topk_kernel")
+
+    def decode(batch: dict[int, list[int]]) -> tuple[torch.Tensor, tuple[int, ...]]:
+        """Prefill `batch`, then decode one token per sequence: (decode logits, its launches)."""
+        harness = Harness(model)
+        harness.step(batch)
+        before = [triton_launches[k] for k in kernels]
+        logits = harness.step({sid: [7] for sid in batch})
+        return logits, tuple(triton_launches[k] - b for k, b in zip(kernels, before, strict=True))
+
+    fused, launches = decode({0: [5, 6, 7, 8]})
+    assert launches == (norms - moe_layers, moe_layers, 0)
+    _, launches = decode({0: [5, 6, 7, 8], 1: [9, 10]})
+    assert launches == (norms, 0, moe_layers)
+    monkeypatch.setattr(linear_mod, "use_fused_norm_router", lambda *args: False)
+    unfused, launches = decode({0: [5, 6, 7, 8]})
+    assert launches == (norms, moe_layers, 0)
+    assert torch.equal(fused, unfused)

@@ -6,6 +6,11 @@ data the reference composition's ids, with weights within the logit error carrie
 scoring (module docstring of fused_router.py). Also the semaphore's reset, argument errors, the
 dispatch and KimiMoE's use of it, and on a GPU Kimi-Linear's sizes and CUDA-graph replay. Data is
 drawn on the CPU, so the interpreter and the GPU see the same values for a seed.
+
+`fused_norm_router_topk` (the residual add and RMSNorm in the router's launch) must equal the
+norm kernel (`fused_add_rms_norm`) followed by `fused_router_topk` at the same launch config bit
+for bit, in all four outputs, on any data: on a GPU too, where it rests on the norm's sum running
+in the norm kernel's layout.
 """
 
 import pytest
@@ -14,11 +19,16 @@ import torch.nn.functional as F
 
 from vllm.model_executor.layers.fused_moe import fused_router as fused_mod
 from vllm.model_executor.layers.fused_moe.fused_router import (
+    FUSED_NORM_MAX_HIDDEN,
     MAX_TOKENS,
     FusedRouterConfig,
     default_config,
+    default_norm_config,
+    fused_norm_router_topk,
+    fused_norm_router_topk_ref,
     fused_router_topk,
     fused_router_topk_ref,
+    use_fused_norm_router,
     use_fused_router,
 )
 from vllm.model_executor.layers.fused_moe.router import (
@@ -26,6 +36,8 @@ from vllm.model_executor.layers.fused_moe.router import (
     grouped_topk_triton,
     router_logits,
 )
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.ops.rms_norm import fused_add_rms_norm
 from vllm.models.kimi_k3.amd.linear import KimiMoE
 from vllm.transformers_utils.configs import KimiLinearConfig
 
@@ -342,6 +354,230 @@ def test_kimi_moe_routes_decode_batches_in_one_launch(triton_launches, monkeypat
 
 
 # ---------------------------------------------------------------------------------------------
+# The residual add and RMSNorm in the router's launch (`fused_norm_router_topk`)
+# ---------------------------------------------------------------------------------------------
+
+EPS = 1e-6
+# H 80 (a 128-lane norm tile: one warp, `row_tile_warps`) with tail chunks for block_h 32 / 64.
+NORM_CONFIGS = [
+    FusedRouterConfig(1, 32, 1), FusedRouterConfig(4, 64, 1), FusedRouterConfig(64, 128, 1),
+]  # fmt: skip
+
+
+def norm_case(t, e, h, seed, device=DEVICE, dtype=torch.bfloat16, nonzero=None):
+    """A sublayer output x, a residual stream (4x larger, as a model's grows), a norm weight near
+    1 and `random_case`'s gate and bias; `nonzero`: x's nonzero entries per token, residual 0."""
+    x, w, bias = random_case(t, e, h, seed, device, torch.float32, nonzero)
+    gen = torch.Generator().manual_seed(seed + 1)
+    residual = torch.randn(t, h, generator=gen) * 4 if nonzero is None else torch.zeros(t, h)
+    norm_weight = 1 + 0.1 * torch.randn(h, generator=gen)
+    return (x.to(dtype), residual.to(dtype).to(device), norm_weight.to(dtype).to(device), w, bias)
+
+
+def fused_norm(x, residual, norm_weight, w, bias, routing, config=None):
+    return fused_norm_router_topk(
+        x, residual, norm_weight, EPS, w, bias, **routing, semaphore=sem(x), config=config
+    )
+
+
+def norm_then_router(x, residual, norm_weight, w, bias, routing, config):
+    """The unfused sequence: the norm kernel's launch, then the fused router's."""
+    h, new_residual = fused_add_rms_norm(x, residual, norm_weight, EPS)
+    return h, new_residual, *fused_router_topk(h, w, bias, **routing, semaphore=sem(x),
+                                               config=config)  # fmt: skip
+
+
+def assert_fused_norm_equals_unfused(x, residual, norm_weight, w, bias, routing, config=None):
+    out = fused_norm(x, residual, norm_weight, w, bias, routing, config)
+    expected = norm_then_router(x, residual, norm_weight, w, bias, routing,
+                                config or default_norm_config(x.shape[1]))  # fmt: skip
+    for name, got, want in zip(("h", "residual", "weights", "ids"), out, expected, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape, name
+        assert torch.equal(got, want), name
+    assert sem(x).item() == 0
+    return out
+
+
+@pytest.mark.parametrize(
+    "routing,config",
+    [*((r, None) for r in ROUTINGS), *zip(ROUTINGS, NORM_CONFIGS, strict=True)],
+    ids=["sigmoid", "grouped-softmax-shared", "plain", "sigmoid-1x32", "grouped-4x64",
+         "plain-64x128"],
+)  # fmt: skip
+def test_fused_norm_equals_the_norm_then_the_router_bit_for_bit(routing, config, triton_launches):
+    for t in (1, 3):
+        assert_fused_norm_equals_unfused(*norm_case(t, 32, 80, seed=t), routing, config)
+    # per T, the fused launch, then the unfused sequence's norm and router
+    assert triton_launches[KERNEL] == 4 and triton_launches["_rms_norm_kernel"] == 2
+
+
+@pytest.mark.parametrize(
+    "dtype,weight_dtype",
+    [(torch.float16, torch.float16), (torch.float32, torch.float32),
+     (torch.bfloat16, torch.float32)],
+    ids=["fp16", "fp32", "bf16-fp32-weight"],
+)  # fmt: skip
+def test_fused_norm_other_dtypes_and_row_strides(dtype, weight_dtype, triton_launches):
+    x, residual, norm_weight, w, bias = norm_case(2, 48, 64, seed=11, dtype=dtype)  # even H
+    norm_weight = norm_weight.to(weight_dtype)
+    assert_fused_norm_equals_unfused(x, residual, norm_weight, w, bias, router(shared=1))
+    wide_x, wide_residual = (torch.cat([t, t], dim=1)[:, :64] for t in (x, residual))
+    assert wide_x.stride(0) == 128
+    assert_fused_norm_equals_unfused(wide_x, wide_residual, norm_weight, w, bias, router(shared=1))
+    # Kimi-Linear's router: 256 experts, top-8 and the shared expert, 32 programs
+    x, residual, norm_weight, w, bias = norm_case(1, 256, 128, seed=12, dtype=dtype)
+    assert_fused_norm_equals_unfused(x, residual, norm_weight, w, bias, KIMI,
+                                     config=FusedRouterConfig(8, 128, 1))  # fmt: skip
+    assert triton_launches[KERNEL] == 6
+
+
+def test_fused_norm_leaves_its_inputs_and_resets_the_semaphore(triton_launches):
+    counter = semaphore()
+    for seed in (1, 2, 3):
+        case = norm_case(1, 16, 64, seed=seed)
+        before = [t.clone() for t in case]
+        h, new_residual, weights, ids = fused_norm_router_topk(
+            *case[:3], EPS, *case[3:], **router(), semaphore=counter
+        )
+        assert counter.item() == 0
+        assert all(torch.equal(a, b) for a, b in zip(case, before, strict=True))
+        assert h.is_contiguous() and new_residual.is_contiguous()
+        ref = fused_norm_router_topk_ref(*case[:3], EPS, *case[3:], *router().values())
+        assert torch.equal(new_residual, ref[1])
+        # the reference sums the squares in torch's order: one bf16 ulp of h at most
+        torch.testing.assert_close(h.float(), ref[0].float(), rtol=2**-7, atol=0.0)
+        assert torch.equal(ids, fused_router_topk_ref(h, *case[3:], **router())[1])
+    assert triton_launches[KERNEL] == 3
+
+
+def test_fused_norm_zero_tokens_launch_nothing(triton_launches):
+    case = norm_case(0, 16, 64, seed=0)
+    h, new_residual, weights, ids = fused_norm(*case, router(shared=1))
+    assert (
+        h.shape == new_residual.shape == (0, 64) and h.dtype == new_residual.dtype == case[0].dtype
+    )
+    assert weights.shape == ids.shape == (0, 5)
+    assert triton_launches[KERNEL] == 0
+
+
+def test_fused_norm_on_cpu_without_interpreter_runs_the_reference(monkeypatch, triton_launches):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    case = norm_case(1, 16, 64, seed=6, device="cpu")
+    out = fused_norm_router_topk(*case[:3], EPS, *case[3:], **router(), semaphore=semaphore("cpu"))
+    ref = fused_norm_router_topk_ref(*case[:3], EPS, *case[3:], *router().values())
+    assert all(torch.equal(a, b) for a, b in zip(out, ref, strict=True))
+    assert triton_launches[KERNEL] == triton_launches["_rms_norm_kernel"] == 0
+    assert not use_fused_norm_router(case[0], case[1], case[2], case[3])
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (dict(r=lambda r: r.float()), "residual must match x"),
+        (dict(r=lambda r: r[:, :-1]), "residual must match x"),
+        (dict(r=lambda r: torch.stack([r, r], dim=2)[..., 0]), "residual must have unit stride"),
+        (dict(n=lambda n: n[:-1]), r"norm_weight must be \[64\]"),
+        (dict(n=lambda n: n.to(torch.int32)), r"norm_weight must be \[64\]"),
+        (dict(n=lambda n: torch.stack([n, n], dim=1)[:, 0]), "norm_weight must be contiguous"),
+        (dict(n=lambda n: n.to("meta")), "norm_weight is on meta"),
+        (dict(c=FusedRouterConfig(2, 64, 2)), "num_warps must be the norm kernel's 1 at H 64"),
+        (dict(c=FusedRouterConfig(3, 64, 1)), "block_n must be a positive power of two"),
+        (dict(s=lambda s: s.long()), "semaphore must be an int32 .1. tensor"),
+        (dict(rt=dict(top_k=17)), "top_k 17"),
+    ],
+)
+def test_fused_norm_argument_errors(change, message, triton_launches):
+    x, residual, norm_weight, w, bias = norm_case(2, 16, 64, seed=7)
+    residual = change.get("r", lambda v: v)(residual)
+    norm_weight = change.get("n", lambda v: v)(norm_weight)
+    s = change.get("s", lambda v: v)(semaphore())
+    with pytest.raises(ValueError, match=message):
+        fused_norm_router_topk(x, residual, norm_weight, EPS, w, bias,
+                               **router(**change.get("rt", {})), semaphore=s,
+                               config=change.get("c"))  # fmt: skip
+    assert triton_launches[KERNEL] == 0
+
+
+def test_fused_norm_takes_rows_up_to_its_hidden_limit():
+    hidden = FUSED_NORM_MAX_HIDDEN + 16
+    x, residual = torch.zeros(1, hidden), torch.zeros(1, hidden)
+    norm_weight, w = torch.ones(hidden), torch.zeros(4, hidden)
+    assert not use_fused_norm_router(x, residual, norm_weight, w)
+    with pytest.raises(ValueError, match=rf"H in \[1, {FUSED_NORM_MAX_HIDDEN}\], got {hidden}"):
+        fused_norm_router_topk(x, residual, norm_weight, EPS, w, None, **router(top_k=2),
+                               semaphore=semaphore("cpu"))  # fmt: skip
+
+
+def test_default_norm_config():
+    assert default_norm_config(2304) == FusedRouterConfig(2, 1024, 8)  # the norm's 8 warps
+    assert default_norm_config(256) == FusedRouterConfig(2, 256, 1)
+    assert default_norm_config(80) == FusedRouterConfig(2, 128, 1)
+
+
+def test_fused_norm_dispatch(monkeypatch):
+    x, residual, norm_weight, w, _ = norm_case(2, 16, 64, seed=8)
+    one = (x[:1], residual[:1], norm_weight, w)
+    assert use_fused_norm_router(*one) and not use_fused_norm_router(x, residual, norm_weight, w)
+    assert not use_fused_norm_router(x[:1], residual[:1].float(), norm_weight, w)
+    strided = torch.randn(64, 2).to(x.dtype)[:, :1].t()  # [1, 64], stride 2 on H
+    assert not use_fused_norm_router(x[:1], strided, norm_weight, w)
+    assert not use_fused_norm_router(x[:1], residual[:1], norm_weight[:-1], w)
+    monkeypatch.setattr(fused_mod, "FUSED_NORM_MAX_HIDDEN", 32)
+    assert not use_fused_norm_router(*one)
+    monkeypatch.setattr(fused_mod, "FUSED_NORM_MAX_HIDDEN", 64)
+    monkeypatch.setattr(fused_mod, "FUSED_ROUTER_MAX_T", 2)
+    assert use_fused_norm_router(x, residual, norm_weight, w)
+
+
+def moe_and_norm(dtype, device=DEVICE, hidden=48, experts=16, top_k=4):
+    """`kimi_moe` and a post-attention RMSNorm with a weight near 1."""
+    moe = kimi_moe(device, hidden, experts, top_k, dtype)
+    norm = RMSNorm(hidden, 1e-5, dtype).to(device)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.1 * torch.randn(hidden, generator=gen))
+    return moe, norm
+
+
+@pytest.mark.usefixtures("interpreter_moe_blocks")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_kimi_moe_norms_in_the_router_launch_at_one_token(dtype, triton_launches, monkeypatch):
+    """forward_with_norm at T = 1: one launch for the norm and the router, and the block's output
+    and residual stream bit for bit those of the norm's launch, then `forward` (its router at the
+    fused norm's launch config, as the contract states it; the interpreter's sums would not tell
+    the warps apart anyway)."""
+    config = default_norm_config(48)
+    monkeypatch.setattr(fused_mod, "default_config", lambda hidden: config)
+    moe, norm = moe_and_norm(dtype)
+    x, residual, *_ = norm_case(1, 16, 48, seed=13, dtype=dtype)
+    with torch.no_grad():
+        out, new_residual = moe.forward_with_norm(x, residual, norm)
+        counts = (triton_launches[KERNEL], triton_launches["_rms_norm_kernel"],
+                  triton_launches["_grouped_topk_kernel"])  # fmt: skip
+        assert counts == (1, 0, 0) and moe.router_semaphore.item() == 0
+        h, expected_residual = norm(x, residual)
+        expected = moe(h)
+    assert triton_launches[KERNEL] == 2 and triton_launches["_rms_norm_kernel"] == 1
+    assert torch.equal(new_residual, expected_residual) and torch.equal(out, expected)
+
+
+@pytest.mark.usefixtures("interpreter_moe_blocks")
+def test_kimi_moe_with_norm_falls_back_above_one_token(triton_launches):
+    """T = 2 (above FUSED_ROUTER_MAX_T): the norm's own launch, then the two router launches."""
+    moe, norm = moe_and_norm(torch.bfloat16)
+    x, residual, *_ = norm_case(2, 16, 48, seed=14)
+    with torch.no_grad():
+        out, new_residual = moe.forward_with_norm(x, residual, norm)
+        counts = (triton_launches[KERNEL], triton_launches["_rms_norm_kernel"],
+                  triton_launches["_grouped_topk_kernel"])  # fmt: skip
+        assert counts == (0, 1, 1)
+        h, expected_residual = norm(x, residual)
+        assert torch.equal(new_residual, expected_residual) and torch.equal(out, moe(h))
+    with pytest.raises(ValueError, match="norm must be an RMSNorm, got Identity"):
+        moe.forward_with_norm(x, residual, torch.nn.Identity())
+
+
+# ---------------------------------------------------------------------------------------------
 # GPU: Kimi-Linear's router (H 2304, E 256, top-8 + 1 shared, sigmoid, bias, scaling 2.446)
 # ---------------------------------------------------------------------------------------------
 
@@ -427,5 +663,106 @@ def test_gpu_kimi_moe_in_a_cuda_graph():
             torch.cuda.synchronize()
             assert moe.router_semaphore.item() == 0
             assert torch.equal(captured, moe(x))
+            outputs.append(captured.clone())
+    assert not torch.equal(outputs[0], outputs[1]) and not torch.equal(outputs[1], outputs[2])
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: the norm in the router's launch at Kimi-Linear's sizes (H 2304: the norm's 8 warps)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("t", [1, 2, 4])
+def test_gpu_fused_norm_kimi_sizes_bit_for_bit(t, dtype, triton_launches):
+    """Dense rows, several seeds: h, the residual, weights and ids are the norm kernel's and then
+    the router's at the same config. fp32 rows show any difference in the sum of squares' order
+    (h is not rounded to bf16 after the rstd); bf16 rows are the model's."""
+    for seed in range(8):
+        assert_fused_norm_equals_unfused(*norm_case(t, 256, 2304, seed, "cuda", dtype), KIMI)
+    swept = FusedRouterConfig(4, 512, 8)
+    assert_fused_norm_equals_unfused(*norm_case(t, 256, 2304, 99, "cuda", dtype), KIMI, swept)
+    assert triton_launches[KERNEL] == 18 and triton_launches["_rms_norm_kernel"] == 9
+
+
+@pytest.mark.gpu
+def test_gpu_fused_norm_routes_as_the_default_router_up_to_summation_order():
+    """Against what the layer ran before (the norm, then the router at `default_config`'s 4
+    warps): the same h and residual, the same ids and weights within the logit error, on sparse
+    rows (32 nonzero entries: a tight enough error bound for tie-free seeds at H 2304)."""
+    for seed in range(0, 100_000, 1000):
+        x, residual, norm_weight, w, bias = norm_case(1, 256, 2304, seed, "cuda", nonzero=32)
+        h, new_residual = fused_add_rms_norm(x, residual, norm_weight, EPS)
+        gap = decision_gap(h, w, bias, 8, 1, 1, "sigmoid")
+        if bool((gap > 4 * logit_error(h, w) + 1e-6).all()):
+            break
+    else:
+        raise AssertionError("no tie-free seed in 100 tries")
+    out = fused_norm(x, residual, norm_weight, w, bias, KIMI)
+    assert torch.equal(out[0], h) and torch.equal(out[1], new_residual)
+    before = fused_router_topk(h, w, bias, **KIMI, semaphore=sem(x))
+    assert_close_routing(out[2:], before, h, w, bias, KIMI, logit_error(h, w))
+
+
+@pytest.mark.gpu
+def test_gpu_fused_norm_cuda_graph_replays():
+    """26 layers' norms and routers in one graph, each with its own norm weight, gate and
+    semaphore: every replay computes afresh from the new rows, as the unfused launches do."""
+    layers = [norm_case(1, 256, 2304, seed=400 + i, device="cuda")[2:] for i in range(26)]
+    counters = [semaphore("cuda") for _ in layers]
+    x, residual = (t.clone() for t in norm_case(1, 256, 2304, seed=500, device="cuda")[:2])
+
+    def step():
+        return [fused_norm_router_topk(x, residual, n, EPS, w, b, **KIMI, semaphore=s)
+                for (n, w, b), s in zip(layers, counters, strict=True)]  # fmt: skip
+
+    step()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    for seed in (1, 2, 3):
+        new_x, new_residual = norm_case(1, 256, 2304, seed=seed, device="cuda")[:2]
+        x.copy_(new_x)
+        residual.copy_(new_residual)
+        for outputs in captured:
+            for out in outputs:
+                out.fill_(-1)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert all(c.item() == 0 for c in counters)
+        for outputs, (n, w, b) in zip(captured, layers, strict=True):
+            expected = norm_then_router(x, residual, n, w, b, KIMI, default_norm_config(2304))
+            assert all(torch.equal(a, e) for a, e in zip(outputs, expected, strict=True))
+
+
+@pytest.mark.gpu
+def test_gpu_kimi_moe_forward_with_norm_in_a_cuda_graph(monkeypatch):
+    """KimiMoE at batch 1, bf16, Kimi-Linear's sizes (256 experts, top-8, the shared expert
+    fused): each replay equals the eager norm launch and then `forward`, its router at the fused
+    norm's launch config, bit for bit."""
+    config = default_norm_config(2304)
+    moe, norm = moe_and_norm(torch.bfloat16, "cuda", hidden=2304, experts=256, top_k=8)
+    assert moe.fuses_shared_experts
+    x, residual = (torch.zeros(1, 2304, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    with torch.no_grad():
+        moe.forward_with_norm(x, residual, norm)  # compile outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured, captured_residual = moe.forward_with_norm(x, residual, norm)
+        monkeypatch.setattr(fused_mod, "default_config", lambda hidden: config)
+        outputs = []
+        for seed in (1, 2, 3):
+            new_x, new_residual = norm_case(1, 256, 2304, seed=seed, device="cuda")[:2]
+            x.copy_(new_x)
+            residual.copy_(new_residual)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert moe.router_semaphore.item() == 0
+            h, expected_residual = norm(x, residual)
+            assert torch.equal(captured_residual, expected_residual)
+            assert torch.equal(captured, moe(h))
             outputs.append(captured.clone())
     assert not torch.equal(outputs[0], outputs[1]) and not torch.equal(outputs[1], outputs[2])

@@ -19,8 +19,21 @@ semaphore, *, config=None)``
 ordering argument below is PTX's). ``KimiMoE`` (vllm/models/kimi_k3/amd/linear.py) owns one
 semaphore per layer, so no two launches in flight ever share one.
 
+``fused_norm_router_topk(x, residual, norm_weight, eps, gate_weight, <routing as above>,
+semaphore, *, config=None)``
+    The decoder layer's residual add and RMSNorm before the MoE block, in the same launch:
+    returns ``(h, new_residual, weights, ids)`` where ``h, new_residual =
+    fused_add_rms_norm(x, residual, norm_weight, eps)`` (ops/rms_norm.py) and the routing is
+    ``fused_router_topk(h, ...)``'s. ``residual`` is shaped and typed like ``x`` with unit stride
+    on H, ``norm_weight`` ``[H]`` contiguous, H <= ``FUSED_NORM_MAX_HIDDEN``; ``h`` and
+    ``new_residual`` are new contiguous tensors (the kernel reads ``x`` and ``residual`` in every
+    program, so its outputs must not alias them). Reference: ``fused_norm_router_topk_ref``.
+    ``use_fused_norm_router`` says when ``KimiMoE.forward_with_norm`` takes it.
+
 Why: at batch 1 the two launches are ~4 us each on the H200, mostly latency, plus the launch gap
-between them in the CUDA graph; one launch saves a gap, a ramp and the logits' round trip.
+between them in the CUDA graph; one launch saves a gap, a ramp and the logits' round trip. The
+norm before the router is another ~2 us launch per MoE layer (26 per Kimi-Linear decode step);
+its row (H 2304) is small enough for every program to recompute.
 
 Kernel: ``cdiv(E, block_n)`` programs (``FusedRouterConfig``; the default, 2 experts a program,
 128 programs for Kimi-Linear's 256, is the shape of `gemv_fp32`'s default at these sizes, which
@@ -54,6 +67,22 @@ Ordering (why the last program sees every logit, on NVIDIA, Triton 3.6 and 3.9):
   with nothing; the kernel's end orders it before the next launch on the stream and before the
   next replay of a CUDA graph holding it.
 
+The fused norm: every program first runs the norm kernel's arithmetic on each token's whole
+row (one ``[next_pow2(H)]`` tile: ``s = x + residual`` rounded to x's dtype, the fp32 sum of
+``s * s``, divided by H, plus eps, ``rsqrt``), keeping the rstd per token; program 0 alone
+stores ``s`` and ``h = (s * rstd) * norm_weight`` rounded to x's dtype, early, while the others
+compute (the last program, which selects, is the launch's tail). The logits loop then recomputes
+each ``block_h`` chunk of ``h`` from x, residual and the norm weight, elementwise (the same
+value in any layout), instead of loading it. Bit-identity with the norm kernel rests on the one
+reduction: Triton's order for the sum follows the tile's layout, which follows the tile width,
+the warps and the alignment of the row accesses. So the launch takes the norm kernel's warps
+(``row_tile_warps``, 8 at H 2304: ``default_norm_config``; another count is a ValueError), and
+with rows aligned alike (the model's: fresh 16-byte aligned activations) the sum compiles to the
+same tree: checked in the sm_90 PTX of Triton 3.9 and by the GPU tests. The warps also set the
+logits' summation order, so the routing is ``fused_router_topk(h, ..., config)``'s with the same
+``config``, bit for bit; against ``default_config``'s 4 warps the logits may differ in the last
+bits (summation order, below).
+
 Numerics: the logits are computed as `gemv_fp32`'s multiply-and-sum path does: x converted to fp32
 (exact), IEEE fp32 products (rounded, or fused into an FMA; never TF32), fp32 sums (a tree within a
 chunk, chunks in order), so each logit is within (H + 2) * 2^-24 * sum_h |x_h w_h| of the exact
@@ -81,6 +110,7 @@ from vllm.model_executor.layers.fused_moe.router import (
     grouped_topk_ref,
     router_logits_ref,
 )
+from vllm.model_executor.layers.ops.rms_norm import fused_add_rms_norm_ref, row_tile_warps
 from vllm.platforms import current_platform
 from vllm.triton_utils import next_power_of_2, use_triton
 from vllm.triton_utils.launch import LaunchSpec, launch
@@ -94,12 +124,17 @@ except ImportError:  # CPU-only installs without Triton use the torch reference
     triton = None
 
 __all__ = [
+    "FUSED_NORM_MAX_HIDDEN",
     "FUSED_ROUTER_MAX_T",
     "MAX_TOKENS",
     "FusedRouterConfig",
     "default_config",
+    "default_norm_config",
+    "fused_norm_router_topk",
+    "fused_norm_router_topk_ref",
     "fused_router_topk",
     "fused_router_topk_ref",
+    "use_fused_norm_router",
     "use_fused_router",
 ]
 
@@ -110,6 +145,9 @@ __all__ = [
 FUSED_ROUTER_MAX_T = 1
 # The op's limit: every program computes all T tokens' logits, unrolled.
 MAX_TOKENS = 16
+# The widest norm the fused form takes: every program holds a token's whole row in registers
+# beside its gate tile (the models' hidden sizes are <= 8192).
+FUSED_NORM_MAX_HIDDEN = 8192
 _X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -137,14 +175,25 @@ def default_config(hidden: int) -> FusedRouterConfig:
     return FusedRouterConfig(2, min(1024, max(64, next_power_of_2(hidden))), 4)
 
 
+def default_norm_config(hidden: int) -> FusedRouterConfig:
+    """`default_config` with the warps of the norm kernel's row tile (`row_tile_warps`): the
+    fused norm's sum of squares then runs in the norm kernel's layout (module docstring)."""
+    config = default_config(hidden)
+    return FusedRouterConfig(
+        config.block_n, config.block_h, row_tile_warps(next_power_of_2(hidden))
+    )
+
+
 if triton is not None:
 
     @triton.jit
     def _fused_router_topk_kernel(
-        x_ptr, w_ptr, bias_ptr, scratch_ptr, weights_ptr, ids_ptr, semaphore_ptr,
-        T, H, stride_xt, stride_we, stride_b, stride_wt, stride_it, scale,
+        x_ptr, res_ptr, norm_w_ptr, h_ptr, res_out_ptr,
+        w_ptr, bias_ptr, scratch_ptr, weights_ptr, ids_ptr, semaphore_ptr,
+        T, H, stride_xt, stride_rt, stride_we, stride_b, stride_wt, stride_it, scale, eps,
         BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
-        EVEN_H: tl.constexpr, E: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr,
+        EVEN_H: tl.constexpr, HAS_NORM: tl.constexpr, BLOCK_D: tl.constexpr,
+        E: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr,
         BLOCK_K: tl.constexpr, NUM_GROUPS: tl.constexpr, GROUP_SIZE: tl.constexpr,
         BLOCK_G: tl.constexpr, TOPK_GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
         SOFTMAX: tl.constexpr, RENORMALIZE: tl.constexpr, NUM_SHARED: tl.constexpr,
@@ -153,6 +202,28 @@ if triton is not None:
         n_ok = n < E
         hh = tl.arange(0, BLOCK_H)
         cols = tl.arange(0, BLOCK_T)
+        if HAS_NORM:
+            # `_rms_norm_kernel`'s expression on its tile (BLOCK_D lanes under the same warps, the
+            # rows aligned alike): the same fp32 sum of squares, hence the same rstd per token.
+            d = tl.arange(0, BLOCK_D)
+            d_ok = d < H
+            rstds = tl.zeros([BLOCK_T], dtype=tl.float32)
+            for i in tl.static_range(BLOCK_T):
+                row = tl.where(i < T, i, 0).to(tl.int64)
+                a = tl.load(x_ptr + row * stride_xt + d, mask=d_ok, other=0.0).to(tl.float32)
+                r = tl.load(res_ptr + row * stride_rt + d, mask=d_ok, other=0.0).to(tl.float32)
+                s = (a + r).to(res_out_ptr.dtype.element_ty)
+                sf = s.to(tl.float32)
+                rstd = tl.math.rsqrt(tl.sum(sf * sf, axis=0) / H + eps)
+                rstds = tl.where(cols == i, rstd, rstds)
+                # One writer, the first program: its stores overlap the other programs' logits
+                # instead of lengthening the last program's selection.
+                if tl.program_id(0) == 0:
+                    if i < T:
+                        tl.store(res_out_ptr + row * H + d, s, mask=d_ok)
+                        nw = tl.load(norm_w_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
+                        normed = ((sf * rstd) * nw).to(h_ptr.dtype.element_ty)
+                        tl.store(h_ptr + row * H + d, normed, mask=d_ok)
         # Padded experts and tokens address row 0 under a false mask: no address leaves a tensor.
         w_rows = w_ptr + tl.where(n_ok, n, 0).to(tl.int64)[:, None] * stride_we
         acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
@@ -162,12 +233,21 @@ if triton is not None:
                 w = tl.load(w_rows + h[None, :], mask=n_ok[:, None], other=0.0)
             else:
                 w = tl.load(w_rows + h[None, :], mask=n_ok[:, None] & (h < H)[None, :], other=0.0)
+            if HAS_NORM:
+                nw_h = tl.load(norm_w_ptr + h, mask=h < H, other=0.0).to(tl.float32)
             # One token at a time: no [BLOCK_N, BLOCK_T, BLOCK_H] product is ever live.
             for i in tl.static_range(BLOCK_T):
-                x_row = x_ptr + tl.where(i < T, i, 0).to(tl.int64) * stride_xt
+                row = tl.where(i < T, i, 0).to(tl.int64)
                 row_ok = hh * 0 + i < T  # a block (the interpreter takes no scalar mask)
                 x_ok = row_ok if EVEN_H else row_ok & (h < H)
-                xi = tl.load(x_row + h, mask=x_ok, other=0.0).to(tl.float32)
+                xi = tl.load(x_ptr + row * stride_xt + h, mask=x_ok, other=0.0).to(tl.float32)
+                if HAS_NORM:
+                    # The token's normed chunk, elementwise as above (exact in any layout): the
+                    # bf16 (x's dtype) values the unfused router would read back.
+                    ri = tl.load(res_ptr + row * stride_rt + h, mask=x_ok, other=0.0)
+                    si = (xi + ri.to(tl.float32)).to(res_out_ptr.dtype.element_ty).to(tl.float32)
+                    rstd_i = tl.sum(tl.where(cols == i, rstds, 0.0), axis=0)
+                    xi = ((si * rstd_i) * nw_h).to(h_ptr.dtype.element_ty).to(tl.float32)
                 part = tl.sum(w * xi[None, :], axis=1)
                 acc = tl.where(cols[None, :] == i, acc + part[:, None], acc)
         tl.store(
@@ -199,6 +279,7 @@ def _spec(
     block_t: int,
     config: FusedRouterConfig,
     even_h: bool,
+    block_d: int,
     experts: int,
     top_k: int,
     columns: int,
@@ -209,10 +290,12 @@ def _spec(
     renormalize: bool,
     shared: int,
 ) -> LaunchSpec:
-    """Constexprs and options; cached: the spec holds the compiled kernels."""
+    """Constexprs and options (``block_d`` 0: no norm); cached: the spec holds the compiled
+    kernels."""
     return LaunchSpec(
         BLOCK_T=block_t, BLOCK_N=config.block_n, BLOCK_H=config.block_h, EVEN_H=even_h,
-        E=experts, BLOCK_E=next_power_of_2(max(experts, columns)), TOP_K=top_k,
+        HAS_NORM=block_d > 0, BLOCK_D=max(block_d, 1), E=experts,
+        BLOCK_E=next_power_of_2(max(experts, columns)), TOP_K=top_k,
         BLOCK_K=next_power_of_2(columns), NUM_GROUPS=groups, GROUP_SIZE=experts // groups,
         BLOCK_G=next_power_of_2(groups), TOPK_GROUP=topk_group, HAS_BIAS=has_bias,
         SOFTMAX=softmax, RENORMALIZE=renormalize, NUM_SHARED=shared,
@@ -239,6 +322,31 @@ def fused_router_topk_ref(
     )  # fmt: skip
 
 
+def fused_norm_router_topk_ref(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    gate_weight: torch.Tensor,
+    e_score_correction_bias: torch.Tensor | None,
+    top_k: int,
+    num_expert_group: int,
+    topk_group: int,
+    renormalize: bool,
+    routed_scaling_factor: float,
+    scoring_func: str,
+    num_fused_shared_experts: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The torch reference: ``fused_add_rms_norm_ref``, then ``fused_router_topk_ref`` of the
+    normed rows."""
+    h, new_residual = fused_add_rms_norm_ref(x, residual, norm_weight, eps)
+    weights, ids = fused_router_topk_ref(
+        h, gate_weight, e_score_correction_bias, top_k, num_expert_group, topk_group,
+        renormalize, routed_scaling_factor, scoring_func, num_fused_shared_experts,
+    )  # fmt: skip
+    return h, new_residual, weights, ids
+
+
 def _check_args(x: torch.Tensor, gate_weight: torch.Tensor, semaphore: torch.Tensor) -> None:
     check_logits_args(x, gate_weight)
     if x.shape[0] > MAX_TOKENS:
@@ -254,6 +362,84 @@ def _check_args(x: torch.Tensor, gate_weight: torch.Tensor, semaphore: torch.Ten
         )
     if semaphore.device != x.device:
         raise ValueError(f"semaphore is on {semaphore.device}, x on {x.device}")
+
+
+def _check_norm_args(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor) -> None:
+    hidden = x.shape[1]
+    if not 0 < hidden <= FUSED_NORM_MAX_HIDDEN:
+        raise ValueError(
+            f"fused_norm_router_topk takes H in [1, {FUSED_NORM_MAX_HIDDEN}], got {hidden}"
+        )
+    if residual.shape != x.shape or residual.dtype != x.dtype:
+        raise ValueError(
+            f"residual must match x ({tuple(x.shape)} {x.dtype}), got {tuple(residual.shape)} "
+            f"{residual.dtype}"
+        )
+    if hidden > 1 and residual.stride(1) != 1:
+        raise ValueError(f"residual must have unit stride on H, got strides {residual.stride()}")
+    if tuple(norm_weight.shape) != (hidden,) or norm_weight.dtype not in _X_DTYPES:
+        raise ValueError(
+            f"norm_weight must be [{hidden}] bf16 / fp16 / fp32, got "
+            f"{tuple(norm_weight.shape)} {norm_weight.dtype}"
+        )
+    if hidden > 1 and norm_weight.stride(0) != 1:
+        raise ValueError(f"norm_weight must be contiguous, got stride {norm_weight.stride()}")
+    for name, t in (("residual", residual), ("norm_weight", norm_weight)):
+        if t.device != x.device:
+            raise ValueError(f"{name} is on {t.device}, x on {x.device}")
+
+
+def _launch(
+    x: torch.Tensor,
+    norm: tuple[torch.Tensor, torch.Tensor, float] | None,
+    gate_weight: torch.Tensor,
+    e_score_correction_bias: torch.Tensor | None,
+    top_k: int,
+    num_expert_group: int,
+    topk_group: int,
+    renormalize: bool,
+    routed_scaling_factor: float,
+    scoring_func: str,
+    num_fused_shared_experts: int,
+    semaphore: torch.Tensor,
+    config: FusedRouterConfig,
+) -> tuple[torch.Tensor, ...]:
+    """The kernel's (weights, ids), after (h, new residual) with ``norm`` = (residual, norm
+    weight, eps); arguments checked."""
+    tokens, hidden = x.shape
+    experts = gate_weight.shape[0]
+    columns = top_k + num_fused_shared_experts
+    weights = torch.empty(tokens, columns, dtype=torch.float32, device=x.device)
+    ids = torch.empty(tokens, columns, dtype=torch.int64, device=x.device)
+    outputs = (weights, ids)
+    if norm is not None:
+        residual, norm_weight, eps = norm
+        h = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
+        res_out = torch.empty_like(h)
+        outputs = (h, res_out, weights, ids)
+    if tokens == 0:
+        return outputs
+    if norm is None:  # the norm's pointers go unread: any tensor
+        residual, norm_weight, eps, h, res_out = x, x, 0.0, x, x
+    scratch = torch.empty(tokens, experts, dtype=torch.float32, device=x.device)
+    groups = max(num_expert_group, 1)
+    bias = e_score_correction_bias
+    spec = _spec(
+        next_power_of_2(tokens), config, hidden % config.block_h == 0,
+        next_power_of_2(hidden) if norm is not None else 0, experts, top_k, columns, groups,
+        topk_group if groups > 1 else 1, bias is not None, scoring_func == "softmax",
+        bool(renormalize), num_fused_shared_experts,
+    )  # fmt: skip
+    launch(
+        _fused_router_topk_kernel, (triton.cdiv(experts, config.block_n), 1, 1),
+        (x, residual, norm_weight, h, res_out,
+         gate_weight, bias if bias is not None else scratch, scratch, weights, ids, semaphore,
+         tokens, hidden, x.stride(0), residual.stride(0), gate_weight.stride(0),
+         bias.stride(0) if bias is not None else 0, weights.stride(0), ids.stride(0),
+         float(routed_scaling_factor), float(eps)),
+        spec,
+    )  # fmt: skip
+    return outputs
 
 
 def fused_router_topk(
@@ -275,43 +461,69 @@ def fused_router_topk(
     ``grouped_topk(router_logits(x, gate_weight), ...)`` in one launch (module docstring).
     ``config`` overrides ``default_config`` (benchmark sweeps)."""
     _check_args(x, gate_weight, semaphore)
-    tokens, hidden = x.shape
-    experts = gate_weight.shape[0]
     check_routing_args(
-        experts, x.device, e_score_correction_bias, top_k, num_expert_group, topk_group,
-        scoring_func, num_fused_shared_experts,
+        gate_weight.shape[0], x.device, e_score_correction_bias, top_k, num_expert_group,
+        topk_group, scoring_func, num_fused_shared_experts,
+    )  # fmt: skip
+    routing = (
+        e_score_correction_bias, top_k, num_expert_group, topk_group, renormalize,
+        routed_scaling_factor, scoring_func, num_fused_shared_experts,
     )  # fmt: skip
     if config is None:
-        config = default_config(hidden)
+        config = default_config(x.shape[1])
     else:
         config.check()
     if not use_triton(x.device):
-        return fused_router_topk_ref(
-            x, gate_weight, e_score_correction_bias, top_k, num_expert_group, topk_group,
-            renormalize, routed_scaling_factor, scoring_func, num_fused_shared_experts,
-        )  # fmt: skip
-    columns = top_k + num_fused_shared_experts
-    weights = torch.empty(tokens, columns, dtype=torch.float32, device=x.device)
-    ids = torch.empty(tokens, columns, dtype=torch.int64, device=x.device)
-    if tokens == 0:
-        return weights, ids
-    scratch = torch.empty(tokens, experts, dtype=torch.float32, device=x.device)
-    groups = max(num_expert_group, 1)
-    bias = e_score_correction_bias
-    spec = _spec(
-        next_power_of_2(tokens), config, hidden % config.block_h == 0, experts, top_k, columns,
-        groups, topk_group if groups > 1 else 1, bias is not None, scoring_func == "softmax",
-        bool(renormalize), num_fused_shared_experts,
+        return fused_router_topk_ref(x, gate_weight, *routing)
+    return _launch(x, None, gate_weight, *routing, semaphore, config)
+
+
+def fused_norm_router_topk(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    gate_weight: torch.Tensor,
+    e_score_correction_bias: torch.Tensor | None,
+    top_k: int,
+    num_expert_group: int,
+    topk_group: int,
+    renormalize: bool,
+    routed_scaling_factor: float,
+    scoring_func: str,
+    num_fused_shared_experts: int,
+    semaphore: torch.Tensor,
+    *,
+    config: FusedRouterConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(h, new_residual, weights, ids)``: ``h, new_residual = fused_add_rms_norm(x, residual,
+    norm_weight, eps)`` and ``fused_router_topk(h, ...)``, in one launch (module docstring).
+    ``h`` and ``new_residual`` are new contiguous ``[T, H]`` tensors in x's dtype. ``config``
+    overrides ``default_norm_config``; its warps must be the norm's (``row_tile_warps``)."""
+    _check_args(x, gate_weight, semaphore)
+    _check_norm_args(x, residual, norm_weight)
+    check_routing_args(
+        gate_weight.shape[0], x.device, e_score_correction_bias, top_k, num_expert_group,
+        topk_group, scoring_func, num_fused_shared_experts,
     )  # fmt: skip
-    launch(
-        _fused_router_topk_kernel, (triton.cdiv(experts, config.block_n), 1, 1),
-        (x, gate_weight, bias if bias is not None else scratch, scratch, weights, ids, semaphore,
-         tokens, hidden, x.stride(0), gate_weight.stride(0),
-         bias.stride(0) if bias is not None else 0, weights.stride(0), ids.stride(0),
-         float(routed_scaling_factor)),
-        spec,
+    routing = (
+        e_score_correction_bias, top_k, num_expert_group, topk_group, renormalize,
+        routed_scaling_factor, scoring_func, num_fused_shared_experts,
     )  # fmt: skip
-    return weights, ids
+    hidden = x.shape[1]
+    if config is None:
+        config = default_norm_config(hidden)
+    else:
+        config.check()
+        warps = row_tile_warps(next_power_of_2(hidden))
+        if config.num_warps != warps:
+            raise ValueError(
+                f"with the norm, num_warps must be the norm kernel's {warps} at H {hidden} "
+                f"(its sum of squares follows the warps), got {config.num_warps}"
+            )
+    if not use_triton(x.device):
+        return fused_norm_router_topk_ref(x, residual, norm_weight, eps, gate_weight, *routing)
+    return _launch(x, (residual, norm_weight, eps), gate_weight, *routing, semaphore, config)
 
 
 def use_fused_router(x: torch.Tensor, gate_weight: torch.Tensor) -> bool:
@@ -325,4 +537,24 @@ def use_fused_router(x: torch.Tensor, gate_weight: torch.Tensor) -> bool:
         and x.dtype in _X_DTYPES
         and x.stride(1) == 1
         and gate_weight.stride(1) == 1
+    )
+
+
+def use_fused_norm_router(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, gate_weight: torch.Tensor
+) -> bool:
+    """Whether a MoE layer runs the residual add and RMSNorm before it inside its router's launch
+    (`fused_norm_router_topk`) rather than as a launch of its own: where `use_fused_router`
+    holds, for a residual shaped and typed like `x` and a norm of H up to
+    ``FUSED_NORM_MAX_HIDDEN``."""
+    return (
+        use_fused_router(x, gate_weight)
+        and 0 < x.shape[1] <= FUSED_NORM_MAX_HIDDEN
+        and residual.shape == x.shape
+        and residual.dtype == x.dtype
+        and residual.stride(1) == 1
+        and tuple(norm_weight.shape) == (x.shape[1],)
+        and norm_weight.dtype in _X_DTYPES
+        and norm_weight.stride(0) == 1
+        and residual.device == norm_weight.device == x.device
     )

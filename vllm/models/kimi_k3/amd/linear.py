@@ -27,7 +27,12 @@ import torch
 from vllm import envs
 from vllm.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_reduce
 from vllm.model_executor.layers.activation import SiluAndMul, get_act_and_mul
-from vllm.model_executor.layers.fused_moe.fused_router import fused_router_topk, use_fused_router
+from vllm.model_executor.layers.fused_moe.fused_router import (
+    fused_norm_router_topk,
+    fused_router_topk,
+    use_fused_norm_router,
+    use_fused_router,
+)
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 from vllm.model_executor.layers.fused_moe.router import grouped_topk, router_logits
 from vllm.model_executor.layers.layernorm import RMSNorm
@@ -205,17 +210,45 @@ class KimiMoE(torch.nn.Module):
     def fuses_shared_experts(self) -> bool:
         return self.experts.num_fused_shared_experts > 0
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _routing(self) -> tuple:
+        """The router's arguments after the gate, in `grouped_topk`'s order."""
         cfg = self.config
-        routing = (
+        return (
             self.e_score_correction_bias, cfg.num_experts_per_token, cfg.num_expert_group,
             cfg.topk_group, cfg.moe_renormalize, cfg.routed_scaling_factor,
             cfg.moe_router_activation_func, self.experts.num_fused_shared_experts,
         )  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        routing = self._routing()
         if use_fused_router(x, self.gate_weight):
             weights, ids = fused_router_topk(x, self.gate_weight, *routing, self.router_semaphore)
         else:
             weights, ids = grouped_topk(router_logits(x, self.gate_weight), *routing)
+        return self._experts_forward(x, weights, ids)
+
+    def forward_with_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(self(h), s)` for `h, s = norm(x, residual)`: the pre-norm block's residual add and
+        norm, then the MoE block. Where `use_fused_norm_router` holds (decode sizes) the add
+        and norm run inside the router's launch, one launch fewer, with the same `h` and `s` bit
+        for bit (fused_router.py); elsewhere the norm's own launch, then `forward`."""
+        if not isinstance(norm, RMSNorm):
+            raise ValueError(f"norm must be an RMSNorm, got {type(norm).__name__}")
+        if use_fused_norm_router(x, residual, norm.weight, self.gate_weight):
+            h, residual, weights, ids = fused_norm_router_topk(
+                x, residual, norm.weight, norm.eps, self.gate_weight, *self._routing(),
+                self.router_semaphore,
+            )  # fmt: skip
+            return self._experts_forward(h, weights, ids), residual
+        h, residual = norm(x, residual)
+        return self(h), residual
+
+    def _experts_forward(
+        self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+    ) -> torch.Tensor:
+        """The routed and shared experts of the normed `x`, routed by `weights` and `ids`."""
         routed_in = x
         if self.latent:
             routed_in = self.routed_expert_down_proj(x)[0]
@@ -341,15 +374,22 @@ class KimiDecoderLayer(torch.nn.Module):
 
         `x` is the previous layer's FFN output and `residual` its stream (None for the first
         layer, whose `x` is the embeddings). Each residual add is fused into the norm after it:
-        the stream's values are those of `x + sublayer(norm(x))` computed step by step.
+        the stream's values are those of `x + sublayer(norm(x))` computed step by step. A MoE
+        layer hands its post-attention norm to the MoE block (`KimiMoE.forward_with_norm`),
+        which at decode sizes runs it inside the router's launch.
         """
         if residual is None:
             residual = x
             h = self.input_layernorm(x)
         else:
             h, residual = self.input_layernorm(x, residual)
-        h, residual = self.post_attention_layernorm(self._attention(h, metadata), residual)
-        return self._ffn(h), residual
+        out = self._attention(h, metadata)
+        if self.is_moe:
+            return self.block_sparse_moe.forward_with_norm(
+                out, residual, self.post_attention_layernorm
+            )
+        h, residual = self.post_attention_layernorm(out, residual)
+        return self.mlp(h), residual
 
     def forward_attn_res(self, state: AttnResState, metadata: KimiMetadata) -> None:
         """Run the layer on the AttnRes stream `state`, adding both sublayer outputs to it."""
