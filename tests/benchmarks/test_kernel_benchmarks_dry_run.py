@@ -85,7 +85,7 @@ def test_router_fused_norm_dry_run(triton_launches, capsys: pytest.CaptureFixtur
     assert triton_launches["_fused_router_topk_kernel"] > 0
     assert triton_launches["_rms_norm_kernel"] > 0  # the unfused side is the kernels too
     out = capsys.readouterr().out
-    assert "norm + router (before)" in out and "norm + router[2,128,1]" in out
+    assert "norm + router (before)" in out and "norm + router[1,128,1]" in out
     assert "fused norm+router[default]" in out and "fused norm+router[8,32,1]" in out
     assert "T=3: fastest fused norm+router[" in out
     with pytest.raises(SystemExit, match="must take the norm kernel's 1 warps"):

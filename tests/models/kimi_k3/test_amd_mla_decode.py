@@ -209,10 +209,12 @@ def test_many_splits_and_column_chunks(heads, block_h, block_n, launches, monkey
 
 def test_default_config_depends_on_shapes_only():
     sms = 132
-    # Wide latents on CUDA: 64-token tiles, 8 warps, 5 stages (double-buffered), 1 per SM.
+    # Wide latents on CUDA: 64-token tiles, 8 warps, 5 stages (double-buffered), 1 per SM; one
+    # sequence in 16-head blocks (66 programs of each, a wave), more in 32-head blocks.
     config = mla_decode_config(1, 32, 512, 32768, sms)
-    assert config == MlaDecodeConfig(num_splits=128, block_h=32, block_n=64, num_warps=8,
+    assert config == MlaDecodeConfig(num_splits=66, block_h=16, block_n=64, num_warps=8,
                                      num_stages=5)  # fmt: skip
+    assert mla_decode_config(2, 32, 512, 32768, sms).block_h == 32
     # Splits fill one wave of 132 programs, rounded down; at most 128; >= 128 tokens each.
     assert mla_decode_config(4, 32, 512, 32768, sms).num_splits == 33
     assert mla_decode_config(8, 32, 512, 32768, sms).num_splits == 16
@@ -241,21 +243,21 @@ def test_default_merge_form_and_short_context_splits(monkeypatch):
         config = mla_decode_config(n, 32, 512, capacity, 132, counters=counters)
         return config.num_splits, config.fused_merge
 
-    # The merging program reads num_splits * 32 heads * 512 * 4 B: up to 8 splits (512 KiB)
-    # merge in the split launch, more in a second launch.
-    assert pick(1, 32768) == (128, False)
+    # The merging program reads num_splits * block_h heads * 512 * 4 B: up to 128 KiB (2 splits
+    # of 32 heads, 4 of 16) merge in the split launch, more in a second launch.
+    assert pick(1, 32768) == (66, False)  # 16-head blocks for one sequence
     assert pick(8, 32768) == (16, False)
-    assert pick(16, 32768) == (8, True)
+    assert pick(16, 32768) == (8, False)
     assert pick(64, 32768) == (2, True)
     assert pick(132, 32768) == (1, False)  # nothing to merge
     # Without a counter for every (sequence, head block): two launches.
-    assert pick(16, 32768, counters=0) == (8, False)
-    assert pick(16, 32768, counters=15) == (8, False)
+    assert pick(64, 32768, counters=0) == (2, False)
+    assert pick(64, 32768, counters=63) == (2, False)
     # Short capacities: splits of one 64-token tile, up to 16 (one merge chunk) of them ...
     assert pick(1, 256) == (4, True)
     assert pick(1, 1024) == (16, False)
     assert pick(4, 1024) == (16, False)
-    assert pick(16, 1024) == (8, True)
+    assert pick(16, 1024) == (8, False)
     # ... beyond that no split shorter than 128 tokens of capacity.
     assert pick(1, 2048) == (16, False)
     assert pick(1, 4096) == (32, False)

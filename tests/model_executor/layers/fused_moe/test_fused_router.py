@@ -509,9 +509,9 @@ def test_fused_norm_takes_rows_up_to_its_hidden_limit():
 
 
 def test_default_norm_config():
-    assert default_norm_config(2304) == FusedRouterConfig(2, 1024, 8)  # the norm's 8 warps
-    assert default_norm_config(256) == FusedRouterConfig(2, 256, 1)
-    assert default_norm_config(80) == FusedRouterConfig(2, 128, 1)
+    assert default_norm_config(2304) == FusedRouterConfig(1, 1024, 8)  # the norm's 8 warps
+    assert default_norm_config(256) == FusedRouterConfig(1, 256, 1)
+    assert default_norm_config(80) == FusedRouterConfig(1, 128, 1)
 
 
 def test_fused_norm_dispatch(monkeypatch):

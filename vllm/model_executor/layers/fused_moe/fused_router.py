@@ -176,12 +176,14 @@ def default_config(hidden: int) -> FusedRouterConfig:
 
 
 def default_norm_config(hidden: int) -> FusedRouterConfig:
-    """`default_config` with the warps of the norm kernel's row tile (`row_tile_warps`): the
-    fused norm's sum of squares then runs in the norm kernel's layout (module docstring)."""
+    """One expert per program, `default_config`'s hidden step, and the warps of the norm
+    kernel's row tile (`row_tile_warps`), so that the fused norm's sum of squares runs in the
+    norm kernel's layout (module docstring). One expert rather than two: on the H200 at
+    Kimi-Linear's sizes (benchmark_router.py --fused-norm, 26 layers graph-replayed, 2026-12-01,
+    docs/performance.md "Eighth run") 8.49 us at one token against 8.87 with two experts and
+    9.62 for the norm kernel then the fused router."""
     config = default_config(hidden)
-    return FusedRouterConfig(
-        config.block_n, config.block_h, row_tile_warps(next_power_of_2(hidden))
-    )
+    return FusedRouterConfig(1, config.block_h, row_tile_warps(next_power_of_2(hidden)))
 
 
 if triton is not None:

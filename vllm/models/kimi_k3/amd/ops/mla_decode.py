@@ -102,10 +102,15 @@ _MIN_DOT = 16
 # round trip to L2, so the default cuts short contexts into splits of one tile up to this count.
 _MERGE_CHUNK = 16
 # Partial bytes (`num_splits * block_h * L * 4`) up to which the default merges in the split
-# launch. One program reads them all, while the merge kernel spreads them over hundreds: above
-# this, its reading takes longer than the second launch and the gap before it (a guess to tune
-# on the H200 with benchmark_mla_decode.py: 8 splits of 32 heads at Kimi-Linear's L = 512).
-_FUSED_MERGE_MAX_BYTES = 512 * 1024
+# launch. One program reads them all, while the merge kernel spreads them over hundreds. On the
+# H200 (benchmark_mla_decode.py, engine-wide tables, 2026-12-01, docs/performance.md "Eighth
+# run") the one-launch form lost at every split count from 8 up, batch 1-64, e.g. 28.0 against
+# 23.7 us at 8 splits, batch 16, 1k context: it is kept for 2 splits of 32 heads (128 KiB).
+_FUSED_MERGE_MAX_BYTES = 128 * 1024
+# Batch 1 takes 16-head blocks: twice the programs, half the `tl.dot` work per cache tile each
+# (H200, same run: 12.0 / 19.5 us at 1k / 8k context against 14.6 / 22.6 with 32-head blocks;
+# at batch 4 and up the 32-head blocks are faster).
+_SINGLE_SEQUENCE_BLOCK_H = 16
 # Arrival counters a caller holds for the one-launch merge (module docstring): more than the
 # (sequence, head block) pairs of any default launch that splits (at most half the SMs).
 DECODE_COUNTERS = 1024
@@ -362,15 +367,19 @@ def mla_decode_config(
     H200 one `[32 heads, 64 tokens]` tile costs it several microseconds of `tl.dot` operand
     traffic, not HBM time), while a merge reads up to `_MERGE_CHUNK` splits in one step.
 
+    Heads: blocks of up to 32 (`BLOCK_H`), of 16 for a single wide-latent sequence on CUDA
+    (`_SINGLE_SEQUENCE_BLOCK_H`).
+
     Merge: in the split launch where there are splits, counters for every (sequence, head block)
     and at most `_FUSED_MERGE_MAX_BYTES` of partials per merging program (`num_splits * block_h *
     latent * 4`); not on ROCm, where the ordering argument (PTX's) is unchecked.
 
     Depends on shapes only, so a captured graph stays valid for every `seq_lens`.
     """
-    block_h = max(_MIN_DOT, min(next_power_of_2(heads), 32))
     wide = next_power_of_2(latent) >= 256
     rocm = current_platform.is_rocm()
+    widest_h = _SINGLE_SEQUENCE_BLOCK_H if n == 1 and wide and not rocm else 32
+    block_h = max(_MIN_DOT, min(next_power_of_2(heads), widest_h))
     if rocm:
         block_n, num_warps, num_stages = (32, 8, 1) if wide else (64, 4, 1)
     elif not wide:
