@@ -445,7 +445,8 @@ def test_decode_runs_plain_gate_projections_in_the_kernel(case, device, monkeypa
     """A decode batch of at most GATE_PROJ_MAX_BATCH sequences hands each plain (bf16 / fp16,
     unquantized) gate projection to the decode kernel instead of running it; a quantized one, a
     larger batch, fp32, prefill and mixed batches run the linears. Outputs equal, bit for bit,
-    those of the same layer with GATE_PROJ_MAX_BATCH 0 (the linears always), batch by batch."""
+    those of the same layer with GATE_PROJ_MAX_BATCH 0 (the linears always), batch by batch;
+    the recurrent state too on CPU, and on the GPU within fp32 rounding (see the end)."""
     options, decode_calls = GATE_PROJ_LAYERS[case]
     options = dict(dtype=torch.bfloat16, device=device) | options
     if case == "above-threshold":
@@ -479,8 +480,19 @@ def test_decode_runs_plain_gate_projections_in_the_kernel(case, device, monkeypa
             calls.update(dict.fromkeys(calls, 0))
             assert torch.equal(out, expected), name
     mine, theirs = harness.kda_pools[0], twin_harness.kda_pools[0]
-    assert torch.equal(mine.ssm_state, theirs.ssm_state)
     assert torch.equal(mine.conv_state, theirs.conv_state)
+    if device == "cpu":
+        assert torch.equal(mine.ssm_state, theirs.ssm_state)
+        return
+    # On the GPU the two layers run two compilations of the decode kernel (with and without the
+    # projections), and Triton may order the state tile's D-term sums and fmas differently in
+    # each. On the H200 (2026-12-01) the same inputs decoded with the gate as a tensor and as a
+    # LowRankProj of the same bits (the gate does not enter the state's math) left 501 of 8192
+    # state elements of this single-kernel shape (D = 32) different, by at most 1.5e-8; at
+    # Kimi-Linear's D = 128 (the V-split kernel) none. So the state agrees to within D fp32
+    # roundings of its largest element, not bit for bit.
+    bound = HEAD_DIM * 2**-24 * float(theirs.ssm_state.abs().max())
+    assert float((mine.ssm_state - theirs.ssm_state).abs().max()) <= bound
 
 
 def test_only_plain_linears_are_computed_in_the_kernel():
