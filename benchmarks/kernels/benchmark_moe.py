@@ -5,7 +5,8 @@ Routing: `grouped_topk` (sigmoid, score-correction bias, renormalised) of random
 
   grouped   torch._grouped_mm over rows sorted by expert (sync-free on sm90 / sm100 only)
   triton    moe_experts_triton: GEMV-style gate/up + SiLU and down + weighted-sum kernels, at its
-            default blocks or at each --triton-configs entry (a sweep)
+            default blocks or at each --triton-configs entry (a sweep; a `u` after the gate/up
+            part unrolls that kernel's steps over H, `gate_up_unroll`)
   tgrouped  moe_experts_triton_grouped: rows grouped by expert on the device, Triton GEMM gate/up
             + SiLU and down kernels, weighted sum; at its defaults or at each --tgrouped-configs
             entry
@@ -128,19 +129,20 @@ def copy_bandwidth(gib: float, device: torch.device, reps: int = 10) -> float:
     return 2 * src.numel() * src.element_size() / seconds / 1e9
 
 
-def triton_config(text: str) -> tuple[str, dict[str, int]]:
-    """`BLOCK_N,BLOCK_K,WARPS/BLOCK_H,BLOCK_I,WARPS` -> (path name, moe_experts_triton's keyword
-    arguments)."""
+def triton_config(text: str) -> tuple[str, dict[str, int | bool]]:
+    """`BLOCK_N,BLOCK_K,WARPS[u]/BLOCK_H,BLOCK_I,WARPS` -> (path name, moe_experts_triton's
+    keyword arguments); `u` unrolls the gate/up kernel's steps over H (`gate_up_unroll`)."""
     names = ("block_n", "block_k", "gate_up_warps", "block_h", "block_i", "down_warps")
+    unroll = "u/" in text
     try:
-        values = [int(v) for part in text.split("/", 1) for v in part.split(",")]
+        values = [int(v) for part in text.replace("u/", "/").split("/", 1) for v in part.split(",")]
     except ValueError:
         values = []
     if len(values) != len(names) or "/" not in text or any(v < 1 or v & (v - 1) for v in values):
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not BLOCK_N,BLOCK_K,WARPS/BLOCK_H,BLOCK_I,WARPS (powers of two)"
+            f"{text!r} is not BLOCK_N,BLOCK_K,WARPS[u]/BLOCK_H,BLOCK_I,WARPS (powers of two)"
         )
-    return f"triton[{text}]", dict(zip(names, values, strict=True))
+    return f"triton[{text}]", dict(zip(names, values, strict=True), gate_up_unroll=unroll)
 
 
 def tgrouped_config(text: str) -> tuple[str, dict[str, int]]:

@@ -381,6 +381,17 @@ def test_triton_shared_and_repeated_experts(dtype):
     assert torch.equal(again, out)  # no atomics
 
 
+@pytest.mark.parametrize("hidden", [64, 40])  # whole steps, and a masked last one
+def test_triton_unrolled_gate_up_gives_the_loops_bits(hidden, triton_launches):
+    """`gate_up_unroll` only unrolls the steps over H: same operations in the same order."""
+    x, w13, w2, w, ids = make_case(3, torch.bfloat16, DEVICE, seed=9, hidden=hidden)
+    blocks = dict(SMALL_BLOCKS, block_k=16)
+    looped = moe_experts_triton(x, w13, w2, w, ids, SiluAndMul(), **blocks)
+    unrolled = moe_experts_triton(x, w13, w2, w, ids, SiluAndMul(), **blocks, gate_up_unroll=True)
+    assert torch.equal(unrolled, looped)
+    assert triton_launches["_moe_gate_up_kernel"] == 2
+
+
 def test_triton_reads_strided_router_outputs_and_int32_ids():
     x, w13, w2, w, ids = make_case(6, torch.bfloat16, DEVICE, seed=6)
     wide_x = torch.zeros(6, H + 8, dtype=x.dtype, device=DEVICE)
@@ -419,6 +430,7 @@ def test_triton_rejects_bad_inputs(monkeypatch):
 
 GPU_BLOCKS = [
     {},
+    dict(gate_up_unroll=True),
     dict(block_n=32, block_k=128, gate_up_warps=8, block_h=16, block_i=256, down_warps=8),
     dict(block_h=4, block_i=512, down_warps=4),
 ]

@@ -62,12 +62,25 @@ _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 if triton is not None:
 
     @triton.jit
+    def _gate_up_step(x_row, gate_ptrs, up_ptrs, kk, k0, hidden, n_ok, acc_gate, acc_up):
+        k_ok = k0 + kk < hidden
+        xv = tl.load(x_row + k0 + kk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+        mask = n_ok[:, None] & k_ok[None, :]
+        gate = tl.load(gate_ptrs + k0, mask=mask, other=0.0)
+        up = tl.load(up_ptrs + k0, mask=mask, other=0.0)
+        acc_gate += tl.sum(gate.to(tl.float32) * xv, axis=1)
+        acc_up += tl.sum(up.to(tl.float32) * xv, axis=1)
+        return acc_gate, acc_up
+
+    @triton.jit
     def _moe_gate_up_kernel(
         x_ptr, w13_ptr, ids_ptr, a_ptr,
         stride_xt, stride_it, stride_ik, stride_we, stride_wn, stride_ar,
         hidden, inter,
-        TOPK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        TOPK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HIDDEN: tl.constexpr,
     ):  # fmt: skip
+        # HIDDEN > 0 (= hidden): the steps over H are unrolled, so the compiler may issue the
+        # weight loads of several steps before their reductions.
         r = tl.program_id(0)
         t = r // TOPK
         e = tl.load(ids_ptr + t * stride_it + (r % TOPK) * stride_ik).to(tl.int64)
@@ -79,14 +92,16 @@ if triton is not None:
         x_row = x_ptr + t * stride_xt
         acc_gate = tl.zeros([BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, hidden, BLOCK_K):
-            k_ok = k0 + kk < hidden
-            xv = tl.load(x_row + k0 + kk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-            mask = n_ok[:, None] & k_ok[None, :]
-            gate = tl.load(gate_ptrs + k0, mask=mask, other=0.0)
-            up = tl.load(up_ptrs + k0, mask=mask, other=0.0)
-            acc_gate += tl.sum(gate.to(tl.float32) * xv, axis=1)
-            acc_up += tl.sum(up.to(tl.float32) * xv, axis=1)
+        if HIDDEN:
+            for k0 in tl.static_range(0, HIDDEN, BLOCK_K):
+                acc_gate, acc_up = _gate_up_step(
+                    x_row, gate_ptrs, up_ptrs, kk, k0, HIDDEN, n_ok, acc_gate, acc_up
+                )
+        else:
+            for k0 in range(0, hidden, BLOCK_K):
+                acc_gate, acc_up = _gate_up_step(
+                    x_row, gate_ptrs, up_ptrs, kk, k0, hidden, n_ok, acc_gate, acc_up
+                )
         # The references' rounding points (module docstring); silu as torch writes it.
         dtype = a_ptr.dtype.element_ty
         gate = acc_gate.to(dtype).to(tl.float32)
@@ -211,6 +226,7 @@ def moe_experts_triton(
     block_n: int = 8,
     block_k: int = 256,
     gate_up_warps: int = 4,
+    gate_up_unroll: bool = False,
     block_h: int | None = None,
     block_i: int | None = None,
     down_warps: int | None = None,
@@ -220,7 +236,8 @@ def moe_experts_triton(
     `block_n` / `block_k` / `gate_up_warps` tile the gate/up kernel (intermediate columns per
     program, hidden chunk per step, warps); `block_h` / `block_i` / `down_warps` tile the down
     kernel (hidden outputs per program, intermediate chunk per step (default: all of I up to
-    1024), warps). Powers of two. The defaults were the fastest configurations timed on an H200
+    1024), warps). Powers of two. `gate_up_unroll` unrolls the gate/up kernel's steps over H
+    (compiled per H). The defaults were the fastest configurations timed on an H200
     at Kimi-Linear-48B expert shapes with the fused shared expert at 1-8 tokens (2026-12-01,
     docs/performance.md): the down kernel takes one hidden output and one warp per program at one
     token (twice the programs, each with a single warp's loads in flight: 37.1 against 40.4 us for
@@ -249,7 +266,8 @@ def moe_experts_triton(
         x, w13, topk_ids, a,
         x.stride(0), topk_ids.stride(0), topk_ids.stride(1), w13.stride(0), w13.stride(1),
         a.stride(0), hidden, inter,
-        TOPK=topk, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=gate_up_warps,
+        TOPK=topk, BLOCK_N=block_n, BLOCK_K=block_k, HIDDEN=hidden if gate_up_unroll else 0,
+        num_warps=gate_up_warps,
     )  # fmt: skip
     _moe_down_kernel[(tokens, triton.cdiv(hidden, block_h))](
         a, w2, topk_ids, topk_weights, out,
