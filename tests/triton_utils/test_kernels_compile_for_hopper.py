@@ -306,11 +306,14 @@ def _drive_ops() -> None:
 
     # Kimi-Linear's q | k | v into three tensors (one group per channel block) at the default
     # launch and the benchmark's sweep corners, then a flat `out` and groups split across blocks.
-    sweep = [Conv1dPrefillConfig(t, c, w) for t, c, w in ((16, 128, 4), (64, 256, 8))]
-    for lens, channels, groups, configs in (
-        ((7, 300), 3 * 32 * 128, 3, [DEFAULT_PREFILL_CONFIG, *sweep]),
-        ((3, 1), 40, 1, [None]),
-        ((3, 5), 48, 3, [Conv1dPrefillConfig(4, 32, 2)]),
+    # Widths 3 and 2 compile other tap sums and carried inputs.
+    sweep = [Conv1dPrefillConfig(*c) for c in ((32, 256, 4, 4), (128, 2048, 8, 8))]
+    for lens, channels, groups, configs, width in (
+        ((7, 300), 3 * 32 * 128, 3, [DEFAULT_PREFILL_CONFIG, *sweep], 4),
+        ((3, 1), 40, 1, [None], 4),
+        ((3, 5), 48, 3, [Conv1dPrefillConfig(4, 32, 2)], 4),
+        ((3, 5), 48, 1, [None], 3),
+        ((3, 5), 48, 1, [None], 2),
     ):
         tokens = sum(lens)
         qsl = torch.tensor([0, *lens]).cumsum(0)
@@ -318,8 +321,8 @@ def _drive_ops() -> None:
         out = torch.empty(groups, tokens, channels // groups, dtype=torch.bfloat16)
         for config in configs:
             causal_conv1d_prefill(
-                x, torch.randn(channels, 4, generator=gen),
-                torch.randn(3, channels, 3, generator=gen).to(torch.bfloat16),
+                x, torch.randn(channels, width, generator=gen),
+                torch.randn(3, channels, width - 1, generator=gen).to(torch.bfloat16),
                 qsl, torch.tensor([2, 0]), torch.tensor([True, False]),
                 out=out if groups > 1 else None, config=config,
             )  # fmt: skip
