@@ -539,6 +539,35 @@ def test_group_rows_matches_reference(case, block_m, triton_launches):
     assert not bool(row0[~used].any() or row1[~used].any())
 
 
+def check_reference_sorts_ids(experts, device):
+    """The reference sorts narrowed keys (int16 below 2**15 experts): the order of a stable sort
+    of the int64 ids (out-of-range ones last, on the host), at a prefill's size (8192 tokens,
+    top-8 + shared), with out-of-range ids that int16 would wrap onto valid ones."""
+    gen = torch.Generator().manual_seed(experts)
+    ids = torch.randint(0, experts, (8192, 9), generator=gen)
+    wrapping = torch.tensor([-1, experts, 2**16 + 5, -(2**16) + 7, 2**15, 2**40])
+    ids.view(-1)[torch.randperm(ids.numel(), generator=gen)[:600]] = wrapping.repeat(100)
+    flat = ids.reshape(-1)
+    keys = torch.where((flat >= 0) & (flat < experts), flat, experts)
+    got = [t.cpu().long() for t in group_rows_reference(ids.to(device), experts, 32)]
+    order, inverse, _, offs = got
+    assert torch.equal(order, keys.sort(stable=True)[1])
+    assert torch.equal(inverse[order], torch.arange(flat.numel()))
+    assert torch.equal(offs, torch.bincount(keys, minlength=experts + 1)[:-1].cumsum(0))
+
+
+@pytest.mark.parametrize("experts", [257, 2**15 + 3])
+def test_group_rows_reference_orders_as_a_sort_of_the_ids(experts):
+    check_reference_sorts_ids(experts, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("experts", [257, 2**15 + 3])
+def test_group_rows_reference_orders_as_a_sort_of_the_ids_on_gpu(experts):
+    """CUDA's radix sort of the int16 keys (what a prefill of 8192 tokens runs)."""
+    check_reference_sorts_ids(experts, "cuda")
+
+
 def test_group_rows_of_no_rows_and_bad_arguments(triton_launches):
     got = group_rows(torch.empty(0, 4, dtype=torch.int64, device=DEVICE), 8, 16)
     assert [tuple(t.shape) for t in got] == [(0,), (0,), (3, 0), (8,)]

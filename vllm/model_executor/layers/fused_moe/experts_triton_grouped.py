@@ -264,7 +264,13 @@ def group_rows_reference(topk_ids: torch.Tensor, num_experts: int, block_m: int)
     flat = topk_ids.reshape(-1)
     num_rows = flat.numel()
     valid = (flat >= 0) & (flat < num_experts)
-    keys, order = torch.where(valid, flat, num_experts).sort(stable=True)
+    keys = torch.where(valid, flat, num_experts)
+    if num_experts < 2**15:
+        # CUDA's radix sort makes one pass per key byte: 2 for int16 keys against 8 for int64
+        # ids, whose 8 passes were 51 us of each MoE layer's prefill at 8192 tokens on the H200.
+        # The same keys, so the same stable order.
+        keys = keys.to(torch.int16)
+    keys, order = keys.sort(stable=True)
     rows = torch.arange(num_rows, device=device)
     inverse = torch.empty_like(order).scatter_(0, order, rows)
     experts = torch.arange(num_experts, device=device, dtype=keys.dtype)
