@@ -34,4 +34,5 @@ COUNTED_KERNELS = {
     ),
     "vllm.models.kimi_k3.amd.ops.kda_gate": ("_kda_gate_beta_kernel",),
     "vllm.models.kimi_k3.amd.ops.mla_cache_write": ("_mla_cache_write_kernel",),
+    "vllm.models.kimi_k3.amd.ops.mla_prefill": ("_mla_prefill_key_kernel",),
 }  # fmt: skip

@@ -55,6 +55,7 @@ from vllm.models.kimi_k3.amd.ops.fused_kda_decode import (
 from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate_beta
 from vllm.models.kimi_k3.amd.ops.mla_cache_write import mla_cache_write
 from vllm.models.kimi_k3.amd.ops.mla_decode import launch_mla_decode, mla_decode_config
+from vllm.models.kimi_k3.amd.ops.mla_prefill import mla_prefill_key
 from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import rmsnorm_gated_fp8_per_token
 
 # The MLA decode kernels are launched by tests of their own, outside the counted registry.
@@ -344,6 +345,12 @@ def _drive_ops() -> None:
     kv_a = torch.randn(2, 40, generator=gen)
     slots = torch.tensor([3, -1], dtype=torch.int32)
     mla_cache_write(kv_a, torch.ones(33), 1e-6, cache[:, :, :40], slots)
+
+    # MLA prefill's key: Kimi-Linear's k_nope in kv_b_proj's output (32 heads x (128 + 128)) and
+    # k_pe after the latent in cache rows; then fp32 and dims off powers of two.
+    kv = torch.randn(5, 32, 256, generator=gen).to(torch.bfloat16)
+    mla_prefill_key(kv[..., :128], torch.randn(5, 576, generator=gen).to(torch.bfloat16)[:, 512:])
+    mla_prefill_key(torch.randn(3, 3, 40, generator=gen)[..., :24], torch.randn(3, 12))
 
     _drive_mla(2, 32, 512, 64, 64, 4096)
     _drive_mla(1, 32, 512, 64, 16, 64)

@@ -1,6 +1,7 @@
 """MLA prefill attention: torch's fused attention (the GPU path, run here on the CPU with its
 explicit mask) against the fp32 einsum reference, for new prompts (`Lq == ctx`) and chunks on top
-of cached context (`Lq < ctx`); at Kimi-Linear's sizes on a GPU, without the score matrix."""
+of cached context (`Lq < ctx`); the key kernel (under TRITON_INTERPRET=1 on CPU) against torch's
+cat; at Kimi-Linear's sizes on a GPU, without the score matrix."""
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ import torch
 from vllm.models.kimi_k3.amd.ops.mla_prefill import (
     mla_prefill_attention,
     mla_prefill_attention_ref,
+    mla_prefill_key,
 )
 
 
@@ -86,6 +88,22 @@ def test_validation(change, match):
         mla_prefill_attention(*bad, scale)
 
 
+@pytest.mark.parametrize("ctx,heads,nope,rope", [(5, 32, 128, 64), (37, 3, 24, 12), (1, 1, 8, 4)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_key_kernel_equals_cat(ctx, heads, nope, rope, dtype, triton_launches):
+    """The key `[k_nope | k_pe]` of one launch, read from strided views (k_nope in `kv_b_proj`'s
+    output before v, k_pe in a cache row after the latent), bit for bit torch's cat; Kimi-Linear's
+    dims, and dims off powers of two."""
+    gen = torch.Generator().manual_seed(ctx + nope)
+    kv = torch.randn(ctx, heads, nope + 16, generator=gen).to(dtype)
+    cached = torch.randn(ctx, 40 + rope, generator=gen).to(dtype)
+    k_nope, k_pe = kv[..., :nope], cached[:, 40:]
+    got = mla_prefill_key(k_nope, k_pe)
+    assert triton_launches["_mla_prefill_key_kernel"] == 1
+    assert got.is_contiguous()
+    assert torch.equal(got, torch.cat([k_nope, k_pe.unsqueeze(1).expand(-1, heads, -1)], dim=-1))
+
+
 def test_reference_checks_its_mask():
     inputs, masked, scale = make_case(2, 10, 2, 8, 4, 8, torch.float32,
                                       torch.Generator().manual_seed(0))  # fmt: skip
@@ -100,12 +118,17 @@ def test_gpu_kimi_linear_sizes(lq, ctx):
     at most before P @ V (an error of <= 2^-9 relative per probability, so <= 2^-9 max|v| on the
     output) and round the output once (<= 2^-8 relative): that bounds the error against the fp32
     truth. Beyond the operands they build (k `[ctx, 32, 192]`, v padded to 192, the padded
-    output), their memory is a small fraction of the fp32 score matrix they replace."""
+    output), their memory is a small fraction of the fp32 score matrix they replace. The key
+    kernel gives the bits of torch's cat."""
     device = torch.device("cuda")
     inputs, masked, scale = make_case(lq, ctx, 32, 128, 64, 128, torch.bfloat16,
                                       torch.Generator(device=device).manual_seed(lq + ctx),
                                       device=device)  # fmt: skip
     truth = truth_of(inputs, scale, masked)
+    q, k_nope, k_pe, v = inputs
+    k = mla_prefill_key(k_nope, k_pe)
+    assert torch.equal(k, torch.cat([k_nope, k_pe.unsqueeze(1).expand(-1, 32, -1)], dim=-1))
+    del k
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
