@@ -13,10 +13,14 @@ shared by the heads (MLA, NoPE: no rotary embedding).
 `[ctx, H, nope + rope]` is built by `mla_prefill_key` in one pass (one Triton launch: a torch cat
 of `k_nope` with `k_pe` broadcast over the heads ran at a fifth of copy bandwidth, 188 us of each
 MLA layer's prefill at 8192 tokens on the H200). On a GPU the causal mask is `causal_lower_right`
-(a description, never a tensor) and `v` is zero-padded to the query's head dim, so the flash
-kernel, which needs one head dim for q, k and v, is eligible; the padded output columns are
-dropped. Memory is O((Lq + ctx) * H * head dim): no score matrix. On the CPU (tests) an explicit
-boolean mask `[Lq, ctx]` stands in.
+(a description, never a tensor), and the fused kernels need one head dim for q, k and v. For
+`Dv < nope + rope`, where `k_nope` and `v` are the two halves of each head's row of one buffer (the
+split of `kv_b_proj`'s output, as MLA passes them), the value operand is a view that starts
+`nope + rope - Dv` columns before each head's `v` (the last columns of its `k_nope`) and the output
+keeps its last `Dv` columns: each output column is `P` times its own value column, so the extra
+columns change no kept bit, and nothing is padded or copied. Other layouts zero-pad a copy of `v`.
+Memory is O((Lq + ctx) * H * head dim): no score matrix. On the CPU (tests) an explicit boolean
+mask `[Lq, ctx]` stands in and `v` is used as it is.
 
 `mla_prefill_attention_ref`: the reference, scores and softmax in fp32 with the caller's mask
 `[Lq, ctx]` (True = masked), materializing `[H, Lq, ctx]` fp32 scores.
@@ -109,6 +113,28 @@ def _check(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.T
         )
 
 
+def _value_operand(k_nope: torch.Tensor, v: torch.Tensor, qk: int) -> tuple[torch.Tensor, int]:
+    """The value operand of head dim >= `qk` for the fused GPU kernels, and the column of it
+    where `v` starts (see the module docstring)."""
+    nope, dv = k_nope.shape[2], v.shape[2]
+    pad = qk - dv
+    if pad <= 0:
+        return v, 0
+    # Each head's v right after its k_nope in one buffer (the split of kv_b_proj's output):
+    # the operand is the same rows from `pad` columns earlier.
+    in_place = (
+        nope >= pad
+        and v.stride() == k_nope.stride()
+        and v.stride(2) == 1
+        and v.untyped_storage().data_ptr() == k_nope.untyped_storage().data_ptr()
+        and v.data_ptr() == k_nope.data_ptr() + nope * v.element_size()
+    )
+    if in_place:
+        offset = v.storage_offset() - pad
+        return v.as_strided((*v.shape[:2], qk), v.stride(), offset), pad
+    return F.pad(v, (0, pad)), 0
+
+
 def mla_prefill_attention(
     q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor, scale: float
 ) -> torch.Tensor:
@@ -117,17 +143,17 @@ def mla_prefill_attention(
     lq, _, qk = q.shape
     ctx, dv = v.shape[0], v.shape[2]
     k = mla_prefill_key(k_nope, k_pe)
+    first = 0
     if q.is_cuda:
         mask = causal_lower_right(lq, ctx)
-        if dv < qk:
-            v = F.pad(v, (0, qk - dv))
+        v, first = _value_operand(k_nope, v, qk)
     else:
         mask = torch.ones(lq, ctx, dtype=torch.bool, device=q.device).tril(ctx - lq)
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
         v.transpose(0, 1).unsqueeze(0), attn_mask=mask, scale=scale,
     )  # fmt: skip
-    return out[0, :, :, :dv].transpose(0, 1)
+    return out[0, :, :, first : first + dv].transpose(0, 1)
 
 
 def mla_prefill_attention_ref(
