@@ -269,9 +269,11 @@ def _drive_ops() -> None:
     _drive_moe(4, 64, 2304, 1024, 8)
     _drive_moe(1, 64, 2304, 1024, 8)  # one token: the one-row, one-warp down programs
     _drive_moe(3, 16, 64, 32, 4)
-    # The grouping's largest steps: 256 routed + 1 shared expert, 9 slots, decode to prefill.
-    for tokens, block_m in ((64, 16), (4096, 32)):
+    # The grouping's largest steps: 256 routed + 1 shared expert, 9 slots, decode to prefill
+    # (8192 tokens take the chunked kernels, int32 ids there).
+    for tokens, block_m in ((64, 16), (4096, 32), (8192, 32)):
         group_rows(torch.randint(0, 257, (tokens, 9), generator=gen), 257, block_m)
+    group_rows(torch.randint(0, 257, (8192, 9), generator=gen).int(), 257, 16)
     for tokens, topk, hidden in ((4, 9, 2304), (3, 2, 40)):
         y = torch.randn(tokens * topk, hidden, generator=gen).to(torch.bfloat16)
         weights = torch.rand(tokens, topk, generator=gen)
