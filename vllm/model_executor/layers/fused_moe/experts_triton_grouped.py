@@ -375,9 +375,8 @@ def group_rows_reference(topk_ids: torch.Tensor, num_experts: int, block_m: int)
     e = owner.clamp(max=num_experts - 1)
     row0 = first[e] + (b - (blk_end - nblk)[e]) * block_m
     row1 = torch.minimum(row0 + block_m, end[e])
-    zero = torch.zeros_like(row0)
     blocks = torch.stack(
-        [torch.where(used, owner, -1), torch.where(used, row0, zero), torch.where(used, row1, zero)]
+        [torch.where(used, owner, -1), torch.where(used, row0, 0), torch.where(used, row1, 0)]
     )
     i32 = torch.int32
     return GroupedRows(order.to(i32), inverse.to(i32), blocks.to(i32), end.to(i32))
