@@ -20,7 +20,8 @@ COUNTED_KERNELS = {
     "vllm.model_executor.layers.fused_moe.router": ("_grouped_topk_kernel",),
     "vllm.model_executor.layers.fused_moe.fused_router": ("_fused_router_topk_kernel",),
     "vllm.model_executor.layers.fused_moe.experts_triton_grouped": (
-        "_moe_group_rows_kernel", "_moe_grouped_gate_up_kernel", "_moe_grouped_down_kernel",
+        "_moe_group_rows_kernel", "_moe_group_count_kernel", "_moe_group_place_kernel",
+        "_moe_grouped_gate_up_kernel", "_moe_grouped_down_kernel",
     ),
     "vllm.model_executor.layers.fused_moe.weighted_sum": ("_moe_weighted_sum_kernel",),
     "vllm.model_executor.layers.fused_moe.gather_rows": ("_gather_rows_kernel",),
@@ -34,4 +35,5 @@ COUNTED_KERNELS = {
     ),
     "vllm.models.kimi_k3.amd.ops.kda_gate": ("_kda_gate_beta_kernel",),
     "vllm.models.kimi_k3.amd.ops.mla_cache_write": ("_mla_cache_write_kernel",),
+    "vllm.models.kimi_k3.amd.ops.mla_prefill": ("_mla_prefill_key_kernel",),
 }  # fmt: skip

@@ -10,12 +10,13 @@ Each call is captured once in a CUDA graph and replayed with L2 flushed before e
 input comes from HBM, as after the in_proj GEMM of a long prefill). Bytes are x read plus the
 output written (the state and weights are a few hundred KB); the bandwidth is reported against
 an eager `copy_` of --copy-gib GiB measured in the same run after a warm-up. --configs sweeps
-launches (`block_t,block_c,num_warps`, or `default` for `DEFAULT_PREFILL_CONFIG`); the last line
-of each case names the fastest, to update `DEFAULT_PREFILL_CONFIG`. Before timing, each case
-checks the default launch against the torch reference.
+launches (`block_t,block_c,num_warps[,step]`, step 4 when left out, or `default` for
+`DEFAULT_PREFILL_CONFIG`); the last line of each case names the fastest, to update
+`DEFAULT_PREFILL_CONFIG`. Before timing, each case checks the default launch against the torch
+reference.
 
     python benchmarks/kernels/benchmark_causal_conv1d.py --csv conv.csv
-    python benchmarks/kernels/benchmark_causal_conv1d.py --configs default 64,128,4 --seqs 1
+    python benchmarks/kernels/benchmark_causal_conv1d.py --configs default 64,1024,4,4 --seqs 1
 
 `--dry-run` runs every config once at a tiny shape against the reference, untimed; without a GPU
 run it under the Triton interpreter: TRITON_INTERPRET=1 python ... --dry-run
@@ -37,14 +38,18 @@ from vllm.triton_utils import use_triton
 HEADS, HEAD_DIM, WIDTH = 32, 128, 4
 # in_proj columns after q | k | v: f_a (head_dim), g_a (head_dim), b (heads).
 EXTRA_COLUMNS = 2 * HEAD_DIM + HEADS
-CONFIGS = ["default", "16,256,4", "32,128,4", "32,256,8", "64,128,4", "64,256,8", "128,128,8"]
+# Around the default (64 tokens, 1024 channels, 4 warps, 8-row steps): 4 or 8 channels a thread,
+# 4 or 8 rows in flight, 32-256 tokens a program.
+CONFIGS = [
+    "default", "64,1024,4,4", "32,1024,4,8", "128,1024,4,8", "256,1024,4,8", "64,512,4,8",
+    "128,512,4,8", "64,2048,8,8", "64,512,2,8", "32,256,4,4",
+]  # fmt: skip
 
 
 def parse_config(text: str) -> Conv1dPrefillConfig:
     if text == "default":
         return DEFAULT_PREFILL_CONFIG
-    block_t, block_c, num_warps = map(int, text.split(","))
-    return Conv1dPrefillConfig(block_t, block_c, num_warps)
+    return Conv1dPrefillConfig(*map(int, text.split(",")))
 
 
 def make_case(tokens: int, seqs: int, channels: int, device: str, seed: int = 0):
@@ -82,7 +87,7 @@ def max_error(inputs, out: torch.Tensor, config: Conv1dPrefillConfig) -> float:
 
 
 def name(config: Conv1dPrefillConfig) -> str:
-    return f"t{config.block_t}c{config.block_c}w{config.num_warps}"
+    return f"t{config.block_t}c{config.block_c}w{config.num_warps}s{config.step}"
 
 
 def dry_run(configs: list[Conv1dPrefillConfig]) -> int:
@@ -105,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seqs", type=int, nargs="+", default=[1, 8], help="sequences in T")
     parser.add_argument(
         "--configs", nargs="+", default=CONFIGS,
-        help="launches to time, as block_t,block_c,num_warps or `default`",
+        help="launches to time, as block_t,block_c,num_warps[,step] or `default`",
     )  # fmt: skip
     parser.add_argument("--reps", type=int, default=30, help="flushed replays per timing")
     parser.add_argument("--copy-gib", type=float, default=2.0, help="size of the copy (>= 1)")
@@ -116,8 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         configs = list(dict.fromkeys(parse_config(c) for c in args.configs))
-    except ValueError:
-        parser.error("--configs are block_t,block_c,num_warps (e.g. 32,256,4) or default")
+    except (TypeError, ValueError):
+        parser.error("--configs are block_t,block_c,num_warps[,step] (e.g. 64,1024,4,8) or default")
     if args.dry_run:
         return dry_run(configs)
     if not torch.cuda.is_available():

@@ -11,8 +11,9 @@ Routing: `grouped_topk` (sigmoid, score-correction bias, renormalised) of random
             + SiLU and down kernels, weighted sum; at its defaults or at each --tgrouped-configs
             entry
   grouping  tgrouped's grouping of the rows by expert alone (not in the default --paths):
-            `group_rows` (one kernel) as `grouping`, and `group_rows_reference` (a torch sort,
-            as the path grouped before it had its kernel) as `grouping:sort`; time only
+            `group_rows` (one kernel; two, chunked, past 32768 rows) as `grouping`, and
+            `group_rows_reference` (a torch sort, what prefills past 32768 rows ran before the
+            chunked kernels) as `grouping:sort`; time only
   gathered  the chosen experts' weights gathered per (token, slot), then two bmm
   loop      the per-expert Python loop (syncs the host; timed eagerly, not in a CUDA graph)
 
@@ -38,7 +39,7 @@ largest T * K up to which the fastest triton config beats grouped at every measu
     python benchmarks/kernels/benchmark_moe.py --paths grouped triton tgrouped \
         --tokens 16 32 64 128 256 512 --tgrouped-configs 16/64,128,4,3/64,128,4,3 \
         16/128,64,4,4/128,64,4,4 32/64,128,4,3/64,128,4,3
-    python benchmarks/kernels/benchmark_moe.py --paths grouping --tokens 1 64 256 1024 4096
+    python benchmarks/kernels/benchmark_moe.py --paths grouping --tokens 1 64 256 1024 4096 8192
     python benchmarks/kernels/benchmark_moe.py --shared-expert --tokens 1 8 64 256 1024
     python benchmarks/kernels/benchmark_moe.py --paths grouped --tokens 1024 8192 \
         --fused-shared-experts 1 --timing flushed    # prefill: one layer's routed experts

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import vllm.model_executor.layers.fused_moe.experts as experts_mod
+import vllm.model_executor.layers.fused_moe.experts_triton_grouped as experts_triton_grouped
 from vllm.model_executor.layers.activation import SiluAndMul, SituAndMul
 from vllm.model_executor.layers.fused_moe.experts import (
     GATHER_MAX_ROWS,
@@ -21,6 +22,7 @@ from vllm.model_executor.layers.fused_moe.experts import (
 from vllm.model_executor.layers.fused_moe.experts_triton import moe_experts_triton
 from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (
     group_rows,
+    group_rows_chunked,
     group_rows_reference,
     max_blocks_for,
     moe_experts_triton_grouped,
@@ -551,6 +553,70 @@ def test_group_rows_matches_reference(case, block_m, triton_launches):
     assert not bool(row0[~used].any() or row1[~used].any())
 
 
+@pytest.mark.parametrize("chunk", [16, 64])
+@pytest.mark.parametrize(
+    "case", ["random", "skewed", "one_row", "int32", "empty_experts", "out_of_range"]
+)
+def test_group_rows_chunked_matches_reference(case, chunk, triton_launches):
+    """The two-launch grouping of large batches, on small chunks (many per batch, the last one
+    partial): the reference's order, inverse, block table and ends exactly."""
+    experts = 8
+    ids = grouping_ids(case, torch.Generator().manual_seed(chunk)).to(DEVICE)
+    for block_m in (16, 32):
+        got = group_rows_chunked(ids.reshape(-1), experts, block_m, chunk)
+        expected = group_rows_reference(ids, experts, block_m)
+        for name, a, b in zip(got._fields, got, expected, strict=True):
+            assert a.dtype == b.dtype == torch.int32, name
+            assert torch.equal(a, b), name
+    assert triton_launches["_moe_group_count_kernel"] == 2
+    assert triton_launches["_moe_group_place_kernel"] == 2
+
+
+@pytest.mark.parametrize("experts", [6, 257])
+def test_group_rows_takes_the_chunked_kernels_past_the_one_launch_limit(
+    experts, triton_launches, monkeypatch
+):
+    """Past GROUP_KERNEL_MAX_ROWS `group_rows` takes the chunked launches (one chunk of 2048
+    here): E + 2 bins a power of two (6), and Kimi-Linear's 257; out-of-range ids."""
+    monkeypatch.setattr(experts_triton_grouped, "GROUP_KERNEL_MAX_ROWS", 64)
+    gen = torch.Generator().manual_seed(experts)
+    ids = torch.randint(-1, experts + 2, (150, 9), generator=gen).to(DEVICE)
+    got = group_rows(ids, experts, 16)
+    assert triton_launches["_moe_group_count_kernel"] == 1
+    assert triton_launches["_moe_group_rows_kernel"] == 0
+    for name, a, b in zip(got._fields, got, group_rows_reference(ids, experts, 16), strict=True):
+        assert torch.equal(a, b), name
+
+
+def check_reference_sorts_ids(experts, device):
+    """The reference sorts narrowed keys (int16 below 2**15 experts): the order of a stable sort
+    of the int64 ids (out-of-range ones last, on the host), at a prefill's size (8192 tokens,
+    top-8 + shared), with out-of-range ids that int16 would wrap onto valid ones."""
+    gen = torch.Generator().manual_seed(experts)
+    ids = torch.randint(0, experts, (8192, 9), generator=gen)
+    wrapping = torch.tensor([-1, experts, 2**16 + 5, -(2**16) + 7, 2**15, 2**40])
+    ids.view(-1)[torch.randperm(ids.numel(), generator=gen)[:600]] = wrapping.repeat(100)
+    flat = ids.reshape(-1)
+    keys = torch.where((flat >= 0) & (flat < experts), flat, experts)
+    got = [t.cpu().long() for t in group_rows_reference(ids.to(device), experts, 32)]
+    order, inverse, _, offs = got
+    assert torch.equal(order, keys.sort(stable=True)[1])
+    assert torch.equal(inverse[order], torch.arange(flat.numel()))
+    assert torch.equal(offs, torch.bincount(keys, minlength=experts + 1)[:-1].cumsum(0))
+
+
+@pytest.mark.parametrize("experts", [257, 2**15 + 3])
+def test_group_rows_reference_orders_as_a_sort_of_the_ids(experts):
+    check_reference_sorts_ids(experts, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("experts", [257, 2**15 + 3])
+def test_group_rows_reference_orders_as_a_sort_of_the_ids_on_gpu(experts):
+    """CUDA's radix sort of the int16 keys (what a prefill of 8192 tokens runs)."""
+    check_reference_sorts_ids(experts, "cuda")
+
+
 def test_group_rows_of_no_rows_and_bad_arguments(triton_launches):
     got = group_rows(torch.empty(0, 4, dtype=torch.int64, device=DEVICE), 8, 16)
     assert [tuple(t.shape) for t in got] == [(0,), (0,), (3, 0), (8,)]
@@ -672,10 +738,11 @@ def test_triton_grouped_graph_replay_equals_eager(tokens):
 @pytest.mark.parametrize("block_m", [16, 32])
 def test_group_rows_on_gpu_eager_and_graph_replay(block_m):
     # Kimi-Linear's 256 routed experts plus a fused shared expert (id 256), top-8 + shared: 9
-    # slots; 1-4096 tokens (decode batches and prefill chunks, several steps of the kernel).
+    # slots; 1-4096 tokens (decode batches and prefill chunks, several steps of the kernel), then
+    # prefills past GROUP_KERNEL_MAX_ROWS (the chunked kernels, the last chunk partial).
     experts, slots = 257, 9
     gen = torch.Generator(device="cuda").manual_seed(block_m)
-    for tokens in (1, 2, 7, 16, 64, 113, 256, 512, 1024, 2048, 4096):
+    for tokens in (1, 2, 7, 16, 64, 113, 256, 512, 1024, 2048, 4096, 8192, 16000):
         routed = torch.rand(tokens, experts - 1, generator=gen, device="cuda").topk(slots - 1)[1]
         shared = torch.full((tokens, 1), experts - 1, device="cuda")
         ids = torch.cat([routed, shared], dim=1)

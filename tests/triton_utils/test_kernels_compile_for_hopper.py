@@ -66,6 +66,7 @@ from vllm.models.kimi_k3.amd.ops.mla_decode import (
     launch_mla_decode,
     mla_decode_config,
 )
+from vllm.models.kimi_k3.amd.ops.mla_prefill import mla_prefill_key
 from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import rmsnorm_gated_fp8_per_token
 
 # The MLA decode kernels are launched by tests of their own, outside the counted registry.
@@ -300,9 +301,11 @@ def _drive_ops() -> None:
     _drive_moe(4, 64, 2304, 1024, 8)
     _drive_moe(1, 64, 2304, 1024, 8)  # one token: the one-row, one-warp down programs
     _drive_moe(3, 16, 64, 32, 4)
-    # The grouping's largest steps: 256 routed + 1 shared expert, 9 slots, decode to prefill.
-    for tokens, block_m in ((64, 16), (4096, 32)):
+    # The grouping's largest steps: 256 routed + 1 shared expert, 9 slots, decode to prefill
+    # (8192 tokens take the chunked kernels, int32 ids there).
+    for tokens, block_m in ((64, 16), (4096, 32), (8192, 32)):
         group_rows(torch.randint(0, 257, (tokens, 9), generator=gen), 257, block_m)
+    group_rows(torch.randint(0, 257, (8192, 9), generator=gen).int(), 257, 16)
     for tokens, topk, hidden in ((4, 9, 2304), (3, 2, 40)):
         y = torch.randn(tokens * topk, hidden, generator=gen).to(torch.bfloat16)
         weights = torch.rand(tokens, topk, generator=gen)
@@ -338,11 +341,14 @@ def _drive_ops() -> None:
 
     # Kimi-Linear's q | k | v into three tensors (one group per channel block) at the default
     # launch and the benchmark's sweep corners, then a flat `out` and groups split across blocks.
-    sweep = [Conv1dPrefillConfig(t, c, w) for t, c, w in ((16, 128, 4), (64, 256, 8))]
-    for lens, channels, groups, configs in (
-        ((7, 300), 3 * 32 * 128, 3, [DEFAULT_PREFILL_CONFIG, *sweep]),
-        ((3, 1), 40, 1, [None]),
-        ((3, 5), 48, 3, [Conv1dPrefillConfig(4, 32, 2)]),
+    # Widths 3 and 2 compile other tap sums and carried inputs.
+    sweep = [Conv1dPrefillConfig(*c) for c in ((32, 256, 4, 4), (128, 2048, 8, 8))]
+    for lens, channels, groups, configs, width in (
+        ((7, 300), 3 * 32 * 128, 3, [DEFAULT_PREFILL_CONFIG, *sweep], 4),
+        ((3, 1), 40, 1, [None], 4),
+        ((3, 5), 48, 3, [Conv1dPrefillConfig(4, 32, 2)], 4),
+        ((3, 5), 48, 1, [None], 3),
+        ((3, 5), 48, 1, [None], 2),
     ):
         tokens = sum(lens)
         qsl = torch.tensor([0, *lens]).cumsum(0)
@@ -350,8 +356,8 @@ def _drive_ops() -> None:
         out = torch.empty(groups, tokens, channels // groups, dtype=torch.bfloat16)
         for config in configs:
             causal_conv1d_prefill(
-                x, torch.randn(channels, 4, generator=gen),
-                torch.randn(3, channels, 3, generator=gen).to(torch.bfloat16),
+                x, torch.randn(channels, width, generator=gen),
+                torch.randn(3, channels, width - 1, generator=gen).to(torch.bfloat16),
                 qsl, torch.tensor([2, 0]), torch.tensor([True, False]),
                 out=out if groups > 1 else None, config=config,
             )  # fmt: skip
@@ -373,6 +379,12 @@ def _drive_ops() -> None:
     kv_a = torch.randn(2, 40, generator=gen)
     slots = torch.tensor([3, -1], dtype=torch.int32)
     mla_cache_write(kv_a, torch.ones(33), 1e-6, cache[:, :, :40], slots)
+
+    # MLA prefill's key: Kimi-Linear's k_nope in kv_b_proj's output (32 heads x (128 + 128)) and
+    # k_pe after the latent in cache rows; then fp32 and dims off powers of two.
+    kv = torch.randn(5, 32, 256, generator=gen).to(torch.bfloat16)
+    mla_prefill_key(kv[..., :128], torch.randn(5, 576, generator=gen).to(torch.bfloat16)[:, 512:])
+    mla_prefill_key(torch.randn(3, 3, 40, generator=gen)[..., :24], torch.randn(3, 12))
 
     # Kimi-Linear's sizes; then the benchmark's h16 tiles merged in the split launch.
     _drive_mla(2, 32, 512, 64, 64, 4096, [MlaDecodeConfig(8, 16, 64, 8, 5, fused_merge=True)])

@@ -1,6 +1,7 @@
 """The Triton causal conv1d prefill kernels (under TRITON_INTERPRET=1 on CPU) against their torch
 reference: outputs, the conv state written for every slot (exactly), short sequences that keep
-part of their old state, strided inputs; and at Kimi-Linear sizes on a GPU."""
+part of their old state, strided inputs; the same bits whatever the launch and however a sequence
+is cut into continued chunks; and at Kimi-Linear sizes on a GPU."""
 
 import pytest
 import torch
@@ -75,7 +76,7 @@ def test_prefill_matches_reference(dtype, init, triton_launches):
     assert torch.equal(new_state[unused], batch["conv_state"][unused])
 
 
-@pytest.mark.parametrize("channels,width", [(96, 4), (40, 3), (130, 4)])
+@pytest.mark.parametrize("channels,width", [(96, 4), (40, 3), (130, 4), (24, 2)])
 def test_prefill_shapes_and_int32_offsets(channels, width, triton_launches):
     """Channel counts off the block size, another width, int32 offsets, an empty sequence
     (whose slot the reference leaves untouched) and an fp32 state under bf16 inputs."""
@@ -115,14 +116,18 @@ def test_grouped_out_gives_contiguous_groups(triton_launches):
         )
 
 
-# Small blocks, so that most take the inner path (no state, no per-token search) and the others
-# start a sequence, cross one or more boundaries, or run past T.
-SMALL_BLOCKS = [Conv1dPrefillConfig(4, 16, 2), Conv1dPrefillConfig(8, 8, 1)]
+# Small blocks, so that most steps take 4 or 8 rows of one sequence and the others start a
+# sequence (several in one block), or run past T.
+SMALL_BLOCKS = [Conv1dPrefillConfig(4, 16, 2), Conv1dPrefillConfig(8, 8, 1, step=8)]
 
 
-@pytest.mark.parametrize("config", SMALL_BLOCKS, ids=lambda c: f"t{c.block_t}c{c.block_c}")
+def config_id(config):
+    return f"t{config.block_t}c{config.block_c}s{config.step}"
+
+
+@pytest.mark.parametrize("config", SMALL_BLOCKS, ids=config_id)
 @pytest.mark.parametrize("grouped", [False, True], ids=["flat", "qkv"])
-def test_inner_and_boundary_blocks_match_reference(config, grouped, triton_launches):
+def test_steps_and_boundaries_match_reference(config, grouped, triton_launches):
     """Sequences shorter than W - 1 and empty ones, several in one block, continued prefill
     from a state and new sequences, strided x, T off the block size; `out` flat or as q, k, v
     (each group a whole number of channel blocks)."""
@@ -140,15 +145,15 @@ def test_inner_and_boundary_blocks_match_reference(config, grouped, triton_launc
     assert torch.equal(got_state, ref_state)
 
 
-def test_inner_blocks_round_as_boundary_blocks(triton_launches):
-    """The inner path gives the same bits as the per-token path: one block of 64 covers all
-    tokens (per-token path only) against blocks of 4 (inner path for most); the channel groups
-    split across blocks (per-element output offsets) against whole groups per block."""
+def test_block_layouts_give_the_same_bits(triton_launches):
+    """Rows computed in 8-row steps give the bits of rows computed in 4-row steps and one at a
+    time: one block of 64 covers all tokens against blocks of 4; the channel groups split across
+    blocks (per-element output offsets) against whole groups per block."""
     lens = [6, 30, 1, 20]
     batch = make_batch(lens, 48, 4, torch.float32, torch.float32, [True, False, True, True], 13)
     args = {k: v for k, v in batch.items() if k != "conv_state"}
     outs = []
-    for config in (Conv1dPrefillConfig(64, 64, 4), Conv1dPrefillConfig(4, 32, 2)):
+    for config in (Conv1dPrefillConfig(64, 64, 4, step=8), Conv1dPrefillConfig(4, 32, 2)):
         out = torch.empty(3, sum(lens), 16, device=DEVICE)
         causal_conv1d_prefill(
             conv_state=batch["conv_state"].clone(), out=out, config=config, **args
@@ -156,6 +161,50 @@ def test_inner_blocks_round_as_boundary_blocks(triton_launches):
         outs.append(out)
     assert triton_launches["_causal_conv1d_prefill_kernel"] == 2
     assert torch.equal(outs[0], outs[1])
+
+
+def split_prefill(x, weight, lens, config=None):
+    """`x` as one new sequence, and as chunks of `lens` where each continues from the previous
+    chunk's last W - 1 inputs (a continued prefill's state, in x's dtype): (one, chunked)
+    outputs and (one, chunked) final states."""
+    tokens, channels = x.shape
+    width = weight.shape[1]
+    device = x.device
+    state = torch.zeros(len(lens) + 1, channels, width - 1, dtype=x.dtype, device=device)
+    # The one sequence's window: zeros before its first token.
+    window = torch.cat([x.new_zeros(width - 1, channels), x])
+    bounds = torch.tensor([0, *lens]).cumsum(0).tolist()
+    for i, start in enumerate(bounds[1:-1], start=1):
+        state[i + 1] = window[start : start + width - 1].t()
+    one_state = state.clone()
+    one = causal_conv1d_prefill(
+        x, weight, one_state, torch.tensor([0, tokens], device=device),
+        torch.tensor([0], device=device), torch.tensor([False], device=device), config=config,
+    )  # fmt: skip
+    chunked = causal_conv1d_prefill(
+        x, weight, state, torch.tensor(bounds, device=device),
+        torch.arange(1, len(lens) + 1, device=device),
+        torch.arange(len(lens), device=device) > 0, config=config,
+    )  # fmt: skip
+    return (one, chunked), (one_state[0], state[len(lens)])
+
+
+@pytest.mark.parametrize("step", [4, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_continued_chunks_give_one_sequences_bits(dtype, step, triton_launches):
+    """A sequence prefilled in chunks (each from the state the previous one left) gives the bits
+    of the same tokens prefilled at once: inputs read from the state, row by row at sequence
+    starts, equal inputs read from x in 4- or 8-row steps. Chunks of 1-3 tokens (shorter than
+    W - 1) and chunks crossing blocks."""
+    gen = torch.Generator(device=DEVICE).manual_seed(5)
+    x = torch.randn(60, 40, generator=gen, device=DEVICE).to(dtype)
+    weight = torch.randn(40, 4, generator=gen, device=DEVICE)
+    (one, chunked), (one_state, chunked_state) = split_prefill(
+        x, weight, [1, 2, 3, 11, 1, 25, 17], Conv1dPrefillConfig(16, 32, 2, step)
+    )
+    assert triton_launches["_causal_conv1d_prefill_kernel"] == 2
+    assert torch.equal(one, chunked)
+    assert torch.equal(one_state, chunked_state)
 
 
 def test_prefill_rejects_bad_inputs():
@@ -176,6 +225,14 @@ def test_prefill_rejects_bad_inputs():
         causal_conv1d_prefill(**batch, config=Conv1dPrefillConfig(12, 16, 2))
     with pytest.raises(ValueError, match="num_warps"):
         causal_conv1d_prefill(**batch, config=Conv1dPrefillConfig(4, 16, 3))
+    for step in (2, 16):
+        with pytest.raises(ValueError, match="step must be 4 or 8"):
+            causal_conv1d_prefill(**batch, config=Conv1dPrefillConfig(16, 16, 2, step))
+    with pytest.raises(ValueError, match="at most block_t"):
+        causal_conv1d_prefill(**batch, config=Conv1dPrefillConfig(4, 16, 2, step=8))
+    wide = make_batch([2, 3], 24, 5, torch.float32, torch.float32, [True, True], seed=1)
+    with pytest.raises(ValueError, match="2 <= W <= 4"):
+        causal_conv1d_prefill(**wide)
 
 
 @pytest.mark.gpu
@@ -187,3 +244,24 @@ def test_gpu_prefill_at_kimi_linear_sizes(lens, triton_launches):
     init = [False, True, True, False][: len(lens)]
     batch = make_batch(lens, channels, 4, torch.bfloat16, torch.bfloat16, init, len(lens), "cuda")
     check(batch, 2**-7, triton_launches)
+
+
+@pytest.mark.gpu
+def test_gpu_chunks_and_launches_give_the_same_bits(triton_launches):
+    """At Kimi-Linear's q | k | v width, 8192 tokens as one sequence and as continued chunks
+    (row-by-row steps at each chunk start) give the same bits; so do the benchmark's launches."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(8192, 3 * 4096 + 288, generator=gen, device="cuda").to(torch.bfloat16)
+    x = x[:, : 3 * 4096]
+    weight = torch.randn(3 * 4096, 4, generator=gen, device="cuda") * 0.5
+    launches = ((64, 1024, 4, 8), (64, 1024, 4, 4), (32, 256, 4, 4), (128, 512, 4, 8))
+    configs = [Conv1dPrefillConfig(*c) for c in launches]
+    ones = []
+    for config in configs:
+        (one, chunked), (one_state, chunked_state) = split_prefill(
+            x, weight, [3000, 1, 2, 5, 5184], config
+        )
+        assert torch.equal(one, chunked)
+        assert torch.equal(one_state, chunked_state)
+        ones.append(one)
+    assert all(torch.equal(ones[0], one) for one in ones[1:])

@@ -609,3 +609,20 @@ def test_kda_prefill_takes_int64_offsets():
         kda_prefill(x, x, x, x, torch.zeros(t, heads), torch.zeros(2, heads, d, d),
                     torch.tensor([0, t], dtype=torch.int32), torch.tensor([1]),
                     torch.tensor([False]))  # fmt: skip
+
+
+def test_initial_states_zero_new_sequences_and_leave_the_pool():
+    """fla's initial states: each slot's state, zeros (+0.0, NaN states included) for a new
+    sequence, bit for bit the zero-filled tensor and `where` they replace; the pool untouched."""
+    from vllm.models.kimi_k3.amd.ops.kda_core import _gather_initial
+
+    state = torch.randn(5, 2, 3, 4)
+    state[1, 0, 0, 0] = float("nan")
+    state[3] = -0.0
+    pool = state.clone()
+    slots, has_initial = torch.tensor([1, 3, 4, 1]), torch.tensor([False, True, True, True])
+    got = _gather_initial(state, slots, has_initial)
+    init = pool[slots]
+    expected = torch.where(has_initial.view(-1, 1, 1, 1), init, torch.zeros_like(init))
+    assert torch.equal(got.view(torch.int32), expected.view(torch.int32))  # bits: NaN, -0.0
+    assert torch.equal(state.view(torch.int32), pool.view(torch.int32))

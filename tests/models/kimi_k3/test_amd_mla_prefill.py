@@ -1,13 +1,19 @@
 """MLA prefill attention: torch's fused attention (the GPU path, run here on the CPU with its
 explicit mask) against the fp32 einsum reference, for new prompts (`Lq == ctx`) and chunks on top
-of cached context (`Lq < ctx`); at Kimi-Linear's sizes on a GPU, without the score matrix."""
+of cached context (`Lq < ctx`); the key kernel (under TRITON_INTERPRET=1 on CPU) against torch's
+cat; the value read in place against a zero-padded copy; at Kimi-Linear's sizes on a GPU, without
+the score matrix, and bit for bit as the cat and pad it replaces."""
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from vllm.models.kimi_k3.amd.ops.mla_prefill import (
+    _value_operand,
     mla_prefill_attention,
     mla_prefill_attention_ref,
+    mla_prefill_key,
 )
 
 
@@ -86,6 +92,58 @@ def test_validation(change, match):
         mla_prefill_attention(*bad, scale)
 
 
+@pytest.mark.parametrize("ctx,heads,nope,rope", [(5, 32, 128, 64), (37, 3, 24, 12), (1, 1, 8, 4)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_key_kernel_equals_cat(ctx, heads, nope, rope, dtype, triton_launches):
+    """The key `[k_nope | k_pe]` of one launch, read from strided views (k_nope in `kv_b_proj`'s
+    output before v, k_pe in a cache row after the latent), bit for bit torch's cat; Kimi-Linear's
+    dims, and dims off powers of two."""
+    gen = torch.Generator().manual_seed(ctx + nope)
+    kv = torch.randn(ctx, heads, nope + 16, generator=gen).to(dtype)
+    cached = torch.randn(ctx, 40 + rope, generator=gen).to(dtype)
+    k_nope, k_pe = kv[..., :nope], cached[:, 40:]
+    got = mla_prefill_key(k_nope, k_pe)
+    assert triton_launches["_mla_prefill_key_kernel"] == 1
+    assert got.is_contiguous()
+    assert torch.equal(got, torch.cat([k_nope, k_pe.unsqueeze(1).expand(-1, heads, -1)], dim=-1))
+
+
+def old_value_and_attention(q, k, v, scale, mask):
+    """The path before the value read in place: v zero-padded to the query's head dim, the
+    output's first Dv columns."""
+    dv = v.shape[-1]
+    v = F.pad(v, (0, q.shape[-1] - dv))
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
+        v.transpose(0, 1).unsqueeze(0), attn_mask=mask, scale=scale,
+    )  # fmt: skip
+    return out[0, :, :, :dv].transpose(0, 1)
+
+
+def test_value_read_in_place_gives_the_padded_bits():
+    """For k_nope and v split from one buffer, the value operand that starts inside k_nope gives
+    the output columns of the zero-padded one bit for bit (each column is P times its own value
+    column): torch's CPU attention here, the GPU's fused kernels in the GPU test. Other layouts
+    get the padded copy."""
+    q, k_nope, k_pe, v = make_case(24, 40, 4, 32, 16, 24, torch.float32,
+                                   torch.Generator().manual_seed(9))[0]  # fmt: skip
+    kv = torch.cat([k_nope, v], dim=-1)
+    operand, first = _value_operand(kv[..., :32], kv[..., 32:], 48)
+    assert first == 24 and operand.data_ptr() == kv[..., 8:].data_ptr()  # a view, no copy
+    assert torch.equal(operand, kv[..., 8:])
+    k = mla_prefill_key(k_nope, k_pe)
+    mask = torch.ones(24, 40, dtype=torch.bool).tril(40 - 24)
+    got = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
+        operand.transpose(0, 1).unsqueeze(0), attn_mask=mask, scale=0.1,
+    )[0, :, :, first:].transpose(0, 1)  # fmt: skip
+    assert torch.equal(got, old_value_and_attention(q, k, v, 0.1, mask))
+    # Separate tensors, and k_nope narrower than the padding: zero-padded copies.
+    for k_nope_, v_ in ((k_nope, v), (kv[..., 28:32], kv[..., 32:])):
+        operand, first = _value_operand(k_nope_, v_, 48)
+        assert first == 0 and torch.equal(operand[..., :24], v) and not operand[..., 24:].any()
+
+
 def test_reference_checks_its_mask():
     inputs, masked, scale = make_case(2, 10, 2, 8, 4, 8, torch.float32,
                                       torch.Generator().manual_seed(0))  # fmt: skip
@@ -99,13 +157,18 @@ def test_gpu_kimi_linear_sizes(lq, ctx):
     """32 heads, nope 128, rope 64, v 128 (Kimi-Linear), bf16. The fused kernels keep P in bf16
     at most before P @ V (an error of <= 2^-9 relative per probability, so <= 2^-9 max|v| on the
     output) and round the output once (<= 2^-8 relative): that bounds the error against the fp32
-    truth. Beyond the operands they build (k `[ctx, 32, 192]`, v padded to 192, the padded
-    output), their memory is a small fraction of the fp32 score matrix they replace."""
+    truth. Beyond the operands they build (k `[ctx, 32, 192]`, v padded to 192 (separate k_nope
+    and v here), the padded output), their memory is a small fraction of the fp32 score matrix
+    they replace. The key kernel gives the bits of torch's cat."""
     device = torch.device("cuda")
     inputs, masked, scale = make_case(lq, ctx, 32, 128, 64, 128, torch.bfloat16,
                                       torch.Generator(device=device).manual_seed(lq + ctx),
                                       device=device)  # fmt: skip
     truth = truth_of(inputs, scale, masked)
+    q, k_nope, k_pe, v = inputs
+    k = mla_prefill_key(k_nope, k_pe)
+    assert torch.equal(k, torch.cat([k_nope, k_pe.unsqueeze(1).expand(-1, 32, -1)], dim=-1))
+    del k
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
@@ -119,3 +182,26 @@ def test_gpu_kimi_linear_sizes(lq, ctx):
     bound = 2**-9 * vmax + 2**-8 * truth.abs()
     err = (got.float() - truth).abs()
     assert (err <= bound).all(), (err - bound).max()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lq,ctx", [(8192, 8192), (512, 4096)])
+def test_gpu_same_bits_as_cat_and_pad(lq, ctx):
+    """At Kimi-Linear's sizes (a prompt of 8192, a chunk on cached context), k_nope and v split
+    from one `kv_b_proj` output as MLA passes them: the key kernel and the value read in place
+    give the bits of the cat and the zero-padded value they replace, through the same fused
+    attention."""
+    device = torch.device("cuda")
+    gen = torch.Generator(device=device).manual_seed(lq)
+    q = torch.randn(lq, 32, 192, generator=gen, device=device).to(torch.bfloat16)
+    kv = torch.randn(ctx, 32 * 256, generator=gen, device=device).to(torch.bfloat16)
+    k_nope, v = kv.view(ctx, 32, 256).split([128, 128], dim=-1)
+    cached = torch.randn(ctx, 576, generator=gen, device=device).to(torch.bfloat16)
+    k_pe = cached[:, 512:]
+    assert _value_operand(k_nope, v, 192)[1] == 64  # the in-place operand
+    got = mla_prefill_attention(q, k_nope, k_pe, v, 192**-0.5)
+    k = torch.cat([k_nope, k_pe.unsqueeze(1).expand(ctx, 32, 64)], dim=-1)
+    assert torch.equal(mla_prefill_key(k_nope, k_pe), k)
+    assert torch.equal(
+        got, old_value_and_attention(q, k, v, 192**-0.5, causal_lower_right(lq, ctx))
+    )

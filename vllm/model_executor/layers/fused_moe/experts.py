@@ -136,7 +136,7 @@ def moe_experts_grouped(
     """
     check_expert_shapes(x, w13, w2, topk_weights, topk_ids)
     # Stable (rows of one expert keep token order, the loop's accumulation order), with the
-    # group ends and the inverse permutation, in one launch where Triton runs.
+    # group ends and the inverse permutation, in one or two launches where Triton runs.
     order, inverse, _, offs = group_rows(topk_ids, w13.shape[0], block_m=16)
     # One launch where Triton runs (1.37x faster than index_select and its division's launch on
     # the H200); index_select elsewhere, meta tensors included.

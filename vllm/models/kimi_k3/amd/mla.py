@@ -30,8 +30,9 @@ Attention, decodes first like KDA (`MLAMetadata`):
   host sync and no loop over sequences: capturable.
 - prefill rows (new prompts and prefill chunks on top of cached context) take the exact path:
   decompress each sequence's cached latents through `kv_b_proj` (in the model dtype), then
-  `ops/mla_prefill.py`: torch's fused attention in the model dtype on GPU (no score matrix), the
-  masked fp32 softmax reference on CPU.
+  `ops/mla_prefill.py`: torch's fused attention in the model dtype on GPU (no score matrix; the
+  key built in one launch, the value read in place from `kv_b_proj`'s output), the masked fp32
+  softmax reference on CPU.
 """
 
 from collections.abc import Iterable

@@ -13,9 +13,12 @@ Rounding (Triton kernel and torch reference alike): the state enters the window 
 Prefill on the Triton path is two kernels: the conv over (token block, channel block) programs,
 then the state update per (sequence, channel block). A conv program finds its first token's
 sequence by a binary search of `query_start_loc` on the device (no host sync, no per-sequence
-launch). A block inside one sequence and past its first W - 1 tokens (nearly all of a long
-prefill) reads only x, as shifted tiles; the others search each token's sequence and read the
-inputs before it from the state. Both sum the taps in the same order, with the same rounding.
+launch), loads the W - 1 inputs before that token (from x, or from the slot's state, or zeros)
+and walks its tokens 4 or 8 rows a step, carrying the last W - 1 inputs in registers, so each
+row of x is read once. A step whose rows lie in one sequence (nearly all of a long prefill) loads
+them together; one where a sequence starts or T ends goes row by row and reloads the carried
+inputs from the new sequence's state. Every row sums its taps in the same order, with the same
+rounding. W is at most 4 (`MAX_WIDTH`).
 The update is a separate launch because a short sequence's old state is read by the programs of
 its first tokens and rewritten from its last ones, which may be different programs of the first
 kernel.
@@ -38,107 +41,185 @@ except ImportError:  # CPU-only installs without Triton use the torch reference
 if triton is not None:
 
     @triton.jit
-    def _conv_taps_general(
-        x_ptr, w_ptr, state_ptr, qsl_ptr, slots_ptr, has_init_ptr, t0, c,
-        stride_xt, stride_xc, stride_wc, stride_wj, stride_ss, stride_sc, stride_sj,
-        tokens, channels, num_seqs, search_steps,
-        W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
-    ):  # fmt: skip
-        # A block that starts a sequence, crosses into the next or reaches past T: every token
-        # finds its own sequence, and inputs before a sequence come from its slot's state.
-        t = t0.to(tl.int64) + tl.arange(0, BLOCK_T)
-        t_ok = t < tokens
-        c_ok = c < channels
-        # Each token's sequence: the last `seq` with query_start_loc[seq] <= t.
-        lo = tl.zeros([BLOCK_T], dtype=tl.int32)
-        hi = tl.zeros([BLOCK_T], dtype=tl.int32) + num_seqs
+    def _find_seq(qsl_ptr, t, num_seqs, search_steps):
+        # The last sequence with query_start_loc[seq] <= t (empty sequences before t skipped).
+        lo = t * 0
+        hi = lo + num_seqs
         for _ in range(search_steps):
             mid = (lo + hi) // 2
-            right = tl.load(qsl_ptr + mid, mask=t_ok, other=0) <= t
+            right = tl.load(qsl_ptr + mid) <= t
             lo = tl.where(right, mid, lo)
             hi = tl.where(right, hi, mid)
-        start = tl.load(qsl_ptr + lo, mask=t_ok, other=0).to(tl.int64)
-        slot = tl.load(slots_ptr + lo, mask=t_ok, other=0).to(tl.int64)
-        init = tl.load(has_init_ptr + lo, mask=t_ok, other=0) != 0
-        tile_ok = t_ok[:, None] & c_ok[None, :]
-        x_cols = c[None, :] * stride_xc
-        s_base = state_ptr + slot[:, None] * stride_ss + c[None, :] * stride_sc
-        acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
-        for j in tl.static_range(W):
-            p = t - (W - 1) + j  # the tap's input position
-            in_x = (p >= start)[:, None]
-            xv = tl.load(x_ptr + p[:, None] * stride_xt + x_cols, mask=tile_ok & in_x, other=0.0)
-            # Before the sequence: its window position p - start + W - 1 in [0, W - 1).
-            s_mask = tile_ok & ~in_x & init[:, None]
-            sv = tl.load(s_base + (p - start + W - 1)[:, None] * stride_sj, mask=s_mask, other=0.0)
-            v = tl.where(in_x, xv, sv.to(x_ptr.dtype.element_ty)).to(tl.float32)
-            taps = tl.load(w_ptr + c * stride_wc + j * stride_wj, mask=c_ok, other=0.0)
-            acc += v * taps.to(tl.float32)[None, :]
-        return acc
+        return lo
 
     @triton.jit
-    def _conv_taps_inner(
-        x_ptr, w_ptr, t0, c, stride_xt, stride_xc, stride_wc, stride_wj, channels,
-        W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+    def _input_before(
+        x_ptr, state_ptr, p, start, slot, init, c, channels,
+        stride_xt, stride_xc, stride_ss, stride_sc, stride_sj, W: tl.constexpr,
     ):  # fmt: skip
-        # Every token's window lies in x: no state, no search, no row masks. The 64-bit row
-        # offset is taken once; the tile's offsets fit in 32 bits. The W shifted tiles overlap,
-        # so all but the first read of a row hit L1 / L2.
-        c_ok = (c < channels)[None, :]
-        offs = tl.arange(0, BLOCK_T)[:, None] * stride_xt + c[None, :] * stride_xc
-        acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
-        for j in tl.static_range(W):
-            rows = x_ptr + (t0 - (W - 1) + j).to(tl.int64) * stride_xt
-            v = tl.load(rows + offs, mask=c_ok, other=0.0).to(tl.float32)
-            taps = tl.load(w_ptr + c * stride_wc + j * stride_wj, mask=c < channels, other=0.0)
-            acc += v * taps.to(tl.float32)[None, :]
-        return acc
+        # Input position p of a sequence starting at `start`: x's row when p >= start, else its
+        # window position p - start + W - 1 (in [0, W - 1)) of the slot's state, or zero for a
+        # new sequence; in x's dtype. Before the sequence, x's load reads its first row instead
+        # (in bounds, unused) and the state's condition becomes a channel bound: Triton's
+        # interpreter rejects a scalar bool in a block mask.
+        in_x = p >= start
+        x_ptrs = x_ptr + tl.where(in_x, p, start).to(tl.int64) * stride_xt + c * stride_xc
+        xv = tl.load(x_ptrs, mask=c < channels, other=0.0)
+        s_ptrs = state_ptr + slot.to(tl.int64) * stride_ss + c * stride_sc
+        s_end = tl.where(in_x, 0, tl.where(init, channels, 0))
+        sv = tl.load(s_ptrs + (p - start + W - 1) * stride_sj, mask=c < s_end, other=0.0)
+        return tl.where(in_x, xv, sv.to(x_ptr.dtype.element_ty))
+
+    @triton.jit
+    def _carried_inputs(
+        x_ptr, state_ptr, t, start, slot, init, c, channels,
+        stride_xt, stride_xc, stride_ss, stride_sc, stride_sj, W: tl.constexpr,
+    ):  # fmt: skip
+        # The W - 1 inputs before token t, one row back first (h2 unused below W = 3, h3 below 4).
+        h1 = _input_before(
+            x_ptr, state_ptr, t - 1, start, slot, init, c, channels,
+            stride_xt, stride_xc, stride_ss, stride_sc, stride_sj, W,
+        )  # fmt: skip
+        h2 = h1
+        h3 = h1
+        if W >= 3:
+            h2 = _input_before(
+                x_ptr, state_ptr, t - 2, start, slot, init, c, channels,
+                stride_xt, stride_xc, stride_ss, stride_sc, stride_sj, W,
+            )  # fmt: skip
+        if W >= 4:
+            h3 = _input_before(
+                x_ptr, state_ptr, t - 3, start, slot, init, c, channels,
+                stride_xt, stride_xc, stride_ss, stride_sc, stride_sj, W,
+            )  # fmt: skip
+        return h1, h2, h3
+
+    @triton.jit
+    def _conv_row(x3, x2, x1, x0, w0, w1, w2, w3, W: tl.constexpr):
+        # One output row from its inputs x_k (k rows back, in x's dtype): the taps oldest first,
+        # summed from zero in fp32 (the reference's order), then SiLU.
+        acc = tl.zeros(x0.shape, dtype=tl.float32)
+        if W == 4:
+            acc += x3.to(tl.float32) * w0
+            acc += x2.to(tl.float32) * w1
+            acc += x1.to(tl.float32) * w2
+            acc += x0.to(tl.float32) * w3
+        elif W == 3:
+            acc += x2.to(tl.float32) * w0
+            acc += x1.to(tl.float32) * w1
+            acc += x0.to(tl.float32) * w2
+        else:
+            acc += x1.to(tl.float32) * w0
+            acc += x0.to(tl.float32) * w1
+        return acc * tl.sigmoid(acc)
+
+    @triton.jit
+    def _four_rows(
+        h1, h2, h3, r0, r1, r2, r3, w0, w1, w2, w3, o_rows, stride_ot, c_ok, W: tl.constexpr
+    ):  # fmt: skip
+        # Rows r0..r3 of one sequence after the carried inputs h1..h3: their outputs at o_rows
+        # and the next rows', then the inputs carried past them.
+        dtype = o_rows.dtype.element_ty
+        tl.store(o_rows, _conv_row(h3, h2, h1, r0, w0, w1, w2, w3, W).to(dtype), mask=c_ok)
+        o_rows += stride_ot
+        tl.store(o_rows, _conv_row(h2, h1, r0, r1, w0, w1, w2, w3, W).to(dtype), mask=c_ok)
+        o_rows += stride_ot
+        tl.store(o_rows, _conv_row(h1, r0, r1, r2, w0, w1, w2, w3, W).to(dtype), mask=c_ok)
+        o_rows += stride_ot
+        tl.store(o_rows, _conv_row(r0, r1, r2, r3, w0, w1, w2, w3, W).to(dtype), mask=c_ok)
+        return r3, r2, r1
 
     @triton.jit
     def _causal_conv1d_prefill_kernel(
         x_ptr, w_ptr, state_ptr, qsl_ptr, slots_ptr, has_init_ptr, out_ptr,
         stride_xt, stride_xc, stride_wc, stride_wj, stride_ss, stride_sc, stride_sj,
         stride_og, stride_ot, stride_oc, group, tokens, channels, num_seqs, search_steps,
-        W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+        W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, STEP: tl.constexpr,
         ONE_GROUP_PER_BLOCK: tl.constexpr,
     ):  # fmt: skip
+        # A program walks BLOCK_T tokens of BLOCK_C channels STEP (4 or 8) rows at a time,
+        # carrying the last W - 1 inputs (h1 one row back, h2, h3) in registers: each row of x is
+        # read once, where shifted tiles would read it W times. Rows stay in x's dtype until
+        # used (fewer registers, more programs per SM, more loads in flight).
         t0 = tl.program_id(0) * BLOCK_T
         c0 = tl.program_id(1) * BLOCK_C
         c = c0 + tl.arange(0, BLOCK_C)
-        # The sequence of the block's first token (one scalar search per program).
-        lo = t0 * 0
-        hi = lo + num_seqs
-        for _ in range(search_steps):
-            mid = (lo + hi) // 2
-            right = tl.load(qsl_ptr + mid) <= t0
-            lo = tl.where(right, mid, lo)
-            hi = tl.where(right, hi, mid)
-        start = tl.load(qsl_ptr + lo)
-        end = tl.load(qsl_ptr + lo + 1)
-        if (t0 - start >= W - 1) & (t0 + BLOCK_T <= end):
-            acc = _conv_taps_inner(
-                x_ptr, w_ptr, t0, c, stride_xt, stride_xc, stride_wc, stride_wj, channels,
-                W, BLOCK_T, BLOCK_C,
-            )  # fmt: skip
-        else:
-            acc = _conv_taps_general(
-                x_ptr, w_ptr, state_ptr, qsl_ptr, slots_ptr, has_init_ptr, t0, c,
-                stride_xt, stride_xc, stride_wc, stride_wj, stride_ss, stride_sc, stride_sj,
-                tokens, channels, num_seqs, search_steps, W, BLOCK_T, BLOCK_C,
-            )  # fmt: skip
-        y = acc * tl.sigmoid(acc)
-        rows = tl.arange(0, BLOCK_T)
-        ok = ((t0 + rows) < tokens)[:, None] & (c < channels)[None, :]
-        o_rows = out_ptr + t0.to(tl.int64) * stride_ot
+        c_ok = c < channels
+        taps = w_ptr + c * stride_wc
+        w0 = tl.load(taps, mask=c_ok, other=0.0).to(tl.float32)
+        w1 = tl.load(taps + stride_wj, mask=c_ok, other=0.0).to(tl.float32)
+        w2 = w1
+        w3 = w1
+        if W >= 3:
+            w2 = tl.load(taps + 2 * stride_wj, mask=c_ok, other=0.0).to(tl.float32)
+        if W >= 4:
+            w3 = tl.load(taps + 3 * stride_wj, mask=c_ok, other=0.0).to(tl.float32)
+        x_cols = c * stride_xc
         if ONE_GROUP_PER_BLOCK:
             # The block's channels lie in one group: its offset is a scalar.
             g = c0 // group
-            o_rows += g.to(tl.int64) * stride_og + (c0 - g * group).to(tl.int64) * stride_oc
+            o_base = (
+                out_ptr + g.to(tl.int64) * stride_og + (c0 - g * group).to(tl.int64) * stride_oc
+            )
             o_cols = tl.arange(0, BLOCK_C) * stride_oc
         else:
+            o_base = out_ptr
             o_cols = (c // group).to(tl.int64) * stride_og + (c % group) * stride_oc
-        o_ptrs = o_rows + rows[:, None] * stride_ot + o_cols[None, :]
-        tl.store(o_ptrs, y.to(out_ptr.dtype.element_ty), mask=ok)
+
+        # The first token's sequence (one scalar search per program) and the inputs before it.
+        seq = _find_seq(qsl_ptr, t0, num_seqs, search_steps)
+        next_start = tl.load(qsl_ptr + seq + 1)
+        h1, h2, h3 = _carried_inputs(
+            x_ptr, state_ptr, t0, tl.load(qsl_ptr + seq), tl.load(slots_ptr + seq),
+            tl.load(has_init_ptr + seq) != 0, c, channels,
+            stride_xt, stride_xc, stride_ss, stride_sc, stride_sj, W,
+        )  # fmt: skip
+        for i in range(0, tl.minimum(BLOCK_T, tokens - t0), STEP):
+            t = t0 + i
+            if t + STEP <= next_start:
+                # Nearly every step of a long prefill: STEP rows of one sequence, all loaded
+                # before the first store (STEP loads in flight a thread).
+                rows = x_ptr + t.to(tl.int64) * stride_xt + x_cols
+                r0 = tl.load(rows, mask=c_ok, other=0.0)
+                r1 = tl.load(rows + stride_xt, mask=c_ok, other=0.0)
+                r2 = tl.load(rows + 2 * stride_xt, mask=c_ok, other=0.0)
+                r3 = tl.load(rows + 3 * stride_xt, mask=c_ok, other=0.0)
+                if STEP == 8:
+                    r4 = tl.load(rows + 4 * stride_xt, mask=c_ok, other=0.0)
+                    r5 = tl.load(rows + 5 * stride_xt, mask=c_ok, other=0.0)
+                    r6 = tl.load(rows + 6 * stride_xt, mask=c_ok, other=0.0)
+                    r7 = tl.load(rows + 7 * stride_xt, mask=c_ok, other=0.0)
+                o_rows = o_base + t.to(tl.int64) * stride_ot + o_cols
+                h1, h2, h3 = _four_rows(
+                    h1, h2, h3, r0, r1, r2, r3, w0, w1, w2, w3, o_rows, stride_ot, c_ok, W
+                )
+                if STEP == 8:
+                    h1, h2, h3 = _four_rows(
+                        h1, h2, h3, r4, r5, r6, r7, w0, w1, w2, w3, o_rows + 4 * stride_ot,
+                        stride_ot, c_ok, W,
+                    )  # fmt: skip
+            else:
+                # A sequence starts among these rows, or T ends there: one row at a time.
+                for j in tl.static_range(STEP):
+                    tj = t + j
+                    if tj < tokens:
+                        if tj == next_start:
+                            # A new sequence: the inputs before it come from its slot's state.
+                            seq = _find_seq(qsl_ptr, tj, num_seqs, search_steps)
+                            next_start = tl.load(qsl_ptr + seq + 1)
+                            h1, h2, h3 = _carried_inputs(
+                                x_ptr, state_ptr, tj, tj, tl.load(slots_ptr + seq),
+                                tl.load(has_init_ptr + seq) != 0, c, channels,
+                                stride_xt, stride_xc, stride_ss, stride_sc, stride_sj, W,
+                            )  # fmt: skip
+                        r = tl.load(x_ptr + tj.to(tl.int64) * stride_xt + x_cols, mask=c_ok,
+                                    other=0.0)  # fmt: skip
+                        y = _conv_row(h3, h2, h1, r, w0, w1, w2, w3, W)
+                        tl.store(o_base + tj.to(tl.int64) * stride_ot + o_cols,
+                                 y.to(out_ptr.dtype.element_ty), mask=c_ok)  # fmt: skip
+                        h3 = h2
+                        h2 = h1
+                        h1 = r
 
     @triton.jit
     def _conv_state_update_kernel(
@@ -176,17 +257,21 @@ if triton is not None:
 @dataclass(frozen=True)
 class Conv1dPrefillConfig:
     """Launch parameters of the prefill conv kernel: `block_t` tokens by `block_c` channels per
-    program (powers of two), `num_warps` warps."""
+    program (powers of two), `num_warps` warps, the tokens walked `step` rows at a time (4 or 8,
+    at most `block_t`: the row loads a thread has in flight)."""
 
     block_t: int
     block_c: int
     num_warps: int
+    step: int = 4
 
 
-# 16 KiB of bf16 input per tap and program, 64 fp32 accumulators a thread. The fastest of the 7
-# configs of `benchmarks/kernels/benchmark_causal_conv1d.py` on an H200 (2026-12-01, 8192 tokens in
-# 1 and 8 sequences: 226 / 267 us, 42% / 36% of copy; docs/performance.md).
-DEFAULT_PREFILL_CONFIG = Conv1dPrefillConfig(block_t=32, block_c=256, num_warps=4)
+# Widest conv the kernel carries (its inputs before a row are three named registers).
+MAX_WIDTH = 4
+# 8 channels (16 bytes of bf16) a thread per row load, 8 loads in flight, 64 tokens a program (3
+# rows of the 67 it reads are read by the previous program too). Not measured on the H200 yet:
+# the sweep of `benchmarks/kernels/benchmark_causal_conv1d.py` is to confirm or replace it.
+DEFAULT_PREFILL_CONFIG = Conv1dPrefillConfig(block_t=64, block_c=1024, num_warps=4, step=8)
 # The state update's channels per program (one program per sequence and channel block).
 _STATE_BLOCK_C = 128
 
@@ -236,8 +321,10 @@ def causal_conv1d_prefill(
     tokens, channels = x.shape
     width = weight.shape[1]
     n = slots.shape[0]
-    if weight.shape != (channels, width) or width < 2:
-        raise ValueError(f"weight must be [{channels}, W >= 2], got {tuple(weight.shape)}")
+    if weight.shape != (channels, width) or not 2 <= width <= MAX_WIDTH:
+        raise ValueError(
+            f"weight must be [{channels}, W] with 2 <= W <= {MAX_WIDTH}, got {tuple(weight.shape)}"
+        )
     if conv_state.dim() != 3 or conv_state.shape[1:] != (channels, width - 1):
         raise ValueError(
             f"conv_state must be [S, {channels}, {width - 1}], got {tuple(conv_state.shape)}"
@@ -257,6 +344,10 @@ def causal_conv1d_prefill(
     for name, size in (*sizes, ("num_warps", config.num_warps)):
         if size < 1 or size & (size - 1):
             raise ValueError(f"config.{name} must be a power of two, got {size}")
+    if config.step not in (4, 8) or config.step > config.block_t:
+        raise ValueError(
+            f"config.step must be 4 or 8 and at most block_t ({config.block_t}), got {config.step}"
+        )
     if out is None:
         out = torch.empty(tokens, channels, dtype=x.dtype, device=x.device)
     # One layout for both forms: [G, T, C // G] (a [T, C] `out` is one group).
@@ -284,7 +375,7 @@ def causal_conv1d_prefill(
         conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
         out3.stride(0), out3.stride(1), out3.stride(2), group,
         tokens, channels, n, (n - 1).bit_length(),
-        W=width, BLOCK_T=block_t, BLOCK_C=block_c,
+        W=width, BLOCK_T=block_t, BLOCK_C=block_c, STEP=config.step,
         ONE_GROUP_PER_BLOCK=groups == 1 or group % block_c == 0, num_warps=config.num_warps,
     )  # fmt: skip
     _conv_state_update_kernel[(n, triton.cdiv(channels, _STATE_BLOCK_C))](

@@ -53,8 +53,9 @@ def kda_recurrent_ref(
 
 
 def _gather_initial(state: torch.Tensor, slots: torch.Tensor, has_initial: torch.Tensor):
-    init = state[slots]
-    return torch.where(has_initial.view(-1, 1, 1, 1), init, torch.zeros_like(init))
+    # Indexing copies the slots' states, so zeroing new sequences' in place touches no slot: one
+    # launch where a zero-filled tensor and a `where` took two.
+    return state[slots].masked_fill_(~has_initial.view(-1, 1, 1, 1), 0.0)
 
 
 def kda_prefill(
