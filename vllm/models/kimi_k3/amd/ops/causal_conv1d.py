@@ -268,10 +268,12 @@ class Conv1dPrefillConfig:
 
 # Widest conv the kernel carries (its inputs before a row are three named registers).
 MAX_WIDTH = 4
-# 8 channels (16 bytes of bf16) a thread per row load, 8 loads in flight, 64 tokens a program (3
-# rows of the 67 it reads are read by the previous program too). Not measured on the H200 yet:
-# the sweep of `benchmarks/kernels/benchmark_causal_conv1d.py` is to confirm or replace it.
-DEFAULT_PREFILL_CONFIG = Conv1dPrefillConfig(block_t=64, block_c=1024, num_warps=4, step=8)
+# 4 channels (8 bytes of bf16) a thread per row load, 8 rows a step, 64 tokens a program (3 rows
+# of the 67 it reads are read by the previous program too). The fastest of the sweep of
+# `benchmarks/kernels/benchmark_causal_conv1d.py` on the H200 (T = 8192, one sequence,
+# 2026-12-01, docs/performance.md "Eighth run"): 135 us, 70% of copy, against 164 us for 1024
+# channels a program and 245 us for the earlier kernel in the engine's prefill profile.
+DEFAULT_PREFILL_CONFIG = Conv1dPrefillConfig(block_t=64, block_c=512, num_warps=4, step=8)
 # The state update's channels per program (one program per sequence and channel block).
 _STATE_BLOCK_C = 128
 
