@@ -40,10 +40,11 @@ weighted sum). In fp32 every rounding is the identity.
 Launch shapes: defaults are for Hopper at 1-4 tokens of Kimi-Linear (H 2304, I 1024, K 8 + 1
 fused shared expert): K rows x 128 blocks of 8 intermediate columns of gate/up programs, and 2304
 / 2 = 1152 down programs per token, each reading 2 rows of all K experts' I = 1024 (a 4 KB tile
-per slot); at one token 2304 one-warp down programs of one row each. On an H200 (2026-12-01,
-`benchmarks/kernels/benchmark_moe.py --triton-configs`) the block at one token reads 82% of the
-copy bandwidth (75% with the two-row down programs; 62% for the earlier down kernel that reduced a
-`[K padded to 16, block_h, block_i]` tile per step).
+per slot); at one token 2304 one-warp down programs of one row each, and the gate/up kernel's
+steps over H unrolled. On an H200 (2026-12-01, `benchmarks/kernels/benchmark_moe.py
+--triton-configs`) the block at one token reads 80-82% of the copy bandwidth (75% with the
+two-row down programs, or with the gate/up loop not unrolled, in another run; 62% for the earlier
+down kernel that reduced a `[K padded to 16, block_h, block_i]` tile per step).
 """
 
 import torch
@@ -226,7 +227,7 @@ def moe_experts_triton(
     block_n: int = 8,
     block_k: int = 256,
     gate_up_warps: int = 4,
-    gate_up_unroll: bool = False,
+    gate_up_unroll: bool | None = None,
     block_h: int | None = None,
     block_i: int | None = None,
     down_warps: int | None = None,
@@ -237,7 +238,9 @@ def moe_experts_triton(
     program, hidden chunk per step, warps); `block_h` / `block_i` / `down_warps` tile the down
     kernel (hidden outputs per program, intermediate chunk per step (default: all of I up to
     1024), warps). Powers of two. `gate_up_unroll` unrolls the gate/up kernel's steps over H
-    (compiled per H). The defaults were the fastest configurations timed on an H200
+    (compiled per H; None: at one token only: 37.6 against 40.2 us for both kernels at one token
+    on the H200, 2026-12-01, docs/performance.md "Eighth run", but 66.3 / 119.5 against 64.0 /
+    112.9 at 2 / 4 tokens). The defaults were the fastest configurations timed on an H200
     at Kimi-Linear-48B expert shapes with the fused shared expert at 1-8 tokens (2026-12-01,
     docs/performance.md): the down kernel takes one hidden output and one warp per program at one
     token (twice the programs, each with a single warp's loads in flight: 37.1 against 40.4 us for
@@ -253,6 +256,8 @@ def moe_experts_triton(
         block_h = 1 if tokens == 1 else 2
     if down_warps is None:
         down_warps = 1 if tokens == 1 else 2
+    if gate_up_unroll is None:
+        gate_up_unroll = tokens == 1
     blocks = dict(block_n=block_n, block_k=block_k, gate_up_warps=gate_up_warps,
                   block_h=block_h, block_i=block_i, down_warps=down_warps)  # fmt: skip
     for name, value in blocks.items():
