@@ -302,7 +302,8 @@ WIDE_BLOCKS = dict(block_n=16, block_h=32)
 
 def test_triton_down_launch_by_tokens(monkeypatch):
     # The H200 defaults of the down kernel: one hidden output and one warp per program at one
-    # token, two and two above (docs/performance.md, seventh run).
+    # token, two and two above (docs/performance.md, seventh run); the gate/up kernel's steps
+    # over H unrolled at one token only (eighth run).
     import vllm.model_executor.layers.fused_moe.experts_triton as experts_triton
 
     launches = []
@@ -313,7 +314,8 @@ def test_triton_down_launch_by_tokens(monkeypatch):
 
         def __getitem__(self, grid):
             def run(*args, **kwargs):
-                launches.append((self.name, grid, kwargs.get("BLOCK_H"), kwargs["num_warps"]))
+                block = kwargs.get("BLOCK_H", kwargs.get("HIDDEN"))
+                launches.append((self.name, grid, block, kwargs["num_warps"]))
 
             return run
 
@@ -323,6 +325,26 @@ def test_triton_down_launch_by_tokens(monkeypatch):
         moe_experts_triton(*make_case(tokens, torch.float32), SiluAndMul())
     down = [launch[1:] for launch in launches if launch[0] == "_moe_down_kernel"]
     assert down == [((1, H), 1, 1), ((2, H // 2), 2, 2)]
+    unrolled = [launch[2] for launch in launches if launch[0] == "_moe_gate_up_kernel"]
+    assert unrolled == [H, 0]
+
+
+@pytest.mark.parametrize("tokens,experts,warps", [(1, 256, 4), (256, 256, 4), (257, 256, 1),
+                                                  (1, 64, 1)])  # fmt: skip
+def test_topk_warps_by_tokens(tokens, experts, warps, monkeypatch):
+    # The H200 defaults (docs/performance.md, seventh and eighth runs): 4 warps a token at 256
+    # experts up to 256 tokens, one warp for a prefill's thousands of programs and few experts.
+    import vllm.model_executor.layers.fused_moe.router as router
+
+    seen = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: seen.append(kwargs["num_warps"])
+
+    monkeypatch.setattr(router, "_grouped_topk_kernel", Recorder())
+    grouped_topk_triton(torch.randn(tokens, experts, device=DEVICE), None, 8)
+    assert seen == [warps]
 
 
 def assert_close_to_loop(out, expected):

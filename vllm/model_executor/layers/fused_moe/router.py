@@ -284,12 +284,19 @@ def grouped_topk_ref(
     return weights, ids
 
 
-def _default_warps(block_e: int) -> int:
+# Tokens above which the top-k kernel's programs keep one warp.
+_WIDE_MAX_TOKENS = 256
+
+
+def _default_warps(block_e: int, tokens: int) -> int:
     # The sort's stages are independent across lanes: at 256 experts 4 warps beat 1 at every
     # batch timed on the H200 (benchmark_router.py --warps 1 2 4, 2026-12-01: 3.6 / 3.7 / 4.4 us
     # against 4.2 / 4.5 / 4.6 at T = 1 / 64 / 256), although the stages that cross warps go
-    # through shared memory. Tiny expert counts keep one warp: there is nothing to spread.
-    return 1 if block_e < 128 else 4
+    # through shared memory. A prefill's thousands of programs fill the GPU with one warp each:
+    # at 8192 tokens the 4-warp kernel took 71 us a layer in the eighth run's engine profile,
+    # where the one-warp kernel of the seventh run's stayed below 33 (docs/performance.md). Tiny
+    # expert counts keep one warp: there is nothing to spread.
+    return 1 if block_e < 128 or tokens > _WIDE_MAX_TOKENS else 4
 
 
 def grouped_topk_triton(
@@ -321,7 +328,7 @@ def grouped_topk_triton(
     # Lanes for every output slot too: the selection reads its slots off the sorted lanes.
     block_e = next_power_of_2(max(experts, columns))
     if num_warps is None:
-        num_warps = _default_warps(block_e)
+        num_warps = _default_warps(block_e, tokens)
     elif num_warps < 1 or num_warps & (num_warps - 1):
         raise ValueError(f"num_warps must be a positive power of two, got {num_warps}")
     device = router_logits.device
