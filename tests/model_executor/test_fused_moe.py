@@ -594,6 +594,24 @@ def test_group_rows_chunked_matches_reference(case, chunk, triton_launches):
     assert triton_launches["_moe_group_place_kernel"] == 2
 
 
+@pytest.mark.parametrize("limit", [None, 8])  # the one-launch kernel; the chunked kernels
+def test_group_rows_reads_column_strided_ids(limit, monkeypatch):
+    """A `[T, K]` view with a column stride (every other column of a wider tensor) flattens to a
+    strided view; both kernels must group its ids, not the wider tensor's."""
+    if limit is not None:
+        monkeypatch.setattr(experts_triton_grouped, "GROUP_KERNEL_MAX_ROWS", limit)
+    wide = torch.randint(0, 8, (6, 8), generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    ids = wide[:, ::2]
+    got = group_rows(ids, 8, 16)
+    expected = group_rows_reference(ids.contiguous(), 8, 16)
+    for name, a, b in zip(got._fields, got, expected, strict=True):
+        assert torch.equal(a, b), name
+    with pytest.raises(ValueError, match="unit stride"):
+        group_rows_chunked(wide.reshape(-1)[::2], 8, 16)
+    with pytest.raises(ValueError, match="power of two"):
+        group_rows_chunked(wide.reshape(-1), 8, 16, chunk=12)
+
+
 @pytest.mark.parametrize("experts", [6, 257])
 def test_group_rows_takes_the_chunked_kernels_past_the_one_launch_limit(
     experts, triton_launches, monkeypatch

@@ -84,9 +84,11 @@ except ImportError:  # CPU-only installs without Triton never select this path
 _GROUP_MAX_BLOCK_R = 2048
 # Most rows the grouping kernel takes: each of its E + 1 programs reads every id, so its time grows
 # with E * R; above this the torch sort (flat at ~140 us on the H200) was faster, and the chunked
-# kernels take over (not measured on the H200 yet). H200, 257 experts, 9 slots (benchmark_moe.py
-# --paths grouping, 2026-12-01): 3.6 / 8.3 / 26.6 / 199 us at 1 / 256 / 1024 / 8192 tokens against
-# 60 / 97 / 146 / 142 us for the sort.
+# kernels now take over. H200, 257 experts, 9 slots (benchmark_moe.py --paths grouping,
+# 2026-12-01): 3.6 / 8.3 / 26.6 / 199 us at 1 / 256 / 1024 / 8192 tokens against 60 / 97 / 146 /
+# 142 us for the sort. The chunked kernels' placing launch took 44 us a layer of an 8192-token
+# prefill (engine profile, docs/performance.md "Eighth run"); the crossover against them, likely
+# lower than this, is not measured yet.
 GROUP_KERNEL_MAX_ROWS = 32768
 _GROUP_MIN_BLOCK_R = 256
 # Block-table entries per store of the grouping kernel.
@@ -358,8 +360,9 @@ def group_rows_reference(topk_ids: torch.Tensor, num_experts: int, block_m: int)
     keys = torch.where(valid, flat, num_experts)
     if num_experts < 2**15:
         # CUDA's radix sort makes one pass per key byte: 2 for int16 keys against 8 for int64
-        # ids, whose 8 passes were 51 us of each MoE layer's prefill at 8192 tokens on the H200.
-        # The same keys, so the same stable order.
+        # ids (whose 8 passes were 51 us of each MoE layer's prefill at 8192 tokens on the H200,
+        # before the chunked kernels took prefills over; the sort still serves expert counts
+        # beyond their bins). The same keys, so the same stable order.
         keys = keys.to(torch.int16)
     keys, order = keys.sort(stable=True)
     rows = torch.arange(num_rows, device=device)
@@ -390,7 +393,9 @@ def group_rows(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Groupe
     others and left out of `blocks` and `offs`."""
     _check_group_args(topk_ids, num_experts, block_m)
     device = topk_ids.device
-    flat = topk_ids.reshape(-1)
+    # The kernels read the ids at unit stride: a column-strided [T, K] view flattens to a strided
+    # view, so it is copied (a no-op for the router's contiguous ids).
+    flat = topk_ids.reshape(-1).contiguous()
     num_rows = flat.numel()
     if num_rows == 0 or not use_triton(device):
         return group_rows_reference(topk_ids, num_experts, block_m)
@@ -420,6 +425,10 @@ def group_rows_chunked(
     kernel's: a histogram of each chunk of `chunk` rows (a power of two), then one program per
     chunk placing its rows (a stable sort of the chunk's (bin, row) pairs) and one per expert
     writing its end and blocks. Needs next_power_of_2(num_experts + 2) bins in registers."""
+    if flat_ids.dim() != 1 or flat_ids.stride(0) != 1:
+        raise ValueError(f"flat_ids must be [R] with unit stride, got {tuple(flat_ids.shape)}")
+    if chunk < 1 or chunk & (chunk - 1):
+        raise ValueError(f"chunk must be a positive power of two, got {chunk}")
     device = flat_ids.device
     num_rows = flat_ids.numel()
     num_chunks = -(-num_rows // chunk)
