@@ -38,7 +38,7 @@ from vllm.triton_utils import use_triton
 HEADS, HEAD_DIM, WIDTH = 32, 128, 4
 # in_proj columns after q | k | v: f_a (head_dim), g_a (head_dim), b (heads).
 EXTRA_COLUMNS = 2 * HEAD_DIM + HEADS
-# Around the default (64 tokens, 1024 channels, 4 warps, 8-row steps): 4 or 8 channels a thread,
+# Around the default (64 tokens, 512 channels, 4 warps, 8-row steps): 4 or 8 channels a thread,
 # 4 or 8 rows in flight, 32-256 tokens a program.
 CONFIGS = [
     "default", "64,1024,4,4", "32,1024,4,8", "128,1024,4,8", "256,1024,4,8", "64,512,4,8",

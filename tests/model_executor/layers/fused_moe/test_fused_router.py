@@ -573,7 +573,7 @@ def test_kimi_moe_with_norm_falls_back_above_one_token(triton_launches):
         assert counts == (0, 1, 1)
         h, expected_residual = norm(x, residual)
         assert torch.equal(new_residual, expected_residual) and torch.equal(out, moe(h))
-    with pytest.raises(ValueError, match="norm must be an RMSNorm, got Identity"):
+    with pytest.raises(TypeError, match="norm must be an RMSNorm, got Identity"):
         moe.forward_with_norm(x, residual, torch.nn.Identity())
 
 

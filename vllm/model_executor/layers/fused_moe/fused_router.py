@@ -548,13 +548,18 @@ def use_fused_norm_router(
     """Whether a MoE layer runs the residual add and RMSNorm before it inside its router's launch
     (`fused_norm_router_topk`) rather than as a launch of its own: where `use_fused_router`
     holds, for a residual shaped and typed like `x` and a norm of H up to
-    ``FUSED_NORM_MAX_HIDDEN``."""
+    ``FUSED_NORM_MAX_HIDDEN``. Row strides that 16 divides, as the model's rows have: the norm
+    kernel's row address is `row * stride`, whose alignment Triton knows (and lays the loads out
+    by) only for such strides, while the fused launch's row 0 is always aligned; so only then do
+    the two order the sum of squares alike."""
     return (
         use_fused_router(x, gate_weight)
         and 0 < x.shape[1] <= FUSED_NORM_MAX_HIDDEN
         and residual.shape == x.shape
         and residual.dtype == x.dtype
         and residual.stride(1) == 1
+        and x.stride(0) % 16 == 0
+        and residual.stride(0) % 16 == 0
         and tuple(norm_weight.shape) == (x.shape[1],)
         and norm_weight.dtype in _X_DTYPES
         and norm_weight.stride(0) == 1

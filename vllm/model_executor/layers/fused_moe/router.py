@@ -294,8 +294,10 @@ def _default_warps(block_e: int, tokens: int) -> int:
     # against 4.2 / 4.5 / 4.6 at T = 1 / 64 / 256), although the stages that cross warps go
     # through shared memory. A prefill's thousands of programs fill the GPU with one warp each:
     # at 8192 tokens the 4-warp kernel took 71 us a layer in the eighth run's engine profile,
-    # where the one-warp kernel of the seventh run's stayed below 33 (docs/performance.md). Tiny
-    # expert counts keep one warp: there is nothing to spread.
+    # where the seventh run's profile, with one warp, had it below 33 (docs/performance.md; the
+    # one-warp rule itself was not timed). The renormalizing sum's order follows the warps, so a
+    # token's weights may differ in their last bits between batches of <= 256 and > 256 tokens
+    # (the ids do not). Tiny expert counts keep one warp: there is nothing to spread.
     return 1 if block_e < 128 or tokens > _WIDE_MAX_TOKENS else 4
 
 

@@ -210,7 +210,7 @@ class KimiMoE(torch.nn.Module):
     def fuses_shared_experts(self) -> bool:
         return self.experts.num_fused_shared_experts > 0
 
-    def _routing(self) -> tuple:
+    def _routing(self) -> tuple[torch.Tensor | None, int, int, int, bool, float, str, int]:
         """The router's arguments after the gate, in `grouped_topk`'s order."""
         cfg = self.config
         return (
@@ -235,7 +235,7 @@ class KimiMoE(torch.nn.Module):
         and norm run inside the router's launch, one launch fewer, with the same `h` and `s` bit
         for bit (fused_router.py); elsewhere the norm's own launch, then `forward`."""
         if not isinstance(norm, RMSNorm):
-            raise ValueError(f"norm must be an RMSNorm, got {type(norm).__name__}")
+            raise TypeError(f"norm must be an RMSNorm, got {type(norm).__name__}")
         if use_fused_norm_router(x, residual, norm.weight, self.gate_weight):
             h, residual, weights, ids = fused_norm_router_topk(
                 x, residual, norm.weight, norm.eps, self.gate_weight, *self._routing(),

@@ -104,8 +104,9 @@ _MERGE_CHUNK = 16
 # Partial bytes (`num_splits * block_h * L * 4`) up to which the default merges in the split
 # launch. One program reads them all, while the merge kernel spreads them over hundreds. On the
 # H200 (benchmark_mla_decode.py, engine-wide tables, 2026-12-01, docs/performance.md "Eighth
-# run") the one-launch form lost at every split count from 8 up, batch 1-64, e.g. 28.0 against
-# 23.7 us at 8 splits, batch 16, 1k context: it is kept for 2 splits of 32 heads (128 KiB).
+# run") the one-launch form lost at every split count from 4 up, batch 1-128, e.g. 28.0 against
+# 23.7 us at 8 splits, batch 16, 1k context; at 2 splits of 32 heads (128 KiB, batch 64) it won
+# at 1k context (53.0 against 56.9 us) and lost at 8k (311.8 against 301.5), and is kept there.
 _FUSED_MERGE_MAX_BYTES = 128 * 1024
 # Batch 1 takes 16-head blocks: twice the programs, half the `tl.dot` work per cache tile each
 # (H200, same run: 12.0 / 19.5 us at 1k / 8k context against 14.6 / 22.6 with 32-head blocks;
@@ -434,6 +435,9 @@ def launch_mla_decode(
     split = config.num_splits > 1
     fused = split and config.fused_merge
     if fused:
+        if current_platform.is_rocm():
+            # Its ordering argument is made from NVIDIA's PTX (module docstring).
+            raise ValueError("the one-launch merge (config.fused_merge) is not checked on ROCm")
         _check_counters(counters, n * head_blocks, q_latent.device)
     out = q_latent.new_empty(n, heads, latent)
     if n == 0:
