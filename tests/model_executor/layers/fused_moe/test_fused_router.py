@@ -521,6 +521,10 @@ def test_fused_norm_dispatch(monkeypatch):
     assert not use_fused_norm_router(x[:1], residual[:1].float(), norm_weight, w)
     strided = torch.randn(64, 2).to(x.dtype)[:, :1].t()  # [1, 64], stride 2 on H
     assert not use_fused_norm_router(x[:1], strided, norm_weight, w)
+    # A row stride 16 does not divide: the norm kernel would lay its loads out otherwise.
+    odd_row = torch.zeros(1, 72, dtype=x.dtype, device=x.device)[:, :64]
+    assert not use_fused_norm_router(odd_row, residual[:1], norm_weight, w)
+    assert not use_fused_norm_router(x[:1], odd_row, norm_weight, w)
     assert not use_fused_norm_router(x[:1], residual[:1], norm_weight[:-1], w)
     monkeypatch.setattr(fused_mod, "FUSED_NORM_MAX_HIDDEN", 32)
     assert not use_fused_norm_router(*one)
