@@ -366,29 +366,36 @@ def _check_args(x: torch.Tensor, gate_weight: torch.Tensor, semaphore: torch.Ten
         raise ValueError(f"semaphore is on {semaphore.device}, x on {x.device}")
 
 
-def _check_norm_args(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor) -> None:
+def _norm_args_error(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor) -> str:
+    """What makes `(x, residual, norm_weight)` unfit for the fused norm ("" if nothing): the one
+    list of conditions that the op's checks and `use_fused_norm_router` share."""
     hidden = x.shape[1]
     if not 0 < hidden <= FUSED_NORM_MAX_HIDDEN:
-        raise ValueError(
-            f"fused_norm_router_topk takes H in [1, {FUSED_NORM_MAX_HIDDEN}], got {hidden}"
-        )
+        return f"fused_norm_router_topk takes H in [1, {FUSED_NORM_MAX_HIDDEN}], got {hidden}"
     if residual.shape != x.shape or residual.dtype != x.dtype:
-        raise ValueError(
+        return (
             f"residual must match x ({tuple(x.shape)} {x.dtype}), got {tuple(residual.shape)} "
             f"{residual.dtype}"
         )
     if hidden > 1 and residual.stride(1) != 1:
-        raise ValueError(f"residual must have unit stride on H, got strides {residual.stride()}")
+        return f"residual must have unit stride on H, got strides {residual.stride()}"
     if tuple(norm_weight.shape) != (hidden,) or norm_weight.dtype not in _X_DTYPES:
-        raise ValueError(
+        return (
             f"norm_weight must be [{hidden}] bf16 / fp16 / fp32, got "
             f"{tuple(norm_weight.shape)} {norm_weight.dtype}"
         )
     if hidden > 1 and norm_weight.stride(0) != 1:
-        raise ValueError(f"norm_weight must be contiguous, got stride {norm_weight.stride()}")
+        return f"norm_weight must be contiguous, got stride {norm_weight.stride()}"
     for name, t in (("residual", residual), ("norm_weight", norm_weight)):
         if t.device != x.device:
-            raise ValueError(f"{name} is on {t.device}, x on {x.device}")
+            return f"{name} is on {t.device}, x on {x.device}"
+    return ""
+
+
+def _check_norm_args(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor) -> None:
+    error = _norm_args_error(x, residual, norm_weight)
+    if error:
+        raise ValueError(error)
 
 
 def _launch(
@@ -554,14 +561,7 @@ def use_fused_norm_router(
     the two order the sum of squares alike."""
     return (
         use_fused_router(x, gate_weight)
-        and 0 < x.shape[1] <= FUSED_NORM_MAX_HIDDEN
-        and residual.shape == x.shape
-        and residual.dtype == x.dtype
-        and residual.stride(1) == 1
+        and not _norm_args_error(x, residual, norm_weight)
         and x.stride(0) % 16 == 0
         and residual.stride(0) % 16 == 0
-        and tuple(norm_weight.shape) == (x.shape[1],)
-        and norm_weight.dtype in _X_DTYPES
-        and norm_weight.stride(0) == 1
-        and residual.device == norm_weight.device == x.device
     )
