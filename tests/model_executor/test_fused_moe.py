@@ -343,7 +343,8 @@ def test_topk_warps_by_tokens(tokens, experts, warps, monkeypatch):
             return lambda *args, **kwargs: seen.append(kwargs["num_warps"])
 
     monkeypatch.setattr(router, "_grouped_topk_kernel", Recorder())
-    grouped_topk_triton(torch.randn(tokens, experts, device=DEVICE), None, 8)
+    logits = torch.randn(tokens, experts, generator=torch.Generator().manual_seed(tokens))
+    grouped_topk_triton(logits.to(DEVICE), None, 8)
     assert seen == [warps]
 
 

@@ -384,7 +384,8 @@ def _drive_ops() -> None:
     # k_pe after the latent in cache rows; then fp32 and dims off powers of two.
     kv = torch.randn(5, 32, 256, generator=gen).to(torch.bfloat16)
     mla_prefill_key(kv[..., :128], torch.randn(5, 576, generator=gen).to(torch.bfloat16)[:, 512:])
-    mla_prefill_key(torch.randn(3, 3, 40, generator=gen)[..., :24], torch.randn(3, 12))
+    k_nope = torch.randn(3, 3, 40, generator=gen)[..., :24]
+    mla_prefill_key(k_nope, torch.randn(3, 12, generator=gen))
 
     # Kimi-Linear's sizes; then the benchmark's h16 tiles merged in the split launch.
     _drive_mla(2, 32, 512, 64, 64, 4096, [MlaDecodeConfig(8, 16, 64, 8, 5, fused_merge=True)])

@@ -616,7 +616,7 @@ def test_initial_states_zero_new_sequences_and_leave_the_pool():
     sequence, bit for bit the zero-filled tensor and `where` they replace; the pool untouched."""
     from vllm.models.kimi_k3.amd.ops.kda_core import _gather_initial
 
-    state = torch.randn(5, 2, 3, 4)
+    state = torch.randn(5, 2, 3, 4, generator=torch.Generator().manual_seed(0))
     state[1, 0, 0, 0] = float("nan")
     state[3] = -0.0
     pool = state.clone()
