@@ -398,6 +398,30 @@ def _check_norm_args(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch
         raise ValueError(error)
 
 
+def _checked_routing(
+    x: torch.Tensor,
+    gate_weight: torch.Tensor,
+    e_score_correction_bias: torch.Tensor | None,
+    top_k: int,
+    num_expert_group: int,
+    topk_group: int,
+    renormalize: bool,
+    routed_scaling_factor: float,
+    scoring_func: str,
+    num_fused_shared_experts: int,
+) -> tuple[torch.Tensor | None, int, int, int, bool, float, str, int]:
+    """The routing arguments, checked, as the tuple `_launch` and the references take after
+    the gate (`grouped_topk`'s order)."""
+    check_routing_args(
+        gate_weight.shape[0], x.device, e_score_correction_bias, top_k, num_expert_group,
+        topk_group, scoring_func, num_fused_shared_experts,
+    )  # fmt: skip
+    return (
+        e_score_correction_bias, top_k, num_expert_group, topk_group, renormalize,
+        routed_scaling_factor, scoring_func, num_fused_shared_experts,
+    )  # fmt: skip
+
+
 def _launch(
     x: torch.Tensor,
     norm: tuple[torch.Tensor, torch.Tensor, float] | None,
@@ -470,13 +494,9 @@ def fused_router_topk(
     ``grouped_topk(router_logits(x, gate_weight), ...)`` in one launch (module docstring).
     ``config`` overrides ``default_config`` (benchmark sweeps)."""
     _check_args(x, gate_weight, semaphore)
-    check_routing_args(
-        gate_weight.shape[0], x.device, e_score_correction_bias, top_k, num_expert_group,
-        topk_group, scoring_func, num_fused_shared_experts,
-    )  # fmt: skip
-    routing = (
-        e_score_correction_bias, top_k, num_expert_group, topk_group, renormalize,
-        routed_scaling_factor, scoring_func, num_fused_shared_experts,
+    routing = _checked_routing(
+        x, gate_weight, e_score_correction_bias, top_k, num_expert_group, topk_group,
+        renormalize, routed_scaling_factor, scoring_func, num_fused_shared_experts,
     )  # fmt: skip
     if config is None:
         config = default_config(x.shape[1])
@@ -511,13 +531,9 @@ def fused_norm_router_topk(
     overrides ``default_norm_config``; its warps must be the norm's (``row_tile_warps``)."""
     _check_args(x, gate_weight, semaphore)
     _check_norm_args(x, residual, norm_weight)
-    check_routing_args(
-        gate_weight.shape[0], x.device, e_score_correction_bias, top_k, num_expert_group,
-        topk_group, scoring_func, num_fused_shared_experts,
-    )  # fmt: skip
-    routing = (
-        e_score_correction_bias, top_k, num_expert_group, topk_group, renormalize,
-        routed_scaling_factor, scoring_func, num_fused_shared_experts,
+    routing = _checked_routing(
+        x, gate_weight, e_score_correction_bias, top_k, num_expert_group, topk_group,
+        renormalize, routed_scaling_factor, scoring_func, num_fused_shared_experts,
     )  # fmt: skip
     hidden = x.shape[1]
     if config is None:
