@@ -195,3 +195,12 @@ def test_gather_rows_dry_run(triton_launches, capsys: pytest.CaptureFixture) -> 
     assert benchmark_gather_rows.main(["--dry-run", "--configs", "default", "2,32,1"]) == 0
     assert triton_launches["_gather_rows_kernel"] == 2  # the kernel, not the reference
     assert "r16c256w4 r2c32w1" in capsys.readouterr().out
+
+
+def test_mla_prefill_dry_run(triton_launches, capsys: pytest.CaptureFixture) -> None:
+    import benchmark_mla_prefill
+
+    assert benchmark_mla_prefill.main(["--dry-run"]) == 0
+    assert triton_launches["_mla_prefill_key_kernel"] == 2  # the key check, the new attention
+    out = capsys.readouterr().out
+    assert "key bit for bit: True, layer codes bit for bit: True" in out

@@ -65,6 +65,43 @@ def ptpc_layer(cls=RowParallelLinear, k=256, n=96, bias=False, seed=0, **kwargs)
     return layer, weight.to(torch.bfloat16).float()
 
 
+@pytest.mark.parametrize("heads,head_dim,padded", [(4, 128, 192), (3, 40, 48), (70, 128, 160)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_per_token_quant_reads_heads_in_place(heads, head_dim, padded, dtype, triton_launches):
+    """`[T, H, D]` heads of padded rows (an attention output's kept columns) give the codes and
+    scales of the contiguous `[T, H * D]` copy, bit for bit, in one launch each; 70 x 128 takes
+    the two-pass path. Heads back to back, and one head, are rows of the view."""
+    gen = torch.Generator().manual_seed(heads)
+    wide = torch.randn(5, heads, padded, generator=gen).to(dtype).to(DEVICE)
+    wide[1, 0, padded - head_dim] = float("nan")  # the non-finite rule holds through the view
+    heads_view = wide[..., padded - head_dim :]
+    got = per_token_fp8_quant(heads_view)
+    expected = per_token_fp8_quant(heads_view.reshape(5, heads * head_dim))
+    assert triton_launches["_per_token_fp8_quant_kernel"] == 2
+    assert torch.equal(got[0].view(torch.uint8), expected[0].view(torch.uint8))
+    assert bool(got[1][1].isnan()) and torch.equal(
+        got[1].nan_to_num(-1.0), expected[1].nan_to_num(-1.0)
+    )
+    for view in (heads_view.contiguous(), heads_view[:, :1]):
+        got = per_token_fp8_quant(view)
+        expected = per_token_fp8_quant(view.reshape(5, -1).clone())
+        assert torch.equal(got[0].view(torch.uint8), expected[0].view(torch.uint8))
+    with pytest.raises(ValueError, match=r"\[tokens, hidden\] or \[tokens, heads, head_dim\]"):
+        per_token_fp8_quant(wide.unsqueeze(0))
+
+
+@pytest.mark.gpu
+def test_gpu_per_token_quant_reads_attention_heads_in_place():
+    """MLA's prefill output at Kimi-Linear's sizes: 8192 tokens, the last 128 of each head's 192
+    columns; the codes and scales of the contiguous copy."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    wide = torch.randn(8192, 32, 192, generator=gen, device="cuda").to(torch.bfloat16)
+    got = per_token_fp8_quant(wide[..., 64:])
+    expected = per_token_fp8_quant(wide[..., 64:].reshape(8192, 32 * 128))
+    assert torch.equal(got[0].view(torch.uint8), expected[0].view(torch.uint8))
+    assert torch.equal(got[1], expected[1])
+
+
 def test_online_weight_scales_and_codes():
     layer, weight = ptpc_layer()
     fp8_max = current_platform.fp8_max()

@@ -333,6 +333,9 @@ def _drive_ops() -> None:
         rms_norm(x, weight, 1e-6)
         fused_add_rms_norm(x, torch.randn(x.shape, generator=gen).to(x.dtype), weight, 1e-6)
         per_token_fp8_quant(x, FP8)
+    # MLA's prefill output for o_proj: 32 heads' last 128 of 192 columns, read in place.
+    heads = torch.randn(3, 32, 192, generator=gen).to(torch.bfloat16)
+    per_token_fp8_quant(heads[..., 64:], FP8)
 
     for tokens, heads, d in ((8, 32, 128), (5000, 32, 128), (2, 96, 128), (3, 3, 16)):
         x = torch.randn(tokens, heads, d, generator=gen).to(torch.bfloat16)

@@ -473,10 +473,11 @@ def test_fused_rejects_bad_input(message, override):
 @pytest.mark.parametrize(
     "message,x",
     [
-        ("x must be 2-D", torch.ones(2, 3, 4)),
+        (r"x must be \[tokens, hidden\] or \[tokens, heads, head_dim\]", torch.ones(2, 3, 4, 5)),
         ("x must be bfloat16", torch.ones(2, 8, dtype=torch.float64)),
         ("x must have unit stride", torch.ones(8, 2).t()),
-        ("non-empty last dim", torch.ones(2, 0)),
+        ("non-empty rows", torch.ones(2, 0)),
+        ("non-empty rows", torch.ones(2, 0, 4)),
         ("x must be a torch.Tensor", [[1.0, 2.0]]),
     ],
 )
@@ -577,7 +578,7 @@ def test_gpu_repeated_calls_reuse_the_compiled_kernel():
         assert_codes_close(q, q_ref)
 
     # Token counts of one int class (i32, not a multiple of 16) share a compiled quant kernel.
-    _, quant_spec = quant_module._quant_config(32, width)
+    _, quant_spec = quant_module._quant_config(32, width, 0)
     quant_spec.compiled.clear()
     for t in (17, 18, 31):
         y = torch.randn(t, width, device="cuda", generator=_cuda_gen(2)).to(torch.bfloat16)

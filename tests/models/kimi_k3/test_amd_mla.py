@@ -10,6 +10,9 @@ from engine_harness import EngineHarness, SingleLayer
 from torch.autograd import DeviceType
 
 import vllm.models.kimi_k3.amd.mla as mla_module
+from vllm.config.quantization import parse_quantization_config
+from vllm.model_executor.layers.fusion.quant_activation import QuantizedActivation
+from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
 from vllm.models.kimi_k3.amd.mla import KimiMLAAttention
 from vllm.models.kimi_k3.amd.ops.mla_decode import DECODE_COUNTERS
 from vllm.transformers_utils.configs import KimiLinearConfig
@@ -130,6 +133,39 @@ def test_k3_variant_q_lora_and_output_gate():
         ValueError, match=r"self_attn.q_a_layernorm.weight: checkpoint shape \(1,\)"
     ):
         ours.load_weights([("q_a_layernorm.weight", torch.zeros(1))])
+
+
+def test_one_prefill_quantizes_the_attention_output_for_a_ptpc_o_proj(triton_launches, monkeypatch):
+    """A batch that is one prefill, with a PTPC o_proj: the attention output is quantized where
+    it lies and handed to o_proj (no copy into the output buffer), the same bits as o_proj
+    quantizing the copied buffer itself; one quantization launch either way. Batches of several
+    sequences copy as before."""
+    ptpc = OnlineQuantizationConfig(
+        parse_quantization_config(
+            {"linear": "fp8_per_channel", "ignore": ["re:(?!.*self_attn\\.o_proj$).*"]}
+        )
+    )
+    ours = ours_mla(config(), quant_config=ptpc, prefix="self_attn")
+    ours.load_weights(hf_mla().state_dict().items())
+    for module in ours.modules():
+        if hasattr(module, "process_weights_after_loading"):
+            module.process_weights_after_loading()
+    inputs = []
+    o_proj_forward = ours.o_proj.forward
+    monkeypatch.setattr(ours.o_proj, "forward", lambda x: inputs.append(x) or o_proj_forward(x))
+    x = torch.randn(7, H, generator=torch.Generator().manual_seed(4))
+    outs = []
+    with torch.no_grad():
+        outs.append(ours(x, harness_for(ours).schedule({0: 7}).mla))
+        assert isinstance(inputs[-1], QuantizedActivation)
+        assert triton_launches["_per_token_fp8_quant_kernel"] == 1
+        ours(x, harness_for(ours).schedule({0: 3, 1: 4}).mla)
+        assert isinstance(inputs[-1], torch.Tensor)
+        monkeypatch.setattr(KimiMLAAttention, "_o_proj_is_ptpc_fp8", lambda self: False)
+        outs.append(ours(x, harness_for(ours).schedule({0: 7}).mla))
+        assert isinstance(inputs[-1], torch.Tensor)
+    assert triton_launches["_per_token_fp8_quant_kernel"] == 3
+    assert torch.equal(outs[0], outs[1])
 
 
 def test_continued_prefill_on_top_of_cached_context():

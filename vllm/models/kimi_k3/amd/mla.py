@@ -33,7 +33,10 @@ Attention, decodes first like KDA (`MLAMetadata`):
   decompress each sequence's cached latents through `kv_b_proj` (in the model dtype), then
   `ops/mla_prefill.py`: torch's fused attention in the model dtype on GPU (no score matrix; the
   key built in one launch, the value read in place from `kv_b_proj`'s output), the masked fp32
-  softmax reference on CPU.
+  softmax reference on CPU. Each sequence's output is copied into the layer's output rows, except
+  in a batch that is one prefill with a PTPC FP8 `o_proj` (a long prompt): there `o_proj`'s
+  per-token quantization reads the attention output in place (`per_token_fp8_quant` of its
+  `[T, H, v]` view), which gives the codes of the copy.
 """
 
 from collections.abc import Iterable
@@ -42,6 +45,10 @@ from dataclasses import dataclass
 import torch
 
 from vllm.distributed import get_tensor_model_parallel_world_size
+from vllm.model_executor.layers.fusion.quant_activation import (
+    QuantizedActivation,
+    get_input_quant_key,
+)
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (
     ColumnParallelLinear,
@@ -49,6 +56,8 @@ from vllm.model_executor.layers.linear import (
     RowParallelLinear,
 )
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+from vllm.model_executor.layers.quantization.utils.fp8_per_token import per_token_fp8_quant
+from vllm.model_executor.layers.quantization.utils.quant_utils import kFp8DynamicTokenSym
 from vllm.models.kimi_k3.amd.ops.mla_cache_write import mla_cache_write
 from vllm.models.kimi_k3.amd.ops.mla_decode import DECODE_COUNTERS, mla_decode_paged
 from vllm.models.kimi_k3.amd.ops.mla_prefill import (
@@ -184,11 +193,25 @@ class KimiMLAAttention(torch.nn.Module):
         norm = self.kv_a_layernorm
         mla_cache_write(kv_a, norm.weight, norm.eps, kv_cache, metadata.slot_mapping)
 
-        out = torch.empty(tokens, self.heads, self.v_dim, dtype=x.dtype, device=x.device)
         nd = metadata.num_decodes
+        flat_cache = kv_cache.view(-1, kv_cache.shape[-1])
+        prefills = metadata.prefills
+        whole = nd == 0 and len(prefills) == 1 and prefills[0][:2] == (0, tokens)
+        if whole and gate is None and self._o_proj_is_ptpc_fp8():
+            # The batch is one prefill (a long prompt): o_proj's per-token quantization reads the
+            # attention's output where it lies (heads of the fused kernel's padded rows), the
+            # same codes as of a copy into `out`, without the copy.
+            _, _, slots, masked = prefills[0]
+            attn = self._attend(q, flat_cache[slots], masked)
+            codes, scale = per_token_fp8_quant(attn)
+            width = self.heads * self.v_dim
+            quantized = QuantizedActivation(
+                codes, scale, x.dtype, torch.Size([tokens, width]), kFp8DynamicTokenSym
+            )
+            return self.o_proj(quantized)[0]
+        out = torch.empty(tokens, self.heads, self.v_dim, dtype=x.dtype, device=x.device)
         if nd:
             self._decode(q[:nd], kv_cache, metadata, out[:nd])
-        flat_cache = kv_cache.view(-1, kv_cache.shape[-1])
         for a, b, slots, masked in metadata.prefills:
             out[a:b] = self._attend(q[a:b], flat_cache[slots], masked)
         if gate is not None:
@@ -196,6 +219,9 @@ class KimiMLAAttention(torch.nn.Module):
                 out.dtype
             )
         return self.o_proj(out.reshape(tokens, -1))[0]
+
+    def _o_proj_is_ptpc_fp8(self) -> bool:
+        return get_input_quant_key(self.o_proj) == kFp8DynamicTokenSym
 
     def _decode(
         self, q: torch.Tensor, kv_cache: torch.Tensor, md: MLAMetadata, out: torch.Tensor

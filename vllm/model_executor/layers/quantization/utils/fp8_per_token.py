@@ -1,7 +1,9 @@
 """Per-token dynamic FP8 quantization (PTPC activations) and the numerics FP8 producers share.
 
 ``per_token_fp8_quant(x)``
-    ``x``: ``[T, K]`` bf16 / fp16 / fp32, unit stride on the last dim, any row stride. Returns
+    ``x``: ``[T, K]`` bf16 / fp16 / fp32, unit stride on the last dim, any row stride; or
+    ``[T, H, D]`` (any token and head strides), quantized as the ``[T, H * D]`` rows it would
+    reshape to, read in place (heads of an attention output with padded head rows). Returns
     ``q`` ``[T, K]`` FP8 (row-major) and ``scale`` ``[T, 1]`` fp32, with ``q * scale``
     approximating ``x``. One Triton launch on GPU (CUDA and ROCm); the torch reference
     ``per_token_fp8_quant_ref`` beside it runs everywhere (and is what CPU tensors use unless
@@ -97,14 +99,23 @@ if triton is not None:
         return scale, tl.math.div_rn(1.0, scale)
 
     @triton.jit
+    def _x_cols(cols, stride_xh, HEAD_DIM: tl.constexpr):
+        # Column offsets of a row: as they are, or of heads of HEAD_DIM columns stride_xh apart.
+        if HEAD_DIM == 0:
+            return cols
+        return (cols // HEAD_DIM) * stride_xh + cols % HEAD_DIM
+
+    @triton.jit
     def _per_token_fp8_quant_kernel(
         x_ptr, q_ptr, s_ptr,
-        T, K, stride_xt, stride_qt, stride_st,
+        T, K, stride_xt, stride_xh, stride_qt, stride_st,
         fp8_max, min_scale,
         BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE_PASS: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
     ):  # fmt: skip
         # BLOCK_T tokens per program. SINGLE_PASS: the whole row fits one [BLOCK_T, BLOCK_K]
         # tile and stays in registers; otherwise pass 1 reduces amax over K chunks, pass 2 re-reads.
+        # HEAD_DIM: 0 for rows of x, else x's rows are heads of HEAD_DIM columns.
         toks = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
         tok_ok = toks < T
         toks64 = tl.where(tok_ok, toks, 0).to(tl.int64)
@@ -115,7 +126,8 @@ if triton is not None:
             col_ok = cols < K
             cols = tl.where(col_ok, cols, 0)
             mask = tok_ok[:, None] & col_ok[None, :]
-            x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            x_ptrs = x_rows + _x_cols(cols, stride_xh, HEAD_DIM)[None, :]
+            x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
             scale, inv = fp8_scale_and_inverse(nan_if_not_finite(abs_max(x, 1)), fp8_max, min_scale)
             q = (x * inv[:, None]).to(q_ptr.dtype.element_ty)
             tl.store(q_rows + cols[None, :], q, mask=mask)
@@ -126,7 +138,8 @@ if triton is not None:
                 col_ok = kk < K
                 kk = tl.where(col_ok, kk, 0)
                 mask = tok_ok[:, None] & col_ok[None, :]
-                x = tl.load(x_rows + kk[None, :], mask=mask, other=0.0).to(tl.float32)
+                x_ptrs = x_rows + _x_cols(kk, stride_xh, HEAD_DIM)[None, :]
+                x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
                 amax = tl.maximum(amax, abs_max(x, 1))
             scale, inv = fp8_scale_and_inverse(nan_if_not_finite(amax), fp8_max, min_scale)
             for k0 in range(0, K, BLOCK_K):
@@ -134,7 +147,8 @@ if triton is not None:
                 col_ok = kk < K
                 kk = tl.where(col_ok, kk, 0)
                 mask = tok_ok[:, None] & col_ok[None, :]
-                x = tl.load(x_rows + kk[None, :], mask=mask, other=0.0).to(tl.float32)
+                x_ptrs = x_rows + _x_cols(kk, stride_xh, HEAD_DIM)[None, :]
+                x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
                 q = (x * inv[:, None]).to(q_ptr.dtype.element_ty)
                 tl.store(q_rows + kk[None, :], q, mask=mask)
         tl.store(s_ptr + toks64 * stride_st, scale, mask=tok_ok)
@@ -146,20 +160,25 @@ if triton is not None:
 
 
 @cache
-def _quant_config(t_bucket: int, k: int) -> tuple[int, LaunchSpec]:
-    """(block_t, the kernel's constexprs and num_warps) for per-token quantization of [T, K];
-    cached: the spec also holds the compiled kernels (``vllm.triton_utils.launch``)."""
+def _quant_config(t_bucket: int, k: int, head_dim: int) -> tuple[int, LaunchSpec]:
+    """(block_t, the kernel's constexprs and num_warps) for per-token quantization of [T, K]
+    (rows of heads of `head_dim` columns if nonzero); cached: the spec also holds the compiled
+    kernels (``vllm.triton_utils.launch``). No default for `head_dim`: ``functools.cache`` keys
+    on the arguments as passed, so a call that left it out would get a spec of its own."""
     block_k = next_power_of_2(k)
     if block_k > _MAX_TILE:
-        return 1, LaunchSpec(BLOCK_T=1, BLOCK_K=_MAX_TILE, SINGLE_PASS=False, num_warps=8)
+        return 1, LaunchSpec(
+            BLOCK_T=1, BLOCK_K=_MAX_TILE, SINGLE_PASS=False, HEAD_DIM=head_dim, num_warps=8
+        )
     block_t = 1
     target_programs = 4 * num_sms()
     while block_t * 2 * block_k <= _MAX_TILE and -(-t_bucket // (block_t * 2)) >= target_programs:
         block_t *= 2
     warps = max(1, min(8, block_t * block_k // 512))
     return block_t, LaunchSpec(
-        BLOCK_T=block_t, BLOCK_K=block_k, SINGLE_PASS=True, num_warps=1 << (warps.bit_length() - 1)
-    )
+        BLOCK_T=block_t, BLOCK_K=block_k, SINGLE_PASS=True, HEAD_DIM=head_dim,
+        num_warps=1 << (warps.bit_length() - 1),
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -265,6 +284,24 @@ def per_token_fp8_quant_ref(
 # --------------------------------------------------------------------------------------------
 
 
+def _as_rows_of_heads(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """Checks `per_token_fp8_quant`'s `x` off its common case: `(x, head_dim, stride_xh)`, where
+    head_dim 0 means rows of `x` (a 3-D `x` whose heads lie back to back is viewed as 2-D)."""
+    check_float_input("x", x)
+    if x.dim() not in (2, 3):
+        raise ValueError(
+            f"x must be [tokens, hidden] or [tokens, heads, head_dim], got {tuple(x.shape)}"
+        )
+    if x.shape[-1] == 0 or x.shape[1] == 0:
+        raise ValueError(f"x must have non-empty rows, got shape {tuple(x.shape)}")
+    if x.dim() == 2:
+        return x, 0, 0
+    heads, head_dim = x.shape[1], x.shape[2]
+    if heads == 1 or x.stride(1) == head_dim:
+        return x.view(x.shape[0], heads * head_dim), 0, 0
+    return x, head_dim, x.stride(1)
+
+
 def per_token_fp8_quant(
     x: torch.Tensor,
     quant_dtype: torch.dtype | None = None,
@@ -275,7 +312,8 @@ def per_token_fp8_quant(
     """Per-token dynamic FP8 quantization of an activation, in one launch.
 
     Args:
-        x: ``[T, K]`` bf16/fp16/fp32, unit stride on the last dim (any row stride).
+        x: ``[T, K]`` bf16/fp16/fp32, unit stride on the last dim (any row stride), or
+            ``[T, H, D]`` (any token and head strides) read in place as ``[T, H * D]``.
         quant_dtype: FP8 dtype of ``q`` (default: the platform's).
         out, scale_out: optional preallocated ``[T, K]`` FP8 and ``[T, 1]`` fp32 outputs
             (for CUDA-graph capture).
@@ -292,29 +330,28 @@ def per_token_fp8_quant(
         and x.stride()[1] == 1  # stride() is cheaper than stride(dim)
         and x.dtype in FLOAT_DTYPES
     ):
-        check_float_input("x", x)
-        if x.dim() != 2:
-            raise ValueError(f"x must be 2-D [tokens, hidden], got shape {tuple(x.shape)}")
-        if x.shape[1] == 0:
-            raise ValueError(f"x must have a non-empty last dim, got shape {tuple(x.shape)}")
-    tokens, width = x.shape
+        x, head_dim, stride_xh = _as_rows_of_heads(x)
+    else:
+        head_dim = stride_xh = 0
+    tokens = x.shape[0]
+    width = x.shape[1] if head_dim == 0 else x.shape[1] * head_dim
     device = x.device
     quant_dtype, fp8_max, min_scale = fp8_quant_params(quant_dtype)
     out, scale_out = fp8_outputs(out, scale_out, tokens, width, quant_dtype, device)
     if tokens == 0:
         return out, scale_out
     if not use_triton_fp8(device, quant_dtype):
-        q, scale = per_token_fp8_quant_ref(x, quant_dtype)
+        q, scale = per_token_fp8_quant_ref(x.reshape(tokens, width), quant_dtype)
         out.copy_(q)
         scale_out.copy_(scale)
         return out, scale_out
 
-    block_t, spec = _quant_config(next_power_of_2(tokens), width)
+    block_t, spec = _quant_config(next_power_of_2(tokens), width, head_dim)
     launch(
         _per_token_fp8_quant_kernel, (-(-tokens // block_t), 1, 1),
         (
-            x, out, scale_out, tokens, width, x.stride()[0], out.stride()[0], scale_out.stride()[0],
-            fp8_max, min_scale,
+            x, out, scale_out, tokens, width, x.stride()[0], stride_xh, out.stride()[0],
+            scale_out.stride()[0], fp8_max, min_scale,
         ),
         spec,
     )  # fmt: skip
