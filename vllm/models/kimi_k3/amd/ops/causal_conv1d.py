@@ -200,7 +200,7 @@ if triton is not None:
                     )  # fmt: skip
             else:
                 # A sequence starts among these rows, or T ends there: one row at a time.
-                for j in tl.static_range(STEP):
+                for j in range(STEP):
                     tj = t + j
                     if tj < tokens:
                         if tj == next_start:
