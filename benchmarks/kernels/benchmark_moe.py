@@ -80,7 +80,7 @@ from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (
     group_rows_reference,
     moe_experts_triton_grouped,
 )
-from vllm.model_executor.layers.fused_moe.router import grouped_topk
+from vllm.model_executor.layers.fused_moe.router import RoutingParams, grouped_topk
 from vllm.models.kimi_k3.amd.linear import KimiMoE
 from vllm.transformers_utils.configs import KimiLinearConfig
 from vllm.triton_utils import use_triton
@@ -213,7 +213,7 @@ def make_moe(
     logits = torch.randn(tokens, e, generator=gen, device=device)
     bias = torch.randn(e, generator=gen, device=device) * 0.1
     weights, ids = grouped_topk(
-        logits, bias, k, renormalize=True, num_fused_shared_experts=fused_shared
+        logits, bias, RoutingParams(e, k, num_fused_shared_experts=fused_shared)
     )
     return x, w13, w2, weights, ids
 
@@ -266,7 +266,7 @@ def shared_expert_rows(
         gen = torch.Generator(device=device).manual_seed(args.seed + tokens)
         x = torch.randn(tokens, shape["hidden"], generator=gen, device=device).to(torch.bfloat16)
         logits = torch.nn.functional.linear(x.float(), separate.gate_weight)
-        ids = grouped_topk(logits, separate.e_score_correction_bias, shape["topk"])[1]
+        ids = grouped_topk(logits, separate.e_score_correction_bias, separate.routing)[1]
         distinct = ids.unique().numel()  # host read, outside every timed region
         touched = distinct * expert_bytes + every_call
         for name, block in (("fused", fused), ("separate", separate)):

@@ -84,6 +84,7 @@ from vllm.model_executor.layers.fused_moe.fused_router import (
     fused_router_topk,
 )
 from vllm.model_executor.layers.fused_moe.router import (
+    RoutingParams,
     grouped_topk,
     grouped_topk_ref,
     grouped_topk_triton,
@@ -194,15 +195,11 @@ def fused_config(text: str) -> tuple[str, FusedRouterConfig | None]:
 
 def router_layers(
     args, device: torch.device, gen: torch.Generator
-) -> tuple[dict, list, list, list]:
-    """(routing arguments, then per layer: gates, biases, semaphores) of the --fused modes:
+) -> tuple[RoutingParams, list, list, list]:
+    """(routing params, then per layer: gates, biases, semaphores) of the --fused modes:
     Kimi-Linear's router with its fused shared expert, one gate per MoE layer."""
     experts, hidden, layers = args.experts, args.hidden, args.layers
-    router = dict(
-        top_k=args.top_k, num_expert_group=args.groups, topk_group=args.topk_group,
-        renormalize=True, routed_scaling_factor=KIMI_LINEAR["routed_scaling_factor"],
-        scoring_func="sigmoid", num_fused_shared_experts=1,
-    )  # fmt: skip
+    router = routing_params(args, num_fused_shared_experts=1)
     gates = [(torch.randn(experts, hidden, generator=gen) * hidden**-0.5).to(device)
              for _ in range(layers)]  # fmt: skip
     biases = [(torch.randn(experts, generator=gen) * 0.1).to(device) for _ in range(layers)]
@@ -221,13 +218,13 @@ def bench_fused(args, device: torch.device, tokens_list: list[int], copy_gbps: f
     exact_x, exact_gate = exact_x.to(device), exact_gate.to(device)
 
     def two_launches(x, layer):
-        return grouped_topk(router_logits(x, gates[layer]), biases[layer], **router)
+        return grouped_topk(router_logits(x, gates[layer]), biases[layer], router)
 
     paths = [("two launches", None, two_launches)]
     for label, config in args.fused_configs or [("default", None)]:
 
         def fused(x, layer, config=config):
-            return fused_router_topk(x, gates[layer], biases[layer], **router,
+            return fused_router_topk(x, gates[layer], biases[layer], router,
                                      semaphore=semaphores[layer], config=config)  # fmt: skip
 
         paths.append((f"fused[{label}]", config, fused))
@@ -236,10 +233,10 @@ def bench_fused(args, device: torch.device, tokens_list: list[int], copy_gbps: f
         for tokens in tokens_list:
             x = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16).to(device)
             moved = gates[0].numel() * 4 + x.numel() * 2 + experts * 4 + tokens * columns * 12
-            exact = grouped_topk(router_logits(exact_x[:tokens], exact_gate), biases[0], **router)
+            exact = grouped_topk(router_logits(exact_x[:tokens], exact_gate), biases[0], router)
             for name, config, fn in paths:
                 if name != "two launches":  # the reference of the check below
-                    got = fused_router_topk(exact_x[:tokens], exact_gate, biases[0], **router,
+                    got = fused_router_topk(exact_x[:tokens], exact_gate, biases[0], router,
                                             semaphore=semaphores[0], config=config)  # fmt: skip
                     # Same ids; weights up to the order of the renormalising sum of top_k terms,
                     # which the warps per program set: 2 (top_k - 1) 2^-24 relative at most.
@@ -287,7 +284,7 @@ def bench_fused_norm(args, device: torch.device, tokens_list: list[int], copy_gb
 
     def unfused(x, residual, layer, config=None):
         h, new_residual = fused_add_rms_norm(x, residual, norm_weights[layer], eps)
-        weights, ids = fused_router_topk(h, gates[layer], biases[layer], **router,
+        weights, ids = fused_router_topk(h, gates[layer], biases[layer], router,
                                          semaphore=semaphores[layer], config=config)  # fmt: skip
         return h, new_residual, weights, ids
 
@@ -303,7 +300,7 @@ def bench_fused_norm(args, device: torch.device, tokens_list: list[int], copy_gb
 
         def fused(x, residual, layer, config=config):
             return fused_norm_router_topk(
-                x, residual, norm_weights[layer], eps, gates[layer], biases[layer], **router,
+                x, residual, norm_weights[layer], eps, gates[layer], biases[layer], router,
                 semaphore=semaphores[layer], config=config,
             )  # fmt: skip
 
@@ -337,6 +334,15 @@ def bench_fused_norm(args, device: torch.device, tokens_list: list[int], copy_gb
         print(f"T={tokens}: fastest {name} {us:.2f} us vs {baseline} "
               f"{two_us:.2f} us ({us - two_us:+.2f} us, {us / two_us:.2f}x)")  # fmt: skip
     return 0
+
+
+def routing_params(args, num_fused_shared_experts: int = 0) -> RoutingParams:
+    """Kimi-Linear's router (sigmoid, renormalised, its scaling) at the command line's sizes."""
+    return RoutingParams(
+        args.experts, args.top_k, num_expert_group=args.groups, topk_group=args.topk_group,
+        routed_scaling_factor=KIMI_LINEAR["routed_scaling_factor"],
+        num_fused_shared_experts=num_fused_shared_experts,
+    )  # fmt: skip
 
 
 def make_inputs(tokens: int, experts: int, device: torch.device, seed: int):
@@ -416,10 +422,10 @@ def main(argv: list[str] | None = None) -> int:
     if not use_triton(device):
         parser.error("the kernel runs on CPU only under TRITON_INTERPRET=1")
 
-    router = dict(
-        top_k=args.top_k, num_expert_group=args.groups, topk_group=args.topk_group,
-        renormalize=True, routed_scaling_factor=KIMI_LINEAR["routed_scaling_factor"],
-    )  # fmt: skip
+    try:
+        router = routing_params(args)
+    except ValueError as e:
+        parser.error(str(e))
     impls = [("reference", grouped_topk_ref)]
     for warps in args.warps or [None]:
         name = "kernel" if warps is None else f"kernel[w{warps}]"
@@ -437,16 +443,16 @@ def main(argv: list[str] | None = None) -> int:
     with torch.inference_mode():
         for tokens in tokens_list:
             logits, bias = make_inputs(tokens, args.experts, device, args.seed)
-            ref_w, ref_ids = grouped_topk_ref(logits, bias, **router)
+            ref_w, ref_ids = grouped_topk_ref(logits, bias, router)
             moved = (logits.numel() + bias.numel()) * 4 + ref_ids.numel() * (4 + 8)
             for name, impl in impls:
-                weights, ids = impl(logits, bias, **router)
+                weights, ids = impl(logits, bias, router)
                 if not torch.equal(ids, ref_ids):
                     raise SystemExit(f"T={tokens} {name}: expert ids differ from the reference")
                 torch.testing.assert_close(weights, ref_w, rtol=8 * 2**-23, atol=0.0)
 
                 def call(impl=impl, logits=logits, bias=bias):
-                    return impl(logits, bias, **router)
+                    return impl(logits, bias, router)
 
                 graphed = device.type == "cuda"
                 us = time_graph(call, args.graph_calls) if graphed else time_eager(call, device)

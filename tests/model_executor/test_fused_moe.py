@@ -3,6 +3,8 @@ the loop, their static-shape (sync-free) property, the path selection, and CUDA-
 The Triton paths (GEMV and expert-grouped) run under the interpreter on CPU (tests/conftest.py)
 and natively on a GPU."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -29,6 +31,7 @@ from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (
 )
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 from vllm.model_executor.layers.fused_moe.router import (
+    RoutingParams,
     grouped_topk,
     grouped_topk_ref,
     grouped_topk_triton,
@@ -344,7 +347,7 @@ def test_topk_warps_by_tokens(tokens, experts, warps, monkeypatch):
 
     monkeypatch.setattr(router, "_grouped_topk_kernel", Recorder())
     logits = torch.randn(tokens, experts, generator=torch.Generator().manual_seed(tokens))
-    grouped_topk_triton(logits.to(DEVICE), None, 8)
+    grouped_topk_triton(logits.to(DEVICE), None, RoutingParams(experts, 8))
     assert seen == [warps]
 
 
@@ -809,39 +812,59 @@ def test_group_rows_on_gpu_eager_and_graph_replay(block_m):
                 assert torch.equal(a, b), (tokens, name, "replay")
 
 
-def test_router_rejects_bad_groups():
-    logits = torch.zeros(2, E)
+def test_routing_params_reject_bad_groups():
     with pytest.raises(ValueError, match="top_k 17"):
-        grouped_topk(logits, None, 17)
+        RoutingParams(E, 17)
+    with pytest.raises(ValueError, match="top_k 0"):
+        RoutingParams(E, 0)
     with pytest.raises(ValueError, match="num_expert_group 3"):
-        grouped_topk(logits, None, 2, num_expert_group=3, topk_group=1)
+        RoutingParams(E, 2, num_expert_group=3, topk_group=1)
+    with pytest.raises(ValueError, match="num_expert_group must be >= 1, got 0"):
+        RoutingParams(E, 2, num_expert_group=0)
     with pytest.raises(ValueError, match="topk_group 5"):
-        grouped_topk(logits, None, 2, num_expert_group=4, topk_group=5)
+        RoutingParams(E, 2, num_expert_group=4, topk_group=5)
+    with pytest.raises(ValueError, match="top_k 9 exceeds the 8 experts of the 2 kept groups"):
+        RoutingParams(E, 9, num_expert_group=4, topk_group=2)
+    assert RoutingParams(E, 2, topk_group=99).topk_group == 99  # unused without groups
+
+
+def test_routing_params_are_a_frozen_value():
+    routing = RoutingParams(E, K, routed_scaling_factor=2.5, num_fused_shared_experts=1)
+    assert routing.columns == K + 1
+    assert routing == RoutingParams(E, K, routed_scaling_factor=2.5, num_fused_shared_experts=1)
+    assert hash(routing) == hash(replace(routing))
+    assert routing != replace(routing, renormalize=False)
+    with pytest.raises(AttributeError):
+        routing.top_k = 2
+    with pytest.raises(TypeError):
+        RoutingParams(E, K, 1)  # the grouping and the rest by keyword only
 
 
 def test_router_runs_without_tensor_values():
     logits = torch.empty(3, E, device="meta")
     bias = torch.empty(E, device="meta")
-    weights, ids = grouped_topk(logits, bias, K, num_expert_group=4, topk_group=2)
+    weights, ids = grouped_topk(logits, bias, RoutingParams(E, K, num_expert_group=4, topk_group=2))
     assert weights.shape == ids.shape == (3, K) and ids.dtype == torch.int64
 
 
 def test_router_rejects_bad_arguments():
-    logits = torch.zeros(2, E)
+    logits, routing = torch.zeros(2, E), RoutingParams(E, 2)
     with pytest.raises(ValueError, match="scoring_func 'relu'"):
-        grouped_topk(logits, None, 2, scoring_func="relu")
+        RoutingParams(E, 2, scoring_func="relu")
     with pytest.raises(ValueError, match=r"router_logits must be \[T, E\]"):
-        grouped_topk(torch.zeros(E), None, 2)
+        grouped_topk(torch.zeros(E), None, routing)
     with pytest.raises(ValueError, match="router_logits dtype torch.int64"):
-        grouped_topk(torch.zeros(2, E, dtype=torch.int64), None, 2)
+        grouped_topk(torch.zeros(2, E, dtype=torch.int64), None, routing)
+    with pytest.raises(ValueError, match="router_logits has 17 experts, routing.num_experts is 16"):
+        grouped_topk(torch.zeros(2, E + 1), None, routing)
     with pytest.raises(ValueError, match=r"e_score_correction_bias must be \[E=16\]"):
-        grouped_topk(logits, torch.zeros(E + 1), 2)
+        grouped_topk(logits, torch.zeros(E + 1), routing)
     with pytest.raises(ValueError, match="e_score_correction_bias must be floating point"):
-        grouped_topk(logits, torch.zeros(E, dtype=torch.int32), 2)
-    with pytest.raises(ValueError, match="top_k 9 exceeds the 8 experts of the 2 kept groups"):
-        grouped_topk(logits, None, 9, num_expert_group=4, topk_group=2)
+        grouped_topk(logits, torch.zeros(E, dtype=torch.int32), routing)
+    with pytest.raises(ValueError, match="e_score_correction_bias is on meta"):
+        grouped_topk(logits, torch.zeros(E, device="meta"), routing)
     with pytest.raises(ValueError, match="num_warps must be a positive power of two"):
-        grouped_topk_triton(logits.to(DEVICE), None, 2, num_warps=3)
+        grouped_topk_triton(logits.to(DEVICE), None, routing, num_warps=3)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -849,10 +872,7 @@ def test_router_rejects_bad_arguments():
 # ---------------------------------------------------------------------------------------------
 
 # Kimi-Linear-48B-A3B's router (tests/transformers_utils/test_kimi_configs.py, KIMI_LINEAR_48B).
-KIMI_LINEAR_ROUTER = dict(
-    top_k=8, num_expert_group=1, topk_group=1, renormalize=True, routed_scaling_factor=2.446,
-    scoring_func="sigmoid",
-)  # fmt: skip
+KIMI_LINEAR_ROUTER = RoutingParams(256, 8, routed_scaling_factor=2.446)
 # Weights: a few fp32 ulps (sigmoid / exp, and the order of the renormalising or softmax sums).
 ROUTER_ULPS = dict(rtol=8 * 2**-23, atol=0.0)
 
@@ -889,16 +909,14 @@ def decision_gap(logits, bias, top_k, groups=1, topk_group=1, scoring_func="sigm
     return min(float(g) for g in gaps)
 
 
-def assert_router_matches_reference(logits, bias, launches=None, **router):
+def assert_router_matches_reference(logits, bias, routing, launches=None):
     """Kernel vs reference on tie-free data: identical ids, weights within fp32 ulps."""
-    groups, topk_group = router.get("num_expert_group", 1), router.get("topk_group", 1)
     if logits.shape[0]:
-        gap = decision_gap(
-            logits, bias, router["top_k"], groups, topk_group, router.get("scoring_func", "sigmoid")
-        )
+        gap = decision_gap(logits, bias, routing.top_k, routing.num_expert_group,
+                           routing.topk_group, routing.scoring_func)  # fmt: skip
         assert gap > 1e-5, f"test data is not tie-free (gap {gap:.3g}): pick another seed"
-    weights, ids = grouped_topk_triton(logits, bias, **router)
-    ref_weights, ref_ids = grouped_topk_ref(logits, bias, **router)
+    weights, ids = grouped_topk_triton(logits, bias, routing)
+    ref_weights, ref_ids = grouped_topk_ref(logits, bias, routing)
     assert ids.dtype == ref_ids.dtype == torch.int64 and weights.dtype == torch.float32
     assert torch.equal(ids, ref_ids)
     torch.testing.assert_close(weights, ref_weights, **ROUTER_ULPS)
@@ -915,42 +933,44 @@ def test_router_kernel_matches_reference(
     scoring_func, with_bias, renormalize, groups, topk_group, tokens, triton_launches
 ):
     logits, bias = router_inputs(tokens, E, seed=tokens)
-    assert_router_matches_reference(
-        logits, bias if with_bias else None, triton_launches, top_k=K,
-        num_expert_group=groups, topk_group=topk_group, renormalize=renormalize,
+    routing = RoutingParams(
+        E, K, num_expert_group=groups, topk_group=topk_group, renormalize=renormalize,
         routed_scaling_factor=2.5, scoring_func=scoring_func,
     )  # fmt: skip
+    assert_router_matches_reference(logits, bias if with_bias else None, routing, triton_launches)
 
 
 def test_router_kernel_kimi_linear_config(triton_launches):
     logits, bias = router_inputs(5, 256, seed=0)
-    assert_router_matches_reference(logits, bias, triton_launches, **KIMI_LINEAR_ROUTER)
+    assert_router_matches_reference(logits, bias, KIMI_LINEAR_ROUTER, triton_launches)
 
 
 @pytest.mark.parametrize(
-    "experts,router",
+    "routing",
     [
-        (256, dict(top_k=8, num_expert_group=8, topk_group=4)),  # DeepSeek-V3's grouping
-        (20, dict(top_k=3, num_expert_group=4, topk_group=2)),  # groups of 5: padded lanes
-        (24, dict(top_k=6, num_expert_group=3, topk_group=2, scoring_func="softmax")),
-        (896, dict(top_k=16)),  # Kimi-K3: 896 experts in 1024 lanes
+        RoutingParams(256, 8, num_expert_group=8, topk_group=4),  # DeepSeek-V3's grouping
+        RoutingParams(20, 3, num_expert_group=4, topk_group=2),  # groups of 5: padded lanes
+        RoutingParams(24, 6, num_expert_group=3, topk_group=2, scoring_func="softmax"),
+        RoutingParams(896, 16),  # Kimi-K3: 896 experts in 1024 lanes
     ],
 )
-def test_router_kernel_other_shapes(experts, router, triton_launches):
-    logits, bias = router_inputs(2, experts, seed=experts)
-    assert_router_matches_reference(logits, bias, triton_launches, **router)
+def test_router_kernel_other_shapes(routing, triton_launches):
+    logits, bias = router_inputs(2, routing.num_experts, seed=routing.num_experts)
+    assert_router_matches_reference(logits, bias, routing, triton_launches)
 
 
 def test_router_kernel_reads_bf16_and_strided_logits(triton_launches):
     wide, bias = router_inputs(3, 2 * E, seed=4, dtype=torch.bfloat16)
     logits = wide[:, ::2]  # strided view, bf16: read in place and widened in the kernel
-    assert_router_matches_reference(logits, bias[::2], top_k=K, routed_scaling_factor=2.5)
+    assert_router_matches_reference(
+        logits, bias[::2], RoutingParams(E, K, routed_scaling_factor=2.5)
+    )
     assert triton_launches["_grouped_topk_kernel"] == 1
 
 
 def test_router_kernel_zero_tokens(triton_launches):
     weights, ids = grouped_topk_triton(
-        torch.zeros(0, E, device=DEVICE), torch.zeros(E, device=DEVICE), K
+        torch.zeros(0, E, device=DEVICE), torch.zeros(E, device=DEVICE), RoutingParams(E, K)
     )
     assert weights.shape == ids.shape == (0, K)
     assert (weights.dtype, ids.dtype) == (torch.float32, torch.int64)
@@ -960,11 +980,13 @@ def test_router_kernel_zero_tokens(triton_launches):
 def test_router_kernel_ties_go_to_the_lowest_index():
     # All experts equal: the kernel's documented rule picks experts 0, 1, ... (and groups 0, 1).
     logits = torch.zeros(2, E, device=DEVICE)
-    _, ids = grouped_topk_triton(logits, None, K)
+    _, ids = grouped_topk_triton(logits, None, RoutingParams(E, K))
     assert ids.tolist() == [list(range(K))] * 2
     bias = torch.zeros(E, device=DEVICE)
     bias[12:] = 1.0  # group 3 is kept first; groups 0, 1 and 2 tie for the second place
-    _, ids = grouped_topk_triton(logits, bias, 6, num_expert_group=4, topk_group=2)
+    _, ids = grouped_topk_triton(
+        logits, bias, RoutingParams(E, 6, num_expert_group=4, topk_group=2)
+    )
     assert ids.tolist() == [[12, 13, 14, 15, 0, 1]] * 2
 
 
@@ -980,16 +1002,16 @@ def tied_router_inputs(tokens, experts, seed, device=DEVICE):
     return logits.to(device), bias.to(device)
 
 
-def assert_ties_go_to_the_lowest_index(logits, bias, router):
+def assert_ties_go_to_the_lowest_index(logits, bias, routing):
     """Ids exactly those of a stable descending sort of the biased scores (equal scores keep
     index order), weights within ulps of the reference's formula on those ids."""
-    top_k, shared = router["top_k"], router.get("num_fused_shared_experts", 0)
+    top_k, shared = routing.top_k, routing.num_fused_shared_experts
     scores = logits.float().cpu().sigmoid()
     order = (scores + bias.cpu()).sort(dim=-1, descending=True, stable=True)[1][:, :top_k]
-    weights, ids = grouped_topk_triton(logits, bias, **router)
+    weights, ids = grouped_topk_triton(logits, bias, routing)
     assert torch.equal(ids[:, :top_k].cpu(), order)
     expected = scores.gather(1, order)
-    expected = expected / (expected.sum(-1, keepdim=True) + 1e-20) * router["routed_scaling_factor"]
+    expected = expected / (expected.sum(-1, keepdim=True) + 1e-20) * routing.routed_scaling_factor
     torch.testing.assert_close(weights[:, :top_k].cpu(), expected, **ROUTER_ULPS)
     experts = logits.shape[1]
     assert ids[:, top_k:].tolist() == [list(range(experts, experts + shared))] * len(ids)
@@ -999,16 +1021,16 @@ def assert_ties_go_to_the_lowest_index(logits, bias, router):
 @pytest.mark.parametrize("shared", [0, 1])
 def test_router_kernel_many_ties_across_the_top_k_boundary(shared, triton_launches):
     logits, bias = tied_router_inputs(6, 256, seed=shared)
-    router = dict(KIMI_LINEAR_ROUTER, num_fused_shared_experts=shared)  # top-8 (+ 1) of 256
-    assert_ties_go_to_the_lowest_index(logits, bias, router)
+    routing = replace(KIMI_LINEAR_ROUTER, num_fused_shared_experts=shared)  # top-8 (+ 1) of 256
+    assert_ties_go_to_the_lowest_index(logits, bias, routing)
     assert triton_launches["_grouped_topk_kernel"] == 1
 
 
 def test_router_kernel_takes_every_expert_with_more_slots_than_experts():
     # top-16 + 1 shared of 16 experts: 17 slots, more than the 16 experts' lanes.
     logits, bias = router_inputs(2, E, seed=3)
-    router = dict(top_k=E, num_fused_shared_experts=1, routed_scaling_factor=2.5)
-    assert_router_matches_reference(logits, bias, **router)
+    routing = RoutingParams(E, E, num_fused_shared_experts=1, routed_scaling_factor=2.5)
+    assert_router_matches_reference(logits, bias, routing)
 
 
 @pytest.mark.parametrize("groups,topk_group", [(1, 1), (4, 2)])
@@ -1019,15 +1041,15 @@ def test_router_kernel_nan_gives_distinct_in_range_ids(groups, topk_group):
     logits[1, :] = float("nan")
     bias[5] = float("nan")
     bias[::2] = -float("nan")  # sign bit set: its key is below -inf's
-    router = dict(top_k=6, num_expert_group=groups, topk_group=topk_group,
-                  num_fused_shared_experts=1)  # fmt: skip
-    _, ids = grouped_topk_triton(logits, bias, **router)
+    routing = RoutingParams(20, 6, num_expert_group=groups, topk_group=topk_group,
+                            num_fused_shared_experts=1)  # fmt: skip
+    _, ids = grouped_topk_triton(logits, bias, routing)
     routed = ids[:, :6].cpu()
     assert bool(((routed >= 0) & (routed < 20)).all())
     assert all(len(set(row)) == 6 for row in routed.tolist())
     assert ids[:, 6].tolist() == [20] * 4
     every = torch.full_like(bias, -float("nan"))  # every biased score a negative NaN
-    _, ids = grouped_topk_triton(logits, every, **router)
+    _, ids = grouped_topk_triton(logits, every, routing)
     routed = ids[:, :6].cpu()
     assert bool(((routed >= 0) & (routed < 20)).all())
     assert all(len(set(row)) == 6 for row in routed.tolist())
@@ -1037,20 +1059,20 @@ def test_router_kernel_nan_gives_distinct_in_range_ids(groups, topk_group):
 def test_router_kernel_ties_and_nan_on_gpu():
     logits, bias = tied_router_inputs(64, 256, seed=2, device="cuda")
     assert_ties_go_to_the_lowest_index(
-        logits, bias, dict(KIMI_LINEAR_ROUTER, num_fused_shared_experts=1)
+        logits, bias, replace(KIMI_LINEAR_ROUTER, num_fused_shared_experts=1)
     )
     logits[:, ::3] = float("nan")
-    _, ids = grouped_topk_triton(logits, torch.full_like(bias, -float("nan")), **KIMI_LINEAR_ROUTER)
+    _, ids = grouped_topk_triton(logits, torch.full_like(bias, -float("nan")), KIMI_LINEAR_ROUTER)
     assert bool(((ids >= 0) & (ids < 256)).all())
     assert bool((ids.sort(-1)[0].diff(dim=-1) > 0).all())
 
 
 def test_grouped_topk_dispatches_with_use_triton(triton_launches, monkeypatch):
     logits, bias = router_inputs(3, E, seed=5)
-    grouped_topk(logits, bias, K)
+    grouped_topk(logits, bias, RoutingParams(E, K))
     assert triton_launches["_grouped_topk_kernel"] == 1
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # CPU tensors now take the torch reference
-    grouped_topk(logits.cpu(), bias.cpu(), K)
+    grouped_topk(logits.cpu(), bias.cpu(), RoutingParams(E, K))
     assert triton_launches["_grouped_topk_kernel"] == 1
 
 
@@ -1058,20 +1080,20 @@ def test_grouped_topk_dispatches_with_use_triton(triton_launches, monkeypatch):
 @pytest.mark.parametrize("tokens", [1, 64, 256])
 def test_router_kernel_on_gpu(tokens, triton_launches):
     logits, bias = router_inputs(tokens, 256, seed=tokens, device="cuda")
-    assert_router_matches_reference(logits, bias, triton_launches, **KIMI_LINEAR_ROUTER)
+    assert_router_matches_reference(logits, bias, KIMI_LINEAR_ROUTER, triton_launches)
 
 
 @pytest.mark.gpu
 def test_router_kernel_replays_in_a_cuda_graph():
     logits, bias = router_inputs(64, 256, seed=1, device="cuda")
     static = logits.clone()
-    grouped_topk(static, bias, **KIMI_LINEAR_ROUTER)  # compile outside the capture
+    grouped_topk(static, bias, KIMI_LINEAR_ROUTER)  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        weights, ids = grouped_topk(static, bias, **KIMI_LINEAR_ROUTER)
+        weights, ids = grouped_topk(static, bias, KIMI_LINEAR_ROUTER)
     static.copy_(logits.flip(0))
     graph.replay()
-    ref_weights, ref_ids = grouped_topk_ref(logits.flip(0), bias, **KIMI_LINEAR_ROUTER)
+    ref_weights, ref_ids = grouped_topk_ref(logits.flip(0), bias, KIMI_LINEAR_ROUTER)
     assert torch.equal(ids, ref_ids)
     torch.testing.assert_close(weights, ref_weights, **ROUTER_ULPS)
 
@@ -1083,24 +1105,25 @@ def test_router_kernel_replays_in_a_cuda_graph():
 
 @pytest.mark.parametrize("shared", [1, 2])
 @pytest.mark.parametrize(
-    "experts,router",
-    [(E, dict(top_k=K, num_expert_group=4, topk_group=2, routed_scaling_factor=2.5)),
-     (256, KIMI_LINEAR_ROUTER)],  # top-8 + 1: the kernel's slot block pads to 16
+    "routing",
+    [RoutingParams(E, K, num_expert_group=4, topk_group=2, routed_scaling_factor=2.5),
+     KIMI_LINEAR_ROUTER],  # top-8 + 1: the kernel's slot block pads to 16
 )  # fmt: skip
-def test_router_appends_fused_shared_expert_columns(experts, router, shared, triton_launches):
+def test_router_appends_fused_shared_expert_columns(routing, shared, triton_launches):
+    experts = routing.num_experts
     logits, bias = router_inputs(5, experts, seed=0)  # tie-free at both sizes
-    router = dict(router, num_fused_shared_experts=shared)
-    assert_router_matches_reference(logits, bias, triton_launches, **router)
+    routing = replace(routing, num_fused_shared_experts=shared)
+    assert_router_matches_reference(logits, bias, routing, triton_launches)
     for impl in (grouped_topk_triton, grouped_topk_ref):
-        weights, ids = impl(logits, bias, **router)
-        top_k = router["top_k"]
+        weights, ids = impl(logits, bias, routing)
+        top_k = routing.top_k
         assert ids.shape == weights.shape == (5, top_k + shared)
         shared_ids = torch.arange(experts, experts + shared, device=DEVICE).expand(5, -1)
         assert torch.equal(ids[:, top_k:], shared_ids)
         assert torch.equal(weights[:, top_k:], torch.ones(5, shared, device=DEVICE))
         assert bool((ids[:, :top_k] < experts).all())
     with pytest.raises(ValueError, match="num_fused_shared_experts must be >= 0"):
-        grouped_topk(logits, bias, 2, num_fused_shared_experts=-1)
+        RoutingParams(experts, 2, num_fused_shared_experts=-1)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -1188,7 +1211,9 @@ def test_grouped_prefill_matches_the_torch_glue_on_gpu(tokens):
     x = randn(tokens, hidden, scale=1.0)
     logits = torch.randn(tokens, experts - 1, generator=gen, device="cuda")
     bias = torch.randn(experts - 1, generator=gen, device="cuda") * 0.1
-    w, ids = grouped_topk(logits, bias, topk, num_fused_shared_experts=1)
+    w, ids = grouped_topk(
+        logits, bias, RoutingParams(experts - 1, topk, num_fused_shared_experts=1)
+    )
     assert ids.shape == (tokens, topk + 1)
     out = moe_experts_grouped(x, w13, w2, w, ids, SiluAndMul())
     before, y, inverse = grouped_before_triton_glue(x, w13, w2, w, ids)

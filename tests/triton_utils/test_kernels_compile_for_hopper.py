@@ -42,7 +42,7 @@ from vllm.model_executor.layers.fused_moe.fused_router import (
     fused_router_topk,
 )
 from vllm.model_executor.layers.fused_moe.gather_rows import GatherRowsConfig, gather_rows
-from vllm.model_executor.layers.fused_moe.router import grouped_topk_triton
+from vllm.model_executor.layers.fused_moe.router import RoutingParams, grouped_topk_triton
 from vllm.model_executor.layers.fused_moe.weighted_sum import moe_weighted_sum
 from vllm.model_executor.layers.ops.rms_norm import fused_add_rms_norm, rms_norm
 from vllm.model_executor.layers.ops.silu_and_mul import silu_and_mul
@@ -199,7 +199,9 @@ def _drive_moe(tokens: int, experts: int, hidden: int, inter: int, topk: int) ->
     w13 = torch.randn(experts, 2 * inter, hidden, generator=gen).to(torch.bfloat16)
     w2 = torch.randn(experts, hidden, inter, generator=gen).to(torch.bfloat16)
     weights, ids = grouped_topk_triton(
-        torch.randn(tokens, experts, generator=gen), torch.randn(experts, generator=gen), topk
+        torch.randn(tokens, experts, generator=gen),
+        torch.randn(experts, generator=gen),
+        RoutingParams(experts, topk),
     )
     moe_experts_triton(x, w13, w2, weights, ids, SiluAndMul())
     moe_experts_triton_grouped(x, w13, w2, weights, ids, SiluAndMul())
@@ -274,14 +276,16 @@ def _drive_ops() -> None:
 
     # The fused router at Kimi-Linear's sizes (bf16 x, 256 experts top-8 + 1 shared, sigmoid,
     # bias) at T = 1 and 4, a swept config, then a small grouped softmax one in fp32.
-    kimi = (8, 1, 1, True, 2.446, "sigmoid", 1)
+    kimi = RoutingParams(256, 8, routed_scaling_factor=2.446, num_fused_shared_experts=1)
+    small = RoutingParams(24, 4, num_expert_group=4, topk_group=2, renormalize=False,
+                          scoring_func="softmax")  # fmt: skip
     semaphore = torch.zeros(1, dtype=torch.int32)
     for t, config in ((1, None), (4, None), (2, FusedRouterConfig(4, 512, 8))):
         x = torch.randn(t, 2304, generator=gen).to(torch.bfloat16)
-        fused_router_topk(x, gate, torch.randn(256, generator=gen), *kimi, semaphore, config=config)
+        fused_router_topk(x, gate, torch.randn(256, generator=gen), kimi, semaphore, config=config)
     fused_router_topk(
-        torch.randn(3, 40, generator=gen), torch.randn(24, 40, generator=gen), None,
-        4, 4, 2, False, 1.0, "softmax", 0, semaphore,
+        torch.randn(3, 40, generator=gen), torch.randn(24, 40, generator=gen), None, small,
+        semaphore,
     )  # fmt: skip
     # The residual add and RMSNorm in the same launch: Kimi-Linear's bf16 rows at T = 1 (the
     # norm's 8 warps), default and swept, then small fp32 rows with tail chunks at T = 3.
@@ -289,13 +293,12 @@ def _drive_ops() -> None:
     for config in (None, FusedRouterConfig(4, 512, 8)):
         x, residual = (torch.randn(1, 2304, generator=gen).to(torch.bfloat16) for _ in range(2))
         fused_norm_router_topk(
-            x, residual, norm_weight, 1e-6, gate, torch.randn(256, generator=gen), *kimi,
+            x, residual, norm_weight, 1e-6, gate, torch.randn(256, generator=gen), kimi,
             semaphore, config=config,
         )  # fmt: skip
     fused_norm_router_topk(
         torch.randn(3, 40, generator=gen), torch.randn(3, 40, generator=gen), torch.ones(40),
-        1e-6, torch.randn(24, 40, generator=gen), None, 4, 4, 2, False, 1.0, "softmax", 0,
-        semaphore,
+        1e-6, torch.randn(24, 40, generator=gen), None, small, semaphore,
     )  # fmt: skip
 
     _drive_moe(4, 64, 2304, 1024, 8)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import vllm.model_executor.layers.fused_moe.experts as experts_mod
 import vllm.model_executor.layers.fused_moe.layer as layer_mod
 from vllm.model_executor.layers.activation import SituAndMul, get_act_and_mul
-from vllm.model_executor.layers.fused_moe.router import grouped_topk
+from vllm.model_executor.layers.fused_moe.router import RoutingParams, grouped_topk
 from vllm.models.kimi_k3.amd.linear import KimiMLP, KimiMoE, shared_experts_fusable
 from vllm.transformers_utils.configs import KimiLinearConfig
 
@@ -78,9 +78,9 @@ def test_router_matches_transformers(groups, topk_group):
     x = torch.randn(37, H, generator=torch.Generator().manual_seed(1))
     _, hf_w, hf_ids = hf.gate(x)
     logits = x @ hf.gate.weight.t()
-    w, ids = grouped_topk(
-        logits, hf.gate.e_score_correction_bias, TOPK, groups, topk_group, True, 2.5
-    )
+    routing = RoutingParams(E, TOPK, num_expert_group=groups, topk_group=topk_group,
+                            routed_scaling_factor=2.5)  # fmt: skip
+    w, ids = grouped_topk(logits, hf.gate.e_score_correction_bias, routing)
     order, hf_order = ids.sort(dim=1)[1], hf_ids.sort(dim=1)[1]
     assert torch.equal(ids.gather(1, order), hf_ids.gather(1, hf_order))
     torch.testing.assert_close(w.gather(1, order), hf_w.gather(1, hf_order))
@@ -126,8 +126,8 @@ def test_latent_moe_is_down_norm_experts_up():
     t = dict(tensors)
     x = torch.randn(5, H, generator=gen)
     w, ids = grouped_topk(
-        x @ t["gate.weight"].t(), t["gate.e_score_correction_bias"], TOPK,
-        renormalize=True, routed_scaling_factor=2.5,
+        x @ t["gate.weight"].t(), t["gate.e_score_correction_bias"],
+        RoutingParams(E, TOPK, routed_scaling_factor=2.5),
     )  # fmt: skip
     z = x @ t["routed_expert_down_proj.weight"].t()
     z = z * torch.rsqrt(z.square().mean(-1, keepdim=True) + 1e-5) * t["routed_expert_norm.weight"]
@@ -264,9 +264,11 @@ def test_router_appends_the_shared_expert_column():
     fused, unfused, _ = fused_and_unfused(torch.float32)
     x = torch.randn(7, H, generator=torch.Generator().manual_seed(4))
     logits = F.linear(x, fused.gate_weight)
-    args = (fused.e_score_correction_bias, TOPK, 4, 2, True, 2.5)
-    routed_w, routed_ids = grouped_topk(logits, *args)
-    w, ids = grouped_topk(logits, *args, num_fused_shared_experts=1)
+    routing = RoutingParams(E, TOPK, num_expert_group=4, topk_group=2, routed_scaling_factor=2.5)
+    assert unfused.routing == routing  # built once, from the config
+    assert fused.routing == dataclasses.replace(routing, num_fused_shared_experts=1)
+    routed_w, routed_ids = grouped_topk(logits, fused.e_score_correction_bias, routing)
+    w, ids = grouped_topk(logits, fused.e_score_correction_bias, fused.routing)
     assert ids.shape == w.shape == (7, TOPK + 1)
     assert torch.equal(ids[:, :TOPK], routed_ids)
     # The kernel's renormalising sum runs over a wider padded block: fp32 summation order only.
@@ -348,10 +350,12 @@ def test_fused_is_within_bf16_rounding_of_unfused(tokens, path, monkeypatch):
     with torch.no_grad():
         out, expected = fused(x).float(), unfused(x).float()
         cfg = unfused.config
+        routing = RoutingParams(E, TOPK, num_expert_group=cfg.num_expert_group,
+                                topk_group=cfg.topk_group,
+                                routed_scaling_factor=cfg.routed_scaling_factor)  # fmt: skip
         w, ids = grouped_topk(
-            F.linear(x.float(), unfused.gate_weight), unfused.e_score_correction_bias, TOPK,
-            cfg.num_expert_group, cfg.topk_group, True, cfg.routed_scaling_factor,
-        )  # fmt: skip
+            F.linear(x.float(), unfused.gate_weight), unfused.e_score_correction_bias, routing
+        )
         routed = unfused.experts(x, w, ids).float()
         bound = 2**-8 * (routed.abs() + out.abs() + expected.abs()) + shared_bound(unfused, x)
     _assert_path(chosen, path)
@@ -391,7 +395,8 @@ def test_fused_equals_unfused_at_kimi_linear_sizes_on_gpu(tokens):
         x = torch.randn(tokens, 2304, generator=gen, device="cuda").bfloat16()
         out, expected = fused(x).float(), unfused(x).float()
         w, ids = grouped_topk(F.linear(x.float(), unfused.gate_weight),
-                              unfused.e_score_correction_bias, 8, 1, 1, True, 2.5)  # fmt: skip
+                              unfused.e_score_correction_bias,
+                              RoutingParams(256, 8, routed_scaling_factor=2.5))  # fmt: skip
         routed = unfused.experts(x, w, ids).float()
         bound = 2**-8 * (routed.abs() + out.abs() + expected.abs()) + shared_bound(unfused, x)
     assert bool(((out - expected).abs() <= bound).all()), float((out - expected).abs().max())

@@ -32,6 +32,7 @@ from vllm.model_executor.layers.fused_moe.fused_router import (
     use_fused_router,
 )
 from vllm.model_executor.layers.fused_moe.router import (
+    RoutingParams,
     grouped_topk,
     grouped_topk_triton,
     router_logits,
@@ -44,20 +45,17 @@ from vllm.transformers_utils.configs import KimiLinearConfig
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 KERNEL = "_fused_router_topk_kernel"
 # Kimi-Linear-48B's router with its shared expert fused (tests/model_executor/test_fused_moe.py).
-KIMI = dict(
-    top_k=8, num_expert_group=1, topk_group=1, renormalize=True, routed_scaling_factor=2.446,
-    scoring_func="sigmoid", num_fused_shared_experts=1,
-)  # fmt: skip
+KIMI = RoutingParams(256, 8, routed_scaling_factor=2.446, num_fused_shared_experts=1)
 # One expert per program with a tail H chunk, several experts per program, one program with
 # padded experts (block_n > E): the program count and the arrival order both change.
 CONFIGS = [FusedRouterConfig(1, 32, 1), FusedRouterConfig(4, 64, 2), FusedRouterConfig(64, 128, 4)]
 
 
-def router(top_k=4, groups=1, topk_group=1, renormalize=True, scale=2.5, scoring="sigmoid",
-           shared=0) -> dict:  # fmt: skip
-    return dict(top_k=top_k, num_expert_group=groups, topk_group=topk_group,
-                renormalize=renormalize, routed_scaling_factor=scale, scoring_func=scoring,
-                num_fused_shared_experts=shared)  # fmt: skip
+def router(experts, top_k=4, groups=1, topk_group=1, renormalize=True, scale=2.5,
+           scoring="sigmoid", shared=0) -> RoutingParams:  # fmt: skip
+    return RoutingParams(experts, top_k, num_expert_group=groups, topk_group=topk_group,
+                         renormalize=renormalize, routed_scaling_factor=scale,
+                         scoring_func=scoring, num_fused_shared_experts=shared)  # fmt: skip
 
 
 def semaphore(device=DEVICE) -> torch.Tensor:
@@ -84,8 +82,8 @@ def tie_free_case(t, e, h, routing, seed, other_terms=1, with_bias=True, **kwarg
     for s in range(seed, seed + 100_000, 1000):
         x, w, bias = random_case(t, e, h, s, **kwargs)
         bias = bias if with_bias else None
-        gap = decision_gap(x, w, bias, routing["top_k"], routing["num_expert_group"],
-                           routing["topk_group"], routing["scoring_func"])  # fmt: skip
+        gap = decision_gap(x, w, bias, routing.top_k, routing.num_expert_group,
+                           routing.topk_group, routing.scoring_func)  # fmt: skip
         if bool((gap > 4 * logit_error(x, w, other_terms) + 1e-6).all()):
             return x, w, bias
     raise AssertionError("no tie-free seed in 100 tries")
@@ -139,22 +137,22 @@ def assert_close_routing(out, expected, x, w, bias, routing, d):
     normaliser), renormalising doubles that (first order; 1% covers the rest), plus fp32 ulps of
     exp, the divisions and the scaling. Asserts first that the data is tie-free for that: no
     deciding gap within 4 d (a score moves by at most 2 d, a group score by twice that)."""
-    scoring = routing["scoring_func"]
-    gap = decision_gap(x, w, bias, routing["top_k"], routing["num_expert_group"],
-                       routing["topk_group"], scoring)  # fmt: skip
+    scoring = routing.scoring_func
+    gap = decision_gap(x, w, bias, routing.top_k, routing.num_expert_group,
+                       routing.topk_group, scoring)  # fmt: skip
     assert bool((gap > 4 * d + 1e-6).all()), "data not tie-free for this bound: another seed"
     (weights, ids), (ref_weights, ref_ids) = out, expected
     assert ids.dtype == torch.int64 and weights.dtype == torch.float32
     assert torch.equal(ids, ref_ids)
-    factor = (2 if scoring == "softmax" else 1) * (2 if routing["renormalize"] else 1) * 1.01
+    factor = (2 if scoring == "softmax" else 1) * (2 if routing.renormalize else 1) * 1.01
     rtol = (factor * d + 16 * 2.0**-24).to(weights.device)[:, None]
     assert bool(((weights - ref_weights).abs() <= rtol * ref_weights.abs()).all())
 
 
 def assert_matches_reference(x, w, bias, routing, config=None):
     """The fused op against the reference composition (F.linear, then grouped_topk_ref)."""
-    out = fused_router_topk(x, w, bias, **routing, semaphore=sem(x), config=config)
-    expected = fused_router_topk_ref(x, w, bias, **routing)
+    out = fused_router_topk(x, w, bias, routing, semaphore=sem(x), config=config)
+    expected = fused_router_topk_ref(x, w, bias, routing)
     assert_close_routing(out, expected, x, w, bias, routing, logit_error(x, w))
 
 
@@ -174,8 +172,8 @@ def sem(x: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 
 
-ROUTINGS = [router(), router(groups=4, topk_group=2, shared=2, scoring="softmax"),
-            router(renormalize=False, shared=1)]  # fmt: skip
+ROUTINGS = [router(32), router(32, groups=4, topk_group=2, shared=2, scoring="softmax"),
+            router(32, renormalize=False, shared=1)]  # fmt: skip
 
 
 # Each routing at the default launch and at one of CONFIGS.
@@ -188,8 +186,8 @@ ROUTINGS = [router(), router(groups=4, topk_group=2, shared=2, scoring="softmax"
 def test_exact_logits_equal_the_two_launches_bit_for_bit(routing, config, triton_launches):
     for t in (1, 3):
         x, w, bias = exact_case(t, 32, 80, seed=t)  # H 80: a tail chunk for block_h 32 / 64
-        weights, ids = fused_router_topk(x, w, bias, **routing, semaphore=sem(x), config=config)
-        ref_weights, ref_ids = grouped_topk_triton(F.linear(x.float(), w), bias, **routing)
+        weights, ids = fused_router_topk(x, w, bias, routing, semaphore=sem(x), config=config)
+        ref_weights, ref_ids = grouped_topk_triton(F.linear(x.float(), w), bias, routing)
         assert torch.equal(ids, ref_ids) and torch.equal(weights, ref_weights)
         assert sem(x).item() == 0
     assert triton_launches[KERNEL] == 2 and triton_launches["_grouped_topk_kernel"] == 2
@@ -200,7 +198,7 @@ def test_exact_logits_equal_the_two_launches_bit_for_bit(routing, config, triton
 @pytest.mark.parametrize("scoring", ["sigmoid", "softmax"])
 def test_matches_the_reference_composition(scoring, with_bias, groups, topk_group):
     for t in (1, 4) if groups == 1 else (2, 3):
-        routing = router(groups=groups, topk_group=topk_group, scoring=scoring,
+        routing = router(32, groups=groups, topk_group=topk_group, scoring=scoring,
                          renormalize=t != 3, shared=t % 2)  # fmt: skip
         x, w, bias = tie_free_case(t, 32, 96, routing, 10 * t + groups, with_bias=with_bias)
         assert_matches_reference(x, w, bias, routing)
@@ -210,12 +208,12 @@ def test_matches_the_reference_composition(scoring, with_bias, groups, topk_grou
 def test_kimi_linear_router_and_other_x_dtypes(dtype, triton_launches):
     x, w, bias = tie_free_case(4, 256, 128, KIMI, seed=3, dtype=dtype)
     assert_matches_reference(x, w, bias, KIMI, config=FusedRouterConfig(32, 128, 4))
-    routing = router(top_k=3, groups=4, topk_group=2)
+    routing = router(20, top_k=3, groups=4, topk_group=2)
     x, w, bias = tie_free_case(2, 20, 72, routing, seed=4, dtype=dtype)  # groups of 5: padding
     assert_matches_reference(x, w, bias, routing, config=FusedRouterConfig(8, 32, 2))
-    x, w, bias = tie_free_case(2, 48, 40, router(shared=1), seed=5, dtype=dtype)
+    x, w, bias = tie_free_case(2, 48, 40, router(48, shared=1), seed=5, dtype=dtype)
     wide = torch.cat([x, x], dim=1)[:, :40]  # a row stride of 80
-    assert_matches_reference(wide, w, bias, router(shared=1))
+    assert_matches_reference(wide, w, bias, router(48, shared=1))
     assert triton_launches[KERNEL] == 3
 
 
@@ -224,10 +222,10 @@ def test_the_semaphore_is_reset_for_the_next_launch(triton_launches):
     the last one: its outputs would stay unwritten."""
     counter = semaphore()
     for seed in (1, 2, 3):
-        x, w, bias = tie_free_case(2, 16, 64, router(), seed=seed)
-        weights, ids = fused_router_topk(x, w, bias, **router(), semaphore=counter)
+        x, w, bias = tie_free_case(2, 16, 64, router(16), seed=seed)
+        weights, ids = fused_router_topk(x, w, bias, router(16), semaphore=counter)
         assert counter.item() == 0
-        ref_weights, ref_ids = fused_router_topk_ref(x, w, bias, **router())
+        ref_weights, ref_ids = fused_router_topk_ref(x, w, bias, router(16))
         assert torch.equal(ids, ref_ids)
         torch.testing.assert_close(weights, ref_weights, rtol=1e-4, atol=0.0)
     assert triton_launches[KERNEL] == 3
@@ -235,7 +233,7 @@ def test_the_semaphore_is_reset_for_the_next_launch(triton_launches):
 
 def test_zero_tokens_launch_nothing(triton_launches):
     x, w, bias = random_case(0, 16, 64, seed=0)
-    weights, ids = fused_router_topk(x, w, bias, **router(shared=1), semaphore=semaphore())
+    weights, ids = fused_router_topk(x, w, bias, router(16, shared=1), semaphore=semaphore())
     assert weights.shape == ids.shape == (0, 5)
     assert (weights.dtype, ids.dtype) == (torch.float32, torch.int64)
     assert triton_launches[KERNEL] == 0
@@ -244,8 +242,8 @@ def test_zero_tokens_launch_nothing(triton_launches):
 def test_cpu_without_interpreter_runs_the_reference(monkeypatch, triton_launches):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     x, w, bias = random_case(3, 16, 64, seed=6, device="cpu")
-    out = fused_router_topk(x, w, bias, **router(), semaphore=semaphore("cpu"))
-    ref = fused_router_topk_ref(x, w, bias, **router())
+    out = fused_router_topk(x, w, bias, router(16), semaphore=semaphore("cpu"))
+    ref = fused_router_topk_ref(x, w, bias, router(16))
     assert all(torch.equal(a, b) for a, b in zip(out, ref, strict=True))
     assert triton_launches[KERNEL] == 0
     assert not use_fused_router(x, w)
@@ -265,6 +263,8 @@ def test_cpu_without_interpreter_runs_the_reference(monkeypatch, triton_launches
         (dict(s=lambda s: s.view(1, 1)), "semaphore must be an int32 .1. tensor"),
         (dict(s=lambda s: s.to("meta")), "semaphore is on meta"),
         (dict(b=lambda b: b[:-1]), r"e_score_correction_bias must be \[E=16\]"),
+        (dict(b=lambda b: b.to("meta")), "e_score_correction_bias is on meta"),
+        (dict(w=lambda w: w[:-1]), "gate_weight has 15 experts, routing.num_experts is 16"),
         (dict(r=dict(top_k=17)), "top_k 17"),
         (dict(r=dict(groups=3)), "num_expert_group 3"),
         (dict(r=dict(scoring="relu")), "scoring_func 'relu'"),
@@ -277,7 +277,7 @@ def test_argument_errors(change, message, triton_launches):
     x, w, bias = (change.get(k, lambda v: v)(v) for k, v in (("x", x), ("w", w), ("b", bias)))
     s = change.get("s", lambda v: v)(semaphore())
     with pytest.raises(ValueError, match=message):
-        fused_router_topk(x, w, bias, **router(**change.get("r", {})), semaphore=s,
+        fused_router_topk(x, w, bias, router(16, **change.get("r", {})), semaphore=s,
                           config=change.get("c"))  # fmt: skip
     assert triton_launches[KERNEL] == 0
 
@@ -376,14 +376,14 @@ def norm_case(t, e, h, seed, device=DEVICE, dtype=torch.bfloat16, nonzero=None):
 
 def fused_norm(x, residual, norm_weight, w, bias, routing, config=None):
     return fused_norm_router_topk(
-        x, residual, norm_weight, EPS, w, bias, **routing, semaphore=sem(x), config=config
+        x, residual, norm_weight, EPS, w, bias, routing, semaphore=sem(x), config=config
     )
 
 
 def norm_then_router(x, residual, norm_weight, w, bias, routing, config):
     """The unfused sequence: the norm kernel's launch, then the fused router's."""
     h, new_residual = fused_add_rms_norm(x, residual, norm_weight, EPS)
-    return h, new_residual, *fused_router_topk(h, w, bias, **routing, semaphore=sem(x),
+    return h, new_residual, *fused_router_topk(h, w, bias, routing, semaphore=sem(x),
                                                config=config)  # fmt: skip
 
 
@@ -420,10 +420,12 @@ def test_fused_norm_equals_the_norm_then_the_router_bit_for_bit(routing, config,
 def test_fused_norm_other_dtypes_and_row_strides(dtype, weight_dtype, triton_launches):
     x, residual, norm_weight, w, bias = norm_case(2, 48, 64, seed=11, dtype=dtype)  # even H
     norm_weight = norm_weight.to(weight_dtype)
-    assert_fused_norm_equals_unfused(x, residual, norm_weight, w, bias, router(shared=1))
+    assert_fused_norm_equals_unfused(x, residual, norm_weight, w, bias, router(48, shared=1))
     wide_x, wide_residual = (torch.cat([t, t], dim=1)[:, :64] for t in (x, residual))
     assert wide_x.stride(0) == 128
-    assert_fused_norm_equals_unfused(wide_x, wide_residual, norm_weight, w, bias, router(shared=1))
+    assert_fused_norm_equals_unfused(
+        wide_x, wide_residual, norm_weight, w, bias, router(48, shared=1)
+    )
     # Kimi-Linear's router: 256 experts, top-8 and the shared expert, 32 programs
     x, residual, norm_weight, w, bias = norm_case(1, 256, 128, seed=12, dtype=dtype)
     assert_fused_norm_equals_unfused(x, residual, norm_weight, w, bias, KIMI,
@@ -437,22 +439,22 @@ def test_fused_norm_leaves_its_inputs_and_resets_the_semaphore(triton_launches):
         case = norm_case(1, 16, 64, seed=seed)
         before = [t.clone() for t in case]
         h, new_residual, weights, ids = fused_norm_router_topk(
-            *case[:3], EPS, *case[3:], **router(), semaphore=counter
+            *case[:3], EPS, *case[3:], router(16), semaphore=counter
         )
         assert counter.item() == 0
         assert all(torch.equal(a, b) for a, b in zip(case, before, strict=True))
         assert h.is_contiguous() and new_residual.is_contiguous()
-        ref = fused_norm_router_topk_ref(*case[:3], EPS, *case[3:], *router().values())
+        ref = fused_norm_router_topk_ref(*case[:3], EPS, *case[3:], router(16))
         assert torch.equal(new_residual, ref[1])
         # the reference sums the squares in torch's order: one bf16 ulp of h at most
         torch.testing.assert_close(h.float(), ref[0].float(), rtol=2**-7, atol=0.0)
-        assert torch.equal(ids, fused_router_topk_ref(h, *case[3:], **router())[1])
+        assert torch.equal(ids, fused_router_topk_ref(h, *case[3:], router(16))[1])
     assert triton_launches[KERNEL] == 3
 
 
 def test_fused_norm_zero_tokens_launch_nothing(triton_launches):
     case = norm_case(0, 16, 64, seed=0)
-    h, new_residual, weights, ids = fused_norm(*case, router(shared=1))
+    h, new_residual, weights, ids = fused_norm(*case, router(16, shared=1))
     assert (
         h.shape == new_residual.shape == (0, 64) and h.dtype == new_residual.dtype == case[0].dtype
     )
@@ -463,8 +465,8 @@ def test_fused_norm_zero_tokens_launch_nothing(triton_launches):
 def test_fused_norm_on_cpu_without_interpreter_runs_the_reference(monkeypatch, triton_launches):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     case = norm_case(1, 16, 64, seed=6, device="cpu")
-    out = fused_norm_router_topk(*case[:3], EPS, *case[3:], **router(), semaphore=semaphore("cpu"))
-    ref = fused_norm_router_topk_ref(*case[:3], EPS, *case[3:], *router().values())
+    out = fused_norm_router_topk(*case[:3], EPS, *case[3:], router(16), semaphore=semaphore("cpu"))
+    ref = fused_norm_router_topk_ref(*case[:3], EPS, *case[3:], router(16))
     assert all(torch.equal(a, b) for a, b in zip(out, ref, strict=True))
     assert triton_launches[KERNEL] == triton_launches["_rms_norm_kernel"] == 0
     assert not use_fused_norm_router(case[0], case[1], case[2], case[3])
@@ -493,7 +495,7 @@ def test_fused_norm_argument_errors(change, message, triton_launches):
     s = change.get("s", lambda v: v)(semaphore())
     with pytest.raises(ValueError, match=message):
         fused_norm_router_topk(x, residual, norm_weight, EPS, w, bias,
-                               **router(**change.get("rt", {})), semaphore=s,
+                               router(16, **change.get("rt", {})), semaphore=s,
                                config=change.get("c"))  # fmt: skip
     assert triton_launches[KERNEL] == 0
 
@@ -504,7 +506,7 @@ def test_fused_norm_takes_rows_up_to_its_hidden_limit():
     norm_weight, w = torch.ones(hidden), torch.zeros(4, hidden)
     assert not use_fused_norm_router(x, residual, norm_weight, w)
     with pytest.raises(ValueError, match=rf"H in \[1, {FUSED_NORM_MAX_HIDDEN}\], got {hidden}"):
-        fused_norm_router_topk(x, residual, norm_weight, EPS, w, None, **router(top_k=2),
+        fused_norm_router_topk(x, residual, norm_weight, EPS, w, None, router(4, top_k=2),
                                semaphore=semaphore("cpu"))  # fmt: skip
 
 
@@ -594,9 +596,9 @@ def test_gpu_exact_logits_equal_the_two_launches(t, triton_launches):
     ids, and its weights up to the order of the renormalising sum of 8 scores, which the warps
     per program set (the configs differ in warps): 14 2^-24 relative at most."""
     x, w, bias = exact_case(t, 256, 2304, seed=t, device="cuda")
-    two_launches = grouped_topk(router_logits(x, w), bias, **KIMI)
+    two_launches = grouped_topk(router_logits(x, w), bias, KIMI)
     for config in (None, *CONFIGS):
-        weights, ids = fused_router_topk(x, w, bias, **KIMI, semaphore=sem(x), config=config)
+        weights, ids = fused_router_topk(x, w, bias, KIMI, semaphore=sem(x), config=config)
         assert torch.equal(ids, two_launches[1])
         torch.testing.assert_close(weights, two_launches[0], rtol=14 * 2**-24, atol=0.0)
     assert triton_launches[KERNEL] == 1 + len(CONFIGS)
@@ -609,8 +611,8 @@ def test_gpu_kimi_sizes_against_the_two_launches(t):
     leaves tie-free seeds at H 2304), against the reference and the layer's two launches."""
     x, w, bias = tie_free_case(t, 256, 2304, KIMI, t, other_terms=3, device="cuda", nonzero=32)
     assert_matches_reference(x, w, bias, KIMI)
-    out = fused_router_topk(x, w, bias, **KIMI, semaphore=sem(x))
-    two_launches = grouped_topk(router_logits(x, w), bias, **KIMI)
+    out = fused_router_topk(x, w, bias, KIMI, semaphore=sem(x))
+    two_launches = grouped_topk(router_logits(x, w), bias, KIMI)
     # router_logits takes bf16x3 above 4 bf16 tokens: 3 products per element.
     assert_close_routing(out, two_launches, x, w, bias, KIMI, logit_error(x, w, 3))
 
@@ -628,7 +630,7 @@ def test_gpu_cuda_graph_replays(t):
             counters = counters[:1] * len(layers)
 
         def step(x=x, counters=counters):
-            return [fused_router_topk(x, w, b, **KIMI, semaphore=s)
+            return [fused_router_topk(x, w, b, KIMI, semaphore=s)
                     for (w, b), s in zip(layers, counters, strict=True)]  # fmt: skip
 
         step()  # compile outside the capture
@@ -645,7 +647,7 @@ def test_gpu_cuda_graph_replays(t):
             torch.cuda.synchronize()
             assert all(c.item() == 0 for c in counters)
             for (weights, ids), (w, b) in zip(captured, layers, strict=True):
-                eager_w, eager_ids = fused_router_topk(x, w, b, **KIMI, semaphore=semaphore("cuda"))
+                eager_w, eager_ids = fused_router_topk(x, w, b, KIMI, semaphore=semaphore("cuda"))
                 assert torch.equal(ids, eager_ids) and torch.equal(weights, eager_w)
 
 
@@ -706,7 +708,7 @@ def test_gpu_fused_norm_routes_as_the_default_router_up_to_summation_order():
         raise AssertionError("no tie-free seed in 100 tries")
     out = fused_norm(x, residual, norm_weight, w, bias, KIMI)
     assert torch.equal(out[0], h) and torch.equal(out[1], new_residual)
-    before = fused_router_topk(h, w, bias, **KIMI, semaphore=sem(x))
+    before = fused_router_topk(h, w, bias, KIMI, semaphore=sem(x))
     assert_close_routing(out[2:], before, h, w, bias, KIMI, logit_error(h, w))
 
 
@@ -719,7 +721,7 @@ def test_gpu_fused_norm_cuda_graph_replays():
     x, residual = (t.clone() for t in norm_case(1, 256, 2304, seed=500, device="cuda")[:2])
 
     def step():
-        return [fused_norm_router_topk(x, residual, n, EPS, w, b, **KIMI, semaphore=s)
+        return [fused_norm_router_topk(x, residual, n, EPS, w, b, KIMI, semaphore=s)
                 for (n, w, b), s in zip(layers, counters, strict=True)]  # fmt: skip
 
     step()  # compile outside the capture

@@ -1,26 +1,25 @@
 """The MoE router in one launch at decode sizes: the fp32 router logits and their grouped top-k
 selection, which otherwise take two (`router_logits`, then `grouped_topk`, router.py).
 
-``fused_router_topk(x, gate_weight, e_score_correction_bias, top_k, num_expert_group,
-topk_group, renormalize, routed_scaling_factor, scoring_func, num_fused_shared_experts,
-semaphore, *, config=None)``
+``fused_router_topk(x, gate_weight, e_score_correction_bias, routing, semaphore, *,
+config=None)``
     ``x`` ``[T, H]`` bf16 / fp16 / fp32 with unit stride on H (any row stride), 1 <= T <=
     ``MAX_TOKENS`` (or 0: empty results, no launch); ``gate_weight`` ``[E, H]`` fp32 with unit
-    stride on H; the routing arguments as router.py's `grouped_topk`; ``semaphore`` an int32
-    ``[1]`` tensor on x's device holding 0, owned by the caller and used by one launch at a time
-    (the kernel leaves it at 0). Returns weights ``[T, top_k + S]`` fp32 and expert ids
-    ``[T, top_k + S]`` int64 (S = ``num_fused_shared_experts``): what
-    ``grouped_topk(router_logits(x, gate_weight), ...)`` returns. Reference:
-    ``fused_router_topk_ref``, that composition of the two references. CPU tensors take it unless
-    ``TRITON_INTERPRET=1`` (``use_triton``).
+    stride on H; the bias and ``routing`` (a `RoutingParams`) as router.py's `grouped_topk`
+    takes them; ``semaphore`` an int32 ``[1]`` tensor on x's device holding 0, owned by the
+    caller and used by one launch at a time (the kernel leaves it at 0). Returns weights
+    ``[T, top_k + S]`` fp32 and expert ids ``[T, top_k + S]`` int64 (S =
+    ``routing.num_fused_shared_experts``): what ``grouped_topk(router_logits(x, gate_weight),
+    ...)`` returns. Reference: ``fused_router_topk_ref``, that composition of the two
+    references. CPU tensors take it unless ``TRITON_INTERPRET=1`` (``use_triton``).
 
 ``use_fused_router(x, gate_weight)`` says whether a MoE layer should call it: T in 1..
 ``FUSED_ROUTER_MAX_T``, the strides above, Triton on the device, and NVIDIA rather than ROCm (the
 ordering argument below is PTX's). ``KimiMoE`` (vllm/models/kimi_k3/amd/linear.py) owns one
 semaphore per layer, so no two launches in flight ever share one.
 
-``fused_norm_router_topk(x, residual, norm_weight, eps, gate_weight, <routing as above>,
-semaphore, *, config=None)``
+``fused_norm_router_topk(x, residual, norm_weight, eps, gate_weight, e_score_correction_bias,
+routing, semaphore, *, config=None)``
     The decoder layer's residual add and RMSNorm before the MoE block, in the same launch:
     returns ``(h, new_residual, weights, ids)`` where ``h, new_residual =
     fused_add_rms_norm(x, residual, norm_weight, eps)`` (ops/rms_norm.py) and the routing is
@@ -105,8 +104,8 @@ from functools import cache
 import torch
 
 from vllm.model_executor.layers.fused_moe.router import (
+    RoutingParams,
     check_logits_args,
-    check_routing_args,
     grouped_topk_ref,
     router_logits_ref,
 )
@@ -309,19 +308,10 @@ def fused_router_topk_ref(
     x: torch.Tensor,
     gate_weight: torch.Tensor,
     e_score_correction_bias: torch.Tensor | None,
-    top_k: int,
-    num_expert_group: int,
-    topk_group: int,
-    renormalize: bool,
-    routed_scaling_factor: float,
-    scoring_func: str,
-    num_fused_shared_experts: int,
+    routing: RoutingParams,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The torch reference: ``grouped_topk_ref(router_logits_ref(x, gate_weight), ...)``."""
-    return grouped_topk_ref(
-        router_logits_ref(x, gate_weight), e_score_correction_bias, top_k, num_expert_group,
-        topk_group, renormalize, routed_scaling_factor, scoring_func, num_fused_shared_experts,
-    )  # fmt: skip
+    return grouped_topk_ref(router_logits_ref(x, gate_weight), e_score_correction_bias, routing)
 
 
 def fused_norm_router_topk_ref(
@@ -331,26 +321,24 @@ def fused_norm_router_topk_ref(
     eps: float,
     gate_weight: torch.Tensor,
     e_score_correction_bias: torch.Tensor | None,
-    top_k: int,
-    num_expert_group: int,
-    topk_group: int,
-    renormalize: bool,
-    routed_scaling_factor: float,
-    scoring_func: str,
-    num_fused_shared_experts: int,
+    routing: RoutingParams,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The torch reference: ``fused_add_rms_norm_ref``, then ``fused_router_topk_ref`` of the
     normed rows."""
     h, new_residual = fused_add_rms_norm_ref(x, residual, norm_weight, eps)
-    weights, ids = fused_router_topk_ref(
-        h, gate_weight, e_score_correction_bias, top_k, num_expert_group, topk_group,
-        renormalize, routed_scaling_factor, scoring_func, num_fused_shared_experts,
-    )  # fmt: skip
+    weights, ids = fused_router_topk_ref(h, gate_weight, e_score_correction_bias, routing)
     return h, new_residual, weights, ids
 
 
-def _check_args(x: torch.Tensor, gate_weight: torch.Tensor, semaphore: torch.Tensor) -> None:
+def _check_args(
+    x: torch.Tensor,
+    gate_weight: torch.Tensor,
+    e_score_correction_bias: torch.Tensor | None,
+    routing: RoutingParams,
+    semaphore: torch.Tensor,
+) -> None:
     check_logits_args(x, gate_weight)
+    routing.check_inputs(gate_weight.shape[0], x.device, e_score_correction_bias, "gate_weight")
     if x.shape[0] > MAX_TOKENS:
         raise ValueError(f"fused_router_topk takes at most {MAX_TOKENS} tokens, got {x.shape[0]}")
     if x.shape[1] > 1 and (x.stride(1) != 1 or gate_weight.stride(1) != 1):
@@ -398,42 +386,12 @@ def _check_norm_args(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch
         raise ValueError(error)
 
 
-def _checked_routing(
-    x: torch.Tensor,
-    gate_weight: torch.Tensor,
-    e_score_correction_bias: torch.Tensor | None,
-    top_k: int,
-    num_expert_group: int,
-    topk_group: int,
-    renormalize: bool,
-    routed_scaling_factor: float,
-    scoring_func: str,
-    num_fused_shared_experts: int,
-) -> tuple[torch.Tensor | None, int, int, int, bool, float, str, int]:
-    """The routing arguments, checked, as the tuple `_launch` and the references take after
-    the gate (`grouped_topk`'s order)."""
-    check_routing_args(
-        gate_weight.shape[0], x.device, e_score_correction_bias, top_k, num_expert_group,
-        topk_group, scoring_func, num_fused_shared_experts,
-    )  # fmt: skip
-    return (
-        e_score_correction_bias, top_k, num_expert_group, topk_group, renormalize,
-        routed_scaling_factor, scoring_func, num_fused_shared_experts,
-    )  # fmt: skip
-
-
 def _launch(
     x: torch.Tensor,
     norm: tuple[torch.Tensor, torch.Tensor, float] | None,
     gate_weight: torch.Tensor,
     e_score_correction_bias: torch.Tensor | None,
-    top_k: int,
-    num_expert_group: int,
-    topk_group: int,
-    renormalize: bool,
-    routed_scaling_factor: float,
-    scoring_func: str,
-    num_fused_shared_experts: int,
+    routing: RoutingParams,
     semaphore: torch.Tensor,
     config: FusedRouterConfig,
 ) -> tuple[torch.Tensor, ...]:
@@ -441,7 +399,7 @@ def _launch(
     weight, eps); arguments checked."""
     tokens, hidden = x.shape
     experts = gate_weight.shape[0]
-    columns = top_k + num_fused_shared_experts
+    columns = routing.columns
     weights = torch.empty(tokens, columns, dtype=torch.float32, device=x.device)
     ids = torch.empty(tokens, columns, dtype=torch.int64, device=x.device)
     outputs = (weights, ids)
@@ -455,13 +413,14 @@ def _launch(
     if norm is None:  # the norm's pointers go unread: any tensor
         residual, norm_weight, eps, h, res_out = x, x, 0.0, x, x
     scratch = torch.empty(tokens, experts, dtype=torch.float32, device=x.device)
-    groups = max(num_expert_group, 1)
+    groups = routing.num_expert_group
     bias = e_score_correction_bias
     spec = _spec(
         next_power_of_2(tokens), config, hidden % config.block_h == 0,
-        next_power_of_2(hidden) if norm is not None else 0, experts, top_k, columns, groups,
-        topk_group if groups > 1 else 1, bias is not None, scoring_func == "softmax",
-        bool(renormalize), num_fused_shared_experts,
+        next_power_of_2(hidden) if norm is not None else 0, experts, routing.top_k, columns,
+        groups, routing.topk_group if groups > 1 else 1, bias is not None,
+        routing.scoring_func == "softmax", bool(routing.renormalize),
+        routing.num_fused_shared_experts,
     )  # fmt: skip
     launch(
         _fused_router_topk_kernel, (triton.cdiv(experts, config.block_n), 1, 1),
@@ -469,7 +428,7 @@ def _launch(
          gate_weight, bias if bias is not None else scratch, scratch, weights, ids, semaphore,
          tokens, hidden, x.stride(0), residual.stride(0), gate_weight.stride(0),
          bias.stride(0) if bias is not None else 0, weights.stride(0), ids.stride(0),
-         float(routed_scaling_factor), float(eps)),
+         float(routing.routed_scaling_factor), float(eps)),
         spec,
     )  # fmt: skip
     return outputs
@@ -479,13 +438,7 @@ def fused_router_topk(
     x: torch.Tensor,
     gate_weight: torch.Tensor,
     e_score_correction_bias: torch.Tensor | None,
-    top_k: int,
-    num_expert_group: int,
-    topk_group: int,
-    renormalize: bool,
-    routed_scaling_factor: float,
-    scoring_func: str,
-    num_fused_shared_experts: int,
+    routing: RoutingParams,
     semaphore: torch.Tensor,
     *,
     config: FusedRouterConfig | None = None,
@@ -493,18 +446,14 @@ def fused_router_topk(
     """(weights ``[T, top_k + S]`` fp32, ids ``[T, top_k + S]`` int64) of
     ``grouped_topk(router_logits(x, gate_weight), ...)`` in one launch (module docstring).
     ``config`` overrides ``default_config`` (benchmark sweeps)."""
-    _check_args(x, gate_weight, semaphore)
-    routing = _checked_routing(
-        x, gate_weight, e_score_correction_bias, top_k, num_expert_group, topk_group,
-        renormalize, routed_scaling_factor, scoring_func, num_fused_shared_experts,
-    )  # fmt: skip
+    _check_args(x, gate_weight, e_score_correction_bias, routing, semaphore)
     if config is None:
         config = default_config(x.shape[1])
     else:
         config.check()
     if not use_triton(x.device):
-        return fused_router_topk_ref(x, gate_weight, *routing)
-    return _launch(x, None, gate_weight, *routing, semaphore, config)
+        return fused_router_topk_ref(x, gate_weight, e_score_correction_bias, routing)
+    return _launch(x, None, gate_weight, e_score_correction_bias, routing, semaphore, config)
 
 
 def fused_norm_router_topk(
@@ -514,13 +463,7 @@ def fused_norm_router_topk(
     eps: float,
     gate_weight: torch.Tensor,
     e_score_correction_bias: torch.Tensor | None,
-    top_k: int,
-    num_expert_group: int,
-    topk_group: int,
-    renormalize: bool,
-    routed_scaling_factor: float,
-    scoring_func: str,
-    num_fused_shared_experts: int,
+    routing: RoutingParams,
     semaphore: torch.Tensor,
     *,
     config: FusedRouterConfig | None = None,
@@ -529,12 +472,8 @@ def fused_norm_router_topk(
     norm_weight, eps)`` and ``fused_router_topk(h, ...)``, in one launch (module docstring).
     ``h`` and ``new_residual`` are new contiguous ``[T, H]`` tensors in x's dtype. ``config``
     overrides ``default_norm_config``; its warps must be the norm's (``row_tile_warps``)."""
-    _check_args(x, gate_weight, semaphore)
+    _check_args(x, gate_weight, e_score_correction_bias, routing, semaphore)
     _check_norm_args(x, residual, norm_weight)
-    routing = _checked_routing(
-        x, gate_weight, e_score_correction_bias, top_k, num_expert_group, topk_group,
-        renormalize, routed_scaling_factor, scoring_func, num_fused_shared_experts,
-    )  # fmt: skip
     hidden = x.shape[1]
     if config is None:
         config = default_norm_config(hidden)
@@ -546,9 +485,10 @@ def fused_norm_router_topk(
                 f"with the norm, num_warps must be the norm kernel's {warps} at H {hidden} "
                 f"(its sum of squares follows the warps), got {config.num_warps}"
             )
+    bias = e_score_correction_bias
     if not use_triton(x.device):
-        return fused_norm_router_topk_ref(x, residual, norm_weight, eps, gate_weight, *routing)
-    return _launch(x, (residual, norm_weight, eps), gate_weight, *routing, semaphore, config)
+        return fused_norm_router_topk_ref(x, residual, norm_weight, eps, gate_weight, bias, routing)
+    return _launch(x, (residual, norm_weight, eps), gate_weight, bias, routing, semaphore, config)
 
 
 def use_fused_router(x: torch.Tensor, gate_weight: torch.Tensor) -> bool:

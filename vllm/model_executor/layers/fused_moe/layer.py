@@ -10,7 +10,7 @@ facts), so a decode batch runs without host syncs and can be captured in a CUDA 
 With `num_fused_shared_experts` S > 0 the layer also holds S shared experts of the routed size as
 experts `E ... E + S - 1` (weights `[E + S, ...]`), loaded through `weight_loader` under those ids
 and sharded like the routed ones; the router appends their ids with weight 1.0
-(`grouped_topk(..., num_fused_shared_experts=S)`), so the forward's last S columns are them.
+(`RoutingParams(..., num_fused_shared_experts=S)`), so the forward's last S columns are them.
 """
 
 import torch

@@ -7,8 +7,11 @@ among the kept ones are chosen, best first. The weights are the unbiased scores 
 experts, renormalised to sum to one if asked (`w / (sum(w) + 1e-20)`), times
 `routed_scaling_factor`.
 
+`grouped_topk(router_logits, e_score_correction_bias, routing)`:
   router_logits            `[T, E]` bf16 / fp16 / fp32, any strides (read as fp32)
   e_score_correction_bias  `[E]` floating point (read as fp32), any stride, or None
+  routing                  `RoutingParams`: E, top_k, the grouping, scoring, renormalisation,
+                           scaling and S below; checked once, when built
   returns                  weights `[T, top_k + S]` fp32, expert ids `[T, top_k + S]` int64
 
 `num_fused_shared_experts` S (default 0) appends S columns after the routed ones: ids `E, ...,
@@ -17,7 +20,7 @@ kernels hold the shared experts as experts `E...` then sums them with the routed
 weighted sum (`KimiMoE`), and the kernel writes those columns itself: no concatenation launch.
 
 `grouped_topk` runs `grouped_topk_triton` where `use_triton(device)` says so, else the torch
-reference `grouped_topk_ref`. Both use fixed shapes only and check arguments from metadata, never
+reference `grouped_topk_ref`. Both use fixed shapes only and check the tensors from metadata, never
 values, so routing never syncs the host and can be captured in a CUDA graph.
 
 Kernel: one program per token (a decode batch is a few hundred tokens at most, and a program is a
@@ -54,6 +57,8 @@ tensor cores. fp16 / fp32 x above `ROUTER_GEMV_MAX_T` tokens keep cuBLAS's fp32 
 depends on T and the dtype only, so a captured graph always holds the path its size was captured
 with.
 """
+
+from dataclasses import KW_ONLY, dataclass
 
 import torch
 import torch.nn.functional as F
@@ -176,111 +181,131 @@ if triton is not None:
         )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class RoutingParams:
+    """What a MoE layer's selection is, checked once when built (ValueError naming the field):
+    `top_k` of `num_experts` routed experts per token, from the best `topk_group` of
+    `num_expert_group` groups (1: no grouping; `topk_group` is then unused), scored by
+    `scoring_func`, renormalised if `renormalize`, times `routed_scaling_factor`, then
+    `num_fused_shared_experts` shared columns (module docstring).
+
+    The tensors stay arguments of each call: the logits (or hidden states and gate) and the
+    `e_score_correction_bias`, a learned per-layer tensor like the gate. A module that kept its
+    bias in here would route with a stale tensor once `load_state_dict(assign=True)` (or `.to()`
+    under torch's overwrite-on-conversion setting) replaced the Parameter; as plain values the
+    params compare, hash and print as configuration. Each call checks its tensors against them
+    (`check_inputs`), from metadata only."""
+
+    num_experts: int
+    top_k: int
+    _: KW_ONLY
+    num_expert_group: int = 1
+    topk_group: int = 1
+    renormalize: bool = True
+    routed_scaling_factor: float = 1.0
+    scoring_func: str = "sigmoid"
+    num_fused_shared_experts: int = 0
+
+    def __post_init__(self) -> None:
+        experts, top_k, groups = self.num_experts, self.top_k, self.num_expert_group
+        if self.num_fused_shared_experts < 0:
+            raise ValueError(
+                f"num_fused_shared_experts must be >= 0, got {self.num_fused_shared_experts}"
+            )
+        if self.scoring_func not in _SCORING:
+            raise ValueError(f"scoring_func {self.scoring_func!r} is not 'sigmoid' or 'softmax'")
+        if not 0 < top_k <= experts:
+            raise ValueError(f"top_k {top_k} is not in [1, num_experts={experts}]")
+        if groups < 1:
+            raise ValueError(f"num_expert_group must be >= 1, got {groups}")
+        if groups > 1:
+            if experts % groups or experts // groups < 2:
+                raise ValueError(
+                    f"num_expert_group {groups} must split {experts} experts into groups of at "
+                    "least 2"
+                )
+            if not 0 < self.topk_group <= groups:
+                raise ValueError(f"topk_group {self.topk_group} is not in [1, {groups}]")
+            kept = self.topk_group * (experts // groups)
+            if top_k > kept:
+                # Else the reference would fill the rest with arbitrary experts of dropped groups.
+                raise ValueError(
+                    f"top_k {top_k} exceeds the {kept} experts of the {self.topk_group} kept groups"
+                )
+
+    @property
+    def columns(self) -> int:
+        """Output columns per token: the routed experts, then the fused shared ones."""
+        return self.top_k + self.num_fused_shared_experts
+
+    def check_inputs(
+        self,
+        experts: int,
+        device: torch.device,
+        e_score_correction_bias: torch.Tensor | None,
+        source: str,
+    ) -> None:
+        """ValueError unless `source` (the logits, or the gate) with `experts` experts on `device`
+        and the bias fit these params (metadata only; also fused_router.py's check)."""
+        if experts != self.num_experts:
+            raise ValueError(
+                f"{source} has {experts} experts, routing.num_experts is {self.num_experts}"
+            )
+        bias = e_score_correction_bias
+        if bias is None:
+            return
+        if tuple(bias.shape) != (experts,):
+            raise ValueError(
+                f"e_score_correction_bias must be [E={experts}], got {tuple(bias.shape)}"
+            )
+        if not bias.is_floating_point():
+            raise ValueError(f"e_score_correction_bias must be floating point, got {bias.dtype}")
+        if bias.device != device:
+            raise ValueError(f"e_score_correction_bias is on {bias.device}, the logits on {device}")
+
+
 def _check_args(
     router_logits: torch.Tensor,
     e_score_correction_bias: torch.Tensor | None,
-    top_k: int,
-    num_expert_group: int,
-    topk_group: int,
-    scoring_func: str,
-    num_fused_shared_experts: int,
+    routing: RoutingParams,
 ) -> None:
     """Metadata checks shared by the kernel and the reference (never reads tensor values)."""
     if router_logits.dim() != 2:
         raise ValueError(f"router_logits must be [T, E], got shape {tuple(router_logits.shape)}")
     if router_logits.dtype not in _LOGIT_DTYPES:
         raise ValueError(f"router_logits dtype {router_logits.dtype} is not one of {_LOGIT_DTYPES}")
-    check_routing_args(
-        router_logits.shape[1], router_logits.device, e_score_correction_bias, top_k,
-        num_expert_group, topk_group, scoring_func, num_fused_shared_experts,
-    )  # fmt: skip
-
-
-def check_routing_args(
-    experts: int,
-    device: torch.device,
-    e_score_correction_bias: torch.Tensor | None,
-    top_k: int,
-    num_expert_group: int,
-    topk_group: int,
-    scoring_func: str,
-    num_fused_shared_experts: int,
-) -> None:
-    """ValueError unless the routing arguments fit `experts` experts whose logits live on
-    `device` (metadata only; also fused_router.py's check)."""
-    if num_fused_shared_experts < 0:
-        raise ValueError(f"num_fused_shared_experts must be >= 0, got {num_fused_shared_experts}")
-    if scoring_func not in _SCORING:
-        raise ValueError(f"scoring_func {scoring_func!r} is not 'sigmoid' or 'softmax'")
-    if e_score_correction_bias is not None:
-        if tuple(e_score_correction_bias.shape) != (experts,):
-            raise ValueError(
-                f"e_score_correction_bias must be [E={experts}], got "
-                f"{tuple(e_score_correction_bias.shape)}"
-            )
-        if not e_score_correction_bias.is_floating_point():
-            raise ValueError(
-                f"e_score_correction_bias must be floating point, got "
-                f"{e_score_correction_bias.dtype}"
-            )
-        if e_score_correction_bias.device != device:
-            raise ValueError(
-                f"e_score_correction_bias is on {e_score_correction_bias.device}, the logits on "
-                f"{device}"
-            )
-    if not 0 < top_k <= experts:
-        raise ValueError(f"top_k {top_k} is not in [1, num_experts={experts}]")
-    if num_expert_group > 1:
-        if experts % num_expert_group or experts // num_expert_group < 2:
-            raise ValueError(
-                f"num_expert_group {num_expert_group} must split {experts} experts into groups "
-                "of at least 2"
-            )
-        if not 0 < topk_group <= num_expert_group:
-            raise ValueError(f"topk_group {topk_group} is not in [1, {num_expert_group}]")
-        if top_k > topk_group * (experts // num_expert_group):
-            # Else the reference would fill the rest with arbitrary experts of dropped groups.
-            raise ValueError(
-                f"top_k {top_k} exceeds the {topk_group * (experts // num_expert_group)} experts "
-                f"of the {topk_group} kept groups"
-            )
+    routing.check_inputs(
+        router_logits.shape[1], router_logits.device, e_score_correction_bias, "router_logits"
+    )
 
 
 def grouped_topk_ref(
     router_logits: torch.Tensor,
     e_score_correction_bias: torch.Tensor | None,
-    top_k: int,
-    num_expert_group: int = 1,
-    topk_group: int = 1,
-    renormalize: bool = True,
-    routed_scaling_factor: float = 1.0,
-    scoring_func: str = "sigmoid",
-    num_fused_shared_experts: int = 0,
+    routing: RoutingParams,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The torch reference; see the module docstring for shapes and semantics."""
-    _check_args(
-        router_logits, e_score_correction_bias, top_k, num_expert_group, topk_group, scoring_func,
-        num_fused_shared_experts,
-    )  # fmt: skip
+    _check_args(router_logits, e_score_correction_bias, routing)
     logits = router_logits.float()
-    scores = logits.sigmoid() if scoring_func == "sigmoid" else logits.softmax(dim=-1)
+    scores = logits.sigmoid() if routing.scoring_func == "sigmoid" else logits.softmax(dim=-1)
     tokens, experts = scores.shape
+    groups, shared = routing.num_expert_group, routing.num_fused_shared_experts
     choice = scores if e_score_correction_bias is None else scores + e_score_correction_bias
-    if num_expert_group > 1:
-        grouped = choice.view(tokens, num_expert_group, experts // num_expert_group)
+    if groups > 1:
+        grouped = choice.view(tokens, groups, experts // groups)
         group_scores = grouped.topk(2, dim=-1)[0].sum(dim=-1)
         keep = torch.zeros_like(group_scores, dtype=torch.bool)
-        keep.scatter_(1, group_scores.topk(topk_group, dim=-1)[1], True)
+        keep.scatter_(1, group_scores.topk(routing.topk_group, dim=-1)[1], True)
         choice = grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).view(tokens, experts)
-    ids = choice.topk(top_k, dim=-1)[1]
+    ids = choice.topk(routing.top_k, dim=-1)[1]
     weights = scores.gather(1, ids)
-    if renormalize:
+    if routing.renormalize:
         weights = weights / (weights.sum(dim=-1, keepdim=True) + _EPS)
-    weights = weights * routed_scaling_factor
-    if num_fused_shared_experts:
-        shared = torch.arange(experts, experts + num_fused_shared_experts, device=ids.device)
-        ids = torch.cat([ids, shared.expand(tokens, -1)], dim=1)
-        weights = torch.cat([weights, weights.new_ones(tokens, num_fused_shared_experts)], dim=1)
+    weights = weights * routing.routed_scaling_factor
+    if shared:
+        shared_ids = torch.arange(experts, experts + shared, device=ids.device)
+        ids = torch.cat([ids, shared_ids.expand(tokens, -1)], dim=1)
+        weights = torch.cat([weights, weights.new_ones(tokens, shared)], dim=1)
     return weights, ids
 
 
@@ -304,29 +329,20 @@ def _default_warps(block_e: int, tokens: int) -> int:
 def grouped_topk_triton(
     router_logits: torch.Tensor,
     e_score_correction_bias: torch.Tensor | None,
-    top_k: int,
-    num_expert_group: int = 1,
-    topk_group: int = 1,
-    renormalize: bool = True,
-    routed_scaling_factor: float = 1.0,
-    scoring_func: str = "sigmoid",
-    num_fused_shared_experts: int = 0,
+    routing: RoutingParams,
     *,
     num_warps: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The Triton kernel (one launch, or none for zero tokens); `num_warps` overrides the
     default per-program warps (a power of two)."""
-    _check_args(
-        router_logits, e_score_correction_bias, top_k, num_expert_group, topk_group, scoring_func,
-        num_fused_shared_experts,
-    )  # fmt: skip
+    _check_args(router_logits, e_score_correction_bias, routing)
     if not use_triton(router_logits.device):
         raise ValueError(
             f"grouped_topk_triton needs a CUDA / ROCm device or TRITON_INTERPRET=1 on CPU, got "
             f"{router_logits.device}"
         )
     tokens, experts = router_logits.shape
-    columns = top_k + num_fused_shared_experts
+    columns = routing.columns
     # Lanes for every output slot too: the selection reads its slots off the sorted lanes.
     block_e = next_power_of_2(max(experts, columns))
     if num_warps is None:
@@ -338,18 +354,18 @@ def grouped_topk_triton(
     ids = torch.empty(tokens, columns, dtype=torch.int64, device=device)
     if tokens == 0:
         return weights, ids
-    groups = max(num_expert_group, 1)
+    groups = routing.num_expert_group
     bias = e_score_correction_bias
     _grouped_topk_kernel[(tokens,)](
         router_logits, bias if bias is not None else router_logits, weights, ids,
         router_logits.stride(0), router_logits.stride(1), bias.stride(0) if bias is not None else 0,
         weights.stride(0), ids.stride(0),
-        float(routed_scaling_factor),
-        E=experts, BLOCK_E=block_e, TOP_K=top_k, BLOCK_K=next_power_of_2(columns),
+        float(routing.routed_scaling_factor),
+        E=experts, BLOCK_E=block_e, TOP_K=routing.top_k, BLOCK_K=next_power_of_2(columns),
         NUM_GROUPS=groups, GROUP_SIZE=experts // groups, BLOCK_G=next_power_of_2(groups),
-        TOPK_GROUP=topk_group if groups > 1 else 1, HAS_BIAS=bias is not None,
-        SOFTMAX=scoring_func == "softmax", RENORMALIZE=bool(renormalize),
-        NUM_SHARED=num_fused_shared_experts, num_warps=num_warps,
+        TOPK_GROUP=routing.topk_group if groups > 1 else 1, HAS_BIAS=bias is not None,
+        SOFTMAX=routing.scoring_func == "softmax", RENORMALIZE=bool(routing.renormalize),
+        NUM_SHARED=routing.num_fused_shared_experts, num_warps=num_warps,
     )  # fmt: skip
     return weights, ids
 
@@ -357,22 +373,13 @@ def grouped_topk_triton(
 def grouped_topk(
     router_logits: torch.Tensor,
     e_score_correction_bias: torch.Tensor | None,
-    top_k: int,
-    num_expert_group: int = 1,
-    topk_group: int = 1,
-    renormalize: bool = True,
-    routed_scaling_factor: float = 1.0,
-    scoring_func: str = "sigmoid",
-    num_fused_shared_experts: int = 0,
+    routing: RoutingParams,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`router_logits` `[T, E]` -> (weights `[T, top_k + S]` fp32, expert ids `[T, top_k + S]`
-    int64, S = `num_fused_shared_experts`): the Triton kernel where `use_triton` says so, else
-    the torch reference."""
+    int64, S = `routing.num_fused_shared_experts`): the Triton kernel where `use_triton` says
+    so, else the torch reference."""
     impl = grouped_topk_triton if use_triton(router_logits.device) else grouped_topk_ref
-    return impl(
-        router_logits, e_score_correction_bias, top_k, num_expert_group, topk_group,
-        renormalize, routed_scaling_factor, scoring_func, num_fused_shared_experts,
-    )  # fmt: skip
+    return impl(router_logits, e_score_correction_bias, routing)
 
 
 def check_logits_args(x: torch.Tensor, gate_weight: torch.Tensor) -> None:

@@ -34,7 +34,7 @@ from vllm.model_executor.layers.fused_moe.fused_router import (
     use_fused_router,
 )
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE
-from vllm.model_executor.layers.fused_moe.router import grouped_topk, router_logits
+from vllm.model_executor.layers.fused_moe.router import RoutingParams, grouped_topk, router_logits
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (
     MergedColumnParallelLinear,
@@ -179,6 +179,14 @@ class KimiMoE(torch.nn.Module):
             params_dtype=params_dtype, reduce_results=False, prefix=f"{prefix}.experts",
             num_fused_shared_experts=1 if fuse_shared_experts else 0,
         )  # fmt: skip
+        self.routing = RoutingParams(
+            config.num_experts, config.num_experts_per_token,
+            num_expert_group=config.num_expert_group, topk_group=config.topk_group,
+            renormalize=config.moe_renormalize,
+            routed_scaling_factor=config.routed_scaling_factor,
+            scoring_func=config.moe_router_activation_func,
+            num_fused_shared_experts=self.experts.num_fused_shared_experts,
+        )  # fmt: skip
         if self.latent:
             self.routed_expert_down_proj = ReplicatedLinear(
                 h, self.latent, bias=False, params_dtype=params_dtype,
@@ -210,21 +218,14 @@ class KimiMoE(torch.nn.Module):
     def fuses_shared_experts(self) -> bool:
         return self.experts.num_fused_shared_experts > 0
 
-    def _routing(self) -> tuple[torch.Tensor | None, int, int, int, bool, float, str, int]:
-        """The router's arguments after the gate, in `grouped_topk`'s order."""
-        cfg = self.config
-        return (
-            self.e_score_correction_bias, cfg.num_experts_per_token, cfg.num_expert_group,
-            cfg.topk_group, cfg.moe_renormalize, cfg.routed_scaling_factor,
-            cfg.moe_router_activation_func, self.experts.num_fused_shared_experts,
-        )  # fmt: skip
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        routing = self._routing()
+        bias = self.e_score_correction_bias
         if use_fused_router(x, self.gate_weight):
-            weights, ids = fused_router_topk(x, self.gate_weight, *routing, self.router_semaphore)
+            weights, ids = fused_router_topk(
+                x, self.gate_weight, bias, self.routing, self.router_semaphore
+            )
         else:
-            weights, ids = grouped_topk(router_logits(x, self.gate_weight), *routing)
+            weights, ids = grouped_topk(router_logits(x, self.gate_weight), bias, self.routing)
         return self._experts_forward(x, weights, ids)
 
     def forward_with_norm(
@@ -238,8 +239,8 @@ class KimiMoE(torch.nn.Module):
             raise TypeError(f"norm must be an RMSNorm, got {type(norm).__name__}")
         if use_fused_norm_router(x, residual, norm.weight, self.gate_weight):
             h, residual, weights, ids = fused_norm_router_topk(
-                x, residual, norm.weight, norm.eps, self.gate_weight, *self._routing(),
-                self.router_semaphore,
+                x, residual, norm.weight, norm.eps, self.gate_weight, self.e_score_correction_bias,
+                self.routing, self.router_semaphore,
             )  # fmt: skip
             return self._experts_forward(h, weights, ids), residual
         h, residual = norm(x, residual)
