@@ -75,10 +75,9 @@ there once) and `p^T` (4 KiB a tile). sm_90 PTX and cubin, bf16, L = 512, R = 64
 
 At 4 warps Triton 3.6 spills (16 bytes of stack). At 8 warps both warpgroups compute all 64 rows
 of the scores (warpsPerCTA [8, 1]): twice their shared-memory reads, for half the accumulator's
-registers.
-`BLOCK_N` 128 (two buffers, 333 KiB) and `BLOCK_N` 64 at 5 stages (three, 257 KiB) do not fit an
-H200's 227 KiB; at `BLOCK_N` 32 the scores fall back to `mma.sync`. The default launch keeps the
-heads as M.
+registers. `BLOCK_N` 128 (two buffers, 333 KiB) and `BLOCK_N` 64 at 5 stages (three, 257 KiB) do
+not fit an H200's 227 KiB; at `BLOCK_N` 32 the scores fall back to `mma.sync`. The default launch
+keeps the heads as M.
 
 `MlaDecodeConfig` sets the tiles, warps, pipeline stages, split count and merge form;
 `mla_decode_config` chooses them on the host from N, H, the SM count and the context capacity
