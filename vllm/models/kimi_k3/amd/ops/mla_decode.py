@@ -65,8 +65,9 @@ log-sum-exps and both merges are the other form's; same numerics. Why: with the 
 32 rows) Triton compiles both products to `mma.sync` (wgmma needs M >= 64 a warpgroup) and loads
 `q` from shared memory into registers again every tile; with the tokens (`BLOCK_N >= 64`) and `L`
 as M both are `wgmma`, whose operands are the pipelined tiles in shared memory, `q^T` (copied
-there once) and `p^T` (4 KiB a tile). sm_90 PTX and cubin, bf16, L = 512, R = 64, Triton 3.6 / 3.9
-(registers a thread; shared memory; cache tile buffers):
+there once) and `p^T` (stored every tile: 4 KiB at 32 heads). sm_90 PTX and cubin, bf16, L = 512,
+R = 64, Triton 3.6 / 3.9 (a warp's instructions for one tile's products; registers a thread;
+shared memory; cache tile buffers):
 
     h32n64w8s5     136 mma.sync m16n8k16, 114 ldmatrix    224 / 178   185 KiB     2
     h32n64w4s3  t  68 wgmma m64n32k16                     255 / 255   184.5 KiB   2 (at s2-s4)
