@@ -10,8 +10,7 @@ sequence by its length. Each launch is timed as CUDA-graph replay (what a decode
 call of a replay reading its own copy of the cache, so that the cache is read from HBM and not from
 L2 (the copies of one replay add up to >= 256 MiB). Per (batch, context):
 
-  config     h{block_h}n{block_n}w{num_warps}s{num_stages}[t] x{num_splits} {one|two}; t: the
-             tokens-as-M form of the kernel (`MlaDecodeConfig.tokens_as_m`)
+  config     h{block_h}n{block_n}w{num_warps}s{num_stages} x{num_splits} {one|two}
   us         `launch_mla_decode` (split kernel, + merge kernel for "two"), microseconds per call
   %copy      cache bytes read (N * ctx * (L + R) * 2 B) per second over the device's copy
              bandwidth, measured in the same run: an eager `copy_` of --copy-gib GiB after
@@ -28,15 +27,10 @@ fp32) where it fits in --ref-max-gib of scratch memory.
     python benchmarks/kernels/benchmark_mla_decode.py --csv mla_decode.csv
     python benchmarks/kernels/benchmark_mla_decode.py --contexts 1024 --capacity 8448 \
         --block-size 16 --configs 32,64,8,5 16,64,8,5 --splits 2 4 8 16 32 65
-    python benchmarks/kernels/benchmark_mla_decode.py --batches 1 16 64 --contexts 1024 8192 \
-        --configs 32,64,8,5 16,64,8,5 32,64,4,3,t 32,64,8,3,t 32,64,4,2,t 16,64,4,3,t
-
-A kernel config is `block_h,block_n,num_warps,num_stages`, with `,t` after it for the tokens-as-M
-form. One that does not fit the device (e.g. 32,64,8,5,t: 257 KiB of shared memory) is skipped.
 
 `--dry-run` runs one tiny case once per config kind (one split, several merged both ways, two head
 blocks), checked against the reference and one merge against the other, untimed; without a GPU
-run it under the Triton interpreter: TRITON_INTERPRET=1 python ... --dry-run (both forms)
+run it under the Triton interpreter: TRITON_INTERPRET=1 python ... --dry-run
 """
 
 import argparse
@@ -59,7 +53,7 @@ from vllm.triton_utils import use_triton
 HEADS, LATENT, ROPE = 32, 512, 64
 BATCHES = [1, 4, 16, 64]
 CONTEXTS = [1024, 8192, 32768]
-# (block_h, block_n, num_warps, num_stages[, t]), with what ptxas reports on sm_90 (Triton 3.6):
+# (block_h, block_n, num_warps, num_stages), with what ptxas reports on sm_90 (Triton 3.6):
 # registers a thread, shared memory, programs an SM holds, and cache tiles in flight. Below 5
 # stages the block-table indirection leaves the tiles single-buffered (see `mla_decode_config`).
 #   h32n32w8s2  128 regs,  74 KiB, 2 per SM, single-buffered (the default before this sweep)
@@ -72,13 +66,8 @@ CONTEXTS = [1024, 8192, 32768]
 #   h16n16w8s5  122 regs,  55 KiB, 2 per SM, double-buffered; (the second one mostly from L2)
 #   h16n64w8s5  128 regs, 165 KiB, 1 per SM, double-buffered (Triton 3.9); half the tl.dot
 #               work of h32n64 a program, and half the partial bytes a one-launch merge reads
-# The tokens-as-M form (t; wgmma, see mla_decode.py), 1 per SM, double-buffered:
-#   h32n64w4s3t 255 regs, 185 KiB, 16 bytes of spills
-#   h32n64w8s3t 220 regs, 185 KiB; both warpgroups compute the whole [64, 32] scores tile
-#   h16n64w4s3t 242 regs, 165 KiB
 KERNEL_CONFIGS = ["32,32,8,2", "32,16,8,2", "32,32,8,5", "32,32,8,7", "32,64,8,5", "32,64,8,2",
-                  "16,32,8,5", "16,16,8,5", "16,64,8,5", "32,64,4,3,t", "32,64,8,3,t",
-                  "16,64,4,3,t"]  # fmt: skip
+                  "16,32,8,5", "16,16,8,5", "16,64,8,5"]  # fmt: skip
 PROGRAMS_PER_SM = [1, 2, 4]
 TILES_PER_SPLIT = [1, 2, 4]
 MAX_SWEEP_SPLITS = 512
@@ -116,26 +105,22 @@ def make_case(batch: int, ctx: int, block_size: int, device: str, dtype: torch.d
 def name(config: MlaDecodeConfig) -> str:
     c = config
     merge = "" if c.num_splits == 1 else (" one" if c.fused_merge else " two")
-    form = "t" if c.tokens_as_m else ""
-    return f"h{c.block_h}n{c.block_n}w{c.num_warps}s{c.num_stages}{form} x{c.num_splits}{merge}"
+    return f"h{c.block_h}n{c.block_n}w{c.num_warps}s{c.num_stages} x{c.num_splits}{merge}"
 
 
 def kernel_name(config: MlaDecodeConfig) -> str:
     return name(config).split(" ")[0]
 
 
-def parse_kernel_config(text: str) -> tuple[int, int, int, int, bool]:
-    """`block_h,block_n,num_warps,num_stages`, with `,t` after it for the tokens-as-M form:
-    the four numbers and whether it is that form."""
-    fields = text.split(",")
-    tokens_as_m = len(fields) == 5 and fields[-1] == "t"
+def parse_kernel_config(text: str) -> tuple[int, int, int, int]:
+    """`block_h,block_n,num_warps,num_stages`."""
     try:
-        values = tuple(int(v) for v in fields[: 4 if tokens_as_m else None])
+        values = tuple(int(v) for v in text.split(","))
     except ValueError:
         values = ()
     if len(values) != 4:
-        raise ValueError(f"kernel config {text!r} must be block_h,block_n,num_warps,num_stages[,t]")
-    return (*values, tokens_as_m)
+        raise ValueError(f"kernel config {text!r} must be block_h,block_n,num_warps,num_stages")
+    return values
 
 
 def split_candidates(batch: int, ctx: int, block_h: int, block_n: int, sms: int) -> list[int]:
@@ -161,9 +146,7 @@ def dry_run(block_size: int) -> int:
     counters = torch.zeros(DECODE_COUNTERS, dtype=torch.int32, device=device)
     results = {"default": mla_decode_paged(**case, counters=counters)}
     for config in (MlaDecodeConfig(1, 32, 32, 8, 2), MlaDecodeConfig(5, 32, 16, 8, 5),
-                   MlaDecodeConfig(3, 16, 64, 4, 2),
-                   MlaDecodeConfig(1, 16, 32, 4, 2, tokens_as_m=True),
-                   MlaDecodeConfig(3, 32, 64, 4, 3, tokens_as_m=True)):  # fmt: skip
+                   MlaDecodeConfig(3, 16, 64, 4, 2)):  # fmt: skip
         for fused in (False, True) if config.num_splits > 1 else (False,):
             config = replace(config, fused_merge=fused)
             results[name(config)] = launch_mla_decode(**case, config=config, counters=counters)
@@ -199,12 +182,11 @@ def sweep_case(
     heuristic = mla_decode_config(batch, HEADS, LATENT, capacity, sms, smem,
                                   counters=DECODE_COUNTERS)  # fmt: skip
     configs = {heuristic}
-    for block_h, block_n, warps, stages, tokens_as_m in args.kernel_configs:
+    for block_h, block_n, warps, stages in args.kernel_configs:
         splits_swept = args.splits or split_candidates(batch, ctx, block_h, block_n, sms)
         for splits in splits_swept:
             for fused in MERGES[args.merge] if splits > 1 else (False,):
-                configs.add(MlaDecodeConfig(splits, block_h, block_n, warps, stages, fused,
-                                            tokens_as_m))  # fmt: skip
+                configs.add(MlaDecodeConfig(splits, block_h, block_n, warps, stages, fused))
     counters = torch.zeros(DECODE_COUNTERS, dtype=torch.int32, device="cuda")
     # Large caches take long per call: fewer calls per graph, so the sweep stays short.
     calls = max(copies, args.graph_calls if cache_bytes < 64 * 2**20 else 2)
@@ -228,8 +210,7 @@ def sweep_case(
             batch=batch, ctx=ctx, capacity=capacity, block_size=args.block_size,
             config=name(config), block_h=config.block_h, block_n=config.block_n,
             num_warps=config.num_warps, num_stages=config.num_stages,
-            num_splits=config.num_splits, merge=merge, tokens_as_m=config.tokens_as_m,
-            heuristic=config == heuristic,
+            num_splits=config.num_splits, merge=merge, heuristic=config == heuristic,
             us=round(us, 2), gbps=round(gbps, 1), pct_copy=round(100 * gbps / copy, 1),
             cache_mib=round(cache_bytes / 2**20, 1), copy_gbps=round(copy, 1), ref_us=None,
         ))  # fmt: skip
@@ -313,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument(
         "--configs", nargs="+", default=KERNEL_CONFIGS, dest="kernel_configs",
-        help="kernel configs to sweep, block_h,block_n,num_warps,num_stages[,t] (t: tokens as M)",
+        help="kernel configs to sweep, block_h,block_n,num_warps,num_stages",
     )  # fmt: skip
     parser.add_argument("--graph-calls", type=int, default=20, help="calls per captured graph")
     parser.add_argument("--reps", type=int, default=10, help="graph replays per timing")

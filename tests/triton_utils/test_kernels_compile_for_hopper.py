@@ -81,11 +81,9 @@ KERNELS = {
 MAX_VARIANTS = 8
 # The GEMV's one kernel runs two algorithms (multiply-and-sum, tl.dot) on three weight dtypes;
 # the KDA decode epilogue 9 (norm, quantized, shift-only; three shift tiles; chunked norm), its
-# main kernel 12 (7 launches without the gate projections, 5 with them); the MLA decode split
-# kernel 8 (4 with the heads as the MMA's M side, 4 with the tokens).
+# main kernel 12 (7 launches without the gate projections, 5 with them).
 MAX_VARIANTS_OF = {
     "_gemv_kernel": 20, "_kda_decode_epilogue_kernel": 10, "_fused_kda_decode_kernel": 12,
-    "_mla_decode_split_kernel": 10,
 }  # fmt: skip
 H200_SMS = 132
 FP8 = torch.float8_e4m3fn  # NVIDIA's FP8 (the interpreter machine's platform may differ)
@@ -395,16 +393,9 @@ def _drive_ops() -> None:
     k_nope = torch.randn(3, 3, 40, generator=gen)[..., :24]
     mla_prefill_key(k_nope, torch.randn(3, 12, generator=gen))
 
-    # Kimi-Linear's sizes; then the benchmark's h16 tiles merged in the split launch, and its
-    # tokens-as-M configs (wgmma) merged both ways and with one split.
-    tokens_as_m = [
-        MlaDecodeConfig(8, 16, 64, 8, 5, fused_merge=True),
-        MlaDecodeConfig(8, 32, 64, 4, 3, tokens_as_m=True),
-        MlaDecodeConfig(8, 32, 64, 8, 3, fused_merge=True, tokens_as_m=True),
-        MlaDecodeConfig(8, 16, 64, 4, 3, fused_merge=True, tokens_as_m=True),
-    ]
-    _drive_mla(2, 32, 512, 64, 64, 4096, tokens_as_m)
-    _drive_mla(1, 32, 512, 64, 16, 64, [MlaDecodeConfig(1, 16, 64, 4, 3, tokens_as_m=True)])
+    # Kimi-Linear's sizes; then the benchmark's h16 tiles merged in the split launch.
+    _drive_mla(2, 32, 512, 64, 64, 4096, [MlaDecodeConfig(8, 16, 64, 8, 5, fused_merge=True)])
+    _drive_mla(1, 32, 512, 64, 16, 64)
 
 
 @functools.cache

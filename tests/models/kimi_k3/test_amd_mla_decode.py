@@ -1,9 +1,8 @@
 """The split-KV Triton MLA decode kernel (under TRITON_INTERPRET=1 on CPU) against the torch
 reference: paged caches whose unused rows are NaN, lengths at and around block boundaries, one and
 several splits (some past a sequence's end), padded head and column tiles; the splits merged in a
-second launch and in the split launch (the same bits, the arrival counters back at 0); both forms
-of the split kernel (heads or tokens as the MMA's M side); the default launch choice; validation;
-and on a GPU, Kimi-Linear sizes and CUDA-graph replay."""
+second launch and in the split launch (the same bits, the arrival counters back at 0); the
+default launch choice; validation; and on a GPU, Kimi-Linear sizes and CUDA-graph replay."""
 
 import math
 from collections import Counter
@@ -25,8 +24,6 @@ from vllm.models.kimi_k3.amd.ops.mla_decode import (
 from vllm.triton_utils import num_sms
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-# The split kernel's two forms (MlaDecodeConfig.tokens_as_m), as a test parameter.
-FORMS = pytest.mark.parametrize("tokens_as_m", [False, True], ids=["heads_as_m", "tokens_as_m"])
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -145,13 +142,12 @@ def both_merges(args, kv_cache, config, counters):
     return one
 
 
-@FORMS
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("block_size", [4, 16])
 @pytest.mark.parametrize("latent,rope", [(32, 8), (64, 16)])
 @pytest.mark.parametrize("heads", [1, 4])
 @pytest.mark.parametrize("n", [1, 3])
-def test_triton_matches_reference(n, heads, latent, rope, block_size, dtype, tokens_as_m, launches):
+def test_triton_matches_reference(n, heads, latent, rope, block_size, dtype, launches):
     # Lengths: one token, exactly one block, one past a block; the table has a padded block.
     lengths = [2 * block_size + 1] if n == 1 else [1, block_size, 2 * block_size + 1]
     args, clean, poisoned = make_case(
@@ -160,35 +156,11 @@ def test_triton_matches_reference(n, heads, latent, rope, block_size, dtype, tok
     ref = mla_decode_paged_ref(kv_cache=clean, **args)
     # Three splits: with one token the second and third are empty (the first writes the output);
     # with 2 * block_size + 1 tokens and 16-token tiles, the last split is empty for block_size 4.
-    config = MlaDecodeConfig(num_splits=1, block_h=16, block_n=16, num_warps=4, num_stages=1,
-                             tokens_as_m=tokens_as_m)  # fmt: skip
+    config = MlaDecodeConfig(num_splits=1, block_h=16, block_n=16, num_warps=4, num_stages=1)
     check(launch_mla_decode(kv_cache=poisoned, config=config, **args), ref, dtype)
     config = replace(config, num_splits=3)
     check(both_merges(args, poisoned, config, counters_for()), ref, dtype)
     assert launches == {"_mla_decode_split_kernel": 3, "_mla_decode_merge_kernel": 1}
-
-
-@FORMS
-def test_config_selects_the_form(tokens_as_m, monkeypatch):
-    """`tokens_as_m` reaches the split kernel (the tests above pass with either form); the
-    default launch keeps the heads as M."""
-    kernel, forms = op_module._mla_decode_split_kernel, []
-
-    class Recorded:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                forms.append(kwargs["TOKENS_AS_M"])
-                return kernel[grid](*args, **kwargs)
-
-            return launch
-
-    monkeypatch.setattr(op_module, "_mla_decode_split_kernel", Recorded())
-    args, clean, _ = make_case(1, 4, 32, 8, 4, [9], 3, torch.float32, seed=1)
-    config = MlaDecodeConfig(2, 16, 16, 4, 1, tokens_as_m=tokens_as_m)
-    check(launch_mla_decode(kv_cache=clean, config=config, **args),
-          mla_decode_paged_ref(kv_cache=clean, **args), torch.float32)  # fmt: skip
-    mla_decode_paged(kv_cache=clean, **args)
-    assert forms == [tokens_as_m, False]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -200,21 +172,18 @@ def test_kimi_widths_short_context(dtype, launches):
     assert launches == {"_mla_decode_split_kernel": 1}
 
 
-@FORMS
-def test_many_tiles_and_splits(tokens_as_m, launches):
+def test_many_tiles_and_splits(launches):
     """Several tiles per split, splits not dividing the tiles, and more than 16 heads (two head
     blocks), so the online softmax rescales across tiles and the merge weighs uneven splits."""
     args, clean, poisoned = make_case(2, 20, 32, 8, 8, [97, 200], 25, torch.float32, seed=3)
     ref = mla_decode_paged_ref(kv_cache=clean, **args)
-    config = MlaDecodeConfig(num_splits=5, block_h=16, block_n=16, num_warps=4, num_stages=1,
-                             tokens_as_m=tokens_as_m)  # fmt: skip
+    config = MlaDecodeConfig(num_splits=5, block_h=16, block_n=16, num_warps=4, num_stages=1)
     check(both_merges(args, poisoned, config, counters_for()), ref, torch.float32)
     assert launches == {"_mla_decode_split_kernel": 2, "_mla_decode_merge_kernel": 1}
 
 
-@FORMS
 @pytest.mark.parametrize("heads,block_h,block_n", [(20, 32, 32), (20, 16, 16), (3, 16, 64)])
-def test_many_splits_and_column_chunks(heads, block_h, block_n, tokens_as_m, launches, monkeypatch):
+def test_many_splits_and_column_chunks(heads, block_h, block_n, launches, monkeypatch):
     """40 splits: 39 of them active for 613 tokens in 16-token tiles (three merge chunks, the
     last split partly filled), 20 or 10 in wider tiles; one token leaves one active split, which
     writes the output itself. One head block with padded heads, or two; merge programs over
@@ -229,7 +198,7 @@ def test_many_splits_and_column_chunks(heads, block_h, block_n, tokens_as_m, lau
     args, clean, poisoned = make_case(2, heads, 128, 16, 8, [1, 613], 80, torch.float32, seed=4)
     ref = mla_decode_paged_ref(kv_cache=clean, **args)
     config = MlaDecodeConfig(num_splits=40, block_h=block_h, block_n=block_n, num_warps=4,
-                             num_stages=5, tokens_as_m=tokens_as_m)  # fmt: skip
+                             num_stages=5)  # fmt: skip
     counters = counters_for()
     monkeypatch.setattr(torch, "empty", nan_empty)
     got = both_merges(args, poisoned, config, counters)
@@ -399,12 +368,6 @@ def test_validation(match, inputs):
 # ---------------------------------------------------------------------------------------------
 
 
-# The default's heads and splits in the tokens-as-M form, 64-token tiles double-buffered (the
-# 5-stage pipeline of the default's tiles needs three buffers in this form, more than an H200's
-# shared memory).
-GPU_TOKENS_AS_M = dict(tokens_as_m=True, block_n=64, num_warps=4, num_stages=3)
-
-
 def make_gpu_case(n, capacity, block_size, dtype, seed):
     """Random lengths up to `capacity` (with a 1 and a full one), blocks scattered in the pool."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -442,20 +405,19 @@ def test_gpu_kimi_sizes(n, capacity, block_size, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "block_h,block_n,num_warps,num_stages,tokens_as_m",
-    [(32, 32, 8, 2, False), (32, 16, 8, 2, False), (32, 32, 8, 5, False), (32, 32, 8, 7, False),
-     (32, 64, 8, 5, False), (32, 64, 8, 2, False), (16, 32, 8, 5, False), (16, 16, 8, 5, False),
-     (16, 64, 8, 5, False), (32, 64, 4, 3, True), (32, 64, 8, 3, True), (16, 64, 4, 3, True)],
+    "block_h,block_n,num_warps,num_stages",
+    [(32, 32, 8, 2), (32, 16, 8, 2), (32, 32, 8, 5), (32, 32, 8, 7), (32, 64, 8, 5),
+     (32, 64, 8, 2), (16, 32, 8, 5), (16, 16, 8, 5), (16, 64, 8, 5)],
 )  # fmt: skip
-def test_gpu_benchmark_sweep_configs(block_h, block_n, num_warps, num_stages, tokens_as_m):
+def test_gpu_benchmark_sweep_configs(block_h, block_n, num_warps, num_stages):
     """Every kernel config benchmark_mla_decode.py sweeps, at Kimi-Linear sizes with 7 splits
-    merged both ways (the default's and the tokens-as-M ones with a single split too): each
-    compiles on the device and matches the reference, and the two merges give the same bits."""
+    merged both ways (one with a single split too): each compiles on the device and matches the
+    reference, and the two merges give the same bits."""
     args = make_gpu_case(4, 4096, 64, torch.bfloat16, seed=block_n + num_stages)
     ref = mla_decode_paged_ref(**args)
     rtol, atol = tolerance(torch.bfloat16)
-    config = MlaDecodeConfig(7, block_h, block_n, num_warps, num_stages, tokens_as_m=tokens_as_m)
-    if tokens_as_m or (block_h, block_n, num_stages) == (32, 64, 5):
+    config = MlaDecodeConfig(7, block_h, block_n, num_warps, num_stages)
+    if (block_h, block_n, num_stages) == (32, 64, 5):
         got = launch_mla_decode(**args, config=replace(config, num_splits=1))
         torch.testing.assert_close(got.float(), ref.float(), rtol=rtol, atol=atol)
     cache = args.pop("kv_cache")
@@ -464,15 +426,13 @@ def test_gpu_benchmark_sweep_configs(block_h, block_n, num_warps, num_stages, to
 
 
 @pytest.mark.gpu
-@FORMS
 @pytest.mark.parametrize("capacity", [1024, 8192, 32768])
 @pytest.mark.parametrize("n", [1, 4, 16, 64])
-def test_gpu_one_launch_merge_kimi_sizes(n, capacity, tokens_as_m):
+def test_gpu_one_launch_merge_kimi_sizes(n, capacity):
     """Kimi-Linear sizes, bf16, 16-token blocks, random lengths up to the capacity (one full, one
-    of 1 token): the default launch with the layer's counters, then its kernel config (or its
-    tokens-as-M counterpart, `GPU_TOKENS_AS_M`) at several split counts merged both ways. Each
-    matches the reference within the bf16 tolerance, the two merges give the same bits, and
-    every counter is back at 0."""
+    of 1 token): the default launch with the layer's counters, then its kernel config at several
+    split counts merged both ways. Each matches the reference within the bf16 tolerance, the
+    two merges give the same bits, and every counter is back at 0."""
     args = make_gpu_case(n, capacity, 16, torch.bfloat16, seed=n + capacity)
     ref = mla_decode_paged_ref(**args)
     rtol, atol = tolerance(torch.bfloat16)
@@ -481,8 +441,6 @@ def test_gpu_one_launch_merge_kimi_sizes(n, capacity, tokens_as_m):
     torch.testing.assert_close(got.float(), ref.float(), rtol=rtol, atol=atol)
     assert not counters.any()
     default = mla_decode_config(n, 32, 512, capacity, num_sms(), counters=DECODE_COUNTERS)
-    if tokens_as_m:
-        default = replace(default, **GPU_TOKENS_AS_M)
     cache = args.pop("kv_cache")
     for splits in sorted({default.num_splits, 2, 5, 16, 33}):
         got = both_merges(args, cache, replace(default, num_splits=splits), counters)

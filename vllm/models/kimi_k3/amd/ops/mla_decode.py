@@ -58,28 +58,6 @@ issued before the acquire. No program waits for another, so any grid and the int
 program has added), and the kernel's end orders it before the next launch on the stream or the
 next replay of a graph holding it.
 
-Tokens as the MMA's M side (`MlaDecodeConfig.tokens_as_m`): the same program transposed. Scores
-`[BLOCK_N, BLOCK_H] = c @ q^T + k_pe @ q_pe^T`, the online softmax per head (column), `acc^T [L,
-BLOCK_H] += c^T @ p^T`, and `acc^T` transposed once after the loop, so that the outputs, partials,
-log-sum-exps and both merges are the other form's; same numerics. Why: with the heads as M (16 or
-32 rows) Triton compiles both products to `mma.sync` (wgmma needs M >= 64 a warpgroup) and loads
-`q` from shared memory into registers again every tile; with the tokens (`BLOCK_N >= 64`) and `L`
-as M both are `wgmma`, whose operands are the pipelined tiles in shared memory, `q^T` (copied
-there once) and `p^T` (stored every tile: 4 KiB at 32 heads). sm_90 PTX and cubin, bf16, L = 512,
-R = 64, Triton 3.6 / 3.9 (a warp's instructions for one tile's products; registers a thread;
-shared memory; cache tile buffers):
-
-    h32n64w8s5     136 mma.sync m16n8k16, 114 ldmatrix    224 / 178   185 KiB     2
-    h32n64w4s3  t  68 wgmma m64n32k16                     255 / 255   184.5 KiB   2 (at s2-s4)
-    h32n64w8s3  t  72 m64n16k16 + 16 m64n32k16            220 / 254   184.5 KiB   2
-    h16n64w4s3  t  68 wgmma m64n32k16                     242 / 214   164.5 KiB   2
-
-At 4 warps Triton 3.6 spills (16 bytes of stack). At 8 warps both warpgroups compute all 64 rows
-of the scores (warpsPerCTA [8, 1]): twice their shared-memory reads, for half the accumulator's
-registers. `BLOCK_N` 128 (two buffers, 333 KiB) and `BLOCK_N` 64 at 5 stages (three, 257 KiB) do
-not fit an H200's 227 KiB; at `BLOCK_N` 32 the scores fall back to `mma.sync`. The default launch
-keeps the heads as M.
-
 `MlaDecodeConfig` sets the tiles, warps, pipeline stages, split count and merge form;
 `mla_decode_config` chooses them on the host from N, H, the SM count and the context capacity
 (`max_blocks * block_size`), never from `seq_lens`. bf16/fp16 caches: the probabilities are
@@ -158,7 +136,7 @@ if triton is not None:
         L: tl.constexpr, R: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr,
         BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
         DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr,
-        MERGE_CHUNK: tl.constexpr, TOKENS_AS_M: tl.constexpr,
+        MERGE_CHUNK: tl.constexpr,
     ):  # fmt: skip
         # Head blocks vary fastest in launch order: the programs that read the same cache tiles
         # for different heads run at the same time, and the later ones find the tiles in L2.
@@ -189,14 +167,7 @@ if triton is not None:
 
         m = tl.full([BLOCK_H], float("-inf"), tl.float32)
         denom = tl.zeros([BLOCK_H], tl.float32)
-        if TOKENS_AS_M:
-            acc = tl.zeros([BLOCK_L, BLOCK_H], tl.float32)
-            # Transposed here, not in the loop: Triton 3.9 then copies them to shared memory
-            # once, not from registers every tile (which spilled).
-            q_t = tl.trans(q)
-            q_pe_t = tl.trans(q_pe)
-        else:
-            acc = tl.zeros([BLOCK_H, BLOCK_L], tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_L], tl.float32)
         bt_row = bt_ptr + n * stride_btn
         for start in range(lo, hi, BLOCK_N):
             pos = start + tl.arange(0, BLOCK_N)
@@ -211,33 +182,16 @@ if triton is not None:
                 kv_ptr + rows[:, None] + L + col_r[None, :],
                 mask=ok[:, None] & r_ok[None, :], other=0.0,
             )  # fmt: skip
-            # Every tile starts inside [lo, hi), so each head has a finite maximum.
-            if TOKENS_AS_M:
-                # The transpose of the other branch: tokens are the MMA's M side (module
-                # docstring), scores and probabilities [BLOCK_N, BLOCK_H], acc [BLOCK_L, BLOCK_H].
-                scores = tl.dot(c, q_t, input_precision=DOT_PRECISION)
-                scores += tl.dot(k_pe, q_pe_t, input_precision=DOT_PRECISION)
-                scores = tl.where(ok[:, None], scores * qk_scale_log2, float("-inf"))
-                m_new = tl.maximum(m, tl.max(scores, axis=0))
-                alpha = tl.exp2(m - m_new)
-                p = tl.exp2(scores - m_new[None, :])
-                denom = denom * alpha + tl.sum(p, axis=0)
-                acc = acc * alpha[None, :] + tl.dot(
-                    tl.trans(c), p.to(c.dtype), input_precision=DOT_PRECISION
-                )
-            else:
-                scores = tl.dot(q, tl.trans(c), input_precision=DOT_PRECISION)
-                scores += tl.dot(q_pe, tl.trans(k_pe), input_precision=DOT_PRECISION)
-                scores = tl.where(ok[None, :], scores * qk_scale_log2, float("-inf"))
-                m_new = tl.maximum(m, tl.max(scores, axis=1))
-                alpha = tl.exp2(m - m_new)
-                p = tl.exp2(scores - m_new[:, None])
-                denom = denom * alpha + tl.sum(p, axis=1)
-                acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c, input_precision=DOT_PRECISION)
+            scores = tl.dot(q, tl.trans(c), input_precision=DOT_PRECISION)
+            scores += tl.dot(q_pe, tl.trans(k_pe), input_precision=DOT_PRECISION)
+            # Every tile starts inside [lo, hi), so each row has a finite maximum.
+            scores = tl.where(ok[None, :], scores * qk_scale_log2, float("-inf"))
+            m_new = tl.maximum(m, tl.max(scores, axis=1))
+            alpha = tl.exp2(m - m_new)
+            p = tl.exp2(scores - m_new[:, None])
+            denom = denom * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c, input_precision=DOT_PRECISION)
             m = m_new
-        if TOKENS_AS_M:
-            # Once per program; the stores below convert to a coalesced layout in either form.
-            acc = tl.trans(acc)
 
         out_mask = h_ok[:, None] & l_ok[None, :]
         out_rows = out_ptr + n * stride_on + h[:, None] * stride_oh + col_l[None, :]
@@ -364,8 +318,7 @@ def mla_decode_paged_ref(
 class MlaDecodeConfig:
     """Launch parameters of the Triton path (all powers of two except `num_splits`).
     `fused_merge`: merge the splits in the split launch (needs `counters`), else in a second
-    launch; no merge either way with one split. `tokens_as_m`: the transposed form of the module
-    docstring (wgmma on sm_90 from `block_n` 64)."""
+    launch; no merge either way with one split."""
 
     num_splits: int
     block_h: int
@@ -373,7 +326,6 @@ class MlaDecodeConfig:
     num_warps: int
     num_stages: int
     fused_merge: bool = False
-    tokens_as_m: bool = False
 
 
 @lru_cache(maxsize=8)
@@ -512,7 +464,7 @@ def launch_mla_decode(
         BLOCK_H=config.block_h, BLOCK_N=config.block_n, PAGE=kv_cache.shape[1],
         # fp32 caches: full fp32 products (not TF32); 16-bit: the backend's default.
         DOT_PRECISION="ieee" if q_latent.dtype == torch.float32 else None, SPLIT=split,
-        FUSED_MERGE=fused, MERGE_CHUNK=_MERGE_CHUNK, TOKENS_AS_M=config.tokens_as_m,
+        FUSED_MERGE=fused, MERGE_CHUNK=_MERGE_CHUNK,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     if split and not fused:
