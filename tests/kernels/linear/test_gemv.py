@@ -300,8 +300,18 @@ def test_default_config_fills_the_gpu():
     for m, n, k in [(1, 2304, 4096), (16, 1024, 2304), (1, 163840, 2304)]:
         config = gemv_op.default_config(m, n, k, 2)
         config.check()
-        assert config.block_k * config.block_n * 2 <= 2 * gemv_op._TILE_BYTES
+        if not config.use_dot:
+            assert config.block_k * config.block_n * 2 <= gemv_op._TILE_BYTES
         assert config.split_k == 1 or k >= 2 * config.split_k * config.block_k
+
+
+def test_default_multiply_and_sum_tiles_hold_the_same_bytes_for_every_weight_dtype():
+    # FP8 o_proj at M = 1-2: two channels of 2048 codes, where bf16 takes two of 1024.
+    for m in (1, 2):
+        fp8 = gemv_op.default_config(m, 2304, 4096, 1)
+        bf16 = gemv_op.default_config(m, 2304, 4096, 2)
+        assert (fp8.block_n, fp8.block_k, bf16.block_n, bf16.block_k) == (2, 2048, 2, 1024)
+        assert not fp8.use_dot and not bf16.use_dot
 
 
 # ---------------------------------------------------------------------------------------------

@@ -59,8 +59,9 @@ and the MMAs sum the 3 K products in fp32: the bound above with 3 K + 1 for K + 
 Launch shape (``GemvConfig``, ``default_config``): grid (M blocks, N blocks, SPLIT_K) with the M
 blocks of one N block adjacent in launch order, so that M > BLOCK_M re-reads a weight tile from L2.
 The defaults aim at tens of KB of weight loads in flight per SM, the amount HBM latency needs on an
-H200 (132 SMs): a [BLOCK_N, BLOCK_K] tile of about 8 KB per step (BLOCK_N 4, BLOCK_K 1024 for 16-bit
-weights, the 1-2 rows this form serves by default), 4 warps, Triton's default 3 pipeline stages, and
+H200 (132 SMs): a [BLOCK_N, BLOCK_K] tile of 4 KB per step (BLOCK_N 2; BLOCK_K 1024 for 16-bit
+weights, 2048 for FP8; the 1-2 rows this form serves by default), 4 warps, Triton's default 3
+pipeline stages, and
 SPLIT_K > 1 only when the N blocks alone give fewer than two programs per SM. ``USE_DOT`` swaps the
 broadcast-multiply-and-sum for ``tl.dot`` (weight as the wide operand, M padded to 16), whose time
 grows slowly with M: the default above ``FP8_GEMV_MAX_M`` (FP8) / ``BF16_GEMV_MAX_M`` (bf16 / fp16)
@@ -156,7 +157,13 @@ _FP32_X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _MAX_BLOCK_M = 16  # rows per program; larger M takes more M blocks (the weight then from L2)
 _MAX_DOT_BLOCK_M = 64  # the same with tl.dot: a [BLOCK_N, 64] fp32 acc stays in registers
-_TILE_BYTES = 8192  # weight bytes per [BLOCK_N, BLOCK_K] step of the default configs
+# Weight bytes per [BLOCK_N, BLOCK_K] step of the default multiply-and-sum configs, in BLOCK_N
+# channels. H200, benchmark_gemv.py at M = 1, 2026-12-02 (docs/performance.md "Ninth run"): 2
+# channels of 4 KB against the earlier 4 of 8 KB (bf16) / 4 KB (FP8): FP8 o_proj 5.16 against
+# 6.26 us, bf16 KDA in_proj 17.81 against 19.04, MLA q_kv_a 11.09 against 14.64; 2 x 2048 bf16
+# (8 KB) took 19.74 / 12.89.
+_TILE_BYTES = 4096
+_TILE_CHANNELS = 2
 _REDUCE_BLOCK = 1024  # outputs per program of the split-K reduction
 _FP32_DOT_MIN_M = 8  # fp32 weights: above this many rows the default config takes tl.dot
 _FP32_BF16X3_MIN_M = 4  # fp32 weights, bf16 x: above this many rows, tl.dot in bf16x3 form
@@ -371,7 +378,7 @@ def auto_split_k(m: int, n: int, k: int, config: GemvConfig) -> int:
 @cache
 def default_config(m: int, n: int, k: int, weight_bytes: int, bf16_x: bool = False) -> GemvConfig:
     """The launch shape for ``[m, k] @ [n, k]^T`` with ``weight_bytes`` per weight element
-    (module docstring: ~8 KB weight tile per step, split-K only when the N blocks give fewer
+    (module docstring: 4 KB weight tile per step, split-K only when the N blocks give fewer
     than two programs per SM; above ``FP8_GEMV_MAX_M`` (FP8) /
     ``BF16_GEMV_MAX_M`` rows: ``_dot_config``; fp32 weights: ``_fp32_config``, where ``bf16_x``
     (x in bf16) allows ``bf16x3``)."""
@@ -379,8 +386,8 @@ def default_config(m: int, n: int, k: int, weight_bytes: int, bf16_x: bool = Fal
         return _fp32_config(m, n, k, bf16_x)
     if m > (FP8_GEMV_MAX_M if weight_bytes == 1 else BF16_GEMV_MAX_M):
         return _dot_config(m, n, k, weight_bytes)
-    block_n = 4  # multiply-and-sum serves 1-2 rows: the rows add little to re-read from L2
-    block_k = max(64, min(1024, _TILE_BYTES // (block_n * weight_bytes), next_power_of_2(k)))
+    block_n = _TILE_CHANNELS  # multiply-and-sum serves 1-2 rows: few to re-read from L2
+    block_k = max(64, min(_TILE_BYTES // (block_n * weight_bytes), next_power_of_2(k)))
     config = GemvConfig(block_n, block_k, num_warps=4)
     return replace(config, split_k=auto_split_k(m, n, k, config))
 
