@@ -305,6 +305,16 @@ def test_default_config_fills_the_gpu():
         assert config.split_k == 1 or k >= 2 * config.split_k * config.block_k
 
 
+def test_n_blocks_fit_the_grids_second_axis():
+    # The LM head (163840 channels) in 2-channel blocks would need 81920 of them.
+    lm_head = gemv_op.default_config(1, 163840, 2304, 2)
+    assert -(-163840 // lm_head.block_n) <= 65535
+    x = torch.zeros(1, 16, dtype=torch.bfloat16)
+    w = torch.zeros(65536, 16, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="65536 N blocks"):
+        gemv(x, w, config=GemvConfig(block_n=1, block_k=16))
+
+
 def test_default_multiply_and_sum_tiles_hold_the_same_bytes_for_every_weight_dtype():
     # FP8 o_proj at M = 1-2: two channels of 2048 codes, where bf16 takes two of 1024.
     for m in (1, 2):

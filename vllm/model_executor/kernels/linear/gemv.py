@@ -165,6 +165,7 @@ _MAX_DOT_BLOCK_M = 64  # the same with tl.dot: a [BLOCK_N, 64] fp32 acc stays in
 _TILE_BYTES = 4096
 _TILE_CHANNELS = 2
 _REDUCE_BLOCK = 1024  # outputs per program of the split-K reduction
+_MAX_GRID_Y = 65535  # CUDA's limit on a grid's second axis, which holds the N blocks
 _FP32_DOT_MIN_M = 8  # fp32 weights: above this many rows the default config takes tl.dot
 _FP32_BF16X3_MIN_M = 4  # fp32 weights, bf16 x: above this many rows, tl.dot in bf16x3 form
 
@@ -387,6 +388,8 @@ def default_config(m: int, n: int, k: int, weight_bytes: int, bf16_x: bool = Fal
     if m > (FP8_GEMV_MAX_M if weight_bytes == 1 else BF16_GEMV_MAX_M):
         return _dot_config(m, n, k, weight_bytes)
     block_n = _TILE_CHANNELS  # multiply-and-sum serves 1-2 rows: few to re-read from L2
+    while _cdiv(n, block_n) > _MAX_GRID_Y:  # the LM head's 163840 channels take 4
+        block_n *= 2
     block_k = max(64, min(_TILE_BYTES // (block_n * weight_bytes), next_power_of_2(k)))
     config = GemvConfig(block_n, block_k, num_warps=4)
     return replace(config, split_k=auto_split_k(m, n, k, config))
@@ -491,6 +494,11 @@ def _launch(
     if reduce is not None:
         target = torch.empty(split_k, m, n, dtype=torch.float32, device=out.device)
     grid = (_cdiv(m, block_m), _cdiv(n, config.block_n), split_k)
+    if grid[1] > _MAX_GRID_Y:
+        raise ValueError(
+            f"config.block_n {config.block_n} gives {grid[1]} N blocks for N = {n}, more than a "
+            f"grid's second axis holds ({_MAX_GRID_Y})"
+        )
     launch(
         _gemv_kernel, grid,
         (x, weight, target, xs, ws, b, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
