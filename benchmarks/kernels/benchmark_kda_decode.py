@@ -7,9 +7,8 @@ Variant sweep (the op alone, with its gated-RMSNorm epilogue; with --quantize th
 call, `quantize=True`, whose FP8 quantization the V-split epilogue does), one line per (shape,
 batch):
 
-  v{block_v}w{num_warps}[e{shift_programs}][np]
-                          `KdaDecodeConfig(block_v, num_warps, shift_programs)`, np: without
-                          the state tile's L2 prefetch (`l2_prefetch=False`); v128 is the
+  v{block_v}w{num_warps}[e{shift_programs}]
+                          `KdaDecodeConfig(block_v, num_warps, shift_programs)`; v128 is the
                           single kernel (v128w8 is the kernel before the V split), v64 and below
                           the V-split kernel plus its epilogue kernel, whose q/k window shifts of
                           a token take at most `shift_programs` programs (without e: the default,
@@ -200,8 +199,7 @@ def kernel_us(fn, calls: int, kernel: str) -> float:
 
 def name(config: KdaDecodeConfig) -> str:
     shifts = "" if config.shift_programs is None else f"e{config.shift_programs}"
-    plain = "" if config.l2_prefetch else "np"
-    return f"v{config.block_v}w{config.num_warps}{shifts}{plain}"
+    return f"v{config.block_v}w{config.num_warps}{shifts}"
 
 
 def cell(row: dict[str, object], key: str) -> str:
@@ -212,12 +210,11 @@ def cell(row: dict[str, object], key: str) -> str:
 
 
 def parse_variant(text: str) -> KdaDecodeConfig:
-    match = re.fullmatch(r"v(\d+)w(\d+)(?:e(\d+))?(np)?", text)
+    match = re.fullmatch(r"v(\d+)w(\d+)(?:e(\d+))?", text)
     if match is None:
         raise ValueError(text)
-    block_v, warps, shifts, plain = match.groups()
-    shifts = None if shifts is None else int(shifts)
-    return KdaDecodeConfig(int(block_v), int(warps), shifts, l2_prefetch=plain is None)
+    block_v, warps, shifts = match.groups()
+    return KdaDecodeConfig(int(block_v), int(warps), None if shifts is None else int(shifts))
 
 
 def sweep(shape: str, batch: int, args, copy: float, sms: int, variants) -> dict[str, object]:
@@ -389,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--variants", nargs="+", default=[f"v{b}w{w}" for b, w in VARIANTS],
-        help="launch variants to sweep, as v{block_v}w{num_warps}[e{shift_programs}][np]",
+        help="launch variants to sweep, as v{block_v}w{num_warps}[e{shift_programs}]",
     )  # fmt: skip
     parser.add_argument(
         "--quantize", action="store_true",
@@ -427,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         variants = [parse_variant(v) for v in args.variants]
     except ValueError:
-        parser.error("--variants are v{block_v}w{num_warps}[e{shift_programs}][np], e.g. v64w4e8")
+        parser.error("--variants are v{block_v}w{num_warps}[e{shift_programs}], e.g. v64w4e8")
 
     # Imported here: that module needs Triton, which --dry-run on a bare CPU may lack.
     from benchmark_rmsnorm_gated_fp8_per_token import copy_gbps, write_csv

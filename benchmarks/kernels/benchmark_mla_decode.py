@@ -10,8 +10,7 @@ sequence by its length. Each launch is timed as CUDA-graph replay (what a decode
 call of a replay reading its own copy of the cache, so that the cache is read from HBM and not from
 L2 (the copies of one replay add up to >= 256 MiB). Per (batch, context):
 
-  config     h{block_h}n{block_n}w{num_warps}s{num_stages}[p{prefetch_ahead}] x{num_splits}
-             {one|two}; p: L2 prefetch of the cache rows that many tiles ahead
+  config     h{block_h}n{block_n}w{num_warps}s{num_stages} x{num_splits} {one|two}
   us         `launch_mla_decode` (split kernel, + merge kernel for "two"), microseconds per call
   %copy      cache bytes read (N * ctx * (L + R) * 2 B) per second over the device's copy
              bandwidth, measured in the same run: an eager `copy_` of --copy-gib GiB after
@@ -106,29 +105,21 @@ def make_case(batch: int, ctx: int, block_size: int, device: str, dtype: torch.d
 def name(config: MlaDecodeConfig) -> str:
     c = config
     merge = "" if c.num_splits == 1 else (" one" if c.fused_merge else " two")
-    ahead = f"p{c.prefetch_ahead}" if c.prefetch_ahead else ""
-    return f"h{c.block_h}n{c.block_n}w{c.num_warps}s{c.num_stages}{ahead} x{c.num_splits}{merge}"
+    return f"h{c.block_h}n{c.block_n}w{c.num_warps}s{c.num_stages} x{c.num_splits}{merge}"
 
 
 def kernel_name(config: MlaDecodeConfig) -> str:
     return name(config).split(" ")[0]
 
 
-def parse_kernel_config(text: str) -> tuple[int, int, int, int, int]:
-    """`block_h,block_n,num_warps,num_stages[,p{prefetch_ahead}]` (no p: 0)."""
-    fields = text.split(",")
-    if len(fields) == 5 and fields[4].startswith("p"):
-        fields[4] = fields[4][1:]
-    elif len(fields) == 4:
-        fields.append("0")
+def parse_kernel_config(text: str) -> tuple[int, int, int, int]:
+    """`block_h,block_n,num_warps,num_stages`."""
     try:
-        values = tuple(int(v) for v in fields)
+        values = tuple(int(v) for v in text.split(","))
     except ValueError:
         values = ()
-    if len(values) != 5 or values[4] < 0:
-        raise ValueError(
-            f"kernel config {text!r} must be block_h,block_n,num_warps,num_stages[,pN]"
-        )
+    if len(values) != 4:
+        raise ValueError(f"kernel config {text!r} must be block_h,block_n,num_warps,num_stages")
     return values
 
 
@@ -191,11 +182,11 @@ def sweep_case(
     heuristic = mla_decode_config(batch, HEADS, LATENT, capacity, sms, smem,
                                   counters=DECODE_COUNTERS)  # fmt: skip
     configs = {heuristic}
-    for block_h, block_n, warps, stages, ahead in args.kernel_configs:
+    for block_h, block_n, warps, stages in args.kernel_configs:
         splits_swept = args.splits or split_candidates(batch, ctx, block_h, block_n, sms)
         for splits in splits_swept:
             for fused in MERGES[args.merge] if splits > 1 else (False,):
-                configs.add(MlaDecodeConfig(splits, block_h, block_n, warps, stages, fused, ahead))
+                configs.add(MlaDecodeConfig(splits, block_h, block_n, warps, stages, fused))
     counters = torch.zeros(DECODE_COUNTERS, dtype=torch.int32, device="cuda")
     # Large caches take long per call: fewer calls per graph, so the sweep stays short.
     calls = max(copies, args.graph_calls if cache_bytes < 64 * 2**20 else 2)
@@ -219,8 +210,7 @@ def sweep_case(
             batch=batch, ctx=ctx, capacity=capacity, block_size=args.block_size,
             config=name(config), block_h=config.block_h, block_n=config.block_n,
             num_warps=config.num_warps, num_stages=config.num_stages,
-            prefetch_ahead=config.prefetch_ahead, num_splits=config.num_splits, merge=merge,
-            heuristic=config == heuristic,
+            num_splits=config.num_splits, merge=merge, heuristic=config == heuristic,
             us=round(us, 2), gbps=round(gbps, 1), pct_copy=round(100 * gbps / copy, 1),
             cache_mib=round(cache_bytes / 2**20, 1), copy_gbps=round(copy, 1), ref_us=None,
         ))  # fmt: skip
@@ -304,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument(
         "--configs", nargs="+", default=KERNEL_CONFIGS, dest="kernel_configs",
-        help="kernel configs to sweep, block_h,block_n,num_warps,num_stages[,pN]",
+        help="kernel configs to sweep, block_h,block_n,num_warps,num_stages",
     )  # fmt: skip
     parser.add_argument("--graph-calls", type=int, default=20, help="calls per captured graph")
     parser.add_argument("--reps", type=int, default=10, help="graph replays per timing")

@@ -81,11 +81,9 @@ KERNELS = {
 MAX_VARIANTS = 8
 # The GEMV's one kernel runs two algorithms (multiply-and-sum, tl.dot) on three weight dtypes;
 # the KDA decode epilogue 9 (norm, quantized, shift-only; three shift tiles; chunked norm), its
-# main kernel 12 (7 launches without the gate projections, 5 with them) and 4 with the H200's L2
-# prefetch; the MLA split kernel 6 and 3 with the prefetch.
+# main kernel 12 (7 launches without the gate projections, 5 with them).
 MAX_VARIANTS_OF = {
-    "_gemv_kernel": 20, "_kda_decode_epilogue_kernel": 10, "_fused_kda_decode_kernel": 18,
-    "_mla_decode_split_kernel": 12,
+    "_gemv_kernel": 20, "_kda_decode_epilogue_kernel": 10, "_fused_kda_decode_kernel": 12,
 }  # fmt: skip
 H200_SMS = 132
 FP8 = torch.float8_e4m3fn  # NVIDIA's FP8 (the interpreter machine's platform may differ)
@@ -414,14 +412,6 @@ def _launches() -> tuple[dict, ...]:
         # The epilogue norming a token's heads in chunks (Kimi-Linear's 32 x 128 is one tile).
         mp.setattr(kda_decode_module, "_EPILOGUE_TILE", 32)
         _drive_kda_decode(3, 3, 16, [KdaDecodeConfig(4, 2)])
-        # The H200's launches with their L2 prefetches (only compiled CUDA kernels take them).
-        mp.setattr(kda_decode_module, "l2_prefetch_supported", lambda device: True)
-        for n in (8, 2, 1):
-            h200 = kda_decode_config(n, 32, 128, H200_SMS)
-            _drive_kda_decode(n, 32, 128, [h200, KdaDecodeConfig(128, 8)])
-        mp.setattr(mla_decode_module, "l2_prefetch_supported", lambda device: True)
-        _drive_mla(2, 32, 512, 64, 64, 4096)
-        _drive_mla(1, 32, 512, 64, 16, 8448)
     return tuple(launches)
 
 

@@ -577,15 +577,3 @@ def test_repeated_calls_on_the_same_buffers_each_run_a_step(triton_launches):
     assert triton_launches["_fused_kda_decode_kernel"] == 2
     torch.testing.assert_close(got_step["ssm_state"], ref_step["ssm_state"], rtol=1e-5, atol=1e-6)
     assert torch.equal(got_step["conv_state"], ref_step["conv_state"])
-
-
-def test_l2_prefetch_lines_cover_each_state_tile_row(monkeypatch):
-    """One prefetch a 128-byte line of a [D, block_v] fp32 tile row (at least one a row), none
-    where the config declines or the device cannot (CPU tensors, the interpreter, ROCm)."""
-    state = torch.zeros(2, 4, 128, 128)
-    lines = decode_module._l2_prefetch_lines
-    assert lines(KdaDecodeConfig(64, 4), state) == 0  # a CPU tensor
-    monkeypatch.setattr(decode_module, "l2_prefetch_supported", lambda device: True)
-    got = [lines(KdaDecodeConfig(block_v, 4), state) for block_v in (16, 32, 64, 128)]
-    assert got == [1, 1, 2, 4]
-    assert lines(KdaDecodeConfig(64, 4, l2_prefetch=False), state) == 0

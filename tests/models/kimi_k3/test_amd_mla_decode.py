@@ -210,11 +210,10 @@ def test_many_splits_and_column_chunks(heads, block_h, block_n, launches, monkey
 def test_default_config_depends_on_shapes_only():
     sms = 132
     # Wide latents on CUDA: 64-token tiles, 8 warps, 5 stages (double-buffered), 1 per SM; one
-    # sequence in 16-head blocks (66 programs of each, a wave), more in 32-head blocks; the rows
-    # two tiles ahead prefetched into L2.
+    # sequence in 16-head blocks (66 programs of each, a wave), more in 32-head blocks.
     config = mla_decode_config(1, 32, 512, 32768, sms)
     assert config == MlaDecodeConfig(num_splits=66, block_h=16, block_n=64, num_warps=8,
-                                     num_stages=5, prefetch_ahead=2)  # fmt: skip
+                                     num_stages=5)  # fmt: skip
     assert mla_decode_config(2, 32, 512, 32768, sms).block_h == 32
     # Splits fill one wave of 132 programs, rounded down; at most 128; >= 128 tokens each.
     assert mla_decode_config(4, 32, 512, 32768, sms).num_splits == 33
@@ -319,7 +318,6 @@ def test_config_is_checked():
         (MlaDecodeConfig(0, 16, 16, 4, 1), "num_splits"),
         (MlaDecodeConfig(1, 8, 16, 4, 1), "block_h"),
         (MlaDecodeConfig(1, 16, 24, 4, 1), "block_n"),
-        (MlaDecodeConfig(1, 16, 16, 4, 1, prefetch_ahead=-1), "prefetch_ahead"),
     ):
         with pytest.raises(ValueError, match=match):
             launch_mla_decode(kv_cache=clean, config=bad, **args)

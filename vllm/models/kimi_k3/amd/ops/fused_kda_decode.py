@@ -74,7 +74,6 @@ from vllm.models.kimi_k3.amd.ops.causal_conv1d import causal_conv1d_decode
 from vllm.models.kimi_k3.amd.ops.kda_core import kda_decode
 from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate
 from vllm.triton_utils import num_sms, use_triton
-from vllm.triton_utils.prefetch import L2_LINE_BYTES, l2_prefetch_supported
 
 try:
     import triton
@@ -88,7 +87,6 @@ if triton is not None:
         fp8_scale_and_inverse,
         nan_if_not_finite,
     )
-    from vllm.triton_utils.prefetch import prefetch_l2
 
     @triton.jit
     def _shift_window(x_row, state_ptr, stride_sc, chans, W: tl.constexpr, BLOCK_W: tl.constexpr):
@@ -154,7 +152,6 @@ if triton is not None:
         D: tl.constexpr, W: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_V: tl.constexpr,
         SPLIT: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, APPLY_NORM: tl.constexpr,
         RANK_F: tl.constexpr, RANK_G: tl.constexpr, BLOCK_R: tl.constexpr,
-        PREFETCH_LINES: tl.constexpr,
     ):  # fmt: skip
         # RANK_F > 0: `raw_g_ptr` is f_a [N, RANK_F] and raw_g is f_w @ f_a. RANK_G > 0: the gate
         # is g_w @ g_a; `gate_ptr` is then, for the split, the [N, H, D] buffer the V blocks
@@ -165,12 +162,6 @@ if triton is not None:
         d = tl.arange(0, D)
         cols = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)  # this program's V columns
         s_ptrs = ssm_ptr + slot * stride_ss + h * stride_sh + d[:, None] * D + cols[None, :]
-        if PREFETCH_LINES:
-            # The state tile's DRAM reads start now, behind the prologue, without its registers
-            # (`_l2_prefetch_lines`): one address per 128-byte line of each row.
-            lines = tl.arange(0, PREFETCH_LINES) * (BLOCK_V // PREFETCH_LINES)
-            tile = ssm_ptr + slot * stride_ss + h * stride_sh + tl.program_id(2) * BLOCK_V
-            prefetch_l2(tile + d[:, None] * D + lines[None, :])
         x_row = qkv_ptr + n * stride_qkv
         state = conv_state_ptr + slot * stride_cs
         conv = (x_row, conv_w_ptr, state, stride_wc, stride_cc)
@@ -358,17 +349,12 @@ class KdaDecodeConfig:
     linears) passes `raw_g` and `gate` as `LowRankProj` for the kernel to compute, or runs the
     linears first. The op computes whatever it is passed; the choice is made here because its
     cost depends on the launch: each of a head's D / block_v programs recomputes raw_g.
-
-    `l2_prefetch`: the program asks for its state tile's lines into L2 first thing (compiled CUDA
-    kernels only, `vllm.triton_utils.prefetch`), so that their DRAM reads overlap the prologue
-    (conv windows, q / k norms, gates) whose end the tile's load must wait for.
     """
 
     block_v: int
     num_warps: int
     shift_programs: int | None = None
     gate_proj: bool = False
-    l2_prefetch: bool = True
 
 
 # The epilogue's token program norms (and quantizes) at most this many elements of a token at a
@@ -422,13 +408,6 @@ def _epilogue_tiling(channels: int, programs: int, block_w: int) -> tuple[int, i
     block_c = min(block_c, max(1, _SHIFT_TILE // block_w))
     span = -(-share // block_c) * block_c
     return block_c, span, -(-channels // span)
-
-
-def _l2_prefetch_lines(config: KdaDecodeConfig, ssm_state: torch.Tensor) -> int:
-    """128-byte lines per state tile row the kernel prefetches (0: none)."""
-    if not (config.l2_prefetch and l2_prefetch_supported(ssm_state.device)):
-        return 0
-    return max(1, config.block_v * ssm_state.element_size() // L2_LINE_BYTES)
 
 
 def kda_decode_config(n: int, heads: int, d: int, num_sms: int) -> KdaDecodeConfig:
@@ -596,9 +575,7 @@ def fused_kda_decode(
         heads, lower_bound if lower_bound is not None else 0.0, eps, d**-0.5,
         D=d, W=width, BLOCK_W=block_w, BLOCK_V=block_v, SPLIT=split,
         HAS_LOWER_BOUND=lower_bound is not None, APPLY_NORM=apply_norm,
-        RANK_F=rank_f, RANK_G=rank_g, BLOCK_R=block_r,
-        PREFETCH_LINES=_l2_prefetch_lines(config, ssm_state),
-        num_warps=config.num_warps,
+        RANK_F=rank_f, RANK_G=rank_g, BLOCK_R=block_r, num_warps=config.num_warps,
     )  # fmt: skip
     if not split:
         return per_token_fp8_quant(out.reshape(n, heads * d), quant_dtype) if quantize else out

@@ -75,7 +75,6 @@ from vllm.platforms import current_platform
 
 # The one switch every op here uses to run its Triton kernels on CPU tensors (the interpreter).
 from vllm.triton_utils import next_power_of_2, num_sms, use_triton
-from vllm.triton_utils.prefetch import L2_LINE_BYTES, l2_prefetch_supported
 
 try:
     import triton
@@ -113,15 +112,11 @@ _FUSED_MERGE_MAX_BYTES = 128 * 1024
 # (H200, same run: 12.0 / 19.5 us at 1k / 8k context against 14.6 / 22.6 with 32-head blocks;
 # at batch 4 and up the 32-head blocks are faster).
 _SINGLE_SEQUENCE_BLOCK_H = 16
-# Tiles ahead of the loop whose cache rows the wide CUDA default prefetches into L2: its
-# pipeline holds two tiles in flight, one program per SM.
-_PREFETCH_AHEAD = 2
 # Arrival counters a caller holds for the one-launch merge (module docstring): more than the
 # (sequence, head block) pairs of any default launch that splits (at most half the SMs).
 DECODE_COUNTERS = 1024
 
 if triton is not None:
-    from vllm.triton_utils.prefetch import prefetch_l2
 
     @triton.jit
     def _split_slice(seq_len, num_splits, BLOCK_N: tl.constexpr):
@@ -141,8 +136,7 @@ if triton is not None:
         L: tl.constexpr, R: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr,
         BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
         DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr,
-        MERGE_CHUNK: tl.constexpr, PREFETCH_AHEAD: tl.constexpr, ROW_LINES: tl.constexpr,
-        BLOCK_LINES: tl.constexpr, LINE_ELEMS: tl.constexpr,
+        MERGE_CHUNK: tl.constexpr,
     ):  # fmt: skip
         # Head blocks vary fastest in launch order: the programs that read the same cache tiles
         # for different heads run at the same time, and the later ones find the tiles in L2.
@@ -175,23 +169,8 @@ if triton is not None:
         denom = tl.zeros([BLOCK_H], tl.float32)
         acc = tl.zeros([BLOCK_H, BLOCK_L], tl.float32)
         bt_row = bt_ptr + n * stride_btn
-        if PREFETCH_AHEAD:
-            # Block ids of the tile PREFETCH_AHEAD tiles ahead, loaded one iteration before
-            # their prefetch so that the prefetch does not wait for them.
-            ahead = lo + PREFETCH_AHEAD * BLOCK_N + tl.arange(0, BLOCK_N)
-            ahead_block = tl.load(bt_row + ahead // PAGE, mask=ahead < hi, other=0)
-            # One address per 128-byte line of a cache row (ROW_LINES of them; the last one
-            # repeats up to the power of two BLOCK_LINES). Positions past the split take block
-            # 0's rows: valid memory, and only in a split's last tiles.
-            row_lines = tl.minimum(tl.arange(0, BLOCK_LINES), ROW_LINES - 1)
         for start in range(lo, hi, BLOCK_N):
             pos = start + tl.arange(0, BLOCK_N)
-            if PREFETCH_AHEAD:
-                ahead = pos + PREFETCH_AHEAD * BLOCK_N
-                ahead_rows = ahead_block.to(tl.int64) * stride_kb + (ahead % PAGE) * stride_kt
-                prefetch_l2(kv_ptr + ahead_rows[:, None] + row_lines[None, :] * LINE_ELEMS)
-                ahead_block = tl.load(bt_row + (ahead + BLOCK_N) // PAGE,
-                                      mask=ahead + BLOCK_N < hi, other=0)  # fmt: skip
             ok = pos < hi
             # Masked positions read no block-table entry and no cache row.
             block = tl.load(bt_row + pos // PAGE, mask=ok, other=0).to(tl.int64)
@@ -339,9 +318,7 @@ def mla_decode_paged_ref(
 class MlaDecodeConfig:
     """Launch parameters of the Triton path (all powers of two except `num_splits`).
     `fused_merge`: merge the splits in the split launch (needs `counters`), else in a second
-    launch; no merge either way with one split. `prefetch_ahead` > 0: each step of the tile loop
-    asks for the cache rows that many tiles ahead into L2 (compiled CUDA kernels only,
-    `vllm.triton_utils.prefetch`), beyond the tiles Triton's pipeline holds in flight."""
+    launch; no merge either way with one split."""
 
     num_splits: int
     block_h: int
@@ -349,7 +326,6 @@ class MlaDecodeConfig:
     num_warps: int
     num_stages: int
     fused_merge: bool = False
-    prefetch_ahead: int = 0
 
 
 @lru_cache(maxsize=8)
@@ -399,8 +375,6 @@ def mla_decode_config(
     and at most `_FUSED_MERGE_MAX_BYTES` of partials per merging program (`num_splits * block_h *
     latent * 4`); not on ROCm, where the ordering argument (PTX's) is unchecked.
 
-    L2 prefetch: wide latents on CUDA ask for the rows `_PREFETCH_AHEAD` tiles ahead.
-
     Depends on shapes only, so a captured graph stays valid for every `seq_lens`.
     """
     wide = next_power_of_2(latent) >= 256
@@ -425,8 +399,7 @@ def mla_decode_config(
         and counters >= programs
         and splits * block_h * latent * 4 <= _FUSED_MERGE_MAX_BYTES
     )
-    ahead = _PREFETCH_AHEAD if wide and not rocm else 0
-    return MlaDecodeConfig(splits, block_h, block_n, num_warps, num_stages, fused, ahead)
+    return MlaDecodeConfig(splits, block_h, block_n, num_warps, num_stages, fused)
 
 
 def _merge_block_l(n: int, heads: int, latent: int, num_sms: int) -> int:
@@ -452,8 +425,6 @@ def launch_mla_decode(
     as in the module docstring, needed by `config.fused_merge` with more than one split."""
     if config.num_splits < 1:
         raise ValueError(f"config.num_splits must be >= 1, got {config.num_splits}")
-    if config.prefetch_ahead < 0:
-        raise ValueError(f"config.prefetch_ahead must be >= 0, got {config.prefetch_ahead}")
     for name in ("block_h", "block_n"):
         value = getattr(config, name)
         if value < _MIN_DOT or value & (value - 1):
@@ -481,7 +452,6 @@ def launch_mla_decode(
         part = lse = out  # not read without splits
         part_strides, lse_strides = (0, 0, 0), (0, 0)
     block_l = max(_MIN_DOT, next_power_of_2(latent))
-    row_lines = -(-(latent + rope) * kv_cache.element_size() // L2_LINE_BYTES)
     grid = (head_blocks, config.num_splits, n)
     _mla_decode_split_kernel[grid](
         q_latent, q_pe, kv_cache, block_tables, seq_lens, out, part, lse,
@@ -495,9 +465,6 @@ def launch_mla_decode(
         # fp32 caches: full fp32 products (not TF32); 16-bit: the backend's default.
         DOT_PRECISION="ieee" if q_latent.dtype == torch.float32 else None, SPLIT=split,
         FUSED_MERGE=fused, MERGE_CHUNK=_MERGE_CHUNK,
-        PREFETCH_AHEAD=config.prefetch_ahead if l2_prefetch_supported(kv_cache.device) else 0,
-        ROW_LINES=row_lines, BLOCK_LINES=next_power_of_2(row_lines),
-        LINE_ELEMS=L2_LINE_BYTES // kv_cache.element_size(),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     if split and not fused:
