@@ -324,7 +324,9 @@ def main(argv: list[str] | None = None) -> int:
                                 us = time_graph(run_all, 1) / len(calls)
                             else:
                                 us = time_eager(run_all) / len(calls)
-                        except OutOfResources as error:  # found at the first (eager) launch
+                        # Found at the first (eager) launch: resources, or a grid the config
+                        # cannot launch (a ValueError: e.g. 2-channel blocks of the LM head).
+                        except (OutOfResources, ValueError) as error:
                             print(f"{dtype:>4} {name:>11} M={m:>3} {label:>26} skipped: {error}")
                             continue
                         gbps = weight_bytes / (us * 1e-6) / 1e9

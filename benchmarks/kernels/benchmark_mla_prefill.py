@@ -159,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
                 new_layer(q, k_nope, k_pe, v, scale), old_layer(q, k_nope, k_pe, v, scale, out)
             )
             print(f"ctx {ctx}: key bit for bit {key_ok}, layer codes bit for bit {layer_ok}")
+            if not (key_ok and layer_ok):
+                return 1
             src = torch.empty(ctx, HEADS, NOPE + ROPE, dtype=torch.bfloat16, device="cuda")
             dst = torch.empty_like(src)
             providers = {
@@ -184,8 +186,6 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 write_csv(args.csv, rows)  # after every row: an interrupted run keeps its rows
                 print(line, flush=True)
-            if not (key_ok and layer_ok):
-                return 1
     return 0
 
 

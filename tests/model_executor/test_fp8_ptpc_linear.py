@@ -82,6 +82,11 @@ def test_per_token_quant_reads_heads_in_place(heads, head_dim, padded, dtype, tr
     assert bool(got[1][1].isnan()) and torch.equal(
         got[1].nan_to_num(-1.0), expected[1].nan_to_num(-1.0)
     )
+    # Heads farther apart than tokens: [H, T, D] memory seen as [T, H, D].
+    head_major = wide.transpose(0, 1).contiguous().transpose(0, 1)[..., padded - head_dim :]
+    assert head_major.stride(1) > head_major.stride(0)
+    got = per_token_fp8_quant(head_major)
+    assert torch.equal(got[0].view(torch.uint8), expected[0].view(torch.uint8))
     for view in (heads_view.contiguous(), heads_view[:, :1]):
         got = per_token_fp8_quant(view)
         expected = per_token_fp8_quant(view.reshape(5, -1).clone())

@@ -828,6 +828,16 @@ def test_routing_params_reject_bad_groups():
     assert RoutingParams(E, 2, topk_group=99).topk_group == 99  # unused without groups
 
 
+def test_routing_params_reject_counts_that_are_not_ints_and_a_non_finite_scale():
+    # A float group count would reach the kernels as a float constexpr.
+    with pytest.raises(TypeError, match="num_expert_group must be an int, got 2.0"):
+        RoutingParams(E, 2, num_expert_group=2.0)
+    with pytest.raises(TypeError, match="top_k must be an int, got True"):
+        RoutingParams(E, True)
+    with pytest.raises(ValueError, match="routed_scaling_factor must be finite, got inf"):
+        RoutingParams(E, 2, routed_scaling_factor=float("inf"))
+
+
 def test_routing_params_are_a_frozen_value():
     routing = RoutingParams(E, K, routed_scaling_factor=2.5, num_fused_shared_experts=1)
     assert routing.columns == K + 1

@@ -309,6 +309,8 @@ def test_n_blocks_fit_the_grids_second_axis():
     # The LM head (163840 channels) in 2-channel blocks would need 81920 of them.
     lm_head = gemv_op.default_config(1, 163840, 2304, 2)
     assert -(-163840 // lm_head.block_n) <= 65535
+    fp32 = gemv_op.default_config(1, 163840, 2304, 4)
+    assert not fp32.use_dot and -(-163840 // fp32.block_n) <= 65535
     x = torch.zeros(1, 16, dtype=torch.bfloat16)
     w = torch.zeros(65536, 16, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="65536 N blocks"):

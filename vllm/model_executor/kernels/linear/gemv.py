@@ -59,22 +59,21 @@ and the MMAs sum the 3 K products in fp32: the bound above with 3 K + 1 for K + 
 Launch shape (``GemvConfig``, ``default_config``): grid (M blocks, N blocks, SPLIT_K) with the M
 blocks of one N block adjacent in launch order, so that M > BLOCK_M re-reads a weight tile from L2.
 The defaults aim at tens of KB of weight loads in flight per SM, the amount HBM latency needs on an
-H200 (132 SMs): a [BLOCK_N, BLOCK_K] tile of 4 KB per step (BLOCK_N 2; BLOCK_K 1024 for 16-bit
-weights, 2048 for FP8; the 1-2 rows this form serves by default), 4 warps, Triton's default 3
-pipeline stages, and
-SPLIT_K > 1 only when the N blocks alone give fewer than two programs per SM. ``USE_DOT`` swaps the
-broadcast-multiply-and-sum for ``tl.dot`` (weight as the wide operand, M padded to 16), whose time
-grows slowly with M: the default above ``FP8_GEMV_MAX_M`` (FP8) / ``BF16_GEMV_MAX_M`` (bf16 / fp16)
-rows (``_dot_config``: BLOCK_N 64 channels, the MMA's 64-row side, [64, 128] weight tiles, 4 stages,
-split-K up to one program per SM, fed to the same reduce kernel; FP8 MMAs for FP8 weights), and for
-fp32 weights at more than ``_FP32_DOT_MIN_M`` rows, where the FMA cost of one reduction per row and
-N block outgrows the weight read (the router's 256 x 2304 fp32 gate at T = 64..256); bf16 x
-takes ``bf16x3`` on bf16 tensor cores above ``_FP32_BF16X3_MIN_M`` rows (``_fp32_config``).
-``block_m`` (rows per program; None: ``min(16, next_power_of_2(M))``, with ``tl.dot``
-``next_power_of_2(M)`` within 16..64) trades L2 re-reads of the weight for fewer programs. These
-are starting points
-measured by ``benchmarks/kernels/benchmark_gemv.py --configs`` / ``--dot-sweep`` and, for fp32
-weights, ``benchmarks/kernels/benchmark_router.py --logits-configs``.
+H200 (132 SMs): a [BLOCK_N, BLOCK_K] tile of 4 KB per step (BLOCK_N 2, or more where N needs it to
+fit the grid; BLOCK_K 1024 for 16-bit weights, 2048 for FP8; the 1-2 rows this form serves by
+default), 4 warps, Triton's default 3 pipeline stages, and SPLIT_K > 1 only when the N blocks alone
+give fewer than two programs per SM. ``USE_DOT`` swaps the broadcast-multiply-and-sum for ``tl.dot``
+(weight as the wide operand, M padded to 16), whose time grows slowly with M: the default above
+``FP8_GEMV_MAX_M`` (FP8) / ``BF16_GEMV_MAX_M`` (bf16 / fp16) rows (``_dot_config``: BLOCK_N 64
+channels, the MMA's 64-row side, [64, 128] weight tiles, 4 stages, split-K up to one program per SM,
+fed to the same reduce kernel; FP8 MMAs for FP8 weights), and for fp32 weights at more than
+``_FP32_DOT_MIN_M`` rows, where the FMA cost of one reduction per row and N block outgrows the
+weight read (the router's 256 x 2304 fp32 gate at T = 64..256); bf16 x takes ``bf16x3`` on bf16
+tensor cores above ``_FP32_BF16X3_MIN_M`` rows (``_fp32_config``). ``block_m`` (rows per program;
+None: ``min(16, next_power_of_2(M))``, with ``tl.dot`` ``next_power_of_2(M)`` within 16..64) trades
+L2 re-reads of the weight for fewer programs. These are starting points measured by
+``benchmarks/kernels/benchmark_gemv.py --configs`` / ``--dot-sweep`` and, for fp32 weights,
+``benchmarks/kernels/benchmark_router.py --logits-configs``.
 
 Dispatch into the layers (thresholds are module constants, tuned from that benchmark):
 ``UnquantizedLinearMethod`` (vllm/model_executor/layers/linear.py) calls ``gemv`` for CUDA bf16 /
@@ -165,7 +164,7 @@ _MAX_DOT_BLOCK_M = 64  # the same with tl.dot: a [BLOCK_N, 64] fp32 acc stays in
 _TILE_BYTES = 4096
 _TILE_CHANNELS = 2
 _REDUCE_BLOCK = 1024  # outputs per program of the split-K reduction
-_MAX_GRID_Y = 65535  # CUDA's limit on a grid's second axis, which holds the N blocks
+_MAX_GRID_Y = 65535  # CUDA's limit on a grid's second (N blocks) and third (K splits) axes
 _FP32_DOT_MIN_M = 8  # fp32 weights: above this many rows the default config takes tl.dot
 _FP32_BF16X3_MIN_M = 4  # fp32 weights, bf16 x: above this many rows, tl.dot in bf16x3 form
 
@@ -387,12 +386,19 @@ def default_config(m: int, n: int, k: int, weight_bytes: int, bf16_x: bool = Fal
         return _fp32_config(m, n, k, bf16_x)
     if m > (FP8_GEMV_MAX_M if weight_bytes == 1 else BF16_GEMV_MAX_M):
         return _dot_config(m, n, k, weight_bytes)
-    block_n = _TILE_CHANNELS  # multiply-and-sum serves 1-2 rows: few to re-read from L2
-    while _cdiv(n, block_n) > _MAX_GRID_Y:  # the LM head's 163840 channels take 4
-        block_n *= 2
+    # Multiply-and-sum serves 1-2 rows: few to re-read from L2.
+    block_n = _fitting_block_n(_TILE_CHANNELS, n)
     block_k = max(64, min(_TILE_BYTES // (block_n * weight_bytes), next_power_of_2(k)))
     config = GemvConfig(block_n, block_k, num_warps=4)
     return replace(config, split_k=auto_split_k(m, n, k, config))
+
+
+def _fitting_block_n(block_n: int, n: int) -> int:
+    """`block_n`, doubled until the N blocks fit a grid's second axis (the LM head's 163840
+    channels take 4 where 2 would need 81920 blocks)."""
+    while _cdiv(n, block_n) > _MAX_GRID_Y:
+        block_n *= 2
+    return block_n
 
 
 def _dot_config(m: int, n: int, k: int, weight_bytes: int) -> GemvConfig:
@@ -419,7 +425,8 @@ def _fp32_config(m: int, n: int, k: int, bf16_x: bool) -> GemvConfig:
         config = GemvConfig(64, 64, use_dot=True, block_m=block_m, bf16x3=True)
         return replace(config, split_k=auto_split_k(m, n, k, config))
     if m <= _FP32_DOT_MIN_M:
-        block_n, block_k, use_dot, block_m = 2, min(1024, max(64, next_power_of_2(k))), False, None
+        block_k, use_dot, block_m = min(1024, max(64, next_power_of_2(k))), False, None
+        block_n = _fitting_block_n(2, n)
     else:
         block_n, block_k, use_dot = 16, 64, True
         block_m = max(16, min(64, next_power_of_2(m)))
@@ -490,15 +497,15 @@ def _launch(
     xs = x_scale if has_scales else out
     ws = w_scale if has_scales else out
     b = bias if bias is not None else out
+    grid = (_cdiv(m, block_m), _cdiv(n, config.block_n), split_k)
+    if max(grid[1:]) > _MAX_GRID_Y:
+        raise ValueError(
+            f"config.block_n {config.block_n} and {split_k} K splits give a grid of {grid[1]} N "
+            f"blocks by {split_k} for N = {n}: CUDA's second and third axes hold {_MAX_GRID_Y}"
+        )
     target = out
     if reduce is not None:
         target = torch.empty(split_k, m, n, dtype=torch.float32, device=out.device)
-    grid = (_cdiv(m, block_m), _cdiv(n, config.block_n), split_k)
-    if grid[1] > _MAX_GRID_Y:
-        raise ValueError(
-            f"config.block_n {config.block_n} gives {grid[1]} N blocks for N = {n}, more than a "
-            f"grid's second axis holds ({_MAX_GRID_Y})"
-        )
     launch(
         _gemv_kernel, grid,
         (x, weight, target, xs, ws, b, m, n, k, x.stride(0), weight.stride(0), out.stride(0),

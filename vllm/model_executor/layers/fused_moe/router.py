@@ -58,6 +58,7 @@ depends on T and the dtype only, so a captured graph always holds the path its s
 with.
 """
 
+import math
 from dataclasses import KW_ONLY, dataclass
 
 import torch
@@ -181,6 +182,9 @@ if triton is not None:
         )  # fmt: skip
 
 
+_INT_FIELDS = ("num_experts", "top_k", "num_expert_group", "topk_group", "num_fused_shared_experts")
+
+
 @dataclass(frozen=True)
 class RoutingParams:
     """What a MoE layer's selection is, checked once when built (ValueError naming the field):
@@ -207,6 +211,15 @@ class RoutingParams:
     num_fused_shared_experts: int = 0
 
     def __post_init__(self) -> None:
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            # bool is an int in Python, but never a count.
+            if type(value) is not int:
+                raise TypeError(f"{name} must be an int, got {value!r}")
+        if not math.isfinite(self.routed_scaling_factor):
+            raise ValueError(
+                f"routed_scaling_factor must be finite, got {self.routed_scaling_factor}"
+            )
         experts, top_k, groups = self.num_experts, self.top_k, self.num_expert_group
         if self.num_fused_shared_experts < 0:
             raise ValueError(
@@ -261,7 +274,9 @@ class RoutingParams:
         if not bias.is_floating_point():
             raise ValueError(f"e_score_correction_bias must be floating point, got {bias.dtype}")
         if bias.device != device:
-            raise ValueError(f"e_score_correction_bias is on {bias.device}, the logits on {device}")
+            raise ValueError(
+                f"e_score_correction_bias is on {bias.device}, the {source} on {device}"
+            )
 
 
 def _check_args(

@@ -34,7 +34,8 @@ Attention, decodes first like KDA (`MLAMetadata`):
   `ops/mla_prefill.py`: torch's fused attention in the model dtype on GPU (no score matrix; the
   key built in one launch, the value read in place from `kv_b_proj`'s output), the masked fp32
   softmax reference on CPU. Each sequence's output is copied into the layer's output rows, except
-  in a batch that is one prefill with a PTPC FP8 `o_proj` (a long prompt): there `o_proj`'s
+  in a batch that is one prefill with a PTPC FP8 `o_proj` and no output gate (Kimi-Linear; a
+  long prompt): there `o_proj`'s
   per-token quantization reads the attention output in place (`per_token_fp8_quant` of its
   `[T, H, v]` view), which gives the codes of the copy.
 """

@@ -2,8 +2,9 @@
 
 ``per_token_fp8_quant(x)``
     ``x``: ``[T, K]`` bf16 / fp16 / fp32, unit stride on the last dim, any row stride; or
-    ``[T, H, D]`` (any token and head strides), quantized as the ``[T, H * D]`` rows it would
-    reshape to, read in place (heads of an attention output with padded head rows). Returns
+    ``[T, H, D]`` (unit stride on D, any token and head strides), quantized as the ``[T, H * D]``
+    rows it would reshape to, read in place (heads of an attention output with padded head
+    rows). Returns
     ``q`` ``[T, K]`` FP8 (row-major) and ``scale`` ``[T, 1]`` fp32, with ``q * scale``
     approximating ``x``. One Triton launch on GPU (CUDA and ROCm); the torch reference
     ``per_token_fp8_quant_ref`` beside it runs everywhere (and is what CPU tensors use unless
@@ -102,8 +103,13 @@ if triton is not None:
     def _x_cols(cols, stride_xh, HEAD_DIM: tl.constexpr):
         # Column offsets of a row: as they are, or of heads of HEAD_DIM columns stride_xh apart.
         if HEAD_DIM == 0:
-            return cols
-        return (cols // HEAD_DIM) * stride_xh + cols % HEAD_DIM
+            offsets = cols
+        else:
+            # In int64: a head stride larger than the token stride ([H, T, D] memory) passes
+            # 2^31 elements long before the token offsets do. (One return: Triton wants the
+            # same type from every return of a function, taken or not.)
+            offsets = (cols // HEAD_DIM).to(tl.int64) * stride_xh + cols % HEAD_DIM
+        return offsets
 
     @triton.jit
     def _per_token_fp8_quant_kernel(
