@@ -17,7 +17,7 @@ import zlib
 from collections.abc import Iterator
 
 import fp8_interpreter
-import interpreter_xor_reduce
+import interpreter_fast_paths
 import numpy as np
 import pytest
 import torch
@@ -61,11 +61,11 @@ def _seed_each_test(request: pytest.FixtureRequest) -> None:
 @pytest.fixture(autouse=True, scope="session")
 def _interpreter_fp8_rounding():
     """Make the Triton interpreter's fp32 -> fp8 / bf16 casts round like torch (and the GPU),
-    and its integer XOR reductions (every `tl.sort`) run vectorised."""
+    and install its fast paths (tests/interpreter_fast_paths.py)."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         yield
         return
-    restores = [fp8_interpreter.install(), interpreter_xor_reduce.install()]
+    restores = [fp8_interpreter.install(), interpreter_fast_paths.install()]
     try:
         yield
     finally:
