@@ -1112,6 +1112,7 @@ GROUPED_ROUTER = RoutingParams(E, K, num_expert_group=4, topk_group=2, routed_sc
     "routing,shared",
     [(GROUPED_ROUTER, 1), (GROUPED_ROUTER, 2),  # one and several shared columns
      (KIMI_LINEAR_ROUTER, 1)],  # top-8 + 1: the kernel's slot block pads to 16
+    ids=["16-grouped-1", "16-grouped-2", "256-1"],
 )  # fmt: skip
 def test_router_appends_fused_shared_expert_columns(routing, shared, triton_launches):
     experts = routing.num_experts
