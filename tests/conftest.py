@@ -17,6 +17,7 @@ import zlib
 from collections.abc import Iterator
 
 import fp8_interpreter
+import interpreter_fast_paths
 import numpy as np
 import pytest
 import torch
@@ -59,15 +60,17 @@ def _seed_each_test(request: pytest.FixtureRequest) -> None:
 
 @pytest.fixture(autouse=True, scope="session")
 def _interpreter_fp8_rounding():
-    """Make the Triton interpreter's fp32 -> fp8 / bf16 casts round like torch (and the GPU)."""
+    """Make the Triton interpreter's fp32 -> fp8 / bf16 casts round like torch (and the GPU),
+    and install its fast paths (tests/interpreter_fast_paths.py)."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         yield
         return
-    restore = fp8_interpreter.install()
+    restores = [fp8_interpreter.install(), interpreter_fast_paths.install()]
     try:
         yield
     finally:
-        restore()
+        for restore in reversed(restores):
+            restore()
 
 
 @pytest.fixture(scope="module")

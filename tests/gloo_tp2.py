@@ -2,13 +2,16 @@
 
 `run_tp2(worker, *args)` returns `{rank: worker(rank, *args)}`; `worker` must be a module-level
 function (it is pickled into the spawned processes) and its result picklable. The workers are
-fresh processes: they install the interpreter's FP8 rounding fix themselves
-(tests/fp8_interpreter.py), as the parent's test session does.
+fresh processes: they install the interpreter's FP8 rounding fix and fast paths themselves
+(tests/fp8_interpreter.py, tests/interpreter_fast_paths.py), as the parent's test session does,
+and run one intra-op thread each.
 """
 
 import os
 
 import fp8_interpreter
+import interpreter_fast_paths
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
@@ -22,6 +25,11 @@ def _entry(rank, port, worker, args, results):
     # with the parent's environment before this runs, so they must keep its choice.
     os.environ.setdefault("TRITON_INTERPRET", "1")
     fp8_interpreter.install()  # the process ends with the worker: nothing to restore
+    interpreter_fast_paths.install()
+    # One intra-op thread a rank: two ranks of torch's default (a thread per core) oversubscribe
+    # the cores, and a rank whose spinning threads hold a core stalls its peer in every gloo
+    # collective (a model test ran 40x slower, far worse on a loaded host).
+    torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         initialize_model_parallel(2)

@@ -103,10 +103,10 @@ DRY_RUN = dict(experts=8, topk=2, hidden=64, intermediate=32)
 
 def time_eager(fn: Callable[[], object], device: torch.device, reps: int = 20) -> float:
     """Median microseconds per eager call (includes the host syncs the call itself makes). On the
-    CPU, where only --dry-run times (interpreted kernels: the numbers mean nothing), at most 2
-    reps: the loop still runs, in 3 calls instead of 21."""
+    CPU, where only --dry-run times (interpreted kernels: the numbers mean nothing), one rep:
+    the loop still runs, in 2 calls instead of 21."""
     if device.type == "cpu":
-        reps = min(reps, 2)
+        reps = 1
     fn()
     times = []
     for _ in range(reps):

@@ -920,7 +920,8 @@ def decision_gap(logits, bias, top_k, groups=1, topk_group=1, scoring_func="sigm
 
 
 def assert_router_matches_reference(logits, bias, routing, launches=None):
-    """Kernel vs reference on tie-free data: identical ids, weights within fp32 ulps."""
+    """Kernel vs reference on tie-free data: identical ids, weights within fp32 ulps. Returns
+    both outputs, kernel's first, for further checks without a second launch."""
     if logits.shape[0]:
         gap = decision_gap(logits, bias, routing.top_k, routing.num_expert_group,
                            routing.topk_group, routing.scoring_func)  # fmt: skip
@@ -932,6 +933,7 @@ def assert_router_matches_reference(logits, bias, routing, launches=None):
     torch.testing.assert_close(weights, ref_weights, **ROUTER_ULPS)
     if launches is not None:
         assert launches["_grouped_topk_kernel"] == 1
+    return (weights, ids), (ref_weights, ref_ids)
 
 
 @pytest.mark.parametrize("tokens", [1, 3, 17])
@@ -1113,19 +1115,21 @@ def test_router_kernel_replays_in_a_cuda_graph():
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("shared", [1, 2])
+GROUPED_ROUTER = RoutingParams(E, K, num_expert_group=4, topk_group=2, routed_scaling_factor=2.5)
+
+
 @pytest.mark.parametrize(
-    "routing",
-    [RoutingParams(E, K, num_expert_group=4, topk_group=2, routed_scaling_factor=2.5),
-     KIMI_LINEAR_ROUTER],  # top-8 + 1: the kernel's slot block pads to 16
+    "routing,shared",
+    [(GROUPED_ROUTER, 1), (GROUPED_ROUTER, 2),  # one and several shared columns
+     (KIMI_LINEAR_ROUTER, 1)],  # top-8 + 1: the kernel's slot block pads to 16
+    ids=["16-grouped-1", "16-grouped-2", "256-1"],
 )  # fmt: skip
 def test_router_appends_fused_shared_expert_columns(routing, shared, triton_launches):
     experts = routing.num_experts
     logits, bias = router_inputs(5, experts, seed=0)  # tie-free at both sizes
     routing = replace(routing, num_fused_shared_experts=shared)
-    assert_router_matches_reference(logits, bias, routing, triton_launches)
-    for impl in (grouped_topk_triton, grouped_topk_ref):
-        weights, ids = impl(logits, bias, routing)
+    # The kernel's and the reference's outputs, each checked on its own below.
+    for weights, ids in assert_router_matches_reference(logits, bias, routing, triton_launches):
         top_k = routing.top_k
         assert ids.shape == weights.shape == (5, top_k + shared)
         shared_ids = torch.arange(experts, experts + shared, device=DEVICE).expand(5, -1)
@@ -1136,8 +1140,12 @@ def test_router_appends_fused_shared_expert_columns(routing, shared, triton_laun
         RoutingParams(experts, 2, num_fused_shared_experts=-1)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("topk", [9, 17])  # slots unrolled, not padded to 16 / 32
+# Slots unrolled, not padded to 16 / 32. The slot count and the dtype are independent constexprs
+# of one kernel body (the dtype sets only the rounding points, which test_triton_matches_loop
+# covers in both): each count runs in one dtype, and each dtype with one count.
+@pytest.mark.parametrize(
+    "topk,dtype", [(9, torch.float32), (17, torch.bfloat16)], ids=["9-fp32", "17-bf16"]
+)
 def test_triton_more_than_eight_slots_matches_loop(topk, dtype, triton_launches):
     shape = dict(experts=20, hidden=64, inter=32, topk=topk)
     x, w13, w2, w, ids = make_case(3, dtype, DEVICE, seed=topk, **shape)

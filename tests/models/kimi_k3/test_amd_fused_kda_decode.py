@@ -52,7 +52,8 @@ def clone(step):
 
 
 def check_against_unfused(step, lower_bound, config, triton_launches):
-    """Runs the kernel(s) and the unfused reference on copies of the states and compares."""
+    """Runs the kernel(s) and the unfused reference on copies of the states and compares;
+    returns the kernel's output and its step (with the updated states)."""
     heads, d = step["ssm_state"].shape[1], step["ssm_state"].shape[-1]
     n, dtype = step["b"].shape[0], step["mixed_qkv"].dtype
     ref_step, got_step = clone(step), clone(step)
@@ -72,6 +73,7 @@ def check_against_unfused(step, lower_bound, config, triton_launches):
     untouched[step["slots"]] = False
     assert torch.equal(got_step["ssm_state"][untouched], step["ssm_state"][untouched])
     assert torch.equal(got_step["conv_state"][untouched], step["conv_state"][untouched])
+    return got, got_step
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -153,7 +155,7 @@ def test_shift_program_counts_give_identical_results(norm, triton_launches):
     (96 programs); every count matches the unfused ops, and all give the same bits. The norm-only
     and no-norm launches (shift programs from column 1, or from 0) take 1, 2 and 6: a loop, an
     uneven split and a narrow tile, without the 96 programs the interpreter pays for."""
-    step = make_step(3, 3, 16, 4, torch.bfloat16, seed=11)
+    step = make_step(2, 3, 16, 4, torch.bfloat16, seed=11)  # two tokens: per-token offsets
     if norm == "no-norm":
         step["gate"] = step["norm_weight"] = None
     results = []
@@ -162,13 +164,12 @@ def test_shift_program_counts_give_identical_results(norm, triton_launches):
             triton_launches[name] = 0
         config = KdaDecodeConfig(block_v=4, num_warps=2, shift_programs=programs)
         if norm == "quant":
-            got = check_quantized_equals_quantized_output(step, config, triton_launches)
+            codes, (out, out_step) = check_quantized_equals_quantized_output(
+                step, config, triton_launches
+            )
         else:
-            check_against_unfused(step, -5.0, config, triton_launches)
-            got = ()
-        got_step = clone(step)
-        out = fused_kda_decode(**got_step, lower_bound=-5.0, config=config)
-        results.append((*got, out, got_step["conv_state"], got_step["ssm_state"]))
+            codes, (out, out_step) = (), check_against_unfused(step, -5.0, config, triton_launches)
+        results.append((*codes, out, out_step["conv_state"], out_step["ssm_state"]))
     for other in results[1:]:
         for a, b in zip(results[0], other, strict=True):
             assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
@@ -227,7 +228,7 @@ def test_gpu_cuda_graph_replay_matches_eager(n):
 
 def check_quantized_equals_quantized_output(step, config, triton_launches, quant_dtype=None):
     """`quantize=True` against per_token_fp8_quant(the bf16 output), bit for bit, and the same
-    state updates; returns the codes and scales."""
+    state updates; returns the codes and scales, and the bf16 output and its step."""
     n, heads, d = step["gate"].shape
     plain_step, quant_step = clone(step), clone(step)
     plain = fused_kda_decode(**plain_step, lower_bound=-5.0, config=config)
@@ -247,7 +248,7 @@ def check_quantized_equals_quantized_output(step, config, triton_launches, quant
     assert torch.equal(scale, ref_scale)
     assert torch.equal(quant_step["ssm_state"], plain_step["ssm_state"])
     assert torch.equal(quant_step["conv_state"], plain_step["conv_state"])
-    return q, scale
+    return (q, scale), (plain, plain_step)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # exp(1e4) in the interpreter's sigmoid
@@ -264,7 +265,7 @@ def test_quantized_epilogue_equals_quantizing_the_output(
     monkeypatch.setattr(decode_module, "_EPILOGUE_TILE", tile)
     step = make_step(n, heads, d, 4, torch.bfloat16, seed=n * 10 + heads)
     step["gate"][0] = -1.0e4
-    q, scale = check_quantized_equals_quantized_output(
+    (q, scale), _ = check_quantized_equals_quantized_output(
         step, KdaDecodeConfig(block_v, num_warps=2), triton_launches, quant_dtype
     )
     min_scale = decode_module.fp8_quant_params(quant_dtype)[2]
@@ -306,10 +307,10 @@ def test_gpu_shift_programs_kimi_linear_sizes(n, triton_launches):
         for name in triton_launches:
             triton_launches[name] = 0
         config = KdaDecodeConfig(default.block_v, default.num_warps, programs)
-        q, scale = check_quantized_equals_quantized_output(step, config, triton_launches)
-        got_step = clone(step)
-        out = fused_kda_decode(**got_step, lower_bound=-5.0, config=config)
-        results.append((q, scale, out, got_step["conv_state"], got_step["ssm_state"]))
+        (q, scale), (out, out_step) = check_quantized_equals_quantized_output(
+            step, config, triton_launches
+        )
+        results.append((q, scale, out, out_step["conv_state"], out_step["ssm_state"]))
     for other in results[1:]:
         for a, b in zip(results[0], other, strict=True):
             assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))

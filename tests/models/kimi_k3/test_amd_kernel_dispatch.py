@@ -73,9 +73,14 @@ def test_one_token_decode_norms_in_the_moe_routers_launch(triton_launches, monke
     kernels = ("_rms_norm_kernel", "_fused_router_topk_kernel", "_grouped_topk_kernel")
 
     def decode(batch: dict[int, list[int]]) -> tuple[torch.Tensor, tuple[int, ...]]:
-        """Prefill `batch`, then decode one token per sequence: (decode logits, its launches)."""
+        """Prefill `batch`, then decode one token per sequence: (decode logits, its launches).
+        The prefill only writes the state that the decode reads, so its ops run their torch
+        references (`use_triton` reads TRITON_INTERPRET at each call): interpreted, the three
+        prefills were two thirds of the test, and the test above launches a prefill's kernels."""
         harness = Harness(model)
-        harness.step(batch)
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("TRITON_INTERPRET", "0")
+            harness.step(batch)
         before = [triton_launches[k] for k in kernels]
         logits = harness.step({sid: [7] for sid in batch})
         return logits, tuple(triton_launches[k] - b for k, b in zip(kernels, before, strict=True))
