@@ -28,7 +28,6 @@ mask `[Lq, ctx]` stands in and `v` is used as it is.
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 from vllm.triton_utils import next_power_of_2, use_triton
 
@@ -145,6 +144,10 @@ def mla_prefill_attention(
     k = mla_prefill_key(k_nope, k_pe)
     first = 0
     if q.is_cuda:
+        # Imported here: the module pulls in torch._dynamo (~1.5 s), which CPU-only processes
+        # (the engine's workers on a host without a GPU, the tests' TP ranks) never need.
+        from torch.nn.attention.bias import causal_lower_right
+
         mask = causal_lower_right(lq, ctx)
         v, first = _value_operand(k_nope, v, qk)
     else:
