@@ -86,6 +86,7 @@ def test_per_token_quant_reads_heads_in_place(heads, head_dim, padded, dtype, tr
     head_major = wide.transpose(0, 1).contiguous().transpose(0, 1)[..., padded - head_dim :]
     assert head_major.stride(1) > head_major.stride(0)
     got = per_token_fp8_quant(head_major)
+    assert triton_launches["_per_token_fp8_quant_kernel"] == 3  # read in place, not copied
     assert torch.equal(got[0].view(torch.uint8), expected[0].view(torch.uint8))
     for view in (heads_view.contiguous(), heads_view[:, :1]):
         got = per_token_fp8_quant(view)

@@ -333,11 +333,11 @@ def _default_warps(block_e: int, tokens: int) -> int:
     # batch timed on the H200 (benchmark_router.py --warps 1 2 4, 2026-12-01: 3.6 / 3.7 / 4.4 us
     # against 4.2 / 4.5 / 4.6 at T = 1 / 64 / 256), although the stages that cross warps go
     # through shared memory. A prefill's thousands of programs fill the GPU with one warp each:
-    # at 8192 tokens the 4-warp kernel took 71 us a layer in the eighth run's engine profile,
-    # where the seventh run's profile, with one warp, had it below 33 (docs/performance.md; the
-    # one-warp rule itself was not timed). The renormalizing sum's order follows the warps, so a
-    # token's weights may differ in their last bits between batches of <= 256 and > 256 tokens
-    # (the ids do not). Tiny expert counts keep one warp: there is nothing to spread.
+    # 4.7 / 8.9 / 27.8 us against 6.3 / 17.4 / 60.8 with 4 warps at T = 512 / 2048 / 8192
+    # (benchmark_router.py --warps, 2026-12-02, docs/performance.md "Ninth run"). The
+    # renormalizing sum's order follows the warps, so a token's weights may differ in their last
+    # bits between batches of <= 256 and > 256 tokens (the ids do not). Tiny expert counts keep
+    # one warp: there is nothing to spread.
     return 1 if block_e < 128 or tokens > _WIDE_MAX_TOKENS else 4
 
 
