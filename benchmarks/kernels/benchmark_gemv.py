@@ -19,7 +19,7 @@ time), reported as % of copy.
 A table per (dtype, shape, M) then names the fastest GEMV config and its time against the
 vendor GEMM's. The last lines suggest BF16_GEMV_MAX_M / FP8_GEMV_MAX_M (gemv.py): the largest
 measured M up to which the fastest multiply-and-sum config beats the vendor GEMM at every shape
-the layers may send (weights of at most gemv.BF16_GEMV_MAX_WEIGHT_NUMEL /
+the layers may send (weights of at most gemv_config.BF16_GEMV_MAX_WEIGHT_NUMEL /
 FP8_GEMV_MAX_WEIGHT_NUMEL elements) and every smaller M; and BF16_DOT_MAX_M / FP8_DOT_MAX_M: from
 there on, the same for the tl.dot configs.
 
@@ -31,12 +31,12 @@ there on, the same for the tl.dot configs.
         --m 8 16 32 64 128 256 --dot-sweep --csv dot_fp8.csv
     python benchmarks/kernels/benchmark_gemv.py --dry-run       # tiny shapes on the CPU
 
-A config is `BLOCK_N,BLOCK_K,WARPS[,SPLIT_K[,STAGES[,dot|dot8]]][,mBLOCK_M]` (gemv.GemvConfig:
-output channels per program, K chunk per step, warps, K splits (default 1; `a`:
-gemv.auto_split_k), software-pipeline stages (default 3), tl.dot instead of multiply-and-sum
-(`dot8`: with FP8 weights, the FP8 codes into the FP8 MMA; bf16 rows skip it), rows per program),
-or `default` for gemv.default_config. --dot-sweep adds the tl.dot grid of DOT_SWEEP. A config
-that does not fit the GPU (shared memory, registers) is reported and skipped.
+A config is `BLOCK_N,BLOCK_K,WARPS[,SPLIT_K[,STAGES[,dot|dot8]]][,mBLOCK_M]`
+(gemv_config.GemvConfig: output channels per program, K chunk per step, warps, K splits (default 1;
+`a`: gemv_config.auto_split_k), software-pipeline stages (default 3), tl.dot instead of
+multiply-and-sum (`dot8`: with FP8 weights, the FP8 codes into the FP8 MMA; bf16 rows skip it), rows
+per program), or `default` for gemv_config.default_config. --dot-sweep adds the tl.dot grid of
+DOT_SWEEP. A config that does not fit the GPU (shared memory, registers) is reported and skipped.
 """
 
 import argparse
@@ -52,8 +52,9 @@ import torch.nn.functional as F
 from benchmark_rmsnorm_gated_fp8_per_token import copy_gbps, time_graph, write_csv
 from triton.runtime.errors import OutOfResources
 
-from vllm.model_executor.kernels.linear import gemv as gemv_op
-from vllm.model_executor.kernels.linear.gemv import GemvConfig, gemv, gemv_fp8
+from vllm.model_executor.kernels.linear import gemv_config as gemv_cfg
+from vllm.model_executor.kernels.linear.gemv import gemv, gemv_fp8
+from vllm.model_executor.kernels.linear.gemv_config import GemvConfig
 from vllm.model_executor.kernels.linear.scaled_mm.pytorch import dequantized_matmul
 from vllm.platforms import current_platform
 
@@ -83,8 +84,8 @@ DOT_SWEEP = [
 
 def gemv_config(text: str) -> tuple[str, GemvConfig | None]:
     """`BLOCK_N,BLOCK_K,WARPS[,SPLIT_K[,STAGES[,dot|dot8|dot3]]][,mBLOCK_M]` or `default` ->
-    (label, config); SPLIT_K `a`: gemv.auto_split_k (split_k None); dot8: FP8 MMA (`fp8_mma`),
-    dot3: fp32 weights as three bf16 terms (`bf16x3`)."""
+    (label, config); SPLIT_K `a`: gemv_config.auto_split_k (split_k None); dot8: FP8 MMA
+    (`fp8_mma`), dot3: fp32 weights as three bf16 terms (`bf16x3`)."""
     if text == "default":
         return text, None
     parts = text.split(",")
@@ -238,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         type=gemv_config,
         default=[("default", None)],
         metavar="BN,BK,W[,S[,ST[,dot|dot8]]][,mBM]",
-        help="GEMV configs to time (a sweep); default: gemv.default_config only",
+        help="GEMV configs to time (a sweep); default: gemv_config.default_config only",
     )
     parser.add_argument(
         "--dot-sweep", action="store_true", help="add the tl.dot configs of DOT_SWEEP"
@@ -311,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
                     for path, config, label in paths:
                         kind = path  # the row's: vendor, gemv (multiply-and-sum) or dot
                         if path != "vendor":
-                            used = config or gemv_op.default_config(m, n, k, element)
+                            used = config or gemv_cfg.default_config(m, n, k, element)
                             kind = "dot" if used.use_dot else "gemv"
                         calls = calls_for(dtype, path, config, x, x_scale, weights, w_scale)
 
@@ -348,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     # The thresholds only reach weights the layers may send to the GEMV.
     for dtype in args.dtypes:
         prefix = dtype.upper()
-        max_numel = getattr(gemv_op, f"{prefix}_GEMV_MAX_WEIGHT_NUMEL")
+        max_numel = getattr(gemv_cfg, f"{prefix}_GEMV_MAX_WEIGHT_NUMEL")
         sendable = [r for r in rows if r["n"] * r["k"] <= max_numel]
         limit = suggest_max_m(sendable, dtype)
         if limit is None:
@@ -357,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         record[name] = limit
         print(
             f"{dtype}: the GEMV beats the vendor GEMM at every shape up to M = {limit}: "
-            f"{name} = {limit} (now {getattr(gemv_op, name)})"
+            f"{name} = {limit} (now {getattr(gemv_cfg, name)})"
         )
         dot_limit = suggest_max_m(sendable, dtype, "dot", above=limit)
         if dot_limit is not None:
@@ -366,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
             won = f"up to M = {dot_limit}" if dot_limit > limit else "at no measured M"
             print(
                 f"{dtype}: above it, tl.dot beats the vendor GEMM at every shape {won}: "
-                f"{name} = {record[name]} (now {getattr(gemv_op, name)})"
+                f"{name} = {record[name]} (now {getattr(gemv_cfg, name)})"
             )
     if args.output_json:
         with open(args.output_json, "w") as f:

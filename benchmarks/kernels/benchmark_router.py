@@ -21,8 +21,9 @@ gate `[256, 2304]`. A decode step runs one per MoE layer, each with its own 2.4 
 graph replays --layers calls over as many distinct gates (26: 61 MB, beyond the H200's L2): the
 weight comes from HBM as it does in the model. Bytes are the gate, x and the logits; the weight
 read alone sets the floor. --logits-configs adds a sweep of GEMV configs (the syntax of
-benchmark_gemv.py; `default` is gemv.default_config), each checked against the fp64 bound of the
-tests first; the last lines name the fastest config per T, to update gemv._fp32_config.
+benchmark_gemv.py; `default` is gemv_config.default_config), each checked against the fp64 bound
+of the tests first; the last lines name the fastest config per T, to update
+gemv_config._fp32_config.
 
     python benchmarks/kernels/benchmark_router.py --logits --csv logits.csv
     python benchmarks/kernels/benchmark_router.py --logits --logits-configs default \
@@ -32,7 +33,8 @@ tests first; the last lines name the fastest config per T, to update gemv._fp32_
         --logits-configs default 64,64,4,a,3,dot3 64,64,4,a,3,dot3,m32 128,64,8,a,3,dot3 \
         64,32,4,a,4,dot3 64,64,4,1,3,dot3,m64
 
-`dot3` configs split the fp32 gate into three bf16 terms for bf16 MMAs (gemv.GemvConfig.bf16x3).
+`dot3` configs split the fp32 gate into three bf16 terms for bf16 MMAs
+(gemv_config.GemvConfig.bf16x3).
 
 --fused times what KimiMoE routes a decode batch with: the two launches `router_logits` then
 `grouped_topk` against `fused_router_topk` (fused_router.py, one launch), with Kimi-Linear's fused

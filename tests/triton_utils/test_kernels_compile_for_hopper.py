@@ -29,7 +29,8 @@ from counted_kernels import COUNTED_KERNELS
 
 import vllm.models.kimi_k3.amd.ops.fused_kda_decode as kda_decode_module
 import vllm.models.kimi_k3.amd.ops.mla_decode as mla_decode_module
-from vllm.model_executor.kernels.linear.gemv import GemvConfig, gemv, gemv_fp8, gemv_fp32
+from vllm.model_executor.kernels.linear.gemv import gemv, gemv_fp8, gemv_fp32
+from vllm.model_executor.kernels.linear.gemv_config import GemvConfig
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.fused_moe.experts_triton import moe_experts_triton
 from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (

@@ -18,13 +18,14 @@ import pytest
 import torch
 
 from vllm.model_executor.kernels.linear import gemv as gemv_op
+from vllm.model_executor.kernels.linear import gemv_config as gemv_cfg
 from vllm.model_executor.kernels.linear.gemv import (
-    GemvConfig,
     gemv,
     gemv_fp8,
     gemv_fp8_ref,
     gemv_ref,
 )
+from vllm.model_executor.kernels.linear.gemv_config import GemvConfig
 from vllm.model_executor.kernels.linear.scaled_mm.pytorch import (
     RowWiseTorchFP8ScaledMMLinearKernel,
     dequantized_matmul,
@@ -149,9 +150,9 @@ def test_fp8_dot_matches_exact(triton_launches, fp8_mma, config, m, bias):
 @pytest.mark.parametrize("weight_bytes", [1, 2])
 def test_default_config_takes_dot_above_the_gemv_rows(triton_launches, weight_bytes):
     # One row more than the multiply-and-sum's range: the default config is tl.dot, and runs.
-    gemv_max = gemv_op.FP8_GEMV_MAX_M if weight_bytes == 1 else gemv_op.BF16_GEMV_MAX_M
-    assert not gemv_op.default_config(gemv_max, 37, 200, weight_bytes).use_dot
-    assert gemv_op.default_config(gemv_max + 1, 37, 200, weight_bytes).use_dot
+    gemv_max = gemv_cfg.FP8_GEMV_MAX_M if weight_bytes == 1 else gemv_cfg.BF16_GEMV_MAX_M
+    assert not gemv_cfg.default_config(gemv_max, 37, 200, weight_bytes).use_dot
+    assert gemv_cfg.default_config(gemv_max + 1, 37, 200, weight_bytes).use_dot
     if weight_bytes == 1:
         a, a_scale, w, w_scale, b = fp8_case(gemv_max + 1, 37, 200, DEVICE, seed=60, bias=True)
         assert_within_bound(gemv_fp8(a, a_scale, w, w_scale, b), a, w, b, a_scale, w_scale)
@@ -166,12 +167,12 @@ def test_dot_default_config_fills_the_h200(monkeypatch):
     # 64-row side of channels per program, rows in blocks of 16..64, [64, 128] weight tiles (FP8
     # into the FP8 MMA), and enough K splits for one program per SM wherever each split still
     # keeps two K chunks.
-    monkeypatch.setattr(gemv_op, "num_sms", lambda: 132)
-    gemv_op.default_config.cache_clear()
+    monkeypatch.setattr(gemv_cfg, "num_sms", lambda: 132)
+    gemv_cfg.default_config.cache_clear()
     try:
         for weight_bytes, (k, n) in [(1, (4096, 2304)), (2, (4096, 2304)), (2, (2304, 12448))]:
             for m in [8, 16, 32, 64, 128, 256]:
-                cfg = gemv_op.default_config(m, n, k, weight_bytes)
+                cfg = gemv_cfg.default_config(m, n, k, weight_bytes)
                 cfg.check()
                 assert cfg.use_dot and cfg.fp8_mma == (weight_bytes == 1)
                 assert (cfg.block_n, cfg.block_k) == (64, 128)
@@ -179,9 +180,9 @@ def test_dot_default_config_fills_the_h200(monkeypatch):
                 programs = -(-n // cfg.block_n) * -(-m // block_m) * cfg.split_k
                 assert programs >= 132 or k < 4 * cfg.split_k * cfg.block_k
                 assert cfg.split_k == 1 or k >= 2 * cfg.split_k * cfg.block_k
-        assert gemv_op.default_config(16, 2304, 4096, 1).split_k == 4  # 36 N blocks x 4
+        assert gemv_cfg.default_config(16, 2304, 4096, 1).split_k == 4  # 36 N blocks x 4
     finally:
-        gemv_op.default_config.cache_clear()
+        gemv_cfg.default_config.cache_clear()
 
 
 def test_fp8_mma_config_errors():
@@ -201,7 +202,7 @@ def test_more_rows_than_a_block_and_fp16(triton_launches):
     # weights; no bias.
     x, w, _ = bf16_case(65, 9, 64, DEVICE, seed=3, bias=False)
     x, w = x.half(), w.half()
-    assert gemv_op._block_m(gemv_op.default_config(65, 9, 64, 2), 65) == 64
+    assert gemv_cfg.block_rows(gemv_cfg.default_config(65, 9, 64, 2), 65) == 64
     out = gemv(x, w)
     assert out.dtype == torch.float16
     assert_within_bound(out, x, w)
@@ -298,18 +299,18 @@ def test_fp8_out_dtype_and_config_errors():
 
 def test_default_config_fills_the_gpu():
     for m, n, k in [(1, 2304, 4096), (16, 1024, 2304), (1, 163840, 2304)]:
-        config = gemv_op.default_config(m, n, k, 2)
+        config = gemv_cfg.default_config(m, n, k, 2)
         config.check()
         if not config.use_dot:
-            assert config.block_k * config.block_n * 2 <= gemv_op._TILE_BYTES
+            assert config.block_k * config.block_n * 2 <= gemv_cfg._TILE_BYTES
         assert config.split_k == 1 or k >= 2 * config.split_k * config.block_k
 
 
 def test_n_blocks_fit_the_grids_second_axis():
     # The LM head (163840 channels) in 2-channel blocks would need 81920 of them.
-    lm_head = gemv_op.default_config(1, 163840, 2304, 2)
+    lm_head = gemv_cfg.default_config(1, 163840, 2304, 2)
     assert -(-163840 // lm_head.block_n) <= 65535
-    fp32 = gemv_op.default_config(1, 163840, 2304, 4)
+    fp32 = gemv_cfg.default_config(1, 163840, 2304, 4)
     assert not fp32.use_dot and -(-163840 // fp32.block_n) <= 65535
     x = torch.zeros(1, 16, dtype=torch.bfloat16)
     w = torch.zeros(65536, 16, dtype=torch.bfloat16)
@@ -320,8 +321,8 @@ def test_n_blocks_fit_the_grids_second_axis():
 def test_default_multiply_and_sum_tiles_hold_the_same_bytes_for_every_weight_dtype():
     # FP8 o_proj at M = 1-2: two channels of 2048 codes, where bf16 takes two of 1024.
     for m in (1, 2):
-        fp8 = gemv_op.default_config(m, 2304, 4096, 1)
-        bf16 = gemv_op.default_config(m, 2304, 4096, 2)
+        fp8 = gemv_cfg.default_config(m, 2304, 4096, 1)
+        bf16 = gemv_cfg.default_config(m, 2304, 4096, 2)
         assert (fp8.block_n, fp8.block_k, bf16.block_n, bf16.block_k) == (2, 2048, 2, 1024)
         assert not fp8.use_dot and not bf16.use_dot
 
@@ -346,7 +347,7 @@ def test_cpu_layer_uses_f_linear(triton_launches):
     out = layer(x)[0]
     assert torch.equal(out, torch.nn.functional.linear(x, layer.weight, layer.bias))
     assert triton_launches["_gemv_kernel"] == 0
-    assert not gemv_op.use_bf16_gemv(x, layer.weight)
+    assert not gemv_cfg.use_bf16_gemv(x, layer.weight)
 
 
 def rowwise_kernel(w: torch.Tensor) -> RowWiseTorchFP8ScaledMMLinearKernel:
@@ -373,37 +374,39 @@ WEIGHT_SIZES = [((2304, 4096), True, True), ((6720, 2304), False, True),
 
 @pytest.mark.parametrize(("shape", "bf16", "fp8"), WEIGHT_SIZES)
 def test_fp8_dispatch_by_weight_size(shape, bf16, fp8):
-    assert gemv_op.use_fp8_gemv(1, torch.empty(shape, device="meta")) == fp8
+    assert gemv_cfg.use_fp8_gemv(1, torch.empty(shape, device="meta")) == fp8
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("shape", "bf16", "fp8"), WEIGHT_SIZES)
 def test_gpu_bf16_dispatch_by_weight_size(shape, bf16, fp8):
     x = torch.zeros(1, shape[1], dtype=torch.bfloat16, device="cuda")
-    assert gemv_op.use_bf16_gemv(x, torch.empty(shape, dtype=torch.bfloat16, device="cuda")) == bf16
+    assert (
+        gemv_cfg.use_bf16_gemv(x, torch.empty(shape, dtype=torch.bfloat16, device="cuda")) == bf16
+    )
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, gemv_op.BF16_GEMV_MAX_M, gemv_op.BF16_GEMV_MAX_M + 1])
+@pytest.mark.parametrize("m", [1, gemv_cfg.BF16_GEMV_MAX_M, gemv_cfg.BF16_GEMV_MAX_M + 1])
 def test_gpu_bf16_layer_dispatch_by_m(triton_launches, m):
     layer = bf16_layer(256, 96, "cuda")
     x = bf16_case(m, 1, 256, "cuda", seed=17)[0].reshape(m, 1, 256)
     out = layer(x)[0]
     assert out.shape == (m, 1, 96)
-    assert triton_launches["_gemv_kernel"] == (m <= gemv_op.BF16_GEMV_MAX_M)
+    assert triton_launches["_gemv_kernel"] == (m <= gemv_cfg.BF16_GEMV_MAX_M)
     assert_within_bound(out.reshape(m, 96), x.reshape(m, 256), layer.weight, layer.bias)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "m", [1, gemv_op.FP8_GEMV_MAX_M + 1, gemv_op.FP8_DOT_MAX_M, gemv_op.FP8_DOT_MAX_M + 1]
+    "m", [1, gemv_cfg.FP8_GEMV_MAX_M + 1, gemv_cfg.FP8_DOT_MAX_M, gemv_cfg.FP8_DOT_MAX_M + 1]
 )
 def test_gpu_rowwise_fp8_dispatch_by_m(triton_launches, m):
     if not RowWiseTorchFP8ScaledMMLinearKernel.is_supported()[0]:
         pytest.skip("rowwise _scaled_mm needs sm_89+")
     a, a_scale, w, w_scale, _ = fp8_case(m, 256, 512, "cuda", seed=18)
     out = rowwise_kernel(w).apply_scaled_mm(a, w.t(), torch.bfloat16, a_scale, w_scale, None)
-    triton_max = max(gemv_op.FP8_GEMV_MAX_M, gemv_op.FP8_DOT_MAX_M)
+    triton_max = max(gemv_cfg.FP8_GEMV_MAX_M, gemv_cfg.FP8_DOT_MAX_M)
     assert triton_launches["_gemv_kernel"] == (m <= triton_max)
     if m <= triton_max:
         assert_within_bound(out, a, w, None, a_scale, w_scale)
@@ -482,7 +485,7 @@ def test_gpu_dot_o_proj(m, config):
     x, wb, b = bf16_case(m, 2304, 4096, "cuda", seed=80 + m, bias=m != 17)
     assert_within_bound(gemv(x, wb, b, config=cfg), x, wb, b)
     if cfg is None:
-        assert gemv_op.default_config(m, 2304, 4096, 1).use_dot
+        assert gemv_cfg.default_config(m, 2304, 4096, 1).use_dot
 
 
 @pytest.mark.gpu
@@ -496,19 +499,19 @@ def test_gpu_fp8_mma_exact_on_small_integer_codes(m):
     w = torch.randint(-4, 5, (2304, 4096), generator=gen, device="cuda").to(FP8)
     a_scale = torch.full((m, 1), 0.5, device="cuda")
     w_scale = 2.0 ** torch.randint(-3, 1, (2304, 1), generator=gen, device="cuda").float()
-    assert gemv_op.default_config(m, 2304, 4096, 1).fp8_mma
+    assert gemv_cfg.default_config(m, 2304, 4096, 1).fp8_mma
     out = gemv_fp8(a, a_scale, w, w_scale)
     exact = (a.double() @ w.double().t()) * a_scale.double() * w_scale.double().t()
     torch.testing.assert_close(out, exact.to(torch.bfloat16), rtol=0, atol=0)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [gemv_op.FP8_GEMV_MAX_M + 1, 64, 65])
+@pytest.mark.parametrize("m", [gemv_cfg.FP8_GEMV_MAX_M + 1, 64, 65])
 def test_gpu_rowwise_fp8_dot_dispatch(monkeypatch, triton_launches, m):
     # With FP8_DOT_MAX_M = 64 the rows above the GEMV's up to 64 take the tl.dot path.
     if not RowWiseTorchFP8ScaledMMLinearKernel.is_supported()[0]:
         pytest.skip("rowwise _scaled_mm needs sm_89+")
-    monkeypatch.setattr(gemv_op, "FP8_DOT_MAX_M", 64)
+    monkeypatch.setattr(gemv_cfg, "FP8_DOT_MAX_M", 64)
     a, a_scale, w, w_scale, _ = fp8_case(m, 256, 512, "cuda", seed=90)
     out = rowwise_kernel(w).apply_scaled_mm(a, w.t(), torch.bfloat16, a_scale, w_scale, None)
     assert triton_launches["_gemv_kernel"] == (m <= 64)
@@ -516,9 +519,9 @@ def test_gpu_rowwise_fp8_dot_dispatch(monkeypatch, triton_launches, m):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [gemv_op.BF16_GEMV_MAX_M + 1, 32, 33])
+@pytest.mark.parametrize("m", [gemv_cfg.BF16_GEMV_MAX_M + 1, 32, 33])
 def test_gpu_bf16_dot_dispatch(monkeypatch, triton_launches, m):
-    monkeypatch.setattr(gemv_op, "BF16_DOT_MAX_M", 32)
+    monkeypatch.setattr(gemv_cfg, "BF16_DOT_MAX_M", 32)
     layer = bf16_layer(256, 96, "cuda")
     x = bf16_case(m, 1, 256, "cuda", seed=91)[0].reshape(m, 1, 256)
     out = layer(x)[0]
@@ -591,7 +594,7 @@ def test_fp32_weight_gemv_matches_exact(triton_launches, config, m, x_dtype):
     x = torch.randn(m, 300, generator=gen).to(x_dtype).to(DEVICE)
     w = (torch.randn(24, 300, generator=gen) * 300**-0.5).to(DEVICE)
     # The default takes bf16x3 for bf16 x above _FP32_BF16X3_MIN_M rows: 3 K products per sum.
-    bf16x3 = config == "default" and x_dtype == torch.bfloat16 and m > gemv_op._FP32_BF16X3_MIN_M
+    bf16x3 = config == "default" and x_dtype == torch.bfloat16 and m > gemv_cfg._FP32_BF16X3_MIN_M
     out = gemv_op.gemv_fp32(x, w, config=FP32_CONFIGS[config])
     assert_fp32_within_bound(out, x, w, terms_per_k=3 if bf16x3 else 1)
     assert triton_launches["_gemv_kernel"] == 1
@@ -659,25 +662,25 @@ def test_fp32_default_config_for_the_router(monkeypatch):
     # Kimi's gate (256 x 2304 fp32) on the H200's 132 SMs: one launch of 128 programs at decode
     # sizes, tl.dot above 8 rows with >= 100 programs up to T = 256 (fp32 x), every config
     # launchable.
-    monkeypatch.setattr(gemv_op, "num_sms", lambda: 132)
-    gemv_op.default_config.cache_clear()
+    monkeypatch.setattr(gemv_cfg, "num_sms", lambda: 132)
+    gemv_cfg.default_config.cache_clear()
     try:
-        configs = {m: gemv_op.default_config(m, 256, 2304, 4) for m in [1, 8, 9, 64, 256, 4096]}
+        configs = {m: gemv_cfg.default_config(m, 256, 2304, 4) for m in [1, 8, 9, 64, 256, 4096]}
         sizes = [1, 4, 5, 16, 17, 256, 257, 4096]
-        bf16 = {m: gemv_op.default_config(m, 256, 2304, 4, True) for m in sizes}
-        fp32_x = {m: gemv_op.default_config(m, 256, 2304, 4) for m in [1, 4]}
+        bf16 = {m: gemv_cfg.default_config(m, 256, 2304, 4, True) for m in sizes}
+        fp32_x = {m: gemv_cfg.default_config(m, 256, 2304, 4) for m in [1, 4]}
     finally:
-        gemv_op.default_config.cache_clear()
+        gemv_cfg.default_config.cache_clear()
     # bf16 x: bf16x3 above 4 rows; M blocks of 16 rows up to 16, 32 up to 256, then 64.
     for m, cfg in bf16.items():
         cfg.check()
-        assert cfg.bf16x3 == cfg.use_dot == (m > gemv_op._FP32_BF16X3_MIN_M)
+        assert cfg.bf16x3 == cfg.use_dot == (m > gemv_cfg._FP32_BF16X3_MIN_M)
         assert m <= 4 or cfg.block_m == (16 if m <= 16 else 32 if m <= 256 else 64)
     assert bf16[1] == fp32_x[1] and bf16[4] == fp32_x[4]
     for m, cfg in configs.items():
         cfg.check()
         assert not cfg.bf16x3  # fp32 x: its products would not be exact in bf16 MMAs
-        assert cfg.use_dot == (m > gemv_op._FP32_DOT_MIN_M)
+        assert cfg.use_dot == (m > gemv_cfg._FP32_DOT_MIN_M)
         m_blocks = -(-m // (cfg.block_m or 16))
         programs = 256 // cfg.block_n * m_blocks * cfg.split_k
         assert programs >= 100 and (cfg.split_k == 1 or 2 * cfg.split_k * cfg.block_k <= 2304)

@@ -26,6 +26,7 @@ from vllm.distributed import (
     tensor_model_parallel_all_reduce,
 )
 from vllm.model_executor.kernels.linear import gemv as gemv_op
+from vllm.model_executor.kernels.linear import gemv_config as gemv_cfg
 from vllm.model_executor.layers.fusion.quant_activation import (
     QuantizedActivation,
     as_quantized_activation,
@@ -74,13 +75,13 @@ class LinearMethodBase(QuantizeMethodBase):
 
 class UnquantizedLinearMethod(LinearMethodBase):
     """`F.linear` in the parameter dtype; on NVIDIA GPUs, bf16 / fp16 inputs of at most
-    `gemv.BF16_GEMV_MAX_M` rows take the Triton GEMV (kernels/linear/gemv.py), which reads the
-    weight at a higher share of HBM bandwidth than cuBLAS at decode sizes."""
+    `BF16_GEMV_MAX_M` rows (kernels/linear/gemv_config.py) take the Triton GEMV (gemv.py), which
+    reads the weight at a higher share of HBM bandwidth than cuBLAS at decode sizes."""
 
     def apply(self, layer, x, bias=None) -> torch.Tensor:
         as_quantized_activation(x, None)  # a pre-quantized input here is a producer bug: raise
         weight = layer.weight
-        if gemv_op.use_bf16_gemv(x, weight):
+        if gemv_cfg.use_bf16_gemv(x, weight):
             out = gemv_op.gemv(x.reshape(-1, weight.shape[1]), weight, bias)
             return out.reshape(*x.shape[:-1], weight.shape[0])
         return F.linear(x, weight, bias)

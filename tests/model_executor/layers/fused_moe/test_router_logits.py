@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vllm.model_executor.kernels.linear import gemv as gemv_op
+from vllm.model_executor.kernels.linear import gemv_config as gemv_cfg
 from vllm.model_executor.layers.fused_moe import router as router_mod
 from vllm.model_executor.layers.fused_moe.router import router_logits, router_logits_ref
 
@@ -39,7 +39,7 @@ def test_matches_exact(monkeypatch, triton_launches, t, e, h, dtype):
     # _FP32_BF16X3_MIN_M rows), FMA products for fp32 x (allowed there by the raised threshold).
     monkeypatch.setattr(router_mod, "ROUTER_GEMV_MAX_T", 32)
     x, w = case(t, e, h, DEVICE, seed=t, dtype=dtype)
-    terms = 3 if t > gemv_op._FP32_BF16X3_MIN_M and dtype == torch.bfloat16 else 1
+    terms = 3 if t > gemv_cfg._FP32_BF16X3_MIN_M and dtype == torch.bfloat16 else 1
     assert_within_bound(router_logits(x, w), x, w, terms)
     assert triton_launches["_gemv_kernel"] == 1
     assert_within_bound(router_logits_ref(x, w), x, w)  # the bound holds for cuBLAS / MKL too
@@ -91,7 +91,7 @@ KIMI = dict(e=256, h=2304)
 @pytest.mark.parametrize("t", [1, 8, 64, 256, 4096])
 def test_gpu_kimi_sizes(triton_launches, t):
     x, w = case(t, KIMI["e"], KIMI["h"], "cuda", seed=t)
-    assert_within_bound(router_logits(x, w), x, w, 3 if t > gemv_op._FP32_BF16X3_MIN_M else 1)
+    assert_within_bound(router_logits(x, w), x, w, 3 if t > gemv_cfg._FP32_BF16X3_MIN_M else 1)
     assert triton_launches["_gemv_kernel"] == 1  # bf16 x: the kernel at every T
 
 

@@ -79,8 +79,8 @@ _EPS = 1e-20
 # Tokens up to which `router_logits` takes the GEMV kernel for any x dtype (FMA products); above
 # it only bf16 x, through bf16x3. On the H200 (benchmark_router.py --logits, graph replay with the
 # x.float() copy counted, 2026-12-01): FMA 4.1 vs cuBLAS 6.6 us at T = 1, 11.8 vs 16.8 us at T = 8,
-# but 23.9 vs 16.1 at T = 64 and 58.3 vs 21.2 at T = 256; bf16x3 (gemv._fp32_config, bf16 x from
-# T = 5) 7.4 at T = 8, 7.9 and 10.7 at T = 64 and 256.
+# but 23.9 vs 16.1 at T = 64 and 58.3 vs 21.2 at T = 256; bf16x3 (gemv_config._fp32_config, bf16
+# x from T = 5) 7.4 at T = 8, 7.9 and 10.7 at T = 64 and 256.
 ROUTER_GEMV_MAX_T = 8
 
 if triton is not None:

@@ -6,6 +6,7 @@ import torch
 
 import vllm.platforms
 from vllm.model_executor.kernels.linear import gemv as gemv_op
+from vllm.model_executor.kernels.linear import gemv_config as gemv_cfg
 from vllm.model_executor.kernels.linear.scaled_mm.ScaledMMLinearKernel import (
     FP8ScaledMMLinearKernel,
     FP8ScaledMMLinearLayerConfig,
@@ -20,10 +21,10 @@ from vllm.model_executor.layers.quantization.utils.quant_utils import (
 
 class RowWiseTorchFP8ScaledMMLinearKernel(FP8ScaledMMLinearKernel):
     """CUDA PTPC GEMM: `torch._scaled_mm` with `[M, 1]` and `[1, N]` fp32 scales, bf16 out; at
-    most `max(gemv.FP8_GEMV_MAX_M, gemv.FP8_DOT_MAX_M)` rows against a weight of at most
-    `gemv.FP8_GEMV_MAX_WEIGHT_NUMEL` elements take the Triton GEMV instead (it reads such weights at
-    a higher share of HBM bandwidth at these sizes; above `FP8_GEMV_MAX_M` rows through FP8 MMAs,
-    see kernels/linear/gemv.py).
+    most `max(FP8_GEMV_MAX_M, FP8_DOT_MAX_M)` rows against a weight of at most
+    `FP8_GEMV_MAX_WEIGHT_NUMEL` elements (kernels/linear/gemv_config.py) take the Triton GEMV
+    instead (it reads such weights at a higher share of HBM bandwidth at these sizes; above
+    `FP8_GEMV_MAX_M` rows through FP8 MMAs, see kernels/linear/gemv.py).
 
     Consumes a pre-quantized per-token activation, so the KDA epilogue fusion engages on NVIDIA
     too (upstream's CUDA kernels return no key).
@@ -54,7 +55,7 @@ class RowWiseTorchFP8ScaledMMLinearKernel(FP8ScaledMMLinearKernel):
     def apply_scaled_mm(self, a, b, out_dtype, a_scale, b_scale, bias):
         if not a.is_cuda:  # a layer kept on the CPU of a CUDA host (tests, references)
             return dequantized_matmul(a, b, out_dtype, a_scale, b_scale, bias)
-        if gemv_op.use_fp8_gemv(a.shape[0], b):
+        if gemv_cfg.use_fp8_gemv(a.shape[0], b):
             # b.t() is the row-major [N, K] codes the GEMV streams along K.
             return gemv_op.gemv_fp8(a, a_scale, b.t(), b_scale, bias, out_dtype)
         # b is the [K, N] transposed view of row-major [N, K] codes: column-major, as required.
