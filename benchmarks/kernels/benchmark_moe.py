@@ -75,7 +75,7 @@ from vllm.model_executor.layers.fused_moe.experts import (
 )
 from vllm.model_executor.layers.fused_moe.experts_triton import moe_experts_triton
 from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (
-    default_block_m,
+    default_tiles,
     group_rows,
     group_rows_reference,
     moe_experts_triton_grouped,
@@ -398,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"T={tokens:>4} {name}: skipped (on CPU only with TRITON_INTERPRET=1)")
                     continue
                 if name in GROUPINGS:
-                    args_of_call = (inputs[-1], shape["experts"], default_block_m(row["rows"]))
+                    block_m = default_tiles(row["rows"]).block_m
+                    args_of_call = (inputs[-1], shape["experts"], block_m)
                 else:
                     args_of_call = (*inputs, act)
 

@@ -516,6 +516,23 @@ def test_triton_grouped_matches_loop(tokens, topk, hidden, inter, skewed, dtype,
     assert [triton_launches[name] for name in GROUPED_KERNELS] == [1, 1, 1, 1]
 
 
+@pytest.mark.parametrize(
+    "threshold,block_m",
+    [("PREFILL_TILES_FROM_ROWS", 64), ("LARGE_PREFILL_TILES_FROM_ROWS", 128)],
+)
+def test_triton_grouped_default_prefill_tiles_match_loop(threshold, block_m, monkeypatch,
+                                                         triton_launches):  # fmt: skip
+    # 512 rows (64 per expert) take the prefill tiles once the threshold is lowered to them: the
+    # interpreter is too slow at the real thresholds' sizes (the GPU test runs those).
+    x, w13, w2, w, ids = make_case(64, torch.bfloat16, DEVICE, seed=block_m, experts=8,
+                                   hidden=64, inter=32, topk=8)  # fmt: skip
+    monkeypatch.setattr(experts_triton_grouped, threshold, ids.numel())
+    assert experts_triton_grouped.default_tiles(ids.numel()).block_m == block_m
+    out = moe_experts_triton_grouped(x, w13, w2, w, ids, SiluAndMul())
+    assert_close_to_loop(out, moe_experts_loop(x, w13, w2, w, ids, SiluAndMul()))
+    assert [triton_launches[name] for name in GROUPED_KERNELS[1:]] == [1, 1, 1]
+
+
 def test_triton_grouped_fp32_matches_fp64_reference():
     x, w13, w2, w, ids = make_case(37, torch.float32, DEVICE, experts=8)
     out = moe_experts_triton_grouped(x, w13, w2, w, ids, SiluAndMul(), **GROUPED_BLOCKS)
@@ -721,7 +738,7 @@ def _fp64_loop(case):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("experts", [256, 16])  # 16: many rows per expert, several blocks each
-@pytest.mark.parametrize("tokens", [32, 64, 256])
+@pytest.mark.parametrize("tokens", [32, 64, 256, 1024, 4096])  # 1024, 4096: the prefill tiles
 def test_triton_grouped_kimi_linear_shapes_on_gpu(tokens, experts):
     shape = dict(KIMI_LINEAR, experts=experts)
     case = make_case(tokens, torch.bfloat16, "cuda", seed=tokens, **shape)

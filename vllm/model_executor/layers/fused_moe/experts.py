@@ -57,10 +57,12 @@ TRITON_MAX_ROWS = 32
 
 # Largest T * K that the grouped Triton path serves where Triton runs (above TRITON_MAX_ROWS);
 # larger batches take torch's grouped GEMM. On the H200 (`benchmarks/kernels/benchmark_moe.py
-# --paths grouped tgrouped`, 2026-12-01) the grouped Triton path wins at every size measured up to
-# 512 tokens of top-8 (4096 rows: 729 vs 994 us); larger sizes are not measured. Setting it to
-# TRITON_MAX_ROWS turns the path off.
-TRITON_GROUPED_MAX_ROWS = 4096
+# --paths grouped tgrouped --fused-shared-experts 1`, docs/performance.md "Tenth run") the grouped
+# Triton path at its default tiles wins up to 2048 tokens of top-8 + shared (658 vs 884 us at 512,
+# 831 vs 1077 at 1024, 1141 vs 1405 at 2048), 1650 vs 1800 at 4096, and ties at 8192 (2725 vs
+# 2722, 2636 vs 2719 in a second run): up to an 8192-token prefill chunk of Kimi-Linear. Larger
+# sizes are not measured. Setting it to TRITON_MAX_ROWS turns the path off.
+TRITON_GROUPED_MAX_ROWS = 8192 * 9
 
 ExpertsImpl = Callable[..., torch.Tensor]
 

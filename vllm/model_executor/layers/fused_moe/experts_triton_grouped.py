@@ -1,5 +1,5 @@
-"""Routed experts for batches between the GEMV path and `torch._grouped_mm` (about 17-512 tokens
-of top-8): the routed rows are grouped by expert on the device, and two Triton GEMM kernels read
+"""Routed experts above the GEMV path's sizes (from about 4 tokens of top-8 up to 8192-token
+prefills): the routed rows are grouped by expert on the device, and two Triton GEMM kernels read
 each expert's weight tile once per block of up to `block_m` of its rows.
 
 `moe_experts_triton_grouped(x, w13, w2, topk_weights, topk_ids, act_and_mul)` computes what the
@@ -35,18 +35,23 @@ Steps (R = T * K routed rows, row r = (t, k) = (r // K, r % K)):
             offset by the rows of lower experts and of earlier chunks) and one per expert writing
             its end and blocks. `group_rows_reference` computes the same with a torch sort (the
             tests compare them exactly).
-  gate/up   grid (max_blocks, cdiv(I, block_n)). The block's rows of x (gathered by token) times
+  gate/up   grid (max_blocks * cdiv(I, block_n),). The block's rows of x (gathered by token) times
             block_n gate and block_n up columns of w13[e], `tl.dot` over H in chunks of block_k
             with fp32 accumulation; writes `a = silu(gate) * up` `[R, I]` in sorted order.
-  down      grid (max_blocks, cdiv(H, down_block_n)). The block's rows of `a` times down_block_n
+  down      grid (max_blocks * cdiv(H, down_block_n),). The block's rows of `a` times down_block_n
             rows of w2[e], over I in chunks of down_block_k; writes `y` `[R, H]` in x's dtype at
             each row's (token, slot) position.
   sum       `moe_weighted_sum` (weighted_sum.py): `sum_k topk_weights[t, k] * y[t, k]` in fp32,
             slots in order (no atomics: deterministic), output in x's dtype.
 
-Nothing reads a tensor value on the host: no sync, static shapes, CUDA-graph capturable. Block is
-the fastest grid axis, so the blocks of one expert (an expert with more than block_m rows) read a
-weight tile at about the same time, mostly from L2.
+Nothing reads a tensor value on the host: no sync, static shapes, CUDA-graph capturable.
+
+Grid order: program p takes block p // tiles and output tile p % tiles, so the tiles of one
+block run next to each other and read its rows of x (or `a`) from L2 after the first, and the
+blocks of one expert follow each other and share its weight tiles in L2. With the block as the
+fastest axis instead, a prefill's rows were read from HBM once per output tile (8 times for
+gate/up, 18 for down at 128-wide tiles): 2963 against 2636 us at 8192 tokens on the H200, the
+same at decode sizes (docs/performance.md, "Tenth run").
 
 Rounding, as in experts_triton.py (chosen to match the references): `gate` and `up` are rounded
 to x's dtype, `silu(gate)` is computed in fp32 from the rounded gate and rounded, its product with
@@ -54,12 +59,13 @@ to x's dtype, `silu(gate)` is computed in fp32 from the rounded gate and rounded
 fp32 inputs use IEEE fp32 dots (no TF32), so the kernels differ from the references only in the
 GEMMs' accumulation order.
 
-Launch shapes: `tl.dot` needs every tile dim >= 16, so block_m >= 16. The defaults (block_m 16,
-32 from 1024 rows; 64 x 128 tiles (64 x 64 for fp32 gate/up), 4 warps, 3 stages) are for Hopper at
-Kimi-Linear sizes (H 2304, I 1024, E 256, K 8), where 32-256 tokens give 1-8 rows per expert on
-average and the kernels are bound by reading the weights: a bf16 gate/up stage holds 36 KB of
-loads (x 4 KB, gate and up 16 KB each), a down stage 20 KB. `benchmarks/kernels/benchmark_moe.py
---tgrouped-configs` sweeps them.
+Launch shapes (`default_tiles`): `tl.dot` needs every tile dim >= 16, so block_m >= 16. They are
+for Hopper at Kimi-Linear sizes (H 2304, I 1024, E 256, K 8). Up to 4096 rows (512 tokens), 1-16
+rows per expert on average, the kernels are bound by reading the weights: 16- then 32-row blocks,
+64 x 128 tiles (64 x 64 for fp32 gate/up), 4 warps, 3 stages; a bf16 gate/up stage holds 36 KB of
+loads (x 4 KB, gate and up 16 KB each), a down stage 20 KB. Prefills have 30-300 rows per expert
+and are bound by the MMAs: 64-row blocks with 128 x 64 tiles at 4 stages, then 128-row blocks at
+8 warps. `benchmarks/kernels/benchmark_moe.py --tgrouped-configs` sweeps them.
 """
 
 from typing import NamedTuple
@@ -236,6 +242,13 @@ if triton is not None:
                 tl.store(blocks_ptr + 2 * max_blocks + b, zero, mask=ok)
 
     @triton.jit
+    def _block_and_tile(num_tiles):
+        # One grid axis, the output tiles of a block fastest: a block's rows are read by its
+        # tiles one after another, from L2 after the first (module docstring, "grid order").
+        pid = tl.program_id(0)
+        return pid // num_tiles, pid % num_tiles
+
+    @triton.jit
     def _moe_grouped_gate_up_kernel(
         x_ptr, w13_ptr, order_ptr, blocks_ptr, a_ptr,
         stride_xt, stride_we, stride_wn, stride_ar,
@@ -243,7 +256,7 @@ if triton is not None:
         TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
     ):  # fmt: skip
-        blk = tl.program_id(0)
+        blk, tile = _block_and_tile(tl.cdiv(inter, BLOCK_N))
         e = tl.load(blocks_ptr + blk)
         if e < 0:
             return
@@ -253,7 +266,7 @@ if triton is not None:
         m_ok = rows < row1
         # int64: a token's offset into x can pass 2**31 elements in long prefills.
         tok = (tl.load(order_ptr + rows, mask=m_ok, other=0) // TOPK).to(tl.int64)
-        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = n < inter
         kk = tl.arange(0, BLOCK_K)
         x_ptrs = x_ptr + tok[:, None] * stride_xt + kk[None, :]
@@ -286,7 +299,7 @@ if triton is not None:
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         PRECISION: tl.constexpr,
     ):  # fmt: skip
-        blk = tl.program_id(0)
+        blk, tile = _block_and_tile(tl.cdiv(hidden, BLOCK_N))
         e = tl.load(blocks_ptr + blk)
         if e < 0:
             return
@@ -294,7 +307,7 @@ if triton is not None:
         row1 = tl.load(blocks_ptr + 2 * max_blocks + blk)
         rows = row0 + tl.arange(0, BLOCK_M)
         m_ok = rows < row1
-        h = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        h = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         h_ok = h < hidden
         kk = tl.arange(0, BLOCK_K)
         a_ptrs = a_ptr + rows[:, None] * stride_ar + kk[None, :]
@@ -312,16 +325,51 @@ if triton is not None:
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & h_ok[None, :])
 
 
-# From `benchmark_moe.py --tgrouped-configs` on the H200 (docs/performance.md, 2026-12-01): 32-row
-# blocks read each busy expert's weights half as often once experts average more than ~8 rows
-# (128+ tokens of top-8: 88-89% of copy at 128, 87% vs 83% at 256, 77% vs 69% at 512), and cost
-# nothing measurable below that (88-89% at 64 tokens either way).
+class GroupedTiles(NamedTuple):
+    """Launch shapes of the gate/up and down kernels (`moe_experts_triton_grouped`'s arguments)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    gate_up_warps: int
+    gate_up_stages: int
+    down_block_n: int
+    down_block_k: int
+    down_warps: int
+    down_stages: int
+
+
+# From `benchmark_moe.py --tgrouped-configs` on the H200 (docs/performance.md, "Ninth run" and
+# "Tenth run"). Decode sizes read weights: 32-row blocks read each busy expert's weights half as
+# often once experts average more than ~8 rows (128+ tokens of top-8: 87% vs 83% of copy at 256,
+# 77% vs 69% at 512) and cost nothing measurable below that. Prefill sizes turn to the MMAs:
+# 64-row blocks with 128 x 64 tiles from 4096 rows (T = 512 / 1024 / 2048 of top-8 + shared:
+# 658 / 831 / 1141 us against 690 / 982 / 1586 for the 32-row tiles), 128-row blocks at 8 warps
+# from 32768 (T = 4096 / 8192: 1650 / 2725 us against 1907 / 3011 for the 64-row tiles).
 BLOCK_M_32_FROM_ROWS = 1024
+PREFILL_TILES_FROM_ROWS = 4096
+LARGE_PREFILL_TILES_FROM_ROWS = 32768
+_DECODE_TILES = GroupedTiles(16, 64, 128, 4, 3, 64, 128, 4, 3)
+_PREFILL_TILES = GroupedTiles(64, 128, 64, 4, 4, 128, 64, 4, 4)
+_LARGE_PREFILL_TILES = GroupedTiles(128, 128, 64, 8, 3, 128, 64, 8, 3)
 
 
-def default_block_m(num_rows: int) -> int:
-    """Rows per block for `num_rows = T * K` routed rows: 16, or 32 from BLOCK_M_32_FROM_ROWS."""
-    return 32 if num_rows >= BLOCK_M_32_FROM_ROWS else 16
+def default_tiles(num_rows: int, elem_bytes: int = 2) -> GroupedTiles:
+    """The launch shapes for `num_rows = T * K` routed rows of `elem_bytes`-byte elements.
+
+    fp32 keeps the decode tiles with a 64-wide gate/up chunk: its 128-wide gate/up stages would
+    take 216 KB of shared memory at 3 stages, and the prefill tiles more.
+    """
+    if elem_bytes > 2:
+        block_m = 32 if num_rows >= BLOCK_M_32_FROM_ROWS else 16
+        return _DECODE_TILES._replace(block_m=block_m, block_k=64)
+    if num_rows >= LARGE_PREFILL_TILES_FROM_ROWS:
+        return _LARGE_PREFILL_TILES
+    if num_rows >= PREFILL_TILES_FROM_ROWS:
+        return _PREFILL_TILES
+    if num_rows >= BLOCK_M_32_FROM_ROWS:
+        return _DECODE_TILES._replace(block_m=32)
+    return _DECODE_TILES
 
 
 def max_blocks_for(num_rows: int, num_experts: int, block_m: int) -> int:
@@ -461,65 +509,61 @@ def moe_experts_triton_grouped(
     act_and_mul: torch.nn.Module,
     *,
     block_m: int | None = None,
-    block_n: int = 64,
+    block_n: int | None = None,
     block_k: int | None = None,
-    gate_up_warps: int = 4,
-    gate_up_stages: int = 3,
-    down_block_n: int = 64,
-    down_block_k: int = 128,
-    down_warps: int = 4,
-    down_stages: int = 3,
+    gate_up_warps: int | None = None,
+    gate_up_stages: int | None = None,
+    down_block_n: int | None = None,
+    down_block_k: int | None = None,
+    down_warps: int | None = None,
+    down_stages: int | None = None,
 ) -> torch.Tensor:
     """Routed experts grouped by expert: four launches (grouping, gate/up, down, weighted sum);
     see the module docstring for shapes, numerics and the steps.
 
-    `block_m` rows per block (>= 16, power of two; by default `default_block_m(T * K)`). Gate/up
+    `block_m` rows per block (>= 16, power of two). Gate/up
     kernel: `block_n` intermediate columns per program, `block_k` hidden chunk per step,
     `gate_up_warps`, `gate_up_stages` (software-pipelined loads in flight). Down kernel:
     `down_block_n` hidden outputs per program, `down_block_k` intermediate chunk per step,
-    `down_warps`, `down_stages`. Tile dims are powers of two >= 16; `block_k` defaults to 128 for
-    2-byte dtypes and 64 for fp32 (whose 128-wide gate/up stages would take 216 KB of shared
-    memory at 3 stages).
+    `down_warps`, `down_stages`. Tile dims are powers of two >= 16; each argument left None takes
+    `default_tiles(T * K, x.element_size())`'s value.
     """
     check_expert_shapes(x, w13, w2, topk_weights, topk_ids)
     check_triton_operands(
         x, w13, w2, topk_weights, topk_ids, act_and_mul, "moe_experts_triton_grouped"
     )
-    if block_k is None:
-        block_k = 128 if x.element_size() <= 2 else 64
-    if block_m is None:
-        block_m = default_block_m(topk_ids.numel())
-    tiles = dict(block_m=block_m, block_n=block_n, block_k=block_k, down_block_n=down_block_n,
-                 down_block_k=down_block_k)  # fmt: skip
-    for name, value in tiles.items():
+    given = GroupedTiles(block_m, block_n, block_k, gate_up_warps, gate_up_stages, down_block_n,
+                         down_block_k, down_warps, down_stages)  # fmt: skip
+    default = default_tiles(topk_ids.numel(), x.element_size())
+    t = GroupedTiles(*(d if g is None else g for g, d in zip(given, default, strict=True)))
+    for name in ("block_m", "block_n", "block_k", "down_block_n", "down_block_k"):
+        value = getattr(t, name)
         check_power_of_two(name, value)
         if value < 16:
             raise ValueError(f"{name} must be >= 16 (tl.dot's smallest tile), got {value}")
-    launch = dict(gate_up_warps=gate_up_warps, gate_up_stages=gate_up_stages,
-                  down_warps=down_warps, down_stages=down_stages)  # fmt: skip
-    for name, value in launch.items():
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
+    for name in ("gate_up_warps", "gate_up_stages", "down_warps", "down_stages"):
+        if getattr(t, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(t, name)}")
     tokens, hidden = x.shape
     num_experts, inter = w13.shape[0], w13.shape[1] // 2
     topk = topk_ids.shape[1]
     if 0 in (tokens, topk, hidden, inter, num_experts):
         return torch.zeros(tokens, hidden, dtype=x.dtype, device=x.device)
-    order, _, blocks, _ = group_rows(topk_ids, num_experts, block_m)
+    order, _, blocks, _ = group_rows(topk_ids, num_experts, t.block_m)
     max_blocks = blocks.shape[1]
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     a = torch.empty(tokens * topk, inter, dtype=x.dtype, device=x.device)
-    _moe_grouped_gate_up_kernel[(max_blocks, triton.cdiv(inter, block_n))](
+    _moe_grouped_gate_up_kernel[(max_blocks * triton.cdiv(inter, t.block_n),)](
         x, w13, order, blocks, a,
         x.stride(0), w13.stride(0), w13.stride(1), a.stride(0), hidden, inter, max_blocks,
-        TOPK=topk, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision,
-        num_warps=gate_up_warps, num_stages=gate_up_stages,
+        TOPK=topk, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, PRECISION=precision,
+        num_warps=t.gate_up_warps, num_stages=t.gate_up_stages,
     )  # fmt: skip
     y = torch.empty(tokens * topk, hidden, dtype=x.dtype, device=x.device)
-    _moe_grouped_down_kernel[(max_blocks, triton.cdiv(hidden, down_block_n))](
+    _moe_grouped_down_kernel[(max_blocks * triton.cdiv(hidden, t.down_block_n),)](
         a, w2, order, blocks, y,
         a.stride(0), w2.stride(0), w2.stride(1), y.stride(0), hidden, inter, max_blocks,
-        BLOCK_M=block_m, BLOCK_N=down_block_n, BLOCK_K=down_block_k, PRECISION=precision,
-        num_warps=down_warps, num_stages=down_stages,
+        BLOCK_M=t.block_m, BLOCK_N=t.down_block_n, BLOCK_K=t.down_block_k, PRECISION=precision,
+        num_warps=t.down_warps, num_stages=t.down_stages,
     )  # fmt: skip
     return moe_weighted_sum(y, topk_weights, x.dtype)
