@@ -16,13 +16,13 @@ in order (the executor's pipes do that; a worker that fails ends the engine).
 
 from dataclasses import dataclass
 
-from vllm.models.kimi_k3.amd.metadata import SeqSchedule
+from vllm.models.kimi_k3.amd.metadata import BatchSchedule
 from vllm.v1.worker.model_runner import StepInput
 
 
 @dataclass(slots=True)
 class StepMessage:
-    """A `StepInput` with per-row lists instead of `SeqSchedule`s and the block tables' changes."""
+    """A `StepInput` with its block tables' changes instead of the tables."""
 
     input_ids: list[int]
     num_decodes: int
@@ -43,8 +43,8 @@ class StepEncoder:
 
     def encode(self, step: StepInput) -> StepMessage:
         sent, now, changes = self._sent, [], []
-        for row, seq in enumerate(step.seqs):
-            table, n = seq.block_table, len(seq.block_table)
+        for row, table in enumerate(step.batch.block_tables):
+            n = len(table)
             old, old_n = sent[row] if row < len(sent) else (None, 0)
             if table is not old or n < old_n:
                 changes.append((row, 0, list(table)))
@@ -52,10 +52,10 @@ class StepEncoder:
                 changes.append((row, old_n, table[old_n:]))
             now.append((table, n))
         self._sent = now
-        seqs = step.seqs
+        batch = step.batch
         return StepMessage(
-            step.input_ids, step.num_decodes, step.logits_rows, [s.num_computed for s in seqs],
-            [s.num_new for s in seqs], [s.kda_slot for s in seqs], changes,
+            step.input_ids, batch.num_decodes, step.logits_rows, batch.num_computed, batch.num_new,
+            batch.kda_slots, changes,
         )  # fmt: skip
 
 
@@ -79,10 +79,8 @@ class StepDecoder:
                     f"step message: row {row} keeps {kept} blocks of a table of "
                     f"{len(tables[row])}: the worker missed a message"
                 )
-        seqs = [
-            SeqSchedule(c, w, t, s)
-            for c, w, t, s in zip(
-                message.num_computed, message.num_new, tables, message.kda_slots, strict=True
-            )
-        ]
-        return StepInput(message.input_ids, seqs, message.num_decodes, message.logits_rows)
+        batch = BatchSchedule(
+            message.num_computed, message.num_new, list(tables), message.kda_slots,
+            message.num_decodes,
+        )  # fmt: skip
+        return StepInput(message.input_ids, batch, message.logits_rows)
