@@ -39,20 +39,24 @@ class StepEncoder:
     """Rank 0's side: remembers, per row, the table list it last sent and how long it was."""
 
     def __init__(self) -> None:
-        self._sent: list[tuple[list[int], int]] = []
+        self._sent: list[list[int] | None] = []
+        self._sent_lens: list[int] = []
 
     def encode(self, step: StepInput) -> StepMessage:
-        sent, now, changes = self._sent, [], []
-        for row, table in enumerate(step.batch.block_tables):
-            n = len(table)
-            old, old_n = sent[row] if row < len(sent) else (None, 0)
-            if table is not old or n < old_n:
-                changes.append((row, 0, list(table)))
-            elif n > old_n:
-                changes.append((row, old_n, table[old_n:]))
-            now.append((table, n))
-        self._sent = now
         batch = step.batch
+        tables, lens = batch.block_tables, list(map(len, batch.block_tables))
+        extra = len(tables) - len(self._sent)
+        sent, sent_lens = self._sent + [None] * extra, self._sent_lens + [0] * extra
+        changes = []
+        # One pass finds the rows to look at (few in a decode step), then only those are read.
+        rows = zip(tables, sent, lens, sent_lens, strict=False)
+        for row in [i for i, (t, s, n, m) in enumerate(rows) if t is not s or n != m]:
+            table, kept = tables[row], sent_lens[row]
+            if table is not sent[row] or lens[row] < kept:
+                changes.append((row, 0, list(table)))
+            else:
+                changes.append((row, kept, table[kept:]))
+        self._sent, self._sent_lens = list(tables), lens
         return StepMessage(
             step.input_ids, batch.num_decodes, step.logits_rows, batch.num_computed, batch.num_new,
             batch.kda_slots, changes,

@@ -134,6 +134,7 @@ class KimiMetadataBuilder:
         self._row_tables: list[list[int] | None] = [None] * n
         self._row_lens = np.zeros(n, dtype=np.int64)
         self._copied = torch.cuda.Event() if pin else None
+        self._slot_ids = frozenset(range(1, num_kda_slots))
 
     def build(
         self, batch: BatchSchedule, pad_to: int | None = None, input_ids: np.ndarray | None = None
@@ -182,20 +183,14 @@ class KimiMetadataBuilder:
         n = n_real if pad_to is None else pad_to
         self._write_tables(batch.block_tables, lens, n_real, n)
         h, bs = self._np, self.block_size
-        # Padded rows: one new token at position 0 of block 0, with "initial state" (slot 0).
         t = t_real + n - n_real
         qsl = h["query_start_loc"][: n + 1]
         qsl[0] = 0
         np.cumsum(new, out=qsl[1 : n_real + 1])
-        qsl[n_real + 1 :] = np.arange(t_real + 1, t + 1)
         h["seq_lens"][:n_real] = computed + new
-        h["seq_lens"][n_real:n] = 1
         h["kda_slots"][:n_real] = batch.kda_slots
-        h["kda_slots"][n_real:n] = DUMMY_KDA_SLOT
         h["has_initial_state"][:n_real] = computed > 0
-        h["has_initial_state"][n_real:n] = True
-        # Slot of every token: its sequence's block at position // block_size (padded rows:
-        # block 0, position 0).
+        # Slot of every token: its sequence's block at position // block_size.
         if t_real == n_real:  # one token per row (decode-only steps): no per-token expansion
             rows, positions = np.arange(n_real), computed
         else:
@@ -203,7 +198,13 @@ class KimiMetadataBuilder:
             positions = np.repeat(computed - qsl[:n_real], new) + np.arange(t_real)
         blocks = h["block_tables"][rows, positions // bs].astype(np.int64)
         h["slot_mapping"][:t_real] = blocks * bs + positions % bs
-        h["slot_mapping"][t_real:t] = DUMMY_BLOCK * bs
+        if n > n_real:
+            # Padded rows: one new token at position 0 of block 0, with "initial state" (slot 0).
+            qsl[n_real + 1 :] = np.arange(t_real + 1, t + 1)
+            h["seq_lens"][n_real:n] = 1
+            h["kda_slots"][n_real:n] = DUMMY_KDA_SLOT
+            h["has_initial_state"][n_real:n] = True
+            h["slot_mapping"][t_real:t] = DUMMY_BLOCK * bs
         nd = n if pad_to is not None else batch.num_decodes  # padded rows are decodes too
         h["prefill_query_start_loc"][: n - nd + 1] = qsl[nd:] - qsl[nd]
         if input_ids is not None:
@@ -233,9 +234,10 @@ class KimiMetadataBuilder:
             if end < old_end:
                 host[i, end:old_end] = DUMMY_BLOCK
             self._row_tables[i], old_lens[i] = table, end
-        for i in (np.flatnonzero(old_lens[n_real:n]) + n_real).tolist():
-            host[i, : old_lens[i]] = DUMMY_BLOCK
-            self._row_tables[i], old_lens[i] = None, 0
+        if n > n_real:
+            for i in (np.flatnonzero(old_lens[n_real:n]) + n_real).tolist():
+                host[i, : old_lens[i]] = DUMMY_BLOCK
+                self._row_tables[i], old_lens[i] = None, 0
 
     def _prefill_contexts(
         self, batch: BatchSchedule, start: int
@@ -298,18 +300,21 @@ class KimiMetadataBuilder:
         tokens = sum(new)
         if max(tokens, pad_to or 0) > self.max_num_tokens:
             raise ValueError(f"batch: {tokens} tokens exceed max_num_tokens {self.max_num_tokens}")
-        lens = list(map(len, tables))
+        lens, slot_set = list(map(len, tables)), set(slots)
+        # Given min(new) >= 1, the decodes have one token each iff they sum to their count.
         if n and (
             min(new) < 1
-            or min(computed) < 0
-            or (nd and (max(new[:nd]) != 1 or min(computed[:nd]) < 1))
-            or min(slots) < 1
-            or max(slots) >= self.num_kda_slots
-            or len(set(slots)) < n
+            or sum(new[:nd]) != nd
+            or min(computed[:nd], default=1) < 1
+            or min(computed[nd:], default=0) < 0
+            or len(slot_set) < n
+            or not self._slot_ids.issuperset(slot_set)
             or max(lens) > self.max_blocks_per_seq
         ):
             self._raise_for_first_bad_row(batch)
-        computed, new, lens = (np.array(x, dtype=np.int64) for x in (computed, new, lens))
+        computed, lens = np.array(computed, dtype=np.int64), np.array(lens, dtype=np.int64)
+        # One token per row (decode-only steps): no list to convert.
+        new = np.ones(n, dtype=np.int64) if tokens == n else np.array(new, dtype=np.int64)
         if (lens * self.block_size < computed + new).any():
             self._raise_for_first_bad_row(batch)
         return computed, new, lens
