@@ -132,11 +132,9 @@ class Scheduler:
         running, scheduled = self.running, step.scheduled
         kv = self.kv_cache_manager
         tables, slots, block_size = kv.block_tables, kv.kda_slots, kv.block_size
-        # Index loops: preemption pops the tail of `running`, which is never behind the cursor.
-        i = 0
-        while i < len(running):
-            request = running[i]
-            i += 1
+        # Preemption pops the tail of `running`, never behind the loop's position, and a loop over
+        # a list stops at its current length: each request still running is seen once.
+        for request in running:
             # The decode row, inline: per request per step, each call here costs measurably.
             computed = request.num_computed_tokens
             tokens = request.all_token_ids
