@@ -276,10 +276,11 @@ class KimiMetadataBuilder:
     def _validate(
         self, batch: BatchSchedule, pad_to: int | None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Check the schedule but the block ids with a few whole-batch checks (a Python check
-        per row cost microseconds per sequence per step); only a bad schedule is walked row by
-        row, to name its first bad row. The block ids are checked where they are written (only
-        the new ones). Returns each row's num_computed, num_new and table length (int64)."""
+        """Check everything but the block ids with a few whole-batch checks (a Python check per
+        row cost microseconds per sequence per step); only a bad schedule is walked row by row,
+        to name its first bad row. Block ids are checked where they are written, the new ones
+        only (`_write_tables`). Returns each row's num_computed, num_new and table length
+        (int64)."""
         computed, new = batch.num_computed, batch.num_new
         tables, slots = batch.block_tables, batch.kda_slots
         n, nd = len(new), batch.num_decodes
