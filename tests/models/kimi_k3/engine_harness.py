@@ -4,7 +4,7 @@ KDA-slot bookkeeping per sequence, caches from the model's spec bound once, and 
 
 import torch
 
-from vllm.models.kimi_k3.amd.metadata import KimiMetadata, KimiMetadataBuilder, SeqSchedule
+from vllm.models.kimi_k3.amd.metadata import BatchSchedule, KimiMetadata, KimiMetadataBuilder
 from vllm.v1.kv_cache_interface import allocate_kv_caches
 
 
@@ -61,7 +61,7 @@ class EngineHarness:
         """Metadata for `new` (sequence id -> number of new tokens, in batch order). The leading
         run of one-token steps of already-started sequences are the decodes (none if not
         `decodes`: they are scheduled as one-token prefill chunks instead)."""
-        seqs, num_decodes, decoding = [], 0, decodes
+        batch, decoding = BatchSchedule([], [], [], [], 0), decodes
         for sid, count in new.items():
             start = self.lens.get(sid, 0)
             if sid not in self.slots:
@@ -70,10 +70,13 @@ class EngineHarness:
             while len(table) * self.block_size < start + count:
                 table.append(self.free_blocks.pop())
             decoding = decoding and start > 0 and count == 1
-            num_decodes += decoding
-            seqs.append(SeqSchedule(start, count, list(table), self.slots[sid]))
+            batch.num_decodes += decoding
+            batch.num_computed.append(start)
+            batch.num_new.append(count)
+            batch.block_tables.append(list(table))
+            batch.kda_slots.append(self.slots[sid])
             self.lens[sid] = start + count
-        return self.builder.build(seqs, num_decodes, pad_to)
+        return self.builder.build(batch, pad_to)
 
     def free(self, sid: int) -> None:
         """The sequence is finished: its slot and blocks go back (and are reused first)."""

@@ -1,6 +1,8 @@
 """The engine <-> model seam: `KimiMetadataBuilder` validation and padding, cache specs against
 the allocated caches, binding, new sequences on reused slots, the empty batch."""
 
+import random
+
 import numpy as np
 import pytest
 import torch
@@ -8,7 +10,7 @@ from engine_harness import EngineHarness
 from hf_kimi_linear import TINY, random_hf_model
 from test_amd_model import load_ours
 
-from vllm.models.kimi_k3.amd.metadata import KimiMetadataBuilder, SeqSchedule
+from vllm.models.kimi_k3.amd.metadata import BatchSchedule, KimiMetadataBuilder
 from vllm.v1.kv_cache_interface import KDAStateSpec, MLAAttentionSpec, allocate_kv_caches
 
 BLOCK = 4
@@ -24,8 +26,14 @@ def builder(**changes) -> KimiMetadataBuilder:
     return KimiMetadataBuilder(**dict(args, **changes))
 
 
-def seq(num_computed, num_new, table, slot) -> SeqSchedule:
-    return SeqSchedule(num_computed, num_new, table, slot)
+def seq(num_computed, num_new, table, slot) -> tuple[int, int, list[int], int]:
+    return num_computed, num_new, table, slot
+
+
+def batch(seqs: list[tuple[int, int, list[int], int]], num_decodes: int) -> BatchSchedule:
+    """The rows `seqs` (from `seq`) as the builder's columns."""
+    columns = [list(column) for column in zip(*seqs, strict=True)] if seqs else [[]] * 4
+    return BatchSchedule(*columns, num_decodes)
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +49,14 @@ def model(hf_kimi_linear, tmp_path_factory):
 
 DECODE = seq(3, 1, [1], 1)
 INVALID = {
-    "decode with two tokens": ([seq(3, 2, [1, 2], 1)], 1, None, "seqs\\[0\\] is a decode"),
-    "decode of a new sequence": ([seq(0, 1, [1], 1)], 1, None, "seqs\\[0\\] is a decode"),
-    "prefill of no tokens": ([DECODE, seq(0, 0, [2], 2)], 1, None, "seqs\\[1\\]: num_new"),
+    "decode with two tokens": ([seq(3, 2, [1, 2], 1)], 1, None, "batch row 0 is a decode"),
+    "decode of a new sequence": ([seq(0, 1, [1], 1)], 1, None, "batch row 0 is a decode"),
+    "prefill of no tokens": ([DECODE, seq(0, 0, [2], 2)], 1, None, "batch row 1: num_new"),
     "num_decodes past the batch": ([DECODE], 2, None, "num_decodes must be in"),
     "too many tokens": ([seq(0, 9, [1, 2, 3], 1), seq(0, 8, [4, 5], 2)], 0, None, "max_num_tok"),
     "too many sequences": ([seq(0, 1, [b], b) for b in range(1, 6)], 0, None, "max_num_seqs"),
-    "dummy kda slot": ([seq(0, 2, [1], 0)], 0, None, "kda_slot 0 is outside \\[1, 5\\)"),
-    "kda slot past the pool": ([seq(0, 2, [1], 5)], 0, None, "kda_slot 5 is outside"),
+    "dummy kda slot": ([seq(0, 2, [1], 0)], 0, None, "kda_slots\\[0\\] 0 is outside \\[1, 5\\)"),
+    "kda slot past the pool": ([seq(0, 2, [1], 5)], 0, None, "kda_slots\\[0\\] 5 is outside"),
     "shared kda slot": ([seq(0, 2, [1], 2), seq(0, 2, [3], 2)], 0, None, "used by another"),
     "dummy block": ([seq(0, 2, [0], 1)], 0, None, "block outside \\[1, 10\\)"),
     "block past the cache": ([seq(0, 2, [10], 1)], 0, None, "block outside"),
@@ -65,7 +73,12 @@ INVALID = {
 def test_invalid_schedules_are_refused_at_build_time(case):
     seqs, num_decodes, pad_to, message = INVALID[case]
     with pytest.raises(ValueError, match=message):
-        builder().build(seqs, num_decodes, pad_to)
+        builder().build(batch(seqs, num_decodes), pad_to)
+
+
+def test_columns_of_different_lengths_are_refused():
+    with pytest.raises(ValueError, match="one per sequence each"):
+        builder().build(BatchSchedule([3, 4], [1, 1], [[1], [2]], [1], 2))
 
 
 def test_builder_arguments_are_checked():
@@ -77,7 +90,7 @@ def test_builder_arguments_are_checked():
 
 def test_layout_decodes_first_then_prefills():
     b = builder()
-    meta = b.build([seq(5, 1, [7, 2], 3), seq(2, 3, [4, 9], 1), seq(0, 2, [6], 4)], 1)
+    meta = b.build(batch([seq(5, 1, [7, 2], 3), seq(2, 3, [4, 9], 1), seq(0, 2, [6], 4)], 1))
     kda, mla = meta.kda, meta.mla
     assert meta.num_tokens == 6
     assert kda.query_start_loc.tolist() == [0, 1, 4, 6]
@@ -99,8 +112,8 @@ def test_layout_decodes_first_then_prefills():
 
 def test_padded_rows_use_only_the_dummies_and_buffers_are_reused():
     b = builder()
-    first = b.build([seq(0, 3, [5], 2)], 0)
-    meta = b.build([seq(5, 1, [7, 2], 3), seq(1, 1, [4], 1)], 2, pad_to=4)
+    first = b.build(batch([seq(0, 3, [5], 2)], 0))
+    meta = b.build(batch([seq(5, 1, [7, 2], 3), seq(1, 1, [4], 1)], 2), pad_to=4)
     assert meta.num_tokens == 4
     assert meta.kda.num_decodes == meta.mla.num_decodes == 4 and meta.kda.num_prefills == 0
     assert meta.kda.state_slots.tolist() == [3, 1, 0, 0]
@@ -120,47 +133,95 @@ def test_padded_rows_use_only_the_dummies_and_buffers_are_reused():
 
 def test_rows_rewritten_only_where_tables_change_and_ids_staged():
     b = builder()
-    b.build([seq(9, 1, [7, 2, 3], 3), seq(1, 1, [4], 1)], 2)
+    b.build(batch([seq(9, 1, [7, 2, 3], 3), seq(1, 1, [4], 1)], 2))
     # Row 0 gets a shorter table (its old tail must go), row 1 keeps its own.
-    meta = b.build([seq(1, 1, [5], 2), seq(2, 1, [4], 1)], 2, input_ids=np.array([6, 8]))
+    meta = b.build(batch([seq(1, 1, [5], 2), seq(2, 1, [4], 1)], 2), input_ids=np.array([6, 8]))
     assert meta.mla.decode_block_tables.tolist() == [[5, 0, 0], [4, 0, 0]]
     assert meta.mla.slot_mapping.tolist() == [21, 18]
     assert b.input_ids[:2].tolist() == [6, 8]
-    assert b.stage([seq(2, 1, [5], 2)], 1, pad_to=2, input_ids=np.array([3])) == 2
+    assert b.stage(batch([seq(2, 1, [5], 2)], 1), pad_to=2, input_ids=np.array([3])) == 2
     assert b.block_tables[:2].tolist() == [[5, 0, 0], [0, 0, 0]] and b.input_ids[0] == 3
     with pytest.raises(ValueError, match="input_ids: 2 ids for 1 new tokens"):
-        b.stage([seq(2, 1, [5], 2)], 1, input_ids=np.array([3, 4]))
+        b.stage(batch([seq(2, 1, [5], 2)], 1), input_ids=np.array([3, 4]))
     # An unchanged table is not range-checked again, but a changed one is.
     with pytest.raises(ValueError, match="has a block outside"):
-        b.build([seq(2, 1, [5, 10], 2)], 1)
+        b.build(batch([seq(2, 1, [5, 10], 2)], 1))
 
 
 def test_a_table_grown_in_place_is_written_and_checked_only_in_its_tail():
     b = builder()
     table = [5]
-    b.build([seq(3, 1, table, 2)], 1)
+    b.build(batch([seq(3, 1, table, 2)], 1))
     table.append(10)
     with pytest.raises(ValueError, match="has a block outside"):
-        b.build([seq(4, 1, table, 2)], 1)
+        b.build(batch([seq(4, 1, table, 2)], 1))
     # The same list is trusted to have grown by appending only: its head is not read again.
     table[0], table[1] = 7, 6
-    meta = b.build([seq(4, 1, table, 2)], 1)
+    meta = b.build(batch([seq(4, 1, table, 2)], 1))
     assert meta.mla.decode_block_tables.tolist() == [[5, 6, 0]]
     # A shorter list, even the same one, rewrites the row and clears its old tail.
     table.pop()
-    meta = b.build([seq(3, 1, table, 2)], 1)
+    meta = b.build(batch([seq(3, 1, table, 2)], 1))
     assert meta.mla.decode_block_tables.tolist() == [[7, 0, 0]]
     # Another list is compared by value: a changed head rewrites the row.
-    meta = b.build([seq(4, 1, [8, 6], 2)], 1)
+    meta = b.build(batch([seq(4, 1, [8, 6], 2)], 1))
     assert meta.mla.decode_block_tables.tolist() == [[8, 6, 0]]
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_incremental_rows_equal_a_fresh_builders(seed):
+    """One builder fed a random run of steps (tables grown in place, sequences finishing, new
+    and preempted ones prefilling from zero on new lists, rows moving, copied tables, padded
+    decode steps) holds after each step what a fresh builder writes for that step alone."""
+    rng = random.Random(seed)
+    sizes = dict(max_num_seqs=6, max_blocks_per_seq=5, num_blocks=40, num_kda_slots=7)
+    b, cap = builder(max_num_tokens=32, **sizes), 5 * BLOCK
+    free_blocks, free_slots = list(range(1, 40)), list(range(1, 7))
+    rng.shuffle(free_blocks)
+    seqs: list[list] = []  # [block table, num_computed, kda slot]
+    for _ in range(300):
+        for s in list(seqs):
+            if rng.random() < 0.1 or s[1] + 4 > cap:  # finished
+                seqs.remove(s)
+                free_blocks += s[0]
+                free_slots.append(s[2])
+            elif rng.random() < 0.05:  # preempted: re-prefills on a new table
+                free_blocks += s[0]
+                s[0], s[1] = [], 0
+            elif rng.random() < 0.1:
+                s[0] = list(s[0])  # an equal copy (what a TP worker may hold)
+        if len(seqs) < 6 and rng.random() < 0.4:
+            seqs.append([[], 0, free_slots.pop()])
+        if rng.random() < 0.2:
+            rng.shuffle(seqs)
+        seqs.sort(key=lambda s: s[1] == 0)  # decodes first
+        new = [1 if s[1] else rng.randint(1, 4) for s in seqs]
+        for s, w in zip(seqs, new, strict=True):
+            while len(s[0]) * BLOCK < s[1] + w:
+                s[0].append(free_blocks.pop())  # in place, as the KV cache manager grows them
+        nd = sum(1 for s in seqs if s[1])
+        step = BatchSchedule(
+            [s[1] for s in seqs], new, [s[0] for s in seqs], [s[2] for s in seqs], nd
+        )
+        pad_to = rng.randint(len(seqs), 6) if nd == len(seqs) and rng.random() < 0.5 else None
+        fresh = builder(max_num_tokens=32, **sizes)
+        t = b.stage(step, pad_to)
+        assert fresh.stage(step, pad_to) == t
+        n = len(seqs) if pad_to is None else pad_to
+        for name in ("block_tables", "seq_lens", "kda_slots", "has_initial_state"):
+            assert getattr(b, name)[:n].tolist() == getattr(fresh, name)[:n].tolist(), name
+        assert b.slot_mapping[:t].tolist() == fresh.slot_mapping[:t].tolist()
+        assert b.query_start_loc[: n + 1].tolist() == fresh.query_start_loc[: n + 1].tolist()
+        for s, w in zip(seqs, new, strict=True):
+            s[1] += w
+
+
 def test_empty_schedule_builds():
-    meta = builder().build([], 0)
+    meta = builder().build(batch([], 0))
     assert meta.num_tokens == 0 and meta.kda.query_start_loc.tolist() == [0]
     assert meta.mla.slot_mapping.numel() == 0 and meta.mla.prefills == []
     # what a runner captures a CUDA graph on: only padded rows
-    meta = builder().build([], 0, pad_to=3)
+    meta = builder().build(batch([], 0), pad_to=3)
     assert meta.num_tokens == 3 and meta.kda.state_slots.tolist() == [0, 0, 0]
     assert meta.mla.decode_seq_lens.tolist() == [1, 1, 1]
     assert meta.mla.slot_mapping.tolist() == [0, 0, 0]
@@ -275,8 +336,7 @@ def test_new_one_token_prompt_on_a_reused_slot_starts_from_zero(model):
         reused.free(1)
         assert reused.kda_pools[0].ssm_state[old_slot].abs().sum() > 0  # a stale state is there
         with pytest.raises(ValueError, match="is a decode"):  # never a decode (fused) row
-            seqs = [SeqSchedule(0, 1, [reused.free_blocks[-1]], old_slot)]
-            reused.builder.build(seqs, num_decodes=1)
+            reused.builder.build(BatchSchedule([0], [1], [[reused.free_blocks[-1]]], [old_slot], 1))
         batch = {0: [15], 7: [33]} if mixed else {7: [33]}
         got = reused.step(batch)[-1:]
         assert reused.slots[7] == old_slot

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from vllm.models.kimi_k3.amd.metadata import KimiMetadataBuilder, SeqSchedule
+from vllm.models.kimi_k3.amd.metadata import BatchSchedule, KimiMetadataBuilder
 from vllm.v1.engine.llm_engine import LLMEngine
 from vllm.v1.kv_cache_interface import allocate_kv_caches
 
@@ -38,7 +38,9 @@ def reference_decode(
         out, logits, computed, new = [], [], 0, list(prompt)
         with torch.no_grad():
             while len(out) < max_tokens:
-                md = builder.build([SeqSchedule(computed, len(new), table, 1)], int(computed > 0))
+                md = builder.build(
+                    BatchSchedule([computed], [len(new)], [table], [1], int(computed > 0))
+                )
                 hidden = model(torch.tensor(new, device=runner.device), md)
                 row = model.compute_logits(hidden[-1:])[0].float().cpu()
                 computed += len(new)
@@ -61,7 +63,8 @@ def prompt_logits(engine: LLMEngine, prompt: list[int]) -> torch.Tensor:
         builder = KimiMetadataBuilder(
             len(prompt), 1, blocks, BLOCK_SIZE, blocks + 1, 2, runner.device
         )
-        md = builder.build([SeqSchedule(0, len(prompt), list(range(1, blocks + 1)), 1)], 0)
+        table = list(range(1, blocks + 1))
+        md = builder.build(BatchSchedule([0], [len(prompt)], [table], [1], 0))
         with torch.no_grad():
             hidden = model(torch.tensor(prompt, device=runner.device), md)
             return model.compute_logits(hidden).float().cpu()

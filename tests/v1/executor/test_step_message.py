@@ -6,15 +6,15 @@ import pickle
 
 import numpy as np
 
-from vllm.models.kimi_k3.amd.metadata import KimiMetadataBuilder, SeqSchedule
+from vllm.models.kimi_k3.amd.metadata import BatchSchedule, KimiMetadataBuilder
 from vllm.v1.executor.step_message import StepDecoder, StepEncoder
 from vllm.v1.worker.model_runner import StepInput
 
 
 def decode_step(tables: list[list[int]], computed: list[int]) -> StepInput:
-    pairs = enumerate(zip(tables, computed, strict=True))
-    seqs = [SeqSchedule(c, 1, t, i + 1) for i, (t, c) in pairs]
-    return StepInput(list(range(len(seqs))), seqs, len(seqs), list(range(len(seqs))))
+    n = len(tables)
+    batch = BatchSchedule(list(computed), [1] * n, list(tables), list(range(1, n + 1)), n)
+    return StepInput(list(range(n)), batch, list(range(n)))
 
 
 def through_pipe(encoder: StepEncoder, decoder: StepDecoder, step: StepInput) -> StepInput:
@@ -47,9 +47,9 @@ def test_a_table_cut_in_place_is_sent_whole():
     assert through_pipe(enc, dec, decode_step([a], [40])) == decode_step([[1, 2, 3]], [40])
     del a[1:]
     a.append(9)
-    assert through_pipe(enc, dec, decode_step([a], [41])).seqs[0].block_table == [1, 9]
+    assert through_pipe(enc, dec, decode_step([a], [41])).batch.block_tables[0] == [1, 9]
     a.append(5)
-    assert through_pipe(enc, dec, decode_step([a], [42])).seqs[0].block_table == [1, 9, 5]
+    assert through_pipe(enc, dec, decode_step([a], [42])).batch.block_tables[0] == [1, 9, 5]
 
 
 def test_a_decode_steps_message_carries_only_the_changed_tails():
@@ -69,12 +69,12 @@ def test_worker_tables_grow_in_place_and_its_builder_writes_only_new_tails():
     tables = [[1, 2], [3, 4]]
     first = through_pipe(enc, dec, decode_step(tables, [20, 20]))
     builder = KimiMetadataBuilder(8, 2, 4, 16, 16, 4, "cpu")
-    builder.stage(first.seqs, 2, input_ids=np.zeros(2, dtype=np.int64))
+    builder.stage(first.batch, input_ids=np.zeros(2, dtype=np.int64))
     tables[1].append(5)
     second = through_pipe(enc, dec, decode_step(tables, [21, 32]))
-    assert second.seqs[0].block_table is first.seqs[0].block_table
-    assert second.seqs[1].block_table is first.seqs[1].block_table == [3, 4, 5]
+    assert second.batch.block_tables[0] is first.batch.block_tables[0]
+    assert second.batch.block_tables[1] is first.batch.block_tables[1] == [3, 4, 5]
     # A stale host row proves that the builder took the in-place path (tail only) for row 1.
     builder.block_tables[1, 0] = 15  # on the CPU the staged bytes are the buffers
-    builder.stage(second.seqs, 2, input_ids=np.zeros(2, dtype=np.int64))
+    builder.stage(second.batch, input_ids=np.zeros(2, dtype=np.int64))
     assert builder.block_tables[1, :3].tolist() == [15, 4, 5]

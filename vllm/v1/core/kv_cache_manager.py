@@ -43,8 +43,10 @@ class KVCacheManager:
         self._free_slots = list(range(num_kda_slots - 1, PAD_KDA_SLOT, -1))
         self.initial_num_free_blocks = len(self._free_blocks)
         self.initial_num_free_kda_slots = len(self._free_slots)
-        self._block_tables: dict[str, list[int]] = {}
-        self._kda_slots: dict[str, int] = {}
+        # Request id -> its block table / KDA slot. Read only outside this class; the scheduler
+        # reads them directly in its per-request decode loop (a method call each costs there).
+        self.block_tables: dict[str, list[int]] = {}
+        self.kda_slots: dict[str, int] = {}
 
     @property
     def num_free_blocks(self) -> int:
@@ -69,25 +71,25 @@ class KVCacheManager:
         if not isinstance(num_new_tokens, int) or num_new_tokens < 1:
             raise ValueError(f"num_new_tokens must be an integer >= 1, got {num_new_tokens!r}")
         rid = request.request_id
-        table = self._block_tables.get(rid, [])
+        table = self.block_tables.get(rid, [])
         if len(table) * self.block_size >= request.num_computed_tokens + num_new_tokens:
             # The common decode: the last block has room (a request with blocks has its slot).
             return True
         num_needed = self.num_blocks_for(request.num_computed_tokens + num_new_tokens) - len(table)
-        needs_slot = rid not in self._kda_slots
+        needs_slot = rid not in self.kda_slots
         if num_needed > len(self._free_blocks) or (needs_slot and not self._free_slots):
             return False
         if needs_slot:
-            self._kda_slots[rid] = self._free_slots.pop()
+            self.kda_slots[rid] = self._free_slots.pop()
         for _ in range(num_needed):
             table.append(self._free_blocks.pop())
-        self._block_tables[rid] = table
+        self.block_tables[rid] = table
         return True
 
     def free(self, request: Request) -> None:
         """Return all of `request`'s blocks and its slot; a no-op for a request holding none."""
-        self._free_blocks.extend(reversed(self._block_tables.pop(request.request_id, [])))
-        slot = self._kda_slots.pop(request.request_id, None)
+        self._free_blocks.extend(reversed(self.block_tables.pop(request.request_id, [])))
+        slot = self.kda_slots.pop(request.request_id, None)
         if slot is not None:
             self._free_slots.append(slot)
 
@@ -96,9 +98,9 @@ class KVCacheManager:
         only. While the request holds it, it only grows, by appending, so a consumer that keeps
         the list needs to look only at its new tail (copying it would cost every step in
         proportion to the context)."""
-        return self._block_tables.get(request_id, [])
+        return self.block_tables.get(request_id, [])
 
     def get_kda_slot(self, request_id: str) -> int:
-        if request_id not in self._kda_slots:
+        if request_id not in self.kda_slots:
             raise ValueError(f"request_id {request_id!r} holds no KDA slot")
-        return self._kda_slots[request_id]
+        return self.kda_slots[request_id]

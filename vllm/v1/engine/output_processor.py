@@ -39,6 +39,9 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.requests: dict[str, _RequestState] = {}
         self.parent_of: dict[str, tuple[str, int]] = {}  # sequence id -> (request id, index)
+        # Sequences whose sampled tokens need no work until they finish: final-only output, no
+        # text, no logprobs. `process` skips them (per sequence per step, that costs).
+        self._idle: set[str] = set()
 
     def add_request(
         self,
@@ -65,6 +68,13 @@ class OutputProcessor:
                 )  # fmt: skip
             )
             self.parent_of[seq.request_id] = (request_id, i)
+            if (
+                params.output_kind is RequestOutputKind.FINAL_ONLY
+                and detok is None
+                and not wants
+                and not discard_output
+            ):
+                self._idle.add(seq.request_id)
         state = _RequestState(request_id, prompt, prompt_token_ids, params, completions)
         if params.prompt_logprobs is not None:
             state.prompt_logprobs = [None]
@@ -92,7 +102,10 @@ class OutputProcessor:
         for seq_id, rows in prompt_logprobs.items():
             state = self.requests[self.parent_of[seq_id][0]]
             state.prompt_logprobs += [self._position(*row) for row in rows]
+        idle = self._idle
         for seq_id, tokens in sampled.items():
+            if seq_id in idle:
+                continue
             request_id, index = self.parent_of[seq_id]
             state = self.requests[request_id]
             completion = state.completions[index]
@@ -159,6 +172,7 @@ class OutputProcessor:
         state = self.requests.pop(request_id)
         for completion in state.completions:
             self.parent_of.pop(completion.request.request_id, None)
+            self._idle.discard(completion.request.request_id)
 
     def _position(self, token_ids: list[int], logprobs: list[float], rank: int) -> PositionLogprobs:
         """Column 0 is the chosen token (with its vocabulary rank), then the top-k in order."""

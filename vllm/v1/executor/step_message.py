@@ -16,13 +16,13 @@ in order (the executor's pipes do that; a worker that fails ends the engine).
 
 from dataclasses import dataclass
 
-from vllm.models.kimi_k3.amd.metadata import SeqSchedule
+from vllm.models.kimi_k3.amd.metadata import BatchSchedule
 from vllm.v1.worker.model_runner import StepInput
 
 
 @dataclass(slots=True)
 class StepMessage:
-    """A `StepInput` with per-row lists instead of `SeqSchedule`s and the block tables' changes."""
+    """A `StepInput` with its block tables' changes instead of the tables."""
 
     input_ids: list[int]
     num_decodes: int
@@ -39,23 +39,27 @@ class StepEncoder:
     """Rank 0's side: remembers, per row, the table list it last sent and how long it was."""
 
     def __init__(self) -> None:
-        self._sent: list[tuple[list[int], int]] = []
+        self._sent: list[list[int] | None] = []
+        self._sent_lens: list[int] = []
 
     def encode(self, step: StepInput) -> StepMessage:
-        sent, now, changes = self._sent, [], []
-        for row, seq in enumerate(step.seqs):
-            table, n = seq.block_table, len(seq.block_table)
-            old, old_n = sent[row] if row < len(sent) else (None, 0)
-            if table is not old or n < old_n:
+        batch = step.batch
+        tables, lens = batch.block_tables, list(map(len, batch.block_tables))
+        extra = len(tables) - len(self._sent)
+        sent, sent_lens = self._sent + [None] * extra, self._sent_lens + [0] * extra
+        changes = []
+        # One pass finds the rows to look at (few in a decode step), then only those are read.
+        rows = zip(tables, sent, lens, sent_lens, strict=False)
+        for row in [i for i, (t, s, n, m) in enumerate(rows) if t is not s or n != m]:
+            table, kept = tables[row], sent_lens[row]
+            if table is not sent[row] or lens[row] < kept:
                 changes.append((row, 0, list(table)))
-            elif n > old_n:
-                changes.append((row, old_n, table[old_n:]))
-            now.append((table, n))
-        self._sent = now
-        seqs = step.seqs
+            else:
+                changes.append((row, kept, table[kept:]))
+        self._sent, self._sent_lens = list(tables), lens
         return StepMessage(
-            step.input_ids, step.num_decodes, step.logits_rows, [s.num_computed for s in seqs],
-            [s.num_new for s in seqs], [s.kda_slot for s in seqs], changes,
+            step.input_ids, batch.num_decodes, step.logits_rows, batch.num_computed, batch.num_new,
+            batch.kda_slots, changes,
         )  # fmt: skip
 
 
@@ -79,10 +83,8 @@ class StepDecoder:
                     f"step message: row {row} keeps {kept} blocks of a table of "
                     f"{len(tables[row])}: the worker missed a message"
                 )
-        seqs = [
-            SeqSchedule(c, w, t, s)
-            for c, w, t, s in zip(
-                message.num_computed, message.num_new, tables, message.kda_slots, strict=True
-            )
-        ]
-        return StepInput(message.input_ids, seqs, message.num_decodes, message.logits_rows)
+        batch = BatchSchedule(
+            message.num_computed, message.num_new, list(tables), message.kda_slots,
+            message.num_decodes,
+        )  # fmt: skip
+        return StepInput(message.input_ids, batch, message.logits_rows)

@@ -15,6 +15,7 @@ upload) before each replay.
 
 import math
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 import torch
@@ -25,7 +26,7 @@ from vllm.distributed import get_tensor_model_parallel_world_size, tensor_model_
 from vllm.logger import init_logger
 from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
 from vllm.model_executor.model_loader.loader import load_model
-from vllm.models.kimi_k3.amd.metadata import KimiMetadataBuilder, SeqSchedule
+from vllm.models.kimi_k3.amd.metadata import BatchSchedule, KimiMetadataBuilder
 from vllm.models.registry import model_class
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import allocate_kv_caches
@@ -45,8 +46,7 @@ class StepInput:
     """One forward, as every rank needs it: host data only (picklable for the TP workers)."""
 
     input_ids: list[int]
-    seqs: list[SeqSchedule]
-    num_decodes: int
+    batch: BatchSchedule
     logits_rows: list[int]  # token rows whose logits are computed, in this order
 
 
@@ -140,13 +140,13 @@ class ModelRunner:
             sum(lengths), len(lengths), max(blocks), self.block_size, num_blocks, num_slots,
             self.device,
         )  # fmt: skip
-        seqs, next_block = [], 1
-        for i, (n, b) in enumerate(zip(lengths, blocks, strict=True)):
-            seqs.append(SeqSchedule(0, n, list(range(next_block, next_block + b)), i + 1))
-            next_block += b
+        firsts = [1 + sum(blocks[:i]) for i in range(len(blocks))]
+        tables = [list(range(f, f + b)) for f, b in zip(firsts, blocks, strict=True)]
+        slots = list(range(1, len(lengths) + 1))
+        batch = BatchSchedule([0] * len(lengths), lengths, tables, slots, 0)
         ids = torch.zeros(sum(lengths), dtype=torch.long, device=self.device)
         with torch.no_grad():
-            hidden = self.model(ids, builder.build(seqs, 0))
+            hidden = self.model(ids, builder.build(batch))
             rows = hidden[: self.max_num_seqs]
             torch.softmax(self.model.compute_logits(rows).float(), dim=-1)
         torch.cuda.synchronize(self.device)
@@ -192,7 +192,7 @@ class ModelRunner:
         pool = torch.cuda.graph_pool_handle()
         with torch.no_grad():
             for size in sorted(sizes, reverse=True):
-                metadata = self.builder.build([], 0, pad_to=size)
+                metadata = self.builder.build(BatchSchedule([], [], [], [], 0), pad_to=size)
                 ids = self.input_ids[:size]
                 self._logits(ids, metadata)  # warm-up: Triton compiles outside the capture
                 torch.cuda.synchronize(self.device)
@@ -214,7 +214,7 @@ class ModelRunner:
     def execute(self, step: StepInput) -> torch.Tensor:
         """Logits `[len(step.logits_rows), vocab]` (the LM head's dtype) of the step; every rank
         runs it."""
-        tokens, n = len(step.input_ids), len(step.seqs)
+        tokens, n = len(step.input_ids), len(step.batch.num_new)
         if tokens > self.max_num_tokens:
             raise ValueError(f"step of {tokens} tokens exceeds the buffers ({self.max_num_tokens})")
         ids = np.array(step.input_ids, dtype=np.int64)
@@ -226,18 +226,18 @@ class ModelRunner:
         graph_size = self._graph_size(step)
         with torch.no_grad():
             if graph_size is not None:
-                self.builder.stage(step.seqs, step.num_decodes, graph_size, ids)
+                self.builder.stage(step.batch, graph_size, ids)
                 graph, out = self.graphs[graph_size]
                 graph.replay()
                 return out[:n]
-            metadata = self.builder.build(step.seqs, step.num_decodes, input_ids=ids)
+            metadata = self.builder.build(step.batch, input_ids=ids)
             hidden = self.model(self.input_ids[:tokens], metadata)
             rows = torch.tensor(step.logits_rows, dtype=torch.long).to(self.device)
             return self.model.compute_logits(hidden[rows])
 
     def _graph_size(self, step: StepInput) -> int | None:
-        n = len(step.seqs)
-        if not self.graphs or step.num_decodes != n or n == 0:
+        n = len(step.batch.num_new)
+        if not self.graphs or step.batch.num_decodes != n or n == 0:
             return None
         return next((size for size in sorted(self.graphs) if size >= n), None)
 
@@ -245,24 +245,26 @@ class ModelRunner:
 
     def prepare(self, out: SchedulerOutput) -> tuple[StepInput, SamplePlan]:
         """The step's flattened batch and which logits rows sample or score prompt tokens."""
-        ids, seqs, rows, plan = [], [], [], SamplePlan()
+        entries, nd = out.entries, out.num_decodes
+        batch = BatchSchedule(
+            [e.num_computed_tokens for e in entries], [e.num_new_tokens for e in entries],
+            [e.block_table for e in entries], [e.kda_slot for e in entries], nd,
+        )  # fmt: skip
+        ids = list(chain.from_iterable([e.token_ids for e in entries]))
+        # A decode is one token that samples: decode i is row i. Only prefill chunks need more.
+        rows = list(range(nd))
+        plan = SamplePlan([e.request for e in entries[:nd]])
         prompt_rows: list[tuple[str, list[int], list[int], int]] = []
-        for entry in out.entries:
+        end = nd
+        for entry in entries[nd:]:
             req = entry.request
-            start = len(ids)
-            ids += entry.token_ids
-            seqs.append(
-                SeqSchedule(
-                    entry.num_computed_tokens, entry.num_new_tokens, entry.block_table,
-                    entry.kda_slot,
-                )
-            )  # fmt: skip
+            start, end = end, end + entry.num_new_tokens
             if entry.samples:
-                rows.append(len(ids) - 1)
+                rows.append(end - 1)
                 plan.sample_requests.append(req)
             k = req.sampling_params.prompt_logprobs
-            if k is not None and not entry.is_decode:
-                scored = self._prompt_positions(req, entry.num_computed_tokens, len(ids) - start)
+            if k is not None:
+                scored = self._prompt_positions(req, entry.num_computed_tokens, end - start)
                 if scored:
                     first, last = scored
                     prompt_rows.append(
@@ -277,7 +279,7 @@ class ModelRunner:
         for request_id, token_rows, targets, k in prompt_rows:
             plan.prompt_slices.append((request_id, len(rows), len(token_rows), targets, k))
             rows += token_rows
-        return StepInput(ids, seqs, out.num_decodes, rows), plan
+        return StepInput(ids, batch, rows), plan
 
     def _prompt_positions(self, req, computed: int, new: int) -> tuple[int, int] | None:
         """[first, last) token positions of this chunk whose logits score a not yet scored
@@ -297,19 +299,19 @@ class ModelRunner:
             metadata = self._sampling_metadata(reqs, logits.device)
             out = self.sampler(logits[: len(reqs)], metadata)
             sampled = out.sampled_token_ids.tolist()
-            lp = None
+            request_ids = [req.request_id for req in reqs]
+            result.sampled = dict(zip(request_ids, [[t] for t in sampled], strict=True))
             if out.logprobs is not None:
                 lp = (
                     out.logprobs.token_ids.tolist(),
                     out.logprobs.logprobs.tolist(),
                     out.logprobs.ranks.tolist(),
                 )
-            for i, (req, token) in enumerate(zip(reqs, sampled, strict=True)):
-                result.sampled[req.request_id] = [token]
-                k = req.sampling_params.logprobs
-                if lp is not None and k is not None:
-                    result.logprobs[req.request_id] = (lp[0][i][: k + 1], lp[1][i][: k + 1],
-                                                       lp[2][i])  # fmt: skip
+                for i, req in enumerate(reqs):
+                    k = req.sampling_params.logprobs
+                    if k is not None:
+                        result.logprobs[request_ids[i]] = (lp[0][i][: k + 1],
+                                                           lp[1][i][: k + 1], lp[2][i])  # fmt: skip
         for request_id, first, count, targets, k in plan.prompt_slices:
             target = torch.tensor(targets, dtype=torch.long, device=logits.device)
             lp = compute_prompt_logprobs(logits[first : first + count], target, k)

@@ -2,9 +2,10 @@
 metadata. (The caches come from `vllm.v1.kv_cache_interface.allocate_kv_caches` over the model's
 `get_kv_cache_spec()` and are bound to the layers once by `model.bind_kv_caches`.)
 
-The model runner schedules sequences as `SeqSchedule`s (how many tokens are already cached, how
-many are new, the sequence's MLA blocks and its KDA state slot), decodes first, and
-`KimiMetadataBuilder.build` turns them into a `KimiMetadata` for `model.forward(input_ids,
+The model runner schedules a step as a `BatchSchedule`: per sequence (row), how many tokens are
+already cached, how many are new, its MLA blocks and its KDA state slot, decodes first, one list
+per field so that a step costs a few list and numpy passes rather than Python work per row.
+`KimiMetadataBuilder.build` turns it into a `KimiMetadata` for `model.forward(input_ids,
 metadata)`. Every rule the kernels rely on is checked there, with a ValueError, so that nothing
 is checked inside the (CUDA-graph captured) forward:
 
@@ -34,6 +35,7 @@ wrote. A `KimiMetadata` is therefore valid until the next `build` or `stage`.
 """
 
 import math
+import operator
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -48,14 +50,17 @@ DUMMY_BLOCK = 0
 DUMMY_KDA_SLOT = 0
 
 
-@dataclass(slots=True)  # not frozen: built per sequence per step, frozen costs ~1 us more
-class SeqSchedule:
-    """One sequence's share of a step: `num_new` tokens after `num_computed` cached ones."""
+@dataclass(slots=True)
+class BatchSchedule:
+    """A step's sequences, decodes first: row i has `num_new[i]` new tokens after `num_computed[i]`
+    cached ones, its MLA cache blocks in order `block_tables[i]` and its KDA state slot (the same
+    in every KDA layer) `kda_slots[i]`; the first `num_decodes` rows are decodes."""
 
-    num_computed: int
-    num_new: int
-    block_table: list[int]  # MLA cache blocks of the sequence, in order
-    kda_slot: int  # its KDA state slot (the same in every KDA layer)
+    num_computed: list[int]
+    num_new: list[int]
+    block_tables: list[list[int]]
+    kda_slots: list[int]
+    num_decodes: int
 
 
 @dataclass
@@ -126,23 +131,22 @@ class KimiMetadataBuilder:
         self._tables_offset = offsets[-1]
         # Per host row: the block table list last written there and how many of its entries
         # were (validated and) written; see `_num_written`.
-        self._rows: list[tuple[list[int], int]] = [([], 0)] * n
+        self._row_tables: list[list[int] | None] = [None] * n
+        self._row_lens = np.zeros(n, dtype=np.int64)
         self._copied = torch.cuda.Event() if pin else None
+        self._slot_ids = frozenset(range(1, num_kda_slots))
 
     def build(
-        self,
-        seqs: list[SeqSchedule],
-        num_decodes: int,
-        pad_to: int | None = None,
-        input_ids: np.ndarray | None = None,
+        self, batch: BatchSchedule, pad_to: int | None = None, input_ids: np.ndarray | None = None
     ) -> KimiMetadata:
-        """Metadata for `seqs` (the first `num_decodes` are decodes); `pad_to` pads a decode-only
-        batch with dummy rows to that many sequences (see the module docstring). `input_ids`
-        (int64, one per new token), when given, are uploaded into `self.input_ids`."""
-        t = self.stage(seqs, num_decodes, pad_to, input_ids)
-        n = len(seqs) if pad_to is None else pad_to
+        """Metadata for `batch`; `pad_to` pads a decode-only batch with dummy rows to that many
+        sequences (see the module docstring). `input_ids` (int64, one per new token), when given,
+        are uploaded into `self.input_ids`."""
+        t = self.stage(batch, pad_to, input_ids)
+        num_decodes = batch.num_decodes
+        n = len(batch.num_new) if pad_to is None else pad_to
         nd = n if pad_to is not None else num_decodes  # padded rows are decodes too
-        num_prefills = len(seqs) - num_decodes
+        num_prefills = len(batch.num_new) - num_decodes
         start = int(self._np["query_start_loc"][num_decodes])
         kda = KDAMetadata(
             query_start_loc=self.query_start_loc[: n + 1],
@@ -157,182 +161,197 @@ class KimiMetadataBuilder:
             slot_mapping=self.slot_mapping[:t],
             decode_block_tables=self.block_tables[:nd],
             decode_seq_lens=self.seq_lens[:nd],
-            prefills=self._prefill_contexts(seqs, num_decodes, start),
+            prefills=self._prefill_contexts(batch, start),
         )
         return KimiMetadata(kda, mla, t)
 
     def stage(
-        self,
-        seqs: list[SeqSchedule],
-        num_decodes: int,
-        pad_to: int | None = None,
-        input_ids: np.ndarray | None = None,
+        self, batch: BatchSchedule, pad_to: int | None = None, input_ids: np.ndarray | None = None
     ) -> int:
         """`build` without making the metadata's views: fills and uploads the buffers, which is
         all a CUDA-graph replay needs (the graph holds its own views). Returns the step's token
         count T (padded rows included)."""
-        computed, new, slots, written = self._validate(seqs, num_decodes, pad_to)
-        if input_ids is not None and len(input_ids) != new.sum():
-            raise ValueError(f"input_ids: {len(input_ids)} ids for {new.sum()} new tokens")
+        computed, new, lens = self._validate(batch, pad_to)
+        n_real = len(new)
+        t_real = int(new.sum())
+        if input_ids is not None and len(input_ids) != t_real:
+            raise ValueError(f"input_ids: {len(input_ids)} ids for {t_real} new tokens")
         if self._copied is not None:
             # The staging buffers are about to be overwritten: the last build's copies out of
             # them must have run (they normally have, long before the next step is built).
             self._copied.synchronize()
-        n_real = len(seqs)
         n = n_real if pad_to is None else pad_to
-        num_prefills = n_real - num_decodes
+        self._write_tables(batch.block_tables, lens, n_real, n)
         h, bs = self._np, self.block_size
-        # Padded rows: one new token at position 0 of block 0, with "initial state" (slot 0).
-        computed = np.concatenate([computed, np.zeros(n - n_real, dtype=np.int64)])
-        new = np.concatenate([new, np.ones(n - n_real, dtype=np.int64)])
-        slots = np.concatenate([slots, np.full(n - n_real, DUMMY_KDA_SLOT, dtype=np.int64)])
+        t = t_real + n - n_real
         qsl = h["query_start_loc"][: n + 1]
         qsl[0] = 0
-        np.cumsum(new, out=qsl[1:])
-        t = int(qsl[-1])
-        h["seq_lens"][:n] = computed + new
-        h["kda_slots"][:n] = slots
-        h["has_initial_state"][:n] = (computed > 0) | (np.arange(n) >= n_real)
-        tables = h["block_tables"]
-        for i in range(n):
-            table = seqs[i].block_table if i < n_real else []
-            done, end, old_end = written[i] if i < n_real else 0, len(table), self._rows[i][1]
-            if done == end == old_end and table is self._rows[i][0]:
-                continue  # the common decode row: its table did not change
-            if done < end:
-                tables[i, done:end] = table[done:]
-            if end < old_end:
-                tables[i, end:old_end] = DUMMY_BLOCK
-            self._rows[i] = (table, end)
-        # Slot of every token: its sequence's block at position // block_size (padded rows:
-        # block 0, position 0).
-        seq_of_token = np.repeat(np.arange(n), new)
-        positions = np.repeat(computed - qsl[:n], new) + np.arange(t)
-        blocks = tables[seq_of_token, positions // bs].astype(np.int64)
-        h["slot_mapping"][:t] = blocks * bs + positions % bs
-        nd = n if pad_to is not None else num_decodes  # padded rows are decodes too
-        h["prefill_query_start_loc"][: num_prefills + 1] = qsl[nd:] - qsl[nd]
+        np.cumsum(new, out=qsl[1 : n_real + 1])
+        h["seq_lens"][:n_real] = computed + new
+        h["kda_slots"][:n_real] = batch.kda_slots
+        h["has_initial_state"][:n_real] = computed > 0
+        # Slot of every token: its sequence's block at position // block_size.
+        if t_real == n_real:  # one token per row (decode-only steps): no per-token expansion
+            rows, positions = np.arange(n_real), computed
+        else:
+            rows = np.repeat(np.arange(n_real), new)
+            positions = np.repeat(computed - qsl[:n_real], new) + np.arange(t_real)
+        blocks = h["block_tables"][rows, positions // bs].astype(np.int64)
+        h["slot_mapping"][:t_real] = blocks * bs + positions % bs
+        if n > n_real:
+            # Padded rows: one new token at position 0 of block 0, with "initial state" (slot 0).
+            qsl[n_real + 1 :] = np.arange(t_real + 1, t + 1)
+            h["seq_lens"][n_real:n] = 1
+            h["kda_slots"][n_real:n] = DUMMY_KDA_SLOT
+            h["has_initial_state"][n_real:n] = True
+            h["slot_mapping"][t_real:t] = DUMMY_BLOCK * bs
+        nd = n if pad_to is not None else batch.num_decodes  # padded rows are decodes too
+        h["prefill_query_start_loc"][: n - nd + 1] = qsl[nd:] - qsl[nd]
         if input_ids is not None:
-            h["input_ids"][: len(input_ids)] = input_ids
+            h["input_ids"][:t_real] = input_ids
         if self._copied is not None:
-            end = self._tables_offset + tables[:n].nbytes
+            end = self._tables_offset + h["block_tables"][:n].nbytes
             self._dev[:end].copy_(self._host[:end], non_blocking=True)
             self._copied.record()
         return t
 
+    def _write_tables(self, tables: list[list[int]], lens: np.ndarray, n_real: int, n: int) -> None:
+        """Write the rows whose table is not the list last written there at the same length
+        (range-checking what is new), and empty the padded rows `n_real` to `n`."""
+        old_lens = self._row_lens
+        same = np.fromiter(map(operator.is_, tables, self._row_tables), bool, n_real)
+        host = self._np["block_tables"]
+        for i in np.flatnonzero(~same | (lens != old_lens[:n_real])).tolist():
+            table = tables[i]
+            done = self._num_written(i, table)
+            tail = table[done:]
+            if tail and (min(tail) < 1 or max(tail) >= self.num_blocks):
+                raise ValueError(
+                    f"batch.block_tables[{i}] {table} has a block outside [1, {self.num_blocks})"
+                )
+            end, old_end = len(table), int(old_lens[i])
+            host[i, done:end] = tail
+            if end < old_end:
+                host[i, end:old_end] = DUMMY_BLOCK
+            self._row_tables[i], old_lens[i] = table, end
+        if n > n_real:
+            for i in (np.flatnonzero(old_lens[n_real:n]) + n_real).tolist():
+                host[i, : old_lens[i]] = DUMMY_BLOCK
+                self._row_tables[i], old_lens[i] = None, 0
+
     def _prefill_contexts(
-        self, seqs: list[SeqSchedule], num_decodes: int, start: int
+        self, batch: BatchSchedule, start: int
     ) -> list[tuple[int, int, torch.Tensor, torch.Tensor]]:
         """(start, end, context slots, causal mask) of each prefill sequence, on the device:
         fresh tensors (prefill steps are not captured), one host-to-device copy for all slots."""
-        prefills = seqs[num_decodes:]
-        if not prefills:
+        nd = batch.num_decodes
+        computed, new = batch.num_computed[nd:], batch.num_new[nd:]
+        if not new:
             return []
         bs = self.block_size
-        ctx_lens = [s.num_computed + s.num_new for s in prefills]
+        ctx_lens = [c + w for c, w in zip(computed, new, strict=True)]
         host = []
-        for s, ctx in zip(prefills, ctx_lens, strict=True):
+        for table, ctx in zip(batch.block_tables[nd:], ctx_lens, strict=True):
             positions = torch.arange(ctx)
-            host.append(torch.tensor(s.block_table)[positions // bs] * bs + positions % bs)
+            host.append(torch.tensor(table)[positions // bs] * bs + positions % bs)
         all_slots = torch.cat(host).to(self.device, non_blocking=True)
         out = []
-        for s, ctx, ctx_slots in zip(prefills, ctx_lens, all_slots.split(ctx_lens), strict=True):
+        for c, w, ctx, ctx_slots in zip(
+            computed, new, ctx_lens, all_slots.split(ctx_lens), strict=True
+        ):
             positions = torch.arange(ctx, device=self.device)
-            masked = positions[None, :] > positions[s.num_computed :, None]
-            out.append((start, start + s.num_new, ctx_slots, masked))
-            start += s.num_new
+            masked = positions[None, :] > positions[c:, None]
+            out.append((start, start + w, ctx_slots, masked))
+            start += w
         return out
 
     def _num_written(self, row: int, table: list[int]) -> int:
         """How many leading entries of `table` host row `row` already holds (see the module
         docstring)."""
-        old, written = self._rows[row]
-        if len(table) >= written and (table is old or table[:written] == old[:written]):
+        old, written = self._row_tables[row], int(self._row_lens[row])
+        if written and len(table) >= written and (table is old or table[:written] == old[:written]):
             return written
         return 0
 
     def _validate(
-        self, seqs: list[SeqSchedule], num_decodes: int, pad_to: int | None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
-        """Check the schedule with a few whole-batch checks (a Python check per row cost
-        microseconds per sequence per step); only a bad schedule is walked row by row, to name
-        its first bad row. Returns each row's num_computed, num_new and kda_slot (int64) and how
-        many of its table entries the host row holds."""
-        n = len(seqs)
-        if not 0 <= num_decodes <= n:
-            raise ValueError(f"num_decodes must be in [0, {n}], got {num_decodes}")
+        self, batch: BatchSchedule, pad_to: int | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Check everything but the block ids with a few whole-batch checks (a Python check per
+        row cost microseconds per sequence per step); only a bad schedule is walked row by row,
+        to name its first bad row. Block ids are checked where they are written, the new ones
+        only (`_write_tables`). Returns each row's num_computed, num_new and table length
+        (int64)."""
+        computed, new = batch.num_computed, batch.num_new
+        tables, slots = batch.block_tables, batch.kda_slots
+        n, nd = len(new), batch.num_decodes
+        if not len(computed) == len(tables) == len(slots) == n:
+            raise ValueError(
+                f"batch: {len(computed)} num_computed, {n} num_new, {len(tables)} block_tables "
+                f"and {len(slots)} kda_slots: one per sequence each"
+            )
+        if not 0 <= nd <= n:
+            raise ValueError(f"num_decodes must be in [0, {n}], got {nd}")
         if n > self.max_num_seqs:
-            raise ValueError(f"seqs: {n} sequences exceed max_num_seqs {self.max_num_seqs}")
+            raise ValueError(f"batch: {n} sequences exceed max_num_seqs {self.max_num_seqs}")
         if pad_to is not None:
-            if num_decodes != n:
+            if nd != n:
                 raise ValueError("pad_to: only a decode-only batch can be padded")
             if not n <= pad_to <= self.max_num_seqs:
                 raise ValueError(f"pad_to must be in [{n}, {self.max_num_seqs}], got {pad_to}")
-        computed = [s.num_computed for s in seqs]
-        new = [s.num_new for s in seqs]
-        slots = [s.kda_slot for s in seqs]
-        lens = [len(s.block_table) for s in seqs]
         tokens = sum(new)
         if max(tokens, pad_to or 0) > self.max_num_tokens:
-            raise ValueError(f"seqs: {tokens} tokens exceed max_num_tokens {self.max_num_tokens}")
-        nd, bs = num_decodes, self.block_size
-        if seqs and (
+            raise ValueError(f"batch: {tokens} tokens exceed max_num_tokens {self.max_num_tokens}")
+        lens, slot_set = list(map(len, tables)), set(slots)
+        # Given min(new) >= 1, the decodes have one token each iff they sum to their count.
+        if n and (
             min(new) < 1
-            or min(computed) < 0
-            or (nd and (max(new[:nd]) != 1 or min(computed[:nd]) < 1))
-            or min(slots) < 1
-            or max(slots) >= self.num_kda_slots
-            or len(set(slots)) < n
+            or sum(new[:nd]) != nd
+            or min(computed[:nd], default=1) < 1
+            or min(computed[nd:], default=0) < 0
+            or len(slot_set) < n
+            or not self._slot_ids.issuperset(slot_set)
             or max(lens) > self.max_blocks_per_seq
-            or any(k * bs < c + w for k, c, w in zip(lens, computed, new, strict=True))
         ):
-            self._raise_for_first_bad_row(seqs, num_decodes)
-        written = []
-        for i, s in enumerate(seqs):
-            table = s.block_table
-            old, done = self._rows[i]
-            # Most decode rows hold the same, unchanged list: nothing new to check.
-            if table is not old or len(table) != done:
-                done = self._num_written(i, table)
-                tail = table[done:]
-                if tail and (min(tail) < 1 or max(tail) >= self.num_blocks):
-                    raise ValueError(
-                        f"seqs[{i}].block_table {table} has a block outside [1, {self.num_blocks})"
-                    )
-            written.append(done)
-        arrays = (np.array(x, dtype=np.int64) for x in (computed, new, slots))
-        return *arrays, written
+            self._raise_for_first_bad_row(batch)
+        computed, lens = np.array(computed, dtype=np.int64), np.array(lens, dtype=np.int64)
+        # One token per row (decode-only steps): no list to convert.
+        new = np.ones(n, dtype=np.int64) if tokens == n else np.array(new, dtype=np.int64)
+        if (lens * self.block_size < computed + new).any():
+            self._raise_for_first_bad_row(batch)
+        return computed, new, lens
 
-    def _raise_for_first_bad_row(self, seqs: list[SeqSchedule], num_decodes: int) -> NoReturn:
+    def _raise_for_first_bad_row(self, batch: BatchSchedule) -> NoReturn:
         seen_slots = set()
-        for i, s in enumerate(seqs):
-            if i < num_decodes and (s.num_new != 1 or s.num_computed < 1):
+        rows = zip(
+            batch.num_computed, batch.num_new, batch.block_tables, batch.kda_slots, strict=True
+        )
+        for i, (computed, new, table, slot) in enumerate(rows):
+            if i < batch.num_decodes and (new != 1 or computed < 1):
                 raise ValueError(
-                    f"seqs[{i}] is a decode: it needs num_new == 1 and num_computed >= 1 (a new "
-                    f"sequence is a prefill), got {s.num_new} new after {s.num_computed}"
+                    f"batch row {i} is a decode: it needs num_new == 1 and num_computed >= 1 (a "
+                    f"new sequence is a prefill), got {new} new after {computed}"
                 )
-            if s.num_new < 1 or s.num_computed < 0:
+            if new < 1 or computed < 0:
                 raise ValueError(
-                    f"seqs[{i}]: num_new must be >= 1 and num_computed >= 0, got "
-                    f"{s.num_new} and {s.num_computed}"
+                    f"batch row {i}: num_new must be >= 1 and num_computed >= 0, got {new} and "
+                    f"{computed}"
                 )
-            if not 1 <= s.kda_slot < self.num_kda_slots:
+            if not 1 <= slot < self.num_kda_slots:
                 raise ValueError(
-                    f"seqs[{i}].kda_slot {s.kda_slot} is outside [1, {self.num_kda_slots})"
+                    f"batch.kda_slots[{i}] {slot} is outside [1, {self.num_kda_slots})"
                 )
-            if s.kda_slot in seen_slots:
-                raise ValueError(f"seqs[{i}].kda_slot {s.kda_slot} is used by another sequence")
-            seen_slots.add(s.kda_slot)
-            table = s.block_table
+            if slot in seen_slots:
+                raise ValueError(f"batch.kda_slots[{i}] {slot} is used by another sequence")
+            seen_slots.add(slot)
             if len(table) > self.max_blocks_per_seq:
                 raise ValueError(
-                    f"seqs[{i}].block_table has {len(table)} blocks, more than "
+                    f"batch.block_tables[{i}] has {len(table)} blocks, more than "
                     f"max_blocks_per_seq {self.max_blocks_per_seq}"
                 )
-            if len(table) * self.block_size < s.num_computed + s.num_new:
+            if len(table) * self.block_size < computed + new:
                 raise ValueError(
-                    f"seqs[{i}].block_table: {len(table)} blocks of {self.block_size} do not "
-                    f"hold {s.num_computed + s.num_new} tokens"
+                    f"batch.block_tables[{i}]: {len(table)} blocks of {self.block_size} do not "
+                    f"hold {computed + new} tokens"
                 )
         # Only reached if the whole-batch checks and this walk ever disagreed: still refuse.
-        raise ValueError("seqs: the schedule failed a batch check that no single row fails")
+        raise ValueError("batch: the schedule failed a batch check that no single row fails")

@@ -129,13 +129,27 @@ class Scheduler:
         if self._pending is not None:
             raise RuntimeError("schedule() called again before update_from_output()")
         step = _Step(budget=self.max_num_batched_tokens)
-        # Index loops: preemption pops the tail of `running`, which is never behind the cursor.
-        i = 0
-        while i < len(self.running):
-            request = self.running[i]
-            if _is_decode(request) and self._allocate(request, 1, step):
-                self._add(step, request, 1, is_decode=True)
-            i += 1
+        running, scheduled = self.running, step.scheduled
+        kv = self.kv_cache_manager
+        tables, slots, block_size = kv.block_tables, kv.kda_slots, kv.block_size
+        # Preemption pops the tail of `running`, never behind the loop's position, and a loop over
+        # a list stops at its current length: each request still running is seen once.
+        for request in running:
+            # The decode row, inline: per request per step, each call here costs measurably.
+            computed = request.num_computed_tokens
+            tokens = request.all_token_ids
+            if not computed or len(tokens) - computed != 1:
+                continue
+            rid = request.request_id
+            # A decode's table covers its computed tokens; when the last block is full it grows
+            # in place (the same list).
+            table = tables[rid]
+            if len(table) * block_size <= computed and not self._allocate(request, 1, step):
+                continue
+            scheduled[rid] = ScheduledRequest(
+                rid, request, tokens[computed:], computed, 1, True, table, slots[rid], False, True
+            )
+            step.budget -= 1
         # When every running request got its decode above, none has prefill left: skip the pass.
         i = 0 if len(step.scheduled) < len(self.running) else len(self.running)
         while i < len(self.running) and step.budget > 0:
@@ -178,32 +192,40 @@ class Scheduler:
         """Record the step: advance the cache, append sampled tokens (one list per sampling row;
         rows of requests finished since `schedule()` may be left out), finish requests on stop
         tokens and length caps. Returns the requests finished here."""
-        if scheduler_output.entries and scheduler_output is not self._pending:
+        entries = scheduler_output.entries
+        if entries and scheduler_output is not self._pending:
             raise ValueError("scheduler_output must be the output of the last schedule()")
-        rows = {e.request_id for e in scheduler_output.entries if e.samples}
-        required = {
-            e.request_id
-            for e in scheduler_output.entries
-            if e.samples and not e.request.is_finished
-        }
-        if not required <= set(sampled) <= rows or not all(sampled.values()):
+        rows = {e.request_id for e in entries if e.samples}
+        missing = rows - sampled.keys()
+        if missing:
+            missing -= {e.request_id for e in entries if e.request.is_finished}
+        if missing or not sampled.keys() <= rows or not all(sampled.values()):
             raise ValueError(
                 f"sampled must map the sampling rows {sorted(rows)} to non-empty token lists, "
                 f"got {sorted(sampled)}"
             )
         self._pending = None
         finished = []
-        for entry in scheduler_output.entries:
+        running, max_len = RequestStatus.RUNNING, self.max_model_len
+        for entry in entries:
             request = entry.request
-            if request.is_finished:
+            # Scheduled requests are running unless finished since (`is`: cheaper than the
+            # property, per request per step).
+            if request.status is not running:
                 continue
             request.num_computed_tokens += entry.num_new_tokens
-            for token_id in sampled.get(entry.request_id, []):
+            for token_id in sampled.get(entry.request_id, ()):
                 request.append_output_token_id(token_id)
-                status = self._stop_status(request, token_id)
-                if status is not None:
-                    finished.extend(self.finish_requests([request.request_id], status))
-                    break
+                # Most tokens end nothing: rule that out before the exact rules.
+                if (
+                    token_id in request.sampling_params.all_stop_token_ids
+                    or len(request.output_token_ids) >= request.max_tokens
+                    or len(request.all_token_ids) >= max_len
+                ):
+                    status = self._stop_status(request, token_id)
+                    if status is not None:
+                        finished.extend(self.finish_requests([request.request_id], status))
+                        break
         return finished
 
     def _stop_status(self, request: Request, token_id: int) -> RequestStatus | None:
