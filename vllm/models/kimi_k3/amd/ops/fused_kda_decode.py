@@ -738,11 +738,16 @@ def fused_kda_decode(
         dest, scale = out.view(n, heads * d), out  # `out` stands in for the unused scale
     # The epilogue's chunks of heads (both forms: the fused one quantizes in them).
     block_h = min(triton.next_power_of_2(heads), max(1, _EPILOGUE_TILE // d))
-    tail_rows = min(block_h, max(1, _TAIL_ELEMENTS * 32 * config.num_warps // d))
+    # The fused epilogue's tiles and outputs; fixed without it, so that they make no variants of
+    # the kernel.
+    tail = dict(TAIL_ROWS=1, BLOCK_H=1, ONE_CHUNK=False)
+    if fused:
+        rows = min(block_h, max(1, _TAIL_ELEMENTS * 32 * config.num_warps // d))
+        tail = dict(TAIL_ROWS=rows, BLOCK_H=block_h, ONE_CHUNK=block_h >= heads)
     _fused_kda_decode_kernel[(n, heads, d // block_v)](
         mixed_qkv, conv_weight, conv_state, raw_g_arg, A_log, dt_bias, b,
         ssm_state, slots, gate_arg, norm_w_arg, core_out, f_w_arg, g_a_arg, g_w_arg,
-        counters if fused else out, out, dest, scale,
+        *((counters, out, dest, scale) if fused else (out,) * 4),
         mixed_qkv.stride(0), conv_weight.stride(0), conv_state.stride(0), conv_state.stride(1),
         raw_g_arg.stride(0), b.stride(0), ssm_state.stride(0), ssm_state.stride(1),
         gate_arg.stride(0), gate_arg.stride(1), core_out.stride(0), core_out.stride(1),
@@ -751,8 +756,7 @@ def fused_kda_decode(
         D=d, W=width, BLOCK_W=block_w, BLOCK_V=block_v, SPLIT=split,
         HAS_LOWER_BOUND=lower_bound is not None, APPLY_NORM=apply_norm,
         RANK_F=rank_f, RANK_G=rank_g, BLOCK_R=block_r, FUSED_EPILOGUE=fused,
-        QUANT=fused and fused_quant, TAIL_ROWS=tail_rows,
-        BLOCK_H=block_h, ONE_CHUNK=block_h >= heads, num_warps=config.num_warps,
+        QUANT=fused and fused_quant, **tail, num_warps=config.num_warps,
     )  # fmt: skip
     if not split:
         return per_token_fp8_quant(out.reshape(n, heads * d), quant_dtype) if quantize else out
