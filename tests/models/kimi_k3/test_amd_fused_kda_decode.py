@@ -583,6 +583,17 @@ def test_gpu_fused_epilogue_kimi_linear_sizes(n, block_v, quantize, triton_launc
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("block_v", [64, 16])
+def test_gpu_fused_epilogue_fp32_rows(block_v, triton_launches):
+    """An fp32 model: the output keeps every bit of the norm, so a sum of squares added in
+    another order than the epilogue kernel's (a 1-ulp change of a row's rstd) shows in most of
+    the row, where bf16 rounding hides all but a few per million elements."""
+    step = make_step(64, 32, 128, 4, FP32, seed=block_v)
+    check_fused_epilogue_bits(step, KdaDecodeConfig(block_v, 4), triton_launches,
+                              zero_counters(64, 32), lower_bound=-5.0)  # fmt: skip
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("quantize", [False, True], ids=["norm", "quant"])
 def test_gpu_fused_epilogue_with_gate_proj(quantize, triton_launches):
     """Batch 8 with the gate projections in the kernel: the tails read the gate buffer that the

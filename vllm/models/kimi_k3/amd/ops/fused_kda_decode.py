@@ -52,9 +52,9 @@ The fused epilogue gives the two launches' bits. The shifts are copies, and the 
 is the epilogue kernel's code on the same values. A head's norm is a [rows, D] tile (its row,
 then masked rows, `_TAIL_ELEMENTS` a thread) which Triton lays out as the epilogue kernel's
 [BLOCK_H, D] chunks, so its sum of squares adds the same terms in the same order (checked in
-the TTGIR and PTX for sm_90 with Triton 3.6 and 3.9, 2 to 8 warps, 12 and 32 heads of 128: 8
-terms a thread, pairwise, then 16 lanes). Triton chooses that layout, the code does not state
-it: the GPU tests compare the bits.
+the TTGIR for sm_90 with Triton 3.6 and 3.9, 2 to 8 warps, 12 and 32 heads of 128, bf16 and fp32;
+for bf16 in the PTX too: 8 terms a thread, pairwise, then 16 lanes). Triton chooses that layout,
+the code does not state it: the GPU tests compare the bits.
 
 Ordering of the fused epilogue (NVIDIA; refused on ROCm, as mla_decode.py's one-launch merge,
 whose argument this is): the program's stores, a CTA barrier (`tl.debug_barrier`, `bar.sync`),
