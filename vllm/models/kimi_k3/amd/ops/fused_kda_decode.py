@@ -638,8 +638,9 @@ def fused_kda_decode(
 
     `quantize` (with the norm): returns `(codes [N, H * D] FP8, scale [N, 1] fp32)`, exactly
     `per_token_fp8_quant(output.reshape(N, H * D), quant_dtype)` of the model-dtype output, the
-    quantization done in the V-split variant's epilogue kernel (no extra launch); the single
-    variant and the reference quantize their output with `per_token_fp8_quant`.
+    quantization done in the V-split variant's epilogue (its kernel or, fused, the split
+    kernel: no extra launch); the single variant and the reference quantize their output with
+    `per_token_fp8_quant`.
 
     `raw_g` / `gate` as `LowRankProj`: the kernel computes them (module docstring), whatever
     `config.gate_proj` says (that is the callers' choice).
