@@ -258,9 +258,13 @@ if triton is not None:
             tl.debug_barrier()
             head_counter = counters_ptr + n * heads + h
             if tl.atomic_add(head_counter, 1, sem="acq_rel", scope="gpu") == D // BLOCK_V - 1:
-                # Every V block of the head has read its q/k windows: they may move on.
-                _shift_window(x_row, state, stride_cc, h * D + d, W, BLOCK_W)
-                _shift_window(x_row, state, stride_cc, (heads + h) * D + d, W, BLOCK_W)
+                # Every V block of the head has read its q/k windows: they may move on. As one
+                # [2 * D] tile, not the two [D] ones the prologue read: the compiler would keep
+                # their addresses live across the state update instead of recomputing them
+                # (sm_90, Triton 3.6: 96 registers a thread at block_v 16, against 72 so).
+                qk = tl.arange(0, 2 * D)
+                chans = h * D + qk + tl.where(qk < D, 0, (heads - 1) * D)
+                _shift_window(x_row, state, stride_cc, chans, W, BLOCK_W)
                 if APPLY_NORM and not QUANT:
                     _norm_head(o_row, gate_row, stride_gate_h, norm_w_ptr, eps,
                                y_ptr + (n * heads + h) * D, D, TAIL_ROWS)  # fmt: skip
