@@ -292,8 +292,10 @@ if triton is not None:
     def _token_norm(o_row, gate_row, stride_gate_h, norm_w_ptr, eps, h0, heads,
                     D: tl.constexpr, BLOCK_H: tl.constexpr, CACHE: tl.constexpr):  # fmt: skip
         # Gated norm (fp32) of heads [h0, h0 + BLOCK_H) of one token: the one code path of both
-        # epilogue outputs, so the quantized one quantizes exactly the values (same sums, same
-        # bits) that the model-dtype output holds.
+        # epilogue outputs. The same code, not always the same sums: Triton lays the tile out for
+        # the stores that follow, 8 terms a thread over 16 lanes for the model-dtype output and
+        # 16 over 8 for the FP8 codes (sm_90, Triton 3.6 and 3.9), so a row's sum of squares can
+        # round differently in the two (in a few bf16 outputs per million; fewer FP8 codes).
         hs = h0 + tl.arange(0, BLOCK_H)
         ok = hs < heads
         hs = tl.where(ok, hs, 0)
