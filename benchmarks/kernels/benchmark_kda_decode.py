@@ -51,8 +51,8 @@ The epilogue's layouts at Kimi-Linear's engine call (a row per shift-program cou
         --variants v64w4e1 v64w4e2 v64w4e4 v64w4e8 v64w4e16 v64w4e64 v16w4e8 v16w4e64
 
 The fused epilogue against the two launches at Kimi-Linear's engine call (the issue's bar: >= 80%
-of copy from batch 64, no slower at batch 1; `FUSED_EPILOGUE_MIN_BATCH` in fused_kda_decode.py
-is where `kda_decode_config` starts to fuse, None until measured):
+of copy from batch 64, no slower at batch 1; `FUSED_EPILOGUE_MAX_BATCH` in fused_kda_decode.py
+is the largest batch where `kda_decode_config` fuses):
 
     python benchmarks/kernels/benchmark_kda_decode.py --shapes kimi-linear --quantize \
         --batches 1 8 64 128 256 --no-compare --variants v64w4 v64w4f v16w4 v16w4f

@@ -550,21 +550,24 @@ def test_fused_epilogue_counters_are_checked(monkeypatch):
         )
 
 
-def test_default_config_fuses_the_epilogue_from_the_threshold(monkeypatch):
-    """Never by default; from FUSED_EPILOGUE_MIN_BATCH sequences where the counters suffice, for
+def test_default_config_fuses_the_epilogue_up_to_the_threshold(monkeypatch):
+    """Up to FUSED_EPILOGUE_MAX_BATCH sequences (one by default) where the counters suffice, for
     the V-split only (the single variant has no epilogue), and never on ROCm."""
     sms = 132
     enough = kda_decode_counters(256, 32)
-    assert not kda_decode_config(256, 32, 128, sms, enough).fused_epilogue
-    monkeypatch.setattr(decode_module, "FUSED_EPILOGUE_MIN_BATCH", 64)
+    assert kda_decode_config(1, 32, 128, sms, enough).fused_epilogue
+    assert not kda_decode_config(2, 32, 128, sms, enough).fused_epilogue
+    monkeypatch.setattr(decode_module, "FUSED_EPILOGUE_MAX_BATCH", 64)
     assert kda_decode_config(64, 32, 128, sms, enough) == KdaDecodeConfig(64, 4, 8, False, True)
-    assert kda_decode_config(256, 32, 128, sms, enough).fused_epilogue
-    assert not kda_decode_config(63, 32, 128, sms, enough).fused_epilogue
-    assert not kda_decode_config(256, 32, 128, sms, enough - 1).fused_epilogue
-    assert not kda_decode_config(256, 32, 128, sms).fused_epilogue
-    assert not kda_decode_config(256, 2, 32, sms, enough).fused_epilogue
+    assert not kda_decode_config(65, 32, 128, sms, enough).fused_epilogue
+    assert not kda_decode_config(64, 32, 128, sms, kda_decode_counters(64, 32) - 1).fused_epilogue
+    assert not kda_decode_config(64, 32, 128, sms).fused_epilogue
+    assert not kda_decode_config(64, 2, 32, sms, enough).fused_epilogue
+    monkeypatch.setattr(decode_module, "FUSED_EPILOGUE_MAX_BATCH", 0)
+    assert not kda_decode_config(1, 32, 128, sms, enough).fused_epilogue
+    monkeypatch.setattr(decode_module, "FUSED_EPILOGUE_MAX_BATCH", 64)
     monkeypatch.setattr(decode_module.current_platform, "is_rocm", lambda: True)
-    assert not kda_decode_config(256, 32, 128, sms, enough).fused_epilogue
+    assert not kda_decode_config(64, 32, 128, sms, enough).fused_epilogue
 
 
 @pytest.mark.gpu

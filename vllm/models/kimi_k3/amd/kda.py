@@ -16,7 +16,7 @@ A batch of decodes only runs `fused_kda_decode` on `kda_decode_config`'s launch,
 arrival counters (`decode_counters`, made by `bind_kv_cache` for as many sequences as the pool
 has slots, more than any decode batch: the engine keeps one slot per schedulable sequence and
 the reserved dummy, and pads decode batches to at most `max_num_seqs` rows) for the launches
-that run the epilogue in the split kernel (`FUSED_EPILOGUE_MIN_BATCH`). Where it says
+that run the epilogue in the split kernel (`FUSED_EPILOGUE_MAX_BATCH`). Where it says
 `gate_proj` (small batches), `f_b_proj` and `g_b_proj` do not run: each one that is a plain linear
 (unquantized bf16 / fp16, no bias) is handed to the kernel as `LowRankProj(input, weight)`, and the
 kernel computes its output as the linear would (fp32 sums, one rounding to the model dtype): two

@@ -497,12 +497,14 @@ GATE_PROJ_MAX_BATCH = 16
 # Weight elements per [rows, BLOCK_R] chunk of an in-kernel gate projection (32 a thread at 4
 # warps for D rows).
 _PROJ_TILE = 4096
-# `kda_decode_config` runs the epilogue in the split launch (`fused_epilogue`) from this many
-# sequences up, given the counters for it; None: never, the two launches everywhere. On the
-# H200 the epilogue launch costs 2.6 us a layer at batch 1, 5 at 64 and 14 at 256, and decides
-# whether the decode reaches 80% of HBM bandwidth on the state bytes from batch 64 on; set from
-# `benchmark_kda_decode.py --variants v64w4 v64w4f v16w4 v16w4f --quantize` on the device.
-FUSED_EPILOGUE_MIN_BATCH: int | None = None
+# `kda_decode_config` runs the epilogue in the split launch (`fused_epilogue`) up to this many
+# sequences, given the counters for it (0: never). On the H200 (`benchmark_kda_decode.py
+# --shapes kimi-linear --quantize --variants v64w4 v64w4f v16w4 v16w4f`, docs/performance.md
+# "Tenth run"), us with the epilogue: batch 1 v16 9.6 fused against 11.1 for the two launches
+# (8.7 + 2.4); batch 8 v64 22.3 against 21.7; 64 / 128 / 256 109.5 / 211.2 / 414.4 against 95.5 /
+# 180.7 / 351.9. Past one sequence the last programs' tails (the token's whole norm and
+# quantization in one program holding the split kernel's registers) cost more than the launch.
+FUSED_EPILOGUE_MAX_BATCH = 1
 # Elements a thread of the fused epilogue's norm tile (`_norm_head`: the head's row, then masked
 # rows) holds: as many as one 16-byte access of the 2-byte model dtypes, which the epilogue
 # kernel's [BLOCK_H, D] chunks reach too, so that Triton lays out both alike.
@@ -558,8 +560,8 @@ def kda_decode_config(
     22.1, 2026-12-01).
     Small heads have small tiles: no split. The epilogue's shift programs: see
     `kda_epilogue_programs`. Gate projections in the kernel up to `GATE_PROJ_MAX_BATCH`. The
-    epilogue in the split launch from `FUSED_EPILOGUE_MIN_BATCH` sequences (never by default)
-    where `counters` suffice (`kda_decode_counters`), not on ROCm.
+    epilogue in the split launch up to `FUSED_EPILOGUE_MAX_BATCH` sequences where `counters`
+    suffice (`kda_decode_counters`), not on ROCm.
     """
     gate_proj = n <= GATE_PROJ_MAX_BATCH
     if d < 64:
@@ -569,8 +571,7 @@ def kda_decode_config(
         block_v = 16
     shift_programs = kda_epilogue_programs(n, heads, d, num_sms)
     fused = (
-        FUSED_EPILOGUE_MIN_BATCH is not None
-        and n >= FUSED_EPILOGUE_MIN_BATCH
+        n <= FUSED_EPILOGUE_MAX_BATCH
         and counters >= kda_decode_counters(n, heads)
         and not current_platform.is_rocm()
     )
