@@ -7,24 +7,18 @@ Variant sweep (the op alone, with its gated-RMSNorm epilogue; with --quantize th
 call, `quantize=True`, whose FP8 quantization the V-split epilogue does), one line per (shape,
 batch):
 
-  v{block_v}w{num_warps}[e{shift_programs}][f]
+  v{block_v}w{num_warps}[e{shift_programs}]
                           `KdaDecodeConfig(block_v, num_warps, shift_programs)`; v128 is the
                           single kernel (v128w8 is the kernel before the V split), v64 and below
                           the V-split kernel plus its epilogue kernel, whose q/k window shifts of
                           a token take at most `shift_programs` programs (without e: the default,
-                          `kda_epilogue_programs`); with f the V-split with its epilogue fused into
-                          the split launch (`fused_epilogue=True`, arrival counters; no epilogue
-                          kernel, e ignored)
+                          `kda_epilogue_programs`)
   us / %copy              microseconds per call, and the state bytes (read + written, 2 * N * H *
                           D * D * 4 B) per second over the device's copy bandwidth (an eager
                           `copy_` of --copy-gib GiB measured in the same run, read + write bytes)
   ep                      V-split only: microseconds of the epilogue kernel alone, the mean of its
                           launches' device times (torch profiler) over eager calls on the same
                           rotating slots
-  !bits                   f only, where its output, codes, scales or states differ from the same
-                          variant in two launches (checked once per row before timing, on copies
-                          of the states; the CSV's `{variant}_same_bits`); the counters must be
-                          0 after the call too
   best, heuristic         the fastest variant, and what `kda_decode_config` picks (its time and
                           how much slower than the best it is)
 
@@ -50,13 +44,6 @@ The epilogue's layouts at Kimi-Linear's engine call (a row per shift-program cou
         --batches 1 8 64 256 --no-compare \
         --variants v64w4e1 v64w4e2 v64w4e4 v64w4e8 v64w4e16 v64w4e64 v16w4e8 v16w4e64
 
-The fused epilogue against the two launches at Kimi-Linear's engine call (the issue's bar: >= 80%
-of copy from batch 64, no slower at batch 1; `FUSED_EPILOGUE_MAX_BATCH` in fused_kda_decode.py
-is the largest batch where `kda_decode_config` fuses):
-
-    python benchmarks/kernels/benchmark_kda_decode.py --shapes kimi-linear --quantize \
-        --batches 1 8 64 128 256 --no-compare --variants v64w4 v64w4f v16w4 v16w4f
-
 The gate projections (`--gate-proj`, at --batches, default launch, rotating cold states and
 weights as the sweep does): the layer's decode with `f_b_proj` and `g_b_proj` run as linears first
 (unfused: plain bf16 `ColumnParallelLinear`s, i.e. the Triton GEMV up to `BF16_GEMV_MAX_M` rows
@@ -68,9 +55,8 @@ and cuBLAS above, then `fused_kda_decode`) against the kernel computing them (fu
         --batches 1 2 4 8 16 32 64 128 256
 
 `--dry-run` checks three variants (v32w4 single, v16w2 and v8w1e1 split, at D = 32) once against the
-torch reference at a tiny shape, and v8w1f against v8w1 bit for bit, untimed (with `--gate-proj`:
-fused and unfused gate projections, v32w4 and v8w1, bit for bit); without a GPU run it under the
-Triton interpreter:
+torch reference at a tiny shape, untimed (with `--gate-proj`: fused and unfused gate projections,
+v32w4 and v8w1, bit for bit); without a GPU run it under the Triton interpreter:
 TRITON_INTERPRET=1 python ... --dry-run
 """
 
@@ -78,7 +64,6 @@ import argparse
 import itertools
 import re
 import sys
-from dataclasses import replace
 
 import torch
 
@@ -90,7 +75,6 @@ from vllm.models.kimi_k3.amd.ops.fused_kda_decode import (
     fused_kda_decode,
     fused_kda_decode_ref,
     kda_decode_config,
-    kda_decode_counters,
 )
 from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate
 from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import per_token_fp8_quant
@@ -215,48 +199,22 @@ def kernel_us(fn, calls: int, kernel: str) -> float:
 
 def name(config: KdaDecodeConfig) -> str:
     shifts = "" if config.shift_programs is None else f"e{config.shift_programs}"
-    fused = "f" if config.fused_epilogue else ""
-    return f"v{config.block_v}w{config.num_warps}{shifts}{fused}"
+    return f"v{config.block_v}w{config.num_warps}{shifts}"
 
 
 def cell(row: dict[str, object], key: str) -> str:
     text = f"{row[f'{key}_us']:.1f}({row[f'{key}_pct_copy']:.0f}%)"
     if f"{key}_epilogue_us" in row:
         text += f" ep {row[f'{key}_epilogue_us']:.1f}"
-    if row.get(f"{key}_same_bits") is False:
-        text += " !bits"
     return text
 
 
 def parse_variant(text: str) -> KdaDecodeConfig:
-    match = re.fullmatch(r"v(\d+)w(\d+)(?:e(\d+))?(f?)", text)
+    match = re.fullmatch(r"v(\d+)w(\d+)(?:e(\d+))?", text)
     if match is None:
         raise ValueError(text)
-    block_v, warps, shifts, fused = match.groups()
-    shifts = None if shifts is None else int(shifts)
-    return KdaDecodeConfig(int(block_v), int(warps), shifts, fused_epilogue=bool(fused))
-
-
-def fused_matches_two_launches(step, config: KdaDecodeConfig, quantize: bool) -> bool:
-    """`config` (fused epilogue) against the same launch in two launches, once, on copies of
-    the states of `step`'s first N slots: the same outputs (codes and scales with `quantize`)
-    and states, bit for bit, and its counters all 0 afterwards."""
-    n, heads = step["b"].shape
-    counters = torch.zeros(kda_decode_counters(n, heads), dtype=torch.int32, device="cuda")
-    steps = [
-        dict(step, slots=torch.arange(n, device="cuda"), conv_state=step["conv_state"][:n].clone(),
-             ssm_state=step["ssm_state"][:n].clone())
-        for _ in range(2)
-    ]  # fmt: skip
-    fused = fused_kda_decode(**steps[0], config=config, quantize=quantize, counters=counters)
-    two = fused_kda_decode(
-        **steps[1], config=replace(config, fused_epilogue=False), quantize=quantize
-    )
-    outputs = zip(*(o if isinstance(o, tuple) else (o,) for o in (fused, two)), strict=True)
-    same = all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in outputs)
-    for key in ("conv_state", "ssm_state"):
-        same &= torch.equal(steps[0][key], steps[1][key])
-    return same and not bool(counters.any())
+    block_v, warps, shifts = match.groups()
+    return KdaDecodeConfig(int(block_v), int(warps), None if shifts is None else int(shifts))
 
 
 def sweep(shape: str, batch: int, args, copy: float, sms: int, variants) -> dict[str, object]:
@@ -271,8 +229,6 @@ def sweep(shape: str, batch: int, args, copy: float, sms: int, variants) -> dict
     step = make_step(batch, heads, args.lower_bound, slots=blocks * batch)
     slot_sets = [torch.arange(batch, device="cuda") + batch * i for i in range(blocks)]
     quantize = args.quantize
-    # The fused epilogue's arrival counters, as the layer holds them: one set for every call.
-    counters = torch.zeros(kda_decode_counters(batch, heads), dtype=torch.int32, device="cuda")
     row = dict(shape=shape, batch=batch)
 
     def caller(config: KdaDecodeConfig):
@@ -280,28 +236,23 @@ def sweep(shape: str, batch: int, args, copy: float, sms: int, variants) -> dict
 
         def call():
             slots = next(sets)
-            return fused_kda_decode(
-                **dict(step, slots=slots), config=config, quantize=quantize, counters=counters
-            )
+            return fused_kda_decode(**dict(step, slots=slots), config=config, quantize=quantize)
 
         return call
 
     def timed(config: KdaDecodeConfig) -> float:
-        key = name(config)
-        split = config.block_v < HEAD_DIM
-        if split and config.fused_epilogue:
-            row[f"{key}_same_bits"] = fused_matches_two_launches(step, config, quantize)
         us = time_graph(caller(config), calls, reps=args.reps)
+        key = name(config)
         row[f"{key}_us"] = round(us, 2)
         row[f"{key}_pct_copy"] = round(100 * per_call / us / 1e3 / copy, 1)
-        if split and not config.fused_epilogue:
+        if config.block_v < HEAD_DIM:
             epilogue = kernel_us(caller(config), calls, "_kda_decode_epilogue_kernel")
             row[f"{key}_epilogue_us"] = round(epilogue, 2)
         return us
 
     times = {name(config): timed(config) for config in variants}
     best = min(times, key=times.get)
-    default = kda_decode_config(batch, heads, HEAD_DIM, sms, counters.numel())
+    default = kda_decode_config(batch, heads, HEAD_DIM, sms)
     chosen = name(default)
     row.update(best=best, heuristic=chosen, state_mib=round(per_call / 2**20, 1))
     if chosen not in times:  # a heuristic outside the swept grid: time it too
@@ -390,23 +341,12 @@ def dry_run() -> int:
         # Relative to 1 + |ref|: normed outputs are O(1), rounded to bf16 on both sides.
         out_err = max(out_err, ((got - ref).abs() / (1 + ref.abs())).max().item())
         state_err = max(state_err, (step["ssm_state"] - ref_step["ssm_state"]).abs().max().item())
-    # The fused epilogue against its two launches, bit for bit (outputs, states, zero counters).
-    fused = KdaDecodeConfig(8, 1, fused_epilogue=True)
-    step = make_step(3, 2, -5.0, device=device, head_dim=d, slots=4)
-    counters = torch.zeros(kda_decode_counters(3, 2), dtype=torch.int32, device=device)
-    results = []
-    for config in (fused, replace(fused, fused_epilogue=False)):
-        states = {k: step[k].clone() for k in ("conv_state", "ssm_state")}
-        out = fused_kda_decode(**dict(step, **states), config=config, counters=counters)
-        results.append((out, *states.values()))
-    same = all(torch.equal(a, b) for a, b in zip(*results, strict=True)) and not counters.any()
     path = "Triton" if use_triton(torch.device(device)) else "the torch reference"
     print(
         f"dry run on {device} via {path}: {' '.join(map(name, variants))} at H = 2, D = {d}: "
-        f"max |diff| output {out_err:.2e} of 1 + |ref| (bf16), state {state_err:.2e} (fp32); "
-        f"{name(fused)} equals {name(replace(fused, fused_epilogue=False))} bit for bit: {same}"
+        f"max |diff| output {out_err:.2e} of 1 + |ref| (bf16), state {state_err:.2e} (fp32)"
     )
-    return 0 if out_err <= 2**-7 and state_err < 1e-4 and same else 1
+    return 0 if out_err <= 2**-7 and state_err < 1e-4 else 1
 
 
 def run_gate_proj(args, sms: int, call: str) -> int:
@@ -446,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--variants", nargs="+", default=[f"v{b}w{w}" for b, w in VARIANTS],
-        help="launch variants to sweep, as v{block_v}w{num_warps}[e{shift_programs}][f]",
+        help="launch variants to sweep, as v{block_v}w{num_warps}[e{shift_programs}]",
     )  # fmt: skip
     parser.add_argument(
         "--quantize", action="store_true",
@@ -484,9 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         variants = [parse_variant(v) for v in args.variants]
     except ValueError:
-        parser.error(
-            "--variants are v{block_v}w{num_warps}[e{shift_programs}][f], e.g. v64w4e8, v64w4f"
-        )
+        parser.error("--variants are v{block_v}w{num_warps}[e{shift_programs}], e.g. v64w4e8")
 
     # Imported here: that module needs Triton, which --dry-run on a bare CPU may lack.
     from benchmark_rmsnorm_gated_fp8_per_token import copy_gbps, write_csv

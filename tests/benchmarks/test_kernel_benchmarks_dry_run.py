@@ -19,11 +19,9 @@ def test_kda_decode_dry_run(triton_launches, capsys: pytest.CaptureFixture) -> N
     import benchmark_kda_decode
 
     assert benchmark_kda_decode.main(["--dry-run"]) == 0
-    # The kernels, not the reference: three variants, then v8w1 with its epilogue fused and not.
-    assert triton_launches["_fused_kda_decode_kernel"] == 5
-    assert triton_launches["_kda_decode_epilogue_kernel"] == 3
-    out = capsys.readouterr().out
-    assert "v32w4 v16w2 v8w1" in out and "v8w1f equals v8w1 bit for bit: True" in out
+    assert triton_launches["_fused_kda_decode_kernel"] == 3  # the kernels, not the reference
+    assert triton_launches["_kda_decode_epilogue_kernel"] == 2
+    assert "v32w4 v16w2 v8w1" in capsys.readouterr().out
 
 
 def test_kda_decode_gate_proj_dry_run(triton_launches, capsys: pytest.CaptureFixture) -> None:

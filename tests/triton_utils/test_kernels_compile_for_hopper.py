@@ -58,7 +58,6 @@ from vllm.models.kimi_k3.amd.ops.fused_kda_decode import (
     LowRankProj,
     fused_kda_decode,
     kda_decode_config,
-    kda_decode_counters,
 )
 from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate_beta
 from vllm.models.kimi_k3.amd.ops.mla_cache_write import mla_cache_write
@@ -83,10 +82,9 @@ KERNELS = {
 MAX_VARIANTS = 8
 # The GEMV's one kernel runs two algorithms (multiply-and-sum, tl.dot) on three weight dtypes;
 # the KDA decode epilogue 9 (norm, quantized, shift-only; three shift tiles; chunked norm), its
-# main kernel 23 (7 launches without the gate projections, 5 with them, 11 with the fused
-# epilogue).
+# main kernel 12 (7 launches without the gate projections, 5 with them).
 MAX_VARIANTS_OF = {
-    "_gemv_kernel": 20, "_kda_decode_epilogue_kernel": 10, "_fused_kda_decode_kernel": 23,
+    "_gemv_kernel": 20, "_kda_decode_epilogue_kernel": 10, "_fused_kda_decode_kernel": 12,
 }  # fmt: skip
 H200_SMS = 132
 FP8 = torch.float8_e4m3fn  # NVIDIA's FP8 (the interpreter machine's platform may differ)
@@ -188,15 +186,12 @@ def _drive_kda_decode(n: int, heads: int, d: int, configs, norm: bool = True, ra
             inputs.update(raw_g=factors(0), gate=factors(1))
         return inputs
 
-    counters = torch.zeros(kda_decode_counters(n, heads), dtype=torch.int32)
     for config in configs:
         if not norm:
-            fused_kda_decode(
-                **dict(step(), norm_weight=None, gate=None), config=config, counters=counters
-            )
+            fused_kda_decode(**dict(step(), norm_weight=None, gate=None), config=config)
             continue
-        fused_kda_decode(**step(), config=config, counters=counters)
-        fused_kda_decode(**step(), config=config, quantize=True, quant_dtype=FP8, counters=counters)
+        fused_kda_decode(**step(), config=config)
+        fused_kda_decode(**step(), config=config, quantize=True, quant_dtype=FP8)
 
 
 def _drive_moe(tokens: int, experts: int, hidden: int, inter: int, topk: int) -> None:
@@ -249,13 +244,6 @@ def _drive_ops() -> None:
         h200 = kda_decode_config(n, 32, 128, H200_SMS)
         _drive_kda_decode(n, 32, 128, [h200, KdaDecodeConfig(128, 8)], rank=128)
     _drive_kda_decode(3, 3, 16, [KdaDecodeConfig(4, 2), KdaDecodeConfig(16, 2)], rank=20)
-    # The epilogue fused into the split launch: the H200's 64- and 16-column launches at
-    # Kimi-Linear's sizes, without the norm, with the gate projections; then small.
-    fused = [replace(kda_decode_config(n, 32, 128, H200_SMS), fused_epilogue=True) for n in (8, 2)]
-    _drive_kda_decode(2, 32, 128, fused)
-    _drive_kda_decode(2, 32, 128, fused[:1], norm=False)
-    _drive_kda_decode(2, 32, 128, fused[1:], rank=128)
-    _drive_kda_decode(3, 3, 16, [KdaDecodeConfig(4, 2, fused_epilogue=True)])
 
     # The router's fp32 gate first (bf16 x, fp32 weight): multiply-and-sum at T = 1, the ieee
     # tl.dot of 64-row blocks, split K, at T = 64, and the defaults that split the weight into
@@ -422,10 +410,9 @@ def _launches() -> tuple[dict, ...]:
                 recorder = _RecordedKernel(module_name, name, getattr(module, name), launches)
                 mp.setattr(module, name, recorder)
         _drive_ops()
-        # The epilogue norming a token's heads in chunks (Kimi-Linear's 32 x 128 is one tile),
-        # in its kernel and fused.
+        # The epilogue norming a token's heads in chunks (Kimi-Linear's 32 x 128 is one tile).
         mp.setattr(kda_decode_module, "_EPILOGUE_TILE", 32)
-        _drive_kda_decode(3, 3, 16, [KdaDecodeConfig(4, 2), KdaDecodeConfig(4, 2, 1, False, True)])
+        _drive_kda_decode(3, 3, 16, [KdaDecodeConfig(4, 2)])
     return tuple(launches)
 
 

@@ -4,7 +4,6 @@ lower-bound gate of the whole layer against an independent reference (transforme
 gate written out from the formula on CPU, fla-core's in-kernel gate on GPU)."""
 
 import math
-from dataclasses import replace
 
 import pytest
 import torch
@@ -19,7 +18,6 @@ from vllm.models.kimi_k3.amd.ops.fused_kda_decode import (
     fused_kda_decode,
     fused_kda_decode_ref,
     kda_decode_config,
-    kda_decode_counters,
 )
 from vllm.triton_utils import num_sms
 
@@ -451,186 +449,6 @@ def test_gpu_gate_proj_kimi_linear_sizes(n, variant, quantize, triton_launches):
     default = kda_decode_config(n, 32, 128, num_sms(torch.device("cuda")))
     config = default if variant == "default" else KdaDecodeConfig(128, 8)
     check_gate_proj_bits(step, config, triton_launches, lower_bound=-5.0, quantize=quantize)
-
-
-# ---------------------------------------------------------------------------------------------
-# The fused epilogue (in the split launch, through arrival counters): the two launches' bits
-# ---------------------------------------------------------------------------------------------
-
-
-def zero_counters(n, heads, spare=0):
-    return torch.zeros(kda_decode_counters(n, heads) + spare, dtype=torch.int32, device=DEVICE)
-
-
-def check_fused_epilogue_bits(step, config, triton_launches, counters, steps=2, **kwargs):
-    """`config` with its epilogue fused against the same config in two launches, on copies of
-    the states: the same outputs (codes and scales with quantize) and states, bit for bit, in one
-    launch, the counters all 0 after it; `steps` steps in a row, each reusing the counters."""
-    fused_step, two_step = clone(step), clone(step)
-    for _ in range(steps):
-        for name in triton_launches:
-            triton_launches[name] = 0
-        got = fused_kda_decode(
-            **fused_step, config=replace(config, fused_epilogue=True), counters=counters, **kwargs
-        )
-        assert triton_launches["_fused_kda_decode_kernel"] == 1
-        assert triton_launches["_kda_decode_epilogue_kernel"] == 0
-        assert triton_launches["_per_token_fp8_quant_kernel"] == 0
-        assert not counters.any()
-        expected = fused_kda_decode(**two_step, config=replace(config, fused_epilogue=False),
-                                    **kwargs)  # fmt: skip
-        assert triton_launches["_kda_decode_epilogue_kernel"] == 1
-        for a, b in zip(as_tuple(got), as_tuple(expected), strict=True):
-            assert a.dtype == b.dtype and a.shape == b.shape
-            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
-        assert torch.equal(fused_step["ssm_state"], two_step["ssm_state"])
-        assert torch.equal(fused_step["conv_state"], two_step["conv_state"])
-
-
-# (output, gate form, dtype): the model-dtype, quantized and unnormed outputs, each with the gate
-# tensor and with raw_g / gate computed in the kernel (LowRankProj), then fp32.
-FUSED_EPILOGUE_CASES = [
-    *[("norm", "tensor", BF16), ("quant", "tensor", BF16), ("no-norm", "tensor", BF16)],
-    *[("norm", "low-rank", BF16), ("quant", "low-rank", BF16), ("no-norm", "low-rank", BF16)],
-    ("norm", "tensor", FP32),
-]
-
-
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # exp(1e4) in the interpreter's sigmoid
-@pytest.mark.parametrize("output,gate,dtype", FUSED_EPILOGUE_CASES, ids=str)
-def test_fused_epilogue_gives_the_two_launches_bits(output, gate, dtype, triton_launches):
-    """3 sequences on shuffled slots, 3 heads of 16 in 4 V blocks each: the last block of each
-    head shifts its q/k windows and norms its row, the last head of each token quantizes (token
-    0's gate zeroes its output: the floor scale); two steps on the same counters."""
-    step = make_step(3, 3, 16, 4, dtype, seed=len(output) + len(gate))
-    step["gate"][0] = -1.0e4
-    if output == "no-norm":
-        step["gate"] = step["norm_weight"] = None
-    if gate == "low-rank":
-        step = with_low_rank(step, 12, seed=3, gate=output != "no-norm")
-    kwargs = dict(quantize=True, quant_dtype=torch.float8_e4m3fn) if output == "quant" else {}
-    config = KdaDecodeConfig(4, num_warps=2)
-    counters = zero_counters(3, 3)
-    check_fused_epilogue_bits(step, config, triton_launches, counters, lower_bound=-5.0, **kwargs)
-
-
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@pytest.mark.parametrize("n", [1, 2])
-def test_fused_epilogue_quantizes_in_head_chunks(n, monkeypatch, triton_launches):
-    """`_EPILOGUE_TILE` 32 at D = 16: the token's last head norms and quantizes 3 heads in two
-    chunks of 2 (the second padded), one pass for the amax and one for the codes, as the
-    epilogue kernel does; two V blocks a head, softplus gate, spare counters."""
-    monkeypatch.setattr(decode_module, "_EPILOGUE_TILE", 32)
-    step = make_step(n, 3, 16, 4, BF16, seed=20 + n)
-    config = KdaDecodeConfig(8, num_warps=2)
-    check_fused_epilogue_bits(step, config, triton_launches, zero_counters(n, 3, spare=5),
-                              lower_bound=None, quantize=True)  # fmt: skip
-
-
-def test_fused_epilogue_counters_are_checked(monkeypatch):
-    step = make_step(2, 3, 16, 4, FP32, seed=0)
-    config = KdaDecodeConfig(4, 2, fused_epilogue=True)
-    needed = kda_decode_counters(2, 3)
-    assert needed == 8
-    bad = [
-        (None, "needs a counters tensor"),
-        (torch.zeros(needed, dtype=torch.int64), "1-D int32"),
-        (torch.zeros(2, needed, dtype=torch.int32), "1-D int32"),
-        (torch.zeros(2 * needed, dtype=torch.int32)[::2], "contiguous"),
-        (torch.zeros(needed - 1, dtype=torch.int32), f"the launch needs {needed}"),
-        (torch.zeros(needed, dtype=torch.int32, device="meta"), "must be on"),
-    ]
-    for counters, match in bad:
-        with pytest.raises(ValueError, match=match):
-            fused_kda_decode(**clone(step), lower_bound=None, config=config, counters=counters)
-    monkeypatch.setattr(decode_module.current_platform, "is_rocm", lambda: True)
-    with pytest.raises(ValueError, match="not checked on ROCm"):
-        fused_kda_decode(
-            **clone(step), lower_bound=None, config=config, counters=zero_counters(2, 3)
-        )
-
-
-def test_default_config_fuses_the_epilogue_up_to_the_threshold(monkeypatch):
-    """Up to FUSED_EPILOGUE_MAX_BATCH sequences (one by default) where the counters suffice, for
-    the V-split only (the single variant has no epilogue), and never on ROCm."""
-    sms = 132
-    enough = kda_decode_counters(256, 32)
-    assert kda_decode_config(1, 32, 128, sms, enough).fused_epilogue
-    assert not kda_decode_config(2, 32, 128, sms, enough).fused_epilogue
-    monkeypatch.setattr(decode_module, "FUSED_EPILOGUE_MAX_BATCH", 64)
-    assert kda_decode_config(64, 32, 128, sms, enough) == KdaDecodeConfig(64, 4, 8, False, True)
-    assert not kda_decode_config(65, 32, 128, sms, enough).fused_epilogue
-    assert not kda_decode_config(64, 32, 128, sms, kda_decode_counters(64, 32) - 1).fused_epilogue
-    assert not kda_decode_config(64, 32, 128, sms).fused_epilogue
-    assert not kda_decode_config(64, 2, 32, sms, enough).fused_epilogue
-    monkeypatch.setattr(decode_module, "FUSED_EPILOGUE_MAX_BATCH", 0)
-    assert not kda_decode_config(1, 32, 128, sms, enough).fused_epilogue
-    monkeypatch.setattr(decode_module, "FUSED_EPILOGUE_MAX_BATCH", 64)
-    monkeypatch.setattr(decode_module.current_platform, "is_rocm", lambda: True)
-    assert not kda_decode_config(64, 32, 128, sms, enough).fused_epilogue
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("quantize", [False, True], ids=["norm", "quant"])
-@pytest.mark.parametrize("block_v", [64, 16])
-@pytest.mark.parametrize("n", [1, 64, 256])
-def test_gpu_fused_epilogue_kimi_linear_sizes(n, block_v, quantize, triton_launches):
-    """32 heads x 128 (the launches `v64w4f` / `v16w4f` of the benchmark): on the GPU the V
-    blocks and heads finish in any order, which the interpreter (programs in order) cannot show;
-    the heads' norms are Triton's layouts of two kernels, whose bits only the GPU compares."""
-    step = make_step(n, 32, 128, 4, BF16, seed=n + block_v)
-    step["gate"][0] = -1.0e4
-    counters = zero_counters(n, 32)
-    check_fused_epilogue_bits(step, KdaDecodeConfig(block_v, 4), triton_launches, counters,
-                              lower_bound=-5.0, quantize=quantize)  # fmt: skip
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("block_v", [64, 16])
-def test_gpu_fused_epilogue_fp32_rows(block_v, triton_launches):
-    """An fp32 model: the output keeps every bit of the norm, so a sum of squares added in
-    another order than the epilogue kernel's (a 1-ulp change of a row's rstd) shows in most of
-    the row, where bf16 rounding hides all but a few per million elements."""
-    step = make_step(64, 32, 128, 4, FP32, seed=block_v)
-    check_fused_epilogue_bits(step, KdaDecodeConfig(block_v, 4), triton_launches,
-                              zero_counters(64, 32), lower_bound=-5.0)  # fmt: skip
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("quantize", [False, True], ids=["norm", "quant"])
-def test_gpu_fused_epilogue_with_gate_proj(quantize, triton_launches):
-    """Batch 8 with the gate projections in the kernel: the tails read the gate buffer that the
-    head's other V blocks wrote in the same launch."""
-    step = with_low_rank(make_step(8, 32, 128, 4, BF16, seed=3), 128, seed=3)
-    check_fused_epilogue_bits(step, KdaDecodeConfig(16, 4), triton_launches, zero_counters(8, 32),
-                              lower_bound=-5.0, quantize=quantize)  # fmt: skip
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("n", [1, 256])
-def test_gpu_fused_epilogue_cuda_graph_replays(n):
-    """The fused launch captured once and replayed twice on the same counters: each replay is a
-    step, equal bit for bit to the two-launch form's, and leaves the counters at 0."""
-    step = make_step(n, 32, 128, 4, BF16, seed=9)
-    default = kda_decode_config(n, 32, 128, num_sms(torch.device("cuda")))
-    fused, two = replace(default, fused_epilogue=True), replace(default, fused_epilogue=False)
-    counters = zero_counters(n, 32)
-    warm, graph_step, eager_step = clone(step), clone(step), clone(step)
-    fused_kda_decode(**warm, lower_bound=-5.0, config=fused, quantize=True, counters=counters)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        codes, scale = fused_kda_decode(**graph_step, lower_bound=-5.0, config=fused,
-                                        quantize=True, counters=counters)  # fmt: skip
-    for _ in range(2):
-        graph.replay()
-        expected = fused_kda_decode(**eager_step, lower_bound=-5.0, config=two, quantize=True)
-        torch.cuda.synchronize()
-        assert not counters.any()
-        assert torch.equal(codes.view(torch.uint8), expected[0].view(torch.uint8))
-        assert torch.equal(scale, expected[1])
-        assert torch.equal(graph_step["ssm_state"], eager_step["ssm_state"])
-        assert torch.equal(graph_step["conv_state"], eager_step["conv_state"])
 
 
 # ---------------------------------------------------------------------------------------------

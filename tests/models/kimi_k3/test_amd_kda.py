@@ -12,7 +12,7 @@ from vllm.config.quantization import parse_quantization_config
 from vllm.model_executor.layers.linear import ColumnParallelLinear
 from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
 from vllm.models.kimi_k3.amd.kda import KimiK3DeltaAttention
-from vllm.models.kimi_k3.amd.ops.fused_kda_decode import KdaDecodeConfig, kda_decode_counters
+from vllm.models.kimi_k3.amd.ops.fused_kda_decode import KdaDecodeConfig
 from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import per_token_fp8_quant
 
 HIDDEN, HEADS, HEAD_DIM, EPS = 64, 2, 32, 1e-5
@@ -380,65 +380,6 @@ def test_decode_quantized_in_the_kernel_equals_the_unfused_path(
                 assert counts.take() == {"o_norm": 0, "fused": 0, "quant": 0, "kernel_quant": 1}
                 assert torch.equal(out_f, out_s)
             counts.take()
-
-
-def test_layer_makes_its_decode_counters_with_the_pool():
-    """Each layer's arrival counters for the fused epilogue: made by bind_kv_cache for as many
-    sequences as the pool has slots (more than any decode batch), zero, int32, on the pool's
-    device, its own, and not a checkpoint tensor."""
-    layer, other = our_kda(), our_kda()
-    assert layer.decode_counters is None
-    harness_for(layer, slots=7)
-    harness_for(other, slots=7)
-    counters = layer.decode_counters
-    assert counters.dtype == torch.int32 and counters.device.type == "cpu"
-    assert tuple(counters.shape) == (kda_decode_counters(7, HEADS),) and not counters.any()
-    assert counters.data_ptr() != other.decode_counters.data_ptr()
-    assert "decode_counters" not in layer.state_dict()
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("quantize", [True, False], ids=["ptpc", "bf16-o_proj"])
-def test_decode_with_the_fused_epilogue_equals_two_launches(
-    monkeypatch, triton_launches, quantize, device
-):  # fmt: skip
-    """A decode step whose launch fuses the epilogue (V-split at 16 columns, from the layer's
-    counters: kda_decode_config gets their count) gives the two-launch layer's output and states
-    bit for bit, with no epilogue launch, and leaves the counters at 0; other batches are not
-    decodes and run as before."""
-
-    def launch(fused):
-        def config(n, heads, d, sms, counters=0):
-            return KdaDecodeConfig(16, 2, fused_epilogue=fused and counters >= n * (heads + 1))
-
-        return config
-
-    hf = hf_kda()
-    quant_config = PTPC_O_PROJ if quantize else None
-    fused = our_kda(hf, torch.bfloat16, quant_config, device=device)
-    two = our_kda(hf, torch.bfloat16, quant_config, device=device)
-    harness_f = harness_for(fused, torch.bfloat16, device)
-    harness_t = harness_for(two, torch.bfloat16, device)
-    gen = torch.Generator().manual_seed(11)
-    with torch.no_grad():
-        for name, new, tokens in [*BATCHES, ("decode", {0: 1, 1: 1}, 2)]:
-            x = torch.randn(tokens, HIDDEN, generator=gen).to(torch.bfloat16).to(device)
-            for kernel in triton_launches:
-                triton_launches[kernel] = 0
-            monkeypatch.setattr(kda_module, "kda_decode_config", launch(True))
-            out_f = fused(x, harness_f.schedule(new).kda)
-            if name == "decode":
-                assert triton_launches["_fused_kda_decode_kernel"] == 1
-                assert triton_launches["_kda_decode_epilogue_kernel"] == 0
-                assert not fused.decode_counters.any()
-            monkeypatch.setattr(kda_module, "kda_decode_config", launch(False))
-            out_t = two(x, harness_t.schedule(new).kda)
-            if name == "decode":
-                assert triton_launches["_kda_decode_epilogue_kernel"] == 1
-            assert torch.equal(out_f, out_t), name
-    pool_f, pool_t = harness_f.kda_pools[0], harness_t.kda_pools[0]
-    assert torch.equal(pool_f.conv_state, pool_t.conv_state)
-    assert torch.equal(pool_f.ssm_state, pool_t.ssm_state)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -12,11 +12,7 @@ The layer runs on a flattened batch described by `KDAMetadata` (decodes first, o
 then prefill chunks) and reads / updates its sequences' slots in place in the `KDAStatePool` bound
 to it once by `bind_kv_cache` (its shapes are `get_kv_cache_spec`'s).
 
-A batch of decodes only runs `fused_kda_decode` on `kda_decode_config`'s launch, with the layer's
-arrival counters (`decode_counters`, made by `bind_kv_cache` for as many sequences as the pool
-has slots, more than any decode batch: the engine keeps one slot per schedulable sequence and
-the reserved dummy, and pads decode batches to at most `max_num_seqs` rows) for the launches
-that run the epilogue in the split kernel (`FUSED_EPILOGUE_MAX_BATCH`). Where it says
+A batch of decodes only runs `fused_kda_decode` on `kda_decode_config`'s launch. Where that says
 `gate_proj` (small batches), `f_b_proj` and `g_b_proj` do not run: each one that is a plain linear
 (unquantized bf16 / fp16, no bias) is handed to the kernel as `LowRankProj(input, weight)`, and the
 kernel computes its output as the linear would (fp32 sums, one rounding to the model dtype): two
@@ -64,7 +60,6 @@ from vllm.models.kimi_k3.amd.ops.fused_kda_decode import (
     LowRankProj,
     fused_kda_decode,
     kda_decode_config,
-    kda_decode_counters,
 )
 from vllm.models.kimi_k3.amd.ops.kda_core import kda_decode, kda_prefill
 from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate_beta
@@ -179,10 +174,6 @@ class KimiK3DeltaAttention(torch.nn.Module):
             prefix=f"{prefix}.o_proj",
         )  # fmt: skip
         self.state_pool: KDAStatePool | None = None  # set once by `bind_kv_cache`
-        # The decode's arrival counters for its fused epilogue (ops/fused_kda_decode.py), made
-        # with the pool: one set per layer, so no two launches in flight share them; 0 between
-        # launches. Not loaded.
-        self.register_buffer("decode_counters", None, persistent=False)
 
     # -- cache ----------------------------------------------------------------------------------
 
@@ -208,9 +199,6 @@ class KimiK3DeltaAttention(torch.nn.Module):
         if ssm.dtype != spec.ssm_dtype or conv.shape[0] != ssm.shape[0]:
             raise ValueError(f"pool of {self.prefix}: ssm state must be fp32 with the conv's slots")
         self.state_pool = pool
-        # A decode batch has at most as many rows as the pool has slots (module docstring).
-        counters = kda_decode_counters(conv.shape[0], self.local_heads)
-        self.decode_counters = torch.zeros(counters, dtype=torch.int32, device=conv.device)
 
     def release_kv_cache(self) -> None:
         self.state_pool = None
@@ -232,8 +220,7 @@ class KimiK3DeltaAttention(torch.nn.Module):
         mixed_qkv = projected[:, : 3 * h * d]
         config = None
         if metadata.num_prefills == 0 and metadata.num_decodes:
-            sms = num_sms(projected.device)
-            config = kda_decode_config(tokens, h, d, sms, self.decode_counters.numel())
+            config = kda_decode_config(tokens, h, d, num_sms(projected.device))
         fuse = config is not None and config.gate_proj
         raw_g = self._b_proj(self.f_b_proj, parts[self.shard_ids["f_a_proj"]], fuse)
         if self.full_rank_gate:
@@ -273,7 +260,6 @@ class KimiK3DeltaAttention(torch.nn.Module):
                 mixed_qkv, self.conv1d_weight, pool.conv_state, raw_g, self.A_log, self.dt_bias,
                 self.gate_lower_bound, b, pool.ssm_state, metadata.state_slots,
                 self.o_norm.weight, gate, self.o_norm.eps, config=config, quantize=quantize,
-                counters=self.decode_counters,
             )  # fmt: skip
             return core, True
         g, beta = kda_gate_beta(raw_g, self.A_log, self.dt_bias, self.gate_lower_bound, b)

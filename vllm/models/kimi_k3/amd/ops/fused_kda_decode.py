@@ -21,7 +21,7 @@ Output `[N, H, D]` in `mixed_qkv`'s dtype; with `quantize` (norm required) the p
 `(codes [N, H * D], scale [N, 1] fp32)` of that output instead, bit for bit what
 `per_token_fp8_quant` (whose numerics helpers the epilogue shares) makes of it.
 
-Launch variants (`KdaDecodeConfig`; `kda_decode_config` picks one from the shapes):
+Two launch variants (`KdaDecodeConfig.block_v`; `kda_decode_config` picks one from the shapes):
 
 - single (`block_v == D`): program (n, h) owns head h of sequence n: its conv channels, its
   `[D, D]` state and its output row, norm included; one kernel.
@@ -36,43 +36,9 @@ Launch variants (`KdaDecodeConfig`; `kda_decode_config` picks one from the shape
   the batch fills the GPU, one per q or k head when it does not. The state is read and written
   once either way; the split trades a second launch and recomputed q/k for programs small
   enough that several share an SM and overlap their loads.
-- V-split with the fused epilogue (`KdaDecodeConfig.fused_epilogue`; needs `counters`, int32
-  `[C]` on the device, all 0, `C >= kda_decode_counters(N, H)`, owned by the caller and used by
-  one launch at a time): no second launch. After storing its o columns (and gate channels) each
-  program (n, h, j) adds 1 to counter `n * H + h`; the last of the head's D / block_v programs
-  to arrive shifts the head's q/k windows (every program of the head has read them) and, for
-  the model-dtype output, norms the head's row into it. With the quantizing epilogue it adds 1
-  to the token's counter `N * H + n` instead of norming, and the last head to arrive runs the
-  epilogue kernel's token program (`_norm_token`, the same code: every head's norm, the amax,
-  the codes and the scale). Each last arrival stores its counter back to 0, so the counters are
-  all 0 after every launch, ready for the next one or a graph's next replay. The tails of a
-  token's heads run in parallel; only the quantization waits for the whole token.
 
-The fused epilogue gives the two launches' bits. The shifts are copies, and the quantizing tail
-is the epilogue kernel's code on the same values. A head's norm is a [rows, D] tile (its row,
-then masked rows, `_TAIL_ELEMENTS` a thread) which Triton lays out as the epilogue kernel's
-[BLOCK_H, D] chunks, so its sum of squares adds the same terms in the same order (checked in
-the TTGIR for sm_90 with Triton 3.6 and 3.9, 2 to 8 warps, 12 and 32 heads of 128, bf16 and fp32;
-for bf16 in the PTX too: 8 terms a thread, pairwise, then 16 lanes). Triton chooses that layout,
-the code does not state it: the GPU tests compare the bits.
-
-Ordering of the fused epilogue (NVIDIA; refused on ROCm, as mla_decode.py's one-launch merge,
-whose argument this is): the program's stores, a CTA barrier (`tl.debug_barrier`, `bar.sync`),
-then one `atom.acq_rel.gpu` add (from one thread, its result broadcast through shared memory and
-a barrier). The adds on one counter form a release sequence, so the last one's acquire
-synchronizes with every other program's release, and the barriers extend that to all threads
-of both programs. The last program's loads of o and the gate go through L2 (`.cg`; an SM's L1 is
-not coherent), inside the branch on the add's result, in loops that are not software-pipelined
-(`num_stages=1`): none is issued before the acquire. The token counter chains the same way: a
-head's last program acquired its V blocks' stores before its (cumulative) release on the token
-counter, which the token's last program acquires. The other programs of a head read its q/k
-windows before their releases, so those reads cannot see the last program's shifts. No program
-waits for another, so any grid and the interpreter (programs in order) are safe; a counter's
-store of 0 races with nothing (every program has added), and the kernel's end orders it before
-the next launch on the stream.
-
-Every variant computes o as `S_decayed^T q + (k . q) u`, equal to `S_new^T q`, so both reductions
-read the same decayed tile.
+Both compute o as `S_decayed^T q + (k . q) u`, equal to `S_new^T q`, so both reductions read the
+same decayed tile.
 
 In-kernel gate projections: every program of head h computes the head's raw_g (D dots of R terms
 on the head's [D, R] slice of the f_b weight, which its other programs and tokens read again,
@@ -107,7 +73,6 @@ from vllm.model_executor.layers.quantization.utils.fp8_per_token import (
 from vllm.models.kimi_k3.amd.ops.causal_conv1d import causal_conv1d_decode
 from vllm.models.kimi_k3.amd.ops.kda_core import kda_decode
 from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate
-from vllm.platforms import current_platform
 from vllm.triton_utils import num_sms, use_triton
 
 try:
@@ -180,25 +145,17 @@ if triton is not None:
     def _fused_kda_decode_kernel(
         qkv_ptr, conv_w_ptr, conv_state_ptr, raw_g_ptr, a_log_ptr, dt_bias_ptr, b_ptr,
         ssm_ptr, slots_ptr, gate_ptr, norm_w_ptr, out_ptr, f_w_ptr, g_a_ptr, g_w_ptr,
-        counters_ptr, y_ptr, codes_ptr, scale_ptr,
         stride_qkv, stride_wc, stride_cs, stride_cc, stride_g, stride_b,
         stride_ss, stride_sh, stride_gate_n, stride_gate_h, stride_on, stride_oh,
         stride_fw, stride_ga, stride_gw,
-        heads, lower_bound, eps, q_scale, fp8_max, min_scale,
+        heads, lower_bound, eps, q_scale,
         D: tl.constexpr, W: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_V: tl.constexpr,
         SPLIT: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, APPLY_NORM: tl.constexpr,
         RANK_F: tl.constexpr, RANK_G: tl.constexpr, BLOCK_R: tl.constexpr,
-        FUSED_EPILOGUE: tl.constexpr, QUANT: tl.constexpr, TAIL_ROWS: tl.constexpr,
-        BLOCK_H: tl.constexpr, ONE_CHUNK: tl.constexpr,
     ):  # fmt: skip
         # RANK_F > 0: `raw_g_ptr` is f_a [N, RANK_F] and raw_g is f_w @ f_a. RANK_G > 0: the gate
         # is g_w @ g_a; `gate_ptr` is then, for the split, the [N, H, D] buffer the V blocks
         # write it to for the epilogue (the single kernel does not read it).
-        # FUSED_EPILOGUE (split only): the epilogue runs here, in the last V block of each head
-        # to finish (and, with QUANT, in the last of those of each token), found through the
-        # arrival counters at `counters_ptr` (module docstring). It writes the normed rows to
-        # `y_ptr` ([N, H, D], model dtype), or with QUANT the FP8 codes to `codes_ptr` `[N, H *
-        # D]` and the scales to `scale_ptr` `[N]`.
         n = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
         slot = tl.load(slots_ptr + n).to(tl.int64)
@@ -209,7 +166,7 @@ if triton is not None:
         state = conv_state_ptr + slot * stride_cs
         conv = (x_row, conv_w_ptr, state, stride_wc, stride_cc)
         # Split: every V block needs all of q and k but owns only its v channels, so q/k windows
-        # are only read here (the epilogue shifts them once all blocks have read them).
+        # are only read here (the epilogue kernel shifts them once all blocks have read them).
         q = _conv_channels(*conv, h * D + d, W, BLOCK_W, not SPLIT)
         k = _conv_channels(*conv, (heads + h) * D + d, W, BLOCK_W, not SPLIT)
         v = _conv_channels(*conv, (2 * heads + h) * D + cols, W, BLOCK_W, True)
@@ -251,115 +208,23 @@ if triton is not None:
                 z = tl.load(gate_row + cols)
             o = _gated_rms_norm(o, z, norm_w_ptr, eps, D)
         # Split with the norm: `out_ptr` is the fp32 [N, H, D] scratch the epilogue norms.
-        o_row = out_ptr + n * stride_on + h * stride_oh
-        tl.store(o_row + cols, o.to(out_ptr.dtype.element_ty))
-        if FUSED_EPILOGUE:
-            # The module docstring argues the ordering of the barrier, the adds and the loads.
-            tl.debug_barrier()
-            head_counter = counters_ptr + n * heads + h
-            if tl.atomic_add(head_counter, 1, sem="acq_rel", scope="gpu") == D // BLOCK_V - 1:
-                # Every V block of the head has read its q/k windows: they may move on. As one
-                # [2 * D] tile, not the two [D] ones the prologue read: the compiler would keep
-                # their addresses live across the state update instead of recomputing them
-                # (sm_90, Triton 3.6: 96 registers a thread at block_v 16, against 72 so).
-                qk = tl.arange(0, 2 * D)
-                chans = h * D + qk + tl.where(qk < D, 0, (heads - 1) * D)
-                _shift_window(x_row, state, stride_cc, chans, W, BLOCK_W)
-                if APPLY_NORM and not QUANT:
-                    _norm_head(o_row, gate_row, stride_gate_h, norm_w_ptr, eps,
-                               y_ptr + (n * heads + h) * D, D, TAIL_ROWS)  # fmt: skip
-                if QUANT:
-                    # The token's epilogue waits for all its heads: its amax is over all of them.
-                    tl.debug_barrier()
-                    token_counter = counters_ptr + tl.num_programs(0) * heads + n
-                    if tl.atomic_add(token_counter, 1, sem="acq_rel", scope="gpu") == heads - 1:
-                        _norm_token(
-                            out_ptr + n * stride_on, gate_ptr + n * stride_gate_n, stride_gate_h,
-                            norm_w_ptr, eps, codes_ptr + n * heads * D, scale_ptr + n, qkv_ptr,
-                            heads, fp8_max, min_scale, D, BLOCK_H, ONE_CHUNK, True, ".cg", 1,
-                        )  # fmt: skip
-                        tl.store(token_counter, 0)
-                tl.store(head_counter, 0)
-
-    @triton.jit
-    def _gated_norm_rows(o, z, norm_w_ptr, eps, D: tl.constexpr):
-        # The gated norm of the rows of `o` ([rows, D] fp32) with the gate rows `z` (fp32).
-        d = tl.arange(0, D)
-        rstd = tl.rsqrt(tl.sum(o * o, axis=1) / D + eps)
-        return o * rstd[:, None] * tl.load(norm_w_ptr + d).to(tl.float32)[None, :] * tl.sigmoid(z)
+        tl.store(out_ptr + n * stride_on + h * stride_oh + cols, o.to(out_ptr.dtype.element_ty))
 
     @triton.jit
     def _token_norm(o_row, gate_row, stride_gate_h, norm_w_ptr, eps, h0, heads,
-                    D: tl.constexpr, BLOCK_H: tl.constexpr, CACHE: tl.constexpr):  # fmt: skip
+                    D: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
         # Gated norm (fp32) of heads [h0, h0 + BLOCK_H) of one token: the one code path of both
-        # epilogue outputs. The same code, not always the same sums: Triton lays the tile out for
-        # the stores that follow, 8 terms a thread over 16 lanes for the model-dtype output and
-        # 16 over 8 for the FP8 codes (sm_90, Triton 3.6 and 3.9), so a row's sum of squares can
-        # round differently in the two (both trees simulated in numpy: 31% of the sums, about 2
-        # bf16 outputs per million; an FP8 code moves only where such an output does).
+        # epilogue outputs, so the quantized one quantizes exactly the values (same sums, same
+        # bits) that the model-dtype output holds.
         hs = h0 + tl.arange(0, BLOCK_H)
         ok = hs < heads
         hs = tl.where(ok, hs, 0)
         d = tl.arange(0, D)
-        o = tl.load(o_row + hs[:, None] * D + d[None, :], cache_modifier=CACHE)
-        z = tl.load(gate_row + hs[:, None] * stride_gate_h + d[None, :], cache_modifier=CACHE)
-        return hs, ok, _gated_norm_rows(o, z.to(tl.float32), norm_w_ptr, eps, D)
-
-    @triton.jit
-    def _norm_token(
-        o_row, gate_row, stride_gate_h, norm_w_ptr, eps, out_row, scale_ptr, like_ptr, heads,
-        fp8_max, min_scale, D: tl.constexpr, BLOCK_H: tl.constexpr, ONE_CHUNK: tl.constexpr,
-        QUANT: tl.constexpr, CACHE: tl.constexpr, STAGES: tl.constexpr,
-    ):  # fmt: skip
-        # One token's epilogue: norms its heads (o rows [heads, D] fp32 at `o_row`, the gate
-        # rows at `gate_row`) into `out_row` in the model dtype (`like_ptr`'s); with QUANT, takes
-        # the token's amax over all heads and writes the FP8 codes there (`out_row`'s dtype)
-        # and the scale at `scale_ptr`. The epilogue kernel's token program and the fused
-        # epilogue's last program of a token run this same code (`CACHE`, `STAGES`: how they
-        # load and pipeline), so the two forms quantize the same values.
-        model_dtype = like_ptr.dtype.element_ty
-        cols = tl.arange(0, D)[None, :]
-        norm = (o_row, gate_row, stride_gate_h, norm_w_ptr, eps)
-        if not QUANT:
-            for h0 in tl.range(0, heads, BLOCK_H, num_stages=STAGES):
-                hs, ok, y = _token_norm(*norm, h0, heads, D, BLOCK_H, CACHE)
-                tl.store(out_row + hs[:, None] * D + cols, y.to(model_dtype), mask=ok[:, None])
-        elif ONE_CHUNK:
-            hs, ok, y = _token_norm(*norm, 0, heads, D, BLOCK_H, CACHE)
-            y = tl.where(ok[:, None], y.to(model_dtype).to(tl.float32), 0.0)
-            amax = nan_if_not_finite(abs_max(y))
-            scale, inv = fp8_scale_and_inverse(amax, fp8_max, min_scale)
-            q = (y * inv).to(out_row.dtype.element_ty)
-            tl.store(out_row + hs[:, None] * D + cols, q, mask=ok[:, None])
-            tl.store(scale_ptr, scale)
-        else:
-            amax = tl.full((), 0.0, tl.float32)
-            for h0 in tl.range(0, heads, BLOCK_H, num_stages=STAGES):
-                hs, ok, y = _token_norm(*norm, h0, heads, D, BLOCK_H, CACHE)
-                y = tl.where(ok[:, None], y.to(model_dtype).to(tl.float32), 0.0)
-                amax = tl.maximum(amax, abs_max(y))
-            scale, inv = fp8_scale_and_inverse(nan_if_not_finite(amax), fp8_max, min_scale)
-            for h0 in tl.range(0, heads, BLOCK_H, num_stages=STAGES):
-                hs, ok, y = _token_norm(*norm, h0, heads, D, BLOCK_H, CACHE)
-                q = (y.to(model_dtype).to(tl.float32) * inv).to(out_row.dtype.element_ty)
-                tl.store(out_row + hs[:, None] * D + cols, q, mask=ok[:, None])
-            tl.store(scale_ptr, scale)
-
-    @triton.jit
-    def _norm_head(o_row, gate_row, stride_gate_h, norm_w_ptr, eps, y_row,
-                   D: tl.constexpr, ROWS: tl.constexpr):  # fmt: skip
-        # The fused epilogue's norm of one head (the [D] fp32 row at `o_row`, its gate at
-        # `gate_row`) into `y_row` in y's dtype, for the unquantized output. In a [ROWS, D] tile
-        # whose other rows are masked off: the launcher picks ROWS so that Triton lays the tile
-        # out as the epilogue kernel's [BLOCK_H, D] chunks and the row's sum of squares adds its
-        # terms in the same order (module docstring).
-        rows = tl.arange(0, ROWS)[:, None]
-        d = tl.arange(0, D)[None, :]
-        mine = rows == 0
-        o = tl.load(o_row + rows * D + d, mask=mine, other=0.0, cache_modifier=".cg")
-        z = tl.load(gate_row + rows * stride_gate_h + d, mask=mine, other=0.0, cache_modifier=".cg")
-        y = _gated_norm_rows(o, z.to(tl.float32), norm_w_ptr, eps, D)
-        tl.store(y_row + rows * D + d, y.to(y_row.dtype.element_ty), mask=mine)
+        o = tl.load(o_row + hs[:, None] * D + d[None, :])
+        z = tl.load(gate_row + hs[:, None] * stride_gate_h + d[None, :]).to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(o * o, axis=1) / D + eps)
+        y = o * rstd[:, None] * tl.load(norm_w_ptr + d).to(tl.float32)[None, :] * tl.sigmoid(z)
+        return hs, ok, y
 
     @triton.jit
     def _kda_decode_epilogue_kernel(
@@ -390,11 +255,36 @@ if triton is not None:
             for c0 in range(first, tl.minimum(first + span, 2 * heads * D), BLOCK_C):
                 _shift_window(x_row, state, stride_cc, c0 + tl.arange(0, BLOCK_C), W, BLOCK_W)
         elif APPLY_NORM:
-            _norm_token(
-                o_ptr + n * heads * D, gate_ptr + n * stride_gate_n, stride_gate_h, norm_w_ptr,
-                eps, out_ptr + n * stride_on, scale_ptr + n, qkv_ptr, heads, fp8_max, min_scale,
-                D, BLOCK_H, ONE_CHUNK, QUANT, "", None,
-            )  # fmt: skip
+            o_row = o_ptr + n * heads * D
+            gate_row = gate_ptr + n * stride_gate_n
+            out_row = out_ptr + n * stride_on
+            model_dtype = qkv_ptr.dtype.element_ty
+            cols = tl.arange(0, D)[None, :]
+            norm = (o_row, gate_row, stride_gate_h, norm_w_ptr, eps)
+            if not QUANT:
+                for h0 in range(0, heads, BLOCK_H):
+                    hs, ok, y = _token_norm(*norm, h0, heads, D, BLOCK_H)
+                    tl.store(out_row + hs[:, None] * D + cols, y.to(model_dtype), mask=ok[:, None])
+            elif ONE_CHUNK:
+                hs, ok, y = _token_norm(*norm, 0, heads, D, BLOCK_H)
+                y = tl.where(ok[:, None], y.to(model_dtype).to(tl.float32), 0.0)
+                amax = nan_if_not_finite(abs_max(y))
+                scale, inv = fp8_scale_and_inverse(amax, fp8_max, min_scale)
+                q = (y * inv).to(out_ptr.dtype.element_ty)
+                tl.store(out_row + hs[:, None] * D + cols, q, mask=ok[:, None])
+                tl.store(scale_ptr + n, scale)
+            else:
+                amax = tl.full((), 0.0, tl.float32)
+                for h0 in range(0, heads, BLOCK_H):
+                    hs, ok, y = _token_norm(*norm, h0, heads, D, BLOCK_H)
+                    y = tl.where(ok[:, None], y.to(model_dtype).to(tl.float32), 0.0)
+                    amax = tl.maximum(amax, abs_max(y))
+                scale, inv = fp8_scale_and_inverse(nan_if_not_finite(amax), fp8_max, min_scale)
+                for h0 in range(0, heads, BLOCK_H):
+                    hs, ok, y = _token_norm(*norm, h0, heads, D, BLOCK_H)
+                    q = (y.to(model_dtype).to(tl.float32) * inv).to(out_ptr.dtype.element_ty)
+                    tl.store(out_row + hs[:, None] * D + cols, q, mask=ok[:, None])
+                tl.store(scale_ptr + n, scale)
 
 
 @dataclass(frozen=True)
@@ -459,17 +349,12 @@ class KdaDecodeConfig:
     linears) passes `raw_g` and `gate` as `LowRankProj` for the kernel to compute, or runs the
     linears first. The op computes whatever it is passed; the choice is made here because its
     cost depends on the launch: each of a head's D / block_v programs recomputes raw_g.
-
-    `fused_epilogue` (V-split only; needs `counters`, not on ROCm): the epilogue runs in the
-    split launch, in the programs that finish last (module docstring), instead of in a second
-    launch; `shift_programs` then goes unused. The single variant has no epilogue to fuse.
     """
 
     block_v: int
     num_warps: int
     shift_programs: int | None = None
     gate_proj: bool = False
-    fused_epilogue: bool = False
 
 
 # The epilogue's token program norms (and quantizes) at most this many elements of a token at a
@@ -497,24 +382,6 @@ GATE_PROJ_MAX_BATCH = 16
 # Weight elements per [rows, BLOCK_R] chunk of an in-kernel gate projection (32 a thread at 4
 # warps for D rows).
 _PROJ_TILE = 4096
-# `kda_decode_config` runs the epilogue in the split launch (`fused_epilogue`) up to this many
-# sequences, given the counters for it (0: never). On the H200 (`benchmark_kda_decode.py
-# --shapes kimi-linear --quantize --variants v64w4 v64w4f v16w4 v16w4f`, docs/performance.md
-# "Tenth run"), us with the epilogue: batch 1 v16 9.6 fused against 11.1 for the two launches
-# (8.7 + 2.4); batch 8 v64 22.3 against 21.7; 64 / 128 / 256 109.5 / 211.2 / 414.4 against 95.5 /
-# 180.7 / 351.9. Past one sequence the last programs' tails (the token's whole norm and
-# quantization in one program holding the split kernel's registers) cost more than the launch.
-FUSED_EPILOGUE_MAX_BATCH = 1
-# Elements a thread of the fused epilogue's norm tile (`_norm_head`: the head's row, then masked
-# rows) holds: as many as one 16-byte access of the 2-byte model dtypes, which the epilogue
-# kernel's [BLOCK_H, D] chunks reach too, so that Triton lays out both alike.
-_TAIL_ELEMENTS = 8
-
-
-def kda_decode_counters(n: int, heads: int) -> int:
-    """Arrival counters the fused epilogue needs for N sequences of `heads` heads: one per
-    (sequence, head), then one per sequence (taken only by the quantizing epilogue)."""
-    return n * (heads + 1)
 
 
 def kda_epilogue_programs(n: int, heads: int, d: int, num_sms: int) -> int:
@@ -543,11 +410,8 @@ def _epilogue_tiling(channels: int, programs: int, block_w: int) -> tuple[int, i
     return block_c, span, -(-channels // span)
 
 
-def kda_decode_config(
-    n: int, heads: int, d: int, num_sms: int, counters: int = 0
-) -> KdaDecodeConfig:
-    """The default launch for N sequences of `heads` heads of dim `d` on `num_sms` SMs, with
-    `counters` arrival counters for the fused epilogue (0: two launches).
+def kda_decode_config(n: int, heads: int, d: int, num_sms: int) -> KdaDecodeConfig:
+    """The default launch for N sequences of `heads` heads of dim `d` on `num_sms` SMs.
 
     The single kernel holds a [D, D] fp32 tile per program (at D = 128 with 8 warps, 168
     registers a thread on sm_90 with Triton 3.6: one program per SM), so its state loads,
@@ -559,9 +423,7 @@ def kda_decode_config(
     quantizing epilogue 8.1-8.3 against 8.6-8.9, but at batch 8, 4 programs per SM, 18.1 against
     22.1, 2026-12-01).
     Small heads have small tiles: no split. The epilogue's shift programs: see
-    `kda_epilogue_programs`. Gate projections in the kernel up to `GATE_PROJ_MAX_BATCH`. The
-    epilogue in the split launch up to `FUSED_EPILOGUE_MAX_BATCH` sequences where `counters`
-    suffice (`kda_decode_counters`), not on ROCm.
+    `kda_epilogue_programs`. Gate projections in the kernel up to `GATE_PROJ_MAX_BATCH`.
     """
     gate_proj = n <= GATE_PROJ_MAX_BATCH
     if d < 64:
@@ -570,12 +432,7 @@ def kda_decode_config(
     if n * heads * (d // block_v) < _MIN_PROGRAMS_PER_SM * num_sms:
         block_v = 16
     shift_programs = kda_epilogue_programs(n, heads, d, num_sms)
-    fused = (
-        n <= FUSED_EPILOGUE_MAX_BATCH
-        and counters >= kda_decode_counters(n, heads)
-        and not current_platform.is_rocm()
-    )
-    return KdaDecodeConfig(block_v, 4, shift_programs, gate_proj, fused_epilogue=fused)
+    return KdaDecodeConfig(block_v, num_warps=4, shift_programs=shift_programs, gate_proj=gate_proj)
 
 
 def _check_low_rank(name: str, proj: LowRankProj, n: int, rows: int, like: torch.Tensor) -> int:
@@ -600,23 +457,6 @@ def _check_low_rank(name: str, proj: LowRankProj, n: int, rows: int, like: torch
     return a.shape[1]
 
 
-def _check_counters(counters: torch.Tensor | None, needed: int, device: torch.device) -> None:
-    if counters is None:
-        raise ValueError("the fused epilogue (config.fused_epilogue) needs a counters tensor")
-    if counters.dtype != torch.int32 or counters.dim() != 1 or counters.stride(0) != 1:
-        raise ValueError(
-            f"counters must be a contiguous 1-D int32 tensor, got {counters.dtype} "
-            f"{tuple(counters.shape)}"
-        )
-    if counters.device != device:
-        raise ValueError(f"counters must be on mixed_qkv's device {device}, not {counters.device}")
-    if counters.numel() < needed:
-        raise ValueError(
-            f"counters holds {counters.numel()} slots, the launch needs {needed} "
-            "(kda_decode_counters)"
-        )
-
-
 def fused_kda_decode(
     mixed_qkv: torch.Tensor,
     conv_weight: torch.Tensor,
@@ -634,21 +474,14 @@ def fused_kda_decode(
     config: KdaDecodeConfig | None = None,
     quantize: bool = False,
     quant_dtype: torch.dtype | None = None,
-    counters: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """One decode step of N sequences; see the module docstring for shapes. `config` overrides
-    the default launch (`kda_decode_config`, which may fuse the epilogue where `counters` are
-    given; benchmarks and tests).
-
-    `counters`: int32 `[C]` on the device, all 0, owned by the caller and used by one launch at
-    a time (the kernel leaves them at 0): the arrival counters of the fused epilogue
-    (`config.fused_epilogue`), `C >= kda_decode_counters(N, H)`.
+    the default launch (`kda_decode_config`; benchmarks and tests).
 
     `quantize` (with the norm): returns `(codes [N, H * D] FP8, scale [N, 1] fp32)`, exactly
     `per_token_fp8_quant(output.reshape(N, H * D), quant_dtype)` of the model-dtype output, the
-    quantization done in the V-split variant's epilogue (its kernel or, fused, the split
-    kernel: no extra launch); the single variant and the reference quantize their output with
-    `per_token_fp8_quant`.
+    quantization done in the V-split variant's epilogue kernel (no extra launch); the single
+    variant and the reference quantize their output with `per_token_fp8_quant`.
 
     `raw_g` / `gate` as `LowRankProj`: the kernel computes them (module docstring), whatever
     `config.gate_proj` says (that is the callers' choice).
@@ -693,8 +526,6 @@ def fused_kda_decode(
     if quantize and norm_weight is None:
         raise ValueError("quantize needs the norm epilogue (norm_weight and gate)")
     quant_dtype, fp8_max, min_scale = fp8_quant_params(quant_dtype)
-    if counters is not None:
-        _check_counters(counters, 0, mixed_qkv.device)
     if n == 0 or not use_triton(mixed_qkv.device):
         out = mixed_qkv.new_empty(0, heads, d)
         if n:
@@ -704,8 +535,7 @@ def fused_kda_decode(
             )  # fmt: skip
         return per_token_fp8_quant(out.reshape(n, heads * d), quant_dtype) if quantize else out
     if config is None:
-        capacity = counters.numel() if counters is not None else 0
-        config = kda_decode_config(n, heads, d, num_sms(mixed_qkv.device), capacity)
+        config = kda_decode_config(n, heads, d, num_sms(mixed_qkv.device))
     block_v = config.block_v
     if block_v < 1 or block_v > d or block_v & (block_v - 1):
         raise ValueError(f"config.block_v must be a power of two <= D = {d}, got {block_v}")
@@ -715,14 +545,8 @@ def fused_kda_decode(
     if type(shift_programs) is not int or shift_programs < 1:
         raise ValueError(f"config.shift_programs must be an int >= 1, got {shift_programs!r}")
     split = block_v < d
-    fused = split and config.fused_epilogue
     apply_norm = norm_weight is not None
     fused_quant = quantize and split and use_triton_fp8(mixed_qkv.device, quant_dtype)
-    if fused:
-        if current_platform.is_rocm():
-            # Its ordering argument is made from NVIDIA's PTX (module docstring).
-            raise ValueError("the fused epilogue (config.fused_epilogue) is not checked on ROCm")
-        _check_counters(counters, kda_decode_counters(n, heads), mixed_qkv.device)
     out = torch.empty(n, heads, d, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
     # Split with the norm: the V blocks write o unnormed in fp32, the epilogue norms whole rows.
     core_out = (
@@ -741,38 +565,25 @@ def fused_kda_decode(
     g_a_arg, g_w_arg = (gate.a, gate.weight) if rank_g else (raw_g_arg, raw_g_arg)
     block_r = min(triton.next_power_of_2(max(rank_f, rank_g, 1)), max(1, _PROJ_TILE // d))
     block_w = triton.next_power_of_2(width)
-    if fused_quant:
-        dest, scale = fp8_outputs(None, None, n, heads * d, quant_dtype, out.device)
-    else:
-        dest, scale = out.view(n, heads * d), out  # `out` stands in for the unused scale
-    # The epilogue's chunks of heads (both forms: the fused one quantizes in them).
-    block_h = min(triton.next_power_of_2(heads), max(1, _EPILOGUE_TILE // d))
-    # The fused epilogue's tiles and outputs; fixed without it, so that they make no variants of
-    # the kernel.
-    tail = dict(TAIL_ROWS=1, BLOCK_H=1, ONE_CHUNK=False)
-    if fused:
-        rows = min(block_h, max(1, _TAIL_ELEMENTS * 32 * config.num_warps // d))
-        tail = dict(TAIL_ROWS=rows, BLOCK_H=block_h, ONE_CHUNK=block_h >= heads)
     _fused_kda_decode_kernel[(n, heads, d // block_v)](
         mixed_qkv, conv_weight, conv_state, raw_g_arg, A_log, dt_bias, b,
         ssm_state, slots, gate_arg, norm_w_arg, core_out, f_w_arg, g_a_arg, g_w_arg,
-        *((counters, out, dest, scale) if fused else (out,) * 4),
         mixed_qkv.stride(0), conv_weight.stride(0), conv_state.stride(0), conv_state.stride(1),
         raw_g_arg.stride(0), b.stride(0), ssm_state.stride(0), ssm_state.stride(1),
         gate_arg.stride(0), gate_arg.stride(1), core_out.stride(0), core_out.stride(1),
         f_w_arg.stride(0), g_a_arg.stride(0), g_w_arg.stride(0),
-        heads, lower_bound if lower_bound is not None else 0.0, eps, d**-0.5, fp8_max, min_scale,
+        heads, lower_bound if lower_bound is not None else 0.0, eps, d**-0.5,
         D=d, W=width, BLOCK_W=block_w, BLOCK_V=block_v, SPLIT=split,
         HAS_LOWER_BOUND=lower_bound is not None, APPLY_NORM=apply_norm,
-        RANK_F=rank_f, RANK_G=rank_g, BLOCK_R=block_r, FUSED_EPILOGUE=fused,
-        QUANT=fused and fused_quant, **tail, num_warps=config.num_warps,
+        RANK_F=rank_f, RANK_G=rank_g, BLOCK_R=block_r, num_warps=config.num_warps,
     )  # fmt: skip
     if not split:
         return per_token_fp8_quant(out.reshape(n, heads * d), quant_dtype) if quantize else out
-    if fused:
-        if fused_quant:
-            return dest, scale
-        return per_token_fp8_quant(dest, quant_dtype) if quantize else out
+    if fused_quant:
+        dest, scale = fp8_outputs(None, None, n, heads * d, quant_dtype, out.device)
+    else:
+        dest, scale = out.view(n, heads * d), out  # `out` stands in for the unused scale
+    block_h = min(triton.next_power_of_2(heads), max(1, _EPILOGUE_TILE // d))
     block_c, span, shifts = _epilogue_tiling(2 * heads * d, shift_programs, block_w)
     _kda_decode_epilogue_kernel[(n, shifts + int(apply_norm))](
         mixed_qkv, conv_state, slots, core_out, gate_arg, norm_w_arg, dest, scale,
