@@ -2,9 +2,11 @@
 checked against the torch reference; on CPU under the Triton interpreter), so the scripts cannot
 rot between GPU runs."""
 
+import importlib
 from pathlib import Path
 
 import pytest
+import torch
 
 KERNELS = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels"
 
@@ -187,6 +189,19 @@ def test_pdl_launch_benchmark_needs_a_hopper_gpu(capsys: pytest.CaptureFixture) 
         benchmark_pdl_launch.main([])
     assert exit_info.value.code == 2
     assert "compute capability 9.0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("script", ["benchmark_triton_launch", "benchmark_mla_prefill_sdpa"])
+def test_gpu_only_benchmarks_refuse_without_a_gpu(script, capsys: pytest.CaptureFixture) -> None:
+    # No dry run: they time the GPU's launch path and torch's GPU attention backends. They
+    # import and refuse with a usage error where there is no GPU.
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    module = importlib.import_module(script)
+    with pytest.raises(SystemExit) as exit_info:
+        module.main([])
+    assert exit_info.value.code == 2
+    assert "needs a CUDA" in capsys.readouterr().err
 
 
 def test_gather_rows_dry_run(triton_launches, capsys: pytest.CaptureFixture) -> None:
