@@ -14,6 +14,7 @@ from vllm.model_executor.layers.activation import SiluAndMul, SituAndMul
 from vllm.model_executor.layers.fused_moe.experts import (
     GATHER_MAX_ROWS,
     TRITON_GROUPED_MAX_ROWS,
+    TRITON_GROUPED_MAX_ROWS_ELSEWHERE,
     TRITON_MAX_ROWS,
     grouped_mm_is_sync_free,
     moe_experts_gathered,
@@ -170,6 +171,31 @@ SILU, SITU = SiluAndMul(), SituAndMul(4.0, 25.0)
         ((9, 0), torch.bfloat16, TRITON_MAX_ROWS + 1, 2304, SILU, moe_experts_triton_grouped),
         ((9, 0), torch.bfloat16, TRITON_GROUPED_MAX_ROWS, 2304, SILU, moe_experts_triton_grouped),
         ((9, 0), torch.bfloat16, TRITON_GROUPED_MAX_ROWS + 1, 2304, SILU, moe_experts_grouped),
+        # Prefill sizes take the grouped Triton path only where they were measured (Hopper-class).
+        (
+            (8, 0),
+            torch.bfloat16,
+            TRITON_GROUPED_MAX_ROWS_ELSEWHERE,
+            2304,
+            SILU,
+            moe_experts_triton_grouped,
+        ),
+        (
+            (8, 0),
+            torch.bfloat16,
+            TRITON_GROUPED_MAX_ROWS_ELSEWHERE + 1,
+            2304,
+            SILU,
+            moe_experts_loop,
+        ),
+        (
+            (9, 0),
+            torch.float32,
+            TRITON_GROUPED_MAX_ROWS_ELSEWHERE + 1,
+            2304,
+            SILU,
+            moe_experts_loop,
+        ),
         ((9, 0), torch.bfloat16, 8, 2304, SITU, moe_experts_grouped),  # SiTU is not fused
         ((9, 0), torch.bfloat16, 512, 2304, SITU, moe_experts_grouped),
         ((10, 0), torch.bfloat16, TRITON_GROUPED_MAX_ROWS + 1, 2304, SILU, moe_experts_grouped),
@@ -518,7 +544,7 @@ def test_triton_grouped_matches_loop(tokens, topk, hidden, inter, skewed, dtype,
 
 @pytest.mark.parametrize(
     "threshold,block_m",
-    [("PREFILL_TILES_FROM_ROWS", 64), ("LARGE_PREFILL_TILES_FROM_ROWS", 128)],
+    [("PREFILL_TILES_ABOVE_ROWS", 64), ("LARGE_PREFILL_TILES_FROM_ROWS", 128)],
 )
 def test_triton_grouped_default_prefill_tiles_match_loop(threshold, block_m, monkeypatch,
                                                          triton_launches):  # fmt: skip
@@ -526,11 +552,25 @@ def test_triton_grouped_default_prefill_tiles_match_loop(threshold, block_m, mon
     # interpreter is too slow at the real thresholds' sizes (the GPU test runs those).
     x, w13, w2, w, ids = make_case(64, torch.bfloat16, DEVICE, seed=block_m, experts=8,
                                    hidden=64, inter=32, topk=8)  # fmt: skip
-    monkeypatch.setattr(experts_triton_grouped, threshold, ids.numel())
+    lowered = ids.numel() - 1 if threshold.endswith("ABOVE_ROWS") else ids.numel()
+    monkeypatch.setattr(experts_triton_grouped, threshold, lowered)
     assert experts_triton_grouped.default_tiles(ids.numel()).block_m == block_m
     out = moe_experts_triton_grouped(x, w13, w2, w, ids, SiluAndMul())
     assert_close_to_loop(out, moe_experts_loop(x, w13, w2, w, ids, SiluAndMul()))
     assert [triton_launches[name] for name in GROUPED_KERNELS[1:]] == [1, 1, 1]
+
+
+def test_default_tiles_keep_to_the_devices_shared_memory():
+    tiles, h200, a100, ada = experts_triton_grouped.default_tiles, 232448, 166912, 101376
+    assert [tiles(r).block_m for r in (32, 1024, 4096, 4097, 32768)] == [16, 32, 32, 64, 128]
+    assert tiles(4097, 2, h200).block_m == 64 and tiles(32768, 2, h200).block_m == 128
+    # A100: the 128-row tiles' 144 KB fit with headroom, the 64-row tiles' 160 KB do not.
+    assert tiles(32768, 2, a100).block_m == 128 and tiles(4097, 2, a100).block_m == 32
+    assert tiles(32768, 2, ada) == tiles(4096, 2, ada) == tiles(4096)  # decode tiles
+    assert tiles(32768, 2, 0) == tiles(4096)  # no size reported (ROCm): decode tiles
+    assert tiles(32768, 4).block_m == 32  # fp32: the decode tiles
+    load = experts_triton_grouped.load_buffer_bytes
+    assert load(tiles(4097), 2) == 160 * 1024 and load(tiles(32768), 2) == 144 * 1024
 
 
 def test_triton_grouped_fp32_matches_fp64_reference():
@@ -718,6 +758,18 @@ def test_triton_grouped_rejects_bad_inputs():
     for args, blocks, match in cases:
         with pytest.raises(ValueError, match=match):
             moe_experts_triton_grouped(*args, **blocks)
+
+
+def test_triton_grouped_refuses_rows_past_int32_offsets(triton_launches):
+    # 65536 tokens x 256 slots of 128 intermediate channels: `a` would hold 2**31 elements.
+    tokens, experts, hidden, inter = 65536, 256, 16, 128
+    x = torch.zeros(tokens, hidden)
+    w13, w2 = torch.zeros(experts, 2 * inter, hidden), torch.zeros(experts, hidden, inter)
+    ids = torch.arange(experts, dtype=torch.int32).repeat(tokens, 1)
+    weights = torch.ones(tokens, experts)
+    with pytest.raises(ValueError, match="exceed 2\\*\\*31 elements"):
+        moe_experts_triton_grouped(x, w13, w2, weights, ids, SiluAndMul())
+    assert sum(triton_launches.values()) == 0
 
 
 def test_triton_grouped_empty_batch_is_zeros(triton_launches):

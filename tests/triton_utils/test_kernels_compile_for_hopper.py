@@ -34,6 +34,9 @@ from vllm.model_executor.kernels.linear.gemv_config import GemvConfig
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.fused_moe.experts_triton import moe_experts_triton
 from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (
+    LARGE_PREFILL_TILES_FROM_ROWS,
+    PREFILL_TILES_ABOVE_ROWS,
+    default_tiles,
     group_rows,
     moe_experts_triton_grouped,
 )
@@ -206,6 +209,10 @@ def _drive_moe(tokens: int, experts: int, hidden: int, inter: int, topk: int) ->
     )
     moe_experts_triton(x, w13, w2, weights, ids, SiluAndMul())
     moe_experts_triton_grouped(x, w13, w2, weights, ids, SiluAndMul())
+    # The prefill tiles (64-row blocks at 4 stages, 128-row blocks at 8 warps), at these sizes.
+    for rows in (PREFILL_TILES_ABOVE_ROWS + 1, LARGE_PREFILL_TILES_FROM_ROWS):
+        tiles = default_tiles(rows)._asdict()
+        moe_experts_triton_grouped(x, w13, w2, weights, ids, SiluAndMul(), **tiles)
 
 
 def _drive_mla(n: int, heads: int, latent: int, rope: int, page: int, capacity: int,

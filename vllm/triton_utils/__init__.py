@@ -37,6 +37,22 @@ def next_power_of_2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
+@cache
+def _max_shared_memory(index: int) -> int:
+    return getattr(torch.cuda.get_device_properties(index), "shared_memory_per_block_optin", 0)
+
+
+def max_shared_memory(device: torch.device) -> int:
+    """Shared memory one program may use on `device` (bytes), for launch heuristics: no limit
+    for the interpreter; 0 where torch does not report it (ROCm, old torch), which callers take
+    as "only the small-memory launches"."""
+    if device.type != "cuda":
+        return 2**31
+    return _max_shared_memory(
+        device.index if device.index is not None else torch.cuda.current_device()
+    )
+
+
 def num_sms(device: torch.device | None = None) -> int:
     """Streaming multiprocessors (compute units on ROCm) of `device`, or of the current GPU when
     `device` is None: what launch heuristics size their grids by. 1 off the GPU, where the

@@ -307,6 +307,7 @@ def _assert_path(chosen: list[str], path: str) -> None:
 def _small_limits(monkeypatch):
     monkeypatch.setattr(experts_mod, "TRITON_MAX_ROWS", 30)
     monkeypatch.setattr(experts_mod, "TRITON_GROUPED_MAX_ROWS", 150)
+    monkeypatch.setattr(experts_mod, "TRITON_GROUPED_MAX_ROWS_ELSEWHERE", 150)
 
 
 @pytest.mark.parametrize("tokens,path", FUSED_CASES)

@@ -15,7 +15,7 @@ upload) before each replay.
 
 import math
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import accumulate, chain
 
 import numpy as np
 import torch
@@ -140,7 +140,7 @@ class ModelRunner:
             sum(lengths), len(lengths), max(blocks), self.block_size, num_blocks, num_slots,
             self.device,
         )  # fmt: skip
-        firsts = [1 + sum(blocks[:i]) for i in range(len(blocks))]
+        firsts = list(accumulate(blocks, initial=1))[:-1]
         tables = [list(range(f, f + b)) for f, b in zip(firsts, blocks, strict=True)]
         slots = list(range(1, len(lengths) + 1))
         batch = BatchSchedule([0] * len(lengths), lengths, tables, slots, 0)

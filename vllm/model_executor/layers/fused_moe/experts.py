@@ -61,8 +61,12 @@ TRITON_MAX_ROWS = 32
 # Triton path at its default tiles wins up to 2048 tokens of top-8 + shared (658 vs 884 us at 512,
 # 831 vs 1077 at 1024, 1141 vs 1405 at 2048), 1650 vs 1800 at 4096, and ties at 8192 (2725 vs
 # 2722, 2636 vs 2719 in a second run): up to an 8192-token prefill chunk of Kimi-Linear. Larger
-# sizes are not measured. Setting it to TRITON_MAX_ROWS turns the path off.
+# sizes are not measured. That holds where it was measured, bf16 on Hopper-class GPUs (the
+# devices where `torch._grouped_mm` is sync-free, with the shared memory the prefill tiles
+# need); elsewhere the path keeps to decode sizes, up to TRITON_GROUPED_MAX_ROWS_ELSEWHERE.
+# Setting both to TRITON_MAX_ROWS turns the path off.
 TRITON_GROUPED_MAX_ROWS = 8192 * 9
+TRITON_GROUPED_MAX_ROWS_ELSEWHERE = 4096
 
 ExpertsImpl = Callable[..., torch.Tensor]
 
@@ -176,7 +180,8 @@ def select_experts_impl(
     if triton_experts_supported(device, dtype, act_and_mul):
         if num_rows <= TRITON_MAX_ROWS:
             return moe_experts_triton
-        if num_rows <= TRITON_GROUPED_MAX_ROWS:
+        measured = grouped_mm_is_sync_free(device, dtype)
+        if num_rows <= (TRITON_GROUPED_MAX_ROWS if measured else TRITON_GROUPED_MAX_ROWS_ELSEWHERE):
             return moe_experts_triton_grouped
     aligned = hidden % 8 == 0 and intermediate % 8 == 0
     if aligned and grouped_mm_is_sync_free(device, dtype):

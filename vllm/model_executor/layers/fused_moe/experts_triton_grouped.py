@@ -63,9 +63,10 @@ Launch shapes (`default_tiles`): `tl.dot` needs every tile dim >= 16, so block_m
 for Hopper at Kimi-Linear sizes (H 2304, I 1024, E 256, K 8). Up to 4096 rows (512 tokens), 1-16
 rows per expert on average, the kernels are bound by reading the weights: 16- then 32-row blocks,
 64 x 128 tiles (64 x 64 for fp32 gate/up), 4 warps, 3 stages; a bf16 gate/up stage holds 36 KB of
-loads (x 4 KB, gate and up 16 KB each), a down stage 20 KB. Prefills have 30-300 rows per expert
-and are bound by the MMAs: 64-row blocks with 128 x 64 tiles at 4 stages, then 128-row blocks at
-8 warps. `benchmarks/kernels/benchmark_moe.py --tgrouped-configs` sweeps them.
+loads (x 4 KB, gate and up 16 KB each), a down stage 20 KB. Prefills have 16-290 rows per expert
+and are bound by the MMAs: where the shared memory holds them, 64-row blocks with 128 x 64 tiles
+at 4 stages, then 128-row blocks at 8 warps. `benchmarks/kernels/benchmark_moe.py
+--tgrouped-configs` sweeps them.
 """
 
 from typing import NamedTuple
@@ -78,7 +79,7 @@ from vllm.model_executor.layers.fused_moe.experts_triton import (
     check_triton_operands,
 )
 from vllm.model_executor.layers.fused_moe.weighted_sum import moe_weighted_sum
-from vllm.triton_utils import next_power_of_2, use_triton
+from vllm.triton_utils import max_shared_memory, next_power_of_2, use_triton
 
 try:
     import triton
@@ -343,19 +344,31 @@ class GroupedTiles(NamedTuple):
 # "Tenth run"). Decode sizes read weights: 32-row blocks read each busy expert's weights half as
 # often once experts average more than ~8 rows (128+ tokens of top-8: 87% vs 83% of copy at 256,
 # 77% vs 69% at 512) and cost nothing measurable below that. Prefill sizes turn to the MMAs:
-# 64-row blocks with 128 x 64 tiles from 4096 rows (T = 512 / 1024 / 2048 of top-8 + shared:
+# 64-row blocks with 128 x 64 tiles above 4096 rows (T = 512 / 1024 / 2048 of top-8 + shared:
 # 658 / 831 / 1141 us against 690 / 982 / 1586 for the 32-row tiles), 128-row blocks at 8 warps
-# from 32768 (T = 4096 / 8192: 1650 / 2725 us against 1907 / 3011 for the 64-row tiles).
+# from 32768 (T = 4096 / 8192: 1650 / 2725 us against 1907 / 3011 for the 64-row tiles). The
+# prefill tiles' pipelined loads take 160 / 144 KB of shared memory: only where the device has
+# that and `_SMEM_HEADROOM` more (for the epilogue's layout conversions).
 BLOCK_M_32_FROM_ROWS = 1024
-PREFILL_TILES_FROM_ROWS = 4096
+PREFILL_TILES_ABOVE_ROWS = 4096
 LARGE_PREFILL_TILES_FROM_ROWS = 32768
 _DECODE_TILES = GroupedTiles(16, 64, 128, 4, 3, 64, 128, 4, 3)
 _PREFILL_TILES = GroupedTiles(64, 128, 64, 4, 4, 128, 64, 4, 4)
 _LARGE_PREFILL_TILES = GroupedTiles(128, 128, 64, 8, 3, 128, 64, 8, 3)
+_SMEM_HEADROOM = 16 * 1024
 
 
-def default_tiles(num_rows: int, elem_bytes: int = 2) -> GroupedTiles:
-    """The launch shapes for `num_rows = T * K` routed rows of `elem_bytes`-byte elements.
+def load_buffer_bytes(tiles: GroupedTiles, elem_bytes: int) -> int:
+    """Shared memory of the larger kernel's pipelined loads: a stage holds a [block_m, block_k]
+    tile of rows and the weight tiles (gate and up: two [block_k, block_n]; down: one)."""
+    gate_up = tiles.block_m * tiles.block_k + 2 * tiles.block_k * tiles.block_n
+    down = tiles.block_m * tiles.down_block_k + tiles.down_block_k * tiles.down_block_n
+    return max(tiles.gate_up_stages * gate_up, tiles.down_stages * down) * elem_bytes
+
+
+def default_tiles(num_rows: int, elem_bytes: int = 2, max_smem: int = 2**31) -> GroupedTiles:
+    """The launch shapes for `num_rows = T * K` routed rows of `elem_bytes`-byte elements, on a
+    device whose programs may use `max_smem` bytes of shared memory (`max_shared_memory`).
 
     fp32 keeps the decode tiles with a 64-wide gate/up chunk: its 128-wide gate/up stages would
     take 216 KB of shared memory at 3 stages, and the prefill tiles more.
@@ -363,10 +376,12 @@ def default_tiles(num_rows: int, elem_bytes: int = 2) -> GroupedTiles:
     if elem_bytes > 2:
         block_m = 32 if num_rows >= BLOCK_M_32_FROM_ROWS else 16
         return _DECODE_TILES._replace(block_m=block_m, block_k=64)
-    if num_rows >= LARGE_PREFILL_TILES_FROM_ROWS:
-        return _LARGE_PREFILL_TILES
-    if num_rows >= PREFILL_TILES_FROM_ROWS:
-        return _PREFILL_TILES
+    for tiles, takes in (
+        (_LARGE_PREFILL_TILES, num_rows >= LARGE_PREFILL_TILES_FROM_ROWS),
+        (_PREFILL_TILES, num_rows > PREFILL_TILES_ABOVE_ROWS),
+    ):
+        if takes and load_buffer_bytes(tiles, elem_bytes) + _SMEM_HEADROOM <= max_smem:
+            return tiles
     if num_rows >= BLOCK_M_32_FROM_ROWS:
         return _DECODE_TILES._replace(block_m=32)
     return _DECODE_TILES
@@ -526,7 +541,7 @@ def moe_experts_triton_grouped(
     `gate_up_warps`, `gate_up_stages` (software-pipelined loads in flight). Down kernel:
     `down_block_n` hidden outputs per program, `down_block_k` intermediate chunk per step,
     `down_warps`, `down_stages`. Tile dims are powers of two >= 16; each argument left None takes
-    `default_tiles(T * K, x.element_size())`'s value.
+    `default_tiles` for T * K rows on x's device.
     """
     check_expert_shapes(x, w13, w2, topk_weights, topk_ids)
     check_triton_operands(
@@ -534,7 +549,7 @@ def moe_experts_triton_grouped(
     )
     given = GroupedTiles(block_m, block_n, block_k, gate_up_warps, gate_up_stages, down_block_n,
                          down_block_k, down_warps, down_stages)  # fmt: skip
-    default = default_tiles(topk_ids.numel(), x.element_size())
+    default = default_tiles(topk_ids.numel(), x.element_size(), max_shared_memory(x.device))
     t = GroupedTiles(*(d if g is None else g for g, d in zip(given, default, strict=True)))
     for name in ("block_m", "block_n", "block_k", "down_block_n", "down_block_k"):
         value = getattr(t, name)
@@ -549,6 +564,9 @@ def moe_experts_triton_grouped(
     topk = topk_ids.shape[1]
     if 0 in (tokens, topk, hidden, inter, num_experts):
         return torch.zeros(tokens, hidden, dtype=x.dtype, device=x.device)
+    if tokens * topk * inter >= 2**31:
+        # The kernels address `a` [R, I] with int32 row offsets.
+        raise ValueError(f"{tokens} x {topk} routed rows of {inter} exceed 2**31 elements")
     order, _, blocks, _ = group_rows(topk_ids, num_experts, t.block_m)
     max_blocks = blocks.shape[1]
     precision = "ieee" if x.dtype == torch.float32 else "tf32"

@@ -67,14 +67,13 @@ caches use IEEE fp32 products throughout.
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
 
 from vllm.platforms import current_platform
 
 # The one switch every op here uses to run its Triton kernels on CPU tensors (the interpreter).
-from vllm.triton_utils import next_power_of_2, num_sms, use_triton
+from vllm.triton_utils import max_shared_memory, next_power_of_2, num_sms, use_triton
 
 try:
     import triton
@@ -328,15 +327,6 @@ class MlaDecodeConfig:
     fused_merge: bool = False
 
 
-@lru_cache(maxsize=8)
-def _max_smem(device: torch.device) -> int:
-    """Shared memory one program may use (bytes); no limit for the interpreter. 0 where torch does
-    not report it (ROCm, whose launch does not depend on it; old torch: the small-memory launch)."""
-    if device.type != "cuda":
-        return 2**31
-    return getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", 0)
-
-
 def mla_decode_config(
     n: int,
     heads: int,
@@ -554,8 +544,8 @@ def mla_decode_paged(
     capacity = block_tables.shape[1] * kv_cache.shape[1]
     device = q_latent.device
     config = mla_decode_config(
-        n, heads, latent, capacity, num_sms(device), _max_smem(device), q_latent.element_size(),
-        counters.numel() if counters is not None else 0,
+        n, heads, latent, capacity, num_sms(device), max_shared_memory(device),
+        q_latent.element_size(), counters.numel() if counters is not None else 0,
     )  # fmt: skip
     return launch_mla_decode(
         q_latent, q_pe, kv_cache, block_tables, seq_lens, scale, config, counters
