@@ -299,3 +299,19 @@ def test_a_failed_step_finishes_its_requests_as_errors_and_the_engine_goes_on(ex
         assert_cache_free(engine)
     finally:
         engine.shutdown()
+
+
+def test_the_startup_heap_is_frozen_until_shutdown():
+    import gc
+
+    def collectable(obj) -> bool:  # in the collector's generations (not frozen)
+        return any(o is obj for o in gc.get_objects())
+
+    gc.unfreeze()
+    engine = make_engine()
+    try:
+        assert gc.get_freeze_count() > 1000
+        assert not collectable(engine.scheduler) and not collectable(engine.executor.runner)
+    finally:
+        engine.shutdown()
+    assert gc.get_freeze_count() == 0 and collectable(engine.scheduler)

@@ -20,6 +20,7 @@ from vllm.logger import init_logger
 from vllm.outputs import RequestOutput
 from vllm.sampling_params import SamplingParams
 from vllm.transformers_utils.tokenizer import get_tokenizer
+from vllm.utils.gc_utils import freeze_startup_heap, unfreeze_heap
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.kv_cache_utils import determine_cache_sizes
 from vllm.v1.core.sched.output import SchedulerOutput
@@ -62,6 +63,7 @@ class LLMEngine:
         )
         self.output_processor = OutputProcessor(self.tokenizer)
         self._arrivals = itertools.count()
+        freeze_startup_heap()
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
@@ -219,3 +221,4 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         self.executor.shutdown()
+        unfreeze_heap()

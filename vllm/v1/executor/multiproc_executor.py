@@ -32,6 +32,7 @@ from vllm.distributed import (
     initialize_model_parallel,
 )
 from vllm.logger import init_logger
+from vllm.utils.gc_utils import freeze_startup_heap, unfreeze_heap
 from vllm.utils.network_utils import get_open_port
 from vllm.v1.executor.step_message import StepDecoder, StepEncoder
 from vllm.v1.worker.model_runner import ModelRunner
@@ -78,10 +79,13 @@ def _worker_main(rank: int, config: VllmConfig, conn) -> None:
         while True:
             method, *args = conn.recv()
             if method == "shutdown":
+                unfreeze_heap()
                 break
             if method == "execute":
                 args = [decoder.decode(*args)]
             result = getattr(runner, method)(*args)
+            if method == "capture_cudagraphs":  # the last start-up step
+                freeze_startup_heap()
             if method in _ANSWERED:
                 conn.send(("ok", result))
     except Exception:
