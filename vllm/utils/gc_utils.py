@@ -19,8 +19,11 @@ _exit_hook_registered = False
 
 
 def freeze_startup_heap() -> None:
-    """Collect, then freeze everything alive: called once an engine or worker has started."""
+    """Collect, then freeze everything alive: called once an engine or worker has started. What
+    an earlier engine of the process froze is unfrozen first, so that whatever of it has become
+    garbage since (an engine dropped without `shutdown`) is collected here."""
     global _exit_hook_registered
+    gc.unfreeze()
     gc.collect()
     gc.freeze()
     if not _exit_hook_registered:

@@ -315,3 +315,19 @@ def test_the_startup_heap_is_frozen_until_shutdown():
     finally:
         engine.shutdown()
     assert gc.get_freeze_count() == 0 and collectable(engine.scheduler)
+
+
+def test_an_engine_dropped_without_shutdown_is_collected_by_the_next_start():
+    import gc
+    import weakref
+
+    first = make_engine()
+    ref = weakref.ref(first.scheduler)
+    first.scheduler.cycle = first.scheduler  # only the collector frees a cycle
+    del first
+    second = make_engine()
+    try:
+        assert ref() is None
+    finally:
+        second.shutdown()
+    assert gc.get_freeze_count() == 0
