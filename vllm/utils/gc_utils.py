@@ -6,29 +6,25 @@ ones, so collections of the oldest generation keep coming and each walks the who
 development CPU a batch-256 decode step of the tiny model took up to 111-118 ms where its median
 is 0.8 ms (`benchmarks/benchmark_host_overhead.py`, 3000 steps; docs/performance.md "Tenth run").
 `freeze_startup_heap` moves what is alive after start-up out of the collector's generations
-(`gc.freeze`): the same run's worst step is then 12-14 ms. What the engine later drops in
+(`gc.freeze`): the same run's worst step is then 12-15 ms. What the engine later drops in
 reference cycles is still collected; objects frozen here are not, until `unfreeze_heap`, which
-an engine's shutdown calls (and, once registered, the interpreter's exit: objects frozen at exit
-would never be collected and their native owners report them as leaked).
+an engine's shutdown calls, or the interpreter's exit (objects frozen at exit would never be
+collected, and their native owners report them as leaked).
 """
 
 import atexit
 import gc
 
-_exit_hook_registered = False
+atexit.register(gc.unfreeze)
 
 
 def freeze_startup_heap() -> None:
     """Collect, then freeze everything alive: called once an engine or worker has started. What
     an earlier engine of the process froze is unfrozen first, so that whatever of it has become
     garbage since (an engine dropped without `shutdown`) is collected here."""
-    global _exit_hook_registered
     gc.unfreeze()
     gc.collect()
     gc.freeze()
-    if not _exit_hook_registered:
-        atexit.register(gc.unfreeze)
-        _exit_hook_registered = True
 
 
 def unfreeze_heap() -> None:
