@@ -3,7 +3,7 @@
 Eager steps (prefill and mixed batches, which are not CUDA-graphed) pay the host's cost of every
 launch, about 250 a step of Kimi-Linear-48B, and the fused op's wrapper target (<= 15 us a call)
 is below what a plain `kernel[grid](...)` costs on the H200's host. This times one small kernel
-(ten arguments, two of them constexpr) launched three ways, each checked to have written its
+(ten arguments, two of them constexpr) launched four ways, each checked to have written its
 output:
 
   jit        `kernel[grid](*args, **constexprs)`: Triton's dispatch (binding and specialising
@@ -11,8 +11,10 @@ output:
   compiled   the `CompiledKernel` that the first call returned, `compiled[grid](*args)`: no
              dispatch, but the launch metadata and the hooks on every call
   run        `compiled.run(...)` with the launch metadata made once: the C launcher alone
+  launch     `vllm.triton_utils.launch`: the launch key, then the launcher with the tensors'
+             addresses and no hook arguments (what the model's ops call)
 
-and `torch.empty` of the output for scale. The compiled forms skip Triton's check that the
+and `torch.empty` of the output for scale. The compiled and run forms skip Triton's check that the
 arguments still specialise as at the first call (dtypes, 16-byte alignment, integers equal to 1
 or divisible by 16): a caller that used them would have to make that check itself.
 
@@ -27,6 +29,8 @@ from collections.abc import Callable
 import torch
 import triton
 import triton.language as tl
+
+from vllm.triton_utils.launch import LaunchSpec, launch
 
 N = 4096
 BLOCK = 256
@@ -88,18 +92,24 @@ def main(argv: list[str] | None = None) -> int:
         compiled.run(*grid, stream, compiled.function, compiled.packed_metadata, metadata,
                      None, None, *runtime, *constexprs)  # fmt: skip
 
+    spec = LaunchSpec(D=128, BLOCK=BLOCK)
+
+    def through_launch() -> None:
+        launch(_launch_probe_kernel, grid, runtime, spec)
+
     def allocate() -> None:
         torch.empty(N, device="cuda")
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
-    for name, launch in (("jit", jit), ("compiled", through_compiled), ("run", run)):
+    forms = (("jit", jit), ("compiled", through_compiled), ("run", run), ("launch", through_launch))
+    for name, form in forms:
         y.zero_()
-        launch()
+        form()
         torch.cuda.synchronize()
         if not torch.equal(y, x + 1e-6):
             print(f"{name}: the kernel did not write its output", file=sys.stderr)
             return 1
-        print(f"{name:>12}: {host_us(launch, args.calls):6.2f} us a launch")
+        print(f"{name:>12}: {host_us(form, args.calls):6.2f} us a launch")
     print(f"{'torch.empty':>12}: {host_us(allocate, args.calls):6.2f} us a call")
     return 0
 

@@ -6,6 +6,7 @@ Without a GPU the fast path is driven through stand-ins for Triton's ``JITFuncti
 """
 
 import math
+import types
 
 import pytest
 import torch
@@ -23,6 +24,12 @@ def _kernel_fn(x_ptr, n, scale, BLOCK, ROWS=4):  # the stand-in kernel's signatu
 
 
 class FakeCompiled:
+    """A CompiledKernel: ``compiled[grid](...)`` (the path with launch hooks) and ``run``, its
+    launcher, called with the grid, stream, handle and metadata before the arguments."""
+
+    function = "handle"
+    packed_metadata = "packed"
+
     def __init__(self, log: list) -> None:
         self.log = log
 
@@ -31,6 +38,10 @@ class FakeCompiled:
             self.log.append(("compiled", grid, args, stream))
 
         return runner
+
+    def run(self, gx, gy, gz, stream, function, packed, metadata, enter, exit_, *args):
+        assert (function, packed, metadata, enter, exit_) == ("handle", "packed", None, None, None)
+        self.log.append(("run", (gx, gy, gz), args, stream))
 
 
 class FakeJIT:
@@ -68,9 +79,31 @@ class FakeDriver:
         return 1000 + device
 
 
+class CudaLike(torch.Tensor):
+    """A CPU tensor that says it is on a CUDA device, as the fast path requires."""
+
+    @property
+    def is_cuda(self) -> bool:
+        return True
+
+
+def cuda_like(n: int) -> torch.Tensor:
+    return torch.zeros(n).as_subclass(CudaLike)
+
+
+class FakeHookChain:
+    def __init__(self) -> None:
+        self.calls: list = []
+
+
 @pytest.fixture
 def fake_triton(monkeypatch):
     driver = FakeDriver()
+    runtime = types.SimpleNamespace(
+        launch_enter_hook=FakeHookChain(), launch_exit_hook=FakeHookChain()
+    )
+    monkeypatch.setattr(launch_module, "knobs", types.SimpleNamespace(runtime=runtime))
+    monkeypatch.setattr(launch_module, "HookChain", FakeHookChain)
     monkeypatch.setattr(launch_module, "_FAST", True)
     monkeypatch.setattr(launch_module, "JITFunction", FakeJIT)
     monkeypatch.setattr(launch_module, "CompiledKernel", FakeCompiled)
@@ -83,14 +116,14 @@ GRID = (3, 1, 1)
 
 def test_second_call_launches_the_compiled_kernel(fake_triton):
     kernel, spec = FakeJIT(), LaunchSpec(BLOCK=64, num_warps=4)
-    x = torch.zeros(64)
+    x = cuda_like(64)
     launch(kernel, GRID, (x, 32, 0.5), spec)
     launch(kernel, GRID, (x, 48, 0.25), spec)  # 32 and 48: both i32, both divisible by 16
-    assert kernel.kinds() == ["plain", "compiled"]
+    assert kernel.kinds() == ["plain", "run"]
     assert kernel.log[0] == ("plain", GRID, (x, 32, 0.5), {"BLOCK": 64, "num_warps": 4})
     # Every parameter positional, constexprs in signature order (ROWS from its default, no
-    # num_warps: not a parameter), on the current device's stream.
-    assert kernel.log[1] == ("compiled", GRID, (x, 48, 0.25, 64, 4), 1000)
+    # num_warps: not a parameter),     # addresses for tensors, on the current device's stream.
+    assert kernel.log[1] == ("run", GRID, (x.data_ptr(), 48, 0.25, 64, 4), 1000)
 
 
 @pytest.mark.parametrize(
@@ -100,23 +133,23 @@ def test_second_call_launches_the_compiled_kernel(fake_triton):
 )
 def test_int_class_change_takes_the_plain_path(fake_triton, first, second):
     kernel, spec = FakeJIT(), LaunchSpec(BLOCK=64)
-    x = torch.zeros(64)
+    x = cuda_like(64)
     for n in (first, second, first, second):
         launch(kernel, GRID, (x, n, 0.5), spec)
-    assert kernel.kinds() == ["plain", "plain", "compiled", "compiled"]
+    assert kernel.kinds() == ["plain", "plain", "run", "run"]
 
 
 def test_same_int_class_reuses(fake_triton):
     kernel, spec = FakeJIT(), LaunchSpec(BLOCK=64)
-    x = torch.zeros(64)
+    x = cuda_like(64)
     for n in (17, 18, 2**31 - 1, 3):  # i32, not divisible by 16, not 1
         launch(kernel, GRID, (x, n, 0.5), spec)
-    assert kernel.kinds() == ["plain", "compiled", "compiled", "compiled"]
+    assert kernel.kinds() == ["plain", "run", "run", "run"]
 
 
 def test_dtype_device_and_kernel_are_in_the_key(fake_triton):
     kernel, other, spec = FakeJIT(), FakeJIT(), LaunchSpec(BLOCK=64)
-    x = torch.zeros(64)
+    x = cuda_like(64)
     launch(kernel, GRID, (x, 16, 0.5), spec)
     launch(kernel, GRID, (x.half(), 16, 0.5), spec)
     fake_triton.device = 1
@@ -124,24 +157,24 @@ def test_dtype_device_and_kernel_are_in_the_key(fake_triton):
     launch(other, GRID, (x, 16, 0.5), spec)
     assert kernel.kinds() == ["plain"] * 3 and other.kinds() == ["plain"]
     launch(other, GRID, (x, 16, 0.5), spec)
-    assert other.log[-1] == ("compiled", GRID, (x, 16, 0.5, 64, 4), 1001)
+    assert other.log[-1] == ("run", GRID, (x.data_ptr(), 16, 0.5, 64, 4), 1001)
 
 
 def test_unaligned_tensor_always_takes_the_plain_path(fake_triton):
     kernel, spec = FakeJIT(), LaunchSpec(BLOCK=64)
-    x = torch.zeros(64)
+    x = cuda_like(64)
     for _ in range(3):
         launch(kernel, GRID, (x[1:], 16, 0.5), spec)
     assert kernel.kinds() == ["plain"] * 3
     launch(kernel, GRID, (x, 16, 0.5), spec)
     launch(kernel, GRID, (x[4:], 16, 0.5), spec)  # 16 bytes in: aligned again
-    assert kernel.kinds() == ["plain"] * 4 + ["compiled"]
+    assert kernel.kinds() == ["plain"] * 4 + ["run"]
 
 
 @pytest.mark.parametrize("odd", [None, True, (1, 2)], ids=str)
 def test_unmirrored_argument_types_take_the_plain_path(fake_triton, odd):
     kernel, spec = FakeJIT(), LaunchSpec(BLOCK=64)
-    x = torch.zeros(64)
+    x = cuda_like(64)
     for _ in range(2):
         launch(kernel, GRID, (x, odd, 0.5), spec)
     assert kernel.kinds() == ["plain", "plain"]
@@ -152,7 +185,7 @@ def test_not_a_jit_kernel_takes_the_plain_path(fake_triton):
         pass
 
     kernel, spec = Counted(), LaunchSpec(BLOCK=64)
-    x = torch.zeros(64)
+    x = cuda_like(64)
     for _ in range(2):
         launch(kernel, GRID, (x, 16, 0.5), spec)
     assert kernel.kinds() == ["plain", "plain"]
@@ -161,7 +194,7 @@ def test_not_a_jit_kernel_takes_the_plain_path(fake_triton):
 def test_nothing_cached_when_no_compiled_kernel_comes_back(fake_triton):
     kernel, spec = FakeJIT(), LaunchSpec(BLOCK=64)
     kernel.compiled = None  # e.g. a compile hook that skipped compilation
-    x = torch.zeros(64)
+    x = cuda_like(64)
     for _ in range(2):
         launch(kernel, GRID, (x, 16, 0.5), spec)
     assert kernel.kinds() == ["plain", "plain"] and not spec.compiled
@@ -169,7 +202,7 @@ def test_nothing_cached_when_no_compiled_kernel_comes_back(fake_triton):
 
 def test_cache_is_bounded(fake_triton):
     kernel, spec = FakeJIT(), LaunchSpec(BLOCK=64)
-    x = torch.zeros(64)
+    x = cuda_like(64)
     for device in range(3 * launch_module._MAX_KEYS):
         fake_triton.device = device
         launch(kernel, GRID, (x, 16, 0.5), spec)
@@ -180,10 +213,40 @@ def test_plain_path_off_the_fast_platforms(monkeypatch):
     monkeypatch.setattr(launch_module, "_FAST", False)
     monkeypatch.setattr(launch_module, "JITFunction", FakeJIT)
     kernel, spec = FakeJIT(), LaunchSpec(BLOCK=64)
-    x = torch.zeros(64)
+    x = cuda_like(64)
     for _ in range(2):
         launch(kernel, GRID, (x, 16, 0.5), spec)
     assert kernel.kinds() == ["plain", "plain"]
+
+
+def test_a_launch_hook_takes_tritons_compiled_runner(fake_triton):
+    """With a hook in Triton's chain the launch goes through ``compiled[grid]``, which builds the
+    launch metadata and calls the hooks; tensors are passed as tensors there."""
+    kernel, spec = FakeJIT(), LaunchSpec(BLOCK=64)
+    x = cuda_like(64)
+    launch(kernel, GRID, (x, 16, 0.5), spec)
+    hooks = launch_module.knobs.runtime
+    for chain in (hooks.launch_enter_hook, hooks.launch_exit_hook):
+        chain.calls.append(print)
+        launch(kernel, GRID, (x, 16, 0.5), spec)
+        chain.calls.clear()
+    hooks.launch_enter_hook = print  # a hook set directly rather than added to the chain
+    launch(kernel, GRID, (x, 16, 0.5), spec)
+    assert kernel.kinds() == ["plain", "compiled", "compiled", "compiled"]
+    assert kernel.log[-1] == ("compiled", GRID, (x, 16, 0.5, 64, 4), 1000)
+    hooks.launch_enter_hook = None
+    launch(kernel, GRID, (x, 16, 0.5), spec)
+    assert kernel.kinds()[-1] == "run"
+
+
+def test_a_tensor_off_the_gpu_takes_the_plain_path(fake_triton):
+    """Its address would reach the kernel unchecked; Triton's dispatch reports it instead."""
+    kernel, spec = FakeJIT(), LaunchSpec(BLOCK=64)
+    x = cuda_like(64)
+    launch(kernel, GRID, (x, 16, 0.5), spec)
+    for _ in range(2):
+        launch(kernel, GRID, (torch.zeros(64), 16, 0.5), spec)
+    assert kernel.kinds() == ["plain", "plain", "plain"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -263,6 +326,36 @@ def test_gpu_unaligned_view_launches_correctly():
         launch(probe, (8, 1, 1), (x, y, 1000, 3, 4, 0.5), spec)
         assert torch.equal(y, _probe_expected(x, 0.5, 3, 4, torch.float32))
     assert not spec.compiled
+
+
+@pytest.mark.gpu
+def test_gpu_launch_hooks_run_on_reused_kernels():
+    """A hook added to Triton's chain sees every launch, cached ones included; removed, the
+    launch goes back to the bare launcher and still computes the right values."""
+    if not launch_module._FAST:
+        pytest.skip("the fast path is CUDA-only")
+    from triton import knobs
+
+    probe = _gpu_probe_kernel()
+    spec = LaunchSpec(BLOCK=128, num_warps=4)
+    x = torch.randn(1000, device="cuda", generator=_cuda_gen(4))
+    y = torch.empty(1000, device="cuda")
+    launch(probe, (8, 1, 1), (x, y, 1000, 3, 4, 0.5), spec)
+    seen = []
+
+    def hook(metadata) -> None:
+        seen.append(metadata)
+
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        launch(probe, (8, 1, 1), (x, y, 1000, 5, 6, 0.5), spec)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert len(seen) == 1 and len(spec.compiled) == 1
+    assert torch.equal(y, _probe_expected(x, 0.5, 5, 6, torch.float32))
+    launch(probe, (8, 1, 1), (x, y, 1000, 7, 8, 0.25), spec)
+    assert len(seen) == 1
+    assert torch.equal(y, _probe_expected(x, 0.25, 7, 8, torch.float32))
 
 
 def _cuda_gen(seed: int) -> torch.Generator:

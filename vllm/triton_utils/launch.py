@@ -4,10 +4,18 @@
 each one, builds a cache key from all of them and looks the compiled kernel up, on every call:
 for the fused gated-RMSNorm kernel (14 runtime and 9 constexpr parameters) about 20 us of Python
 on the development machine's CPU, Triton 3.6 and 3.9 alike, several times what the kernel takes
-at decode sizes. ``launch`` does that once per *launch key* and afterwards calls the compiled
-kernel the way Triton's tutorials launch the one ``warmup`` returns: ``compiled[grid](*args)``,
-every parameter positional: about 4 us by the same measure (the C launcher left out of
-both). Launch hooks still run on every launch.
+at decode sizes. ``launch`` does that once per *launch key* and afterwards hands the arguments
+straight to the compiled kernel's launcher (``CompiledKernel.run``, the object Triton's own
+``compiled[grid](...)`` calls), with two savings on top of skipping the dispatch:
+
+* tensors are passed as their device addresses. The launcher takes an int as the address
+  itself; given a tensor it calls ``data_ptr()`` and asks the driver whether the address is a
+  device pointer (``cuPointerGetAttribute``, one driver call a tensor). ``launch`` sends only
+  CUDA tensors this way (any other takes the plain path, where Triton reports it).
+* no launch metadata and no hook arguments while Triton's launch hooks are empty
+  (``knobs.runtime.launch_enter_hook`` / ``launch_exit_hook``, empty hook chains unless a tool
+  such as Proton adds one). Triton builds the metadata and passes the chains on every call
+  otherwise; with a hook registered ``launch`` does the same, through ``compiled[grid]``.
 
 The launch key must determine the specialization Triton picks, which Triton 3.6 and 3.9 derive
 alike (tests/triton_utils/test_launch.py checks the key against ``JITFunction.warmup`` on a GPU):
@@ -28,17 +36,19 @@ runs, when a launch key is first seen.
 """
 
 import inspect
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from vllm.platforms import current_platform
 
 try:
+    from triton import knobs
     from triton.compiler import CompiledKernel
+    from triton.knobs import HookChain
     from triton.runtime import JITFunction, driver
 except ImportError:  # CPU-only installs without Triton launch no kernel
-    CompiledKernel = JITFunction = driver = None
+    CompiledKernel = HookChain = JITFunction = driver = knobs = None
 
 __all__ = ["LaunchSpec", "launch"]
 
@@ -61,15 +71,28 @@ class LaunchSpec:
 
     def __init__(self, **kwargs: Any) -> None:
         self.kwargs = kwargs
-        # launch key -> (kernel, compiled kernel, constexpr values in parameter order)
-        self.compiled: dict[tuple, tuple[Any, Any, tuple]] = {}
+        # launch key -> _Compiled
+        self.compiled: dict[tuple, _Compiled] = {}
 
     def __repr__(self) -> str:
         return f"LaunchSpec({self.kwargs})"
 
 
+class _Compiled(NamedTuple):
+    kernel: Any  # the JITFunction it was compiled from (specs may be shared between kernels)
+    compiled: Any  # its CompiledKernel
+    constexprs: tuple  # constexpr values in parameter order, passed after the runtime ones
+    run: Any  # compiled.run: the launcher
+    function: Any  # compiled.function: the loaded kernel's handle
+    packed_metadata: Any
+
+
 # The fast path mirrors the CUDA backend's specialization only.
 _FAST = JITFunction is not None and current_platform.is_cuda()
+
+
+def _hook_idle(hook: Any) -> bool:
+    return hook is None or (type(hook) is HookChain and not hook.calls)
 
 
 def launch(kernel: Any, grid: tuple[int, int, int], args: tuple, spec: LaunchSpec) -> None:
@@ -87,6 +110,7 @@ def launch(kernel: Any, grid: tuple[int, int, int], args: tuple, spec: LaunchSpe
         return
     device = driver.active.get_current_device()
     key = [device]
+    values = []  # args with each tensor replaced by its address
     ptrs = 0
     for a in args:
         kind = type(a)
@@ -97,11 +121,15 @@ def launch(kernel: Any, grid: tuple[int, int, int], args: tuple, spec: LaunchSpe
                 key.append(not a & 15)
             else:
                 key.append((a >= _U64_MIN, not a & 15))
+            values.append(a)
         elif kind is float:
             key.append(float)
-        elif isinstance(a, _Tensor):
-            ptrs |= a.data_ptr()
+            values.append(a)
+        elif isinstance(a, _Tensor) and a.is_cuda:
+            ptr = a.data_ptr()
+            ptrs |= ptr
             key.append(a.dtype)
+            values.append(ptr)
         else:
             ptrs = 1  # a type the key does not mirror: plain path
             break
@@ -111,7 +139,16 @@ def launch(kernel: Any, grid: tuple[int, int, int], args: tuple, spec: LaunchSpe
     key = tuple(key)
     hit = spec.compiled.get(key)
     if hit is not None and hit[0] is kernel:
-        hit[1][grid](*args, *hit[2], stream=driver.active.get_current_stream(device))
+        _, compiled, constexprs, run, function, packed_metadata = hit
+        stream = driver.active.get_current_stream(device)
+        runtime = knobs.runtime
+        if _hook_idle(runtime.launch_enter_hook) and _hook_idle(runtime.launch_exit_hook):
+            run(
+                grid[0], grid[1], grid[2], stream, function, packed_metadata, None, None, None,
+                *values, *constexprs,
+            )  # fmt: skip
+        else:
+            compiled[grid](*args, *constexprs, stream=stream)
         return
     compiled = kernel[grid](*args, **spec.kwargs)
     if isinstance(compiled, CompiledKernel):
@@ -119,4 +156,7 @@ def launch(kernel: Any, grid: tuple[int, int, int], args: tuple, spec: LaunchSpe
         constexprs = tuple(spec.kwargs.get(p.name, p.default) for p in params)
         if len(spec.compiled) >= _MAX_KEYS:
             spec.compiled.clear()
-        spec.compiled[key] = (kernel, compiled, constexprs)
+        spec.compiled[key] = _Compiled(
+            kernel, compiled, constexprs, compiled.run, compiled.function,
+            compiled.packed_metadata,
+        )  # fmt: skip
