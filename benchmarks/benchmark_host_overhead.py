@@ -133,9 +133,9 @@ def run_case(
     device: str, batch: int, input_len: int, steps: int, warmup: int, profile: bool, stream: bool,
     tmp: Path, tp_worker: bool = False,
 ):  # fmt: skip
-    """Median and fastest seconds of `steps` decode steps of `batch` sequences; with `tp_worker`
-    also the median seconds of rank 0's encoding and of the worker replica, and the step
-    message's bytes (else None)."""
+    """The seconds of each of `steps` decode steps of `batch` sequences; with `tp_worker` also
+    the median seconds of rank 0's encoding and of the worker replica, and the step message's
+    bytes (else None)."""
     budget = max(8192, batch)
     # Sequences prefilled early decode while the others prefill (one token per step).
     max_tokens = math.ceil(batch * input_len / (budget - batch)) + warmup + steps + 2
@@ -175,10 +175,10 @@ def run_case(
             raise RuntimeError("a sequence finished early: the timed steps were not all decodes")
         synchronize(dev)
         if worker is None:
-            return statistics.median(times), min(times), None
+            return times, None
         send = statistics.median(worker.send_times[-steps:])
         receive = statistics.median(worker.times[-steps:])
-        return statistics.median(times), min(times), (send, receive, worker.message_bytes)
+        return times, (send, receive, worker.message_bytes)
     finally:
         engine.shutdown()
 
@@ -209,13 +209,15 @@ def main(argv: list[str] | None = None) -> int:
     # The fastest step: the least disturbed by other processes on a shared CPU.
     worker_columns = f"  {'send ms':>7}  {'worker ms':>9}  {'message KB':>10}"
     worker_columns = worker_columns if args.tp_worker else ""
+    # The slowest steps: where collections of the garbage collector and other pauses land.
     print(
-        f"{'batch':>5}  {'median ms':>9}  {'min ms':>8}  {'median us/request':>17}{worker_columns}"
+        f"{'batch':>5}  {'median ms':>9}  {'min ms':>8}  {'p99.9 ms':>8}  {'max ms':>8}"
+        f"  {'median us/request':>17}{worker_columns}"
     )
     for batch in args.batch_sizes:
         start = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
-            median, fastest, worker = run_case(
+            times, worker = run_case(
                 args.device, batch, args.input_len, args.steps, args.warmup_steps, args.profile,
                 args.stream, Path(tmp), args.tp_worker,
             )  # fmt: skip
@@ -223,9 +225,11 @@ def main(argv: list[str] | None = None) -> int:
         if worker is not None:
             send, receive, size = worker
             worker_cells = f"  {1e3 * send:>7.3f}  {1e3 * receive:>9.3f}  {size / 1e3:>10.1f}"
+        median, ordered = statistics.median(times), sorted(times)
+        tail = ordered[min(len(ordered) - 1, math.ceil(0.999 * len(ordered)) - 1)]
         print(
-            f"{batch:>5}  {1e3 * median:>9.3f}  {1e3 * fastest:>8.3f}"
-            f"  {1e6 * median / batch:>17.1f}{worker_cells}"
+            f"{batch:>5}  {1e3 * median:>9.3f}  {1e3 * ordered[0]:>8.3f}  {1e3 * tail:>8.3f}"
+            f"  {1e3 * ordered[-1]:>8.3f}  {1e6 * median / batch:>17.1f}{worker_cells}"
             f"  ({time.perf_counter() - start:.0f} s with start-up and prefill)",
             flush=True,
         )
