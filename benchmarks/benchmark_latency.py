@@ -77,7 +77,7 @@ from bench_utils import (
     timed_step,
     write_json,
 )
-from step_profile import breakdown, profile_steps
+from step_profile import GAP_SPLIT_US, breakdown, profile_steps_and_gaps
 
 from vllm.engine.arg_utils import EngineArgs, parse_max_model_len
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE
@@ -257,7 +257,7 @@ class Sweep:
             synchronize(self.device)
             timing["seconds"], timing["steps"] = time.perf_counter() - start, steps
 
-        kernels = profile_steps(prefill, 1, self.device)
+        kernels, gaps = profile_steps_and_gaps(prefill, 1, self.device)
         seconds = timing["seconds"]
         device_us = sum(k.us_per_step for k in kernels)
         model = engine.executor.runner.model
@@ -313,6 +313,13 @@ class Sweep:
              ("% of floor", "pct_of_floor", ".1f"), ("bound", "bound", "s")],
             groups,
         )  # fmt: skip
+        if gaps is not None:
+            summary["device_idle"] = asdict(gaps)
+            print(
+                f"L={length}: device idle in the prefill {gaps.short_us:.0f} us in "
+                f"{gaps.short_count:.0f} gaps <= {GAP_SPLIT_US:.0f} us, {gaps.long_us:.0f} us in "
+                f"{gaps.long_count:.0f} longer ones"
+            )
         top = [asdict(k) for k in kernels[:TOP_KERNELS]]
         print_table(
             f"L={length}: top kernels of the prefill",
@@ -443,7 +450,7 @@ class Sweep:
             self.check_batch(batch)
             self.engine.step()
 
-        kernels = profile_steps(step, self.args.profile_steps, self.device)
+        kernels, gaps = profile_steps_and_gaps(step, self.args.profile_steps, self.device)
         fp = self.fp
         floors = {
             "routed experts": sum(distinct) * fp.expert_bytes,
@@ -463,6 +470,12 @@ class Sweep:
              ("% of floor", "pct_of_floor", ".1f")],
             groups,
         )  # fmt: skip
+        if gaps is not None:
+            print(
+                f"B={batch}: device idle per step {gaps.short_us:.1f} us in {gaps.short_count:.0f}"
+                f" gaps <= {GAP_SPLIT_US:.0f} us (between kernels), {gaps.long_us:.1f} us in "
+                f"{gaps.long_count:.0f} longer ones (waiting on the host)"
+            )
         top = [asdict(k) for k in kernels[:TOP_KERNELS]]
         print_table(
             f"B={batch}: top kernels",
@@ -470,7 +483,8 @@ class Sweep:
              ("group", "group", "s"), ("kernel", "name", ".90s")],
             top,
         )  # fmt: skip
-        return {"groups": groups, "kernels": top}
+        idle = None if gaps is None else asdict(gaps)
+        return {"groups": groups, "kernels": top, "device_idle": idle}
 
     def run_context(self, length: int, batch_sizes: list[int], max_tokens: int, later: int) -> None:
         """Every case at context `length`; `later` context lengths still follow this one."""

@@ -65,9 +65,51 @@ def group_of(name: str) -> str:
     return OTHER
 
 
+# Idle device time between two kernels up to this long is the launch latency inside a graph or
+# a busy stream; longer, the device is waiting on the host (input staging, a graph's launch, a
+# sync, the host's work between steps).
+GAP_SPLIT_US = 20.0
+
+
+@dataclass(frozen=True)
+class DeviceGaps:
+    """Idle device time per step between the profiled kernels (and copies), split at
+    `GAP_SPLIT_US`: `short_us` in `short_count` gaps, `long_us` in `long_count`."""
+
+    short_us: float
+    short_count: float
+    long_us: float
+    long_count: float
+
+
+def device_gaps(intervals: list[tuple[float, float]], steps: int) -> DeviceGaps:
+    """Idle time between the (start, end) microsecond `intervals` of device work, per step of
+    `steps` (overlapping intervals merge first)."""
+    short = long = 0.0
+    n_short = n_long = 0
+    busy_until = None
+    for start, end in sorted(intervals):
+        if busy_until is not None and start > busy_until:
+            gap = start - busy_until
+            if gap <= GAP_SPLIT_US:
+                short, n_short = short + gap, n_short + 1
+            else:
+                long, n_long = long + gap, n_long + 1
+        busy_until = end if busy_until is None else max(busy_until, end)
+    return DeviceGaps(short / steps, n_short / steps, long / steps, n_long / steps)
+
+
 def profile_steps(step: Callable[[], Any], steps: int, device: torch.device) -> list[KernelTime]:
     """Run `step` `steps` times under the profiler; per kernel name, device microseconds and
     launches per step, longest first."""
+    return profile_steps_and_gaps(step, steps, device)[0]
+
+
+def profile_steps_and_gaps(
+    step: Callable[[], Any], steps: int, device: torch.device
+) -> tuple[list[KernelTime], DeviceGaps | None]:
+    """`profile_steps`, and on a GPU the device's idle time between the kernels (None on the
+    CPU, where operators nest and overlap)."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     cuda = device.type == "cuda"
@@ -79,11 +121,13 @@ def profile_steps(step: Callable[[], Any], steps: int, device: torch.device) -> 
             torch.cuda.synchronize(device)
     totals: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)
+    intervals = []
     for event in prof.events():
         if cuda:
             if event.device_type != DeviceType.CUDA:
                 continue
             us = event.device_time_total
+            intervals.append((event.time_range.start, event.time_range.end))
         else:
             # CPU operators nest; self time counts each microsecond once.
             if event.device_type != DeviceType.CPU or not event.name.startswith("aten::"):
@@ -95,7 +139,8 @@ def profile_steps(step: Callable[[], Any], steps: int, device: torch.device) -> 
         KernelTime(name, group_of(name), us / steps, counts[name] / steps)
         for name, us in totals.items()
     ]
-    return sorted(kernels, key=lambda k: k.us_per_step, reverse=True)
+    kernels.sort(key=lambda k: k.us_per_step, reverse=True)
+    return kernels, device_gaps(intervals, steps) if cuda else None
 
 
 def breakdown(

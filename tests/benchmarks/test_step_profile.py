@@ -10,7 +10,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from step_profile import OTHER, KernelTime, breakdown, group_of, profile_steps  # noqa: E402
+from step_profile import (  # noqa: E402
+    OTHER,
+    DeviceGaps,
+    KernelTime,
+    breakdown,
+    device_gaps,
+    group_of,
+    profile_steps,
+)
 
 
 @pytest.mark.parametrize(
@@ -100,3 +108,12 @@ def test_profile_steps_counts_each_step_once() -> None:
     assert mm.calls_per_step == 1.0 and mm.group == "bf16 GEMM / GEMV" and mm.us_per_step > 0
     with pytest.raises(ValueError, match="steps must be >= 1"):
         profile_steps(lambda: None, 0, torch.device("cpu"))
+
+
+def test_device_gaps_split_short_and_long_idle_per_step() -> None:
+    # Two steps: kernels 0-10, 12-20 (gap 2), 15-18 inside the last (no gap), 60-70 (gap 40),
+    # 71-80 (gap 1).
+    intervals = [(60.0, 70.0), (0.0, 10.0), (12.0, 20.0), (15.0, 18.0), (71.0, 80.0)]
+    gaps = device_gaps(intervals, 2)
+    assert gaps == DeviceGaps(short_us=1.5, short_count=1.0, long_us=20.0, long_count=0.5)
+    assert device_gaps([], 1) == DeviceGaps(0.0, 0.0, 0.0, 0.0)

@@ -301,7 +301,8 @@ def test_gpu_reused_kernel_is_the_one_triton_picks(n, dtypes, a, b):
     y = torch.empty(n, dtype=dtype_out, device="cuda")
     launch(probe, grid, (x, y, n, a, b, 0.5), spec)  # plain: fills the cache
     assert torch.equal(y, _probe_expected(x, 0.5, a, b, dtype_out))
-    ((_, compiled, _),) = spec.compiled.values()
+    (entry,) = spec.compiled.values()
+    compiled = entry.compiled
 
     x2 = torch.randn(n, device="cuda", generator=_cuda_gen(2)).to(dtype_in)
     y2 = torch.empty(n, dtype=dtype_out, device="cuda")
