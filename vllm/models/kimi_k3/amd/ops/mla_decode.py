@@ -262,7 +262,6 @@ if triton is not None:
             m = m_new
 
         out_rows = out_ptr + n * stride_on + h[:, None] * stride_oh
-        part_rows = part_ptr + n * stride_wn + h[:, None] * stride_wh
         if SPLIT:
             # A program past the sequence's active splits has no tokens (denominators 0): it
             # stores nothing. The conditions are per head (the interpreter's masks cannot
@@ -274,6 +273,7 @@ if triton is not None:
             partial = h_ok & has_tokens & (per_head + active > 1)
         else:
             divisor, direct, partial = denom, h_ok, h_ok
+        part_rows = part_ptr + n * stride_wn + h[:, None] * stride_wh
         offset = split * stride_ws
         _store_latent(acc_0, divisor, col_0, L, out_rows, direct, part_rows, offset, partial, SPLIT)
         if LATENT_CHUNKS >= 2:
