@@ -10,7 +10,8 @@ sequence by its length. Each launch is timed as CUDA-graph replay (what a decode
 call of a replay reading its own copy of the cache, so that the cache is read from HBM and not from
 L2 (the copies of one replay add up to >= 256 MiB). Per (batch, context):
 
-  config     h{block_h}n{block_n}w{num_warps}s{num_stages} x{num_splits} {one|two}
+  config     h{block_h}n{block_n}w{num_warps}s{num_stages}[c{chunks}] x{num_splits} {one|two};
+             c{chunks}: the latent in 2 or 4 column chunks (`MlaDecodeConfig.latent_chunks`)
   us         `launch_mla_decode` (split kernel, + merge kernel for "two"), microseconds per call
   %copy      cache bytes read (N * ctx * (L + R) * 2 B) per second over the device's copy
              bandwidth, measured in the same run: an eager `copy_` of --copy-gib GiB after
@@ -27,10 +28,16 @@ fp32) where it fits in --ref-max-gib of scratch memory.
     python benchmarks/kernels/benchmark_mla_decode.py --csv mla_decode.csv
     python benchmarks/kernels/benchmark_mla_decode.py --contexts 1024 --capacity 8448 \
         --block-size 16 --configs 32,64,8,5 16,64,8,5 --splits 2 4 8 16 32 65
+    python benchmarks/kernels/benchmark_mla_decode.py --batches 1 16 64 --contexts 1024 8192 \
+        32768 --capacity 32768 --block-size 16 --configs 32,64,8,5 32,64,8,5,c2 32,64,8,5,c4 \
+        16,64,8,5 16,64,8,5,c2 16,64,8,5,c4
+
+A kernel config is `block_h,block_n,num_warps,num_stages`, with `,c2` or `,c4` after it for the
+latent in that many column chunks.
 
 `--dry-run` runs one tiny case once per config kind (one split, several merged both ways, two head
-blocks), checked against the reference and one merge against the other, untimed; without a GPU
-run it under the Triton interpreter: TRITON_INTERPRET=1 python ... --dry-run
+blocks, latent chunks), checked against the reference and one merge against the other, untimed;
+without a GPU run it under the Triton interpreter: TRITON_INTERPRET=1 python ... --dry-run
 """
 
 import argparse
@@ -105,22 +112,30 @@ def make_case(batch: int, ctx: int, block_size: int, device: str, dtype: torch.d
 def name(config: MlaDecodeConfig) -> str:
     c = config
     merge = "" if c.num_splits == 1 else (" one" if c.fused_merge else " two")
-    return f"h{c.block_h}n{c.block_n}w{c.num_warps}s{c.num_stages} x{c.num_splits}{merge}"
+    chunks = "" if c.latent_chunks == 1 else f"c{c.latent_chunks}"
+    return f"h{c.block_h}n{c.block_n}w{c.num_warps}s{c.num_stages}{chunks} x{c.num_splits}{merge}"
 
 
 def kernel_name(config: MlaDecodeConfig) -> str:
     return name(config).split(" ")[0]
 
 
-def parse_kernel_config(text: str) -> tuple[int, int, int, int]:
-    """`block_h,block_n,num_warps,num_stages`."""
+def parse_kernel_config(text: str) -> tuple[int, int, int, int, int]:
+    """`block_h,block_n,num_warps,num_stages`, with `,c2` or `,c4` after it for the latent in
+    that many column chunks: the four numbers and the chunk count (1 without)."""
+    fields = text.split(",")
+    chunks = 1
+    if len(fields) == 5 and fields[-1] in ("c2", "c4"):
+        chunks = int(fields.pop()[1:])
     try:
-        values = tuple(int(v) for v in text.split(","))
+        values = tuple(int(v) for v in fields)
     except ValueError:
         values = ()
     if len(values) != 4:
-        raise ValueError(f"kernel config {text!r} must be block_h,block_n,num_warps,num_stages")
-    return values
+        raise ValueError(
+            f"kernel config {text!r} must be block_h,block_n,num_warps,num_stages[,c2|,c4]"
+        )
+    return (*values, chunks)
 
 
 def split_candidates(batch: int, ctx: int, block_h: int, block_n: int, sms: int) -> list[int]:
@@ -146,7 +161,9 @@ def dry_run(block_size: int) -> int:
     counters = torch.zeros(DECODE_COUNTERS, dtype=torch.int32, device=device)
     results = {"default": mla_decode_paged(**case, counters=counters)}
     for config in (MlaDecodeConfig(1, 32, 32, 8, 2), MlaDecodeConfig(5, 32, 16, 8, 5),
-                   MlaDecodeConfig(3, 16, 64, 4, 2)):  # fmt: skip
+                   MlaDecodeConfig(3, 16, 64, 4, 2),
+                   MlaDecodeConfig(1, 32, 32, 8, 2, latent_chunks=2),
+                   MlaDecodeConfig(3, 16, 64, 4, 2, latent_chunks=4)):  # fmt: skip
         for fused in (False, True) if config.num_splits > 1 else (False,):
             config = replace(config, fused_merge=fused)
             results[name(config)] = launch_mla_decode(**case, config=config, counters=counters)
@@ -182,11 +199,12 @@ def sweep_case(
     heuristic = mla_decode_config(batch, HEADS, LATENT, capacity, sms, smem,
                                   counters=DECODE_COUNTERS)  # fmt: skip
     configs = {heuristic}
-    for block_h, block_n, warps, stages in args.kernel_configs:
+    for block_h, block_n, warps, stages, chunks in args.kernel_configs:
         splits_swept = args.splits or split_candidates(batch, ctx, block_h, block_n, sms)
         for splits in splits_swept:
             for fused in MERGES[args.merge] if splits > 1 else (False,):
-                configs.add(MlaDecodeConfig(splits, block_h, block_n, warps, stages, fused))
+                configs.add(MlaDecodeConfig(splits, block_h, block_n, warps, stages, fused,
+                                            chunks))  # fmt: skip
     counters = torch.zeros(DECODE_COUNTERS, dtype=torch.int32, device="cuda")
     # Large caches take long per call: fewer calls per graph, so the sweep stays short.
     calls = max(copies, args.graph_calls if cache_bytes < 64 * 2**20 else 2)
@@ -210,7 +228,8 @@ def sweep_case(
             batch=batch, ctx=ctx, capacity=capacity, block_size=args.block_size,
             config=name(config), block_h=config.block_h, block_n=config.block_n,
             num_warps=config.num_warps, num_stages=config.num_stages,
-            num_splits=config.num_splits, merge=merge, heuristic=config == heuristic,
+            num_splits=config.num_splits, merge=merge, latent_chunks=config.latent_chunks,
+            heuristic=config == heuristic,
             us=round(us, 2), gbps=round(gbps, 1), pct_copy=round(100 * gbps / copy, 1),
             cache_mib=round(cache_bytes / 2**20, 1), copy_gbps=round(copy, 1), ref_us=None,
         ))  # fmt: skip
@@ -294,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument(
         "--configs", nargs="+", default=KERNEL_CONFIGS, dest="kernel_configs",
-        help="kernel configs to sweep, block_h,block_n,num_warps,num_stages",
+        help="kernel configs to sweep, block_h,block_n,num_warps,num_stages[,c2|,c4] (latent "
+        "chunks)",
     )  # fmt: skip
     parser.add_argument("--graph-calls", type=int, default=20, help="calls per captured graph")
     parser.add_argument("--reps", type=int, default=10, help="graph replays per timing")

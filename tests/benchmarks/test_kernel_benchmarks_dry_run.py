@@ -42,7 +42,19 @@ def test_mla_decode_dry_run(capsys: pytest.CaptureFixture) -> None:
     assert benchmark_mla_decode.main(["--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "via Triton" in out and "x5 one" in out and "x5 two" in out
+    assert "h32n32w8s2c2 x1" in out and "h16n64w4s2c4 x3 one" in out  # latent chunks
     assert "one launch == two launches: True; counters at 0: True" in out
+
+
+def test_mla_decode_kernel_configs_parse() -> None:
+    import benchmark_mla_decode
+
+    parse = benchmark_mla_decode.parse_kernel_config
+    assert parse("32,64,8,5") == (32, 64, 8, 5, 1)
+    assert parse("16,64,8,5,c4") == (16, 64, 8, 5, 4)
+    for bad in ("32,64,8,5,c3", "32,64,8,5,c4,c4", "32,64,8,c2", "32,64,8,5,t"):
+        with pytest.raises(ValueError, match="num_stages"):
+            parse(bad)
 
 
 def test_router_dry_run(triton_launches, capsys: pytest.CaptureFixture) -> None:

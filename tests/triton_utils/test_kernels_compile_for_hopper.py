@@ -85,9 +85,11 @@ KERNELS = {
 MAX_VARIANTS = 8
 # The GEMV's one kernel runs two algorithms (multiply-and-sum, tl.dot) on three weight dtypes;
 # the KDA decode epilogue 9 (norm, quantized, shift-only; three shift tiles; chunked norm), its
-# main kernel 12 (7 launches without the gate projections, 5 with them).
+# main kernel 12 (7 launches without the gate projections, 5 with them); the MLA decode split
+# kernel 10 (4 with one latent chunk, 6 with 2 or 4).
 MAX_VARIANTS_OF = {
     "_gemv_kernel": 20, "_kda_decode_epilogue_kernel": 10, "_fused_kda_decode_kernel": 12,
+    "_mla_decode_split_kernel": 10,
 }  # fmt: skip
 H200_SMS = 132
 FP8 = torch.float8_e4m3fn  # NVIDIA's FP8 (the interpreter machine's platform may differ)
@@ -401,9 +403,21 @@ def _drive_ops() -> None:
     k_nope = torch.randn(3, 3, 40, generator=gen)[..., :24]
     mla_prefill_key(k_nope, torch.randn(3, 12, generator=gen))
 
-    # Kimi-Linear's sizes; then the benchmark's h16 tiles merged in the split launch.
-    _drive_mla(2, 32, 512, 64, 64, 4096, [MlaDecodeConfig(8, 16, 64, 8, 5, fused_merge=True)])
-    _drive_mla(1, 32, 512, 64, 16, 64)
+    # Kimi-Linear's sizes; then the benchmark's h16 tiles merged in the split launch, and both
+    # wide tiles with the latent in 2 and 4 chunks, merged both ways and with one split.
+    chunked = [
+        MlaDecodeConfig(8, 16, 64, 8, 5, fused_merge=True),
+        MlaDecodeConfig(8, 32, 64, 8, 5, latent_chunks=2),
+        MlaDecodeConfig(8, 32, 64, 8, 5, fused_merge=True, latent_chunks=4),
+        MlaDecodeConfig(8, 16, 64, 8, 5, fused_merge=True, latent_chunks=2),
+        MlaDecodeConfig(8, 16, 64, 8, 5, latent_chunks=4),
+    ]
+    _drive_mla(2, 32, 512, 64, 64, 4096, chunked)
+    one_split = [
+        MlaDecodeConfig(1, 16, 64, 8, 5, latent_chunks=4),
+        MlaDecodeConfig(1, 32, 64, 8, 5, latent_chunks=2),
+    ]
+    _drive_mla(1, 32, 512, 64, 16, 64, one_split)
 
 
 @functools.cache

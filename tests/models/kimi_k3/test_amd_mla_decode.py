@@ -1,8 +1,9 @@
 """The split-KV Triton MLA decode kernel (under TRITON_INTERPRET=1 on CPU) against the torch
 reference: paged caches whose unused rows are NaN, lengths at and around block boundaries, one and
 several splits (some past a sequence's end), padded head and column tiles; the splits merged in a
-second launch and in the split launch (the same bits, the arrival counters back at 0); the
-default launch choice; validation; and on a GPU, Kimi-Linear sizes and CUDA-graph replay."""
+second launch and in the split launch (the same bits, the arrival counters back at 0); the latent
+in column chunks; the default launch choice; validation; and on a GPU, Kimi-Linear sizes and
+CUDA-graph replay."""
 
 import math
 from collections import Counter
@@ -163,6 +164,52 @@ def test_triton_matches_reference(n, heads, latent, rope, block_size, dtype, lau
     assert launches == {"_mla_decode_split_kernel": 3, "_mla_decode_merge_kernel": 1}
 
 
+@pytest.mark.parametrize("latent_chunks", [2, 4])
+@pytest.mark.parametrize(
+    "dtype,latent,rope,heads,block_n",
+    [(torch.float32, 64, 16, 4, 16), (torch.bfloat16, 48, 8, 20, 32),
+     (torch.bfloat16, 512, 64, 2, 16)],
+    ids=["fp32_L64", "bf16_L48", "bf16_L512"],
+)  # fmt: skip
+def test_latent_chunks_match_reference(latent_chunks, dtype, latent, rope, heads, block_n,
+                                       launches):  # fmt: skip
+    """The latent in 2 or 4 column chunks, one split and three merged both ways: full chunks,
+    a padded latent (48 of 64 columns: the last of 4 chunks all padding, the last of 2 partly),
+    two head blocks with padded heads, and Kimi-Linear's widths."""
+    args, clean, poisoned = make_case(3, heads, latent, rope, 8, [1, 8, 41], 6, dtype,
+                                      seed=latent + latent_chunks)  # fmt: skip
+    ref = mla_decode_paged_ref(kv_cache=clean, **args)
+    config = MlaDecodeConfig(num_splits=1, block_h=16, block_n=block_n, num_warps=4, num_stages=1,
+                             latent_chunks=latent_chunks)  # fmt: skip
+    check(launch_mla_decode(kv_cache=poisoned, config=config, **args), ref, dtype)
+    config = replace(config, num_splits=3)
+    check(both_merges(args, poisoned, config, counters_for()), ref, dtype)
+    assert launches == {"_mla_decode_split_kernel": 3, "_mla_decode_merge_kernel": 1}
+
+
+@pytest.mark.parametrize("latent_chunks", [1, 2, 4])
+def test_config_passes_latent_chunks(latent_chunks, monkeypatch):
+    """`latent_chunks` reaches the split kernel (the tests above would pass with any count);
+    the default launch takes one chunk."""
+    kernel, passed = op_module._mla_decode_split_kernel, []
+
+    class Recorded:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                passed.append(kwargs["LATENT_CHUNKS"])
+                return kernel[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(op_module, "_mla_decode_split_kernel", Recorded())
+    args, clean, _ = make_case(1, 4, 64, 8, 4, [9], 3, torch.float32, seed=1)
+    config = MlaDecodeConfig(2, 16, 16, 4, 1, latent_chunks=latent_chunks)
+    check(launch_mla_decode(kv_cache=clean, config=config, **args),
+          mla_decode_paged_ref(kv_cache=clean, **args), torch.float32)  # fmt: skip
+    mla_decode_paged(kv_cache=clean, **args)
+    assert passed == [latent_chunks, 1]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_kimi_widths_short_context(dtype, launches):
     """L = 512, R = 64 (Kimi-Linear's widths), through the entry point and the default config."""
@@ -318,6 +365,10 @@ def test_config_is_checked():
         (MlaDecodeConfig(0, 16, 16, 4, 1), "num_splits"),
         (MlaDecodeConfig(1, 8, 16, 4, 1), "block_h"),
         (MlaDecodeConfig(1, 16, 24, 4, 1), "block_n"),
+        (MlaDecodeConfig(1, 16, 16, 4, 1, latent_chunks=3), "latent_chunks must be 1, 2 or 4"),
+        (MlaDecodeConfig(1, 16, 16, 4, 1, latent_chunks=0), "latent_chunks must be 1, 2 or 4"),
+        # L = 32 in 4 chunks: 8 columns each, under tl.dot's 16.
+        (MlaDecodeConfig(1, 16, 16, 4, 1, latent_chunks=4), "of the 32 padded latent columns"),
     ):
         with pytest.raises(ValueError, match=match):
             launch_mla_decode(kv_cache=clean, config=bad, **args)
@@ -405,19 +456,22 @@ def test_gpu_kimi_sizes(n, capacity, block_size, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "block_h,block_n,num_warps,num_stages",
-    [(32, 32, 8, 2), (32, 16, 8, 2), (32, 32, 8, 5), (32, 32, 8, 7), (32, 64, 8, 5),
-     (32, 64, 8, 2), (16, 32, 8, 5), (16, 16, 8, 5), (16, 64, 8, 5)],
+    "block_h,block_n,num_warps,num_stages,latent_chunks",
+    [(32, 32, 8, 2, 1), (32, 16, 8, 2, 1), (32, 32, 8, 5, 1), (32, 32, 8, 7, 1), (32, 64, 8, 5, 1),
+     (32, 64, 8, 2, 1), (16, 32, 8, 5, 1), (16, 16, 8, 5, 1), (16, 64, 8, 5, 1),
+     (32, 64, 8, 5, 2), (32, 64, 8, 5, 4), (16, 64, 8, 5, 2), (16, 64, 8, 5, 4)],
 )  # fmt: skip
-def test_gpu_benchmark_sweep_configs(block_h, block_n, num_warps, num_stages):
-    """Every kernel config benchmark_mla_decode.py sweeps, at Kimi-Linear sizes with 7 splits
-    merged both ways (one with a single split too): each compiles on the device and matches the
+def test_gpu_benchmark_sweep_configs(block_h, block_n, num_warps, num_stages, latent_chunks):
+    """Every kernel config benchmark_mla_decode.py sweeps by default, and the wide ones with the
+    latent in 2 or 4 chunks, at Kimi-Linear sizes with 7 splits merged both ways (the default's
+    and the chunked ones with a single split too): each compiles on the device and matches the
     reference, and the two merges give the same bits."""
     args = make_gpu_case(4, 4096, 64, torch.bfloat16, seed=block_n + num_stages)
     ref = mla_decode_paged_ref(**args)
     rtol, atol = tolerance(torch.bfloat16)
-    config = MlaDecodeConfig(7, block_h, block_n, num_warps, num_stages)
-    if (block_h, block_n, num_stages) == (32, 64, 5):
+    config = MlaDecodeConfig(7, block_h, block_n, num_warps, num_stages,
+                             latent_chunks=latent_chunks)  # fmt: skip
+    if latent_chunks > 1 or (block_h, block_n, num_stages) == (32, 64, 5):
         got = launch_mla_decode(**args, config=replace(config, num_splits=1))
         torch.testing.assert_close(got.float(), ref.float(), rtol=rtol, atol=atol)
     cache = args.pop("kv_cache")

@@ -58,11 +58,23 @@ issued before the acquire. No program waits for another, so any grid and the int
 program has added), and the kernel's end orders it before the next launch on the stream or the
 next replay of a graph holding it.
 
-`MlaDecodeConfig` sets the tiles, warps, pipeline stages, split count and merge form;
-`mla_decode_config` chooses them on the host from N, H, the SM count and the context capacity
-(`max_blocks * block_size`), never from `seq_lens`. bf16/fp16 caches: the probabilities are
-rounded to the cache dtype for the `p @ c` tensor-core product (relative 2^-9 per weight); fp32
-caches use IEEE fp32 products throughout.
+Latent chunks (`MlaDecodeConfig.latent_chunks`: 1, 2 or 4). A program holds `q_latent`, each
+cache tile's `c` and its accumulator as that many column chunks of `BLOCK_L / chunks`: a tile's
+scores are the sum of one `tl.dot` per chunk and one for the position part, and `p @ c` goes to
+one `[BLOCK_H, BLOCK_L / chunks]` accumulator per chunk, stored to its columns. The loads and MMAs
+are those of one chunk; only their dependencies change. With one chunk each warp's score fragment
+is one chain of (L + R) / 16 dependent MMAs (Triton folds the position product into the latent
+one's accumulator); with more, `chunks + 1` independent chains that the schedulers can
+interleave. To keep them apart each product is scaled to log2 units before the sum (Triton folds
+`x + tl.dot(a, b)` into the dot's accumulator), so the scores differ from one chunk's only in the
+rounding of that scaling and sum (fp32, a few ulps); the rest is the same operations per column.
+Chunks past the count are compiled out (no loads, no MMAs).
+
+`MlaDecodeConfig` sets the tiles, warps, pipeline stages, split count, merge form and latent
+chunks; `mla_decode_config` chooses them on the host from N, H, the SM count and the context
+capacity (`max_blocks * block_size`), never from `seq_lens` (always one latent chunk).
+bf16/fp16 caches: the probabilities are rounded to the cache dtype for the `p @ c` tensor-core
+product (relative 2^-9 per weight); fp32 caches use IEEE fp32 products throughout.
 """
 
 import math
@@ -127,6 +139,34 @@ if triton is not None:
         return per_split, tl.cdiv(seq_len, per_split)
 
     @triton.jit
+    def _load_columns(row_ptrs, row_ok, cols, L: tl.constexpr):
+        """`row_ptrs [rows, 1] + cols [C]`: a [rows, C] tile, zeros outside `row_ok` and past
+        column L."""
+        return tl.load(
+            row_ptrs + cols[None, :], mask=row_ok[:, None] & (cols < L)[None, :], other=0.0
+        )
+
+    @triton.jit
+    def _scaled_scores(q, k, scale, DOT_PRECISION: tl.constexpr):
+        """`scale * (q @ k^T)`. Summing such products keeps them apart: Triton folds `x +
+        tl.dot(a, b)` into the dot's accumulator, which would chain the latent chunks' MMAs
+        again."""
+        return tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
+
+    @triton.jit
+    def _store_latent(acc, divisor, cols, L: tl.constexpr, out_rows, direct, part_rows,
+                      part_offset, partial, SPLIT: tl.constexpr):  # fmt: skip
+        """`acc / divisor` to the output's columns `cols` for the heads `direct`, and with SPLIT
+        as the fp32 partial to `part_rows + part_offset` for the heads `partial` (pointer rows
+        `[BLOCK_H, 1]`)."""
+        o = acc / divisor[:, None]
+        col_ok = (cols < L)[None, :]
+        tl.store(out_rows + cols[None, :], o.to(out_rows.dtype.element_ty),
+                 mask=direct[:, None] & col_ok)  # fmt: skip
+        if SPLIT:
+            tl.store(part_rows + cols[None, :] + part_offset, o, mask=partial[:, None] & col_ok)
+
+    @triton.jit
     def _mla_decode_split_kernel(
         q_ptr, qpe_ptr, kv_ptr, bt_ptr, seq_lens_ptr, out_ptr, part_ptr, lse_ptr, counters_ptr,
         stride_qn, stride_qh, stride_pn, stride_ph, stride_kb, stride_kt, stride_btn,
@@ -135,7 +175,7 @@ if triton is not None:
         L: tl.constexpr, R: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr,
         BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
         DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr,
-        MERGE_CHUNK: tl.constexpr,
+        MERGE_CHUNK: tl.constexpr, LATENT_CHUNKS: tl.constexpr,
     ):  # fmt: skip
         # Head blocks vary fastest in launch order: the programs that read the same cache tiles
         # for different heads run at the same time, and the later ones find the tiles in L2.
@@ -144,16 +184,21 @@ if triton is not None:
         num_splits = tl.num_programs(1)
         n = tl.program_id(2).to(tl.int64)
         h_ok = h < heads
-        col_l = tl.arange(0, BLOCK_L)
+        # The latent in LATENT_CHUNKS column chunks of BLOCK_C (module docstring); chunk j holds
+        # columns col_0 + j * BLOCK_C. Chunks past LATENT_CHUNKS are compiled out.
+        BLOCK_C: tl.constexpr = BLOCK_L // LATENT_CHUNKS
+        col_0 = tl.arange(0, BLOCK_C)
         col_r = tl.arange(0, BLOCK_R)
-        l_ok = col_l < L
         r_ok = col_r < R
         # Padded heads and columns load as zeros: they add nothing to the scores, and padded
         # heads (whose rows are never stored) still see finite scores.
-        q = tl.load(
-            q_ptr + n * stride_qn + h[:, None] * stride_qh + col_l[None, :],
-            mask=h_ok[:, None] & l_ok[None, :], other=0.0,
-        )  # fmt: skip
+        q_rows = q_ptr + n * stride_qn + h[:, None] * stride_qh
+        q_0 = _load_columns(q_rows, h_ok, col_0, L)
+        if LATENT_CHUNKS >= 2:
+            q_1 = _load_columns(q_rows, h_ok, col_0 + BLOCK_C, L)
+        if LATENT_CHUNKS == 4:
+            q_2 = _load_columns(q_rows, h_ok, col_0 + 2 * BLOCK_C, L)
+            q_3 = _load_columns(q_rows, h_ok, col_0 + 3 * BLOCK_C, L)
         q_pe = tl.load(
             qpe_ptr + n * stride_pn + h[:, None] * stride_ph + col_r[None, :],
             mask=h_ok[:, None] & r_ok[None, :], other=0.0,
@@ -166,7 +211,12 @@ if triton is not None:
 
         m = tl.full([BLOCK_H], float("-inf"), tl.float32)
         denom = tl.zeros([BLOCK_H], tl.float32)
-        acc = tl.zeros([BLOCK_H, BLOCK_L], tl.float32)
+        acc_0 = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
+        if LATENT_CHUNKS >= 2:
+            acc_1 = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
+        if LATENT_CHUNKS == 4:
+            acc_2 = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
+            acc_3 = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
         bt_row = bt_ptr + n * stride_btn
         for start in range(lo, hi, BLOCK_N):
             pos = start + tl.arange(0, BLOCK_N)
@@ -174,41 +224,69 @@ if triton is not None:
             # Masked positions read no block-table entry and no cache row.
             block = tl.load(bt_row + pos // PAGE, mask=ok, other=0).to(tl.int64)
             rows = block * stride_kb + (pos % PAGE).to(tl.int64) * stride_kt
-            c = tl.load(
-                kv_ptr + rows[:, None] + col_l[None, :], mask=ok[:, None] & l_ok[None, :], other=0.0
-            )
-            k_pe = tl.load(
-                kv_ptr + rows[:, None] + L + col_r[None, :],
-                mask=ok[:, None] & r_ok[None, :], other=0.0,
-            )  # fmt: skip
-            scores = tl.dot(q, tl.trans(c), input_precision=DOT_PRECISION)
-            scores += tl.dot(q_pe, tl.trans(k_pe), input_precision=DOT_PRECISION)
+            c_rows = kv_ptr + rows[:, None]
+            c_0 = _load_columns(c_rows, ok, col_0, L)
+            k_pe = tl.load(c_rows + L + col_r[None, :], mask=ok[:, None] & r_ok[None, :],
+                           other=0.0)  # fmt: skip
+            if LATENT_CHUNKS == 1:
+                scores = tl.dot(q_0, tl.trans(c_0), input_precision=DOT_PRECISION)
+                scores += tl.dot(q_pe, tl.trans(k_pe), input_precision=DOT_PRECISION)
+                scores = scores * qk_scale_log2
+            else:
+                # One independent MMA chain per chunk and one for the position part.
+                c_1 = _load_columns(c_rows, ok, col_0 + BLOCK_C, L)
+                scores = _scaled_scores(q_pe, k_pe, qk_scale_log2, DOT_PRECISION)
+                scores += _scaled_scores(q_0, c_0, qk_scale_log2, DOT_PRECISION)
+                scores += _scaled_scores(q_1, c_1, qk_scale_log2, DOT_PRECISION)
+                if LATENT_CHUNKS == 4:
+                    c_2 = _load_columns(c_rows, ok, col_0 + 2 * BLOCK_C, L)
+                    c_3 = _load_columns(c_rows, ok, col_0 + 3 * BLOCK_C, L)
+                    scores += _scaled_scores(q_2, c_2, qk_scale_log2, DOT_PRECISION)
+                    scores += _scaled_scores(q_3, c_3, qk_scale_log2, DOT_PRECISION)
             # Every tile starts inside [lo, hi), so each row has a finite maximum.
-            scores = tl.where(ok[None, :], scores * qk_scale_log2, float("-inf"))
+            scores = tl.where(ok[None, :], scores, float("-inf"))
             m_new = tl.maximum(m, tl.max(scores, axis=1))
             alpha = tl.exp2(m - m_new)
             p = tl.exp2(scores - m_new[:, None])
             denom = denom * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c, input_precision=DOT_PRECISION)
+            acc_0 = acc_0 * alpha[:, None] + tl.dot(p.to(c_0.dtype), c_0,
+                                                    input_precision=DOT_PRECISION)  # fmt: skip
+            if LATENT_CHUNKS >= 2:
+                acc_1 = acc_1 * alpha[:, None] + tl.dot(p.to(c_1.dtype), c_1,
+                                                        input_precision=DOT_PRECISION)  # fmt: skip
+            if LATENT_CHUNKS == 4:
+                acc_2 = acc_2 * alpha[:, None] + tl.dot(p.to(c_2.dtype), c_2,
+                                                        input_precision=DOT_PRECISION)  # fmt: skip
+                acc_3 = acc_3 * alpha[:, None] + tl.dot(p.to(c_3.dtype), c_3,
+                                                        input_precision=DOT_PRECISION)  # fmt: skip
             m = m_new
 
-        out_mask = h_ok[:, None] & l_ok[None, :]
-        out_rows = out_ptr + n * stride_on + h[:, None] * stride_oh + col_l[None, :]
+        out_rows = out_ptr + n * stride_on + h[:, None] * stride_oh
         if SPLIT:
             # A program past the sequence's active splits has no tokens (denominators 0): it
             # stores nothing. The conditions are per head (the interpreter's masks cannot
             # combine a block with a scalar condition).
             per_head = tl.zeros([BLOCK_H], tl.int32)
             has_tokens = per_head + lo < seq_len
-            o = acc / tl.where(denom > 0.0, denom, 1.0)[:, None]
+            divisor = tl.where(denom > 0.0, denom, 1.0)
             direct = h_ok & has_tokens & (per_head + active == 1)
-            tl.store(out_rows, o.to(out_ptr.dtype.element_ty), mask=direct[:, None] & l_ok[None, :])
             partial = h_ok & has_tokens & (per_head + active > 1)
+        else:
+            divisor, direct, partial = denom, h_ok, h_ok
+        part_rows = part_ptr + n * stride_wn + h[:, None] * stride_wh
+        offset = split * stride_ws
+        _store_latent(acc_0, divisor, col_0, L, out_rows, direct, part_rows, offset, partial, SPLIT)
+        if LATENT_CHUNKS >= 2:
+            _store_latent(acc_1, divisor, col_0 + BLOCK_C, L, out_rows, direct, part_rows, offset,
+                          partial, SPLIT)  # fmt: skip
+        if LATENT_CHUNKS == 4:
+            _store_latent(acc_2, divisor, col_0 + 2 * BLOCK_C, L, out_rows, direct, part_rows,
+                          offset, partial, SPLIT)  # fmt: skip
+            _store_latent(acc_3, divisor, col_0 + 3 * BLOCK_C, L, out_rows, direct, part_rows,
+                          offset, partial, SPLIT)  # fmt: skip
+        if SPLIT:
             lse_rows = lse_ptr + n * stride_ln + h * stride_lh
-            part_rows = part_ptr + n * stride_wn + h[:, None] * stride_wh + col_l[None, :]
-            tl.store(part_rows + split * stride_ws, o, mask=partial[:, None] & l_ok[None, :])
-            tl.store(lse_rows + split, m + tl.log2(tl.where(denom > 0.0, denom, 1.0)),
-                     mask=partial)  # fmt: skip
+            tl.store(lse_rows + split, m + tl.log2(divisor), mask=partial)
             if FUSED_MERGE:
                 if (lo < seq_len) & (active > 1):
                     # The module docstring argues the ordering of the barrier, the add and the
@@ -229,23 +307,24 @@ if triton is not None:
                             )  # fmt: skip
                             top = tl.maximum(top, tl.max(lse, axis=1))
                         top = tl.where(h_ok, top, 0.0)
+                        # The whole latent at once, whatever the chunks.
+                        col_l = tl.arange(0, BLOCK_L)
+                        out_mask = h_ok[:, None] & (col_l < L)[None, :]
                         merged = tl.zeros([BLOCK_H, BLOCK_L], tl.float32)
                         total = tl.zeros([BLOCK_H], tl.float32)
                         for s in tl.range(0, active, num_stages=1):
                             lse = tl.load(lse_rows + s, mask=h_ok, other=0.0, cache_modifier=".cg")
                             weight = tl.exp2(lse - top)
                             part = tl.load(
-                                part_rows + s * stride_ws, mask=out_mask, other=0.0,
-                                cache_modifier=".cg",
+                                part_rows + col_l[None, :] + s * stride_ws, mask=out_mask,
+                                other=0.0, cache_modifier=".cg",
                             )  # fmt: skip
                             merged += part * weight[:, None]
                             total += weight
                         o = merged / total[:, None]
-                        tl.store(out_rows, o.to(out_ptr.dtype.element_ty), mask=out_mask)
+                        tl.store(out_rows + col_l[None, :], o.to(out_ptr.dtype.element_ty),
+                                 mask=out_mask)  # fmt: skip
                         tl.store(counter, 0)
-        else:
-            o = acc / denom[:, None]
-            tl.store(out_rows, o.to(out_ptr.dtype.element_ty), mask=out_mask)
 
     @triton.jit
     def _mla_decode_merge_kernel(
@@ -317,7 +396,9 @@ def mla_decode_paged_ref(
 class MlaDecodeConfig:
     """Launch parameters of the Triton path (all powers of two except `num_splits`).
     `fused_merge`: merge the splits in the split launch (needs `counters`), else in a second
-    launch; no merge either way with one split."""
+    launch; no merge either way with one split. `latent_chunks`: 1, 2 or 4 column chunks of the
+    latent in the split kernel (module docstring), each at least 16 columns of the padded
+    latent."""
 
     num_splits: int
     block_h: int
@@ -325,6 +406,7 @@ class MlaDecodeConfig:
     num_warps: int
     num_stages: int
     fused_merge: bool = False
+    latent_chunks: int = 1
 
 
 def mla_decode_config(
@@ -420,6 +502,12 @@ def launch_mla_decode(
         if value < _MIN_DOT or value & (value - 1):
             raise ValueError(f"config.{name} must be a power of two >= {_MIN_DOT}, got {value}")
     n, heads, latent = q_latent.shape
+    block_l = max(_MIN_DOT, next_power_of_2(latent))
+    if config.latent_chunks not in (1, 2, 4) or block_l // config.latent_chunks < _MIN_DOT:
+        raise ValueError(
+            f"config.latent_chunks must be 1, 2 or 4 with chunks of >= {_MIN_DOT} of the "
+            f"{block_l} padded latent columns, got {config.latent_chunks}"
+        )
     rope = q_pe.shape[-1]
     head_blocks = -(-heads // config.block_h)
     split = config.num_splits > 1
@@ -441,7 +529,6 @@ def launch_mla_decode(
     else:
         part = lse = out  # not read without splits
         part_strides, lse_strides = (0, 0, 0), (0, 0)
-    block_l = max(_MIN_DOT, next_power_of_2(latent))
     grid = (head_blocks, config.num_splits, n)
     _mla_decode_split_kernel[grid](
         q_latent, q_pe, kv_cache, block_tables, seq_lens, out, part, lse,
@@ -454,7 +541,7 @@ def launch_mla_decode(
         BLOCK_H=config.block_h, BLOCK_N=config.block_n, PAGE=kv_cache.shape[1],
         # fp32 caches: full fp32 products (not TF32); 16-bit: the backend's default.
         DOT_PRECISION="ieee" if q_latent.dtype == torch.float32 else None, SPLIT=split,
-        FUSED_MERGE=fused, MERGE_CHUNK=_MERGE_CHUNK,
+        FUSED_MERGE=fused, MERGE_CHUNK=_MERGE_CHUNK, LATENT_CHUNKS=config.latent_chunks,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     if split and not fused:
