@@ -256,11 +256,12 @@ def test_many_splits_and_column_chunks(heads, block_h, block_n, launches, monkey
 
 def test_default_config_depends_on_shapes_only():
     sms = 132
-    # Wide latents on CUDA: 64-token tiles, 8 warps, 5 stages (double-buffered), 1 per SM; one
-    # sequence in 16-head blocks (66 programs of each, a wave), more in 32-head blocks.
+    # Wide latents on CUDA: 64-token tiles, 8 warps, 5 stages (double-buffered), 1 per SM, the
+    # latent in 4 chunks; one sequence in 16-head blocks (66 programs of each, a wave), more in
+    # 32-head blocks.
     config = mla_decode_config(1, 32, 512, 32768, sms)
     assert config == MlaDecodeConfig(num_splits=66, block_h=16, block_n=64, num_warps=8,
-                                     num_stages=5)  # fmt: skip
+                                     num_stages=5, latent_chunks=4)  # fmt: skip
     assert mla_decode_config(2, 32, 512, 32768, sms).block_h == 32
     # Splits fill one wave of 132 programs, rounded down; at most 128; >= 128 tokens each.
     assert mla_decode_config(4, 32, 512, 32768, sms).num_splits == 33
@@ -277,19 +278,27 @@ def test_default_config_depends_on_shapes_only():
     assert config.block_h == 16 and config.block_n >= 16 and config.num_splits == 1
     # Less shared memory than two [64, 576] tiles need (A100; fp32 caches on an H200):
     # single-buffered 32-token tiles.
+    # single-buffered 32-token tiles, one latent chunk (the chunks were measured on the wide
+    # tiles only).
     small = mla_decode_config(1, 32, 512, 32768, 108, max_smem=164 * 1024)
-    assert (small.block_n, small.num_stages) == (32, 2)
+    assert (small.block_n, small.num_stages, small.latent_chunks) == (32, 2, 1)
     fp32 = mla_decode_config(1, 32, 512, 32768, 132, max_smem=227 * 1024, elem_bytes=4)
-    assert (fp32.block_n, fp32.num_stages) == (32, 2)
+    assert (fp32.block_n, fp32.num_stages, fp32.latent_chunks) == (32, 2, 1)
     bf16 = mla_decode_config(1, 32, 512, 32768, 132, max_smem=227 * 1024, elem_bytes=2)
-    assert (bf16.block_n, bf16.num_stages) == (64, 5)
+    assert (bf16.block_n, bf16.num_stages, bf16.latent_chunks) == (64, 5, 4)
+    assert mla_decode_config(1, 4, 32, 64, 1).latent_chunks == 1  # narrow latents
 
 
 def test_default_merge_form_and_short_context_splits(monkeypatch):
-    def pick(n, capacity, counters=DECODE_COUNTERS):
-        config = mla_decode_config(n, 32, 512, capacity, 132, counters=counters)
+    # The one-launch merge takes one latent chunk: the tiles of a device with less shared
+    # memory than the pipelined wide ones need (an H100 PCIe-like 132 SMs with 164 KiB).
+    def pick(n, capacity, counters=DECODE_COUNTERS, max_smem=164 * 1024):
+        config = mla_decode_config(n, 32, 512, capacity, 132, max_smem, counters=counters)
         return config.num_splits, config.fused_merge
 
+    # The pipelined wide tiles (latent in 4 chunks) always merge in a second launch.
+    assert pick(64, 32768, max_smem=227 * 1024) == (2, False)
+    assert pick(1, 256, max_smem=227 * 1024) == (4, False)
     # The merging program reads num_splits * block_h heads * 512 * 4 B: up to 128 KiB (2 splits
     # of 32 heads, 4 of 16) merge in the split launch, more in a second launch.
     assert pick(1, 32768) == (66, False)  # 16-head blocks for one sequence
@@ -300,14 +309,18 @@ def test_default_merge_form_and_short_context_splits(monkeypatch):
     # Without a counter for every (sequence, head block): two launches.
     assert pick(64, 32768, counters=0) == (2, False)
     assert pick(64, 32768, counters=63) == (2, False)
-    # Short capacities: splits of one 64-token tile, up to 16 (one merge chunk) of them ...
-    assert pick(1, 256) == (4, True)
-    assert pick(1, 1024) == (16, False)
-    assert pick(4, 1024) == (16, False)
-    assert pick(16, 1024) == (8, False)
+    assert pick(1, 128) == (4, True)  # 4 one-tile splits of 16 heads: 128 KiB
+    assert pick(1, 256) == (8, False)
+    # Short capacities: splits of one tile (64 tokens here), up to 16 (one merge chunk) of
+    # them ...
+    wide = 227 * 1024
+    assert pick(1, 256, max_smem=wide) == (4, False)
+    assert pick(1, 1024, max_smem=wide) == (16, False)
+    assert pick(4, 1024, max_smem=wide) == (16, False)
+    assert pick(16, 1024, max_smem=wide) == (8, False)
     # ... beyond that no split shorter than 128 tokens of capacity.
-    assert pick(1, 2048) == (16, False)
-    assert pick(1, 4096) == (32, False)
+    assert pick(1, 2048, max_smem=wide) == (16, False)
+    assert pick(1, 4096, max_smem=wide) == (32, False)
     # ROCm: the ordering argument is PTX's, so always two launches.
     monkeypatch.setattr(op_module.current_platform, "is_rocm", lambda: True)
     assert pick(64, 32768) == (2, False)

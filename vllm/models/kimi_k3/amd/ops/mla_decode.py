@@ -72,7 +72,7 @@ Chunks past the count are compiled out (no loads, no MMAs).
 
 `MlaDecodeConfig` sets the tiles, warps, pipeline stages, split count, merge form and latent
 chunks; `mla_decode_config` chooses them on the host from N, H, the SM count and the context
-capacity (`max_blocks * block_size`), never from `seq_lens` (always one latent chunk).
+capacity (`max_blocks * block_size`), never from `seq_lens`.
 bf16/fp16 caches: the probabilities are rounded to the cache dtype for the `p @ c` tensor-core
 product (relative 2^-9 per weight); fp32 caches use IEEE fp32 products throughout.
 """
@@ -119,6 +119,13 @@ _MERGE_CHUNK = 16
 # 23.7 us at 8 splits, batch 16, 1k context; at 2 splits of 32 heads (128 KiB, batch 64) it won
 # at 1k context (53.0 against 56.9 us) and lost at 8k (311.8 against 301.5), and is kept there.
 _FUSED_MERGE_MAX_BYTES = 128 * 1024
+# Latent chunks of the pipelined wide tiles ([64, 576] bf16, 8 warps, 5 stages). The scores'
+# MMA chains, not HBM, set the pace of one program there (ncu: short-scoreboard and fixed-latency
+# stalls, one program per SM): on the H200 (benchmark_mla_decode.py, 2026-12-02,
+# docs/performance.md "Eleventh run") 4 chunks took batch 64 from 304.4 to 252.1 us at 8k context
+# (46% to 56% of copy) and from 1135 to 930 us at 32k (50% to 61%), batch 1 from 19.5 to 17.3 us
+# at 8k; 2 chunks gained about half as much.
+_PIPELINED_WIDE_CHUNKS = 4
 # Batch 1 takes 16-head blocks: twice the programs, half the `tl.dot` work per cache tile each
 # (H200, same run: 12.0 / 19.5 us at 1k / 8k context against 14.6 / 22.6 with 32-head blocks;
 # at batch 4 and up the 32-head blocks are faster).
@@ -443,9 +450,15 @@ def mla_decode_config(
     Heads: blocks of up to 32 (`BLOCK_H`), of 16 for a single wide-latent sequence on CUDA
     (`_SINGLE_SEQUENCE_BLOCK_H`).
 
-    Merge: in the split launch where there are splits, counters for every (sequence, head block)
-    and at most `_FUSED_MERGE_MAX_BYTES` of partials per merging program (`num_splits * block_h *
-    latent * 4`); not on ROCm, where the ordering argument (PTX's) is unchecked.
+    Latent chunks: `_PIPELINED_WIDE_CHUNKS` for the pipelined wide tiles (measured there), else
+    one.
+
+    Merge: in the split launch where there are splits, one latent chunk, counters for every
+    (sequence, head block) and at most `_FUSED_MERGE_MAX_BYTES` of partials per merging program
+    (`num_splits * block_h * latent * 4`); not on ROCm, where the ordering argument (PTX's) is
+    unchecked. With chunks the one-launch form's merge code costs the main loop more than the
+    second launch costs (H200, same run: 267.6 against 252.1 us at batch 64, 8k context; 1009
+    against 930 at 32k).
 
     Depends on shapes only, so a captured graph stays valid for every `seq_lens`.
     """
@@ -461,6 +474,7 @@ def mla_decode_config(
         block_n, num_warps, num_stages = 64, 8, 5
     else:
         block_n, num_warps, num_stages = 32, 8, 2
+    chunks = _PIPELINED_WIDE_CHUNKS if (block_n, num_warps, num_stages) == (64, 8, 5) else 1
     head_blocks = -(-heads // block_h)
     programs = n * head_blocks
     longest = max(capacity // _MIN_SPLIT_TOKENS, min(capacity // block_n, _MERGE_CHUNK))
@@ -468,10 +482,11 @@ def mla_decode_config(
     fused = (
         splits > 1
         and not rocm
+        and chunks == 1
         and counters >= programs
         and splits * block_h * latent * 4 <= _FUSED_MERGE_MAX_BYTES
     )
-    return MlaDecodeConfig(splits, block_h, block_n, num_warps, num_stages, fused)
+    return MlaDecodeConfig(splits, block_h, block_n, num_warps, num_stages, fused, chunks)
 
 
 def _merge_block_l(n: int, heads: int, latent: int, num_sms: int) -> int:
