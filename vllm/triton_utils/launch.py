@@ -4,9 +4,9 @@
 each one, builds a cache key from all of them and looks the compiled kernel up, on every call:
 for the fused gated-RMSNorm kernel (14 runtime and 9 constexpr parameters) about 20 us of Python
 on the development machine's CPU, Triton 3.6 and 3.9 alike, several times what the kernel takes
-at decode sizes. ``launch`` does that once per *launch key* and afterwards hands the arguments
-straight to the compiled kernel's launcher (``CompiledKernel.run``, the object Triton's own
-``compiled[grid](...)`` calls), with two savings on top of skipping the dispatch:
+at decode sizes. ``launch`` lets Triton do that once per *launch key* and afterwards hands the
+arguments straight to the compiled kernel's launcher (``CompiledKernel.run``, the object Triton's
+own ``compiled[grid](...)`` calls), with two savings on top of skipping the dispatch:
 
 * tensors are passed as their device addresses. The launcher takes an int as the address
   itself; given a tensor it calls ``data_ptr()`` and asks the driver whether the address is a
@@ -17,22 +17,24 @@ straight to the compiled kernel's launcher (``CompiledKernel.run``, the object T
   such as Proton adds one). Triton builds the metadata and passes the chains on every call
   otherwise; with a hook registered ``launch`` does the same, through ``compiled[grid]``.
 
-The launch key must determine the specialization Triton picks, which Triton 3.6 and 3.9 derive
-alike (tests/triton_utils/test_launch.py checks the key against ``JITFunction.warmup`` on a GPU):
+The launch key holds what Triton's specialization can depend on, the non-tensor arguments by
+value, so a compiled kernel is reused only for calls that Triton's own dispatch would give it:
 
-* a tensor: its dtype and whether its address is a multiple of 16. The key takes that bit for all
-  tensors at once: a call with any unaligned tensor takes the plain path, every time;
-* an int: whether it is 1 (then passed as a constant), whether 16 divides it, and its width
-  (i32, i64 or u64);
-* a float: nothing (always fp32);
+* the tensors: their dtypes, and that every address is a multiple of 16 (Triton specializes a
+  pointer on that; a call with any unaligned tensor takes the plain path, every time);
+* every other argument (ints, floats, bools, None) by value and type (``1``, ``True`` and ``1.0``
+  are equal in Python and specialize differently);
 * the constexprs and launch options: the ``LaunchSpec`` (the key lives in it);
 * the current device (a compiled kernel is loaded once per device).
 
-Any other argument type takes the plain path, as do kernels that are not ``JITFunction`` s
-(Triton's interpreter, the tests' launch counters) and ROCm, whose backend also specializes a
-pointer on the size of its buffer. Triton's options from the environment (``TRITON_DEBUG``, ...)
-are read, and its check that the globals a kernel reads have not changed since it was compiled
-runs, when a launch key is first seen.
+A non-tensor that changes from call to call (a token count) thus costs one plain dispatch per new
+value; within a step the same value repeats for every layer. A spec's tensors are the leading
+arguments of its first call (``LaunchSpec.num_tensors``); a call with a tensor after them, a
+non-tensor among them, or an argument of another type takes the plain path. So do kernels that
+are not ``JITFunction`` s (Triton's interpreter, the tests' launch counters) and ROCm, whose
+backend also specializes a pointer on the size of its buffer. Triton's options from the
+environment (``TRITON_DEBUG``, ...) are read, and its check that the globals a kernel reads have
+not changed since it was compiled runs, when a launch key is first seen.
 """
 
 import inspect
@@ -52,11 +54,12 @@ except ImportError:  # CPU-only installs without Triton launch no kernel
 
 __all__ = ["LaunchSpec", "launch"]
 
-# Launch keys kept per spec: beyond this many (argument dtypes or int classes that keep changing)
-# the spec's cache starts over instead of growing.
+# Launch keys kept per spec: beyond this many (a non-tensor argument that keeps changing) the
+# spec's cache starts over instead of growing.
 _MAX_KEYS = 64
-_I32_MIN, _I32_MAX, _U64_MIN = -(2**31), 2**31 - 1, 2**63
 _Tensor = torch.Tensor
+# The non-tensor argument types a key holds by value.
+_SCALARS = frozenset((int, float, bool, type(None)))
 
 
 class LaunchSpec:
@@ -64,15 +67,17 @@ class LaunchSpec:
     and the compiled kernels launched with them.
 
     Build one per variant and reuse it (from a ``functools.cache``-d builder): each spec holds its
-    own cache of compiled kernels.
+    own cache of compiled kernels, and the number of leading tensor arguments its launches take
+    (``num_tensors``, from the first launch).
     """
 
-    __slots__ = ("kwargs", "compiled")
+    __slots__ = ("kwargs", "compiled", "num_tensors")
 
     def __init__(self, **kwargs: Any) -> None:
         self.kwargs = kwargs
         # launch key -> _Compiled
         self.compiled: dict[tuple, _Compiled] = {}
+        self.num_tensors: int | None = None
 
     def __repr__(self) -> str:
         return f"LaunchSpec({self.kwargs})"
@@ -108,34 +113,30 @@ def launch(kernel: Any, grid: tuple[int, int, int], args: tuple, spec: LaunchSpe
     if not _FAST or type(kernel) is not JITFunction:
         kernel[grid](*args, **spec.kwargs)
         return
+    n = spec.num_tensors
+    if n is None:
+        n = spec.num_tensors = next(
+            (i for i, a in enumerate(args) if not isinstance(a, _Tensor)), len(args)
+        )
     device = driver.active.get_current_device()
     key = [device]
-    values = []  # args with each tensor replaced by its address
-    ptrs = 0
-    for a in args:
-        kind = type(a)
-        if kind is int:
-            if a == 1:
-                key.append(None)
-            elif _I32_MIN <= a <= _I32_MAX:
-                key.append(not a & 15)
-            else:
-                key.append((a >= _U64_MIN, not a & 15))
-            values.append(a)
-        elif kind is float:
-            key.append(float)
-            values.append(a)
-        elif isinstance(a, _Tensor) and a.is_cuda:
-            ptr = a.data_ptr()
-            ptrs |= ptr
-            key.append(a.dtype)
-            values.append(ptr)
-        else:
-            ptrs = 1  # a type the key does not mirror: plain path
+    ptrs = []
+    aligned = 0
+    for a in args[:n]:
+        if not (isinstance(a, _Tensor) and a.is_cuda):
+            aligned = 1  # a non-tensor, or a tensor off the GPU: plain path
             break
-    if ptrs & 15:
+        ptr = a.data_ptr()
+        aligned |= ptr
+        ptrs.append(ptr)
+        key.append(a.dtype)
+    if aligned & 15:
         kernel[grid](*args, **spec.kwargs)
         return
+    scalars = args[n:]
+    types = tuple(map(type, scalars))
+    key.append(scalars)
+    key.append(types)
     key = tuple(key)
     hit = spec.compiled.get(key)
     if hit is not None and hit[0] is kernel:
@@ -145,13 +146,13 @@ def launch(kernel: Any, grid: tuple[int, int, int], args: tuple, spec: LaunchSpe
         if _hook_idle(runtime.launch_enter_hook) and _hook_idle(runtime.launch_exit_hook):
             run(
                 grid[0], grid[1], grid[2], stream, function, packed_metadata, None, None, None,
-                *values, *constexprs,
+                *ptrs, *scalars, *constexprs,
             )  # fmt: skip
         else:
             compiled[grid](*args, *constexprs, stream=stream)
         return
     compiled = kernel[grid](*args, **spec.kwargs)
-    if isinstance(compiled, CompiledKernel):
+    if isinstance(compiled, CompiledKernel) and _SCALARS.issuperset(types):
         params = list(inspect.signature(kernel.fn).parameters.values())[len(args) :]
         constexprs = tuple(spec.kwargs.get(p.name, p.default) for p in params)
         if len(spec.compiled) >= _MAX_KEYS:
