@@ -343,9 +343,9 @@ def test_gpu_launch_hooks_run_on_reused_kernels():
 
     probe = _gpu_probe_kernel()
     spec = LaunchSpec(BLOCK=128, num_warps=4)
-    x = torch.randn(1000, device="cuda", generator=_cuda_gen(4))
     y = torch.empty(1000, device="cuda")
-    launch(probe, (8, 1, 1), (x, y, 1000, 3, 4, 0.5), spec)
+    inputs = [torch.randn(1000, device="cuda", generator=_cuda_gen(4 + i)) for i in range(3)]
+    launch(probe, (8, 1, 1), (inputs[0], y, 1000, 3, 4, 0.5), spec)
     seen = []
 
     def hook(metadata) -> None:
@@ -353,14 +353,14 @@ def test_gpu_launch_hooks_run_on_reused_kernels():
 
     knobs.runtime.launch_enter_hook.add(hook)
     try:
-        launch(probe, (8, 1, 1), (x, y, 1000, 5, 6, 0.5), spec)
+        launch(probe, (8, 1, 1), (inputs[1], y, 1000, 3, 4, 0.5), spec)
     finally:
         knobs.runtime.launch_enter_hook.remove(hook)
     assert len(seen) == 1 and len(spec.compiled) == 1
-    assert torch.equal(y, _probe_expected(x, 0.5, 5, 6, torch.float32))
-    launch(probe, (8, 1, 1), (x, y, 1000, 7, 8, 0.25), spec)
+    assert torch.equal(y, _probe_expected(inputs[1], 0.5, 3, 4, torch.float32))
+    launch(probe, (8, 1, 1), (inputs[2], y, 1000, 3, 4, 0.5), spec)
     assert len(seen) == 1
-    assert torch.equal(y, _probe_expected(x, 0.25, 7, 8, torch.float32))
+    assert torch.equal(y, _probe_expected(inputs[2], 0.5, 3, 4, torch.float32))
 
 
 def _cuda_gen(seed: int) -> torch.Generator:
