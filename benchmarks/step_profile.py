@@ -84,7 +84,9 @@ class DeviceGaps:
 
 def device_gaps(intervals: list[tuple[float, float]], steps: int) -> DeviceGaps:
     """Idle time between the (start, end) microsecond `intervals` of device work, per step of
-    `steps` (overlapping intervals merge first)."""
+    `steps` (overlapping intervals merge first). The host's time between consecutive steps is
+    among the long gaps: `steps - 1` of them, divided by `steps`; none with one step. In eager
+    steps the short gaps can be the host's too."""
     short = long = 0.0
     n_short = n_long = 0
     busy_until = None

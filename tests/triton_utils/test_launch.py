@@ -5,6 +5,7 @@ Without a GPU the fast path is driven through stand-ins for Triton's ``JITFuncti
 ``CompiledKernel`` and driver, so the caching rules are checked on every machine.
 """
 
+import inspect
 import math
 import types
 
@@ -47,7 +48,7 @@ class FakeCompiled:
 class FakeJIT:
     """Launches like a JITFunction: ``kernel[grid](*args, **kwargs)`` returns the compiled one."""
 
-    fn = staticmethod(_kernel_fn)
+    signature = inspect.signature(_kernel_fn)
 
     def __init__(self) -> None:
         self.log: list = []
@@ -111,7 +112,7 @@ def fake_triton(monkeypatch):
     return driver
 
 
-GRID = (3, 1, 1)
+GRID = (3, 5, 7)
 
 
 def test_second_call_launches_the_compiled_kernel(fake_triton):
@@ -181,7 +182,7 @@ def test_unaligned_tensor_always_takes_the_plain_path(fake_triton):
     assert kernel.kinds() == ["plain"] * 4 + ["run"]
 
 
-@pytest.mark.parametrize("odd", [(1, 2), 2.0j, "s"], ids=str)
+@pytest.mark.parametrize("odd", [(1, 2), 2.0j, "s", [1, 2]], ids=str)
 def test_other_argument_types_take_the_plain_path(fake_triton, odd):
     kernel, spec = FakeJIT(), LaunchSpec(BLOCK=64)
     x = cuda_like(64)

@@ -32,12 +32,12 @@ value; within a step the same value repeats for every layer. A spec's tensors ar
 arguments of its first call (``LaunchSpec.num_tensors``); a call with a tensor after them, a
 non-tensor among them, or an argument of another type takes the plain path. So do kernels that
 are not ``JITFunction`` s (Triton's interpreter, the tests' launch counters) and ROCm, whose
-backend also specializes a pointer on the size of its buffer. Triton's options from the
-environment (``TRITON_DEBUG``, ...) are read, and its check that the globals a kernel reads have
-not changed since it was compiled runs, when a launch key is first seen.
+backend also specializes a pointer on the size of its buffer. What Triton does per call besides
+the launch runs only when a launch key is first seen: reading its options from the environment
+and knobs (``TRITON_DEBUG``, ...), checking that the globals a kernel reads have not changed since
+it was compiled, and the ``JITFunction``'s pre-run and cache hooks.
 """
 
-import inspect
 from typing import Any, NamedTuple
 
 import torch
@@ -135,6 +135,9 @@ def launch(kernel: Any, grid: tuple[int, int, int], args: tuple, spec: LaunchSpe
         return
     scalars = args[n:]
     types = tuple(map(type, scalars))
+    if not _SCALARS.issuperset(types):  # a tensor past the leading ones, or another type
+        kernel[grid](*args, **spec.kwargs)
+        return
     key.append(scalars)
     key.append(types)
     key = tuple(key)
@@ -152,8 +155,9 @@ def launch(kernel: Any, grid: tuple[int, int, int], args: tuple, spec: LaunchSpe
             compiled[grid](*args, *constexprs, stream=stream)
         return
     compiled = kernel[grid](*args, **spec.kwargs)
-    if isinstance(compiled, CompiledKernel) and _SCALARS.issuperset(types):
-        params = list(inspect.signature(kernel.fn).parameters.values())[len(args) :]
+    if isinstance(compiled, CompiledKernel):
+        # The JITFunction's own `inspect.signature` of its function (Triton 3.6 and 3.9).
+        params = list(kernel.signature.parameters.values())[len(args) :]
         constexprs = tuple(spec.kwargs.get(p.name, p.default) for p in params)
         if len(spec.compiled) >= _MAX_KEYS:
             spec.compiled.clear()

@@ -458,7 +458,9 @@ def mla_decode_config(
     (`num_splits * block_h * latent * 4`); not on ROCm, where the ordering argument (PTX's) is
     unchecked. With chunks the one-launch form's merge code costs the main loop more than the
     second launch costs (H200, same run: 267.6 against 252.1 us at batch 64, 8k context; 1009
-    against 930 at 32k).
+    against 930 at 32k). At 1k context, where one chunk merged in one launch had won, the engine's
+    7 MLA layers at batch 64 took 343 us a step with 4 chunks and two launches against 391 with
+    one chunk and one launch (docs/performance.md, "Eleventh run").
 
     Depends on shapes only, so a captured graph stays valid for every `seq_lens`.
     """
