@@ -28,10 +28,13 @@ class _Completion:
 class _RequestState:
     request_id: str
     prompt: str | None
-    prompt_token_ids: list[int]
+    # A tuple, which the garbage collector stops walking (see vllm/v1/request.py); the list that
+    # outputs carry is made at the first output and shared by the later ones.
+    prompt_token_ids: tuple[int, ...]
     params: SamplingParams
     completions: list[_Completion]
     prompt_logprobs: list[PositionLogprobs | None] | None = field(default=None)
+    prompt_list: list[int] | None = None
 
 
 class OutputProcessor:
@@ -75,7 +78,7 @@ class OutputProcessor:
                 and not discard_output
             ):
                 self._idle.add(seq.request_id)
-        state = _RequestState(request_id, prompt, prompt_token_ids, params, completions)
+        state = _RequestState(request_id, prompt, tuple(prompt_token_ids), params, completions)
         if params.prompt_logprobs is not None:
             state.prompt_logprobs = [None]
         self.requests[request_id] = state
@@ -203,8 +206,10 @@ class OutputProcessor:
                     c.finish_reason, c.stop_reason,
                 )
             )  # fmt: skip
+        if state.prompt_list is None:
+            state.prompt_list = list(state.prompt_token_ids)
         return RequestOutput(
-            state.request_id, state.prompt, state.prompt_token_ids,
+            state.request_id, state.prompt, state.prompt_list,
             None if state.prompt_logprobs is None else list(state.prompt_logprobs),
             outputs, finished,
         )  # fmt: skip

@@ -147,7 +147,7 @@ class Scheduler:
             if len(table) * block_size <= computed and not self._allocate(request, 1, step):
                 continue
             scheduled[rid] = ScheduledRequest(
-                rid, request, tokens[computed:], computed, 1, True, table, slots[rid], False, True
+                rid, request, [tokens[computed]], computed, 1, True, table, slots[rid], False, True
             )
             step.budget -= 1
         # When every running request got its decode above, none has prefill left: skip the pass.
@@ -268,7 +268,8 @@ class Scheduler:
         rid, kv = request.request_id, self.kv_cache_manager
         # Positional: keyword arguments cost measurably here, per request per step.
         step.scheduled[rid] = ScheduledRequest(
-            rid, request, request.all_token_ids[start:end], start, num_new_tokens, is_decode,
-            kv.get_block_table(rid), kv.get_kda_slot(rid), start == 0, end == request.num_tokens,
+            rid, request, request.all_token_ids[start:end].tolist(), start, num_new_tokens,
+            is_decode, kv.get_block_table(rid), kv.get_kda_slot(rid), start == 0,
+            end == request.num_tokens,
         )  # fmt: skip
         step.budget -= num_new_tokens
