@@ -331,3 +331,31 @@ def test_an_engine_dropped_without_shutdown_is_collected_by_the_next_start():
     finally:
         second.shutdown()
     assert gc.get_freeze_count() == 0
+
+
+def test_running_requests_keep_their_token_ids_out_of_the_collectors_walk():
+    """Every collection walks each tracked list item by item: a running request's prompt, output
+    and history are kept in containers it does not track (docs/performance.md, "Eleventh
+    run"), and the outputs still carry lists."""
+    import gc
+
+    engine = make_engine()
+    try:
+        params = replace(GREEDY, max_tokens=6, output_kind=RequestOutputKind.FINAL_ONLY)
+        engine.add_request("r", prompts_of([40])[0], params)
+        for _ in range(3):
+            engine.step()
+        gc.collect()
+        (request,) = engine.scheduler.running
+        state = engine.output_processor.requests["r"]
+        assert request.num_tokens > 40 and len(request.output_token_ids) > 0
+        for tokens in (request.prompt_token_ids, request.output_token_ids, request.all_token_ids,
+                       state.prompt_token_ids):  # fmt: skip
+            # Untracked (a tuple of ints, after a collection), or tracked without its items
+            # (an array: at most its type is visited).
+            assert not gc.is_tracked(tokens) or len(gc.get_referents(tokens)) <= 1, type(tokens)
+        out = run_all(engine, {})["r"]  # runs "r" to its end
+        assert type(out.prompt_token_ids) is list and out.prompt_token_ids == prompts_of([40])[0]
+        assert type(out.outputs[0].token_ids) is list and len(out.outputs[0].token_ids) == 6
+    finally:
+        engine.shutdown()
