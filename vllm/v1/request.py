@@ -1,14 +1,14 @@
 """`Request`: the scheduler's view of one sequence (its tokens, cache progress and status).
 
-Its token ids live in containers the garbage collector does not walk: the prompt in a tuple (of
-ints only, which CPython stops tracking), the output and the whole history in `array("q")`.
-Lists of ints are walked item by item by every collection of the generation holding them: with
-256 running requests of 1,000-4,000 tokens each, every oldest-generation collection took ~14 ms
-of a decode step's host time (docs/performance.md, "Eleventh run").
+The prompt is kept as a tuple: a tuple of ints is one the garbage collector stops tracking,
+while a list of ints is walked item by item by every collection of the generation holding it.
+With 256 running requests of 1k-token prompts held as lists (twice: the prompt, and the prompt
+and output together), every oldest-generation collection took ~14 ms of a decode step's host
+time (docs/performance.md, "Eleventh run"). The output stays a list (it grows every step), and a
+chunk of the sequence is sliced from the two (`token_ids`).
 """
 
 import enum
-from array import array
 
 from vllm.sampling_params import SamplingParams
 
@@ -49,7 +49,7 @@ def _is_token_id(value: object) -> bool:
 class Request:
     """One sequence: prompt, sampled output and how many of its tokens are in the cache.
 
-    `num_computed_tokens` counts the leading tokens of `all_token_ids` whose MLA latents and KDA
+    `num_computed_tokens` counts the leading tokens (prompt, then output) whose MLA latents and KDA
     state are in the cache; `max_tokens` is already resolved by the engine (an int >= 1).
     """
 
@@ -78,13 +78,12 @@ class Request:
             raise ValueError(f"arrival_index must be an integer >= 0, got {arrival_index!r}")
         self.request_id = request_id
         self.prompt_token_ids = tuple(prompt_token_ids)
+        self.num_prompt_tokens = len(self.prompt_token_ids)
         self.sampling_params = sampling_params
         self.eos_token_id = eos_token_id
         self.max_tokens = max_tokens
         self.arrival_index = arrival_index
-        self.output_token_ids = array("q")
-        # Kept alongside the output so that scheduling a chunk is a slice, not a concatenation.
-        self.all_token_ids = array("q", prompt_token_ids)
+        self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
@@ -92,7 +91,16 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.all_token_ids)
+        return self.num_prompt_tokens + len(self.output_token_ids)
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Tokens `start` to `end` (exclusive) of the prompt followed by the output."""
+        n = self.num_prompt_tokens
+        if end <= n:
+            return list(self.prompt_token_ids[start:end])
+        if start >= n:
+            return self.output_token_ids[start - n : end - n]
+        return [*self.prompt_token_ids[start:], *self.output_token_ids[: end - n]]
 
     @property
     def is_finished(self) -> bool:
@@ -105,7 +113,6 @@ class Request:
 
     def append_output_token_id(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
-        self.all_token_ids.append(token_id)
 
     def __repr__(self) -> str:
         return (

@@ -130,7 +130,7 @@ def test_preempted_request_recomputes_all_its_tokens_then_decodes():
     assert _rows(out) == [("a", 1, True)] and out.preempted_request_ids == ["b"]
     b = sched.waiting[0]
     assert (b.request_id, b.status, b.num_computed_tokens) == ("b", RequestStatus.PREEMPTED, 0)
-    assert b.output_token_ids.tolist() == [10, 11] and b.num_preemptions == 1
+    assert b.output_token_ids == [10, 11] and b.num_preemptions == 1
     out, finished = _step(sched, token=13)  # b cannot come back while a holds three blocks
     assert _rows(out) == [("a", 1, True)] and [r.request_id for r in finished] == ["a"]
     out, _ = _step(sched, token=20)
@@ -139,7 +139,7 @@ def test_preempted_request_recomputes_all_its_tokens_then_decodes():
     assert entry.is_new_slot and entry.samples and not entry.is_decode
     out, finished = _step(sched, token=21)
     assert _rows(out) == [("b", 1, True)]
-    assert finished == [b] and b.output_token_ids.tolist() == [10, 11, 20, 21]
+    assert finished == [b] and b.output_token_ids == [10, 11, 20, 21]
     assert b.finish_reason == "length"
     _assert_all_free(sched)
 
@@ -188,7 +188,7 @@ def test_abort_in_any_state_frees_everything(state):
     if out is not None:
         # The aborted row's token may be left out (the soak test passes it in).
         assert sched.update_from_output(out, {}) == []
-        assert request.num_computed_tokens == 3 and request.output_token_ids.tolist() == [7]
+        assert request.num_computed_tokens == 3 and request.output_token_ids == [7]
     assert sched.get_num_unfinished_requests() == 1
     (other,) = sched.finish_requests(["a", "b"], RequestStatus.FINISHED_ERROR)
     assert other.finish_reason == "error"
@@ -231,7 +231,7 @@ def test_several_tokens_per_row_stop_at_the_first_stop():
     sched.add_request(_request("r", 2, max_tokens=3))
     out = sched.schedule()
     (request,) = sched.update_from_output(out, {"r": [5, 6, 7, 8]})
-    assert request.output_token_ids.tolist() == [5, 6, 7] and request.finish_reason == "length"
+    assert request.output_token_ids == [5, 6, 7] and request.finish_reason == "length"
 
 
 def test_bad_input_is_refused():
@@ -262,3 +262,17 @@ def test_bad_input_is_refused():
         _request("zero", 2, max_tokens=0)
     with pytest.raises(ValueError, match="prompt_token_ids"):
         _request("empty", [])
+
+
+def test_request_token_ids_slice_the_prompt_then_the_output():
+    request = _request("r", [1, 2, 3, 4])
+    for token in (5, 6, 7):
+        request.append_output_token_id(token)
+    every = [1, 2, 3, 4, 5, 6, 7]
+    assert request.num_tokens == 7 and request.token_ids(0, 7) == every
+    for start in range(8):
+        for end in range(start, 8):
+            assert request.token_ids(start, end) == every[start:end], (start, end)
+    # A list the caller may keep: not the request's output itself.
+    request.token_ids(4, 7).append(8)
+    assert request.output_token_ids == [5, 6, 7]

@@ -28,7 +28,7 @@ class FakeModel:
     def step(self, out: SchedulerOutput, block_size: int) -> dict[str, list[int]]:
         sampled = {}
         for e in out.entries:
-            tokens = e.request.all_token_ids.tolist()
+            tokens = e.request.token_ids(0, e.request.num_tokens)
             end = e.num_computed_tokens + e.num_new_tokens
             assert e.token_ids == tokens[e.num_computed_tokens : end]
             assert PAD_BLOCK_ID not in e.block_table and e.kda_slot != PAD_KDA_SLOT

@@ -137,8 +137,8 @@ class Scheduler:
         for request in running:
             # The decode row, inline: per request per step, each call here costs measurably.
             computed = request.num_computed_tokens
-            tokens = request.all_token_ids
-            if not computed or len(tokens) - computed != 1:
+            output = request.output_token_ids
+            if not computed or request.num_prompt_tokens + len(output) - computed != 1:
                 continue
             rid = request.request_id
             # A decode's table covers its computed tokens; when the last block is full it grows
@@ -147,8 +147,9 @@ class Scheduler:
             if len(table) * block_size <= computed and not self._allocate(request, 1, step):
                 continue
             scheduled[rid] = ScheduledRequest(
-                rid, request, [tokens[computed]], computed, 1, True, table, slots[rid], False, True
-            )
+                rid, request, [output[-1] if output else request.prompt_token_ids[-1]], computed,
+                1, True, table, slots[rid], False, True,
+            )  # fmt: skip
             step.budget -= 1
         # When every running request got its decode above, none has prefill left: skip the pass.
         i = 0 if len(step.scheduled) < len(self.running) else len(self.running)
@@ -220,7 +221,7 @@ class Scheduler:
                 if (
                     token_id in request.sampling_params.all_stop_token_ids
                     or len(request.output_token_ids) >= request.max_tokens
-                    or len(request.all_token_ids) >= max_len
+                    or request.num_prompt_tokens + len(request.output_token_ids) >= max_len
                 ):
                     status = self._stop_status(request, token_id)
                     if status is not None:
@@ -268,8 +269,7 @@ class Scheduler:
         rid, kv = request.request_id, self.kv_cache_manager
         # Positional: keyword arguments cost measurably here, per request per step.
         step.scheduled[rid] = ScheduledRequest(
-            rid, request, request.all_token_ids[start:end].tolist(), start, num_new_tokens,
-            is_decode, kv.get_block_table(rid), kv.get_kda_slot(rid), start == 0,
-            end == request.num_tokens,
+            rid, request, request.token_ids(start, end), start, num_new_tokens, is_decode,
+            kv.get_block_table(rid), kv.get_kda_slot(rid), start == 0, end == request.num_tokens,
         )  # fmt: skip
         step.budget -= num_new_tokens
