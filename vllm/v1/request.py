@@ -43,7 +43,7 @@ _FINISH_REASONS = {
 
 
 def _is_token_id(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 class Request:
