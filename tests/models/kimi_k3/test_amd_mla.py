@@ -263,6 +263,7 @@ def test_layer_owns_its_decode_counters(monkeypatch):
     assert (counters.dtype, tuple(counters.shape)) == (torch.int32, (DECODE_COUNTERS,))
     assert not counters.any() and "decode_counters" not in layer.state_dict()
     assert counters.data_ptr() != other.decode_counters.data_ptr()
+    layer.load_weights(hf_mla().state_dict().items())  # finite weights, not torch.empty's
     layer.process_weights_after_loading()
     harness = harness_for(layer)
     layer.bind_kv_cache(harness.mla_caches[0])
