@@ -37,3 +37,27 @@ COUNTED_KERNELS = {
     "vllm.models.kimi_k3.amd.ops.mla_cache_write": ("_mla_cache_write_kernel",),
     "vllm.models.kimi_k3.amd.ops.mla_prefill": ("_mla_prefill_key_kernel",),
 }  # fmt: skip
+
+
+class _RecordedKernel:
+    """A Triton kernel whose launches append their keyword arguments (constexprs and launch
+    options) to a list, then run."""
+
+    def __init__(self, kernel, launches: list[dict]) -> None:
+        self._kernel, self._launches = kernel, launches
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self._launches.append(kwargs)
+            return self._kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+def record_launches(monkeypatch, module, name: str) -> list[dict]:
+    """Replace `module.name` for the test by a kernel that records each launch's keyword
+    arguments and runs; returns the list they go to (checks that a launch choice reached the
+    kernel, which numeric checks alone would not see)."""
+    launches: list[dict] = []
+    monkeypatch.setattr(module, name, _RecordedKernel(getattr(module, name), launches))
+    return launches

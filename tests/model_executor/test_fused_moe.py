@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from counted_kernels import record_launches
 
 import vllm.model_executor.layers.fused_moe.experts as experts_mod
 import vllm.model_executor.layers.fused_moe.experts_triton_grouped as experts_triton_grouped
@@ -555,22 +556,12 @@ def test_triton_grouped_default_prefill_tiles_match_loop(threshold, block_m, mon
     lowered = ids.numel() - 1 if threshold.endswith("ABOVE_ROWS") else ids.numel()
     monkeypatch.setattr(experts_triton_grouped, threshold, lowered)
     assert experts_triton_grouped.default_tiles(ids.numel()).block_m == block_m
-    launched = []  # the gate/up launch's BLOCK_M: the tiles the launcher actually took
-    kernel = experts_triton_grouped._moe_grouped_gate_up_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                launched.append(kwargs["BLOCK_M"])
-                return kernel[grid](*args, **kwargs)
-
-            return launch
-
-    monkeypatch.setattr(experts_triton_grouped, "_moe_grouped_gate_up_kernel", Spy())
+    # The gate/up launch's BLOCK_M: the tiles the launcher actually took.
+    launched = record_launches(monkeypatch, experts_triton_grouped, "_moe_grouped_gate_up_kernel")
     out = moe_experts_triton_grouped(x, w13, w2, w, ids, SiluAndMul())
     assert_close_to_loop(out, moe_experts_loop(x, w13, w2, w, ids, SiluAndMul()))
     assert [triton_launches[name] for name in GROUPED_KERNELS[1:]] == [1, 1, 1]
-    assert launched == [block_m]
+    assert [kw["BLOCK_M"] for kw in launched] == [block_m]
 
 
 def test_default_tiles_keep_to_the_devices_shared_memory():

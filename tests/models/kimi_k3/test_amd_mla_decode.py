@@ -12,6 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from counted_kernels import record_launches
 
 import vllm.models.kimi_k3.amd.ops.mla_decode as op_module
 from vllm.models.kimi_k3.amd.ops.mla_decode import (
@@ -191,23 +192,13 @@ def test_latent_chunks_match_reference(latent_chunks, dtype, latent, rope, heads
 def test_config_passes_latent_chunks(latent_chunks, monkeypatch):
     """`latent_chunks` reaches the split kernel (the tests above would pass with any count);
     the default launch takes one chunk."""
-    kernel, passed = op_module._mla_decode_split_kernel, []
-
-    class Recorded:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                passed.append(kwargs["LATENT_CHUNKS"])
-                return kernel[grid](*args, **kwargs)
-
-            return launch
-
-    monkeypatch.setattr(op_module, "_mla_decode_split_kernel", Recorded())
+    launched = record_launches(monkeypatch, op_module, "_mla_decode_split_kernel")
     args, clean, _ = make_case(1, 4, 64, 8, 4, [9], 3, torch.float32, seed=1)
     config = MlaDecodeConfig(2, 16, 16, 4, 1, latent_chunks=latent_chunks)
     check(launch_mla_decode(kv_cache=clean, config=config, **args),
           mla_decode_paged_ref(kv_cache=clean, **args), torch.float32)  # fmt: skip
     mla_decode_paged(kv_cache=clean, **args)
-    assert passed == [latent_chunks, 1]
+    assert [kw["LATENT_CHUNKS"] for kw in launched] == [latent_chunks, 1]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
