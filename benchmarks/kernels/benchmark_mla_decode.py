@@ -48,12 +48,14 @@ from dataclasses import replace
 import torch
 
 from vllm.models.kimi_k3.amd.ops.mla_decode import (
-    DECODE_COUNTERS,
-    MlaDecodeConfig,
     launch_mla_decode,
-    mla_decode_config,
     mla_decode_paged,
     mla_decode_paged_ref,
+)
+from vllm.models.kimi_k3.amd.ops.mla_decode_config import (
+    DECODE_COUNTERS,
+    MlaDecodeConfig,
+    mla_decode_config,
 )
 from vllm.triton_utils import use_triton
 

@@ -64,10 +64,10 @@ from vllm.models.kimi_k3.amd.ops.fused_kda_decode import (
 )
 from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate_beta
 from vllm.models.kimi_k3.amd.ops.mla_cache_write import mla_cache_write
-from vllm.models.kimi_k3.amd.ops.mla_decode import (
+from vllm.models.kimi_k3.amd.ops.mla_decode import launch_mla_decode
+from vllm.models.kimi_k3.amd.ops.mla_decode_config import (
     DECODE_COUNTERS,
     MlaDecodeConfig,
-    launch_mla_decode,
     mla_decode_config,
 )
 from vllm.models.kimi_k3.amd.ops.mla_prefill import mla_prefill_key

@@ -14,7 +14,7 @@ from vllm.config.quantization import parse_quantization_config
 from vllm.model_executor.layers.fusion.quant_activation import QuantizedActivation
 from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
 from vllm.models.kimi_k3.amd.mla import KimiMLAAttention
-from vllm.models.kimi_k3.amd.ops.mla_decode import DECODE_COUNTERS
+from vllm.models.kimi_k3.amd.ops.mla_decode_config import DECODE_COUNTERS
 from vllm.transformers_utils.configs import KimiLinearConfig
 
 H, HEADS, BLOCK = 64, 4, 4

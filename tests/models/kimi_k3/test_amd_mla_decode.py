@@ -16,12 +16,14 @@ from counted_kernels import record_launches
 
 import vllm.models.kimi_k3.amd.ops.mla_decode as op_module
 from vllm.models.kimi_k3.amd.ops.mla_decode import (
-    DECODE_COUNTERS,
-    MlaDecodeConfig,
     launch_mla_decode,
-    mla_decode_config,
     mla_decode_paged,
     mla_decode_paged_ref,
+)
+from vllm.models.kimi_k3.amd.ops.mla_decode_config import (
+    DECODE_COUNTERS,
+    MlaDecodeConfig,
+    mla_decode_config,
 )
 from vllm.triton_utils import num_sms
 

@@ -60,7 +60,8 @@ from vllm.model_executor.layers.quantization.base_config import QuantizationConf
 from vllm.model_executor.layers.quantization.utils.fp8_per_token import per_token_fp8_quant
 from vllm.model_executor.layers.quantization.utils.quant_utils import kFp8DynamicTokenSym
 from vllm.models.kimi_k3.amd.ops.mla_cache_write import mla_cache_write
-from vllm.models.kimi_k3.amd.ops.mla_decode import DECODE_COUNTERS, mla_decode_paged
+from vllm.models.kimi_k3.amd.ops.mla_decode import mla_decode_paged
+from vllm.models.kimi_k3.amd.ops.mla_decode_config import DECODE_COUNTERS
 from vllm.models.kimi_k3.amd.ops.mla_prefill import (
     mla_prefill_attention,
     mla_prefill_attention_ref,
