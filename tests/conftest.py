@@ -79,9 +79,25 @@ def torch_reference_kernels() -> Iterator[None]:
     tests: whole models, many steps). Set in the environment, so TP workers spawned by the test
     inherit it (`vllm.triton_utils` reads it at each call). Module-scoped, so that engines built
     by module fixtures (and their workers) run the references too."""
+    _import_every_kernel()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRITON_INTERPRET", "0")
         yield
+
+
+@functools.cache
+def _import_every_kernel() -> None:
+    """Import every vllm module before `torch_reference_kernels` first sets TRITON_INTERPRET=0:
+    Triton binds a kernel to the interpreter or the GPU when its module is imported, so a kernel
+    module first imported under that fixture (by an engine test) was left bound to the GPU for
+    every later test that runs it under the interpreter ("0 active drivers")."""
+    import importlib
+    import pkgutil
+
+    import vllm
+
+    for module in pkgutil.walk_packages(vllm.__path__, "vllm."):
+        importlib.import_module(module.name)
 
 
 @pytest.fixture(scope="module")
