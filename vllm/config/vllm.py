@@ -57,6 +57,8 @@ class SchedulerConfig:
     max_num_seqs: int
     max_num_batched_tokens: int
     max_model_len: int
+    # A decode step may be launched before the last one's tokens are read back (AsyncScheduler).
+    async_scheduling: bool = False
 
 
 @dataclass

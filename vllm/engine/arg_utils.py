@@ -78,6 +78,7 @@ class EngineArgs:
     num_gpu_blocks_override: int | None = None  # MLA blocks, instead of sizing from memory
     kv_cache_memory: int | None = None  # bytes for all caches, instead of profiling (CPU: 1 GiB)
     enforce_eager: bool = False  # no CUDA graphs
+    async_scheduling: bool | None = None  # launch decode steps ahead (default: on for CUDA, TP=1)
     max_cudagraph_capture_size: int | None = None  # largest decode batch captured (default 512)
     device: str = "auto"  # auto | cuda | cpu
     kv_cache_dtype: str = "auto"  # auto (the model dtype) only: fp8 MLA caches are refused
@@ -91,6 +92,11 @@ class EngineArgs:
             flags = ["--" + f.name.replace("_", "-"), *_SHORT_FLAGS.get(f.name, ())]
             if f.type is bool or f.type == "bool":
                 parser.add_argument(*flags, action="store_true", help=helps.get(f.name))
+                continue
+            if f.type == bool | None or f.type == "bool | None":
+                # Unset (None) leaves the choice to the engine; --no-<flag> turns it off.
+                parser.add_argument(*flags, action=argparse.BooleanOptionalAction,
+                                    help=helps.get(f.name))  # fmt: skip
                 continue
             help_text = helps.get(f.name)
             if f.default is not None:
@@ -169,6 +175,7 @@ class EngineArgs:
             seed=self.seed, quantization_config=quant, enforce_eager=self.enforce_eager,
         )  # fmt: skip
         graphs = device == "cuda" and not self.enforce_eager
+        async_scheduling = self._async_scheduling(device)
         sizes = cudagraph_capture_sizes(self.max_num_seqs, self.max_cudagraph_capture_size)
         return VllmConfig(
             model_config=model_config,
@@ -179,10 +186,25 @@ class EngineArgs:
                 self.kv_cache_memory,
             ),
             parallel_config=ParallelConfig(self.tensor_parallel_size),
-            scheduler_config=SchedulerConfig(self.max_num_seqs, batched, max_model_len),
+            scheduler_config=SchedulerConfig(
+                self.max_num_seqs, batched, max_model_len, async_scheduling
+            ),
             compilation_config=CompilationConfig(sizes if graphs else []),
             device=device,
         )
+
+    def _async_scheduling(self, device: str) -> bool:
+        """On by default where it overlaps anything: on a GPU (a CPU runs each forward before
+        the call returns), at TP = 1 (the other ranks take every step's input ids from the
+        host, so it is refused there)."""
+        value = self.async_scheduling
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(f"async_scheduling must be a bool or None, got {value!r}")
+        if self.tensor_parallel_size > 1:
+            if self.async_scheduling:
+                raise ValueError("async_scheduling needs tensor_parallel_size 1")
+            return False
+        return device == "cuda" if self.async_scheduling is None else self.async_scheduling
 
     def _tokenizer_folder(self, model_folder: Path) -> Path | None:
         """The folder the tokenizer is read from; None with `skip_tokenizer_init`."""

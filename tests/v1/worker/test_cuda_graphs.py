@@ -95,3 +95,57 @@ def test_replayed_decode_step_has_no_host_sync_or_compilation(monkeypatch):
         assert len(replays) == 4 and not compiled
     finally:
         eng.shutdown()
+
+
+@pytest.mark.gpu
+def test_steps_launched_ahead_replay_graphs_without_host_sync(monkeypatch):
+    """Asynchronous scheduling on the graph path: the same tokens as one step at a time, the
+    steps launched ahead are graph replays fed on the device, and launching one never waits for
+    the device (so the step in flight keeps running)."""
+
+    def run(async_scheduling: bool) -> tuple[dict[str, list[int]], int]:
+        eng = LLMEngine.from_engine_args(
+            EngineArgs(
+                model="kimi-k3-tiny", quantization_config=PTPC, max_num_seqs=8,
+                max_num_batched_tokens=256, kv_cache_memory=1 << 30, max_model_len=512,
+                async_scheduling=async_scheduling,
+            )
+        )  # fmt: skip
+        try:
+            runner = eng.executor.runner
+            execute, launch_ahead = runner.execute, eng._launch_ahead
+            ahead = []
+
+            def spy(step):
+                if step.input_ids is None:
+                    assert runner._graph_size(step) is not None
+                    ahead.append(step)
+                return execute(step)
+
+            def unsynchronized(launched):
+                torch.cuda.set_sync_debug_mode("error")
+                try:
+                    return launch_ahead(launched)
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+
+            monkeypatch.setattr(runner, "execute", spy)
+            monkeypatch.setattr(eng, "_launch_ahead", unsynchronized)
+            gen = random.Random(1)
+            for i in range(6):
+                prompt = [gen.randrange(0, 256) for _ in range(gen.randint(1, 40))]
+                params = SamplingParams(temperature=0.0, max_tokens=8 + 3 * i, ignore_eos=True)
+                eng.add_request(str(i), prompt, params)
+            out = {}
+            while eng.has_unfinished_requests():
+                for o in eng.step():
+                    if o.finished:
+                        out[o.request_id] = o.outputs[0].token_ids
+            return out, len(ahead)
+        finally:
+            eng.shutdown()
+
+    got, ahead = run(True)
+    want, none = run(False)
+    assert got == want
+    assert ahead >= 10 and none == 0

@@ -2,6 +2,11 @@
 schedules a batch, runs it, samples, folds the tokens into the requests and returns the outputs of
 the requests that changed.
 
+With `async_scheduling` (the default at TP=1), a decode step that can go on launches its
+continuation before its own tokens are read back (`AsyncScheduler`, vllm/v1/core/sched/), so the
+host's work of one step overlaps the device's work of the step before; each `step()` call still
+returns one step's outputs.
+
 A request with `n > 1` is scheduled as n sequences `<request_id>#<i>` (their own KDA slots and
 blocks; no prefix sharing), gathered back into one `RequestOutput`.
 
@@ -13,6 +18,7 @@ and `max_model_len` do) and stop strings are refused.
 import dataclasses
 import itertools
 import time
+from dataclasses import dataclass
 
 from vllm.config.vllm import VllmConfig
 from vllm.engine.arg_utils import EngineArgs
@@ -23,13 +29,24 @@ from vllm.transformers_utils.tokenizer import get_tokenizer
 from vllm.utils.gc_utils import freeze_startup_heap, unfreeze_heap
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.kv_cache_utils import determine_cache_sizes
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine.output_processor import OutputProcessor
 from vllm.v1.executor.multiproc_executor import Executor
 from vllm.v1.request import Request, RequestStatus
+from vllm.v1.worker.model_runner import SampledStep
 
 logger = init_logger(__name__)
+_RUNNING = RequestStatus.RUNNING
+
+
+@dataclass(slots=True)
+class _Launched:
+    """A step whose forward and sampling are enqueued on the device."""
+
+    scheduled: SchedulerOutput
+    sampled: SampledStep
 
 
 class LLMEngine:
@@ -58,9 +75,12 @@ class LLMEngine:
         logger.info("Engine ready in %.1f s (%s, %s, TP=%d)", time.perf_counter() - start,
                     mc.model, mc.dtype, config.parallel_config.tensor_parallel_size)  # fmt: skip
         self.kv_cache_manager = KVCacheManager(sizes.num_blocks, cc.block_size, sizes.num_kda_slots)
-        self.scheduler = Scheduler(
+        self.async_scheduling = sc.async_scheduling
+        scheduler_class = AsyncScheduler if self.async_scheduling else Scheduler
+        self.scheduler = scheduler_class(
             sc.max_num_seqs, sc.max_num_batched_tokens, sc.max_model_len, self.kv_cache_manager
         )
+        self._in_flight: _Launched | None = None
         self.output_processor = OutputProcessor(self.tokenizer)
         self._arrivals = itertools.count()
         freeze_startup_heap()
@@ -174,6 +194,11 @@ class LLMEngine:
                     outputs.append(out)
         return outputs
 
+    @property
+    def step_in_flight(self) -> bool:
+        """Whether a step was launched ahead and the next `step()` call returns its outputs."""
+        return self._in_flight is not None
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
@@ -183,22 +208,72 @@ class LLMEngine:
     # -- the step -----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        sched_out = self.scheduler.schedule()
-        if not sched_out.entries:
-            return []
+        """Run one step and return the outputs of the requests it changed. With asynchronous
+        scheduling, a decode step that can go on launches its continuation before its own tokens
+        are read back (`AsyncScheduler`); the next call completes that one."""
+        launched, self._in_flight = self._in_flight, None
+        if launched is not None and not any(
+            e.request.status is _RUNNING for e in launched.scheduled.entries
+        ):
+            self._complete(launched)  # every sequence in it ended since it was launched
+            launched = None
+        if launched is None:
+            scheduled = self.scheduler.schedule()
+            if not scheduled.entries:
+                return []
+            launched = self._launch(scheduled)
+        if self.async_scheduling:
+            self._in_flight = self._launch_ahead(launched)
+        return self._complete(launched)
+
+    def _launch(
+        self, scheduled: SchedulerOutput, failing: SchedulerOutput | None = None
+    ) -> _Launched:
+        """Run the step's forward and enqueue its sampling; nothing waits for the device. On an
+        error the step `failing` (default: this one) and those after it fail."""
         runner = self.executor.runner
         try:
-            step, plan = runner.prepare(sched_out)
+            step, plan = runner.prepare(scheduled)
             logits = self.executor.collective_rpc("execute", step)
-            result = runner.sample(logits, plan)
+            return _Launched(scheduled, runner.sample(logits, plan))
         except BaseException:
             # The step's sequences may hold half-written cache state: finish them as errors so
             # the scheduler can go on with the rest (then let the caller see the exception).
-            self._fail_step(sched_out)
+            self._fail_step(failing or scheduled)
             raise
-        finished = self.scheduler.update_from_output(sched_out, result.sampled)
+
+    def _launch_ahead(self, launched: _Launched) -> "_Launched | None":
+        """Launch the step that follows `launched` when the scheduler and the sampler can take
+        it before `launched`'s tokens are known; None otherwise."""
+        entries = launched.scheduled.entries
+        if not self.executor.runner.can_sample_ahead([e.request for e in entries]):
+            return None
+        ahead = self.scheduler.schedule_ahead(launched.scheduled)
+        if ahead is None:
+            return None
+        # On an error, the step in flight fails too: it holds the same sequences.
+        return self._launch(ahead, failing=launched.scheduled)
+
+    def _complete(self, launched: _Launched) -> list[RequestOutput]:
+        """Wait for the step's tokens and fold them into the requests."""
+        scheduled = launched.scheduled
+        try:
+            result = launched.sampled.result()
+        except BaseException:
+            self._in_flight = None  # a step launched after this one is void with it
+            self._fail_step(scheduled)
+            raise
+        sampled, logprobs = result.sampled, result.logprobs
+        if scheduled.follows:
+            # Sequences that ended after this step was launched (a stop token or string in the
+            # step before, an abort) get nothing from it.
+            live = [e.request_id for e in scheduled.entries if e.request.status is _RUNNING]
+            if len(live) < len(sampled):
+                sampled = {rid: sampled[rid] for rid in live}
+                logprobs = {rid: logprobs[rid] for rid in live if rid in logprobs}
+        finished = self.scheduler.update_from_output(scheduled, sampled)
         outputs, stopped = self.output_processor.process(
-            result.sampled, result.logprobs, result.prompt_logprobs, finished
+            sampled, logprobs, result.prompt_logprobs, finished
         )
         for seq_id, reason in stopped:
             status = (
@@ -208,10 +283,12 @@ class LLMEngine:
             )
             self.scheduler.finish_requests([seq_id], status)
         done = [seq.request_id for seq in finished] + [seq_id for seq_id, _ in stopped]
-        runner.free_requests(done)
+        self.executor.runner.free_requests(done)
         return outputs
 
     def _fail_step(self, sched_out: SchedulerOutput) -> None:
+        """Forget the step (and any scheduled after it, which holds the same sequences) and
+        finish its sequences as errors."""
         seq_ids = [entry.request_id for entry in sched_out.entries]
         self.scheduler.cancel_step(sched_out)
         self.scheduler.finish_requests(seq_ids, RequestStatus.FINISHED_ERROR)

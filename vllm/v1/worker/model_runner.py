@@ -11,6 +11,13 @@ KDA slot 0 (see `vllm/models/kimi_k3/amd/metadata.py`), so they write nowhere th
 graph covers the model forward and the LM head of all B rows (every decode row samples); input
 ids and metadata live in persistent buffers that the builder's `stage` rewrites in place (one
 upload) before each replay.
+
+Asynchronous steps: `sample` only enqueues the sampler and the copy of its results to the host
+(`SampledStep`; `SampledStep.result` waits for them), so the engine can launch a step that
+`follows` the last one (`AsyncScheduler`) before reading that one's tokens. Such a step has no
+host token ids: `execute` copies the last step's sampled ids into the input buffer on the device,
+after the metadata upload, row for row. Everything is ordered by the one stream: the follower's
+upload and replay run after the last step's sampler has read its logits.
 """
 
 import math
@@ -45,7 +52,7 @@ _CPU_DEFAULT_CACHE_BYTES = 1 << 30
 class StepInput:
     """One forward, as every rank needs it: host data only (picklable for the TP workers)."""
 
-    input_ids: list[int]
+    input_ids: list[int] | None  # None: the last step's sampled ids, one per row (on the device)
     batch: BatchSchedule
     logits_rows: list[int]  # token rows whose logits are computed, in this order
 
@@ -68,6 +75,51 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, list[tuple[list[int], list[float], int]]]
 
 
+@dataclass
+class SampledStep:
+    """A step's samples on their way to the host: tensors that the device is copying into host
+    memory, complete once `ready` has passed (None on the CPU: already there)."""
+
+    request_ids: list[str]  # per sampling row
+    tokens: torch.Tensor  # [rows] int64
+    # (token ids, logprobs, ranks) of the sampling rows, when some row asked for logprobs
+    logprobs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
+    num_logprobs: list[int | None]  # per sampling row
+    # (request_id, (token ids, logprobs, ranks)) per prompt-logprob slice
+    prompt_logprobs: list[tuple[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]
+    ready: "torch.cuda.Event | None"
+
+    def result(self) -> ModelRunnerOutput:
+        """Wait for the copies (not for anything enqueued after them) and unpack them."""
+        if self.ready is not None:
+            self.ready.synchronize()
+        result = ModelRunnerOutput({}, {}, {})
+        ids = self.request_ids
+        result.sampled = dict(zip(ids, [[t] for t in self.tokens.tolist()], strict=True))
+        if self.logprobs is not None:
+            tokens, values, ranks = (t.tolist() for t in self.logprobs)
+            for i, k in enumerate(self.num_logprobs):
+                if k is not None:
+                    result.logprobs[ids[i]] = (tokens[i][: k + 1], values[i][: k + 1], ranks[i])
+        for request_id, lp in self.prompt_logprobs:
+            rows = zip(*(t.tolist() for t in lp), strict=True)
+            result.prompt_logprobs[request_id] = list(rows)
+        return result
+
+
+def _to_host(tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """Device tensors copied into pinned host memory without waiting (a copy into pageable
+    memory would wait for the stream); CPU tensors as they are."""
+    out = []
+    for t in tensors:
+        if t.device.type == "cpu":
+            out.append(t)
+            continue
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        out.append(host.copy_(t, non_blocking=True))
+    return tuple(out)
+
+
 class ModelRunner:
     def __init__(self, config: VllmConfig, rank: int = 0) -> None:
         self.config = config
@@ -87,6 +139,8 @@ class ModelRunner:
         self.generators: dict[str, torch.Generator] = {}
         self.prompt_logprobs_done: dict[str, int] = {}
         self._last_sampling: tuple[list, SamplingMetadata] | None = None
+        # The last step's sampled ids, on the device: the input of a step that follows it.
+        self.last_sampled: torch.Tensor | None = None
 
     # -- start-up ---------------------------------------------------------------------------
 
@@ -214,23 +268,37 @@ class ModelRunner:
     def execute(self, step: StepInput) -> torch.Tensor:
         """Logits `[len(step.logits_rows), vocab]` (the LM head's dtype) of the step; every rank
         runs it."""
-        tokens, n = len(step.input_ids), len(step.batch.num_new)
+        n = len(step.batch.num_new)
+        follows = step.input_ids is None
+        tokens = n if follows else len(step.input_ids)
         if tokens > self.max_num_tokens:
             raise ValueError(f"step of {tokens} tokens exceeds the buffers ({self.max_num_tokens})")
-        ids = np.array(step.input_ids, dtype=np.int64)
-        bad = ids[(ids < 0) | (ids >= self.vocab_size)]
-        if bad.size:
-            raise ValueError(
-                f"token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5].tolist()}"
-            )
+        ids = None
+        if follows:
+            last = self.last_sampled
+            if last is None or len(last) != n or step.batch.num_decodes != n:
+                raise ValueError(
+                    "a step without input ids must be decodes of the last sampled rows, one each"
+                )
+        else:
+            ids = np.array(step.input_ids, dtype=np.int64)
+            bad = ids[(ids < 0) | (ids >= self.vocab_size)]
+            if bad.size:
+                raise ValueError(
+                    f"token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5].tolist()}"
+                )
         graph_size = self._graph_size(step)
         with torch.no_grad():
             if graph_size is not None:
                 self.builder.stage(step.batch, graph_size, ids)
+                if follows:
+                    self.input_ids[:n].copy_(last)
                 graph, out = self.graphs[graph_size]
                 graph.replay()
                 return out[:n]
             metadata = self.builder.build(step.batch, input_ids=ids)
+            if follows:
+                self.input_ids[:n].copy_(last)
             hidden = self.model(self.input_ids[:tokens], metadata)
             rows = torch.tensor(step.logits_rows, dtype=torch.long).to(self.device)
             return self.model.compute_logits(hidden[rows])
@@ -250,7 +318,7 @@ class ModelRunner:
             [e.num_computed_tokens for e in entries], [e.num_new_tokens for e in entries],
             [e.block_table for e in entries], [e.kda_slot for e in entries], nd,
         )  # fmt: skip
-        ids = list(chain.from_iterable([e.token_ids for e in entries]))
+        ids = None if out.follows else list(chain.from_iterable([e.token_ids for e in entries]))
         # A decode is one token that samples: decode i is row i. Only prefill chunks need more.
         rows = list(range(nd))
         plan = SamplePlan([e.request for e in entries[:nd]])
@@ -292,32 +360,38 @@ class ModelRunner:
         self.prompt_logprobs_done[req.request_id] = last
         return first, last
 
-    def sample(self, logits: torch.Tensor, plan: SamplePlan) -> ModelRunnerOutput:
-        result = ModelRunnerOutput({}, {}, {})
+    def sample(self, logits: torch.Tensor, plan: SamplePlan) -> SampledStep:
+        """Enqueue the sampler and the copies of its results to the host; nothing here waits
+        for the device (`SampledStep.result` does)."""
         reqs = plan.sample_requests
+        request_ids = [req.request_id for req in reqs]
+        tokens = torch.empty(0, dtype=torch.int64)
+        logprobs, ks = None, [req.sampling_params.logprobs for req in reqs]
         if reqs:
             metadata = self._sampling_metadata(reqs, logits.device)
             out = self.sampler(logits[: len(reqs)], metadata)
-            sampled = out.sampled_token_ids.tolist()
-            request_ids = [req.request_id for req in reqs]
-            result.sampled = dict(zip(request_ids, [[t] for t in sampled], strict=True))
+            self.last_sampled = out.sampled_token_ids
+            (tokens,) = _to_host((out.sampled_token_ids,))
             if out.logprobs is not None:
-                lp = (
-                    out.logprobs.token_ids.tolist(),
-                    out.logprobs.logprobs.tolist(),
-                    out.logprobs.ranks.tolist(),
-                )
-                for i, req in enumerate(reqs):
-                    k = req.sampling_params.logprobs
-                    if k is not None:
-                        result.logprobs[request_ids[i]] = (lp[0][i][: k + 1],
-                                                           lp[1][i][: k + 1], lp[2][i])  # fmt: skip
+                lp = out.logprobs
+                logprobs = _to_host((lp.token_ids, lp.logprobs, lp.ranks))
+        prompt = []
         for request_id, first, count, targets, k in plan.prompt_slices:
             target = torch.tensor(targets, dtype=torch.long, device=logits.device)
             lp = compute_prompt_logprobs(logits[first : first + count], target, k)
-            ids, values, ranks = lp.token_ids.tolist(), lp.logprobs.tolist(), lp.ranks.tolist()
-            result.prompt_logprobs[request_id] = list(zip(ids, values, ranks, strict=True))
-        return result
+            prompt.append((request_id, _to_host((lp.token_ids, lp.logprobs, lp.ranks))))
+        ready = None
+        if logits.device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record()
+        return SampledStep(request_ids, tokens, logprobs, ks, prompt, ready)
+
+    def can_sample_ahead(self, reqs: list) -> bool:
+        """Whether a step of the rows `reqs` can be sampled before the last step's tokens are on
+        the host: when it reuses the last step's sampling metadata (the same rows, and nothing
+        in it depends on their token histories)."""
+        last = self._last_sampling
+        return last is not None and last[0] == reqs
 
     def _sampling_metadata(self, reqs: list, device: torch.device) -> SamplingMetadata:
         """The last step's metadata when the rows are the same requests and it does not depend

@@ -32,10 +32,16 @@ class ScheduledRequest:
 
 @dataclass(frozen=True)
 class SchedulerOutput:
-    """The step's requests, decodes first (in running order), then prefill chunks."""
+    """The step's requests, decodes first (in running order), then prefill chunks.
+
+    `follows`: a decode-only step scheduled while the step before it was still running (see
+    `AsyncScheduler`): its entries are that step's, in the same order, and their input tokens are
+    that step's samples, which only the device holds yet (their `token_ids` are empty).
+    """
 
     entries: list[ScheduledRequest]
     preempted_request_ids: list[str] = field(default_factory=list)
+    follows: bool = False
 
     @property
     def num_decodes(self) -> int:

@@ -64,7 +64,9 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         # Admission order: the tail is the first to be preempted.
         self.running: list[Request] = []
-        self._pending: SchedulerOutput | None = None
+        # Steps scheduled and not yet recorded, oldest first: one, or two when `AsyncScheduler`
+        # scheduled a step ahead of the one in flight.
+        self._pending: list[SchedulerOutput] = []
 
     @property
     def num_running(self) -> int:
@@ -126,7 +128,7 @@ class Scheduler:
         return finished
 
     def schedule(self) -> SchedulerOutput:
-        if self._pending is not None:
+        if self._pending:
             raise RuntimeError("schedule() called again before update_from_output()")
         step = _Step(budget=self.max_num_batched_tokens)
         running, scheduled = self.running, step.scheduled
@@ -177,15 +179,17 @@ class Scheduler:
             self._add(step, request, n, is_decode=False)
         out = SchedulerOutput(list(step.scheduled.values()), step.preempted)
         # An empty step computes nothing, so the engine may skip both the model and the update.
-        self._pending = out if out.entries else None
+        if out.entries:
+            self._pending.append(out)
         return out
 
     def cancel_step(self, scheduler_output: SchedulerOutput) -> None:
-        """Forget the last schedule() without recording it (its step failed); the caller
-        finishes or requeues the step's requests."""
-        if scheduler_output is not self._pending:
-            raise ValueError("scheduler_output must be the output of the last schedule()")
-        self._pending = None
+        """Forget a scheduled step without recording it (its step failed), with any step scheduled
+        after it; the caller finishes or requeues their requests."""
+        if not any(out is scheduler_output for out in self._pending):
+            raise ValueError("scheduler_output must be a scheduled step not yet recorded")
+        while self._pending.pop() is not scheduler_output:
+            pass
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, sampled: dict[str, list[int]]
@@ -194,8 +198,8 @@ class Scheduler:
         rows of requests finished since `schedule()` may be left out), finish requests on stop
         tokens and length caps. Returns the requests finished here."""
         entries = scheduler_output.entries
-        if entries and scheduler_output is not self._pending:
-            raise ValueError("scheduler_output must be the output of the last schedule()")
+        if entries and (not self._pending or scheduler_output is not self._pending[0]):
+            raise ValueError("scheduler_output must be the oldest scheduled step not yet recorded")
         rows = {e.request_id for e in entries if e.samples}
         missing = rows - sampled.keys()
         if missing:
@@ -205,7 +209,8 @@ class Scheduler:
                 f"sampled must map the sampling rows {sorted(rows)} to non-empty token lists, "
                 f"got {sorted(sampled)}"
             )
-        self._pending = None
+        if entries:
+            self._pending.pop(0)
         finished = []
         running, max_len = RequestStatus.RUNNING, self.max_model_len
         for entry in entries:
