@@ -181,13 +181,12 @@ def is_decode_only(engine: LLMEngine) -> bool:
     )
 
 
-def timed_step(engine: LLMEngine, device: torch.device) -> float:
-    """Seconds of one `engine.step()` (schedule, forward, sample, outputs), device synchronized
-    on both sides."""
-    synchronize(device)
+def timed_step(engine: LLMEngine) -> float:
+    """Wall seconds of one `engine.step()` as its caller sees it: a step returns once its tokens
+    are on the host, so nothing needs synchronizing; with asynchronous scheduling, the time it
+    waits for its step (launched by the call before) while the next one is already launched."""
     start = time.perf_counter()
     engine.step()
-    synchronize(device)
     return time.perf_counter() - start
 
 
@@ -226,6 +225,21 @@ class ForwardTimer:
 
 
 @contextlib.contextmanager
+def synchronous_steps(engine: LLMEngine) -> Iterator[None]:
+    """Steps inside run one at a time, each launched after the last one's tokens are back
+    (asynchronous scheduling off; restored on exit). A step already launched ahead is completed
+    first, its outputs dropped."""
+    previous = engine.async_scheduling
+    engine.async_scheduling = False
+    try:
+        if engine.step_in_flight:
+            engine.step()
+        yield
+    finally:
+        engine.async_scheduling = previous
+
+
+@contextlib.contextmanager
 def graphs_set_aside(engine: LLMEngine) -> Iterator[None]:
     """Steps inside run eagerly on rank 0 (its runner's CUDA graphs are put back on exit)."""
     runner = engine.executor.runner
@@ -252,7 +266,8 @@ def distinct_experts_of_one_step(engine: LLMEngine) -> list[int]:
     moes = [m for m in runner.model.modules() if isinstance(m, FusedMoE)]
     handles = [m.register_forward_hook(hook) for m in moes]
     try:
-        with graphs_set_aside(engine):
+        # Synchronous: a step launched ahead inside would be hooked too.
+        with synchronous_steps(engine), graphs_set_aside(engine):
             engine.step()
     finally:
         for handle in handles:

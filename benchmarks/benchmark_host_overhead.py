@@ -5,8 +5,10 @@ argmax of the fixed logits), reading the sampled ids back and output processing.
 final-output-only, as `LLM.generate` makes them; `--stream` builds every step's outputs instead, as
 for the API server's streamed requests.
 
-On the H200 a decode step costs its forward plus this host time (they are not overlapped), so the
-numbers here are what `benchmark_latency.py`'s step ms minus forward ms should come to. Runs on
+One at a time (`--no-async-scheduling` in the engine) a decode step costs its forward plus this
+host time, so the numbers here are what `benchmark_latency.py`'s step ms minus forward ms should
+then come to; with asynchronous scheduling (the default at TP = 1; not with `--tp-worker`) the
+next step's host time overlaps this step's forward and only shows where it is the longer. Runs on
 the CPU as well as on a GPU (`--device cuda`); prompts are prefilled through the same stub.
 
     python benchmarks/benchmark_host_overhead.py --batch-sizes 1 64 256
@@ -146,6 +148,8 @@ def run_case(
         enforce_eager=True, max_num_seqs=batch, max_model_len=max_len,
         max_num_batched_tokens=budget, block_size=16,
         num_gpu_blocks_override=batch * math.ceil(max_len / 16) + 1,
+        # The replica stands for a TP worker, which takes every step's ids from the host.
+        async_scheduling=not tp_worker,
     )  # fmt: skip
     engine = LLMEngine.from_engine_args(ea)
     try:
@@ -166,7 +170,7 @@ def run_case(
         profiler = cProfile.Profile() if profile else None
         if profiler is not None:
             profiler.enable()
-        times = [timed_step(engine, dev) for _ in range(steps)]
+        times = [timed_step(engine) for _ in range(steps)]
         if profiler is not None:
             profiler.disable()
             print(f"\nB={batch}: cProfile of {steps} decode steps (top 30 by own time)")

@@ -20,13 +20,18 @@ every kernel (untimed):
    sizes above the sequences left are skipped;
 3. for each batch size B <= B_max, largest first: the requests beyond the first B are aborted,
    `--warmup-steps` decode steps run, then `--output-len` decode steps (CUDA-graph replays unless
-   `--enforce-eager`) are timed one by one with the device synchronized around `engine.step()`;
-   one step runs eagerly (graphs set aside: the host's launch cost, which prefill and mixed steps
+   `--enforce-eager`) are timed back to back, each `engine.step()` call by the host clock (with
+   asynchronous scheduling, the default at TP = 1, each call's time is the interval between two
+   steps' tokens; `--no-async-scheduling` times them one at a time); then, one step at a time,
+   `--output-len` more steps as the baseline of asynchronous scheduling (when it is on), one
+   step eagerly (graphs set aside: the host's launch cost, which prefill and mixed steps
    always pay) and one more with hooks on the routers to count the distinct experts per layer;
    with `--profile-steps N`, N more steps run under `torch.profiler` (`step_profile.py`): device
-   time per kernel and per group of kernels, each group against its own floor.
+   time per kernel and per group of kernels, each group against its own floor (its idle time
+   between steps is that of synchronous steps).
 
-Per case: step ms (median wall time of `engine.step()`: scheduling, forward, sampling, outputs),
+Per case: step ms (median wall time of an `engine.step()` call: scheduling, forward, sampling,
+outputs),
 forward ms (rank 0's forward on the device: CUDA events around the runner's execute), tokens/s
 (B / step), the floor and step / floor. Floor = the bytes a decode step must move
 (`vllm/models/kimi_k3/amd/footprint.py`: weights the step uses, each distinct expert the router
@@ -74,6 +79,7 @@ from bench_utils import (
     measure_ceilings,
     random_prompts,
     synchronize,
+    synchronous_steps,
     timed_step,
     write_json,
 )
@@ -368,8 +374,8 @@ class Sweep:
             return None  # --enforce-eager: the timed steps are eager already
         if tp > 1 and batch in runner.graphs:
             return None  # the other ranks would replay graphs while rank 0 runs eagerly
-        with graphs_set_aside(self.engine):
-            return timed_step(self.engine, self.device)
+        with synchronous_steps(self.engine), graphs_set_aside(self.engine):
+            return timed_step(self.engine)
 
     def distinct_experts(self, batch: int) -> tuple[list[float], str]:
         """Distinct experts per MoE layer of the next step, measured on rank 0 where every rank
@@ -391,16 +397,24 @@ class Sweep:
         for _ in range(args.warmup_steps):
             self.check_batch(batch)
             engine.step()
-        steps, contexts = [], []
+        self.check_batch(batch)
+        first = [r.num_computed_tokens for r in engine.scheduler.running]
         timer = ForwardTimer(engine, self.device)
         try:
-            for _ in range(args.output_len):
-                self.check_batch(batch)
-                steps.append(timed_step(engine, self.device))
-                contexts.append([r.num_computed_tokens for r in engine.scheduler.running])
+            # Back to back, as a serving loop steps: nothing between the steps to be timed.
+            steps = [timed_step(engine) for _ in range(args.output_len)]
         finally:
             forwards = timer.close()
+        # The contexts after each timed step.
+        contexts = [[c + i for c in first] for i in range(1, args.output_len + 1)]
         self.check_batch(batch)
+        one_at_a_time = None
+        if engine.async_scheduling:
+            # The baseline in the same run: the same steps without launching ahead.
+            with synchronous_steps(engine):
+                alone = [timed_step(engine) for _ in range(args.output_len)]
+            one_at_a_time = statistics.median(alone)
+            self.check_batch(batch)
         eager_s = self.eager_step(batch)
         self.check_batch(batch)
         distinct, source = self.distinct_experts(batch)
@@ -417,6 +431,8 @@ class Sweep:
             "step_ms_min": 1e3 * min(steps),
             "step_ms_max": 1e3 * max(steps),
             "forward_ms": 1e3 * forward_s,
+            "async_scheduling": engine.async_scheduling,
+            "one_at_a_time_step_ms": None if one_at_a_time is None else 1e3 * one_at_a_time,
             "eager_step_ms": None if eager_s is None else 1e3 * eager_s,
             "tokens_per_s": batch / step_s,
             "distinct_experts_mean": statistics.fmean(distinct),
@@ -428,9 +444,10 @@ class Sweep:
             "forward_over_floor": forward_s / floor_s,
         }
         self.record["decode"].append(case)
+        alone = "" if one_at_a_time is None else f", one at a time {1e3 * one_at_a_time:.2f}"
         print(
             f"L={length:>6} B={batch:>4} decode ({case['mode']}): step {case['step_ms']:.2f} ms "
-            f"(forward {case['forward_ms']:.2f}), {case['tokens_per_s']:.0f} tok/s, floor "
+            f"(forward {case['forward_ms']:.2f}{alone}), {case['tokens_per_s']:.0f} tok/s, floor "
             f"{case['floor_ms']:.2f} ms ({case['floor_gb']:.2f} GB, "
             f"{case['distinct_experts_mean']:.1f} experts/layer {source}), "
             f"step/floor {case['step_over_floor']:.2f}",
@@ -450,7 +467,9 @@ class Sweep:
             self.check_batch(batch)
             self.engine.step()
 
-        kernels, gaps = profile_steps_and_gaps(step, self.args.profile_steps, self.device)
+        # One at a time: every kernel in the window is one of the profiled steps'.
+        with synchronous_steps(self.engine):
+            kernels, gaps = profile_steps_and_gaps(step, self.args.profile_steps, self.device)
         fp = self.fp
         floors = {
             "routed experts": sum(distinct) * fp.expert_bytes,
@@ -522,7 +541,9 @@ def sized_engine_args(
         parser.error(str(e))
     if budget <= bmax:
         parser.error(f"--max-num-batched-tokens ({budget}) must exceed the largest batch ({bmax})")
-    per_case = args.warmup_steps + args.output_len + 2 + args.profile_steps
+    # + the one-at-a-time steps, the eager step, the routing step and the step in flight that
+    # synchronous_steps completes
+    per_case = args.warmup_steps + 2 * args.output_len + 3 + args.profile_steps
     max_tokens = {
         n: decode_tokens_needed(n, bmax, budget, len(batch_sizes), per_case) for n in input_lens
     }
@@ -588,6 +609,8 @@ def main(argv: list[str] | None = None) -> int:
         args.profile_steps, args.profile_prefill = 1, True
         args.max_num_seqs = args.max_model_len = args.kv_cache_memory = None
         args.num_gpu_blocks_override = None
+        # Off by default on the CPU; on here so that the dry run goes through its code.
+        args.async_scheduling = True
     batch_sizes = sorted(set(args.batch_sizes or [args.batch_size]))
     input_lens = sorted(set(args.input_lens or [args.input_len]))
     if min(batch_sizes + input_lens + [args.output_len, args.matmul_size]) < 1:
@@ -685,7 +708,8 @@ def print_summary(record: dict[str, Any]) -> None:
     print_table("prefill", prefill, record["prefill"])
     decode = [("ctx", "input_len", "d"), ("batch", "batch", "d"), ("mode", "mode", "s"),
               ("mean ctx", "mean_context", ".0f"), ("step ms", "step_ms", ".2f"),
-              ("fwd ms", "forward_ms", ".2f"), ("eager ms", "eager_step_ms", ".2f"),
+              ("fwd ms", "forward_ms", ".2f"), ("1-by-1 ms", "one_at_a_time_step_ms", ".2f"),
+              ("eager ms", "eager_step_ms", ".2f"),
               ("tok/s", "tokens_per_s", ".0f"),
               ("experts", "distinct_experts_mean", ".1f"), ("floor GB", "floor_gb", ".2f"),
               ("floor ms", "floor_ms", ".2f"), ("step/flr", "step_over_floor", ".2f"),

@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         while engine.has_unfinished_requests():
             decode_only = is_decode_only(engine)
             batch = len(engine.scheduler.running)
-            (decodes if decode_only else mixed).append((timed_step(engine, device), batch))
+            (decodes if decode_only else mixed).append((timed_step(engine), batch))
         elapsed = time.perf_counter() - start
     finally:
         engine.shutdown()
