@@ -122,6 +122,48 @@ def test_abort_while_the_next_step_is_in_flight():
     assert ahead >= 3
 
 
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, repetition_penalty=1.5),
+        SamplingParams(temperature=0.0, max_tokens=8, min_tokens=8),
+    ],
+    ids=["repetition_penalty", "min_tokens"],
+)
+def test_no_step_ahead_while_sampling_depends_on_the_tokens(params):
+    """A penalty's seen tokens and a min_tokens suppression are built from the token history,
+    which lacks the step in flight's token: such rows are sampled one step at a time."""
+    (got, _), (want, _), ahead = both({"a": params, "b": params})
+    assert got == want
+    assert ahead == 0
+
+
+def test_an_error_while_scheduling_ahead_fails_the_step_and_the_engine_goes_on(monkeypatch):
+    engine = make_engine(True)
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+        engine.add_request("a", PROMPTS["a"], params)
+        engine.step()
+
+        def broken(step):
+            raise RuntimeError("no room")
+
+        monkeypatch.setattr(engine.scheduler, "schedule_ahead", broken)
+        with pytest.raises(RuntimeError, match="no room"):
+            engine.step()
+        assert not engine.has_unfinished_requests() and not engine.step_in_flight
+        monkeypatch.undo()
+        engine.add_request("b", PROMPTS["b"], params)
+        finals = []
+        while engine.has_unfinished_requests():
+            finals += [o for o in engine.step() if o.finished]
+        assert [(o.request_id, len(o.outputs[0].token_ids)) for o in finals] == [("b", 6)]
+        kv = engine.kv_cache_manager
+        assert kv.num_free_blocks == kv.initial_num_free_blocks
+    finally:
+        engine.shutdown()
+
+
 def test_steps_launched_ahead_feed_the_sampled_ids_on_the_device():
     engine = make_engine(True)
     try:

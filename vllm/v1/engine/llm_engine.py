@@ -72,8 +72,10 @@ class LLMEngine:
         except BaseException:
             self.executor.shutdown()
             raise
-        logger.info("Engine ready in %.1f s (%s, %s, TP=%d)", time.perf_counter() - start,
-                    mc.model, mc.dtype, config.parallel_config.tensor_parallel_size)  # fmt: skip
+        logger.info("Engine ready in %.1f s (%s, %s, TP=%d, asynchronous scheduling %s)",
+                    time.perf_counter() - start, mc.model, mc.dtype,
+                    config.parallel_config.tensor_parallel_size,
+                    "on" if sc.async_scheduling else "off")  # fmt: skip
         self.kv_cache_manager = KVCacheManager(sizes.num_blocks, cc.block_size, sizes.num_kda_slots)
         self.async_scheduling = sc.async_scheduling
         scheduler_class = AsyncScheduler if self.async_scheduling else Scheduler
@@ -246,12 +248,16 @@ class LLMEngine:
         """Launch the step that follows `launched` when the scheduler and the sampler can take
         it before `launched`'s tokens are known; None otherwise."""
         entries = launched.scheduled.entries
-        if not self.executor.runner.can_sample_ahead([e.request for e in entries]):
-            return None
-        ahead = self.scheduler.schedule_ahead(launched.scheduled)
+        # On an error, the step launched before fails too: it holds the same sequences.
+        try:
+            ahead = None
+            if self.executor.runner.can_sample_ahead([e.request for e in entries]):
+                ahead = self.scheduler.schedule_ahead(launched.scheduled)
+        except BaseException:
+            self._fail_step(launched.scheduled)
+            raise
         if ahead is None:
             return None
-        # On an error, the step in flight fails too: it holds the same sequences.
         return self._launch(ahead, failing=launched.scheduled)
 
     def _complete(self, launched: _Launched) -> list[RequestOutput]:
@@ -289,7 +295,9 @@ class LLMEngine:
     def _fail_step(self, sched_out: SchedulerOutput) -> None:
         """Forget the step (and any scheduled after it, which holds the same sequences) and
         finish its sequences as errors."""
-        seq_ids = [entry.request_id for entry in sched_out.entries]
+        # Only sequences still the step's own: one that ended since may have had its id reused.
+        owned = self.scheduler.requests
+        seq_ids = [e.request_id for e in sched_out.entries if owned.get(e.request_id) is e.request]
         self.scheduler.cancel_step(sched_out)
         self.scheduler.finish_requests(seq_ids, RequestStatus.FINISHED_ERROR)
         self.executor.runner.free_requests(seq_ids)

@@ -300,6 +300,10 @@ class ModelRunner:
             if follows:
                 self.input_ids[:n].copy_(last)
             hidden = self.model(self.input_ids[:tokens], metadata)
+            if step.logits_rows == list(range(len(step.logits_rows))):
+                # Decode-only: the leading rows, sliced (an index copied from pageable host
+                # memory would wait for the stream, and a step launched ahead would not overlap).
+                return self.model.compute_logits(hidden[: len(step.logits_rows)])
             rows = torch.tensor(step.logits_rows, dtype=torch.long).to(self.device)
             return self.model.compute_logits(hidden[rows])
 

@@ -84,9 +84,9 @@ def test_cancelling_the_step_in_flight_cancels_its_continuation():
 def test_no_continuation_when_schedule_would_differ(case):
     sched = _scheduler(
         max_model_len=5 if case == "max_model_len" else 256,
-        # Two usable blocks of 4 tokens: each prompt of 3 fills one; the step's token (position
-        # 3) still fits, the continuation's (position 4) would need a third block.
-        num_blocks=3 if case == "cache" else 64,
+        # Three usable blocks of 4 tokens: each prompt of 3 takes one; the step's token (position
+        # 3) still fits, the continuations' (position 4) would need two more, one is left.
+        num_blocks=4 if case == "cache" else 64,
     )
     requests = [_request("a", 3, max_tokens=2 if case == "max_tokens" else 4)]
     if case == "cache":
@@ -116,6 +116,15 @@ def test_a_sequence_ending_by_length_keeps_its_row_while_others_go_on():
     assert sched.update_from_output(ahead, {"b": [9]}) == []
     assert (a.output_token_ids, b.output_token_ids) == ([7, 7], [7, 7, 9])
     assert a.num_computed_tokens == 4 and b.num_computed_tokens == 5
+
+
+def test_waiting_requests_do_not_stop_a_full_batch():
+    kv = KVCacheManager(64, 4, num_kda_slots=3)
+    sched = AsyncScheduler(1, 64, 256, kv)
+    step = _decoding(sched, _request("a", 3))
+    sched.add_request(_request("w", 3))  # max_num_seqs 1: schedule() would not admit it
+    ahead = sched.schedule_ahead(step)
+    assert [e.request_id for e in ahead.entries] == ["a"]
 
 
 def test_no_continuation_for_a_sequence_finished_since():

@@ -11,7 +11,8 @@ that `step` samples for it (the model runner copies those on the device; their i
 here). It schedules nothing, and returns None, unless that continuation is what `schedule()`
 would give once `step` is recorded, up to the rows of sequences that end with `step`'s token:
 
-- nothing waits (so no prefill would be admitted) and every running sequence is in `step`;
+- nothing waits, or the running sequences fill `max_num_seqs` (so no prefill would be admitted),
+  and every running sequence is in `step`;
 - a sequence that ends with `step`'s token (on a stop token, which cannot be foreseen, or at
   `max_tokens` or `max_model_len`, which can) keeps its row, and the engine drops what the
   continuation computed for it: its cache is freed when `step` is recorded and only reused by
@@ -34,7 +35,9 @@ class AsyncScheduler(Scheduler):
         if len(self._pending) != 1 or step is not self._pending[0]:
             raise ValueError("step must be the only scheduled step not yet recorded")
         entries = step.entries
-        if self.waiting or len(entries) != len(self.running):
+        # Waiting requests would be admitted unless the running ones fill max_num_seqs.
+        admits = self.waiting and len(self.running) < self.max_num_seqs
+        if admits or len(entries) != len(self.running):
             return None
         running, max_len = RequestStatus.RUNNING, self.max_model_len
         goes_on = False
@@ -49,11 +52,15 @@ class AsyncScheduler(Scheduler):
         if not goes_on:
             return None
         kv = self.kv_cache_manager
+        # The cache holds the step's tokens so far; the continuation writes one more, which needs
+        # a new block where the step fills its last one. Counted first: None changes nothing.
+        size = kv.block_size
+        grows = sum(len(e.block_table) * size < e.num_computed_tokens + 2 for e in entries)
+        if grows > kv.num_free_blocks:
+            return None
         ahead = []
         for entry in entries:
-            # The cache holds the step's tokens so far; the continuation writes one more.
-            if not kv.allocate_slots(entry.request, entry.num_new_tokens + 1):
-                return None
+            kv.allocate_slots(entry.request, entry.num_new_tokens + 1)
             row = ScheduledRequest(
                 entry.request_id, entry.request, [], entry.num_computed_tokens + 1, 1, True,
                 entry.block_table, entry.kda_slot, False, True,
