@@ -31,8 +31,8 @@ every kernel (untimed):
    between steps is that of synchronous steps).
 
 Per case: step ms (median wall time of an `engine.step()` call: scheduling, forward, sampling,
-outputs),
-forward ms (rank 0's forward on the device: CUDA events around the runner's execute), tokens/s
+outputs), forward ms (rank 0's forward on the device: CUDA events around the runner's execute;
+launched ahead, its start waits for the step before, so host staging falls outside), tokens/s
 (B / step), the floor and step / floor. Floor = the bytes a decode step must move
 (`vllm/models/kimi_k3/amd/footprint.py`: weights the step uses, each distinct expert the router
 chose once, KDA state read and written, the MLA latent cache at the sequences' context lengths,

@@ -164,7 +164,7 @@ def test_an_error_while_scheduling_ahead_fails_the_step_and_the_engine_goes_on(m
         engine.shutdown()
 
 
-def test_steps_launched_ahead_feed_the_sampled_ids_on_the_device():
+def test_a_step_launched_ahead_needs_the_last_sampled_rows():
     engine = make_engine(True)
     try:
         engine.add_request("a", PROMPTS["a"], SamplingParams(temperature=0.0, max_tokens=6))

@@ -291,14 +291,14 @@ class ModelRunner:
         with torch.no_grad():
             if graph_size is not None:
                 self.builder.stage(step.batch, graph_size, ids)
-                if follows:
-                    self.input_ids[:n].copy_(last)
+            else:
+                metadata = self.builder.build(step.batch, input_ids=ids)
+            if follows:  # after the upload, which rewrites the whole input buffer
+                self.input_ids[:n].copy_(last)
+            if graph_size is not None:
                 graph, out = self.graphs[graph_size]
                 graph.replay()
                 return out[:n]
-            metadata = self.builder.build(step.batch, input_ids=ids)
-            if follows:
-                self.input_ids[:n].copy_(last)
             hidden = self.model(self.input_ids[:tokens], metadata)
             if step.logits_rows == list(range(len(step.logits_rows))):
                 # Decode-only: the leading rows, sliced (an index copied from pageable host

@@ -25,7 +25,6 @@ would give once `step` is recorded, up to the rows of sequences that end with `s
 
 from vllm.v1.core.sched.output import ScheduledRequest, SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.request import RequestStatus
 
 
 class AsyncScheduler(Scheduler):
@@ -39,11 +38,12 @@ class AsyncScheduler(Scheduler):
         admits = self.waiting and len(self.running) < self.max_num_seqs
         if admits or len(entries) != len(self.running):
             return None
-        running, max_len = RequestStatus.RUNNING, self.max_model_len
+        # Equal counts: every entry is still running (an ended one has left `running`).
+        max_len = self.max_model_len
         goes_on = False
         for entry in entries:
             request = entry.request
-            if not entry.is_decode or request.status is not running:
+            if not entry.is_decode:
                 return None
             goes_on = goes_on or (
                 len(request.output_token_ids) + 1 < request.max_tokens
