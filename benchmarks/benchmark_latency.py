@@ -326,6 +326,12 @@ class Sweep:
                 f"{gaps.short_count:.0f} gaps <= {GAP_SPLIT_US:.0f} us, {gaps.long_us:.0f} us in "
                 f"{gaps.long_count:.0f} longer ones"
             )
+            print_table(
+                f"L={length}: the longer gaps by the kernels around them (the host behind)",
+                [("us", "us", ".0f"), ("gaps", "count", ".0f"),
+                 ("kernel before", "before", ".60s"), ("kernel after", "after", ".60s")],
+                [asdict(site) for site in gaps.long_sites],
+            )  # fmt: skip
         top = [asdict(k) for k in kernels[:TOP_KERNELS]]
         print_table(
             f"L={length}: top kernels of the prefill",

@@ -72,33 +72,60 @@ GAP_SPLIT_US = 20.0
 
 
 @dataclass(frozen=True)
+class GapSite:
+    """Where the device waited on the host: the kernel it finished last before a long gap and the
+    one it started next, with the number and length of such gaps per step."""
+
+    before: str
+    after: str
+    count: float
+    us: float
+
+
+@dataclass(frozen=True)
 class DeviceGaps:
     """Idle device time per step between the profiled kernels (and copies), split at
-    `GAP_SPLIT_US`: `short_us` in `short_count` gaps, `long_us` in `long_count`."""
+    `GAP_SPLIT_US`: `short_us` in `short_count` gaps, `long_us` in `long_count`; `long_sites`,
+    the long gaps by the kernels around them (longest total first, at most `top_sites`)."""
 
     short_us: float
     short_count: float
     long_us: float
     long_count: float
+    long_sites: tuple[GapSite, ...] = ()
 
 
-def device_gaps(intervals: list[tuple[float, float]], steps: int) -> DeviceGaps:
-    """Idle time between the (start, end) microsecond `intervals` of device work, per step of
-    `steps` (overlapping intervals merge first). The host's time between consecutive steps is
-    among the long gaps: `steps - 1` of them, divided by `steps`; none with one step. In eager
-    steps the short gaps can be the host's too."""
+def device_gaps(
+    intervals: list[tuple[float, float, str]], steps: int, top_sites: int = 8
+) -> DeviceGaps:
+    """Idle time between the (start, end, kernel name) microsecond `intervals` of device work,
+    per step of `steps` (overlapping intervals merge first). The host's time between consecutive
+    steps is among the long gaps: `steps - 1` of them, divided by `steps`; none with one step. In
+    eager steps the short gaps can be the host's too. A long gap inside a step is the host
+    falling behind the device: a sync, or host work between two launches that outlasts the
+    kernels queued before it; its site names where."""
     short = long = 0.0
     n_short = n_long = 0
+    sites: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0])
     busy_until = None
-    for start, end in sorted(intervals):
+    last = ""
+    for start, end, name in sorted(intervals):
         if busy_until is not None and start > busy_until:
             gap = start - busy_until
             if gap <= GAP_SPLIT_US:
                 short, n_short = short + gap, n_short + 1
             else:
                 long, n_long = long + gap, n_long + 1
-        busy_until = end if busy_until is None else max(busy_until, end)
-    return DeviceGaps(short / steps, n_short / steps, long / steps, n_long / steps)
+                site = sites[(last, name)]
+                site[0] += 1
+                site[1] += gap
+        if busy_until is None or end >= busy_until:
+            busy_until, last = end, name
+    ranked = sorted(sites.items(), key=lambda item: item[1][1], reverse=True)[:top_sites]
+    return DeviceGaps(
+        short / steps, n_short / steps, long / steps, n_long / steps,
+        tuple(GapSite(b, a, n / steps, us / steps) for (b, a), (n, us) in ranked),
+    )  # fmt: skip
 
 
 def profile_steps(step: Callable[[], Any], steps: int, device: torch.device) -> list[KernelTime]:
@@ -129,7 +156,7 @@ def profile_steps_and_gaps(
             if event.device_type != DeviceType.CUDA:
                 continue
             us = event.device_time_total
-            intervals.append((event.time_range.start, event.time_range.end))
+            intervals.append((event.time_range.start, event.time_range.end, event.name))
         else:
             # CPU operators nest; self time counts each microsecond once.
             if event.device_type != DeviceType.CPU or not event.name.startswith("aten::"):

@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from step_profile import (  # noqa: E402
     OTHER,
     DeviceGaps,
+    GapSite,
     KernelTime,
     breakdown,
     device_gaps,
@@ -111,9 +112,14 @@ def test_profile_steps_counts_each_step_once() -> None:
 
 
 def test_device_gaps_split_short_and_long_idle_per_step() -> None:
-    # Two steps: kernels 0-10, 12-20 (gap 2), 15-18 inside the last (no gap), 60-70 (gap 40),
-    # 71-80 (gap 1).
-    intervals = [(60.0, 70.0), (0.0, 10.0), (12.0, 20.0), (15.0, 18.0), (71.0, 80.0)]
+    # Two steps: kernels a 0-10, b 12-20 (gap 2), c 15-18 inside b (no gap), d 60-70 (gap 40
+    # after b, not c), e 71-80 (gap 1), f 105-106 (gap 25 after e).
+    intervals = [(60.0, 70.0, "d"), (0.0, 10.0, "a"), (12.0, 20.0, "b"), (15.0, 18.0, "c"),
+                 (71.0, 80.0, "e"), (105.0, 106.0, "f")]  # fmt: skip
     gaps = device_gaps(intervals, 2)
-    assert gaps == DeviceGaps(short_us=1.5, short_count=1.0, long_us=20.0, long_count=0.5)
+    assert gaps == DeviceGaps(
+        short_us=1.5, short_count=1.0, long_us=32.5, long_count=1.0,
+        long_sites=(GapSite("b", "d", 0.5, 20.0), GapSite("e", "f", 0.5, 12.5)),
+    )  # fmt: skip
+    assert device_gaps(intervals, 2, top_sites=1).long_sites == (GapSite("b", "d", 0.5, 20.0),)
     assert device_gaps([], 1) == DeviceGaps(0.0, 0.0, 0.0, 0.0)
