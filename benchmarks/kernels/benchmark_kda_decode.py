@@ -7,12 +7,13 @@ Variant sweep (the op alone, with its gated-RMSNorm epilogue; with --quantize th
 call, `quantize=True`, whose FP8 quantization the V-split epilogue does), one line per (shape,
 batch):
 
-  v{block_v}w{num_warps}[e{shift_programs}]
+  v{block_v}w{num_warps}[e{shift_programs}][x]
                           `KdaDecodeConfig(block_v, num_warps, shift_programs)`; v128 is the
                           single kernel (v128w8 is the kernel before the V split), v64 and below
                           the V-split kernel plus its epilogue kernel, whose q/k window shifts of
                           a token take at most `shift_programs` programs (without e: the default,
-                          `kda_epilogue_programs`)
+                          `kda_epilogue_programs`); x: `evict_state=True` (the state's loads and
+                          stores evicted first from L2)
   us / %copy              microseconds per call, and the state bytes (read + written, 2 * N * H *
                           D * D * 4 B) per second over the device's copy bandwidth (an eager
                           `copy_` of --copy-gib GiB measured in the same run, read + write bytes)
@@ -199,7 +200,7 @@ def kernel_us(fn, calls: int, kernel: str) -> float:
 
 def name(config: KdaDecodeConfig) -> str:
     shifts = "" if config.shift_programs is None else f"e{config.shift_programs}"
-    return f"v{config.block_v}w{config.num_warps}{shifts}"
+    return f"v{config.block_v}w{config.num_warps}{shifts}{'x' if config.evict_state else ''}"
 
 
 def cell(row: dict[str, object], key: str) -> str:
@@ -210,11 +211,12 @@ def cell(row: dict[str, object], key: str) -> str:
 
 
 def parse_variant(text: str) -> KdaDecodeConfig:
-    match = re.fullmatch(r"v(\d+)w(\d+)(?:e(\d+))?", text)
+    match = re.fullmatch(r"v(\d+)w(\d+)(?:e(\d+))?(x?)", text)
     if match is None:
         raise ValueError(text)
-    block_v, warps, shifts = match.groups()
-    return KdaDecodeConfig(int(block_v), int(warps), None if shifts is None else int(shifts))
+    block_v, warps, shifts, evict = match.groups()
+    shifts = None if shifts is None else int(shifts)
+    return KdaDecodeConfig(int(block_v), int(warps), shifts, evict_state=bool(evict))
 
 
 def sweep(shape: str, batch: int, args, copy: float, sms: int, variants) -> dict[str, object]:

@@ -105,18 +105,22 @@ def test_every_launch_variant_matches_unfused_ops(d, block_v, norm, dtype, trito
 def test_default_config_depends_on_shapes_only():
     sms = 132
     # D = 128: V-split; 16-column blocks while 64-column ones would not give 2 programs per SM.
-    assert kda_decode_config(1, 32, 128, sms) == KdaDecodeConfig(16, 4, 64, gate_proj=True)
+    assert kda_decode_config(1, 32, 128, sms) == KdaDecodeConfig(16, 4, 64, True, True)
     assert kda_decode_config(4, 32, 128, sms).block_v == 16
-    assert kda_decode_config(5, 32, 128, sms) == KdaDecodeConfig(64, 4, 64, gate_proj=True)
-    assert kda_decode_config(9, 32, 128, sms) == KdaDecodeConfig(64, 4, 58, gate_proj=True)
-    assert kda_decode_config(256, 12, 128, sms) == KdaDecodeConfig(64, 4, 3, gate_proj=False)
+    assert kda_decode_config(5, 32, 128, sms) == KdaDecodeConfig(64, 4, 64, True, True)
+    assert kda_decode_config(9, 32, 128, sms) == KdaDecodeConfig(64, 4, 58, True, True)
+    assert kda_decode_config(256, 12, 128, sms) == KdaDecodeConfig(64, 4, 3, False, False)
     # Small heads: one program per head.
-    assert kda_decode_config(1, 2, 32, sms) == KdaDecodeConfig(32, 4, gate_proj=True)
-    # The gate projections move into the kernel up to GATE_PROJ_MAX_BATCH sequences, any shape.
-    most = decode_module.GATE_PROJ_MAX_BATCH
-    for heads, d in ((32, 128), (2, 32)):
-        assert kda_decode_config(most, heads, d, sms).gate_proj
-        assert not kda_decode_config(most + 1, heads, d, sms).gate_proj
+    assert kda_decode_config(1, 2, 32, sms) == KdaDecodeConfig(32, 4, None, True, True)
+    # The gate projections move into the kernel up to GATE_PROJ_MAX_BATCH sequences, and the
+    # state is evicted first up to EVICT_STATE_MAX_BATCH, any shape.
+    for field, most in (
+        ("gate_proj", decode_module.GATE_PROJ_MAX_BATCH),
+        ("evict_state", decode_module.EVICT_STATE_MAX_BATCH),
+    ):
+        for heads, d in ((32, 128), (2, 32)):
+            assert getattr(kda_decode_config(most, heads, d, sms), field)
+            assert not getattr(kda_decode_config(most + 1, heads, d, sms), field)
 
 
 def test_default_shift_programs_shrink_with_the_batch():
@@ -198,6 +202,38 @@ def test_gpu_kimi_linear_sizes_every_variant(block_v, num_warps, triton_launches
     that only the epilogue kernel may shift."""
     step = make_step(64, 32, 128, 4, torch.bfloat16, seed=block_v)
     check_against_unfused(step, -5.0, KdaDecodeConfig(block_v, num_warps), triton_launches)
+
+
+@pytest.mark.parametrize("block_v", [8, 32])
+def test_evicting_the_state_first_gives_the_same_bits(block_v, triton_launches):
+    """The eviction policy is a cache hint: outputs and states are those of the default policy,
+    bit for bit, in the V-split and the single kernel."""
+    step = make_step(3, 2, 32, 4, torch.bfloat16, seed=5)
+    results = []
+    for evict in (False, True):
+        for name in triton_launches:
+            triton_launches[name] = 0
+        config = KdaDecodeConfig(block_v=block_v, num_warps=2, evict_state=evict)
+        out, out_step = check_against_unfused(step, -5.0, config, triton_launches)
+        results.append((out, out_step["conv_state"], out_step["ssm_state"]))
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 64])
+def test_gpu_evicting_the_state_first_gives_the_same_bits(n):
+    """Kimi-Linear sizes on the GPU, where the policy reaches the compiled loads and stores."""
+    step = make_step(n, 32, 128, 4, torch.bfloat16, seed=n)
+    default = kda_decode_config(n, 32, 128, num_sms(torch.device("cuda")))
+    results = []
+    for evict in (False, True):
+        run_step = clone(step)
+        config = KdaDecodeConfig(default.block_v, default.num_warps, evict_state=evict)
+        out = fused_kda_decode(**run_step, lower_bound=-5.0, config=config)
+        results.append((out, run_step["conv_state"], run_step["ssm_state"]))
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.gpu

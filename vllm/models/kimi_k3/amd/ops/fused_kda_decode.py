@@ -151,8 +151,9 @@ if triton is not None:
         heads, lower_bound, eps, q_scale,
         D: tl.constexpr, W: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_V: tl.constexpr,
         SPLIT: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, APPLY_NORM: tl.constexpr,
-        RANK_F: tl.constexpr, RANK_G: tl.constexpr, BLOCK_R: tl.constexpr,
+        RANK_F: tl.constexpr, RANK_G: tl.constexpr, BLOCK_R: tl.constexpr, EVICT: tl.constexpr,
     ):  # fmt: skip
+        # EVICT: the state tile's cache eviction policy ("evict_first" or "", the default).
         # RANK_F > 0: `raw_g_ptr` is f_a [N, RANK_F] and raw_g is f_w @ f_a. RANK_G > 0: the gate
         # is g_w @ g_a; `gate_ptr` is then, for the split, the [N, H, D] buffer the V blocks
         # write it to for the epilogue (the single kernel does not read it).
@@ -197,12 +198,12 @@ if triton is not None:
         # Loaded here, not before the prologue: loaded first, Triton gives the tile the conv
         # windows' layout and converts it through shared memory (sm_90, Triton 3.9). Other
         # programs on the SM (split variant) cover the prologue's latency instead.
-        s = tl.load(s_ptrs) * tl.exp(g)[:, None]  # [K, BLOCK_V]
+        s = tl.load(s_ptrs, eviction_policy=EVICT) * tl.exp(g)[:, None]  # [K, BLOCK_V]
         # o = (S + k u^T)^T q = S^T q + (k . q) u: both reductions read the decayed tile, so
         # they run together and o does not wait for the update.
         u = beta * (v - tl.sum(s * k[:, None], axis=0))
         o = tl.sum(s * q[:, None], axis=0) + tl.sum(k * q, axis=0) * u  # [BLOCK_V]
-        tl.store(s_ptrs, s + k[:, None] * u[None, :])
+        tl.store(s_ptrs, s + k[:, None] * u[None, :], eviction_policy=EVICT)
         if APPLY_NORM and not SPLIT:
             if not RANK_G:
                 z = tl.load(gate_row + cols)
@@ -349,14 +350,24 @@ class KdaDecodeConfig:
     linears) passes `raw_g` and `gate` as `LowRankProj` for the kernel to compute, or runs the
     linears first. The op computes whatever it is passed; the choice is made here because its
     cost depends on the launch: each of a head's D / block_v programs recomputes raw_g.
+
+    `evict_state`: load and store the state tile with the `evict_first` cache policy, so that
+    its lines, touched once a step, are the first to leave L2 (`kda_decode_config`).
     """
 
     block_v: int
     num_warps: int
     shift_programs: int | None = None
     gate_proj: bool = False
+    evict_state: bool = False
 
 
+# Sequences up to which `kda_decode_config` evicts the state first. H200, Kimi-Linear (32 heads of
+# 128), the engine's quantizing call, benchmark_kda_decode.py (docs/performance.md, "Thirteenth
+# run"): 7.5 / 17.6 / 82.7 us at batch 1 / 8 / 64 against 8.5 / 18.8 / 89.8 with the default
+# policy, the epilogue after it 4.2 against 5.2 us at 64 (the state's dirty lines no longer crowd
+# L2); at 256, where every step's states pass through L2 many times over, 345 against 339.
+EVICT_STATE_MAX_BATCH = 64
 # The epilogue's token program norms (and quantizes) at most this many elements of a token at a
 # time: its heads in chunks of `_EPILOGUE_TILE // D`. Its warps serve the window shifts as well.
 _EPILOGUE_TILE = 4096
@@ -423,16 +434,18 @@ def kda_decode_config(n: int, heads: int, d: int, num_sms: int) -> KdaDecodeConf
     quantizing epilogue 8.1-8.3 against 8.6-8.9, but at batch 8, 4 programs per SM, 18.1 against
     22.1, 2026-12-01).
     Small heads have small tiles: no split. The epilogue's shift programs: see
-    `kda_epilogue_programs`. Gate projections in the kernel up to `GATE_PROJ_MAX_BATCH`.
+    `kda_epilogue_programs`. Gate projections in the kernel up to `GATE_PROJ_MAX_BATCH`, and the
+    state evicted first from L2 up to `EVICT_STATE_MAX_BATCH`.
     """
     gate_proj = n <= GATE_PROJ_MAX_BATCH
+    evict = n <= EVICT_STATE_MAX_BATCH
     if d < 64:
-        return KdaDecodeConfig(block_v=d, num_warps=4, gate_proj=gate_proj)
+        return KdaDecodeConfig(block_v=d, num_warps=4, gate_proj=gate_proj, evict_state=evict)
     block_v = 64
     if n * heads * (d // block_v) < _MIN_PROGRAMS_PER_SM * num_sms:
         block_v = 16
     shift_programs = kda_epilogue_programs(n, heads, d, num_sms)
-    return KdaDecodeConfig(block_v, num_warps=4, shift_programs=shift_programs, gate_proj=gate_proj)
+    return KdaDecodeConfig(block_v, 4, shift_programs, gate_proj, evict)
 
 
 def _check_low_rank(name: str, proj: LowRankProj, n: int, rows: int, like: torch.Tensor) -> int:
@@ -575,7 +588,8 @@ def fused_kda_decode(
         heads, lower_bound if lower_bound is not None else 0.0, eps, d**-0.5,
         D=d, W=width, BLOCK_W=block_w, BLOCK_V=block_v, SPLIT=split,
         HAS_LOWER_BOUND=lower_bound is not None, APPLY_NORM=apply_norm,
-        RANK_F=rank_f, RANK_G=rank_g, BLOCK_R=block_r, num_warps=config.num_warps,
+        RANK_F=rank_f, RANK_G=rank_g, BLOCK_R=block_r,
+        EVICT="evict_first" if config.evict_state else "", num_warps=config.num_warps,
     )  # fmt: skip
     if not split:
         return per_token_fp8_quant(out.reshape(n, heads * d), quant_dtype) if quantize else out
