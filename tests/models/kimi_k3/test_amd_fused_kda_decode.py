@@ -105,22 +105,24 @@ def test_every_launch_variant_matches_unfused_ops(d, block_v, norm, dtype, trito
 def test_default_config_depends_on_shapes_only():
     sms = 132
     # D = 128: V-split; 16-column blocks while 64-column ones would not give 2 programs per SM.
-    assert kda_decode_config(1, 32, 128, sms) == KdaDecodeConfig(16, 4, 64, True, True)
+    assert kda_decode_config(1, 32, 128, sms) == KdaDecodeConfig(16, 4, 64, gate_proj=True)
     assert kda_decode_config(4, 32, 128, sms).block_v == 16
-    assert kda_decode_config(5, 32, 128, sms) == KdaDecodeConfig(64, 4, 64, True, True)
-    assert kda_decode_config(9, 32, 128, sms) == KdaDecodeConfig(64, 4, 58, True, True)
-    assert kda_decode_config(256, 12, 128, sms) == KdaDecodeConfig(64, 4, 3, False, False)
+    assert kda_decode_config(5, 32, 128, sms) == KdaDecodeConfig(64, 4, 64, gate_proj=True)
+    assert kda_decode_config(9, 32, 128, sms) == KdaDecodeConfig(64, 4, 58, gate_proj=True)
+    assert kda_decode_config(64, 32, 128, sms) == KdaDecodeConfig(64, 4, 8, evict_state=True)
+    assert kda_decode_config(256, 12, 128, sms) == KdaDecodeConfig(64, 4, 3, gate_proj=False)
     # Small heads: one program per head.
-    assert kda_decode_config(1, 2, 32, sms) == KdaDecodeConfig(32, 4, None, True, True)
-    # The gate projections move into the kernel up to GATE_PROJ_MAX_BATCH sequences, and the
-    # state is evicted first up to EVICT_STATE_MAX_BATCH, any shape.
-    for field, most in (
-        ("gate_proj", decode_module.GATE_PROJ_MAX_BATCH),
-        ("evict_state", decode_module.EVICT_STATE_MAX_BATCH),
-    ):
-        for heads, d in ((32, 128), (2, 32)):
-            assert getattr(kda_decode_config(most, heads, d, sms), field)
-            assert not getattr(kda_decode_config(most + 1, heads, d, sms), field)
+    assert kda_decode_config(1, 2, 32, sms) == KdaDecodeConfig(32, 4, gate_proj=True)
+    # The gate projections move into the kernel up to GATE_PROJ_MAX_BATCH sequences, any shape.
+    most = decode_module.GATE_PROJ_MAX_BATCH
+    for heads, d in ((32, 128), (2, 32)):
+        assert kda_decode_config(most, heads, d, sms).gate_proj
+        assert not kda_decode_config(most + 1, heads, d, sms).gate_proj
+    # The state is evicted first from EVICT_STATE_MIN_BATCH to EVICT_STATE_MAX_BATCH sequences.
+    low, high = decode_module.EVICT_STATE_MIN_BATCH, decode_module.EVICT_STATE_MAX_BATCH
+    for heads, d in ((32, 128), (2, 32)):
+        evicts = [kda_decode_config(n, heads, d, sms).evict_state for n in range(1, 2 * high)]
+        assert evicts == [low <= n <= high for n in range(1, 2 * high)]
 
 
 def test_default_shift_programs_shrink_with_the_batch():

@@ -362,12 +362,15 @@ class KdaDecodeConfig:
     evict_state: bool = False
 
 
-# Sequences up to which `kda_decode_config` evicts the state first. H200, Kimi-Linear (32 heads of
-# 128), the engine's quantizing call, benchmark_kda_decode.py (docs/performance.md, "Thirteenth
-# run"): 7.5 / 17.6 / 82.7 us at batch 1 / 8 / 64 against 8.5 / 18.8 / 89.8 with the default
-# policy, the epilogue after it 4.2 against 5.2 us at 64 (the state's dirty lines no longer crowd
-# L2); at 256, where every step's states pass through L2 many times over, 345 against 339.
-EVICT_STATE_MAX_BATCH = 64
+# Sequences for which `kda_decode_config` evicts the state first. H200, Kimi-Linear (32 heads of
+# 128), the engine's quantizing call (docs/performance.md, "Thirteenth run"): in the engine's
+# profile at batch 64 the KDA decode took 1654 against 1779 us a step (79.0% against 73.4% of its
+# floor; the kernel benchmark: 82.4 against 88.8 us, and the epilogue after it 4.1 against 5.1,
+# the state's dirty lines no longer crowding L2), at 128 in the kernel benchmark 166.3 against
+# 172.5 us; no gain in the engine at batch 1 and 8 (152 against 148, 336 against 338 us; the
+# kernel benchmark, alone on the GPU, gains there), and slower at 256 (344 against 338 us).
+EVICT_STATE_MIN_BATCH = 64
+EVICT_STATE_MAX_BATCH = 128
 # The epilogue's token program norms (and quantizes) at most this many elements of a token at a
 # time: its heads in chunks of `_EPILOGUE_TILE // D`. Its warps serve the window shifts as well.
 _EPILOGUE_TILE = 4096
@@ -435,10 +438,10 @@ def kda_decode_config(n: int, heads: int, d: int, num_sms: int) -> KdaDecodeConf
     22.1, 2026-12-01).
     Small heads have small tiles: no split. The epilogue's shift programs: see
     `kda_epilogue_programs`. Gate projections in the kernel up to `GATE_PROJ_MAX_BATCH`, and the
-    state evicted first from L2 up to `EVICT_STATE_MAX_BATCH`.
+    state evicted first from L2 from `EVICT_STATE_MIN_BATCH` to `EVICT_STATE_MAX_BATCH`.
     """
     gate_proj = n <= GATE_PROJ_MAX_BATCH
-    evict = n <= EVICT_STATE_MAX_BATCH
+    evict = EVICT_STATE_MIN_BATCH <= n <= EVICT_STATE_MAX_BATCH
     if d < 64:
         return KdaDecodeConfig(block_v=d, num_warps=4, gate_proj=gate_proj, evict_state=evict)
     block_v = 64
