@@ -1,11 +1,14 @@
 """ModelRunner._sampling_metadata: the last step's SamplingMetadata is reused only while the rows
-are the same requests in the same order and nothing in it depends on their token histories."""
+are the same requests in the same order and nothing in it depends on their token histories; and
+`execute` returns the logits of the rows asked."""
 
+import pytest
 import torch
 
+from vllm.models.kimi_k3.amd.metadata import BatchSchedule
 from vllm.sampling_params import SamplingParams
 from vllm.v1.request import Request
-from vllm.v1.worker.model_runner import ModelRunner
+from vllm.v1.worker.model_runner import ModelRunner, StepInput
 
 VOCAB = 32
 CPU = torch.device("cpu")
@@ -57,3 +60,36 @@ def test_min_tokens_suppression_lifts_once_due_and_is_then_reused():
     assert lifted is not due and lifted.suppress_rows is None
     req.output_token_ids.append(10)
     assert runner._sampling_metadata([req], CPU) is lifted
+
+
+class _EchoModel:
+    """hidden = the token ids as one float column; logits = hidden."""
+
+    def __call__(self, input_ids: torch.Tensor, metadata) -> torch.Tensor:
+        return input_ids.float()[:, None]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden
+
+
+class _UploadingBuilder:
+    """Writes the step's ids into the runner's input buffer, as the metadata builder does."""
+
+    def __init__(self, input_ids: torch.Tensor) -> None:
+        self.input_ids = input_ids
+
+    def build(self, batch, input_ids=None):
+        self.input_ids[: len(input_ids)] = torch.from_numpy(input_ids)
+
+
+@pytest.mark.parametrize("rows", [[], [0, 1], [5], [2, 3, 4], [0, 1, 5], [4, 2]])
+def test_execute_computes_the_logits_of_exactly_the_rows_asked(rows):
+    """Consecutive rows are sliced, others gathered: either way the rows asked, in order."""
+    runner = bare_runner()
+    runner.max_num_tokens, runner.graphs, runner.last_sampled = 16, {}, None
+    runner.input_ids = torch.zeros(16, dtype=torch.long)
+    runner.builder, runner.model = _UploadingBuilder(runner.input_ids), _EchoModel()
+    ids = [10 + i for i in range(6)]
+    batch = BatchSchedule([0], [6], [[1]], [1], 0)
+    logits = runner.execute(StepInput(ids, batch, rows))
+    assert logits[:, 0].tolist() == [float(ids[r]) for r in rows]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from vllm.sampling_params import SamplingParams, SamplingType
+from vllm.utils.torch_utils import async_tensor_h2d
 
 
 @dataclass
@@ -105,23 +106,23 @@ class SamplingMetadata:
                 md.generators[i] = g
 
         if not md.all_greedy:
-            md.temperature = _to_device(
+            md.temperature = async_tensor_h2d(
                 [1.0 if gr else p.temperature for p, gr in zip(params, greedy, strict=True)],
                 torch.float32,
                 device,
             )
             if not md.all_random:
-                md.greedy_mask = _to_device(greedy, torch.bool, device)
+                md.greedy_mask = async_tensor_h2d(greedy, torch.bool, device)
             # Greedy rows had their knobs reset by SamplingParams, so they never count as active.
             top_k = [vocab_size if p.top_k <= 0 else min(p.top_k, vocab_size) for p in params]
             active_k = [k for k in top_k if k < vocab_size]
             if active_k:
-                md.top_k = _to_device(top_k, torch.int64, device)
+                md.top_k = async_tensor_h2d(top_k, torch.int64, device)
                 md.max_top_k = max(active_k)
             if any(p.top_p < 1.0 for p in params):
-                md.top_p = _to_device([p.top_p for p in params], torch.float32, device)
+                md.top_p = async_tensor_h2d([p.top_p for p in params], torch.float32, device)
             if any(p.min_p > 0.0 for p in params):
-                md.min_p = _to_device([p.min_p for p in params], torch.float32, device)
+                md.min_p = async_tensor_h2d([p.min_p for p in params], torch.float32, device)
 
         md._build_penalty(params, prompt_token_ids, output_token_ids)
         md._build_suppression(params, output_token_ids)
@@ -144,7 +145,7 @@ class SamplingMetadata:
         rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
         if not rows:
             return
-        self.repetition_penalty = _to_device(
+        self.repetition_penalty = async_tensor_h2d(
             [p.repetition_penalty for p in params], torch.float32, self.device
         )
         row_ids, token_ids = [], []
@@ -161,8 +162,8 @@ class SamplingMetadata:
             self.num_reqs, self.vocab_size, dtype=torch.bool, device=self.device
         )
         self.seen_mask[
-            _to_device(torch.cat(row_ids), torch.int64, self.device),
-            _to_device(torch.cat(token_ids), torch.int64, self.device),
+            async_tensor_h2d(torch.cat(row_ids), torch.int64, self.device),
+            async_tensor_h2d(torch.cat(token_ids), torch.int64, self.device),
         ] = True
 
     def _build_suppression(
@@ -176,8 +177,8 @@ class SamplingMetadata:
                 rows.extend([i] * len(stop))
                 ids.extend(stop)
         if rows:
-            self.suppress_rows = _to_device(rows, torch.int64, self.device)
-            self.suppress_ids = _to_device(ids, torch.int64, self.device)
+            self.suppress_rows = async_tensor_h2d(rows, torch.int64, self.device)
+            self.suppress_ids = async_tensor_h2d(ids, torch.int64, self.device)
 
     def _check_ids(self, name: str, row: int, ids: torch.Tensor) -> None:
         # An out-of-range id would fault inside a device kernel, far from its cause.
@@ -187,11 +188,3 @@ class SamplingMetadata:
 
 def _same_device(a: torch.device, b: torch.device) -> bool:
     return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
-
-
-def _to_device(data: list | torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    cpu = torch.as_tensor(data, dtype=dtype)
-    if device.type == "cpu":
-        return cpu
-    # Pinned + non_blocking: a pageable copy would make the host wait for the device's queue.
-    return cpu.pin_memory().to(device, non_blocking=True)

@@ -35,6 +35,7 @@ from vllm.model_executor.layers.quantization.online.base import OnlineQuantizati
 from vllm.model_executor.model_loader.loader import load_model
 from vllm.models.kimi_k3.amd.metadata import BatchSchedule, KimiMetadataBuilder
 from vllm.models.registry import model_class
+from vllm.utils.torch_utils import async_tensor_h2d
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import allocate_kv_caches
 from vllm.v1.sample.metadata import SamplingMetadata
@@ -300,12 +301,15 @@ class ModelRunner:
                 graph.replay()
                 return out[:n]
             hidden = self.model(self.input_ids[:tokens], metadata)
-            if step.logits_rows == list(range(len(step.logits_rows))):
-                # Decode-only: the leading rows, sliced (an index copied from pageable host
-                # memory would wait for the stream, and a step launched ahead would not overlap).
-                return self.model.compute_logits(hidden[: len(step.logits_rows)])
-            rows = torch.tensor(step.logits_rows, dtype=torch.long).to(self.device)
-            return self.model.compute_logits(hidden[rows])
+            rows = step.logits_rows
+            first = rows[0] if rows else 0
+            if rows == list(range(first, first + len(rows))):
+                # Consecutive rows (a decode-only step, one prompt's last token): a slice, no
+                # index to upload.
+                return self.model.compute_logits(hidden[first : first + len(rows)])
+            return self.model.compute_logits(
+                hidden[async_tensor_h2d(rows, torch.long, self.device)]
+            )
 
     def _graph_size(self, step: StepInput) -> int | None:
         n = len(step.batch.num_new)
