@@ -106,6 +106,8 @@ def test_layout_decodes_first_then_prefills():
     (s1, e1, slots1, mask1), (s2, e2, slots2, mask2) = mla.prefills
     assert (s1, e1, s2, e2) == (1, 4, 4, 6)
     assert slots1.tolist() == [16, 17, 18, 19, 36] and slots2.tolist() == [24, 25]
+    # A prompt with nothing cached reads its slots from the step's slot mapping, in place.
+    assert slots2.data_ptr() == mla.slot_mapping[4:].data_ptr()
     assert mask1.tolist() == [[False] * 3 + [True] * 2, [False] * 4 + [True], [False] * 5]
     assert mask2.tolist() == [[False, True], [False, False]]
 

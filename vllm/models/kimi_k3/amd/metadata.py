@@ -242,8 +242,10 @@ class KimiMetadataBuilder:
     def _prefill_contexts(
         self, batch: BatchSchedule, start: int
     ) -> list[tuple[int, int, torch.Tensor, torch.Tensor]]:
-        """(start, end, context slots, causal mask) of each prefill sequence, on the device:
-        fresh tensors (prefill steps are not captured), one host-to-device copy for all slots."""
+        """(start, end, context slots, causal mask) of each prefill sequence, on the device
+        (prefill steps are not captured). A sequence with nothing cached has its new tokens as
+        its whole context: their slots are the step's slot mapping, already uploaded, viewed in
+        place. Continued sequences' context slots go up in one host-to-device copy for all."""
         nd = batch.num_decodes
         computed, new = batch.num_computed[nd:], batch.num_new[nd:]
         if not new:
@@ -251,14 +253,17 @@ class KimiMetadataBuilder:
         bs = self.block_size
         ctx_lens = [c + w for c, w in zip(computed, new, strict=True)]
         host = []
-        for table, ctx in zip(batch.block_tables[nd:], ctx_lens, strict=True):
-            positions = torch.arange(ctx)
-            host.append(torch.tensor(table)[positions // bs] * bs + positions % bs)
-        all_slots = torch.cat(host).to(self.device, non_blocking=True)
+        for table, c, ctx in zip(batch.block_tables[nd:], computed, ctx_lens, strict=True):
+            if c:
+                positions = torch.arange(ctx)
+                host.append(torch.tensor(table)[positions // bs] * bs + positions % bs)
+        uploaded = iter(())
+        if host:
+            lens = [len(h) for h in host]
+            uploaded = iter(torch.cat(host).to(self.device, non_blocking=True).split(lens))
         out = []
-        for c, w, ctx, ctx_slots in zip(
-            computed, new, ctx_lens, all_slots.split(ctx_lens), strict=True
-        ):
+        for c, w, ctx in zip(computed, new, ctx_lens, strict=True):
+            ctx_slots = next(uploaded) if c else self.slot_mapping[start : start + w]
             positions = torch.arange(ctx, device=self.device)
             masked = positions[None, :] > positions[c:, None]
             out.append((start, start + w, ctx_slots, masked))
