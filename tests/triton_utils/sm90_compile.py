@@ -67,16 +67,24 @@ def specialize(kernel, args: dict) -> tuple[dict, dict, dict]:
 
 
 def compile_launch(launch: dict) -> str | None:
-    """None if the launch compiles for sm_90 and fits an H200's shared memory, else why not."""
+    """None if the launch compiles for sm_90, fits an H200's shared memory and its PTX holds
+    every string of ``launch["ptx_has"]`` and none of ``launch["ptx_lacks"]`` (optional lists),
+    else why not."""
     kernel = getattr(importlib.import_module(launch["module"]), launch["kernel"])
     try:
         signature, constexprs, attrs = specialize(kernel, launch["args"])
         source = ASTSource(kernel, signature, constexprs, attrs)
-        shared = triton.compile(source, target=HOPPER, options=launch["options"]).metadata.shared
+        compiled = triton.compile(source, target=HOPPER, options=launch["options"])
     except Exception as e:  # the test reports any failure
         return f"{type(e).__name__}: {e}"
+    shared = compiled.metadata.shared
     if shared > H200_SHARED_MEMORY:
         return f"needs {shared} bytes of shared memory, an H200 program has {H200_SHARED_MEMORY}"
+    ptx = compiled.asm["ptx"]
+    missing = [s for s in launch.get("ptx_has", ()) if s not in ptx]
+    present = [s for s in launch.get("ptx_lacks", ()) if s in ptx]
+    if missing or present:
+        return f"PTX lacks {missing} / holds {present}"
     return None
 
 

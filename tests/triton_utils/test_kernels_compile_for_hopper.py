@@ -85,12 +85,34 @@ KERNELS = {
 MAX_VARIANTS = 8
 # The GEMV's one kernel runs two algorithms (multiply-and-sum, tl.dot) on three weight dtypes;
 # the KDA decode epilogue 9 (norm, quantized, shift-only; three shift tiles; chunked norm), its
-# main kernel 12 (7 launches without the gate projections, 5 with them); the MLA decode split
-# kernel 10 (4 with one latent chunk, 6 with 2 or 4).
+# main kernel 13 (8 launches without the gate projections, one of them with the state evicted
+# first, 5 with them); the MLA decode split kernel 10 (4 with one latent chunk, 6 with 2 or 4).
 MAX_VARIANTS_OF = {
-    "_gemv_kernel": 20, "_kda_decode_epilogue_kernel": 10, "_fused_kda_decode_kernel": 12,
+    "_gemv_kernel": 20, "_kda_decode_epilogue_kernel": 10, "_fused_kda_decode_kernel": 13,
     "_mla_decode_split_kernel": 10,
 }  # fmt: skip
+
+
+# The KDA decode's state policy in the PTX of Triton 3.6 and 3.9 for sm_90: an L2 policy made
+# with `createpolicy`, used as the cache hint of the state's loads and stores, which also carry
+# the L1 qualifier.
+_EVICT_FIRST_PTX = [
+    "createpolicy.fractional.L2::evict_first",
+    "ld.global.L1::evict_first.L2::cache_hint",
+    "st.global.L1::evict_first.L2::cache_hint",
+]
+
+
+def _ptx_checks(launch: dict) -> dict:
+    """What the compiled PTX of a launch must hold or lack, where a constexpr asks for it: the
+    KDA decode's state policy reaches its loads and stores."""
+    if launch["kernel"] == "_fused_kda_decode_kernel":
+        if launch["args"]["EVICT"] == "evict_first":
+            return {"ptx_has": _EVICT_FIRST_PTX}
+        return {"ptx_lacks": ["evict_first"]}
+    return {}
+
+
 H200_SMS = 132
 FP8 = torch.float8_e4m3fn  # NVIDIA's FP8 (the interpreter machine's platform may differ)
 
@@ -240,7 +262,7 @@ def _drive_ops() -> None:
     """Each op at Kimi-Linear's sizes (H200 launch choices where they depend on the device),
     then at the small sizes the CPU tests use."""
     gen = _gen(0)
-    for n in (8, 2):
+    for n in (64, 8, 2):  # 64: the state evicted first
         h200 = kda_decode_config(n, 32, 128, H200_SMS)
         _drive_kda_decode(n, 32, 128, [h200, KdaDecodeConfig(128, 8), KdaDecodeConfig(32, 4)])
     # The epilogue's fattest shift programs: 1024-channel tiles, one each and in a loop.
@@ -434,7 +456,7 @@ def _launches() -> tuple[dict, ...]:
         # The epilogue norming a token's heads in chunks (Kimi-Linear's 32 x 128 is one tile).
         mp.setattr(kda_decode_module, "_EPILOGUE_TILE", 32)
         _drive_kda_decode(3, 3, 16, [KdaDecodeConfig(4, 2)])
-    return tuple(launches)
+    return tuple(dict(launch, **_ptx_checks(launch)) for launch in launches)
 
 
 @functools.cache
@@ -459,6 +481,17 @@ def test_every_kernel_is_listed():
     found = {k for path in root.rglob("*.py") for k in jit_kernel.findall(path.read_text())}
     listed = {k for names in KERNELS.values() for k in names}
     assert found == listed
+
+
+def test_the_engine_launch_at_64_sequences_evicts_the_kda_state_first():
+    """The H200's default launch at batch 64 reaches the kernel with the policy (whose PTX
+    `_ptx_checks` then asks for), and the other recorded launches without it."""
+    policies = {
+        launch["args"]["EVICT"]
+        for launch in _launches()
+        if launch["kernel"] == "_fused_kda_decode_kernel"
+    }
+    assert policies == {"evict_first", ""}
 
 
 @pytest.mark.skipif(not _has_nvidia_backend(), reason="needs Triton's NVIDIA backend and ptxas")
