@@ -5,8 +5,10 @@ are the same requests in the same order and nothing in it depends on their token
 import pytest
 import torch
 
+import vllm.v1.worker.model_runner as runner_module
 from vllm.models.kimi_k3.amd.metadata import BatchSchedule
 from vllm.sampling_params import SamplingParams
+from vllm.utils.torch_utils import async_tensor_h2d
 from vllm.v1.request import Request
 from vllm.v1.worker.model_runner import ModelRunner, StepInput
 
@@ -82,14 +84,27 @@ class _UploadingBuilder:
         self.input_ids[: len(input_ids)] = torch.from_numpy(input_ids)
 
 
-@pytest.mark.parametrize("rows", [[], [0, 1], [5], [2, 3, 4], [0, 1, 5], [4, 2]])
-def test_execute_computes_the_logits_of_exactly_the_rows_asked(rows):
-    """Consecutive rows are sliced, others gathered: either way the rows asked, in order."""
+@pytest.mark.parametrize(
+    "rows,consecutive",
+    [([], True), ([0, 1], True), ([5], True), ([2, 3, 4], True), ([0, 1, 5], False),
+     ([4, 2], False)],
+)  # fmt: skip
+def test_execute_computes_the_logits_of_exactly_the_rows_asked(rows, consecutive, monkeypatch):
+    """Consecutive rows are sliced (no index upload), others gathered: either way the rows
+    asked, in order."""
     runner = bare_runner()
     runner.max_num_tokens, runner.graphs, runner.last_sampled = 16, {}, None
     runner.input_ids = torch.zeros(16, dtype=torch.long)
     runner.builder, runner.model = _UploadingBuilder(runner.input_ids), _EchoModel()
+    uploads = []
+
+    def upload(data, dtype, device):
+        uploads.append(list(data))
+        return async_tensor_h2d(data, dtype, device)
+
+    monkeypatch.setattr(runner_module, "async_tensor_h2d", upload)
     ids = [10 + i for i in range(6)]
     batch = BatchSchedule([0], [6], [[1]], [1], 0)
     logits = runner.execute(StepInput(ids, batch, rows))
     assert logits[:, 0].tolist() == [float(ids[r]) for r in rows]
+    assert uploads == ([] if consecutive else [rows])
