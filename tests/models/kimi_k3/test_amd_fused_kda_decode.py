@@ -10,6 +10,7 @@ import torch
 from engine_harness import EngineHarness, SingleLayer
 
 import vllm.models.kimi_k3.amd.ops.fused_kda_decode as decode_module
+import vllm.models.kimi_k3.amd.ops.fused_kda_decode_config as config_module
 from vllm.model_executor.layers.quantization.utils.fp8_per_token import per_token_fp8_quant
 from vllm.models.kimi_k3.amd.kda import KimiK3DeltaAttention
 from vllm.models.kimi_k3.amd.ops.fused_kda_decode import (
@@ -114,12 +115,12 @@ def test_default_config_depends_on_shapes_only():
     # Small heads: one program per head.
     assert kda_decode_config(1, 2, 32, sms) == KdaDecodeConfig(32, 4, gate_proj=True)
     # The gate projections move into the kernel up to GATE_PROJ_MAX_BATCH sequences, any shape.
-    most = decode_module.GATE_PROJ_MAX_BATCH
+    most = config_module.GATE_PROJ_MAX_BATCH
     for heads, d in ((32, 128), (2, 32)):
         assert kda_decode_config(most, heads, d, sms).gate_proj
         assert not kda_decode_config(most + 1, heads, d, sms).gate_proj
     # The state is evicted first from EVICT_STATE_MIN_BATCH to EVICT_STATE_MAX_BATCH sequences.
-    low, high = decode_module.EVICT_STATE_MIN_BATCH, decode_module.EVICT_STATE_MAX_BATCH
+    low, high = config_module.EVICT_STATE_MIN_BATCH, config_module.EVICT_STATE_MAX_BATCH
     for heads, d in ((32, 128), (2, 32)):
         evicts = [kda_decode_config(n, heads, d, sms).evict_state for n in range(1, 2 * high)]
         assert evicts == [low <= n <= high for n in range(1, 2 * high)]
@@ -129,27 +130,27 @@ def test_default_shift_programs_shrink_with_the_batch():
     """One per q or k head row while the batch leaves SMs idle, down to one whole tile each
     (Kimi-Linear's 8192 q | k channels in 1024-channel tiles; Kimi-K3 TP8's 3072)."""
     sms = 132
-    counts = [decode_module.kda_epilogue_programs(n, 32, 128, sms) for n in (1, 8, 64, 256)]
+    counts = [config_module.kda_epilogue_programs(n, 32, 128, sms) for n in (1, 8, 64, 256)]
     assert counts == [64, 64, 8, 8]
-    assert decode_module.kda_epilogue_programs(16, 32, 128, sms) == 33
-    assert decode_module.kda_epilogue_programs(256, 12, 128, sms) == 3
-    assert decode_module.kda_epilogue_programs(1, 1, 16, sms) == 2
+    assert config_module.kda_epilogue_programs(16, 32, 128, sms) == 33
+    assert config_module.kda_epilogue_programs(256, 12, 128, sms) == 3
+    assert config_module.kda_epilogue_programs(1, 1, 16, sms) == 2
 
 
 @pytest.mark.parametrize("block_w", [2, 4, 8])
 @pytest.mark.parametrize("channels", [32, 96, 6 * 128, 8192, 3072])
 def test_epilogue_tiling_covers_every_channel_once(channels, block_w):
     for programs in (1, 2, 3, 5, 7, 8, 33, 64, 10_000):
-        block_c, span, grid = decode_module._epilogue_tiling(channels, programs, block_w)
+        block_c, span, grid = config_module.kda_epilogue_tiling(channels, programs, block_w)
         assert block_c & (block_c - 1) == 0 and channels % block_c == 0
-        assert block_c * block_w <= decode_module._SHIFT_TILE
+        assert block_c * block_w <= config_module._SHIFT_TILE
         assert span % block_c == 0
         assert 1 <= grid <= programs
         assert (grid - 1) * span < channels <= grid * span
     # Kimi-Linear: one 1024-channel tile per program from 8 programs up; a loop over 8 below.
-    assert decode_module._epilogue_tiling(8192, 8, 4) == (1024, 1024, 8)
-    assert decode_module._epilogue_tiling(8192, 1, 4) == (1024, 8192, 1)
-    assert decode_module._epilogue_tiling(8192, 64, 4) == (128, 128, 64)
+    assert config_module.kda_epilogue_tiling(8192, 8, 4) == (1024, 1024, 8)
+    assert config_module.kda_epilogue_tiling(8192, 1, 4) == (1024, 8192, 1)
+    assert config_module.kda_epilogue_tiling(8192, 64, 4) == (128, 128, 64)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # exp(1e4) in the interpreter's sigmoid
@@ -206,20 +207,27 @@ def test_gpu_kimi_linear_sizes_every_variant(block_v, num_warps, triton_launches
     check_against_unfused(step, -5.0, KdaDecodeConfig(block_v, num_warps), triton_launches)
 
 
+def assert_both_policies_give_the_same_bits(run) -> None:
+    """`run(evict)` -> (output, conv_state, ssm_state) of one step on fresh copies; the eviction
+    policy is a cache hint, so both policies must give the same bits."""
+    default, evicting = run(False), run(True)
+    for a, b in zip(default, evicting, strict=True):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("block_v", [8, 32])
 def test_evicting_the_state_first_gives_the_same_bits(block_v, triton_launches):
-    """The eviction policy is a cache hint: outputs and states are those of the default policy,
-    bit for bit, in the V-split and the single kernel."""
+    """In the V-split and the single kernel, checked against the unfused ops as well."""
     step = make_step(3, 2, 32, 4, torch.bfloat16, seed=5)
-    results = []
-    for evict in (False, True):
+
+    def run(evict):
         for name in triton_launches:
             triton_launches[name] = 0
         config = KdaDecodeConfig(block_v=block_v, num_warps=2, evict_state=evict)
         out, out_step = check_against_unfused(step, -5.0, config, triton_launches)
-        results.append((out, out_step["conv_state"], out_step["ssm_state"]))
-    for a, b in zip(*results, strict=True):
-        assert torch.equal(a, b)
+        return out, out_step["conv_state"], out_step["ssm_state"]
+
+    assert_both_policies_give_the_same_bits(run)
 
 
 @pytest.mark.gpu
@@ -228,14 +236,14 @@ def test_gpu_evicting_the_state_first_gives_the_same_bits(n):
     """Kimi-Linear sizes on the GPU, where the policy reaches the compiled loads and stores."""
     step = make_step(n, 32, 128, 4, torch.bfloat16, seed=n)
     default = kda_decode_config(n, 32, 128, num_sms(torch.device("cuda")))
-    results = []
-    for evict in (False, True):
+
+    def run(evict):
         run_step = clone(step)
         config = KdaDecodeConfig(default.block_v, default.num_warps, evict_state=evict)
         out = fused_kda_decode(**run_step, lower_bound=-5.0, config=config)
-        results.append((out, run_step["conv_state"], run_step["ssm_state"]))
-    for a, b in zip(*results, strict=True):
-        assert torch.equal(a, b)
+        return out, run_step["conv_state"], run_step["ssm_state"]
+
+    assert_both_policies_give_the_same_bits(run)
 
 
 @pytest.mark.gpu

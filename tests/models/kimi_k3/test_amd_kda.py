@@ -7,7 +7,7 @@ import torch
 from engine_harness import EngineHarness, SingleLayer
 
 import vllm.models.kimi_k3.amd.kda as kda_module
-import vllm.models.kimi_k3.amd.ops.fused_kda_decode as fused_decode_module
+import vllm.models.kimi_k3.amd.ops.fused_kda_decode_config as decode_config_module
 from vllm.config.quantization import parse_quantization_config
 from vllm.model_executor.layers.linear import ColumnParallelLinear
 from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
@@ -450,7 +450,7 @@ def test_decode_runs_plain_gate_projections_in_the_kernel(case, device, monkeypa
     options, decode_calls = GATE_PROJ_LAYERS[case]
     options = dict(dtype=torch.bfloat16, device=device) | options
     if case == "above-threshold":
-        monkeypatch.setattr(fused_decode_module, "GATE_PROJ_MAX_BATCH", 1)  # decodes 2
+        monkeypatch.setattr(decode_config_module, "GATE_PROJ_MAX_BATCH", 1)  # decodes 2
     hf = hf_kda_exact_gate_sums()
     layer, twin = our_kda(hf, **options), our_kda(hf, **options)
     calls = {}
@@ -473,7 +473,7 @@ def test_decode_runs_plain_gate_projections_in_the_kernel(case, device, monkeypa
             x = x.to(options["dtype"])
             out = layer(x, harness.schedule(new).kda)
             with monkeypatch.context() as mp:
-                mp.setattr(fused_decode_module, "GATE_PROJ_MAX_BATCH", 0)
+                mp.setattr(decode_config_module, "GATE_PROJ_MAX_BATCH", 0)
                 expected = twin(x, twin_harness.schedule(new).kda)
             linears = decode_calls if name == "decode" else (1,) * len(calls)
             assert tuple(calls.values()) == linears, name
