@@ -51,8 +51,9 @@ intermediate chunk per step, warps); powers of two. A tgrouped config is
 `BLOCK_M/BLOCK_N,BLOCK_K,WARPS,STAGES/BLOCK_N,BLOCK_K,WARPS,STAGES`: rows per expert block, then
 the gate/up kernel (intermediate columns per program, hidden chunk per step, warps, pipeline
 stages) and the down kernel (hidden outputs per program, intermediate chunk per step, warps,
-stages); tiles are powers of two >= 16. On CPU the Triton paths run only under TRITON_INTERPRET=1
-(slow: keep --tokens small).
+stages); tiles are powers of two >= 16. A last `/tma` or `/ptr` loads the weights through TMA
+descriptors or pointers (default: the path's choice for the device and size). On CPU the Triton
+paths run only under TRITON_INTERPRET=1 (slow: keep --tokens small).
 """
 
 import argparse
@@ -146,12 +147,15 @@ def triton_config(text: str) -> tuple[str, dict[str, int | bool]]:
     return f"triton[{text}]", dict(zip(names, values, strict=True), gate_up_unroll=unroll)
 
 
-def tgrouped_config(text: str) -> tuple[str, dict[str, int]]:
-    """`BLOCK_M/BLOCK_N,BLOCK_K,WARPS,STAGES/BLOCK_N,BLOCK_K,WARPS,STAGES` -> (path name,
-    moe_experts_triton_grouped's keyword arguments)."""
+def tgrouped_config(text: str) -> tuple[str, dict[str, int | bool]]:
+    """`BLOCK_M/BLOCK_N,BLOCK_K,WARPS,STAGES/BLOCK_N,BLOCK_K,WARPS,STAGES[/tma|/ptr]` -> (path
+    name, moe_experts_triton_grouped's keyword arguments)."""
     names = ("block_m", "block_n", "block_k", "gate_up_warps", "gate_up_stages",
              "down_block_n", "down_block_k", "down_warps", "down_stages")  # fmt: skip
     parts = text.split("/")
+    loads = {}
+    if len(parts) == 4 and parts[3] in ("tma", "ptr"):
+        loads = {"tma": parts.pop() == "tma"}
     try:
         values = [int(v) for part in parts for v in part.split(",")]
     except ValueError:
@@ -164,10 +168,10 @@ def tgrouped_config(text: str) -> tuple[str, dict[str, int]]:
         or any(v < 16 or v & (v - 1) for v in tiles)
     ):
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not BLOCK_M/BLOCK_N,BLOCK_K,WARPS,STAGES/BLOCK_N,BLOCK_K,WARPS,STAGES "
-            "(tiles powers of two >= 16)"
+            f"{text!r} is not BLOCK_M/BLOCK_N,BLOCK_K,WARPS,STAGES/BLOCK_N,BLOCK_K,WARPS,STAGES"
+            "[/tma|/ptr] (tiles powers of two >= 16)"
         )
-    return f"tgrouped[{text}]", dict(zip(names, values, strict=True))
+    return f"tgrouped[{text}]", dict(zip(names, values, strict=True), **loads)
 
 
 def suggest_max_rows(rows: list[dict[str, object]], family: str, above: int = 0) -> int | None:

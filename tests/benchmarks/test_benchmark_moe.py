@@ -67,10 +67,21 @@ def test_bad_tgrouped_config_is_a_usage_error() -> None:
     import benchmark_moe
 
     for bad in ("16/64,128,4,3", "8/64,128,4,3/64,128,4,3", "16/64,128,4,0/64,128,4,3",
-                "16/64,96,4,3/64,128,4,3", "16/64,128,4/64,128,4,3"):  # fmt: skip
+                "16/64,96,4,3/64,128,4,3", "16/64,128,4/64,128,4,3",
+                "16/64,128,4,3/64,128,4,3/tmb"):  # fmt: skip
         with pytest.raises(SystemExit) as exit_info:
             benchmark_moe.main(["--dry-run", "--tgrouped-configs", bad])
         assert exit_info.value.code == 2
+
+
+def test_tgrouped_config_takes_the_loads() -> None:
+    import benchmark_moe
+
+    name, kwargs = benchmark_moe.tgrouped_config("128/128,64,8,4/128,64,8,3/tma")
+    assert name == "tgrouped[128/128,64,8,4/128,64,8,3/tma]"
+    assert kwargs["tma"] is True and kwargs["gate_up_stages"] == 4 and kwargs["block_m"] == 128
+    assert benchmark_moe.tgrouped_config("16/64,128,4,3/64,128,4,3/ptr")[1]["tma"] is False
+    assert "tma" not in benchmark_moe.tgrouped_config("16/64,128,4,3/64,128,4,3")[1]
 
 
 def test_tgrouped_max_rows_suggestion() -> None:

@@ -42,6 +42,7 @@ from vllm.model_executor.layers.fused_moe.weighted_sum import moe_weighted_sum_r
 from vllm.model_executor.layers.ops.silu_and_mul import silu_and_mul_ref
 from vllm.platforms.cpu import CpuPlatform
 from vllm.platforms.cuda import CudaPlatform
+from vllm.triton_utils import supports_tma
 
 E, H, INTER, K = 16, 64, 32, 4
 SYNC_FREE = [moe_experts_gathered, moe_experts_grouped]
@@ -543,6 +544,54 @@ def test_triton_grouped_matches_loop(tokens, topk, hidden, inter, skewed, dtype,
     assert [triton_launches[name] for name in GROUPED_KERNELS] == [1, 1, 1, 1]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    "tokens,topk,hidden,inter,skewed",
+    [
+        (40, 4, 64, 32, True),  # experts of three blocks, the last partial: rows past a block
+        (9, 3, 40, 24, False),  # tiles past the gate rows (into up) and past H and I
+    ],
+)
+def test_triton_grouped_tma_gives_the_pointer_loads_bits(tokens, topk, hidden, inter, skewed,
+                                                         dtype, monkeypatch):  # fmt: skip
+    """Through TMA descriptors the kernels multiply the same values in the same order: the same
+    bits as the pointer loads (bf16), even where a tile reads past its expert's or block's
+    rows."""
+    shape = dict(experts=8, hidden=hidden, inter=inter, topk=topk)
+    x, w13, w2, w, ids = make_case(tokens, dtype, DEVICE, seed=tokens + topk, **shape)
+    if skewed:
+        ids = skewed_ids(tokens, topk, DEVICE)
+    pointer = moe_experts_triton_grouped(x, w13, w2, w, ids, SiluAndMul(), **GROUPED_BLOCKS,
+                                         tma=False)  # fmt: skip
+    gate_up = record_launches(monkeypatch, experts_triton_grouped, "_moe_grouped_gate_up_kernel")
+    down = record_launches(monkeypatch, experts_triton_grouped, "_moe_grouped_down_kernel")
+    tma = moe_experts_triton_grouped(x, w13, w2, w, ids, SiluAndMul(), **GROUPED_BLOCKS,
+                                     tma=True)  # fmt: skip
+    assert [kw["TMA"] for kw in gate_up + down] == [True, True]
+    if dtype == torch.bfloat16:
+        assert torch.equal(tma, pointer)
+    # fp32: the interpreter's IEEE dot is numpy's matmul, whose summation order follows the
+    # operands' layout (a transposed tile here), so only the closeness to the loop is checked.
+    assert_close_to_loop(tma, moe_experts_loop(x, w13, w2, w, ids, SiluAndMul()))
+
+
+def test_triton_grouped_tma_needs_weights_tma_can_address():
+    x, w13, w2, w, ids = make_case(5, torch.bfloat16, DEVICE, experts=8, hidden=64, inter=32,
+                                   topk=2)  # fmt: skip
+    strided = torch.empty(8, 2 * 32, 72, dtype=w13.dtype, device=DEVICE)[:, :, :64]
+    strided.copy_(w13)
+    odd = torch.zeros(8, 64, 36, dtype=w2.dtype, device=DEVICE)  # rows of 72 bytes
+    assert experts_triton_grouped.tma_operands_ok(w13, w2)
+    assert not experts_triton_grouped.tma_operands_ok(strided, w2)
+    assert not experts_triton_grouped.tma_operands_ok(w13, odd)
+    with pytest.raises(ValueError, match="tma needs contiguous"):
+        moe_experts_triton_grouped(x, strided, w2, w, ids, SiluAndMul(), **GROUPED_BLOCKS,
+                                   tma=True)  # fmt: skip
+    # Left to the default, such weights take the pointer loads.
+    out = moe_experts_triton_grouped(x, strided, w2, w, ids, SiluAndMul(), **GROUPED_BLOCKS)
+    assert_close_to_loop(out, moe_experts_loop(x, w13, w2, w, ids, SiluAndMul()))
+
+
 @pytest.mark.parametrize(
     "threshold,block_m",
     [("PREFILL_TILES_ABOVE_ROWS", 64), ("LARGE_PREFILL_TILES_FROM_ROWS", 128)],
@@ -575,6 +624,16 @@ def test_default_tiles_keep_to_the_devices_shared_memory():
     assert tiles(32768, 4).block_m == 32  # fp32: the decode tiles
     load = experts_triton_grouped.load_buffer_bytes
     assert load(tiles(4097), 2) == 160 * 1024 and load(tiles(32768), 2) == 144 * 1024
+    # With TMA the prefill tiles (and only they) take it; the 128-row gate/up kernel a 4th stage,
+    # which an H200 holds (192 KB) and an A100 would not.
+    for rows in (32, 1024, 4096):
+        assert tiles(rows, 2, h200, tma=True) == tiles(rows)
+    assert tiles(4097, 2, h200, tma=True) == tiles(4097)._replace(tma=True)
+    large = tiles(32768, 2, h200, tma=True)
+    assert large == tiles(32768)._replace(gate_up_stages=4, tma=True)
+    assert load(large, 2) == 192 * 1024
+    assert tiles(32768, 2, a100, tma=True).block_m == 32
+    assert tiles(32768, 4, tma=True) == tiles(32768, 4)  # fp32: the decode tiles
 
 
 def test_triton_grouped_fp32_matches_fp64_reference():
@@ -805,6 +864,19 @@ def test_triton_grouped_kimi_linear_shapes_on_gpu(tokens, experts):
     bound = 4 * 2**-8 * expected.abs().max()
     assert (loop.double() - expected).abs().max() <= bound
     assert (out.double() - expected).abs().max() <= bound
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [8192, 4096, 600])  # the large and the 64-row prefill tiles
+def test_triton_grouped_tma_gives_the_pointer_loads_bits_on_gpu(tokens, monkeypatch):
+    if not supports_tma(torch.device("cuda")):
+        pytest.skip("TMA descriptors need an NVIDIA GPU from Hopper on")
+    case = make_case(tokens, torch.bfloat16, "cuda", seed=tokens, **dict(KIMI_LINEAR, experts=257))
+    pointer = moe_experts_triton_grouped(*case, SiluAndMul(), tma=False)
+    launched = record_launches(monkeypatch, experts_triton_grouped, "_moe_grouped_down_kernel")
+    tma = moe_experts_triton_grouped(*case, SiluAndMul())  # the default on this GPU
+    assert [kw["TMA"] for kw in launched] == [True]
+    assert torch.equal(tma, pointer)
 
 
 @pytest.mark.gpu

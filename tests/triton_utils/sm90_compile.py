@@ -5,7 +5,8 @@ It runs without ``TRITON_INTERPRET`` (the interpreter replaces ``triton.language
 that uses it, and ``@triton.jit`` then gives interpreted functions Triton cannot compile), reads
 launches as JSON on stdin and writes one result per launch as JSON on stdout. A launch is
 ``{"module", "kernel", "args": {name: value}, "options": {...}}`` where a tensor argument is
-``{"tensor": torch dtype name, "aligned": data_ptr % 16 == 0}``; the signature, constexprs and
+``{"tensor": torch dtype name, "aligned": data_ptr % 16 == 0}`` and a TMA descriptor
+``{"tensordesc": torch dtype name, "block": block shape}``; the signature, constexprs and
 divisibility hints are derived from the values as Triton's launcher does for the CUDA backend
 (a bool is ``u1``, an int equal to 1 becomes the constant 1, a multiple of 16 or a 16-byte
 aligned pointer gets ``tt.divisibility`` 16, None becomes a constexpr None).
@@ -46,6 +47,9 @@ def specialize(kernel, args: dict) -> tuple[dict, dict, dict]:
         name, value = param.name, args[param.name]
         if param.is_constexpr or value is None:
             signature[name], constexprs[name] = "constexpr", value
+        elif isinstance(value, dict) and "tensordesc" in value:
+            block = ", ".join(str(b) for b in value["block"])
+            signature[name] = f"tensordesc<{_TRITON_TYPES[value['tensordesc']]}[{block}]>"
         elif isinstance(value, dict):
             signature[name] = "*" + _TRITON_TYPES[value["tensor"]]
             if value["aligned"] and not param.do_not_specialize_on_alignment:

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 from counted_kernels import COUNTED_KERNELS
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 import vllm.models.kimi_k3.amd.ops.fused_kda_decode as kda_decode_module
 import vllm.models.kimi_k3.amd.ops.mla_decode as mla_decode_module
@@ -103,13 +104,20 @@ _EVICT_FIRST_PTX = [
 ]
 
 
+# A TMA tensor load in sm_90 PTX (Triton 3.6 and 3.9).
+_TMA_LOAD_PTX = "cp.async.bulk.tensor"
+
+
 def _ptx_checks(launch: dict) -> dict:
     """What the compiled PTX of a launch must hold or lack, where a constexpr asks for it: the
-    KDA decode's state policy reaches its loads and stores."""
+    KDA decode's state policy reaches its loads and stores; the grouped experts' TMA flag gives
+    TMA loads, and only it."""
     if launch["kernel"] == "_fused_kda_decode_kernel":
         if launch["args"]["EVICT"] == "evict_first":
             return {"ptx_has": _EVICT_FIRST_PTX}
         return {"ptx_lacks": ["evict_first"]}
+    if launch["kernel"] in ("_moe_grouped_gate_up_kernel", "_moe_grouped_down_kernel"):
+        return {("ptx_has" if launch["args"]["TMA"] else "ptx_lacks"): [_TMA_LOAD_PTX]}
     return {}
 
 
@@ -134,10 +142,14 @@ def _has_nvidia_backend() -> bool:
 
 
 def _describe(value):
-    """A launch argument as JSON: tensors by dtype and 16-byte alignment, like Triton keys them."""
+    """A launch argument as JSON: tensors by dtype and 16-byte alignment, like Triton keys them;
+    TMA descriptors by dtype and block shape."""
     if isinstance(value, torch.Tensor):
         dtype = str(value.dtype).removeprefix("torch.")
         return {"tensor": dtype, "aligned": value.data_ptr() % 16 == 0}
+    if isinstance(value, TensorDescriptor):
+        dtype = str(value.base.dtype).removeprefix("torch.")
+        return {"tensordesc": dtype, "block": list(value.block_shape)}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     raise TypeError(f"cannot record a {type(value).__name__} launch argument")
@@ -165,7 +177,11 @@ class _RecordedKernel:
             [
                 options,
                 [v for n, v in values.items() if "constexpr" in str(params[n].annotation)],
-                [v["tensor"] for v in values.values() if isinstance(v, dict)],
+                [
+                    v.get("tensor", v.get("tensordesc"))
+                    for v in values.values()
+                    if isinstance(v, dict)
+                ],
             ]
         )
         limit = MAX_VARIANTS_OF.get(self._name, MAX_VARIANTS)
@@ -233,10 +249,12 @@ def _drive_moe(tokens: int, experts: int, hidden: int, inter: int, topk: int) ->
     )
     moe_experts_triton(x, w13, w2, weights, ids, SiluAndMul())
     moe_experts_triton_grouped(x, w13, w2, weights, ids, SiluAndMul())
-    # The prefill tiles (64-row blocks at 4 stages, 128-row blocks at 8 warps), at these sizes.
+    # The prefill tiles (64-row blocks at 4 stages, 128-row blocks at 8 warps), at these sizes,
+    # with pointer loads and through TMA descriptors (the H200's choice).
     for rows in (PREFILL_TILES_ABOVE_ROWS + 1, LARGE_PREFILL_TILES_FROM_ROWS):
-        tiles = default_tiles(rows)._asdict()
-        moe_experts_triton_grouped(x, w13, w2, weights, ids, SiluAndMul(), **tiles)
+        for tma in (False, True):
+            tiles = default_tiles(rows, tma=tma)._asdict()
+            moe_experts_triton_grouped(x, w13, w2, weights, ids, SiluAndMul(), **tiles)
 
 
 def _drive_mla(n: int, heads: int, latent: int, rope: int, page: int, capacity: int,

@@ -53,6 +53,22 @@ def max_shared_memory(device: torch.device) -> int:
     )
 
 
+def supports_tma(device: torch.device) -> bool:
+    """Whether Triton kernels on `device` may load through TMA tensor descriptors
+    (`triton.tools.tensor_descriptor.TensorDescriptor`): NVIDIA GPUs from Hopper (sm_90) on.
+    Not ROCm, where the kernels that could take them were not measured, and not the CPU
+    interpreter, which runs them (the tests ask for them explicitly) but gains nothing."""
+    if not HAS_TRITON or device.type != "cuda" or torch.version.hip is not None:
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _capability(index)[0] >= 9
+
+
+@cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
 def num_sms(device: torch.device | None = None) -> int:
     """Streaming multiprocessors (compute units on ROCm) of `device`, or of the current GPU when
     `device` is None: what launch heuristics size their grids by. 1 off the GPU, where the

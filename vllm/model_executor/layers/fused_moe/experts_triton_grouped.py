@@ -53,6 +53,17 @@ fastest axis instead, a prefill's rows were read from HBM once per output tile (
 gate/up, 18 for down at 128-wide tiles): 2963 against 2636 us at 8192 tokens on the H200, the
 same at decode sizes (docs/performance.md, "Tenth run").
 
+TMA: on NVIDIA GPUs from Hopper on (`supports_tma`), and for weights TMA can address
+(`tma_operands_ok`), the prefill tiles read through tensor descriptors built on the host
+(`triton.tools.tensor_descriptor.TensorDescriptor`): w13 as `[E * 2I, H]` rows, w2 as
+`[E * H, I]` rows, and the down kernel's block rows of `a` `[R, I]`. A tile may run past its
+expert's rows (gate into up, up into the next expert) or past its block's rows: those values only
+reach output columns or rows that the stores mask, and TMA reads zeros past a tensor's end. The
+rows of x, gathered by token, stay pointer loads (Hopper's TMA has no row gather, and a sorted
+copy of x cost more than it saved). The products and their order are the pointer path's, so the
+results are the same bits (tests). On the H200 at 8192 tokens of top-8 + shared, 2044 against
+2349 us a layer for the two kernels (docs/performance.md, "Fourteenth run").
+
 Rounding, as in experts_triton.py (chosen to match the references): `gate` and `up` are rounded
 to x's dtype, `silu(gate)` is computed in fp32 from the rounded gate and rounded, its product with
 `up` in fp32 and rounded (`a`); each `y` row is rounded to x's dtype before the fp32 weighted sum.
@@ -79,11 +90,12 @@ from vllm.model_executor.layers.fused_moe.experts_triton import (
     check_triton_operands,
 )
 from vllm.model_executor.layers.fused_moe.weighted_sum import moe_weighted_sum
-from vllm.triton_utils import max_shared_memory, next_power_of_2, use_triton
+from vllm.triton_utils import max_shared_memory, next_power_of_2, supports_tma, use_triton
 
 try:
     import triton
     import triton.language as tl
+    from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # CPU-only installs without Triton never select this path
     triton = None
 
@@ -251,11 +263,11 @@ if triton is not None:
 
     @triton.jit
     def _moe_grouped_gate_up_kernel(
-        x_ptr, w13_ptr, order_ptr, blocks_ptr, a_ptr,
+        x_ptr, w13_ptr, w13_desc, order_ptr, blocks_ptr, a_ptr,
         stride_xt, stride_we, stride_wn, stride_ar,
         hidden, inter, max_blocks,
         TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+        BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
     ):  # fmt: skip
         blk, tile = _block_and_tile(tl.cdiv(inter, BLOCK_N))
         e = tl.load(blocks_ptr + blk)
@@ -274,14 +286,20 @@ if triton is not None:
         # [BLOCK_K, BLOCK_N] views of the gate and up rows (H contiguous in memory).
         gate_ptrs = w13_ptr + e.to(tl.int64) * stride_we + n[None, :] * stride_wn + kk[:, None]
         up_ptrs = gate_ptrs + inter * stride_wn
+        # TMA: [BLOCK_N, BLOCK_K] tiles of w13 as [E * 2I, H] rows (module docstring, "TMA").
+        gate_row = e * 2 * inter + tile * BLOCK_N
         acc_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(0, hidden, BLOCK_K):
             k_ok = k0 + kk < hidden
             xv = tl.load(x_ptrs + k0, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            w_mask = k_ok[:, None] & n_ok[None, :]
-            gate = tl.load(gate_ptrs + k0, mask=w_mask, other=0.0)
-            up = tl.load(up_ptrs + k0, mask=w_mask, other=0.0)
+            if TMA:
+                gate = w13_desc.load([gate_row, k0]).T
+                up = w13_desc.load([gate_row + inter, k0]).T
+            else:
+                w_mask = k_ok[:, None] & n_ok[None, :]
+                gate = tl.load(gate_ptrs + k0, mask=w_mask, other=0.0)
+                up = tl.load(up_ptrs + k0, mask=w_mask, other=0.0)
             acc_gate = tl.dot(xv, gate, acc_gate, input_precision=PRECISION)
             acc_up = tl.dot(xv, up, acc_up, input_precision=PRECISION)
         # The references' rounding points (module docstring); silu as torch writes it.
@@ -294,11 +312,11 @@ if triton is not None:
 
     @triton.jit
     def _moe_grouped_down_kernel(
-        a_ptr, w2_ptr, order_ptr, blocks_ptr, y_ptr,
+        a_ptr, w2_ptr, a_desc, w2_desc, order_ptr, blocks_ptr, y_ptr,
         stride_ar, stride_we, stride_wh, stride_yr,
         hidden, inter, max_blocks,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        PRECISION: tl.constexpr,
+        PRECISION: tl.constexpr, TMA: tl.constexpr,
     ):  # fmt: skip
         blk, tile = _block_and_tile(tl.cdiv(hidden, BLOCK_N))
         e = tl.load(blocks_ptr + blk)
@@ -314,11 +332,19 @@ if triton is not None:
         a_ptrs = a_ptr + rows[:, None] * stride_ar + kk[None, :]
         # [BLOCK_K, BLOCK_N] view of w2[e]'s rows h (I contiguous in memory).
         w_ptrs = w2_ptr + e.to(tl.int64) * stride_we + h[None, :] * stride_wh + kk[:, None]
+        # TMA: [BLOCK_M, BLOCK_K] tiles of `a` from the block's first row (rows past its end are
+        # other experts' or zeros, and only reach output rows the store masks) and
+        # [BLOCK_N, BLOCK_K] tiles of w2 as [E * H, I] rows.
+        w_row = e * hidden + tile * BLOCK_N
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(0, inter, BLOCK_K):
-            k_ok = k0 + kk < inter
-            av = tl.load(a_ptrs + k0, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            w = tl.load(w_ptrs + k0, mask=k_ok[:, None] & h_ok[None, :], other=0.0)
+            if TMA:
+                av = a_desc.load([row0, k0])
+                w = w2_desc.load([w_row, k0]).T
+            else:
+                k_ok = k0 + kk < inter
+                av = tl.load(a_ptrs + k0, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+                w = tl.load(w_ptrs + k0, mask=k_ok[:, None] & h_ok[None, :], other=0.0)
             acc = tl.dot(av, w, acc, input_precision=PRECISION)
         # Back to (token, slot) order, so the weighted sum reads each token's K rows in order.
         dst = tl.load(order_ptr + rows, mask=m_ok, other=0).to(tl.int64)
@@ -338,6 +364,8 @@ class GroupedTiles(NamedTuple):
     down_block_k: int
     down_warps: int
     down_stages: int
+    # Weight tiles (and the down kernel's rows of `a`) through TMA tensor descriptors.
+    tma: bool = False
 
 
 # From `benchmark_moe.py --tgrouped-configs` on the H200 (docs/performance.md, "Ninth run" and
@@ -355,6 +383,11 @@ LARGE_PREFILL_TILES_FROM_ROWS = 32768
 _DECODE_TILES = GroupedTiles(16, 64, 128, 4, 3, 64, 128, 4, 3)
 _PREFILL_TILES = GroupedTiles(64, 128, 64, 4, 4, 128, 64, 4, 4)
 _LARGE_PREFILL_TILES = GroupedTiles(128, 128, 64, 8, 3, 128, 64, 8, 3)
+# With TMA (module docstring) the 128-row gate/up kernel takes a 4th stage: at 8192 tokens of
+# top-8 + shared on the H200 (docs/performance.md, "Fourteenth run") 1335 us against 1424 at 3
+# stages and 1498 for the pointer loads at 3; its down kernel 709 against 851.
+_TMA_PREFILL_TILES = _PREFILL_TILES._replace(tma=True)
+_TMA_LARGE_PREFILL_TILES = _LARGE_PREFILL_TILES._replace(gate_up_stages=4, tma=True)
 _SMEM_HEADROOM = 16 * 1024
 
 
@@ -366,9 +399,13 @@ def load_buffer_bytes(tiles: GroupedTiles, elem_bytes: int) -> int:
     return max(tiles.gate_up_stages * gate_up, tiles.down_stages * down) * elem_bytes
 
 
-def default_tiles(num_rows: int, elem_bytes: int = 2, max_smem: int = 2**31) -> GroupedTiles:
+def default_tiles(
+    num_rows: int, elem_bytes: int = 2, max_smem: int = 2**31, tma: bool = False
+) -> GroupedTiles:
     """The launch shapes for `num_rows = T * K` routed rows of `elem_bytes`-byte elements, on a
-    device whose programs may use `max_smem` bytes of shared memory (`max_shared_memory`).
+    device whose programs may use `max_smem` bytes of shared memory (`max_shared_memory`);
+    with `tma` (the device and operands take tensor descriptors: `tma_operands_ok`) the
+    prefill tiles load through TMA.
 
     fp32 keeps the decode tiles with a 64-wide gate/up chunk: its 128-wide gate/up stages would
     take 216 KB of shared memory at 3 stages, and the prefill tiles more.
@@ -376,15 +413,30 @@ def default_tiles(num_rows: int, elem_bytes: int = 2, max_smem: int = 2**31) -> 
     if elem_bytes > 2:
         block_m = 32 if num_rows >= BLOCK_M_32_FROM_ROWS else 16
         return _DECODE_TILES._replace(block_m=block_m, block_k=64)
+    large, prefill = (
+        (_TMA_LARGE_PREFILL_TILES, _TMA_PREFILL_TILES)
+        if tma
+        else (_LARGE_PREFILL_TILES, _PREFILL_TILES)
+    )
     for tiles, takes in (
-        (_LARGE_PREFILL_TILES, num_rows >= LARGE_PREFILL_TILES_FROM_ROWS),
-        (_PREFILL_TILES, num_rows > PREFILL_TILES_ABOVE_ROWS),
+        (large, num_rows >= LARGE_PREFILL_TILES_FROM_ROWS),
+        (prefill, num_rows > PREFILL_TILES_ABOVE_ROWS),
     ):
         if takes and load_buffer_bytes(tiles, elem_bytes) + _SMEM_HEADROOM <= max_smem:
             return tiles
     if num_rows >= BLOCK_M_32_FROM_ROWS:
         return _DECODE_TILES._replace(block_m=32)
     return _DECODE_TILES
+
+
+def tma_operands_ok(w13: torch.Tensor, w2: torch.Tensor) -> bool:
+    """Whether the expert weights can be read through TMA descriptors (module docstring, "TMA"):
+    contiguous (each viewed as one 2-D tensor of rows), 16-byte aligned, with rows of a multiple
+    of 16 bytes (TMA's stride unit; `a`'s rows are w2's)."""
+    return all(
+        w.is_contiguous() and w.data_ptr() % 16 == 0 and w.shape[-1] * w.element_size() % 16 == 0
+        for w in (w13, w2)
+    )
 
 
 def max_blocks_for(num_rows: int, num_experts: int, block_m: int) -> int:
@@ -532,6 +584,7 @@ def moe_experts_triton_grouped(
     down_block_k: int | None = None,
     down_warps: int | None = None,
     down_stages: int | None = None,
+    tma: bool | None = None,
 ) -> torch.Tensor:
     """Routed experts grouped by expert: four launches (grouping, gate/up, down, weighted sum);
     see the module docstring for shapes, numerics and the steps.
@@ -540,17 +593,25 @@ def moe_experts_triton_grouped(
     kernel: `block_n` intermediate columns per program, `block_k` hidden chunk per step,
     `gate_up_warps`, `gate_up_stages` (software-pipelined loads in flight). Down kernel:
     `down_block_n` hidden outputs per program, `down_block_k` intermediate chunk per step,
-    `down_warps`, `down_stages`. Tile dims are powers of two >= 16; each argument left None takes
-    `default_tiles` for T * K rows on x's device.
+    `down_warps`, `down_stages`. `tma`: the weights (and the down kernel's rows) through TMA
+    descriptors, which needs `tma_operands_ok` (else ValueError). Tile dims are powers of two
+    >= 16; each argument left None takes `default_tiles` for T * K rows on x's device.
     """
     check_expert_shapes(x, w13, w2, topk_weights, topk_ids)
     check_triton_operands(
         x, w13, w2, topk_weights, topk_ids, act_and_mul, "moe_experts_triton_grouped"
     )
     given = GroupedTiles(block_m, block_n, block_k, gate_up_warps, gate_up_stages, down_block_n,
-                         down_block_k, down_warps, down_stages)  # fmt: skip
-    default = default_tiles(topk_ids.numel(), x.element_size(), max_shared_memory(x.device))
+                         down_block_k, down_warps, down_stages, tma)  # fmt: skip
+    operands_ok = tma_operands_ok(w13, w2)
+    default = default_tiles(topk_ids.numel(), x.element_size(), max_shared_memory(x.device),
+                            tma=operands_ok and supports_tma(x.device))  # fmt: skip
     t = GroupedTiles(*(d if g is None else g for g, d in zip(given, default, strict=True)))
+    if t.tma and not operands_ok:
+        raise ValueError(
+            "tma needs contiguous, 16-byte aligned w13 and w2 whose rows are multiples of 16 "
+            f"bytes, got strides {w13.stride()} and {w2.stride()}"
+        )
     for name in ("block_m", "block_n", "block_k", "down_block_n", "down_block_k"):
         value = getattr(t, name)
         check_power_of_two(name, value)
@@ -571,17 +632,22 @@ def moe_experts_triton_grouped(
     max_blocks = blocks.shape[1]
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     a = torch.empty(tokens * topk, inter, dtype=x.dtype, device=x.device)
+    w13_desc = a_desc = w2_desc = None
+    if t.tma:
+        w13_desc = TensorDescriptor.from_tensor(w13.view(-1, hidden), [t.block_n, t.block_k])
+        a_desc = TensorDescriptor.from_tensor(a, [t.block_m, t.down_block_k])
+        w2_desc = TensorDescriptor.from_tensor(w2.view(-1, inter), [t.down_block_n, t.down_block_k])
     _moe_grouped_gate_up_kernel[(max_blocks * triton.cdiv(inter, t.block_n),)](
-        x, w13, order, blocks, a,
+        x, w13, w13_desc, order, blocks, a,
         x.stride(0), w13.stride(0), w13.stride(1), a.stride(0), hidden, inter, max_blocks,
         TOPK=topk, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, PRECISION=precision,
-        num_warps=t.gate_up_warps, num_stages=t.gate_up_stages,
+        TMA=t.tma, num_warps=t.gate_up_warps, num_stages=t.gate_up_stages,
     )  # fmt: skip
     y = torch.empty(tokens * topk, hidden, dtype=x.dtype, device=x.device)
     _moe_grouped_down_kernel[(max_blocks * triton.cdiv(hidden, t.down_block_n),)](
-        a, w2, order, blocks, y,
+        a, w2, a_desc, w2_desc, order, blocks, y,
         a.stride(0), w2.stride(0), w2.stride(1), y.stride(0), hidden, inter, max_blocks,
         BLOCK_M=t.block_m, BLOCK_N=t.down_block_n, BLOCK_K=t.down_block_k, PRECISION=precision,
-        num_warps=t.down_warps, num_stages=t.down_stages,
+        TMA=t.tma, num_warps=t.down_warps, num_stages=t.down_stages,
     )  # fmt: skip
     return moe_weighted_sum(y, topk_weights, x.dtype)
