@@ -51,10 +51,9 @@ intermediate chunk per step, warps); powers of two. A tgrouped config is
 `BLOCK_M/BLOCK_N,BLOCK_K,WARPS,STAGES/BLOCK_N,BLOCK_K,WARPS,STAGES`: rows per expert block, then
 the gate/up kernel (intermediate columns per program, hidden chunk per step, warps, pipeline
 stages) and the down kernel (hidden outputs per program, intermediate chunk per step, warps,
-stages); tiles are powers of two >= 16. Optional last FLAGS, joined by `+`: `tma` or `ptr` load
-the weights through TMA descriptors or pointers (default: the path's choice for the device and
-size), `tails` runs the blocks of at most BLOCK_M / 2 rows in a second launch at that size. On
-CPU the Triton paths run only under TRITON_INTERPRET=1 (slow: keep --tokens small).
+stages); tiles are powers of two >= 16. A last `/tma` or `/ptr` loads the weights through TMA
+descriptors or pointers (default: the path's choice for the device and size). On CPU the Triton
+paths run only under TRITON_INTERPRET=1 (slow: keep --tokens small).
 """
 
 import argparse
@@ -149,18 +148,14 @@ def triton_config(text: str) -> tuple[str, dict[str, int | bool]]:
 
 
 def tgrouped_config(text: str) -> tuple[str, dict[str, int | bool]]:
-    """`BLOCK_M/BLOCK_N,BLOCK_K,WARPS,STAGES/BLOCK_N,BLOCK_K,WARPS,STAGES[/FLAGS]` -> (path
+    """`BLOCK_M/BLOCK_N,BLOCK_K,WARPS,STAGES/BLOCK_N,BLOCK_K,WARPS,STAGES[/tma|/ptr]` -> (path
     name, moe_experts_triton_grouped's keyword arguments)."""
     names = ("block_m", "block_n", "block_k", "gate_up_warps", "gate_up_stages",
              "down_block_n", "down_block_k", "down_warps", "down_stages")  # fmt: skip
     parts = text.split("/")
-    flags: dict[str, bool] = {}
-    if len(parts) == 4:
-        words = parts.pop().split("+")
-        if not set(words) <= {"tma", "ptr", "tails"} or {"tma", "ptr"} <= set(words):
-            parts = []  # a usage error below
-        flags = {"tma": "tma" in words} if {"tma", "ptr"} & set(words) else {}
-        flags.update({"split_tails": True} if "tails" in words else {})
+    loads = {}
+    if len(parts) == 4 and parts[3] in ("tma", "ptr"):
+        loads = {"tma": parts.pop() == "tma"}
     try:
         values = [int(v) for part in parts for v in part.split(",")]
     except ValueError:
@@ -174,9 +169,9 @@ def tgrouped_config(text: str) -> tuple[str, dict[str, int | bool]]:
     ):
         raise argparse.ArgumentTypeError(
             f"{text!r} is not BLOCK_M/BLOCK_N,BLOCK_K,WARPS,STAGES/BLOCK_N,BLOCK_K,WARPS,STAGES"
-            "[/FLAGS] (tiles powers of two >= 16; FLAGS tma or ptr, tails, joined by +)"
+            "[/tma|/ptr] (tiles powers of two >= 16)"
         )
-    return f"tgrouped[{text}]", dict(zip(names, values, strict=True), **flags)
+    return f"tgrouped[{text}]", dict(zip(names, values, strict=True), **loads)
 
 
 def suggest_max_rows(rows: list[dict[str, object]], family: str, above: int = 0) -> int | None:

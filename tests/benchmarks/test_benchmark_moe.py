@@ -68,7 +68,7 @@ def test_bad_tgrouped_config_is_a_usage_error() -> None:
 
     for bad in ("16/64,128,4,3", "8/64,128,4,3/64,128,4,3", "16/64,128,4,0/64,128,4,3",
                 "16/64,96,4,3/64,128,4,3", "16/64,128,4/64,128,4,3",
-                "16/64,128,4,3/64,128,4,3/tmb", "16/64,128,4,3/64,128,4,3/tma+ptr"):  # fmt: skip
+                "16/64,128,4,3/64,128,4,3/tmb"):  # fmt: skip
         with pytest.raises(SystemExit) as exit_info:
             benchmark_moe.main(["--dry-run", "--tgrouped-configs", bad])
         assert exit_info.value.code == 2
@@ -82,10 +82,6 @@ def test_tgrouped_config_takes_the_loads() -> None:
     assert kwargs["tma"] is True and kwargs["gate_up_stages"] == 4 and kwargs["block_m"] == 128
     assert benchmark_moe.tgrouped_config("16/64,128,4,3/64,128,4,3/ptr")[1]["tma"] is False
     assert "tma" not in benchmark_moe.tgrouped_config("16/64,128,4,3/64,128,4,3")[1]
-    both = benchmark_moe.tgrouped_config("128/128,64,8,4/128,64,8,3/tma+tails")[1]
-    assert both["tma"] is True and both["split_tails"] is True
-    tails = benchmark_moe.tgrouped_config("128/128,64,8,4/128,64,8,3/tails")[1]
-    assert tails["split_tails"] is True and "tma" not in tails
 
 
 def test_tgrouped_max_rows_suggestion() -> None:

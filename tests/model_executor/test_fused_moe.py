@@ -575,28 +575,6 @@ def test_triton_grouped_tma_gives_the_pointer_loads_bits(tokens, topk, hidden, i
     assert_close_to_loop(tma, moe_experts_loop(x, w13, w2, w, ids, SiluAndMul()))
 
 
-@pytest.mark.parametrize("tma", [False, True])
-@pytest.mark.parametrize("skewed", [False, True])
-def test_triton_grouped_split_tails_give_the_same_bits(skewed, tma, monkeypatch):
-    """Blocks of at most block_m / 2 rows in their own launch at that size: each row's products
-    and their order are unchanged, so are its bits; every block runs in exactly one launch."""
-    x, w13, w2, w, ids = make_case(40, torch.bfloat16, DEVICE, seed=7, experts=8, hidden=64,
-                                   inter=32, topk=4)  # fmt: skip
-    if skewed:  # 40 rows per expert: a block of 32 and a tail of 8
-        ids = skewed_ids(40, 4, DEVICE)
-    blocks = dict(GROUPED_BLOCKS, block_m=32, tma=tma)
-    whole = moe_experts_triton_grouped(x, w13, w2, w, ids, SiluAndMul(), **blocks)
-    gate_up = record_launches(monkeypatch, experts_triton_grouped, "_moe_grouped_gate_up_kernel")
-    down = record_launches(monkeypatch, experts_triton_grouped, "_moe_grouped_down_kernel")
-    split = moe_experts_triton_grouped(x, w13, w2, w, ids, SiluAndMul(), **blocks,
-                                       split_tails=True)  # fmt: skip
-    assert [kw["BLOCK_M"] for kw in gate_up] == [kw["BLOCK_M"] for kw in down] == [32, 16]
-    assert torch.equal(split, whole)
-    with pytest.raises(ValueError, match="split_tails needs block_m >= 32"):
-        moe_experts_triton_grouped(x, w13, w2, w, ids, SiluAndMul(), **GROUPED_BLOCKS,
-                                   split_tails=True)  # fmt: skip
-
-
 def test_triton_grouped_tma_needs_weights_tma_can_address():
     x, w13, w2, w, ids = make_case(5, torch.bfloat16, DEVICE, experts=8, hidden=64, inter=32,
                                    topk=2)  # fmt: skip
@@ -899,8 +877,6 @@ def test_triton_grouped_tma_gives_the_pointer_loads_bits_on_gpu(tokens, monkeypa
     tma = moe_experts_triton_grouped(*case, SiluAndMul())  # the default on this GPU
     assert [kw["TMA"] for kw in launched] == [True]
     assert torch.equal(tma, pointer)
-    # The tail blocks in a launch of half the rows: the same MMAs per row, the same bits.
-    assert torch.equal(moe_experts_triton_grouped(*case, SiluAndMul(), split_tails=True), pointer)
 
 
 @pytest.mark.gpu

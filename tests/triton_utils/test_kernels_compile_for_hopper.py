@@ -255,9 +255,6 @@ def _drive_moe(tokens: int, experts: int, hidden: int, inter: int, topk: int) ->
         for tma in (False, True):
             tiles = default_tiles(rows, tma=tma)._asdict()
             moe_experts_triton_grouped(x, w13, w2, weights, ids, SiluAndMul(), **tiles)
-    # The large tiles' tail blocks in their own launch (64 rows at the 128-row shapes).
-    tiles = default_tiles(LARGE_PREFILL_TILES_FROM_ROWS, tma=True)._replace(split_tails=True)
-    moe_experts_triton_grouped(x, w13, w2, weights, ids, SiluAndMul(), **tiles._asdict())
 
 
 def _drive_mla(n: int, heads: int, latent: int, rope: int, page: int, capacity: int,

@@ -64,12 +64,6 @@ copy of x cost more than it saved). The products and their order are the pointer
 results are the same bits (tests). On the H200 at 8192 tokens of top-8 + shared, 2044 against
 2349 us a layer for the two kernels (docs/performance.md, "Fourteenth run").
 
-Tails: an expert's last block holds 1..block_m rows, and the MMAs compute block_m: at 8192
-tokens of top-8 + shared over 257 experts, 128-row blocks compute 21% more rows than there are.
-With `split_tails`, blocks of at most block_m / 2 rows run in a second launch of each kernel at
-half the rows; each launch's programs return at once on the other's blocks (a read of the block
-table).
-
 Rounding, as in experts_triton.py (chosen to match the references): `gate` and `up` are rounded
 to x's dtype, `silu(gate)` is computed in fp32 from the rounded gate and rounded, its product with
 `up` in fp32 and rounded (`a`); each `y` row is rounded to x's dtype before the fp32 weighted sum.
@@ -261,16 +255,6 @@ if triton is not None:
                 tl.store(blocks_ptr + 2 * max_blocks + b, zero, mask=ok)
 
     @triton.jit
-    def _block_in_launch(blocks_ptr, blk, max_blocks, min_rows, max_rows):
-        # The block's expert and rows, and whether this launch runs it: a used block (expert >= 0)
-        # of min_rows..max_rows rows (module docstring, "tails").
-        e = tl.load(blocks_ptr + blk)
-        row0 = tl.load(blocks_ptr + max_blocks + blk)
-        row1 = tl.load(blocks_ptr + 2 * max_blocks + blk)
-        n = row1 - row0
-        return e, row0, row1, (e >= 0) & (n >= min_rows) & (n <= max_rows)
-
-    @triton.jit
     def _block_and_tile(num_tiles):
         # One grid axis, the output tiles of a block fastest: a block's rows are read by its
         # tiles one after another, from L2 after the first (module docstring, "grid order").
@@ -281,14 +265,16 @@ if triton is not None:
     def _moe_grouped_gate_up_kernel(
         x_ptr, w13_ptr, w13_desc, order_ptr, blocks_ptr, a_ptr,
         stride_xt, stride_we, stride_wn, stride_ar,
-        hidden, inter, max_blocks, min_rows, max_rows,
+        hidden, inter, max_blocks,
         TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
     ):  # fmt: skip
         blk, tile = _block_and_tile(tl.cdiv(inter, BLOCK_N))
-        e, row0, row1, runs = _block_in_launch(blocks_ptr, blk, max_blocks, min_rows, max_rows)
-        if not runs:
+        e = tl.load(blocks_ptr + blk)
+        if e < 0:
             return
+        row0 = tl.load(blocks_ptr + max_blocks + blk)
+        row1 = tl.load(blocks_ptr + 2 * max_blocks + blk)
         rows = row0 + tl.arange(0, BLOCK_M)
         m_ok = rows < row1
         # int64: a token's offset into x can pass 2**31 elements in long prefills.
@@ -328,14 +314,16 @@ if triton is not None:
     def _moe_grouped_down_kernel(
         a_ptr, w2_ptr, a_desc, w2_desc, order_ptr, blocks_ptr, y_ptr,
         stride_ar, stride_we, stride_wh, stride_yr,
-        hidden, inter, max_blocks, min_rows, max_rows,
+        hidden, inter, max_blocks,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         PRECISION: tl.constexpr, TMA: tl.constexpr,
     ):  # fmt: skip
         blk, tile = _block_and_tile(tl.cdiv(hidden, BLOCK_N))
-        e, row0, row1, runs = _block_in_launch(blocks_ptr, blk, max_blocks, min_rows, max_rows)
-        if not runs:
+        e = tl.load(blocks_ptr + blk)
+        if e < 0:
             return
+        row0 = tl.load(blocks_ptr + max_blocks + blk)
+        row1 = tl.load(blocks_ptr + 2 * max_blocks + blk)
         rows = row0 + tl.arange(0, BLOCK_M)
         m_ok = rows < row1
         h = tile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -378,8 +366,6 @@ class GroupedTiles(NamedTuple):
     down_stages: int
     # Weight tiles (and the down kernel's rows of `a`) through TMA tensor descriptors.
     tma: bool = False
-    # Blocks of at most block_m / 2 rows in a second launch of each kernel at that block_m.
-    split_tails: bool = False
 
 
 # From `benchmark_moe.py --tgrouped-configs` on the H200 (docs/performance.md, "Ninth run" and
@@ -599,7 +585,6 @@ def moe_experts_triton_grouped(
     down_warps: int | None = None,
     down_stages: int | None = None,
     tma: bool | None = None,
-    split_tails: bool | None = None,
 ) -> torch.Tensor:
     """Routed experts grouped by expert: four launches (grouping, gate/up, down, weighted sum);
     see the module docstring for shapes, numerics and the steps.
@@ -609,17 +594,15 @@ def moe_experts_triton_grouped(
     `gate_up_warps`, `gate_up_stages` (software-pipelined loads in flight). Down kernel:
     `down_block_n` hidden outputs per program, `down_block_k` intermediate chunk per step,
     `down_warps`, `down_stages`. `tma`: the weights (and the down kernel's rows) through TMA
-    descriptors, which needs `tma_operands_ok` (else ValueError). `split_tails`: blocks of at
-    most `block_m / 2` rows in a second launch of each kernel at that many rows (`block_m` >=
-    32). Tile dims are powers of two >= 16; each argument left None takes `default_tiles` for
-    T * K rows on x's device.
+    descriptors, which needs `tma_operands_ok` (else ValueError). Tile dims are powers of two
+    >= 16; each argument left None takes `default_tiles` for T * K rows on x's device.
     """
     check_expert_shapes(x, w13, w2, topk_weights, topk_ids)
     check_triton_operands(
         x, w13, w2, topk_weights, topk_ids, act_and_mul, "moe_experts_triton_grouped"
     )
     given = GroupedTiles(block_m, block_n, block_k, gate_up_warps, gate_up_stages, down_block_n,
-                         down_block_k, down_warps, down_stages, tma, split_tails)  # fmt: skip
+                         down_block_k, down_warps, down_stages, tma)  # fmt: skip
     operands_ok = tma_operands_ok(w13, w2)
     default = default_tiles(topk_ids.numel(), x.element_size(), max_shared_memory(x.device),
                             tma=operands_ok and supports_tma(x.device))  # fmt: skip
@@ -637,8 +620,6 @@ def moe_experts_triton_grouped(
     for name in ("gate_up_warps", "gate_up_stages", "down_warps", "down_stages"):
         if getattr(t, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(t, name)}")
-    if t.split_tails and t.block_m < 32:
-        raise ValueError(f"split_tails needs block_m >= 32 (tail blocks of >= 16), got {t.block_m}")
     tokens, hidden = x.shape
     num_experts, inter = w13.shape[0], w13.shape[1] // 2
     topk = topk_ids.shape[1]
@@ -651,31 +632,22 @@ def moe_experts_triton_grouped(
     max_blocks = blocks.shape[1]
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     a = torch.empty(tokens * topk, inter, dtype=x.dtype, device=x.device)
-    # Per launch of each kernel: its rows per block, and the fewest and most rows of the blocks
-    # it runs (module docstring, "tails").
-    launches = [(t.block_m, 1, t.block_m)]
-    if t.split_tails:
-        half = t.block_m // 2
-        launches = [(t.block_m, half + 1, t.block_m), (half, 1, half)]
-    w13_desc = w2_desc = None
+    w13_desc = a_desc = w2_desc = None
     if t.tma:
         w13_desc = TensorDescriptor.from_tensor(w13.view(-1, hidden), [t.block_n, t.block_k])
+        a_desc = TensorDescriptor.from_tensor(a, [t.block_m, t.down_block_k])
         w2_desc = TensorDescriptor.from_tensor(w2.view(-1, inter), [t.down_block_n, t.down_block_k])
-    for rows, fewest, most in launches:
-        _moe_grouped_gate_up_kernel[(max_blocks * triton.cdiv(inter, t.block_n),)](
-            x, w13, w13_desc, order, blocks, a,
-            x.stride(0), w13.stride(0), w13.stride(1), a.stride(0), hidden, inter, max_blocks,
-            fewest, most, TOPK=topk, BLOCK_M=rows, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
-            PRECISION=precision, TMA=t.tma, num_warps=t.gate_up_warps,
-            num_stages=t.gate_up_stages,
-        )  # fmt: skip
+    _moe_grouped_gate_up_kernel[(max_blocks * triton.cdiv(inter, t.block_n),)](
+        x, w13, w13_desc, order, blocks, a,
+        x.stride(0), w13.stride(0), w13.stride(1), a.stride(0), hidden, inter, max_blocks,
+        TOPK=topk, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, PRECISION=precision,
+        TMA=t.tma, num_warps=t.gate_up_warps, num_stages=t.gate_up_stages,
+    )  # fmt: skip
     y = torch.empty(tokens * topk, hidden, dtype=x.dtype, device=x.device)
-    for rows, fewest, most in launches:
-        a_desc = TensorDescriptor.from_tensor(a, [rows, t.down_block_k]) if t.tma else None
-        _moe_grouped_down_kernel[(max_blocks * triton.cdiv(hidden, t.down_block_n),)](
-            a, w2, a_desc, w2_desc, order, blocks, y,
-            a.stride(0), w2.stride(0), w2.stride(1), y.stride(0), hidden, inter, max_blocks,
-            fewest, most, BLOCK_M=rows, BLOCK_N=t.down_block_n, BLOCK_K=t.down_block_k,
-            PRECISION=precision, TMA=t.tma, num_warps=t.down_warps, num_stages=t.down_stages,
-        )  # fmt: skip
+    _moe_grouped_down_kernel[(max_blocks * triton.cdiv(hidden, t.down_block_n),)](
+        a, w2, a_desc, w2_desc, order, blocks, y,
+        a.stride(0), w2.stride(0), w2.stride(1), y.stride(0), hidden, inter, max_blocks,
+        BLOCK_M=t.block_m, BLOCK_N=t.down_block_n, BLOCK_K=t.down_block_k, PRECISION=precision,
+        TMA=t.tma, num_warps=t.down_warps, num_stages=t.down_stages,
+    )  # fmt: skip
     return moe_weighted_sum(y, topk_weights, x.dtype)
