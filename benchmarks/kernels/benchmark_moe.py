@@ -153,7 +153,7 @@ def tgrouped_config(text: str) -> tuple[str, dict[str, int | bool]]:
     names = ("block_m", "block_n", "block_k", "gate_up_warps", "gate_up_stages",
              "down_block_n", "down_block_k", "down_warps", "down_stages")  # fmt: skip
     parts = text.split("/")
-    loads = {}
+    loads: dict[str, bool] = {}
     if len(parts) == 4 and parts[3] in ("tma", "ptr"):
         loads = {"tma": parts.pop() == "tma"}
     try:

@@ -25,6 +25,8 @@ from vllm.model_executor.layers.fused_moe.experts import (
 )
 from vllm.model_executor.layers.fused_moe.experts_triton import moe_experts_triton
 from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (
+    LARGE_PREFILL_TILES_FROM_ROWS,
+    PREFILL_TILES_ABOVE_ROWS,
     group_rows,
     group_rows_chunked,
     group_rows_reference,
@@ -575,7 +577,7 @@ def test_triton_grouped_tma_gives_the_pointer_loads_bits(tokens, topk, hidden, i
     assert_close_to_loop(tma, moe_experts_loop(x, w13, w2, w, ids, SiluAndMul()))
 
 
-def test_triton_grouped_tma_needs_weights_tma_can_address():
+def test_triton_grouped_tma_needs_weights_tma_can_address(monkeypatch):
     x, w13, w2, w, ids = make_case(5, torch.bfloat16, DEVICE, experts=8, hidden=64, inter=32,
                                    topk=2)  # fmt: skip
     strided = torch.empty(8, 2 * 32, 72, dtype=w13.dtype, device=DEVICE)[:, :, :64]
@@ -587,9 +589,19 @@ def test_triton_grouped_tma_needs_weights_tma_can_address():
     with pytest.raises(ValueError, match="tma needs contiguous"):
         moe_experts_triton_grouped(x, strided, w2, w, ids, SiluAndMul(), **GROUPED_BLOCKS,
                                    tma=True)  # fmt: skip
-    # Left to the default, such weights take the pointer loads.
-    out = moe_experts_triton_grouped(x, strided, w2, w, ids, SiluAndMul(), **GROUPED_BLOCKS)
-    assert_close_to_loop(out, moe_experts_loop(x, w13, w2, w, ids, SiluAndMul()))
+    # Left to the default on a device with TMA, the prefill tiles take it only for weights it can
+    # address: not for the strided ones, nor for ones 2 bytes past 16-byte alignment.
+    monkeypatch.setattr(experts_triton_grouped, "supports_tma", lambda device: True)
+    monkeypatch.setattr(experts_triton_grouped, "PREFILL_TILES_ABOVE_ROWS", 0)
+    flat = torch.empty(w13.numel() + 8, dtype=w13.dtype, device=DEVICE)
+    misaligned = flat[1 : 1 + w13.numel()].view(w13.shape)
+    misaligned.copy_(w13)
+    assert not experts_triton_grouped.tma_operands_ok(misaligned, w2)
+    for weights, takes_tma in ((w13, True), (strided, False), (misaligned, False)):
+        down = record_launches(monkeypatch, experts_triton_grouped, "_moe_grouped_down_kernel")
+        out = moe_experts_triton_grouped(x, weights, w2, w, ids, SiluAndMul(), **GROUPED_BLOCKS)
+        assert [kw["TMA"] for kw in down] == [takes_tma]
+        assert_close_to_loop(out, moe_experts_loop(x, w13, w2, w, ids, SiluAndMul()))
 
 
 @pytest.mark.parametrize(
@@ -877,6 +889,24 @@ def test_triton_grouped_tma_gives_the_pointer_loads_bits_on_gpu(tokens, monkeypa
     tma = moe_experts_triton_grouped(*case, SiluAndMul())  # the default on this GPU
     assert [kw["TMA"] for kw in launched] == [True]
     assert torch.equal(tma, pointer)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [PREFILL_TILES_ABOVE_ROWS + 1, LARGE_PREFILL_TILES_FROM_ROWS])
+@pytest.mark.parametrize(
+    "tokens,experts,hidden,inter,topk",
+    [(300, 9, 2056, 1000, 4), (1, 2, 2304, 1024, 2)],  # tiles past H and I; one token's rows
+)
+def test_triton_grouped_tma_past_the_tensors_on_gpu(tokens, experts, hidden, inter, topk, rows):
+    """The hardware's TMA where tiles run past H, I, an expert's or a block's rows and past the
+    tensors' ends (zeros): the pointer loads' bits, at both prefill tile sets."""
+    if not supports_tma(torch.device("cuda")):
+        pytest.skip("TMA descriptors need an NVIDIA GPU from Hopper on")
+    shape = dict(experts=experts, hidden=hidden, inter=inter, topk=topk)
+    case = make_case(tokens, torch.bfloat16, "cuda", seed=tokens + rows, **shape)
+    tiles = experts_triton_grouped.default_tiles(rows, tma=True)._asdict()
+    pointer = moe_experts_triton_grouped(*case, SiluAndMul(), **dict(tiles, tma=False))
+    assert torch.equal(moe_experts_triton_grouped(*case, SiluAndMul(), **tiles), pointer)
 
 
 @pytest.mark.gpu

@@ -55,9 +55,10 @@ def max_shared_memory(device: torch.device) -> int:
 
 def supports_tma(device: torch.device) -> bool:
     """Whether Triton kernels on `device` may load through TMA tensor descriptors
-    (`triton.tools.tensor_descriptor.TensorDescriptor`): NVIDIA GPUs from Hopper (sm_90) on.
-    Not ROCm, where the kernels that could take them were not measured, and not the CPU
-    interpreter, which runs them (the tests ask for them explicitly) but gains nothing."""
+    (`triton.tools.tensor_descriptor.TensorDescriptor`): NVIDIA GPUs from Hopper (sm_90) on,
+    which have the TMA unit (measured on the H200 only; later NVIDIA generations take the same
+    descriptors). Not ROCm, where the kernels that could take them were not measured, and not
+    the CPU interpreter, which runs them (the tests ask for them explicitly) but gains nothing."""
     if not HAS_TRITON or device.type != "cuda" or torch.version.hip is not None:
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()

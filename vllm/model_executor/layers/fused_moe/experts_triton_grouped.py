@@ -594,13 +594,16 @@ def moe_experts_triton_grouped(
     `gate_up_warps`, `gate_up_stages` (software-pipelined loads in flight). Down kernel:
     `down_block_n` hidden outputs per program, `down_block_k` intermediate chunk per step,
     `down_warps`, `down_stages`. `tma`: the weights (and the down kernel's rows) through TMA
-    descriptors, which needs `tma_operands_ok` (else ValueError). Tile dims are powers of two
+    descriptors, which needs `tma_operands_ok` and, on a GPU, `supports_tma` (else ValueError);
+    left None, the prefill tiles take it where both hold. Tile dims are powers of two
     >= 16; each argument left None takes `default_tiles` for T * K rows on x's device.
     """
     check_expert_shapes(x, w13, w2, topk_weights, topk_ids)
     check_triton_operands(
         x, w13, w2, topk_weights, topk_ids, act_and_mul, "moe_experts_triton_grouped"
     )
+    tokens, hidden = x.shape
+    num_experts, inter = w13.shape[0], w13.shape[1] // 2
     given = GroupedTiles(block_m, block_n, block_k, gate_up_warps, gate_up_stages, down_block_n,
                          down_block_k, down_warps, down_stages, tma)  # fmt: skip
     operands_ok = tma_operands_ok(w13, w2)
@@ -610,8 +613,12 @@ def moe_experts_triton_grouped(
     if t.tma and not operands_ok:
         raise ValueError(
             "tma needs contiguous, 16-byte aligned w13 and w2 whose rows are multiples of 16 "
-            f"bytes, got strides {w13.stride()} and {w2.stride()}"
+            f"bytes, got strides {w13.stride()} and {w2.stride()}, base offsets "
+            f"{w13.data_ptr() % 16} and {w2.data_ptr() % 16} bytes past 16-byte alignment, rows "
+            f"of {hidden * w13.element_size()} and {inter * w2.element_size()} bytes"
         )
+    if t.tma and x.device.type == "cuda" and not supports_tma(x.device):
+        raise ValueError(f"tma needs an NVIDIA GPU from Hopper on (supports_tma), got {x.device}")
     for name in ("block_m", "block_n", "block_k", "down_block_n", "down_block_k"):
         value = getattr(t, name)
         check_power_of_two(name, value)
@@ -620,8 +627,6 @@ def moe_experts_triton_grouped(
     for name in ("gate_up_warps", "gate_up_stages", "down_warps", "down_stages"):
         if getattr(t, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(t, name)}")
-    tokens, hidden = x.shape
-    num_experts, inter = w13.shape[0], w13.shape[1] // 2
     topk = topk_ids.shape[1]
     if 0 in (tokens, topk, hidden, inter, num_experts):
         return torch.zeros(tokens, hidden, dtype=x.dtype, device=x.device)
