@@ -589,6 +589,12 @@ def test_triton_grouped_tma_needs_weights_tma_can_address(monkeypatch):
     with pytest.raises(ValueError, match="tma needs contiguous"):
         moe_experts_triton_grouped(x, strided, w2, w, ids, SiluAndMul(), **GROUPED_BLOCKS,
                                    tma=True)  # fmt: skip
+    # Asked for on a device without TMA (here: the CPU, were it not the interpreter's).
+    with monkeypatch.context() as mp:
+        mp.setattr(experts_triton_grouped, "triton_interpreting", lambda: False)
+        with pytest.raises(ValueError, match="tma needs an NVIDIA GPU from Hopper on"):
+            moe_experts_triton_grouped(x, w13, w2, w, ids, SiluAndMul(), **GROUPED_BLOCKS,
+                                       tma=True)  # fmt: skip
     # Left to the default on a device with TMA, the prefill tiles take it only for weights it can
     # address: not for the strided ones, nor for ones 2 bytes past 16-byte alignment.
     monkeypatch.setattr(experts_triton_grouped, "supports_tma", lambda device: True)

@@ -90,7 +90,13 @@ from vllm.model_executor.layers.fused_moe.experts_triton import (
     check_triton_operands,
 )
 from vllm.model_executor.layers.fused_moe.weighted_sum import moe_weighted_sum
-from vllm.triton_utils import max_shared_memory, next_power_of_2, supports_tma, use_triton
+from vllm.triton_utils import (
+    max_shared_memory,
+    next_power_of_2,
+    supports_tma,
+    triton_interpreting,
+    use_triton,
+)
 
 try:
     import triton
@@ -594,9 +600,10 @@ def moe_experts_triton_grouped(
     `gate_up_warps`, `gate_up_stages` (software-pipelined loads in flight). Down kernel:
     `down_block_n` hidden outputs per program, `down_block_k` intermediate chunk per step,
     `down_warps`, `down_stages`. `tma`: the weights (and the down kernel's rows) through TMA
-    descriptors, which needs `tma_operands_ok` and, on a GPU, `supports_tma` (else ValueError);
-    left None, the prefill tiles take it where both hold. Tile dims are powers of two
-    >= 16; each argument left None takes `default_tiles` for T * K rows on x's device.
+    descriptors, which needs `tma_operands_ok` and `supports_tma` or the interpreter (else
+    ValueError); left None, the prefill tiles take it where the operands and the device allow.
+    Tile dims are powers of two >= 16; each argument left None takes `default_tiles` for T * K
+    rows on x's device.
     """
     check_expert_shapes(x, w13, w2, topk_weights, topk_ids)
     check_triton_operands(
@@ -617,7 +624,7 @@ def moe_experts_triton_grouped(
             f"{w13.data_ptr() % 16} and {w2.data_ptr() % 16} bytes past 16-byte alignment, rows "
             f"of {hidden * w13.element_size()} and {inter * w2.element_size()} bytes"
         )
-    if t.tma and x.device.type == "cuda" and not supports_tma(x.device):
+    if t.tma and not (supports_tma(x.device) or triton_interpreting()):
         raise ValueError(f"tma needs an NVIDIA GPU from Hopper on (supports_tma), got {x.device}")
     for name in ("block_m", "block_n", "block_k", "down_block_n", "down_block_k"):
         value = getattr(t, name)
