@@ -19,8 +19,10 @@ COUNTED_KERNELS = {
     ),
     "vllm.model_executor.layers.fused_moe.router": ("_grouped_topk_kernel",),
     "vllm.model_executor.layers.fused_moe.fused_router": ("_fused_router_topk_kernel",),
-    "vllm.model_executor.layers.fused_moe.experts_triton_grouped": (
+    "vllm.model_executor.layers.fused_moe.group_rows": (
         "_moe_group_rows_kernel", "_moe_group_count_kernel", "_moe_group_place_kernel",
+    ),
+    "vllm.model_executor.layers.fused_moe.experts_triton_grouped": (
         "_moe_grouped_gate_up_kernel", "_moe_grouped_down_kernel",
     ),
     "vllm.model_executor.layers.fused_moe.weighted_sum": ("_moe_weighted_sum_kernel",),

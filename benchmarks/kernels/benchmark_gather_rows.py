@@ -24,12 +24,12 @@ import sys
 
 import torch
 
-from vllm.model_executor.layers.fused_moe.experts_triton_grouped import group_rows
 from vllm.model_executor.layers.fused_moe.gather_rows import (
     DEFAULT_GATHER_ROWS_CONFIG,
     GatherRowsConfig,
     gather_rows,
 )
+from vllm.model_executor.layers.fused_moe.group_rows import group_rows
 from vllm.triton_utils import use_triton
 
 HIDDEN, TOPK, EXPERTS = 2304, 9, 257

@@ -77,10 +77,9 @@ from vllm.model_executor.layers.fused_moe.experts import (
 from vllm.model_executor.layers.fused_moe.experts_triton import moe_experts_triton
 from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (
     default_tiles,
-    group_rows,
-    group_rows_reference,
     moe_experts_triton_grouped,
 )
+from vllm.model_executor.layers.fused_moe.group_rows import group_rows, group_rows_reference
 from vllm.model_executor.layers.fused_moe.router import RoutingParams, grouped_topk
 from vllm.models.kimi_k3.amd.linear import KimiMoE
 from vllm.transformers_utils.configs import KimiLinearConfig

@@ -11,6 +11,7 @@ from counted_kernels import record_launches
 
 import vllm.model_executor.layers.fused_moe.experts as experts_mod
 import vllm.model_executor.layers.fused_moe.experts_triton_grouped as experts_triton_grouped
+import vllm.model_executor.layers.fused_moe.group_rows as group_rows_module
 from vllm.model_executor.layers.activation import SiluAndMul, SituAndMul
 from vllm.model_executor.layers.fused_moe.experts import (
     GATHER_MAX_ROWS,
@@ -27,11 +28,13 @@ from vllm.model_executor.layers.fused_moe.experts_triton import moe_experts_trit
 from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (
     LARGE_PREFILL_TILES_FROM_ROWS,
     PREFILL_TILES_ABOVE_ROWS,
+    moe_experts_triton_grouped,
+)
+from vllm.model_executor.layers.fused_moe.group_rows import (
     group_rows,
     group_rows_chunked,
     group_rows_reference,
     max_blocks_for,
-    moe_experts_triton_grouped,
 )
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 from vllm.model_executor.layers.fused_moe.router import (
@@ -741,7 +744,7 @@ def test_group_rows_reads_column_strided_ids(limit, monkeypatch):
     """A `[T, K]` view with a column stride (every other column of a wider tensor) flattens to a
     strided view; both kernels must group its ids, not the wider tensor's."""
     if limit is not None:
-        monkeypatch.setattr(experts_triton_grouped, "GROUP_KERNEL_MAX_ROWS", limit)
+        monkeypatch.setattr(group_rows_module, "GROUP_KERNEL_MAX_ROWS", limit)
     wide = torch.randint(0, 8, (6, 8), generator=torch.Generator().manual_seed(3)).to(DEVICE)
     ids = wide[:, ::2]
     got = group_rows(ids, 8, 16)
@@ -760,7 +763,7 @@ def test_group_rows_takes_the_chunked_kernels_past_the_one_launch_limit(
 ):
     """Past GROUP_KERNEL_MAX_ROWS `group_rows` takes the chunked launches (one chunk of 2048
     here): E + 2 bins a power of two (6), and Kimi-Linear's 257; out-of-range ids."""
-    monkeypatch.setattr(experts_triton_grouped, "GROUP_KERNEL_MAX_ROWS", 64)
+    monkeypatch.setattr(group_rows_module, "GROUP_KERNEL_MAX_ROWS", 64)
     gen = torch.Generator().manual_seed(experts)
     ids = torch.randint(-1, experts + 2, (150, 9), generator=gen).to(DEVICE)
     got = group_rows(ids, experts, 16)

@@ -38,7 +38,6 @@ from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (
     LARGE_PREFILL_TILES_FROM_ROWS,
     PREFILL_TILES_ABOVE_ROWS,
     default_tiles,
-    group_rows,
     moe_experts_triton_grouped,
 )
 from vllm.model_executor.layers.fused_moe.fused_router import (
@@ -47,6 +46,7 @@ from vllm.model_executor.layers.fused_moe.fused_router import (
     fused_router_topk,
 )
 from vllm.model_executor.layers.fused_moe.gather_rows import GatherRowsConfig, gather_rows
+from vllm.model_executor.layers.fused_moe.group_rows import group_rows
 from vllm.model_executor.layers.fused_moe.router import RoutingParams, grouped_topk_triton
 from vllm.model_executor.layers.fused_moe.weighted_sum import moe_weighted_sum
 from vllm.model_executor.layers.ops.rms_norm import fused_add_rms_norm, rms_norm

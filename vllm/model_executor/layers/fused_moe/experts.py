@@ -36,11 +36,9 @@ from vllm.model_executor.layers.fused_moe.experts_triton import (
     moe_experts_triton,
     triton_experts_supported,
 )
-from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (
-    group_rows,
-    moe_experts_triton_grouped,
-)
+from vllm.model_executor.layers.fused_moe.experts_triton_grouped import moe_experts_triton_grouped
 from vllm.model_executor.layers.fused_moe.gather_rows import gather_rows
+from vllm.model_executor.layers.fused_moe.group_rows import group_rows
 from vllm.model_executor.layers.fused_moe.weighted_sum import moe_weighted_sum
 from vllm.platforms import current_platform
 
