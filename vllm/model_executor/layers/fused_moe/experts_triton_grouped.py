@@ -318,11 +318,15 @@ def moe_experts_triton_grouped(
     num_experts, inter = w13.shape[0], w13.shape[1] // 2
     given = GroupedTiles(block_m, block_n, block_k, gate_up_warps, gate_up_stages, down_block_n,
                          down_block_k, down_warps, down_stages, tma)  # fmt: skip
-    operands_ok = tma_operands_ok(w13, w2)
-    default = default_tiles(topk_ids.numel(), x.element_size(), max_shared_memory(x.device),
-                            tma=operands_ok and supports_tma(x.device))  # fmt: skip
+    rows = topk_ids.numel()
+    # Only the prefill tiles take TMA: decode-size calls (every eager decode step, per MoE
+    # layer) skip the checks.
+    auto_tma = (
+        rows > PREFILL_TILES_ABOVE_ROWS and supports_tma(x.device) and tma_operands_ok(w13, w2)
+    )
+    default = default_tiles(rows, x.element_size(), max_shared_memory(x.device), tma=auto_tma)
     t = GroupedTiles(*(d if g is None else g for g, d in zip(given, default, strict=True)))
-    if t.tma and not operands_ok:
+    if t.tma and not tma_operands_ok(w13, w2):
         raise ValueError(
             "tma needs contiguous, 16-byte aligned w13 and w2 whose rows are multiples of 16 "
             f"bytes, got strides {w13.stride()} and {w2.stride()}, base offsets "
