@@ -128,6 +128,21 @@ def device_gaps(
     )  # fmt: skip
 
 
+def critical_path_us(intervals: list[tuple[float, float, str]]) -> list[tuple[str, float]]:
+    """(kernel name, microseconds) of each (start, end, name) interval of device work: the part
+    of it past the end of everything that started before it, so the times add up to the device's
+    busy time. On one stream without overlap that is each kernel's duration. Kernels launched
+    with programmatic dependent launch (vllm/triton_utils/pdl.py) start before the kernel ahead
+    of them ends and wait: their full durations would count that wait twice."""
+    out = []
+    busy_until = None
+    for start, end, name in sorted(intervals):
+        begin = start if busy_until is None else max(start, busy_until)
+        out.append((name, max(0.0, end - begin)))
+        busy_until = end if busy_until is None else max(busy_until, end)
+    return out
+
+
 def profile_steps(step: Callable[[], Any], steps: int, device: torch.device) -> list[KernelTime]:
     """Run `step` `steps` times under the profiler; per kernel name, device microseconds and
     launches per step, longest first."""
@@ -153,17 +168,17 @@ def profile_steps_and_gaps(
     intervals = []
     for event in prof.events():
         if cuda:
-            if event.device_type != DeviceType.CUDA:
-                continue
-            us = event.device_time_total
-            intervals.append((event.time_range.start, event.time_range.end, event.name))
-        else:
-            # CPU operators nest; self time counts each microsecond once.
-            if event.device_type != DeviceType.CPU or not event.name.startswith("aten::"):
-                continue
-            us = event.self_cpu_time_total
-        totals[event.name] += us
+            if event.device_type == DeviceType.CUDA:
+                intervals.append((event.time_range.start, event.time_range.end, event.name))
+            continue
+        # CPU operators nest; self time counts each microsecond once.
+        if event.device_type != DeviceType.CPU or not event.name.startswith("aten::"):
+            continue
+        totals[event.name] += event.self_cpu_time_total
         counts[event.name] += 1
+    for name, us in critical_path_us(intervals):
+        totals[name] += us
+        counts[name] += 1
     kernels = [
         KernelTime(name, group_of(name), us / steps, counts[name] / steps)
         for name, us in totals.items()

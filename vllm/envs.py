@@ -54,6 +54,12 @@ _VARIABLES: dict[str, tuple[Callable[[str | None], Any], str]] = {
         "kernels, weight 1.0, summed with the routed outputs in fp32 (default 1). 0: a separate "
         "shared MLP and a bf16 add (the unfused baseline, for accuracy and speed comparisons).",
     ),
+    "VLLM_TRITON_PDL": (
+        lambda v: (v or "1") == "1",
+        "NVIDIA sm_90+: launch the fork's Triton kernels with programmatic dependent launch, so "
+        "that a kernel's programs start while the one before it drains (default 1; "
+        "vllm/triton_utils/pdl.py). 0: plain stream order (the baseline, for speed comparisons).",
+    ),
     "VLLM_API_KEY": (
         lambda v: v or None,
         "`vllm serve`: the API key when --api-key is not given.",

@@ -49,6 +49,7 @@ from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import (
     rmsnorm_gated_fp8_per_token,
 )
 from vllm.platforms import current_platform
+from vllm.triton_utils.pdl import use_pdl
 
 TOKENS = [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536]
 HEADS = [8, 12, 32]
@@ -368,7 +369,7 @@ def host_overhead(args) -> dict[str, float]:
     s = torch.empty(1, 1, dtype=torch.float32, device="cuda")
     fp8_max, min_scale = current_platform.fp8_max(), current_platform.fp8_min_scale()
     config = fused_launch_config(1, case.heads, case.head_dim)
-    spec = fused_launch_spec(config, case.heads, case.head_dim)
+    spec = fused_launch_spec(config, case.heads, case.head_dim, use_pdl(x.device))
     wide, narrow = op_module._rmsnorm_gated_fp8_wide_kernel, op_module._rmsnorm_gated_fp8_kernel
     kernel = wide if config.wide else narrow
     kernel_args = (

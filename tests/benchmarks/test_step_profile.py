@@ -16,6 +16,7 @@ from step_profile import (  # noqa: E402
     GapSite,
     KernelTime,
     breakdown,
+    critical_path_us,
     device_gaps,
     group_of,
     profile_steps,
@@ -123,3 +124,14 @@ def test_device_gaps_split_short_and_long_idle_per_step() -> None:
     )  # fmt: skip
     assert device_gaps(intervals, 2, top_sites=1).long_sites == (GapSite("b", "d", 0.5, 20.0),)
     assert device_gaps([], 1) == DeviceGaps(0.0, 0.0, 0.0, 0.0)
+
+
+def test_critical_path_counts_overlapping_kernels_once() -> None:
+    """Serial kernels keep their durations; a kernel that started early (programmatic dependent
+    launch) counts only past the end of the one before it, one inside another counts nothing, and
+    the times add up to the busy time."""
+    intervals = [(30.0, 32.0, "c"), (0.0, 10.0, "a"), (8.0, 25.0, "b"), (12.0, 20.0, "inside")]
+    assert critical_path_us(intervals) == [("a", 10.0), ("b", 15.0), ("inside", 0.0), ("c", 2.0)]
+    assert sum(us for _, us in critical_path_us(intervals)) == 10 + 15 + 2
+    serial = [(0.0, 3.0, "x"), (4.0, 9.0, "y")]
+    assert critical_path_us(serial) == [("x", 3.0), ("y", 5.0)]

@@ -109,18 +109,31 @@ _EVICT_FIRST_PTX = [
 # A TMA tensor load in sm_90 PTX (Triton 3.6 and 3.9).
 _TMA_LOAD_PTX = "cp.async.bulk.tensor"
 
+# Programmatic dependent launch (vllm/triton_utils/pdl.py) in sm_90 PTX: the wait, then the
+# signal, both before the first instruction that touches global memory.
+_PDL_WAIT, _PDL_SIGNAL = "griddepcontrol.wait", "griddepcontrol.launch_dependents"
+_GLOBAL_ACCESS_PTX = ["ld.global", "st.global", "atom.", "red.", "cp.async"]
+
 
 def _ptx_checks(launch: dict) -> dict:
     """What the compiled PTX of a launch must hold or lack, where a constexpr asks for it: the
     KDA decode's state policy reaches its loads and stores; the grouped experts' TMA flag gives
-    TMA loads, and only it."""
+    TMA loads, and only it; with PDL the program waits and then signals before any global memory
+    access, and without it neither."""
+    checks = {"ptx_has": [], "ptx_lacks": []}
+    if launch["args"]["PDL"]:
+        checks["ptx_has"] += [_PDL_WAIT, _PDL_SIGNAL]
+        checks["ptx_order"] = [_PDL_WAIT, _PDL_SIGNAL, _GLOBAL_ACCESS_PTX]
+    else:
+        checks["ptx_lacks"].append("griddepcontrol")
     if launch["kernel"] == "_fused_kda_decode_kernel":
         if launch["args"]["EVICT"] == "evict_first":
-            return {"ptx_has": _EVICT_FIRST_PTX}
-        return {"ptx_lacks": ["evict_first"]}
+            checks["ptx_has"] += _EVICT_FIRST_PTX
+        else:
+            checks["ptx_lacks"].append("evict_first")
     if launch["kernel"] in ("_moe_grouped_gate_up_kernel", "_moe_grouped_down_kernel"):
-        return {("ptx_has" if launch["args"]["TMA"] else "ptx_lacks"): [_TMA_LOAD_PTX]}
-    return {}
+        checks["ptx_has" if launch["args"]["TMA"] else "ptx_lacks"].append(_TMA_LOAD_PTX)
+    return checks
 
 
 H200_SMS = 132
@@ -464,7 +477,8 @@ def _drive_ops() -> None:
 
 @functools.cache
 def _launches() -> tuple[dict, ...]:
-    """The recorded launches of every kernel (the ops driven once per session)."""
+    """The recorded launches of every kernel (the ops driven once per session), with
+    programmatic dependent launch as on the H200 (`use_pdl` true), then a few without."""
     launches: list[dict] = []
     with pytest.MonkeyPatch.context() as mp:
         for module_name, names in KERNELS.items():
@@ -472,7 +486,16 @@ def _launches() -> tuple[dict, ...]:
             for name in names:
                 recorder = _RecordedKernel(module_name, name, getattr(module, name), launches)
                 mp.setattr(module, name, recorder)
+            if hasattr(module, "use_pdl"):
+                mp.setattr(module, "use_pdl", lambda device: True)
         _drive_ops()
+        mp.undo()
+    with pytest.MonkeyPatch.context() as mp:
+        for module_name, names in KERNELS.items():
+            module = importlib.import_module(module_name)
+            for name in names:
+                recorder = _RecordedKernel(module_name, name, getattr(module, name), launches)
+                mp.setattr(module, name, recorder)
         # The epilogue norming a token's heads in chunks (Kimi-Linear's 32 x 128 is one tile).
         mp.setattr(kda_decode_module, "_EPILOGUE_TILE", 32)
         _drive_kda_decode(3, 3, 16, [KdaDecodeConfig(4, 2)])
@@ -501,6 +524,22 @@ def test_every_kernel_is_listed():
     found = {k for path in root.rglob("*.py") for k in jit_kernel.findall(path.read_text())}
     listed = {k for names in KERNELS.values() for k in names}
     assert found == listed
+
+
+def test_every_kernel_launches_with_pdl_where_it_runs():
+    """Where `use_pdl` holds, every kernel's launches pass the PDL constexpr and the `launch_pdl`
+    option together (a launch with the option but without the wait would let the kernel read
+    its inputs before they are written); where it does not, neither."""
+    launches = _launches()
+    for kernel in (k for names in KERNELS.values() for k in names):
+        seen = {
+            (launch["args"]["PDL"], launch["options"].get("launch_pdl", False))
+            for launch in launches
+            if launch["kernel"] == kernel
+        }
+        assert (True, True) in seen, kernel
+        assert seen <= {(True, True), (False, False)}, (kernel, seen)
+    assert any(not launch["args"]["PDL"] for launch in launches)
 
 
 def test_the_engine_launch_at_64_sequences_evicts_the_kda_state_first():

@@ -32,6 +32,7 @@ from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import (
     rmsnorm_gated_ref,
 )
 from vllm.platforms import current_platform
+from vllm.triton_utils.pdl import use_pdl
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FP8_DTYPES = [torch.float8_e4m3fn, torch.float8_e4m3fnuz]
@@ -555,7 +556,7 @@ def test_gpu_repeated_calls_reuse_the_compiled_kernel():
     tokens, heads, head_dim = 3, 12, 128
     x, weight, gate = make_inputs(tokens, heads, head_dim, torch.bfloat16)
     config = op_module.fused_launch_config(4, heads, head_dim)
-    spec = op_module.fused_launch_spec(config, heads, head_dim)
+    spec = op_module.fused_launch_spec(config, heads, head_dim, use_pdl(x.device))
     spec.compiled.clear()
     first = rmsnorm_gated_fp8_per_token(x, weight, gate, EPS)
     second = rmsnorm_gated_fp8_per_token(x, weight, gate, EPS)
@@ -578,7 +579,7 @@ def test_gpu_repeated_calls_reuse_the_compiled_kernel():
         assert_codes_close(q, q_ref)
 
     # The quant kernel takes the token count as an argument: one cached launch per count seen.
-    _, quant_spec = quant_module._quant_config(32, width, 0)
+    _, quant_spec = quant_module._quant_config(32, width, 0, use_pdl(x.device))
     quant_spec.compiled.clear()
     for t in (17, 31, 17, 31):
         y = torch.randn(t, width, device="cuda", generator=_cuda_gen(2)).to(torch.bfloat16)

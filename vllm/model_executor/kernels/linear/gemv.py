@@ -78,10 +78,13 @@ from vllm.model_executor.kernels.linear.gemv_config import (
 from vllm.platforms import current_platform, supported_fp8_dtypes
 from vllm.triton_utils import use_triton
 from vllm.triton_utils.launch import LaunchSpec, launch
+from vllm.triton_utils.pdl import pdl_options, use_pdl
 
 try:
     import triton
     import triton.language as tl
+
+    from vllm.triton_utils.pdl import pdl_wait
 except ImportError:  # CPU-only installs without Triton use the torch references
     triton = None
 
@@ -130,7 +133,9 @@ if triton is not None:
         EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, FP8_MMA: tl.constexpr,
         BF16X3: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):  # fmt: skip
+        pdl_wait(PDL)
         # Program (M block, N block, K split). PARTIAL: write fp32 sums to out_ptr's
         # [SPLIT_K, M, N] buffer for _gemv_split_reduce_kernel instead of the epilogue.
         m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -204,7 +209,9 @@ if triton is not None:
         part_ptr, out_ptr, x_scale_ptr, w_scale_ptr, bias_ptr, M, N, stride_om,
         SPLIT_K: tl.constexpr, HAS_SCALES: tl.constexpr, HAS_BIAS: tl.constexpr,
         BLOCK: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):  # fmt: skip
+        pdl_wait(PDL)
         # Sums the SPLIT_K fp32 partials of BLOCK outputs in split order (deterministic).
         idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         ok = idx < M * N
@@ -237,19 +244,20 @@ def _launch_specs(
     even_k: bool,
     fp8_mma: bool,
     bf16x3: bool,
+    pdl: bool,
 ) -> tuple[LaunchSpec, LaunchSpec | None]:
     """Cached ``LaunchSpec`` s (they hold the compiled kernels) of the main and reduce kernels."""
     main = LaunchSpec(
         HAS_SCALES=has_scales, HAS_BIAS=has_bias, PARTIAL=config.split_k > 1, EVEN_K=even_k,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         USE_DOT=config.use_dot, FP8_MMA=fp8_mma, BF16X3=bf16x3, num_warps=config.num_warps,
-        num_stages=config.num_stages,
+        num_stages=config.num_stages, **pdl_options(pdl),
     )  # fmt: skip
     if config.split_k == 1:
         return main, None
     reduce = LaunchSpec(
         SPLIT_K=config.split_k, HAS_SCALES=has_scales, HAS_BIAS=has_bias, BLOCK=_REDUCE_BLOCK,
-        num_warps=4,
+        num_warps=4, **pdl_options(pdl),
     )  # fmt: skip
     return main, reduce
 
@@ -284,7 +292,7 @@ def _launch(
     fp8_mma = config.fp8_mma and weight.dtype in supported_fp8_dtypes()
     bf16x3 = config.bf16x3 and weight.dtype == torch.float32
     main, reduce = _launch_specs(
-        config, block_m, has_scales, bias is not None, even_k, fp8_mma, bf16x3
+        config, block_m, has_scales, bias is not None, even_k, fp8_mma, bf16x3, use_pdl(x.device)
     )
     # Unused pointer arguments get `out`: a valid tensor the constexpr flags never let be read.
     xs = x_scale if has_scales else out

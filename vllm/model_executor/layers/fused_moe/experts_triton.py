@@ -51,10 +51,13 @@ import torch
 
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.triton_utils import next_power_of_2, use_triton
+from vllm.triton_utils.pdl import pdl_options, use_pdl
 
 try:
     import triton
     import triton.language as tl
+
+    from vllm.triton_utils.pdl import pdl_wait
 except ImportError:  # CPU-only installs without Triton never select this path
     triton = None
 
@@ -79,7 +82,9 @@ if triton is not None:
         stride_xt, stride_it, stride_ik, stride_we, stride_wn, stride_ar,
         hidden, inter,
         TOPK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HIDDEN: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):  # fmt: skip
+        pdl_wait(PDL)
         # HIDDEN > 0 (= hidden): the steps over H are unrolled, so the compiler may issue the
         # weight loads of several steps before their reductions.
         r = tl.program_id(0)
@@ -116,7 +121,9 @@ if triton is not None:
         stride_ar, stride_it, stride_ik, stride_wt, stride_wk, stride_we, stride_wh, stride_ot,
         hidden,
         INTER: tl.constexpr, TOPK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_I: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):  # fmt: skip
+        pdl_wait(PDL)
         # The slots and the steps over I are unrolled (all constexpr), so the compiler can issue
         # every slot's weight loads before the first reduction: no padding of K to a power of two.
         t = tl.program_id(0)
@@ -267,17 +274,18 @@ def moe_experts_triton(
     if 0 in (tokens, topk, hidden, inter):
         return out.zero_()
     a = torch.empty(tokens * topk, inter, dtype=x.dtype, device=x.device)
+    pdl = pdl_options(use_pdl(x.device))
     _moe_gate_up_kernel[(tokens * topk, triton.cdiv(inter, block_n))](
         x, w13, topk_ids, a,
         x.stride(0), topk_ids.stride(0), topk_ids.stride(1), w13.stride(0), w13.stride(1),
         a.stride(0), hidden, inter,
         TOPK=topk, BLOCK_N=block_n, BLOCK_K=block_k, HIDDEN=hidden if gate_up_unroll else 0,
-        num_warps=gate_up_warps,
+        num_warps=gate_up_warps, **pdl,
     )  # fmt: skip
     _moe_down_kernel[(tokens, triton.cdiv(hidden, block_h))](
         a, w2, topk_ids, topk_weights, out,
         a.stride(0), topk_ids.stride(0), topk_ids.stride(1), topk_weights.stride(0),
         topk_weights.stride(1), w2.stride(0), w2.stride(1), out.stride(0), hidden,
-        INTER=inter, TOPK=topk, BLOCK_H=block_h, BLOCK_I=block_i, num_warps=down_warps,
+        INTER=inter, TOPK=topk, BLOCK_H=block_h, BLOCK_I=block_i, num_warps=down_warps, **pdl,
     )  # fmt: skip
     return out

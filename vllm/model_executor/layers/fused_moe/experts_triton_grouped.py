@@ -83,11 +83,14 @@ from vllm.triton_utils import (
     supports_tma,
     triton_interpreting,
 )
+from vllm.triton_utils.pdl import pdl_options, use_pdl
 
 try:
     import triton
     import triton.language as tl
     from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from vllm.triton_utils.pdl import pdl_wait
 except ImportError:  # CPU-only installs without Triton never select this path
     triton = None
 
@@ -107,7 +110,9 @@ if triton is not None:
         hidden, inter, max_blocks,
         TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):  # fmt: skip
+        pdl_wait(PDL)
         blk, tile = _block_and_tile(tl.cdiv(inter, BLOCK_N))
         e = tl.load(blocks_ptr + blk)
         if e < 0:
@@ -156,7 +161,9 @@ if triton is not None:
         hidden, inter, max_blocks,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         PRECISION: tl.constexpr, TMA: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):  # fmt: skip
+        pdl_wait(PDL)
         blk, tile = _block_and_tile(tl.cdiv(hidden, BLOCK_N))
         e = tl.load(blocks_ptr + blk)
         if e < 0:
@@ -354,6 +361,7 @@ def moe_experts_triton_grouped(
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     a = torch.empty(tokens * topk, inter, dtype=x.dtype, device=x.device)
     w13_desc = a_desc = w2_desc = None
+    pdl = pdl_options(use_pdl(x.device))
     if t.tma:
         w13_desc = TensorDescriptor.from_tensor(w13.view(-1, hidden), [t.block_n, t.block_k])
         a_desc = TensorDescriptor.from_tensor(a, [t.block_m, t.down_block_k])
@@ -362,13 +370,13 @@ def moe_experts_triton_grouped(
         x, w13, w13_desc, order, blocks, a,
         x.stride(0), w13.stride(0), w13.stride(1), a.stride(0), hidden, inter, max_blocks,
         TOPK=topk, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, PRECISION=precision,
-        TMA=t.tma, num_warps=t.gate_up_warps, num_stages=t.gate_up_stages,
+        TMA=t.tma, num_warps=t.gate_up_warps, num_stages=t.gate_up_stages, **pdl,
     )  # fmt: skip
     y = torch.empty(tokens * topk, hidden, dtype=x.dtype, device=x.device)
     _moe_grouped_down_kernel[(max_blocks * triton.cdiv(hidden, t.down_block_n),)](
         a, w2, a_desc, w2_desc, order, blocks, y,
         a.stride(0), w2.stride(0), w2.stride(1), y.stride(0), hidden, inter, max_blocks,
         BLOCK_M=t.block_m, BLOCK_N=t.down_block_n, BLOCK_K=t.down_block_k, PRECISION=precision,
-        TMA=t.tma, num_warps=t.down_warps, num_stages=t.down_stages,
+        TMA=t.tma, num_warps=t.down_warps, num_stages=t.down_stages, **pdl,
     )  # fmt: skip
     return moe_weighted_sum(y, topk_weights, x.dtype)

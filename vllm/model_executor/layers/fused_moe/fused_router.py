@@ -113,12 +113,14 @@ from vllm.model_executor.layers.ops.rms_norm import fused_add_rms_norm_ref, row_
 from vllm.platforms import current_platform
 from vllm.triton_utils import next_power_of_2, use_triton
 from vllm.triton_utils.launch import LaunchSpec, launch
+from vllm.triton_utils.pdl import pdl_options, use_pdl
 
 try:
     import triton
     import triton.language as tl
 
     from vllm.model_executor.layers.fused_moe.router import grouped_topk_row
+    from vllm.triton_utils.pdl import pdl_wait
 except ImportError:  # CPU-only installs without Triton use the torch reference
     triton = None
 
@@ -198,7 +200,9 @@ if triton is not None:
         BLOCK_K: tl.constexpr, NUM_GROUPS: tl.constexpr, GROUP_SIZE: tl.constexpr,
         BLOCK_G: tl.constexpr, TOPK_GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
         SOFTMAX: tl.constexpr, RENORMALIZE: tl.constexpr, NUM_SHARED: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):  # fmt: skip
+        pdl_wait(PDL)
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = n < E
         hh = tl.arange(0, BLOCK_H)
@@ -290,6 +294,7 @@ def _spec(
     softmax: bool,
     renormalize: bool,
     shared: int,
+    pdl: bool,
 ) -> LaunchSpec:
     """Constexprs and options (``block_d`` 0: no norm); cached: the spec holds the compiled
     kernels."""
@@ -300,7 +305,7 @@ def _spec(
         BLOCK_K=next_power_of_2(columns), NUM_GROUPS=groups, GROUP_SIZE=experts // groups,
         BLOCK_G=next_power_of_2(groups), TOPK_GROUP=topk_group, HAS_BIAS=has_bias,
         SOFTMAX=softmax, RENORMALIZE=renormalize, NUM_SHARED=shared,
-        num_warps=config.num_warps,
+        num_warps=config.num_warps, **pdl_options(pdl),
     )  # fmt: skip
 
 
@@ -420,7 +425,7 @@ def _launch(
         next_power_of_2(hidden) if norm is not None else 0, experts, routing.top_k, columns,
         groups, routing.topk_group if groups > 1 else 1, bias is not None,
         routing.scoring_func == "softmax", bool(routing.renormalize),
-        routing.num_fused_shared_experts,
+        routing.num_fused_shared_experts, use_pdl(x.device),
     )  # fmt: skip
     launch(
         _fused_router_topk_kernel, (triton.cdiv(experts, config.block_n), 1, 1),

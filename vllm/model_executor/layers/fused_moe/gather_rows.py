@@ -30,10 +30,13 @@ import torch
 
 from vllm.triton_utils import use_triton
 from vllm.triton_utils.launch import LaunchSpec, launch
+from vllm.triton_utils.pdl import pdl_options, use_pdl
 
 try:
     import triton
     import triton.language as tl
+
+    from vllm.triton_utils.pdl import pdl_wait
 except ImportError:  # CPU-only installs without Triton use the torch reference
     triton = None
 
@@ -82,7 +85,9 @@ if triton is not None:
         x_ptr, order_ptr, out_ptr,
         num_rows, hidden, stride_x,
         K: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):  # fmt: skip
+        pdl_wait(PDL)
         pid = tl.program_id(0)
         col_blocks = tl.cdiv(hidden, BLOCK_COLS)
         rows = (pid // col_blocks) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
@@ -97,11 +102,11 @@ if triton is not None:
 
 
 @cache
-def _spec(k: int, config: GatherRowsConfig) -> LaunchSpec:
+def _spec(k: int, config: GatherRowsConfig, pdl: bool) -> LaunchSpec:
     """Constexprs and options; cached: the spec holds the compiled kernels."""
     return LaunchSpec(
         K=k, BLOCK_ROWS=config.block_rows, BLOCK_COLS=config.block_cols,
-        num_warps=config.num_warps,
+        num_warps=config.num_warps, **pdl_options(pdl),
     )  # fmt: skip
 
 
@@ -161,6 +166,6 @@ def gather_rows(
     launch(
         _gather_rows_kernel, (grid, 1, 1),
         (x, order, out, num_rows, hidden, x.stride(0)),
-        _spec(k, config),
+        _spec(k, config, use_pdl(x.device)),
     )  # fmt: skip
     return out

@@ -33,10 +33,13 @@ from typing import NamedTuple
 import torch
 
 from vllm.triton_utils import next_power_of_2, use_triton
+from vllm.triton_utils.pdl import pdl_options, use_pdl
 
 try:
     import triton
     import triton.language as tl
+
+    from vllm.triton_utils.pdl import pdl_wait
 except ImportError:  # CPU-only installs without Triton use the torch reference
     triton = None
 
@@ -75,7 +78,9 @@ if triton is not None:
         num_rows, num_experts, max_blocks,
         BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_R: tl.constexpr,
         BLOCK_B: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):  # fmt: skip
+        pdl_wait(PDL)
         # Program e < E: expert e's rows and blocks; program E: the out-of-range rows (bin E of
         # the histogram, which also counts the padding past the rows) and the unused blocks.
         e = tl.program_id(0)
@@ -127,7 +132,9 @@ if triton is not None:
     def _moe_group_count_kernel(
         ids_ptr, counts_ptr, num_rows, num_experts,
         CHUNK: tl.constexpr, BLOCK_E: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):  # fmt: skip
+        pdl_wait(PDL)
         c = tl.program_id(0)
         keys = _chunk_keys(ids_ptr, c * CHUNK + tl.arange(0, CHUNK), num_rows, num_experts, BLOCK_E)
         tl.store(counts_ptr + c * BLOCK_E + tl.arange(0, BLOCK_E), tl.histogram(keys, BLOCK_E))
@@ -138,7 +145,9 @@ if triton is not None:
         num_rows, num_experts, num_chunks, max_blocks,
         BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, BLOCK_E: tl.constexpr,
         BLOCK_CH: tl.constexpr, BLOCK_B: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):  # fmt: skip
+        pdl_wait(PDL)
         # Program c < num_chunks places chunk c's rows; program num_chunks + e writes expert e's
         # end and blocks; the last program marks the unused tail of the block table. Each first
         # sums the chunk histograms: per bin, all chunks' rows and those of chunks before its own.
@@ -286,6 +295,7 @@ def group_rows(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Groupe
     _moe_group_rows_kernel[(num_experts + 1,)](
         flat, order, inverse, blocks, offs, num_rows, num_experts, max_blocks,
         BLOCK_M=block_m, BLOCK_E=block_e, BLOCK_R=block_r, BLOCK_B=_GROUP_BLOCK_B, num_warps=4,
+        **pdl_options(use_pdl(device)),
     )  # fmt: skip
     return GroupedRows(order, inverse, blocks, offs)
 
@@ -312,13 +322,14 @@ def group_rows_chunked(
     offs = torch.empty(num_experts, dtype=torch.int32, device=device)
     # Per chunk and bin: its rows (written by the first launch), then its placing offset.
     counts, delta = torch.empty(2, num_chunks, block_e, dtype=torch.int32, device=device)
+    pdl = pdl_options(use_pdl(device))
     _moe_group_count_kernel[(num_chunks,)](
-        flat_ids, counts, num_rows, num_experts, CHUNK=chunk, BLOCK_E=block_e, num_warps=4
+        flat_ids, counts, num_rows, num_experts, CHUNK=chunk, BLOCK_E=block_e, num_warps=4, **pdl
     )
     _moe_group_place_kernel[(num_chunks + num_experts + 1,)](
         flat_ids, counts, delta, order, inverse, blocks, offs,
         num_rows, num_experts, num_chunks, max_blocks,
         BLOCK_M=block_m, CHUNK=chunk, BLOCK_E=block_e, BLOCK_CH=max(1, 4096 // block_e),
-        BLOCK_B=_GROUP_BLOCK_B, num_warps=4,
+        BLOCK_B=_GROUP_BLOCK_B, num_warps=4, **pdl,
     )  # fmt: skip
     return GroupedRows(order, inverse, blocks, offs)

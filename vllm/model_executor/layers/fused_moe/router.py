@@ -66,10 +66,13 @@ import torch.nn.functional as F
 
 from vllm.model_executor.kernels.linear.gemv import gemv_fp32
 from vllm.triton_utils import next_power_of_2, use_triton
+from vllm.triton_utils.pdl import pdl_options, use_pdl
 
 try:
     import triton
     import triton.language as tl
+
+    from vllm.triton_utils.pdl import pdl_wait
 except ImportError:  # CPU-only installs without Triton use the reference
     triton = None
 
@@ -169,7 +172,9 @@ if triton is not None:
         NUM_GROUPS: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_G: tl.constexpr,
         TOPK_GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTMAX: tl.constexpr,
         RENORMALIZE: tl.constexpr, NUM_SHARED: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):  # fmt: skip
+        pdl_wait(PDL)
         t = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK_E)
         safe = tl.minimum(offs, E - 1)
@@ -381,6 +386,7 @@ def grouped_topk_triton(
         TOPK_GROUP=routing.topk_group if groups > 1 else 1, HAS_BIAS=bias is not None,
         SOFTMAX=routing.scoring_func == "softmax", RENORMALIZE=bool(routing.renormalize),
         NUM_SHARED=routing.num_fused_shared_experts, num_warps=num_warps,
+        **pdl_options(use_pdl(device)),
     )  # fmt: skip
     return weights, ids
 

@@ -25,10 +25,13 @@ reference, unless ``TRITON_INTERPRET=1`` (``vllm.triton_utils.use_triton``).
 import torch
 
 from vllm.triton_utils import use_triton
+from vllm.triton_utils.pdl import pdl_options, use_pdl
 
 try:
     import triton
     import triton.language as tl
+
+    from vllm.triton_utils.pdl import pdl_wait
 except ImportError:  # CPU-only installs without Triton use the torch reference
     triton = None
 
@@ -50,7 +53,9 @@ if triton is not None:
         y_ptr, rows_ptr, topk_w_ptr, out_ptr,
         stride_yr, stride_wt, stride_wk, stride_ot, hidden,
         TOPK: tl.constexpr, BLOCK_H: tl.constexpr, HAS_ROWS: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):  # fmt: skip
+        pdl_wait(PDL)
         t = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         h_ok = h < hidden
@@ -156,6 +161,6 @@ def moe_weighted_sum(
         y, inverse, topk_weights, out,
         y.stride(0), topk_weights.stride(0), topk_weights.stride(1), out.stride(0), hidden,
         TOPK=k, BLOCK_H=_BLOCK_H, HAS_ROWS=inverse is not None,
-        num_warps=4, enable_fp_fusion=False,
+        num_warps=4, enable_fp_fusion=False, **pdl_options(use_pdl(y.device)),
     )  # fmt: skip
     return out

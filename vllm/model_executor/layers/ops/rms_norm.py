@@ -29,10 +29,13 @@ import torch
 
 from vllm.triton_utils import next_power_of_2, use_triton
 from vllm.triton_utils.launch import LaunchSpec, launch
+from vllm.triton_utils.pdl import pdl_options, use_pdl
 
 try:
     import triton
     import triton.language as tl
+
+    from vllm.triton_utils.pdl import pdl_wait
 except ImportError:  # CPU-only installs without Triton use the torch reference
     triton = None
 
@@ -61,7 +64,9 @@ if triton is not None:
         x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
         D, stride_x, stride_res, eps,
         BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):  # fmt: skip
+        pdl_wait(PDL)
         # Outputs are contiguous [rows, D]; inputs may have any row stride.
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
@@ -87,10 +92,13 @@ def row_tile_warps(block: int) -> int:
 
 
 @cache
-def _spec(block: int, has_residual: bool) -> LaunchSpec:
+def _spec(block: int, has_residual: bool, pdl: bool) -> LaunchSpec:
     """Constexprs and warps for a row tile of ``block`` lanes; cached: the spec holds the compiled
     kernels (``vllm.triton_utils.launch``)."""
-    return LaunchSpec(BLOCK=block, HAS_RESIDUAL=has_residual, num_warps=row_tile_warps(block))
+    return LaunchSpec(
+        BLOCK=block, HAS_RESIDUAL=has_residual, num_warps=row_tile_warps(block),
+        **pdl_options(pdl),
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -172,7 +180,7 @@ def _launch(
             x2, res2, weight, out, out if res_out is None else res_out,
             hidden, x2.stride(0), res2.stride(0), eps,
         ),
-        _spec(next_power_of_2(hidden), residual is not None),
+        _spec(next_power_of_2(hidden), residual is not None, use_pdl(x.device)),
     )  # fmt: skip
     return out, res_out
 

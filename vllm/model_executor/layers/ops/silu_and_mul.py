@@ -30,11 +30,14 @@ import torch.nn.functional as F
 
 from vllm.triton_utils import next_power_of_2, triton_interpreting, use_triton
 from vllm.triton_utils.launch import LaunchSpec, launch
+from vllm.triton_utils.pdl import pdl_options, use_pdl
 
 try:
     import triton
     import triton.language as tl
     from triton.language.extra import libdevice
+
+    from vllm.triton_utils.pdl import pdl_wait
 except ImportError:  # CPU-only installs without Triton use the torch reference
     triton = None
 
@@ -58,7 +61,9 @@ if triton is not None:
         x_ptr, out_ptr,
         inter, stride_x, stride_out,
         BLOCK: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):  # fmt: skip
+        pdl_wait(PDL)
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < inter
@@ -76,9 +81,11 @@ if triton is not None:
 
 
 @cache
-def _spec(block: int) -> LaunchSpec:
+def _spec(block: int, pdl: bool) -> LaunchSpec:
     """Constexprs and options for ``block`` lanes; cached: the spec holds the compiled kernels."""
-    return LaunchSpec(BLOCK=block, num_warps=max(block // 256, 1), enable_reflect_ftz=False)
+    return LaunchSpec(
+        BLOCK=block, num_warps=max(block // 256, 1), enable_reflect_ftz=False, **pdl_options(pdl)
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -125,6 +132,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     launch(
         _silu_and_mul_kernel, (rows, triton.cdiv(inter, block), 1),
         (x2, out, inter, x2.stride(0), inter),
-        _spec(block),
+        _spec(block, use_pdl(x.device)),
     )  # fmt: skip
     return out

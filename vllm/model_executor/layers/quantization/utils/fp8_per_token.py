@@ -43,10 +43,13 @@ import torch
 from vllm.platforms import current_platform, supported_fp8_dtypes
 from vllm.triton_utils import HAS_TRITON, next_power_of_2, num_sms, use_triton
 from vllm.triton_utils.launch import LaunchSpec, launch
+from vllm.triton_utils.pdl import pdl_options, use_pdl
 
 try:
     import triton
     import triton.language as tl
+
+    from vllm.triton_utils.pdl import pdl_wait
 except ImportError:  # CPU-only installs without Triton use the torch reference
     triton = None
 
@@ -118,7 +121,9 @@ if triton is not None:
         fp8_max, min_scale,
         BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE_PASS: tl.constexpr,
         HEAD_DIM: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):  # fmt: skip
+        pdl_wait(PDL)
         # BLOCK_T tokens per program. SINGLE_PASS: the whole row fits one [BLOCK_T, BLOCK_K]
         # tile and stays in registers; otherwise pass 1 reduces amax over K chunks, pass 2 re-reads.
         # HEAD_DIM: 0 for rows of x, else x's rows are heads of HEAD_DIM columns.
@@ -166,16 +171,18 @@ if triton is not None:
 
 
 @cache
-def _quant_config(t_bucket: int, k: int, head_dim: int) -> tuple[int, LaunchSpec]:
+def _quant_config(t_bucket: int, k: int, head_dim: int, pdl: bool) -> tuple[int, LaunchSpec]:
     """(block_t, the kernel's constexprs and num_warps) for per-token quantization of [T, K]
-    (rows of heads of `head_dim` columns if nonzero); cached: the spec also holds the compiled
-    kernels (``vllm.triton_utils.launch``). No default for `head_dim`: ``functools.cache`` keys
-    on the arguments as passed, so a call that left it out would get a spec of its own."""
+    (rows of heads of `head_dim` columns if nonzero), ``pdl`` as ``use_pdl`` says; cached: the
+    spec also holds the compiled kernels (``vllm.triton_utils.launch``). No defaults:
+    ``functools.cache`` keys on the arguments as passed, so a call that left one out would get a
+    spec of its own."""
     block_k = next_power_of_2(k)
     if block_k > _MAX_TILE:
         return 1, LaunchSpec(
-            BLOCK_T=1, BLOCK_K=_MAX_TILE, SINGLE_PASS=False, HEAD_DIM=head_dim, num_warps=8
-        )
+            BLOCK_T=1, BLOCK_K=_MAX_TILE, SINGLE_PASS=False, HEAD_DIM=head_dim, num_warps=8,
+            **pdl_options(pdl),
+        )  # fmt: skip
     block_t = 1
     target_programs = 4 * num_sms()
     while block_t * 2 * block_k <= _MAX_TILE and -(-t_bucket // (block_t * 2)) >= target_programs:
@@ -183,7 +190,7 @@ def _quant_config(t_bucket: int, k: int, head_dim: int) -> tuple[int, LaunchSpec
     warps = max(1, min(8, block_t * block_k // 512))
     return block_t, LaunchSpec(
         BLOCK_T=block_t, BLOCK_K=block_k, SINGLE_PASS=True, HEAD_DIM=head_dim,
-        num_warps=1 << (warps.bit_length() - 1),
+        num_warps=1 << (warps.bit_length() - 1), **pdl_options(pdl),
     )  # fmt: skip
 
 
@@ -352,7 +359,7 @@ def per_token_fp8_quant(
         scale_out.copy_(scale)
         return out, scale_out
 
-    block_t, spec = _quant_config(next_power_of_2(tokens), width, head_dim)
+    block_t, spec = _quant_config(next_power_of_2(tokens), width, head_dim, use_pdl(device))
     launch(
         _per_token_fp8_quant_kernel, (-(-tokens // block_t), 1, 1),
         (

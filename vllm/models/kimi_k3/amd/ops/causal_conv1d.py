@@ -31,10 +31,13 @@ import torch
 import torch.nn.functional as F
 
 from vllm.triton_utils import next_power_of_2, use_triton
+from vllm.triton_utils.pdl import pdl_options, use_pdl
 
 try:
     import triton
     import triton.language as tl
+
+    from vllm.triton_utils.pdl import pdl_wait
 except ImportError:  # CPU-only installs without Triton use the torch reference
     triton = None
 
@@ -136,7 +139,9 @@ if triton is not None:
         stride_og, stride_ot, stride_oc, group, tokens, channels, num_seqs, search_steps,
         W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, STEP: tl.constexpr,
         ONE_GROUP_PER_BLOCK: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):  # fmt: skip
+        pdl_wait(PDL)
         # A program walks BLOCK_T tokens of BLOCK_C channels STEP (4 or 8) rows at a time,
         # carrying the last W - 1 inputs (h1 one row back, h2, h3) in registers: each row of x is
         # read once, where shifted tiles would read it W times. Rows stay in x's dtype until
@@ -226,7 +231,9 @@ if triton is not None:
         x_ptr, state_ptr, qsl_ptr, slots_ptr, has_init_ptr,
         stride_xt, stride_xc, stride_ss, stride_sc, stride_sj, channels,
         W: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):  # fmt: skip
+        pdl_wait(PDL)
         n = tl.program_id(0)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         k = tl.arange(0, BLOCK_W)  # new window position
@@ -371,6 +378,7 @@ def causal_conv1d_prefill(
         return out
     block_t, block_c = config.block_t, config.block_c
     groups, group = out3.shape[0], out3.shape[2]
+    pdl = pdl_options(use_pdl(x.device))
     _causal_conv1d_prefill_kernel[(triton.cdiv(tokens, block_t), triton.cdiv(channels, block_c))](
         x, weight, conv_state, query_start_loc, slots, has_initial_state, out3,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
@@ -379,12 +387,13 @@ def causal_conv1d_prefill(
         tokens, channels, n, (n - 1).bit_length(),
         W=width, BLOCK_T=block_t, BLOCK_C=block_c, STEP=config.step,
         ONE_GROUP_PER_BLOCK=groups == 1 or group % block_c == 0, num_warps=config.num_warps,
+        **pdl,
     )  # fmt: skip
     _conv_state_update_kernel[(n, triton.cdiv(channels, _STATE_BLOCK_C))](
         x, conv_state, query_start_loc, slots, has_initial_state,
         x.stride(0), x.stride(1), conv_state.stride(0), conv_state.stride(1),
         conv_state.stride(2), channels,
-        W=width, BLOCK_W=next_power_of_2(width - 1), BLOCK_C=_STATE_BLOCK_C, num_warps=4,
+        W=width, BLOCK_W=next_power_of_2(width - 1), BLOCK_C=_STATE_BLOCK_C, num_warps=4, **pdl,
     )  # fmt: skip
     return out
 

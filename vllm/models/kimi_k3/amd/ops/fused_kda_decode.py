@@ -81,10 +81,13 @@ from vllm.models.kimi_k3.amd.ops.fused_kda_decode_config import (
 from vllm.models.kimi_k3.amd.ops.kda_core import kda_decode
 from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate
 from vllm.triton_utils import num_sms, use_triton
+from vllm.triton_utils.pdl import pdl_options, use_pdl
 
 try:
     import triton
     import triton.language as tl
+
+    from vllm.triton_utils.pdl import pdl_wait
 except ImportError:  # CPU-only installs without Triton use the torch reference
     triton = None
 
@@ -159,7 +162,9 @@ if triton is not None:
         D: tl.constexpr, W: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_V: tl.constexpr,
         SPLIT: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, APPLY_NORM: tl.constexpr,
         RANK_F: tl.constexpr, RANK_G: tl.constexpr, BLOCK_R: tl.constexpr, EVICT: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):  # fmt: skip
+        pdl_wait(PDL)
         # EVICT: the state tile's cache eviction policy ("evict_first" or "", the default).
         # RANK_F > 0: `raw_g_ptr` is f_a [N, RANK_F] and raw_g is f_w @ f_a. RANK_G > 0: the gate
         # is g_w @ g_a; `gate_ptr` is then, for the split, the [N, H, D] buffer the V blocks
@@ -242,7 +247,9 @@ if triton is not None:
         D: tl.constexpr, W: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr,
         BLOCK_H: tl.constexpr, ONE_CHUNK: tl.constexpr, APPLY_NORM: tl.constexpr,
         QUANT: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):  # fmt: skip
+        pdl_wait(PDL)
         # After the V-split kernel. The shift programs of token n each move on the q/k conv
         # windows (which all V blocks read) of `span` channels of the 2 * heads * D q | k
         # channels, `BLOCK_C` at a time. With the norm, program (n, 0) owns the whole token: it
@@ -480,6 +487,7 @@ def fused_kda_decode(
     g_a_arg, g_w_arg = (gate.a, gate.weight) if rank_g else (raw_g_arg, raw_g_arg)
     block_r = min(triton.next_power_of_2(max(rank_f, rank_g, 1)), max(1, _PROJ_TILE // d))
     block_w = triton.next_power_of_2(width)
+    pdl = pdl_options(use_pdl(out.device))
     _fused_kda_decode_kernel[(n, heads, d // block_v)](
         mixed_qkv, conv_weight, conv_state, raw_g_arg, A_log, dt_bias, b,
         ssm_state, slots, gate_arg, norm_w_arg, core_out, f_w_arg, g_a_arg, g_w_arg,
@@ -491,7 +499,7 @@ def fused_kda_decode(
         D=d, W=width, BLOCK_W=block_w, BLOCK_V=block_v, SPLIT=split,
         HAS_LOWER_BOUND=lower_bound is not None, APPLY_NORM=apply_norm,
         RANK_F=rank_f, RANK_G=rank_g, BLOCK_R=block_r,
-        EVICT="evict_first" if config.evict_state else "", num_warps=config.num_warps,
+        EVICT="evict_first" if config.evict_state else "", num_warps=config.num_warps, **pdl,
     )  # fmt: skip
     if not split:
         return per_token_fp8_quant(out.reshape(n, heads * d), quant_dtype) if quantize else out
@@ -508,7 +516,7 @@ def fused_kda_decode(
         heads, span, eps, fp8_max, min_scale,
         D=d, W=width, BLOCK_W=block_w, BLOCK_C=block_c, BLOCK_H=block_h,
         ONE_CHUNK=block_h >= heads,
-        APPLY_NORM=apply_norm, QUANT=fused_quant, num_warps=_EPILOGUE_WARPS,
+        APPLY_NORM=apply_norm, QUANT=fused_quant, num_warps=_EPILOGUE_WARPS, **pdl,
     )  # fmt: skip
     if fused_quant:
         return dest, scale

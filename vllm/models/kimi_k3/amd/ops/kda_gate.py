@@ -12,10 +12,13 @@ elementwise kernels over `[T, H * K]` fp32 temporaries (upcast, add, exp, log1p,
 import torch
 
 from vllm.triton_utils import next_power_of_2, use_triton
+from vllm.triton_utils.pdl import pdl_options, use_pdl
 
 try:
     import triton
     import triton.language as tl
+
+    from vllm.triton_utils.pdl import pdl_wait
 except ImportError:  # CPU-only installs without Triton use the torch reference
     triton = None
 
@@ -27,7 +30,9 @@ if triton is not None:
         stride_rt, stride_rc, stride_bt, stride_bh, tokens, heads, width, key_dim, lower_bound,
         HAS_LOWER_BOUND: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
         BLOCK_H: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):  # fmt: skip
+        pdl_wait(PDL)
         t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         t_ok = t < tokens
@@ -114,6 +119,6 @@ def kda_gate_beta(
         raw.stride(0), raw.stride(1), b.stride(0), b.stride(1), tokens, heads, width,
         width // heads, lower_bound if lower_bound is not None else 0.0,
         HAS_LOWER_BOUND=lower_bound is not None, BLOCK_T=block_t, BLOCK_C=block_c,
-        BLOCK_H=next_power_of_2(heads), num_warps=4,
+        BLOCK_H=next_power_of_2(heads), num_warps=4, **pdl_options(use_pdl(raw.device)),
     )  # fmt: skip
     return g, beta

@@ -40,10 +40,13 @@ import torch
 from vllm.model_executor.layers.ops.rms_norm import MAX_HIDDEN, rms_norm_ref, row_tile_warps
 from vllm.triton_utils import next_power_of_2, use_triton
 from vllm.triton_utils.launch import LaunchSpec, launch
+from vllm.triton_utils.pdl import pdl_options, use_pdl
 
 try:
     import triton
     import triton.language as tl
+
+    from vllm.triton_utils.pdl import pdl_wait
 except ImportError:  # CPU-only installs without Triton use the torch reference
     triton = None
 
@@ -60,7 +63,9 @@ if triton is not None:
         kv_a_ptr, w_ptr, slot_ptr, cache_ptr,
         L, R, stride_kv, stride_cb, stride_ct, block_size, eps,
         BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):  # fmt: skip
+        pdl_wait(PDL)
         t = tl.program_id(0).to(tl.int64)
         slot = tl.load(slot_ptr + t).to(tl.int64)
         if slot >= 0:
@@ -81,9 +86,11 @@ if triton is not None:
 
 
 @cache
-def _spec(block_l: int, block_r: int) -> LaunchSpec:
+def _spec(block_l: int, block_r: int, pdl: bool) -> LaunchSpec:
     """Cached: the spec holds the compiled kernels (``vllm.triton_utils.launch``)."""
-    return LaunchSpec(BLOCK_L=block_l, BLOCK_R=block_r, num_warps=row_tile_warps(block_l))
+    return LaunchSpec(
+        BLOCK_L=block_l, BLOCK_R=block_r, num_warps=row_tile_warps(block_l), **pdl_options(pdl)
+    )
 
 
 def mla_cache_write_ref(
@@ -163,5 +170,5 @@ def mla_cache_write(
             kv_a, weight, slot_mapping, kv_cache, latent, width - latent, kv_a.stride(0),
             kv_cache.stride(0), kv_cache.stride(1), kv_cache.shape[1], eps,
         ),
-        _spec(next_power_of_2(latent), next_power_of_2(width - latent)),
+        _spec(next_power_of_2(latent), next_power_of_2(width - latent), use_pdl(kv_a.device)),
     )  # fmt: skip

@@ -92,10 +92,13 @@ from vllm.platforms import current_platform
 
 # The one switch every op here uses to run its Triton kernels on CPU tensors (the interpreter).
 from vllm.triton_utils import max_shared_memory, next_power_of_2, num_sms, use_triton
+from vllm.triton_utils.pdl import pdl_options, use_pdl
 
 try:
     import triton
     import triton.language as tl
+
+    from vllm.triton_utils.pdl import pdl_wait
 except ImportError:  # CPU-only installs without Triton use the torch reference
     triton = None
 
@@ -151,7 +154,9 @@ if triton is not None:
         BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
         DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr,
         MERGE_CHUNK: tl.constexpr, LATENT_CHUNKS: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):  # fmt: skip
+        pdl_wait(PDL)
         # Head blocks vary fastest in launch order: the programs that read the same cache tiles
         # for different heads run at the same time, and the later ones find the tiles in L2.
         h = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -308,7 +313,9 @@ if triton is not None:
         num_splits,
         L: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr,
         MERGE_CHUNK: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):  # fmt: skip
+        pdl_wait(PDL)
         # Program (n, h, j): columns [j * BLOCK_L, (j + 1) * BLOCK_L) of head h's output, so
         # that a small batch still spreads its partials' reads over many SMs. Only the active
         # splits are read; a sequence with one has its output from the split kernel already.
@@ -414,6 +421,7 @@ def launch_mla_decode(
         part = lse = out  # not read without splits
         part_strides, lse_strides = (0, 0, 0), (0, 0)
     grid = (head_blocks, config.num_splits, n)
+    pdl = pdl_options(use_pdl(out.device))
     _mla_decode_split_kernel[grid](
         q_latent, q_pe, kv_cache, block_tables, seq_lens, out, part, lse,
         counters if fused else out,
@@ -426,7 +434,7 @@ def launch_mla_decode(
         # fp32 caches: full fp32 products (not TF32); 16-bit: the backend's default.
         DOT_PRECISION="ieee" if q_latent.dtype == torch.float32 else None, SPLIT=split,
         FUSED_MERGE=fused, MERGE_CHUNK=MERGE_CHUNK, LATENT_CHUNKS=config.latent_chunks,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        num_warps=config.num_warps, num_stages=config.num_stages, **pdl,
     )  # fmt: skip
     if split and not fused:
         merge_l = merge_block_l(n, heads, latent, num_sms(q_latent.device))
@@ -436,7 +444,7 @@ def launch_mla_decode(
             config.num_splits,
             L=latent, BLOCK_L=merge_l, BLOCK_N=config.block_n, MERGE_CHUNK=MERGE_CHUNK,
             # Four columns (16 bytes) a thread.
-            num_warps=max(1, min(4, merge_l // 128)),
+            num_warps=max(1, min(4, merge_l // 128)), **pdl,
         )  # fmt: skip
     return out
 

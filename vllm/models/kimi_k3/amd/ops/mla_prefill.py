@@ -30,10 +30,13 @@ import torch
 import torch.nn.functional as F
 
 from vllm.triton_utils import next_power_of_2, use_triton
+from vllm.triton_utils.pdl import pdl_options, use_pdl
 
 try:
     import triton
     import triton.language as tl
+
+    from vllm.triton_utils.pdl import pdl_wait
 except ImportError:  # CPU-only installs without Triton use the torch cat
     triton = None
 
@@ -48,7 +51,9 @@ if triton is not None:
         stride_nt, stride_nh, stride_pt, stride_kt, stride_kh,
         NOPE: tl.constexpr, ROPE: tl.constexpr, BLOCK_NOPE: tl.constexpr,
         BLOCK_ROPE: tl.constexpr, BLOCK_R: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):  # fmt: skip
+        pdl_wait(PDL)
         # Rows r = t * heads + h: k[t, h] = [k_nope[t, h] | k_pe[t]]. Neighbouring rows share
         # t, so k_pe's row is read from L1 / L2 after its first head.
         r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -82,7 +87,7 @@ def mla_prefill_key(k_nope: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
         k_nope, k_pe, k, rows, heads,
         k_nope.stride(0), k_nope.stride(1), k_pe.stride(0), k.stride(0), k.stride(1),
         NOPE=nope, ROPE=rope, BLOCK_NOPE=next_power_of_2(nope), BLOCK_ROPE=next_power_of_2(rope),
-        BLOCK_R=_KEY_BLOCK_R, num_warps=4,
+        BLOCK_R=_KEY_BLOCK_R, num_warps=4, **pdl_options(use_pdl(k.device)),
     )  # fmt: skip
     return k
 

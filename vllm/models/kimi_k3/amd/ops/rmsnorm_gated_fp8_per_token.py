@@ -60,6 +60,7 @@ from vllm.model_executor.layers.quantization.utils.fp8_per_token import (
 )
 from vllm.triton_utils import next_power_of_2
 from vllm.triton_utils.launch import LaunchSpec, launch
+from vllm.triton_utils.pdl import pdl_options, use_pdl
 
 try:
     import triton
@@ -70,6 +71,7 @@ try:
         fp8_scale_and_inverse,
         nan_if_not_finite,
     )
+    from vllm.triton_utils.pdl import pdl_wait
 except ImportError:  # CPU-only installs without Triton use the torch references
     triton = None
 
@@ -190,7 +192,9 @@ if triton is not None:
         D: tl.constexpr, BLOCK_D: tl.constexpr,
         ROWS0: tl.constexpr, ROWS1: tl.constexpr, ROWS2: tl.constexpr,
         END0: tl.constexpr, END1: tl.constexpr, END2: tl.constexpr, WEIGHT_TILE: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):  # fmt: skip
+        pdl_wait(PDL)
         # One token per program. Its heads are split into up to three chunks of power-of-two
         # rows (head_chunks: 12 = 4 + 4 + 4 or 8 + 4), so no lane is padded unless the last
         # chunk needs it (15 = 8 + 4 + 4). Every chunk is loaded before any is reduced, so all
@@ -236,7 +240,9 @@ if triton is not None:
         stride_xt, stride_xh, stride_gt, stride_gh, stride_qt, stride_st,
         eps, fp8_max, min_scale,
         H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_HEADS: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):  # fmt: skip
+        pdl_wait(PDL)
         # Tokens too wide for registers: one token per program, heads in chunks of BLOCK_HEADS.
         # Pass 1 finds the token's amax, pass 2 recomputes y (cheaper than spilling it).
         tok = tl.program_id(0).to(tl.int64)
@@ -333,10 +339,16 @@ def fused_launch_config(t_bucket: int, heads: int, head_dim: int) -> FusedLaunch
 
 
 @cache
-def fused_launch_spec(config: FusedLaunchConfig, heads: int, head_dim: int) -> LaunchSpec:
-    """Compile-time arguments of the fused kernel for a config (cached: the spec also holds the
-    compiled kernels, see ``vllm.triton_utils.launch``)."""
-    kwargs = dict(D=head_dim, BLOCK_D=next_power_of_2(head_dim), num_warps=config.num_warps)
+def fused_launch_spec(
+    config: FusedLaunchConfig, heads: int, head_dim: int, pdl: bool = False
+) -> LaunchSpec:
+    """Compile-time arguments of the fused kernel for a config, ``pdl`` whether it launches with
+    programmatic dependent launch (cached: the spec also holds the compiled kernels, see
+    ``vllm.triton_utils.launch``)."""
+    kwargs = dict(
+        D=head_dim, BLOCK_D=next_power_of_2(head_dim), num_warps=config.num_warps,
+        **pdl_options(pdl),
+    )  # fmt: skip
     if config.wide:
         return LaunchSpec(**kwargs, H=heads, BLOCK_HEADS=config.block_heads)
     (r0, v0), (r1, v1), (r2, v2) = head_chunks(heads, config.head_split)
@@ -499,5 +511,5 @@ def launch_fused(
             x_strides[0], x_strides[1], g_strides[0], g_strides[1], out.stride()[0],
             scale_out.stride()[0], eps, fp8_max, min_scale,
         ),
-        fused_launch_spec(config, heads, head_dim),
+        fused_launch_spec(config, heads, head_dim, use_pdl(x.device)),
     )  # fmt: skip
