@@ -113,24 +113,19 @@ _TMA_LOAD_PTX = "cp.async.bulk.tensor"
 # signal, both before the first instruction that touches global memory.
 _PDL_WAIT, _PDL_SIGNAL = "griddepcontrol.wait", "griddepcontrol.launch_dependents"
 _GLOBAL_ACCESS_PTX = ["ld.global", "st.global", "atom.", "red.", "cp.async"]
-# The kernels that ask L2 for their weights before the wait (`prefetch_l2`), and only with PDL.
-_PREFETCH_PTX = "prefetch.global.L2"
-_PREFETCHING_KERNELS = ("_gemv_kernel", "_fused_router_topk_kernel")
 
 
 def _ptx_checks(launch: dict) -> dict:
     """What the compiled PTX of a launch must hold or lack, where a constexpr asks for it: the
     KDA decode's state policy reaches its loads and stores; the grouped experts' TMA flag gives
     TMA loads, and only it; with PDL the program waits and then signals before any global memory
-    access (the GEMV and the router first ask L2 for their weights), and without it neither."""
+    access, and without it neither."""
     checks = {"ptx_has": [], "ptx_lacks": []}
     if launch["args"]["PDL"]:
         checks["ptx_has"] += [_PDL_WAIT, _PDL_SIGNAL]
         checks["ptx_order"] = [_PDL_WAIT, _PDL_SIGNAL, _GLOBAL_ACCESS_PTX]
     else:
         checks["ptx_lacks"].append("griddepcontrol")
-    prefetches = launch["args"]["PDL"] and launch["kernel"] in _PREFETCHING_KERNELS
-    checks["ptx_has" if prefetches else "ptx_lacks"].append(_PREFETCH_PTX)
     if launch["kernel"] == "_fused_kda_decode_kernel":
         if launch["args"]["EVICT"] == "evict_first":
             checks["ptx_has"] += _EVICT_FIRST_PTX

@@ -9,7 +9,7 @@ programmatic edge), a kernel may start once every program of the kernel before i
 (``griddepcontrol.wait``: until that kernel has completed and its memory is visible) before it
 touches anything that kernel, or any earlier one, may write.
 
-The contract every kernel here keeps, through ``pdl_wait`` before its first load or store:
+The contract every kernel here keeps, through ``pdl_wait`` as its first statement:
 
 * Each program waits before its first load or store of any tensor, and before it could exit, so
   a kernel completes only after the kernel before it did. Hence, by induction along the stream,
@@ -18,12 +18,8 @@ The contract every kernel here keeps, through ``pdl_wait`` before its first load
 * Each program signals only after its wait, so the next kernel's programs are scheduled no
   earlier than every program of this one has started waiting: they fill the SMs this kernel's
   tail leaves idle, and the next kernel's launch latency overlaps this one's run.
-* Nothing is read before the wait, not even weights, so no kernel needs an ordering argument of
-  its own. The one thing a kernel may do before it is ``prefetch_l2``: ask L2 for lines it will
-  read (its weights), which returns no value. L2 is the GPU's point of coherence, so a line
-  fetched early cannot make a later load see an old value; the prefetch only moves the bytes
-  while the kernel before runs. The gain is the launch and scheduling latency between kernels,
-  and for a kernel streaming its weights after a short one, part of that stream.
+* Nothing is read before the wait, not even weights: the gain is the launch and scheduling
+  latency between kernels, with no ordering argument per kernel to get wrong.
 
 ``pdl_options(use_pdl(device))`` is what a launcher adds to a kernel's constexprs and options:
 ``PDL=True, launch_pdl=True`` where PDL runs, ``PDL=False`` elsewhere (ROCm, GPUs before sm_90,
@@ -50,7 +46,7 @@ try:
 except ImportError:  # a Triton without grid dependency control: no PDL (pdl_wait does nothing)
     gdc_launch_dependents = gdc_wait = None
 
-__all__ = ["pdl_options", "pdl_wait", "prefetch_l2", "use_pdl"]
+__all__ = ["pdl_options", "pdl_wait", "use_pdl"]
 
 
 def use_pdl(device: torch.device) -> bool:
@@ -88,17 +84,3 @@ if triton is not None:
         if PDL:
             gdc_wait()
             gdc_launch_dependents()
-
-    @triton.jit
-    def prefetch_l2(rows, lo, hi):
-        """Ask L2 for columns ``[lo, hi)`` of the rows at ``rows`` (a ``[R, 1]`` block of row
-        pointers), one 128-byte line at a time: PTX ``prefetch.global.L2``, NVIDIA only (call it
-        under ``PDL``). Addresses stay inside the rows (columns clamp to ``hi - 1``)."""
-        LINE: tl.constexpr = 1024 // rows.dtype.element_ty.primitive_bitwidth
-        offs = tl.arange(0, 32) * LINE
-        for c0 in range(lo, hi, 32 * LINE):
-            cols = tl.minimum(c0 + offs, hi - 1)
-            tl.inline_asm_elementwise(
-                "prefetch.global.L2 [$1];", "=r,l", [rows + cols[None, :]], dtype=tl.int32,
-                is_pure=False, pack=1,
-            )  # fmt: skip

@@ -84,7 +84,7 @@ try:
     import triton
     import triton.language as tl
 
-    from vllm.triton_utils.pdl import pdl_wait, prefetch_l2
+    from vllm.triton_utils.pdl import pdl_wait
 except ImportError:  # CPU-only installs without Triton use the torch references
     triton = None
 
@@ -135,6 +135,7 @@ if triton is not None:
         BF16X3: tl.constexpr,
         PDL: tl.constexpr = False,
     ):  # fmt: skip
+        pdl_wait(PDL)
         # Program (M block, N block, K split). PARTIAL: write fp32 sums to out_ptr's
         # [SPLIT_K, M, N] buffer for _gemv_split_reduce_kernel instead of the epilogue.
         m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -145,10 +146,6 @@ if triton is not None:
         kk = tl.arange(0, BLOCK_K)
         # Padded rows and channels address row 0 under a false mask: no address leaves a tensor.
         w_rows = w_ptr + tl.where(n_ok, n, 0).to(tl.int64)[:, None] * stride_wn
-        if PDL:
-            # The weight slice streams into L2 while the kernel before runs (pdl.py).
-            prefetch_l2(w_rows, k_lo, tl.minimum(k_lo + k_per_split, K))
-        pdl_wait(PDL)
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
             k = k0 + kk

@@ -120,7 +120,7 @@ try:
     import triton.language as tl
 
     from vllm.model_executor.layers.fused_moe.router import grouped_topk_row
-    from vllm.triton_utils.pdl import pdl_wait, prefetch_l2
+    from vllm.triton_utils.pdl import pdl_wait
 except ImportError:  # CPU-only installs without Triton use the torch reference
     triton = None
 
@@ -202,16 +202,11 @@ if triton is not None:
         SOFTMAX: tl.constexpr, RENORMALIZE: tl.constexpr, NUM_SHARED: tl.constexpr,
         PDL: tl.constexpr = False,
     ):  # fmt: skip
+        pdl_wait(PDL)
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = n < E
         hh = tl.arange(0, BLOCK_H)
         cols = tl.arange(0, BLOCK_T)
-        # Padded experts and tokens address row 0 under a false mask: no address leaves a tensor.
-        w_rows = w_ptr + tl.where(n_ok, n, 0).to(tl.int64)[:, None] * stride_we
-        if PDL:
-            # The gate rows stream into L2 while the kernel before runs (pdl.py).
-            prefetch_l2(w_rows, 0, H)
-        pdl_wait(PDL)
         if HAS_NORM:
             # `_rms_norm_kernel`'s expression on its tile (BLOCK_D lanes under the same warps, the
             # rows aligned alike): the same fp32 sum of squares, hence the same rstd per token.
@@ -234,6 +229,8 @@ if triton is not None:
                         nw = tl.load(norm_w_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
                         normed = ((sf * rstd) * nw).to(h_ptr.dtype.element_ty)
                         tl.store(h_ptr + row * H + d, normed, mask=d_ok)
+        # Padded experts and tokens address row 0 under a false mask: no address leaves a tensor.
+        w_rows = w_ptr + tl.where(n_ok, n, 0).to(tl.int64)[:, None] * stride_we
         acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
         for h0 in range(0, H, BLOCK_H):
             h = h0 + hh
