@@ -130,8 +130,13 @@ def test_critical_path_counts_overlapping_kernels_once() -> None:
     """Serial kernels keep their durations; a kernel that started early (programmatic dependent
     launch) counts only past the end of the one before it, one inside another counts nothing, and
     the times add up to the busy time."""
-    intervals = [(30.0, 32.0, "c"), (0.0, 10.0, "a"), (8.0, 25.0, "b"), (12.0, 20.0, "inside")]
-    assert critical_path_us(intervals) == [("a", 10.0), ("b", 15.0), ("inside", 0.0), ("c", 2.0)]
-    assert sum(us for _, us in critical_path_us(intervals)) == 10 + 15 + 2
+    intervals = [
+        (30.0, 32.0, "c"), (0.0, 10.0, "a"), (8.0, 25.0, "b"), (12.0, 20.0, "inside"),
+        (21.0, 27.0, "past b"),
+    ]  # fmt: skip
+    assert critical_path_us(intervals) == [
+        ("a", 10.0), ("b", 15.0), ("inside", 0.0), ("past b", 2.0), ("c", 2.0),
+    ]  # fmt: skip
+    assert sum(us for _, us in critical_path_us(intervals)) == 10 + 15 + 2 + 2
     serial = [(0.0, 3.0, "x"), (4.0, 9.0, "y")]
     assert critical_path_us(serial) == [("x", 3.0), ("y", 5.0)]

@@ -70,23 +70,27 @@ def specialize(kernel, args: dict) -> tuple[dict, dict, dict]:
     return signature, constexprs, attrs
 
 
-def _order_error(ptx: str, first: str, second: str, later: list[str]) -> str | None:
-    """Why the PTX does not hold ``first`` before ``second`` before every string of ``later``
-    (None if it does)."""
+def _order_error(
+    ptx: str, first: str, second: str, later: list[str], not_before_first: list[str]
+) -> str | None:
+    """Why the PTX does not hold ``first`` before ``second`` before every string of ``later``,
+    with no string of ``not_before_first`` before ``first`` (None if it does)."""
     i, j = ptx.find(first), ptx.find(second)
     if i < 0 or j < 0 or j < i:
         return f"PTX lacks {first!r} before {second!r}"
     early = [s for s in later if 0 <= ptx.find(s) < j]
+    early += [s for s in not_before_first if 0 <= ptx.find(s) < i]
     if early:
-        return f"PTX has {early} before {second!r}"
+        return f"PTX has {early} before {second!r} / {first!r}"
     return None
 
 
 def compile_launch(launch: dict) -> str | None:
     """None if the launch compiles for sm_90, fits an H200's shared memory and its PTX holds
     every string of ``launch["ptx_has"]`` and none of ``launch["ptx_lacks"]`` (optional lists),
-    and, given ``launch["ptx_order"]`` = ``[first, second, later]``, ``first`` before ``second``
-    before any string of the list ``later``; else why not."""
+    and, given ``launch["ptx_order"]`` = ``[first, second, later, not_before_first]``, ``first``
+    before ``second`` before any string of the list ``later``, and no string of
+    ``not_before_first`` before ``first``; else why not."""
     kernel = getattr(importlib.import_module(launch["module"]), launch["kernel"])
     try:
         signature, constexprs, attrs = specialize(kernel, launch["args"])

@@ -110,9 +110,11 @@ _EVICT_FIRST_PTX = [
 _TMA_LOAD_PTX = "cp.async.bulk.tensor"
 
 # Programmatic dependent launch (vllm/triton_utils/pdl.py) in sm_90 PTX: the wait, then the
-# signal, both before the first instruction that touches global memory.
+# signal, both before the first instruction that touches global memory, and no branch or return
+# before the wait (a program must not exit, or skip it, before waiting).
 _PDL_WAIT, _PDL_SIGNAL = "griddepcontrol.wait", "griddepcontrol.launch_dependents"
 _GLOBAL_ACCESS_PTX = ["ld.global", "st.global", "atom.", "red.", "cp.async"]
+_EXIT_PTX = ["bra ", "bra.uni", "ret;", "exit;"]
 
 
 def _ptx_checks(launch: dict) -> dict:
@@ -123,7 +125,7 @@ def _ptx_checks(launch: dict) -> dict:
     checks = {"ptx_has": [], "ptx_lacks": []}
     if launch["args"]["PDL"]:
         checks["ptx_has"] += [_PDL_WAIT, _PDL_SIGNAL]
-        checks["ptx_order"] = [_PDL_WAIT, _PDL_SIGNAL, _GLOBAL_ACCESS_PTX]
+        checks["ptx_order"] = [_PDL_WAIT, _PDL_SIGNAL, _GLOBAL_ACCESS_PTX, _EXIT_PTX]
     else:
         checks["ptx_lacks"].append("griddepcontrol")
     if launch["kernel"] == "_fused_kda_decode_kernel":

@@ -7,7 +7,8 @@ to drain completely. Launched with PDL (``launch_pdl=True``: the launch attribut
 programmatic edge), a kernel may start once every program of the kernel before it has signalled
 (``griddepcontrol.launch_dependents``) or exited, and it must then wait
 (``griddepcontrol.wait``: until that kernel has completed and its memory is visible) before it
-touches anything that kernel, or any earlier one, may write.
+touches memory that kernel, or any earlier one, may write or still read (a buffer the caching
+allocator hands out again is both).
 
 The contract every kernel here keeps, through ``pdl_wait`` as its first statement:
 
@@ -15,9 +16,11 @@ The contract every kernel here keeps, through ``pdl_wait`` as its first statemen
   a kernel completes only after the kernel before it did. Hence, by induction along the stream,
   when a kernel's wait returns every kernel before it has completed, whether or not they were
   launched with PDL (a plain launch waits for completion anyway).
-* Each program signals only after its wait, so the next kernel's programs are scheduled no
-  earlier than every program of this one has started waiting: they fill the SMs this kernel's
-  tail leaves idle, and the next kernel's launch latency overlaps this one's run.
+* Each program signals only after its wait returns, so the next kernel's programs are scheduled
+  no earlier than the kernel before this one has completed and every program of this one has
+  started (the last wave's, in a grid of several): at most two kernels overlap. The next
+  kernel's programs fill the SMs this kernel's tail leaves idle, and its launch latency overlaps
+  this one's run.
 * Nothing is read before the wait, not even weights: the gain is the launch and scheduling
   latency between kernels, with no ordering argument per kernel to get wrong.
 
@@ -28,7 +31,9 @@ launched with PDL after one that is waits for it in full, as usual, so kernels w
 (cuBLAS, fla-core, torch) may sit anywhere in the chain.
 """
 
+from collections.abc import Mapping
 from functools import cache
+from types import MappingProxyType
 
 import torch
 
@@ -64,14 +69,14 @@ def _use_pdl(index: int) -> bool:
     return _capability(index)[0] >= 9
 
 
-_ON = {"PDL": True, "launch_pdl": True}
-_OFF = {"PDL": False}
+_ON = MappingProxyType({"PDL": True, "launch_pdl": True})
+_OFF = MappingProxyType({"PDL": False})
 
 
-def pdl_options(pdl: bool) -> dict[str, bool]:
+def pdl_options(pdl: bool) -> Mapping[str, bool]:
     """The launch arguments of a kernel that calls ``pdl_wait(PDL)`` first: the ``PDL``
-    constexpr, and with ``pdl`` (``use_pdl`` of the launch's device) the ``launch_pdl`` option.
-    Shared dicts: unpack, never modify."""
+    constexpr, and with ``pdl`` (``use_pdl`` of the launch's device) the ``launch_pdl`` option
+    (read-only mappings, to unpack)."""
     return _ON if pdl else _OFF
 
 

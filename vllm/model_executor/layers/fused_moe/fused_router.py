@@ -64,7 +64,8 @@ Ordering (why the last program sees every logit, on NVIDIA, Triton 3.6 and 3.9):
   safe, and under Triton's CPU interpreter (programs in order) the pattern runs unchanged.
 * The last program's count proves every other program has incremented, so its store of 0 races
   with nothing; the kernel's end orders it before the next launch on the stream and before the
-  next replay of a CUDA graph holding it.
+  next replay of a CUDA graph holding it (with programmatic dependent launch, the next kernel's
+  wait does: vllm/triton_utils/pdl.py; every program here waits before touching memory).
 
 The fused norm: every program first runs the norm kernel's arithmetic on each token's whole
 row (one ``[next_pow2(H)]`` tile: ``s = x + residual`` rounded to x's dtype, the fp32 sum of

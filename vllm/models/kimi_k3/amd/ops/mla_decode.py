@@ -56,7 +56,8 @@ L1 is not coherent) in loops that are not software-pipelined (`num_stages=1`), s
 issued before the acquire. No program waits for another, so any grid and the interpreter
 (programs in order) are safe. The last program's store of 0 races with nothing (every other
 program has added), and the kernel's end orders it before the next launch on the stream or the
-next replay of a graph holding it.
+next replay of a graph holding it (with programmatic dependent launch, the next kernel's wait
+does: vllm/triton_utils/pdl.py).
 
 Latent chunks (`MlaDecodeConfig.latent_chunks`: 1, 2 or 4). A program holds `q_latent`, each
 cache tile's `c` and its accumulator as that many column chunks of `BLOCK_L / chunks`: a tile's

@@ -340,11 +340,12 @@ def fused_launch_config(t_bucket: int, heads: int, head_dim: int) -> FusedLaunch
 
 @cache
 def fused_launch_spec(
-    config: FusedLaunchConfig, heads: int, head_dim: int, pdl: bool = False
+    config: FusedLaunchConfig, heads: int, head_dim: int, pdl: bool
 ) -> LaunchSpec:
     """Compile-time arguments of the fused kernel for a config, ``pdl`` whether it launches with
     programmatic dependent launch (cached: the spec also holds the compiled kernels, see
-    ``vllm.triton_utils.launch``)."""
+    ``vllm.triton_utils.launch``; no defaults, as a call leaving one out would key its own
+    spec)."""
     kwargs = dict(
         D=head_dim, BLOCK_D=next_power_of_2(head_dim), num_warps=config.num_warps,
         **pdl_options(pdl),
