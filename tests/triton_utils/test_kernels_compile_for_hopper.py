@@ -477,30 +477,34 @@ def _drive_ops() -> None:
     _drive_mla(1, 32, 512, 64, 16, 64, one_split)
 
 
+def _record(mp: pytest.MonkeyPatch, launches: list[dict], pdl: bool) -> None:
+    """Swap every kernel for a recorder appending to `launches`; with `pdl`, `use_pdl` holds (as
+    on the H200) in every kernel's module."""
+    for module_name, names in KERNELS.items():
+        module = importlib.import_module(module_name)
+        for name in names:
+            recorder = _RecordedKernel(module_name, name, getattr(module, name), launches)
+            mp.setattr(module, name, recorder)
+        if pdl and hasattr(module, "use_pdl"):
+            mp.setattr(module, "use_pdl", lambda device: True)
+
+
 @functools.cache
 def _launches() -> tuple[dict, ...]:
     """The recorded launches of every kernel (the ops driven once per session), with
-    programmatic dependent launch as on the H200 (`use_pdl` true), then a few without."""
+    programmatic dependent launch as on the H200, then a few without."""
     launches: list[dict] = []
     with pytest.MonkeyPatch.context() as mp:
-        for module_name, names in KERNELS.items():
-            module = importlib.import_module(module_name)
-            for name in names:
-                recorder = _RecordedKernel(module_name, name, getattr(module, name), launches)
-                mp.setattr(module, name, recorder)
-            if hasattr(module, "use_pdl"):
-                mp.setattr(module, "use_pdl", lambda device: True)
+        _record(mp, launches, pdl=True)
         _drive_ops()
-        mp.undo()
     with pytest.MonkeyPatch.context() as mp:
-        for module_name, names in KERNELS.items():
-            module = importlib.import_module(module_name)
-            for name in names:
-                recorder = _RecordedKernel(module_name, name, getattr(module, name), launches)
-                mp.setattr(module, name, recorder)
+        _record(mp, launches, pdl=False)
         # The epilogue norming a token's heads in chunks (Kimi-Linear's 32 x 128 is one tile).
         mp.setattr(kda_decode_module, "_EPILOGUE_TILE", 32)
         _drive_kda_decode(3, 3, 16, [KdaDecodeConfig(4, 2)])
+        x = torch.randn(3, 48, generator=_gen(1)).to(torch.bfloat16)
+        rms_norm(x, torch.ones(48, dtype=torch.bfloat16), 1e-6)
+        gemv(x, torch.randn(40, 48, generator=_gen(2)).to(torch.bfloat16))
     return tuple(dict(launch, **_ptx_checks(launch)) for launch in launches)
 
 
