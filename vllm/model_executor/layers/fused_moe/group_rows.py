@@ -73,6 +73,35 @@ if triton is not None:
         return tl.where(valid, ids, num_experts).to(tl.int32)
 
     @triton.jit
+    def _store_expert_blocks(
+        blocks_ptr, max_blocks, blk_first, e, start, end,
+        BLOCK_M: tl.constexpr, BLOCK_B: tl.constexpr,
+    ):  # fmt: skip
+        # Expert e's rows [start, end) cut into blocks of BLOCK_M, from table entry blk_first on:
+        # expert, first and end sorted position.
+        bb = tl.arange(0, BLOCK_B)
+        for b0 in range(0, (end - start + BLOCK_M - 1) // BLOCK_M, BLOCK_B):
+            b = b0 + bb
+            row0 = start + b * BLOCK_M
+            ok = row0 < end
+            tl.store(blocks_ptr + blk_first + b, e + 0 * b, mask=ok)
+            tl.store(blocks_ptr + max_blocks + blk_first + b, row0, mask=ok)
+            tl.store(blocks_ptr + 2 * max_blocks + blk_first + b,
+                     tl.minimum(row0 + BLOCK_M, end), mask=ok)  # fmt: skip
+
+    @triton.jit
+    def _store_unused_blocks(blocks_ptr, max_blocks, first_unused, BLOCK_B: tl.constexpr):
+        # Table entries first_unused .. max_blocks - 1: expert -1, an empty row range.
+        bb = tl.arange(0, BLOCK_B)
+        zero = tl.zeros([BLOCK_B], dtype=tl.int32)
+        for b0 in range(first_unused, max_blocks, BLOCK_B):
+            b = b0 + bb
+            ok = b < max_blocks
+            tl.store(blocks_ptr + b, zero - 1, mask=ok)
+            tl.store(blocks_ptr + max_blocks + b, zero, mask=ok)
+            tl.store(blocks_ptr + 2 * max_blocks + b, zero, mask=ok)
+
+    @triton.jit
     def _moe_group_rows_kernel(
         ids_ptr, order_ptr, inverse_ptr, blocks_ptr, offs_ptr,
         num_rows, num_experts, max_blocks,
@@ -101,25 +130,13 @@ if triton is not None:
             tl.store(order_ptr + pos, r, mask=hit)
             tl.store(inverse_ptr + r, pos, mask=hit)
             seen += tl.sum(hit.to(tl.int32), axis=0)
-        bb = tl.arange(0, BLOCK_B)
         if e < num_experts:
             tl.store(offs_ptr + e, seen)
-            for b0 in range(0, (seen - first + BLOCK_M - 1) // BLOCK_M, BLOCK_B):
-                b = b0 + bb
-                row0 = first + b * BLOCK_M
-                ok = row0 < seen
-                tl.store(blocks_ptr + blk_first + b, e + 0 * b, mask=ok)
-                tl.store(blocks_ptr + max_blocks + blk_first + b, row0, mask=ok)
-                tl.store(blocks_ptr + 2 * max_blocks + blk_first + b,
-                         tl.minimum(row0 + BLOCK_M, seen), mask=ok)  # fmt: skip
+            _store_expert_blocks(
+                blocks_ptr, max_blocks, blk_first, e, first, seen, BLOCK_M, BLOCK_B
+            )
         else:
-            zero = tl.zeros([BLOCK_B], dtype=tl.int32)
-            for b0 in range(blk_first, max_blocks, BLOCK_B):
-                b = b0 + bb
-                ok = b < max_blocks
-                tl.store(blocks_ptr + b, zero - 1, mask=ok)
-                tl.store(blocks_ptr + max_blocks + b, zero, mask=ok)
-                tl.store(blocks_ptr + 2 * max_blocks + b, zero, mask=ok)
+            _store_unused_blocks(blocks_ptr, max_blocks, blk_first, BLOCK_B)
 
     @triton.jit
     def _chunk_keys(ids_ptr, r, num_rows, num_experts, BLOCK_E: tl.constexpr):
@@ -164,7 +181,6 @@ if triton is not None:
             before += tl.sum(tl.where((cc < pid)[:, None], tile, 0), axis=0)
         first = tl.cumsum(total, 0) - total  # each bin's first sorted position
         nblk = tl.where(bins < num_experts, (total + BLOCK_M - 1) // BLOCK_M, 0)
-        bb = tl.arange(0, BLOCK_B)
         if pid < num_chunks:
             # A row's position: its bin's first, the rows of its bin in earlier chunks, then its
             # rank in its own chunk. That rank comes from sorting (bin, row) pairs: position p of
@@ -187,22 +203,9 @@ if triton is not None:
             end = start + tl.sum(tl.where(bins == e, total, 0), axis=0)
             blk_first = tl.sum(tl.where(bins < e, nblk, 0), axis=0)
             tl.store(offs_ptr + e, end)
-            for b0 in range(0, (end - start + BLOCK_M - 1) // BLOCK_M, BLOCK_B):
-                b = b0 + bb
-                row0 = start + b * BLOCK_M
-                ok = row0 < end
-                tl.store(blocks_ptr + blk_first + b, e + 0 * b, mask=ok)
-                tl.store(blocks_ptr + max_blocks + blk_first + b, row0, mask=ok)
-                tl.store(blocks_ptr + 2 * max_blocks + blk_first + b,
-                         tl.minimum(row0 + BLOCK_M, end), mask=ok)  # fmt: skip
+            _store_expert_blocks(blocks_ptr, max_blocks, blk_first, e, start, end, BLOCK_M, BLOCK_B)
         else:
-            zero = tl.zeros([BLOCK_B], dtype=tl.int32)
-            for b0 in range(tl.sum(nblk, axis=0), max_blocks, BLOCK_B):
-                b = b0 + bb
-                ok = b < max_blocks
-                tl.store(blocks_ptr + b, zero - 1, mask=ok)
-                tl.store(blocks_ptr + max_blocks + b, zero, mask=ok)
-                tl.store(blocks_ptr + 2 * max_blocks + b, zero, mask=ok)
+            _store_unused_blocks(blocks_ptr, max_blocks, tl.sum(nblk, axis=0), BLOCK_B)
 
 
 def max_blocks_for(num_rows: int, num_experts: int, block_m: int) -> int:
