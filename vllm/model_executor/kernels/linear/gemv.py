@@ -111,17 +111,36 @@ _REDUCE_BLOCK = 1024  # outputs per program of the split-K reduction
 if triton is not None:
 
     @triton.jit
+    def _gemv_epilogue_operands(
+        m, n, m_ok, n_ok, x_scale_ptr, w_scale_ptr, bias_ptr,
+        HAS_SCALES: tl.constexpr, HAS_BIAS: tl.constexpr,
+    ):  # fmt: skip
+        """``(x_scale[m], w_scale[n], bias[n])`` in fp32 (0.0 where a flag is off): loaded before
+        the weight stream, so that their round trip overlaps it instead of following the last
+        reduction."""
+        x_scale = 0.0
+        w_scale = 0.0
+        bias = 0.0
+        if HAS_SCALES:
+            x_scale = tl.load(x_scale_ptr + m, mask=m_ok, other=0.0)
+            w_scale = tl.load(w_scale_ptr + n, mask=n_ok, other=0.0)
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
+        return x_scale, w_scale, bias
+
+    @triton.jit
     def _gemv_epilogue(
-        acc, m, n, m_ok, n_ok, out_ptr, x_scale_ptr, w_scale_ptr, bias_ptr, stride_om,
+        acc, m, n, m_ok, n_ok, out_ptr, x_scale, w_scale, bias, stride_om,
         HAS_SCALES: tl.constexpr, HAS_BIAS: tl.constexpr,
     ):  # fmt: skip
         """Store ``((acc * x_scale[m]) * w_scale[n] + bias[n])`` of an fp32 ``[BLOCK_N, BLOCK_M]``
-        tile at ``out[m, n]``, rounded once to out's dtype (the references' order)."""
+        tile at ``out[m, n]``, rounded once to out's dtype (the references' order), from the
+        operands of ``_gemv_epilogue_operands``."""
         if HAS_SCALES:
-            acc = acc * tl.load(x_scale_ptr + m, mask=m_ok, other=0.0)[None, :]
-            acc = acc * tl.load(w_scale_ptr + n, mask=n_ok, other=0.0)[:, None]
+            acc = acc * x_scale[None, :]
+            acc = acc * w_scale[:, None]
         if HAS_BIAS:
-            acc = acc + tl.load(bias_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+            acc = acc + bias[:, None]
         out = out_ptr + m.to(tl.int64)[None, :] * stride_om + n[:, None]
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
 
@@ -147,6 +166,10 @@ if triton is not None:
         # Padded rows and channels address row 0 under a false mask: no address leaves a tensor.
         w_rows = w_ptr + tl.where(n_ok, n, 0).to(tl.int64)[:, None] * stride_wn
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        if not PARTIAL:
+            x_scale, w_scale, bias = _gemv_epilogue_operands(
+                m, n, m_ok, n_ok, x_scale_ptr, w_scale_ptr, bias_ptr, HAS_SCALES, HAS_BIAS
+            )
         for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
             k = k0 + kk
             if EVEN_K:
@@ -182,9 +205,10 @@ if triton is not None:
                     else:
                         acc += tl.dot(w, tl.trans(x))
             else:
-                # One row at a time: the weight tile is converted once and stays in registers,
-                # and no [BLOCK_M, BLOCK_N, BLOCK_K] product is ever live.
-                wf = w.to(tl.float32)
+                # One row at a time, so no [BLOCK_M, BLOCK_N, BLOCK_K] product is ever live. The
+                # weight tile is converted where the first row is used (one conversion: the
+                # compiler merges the rows' identical ones), so that row's load is issued with
+                # the weight's instead of after the conversion has waited for the weight.
                 cols = tl.arange(0, BLOCK_M)[None, :]
                 for i in tl.static_range(BLOCK_M):
                     row = tl.program_id(0) * BLOCK_M + i
@@ -192,7 +216,7 @@ if triton is not None:
                     row_ok = kk * 0 + row < M  # a block (the interpreter takes no scalar mask)
                     x_ok = row_ok if EVEN_K else row_ok & (k < K)
                     xi = tl.load(x_row + k, mask=x_ok, other=0.0).to(tl.float32)
-                    part = tl.sum(wf * xi[None, :], axis=1)
+                    part = tl.sum(w.to(tl.float32) * xi[None, :], axis=1)
                     acc = tl.where(cols == i, acc + part[:, None], acc)
         if PARTIAL:
             part_ptr = out_ptr + tl.program_id(2).to(tl.int64) * M * N
@@ -200,8 +224,8 @@ if triton is not None:
             tl.store(out, acc, mask=n_ok[:, None] & m_ok[None, :])
         else:
             _gemv_epilogue(
-                acc, m, n, m_ok, n_ok, out_ptr, x_scale_ptr, w_scale_ptr, bias_ptr, stride_om,
-                HAS_SCALES, HAS_BIAS,
+                acc, m, n, m_ok, n_ok, out_ptr, x_scale, w_scale, bias, stride_om, HAS_SCALES,
+                HAS_BIAS,
             )  # fmt: skip
 
     @triton.jit
