@@ -302,7 +302,7 @@ def test_default_config_fills_the_gpu():
         config = gemv_cfg.default_config(m, n, k, 2)
         config.check()
         if not config.use_dot:
-            assert config.block_k * config.block_n * 2 <= gemv_cfg._TILE_BYTES
+            assert config.block_k * config.block_n <= 2 * max(gemv_cfg._STEP_ELEMENTS.values())
         assert config.split_k == 1 or k >= 2 * config.split_k * config.block_k
 
 
@@ -318,13 +318,18 @@ def test_n_blocks_fit_the_grids_second_axis():
         gemv(x, w, config=GemvConfig(block_n=1, block_k=16))
 
 
-def test_default_multiply_and_sum_tiles_hold_the_same_bytes_for_every_weight_dtype():
-    # FP8 o_proj at M = 1-2: two channels of 2048 codes, where bf16 takes two of 1024.
-    for m in (1, 2):
-        fp8 = gemv_cfg.default_config(m, 2304, 4096, 1)
-        bf16 = gemv_cfg.default_config(m, 2304, 4096, 2)
-        assert (fp8.block_n, fp8.block_k, bf16.block_n, bf16.block_k) == (2, 2048, 2, 1024)
-        assert not fp8.use_dot and not bf16.use_dot
+def test_default_multiply_and_sum_steps_by_rows():
+    # o_proj (K 4096) at M = 1: the whole K in one step of two channels, at M = 2 two steps,
+    # for FP8 and bf16 weights alike; one pipeline stage. Small K: one step of its padded size.
+    for m, block_k in ((1, 4096), (2, 2048)):
+        for weight_bytes in (1, 2):
+            config = gemv_cfg.default_config(m, 2304, 4096, weight_bytes)
+            assert (config.block_n, config.block_k, config.num_stages) == (2, block_k, 1)
+            assert not config.use_dot
+    assert gemv_cfg.default_config(1, 2304, 200, 2).block_k == 256
+    # Wider channel blocks (the grid's limit) keep the step's elements.
+    wide = gemv_cfg.default_config(1, 163840, 4096, 2)
+    assert wide.block_n * wide.block_k == 2 * 4096
 
 
 # ---------------------------------------------------------------------------------------------

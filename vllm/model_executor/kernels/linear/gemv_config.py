@@ -3,12 +3,12 @@
 Launch shape (``GemvConfig``, ``default_config``): grid (M blocks, N blocks, SPLIT_K) with the M
 blocks of one N block adjacent in launch order, so that M > BLOCK_M re-reads a weight tile from L2.
 The defaults aim at tens of KB of weight loads in flight per SM, the amount HBM latency needs on an
-H200 (132 SMs): a [BLOCK_N, BLOCK_K] tile of 4 KB per step (BLOCK_N 2, or more where N needs it to
-fit the grid; BLOCK_K 1024 for 16-bit weights, 2048 for FP8; the 1-2 rows this form serves by
-default), 4 warps, Triton's default 3 pipeline stages, and SPLIT_K > 1 only when the N blocks alone
-give fewer than two programs per SM. ``USE_DOT`` swaps the broadcast-multiply-and-sum for ``tl.dot``
-(weight as the wide operand, M padded to 16), whose time grows slowly with M: the default above
-``FP8_GEMV_MAX_M`` (FP8) / ``BF16_GEMV_MAX_M`` (bf16 / fp16) rows (``_dot_config``: BLOCK_N 64
+H200 (132 SMs): BLOCK_N 2 channels (or more where N needs it to fit the grid) of BLOCK_K weights per
+step, 4096 at one row and 2048 at two (the 1-2 rows this form serves by default; o_proj's K of 4096
+is then one step at one row), 4 warps, one pipeline stage, and SPLIT_K > 1 only when the N blocks
+alone give fewer than two programs per SM. ``USE_DOT`` swaps the broadcast-multiply-and-sum for
+``tl.dot`` (weight as the wide operand, M padded to 16), whose time grows slowly with M: the default
+above ``FP8_GEMV_MAX_M`` (FP8) / ``BF16_GEMV_MAX_M`` (bf16 / fp16) rows (``_dot_config``: BLOCK_N 64
 channels, the MMA's 64-row side, [64, 128] weight tiles, 4 stages, split-K up to one program per SM,
 fed to the same reduce kernel; FP8 MMAs for FP8 weights), and for fp32 weights at more than
 ``_FP32_DOT_MIN_M`` rows, where the FMA cost of one reduction per row and N block outgrows the
@@ -84,12 +84,14 @@ FP8_DOT_MAX_M = 128
 _X_DTYPES = (torch.bfloat16, torch.float16)  # activations of the bf16 / fp16 GEMV
 _MAX_BLOCK_M = 16  # rows per program; larger M takes more M blocks (the weight then from L2)
 _MAX_DOT_BLOCK_M = 64  # the same with tl.dot: a [BLOCK_N, 64] fp32 acc stays in registers
-# Weight bytes per [BLOCK_N, BLOCK_K] step of the default multiply-and-sum configs, in BLOCK_N
-# channels. H200, benchmark_gemv.py at M = 1, 2026-12-02 (docs/performance.md "Ninth run"): 2
-# channels of 4 KB against the earlier 4 of 8 KB (bf16) / 4 KB (FP8): FP8 o_proj 5.16 against
-# 6.26 us, bf16 KDA in_proj 17.81 against 19.04, MLA q_kv_a 11.09 against 14.64; 2 x 2048 bf16
-# (8 KB) took 19.74 / 12.89.
-_TILE_BYTES = 4096
+# Weights per channel and step (BLOCK_K) of the default multiply-and-sum configs at 1 and 2 rows,
+# in _TILE_CHANNELS channels, one pipeline stage. H200, benchmark_gemv.py --shapes o_proj (K 4096),
+# 2026-12-02 (docs/performance.md "Sixteenth run"), us at M = 1 / 2, with the row loaded beside
+# the weight: FP8 4.56 / 5.41 against 5.22 / 5.43 for the earlier 4 KB steps (2048 FP8 codes,
+# 1024 bf16 values; 3 stages), bf16 6.65 / 7.67 against 7.71 / 9.38; 4096 at two rows took 5.88
+# (FP8) / 7.75 (bf16). Two channels rather than 4 per program come from the ninth run (FP8 o_proj
+# 5.16 against 6.26 us at M = 1).
+_STEP_ELEMENTS = {1: 4096, 2: 2048}
 _TILE_CHANNELS = 2
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second (N blocks) and third (K splits) axes
 _FP32_DOT_MIN_M = 8  # fp32 weights: above this many rows the default config takes tl.dot
@@ -179,7 +181,8 @@ def auto_split_k(m: int, n: int, k: int, config: GemvConfig) -> int:
 @cache
 def default_config(m: int, n: int, k: int, weight_bytes: int, bf16_x: bool = False) -> GemvConfig:
     """The launch shape for ``[m, k] @ [n, k]^T`` with ``weight_bytes`` per weight element
-    (module docstring: 4 KB weight tile per step, split-K only when the N blocks give fewer
+    (module docstring: 2 channels of 4096 / 2048 weights per step at 1 / 2 rows, split-K only
+    when the N blocks give fewer
     than two programs per SM; above ``FP8_GEMV_MAX_M`` (FP8) /
     ``BF16_GEMV_MAX_M`` rows: ``_dot_config``; fp32 weights: ``_fp32_config``, where ``bf16_x``
     (x in bf16) allows ``bf16x3``)."""
@@ -187,10 +190,12 @@ def default_config(m: int, n: int, k: int, weight_bytes: int, bf16_x: bool = Fal
         return _fp32_config(m, n, k, bf16_x)
     if m > (FP8_GEMV_MAX_M if weight_bytes == 1 else BF16_GEMV_MAX_M):
         return _dot_config(m, n, k, weight_bytes)
-    # Multiply-and-sum serves 1-2 rows: few to re-read from L2.
+    # Multiply-and-sum serves 1-2 rows: few to re-read from L2. Wider channel blocks (the LM
+    # head's, to fit the grid) keep the step's bytes.
     block_n = _fitting_block_n(_TILE_CHANNELS, n)
-    block_k = max(64, min(_TILE_BYTES // (block_n * weight_bytes), next_power_of_2(k)))
-    config = GemvConfig(block_n, block_k, num_warps=4)
+    step = _STEP_ELEMENTS.get(m, min(_STEP_ELEMENTS.values())) * _TILE_CHANNELS // block_n
+    block_k = max(64, min(step, next_power_of_2(k)))
+    config = GemvConfig(block_n, block_k, num_warps=4, num_stages=1)
     return replace(config, split_k=auto_split_k(m, n, k, config))
 
 
