@@ -68,8 +68,12 @@ if triton is not None:
     @triton.jit
     def _gate_up_step(x_row, gate_ptrs, up_ptrs, kk, k0, hidden, n_ok, acc_gate, acc_up):
         k_ok = k0 + kk < hidden
-        xv = tl.load(x_row + k0 + kk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
         mask = n_ok[:, None] & k_ok[None, :]
+        # x as a [BLOCK_N, BLOCK_K] tile of equal rows, in the weight tile's layout: a [BLOCK_K]
+        # vector broadcast to it goes through shared memory and a barrier every step, which
+        # keeps the next step's weight loads from being issued early.
+        rows = (n_ok.to(tl.int32) * 0)[:, None]
+        xv = tl.load(x_row + rows + (k0 + kk)[None, :], mask=mask, other=0.0).to(tl.float32)
         gate = tl.load(gate_ptrs + k0, mask=mask, other=0.0)
         up = tl.load(up_ptrs + k0, mask=mask, other=0.0)
         acc_gate += tl.sum(gate.to(tl.float32) * xv, axis=1)
