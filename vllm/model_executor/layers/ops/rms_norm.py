@@ -71,6 +71,8 @@ if triton is not None:
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < D
+        # The weight is loaded with the row, not after the reduction's barrier: one round trip.
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
         if HAS_RESIDUAL:
             r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0).to(tl.float32)
@@ -79,7 +81,6 @@ if triton is not None:
             tl.store(res_out_ptr + row * D + cols, s, mask=mask)
             x = s.to(tl.float32)
         rstd = tl.math.rsqrt(tl.sum(x * x, axis=0) / D + eps)
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(out_ptr + row * D + cols, ((x * rstd) * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 

@@ -67,21 +67,23 @@ if triton is not None:
     ):  # fmt: skip
         pdl_wait(PDL)
         t = tl.program_id(0).to(tl.int64)
+        src = kv_a_ptr + t * stride_kv
+        cols = tl.arange(0, BLOCK_L)
+        mask = cols < L
+        pe_cols = tl.arange(0, BLOCK_R)
+        pe_mask = pe_cols < R
+        # Every load is issued before the slot is known (one round trip, not one per
+        # dependence); a padded token (slot < 0) reads its row and stores nothing.
         slot = tl.load(slot_ptr + t).to(tl.int64)
+        x = tl.load(src + cols, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        pe = tl.load(src + L + pe_cols, mask=pe_mask, other=0.0)
         if slot >= 0:
-            src = kv_a_ptr + t * stride_kv
             dst = cache_ptr + (slot // block_size) * stride_cb + (slot % block_size) * stride_ct
-            cols = tl.arange(0, BLOCK_L)
-            mask = cols < L
             # `_rms_norm_kernel`'s expression, operation for operation (see the docstring).
-            x = tl.load(src + cols, mask=mask, other=0.0).to(tl.float32)
             rstd = tl.math.rsqrt(tl.sum(x * x, axis=0) / L + eps)
-            w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
             normed = ((x * rstd) * w).to(kv_a_ptr.dtype.element_ty)
             tl.store(dst + cols, normed.to(cache_ptr.dtype.element_ty), mask=mask)
-            pe_cols = tl.arange(0, BLOCK_R)
-            pe_mask = pe_cols < R
-            pe = tl.load(src + L + pe_cols, mask=pe_mask, other=0.0)
             tl.store(dst + L + pe_cols, pe.to(cache_ptr.dtype.element_ty), mask=pe_mask)
 
 
