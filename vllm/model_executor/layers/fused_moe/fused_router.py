@@ -37,7 +37,11 @@ its row (H 2304) is small enough for every program to recompute.
 Kernel: ``cdiv(E, block_n)`` programs (``FusedRouterConfig``; the default, 2 experts a program,
 128 programs for Kimi-Linear's 256, is the shape of `gemv_fp32`'s default at these sizes, which
 reads the 2.4 MB gate near HBM speed). Each program computes the fp32 logits of its experts for
-all T tokens, walking H in ``block_h`` chunks, and stores them to an fp32 scratch ``[T, E]``. The
+all T tokens, walking H in ``block_h`` chunks, and stores them to an fp32 scratch ``[T, E]``. At
+one token, where the program's experts' whole rows fit ``WHOLE_ROW_MAX_ELEMENTS``, it instead
+loads them in one piece, with the token's row, as its first loads, and sums each logit over the
+whole row: the chunk loop issues a chunk's loads only after the previous chunk's cross-warp sum
+(a barrier), one HBM round trip per chunk on the launch's critical path. The
 last program to finish then selects for every token: the one that reads ``num_programs - 1``
 from an atomic increment of ``semaphore``. It reads all the logits back and runs router.py's
 `grouped_topk_row`, the selection `_grouped_topk_kernel` runs, and sets ``semaphore`` back to 0.
@@ -71,7 +75,8 @@ The fused norm: every program first runs the norm kernel's arithmetic on each to
 row (one ``[next_pow2(H)]`` tile: ``s = x + residual`` rounded to x's dtype, the fp32 sum of
 ``s * s``, divided by H, plus eps, ``rsqrt``), keeping the rstd per token; program 0 alone
 stores ``s`` and ``h = (s * rstd) * norm_weight`` rounded to x's dtype, early, while the others
-compute (the last program, which selects, is the launch's tail). The logits loop then recomputes
+compute (the last program, which selects, is the launch's tail). On the whole-row path every
+program computes ``h`` that way and sums the logits on it. The chunk loop instead recomputes
 each ``block_h`` chunk of ``h`` from x, residual and the norm weight, elementwise (the same
 value in any layout), instead of loading it. Bit-identity with the norm kernel rests on the one
 reduction: Triton's order for the sum follows the tile's layout, which follows the tile width,
@@ -85,16 +90,16 @@ bits (summation order, below).
 
 Numerics: the logits are computed as `gemv_fp32`'s multiply-and-sum path does: x converted to fp32
 (exact), IEEE fp32 products (rounded, or fused into an FMA; never TF32), fp32 sums (a tree within a
-chunk, chunks in order), so each logit is within (H + 2) * 2^-24 * sum_h |x_h w_h| of the exact
-dot product, as `router_logits` and `F.linear` are; the three may differ from each other in the
-last bits (summation order). The selection is the same code as `grouped_topk`'s kernel, so on the
-same logits the two choose the same ids, with the same weights up to the order of the softmax and
-renormalising sums, which the warps per program set (bit for bit under the interpreter; the tests'
-integer data gives exact logits, hence ``grouped_topk(router_logits(x, w), ...)``'s ids and, up
-to those sums, weights). Against the reference, ids
-agree where the selection is decided by more than those logit errors, and the weights differ by
-the logit error carried through sigmoid / softmax and the renormalisation (relative error at most
-(2 for softmax) x (2 when renormalising) x the largest logit difference) plus a few ulps.
+chunk, chunks in order; on the whole-row path one tree over the row), so each logit is within (H +
+2) * 2^-24 * sum_h |x_h w_h| of the exact dot product, as `router_logits` and `F.linear` are; the
+three may differ from each other in the last bits (summation order). The selection is the same code
+as `grouped_topk`'s kernel, so on the same logits the two choose the same ids, with the same weights
+up to the order of the softmax and renormalising sums, which the warps per program set (bit for bit
+under the interpreter; the tests' integer data gives exact logits, hence
+``grouped_topk(router_logits(x, w), ...)``'s ids and, up to those sums, weights). Against the
+reference, ids agree where the selection is decided by more than those logit errors, and the weights
+differ by the logit error carried through sigmoid / softmax and the renormalisation (relative error
+at most (2 for softmax) x (2 when renormalising) x the largest logit difference) plus a few ulps.
 
 Host side: metadata checks only, static shapes, no sync: CUDA-graph capturable.
 """
@@ -151,6 +156,10 @@ MAX_TOKENS = 16
 # beside its gate tile (the models' hidden sizes are <= 8192).
 FUSED_NORM_MAX_HIDDEN = 8192
 _X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# One token: a program holds its experts' whole gate rows in registers (``block_n`` x the padded
+# hidden size, fp32) up to this many elements, loaded with the token's row (64 registers a
+# thread at 4 warps); wider programs walk the row in ``block_h`` chunks.
+WHOLE_ROW_MAX_ELEMENTS = 16384
 
 
 @dataclass(frozen=True)
@@ -196,7 +205,8 @@ if triton is not None:
         w_ptr, bias_ptr, scratch_ptr, weights_ptr, ids_ptr, semaphore_ptr,
         T, H, stride_xt, stride_rt, stride_we, stride_b, stride_wt, stride_it, scale, eps,
         BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
-        EVEN_H: tl.constexpr, HAS_NORM: tl.constexpr, BLOCK_D: tl.constexpr,
+        EVEN_H: tl.constexpr, HAS_NORM: tl.constexpr, WHOLE_ROW: tl.constexpr,
+        BLOCK_D: tl.constexpr,
         E: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr,
         BLOCK_K: tl.constexpr, NUM_GROUPS: tl.constexpr, GROUP_SIZE: tl.constexpr,
         BLOCK_G: tl.constexpr, TOPK_GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -208,6 +218,22 @@ if triton is not None:
         n_ok = n < E
         hh = tl.arange(0, BLOCK_H)
         cols = tl.arange(0, BLOCK_T)
+        # Padded experts and tokens address row 0 under a false mask: no address leaves a tensor.
+        w_rows = w_ptr + tl.where(n_ok, n, 0).to(tl.int64)[:, None] * stride_we
+        acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
+        if WHOLE_ROW:
+            # One token (BLOCK_T 1): the program's whole gate rows, and the norm weight, are
+            # loaded first, beside the token's row, so that their round trip is the only one
+            # before the sums (the chunk loop below waits for each chunk after the last one's
+            # cross-warp sum).
+            d = tl.arange(0, BLOCK_D)
+            d_ok = d < H
+            w_all = tl.load(w_rows + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+            if HAS_NORM:
+                nw = tl.load(norm_w_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
+            else:
+                xi = tl.load(x_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
+                acc += tl.sum(w_all * xi[None, :], axis=1)[:, None]
         if HAS_NORM:
             # `_rms_norm_kernel`'s expression on its tile (BLOCK_D lanes under the same warps, the
             # rows aligned alike): the same fp32 sum of squares, hence the same rstd per token.
@@ -222,40 +248,44 @@ if triton is not None:
                 sf = s.to(tl.float32)
                 rstd = tl.math.rsqrt(tl.sum(sf * sf, axis=0) / H + eps)
                 rstds = tl.where(cols == i, rstd, rstds)
+                if WHOLE_ROW:
+                    normed = ((sf * rstd) * nw).to(h_ptr.dtype.element_ty)
+                    acc += tl.sum(w_all * normed.to(tl.float32)[None, :], axis=1)[:, None]
                 # One writer, the first program: its stores overlap the other programs' logits
                 # instead of lengthening the last program's selection.
                 if tl.program_id(0) == 0:
                     if i < T:
                         tl.store(res_out_ptr + row * H + d, s, mask=d_ok)
-                        nw = tl.load(norm_w_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
-                        normed = ((sf * rstd) * nw).to(h_ptr.dtype.element_ty)
+                        if not WHOLE_ROW:
+                            nw = tl.load(norm_w_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
+                            normed = ((sf * rstd) * nw).to(h_ptr.dtype.element_ty)
                         tl.store(h_ptr + row * H + d, normed, mask=d_ok)
-        # Padded experts and tokens address row 0 under a false mask: no address leaves a tensor.
-        w_rows = w_ptr + tl.where(n_ok, n, 0).to(tl.int64)[:, None] * stride_we
-        acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
-        for h0 in range(0, H, BLOCK_H):
-            h = h0 + hh
-            if EVEN_H:
-                w = tl.load(w_rows + h[None, :], mask=n_ok[:, None], other=0.0)
-            else:
-                w = tl.load(w_rows + h[None, :], mask=n_ok[:, None] & (h < H)[None, :], other=0.0)
-            if HAS_NORM:
-                nw_h = tl.load(norm_w_ptr + h, mask=h < H, other=0.0).to(tl.float32)
-            # One token at a time: no [BLOCK_N, BLOCK_T, BLOCK_H] product is ever live.
-            for i in tl.static_range(BLOCK_T):
-                row = tl.where(i < T, i, 0).to(tl.int64)
-                row_ok = hh * 0 + i < T  # a block (the interpreter takes no scalar mask)
-                x_ok = row_ok if EVEN_H else row_ok & (h < H)
-                xi = tl.load(x_ptr + row * stride_xt + h, mask=x_ok, other=0.0).to(tl.float32)
+        if not WHOLE_ROW:
+            for h0 in range(0, H, BLOCK_H):
+                h = h0 + hh
+                if EVEN_H:
+                    w = tl.load(w_rows + h[None, :], mask=n_ok[:, None], other=0.0)
+                else:
+                    w_ok = n_ok[:, None] & (h < H)[None, :]
+                    w = tl.load(w_rows + h[None, :], mask=w_ok, other=0.0)
                 if HAS_NORM:
-                    # The token's normed chunk, elementwise as above (exact in any layout): the
-                    # bf16 (x's dtype) values the unfused router would read back.
-                    ri = tl.load(res_ptr + row * stride_rt + h, mask=x_ok, other=0.0)
-                    si = (xi + ri.to(tl.float32)).to(res_out_ptr.dtype.element_ty).to(tl.float32)
-                    rstd_i = tl.sum(tl.where(cols == i, rstds, 0.0), axis=0)
-                    xi = ((si * rstd_i) * nw_h).to(h_ptr.dtype.element_ty).to(tl.float32)
-                part = tl.sum(w * xi[None, :], axis=1)
-                acc = tl.where(cols[None, :] == i, acc + part[:, None], acc)
+                    nw_h = tl.load(norm_w_ptr + h, mask=h < H, other=0.0).to(tl.float32)
+                # One token at a time: no [BLOCK_N, BLOCK_T, BLOCK_H] product is ever live.
+                for i in tl.static_range(BLOCK_T):
+                    row = tl.where(i < T, i, 0).to(tl.int64)
+                    row_ok = hh * 0 + i < T  # a block (the interpreter takes no scalar mask)
+                    x_ok = row_ok if EVEN_H else row_ok & (h < H)
+                    xi = tl.load(x_ptr + row * stride_xt + h, mask=x_ok, other=0.0).to(tl.float32)
+                    if HAS_NORM:
+                        # The token's normed chunk, elementwise as above (exact in any layout): the
+                        # bf16 (x's dtype) values the unfused router would read back.
+                        ri = tl.load(res_ptr + row * stride_rt + h, mask=x_ok, other=0.0)
+                        si = (xi + ri.to(tl.float32)).to(res_out_ptr.dtype.element_ty)
+                        si = si.to(tl.float32)
+                        rstd_i = tl.sum(tl.where(cols == i, rstds, 0.0), axis=0)
+                        xi = ((si * rstd_i) * nw_h).to(h_ptr.dtype.element_ty).to(tl.float32)
+                    part = tl.sum(w * xi[None, :], axis=1)
+                    acc = tl.where(cols[None, :] == i, acc + part[:, None], acc)
         tl.store(
             scratch_ptr + cols[None, :] * E + n[:, None], acc,
             mask=n_ok[:, None] & (cols < T)[None, :],
@@ -285,6 +315,8 @@ def _spec(
     block_t: int,
     config: FusedRouterConfig,
     even_h: bool,
+    has_norm: bool,
+    whole_row: bool,
     block_d: int,
     experts: int,
     top_k: int,
@@ -297,11 +329,12 @@ def _spec(
     shared: int,
     pdl: bool,
 ) -> LaunchSpec:
-    """Constexprs and options (``block_d`` 0: no norm); cached: the spec holds the compiled
-    kernels."""
+    """Constexprs and options (``block_d``: the padded row, 0 where neither the norm nor the
+    whole-row path reads it); cached: the spec holds the compiled kernels."""
     return LaunchSpec(
         BLOCK_T=block_t, BLOCK_N=config.block_n, BLOCK_H=config.block_h, EVEN_H=even_h,
-        HAS_NORM=block_d > 0, BLOCK_D=max(block_d, 1), E=experts,
+        HAS_NORM=has_norm, WHOLE_ROW=whole_row, BLOCK_D=max(block_d, 1),
+        E=experts,
         BLOCK_E=next_power_of_2(max(experts, columns)), TOP_K=top_k,
         BLOCK_K=next_power_of_2(columns), NUM_GROUPS=groups, GROUP_SIZE=experts // groups,
         BLOCK_G=next_power_of_2(groups), TOPK_GROUP=topk_group, HAS_BIAS=has_bias,
@@ -421,10 +454,12 @@ def _launch(
     scratch = torch.empty(tokens, experts, dtype=torch.float32, device=x.device)
     groups = routing.num_expert_group
     bias = e_score_correction_bias
+    block_d = next_power_of_2(hidden)
+    whole_row = tokens == 1 and config.block_n * block_d <= WHOLE_ROW_MAX_ELEMENTS
     spec = _spec(
-        next_power_of_2(tokens), config, hidden % config.block_h == 0,
-        next_power_of_2(hidden) if norm is not None else 0, experts, routing.top_k, columns,
-        groups, routing.topk_group if groups > 1 else 1, bias is not None,
+        next_power_of_2(tokens), config, hidden % config.block_h == 0, norm is not None,
+        whole_row, block_d if norm is not None or whole_row else 0, experts, routing.top_k,
+        columns, groups, routing.topk_group if groups > 1 else 1, bias is not None,
         routing.scoring_func == "softmax", bool(routing.renormalize),
         routing.num_fused_shared_experts, use_pdl(x.device),
     )  # fmt: skip
