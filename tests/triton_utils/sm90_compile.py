@@ -85,12 +85,23 @@ def _order_error(
     return None
 
 
+def _barrier_error(ptx: str, upto: str) -> str | None:
+    """Why a global load before the first ``upto`` (the end if it is absent) comes after a
+    ``bar.sync`` (None if none does): such a load waits for every warp to reach the barrier."""
+    end = ptx.find(upto) if upto and upto in ptx else len(ptx)
+    barrier = ptx.find("bar.sync", 0, end)
+    if barrier >= 0 and ptx.find("ld.global", barrier, end) >= 0:
+        return f"PTX has an ld.global after a bar.sync before {upto or 'its end'!r}"
+    return None
+
+
 def compile_launch(launch: dict) -> str | None:
     """None if the launch compiles for sm_90, fits an H200's shared memory and its PTX holds
     every string of ``launch["ptx_has"]`` and none of ``launch["ptx_lacks"]`` (optional lists),
     and, given ``launch["ptx_order"]`` = ``[first, second, later, not_before_first]``, ``first``
     before ``second`` before any string of the list ``later``, and no string of
-    ``not_before_first`` before ``first``; else why not."""
+    ``not_before_first`` before ``first``, and, given ``launch["loads_before_barrier"]`` (a
+    string, "" for the end), no global load up to it after a ``bar.sync``; else why not."""
     kernel = getattr(importlib.import_module(launch["module"]), launch["kernel"])
     try:
         signature, constexprs, attrs = specialize(kernel, launch["args"])
@@ -107,7 +118,11 @@ def compile_launch(launch: dict) -> str | None:
     if missing or present:
         return f"PTX lacks {missing} / holds {present}"
     if "ptx_order" in launch:
-        return _order_error(ptx, *launch["ptx_order"])
+        error = _order_error(ptx, *launch["ptx_order"])
+        if error:
+            return error
+    if "loads_before_barrier" in launch:
+        return _barrier_error(ptx, launch["loads_before_barrier"])
     return None
 
 

@@ -135,7 +135,34 @@ def _ptx_checks(launch: dict) -> dict:
             checks["ptx_lacks"].append("evict_first")
     if launch["kernel"] in ("_moe_grouped_gate_up_kernel", "_moe_grouped_down_kernel"):
         checks["ptx_has" if launch["args"]["TMA"] else "ptx_lacks"].append(_TMA_LOAD_PTX)
+    upto = _loads_before_barrier(launch)
+    if upto is not None:
+        checks["loads_before_barrier"] = upto
     return checks
+
+
+def _loads_before_barrier(launch: dict) -> str | None:
+    """Where a decode-size launch must have issued every global load before its first barrier
+    (a load after one waits for all warps, hence for the loads before it: one more HBM or L2
+    round trip): up to the fused router's semaphore on its one-token path, through the whole
+    kernel for the MoE gate/up at one token (steps over H unrolled), the GEMV's
+    multiply-and-sum rows when K is one step (the check reads the PTX text, which holds a loop's
+    body once) and the norms; None elsewhere."""
+    name, args = launch["kernel"], launch["args"]
+    if name == "_fused_router_topk_kernel" and args["WHOLE_ROW"]:
+        return "atom."
+    if name == "_moe_gate_up_kernel" and args["HIDDEN"]:
+        return ""
+    if (
+        name == "_gemv_kernel"
+        and not args["USE_DOT"]
+        and args["BLOCK_M"] <= 2
+        and args["k_per_split"] <= args["BLOCK_K"]
+    ):
+        return ""
+    if name in ("_rms_norm_kernel", "_mla_cache_write_kernel"):
+        return ""
+    return None
 
 
 H200_SMS = 132
