@@ -66,8 +66,20 @@ def main() -> None:
     per_token_fp8_quant(xs[0], out=a_buf, scale_out=s_buf)
     ref = gemv_fp8(a_buf, s_buf, ws[0], wsc[0])
     for bn, warps, pre in ((2, 4, True), (4, 4, False)):
-        _tile_gemv[(n // bn,)](a_buf, s_buf, ws[0], wsc[0], out, ws[0].stride(0), K=k,
-                               BLOCK_N=bn, PRE=pre, PDL=False, SIGNAL=False, num_warps=warps)
+        _tile_gemv[(n // bn,)](
+            a_buf,
+            s_buf,
+            ws[0],
+            wsc[0],
+            out,
+            ws[0].stride(0),
+            K=k,
+            BLOCK_N=bn,
+            PRE=pre,
+            PDL=False,
+            SIGNAL=False,
+            num_warps=warps,
+        )
         torch.cuda.synchronize()
         err = (out.float() - ref.float()).abs().max().item()
         print(f"tile bn={bn} pre={pre}: max |diff| vs gemv_fp8 {err:.3g}", flush=True)
@@ -102,9 +114,17 @@ def main() -> None:
 
         return run
 
-    for bn, bk, warps, stages in ((2, 2048, 4, 3), (2, 2048, 4, 1), (2, 4096, 4, 1),
-                                  (2, 4096, 4, 2), (4, 4096, 4, 1), (1, 4096, 2, 1),
-                                  (2, 4096, 2, 1), (4, 4096, 8, 1), (2, 2048, 4, 2)):
+    for bn, bk, warps, stages in (
+        (2, 2048, 4, 3),
+        (2, 2048, 4, 1),
+        (2, 4096, 4, 1),
+        (2, 4096, 4, 2),
+        (4, 4096, 4, 1),
+        (1, 4096, 2, 1),
+        (2, 4096, 2, 1),
+        (4, 4096, 8, 1),
+        (2, 2048, 4, 2),
+    ):
         variants[f"cfg{bn},{bk},{warps},1,{stages}"] = prod_cfg(bn, bk, warps, stages)
     for bn in (1, 2, 4, 8):
         for warps in (2, 4, 8):
@@ -123,6 +143,7 @@ def main() -> None:
     print(f"quant alone: {t_quant:.2f} us", flush=True)
     print(f"{'variant':>20} {'gemv alone':>11} {'quant+gemv':>11} {'pair-quant':>11}")
     for name, fn in variants.items():
+
         def alone(fn=fn) -> None:
             fn(nxt())
 
@@ -147,16 +168,26 @@ def bf16_main() -> None:
     state = {"i": 0}
     for m in (1, 2):
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-        for cfg in (None, GemvConfig(2, 1024, 4, 1, num_stages=1), GemvConfig(2, 4096, 4, 1, num_stages=1),
-                    GemvConfig(1, 4096, 4, 1, num_stages=1), GemvConfig(2, 2048, 4, 1, num_stages=1),
-                    GemvConfig(2, 4096, 8, 1, num_stages=1)):
+        for cfg in (
+            None,
+            GemvConfig(2, 1024, 4, 1, num_stages=1),
+            GemvConfig(2, 4096, 4, 1, num_stages=1),
+            GemvConfig(1, 4096, 4, 1, num_stages=1),
+            GemvConfig(2, 2048, 4, 1, num_stages=1),
+            GemvConfig(2, 4096, 8, 1, num_stages=1),
+        ):
+
             def run(cfg=cfg, x=x) -> None:
                 i = state["i"] % copies
                 state["i"] += 1
                 gemv(x, ws[i], config=cfg)
 
             t = min(time_graph(run, copies, reps=60) for _ in range(3))
-            label = "default" if cfg is None else f"{cfg.block_n},{cfg.block_k},{cfg.num_warps},1,{cfg.num_stages}"
+            label = (
+                "default"
+                if cfg is None
+                else f"{cfg.block_n},{cfg.block_k},{cfg.num_warps},1,{cfg.num_stages}"
+            )
             print(f"bf16 o_proj M={m} {label:>16} {t:7.2f} us", flush=True)
 
 
@@ -169,15 +200,25 @@ def fp8_m2_main() -> None:
     a = (torch.randn(2, k, device=dev) * 0.05).to(fp8)
     s = torch.rand(2, 1, device=dev)
     state = {"i": 0}
-    for cfg in (None, GemvConfig(2, 4096, 4, 1, num_stages=1), GemvConfig(2, 2048, 4, 1, num_stages=1),
-                GemvConfig(4, 4096, 4, 1, num_stages=1), GemvConfig(4, 4096, 8, 1, num_stages=1)):
+    for cfg in (
+        None,
+        GemvConfig(2, 4096, 4, 1, num_stages=1),
+        GemvConfig(2, 2048, 4, 1, num_stages=1),
+        GemvConfig(4, 4096, 4, 1, num_stages=1),
+        GemvConfig(4, 4096, 8, 1, num_stages=1),
+    ):
+
         def run(cfg=cfg) -> None:
             i = state["i"] % copies
             state["i"] += 1
             gemv_fp8(a, s, ws[i], wsc[i], out_dtype=torch.bfloat16, config=cfg)
 
         t = min(time_graph(run, copies, reps=60) for _ in range(3))
-        label = "default" if cfg is None else f"{cfg.block_n},{cfg.block_k},{cfg.num_warps},1,{cfg.num_stages}"
+        label = (
+            "default"
+            if cfg is None
+            else f"{cfg.block_n},{cfg.block_k},{cfg.num_warps},1,{cfg.num_stages}"
+        )
         print(f"fp8 o_proj M=2 {label:>16} {t:7.2f} us", flush=True)
 
 
