@@ -85,13 +85,17 @@ def _order_error(
     return None
 
 
-def _barrier_error(ptx: str, upto: str) -> str | None:
-    """Why a global load before the first ``upto`` (the end if it is absent) comes after a
-    ``bar.sync`` (None if none does): such a load waits for every warp to reach the barrier."""
+def _barrier_error(ptx: str, waits: list[str], upto: str) -> str | None:
+    """Why a global load before the first ``upto`` (the end if it is absent) comes after the
+    first string of ``waits`` (None if none does), or why the check does not apply (no string of
+    ``waits`` before ``upto``): a load after a ``bar.sync`` waits for every warp to reach it, one
+    after a branch on a loaded value (``bra``) for that load."""
     end = ptx.find(upto) if upto and upto in ptx else len(ptx)
-    barrier = ptx.find("bar.sync", 0, end)
-    if barrier >= 0 and ptx.find("ld.global", barrier, end) >= 0:
-        return f"PTX has an ld.global after a bar.sync before {upto or 'its end'!r}"
+    found = [i for i in (ptx.find(w, 0, end) for w in waits) if i >= 0]
+    if not found:
+        return f"PTX has none of {waits} before {upto or 'its end'!r}: nothing to check"
+    if ptx.find("ld.global", min(found), end) >= 0:
+        return f"PTX has an ld.global after one of {waits} before {upto or 'its end'!r}"
     return None
 
 
@@ -100,8 +104,9 @@ def compile_launch(launch: dict) -> str | None:
     every string of ``launch["ptx_has"]`` and none of ``launch["ptx_lacks"]`` (optional lists),
     and, given ``launch["ptx_order"]`` = ``[first, second, later, not_before_first]``, ``first``
     before ``second`` before any string of the list ``later``, and no string of
-    ``not_before_first`` before ``first``, and, given ``launch["loads_before_barrier"]`` (a
-    string, "" for the end), no global load up to it after a ``bar.sync``; else why not."""
+    ``not_before_first`` before ``first``, and, given ``launch["loads_before_barrier"]`` =
+    ``[waits, upto]`` (``upto`` "" for the end), a string of ``waits`` before ``upto`` and no
+    global load after the first of them up to ``upto``; else why not."""
     kernel = getattr(importlib.import_module(launch["module"]), launch["kernel"])
     try:
         signature, constexprs, attrs = specialize(kernel, launch["args"])
@@ -122,7 +127,7 @@ def compile_launch(launch: dict) -> str | None:
         if error:
             return error
     if "loads_before_barrier" in launch:
-        return _barrier_error(ptx, launch["loads_before_barrier"])
+        return _barrier_error(ptx, *launch["loads_before_barrier"])
     return None
 
 

@@ -135,33 +135,43 @@ def _ptx_checks(launch: dict) -> dict:
             checks["ptx_lacks"].append("evict_first")
     if launch["kernel"] in ("_moe_grouped_gate_up_kernel", "_moe_grouped_down_kernel"):
         checks["ptx_has" if launch["args"]["TMA"] else "ptx_lacks"].append(_TMA_LOAD_PTX)
-    upto = _loads_before_barrier(launch)
-    if upto is not None:
-        checks["loads_before_barrier"] = upto
+    loads_first = _loads_before_barrier(launch)
+    if loads_first is not None:
+        checks["loads_before_barrier"] = loads_first
     return checks
 
 
-def _loads_before_barrier(launch: dict) -> str | None:
-    """Where a decode-size launch must have issued every global load before its first barrier
-    (a load after one waits for all warps, hence for the loads before it: one more HBM or L2
-    round trip): up to the fused router's semaphore on its one-token path, through the whole
-    kernel for the MoE gate/up at one token (steps over H unrolled), the GEMV's
-    multiply-and-sum rows when K is one step (the check reads the PTX text, which holds a loop's
-    body once) and the norms; None elsewhere."""
+# Where a load must not wait: a CTA barrier (a cross-warp sum, a layout conversion through
+# shared memory) or a branch (on a loaded value: the cache write's slot).
+_BARRIER_PTX = ["bar.sync"]
+_BRANCH_PTX = ["bra ", "bra.uni"]
+
+
+def _loads_before_barrier(launch: dict) -> tuple[list[str], str] | None:
+    """``(waits, upto)`` where a decode-size launch must have issued every global load before
+    the first of ``waits`` (a load after a barrier waits for all warps, hence for the loads
+    before it; one after a branch on a loaded value waits for that value: one more HBM or L2
+    round trip), up to ``upto`` ("" for the end): the fused router's one-token path up to its
+    semaphore, the MoE gate/up at one token (steps over H unrolled), the GEMV's multiply-and-sum
+    rows when K is one step (the check reads the PTX text, which holds a loop's body once), the
+    RMSNorm where it spans warps, and the MLA cache write before its slot's branch; None
+    elsewhere."""
     name, args = launch["kernel"], launch["args"]
     if name == "_fused_router_topk_kernel" and args["WHOLE_ROW"]:
-        return "atom."
+        return _BARRIER_PTX, "atom."
     if name == "_moe_gate_up_kernel" and args["HIDDEN"]:
-        return ""
+        return _BARRIER_PTX, ""
     if (
         name == "_gemv_kernel"
         and not args["USE_DOT"]
         and args["BLOCK_M"] <= 2
         and args["k_per_split"] <= args["BLOCK_K"]
     ):
-        return ""
-    if name in ("_rms_norm_kernel", "_mla_cache_write_kernel"):
-        return ""
+        return _BARRIER_PTX, ""
+    if name == "_rms_norm_kernel" and launch["options"]["num_warps"] > 1:
+        return _BARRIER_PTX, ""
+    if name == "_mla_cache_write_kernel":
+        return _BRANCH_PTX, ""
     return None
 
 
@@ -357,7 +367,8 @@ def _drive_ops() -> None:
         gemv_fp8(x.to(FP8), a_scale, w.to(FP8), w_scale, config=config)
     gemv(x, w.to(torch.bfloat16), config=GemvConfig(64, 128, split_k=4, use_dot=True, num_stages=4))
     gemv_fp8(x.to(FP8), a_scale, w.to(FP8), w_scale)
-    for m, n, k in ((1, 2304, 2304), (4, 256, 2304), (3, 40, 96)):
+    # One row, two rows at one full step (2 x 2048 weights), the tl.dot threshold, odd sizes.
+    for m, n, k in ((1, 2304, 2304), (2, 2304, 2048), (4, 256, 2304), (3, 40, 96)):
         x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
         gemv(x, torch.randn(n, k, generator=gen).to(torch.bfloat16))
         a_scale, w_scale = torch.rand(m, 1, generator=gen), torch.rand(n, 1, generator=gen)
@@ -573,6 +584,26 @@ def test_every_kernel_launches_with_pdl_where_it_runs():
         assert (True, True) in seen, kernel
         assert seen <= {(True, True), (False, False)}, (kernel, seen)
     assert any(not launch["args"]["PDL"] for launch in launches)
+
+
+def test_the_decode_launches_reach_the_load_order_check():
+    """The recorded launches include each decode-size path that `_loads_before_barrier` checks
+    (so a path no op takes any more cannot leave its check vacuous): the one-token router with
+    and without the norm, the one-token gate/up, the one-step GEMV at one and two rows, the
+    RMSNorm over several warps, the cache write."""
+    checked = [launch for launch in _launches() if "loads_before_barrier" in launch]
+
+    def has(kernel, **args):
+        return any(
+            launch["kernel"] == kernel and all(launch["args"][k] == v for k, v in args.items())
+            for launch in checked
+        )
+
+    assert has("_fused_router_topk_kernel", HAS_NORM=False, BLOCK_T=1)
+    assert has("_fused_router_topk_kernel", HAS_NORM=True, BLOCK_T=1)
+    assert has("_moe_gate_up_kernel", HIDDEN=2304)
+    assert has("_gemv_kernel", BLOCK_M=1, BLOCK_K=4096) and has("_gemv_kernel", BLOCK_M=2)
+    assert has("_rms_norm_kernel") and has("_mla_cache_write_kernel")
 
 
 def test_the_engine_launch_at_64_sequences_evicts_the_kda_state_first():

@@ -302,7 +302,8 @@ def test_default_config_fills_the_gpu():
         config = gemv_cfg.default_config(m, n, k, 2)
         config.check()
         if not config.use_dot:
-            assert config.block_k * config.block_n <= 2 * max(gemv_cfg._STEP_ELEMENTS.values())
+            step = gemv_cfg._STEP_ELEMENTS[m] * gemv_cfg._TILE_CHANNELS
+            assert config.block_k * config.block_n <= step
         assert config.split_k == 1 or k >= 2 * config.split_k * config.block_k
 
 

@@ -286,6 +286,47 @@ def test_default_config():
     assert default_config(2304) == FusedRouterConfig(2, 1024, 4)  # 128 programs at E 256
     assert default_config(40) == FusedRouterConfig(2, 64, 4)
     assert default_config(300) == FusedRouterConfig(2, 512, 4)
+    # Kimi-Linear's decode step: one token, both defaults on the whole-row path
+    for config in (default_config(2304), default_norm_config(2304)):
+        assert fused_mod._whole_row(1, config, 2304) and not fused_mod._whole_row(2, config, 2304)
+    assert not fused_mod._whole_row(1, default_config(8192), 8192)  # 2 x 8192 over the limit
+    assert fused_mod._whole_row(1, default_norm_config(8192), 8192)
+
+
+@pytest.fixture
+def whole_row_flags(monkeypatch):
+    """The ``WHOLE_ROW`` constexpr of each fused-router launch, in order."""
+    flags = []
+    real_launch = fused_mod.launch
+
+    def spy(kernel, grid, args, spec):
+        flags.append(spec.kwargs["WHOLE_ROW"])
+        return real_launch(kernel, grid, args, spec)
+
+    monkeypatch.setattr(fused_mod, "launch", spy)
+    return flags
+
+
+# H 80 pads to 128: with the limit at 256, 2 experts a program fit it, 4 do not.
+SMALL_LIMIT_CASES = [
+    (1, FusedRouterConfig(2, 32, 1), True),
+    (1, FusedRouterConfig(4, 32, 1), False),
+    (2, FusedRouterConfig(2, 32, 1), False),
+]
+
+
+@pytest.mark.parametrize("routing", ROUTINGS[:2], ids=["sigmoid", "grouped-softmax-shared"])
+def test_one_token_loads_whole_rows_within_the_limit(routing, monkeypatch, whole_row_flags,
+                                                     triton_launches):  # fmt: skip
+    """Each side of a small ``WHOLE_ROW_MAX_ELEMENTS``, and two tokens, on exact data: the two
+    launches' routing bit for bit, through the path the limit selects."""
+    monkeypatch.setattr(fused_mod, "WHOLE_ROW_MAX_ELEMENTS", 256)
+    for t, config, _ in SMALL_LIMIT_CASES:
+        x, w, bias = exact_case(t, 32, 80, seed=20 + t)
+        weights, ids = fused_router_topk(x, w, bias, routing, semaphore=sem(x), config=config)
+        ref_weights, ref_ids = grouped_topk_triton(F.linear(x.float(), w), bias, routing)
+        assert torch.equal(ids, ref_ids) and torch.equal(weights, ref_weights)
+    assert whole_row_flags == [whole for *_, whole in SMALL_LIMIT_CASES]
 
 
 def test_dispatch(monkeypatch):
@@ -508,6 +549,17 @@ def test_fused_norm_takes_rows_up_to_its_hidden_limit():
     with pytest.raises(ValueError, match=rf"H in \[1, {FUSED_NORM_MAX_HIDDEN}\], got {hidden}"):
         fused_norm_router_topk(x, residual, norm_weight, EPS, w, None, router(4, top_k=2),
                                semaphore=semaphore("cpu"))  # fmt: skip
+
+
+def test_fused_norm_loads_whole_rows_within_the_limit(monkeypatch, whole_row_flags,
+                                                     triton_launches):  # fmt: skip
+    """`test_one_token_loads_whole_rows_within_the_limit` with the norm: the norm kernel then
+    the router at the same config, bit for bit, on each side of the limit."""
+    monkeypatch.setattr(fused_mod, "WHOLE_ROW_MAX_ELEMENTS", 256)
+    for t, config, _ in SMALL_LIMIT_CASES:
+        assert_fused_norm_equals_unfused(*norm_case(t, 32, 80, seed=30 + t), ROUTINGS[1], config)
+    # per case, the fused launch, then the unfused sequence's router
+    assert whole_row_flags == [whole for *_, whole in SMALL_LIMIT_CASES for _ in range(2)]
 
 
 def test_default_norm_config():

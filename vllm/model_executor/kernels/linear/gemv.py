@@ -115,9 +115,10 @@ if triton is not None:
         m, n, m_ok, n_ok, x_scale_ptr, w_scale_ptr, bias_ptr,
         HAS_SCALES: tl.constexpr, HAS_BIAS: tl.constexpr,
     ):  # fmt: skip
-        """``(x_scale[m], w_scale[n], bias[n])`` in fp32 (0.0 where a flag is off): loaded before
-        the weight stream, so that their round trip overlaps it instead of following the last
-        reduction."""
+        """``(x_scale[m], w_scale[n], bias[n])`` in fp32 (0.0 where a flag is off). The
+        multiply-and-sum path loads them before the weight stream, so that their round trip
+        overlaps it instead of following the last reduction (timed at one and two rows); the
+        tl.dot path, not timed that way, still loads them after its loop."""
         x_scale = 0.0
         w_scale = 0.0
         bias = 0.0
@@ -127,6 +128,14 @@ if triton is not None:
         if HAS_BIAS:
             bias = tl.load(bias_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
         return x_scale, w_scale, bias
+
+    @triton.jit
+    def _gemv_x_row(x_ptr, row, M, stride_xm, k, kk, K, EVEN_K: tl.constexpr):
+        """Row ``row`` of x at columns ``k``, in fp32 (0.0 past M or K)."""
+        x_row = x_ptr + tl.where(row < M, row, 0).to(tl.int64) * stride_xm
+        row_ok = kk * 0 + row < M  # a block (the interpreter takes no scalar mask)
+        x_ok = row_ok if EVEN_K else row_ok & (k < K)
+        return tl.load(x_row + k, mask=x_ok, other=0.0).to(tl.float32)
 
     @triton.jit
     def _gemv_epilogue(
@@ -166,7 +175,7 @@ if triton is not None:
         # Padded rows and channels address row 0 under a false mask: no address leaves a tensor.
         w_rows = w_ptr + tl.where(n_ok, n, 0).to(tl.int64)[:, None] * stride_wn
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-        if not PARTIAL:
+        if not PARTIAL and not USE_DOT:
             x_scale, w_scale, bias = _gemv_epilogue_operands(
                 m, n, m_ok, n_ok, x_scale_ptr, w_scale_ptr, bias_ptr, HAS_SCALES, HAS_BIAS
             )
@@ -208,14 +217,19 @@ if triton is not None:
                 # One row at a time, so no [BLOCK_M, BLOCK_N, BLOCK_K] product is ever live. The
                 # weight tile is converted where the first row is used (one conversion: the
                 # compiler merges the rows' identical ones), so that row's load is issued with
-                # the weight's instead of after the conversion has waited for the weight.
+                # the weight's instead of after the conversion has waited for the weight. The
+                # PTX is the same either way (ptxas orders the SASS), so the compile test's
+                # barrier check cannot see this placement; the call-54 timings and SASS can.
+                # Each row's load is issued before the previous row's sum, whose cross-warp
+                # barrier would otherwise hold it back one round trip.
                 cols = tl.arange(0, BLOCK_M)[None, :]
+                x_next = _gemv_x_row(x_ptr, tl.program_id(0) * BLOCK_M, M, stride_xm, k, kk, K,
+                                     EVEN_K)  # fmt: skip
                 for i in tl.static_range(BLOCK_M):
-                    row = tl.program_id(0) * BLOCK_M + i
-                    x_row = x_ptr + tl.where(row < M, row, 0).to(tl.int64) * stride_xm
-                    row_ok = kk * 0 + row < M  # a block (the interpreter takes no scalar mask)
-                    x_ok = row_ok if EVEN_K else row_ok & (k < K)
-                    xi = tl.load(x_row + k, mask=x_ok, other=0.0).to(tl.float32)
+                    xi = x_next
+                    if i + 1 < BLOCK_M:
+                        x_next = _gemv_x_row(x_ptr, tl.program_id(0) * BLOCK_M + i + 1, M,
+                                             stride_xm, k, kk, K, EVEN_K)  # fmt: skip
                     part = tl.sum(w.to(tl.float32) * xi[None, :], axis=1)
                     acc = tl.where(cols == i, acc + part[:, None], acc)
         if PARTIAL:
@@ -223,6 +237,10 @@ if triton is not None:
             out = part_ptr + m.to(tl.int64)[None, :] * N + n[:, None]
             tl.store(out, acc, mask=n_ok[:, None] & m_ok[None, :])
         else:
+            if USE_DOT:
+                x_scale, w_scale, bias = _gemv_epilogue_operands(
+                    m, n, m_ok, n_ok, x_scale_ptr, w_scale_ptr, bias_ptr, HAS_SCALES, HAS_BIAS
+                )
             _gemv_epilogue(
                 acc, m, n, m_ok, n_ok, out_ptr, x_scale, w_scale, bias, stride_om, HAS_SCALES,
                 HAS_BIAS,

@@ -181,17 +181,17 @@ def auto_split_k(m: int, n: int, k: int, config: GemvConfig) -> int:
 @cache
 def default_config(m: int, n: int, k: int, weight_bytes: int, bf16_x: bool = False) -> GemvConfig:
     """The launch shape for ``[m, k] @ [n, k]^T`` with ``weight_bytes`` per weight element
-    (module docstring: 2 channels of 4096 / 2048 weights per step at 1 / 2 rows, split-K only
-    when the N blocks give fewer
-    than two programs per SM; above ``FP8_GEMV_MAX_M`` (FP8) /
-    ``BF16_GEMV_MAX_M`` rows: ``_dot_config``; fp32 weights: ``_fp32_config``, where ``bf16_x``
-    (x in bf16) allows ``bf16x3``)."""
+    (module docstring): 2 channels of 4096 / 2048 weights per step at 1 / 2 rows, one stage (a
+    K beyond one step runs its steps unpipelined), split-K only when the N blocks give fewer
+    than two programs per SM; above ``FP8_GEMV_MAX_M`` (FP8) / ``BF16_GEMV_MAX_M`` rows:
+    ``_dot_config``; fp32 weights: ``_fp32_config``, where ``bf16_x`` (x in bf16) allows
+    ``bf16x3``."""
     if weight_bytes == 4:
         return _fp32_config(m, n, k, bf16_x)
     if m > (FP8_GEMV_MAX_M if weight_bytes == 1 else BF16_GEMV_MAX_M):
         return _dot_config(m, n, k, weight_bytes)
     # Multiply-and-sum serves 1-2 rows: few to re-read from L2. Wider channel blocks (the LM
-    # head's, to fit the grid) keep the step's bytes.
+    # head's, to fit the grid) keep the step's elements.
     block_n = _fitting_block_n(_TILE_CHANNELS, n)
     step = _STEP_ELEMENTS.get(m, min(_STEP_ELEMENTS.values())) * _TILE_CHANNELS // block_n
     block_k = max(64, min(step, next_power_of_2(k)))

@@ -72,7 +72,7 @@ if triton is not None:
         # x as a [BLOCK_N, BLOCK_K] tile of equal rows, in the weight tile's layout: a [BLOCK_K]
         # vector broadcast to it goes through shared memory and a barrier every step, which
         # keeps the next step's weight loads from being issued early.
-        rows = (n_ok.to(tl.int32) * 0)[:, None]
+        rows = tl.zeros([n_ok.shape[0], 1], dtype=tl.int32)
         xv = tl.load(x_row + rows + (k0 + kk)[None, :], mask=mask, other=0.0).to(tl.float32)
         gate = tl.load(gate_ptrs + k0, mask=mask, other=0.0)
         up = tl.load(up_ptrs + k0, mask=mask, other=0.0)

@@ -157,9 +157,11 @@ MAX_TOKENS = 16
 FUSED_NORM_MAX_HIDDEN = 8192
 _X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # One token: a program holds its experts' whole gate rows in registers (``block_n`` x the padded
-# hidden size, fp32) up to this many elements, loaded with the token's row (64 registers a
-# thread at 4 warps); wider programs walk the row in ``block_h`` chunks.
-WHOLE_ROW_MAX_ELEMENTS = 16384
+# hidden size, fp32) up to this many elements, loaded with the token's row; wider programs walk
+# the row in ``block_h`` chunks. At the limit the tile alone is 64 registers a thread at 4 warps
+# (Kimi-Linear's default, 2 x 4096, is at it: 96 registers in all on sm_90); twice that compiled
+# to 181 registers and was never timed.
+WHOLE_ROW_MAX_ELEMENTS = 8192
 
 
 @dataclass(frozen=True)
@@ -182,17 +184,21 @@ class FusedRouterConfig:
 
 def default_config(hidden: int) -> FusedRouterConfig:
     """`gemv_fp32`'s default launch shape at a few tokens: 2 experts and up to 1024 hidden
-    elements (an 8 KB fp32 gate tile) per program step, 4 warps."""
+    elements (an 8 KB fp32 gate tile) per step of the chunk loop, 4 warps. At one token, where
+    the 2 whole rows fit ``WHOLE_ROW_MAX_ELEMENTS`` (H <= 4096), a program loads them in one
+    piece instead and ``block_h`` goes unused (module docstring)."""
     return FusedRouterConfig(2, min(1024, max(64, next_power_of_2(hidden))), 4)
 
 
 def default_norm_config(hidden: int) -> FusedRouterConfig:
     """One expert per program, `default_config`'s hidden step, and the warps of the norm
     kernel's row tile (`row_tile_warps`), so that the fused norm's sum of squares runs in the
-    norm kernel's layout (module docstring). One expert rather than two: on the H200 at
-    Kimi-Linear's sizes (benchmark_router.py --fused-norm, 26 layers graph-replayed, 2026-12-01,
-    docs/performance.md "Eighth run") 8.49 us at one token against 8.87 with two experts and
-    9.62 for the norm kernel then the fused router."""
+    norm kernel's layout (module docstring). One expert rather than two was measured on the
+    chunk loop, before the whole-row path (which this config takes at one token up to H 8192):
+    on the H200 at Kimi-Linear's sizes (benchmark_router.py --fused-norm, 26 layers
+    graph-replayed, 2026-12-01, docs/performance.md "Eighth run") 8.49 us at one token against
+    8.87 with two experts and 9.62 for the norm kernel then the fused router; on the whole-row
+    path 6.29 us (call 56, "Sixteenth run")."""
     config = default_config(hidden)
     return FusedRouterConfig(1, config.block_h, row_tile_warps(next_power_of_2(hidden)))
 
@@ -222,6 +228,7 @@ if triton is not None:
         w_rows = w_ptr + tl.where(n_ok, n, 0).to(tl.int64)[:, None] * stride_we
         acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
         if WHOLE_ROW:
+            tl.static_assert(BLOCK_T == 1, "the whole-row path reads one token's row")
             # One token (BLOCK_T 1): the program's whole gate rows, and the norm weight, are
             # loaded first, beside the token's row, so that their round trip is the only one
             # before the sums (the chunk loop below waits for each chunk after the last one's
@@ -333,14 +340,18 @@ def _spec(
     whole-row path reads it); cached: the spec holds the compiled kernels."""
     return LaunchSpec(
         BLOCK_T=block_t, BLOCK_N=config.block_n, BLOCK_H=config.block_h, EVEN_H=even_h,
-        HAS_NORM=has_norm, WHOLE_ROW=whole_row, BLOCK_D=max(block_d, 1),
-        E=experts,
+        HAS_NORM=has_norm, WHOLE_ROW=whole_row, BLOCK_D=max(block_d, 1), E=experts,
         BLOCK_E=next_power_of_2(max(experts, columns)), TOP_K=top_k,
         BLOCK_K=next_power_of_2(columns), NUM_GROUPS=groups, GROUP_SIZE=experts // groups,
         BLOCK_G=next_power_of_2(groups), TOPK_GROUP=topk_group, HAS_BIAS=has_bias,
         SOFTMAX=softmax, RENORMALIZE=renormalize, NUM_SHARED=shared,
         num_warps=config.num_warps, **pdl_options(pdl),
     )  # fmt: skip
+
+
+def _whole_row(tokens: int, config: FusedRouterConfig, hidden: int) -> bool:
+    """Whether a launch takes the one-token path that loads each program's whole gate rows."""
+    return tokens == 1 and config.block_n * next_power_of_2(hidden) <= WHOLE_ROW_MAX_ELEMENTS
 
 
 def fused_router_topk_ref(
@@ -455,7 +466,7 @@ def _launch(
     groups = routing.num_expert_group
     bias = e_score_correction_bias
     block_d = next_power_of_2(hidden)
-    whole_row = tokens == 1 and config.block_n * block_d <= WHOLE_ROW_MAX_ELEMENTS
+    whole_row = _whole_row(tokens, config, hidden)
     spec = _spec(
         next_power_of_2(tokens), config, hidden % config.block_h == 0, norm is not None,
         whole_row, block_d if norm is not None or whole_row else 0, experts, routing.top_k,
