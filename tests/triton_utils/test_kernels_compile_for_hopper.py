@@ -154,8 +154,11 @@ def _loads_before_barrier(launch: dict) -> tuple[list[str], str] | None:
     round trip), up to ``upto`` ("" for the end): the fused router's one-token path up to its
     semaphore, the MoE gate/up at one token (steps over H unrolled), the GEMV's multiply-and-sum
     rows when K is one step (the check reads the PTX text, which holds a loop's body once), the
-    RMSNorm where it spans warps, and the MLA cache write before its slot's branch; None
-    elsewhere."""
+    RMSNorm where it spans warps, the MLA cache write before its slot's branch, and the fused
+    KDA decode's V-split, the engine's launch at Kimi-Linear's head size (its state tile, and at
+    small batch its gate projections, would otherwise wait behind the conv and norm sums; the
+    single kernel keeps its tile and gate projections after them, fused_kda_decode.py says
+    why); None elsewhere."""
     name, args = launch["kernel"], launch["args"]
     if name == "_fused_router_topk_kernel" and args["WHOLE_ROW"]:
         return _BARRIER_PTX, "atom."
@@ -172,6 +175,8 @@ def _loads_before_barrier(launch: dict) -> tuple[list[str], str] | None:
         return _BARRIER_PTX, ""
     if name == "_mla_cache_write_kernel":
         return _BRANCH_PTX, ""
+    if name == "_fused_kda_decode_kernel" and args["SPLIT"]:
+        return _BARRIER_PTX, ""
     return None
 
 
@@ -590,7 +595,7 @@ def test_the_decode_launches_reach_the_load_order_check():
     """The recorded launches include each decode-size path that `_loads_before_barrier` checks
     (so a path no op takes any more cannot leave its check vacuous): the one-token router with
     and without the norm, the one-token gate/up, the one-step GEMV at one and two rows, the
-    RMSNorm over several warps, the cache write."""
+    RMSNorm over several warps, the cache write, the KDA decode at batch 1."""
     checked = [launch for launch in _launches() if "loads_before_barrier" in launch]
 
     def has(kernel, **args):
@@ -604,6 +609,7 @@ def test_the_decode_launches_reach_the_load_order_check():
     assert has("_moe_gate_up_kernel", HIDDEN=2304)
     assert has("_gemv_kernel", BLOCK_M=1, BLOCK_K=4096) and has("_gemv_kernel", BLOCK_M=2)
     assert has("_rms_norm_kernel") and has("_mla_cache_write_kernel")
+    assert has("_fused_kda_decode_kernel", RANK_F=128, BLOCK_V=16)  # the engine's batch 1
 
 
 def test_the_engine_launch_at_64_sequences_evicts_the_kda_state_first():

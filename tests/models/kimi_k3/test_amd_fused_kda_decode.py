@@ -439,9 +439,10 @@ GATE_PROJ_CASES = [
 def test_gate_proj_gives_the_unfused_bits(
     tile, block_v, dtype, quantize, lower_bound, monkeypatch, triton_launches
 ):  # fmt: skip
-    """Both projections in the kernel, R = 20 (no power of two: the last chunk is masked), in one
-    chunk of 32 or (tile 128 at D = 16) three of 8. The single kernel norms with its gate; the
-    V-split hands it to the epilogue through the gate buffer (and quantizes there)."""
+    """Both projections in the kernel, R = 20 (no power of two: the last chunk is masked). The
+    single kernel takes R in one chunk of 32 or (tile 128 at D = 16) three of 8 and norms with
+    its gate; the V-split loads R whole (the tile does not apply) and hands the gate to the
+    epilogue through the gate buffer (and quantizes there)."""
     monkeypatch.setattr(decode_module, "_PROJ_TILE", tile)
     step = with_low_rank(make_step(3, 2, 16, 4, dtype, seed=block_v), 20, seed=tile + block_v)
     kwargs = dict(quantize=True, quant_dtype=torch.float8_e4m3fn) if quantize else {}

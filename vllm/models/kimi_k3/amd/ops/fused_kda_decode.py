@@ -99,48 +99,64 @@ if triton is not None:
     )
 
     @triton.jit
-    def _shift_window(x_row, state_ptr, stride_sc, chans, W: tl.constexpr, BLOCK_W: tl.constexpr):
-        # The slot's conv window of `chans` moves on by one token (the oldest drops out, x enters).
-        # Loads precede the barrier and stores follow it: a channel can be held by two warps (a
-        # [C] vector over more threads than C), which must not race on the window.
+    def _window_loads(state_ptr, stride_sc, chans, W: tl.constexpr, BLOCK_W: tl.constexpr):
+        # `chans`' conv window in the slot (`[C, BLOCK_W]`: taps 0..W-2, then 0.0) and the same
+        # window one tap on (`nxt`: the shift's source); x enters both at tap W - 1.
         j = tl.arange(0, BLOCK_W)[None, :]
         rows = chans[:, None] * stride_sc
-        x = tl.load(x_row + chans)
+        old = tl.load(state_ptr + rows + j, mask=j < W - 1, other=0.0)
         nxt = tl.load(state_ptr + rows + j + 1, mask=j + 1 < W - 1, other=0.0)
-        shifted = tl.where(j + 1 == W - 1, x[:, None], nxt)
-        tl.debug_barrier()
-        tl.store(state_ptr + rows + j, shifted.to(state_ptr.dtype.element_ty), mask=j < W - 1)
+        return old, nxt
 
     @triton.jit
-    def _conv_channels(
-        x_row, w_ptr, state_ptr, stride_wc, stride_sc, chans,
-        W: tl.constexpr, BLOCK_W: tl.constexpr, UPDATE: tl.constexpr,
-    ):  # fmt: skip
-        # silu(causal conv) of one token for `chans`; with UPDATE, also shifts their window.
+    def _conv(x, old, taps, W: tl.constexpr, BLOCK_W: tl.constexpr):
+        # silu(causal conv) of one token from its loaded window.
         j = tl.arange(0, BLOCK_W)[None, :]
-        x = tl.load(x_row + chans)
-        old = tl.load(state_ptr + chans[:, None] * stride_sc + j, mask=j < W - 1, other=0.0)
-        taps = tl.load(w_ptr + chans[:, None] * stride_wc + j, mask=j < W, other=0.0)
         window = tl.where(j == W - 1, x[:, None], old).to(tl.float32)
         acc = tl.sum(window * taps, axis=1)
-        if UPDATE:
-            _shift_window(x_row, state_ptr, stride_sc, chans, W, BLOCK_W)
         return acc * tl.sigmoid(acc)
+
+    @triton.jit
+    def _store_shifted(x, nxt, state_ptr, stride_sc, chans, W: tl.constexpr,
+                       BLOCK_W: tl.constexpr):  # fmt: skip
+        # The window moved on by one token (the oldest drops out, x enters). Callers store only
+        # after a barrier that follows every load of the window: a channel can be held by two
+        # warps (a [C] vector over more threads than C), which must not race on it.
+        j = tl.arange(0, BLOCK_W)[None, :]
+        shifted = tl.where(j + 1 == W - 1, x[:, None], nxt)
+        dst = state_ptr + chans[:, None] * stride_sc + j
+        tl.store(dst, shifted.to(state_ptr.dtype.element_ty), mask=j < W - 1)
+
+    @triton.jit
+    def _shift_window(x_row, state_ptr, stride_sc, chans, W: tl.constexpr, BLOCK_W: tl.constexpr):
+        # The epilogue's shift of windows the V blocks only read: loads, barrier, stores.
+        j = tl.arange(0, BLOCK_W)[None, :]
+        x = tl.load(x_row + chans)
+        nxt = tl.load(state_ptr + chans[:, None] * stride_sc + j + 1, mask=j + 1 < W - 1, other=0.0)
+        tl.debug_barrier()
+        _store_shifted(x, nxt, state_ptr, stride_sc, chans, W, BLOCK_W)
 
     @triton.jit
     def _l2_normalize(x):
         return x / tl.sqrt(tl.sum(x * x, axis=0) + 1e-6)
 
     @triton.jit
-    def _gated_rms_norm(o, z, norm_w_ptr, eps, D: tl.constexpr):
-        d = tl.arange(0, D)
-        rstd = tl.rsqrt(tl.sum(o * o, axis=0) / D + eps)
-        return o * rstd * tl.load(norm_w_ptr + d).to(tl.float32) * tl.sigmoid(z.to(tl.float32))
+    def _low_rank_loads(a_row, w_ptr, stride_w, rows, RANK: tl.constexpr, BLOCK_R: tl.constexpr):
+        # The input row `[BLOCK_R]` and the weight's `rows` `[rows, BLOCK_R]` of a gate
+        # projection, in one piece (0.0 past RANK).
+        r = tl.arange(0, BLOCK_R)
+        ok = r < RANK
+        a = tl.load(a_row + r, mask=ok, other=0.0)
+        w = tl.load(w_ptr + rows[:, None] * stride_w + r[None, :], mask=ok[None, :], other=0.0)
+        return a, w
 
     @triton.jit
     def _low_rank_rows(a_row, w_ptr, stride_w, rows, RANK: tl.constexpr, BLOCK_R: tl.constexpr):
-        # `weight[rows] @ a` as the unquantized linear makes it: fp32 sums, rounded once to its
-        # output dtype (the weight's). Unrolled, so all chunks' loads can be in flight at once.
+        # `weight[rows] @ a` (as `_low_rank`) in [rows, BLOCK_R] chunks, loading each chunk
+        # after the previous one's sum: the single kernel's form. Its whole-rank [D, R] tile
+        # would share the state tile's shape, and Triton would then give the state tile its
+        # layout (bf16 rows), changing the order of the state's sums against the same kernel
+        # fed raw_g and the gate.
         r = tl.arange(0, BLOCK_R)
         acc = tl.zeros(rows.shape, tl.float32)
         for r0 in tl.static_range(0, RANK, BLOCK_R):
@@ -150,6 +166,12 @@ if triton is not None:
             w = tl.load(w_ptrs, mask=ok[None, :], other=0.0).to(tl.float32)
             acc += tl.sum(w * a[None, :], axis=1)
         return acc.to(w_ptr.dtype.element_ty)
+
+    @triton.jit
+    def _low_rank(a, w, out_dtype: tl.constexpr):
+        # `w @ a` as the unquantized linear makes it: fp32 sums, rounded once to its output dtype
+        # (the weight's).
+        return tl.sum(w.to(tl.float32) * a.to(tl.float32)[None, :], axis=1).to(out_dtype)
 
     @triton.jit
     def _fused_kda_decode_kernel(
@@ -173,53 +195,91 @@ if triton is not None:
         h = tl.program_id(1)
         slot = tl.load(slots_ptr + n).to(tl.int64)
         d = tl.arange(0, D)
+        j = tl.arange(0, BLOCK_W)[None, :]
         cols = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)  # this program's V columns
-        s_ptrs = ssm_ptr + slot * stride_ss + h * stride_sh + d[:, None] * D + cols[None, :]
+        qc, kc, vc = h * D + d, (heads + h) * D + d, (2 * heads + h) * D + cols
         x_row = qkv_ptr + n * stride_qkv
+        gate_row = gate_ptr + n * stride_gate_n + h * stride_gate_h
+
+        # The V-split issues every load before any sum or barrier, those that do not need the
+        # slot first: a load after a cross-warp sum waits for it (a barrier), one round trip
+        # more on the program's critical path, which is the launch's at small batch. The single
+        # kernel (heads under 64 wide, never the engine's at Kimi sizes) keeps its state tile
+        # and gate projections after the sums, in the layouts it has without the projections.
+        xq, xk, xv = tl.load(x_row + qc), tl.load(x_row + kc), tl.load(x_row + vc)
+        taps_q = tl.load(conv_w_ptr + qc[:, None] * stride_wc + j, mask=j < W, other=0.0)
+        taps_k = tl.load(conv_w_ptr + kc[:, None] * stride_wc + j, mask=j < W, other=0.0)
+        taps_v = tl.load(conv_w_ptr + vc[:, None] * stride_wc + j, mask=j < W, other=0.0)
+        # The gate projections' inputs (the V-split's; the single kernel's come below).
+        if RANK_F:
+            if SPLIT:
+                f_a, f_w = _low_rank_loads(raw_g_ptr + n * stride_g, f_w_ptr, stride_fw, qc,
+                                           RANK_F, BLOCK_R)  # fmt: skip
+        else:
+            raw_g = tl.load(raw_g_ptr + n * stride_g + qc)
+        dt_bias = tl.load(dt_bias_ptr + qc)
+        if RANK_G:
+            if SPLIT:
+                g_a, g_w = _low_rank_loads(g_a_ptr + n * stride_ga, g_w_ptr, stride_gw,
+                                           h * D + cols, RANK_G, BLOCK_R)  # fmt: skip
+        elif APPLY_NORM and not SPLIT:
+            z = tl.load(gate_row + cols)
+        if APPLY_NORM and not SPLIT:
+            norm_w = tl.load(norm_w_ptr + d)
+        a_log = tl.load(a_log_ptr + h)
+        b = tl.load(b_ptr + n * stride_b + h)
         state = conv_state_ptr + slot * stride_cs
-        conv = (x_row, conv_w_ptr, state, stride_wc, stride_cc)
+        old_q, next_q = _window_loads(state, stride_cc, qc, W, BLOCK_W)
+        old_k, next_k = _window_loads(state, stride_cc, kc, W, BLOCK_W)
+        old_v, next_v = _window_loads(state, stride_cc, vc, W, BLOCK_W)
+        s_ptrs = ssm_ptr + slot * stride_ss + h * stride_sh + d[:, None] * D + cols[None, :]
+        if SPLIT:
+            s = tl.load(s_ptrs, eviction_policy=EVICT)  # [K, BLOCK_V]
+
         # Split: every V block needs all of q and k but owns only its v channels, so q/k windows
         # are only read here (the epilogue kernel shifts them once all blocks have read them).
-        q = _conv_channels(*conv, h * D + d, W, BLOCK_W, not SPLIT)
-        k = _conv_channels(*conv, (heads + h) * D + d, W, BLOCK_W, not SPLIT)
-        v = _conv_channels(*conv, (2 * heads + h) * D + cols, W, BLOCK_W, True)
-        q = _l2_normalize(q) * q_scale
-        k = _l2_normalize(k)
-
+        tl.debug_barrier()
+        if not SPLIT:
+            _store_shifted(xq, next_q, state, stride_cc, qc, W, BLOCK_W)
+            _store_shifted(xk, next_k, state, stride_cc, kc, W, BLOCK_W)
+        _store_shifted(xv, next_v, state, stride_cc, vc, W, BLOCK_W)
+        q = _l2_normalize(_conv(xq, old_q, taps_q, W, BLOCK_W)) * q_scale
+        k = _l2_normalize(_conv(xk, old_k, taps_k, W, BLOCK_W))
+        v = _conv(xv, old_v, taps_v, W, BLOCK_W)
         if RANK_F:
-            x = _low_rank_rows(raw_g_ptr + n * stride_g, f_w_ptr, stride_fw, h * D + d, RANK_F,
-                               BLOCK_R).to(tl.float32)  # fmt: skip
-        else:
-            x = tl.load(raw_g_ptr + n * stride_g + h * D + d).to(tl.float32)
-        x += tl.load(dt_bias_ptr + h * D + d).to(tl.float32)
-        gate_row = gate_ptr + n * stride_gate_n + h * stride_gate_h
-        if RANK_G:
-            # Next to raw_g's, so that both projections' loads overlap; before the state tile,
-            # whose registers are not live yet.
-            z = _low_rank_rows(g_a_ptr + n * stride_ga, g_w_ptr, stride_gw, h * D + cols, RANK_G,
-                               BLOCK_R)  # fmt: skip
             if SPLIT:
+                raw_g = _low_rank(f_a, f_w, f_w_ptr.dtype.element_ty)
+            else:
+                raw_g = _low_rank_rows(raw_g_ptr + n * stride_g, f_w_ptr, stride_fw, qc, RANK_F,
+                                       BLOCK_R)  # fmt: skip
+        x = raw_g.to(tl.float32) + dt_bias.to(tl.float32)
+        if RANK_G:
+            if SPLIT:
+                z = _low_rank(g_a, g_w, g_w_ptr.dtype.element_ty)
                 tl.store(gate_row + cols, z)
-        rate = tl.exp(tl.load(a_log_ptr + h).to(tl.float32))
+            else:
+                z = _low_rank_rows(g_a_ptr + n * stride_ga, g_w_ptr, stride_gw, h * D + cols,
+                                   RANK_G, BLOCK_R)  # fmt: skip
+        rate = tl.exp(a_log.to(tl.float32))
         if HAS_LOWER_BOUND:
             g = lower_bound * tl.sigmoid(rate * x)
         else:
             g = -rate * tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))
-        beta = tl.sigmoid(tl.load(b_ptr + n * stride_b + h).to(tl.float32))
+        beta = tl.sigmoid(b.to(tl.float32))
 
-        # Loaded here, not before the prologue: loaded first, Triton gives the tile the conv
-        # windows' layout and converts it through shared memory (sm_90, Triton 3.9). Other
-        # programs on the SM (split variant) cover the prologue's latency instead.
-        s = tl.load(s_ptrs, eviction_policy=EVICT) * tl.exp(g)[:, None]  # [K, BLOCK_V]
+        if not SPLIT:
+            # The single kernel's tile is loaded here, after the gate projections: loaded with
+            # the rest, Triton gave it their layout, which changes the order of its sums.
+            s = tl.load(s_ptrs, eviction_policy=EVICT)
+        s = s * tl.exp(g)[:, None]
         # o = (S + k u^T)^T q = S^T q + (k . q) u: both reductions read the decayed tile, so
         # they run together and o does not wait for the update.
         u = beta * (v - tl.sum(s * k[:, None], axis=0))
         o = tl.sum(s * q[:, None], axis=0) + tl.sum(k * q, axis=0) * u  # [BLOCK_V]
         tl.store(s_ptrs, s + k[:, None] * u[None, :], eviction_policy=EVICT)
         if APPLY_NORM and not SPLIT:
-            if not RANK_G:
-                z = tl.load(gate_row + cols)
-            o = _gated_rms_norm(o, z, norm_w_ptr, eps, D)
+            rstd = tl.rsqrt(tl.sum(o * o, axis=0) / D + eps)
+            o = o * rstd * norm_w.to(tl.float32) * tl.sigmoid(z.to(tl.float32))
         # Split with the norm: `out_ptr` is the fp32 [N, H, D] scratch the epilogue norms.
         tl.store(out_ptr + n * stride_on + h * stride_oh + cols, o.to(out_ptr.dtype.element_ty))
 
@@ -352,8 +412,8 @@ def fused_kda_decode_ref(
 # time: its heads in chunks of `_EPILOGUE_TILE // D`. Its warps serve the window shifts as well.
 _EPILOGUE_TILE = 4096
 _EPILOGUE_WARPS = 4
-# Weight elements per [rows, BLOCK_R] chunk of an in-kernel gate projection (32 a thread at 4
-# warps for D rows).
+# Weight elements per [rows, BLOCK_R] chunk of the single kernel's gate projections (32 a thread
+# at 4 warps for D rows); the V-split loads the whole rank at once.
 _PROJ_TILE = 4096
 
 
@@ -485,7 +545,9 @@ def fused_kda_decode(
     # Unused pointers get a stand-in tensor, as above.
     raw_g_arg, f_w_arg = (raw_g.a, raw_g.weight) if rank_f else (raw_g, raw_g)
     g_a_arg, g_w_arg = (gate.a, gate.weight) if rank_g else (raw_g_arg, raw_g_arg)
-    block_r = min(triton.next_power_of_2(max(rank_f, rank_g, 1)), max(1, _PROJ_TILE // d))
+    block_r = triton.next_power_of_2(max(rank_f, rank_g, 1))
+    if not split:
+        block_r = min(block_r, max(1, _PROJ_TILE // d))
     block_w = triton.next_power_of_2(width)
     pdl = pdl_options(use_pdl(out.device))
     _fused_kda_decode_kernel[(n, heads, d // block_v)](
