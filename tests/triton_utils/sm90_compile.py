@@ -14,6 +14,7 @@ aligned pointer gets ``tt.divisibility`` 16, None becomes a constexpr None).
 
 import importlib
 import json
+import re
 import sys
 
 import triton
@@ -87,16 +88,47 @@ def _order_error(
 
 def _barrier_error(ptx: str, waits: list[str], upto: str) -> str | None:
     """Why a global load before the first ``upto`` (the end if it is absent) comes after the
-    first string of ``waits`` (None if none does), or why the check does not apply (no string of
-    ``waits`` before ``upto``): a load after a ``bar.sync`` waits for every warp to reach it, one
+    first match of the patterns ``waits`` (None if none does), or why the check does not apply
+    (no match before ``upto``): a load after a ``bar.sync`` waits for every warp to reach it, one
     after a branch on a loaded value (``bra``) for that load."""
     end = ptx.find(upto) if upto and upto in ptx else len(ptx)
-    found = [i for i in (ptx.find(w, 0, end) for w in waits) if i >= 0]
+    found = [m.start() for m in (re.compile(w).search(ptx, 0, end) for w in waits) if m]
     if not found:
         return f"PTX has none of {waits} before {upto or 'its end'!r}: nothing to check"
     if ptx.find("ld.global", min(found), end) >= 0:
         return f"PTX has an ld.global after one of {waits} before {upto or 'its end'!r}"
     return None
+
+
+def _store_error(ptx: str, first: str) -> str | None:
+    """Why the first ``st.global`` does not come after the first ``first`` (None if it does)."""
+    i, j = ptx.find(first), ptx.find("st.global")
+    if i < 0 or 0 <= j < i:
+        return f"PTX has an st.global before any {first!r}"
+    return None
+
+
+def reduce_layouts(launch: dict) -> list[str]:
+    """The layouts, spelled out, of the ``tt.reduce`` operands of shape ``launch["reduce_shape"]``
+    (``"128x16"``) in the launch's sm_90 TTGIR, in program order."""
+    ir = _compile(launch).asm["ttgir"]
+    aliases = dict(re.findall(r"^(#\w+) = (#ttg\.\w+<\{.*\}>)$", ir, re.M))
+    operand = f"}}) : (tensor<{launch['reduce_shape']}xf32, "
+    layouts = []
+    for op in ir.split('"tt.reduce"(')[1:]:
+        # the op's signature follows its combine region's end, the op's first "}) : ("
+        start = op.find("}) : (")
+        if op.startswith(operand, start):
+            alias = re.match(r"#\w+", op[start + len(operand) :]).group()
+            layouts.append(aliases[alias])
+    return layouts
+
+
+def _compile(launch: dict):
+    kernel = getattr(importlib.import_module(launch["module"]), launch["kernel"])
+    signature, constexprs, attrs = specialize(kernel, launch["args"])
+    source = ASTSource(kernel, signature, constexprs, attrs)
+    return triton.compile(source, target=HOPPER, options=launch["options"])
 
 
 def compile_launch(launch: dict) -> str | None:
@@ -105,13 +137,11 @@ def compile_launch(launch: dict) -> str | None:
     and, given ``launch["ptx_order"]`` = ``[first, second, later, not_before_first]``, ``first``
     before ``second`` before any string of the list ``later``, and no string of
     ``not_before_first`` before ``first``, and, given ``launch["loads_before_barrier"]`` =
-    ``[waits, upto]`` (``upto`` "" for the end), a string of ``waits`` before ``upto`` and no
-    global load after the first of them up to ``upto``; else why not."""
-    kernel = getattr(importlib.import_module(launch["module"]), launch["kernel"])
+    ``[waits, upto]`` (``upto`` "" for the end), a match of ``waits`` before ``upto`` and no
+    global load after the first of them up to ``upto``, and, given ``launch["stores_after"]``,
+    no ``st.global`` before its first occurrence; else why not."""
     try:
-        signature, constexprs, attrs = specialize(kernel, launch["args"])
-        source = ASTSource(kernel, signature, constexprs, attrs)
-        compiled = triton.compile(source, target=HOPPER, options=launch["options"])
+        compiled = _compile(launch)
     except Exception as e:  # the test reports any failure
         return f"{type(e).__name__}: {e}"
     shared = compiled.metadata.shared
@@ -126,6 +156,10 @@ def compile_launch(launch: dict) -> str | None:
         error = _order_error(ptx, *launch["ptx_order"])
         if error:
             return error
+    if "stores_after" in launch:
+        error = _store_error(ptx, launch["stores_after"])
+        if error:
+            return error
     if "loads_before_barrier" in launch:
         return _barrier_error(ptx, *launch["loads_before_barrier"])
     return None
@@ -133,7 +167,8 @@ def compile_launch(launch: dict) -> str | None:
 
 def main() -> None:
     launches = json.load(sys.stdin)
-    json.dump([compile_launch(launch) for launch in launches], sys.stdout)
+    check = reduce_layouts if sys.argv[1:] == ["--reduce-layouts"] else compile_launch
+    json.dump([check(launch) for launch in launches], sys.stdout)
 
 
 if __name__ == "__main__":

@@ -135,6 +135,9 @@ def _ptx_checks(launch: dict) -> dict:
             checks["ptx_lacks"].append("evict_first")
     if launch["kernel"] in ("_moe_grouped_gate_up_kernel", "_moe_grouped_down_kernel"):
         checks["ptx_has" if launch["args"]["TMA"] else "ptx_lacks"].append(_TMA_LOAD_PTX)
+    if launch["kernel"] == "_fused_kda_decode_kernel":
+        # The conv windows' shift stores wait for every warp's loads of them (a race otherwise).
+        checks["stores_after"] = "bar.sync"
     loads_first = _loads_before_barrier(launch)
     if loads_first is not None:
         checks["loads_before_barrier"] = loads_first
@@ -143,8 +146,8 @@ def _ptx_checks(launch: dict) -> dict:
 
 # Where a load must not wait: a CTA barrier (a cross-warp sum, a layout conversion through
 # shared memory) or a branch (on a loaded value: the cache write's slot).
-_BARRIER_PTX = ["bar.sync"]
-_BRANCH_PTX = ["bra ", "bra.uni"]
+_BARRIER_PTX = [r"bar\.sync"]
+_BRANCH_PTX = [r"\sbra(\.uni)?\s"]
 
 
 def _loads_before_barrier(launch: dict) -> tuple[list[str], str] | None:
@@ -175,7 +178,11 @@ def _loads_before_barrier(launch: dict) -> tuple[list[str], str] | None:
         return _BARRIER_PTX, ""
     if name == "_mla_cache_write_kernel":
         return _BRANCH_PTX, ""
-    if name == "_fused_kda_decode_kernel" and args["SPLIT"]:
+    if (
+        name == "_fused_kda_decode_kernel"
+        and args["SPLIT"]
+        and (args["WHOLE_RANK"] or not (args["RANK_F"] or args["RANK_G"]))
+    ):
         return _BARRIER_PTX, ""
     return None
 
@@ -551,19 +558,24 @@ def _launches() -> tuple[dict, ...]:
     return tuple(dict(launch, **_ptx_checks(launch)) for launch in launches)
 
 
-@functools.cache
-def _compile_errors() -> tuple[str | None, ...]:
-    """Compiles every recorded launch in one child process without the interpreter."""
+def _in_compiler(launches, *flags: str) -> list:
+    """sm90_compile.py's results for `launches`, in one child process without the interpreter."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (root, env.get("PYTHONPATH"))))
     result = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("sm90_compile.py"))],
-        input=json.dumps(_launches()), capture_output=True, text=True, env=env, check=False,
+        [sys.executable, str(Path(__file__).with_name("sm90_compile.py")), *flags],
+        input=json.dumps(launches), capture_output=True, text=True, env=env, check=False,
     )  # fmt: skip
     if result.returncode != 0:
         raise RuntimeError(f"the compiling process failed:\n{result.stderr}")
-    return tuple(json.loads(result.stdout))
+    return json.loads(result.stdout)
+
+
+@functools.cache
+def _compile_errors() -> tuple[str | None, ...]:
+    """Compiles every recorded launch."""
+    return tuple(_in_compiler(_launches()))
 
 
 def test_every_kernel_is_listed():
@@ -610,6 +622,27 @@ def test_the_decode_launches_reach_the_load_order_check():
     assert has("_gemv_kernel", BLOCK_M=1, BLOCK_K=4096) and has("_gemv_kernel", BLOCK_M=2)
     assert has("_rms_norm_kernel") and has("_mla_cache_write_kernel")
     assert has("_fused_kda_decode_kernel", RANK_F=128, BLOCK_V=16)  # the engine's batch 1
+
+
+@pytest.mark.skipif(not _has_nvidia_backend(), reason="needs Triton's NVIDIA backend and ptxas")
+@pytest.mark.parametrize("block_v", [16, 64])  # the engine's V-split at batch 1 and 8-16
+def test_kda_decode_state_sums_keep_their_layout_with_gate_projections(block_v):
+    """The V-split's state tile reductions (`[D, block_v]`) have the same sm_90 layout, hence
+    the same summation order, with the gate projections in the kernel as without, at ranks
+    below, at and above block_v and at Kimi-Linear's 128 (`gate_proj_tiling`: a projection
+    tile shaped like the state tile would lend it its layout). Checked in the TTGIR."""
+    base = next(
+        launch for launch in _launches()
+        if launch["kernel"] == "_fused_kda_decode_kernel" and launch["args"]["RANK_F"] == 128
+        and launch["args"]["BLOCK_V"] == block_v and launch["args"]["D"] == 128
+    )  # fmt: skip
+    variants = []
+    for rank in (0, block_v // 2, block_v, 2 * block_v, 128):
+        block_r, whole = kda_decode_module.gate_proj_tiling(rank, 128, block_v)
+        args = dict(base["args"], RANK_F=rank, RANK_G=rank, BLOCK_R=block_r, WHOLE_RANK=whole)
+        variants.append(dict(base, args=args, reduce_shape=f"128x{block_v}"))
+    layouts = _in_compiler(variants, "--reduce-layouts")
+    assert layouts[0] and all(found == layouts[0] for found in layouts[1:]), layouts
 
 
 def test_the_engine_launch_at_64_sequences_evicts_the_kda_state_first():

@@ -381,7 +381,10 @@ def low_rank(n, heads, d, rank, dtype, gen):
     magnitude <= R / 8: exact while R < 2^13. Kernel and reference then round the same sums to
     the model dtype; most need more bits than bf16 keeps, so that rounding is checked too. `a` is
     a column view of a wider buffer, as f_a and g_a are of the in_proj output."""
-    a = (torch.randint(-8, 9, (n, rank + 7), generator=gen) / 8).to(dtype).to(DEVICE)
+    a = (torch.randint(-8, 9, (n, rank + 7), generator=gen) / 8).to(dtype)
+    # NaN beside the view: a kernel reading past R without its mask poisons its sums.
+    a[:, :3] = a[:, rank + 3 :] = float("nan")
+    a = a.to(DEVICE)
     weight = torch.randint(-256, 257, (heads * d, rank), generator=gen) / 2048
     return LowRankProj(a[:, 3 : rank + 3], weight.to(dtype).to(DEVICE))
 
@@ -427,7 +430,8 @@ def check_gate_proj_bits(step, config, triton_launches, **kwargs):
 
 BF16, FP32 = torch.bfloat16, torch.float32
 # (tile, block_v, dtype, quantize, lower_bound): both variants (16: single, 4: V-split) with the
-# model-dtype and the quantized output, both gate forms, fp32; then R in three chunks.
+# model-dtype and the quantized output, both gate forms, fp32; then the single kernel's R in
+# three chunks, and a V-split, which loads R whole whatever the tile.
 GATE_PROJ_CASES = [
     *[(4096, 16, BF16, False, None), (4096, 16, BF16, True, -5.0), (4096, 16, FP32, False, -5.0)],
     *[(4096, 4, BF16, False, None), (4096, 4, BF16, True, -5.0), (4096, 4, FP32, False, -5.0)],
@@ -462,8 +466,8 @@ def test_either_projection_alone_gives_the_unfused_bits(which, triton_launches):
 
 @pytest.mark.parametrize("heads,d", [(2, 32), (3, 64)])
 def test_gate_proj_matches_unfused_ops(heads, d, triton_launches):
-    """The default launch (single at D = 32, V-split at 64) against the reference, which takes
-    `LowRankProj` too."""
+    """The default launch against the reference, which takes `LowRankProj` too: the single
+    kernel at both D under the interpreter (one SM); on the H200 the V-split at D = 64."""
     step = with_low_rank(make_step(4, heads, d, 4, torch.bfloat16, seed=d), d, seed=d)
     check_against_unfused(step, -5.0, None, triton_launches)
 

@@ -80,7 +80,7 @@ from vllm.models.kimi_k3.amd.ops.fused_kda_decode_config import (
 )
 from vllm.models.kimi_k3.amd.ops.kda_core import kda_decode
 from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate
-from vllm.triton_utils import num_sms, use_triton
+from vllm.triton_utils import next_power_of_2, num_sms, use_triton
 from vllm.triton_utils.pdl import pdl_options, use_pdl
 
 try:
@@ -100,8 +100,9 @@ if triton is not None:
 
     @triton.jit
     def _window_loads(state_ptr, stride_sc, chans, W: tl.constexpr, BLOCK_W: tl.constexpr):
-        # `chans`' conv window in the slot (`[C, BLOCK_W]`: taps 0..W-2, then 0.0) and the same
-        # window one tap on (`nxt`: the shift's source); x enters both at tap W - 1.
+        # `chans`' conv window in the slot (`[C, BLOCK_W]`: taps 0..W-2, then 0.0; x joins it
+        # at tap W - 1) and the same window one tap on (`nxt`: the shift's source, which x joins
+        # at W - 2).
         j = tl.arange(0, BLOCK_W)[None, :]
         rows = chans[:, None] * stride_sc
         old = tl.load(state_ptr + rows + j, mask=j < W - 1, other=0.0)
@@ -152,11 +153,9 @@ if triton is not None:
 
     @triton.jit
     def _low_rank_rows(a_row, w_ptr, stride_w, rows, RANK: tl.constexpr, BLOCK_R: tl.constexpr):
-        # `weight[rows] @ a` (as `_low_rank`) in [rows, BLOCK_R] chunks, loading each chunk
-        # after the previous one's sum: the single kernel's form. Its whole-rank [D, R] tile
-        # would share the state tile's shape, and Triton would then give the state tile its
-        # layout (bf16 rows), changing the order of the state's sums against the same kernel
-        # fed raw_g and the gate.
+        # `weight[rows] @ a` (as `_low_rank`) in [rows, BLOCK_R] chunks, unrolled: the form for
+        # the single kernel and for ranks too wide to hold whole (`gate_proj_tiling`), placed
+        # after the kernel's sums.
         r = tl.arange(0, BLOCK_R)
         acc = tl.zeros(rows.shape, tl.float32)
         for r0 in tl.static_range(0, RANK, BLOCK_R):
@@ -183,10 +182,13 @@ if triton is not None:
         heads, lower_bound, eps, q_scale,
         D: tl.constexpr, W: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_V: tl.constexpr,
         SPLIT: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, APPLY_NORM: tl.constexpr,
-        RANK_F: tl.constexpr, RANK_G: tl.constexpr, BLOCK_R: tl.constexpr, EVICT: tl.constexpr,
+        RANK_F: tl.constexpr, RANK_G: tl.constexpr, BLOCK_R: tl.constexpr,
+        WHOLE_RANK: tl.constexpr, EVICT: tl.constexpr,
         PDL: tl.constexpr = False,
     ):  # fmt: skip
         pdl_wait(PDL)
+        # WHOLE_RANK (V-split only): the gate projections' tiles are loaded whole, with the rest;
+        # otherwise in BLOCK_R chunks after the sums (`gate_proj_tiling`).
         # EVICT: the state tile's cache eviction policy ("evict_first" or "", the default).
         # RANK_F > 0: `raw_g_ptr` is f_a [N, RANK_F] and raw_g is f_w @ f_a. RANK_G > 0: the gate
         # is g_w @ g_a; `gate_ptr` is then, for the split, the [N, H, D] buffer the V blocks
@@ -205,21 +207,23 @@ if triton is not None:
         # slot first: a load after a cross-warp sum waits for it (a barrier), one round trip
         # more on the program's critical path, which is the launch's at small batch. The single
         # kernel (heads under 64 wide, never the engine's at Kimi sizes) keeps its state tile
-        # and gate projections after the sums, in the layouts it has without the projections.
+        # and gate projections after the sums: loaded with the rest, its state tile took
+        # another layout (sm_90 TTGIR), hence another order of its sums, with the projections
+        # than without.
         xq, xk, xv = tl.load(x_row + qc), tl.load(x_row + kc), tl.load(x_row + vc)
         taps_q = tl.load(conv_w_ptr + qc[:, None] * stride_wc + j, mask=j < W, other=0.0)
         taps_k = tl.load(conv_w_ptr + kc[:, None] * stride_wc + j, mask=j < W, other=0.0)
         taps_v = tl.load(conv_w_ptr + vc[:, None] * stride_wc + j, mask=j < W, other=0.0)
-        # The gate projections' inputs (the V-split's; the single kernel's come below).
+        # The gate projections' inputs, when loaded whole (else below, in chunks).
         if RANK_F:
-            if SPLIT:
+            if WHOLE_RANK:
                 f_a, f_w = _low_rank_loads(raw_g_ptr + n * stride_g, f_w_ptr, stride_fw, qc,
                                            RANK_F, BLOCK_R)  # fmt: skip
         else:
             raw_g = tl.load(raw_g_ptr + n * stride_g + qc)
         dt_bias = tl.load(dt_bias_ptr + qc)
         if RANK_G:
-            if SPLIT:
+            if WHOLE_RANK:
                 g_a, g_w = _low_rank_loads(g_a_ptr + n * stride_ga, g_w_ptr, stride_gw,
                                            h * D + cols, RANK_G, BLOCK_R)  # fmt: skip
         elif APPLY_NORM and not SPLIT:
@@ -238,6 +242,8 @@ if triton is not None:
 
         # Split: every V block needs all of q and k but owns only its v channels, so q/k windows
         # are only read here (the epilogue kernel shifts them once all blocks have read them).
+        # The barrier keeps each window's stores behind every warp's loads of it
+        # (`_store_shifted`).
         tl.debug_barrier()
         if not SPLIT:
             _store_shifted(xq, next_q, state, stride_cc, qc, W, BLOCK_W)
@@ -247,19 +253,20 @@ if triton is not None:
         k = _l2_normalize(_conv(xk, old_k, taps_k, W, BLOCK_W))
         v = _conv(xv, old_v, taps_v, W, BLOCK_W)
         if RANK_F:
-            if SPLIT:
+            if WHOLE_RANK:
                 raw_g = _low_rank(f_a, f_w, f_w_ptr.dtype.element_ty)
             else:
                 raw_g = _low_rank_rows(raw_g_ptr + n * stride_g, f_w_ptr, stride_fw, qc, RANK_F,
                                        BLOCK_R)  # fmt: skip
         x = raw_g.to(tl.float32) + dt_bias.to(tl.float32)
         if RANK_G:
-            if SPLIT:
+            if WHOLE_RANK:
                 z = _low_rank(g_a, g_w, g_w_ptr.dtype.element_ty)
-                tl.store(gate_row + cols, z)
             else:
                 z = _low_rank_rows(g_a_ptr + n * stride_ga, g_w_ptr, stride_gw, h * D + cols,
                                    RANK_G, BLOCK_R)  # fmt: skip
+            if SPLIT:
+                tl.store(gate_row + cols, z)
         rate = tl.exp(a_log.to(tl.float32))
         if HAS_LOWER_BOUND:
             g = lower_bound * tl.sigmoid(rate * x)
@@ -412,9 +419,29 @@ def fused_kda_decode_ref(
 # time: its heads in chunks of `_EPILOGUE_TILE // D`. Its warps serve the window shifts as well.
 _EPILOGUE_TILE = 4096
 _EPILOGUE_WARPS = 4
-# Weight elements per [rows, BLOCK_R] chunk of the single kernel's gate projections (32 a thread
-# at 4 warps for D rows); the V-split loads the whole rank at once.
+# Weight elements per [rows, BLOCK_R] chunk of a gate projection taken in chunks (32 a thread at 4
+# warps for D rows), and the most a V-split program loads whole (Kimi-Linear's D = R = 128).
 _PROJ_TILE = 4096
+_WHOLE_RANK_TILE = 16384
+
+
+def gate_proj_tiling(rank: int, d: int, block_v: int) -> tuple[int, bool]:
+    """``(BLOCK_R, whole)`` for in-kernel gate projections of rank ``rank`` (0: none) at head
+    dim ``d`` and ``block_v`` columns a program: the V-split (``block_v < d``) loads the whole
+    rank with its other loads where the ``[d, BLOCK_R]`` tile fits ``_WHOLE_RANK_TILE``; the
+    single kernel, and wider ranks, take ``_PROJ_TILE`` chunks after the sums.
+
+    ``BLOCK_R`` never equals ``block_v``: a projection tile shaped like the state tile
+    ``[d, block_v]`` gets the state tile the projection's layout (bf16 rows) in Triton's
+    layout assignment, which changes the order of the state's sums against the same kernel
+    without projections (sm_90 TTGIR; the compile test checks it)."""
+    block_r = next_power_of_2(max(rank, 1))
+    whole = block_v < d and block_r * d <= _WHOLE_RANK_TILE
+    if not whole:
+        block_r = min(block_r, max(1, _PROJ_TILE // d))
+    if block_r == block_v:
+        block_r = block_r * 2 if whole else max(1, block_r // 2)
+    return block_r, whole
 
 
 def _check_low_rank(name: str, proj: LowRankProj, n: int, rows: int, like: torch.Tensor) -> int:
@@ -545,9 +572,7 @@ def fused_kda_decode(
     # Unused pointers get a stand-in tensor, as above.
     raw_g_arg, f_w_arg = (raw_g.a, raw_g.weight) if rank_f else (raw_g, raw_g)
     g_a_arg, g_w_arg = (gate.a, gate.weight) if rank_g else (raw_g_arg, raw_g_arg)
-    block_r = triton.next_power_of_2(max(rank_f, rank_g, 1))
-    if not split:
-        block_r = min(block_r, max(1, _PROJ_TILE // d))
+    block_r, whole_rank = gate_proj_tiling(max(rank_f, rank_g), d, block_v)
     block_w = triton.next_power_of_2(width)
     pdl = pdl_options(use_pdl(out.device))
     _fused_kda_decode_kernel[(n, heads, d // block_v)](
@@ -560,7 +585,7 @@ def fused_kda_decode(
         heads, lower_bound if lower_bound is not None else 0.0, eps, d**-0.5,
         D=d, W=width, BLOCK_W=block_w, BLOCK_V=block_v, SPLIT=split,
         HAS_LOWER_BOUND=lower_bound is not None, APPLY_NORM=apply_norm,
-        RANK_F=rank_f, RANK_G=rank_g, BLOCK_R=block_r,
+        RANK_F=rank_f, RANK_G=rank_g, BLOCK_R=block_r, WHOLE_RANK=whole_rank,
         EVICT="evict_first" if config.evict_state else "", num_warps=config.num_warps, **pdl,
     )  # fmt: skip
     if not split:
