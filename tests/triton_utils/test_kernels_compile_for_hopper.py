@@ -63,6 +63,7 @@ from vllm.models.kimi_k3.amd.ops.fused_kda_decode import (
     fused_kda_decode,
     kda_decode_config,
 )
+from vllm.models.kimi_k3.amd.ops.fused_kda_decode_config import gate_proj_tiling
 from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate_beta
 from vllm.models.kimi_k3.amd.ops.mla_cache_write import mla_cache_write
 from vllm.models.kimi_k3.amd.ops.mla_decode import launch_mla_decode
@@ -638,7 +639,7 @@ def test_kda_decode_state_sums_keep_their_layout_with_gate_projections(block_v):
     )  # fmt: skip
     variants = []
     for rank in (0, block_v // 2, block_v, 2 * block_v, 128):
-        block_r, whole = kda_decode_module.gate_proj_tiling(rank, 128, block_v)
+        block_r, whole = gate_proj_tiling(rank, 128, block_v)
         args = dict(base["args"], RANK_F=rank, RANK_G=rank, BLOCK_R=block_r, WHOLE_RANK=whole)
         variants.append(dict(base, args=args, reduce_shape=f"128x{block_v}"))
     layouts = _in_compiler(variants, "--reduce-layouts")

@@ -153,6 +153,18 @@ def test_epilogue_tiling_covers_every_channel_once(channels, block_w):
     assert config_module.kda_epilogue_tiling(8192, 64, 4) == (128, 128, 64)
 
 
+def test_gate_proj_tiling():
+    """Whole ranks in the V-split up to a 16384-element tile, chunks otherwise (the single
+    kernel, wider ranks), and never a projection tile as wide as the state tile."""
+    tiling = config_module.gate_proj_tiling
+    assert tiling(128, 128, 16) == tiling(128, 128, 64) == (128, True)  # Kimi-Linear's launches
+    assert tiling(128, 128, 128) == (32, False)  # the single kernel: 4096-element chunks
+    assert tiling(256, 128, 64) == (32, False)  # too wide to hold whole
+    assert tiling(64, 128, 64) == (128, True) and tiling(16, 128, 16) == (32, True)
+    assert tiling(32, 32, 32) == (16, False)  # the single kernel's chunk halved
+    assert tiling(20, 16, 4) == (32, True) and tiling(0, 128, 16) == (1, True)
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # exp(1e4) in the interpreter's sigmoid
 @pytest.mark.parametrize("norm", ["quant", "norm", "no-norm"])
 def test_shift_program_counts_give_identical_results(norm, triton_launches):
@@ -447,7 +459,7 @@ def test_gate_proj_gives_the_unfused_bits(
     single kernel takes R in one chunk of 32 or (tile 128 at D = 16) three of 8 and norms with
     its gate; the V-split loads R whole (the tile does not apply) and hands the gate to the
     epilogue through the gate buffer (and quantizes there)."""
-    monkeypatch.setattr(decode_module, "_PROJ_TILE", tile)
+    monkeypatch.setattr(config_module, "_PROJ_TILE", tile)
     step = with_low_rank(make_step(3, 2, 16, 4, dtype, seed=block_v), 20, seed=tile + block_v)
     kwargs = dict(quantize=True, quant_dtype=torch.float8_e4m3fn) if quantize else {}
     config = KdaDecodeConfig(block_v, num_warps=2)

@@ -74,13 +74,14 @@ from vllm.model_executor.layers.quantization.utils.fp8_per_token import (
 from vllm.models.kimi_k3.amd.ops.causal_conv1d import causal_conv1d_decode
 from vllm.models.kimi_k3.amd.ops.fused_kda_decode_config import (
     KdaDecodeConfig,
+    gate_proj_tiling,
     kda_decode_config,
     kda_epilogue_programs,
     kda_epilogue_tiling,
 )
 from vllm.models.kimi_k3.amd.ops.kda_core import kda_decode
 from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate
-from vllm.triton_utils import next_power_of_2, num_sms, use_triton
+from vllm.triton_utils import num_sms, use_triton
 from vllm.triton_utils.pdl import pdl_options, use_pdl
 
 try:
@@ -419,29 +420,6 @@ def fused_kda_decode_ref(
 # time: its heads in chunks of `_EPILOGUE_TILE // D`. Its warps serve the window shifts as well.
 _EPILOGUE_TILE = 4096
 _EPILOGUE_WARPS = 4
-# Weight elements per [rows, BLOCK_R] chunk of a gate projection taken in chunks (32 a thread at 4
-# warps for D rows), and the most a V-split program loads whole (Kimi-Linear's D = R = 128).
-_PROJ_TILE = 4096
-_WHOLE_RANK_TILE = 16384
-
-
-def gate_proj_tiling(rank: int, d: int, block_v: int) -> tuple[int, bool]:
-    """``(BLOCK_R, whole)`` for in-kernel gate projections of rank ``rank`` (0: none) at head
-    dim ``d`` and ``block_v`` columns a program: the V-split (``block_v < d``) loads the whole
-    rank with its other loads where the ``[d, BLOCK_R]`` tile fits ``_WHOLE_RANK_TILE``; the
-    single kernel, and wider ranks, take ``_PROJ_TILE`` chunks after the sums.
-
-    ``BLOCK_R`` never equals ``block_v``: a projection tile shaped like the state tile
-    ``[d, block_v]`` gets the state tile the projection's layout (bf16 rows) in Triton's
-    layout assignment, which changes the order of the state's sums against the same kernel
-    without projections (sm_90 TTGIR; the compile test checks it)."""
-    block_r = next_power_of_2(max(rank, 1))
-    whole = block_v < d and block_r * d <= _WHOLE_RANK_TILE
-    if not whole:
-        block_r = min(block_r, max(1, _PROJ_TILE // d))
-    if block_r == block_v:
-        block_r = block_r * 2 if whole else max(1, block_r // 2)
-    return block_r, whole
 
 
 def _check_low_rank(name: str, proj: LowRankProj, n: int, rows: int, like: torch.Tensor) -> int:

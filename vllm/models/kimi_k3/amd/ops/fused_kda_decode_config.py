@@ -1,10 +1,12 @@
 """Launch configurations of the fused KDA decode (`fused_kda_decode.py`): the V-split width,
-warps, the epilogue's window-shift programs, whether the kernel computes the gate projections and
-whether the state is evicted first from L2, chosen on the host from the shapes alone, with the
-H200 measurements behind each choice.
+warps, the epilogue's window-shift programs, whether the kernel computes the gate projections (and
+how it tiles them) and whether the state is evicted first from L2, chosen on the host from the
+shapes alone, with the H200 measurements behind each choice.
 """
 
 from dataclasses import dataclass
+
+from vllm.triton_utils import next_power_of_2
 
 
 @dataclass(frozen=True)
@@ -115,3 +117,28 @@ def kda_decode_config(n: int, heads: int, d: int, num_sms: int) -> KdaDecodeConf
         block_v = 16
     shift_programs = kda_epilogue_programs(n, heads, d, num_sms)
     return KdaDecodeConfig(block_v, 4, shift_programs, gate_proj, evict)
+
+
+# Weight elements per [rows, BLOCK_R] chunk of a gate projection taken in chunks (32 a thread at 4
+# warps for D rows), and the most a V-split program loads whole (Kimi-Linear's D = R = 128).
+_PROJ_TILE = 4096
+_WHOLE_RANK_TILE = 16384
+
+
+def gate_proj_tiling(rank: int, d: int, block_v: int) -> tuple[int, bool]:
+    """``(BLOCK_R, whole)`` for in-kernel gate projections of rank ``rank`` (0: none) at head
+    dim ``d`` and ``block_v`` columns a program: the V-split (``block_v < d``) loads the whole
+    rank with its other loads where the ``[d, BLOCK_R]`` tile fits ``_WHOLE_RANK_TILE``; the
+    single kernel, and wider ranks, take ``_PROJ_TILE`` chunks after the sums.
+
+    ``BLOCK_R`` never equals ``block_v``: a projection tile shaped like the state tile
+    ``[d, block_v]`` gets the state tile the projection's layout (bf16 rows) in Triton's
+    layout assignment, which changes the order of the state's sums against the same kernel
+    without projections (sm_90 TTGIR; the compile test checks it)."""
+    block_r = next_power_of_2(max(rank, 1))
+    whole = block_v < d and block_r * d <= _WHOLE_RANK_TILE
+    if not whole:
+        block_r = min(block_r, max(1, _PROJ_TILE // d))
+    if block_r == block_v:
+        block_r = block_r * 2 if whole else max(1, block_r // 2)
+    return block_r, whole
