@@ -256,13 +256,17 @@ def test_default_config_depends_on_shapes_only():
     assert config == MlaDecodeConfig(num_splits=66, block_h=16, block_n=64, num_warps=8,
                                      num_stages=5, latent_chunks=4)  # fmt: skip
     assert mla_decode_config(2, 32, 512, 32768, sms).block_h == 32
-    # Splits fill one wave of 132 programs, rounded down; at most 128; >= 128 tokens each.
+    # Splits fill one wave of 132 programs, rounded down; at most 128; >= 128 tokens each past
+    # the one-tile splits.
     assert mla_decode_config(4, 32, 512, 32768, sms).num_splits == 33
     assert mla_decode_config(8, 32, 512, 32768, sms).num_splits == 16
     assert mla_decode_config(64, 32, 512, 32768, sms).num_splits == 2
     assert mla_decode_config(1, 32, 512, 8192, sms).num_splits == 64
-    # Short capacities: one-tile splits, up to one merge chunk of them (the next test).
-    assert mla_decode_config(1, 32, 512, 200, sms).num_splits == 3
+    # Short capacities: one-tile splits (the last tile partial), up to 33 of them for one
+    # sequence, 16 (one merge chunk) for more (the next test).
+    assert mla_decode_config(1, 32, 512, 200, sms).num_splits == 4
+    assert mla_decode_config(1, 32, 512, 1066, sms).num_splits == 17
+    assert mla_decode_config(2, 32, 512, 1066, sms).num_splits == 16
     assert mla_decode_config(1, 32, 512, 63, sms).num_splits == 1
     # A full wave of (sequence, head block) programs: no split, no merge kernel.
     assert mla_decode_config(132, 32, 512, 32768, sms).num_splits == 1
@@ -304,16 +308,20 @@ def test_default_merge_form_and_short_context_splits(monkeypatch):
     assert pick(64, 32768, counters=63) == (2, False)
     assert pick(1, 128) == (4, True)  # 4 one-tile splits of 16 heads: 128 KiB
     assert pick(1, 256) == (8, False)
-    # Short capacities: splits of one tile (64 tokens here), up to 16 (one merge chunk) of
-    # them ...
+    # Short capacities: splits of one tile (64 tokens here), up to 33 of them for one sequence
+    # and 16 for more ...
     wide = 227 * 1024
     assert pick(1, 256, max_smem=wide) == (4, False)
     assert pick(1, 1024, max_smem=wide) == (16, False)
     assert pick(4, 1024, max_smem=wide) == (16, False)
     assert pick(16, 1024, max_smem=wide) == (8, False)
+    assert pick(1, 2048, max_smem=wide) == (32, False)
+    assert pick(1, 2096, max_smem=wide) == (33, False)
+    assert pick(1, 4096, max_smem=wide) == (33, False)
     # ... beyond that no split shorter than 128 tokens of capacity.
-    assert pick(1, 2048, max_smem=wide) == (16, False)
-    assert pick(1, 4096, max_smem=wide) == (32, False)
+    assert pick(4, 2096, max_smem=wide) == (16, False)
+    assert pick(2, 4096, max_smem=wide) == (32, False)
+    assert pick(1, 8192, max_smem=wide) == (64, False)
     # ROCm: the ordering argument is PTX's, so always two launches.
     monkeypatch.setattr(op_module.current_platform, "is_rocm", lambda: True)
     assert pick(64, 32768) == (2, False)

@@ -10,8 +10,8 @@ from vllm.platforms import current_platform
 from vllm.triton_utils import next_power_of_2
 
 # A split shorter than this spends more on its partial's write and merge (a [H, L] fp32 row, 64
-# KiB at Kimi-Linear's sizes, against 147 KiB of bf16 cache) than it saves, once the splits fill
-# more than one merge chunk (below).
+# KiB at Kimi-Linear's sizes, against 147 KiB of bf16 cache) than it saves, once the splits are
+# more than the one-tile ones (`_ONE_TILE_SPLITS`, below).
 _MIN_SPLIT_TOKENS = 128
 # Bounds the partial buffer ([N, H, splits, L] fp32: 8 MiB at N = 1 for Kimi-Linear's sizes).
 _MAX_SPLITS = 128
@@ -23,9 +23,17 @@ _PIPELINED_WIDE_SMEM = 189440
 # tl.dot needs every dimension of its operands to be at least 16.
 MIN_DOT = 16
 # Splits the merges read per step: their log-sum-exps as one vector, and in the two-launch merge
-# their partials' rows as independent loads. Up to this many live splits cost a merge about one
-# round trip to L2, so the default cuts short contexts into splits of one tile up to this count.
+# their partials' rows as independent loads.
 MERGE_CHUNK = 16
+# A single sequence's short capacity is cut into splits of one tile, up to this many (three merge
+# steps); several sequences' into up to `MERGE_CHUNK`. On the H200 (benchmark_mla_decode.py,
+# capacity = context + 32 as the engine's, docs/performance.md "Eighteenth run"), one sequence:
+# 1034 tokens in 17 one-tile splits 9.72 us against 11.73 for the 16 of one merge chunk (nine of
+# two tiles); 2058 tokens in 33, 10.87 us, the best of 16, 32 and 33; 4106 tokens in 33 splits of
+# two tiles 13.66 us against 15.48 in 32 of three and 18.14 in 65 of one: more one-tile splits
+# than this cost the merge more than they save. At four sequences of 2058 tokens 33 splits took
+# 18.40 us against 16.83 for 16 (16-head blocks), so the extension is for one sequence only.
+_ONE_TILE_SPLITS = 33
 # Partial bytes (`num_splits * block_h * L * 4`) up to which the default merges in the split
 # launch. One program reads them all, while the merge kernel spreads them over hundreds. On the
 # H200 (benchmark_mla_decode.py, engine-wide tables, 2026-12-01, docs/performance.md "Eighth
@@ -93,9 +101,10 @@ def mla_decode_config(
     Splits: as many as fill one wave (`_PROGRAMS_PER_SM * num_sms` programs, rounded down so that
     equal-length sequences leave no nearly empty last wave), at most `_MAX_SPLITS`, and no split
     shorter than `_MIN_SPLIT_TOKENS` positions of capacity, except that a short capacity is cut
-    into up to `MERGE_CHUNK` splits of one tile: a program's time grows with its tiles (on the
-    H200 one `[32 heads, 64 tokens]` tile costs it several microseconds of `tl.dot` operand
-    traffic, not HBM time), while a merge reads up to `MERGE_CHUNK` splits in one step.
+    into splits of one tile, up to `_ONE_TILE_SPLITS` of them for one sequence and `MERGE_CHUNK`
+    for more: a program's time grows with its tiles (on the H200 a `[16 or 32 heads, 64 tokens]`
+    tile costs it about 2 us of `tl.dot` operand traffic, not HBM time), while a merge reads
+    `MERGE_CHUNK` splits a step.
 
     Heads: blocks of up to 32 (`BLOCK_H`), of 16 for a single wide-latent sequence on CUDA
     (`_SINGLE_SEQUENCE_BLOCK_H`).
@@ -129,7 +138,8 @@ def mla_decode_config(
     chunks = _PIPELINED_WIDE_CHUNKS if (block_n, num_warps, num_stages) == (64, 8, 5) else 1
     head_blocks = -(-heads // block_h)
     programs = n * head_blocks
-    longest = max(capacity // _MIN_SPLIT_TOKENS, min(capacity // block_n, MERGE_CHUNK))
+    one_tile = min(-(-capacity // block_n), _ONE_TILE_SPLITS if n == 1 else MERGE_CHUNK)
+    longest = max(capacity // _MIN_SPLIT_TOKENS, one_tile)
     splits = max(1, min(_PROGRAMS_PER_SM * num_sms // programs, longest, _MAX_SPLITS))
     fused = (
         splits > 1
