@@ -267,6 +267,8 @@ def test_default_config_depends_on_shapes_only():
     assert mla_decode_config(1, 32, 512, 200, sms).num_splits == 4
     assert mla_decode_config(1, 32, 512, 1066, sms).num_splits == 17
     assert mla_decode_config(2, 32, 512, 1066, sms).num_splits == 16
+    # The capacity's tiles rounded up: 200 tokens are 4 tiles, for several sequences too.
+    assert mla_decode_config(2, 32, 512, 200, sms).num_splits == 4
     assert mla_decode_config(1, 32, 512, 63, sms).num_splits == 1
     # A full wave of (sequence, head block) programs: no split, no merge kernel.
     assert mla_decode_config(132, 32, 512, 32768, sms).num_splits == 1
@@ -339,6 +341,20 @@ def test_entry_point_merges_in_one_launch_with_counters(launches, monkeypatch):
     two = mla_decode_paged(kv_cache=poisoned, **args)
     assert launches == {"_mla_decode_split_kernel": 2, "_mla_decode_merge_kernel": 1}
     assert torch.equal(one, two) and not counters.any()
+    check(one, mla_decode_paged_ref(kv_cache=clean, **args), torch.float32)
+
+
+def test_entry_point_one_sequence_past_one_merge_chunk(launches, monkeypatch):
+    """The default launch of one 1050-token sequence in a 1072-token table: 17 one-tile splits,
+    one more than a merge chunk, so both merges take a second step; against the reference."""
+    monkeypatch.setattr(op_module, "num_sms", lambda device=None: 132)
+    args, clean, poisoned = make_case(1, 4, 32, 8, 16, [1050], 67, torch.float32, seed=11)
+    config = mla_decode_config(1, 4, 32, 67 * 16, 132, counters=DECODE_COUNTERS)
+    assert (config.num_splits, config.block_n, config.fused_merge) == (17, 64, True)
+    one = mla_decode_paged(kv_cache=poisoned, counters=counters_for(), **args)
+    two = mla_decode_paged(kv_cache=poisoned, **args)
+    assert launches == {"_mla_decode_split_kernel": 2, "_mla_decode_merge_kernel": 1}
+    assert torch.equal(one, two)
     check(one, mla_decode_paged_ref(kv_cache=clean, **args), torch.float32)
 
 
