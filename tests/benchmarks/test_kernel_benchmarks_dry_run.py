@@ -136,6 +136,24 @@ def test_gemv_dry_run_with_a_config_sweep(triton_launches, tmp_path: Path) -> No
     assert triton_launches["_gemv_split_reduce_kernel"] > 0
 
 
+def test_gemv_batched_dry_run(triton_launches, tmp_path: Path, capsys) -> None:
+    import json
+
+    import benchmark_gemv_batched
+
+    out = tmp_path / "batched.json"
+    argv = ["--dry-run", "--m", "1", "3", "--configs", "default", "8,32,4,1,1",
+            "--output-json", str(out)]  # fmt: skip
+    assert benchmark_gemv_batched.main(argv) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["m"], r["config"]) for r in rows] == [
+        (m, c) for m in (1, 3) for c in ("bmm", "default", "8,32,4,1,1")
+    ]
+    assert all(r["us"] > 0 for r in rows) and rows[2]["block_n"] == 8
+    assert triton_launches["_gemv_kernel"] > 0  # the interpreted kernel, not the reference
+    assert "tiny M=3: best GEMV" in capsys.readouterr().out
+
+
 def test_gemv_suggested_threshold_follows_the_crossover() -> None:
     import benchmark_gemv
 

@@ -30,7 +30,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 import vllm.models.kimi_k3.amd.ops.fused_kda_decode as kda_decode_module
 import vllm.models.kimi_k3.amd.ops.mla_decode as mla_decode_module
-from vllm.model_executor.kernels.linear.gemv import gemv, gemv_fp8, gemv_fp32
+from vllm.model_executor.kernels.linear.gemv import gemv, gemv_batched, gemv_fp8, gemv_fp32
 from vllm.model_executor.kernels.linear.gemv_config import GemvConfig
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.fused_moe.experts_triton import moe_experts_triton
@@ -87,12 +87,12 @@ KERNELS = {
 MAX_VARIANTS = 8
 # The grouped experts' gate/up kernel 10 (decode and prefill tiles, pointer and TMA loads, at
 # two TOPK); the GEMV's one kernel runs two algorithms (multiply-and-sum, tl.dot) on three weight
-# dtypes; the KDA decode epilogue 9 (norm, quantized, shift-only; three shift tiles; chunked
-# norm), its main kernel 13 (8 launches without the gate projections, one of them with the state
-# evicted first, 5 with them); the MLA decode split kernel 10 (4 with one latent chunk, 6 with 2
-# or 4).
+# dtypes, and batched (MLA's absorbs: 5 more); the KDA decode epilogue 9 (norm, quantized,
+# shift-only; three shift tiles; chunked norm), its main kernel 13 (8 launches without the gate
+# projections, one of them with the state evicted first, 5 with them); the MLA decode split
+# kernel 10 (4 with one latent chunk, 6 with 2 or 4).
 MAX_VARIANTS_OF = {
-    "_gemv_kernel": 20, "_kda_decode_epilogue_kernel": 10, "_fused_kda_decode_kernel": 13,
+    "_gemv_kernel": 29, "_kda_decode_epilogue_kernel": 10, "_fused_kda_decode_kernel": 13,
     "_mla_decode_split_kernel": 10, "_moe_grouped_gate_up_kernel": 10,
 }  # fmt: skip
 
@@ -391,6 +391,18 @@ def _drive_ops() -> None:
     x = torch.randn(2, 64, generator=gen).to(torch.bfloat16)
     for config in (GemvConfig(8, 32, split_k=3), GemvConfig(16, 64, use_dot=True)):
         gemv(x, torch.randn(24, 64, generator=gen).to(torch.bfloat16), config=config)
+    # MLA's absorbed W_UK [32, 512, 128] and W_UV [32, 128, 512] at 1 and 8 rows, at the H200's
+    # configs (batched_config with 132 SMs), and a K tail at the default.
+    for n, k, h200 in ((512, 128, GemvConfig(32, 128, num_stages=1)),
+                       (128, 512, GemvConfig(8, 512, num_stages=1))):  # fmt: skip
+        w = torch.randn(32, n, k, generator=gen).to(torch.bfloat16)
+        for m in (1, 8):
+            x = torch.randn(m, 32, k, generator=gen).to(torch.bfloat16).transpose(0, 1)
+            gemv_batched(x, w, config=h200)
+    gemv_batched(
+        torch.randn(3, 2, 40, generator=gen).to(torch.bfloat16),
+        torch.randn(3, 24, 40, generator=gen).to(torch.bfloat16),
+    )
 
     # The fused router at Kimi-Linear's sizes (bf16 x, 256 experts top-8 + 1 shared, sigmoid,
     # bias) at T = 1 and 4, a swept config, then a small grouped softmax one in fp32.
@@ -608,7 +620,8 @@ def test_the_decode_launches_reach_the_load_order_check():
     """The recorded launches include each decode-size path that `_loads_before_barrier` checks
     (so a path no op takes any more cannot leave its check vacuous): the one-token router with
     and without the norm, the one-token gate/up, the one-step GEMV at one and two rows, the
-    RMSNorm over several warps, the cache write, the KDA decode at batch 1."""
+    RMSNorm over several warps, the cache write, the KDA decode at batch 1, MLA's absorbed
+    products."""
     checked = [launch for launch in _launches() if "loads_before_barrier" in launch]
 
     def has(kernel, **args):
@@ -621,6 +634,8 @@ def test_the_decode_launches_reach_the_load_order_check():
     assert has("_fused_router_topk_kernel", HAS_NORM=True, BLOCK_T=1)
     assert has("_moe_gate_up_kernel", HIDDEN=2304)
     assert has("_gemv_kernel", BLOCK_M=1, BLOCK_K=4096) and has("_gemv_kernel", BLOCK_M=2)
+    assert has("_gemv_kernel", BATCHED=True, BLOCK_M=1, BLOCK_K=128)  # MLA's W_UK at batch 1
+    assert has("_gemv_kernel", BATCHED=True, BLOCK_M=1, BLOCK_K=512)  # and W_UV
     assert has("_rms_norm_kernel") and has("_mla_cache_write_kernel")
     assert has("_fused_kda_decode_kernel", RANK_F=128, BLOCK_V=16)  # the engine's batch 1
 

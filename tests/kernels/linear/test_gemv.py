@@ -21,6 +21,8 @@ from vllm.model_executor.kernels.linear import gemv as gemv_op
 from vllm.model_executor.kernels.linear import gemv_config as gemv_cfg
 from vllm.model_executor.kernels.linear.gemv import (
     gemv,
+    gemv_batched,
+    gemv_batched_ref,
     gemv_fp8,
     gemv_fp8_ref,
     gemv_ref,
@@ -562,6 +564,146 @@ def test_gpu_cuda_graph_replay_equals_eager(config):
     torch.cuda.synchronize()
     assert torch.equal(captured[0], eager[0])  # deterministic: bit for bit
     assert torch.equal(captured[1], eager[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# Batched: one weight per batch (MLA's absorbed per-head W_UK / W_UV)
+# ---------------------------------------------------------------------------------------------
+
+
+def batched_case(batch: int, m: int, n: int, k: int, device: str, seed: int):
+    """x as the transposed view MLA passes (`[h, Nd, in]` of `[Nd, h, in]` rows, wider than K),
+    weight `[B, N, K]` contiguous."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    rows = torch.randn(m, batch, k + 8, generator=gen, device=device).to(torch.bfloat16)
+    w = (torch.randn(batch, n, k, generator=gen, device=device) * k**-0.5).to(torch.bfloat16)
+    return rows[..., :k].transpose(0, 1), w
+
+
+def assert_batched_within_bound(out, x, w):
+    for b in range(x.shape[0]):
+        assert_within_bound(out[b], x[b], w[b])
+
+
+# Interpreter configs: the default, tails in N and K, one warp with 2-channel blocks.
+BATCHED_CONFIGS = {
+    "default": None,
+    "tails": GemvConfig(block_n=8, block_k=32, num_stages=1),
+    "narrow": GemvConfig(block_n=2, block_k=64, num_warps=1, num_stages=1),
+}
+
+
+@pytest.mark.parametrize("config", list(BATCHED_CONFIGS))
+@pytest.mark.parametrize("m", [1, 3, 17])
+def test_batched_gemv_matches_exact_per_batch(triton_launches, config, m):
+    # 17 rows: two M blocks. Into a fresh tensor and through `out`, a transposed view.
+    x, w = batched_case(3, m, 20, 40, DEVICE, seed=40 + m)
+    out = gemv_batched(x, w, config=BATCHED_CONFIGS[config])
+    assert out.shape == (3, m, 20) and out.dtype == torch.bfloat16
+    assert_batched_within_bound(out, x, w)
+    rows = torch.full((m, 3, 20), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    written = gemv_batched(x, w, out=rows.transpose(0, 1), config=BATCHED_CONFIGS[config])
+    assert written.data_ptr() == rows.data_ptr()
+    assert torch.equal(rows.transpose(0, 1), out)
+    assert triton_launches["_gemv_kernel"] == 2
+    assert triton_launches["_gemv_split_reduce_kernel"] == 0
+
+
+def test_batched_cpu_without_interpreter_and_empty(monkeypatch, triton_launches):
+    x, w = batched_case(2, 3, 12, 40, "cpu", seed=50)
+    assert torch.equal(gemv_batched(x[:, :0], w).reshape(-1), torch.empty(0))
+    no_k = torch.full((2, 3, 12), 1.0, dtype=torch.bfloat16)
+    assert not gemv_batched(x[..., :0], w[..., :0], out=no_k).any()  # K = 0: the empty sum
+    assert triton_launches["_gemv_kernel"] == 0
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    out = torch.empty(3, 2, 12, dtype=torch.bfloat16).transpose(0, 1)
+    assert torch.equal(gemv_batched(x, w, out=out), gemv_batched_ref(x, w))
+    assert torch.equal(out, gemv_batched_ref(x, w))
+    assert triton_launches["_gemv_kernel"] == 0
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda x, w, o: (x[0], w, o), r"x must be \[B, M, K\]"),
+        (lambda x, w, o: (x, w[:1], o), r"x must be \[B, M, K\]"),
+        (lambda x, w, o: (x, w[..., :8], o), r"x must be \[B, M, K\]"),
+        (lambda x, w, o: (x.float(), w.float(), o), "share one dtype"),
+        (lambda x, w, o: (x, w.mT.contiguous().mT, o), "unit stride"),
+        (lambda x, w, o: (x, w, o[:, :2]), r"out must be torch.bfloat16 \(2, 3, 12\)"),
+        (lambda x, w, o: (x, w, o.half()), "out must be torch.bfloat16"),
+        (lambda x, w, o: (x, w, o.mT.contiguous().mT), "unit stride on N"),
+    ],
+)
+def test_batched_argument_errors(change, message):
+    x, w = batched_case(2, 3, 12, 16, "cpu", seed=51)
+    out = torch.empty(2, 3, 12, dtype=torch.bfloat16)
+    x, w, out = change(x, w, out)
+    with pytest.raises(ValueError, match=message):
+        gemv_batched(x, w, out=out)
+
+
+def test_batched_config_errors(triton_launches):
+    x, w = batched_case(2, 1, 12, 16, DEVICE, seed=52)
+    for config, message in [
+        (GemvConfig(block_n=8, block_k=32, split_k=2), "without K splits"),
+        (GemvConfig(block_n=16, block_k=32, use_dot=True), "without K splits"),
+        (GemvConfig(block_n=6, block_k=32), "block_n must be a positive power of two"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            gemv_batched(x, w, config=config)
+    assert triton_launches["_gemv_kernel"] == 0
+
+
+def test_batched_default_config_fills_the_h200(monkeypatch):
+    # One step over the whole K, channels halved until 132 SMs hold two programs each.
+    monkeypatch.setattr(gemv_cfg, "num_sms", lambda: 132)
+    gemv_cfg.batched_config.cache_clear()
+    try:
+        uk = gemv_cfg.batched_config(32, 1, 512, 128, 2)  # W_UK: [32, 512, 128]
+        uv = gemv_cfg.batched_config(32, 1, 128, 512, 2)  # W_UV: [32, 128, 512]
+        few = gemv_cfg.batched_config(1, 1, 4, 64, 2)
+        rows = gemv_cfg.batched_config(32, 8, 128, 512, 2)
+    finally:
+        gemv_cfg.batched_config.cache_clear()
+    assert (uk.block_n, uk.block_k, uk.split_k, uk.use_dot) == (32, 128, 1, False)
+    assert (uv.block_n, uv.block_k) == (8, 512)
+    assert (few.block_n, few.block_k) == (2, 64)
+    assert (rows.block_n, rows.block_k) == (8, 512)  # 4096-weight steps above one row
+
+
+def test_batched_dispatch(monkeypatch):
+    x, w = batched_case(2, 3, 12, 16, "cpu", seed=53)
+    assert not gemv_cfg.use_batched_gemv(x, w)  # not on a GPU
+    monkeypatch.setattr(gemv_cfg.current_platform, "is_cuda", lambda: True)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    assert gemv_cfg.use_batched_gemv(x, w)
+    big = x.new_zeros(2, gemv_cfg.BATCHED_GEMV_MAX_M + 1, 16)
+    assert gemv_cfg.use_batched_gemv(big[:, :-1], w)
+    assert not gemv_cfg.use_batched_gemv(big, w)
+    assert not gemv_cfg.use_batched_gemv(x.float(), w.float())
+    assert not gemv_cfg.use_batched_gemv(x, w.mT.contiguous().mT)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 4, 8, 16])
+@pytest.mark.parametrize("shape", [(512, 128), (128, 512)], ids=["w_uk", "w_uv"])
+def test_gpu_batched_mla_absorb_shapes(m, shape):
+    n, k = shape
+    x, w = batched_case(32, m, n, k, "cuda", seed=m + n)
+    assert_batched_within_bound(gemv_batched(x, w), x, w)
+    out = torch.empty(m, 32, n, dtype=torch.bfloat16, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        eager = gemv_batched(x, w)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gemv_batched(x, w, out=out.transpose(0, 1))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out.transpose(0, 1), eager)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -253,6 +253,35 @@ def test_absorbed_decode_equals_exact_decompressing_path(q_lora, triton_launches
             assert torch.equal(cache[1:], exact.mla_caches[0][1:])  # block 0: padded rows'
 
 
+def test_absorbed_products_take_the_batched_gemv_for_few_rows(monkeypatch, triton_launches):
+    """Where the dispatch sends them (few rows on a GPU; forced here, under the interpreter),
+    both per-head products run as one batched GEMV launch each and give what torch.bmm gives,
+    W_UV's written straight into the output rows."""
+    layer = KimiMLAAttention(KimiLinearConfig.from_dict(config()), params_dtype=torch.bfloat16)
+    gen = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+    layer.process_weights_after_loading()
+    harness = EngineHarness(SingleLayer(layer, torch.bfloat16), num_blocks=32, block_size=BLOCK)
+    layer.bind_kv_cache(harness.mla_caches[0])
+    x = torch.randn(9, H, generator=gen).to(torch.bfloat16)
+    with torch.no_grad():
+        layer(x, harness.schedule({0: 5, 1: 4}).mla)
+        step = harness.schedule({0: 1, 1: 1}).mla
+        q = torch.randn(2, HEADS, 24, generator=gen).to(torch.bfloat16)
+        outs = {}
+        for gemv in (False, True):
+            monkeypatch.setattr(mla_module, "use_batched_gemv", lambda x, w, gemv=gemv: gemv)
+            before = triton_launches["_gemv_kernel"]
+            outs[gemv] = torch.full((2, HEADS, 16), float("nan"), dtype=torch.bfloat16)
+            layer._decode(q, harness.mla_caches[0], step, outs[gemv])
+            assert triton_launches["_gemv_kernel"] - before == 2 * gemv
+    # The same fp32 sums (16 and 32 terms) in another order, each rounded once to bf16: at most
+    # about one bf16 ulp apart (equal here on the CPU).
+    torch.testing.assert_close(outs[True], outs[False], rtol=2**-7, atol=1e-3)
+
+
 def test_layer_owns_its_decode_counters(monkeypatch):
     """Each layer holds its own zeroed arrival counters for the decode kernel's one-launch merge
     (on the layer's device, not a checkpoint tensor) and hands them to every decode."""
@@ -338,6 +367,10 @@ def test_gpu_kimi_linear_decode_step_kernels(batch):
         expected = layer(step, exact.schedule(decodes, decodes=False).mla)
     names = [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
     assert sum("_mla_cache_write_kernel" in n for n in names) == 1, names
+    # W_UK and W_UV as batched GEMVs (up to BATCHED_GEMV_MAX_M rows), plus the bf16 o_proj's
+    # GEMV at one row.
+    assert sum("_gemv_kernel" in n for n in names) == 2 + (batch == 1), names
+    assert not [n for n in names if "gemm" in n.lower() and "bmm" in n.lower()], names
     banned = re.compile(r"rms_norm|CatArray|index_put|index_elementwise|[Mm]emcpy|copy_kernel")
     assert not [n for n in names if banned.search(n)], names
     assert torch.equal(absorbed.mla_caches[0][1:], exact.mla_caches[0][1:])

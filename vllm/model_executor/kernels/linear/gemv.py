@@ -24,6 +24,11 @@ Ops (each with its torch reference beside it; CPU tensors use the reference unle
     ``weight`` ``[N, K]`` FP8 codes of a's dtype, ``w_scale`` ``[N, 1]`` (or ``[N]`` / ``[1, N]``)
     fp32, ``bias`` ``[N]`` or None; returns ``[M, N]`` in ``out_dtype`` (bf16 / fp16 / fp32).
     Reference: ``gemv_fp8_ref`` (what ``dequantized_matmul`` in scaled_mm/pytorch.py computes).
+``gemv_batched(x, weight, out=None)``
+    ``x`` ``[B, M, K]`` bf16 / fp16, ``weight`` ``[B, N, K]`` in x's dtype; returns (or writes into
+    ``out``) ``[B, M, N]`` in x's dtype: the same kernel over B weights, the batch on the grid's
+    third axis (MLA's absorbed per-head ``W_UK`` / ``W_UV`` at decode). Reference:
+    ``gemv_batched_ref`` (``torch.bmm`` in fp32).
 ``gemv_fp32(x, weight)``
     ``x`` ``[M, K]`` bf16 / fp16 / fp32, ``weight`` ``[N, K]`` fp32; returns ``[M, N]`` fp32.
     Reference: ``gemv_fp32_ref`` (``F.linear(x.float(), weight)``). x is converted in registers:
@@ -72,6 +77,7 @@ from vllm.model_executor.kernels.linear.gemv_config import (
     MAX_GRID_Y,
     GemvConfig,
     auto_split_k,
+    batched_config,
     block_rows,
     default_config,
 )
@@ -90,6 +96,8 @@ except ImportError:  # CPU-only installs without Triton use the torch references
 
 __all__ = [
     "gemv",
+    "gemv_batched",
+    "gemv_batched_ref",
     "gemv_fp32",
     "gemv_fp32_ref",
     "gemv_fp8",
@@ -156,21 +164,29 @@ if triton is not None:
     @triton.jit
     def _gemv_kernel(
         x_ptr, w_ptr, out_ptr, x_scale_ptr, w_scale_ptr, bias_ptr,
-        M, N, K, stride_xm, stride_wn, stride_om, k_per_split,
+        M, N, K, stride_xm, stride_wn, stride_om, k_per_split, stride_xb, stride_wb, stride_ob,
         HAS_SCALES: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
         EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, FP8_MMA: tl.constexpr,
-        BF16X3: tl.constexpr,
+        BF16X3: tl.constexpr, BATCHED: tl.constexpr,
         PDL: tl.constexpr = False,
     ):  # fmt: skip
         pdl_wait(PDL)
-        # Program (M block, N block, K split). PARTIAL: write fp32 sums to out_ptr's
-        # [SPLIT_K, M, N] buffer for _gemv_split_reduce_kernel instead of the epilogue.
+        # Program (M block, N block, K split), or with BATCHED (M block, N block, batch) over
+        # the whole K. PARTIAL: write fp32 sums to out_ptr's [SPLIT_K, M, N] buffer for
+        # _gemv_split_reduce_kernel instead of the epilogue.
         m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         m_ok = m < M
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = n < N
-        k_lo = tl.program_id(2) * k_per_split
+        if BATCHED:
+            batch = tl.program_id(2).to(tl.int64)
+            x_ptr += batch * stride_xb
+            w_ptr += batch * stride_wb
+            out_ptr += batch * stride_ob
+            k_lo = 0
+        else:
+            k_lo = tl.program_id(2) * k_per_split
         kk = tl.arange(0, BLOCK_K)
         # Padded rows and channels address row 0 under a false mask: no address leaves a tensor.
         w_rows = w_ptr + tl.where(n_ok, n, 0).to(tl.int64)[:, None] * stride_wn
@@ -287,13 +303,14 @@ def _launch_specs(
     fp8_mma: bool,
     bf16x3: bool,
     pdl: bool,
+    batched: bool = False,
 ) -> tuple[LaunchSpec, LaunchSpec | None]:
     """Cached ``LaunchSpec`` s (they hold the compiled kernels) of the main and reduce kernels."""
     main = LaunchSpec(
         HAS_SCALES=has_scales, HAS_BIAS=has_bias, PARTIAL=config.split_k > 1, EVEN_K=even_k,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        USE_DOT=config.use_dot, FP8_MMA=fp8_mma, BF16X3=bf16x3, num_warps=config.num_warps,
-        num_stages=config.num_stages, **pdl_options(pdl),
+        USE_DOT=config.use_dot, FP8_MMA=fp8_mma, BF16X3=bf16x3, BATCHED=batched,
+        num_warps=config.num_warps, num_stages=config.num_stages, **pdl_options(pdl),
     )  # fmt: skip
     if config.split_k == 1:
         return main, None
@@ -352,7 +369,7 @@ def _launch(
     launch(
         _gemv_kernel, grid,
         (x, weight, target, xs, ws, b, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
-         k_per_split),
+         k_per_split, 0, 0, 0),
         main,
     )  # fmt: skip
     if reduce is not None:
@@ -361,6 +378,41 @@ def _launch(
             (target, out, xs, ws, b, m, n, out.stride(0)),
             reduce,
         )  # fmt: skip
+
+
+def _launch_batched(
+    x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, config: GemvConfig | None
+) -> None:
+    batch, m, k = x.shape
+    n = weight.shape[1]
+    if config is None:
+        config = batched_config(batch, m, n, k, weight.element_size())
+    else:
+        config.check()
+        if config.split_k != 1 or config.use_dot:
+            raise ValueError(
+                f"a batched launch takes multiply-and-sum configs without K splits, got "
+                f"split_k={config.split_k}, use_dot={config.use_dot}"
+            )
+    block_m = block_rows(config, m)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, config.block_n), batch)
+    if max(grid[1:]) > MAX_GRID_Y:
+        raise ValueError(
+            f"{grid[1]} N blocks of {config.block_n} by {batch} batches: CUDA's second and third "
+            f"axes hold {MAX_GRID_Y}"
+        )
+    main, _ = _launch_specs(
+        config, block_m, False, False, k % config.block_k == 0, False, False, use_pdl(x.device),
+        batched=True,
+    )  # fmt: skip
+    # The scale and bias pointers get `out`, never read (HAS_SCALES / HAS_BIAS off).
+    launch(
+        _gemv_kernel, grid,
+        (x, weight, out, out, out, out, m, n, k, x.stride(1), weight.stride(1), out.stride(1),
+         triton.cdiv(k, config.block_k) * config.block_k, x.stride(0), weight.stride(0),
+         out.stride(0)),
+        main,
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -372,6 +424,11 @@ def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
     """``x @ weight^T + bias`` in fp32, rounded once to x's dtype."""
     b = bias.float() if bias is not None else None
     return F.linear(x.float(), weight.float(), b).to(x.dtype)
+
+
+def gemv_batched_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x[b] @ weight[b]^T`` for each batch in fp32, rounded once to x's dtype."""
+    return torch.bmm(x.float(), weight.float().transpose(1, 2)).to(x.dtype)
 
 
 def gemv_fp32_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -471,6 +528,66 @@ def gemv(
         _launch(x, weight, out, None, None, bias, config)
     elif out.numel():
         out.copy_(gemv_ref(x, weight, bias))  # K == 0: the bias alone
+    return out
+
+
+def _check_batched(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None) -> None:
+    if (
+        x.dim() != 3
+        or weight.dim() != 3
+        or x.shape[0] != weight.shape[0]
+        or x.shape[2] != weight.shape[2]
+    ):
+        raise ValueError(
+            f"x must be [B, M, K] and weight [B, N, K], got {tuple(x.shape)} and "
+            f"{tuple(weight.shape)}"
+        )
+    if x.dtype not in _FLOAT_DTYPES or weight.dtype != x.dtype:
+        raise ValueError(
+            f"x and weight must share one dtype of {[str(d) for d in _FLOAT_DTYPES]}, got "
+            f"{x.dtype} and {weight.dtype}"
+        )
+    if x.device != weight.device:
+        raise ValueError(f"x and weight must be on one device, got {x.device} and {weight.device}")
+    if x.shape[2] > 1 and (x.stride(2) != 1 or weight.stride(2) != 1):
+        raise ValueError(
+            f"x and weight must have unit stride on K, got strides {x.stride()} and "
+            f"{weight.stride()}"
+        )
+    if out is None:
+        return
+    shape = (x.shape[0], x.shape[1], weight.shape[1])
+    if out.shape != shape or out.dtype != x.dtype or out.device != x.device:
+        raise ValueError(
+            f"out must be {x.dtype} {shape} on {x.device}, got {out.dtype} {tuple(out.shape)} on "
+            f"{out.device}"
+        )
+    if shape[2] > 1 and out.stride(2) != 1:
+        raise ValueError(f"out must have unit stride on N, got strides {out.stride()}")
+
+
+def gemv_batched(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    config: GemvConfig | None = None,
+) -> torch.Tensor:
+    """``x[b] @ weight[b]^T`` for each ``b``: ``x`` ``[B, M, K]`` bf16 / fp16 and ``weight``
+    ``[B, N, K]`` of its dtype, unit stride on K (any other strides); ``[B, M, N]`` in x's dtype,
+    written into ``out`` when given (any strides with unit stride on N: a transposed view of the
+    caller's rows takes the product in place). One launch, the batch on the grid's third axis.
+    ``config`` overrides ``batched_config`` (multiply-and-sum, no K splits)."""
+    _check_batched(x, weight, out)
+    if not use_triton(x.device):
+        ref = gemv_batched_ref(x, weight)
+        return ref if out is None else out.copy_(ref)
+    if out is None:
+        out = torch.empty(x.shape[0], x.shape[1], weight.shape[1], dtype=x.dtype, device=x.device)
+    if out.numel() and x.shape[2]:
+        _launch_batched(x, weight, out, config)
+    elif out.numel():
+        out.zero_()  # K == 0: the empty sum
     return out
 
 

@@ -41,6 +41,7 @@ from vllm.platforms import current_platform
 from vllm.triton_utils import next_power_of_2, num_sms
 
 __all__ = [
+    "BATCHED_GEMV_MAX_M",
     "BF16_DOT_MAX_M",
     "BF16_GEMV_MAX_M",
     "BF16_GEMV_MAX_WEIGHT_NUMEL",
@@ -50,8 +51,10 @@ __all__ = [
     "MAX_GRID_Y",
     "GemvConfig",
     "auto_split_k",
+    "batched_config",
     "block_rows",
     "default_config",
+    "use_batched_gemv",
     "use_bf16_gemv",
     "use_fp8_gemv",
 ]
@@ -80,6 +83,9 @@ FP8_GEMV_MAX_WEIGHT_NUMEL = 16 * 2**20
 # at most FP8_GEMV_MAX_WEIGHT_NUMEL elements here too.
 BF16_DOT_MAX_M = 0
 FP8_DOT_MAX_M = 128
+# Rows up to which MLA's absorbed per-head products (`W_UK` [32, 512, 128], `W_UV` [32, 128, 512]
+# at decode) take gemv_batched rather than torch.bmm.
+BATCHED_GEMV_MAX_M = 8
 
 _X_DTYPES = (torch.bfloat16, torch.float16)  # activations of the bf16 / fp16 GEMV
 _MAX_BLOCK_M = 16  # rows per program; larger M takes more M blocks (the weight then from L2)
@@ -199,6 +205,21 @@ def default_config(m: int, n: int, k: int, weight_bytes: int, bf16_x: bool = Fal
     return replace(config, split_k=auto_split_k(m, n, k, config))
 
 
+@cache
+def batched_config(batch: int, m: int, n: int, k: int, weight_bytes: int) -> GemvConfig:
+    """The launch shape of ``gemv_batched`` for ``batch`` products ``[m, k] @ [n, k]^T`` with
+    ``weight_bytes`` per weight element: the default's step of weights per program (8192 at one
+    row, 4096 above; the whole K in one step for K up to it, as the MLA absorbs' 128 and 512),
+    channels filling the step, halved while the grid holds fewer than two programs per SM."""
+    step = _STEP_ELEMENTS.get(m, min(_STEP_ELEMENTS.values())) * _TILE_CHANNELS
+    block_k = max(64, min(step, next_power_of_2(k)))
+    block_n = max(_TILE_CHANNELS, min(step // block_k, next_power_of_2(n)))
+    rows = _cdiv(m, min(_MAX_BLOCK_M, next_power_of_2(m)))
+    while block_n > _TILE_CHANNELS and batch * _cdiv(n, block_n) * rows < 2 * num_sms():
+        block_n //= 2
+    return GemvConfig(block_n, block_k, num_warps=4, num_stages=1)
+
+
 def _fitting_block_n(block_n: int, n: int) -> int:
     """`block_n`, doubled until the N blocks fit a grid's second axis (the LM head's 163840
     channels take 4 where 2 would need 81920 blocks)."""
@@ -245,6 +266,21 @@ def use_fp8_gemv(m: int, weight: torch.Tensor) -> bool:
     """Whether the rowwise FP8 kernel sends ``m`` rows against ``weight`` to ``gemv_fp8``."""
     max_m = max(FP8_GEMV_MAX_M, FP8_DOT_MAX_M)
     return 0 < m <= max_m and weight.numel() <= FP8_GEMV_MAX_WEIGHT_NUMEL
+
+
+def use_batched_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``x`` ``[B, M, K]`` against ``weight`` ``[B, N, K]`` goes to ``gemv_batched``
+    rather than ``torch.bmm``: an NVIDIA GPU, bf16 / fp16 of one dtype, unit stride on K, 1..
+    ``BATCHED_GEMV_MAX_M`` rows."""
+    return (
+        x.is_cuda
+        and current_platform.is_cuda()
+        and x.dtype in _X_DTYPES
+        and weight.dtype == x.dtype
+        and 0 < x.shape[1] <= BATCHED_GEMV_MAX_M
+        and x.stride(-1) == 1
+        and weight.stride(-1) == 1
+    )
 
 
 def use_bf16_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -23,9 +23,11 @@ see that module).
 Attention, decodes first like KDA (`MLAMetadata`):
 - decode rows run in the weight-absorbed form over the paged cache: `q_latent = q_nope @ W_UK` per
   head, `mla_decode_paged` (a Triton kernel on GPU, the torch reference on CPU) with the block
-  tables and lengths as device tensors, then `o_latent @ W_UV` per head, written by the bmm
-  straight into the output rows (no copy). `W_UK` / `W_UV` are `kv_b_proj`'s (dequantized) weight
-  split per head, derived once in `process_weights_after_loading`. The layer owns the kernel's
+  tables and lengths as device tensors, then `o_latent @ W_UV` per head, written straight into
+  the output rows (no copy). Both per-head products take the batched GEMV
+  (`vllm/model_executor/kernels/linear/gemv.py`) up to `BATCHED_GEMV_MAX_M` sequences, torch.bmm
+  above. `W_UK` / `W_UV` are `kv_b_proj`'s (dequantized) weight split per head, `[h, out, in]`,
+  derived once in `process_weights_after_loading`. The layer owns the kernel's
   arrival counters (`decode_counters`), so the launches whose splits are few (2 splits of 32
   heads: batches of about 45-66 sequences on an H200) merge them in the same launch. No
   host sync and no loop over sequences: capturable.
@@ -46,6 +48,8 @@ from dataclasses import dataclass
 import torch
 
 from vllm.distributed import get_tensor_model_parallel_world_size
+from vllm.model_executor.kernels.linear.gemv import gemv_batched
+from vllm.model_executor.kernels.linear.gemv_config import use_batched_gemv
 from vllm.model_executor.layers.fusion.quant_activation import (
     QuantizedActivation,
     get_input_quant_key,
@@ -68,6 +72,16 @@ from vllm.models.kimi_k3.amd.ops.mla_prefill import (
 )
 from vllm.transformers_utils.configs import KimiLinearConfig
 from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+
+def _per_head(
+    x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`x[h] @ weight[h]^T` per head: `x` `[h, Nd, in]`, `weight` `[h, out, in]`; the batched
+    GEMV for a few rows (it reads each head's weight once, with PDL), torch.bmm for more."""
+    if use_batched_gemv(x, weight):
+        return gemv_batched(x, weight, out=out)
+    return torch.bmm(x, weight.transpose(1, 2), out=out)
 
 
 @dataclass
@@ -176,8 +190,9 @@ class KimiMLAAttention(torch.nn.Module):
         eye = torch.eye(self.kv_lora, dtype=dtype, device=self.kv_a_layernorm.weight.device)
         with torch.no_grad():
             w = self.kv_b_proj(eye)[0].view(self.kv_lora, self.heads, self.nope + self.v_dim)
-        self.w_uk = w[..., : self.nope].permute(1, 2, 0).contiguous()
-        self.w_uv = w[..., self.nope :].permute(1, 0, 2).contiguous()
+        # Both [h, out, in] with `in` contiguous: each head's weight as a GEMV reads it.
+        self.w_uk = w[..., : self.nope].permute(1, 0, 2).contiguous()  # [h, L, nope]
+        self.w_uv = w[..., self.nope :].permute(1, 2, 0).contiguous()  # [h, v, L]
 
     # -- forward --------------------------------------------------------------------------------
 
@@ -233,14 +248,14 @@ class KimiMLAAttention(torch.nn.Module):
         if self.w_uk is None:
             raise RuntimeError(f"{self.prefix}: process_weights_after_loading was not called")
         q_nope, q_pe = q[..., : self.nope], q[..., self.nope :]
-        q_latent = torch.bmm(q_nope.transpose(0, 1), self.w_uk).transpose(0, 1)  # [Nd, h, L]
+        q_latent = _per_head(q_nope.transpose(0, 1), self.w_uk).transpose(0, 1)  # [Nd, h, L]
         o_latent = mla_decode_paged(
             q_latent, q_pe, kv_cache, md.decode_block_tables, md.decode_seq_lens, self.scale,
             self.decode_counters,
         )  # fmt: skip
-        # Written through out's [h, Nd, v] view: cuBLAS takes its strides as they are, so the
-        # product lands in the output rows with no copy after it.
-        torch.bmm(o_latent.transpose(0, 1), self.w_uv, out=out.transpose(0, 1))
+        # Written through out's [h, Nd, v] view (both products take its strides as they are),
+        # so it lands in the output rows with no copy after it.
+        _per_head(o_latent.transpose(0, 1), self.w_uv, out=out.transpose(0, 1))
 
     def _attend(self, q: torch.Tensor, cached: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
         """`q` `[Lq, h, nope + rope]` of the last Lq positions of a sequence whose `ctx` cached
