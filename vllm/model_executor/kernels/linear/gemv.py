@@ -463,11 +463,24 @@ def _check_operands(
     bias: torch.Tensor | None,
     dtypes: tuple,
     weight_dtype: torch.dtype | None = None,
+    batched: bool = False,
 ) -> None:
-    """Shapes, devices and strides; ``weight_dtype`` None: the weight shares x's dtype."""
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+    """Shapes, devices and strides; ``weight_dtype`` None: the weight shares x's dtype;
+    ``batched``: ``[B, M, K]`` x and ``[B, N, K]`` weight (no bias)."""
+    if batched:
+        if x.dim() != 3 or weight.dim() != 3 or x.shape[0] != weight.shape[0]:
+            raise ValueError(
+                f"x must be [B, M, K] and weight [B, N, K], got {tuple(x.shape)} and "
+                f"{tuple(weight.shape)}"
+            )
+    elif x.dim() != 2 or weight.dim() != 2:
         raise ValueError(
             f"x must be [M, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}"
+        )
+    if x.shape[-1] != weight.shape[-1]:
+        raise ValueError(
+            f"x and weight must share K (the last dim), got {tuple(x.shape)} and "
+            f"{tuple(weight.shape)}"
         )
     if weight_dtype is not None:
         if x.dtype not in dtypes or weight.dtype != weight_dtype:
@@ -482,7 +495,7 @@ def _check_operands(
         )
     if x.device != weight.device:
         raise ValueError(f"x and weight must be on one device, got {x.device} and {weight.device}")
-    if x.shape[1] > 1 and (x.stride(1) != 1 or weight.stride(1) != 1):
+    if x.shape[-1] > 1 and (x.stride(-1) != 1 or weight.stride(-1) != 1):
         raise ValueError(
             f"x and weight must have unit stride on K, got strides {x.stride()} and "
             f"{weight.stride()}"
@@ -532,28 +545,7 @@ def gemv(
 
 
 def _check_batched(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None) -> None:
-    if (
-        x.dim() != 3
-        or weight.dim() != 3
-        or x.shape[0] != weight.shape[0]
-        or x.shape[2] != weight.shape[2]
-    ):
-        raise ValueError(
-            f"x must be [B, M, K] and weight [B, N, K], got {tuple(x.shape)} and "
-            f"{tuple(weight.shape)}"
-        )
-    if x.dtype not in _FLOAT_DTYPES or weight.dtype != x.dtype:
-        raise ValueError(
-            f"x and weight must share one dtype of {[str(d) for d in _FLOAT_DTYPES]}, got "
-            f"{x.dtype} and {weight.dtype}"
-        )
-    if x.device != weight.device:
-        raise ValueError(f"x and weight must be on one device, got {x.device} and {weight.device}")
-    if x.shape[2] > 1 and (x.stride(2) != 1 or weight.stride(2) != 1):
-        raise ValueError(
-            f"x and weight must have unit stride on K, got strides {x.stride()} and "
-            f"{weight.stride()}"
-        )
+    _check_operands(x, weight, None, _FLOAT_DTYPES, batched=True)
     if out is None:
         return
     shape = (x.shape[0], x.shape[1], weight.shape[1])
