@@ -87,12 +87,12 @@ KERNELS = {
 MAX_VARIANTS = 8
 # The grouped experts' gate/up kernel 10 (decode and prefill tiles, pointer and TMA loads, at
 # two TOPK); the GEMV's one kernel runs two algorithms (multiply-and-sum, tl.dot) on three weight
-# dtypes, and batched (MLA's absorbs: 5 more); the KDA decode epilogue 9 (norm, quantized,
+# dtypes, and batched (MLA's absorbs: 3 more); the KDA decode epilogue 9 (norm, quantized,
 # shift-only; three shift tiles; chunked norm), its main kernel 13 (8 launches without the gate
 # projections, one of them with the state evicted first, 5 with them); the MLA decode split
 # kernel 10 (4 with one latent chunk, 6 with 2 or 4).
 MAX_VARIANTS_OF = {
-    "_gemv_kernel": 29, "_kda_decode_epilogue_kernel": 10, "_fused_kda_decode_kernel": 13,
+    "_gemv_kernel": 27, "_kda_decode_epilogue_kernel": 10, "_fused_kda_decode_kernel": 13,
     "_mla_decode_split_kernel": 10, "_moe_grouped_gate_up_kernel": 10,
 }  # fmt: skip
 
@@ -391,15 +391,14 @@ def _drive_ops() -> None:
     x = torch.randn(2, 64, generator=gen).to(torch.bfloat16)
     for config in (GemvConfig(8, 32, split_k=3), GemvConfig(16, 64, use_dot=True)):
         gemv(x, torch.randn(24, 64, generator=gen).to(torch.bfloat16), config=config)
-    # MLA's absorbed W_UK [32, 512, 128] and W_UV [32, 128, 512] at 1 and 2 rows (the
-    # defaults), and a K tail.
-    for n, k in ((512, 128), (128, 512)):
-        w = torch.randn(32, n, k, generator=gen).to(torch.bfloat16)
-        for m in (1, 2):
-            x = torch.randn(m, 32, k, generator=gen).to(torch.bfloat16).transpose(0, 1)
-            gemv_batched(x, w)
+    # MLA's absorbed W_UK [32, 512, 128] and W_UV [32, 128, 512] at one row, at the H200's
+    # configs (batched_config with 132 SMs); a K tail at three rows.
+    for n, k, h200 in ((512, 128, GemvConfig(32, 128, num_stages=1)),
+                       (128, 512, GemvConfig(8, 512, num_stages=1))):  # fmt: skip
+        x = torch.randn(1, 32, k, generator=gen).to(torch.bfloat16).transpose(0, 1)
+        gemv_batched(x, torch.randn(32, n, k, generator=gen).to(torch.bfloat16), config=h200)
     gemv_batched(
-        torch.randn(3, 2, 40, generator=gen).to(torch.bfloat16),
+        torch.randn(3, 3, 40, generator=gen).to(torch.bfloat16),
         torch.randn(3, 24, 40, generator=gen).to(torch.bfloat16),
     )
 

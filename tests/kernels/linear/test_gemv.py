@@ -585,11 +585,11 @@ def assert_batched_within_bound(out, x, w):
         assert_within_bound(out[b], x[b], w[b])
 
 
-# Interpreter configs: the default, tails in N and K, one warp with 2-channel blocks.
+# Interpreter configs: the default, tails in N and K, one warp with 4-channel blocks.
 BATCHED_CONFIGS = {
     "default": None,
     "tails": GemvConfig(block_n=8, block_k=32, num_stages=1),
-    "narrow": GemvConfig(block_n=2, block_k=64, num_warps=1, num_stages=1),
+    "narrow": GemvConfig(block_n=4, block_k=64, num_warps=1, num_stages=1),
 }
 
 
@@ -655,15 +655,21 @@ def test_batched_config_errors(triton_launches):
     assert triton_launches["_gemv_kernel"] == 0
 
 
-def test_batched_default_config():
-    # One-row steps of 8192 weights: the whole K of both absorbs, channels filling the step.
-    uk = gemv_cfg.batched_config(1, 512, 128, 2)  # W_UK: [32, 512, 128]
-    uv = gemv_cfg.batched_config(2, 128, 512, 2)  # W_UV: [32, 128, 512]
-    assert (uk.block_n, uk.block_k, uk.split_k, uk.use_dot, uk.num_stages) == (64, 128, 1, False, 1)
-    assert (uv.block_n, uv.block_k) == (16, 512)
-    assert gemv_cfg.batched_config(1, 4, 64, 2).block_n == 4  # no wider than N
-    long_k = gemv_cfg.batched_config(1, 64, 16384, 2)  # K beyond one step: two steps
-    assert (long_k.block_n, long_k.block_k) == (2, 8192)
+def test_batched_default_config_fills_the_h200(monkeypatch):
+    # One step over the whole K, channels halved until 132 SMs hold two programs each.
+    monkeypatch.setattr(gemv_cfg, "num_sms", lambda: 132)
+    gemv_cfg.batched_config.cache_clear()
+    try:
+        uk = gemv_cfg.batched_config(32, 1, 512, 128, 2)  # W_UK: [32, 512, 128]
+        uv = gemv_cfg.batched_config(32, 1, 128, 512, 2)  # W_UV: [32, 128, 512]
+        few = gemv_cfg.batched_config(1, 1, 4, 64, 2)
+        rows = gemv_cfg.batched_config(32, 8, 128, 512, 2)
+    finally:
+        gemv_cfg.batched_config.cache_clear()
+    assert (uk.block_n, uk.block_k, uk.split_k, uk.use_dot, uk.num_stages) == (32, 128, 1, False, 1)
+    assert (uv.block_n, uv.block_k) == (8, 512)
+    assert (few.block_n, few.block_k) == (2, 64)
+    assert (rows.block_n, rows.block_k) == (8, 512)  # 4096-weight steps above one row
 
 
 def test_batched_dispatch(monkeypatch):

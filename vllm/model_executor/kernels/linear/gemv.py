@@ -138,23 +138,12 @@ if triton is not None:
         return x_scale, w_scale, bias
 
     @triton.jit
-    def _gemv_x_row(
-        x_ptr, row, M, stride_xm, k, kk, K, EVEN_K: tl.constexpr, TILE_ROWS: tl.constexpr
-    ):
-        """Row ``row`` of x at columns ``k``, in fp32 (0.0 past M or K): a ``[BLOCK_K]`` vector,
-        or with ``TILE_ROWS`` a ``[TILE_ROWS, BLOCK_K]`` tile of equal rows (the weight tile's
-        layout, where Triton 3.6 would convert a short row through shared memory, so that the
-        next row's load waited behind that barrier; the extra rows are cache hits)."""
+    def _gemv_x_row(x_ptr, row, M, stride_xm, k, kk, K, EVEN_K: tl.constexpr):
+        """Row ``row`` of x at columns ``k``, in fp32 (0.0 past M or K)."""
         x_row = x_ptr + tl.where(row < M, row, 0).to(tl.int64) * stride_xm
         row_ok = kk * 0 + row < M  # a block (the interpreter takes no scalar mask)
         x_ok = row_ok if EVEN_K else row_ok & (k < K)
-        if TILE_ROWS:
-            rows = tl.zeros([TILE_ROWS, 1], dtype=tl.int32)
-            x_ok = tl.broadcast_to(x_ok[None, :], [TILE_ROWS, x_ok.shape[0]])
-            x = tl.load(x_row + rows + k[None, :], mask=x_ok, other=0.0)
-        else:
-            x = tl.load(x_row + k, mask=x_ok, other=0.0)[None, :]
-        return x.to(tl.float32)
+        return tl.load(x_row + k, mask=x_ok, other=0.0).to(tl.float32)
 
     @triton.jit
     def _gemv_epilogue(
@@ -250,15 +239,14 @@ if triton is not None:
                 # Each row's load is issued before the previous row's sum, whose cross-warp
                 # barrier would otherwise hold it back one round trip.
                 cols = tl.arange(0, BLOCK_M)[None, :]
-                x_tile: tl.constexpr = BLOCK_N if BATCHED else 0
                 x_next = _gemv_x_row(x_ptr, tl.program_id(0) * BLOCK_M, M, stride_xm, k, kk, K,
-                                     EVEN_K, x_tile)  # fmt: skip
+                                     EVEN_K)  # fmt: skip
                 for i in tl.static_range(BLOCK_M):
                     xi = x_next
                     if i + 1 < BLOCK_M:
                         x_next = _gemv_x_row(x_ptr, tl.program_id(0) * BLOCK_M + i + 1, M,
-                                             stride_xm, k, kk, K, EVEN_K, x_tile)  # fmt: skip
-                    part = tl.sum(w.to(tl.float32) * xi, axis=1)
+                                             stride_xm, k, kk, K, EVEN_K)  # fmt: skip
+                    part = tl.sum(w.to(tl.float32) * xi[None, :], axis=1)
                     acc = tl.where(cols == i, acc + part[:, None], acc)
         if PARTIAL:
             part_ptr = out_ptr + tl.program_id(2).to(tl.int64) * M * N
@@ -398,7 +386,7 @@ def _launch_batched(
     batch, m, k = x.shape
     n = weight.shape[1]
     if config is None:
-        config = batched_config(m, n, k, weight.element_size())
+        config = batched_config(batch, m, n, k, weight.element_size())
     else:
         config.check()
         if config.split_k != 1 or config.use_dot:

@@ -86,8 +86,11 @@ FP8_DOT_MAX_M = 128
 # Rows up to which MLA's absorbed per-head products (`W_UK` [32, 512, 128], `W_UV` [32, 128, 512]
 # at decode) take gemv_batched rather than torch.bmm. H200 (benchmark_gemv_batched.py, graph
 # replay, docs/performance.md "Nineteenth run"), GEMV against bmm, us: W_UK 2.7 / 3.3 / 3.9 / 5.2
-# against 4.0-4.2 at 1 / 2 / 4 / 8 rows, W_UV 2.9 / 3.6 / 4.3 / 6.0 against 4.2-4.4; 4 rows tie.
-BATCHED_GEMV_MAX_M = 2
+# against 4.0-4.2 at 1 / 2 / 4 / 8 rows, W_UV 2.9 / 3.6 / 4.3 / 6.0 against 4.2-4.4. Two rows
+# win too, but under Triton 3.6 the second row's load then waits behind the first row's
+# conversion through shared memory (the compile test's load-order check; loading x as a tile of
+# equal rows instead fixed that and made one row 1.6x slower), and the engine was timed at one.
+BATCHED_GEMV_MAX_M = 1
 
 _X_DTYPES = (torch.bfloat16, torch.float16)  # activations of the bf16 / fp16 GEMV
 _MAX_BLOCK_M = 16  # rows per program; larger M takes more M blocks (the weight then from L2)
@@ -208,16 +211,19 @@ def default_config(m: int, n: int, k: int, weight_bytes: int, bf16_x: bool = Fal
 
 
 @cache
-def batched_config(m: int, n: int, k: int, weight_bytes: int) -> GemvConfig:
-    """The launch shape of ``gemv_batched`` for products ``[m, k] @ [n, k]^T`` with
-    ``weight_bytes`` per weight element: one-row steps of the default (8192 weights a program;
-    the whole K in one step up to it, as the MLA absorbs' 128 and 512), as many channels as fill
-    the step, 4 warps. On the H200 (benchmark_gemv_batched.py, docs/performance.md "Nineteenth
-    run") this tile beat halved ones at one and two rows on both absorbs: W_UK 2.69-2.77 us at
-    one row with 64 channels, W_UV 2.93-2.96 with 16, against torch.bmm's 4.03 / 4.21."""
-    step = _STEP_ELEMENTS[1] * _TILE_CHANNELS
+def batched_config(batch: int, m: int, n: int, k: int, weight_bytes: int) -> GemvConfig:
+    """The launch shape of ``gemv_batched`` for ``batch`` products ``[m, k] @ [n, k]^T`` with
+    ``weight_bytes`` per weight element: the default's step of weights per program (8192 at one
+    row, 4096 above; the whole K in one step for K up to it, as the MLA absorbs' 128 and 512),
+    channels filling the step, halved while the grid holds fewer than two programs per SM (on
+    the H200 at one row: W_UK 32 channels of 128, 2.7-3.0 us, W_UV 8 of 512, 3.2 us, against
+    torch.bmm's 4.0 / 4.2; the unhalved 64 / 16 channels timed alike, 2.8 / 3.0)."""
+    step = _STEP_ELEMENTS.get(m, min(_STEP_ELEMENTS.values())) * _TILE_CHANNELS
     block_k = max(64, min(step, next_power_of_2(k)))
     block_n = max(_TILE_CHANNELS, min(step // block_k, next_power_of_2(n)))
+    rows = _cdiv(m, min(_MAX_BLOCK_M, next_power_of_2(m)))
+    while block_n > _TILE_CHANNELS and batch * _cdiv(n, block_n) * rows < 2 * num_sms():
+        block_n //= 2
     return GemvConfig(block_n, block_k, num_warps=4, num_stages=1)
 
 
