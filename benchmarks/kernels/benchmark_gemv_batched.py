@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                     except ValueError as error:  # a config the shape cannot launch
                         print(f"{name} M={m:>3} {label:>16} skipped: {error}")
                         continue
-                    used = config or gemv_cfg.batched_config(heads, m, n, k, 2)
+                    used = config or gemv_cfg.batched_config(heads, m, n, k)
                     gbps = weight_bytes / (us * 1e-6) / 1e9
                     row = dict(shape=name, heads=heads, n=n, k=k, m=m, config=label,
                                block_n=None if label == "bmm" else used.block_n,

@@ -660,16 +660,28 @@ def test_batched_default_config_fills_the_h200(monkeypatch):
     monkeypatch.setattr(gemv_cfg, "num_sms", lambda: 132)
     gemv_cfg.batched_config.cache_clear()
     try:
-        uk = gemv_cfg.batched_config(32, 1, 512, 128, 2)  # W_UK: [32, 512, 128]
-        uv = gemv_cfg.batched_config(32, 1, 128, 512, 2)  # W_UV: [32, 128, 512]
-        few = gemv_cfg.batched_config(1, 1, 4, 64, 2)
-        rows = gemv_cfg.batched_config(32, 8, 128, 512, 2)
+        uk = gemv_cfg.batched_config(32, 1, 512, 128)  # W_UK: [32, 512, 128]
+        uv = gemv_cfg.batched_config(32, 1, 128, 512)  # W_UV: [32, 128, 512]
+        few = gemv_cfg.batched_config(1, 1, 4, 64)
+        rows = gemv_cfg.batched_config(32, 8, 128, 512)
+        m_blocks = gemv_cfg.batched_config(4, 32, 512, 128)  # two M blocks count as programs
+        monkeypatch.setattr(gemv_cfg, "num_sms", lambda: 128)
+        gemv_cfg.batched_config.cache_clear()
+        exact = gemv_cfg.batched_config(32, 1, 512, 128)  # 256 programs: two per SM already
     finally:
         gemv_cfg.batched_config.cache_clear()
+    assert m_blocks.block_n == 8 and exact.block_n == 64
     assert (uk.block_n, uk.block_k, uk.split_k, uk.use_dot, uk.num_stages) == (32, 128, 1, False, 1)
     assert (uv.block_n, uv.block_k) == (8, 512)
     assert (few.block_n, few.block_k) == (2, 64)
     assert (rows.block_n, rows.block_k) == (8, 512)  # 4096-weight steps above one row
+
+
+def test_batched_grid_limit(monkeypatch):
+    x, w = batched_case(2, 1, 12, 16, "cpu", seed=54)
+    monkeypatch.setattr(gemv_op, "MAX_GRID_Y", 2)
+    with pytest.raises(ValueError, match="CUDA's second and third axes hold 2"):
+        gemv_batched(x, w, config=GemvConfig(block_n=2, block_k=16, num_stages=1))
 
 
 def test_batched_dispatch(monkeypatch):
@@ -682,6 +694,8 @@ def test_batched_dispatch(monkeypatch):
     assert gemv_cfg.use_batched_gemv(big[:, :-1], w)
     assert not gemv_cfg.use_batched_gemv(big, w)
     assert not gemv_cfg.use_batched_gemv(x.float(), w.float())
+    assert not gemv_cfg.use_batched_gemv(x, w.half())
+    assert gemv_cfg.BATCHED_GEMV_MAX_M == 1  # two rows break Triton 3.6's load order
     assert not gemv_cfg.use_batched_gemv(x, w.mT.contiguous().mT)
 
 

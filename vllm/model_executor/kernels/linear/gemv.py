@@ -386,7 +386,7 @@ def _launch_batched(
     batch, m, k = x.shape
     n = weight.shape[1]
     if config is None:
-        config = batched_config(batch, m, n, k, weight.element_size())
+        config = batched_config(batch, m, n, k)
     else:
         config.check()
         if config.split_k != 1 or config.use_dot:

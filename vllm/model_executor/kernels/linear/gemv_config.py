@@ -89,7 +89,8 @@ FP8_DOT_MAX_M = 128
 # against 4.0-4.2 at 1 / 2 / 4 / 8 rows, W_UV 2.9 / 3.6 / 4.3 / 6.0 against 4.2-4.4. Two rows
 # win too, but under Triton 3.6 the second row's load then waits behind the first row's
 # conversion through shared memory (the compile test's load-order check; loading x as a tile of
-# equal rows instead fixed that and made one row 1.6x slower), and the engine was timed at one.
+# equal rows instead fixed that and made one row 1.2-1.65x slower: call 69 against call 68, on
+# another machine), and the engine was timed at one.
 BATCHED_GEMV_MAX_M = 1
 
 _X_DTYPES = (torch.bfloat16, torch.float16)  # activations of the bf16 / fp16 GEMV
@@ -211,10 +212,10 @@ def default_config(m: int, n: int, k: int, weight_bytes: int, bf16_x: bool = Fal
 
 
 @cache
-def batched_config(batch: int, m: int, n: int, k: int, weight_bytes: int) -> GemvConfig:
-    """The launch shape of ``gemv_batched`` for ``batch`` products ``[m, k] @ [n, k]^T`` with
-    ``weight_bytes`` per weight element: the default's step of weights per program (8192 at one
-    row, 4096 above; the whole K in one step for K up to it, as the MLA absorbs' 128 and 512),
+def batched_config(batch: int, m: int, n: int, k: int) -> GemvConfig:
+    """The launch shape of ``gemv_batched`` for ``batch`` products ``[m, k] @ [n, k]^T``: the
+    default's step of weights per program (8192 at one row, 4096 above; the whole K in one step
+    for K up to it, as the MLA absorbs' 128 and 512),
     channels filling the step, halved while the grid holds fewer than two programs per SM (on
     the H200 at one row: W_UK 32 channels of 128, 2.7-3.0 us, W_UV 8 of 512, 3.2 us, against
     torch.bmm's 4.0 / 4.2; the unhalved 64 / 16 channels timed alike, 2.8 / 3.0)."""
