@@ -17,10 +17,13 @@ for name, (h, n, k) in {"w_uk": (32, 512, 128), "w_uv": (32, 128, 512)}.items():
         x = torch.randn(m, h, k + 64, device=dev).to(torch.bfloat16)[..., :k].transpose(0, 1)
         out = torch.empty(m, h, n, device=dev, dtype=torch.bfloat16).transpose(0, 1)
         res = {}
-        for label, ws, view in (("old", old, lambda w: w), ("new", new, lambda w: w.transpose(1, 2))):
-            def fn(ws=ws, view=view):
+        layouts = (("old", old, lambda w: w), ("new", new, lambda w: w.transpose(1, 2)))
+        for label, ws, view in layouts:
+
+            def fn(ws=ws, view=view, x=x, out=out):
                 for w in ws:
                     torch.bmm(x, view(w), out=out)
+
             fn()
             res[label] = time_graph(fn, 1, reps=30) / len(ws)
-        print(f"{name} M={m:>3}: old layout {res['old']:.2f} us, new {res['new']:.2f} us", flush=True)
+        print(f"{name} M={m:>3}: old layout {res['old']:.2f} us, new {res['new']:.2f} us")
