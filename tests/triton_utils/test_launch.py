@@ -260,6 +260,71 @@ def test_a_tensor_off_the_gpu_takes_the_plain_path(fake_triton):
     assert kernel.kinds() == ["plain", "plain", "plain"]
 
 
+class CudaLauncher:
+    """Triton 3.5-3.6's launcher: ``__call__`` inserts the flags and scratch buffers before the
+    arguments and calls the C ``launch``; here ``launch`` logs what it received."""
+
+    def __init__(self, log: list, global_scratch: int = 0, profile_scratch: int = 0) -> None:
+        self.log = log
+        self.global_scratch_size, self.profile_scratch_size = global_scratch, profile_scratch
+        self.launch_cooperative_grid, self.launch_pdl = False, True
+
+    def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+        self.log.append("__call__")
+        scratch = [object() if size else None for size in (self.global_scratch_size,
+                                                           self.profile_scratch_size)]  # fmt: skip
+        self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid,
+                    self.launch_pdl, *scratch, *args)  # fmt: skip
+
+    def launch(self, *args):
+        self.log.append(("launch", args))
+
+
+def _later_call(self, gridX, gridY, gridZ, stream, function, kernel_metadata, launch_metadata,
+                launch_enter_hook, launch_exit_hook, *args):  # fmt: skip
+    self.log.append("__call__")
+
+
+# Triton 3.7 on: the metadata and hooks named in `__call__`, so not the 3.5-3.6 form.
+LaterCudaLauncher = type("CudaLauncher", (CudaLauncher,), {"__call__": _later_call})
+
+
+def _launched_through(run) -> list:
+    kernel, spec = FakeJIT(), LaunchSpec(BLOCK=64)
+    kernel.compiled.run = run
+    x = cuda_like(64)
+    for _ in range(2):
+        launch(kernel, GRID, (x, 16, 0.5), spec)
+    return [entry[0] if isinstance(entry, tuple) else entry for entry in run.log]
+
+
+def test_triton_36_launcher_is_called_through_its_c_launch(fake_triton):
+    """With Triton 3.5-3.6's launcher and no scratch memory, a reused kernel skips the
+    launcher's ``__call__`` and hands its C ``launch`` exactly what ``__call__`` would."""
+    log: list = []
+    run = CudaLauncher(log)
+    assert _launched_through(run) == ["launch"]
+    x_ptr = cuda_like(64).data_ptr()
+    ref = CudaLauncher([])
+    ref(*GRID, 1000, "handle", "packed", None, None, None, x_ptr, 16, 0.5, 64, 4)
+    (direct,) = [entry for entry in log if entry[0] == "launch"]
+    assert direct[1][:5] == ref.log[1][1][:5] and direct[1][5:9] == (False, True, None, None)
+    assert len(direct[1]) == len(ref.log[1][1]) and direct[1][9:13] == ("packed",) + (None,) * 3
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        lambda: CudaLauncher([], global_scratch=64),
+        lambda: CudaLauncher([], profile_scratch=64),
+        lambda: LaterCudaLauncher([]),
+    ],
+    ids=["global scratch", "profile scratch", "triton 3.7 on"],
+)
+def test_other_launchers_keep_their_call(fake_triton, run):
+    assert _launched_through(run())[0] == "__call__"
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU: the key against Triton's own dispatch
 # ---------------------------------------------------------------------------------------------
@@ -366,3 +431,25 @@ def test_gpu_launch_hooks_run_on_reused_kernels():
 
 def _cuda_gen(seed: int) -> torch.Generator:
     return torch.Generator(device="cuda").manual_seed(seed)
+
+
+@pytest.mark.gpu
+def test_gpu_reused_kernel_takes_the_c_launch_of_a_triton_36_launcher():
+    """Where Triton's launcher has the 3.5-3.6 form, the cached launch calls its C ``launch``
+    (elsewhere the launcher itself), and the values are right either way."""
+    if not launch_module._FAST:
+        pytest.skip("the fast path is CUDA-only")
+    probe = _gpu_probe_kernel()
+    spec = LaunchSpec(BLOCK=128, num_warps=4)
+    x = torch.randn(1000, device="cuda", generator=_cuda_gen(7))
+    y = torch.empty(1000, device="cuda")
+    launch(probe, (8, 1, 1), (x, y, 1000, 3, 4, 0.5), spec)
+    (entry,) = spec.compiled.values()
+    launcher = entry.compiled.run
+    splat = tuple(inspect.signature(type(launcher).__call__).parameters) == (
+        launch_module._SPLAT_CALL
+    )
+    assert entry.run is (launcher.launch if splat else launcher)
+    y.zero_()
+    launch(probe, (8, 1, 1), (x, y, 1000, 3, 4, 0.5), spec)
+    assert torch.equal(y, _probe_expected(x, 0.5, 3, 4, torch.float32))

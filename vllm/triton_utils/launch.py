@@ -16,6 +16,12 @@ own ``compiled[grid](...)`` calls), with two savings on top of skipping the disp
   (``knobs.runtime.launch_enter_hook`` / ``launch_exit_hook``, empty hook chains unless a tool
   such as Proton adds one). Triton builds the metadata and passes the chains on every call
   otherwise; with a hook registered ``launch`` does the same, through ``compiled[grid]``.
+* with Triton 3.5-3.6's CUDA launcher, the compiled C launch function itself
+  (``CudaLauncher.launch``) instead of the launcher's Python ``__call__``, which for a kernel
+  without scratch memory only inserts the launch's cooperative-grid and PDL flags and two
+  ``None`` scratch buffers before the arguments, through a nested function and two calls: about
+  1 us of Python a launch. Later launchers (3.7 on: the hook arguments named, the kernel's
+  arguments passed as one tuple, a sanitizer's extra arguments) keep ``run``.
 
 The launch key holds what Triton's specialization can depend on, the non-tensor arguments by
 value, so a compiled kernel is reused only for calls that Triton's own dispatch would give it:
@@ -38,6 +44,7 @@ and knobs (``TRITON_DEBUG``, ...), checking that the globals a kernel reads have
 it was compiled, and the ``JITFunction``'s pre-run and cache hooks.
 """
 
+import inspect
 from typing import Any, NamedTuple
 
 import torch
@@ -87,9 +94,38 @@ class _Compiled(NamedTuple):
     kernel: Any  # the JITFunction it was compiled from (specs may be shared between kernels)
     compiled: Any  # its CompiledKernel
     constexprs: tuple  # constexpr values in parameter order, passed after the runtime ones
-    run: Any  # compiled.run: the launcher
+    run: Any  # the launcher, or the C launch function it calls (_launcher)
     function: Any  # compiled.function: the loaded kernel's handle
-    packed_metadata: Any
+    head: tuple  # what `run` takes between the handle and the kernel's arguments
+
+
+# Parameters of Triton 3.5-3.6's `CudaLauncher.__call__`, whose body, for a kernel without
+# scratch memory, is `self.launch(grid..., stream, function, launch_cooperative_grid, launch_pdl,
+# None, None, *args)`.
+_SPLAT_CALL = ("self", "gridX", "gridY", "gridZ", "stream", "function", "args")
+
+
+def _launcher(compiled: Any) -> tuple[Any, tuple]:
+    """``(run, head)``: a kernel launches as ``run(grid..., stream, function, *head, *args)``.
+
+    ``compiled.run`` with the metadata and no hooks, or, for Triton 3.5-3.6's CUDA launcher on a
+    kernel without scratch memory, that launcher's C launch function with the arguments its
+    ``__call__`` would add (module docstring).
+    """
+    run = compiled.run
+    head = (compiled.packed_metadata, None, None, None)
+    try:
+        params = tuple(inspect.signature(type(run).__call__).parameters)
+    except (TypeError, ValueError):  # a builtin or C launcher without a signature
+        return run, head
+    if (
+        type(run).__name__ == "CudaLauncher"
+        and params == _SPLAT_CALL
+        and getattr(run, "global_scratch_size", 1) == 0
+        and getattr(run, "profile_scratch_size", 1) == 0
+    ):
+        return run.launch, (run.launch_cooperative_grid, run.launch_pdl, None, None, *head)
+    return run, head
 
 
 # The fast path mirrors the CUDA backend's specialization only.
@@ -118,7 +154,8 @@ def launch(kernel: Any, grid: tuple[int, int, int], args: tuple, spec: LaunchSpe
         n = spec.num_tensors = next(
             (i for i, a in enumerate(args) if not isinstance(a, _Tensor)), len(args)
         )
-    device = driver.active.get_current_device()
+    active = driver.active
+    device = active.get_current_device()
     key = [device]
     ptrs = []
     aligned = 0
@@ -143,13 +180,12 @@ def launch(kernel: Any, grid: tuple[int, int, int], args: tuple, spec: LaunchSpe
     key = tuple(key)
     hit = spec.compiled.get(key)
     if hit is not None and hit[0] is kernel:
-        _, compiled, constexprs, run, function, packed_metadata = hit
-        stream = driver.active.get_current_stream(device)
+        _, compiled, constexprs, run, function, head = hit
+        stream = active.get_current_stream(device)
         runtime = knobs.runtime
         if _hook_idle(runtime.launch_enter_hook) and _hook_idle(runtime.launch_exit_hook):
             run(
-                grid[0], grid[1], grid[2], stream, function, packed_metadata, None, None, None,
-                *ptrs, *scalars, *constexprs,
+                grid[0], grid[1], grid[2], stream, function, *head, *ptrs, *scalars, *constexprs
             )  # fmt: skip
         else:
             compiled[grid](*args, *constexprs, stream=stream)
@@ -161,7 +197,5 @@ def launch(kernel: Any, grid: tuple[int, int, int], args: tuple, spec: LaunchSpe
         constexprs = tuple(spec.kwargs.get(p.name, p.default) for p in params)
         if len(spec.compiled) >= _MAX_KEYS:
             spec.compiled.clear()
-        spec.compiled[key] = _Compiled(
-            kernel, compiled, constexprs, compiled.run, compiled.function,
-            compiled.packed_metadata,
-        )  # fmt: skip
+        run, head = _launcher(compiled)
+        spec.compiled[key] = _Compiled(kernel, compiled, constexprs, run, compiled.function, head)

@@ -268,8 +268,14 @@ def use_triton_fp8(device: torch.device, quant_dtype: torch.dtype) -> bool:
     """Whether an FP8-producing op on ``device`` launches its Triton kernel: ``use_triton``, and
     on a GPU only where Triton can emit ``quant_dtype``."""
     if device.type == "cuda":  # use_triton is HAS_TRITON here: one call fewer on the hot path
-        return HAS_TRITON and current_platform.triton_supports_fp8(quant_dtype)
+        return _gpu_triton_fp8(quant_dtype)
     return use_triton(device)
+
+
+@cache
+def _gpu_triton_fp8(quant_dtype: torch.dtype) -> bool:
+    # Cached: the platform's answer is fixed for the process, and the op asks on every call.
+    return HAS_TRITON and current_platform.triton_supports_fp8(quant_dtype)
 
 
 # --------------------------------------------------------------------------------------------

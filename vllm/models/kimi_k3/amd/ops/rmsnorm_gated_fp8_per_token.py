@@ -482,8 +482,8 @@ def rmsnorm_gated_fp8_per_token(
         scale_out.copy_(scale)
         return out, scale_out
 
-    config = fused_launch_config(next_power_of_2(tokens), heads, head_dim)
-    launch_fused(x, weight, gate, eps, out, scale_out, fp8_max, min_scale, config)
+    wide, spec = _launch_choice(next_power_of_2(tokens), heads, head_dim, device)
+    _launch(wide, spec, x, weight, gate, eps, out, scale_out, fp8_max, min_scale)
     return out, scale_out
 
 
@@ -500,17 +500,37 @@ def launch_fused(
 ) -> None:
     """Launch the fused kernel with an explicit configuration on validated arguments.
 
-    For ``rmsnorm_gated_fp8_per_token`` and for tuning sweeps (the benchmark's ``--sweep``).
+    For tuning sweeps (the benchmark's ``--sweep``); the op itself looks its launch up in one
+    cache (``_launch_choice``).
     """
-    tokens, heads, head_dim = x.shape
+    _, heads, head_dim = x.shape
+    spec = fused_launch_spec(config, heads, head_dim, use_pdl(x.device))
+    _launch(config.wide, spec, x, weight, gate, eps, out, scale_out, fp8_max, min_scale)
+
+
+@cache
+def _launch_choice(
+    t_bucket: int, heads: int, head_dim: int, device: torch.device
+) -> tuple[bool, LaunchSpec]:
+    """``(wide, spec)`` of the op's launch for a shape on a device: one cache lookup a call
+    instead of the config's, ``use_pdl``'s and the spec's (about 1 us of host time)."""
+    config = fused_launch_config(t_bucket, heads, head_dim)
+    return config.wide, fused_launch_spec(config, heads, head_dim, use_pdl(device))
+
+
+def _launch(
+    wide: bool, spec: LaunchSpec, x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor,
+    eps: float, out: torch.Tensor, scale_out: torch.Tensor, fp8_max: float, min_scale: float,
+) -> None:  # fmt: skip
+    # The kernel is looked up per call, not cached: tests swap in launch-counting stand-ins.
+    kernel = _rmsnorm_gated_fp8_wide_kernel if wide else _rmsnorm_gated_fp8_kernel
     x_strides, g_strides = x.stride(), gate.stride()  # stride() is cheaper than stride(dim)
-    kernel = _rmsnorm_gated_fp8_wide_kernel if config.wide else _rmsnorm_gated_fp8_kernel
     launch(
-        kernel, (tokens, 1, 1),
+        kernel, (x.shape[0], 1, 1),
         (
             x, gate, weight, out, scale_out,
             x_strides[0], x_strides[1], g_strides[0], g_strides[1], out.stride()[0],
             scale_out.stride()[0], eps, fp8_max, min_scale,
         ),
-        fused_launch_spec(config, heads, head_dim, use_pdl(x.device)),
+        spec,
     )  # fmt: skip
