@@ -260,6 +260,21 @@ def test_a_tensor_off_the_gpu_takes_the_plain_path(fake_triton):
     assert kernel.kinds() == ["plain", "plain", "plain"]
 
 
+def test_launch_spec_is_one_per_kernel_and_arguments(fake_triton):
+    """`launch_spec` hands back the same spec (and so its compiled kernels) for the same kernel
+    and arguments, and another for another kernel or other values."""
+    kernel, other = FakeJIT(), FakeJIT()
+    spec = launch_module.launch_spec(kernel, BLOCK=64, num_warps=4)
+    assert launch_module.launch_spec(kernel, BLOCK=64, num_warps=4) is spec
+    assert spec.kwargs == {"BLOCK": 64, "num_warps": 4}
+    assert launch_module.launch_spec(other, BLOCK=64, num_warps=4) is not spec
+    assert launch_module.launch_spec(kernel, BLOCK=32, num_warps=4) is not spec
+    x = cuda_like(64)
+    for _ in range(2):
+        launch(kernel, GRID, (x, 16, 0.5), launch_module.launch_spec(kernel, BLOCK=64, num_warps=4))
+    assert kernel.kinds() == ["plain", "run"]
+
+
 class CudaLauncher:
     """Triton 3.5-3.6's launcher: ``__call__`` inserts the flags and scratch buffers before the
     arguments and calls the C ``launch``; here ``launch`` logs what it received."""

@@ -59,7 +59,7 @@ try:
 except ImportError:  # CPU-only installs without Triton launch no kernel
     CompiledKernel = HookChain = JITFunction = driver = knobs = None
 
-__all__ = ["LaunchSpec", "launch"]
+__all__ = ["LaunchSpec", "launch", "launch_spec"]
 
 # Launch keys kept per spec: beyond this many (a non-tensor argument that keeps changing) the
 # spec's cache starts over instead of growing.
@@ -88,6 +88,25 @@ class LaunchSpec:
 
     def __repr__(self) -> str:
         return f"LaunchSpec({self.kwargs})"
+
+
+# (kernel, constexprs and options) -> its LaunchSpec, for launch_spec.
+_SPECS: dict[tuple, LaunchSpec] = {}
+
+
+def launch_spec(kernel: Any, **kwargs: Any) -> LaunchSpec:
+    """The one ``LaunchSpec`` of ``kernel`` with these constexprs and options (hashable values),
+    made on first use: for launch sites that would otherwise need a cached builder of their own.
+
+    Looking it up costs about 1 us of host time (a tuple of the arguments, hashed); keyed by the
+    kernel too, so two kernels launched with equal arguments never share a spec's compiled
+    kernels. The same values in another keyword order make another spec (each caches alike).
+    """
+    key = (kernel, *kwargs.items())
+    spec = _SPECS.get(key)
+    if spec is None:
+        spec = _SPECS[key] = LaunchSpec(**kwargs)
+    return spec
 
 
 class _Compiled(NamedTuple):

@@ -33,6 +33,7 @@ from typing import NamedTuple
 import torch
 
 from vllm.triton_utils import next_power_of_2, use_triton
+from vllm.triton_utils.launch import launch, launch_spec
 from vllm.triton_utils.pdl import pdl_options, use_pdl
 
 try:
@@ -295,10 +296,13 @@ def group_rows(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Groupe
     block_r = min(max(next_power_of_2(num_rows), _GROUP_MIN_BLOCK_R), _GROUP_MAX_BLOCK_R)
     # Bin E (out-of-range ids and padding) must exist: E + 1 bins at least.
     block_e = next_power_of_2(num_experts + 1)
-    _moe_group_rows_kernel[(num_experts + 1,)](
-        flat, order, inverse, blocks, offs, num_rows, num_experts, max_blocks,
-        BLOCK_M=block_m, BLOCK_E=block_e, BLOCK_R=block_r, BLOCK_B=_GROUP_BLOCK_B, num_warps=4,
-        **pdl_options(use_pdl(device)),
+    launch(
+        _moe_group_rows_kernel, (num_experts + 1, 1, 1),
+        (flat, order, inverse, blocks, offs, num_rows, num_experts, max_blocks),
+        launch_spec(
+            _moe_group_rows_kernel, BLOCK_M=block_m, BLOCK_E=block_e, BLOCK_R=block_r,
+            BLOCK_B=_GROUP_BLOCK_B, num_warps=4, **pdl_options(use_pdl(device)),
+        ),
     )  # fmt: skip
     return GroupedRows(order, inverse, blocks, offs)
 
@@ -326,13 +330,21 @@ def group_rows_chunked(
     # Per chunk and bin: its rows (written by the first launch), then its placing offset.
     counts, delta = torch.empty(2, num_chunks, block_e, dtype=torch.int32, device=device)
     pdl = pdl_options(use_pdl(device))
-    _moe_group_count_kernel[(num_chunks,)](
-        flat_ids, counts, num_rows, num_experts, CHUNK=chunk, BLOCK_E=block_e, num_warps=4, **pdl
+    launch(
+        _moe_group_count_kernel,
+        (num_chunks, 1, 1),
+        (flat_ids, counts, num_rows, num_experts),
+        launch_spec(_moe_group_count_kernel, CHUNK=chunk, BLOCK_E=block_e, num_warps=4, **pdl),
     )
-    _moe_group_place_kernel[(num_chunks + num_experts + 1,)](
-        flat_ids, counts, delta, order, inverse, blocks, offs,
-        num_rows, num_experts, num_chunks, max_blocks,
-        BLOCK_M=block_m, CHUNK=chunk, BLOCK_E=block_e, BLOCK_CH=max(1, 4096 // block_e),
-        BLOCK_B=_GROUP_BLOCK_B, num_warps=4, **pdl,
+    launch(
+        _moe_group_place_kernel, (num_chunks + num_experts + 1, 1, 1),
+        (
+            flat_ids, counts, delta, order, inverse, blocks, offs,
+            num_rows, num_experts, num_chunks, max_blocks,
+        ),
+        launch_spec(
+            _moe_group_place_kernel, BLOCK_M=block_m, CHUNK=chunk, BLOCK_E=block_e,
+            BLOCK_CH=max(1, 4096 // block_e), BLOCK_B=_GROUP_BLOCK_B, num_warps=4, **pdl,
+        ),
     )  # fmt: skip
     return GroupedRows(order, inverse, blocks, offs)

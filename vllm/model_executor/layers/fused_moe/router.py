@@ -66,6 +66,7 @@ import torch.nn.functional as F
 
 from vllm.model_executor.kernels.linear.gemv import gemv_fp32
 from vllm.triton_utils import next_power_of_2, use_triton
+from vllm.triton_utils.launch import launch, launch_spec
 from vllm.triton_utils.pdl import pdl_options, use_pdl
 
 try:
@@ -376,17 +377,22 @@ def grouped_topk_triton(
         return weights, ids
     groups = routing.num_expert_group
     bias = e_score_correction_bias
-    _grouped_topk_kernel[(tokens,)](
-        router_logits, bias if bias is not None else router_logits, weights, ids,
-        router_logits.stride(0), router_logits.stride(1), bias.stride(0) if bias is not None else 0,
-        weights.stride(0), ids.stride(0),
-        float(routing.routed_scaling_factor),
-        E=experts, BLOCK_E=block_e, TOP_K=routing.top_k, BLOCK_K=next_power_of_2(columns),
-        NUM_GROUPS=groups, GROUP_SIZE=experts // groups, BLOCK_G=next_power_of_2(groups),
-        TOPK_GROUP=routing.topk_group if groups > 1 else 1, HAS_BIAS=bias is not None,
-        SOFTMAX=routing.scoring_func == "softmax", RENORMALIZE=bool(routing.renormalize),
-        NUM_SHARED=routing.num_fused_shared_experts, num_warps=num_warps,
-        **pdl_options(use_pdl(device)),
+    launch(
+        _grouped_topk_kernel, (tokens, 1, 1),
+        (
+            router_logits, bias if bias is not None else router_logits, weights, ids,
+            router_logits.stride(0), router_logits.stride(1),
+            bias.stride(0) if bias is not None else 0, weights.stride(0), ids.stride(0),
+            float(routing.routed_scaling_factor),
+        ),
+        launch_spec(
+            _grouped_topk_kernel, E=experts, BLOCK_E=block_e, TOP_K=routing.top_k,
+            BLOCK_K=next_power_of_2(columns), NUM_GROUPS=groups, GROUP_SIZE=experts // groups,
+            BLOCK_G=next_power_of_2(groups), TOPK_GROUP=routing.topk_group if groups > 1 else 1,
+            HAS_BIAS=bias is not None, SOFTMAX=routing.scoring_func == "softmax",
+            RENORMALIZE=bool(routing.renormalize), NUM_SHARED=routing.num_fused_shared_experts,
+            num_warps=num_warps, **pdl_options(use_pdl(device)),
+        ),
     )  # fmt: skip
     return weights, ids
 

@@ -25,6 +25,7 @@ reference, unless ``TRITON_INTERPRET=1`` (``vllm.triton_utils.use_triton``).
 import torch
 
 from vllm.triton_utils import use_triton
+from vllm.triton_utils.launch import launch, launch_spec
 from vllm.triton_utils.pdl import pdl_options, use_pdl
 
 try:
@@ -157,10 +158,17 @@ def moe_weighted_sum(
     out = torch.empty(tokens, hidden, dtype=dtype, device=y.device)
     if tokens == 0 or hidden == 0:
         return out
-    _moe_weighted_sum_kernel[(tokens, triton.cdiv(hidden, _BLOCK_H))](
-        y, inverse, topk_weights, out,
-        y.stride(0), topk_weights.stride(0), topk_weights.stride(1), out.stride(0), hidden,
-        TOPK=k, BLOCK_H=_BLOCK_H, HAS_ROWS=inverse is not None,
-        num_warps=4, enable_fp_fusion=False, **pdl_options(use_pdl(y.device)),
+    launch(
+        _moe_weighted_sum_kernel, (tokens, triton.cdiv(hidden, _BLOCK_H), 1),
+        (
+            # Without rows the kernel never reads `rows_ptr`: y stands in, so that every tensor
+            # leads the arguments (vllm.triton_utils.launch).
+            y, inverse if inverse is not None else y, topk_weights, out,
+            y.stride(0), topk_weights.stride(0), topk_weights.stride(1), out.stride(0), hidden,
+        ),
+        launch_spec(
+            _moe_weighted_sum_kernel, TOPK=k, BLOCK_H=_BLOCK_H, HAS_ROWS=inverse is not None,
+            num_warps=4, enable_fp_fusion=False, **pdl_options(use_pdl(y.device)),
+        ),
     )  # fmt: skip
     return out

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from vllm.triton_utils import next_power_of_2, use_triton
+from vllm.triton_utils.launch import launch, launch_spec
 from vllm.triton_utils.pdl import pdl_options, use_pdl
 
 try:
@@ -379,21 +380,33 @@ def causal_conv1d_prefill(
     block_t, block_c = config.block_t, config.block_c
     groups, group = out3.shape[0], out3.shape[2]
     pdl = pdl_options(use_pdl(x.device))
-    _causal_conv1d_prefill_kernel[(triton.cdiv(tokens, block_t), triton.cdiv(channels, block_c))](
-        x, weight, conv_state, query_start_loc, slots, has_initial_state, out3,
-        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
-        conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
-        out3.stride(0), out3.stride(1), out3.stride(2), group,
-        tokens, channels, n, (n - 1).bit_length(),
-        W=width, BLOCK_T=block_t, BLOCK_C=block_c, STEP=config.step,
-        ONE_GROUP_PER_BLOCK=groups == 1 or group % block_c == 0, num_warps=config.num_warps,
-        **pdl,
+    launch(
+        _causal_conv1d_prefill_kernel,
+        (triton.cdiv(tokens, block_t), triton.cdiv(channels, block_c), 1),
+        (
+            x, weight, conv_state, query_start_loc, slots, has_initial_state, out3,
+            x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
+            conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
+            out3.stride(0), out3.stride(1), out3.stride(2), group,
+            tokens, channels, n, (n - 1).bit_length(),
+        ),
+        launch_spec(
+            _causal_conv1d_prefill_kernel, W=width, BLOCK_T=block_t, BLOCK_C=block_c,
+            STEP=config.step, ONE_GROUP_PER_BLOCK=groups == 1 or group % block_c == 0,
+            num_warps=config.num_warps, **pdl,
+        ),
     )  # fmt: skip
-    _conv_state_update_kernel[(n, triton.cdiv(channels, _STATE_BLOCK_C))](
-        x, conv_state, query_start_loc, slots, has_initial_state,
-        x.stride(0), x.stride(1), conv_state.stride(0), conv_state.stride(1),
-        conv_state.stride(2), channels,
-        W=width, BLOCK_W=next_power_of_2(width - 1), BLOCK_C=_STATE_BLOCK_C, num_warps=4, **pdl,
+    launch(
+        _conv_state_update_kernel, (n, triton.cdiv(channels, _STATE_BLOCK_C), 1),
+        (
+            x, conv_state, query_start_loc, slots, has_initial_state,
+            x.stride(0), x.stride(1), conv_state.stride(0), conv_state.stride(1),
+            conv_state.stride(2), channels,
+        ),
+        launch_spec(
+            _conv_state_update_kernel, W=width, BLOCK_W=next_power_of_2(width - 1),
+            BLOCK_C=_STATE_BLOCK_C, num_warps=4, **pdl,
+        ),
     )  # fmt: skip
     return out
 

@@ -12,6 +12,7 @@ elementwise kernels over `[T, H * K]` fp32 temporaries (upcast, add, exp, log1p,
 import torch
 
 from vllm.triton_utils import next_power_of_2, use_triton
+from vllm.triton_utils.launch import launch, launch_spec
 from vllm.triton_utils.pdl import pdl_options, use_pdl
 
 try:
@@ -114,11 +115,17 @@ def kda_gate_beta(
     if tokens == 0:
         return g, beta
     block_t, block_c = 32, 128
-    _kda_gate_beta_kernel[(triton.cdiv(tokens, block_t), triton.cdiv(width, block_c))](
-        raw, A_log, dt_bias, b, g, beta,
-        raw.stride(0), raw.stride(1), b.stride(0), b.stride(1), tokens, heads, width,
-        width // heads, lower_bound if lower_bound is not None else 0.0,
-        HAS_LOWER_BOUND=lower_bound is not None, BLOCK_T=block_t, BLOCK_C=block_c,
-        BLOCK_H=next_power_of_2(heads), num_warps=4, **pdl_options(use_pdl(raw.device)),
+    launch(
+        _kda_gate_beta_kernel, (triton.cdiv(tokens, block_t), triton.cdiv(width, block_c), 1),
+        (
+            raw, A_log, dt_bias, b, g, beta,
+            raw.stride(0), raw.stride(1), b.stride(0), b.stride(1), tokens, heads, width,
+            width // heads, float(lower_bound) if lower_bound is not None else 0.0,
+        ),
+        launch_spec(
+            _kda_gate_beta_kernel, HAS_LOWER_BOUND=lower_bound is not None, BLOCK_T=block_t,
+            BLOCK_C=block_c, BLOCK_H=next_power_of_2(heads), num_warps=4,
+            **pdl_options(use_pdl(raw.device)),
+        ),
     )  # fmt: skip
     return g, beta

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from vllm.triton_utils import next_power_of_2, use_triton
+from vllm.triton_utils.launch import launch, launch_spec
 from vllm.triton_utils.pdl import pdl_options, use_pdl
 
 try:
@@ -83,11 +84,17 @@ def mla_prefill_key(k_nope: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
     rows = ctx * heads
     if rows == 0:
         return k
-    _mla_prefill_key_kernel[(triton.cdiv(rows, _KEY_BLOCK_R),)](
-        k_nope, k_pe, k, rows, heads,
-        k_nope.stride(0), k_nope.stride(1), k_pe.stride(0), k.stride(0), k.stride(1),
-        NOPE=nope, ROPE=rope, BLOCK_NOPE=next_power_of_2(nope), BLOCK_ROPE=next_power_of_2(rope),
-        BLOCK_R=_KEY_BLOCK_R, num_warps=4, **pdl_options(use_pdl(k.device)),
+    launch(
+        _mla_prefill_key_kernel, (triton.cdiv(rows, _KEY_BLOCK_R), 1, 1),
+        (
+            k_nope, k_pe, k, rows, heads,
+            k_nope.stride(0), k_nope.stride(1), k_pe.stride(0), k.stride(0), k.stride(1),
+        ),
+        launch_spec(
+            _mla_prefill_key_kernel, NOPE=nope, ROPE=rope, BLOCK_NOPE=next_power_of_2(nope),
+            BLOCK_ROPE=next_power_of_2(rope), BLOCK_R=_KEY_BLOCK_R, num_warps=4,
+            **pdl_options(use_pdl(k.device)),
+        ),
     )  # fmt: skip
     return k
 
