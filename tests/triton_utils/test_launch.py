@@ -5,6 +5,7 @@ Without a GPU the fast path is driven through stand-ins for Triton's ``JITFuncti
 ``CompiledKernel`` and driver, so the caching rules are checked on every machine.
 """
 
+import functools
 import inspect
 import math
 import types
@@ -275,19 +276,23 @@ def test_launch_spec_is_one_per_kernel_and_arguments(fake_triton):
     assert kernel.kinds() == ["plain", "run"]
 
 
+_TRITON_NVIDIA_DRIVER = "triton.backends.nvidia.driver"
+
+
 class CudaLauncher:
     """Triton 3.5-3.6's launcher: ``__call__`` inserts the flags and scratch buffers before the
     arguments and calls the C ``launch``; here ``launch`` logs what it received."""
 
-    def __init__(self, log: list, global_scratch: int = 0, profile_scratch: int = 0) -> None:
+    def __init__(self, log: list, global_scratch: int = 0, profile_scratch: int = 0,
+                 cooperative: bool = False, pdl: bool = True) -> None:  # fmt: skip
         self.log = log
         self.global_scratch_size, self.profile_scratch_size = global_scratch, profile_scratch
-        self.launch_cooperative_grid, self.launch_pdl = False, True
+        self.launch_cooperative_grid, self.launch_pdl = cooperative, pdl
 
     def __call__(self, gridX, gridY, gridZ, stream, function, *args):
         self.log.append("__call__")
-        scratch = [object() if size else None for size in (self.global_scratch_size,
-                                                           self.profile_scratch_size)]  # fmt: skip
+        sizes = (getattr(self, "global_scratch_size", 0), getattr(self, "profile_scratch_size", 0))
+        scratch = [object() if size else None for size in sizes]
         self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid,
                     self.launch_pdl, *scratch, *args)  # fmt: skip
 
@@ -295,36 +300,72 @@ class CudaLauncher:
         self.log.append(("launch", args))
 
 
+# Where Triton's own method lives: `_launcher` takes the C launch only behind that method.
+CudaLauncher.__call__.__module__ = _TRITON_NVIDIA_DRIVER
+
+
+def _as_tritons(call):
+    call.__module__, call.__qualname__ = _TRITON_NVIDIA_DRIVER, "CudaLauncher.__call__"
+    return call
+
+
+@_as_tritons
 def _later_call(self, gridX, gridY, gridZ, stream, function, kernel_metadata, launch_metadata,
                 launch_enter_hook, launch_exit_hook, *args):  # fmt: skip
     self.log.append("__call__")
 
 
+@functools.wraps(CudaLauncher.__call__)
+def _wrapped_call(self, *args, **kwargs):  # a tool's wrapper around Triton's method
+    return CudaLauncher.__call__(self, *args, **kwargs)
+
+
+def _hip_call(self, gridX, gridY, gridZ, stream, function, *args):  # 3.6's HIP order differs
+    self.log.append("__call__")
+
+
+def _subclass_call(self, gridX, gridY, gridZ, stream, function, *args):  # same parameters
+    self.log.append("__call__")
+
+
+class _NoScratchAttributes(CudaLauncher):
+    def __init__(self, log: list) -> None:
+        super().__init__(log)
+        del self.global_scratch_size, self.profile_scratch_size
+
+
+_hip_call.__module__ = "triton.backends.amd.driver"
 # Triton 3.7 on: the metadata and hooks named in `__call__`, so not the 3.5-3.6 form.
 LaterCudaLauncher = type("CudaLauncher", (CudaLauncher,), {"__call__": _later_call})
+WrappedCudaLauncher = type("CudaLauncher", (CudaLauncher,), {"__call__": _wrapped_call})
+HIPLauncher = type("HIPLauncher", (CudaLauncher,), {"__call__": _hip_call})
+SubclassLauncher = type("Sub", (CudaLauncher,), {"__call__": _subclass_call})
 
 
-def _launched_through(run) -> list:
+def _launched_through(run, x: torch.Tensor | None = None) -> list:
+    """What the launcher logged over a kernel's two launches on `x` (the second one reuses
+    it)."""
     kernel, spec = FakeJIT(), LaunchSpec(BLOCK=64)
     kernel.compiled.run = run
-    x = cuda_like(64)
+    x = cuda_like(64) if x is None else x
     for _ in range(2):
         launch(kernel, GRID, (x, 16, 0.5), spec)
     return [entry[0] if isinstance(entry, tuple) else entry for entry in run.log]
 
 
-def test_triton_36_launcher_is_called_through_its_c_launch(fake_triton):
+@pytest.mark.parametrize("cooperative", [False, True])
+@pytest.mark.parametrize("pdl", [False, True])
+def test_triton_36_launcher_is_called_through_its_c_launch(fake_triton, cooperative, pdl):
     """With Triton 3.5-3.6's launcher and no scratch memory, a reused kernel skips the
     launcher's ``__call__`` and hands its C ``launch`` exactly what ``__call__`` would."""
     log: list = []
-    run = CudaLauncher(log)
-    assert _launched_through(run) == ["launch"]
-    x_ptr = cuda_like(64).data_ptr()
-    ref = CudaLauncher([])
-    ref(*GRID, 1000, "handle", "packed", None, None, None, x_ptr, 16, 0.5, 64, 4)
+    run = CudaLauncher(log, cooperative=cooperative, pdl=pdl)
+    x = cuda_like(64)
+    assert _launched_through(run, x) == ["launch"]
+    ref = CudaLauncher([], cooperative=cooperative, pdl=pdl)
+    ref(*GRID, 1000, "handle", "packed", None, None, None, x.data_ptr(), 16, 0.5, 64, 4)
     (direct,) = [entry for entry in log if entry[0] == "launch"]
-    assert direct[1][:5] == ref.log[1][1][:5] and direct[1][5:9] == (False, True, None, None)
-    assert len(direct[1]) == len(ref.log[1][1]) and direct[1][9:13] == ("packed",) + (None,) * 3
+    assert direct[1] == ref.log[1][1]
 
 
 @pytest.mark.parametrize(
@@ -333,11 +374,44 @@ def test_triton_36_launcher_is_called_through_its_c_launch(fake_triton):
         lambda: CudaLauncher([], global_scratch=64),
         lambda: CudaLauncher([], profile_scratch=64),
         lambda: LaterCudaLauncher([]),
+        lambda: WrappedCudaLauncher([]),
+        lambda: HIPLauncher([]),
+        lambda: SubclassLauncher([]),
+        lambda: _NoScratchAttributes([]),
     ],
-    ids=["global scratch", "profile scratch", "triton 3.7 on"],
-)
+    ids=[
+        "global scratch", "profile scratch", "triton 3.7 on", "wrapped call", "hip",
+        "subclass call", "no scratch attributes",
+    ],
+)  # fmt: skip
 def test_other_launchers_keep_their_call(fake_triton, run):
+    """Anything but Triton's own 3.5-3.6 CUDA method on a kernel without scratch memory is
+    called as the launcher itself."""
     assert _launched_through(run())[0] == "__call__"
+
+
+def test_the_installed_tritons_launcher():
+    """Triton's real ``CudaLauncher`` (no GPU needed: made without its compile step): the C
+    launch is taken exactly when its ``__call__`` has the 3.5-3.6 form, with the arguments that
+    ``__call__`` hands it; any other version keeps the launcher."""
+    nvidia = pytest.importorskip("triton.backends.nvidia.driver")
+    import triton
+
+    run = nvidia.CudaLauncher.__new__(nvidia.CudaLauncher)
+    run.num_ctas, run.global_scratch_size, run.profile_scratch_size = 1, 0, 0
+    run.global_scratch_align = run.profile_scratch_align = 1
+    run.launch_cooperative_grid, run.launch_pdl = False, True
+    seen = []
+    run.launch = lambda *args: seen.append(args)
+    compiled = types.SimpleNamespace(run=run, packed_metadata="packed")
+    fn, head = launch_module._launcher(compiled)
+    splat = triton.__version__.startswith(("3.5.", "3.6."))
+    assert (fn is run.launch) == splat and (fn is run) != splat
+    if splat:
+        args = (7, 8, 9)
+        fn(1, 2, 3, 99, "handle", *head, *args)
+        run(1, 2, 3, 99, "handle", "packed", None, None, None, *args)
+        assert seen[0] == seen[1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -460,10 +534,10 @@ def test_gpu_reused_kernel_takes_the_c_launch_of_a_triton_36_launcher():
     y = torch.empty(1000, device="cuda")
     launch(probe, (8, 1, 1), (x, y, 1000, 3, 4, 0.5), spec)
     (entry,) = spec.compiled.values()
+    import triton
+
     launcher = entry.compiled.run
-    splat = tuple(inspect.signature(type(launcher).__call__).parameters) == (
-        launch_module._SPLAT_CALL
-    )
+    splat = triton.__version__.startswith(("3.5.", "3.6."))
     assert entry.run is (launcher.launch if splat else launcher)
     y.zero_()
     launch(probe, (8, 1, 1), (x, y, 1000, 3, 4, 0.5), spec)

@@ -120,8 +120,10 @@ class _Compiled(NamedTuple):
 
 # Parameters of Triton 3.5-3.6's `CudaLauncher.__call__`, whose body, for a kernel without
 # scratch memory, is `self.launch(grid..., stream, function, launch_cooperative_grid, launch_pdl,
-# None, None, *args)`.
+# None, None, *args)`. HIP's launcher of those versions takes the same parameters in another
+# order, hence the module and name checks too.
 _SPLAT_CALL = ("self", "gridX", "gridY", "gridZ", "stream", "function", "args")
+_CUDA_LAUNCHER = ("triton.backends.nvidia.driver", "CudaLauncher.__call__")
 
 
 def _launcher(compiled: Any) -> tuple[Any, tuple]:
@@ -133,13 +135,12 @@ def _launcher(compiled: Any) -> tuple[Any, tuple]:
     """
     run = compiled.run
     head = (compiled.packed_metadata, None, None, None)
-    try:
-        params = tuple(inspect.signature(type(run).__call__).parameters)
-    except (TypeError, ValueError):  # a builtin or C launcher without a signature
-        return run, head
+    call = type(run).__call__
+    # Triton's own method only: not a subclass's, nor a wrapper around it (hence no following
+    # `__wrapped__` to the parameters of the function it wraps).
     if (
-        type(run).__name__ == "CudaLauncher"
-        and params == _SPLAT_CALL
+        (getattr(call, "__module__", None), getattr(call, "__qualname__", None)) == _CUDA_LAUNCHER
+        and tuple(inspect.signature(call, follow_wrapped=False).parameters) == _SPLAT_CALL
         and getattr(run, "global_scratch_size", 1) == 0
         and getattr(run, "profile_scratch_size", 1) == 0
     ):

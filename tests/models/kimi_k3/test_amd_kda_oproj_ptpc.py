@@ -21,6 +21,7 @@ Bounds, and why they hold:
 
 import pytest
 import torch
+from counted_kernels import record_launches
 
 import vllm.model_executor.layers.quantization.utils.fp8_per_token as quant_module
 import vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token as op_module
@@ -175,6 +176,27 @@ def test_head_chunks_cover_every_head_once():
     assert op_module.head_chunks(5, "equal") == op_module.head_chunks(5, "pow2")  # 5 x 1: pow2
     with pytest.raises(ValueError, match="head split"):
         op_module.head_chunks(12, "halves")
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy under the interpreter
+@pytest.mark.parametrize("wide", [True, False], ids=["wide", "one-tile"])
+def test_launch_fused_launches_the_configs_kernel(monkeypatch, wide):
+    """`launch_fused` (the sweeps' entry) launches the kernel its config names."""
+    launches = {
+        name: record_launches(monkeypatch, op_module, name)
+        for name in ("_rmsnorm_gated_fp8_wide_kernel", "_rmsnorm_gated_fp8_kernel")
+    }
+    x, weight, gate = make_inputs(3, 12, 128, torch.bfloat16)
+    q = torch.empty(3, 12 * 128, dtype=current_platform.fp8_dtype(), device=DEVICE)
+    scale = torch.empty(3, 1, dtype=torch.float32, device=DEVICE)
+    config = op_module.FusedLaunchConfig(wide, 4 if wide else 12, 2)
+    fp8_max, min_scale = current_platform.fp8_max(), current_platform.fp8_min_scale()
+    op_module.launch_fused(x, weight, gate, EPS, q, scale, fp8_max, min_scale, config)
+    assert len(launches["_rmsnorm_gated_fp8_wide_kernel"]) == int(wide)
+    assert len(launches["_rmsnorm_gated_fp8_kernel"]) == int(not wide)
+    q_ref, scale_ref = rmsnorm_gated_fp8_per_token_ref(x, weight, gate, EPS)
+    assert_scale_close(scale, scale_ref)
+    assert_codes_close(q, q_ref)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy under the interpreter
@@ -592,3 +614,26 @@ def test_gpu_repeated_calls_reuse_the_compiled_kernel():
 
 def _cuda_gen(seed: int) -> torch.Generator:
     return torch.Generator(device="cuda").manual_seed(seed)
+
+
+def test_use_triton_fp8_on_a_gpu_asks_the_platform_per_dtype(monkeypatch):
+    """On a CUDA / ROCm device the answer is the platform's `triton_supports_fp8` for that dtype
+    (cached per dtype, so each dtype is asked once)."""
+    asked = []
+
+    class Platform:
+        def triton_supports_fp8(self, dtype: torch.dtype) -> bool:
+            asked.append(dtype)
+            return dtype == torch.float8_e4m3fnuz
+
+    monkeypatch.setattr(quant_module, "current_platform", Platform())
+    monkeypatch.setattr(quant_module, "HAS_TRITON", True)
+    quant_module._gpu_triton_fp8.cache_clear()
+    try:
+        gpu = torch.device("cuda", 0)
+        for _ in range(2):
+            assert quant_module.use_triton_fp8(gpu, torch.float8_e4m3fnuz)
+            assert not quant_module.use_triton_fp8(gpu, torch.float8_e4m3fn)
+        assert asked == [torch.float8_e4m3fnuz, torch.float8_e4m3fn]
+    finally:
+        quant_module._gpu_triton_fp8.cache_clear()

@@ -274,7 +274,8 @@ def use_triton_fp8(device: torch.device, quant_dtype: torch.dtype) -> bool:
 
 @cache
 def _gpu_triton_fp8(quant_dtype: torch.dtype) -> bool:
-    # Cached: the platform's answer is fixed for the process, and the op asks on every call.
+    """Whether Triton is here and emits `quant_dtype` on this platform's GPU; cached, as the
+    platform's answer is fixed for the process and the ops ask on every call."""
     return HAS_TRITON and current_platform.triton_supports_fp8(quant_dtype)
 
 

@@ -482,7 +482,7 @@ def rmsnorm_gated_fp8_per_token(
         scale_out.copy_(scale)
         return out, scale_out
 
-    wide, spec = _launch_choice(next_power_of_2(tokens), heads, head_dim, device)
+    wide, spec = _launch_choice(next_power_of_2(tokens), heads, head_dim, use_pdl(device))
     _launch(wide, spec, x, weight, gate, eps, out, scale_out, fp8_max, min_scale)
     return out, scale_out
 
@@ -509,19 +509,19 @@ def launch_fused(
 
 
 @cache
-def _launch_choice(
-    t_bucket: int, heads: int, head_dim: int, device: torch.device
-) -> tuple[bool, LaunchSpec]:
-    """``(wide, spec)`` of the op's launch for a shape on a device: one cache lookup a call
-    instead of the config's, ``use_pdl``'s and the spec's (about 1 us of host time)."""
+def _launch_choice(t_bucket: int, heads: int, head_dim: int, pdl: bool) -> tuple[bool, LaunchSpec]:
+    """``(wide, spec)`` of the op's launch for a shape: one cache lookup a call instead of the
+    config's and the spec's. Keyed by ``pdl`` itself, not the device, so that a caller that
+    switches PDL (``use_pdl`` patched or re-read) never gets a spec of the other setting."""
     config = fused_launch_config(t_bucket, heads, head_dim)
-    return config.wide, fused_launch_spec(config, heads, head_dim, use_pdl(device))
+    return config.wide, fused_launch_spec(config, heads, head_dim, pdl)
 
 
 def _launch(
     wide: bool, spec: LaunchSpec, x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor,
     eps: float, out: torch.Tensor, scale_out: torch.Tensor, fp8_max: float, min_scale: float,
 ) -> None:  # fmt: skip
+    """Launch the wide (two-pass) or the one-tile kernel on validated arguments."""
     # The kernel is looked up per call, not cached: tests swap in launch-counting stand-ins.
     kernel = _rmsnorm_gated_fp8_wide_kernel if wide else _rmsnorm_gated_fp8_kernel
     x_strides, g_strides = x.stride(), gate.stride()  # stride() is cheaper than stride(dim)
