@@ -484,7 +484,13 @@ def _bad_fused_inputs():
     ]
 
 
-@pytest.mark.parametrize("message,override", _bad_fused_inputs(), ids=lambda v: str(v)[:30])
+def _case_id(value) -> str:
+    """The message, or the overridden arguments' names: never a tensor's (random) values, so
+    that every collection (each pytest-xdist worker's) names the cases alike."""
+    return value[:30] if isinstance(value, str) else "+".join(value)
+
+
+@pytest.mark.parametrize("message,override", _bad_fused_inputs(), ids=_case_id)
 def test_fused_rejects_bad_input(message, override):
     x, w, g = make_inputs(4, 12, 128, torch.bfloat16, gate_slice=False)
     args = dict(x=x, weight=w, gate=g, eps=EPS, quant_dtype=None, out=None, scale_out=None)
