@@ -32,8 +32,9 @@ active split gets its output from that program directly. Otherwise each active p
 normalized fp32 partial `[BLOCK_H, L]` and log2-sum-exp, and the splits are merged, in one of two
 ways (`MlaDecodeConfig.fused_merge`):
 
-- two launches: `_mla_decode_merge_kernel`, program (n, head, column block), reads the active
-  splits' partials;
+- two launches: `_mla_decode_merge_kernel`, program (n, head, column block), reads the partials
+  of all `num_splits` splits (a constexpr: the loop is unrolled and no load waits for
+  `seq_lens`) and keeps the active ones;
 - one launch: the last active program of each (n, head block) to finish merges all of them. It
   learns that it is last from an atomic increment of that pair's counter, `n * head_blocks +
   head_block` in `counters`, and sets the counter back to 0. Saves the second launch and the gap
@@ -311,48 +312,55 @@ if triton is not None:
     def _mla_decode_merge_kernel(
         part_ptr, lse_ptr, seq_lens_ptr, out_ptr,
         stride_pn, stride_ph, stride_ps, stride_ln, stride_lh, stride_on, stride_oh,
-        num_splits,
-        L: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr,
-        MERGE_CHUNK: tl.constexpr,
+        L: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
         PDL: tl.constexpr = False,
     ):  # fmt: skip
         pdl_wait(PDL)
         # Program (n, h, j): columns [j * BLOCK_L, (j + 1) * BLOCK_L) of head h's output, so
-        # that a small batch still spreads its partials' reads over many SMs. Only the active
-        # splits are read; a sequence with one has its output from the split kernel already.
+        # that a small batch still spreads its partials' reads over many SMs. A sequence with
+        # one active split has its output from the split kernel already: nothing is stored.
         n = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
         col = tl.program_id(2) * BLOCK_L + tl.arange(0, BLOCK_L)
         col_ok = col < L
-        _, active = _split_slice(tl.load(seq_lens_ptr + n).to(tl.int32), num_splits, BLOCK_N)
-        if active > 1:
-            lse_row = lse_ptr + n * stride_ln + h * stride_lh
-            top = tl.full([], float("-inf"), tl.float32)
-            for s0 in range(0, active, MERGE_CHUNK):
-                s = s0 + tl.arange(0, MERGE_CHUNK)
-                lse = tl.load(lse_row + s, mask=s < active, other=float("-inf"))
-                top = tl.maximum(top, tl.max(lse, axis=0))
-            merged = tl.zeros([BLOCK_L], tl.float32)
-            total = tl.zeros([BLOCK_L], tl.float32)
-            part_row = part_ptr + n * stride_pn + h * stride_ph + col
-            # The one-launch merge's sums, in the same order; a chunk's loads are independent,
-            # so they are in flight together. Splits past `active` add exact zeros. A split's
-            # log-sum-exp is loaded as a vector of one address (the interpreter takes no scalar
-            # mask).
-            zeros = tl.zeros([BLOCK_L], tl.int32)
-            for s0 in range(0, active, MERGE_CHUNK):
-                for j in tl.static_range(MERGE_CHUNK):
-                    live = zeros + s0 + j < active
-                    lse = tl.load(lse_row + zeros + s0 + j, mask=live, other=float("-inf"))
-                    weight = tl.exp2(lse - top)
-                    part = tl.load(part_row + (s0 + j) * stride_ps, mask=col_ok & live, other=0.0)
-                    merged += part * weight
-                    total += weight
-            o = merged / total
-            tl.store(
-                out_ptr + n * stride_on + h * stride_oh + col, o.to(out_ptr.dtype.element_ty),
-                mask=col_ok,
-            )  # fmt: skip
+        _, active = _split_slice(tl.load(seq_lens_ptr + n).to(tl.int32), SPLITS, BLOCK_N)
+        lse_row = lse_ptr + n * stride_ln + h * stride_lh
+        part_row = part_ptr + n * stride_pn + h * stride_ph + col
+        # Every split's log-sum-exp and partial is loaded, unrolled and unmasked by `active`, so
+        # that all loads are in flight with the length's and none waits for it (one memory round
+        # trip, not two). A split that is not live was not written this step: its values are
+        # replaced before use, its log-sum-exp by -inf (weight exactly 0) and its partial by 0,
+        # so it adds exact zeros. The selects sit on the loaded values, not on the weight: with
+        # both on `live`, LLVM folds them into one select of `part * weight` and the multiply-add
+        # no longer contracts to the one-launch merge's `fma.rn` (a different rounding).
+        # Without a merge no split is live; the finite start of `top` and the divisor of 1 then
+        # keep the unstored sums free of NaN. Neither changes a merge: its live log-sum-exps
+        # are finite. The unrolled code costs instructions for every split, live or not. On the
+        # H200 (docs/performance.md "Twenty-second run"), one sequence, whole kernel pair: 8k
+        # tokens in 64 live splits 14.3 us against 19.8 for a loop over chunks of 16 live
+        # splits; 1k tokens in 16 live of 64-66 splits 10.4 against 9.1-10.2. Masking the loads
+        # by `active` instead (no dead reads, one more round trip) was slower in both.
+        merging = active > 1
+        top = tl.full([], -3.4028234663852886e38, tl.float32)
+        for s in tl.static_range(SPLITS):
+            live = (s < active) & merging
+            top = tl.maximum(top, tl.where(live, tl.load(lse_row + s), float("-inf")))
+        merged = tl.zeros([BLOCK_L], tl.float32)
+        total = tl.zeros([BLOCK_L], tl.float32)
+        # The one-launch merge's sums, in the same order.
+        for s in tl.static_range(SPLITS):
+            live = (s < active) & merging
+            weight = tl.exp2(tl.where(live, tl.load(lse_row + s), float("-inf")) - top)
+            part = tl.load(part_row + s * stride_ps, mask=col_ok, other=0.0)
+            merged += tl.where(live, part, 0.0) * weight
+            total += weight
+        o = merged / tl.where(merging, total, 1.0)
+        # The mask per column (the interpreter's masks take no scalar condition).
+        stores = (tl.zeros([BLOCK_L], tl.int32) + active > 1) & col_ok
+        tl.store(
+            out_ptr + n * stride_on + h * stride_oh + col, o.to(out_ptr.dtype.element_ty),
+            mask=stores,
+        )  # fmt: skip
 
 
 def mla_decode_paged_ref(
@@ -442,8 +450,7 @@ def launch_mla_decode(
         _mla_decode_merge_kernel[(n, heads, -(-latent // merge_l))](
             part, lse, seq_lens, out,
             *part.stride()[:3], *lse.stride()[:2], *out.stride()[:2],
-            config.num_splits,
-            L=latent, BLOCK_L=merge_l, BLOCK_N=config.block_n, MERGE_CHUNK=MERGE_CHUNK,
+            L=latent, BLOCK_L=merge_l, BLOCK_N=config.block_n, SPLITS=config.num_splits,
             # Four columns (16 bytes) a thread.
             num_warps=max(1, min(4, merge_l // 128)), **pdl,
         )  # fmt: skip

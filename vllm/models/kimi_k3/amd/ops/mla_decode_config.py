@@ -22,8 +22,7 @@ _PROGRAMS_PER_SM = 1
 _PIPELINED_WIDE_SMEM = 189440
 # tl.dot needs every dimension of its operands to be at least 16.
 MIN_DOT = 16
-# Splits the merges read per step: their log-sum-exps as one vector, and in the two-launch merge
-# their partials' rows as independent loads.
+# Splits the one-launch merge reads per step, their log-sum-exps as one vector.
 MERGE_CHUNK = 16
 # A single sequence's short capacity is cut into splits of one tile, up to this many (three merge
 # steps); several sequences' into up to `MERGE_CHUNK`. The count is of the capacity's tiles
