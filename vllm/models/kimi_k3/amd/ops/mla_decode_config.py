@@ -106,8 +106,9 @@ def mla_decode_config(
     shorter than `_MIN_SPLIT_TOKENS` positions of capacity, except that a short capacity is cut
     into splits of one tile, up to `_ONE_TILE_SPLITS` of them for one sequence and `MERGE_CHUNK`
     for more: a program's time grows with its tiles (on the H200 a `[16 heads, 64 tokens]` tile
-    costs it about 2 us of `tl.dot` operand traffic, not HBM time), while a merge reads
-    `MERGE_CHUNK` splits a step.
+    costs it about 2 us of `tl.dot` operand traffic, not HBM time), while the merges cost more
+    with more splits (the one-launch merge reads `MERGE_CHUNK` a step; the two-launch merge
+    unrolls them all).
 
     Heads: blocks of up to 32 (`BLOCK_H`), of 16 for a single wide-latent sequence on CUDA
     (`_SINGLE_SEQUENCE_BLOCK_H`).
