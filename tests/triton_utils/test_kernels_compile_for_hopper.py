@@ -137,11 +137,14 @@ def _ptx_checks(launch: dict) -> dict:
     if launch["kernel"] in ("_moe_grouped_gate_up_kernel", "_moe_grouped_down_kernel"):
         checks["ptx_has" if launch["args"]["TMA"] else "ptx_lacks"].append(_TMA_LOAD_PTX)
     if launch["kernel"] == "_mla_decode_merge_kernel":
-        # Each split's multiply-add is one fma, as in the one-launch merge (same bits); at two
-        # splits LLVM once folded the selects on a split's liveness into a separate multiply.
-        # No branch: every split's loads go out with the length's, none waits for it.
+        # Each split's multiply-add is one fma, as in the one-launch merge (same bits; both
+        # launches ask for FP contraction); at two splits LLVM once folded the selects on a
+        # split's liveness into a separate multiply. With every split unrolled, no branch:
+        # every load goes out with the length's, none waits for it.
         checks["ptx_has"].append("fma.rn.f32")
-        checks["ptx_lacks"] += ["mul.f32", "mul.rn.f32", "bra ", "bra.uni"]
+        checks["ptx_lacks"] += ["mul.f32", "mul.rn.f32", "mul.ftz.f32", "mul.rn.ftz.f32"]
+        if launch["args"]["SPLITS"] == launch["args"]["UNROLLED"]:
+            checks["ptx_lacks"] += ["bra ", "bra.uni"]
     if launch["kernel"] == "_fused_kda_decode_kernel":
         # The conv windows' shift stores wait for every warp's loads of them (a race otherwise).
         checks["stores_after"] = "bar.sync"
@@ -528,8 +531,9 @@ def _drive_ops() -> None:
     mla_prefill_key(k_nope, torch.randn(3, 12, generator=gen))
 
     # Kimi-Linear's sizes; then the benchmark's h16 tiles merged in the split launch, and both
-    # wide tiles with the latent in 2 and 4 chunks, merged both ways and with one split, and
-    # two splits merged in a second launch.
+    # wide tiles with the latent in 2 and 4 chunks, merged both ways and with one split; two
+    # splits merged in a second launch, 66 (the most the merge unrolls) and 128 (the default for
+    # 16 local heads at batch 1 and a long capacity: the merge's loop past the unrolled ones).
     chunked = [
         MlaDecodeConfig(8, 16, 64, 8, 5, fused_merge=True),
         MlaDecodeConfig(8, 32, 64, 8, 5, latent_chunks=2),
@@ -537,6 +541,8 @@ def _drive_ops() -> None:
         MlaDecodeConfig(8, 16, 64, 8, 5, fused_merge=True, latent_chunks=2),
         MlaDecodeConfig(8, 16, 64, 8, 5, latent_chunks=4),
         MlaDecodeConfig(2, 32, 64, 8, 5),
+        MlaDecodeConfig(66, 16, 64, 8, 5),
+        MlaDecodeConfig(128, 16, 64, 8, 5),
     ]
     _drive_mla(2, 32, 512, 64, 64, 4096, chunked)
     one_split = [

@@ -83,6 +83,15 @@ def launches(monkeypatch):
     return counts
 
 
+_REAL_EMPTY = torch.empty
+
+
+def nan_empty(*args, **kwargs):
+    """`torch.empty` whose floating-point buffers start as NaN."""
+    t = _REAL_EMPTY(*args, **kwargs)
+    return t.fill_(float("nan")) if t.is_floating_point() else t
+
+
 def make_case(n, heads, latent, rope, block_size, seq_lens, max_blocks, dtype, seed):
     """Queries (strided views of one [N, H, L + R] tensor), a paged cache with the sequences'
     blocks scattered among spare ones, and the same cache with every row no sequence may read
@@ -224,17 +233,11 @@ def test_many_tiles_and_splits(launches):
 
 @pytest.mark.parametrize("heads,block_h,block_n", [(20, 32, 32), (20, 16, 16), (3, 16, 64)])
 def test_many_splits_and_column_chunks(heads, block_h, block_n, launches, monkeypatch):
-    """40 splits: 39 of them active for 613 tokens in 16-token tiles (three merge chunks, the
-    last split partly filled), 20 or 10 in wider tiles; one token leaves one active split, which
-    writes the output itself. One head block with padded heads, or two; merge programs over
-    column chunks. The partial buffer starts as NaN: no merge may read an inactive split's
-    rows."""
-    real_empty = torch.empty
-
-    def nan_empty(*args, **kwargs):
-        t = real_empty(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
+    """40 splits: 39 of them active for 613 tokens in 16-token tiles (three steps of the
+    one-launch merge, the last split partly filled), 20 or 10 in wider tiles; one token leaves
+    one active split, which writes the output itself. One head block with padded heads, or two;
+    merge programs over column chunks. The partial buffer starts as NaN: no merge may use an
+    inactive split's rows (the two-launch merge reads them and must discard them)."""
     args, clean, poisoned = make_case(2, heads, 128, 16, 8, [1, 613], 80, torch.float32, seed=4)
     ref = mla_decode_paged_ref(kv_cache=clean, **args)
     config = MlaDecodeConfig(num_splits=40, block_h=block_h, block_n=block_n, num_warps=4,
@@ -242,6 +245,22 @@ def test_many_splits_and_column_chunks(heads, block_h, block_n, launches, monkey
     counters = counters_for()
     monkeypatch.setattr(torch, "empty", nan_empty)
     got = both_merges(args, poisoned, config, counters)
+    monkeypatch.undo()
+    check(got, ref, torch.float32)
+    assert launches == {"_mla_decode_split_kernel": 2, "_mla_decode_merge_kernel": 1}
+
+
+def test_splits_past_the_merge_unrolled_ones(launches, monkeypatch):
+    """More splits than the two-launch merge unrolls: 1100 tokens in 16-token tiles leave 69 of
+    80 splits active, so its loop over the active splits past the unrolled ones runs (five of
+    them in a partly filled chunk); 500 tokens leave 32 active, all unrolled. Partials start as
+    NaN: no merge may use an inactive split's rows."""
+    assert 32 < op_module._MERGE_UNROLLED_SPLITS < 69
+    args, clean, poisoned = make_case(2, 3, 32, 8, 16, [1100, 500], 80, torch.float32, seed=6)
+    ref = mla_decode_paged_ref(kv_cache=clean, **args)
+    config = MlaDecodeConfig(num_splits=80, block_h=16, block_n=16, num_warps=4, num_stages=1)
+    monkeypatch.setattr(torch, "empty", nan_empty)
+    got = both_merges(args, poisoned, config, counters_for())
     monkeypatch.undo()
     check(got, ref, torch.float32)
     assert launches == {"_mla_decode_split_kernel": 2, "_mla_decode_merge_kernel": 1}

@@ -32,9 +32,10 @@ active split gets its output from that program directly. Otherwise each active p
 normalized fp32 partial `[BLOCK_H, L]` and log2-sum-exp, and the splits are merged, in one of two
 ways (`MlaDecodeConfig.fused_merge`):
 
-- two launches: `_mla_decode_merge_kernel`, program (n, head, column block), reads the partials
-  of all `num_splits` splits (a constexpr: the loop is unrolled and no load waits for
-  `seq_lens`) and keeps the active ones;
+- two launches: `_mla_decode_merge_kernel`, program (n, head, column block), reads every
+  split's log-sum-exp and the first `_MERGE_UNROLLED_SPLITS` splits' partials before it knows
+  which are active (unrolled over the split count, a constexpr: no load waits for `seq_lens`),
+  and the active ones past those after;
 - one launch: the last active program of each (n, head block) to finish merges all of them. It
   learns that it is last from an atomic increment of that pair's counter, `n * head_blocks +
   head_block` in `counters`, and sets the counter back to 0. Saves the second launch and the gap
@@ -44,7 +45,8 @@ ways (`MlaDecodeConfig.fused_merge`):
 Both merges compute, per head and column, `top = max_s lse_s`, then in split order `acc += part_s
 * exp2(lse_s - top)`, `total += exp2(lse_s - top)`, and `acc / total`: the same operations in the
 same order (sm_90 PTX: `ex2.approx.ftz`, `fma.rn`, `div.full` in both), so the two forms give the
-same bits.
+same bits. Both launches ask for FP contraction (`enable_fp_fusion=True`) rather than take
+Triton's default, which Triton 3.9 announces will change in 3.10.
 
 Ordering of the one-launch merge (why the last program reads every partial; NVIDIA): the argument
 of fused_router.py, whose pattern Triton 3.9's sm_90 PTX of this kernel shows. The partial
@@ -106,6 +108,13 @@ except ImportError:  # CPU-only installs without Triton use the torch reference
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _LOG2E = math.log2(math.e)
+# Splits whose partials the two-launch merge reads before it knows which are active (its code is
+# unrolled over them): the most the default launch gives 32 local heads on 132 SMs (Kimi-Linear
+# on an H200). There (docs/performance.md "Twenty-second run") one 8k sequence's 64 splits took
+# 14.3 us read this way against 17.9 with only 16 read early and the rest in a loop over the
+# active ones. Unrolled further, the merge spilled registers (128 splits, the default for 16
+# local heads at batch 1) and took minutes to compile (264 and more).
+_MERGE_UNROLLED_SPLITS = 66
 
 if triton is not None:
 
@@ -313,6 +322,7 @@ if triton is not None:
         part_ptr, lse_ptr, seq_lens_ptr, out_ptr,
         stride_pn, stride_ph, stride_ps, stride_ln, stride_lh, stride_on, stride_oh,
         L: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+        SPLITS_P2: tl.constexpr, UNROLLED: tl.constexpr, MERGE_CHUNK: tl.constexpr,
         PDL: tl.constexpr = False,
     ):  # fmt: skip
         pdl_wait(PDL)
@@ -326,36 +336,46 @@ if triton is not None:
         _, active = _split_slice(tl.load(seq_lens_ptr + n).to(tl.int32), SPLITS, BLOCK_N)
         lse_row = lse_ptr + n * stride_ln + h * stride_lh
         part_row = part_ptr + n * stride_pn + h * stride_ph + col
-        # Every split's log-sum-exp and partial is loaded, unrolled and unmasked by `active`, so
-        # that all loads are in flight with the length's and none waits for it (one memory round
-        # trip, not two). A split that is not live was not written this step: its values are
-        # replaced before use, its log-sum-exp by -inf (weight exactly 0) and its partial by 0,
-        # so it adds exact zeros. The selects sit on the loaded values, not on the weight: with
-        # both on `live`, LLVM folds them into one select of `part * weight` and the multiply-add
-        # no longer contracts to the one-launch merge's `fma.rn` (a different rounding).
-        # Without a merge no split is live; the finite start of `top` and the divisor of 1 then
-        # keep the unstored sums free of NaN. Neither changes a merge: its live log-sum-exps
-        # are finite. The unrolled code costs instructions for every split, live or not. On the
-        # H200 (docs/performance.md "Twenty-second run"), one sequence, whole kernel pair: 8k
-        # tokens in 64 live splits 14.3 us against 19.8 for a loop over chunks of 16 live
-        # splits; 1k tokens in 16 live of 64-66 splits 10.4 against 9.1-10.2. Masking the loads
-        # by `active` instead (no dead reads, one more round trip) was slower in both.
+        # Loads that do not wait for the length: every split's log-sum-exp (one vector) and the
+        # first UNROLLED splits' partials (unrolled, whether live or not), so that they are in
+        # flight together, one memory round trip. Splits past UNROLLED (a bound on the unrolled
+        # code and its registers) are read after the length, in a loop over the live ones,
+        # MERGE_CHUNK at a time. A split that is not live was not written this step: its
+        # values are replaced before use, its log-sum-exp by -inf (weight exactly +0) and its
+        # partial by -0, so that it adds -0 * +0 = -0, which leaves every sum as it was (+0
+        # would turn a sum of -0 into +0). The selects sit on the loaded values, not on the
+        # weight: with both on `live`, LLVM can fold them into one select of `part * weight`,
+        # and the multiply-add then no longer contracts to the one-launch merge's `fma.rn` (a
+        # different rounding). Without a merge no split is live; the finite floor of `top` and
+        # the divisor of 1 then keep the unstored sums free of NaN. Neither changes a merge:
+        # its live log-sum-exps are finite.
         merging = active > 1
-        top = tl.full([], -3.4028234663852886e38, tl.float32)
-        for s in tl.static_range(SPLITS):
-            live = (s < active) & merging
-            top = tl.maximum(top, tl.where(live, tl.load(lse_row + s), float("-inf")))
+        every = tl.arange(0, SPLITS_P2)
+        lse_all = tl.load(lse_row + every, mask=every < SPLITS, other=float("-inf"))
+        top = tl.max(tl.where((every < active) & merging, lse_all, float("-inf")), axis=0)
+        top = tl.maximum(top, -3.4028234663852886e38)
         merged = tl.zeros([BLOCK_L], tl.float32)
         total = tl.zeros([BLOCK_L], tl.float32)
         # The one-launch merge's sums, in the same order.
-        for s in tl.static_range(SPLITS):
+        for s in tl.static_range(UNROLLED):
             live = (s < active) & merging
             weight = tl.exp2(tl.where(live, tl.load(lse_row + s), float("-inf")) - top)
             part = tl.load(part_row + s * stride_ps, mask=col_ok, other=0.0)
-            merged += tl.where(live, part, 0.0) * weight
+            merged += tl.where(live, part, -0.0) * weight
             total += weight
+        if SPLITS > UNROLLED:
+            # Per-column conditions (`_v`): the interpreter's masks take no scalar one.
+            zeros = tl.zeros([BLOCK_L], tl.int32)
+            for s0 in range(UNROLLED, active, MERGE_CHUNK):
+                for j in tl.static_range(MERGE_CHUNK):
+                    live_v = zeros + s0 + j < active
+                    lse_v = tl.load(lse_row + zeros + s0 + j, mask=live_v, other=float("-inf"))
+                    weight_v = tl.exp2(lse_v - top)
+                    part_v = tl.load(part_row + (s0 + j) * stride_ps, mask=col_ok & live_v,
+                                     other=0.0)  # fmt: skip
+                    merged += tl.where(live_v, part_v, -0.0) * weight_v
+                    total += weight_v
         o = merged / tl.where(merging, total, 1.0)
-        # The mask per column (the interpreter's masks take no scalar condition).
         stores = (tl.zeros([BLOCK_L], tl.int32) + active > 1) & col_ok
         tl.store(
             out_ptr + n * stride_on + h * stride_oh + col, o.to(out_ptr.dtype.element_ty),
@@ -443,7 +463,7 @@ def launch_mla_decode(
         # fp32 caches: full fp32 products (not TF32); 16-bit: the backend's default.
         DOT_PRECISION="ieee" if q_latent.dtype == torch.float32 else None, SPLIT=split,
         FUSED_MERGE=fused, MERGE_CHUNK=MERGE_CHUNK, LATENT_CHUNKS=config.latent_chunks,
-        num_warps=config.num_warps, num_stages=config.num_stages, **pdl,
+        num_warps=config.num_warps, num_stages=config.num_stages, enable_fp_fusion=True, **pdl,
     )  # fmt: skip
     if split and not fused:
         merge_l = merge_block_l(n, heads, latent, num_sms(q_latent.device))
@@ -451,8 +471,10 @@ def launch_mla_decode(
             part, lse, seq_lens, out,
             *part.stride()[:3], *lse.stride()[:2], *out.stride()[:2],
             L=latent, BLOCK_L=merge_l, BLOCK_N=config.block_n, SPLITS=config.num_splits,
+            SPLITS_P2=next_power_of_2(config.num_splits),
+            UNROLLED=min(config.num_splits, _MERGE_UNROLLED_SPLITS), MERGE_CHUNK=MERGE_CHUNK,
             # Four columns (16 bytes) a thread.
-            num_warps=max(1, min(4, merge_l // 128)), **pdl,
+            num_warps=max(1, min(4, merge_l // 128)), enable_fp_fusion=True, **pdl,
         )  # fmt: skip
     return out
 

@@ -25,17 +25,17 @@ MIN_DOT = 16
 # Splits the one-launch merge reads per step, their log-sum-exps as one vector.
 MERGE_CHUNK = 16
 # A single sequence's short capacity is cut into splits of one tile, up to this many (three merge
-# steps); several sequences' into up to `MERGE_CHUNK`. The count is of the capacity's tiles
-# rounded up: rounded down (before), a capacity between multiples of 64 got one split too few,
-# so two tiles a split. On the H200 (benchmark_mla_decode.py, the capacity the context + 32
-# rounded up to 16-token blocks as the engine's, docs/performance.md "Eighteenth run"), one
-# sequence in 16-head blocks: 1034 tokens in 17 one-tile splits 9.88 us against 11.73 in the 16
-# of one merge chunk (nine of two tiles; same call); 2058 tokens in 33, 10.87 us, the best of
-# 16, 32 and 33; 4106 tokens in 33 splits of two tiles 13.66 us, against 15.48 in 32 of three and
-# 18.14 in 65 of one in an earlier call: more one-tile splits than this cost the merge more than
-# they save. Several sequences keep `MERGE_CHUNK`: the engine was timed at one sequence only, and
-# at 2-4 sequences the kernel benchmark printed each config's best count only (32-head blocks:
-# 33 no slower than 16 or 32 at 2058-4106 tokens), not every count.
+# steps of 16 in the merges of the time); several sequences' into up to `MERGE_CHUNK`. The count
+# is of the capacity's tiles rounded up: rounded down (before), a capacity between multiples of 64
+# got one split too few, so two tiles a split. On the H200 (benchmark_mla_decode.py, the capacity
+# the context + 32 rounded up to 16-token blocks as the engine's, docs/performance.md "Eighteenth
+# run"), one sequence in 16-head blocks: 1034 tokens in 17 one-tile splits 9.88 us against 11.73
+# in the 16 of one merge chunk (nine of two tiles; same call); 2058 tokens in 33, 10.87 us, the
+# best of 16, 32 and 33; 4106 tokens in 33 splits of two tiles 13.66 us, against 15.48 in 32 of
+# three and 18.14 in 65 of one in an earlier call: more one-tile splits than this cost the merge
+# more than they save. Several sequences keep `MERGE_CHUNK`: the engine was timed at one sequence
+# only, and at 2-4 sequences the kernel benchmark printed each config's best count only (32-head
+# blocks: 33 no slower than 16 or 32 at 2058-4106 tokens), not every count.
 _ONE_TILE_SPLITS = 33
 # Partial bytes (`num_splits * block_h * L * 4`) up to which the default merges in the split
 # launch. One program reads them all, while the merge kernel spreads them over hundreds. On the
