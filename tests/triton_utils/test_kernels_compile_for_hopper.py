@@ -140,8 +140,9 @@ def _ptx_checks(launch: dict) -> dict:
         # Each split's multiply-add is one fma, as in the one-launch merge (same bits; both
         # launches ask for FP contraction); at two splits LLVM once folded the selects on a
         # split's liveness into a separate multiply. With every split unrolled, no branch:
-        # every load goes out with the length's, none waits for it.
-        checks["ptx_has"].append("fma.rn.f32")
+        # every load goes out with the length's, none waits for it. A dead split's partial is
+        # -0 (0f80000000), which Triton 3.6 would fold to +0 if written as a literal.
+        checks["ptx_has"] += ["fma.rn.f32", "0f80000000"]
         checks["ptx_lacks"] += ["mul.f32", "mul.rn.f32", "mul.ftz.f32", "mul.rn.ftz.f32"]
         if launch["args"]["SPLITS"] == launch["args"]["UNROLLED"]:
             checks["ptx_lacks"] += ["bra ", "bra.uni"]

@@ -350,6 +350,8 @@ if triton is not None:
         # the divisor of 1 then keep the unstored sums free of NaN. Neither changes a merge:
         # its live log-sum-exps are finite.
         merging = active > 1
+        # -0 by its bits: Triton 3.6 folds a literal -0.0 into +0.
+        neg_zero = tl.full([BLOCK_L], -2147483648, tl.int32).to(tl.float32, bitcast=True)
         every = tl.arange(0, SPLITS_P2)
         lse_all = tl.load(lse_row + every, mask=every < SPLITS, other=float("-inf"))
         top = tl.max(tl.where((every < active) & merging, lse_all, float("-inf")), axis=0)
@@ -361,7 +363,7 @@ if triton is not None:
             live = (s < active) & merging
             weight = tl.exp2(tl.where(live, tl.load(lse_row + s), float("-inf")) - top)
             part = tl.load(part_row + s * stride_ps, mask=col_ok, other=0.0)
-            merged += tl.where(live, part, -0.0) * weight
+            merged += tl.where(live, part, neg_zero) * weight
             total += weight
         if SPLITS > UNROLLED:
             # Per-column conditions (`_v`): the interpreter's masks take no scalar one.
@@ -373,7 +375,7 @@ if triton is not None:
                     weight_v = tl.exp2(lse_v - top)
                     part_v = tl.load(part_row + (s0 + j) * stride_ps, mask=col_ok & live_v,
                                      other=0.0)  # fmt: skip
-                    merged += tl.where(live_v, part_v, -0.0) * weight_v
+                    merged += tl.where(live_v, part_v, neg_zero) * weight_v
                     total += weight_v
         o = merged / tl.where(merging, total, 1.0)
         stores = (tl.zeros([BLOCK_L], tl.int32) + active > 1) & col_ok

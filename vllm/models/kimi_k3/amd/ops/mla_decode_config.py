@@ -108,7 +108,7 @@ def mla_decode_config(
     for more: a program's time grows with its tiles (on the H200 a `[16 heads, 64 tokens]` tile
     costs it about 2 us of `tl.dot` operand traffic, not HBM time), while the merges cost more
     with more splits (the one-launch merge reads `MERGE_CHUNK` a step; the two-launch merge
-    unrolls them all).
+    unrolls up to 66 and loops over the live ones past them).
 
     Heads: blocks of up to 32 (`BLOCK_H`), of 16 for a single wide-latent sequence on CUDA
     (`_SINGLE_SEQUENCE_BLOCK_H`).
