@@ -2,7 +2,7 @@
 # Device call 87 (prepared, not run: no device time was left). Needs, besides .whl/ (fla-core) and
 # .devrun/xd/ (pytest-xdist, execnet wheels): .devrun/mla_decode_A.py, made with
 #   git show 9a48158:vllm/models/kimi_k3/amd/ops/mla_decode.py > .devrun/mla_decode_A.py
-# 1. f4a5903's MLA merge (at most 66 splits unrolled, the rest in a loop over the live ones; -0 for
+# 1. 7e9ceda's MLA merge (at most 66 splits unrolled, the rest in a loop over the live ones; -0 for
 #    dead splits; explicit FP contraction) on the GPU: the MLA GPU tests.
 # 2. mla_merge_probe.py on A (9a48158's merge), this tree and form F (merge_F.patch: 16 splits
 #    unrolled, the loop past them pipelined in three stages), alternating processes.
