@@ -259,13 +259,18 @@ def test_many_splits_and_column_chunks(heads, block_h, block_n, launches, monkey
     assert launches == {"_mla_decode_split_kernel": 2, "_mla_decode_merge_kernel": 1}
 
 
-def test_splits_past_the_merge_unrolled_ones(launches, monkeypatch):
+@pytest.mark.parametrize("scores", ["mixed", "negative"])
+def test_splits_past_the_merge_unrolled_ones(scores, launches, monkeypatch):
     """More splits than the two-launch merge unrolls: 1100 tokens in 16-token tiles leave 69 of
     80 splits active, so its loop over the active splits past the unrolled ones runs (three of
     them in a partly filled chunk); 500 tokens leave 32 active, all unrolled. Partials start as
-    NaN: no merge may use an inactive split's rows."""
+    NaN: no merge may use an inactive split's rows. With every score negative, so is every
+    log-sum-exp: the merge's floor under its maximum must not bind."""
     assert 32 < op_module._MERGE_UNROLLED_SPLITS < 69
     args, clean, poisoned = make_case(2, 3, 32, 8, 16, [1100, 500], 80, torch.float32, seed=6)
+    if scores == "negative":
+        args = dict(args, q_latent=-4 * args["q_latent"].abs(), q_pe=-4 * args["q_pe"].abs())
+        clean, poisoned = clean.abs(), poisoned.abs()
     ref = mla_decode_paged_ref(kv_cache=clean, **args)
     config = MlaDecodeConfig(num_splits=80, block_h=16, block_n=16, num_warps=4, num_stages=1)
     monkeypatch.setattr(torch, "empty", nan_empty)
