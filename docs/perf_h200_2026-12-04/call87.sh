@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Device call 87 (prepared, not run: no device time was left). Needs, besides .whl/ (fla-core) and
-# .devrun/xd/ (pytest-xdist, execnet wheels): .devrun/mla_decode_A.py, made with
+# Device call 87 (prepared in the twenty-second run, run in the twenty-third on cc2780f). Needs,
+# besides .whl/ (fla-core) and .devrun/xd/ (pytest-xdist, execnet wheels):
+# .devrun/mla_decode_A.py, made with
 #   git show 9a48158:vllm/models/kimi_k3/amd/ops/mla_decode.py > .devrun/mla_decode_A.py
 # 1. 7e9ceda's MLA merge (at most 66 splits unrolled, the rest in a loop over the live ones; -0 for
 #    dead splits; explicit FP contraction) on the GPU: the MLA GPU tests.
