@@ -27,13 +27,21 @@ Kernel: one program per token (a decode batch is a few hundred tokens at most, a
 handful of register-resident reductions, so more tokens per program would only serialise them).
 The token's E logits sit in one `next_pow2(E)` register vector; the group ranking uses a
 `[next_pow2(groups), next_pow2(E)]` membership tile, so group sizes need not be powers of two.
-The `top_k` experts come from one `tl.sort` (descending) of a distinct int64 key per lane: the
-biased score mapped to int32 in order in the high half, `BLOCK_E - lane` in the low half (so equal
-scores rank the lowest expert first), padded lanes the smallest key. One masked reduction reads
-the first `next_pow2(top_k + S)` sorted keys (lanes are padded to at least that many) and one more
-gathers the chosen experts' unbiased scores. That is a fixed, short chain of sorting stages in
-registers instead of `top_k` dependent rounds of argmax (three reductions each), which set the
-latency of the standalone kernel and, per token, of fused_router.py's serial selection.
+The `top_k` experts come from one `tl.topk` of a distinct int64 key per lane: the biased score
+mapped to int32 in order in the high half, `BLOCK_E - lane` in the low half (so equal scores rank
+the lowest expert first), padded lanes the smallest key. It returns the largest
+`next_pow2(top_k + S)` keys in descending order (lanes are padded to at least that many), and one
+masked reduction gathers the chosen experts' unbiased scores. `tl.topk` is Triton's bitonic top-k:
+it sorts runs of that many keys, then halves the candidates by a pairwise max and merges the
+survivors, again until one run is left, so it runs far fewer compare-and-swap stages than a full
+sort of the `BLOCK_E` keys (the form before; with distinct keys both give the same keys in the
+same order), and far fewer than `top_k` dependent rounds of argmax (three reductions each). Its
+chain of stages sets the latency of the standalone kernel and, per token, of fused_router.py's
+serial selection: in the sm_90 PTX (Triton 3.6) at Kimi-Linear's 256 experts, top-8 + 1 shared,
+the fused router has 25 barriers where the full sort had 37, the standalone kernel 12 where it
+had 24; on the H200 the fused norm + router took 5.5 against 6.4 us at one token and the top-k
+kernel 2.3 / 2.3 / 2.6 against 3.1 / 3.2 / 3.9 us at 1 / 64 / 256 tokens (docs/performance.md,
+"Twenty-third run").
 The selection of a token is the @triton.jit helper `grouped_topk_row`, which fused_router.py's
 one-launch router (logits and selection, at decode sizes) runs too.
 
@@ -136,7 +144,7 @@ if triton is not None:
             lane_kept = tl.max(tl.where(member & (kept[:, None] != 0), 1, 0), axis=0)
             choice = tl.where(lane_kept != 0, choice, float("-inf"))
 
-        # The top TOP_K in one descending sort of a distinct int64 key per lane: the high half maps
+        # The top TOP_K from `tl.topk` of a distinct int64 key per lane: the high half maps
         # the fp32 choice to int32 in order (negatives get their magnitude bits flipped; choice
         # is never -0.0, as the score never is, so equal choices get equal high halves),
         # the low half is BLOCK_E - lane, so among equal choices the lowest expert ranks first.
@@ -146,9 +154,7 @@ if triton is not None:
         bits = tl.where(valid, choice.to(tl.int32, bitcast=True), -1)
         key = (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64) << 32
         key += tl.where(valid, BLOCK_E - offs, 0)
-        ranked = tl.reshape(tl.sort(key, descending=True), [BLOCK_E // BLOCK_K, BLOCK_K])
-        row = tl.arange(0, BLOCK_E // BLOCK_K)
-        leading = tl.sum(tl.where(row[:, None] == 0, ranked, 0), axis=0)
+        leading = tl.topk(key, BLOCK_K)
         k_offs = tl.arange(0, BLOCK_K)
         ids = BLOCK_E - leading.to(tl.int32)  # the low half; slots from TOP_K on are overwritten
         hit = (offs[None, :] == ids[:, None]) & (k_offs < TOP_K)[:, None]
@@ -335,7 +341,8 @@ _WIDE_MAX_TOKENS = 256
 
 
 def _default_warps(block_e: int, tokens: int) -> int:
-    # The sort's stages are independent across lanes: at 256 experts 4 warps beat 1 at every
+    # The selection's stages are independent across lanes (measured with the full sort that
+    # `tl.topk` replaced): at 256 experts 4 warps beat 1 at every
     # batch timed on the H200 (benchmark_router.py --warps 1 2 4, 2026-12-01: 3.6 / 3.7 / 4.4 us
     # against 4.2 / 4.5 / 4.6 at T = 1 / 64 / 256), although the stages that cross warps go
     # through shared memory. A prefill's thousands of programs fill the GPU with one warp each:
@@ -364,7 +371,7 @@ def grouped_topk_triton(
         )
     tokens, experts = router_logits.shape
     columns = routing.columns
-    # Lanes for every output slot too: the selection reads its slots off the sorted lanes.
+    # Lanes for every output slot too: the selection reads its slots off the top-k's lanes.
     block_e = next_power_of_2(max(experts, columns))
     if num_warps is None:
         num_warps = _default_warps(block_e, tokens)
