@@ -1,12 +1,12 @@
 """Two fast paths for Triton's CPU interpreter, for pytest and spawned workers. Neither changes
 what a kernel computes: they skip work whose result the interpreter already has.
 
-Integer XOR reductions. ``tl.sort`` (the router's top-k, the grouped experts' row placement) is
-a bitonic network whose every compare-and-swap stage finds its partners with ``xor_sum`` along
-one axis. The interpreter has numpy fast paths for sum, min and max but runs any other combine
-function, ``_xor_combine`` included, once per element in Python: a 256-lane sort took ~0.4 s a
-program. Here it is ``np.bitwise_xor.reduce``; XOR of integers is associative and commutative,
-so the result is the element-by-element fold's bit for bit.
+Integer XOR reductions. ``tl.sort`` (the grouped experts' row placement) and ``tl.topk`` (the
+router's top-k) are bitonic networks whose every compare-and-swap stage finds its partners with
+``xor_sum`` along one axis. The interpreter has numpy fast paths for sum, min and max but runs
+any other combine function, ``_xor_combine`` included, once per element in Python: a 256-lane
+sort took ~0.4 s a program. Here it is ``np.bitwise_xor.reduce``; XOR of integers is associative
+and commutative, so the result is the element-by-element fold's bit for bit.
 
 Language patching per device-function call. A launch patches ``triton.language`` (and
 ``triton.language.core``) for the interpreter, and so does every call of a nested

@@ -425,6 +425,11 @@ def _drive_ops() -> None:
         torch.randn(3, 40, generator=gen), torch.randn(24, 40, generator=gen), None, small,
         semaphore,
     )  # fmt: skip
+    # One key kept (top-1): Triton 3.6's `tl.topk` does not compile at k = 1.
+    top1 = RoutingParams(16, 1)
+    fused_router_topk(torch.randn(1, 40, generator=gen), torch.randn(16, 40, generator=gen), None,
+                      top1, semaphore)  # fmt: skip
+    grouped_topk_triton(torch.randn(2, 16, generator=gen), None, top1)
     # The residual add and RMSNorm in the same launch: Kimi-Linear's bf16 rows at T = 1 (the
     # norm's 8 warps), default and swept, then small fp32 rows with tail chunks at T = 3.
     norm_weight = torch.ones(2304, dtype=torch.bfloat16)

@@ -217,6 +217,15 @@ def test_kimi_linear_router_and_other_x_dtypes(dtype, triton_launches):
     assert triton_launches[KERNEL] == 3
 
 
+def test_top_1_keeps_one_key(triton_launches):
+    """`top_k + S == 1`: the selection keeps a single key (Triton 3.6's `tl.topk` fails at k =
+    1, so the kernel takes a max there)."""
+    routing = router(16, top_k=1)
+    x, w, bias = tie_free_case(2, 16, 48, routing, seed=6)
+    assert_matches_reference(x, w, bias, routing)
+    assert triton_launches[KERNEL] == 1
+
+
 def test_the_semaphore_is_reset_for_the_next_launch(triton_launches):
     """A kernel that left the count at num_programs would make no program of the next launch
     the last one: its outputs would stay unwritten."""

@@ -33,15 +33,17 @@ the lowest expert first), padded lanes the smallest key. It returns the largest
 `next_pow2(top_k + S)` keys in descending order (lanes are padded to at least that many), and one
 masked reduction gathers the chosen experts' unbiased scores. `tl.topk` is Triton's bitonic top-k:
 it sorts runs of that many keys, then halves the candidates by a pairwise max and merges the
-survivors, again until one run is left, so it runs far fewer compare-and-swap stages than a full
-sort of the `BLOCK_E` keys (the form before; with distinct keys both give the same keys in the
-same order), and far fewer than `top_k` dependent rounds of argmax (three reductions each). Its
-chain of stages sets the latency of the standalone kernel and, per token, of fused_router.py's
-serial selection: in the sm_90 PTX (Triton 3.6) at Kimi-Linear's 256 experts, top-8 + 1 shared,
-the fused router has 25 barriers where the full sort had 37, the standalone kernel 12 where it
-had 24; on the H200 the fused norm + router took 5.5 against 6.4 us at one token and the top-k
-kernel 2.3 / 2.3 / 2.6 against 3.1 / 3.2 / 3.9 us at 1 / 64 / 256 tokens (docs/performance.md,
-"Twenty-third run").
+survivors, again until one run is left. With distinct keys it gives the same keys in the same
+order as a full sort of the `BLOCK_E` keys (the form before) in fewer compare-and-swap stages
+(26 against 36 at 256 keys and k = 16), and only its halving steps compare keys farther apart
+than a run, where most of the full sort's later stages crossed warps; `top_k` dependent rounds of
+argmax would take three reductions each. Its chain of stages sets the latency of the standalone
+kernel and, per token, of fused_router.py's serial selection: in the sm_90 PTX (Triton 3.6) at
+Kimi-Linear's 256 experts, top-8 + 1 shared, the fused norm + router kernel has 25 barriers where
+the full sort had 37, the standalone kernel 12 where it had 24; on the H200 the fused norm +
+router took 5.5 against 6.4 us at one token and the top-k kernel 2.3 / 2.3 / 2.6 against 3.1 /
+3.2 / 3.9 us at 1 / 64 / 256 tokens (docs/performance.md, "Twenty-third run"). At k = 1 the
+selection is a max instead (Triton 3.6's `tl.topk` fails there).
 The selection of a token is the @triton.jit helper `grouped_topk_row`, which fused_router.py's
 one-launch router (logits and selection, at decode sizes) runs too.
 
@@ -154,7 +156,11 @@ if triton is not None:
         bits = tl.where(valid, choice.to(tl.int32, bitcast=True), -1)
         key = (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64) << 32
         key += tl.where(valid, BLOCK_E - offs, 0)
-        leading = tl.topk(key, BLOCK_K)
+        if BLOCK_K == 1:
+            # Triton 3.6's `tl.topk` fails at k = 1 (3.9 takes a max there, as here).
+            leading = tl.max(key, 0, keep_dims=True)
+        else:
+            leading = tl.topk(key, BLOCK_K)
         k_offs = tl.arange(0, BLOCK_K)
         ids = BLOCK_E - leading.to(tl.int32)  # the low half; slots from TOP_K on are overwritten
         hit = (offs[None, :] == ids[:, None]) & (k_offs < TOP_K)[:, None]
