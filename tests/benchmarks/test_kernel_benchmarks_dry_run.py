@@ -249,3 +249,14 @@ def test_mla_prefill_dry_run(triton_launches, capsys: pytest.CaptureFixture) -> 
     assert triton_launches["_mla_prefill_key_kernel"] == 2  # the key check, the new attention
     out = capsys.readouterr().out
     assert "key bit for bit: True, layer codes bit for bit: True" in out
+
+
+def test_argmax_dry_run(triton_launches, capsys: pytest.CaptureFixture) -> None:
+    import benchmark_argmax
+
+    assert benchmark_argmax.main(["--dry-run", "--target-programs", "1", "2048"]) == 0
+    assert triton_launches["_argmax_chunk_kernel"] == 2  # the kernels, not the reference
+    assert triton_launches["_argmax_pick_kernel"] == 2
+    assert "[1, 2048] at N = 3, V = 5000: equal to torch.argmax" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        benchmark_argmax.main(["--rows", "0"])

@@ -74,6 +74,7 @@ from vllm.models.kimi_k3.amd.ops.mla_decode_config import (
 )
 from vllm.models.kimi_k3.amd.ops.mla_prefill import mla_prefill_key
 from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import rmsnorm_gated_fp8_per_token
+from vllm.v1.sample.ops.argmax import argmax
 
 # The MLA decode kernels are launched by tests of their own, outside the counted registry.
 KERNELS = {
@@ -472,6 +473,13 @@ def _drive_ops() -> None:
         x = torch.randn(rows, 2 * inter, generator=gen)
         silu_and_mul(x.to(torch.bfloat16))
         silu_and_mul(x)
+
+    # Greedy sampling's argmax: Kimi-Linear's vocabulary in bf16 at one row (one step a chunk)
+    # and 256 (longer chunks), then fp32 and fp16 at small sizes.
+    for rows in (1, 256):
+        argmax(torch.randn(rows, 163840, generator=gen).to(torch.bfloat16))
+    argmax(torch.randn(3, 5000, generator=gen), target_programs=1)
+    argmax(torch.randn(2, 40, generator=gen).half())
 
     for tokens, hidden in ((8, 2304), (3, 48)):
         x = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16)

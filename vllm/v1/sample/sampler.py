@@ -7,14 +7,14 @@ same token as the fp32 copy would, without writing that copy ([256, 163840] fp32
 
 Order, per row: repetition penalty (a seen token's positive logit is divided by the penalty, a
 negative one multiplied), then eos / stop ids forced to -inf while `min_tokens` is not reached.
-Greedy rows then take the exact argmax (the first index among equal maxima). Random rows divide
-by their temperature and take probabilities, drop tokens below `min_p` times the row's largest
-probability, keep the `top_k` most likely, keep the smallest most-likely prefix whose mass
-reaches `top_p` of what is left, and sample by an exponential race: argmax of p / E with
-E ~ Exp(1) i.i.d., which picks token i with probability p_i / sum(p). A seeded row draws its E from
-its own generator, so its tokens depend only on its seed and its logits; unseeded rows share one
-draw from the device's default generator. The top-k / top-p cut keeps every token tied with the
-last one kept.
+Greedy rows then take the exact argmax (the first index among equal maxima; ops/argmax.py, Triton
+on the GPU). Random rows divide by their temperature and take probabilities, drop tokens below
+`min_p` times the row's largest probability, keep the `top_k` most likely, keep the smallest
+most-likely prefix whose mass reaches `top_p` of what is left, and sample by an exponential race:
+argmax of p / E with E ~ Exp(1) i.i.d., which picks token i with probability p_i / sum(p). A
+seeded row draws its E from its own generator, so its tokens depend only on its seed and its
+logits; unseeded rows share one draw from the device's default generator. The top-k / top-p cut
+keeps every token tied with the last one kept.
 
 Logprobs are of the raw model distribution (log_softmax of the logits as given, before penalties,
 suppression, temperature and filtering). Rank policy: a token's rank is 1 + the number of tokens
@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from vllm.v1.sample.metadata import SamplingMetadata
+from vllm.v1.sample.ops.argmax import argmax
 
 
 @dataclass
@@ -67,7 +68,7 @@ class Sampler(nn.Module):
             torch.log_softmax(logits, dim=-1) if metadata.max_num_logprobs is not None else None
         )
         logits = _apply_penalty_and_suppression(logits, metadata)
-        greedy = None if metadata.all_random else logits.argmax(dim=-1)
+        greedy = None if metadata.all_random else argmax(logits)
         if metadata.all_greedy:
             sampled = greedy
         else:

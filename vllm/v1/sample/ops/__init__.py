@@ -1,0 +1,1 @@
+"""Sampling kernels: each a Triton kernel, its launcher and its torch reference."""
