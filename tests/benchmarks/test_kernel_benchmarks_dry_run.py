@@ -255,7 +255,7 @@ def test_argmax_dry_run(triton_launches, capsys: pytest.CaptureFixture) -> None:
     import benchmark_argmax
 
     assert benchmark_argmax.main(["--dry-run", "--target-programs", "1", "2048"]) == 0
-    assert triton_launches["_argmax_chunk_kernel"] == 2  # the kernels, not the reference
+    assert triton_launches["_argmax_partial_kernel"] == 2  # the kernels, not the reference
     assert triton_launches["_argmax_pick_kernel"] == 2
     assert "[1, 2048] at N = 3, V = 5000: equal to torch.argmax" in capsys.readouterr().out
     with pytest.raises(SystemExit):

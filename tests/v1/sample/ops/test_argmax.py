@@ -6,7 +6,9 @@ engine's sizes and CUDA-graph replay."""
 import pytest
 import torch
 
-from vllm.v1.sample.ops.argmax import BLOCK, argmax, argmax_ref, split_count
+from vllm.v1.sample.ops.argmax import BLOCK, MAX_KERNEL_ROWS, argmax, argmax_ref, split_count
+
+ANY_ROWS = 1 << 30  # max_kernel_rows: the kernels at any row count
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
@@ -18,7 +20,7 @@ def few_values(shape, dtype, seed, device="cpu"):
 
 
 def launched(counts) -> tuple[int, int]:
-    return counts["_argmax_chunk_kernel"], counts["_argmax_pick_kernel"]
+    return counts["_argmax_partial_kernel"], counts["_argmax_pick_kernel"]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -68,7 +70,7 @@ def test_special_values_order_as_torch(dtype, triton_launches):
     )  # fmt: skip
     assert specials[5] != 0 and specials[6] != 0  # the denormals survive the cast
     pairs = torch.cartesian_prod(specials, specials)
-    assert torch.equal(argmax(pairs), pairs.argmax(dim=-1))
+    assert torch.equal(argmax(pairs, max_kernel_rows=ANY_ROWS), pairs.argmax(dim=-1))
     rows = torch.stack([specials.roll(i) for i in range(len(specials))])
     assert torch.equal(argmax(rows), rows.argmax(dim=-1))
     no_nan = rows[:, 1:-1]
@@ -91,7 +93,13 @@ def test_reference_and_dispatch(triton_launches):
     x64 = x.double()  # not a kernel dtype: the reference
     assert torch.equal(argmax(x64), x64.argmax(dim=-1))
     assert argmax(x.to("meta")).shape == (3,)
+    assert torch.equal(argmax(x, max_kernel_rows=2), x.argmax(dim=-1))  # more rows: torch's
+    many = few_values((MAX_KERNEL_ROWS + 1, 8), torch.bfloat16, seed=4)
+    assert torch.equal(argmax(many), many.argmax(dim=-1))
     assert launched(triton_launches) == (0, 0)
+    argmax(many[:MAX_KERNEL_ROWS])
+    argmax(x, max_kernel_rows=3)
+    assert launched(triton_launches) == (2, 2)
 
 
 def test_no_rows_launch_nothing(triton_launches):
@@ -109,6 +117,8 @@ def test_rejects_bad_inputs():
         argmax(torch.zeros(2, 3, dtype=torch.int32))
     with pytest.raises(ValueError, match="target_programs"):
         argmax(torch.zeros(2, 3), target_programs=0)
+    with pytest.raises(ValueError, match="max_kernel_rows"):
+        argmax(torch.zeros(2, 3), max_kernel_rows=-1)
     with pytest.raises(ValueError, match="torch.Tensor"):
         argmax([[1.0, 2.0]])
 
@@ -132,24 +142,26 @@ def test_every_bf16_pattern_on_gpu(triton_launches):
     rows = torch.stack([every[torch.randperm(every.numel(), generator=gen, device="cuda")]
                         for _ in range(8)]).view(torch.bfloat16)  # fmt: skip
     assert torch.equal(argmax(rows), rows.argmax(dim=-1))
-    finite = rows.view(torch.int16)[:, :] & 0x7FFF
-    no_nan = rows.masked_fill(finite > 0x7F80, 0.0)
+    magnitude = rows.view(torch.int16) & 0x7FFF
+    no_nan = rows.masked_fill(magnitude > 0x7F80, 0.0)
     assert torch.equal(argmax(no_nan), no_nan.argmax(dim=-1))
     pairs = every[torch.randint(0, every.numel(), (1 << 20, 2), generator=gen, device="cuda")]
     pairs = pairs.view(torch.bfloat16)
-    assert torch.equal(argmax(pairs), pairs.argmax(dim=-1))
+    assert torch.equal(argmax(pairs, max_kernel_rows=ANY_ROWS), pairs.argmax(dim=-1))
     assert launched(triton_launches) == (3, 3)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("rows", [1, 8, 64, 256, 1000])
-def test_engine_sizes_on_gpu(rows, dtype):
+def test_engine_sizes_on_gpu(rows, dtype, triton_launches):
     """Kimi-Linear's vocabulary at the benchmark's batch sizes, ties and a few NaN rows."""
     x = few_values((rows, 163840), dtype, seed=rows, device="cuda")
     x[::7, 12345] = float("nan")
     for target in (64, 2048, 8192):
-        assert torch.equal(argmax(x, target_programs=target), x.argmax(dim=-1))
+        got = argmax(x, target_programs=target, max_kernel_rows=ANY_ROWS)
+        assert torch.equal(got, x.argmax(dim=-1))
+    assert launched(triton_launches) == (3, 3)
 
 
 @pytest.mark.gpu

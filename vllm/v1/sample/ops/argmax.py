@@ -1,17 +1,18 @@
 """Greedy sampling's argmax: the index of each row's largest logit, the first among equal maxima,
 as ``torch.argmax(logits, dim=-1)`` returns it, in two short Triton launches.
 
-``argmax(logits, *, target_programs=TARGET_PROGRAMS)``
+``argmax(logits, *, target_programs=TARGET_PROGRAMS, max_kernel_rows=MAX_KERNEL_ROWS)``
     ``logits`` ``[N, V]`` bf16 / fp16 / fp32 with unit stride on V (any row stride; another
     stride is copied first), 1 <= V <= ``MAX_VOCAB``. Returns ``[N]`` int64. Reference:
     ``argmax_ref`` (``torch.argmax``), which other dtypes and CPU tensors take (unless
-    ``TRITON_INTERPRET=1``: ``use_triton``). ``target_programs`` sets the chunking (below), for
-    the benchmark's sweep; the result does not depend on it.
+    ``TRITON_INTERPRET=1``: ``use_triton``), and so do more than ``max_kernel_rows`` rows, where
+    torch's own reduction is faster. ``target_programs`` sets the chunking (below); the tests and
+    the benchmark's sweep set both; the result depends on neither.
 
 Why: torch's argmax of one ``[1, 163840]`` bf16 row took ~9 us on the H200 in the profile of a
 batch-1 decode step (twenty-third run) for 320 KB, which cross HBM in well under a microsecond.
 Here many programs reduce chunks of the rows at once, then one short launch per row picks the
-best chunk.
+best chunk: 2.6 us for that row (docs/performance.md, twenty-fourth run).
 
 Order: every value is widened to fp32 exactly (a bf16's bits shifted into place) and mapped to
 an int32 key that orders as the floats do: a non-negative float's bits as they are, a negative
@@ -22,12 +23,12 @@ of an int64 and ``2^31 - 1 - index`` in the low half, so the int64 maximum of a 
 is its largest value at its smallest index: an exact, associative reduction, whose result no
 chunking, warp count or reduction order can change.
 
-Launches: ``_argmax_chunk_kernel`` on grid ``(N, S)`` (``split_count``): program ``(n, s)``
+Launches: ``_argmax_partial_kernel`` on grid ``(N, S)`` (``split_count``): program ``(n, s)``
 reduces columns ``[s * chunk, (s + 1) * chunk)`` of row n in ``BLOCK``-wide steps and stores its
 packed maximum to an int64 scratch ``[N, S]``. Lanes past the chunk's end load its last column
 again (a duplicate of a real element: no sentinel needed). ``S`` aims at ``target_programs``
-programs over all rows (1 to ``cdiv(V, BLOCK)`` a row): at one row one ``BLOCK`` a program,
-since the launch's latency is what counts there; longer chunks for many rows.
+programs over all rows (1 to ``cdiv(V, BLOCK)`` a row): one ``BLOCK`` a program for the rows
+the kernels take, longer chunks only for many rows or a long V.
 ``_argmax_pick_kernel`` on grid ``(N,)`` takes each row's maximum over its S partials and unpacks
 the index. Both kernels start with ``pdl_wait`` (vllm/triton_utils/pdl.py). No host reads of
 tensor values: CUDA-graph capturable.
@@ -49,16 +50,21 @@ try:
 except ImportError:  # CPU-only installs without Triton use the torch reference
     triton = None
 
-__all__ = ["KERNEL_DTYPES", "MAX_VOCAB", "argmax", "argmax_ref", "split_count"]
+__all__ = ["KERNEL_DTYPES", "MAX_KERNEL_ROWS", "MAX_VOCAB", "argmax", "argmax_ref", "split_count"]
 
 KERNEL_DTYPES = frozenset((torch.bfloat16, torch.float16, torch.float32))
 # The index's complement must fit the packed maximum's low 31 bits.
 MAX_VOCAB = 2**30
-# Columns a chunk program reads per step: 4 warps, 16 values a thread.
+# Columns a partial program reads per step: 4 warps, 16 values a thread.
 BLOCK = 2048
-_CHUNK_WARPS = 4
-# Programs of the chunk launch, all rows together: a few per SM of an H200 (132 SMs).
-TARGET_PROGRAMS = 2048
+_PARTIAL_WARPS = 4
+# Programs of the partial launch, all rows together. Up to 102 rows of Kimi's 163840 columns this
+# gives one step a program, the fastest of 512-8192 on the H200 at 1, 8 and 64 rows (call 94).
+TARGET_PROGRAMS = 8192
+# Rows up to which the kernels run; above, torch.argmax, which reads many rows faster (H200, V
+# 163840, bf16: 2.56 against 8.51 us at 1 row, 17.4 against 22.4 at 64, 62.6 against 57.4 at
+# 256; call 94).
+MAX_KERNEL_ROWS = 64
 # Partials the pick launch reduces per row in one tile.
 MAX_SPLITS = 1024
 
@@ -87,7 +93,7 @@ if triton is not None:
         return tl.max((key.to(tl.int64) << 32) | low, axis=0)
 
     @triton.jit
-    def _argmax_chunk_kernel(
+    def _argmax_partial_kernel(
         logits_ptr, partial_ptr,
         vocab, stride_row, chunk, splits,
         BLOCK: tl.constexpr,
@@ -124,8 +130,8 @@ if triton is not None:
 
 
 @cache
-def _chunk_spec(pdl: bool) -> LaunchSpec:
-    return LaunchSpec(BLOCK=BLOCK, num_warps=_CHUNK_WARPS, **pdl_options(pdl))
+def _partial_spec(pdl: bool) -> LaunchSpec:
+    return LaunchSpec(BLOCK=BLOCK, num_warps=_PARTIAL_WARPS, **pdl_options(pdl))
 
 
 @cache
@@ -173,14 +179,22 @@ def _check(logits: torch.Tensor) -> None:
         raise ValueError(f"logits' V must be in [1, {MAX_VOCAB}], got {logits.shape[1]}")
 
 
-def argmax(logits: torch.Tensor, *, target_programs: int = TARGET_PROGRAMS) -> torch.Tensor:
+def argmax(
+    logits: torch.Tensor,
+    *,
+    target_programs: int = TARGET_PROGRAMS,
+    max_kernel_rows: int = MAX_KERNEL_ROWS,
+) -> torch.Tensor:
     """The first index of each row's largest value of ``logits`` ``[N, V]`` -> ``[N]`` int64
     (module docstring)."""
     _check(logits)
     if not isinstance(target_programs, int) or target_programs < 1:
         raise ValueError(f"target_programs must be a positive int, got {target_programs!r}")
+    if not isinstance(max_kernel_rows, int) or max_kernel_rows < 0:
+        raise ValueError(f"max_kernel_rows must be a non-negative int, got {max_kernel_rows!r}")
     rows, vocab = logits.shape
-    if not use_triton(logits.device) or logits.dtype not in KERNEL_DTYPES:
+    kernel = use_triton(logits.device) and logits.dtype in KERNEL_DTYPES
+    if not kernel or rows > max_kernel_rows:
         return argmax_ref(logits)
     if logits.stride(1) != 1 and vocab > 1:
         logits = logits.contiguous()
@@ -191,9 +205,9 @@ def argmax(logits: torch.Tensor, *, target_programs: int = TARGET_PROGRAMS) -> t
     partial = torch.empty((rows, splits), dtype=torch.int64, device=logits.device)
     pdl = use_pdl(logits.device)
     launch(
-        _argmax_chunk_kernel, (rows, splits, 1),
+        _argmax_partial_kernel, (rows, splits, 1),
         (logits, partial, vocab, logits.stride(0), chunk, splits),
-        _chunk_spec(pdl),
+        _partial_spec(pdl),
     )  # fmt: skip
     block_s = next_power_of_2(splits)
     launch(_argmax_pick_kernel, (rows, 1, 1), (partial, out, splits), _pick_spec(block_s, pdl))
