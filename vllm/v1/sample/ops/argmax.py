@@ -61,10 +61,10 @@ _PARTIAL_WARPS = 4
 # Programs of the partial launch, all rows together. Up to 102 rows of Kimi's 163840 columns this
 # gives one step a program, the fastest of 512-8192 on the H200 at 1, 8 and 64 rows (call 94).
 TARGET_PROGRAMS = 8192
-# Rows up to which the kernels run; above, torch.argmax, which reads many rows faster (H200, V
-# 163840, bf16: 2.56 against 8.51 us at 1 row, 17.4 against 22.4 at 64, 62.6 against 57.4 at
-# 256; call 94).
-MAX_KERNEL_ROWS = 64
+# Rows up to which the kernels run; above, torch.argmax, which reads many rows as fast or faster
+# (H200, V 163840, bf16, graph replay, call 95: 2.56 against 8.51 us at 1 row, 17.4 against 22.4
+# at 64, 25.3 against 29.2 at 96, 33.3 against 33.8 at 128, 61.9 against 57.1 at 256).
+MAX_KERNEL_ROWS = 96
 # Partials the pick launch reduces per row in one tile.
 MAX_SPLITS = 1024
 
