@@ -43,6 +43,19 @@ def test_greedy_is_argmax_and_does_minimal_work():
     assert out.logprobs is None
 
 
+def test_greedy_rows_take_the_argmax_kernels(triton_launches):
+    """Greedy rows go through ops/argmax.py's kernels (the interpreter here), tied maxima included;
+    an all-random batch launches none."""
+    logits = torch.randint(-2, 3, (4, 3000), generator=_seeded(1)).float()
+    out = _sample(logits, [SamplingParams(temperature=0.0) for _ in range(4)])
+    assert torch.equal(out.sampled_token_ids, logits.argmax(-1))
+    mixed = [SamplingParams(temperature=t) for t in (0.0, 1.0, 0.0, 0.5)]
+    _sample(logits, mixed)
+    assert triton_launches["_argmax_partial_kernel"] == 2
+    _sample(logits, [SamplingParams(temperature=1.0) for _ in range(4)])
+    assert triton_launches["_argmax_pick_kernel"] == 2
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_logits_sample_as_their_fp32_widening(dtype, monkeypatch):
     # Logits in the LM head's dtype: every row samples what the same logits widened to fp32 give.
