@@ -36,8 +36,15 @@ class _Counters:
 
 
 class FakeEngine:
-    def __init__(self, script: str, max_model_len: int = 128, step_delay: float = 0.0) -> None:
+    def __init__(
+        self,
+        script: str,
+        max_model_len: int = 128,
+        step_delay: float = 0.0,
+        abort_delay: float = 0.0,
+    ) -> None:
         self.step_delay = step_delay
+        self.abort_delay = abort_delay
         self.tokenizer = get_tokenizer(resolve_model("kimi-k3-tiny")[0])
         self.script = self.tokenizer.encode(script, add_special_tokens=False)
         self.config = SimpleNamespace(
@@ -65,6 +72,7 @@ class FakeEngine:
         return bool(self.requests)
 
     def abort_request(self, request_ids: list[str]) -> list[RequestOutput]:
+        time.sleep(self.abort_delay)
         outputs = []
         for request_id in request_ids:
             request = self.requests.get(request_id)

@@ -117,7 +117,9 @@ def test_stat_loggers_see_tokens_and_finished_requests(llm: AsyncLLM) -> None:
 
 
 def test_stop_ends_open_requests_at_once_and_refuses_new_ones() -> None:
-    engine = FakeEngine("abc", step_delay=0.01)
+    # A slow abort widens the window in which a caller could see the error before the engine
+    # released the request: the loop must abort first, then tell the caller.
+    engine = FakeEngine("abc", step_delay=0.01, abort_delay=0.2)
     llm = AsyncLLM(engine)
     try:
 

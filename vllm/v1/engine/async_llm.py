@@ -283,12 +283,14 @@ class AsyncLLM:
     def _fail_all(self, error: BaseException) -> None:
         with self._submit_lock:
             self._closed = True
+        # Abort in the engine before telling the caller, so a caller that sees the error finds
+        # the request's cache blocks and state slot already released.
         for request_id, tracked in list(self._tracked.items()):
-            self._deliver(tracked, error)
             try:
                 self.engine.abort_request([request_id])
             except Exception:
                 logger.exception("aborting %s after the loop stopped failed", request_id)
+            self._deliver(tracked, error)
         self._tracked.clear()
         while True:
             try:
