@@ -11,7 +11,6 @@ overhead. Rank 0 prints the table and writes the CSV.
 """
 
 import argparse
-import csv
 import os
 import statistics
 import sys
@@ -20,6 +19,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from kernel_bench import write_csv
 
 from vllm.utils.network_utils import get_open_port
 
@@ -90,11 +90,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
                 f"graph {graph} us per all-reduce ({world} ranks)",
                 flush=True,
             )
-        if args.csv:
-            with open(args.csv, "w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-                writer.writeheader()
-                writer.writerows(rows)
+        write_csv(args.csv, rows)
     dist.destroy_process_group()
 
 

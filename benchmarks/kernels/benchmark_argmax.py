@@ -23,6 +23,14 @@ import argparse
 import sys
 
 import torch
+from kernel_bench import (
+    add_common_args,
+    print_copy_gbps,
+    require_gpu,
+    time_flushed,
+    time_graph,
+    write_csv,
+)
 
 from vllm.triton_utils import use_triton
 from vllm.v1.sample.ops.argmax import MAX_KERNEL_ROWS, TARGET_PROGRAMS, argmax, split_count
@@ -66,26 +74,17 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--calls", type=int, default=20, help="calls per graph replay (graph)")
     parser.add_argument("--reps", type=int, default=50, help="replays per timing")
-    parser.add_argument("--copy-gib", type=float, default=2.0, help="size of the copy (>= 1)")
-    parser.add_argument("--csv", help="write one row per (case, provider) to this CSV file")
-    parser.add_argument(
-        "--dry-run", action="store_true", help="every chunking once, checked, untimed (CPU too)"
-    )
+    add_common_args(
+        parser, csv="write one row per (case, provider) to this CSV file",
+        dry_run="every chunking once, checked, untimed (CPU too)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if min(args.rows) < 1 or args.vocab < 1 or min(args.target_programs) < 1:
         parser.error("--rows, --vocab and --target-programs must be positive")
     if args.dry_run:
         return dry_run(args.target_programs)
-    if not torch.cuda.is_available():
-        parser.error("this benchmark needs a CUDA GPU (or --dry-run)")
-    if args.copy_gib < 1:
-        parser.error("--copy-gib must be >= 1 so the copy is not served from L2")
-
-    # Imported here: that module needs Triton, which --dry-run on a bare CPU may lack.
-    from benchmark_rmsnorm_gated_fp8_per_token import copy_gbps, time_flushed, time_graph, write_csv
-
-    copy = copy_gbps(args.copy_gib)
-    print(f"{torch.cuda.get_device_name(0)}: copy {copy:.0f} GB/s (read + write)")
+    require_gpu(parser)
+    copy = print_copy_gbps(args.copy_gib)
     rows_out = []
     with torch.inference_mode():
         for dtype_name in args.dtypes:

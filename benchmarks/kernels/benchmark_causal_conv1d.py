@@ -26,6 +26,7 @@ import argparse
 import sys
 
 import torch
+from kernel_bench import add_common_args, print_copy_gbps, require_gpu, time_flushed, write_csv
 
 from vllm.models.kimi_k3.amd.ops.causal_conv1d import (
     DEFAULT_PREFILL_CONFIG,
@@ -113,11 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         help="launches to time, as block_t,block_c,num_warps[,step] or `default`",
     )  # fmt: skip
     parser.add_argument("--reps", type=int, default=30, help="flushed replays per timing")
-    parser.add_argument("--copy-gib", type=float, default=2.0, help="size of the copy (>= 1)")
-    parser.add_argument("--csv", help="write one row per (case, config) to this CSV file")
-    parser.add_argument(
-        "--dry-run", action="store_true", help="every config once, checked, untimed (CPU too)"
-    )
+    add_common_args(
+        parser, csv="write one row per (case, config) to this CSV file",
+        dry_run="every config once, checked, untimed (CPU too)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     try:
         configs = list(dict.fromkeys(parse_config(c) for c in args.configs))
@@ -125,18 +125,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--configs are block_t,block_c,num_warps[,step] (e.g. 64,1024,4,8) or default")
     if args.dry_run:
         return dry_run(configs)
-    if not torch.cuda.is_available():
-        parser.error("this benchmark needs a CUDA GPU (or --dry-run)")
-    if args.copy_gib < 1:
-        parser.error("--copy-gib must be >= 1 so the copy is not served from L2")
-
-    # Imported here: that module needs Triton, which --dry-run on a bare CPU may lack.
-    from benchmark_rmsnorm_gated_fp8_per_token import copy_gbps, time_flushed, write_csv
-
-    copy = copy_gbps(args.copy_gib)
+    require_gpu(parser)
+    copy = print_copy_gbps(args.copy_gib)
     channels = 3 * HEADS * HEAD_DIM
     moved = 2 * args.tokens * channels * 2  # x read + output written, bf16
-    print(f"{torch.cuda.get_device_name(0)}: copy {copy:.0f} GB/s (read + write)")
     print(f"T = {args.tokens}, C = {channels}, W = {WIDTH}: {moved / 1e6:.0f} MB a call")
     rows = []
     with torch.inference_mode():

@@ -49,7 +49,7 @@ from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
-from benchmark_rmsnorm_gated_fp8_per_token import copy_gbps, time_graph, write_csv
+from kernel_bench import add_common_args, copy_gbps, require_gpu, time_graph, write_csv
 from triton.runtime.errors import OutOfResources
 
 from vllm.model_executor.kernels.linear import gemv_config as gemv_cfg
@@ -245,30 +245,24 @@ def main(argv: list[str] | None = None) -> int:
         "--dot-sweep", action="store_true", help="add the tl.dot configs of DOT_SWEEP"
     )
     parser.add_argument("--copies", type=int, default=16, help="rotating weight copies (>= 16)")
-    parser.add_argument("--copy-gib", type=float, default=2.0, help="size of the copy baseline")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--csv", help="write the rows to this CSV file (after each row)")
     parser.add_argument(
         "--output-json", "--out", dest="output_json",
         help="write the environment, copy bandwidth and rows to this JSON file",
     )  # fmt: skip
-    parser.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="a tiny shape on the CPU, eager timing: checks the script, measures nothing useful",
+    add_common_args(
+        parser,
+        dry_run="a tiny shape on the CPU, eager timing: checks the script, measures nothing useful",
     )
     args = parser.parse_args(argv)
     if args.dry_run:
         device, shapes, copies, gib = torch.device("cpu"), DRY_RUN_SHAPES, 2, 1 / 64
-    elif torch.cuda.is_available():
+    else:
+        require_gpu(parser)
         device, copies, gib = torch.device("cuda"), args.copies, args.copy_gib
         shapes = {name: SHAPES[name] for name in args.shapes}
         if copies < 16:
             parser.error(f"--copies must be at least 16 (L2 residency), got {copies}")
-        if gib < 1:
-            parser.error(f"--copy-gib must be at least 1 (smaller copies hit L2), got {gib}")
-    else:
-        parser.error("this benchmark needs a CUDA GPU (or --dry-run)")
     if any(m < 1 or m > max(M_VALUES) for m in args.m):
         parser.error(f"--m values must be in 1..{max(M_VALUES)}")
 

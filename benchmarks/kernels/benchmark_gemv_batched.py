@@ -7,8 +7,8 @@
 
 The inputs are the transposed views the layer passes. Timing: CUDA-graph replay of one call per
 weight copy over --copies rotating copies (so consecutive calls do not find their weight in L2),
-microseconds per call; bandwidth counts the weight bytes against an eager `copy_` of 2 GiB in the
-same run.
+microseconds per call; bandwidth counts the weight bytes against an eager `copy_` of --copy-gib
+GiB in the same run.
 
     python benchmarks/kernels/benchmark_gemv_batched.py
     python benchmarks/kernels/benchmark_gemv_batched.py --m 1 2 4 8 16 \\
@@ -25,7 +25,7 @@ import sys
 
 import torch
 from benchmark_gemv import gemv_config, time_eager
-from benchmark_rmsnorm_gated_fp8_per_token import copy_gbps, time_graph, write_csv
+from kernel_bench import add_common_args, copy_gbps, require_gpu, time_graph, write_csv
 
 from vllm.model_executor.kernels.linear import gemv_config as gemv_cfg
 from vllm.model_executor.kernels.linear.gemv import gemv_batched
@@ -45,26 +45,24 @@ def main(argv: list[str] | None = None) -> int:
         metavar="BN,BK,W[,S[,ST]]", help="GEMV configs to time; default: batched_config only",
     )  # fmt: skip
     parser.add_argument("--copies", type=int, default=16, help="rotating weight copies (>= 16)")
-    parser.add_argument("--csv", help="write the rows to this CSV file (after each row)")
     parser.add_argument("--output-json", help="write the copy bandwidth and rows to this file")
-    parser.add_argument(
-        "--dry-run", action="store_true",
-        help="a tiny shape on the CPU, eager timing: checks the script, measures nothing useful",
-    )  # fmt: skip
+    add_common_args(
+        parser,
+        dry_run="a tiny shape on the CPU, eager timing: checks the script, measures nothing useful",
+    )
     args = parser.parse_args(argv)
     if args.dry_run:
         device, shapes, copies = torch.device("cpu"), DRY_RUN_SHAPES, 2
-    elif torch.cuda.is_available():
+    else:
+        require_gpu(parser)
         device, copies = torch.device("cuda"), args.copies
         shapes = {name: SHAPES[name] for name in args.shapes}
         if copies < 16:
             parser.error(f"--copies must be at least 16 (L2 residency), got {copies}")
-    else:
-        parser.error("this benchmark needs a CUDA GPU (or --dry-run)")
     if any(m < 1 for m in args.m):
         parser.error("--m values must be positive")
-    copy = copy_gbps(2.0) if device.type == "cuda" else float("nan")
-    print(f"{device.type}: eager copy_ of 2 GiB: {copy:.0f} GB/s", flush=True)
+    copy = copy_gbps(args.copy_gib) if device.type == "cuda" else float("nan")
+    print(f"{device.type}: eager copy_ of {args.copy_gib:g} GiB: {copy:.0f} GB/s", flush=True)
     rows: list[dict[str, object]] = []
     gen = torch.Generator(device=device).manual_seed(0)
     with torch.inference_mode():

@@ -67,6 +67,7 @@ import re
 import sys
 
 import torch
+from kernel_bench import add_common_args, print_copy_gbps, require_gpu, time_graph, write_csv
 
 from vllm.model_executor.layers.linear import ColumnParallelLinear
 from vllm.models.kimi_k3.amd.ops.causal_conv1d import causal_conv1d_decode
@@ -220,8 +221,6 @@ def parse_variant(text: str) -> KdaDecodeConfig:
 
 
 def sweep(shape: str, batch: int, args, copy: float, sms: int, variants) -> dict[str, object]:
-    from benchmark_rmsnorm_gated_fp8_per_token import time_graph
-
     heads = SHAPES[shape]
     per_call = 2 * batch * heads * HEAD_DIM * HEAD_DIM * 4  # state read + written
     # The pool holds `blocks` disjoint slot sets; consecutive calls take consecutive sets, so a
@@ -264,8 +263,6 @@ def sweep(shape: str, batch: int, args, copy: float, sms: int, variants) -> dict
 
 
 def compare(shape: str, batch: int, args, norm) -> dict[str, object]:
-    from benchmark_rmsnorm_gated_fp8_per_token import time_graph
-
     step = make_step(batch, SHAPES[shape], args.lower_bound)
     row = dict(shape=shape, batch=batch)
     providers = {"fused": lambda s=step: fused(s)}
@@ -279,8 +276,6 @@ def compare(shape: str, batch: int, args, norm) -> dict[str, object]:
 
 
 def gate_proj(shape: str, batch: int, args, sms: int) -> dict[str, object]:
-    from benchmark_rmsnorm_gated_fp8_per_token import time_graph
-
     heads = SHAPES[shape]
     per_call = 2 * batch * heads * HEAD_DIM * HEAD_DIM * 4  # state read + written
     # As in `sweep`: each call on its own slots, and its own f_b / g_b weights (2 MB at
@@ -352,8 +347,6 @@ def dry_run() -> int:
 
 
 def run_gate_proj(args, sms: int, call: str) -> int:
-    from benchmark_rmsnorm_gated_fp8_per_token import write_csv
-
     print(f"gate projections ({call}, default launch, cold state and weights): us (kernels)")
     print(f"{'shape':>12} {'B':>4} {'launch':>9} {'unfused':>12} {'fused':>12} speedup default")
     rows = []
@@ -397,7 +390,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lower-bound", type=float, default=-5.0, help="gate lower bound (K3)")
     parser.add_argument("--graph-calls", type=int, default=20, help="calls per captured graph")
     parser.add_argument("--reps", type=int, default=20, help="graph replays per timing")
-    parser.add_argument("--copy-gib", type=float, default=2.0, help="size of the copy (>= 1)")
     parser.add_argument(
         "--compare-batches", type=int, nargs="+", default=[1, 64, 256],
         help="batch sizes of the fused/unfused comparison",
@@ -410,30 +402,23 @@ def main(argv: list[str] | None = None) -> int:
         "--gate-proj", action="store_true",
         help="instead of the sweep: f_b_proj / g_b_proj as linears vs in the kernel, per batch",
     )  # fmt: skip
-    parser.add_argument("--csv", help="write the variant sweep (or --gate-proj) to this CSV file")
-    parser.add_argument(
-        "--dry-run", action="store_true", help="three variants once, checked, untimed (CPU too)"
-    )
+    add_common_args(
+        parser, csv="write the variant sweep (or --gate-proj) to this CSV file",
+        dry_run="three variants once, checked, untimed (CPU too)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.dry_run and args.gate_proj:
         return dry_run_gate_proj("cuda" if torch.cuda.is_available() else "cpu")
     if args.dry_run:
         return dry_run()
-    if not torch.cuda.is_available():
-        parser.error("this benchmark needs a CUDA or ROCm GPU (or --dry-run)")
-    if args.copy_gib < 1:
-        parser.error("--copy-gib must be >= 1 so the copy is not served from L2")
+    require_gpu(parser, gpu="CUDA or ROCm GPU")
     try:
         variants = [parse_variant(v) for v in args.variants]
     except ValueError:
         parser.error("--variants are v{block_v}w{num_warps}[e{shift_programs}], e.g. v64w4e8")
 
-    # Imported here: that module needs Triton, which --dry-run on a bare CPU may lack.
-    from benchmark_rmsnorm_gated_fp8_per_token import copy_gbps, write_csv
-
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    copy = copy_gbps(args.copy_gib)
-    print(f"{torch.cuda.get_device_name(0)}: copy {copy:.0f} GB/s (read + write), {sms} SMs")
+    copy = print_copy_gbps(args.copy_gib, f", {sms} SMs")
     call = "quantize=True" if args.quantize else "norm epilogue"
     if args.gate_proj:
         return run_gate_proj(args, sms, call)

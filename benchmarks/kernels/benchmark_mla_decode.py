@@ -46,6 +46,7 @@ import sys
 from dataclasses import replace
 
 import torch
+from kernel_bench import add_common_args, print_copy_gbps, require_gpu, time_graph, write_csv
 
 from vllm.models.kimi_k3.amd.ops.mla_decode import (
     launch_mla_decode,
@@ -189,7 +190,6 @@ def dry_run(block_size: int) -> int:
 def sweep_case(
     batch: int, ctx: int, args, copy: float, sms: int, smem: int
 ) -> list[dict[str, object]]:
-    from benchmark_rmsnorm_gated_fp8_per_token import time_graph
     from triton.runtime.errors import OutOfResources
 
     cache_bytes = batch * ctx * (LATENT + ROPE) * 2
@@ -320,15 +320,14 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--graph-calls", type=int, default=20, help="calls per captured graph")
     parser.add_argument("--reps", type=int, default=10, help="graph replays per timing")
-    parser.add_argument("--copy-gib", type=float, default=2.0, help="size of the copy (>= 1)")
     parser.add_argument("--ref", action="store_true", help="also time the torch reference")
     parser.add_argument(
         "--ref-max-gib", type=float, default=24.0, help="skip the reference above this scratch"
     )
-    parser.add_argument("--csv", help="write every measurement to this CSV file")
-    parser.add_argument(
-        "--dry-run", action="store_true", help="one tiny checked case, untimed (works on CPU)"
-    )
+    add_common_args(
+        parser, csv="write every measurement to this CSV file",
+        dry_run="one tiny checked case, untimed (works on CPU)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     try:
         args.kernel_configs = [parse_kernel_config(c) for c in args.kernel_configs]
@@ -336,21 +335,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     if args.dry_run:
         return dry_run(args.block_size)
-    if not torch.cuda.is_available():
-        parser.error("this benchmark needs a CUDA or ROCm GPU (or --dry-run)")
-    if args.copy_gib < 1:
-        parser.error("--copy-gib must be >= 1 so the copy is not served from L2")
+    require_gpu(parser, gpu="CUDA or ROCm GPU")
     if args.splits and min(args.splits) < 1:
         parser.error("--splits must be >= 1")
-
-    # Imported here: that module needs Triton, which --dry-run on a bare CPU may lack.
-    from benchmark_rmsnorm_gated_fp8_per_token import copy_gbps, write_csv
 
     props = torch.cuda.get_device_properties(0)
     sms = props.multi_processor_count
     smem = getattr(props, "shared_memory_per_block_optin", 0)  # as mla_decode_paged reads it
-    copy = copy_gbps(args.copy_gib)
-    print(f"{torch.cuda.get_device_name(0)}: copy {copy:.0f} GB/s (read + write), {sms} SMs")
+    copy = print_copy_gbps(args.copy_gib, f", {sms} SMs")
     rows = []
     with torch.inference_mode():
         for ctx in args.contexts:

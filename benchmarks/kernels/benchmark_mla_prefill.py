@@ -33,6 +33,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from kernel_bench import add_common_args, print_copy_gbps, require_gpu, time_flushed, write_csv
 from torch.nn.attention.bias import causal_lower_right
 
 from vllm.model_executor.layers.quantization.utils.fp8_per_token import per_token_fp8_quant
@@ -132,22 +133,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ctx", type=int, nargs="+", default=[2048, 8192], help="prompt lengths")
     parser.add_argument("--timing", choices=["graph", "eager"], default="graph")
     parser.add_argument("--reps", type=int, default=30, help="flushed calls per timing")
-    parser.add_argument("--copy-gib", type=float, default=2.0, help="size of the copy (>= 1)")
-    parser.add_argument("--csv", help="write one row per (ctx, provider) to this CSV file")
-    parser.add_argument("--dry-run", action="store_true", help="checked at a tiny shape (CPU too)")
+    add_common_args(
+        parser, csv="write one row per (ctx, provider) to this CSV file",
+        dry_run="checked at a tiny shape (CPU too)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.dry_run:
         return dry_run()
-    if not torch.cuda.is_available():
-        parser.error("this benchmark needs a CUDA GPU (or --dry-run)")
-    if args.copy_gib < 1:
-        parser.error("--copy-gib must be >= 1 so the copy is not served from L2")
-
-    # Imported here: that module needs Triton, which --dry-run on a bare CPU may lack.
-    from benchmark_rmsnorm_gated_fp8_per_token import copy_gbps, time_flushed, write_csv
-
-    copy = copy_gbps(args.copy_gib)
-    print(f"{torch.cuda.get_device_name(0)}: copy {copy:.0f} GB/s (read + write)")
+    require_gpu(parser)
+    copy = print_copy_gbps(args.copy_gib)
     scale = (NOPE + ROPE) ** -0.5
     rows = []
     with torch.inference_mode():

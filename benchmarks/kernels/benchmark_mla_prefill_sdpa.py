@@ -20,6 +20,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
+from kernel_bench import require_gpu
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 HEADS, QK_DIM, V_DIM = 32, 192, 128
@@ -56,8 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, nargs="+", default=[8192], help="prompt lengths")
     parser.add_argument("--reps", type=int, default=10, help="calls per timing")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        parser.error("this benchmark needs a CUDA GPU")
+    require_gpu(parser, dry_run=False)
     if args.reps < 1 or min(args.tokens) < 1:
         parser.error("--tokens and --reps must be >= 1")
     from torch.nn.attention.bias import causal_lower_right

@@ -64,7 +64,7 @@ import time
 from collections.abc import Callable
 
 import torch
-from benchmark_rmsnorm_gated_fp8_per_token import time_flushed, time_graph, write_csv
+from kernel_bench import add_common_args, require_gpu, time_flushed, time_graph, write_csv
 
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.fused_moe.experts import (
@@ -342,24 +342,17 @@ def main(argv: list[str] | None = None) -> int:
         "per graph replay with L2 flushed before it (prefill sizes, e.g. --tokens 8192)",
     )
     parser.add_argument("--graph-calls", type=int, default=10, help="calls per captured graph")
-    parser.add_argument("--copy-gib", type=float, default=2.0, help="size of the copy baseline")
     parser.add_argument("--seed", type=int, default=0, help="seed of weights and router logits")
-    parser.add_argument("--csv", help="write the results to this CSV file")
-    parser.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="tiny shapes on the CPU, eager timing: checks the script, measures nothing useful",
+    add_common_args(
+        parser,
+        dry_run="tiny shapes on the CPU, eager timing: checks the script, measures nothing useful",
     )
     args = parser.parse_args(argv)
-    if args.copy_gib < 1:
-        # Smaller copies partly hit L2 and under-report the HBM bandwidth.
-        parser.error(f"--copy-gib must be at least 1, got {args.copy_gib}")
     if args.dry_run:
         device, shape, copy_gib = torch.device("cpu"), DRY_RUN, 1 / 64
-    elif torch.cuda.is_available():
-        device, shape, copy_gib = torch.device("cuda"), KIMI_LINEAR, args.copy_gib
     else:
-        parser.error("this benchmark needs a CUDA GPU (or --dry-run)")
+        require_gpu(parser)
+        device, shape, copy_gib = torch.device("cuda"), KIMI_LINEAR, args.copy_gib
 
     expert_bytes = 3 * shape["intermediate"] * shape["hidden"] * 2  # gate, up, down in bf16
     copy_gbps = copy_bandwidth(copy_gib, device)

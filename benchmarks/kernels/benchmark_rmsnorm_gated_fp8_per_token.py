@@ -23,7 +23,6 @@ only that, in well under a minute.
 """
 
 import argparse
-import csv
 import itertools
 import statistics
 import sys
@@ -35,6 +34,7 @@ from unittest import mock
 import torch
 import triton
 import triton.language as tl
+from kernel_bench import require_gpu, time_flushed, time_graph, write_csv
 
 import vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token as op_module
 from vllm import _custom_ops
@@ -113,83 +113,6 @@ def _same_bytes_copy_kernel(
 @triton.jit
 def _empty_kernel(x_ptr):
     pass
-
-
-# ---------------------------------------------------------------------------------------------
-# Timing
-# ---------------------------------------------------------------------------------------------
-
-
-def _capture(fn: Callable[[], object], calls: int) -> torch.cuda.CUDAGraph:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    return graph
-
-
-def time_graph(fn: Callable[[], object], calls: int, reps: int = 50) -> float:
-    """Median microseconds per call of `fn`, replayed `calls` times in one CUDA graph."""
-    graph = _capture(fn, calls)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(times)
-
-
-_FLUSH = None
-
-
-def time_flushed(fn: Callable[[], object], reps: int = 100) -> float:
-    """Median microseconds per call with L2 flushed before each call.
-
-    `fn` is captured once in a CUDA graph and replayed, so host overhead (which differs a lot
-    between providers, and which the GPU would wait for if it exceeded the flush) is not timed.
-    """
-    global _FLUSH
-    if _FLUSH is None:
-        _FLUSH = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")  # > 4x L2
-    graph = _capture(fn, 1)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for start, end in zip(starts, ends, strict=True):
-        _FLUSH.zero_()
-        start.record()
-        graph.replay()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends, strict=True))
-
-
-def copy_gbps(gib: float) -> float:
-    """Device copy bandwidth (GB/s, read + write) of an eager `copy_`, after warm-up: the
-    denominator of the decode benchmarks' % of copy."""
-    src = torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    reps = 10
-    start.record()
-    for _ in range(reps):
-        dst.copy_(src)
-    end.record()
-    end.synchronize()
-    seconds = start.elapsed_time(end) / 1e3 / reps
-    return 2 * src.numel() / seconds / 1e9
 
 
 # ---------------------------------------------------------------------------------------------
@@ -439,8 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--csv", help="write the results to this CSV file")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        parser.error("this benchmark needs a CUDA or ROCm GPU")
+    require_gpu(parser, gpu="CUDA or ROCm GPU", dry_run=False)
     if args.head_dim & (args.head_dim - 1) or args.head_dim > 512:
         parser.error("--head-dim must be a power of two up to 512 (the copy and reference tiles)")
 
@@ -515,17 +437,6 @@ def main(argv: list[str] | None = None) -> int:
             )
             write_csv(args.csv, rows)
     return 0
-
-
-def write_csv(path: str | None, rows: list[dict[str, object]]) -> None:
-    """(Re)write all rows so far, so an interrupted run keeps what it measured."""
-    if not path or not rows:
-        return
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=keys)
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 if __name__ == "__main__":

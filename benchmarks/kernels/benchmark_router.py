@@ -76,7 +76,7 @@ import torch
 import torch.nn.functional as F
 from benchmark_gemv import gemv_config
 from benchmark_moe import copy_bandwidth, time_eager
-from benchmark_rmsnorm_gated_fp8_per_token import time_graph, write_csv
+from kernel_bench import add_common_args, require_gpu, time_graph, write_csv
 
 from vllm.model_executor.kernels.linear.gemv import gemv_fp32
 from vllm.model_executor.layers.fused_moe.fused_router import (
@@ -399,28 +399,21 @@ def main(argv: list[str] | None = None) -> int:
         "--layers", type=int, default=KIMI_LINEAR["layers"],
         help="--logits / --fused / --fused-norm: distinct gates per graph (one per MoE layer)",
     )  # fmt: skip
-    parser.add_argument("--copy-gib", type=float, default=2.0, help="size of the copy baseline")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--csv", help="write the results to this CSV file")
-    parser.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="32 experts, top-4, on the CPU (kernel under TRITON_INTERPRET=1), eager timing: "
+    add_common_args(
+        parser,
+        dry_run="32 experts, top-4, on the CPU (kernel under TRITON_INTERPRET=1), eager timing: "
         "checks the script, measures nothing useful",
     )
     args = parser.parse_args(argv)
-    if args.copy_gib < 1:
-        # Smaller copies partly hit L2 and under-report the HBM bandwidth.
-        parser.error(f"--copy-gib must be at least 1, got {args.copy_gib}")
     if args.dry_run:
         device, tokens_list, copy_gib = torch.device("cpu"), [1, 3], 1 / 64
         args.experts, args.top_k, args.hidden, args.layers = 32, 4, 72, 2
-    elif torch.cuda.is_available():
+    else:
+        require_gpu(parser)
         defaults = FUSED_NORM_TOKENS if args.fused_norm else FUSED_TOKENS if args.fused else TOKENS
         tokens_list = args.tokens or defaults
         device, copy_gib = torch.device("cuda"), args.copy_gib
-    else:
-        parser.error("this benchmark needs a CUDA GPU (or --dry-run)")
     if not use_triton(device):
         parser.error("the kernel runs on CPU only under TRITON_INTERPRET=1")
 

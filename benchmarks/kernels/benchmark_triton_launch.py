@@ -29,6 +29,7 @@ from collections.abc import Callable
 import torch
 import triton
 import triton.language as tl
+from kernel_bench import require_gpu
 
 from vllm.triton_utils.launch import LaunchSpec, launch
 
@@ -66,8 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--calls", type=int, default=2000, help="launches per timed loop")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        parser.error("this benchmark needs a CUDA or ROCm GPU")
+    require_gpu(parser, gpu="CUDA or ROCm GPU", dry_run=False)
     if args.calls < 1:
         parser.error("--calls must be >= 1")
     x = torch.randn(N, device="cuda")

@@ -15,7 +15,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 sys.path.insert(0, "benchmarks/kernels")
-from benchmark_rmsnorm_gated_fp8_per_token import copy_gbps, time_graph  # noqa: E402
+from kernel_bench import copy_gbps, time_graph  # noqa: E402
 
 from vllm.model_executor.kernels.linear.gemv import gemv, gemv_fp8  # noqa: E402
 from vllm.model_executor.kernels.linear.gemv_config import GemvConfig  # noqa: E402

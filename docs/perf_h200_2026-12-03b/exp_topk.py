@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 sys.path[:0] = ["benchmarks/kernels", "."]
-from benchmark_rmsnorm_gated_fp8_per_token import time_graph  # noqa: E402
+from kernel_bench import time_graph  # noqa: E402
 
 from vllm.triton_utils.pdl import pdl_wait  # noqa: E402
 

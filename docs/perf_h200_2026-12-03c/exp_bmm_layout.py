@@ -7,7 +7,7 @@ import sys
 import torch
 
 sys.path[:0] = ["benchmarks/kernels"]
-from benchmark_rmsnorm_gated_fp8_per_token import time_graph  # noqa: E402
+from kernel_bench import time_graph  # noqa: E402
 
 dev = torch.device("cuda")
 for name, (h, n, k) in {"w_uk": (32, 512, 128), "w_uv": (32, 128, 512)}.items():

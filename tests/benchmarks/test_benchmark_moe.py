@@ -15,7 +15,7 @@ KERNEL_BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks" / "kernel
 
 @pytest.fixture(autouse=True)
 def benchmarks_importable(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The script imports its sibling benchmark_rmsnorm_gated_fp8_per_token as run from its folder.
+    # The script imports its sibling kernel_bench as run from its folder.
     monkeypatch.syspath_prepend(str(KERNEL_BENCHMARKS))
 
 

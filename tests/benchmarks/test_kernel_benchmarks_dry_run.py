@@ -3,6 +3,8 @@ checked against the torch reference; on CPU under the Triton interpreter), so th
 rot between GPU runs."""
 
 import importlib
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -260,3 +262,37 @@ def test_argmax_dry_run(triton_launches, capsys: pytest.CaptureFixture) -> None:
     assert "[1, 2048] at N = 3, V = 5000: equal to torch.argmax" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         benchmark_argmax.main(["--rows", "0"])
+
+
+COPY_BENCHMARKS = [
+    "benchmark_argmax", "benchmark_causal_conv1d", "benchmark_gather_rows", "benchmark_gemv",
+    "benchmark_gemv_batched", "benchmark_kda_decode", "benchmark_mla_decode",
+    "benchmark_mla_prefill", "benchmark_moe", "benchmark_router",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("script", COPY_BENCHMARKS)
+def test_copy_gib_below_one_is_a_usage_error(script, capsys: pytest.CaptureFixture) -> None:
+    module = importlib.import_module(script)
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--dry-run", "--copy-gib", "0.5"])
+    assert exit_info.value.code == 2
+    assert "--copy-gib: must be >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("script", COPY_BENCHMARKS)
+def test_benchmarks_with_a_dry_run_refuse_without_a_gpu(script, capsys) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    module = importlib.import_module(script)
+    with pytest.raises(SystemExit) as exit_info:
+        module.main([])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "this benchmark needs a CUDA" in err and "GPU (or --dry-run)" in err
+
+
+def test_kernel_bench_imports_without_triton() -> None:
+    # Every script imports it at its top, --dry-run on a CPU without Triton included.
+    code = "import sys; sys.modules['triton'] = None; import kernel_bench"
+    subprocess.run([sys.executable, "-c", code], cwd=KERNELS, check=True)

@@ -1,0 +1,138 @@
+"""What the kernel benchmarks in this folder share: timing a call on the GPU (CUDA-graph replay,
+with or without L2 flushed before each call), the eager copy bandwidth that their % of copy is
+against, the CSV they rewrite after every row, and the command-line pieces they all have
+(--copy-gib, --csv, --dry-run, the refusal without a GPU, the copy line they print first).
+
+The scripts import it as a sibling, as run from this folder. It imports only the standard library
+and torch, so a script can import it at its top and still run --dry-run on a CPU without Triton.
+"""
+
+import argparse
+import statistics
+from collections.abc import Callable
+from csv import DictWriter
+
+import torch
+
+
+def _capture(fn: Callable[[], object], calls: int) -> torch.cuda.CUDAGraph:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
+def time_graph(fn: Callable[[], object], calls: int, reps: int = 50) -> float:
+    """Median microseconds per call of `fn`, replayed `calls` times in one CUDA graph."""
+    graph = _capture(fn, calls)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(times)
+
+
+_FLUSH = None
+
+
+def time_flushed(fn: Callable[[], object], reps: int = 100) -> float:
+    """Median microseconds per call with L2 flushed before each call.
+
+    `fn` is captured once in a CUDA graph and replayed, so host overhead (which differs a lot
+    between providers, and which the GPU would wait for if it exceeded the flush) is not timed.
+    """
+    global _FLUSH
+    if _FLUSH is None:
+        _FLUSH = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")  # > 4x L2
+    graph = _capture(fn, 1)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for start, end in zip(starts, ends, strict=True):
+        _FLUSH.zero_()
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends, strict=True))
+
+
+def copy_gbps(gib: float) -> float:
+    """Device copy bandwidth (GB/s, read + write) of an eager `copy_`, after warm-up: the
+    denominator of the decode benchmarks' % of copy."""
+    src = torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    reps = 10
+    start.record()
+    for _ in range(reps):
+        dst.copy_(src)
+    end.record()
+    end.synchronize()
+    seconds = start.elapsed_time(end) / 1e3 / reps
+    return 2 * src.numel() / seconds / 1e9
+
+
+def write_csv(path: str | None, rows: list[dict[str, object]]) -> None:
+    """(Re)write all rows so far, so an interrupted run keeps what it measured."""
+    if not path or not rows:
+        return
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as f:
+        writer = DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _copy_gib(text: str) -> float:
+    gib = float(text)
+    if gib < 1:
+        # A smaller copy is partly served from L2: not the HBM bandwidth the % of copy means.
+        raise argparse.ArgumentTypeError(f"must be >= 1 so the copy is not served from L2: {gib:g}")
+    return gib
+
+
+def add_common_args(
+    parser: argparse.ArgumentParser,
+    *,
+    dry_run: str,
+    csv: str = "write the rows to this CSV file (after each row)",
+) -> None:
+    """--copy-gib (2 by default, >= 1), --csv and --dry-run, with `csv` and `dry_run` as their
+    help."""
+    parser.add_argument(
+        "--copy-gib", type=_copy_gib, default=2.0,
+        help="GiB of the eager copy_ that %% of copy is against (>= 1)",
+    )  # fmt: skip
+    parser.add_argument("--csv", help=csv)
+    parser.add_argument("--dry-run", action="store_true", help=dry_run)
+
+
+def require_gpu(
+    parser: argparse.ArgumentParser, *, gpu: str = "CUDA GPU", dry_run: bool = True
+) -> None:
+    """A usage error (exit 2) where torch sees no GPU: "this benchmark needs a `gpu`", with
+    " (or --dry-run)" where the script has one."""
+    if not torch.cuda.is_available():
+        parser.error(f"this benchmark needs a {gpu}" + (" (or --dry-run)" if dry_run else ""))
+
+
+def print_copy_gbps(gib: float, suffix: str = "") -> float:
+    """`copy_gbps(gib)`, printed after the device's name (then `suffix`) and returned."""
+    copy = copy_gbps(gib)
+    print(f"{torch.cuda.get_device_name(0)}: copy {copy:.0f} GB/s (read + write){suffix}")
+    return copy
