@@ -26,12 +26,14 @@ class _Request:
 
 
 class _Counters:
-    def __init__(self, blocks: int, slots: int) -> None:
+    def __init__(self, blocks: int, slots: int, read_delay: float = 0.0) -> None:
         self.initial_num_free_blocks = self.num_free_blocks = blocks
         self.initial_num_free_kda_slots = self.num_free_kda_slots = slots
+        self.read_delay = read_delay
 
     @property
     def usage(self) -> float:
+        time.sleep(self.read_delay)
         return 1 - self.num_free_blocks / self.initial_num_free_blocks
 
 
@@ -42,6 +44,7 @@ class FakeEngine:
         max_model_len: int = 128,
         step_delay: float = 0.0,
         abort_delay: float = 0.0,
+        stats_delay: float = 0.0,
     ) -> None:
         self.step_delay = step_delay
         self.abort_delay = abort_delay
@@ -50,7 +53,8 @@ class FakeEngine:
         self.config = SimpleNamespace(
             model_config=SimpleNamespace(max_model_len=max_model_len, vocab_size=320)
         )
-        self.kv_cache_manager = _Counters(64, 16)
+        # `stats_delay` slows the loop's reading of the cache counters, which follows every abort.
+        self.kv_cache_manager = _Counters(64, 16, stats_delay)
         self.scheduler = SimpleNamespace(num_running=0, num_waiting=0)
         self.requests: dict[str, _Request] = {}
         self.shut_down = False

@@ -1,7 +1,7 @@
 """Serve `FakeEngine` through the real app in a process of its own (for server tests that need a
 scripted reply, e.g. the reasoning parser):
 `python tests/entrypoints/openai/fake_server.py PORT SCRIPT [--reasoning-parser kimi_k3]
-[--api-key KEY] [--step-delay SECONDS] [--max-model-len N]`."""
+[--api-key KEY] [--step-delay SECONDS] [--abort-delay SECONDS] [--max-model-len N]`."""
 
 import argparse
 import sys
@@ -24,9 +24,12 @@ def main() -> None:
     parser.add_argument("--reasoning-parser", default=None)
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--step-delay", type=float, default=0.0)
+    parser.add_argument("--abort-delay", type=float, default=0.0)
     parser.add_argument("--max-model-len", type=int, default=128)
     args = parser.parse_args()
-    engine = AsyncLLM(FakeEngine(args.script, args.max_model_len, args.step_delay))
+    engine = AsyncLLM(
+        FakeEngine(args.script, args.max_model_len, args.step_delay, args.abort_delay)
+    )
     app = build_app(
         engine,
         ["fake", "fake-alias"],

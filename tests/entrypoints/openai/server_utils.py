@@ -105,10 +105,16 @@ class RemoteServer:
                 pids.append(int(stat.parent.name))
         return pids
 
-    def stop(self, timeout: float = 60.0, sig: int = signal.SIGTERM, group: bool = False) -> None:
+    def stop(
+        self,
+        timeout: float = 60.0,
+        sig: int = signal.SIGTERM,
+        group: bool = False,
+        linger: float = 30.0,
+    ) -> None:
         """Send `sig` (to the whole process group with `group`, as Ctrl-C in a terminal does) and
-        wait; record the exit code and any process of its session left behind, then SIGKILL that
-        process group, so that nothing outlives the test."""
+        wait; record the exit code and any process of its session still alive `linger` seconds
+        after it exited, then SIGKILL that process group, so that nothing outlives the test."""
         if self.proc is None or self._stopped:
             return
         self._stopped = True
@@ -123,8 +129,14 @@ class RemoteServer:
                 self.exit_code = None
         else:
             self.exit_code = self.proc.returncode
-        time.sleep(0.2)
-        self.leftover = [pid for pid in self.session_pids() if pid != self.proc.pid]
+        # Some helpers only notice the exit afterwards (multiprocessing's resource tracker reads
+        # the end of its pipe), and on a loaded machine they may take a while to go.
+        deadline = time.monotonic() + linger
+        while True:
+            self.leftover = [pid for pid in self.session_pids() if pid != self.proc.pid]
+            if not self.leftover or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:

@@ -3,6 +3,8 @@ request leaves the loop running, a failing step fails every open request and /he
 
 import asyncio
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -40,23 +42,36 @@ def test_concurrent_requests_each_get_their_own_output(llm: AsyncLLM) -> None:
     assert llm.engine.requests == {}
 
 
-def test_closing_the_stream_early_aborts_and_frees(llm: AsyncLLM) -> None:
-    async def main() -> None:
-        stream = await llm.add_request("a", "hi", SamplingParams(max_tokens=100))
-        async for out in stream:
-            assert not out.finished
-            break
-        await stream.aclose()
-        for _ in range(100):
-            if not llm.engine.requests:
-                return
-            await asyncio.sleep(0.01)
+async def _eventually(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Wait for what the engine loop does on its own thread after a call returned."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not reached within {timeout} s"
+        await asyncio.sleep(0.01)
 
-    asyncio.run(main())
-    kv = llm.engine.kv_cache_manager
-    assert llm.engine.requests == {}
-    assert kv.num_free_blocks == kv.initial_num_free_blocks
-    assert llm.scheduler_stats.num_free_kda_slots == kv.initial_num_free_kda_slots
+
+def test_closing_the_stream_early_aborts_and_frees() -> None:
+    # A slow read of the cache counters widens the window between the engine's release of the
+    # request and the loop's refresh of `scheduler_stats`.
+    engine = FakeEngine("The quick brown fox jumps over the lazy dog.", stats_delay=0.2)
+    llm = AsyncLLM(engine)
+    try:
+
+        async def main() -> None:
+            stream = await llm.add_request("a", "hi", SamplingParams(max_tokens=100))
+            async for out in stream:
+                assert not out.finished
+                break
+            await stream.aclose()  # queues the abort and returns
+            await _eventually(lambda: llm.scheduler_stats.num_running == 0)
+
+        asyncio.run(main())
+        kv = engine.kv_cache_manager
+        assert engine.requests == {}
+        assert kv.num_free_blocks == kv.initial_num_free_blocks
+        assert llm.scheduler_stats.num_free_kda_slots == kv.initial_num_free_kda_slots
+    finally:
+        llm.shutdown()
 
 
 def test_refused_request_raises_and_the_loop_keeps_serving(llm: AsyncLLM) -> None:
@@ -118,26 +133,34 @@ def test_stat_loggers_see_tokens_and_finished_requests(llm: AsyncLLM) -> None:
 
 def test_stop_ends_open_requests_at_once_and_refuses_new_ones() -> None:
     # A slow abort widens the window in which a caller could see the error before the engine
-    # released the request: the loop must abort first, then tell the caller.
+    # released the requests: the loop must abort them all first, then tell the callers.
     engine = FakeEngine("abc", step_delay=0.01, abort_delay=0.2)
     llm = AsyncLLM(engine)
     try:
 
         async def main() -> None:
-            stream = await llm.add_request("open", "hi", SamplingParams(max_tokens=10_000))
-            async for out in stream:
-                assert not out.finished
-                break
+            streams = []
+            for request_id in ("open", "also-open"):
+                params = SamplingParams(max_tokens=10_000)
+                streams.append(await llm.add_request(request_id, "hi", params))
+            for stream in streams:
+                async for out in stream:
+                    assert not out.finished
+                    break
             llm.stop()  # returns at once; the loop ends after its current step
             with pytest.raises(EngineDeadError, match="the server is shutting down"):
-                async for _ in stream:
+                async for _ in streams[0]:
+                    pass
+            # The first caller to hear of the stop finds every open request released.
+            assert engine.requests == {}
+            with pytest.raises(EngineDeadError, match="the server is shutting down"):
+                async for _ in streams[1]:
                     pass
             with pytest.raises(EngineDeadError):
                 await llm.add_request("late", "hi", SamplingParams())
 
         asyncio.run(asyncio.wait_for(main(), timeout=10))
         assert not llm.is_running and llm.errored is None
-        assert engine.requests == {}  # the open request was aborted in the engine
     finally:
         llm.shutdown()
     assert engine.shut_down

@@ -332,6 +332,10 @@ def test_lm_eval_on_the_pr_recipe_with_ptpc(tmp_path: Path) -> None:
 
 
 def test_metrics_back_to_initial_when_idle(server: RemoteServer) -> None:
+    # A request of its own: under pytest-xdist this module's other tests may run on other
+    # workers, against servers of their own. ignore_eos: at least two tokens, so a TPOT sample.
+    body = {"model": NAME, "prompt": PROMPTS[0], "max_tokens": 4, "ignore_eos": True}
+    assert requests.post(server.url("/v1/completions"), json=body, timeout=120).status_code == 200
     deadline = time.monotonic() + 30
     while True:
         metrics = _metrics(server)

@@ -195,8 +195,13 @@ def tp1_greedy() -> dict:
         deadline = time.monotonic() + 30
         while True:  # aborts of dropped streams land within a step or two
             metrics = _metrics(server)
-            idle = metrics["vllm:num_requests_running"] + metrics["vllm:num_requests_waiting"] == 0
-            if idle or time.monotonic() > deadline:
+            # All the counters at once: one reading's gauges may straddle an engine iteration.
+            settled = (
+                metrics["vllm:num_requests_running"] + metrics["vllm:num_requests_waiting"] == 0
+                and metrics["vllm:num_free_blocks"] == metrics["vllm:initial_num_free_blocks"]
+                and metrics["vllm:num_free_kda_slots"] == metrics["vllm:initial_num_free_kda_slots"]
+            )
+            if settled or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
         greedy = _greedy(server, GREEDY_PROMPTS)

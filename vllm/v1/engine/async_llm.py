@@ -283,15 +283,17 @@ class AsyncLLM:
     def _fail_all(self, error: BaseException) -> None:
         with self._submit_lock:
             self._closed = True
-        # Abort in the engine before telling the caller, so a caller that sees the error finds
-        # the request's cache blocks and state slot already released.
-        for request_id, tracked in list(self._tracked.items()):
+        # Abort every open request in the engine before telling any caller, so that the first
+        # caller to see the error finds the cache blocks and state slots of all of them released.
+        open_requests = list(self._tracked.items())
+        self._tracked.clear()
+        for request_id, _ in open_requests:
             try:
                 self.engine.abort_request([request_id])
             except Exception:
                 logger.exception("aborting %s after the loop stopped failed", request_id)
+        for _, tracked in open_requests:
             self._deliver(tracked, error)
-        self._tracked.clear()
         while True:
             try:
                 command = self._commands.get_nowait()

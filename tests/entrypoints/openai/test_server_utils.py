@@ -1,0 +1,48 @@
+"""`RemoteServer`'s check for processes a server leaves behind: a helper that goes a moment after
+the server (as multiprocessing's resource tracker does, later on a loaded machine) is not one, a
+helper that stays is."""
+
+import sys
+
+from server_utils import RemoteServer
+
+from vllm.utils.network_utils import get_open_port
+
+# PORT HELPER_LINGER: answers /health, exits 0 on SIGTERM; its helper sees the end of its stdin
+# pipe when the server exits, then stays HELPER_LINGER seconds.
+_SERVER = """
+import http.server, signal, subprocess, sys
+helper = "import sys, time; sys.stdin.read(); time.sleep(float(sys.argv[1]))"
+subprocess.Popen([sys.executable, "-c", helper, sys.argv[2]], stdin=subprocess.PIPE)
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+signal.signal(signal.SIGTERM, lambda *args: sys.exit(0))
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+"""
+
+
+def _server(helper_linger: float) -> RemoteServer:
+    port = get_open_port()
+    command = [sys.executable, "-c", _SERVER, str(port), str(helper_linger)]
+    return RemoteServer(command=command, port=port, timeout=60)
+
+
+def test_a_helper_that_goes_after_the_server_is_not_left_behind() -> None:
+    with _server(helper_linger=1.0) as server:
+        pass
+    assert server.exit_code == 0
+    assert server.leftover == []
+
+
+def test_a_helper_that_stays_is_left_behind() -> None:
+    with _server(helper_linger=3600) as server:
+        server.stop(linger=1.0)
+    assert server.exit_code == 0
+    assert len(server.leftover) == 1
