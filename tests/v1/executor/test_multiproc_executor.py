@@ -12,6 +12,7 @@ on CPU (torch reference kernels, inherited through the environment).
 import functools
 import gc
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import subprocess
@@ -151,6 +152,10 @@ def test_worker_killed_mid_generation_fails_the_engine(tp2_llm):
             # Killed while rank 0 runs the step, so rank 0 usually meets the death inside a
             # collective (or, if it lands between steps, at its next check of the workers).
             threading.Timer(0.05, os.kill, (worker.pid, signal.SIGKILL)).start()
+        elif len(steps) > 3:
+            # A fast machine could finish every step before the timer fires: later steps start
+            # only once the worker is dead (its sentinel, which reaps nothing, is then ready).
+            multiprocessing.connection.wait([worker.sentinel], timeout=30)
         return step()
 
     engine.step = step_then_kill
