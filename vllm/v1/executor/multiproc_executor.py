@@ -22,6 +22,7 @@ import signal
 import traceback
 from datetime import timedelta
 from typing import Any, NoReturn
+from urllib.parse import urlsplit
 
 import torch.distributed as dist
 
@@ -33,7 +34,6 @@ from vllm.distributed import (
 )
 from vllm.logger import init_logger
 from vllm.utils.gc_utils import freeze_startup_heap, unfreeze_heap
-from vllm.utils.network_utils import get_open_port
 from vllm.v1.executor.step_message import StepDecoder, StepEncoder
 from vllm.v1.worker.model_runner import ModelRunner
 
@@ -57,12 +57,21 @@ _ANSWERED = frozenset({"load_model", "available_cache_memory", "initialize_cache
                        "capture_cudagraphs"})  # fmt: skip
 
 
-def _init_distributed(config: VllmConfig, rank: int) -> None:
+def _init_distributed(config: VllmConfig, rank: int, store: dist.Store | None = None) -> None:
+    """Join the TP group through the rendezvous store: rank 0 passes the one it created, a
+    worker connects to it at `distributed_init_method` (every rank then uses the store's keys
+    alike, which init_process_group's own tcp:// rendezvous would prefix only on its side)."""
+    world_size = config.parallel_config.tensor_parallel_size
+    if store is None:
+        address = urlsplit(config.parallel_config.distributed_init_method)
+        store = dist.TCPStore(
+            address.hostname, address.port, world_size, is_master=False,
+            timeout=_COLLECTIVE_TIMEOUT,
+        )  # fmt: skip
     backend = "nccl" if config.device == "cuda" else "gloo"
     dist.init_process_group(
-        backend, init_method=config.parallel_config.distributed_init_method, rank=rank,
-        world_size=config.parallel_config.tensor_parallel_size, timeout=_COLLECTIVE_TIMEOUT,
-    )  # fmt: skip
+        backend, store=store, rank=rank, world_size=world_size, timeout=_COLLECTIVE_TIMEOUT
+    )
     initialize_model_parallel(config.parallel_config.tensor_parallel_size)
 
 
@@ -115,9 +124,13 @@ class Executor:
         self._owns_group = False
         try:
             if tp > 1:
-                config.parallel_config.distributed_init_method = (
-                    f"tcp://127.0.0.1:{get_open_port()}"
-                )
+                # The rendezvous store binds its port before any worker starts: a port found
+                # free and released first could be taken by another process in between.
+                store = dist.TCPStore(
+                    "127.0.0.1", 0, tp, is_master=True, timeout=_COLLECTIVE_TIMEOUT,
+                    wait_for_workers=False,
+                )  # fmt: skip
+                config.parallel_config.distributed_init_method = f"tcp://127.0.0.1:{store.port}"
                 ctx = mp.get_context("spawn")
                 for rank in range(1, tp):
                     parent, child = ctx.Pipe()
@@ -126,7 +139,7 @@ class Executor:
                     self.workers.append((proc, parent))
                 for rank in range(1, tp):
                     self._answer(rank)  # "started"
-                _init_distributed(config, 0)
+                _init_distributed(config, 0, store)
                 self._owns_group = True
             self.runner = ModelRunner(config, 0)
         except BaseException:
