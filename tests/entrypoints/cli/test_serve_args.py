@@ -78,6 +78,7 @@ def test_recipe_flags_parse() -> None:
         (["--reasoning-parser", "deepseek"], ["--reasoning-parser", "invalid choice"]),
         (["--dtype", "int3"], ["--dtype"]),
         (["--port", "70000"], ["--port"]),
+        (["--port", "-1"], ["--port", "0: one the OS picks"]),
         (["--skip-tokenizer-init"], ["--skip-tokenizer-init", "needs a"]),
     ],
 )  # fmt: skip

@@ -1,5 +1,6 @@
 """Serve `FakeEngine` through the real app in a process of its own (for server tests that need a
-scripted reply, e.g. the reasoning parser):
+scripted reply, e.g. the reasoning parser; PORT 0 binds one the OS picks, logged as `vllm serve`
+logs its address):
 `python tests/entrypoints/openai/fake_server.py PORT SCRIPT [--reasoning-parser kimi_k3]
 [--api-key KEY] [--step-delay SECONDS] [--abort-delay SECONDS] [--max-model-len N]`."""
 
@@ -13,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from fake_engine import FakeEngine  # noqa: E402
 
-from vllm.entrypoints.openai.api_server import build_app  # noqa: E402
+from vllm.entrypoints.openai.api_server import bind_socket, build_app  # noqa: E402
 from vllm.v1.engine.async_llm import AsyncLLM  # noqa: E402
 
 
@@ -37,9 +38,13 @@ def main() -> None:
         api_key=args.api_key,
         reasoning_parser=args.reasoning_parser,
     )
+    sock = bind_socket("127.0.0.1", args.port)
+    # The address as `vllm serve` logs it: with PORT 0, how RemoteServer learns the OS's pick.
+    print(f"Serving fake on http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
     try:
-        uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
     finally:
+        sock.close()
         engine.shutdown()
 
 

@@ -7,6 +7,7 @@ not the Triton interpreter.
 """
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,9 +17,11 @@ from pathlib import Path
 
 import requests
 
-from vllm.utils.network_utils import get_open_port
-
 ROOT = Path(__file__).resolve().parents[3]
+
+
+# The address a server logs once it has bound its port (`vllm serve`: "Serving ... on ...").
+_BOUND = re.compile(r"on http://127\.0\.0\.1:(\d+)")
 
 
 def server_env() -> dict[str, str]:
@@ -33,7 +36,10 @@ class RemoteServer:
     """`with RemoteServer(["serve", "kimi-k3-tiny", ...]) as server: server.url(...)`.
 
     `argv` follows `python -m vllm.entrypoints.cli.main` (that is, the `vllm` command) unless
-    `command` is given in full; `--host`/`--port` are added."""
+    `command` is given in full; `--host 127.0.0.1 --port 0` are added. Without `port` the
+    server binds a port the OS picks and must log it as `on http://127.0.0.1:PORT` (`vllm
+    serve` does): a port found free and released before the server binds it could be taken by
+    another process in between (another test worker's server, whose /health would answer)."""
 
     def __init__(
         self,
@@ -43,10 +49,10 @@ class RemoteServer:
         port: int | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
-        self.port = port or get_open_port()
+        self.port = port  # without one, learnt from the server's log once it has bound
         if command is None:
             command = [sys.executable, "-m", "vllm.entrypoints.cli.main", *argv]
-            command += ["--host", "127.0.0.1", "--port", str(self.port)]
+            command += ["--host", "127.0.0.1", "--port", str(port or 0)]
         self.command = command
         self.env = {**server_env(), **(env or {})}
         self.timeout = timeout
@@ -84,6 +90,12 @@ class RemoteServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
+            if self.port is None:
+                bound = _BOUND.search(self.output())
+                if bound is None:
+                    time.sleep(0.5)
+                    continue
+                self.port = int(bound.group(1))
             try:
                 if requests.get(self.url("/health"), timeout=2).status_code == 200:
                     return

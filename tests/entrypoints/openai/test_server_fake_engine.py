@@ -14,7 +14,6 @@ import requests
 from server_utils import RemoteServer
 
 from vllm.reasoning.kimi_k3_reasoning_parser import THINK_END, THINK_START
-from vllm.utils.network_utils import get_open_port
 
 SCRIPT = f"Hmm.{THINK_START}Two and two make four.{THINK_END} The answer is 4."
 KEY = "sk-test"
@@ -26,10 +25,9 @@ LONG = 40_000
 
 
 def _fake_server(*flags: str) -> RemoteServer:
-    port = get_open_port()
     script = str(Path(__file__).parent / "fake_server.py")
-    command = [sys.executable, script, str(port), SCRIPT, "--step-delay", "0.005", *flags]
-    return RemoteServer(command=command, port=port, timeout=60)
+    command = [sys.executable, script, "0", SCRIPT, "--step-delay", "0.005", *flags]
+    return RemoteServer(command=command, timeout=60)
 
 
 @pytest.fixture(scope="module")

@@ -6,14 +6,13 @@ import sys
 
 from server_utils import RemoteServer
 
-from vllm.utils.network_utils import get_open_port
-
-# PORT HELPER_LINGER: answers /health, exits 0 on SIGTERM; its helper sees the end of its stdin
-# pipe when the server exits, then stays HELPER_LINGER seconds.
+# HELPER_LINGER: answers /health on a port the OS picks (logged as RemoteServer reads it), exits 0
+# on SIGTERM; its helper sees the end of its stdin pipe when the server exits, then stays
+# HELPER_LINGER seconds.
 _SERVER = """
 import http.server, signal, subprocess, sys
 helper = "import sys, time; sys.stdin.read(); time.sleep(float(sys.argv[1]))"
-subprocess.Popen([sys.executable, "-c", helper, sys.argv[2]], stdin=subprocess.PIPE)
+subprocess.Popen([sys.executable, "-c", helper, sys.argv[1]], stdin=subprocess.PIPE)
 
 class Health(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
@@ -24,14 +23,15 @@ class Health(http.server.BaseHTTPRequestHandler):
         pass
 
 signal.signal(signal.SIGTERM, lambda *args: sys.exit(0))
-http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+server = http.server.HTTPServer(("127.0.0.1", 0), Health)
+print(f"on http://127.0.0.1:{server.server_port}", flush=True)
+server.serve_forever()
 """
 
 
 def _server(helper_linger: float) -> RemoteServer:
-    port = get_open_port()
-    command = [sys.executable, "-c", _SERVER, str(port), str(helper_linger)]
-    return RemoteServer(command=command, port=port, timeout=60)
+    command = [sys.executable, "-c", _SERVER, str(helper_linger)]
+    return RemoteServer(command=command, timeout=60)
 
 
 def test_a_helper_that_goes_after_the_server_is_not_left_behind() -> None:

@@ -35,7 +35,14 @@ _SERVER_FLAGS: list[tuple[tuple[str, ...], dict]] = [
         ),
     ),
     (("--host",), dict(default=None, help="address to bind (default: all interfaces)")),
-    (("--port",), dict(type=int, default=8000, help="TCP port (default 8000)")),
+    (
+        ("--port",),
+        dict(
+            type=int,
+            default=8000,
+            help="TCP port (default 8000; 0: one the OS picks, logged at start-up)",
+        ),
+    ),
     (
         ("--api-key",),
         dict(
@@ -165,8 +172,8 @@ def check_server_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
         logger.info("--language-model-only: the text model is all that vllm-k3 serves")
     if args.served_model_name is not None and not all(args.served_model_name):
         parser.error("argument --served-model-name: names must not be empty")
-    if not 0 < args.port < 65536:
-        parser.error(f"argument --port: must be in 1..65535, got {args.port}")
+    if not 0 <= args.port < 65536:
+        parser.error(f"argument --port: must be in 0..65535 (0: one the OS picks), got {args.port}")
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

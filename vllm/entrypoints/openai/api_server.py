@@ -284,7 +284,7 @@ def run_server(args: argparse.Namespace, engine_config: Any) -> None:
             "Serving %s on http://%s:%d (OpenAI API under /v1; Ctrl-C stops)",
             ", ".join(served),
             host,
-            args.port,
+            sock.getsockname()[1],  # the OS's pick where --port is 0
         )
         _Server(config, async_llm).run(sockets=[sock])
     except (KeyboardInterrupt, _Terminated):
