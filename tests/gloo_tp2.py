@@ -16,7 +16,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from vllm.distributed import destroy_model_parallel, initialize_model_parallel
-from vllm.utils.network_utils import get_open_port
 
 
 def _entry(rank, port, worker, args, results):
@@ -30,7 +29,8 @@ def _entry(rank, port, worker, args, results):
     # the cores, and a rank whose spinning threads hold a core stalls its peer in every gloo
     # collective (a model test ran 40x slower, far worse on a loaded host).
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=False)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
     try:
         initialize_model_parallel(2)
         results[rank] = worker(rank, *args)
@@ -40,7 +40,10 @@ def _entry(rank, port, worker, args, results):
 
 
 def run_tp2(worker, *args) -> dict:
-    port = get_open_port()
+    # The rendezvous store is bound here, on a port the OS picks, before the ranks start: a port
+    # found free and released first could be taken by another test worker in between.
+    store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False)
+    port = store.port
     with mp.Manager() as manager:
         results = manager.dict()
         mp.spawn(_entry, args=(port, worker, args, results), nprocs=2, join=True)
