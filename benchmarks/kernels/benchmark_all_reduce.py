@@ -21,8 +21,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from kernel_bench import write_csv
 
-from vllm.utils.network_utils import get_open_port
-
 HIDDEN = 2304  # Kimi-Linear-48B-A3B
 
 
@@ -48,9 +46,10 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
     device = torch.device("cpu") if dry else torch.device("cuda", rank)
     if not dry:
         torch.cuda.set_device(device)
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=False)
     dist.init_process_group(
-        "gloo" if dry else "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-        world_size=world, device_id=None if dry else device,
+        "gloo" if dry else "nccl", store=store, rank=rank, world_size=world,
+        device_id=None if dry else device,
     )  # fmt: skip
     rows = []
     for tokens in args.tokens:
@@ -116,7 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     if world < 2:
         parser.error(f"an all-reduce needs 2+ ranks, got {world}")
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # keep NVLink multicast off (shared hosts)
-    mp.spawn(_worker, args=(world, get_open_port(), args), nprocs=world, join=True)
+    # The rendezvous store binds an OS-picked port before the ranks start (none is released
+    # between choosing and binding it).
+    store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
+    mp.spawn(_worker, args=(world, store.port, args), nprocs=world, join=True)
     return 0
 
 
