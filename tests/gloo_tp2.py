@@ -41,10 +41,11 @@ def _entry(rank, port, worker, args, results):
 
 def run_tp2(worker, *args) -> dict:
     # The rendezvous store is bound here, on a port the OS picks, before the ranks start: a port
-    # found free and released first could be taken by another test worker in between.
-    store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False)
-    port = store.port
+    # found free and released first could be taken by another test worker in between. It runs
+    # a server thread, so it comes after the Manager's process, which forks.
     with mp.Manager() as manager:
+        store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False)
+        port = store.port
         results = manager.dict()
         mp.spawn(_entry, args=(port, worker, args, results), nprocs=2, join=True)
         return dict(results)

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 # The address a server logs once it has bound its port (`vllm serve`: "Serving ... on ...").
-_BOUND = re.compile(r"on http://127\.0\.0\.1:(\d+)")
+_BOUND = re.compile(r"on http://127\.0\.0\.1:(\d+)(?=\D)")  # not a port half-written
 
 
 def server_env() -> dict[str, str]:

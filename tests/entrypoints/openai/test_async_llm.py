@@ -131,6 +131,24 @@ def test_stat_loggers_see_tokens_and_finished_requests(llm: AsyncLLM) -> None:
     assert seen == {"generated": 6, "finished": ["length"], "ttft": 1}
 
 
+def test_a_failing_stat_logger_still_delivers_the_final_output(llm: AsyncLLM) -> None:
+    """A request that finishes in the step whose stats fail is no longer tracked when the loop
+    ends: its last output must go out anyway, or its caller would wait forever."""
+
+    class FailsAtTheEnd(StatLogger):
+        def record(self, scheduler, iteration) -> None:
+            if iteration is not None and iteration.finished:
+                raise RuntimeError("stats backend down")
+
+    llm.add_stat_logger(FailsAtTheEnd())
+    text = asyncio.run(asyncio.wait_for(_collect(llm, "s", "hi", 3), timeout=10))
+    assert text == "The quick brown fox jumps over the lazy dog."[: len(text)] and text
+    deadline = time.monotonic() + 10  # the loop ends just after delivering
+    while llm.errored is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert isinstance(llm.errored, RuntimeError) and not llm.is_running
+
+
 def test_stop_ends_open_requests_at_once_and_refuses_new_ones() -> None:
     # A slow abort widens the window in which a caller could see the error before the engine
     # released the requests: the loop must abort them all first, then tell the callers.

@@ -192,12 +192,16 @@ class AsyncLLM:
                 iteration, deliveries = None, []
                 if self.engine.has_unfinished_requests():
                     iteration, deliveries = self._step()
-                self._refresh_scheduler_stats()
-                for stat_logger in self.stat_loggers:
-                    stat_logger.record(self.scheduler_stats, iteration)
-                # After the stats: a caller that sees its output finds it counted in /metrics.
-                for tracked, out in deliveries:
-                    self._deliver(tracked, out)
+                try:
+                    self._refresh_scheduler_stats()
+                    for stat_logger in self.stat_loggers:
+                        stat_logger.record(self.scheduler_stats, iteration)
+                finally:
+                    # After the stats: a caller that sees its output finds it counted in
+                    # /metrics. Even if they fail: a finished request is no longer tracked, so
+                    # the loop's end would not tell its caller anything.
+                    for tracked, out in deliveries:
+                        self._deliver(tracked, out)
         except BaseException as e:
             logger.exception("The engine loop failed; the server can no longer run requests")
             self.errored = e
@@ -283,17 +287,24 @@ class AsyncLLM:
     def _fail_all(self, error: BaseException) -> None:
         with self._submit_lock:
             self._closed = True
-        # Abort every open request in the engine before telling any caller, so that the first
-        # caller to see the error finds the cache blocks and state slots of all of them released.
+        # Abort every open request in the engine before failing any stream, so that the first
+        # stream to fail finds the cache blocks and state slots of all of them released (and
+        # /metrics says so).
         open_requests = list(self._tracked.items())
         self._tracked.clear()
-        for request_id, _ in open_requests:
+        try:
+            for request_id, _ in open_requests:
+                try:
+                    self.engine.abort_request([request_id])
+                except Exception:
+                    logger.exception("aborting %s after the loop stopped failed", request_id)
             try:
-                self.engine.abort_request([request_id])
+                self._refresh_scheduler_stats()
             except Exception:
-                logger.exception("aborting %s after the loop stopped failed", request_id)
-        for _, tracked in open_requests:
-            self._deliver(tracked, error)
+                logger.exception("refreshing the scheduler stats after the loop stopped failed")
+        finally:
+            for _, tracked in open_requests:
+                self._deliver(tracked, error)
         while True:
             try:
                 command = self._commands.get_nowait()

@@ -59,8 +59,8 @@ _ANSWERED = frozenset({"load_model", "available_cache_memory", "initialize_cache
 
 def _init_distributed(config: VllmConfig, rank: int, store: dist.Store | None = None) -> None:
     """Join the TP group through the rendezvous store: rank 0 passes the one it created, a
-    worker connects to it at `distributed_init_method` (every rank then uses the store's keys
-    alike, which init_process_group's own tcp:// rendezvous would prefix only on its side)."""
+    worker connects to it at `distributed_init_method`. Every rank must pass a store: torch
+    prefixes the keys with `default_pg/` only on the `init_method` path."""
     world_size = config.parallel_config.tensor_parallel_size
     if store is None:
         address = urlsplit(config.parallel_config.distributed_init_method)
