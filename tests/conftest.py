@@ -7,8 +7,9 @@ under the interpreter on CPU tensors): there `pytest -m gpu` runs the GPU half, 
 Without a GPU every Triton kernel runs under ``TRITON_INTERPRET=1``. That interpreter converts fp32
 to fp8 wrongly (ties round away from zero and a rounding carry into the exponent is dropped, so
 127.97 becomes 64; triton PR #11897) and truncates fp32 to bf16. The fixture below installs
-tests/fp8_interpreter.py, which routes fp32 -> fp8 / bf16 conversions through torch's correctly
-rounded cast, so the kernels are checked against the true rounding rather than a widened tolerance.
+vllm/triton_utils/interpreter_rounding.py, which routes fp32 -> fp8 / bf16 conversions through
+torch's correctly rounded cast, so the kernels are checked against the true rounding rather than
+a widened tolerance.
 """
 
 import functools
@@ -16,7 +17,6 @@ import os
 import zlib
 from collections.abc import Iterator
 
-import fp8_interpreter
 import interpreter_fast_paths
 import numpy as np
 import pytest
@@ -27,6 +27,8 @@ HAS_GPU = torch.cuda.is_available()
 if not HAS_GPU:
     # Must precede any import of a module that defines @triton.jit kernels.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from vllm.triton_utils import interpreter_rounding  # noqa: E402 (after the switch above)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -65,7 +67,7 @@ def _interpreter_fp8_rounding():
     if os.environ.get("TRITON_INTERPRET") != "1":
         yield
         return
-    restores = [fp8_interpreter.install(), interpreter_fast_paths.install()]
+    restores = [interpreter_rounding.install(), interpreter_fast_paths.install()]
     try:
         yield
     finally:

@@ -3,19 +3,19 @@
 `run_tp2(worker, *args)` returns `{rank: worker(rank, *args)}`; `worker` must be a module-level
 function (it is pickled into the spawned processes) and its result picklable. The workers are
 fresh processes: they install the interpreter's FP8 rounding fix and fast paths themselves
-(tests/fp8_interpreter.py, tests/interpreter_fast_paths.py), as the parent's test session does,
-and run one intra-op thread each.
+(vllm/triton_utils/interpreter_rounding.py, tests/interpreter_fast_paths.py), as the parent's
+test session does, and run one intra-op thread each.
 """
 
 import os
 
-import fp8_interpreter
 import interpreter_fast_paths
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from vllm.distributed import destroy_model_parallel, initialize_model_parallel
+from vllm.triton_utils import interpreter_rounding
 
 
 def _entry(rank, port, worker, args, results):
@@ -23,7 +23,7 @@ def _entry(rank, port, worker, args, results):
     # references (`torch_reference_kernels`): spawned workers import Triton (unpickling `worker`)
     # with the parent's environment before this runs, so they must keep its choice.
     os.environ.setdefault("TRITON_INTERPRET", "1")
-    fp8_interpreter.install()  # the process ends with the worker: nothing to restore
+    interpreter_rounding.install()  # the process ends with the worker: nothing to restore
     interpreter_fast_paths.install()
     # One intra-op thread a rank: two ranks of torch's default (a thread per core) oversubscribe
     # the cores, and a rank whose spinning threads hold a core stalls its peer in every gloo

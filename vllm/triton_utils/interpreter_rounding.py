@@ -1,16 +1,16 @@
-"""Correct fp32 -> fp8 and fp32 -> bf16 rounding for Triton's CPU interpreter, for pytest and
-spawned workers.
+"""Correct fp32 -> fp8 and fp32 -> bf16 rounding (and bf16 dot operands) in Triton's CPU
+interpreter, so that kernels run under ``TRITON_INTERPRET=1`` are checked against the rounding the
+GPU does rather than a widened tolerance.
 
-Triton's interpreter (``TRITON_INTERPRET=1``) converts fp32 to fp8 wrongly: ties round away from
-zero and a rounding carry into the exponent is dropped, so 127.97 becomes 64 (triton PR #11897).
-It truncates fp32 to bf16 (``x.to(tl.bfloat16)`` and stores of fp32 into bf16), where GPUs round
-to nearest even: half of all values land one bf16 ulp toward zero (Triton 3.9). And its
-``tl.dot`` multiplies bf16 operands as their raw 16-bit patterns (it stores bf16 as uint16).
-``install()`` routes those conversions through torch's correctly rounded cast and widens bf16
-dot operands to fp32 (exact) first, so the kernels are
-checked against the true rounding rather than a widened tolerance. The test session installs
-it (tests/conftest.py) and so do the gloo TP workers (tests/gloo_tp2.py), which are fresh
-processes that do not inherit the parent's patch.
+Triton's interpreter converts fp32 to fp8 wrongly: ties round away from zero and a rounding carry
+into the exponent is dropped, so 127.97 becomes 64 (triton PR #11897). It truncates fp32 to bf16
+(``x.to(tl.bfloat16)`` and stores of fp32 into bf16), where GPUs round to nearest even: half of
+all values land one bf16 ulp toward zero (Triton 3.9). And its ``tl.dot`` multiplies bf16
+operands as their raw 16-bit patterns (it stores bf16 as uint16). ``install()`` routes those
+conversions through torch's correctly rounded cast and widens bf16 dot operands to fp32 (exact)
+first. Users: the test session (tests/conftest.py), the gloo TP test workers (tests/gloo_tp2.py,
+fresh processes that do not inherit the parent's patch) and the kernel benchmarks' dry runs on a
+CPU. Nothing in the serving path imports it.
 """
 
 from collections.abc import Callable
