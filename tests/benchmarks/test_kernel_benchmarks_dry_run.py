@@ -3,6 +3,7 @@ checked against the torch reference; on CPU under the Triton interpreter), so th
 rot between GPU runs."""
 
 import importlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -296,3 +297,15 @@ def test_kernel_bench_imports_without_triton() -> None:
     # Every script imports it at its top, --dry-run on a CPU without Triton included.
     code = "import sys; sys.modules['triton'] = None; import kernel_bench"
     subprocess.run([sys.executable, "-c", code], cwd=KERNELS, check=True)
+
+
+def test_kda_gate_proj_dry_run_as_a_script_compares_bits_on_a_cpu() -> None:
+    # As its docstring says to run it, outside the test session's interpreter patch: the script
+    # must make Triton's interpreter round as the GPU does, or its bit-for-bit check fails.
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    command = [sys.executable, "benchmark_kda_decode.py", "--dry-run", "--gate-proj"]
+    result = subprocess.run(command, cwd=KERNELS, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "bit for bit: True" in result.stdout
