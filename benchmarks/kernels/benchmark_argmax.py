@@ -27,6 +27,7 @@ from kernel_bench import (
     add_common_args,
     print_copy_gbps,
     require_gpu,
+    round_like_the_gpu_if_interpreting,
     time_flushed,
     time_graph,
     write_csv,
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.rows) < 1 or args.vocab < 1 or min(args.target_programs) < 1:
         parser.error("--rows, --vocab and --target-programs must be positive")
     if args.dry_run:
+        round_like_the_gpu_if_interpreting()
         return dry_run(args.target_programs)
     require_gpu(parser)
     copy = print_copy_gbps(args.copy_gib)

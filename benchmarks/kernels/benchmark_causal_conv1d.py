@@ -26,7 +26,14 @@ import argparse
 import sys
 
 import torch
-from kernel_bench import add_common_args, print_copy_gbps, require_gpu, time_flushed, write_csv
+from kernel_bench import (
+    add_common_args,
+    print_copy_gbps,
+    require_gpu,
+    round_like_the_gpu_if_interpreting,
+    time_flushed,
+    write_csv,
+)
 
 from vllm.models.kimi_k3.amd.ops.causal_conv1d import (
     DEFAULT_PREFILL_CONFIG,
@@ -124,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     except (TypeError, ValueError):
         parser.error("--configs are block_t,block_c,num_warps[,step] (e.g. 64,1024,4,8) or default")
     if args.dry_run:
+        round_like_the_gpu_if_interpreting()
         return dry_run(configs)
     require_gpu(parser)
     copy = print_copy_gbps(args.copy_gib)

@@ -23,7 +23,14 @@ import argparse
 import sys
 
 import torch
-from kernel_bench import add_common_args, print_copy_gbps, require_gpu, time_flushed, write_csv
+from kernel_bench import (
+    add_common_args,
+    print_copy_gbps,
+    require_gpu,
+    round_like_the_gpu_if_interpreting,
+    time_flushed,
+    write_csv,
+)
 
 from vllm.model_executor.layers.fused_moe.gather_rows import (
     DEFAULT_GATHER_ROWS_CONFIG,
@@ -92,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         parser.error("--configs are block_rows,block_cols,num_warps (powers of two) or default")
     if args.dry_run:
+        round_like_the_gpu_if_interpreting()
         return dry_run(configs)
     require_gpu(parser)
     copy = print_copy_gbps(args.copy_gib)

@@ -49,7 +49,14 @@ from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
-from kernel_bench import add_common_args, copy_gbps, require_gpu, time_graph, write_csv
+from kernel_bench import (
+    add_common_args,
+    copy_gbps,
+    require_gpu,
+    round_like_the_gpu_if_interpreting,
+    time_graph,
+    write_csv,
+)
 from triton.runtime.errors import OutOfResources
 
 from vllm.model_executor.kernels.linear import gemv_config as gemv_cfg
@@ -256,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.dry_run:
+        round_like_the_gpu_if_interpreting()
         device, shapes, copies, gib = torch.device("cpu"), DRY_RUN_SHAPES, 2, 1 / 64
     else:
         require_gpu(parser)

@@ -25,7 +25,14 @@ import sys
 
 import torch
 from benchmark_gemv import gemv_config, time_eager
-from kernel_bench import add_common_args, copy_gbps, require_gpu, time_graph, write_csv
+from kernel_bench import (
+    add_common_args,
+    copy_gbps,
+    require_gpu,
+    round_like_the_gpu_if_interpreting,
+    time_graph,
+    write_csv,
+)
 
 from vllm.model_executor.kernels.linear import gemv_config as gemv_cfg
 from vllm.model_executor.kernels.linear.gemv import gemv_batched
@@ -52,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.dry_run:
+        round_like_the_gpu_if_interpreting()
         device, shapes, copies = torch.device("cpu"), DRY_RUN_SHAPES, 2
     else:
         require_gpu(parser)

@@ -67,7 +67,14 @@ import re
 import sys
 
 import torch
-from kernel_bench import add_common_args, print_copy_gbps, require_gpu, time_graph, write_csv
+from kernel_bench import (
+    add_common_args,
+    print_copy_gbps,
+    require_gpu,
+    round_like_the_gpu_if_interpreting,
+    time_graph,
+    write_csv,
+)
 
 from vllm.model_executor.layers.linear import ColumnParallelLinear
 from vllm.models.kimi_k3.amd.ops.causal_conv1d import causal_conv1d_decode
@@ -80,7 +87,7 @@ from vllm.models.kimi_k3.amd.ops.fused_kda_decode import (
 )
 from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate
 from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import per_token_fp8_quant
-from vllm.triton_utils import interpreter_rounding, triton_interpreting, use_triton
+from vllm.triton_utils import use_triton
 
 SHAPES = {"kimi-k3-tp8": 12, "kimi-linear": 32}
 BATCHES = [1, 4, 16, 64, 128, 256]
@@ -407,9 +414,8 @@ def main(argv: list[str] | None = None) -> int:
         dry_run="three variants once, checked, untimed (CPU too)",
     )  # fmt: skip
     args = parser.parse_args(argv)
-    if args.dry_run and triton_interpreting():
-        # The dry runs compare bits: the interpreter must round as the GPU does.
-        interpreter_rounding.install()
+    if args.dry_run:
+        round_like_the_gpu_if_interpreting()
     if args.dry_run and args.gate_proj:
         return dry_run_gate_proj("cuda" if torch.cuda.is_available() else "cpu")
     if args.dry_run:

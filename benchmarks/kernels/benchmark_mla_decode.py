@@ -46,7 +46,14 @@ import sys
 from dataclasses import replace
 
 import torch
-from kernel_bench import add_common_args, print_copy_gbps, require_gpu, time_graph, write_csv
+from kernel_bench import (
+    add_common_args,
+    print_copy_gbps,
+    require_gpu,
+    round_like_the_gpu_if_interpreting,
+    time_graph,
+    write_csv,
+)
 
 from vllm.models.kimi_k3.amd.ops.mla_decode import (
     launch_mla_decode,
@@ -334,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         parser.error(str(e))
     if args.dry_run:
+        round_like_the_gpu_if_interpreting()
         return dry_run(args.block_size)
     require_gpu(parser, gpu="CUDA or ROCm GPU")
     if args.splits and min(args.splits) < 1:

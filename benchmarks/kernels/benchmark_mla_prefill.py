@@ -33,7 +33,14 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from kernel_bench import add_common_args, print_copy_gbps, require_gpu, time_flushed, write_csv
+from kernel_bench import (
+    add_common_args,
+    print_copy_gbps,
+    require_gpu,
+    round_like_the_gpu_if_interpreting,
+    time_flushed,
+    write_csv,
+)
 from torch.nn.attention.bias import causal_lower_right
 
 from vllm.model_executor.layers.quantization.utils.fp8_per_token import per_token_fp8_quant
@@ -139,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     args = parser.parse_args(argv)
     if args.dry_run:
+        round_like_the_gpu_if_interpreting()
         return dry_run()
     require_gpu(parser)
     copy = print_copy_gbps(args.copy_gib)

@@ -64,7 +64,14 @@ import time
 from collections.abc import Callable
 
 import torch
-from kernel_bench import add_common_args, require_gpu, time_flushed, time_graph, write_csv
+from kernel_bench import (
+    add_common_args,
+    require_gpu,
+    round_like_the_gpu_if_interpreting,
+    time_flushed,
+    time_graph,
+    write_csv,
+)
 
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.fused_moe.experts import (
@@ -349,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.dry_run:
+        round_like_the_gpu_if_interpreting()
         device, shape, copy_gib = torch.device("cpu"), DRY_RUN, 1 / 64
     else:
         require_gpu(parser)

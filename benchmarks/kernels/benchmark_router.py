@@ -76,7 +76,13 @@ import torch
 import torch.nn.functional as F
 from benchmark_gemv import gemv_config
 from benchmark_moe import copy_bandwidth, time_eager
-from kernel_bench import add_common_args, require_gpu, time_graph, write_csv
+from kernel_bench import (
+    add_common_args,
+    require_gpu,
+    round_like_the_gpu_if_interpreting,
+    time_graph,
+    write_csv,
+)
 
 from vllm.model_executor.kernels.linear.gemv import gemv_fp32
 from vllm.model_executor.layers.fused_moe.fused_router import (
@@ -407,6 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.dry_run:
+        round_like_the_gpu_if_interpreting()
         device, tokens_list, copy_gib = torch.device("cpu"), [1, 3], 1 / 64
         args.experts, args.top_k, args.hidden, args.layers = 32, 4, 72, 2
     else:

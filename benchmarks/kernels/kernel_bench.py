@@ -8,6 +8,7 @@ and torch, so a script can import it at its top and still run --dry-run on a CPU
 """
 
 import argparse
+import os
 import statistics
 from collections.abc import Callable
 from csv import DictWriter
@@ -136,3 +137,14 @@ def print_copy_gbps(gib: float, suffix: str = "") -> float:
     copy = copy_gbps(gib)
     print(f"{torch.cuda.get_device_name(0)}: copy {copy:.0f} GB/s (read + write){suffix}")
     return copy
+
+
+def round_like_the_gpu_if_interpreting() -> None:
+    """For a dry run under ``TRITON_INTERPRET=1``: make Triton's interpreter round fp32 -> fp8 /
+    bf16 as the GPU does (vllm/triton_utils/interpreter_rounding.py), so the dry run's checks
+    judge the kernel, not the interpreter's casts (a bit-for-bit check fails otherwise)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        # Imported here: it needs Triton, which this module does not.
+        from vllm.triton_utils import interpreter_rounding
+
+        interpreter_rounding.install()

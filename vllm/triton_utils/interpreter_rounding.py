@@ -20,11 +20,15 @@ import torch
 
 
 def install() -> Callable[[], None]:
-    """Patch the interpreter's float conversion; returns a function that restores it."""
+    """Patch the interpreter's float conversion; returns a function that restores it. Where the
+    patch is already in place (a test session calling a benchmark's dry run, which installs it
+    too) it changes nothing and returns a function that does nothing."""
     import triton.language as tl
     from triton.runtime import interpreter
 
     original = interpreter._convert_float
+    if getattr(original, "_rounds_like_torch", False):
+        return lambda: None
     targets = {
         tl.float8e4nv: (torch.float8_e4m3fn, torch.uint8),
         tl.float8e4b8: (torch.float8_e4m3fnuz, torch.uint8),
@@ -38,6 +42,7 @@ def install() -> Callable[[], None]:
         values = torch.from_numpy(np.ascontiguousarray(input).view(np.float32))
         return values.to(target[0]).view(target[1]).numpy().reshape(input.shape)
 
+    convert._rounds_like_torch = True
     interpreter._convert_float = convert
 
     builder = interpreter.InterpreterBuilder
