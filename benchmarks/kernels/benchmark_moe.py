@@ -48,7 +48,8 @@ largest T * K up to which the fastest triton config beats grouped at every measu
 A triton config is `BLOCK_N,BLOCK_K,WARPS/BLOCK_H,BLOCK_I,WARPS`: gate/up kernel (intermediate
 columns per program, hidden chunk per step, warps), then down kernel (hidden outputs per program,
 intermediate chunk per step, warps); powers of two. A tgrouped config is
-`BLOCK_M/BLOCK_N,BLOCK_K,WARPS,STAGES/BLOCK_N,BLOCK_K,WARPS,STAGES`: rows per expert block, then
+`BLOCK_M[+TAIL_M]/BLOCK_N,BLOCK_K,WARPS,STAGES/BLOCK_N,BLOCK_K,WARPS,STAGES`: rows per expert block
+(and the rows of the tiles of an expert's last block where it holds at most TAIL_M), then
 the gate/up kernel (intermediate columns per program, hidden chunk per step, warps, pipeline
 stages) and the down kernel (hidden outputs per program, intermediate chunk per step, warps,
 stages); tiles are powers of two >= 16. A last `/tma` or `/ptr` loads the weights through TMA
@@ -154,30 +155,37 @@ def triton_config(text: str) -> tuple[str, dict[str, int | bool]]:
 
 
 def tgrouped_config(text: str) -> tuple[str, dict[str, int | bool]]:
-    """`BLOCK_M/BLOCK_N,BLOCK_K,WARPS,STAGES/BLOCK_N,BLOCK_K,WARPS,STAGES[/tma|/ptr]` -> (path
-    name, moe_experts_triton_grouped's keyword arguments)."""
+    """`BLOCK_M[+TAIL_M]/BLOCK_N,BLOCK_K,WARPS,STAGES/BLOCK_N,BLOCK_K,WARPS,STAGES[/tma|/ptr]`
+    -> (path name, moe_experts_triton_grouped's keyword arguments)."""
     names = ("block_m", "block_n", "block_k", "gate_up_warps", "gate_up_stages",
              "down_block_n", "down_block_k", "down_warps", "down_stages")  # fmt: skip
     parts = text.split("/")
-    loads: dict[str, bool] = {}
+    extra: dict[str, int | bool] = {}
     if len(parts) == 4 and parts[3] in ("tma", "ptr"):
-        loads = {"tma": parts.pop() == "tma"}
+        extra["tma"] = parts.pop() == "tma"
+    block_m, plus, tail = parts[0].partition("+")
+    parts[0] = block_m
     try:
         values = [int(v) for part in parts for v in part.split(",")]
+        if plus:
+            extra["tail_block_m"] = int(tail)
     except ValueError:
         values = []
     tiles = [values[i] for i in (0, 1, 2, 5, 6)] if len(values) == len(names) else []
+    if plus and tiles:
+        tiles.append(int(extra["tail_block_m"]))
     if (
         len(parts) != 3
         or len(values) != len(names)
         or any(v < 1 for v in values)
         or any(v < 16 or v & (v - 1) for v in tiles)
+        or (plus and extra["tail_block_m"] >= values[0])
     ):
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not BLOCK_M/BLOCK_N,BLOCK_K,WARPS,STAGES/BLOCK_N,BLOCK_K,WARPS,STAGES"
-            "[/tma|/ptr] (tiles powers of two >= 16)"
+            f"{text!r} is not BLOCK_M[+TAIL_M]/BLOCK_N,BLOCK_K,WARPS,STAGES/BLOCK_N,BLOCK_K,"
+            "WARPS,STAGES[/tma|/ptr] (tiles powers of two >= 16, TAIL_M below BLOCK_M)"
         )
-    return f"tgrouped[{text}]", dict(zip(names, values, strict=True), **loads)
+    return f"tgrouped[{text}]", dict(zip(names, values, strict=True), **extra)
 
 
 def suggest_max_rows(rows: list[dict[str, object]], family: str, above: int = 0) -> int | None:

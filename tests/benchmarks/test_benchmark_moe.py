@@ -68,7 +68,9 @@ def test_bad_tgrouped_config_is_a_usage_error() -> None:
 
     for bad in ("16/64,128,4,3", "8/64,128,4,3/64,128,4,3", "16/64,128,4,0/64,128,4,3",
                 "16/64,96,4,3/64,128,4,3", "16/64,128,4/64,128,4,3",
-                "16/64,128,4,3/64,128,4,3/tmb"):  # fmt: skip
+                "16/64,128,4,3/64,128,4,3/tmb", "32+32/64,128,4,3/64,128,4,3",
+                "32+24/64,128,4,3/64,128,4,3", "32+8/64,128,4,3/64,128,4,3",
+                "32+/64,128,4,3/64,128,4,3"):  # fmt: skip
         with pytest.raises(SystemExit) as exit_info:
             benchmark_moe.main(["--dry-run", "--tgrouped-configs", bad])
         assert exit_info.value.code == 2
@@ -82,6 +84,15 @@ def test_tgrouped_config_takes_the_loads() -> None:
     assert kwargs["tma"] is True and kwargs["gate_up_stages"] == 4 and kwargs["block_m"] == 128
     assert benchmark_moe.tgrouped_config("16/64,128,4,3/64,128,4,3/ptr")[1]["tma"] is False
     assert "tma" not in benchmark_moe.tgrouped_config("16/64,128,4,3/64,128,4,3")[1]
+
+
+def test_tgrouped_config_takes_the_tail_tiles() -> None:
+    import benchmark_moe
+
+    name, kwargs = benchmark_moe.tgrouped_config("128+32/128,64,8,4/128,64,8,3/tma")
+    assert name == "tgrouped[128+32/128,64,8,4/128,64,8,3/tma]"
+    assert kwargs["block_m"] == 128 and kwargs["tail_block_m"] == 32 and kwargs["tma"] is True
+    assert "tail_block_m" not in benchmark_moe.tgrouped_config("128/128,64,8,4/128,64,8,3")[1]
 
 
 def test_tgrouped_max_rows_suggestion() -> None:

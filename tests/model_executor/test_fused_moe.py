@@ -580,6 +580,45 @@ def test_triton_grouped_tma_gives_the_pointer_loads_bits(tokens, topk, hidden, i
     assert_close_to_loop(tma, moe_experts_loop(x, w13, w2, w, ids, SiluAndMul()))
 
 
+def tail_ids(device):
+    """50 tokens of top-2 over 8 experts: expert 0 gets 50 rows (blocks of 32 and 18 at
+    block_m 32), expert 1 gets 40 (32 and 8), expert 2 gets 10 (one block of 10)."""
+    second = torch.where(torch.arange(50) < 40, 1, 2)
+    return torch.stack([torch.zeros(50, dtype=torch.long), second], dim=1).to(device)
+
+
+@pytest.mark.parametrize("tma", [False, True], ids=["ptr", "tma"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_triton_grouped_tail_tiles_give_the_full_tiles_results(dtype, tma, monkeypatch):
+    """Blocks of at most tail_block_m rows (expert 1's last, expert 2's only) run on the smaller
+    tiles, the 18-row last block of expert 0 on the full ones: every row's products are the same,
+    in the same order (bf16: the same bits as without tail tiles)."""
+    x, w13, w2, w, _ = make_case(50, dtype, DEVICE, seed=5, experts=8, hidden=64, inter=48,
+                                 topk=2)  # fmt: skip
+    ids = tail_ids(DEVICE)
+    blocks = dict(GROUPED_BLOCKS, block_m=32, tma=tma)
+    full = moe_experts_triton_grouped(x, w13, w2, w, ids, SiluAndMul(), **blocks)
+    launched = [
+        record_launches(monkeypatch, experts_triton_grouped, name)
+        for name in ("_moe_grouped_gate_up_kernel", "_moe_grouped_down_kernel")
+    ]
+    tail = moe_experts_triton_grouped(x, w13, w2, w, ids, SiluAndMul(), **blocks,
+                                      tail_block_m=16)  # fmt: skip
+    assert [kw["TAIL_M"] for kws in launched for kw in kws] == [16, 16]
+    if dtype == torch.bfloat16:
+        assert torch.equal(tail, full)
+    assert_close_to_loop(tail, moe_experts_loop(x, w13, w2, w, ids, SiluAndMul()))
+
+
+@pytest.mark.parametrize("tail_block_m", [8, 24, 32, 64])
+def test_triton_grouped_refuses_a_bad_tail_block_m(tail_block_m):
+    x, w13, w2, w, ids = make_case(5, torch.bfloat16, DEVICE, experts=8, hidden=64, inter=32,
+                                   topk=2)  # fmt: skip
+    with pytest.raises(ValueError, match="tail_block_m"):
+        blocks = dict(GROUPED_BLOCKS, block_m=32, tail_block_m=tail_block_m)
+        moe_experts_triton_grouped(x, w13, w2, w, ids, SiluAndMul(), **blocks)
+
+
 def test_triton_grouped_tma_needs_weights_tma_can_address(monkeypatch):
     x, w13, w2, w, ids = make_case(5, torch.bfloat16, DEVICE, experts=8, hidden=64, inter=32,
                                    topk=2)  # fmt: skip
@@ -916,6 +955,24 @@ def test_triton_grouped_tma_past_the_tensors_on_gpu(tokens, experts, hidden, int
     tiles = experts_triton_grouped.default_tiles(rows, tma=True)._asdict()
     pointer = moe_experts_triton_grouped(*case, SiluAndMul(), **dict(tiles, tma=False))
     assert torch.equal(moe_experts_triton_grouped(*case, SiluAndMul(), **tiles), pointer)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tail", [16, 32, 64])
+@pytest.mark.parametrize("tma", [True, False], ids=["tma", "ptr"])
+def test_triton_grouped_tail_tiles_on_gpu(tail, tma):
+    """The 128-row prefill tiles with each expert's last block of at most `tail` rows on smaller
+    tiles (MMAv2 below 64 rows, wgmma from 64 on sm_90): the full tiles' bits, and within the
+    bf16 bound of the fp64 loop."""
+    if tma and not supports_tma(torch.device("cuda")):
+        pytest.skip("TMA descriptors need an NVIDIA GPU from Hopper on")
+    case = make_case(4096, torch.bfloat16, "cuda", seed=tail, **dict(KIMI_LINEAR, experts=257))
+    tiles = experts_triton_grouped.default_tiles(LARGE_PREFILL_TILES_FROM_ROWS, tma=tma)._asdict()
+    full = moe_experts_triton_grouped(*case, SiluAndMul(), **tiles)
+    out = moe_experts_triton_grouped(*case, SiluAndMul(), **dict(tiles, tail_block_m=tail))
+    assert torch.equal(out, full)
+    expected = _fp64_loop(case)
+    assert (out.double() - expected).abs().max() <= 4 * 2**-8 * expected.abs().max()
 
 
 @pytest.mark.gpu

@@ -94,7 +94,7 @@ MAX_VARIANTS = 8
 # kernel 10 (4 with one latent chunk, 6 with 2 or 4).
 MAX_VARIANTS_OF = {
     "_gemv_kernel": 27, "_kda_decode_epilogue_kernel": 10, "_fused_kda_decode_kernel": 13,
-    "_mla_decode_split_kernel": 10, "_moe_grouped_gate_up_kernel": 10,
+    "_mla_decode_split_kernel": 10, "_moe_grouped_gate_up_kernel": 16,
 }  # fmt: skip
 
 
@@ -333,6 +333,9 @@ def _drive_moe(tokens: int, experts: int, hidden: int, inter: int, topk: int) ->
         for tma in (False, True):
             tiles = default_tiles(rows, tma=tma)._asdict()
             moe_experts_triton_grouped(x, w13, w2, weights, ids, SiluAndMul(), **tiles)
+    for tail in (16, 32, 64):
+        tiles = default_tiles(LARGE_PREFILL_TILES_FROM_ROWS, tma=True)._replace(tail_block_m=tail)
+        moe_experts_triton_grouped(x, w13, w2, weights, ids, SiluAndMul(), **tiles._asdict())
 
 
 def _drive_mla(n: int, heads: int, latent: int, rope: int, page: int, capacity: int,

@@ -51,6 +51,13 @@ copy of x cost more than it saved). The products and their order are the pointer
 results are the same bits (tests). On the H200 at 8192 tokens of top-8 + shared, 2044 against
 2349 us a layer for the two kernels (docs/performance.md, "Fourteenth run").
 
+Tail blocks: an expert's rows fill `block_m`-row blocks but its last, and a 128-row tile multiplies
+every row it holds, padding or not. At a prefill's ~256 rows per expert about half the experts end
+in a block of a few rows: a fifth of the 128-row tiles' MMAs are padding. With `tail_block_m`, a
+program whose block holds at most that many rows runs the same loop on `tail_block_m`-row tiles
+(a second instantiation of the block's code in the kernel; the block table is unchanged). It reads
+the same weight tiles, from L2 when its expert's full blocks ran just before (grid order, above).
+
 Rounding, as in experts_triton.py (chosen to match the references): `gate` and `up` are rounded
 to x's dtype, `silu(gate)` is computed in fp32 from the rounded gate and rounded, its product with
 `up` in fp32 and rounded (`a`); each `y` row is rounded to x's dtype before the fp32 weighted sum.
@@ -104,21 +111,13 @@ if triton is not None:
         return pid // num_tiles, pid % num_tiles
 
     @triton.jit
-    def _moe_grouped_gate_up_kernel(
-        x_ptr, w13_ptr, w13_desc, order_ptr, blocks_ptr, a_ptr,
-        stride_xt, stride_we, stride_wn, stride_ar,
-        hidden, inter, max_blocks,
+    def _gate_up_block(
+        x_ptr, w13_ptr, w13_desc, order_ptr, a_ptr, e, row0, row1, tile,
+        stride_xt, stride_we, stride_wn, stride_ar, hidden, inter,
         TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
-        PDL: tl.constexpr = False,
     ):  # fmt: skip
-        pdl_wait(PDL)
-        blk, tile = _block_and_tile(tl.cdiv(inter, BLOCK_N))
-        e = tl.load(blocks_ptr + blk)
-        if e < 0:
-            return
-        row0 = tl.load(blocks_ptr + max_blocks + blk)
-        row1 = tl.load(blocks_ptr + 2 * max_blocks + blk)
+        # Expert e's sorted rows [row0, row1) (at most BLOCK_M) times output tile `tile`.
         rows = row0 + tl.arange(0, BLOCK_M)
         m_ok = rows < row1
         # int64: a token's offset into x can pass 2**31 elements in long prefills.
@@ -155,21 +154,44 @@ if triton is not None:
         tl.store(a_ptrs, (act * up).to(dtype), mask=m_ok[:, None] & n_ok[None, :])
 
     @triton.jit
-    def _moe_grouped_down_kernel(
-        a_ptr, w2_ptr, a_desc, w2_desc, order_ptr, blocks_ptr, y_ptr,
-        stride_ar, stride_we, stride_wh, stride_yr,
+    def _moe_grouped_gate_up_kernel(
+        x_ptr, w13_ptr, w13_desc, order_ptr, blocks_ptr, a_ptr,
+        stride_xt, stride_we, stride_wn, stride_ar,
         hidden, inter, max_blocks,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        PRECISION: tl.constexpr, TMA: tl.constexpr,
-        PDL: tl.constexpr = False,
+        TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
+        TAIL_M: tl.constexpr = 0, PDL: tl.constexpr = False,
     ):  # fmt: skip
         pdl_wait(PDL)
-        blk, tile = _block_and_tile(tl.cdiv(hidden, BLOCK_N))
+        blk, tile = _block_and_tile(tl.cdiv(inter, BLOCK_N))
         e = tl.load(blocks_ptr + blk)
         if e < 0:
             return
         row0 = tl.load(blocks_ptr + max_blocks + blk)
         row1 = tl.load(blocks_ptr + 2 * max_blocks + blk)
+        # Module docstring, "tail blocks": an expert's last block of at most TAIL_M rows takes
+        # TAIL_M-row tiles.
+        if TAIL_M == 0:
+            _gate_up_block(x_ptr, w13_ptr, w13_desc, order_ptr, a_ptr, e, row0, row1, tile,
+                           stride_xt, stride_we, stride_wn, stride_ar, hidden, inter,
+                           TOPK, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, TMA)  # fmt: skip
+        elif row1 - row0 <= TAIL_M:
+            _gate_up_block(x_ptr, w13_ptr, w13_desc, order_ptr, a_ptr, e, row0, row1, tile,
+                           stride_xt, stride_we, stride_wn, stride_ar, hidden, inter,
+                           TOPK, TAIL_M, BLOCK_N, BLOCK_K, PRECISION, TMA)  # fmt: skip
+        else:
+            _gate_up_block(x_ptr, w13_ptr, w13_desc, order_ptr, a_ptr, e, row0, row1, tile,
+                           stride_xt, stride_we, stride_wn, stride_ar, hidden, inter,
+                           TOPK, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, TMA)  # fmt: skip
+
+    @triton.jit
+    def _down_block(
+        a_ptr, w2_ptr, a_desc, w2_desc, order_ptr, y_ptr, e, row0, row1, tile,
+        stride_ar, stride_we, stride_wh, stride_yr, hidden, inter,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        PRECISION: tl.constexpr, TMA: tl.constexpr,
+    ):  # fmt: skip
+        # Expert e's sorted rows [row0, row1) (at most BLOCK_M) of `a` times output tile `tile`.
         rows = row0 + tl.arange(0, BLOCK_M)
         m_ok = rows < row1
         h = tile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -197,6 +219,35 @@ if triton is not None:
         y_ptrs = y_ptr + dst[:, None] * stride_yr + h[None, :]
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & h_ok[None, :])
 
+    @triton.jit
+    def _moe_grouped_down_kernel(
+        a_ptr, w2_ptr, a_desc, a_tail_desc, w2_desc, order_ptr, blocks_ptr, y_ptr,
+        stride_ar, stride_we, stride_wh, stride_yr,
+        hidden, inter, max_blocks,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        PRECISION: tl.constexpr, TMA: tl.constexpr,
+        TAIL_M: tl.constexpr = 0, PDL: tl.constexpr = False,
+    ):  # fmt: skip
+        pdl_wait(PDL)
+        blk, tile = _block_and_tile(tl.cdiv(hidden, BLOCK_N))
+        e = tl.load(blocks_ptr + blk)
+        if e < 0:
+            return
+        row0 = tl.load(blocks_ptr + max_blocks + blk)
+        row1 = tl.load(blocks_ptr + 2 * max_blocks + blk)
+        if TAIL_M == 0:
+            _down_block(a_ptr, w2_ptr, a_desc, w2_desc, order_ptr, y_ptr, e, row0, row1, tile,
+                        stride_ar, stride_we, stride_wh, stride_yr, hidden, inter,
+                        BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, TMA)  # fmt: skip
+        elif row1 - row0 <= TAIL_M:
+            _down_block(a_ptr, w2_ptr, a_tail_desc, w2_desc, order_ptr, y_ptr, e, row0, row1,
+                        tile, stride_ar, stride_we, stride_wh, stride_yr, hidden, inter,
+                        TAIL_M, BLOCK_N, BLOCK_K, PRECISION, TMA)  # fmt: skip
+        else:
+            _down_block(a_ptr, w2_ptr, a_desc, w2_desc, order_ptr, y_ptr, e, row0, row1, tile,
+                        stride_ar, stride_we, stride_wh, stride_yr, hidden, inter,
+                        BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, TMA)  # fmt: skip
+
 
 class GroupedTiles(NamedTuple):
     """Launch shapes of the gate/up and down kernels (`moe_experts_triton_grouped`'s arguments)."""
@@ -212,6 +263,9 @@ class GroupedTiles(NamedTuple):
     down_stages: int
     # Weight tiles (and the down kernel's rows of `a`) through TMA tensor descriptors.
     tma: bool = False
+    # Rows of the tiles of an expert's last block where it holds at most that many (module
+    # docstring, "tail blocks"); 0: every block takes block_m-row tiles.
+    tail_block_m: int = 0
 
 
 # From `benchmark_moe.py --tgrouped-configs` on the H200 (docs/performance.md, "Ninth run" and
@@ -303,6 +357,7 @@ def moe_experts_triton_grouped(
     down_warps: int | None = None,
     down_stages: int | None = None,
     tma: bool | None = None,
+    tail_block_m: int | None = None,
 ) -> torch.Tensor:
     """Routed experts grouped by expert: four launches (grouping, gate/up, down, weighted sum);
     see the module docstring for shapes, numerics and the steps.
@@ -314,8 +369,9 @@ def moe_experts_triton_grouped(
     `down_warps`, `down_stages`. `tma`: the weights (and the down kernel's rows) through TMA
     descriptors, which needs `tma_operands_ok` and `supports_tma` or the interpreter (else
     ValueError); left None, the prefill tiles take it where the operands and the device allow.
-    Tile dims are powers of two >= 16; each argument left None takes `default_tiles` for T * K
-    rows on x's device.
+    `tail_block_m`: 0, or rows of the tiles of each expert's last block where it holds at most
+    that many (a power of two >= 16 below `block_m`). Tile dims are powers of two >= 16; each
+    argument left None takes `default_tiles` for T * K rows on x's device.
     """
     check_expert_shapes(x, w13, w2, topk_weights, topk_ids)
     check_triton_operands(
@@ -324,7 +380,7 @@ def moe_experts_triton_grouped(
     tokens, hidden = x.shape
     num_experts, inter = w13.shape[0], w13.shape[1] // 2
     given = GroupedTiles(block_m, block_n, block_k, gate_up_warps, gate_up_stages, down_block_n,
-                         down_block_k, down_warps, down_stages, tma)  # fmt: skip
+                         down_block_k, down_warps, down_stages, tma, tail_block_m)  # fmt: skip
     rows = topk_ids.numel()
     # Only the prefill tiles take TMA: decode-size calls (every eager decode step, per MoE
     # layer) skip the checks.
@@ -350,6 +406,13 @@ def moe_experts_triton_grouped(
     for name in ("gate_up_warps", "gate_up_stages", "down_warps", "down_stages"):
         if getattr(t, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(t, name)}")
+    if t.tail_block_m:
+        check_power_of_two("tail_block_m", t.tail_block_m)
+        if not 16 <= t.tail_block_m < t.block_m:
+            raise ValueError(
+                f"tail_block_m must be 0 or from 16 to below block_m ({t.block_m}), "
+                f"got {t.tail_block_m}"
+            )
     topk = topk_ids.shape[1]
     if 0 in (tokens, topk, hidden, inter, num_experts):
         return torch.zeros(tokens, hidden, dtype=x.dtype, device=x.device)
@@ -360,23 +423,27 @@ def moe_experts_triton_grouped(
     max_blocks = blocks.shape[1]
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     a = torch.empty(tokens * topk, inter, dtype=x.dtype, device=x.device)
-    w13_desc = a_desc = w2_desc = None
+    w13_desc = a_desc = a_tail_desc = w2_desc = None
     pdl = pdl_options(use_pdl(x.device))
     if t.tma:
         w13_desc = TensorDescriptor.from_tensor(w13.view(-1, hidden), [t.block_n, t.block_k])
         a_desc = TensorDescriptor.from_tensor(a, [t.block_m, t.down_block_k])
+        if t.tail_block_m:
+            a_tail_desc = TensorDescriptor.from_tensor(a, [t.tail_block_m, t.down_block_k])
         w2_desc = TensorDescriptor.from_tensor(w2.view(-1, inter), [t.down_block_n, t.down_block_k])
     _moe_grouped_gate_up_kernel[(max_blocks * triton.cdiv(inter, t.block_n),)](
         x, w13, w13_desc, order, blocks, a,
         x.stride(0), w13.stride(0), w13.stride(1), a.stride(0), hidden, inter, max_blocks,
         TOPK=topk, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, PRECISION=precision,
-        TMA=t.tma, num_warps=t.gate_up_warps, num_stages=t.gate_up_stages, **pdl,
+        TMA=t.tma, TAIL_M=t.tail_block_m, num_warps=t.gate_up_warps,
+        num_stages=t.gate_up_stages, **pdl,
     )  # fmt: skip
     y = torch.empty(tokens * topk, hidden, dtype=x.dtype, device=x.device)
     _moe_grouped_down_kernel[(max_blocks * triton.cdiv(hidden, t.down_block_n),)](
-        a, w2, a_desc, w2_desc, order, blocks, y,
+        a, w2, a_desc, a_tail_desc, w2_desc, order, blocks, y,
         a.stride(0), w2.stride(0), w2.stride(1), y.stride(0), hidden, inter, max_blocks,
         BLOCK_M=t.block_m, BLOCK_N=t.down_block_n, BLOCK_K=t.down_block_k, PRECISION=precision,
-        TMA=t.tma, num_warps=t.down_warps, num_stages=t.down_stages, **pdl,
+        TMA=t.tma, TAIL_M=t.tail_block_m, num_warps=t.down_warps, num_stages=t.down_stages,
+        **pdl,
     )  # fmt: skip
     return moe_weighted_sum(y, topk_weights, x.dtype)
