@@ -285,9 +285,13 @@ _PREFILL_TILES = GroupedTiles(64, 128, 64, 4, 4, 128, 64, 4, 4)
 _LARGE_PREFILL_TILES = GroupedTiles(128, 128, 64, 8, 3, 128, 64, 8, 3)
 # With TMA (module docstring) the 128-row gate/up kernel takes a 4th stage: at 8192 tokens of
 # top-8 + shared on the H200 (docs/performance.md, "Fourteenth run") 1335 us against 1424 at 3
-# stages and 1498 for the pointer loads at 3; its down kernel 709 against 851.
+# stages and 1498 for the pointer loads at 3; its down kernel 709 against 851. Its experts' last
+# blocks of at most 32 rows take 32-row tiles (module docstring, "tail blocks"): a layer at 8192 /
+# 4096 tokens 2335 / 1444 us against 2435 / 1489 (docs/performance.md, "Twenty-sixth run").
 _TMA_PREFILL_TILES = _PREFILL_TILES._replace(tma=True)
-_TMA_LARGE_PREFILL_TILES = _LARGE_PREFILL_TILES._replace(gate_up_stages=4, tma=True)
+_TMA_LARGE_PREFILL_TILES = _LARGE_PREFILL_TILES._replace(
+    gate_up_stages=4, tma=True, tail_block_m=32
+)
 _SMEM_HEADROOM = 16 * 1024
 
 
