@@ -333,8 +333,8 @@ def _drive_moe(tokens: int, experts: int, hidden: int, inter: int, topk: int) ->
         for tma in (False, True):
             tiles = default_tiles(rows, tma=tma)._asdict()
             moe_experts_triton_grouped(x, w13, w2, weights, ids, SiluAndMul(), **tiles)
-    # The H200's 128-row tiles take 32-row tail tiles; 16 and 64 rows too.
-    for tail in (16, 64):
+    # The H200's 128-row tiles take 64-row tail tiles; 16 and 32 rows too.
+    for tail in (16, 32):
         tiles = default_tiles(LARGE_PREFILL_TILES_FROM_ROWS, tma=True)._replace(tail_block_m=tail)
         moe_experts_triton_grouped(x, w13, w2, weights, ids, SiluAndMul(), **tiles._asdict())
 

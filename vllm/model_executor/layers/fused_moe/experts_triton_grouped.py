@@ -52,11 +52,12 @@ results are the same bits (tests). On the H200 at 8192 tokens of top-8 + shared,
 2349 us a layer for the two kernels (docs/performance.md, "Fourteenth run").
 
 Tail blocks: an expert's rows fill `block_m`-row blocks but its last, and a 128-row tile multiplies
-every row it holds, padding or not. At a prefill's ~256 rows per expert about half the experts end
-in a block of a few rows: a fifth of the 128-row tiles' MMAs are padding. With `tail_block_m`, a
-program whose block holds at most that many rows runs the same loop on `tail_block_m`-row tiles
-(a second instantiation of the block's code in the kernel; the block table is unchanged). It reads
-the same weight tiles, from L2 when its expert's full blocks ran just before (grid order, above).
+every row it holds, padding or not. In the engine's 8k prefill (docs/performance.md, "Twenty-sixth
+run") 18% of the 128-row blocks' rows are padding, and a fifth of the blocks hold at most 64 rows.
+With `tail_block_m`, a program whose block holds at most that many rows runs the same loop on
+`tail_block_m`-row tiles (a second instantiation of the block's code in the kernel; the block
+table is unchanged). It reads the same weight tiles, from L2 when its expert's full blocks ran
+just before (grid order, above).
 
 Rounding, as in experts_triton.py (chosen to match the references): `gate` and `up` are rounded
 to x's dtype, `silu(gate)` is computed in fp32 from the rounded gate and rounded, its product with
@@ -286,11 +287,13 @@ _LARGE_PREFILL_TILES = GroupedTiles(128, 128, 64, 8, 3, 128, 64, 8, 3)
 # With TMA (module docstring) the 128-row gate/up kernel takes a 4th stage: at 8192 tokens of
 # top-8 + shared on the H200 (docs/performance.md, "Fourteenth run") 1335 us against 1424 at 3
 # stages and 1498 for the pointer loads at 3; its down kernel 709 against 851. Its experts' last
-# blocks of at most 32 rows take 32-row tiles (module docstring, "tail blocks"): a layer at 8192 /
-# 4096 tokens 2335 / 1444 us against 2435 / 1489 (docs/performance.md, "Twenty-sixth run").
+# blocks of at most 64 rows take 64-row tiles (module docstring, "tail blocks"): a layer at 8192 /
+# 4096 tokens of random routing 2350 / 1419 us against 2435 / 1489 (32 rows: 2335 / 1444); the
+# engine's 8k prefill, whose routing is skewed (median 62 rows an expert), 57.2 ms of routed
+# experts against 58.8 (32 rows: 58.0) (docs/performance.md, "Twenty-sixth run").
 _TMA_PREFILL_TILES = _PREFILL_TILES._replace(tma=True)
 _TMA_LARGE_PREFILL_TILES = _LARGE_PREFILL_TILES._replace(
-    gate_up_stages=4, tma=True, tail_block_m=32
+    gate_up_stages=4, tma=True, tail_block_m=64
 )
 _SMEM_HEADROOM = 16 * 1024
 
