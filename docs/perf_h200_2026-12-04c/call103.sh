@@ -16,5 +16,5 @@ timeout 160 python benchmarks/benchmark_latency.py "${A[@]}" --output-json $OUT/
 echo "new rc $?"; grep -E "single prompt|\(batch\)|  KDA prefill|routed experts  |other \(|device busy|l2norm|conv1d_prefill|decode \(graph" $OUT/c103_new.log | head -12
 (cd .devrun/base && PYTHONPATH=/tmp/site:$PWD timeout 110 python benchmarks/benchmark_latency.py "${A[@]}" --output-json $OUT/c103_base.json > $OUT/c103_base.log 2>&1)
 echo "base rc $?"; grep -E "single prompt|\(batch\)|  KDA prefill|routed experts  |other \(|device busy|l2norm|conv1d_prefill|decode \(graph" $OUT/c103_base.log | head -12
-timeout 60 python benchmarks/benchmark_latency.py "${A[@]}" --output-json $OUT/c103_new2.json > $OUT/c103_new2.log 2>&1
+timeout 90 python benchmarks/benchmark_latency.py "${A[@]}" --output-json $OUT/c103_new2.json > $OUT/c103_new2.log 2>&1
 echo "new2 rc $?"; grep -E "single prompt|\(batch\)|  KDA prefill|device busy" $OUT/c103_new2.log | head -5
