@@ -522,14 +522,6 @@ def _drive_ops() -> None:
                 qsl, torch.tensor([2, 0]), torch.tensor([True, False]),
                 out=out if groups > 1 else None, config=config,
             )  # fmt: skip
-        if groups == 3 and channels > 48:
-            # The layer's launch on the GPU: q and k normalised per head of 128.
-            causal_conv1d_prefill(
-                x, torch.randn(channels, width, generator=gen),
-                torch.randn(3, channels, width - 1, generator=gen).to(torch.bfloat16),
-                qsl, torch.tensor([2, 0]), torch.tensor([True, False]), out=out,
-                l2norm_groups=2, head_dim=128,
-            )  # fmt: skip
 
     for tokens, heads, key_dim in ((300, 32, 128), (5, 3, 16)):
         raw = torch.randn(tokens, heads * key_dim, generator=gen).to(torch.bfloat16)

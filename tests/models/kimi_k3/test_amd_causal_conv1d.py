@@ -10,7 +10,6 @@ from vllm.models.kimi_k3.amd.ops.causal_conv1d import (
     Conv1dPrefillConfig,
     causal_conv1d_prefill,
     causal_conv1d_prefill_ref,
-    l2norm_heads_ref,
 )
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -115,47 +114,6 @@ def test_grouped_out_gives_contiguous_groups(triton_launches):
         torch.testing.assert_close(
             out[i].float(), ref[:, 16 * i : 16 * (i + 1)].float(), rtol=2**-7, atol=2**-7
         )
-
-
-def check_normalized_groups(batch, group, head_dim, config=None, launches=None):
-    """`out` `[3, T, group]` with q and k normalised per head in the kernel: within one rounding
-    of the reference conv normalised in torch (the sum of squares' order differs), every head of
-    unit norm to bf16's precision, and v the plain conv's bits."""
-    args = {k: v for k, v in batch.items() if k != "conv_state"}
-    ref = causal_conv1d_prefill_ref(conv_state=batch["conv_state"].clone(), **args)
-    tokens = ref.shape[0]
-    plain = torch.empty(3, tokens, group, dtype=ref.dtype, device=DEVICE)
-    causal_conv1d_prefill(conv_state=batch["conv_state"].clone(), out=plain, config=config, **args)
-    out = torch.empty_like(plain)
-    causal_conv1d_prefill(conv_state=batch["conv_state"].clone(), out=out, config=config,
-                          l2norm_groups=2, head_dim=head_dim, **args)  # fmt: skip
-    if launches is not None:
-        assert launches["_causal_conv1d_prefill_kernel"] == 2
-    assert torch.equal(out[2], plain[2])
-    expected = l2norm_heads_ref(plain[:2], head_dim)
-    torch.testing.assert_close(out[:2].float(), expected.float(), rtol=2**-7, atol=2**-9)
-    norms = out[:2].float().unflatten(-1, (-1, head_dim)).norm(dim=-1)
-    torch.testing.assert_close(norms, torch.ones_like(norms), rtol=0, atol=2**-6)
-    assert not torch.equal(out[:2], plain[:2])
-
-
-@pytest.mark.parametrize("config", [None, Conv1dPrefillConfig(4, 16, 2)], ids=["default", "t4c16"])
-def test_prefill_normalizes_q_and_k_heads(config, triton_launches):
-    """l2norm_groups=2 (the layer's q | k | v): heads of 8 channels, groups of 16; the default
-    launch's 512-channel blocks shrink to one group."""
-    batch = make_batch([5, 1, 17], 48, 4, torch.bfloat16, torch.bfloat16, [True, False, True], 7)
-    check_normalized_groups(batch, 16, 8, config, triton_launches)
-
-
-def test_prefill_normalization_rejects_bad_heads():
-    batch = make_batch([2, 3], 48, 4, torch.bfloat16, torch.bfloat16, [True, True], seed=1)
-    out = torch.empty(3, 5, 16, dtype=torch.bfloat16, device=DEVICE)
-    narrow = Conv1dPrefillConfig(4, 8, 2)
-    cases = [(4, 8, None), (2, 12, None), (2, 0, None), (2, 32, None), (2, 16, narrow)]
-    for groups, head_dim, config in cases:
-        with pytest.raises(ValueError, match="head_dim"):
-            causal_conv1d_prefill(**batch, out=out, config=config, l2norm_groups=groups,
-                                  head_dim=head_dim)  # fmt: skip
 
 
 # Small blocks, so that most steps take 4 or 8 rows of one sequence and the others start a
@@ -307,12 +265,3 @@ def test_gpu_chunks_and_launches_give_the_same_bits(triton_launches):
         assert torch.equal(one_state, chunked_state)
         ones.append(one)
     assert all(torch.equal(ones[0], one) for one in ones[1:])
-
-
-@pytest.mark.gpu
-def test_gpu_prefill_normalizes_kimi_linear_heads(triton_launches):
-    """Kimi-Linear's q | k | v (3 x 32 heads of 128), 8192 tokens in four sequences, q and k
-    normalised in the conv kernel as the layer launches it."""
-    batch = make_batch([3000, 1, 2, 5189], 3 * 4096, 4, torch.bfloat16, torch.bfloat16,
-                       [False, True, True, False], 9, "cuda")  # fmt: skip
-    check_normalized_groups(batch, 4096, 128, launches=triton_launches)

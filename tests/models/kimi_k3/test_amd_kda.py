@@ -611,44 +611,6 @@ def test_kda_prefill_takes_int64_offsets():
                     torch.tensor([False]))  # fmt: skip
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_kda_prefill_of_normalized_q_and_k(device):
-    """q and k normalised before the core (the conv kernel's `l2norm_groups`) with
-    `qk_normalized`: the core's result for the raw ones (CPU: the same bits; GPU: fla-core without
-    its own normalisation, within bf16 rounding of the normalised inputs); not normalised again
-    (twice the normalised q and k give another result)."""
-    from vllm.models.kimi_k3.amd.ops.causal_conv1d import l2norm_heads_ref
-    from vllm.models.kimi_k3.amd.ops.kda_core import kda_prefill, l2_normalize
-
-    gen = torch.Generator().manual_seed(3)
-    t, heads, d = 70, 2, 64
-    dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    q, k, v = (torch.randn(t, heads, d, generator=gen).to(device, dtype) for _ in range(3))
-    g = (-torch.rand(t, heads, d, generator=gen) * 0.2).to(device)
-    beta = torch.rand(t, heads, generator=gen).to(device)
-    qsl = torch.tensor([0, 30, t], device=device)
-    slots, init = torch.tensor([2, 0], device=device), torch.tensor([True, False], device=device)
-    start = torch.randn(3, heads, d, d, generator=gen).to(device) * 0.1
-
-    def run(q, k, normalized):
-        state = start.clone()
-        out = kda_prefill(q, k, v, g, beta, state, qsl, slots, init, qk_normalized=normalized)
-        return out.float(), state
-
-    raw, raw_state = run(q, k, False)
-    if device == "cpu":
-        normed = l2_normalize(q), l2_normalize(k)
-        got, got_state = run(*normed, True)
-        assert torch.equal(got, raw) and torch.equal(got_state, raw_state)
-    else:
-        normed = l2norm_heads_ref(q, d), l2norm_heads_ref(k, d)
-        got, got_state = run(*normed, True)
-        torch.testing.assert_close(got, raw, rtol=2**-6, atol=2**-6 * raw.abs().max().item())
-        torch.testing.assert_close(got_state, raw_state, rtol=2**-6, atol=2**-6)
-    twice, _ = run(2 * normed[0], 2 * normed[1], True)
-    assert (twice - raw).abs().max() > 0.1 * raw.abs().max()
-
-
 def test_initial_states_zero_new_sequences_and_leave_the_pool():
     """fla's initial states: each slot's state, zeros (+0.0, NaN states included) for a new
     sequence, bit for bit the zero-filled tensor and `where` they replace; the pool untouched."""

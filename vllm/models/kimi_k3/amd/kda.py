@@ -275,22 +275,18 @@ class KimiK3DeltaAttention(torch.nn.Module):
                 mixed_qkv[:nd], self.conv1d_weight, pool.conv_state, slots[:nd]
             )
             conv[:, :nd] = dec.view(nd, 3, h * d).transpose(0, 1)
-        # On the GPU the conv kernel leaves the prefill rows' q and k normalised, sparing fla's
-        # chunk_kda its own normalisation pass (causal_conv1d.py, "Normalised q and k"); the CPU
-        # keeps the reference's fp32 normalisation.
-        normed = mixed_qkv.is_cuda and d & (d - 1) == 0
         if metadata.num_prefills:
             causal_conv1d_prefill(
                 mixed_qkv[nd:], self.conv1d_weight, pool.conv_state,
                 metadata.prefill_query_start_loc, slots[nd:], metadata.has_initial_state[nd:],
-                out=conv[:, nd:], l2norm_groups=2 if normed else 0, head_dim=d,
+                out=conv[:, nd:],
             )  # fmt: skip
         q, k, v = conv.view(3, tokens, h, d).unbind(0)
         if metadata.num_prefills and not nd:
             # Prefill only: the core's output is the layer's, no copy into a [T, H, D] buffer.
             return kda_prefill(
                 q, k, v, g, beta, pool.ssm_state, metadata.prefill_query_start_loc, slots,
-                metadata.has_initial_state, qk_normalized=normed,
+                metadata.has_initial_state,
             ), False  # fmt: skip
         core = torch.empty(tokens, h, d, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
         if nd:
@@ -301,7 +297,6 @@ class KimiK3DeltaAttention(torch.nn.Module):
             core[nd:] = kda_prefill(
                 q[nd:], k[nd:], v[nd:], g[nd:], beta[nd:], pool.ssm_state,
                 metadata.prefill_query_start_loc, slots[nd:], metadata.has_initial_state[nd:],
-                qk_normalized=normed,
             )  # fmt: skip
         return core, False
 

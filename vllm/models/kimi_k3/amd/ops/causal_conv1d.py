@@ -23,14 +23,6 @@ The update is a separate launch because a short sequence's old state is read by 
 its first tokens and rewritten from its last ones, which may be different programs of the first
 kernel.
 Decode (one token per sequence) stays in torch here; the fused decode kernel has its own conv.
-
-Normalised q and k (`l2norm_groups`): the KDA core normalises q and k per head before the delta
-rule; fla-core's `chunk_kda` does it in two more launches that read and write both again (64 us a
-layer of an 8k prefill on the H200, docs/performance.md "Twenty-sixth run"). The conv kernel can
-instead normalise each row's heads before storing them: the row rounded to x's dtype, each head's
-sum of squares in fp32, `1 / sqrt(sum + eps)` rounded to nearest (`div_rn`, `sqrt_rn`), the
-product rounded again, as fla's normalisation computes from the same rounded conv output. Its
-channel blocks then hold whole heads of one group.
 """
 
 from dataclasses import dataclass
@@ -126,37 +118,19 @@ if triton is not None:
         return acc * tl.sigmoid(acc)
 
     @triton.jit
-    def _store_row(o_row, y, c_ok, normalize, eps, BLOCK_C: tl.constexpr, HEAD: tl.constexpr):
-        # One output row (fp32 [BLOCK_C]) rounded to the output's dtype; with HEAD and
-        # `normalize`, each HEAD-wide segment of the rounded row divided by its L2 norm
-        # (x / sqrt(sum x^2 + eps) in fp32) and rounded again: fla's q/k normalisation.
-        dtype = o_row.dtype.element_ty
-        out = y.to(dtype)
-        if HEAD > 0:
-            yf = tl.reshape(out.to(tl.float32), [BLOCK_C // HEAD, HEAD])
-            rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.sum(yf * yf, axis=1) + eps))
-            normed = tl.reshape(yf * rstd[:, None], [BLOCK_C]).to(dtype)
-            out = tl.where(normalize, normed, out)
-        tl.store(o_row, out, mask=c_ok)
-
-    @triton.jit
     def _four_rows(
-        h1, h2, h3, r0, r1, r2, r3, w0, w1, w2, w3, o_rows, stride_ot, c_ok, normalize, eps,
-        W: tl.constexpr, BLOCK_C: tl.constexpr, HEAD: tl.constexpr,
+        h1, h2, h3, r0, r1, r2, r3, w0, w1, w2, w3, o_rows, stride_ot, c_ok, W: tl.constexpr
     ):  # fmt: skip
         # Rows r0..r3 of one sequence after the carried inputs h1..h3: their outputs at o_rows
         # and the next rows', then the inputs carried past them.
-        _store_row(o_rows, _conv_row(h3, h2, h1, r0, w0, w1, w2, w3, W), c_ok, normalize, eps,
-                   BLOCK_C, HEAD)  # fmt: skip
+        dtype = o_rows.dtype.element_ty
+        tl.store(o_rows, _conv_row(h3, h2, h1, r0, w0, w1, w2, w3, W).to(dtype), mask=c_ok)
         o_rows += stride_ot
-        _store_row(o_rows, _conv_row(h2, h1, r0, r1, w0, w1, w2, w3, W), c_ok, normalize, eps,
-                   BLOCK_C, HEAD)  # fmt: skip
+        tl.store(o_rows, _conv_row(h2, h1, r0, r1, w0, w1, w2, w3, W).to(dtype), mask=c_ok)
         o_rows += stride_ot
-        _store_row(o_rows, _conv_row(h1, r0, r1, r2, w0, w1, w2, w3, W), c_ok, normalize, eps,
-                   BLOCK_C, HEAD)  # fmt: skip
+        tl.store(o_rows, _conv_row(h1, r0, r1, r2, w0, w1, w2, w3, W).to(dtype), mask=c_ok)
         o_rows += stride_ot
-        _store_row(o_rows, _conv_row(r0, r1, r2, r3, w0, w1, w2, w3, W), c_ok, normalize, eps,
-                   BLOCK_C, HEAD)  # fmt: skip
+        tl.store(o_rows, _conv_row(r0, r1, r2, r3, w0, w1, w2, w3, W).to(dtype), mask=c_ok)
         return r3, r2, r1
 
     @triton.jit
@@ -164,9 +138,8 @@ if triton is not None:
         x_ptr, w_ptr, state_ptr, qsl_ptr, slots_ptr, has_init_ptr, out_ptr,
         stride_xt, stride_xc, stride_wc, stride_wj, stride_ss, stride_sc, stride_sj,
         stride_og, stride_ot, stride_oc, group, tokens, channels, num_seqs, search_steps,
-        norm_groups, eps,
         W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, STEP: tl.constexpr,
-        ONE_GROUP_PER_BLOCK: tl.constexpr, HEAD: tl.constexpr = 0,
+        ONE_GROUP_PER_BLOCK: tl.constexpr,
         PDL: tl.constexpr = False,
     ):  # fmt: skip
         pdl_wait(PDL)
@@ -188,8 +161,6 @@ if triton is not None:
         if W >= 4:
             w3 = tl.load(taps + 3 * stride_wj, mask=c_ok, other=0.0).to(tl.float32)
         x_cols = c * stride_xc
-        # With HEAD, the launcher makes every block lie in one group (ONE_GROUP_PER_BLOCK).
-        normalize = c0 // group < norm_groups
         if ONE_GROUP_PER_BLOCK:
             # The block's channels lie in one group: its offset is a scalar.
             g = c0 // group
@@ -226,13 +197,12 @@ if triton is not None:
                     r7 = tl.load(rows + 7 * stride_xt, mask=c_ok, other=0.0)
                 o_rows = o_base + t.to(tl.int64) * stride_ot + o_cols
                 h1, h2, h3 = _four_rows(
-                    h1, h2, h3, r0, r1, r2, r3, w0, w1, w2, w3, o_rows, stride_ot, c_ok,
-                    normalize, eps, W, BLOCK_C, HEAD,
-                )  # fmt: skip
+                    h1, h2, h3, r0, r1, r2, r3, w0, w1, w2, w3, o_rows, stride_ot, c_ok, W
+                )
                 if STEP == 8:
                     h1, h2, h3 = _four_rows(
                         h1, h2, h3, r4, r5, r6, r7, w0, w1, w2, w3, o_rows + 4 * stride_ot,
-                        stride_ot, c_ok, normalize, eps, W, BLOCK_C, HEAD,
+                        stride_ot, c_ok, W,
                     )  # fmt: skip
             else:
                 # A sequence starts among these rows, or T ends there: one row at a time.
@@ -251,8 +221,8 @@ if triton is not None:
                         r = tl.load(x_ptr + tj.to(tl.int64) * stride_xt + x_cols, mask=c_ok,
                                     other=0.0)  # fmt: skip
                         y = _conv_row(h3, h2, h1, r, w0, w1, w2, w3, W)
-                        _store_row(o_base + tj.to(tl.int64) * stride_ot + o_cols, y, c_ok,
-                                   normalize, eps, BLOCK_C, HEAD)  # fmt: skip
+                        tl.store(o_base + tj.to(tl.int64) * stride_ot + o_cols,
+                                 y.to(out_ptr.dtype.element_ty), mask=c_ok)  # fmt: skip
                         h3 = h2
                         h2 = h1
                         h1 = r
@@ -342,14 +312,6 @@ def causal_conv1d_prefill_ref(
     return out
 
 
-def l2norm_heads_ref(y: torch.Tensor, head_dim: int, eps: float = 1e-6) -> torch.Tensor:
-    """`y` `[..., C]` with each `head_dim` channels divided by their L2 norm: `1 / sqrt(sum y^2 +
-    eps)` times y in fp32, rounded to y's dtype (the kernel's normalisation)."""
-    yf = y.float().unflatten(-1, (-1, head_dim))
-    rstd = 1.0 / torch.sqrt((yf * yf).sum(dim=-1, keepdim=True) + eps)
-    return (yf * rstd).flatten(-2).to(y.dtype)
-
-
 def causal_conv1d_prefill(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -359,20 +321,13 @@ def causal_conv1d_prefill(
     has_initial_state: torch.Tensor,
     out: torch.Tensor | None = None,
     config: Conv1dPrefillConfig | None = None,
-    l2norm_groups: int = 0,
-    head_dim: int = 0,
-    eps: float = 1e-6,
 ) -> torch.Tensor:
     """Prefill chunks of N sequences, described by device tensors: `query_start_loc` `[N + 1]`
     (int32 or int64, from 0, ending at T), `slots` `[N]` (int), `has_initial_state` `[N]`
     (bool). Returns `[T, C]`, or writes into `out` (any strides, `x`'s dtype) and returns it:
     `out` `[T, C]`, or `[G, T, C // G]` for channels in G groups (q | k | v), each group then
     its own `[T, C // G]` tensor (contiguous for a contiguous `out`). `config`: the conv kernel's
-    launch (default `DEFAULT_PREFILL_CONFIG`).
-
-    `l2norm_groups` > 0 (with a `[G, T, C // G]` `out`): the first `l2norm_groups` groups (q and
-    k) leave L2-normalised over each `head_dim` channels (`l2norm_heads_ref`), which spares the
-    KDA core its own normalisation pass over them (module docstring, "Normalised q and k")."""
+    launch (default `DEFAULT_PREFILL_CONFIG`)."""
     tokens, channels = x.shape
     width = weight.shape[1]
     n = slots.shape[0]
@@ -414,33 +369,16 @@ def causal_conv1d_prefill(
             f"out must be [{tokens}, {channels}] or [G, {tokens}, {channels} // G] of {x.dtype}, "
             f"got {tuple(out.shape)} {out.dtype}"
         )
-    groups, group = out3.shape[0], out3.shape[2]
-    block_c = config.block_c
-    if l2norm_groups:
-        if not 0 < l2norm_groups <= groups or head_dim < 1 or head_dim & (head_dim - 1):
-            raise ValueError(
-                f"l2norm_groups must be in 1..{groups} (out's groups) and head_dim a power of two, "
-                f"got {l2norm_groups} and {head_dim}"
-            )
-        # Every block within one group and whole heads: the largest power of two up to
-        # config.block_c that divides the group, if it holds a head.
-        block_c = min(block_c, group & -group)
-        if block_c < head_dim:
-            raise ValueError(
-                f"head_dim {head_dim} must divide the group's {group} channels and be at most "
-                f"config.block_c ({config.block_c})"
-            )
     if tokens == 0 or n == 0:
         return out
     if not use_triton(x.device):
         ref = causal_conv1d_prefill_ref(
             x, weight, conv_state, query_start_loc, slots, has_initial_state
         )
-        out3.copy_(ref.view(tokens, groups, -1).transpose(0, 1))
-        if l2norm_groups:
-            out3[:l2norm_groups] = l2norm_heads_ref(out3[:l2norm_groups], head_dim, eps)
+        out3.copy_(ref.view(tokens, out3.shape[0], -1).transpose(0, 1))
         return out
-    block_t = config.block_t
+    block_t, block_c = config.block_t, config.block_c
+    groups, group = out3.shape[0], out3.shape[2]
     pdl = pdl_options(use_pdl(x.device))
     launch(
         _causal_conv1d_prefill_kernel,
@@ -450,12 +388,12 @@ def causal_conv1d_prefill(
             x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
             conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
             out3.stride(0), out3.stride(1), out3.stride(2), group,
-            tokens, channels, n, (n - 1).bit_length(), l2norm_groups, eps,
+            tokens, channels, n, (n - 1).bit_length(),
         ),
         launch_spec(
             _causal_conv1d_prefill_kernel, W=width, BLOCK_T=block_t, BLOCK_C=block_c,
             STEP=config.step, ONE_GROUP_PER_BLOCK=groups == 1 or group % block_c == 0,
-            HEAD=head_dim if l2norm_groups else 0, num_warps=config.num_warps, **pdl,
+            num_warps=config.num_warps, **pdl,
         ),
     )  # fmt: skip
     launch(

@@ -40,15 +40,11 @@ def kda_recurrent_ref(
     g: torch.Tensor,
     beta: torch.Tensor,
     state: torch.Tensor,
-    qk_normalized: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One sequence: `q`, `k`, `g` `[L, H, K]`, `v` `[L, H, V]`, `beta` `[L, H]`, `state`
-    `[H, K, V]` fp32; `qk_normalized`: q and k come L2-normalised already. Returns (o `[L, H, V]`
-    fp32, final state)."""
-    if not qk_normalized:
-        q, k = l2_normalize(q), l2_normalize(k)
-    q = q.float() * q.shape[-1] ** -0.5
-    k, v, g, beta = k.float(), v.float(), g.float(), beta.float()
+    `[H, K, V]` fp32. Returns (o `[L, H, V]` fp32, final state)."""
+    q = l2_normalize(q) * q.shape[-1] ** -0.5
+    k, v, g, beta = l2_normalize(k), v.float(), g.float(), beta.float()
     s = state.float().clone()
     out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
     for t in range(q.shape[0]):
@@ -72,13 +68,10 @@ def kda_prefill(
     query_start_loc: torch.Tensor,
     slots: torch.Tensor,
     has_initial_state: torch.Tensor,
-    qk_normalized: bool = False,
 ) -> torch.Tensor:
     """Prefill (or continued prefill) of N sequences; `query_start_loc` `[N + 1]` int64 (fla's
     offsets dtype: converting here would hand fla a new tensor per layer, and fla's per-tensor
-    cache of the offsets it reads back to the host would miss, one host sync per layer).
-    `qk_normalized`: q and k come L2-normalised already (the conv kernel's `l2norm_groups`), so
-    neither fla nor the reference normalises them again."""
+    cache of the offsets it reads back to the host would miss, one host sync per layer)."""
     if query_start_loc.dtype != torch.int64:
         raise ValueError(f"query_start_loc must be int64, got {query_start_loc.dtype}")
     if q.is_cuda:
@@ -87,8 +80,8 @@ def kda_prefill(
         init = _gather_initial(state, slots, has_initial_state)
         out, final = chunk_kda(
             q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0), beta.unsqueeze(0),
-            initial_state=init, output_final_state=True,
-            use_qk_l2norm_in_kernel=not qk_normalized, cu_seqlens=query_start_loc,
+            initial_state=init, output_final_state=True, use_qk_l2norm_in_kernel=True,
+            cu_seqlens=query_start_loc,
         )  # fmt: skip
         state[slots] = final
         return out.squeeze(0)
@@ -99,7 +92,7 @@ def kda_prefill(
     ):
         a, b = starts[i], starts[i + 1]
         init = state[slot] if has_init else torch.zeros_like(state[slot])
-        o, final = kda_recurrent_ref(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], init, qk_normalized)
+        o, final = kda_recurrent_ref(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], init)
         out[a:b] = o.to(v.dtype)
         state[slot] = final
     return out
