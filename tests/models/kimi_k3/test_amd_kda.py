@@ -611,6 +611,48 @@ def test_kda_prefill_takes_int64_offsets():
                     torch.tensor([False]))  # fmt: skip
 
 
+@pytest.mark.parametrize("lower_bound", [None, -5.0])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_kda_prefill_applies_the_gate_itself(device, lower_bound):
+    """`gate`: the core takes the gate's raw input and applies it (CPU: `kda_gate`, the same
+    bits; GPU: inside fla-core's chunked cumsum, within its softplus's approximation of the
+    result for the decay `kda_gate` computes); a wrong parameter changes the result."""
+    from vllm.models.kimi_k3.amd.ops.kda_core import KdaGate, kda_prefill
+    from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate
+
+    gen = torch.Generator().manual_seed(4)
+    t, heads, d = 70, 2, 64
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    q, k, v = (torch.randn(t, heads, d, generator=gen).to(device, dtype) for _ in range(3))
+    raw = (torch.randn(t, heads * d, generator=gen) * 2).to(device, dtype)
+    a_log = torch.log(torch.rand(heads, generator=gen) * 15 + 1).to(device)
+    dt_bias = (torch.randn(heads * d, generator=gen) * 0.1).to(device)
+    b = torch.randn(t, heads, generator=gen).to(device, dtype)
+    qsl = torch.tensor([0, 30, t], device=device)
+    slots, init = torch.tensor([2, 0], device=device), torch.tensor([True, False], device=device)
+    start = torch.randn(3, heads, d, d, generator=gen).to(device) * 0.1
+    g, beta = kda_gate(raw, a_log, dt_bias, lower_bound), torch.sigmoid(b.float())
+
+    def run(g, gate):
+        state = start.clone()
+        out = kda_prefill(q, k, v, g, beta, state, qsl, slots, init, gate)
+        return out.float(), state
+
+    expected, expected_state = run(g, None)
+    got, got_state = run(raw.view(t, heads, d), KdaGate(a_log, dt_bias, lower_bound))
+    if device == "cpu":
+        assert torch.equal(got, expected) and torch.equal(got_state, expected_state)
+    else:
+        scale = expected.abs().max().item()
+        torch.testing.assert_close(got, expected, rtol=2**-7, atol=2**-7 * scale)
+        torch.testing.assert_close(got_state, expected_state, rtol=1e-3, atol=1e-3)
+    other, _ = run(raw.view(t, heads, d), KdaGate(a_log + 1, dt_bias, lower_bound))
+    assert (other - expected).abs().max() > 0.05 * expected.abs().max()
+    strided = raw.view(t, heads, d).transpose(0, 1).contiguous().transpose(0, 1)
+    with pytest.raises(ValueError, match="contiguous"):
+        run(strided, KdaGate(a_log, dt_bias, lower_bound))
+
+
 def test_initial_states_zero_new_sequences_and_leave_the_pool():
     """fla's initial states: each slot's state, zeros (+0.0, NaN states included) for a new
     sequence, bit for bit the zero-filled tensor and `where` they replace; the pool untouched."""

@@ -61,7 +61,7 @@ from vllm.models.kimi_k3.amd.ops.fused_kda_decode import (
     fused_kda_decode,
     kda_decode_config,
 )
-from vllm.models.kimi_k3.amd.ops.kda_core import kda_decode, kda_prefill
+from vllm.models.kimi_k3.amd.ops.kda_core import KdaGate, kda_decode, kda_prefill
 from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate_beta
 from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import (
     per_token_fp8_quant,
@@ -262,10 +262,18 @@ class KimiK3DeltaAttention(torch.nn.Module):
                 self.o_norm.weight, gate, self.o_norm.eps, config=config, quantize=quantize,
             )  # fmt: skip
             return core, True
-        g, beta = kda_gate_beta(raw_g, self.A_log, self.dt_bias, self.gate_lower_bound, b)
         tokens = mixed_qkv.shape[0]
         h, d = self.local_heads, self.head_dim
         nd = metadata.num_decodes
+        if metadata.num_prefills and not nd and mixed_qkv.is_cuda:
+            # Prefill only, on fla-core: its chunked cumsum of the decay applies the gate to the
+            # raw input (kda_core.kda_prefill), one pass where our gate kernel and fla's cumsum
+            # took two, with the fp32 decay written and read between them.
+            gate = KdaGate(self.A_log, self.dt_bias, self.gate_lower_bound)
+            g, beta = raw_g.view(tokens, h, d), torch.sigmoid(b.float())
+        else:
+            gate = None
+            g, beta = kda_gate_beta(raw_g, self.A_log, self.dt_bias, self.gate_lower_bound, b)
         slots = metadata.state_slots
         # q | k | v written group-major, so that each is contiguous: fla-core's chunk_kda makes
         # its inputs contiguous, which for column views of one [T, 3HD] buffer is a copy each.
@@ -286,7 +294,7 @@ class KimiK3DeltaAttention(torch.nn.Module):
             # Prefill only: the core's output is the layer's, no copy into a [T, H, D] buffer.
             return kda_prefill(
                 q, k, v, g, beta, pool.ssm_state, metadata.prefill_query_start_loc, slots,
-                metadata.has_initial_state,
+                metadata.has_initial_state, gate,
             ), False  # fmt: skip
         core = torch.empty(tokens, h, d, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
         if nd:

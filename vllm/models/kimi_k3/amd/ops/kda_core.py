@@ -15,7 +15,20 @@ CPU: the per-token recurrence above in fp32, the exact reference. `kda_prefill` 
 choose.
 """
 
+from typing import NamedTuple
+
 import torch
+
+from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate
+
+
+class KdaGate(NamedTuple):
+    """The decay gate's parameters, for a core that applies the gate itself: `A_log` `[H]` and
+    `dt_bias` `[H * K]` fp32, `lower_bound` (kda_gate.py)."""
+
+    A_log: torch.Tensor  # noqa: N815 (checkpoint name)
+    dt_bias: torch.Tensor
+    lower_bound: float | None
 
 
 def l2_normalize(x: torch.Tensor) -> torch.Tensor:
@@ -68,23 +81,38 @@ def kda_prefill(
     query_start_loc: torch.Tensor,
     slots: torch.Tensor,
     has_initial_state: torch.Tensor,
+    gate: KdaGate | None = None,
 ) -> torch.Tensor:
     """Prefill (or continued prefill) of N sequences; `query_start_loc` `[N + 1]` int64 (fla's
     offsets dtype: converting here would hand fla a new tensor per layer, and fla's per-tensor
-    cache of the offsets it reads back to the host would miss, one host sync per layer)."""
+    cache of the offsets it reads back to the host would miss, one host sync per layer).
+
+    With `gate`, `g` is the gate's raw input `[T, H, K]` (contiguous) and the core applies the
+    gate: on the GPU inside fla-core's chunked cumsum of the decay (`use_gate_in_kernel`), which
+    spares a pass that writes the fp32 decay and another that reads it (fla computes softplus
+    with its own approximate instructions: the decay to about an fp32 ulp of `kda_gate`'s); on
+    the CPU through `kda_gate`."""
     if query_start_loc.dtype != torch.int64:
         raise ValueError(f"query_start_loc must be int64, got {query_start_loc.dtype}")
+    if gate is not None and not g.is_contiguous():
+        raise ValueError("the gate's raw input g must be contiguous")
     if q.is_cuda:
         from fla.ops.kda import chunk_kda
 
         init = _gather_initial(state, slots, has_initial_state)
+        gate_args = {}
+        if gate is not None:
+            gate_args = dict(use_gate_in_kernel=True, A_log=gate.A_log, dt_bias=gate.dt_bias,
+                             lower_bound=gate.lower_bound)  # fmt: skip
         out, final = chunk_kda(
             q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0), beta.unsqueeze(0),
             initial_state=init, output_final_state=True, use_qk_l2norm_in_kernel=True,
-            cu_seqlens=query_start_loc,
+            cu_seqlens=query_start_loc, **gate_args,
         )  # fmt: skip
         state[slots] = final
         return out.squeeze(0)
+    if gate is not None:
+        g = kda_gate(g.flatten(1), gate.A_log, gate.dt_bias, gate.lower_bound)
     out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     starts = query_start_loc.tolist()
     for i, (slot, has_init) in enumerate(
