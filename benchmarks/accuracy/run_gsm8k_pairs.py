@@ -34,8 +34,6 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from vllm.utils.network_utils import get_open_port
-
 ROOT = Path(__file__).resolve().parents[2]
 TASK = "arith_gsm8k"
 TASK_DIR = Path(__file__).resolve().parent / TASK
@@ -64,12 +62,22 @@ def child_env(fusion: str) -> dict[str, str]:
     return env
 
 
-class Server:
-    """A `vllm serve` process in its own session, healthy on entry, stopped on exit."""
+# The address `vllm serve --port 0` logs once it has bound the port the OS picked.
+BOUND = re.compile(r"on http://127\.0\.0\.1:(\d+)(?=\D)")
 
-    def __init__(self, command: list[str], env: dict[str, str], log_path: Path) -> None:
-        self.command, self.env, self.log_path = command, env, log_path
+
+class Server:
+    """A server process (`command` binds 127.0.0.1 port 0 and logs `on http://127.0.0.1:PORT`,
+    as `vllm serve --host 127.0.0.1 --port 0` does) in its own session: `port` learnt from its
+    log and healthy on entry, stopped on exit. A port found free and released before the server
+    binds it could be taken by another process in between."""
+
+    def __init__(
+        self, command: list[str], env: dict[str, str], log_path: Path, timeout: float = 600.0
+    ) -> None:
+        self.command, self.env, self.log_path, self.timeout = command, env, log_path, timeout
         self.proc: subprocess.Popen | None = None
+        self.port: int | None = None
 
     def __enter__(self) -> "Server":
         self.log_file = self.log_path.open("w")
@@ -77,21 +85,26 @@ class Server:
             self.command, cwd=ROOT, env=self.env, stdout=self.log_file,
             stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
-        port = self.command[self.command.index("--port") + 1]
-        deadline = time.monotonic() + 600
+        deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 self.__exit__()
                 raise RuntimeError(
                     f"server exited with {self.proc.returncode}; see {self.log_path}"
                 )
+            if self.port is None:
+                bound = BOUND.search(self.log_path.read_text(errors="replace"))
+                if bound is None:
+                    time.sleep(0.5)
+                    continue
+                self.port = int(bound.group(1))
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2):
                     return self
             except OSError:
                 time.sleep(1)
         self.__exit__()
-        raise TimeoutError(f"server not healthy after 600 s; see {self.log_path}")
+        raise TimeoutError(f"server not healthy after {self.timeout:.0f} s; see {self.log_path}")
 
     def __exit__(self, *exc: object) -> None:
         if self.proc.poll() is None:
@@ -104,36 +117,42 @@ class Server:
         self.log_file.close()
 
 
-def run_lm_eval(args: argparse.Namespace, mode: str, out: Path) -> dict[str, Any]:
-    """Serve `mode`, run lm_eval against it; returns its metrics and responses by doc id."""
-    quant, fusion = MODES[mode]
-    port = str(get_open_port())
-    serve = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(args.model),
-             "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", port,
-             "--dtype", args.dtype, "--max-model-len", str(args.max_model_len),
-             "--seed", "0"]  # fmt: skip
-    if quant:
-        serve += ["--quantization-config", quant]
+def lm_eval_command(args: argparse.Namespace, port: int, results_dir: Path) -> list[str]:
+    """lm_eval `local-completions` against the server on `port`, with the PR's model_args."""
     model_args = (
         f"model={SERVED_NAME},base_url=http://127.0.0.1:{port}/v1/completions,"
         f"tokenized_requests=False,trust_remote_code=True,num_concurrent={args.num_concurrent},"
         f"max_retries=3,max_gen_toks={args.max_gen_toks},max_length={args.max_model_len},"
         "timeout=3600"
     )
-    results_dir = out / f"lm_eval_{mode}"
-    lm_eval = [sys.executable, "-m", "lm_eval", "--model", "local-completions",
+    command = [sys.executable, "-m", "lm_eval", "--model", "local-completions",
                "--model_args", model_args, "--tasks", TASK, "--include_path", str(TASK_DIR),
                "--num_fewshot", str(args.num_fewshot), "--output_path", str(results_dir),
                "--log_samples"]  # fmt: skip
     if args.limit is not None:
-        lm_eval += ["--limit", str(args.limit)]
+        command += ["--limit", str(args.limit)]
+    return command
+
+
+def run_lm_eval(args: argparse.Namespace, mode: str, out: Path) -> dict[str, Any]:
+    """Serve `mode`, run lm_eval against it; returns its metrics and responses by doc id."""
+    quant, fusion = MODES[mode]
+    serve = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(args.model),
+             "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", "0",
+             "--dtype", args.dtype, "--max-model-len", str(args.max_model_len),
+             "--seed", "0"]  # fmt: skip
+    if quant:
+        serve += ["--quantization-config", quant]
+    results_dir = out / f"lm_eval_{mode}"
+    lm_eval: list[str] = []
     env = child_env(fusion)
     start = time.monotonic()
     if args.reuse_lm_eval and any(results_dir.rglob("results_*.json")):
         log(f"{mode}: reusing the lm_eval results in {results_dir}")
     else:
         log(f"{mode}: serving ({' '.join(serve[3:])}, {FUSION_ENV}={fusion})")
-        with Server(serve, env, out / f"server_{mode}.log"):
+        with Server(serve, env, out / f"server_{mode}.log") as server:
+            lm_eval = lm_eval_command(args, server.port, results_dir)
             log(f"{mode}: server up after {time.monotonic() - start:.0f} s; lm_eval running")
             with (out / f"lm_eval_{mode}.log").open("w") as lm_log:
                 run = subprocess.run(
@@ -304,7 +323,7 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
@@ -333,7 +352,7 @@ def parse_args() -> argparse.Namespace:
         help="take a mode's lm_eval results from --out where an earlier run left them (same "
         "flags), instead of serving and running lm_eval again",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     args.model = args.model.resolve()
     return args
 

@@ -1,0 +1,50 @@
+"""The accuracy script's server handling: `Server` learns the port a server bound on port 0 from
+its log, waits for /health, and stops the server's whole session on exit."""
+
+import os
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKE_SERVER = ROOT / "tests" / "entrypoints" / "openai" / "fake_server.py"
+
+
+@pytest.fixture
+def run_gsm8k_pairs(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "accuracy"))
+    import run_gsm8k_pairs
+
+    return run_gsm8k_pairs
+
+
+def test_server_reads_its_port_from_the_log_and_stops(run_gsm8k_pairs, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    command = [sys.executable, str(FAKE_SERVER), "0", "Four."]
+    server = run_gsm8k_pairs.Server(command, env, tmp_path / "server.log", timeout=60)
+    with server:
+        assert server.port is not None and server.port > 0
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/health", timeout=5) as r:
+            assert r.status == 200
+        pid = server.proc.pid
+    assert server.proc.poll() is not None
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_server_that_exits_before_binding_is_an_error(run_gsm8k_pairs, tmp_path):
+    command = [sys.executable, "-c", "raise SystemExit(3)"]
+    server = run_gsm8k_pairs.Server(command, dict(os.environ), tmp_path / "server.log", timeout=30)
+    with pytest.raises(RuntimeError, match="server exited with 3"):
+        server.__enter__()
+
+
+def test_lm_eval_command_points_at_the_bound_port(run_gsm8k_pairs, tmp_path):
+    args = run_gsm8k_pairs.parse_args(["model", "--out", str(tmp_path), "--limit", "4"])
+    command = run_gsm8k_pairs.lm_eval_command(args, 43210, tmp_path / "r")
+    model_args = command[command.index("--model_args") + 1]
+    assert "base_url=http://127.0.0.1:43210/v1/completions" in model_args
+    assert command[-2:] == ["--limit", "4"]
