@@ -49,7 +49,8 @@ A triton config is `BLOCK_N,BLOCK_K,WARPS/BLOCK_H,BLOCK_I,WARPS`: gate/up kernel
 columns per program, hidden chunk per step, warps), then down kernel (hidden outputs per program,
 intermediate chunk per step, warps); powers of two. A tgrouped config is
 `BLOCK_M[+TAIL_M]/BLOCK_N,BLOCK_K,WARPS,STAGES/BLOCK_N,BLOCK_K,WARPS,STAGES`: rows per expert block
-(and the rows of the tiles of an expert's last block where it holds at most TAIL_M), then
+(and the rows of the tiles of an expert's last block where it holds at most TAIL_M; none without
+it), then
 the gate/up kernel (intermediate columns per program, hidden chunk per step, warps, pipeline
 stages) and the down kernel (hidden outputs per program, intermediate chunk per step, warps,
 stages); tiles are powers of two >= 16. A last `/tma` or `/ptr` loads the weights through TMA
@@ -167,8 +168,8 @@ def tgrouped_config(text: str) -> tuple[str, dict[str, int | bool]]:
     parts[0] = block_m
     try:
         values = [int(v) for part in parts for v in part.split(",")]
-        if plus:
-            extra["tail_block_m"] = int(tail)
+        # A config is the whole launch: without "+TAIL_M", no tail tiles.
+        extra["tail_block_m"] = int(tail) if plus else 0
     except ValueError:
         values = []
     tiles = [values[i] for i in (0, 1, 2, 5, 6)] if len(values) == len(names) else []

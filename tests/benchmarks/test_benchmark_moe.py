@@ -92,7 +92,7 @@ def test_tgrouped_config_takes_the_tail_tiles() -> None:
     name, kwargs = benchmark_moe.tgrouped_config("128+32/128,64,8,4/128,64,8,3/tma")
     assert name == "tgrouped[128+32/128,64,8,4/128,64,8,3/tma]"
     assert kwargs["block_m"] == 128 and kwargs["tail_block_m"] == 32 and kwargs["tma"] is True
-    assert "tail_block_m" not in benchmark_moe.tgrouped_config("128/128,64,8,4/128,64,8,3")[1]
+    assert benchmark_moe.tgrouped_config("128/128,64,8,4/128,64,8,3")[1]["tail_block_m"] == 0
 
 
 def test_tgrouped_max_rows_suggestion() -> None:

@@ -581,19 +581,34 @@ def test_triton_grouped_tma_gives_the_pointer_loads_bits(tokens, topk, hidden, i
 
 
 def tail_ids(device):
-    """50 tokens of top-2 over 8 experts: expert 0 gets 50 rows (blocks of 32 and 18 at
-    block_m 32), expert 1 gets 40 (32 and 8), expert 2 gets 10 (one block of 10)."""
-    second = torch.where(torch.arange(50) < 40, 1, 2)
-    return torch.stack([torch.zeros(50, dtype=torch.long), second], dim=1).to(device)
+    """56 tokens of top-2 over 8 experts: expert 0 gets 56 rows (blocks of 32 and 24 at
+    block_m 32), expert 1 gets 48 (32 and exactly 16), expert 2 gets 8 (one block)."""
+    second = torch.where(torch.arange(56) < 48, 1, 2)
+    return torch.stack([torch.zeros(56, dtype=torch.long), second], dim=1).to(device)
+
+
+def spy_block_rows(monkeypatch):
+    """The BLOCK_M each program's block code runs with (gate/up and down), as the interpreter
+    calls the kernels' helpers."""
+    seen = {"_gate_up_block": [], "_down_block": []}
+    for name, at in (("_gate_up_block", 16), ("_down_block", 16)):
+        helper = getattr(experts_triton_grouped, name)
+
+        def spy(*args, helper=helper, rows=seen[name], at=at):
+            rows.append(int(getattr(args[at], "value", args[at])))
+            return helper(*args)
+
+        monkeypatch.setattr(experts_triton_grouped, name, spy)
+    return seen
 
 
 @pytest.mark.parametrize("tma", [False, True], ids=["ptr", "tma"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_triton_grouped_tail_tiles_give_the_full_tiles_results(dtype, tma, monkeypatch):
-    """Blocks of at most tail_block_m rows (expert 1's last, expert 2's only) run on the smaller
-    tiles, the 18-row last block of expert 0 on the full ones: every row's products are the same,
-    in the same order (bf16: the same bits as without tail tiles)."""
-    x, w13, w2, w, _ = make_case(50, dtype, DEVICE, seed=5, experts=8, hidden=64, inter=48,
+    """Blocks of at most tail_block_m rows (expert 1's last of exactly 16, expert 2's only one
+    of 8) run on the smaller tiles, expert 0's last of 24 rows on the full ones: every row's
+    products are the same, in the same order (bf16: the same bits as without tail tiles)."""
+    x, w13, w2, w, _ = make_case(56, dtype, DEVICE, seed=5, experts=8, hidden=64, inter=48,
                                  topk=2)  # fmt: skip
     ids = tail_ids(DEVICE)
     blocks = dict(GROUPED_BLOCKS, block_m=32, tma=tma)
@@ -602,12 +617,35 @@ def test_triton_grouped_tail_tiles_give_the_full_tiles_results(dtype, tma, monke
         record_launches(monkeypatch, experts_triton_grouped, name)
         for name in ("_moe_grouped_gate_up_kernel", "_moe_grouped_down_kernel")
     ]
+    seen = spy_block_rows(monkeypatch)
     tail = moe_experts_triton_grouped(x, w13, w2, w, ids, SiluAndMul(), **blocks,
                                       tail_block_m=16)  # fmt: skip
     assert [kw["TAIL_M"] for kws in launched for kw in kws] == [16, 16]
+    # Blocks of 32, 24, 32, 16 and 8 rows, each program once per output tile.
+    gate_up_tiles, down_tiles = 48 // 16, 64 // 32
+    assert sorted(seen["_gate_up_block"]) == [16] * 2 * gate_up_tiles + [32] * 3 * gate_up_tiles
+    assert sorted(seen["_down_block"]) == [16] * 2 * down_tiles + [32] * 3 * down_tiles
     if dtype == torch.bfloat16:
         assert torch.equal(tail, full)
     assert_close_to_loop(tail, moe_experts_loop(x, w13, w2, w, ids, SiluAndMul()))
+
+
+def test_triton_grouped_tail_default_goes_with_the_default_blocks(monkeypatch):
+    """Left to the defaults on a device with TMA, the 128-row prefill tiles take their 64-row
+    tail tiles; a caller who chooses the blocks gets none unless asked (a 64-row block could not
+    take a 64-row tail)."""
+    x, w13, w2, w, ids = make_case(64, torch.bfloat16, DEVICE, seed=3, experts=8, hidden=64,
+                                   inter=32, topk=8)  # fmt: skip
+    monkeypatch.setattr(experts_triton_grouped, "supports_tma", lambda device: True)
+    monkeypatch.setattr(experts_triton_grouped, "PREFILL_TILES_ABOVE_ROWS", 0)
+    monkeypatch.setattr(experts_triton_grouped, "LARGE_PREFILL_TILES_FROM_ROWS", ids.numel())
+    launched = record_launches(monkeypatch, experts_triton_grouped, "_moe_grouped_gate_up_kernel")
+    default = moe_experts_triton_grouped(x, w13, w2, w, ids, SiluAndMul())
+    chosen = moe_experts_triton_grouped(x, w13, w2, w, ids, SiluAndMul(), block_m=64)
+    assert [(kw["BLOCK_M"], kw["TAIL_M"]) for kw in launched] == [(128, 64), (64, 0)]
+    expected = moe_experts_loop(x, w13, w2, w, ids, SiluAndMul())
+    assert_close_to_loop(default, expected)
+    assert_close_to_loop(chosen, expected)
 
 
 @pytest.mark.parametrize("tail_block_m", [8, 24, 32, 64])

@@ -86,15 +86,15 @@ KERNELS = {
 # Variants compiled per kernel: the first launches with distinct constexprs, dtypes and options
 # (the ops are driven at Kimi-Linear's sizes first). A compile takes 0.1-3 s on 2 cores.
 MAX_VARIANTS = 8
-# The grouped experts' gate/up kernel 12 (decode and prefill tiles, pointer and TMA loads, at
-# two TOPK; tail tiles of 16, 32 and 64 rows); the GEMV's one kernel runs two algorithms
+# The grouped experts' gate/up kernel 14 (decode and prefill tiles, pointer and TMA loads, tail
+# tiles of 16, 32 and 64 rows, each at two TOPK); the GEMV's one kernel runs two algorithms
 # (multiply-and-sum, tl.dot) on three weight dtypes, and batched (MLA's absorbs: 3 more); the KDA
 # decode epilogue 9 (norm, quantized, shift-only; three shift tiles; chunked norm), its main
 # kernel 13 (8 launches without the gate projections, one of them with the state evicted first, 5
 # with them); the MLA decode split kernel 10 (4 with one latent chunk, 6 with 2 or 4).
 MAX_VARIANTS_OF = {
     "_gemv_kernel": 27, "_kda_decode_epilogue_kernel": 10, "_fused_kda_decode_kernel": 13,
-    "_mla_decode_split_kernel": 10, "_moe_grouped_gate_up_kernel": 12,
+    "_mla_decode_split_kernel": 10, "_moe_grouped_gate_up_kernel": 14,
 }  # fmt: skip
 
 

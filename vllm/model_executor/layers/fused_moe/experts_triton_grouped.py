@@ -377,8 +377,9 @@ def moe_experts_triton_grouped(
     descriptors, which needs `tma_operands_ok` and `supports_tma` or the interpreter (else
     ValueError); left None, the prefill tiles take it where the operands and the device allow.
     `tail_block_m`: 0, or rows of the tiles of each expert's last block where it holds at most
-    that many (a power of two >= 16 below `block_m`). Tile dims are powers of two >= 16; each
-    argument left None takes `default_tiles` for T * K rows on x's device.
+    that many (a power of two >= 16 below `block_m`); left None, the default blocks' (0 where
+    `block_m` is given). Tile dims are powers of two >= 16; each other argument left None takes
+    `default_tiles` for T * K rows on x's device.
     """
     check_expert_shapes(x, w13, w2, topk_weights, topk_ids)
     check_triton_operands(
@@ -395,6 +396,9 @@ def moe_experts_triton_grouped(
         rows > PREFILL_TILES_ABOVE_ROWS and supports_tma(x.device) and tma_operands_ok(w13, w2)
     )
     default = default_tiles(rows, x.element_size(), max_shared_memory(x.device), tma=auto_tma)
+    if block_m is not None:
+        # The default tail tiles belong to the default blocks, not to blocks the caller chose.
+        default = default._replace(tail_block_m=0)
     t = GroupedTiles(*(d if g is None else g for g, d in zip(given, default, strict=True)))
     if t.tma and not tma_operands_ok(w13, w2):
         raise ValueError(

@@ -269,10 +269,10 @@ class KimiK3DeltaAttention(torch.nn.Module):
             # Prefill only, on fla-core: its chunked cumsum of the decay applies the gate to the
             # raw input (kda_core.kda_prefill), one pass where our gate kernel and fla's cumsum
             # took two, with the fp32 decay written and read between them.
-            gate = KdaGate(self.A_log, self.dt_bias, self.gate_lower_bound)
+            decay_gate = KdaGate(self.A_log, self.dt_bias, self.gate_lower_bound)
             g, beta = raw_g.view(tokens, h, d), torch.sigmoid(b.float())
         else:
-            gate = None
+            decay_gate = None
             g, beta = kda_gate_beta(raw_g, self.A_log, self.dt_bias, self.gate_lower_bound, b)
         slots = metadata.state_slots
         # q | k | v written group-major, so that each is contiguous: fla-core's chunk_kda makes
@@ -294,7 +294,7 @@ class KimiK3DeltaAttention(torch.nn.Module):
             # Prefill only: the core's output is the layer's, no copy into a [T, H, D] buffer.
             return kda_prefill(
                 q, k, v, g, beta, pool.ssm_state, metadata.prefill_query_start_loc, slots,
-                metadata.has_initial_state, gate,
+                metadata.has_initial_state, decay_gate,
             ), False  # fmt: skip
         core = torch.empty(tokens, h, d, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
         if nd:
