@@ -1,8 +1,9 @@
 """Device-call probe (twenty-sixth run): where the host keeps the device waiting in an 8k
 prefill. Runs `benchmarks/benchmark_latency.py` (argv) with its prefill profile preceded by one
 more prefill under torch.profiler with CPU and CUDA activity: for each device gap over 100 us
-between two kernels, the host's operators and CUDA runtime calls between the two kernels'
-launches, longest first.
+between two kernels, the host's operators and CUDA runtime / driver calls between the two
+kernels' launches, longest first (after call 102 it also matches the driver API's launches,
+which Triton's kernels go through).
 
     python prefill_gaps.py <benchmark_latency.py arguments> --profile-prefill
 """
@@ -30,12 +31,18 @@ def host_behind_gaps(trace_path: str) -> None:
         (e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
         key=lambda e: e["ts"],
     )
+    # Triton launches through the driver API (cuLaunchKernelEx: "cuda_driver"), torch through
+    # the runtime's.
     launch_at = {
         e["args"]["correlation"]: e
         for e in events
-        if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
     }
-    host = [e for e in events if e.get("cat") in ("cpu_op", "cuda_runtime", "python_function")]
+    host = [
+        e
+        for e in events
+        if e.get("cat") in ("cpu_op", "cuda_runtime", "cuda_driver", "python_function")
+    ]
     gaps = []
     for a, b in zip(kernels, kernels[1:], strict=False):
         gap = b["ts"] - (a["ts"] + a["dur"])
