@@ -289,7 +289,7 @@ _LARGE_PREFILL_TILES = GroupedTiles(128, 128, 64, 8, 3, 128, 64, 8, 3)
 # stages and 1498 for the pointer loads at 3; its down kernel 709 against 851. Its experts' last
 # blocks of at most 64 rows take 64-row tiles (module docstring, "tail blocks"): a layer at 8192 /
 # 4096 tokens of random routing 2350 / 1419 us against 2435 / 1489 (32 rows: 2335 / 1444); the
-# engine's 8k prefill, whose routing is skewed (median 62 rows an expert), 57.2 ms of routed
+# engine's 8k prefill, whose routing is skewed (median 46-99 rows an expert), 57.2 ms of routed
 # experts against 58.8 (32 rows: 58.0) (docs/performance.md, "Twenty-sixth run").
 _TMA_PREFILL_TILES = _PREFILL_TILES._replace(tma=True)
 _TMA_LARGE_PREFILL_TILES = _LARGE_PREFILL_TILES._replace(
