@@ -9,7 +9,6 @@ import math
 from collections import Counter
 from dataclasses import replace
 
-import numpy as np
 import pytest
 import torch
 from counted_kernels import record_launches
@@ -28,38 +27,6 @@ from vllm.models.kimi_k3.amd.ops.mla_decode_config import (
 from vllm.triton_utils import num_sms
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _interpreter_bf16_dot():
-    """Make the Triton interpreter's tl.dot read bf16 operands as numbers.
-
-    The interpreter keeps bf16 tensors as raw uint16 (numpy has no bf16) and multiplies those bit
-    patterns; the hardware multiplies the values exactly into fp32. Widening bf16 -> fp32 is
-    exact, so this gives the hardware's products.
-    """
-    if DEVICE != "cpu":
-        yield
-        return
-    import triton.language as tl
-    from triton.runtime import interpreter
-
-    original = interpreter.InterpreterBuilder.create_dot
-
-    def widen(x):
-        if x.dtype.scalar != tl.bfloat16:
-            return x
-        data = interpreter._convert_float(x.data, tl.bfloat16, tl.float32, None)
-        return interpreter.TensorHandle(data.view(np.float32).reshape(x.data.shape), tl.float32)
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        return original(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
-
-    interpreter.InterpreterBuilder.create_dot = create_dot
-    try:
-        yield
-    finally:
-        interpreter.InterpreterBuilder.create_dot = original
 
 
 @pytest.fixture
