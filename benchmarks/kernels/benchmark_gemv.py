@@ -41,10 +41,7 @@ DOT_SWEEP. A config that does not fit the GPU (shared memory, registers) is repo
 
 import argparse
 import json
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -54,6 +51,7 @@ from kernel_bench import (
     copy_gbps,
     require_gpu,
     round_like_the_gpu_if_interpreting,
+    time_eager,
     time_graph,
     write_csv,
 )
@@ -131,17 +129,6 @@ def with_fp8_mma(label: str, config: GemvConfig) -> tuple[str, GemvConfig]:
     parts = label.split(",")
     at = parts.index("dot")
     return ",".join(parts[:at] + ["dot8"] + parts[at + 1 :]), replace(config, fp8_mma=True)
-
-
-def time_eager(fn: Callable[[], object], reps: int = 5) -> float:
-    """Median microseconds of an eager call on the CPU (dry runs: checks the script only)."""
-    fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e6)
-    return statistics.median(times)
 
 
 def make_weights(
@@ -278,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         copy = copy_gbps(gib)
     else:
         src = torch.empty(int(gib * 2**30), dtype=torch.uint8)
-        copy = 2 * src.numel() / (time_eager(lambda: src.clone()) * 1e-6) / 1e9
+        copy = 2 * src.numel() / (time_eager(lambda: src.clone(), device) * 1e-6) / 1e9
     print(f"{device.type}: eager copy_ of {gib:g} GiB: {copy:.0f} GB/s", flush=True)
     record = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
@@ -326,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
                             if device.type == "cuda":
                                 us = time_graph(run_all, 1) / len(calls)
                             else:
-                                us = time_eager(run_all) / len(calls)
+                                us = time_eager(run_all, device) / len(calls)
                         # Found at the first (eager) launch: resources, or a grid the config
                         # cannot launch (a ValueError: e.g. 2-channel blocks of the LM head).
                         except (OutOfResources, ValueError) as error:

@@ -24,12 +24,13 @@ import json
 import sys
 
 import torch
-from benchmark_gemv import gemv_config, time_eager
+from benchmark_gemv import gemv_config
 from kernel_bench import (
     add_common_args,
     copy_gbps,
     require_gpu,
     round_like_the_gpu_if_interpreting,
+    time_eager,
     time_graph,
     write_csv,
 )
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                         if device.type == "cuda":
                             us = time_graph(run_all, 1) / len(calls)
                         else:
-                            us = time_eager(run_all) / len(calls)
+                            us = time_eager(run_all, device) / len(calls)
                     except ValueError as error:  # a config the shape cannot launch
                         print(f"{name} M={m:>3} {label:>16} skipped: {error}")
                         continue

@@ -60,16 +60,14 @@ paths run only under TRITON_INTERPRET=1 (slow: keep --tokens small).
 
 import argparse
 import functools
-import statistics
 import sys
-import time
-from collections.abc import Callable
 
 import torch
 from kernel_bench import (
     add_common_args,
     require_gpu,
     round_like_the_gpu_if_interpreting,
+    time_eager,
     time_flushed,
     time_graph,
     write_csv,
@@ -108,25 +106,6 @@ GROUPINGS = {"grouping": group_rows, "grouping:sort": group_rows_reference}
 TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 KIMI_LINEAR = dict(experts=256, topk=8, hidden=2304, intermediate=1024)
 DRY_RUN = dict(experts=8, topk=2, hidden=64, intermediate=32)
-
-
-def time_eager(fn: Callable[[], object], device: torch.device, reps: int = 20) -> float:
-    """Median microseconds per eager call (includes the host syncs the call itself makes). On the
-    CPU, where only --dry-run times (interpreted kernels: the numbers mean nothing), one rep:
-    the loop still runs, in 2 calls instead of 21."""
-    if device.type == "cpu":
-        reps = 1
-    fn()
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) * 1e6)
-    return statistics.median(times)
 
 
 def copy_bandwidth(gib: float, device: torch.device, reps: int = 10) -> float:

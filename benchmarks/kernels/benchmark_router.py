@@ -75,11 +75,12 @@ import sys
 import torch
 import torch.nn.functional as F
 from benchmark_gemv import gemv_config
-from benchmark_moe import copy_bandwidth, time_eager
+from benchmark_moe import copy_bandwidth
 from kernel_bench import (
     add_common_args,
     require_gpu,
     round_like_the_gpu_if_interpreting,
+    time_eager,
     time_graph,
     write_csv,
 )

@@ -1,7 +1,8 @@
-"""What the kernel benchmarks in this folder share: timing a call on the GPU (CUDA-graph replay,
-with or without L2 flushed before each call), the eager copy bandwidth that their % of copy is
-against, the CSV they rewrite after every row, and the command-line pieces they all have
-(--copy-gib, --csv, --dry-run, the refusal without a GPU, the copy line they print first).
+"""What the kernel benchmarks in this folder share: timing a call (CUDA-graph replay on the GPU,
+with or without L2 flushed before each call, or eager on either device), the eager copy bandwidth
+that their % of copy is against, the CSV they rewrite after every row, and the command-line pieces
+they all have (--copy-gib, --csv, --dry-run, the refusal without a GPU, the copy line they print
+first).
 
 The scripts import it as a sibling, as run from this folder. It imports only the standard library
 and torch, so a script can import it at its top and still run --dry-run on a CPU without Triton.
@@ -10,6 +11,7 @@ and torch, so a script can import it at its top and still run --dry-run on a CPU
 import argparse
 import os
 import statistics
+import time
 from collections.abc import Callable
 from csv import DictWriter
 
@@ -68,6 +70,25 @@ def time_flushed(fn: Callable[[], object], reps: int = 100) -> float:
         end.record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends, strict=True))
+
+
+def time_eager(fn: Callable[[], object], device: torch.device, reps: int = 20) -> float:
+    """Median microseconds per eager call (includes the host syncs the call itself makes). On the
+    CPU, where only --dry-run times (interpreted kernels: the numbers mean nothing), one rep:
+    the loop still runs, in 2 calls instead of 21."""
+    if device.type == "cpu":
+        reps = 1
+    fn()
+    times = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(times)
 
 
 def copy_gbps(gib: float) -> float:

@@ -6,6 +6,7 @@ import importlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -303,3 +304,19 @@ def test_kda_gate_proj_dry_run_as_a_script_compares_bits_on_a_cpu() -> None:
     result = subprocess.run(command, cwd=KERNELS, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "bit for bit: True" in result.stdout
+
+
+def test_time_eager_times_calls_after_a_warm_up() -> None:
+    """`kernel_bench.time_eager`: one warm-up call, then the timed ones (one on the CPU, where
+    only dry runs time), and the median of those in microseconds."""
+    import kernel_bench
+
+    calls = []
+
+    def call() -> None:
+        calls.append(1)
+        if len(calls) > 1:  # the warm-up call is not timed
+            time.sleep(0.002)
+
+    us = kernel_bench.time_eager(call, torch.device("cpu"))
+    assert len(calls) == 2 and 2000 <= us < 200_000
