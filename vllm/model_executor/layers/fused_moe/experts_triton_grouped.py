@@ -171,12 +171,8 @@ if triton is not None:
         row0 = tl.load(blocks_ptr + max_blocks + blk)
         row1 = tl.load(blocks_ptr + 2 * max_blocks + blk)
         # Module docstring, "tail blocks": an expert's last block of at most TAIL_M rows takes
-        # TAIL_M-row tiles.
-        if TAIL_M == 0:
-            _gate_up_block(x_ptr, w13_ptr, w13_desc, order_ptr, a_ptr, e, row0, row1, tile,
-                           stride_xt, stride_we, stride_wn, stride_ar, hidden, inter,
-                           TOPK, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, TMA)  # fmt: skip
-        elif row1 - row0 <= TAIL_M:
+        # TAIL_M-row tiles (TAIL_M == 0: the condition is a constexpr False, so no tail code).
+        if TAIL_M > 0 and row1 - row0 <= TAIL_M:
             _gate_up_block(x_ptr, w13_ptr, w13_desc, order_ptr, a_ptr, e, row0, row1, tile,
                            stride_xt, stride_we, stride_wn, stride_ar, hidden, inter,
                            TOPK, TAIL_M, BLOCK_N, BLOCK_K, PRECISION, TMA)  # fmt: skip
@@ -236,11 +232,7 @@ if triton is not None:
             return
         row0 = tl.load(blocks_ptr + max_blocks + blk)
         row1 = tl.load(blocks_ptr + 2 * max_blocks + blk)
-        if TAIL_M == 0:
-            _down_block(a_ptr, w2_ptr, a_desc, w2_desc, order_ptr, y_ptr, e, row0, row1, tile,
-                        stride_ar, stride_we, stride_wh, stride_yr, hidden, inter,
-                        BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, TMA)  # fmt: skip
-        elif row1 - row0 <= TAIL_M:
+        if TAIL_M > 0 and row1 - row0 <= TAIL_M:
             _down_block(a_ptr, w2_ptr, a_tail_desc, w2_desc, order_ptr, y_ptr, e, row0, row1,
                         tile, stride_ar, stride_we, stride_wh, stride_yr, hidden, inter,
                         TAIL_M, BLOCK_N, BLOCK_K, PRECISION, TMA)  # fmt: skip
