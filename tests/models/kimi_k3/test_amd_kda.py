@@ -650,6 +650,37 @@ def test_kda_prefill_applies_the_gate_itself(device, lower_bound):
     assert (other - expected).abs().max() > 0.05 * expected.abs().max()
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_prefill_only_steps_hand_the_raw_gate_to_the_core(device, monkeypatch):
+    """A prefill-only step passes the gate's raw input and `KdaGate` to `kda_prefill` (on the GPU
+    fla-core applies it); a mixed step applies the gate itself and passes the decay. Both give
+    what transformers computes (test_layer_matches_transformers_prefill_then_decode)."""
+    from vllm.models.kimi_k3.amd.ops.kda_core import KdaGate
+
+    layer = our_kda(device=device)
+    seen, core = [], kda_module.kda_prefill
+
+    def spy(q, k, v, g, beta, *args):
+        seen.append((args[4] if len(args) == 5 else None, g.clone()))
+        return core(q, k, v, g, beta, *args)
+
+    monkeypatch.setattr(kda_module, "kda_prefill", spy)
+    harness = harness_for(layer, device=device)
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        layer(torch.randn(9, HIDDEN, generator=gen).to(device), harness.schedule({0: 5, 1: 4}).kda)
+        mixed = harness.schedule({0: 1, 1: 3}).kda
+        assert (mixed.num_decodes, mixed.num_prefills) == (1, 1)
+        layer(torch.randn(4, HIDDEN, generator=gen).to(device), mixed)
+    (prefill_gate, raw), (mixed_gate, decay) = seen
+    assert isinstance(prefill_gate, KdaGate) and prefill_gate.A_log is layer.A_log
+    assert prefill_gate.dt_bias is layer.dt_bias
+    assert prefill_gate.lower_bound == layer.gate_lower_bound
+    # The raw projection takes both signs; the decay, -exp(A) * softplus(.), is never positive.
+    assert (raw > 0).any() and (raw < 0).any()
+    assert mixed_gate is None and decay.dtype == torch.float32 and (decay <= 0).all()
+
+
 def test_initial_states_zero_new_sequences_and_leave_the_pool():
     """fla's initial states: each slot's state, zeros (+0.0, NaN states included) for a new
     sequence, bit for bit the zero-filled tensor and `where` they replace; the pool untouched."""

@@ -265,10 +265,11 @@ class KimiK3DeltaAttention(torch.nn.Module):
         tokens = mixed_qkv.shape[0]
         h, d = self.local_heads, self.head_dim
         nd = metadata.num_decodes
-        if metadata.num_prefills and not nd and mixed_qkv.is_cuda:
-            # Prefill only, on fla-core: its chunked cumsum of the decay applies the gate to the
-            # raw input (kda_core.kda_prefill), one pass where our gate kernel and fla's cumsum
-            # took two, with the fp32 decay written and read between them.
+        if metadata.num_prefills and not nd:
+            # Prefill only: the core applies the gate to the raw input (kda_core.kda_prefill).
+            # On the GPU fla-core's chunked cumsum of the decay does it, one pass where our gate
+            # kernel and fla's cumsum took two, with the fp32 decay written and read between
+            # them; on the CPU the reference applies `kda_gate`, our gate kernel's reference.
             decay_gate = KdaGate(self.A_log, self.dt_bias, self.gate_lower_bound)
             g, beta = raw_g.view(tokens, h, d), torch.sigmoid(b.float())
         else:
