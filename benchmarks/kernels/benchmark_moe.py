@@ -65,6 +65,7 @@ import sys
 import torch
 from kernel_bench import (
     add_common_args,
+    copy_gbps,
     require_gpu,
     round_like_the_gpu_if_interpreting,
     time_eager,
@@ -106,16 +107,6 @@ GROUPINGS = {"grouping": group_rows, "grouping:sort": group_rows_reference}
 TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 KIMI_LINEAR = dict(experts=256, topk=8, hidden=2304, intermediate=1024)
 DRY_RUN = dict(experts=8, topk=2, hidden=64, intermediate=32)
-
-
-def copy_bandwidth(gib: float, device: torch.device, reps: int = 10) -> float:
-    """GB/s of an eager `copy_` of `gib` GiB (bytes read + written), median after a warm-up."""
-    numel = int(gib * 2**30) // 2
-    src = torch.empty(numel, dtype=torch.bfloat16, device=device).fill_(1.0)
-    dst = torch.empty_like(src)
-    dst.copy_(src)  # warm-up: first-touch of the pages, clock ramp
-    seconds = time_eager(lambda: dst.copy_(src), device, reps) / 1e6
-    return 2 * src.numel() * src.element_size() / seconds / 1e9
 
 
 def triton_config(text: str) -> tuple[str, dict[str, int | bool]]:
@@ -351,11 +342,11 @@ def main(argv: list[str] | None = None) -> int:
         device, shape, copy_gib = torch.device("cuda"), KIMI_LINEAR, args.copy_gib
 
     expert_bytes = 3 * shape["intermediate"] * shape["hidden"] * 2  # gate, up, down in bf16
-    copy_gbps = copy_bandwidth(copy_gib, device)
-    print(f"{device.type}: eager copy_ of {copy_gib:g} GiB: {copy_gbps:.0f} GB/s", flush=True)
+    copy = copy_gbps(copy_gib, device)
+    print(f"{device.type}: eager copy_ of {copy_gib:g} GiB: {copy:.0f} GB/s", flush=True)
     if args.shared_expert:
         with torch.inference_mode():
-            shared_expert_rows(args, shape, device, copy_gbps)
+            shared_expert_rows(args, shape, device, copy)
         return 0
     act = SiluAndMul()
     impls = []
@@ -412,8 +403,8 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 gbps = touched / (us * 1e-6) / 1e9
                 row.update(timing=args.timing if graphed else "eager", us=round(us, 2),
-                           gbps=round(gbps, 1), pct_copy=round(100 * gbps / copy_gbps, 1),
-                           copy_gbps=round(copy_gbps, 1))  # fmt: skip
+                           gbps=round(gbps, 1), pct_copy=round(100 * gbps / copy, 1),
+                           copy_gbps=round(copy, 1))  # fmt: skip
                 rows.append(row)
                 write_csv(args.csv, rows)  # after every row: an interrupted run keeps its rows
                 print(

@@ -75,9 +75,9 @@ import sys
 import torch
 import torch.nn.functional as F
 from benchmark_gemv import gemv_config
-from benchmark_moe import copy_bandwidth
 from kernel_bench import (
     add_common_args,
+    copy_gbps,
     require_gpu,
     round_like_the_gpu_if_interpreting,
     time_eager,
@@ -434,14 +434,14 @@ def main(argv: list[str] | None = None) -> int:
         name = "kernel" if warps is None else f"kernel[w{warps}]"
         impls.append((name, functools.partial(grouped_topk_triton, num_warps=warps)))
 
-    copy_gbps = copy_bandwidth(copy_gib, device)
-    print(f"{device.type}: eager copy_ of {copy_gib:g} GiB: {copy_gbps:.0f} GB/s", flush=True)
+    copy = copy_gbps(copy_gib, device)
+    print(f"{device.type}: eager copy_ of {copy_gib:g} GiB: {copy:.0f} GB/s", flush=True)
     if args.logits:
-        return bench_logits(args, device, tokens_list, copy_gbps)
+        return bench_logits(args, device, tokens_list, copy)
     if args.fused:
-        return bench_fused(args, device, tokens_list, copy_gbps)
+        return bench_fused(args, device, tokens_list, copy)
     if args.fused_norm:
-        return bench_fused_norm(args, device, tokens_list, copy_gbps)
+        return bench_fused_norm(args, device, tokens_list, copy)
     rows = []
     with torch.inference_mode():
         for tokens in tokens_list:
@@ -463,8 +463,8 @@ def main(argv: list[str] | None = None) -> int:
                 row = dict(tokens=tokens, experts=args.experts, top_k=args.top_k,
                            groups=args.groups, path=name, timing="graph" if graphed else "eager",
                            us=round(us, 2), bytes=moved, gbps=round(gbps, 2),
-                           pct_copy=round(100 * gbps / copy_gbps, 2),
-                           copy_gbps=round(copy_gbps, 1))  # fmt: skip
+                           pct_copy=round(100 * gbps / copy, 2),
+                           copy_gbps=round(copy, 1))  # fmt: skip
                 rows.append(row)
                 write_csv(args.csv, rows)  # after every row: an interrupted run keeps its rows
                 print(

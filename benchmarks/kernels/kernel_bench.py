@@ -91,15 +91,22 @@ def time_eager(fn: Callable[[], object], device: torch.device, reps: int = 20) -
     return statistics.median(times)
 
 
-def copy_gbps(gib: float) -> float:
-    """Device copy bandwidth (GB/s, read + write) of an eager `copy_`, after warm-up: the
-    denominator of the decode benchmarks' % of copy."""
-    src = torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda")
+def copy_gbps(gib: float, device: torch.device | None = None) -> float:
+    """Device copy bandwidth (GB/s, read + write) of an eager `copy_` of `gib` GiB, after warm-up:
+    the denominator of the kernel benchmarks' % of copy. On the CPU (a --dry-run) it runs the
+    same copies timed by the host clock: the figure means nothing there."""
+    device = torch.device("cuda") if device is None else device
+    src = torch.empty(int(gib * 2**30), dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     for _ in range(3):
         dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     reps = 10
+    if device.type != "cuda":
+        start = time.perf_counter()
+        for _ in range(reps):
+            dst.copy_(src)
+        return 2 * src.numel() * reps / (time.perf_counter() - start) / 1e9
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(reps):
         dst.copy_(src)
