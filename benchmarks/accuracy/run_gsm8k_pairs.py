@@ -34,6 +34,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from vllm.entrypoints.openai.api_server import logged_port
+
 ROOT = Path(__file__).resolve().parents[2]
 TASK = "arith_gsm8k"
 TASK_DIR = Path(__file__).resolve().parent / TASK
@@ -60,10 +62,6 @@ def child_env(fusion: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", **{FUSION_ENV: fusion})
     return env
-
-
-# The address `vllm serve --port 0` logs once it has bound the port the OS picked.
-BOUND = re.compile(r"on http://127\.0\.0\.1:(\d+)(?=\D)")
 
 
 class Server:
@@ -93,11 +91,10 @@ class Server:
                     f"server exited with {self.proc.returncode}; see {self.log_path}"
                 )
             if self.port is None:
-                bound = BOUND.search(self.log_path.read_text(errors="replace"))
-                if bound is None:
+                self.port = logged_port(self.log_path.read_text(errors="replace"))
+                if self.port is None:
                     time.sleep(0.5)
                     continue
-                self.port = int(bound.group(1))
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2):
                     return self

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from fake_engine import FakeEngine  # noqa: E402
 
-from vllm.entrypoints.openai.api_server import bind_socket, build_app  # noqa: E402
+from vllm.entrypoints.openai.api_server import SERVING_LINE, bind_socket, build_app  # noqa: E402
 from vllm.v1.engine.async_llm import AsyncLLM  # noqa: E402
 
 
@@ -40,7 +40,7 @@ def main() -> None:
     )
     sock = bind_socket("127.0.0.1", args.port)
     # The address as `vllm serve` logs it: with PORT 0, how RemoteServer learns the OS's pick.
-    print(f"Serving fake on http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
+    print(SERVING_LINE % ("fake", "127.0.0.1", sock.getsockname()[1]), flush=True)
     try:
         uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
     finally:

@@ -7,7 +7,6 @@ not the Triton interpreter.
 """
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -17,11 +16,9 @@ from pathlib import Path
 
 import requests
 
+from vllm.entrypoints.openai.api_server import logged_port
+
 ROOT = Path(__file__).resolve().parents[3]
-
-
-# The address a server logs once it has bound its port (`vllm serve`: "Serving ... on ...").
-_BOUND = re.compile(r"on http://127\.0\.0\.1:(\d+)(?=\D)")  # not a port half-written
 
 
 def server_env() -> dict[str, str]:
@@ -91,11 +88,10 @@ class RemoteServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
             if self.port is None:
-                bound = _BOUND.search(self.output())
-                if bound is None:
+                self.port = logged_port(self.output())
+                if self.port is None:
                     time.sleep(0.5)
                     continue
-                self.port = int(bound.group(1))
             try:
                 if requests.get(self.url("/health"), timeout=2).status_code == 200:
                     return

@@ -6,6 +6,8 @@ import sys
 
 from server_utils import RemoteServer
 
+from vllm.entrypoints.openai.api_server import SERVING_LINE, logged_port
+
 # HELPER_LINGER: answers /health on a port the OS picks (logged as RemoteServer reads it), exits 0
 # on SIGTERM; its helper sees the end of its stdin pipe when the server exits, then stays
 # HELPER_LINGER seconds.
@@ -24,7 +26,7 @@ class Health(http.server.BaseHTTPRequestHandler):
 
 signal.signal(signal.SIGTERM, lambda *args: sys.exit(0))
 server = http.server.HTTPServer(("127.0.0.1", 0), Health)
-print(f"on http://127.0.0.1:{server.server_port}", flush=True)
+print(f"Serving helper on http://127.0.0.1:{server.server_port} (OpenAI API under /v1)", flush=True)
 server.serve_forever()
 """
 
@@ -46,3 +48,13 @@ def test_a_helper_that_stays_is_left_behind() -> None:
         server.stop(linger=1.0)
     assert server.exit_code == 0
     assert len(server.leftover) == 1
+
+
+def test_logged_port_reads_the_line_run_server_logs() -> None:
+    line = SERVING_LINE % ("a, b", "127.0.0.1", 43210)
+    assert logged_port(f"INFO start\nINFO {line}\nINFO more") == 43210
+    assert logged_port(line.replace("127.0.0.1", "0.0.0.0")) is None  # another host
+    assert logged_port(line, host="0.0.0.0") is None
+    assert logged_port(line.replace("127.0.0.1", "0.0.0.0"), host="0.0.0.0") == 43210
+    assert logged_port("INFO Serving a on http://127.0.0.1:4321") is None  # not yet whole
+    assert logged_port("") is None

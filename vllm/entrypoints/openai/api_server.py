@@ -8,6 +8,7 @@ and serves with uvicorn until SIGINT/SIGTERM, then stops the engine and its work
 import argparse
 import asyncio
 import json
+import re
 import signal
 import socket
 from collections.abc import AsyncIterator, Awaitable
@@ -38,6 +39,22 @@ from vllm.v1.engine.async_llm import AsyncLLM, EngineDeadError
 from vllm.v1.metrics.loggers import LoggingStatLogger, PrometheusStatLogger
 
 logger = init_logger(__name__)
+
+# What `run_server` logs once its socket is bound, with the port the OS picked where --port is 0:
+# `logged_port` reads it back for whoever started the server with port 0.
+SERVING_LINE = "Serving %s on http://%s:%d (OpenAI API under /v1; Ctrl-C stops)"
+_SERVING_ADDRESS = re.compile(r"Serving .* on http://(\S+):(\d+) \(OpenAI API under /v1")
+
+
+def logged_port(log: str, host: str = "127.0.0.1") -> int | None:
+    """The port of the first `Serving ... on http://HOST:PORT (OpenAI API ...` line of a server's
+    output `log` for `host`; None while it has not been logged (whole: a port is read only with
+    the text after it)."""
+    for match in _SERVING_ADDRESS.finditer(log):
+        if match.group(1) == host:
+            return int(match.group(2))
+    return None
+
 
 # Paths an --api-key protects (as vLLM: the OpenAI API; health, metrics and tokenizer stay open).
 _PROTECTED_PREFIX = "/v1"
@@ -281,7 +298,7 @@ def run_server(args: argparse.Namespace, engine_config: Any) -> None:
         )
         host = args.host or "0.0.0.0"
         logger.info(
-            "Serving %s on http://%s:%d (OpenAI API under /v1; Ctrl-C stops)",
+            SERVING_LINE,
             ", ".join(served),
             host,
             sock.getsockname()[1],  # the OS's pick where --port is 0
