@@ -27,7 +27,7 @@ import torch
 from hf_kimi_linear import import_modeling_kimi_linear, random_hf_model
 
 from vllm import LLM, SamplingParams
-from vllm.v1.executor.multiproc_executor import Executor, WorkerFailed
+from vllm.v1.executor.multiproc_executor import Executor, WorkerFailed, tcp_store
 from vllm.v1.executor.step_message import StepMessage
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the gloo engine runs on CPU")
@@ -270,3 +270,14 @@ def test_rank0_error_wins_over_the_same_error_from_a_worker(worker_error, raised
     if raised is WorkerFailed:
         assert "tensor-parallel worker 1 failed" in str(info.value)
         assert worker_error in str(info.value)
+
+
+@pytest.mark.parametrize(("env", "libuv"), [(None, True), ("1", True), ("0", False)])
+def test_rendezvous_store_follows_use_libuv(monkeypatch, env, libuv):
+    """As torch's own tcp:// rendezvous: libuv unless USE_LIBUV=0 (a user's way around it)."""
+    if env is None:
+        monkeypatch.delenv("USE_LIBUV", raising=False)
+    else:
+        monkeypatch.setenv("USE_LIBUV", env)
+    store = tcp_store("127.0.0.1", 0, 1, is_master=True)
+    assert store.libuvBackend is libuv and store.port > 0

@@ -18,6 +18,7 @@ guard that spawn needs) until the collective timeout.
 """
 
 import multiprocessing as mp
+import os
 import signal
 import traceback
 from datetime import timedelta
@@ -57,6 +58,15 @@ _ANSWERED = frozenset({"load_model", "available_cache_memory", "initialize_cache
                        "capture_cudagraphs"})  # fmt: skip
 
 
+def tcp_store(host: str, port: int, world_size: int, is_master: bool, **kwargs) -> dist.TCPStore:
+    """The TP rendezvous store: on libuv unless `USE_LIBUV=0`, as torch's own `tcp://`
+    rendezvous chooses (a store built directly would take libuv whatever the variable says)."""
+    return dist.TCPStore(
+        host, port, world_size, is_master=is_master, timeout=_COLLECTIVE_TIMEOUT,
+        use_libuv=os.environ.get("USE_LIBUV", "1") == "1", **kwargs,
+    )  # fmt: skip
+
+
 def _init_distributed(config: VllmConfig, rank: int, store: dist.Store | None = None) -> None:
     """Join the TP group through the rendezvous store: rank 0 passes the one it created, a
     worker connects to it at `distributed_init_method`. Every rank must pass a store: torch
@@ -64,10 +74,7 @@ def _init_distributed(config: VllmConfig, rank: int, store: dist.Store | None = 
     world_size = config.parallel_config.tensor_parallel_size
     if store is None:
         address = urlsplit(config.parallel_config.distributed_init_method)
-        store = dist.TCPStore(
-            address.hostname, address.port, world_size, is_master=False,
-            timeout=_COLLECTIVE_TIMEOUT,
-        )  # fmt: skip
+        store = tcp_store(address.hostname, address.port, world_size, is_master=False)
     backend = "nccl" if config.device == "cuda" else "gloo"
     dist.init_process_group(
         backend, store=store, rank=rank, world_size=world_size, timeout=_COLLECTIVE_TIMEOUT
@@ -126,10 +133,7 @@ class Executor:
             if tp > 1:
                 # The rendezvous store binds its port before any worker starts: a port found
                 # free and released first could be taken by another process in between.
-                store = dist.TCPStore(
-                    "127.0.0.1", 0, tp, is_master=True, timeout=_COLLECTIVE_TIMEOUT,
-                    wait_for_workers=False,
-                )  # fmt: skip
+                store = tcp_store("127.0.0.1", 0, tp, is_master=True, wait_for_workers=False)
                 config.parallel_config.distributed_init_method = f"tcp://127.0.0.1:{store.port}"
                 ctx = mp.get_context("spawn")
                 for rank in range(1, tp):
