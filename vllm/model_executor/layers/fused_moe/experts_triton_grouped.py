@@ -105,11 +105,17 @@ except ImportError:  # CPU-only installs without Triton never select this path
 if triton is not None:
 
     @triton.jit
-    def _block_and_tile(num_tiles):
-        # One grid axis, the output tiles of a block fastest: a block's rows are read by its
-        # tiles one after another, from L2 after the first (module docstring, "grid order").
+    def _program_block(blocks_ptr, max_blocks, num_tiles):
+        """(expert, first row, end row, output tile) of this program's block. One grid axis, the
+        output tiles of a block fastest: a block's rows are read by its tiles one after another,
+        from L2 after the first (module docstring, "grid order"). The three table entries are
+        loaded together: one round trip before the block's loop, not two."""
         pid = tl.program_id(0)
-        return pid // num_tiles, pid % num_tiles
+        blk = pid // num_tiles
+        e = tl.load(blocks_ptr + blk)
+        row0 = tl.load(blocks_ptr + max_blocks + blk)
+        row1 = tl.load(blocks_ptr + 2 * max_blocks + blk)
+        return e, row0, row1, pid % num_tiles
 
     @triton.jit
     def _gate_up_block(
@@ -164,12 +170,9 @@ if triton is not None:
         TAIL_M: tl.constexpr = 0, PDL: tl.constexpr = False,
     ):  # fmt: skip
         pdl_wait(PDL)
-        blk, tile = _block_and_tile(tl.cdiv(inter, BLOCK_N))
-        e = tl.load(blocks_ptr + blk)
+        e, row0, row1, tile = _program_block(blocks_ptr, max_blocks, tl.cdiv(inter, BLOCK_N))
         if e < 0:
             return
-        row0 = tl.load(blocks_ptr + max_blocks + blk)
-        row1 = tl.load(blocks_ptr + 2 * max_blocks + blk)
         # Module docstring, "tail blocks": an expert's last block of at most TAIL_M rows takes
         # TAIL_M-row tiles (TAIL_M == 0: the condition is a constexpr False, so no tail code).
         if TAIL_M > 0 and row1 - row0 <= TAIL_M:
@@ -226,12 +229,9 @@ if triton is not None:
         TAIL_M: tl.constexpr = 0, PDL: tl.constexpr = False,
     ):  # fmt: skip
         pdl_wait(PDL)
-        blk, tile = _block_and_tile(tl.cdiv(hidden, BLOCK_N))
-        e = tl.load(blocks_ptr + blk)
+        e, row0, row1, tile = _program_block(blocks_ptr, max_blocks, tl.cdiv(hidden, BLOCK_N))
         if e < 0:
             return
-        row0 = tl.load(blocks_ptr + max_blocks + blk)
-        row1 = tl.load(blocks_ptr + 2 * max_blocks + blk)
         if TAIL_M > 0 and row1 - row0 <= TAIL_M:
             _down_block(a_ptr, w2_ptr, a_tail_desc, w2_desc, order_ptr, y_ptr, e, row0, row1,
                         tile, stride_ar, stride_we, stride_wh, stride_yr, hidden, inter,
