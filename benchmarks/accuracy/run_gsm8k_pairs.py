@@ -65,10 +65,10 @@ def child_env(fusion: str) -> dict[str, str]:
 
 
 class Server:
-    """A server process (`command` binds 127.0.0.1 port 0 and logs `on http://127.0.0.1:PORT`,
-    as `vllm serve --host 127.0.0.1 --port 0` does) in its own session: `port` learnt from its
-    log and healthy on entry, stopped on exit. A port found free and released before the server
-    binds it could be taken by another process in between."""
+    """A server process (`command` binds 127.0.0.1 port 0 and logs the address in
+    `SERVING_LINE`, as `vllm serve --host 127.0.0.1 --port 0` does) in its own session: `port`
+    learnt from its log and healthy on entry, stopped on exit. A port found free and released
+    before the server binds it could be taken by another process in between."""
 
     def __init__(
         self, command: list[str], env: dict[str, str], log_path: Path, timeout: float = 600.0

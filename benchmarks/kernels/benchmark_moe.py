@@ -245,7 +245,7 @@ def make_moe_blocks(
 
 
 def shared_expert_rows(
-    args: argparse.Namespace, shape: dict[str, int], device: torch.device, copy_gbps: float
+    args: argparse.Namespace, shape: dict[str, int], device: torch.device, copy: float
 ) -> list[dict[str, object]]:
     """Time the fused and separate MoE blocks at each of `args.tokens`; print and return rows."""
     fused, separate, every_call = make_moe_blocks(shape, device, args.seed)
@@ -269,8 +269,8 @@ def shared_expert_rows(
             row = dict(tokens=tokens, rows=tokens * shape["topk"], path=f"block:{name}",
                        distinct_experts=distinct, weight_mb=round(touched / 1e6, 2),
                        timing="graph" if graphed else "eager", us=round(us, 2),
-                       gbps=round(gbps, 1), pct_copy=round(100 * gbps / copy_gbps, 1),
-                       copy_gbps=round(copy_gbps, 1))  # fmt: skip
+                       gbps=round(gbps, 1), pct_copy=round(100 * gbps / copy, 1),
+                       copy_gbps=round(copy, 1))  # fmt: skip
             rows.append(row)
             write_csv(args.csv, rows)
             print(

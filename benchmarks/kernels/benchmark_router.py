@@ -119,7 +119,7 @@ def check_logits(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, terms_per_
         raise SystemExit("logits outside the fp32 accumulation bound")
 
 
-def bench_logits(args, device: torch.device, tokens_list: list[int], copy_gbps: float) -> int:
+def bench_logits(args, device: torch.device, tokens_list: list[int], copy: float) -> int:
     """Times the logits paths at each T (module docstring); rows go to --csv."""
     gen = torch.Generator(device=device).manual_seed(args.seed)
     experts, hidden = args.experts, args.hidden
@@ -148,7 +148,7 @@ def bench_logits(args, device: torch.device, tokens_list: list[int], copy_gbps: 
                     return fn(x, gates[next(layer) % len(gates)])
 
                 us = time_and_record(
-                    call, len(gates), device, args.csv, rows, copy_gbps, 28, tokens=tokens,
+                    call, len(gates), device, args.csv, rows, copy, 28, tokens=tokens,
                     experts=experts, hidden=hidden, path=name, bytes=moved,
                 )  # fmt: skip
                 if name != "F.linear" and us < best.get(tokens, ("", float("inf")))[1]:
@@ -164,7 +164,7 @@ def time_and_record(
     device: torch.device,
     csv: str | None,
     rows: list,
-    copy_gbps: float,
+    copy: float,
     width: int,
     **row: object,
 ) -> float:
@@ -174,7 +174,7 @@ def time_and_record(
     us = time_graph(call, calls) if graphed else time_eager(call, device)
     gbps = row["bytes"] / (us * 1e-6) / 1e9
     row.update(timing="graph" if graphed else "eager", us=round(us, 2), gbps=round(gbps, 2))
-    row.update(pct_copy=round(100 * gbps / copy_gbps, 2), copy_gbps=round(copy_gbps, 1))
+    row.update(pct_copy=round(100 * gbps / copy, 2), copy_gbps=round(copy, 1))
     rows.append(row)
     write_csv(csv, rows)
     print(
@@ -216,7 +216,7 @@ def router_layers(
     return router, gates, biases, semaphores
 
 
-def bench_fused(args, device: torch.device, tokens_list: list[int], copy_gbps: float) -> int:
+def bench_fused(args, device: torch.device, tokens_list: list[int], copy: float) -> int:
     """Times the two-launch router against the fused one at each T (module docstring)."""
     gen = torch.Generator().manual_seed(args.seed)  # on the CPU: the same data on any device
     experts, hidden, layers = args.experts, args.hidden, args.layers
@@ -260,7 +260,7 @@ def bench_fused(args, device: torch.device, tokens_list: list[int], copy_gbps: f
                     return fn(x, next(layer) % layers)
 
                 us = time_and_record(
-                    call, layers, device, args.csv, rows, copy_gbps, 24, tokens=tokens,
+                    call, layers, device, args.csv, rows, copy, 24, tokens=tokens,
                     experts=experts, hidden=hidden, path=name, bytes=moved,
                 )  # fmt: skip
                 if name == "two launches":
@@ -273,7 +273,7 @@ def bench_fused(args, device: torch.device, tokens_list: list[int], copy_gbps: f
     return 0
 
 
-def bench_fused_norm(args, device: torch.device, tokens_list: list[int], copy_gbps: float) -> int:
+def bench_fused_norm(args, device: torch.device, tokens_list: list[int], copy: float) -> int:
     """Times the norm's launch then the fused router against the norm in the router's launch at
     each T (module docstring); rows go to --csv."""
     gen = torch.Generator().manual_seed(args.seed)  # on the CPU: the same data on any device
@@ -332,7 +332,7 @@ def bench_fused_norm(args, device: torch.device, tokens_list: list[int], copy_gb
                     return fn(x, residual, next(layer) % layers)
 
                 us = time_and_record(
-                    call, layers, device, args.csv, rows, copy_gbps, 30, tokens=tokens,
+                    call, layers, device, args.csv, rows, copy, 30, tokens=tokens,
                     experts=experts, hidden=hidden, path=name, bytes=moved,
                 )  # fmt: skip
                 if name == baseline:

@@ -34,9 +34,10 @@ class RemoteServer:
 
     `argv` follows `python -m vllm.entrypoints.cli.main` (that is, the `vllm` command) unless
     `command` is given in full; `--host 127.0.0.1 --port 0` are added. Without `port` the
-    server binds a port the OS picks and must log it as `on http://127.0.0.1:PORT` (`vllm
-    serve` does): a port found free and released before the server binds it could be taken by
-    another process in between (another test worker's server, whose /health would answer)."""
+    server binds a port the OS picks and must log it in `SERVING_LINE` (`vllm serve` does;
+    `logged_port` reads it): a port found free and released before the server binds it could be
+    taken by another process in between (another test worker's server, whose /health would
+    answer)."""
 
     def __init__(
         self,

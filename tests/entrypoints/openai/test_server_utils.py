@@ -8,9 +8,9 @@ from server_utils import RemoteServer
 
 from vllm.entrypoints.openai.api_server import SERVING_LINE, logged_port
 
-# HELPER_LINGER: answers /health on a port the OS picks (logged as RemoteServer reads it), exits 0
-# on SIGTERM; its helper sees the end of its stdin pipe when the server exits, then stays
-# HELPER_LINGER seconds.
+# HELPER_LINGER LINE: answers /health on a port the OS picks (logged in LINE, `vllm serve`'s
+# format), exits 0 on SIGTERM; its helper sees the end of its stdin pipe when the server exits,
+# then stays HELPER_LINGER seconds.
 _SERVER = """
 import http.server, signal, subprocess, sys
 helper = "import sys, time; sys.stdin.read(); time.sleep(float(sys.argv[1]))"
@@ -26,13 +26,13 @@ class Health(http.server.BaseHTTPRequestHandler):
 
 signal.signal(signal.SIGTERM, lambda *args: sys.exit(0))
 server = http.server.HTTPServer(("127.0.0.1", 0), Health)
-print(f"Serving helper on http://127.0.0.1:{server.server_port} (OpenAI API under /v1)", flush=True)
+print(sys.argv[2] % ("helper", "127.0.0.1", server.server_port), flush=True)
 server.serve_forever()
 """
 
 
 def _server(helper_linger: float) -> RemoteServer:
-    command = [sys.executable, "-c", _SERVER, str(helper_linger)]
+    command = [sys.executable, "-c", _SERVER, str(helper_linger), SERVING_LINE]
     return RemoteServer(command=command, timeout=60)
 
 
