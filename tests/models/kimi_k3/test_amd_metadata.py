@@ -103,13 +103,11 @@ def test_layout_decodes_first_then_prefills():
     assert mla.slot_mapping.tolist() == [9, 18, 19, 36, 24, 25]
     assert mla.decode_block_tables.tolist() == [[7, 2, 0]]
     assert mla.decode_seq_lens.tolist() == [6]
-    (s1, e1, slots1, mask1), (s2, e2, slots2, mask2) = mla.prefills
+    (s1, e1, slots1), (s2, e2, slots2) = mla.prefills
     assert (s1, e1, s2, e2) == (1, 4, 4, 6)
     assert slots1.tolist() == [16, 17, 18, 19, 36] and slots2.tolist() == [24, 25]
     # A prompt with nothing cached reads its slots from the step's slot mapping, in place.
     assert slots2.data_ptr() == mla.slot_mapping[4:].data_ptr()
-    assert mask1.tolist() == [[False] * 3 + [True] * 2, [False] * 4 + [True], [False] * 5]
-    assert mask2.tolist() == [[False, True], [False, False]]
 
 
 def test_padded_rows_use_only_the_dummies_and_buffers_are_reused():

@@ -11,6 +11,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from vllm.models.kimi_k3.amd.ops.mla_prefill import (
     _value_operand,
+    causal_masked,
     mla_prefill_attention,
     mla_prefill_attention_ref,
     mla_prefill_key,
@@ -24,7 +25,7 @@ def make_case(lq, ctx, heads, nope, rope, dv, dtype, gen, device="cpu"):
     q, k_nope, k_pe, v = draw(lq, heads, nope + rope), draw(ctx, heads, nope), draw(ctx, rope), \
         draw(ctx, heads, dv)  # fmt: skip
     positions = torch.arange(ctx, device=device)
-    masked = positions[None, :] > positions[ctx - lq :, None]  # as MLA's metadata builds it
+    masked = positions[None, :] > positions[ctx - lq :, None]  # key past the query's position
     return (q, k_nope, k_pe, v), masked, (nope + rope) ** -0.5
 
 
@@ -34,6 +35,20 @@ def truth_of(inputs, scale, masked):
 
 
 SHAPES = [(64, 64), (24, 80), (1, 33), (17, 17)]  # new prompts, chunks on cached context, 1 token
+
+
+def test_causal_masked_hides_the_keys_past_each_query():
+    """The mask the MLA layer gives the CPU reference: query i of the last lq of ctx positions
+    sees keys 0 .. ctx - lq + i."""
+    assert causal_masked(3, 5).tolist() == [
+        [False] * 3 + [True] * 2,
+        [False] * 4 + [True],
+        [False] * 5,
+    ]
+    assert causal_masked(2, 2).tolist() == [[False, True], [False, False]]
+    for lq, ctx in SHAPES:
+        _, masked, _ = make_case(lq, ctx, 1, 1, 1, 1, torch.float32, torch.Generator())
+        assert torch.equal(causal_masked(lq, ctx), masked)
 
 
 @pytest.mark.parametrize("lq,ctx", SHAPES)

@@ -241,9 +241,9 @@ class KimiMetadataBuilder:
 
     def _prefill_contexts(
         self, batch: BatchSchedule, start: int
-    ) -> list[tuple[int, int, torch.Tensor, torch.Tensor]]:
-        """(start, end, context slots, causal mask) of each prefill sequence, on the device
-        (prefill steps are not captured). A sequence with nothing cached has its new tokens as
+    ) -> list[tuple[int, int, torch.Tensor]]:
+        """(start, end, context slots) of each prefill sequence, on the device (prefill steps
+        are not captured). A sequence with nothing cached has its new tokens as
         its whole context: their slots are the step's slot mapping, already uploaded, viewed in
         place. Continued sequences' context slots go up in one host-to-device copy for all."""
         nd = batch.num_decodes
@@ -262,11 +262,9 @@ class KimiMetadataBuilder:
             lens = [len(h) for h in host]
             uploaded = iter(torch.cat(host).to(self.device, non_blocking=True).split(lens))
         out = []
-        for c, w, ctx in zip(computed, new, ctx_lens, strict=True):
+        for c, w in zip(computed, new, strict=True):
             ctx_slots = next(uploaded) if c else self.slot_mapping[start : start + w]
-            positions = torch.arange(ctx, device=self.device)
-            masked = positions[None, :] > positions[c:, None]
-            out.append((start, start + w, ctx_slots, masked))
+            out.append((start, start + w, ctx_slots))
             start += w
         return out
 

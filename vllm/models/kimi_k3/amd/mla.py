@@ -67,6 +67,7 @@ from vllm.models.kimi_k3.amd.ops.mla_cache_write import mla_cache_write
 from vllm.models.kimi_k3.amd.ops.mla_decode import mla_decode_paged
 from vllm.models.kimi_k3.amd.ops.mla_decode_config import DECODE_COUNTERS
 from vllm.models.kimi_k3.amd.ops.mla_prefill import (
+    causal_masked,
     mla_prefill_attention,
     mla_prefill_attention_ref,
 )
@@ -97,9 +98,9 @@ class MLAMetadata:
     slot_mapping: torch.Tensor  # [T] long: cache slot (block * block_size + offset) of each token
     decode_block_tables: torch.Tensor  # [num_decodes, max_blocks] int32, on the device
     decode_seq_lens: torch.Tensor  # [num_decodes] int32: context length including the new token
-    # Per prefill sequence: (start, end) of its tokens in the batch, the cache slots `[ctx]` of
-    # its whole context in order, and its causal mask `[end - start, ctx]` (True = masked).
-    prefills: list[tuple[int, int, torch.Tensor, torch.Tensor]]
+    # Per prefill sequence: (start, end) of its tokens in the batch and the cache slots `[ctx]` of
+    # its whole context in order (its last end - start positions are the new tokens).
+    prefills: list[tuple[int, int, torch.Tensor]]
 
 
 class KimiMLAAttention(torch.nn.Module):
@@ -218,8 +219,7 @@ class KimiMLAAttention(torch.nn.Module):
             # The batch is one prefill (a long prompt): o_proj's per-token quantization reads the
             # attention's output where it lies (heads of the fused kernel's padded rows), the
             # same codes as of a copy into `out`, without the copy.
-            _, _, slots, masked = prefills[0]
-            attn = self._attend(q, flat_cache[slots], masked)
+            attn = self._attend(q, flat_cache[prefills[0][2]])
             codes, scale = per_token_fp8_quant(attn)
             width = self.heads * self.v_dim
             quantized = QuantizedActivation(
@@ -229,8 +229,8 @@ class KimiMLAAttention(torch.nn.Module):
         out = torch.empty(tokens, self.heads, self.v_dim, dtype=x.dtype, device=x.device)
         if nd:
             self._decode(q[:nd], kv_cache, metadata, out[:nd])
-        for a, b, slots, masked in metadata.prefills:
-            out[a:b] = self._attend(q[a:b], flat_cache[slots], masked)
+        for a, b, slots in metadata.prefills:
+            out[a:b] = self._attend(q[a:b], flat_cache[slots])
         if gate is not None:
             out = out * torch.sigmoid(gate.view(tokens, self.heads, self.v_dim).float()).to(
                 out.dtype
@@ -257,16 +257,19 @@ class KimiMLAAttention(torch.nn.Module):
         # so it lands in the output rows with no copy after it.
         _per_head(o_latent.transpose(0, 1), self.w_uv, out=out.transpose(0, 1))
 
-    def _attend(self, q: torch.Tensor, cached: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+    def _attend(self, q: torch.Tensor, cached: torch.Tensor) -> torch.Tensor:
         """`q` `[Lq, h, nope + rope]` of the last Lq positions of a sequence whose `ctx` cached
-        latents are `cached`; `masked` `[Lq, ctx]` is its causal mask (read by the CPU reference
-        only: the fused GPU path derives causality from the shapes)."""
+        latents are `cached`, attending causally. The fused GPU path derives causality from the
+        shapes; only the CPU reference takes a `[Lq, ctx]` mask, made here: a prefill chunk's
+        mask in the metadata was a device tensor of Lq x ctx bytes per step (1 GiB for an 8192-
+        token chunk at 128k context) that no GPU kernel read."""
         kv = self.kv_b_proj(cached[:, : self.kv_lora].to(q.dtype))[0]
         kv = kv.view(cached.shape[0], self.heads, self.nope + self.v_dim)
         k_nope, v = kv[..., : self.nope], kv[..., self.nope :]
         k_pe = cached[:, self.kv_lora :].to(q.dtype)  # [ctx, rope], shared by the heads
         if q.is_cuda:
             return mla_prefill_attention(q, k_nope, k_pe, v, self.scale)
+        masked = causal_masked(q.shape[0], cached.shape[0], q.device)
         return mla_prefill_attention_ref(q, k_nope, k_pe, v, self.scale, masked)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:

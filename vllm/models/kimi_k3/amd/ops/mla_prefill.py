@@ -23,7 +23,8 @@ Memory is O((Lq + ctx) * H * head dim): no score matrix. On the CPU (tests) an e
 mask `[Lq, ctx]` stands in and `v` is used as it is.
 
 `mla_prefill_attention_ref`: the reference, scores and softmax in fp32 with the caller's mask
-`[Lq, ctx]` (True = masked), materializing `[H, Lq, ctx]` fp32 scores.
+`[Lq, ctx]` (True = masked; `causal_masked` builds the causal one), materializing `[H, Lq, ctx]`
+fp32 scores.
 """
 
 import torch
@@ -146,6 +147,12 @@ def _value_operand(k_nope: torch.Tensor, v: torch.Tensor, qk: int) -> tuple[torc
     return F.pad(v, (0, pad)), 0
 
 
+def causal_masked(lq: int, ctx: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """`[lq, ctx]` bool, True where query i (at position `ctx - lq + i`) may not look: key
+    positions past its own. The reference's mask; the GPU path describes it instead."""
+    return torch.ones(lq, ctx, dtype=torch.bool, device=device).triu_(ctx - lq + 1)
+
+
 def mla_prefill_attention(
     q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor, scale: float
 ) -> torch.Tensor:
@@ -163,7 +170,7 @@ def mla_prefill_attention(
         mask = causal_lower_right(lq, ctx)
         v, first = _value_operand(k_nope, v, qk)
     else:
-        mask = torch.ones(lq, ctx, dtype=torch.bool, device=q.device).tril(ctx - lq)
+        mask = causal_masked(lq, ctx, q.device).logical_not_()
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
         v.transpose(0, 1).unsqueeze(0), attn_mask=mask, scale=scale,
