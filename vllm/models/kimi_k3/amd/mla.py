@@ -260,9 +260,8 @@ class KimiMLAAttention(torch.nn.Module):
     def _attend(self, q: torch.Tensor, cached: torch.Tensor) -> torch.Tensor:
         """`q` `[Lq, h, nope + rope]` of the last Lq positions of a sequence whose `ctx` cached
         latents are `cached`, attending causally. The fused GPU path derives causality from the
-        shapes; only the CPU reference takes a `[Lq, ctx]` mask, made here: a prefill chunk's
-        mask in the metadata was a device tensor of Lq x ctx bytes per step (1 GiB for an 8192-
-        token chunk at 128k context) that no GPU kernel read."""
+        shapes; only the CPU reference takes a `[Lq, ctx]` mask, made here and nowhere else (on
+        the device it would be Lq x ctx bytes a step: 1 GiB for an 8192-token chunk at 128k)."""
         kv = self.kv_b_proj(cached[:, : self.kv_lora].to(q.dtype))[0]
         kv = kv.view(cached.shape[0], self.heads, self.nope + self.v_dim)
         k_nope, v = kv[..., : self.nope], kv[..., self.nope :]
