@@ -6,6 +6,8 @@
 
 from typing import Any
 
+from vllm import env_override  # noqa: F401  (first: before any library reads its settings)
+
 __version__ = "0.1.0"
 
 _LAZY = {

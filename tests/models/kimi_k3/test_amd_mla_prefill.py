@@ -4,6 +4,10 @@ of cached context (`Lq < ctx`); the key kernel (under TRITON_INTERPRET=1 on CPU)
 cat; the value read in place against a zero-padded copy; at Kimi-Linear's sizes on a GPU, without
 the score matrix, and bit for bit as the cat and pad it replaces."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -159,6 +163,22 @@ def test_value_read_in_place_gives_the_padded_bits():
         assert first == 0 and torch.equal(operand[..., :24], v) and not operand[..., 24:].any()
 
 
+def test_value_for_bshd_operands_is_a_contiguous_padded_copy():
+    """Where torch's per-length-class cuDNN plans need `[S, H, D]` operands, the value operand is
+    a contiguous zero-padded copy even when it could be read in place, and a `v` already as wide
+    as the key is made contiguous."""
+    q, k_nope, k_pe, v = make_case(24, 40, 4, 32, 16, 24, torch.float32,
+                                   torch.Generator().manual_seed(9))[0]  # fmt: skip
+    kv = torch.cat([k_nope, v], dim=-1)
+    operand, first = _value_operand(kv[..., :32], kv[..., 32:], 48, bshd=True)
+    assert first == 0 and operand.is_contiguous() and operand.shape == (40, 4, 48)
+    assert torch.equal(operand[..., :24], v) and not operand[..., 24:].any()
+    wide = kv[..., 8:]
+    operand, first = _value_operand(kv[..., :8], wide, 40, bshd=True)
+    assert first == 0 and operand.is_contiguous() and torch.equal(operand, wide)
+    assert _value_operand(kv[..., :8], wide, 40)[0].data_ptr() == wide.data_ptr()
+
+
 def test_reference_checks_its_mask():
     inputs, masked, scale = make_case(2, 10, 2, 8, 4, 8, torch.float32,
                                       torch.Generator().manual_seed(0))  # fmt: skip
@@ -220,3 +240,35 @@ def test_gpu_same_bits_as_cat_and_pad(lq, ctx):
     assert torch.equal(
         got, old_value_and_attention(q, k, v, 192**-0.5, causal_lower_right(lq, ctx))
     )
+
+
+@pytest.mark.gpu
+def test_gpu_new_prompts_take_torchs_per_length_class_cudnn_plans():
+    """A new prompt (Lq == ctx) as MLA passes it reaches torch's per-length-class cuDNN path: in a
+    fresh process (torch reads the setting once), torch warns that the path is on and not that it
+    fell back for the operands' layout. With the setting off the same check fails."""
+    code = """
+import warnings
+import torch
+from vllm.models.kimi_k3.amd.ops.mla_prefill import mla_prefill_attention
+torch.manual_seed(0)
+warnings.simplefilter("always")
+q = torch.randn(1000, 32, 192, device="cuda", dtype=torch.bfloat16)
+kv = torch.randn(1000, 32, 256, device="cuda", dtype=torch.bfloat16)
+k_nope, v = kv.split([128, 128], dim=-1)
+k_pe = torch.randn(1000, 64, device="cuda", dtype=torch.bfloat16)
+with warnings.catch_warnings(record=True) as seen:
+    mla_prefill_attention(q, k_nope, k_pe, v, 192**-0.5)
+texts = [str(w.message) for w in seen]
+assert any("AVOID_RECOMPILE=1 is currently experimental" in t for t in texts), texts
+assert not any("Falling back" in t for t in texts), texts
+"""
+    env = dict(os.environ)
+    runs = {}
+    for value in ("1", "0"):
+        env["TORCH_CUDNN_SDPA_AVOID_RECOMPILE"] = value
+        runs[value] = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True
+        )
+    assert runs["1"].returncode == 0, runs["1"].stderr[-2000:]
+    assert runs["0"].returncode != 0 and "AssertionError" in runs["0"].stderr

@@ -18,7 +18,10 @@ MLA layer's prefill at 8192 tokens on the H200). On a GPU the causal mask is `ca
 split of `kv_b_proj`'s output, as MLA passes them), the value operand is a view that starts
 `nope + rope - Dv` columns before each head's `v` (the last columns of its `k_nope`) and the output
 keeps its last `Dv` columns: each output column is `P` times its own value column, so the extra
-columns change no kept bit, and nothing is padded or copied. Other layouts zero-pad a copy of `v`.
+columns change no kept bit, and nothing is padded or copied. Other layouts zero-pad a copy of `v`,
+and so do new prompts (`Lq == ctx`: torch picks cuDNN on Hopper) while torch's per-length-class
+cuDNN plans are on (`vllm.env_override`): that path takes q, k, v only in `[S, H, D]` row order,
+and a plan for a length never seen costs 75-90 ms on the H200 where the copy costs microseconds.
 Memory is O((Lq + ctx) * H * head dim): no score matrix. On the CPU (tests) an explicit boolean
 mask `[Lq, ctx]` stands in and `v` is used as it is.
 
@@ -30,6 +33,7 @@ fp32 scores.
 import torch
 import torch.nn.functional as F
 
+from vllm.env_override import cudnn_sdpa_avoids_recompile
 from vllm.triton_utils import next_power_of_2, use_triton
 from vllm.triton_utils.launch import launch, launch_spec
 from vllm.triton_utils.pdl import pdl_options, use_pdl
@@ -125,17 +129,20 @@ def _check(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.T
         )
 
 
-def _value_operand(k_nope: torch.Tensor, v: torch.Tensor, qk: int) -> tuple[torch.Tensor, int]:
+def _value_operand(
+    k_nope: torch.Tensor, v: torch.Tensor, qk: int, bshd: bool = False
+) -> tuple[torch.Tensor, int]:
     """The value operand of head dim >= `qk` for the fused GPU kernels, and the column of it
-    where `v` starts (see the module docstring)."""
+    where `v` starts (see the module docstring); contiguous `[ctx, H, >= qk]` where `bshd`."""
     nope, dv = k_nope.shape[2], v.shape[2]
     pad = qk - dv
     if pad <= 0:
-        return v, 0
+        return (v.contiguous() if bshd else v), 0
     # Each head's v right after its k_nope in one buffer (the split of kv_b_proj's output):
     # the operand is the same rows from `pad` columns earlier.
     in_place = (
-        nope >= pad
+        not bshd
+        and nope >= pad
         and v.stride() == k_nope.stride()
         and v.stride(2) == 1
         and v.untyped_storage().data_ptr() == k_nope.untyped_storage().data_ptr()
@@ -168,7 +175,9 @@ def mla_prefill_attention(
         from torch.nn.attention.bias import causal_lower_right
 
         mask = causal_lower_right(lq, ctx)
-        v, first = _value_operand(k_nope, v, qk)
+        bshd = lq == ctx and cudnn_sdpa_avoids_recompile()
+        q = q.contiguous() if bshd else q
+        v, first = _value_operand(k_nope, v, qk, bshd)
     else:
         mask = causal_masked(lq, ctx, q.device).logical_not_()
     out = F.scaled_dot_product_attention(
