@@ -1,8 +1,9 @@
 """MLA prefill attention: torch's fused attention (the GPU path, run here on the CPU with its
 explicit mask) against the fp32 einsum reference, for new prompts (`Lq == ctx`) and chunks on top
 of cached context (`Lq < ctx`); the key kernel (under TRITON_INTERPRET=1 on CPU) against torch's
-cat; the value read in place against a zero-padded copy; at Kimi-Linear's sizes on a GPU, without
-the score matrix, and bit for bit as the cat and pad it replaces."""
+cat; the value read in place against a zero-padded copy; which fused kernel runs which shape; at
+Kimi-Linear's sizes on a GPU, without the score matrix, and bit for bit as the cat and pad it
+replaces."""
 
 import os
 import subprocess
@@ -14,6 +15,8 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from vllm.models.kimi_k3.amd.ops.mla_prefill import (
+    FLASH_MAX_PROMPT,
+    _gpu_path,
     _value_operand,
     causal_masked,
     mla_prefill_attention,
@@ -163,20 +166,19 @@ def test_value_read_in_place_gives_the_padded_bits():
         assert first == 0 and torch.equal(operand[..., :24], v) and not operand[..., 24:].any()
 
 
-def test_value_for_bshd_operands_is_a_contiguous_padded_copy():
-    """Where torch's per-length-class cuDNN plans need `[S, H, D]` operands, the value operand is
-    a contiguous zero-padded copy even when it could be read in place, and a `v` already as wide
-    as the key is made contiguous."""
-    q, k_nope, k_pe, v = make_case(24, 40, 4, 32, 16, 24, torch.float32,
-                                   torch.Generator().manual_seed(9))[0]  # fmt: skip
-    kv = torch.cat([k_nope, v], dim=-1)
-    operand, first = _value_operand(kv[..., :32], kv[..., 32:], 48, bshd=True)
-    assert first == 0 and operand.is_contiguous() and operand.shape == (40, 4, 48)
-    assert torch.equal(operand[..., :24], v) and not operand[..., 24:].any()
-    wide = kv[..., 8:]
-    operand, first = _value_operand(kv[..., :8], wide, 40, bshd=True)
-    assert first == 0 and operand.is_contiguous() and torch.equal(operand, wide)
-    assert _value_operand(kv[..., :8], wide, 40)[0].data_ptr() == wide.data_ptr()
+def test_gpu_path_by_shape_and_cudnn_setting(monkeypatch):
+    """Chunks on cached context take torch's lower-right mask; new prompts up to the flash limit
+    the flash kernel; longer ones cuDNN, with per-length-class plans exactly when torch's opt-in
+    reads "1"."""
+    limit = FLASH_MAX_PROMPT
+    monkeypatch.setenv("TORCH_CUDNN_SDPA_AVOID_RECOMPILE", "1")
+    assert _gpu_path(limit, limit + 1) == _gpu_path(1, 9000) == "lower_right"
+    assert _gpu_path(1, 1) == _gpu_path(limit, limit) == "flash"
+    assert _gpu_path(limit + 1, limit + 1) == _gpu_path(8192, 8192) == "cudnn_classes"
+    for value in ("0", "true"):
+        monkeypatch.setenv("TORCH_CUDNN_SDPA_AVOID_RECOMPILE", value)
+        assert _gpu_path(8192, 8192) == "cudnn_shapes"
+        assert _gpu_path(limit, limit) == "flash"
 
 
 def test_reference_checks_its_mask():
@@ -187,7 +189,7 @@ def test_reference_checks_its_mask():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("lq,ctx", [(2048, 2048), (512, 4096)])
+@pytest.mark.parametrize("lq,ctx", [(2048, 2048), (4096, 4096), (512, 4096)])
 def test_gpu_kimi_linear_sizes(lq, ctx):
     """32 heads, nope 128, rope 64, v 128 (Kimi-Linear), bf16. The fused kernels keep P in bf16
     at most before P @ V (an error of <= 2^-9 relative per probability, so <= 2^-9 max|v| on the
@@ -220,12 +222,15 @@ def test_gpu_kimi_linear_sizes(lq, ctx):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("lq,ctx", [(8192, 8192), (512, 4096)])
+@pytest.mark.parametrize("lq,ctx", [(8192, 8192), (2048, 2048), (512, 4096)])
 def test_gpu_same_bits_as_cat_and_pad(lq, ctx):
-    """At Kimi-Linear's sizes (a prompt of 8192, a chunk on cached context), k_nope and v split
-    from one `kv_b_proj` output as MLA passes them: the key kernel and the value read in place
-    give the bits of the cat and the zero-padded value they replace, through the same fused
-    attention."""
+    """At Kimi-Linear's sizes (a long prompt for cuDNN, a short one for flash, a chunk on cached
+    context), k_nope and v split from one `kv_b_proj` output as MLA passes them: the key kernel
+    and the value operand (read in place for flash; at its own width, contiguous, for cuDNN's
+    per-length-class plans) give the bits of the cat and the zero-padded value they replace,
+    through the same fused kernel."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     device = torch.device("cuda")
     gen = torch.Generator(device=device).manual_seed(lq)
     q = torch.randn(lq, 32, 192, generator=gen, device=device).to(torch.bfloat16)
@@ -237,26 +242,28 @@ def test_gpu_same_bits_as_cat_and_pad(lq, ctx):
     got = mla_prefill_attention(q, k_nope, k_pe, v, 192**-0.5)
     k = torch.cat([k_nope, k_pe.unsqueeze(1).expand(ctx, 32, 64)], dim=-1)
     assert torch.equal(mla_prefill_key(k_nope, k_pe), k)
-    assert torch.equal(
-        got, old_value_and_attention(q, k, v, 192**-0.5, causal_lower_right(lq, ctx))
-    )
+    path = _gpu_path(lq, ctx)
+    backend = SDPBackend.FLASH_ATTENTION if path != "cudnn_classes" else SDPBackend.CUDNN_ATTENTION
+    with sdpa_kernel(backend):
+        want = old_value_and_attention(q, k, v, 192**-0.5, causal_lower_right(lq, ctx))
+    assert torch.equal(got, want)
 
 
 @pytest.mark.gpu
-def test_gpu_new_prompts_take_torchs_per_length_class_cudnn_plans():
-    """A new prompt (Lq == ctx) as MLA passes it reaches torch's per-length-class cuDNN path: in a
-    fresh process (torch reads the setting once), torch warns that the path is on and not that it
-    fell back for the operands' layout. With the setting off the same check fails."""
-    code = """
+def test_gpu_long_new_prompts_take_torchs_per_length_class_cudnn_plans():
+    """A new prompt past the flash limit, as MLA passes it, reaches torch's per-length-class cuDNN
+    path: in a fresh process (torch reads the setting once), torch warns that the path is on and
+    not that it fell back for the operands' layout. With the setting off the check fails."""
+    code = f"""
 import warnings
 import torch
 from vllm.models.kimi_k3.amd.ops.mla_prefill import mla_prefill_attention
-torch.manual_seed(0)
 warnings.simplefilter("always")
-q = torch.randn(1000, 32, 192, device="cuda", dtype=torch.bfloat16)
-kv = torch.randn(1000, 32, 256, device="cuda", dtype=torch.bfloat16)
+L = {FLASH_MAX_PROMPT + 1000}
+q = torch.randn(L, 32, 192, device="cuda", dtype=torch.bfloat16)
+kv = torch.randn(L, 32, 256, device="cuda", dtype=torch.bfloat16)
 k_nope, v = kv.split([128, 128], dim=-1)
-k_pe = torch.randn(1000, 64, device="cuda", dtype=torch.bfloat16)
+k_pe = torch.randn(L, 64, device="cuda", dtype=torch.bfloat16)
 with warnings.catch_warnings(record=True) as seen:
     mla_prefill_attention(q, k_nope, k_pe, v, 192**-0.5)
 texts = [str(w.message) for w in seen]

@@ -12,16 +12,23 @@ shared by the heads (MLA, NoPE: no rotary embedding).
 `mla_prefill_attention`: torch's fused scaled-dot-product attention in the inputs' dtype. The key
 `[ctx, H, nope + rope]` is built by `mla_prefill_key` in one pass (one Triton launch: a torch cat
 of `k_nope` with `k_pe` broadcast over the heads ran at a fifth of copy bandwidth, 188 us of each
-MLA layer's prefill at 8192 tokens on the H200). On a GPU the causal mask is `causal_lower_right`
-(a description, never a tensor), and the fused kernels need one head dim for q, k and v. For
+MLA layer's prefill at 8192 tokens on the H200). On a GPU the kernel depends on the shape
+(`_gpu_path`; H200 figures per MLA layer, docs/performance.md "Twenty-eighth run"):
+- a chunk on cached context (`Lq < ctx`): torch's `causal_lower_right` mask (a description,
+  never a tensor), which torch runs with its flash kernel;
+- a new prompt (`Lq == ctx`) of at most `FLASH_MAX_PROMPT` tokens: torch's flash kernel, as fast
+  as cuDNN's there (0.09 ms at 512 tokens, 0.24 ms at 2048);
+- a longer new prompt: cuDNN (1.29 ms at 8192 against flash's 2.76). cuDNN builds an execution
+  plan per new shape (75-90 ms a length), so while torch's per-length-class plans are on
+  (`vllm.env_override`) q, k and v go in `[S, H, D]` row order, the one layout that path takes
+  (`v` copied to its own width: ~0.1 ms at 8192, and the path ~0.04 ms slower than per-shape
+  plans); otherwise the per-shape plans.
+The flash kernel and cuDNN's per-shape path need one head dim for q, k and v. For
 `Dv < nope + rope`, where `k_nope` and `v` are the two halves of each head's row of one buffer (the
 split of `kv_b_proj`'s output, as MLA passes them), the value operand is a view that starts
 `nope + rope - Dv` columns before each head's `v` (the last columns of its `k_nope`) and the output
 keeps its last `Dv` columns: each output column is `P` times its own value column, so the extra
-columns change no kept bit, and nothing is padded or copied. Other layouts zero-pad a copy of `v`,
-and so do new prompts (`Lq == ctx`: torch picks cuDNN on Hopper) while torch's per-length-class
-cuDNN plans are on (`vllm.env_override`): that path takes q, k, v only in `[S, H, D]` row order,
-and a plan for a length never seen costs 75-90 ms on the H200 where the copy costs microseconds.
+columns change no kept bit, and nothing is padded or copied. Other layouts zero-pad a copy of `v`.
 Memory is O((Lq + ctx) * H * head dim): no score matrix. On the CPU (tests) an explicit boolean
 mask `[Lq, ctx]` stands in and `v` is used as it is.
 
@@ -48,6 +55,10 @@ except ImportError:  # CPU-only installs without Triton use the torch cat
 
 # Rows (token, head) of the key per program of the key kernel: 32 rows of 192 bf16 are 12 KB.
 _KEY_BLOCK_R = 32
+# New prompts up to this length run torch's flash kernel (see the module docstring): at 2048
+# tokens 0.24 ms a layer on the H200 against 0.45 for cuDNN's per-length-class path (v already
+# copied), at 4096 0.77 against 0.47.
+FLASH_MAX_PROMPT = 2048
 
 if triton is not None:
 
@@ -129,20 +140,17 @@ def _check(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.T
         )
 
 
-def _value_operand(
-    k_nope: torch.Tensor, v: torch.Tensor, qk: int, bshd: bool = False
-) -> tuple[torch.Tensor, int]:
+def _value_operand(k_nope: torch.Tensor, v: torch.Tensor, qk: int) -> tuple[torch.Tensor, int]:
     """The value operand of head dim >= `qk` for the fused GPU kernels, and the column of it
-    where `v` starts (see the module docstring); contiguous `[ctx, H, >= qk]` where `bshd`."""
+    where `v` starts (see the module docstring)."""
     nope, dv = k_nope.shape[2], v.shape[2]
     pad = qk - dv
     if pad <= 0:
-        return (v.contiguous() if bshd else v), 0
+        return v, 0
     # Each head's v right after its k_nope in one buffer (the split of kv_b_proj's output):
     # the operand is the same rows from `pad` columns earlier.
     in_place = (
-        not bshd
-        and nope >= pad
+        nope >= pad
         and v.stride() == k_nope.stride()
         and v.stride(2) == 1
         and v.untyped_storage().data_ptr() == k_nope.untyped_storage().data_ptr()
@@ -160,6 +168,28 @@ def causal_masked(lq: int, ctx: int, device: torch.device | str = "cpu") -> torc
     return torch.ones(lq, ctx, dtype=torch.bool, device=device).triu_(ctx - lq + 1)
 
 
+def _gpu_path(lq: int, ctx: int) -> str:
+    """Which fused GPU attention runs `Lq` new of `ctx` positions (see the module docstring):
+    "lower_right", "flash", "cudnn_classes" (per-length-class plans) or "cudnn_shapes"."""
+    if lq < ctx:
+        return "lower_right"
+    if lq <= FLASH_MAX_PROMPT:
+        return "flash"
+    return "cudnn_classes" if cudnn_sdpa_avoids_recompile() else "cudnn_shapes"
+
+
+def _attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: object, scale: float
+) -> torch.Tensor:
+    """torch's scaled-dot-product attention of `[L, H, D]` rows -> `[Lq, H, v's D]` (a view);
+    `mask` None is the upper-left causal mask."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
+        v.transpose(0, 1).unsqueeze(0), attn_mask=mask, is_causal=mask is None, scale=scale,
+    )  # fmt: skip
+    return out[0].transpose(0, 1)
+
+
 def mla_prefill_attention(
     q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor, scale: float
 ) -> torch.Tensor:
@@ -168,23 +198,23 @@ def mla_prefill_attention(
     lq, _, qk = q.shape
     ctx, dv = v.shape[0], v.shape[2]
     k = mla_prefill_key(k_nope, k_pe)
-    first = 0
-    if q.is_cuda:
-        # Imported here: the module pulls in torch._dynamo (~1.5 s), which CPU-only processes
-        # (the engine's workers on a host without a GPU, the tests' TP ranks) never need.
-        from torch.nn.attention.bias import causal_lower_right
+    if not q.is_cuda:
+        return _attention(q, k, v, causal_masked(lq, ctx, q.device).logical_not_(), scale)
+    # Imported here: the modules pull in torch._dynamo (~1.5 s), which CPU-only processes (the
+    # engine's workers on a host without a GPU, the tests' TP ranks) never need.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
 
-        mask = causal_lower_right(lq, ctx)
-        bshd = lq == ctx and cudnn_sdpa_avoids_recompile()
-        q = q.contiguous() if bshd else q
-        v, first = _value_operand(k_nope, v, qk, bshd)
+    path = _gpu_path(lq, ctx)
+    if path == "cudnn_classes":
+        return _attention(q.contiguous(), k, v.contiguous(), None, scale)
+    operand, first = _value_operand(k_nope, v, qk)
+    if path == "flash":
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            out = _attention(q, k, operand, None, scale)
     else:
-        mask = causal_masked(lq, ctx, q.device).logical_not_()
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
-        v.transpose(0, 1).unsqueeze(0), attn_mask=mask, scale=scale,
-    )  # fmt: skip
-    return out[0, :, :, first : first + dv].transpose(0, 1)
+        out = _attention(q, k, operand, causal_lower_right(lq, ctx), scale)
+    return out[:, :, first : first + dv]
 
 
 def mla_prefill_attention_ref(
