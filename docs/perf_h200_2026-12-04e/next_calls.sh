@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Prepared in the twenty-eighth run for the next device session (not run). One PART per call;
+# carry [".whl", ".devrun"]. A fresh machine spends ~120 s compiling in the engine's first
+# warm-up: give the first engine run of a call its own generous limit.
+#   probe  (~2 min)  what MLA prefill's paths cost on the host and the device, and the first call
+#                    per new length (prefill_host_probe.py): why one 8k prompt is 2.6-4.7 ms
+#                    slower with cuDNN's per-length-class plans, and whether padding lengths to
+#                    multiples of 256 or one nested call per step does better;
+#   grid   (~6 min)  the whole grid on this tree (batch 1, 8, 64, 256; 1k and 8k);
+#   mixed  (~4 min)  the batch phase's first mixed steps profiled one by one.
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl .devrun/xd/*.whl
+export PYTHONPATH=/tmp/site:$PWD
+P='{"linear":"fp8_per_channel","ignore":["re:(?!.*self_attn\\.o_proj$).*"]}'
+case "${PART:-probe}" in
+  probe)
+    timeout 300 python docs/perf_h200_2026-12-04e/prefill_host_probe.py > $OUT/probe.log 2>&1
+    echo "probe rc $?"; cat $OUT/probe.log ;;
+  grid)
+    timeout 560 python benchmarks/benchmark_latency.py --model kimi-linear-48b-a3b --load-format dummy \
+      --skip-tokenizer-init --quantization-config "$P" --batch-sizes 1 8 64 256 --input-lens 1024 8192 \
+      --output-len 16 --warmup-steps 2 --max-num-batched-tokens 8192 --time-budget-s 400 \
+      --output-json $OUT/grid.json > $OUT/grid.log 2>&1
+    echo "grid rc $?"; grep -v "^INFO\|USDT" $OUT/grid.log | tail -30 ;;
+  mixed)
+    PROFILED=4 timeout 420 python docs/perf_h200_2026-12-04d/mixed_steps.py --model kimi-linear-48b-a3b \
+      --load-format dummy --skip-tokenizer-init --quantization-config "$P" --batch-sizes 16 \
+      --input-lens 8192 --output-len 2 --warmup-steps 1 --max-num-batched-tokens 8192 \
+      > $OUT/mixed.log 2>&1
+    echo "mixed rc $?"; grep -v "^INFO\|USDT" $OUT/mixed.log | tail -80 ;;
+esac
