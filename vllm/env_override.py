@@ -1,8 +1,8 @@
 """Environment settings for libraries this fork uses, made once when `vllm` is imported, before
 any of them read them. Each respects a value the user has already set.
 
-- `TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1`: cuDNN's fused attention (MLA's prefill of a new prompt
-  over 2048 tokens on Hopper) builds an execution plan for every new pair of sequence lengths and
+- `TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1`: cuDNN's fused attention (MLA's prefill of a long new
+  prompt on Hopper) builds an execution plan for every new pair of sequence lengths and
   caches it by exact shape: 75-90 ms on the H200 per prompt length never seen before (once 1.4 s),
   paid by nearly every new request in serving and by most chunked-prefill steps. Torch reads this
   opt-in once, at a process's first cuDNN attention; with it the plan is keyed on the lengths

@@ -12,6 +12,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
 from vllm.models.kimi_k3.amd.ops.mla_prefill import (
@@ -130,9 +131,9 @@ def test_key_kernel_equals_cat(ctx, heads, nope, rope, dtype, triton_launches):
     assert torch.equal(got, torch.cat([k_nope, k_pe.unsqueeze(1).expand(-1, heads, -1)], dim=-1))
 
 
-def old_value_and_attention(q, k, v, scale, mask):
-    """The path before the value read in place: v zero-padded to the query's head dim, the
-    output's first Dv columns."""
+def padded_value_attention(q, k, v, scale, mask):
+    """Attention on v zero-padded to the query's head dim, the output's first Dv columns: what
+    the value operands must reproduce."""
     dv = v.shape[-1]
     v = F.pad(v, (0, q.shape[-1] - dv))
     out = F.scaled_dot_product_attention(
@@ -159,7 +160,7 @@ def test_value_read_in_place_gives_the_padded_bits():
         q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
         operand.transpose(0, 1).unsqueeze(0), attn_mask=mask, scale=0.1,
     )[0, :, :, first:].transpose(0, 1)  # fmt: skip
-    assert torch.equal(got, old_value_and_attention(q, k, v, 0.1, mask))
+    assert torch.equal(got, padded_value_attention(q, k, v, 0.1, mask))
     # Separate tensors, and k_nope narrower than the padding: zero-padded copies.
     for k_nope_, v_ in ((k_nope, v), (kv[..., 28:32], kv[..., 32:])):
         operand, first = _value_operand(k_nope_, v_, 48)
@@ -194,9 +195,9 @@ def test_gpu_kimi_linear_sizes(lq, ctx):
     """32 heads, nope 128, rope 64, v 128 (Kimi-Linear), bf16. The fused kernels keep P in bf16
     at most before P @ V (an error of <= 2^-9 relative per probability, so <= 2^-9 max|v| on the
     output) and round the output once (<= 2^-8 relative): that bounds the error against the fp32
-    truth. Beyond the operands they build (k `[ctx, 32, 192]`, v padded to 192 (separate k_nope
-    and v here), the padded output), their memory is a small fraction of the fp32 score matrix
-    they replace. The key kernel gives the bits of torch's cat."""
+    truth. Beyond the operands they build (k `[ctx, 32, 192]`, v padded to 192 or copied (separate
+    k_nope and v here), the output), their memory is a small fraction of the fp32 score matrix
+    that the reference materializes. The key kernel gives the bits of torch's cat."""
     device = torch.device("cuda")
     inputs, masked, scale = make_case(lq, ctx, 32, 128, 64, 128, torch.bfloat16,
                                       torch.Generator(device=device).manual_seed(lq + ctx),
@@ -227,10 +228,8 @@ def test_gpu_same_bits_as_cat_and_pad(lq, ctx):
     """At Kimi-Linear's sizes (a long prompt for cuDNN, a short one for flash, a chunk on cached
     context), k_nope and v split from one `kv_b_proj` output as MLA passes them: the key kernel
     and the value operand (read in place for flash; at its own width, contiguous, for cuDNN's
-    per-length-class plans) give the bits of the cat and the zero-padded value they replace,
-    through the same fused kernel."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
+    per-length-class plans) give the bits of the cat and of the zero-padded value, through the
+    same fused kernel."""
     device = torch.device("cuda")
     gen = torch.Generator(device=device).manual_seed(lq)
     q = torch.randn(lq, 32, 192, generator=gen, device=device).to(torch.bfloat16)
@@ -242,40 +241,54 @@ def test_gpu_same_bits_as_cat_and_pad(lq, ctx):
     got = mla_prefill_attention(q, k_nope, k_pe, v, 192**-0.5)
     k = torch.cat([k_nope, k_pe.unsqueeze(1).expand(ctx, 32, 64)], dim=-1)
     assert torch.equal(mla_prefill_key(k_nope, k_pe), k)
-    path = _gpu_path(lq, ctx)
-    backend = SDPBackend.FLASH_ATTENTION if path != "cudnn_classes" else SDPBackend.CUDNN_ATTENTION
-    with sdpa_kernel(backend):
-        want = old_value_and_attention(q, k, v, 192**-0.5, causal_lower_right(lq, ctx))
+    cudnn = _gpu_path(lq, ctx).startswith("cudnn")
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION if cudnn else SDPBackend.FLASH_ATTENTION):
+        want = padded_value_attention(q, k, v, 192**-0.5, causal_lower_right(lq, ctx))
     assert torch.equal(got, want)
 
 
 @pytest.mark.gpu
 def test_gpu_long_new_prompts_take_torchs_per_length_class_cudnn_plans():
-    """A new prompt past the flash limit, as MLA passes it, reaches torch's per-length-class cuDNN
-    path: in a fresh process (torch reads the setting once), torch warns that the path is on and
-    not that it fell back for the operands' layout. With the setting off the check fails."""
+    """A new prompt past the flash limit, as MLA passes it (q a column slice of the fused
+    projection, v split from `kv_b_proj`'s output), reaches torch's per-length-class cuDNN path:
+    in a fresh process (torch reads the setting once), torch warns that the path is on and not
+    that it fell back for the operands' layout. Each check fails where it should: with the
+    setting at 0, and with the strided operands passed to torch as they are."""
     code = f"""
-import warnings
+import sys, warnings
 import torch
-from vllm.models.kimi_k3.amd.ops.mla_prefill import mla_prefill_attention
+import torch.nn.functional as F
+from vllm.models.kimi_k3.amd.ops.mla_prefill import mla_prefill_attention, mla_prefill_key
 warnings.simplefilter("always")
 L = {FLASH_MAX_PROMPT + 1000}
-q = torch.randn(L, 32, 192, device="cuda", dtype=torch.bfloat16)
+q = torch.randn(L, 32 * 192 + 576, device="cuda", dtype=torch.bfloat16)[:, : 32 * 192]
+q = q.view(L, 32, 192)
 kv = torch.randn(L, 32, 256, device="cuda", dtype=torch.bfloat16)
 k_nope, v = kv.split([128, 128], dim=-1)
 k_pe = torch.randn(L, 64, device="cuda", dtype=torch.bfloat16)
 with warnings.catch_warnings(record=True) as seen:
-    mla_prefill_attention(q, k_nope, k_pe, v, 192**-0.5)
+    if sys.argv[1] == "op":
+        mla_prefill_attention(q, k_nope, k_pe, v, 192**-0.5)
+    else:
+        k = mla_prefill_key(k_nope, k_pe)
+        F.scaled_dot_product_attention(
+            *(x.transpose(0, 1).unsqueeze(0) for x in (q, k, kv[..., 64:])), is_causal=True
+        )
 texts = [str(w.message) for w in seen]
 assert any("AVOID_RECOMPILE=1 is currently experimental" in t for t in texts), texts
 assert not any("Falling back" in t for t in texts), texts
 """
-    env = dict(os.environ)
-    runs = {}
-    for value in ("1", "0"):
-        env["TORCH_CUDNN_SDPA_AVOID_RECOMPILE"] = value
-        runs[value] = subprocess.run(
-            [sys.executable, "-c", code], env=env, capture_output=True, text=True
+
+    def run(setting: str, how: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "TORCH_CUDNN_SDPA_AVOID_RECOMPILE": setting}
+        return subprocess.run(
+            [sys.executable, "-c", code, how], env=env, capture_output=True, text=True
         )
-    assert runs["1"].returncode == 0, runs["1"].stderr[-2000:]
-    assert runs["0"].returncode != 0 and "AssertionError" in runs["0"].stderr
+
+    passed = run("1", "op")
+    assert passed.returncode == 0, passed.stderr[-2000:]
+    # The last line is the failed assertion's message: the warnings the call gave.
+    off = run("0", "op").stderr.splitlines()[-1]
+    assert off.startswith("AssertionError") and "experimental" not in off, off
+    raw = run("1", "raw").stderr.splitlines()[-1]
+    assert raw.startswith("AssertionError") and "Falling back" in raw, raw

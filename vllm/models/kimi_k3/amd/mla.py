@@ -34,8 +34,8 @@ Attention, decodes first like KDA (`MLAMetadata`):
 - prefill rows (new prompts and prefill chunks on top of cached context) take the exact path:
   decompress each sequence's cached latents through `kv_b_proj` (in the model dtype), then
   `ops/mla_prefill.py`: torch's fused attention in the model dtype on GPU (no score matrix; the
-  key built in one launch, the value read in place from `kv_b_proj`'s output), the masked fp32
-  softmax reference on CPU. Each sequence's output is copied into the layer's output rows, except
+  key built in one launch; the kernel chosen by shape), the masked fp32 softmax reference on
+  CPU. Each sequence's output is copied into the layer's output rows, except
   in a batch that is one prefill with a PTPC FP8 `o_proj` and no output gate (Kimi-Linear; a
   long prompt): there `o_proj`'s
   per-token quantization reads the attention output in place (`per_token_fp8_quant` of its
@@ -217,7 +217,7 @@ class KimiMLAAttention(torch.nn.Module):
         whole = nd == 0 and len(prefills) == 1 and prefills[0][:2] == (0, tokens)
         if whole and gate is None and self._o_proj_is_ptpc_fp8():
             # The batch is one prefill (a long prompt): o_proj's per-token quantization reads the
-            # attention's output where it lies (heads of the fused kernel's padded rows), the
+            # attention's output where it lies (a view of the fused kernel's output), the
             # same codes as of a copy into `out`, without the copy.
             attn = self._attend(q, flat_cache[prefills[0][2]])
             codes, scale = per_token_fp8_quant(attn)

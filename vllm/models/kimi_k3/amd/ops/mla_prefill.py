@@ -16,13 +16,15 @@ MLA layer's prefill at 8192 tokens on the H200). On a GPU the kernel depends on 
 (`_gpu_path`; H200 figures per MLA layer, docs/performance.md "Twenty-eighth run"):
 - a chunk on cached context (`Lq < ctx`): torch's `causal_lower_right` mask (a description,
   never a tensor), which torch runs with its flash kernel;
-- a new prompt (`Lq == ctx`) of at most `FLASH_MAX_PROMPT` tokens: torch's flash kernel, as fast
-  as cuDNN's there (0.09 ms at 512 tokens, 0.24 ms at 2048);
+- a new prompt (`Lq == ctx`) of at most `FLASH_MAX_PROMPT` tokens: any kernel but cuDNN's, so
+  flash where it applies (fp16 / bf16). No plan to build; 0.09 ms at 512 tokens (cuDNN: 0.10),
+  0.24 ms at 2048 (cuDNN: 0.12 with a plan already built, 0.45 with per-length-class plans);
 - a longer new prompt: cuDNN (1.29 ms at 8192 against flash's 2.76). cuDNN builds an execution
   plan per new shape (75-90 ms a length), so while torch's per-length-class plans are on
-  (`vllm.env_override`) q, k and v go in `[S, H, D]` row order, the one layout that path takes
-  (`v` copied to its own width: ~0.1 ms at 8192, and the path ~0.04 ms slower than per-shape
-  plans); otherwise the per-shape plans.
+  (`vllm.env_override`) q, k and v go in `[S, H, D]` row order, the one layout that path takes:
+  q and v are copied (q is a column slice of MLA's fused projection; v at its own width). The
+  path costs ~0.4 ms a call where the per-shape plans cost the kernel alone (0.04 ms more at
+  8192). With those plans off, per-shape plans and v read in place.
 The flash kernel and cuDNN's per-shape path need one head dim for q, k and v. For
 `Dv < nope + rope`, where `k_nope` and `v` are the two halves of each head's row of one buffer (the
 split of `kv_b_proj`'s output, as MLA passes them), the value operand is a view that starts
@@ -36,6 +38,8 @@ mask `[Lq, ctx]` stands in and `v` is used as it is.
 `[Lq, ctx]` (True = masked; `causal_masked` builds the causal one), materializing `[H, Lq, ctx]`
 fp32 scores.
 """
+
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
@@ -53,11 +57,14 @@ try:
 except ImportError:  # CPU-only installs without Triton use the torch cat
     triton = None
 
+if TYPE_CHECKING:
+    from torch.nn.attention.bias import CausalBias
+
 # Rows (token, head) of the key per program of the key kernel: 32 rows of 192 bf16 are 12 KB.
 _KEY_BLOCK_R = 32
 # New prompts up to this length run torch's flash kernel (see the module docstring): at 2048
-# tokens 0.24 ms a layer on the H200 against 0.45 for cuDNN's per-length-class path (v already
-# copied), at 4096 0.77 against 0.47.
+# tokens 0.24 ms a layer on the H200 against 0.45 for cuDNN's per-length-class path (operands
+# already copied), at 4096 0.77 against 0.47.
 FLASH_MAX_PROMPT = 2048
 
 if triton is not None:
@@ -168,9 +175,12 @@ def causal_masked(lq: int, ctx: int, device: torch.device | str = "cpu") -> torc
     return torch.ones(lq, ctx, dtype=torch.bool, device=device).triu_(ctx - lq + 1)
 
 
-def _gpu_path(lq: int, ctx: int) -> str:
-    """Which fused GPU attention runs `Lq` new of `ctx` positions (see the module docstring):
-    "lower_right", "flash", "cudnn_classes" (per-length-class plans) or "cudnn_shapes"."""
+GpuPath = Literal["lower_right", "flash", "cudnn_classes", "cudnn_shapes"]
+
+
+def _gpu_path(lq: int, ctx: int) -> GpuPath:
+    """Which fused GPU attention runs `Lq` new of `ctx` positions (see the module docstring);
+    "flash" is any kernel but cuDNN's, "cudnn_classes" its per-length-class plans."""
     if lq < ctx:
         return "lower_right"
     if lq <= FLASH_MAX_PROMPT:
@@ -179,7 +189,11 @@ def _gpu_path(lq: int, ctx: int) -> str:
 
 
 def _attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: object, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: "torch.Tensor | CausalBias | None",
+    scale: float,
 ) -> torch.Tensor:
     """torch's scaled-dot-product attention of `[L, H, D]` rows -> `[Lq, H, v's D]` (a view);
     `mask` None is the upper-left causal mask."""
@@ -210,7 +224,9 @@ def mla_prefill_attention(
         return _attention(q.contiguous(), k, v.contiguous(), None, scale)
     operand, first = _value_operand(k_nope, v, qk)
     if path == "flash":
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        # Flash where it applies; the others for what it does not take (fp32, Dv > qk).
+        backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+        with sdpa_kernel(backends):
             out = _attention(q, k, operand, None, scale)
     else:
         out = _attention(q, k, operand, causal_lower_right(lq, ctx), scale)
