@@ -9,7 +9,7 @@ TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1 (as the engine runs), for new prompts as MLA 
 - device ms: triton.testing.do_bench, L2 flushed;
 - first ms: the first call at a length of its class never seen (a plan build, where any);
 for these paths:
-- classes: `mla_prefill_attention` as landed (per-length-class plans, v copied to 128 wide);
+- classes: `mla_prefill_attention` as landed (per-length-class plans, q and v copied);
 - shapes: cuDNN's per-shape plans (v read in place: not [S, H, D], so torch keeps them);
 - bucket256: per-shape plans on lengths padded up to a multiple of 256 (pad rows: zero keys and
   values, discarded queries; exact under the upper-left causal mask), the pads' copies timed;
@@ -63,7 +63,9 @@ def first_ms(fn) -> float:
 
 
 def operands(length: int, rows: int):
-    q = torch.randn(rows, H, QK, device="cuda", dtype=torch.bfloat16)[:length]
+    # q as MLA passes it: a column slice of the fused projection's output rows.
+    fused = torch.randn(rows, H * QK + 576, device="cuda", dtype=torch.bfloat16)
+    q = fused[:length, : H * QK].view(length, H, QK)
     kv = torch.randn(rows, H, NOPE + DV, device="cuda", dtype=torch.bfloat16)
     kv[length:] = 0
     k_pe = torch.randn(rows, ROPE, device="cuda", dtype=torch.bfloat16)
@@ -101,7 +103,8 @@ def paths(length: int) -> dict:
         k = mla_prefill_key(k_nope, k_pe[:length])
         vv = F.pad(v, (0, QK - DV))
         nt = [
-            torch.nested.nested_tensor_from_jagged(x, offsets).transpose(1, 2) for x in (q, k, vv)
+            torch.nested.nested_tensor_from_jagged(x.contiguous(), offsets).transpose(1, 2)
+            for x in (q, k, vv)
         ]
         return F.scaled_dot_product_attention(*nt, is_causal=True, scale=SCALE)
 
