@@ -22,9 +22,9 @@ MLA layer's prefill at 8192 tokens on the H200). On a GPU the kernel depends on 
 - a longer new prompt: cuDNN (1.29 ms at 8192 against flash's 2.76). cuDNN builds an execution
   plan per new shape (75-90 ms a length), so while torch's per-length-class plans are on
   (`vllm.env_override`) q, k and v go in `[S, H, D]` row order, the one layout that path takes:
-  q and v are copied (q is a column slice of MLA's fused projection; v at its own width). The
-  path costs ~0.4 ms a call where the per-shape plans cost the kernel alone (0.04 ms more at
-  8192). With those plans off, per-shape plans and v read in place.
+  q and v are copied into it (q is a column slice of MLA's fused projection; v goes at its own
+  width). The path adds ~0.4 ms a call, hidden behind the kernel at 8192 tokens (0.04 ms more
+  than the per-shape plans there). With those plans off, per-shape plans and v read in place.
 The flash kernel and cuDNN's per-shape path need one head dim for q, k and v. For
 `Dv < nope + rope`, where `k_nope` and `v` are the two halves of each head's row of one buffer (the
 split of `kv_b_proj`'s output, as MLA passes them), the value operand is a view that starts
