@@ -9,6 +9,12 @@ from enum import IntEnum
 
 # Below this a temperature means greedy (argmax), as upstream.
 _GREEDY_EPS = 1e-5
+# The sampler applies temperature and repetition_penalty in float32: a value that would round to
+# 0 or overflow to infinity there would make the probabilities NaN.
+_FLOAT32_MAX = 3.4028234663852886e38
+_FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
+# torch's generators take an int64 seed (upstream's range too).
+_SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1
 
 
 class SamplingType(IntEnum):
@@ -74,14 +80,14 @@ class SamplingParams:
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
         self._check_int("n", self.n, 1)
-        self._check_number("temperature", self.temperature, 0.0)
+        self._check_number("temperature", self.temperature, 0.0, _FLOAT32_MAX)
         self._check_number("top_p", self.top_p, 0.0, 1.0)
         if self.top_p == 0.0:
             raise ValueError("top_p must be in (0, 1], got 0")
         self._check_int("top_k", self.top_k, -1)
         self._check_number("min_p", self.min_p, 0.0, 1.0)
         if self.seed is not None:
-            self._check_int("seed", self.seed, None)
+            self._check_int("seed", self.seed, _SEED_MIN, _SEED_MAX)
         if self.max_tokens is not None:
             self._check_int("max_tokens", self.max_tokens, 0)
         self._check_int("min_tokens", self.min_tokens, 0)
@@ -98,9 +104,9 @@ class SamplingParams:
             self._check_int("logprobs", self.logprobs, 0)
         if self.prompt_logprobs is not None:
             self._check_int("prompt_logprobs", self.prompt_logprobs, 0)
-        self._check_number("repetition_penalty", self.repetition_penalty, 0.0)
-        if self.repetition_penalty == 0.0:
-            raise ValueError("repetition_penalty must be > 0, got 0")
+        self._check_number(
+            "repetition_penalty", self.repetition_penalty, _FLOAT32_TINY, _FLOAT32_MAX
+        )
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
@@ -112,11 +118,12 @@ class SamplingParams:
         self.all_stop_token_ids = set(self.stop_token_ids)
 
     @staticmethod
-    def _check_int(name: str, value: object, low: int | None) -> None:
+    def _check_int(name: str, value: object, low: int, high: int | None = None) -> None:
         if not isinstance(value, int) or isinstance(value, bool):
             raise ValueError(f"{name} must be an integer, got {value!r}")
-        if low is not None and value < low:
-            raise ValueError(f"{name} must be >= {low}, got {value}")
+        if value < low or (high is not None and value > high):
+            bounds = f"in [{low}, {high}]" if high is not None else f">= {low}"
+            raise ValueError(f"{name} must be {bounds}, got {value}")
 
     @staticmethod
     def _check_number(name: str, value: object, low: float, high: float | None = None) -> None:

@@ -100,6 +100,13 @@ def test_streamed_chat_deltas_add_up(server: RemoteServer) -> None:
         ({"prompt": "hi", "stop": [""]}, "stop"),
         ({"prompt": "hi", "logprobs": -1}, "logprobs"),
         ({"max_tokens": 3}, "prompt"),
+        # Values the engine's generators or float32 sampling cannot hold (each stopped the
+        # engine for every client before it was refused here).
+        ({"prompt": "hi", "seed": 2**64}, "seed"),
+        ({"prompt": "hi", "repetition_penalty": 1e-300}, "repetition_penalty"),
+        ({"prompt": "hi", "repetition_penalty": 1e300}, "repetition_penalty"),
+        ({"prompt": "hi", "temperature": 1e300}, "temperature"),
+        ({"prompt": "\ud800 x"}, "prompt"),  # a lone surrogate: no UTF-8 for it
     ],
 )
 def test_bad_completion_fields_are_400s_naming_them(
@@ -129,8 +136,15 @@ USER = [{"role": "user", "content": "hi"}]
         ("/v1/chat/completions", {"messages": USER, "temperature": -1}, "temperature"),
         ("/v1/chat/completions", {"messages": USER, "top_logprobs": 2}, "top_logprobs"),
         ("/v1/chat/completions", {"messages": USER, "n": "two"}, "n"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\ud800"}]},
+         "messages"),
+        ("/v1/chat/completions", {"messages": USER, "chat_template_kwargs": {"tokenize": True}},
+         "chat_template_kwargs"),
         ("/tokenize", {}, "prompt"),
         ("/tokenize", {"prompt": 3}, "prompt"),
+        ("/tokenize", {"prompt": "\ud800"}, "prompt"),
+        ("/tokenize", {"messages": USER, "chat_template_kwargs": {"messages": []}},
+         "chat_template_kwargs"),
         ("/detokenize", {"tokens": [1, 100000]}, "tokens"),
         ("/detokenize", {"tokens": "abc"}, "tokens"),
     ],
@@ -144,13 +158,29 @@ def test_bad_chat_and_tokenizer_fields_are_400s_naming_them(
     assert (error["param"], error["code"], error["type"]) == (param, 400, "BadRequestError"), error
 
 
-def test_a_body_that_is_not_json_is_a_400(server: RemoteServer) -> None:
+@pytest.mark.parametrize(
+    "body", [b"{oops", b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"], ids=["bad", "deep"]
+)
+def test_a_body_that_is_not_json_is_a_400(server: RemoteServer, body: bytes) -> None:
     response = requests.post(
-        server.url("/v1/completions"), data=b"{oops", timeout=10,
+        server.url("/v1/completions"), data=body, timeout=10,
         headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
     )  # fmt: skip
     assert response.status_code == 400
     assert "not valid JSON" in response.json()["error"]["message"]
+
+
+def test_chat_template_kwargs_override_add_generation_prompt(server: RemoteServer) -> None:
+    """As upstream: `chat_template_kwargs` win over the request's own `add_generation_prompt`."""
+
+    def count(**extra) -> int:
+        response = _post(server, "/tokenize", {"messages": USER, **extra})
+        assert response.status_code == 200, response.text
+        return response.json()["count"]
+
+    without = count(add_generation_prompt=False)
+    assert count(chat_template_kwargs={"add_generation_prompt": False}) == without
+    assert count() > without
 
 
 @pytest.mark.parametrize(

@@ -158,6 +158,42 @@ def test_top_p_off_rows_keep_tokens_below_cumsum_rounding():
     assert floor[0].item() == pytest.approx(0.25) and floor[1].item() == pytest.approx(2e-9)
 
 
+def test_top_p_that_float32_rounds_to_zero_keeps_the_most_likely_token():
+    # 1e-46 is a valid top_p (> 0) that is 0 in float32: no token's mass before it is below
+    # it, and the row must still keep its most likely token rather than index position -1.
+    logits = torch.randn(16, 300, generator=_seeded(4))
+    out = _sample(logits, [SamplingParams(top_p=1e-46, seed=i) for i in range(16)],
+                  generators=[_seeded(i) for i in range(16)])  # fmt: skip
+    assert torch.equal(out.sampled_token_ids, logits.argmax(-1))
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("seed", 2**64, r"seed must be in \[-9223372036854775808, 9223372036854775807\]"),
+        ("seed", -(2**63) - 1, "seed must be in"),
+        ("temperature", 1e300, "temperature must be in"),
+        ("repetition_penalty", 1e-300, "repetition_penalty must be in"),
+        ("repetition_penalty", 0.0, "repetition_penalty must be in"),
+        ("repetition_penalty", 1e300, "repetition_penalty must be in"),
+    ],
+)
+def test_params_the_generators_or_float32_cannot_hold_are_refused(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**{field: value})
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_a_penalty_that_pushes_a_logit_past_float32_samples_that_token(top_p):
+    # 10 / 1.2e-38 overflows float32: the token must win outright (probabilities stay real),
+    # not turn the row's probabilities into NaN (argmax would then pick token 0).
+    logits = torch.randn(8, 50, generator=_seeded(6)) * 0.1
+    logits[:, 5] = 10.0
+    params = [SamplingParams(seed=i, repetition_penalty=1.2e-38, top_p=top_p) for i in range(8)]
+    out = _sample(logits, params, generators=[_seeded(i) for i in range(8)], prompts=[[5]] * 8)
+    assert out.sampled_token_ids.tolist() == [5] * 8
+
+
 def test_temperature_distribution_matches_softmax():
     n, temperature = 40000, 0.7
     logits = torch.randn(V, generator=_seeded(4)) * 1.5

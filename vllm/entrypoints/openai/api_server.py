@@ -84,6 +84,8 @@ async def _parse(request: Request, model: type[BaseModel]) -> Any:
         body = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise OpenAIError(f"the request body is not valid JSON: {e}", 400) from None
+    except RecursionError:
+        raise OpenAIError("the request body is not valid JSON: nested too deeply", 400) from None
     if not isinstance(body, dict):
         raise OpenAIError("the request body must be a JSON object", 400)
     try:

@@ -63,14 +63,20 @@ class OpenAIServingChat(OpenAIServing):
     def render(self, request: ChatCompletionRequest) -> str:
         """The prompt text of the conversation (400 naming messages if the template fails)."""
         kwargs = dict(request.chat_template_kwargs or {})
+        reserved = sorted(kwargs.keys() & {"messages", "tokenize"})
+        if reserved:
+            raise OpenAIError(
+                f"chat_template_kwargs may not set {', '.join(reserved)}",
+                400,
+                "chat_template_kwargs",
+            )
+        # As upstream, the template's keywords override the request's own field.
+        kwargs.setdefault("add_generation_prompt", request.add_generation_prompt)
         if request.tools:
             kwargs.setdefault("tools", request.tools)
         try:
             return self.tokenizer.apply_chat_template(
-                render_messages(request),
-                add_generation_prompt=request.add_generation_prompt,
-                tokenize=False,
-                **kwargs,
+                render_messages(request), tokenize=False, **kwargs
             )
         except ValueError as e:
             raise OpenAIError(str(e), 400, "messages") from None
@@ -80,7 +86,7 @@ class OpenAIServingChat(OpenAIServing):
     ) -> "ChatCompletionResponse | AsyncIterator[str]":
         self.check_model(request.model)
         prompt_text = self.render(request)
-        ids = self.tokenizer.encode(prompt_text, add_special_tokens=False)
+        ids = self.encode(prompt_text, False, "messages")
         requested = request.max_completion_tokens
         if requested is None:
             requested = request.max_tokens

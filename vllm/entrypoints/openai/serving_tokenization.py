@@ -29,11 +29,9 @@ class OpenAIServingTokenization(OpenAIServing):
                 add_generation_prompt=request.add_generation_prompt,
                 chat_template_kwargs=request.chat_template_kwargs,
             )
-            ids = self.tokenizer.encode(self.chat.render(chat), add_special_tokens=False)
+            ids = self.encode(self.chat.render(chat), False, "messages")
         else:
-            ids = self.tokenizer.encode(
-                request.prompt, add_special_tokens=request.add_special_tokens
-            )
+            ids = self.encode(request.prompt, request.add_special_tokens, "prompt")
         strs = self.tokenizer.convert_ids_to_tokens(ids) if request.return_token_strs else None
         return TokenizeResponse(
             count=len(ids), max_model_len=self.max_model_len, tokens=ids, token_strs=strs

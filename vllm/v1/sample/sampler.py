@@ -131,7 +131,12 @@ def _apply_penalty_and_suppression(logits: torch.Tensor, md: SamplingMetadata) -
 
 
 def _sample_random(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-    probs = torch.softmax(logits / md.temperature.unsqueeze(1), dim=-1)
+    scaled = logits / md.temperature.unsqueeze(1)
+    if md.seen_mask is not None:
+        # A penalty far below 1 can push a logit past float32's range: +inf would make the row
+        # NaN, the largest float keeps it the row's clear winner.
+        scaled.clamp_(max=torch.finfo(torch.float32).max)
+    probs = torch.softmax(scaled, dim=-1)
     if md.min_p is not None:
         floor = md.min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
         probs = probs.masked_fill(probs < floor, 0.0)
@@ -164,7 +169,8 @@ def _top_k_top_p_floor(probs: torch.Tensor, md: SamplingMetadata) -> torch.Tenso
     # Rows with top_p == 1 keep all of top-k outright: rounding in the cumulative sum could
     # otherwise drop their least likely tokens.
     keep = in_k & ((cumulative - ordered_k < top_p * cumulative[:, -1:]) | (top_p >= 1.0))
-    return ordered.gather(1, keep.sum(dim=-1, keepdim=True) - 1)
+    # At least the most likely token: a top_p that float32 rounds to 0 keeps nothing above.
+    return ordered.gather(1, keep.sum(dim=-1, keepdim=True).clamp_min(1) - 1)
 
 
 def _gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, k: int) -> LogprobsTensors:
