@@ -96,6 +96,7 @@ def test_text_and_token_id_prompts(llm):
         (["a", "b"], [GREEDY], "sampling_params has 1 entries for 3 prompts"),
         ([""], GREEDY, "the prompt is empty"),
         ([[5, 100000]], GREEDY, "outside the vocabulary"),
+        (["a \ud800"], GREEDY, "not valid Unicode"),
     ],
 )
 def test_bad_prompts_are_refused_and_leave_nothing_queued(llm, prompts, params, message):

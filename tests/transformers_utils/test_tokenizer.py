@@ -250,6 +250,10 @@ def test_bad_input(tmp_path):
     folder = write_tiktoken_folder(tmp_path / "a")
     with pytest.raises(ValueError, match="text"):
         get_tokenizer(folder).encode(b"bytes")
+    # A lone surrogate (JSON "\ud800") has no UTF-8: named, in both tokenizer kinds.
+    for tok in (get_tokenizer(folder), get_tokenizer(BUILTIN_MODELS[sorted(BUILTIN_MODELS)[0]])):
+        with pytest.raises(ValueError, match="not valid Unicode: surrogates not allowed at .* 3"):
+            tok.encode("ab \ud800 c")
     (folder / "tiktoken.model").write_text("aGk= 0\nnot-base64!! 1\n")
     with pytest.raises(ValueError, match="tiktoken.model:2"):
         get_tokenizer(folder)

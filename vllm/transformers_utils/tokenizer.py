@@ -133,9 +133,17 @@ class Tokenizer(ABC):
 
     # Shared behaviour.
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of `text`; special-token text in it becomes the special token."""
+        """Token ids of `text`; special-token text in it becomes the special token. `text` must
+        be Unicode that UTF-8 can hold: a lone surrogate (what a JSON `\ud800` escape decodes
+        to) is a `ValueError`, where the tokenizers library would raise a bare `TypeError`."""
         if not isinstance(text, str):
             raise ValueError(f"text must be a str, got {type(text).__name__}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(
+                f"text is not valid Unicode: {e.reason} at character {e.start}"
+            ) from None
         return self._encode(text, add_special_tokens)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:

@@ -119,19 +119,13 @@ class OpenAIServing:
             raise OpenAIError("The engine is not running.", 503)
 
     def encode(self, prompt: "str | list[int]", add_special_tokens: bool, param: str) -> list[int]:
-        """Token ids of one prompt (text or ids), checked against the vocabulary; text must be
-        Unicode that UTF-8 can hold (JSON's `\ud800` escapes give lone surrogates, which it
-        cannot, and which the tokenizer refuses with a `TypeError`)."""
+        """Token ids of one prompt (text or ids), checked against the vocabulary; text the
+        tokenizer refuses (a lone surrogate) is a 400 naming `param`."""
         if isinstance(prompt, str):
             try:
-                prompt.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise OpenAIError(
-                    f"{param} is not valid Unicode text: {e.reason} at character {e.start}",
-                    400,
-                    param,
-                ) from None
-            return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+                return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+            except ValueError as e:
+                raise OpenAIError(f"{param}: {e}", 400, param) from None
         vocab = self.engine.config.model_config.vocab_size
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
