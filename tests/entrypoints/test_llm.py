@@ -128,6 +128,13 @@ def test_chat_renders_the_models_template(llm):
     assert single.prompt_token_ids == outputs[1].prompt_token_ids
     (closed,) = llm.chat(second, GREEDY, use_tqdm=False, add_generation_prompt=False)
     assert len(closed.prompt_token_ids) < len(single.prompt_token_ids)
+    # chat_template_kwargs win over add_generation_prompt (as upstream), and may not set the
+    # call's own messages or tokenize.
+    kwargs = {"add_generation_prompt": False}
+    (again,) = llm.chat(second, GREEDY, use_tqdm=False, chat_template_kwargs=kwargs)
+    assert again.prompt_token_ids == closed.prompt_token_ids
+    with pytest.raises(ValueError, match="chat_template_kwargs may not set tokenize"):
+        llm.chat(second, GREEDY, use_tqdm=False, chat_template_kwargs={"tokenize": False})
 
 
 # -- progress bar ---------------------------------------------------------------------------------

@@ -74,14 +74,9 @@ class LLM:
         if tokenizer is None:
             raise ValueError("chat needs a tokenizer (skip_tokenizer_init is set)")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        kwargs = tokenizer.chat_template_arguments(add_generation_prompt, chat_template_kwargs)
         prompts = [
-            tokenizer.apply_chat_template(
-                conv,
-                add_generation_prompt=add_generation_prompt,
-                tokenize=True,
-                **(chat_template_kwargs or {}),
-            )  # fmt: skip
-            for conv in conversations
+            tokenizer.apply_chat_template(conv, tokenize=True, **kwargs) for conv in conversations
         ]
         return self.generate(prompts, sampling_params, use_tqdm)
 

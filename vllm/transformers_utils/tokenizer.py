@@ -135,7 +135,8 @@ class Tokenizer(ABC):
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`; special-token text in it becomes the special token. `text` must
         be Unicode that UTF-8 can hold: a lone surrogate (what a JSON `\ud800` escape decodes
-        to) is a `ValueError`, where the tokenizers library would raise a bare `TypeError`."""
+        to) is a `ValueError`, where the tokenizers library raises a bare `TypeError` and
+        tiktoken would encode it silently."""
         if not isinstance(text, str):
             raise ValueError(f"text must be a str, got {type(text).__name__}")
         try:
@@ -165,6 +166,20 @@ class Tokenizer(ABC):
     @property
     def pad_token_id(self) -> int | None:
         return None if self.pad_token is None else self.token_to_id(self.pad_token)
+
+    @staticmethod
+    def chat_template_arguments(
+        add_generation_prompt: bool, chat_template_kwargs: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        """Keywords for `apply_chat_template` from a caller's `add_generation_prompt` and its
+        extra template variables, which win over it (as upstream's `chat_template_kwargs` do);
+        they may not set `messages` or `tokenize`, which are the call's own (`ValueError`)."""
+        kwargs = dict(chat_template_kwargs or {})
+        reserved = sorted(kwargs.keys() & {"messages", "tokenize"})
+        if reserved:
+            raise ValueError(f"chat_template_kwargs may not set {', '.join(reserved)}")
+        kwargs.setdefault("add_generation_prompt", add_generation_prompt)
+        return kwargs
 
     def apply_chat_template(
         self,
@@ -197,7 +212,8 @@ class Tokenizer(ABC):
             except jinja2.TemplateSyntaxError as e:
                 raise ValueError(f"chat_template does not parse: {e}") from e
         variables = {"bos_token": self.bos_token, "eos_token": self.eos_token}
-        variables.update(pad_token=self.pad_token, **kwargs)
+        variables.update(pad_token=self.pad_token)
+        variables.update(kwargs)  # may replace the special tokens' texts, as HF's
         variables.update(messages=messages, add_generation_prompt=add_generation_prompt)
         try:
             text = self._template.render(variables)

@@ -181,6 +181,14 @@ def test_chat_template_kwargs_override_add_generation_prompt(server: RemoteServe
     without = count(add_generation_prompt=False)
     assert count(chat_template_kwargs={"add_generation_prompt": False}) == without
     assert count() > without
+    # Template variables may also replace the special tokens' texts, as HF's do.
+    assert count(chat_template_kwargs={"pad_token": "<pad>"}) == count()
+
+
+def test_an_error_quoting_a_lone_surrogate_is_still_json(server: RemoteServer) -> None:
+    response = _post(server, "/v1/completions", {"prompt": "hi", "model": "m\ud800"})
+    assert response.status_code == 404, response.text
+    assert "m\\ud800" in response.json()["error"]["message"]
 
 
 @pytest.mark.parametrize(

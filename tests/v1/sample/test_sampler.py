@@ -170,7 +170,7 @@ def test_top_p_that_float32_rounds_to_zero_keeps_the_most_likely_token():
 @pytest.mark.parametrize(
     "field, value, message",
     [
-        ("seed", 2**64, r"seed must be in \[-9223372036854775808, 9223372036854775807\]"),
+        ("seed", 2**64, r"seed must be in \[-9223372036854775808, 18446744073709551615\]"),
         ("seed", -(2**63) - 1, "seed must be in"),
         ("temperature", 1e300, "temperature must be in"),
         ("repetition_penalty", 1e-300, "repetition_penalty must be in"),
@@ -181,6 +181,15 @@ def test_top_p_that_float32_rounds_to_zero_keeps_the_most_likely_token():
 def test_params_the_generators_or_float32_cannot_hold_are_refused(field, value, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**{field: value})
+
+
+def test_seed_range_is_the_generators_for_every_completion():
+    # Completion i uses seed + i: the last one must still be a seed torch takes.
+    for seed in (-(2**63), 2**63, 2**64 - 1):
+        torch.Generator().manual_seed(SamplingParams(seed=seed).seed)
+    SamplingParams(seed=2**64 - 3, n=3)
+    with pytest.raises(ValueError, match=r"seed must be in \[-\d+, 18446744073709551613\]"):
+        SamplingParams(seed=2**64 - 2, n=3)
 
 
 @pytest.mark.parametrize("top_p", [1.0, 0.9])

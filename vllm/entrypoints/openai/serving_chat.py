@@ -62,16 +62,12 @@ class OpenAIServingChat(OpenAIServing):
 
     def render(self, request: ChatCompletionRequest) -> str:
         """The prompt text of the conversation (400 naming messages if the template fails)."""
-        kwargs = dict(request.chat_template_kwargs or {})
-        reserved = sorted(kwargs.keys() & {"messages", "tokenize"})
-        if reserved:
-            raise OpenAIError(
-                f"chat_template_kwargs may not set {', '.join(reserved)}",
-                400,
-                "chat_template_kwargs",
+        try:
+            kwargs = self.tokenizer.chat_template_arguments(
+                request.add_generation_prompt, request.chat_template_kwargs
             )
-        # As upstream, the template's keywords override the request's own field.
-        kwargs.setdefault("add_generation_prompt", request.add_generation_prompt)
+        except ValueError as e:
+            raise OpenAIError(str(e), 400, "chat_template_kwargs") from None
         if request.tools:
             kwargs.setdefault("tools", request.tools)
         try:

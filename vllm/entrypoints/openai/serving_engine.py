@@ -28,6 +28,9 @@ class OpenAIError(Exception):
     """An error that becomes `{"error": {message, type, param, code}}` with status `code`."""
 
     def __init__(self, message: str, code: int = 400, param: str | None = None) -> None:
+        # A message quoting the request's text may hold a lone surrogate, which the JSON
+        # response could not encode: escaped, as Python would print it.
+        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
         super().__init__(message)
         self.message, self.code, self.param = message, code, param
 
