@@ -40,6 +40,10 @@ BAD_ARGUMENTS = [
     (dict(enforce_eager="yes"), "enforce_eager must be a bool"),
     (dict(kv_cache_dtype="fp8"), "kv_cache_dtype 'fp8' is not supported"),
     (dict(gpu_memory_utilization=0), "gpu_memory_utilization must be in"),
+    (dict(gpu_memory_utilization=True), "gpu_memory_utilization must be in"),
+    (dict(max_model_len=1), "max_model_len must be >= 2"),
+    (dict(max_model_len=2.5), "max_model_len: 2.5 is not a whole number of tokens"),
+    (dict(tokenizer=123), "tokenizer must be a folder or a built-in model, got 123"),
     (dict(max_num_seqs=8, max_num_batched_tokens=4), r"max_num_batched_tokens \(4\) must be >="),
     (dict(tensor_parallel_size=2, tensor_paralel_size=2), "unknown arguments.*tensor_paralel_size"),
 ]
@@ -55,6 +59,8 @@ def test_bad_argument_fails_at_construction_naming_it(kwargs, message):
 def test_unknown_model_is_named():
     with pytest.raises(ValueError, match="model 'kimi-huge' is neither a folder nor a built-in"):
         LLM("kimi-huge")
+    with pytest.raises(ValueError, match="model must be a folder or a built-in model, got ''"):
+        LLM("")
 
 
 def test_tensor_parallel_size_that_does_not_divide_the_heads(torch_reference_kernels):
@@ -63,6 +69,22 @@ def test_tensor_parallel_size_that_does_not_divide_the_heads(torch_reference_ker
     with pytest.raises(ValueError, match="KDA heads do not split over TP 3"):
         LLM(MODEL, **dict(ARGS, tensor_parallel_size=3))
     assert multiprocessing.active_children() == []
+
+
+def test_a_tp_engine_that_fails_late_leaves_the_process_free(torch_reference_kernels, monkeypatch):
+    """A failure after the workers started (here the scheduler's construction) stops them and
+    the process group: a later engine starts."""
+    from vllm.v1.engine import llm_engine
+
+    def refuse(*args, **kwargs):
+        raise ValueError("refused on purpose")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(llm_engine.Scheduler, "__init__", refuse)
+        with pytest.raises(ValueError, match="refused on purpose"):
+            LLM(MODEL, **dict(ARGS, tensor_parallel_size=2))
+    assert multiprocessing.active_children() == []
+    LLM(MODEL, **ARGS).shutdown()
 
 
 # -- prompts --------------------------------------------------------------------------------------

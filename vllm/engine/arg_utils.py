@@ -51,7 +51,10 @@ def parse_max_model_len(value: "int | str | None") -> int | None:
         raise ValueError(f"max_model_len: cannot parse {value!r} (e.g. 4096, 32k, 1m, auto)")
     number, suffix = float(match[1]), match[2]
     scale = _SUFFIX.get(suffix, 1) if suffix.islower() or not suffix else _BINARY[suffix]
-    return int(number * scale)
+    tokens = number * scale
+    if tokens != int(tokens):
+        raise ValueError(f"max_model_len: {value!r} is not a whole number of tokens")
+    return int(tokens)
 
 
 # upstream's short spellings of some flags
@@ -125,8 +128,11 @@ class EngineArgs:
                 _check_int(name, getattr(self, name), 1)
         if self.max_cudagraph_capture_size is not None:
             _check_int("max_cudagraph_capture_size", self.max_cudagraph_capture_size, 0)
-        if not isinstance(self.gpu_memory_utilization, int | float) or not (
-            0 < self.gpu_memory_utilization <= 1
+        utilization = self.gpu_memory_utilization
+        if (
+            isinstance(utilization, bool)
+            or not isinstance(utilization, int | float)
+            or not (0 < utilization <= 1)
         ):
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
@@ -149,7 +155,8 @@ class EngineArgs:
         limit = text.max_position_embeddings
         if max_model_len is None:
             max_model_len = limit
-        _check_int("max_model_len", max_model_len, 1)
+        # One prompt token and one generated token at least (the scheduler's own bound).
+        _check_int("max_model_len", max_model_len, 2)
         if max_model_len > limit:
             raise ValueError(
                 f"max_model_len {max_model_len} exceeds the model's max_position_embeddings {limit}"

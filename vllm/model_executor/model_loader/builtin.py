@@ -39,6 +39,8 @@ TRAINED_MODELS = {"kimi-linear-arith": _KIMI / "trained" / "kimi-linear-arith"}
 def resolve_model(name_or_path: "str | Path", argument: str = "model") -> tuple[Path, bool]:
     """(checkpoint folder, whether it is a built-in tiny model) for a name or a path; `argument`
     names what the user passed it as, in the error."""
+    if not isinstance(name_or_path, str | Path) or not str(name_or_path).strip():
+        raise ValueError(f"{argument} must be a folder or a built-in model, got {name_or_path!r}")
     name = str(name_or_path)
     if name in BUILTIN_MODELS:
         return BUILTIN_MODELS[name], True

@@ -69,19 +69,23 @@ class LLMEngine:
             cc.num_blocks, cc.num_kda_slots = sizes.num_blocks, sizes.num_kda_slots
             self.executor.collective_rpc("initialize_cache", sizes.num_blocks, sizes.num_kda_slots)
             self.executor.collective_rpc("capture_cudagraphs")
+            self.kv_cache_manager = KVCacheManager(
+                sizes.num_blocks, cc.block_size, sizes.num_kda_slots
+            )
+            self.async_scheduling = sc.async_scheduling
+            scheduler_class = AsyncScheduler if self.async_scheduling else Scheduler
+            self.scheduler = scheduler_class(
+                sc.max_num_seqs, sc.max_num_batched_tokens, sc.max_model_len, self.kv_cache_manager
+            )
         except BaseException:
+            # Whatever failed, the workers and the process group go (a TP engine left up would
+            # refuse every later engine in this process).
             self.executor.shutdown()
             raise
         logger.info("Engine ready in %.1f s (%s, %s, TP=%d, asynchronous scheduling %s)",
                     time.perf_counter() - start, mc.model, mc.dtype,
                     config.parallel_config.tensor_parallel_size,
                     "on" if sc.async_scheduling else "off")  # fmt: skip
-        self.kv_cache_manager = KVCacheManager(sizes.num_blocks, cc.block_size, sizes.num_kda_slots)
-        self.async_scheduling = sc.async_scheduling
-        scheduler_class = AsyncScheduler if self.async_scheduling else Scheduler
-        self.scheduler = scheduler_class(
-            sc.max_num_seqs, sc.max_num_batched_tokens, sc.max_model_len, self.kv_cache_manager
-        )
         self._in_flight: _Launched | None = None
         self.output_processor = OutputProcessor(self.tokenizer)
         self._arrivals = itertools.count()
