@@ -7,7 +7,9 @@ any of them read them. Each respects a value the user has already set.
   paid by nearly every new request in serving and by most chunked-prefill steps. Torch reads this
   opt-in once, at a process's first cuDNN attention; with it the plan is keyed on the lengths
   rounded up to powers of two, for q, k, v laid out `[B, S, H, D]` (what `mla_prefill_attention`
-  passes when it is on). Measured in docs/performance.md, "Twenty-eighth run".
+  passes when it is on). A process that ran a cuDNN attention before importing `vllm` keeps
+  torch's per-shape plans (the results are the same). Measured in docs/performance.md,
+  "Twenty-eighth run".
 """
 
 import os
