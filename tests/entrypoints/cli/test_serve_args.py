@@ -80,6 +80,13 @@ def test_recipe_flags_parse() -> None:
         (["--port", "70000"], ["--port"]),
         (["--port", "-1"], ["--port", "0: one the OS picks"]),
         (["--skip-tokenizer-init"], ["--skip-tokenizer-init", "needs a"]),
+        (["--api-key", ""], ["--api-key", "must not be empty"]),
+        # Words of the user's JSON (seed, device) are not the flag at fault.
+        (["--quantization-config", '{"linear": {"seed": 1}}'],
+         ["argument --quantization-config:", "unknown keys"]),
+        (["--quantization-config", '{"linear": "fp4"}'], ["argument --quantization-config:"]),
+        (["--host", "127.0.0.1", "--port", "0", "--num-gpu-blocks-override", "1"],
+         ["argument --max-model-len:", "cannot hold one sequence"]),
     ],
 )  # fmt: skip
 def test_bad_flags_are_refused_by_name(
@@ -103,3 +110,12 @@ def test_busy_port_is_refused_before_loading(capsys: pytest.CaptureFixture) -> N
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "--host/--port" in err and str(port) in err
+
+
+def test_a_model_config_that_is_not_an_object_names_the_model(tmp_path, capsys) -> None:
+    (tmp_path / "config.json").write_text("[]")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", str(tmp_path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --model: model config" in err and "must be a JSON object" in err, err

@@ -281,3 +281,28 @@ def test_rendezvous_store_follows_use_libuv(monkeypatch, env, libuv):
         monkeypatch.setenv("USE_LIBUV", env)
     store = tcp_store("127.0.0.1", 0, 1, is_master=True)
     assert store.libuvBackend is libuv and store.port > 0
+
+
+def test_shutdown_waits_once_for_all_workers_that_never_answer(monkeypatch):
+    """Workers stopped during start-up (still joining the group) never read "shutdown": they are
+    killed after one wait in all, not one wait each."""
+    import multiprocessing as mp
+    import time
+
+    from vllm.v1.executor import multiproc_executor
+
+    monkeypatch.setattr(multiproc_executor, "_SHUTDOWN_WAIT_S", 1.0)
+    context = mp.get_context("fork")
+    executor = object.__new__(multiproc_executor.Executor)
+    executor._owns_group = False
+    executor.workers = []
+    for _ in range(3):
+        parent, child = context.Pipe()
+        proc = context.Process(target=time.sleep, args=(60,), daemon=True)
+        proc.start()
+        executor.workers.append((proc, parent))
+    procs = [proc for proc, _ in executor.workers]
+    start = time.monotonic()
+    executor.shutdown()
+    assert time.monotonic() - start < 2.5  # one wait of 1 s; one each would be 3 s
+    assert not any(proc.is_alive() for proc in procs)

@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import json
 import re
+from typing import NoReturn
 
 from vllm import envs
 from vllm.engine.arg_utils import EngineArgs
@@ -128,9 +129,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
+def _refuse(parser: argparse.ArgumentParser, error: ValueError) -> NoReturn:
+    """Exit 2 naming the flag at fault, without the message's own `field: ` prefix."""
+    message = str(error)
+    flag = _flag_of(message)
+    parser.error(f"argument {flag}: {message.removeprefix(flag[2:].replace('-', '_') + ': ')}")
+
+
 def _flag_of(message: str) -> str:
-    """The CLI flag of the first EngineArgs field that an error message names."""
+    """The CLI flag of the first EngineArgs field that an error message names (messages name
+    their field first; words after it may come from the user's own values)."""
     names = {f.name for f in dataclasses.fields(EngineArgs)}
+    message = message.replace("quantization config", "quantization_config")
     for word in re.findall(r"[a-z][a-z_]+", message):
         if word in names:
             return "--" + word.replace("_", "-")
@@ -164,6 +174,9 @@ def check_server_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
             "argument --skip-tokenizer-init: the server takes and returns text, so it needs a "
             "tokenizer; use LLM(...) or the benchmarks for token-id-only runs"
         )
+    if args.api_key is not None and not args.api_key.strip():
+        # An unset shell variable (`--api-key "$KEY"`) would otherwise serve with no key at all.
+        parser.error("argument --api-key: must not be empty (leave the flag out for no key)")
     if args.api_key is None:
         args.api_key = envs.VLLM_API_KEY
     if envs.VLLM_USE_BREAKABLE_CUDAGRAPH is not None:
@@ -186,9 +199,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         config = EngineArgs.from_cli_args(args).create_engine_config()
     except ValueError as e:
-        parser.error(f"argument {_flag_of(str(e))}: {e}")
+        _refuse(parser, e)
     try:
         run_server(args, config)
     except BindError as e:
         parser.error(str(e))
+    except ValueError as e:  # found while the engine starts: the cache sizes, the model's layers
+        _refuse(parser, e)
     return 0

@@ -299,6 +299,8 @@ def run_server(args: argparse.Namespace, engine_config: Any) -> None:
             timeout_keep_alive=30,
         )
         host = args.host or "0.0.0.0"
+        if ":" in host:  # an IPv6 address goes in brackets in a URL
+            host = f"[{host}]"
         logger.info(
             SERVING_LINE,
             ", ".join(served),

@@ -306,6 +306,8 @@ def load_model_config(path: "str | Path") -> "KimiLinearConfig | KimiK3Config": 
         config = json.loads(file.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"cannot read model config {file}: {e}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"model config {file} must be a JSON object, got {type(config).__name__}")
     model_type = config.get("model_type")
     if model_type == "kimi_linear":
         return KimiLinearConfig.from_dict(config)

@@ -20,6 +20,7 @@ guard that spawn needs) until the collective timeout.
 import multiprocessing as mp
 import os
 import signal
+import time
 import traceback
 from datetime import timedelta
 from typing import Any, NoReturn
@@ -53,6 +54,8 @@ class WorkerFailed(RuntimeError):
 # Long enough for the first Triton compilation of a step; a dead peer fails a gloo collective at
 # once, this bounds a hung NCCL one.
 _COLLECTIVE_TIMEOUT = timedelta(minutes=10)
+# How long shutdown waits for all the workers together before killing the ones left.
+_SHUTDOWN_WAIT_S = 10.0
 # Methods whose workers answer (start-up); step messages are not answered, to keep steps fast.
 _ANSWERED = frozenset({"load_model", "available_cache_memory", "initialize_cache",
                        "capture_cudagraphs"})  # fmt: skip
@@ -215,8 +218,11 @@ class Executor:
                     pipe.send(("shutdown",))
                 except OSError:
                     pass
+        # One deadline for all: a worker still waiting to join the group (stopped during start-up)
+        # never reads "shutdown", and each would otherwise add its own wait.
+        deadline = time.monotonic() + _SHUTDOWN_WAIT_S
         for proc, _ in self.workers:
-            proc.join(timeout=10)
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
             if proc.is_alive():
                 proc.kill()
                 proc.join()
