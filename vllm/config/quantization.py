@@ -38,6 +38,11 @@ QUANT_KEY_NAMES: dict[str, QuantKey] = {
 }
 
 
+class FusedLayerSplitError(ValueError):
+    """`ignore` patterns that match some shards of a fused layer and not others (found while the
+    model's layers are built)."""
+
+
 @dataclass(frozen=True)
 class QuantSpec:
     """How one kind of layer is quantized: its weight key (the activation follows the method)."""
@@ -92,8 +97,9 @@ class QuantizationConfigArgs:
         parent = prefix.rsplit(".", 1)[0] + "." if "." in prefix else ""
         verdicts = {shard: self._matches(parent + shard) for shard in fused_shards}
         if len(set(verdicts.values())) > 1:
-            raise ValueError(
-                f"ignore patterns split the fused layer {prefix!r}: {verdicts}; a fused layer is "
+            raise FusedLayerSplitError(
+                f"quantization config field 'ignore': the patterns split the fused layer "
+                f"{prefix!r}: {verdicts}; a fused layer is "
                 "quantized as one, so ignore all of its shards or none"
             )
         return next(iter(verdicts.values()))

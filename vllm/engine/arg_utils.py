@@ -10,6 +10,7 @@ import dataclasses
 import json
 import re
 from dataclasses import dataclass, fields
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +50,10 @@ def parse_max_model_len(value: "int | str | None") -> int | None:
     match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgG]?)", str(value).strip())
     if not match:
         raise ValueError(f"max_model_len: cannot parse {value!r} (e.g. 4096, 32k, 1m, auto)")
-    number, suffix = float(match[1]), match[2]
+    number, suffix = Fraction(match[1]), match[2]  # exact: 2.01k is 2010, not 2009.99...
     scale = _SUFFIX.get(suffix, 1) if suffix.islower() or not suffix else _BINARY[suffix]
     tokens = number * scale
-    if tokens != int(tokens):
+    if tokens.denominator != 1:
         raise ValueError(f"max_model_len: {value!r} is not a whole number of tokens")
     return int(tokens)
 

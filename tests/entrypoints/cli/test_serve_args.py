@@ -39,7 +39,16 @@ def test_help_lists_every_flag_with_text(capsys: pytest.CaptureFixture) -> None:
 
 @pytest.mark.parametrize(
     "value, expected",
-    [("1500", 1500), ("2k", 2000), ("2K", 2048), ("0.5k", 500), ("auto", 4096), ("-1", 4096)],
+    [
+        ("1500", 1500),
+        ("2k", 2000),
+        ("2K", 2048),
+        ("0.5k", 500),
+        ("2.01k", 2010),
+        ("1.001k", 1001),
+        ("auto", 4096),
+        ("-1", 4096),
+    ],
 )
 def test_max_model_len_suffixes_and_auto(value: str, expected: int) -> None:
     """k = 1000s, K = 1024s; auto and -1 take kimi-k3-tiny's max_position_embeddings (4096)."""
@@ -85,8 +94,11 @@ def test_recipe_flags_parse() -> None:
         (["--quantization-config", '{"linear": {"seed": 1}}'],
          ["argument --quantization-config:", "unknown keys"]),
         (["--quantization-config", '{"linear": "fp4"}'], ["argument --quantization-config:"]),
+        (["--quantization-config", "[1, 2]"], ["argument --quantization-config:", "object"]),
+        (["--quantization-config", '{"linear": "fp8_per_channel", "ignore": ["re:.*q_a_proj$"]}'],
+         ["argument --quantization-config:", "split the fused layer"]),
         (["--host", "127.0.0.1", "--port", "0", "--num-gpu-blocks-override", "1"],
-         ["argument --max-model-len:", "cannot hold one sequence"]),
+         ["the cache arguments:", "cannot hold one sequence"]),
     ],
 )  # fmt: skip
 def test_bad_flags_are_refused_by_name(

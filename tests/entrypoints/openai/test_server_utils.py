@@ -58,3 +58,6 @@ def test_logged_port_reads_the_line_run_server_logs() -> None:
     assert logged_port(line.replace("127.0.0.1", "0.0.0.0"), host="0.0.0.0") == 43210
     assert logged_port("INFO Serving a on http://127.0.0.1:4321") is None  # not yet whole
     assert logged_port("") is None
+    v6 = SERVING_LINE % ("a", "[::1]", 4321)  # run_server logs an IPv6 host in brackets
+    assert logged_port(v6, host="::1") == logged_port(v6, host="[::1]") == 4321
+    assert logged_port(v6) is None

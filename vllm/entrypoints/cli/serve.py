@@ -140,7 +140,7 @@ def _flag_of(message: str) -> str:
     """The CLI flag of the first EngineArgs field that an error message names (messages name
     their field first; words after it may come from the user's own values)."""
     names = {f.name for f in dataclasses.fields(EngineArgs)}
-    message = message.replace("quantization config", "quantization_config")
+    message = re.sub(r"^(--)?quantization[ _-]config\b", "quantization_config", message)
     for word in re.findall(r"[a-z][a-z_]+", message):
         if word in names:
             return "--" + word.replace("_", "-")
@@ -191,7 +191,9 @@ def check_server_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Validate everything, then serve until interrupted."""
+    from vllm.config.quantization import FusedLayerSplitError
     from vllm.entrypoints.openai.api_server import BindError, run_server
+    from vllm.v1.core.kv_cache_utils import CacheSizeError
 
     if args.model_tag is not None:
         args.model = args.model_tag
@@ -204,6 +206,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         run_server(args, config)
     except BindError as e:
         parser.error(str(e))
-    except ValueError as e:  # found while the engine starts: the cache sizes, the model's layers
+    except CacheSizeError as e:  # found once the model is on the device
+        parser.error(f"the cache arguments: {e}")
+    except FusedLayerSplitError as e:  # found while the model's layers are built
         _refuse(parser, e)
     return 0

@@ -51,7 +51,7 @@ def logged_port(log: str, host: str = "127.0.0.1") -> int | None:
     output `log` for `host`; None while it has not been logged (whole: a port is read only with
     the text after it)."""
     for match in _SERVING_ADDRESS.finditer(log):
-        if match.group(1) == host:
+        if match.group(1).strip("[]") == host.strip("[]"):  # IPv6 hosts are logged in brackets
             return int(match.group(2))
     return None
 

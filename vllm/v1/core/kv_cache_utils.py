@@ -33,6 +33,10 @@ def cache_bytes(spec: dict, block_size: int) -> tuple[int, int]:
     return block, slot
 
 
+class CacheSizeError(ValueError):
+    """The cache arguments cannot hold what they must (found once the model's memory is known)."""
+
+
 def determine_cache_sizes(
     spec: dict,
     block_size: int,
@@ -42,7 +46,7 @@ def determine_cache_sizes(
     num_blocks_override: int | None = None,
 ) -> CacheSizes:
     """Blocks and slots for `budget_bytes` of cache memory (or exactly `num_blocks_override`
-    blocks). Raises ValueError when one sequence of `max_model_len` tokens would not fit."""
+    blocks). Raises `CacheSizeError` when one sequence of `max_model_len` tokens would not fit."""
     block_bytes, slot_bytes = cache_bytes(spec, block_size)
     num_slots = max_num_seqs + 1
     blocks_per_seq = math.ceil(max_model_len / block_size)
@@ -53,7 +57,7 @@ def determine_cache_sizes(
             raise ValueError("determine_cache_sizes needs budget_bytes or num_blocks_override")
         left = budget_bytes - num_slots * slot_bytes
         if left <= 0:
-            raise ValueError(
+            raise CacheSizeError(
                 f"the cache budget ({budget_bytes / 2**30:.2f} GiB) does not hold the KDA states "
                 f"of max_num_seqs={max_num_seqs} sequences ({slot_bytes / 2**20:.1f} MiB each): "
                 "lower max_num_seqs or give the cache more memory"
@@ -61,7 +65,7 @@ def determine_cache_sizes(
         # A model without MLA layers needs no blocks; keep the dummy and one sequence's worth.
         num_blocks = left // block_bytes if block_bytes else blocks_per_seq + 1
     if num_blocks - 1 < blocks_per_seq:
-        raise ValueError(
+        raise CacheSizeError(
             f"{num_blocks - 1} cache blocks of {block_size} tokens cannot hold one sequence of "
             f"max_model_len={max_model_len} tokens ({blocks_per_seq} blocks): lower "
             "max_model_len or max_num_seqs, or give the cache more memory"
