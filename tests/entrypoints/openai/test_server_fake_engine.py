@@ -103,6 +103,7 @@ def test_streamed_chat_deltas_add_up(server: RemoteServer) -> None:
         # Values the engine's generators or float32 sampling cannot hold (each stopped the
         # engine for every client before it was refused here).
         ({"prompt": "hi", "seed": 2**64}, "seed"),
+        ({"prompt": "hi", "seed": 2**64 - 1, "n": 2}, "seed"),  # completion 1 would use 2**64
         ({"prompt": "hi", "repetition_penalty": 1e-300}, "repetition_penalty"),
         ({"prompt": "hi", "repetition_penalty": 1e300}, "repetition_penalty"),
         ({"prompt": "hi", "temperature": 1e300}, "temperature"),
