@@ -122,14 +122,16 @@ class SamplingParams:
     def _check_int(name: str, value: object, low: int, high: int | None = None) -> None:
         if not isinstance(value, int) or isinstance(value, bool):
             raise ValueError(f"{name} must be an integer, got {value!r}")
-        if value < low or (high is not None and value > high):
-            bounds = f"in [{low}, {high}]" if high is not None else f">= {low}"
-            raise ValueError(f"{name} must be {bounds}, got {value}")
+        SamplingParams._check_range(name, value, low, high)
 
     @staticmethod
     def _check_number(name: str, value: object, low: float, high: float | None = None) -> None:
         if not isinstance(value, int | float) or isinstance(value, bool) or value != value:
             raise ValueError(f"{name} must be a number, got {value!r}")
+        SamplingParams._check_range(name, value, low, high)
+
+    @staticmethod
+    def _check_range(name: str, value: float, low: float, high: float | None) -> None:
         if value < low or (high is not None and value > high):
             bounds = f"in [{low}, {high}]" if high is not None else f">= {low}"
             raise ValueError(f"{name} must be {bounds}, got {value}")

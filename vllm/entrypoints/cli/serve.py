@@ -132,19 +132,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def _refuse(parser: argparse.ArgumentParser, error: ValueError) -> NoReturn:
     """Exit 2 naming the flag at fault, without the message's own `field: ` prefix."""
     message = str(error)
-    flag = _flag_of(message)
-    parser.error(f"argument {flag}: {message.removeprefix(flag[2:].replace('-', '_') + ': ')}")
+    field = _field_of(message)
+    if field is None:
+        parser.error(f"argument engine arguments: {message}")
+    flag = "--" + field.replace("_", "-")
+    parser.error(f"argument {flag}: {message.removeprefix(field + ': ')}")
 
 
-def _flag_of(message: str) -> str:
-    """The CLI flag of the first EngineArgs field that an error message names (messages name
-    their field first; words after it may come from the user's own values)."""
+def _field_of(message: str) -> str | None:
+    """The first EngineArgs field that an error message names (messages name their field
+    first; words after it may come from the user's own values)."""
     names = {f.name for f in dataclasses.fields(EngineArgs)}
     message = re.sub(r"^(--)?quantization[ _-]config\b", "quantization_config", message)
-    for word in re.findall(r"[a-z][a-z_]+", message):
-        if word in names:
-            return "--" + word.replace("_", "-")
-    return "engine arguments"
+    return next((w for w in re.findall(r"[a-z][a-z_]+", message) if w in names), None)
 
 
 def check_server_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
