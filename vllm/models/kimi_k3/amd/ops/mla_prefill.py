@@ -16,7 +16,7 @@ MLA layer's prefill at 8192 tokens on the H200). On a GPU the kernel depends on 
 (`_gpu_path`; H200 figures per MLA layer, docs/performance.md "Twenty-eighth run"):
 - a chunk on cached context (`Lq < ctx`): torch's `causal_lower_right` mask (a description,
   never a tensor), which torch runs with its flash kernel;
-- a new prompt (`Lq == ctx`) of at most `FLASH_MAX_PROMPT` tokens: any kernel but cuDNN's, so
+- a new prompt (`Lq == ctx`) of at most `FLASH_MAX_PROMPT` tokens: cuDNN off for the call, so
   flash where it applies (fp16 / bf16). No plan to build; 0.09 ms at 512 tokens (cuDNN: 0.10),
   0.24 ms at 2048 (cuDNN: 0.12 with a plan already built, 0.45 with per-length-class plans);
 - a longer new prompt: cuDNN (1.29 ms at 8192 against flash's 2.76). cuDNN builds an execution
@@ -216,7 +216,6 @@ def mla_prefill_attention(
         return _attention(q, k, v, causal_masked(lq, ctx, q.device).logical_not_(), scale)
     # Imported here: the modules pull in torch._dynamo (~1.5 s), which CPU-only processes (the
     # engine's workers on a host without a GPU, the tests' TP ranks) never need.
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.bias import causal_lower_right
 
     path = _gpu_path(lq, ctx)
@@ -224,10 +223,15 @@ def mla_prefill_attention(
         return _attention(q.contiguous(), k, v.contiguous(), None, scale)
     operand, first = _value_operand(k_nope, v, qk)
     if path == "flash":
-        # Flash where it applies; the others for what it does not take (fp32, Dv > qk).
-        backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-        with sdpa_kernel(backends):
+        # cuDNN off for this call only, so torch takes flash where it applies and its other
+        # kernels for what flash does not (fp32, Dv > qk); the user's other choices stand. The
+        # flag itself, not `sdpa_kernel` (12 us a call on the CI host, per layer and prompt).
+        cudnn = torch.backends.cuda.cudnn_sdp_enabled()
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        try:
             out = _attention(q, k, operand, None, scale)
+        finally:
+            torch.backends.cuda.enable_cudnn_sdp(cudnn)
     else:
         out = _attention(q, k, operand, causal_lower_right(lq, ctx), scale)
     return out[:, :, first : first + dv]
