@@ -7,7 +7,11 @@
 #                    slower with cuDNN's per-length-class plans, and whether padding lengths to
 #                    multiples of 256 or one nested call per step does better;
 #   grid   (~6 min)  the whole grid on this tree (batch 1, 8, 64, 256; 1k and 8k);
-#   mixed  (~4 min)  the batch phase's first mixed steps profiled one by one.
+#   mixed  (~4 min)  the batch phase's first mixed steps profiled one by one;
+#   sync   (~4 min)  every call that makes the host wait for the device in a prefill-only step
+#                    and two mixed ones, by call site (sync_points.py; added in the twenty-ninth
+#                    run, whose device calls after call 120 were refused).
+# The probe ran in call 120 (twenty-ninth run); mixed, sync and grid are still to run.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl .devrun/xd/*.whl
 export PYTHONPATH=/tmp/site:$PWD
@@ -28,4 +32,10 @@ case "${PART:-probe}" in
       --input-lens 8192 --output-len 2 --warmup-steps 1 --max-num-batched-tokens 8192 \
       > $OUT/mixed.log 2>&1
     echo "mixed rc $?"; grep -v "^INFO\|USDT" $OUT/mixed.log | tail -80 ;;
+  sync)
+    STEPS=3 timeout 420 python docs/perf_h200_2026-12-04e/sync_points.py --model kimi-linear-48b-a3b \
+      --load-format dummy --skip-tokenizer-init --quantization-config "$P" --batch-sizes 16 \
+      --input-lens 8192 --output-len 2 --warmup-steps 1 --max-num-batched-tokens 8192 \
+      > $OUT/sync.log 2>&1
+    echo "sync rc $?"; grep -v "^INFO\|USDT" $OUT/sync.log | tail -60 ;;
 esac
