@@ -11,6 +11,10 @@
 #   sync   (~4 min)  every call that makes the host wait for the device in a prefill-only step
 #                    and two mixed ones, by call site (sync_points.py; added in the twenty-ninth
 #                    run, whose device calls after call 120 were refused).
+#   shared (~6 min)  one 8k prefill profiled with the shared expert fused into the routed experts'
+#                    grouped kernels (the default) and as its own dense MLP (cuBLAS, ~99% of the
+#                    matmul peak at prefill sizes, where the grouped kernels reach ~78% on the
+#                    rows they compute): whether prefill-sized steps should run it apart.
 # The probe ran in call 120 (twenty-ninth run); mixed, sync and grid are still to run.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl .devrun/xd/*.whl
@@ -32,6 +36,15 @@ case "${PART:-probe}" in
       --input-lens 8192 --output-len 2 --warmup-steps 1 --max-num-batched-tokens 8192 \
       > $OUT/mixed.log 2>&1
     echo "mixed rc $?"; grep -v "^INFO\|USDT" $OUT/mixed.log | tail -80 ;;
+  shared)
+    for F in 1 0; do
+      VLLM_KIMI_FUSE_SHARED_EXPERTS=$F timeout 270 python benchmarks/benchmark_latency.py \
+        --model kimi-linear-48b-a3b --load-format dummy --skip-tokenizer-init \
+        --quantization-config "$P" --batch-sizes 1 --input-lens 8192 --output-len 4 \
+        --warmup-steps 1 --profile-prefill --max-num-batched-tokens 8192 \
+        > $OUT/shared_$F.log 2>&1
+      echo "fused=$F rc $?"; grep -v "^INFO\|USDT" $OUT/shared_$F.log | grep -A14 "prefill" | head -40
+    done ;;
   sync)
     STEPS=3 timeout 420 python docs/perf_h200_2026-12-04e/sync_points.py --model kimi-linear-48b-a3b \
       --load-format dummy --skip-tokenizer-init --quantization-config "$P" --batch-sizes 16 \
