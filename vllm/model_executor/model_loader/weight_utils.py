@@ -1,4 +1,6 @@
-"""The one shape-checked copy of a checkpoint tensor into a parameter (or a slice of one)."""
+"""Checks on checkpoint tensors: the one shape-checked copy into a parameter (or a slice of one),
+the shape check of a tensor that a loader cuts up itself before copying, and the dtype check of
+every tensor a model loads."""
 
 import torch
 
@@ -12,3 +14,25 @@ def copy_checked(target: torch.Tensor, loaded: torch.Tensor, name: str) -> None:
         )
     with torch.no_grad():
         target.copy_(loaded)
+
+
+def check_shape(loaded: torch.Tensor, expected: tuple[int, ...], name: str) -> None:
+    """Raise ValueError naming `name` unless `loaded` has the full (unsharded) checkpoint shape
+    `expected`: for loaders that slice a tensor before copying it, where a wrong shape could be
+    narrowed or broadcast into place without an error."""
+    if tuple(loaded.shape) != tuple(expected):
+        raise ValueError(
+            f"{name}: checkpoint shape {tuple(loaded.shape)}, expected {tuple(expected)}"
+        )
+
+
+def check_floating(loaded: torch.Tensor, name: str) -> None:
+    """Raise ValueError naming `name` unless `loaded` is floating point of 16 bits or more, which
+    the model converts to its dtype. FP8 or integer tensors are a quantized checkpoint's codes,
+    meaningless without their scales: converting them would load a wrong model silently."""
+    if not loaded.is_floating_point() or loaded.element_size() < 2:
+        raise ValueError(
+            f"{name}: checkpoint dtype {loaded.dtype}, expected bfloat16, float16 or float32; "
+            "quantized checkpoints are not supported (--quantization-config quantizes a "
+            "bf16 checkpoint online)"
+        )

@@ -54,6 +54,7 @@ from vllm.model_executor.layers.linear import (
 )
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.layers.quantization.utils.quant_utils import kFp8DynamicTokenSym
+from vllm.model_executor.model_loader.weight_utils import check_shape
 from vllm.models.kimi_k3.amd.ops.causal_conv1d import causal_conv1d_decode, causal_conv1d_prefill
 from vllm.models.kimi_k3.amd.ops.fused_kda_decode import (
     KdaDecodeConfig,
@@ -350,8 +351,12 @@ class KimiK3DeltaAttention(torch.nn.Module):
             if module in self.shard_ids and name.endswith(".weight"):
                 p = self.in_proj_qkvgfab.weight
                 self.in_proj_qkvgfab.weight_loader(p, tensor, self.shard_ids[module])
-            elif module in ("q_conv1d", "k_conv1d", "v_conv1d"):
+            elif module in ("q_conv1d", "k_conv1d", "v_conv1d") and name.endswith(".weight"):
                 shard = ("q_conv1d", "k_conv1d", "v_conv1d").index(module)
+                # Checked whole: the slice assignment below would broadcast a width-1 kernel
+                # and `narrow` would drop surplus channels without a word.
+                full = (self.num_heads * self.head_dim, 1, self.conv_kernel_size)
+                check_shape(tensor, full, f"{self.prefix}.{name}")
                 w = tensor.reshape(tensor.shape[0], -1)  # [P, 1, W] -> [P, W]
                 mine = w.narrow(0, tp_rank * local_proj, local_proj)
                 self.conv1d_weight.data[shard * local_proj : (shard + 1) * local_proj] = mine
@@ -364,6 +369,7 @@ class KimiK3DeltaAttention(torch.nn.Module):
                 heads = tensor.reshape(-1)  # legacy checkpoints store (1, 1, H, 1)
                 self.A_log.data.copy_(heads.narrow(0, tp_rank * self.local_heads, self.local_heads))
             elif name == "dt_bias":
+                check_shape(tensor, (self.num_heads * self.head_dim,), f"{self.prefix}.{name}")
                 self.dt_bias.data.copy_(tensor.narrow(0, tp_rank * local_proj, local_proj))
             elif module in _MODULES and name.endswith(".weight") and hasattr(self, module):
                 layer = getattr(self, module)

@@ -47,7 +47,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
     ParallelLMHead,
     VocabParallelEmbedding,
 )
-from vllm.model_executor.model_loader.weight_utils import copy_checked
+from vllm.model_executor.model_loader.weight_utils import check_floating, copy_checked
 from vllm.models.kimi_k3.amd.attn_res import AttnResState
 from vllm.models.kimi_k3.amd.checkpoint_names import text_checkpoint_tensors
 from vllm.models.kimi_k3.amd.kda import KDAStatePool, KimiK3DeltaAttention
@@ -270,6 +270,13 @@ class KimiMoE(torch.nn.Module):
         for name, tensor in weights:
             expert = _EXPERT.fullmatch(name)
             if expert:
+                # Slots from num_experts on hold the fused shared expert: a checkpoint with more
+                # experts than its config would be written over it.
+                if int(expert[1]) >= self.config.num_experts:
+                    raise ValueError(
+                        f"{self.prefix}: checkpoint tensor {name!r} is beyond the config's "
+                        f"num_experts {self.config.num_experts}"
+                    )
                 self.experts.weight_loader(tensor, int(expert[1]), expert[2])
             elif name == "gate.weight":
                 copy_checked(self.gate_weight, tensor, f"{self.prefix}.{name}")
@@ -526,11 +533,13 @@ class KimiLinearForCausalLM(torch.nn.Module):
         AttnRes ones only when `attn_res_block_size` is set.
 
         Each tensor is dispatched as it arrives (nothing is held back), so a streamed checkpoint
-        needs host memory for one tensor only. Raises ValueError naming an unexpected tensor;
+        needs host memory for one tensor only. Raises ValueError naming an unexpected tensor or one
+        that is not 16-bit-or-wider floating point;
         returns the canonical names loaded (`checkpoint_tensors`): transformers'
         `block_sparse_moe.*` spelling of a dense MLP is reported as `mlp.*`."""
         loaded = set()
         for name, tensor in weights:
+            check_floating(tensor, name)
             match = _LAYER.fullmatch(name)
             if match:
                 i = int(match[1])
