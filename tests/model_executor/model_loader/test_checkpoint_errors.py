@@ -2,10 +2,12 @@
 wrong model: the checks of loaders that slice a tensor themselves (KDA's conv and `dt_bias`, the
 experts), and the dtype check every tensor passes. The model is the built-in kimi-linear-tiny
 (layer 0: KDA with a dense MLP; layer 1: KDA with MoE, 8 experts and one shared expert that the
-experts' kernels hold as slot 8)."""
+experts' kernels hold as slot 8). A corrupt shard or a malformed shard index is a ValueError
+naming the file."""
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from vllm.model_executor.model_loader.builtin import BUILTIN_MODELS
 from vllm.model_executor.model_loader.loader import dummy_tensors, load_model
@@ -81,3 +83,33 @@ def test_other_floating_dtypes_are_converted(model, tensors, dtype):
     name = "model.norm.weight"
     model.load_weights([(name, tensors[name].to(dtype))])
     assert torch.equal(model.norm.weight, tensors[name].to(dtype).float())
+
+
+def write_checkpoint(folder, tensors):
+    folder.mkdir()
+    (folder / "config.json").write_text(
+        (BUILTIN_MODELS["kimi-linear-tiny"] / "config.json").read_text()
+    )
+    save_file({k: v.contiguous() for k, v in tensors.items()}, folder / "model.safetensors")
+    return folder
+
+
+@pytest.mark.parametrize("keep", [0, 5, 1000, -1000])
+def test_corrupt_shard_is_named(tensors, tmp_path, keep):
+    """Empty, cut in the header, cut in the data: a ValueError naming the file."""
+    folder = write_checkpoint(tmp_path / "ckpt", tensors)
+    shard = folder / "model.safetensors"
+    shard.write_bytes(shard.read_bytes()[:keep])
+    with pytest.raises(ValueError, match=f"{shard}: not a readable safetensors file"):
+        load_model(folder, dtype=torch.float32)
+
+
+@pytest.mark.parametrize(
+    "index", ["{not json", "[]", '{"weight_map": []}', '{"weight_map": {"a": 3}}', "\xff"]
+)
+def test_malformed_index_is_named(tensors, tmp_path, index):
+    folder = write_checkpoint(tmp_path / "ckpt", tensors)
+    path = folder / "model.safetensors.index.json"
+    path.write_bytes(index.encode("latin-1"))
+    with pytest.raises(ValueError, match=f"{path}: "):
+        load_model(folder, dtype=torch.float32)

@@ -1,24 +1,38 @@
-"""Reading Hugging Face safetensors checkpoints: one file or shards listed in an index."""
+"""Reading Hugging Face safetensors checkpoints: one file or shards listed in an index.
+
+A malformed index or an unreadable (truncated, corrupt) shard is a ValueError naming the file,
+not the JSON or safetensors library's own exception without it."""
 
 import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
 _INDEX = "model.safetensors.index.json"
+
+
+def _weight_map(index: Path) -> dict[str, str]:
+    """The index's tensor name -> shard file name map."""
+    try:
+        data = json.loads(index.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{index}: cannot read the shard index: {e}") from None
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(shard, str) for shard in weight_map.values()
+    ):
+        raise ValueError(f"{index}: no 'weight_map' object of tensor name -> shard file name")
+    return weight_map
 
 
 def checkpoint_files(folder: Path) -> list[Path]:
     """The safetensors files of a checkpoint folder, from its index when sharded."""
     index = folder / _INDEX
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise ValueError(f"{index}: no 'weight_map' object")
-        files = sorted({folder / name for name in weight_map.values()})
+        files = sorted({folder / name for name in _weight_map(index).values()})
         missing = [f.name for f in files if not f.is_file()]
         if missing:
             raise ValueError(f"{index} lists shards that do not exist: {missing}")
@@ -33,6 +47,9 @@ def iterate_tensors(folder: Path, progress: bool = True) -> Iterator[tuple[str, 
     """Yield (name, tensor) for every tensor of the checkpoint, with a progress bar over shards."""
     files = checkpoint_files(folder)
     for file in tqdm(files, desc="Loading safetensors shards", disable=not progress, unit="shard"):
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                yield name, f.get_tensor(name)
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                    yield name, f.get_tensor(name)
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"{file}: not a readable safetensors file: {e}") from None
