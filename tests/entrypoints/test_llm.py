@@ -35,6 +35,10 @@ BAD_ARGUMENTS = [
     (dict(load_format="pt"), "load_format must be one of"),
     (dict(quantization_config="{linear: fp8}"), "quantization_config is not valid JSON"),
     (dict(quantization_config='{"linear": "fp4"}'), "quantization config field 'linear'"),
+    (
+        dict(quantization_config='{"linear": "fp8_per_token"}'),
+        "field 'linear': no online method for 'fp8_per_token'; online quantization supports",
+    ),
     (dict(quantization_config='{"lienar": "fp8_per_channel"}'), "unknown field 'lienar'"),
     (dict(tokenizer="/no/such/folder"), "tokenizer '/no/such/folder' is neither a folder"),
     (dict(enforce_eager="yes"), "enforce_eager must be a bool"),

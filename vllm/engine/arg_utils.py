@@ -114,6 +114,7 @@ class EngineArgs:
 
     def create_engine_config(self) -> VllmConfig:
         """Resolve defaults and validate; raises ValueError naming the bad argument."""
+        from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
         from vllm.model_executor.model_loader.builtin import check_load_format, resolve_model
         from vllm.transformers_utils.configs import load_model_config
 
@@ -178,7 +179,9 @@ class EngineArgs:
                     quant = json.loads(quant)
                 except json.JSONDecodeError as e:
                     raise ValueError(f"quantization_config is not valid JSON: {e}") from None
-            parse_quantization_config(quant)  # validates; the loader parses it again
+            # Validates (the fields, then whether an online method exists for the scheme) here,
+            # so that the error names the flag before any model is built; the loader parses again.
+            OnlineQuantizationConfig(parse_quantization_config(quant))
         tokenizer = self._tokenizer_folder(folder)
         model_config = ModelConfig(
             model=str(self.model), folder=folder, tokenizer=tokenizer, hf_config=hf_config,

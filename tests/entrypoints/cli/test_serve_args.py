@@ -94,6 +94,8 @@ def test_recipe_flags_parse() -> None:
         (["--quantization-config", '{"linear": {"seed": 1}}'],
          ["argument --quantization-config:", "unknown keys"]),
         (["--quantization-config", '{"linear": "fp4"}'], ["argument --quantization-config:"]),
+        (["--quantization-config", '{"linear": "fp8_per_token"}'],
+         ["argument --quantization-config:", "no online method for 'fp8_per_token'"]),
         (["--quantization-config", "[1, 2]"], ["argument --quantization-config:", "object"]),
         (["--quantization-config", '{"linear": "fp8_per_channel", "ignore": ["re:.*q_a_proj$"]}'],
          ["argument --quantization-config:", "split the fused layer"]),

@@ -2,7 +2,7 @@
 
 import torch
 
-from vllm.config.quantization import QuantizationConfigArgs
+from vllm.config.quantization import ONLINE_SHORTHANDS, QUANT_KEY_NAMES, QuantizationConfigArgs
 from vllm.model_executor.layers.linear import LinearBase, LinearMethodBase
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.layers.quantization.online.fp8 import Fp8PtpcOnlineLinearMethod
@@ -31,8 +31,14 @@ class OnlineQuantizationConfig(QuantizationConfig):
         self.args = args
         self.packed_modules_mapping = packed_modules_mapping or {}
         if args.linear is not None and args.linear.weight not in _ONLINE_LINEAR_METHODS:
+            # Named as the user spelled it (QUANT_KEY_NAMES), not as the QuantKey's repr.
+            scheme = next(
+                (repr(n) for n, k in QUANT_KEY_NAMES.items() if k == args.linear.weight),
+                str(args.linear.weight),
+            )
             raise ValueError(
-                f"quantization config field 'linear': no online method for {args.linear.weight}"
+                f"quantization config field 'linear': no online method for {scheme}; online "
+                f"quantization supports {sorted(ONLINE_SHORTHANDS)}"
             )
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> LinearMethodBase | None:
