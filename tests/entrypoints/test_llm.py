@@ -67,6 +67,16 @@ def test_unknown_model_is_named():
         LLM("")
 
 
+def test_model_that_is_a_file_is_named(tmp_path):
+    """A weights file or config.json given for the folder that holds them."""
+    for name in ("model.safetensors", "config.json"):
+        (tmp_path / name).write_bytes(b"\x90\x00")
+        with pytest.raises(
+            ValueError, match=f"model '{tmp_path / name}' is a file, not a folder; pass the"
+        ):
+            LLM(str(tmp_path / name), skip_tokenizer_init=True)
+
+
 def test_tensor_parallel_size_that_does_not_divide_the_heads(torch_reference_kernels):
     """Checked when the model is built on each rank: the error names the layer and the TP size,
     and the started worker is stopped."""

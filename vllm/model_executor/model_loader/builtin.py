@@ -56,6 +56,12 @@ def resolve_model(name_or_path: "str | Path", argument: str = "model") -> tuple[
             f"{argument} {name!r} is neither a folder nor a built-in model "
             f"({', '.join([*BUILTIN_MODELS, *CONFIG_ONLY_MODELS, *TRAINED_MODELS])})"
         )
+    if not path.is_dir():
+        # A file would be read as config.json (a shard gives a UTF-8 decode error) and then
+        # searched for weights as if it were the folder.
+        raise ValueError(
+            f"{argument} {name!r} is a file, not a folder; pass the folder that holds it"
+        )
     return path, False
 
 
