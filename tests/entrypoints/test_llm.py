@@ -32,6 +32,7 @@ BAD_ARGUMENTS = [
     (dict(max_model_len=10**6), "max_model_len 1000000 exceeds the model's max_position"),
     (dict(max_model_len="many"), "max_model_len: cannot parse 'many'"),
     (dict(dtype="float8"), "dtype must be auto or one of"),
+    (dict(dtype=["bfloat16"]), r"dtype must be auto or one of .*, got \['bfloat16'\]"),
     (dict(load_format="pt"), "load_format must be one of"),
     (dict(quantization_config="{linear: fp8}"), "quantization_config is not valid JSON"),
     (dict(quantization_config='{"linear": "fp4"}'), "quantization config field 'linear'"),

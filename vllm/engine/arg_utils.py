@@ -256,7 +256,7 @@ class EngineArgs:
         if self.dtype == "auto":
             # CPU BLAS is slow and inexact in bf16; the CPU reference paths are fp32.
             return torch.bfloat16 if device == "cuda" else torch.float32
-        if self.dtype not in _DTYPES:
+        if not isinstance(self.dtype, str) or self.dtype not in _DTYPES:  # a list is unhashable
             raise ValueError(f"dtype must be auto or one of {sorted(_DTYPES)}, got {self.dtype!r}")
         return _DTYPES[self.dtype]
 
