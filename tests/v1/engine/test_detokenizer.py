@@ -103,6 +103,19 @@ def test_stop_at_the_very_start(include):
     assert det.output_text == "".join(deltas) == ("he" if include else "")
 
 
+def test_min_tokens_ignores_a_shorter_stop_wholly_in_their_text():
+    # "ab" is in the text of the first min_tokens tokens; the longer stop widens the search
+    # window enough to reach back to it once the next token arrives.
+    det = IncrementalDetokenizer(TOK, PROMPT, ["ab", "zzzzz"], False, min_tokens=2)
+    for token in TOK.encode("abcd"):
+        assert det.update([token]) is None
+    assert det.output_text == "abcd"
+    # A match that straddles the boundary ends in a later token's text: it counts.
+    det = IncrementalDetokenizer(TOK, PROMPT, ["bc", "zzzzz"], False, min_tokens=2)
+    assert [det.update([t]) for t in TOK.encode("abc")] == [None, None, "bc"]
+    assert det.output_text == "a"
+
+
 def test_holdback_while_not_finished():
     det = IncrementalDetokenizer(TOK, PROMPT, ["STOP", "x"], False)
     assert det.update(TOK.encode("hello")) is None

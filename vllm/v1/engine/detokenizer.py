@@ -132,9 +132,14 @@ class IncrementalDetokenizer:
                 return
 
     def _find_stop(self, before: int) -> str | None:
-        # Only a match ending in the new text is new: it starts at most (longest - 1) chars earlier.
-        start = max(0, before - self._holdback)
-        found = [(i, len(s), s) for s in self.stop if (i := self.output_text.find(s, start)) >= 0]
+        # Only a match ending in the new text is new: it starts at most len(s) - 1 chars before
+        # it. Searching from further back could find a match wholly in older text, which exists
+        # when that text came from the first `min_tokens` tokens, whose matches do not count.
+        found = [
+            (i, len(s), s)
+            for s in self.stop
+            if (i := self.output_text.find(s, max(0, before - len(s) + 1))) >= 0
+        ]
         if not found:
             return None
         index, length, stop = min(found)
