@@ -61,6 +61,17 @@ def test_a_character_that_never_completes_shows_at_finish():
     assert deltas[-1] == "\ufffd" and det.output_text == TOK.decode(ids) == "ok\ufffd"
 
 
+@pytest.mark.parametrize("gap", [[BOS] * 10, [300] * 10, [BOS, 300] * 4 + [EOS]])
+def test_tokens_without_text_between_bytes_of_a_character(gap):
+    # Skipped special tokens and ids past the vocabulary decode to nothing, so the character's
+    # bytes still join however many of them come between.
+    first, second, last = TOK.encode("।")
+    ids = TOK.encode("x") + [first, second, *gap, last] + TOK.encode("y")
+    det, deltas, _ = stream(ids)
+    assert det.output_text == "".join(deltas) == TOK.decode(ids) == "x।y"
+    assert "\ufffd" not in "".join(deltas)
+
+
 def test_prompt_ending_inside_a_character():
     prompt = TOK.encode("x世")[:-1]
     det, deltas, _ = stream(TOK.encode("世")[-1:] + TOK.encode("ab"), prompt=prompt)

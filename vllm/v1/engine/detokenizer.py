@@ -15,10 +15,13 @@ _REPLACEMENT = "\ufffd"
 # Prompt tokens decoded ahead of the output: decoders that drop the leading space of a decode
 # (SentencePiece) then keep the first output token's.
 _PROMPT_CONTEXT = 4
-# An unfinished UTF-8 character has at most 3 of its bytes, so it lies in the last 3 tokens.
+# An unfinished UTF-8 character has at most 3 of its bytes, so it lies in the last 3 tokens that
+# have text: tokens without (skipped special tokens, ids past the vocabulary) may come between its
+# bytes, which a decode joins.
 _UNFINISHED_TOKENS = 3
 # Pending text still ending in U+FFFD after this many tokens holds invalid bytes rather than an
-# unfinished character; the window is then cut short of its last tokens to stay bounded.
+# unfinished character; the window is then cut short of its last tokens to stay bounded (save for
+# tokens without text after the last ones with text, which stay with them).
 _MAX_PENDING = 8
 
 
@@ -118,9 +121,9 @@ class IncrementalDetokenizer:
 
     def _cut(self, text: str) -> None:
         """Finalise the pending text up to a token boundary where the decode splits exactly."""
-        last = len(self._ids) - _UNFINISHED_TOKENS
-        # Invalid sequences span at most 3 bytes, so one of 4 consecutive boundaries splits them.
-        for k in range(last, last - 4, -1):
+        # Invalid sequences span at most 3 bytes, so one of 4 consecutive boundaries before
+        # tokens with text splits them.
+        for k in self._texted_tokens()[_UNFINISHED_TOKENS - 1 : _UNFINISHED_TOKENS + 3]:
             head = self._decode(self._ids[:k])
             if head + self._decode(self._ids[k:]) == text:
                 head_len = len(head) - self._prefix_len
@@ -130,6 +133,16 @@ class IncrementalDetokenizer:
                 self._prefix_len = 0
                 self._emitted -= head_len
                 return
+
+    def _texted_tokens(self) -> list[int]:
+        """Indices of the pending tokens that have text on their own, from the last back."""
+        found = []
+        for i in range(len(self._ids) - 1, self._read, -1):
+            if self._decode(self._ids[i : i + 1]):
+                found.append(i)
+                if len(found) == _UNFINISHED_TOKENS + 3:
+                    break
+        return found
 
     def _find_stop(self, before: int) -> str | None:
         # Only a match ending in the new text is new: it starts at most len(s) - 1 chars before
