@@ -118,7 +118,7 @@ class OpenAIServingChat(OpenAIServing):
             self.engine.abort(request_id)
         choices = []
         for c in final.outputs:
-            reasoning, content = self._split(request, c.text, in_reasoning, True)
+            reasoning, content = self._split(request, c, in_reasoning)
             logprobs = None
             if num_top is not None:
                 logprobs = chat_logprobs(c.token_ids, c.logprobs or [], num_top, self.tokenizer)
@@ -142,15 +142,25 @@ class OpenAIServingChat(OpenAIServing):
         )
 
     def _split(
-        self, request: ChatCompletionRequest, text: str, in_reasoning: bool, final: bool
+        self, request: ChatCompletionRequest, c: CompletionOutput, in_reasoning: bool
     ) -> tuple[str | None, str]:
         if self.reasoning_parser is None:
-            return None, text
-        eos = self.tokenizer.eos_token
-        if self.reasoning_parser.needs_special_tokens and final and eos and text.endswith(eos):
+            return None, c.text
+        text, final = c.text, c.finish_reason is not None
+        eos, eos_id = self.tokenizer.eos_token, self.tokenizer.eos_token_id
+        if (
+            self.reasoning_parser.needs_special_tokens
+            and request.include_stop_str_in_output
+            and c.finish_reason == "stop"
+            and not isinstance(c.stop_reason, str)
+            and c.token_ids
+            and c.token_ids[-1] == eos_id
+            and eos
+        ):
             # Special tokens are kept for the markers' sake, so the eos that ended the reply
-            # shows up in the (final) text; it is not part of the answer.
-            text = text[: -len(eos)]
+            # shows up in the final text; it is not part of the answer. An eos text anywhere
+            # else (the model wrote one under ignore_eos) is, and may have been streamed already.
+            text = text.removesuffix(eos)
         reasoning, content = self.reasoning_parser.split(text, in_reasoning, final)
         return (reasoning if request.include_reasoning else None), content
 
@@ -213,7 +223,7 @@ class OpenAIServingChat(OpenAIServing):
     ) -> ChatStreamChoice | None:
         """The next delta of completion `c` (None if nothing new is ready)."""
         finished = c.finish_reason is not None
-        reasoning, content = self._split(request, c.text, in_reasoning, finished)
+        reasoning, content = self._split(request, c, in_reasoning)
         sent_reasoning, sent_content, sent_tokens = sent[c.index]
         new_reasoning = (reasoning or "")[sent_reasoning:]
         new_content = content[sent_content:]
