@@ -1,5 +1,6 @@
 """IncrementalDetokenizer on the tiny byte-level tokenizer: UTF-8 split across tokens, stop strings,
-streaming hold-back, and a random-token soak against a full decode."""
+streaming hold-back, a random-token soak against a full decode, and random short streams (stop
+strings, min_tokens, include_stop_str_in_output, skip_special_tokens) against the definition."""
 
 import base64
 import json
@@ -220,3 +221,67 @@ def test_bad_input():
     assert det.update(TOK.encode("ab")) == "b"
     with pytest.raises(ValueError, match="new_token_ids"):
         det.update(TOK.encode("c"))
+
+
+def _random_ids(rng, n):
+    """Ids biased towards what breaks detokenizers: bytes of multi-byte characters, stray high
+    bytes, special tokens, ids past the tokenizer, whitespace."""
+    pieces = [b for ch in "é世🙂€ab c\n" for b in TOK.encode(ch)]
+    kinds = [
+        lambda: rng.choice(pieces),
+        lambda: rng.randrange(128, 256),
+        lambda: rng.choice([BOS, EOS, 258, 300, *TOK.encode(" \n\t")]),
+        lambda: rng.randrange(256),
+    ]
+    return [rng.choice(kinds)() for _ in range(n)]
+
+
+def _expected_stop(ids, stop, include, skip, min_tokens):
+    """(tokens fed, stop, text) by definition: the first token after `min_tokens` whose stable
+    text (a full decode less a trailing unfinished character) completes a stop string; of those,
+    the one starting first, the shorter at a tie. (None, None, full decode) if none does."""
+    before = ""
+    for k in range(1, len(ids) + 1):
+        text = TOK.decode(ids[:k], skip_special_tokens=skip).rstrip("\ufffd")
+        if k > min_tokens and len(text) > len(before):
+            found = [
+                (i, len(s), s)
+                for s in stop
+                if (i := text.find(s, max(0, len(before) - len(s) + 1))) >= 0
+            ]
+            if found:
+                i, length, s = min(found)
+                return k, s, text[: i + length if include else i]
+        before = max(before, text, key=len)
+    return None, None, TOK.decode(ids, skip_special_tokens=skip)
+
+
+def test_random_streams_match_the_definition():
+    rng = random.Random(2024)
+    for _ in range(300):
+        ids = _random_ids(rng, rng.randrange(1, 40))
+        skip, include = rng.random() < 0.5, rng.random() < 0.5
+        clean = TOK.decode(ids, skip_special_tokens=skip).replace("\ufffd", "")
+        stop = []
+        for _ in range(rng.randrange(4)):  # substrings of the output, some across tokens
+            if clean and rng.random() < 0.8:
+                a = rng.randrange(len(clean))
+                stop.append(clean[a : rng.randrange(a + 1, min(len(clean), a + 8) + 1)])
+            else:
+                stop.append(rng.choice(["zz", "<|eos|>", " ", "\n\n"]))
+        min_tokens = rng.choice([0, 0, 1, 3, len(ids) // 2])
+        det = IncrementalDetokenizer(TOK, _random_ids(rng, 5), stop, include, skip, min_tokens)
+        deltas, fed, matched = [], 0, None
+        while fed < len(ids) and matched is None:
+            matched = det.update(ids[fed : fed + 1])
+            fed += 1
+            deltas.append(det.get_next_output_text(finished=matched is not None, delta=True))
+        if matched is None:
+            deltas.append(det.get_next_output_text(finished=True, delta=True))
+        case = (ids, stop, include, skip, min_tokens)
+        expected_fed, expected_stop, expected_text = _expected_stop(*case)
+        assert matched == expected_stop, case
+        assert det.output_text == expected_text, case
+        assert fed == (expected_fed or len(ids)), case
+        # Deltas only append: nothing streamed before the stop lies past where it cut the text.
+        assert "".join(deltas) == det.output_text, case
