@@ -1,6 +1,7 @@
 """Kimi-Linear / Kimi-K3 configs: published values parse, derived facts hold, bad fields named."""
 
 import json
+import logging
 
 import pytest
 
@@ -157,3 +158,36 @@ def test_engine_fields_are_kept_and_reachable_from_the_k3_wrapper():
 def test_unread_fields_are_not_carried():
     cfg = KimiLinearConfig.from_dict(KIMI_LINEAR_48B)
     assert not hasattr(cfg, "num_key_value_heads") and not hasattr(cfg, "torch_dtype")
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@pytest.mark.parametrize("where", ["none", "top", "text_config"])
+def test_a_checkpoints_own_quantization_config_is_warned_about(tmp_path, where):
+    quant = {"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized"}
+    config = {"model_type": "kimi_k3", "text_config": dict(K3_TEXT)}
+    if where == "top":
+        config["quantization_config"] = quant
+    elif where == "text_config":
+        config["text_config"]["quantization_config"] = quant
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    records = _Records()
+    logger = logging.getLogger("vllm.transformers_utils.configs.kimi_linear")
+    logger.addHandler(records)
+    try:
+        load_model_config(tmp_path)
+    finally:
+        logger.removeHandler(records)
+    warned = [m for m in records.messages if "quantization_config" in m]
+    if where == "none":
+        assert not warned
+    else:
+        assert len(warned) == 1
+        assert "'compressed-tensors'" in warned[0] and "refused" in warned[0]

@@ -8,13 +8,21 @@ fork reads the checkpoint's names directly. `is_kda_layer` is 1-based as upstrea
 
 Every field is type- and range-checked at load (a JSON `true` is not an integer, a string is not a
 boolean), so a bad checkpoint fails here with the field's name instead of deep in a kernel. Fields
-the fork does not read are not kept; docs/model.md lists them.
+the fork does not read are not kept; docs/model.md lists them. A checkpoint's own
+`quantization_config` (at the top or in `text_config`) is one of them, but not silently: the
+fork loads bf16 / fp16 / fp32 weights only (PTPC quantizes them online), so `load_model_config`
+warns that the config will run unquantized and that the checkpoint's quantized tensors will be
+refused.
 """
 
 import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from vllm.logger import init_logger
+
+logger = init_logger(__name__)
 
 _LINEAR_ATTN_KEYS = {
     "kda_layers", "full_attn_layers", "num_heads", "head_dim", "short_conv_kernel_size",
@@ -308,9 +316,26 @@ def load_model_config(path: "str | Path") -> "KimiLinearConfig | KimiK3Config": 
         raise ValueError(f"cannot read model config {file}: {e}") from None
     if not isinstance(config, dict):
         raise ValueError(f"model config {file} must be a JSON object, got {type(config).__name__}")
+    _warn_checkpoint_quantization(file, config)
     model_type = config.get("model_type")
     if model_type == "kimi_linear":
         return KimiLinearConfig.from_dict(config)
     if model_type == "kimi_k3":
         return KimiK3Config.from_dict(config)
     raise ValueError(f"config field 'model_type': {model_type!r} is not kimi_linear or kimi_k3")
+
+
+def _warn_checkpoint_quantization(file: Path, config: dict) -> None:
+    text = config.get("text_config")
+    quant = config.get("quantization_config")
+    if quant is None and isinstance(text, dict):
+        quant = text.get("quantization_config")
+    if quant is None:
+        return
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    logger.warning(
+        "%s has a quantization_config (quant_method %r), which this fork does not read: the model "
+        "is built unquantized (dummy weights run in the model dtype), and loading the checkpoint's "
+        "quantized tensors is refused; --quantization-config quantizes a bf16 checkpoint online",
+        file, method,
+    )  # fmt: skip
