@@ -73,6 +73,17 @@ def test_tokens_without_text_between_bytes_of_a_character(gap):
     assert "\ufffd" not in "".join(deltas)
 
 
+def test_tokens_without_text_after_an_unfinished_character_keep_the_window_bounded():
+    # An ignore_eos run that repeats a skipped special token after a character's first byte: each
+    # step decodes a few ids, however long the run, and the character still completes.
+    lead, *rest = TOK.encode("世")
+    ids = TOK.encode("x") + [lead] + [BOS] * 300 + rest + TOK.encode("y")
+    spy = SpyTokenizer(TOK)
+    det, deltas, _ = stream(ids, tokenizer=spy)
+    assert det.output_text == "".join(deltas) == TOK.decode(ids) == "x世y"
+    assert spy.longest <= 12  # the prompt context and a few pending tokens, not the run
+
+
 def test_prompt_ending_inside_a_character():
     prompt = TOK.encode("x世")[:-1]
     det, deltas, _ = stream(TOK.encode("世")[-1:] + TOK.encode("ab"), prompt=prompt)
@@ -244,10 +255,12 @@ def _expected_stop(ids, stop, include, skip, min_tokens):
     for k in range(1, len(ids) + 1):
         text = TOK.decode(ids[:k], skip_special_tokens=skip).rstrip("\ufffd")
         if k > min_tokens and len(text) > len(before):
+            # Every occurrence, overlapping ones too, that ends in this token's new text.
             found = [
                 (i, len(s), s)
                 for s in stop
-                if (i := text.find(s, max(0, len(before) - len(s) + 1))) >= 0
+                for i in range(len(text) - len(s) + 1)
+                if text.startswith(s, i) and i + len(s) > len(before)
             ]
             if found:
                 i, length, s = min(found)

@@ -15,13 +15,11 @@ _REPLACEMENT = "\ufffd"
 # Prompt tokens decoded ahead of the output: decoders that drop the leading space of a decode
 # (SentencePiece) then keep the first output token's.
 _PROMPT_CONTEXT = 4
-# An unfinished UTF-8 character has at most 3 of its bytes, so it lies in the last 3 tokens that
-# have text: tokens without (skipped special tokens, ids past the vocabulary) may come between its
-# bytes, which a decode joins.
+# An unfinished UTF-8 character has at most 3 of its bytes, so it lies in the last 3 tokens (tokens
+# without text that a decode would join it across are kept out of the window: `_joins_across`).
 _UNFINISHED_TOKENS = 3
 # Pending text still ending in U+FFFD after this many tokens holds invalid bytes rather than an
-# unfinished character; the window is then cut short of its last tokens to stay bounded (save for
-# tokens without text after the last ones with text, which stay with them).
+# unfinished character; the window is then cut short of its last tokens to stay bounded.
 _MAX_PENDING = 8
 
 
@@ -64,6 +62,7 @@ class IncrementalDetokenizer:
         self._read = len(context)
         self._prefix_len = len(context_text)
         self._emitted = 0  # characters of the pending text already in output_text
+        self._unfinished = False  # the pending text ends in U+FFFD
 
     def update(self, new_token_ids: list[int]) -> str | None:
         """Append tokens and their text; return the stop string that matched, if one did."""
@@ -73,13 +72,16 @@ class IncrementalDetokenizer:
             raise ValueError(
                 f"new_token_ids: the sequence already stopped at {self.matched_stop!r}"
             )
-        self._ids += new_token_ids
         self._num_tokens += len(new_token_ids)
+        for token in new_token_ids:
+            if not (self._unfinished and self._joins_across(token)):
+                self._ids.append(token)
         before = len(self.output_text)
         text = self._decode(self._ids)
         pending = text[self._prefix_len :]
         stable = len(pending.rstrip(_REPLACEMENT))
         self._emit(pending, stable)
+        self._unfinished = stable < len(pending)
         if stable == len(pending):
             self._slide()
         elif len(self._ids) - self._read > _MAX_PENDING:
@@ -121,9 +123,9 @@ class IncrementalDetokenizer:
 
     def _cut(self, text: str) -> None:
         """Finalise the pending text up to a token boundary where the decode splits exactly."""
-        # Invalid sequences span at most 3 bytes, so one of 4 consecutive boundaries before
-        # tokens with text splits them.
-        for k in self._texted_tokens()[_UNFINISHED_TOKENS - 1 : _UNFINISHED_TOKENS + 3]:
+        last = len(self._ids) - _UNFINISHED_TOKENS
+        # Invalid sequences span at most 3 bytes, so one of 4 consecutive boundaries splits them.
+        for k in range(last, last - 4, -1):
             head = self._decode(self._ids[:k])
             if head + self._decode(self._ids[k:]) == text:
                 head_len = len(head) - self._prefix_len
@@ -134,15 +136,14 @@ class IncrementalDetokenizer:
                 self._emitted -= head_len
                 return
 
-    def _texted_tokens(self) -> list[int]:
-        """Indices of the pending tokens that have text on their own, from the last back."""
-        found = []
-        for i in range(len(self._ids) - 1, self._read, -1):
-            if self._decode(self._ids[i : i + 1]):
-                found.append(i)
-                if len(found) == _UNFINISHED_TOKENS + 3:
-                    break
-        return found
+    def _joins_across(self, token: int) -> bool:
+        """Whether `token` has no text and the window decodes the same with it: a skipped special
+        token or an id past the vocabulary, which a decode joins an unfinished character's bytes
+        across. Left out of the window, such tokens cannot push the character's first bytes out
+        of the last `_UNFINISHED_TOKENS`, nor grow the window while the character is pending."""
+        if self._decode([token]):
+            return False
+        return self._decode([*self._ids, token]) == self._decode(self._ids)
 
     def _find_stop(self, before: int) -> str | None:
         # Only a match ending in the new text is new: it starts at most len(s) - 1 chars before
