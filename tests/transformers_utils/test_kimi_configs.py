@@ -182,7 +182,9 @@ def test_a_checkpoints_own_quantization_config_is_warned_about(tmp_path, where):
     logger = logging.getLogger("vllm.transformers_utils.configs.kimi_linear")
     logger.addHandler(records)
     try:
-        load_model_config(tmp_path)
+        load_model_config(tmp_path)  # the loader's reading: no warning
+        assert not records.messages
+        load_model_config(tmp_path, warn_checkpoint_quantization=True)
     finally:
         logger.removeHandler(records)
     warned = [m for m in records.messages if "quantization_config" in m]

@@ -152,7 +152,7 @@ class EngineArgs:
         folder, _ = resolve_model(self.model)
         check_load_format(folder, self.load_format)
         try:
-            hf_config = load_model_config(folder)
+            hf_config = load_model_config(folder, warn_checkpoint_quantization=True)
         except ValueError as e:
             raise ValueError(f"model: {e}") from None
         text = getattr(hf_config, "text_config", hf_config)

@@ -129,8 +129,8 @@ CASES = {
 }  # fmt: skip
 
 
-# Seeds whose workloads preempt in both configurations.
-@pytest.mark.parametrize("seed", [1, 5])
+# A seed whose workloads preempt in both configurations (asserted below); one keeps it fast.
+@pytest.mark.parametrize("seed", [1])
 @pytest.mark.parametrize("name", CASES)
 def test_requests_together_equal_each_alone(alone, name, seed):
     kwargs = CASES[name]

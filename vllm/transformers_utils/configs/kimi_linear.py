@@ -10,9 +10,10 @@ Every field is type- and range-checked at load (a JSON `true` is not an integer,
 boolean), so a bad checkpoint fails here with the field's name instead of deep in a kernel. Fields
 the fork does not read are not kept; docs/model.md lists them. A checkpoint's own
 `quantization_config` (at the top or in `text_config`) is one of them, but not silently: the
-fork loads bf16 / fp16 / fp32 weights only (PTPC quantizes them online), so `load_model_config`
-warns that the config will run unquantized and that the checkpoint's quantized tensors will be
-refused.
+fork loads floating-point weights of 16 bits or more only (PTPC quantizes them online), so
+`load_model_config(..., warn_checkpoint_quantization=True)`, which `EngineArgs` calls once per
+engine, warns that the model will run unquantized and that the checkpoint's quantized tensors
+will be refused.
 """
 
 import json
@@ -305,8 +306,12 @@ class KimiLinearConfig:
             _fail("linear_attn_config.gate_lower_bound", f"must be in [-5, 0), got {lower!r}")
 
 
-def load_model_config(path: "str | Path") -> "KimiLinearConfig | KimiK3Config":  # noqa: F821
-    """Read `config.json` in a checkpoint folder: a `kimi_linear` or a `kimi_k3` config."""
+def load_model_config(
+    path: "str | Path", warn_checkpoint_quantization: bool = False
+) -> "KimiLinearConfig | KimiK3Config":  # noqa: F821
+    """Read `config.json` in a checkpoint folder: a `kimi_linear` or a `kimi_k3` config. With
+    `warn_checkpoint_quantization` (once per engine: its arguments' check), a checkpoint's own
+    `quantization_config` is logged as a warning (module docstring)."""
     from vllm.transformers_utils.configs.kimi_k3 import KimiK3Config
 
     file = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
@@ -316,7 +321,8 @@ def load_model_config(path: "str | Path") -> "KimiLinearConfig | KimiK3Config": 
         raise ValueError(f"cannot read model config {file}: {e}") from None
     if not isinstance(config, dict):
         raise ValueError(f"model config {file} must be a JSON object, got {type(config).__name__}")
-    _warn_checkpoint_quantization(file, config)
+    if warn_checkpoint_quantization:
+        _warn_checkpoint_quantization(file, config)
     model_type = config.get("model_type")
     if model_type == "kimi_linear":
         return KimiLinearConfig.from_dict(config)
