@@ -5,6 +5,8 @@ experts), and the dtype check every tensor passes. The model is the built-in kim
 experts' kernels hold as slot 8). A corrupt shard or a malformed shard index is a ValueError
 naming the file."""
 
+import re
+
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -74,7 +76,7 @@ def test_expert_beyond_num_experts_is_refused(model, tensors):
 )
 def test_quantized_or_integer_tensor_is_refused(model, tensors, dtype):
     name = KDA + "q_proj.weight"
-    with pytest.raises(ValueError, match=rf"{name}: checkpoint dtype {dtype}, expected bfloat16"):
+    with pytest.raises(ValueError, match=rf"{name}: checkpoint dtype {dtype}, expected floating"):
         model.load_weights([(name, tensors[name].to(dtype))])
 
 
@@ -100,7 +102,7 @@ def test_corrupt_shard_is_named(tensors, tmp_path, keep):
     folder = write_checkpoint(tmp_path / "ckpt", tensors)
     shard = folder / "model.safetensors"
     shard.write_bytes(shard.read_bytes()[:keep])
-    with pytest.raises(ValueError, match=f"{shard}: not a readable safetensors file"):
+    with pytest.raises(ValueError, match=re.escape(f"{shard}: not a readable safetensors file")):
         load_model(folder, dtype=torch.float32)
 
 
@@ -111,5 +113,5 @@ def test_malformed_index_is_named(tensors, tmp_path, index):
     folder = write_checkpoint(tmp_path / "ckpt", tensors)
     path = folder / "model.safetensors.index.json"
     path.write_bytes(index.encode("latin-1"))
-    with pytest.raises(ValueError, match=f"{path}: "):
+    with pytest.raises(ValueError, match=re.escape(f"{path}: ")):
         load_model(folder, dtype=torch.float32)

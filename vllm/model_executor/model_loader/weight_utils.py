@@ -8,10 +8,7 @@ import torch
 def copy_checked(target: torch.Tensor, loaded: torch.Tensor, name: str) -> None:
     """Copy `loaded` into `target` in place (converting dtype and device); a shape mismatch is a
     ValueError naming `name` (`copy_` alone would broadcast a `[1]` tensor silently)."""
-    if target.shape != loaded.shape:
-        raise ValueError(
-            f"{name}: checkpoint shape {tuple(loaded.shape)}, expected {tuple(target.shape)}"
-        )
+    check_shape(loaded, tuple(target.shape), name)
     with torch.no_grad():
         target.copy_(loaded)
 
@@ -32,7 +29,8 @@ def check_floating(loaded: torch.Tensor, name: str) -> None:
     meaningless without their scales: converting them would load a wrong model silently."""
     if not loaded.is_floating_point() or loaded.element_size() < 2:
         raise ValueError(
-            f"{name}: checkpoint dtype {loaded.dtype}, expected bfloat16, float16 or float32; "
+            f"{name}: checkpoint dtype {loaded.dtype}, expected floating point of 16 bits or "
+            "more (bfloat16, float16, float32, float64); "
             "quantized checkpoints are not supported (--quantization-config quantizes a "
             "bf16 checkpoint online)"
         )

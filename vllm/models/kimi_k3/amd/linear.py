@@ -539,16 +539,19 @@ class KimiLinearForCausalLM(torch.nn.Module):
         `block_sparse_moe.*` spelling of a dense MLP is reported as `mlp.*`."""
         loaded = set()
         for name, tensor in weights:
-            check_floating(tensor, name)
             match = _LAYER.fullmatch(name)
             if match:
                 i = int(match[1])
                 if i >= len(self.layers) + self.config.num_nextn_predict_layers:
                     raise ValueError(f"unexpected checkpoint tensor {name!r}: no layer {i}")
                 if i >= len(self.layers):
-                    continue  # multi-token-prediction layers: not served
+                    continue  # multi-token-prediction layers: not served, whatever their dtype
+                check_floating(tensor, name)
                 name = self._load_layer_tensor(i, match[2], match[3], tensor)
-            elif name == "model.embed_tokens.weight":
+                loaded.add(name)
+                continue
+            check_floating(tensor, name)
+            if name == "model.embed_tokens.weight":
                 self.embed_tokens.weight_loader(self.embed_tokens.weight, tensor)
             elif name == "model.norm.weight":
                 copy_checked(self.norm.weight, tensor, name)

@@ -36,9 +36,12 @@ class OnlineQuantizationConfig(QuantizationConfig):
                 (repr(n) for n, k in QUANT_KEY_NAMES.items() if k == args.linear.weight),
                 str(args.linear.weight),
             )
+            supported = [n for n, spec in ONLINE_SHORTHANDS.items() if "linear" in spec
+                         and spec["linear"].weight in _ONLINE_LINEAR_METHODS]  # fmt: skip
+            supported += [n for n, k in QUANT_KEY_NAMES.items() if k in _ONLINE_LINEAR_METHODS]
             raise ValueError(
                 f"quantization config field 'linear': no online method for {scheme}; online "
-                f"quantization supports {sorted(ONLINE_SHORTHANDS)}"
+                f"quantization supports {sorted(supported)}"
             )
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> LinearMethodBase | None:
