@@ -10,7 +10,9 @@ Every synchronizing call is reported with the Python frames that made it (the in
 PROBE_FRAMES of them), grouped by call site, with its count per step. The first step is
 prefill-only and the later ones mixed (decodes beside a prompt's chunks).
 
-    STEPS=3 python sync_points.py <benchmark_latency.py arguments>
+    STEPS=3 python docs/perf_h200_2026-12-04e/sync_points.py <benchmark_latency.py arguments>
+
+(from the repository root: it imports `benchmarks/` by that relative path)
 """
 
 import os
