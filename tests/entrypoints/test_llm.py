@@ -76,6 +76,10 @@ def test_model_that_is_a_file_is_named(tmp_path):
             ValueError, match=f"model '{tmp_path / name}' is a file, not a folder; pass the"
         ):
             LLM(str(tmp_path / name), skip_tokenizer_init=True)
+    tokenizer = tmp_path / "tokenizer.json"
+    tokenizer.write_text("{}")
+    with pytest.raises(ValueError, match=f"tokenizer '{tokenizer}' is a file, not a folder"):
+        LLM(MODEL, tokenizer=str(tokenizer))
 
 
 def test_tensor_parallel_size_that_does_not_divide_the_heads(torch_reference_kernels):
