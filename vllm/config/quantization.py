@@ -38,6 +38,12 @@ QUANT_KEY_NAMES: dict[str, QuantKey] = {
 }
 
 
+def quant_key_name(key: QuantKey) -> str:
+    """`key` as a user spells it in `--quantization-config` (its `QUANT_KEY_NAMES` name), else its
+    own text."""
+    return next((name for name, k in QUANT_KEY_NAMES.items() if k == key), str(key))
+
+
 class FusedLayerSplitError(ValueError):
     """`ignore` patterns that match some shards of a fused layer and not others (found while the
     model's layers are built)."""

@@ -2,7 +2,12 @@
 
 import torch
 
-from vllm.config.quantization import ONLINE_SHORTHANDS, QUANT_KEY_NAMES, QuantizationConfigArgs
+from vllm.config.quantization import (
+    ONLINE_SHORTHANDS,
+    QUANT_KEY_NAMES,
+    QuantizationConfigArgs,
+    quant_key_name,
+)
 from vllm.model_executor.layers.linear import LinearBase, LinearMethodBase
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.layers.quantization.online.fp8 import Fp8PtpcOnlineLinearMethod
@@ -31,16 +36,12 @@ class OnlineQuantizationConfig(QuantizationConfig):
         self.args = args
         self.packed_modules_mapping = packed_modules_mapping or {}
         if args.linear is not None and args.linear.weight not in _ONLINE_LINEAR_METHODS:
-            # Named as the user spelled it (QUANT_KEY_NAMES), not as the QuantKey's repr.
-            scheme = next(
-                (repr(n) for n, k in QUANT_KEY_NAMES.items() if k == args.linear.weight),
-                str(args.linear.weight),
-            )
             supported = [n for n, spec in ONLINE_SHORTHANDS.items() if "linear" in spec
                          and spec["linear"].weight in _ONLINE_LINEAR_METHODS]  # fmt: skip
             supported += [n for n, k in QUANT_KEY_NAMES.items() if k in _ONLINE_LINEAR_METHODS]
             raise ValueError(
-                f"quantization config field 'linear': no online method for {scheme}; online "
+                f"quantization config field 'linear': no online method for "
+                f"{quant_key_name(args.linear.weight)!r}; online "
                 f"quantization supports {sorted(supported)}"
             )
 
