@@ -1,8 +1,11 @@
 """AsyncLLM over a scripted engine: concurrent requests, early close aborts and frees, a refused
-request leaves the loop running, a failing step fails every open request and /health's state."""
+request leaves the loop running, a failing step fails every open request and /health's state, a
+caller cancelled while its request is being added (its client hung up) leaves the loop serving and
+nothing in the engine."""
 
 import asyncio
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -197,3 +200,58 @@ def test_commands_right_after_stop_are_refused_not_left_waiting(llm: AsyncLLM) -
             await llm.call(lambda engine: None)
 
     asyncio.run(asyncio.wait_for(main(), timeout=5))
+
+
+def test_a_caller_cancelled_before_the_loop_takes_its_add_leaves_the_loop_serving(
+    llm: AsyncLLM,
+) -> None:
+    """A client that hangs up while its request waits in the command queue (the loop is busy in
+    a step) cancels the caller; the loop must skip the command, not die setting its result."""
+    gate = threading.Event()
+
+    async def main() -> None:
+        busy = asyncio.ensure_future(llm.call(lambda engine: gate.wait(10)))
+        add = asyncio.ensure_future(llm.add_request("gone", "hi", SamplingParams(max_tokens=10**6)))
+        await asyncio.sleep(0)  # both commands are queued behind the blocking call
+        add.cancel()
+        await asyncio.gather(add, return_exceptions=True)
+        gate.set()
+        assert await busy
+        assert await llm.call(lambda engine: dict(engine.requests)) == {}
+        assert await _collect(llm, "next", "hi", 4) == "The "
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), timeout=10))
+    finally:
+        gate.set()
+    assert llm.is_running
+
+
+def test_a_caller_cancelled_while_the_engine_adds_its_request_aborts_it(llm: AsyncLLM) -> None:
+    """Once the loop has taken the add, cancelling the caller cannot withdraw it: the request
+    is added for nobody and must be aborted, or it would run to max_tokens holding its cache."""
+    entered, gate = threading.Event(), threading.Event()
+    add_request = llm.engine.add_request
+
+    def slow_add(*args) -> None:
+        entered.set()
+        gate.wait(10)
+        add_request(*args)
+
+    llm.engine.add_request = slow_add
+
+    async def main() -> None:
+        add = asyncio.ensure_future(llm.add_request("gone", "hi", SamplingParams(max_tokens=10**6)))
+        assert await asyncio.to_thread(entered.wait, 10)
+        add.cancel()
+        await asyncio.gather(add, return_exceptions=True)
+        gate.set()
+        # Adding queues the abort before the loop takes the first call, so the second sees it.
+        await llm.call(lambda engine: None)
+        assert await llm.call(lambda engine: dict(engine.requests)) == {}
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), timeout=10))
+    finally:
+        gate.set()
+    assert llm.is_running

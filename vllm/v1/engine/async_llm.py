@@ -116,12 +116,22 @@ class AsyncLLM:
 
         Raises ValueError if the engine refuses the request. The iterator yields the latest output
         whenever it changed, until it finishes; closing it early aborts the request. A caller that
-        may drop the iterator unstarted must `abort()` the id itself (aborting is idempotent)."""
+        may drop the iterator unstarted must `abort()` the id itself (aborting is idempotent);
+        cancelled while waiting for the engine, it leaves nothing behind."""
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue = asyncio.Queue()
         added: concurrent.futures.Future = concurrent.futures.Future()
         self._submit(("add", request_id, prompt, params, loop, outputs, added))
-        await asyncio.wrap_future(added)
+        try:
+            await asyncio.wrap_future(added)
+        except asyncio.CancelledError:
+            # The caller gave up (its client hung up). Cancelling `added` withdrew the command
+            # unless the loop had already taken it; then the request is added for nobody, so
+            # abort it once it is (only if it was: the id may belong to another request).
+            added.add_done_callback(
+                lambda f: f.cancelled() or f.exception() is not None or self.abort(request_id)
+            )
+            raise
         return self._stream(request_id, outputs)
 
     async def generate(
@@ -222,10 +232,14 @@ class AsyncLLM:
             if kind == "stop":
                 self._stopping = True
                 return
-            if kind == "add":
-                self._add(*command[1:])
-            elif kind == "abort":
+            if kind == "abort":
                 self._abort(command[1])
+            elif not command[-1].set_running_or_notify_cancel():
+                # Its caller was cancelled while the command waited: skip it, as a result could
+                # not be set on the cancelled future. From here on it can no longer be cancelled.
+                continue
+            elif kind == "add":
+                self._add(*command[1:])
             elif kind == "call":
                 fn, done = command[1:]
                 try:
