@@ -175,6 +175,41 @@ def test_worker_raising_fails_the_engine_with_its_traceback(tp2_llm):
     assert "token ids outside the vocabulary" in str(error)
 
 
+@pytest.mark.parametrize("error", [ValueError, KeyboardInterrupt])
+def test_rank0_raising_mid_step_stops_the_workers_it_left_behind(monkeypatch, error):
+    """Rank 0 leaves a step inside the model (an exception, Ctrl-C) while the worker runs it: the
+    worker waits in a collective that rank 0's next step would answer with a mismatched one (a
+    hang until the collective timeout, an abort, or wrong tokens). The engine stops its workers
+    at once, refuses later steps with a clear error and frees the group for a new engine."""
+    expected = tp1_tokens(FAST)
+    llm = LLM(FAST, tensor_parallel_size=2, **ARGS)
+    pids = [proc.pid for proc in worker_processes(llm)]
+    layer = llm.llm_engine.executor.runner.model.layers[1]
+    forward, calls = layer.forward, []
+
+    def fail_second_call(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # the first decode step, after layer 0's collectives
+            raise error("rank 0 failed")
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(layer, "forward", fail_second_call)
+    with pytest.raises(error, match="rank 0 failed"):
+        llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert_no_workers_left(pids)
+    monkeypatch.undo()
+    with pytest.raises(RuntimeError, match=f"rank 0 raised {error.__name__} during 'execute'"):
+        llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    # No shutdown() needed first: the failed engine no longer holds the process group.
+    new = LLM(FAST, tensor_parallel_size=2, **ARGS)
+    try:
+        outputs = new.generate(PROMPTS, GREEDY, use_tqdm=False)
+        assert [list(out.outputs[0].token_ids) for out in outputs] == expected
+    finally:
+        new.shutdown()
+        llm.shutdown()
+
+
 def test_collecting_an_llm_stops_its_workers_and_spares_a_newer_engine():
     """Also: while a TP engine is alive, another engine in the process is refused at once."""
     expected = tp1_tokens(FAST)
@@ -262,6 +297,7 @@ def test_rank0_error_wins_over_the_same_error_from_a_worker(worker_error, raised
             raise ValueError("4 heads do not split over TP 3")
 
     executor = object.__new__(Executor)
+    executor._failure, executor._owns_group = None, False
     worker = _FailingWorker(worker_error)
     executor.workers = [(worker, worker)]
     executor.runner = Runner()

@@ -11,7 +11,9 @@ A worker that raises sends its traceback and exits; one that dies is noticed by 
 its process ending. Either fails the engine with `RuntimeError` naming the rank instead of hanging
 (except where rank 0 raised the very same error as the failed worker, as every rank does for a model
 that cannot be built: then rank 0's own exception, a `ValueError` say, is raised): a collective with
-a dead gloo peer errors out, and rank 0 checks the workers around every call. At start-up each
+a dead gloo peer errors out, and rank 0 checks the workers around every call. Rank 0 failing on its
+own in a call the workers run (an exception, Ctrl-C) leaves them in collectives it will not match:
+the workers are stopped at once and later calls are refused. At start-up each
 worker reports that it is running before rank 0 enters the rendezvous, which would otherwise wait
 for a worker that died while bootstrapping (e.g. a script without the `if __name__ == "__main__":`
 guard that spawn needs) until the collective timeout.
@@ -132,6 +134,8 @@ class Executor:
         self._encoder = StepEncoder()
         # Whether this executor initialized the (process-global) TP group and must destroy it.
         self._owns_group = False
+        # Why the engine cannot go on, once rank 0 failed in a call the workers also run.
+        self._failure: str | None = None
         try:
             if tp > 1:
                 # The rendezvous store binds its port before any worker starts: a port found
@@ -155,6 +159,8 @@ class Executor:
 
     def collective_rpc(self, method: str, *args: Any) -> Any:
         """Call `method` on every rank's runner; returns rank 0's result."""
+        if self._failure is not None:
+            raise RuntimeError(self._failure)
         self._check_workers()
         if self.workers:
             sent = (self._encoder.encode(*args),) if method == "execute" else args
@@ -162,7 +168,9 @@ class Executor:
                 pipe.send((method, *sent))
         try:
             result = getattr(self.runner, method)(*args)
-        except Exception as e:
+        except BaseException as e:
+            if not self.workers:
+                raise
             try:
                 self._check_workers()
             except WorkerFailed as failed:
@@ -170,7 +178,8 @@ class Executor:
                 # adds nothing, and whichever reported first, the caller sees that error's type.
                 if failed.error != f"{type(e).__name__}: {e}":
                     raise
-            raise e
+            self._stop_out_of_step(method, e)
+            raise
         if method in _ANSWERED:
             for rank in range(1, len(self.workers) + 1):
                 self._answer(rank)
@@ -211,7 +220,24 @@ class Executor:
             "continue"
         )
 
+    def _stop_out_of_step(self, method: str, error: BaseException) -> None:
+        """Rank 0 left `method` early (an exception, Ctrl-C) while the workers run it: they wait
+        in collectives that rank 0's next call would answer with mismatched ones (a hang until
+        the collective timeout, an abort, or wrong results where the shapes happen to match).
+        Nothing can bring the ranks back in step: stop the workers now and refuse later calls."""
+        self._failure = (
+            f"the tensor-parallel engine stopped: rank 0 raised {type(error).__name__} during "
+            f"{method!r} ({error}), leaving its workers out of step; build a new engine"
+        )
+        error.add_note("tensor-parallel workers stopped: the engine cannot continue")
+        self._release(wait_s=0.0)
+
     def shutdown(self) -> None:
+        self._release(_SHUTDOWN_WAIT_S)
+
+    def _release(self, wait_s: float) -> None:
+        """Stop the workers (killing those still running after `wait_s`, one wait for all) and
+        destroy the process group if this executor created it."""
         for proc, pipe in self.workers:
             if proc.is_alive():
                 try:
@@ -220,7 +246,7 @@ class Executor:
                     pass
         # One deadline for all: a worker still waiting to join the group (stopped during start-up)
         # never reads "shutdown", and each would otherwise add its own wait.
-        deadline = time.monotonic() + _SHUTDOWN_WAIT_S
+        deadline = time.monotonic() + wait_s
         for proc, _ in self.workers:
             proc.join(timeout=max(0.0, deadline - time.monotonic()))
             if proc.is_alive():
