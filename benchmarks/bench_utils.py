@@ -60,7 +60,16 @@ def make_parser(doc: str) -> argparse.ArgumentParser:
 
 
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> torch.device:
-    """The device the benchmark runs on; parser errors for flags that cannot work."""
+    """The device the benchmark runs on; parser errors for flags that cannot work, among them an
+    `--output-json` that cannot be written (checked now, not after the first case's minutes)."""
+    if args.output_json:
+        probe = f"{args.output_json}.tmp"  # the name write_json writes through
+        try:
+            with open(probe, "w"):
+                pass
+            os.remove(probe)
+        except OSError as e:
+            parser.error(f"--output-json {args.output_json!r}: cannot write there ({e.strerror})")
     if args.dry_run:
         return torch.device("cpu")
     if args.device == "cpu" or not torch.cuda.is_available():

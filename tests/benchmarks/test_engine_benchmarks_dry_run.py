@@ -1,6 +1,7 @@
 """The engine benchmarks run end to end with `--dry-run` (CPU, kimi-k3-tiny, tiny sizes) and write
 a JSON record with every case measured: the scripts cannot rot between GPU runs."""
 
+import importlib
 import json
 import math
 import sys
@@ -64,6 +65,19 @@ def test_throughput_dry_run(tmp_path: Path) -> None:
     assert benchmark_throughput.main(["--dry-run", "--output-json", str(out)]) == 0
     results = json.loads(out.read_text())["results"]
     assert results["requests_per_s"] > 0 and results["decode_only_steps"]["steps"] > 0
+
+
+@pytest.mark.parametrize("name", ["benchmark_latency", "benchmark_throughput"])
+def test_unwritable_output_json_is_refused_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture, name: str
+) -> None:
+    module = importlib.import_module(name)
+    out = tmp_path / "no-such-folder" / "result.json"
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--dry-run", "--output-json", str(out)])
+    assert exit_info.value.code == 2
+    assert f"--output-json '{out}': cannot write there" in capsys.readouterr().err
+    assert not out.parent.exists()
 
 
 def test_help_names_the_vllm_flags(capsys: pytest.CaptureFixture) -> None:
