@@ -59,17 +59,24 @@ def make_parser(doc: str) -> argparse.ArgumentParser:
     return parser
 
 
+def check_writable(parser: argparse.ArgumentParser, output_json: str | None) -> None:
+    """A parser error now if `--output-json` cannot be written, rather than a traceback when the
+    first results are (minutes into a GPU run)."""
+    if not output_json:
+        return
+    probe = f"{output_json}.tmp"  # the name write_json writes through
+    try:
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        parser.error(f"--output-json {output_json!r}: cannot write there ({e.strerror})")
+
+
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> torch.device:
     """The device the benchmark runs on; parser errors for flags that cannot work, among them an
     `--output-json` that cannot be written (checked now, not after the first case's minutes)."""
-    if args.output_json:
-        probe = f"{args.output_json}.tmp"  # the name write_json writes through
-        try:
-            with open(probe, "w"):
-                pass
-            os.remove(probe)
-        except OSError as e:
-            parser.error(f"--output-json {args.output_json!r}: cannot write there ({e.strerror})")
+    check_writable(parser, args.output_json)
     if args.dry_run:
         return torch.device("cpu")
     if args.device == "cpu" or not torch.cuda.is_available():

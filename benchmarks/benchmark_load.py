@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_utils import check_writable
 from safetensors.torch import save_file
 from tqdm import tqdm
 
@@ -163,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         args.shard_gb = 0.002
     if args.out is None:
         parser.error("--out is required")
+    check_writable(parser, args.output_json)
     if args.shard_gb <= 0 or args.num_experts < 0:
         parser.error("--shard-gb must be positive and --num-experts >= 0")
     record: dict[str, Any] = {

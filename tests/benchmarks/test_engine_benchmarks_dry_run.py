@@ -67,14 +67,17 @@ def test_throughput_dry_run(tmp_path: Path) -> None:
     assert results["requests_per_s"] > 0 and results["decode_only_steps"]["steps"] > 0
 
 
-@pytest.mark.parametrize("name", ["benchmark_latency", "benchmark_throughput"])
+@pytest.mark.parametrize(
+    "name, argv",
+    [("benchmark_latency", []), ("benchmark_throughput", []), ("benchmark_load", ["--out", "x"])],
+)
 def test_unwritable_output_json_is_refused_before_the_run(
-    tmp_path: Path, capsys: pytest.CaptureFixture, name: str
+    tmp_path: Path, capsys: pytest.CaptureFixture, name: str, argv: list[str]
 ) -> None:
     module = importlib.import_module(name)
     out = tmp_path / "no-such-folder" / "result.json"
     with pytest.raises(SystemExit) as exit_info:
-        module.main(["--dry-run", "--output-json", str(out)])
+        module.main(["--dry-run", "--output-json", str(out), *argv])
     assert exit_info.value.code == 2
     assert f"--output-json '{out}': cannot write there" in capsys.readouterr().err
     assert not out.parent.exists()
