@@ -115,3 +115,10 @@ def test_malformed_index_is_named(tensors, tmp_path, index):
     path.write_bytes(index.encode("latin-1"))
     with pytest.raises(ValueError, match=re.escape(f"{path}: ")):
         load_model(folder, dtype=torch.float32)
+
+
+def test_multi_token_prediction_tensors_are_skipped_whatever_their_dtype(model, monkeypatch):
+    # A layer past the served ones (an MTP layer) is never loaded, so its dtype refuses nothing.
+    monkeypatch.setattr(model.config, "num_nextn_predict_layers", 1)
+    name = f"model.layers.{len(model.layers)}.self_attn.q_proj.weight"
+    assert model.load_weights([(name, torch.zeros(4, 4, dtype=torch.float8_e4m3fn))]) == set()
