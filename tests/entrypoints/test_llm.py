@@ -82,10 +82,19 @@ def test_model_that_is_a_file_is_named(tmp_path):
         LLM(MODEL, tokenizer=str(tokenizer))
 
 
-def test_tensor_parallel_size_that_does_not_divide_the_heads(torch_reference_kernels):
-    """Checked when the model is built on each rank: the error names the layer and the TP size,
-    and the started worker is stopped."""
-    with pytest.raises(ValueError, match="KDA heads do not split over TP 3"):
+def test_tensor_parallel_size_that_does_not_divide_the_heads(torch_reference_kernels, monkeypatch):
+    """Checked on the meta device before any worker starts: the error names the argument, the
+    layer and the TP size."""
+    from vllm.v1.engine import llm_engine
+
+    def no_workers(config):
+        raise AssertionError("an executor was started for a model that does not shard")
+
+    monkeypatch.setattr(llm_engine, "Executor", no_workers)
+    with pytest.raises(
+        ValueError,
+        match="tensor_parallel_size: 3 does not shard this model: .*KDA heads do not split over TP 3",
+    ):
         LLM(MODEL, **dict(ARGS, tensor_parallel_size=3))
     assert multiprocessing.active_children() == []
 

@@ -4,6 +4,9 @@ With no group initialized everything runs as TP=1 and collectives return their i
 so single-process use needs no process group at all.
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import torch.distributed as dist
 
@@ -36,6 +39,22 @@ def initialize_model_parallel(tensor_parallel_size: int = 1) -> None:
 def destroy_model_parallel() -> None:
     global _TP_GROUP, _TP_SIZE, _TP_RANK
     _TP_GROUP, _TP_SIZE, _TP_RANK = None, 1, 0
+
+
+@contextmanager
+def tensor_parallel_layout(tensor_parallel_size: int) -> Iterator[None]:
+    """Within: layers take the shapes of rank 0 of `tensor_parallel_size` ranks, with no group.
+
+    For building a model on the meta device before any worker starts, so that a size that does
+    not split (each layer checks its own) is refused up front; nothing may run a collective here.
+    """
+    global _TP_GROUP, _TP_SIZE, _TP_RANK
+    saved = _TP_GROUP, _TP_SIZE, _TP_RANK
+    _TP_GROUP, _TP_SIZE, _TP_RANK = None, tensor_parallel_size, 0
+    try:
+        yield
+    finally:
+        _TP_GROUP, _TP_SIZE, _TP_RANK = saved
 
 
 def get_tensor_model_parallel_world_size() -> int:

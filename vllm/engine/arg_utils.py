@@ -12,11 +12,11 @@ import re
 from dataclasses import dataclass, fields
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from vllm.config.quantization import parse_quantization_config
+from vllm.config.quantization import FusedLayerSplitError, parse_quantization_config
 from vllm.config.vllm import (
     CacheConfig,
     CompilationConfig,
@@ -26,6 +26,9 @@ from vllm.config.vllm import (
     VllmConfig,
     cudagraph_capture_sizes,
 )
+
+if TYPE_CHECKING:
+    from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 
 _DTYPES = {
     "bfloat16": torch.bfloat16,
@@ -116,6 +119,7 @@ class EngineArgs:
         """Resolve defaults and validate; raises ValueError naming the bad argument."""
         from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
         from vllm.model_executor.model_loader.builtin import check_load_format, resolve_model
+        from vllm.models.registry import model_class
         from vllm.transformers_utils.configs import load_model_config
 
         for f in fields(self):
@@ -172,7 +176,7 @@ class EngineArgs:
                 f"max_num_batched_tokens ({batched}) must be >= max_num_seqs "
                 f"({self.max_num_seqs}): every running sequence's decode token fits in a step"
             )
-        quant = self.quantization_config
+        quant, quant_method = self.quantization_config, None
         if quant is not None:
             if isinstance(quant, str):
                 try:
@@ -180,17 +184,21 @@ class EngineArgs:
                 except json.JSONDecodeError as e:
                     raise ValueError(f"quantization_config is not valid JSON: {e}") from None
             # Validates (the fields, then whether an online method exists for the scheme) here,
-            # so that the error names the flag before any model is built; the loader parses again.
-            OnlineQuantizationConfig(parse_quantization_config(quant))
+            # so that the error names the flag before any model is built; the runner parses again.
+            quant_method = OnlineQuantizationConfig(
+                parse_quantization_config(quant), model_class(hf_config).packed_modules_mapping
+            )
+        dtype = self._dtype(device)
         tokenizer = self._tokenizer_folder(folder)
         model_config = ModelConfig(
             model=str(self.model), folder=folder, tokenizer=tokenizer, hf_config=hf_config,
-            dtype=self._dtype(device), max_model_len=max_model_len, load_format=self.load_format,
+            dtype=dtype, max_model_len=max_model_len, load_format=self.load_format,
             seed=self.seed, quantization_config=quant, enforce_eager=self.enforce_eager,
         )  # fmt: skip
         graphs = device == "cuda" and not self.enforce_eager
         async_scheduling = self._async_scheduling(device)
         sizes = cudagraph_capture_sizes(self.max_num_seqs, self.max_cudagraph_capture_size)
+        self._check_model_builds(hf_config, dtype, quant_method)
         return VllmConfig(
             model_config=model_config,
             cache_config=CacheConfig(
@@ -206,6 +214,28 @@ class EngineArgs:
             compilation_config=CompilationConfig(sizes if graphs else []),
             device=device,
         )
+
+    def _check_model_builds(
+        self, hf_config: Any, dtype: torch.dtype, quant: "QuantizationConfig | None"
+    ) -> None:
+        """The model built on the meta device, at TP = 1 and then at this TP size, so that what
+        its layers refuse is known before any worker starts, and blamed on the right argument."""
+        from vllm.model_executor.model_loader.loader import check_model_builds
+
+        try:
+            check_model_builds(hf_config, dtype, quant, 1)
+        except FusedLayerSplitError:
+            raise  # names the quantization config itself
+        except ValueError as e:
+            raise ValueError(f"model: {e}") from None
+        tp = self.tensor_parallel_size
+        if tp > 1:
+            try:
+                check_model_builds(hf_config, dtype, quant, tp)
+            except ValueError as e:
+                raise ValueError(
+                    f"tensor_parallel_size: {tp} does not shard this model: {e}"
+                ) from None
 
     def _async_scheduling(self, device: str) -> bool:
         """On by default where it overlaps anything: on a GPU (a CPU runs each forward before

@@ -99,6 +99,8 @@ def test_recipe_flags_parse() -> None:
         (["--quantization-config", "[1, 2]"], ["argument --quantization-config:", "object"]),
         (["--quantization-config", '{"linear": "fp8_per_channel", "ignore": ["re:.*q_a_proj$"]}'],
          ["argument --quantization-config:", "split the fused layer"]),
+        (["-tp", "5"], ["argument --tensor-parallel-size: 5 does not shard this model:",
+                        "KDA heads do not split over TP 5"]),
         (["--host", "127.0.0.1", "--port", "0", "--num-gpu-blocks-override", "1"],
          ["the cache arguments:", "cannot hold one sequence"]),
     ],

@@ -191,7 +191,6 @@ def check_server_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Validate everything, then serve until interrupted."""
-    from vllm.config.quantization import FusedLayerSplitError
     from vllm.entrypoints.openai.api_server import BindError, run_server
     from vllm.v1.core.kv_cache_utils import CacheSizeError
 
@@ -208,6 +207,4 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(str(e))
     except CacheSizeError as e:  # found once the model is on the device
         parser.error(f"the cache arguments: {e}")
-    except FusedLayerSplitError as e:  # found while the model's layers are built
-        _refuse(parser, e)
     return 0

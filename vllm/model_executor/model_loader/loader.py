@@ -11,6 +11,7 @@ tensors on the device from a generator seeded by (seed, name) and loads it the w
 tensor is loaded, so every TP rank holds exactly its shard of the TP=1 weights."""
 
 import hashlib
+import logging
 import math
 import os
 import time
@@ -18,7 +19,8 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from vllm.logger import init_logger
+from vllm.distributed.parallel_state import tensor_parallel_layout
+from vllm.logger import init_logger, logging_at_least
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.model_loader.builtin import check_load_format, resolve_model
 from vllm.model_executor.model_loader.safetensors_loader import iterate_tensors
@@ -81,6 +83,20 @@ def build_model(
     (uninitialised; `meta` builds the structure only, for counting), never on the host first."""
     with torch.device(device):
         return model_class(config)(config, dtype, quant_config)
+
+
+def check_model_builds(
+    config: object,
+    dtype: torch.dtype,
+    quant_config: QuantizationConfig | None,
+    tensor_parallel_size: int,
+) -> None:
+    """Build the model of `config` on the meta device as a rank of `tensor_parallel_size` ranks
+    would (rank 0's shapes stand for every rank's), and drop it: a layer's own refusal (a size
+    that does not split over the ranks, `ignore` patterns that split a fused layer) then comes
+    before any worker starts or weight loads. Its logs are dropped; the real build says them."""
+    with tensor_parallel_layout(tensor_parallel_size), logging_at_least(logging.ERROR):
+        build_model(config, dtype, quant_config, "meta")
 
 
 class _ByteCounter:
