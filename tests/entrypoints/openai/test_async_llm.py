@@ -1,9 +1,10 @@
 """AsyncLLM over a scripted engine: concurrent requests, early close aborts and frees, a refused
 request leaves the loop running, a failing step fails every open request and /health's state, a
 caller cancelled while its request is being added (its client hung up) leaves the loop serving and
-nothing in the engine."""
+nothing in the engine, and one cancelled while the dying loop answers it leaves the rest answered."""
 
 import asyncio
+import concurrent.futures
 import sys
 import threading
 import time
@@ -255,3 +256,53 @@ def test_a_caller_cancelled_while_the_engine_adds_its_request_aborts_it(llm: Asy
     finally:
         gate.set()
     assert llm.is_running
+
+
+class _CancelledRightAfterTheCheck(concurrent.futures.Future):
+    """A future whose caller is cancelled just after anyone checks that it is still pending: the
+    race of a client hanging up while the dying loop answers the queued commands."""
+
+    def done(self) -> bool:
+        pending = not super().done()
+        if pending:
+            self.cancel()
+        return not pending
+
+
+def test_a_caller_cancelled_while_the_dying_loop_answers_it_leaves_the_rest_answered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Commands still queued when the loop fails are each answered with EngineDeadError; one whose
+    caller is cancelled meanwhile must not stop the others' answers (they would wait forever)."""
+    engine = FakeEngine("abc")
+    entered, gate = threading.Event(), threading.Event()
+
+    def failing_step():
+        entered.set()
+        gate.wait(10)
+        raise RuntimeError("device lost")
+
+    engine.step = failing_step
+    llm = AsyncLLM(engine)
+
+    async def main() -> None:
+        doomed = asyncio.ensure_future(_collect(llm, "x", "hi", 5))
+        assert await asyncio.to_thread(entered.wait, 10)
+        with monkeypatch.context() as patch:
+            patch.setattr(concurrent.futures, "Future", _CancelledRightAfterTheCheck)
+            racing = asyncio.ensure_future(llm.call(lambda engine: None))
+            await asyncio.sleep(0)  # queued with its future made while the patch holds
+        later = asyncio.ensure_future(llm.call(lambda engine: None))
+        await asyncio.sleep(0)
+        gate.set()
+        for task in (doomed, later):
+            with pytest.raises(EngineDeadError):
+                await task
+        await asyncio.gather(racing, return_exceptions=True)
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), timeout=10))
+    finally:
+        gate.set()
+        llm.shutdown()
+    assert isinstance(llm.errored, RuntimeError)

@@ -324,7 +324,9 @@ class AsyncLLM:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if command[0] in ("add", "call") and not command[-1].done():
+            # As in `_handle_commands`: a check of done() then set_exception() would raise if
+            # the caller were cancelled in between, and leave the commands after it unanswered.
+            if command[0] in ("add", "call") and command[-1].set_running_or_notify_cancel():
                 command[-1].set_exception(error)
 
     def _refresh_scheduler_stats(self) -> None:
