@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 @dataclass
 class Logprob:
-    """A token's log-probability, its rank among the vocabulary (1 = most likely) and its text."""
+    """A token's log-probability, its rank among the vocabulary (1 = most likely; 1 + the number
+    of strictly more likely tokens, so tied tokens share the best rank) and its text."""
 
     logprob: float
     rank: int | None = None

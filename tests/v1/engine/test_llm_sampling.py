@@ -114,11 +114,8 @@ def check_position(position: PositionLogprobs, token: int, logits: torch.Tensor,
     logprobs = torch.log_softmax(logits, dim=-1)
     top = logprobs.topk(k)
     assert set(position) == {token, *top.indices.tolist()}
-    assert position[token].rank == 1 + int((logprobs > logprobs[token]).sum())
-    ranked = [(token, position[token].rank)]
-    ranked += [(t, r) for r, t in enumerate(top.indices.tolist(), start=1) if t != token]
-    for t, rank in ranked:
-        assert position[t].rank == rank
+    for t in {token, *top.indices.tolist()}:
+        assert position[t].rank == 1 + int((logprobs > logprobs[t]).sum())
         torch.testing.assert_close(torch.tensor(position[t].logprob), logprobs[t])
         assert position[t].decoded_token == tokenizer.decode([t], skip_special_tokens=False)
 

@@ -178,14 +178,21 @@ class OutputProcessor:
             self._idle.discard(completion.request.request_id)
 
     def _position(self, token_ids: list[int], logprobs: list[float], rank: int) -> PositionLogprobs:
-        """Column 0 is the chosen token (with its vocabulary rank), then the top-k in order."""
+        """Column 0 is the chosen token (with its vocabulary rank), then the top-k, best first.
+
+        Every rank follows the sampler's policy: 1 + the number of strictly more likely tokens,
+        so tied tokens share the best rank. Every token more likely than top-k column i is in
+        columns 1..i-1, so that count is read off the sorted columns."""
         position = {}
+        top_rank = 0
         for i, (token, value) in enumerate(zip(token_ids, logprobs, strict=True)):
+            if i == 1 or (i > 1 and value < logprobs[i - 1]):
+                top_rank = i
             if token not in position:
                 text = None
                 if self.tokenizer is not None:
                     text = self.tokenizer.decode([token], skip_special_tokens=False)
-                position[token] = Logprob(value, rank if i == 0 else i, text)
+                position[token] = Logprob(value, rank if i == 0 else top_rank, text)
         return position
 
     def _output(self, state: _RequestState) -> RequestOutput:

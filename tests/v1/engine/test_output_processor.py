@@ -1,0 +1,40 @@
+"""`OutputProcessor` on hand-made step results (no model, no tokenizer): how the sampler's logprob
+rows become `Logprob`s."""
+
+from vllm.sampling_params import SamplingParams
+from vllm.v1.engine.output_processor import OutputProcessor
+from vllm.v1.request import Request
+
+NEG_INF = float("-inf")
+
+
+def _processor_with_one_request(params: SamplingParams) -> OutputProcessor:
+    processor = OutputProcessor(tokenizer=None)
+    seq = Request("r#0", [1, 2, 3], params, None, 4, 0)
+    processor.add_request("r", None, [1, 2, 3], params, [seq], discard_output=False)
+    return processor
+
+
+def test_tied_logprobs_share_the_best_rank_in_the_top_k_too():
+    """The sampler ranks a token 1 + the number of strictly more likely tokens (ties share the
+    best rank); the top-k columns must follow the same policy, not their column order."""
+    processor = _processor_with_one_request(SamplingParams(logprobs=5, prompt_logprobs=5))
+    # Column 0: the sampled / prompt token (with the sampler's rank), then the top 5, best first.
+    ids = [7, 3, 5, 7, 9, 4]
+    values = [-1.0, -1.0, -1.0, -1.0, -2.0, -2.0]
+    sampled_rank = 1
+    expected = {3: 1, 5: 1, 7: 1, 9: 4, 4: 4}
+    outputs, _ = processor.process(
+        {"r#0": [7]},
+        {"r#0": (ids, values, sampled_rank)},
+        {"r#0": [(ids, values, sampled_rank), ([9, 0, 8, 9], [NEG_INF] * 4, 1)]},
+        [],
+    )
+    (out,) = outputs
+    (position,) = out.outputs[0].logprobs
+    assert {t: lp.rank for t, lp in position.items()} == expected
+    first, second, third = out.prompt_logprobs
+    assert first is None
+    assert {t: lp.rank for t, lp in second.items()} == expected
+    # Every token tied (at -inf): all share rank 1, as the sampler ranks the target itself.
+    assert {t: lp.rank for t, lp in third.items()} == {9: 1, 0: 1, 8: 1}
