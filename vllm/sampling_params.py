@@ -49,7 +49,9 @@ class SamplingParams:
     - `logprobs`: number of top logprobs per sampled token (0: only the sampled one);
       `prompt_logprobs`: the same for each prompt token.
     - `repetition_penalty` (1: off; > 1 discourages tokens already in the prompt or output).
-    - `skip_special_tokens`, `spaces_between_special_tokens`: detokenization.
+    - `skip_special_tokens`: detokenization. `spaces_between_special_tokens` is taken for
+      upstream's API only: it is an option of upstream's slow tokenizers, and the `tokenizers`
+      and tiktoken decoders used here have none, so it changes nothing.
     - `output_kind`: see `RequestOutputKind`.
     """
 
@@ -77,6 +79,14 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        # Only lists and tuples: list() of an int raises TypeError, and of a dict or set it would
+        # silently take the keys or an arbitrary order.
+        if self.stop is not None and not isinstance(self.stop, list | tuple):
+            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
+        if self.stop_token_ids is not None and not isinstance(self.stop_token_ids, list | tuple):
+            raise ValueError(
+                f"stop_token_ids must be a list of token ids, got {self.stop_token_ids!r}"
+            )
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
         self._check_int("n", self.n, 1)
@@ -108,7 +118,12 @@ class SamplingParams:
         self._check_number(
             "repetition_penalty", self.repetition_penalty, _FLOAT32_TINY, _FLOAT32_MAX
         )
-        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+        for name in (
+            "ignore_eos",
+            "include_stop_str_in_output",
+            "skip_special_tokens",
+            "spaces_between_special_tokens",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.output_kind, RequestOutputKind):

@@ -183,6 +183,27 @@ def test_params_the_generators_or_float32_cannot_hold_are_refused(field, value, 
         SamplingParams(**{field: value})
 
 
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("stop", 5, "stop must be a string or a list of strings, got 5"),
+        ("stop", {"a": 1}, "stop must be a string or a list of strings"),
+        ("stop_token_ids", 5, "stop_token_ids must be a list of token ids, got 5"),
+        ("stop_token_ids", {1, 2}, "stop_token_ids must be a list of token ids"),
+        ("spaces_between_special_tokens", "no", "spaces_between_special_tokens must be a bool"),
+        ("spaces_between_special_tokens", None, "spaces_between_special_tokens must be a bool"),
+    ],
+)
+def test_params_of_the_wrong_kind_are_refused_naming_the_field(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**{field: value})
+
+
+def test_stop_lists_may_be_tuples():
+    params = SamplingParams(stop=("a", "b"), stop_token_ids=(1, 2))
+    assert params.stop == ["a", "b"] and params.stop_token_ids == [1, 2]
+
+
 def test_seed_range_is_the_generators_for_every_completion():
     # Completion i uses seed + i: the last one must still be a seed torch takes.
     for seed in (-(2**63), 2**63, 2**64 - 1):
