@@ -108,6 +108,10 @@ def test_streamed_chat_deltas_add_up(server: RemoteServer) -> None:
         ({"prompt": "hi", "repetition_penalty": 1e300}, "repetition_penalty"),
         ({"prompt": "hi", "temperature": 1e300}, "temperature"),
         ({"prompt": "\ud800 x"}, "prompt"),  # a lone surrogate: no UTF-8 for it
+        # Sampling knobs the engine lacks: refused, not silently ignored as unknown fields are.
+        ({"prompt": "hi", "presence_penalty": 0.5}, "presence_penalty"),
+        ({"prompt": "hi", "frequency_penalty": -1.0}, "frequency_penalty"),
+        ({"prompt": "hi", "logit_bias": {"7": 0, "5": 100}}, "logit_bias"),
     ],
 )
 def test_bad_completion_fields_are_400s_naming_them(
@@ -118,6 +122,13 @@ def test_bad_completion_fields_are_400s_naming_them(
     error = response.json()["error"]
     assert error["param"] == param and error["code"] == 400, error
     assert error["type"] == "BadRequestError" and error["message"]
+
+
+def test_neutral_values_of_the_knobs_the_engine_lacks_are_accepted(server: RemoteServer) -> None:
+    body = {"prompt": "hi", "max_tokens": 2, "presence_penalty": 0, "frequency_penalty": 0.0,
+            "logit_bias": {"5": 0}}  # fmt: skip
+    response = _post(server, "/v1/completions", body)
+    assert response.status_code == 200, response.text
 
 
 USER = [{"role": "user", "content": "hi"}]

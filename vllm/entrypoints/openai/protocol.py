@@ -2,7 +2,8 @@
 
 Requests accept and ignore unknown fields (a warning is logged), as vLLM does; a field of the wrong
 type is refused by pydantic and reported as a 400 naming it. Value checks (ranges) are left to
-`SamplingParams`, whose errors also name the field.
+`SamplingParams`, whose errors also name the field. Sampling knobs the engine lacks
+(`presence_penalty`, `frequency_penalty`, `logit_bias`) are refused unless they change nothing.
 """
 
 import time
@@ -62,6 +63,8 @@ class SamplingFields(OpenAIModel):
     repetition_penalty: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    # Declared so that a bias is refused rather than ignored as an unknown field.
+    logit_bias: dict[str, float] | None = None
     skip_special_tokens: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -80,6 +83,8 @@ class SamplingFields(OpenAIModel):
                 raise ValueError(
                     f"{name} is not supported (use repetition_penalty), got {getattr(self, name)!r}"
                 )
+        if self.logit_bias and any(bias != 0 for bias in self.logit_bias.values()):
+            raise ValueError(f"logit_bias is not supported, got {self.logit_bias!r}")
         return SamplingParams(
             n=self.n,
             temperature=1.0 if self.temperature is None else self.temperature,
