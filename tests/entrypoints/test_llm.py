@@ -93,7 +93,8 @@ def test_tensor_parallel_size_that_does_not_divide_the_heads(torch_reference_ker
     monkeypatch.setattr(llm_engine, "Executor", no_workers)
     with pytest.raises(
         ValueError,
-        match="tensor_parallel_size: 3 does not shard this model: .*KDA heads do not split over TP 3",
+        match="tensor_parallel_size: 3 does not shard this model: .*KDA heads do not split over "
+        "TP 3",
     ):
         LLM(MODEL, **dict(ARGS, tensor_parallel_size=3))
     assert multiprocessing.active_children() == []

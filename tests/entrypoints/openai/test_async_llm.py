@@ -1,7 +1,8 @@
 """AsyncLLM over a scripted engine: concurrent requests, early close aborts and frees, a refused
 request leaves the loop running, a failing step fails every open request and /health's state, a
 caller cancelled while its request is being added (its client hung up) leaves the loop serving and
-nothing in the engine, and one cancelled while the dying loop answers it leaves the rest answered."""
+nothing in the engine, and one cancelled while the dying loop answers it leaves the rest
+answered."""
 
 import asyncio
 import concurrent.futures
