@@ -208,7 +208,7 @@ def run_llm(args: argparse.Namespace, mode: str, docs: list, pool: list) -> dict
     os.environ[FUSION_ENV] = fusion  # read by each KDA layer at every forward
     start = time.monotonic()
     llm = LLM(str(args.model), dtype=args.dtype, max_model_len=args.max_model_len,
-              quantization_config=quant, seed=0)  # fmt: skip
+              quantization_config=quant, seed=0, max_logprobs=-1)  # fmt: skip
     prompts = [fewshot_prompt(d, pool, args.num_fewshot, seed=i) for i, d in enumerate(docs)]
     try:
         vocab = json.loads((args.model / "config.json").read_text())["vocab_size"]

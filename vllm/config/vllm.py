@@ -22,6 +22,7 @@ class ModelConfig:
     seed: int
     quantization_config: dict[str, Any] | None  # the parsed --quantization-config object
     enforce_eager: bool
+    max_logprobs: int  # most (prompt_)logprobs a request may ask for; -1: the whole vocabulary
 
     @property
     def text_config(self) -> Any:

@@ -87,6 +87,7 @@ class EngineArgs:
     enforce_eager: bool = False  # no CUDA graphs
     async_scheduling: bool | None = None  # launch decode steps ahead (default: on for CUDA, TP=1)
     max_cudagraph_capture_size: int | None = None  # largest decode batch captured (default 512)
+    max_logprobs: int = 20  # most (prompt_)logprobs a request may ask for (-1: the vocabulary)
     device: str = "auto"  # auto | cuda | cpu
     kv_cache_dtype: str = "auto"  # auto (the model dtype) only: fp8 MLA caches are refused
     trust_remote_code: bool = False  # accepted for recipe compatibility: no remote code runs
@@ -129,6 +130,7 @@ class EngineArgs:
         _check_int("max_num_seqs", self.max_num_seqs, 1)
         _check_int("block_size", self.block_size, 1)
         _check_int("seed", self.seed, None)
+        _check_int("max_logprobs", self.max_logprobs, -1)
         for name in ("max_num_batched_tokens", "num_gpu_blocks_override", "kv_cache_memory"):
             if getattr(self, name) is not None:
                 _check_int(name, getattr(self, name), 1)
@@ -194,6 +196,7 @@ class EngineArgs:
             model=str(self.model), folder=folder, tokenizer=tokenizer, hf_config=hf_config,
             dtype=dtype, max_model_len=max_model_len, load_format=self.load_format,
             seed=self.seed, quantization_config=quant, enforce_eager=self.enforce_eager,
+            max_logprobs=self.max_logprobs,
         )  # fmt: skip
         graphs = device == "cuda" and not self.enforce_eager
         async_scheduling = self._async_scheduling(device)

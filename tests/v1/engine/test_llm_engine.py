@@ -258,8 +258,32 @@ def test_final_only_requests_return_just_the_streamed_final_output():
         engine.shutdown()
 
 
-def test_sampling_params_beyond_the_vocabulary_are_refused_at_add_request():
+def test_logprobs_past_max_logprobs_are_refused_and_minus_one_allows_the_vocabulary():
+    """A request listing the whole vocabulary would detokenize it on the engine thread at every
+    token, stalling the others: the engine caps the count (20 by default, -1: no cap)."""
     engine = make_engine()
+    try:
+        for name in ("logprobs", "prompt_logprobs"):
+            with pytest.raises(ValueError, match=f"{name} 21 exceeds the engine's max_logprobs 20"):
+                engine.add_request(name, [1, 2, 3], SamplingParams(**{name: 21}))
+        assert not engine.has_unfinished_requests()
+        params = SamplingParams(max_tokens=1, logprobs=20, prompt_logprobs=20)
+        (out,) = run_all(engine, {"at the cap": ([1, 2, 3], params)}).values()
+        assert len(out.outputs[0].logprobs[0]) in (20, 21)  # the sampled token may be in the top
+    finally:
+        engine.shutdown()
+    engine = make_engine(max_logprobs=-1)
+    try:
+        vocab = engine.config.model_config.vocab_size
+        params = SamplingParams(max_tokens=1, prompt_logprobs=vocab)
+        (out,) = run_all(engine, {"whole vocabulary": ([1, 2, 3], params)}).values()
+        assert [len(p) for p in out.prompt_logprobs[1:]] == [vocab, vocab]
+    finally:
+        engine.shutdown()
+
+
+def test_sampling_params_beyond_the_vocabulary_are_refused_at_add_request():
+    engine = make_engine(max_logprobs=-1)
     try:
         vocab = engine.config.model_config.vocab_size
         cases = {
