@@ -309,3 +309,27 @@ def test_streamed_completion_with_echo_and_logprobs_adds_up(server: RemoteServer
     for i, text in texts.items():
         assert "".join(tokens[i]) == text
         assert offsets[i] == list(range(len(text)))  # one character per token here
+
+
+def test_null_optional_fields_mean_their_defaults(server: RemoteServer) -> None:
+    """The OpenAI reference types `n`, `stream`, `echo`, chat `logprobs`... as "X or null"; some
+    clients send every field, null where unset. Null is the default, except where null has a
+    meaning of its own (completions' `max_tokens`: no limit)."""
+    nulls = {"n": None, "stream": None, "ignore_eos": None, "min_tokens": None,
+             "include_stop_str_in_output": None, "skip_special_tokens": None,
+             "temperature": None, "stop": None, "seed": None, "stream_options": None}  # fmt: skip
+    body = {"prompt": "hi", "echo": None, "logprobs": None, "add_special_tokens": None, **nulls}
+    response = _post(server, "/v1/completions", {**body, "max_tokens": 3})
+    assert response.status_code == 200, response.text
+    reply = response.json()
+    assert [c["text"] for c in reply["choices"]] == [SCRIPT[:3]]  # n 1, no echo, not streamed
+    assert reply["choices"][0]["logprobs"] is None
+    unlimited = _post(server, "/v1/completions", {**body, "max_tokens": None}).json()
+    assert unlimited["usage"]["completion_tokens"] == 128 - unlimited["usage"]["prompt_tokens"]
+    chat = {"messages": USER, "logprobs": None, "top_logprobs": None, "max_tokens": 3,
+            "add_generation_prompt": None, "include_reasoning": None, **nulls}  # fmt: skip
+    response = _post(server, "/v1/chat/completions", chat)
+    assert response.status_code == 200, response.text
+    (choice,) = response.json()["choices"]
+    assert choice["logprobs"] is None and choice["finish_reason"] == "length"
+    assert choice["message"]["reasoning"] is None and choice["message"]["content"] == SCRIPT[:3]

@@ -1,16 +1,21 @@
 """Request and response bodies of the OpenAI-compatible API (the fields vLLM serves).
 
 Requests accept and ignore unknown fields (a warning is logged), as vLLM does; a field of the wrong
-type is refused by pydantic and reported as a 400 naming it. Value checks (ranges) are left to
-`SamplingParams`, whose errors also name the field. Sampling knobs the engine lacks
-(`presence_penalty`, `frequency_penalty`, `logit_bias`) are refused unless they change nothing.
+type is refused by pydantic and reported as a 400 naming it. An explicit `null` for an optional
+field means its default (the OpenAI reference has `n`, `stream`, `echo`, chat `logprobs`, ... as
+"integer/boolean or null"; some clients send every field, unset ones as null). Value checks
+(ranges) are left to `SamplingParams`, whose errors also name the field. Sampling knobs the engine
+lacks (`presence_penalty`, `frequency_penalty`, `logit_bias`) are refused unless they change
+nothing.
 """
 
 import time
+import types
+import typing
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from vllm.sampling_params import SamplingParams
 
@@ -19,8 +24,35 @@ def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+def _takes_none(annotation: Any) -> bool:
+    if annotation is None or annotation is type(None) or annotation is Any:
+        return True
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_takes_none(a) for a in typing.get_args(annotation))
+    return False
+
+
 class OpenAIModel(BaseModel):
     model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        """`"n": null` is `n` left out, for an optional field that has no null of its own (where
+        null has a meaning, e.g. completions' `max_tokens`: no limit, it is kept)."""
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {
+            k: v
+            for k, v in data.items()
+            if not (
+                v is None
+                and k in fields
+                and not fields[k].is_required()
+                and not _takes_none(fields[k].annotation)
+            )
+        }
 
 
 class ErrorInfo(BaseModel):
