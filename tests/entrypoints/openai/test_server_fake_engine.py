@@ -93,6 +93,7 @@ def test_streamed_chat_deltas_add_up(server: RemoteServer) -> None:
         ({"prompt": "hi", "temperature": -0.5}, "temperature"),
         ({"prompt": "hi", "top_p": 1.5}, "top_p"),
         ({"prompt": "hi", "n": 0}, "n"),
+        ({"prompt": "hi", "n": 129}, "n"),  # over MAX_N
         ({"prompt": "hi", "max_tokens": 129}, "max_tokens"),
         ({"prompt": "x" * 200}, "prompt"),
         ({"prompt": [1, 2, 100000]}, "prompt"),
@@ -148,6 +149,7 @@ USER = [{"role": "user", "content": "hi"}]
         ("/v1/chat/completions", {"messages": USER, "temperature": -1}, "temperature"),
         ("/v1/chat/completions", {"messages": USER, "top_logprobs": 2}, "top_logprobs"),
         ("/v1/chat/completions", {"messages": USER, "n": "two"}, "n"),
+        ("/v1/chat/completions", {"messages": USER, "n": 129}, "n"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\ud800"}]},
          "messages"),
         ("/v1/chat/completions", {"messages": USER, "chat_template_kwargs": {"tokenize": True}},

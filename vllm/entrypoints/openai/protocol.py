@@ -19,6 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from vllm.sampling_params import SamplingParams
 
+# Completions per prompt a request may ask for. The engine builds every one as a sequence of its
+# own when the request is added: an unbounded `n` (say 2**62) made one request allocate until the
+# server was killed for memory, taking every other client with it.
+MAX_N = 128
+
 
 def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
@@ -110,6 +115,8 @@ class SamplingFields(OpenAIModel):
         skip_special_tokens: bool | None = None,
     ) -> SamplingParams:
         """Engine parameters; raises ValueError naming a field that is out of range."""
+        if isinstance(self.n, int) and self.n > MAX_N:
+            raise ValueError(f"n must be <= {MAX_N}, got {self.n}")
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name) not in (None, 0, 0.0):
                 raise ValueError(
