@@ -4,6 +4,8 @@ completion logprobs."""
 import pytest
 
 from vllm.entrypoints.openai.protocol import MAX_N, ChatCompletionRequest, CompletionRequest
+from vllm.entrypoints.openai.serving_completion import completion_logprobs
+from vllm.outputs import Logprob
 
 
 @pytest.mark.parametrize("n", [MAX_N + 1, 2**62])
@@ -17,3 +19,35 @@ def test_n_over_the_limit_is_refused_before_the_engine_sees_it(n: int) -> None:
         with pytest.raises(ValueError, match=f"n must be <= {MAX_N}"):
             request.sampling_params(max_tokens=1, logprobs=None)
     assert CompletionRequest(prompt="hi", n=MAX_N).sampling_params(1, None).n == MAX_N
+
+
+class _ByteTokenizer:
+    """Byte-level: a byte that is half a UTF-8 character decodes to U+FFFD, as in the models'
+    tokenizers."""
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_top_logprobs_keep_the_likeliest_of_tokens_that_decode_alike() -> None:
+    # "é" is C3 A9. At its second byte the model preferred A8 (also "\ufffd" alone): the prompt
+    # token is not the greedy one, whatever its text says.
+    tokenizer = _ByteTokenizer()
+    text = "\ufffd"
+    positions = [
+        None,
+        {0xA9: Logprob(-3.0, 2, text), 0xA8: Logprob(-1.0, 1, text)},
+        {0x21: Logprob(-0.5, 1, "!"), 0x3F: Logprob(-0.5, 1, "?")},
+    ]
+    result = completion_logprobs([0xC3, 0xA9, 0x21], positions, tokenizer)
+    assert result.token_logprobs == [None, -3.0, -0.5]
+    assert result.top_logprobs == [None, {text: -1.0}, {"!": -0.5, "?": -0.5}]
+    # What lm_eval's local-completions makes of it (the continuation: the last two tokens, then
+    # the one generated): not greedy.
+    api = pytest.importorskip("lm_eval.models.openai_completions").LocalCompletionsAPI
+    choice = {"index": 0, "logprobs": result.model_dump()}
+    generated = {"tokens": ["x"], "token_logprobs": [-0.1], "top_logprobs": [{"x": -0.1}]}
+    for key, values in generated.items():
+        choice["logprobs"][key] += values
+    ((logprob, is_greedy),) = api.parse_logprobs({"choices": [choice]}, ctxlens=[1])
+    assert logprob == -3.5 and is_greedy is False

@@ -55,12 +55,18 @@ def completion_logprobs(
                 text = tokenizer.decode([token], skip_special_tokens=False)
             result.tokens.append(text)
             result.token_logprobs.append(max(entry.logprob, -9999.0))
-            top = {}
+            # Keyed by text, so tokens that decode alike (bytes of a split character, all "\ufffd")
+            # share an entry: it holds the most likely one's logprob. The sampled token comes
+            # first; had it kept the entry, a likelier token with the same text would vanish and
+            # the sampled one look greedy (lm_eval's is_greedy: logprob == max(top_logprobs)).
+            top: dict[str, float] = {}
             for tid, lp in position.items():
                 key = lp.decoded_token
                 if key is None:
                     key = tokenizer.decode([tid], skip_special_tokens=False)
-                top.setdefault(key, max(lp.logprob, -9999.0))
+                value = max(lp.logprob, -9999.0)
+                if value > top.get(key, float("-inf")):
+                    top[key] = value
             result.top_logprobs.append(top)
         result.text_offset.append(text_offset)
         text_offset += len(text)
