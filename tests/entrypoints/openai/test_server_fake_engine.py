@@ -148,6 +148,10 @@ USER = [{"role": "user", "content": "hi"}]
          "max_completion_tokens"),
         ("/v1/chat/completions", {"messages": USER, "temperature": -1}, "temperature"),
         ("/v1/chat/completions", {"messages": USER, "top_logprobs": 2}, "top_logprobs"),
+        ("/v1/chat/completions", {"messages": USER, "logprobs": True, "top_logprobs": -1},
+         "top_logprobs"),
+        ("/v1/chat/completions", {"messages": USER, "logprobs": True, "top_logprobs": 321},
+         "top_logprobs"),  # over the fake engine's vocabulary of 320
         ("/v1/chat/completions", {"messages": USER, "n": "two"}, "n"),
         ("/v1/chat/completions", {"messages": USER, "n": 129}, "n"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\ud800"}]},

@@ -94,6 +94,12 @@ class OpenAIServingChat(OpenAIServing):
         num_top = None
         if request.logprobs:
             num_top = request.top_logprobs or 0
+            # Checked here, under its own name: the engine's check would name `logprobs`.
+            vocab = self.engine.config.model_config.vocab_size
+            if not 0 <= num_top <= vocab:
+                raise OpenAIError(
+                    f"top_logprobs must be in [0, {vocab}], got {num_top}", 400, "top_logprobs"
+                )
         elif request.top_logprobs:
             raise OpenAIError("top_logprobs needs logprobs: true", 400, "top_logprobs")
         try:
