@@ -262,3 +262,17 @@ def test_bad_input(tmp_path):
     )
     with pytest.raises(ValueError, match="added_tokens_decoder"):
         get_tokenizer(folder)
+
+
+@pytest.mark.parametrize("name", [*sorted(BUILTIN_MODELS), "kimi"])
+def test_token_bytes_join_into_the_text(name, kimi):
+    """Each token's own bytes, also for a token that holds part of a character (its text alone
+    is U+FFFD): joined, they are the text's UTF-8 (what chat logprobs' `bytes` promise)."""
+    tok = kimi if name == "kimi" else get_tokenizer(BUILTIN_MODELS[name])
+    for text in [*TEXTS, "aä 日本 é", "\ufffd itself"]:
+        ids = tok.encode(text, add_special_tokens=False)
+        assert b"".join(tok.token_bytes(i) for i in ids) == text.encode(), text
+    split = [i for i in tok.encode("日本", add_special_tokens=False) if tok.decode([i]) == "\ufffd"]
+    assert split and all(tok.token_bytes(i) != "\ufffd".encode() for i in split)
+    eos = tok.eos_token_id
+    assert tok.token_bytes(eos) == tok.eos_token.encode()

@@ -151,6 +151,21 @@ class Tokenizer(ABC):
         """Text of `ids`; an incomplete UTF-8 sequence decodes to U+FFFD."""
         return self._decode(self._known(ids), skip_special_tokens)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for. A token holding part of a UTF-8 character decodes to
+        U+FFFD alone; its bytes are what joins with its neighbours' into the character (the
+        `bytes` of OpenAI's chat logprobs). Special tokens: their text; unknown ids: none."""
+        text = self.decode([token_id], skip_special_tokens=False)
+        if "\ufffd" not in text or token_id in self.all_special_ids:
+            return text.encode()
+        token = self.convert_ids_to_tokens([token_id])[0]
+        byte_fallback = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", token)  # SentencePiece's
+        if byte_fallback:
+            return bytes([int(byte_fallback.group(1), 16)])
+        if token and all(c in _UNICODE_TO_BYTE for c in token):  # byte-level (GPT-2 alphabet)
+            return bytes(_UNICODE_TO_BYTE[c] for c in token)
+        return text.encode()
+
     def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
         """Each id's token text (byte-level tokens in GPT-2's printable alphabet); "" if unknown."""
         return [self._id_to_token(i) if 0 <= i < self.vocab_size else "" for i in ids]
@@ -370,6 +385,11 @@ class TiktokenTokenizer(Tokenizer):
         if skip_special_tokens:
             ids = [i for i in ids if i not in self._special]
         return self._enc.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    def token_bytes(self, token_id: int) -> bytes:
+        if token_id in self._special or not 0 <= token_id < self.vocab_size:
+            return super().token_bytes(token_id)
+        return self._enc.decode_single_token_bytes(token_id)
 
     def _id_to_token(self, token_id: int) -> str:
         if token_id in self._special:

@@ -1,11 +1,14 @@
-"""Request bodies and response pieces in-process (no server): field limits and the legacy
-completion logprobs."""
+"""Request bodies and response pieces in-process (no server): field limits, the legacy
+completion logprobs and chat logprobs' bytes."""
 
 import pytest
 
 from vllm.entrypoints.openai.protocol import MAX_N, ChatCompletionRequest, CompletionRequest
+from vllm.entrypoints.openai.serving_chat import chat_logprobs
 from vllm.entrypoints.openai.serving_completion import completion_logprobs
+from vllm.model_executor.model_loader.builtin import resolve_model
 from vllm.outputs import Logprob
+from vllm.transformers_utils.tokenizer import get_tokenizer
 
 
 @pytest.mark.parametrize("n", [MAX_N + 1, 2**62])
@@ -51,3 +54,30 @@ def test_top_logprobs_keep_the_likeliest_of_tokens_that_decode_alike() -> None:
         choice["logprobs"][key] += values
     ((logprob, is_greedy),) = api.parse_logprobs({"choices": [choice]}, ctxlens=[1])
     assert logprob == -3.5 and is_greedy is False
+
+
+def test_chat_logprob_bytes_join_into_the_reply() -> None:
+    """OpenAI: `bytes` are the token's UTF-8 bytes, for characters split across tokens to be
+    joined again. Those tokens' text alone is U+FFFD, whose bytes (EF BF BD) join into nothing."""
+    tokenizer = get_tokenizer(resolve_model("kimi-k3-tiny")[0])
+    reply = "é 日本"
+    ids = tokenizer.encode(reply, add_special_tokens=False)
+    assert len(ids) > len(reply)  # some tokens hold part of a character
+    positions = []
+    for i, tid in enumerate(ids):
+        other = (
+            ids[(i + 1) % len(ids)] if ids[(i + 1) % len(ids)] != tid else tokenizer.eos_token_id
+        )
+        positions.append(
+            {
+                tid: Logprob(-0.5, 1, tokenizer.decode([tid], skip_special_tokens=False)),
+                other: Logprob(-1.0, 2, tokenizer.decode([other], skip_special_tokens=False)),
+            }
+        )
+    content = chat_logprobs(ids, positions, 2, tokenizer).content
+    assert bytes(b for entry in content for b in entry.bytes).decode() == reply
+    for entry, tid, position in zip(content, ids, positions, strict=True):
+        assert [t.bytes for t in entry.top_logprobs] == [
+            list(tokenizer.token_bytes(i)) for i in position
+        ]
+        assert entry.top_logprobs[0].bytes == entry.bytes == list(tokenizer.token_bytes(tid))

@@ -27,7 +27,9 @@ from vllm.v1.engine.async_llm import EngineDeadError
 def chat_logprobs(
     token_ids: list[int], positions: "list[PositionLogprobs]", num_top: int, tokenizer
 ) -> ChatLogProbs:
-    """Per generated token: its text, logprob, UTF-8 bytes and the `num_top` most likely."""
+    """Per generated token: its text, logprob, bytes and the `num_top` most likely. `bytes` are
+    the token's own (the text of one holding part of a character is U+FFFD), so that a client
+    can join them into the reply's text, as OpenAI documents."""
     content = []
     for position in positions[: len(token_ids)]:
         entries = []
@@ -36,15 +38,16 @@ def chat_logprobs(
             if text is None:
                 text = tokenizer.decode([tid], skip_special_tokens=False)
             entries.append((tid, text, max(lp.logprob, -9999.0)))
-        _, text, logprob = entries[0]  # the sampled token comes first
+        tid, text, logprob = entries[0]  # the sampled token comes first
         top = sorted(entries, key=lambda e: -e[2])[:num_top]
         content.append(
             ChatLogProbsContent(
                 token=text,
                 logprob=logprob,
-                bytes=list(text.encode()),
+                bytes=list(tokenizer.token_bytes(tid)),
                 top_logprobs=[
-                    ChatLogProb(token=t, logprob=v, bytes=list(t.encode())) for _, t, v in top
+                    ChatLogProb(token=t, logprob=v, bytes=list(tokenizer.token_bytes(i)))
+                    for i, t, v in top
                 ],
             )
         )
