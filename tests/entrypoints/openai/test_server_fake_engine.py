@@ -339,3 +339,31 @@ def test_null_optional_fields_mean_their_defaults(server: RemoteServer) -> None:
     (choice,) = response.json()["choices"]
     assert choice["logprobs"] is None and choice["finish_reason"] == "length"
     assert choice["message"]["reasoning"] is None and choice["message"]["content"] == SCRIPT[:3]
+
+
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/completions", {"prompt": ["ab", "xyz"], "n": 2, "echo": True}),
+        ("/v1/chat/completions", {"messages": USER, "n": 2}),
+    ],
+)
+def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(
+    server: RemoteServer, path: str, body: dict
+) -> None:
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    body = {**body, "max_tokens": 5, "stream": True, "stream_options": options}
+    events = _events(_post(server, path, body, stream=True))
+    assert events[-1] == "[DONE]" and events[-2]["choices"] == []
+    final = events[-2]["usage"]
+    assert final["completion_tokens"] == (4 * 5 if "prompt" in body else 2 * 5)
+    usages = [e["usage"] for e in events[:-2]]
+    assert all(u is not None for u in usages), usages
+    assert {u["prompt_tokens"] for u in usages} == {final["prompt_tokens"]}
+    counts = [u["completion_tokens"] for u in usages]
+    assert counts == sorted(counts) and counts[-1] == final["completion_tokens"]
+    assert all(u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"] for u in usages)
+    # Without continuous_usage_stats the chunks carry none, as before.
+    body["stream_options"] = {"include_usage": True}
+    events = _events(_post(server, path, body, stream=True))
+    assert all(e["usage"] is None for e in events[:-2])

@@ -81,6 +81,14 @@ class UsageInfo(BaseModel):
     completion_tokens: int = 0
     total_tokens: int = 0
 
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int) -> "UsageInfo":
+        return cls(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        )
+
 
 class SamplingFields(OpenAIModel):
     """Sampling fields shared by completions and chat completions."""
@@ -106,6 +114,13 @@ class SamplingFields(OpenAIModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # sent by some OpenAI clients; unused
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Whether every streamed chunk carries the usage so far (vLLM's
+        `stream_options.continuous_usage_stats`, with `include_usage`)."""
+        options = self.stream_options
+        return bool(options and options.include_usage and options.continuous_usage_stats)
 
     def sampling_params(
         self,

@@ -194,19 +194,23 @@ class OpenAIServingChat(OpenAIServing):
         try:
             async for out in stream:
                 final = out
+                usage = None  # the usage so far, in every chunk if asked for
+                if request.continuous_usage:
+                    completion = sum(len(c.token_ids) for c in out.outputs)
+                    usage = UsageInfo.of(len(out.prompt_token_ids), completion)
                 for c in out.outputs:
                     if c.index in done:
                         continue
                     if c.index not in sent:
                         sent[c.index] = (0, 0, 0)
                         delta = DeltaMessage(role="assistant", content="")
-                        yield chunk([ChatStreamChoice(index=c.index, delta=delta)])
+                        yield chunk([ChatStreamChoice(index=c.index, delta=delta)], usage)
                     piece = self._delta(request, c, in_reasoning, sent, num_top)
                     if piece is None:
                         continue
                     if c.finish_reason is not None:
                         done.add(c.index)
-                    yield chunk([piece])
+                    yield chunk([piece], usage)
             if request.stream_options and request.stream_options.include_usage and final:
                 completion = sum(len(c.token_ids) for c in final.outputs)
                 prompt = len(final.prompt_token_ids)

@@ -110,7 +110,8 @@ class OpenAIServingCompletion(OpenAIServing):
             for ids, text, _ in inputs
         ]
         if request.stream:
-            return self._stream(request, request_id, ids_of, streams, prompt_texts)
+            prompt_total = sum(len(ids) for ids, _, _ in inputs)
+            return self._stream(request, request_id, ids_of, streams, prompt_texts, prompt_total)
         try:
             finals: dict[int, RequestOutput] = {}
             async for i, out in merge_streams(streams):
@@ -184,6 +185,7 @@ class OpenAIServingCompletion(OpenAIServing):
         request_ids: list[str],
         streams: list,
         prompt_texts: list[str],
+        prompt_total: int,
     ) -> AsyncIterator[str]:
         n = request.n
         sent_text: dict[int, int] = {}
@@ -228,8 +230,13 @@ class OpenAIServingCompletion(OpenAIServing):
                         finish_reason=c.finish_reason,
                         stop_reason=c.stop_reason,
                     )
+                    usage = None
+                    if request.continuous_usage:
+                        usage = UsageInfo.of(prompt_total, sum(completion_tokens.values()))
                     yield sse(
-                        CompletionResponse(id=request_id, model=self.model_name, choices=[choice])
+                        CompletionResponse(
+                            id=request_id, model=self.model_name, choices=[choice], usage=usage
+                        )
                     )
             if request.stream_options and request.stream_options.include_usage:
                 usage = UsageInfo(
