@@ -113,6 +113,7 @@ def test_streamed_chat_deltas_add_up(server: RemoteServer) -> None:
         ({"prompt": "hi", "presence_penalty": 0.5}, "presence_penalty"),
         ({"prompt": "hi", "frequency_penalty": -1.0}, "frequency_penalty"),
         ({"prompt": "hi", "logit_bias": {"7": 0, "5": 100}}, "logit_bias"),
+        ({"prompt": "hi", "response_format": {"type": "json_object"}}, "response_format"),
     ],
 )
 def test_bad_completion_fields_are_400s_naming_them(
@@ -154,6 +155,11 @@ USER = [{"role": "user", "content": "hi"}]
          "top_logprobs"),  # over the fake engine's vocabulary of 320
         ("/v1/chat/completions", {"messages": USER, "n": "two"}, "n"),
         ("/v1/chat/completions", {"messages": USER, "n": 129}, "n"),
+        ("/v1/chat/completions", {"messages": USER, "logit_bias": {"65": 5}}, "logit_bias"),
+        ("/v1/chat/completions", {"messages": USER, "logit_bias": []}, "logit_bias"),
+        ("/v1/chat/completions",
+         {"messages": USER, "response_format": {"type": "json_schema", "json_schema": {}}},
+         "response_format"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\ud800"}]},
          "messages"),
         ("/v1/chat/completions", {"messages": USER, "chat_template_kwargs": {"tokenize": True}},
@@ -322,6 +328,7 @@ def test_null_optional_fields_mean_their_defaults(server: RemoteServer) -> None:
     clients send every field, null where unset. Null is the default, except where null has a
     meaning of its own (completions' `max_tokens`: no limit)."""
     nulls = {"n": None, "stream": None, "ignore_eos": None, "min_tokens": None,
+             "logit_bias": {}, "response_format": {"type": "text"},  # nothing to refuse
              "include_stop_str_in_output": None, "skip_special_tokens": None,
              "temperature": None, "stop": None, "seed": None, "stream_options": None}  # fmt: skip
     body = {"prompt": "hi", "echo": None, "logprobs": None, "add_special_tokens": None, **nulls}

@@ -108,8 +108,10 @@ class SamplingFields(OpenAIModel):
     repetition_penalty: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    # Declared so that a bias is refused rather than ignored as an unknown field.
+    # OpenAI fields that change the output and are not implemented: refused when they would
+    # matter, rather than ignored like unknown fields (a reply that silently disobeys them).
     logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
     skip_special_tokens: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -138,7 +140,10 @@ class SamplingFields(OpenAIModel):
                     f"{name} is not supported (use repetition_penalty), got {getattr(self, name)!r}"
                 )
         if self.logit_bias and any(bias != 0 for bias in self.logit_bias.values()):
-            raise ValueError(f"logit_bias is not supported, got {self.logit_bias!r}")
+            raise ValueError("logit_bias is not supported (only biases of 0)")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            kind = self.response_format.get("type")
+            raise ValueError(f"response_format {kind!r} is not supported (only 'text')")
         return SamplingParams(
             n=self.n,
             temperature=1.0 if self.temperature is None else self.temperature,
