@@ -5,7 +5,7 @@ import pytest
 
 from vllm.entrypoints.openai.protocol import MAX_N, ChatCompletionRequest, CompletionRequest
 from vllm.entrypoints.openai.serving_chat import chat_logprobs
-from vllm.entrypoints.openai.serving_completion import completion_logprobs
+from vllm.entrypoints.openai.serving_completion import TextOffsets, completion_logprobs
 from vllm.model_executor.model_loader.builtin import resolve_model
 from vllm.outputs import Logprob
 from vllm.transformers_utils.tokenizer import get_tokenizer
@@ -30,6 +30,9 @@ class _ByteTokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return bytes(ids).decode("utf-8", errors="replace")
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return bytes([token_id])
 
 
 def test_top_logprobs_keep_the_likeliest_of_tokens_that_decode_alike() -> None:
@@ -81,3 +84,19 @@ def test_chat_logprob_bytes_join_into_the_reply() -> None:
             list(tokenizer.token_bytes(i)) for i in position
         ]
         assert entry.top_logprobs[0].bytes == entry.bytes == list(tokenizer.token_bytes(tid))
+
+
+def test_text_offsets_count_a_character_split_across_tokens_once() -> None:
+    tokenizer = get_tokenizer(resolve_model("kimi-k3-tiny")[0])
+    text = "aé日b!"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert len(ids) == 1 + 2 + 3 + 1 + 1  # one token per byte
+    result = completion_logprobs(ids, [None] * len(ids), tokenizer)
+    # The pieces of a character are all at its offset; the tokens after it where they are.
+    assert result.text_offset == [0, 1, 1, 2, 2, 2, 3, 4]
+    assert [text[o] for o in result.text_offset] == list("aéé日日日b!")
+    # Across the chunks of a stream, split anywhere (also inside a character): the same.
+    offsets, streamed = TextOffsets(), []
+    for chunk in (ids[:2], ids[2:4], ids[4:]):
+        streamed += completion_logprobs(chunk, [None] * len(chunk), tokenizer, offsets).text_offset
+    assert streamed == result.text_offset

@@ -1,6 +1,7 @@
 """POST /v1/completions: prompts in all four OpenAI forms, echo and logprobs (prompt logprobs
 for loglikelihood scoring), n completions per prompt, and SSE streaming."""
 
+import codecs
 from collections.abc import AsyncIterator
 
 from vllm.entrypoints.openai.protocol import (
@@ -33,14 +34,32 @@ def normalize_prompts(prompt: "str | list[str] | list[int] | list[list[int]]") -
     return list(prompt)
 
 
+class TextOffsets:
+    """Character offsets of tokens in the text their bytes decode to. A character split across
+    tokens counts once, when its last byte comes: every token of it is at its offset. (Adding up
+    the lengths of the tokens' own texts counted one U+FFFD per piece, so every offset after a
+    split character was too far.) One per choice, kept across the chunks of a stream."""
+
+    def __init__(self) -> None:
+        self.offset = 0
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def advance(self, token_bytes: bytes) -> int:
+        """The offset of a token with these bytes; moves past its complete characters."""
+        at = self.offset
+        self.offset += len(self._decoder.decode(token_bytes))
+        return at
+
+
 def completion_logprobs(
     token_ids: list[int],
     positions: "list[PositionLogprobs | None]",
     tokenizer,
-    text_offset: int = 0,
+    offsets: TextOffsets | None = None,
 ) -> CompletionLogProbs:
     """OpenAI's legacy logprobs: per token its text, logprob (None where nothing predicts it),
     the top alternatives {text: logprob}, and its character offset."""
+    offsets = offsets or TextOffsets()
     result = CompletionLogProbs()
     for token, position in zip(token_ids, positions, strict=True):
         if position is None or token not in position:
@@ -68,8 +87,7 @@ def completion_logprobs(
                 if value > top.get(key, float("-inf")):
                     top[key] = value
             result.top_logprobs.append(top)
-        result.text_offset.append(text_offset)
-        text_offset += len(text)
+        result.text_offset.append(offsets.advance(tokenizer.token_bytes(token)))
     return result
 
 
@@ -164,7 +182,7 @@ class OpenAIServingCompletion(OpenAIServing):
         c: CompletionOutput,
         with_prompt: bool,
         start: int = 0,
-        text_offset: int = 0,
+        offsets: TextOffsets | None = None,
     ) -> CompletionLogProbs:
         tokens: list[int] = []
         positions: list = []
@@ -176,7 +194,7 @@ class OpenAIServingCompletion(OpenAIServing):
         tokens += generated
         positions += (c.logprobs or [])[start : start + len(generated)]
         positions += [None] * (len(tokens) - len(positions))
-        return completion_logprobs(tokens, positions, self.tokenizer, text_offset)
+        return completion_logprobs(tokens, positions, self.tokenizer, offsets)
 
     async def _stream(
         self,
@@ -190,7 +208,7 @@ class OpenAIServingCompletion(OpenAIServing):
         n = request.n
         sent_text: dict[int, int] = {}
         sent_tokens: dict[int, int] = {}
-        text_offsets: dict[int, int] = {}
+        text_offsets: dict[int, TextOffsets] = {}
         done: set[int] = set()
         prompt_tokens: dict[int, int] = {}
         completion_tokens: dict[int, int] = {}
@@ -213,11 +231,8 @@ class OpenAIServingCompletion(OpenAIServing):
                             c,
                             request.echo and first,
                             sent_tokens.get(index, 0),
-                            text_offsets.get(index, 0),
+                            text_offsets.setdefault(index, TextOffsets()),
                         )
-                        if logprobs.tokens:  # the next chunk's tokens start after these
-                            end = logprobs.text_offset[-1] + len(logprobs.tokens[-1])
-                            text_offsets[index] = end
                     sent_tokens[index] = len(c.token_ids)
                     sent_text[index] = len(c.text)
                     text = prompt_texts[i] + delta if first and request.echo else delta
