@@ -51,7 +51,9 @@ class FakeEngine:
         self.tokenizer = get_tokenizer(resolve_model("kimi-k3-tiny")[0])
         self.script = self.tokenizer.encode(script, add_special_tokens=False)
         self.config = SimpleNamespace(
-            model_config=SimpleNamespace(max_model_len=max_model_len, vocab_size=320)
+            model_config=SimpleNamespace(
+                max_model_len=max_model_len, vocab_size=320, max_logprobs=20
+            )
         )
         # `stats_delay` slows the loop's reading of the cache counters, which follows every abort.
         self.kv_cache_manager = _Counters(64, 16, stats_delay)

@@ -153,6 +153,8 @@ USER = [{"role": "user", "content": "hi"}]
          "top_logprobs"),
         ("/v1/chat/completions", {"messages": USER, "logprobs": True, "top_logprobs": 321},
          "top_logprobs"),  # over the fake engine's vocabulary of 320
+        ("/v1/chat/completions", {"messages": USER, "logprobs": True, "top_logprobs": 21},
+         "top_logprobs"),  # over its max_logprobs of 20
         ("/v1/chat/completions", {"messages": USER, "n": "two"}, "n"),
         ("/v1/chat/completions", {"messages": USER, "n": 129}, "n"),
         ("/v1/chat/completions", {"messages": USER, "logit_bias": {"65": 5}}, "logit_bias"),

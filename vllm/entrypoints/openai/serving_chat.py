@@ -98,10 +98,16 @@ class OpenAIServingChat(OpenAIServing):
         if request.logprobs:
             num_top = request.top_logprobs or 0
             # Checked here, under its own name: the engine's check would name `logprobs`.
-            vocab = self.engine.config.model_config.vocab_size
-            if not 0 <= num_top <= vocab:
+            config = self.engine.config.model_config
+            most = config.vocab_size
+            if config.max_logprobs != -1:
+                most = min(most, config.max_logprobs)
+            if not 0 <= num_top <= most:
                 raise OpenAIError(
-                    f"top_logprobs must be in [0, {vocab}], got {num_top}", 400, "top_logprobs"
+                    f"top_logprobs must be in [0, {most}] (the vocabulary and --max-logprobs), "
+                    f"got {num_top}",
+                    400,
+                    "top_logprobs",
                 )
         elif request.top_logprobs:
             raise OpenAIError("top_logprobs needs logprobs: true", 400, "top_logprobs")
