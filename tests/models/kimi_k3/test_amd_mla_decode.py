@@ -435,6 +435,12 @@ def _bad_inputs():
         dict(base, kv_cache=cache.transpose(1, 2).contiguous().transpose(1, 2)),
     )
     yield "seq_lens must be on q_latent's device", dict(base, seq_lens=base["seq_lens"].to("meta"))
+    # The kernels read a table row and seq_lens at unit stride: every other entry of a wider
+    # buffer would be read as the next one (silently wrong before the check).
+    wide_tables = base["block_tables"].repeat_interleave(2, dim=1)
+    yield "block_tables must have unit stride", dict(base, block_tables=wide_tables[:, ::2])
+    wide_lens = base["seq_lens"].repeat_interleave(2)
+    yield "seq_lens must have unit stride", dict(base, seq_lens=wide_lens[::2])
     yield "counters must be a contiguous 1-D int32", dict(base, counters=torch.zeros(4))
 
 

@@ -7,7 +7,8 @@ position part R (`qk_rope_head_dim`; unrotated here, MLA is NoPE):
   (`q_nope @ W_UK` per head), `q_pe` `[N, H, R]`; any strides, unit last stride;
 - `kv_cache` `[num_blocks, block_size, L + R]`: per token the normed latent `c` and `k_pe`; any
   block and token strides, unit last stride; same dtype as the queries (fp16, bf16 or fp32);
-- `block_tables` `[N, max_blocks]` int32/int64 and `seq_lens` `[N]` int32/int64 on the device:
+- `block_tables` `[N, max_blocks]` (any row stride) and `seq_lens` `[N]`, int32/int64 with unit
+  last stride, on the device:
   sequence n attends to its first `seq_lens[n]` cached tokens, token p at
   `kv_cache[block_tables[n, p // block_size], p % block_size]`. Entries of `block_tables` past a
   sequence's length are never read. `seq_lens[n] >= 1`;
@@ -517,6 +518,9 @@ def _validate(q_latent, q_pe, kv_cache, block_tables, seq_lens) -> None:
     for name, t in (("block_tables", block_tables), ("seq_lens", seq_lens)):
         if t.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"{name} must be int32 or int64, got {t.dtype}")
+        # The kernels step through a table row and through seq_lens at unit stride.
+        if t.stride(-1) != 1 and t.shape[-1] > 1:
+            raise ValueError(f"{name} must have unit stride on its last dim, got {t.stride()}")
     if q_latent.dtype not in _FLOAT_DTYPES:
         raise ValueError(f"q_latent must be fp16, bf16 or fp32, got {q_latent.dtype}")
     for name, t in (("q_pe", q_pe), ("kv_cache", kv_cache)):
