@@ -68,6 +68,11 @@ def test_other_dtypes_and_column_strides_take_the_reference(triton_launches):
     assert torch.equal(gather_rows(x, order, 2), gather_rows_ref(x, order, 2))
     columns = x.bfloat16().t().contiguous().t()  # strided on H: what index_select accepts too
     assert torch.equal(gather_rows(columns, order, 2), gather_rows_ref(columns, order, 2))
+    # A strided order (the kernel reads it at unit stride: it was read wrong, silently).
+    strided = order.flip(0).repeat_interleave(2)[::2]
+    assert torch.equal(
+        gather_rows(x.bfloat16(), strided, 2), gather_rows_ref(x.bfloat16(), strided, 2)
+    )
     assert triton_launches["_gather_rows_kernel"] == 0
 
 

@@ -74,6 +74,9 @@ def test_rejects_bad_inputs():
         moe_weighted_sum(y, weights, torch.bfloat16, inverse=inverse.float())
     with pytest.raises(ValueError, match="unit stride"):
         moe_weighted_sum(torch.zeros(8, 6).t(), weights, torch.bfloat16)
+    # The kernel reads inverse at unit stride: a strided view was read wrong, silently.
+    with pytest.raises(ValueError, match="inverse must have unit stride"):
+        moe_weighted_sum(y, weights, torch.bfloat16, inverse=inverse.repeat_interleave(2)[::2])
     with pytest.raises(ValueError, match="2-D"):
         moe_weighted_sum(y.view(2, 3, 8), weights, torch.bfloat16)
     with pytest.raises(ValueError, match="dtype must be"):

@@ -4,7 +4,8 @@ token's hidden state, in the expert-sorted order, in one Triton launch.
 ``gather_rows(x, order, k, config=None)``
     ``x``: ``[T, H]``, any strides; bf16 / fp16 / fp32 with unit stride on the last dim for the
     kernel (any row stride), other dtypes and strides take the reference. ``order``: ``[R]``
-    int32 / int64 on ``x``'s device, flat (token, slot) row numbers (``token * k + slot``), e.g.
+    int32 / int64 on ``x``'s device (unit stride for the kernel, another takes the reference),
+    flat (token, slot) row numbers (``token * k + slot``), e.g.
     ``group_rows``'s expert-sorted order. ``k``: the slots per token, ``>= 1``. Returns a new
     contiguous ``[R, H]`` tensor of ``x``'s dtype whose row r is ``x[order[r] // k]``, bit for bit
     ``gather_rows_ref`` (``x.index_select(0, order // k)``).
@@ -154,8 +155,9 @@ def gather_rows(
         A new contiguous ``[R, H]`` tensor of ``x``'s dtype.
     """
     _check(x, order, k)
-    unit_rows = x.stride(1) == 1 or x.shape[1] <= 1
-    if not use_triton(x.device) or x.dtype not in KERNEL_DTYPES or not unit_rows:
+    # The kernel reads x's rows and order at unit stride.
+    unit = (x.stride(1) == 1 or x.shape[1] <= 1) and (order.stride(0) == 1 or order.shape[0] <= 1)
+    if not use_triton(x.device) or x.dtype not in KERNEL_DTYPES or not unit:
         return gather_rows_ref(x, order, k)
     config = config or DEFAULT_GATHER_ROWS_CONFIG
     num_rows, hidden = order.shape[0], x.shape[1]

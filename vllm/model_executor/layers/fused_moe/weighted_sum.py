@@ -4,12 +4,12 @@ and summed over the slots in a fixed order in fp32, in one Triton launch.
 ``moe_weighted_sum(y, topk_weights, dtype, inverse=None)``
     ``y``: ``[T * K, H]`` bf16 / fp16 / fp32 for the kernel, unit stride on the last dim (any row
     stride); the expert output of (token t, slot k) is row ``t * K + k``, or, with ``inverse``
-    ``[T * K]`` int32 / int64, row ``inverse[t * K + k]`` (``y`` in the order the rows were
-    grouped by expert: ``inverse[r]`` is where row r was sorted to, so nothing has to copy ``y``
-    back to (token, slot) order first). ``topk_weights``: ``[T, K]`` floating point (read as
-    fp32), any strides. ``dtype``: the output's, bf16 / fp16 / fp32. Returns ``[T, H]`` of
-    ``sum_k topk_weights[t, k] * y[row(t, k)]``. Other floating dtypes (fp64) take the reference
-    on every device.
+    ``[T * K]`` int32 / int64 with unit stride, row ``inverse[t * K + k]`` (``y`` in the order
+    the rows were grouped by expert: ``inverse[r]`` is where row r was sorted to, so nothing has
+    to copy ``y`` back to (token, slot) order first). ``topk_weights``: ``[T, K]`` floating
+    point (read as fp32), any strides. ``dtype``: the output's, bf16 / fp16 / fp32. Returns
+    ``[T, H]`` of ``sum_k topk_weights[t, k] * y[row(t, k)]``. Other floating dtypes (fp64)
+    take the reference on every device.
 
 Numerics: the torch reference below (``moe_weighted_sum_ref``) is the statement: products in fp32,
 added slot by slot from slot 0 into an fp32 accumulator, one rounding to ``dtype`` last. The
@@ -127,6 +127,9 @@ def _check(
                 f"inverse must be [{tokens * k}] int32 / int64, got {tuple(inverse.shape)} "
                 f"{inverse.dtype}"
             )
+        if inverse.stride(0) != 1 and inverse.shape[0] > 1:
+            # The kernel reads it at unit stride.
+            raise ValueError(f"inverse must have unit stride, got {inverse.stride()}")
         if inverse.device != y.device:
             raise ValueError(f"inverse is on {inverse.device}, y on {y.device}")
 
