@@ -217,7 +217,15 @@ def test_prefill_rejects_bad_inputs():
         ("has_initial_state", batch["has_initial_state"].int()),
         ("out", torch.empty(5, 25, device=DEVICE)),
         ("out", torch.empty(3, 5, 9, device=DEVICE)),
+        ("out", torch.empty(5, 24, device="meta")),
+        ("weight", batch["weight"].to("meta")),
+        ("conv_state", batch["conv_state"].to("meta")),
     ]
+    # The kernels index the metadata at unit stride: strided views were read wrong, silently.
+    for name in ("query_start_loc", "slots", "has_initial_state"):
+        strided = batch[name].repeat_interleave(2)[::2]
+        with pytest.raises(ValueError, match=f"{name} must have unit stride"):
+            causal_conv1d_prefill(**{**batch, name: strided})
     for name, value in bad:
         with pytest.raises(ValueError, match=name):
             causal_conv1d_prefill(**{**batch, name: value})

@@ -324,7 +324,8 @@ def causal_conv1d_prefill(
 ) -> torch.Tensor:
     """Prefill chunks of N sequences, described by device tensors: `query_start_loc` `[N + 1]`
     (int32 or int64, from 0, ending at T), `slots` `[N]` (int), `has_initial_state` `[N]`
-    (bool). Returns `[T, C]`, or writes into `out` (any strides, `x`'s dtype) and returns it:
+    (bool), each with unit stride. Returns `[T, C]`, or writes into `out` (any strides, `x`'s
+    dtype and device) and returns it:
     `out` `[T, C]`, or `[G, T, C // G]` for channels in G groups (q | k | v), each group then
     its own `[T, C // G]` tensor (contiguous for a contiguous `out`). `config`: the conv kernel's
     launch (default `DEFAULT_PREFILL_CONFIG`)."""
@@ -349,6 +350,14 @@ def causal_conv1d_prefill(
             raise ValueError(f"{name} must be int32 or int64 on {x.device}, got {t.dtype}")
     if has_initial_state.dtype != torch.bool or has_initial_state.device != x.device:
         raise ValueError(f"has_initial_state must be bool on {x.device}")
+    for name, t in (("query_start_loc", query_start_loc), ("slots", slots),
+                    ("has_initial_state", has_initial_state)):  # fmt: skip
+        # The kernels index the metadata at unit stride.
+        if t.stride(0) != 1 and t.shape[0] > 1:
+            raise ValueError(f"{name} must have unit stride, got {t.stride()}")
+    for name, t in (("weight", weight), ("conv_state", conv_state)):
+        if t.device != x.device:
+            raise ValueError(f"{name} is on {t.device}, x on {x.device}")
     config = config or DEFAULT_PREFILL_CONFIG
     sizes = (("block_t", config.block_t), ("block_c", config.block_c))
     for name, size in (*sizes, ("num_warps", config.num_warps)):
@@ -364,10 +373,10 @@ def causal_conv1d_prefill(
     out3 = out.unsqueeze(0) if out.dim() == 2 else out
     if out.dtype != x.dtype or out3.dim() != 3 or out3.shape[1] != tokens or (
         out3.shape[0] * out3.shape[2] != channels
-    ):  # fmt: skip
+    ) or out.device != x.device:  # fmt: skip
         raise ValueError(
-            f"out must be [{tokens}, {channels}] or [G, {tokens}, {channels} // G] of {x.dtype}, "
-            f"got {tuple(out.shape)} {out.dtype}"
+            f"out must be [{tokens}, {channels}] or [G, {tokens}, {channels} // G] of {x.dtype} "
+            f"on {x.device}, got {tuple(out.shape)} {out.dtype} on {out.device}"
         )
     if tokens == 0 or n == 0:
         return out
