@@ -201,6 +201,23 @@ def test_config_is_checked(block_v):
         fused_kda_decode(**step, lower_bound=None, config=KdaDecodeConfig(block_v, 2))
 
 
+def _bad_inputs():
+    step = make_step(3, 2, 16, 4, torch.float32, seed=0)
+    # Read at unit stride, H or D entries of them: a strided view or a short tensor was read
+    # wrong (past its end) without an error.
+    yield "slots must have unit stride", dict(step, slots=step["slots"].repeat_interleave(2)[::2])
+    yield "A_log must be a contiguous", dict(step, A_log=step["A_log"][:1])
+    yield "A_log must be a contiguous", dict(step, A_log=step["A_log"].repeat_interleave(2)[::2])
+    yield "norm_weight must be", dict(step, norm_weight=step["norm_weight"][:8])
+    yield "norm_weight must be", dict(step, norm_weight=step["norm_weight"].repeat(2))
+
+
+@pytest.mark.parametrize("match,step", list(_bad_inputs()), ids=lambda x: str(x)[:24])
+def test_inputs_are_checked(match, step):
+    with pytest.raises(ValueError, match=match):
+        fused_kda_decode(**step, lower_bound=None, config=KdaDecodeConfig(16, 2))
+
+
 @pytest.mark.parametrize("programs", [0, -1, 8.0, True])
 def test_shift_programs_are_checked(programs):
     step = make_step(2, 2, 32, 4, torch.float32, seed=0)

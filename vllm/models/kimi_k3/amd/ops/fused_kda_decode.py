@@ -500,6 +500,13 @@ def fused_kda_decode(
         raise ValueError(f"gate must be [{n}, {heads}, {d}] with unit last stride")
     if slots.device != mixed_qkv.device or slots.dtype not in (torch.int32, torch.int64):
         raise ValueError("slots must be an integer tensor on the inputs' device")
+    # The kernels read slots, A_log and the norm weight at unit stride, D or H entries of them.
+    if slots.stride(0) != 1 and n > 1:
+        raise ValueError(f"slots must have unit stride, got {slots.stride()}")
+    if A_log.shape != (heads,) or not A_log.is_contiguous():
+        raise ValueError(f"A_log must be a contiguous [{heads}], got {tuple(A_log.shape)}")
+    if norm_weight is not None and norm_weight.shape != (d,):
+        raise ValueError(f"norm_weight must be [{d}], got {tuple(norm_weight.shape)}")
     if conv_weight.stride(1) != 1 or not dt_bias.is_contiguous():
         raise ValueError("conv_weight and dt_bias must be contiguous in their last dim")
     if norm_weight is not None and not norm_weight.is_contiguous():
