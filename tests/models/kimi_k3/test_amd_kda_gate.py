@@ -65,6 +65,18 @@ def test_gate_beta_rejects_bad_inputs():
     ):
         with pytest.raises(ValueError):
             kda_gate_beta(**{**inputs, name: value}, lower_bound=None)
+    # Named errors where a 3-D raw failed to unpack, no heads divided by zero, integer logits were
+    # read as numbers and a tensor on another device reached the kernel.
+    for match, name, value in (
+        ("raw must be a 2-D floating-point", "raw", inputs["raw"].view(4, 2, 16)),
+        ("raw must be a 2-D floating-point", "raw", inputs["raw"].int()),
+        ("b must be a 2-D floating-point", "b", inputs["b"].int()),
+        ("A_log must hold one value per head", "A_log", inputs["A_log"][:0]),
+        ("dt_bias is on meta", "dt_bias", inputs["dt_bias"].to("meta")),
+        ("A_log is on meta", "A_log", inputs["A_log"].to("meta")),
+    ):
+        with pytest.raises(ValueError, match=match):
+            kda_gate_beta(**{**inputs, name: value}, lower_bound=None)
 
 
 @pytest.mark.gpu

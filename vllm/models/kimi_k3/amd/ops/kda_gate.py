@@ -96,8 +96,19 @@ def kda_gate_beta(
     lower_bound: float | None,
     b: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(g [T, H, K], beta [T, H])`, both fp32; `raw` and `b` may have any strides."""
+    """`(g [T, H, K], beta [T, H])`, both fp32; `raw` and `b` (floating point) may have any
+    strides; every tensor on `raw`'s device."""
     heads = A_log.numel()
+    for name, t in (("raw", raw), ("b", b)):
+        if t.dim() != 2 or not t.is_floating_point():
+            raise ValueError(
+                f"{name} must be a 2-D floating-point tensor, got {t.dtype} {t.dim()}-D"
+            )
+    for name, t in (("A_log", A_log), ("dt_bias", dt_bias), ("b", b)):
+        if t.device != raw.device:
+            raise ValueError(f"{name} is on {t.device}, raw on {raw.device}")
+    if heads == 0:
+        raise ValueError("A_log must hold one value per head, got none")
     tokens, width = raw.shape
     if width % heads or dt_bias.shape != (width,) or not dt_bias.is_contiguous():
         raise ValueError(
