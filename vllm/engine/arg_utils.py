@@ -79,7 +79,7 @@ class EngineArgs:
     tensor_parallel_size: int = 1  # ranks sharding the model (workers: NCCL on GPU, gloo on CPU)
     max_model_len: int | str | None = None  # prompt+output tokens: 4096, 32k, 1m (K: x1024), auto
     max_num_seqs: int = 256  # sequences in flight
-    max_num_batched_tokens: int | None = None  # tokens per step (default 8192)
+    max_num_batched_tokens: int | None = None  # tokens per step (default: max(8192, max_num_seqs))
     block_size: int = 16  # tokens per MLA latent cache block
     gpu_memory_utilization: float = 0.9  # fraction of GPU memory the engine may use
     num_gpu_blocks_override: int | None = None  # MLA blocks, instead of sizing from memory

@@ -37,6 +37,16 @@ def test_help_lists_every_flag_with_text(capsys: pytest.CaptureFixture) -> None:
     assert helps["--max-num-seqs"].endswith("(default: 256)")
 
 
+def test_max_num_batched_tokens_help_gives_the_default_the_engine_resolves() -> None:
+    """Unset, a step holds max(8192, max_num_seqs) tokens; --help says so (it said 8192)."""
+    serve = make_parser()._subparsers._group_actions[0].choices["serve"]
+    helps = {name: action.help for action in serve._actions for name in action.option_strings}
+    assert "max(8192, max_num_seqs)" in helps["--max-num-batched-tokens"]
+    for seqs, tokens in ((256, 8192), (9000, 9000)):
+        config = EngineArgs(max_num_seqs=seqs).create_engine_config()
+        assert config.scheduler_config.max_num_batched_tokens == tokens
+
+
 @pytest.mark.parametrize(
     "value, expected",
     [
