@@ -1,8 +1,8 @@
 """AsyncLLM over a scripted engine: concurrent requests, early close aborts and frees, a refused
-request leaves the loop running, a failing step fails every open request and /health's state, a
-caller cancelled while its request is being added (its client hung up) leaves the loop serving and
-nothing in the engine, and one cancelled while the dying loop answers it leaves the rest
-answered."""
+request leaves the loop running, a failing step fails every open request and /health's state (and
+the stat loggers see those requests released), a caller cancelled while its request is being added
+(its client hung up) leaves the loop serving and nothing in the engine, and one cancelled while the
+dying loop answers it leaves the rest answered."""
 
 import asyncio
 import concurrent.futures
@@ -119,6 +119,47 @@ def test_step_failure_kills_the_loop_and_fails_open_requests() -> None:
     finally:
         llm.shutdown()
     assert engine.shut_down
+
+
+def test_stat_loggers_see_the_requests_released_when_the_loop_dies() -> None:
+    """The engine loop's failure aborts every open request; the stat loggers (/metrics) must be
+    told, by the time a caller hears of it, or they keep the last iteration's load for good."""
+    engine = FakeEngine("abc")
+    seen: list = []
+
+    class Recorder(StatLogger):
+        def record(self, scheduler, iteration) -> None:
+            seen.append(scheduler)
+
+    llm = AsyncLLM(engine, [Recorder()])
+    try:
+
+        async def main() -> None:
+            streams = []
+            for request_id in ("a", "b"):
+                streams.append(
+                    await llm.add_request(request_id, "hi", SamplingParams(max_tokens=10**6))
+                )
+            async for _ in streams[1]:  # delivered after a step of both was recorded
+                break
+            assert seen[-1].num_running == 2
+
+            def broken_step():
+                raise RuntimeError("device lost")
+
+            engine.step = broken_step
+            with pytest.raises(EngineDeadError):
+                async for _ in streams[0]:
+                    pass
+            kv = engine.kv_cache_manager
+            assert (seen[-1].num_running, seen[-1].kv_cache_usage) == (0, 0.0)
+            assert seen[-1].num_free_blocks == kv.initial_num_free_blocks
+            assert seen[-1].num_free_kda_slots == kv.initial_num_free_kda_slots
+            await streams[1].aclose()
+
+        asyncio.run(asyncio.wait_for(main(), timeout=10))
+    finally:
+        llm.shutdown()
 
 
 def test_stat_loggers_see_tokens_and_finished_requests(llm: AsyncLLM) -> None:

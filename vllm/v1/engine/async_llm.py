@@ -316,6 +316,13 @@ class AsyncLLM:
                 self._refresh_scheduler_stats()
             except Exception:
                 logger.exception("refreshing the scheduler stats after the loop stopped failed")
+            # The stat loggers too: /metrics would otherwise show the last iteration's load
+            # (requests running, blocks in use) for as long as the server stays up.
+            for stat_logger in self.stat_loggers:
+                try:
+                    stat_logger.record(self.scheduler_stats, None)
+                except Exception:
+                    logger.exception("recording the stats after the loop stopped failed")
         finally:
             for _, tracked in open_requests:
                 self._deliver(tracked, error)
