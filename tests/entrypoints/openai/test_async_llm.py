@@ -177,6 +177,31 @@ def test_stat_loggers_see_tokens_and_finished_requests(llm: AsyncLLM) -> None:
     assert seen == {"generated": 6, "finished": ["length"], "ttft": 1}
 
 
+def test_time_per_output_token_is_per_completion_with_n() -> None:
+    """With n > 1 every completion gets a token each step: the time per output token is a
+    step's time, not a step's time over n (the tokens of all completions together)."""
+    step_delay = 0.02
+    gaps: list[float] = []
+
+    class Recorder(StatLogger):
+        def record(self, scheduler, iteration) -> None:
+            if iteration is not None:
+                gaps.extend(iteration.time_per_output_token)
+
+    llm = AsyncLLM(FakeEngine("abcdefgh", step_delay=step_delay), [Recorder()])
+    try:
+
+        async def main() -> None:
+            async for _ in llm.generate("n3", "hi", SamplingParams(max_tokens=5, n=3)):
+                pass
+
+        asyncio.run(asyncio.wait_for(main(), timeout=10))
+    finally:
+        llm.shutdown()
+    assert len(gaps) == 3 * (5 - 1)  # each completion's tokens after its first
+    assert min(gaps) >= step_delay  # each gap spans at least one whole step
+
+
 def test_a_failing_stat_logger_still_delivers_the_final_output(llm: AsyncLLM) -> None:
     """A request that finishes in the step whose stats fail is no longer tracked when the loop
     ends: its last output must go out anyway, or its caller would wait forever."""

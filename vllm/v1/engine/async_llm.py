@@ -71,7 +71,9 @@ class _Tracked:
     arrival: float
     num_tokens: int = 0
     first_token_time: float | None = None
-    last_token_time: float | None = None
+    # Completion index -> (its tokens so far, when the last of them came): with n > 1 each
+    # completion is a sequence of its own, whose tokens come one step apart.
+    completions: dict[int, tuple[int, float]] = dataclasses.field(default_factory=dict)
 
 
 class AsyncLLM:
@@ -275,14 +277,20 @@ class AsyncLLM:
                 continue
             num_tokens = sum(len(c.token_ids) for c in out.outputs)
             new = num_tokens - tracked.num_tokens
-            if new > 0 or (out.finished and tracked.first_token_time is None):
-                if tracked.first_token_time is None:
-                    tracked.first_token_time = now
-                    stats.num_prompt_tokens += len(out.prompt_token_ids)
-                    stats.time_to_first_token.append(now - tracked.arrival)
-                elif new > 0:
-                    stats.time_per_output_token.append((now - tracked.last_token_time) / new)
-                tracked.last_token_time = now
+            if tracked.first_token_time is None and (new > 0 or out.finished):
+                tracked.first_token_time = now
+                stats.num_prompt_tokens += len(out.prompt_token_ids)
+                stats.time_to_first_token.append(now - tracked.arrival)
+            for c in out.outputs:
+                # Time per output token: per completion, the time since its previous tokens
+                # over the tokens that came now (not over all completions' tokens, which would
+                # divide a step's time by n).
+                before, last = tracked.completions.get(c.index, (0, now))
+                if len(c.token_ids) > before:
+                    if before:
+                        gap = (now - last) / (len(c.token_ids) - before)
+                        stats.time_per_output_token.append(gap)
+                    tracked.completions[c.index] = (len(c.token_ids), now)
             stats.num_generation_tokens += max(new, 0)
             tracked.num_tokens = num_tokens
             if out.finished:

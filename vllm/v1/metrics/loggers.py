@@ -156,7 +156,7 @@ class PrometheusStatLogger(StatLogger):
         )
         self.tpot = histogram(
             "vllm:time_per_output_token_seconds",
-            "Time per output token after the first.",
+            "Time per output token after the first, per completion (each of n).",
             _TPOT_BUCKETS,
         )
         self.e2e = histogram(
