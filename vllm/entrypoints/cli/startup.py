@@ -64,7 +64,14 @@ def log_startup(engine: Any, served_model_names: list[str], args: argparse.Names
         logger.info("Online quantization %s: %s", json.dumps(mc.quantization_config), summary)
     kv = engine.kv_cache_manager
     tokens = kv.initial_num_free_blocks * cc.block_size
-    concurrency = min(sc.max_num_seqs, kv.initial_num_free_kda_slots, tokens // mc.max_model_len)
+    # Counted in whole blocks, as they are handed out: a full-length request caches every token
+    # but its last sampled one (as the scheduler's admission check counts).
+    blocks_per_request = -(-(mc.max_model_len - 1) // cc.block_size)
+    concurrency = min(
+        sc.max_num_seqs,
+        kv.initial_num_free_kda_slots,
+        kv.initial_num_free_blocks // blocks_per_request,
+    )
     logger.info(
         "Cache: %d MLA blocks x %d tokens (%d tokens), %d KDA state slots; max concurrency for "
         "%d-token requests: %d (max_num_seqs %d, max_num_batched_tokens %d)",
