@@ -89,19 +89,24 @@ _THROUGHPUT_WINDOW_S = 10.0
 
 
 class _Throughput:
-    """Tokens per second over the last `_THROUGHPUT_WINDOW_S` seconds."""
+    """Tokens per second over the last `_THROUGHPUT_WINDOW_S` seconds (over the time since `start`
+    while that is shorter): the tokens counted in the window over the window's length, not over
+    the time since the window's first tokens (which made a lone burst read as a high rate)."""
 
-    def __init__(self) -> None:
+    def __init__(self, start: float) -> None:
+        self._start = start
         self._events: deque[tuple[float, int, int]] = deque()
 
     def add(self, now: float, prompt: int, generation: int) -> tuple[float, float]:
         if prompt or generation:
             self._events.append((now, prompt, generation))
-        while self._events and self._events[0][0] < now - _THROUGHPUT_WINDOW_S:
+        while self._events and self._events[0][0] <= now - _THROUGHPUT_WINDOW_S:
             self._events.popleft()
         if not self._events:
             return 0.0, 0.0
-        span = max(now - self._events[0][0], 1.0)
+        span = min(now - self._start, _THROUGHPUT_WINDOW_S)
+        if span <= 0:
+            return 0.0, 0.0
         return (
             sum(e[1] for e in self._events) / span,
             sum(e[2] for e in self._events) / span,
@@ -165,7 +170,7 @@ class PrometheusStatLogger(StatLogger):
             _E2E_BUCKETS,
         )
         self._labels = labels
-        self._throughput = _Throughput()
+        self._throughput = _Throughput(time.monotonic())
 
     def record(self, scheduler: SchedulerStats, iteration: IterationStats | None) -> None:
         self.running.set(scheduler.num_running)
