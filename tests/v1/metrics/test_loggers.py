@@ -2,9 +2,12 @@
 log line give the tokens counted over their window or interval, divided by its length."""
 
 import logging
+import re
+from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from vllm.v1.engine.async_llm import IterationStats, SchedulerStats
 from vllm.v1.metrics import loggers
@@ -91,3 +94,19 @@ def test_log_line_gives_the_interval_s_tokens_over_its_length(clock: _Clock) -> 
     assert lines[1].startswith(
         "Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 0.0"
     )
+
+
+def test_exposition_has_the_documented_metrics_and_no_created_series() -> None:
+    """/metrics exposes exactly the metrics docs/serving.md lists (counters by their `_total`
+    name), with no `_created` timestamp gauges beside them (`vllm:generation_tokens_created
+    1.7e+09` reads like a token count; upstream exposes none)."""
+    metrics = PrometheusStatLogger("m")
+    metrics.record(SchedulerStats(), IterationStats(3, 4, [0.1], [0.01], [("stop", 1.0)]))
+    text = metrics.exposition().decode()
+    exposed = set()
+    for family in text_string_to_metric_families(text):
+        exposed.add(family.name + "_total" if family.type == "counter" else family.name)
+    assert not [line for line in text.splitlines() if "_created" in line]
+    doc = (Path(__file__).parents[3] / "docs" / "serving.md").read_text()
+    section = doc.split("## Metrics", 1)[1].split("\n## ", 1)[0]
+    assert exposed == set(re.findall(r"`(vllm:[a-z0-9_]+)", section))

@@ -8,7 +8,7 @@ own, so that a test or an operator can check that the cache returns to its initi
 import time
 from collections import deque
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from vllm.logger import init_logger
 from vllm.v1.engine.async_llm import IterationStats, SchedulerStats, StatLogger
@@ -113,6 +113,18 @@ class _Throughput:
         )
 
 
+class _WithoutCreated:
+    """A registry's metric families, less their `_created` samples."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self):
+        for family in self._registry.collect():  # fresh families at every collect
+            family.samples = [s for s in family.samples if not s.name.endswith("_created")]
+            yield family
+
+
 class PrometheusStatLogger(StatLogger):
     """The server's metrics, in a registry of their own (one per app, so tests can build many)."""
 
@@ -171,6 +183,14 @@ class PrometheusStatLogger(StatLogger):
         )
         self._labels = labels
         self._throughput = _Throughput(time.monotonic())
+
+    def exposition(self) -> bytes:
+        """The metrics in the Prometheus text format, for `/metrics`.
+
+        Without the `_created` samples that prometheus_client adds to every counter and histogram
+        (upstream's /metrics has none): each is exposed as a gauge of its own, e.g.
+        `vllm:generation_tokens_created 1.7e+09`, a timestamp that reads like a token count."""
+        return generate_latest(_WithoutCreated(self.registry))
 
     def record(self, scheduler: SchedulerStats, iteration: IterationStats | None) -> None:
         self.running.set(scheduler.num_running)
