@@ -26,7 +26,9 @@ from typing import Any
 
 import torch
 
+from vllm.config.vllm import VllmConfig
 from vllm.engine.arg_utils import EngineArgs
+from vllm.entrypoints.cli.serve import refuse
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 from vllm.model_executor.model_loader.builtin import resolve_model
 from vllm.model_executor.model_loader.loader import build_model
@@ -82,6 +84,26 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tor
     if args.device == "cpu" or not torch.cuda.is_available():
         parser.error("this benchmark measures a GPU: run it on one, or use --dry-run on the CPU")
     return torch.device("cuda")
+
+
+def engine_config(
+    parser: argparse.ArgumentParser, ea: EngineArgs, needed: int, workload: str
+) -> VllmConfig:
+    """`ea`'s checked config, whose max_model_len holds `needed` tokens (prompt + decode steps of
+    `workload`, e.g. "--input-len + --output-len"); a parser error naming the flag otherwise (an
+    explicit `--max-model-len` too small or `auto` above the model's limit included)."""
+    try:
+        config = ea.create_engine_config()
+    except ValueError as e:
+        if ea.max_model_len == needed and "max_position_embeddings" in str(e):
+            parser.error(f"{workload}: {needed} tokens per sequence; {e}")
+        refuse(parser, e)
+    if config.model_config.max_model_len < needed:
+        parser.error(
+            f"argument --max-model-len: {config.model_config.max_model_len} is too small, "
+            f"{workload} need {needed} tokens per sequence"
+        )
+    return config
 
 
 def engine_args(args: argparse.Namespace, **overrides: Any) -> EngineArgs:

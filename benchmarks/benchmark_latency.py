@@ -47,7 +47,10 @@ not counted. Per GPU at TP > 1 (rank 0's shards), as are the floor bytes.
 The engine is sized for the sweep unless the flags say otherwise: `--max-num-seqs` = the largest
 batch, `--max-model-len` = the longest prompt + every decode token the sweep needs,
 `--kv-cache-memory` = exactly the caches of that many sequences of that length (no profiling run).
-CUDA graphs are captured for every decode size up to `--max-num-seqs`.
+CUDA graphs are captured for every decode size up to `--max-num-seqs`. Flags given explicitly that
+cannot run the sweep are refused before anything is measured: `--max-num-seqs` below the largest
+batch, `--max-model-len` below what the sweep needs, and (once the engine is built) cache flags
+that cannot hold the largest batch at that length.
 
     python benchmarks/benchmark_latency.py --dry-run
     python benchmarks/benchmark_latency.py --model kimi-linear-48b-a3b --load-format dummy \\
@@ -71,6 +74,7 @@ from bench_utils import (
     check_args,
     distinct_experts_of_one_step,
     engine_args,
+    engine_config,
     environment,
     expected_distinct_experts,
     graphs_set_aside,
@@ -85,11 +89,13 @@ from bench_utils import (
 )
 from step_profile import GAP_SPLIT_US, breakdown, profile_steps_and_gaps
 
-from vllm.engine.arg_utils import EngineArgs, parse_max_model_len
+from vllm.engine.arg_utils import EngineArgs
+from vllm.entrypoints.cli.serve import refuse
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 from vllm.models.kimi_k3.amd.footprint import model_footprint
 from vllm.models.kimi_k3.amd.mla import KimiMLAAttention
 from vllm.sampling_params import RequestOutputKind, SamplingParams
+from vllm.v1.core.kv_cache_utils import CacheSizeError
 from vllm.v1.engine.llm_engine import LLMEngine
 
 # Seconds kept free per context length still to run, for its decode cases: (warm-up + timed + 1)
@@ -540,11 +546,18 @@ def sized_engine_args(
     """Engine arguments sized for the sweep (flags given explicitly win) and each context's
     max_tokens per request."""
     bmax = max(batch_sizes)
-    ea = engine_args(args, max_num_seqs=args.max_num_seqs or bmax)
+    # `is None`: an explicit 0 is refused by the engine's check, not replaced by the default.
+    seqs = bmax if args.max_num_seqs is None else args.max_num_seqs
+    ea = engine_args(args, max_num_seqs=seqs)
     try:
         budget = ea.create_engine_config().scheduler_config.max_num_batched_tokens
     except ValueError as e:
-        parser.error(str(e))
+        refuse(parser, e)
+    if seqs < bmax:
+        parser.error(
+            f"argument --max-num-seqs: {seqs} is below the largest batch size {bmax}, whose "
+            "sequences must decode together"
+        )
     if budget <= bmax:
         parser.error(f"--max-num-batched-tokens ({budget}) must exceed the largest batch ({bmax})")
     # + the one-at-a-time steps, the eager step, the routing step and the step in flight that
@@ -554,13 +567,35 @@ def sized_engine_args(
         n: decode_tokens_needed(n, bmax, budget, len(batch_sizes), per_case) for n in input_lens
     }
     needed = max(n + max_tokens[n] for n in input_lens)
-    if args.max_model_len is None:
-        ea.max_model_len = needed
-    elif parse_max_model_len(args.max_model_len) < needed:
-        parser.error(f"argument --max-model-len: this sweep needs at least {needed}")
+    ea.max_model_len = needed if args.max_model_len is None else args.max_model_len
+    engine_config(
+        parser,
+        ea,
+        needed,
+        "the longest prompt (--input-len/--input-lens) + the sweep's decode steps",
+    )
     if ea.kv_cache_memory is None and ea.num_gpu_blocks_override is None:
         ea.kv_cache_memory = cache_memory_for(ea, bmax, needed)
     return ea, max_tokens
+
+
+def check_cache_holds(
+    parser: argparse.ArgumentParser, engine: LLMEngine, batch: int, tokens: int
+) -> None:
+    """A parser error (engine shut down) unless the cache holds `batch` sequences of `tokens`
+    tokens at once: sized by explicit cache flags, it may hold fewer, and the sweep would only
+    find out at its largest batch, after the warm-up and the prefills."""
+    kv = engine.kv_cache_manager
+    blocks = batch * math.ceil(tokens / kv.block_size)
+    if kv.initial_num_free_blocks < blocks or kv.initial_num_free_kda_slots < batch:
+        engine.shutdown()
+        parser.error(
+            f"the cache arguments: the sweep runs {batch} sequences of up to {tokens} tokens at "
+            f"once ({blocks} MLA blocks, {batch} KDA slots); the cache has "
+            f"{kv.initial_num_free_blocks} blocks and {kv.initial_num_free_kda_slots} slots "
+            "(raise --num-gpu-blocks-override / --kv-cache-memory, or leave both out to size "
+            "the cache for the sweep)"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -625,7 +660,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"argument --warmup-steps: must be >= 0, got {args.warmup_steps}")
     if args.profile_steps < 0:
         parser.error(f"argument --profile-steps: must be >= 0, got {args.profile_steps}")
-    if args.copy_gib < 1 and not args.dry_run:
+    if args.time_budget_s is not None and not args.time_budget_s > 0:  # NaN included
+        parser.error(f"argument --time-budget-s: must be > 0, got {args.time_budget_s}")
+    if not args.copy_gib >= 1 and not args.dry_run:  # NaN included
         # A smaller copy partly hits the 50 MB L2 and overstates the HBM bandwidth.
         parser.error(f"argument --copy-gib: must be at least 1, got {args.copy_gib}")
     start = time.perf_counter()
@@ -642,7 +679,12 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     t0 = time.perf_counter()
-    engine = LLMEngine.from_engine_args(ea)
+    try:
+        engine = LLMEngine.from_engine_args(ea)
+    except CacheSizeError as e:  # --num-gpu-blocks-override / --kv-cache-memory too small
+        parser.error(f"the cache arguments: {e}")
+    needed = max(n + tokens for n, tokens in max_tokens.items())
+    check_cache_holds(parser, engine, max(batch_sizes), needed)
     record["engine_start_s"] = time.perf_counter() - t0
     record["engine"] = engine_summary(engine, ea)
     try:

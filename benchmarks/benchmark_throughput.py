@@ -32,6 +32,7 @@ from bench_utils import (
     cache_memory_for,
     check_args,
     engine_args,
+    engine_config,
     environment,
     is_decode_only,
     make_parser,
@@ -41,8 +42,8 @@ from bench_utils import (
     write_json,
 )
 
-from vllm.engine.arg_utils import parse_max_model_len
 from vllm.sampling_params import RequestOutputKind, SamplingParams
+from vllm.v1.core.kv_cache_utils import CacheSizeError
 from vllm.v1.engine.llm_engine import LLMEngine
 
 # Default concurrency cap, as the engine's own max_num_seqs default.
@@ -87,21 +88,25 @@ def main(argv: list[str] | None = None) -> int:
         args.max_model_len = args.kv_cache_memory = args.num_gpu_blocks_override = None
     if min(args.num_prompts, args.input_len, args.output_len) < 1:
         parser.error("--num-prompts, --input-len and --output-len must be positive")
-    seqs = args.max_num_seqs or min(args.num_prompts, MAX_NUM_SEQS)
+    # `is None`: an explicit 0 is refused by the engine's check, not replaced by the default.
+    if args.max_num_seqs is None:
+        seqs = min(args.num_prompts, MAX_NUM_SEQS)
+    else:
+        seqs = args.max_num_seqs
     needed = args.input_len + args.output_len
-    if args.max_model_len is not None and parse_max_model_len(args.max_model_len) < needed:
-        parser.error(f"argument --max-model-len: this workload needs at least {needed}")
-    ea = engine_args(args, max_num_seqs=seqs, max_model_len=args.max_model_len or needed)
-    try:
-        if ea.kv_cache_memory is None and ea.num_gpu_blocks_override is None:
-            ea.kv_cache_memory = cache_memory_for(ea, seqs, needed)
-    except ValueError as e:
-        parser.error(str(e))
+    max_model_len = needed if args.max_model_len is None else args.max_model_len
+    ea = engine_args(args, max_num_seqs=seqs, max_model_len=max_model_len)
+    engine_config(parser, ea, needed, "--input-len + --output-len")
+    if ea.kv_cache_memory is None and ea.num_gpu_blocks_override is None:
+        ea.kv_cache_memory = cache_memory_for(ea, seqs, needed)
 
     record: dict[str, Any] = {"benchmark": "throughput", "environment": environment(device)}
     record["args"] = vars(args)
     start = time.perf_counter()
-    engine = LLMEngine.from_engine_args(ea)
+    try:
+        engine = LLMEngine.from_engine_args(ea)
+    except CacheSizeError as e:  # --num-gpu-blocks-override / --kv-cache-memory too small
+        parser.error(f"the cache arguments: {e}")
     record["engine_start_s"] = time.perf_counter() - start
     try:
         vocab = engine.config.model_config.vocab_size

@@ -129,7 +129,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
-def _refuse(parser: argparse.ArgumentParser, error: ValueError) -> NoReturn:
+def refuse(parser: argparse.ArgumentParser, error: ValueError) -> NoReturn:
     """Exit 2 naming the flag at fault, without the message's own `field: ` prefix."""
     message = str(error)
     field = _field_of(message)
@@ -200,7 +200,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         config = EngineArgs.from_cli_args(args).create_engine_config()
     except ValueError as e:
-        _refuse(parser, e)
+        refuse(parser, e)
     try:
         run_server(args, config)
     except BindError as e:

@@ -1,0 +1,106 @@
+"""The engine benchmarks' flag checks as on a GPU host (torch.cuda.is_available faked; the run
+stops where the measuring would start): every bad value is a parser error naming its flag
+(exit 2), never a traceback, and every documented value is accepted."""
+
+import importlib
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+class Reached(Exception):
+    """The checks passed: the script went on to measure."""
+
+
+@pytest.fixture(autouse=True)
+def gpu_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+
+def run(name: str, argv: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    module = importlib.import_module(name)
+
+    def reached(device: torch.device) -> None:
+        raise Reached
+
+    monkeypatch.setattr(module, "environment", reached)  # the first step after the checks
+    module.main(argv)
+
+
+@pytest.mark.parametrize(
+    "name, argv",
+    [
+        ("benchmark_latency", ["--max-model-len", "auto"]),
+        ("benchmark_latency", ["--max-model-len", "-1"]),
+        ("benchmark_latency", ["--max-model-len", "2k", "--batch-sizes", "1", "4"]),
+        ("benchmark_throughput", ["--max-model-len", "auto"]),
+        ("benchmark_throughput", ["--max-model-len", "2K"]),
+        ("benchmark_throughput", ["-tp", "2", "--max-num-seqs", "8"]),
+    ],
+)  # fmt: skip
+def test_documented_values_pass_the_checks(name, argv, monkeypatch) -> None:
+    with pytest.raises(Reached):
+        run(name, argv, monkeypatch)
+
+
+@pytest.mark.parametrize(
+    "name, argv, message",
+    [
+        ("benchmark_throughput", ["--max-model-len", "12q"],
+         "argument --max-model-len: cannot parse '12q'"),
+        ("benchmark_throughput", ["--max-model-len", "100"],
+         "argument --max-model-len: 100 is too small, --input-len + --output-len need 1152"),
+        ("benchmark_latency", ["--max-model-len", "100"], "argument --max-model-len: 100 is too"),
+        ("benchmark_throughput", ["--input-len", "5000"],
+         "--input-len + --output-len: 5128 tokens per sequence; max_model_len 5128 exceeds"),
+        ("benchmark_latency", ["--input-len", "5000"], "(--input-len/--input-lens) + the sweep"),
+        # 0 was taken for "unset" and replaced by the default.
+        ("benchmark_throughput", ["--max-num-seqs", "0"], "argument --max-num-seqs: max_num_seqs"),
+        ("benchmark_latency", ["--max-num-seqs", "0"], "argument --max-num-seqs: max_num_seqs"),
+        # The decode case of batch 8 needs 8 sequences running together.
+        ("benchmark_latency", ["--max-num-seqs", "4", "--batch-sizes", "1", "8"],
+         "argument --max-num-seqs: 4 is below the largest batch size 8"),
+        ("benchmark_latency", ["--time-budget-s", "0"], "argument --time-budget-s: must be > 0"),
+        ("benchmark_latency", ["--time-budget-s", "-5"], "argument --time-budget-s: must be > 0"),
+        ("benchmark_latency", ["--time-budget-s", "nan"], "argument --time-budget-s: must be > 0"),
+        ("benchmark_latency", ["--copy-gib", "nan"], "argument --copy-gib: must be at least 1"),
+        ("benchmark_latency", ["-tp", "0"], "argument --tensor-parallel-size: tensor_parallel"),
+        ("benchmark_throughput", ["-tp", "3"], "argument --tensor-parallel-size: tensor_parallel"),
+        ("benchmark_latency", ["--block-size", "0"], "argument --block-size: block_size"),
+    ],
+)  # fmt: skip
+def test_bad_values_are_refused_by_flag(name, argv, message, monkeypatch, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        run(name, argv, monkeypatch)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("blocks, slots, ok", [(64, 4, True), (63, 4, False), (64, 3, False)])
+def test_latency_refuses_a_cache_that_cannot_hold_the_largest_batch(
+    blocks: int, slots: int, ok: bool, capsys: pytest.CaptureFixture
+) -> None:
+    """4 sequences of up to 250 tokens in blocks of 16: 4 x 16 blocks and 4 KDA slots."""
+    import benchmark_latency
+
+    kv = SimpleNamespace(block_size=16, initial_num_free_blocks=blocks,
+                         initial_num_free_kda_slots=slots)  # fmt: skip
+    shut = []
+    engine = SimpleNamespace(kv_cache_manager=kv, shutdown=lambda: shut.append(True))
+    parser = benchmark_latency.make_parser("")
+    if ok:
+        benchmark_latency.check_cache_holds(parser, engine, 4, 250)
+        assert not shut
+        return
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark_latency.check_cache_holds(parser, engine, 4, 250)
+    assert exit_info.value.code == 2 and shut == [True]
+    err = capsys.readouterr().err
+    assert "the cache arguments: the sweep runs 4 sequences of up to 250 tokens" in err
+    assert f"{4 * math.ceil(250 / 16)} MLA blocks" in err
