@@ -36,6 +36,7 @@ from bench_utils import (
     write_json,
 )
 
+from vllm.entrypoints.cli.serve import refuse
 from vllm.entrypoints.llm import LLM
 from vllm.sampling_params import SamplingParams
 
@@ -100,6 +101,30 @@ def compare(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def check_workload(parser: argparse.ArgumentParser, args: Any) -> None:
+    """Parser errors, before any run, for sizes that are not positive and for a TP size the
+    engine refuses (one that does not split the model, say), rather than a child's traceback
+    after the runs before it."""
+    for flag in ("num_prompts", "input_len", "output_len"):
+        if getattr(args, flag) < 1:
+            parser.error(f"argument --{flag.replace('_', '-')}: must be >= 1")
+    for tp in sorted(set(args.tp_sizes)):
+        if tp < 1:
+            parser.error(f"argument --tp-sizes: must be >= 1, got {tp}")
+        ea = engine_args(
+            args, tensor_parallel_size=tp, max_model_len=args.input_len + args.output_len,
+            max_num_seqs=args.num_prompts,
+        )  # fmt: skip
+        try:
+            ea.create_engine_config()
+        except ValueError as e:
+            if str(e).startswith("tensor_parallel_size"):
+                parser.error(f"argument --tp-sizes: {e}")
+            if "max_position_embeddings" in str(e):
+                parser.error(f"--input-len + --output-len: {e}")
+            refuse(parser, e)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = make_parser(__doc__)
@@ -124,10 +149,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if 1 not in args.tp_sizes:
         parser.error("--tp-sizes must include 1: the other sizes are compared with it")
+    check_workload(parser, args)
     runs = {}
     with contextlib.ExitStack() as stack:
         folder = args.runs_dir or stack.enter_context(tempfile.TemporaryDirectory())
-        Path(folder).mkdir(parents=True, exist_ok=True)
+        try:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            parser.error(f"argument --runs-dir: cannot create {folder!r} ({e.strerror})")
         for tp in sorted(set(args.tp_sizes)):
             result = Path(folder) / f"tp{tp}.json"
             if result.exists():
@@ -136,7 +165,11 @@ def main(argv: list[str] | None = None) -> int:
                 child = [sys.executable, __file__, *argv, "-tp", str(tp), "--result-file",
                          str(result)]  # fmt: skip
                 print(f"TP={tp}: generating ...", flush=True)
-                subprocess.run(child, check=True)
+                code = subprocess.run(child).returncode
+                if code:
+                    print(f"TP={tp}: the run failed (exit status {code}, its output above)",
+                          file=sys.stderr)  # fmt: skip
+                    return 1
             runs[tp] = json.loads(result.read_text())
     if len(runs) == 1:
         return 0  # only the TP = 1 tokens, kept in --runs-dir for a later comparison

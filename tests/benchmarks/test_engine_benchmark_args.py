@@ -104,3 +104,26 @@ def test_latency_refuses_a_cache_that_cannot_hold_the_largest_batch(
     err = capsys.readouterr().err
     assert "the cache arguments: the sweep runs 4 sequences of up to 250 tokens" in err
     assert f"{4 * math.ceil(250 / 16)} MLA blocks" in err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--tp-sizes", "1", "3"], "argument --tp-sizes: tensor_parallel_size 3 does not split"),
+        (["--tp-sizes", "1", "0"], "argument --tp-sizes: must be >= 1, got 0"),
+        (["--runs-dir", "/proc/no-such-folder"], "argument --runs-dir: cannot create"),
+    ],
+)
+def test_tp_greedy_refuses_before_any_run(argv, message, monkeypatch, capsys) -> None:
+    """Checked in the parent, before the TP = 1 child runs (rather than that child's minutes,
+    then the failing child's traceback and a CalledProcessError)."""
+    import benchmark_tp_greedy
+
+    def no_child(*args, **kwargs):
+        raise AssertionError("a child process was started")
+
+    monkeypatch.setattr(benchmark_tp_greedy.subprocess, "run", no_child)
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark_tp_greedy.main(["--dry-run", *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
