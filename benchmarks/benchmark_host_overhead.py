@@ -42,6 +42,7 @@ from bench_utils import is_decode_only, synchronize, timed_step
 from vllm.engine.arg_utils import EngineArgs
 from vllm.model_executor.model_loader.builtin import resolve_model
 from vllm.sampling_params import RequestOutputKind, SamplingParams
+from vllm.utils.cli import run_main
 from vllm.v1.engine.llm_engine import LLMEngine
 from vllm.v1.executor.step_message import StepDecoder, StepEncoder
 from vllm.v1.worker.model_runner import ModelRunner, StepInput
@@ -246,4 +247,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

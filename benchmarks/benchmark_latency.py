@@ -95,6 +95,7 @@ from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 from vllm.models.kimi_k3.amd.footprint import model_footprint
 from vllm.models.kimi_k3.amd.mla import KimiMLAAttention
 from vllm.sampling_params import RequestOutputKind, SamplingParams
+from vllm.utils.cli import run_main
 from vllm.v1.core.kv_cache_utils import CacheSizeError
 from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -766,4 +767,4 @@ def print_summary(record: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

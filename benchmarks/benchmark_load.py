@@ -39,6 +39,7 @@ from vllm.model_executor.model_loader.builtin import resolve_model
 from vllm.model_executor.model_loader.loader import dummy_tensors, load_model
 from vllm.model_executor.model_loader.safetensors_loader import checkpoint_files
 from vllm.transformers_utils.configs import load_model_config
+from vllm.utils.cli import run_main
 
 DRY_RUN_MODEL = "kimi-linear-tiny"
 INDEX = "model.safetensors.index.json"
@@ -194,4 +195,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -43,6 +43,7 @@ from bench_utils import (
 )
 
 from vllm.sampling_params import RequestOutputKind, SamplingParams
+from vllm.utils.cli import run_main
 from vllm.v1.core.kv_cache_utils import CacheSizeError
 from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -169,4 +170,4 @@ def print_results(record: dict[str, Any], args: Any, seqs: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -39,6 +39,7 @@ from bench_utils import (
 from vllm.entrypoints.cli.serve import refuse
 from vllm.entrypoints.llm import LLM
 from vllm.sampling_params import SamplingParams
+from vllm.utils.cli import run_main
 
 # The TP = 1 run asks for the two best logprobs per position, to tell near-ties from bugs.
 TOP_LOGPROBS = 2
@@ -194,4 +195,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -21,6 +21,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from kernel_bench import write_csv
 
+from vllm.utils.cli import run_main
+
 HIDDEN = 2304  # Kimi-Linear-48B-A3B
 
 
@@ -123,4 +125,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -34,6 +34,7 @@ from kernel_bench import (
 )
 
 from vllm.triton_utils import use_triton
+from vllm.utils.cli import run_main
 from vllm.v1.sample.ops.argmax import MAX_KERNEL_ROWS, TARGET_PROGRAMS, argmax, split_count
 
 VOCAB = 163840
@@ -137,4 +138,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

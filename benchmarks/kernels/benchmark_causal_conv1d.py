@@ -42,6 +42,7 @@ from vllm.models.kimi_k3.amd.ops.causal_conv1d import (
     causal_conv1d_prefill_ref,
 )
 from vllm.triton_utils import use_triton
+from vllm.utils.cli import run_main
 
 HEADS, HEAD_DIM, WIDTH = 32, 128, 4
 # in_proj columns after q | k | v: f_a (head_dim), g_a (head_dim), b (heads).
@@ -174,4 +175,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

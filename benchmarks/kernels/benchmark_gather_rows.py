@@ -39,6 +39,7 @@ from vllm.model_executor.layers.fused_moe.gather_rows import (
 )
 from vllm.model_executor.layers.fused_moe.group_rows import group_rows
 from vllm.triton_utils import use_triton
+from vllm.utils.cli import run_main
 
 HIDDEN, TOPK, EXPERTS = 2304, 9, 257
 CONFIGS = [
@@ -152,4 +153,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -62,6 +62,7 @@ from vllm.model_executor.kernels.linear.gemv import gemv, gemv_fp8
 from vllm.model_executor.kernels.linear.gemv_config import GemvConfig
 from vllm.model_executor.kernels.linear.scaled_mm.pytorch import dequantized_matmul
 from vllm.platforms import current_platform
+from vllm.utils.cli import run_main
 
 SHAPES = {  # name -> (K, N)
     "o_proj": (4096, 2304),
@@ -365,4 +366,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -37,6 +37,7 @@ from kernel_bench import (
 
 from vllm.model_executor.kernels.linear import gemv_config as gemv_cfg
 from vllm.model_executor.kernels.linear.gemv import gemv_batched
+from vllm.utils.cli import run_main
 
 SHAPES = {"w_uk": (32, 512, 128), "w_uv": (32, 128, 512)}  # name -> (heads, N, K)
 DRY_RUN_SHAPES = {"tiny": (2, 16, 32)}
@@ -147,4 +148,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

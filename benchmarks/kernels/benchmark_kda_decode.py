@@ -88,6 +88,7 @@ from vllm.models.kimi_k3.amd.ops.fused_kda_decode import (
 from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate
 from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import per_token_fp8_quant
 from vllm.triton_utils import use_triton
+from vllm.utils.cli import run_main
 
 SHAPES = {"kimi-k3-tp8": 12, "kimi-linear": 32}
 BATCHES = [1, 4, 16, 64, 128, 256]
@@ -474,4 +475,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

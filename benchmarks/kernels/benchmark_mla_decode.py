@@ -66,6 +66,7 @@ from vllm.models.kimi_k3.amd.ops.mla_decode_config import (
     mla_decode_config,
 )
 from vllm.triton_utils import use_triton
+from vllm.utils.cli import run_main
 
 HEADS, LATENT, ROPE = 32, 512, 64
 BATCHES = [1, 4, 16, 64]
@@ -364,4 +365,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -46,6 +46,7 @@ from torch.nn.attention.bias import causal_lower_right
 from vllm.model_executor.layers.quantization.utils.fp8_per_token import per_token_fp8_quant
 from vllm.models.kimi_k3.amd.ops.mla_prefill import mla_prefill_attention, mla_prefill_key
 from vllm.triton_utils import use_triton
+from vllm.utils.cli import run_main
 
 HEADS, NOPE, ROPE, V, LATENT = 32, 128, 64, 128, 512
 
@@ -192,4 +193,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -23,6 +23,8 @@ import torch.nn.functional as F
 from kernel_bench import require_gpu
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from vllm.utils.cli import run_main
+
 HEADS, QK_DIM, V_DIM = 32, 192, 128
 TOLERANCE = 2**-5
 
@@ -103,4 +105,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -92,6 +92,7 @@ from vllm.model_executor.layers.fused_moe.router import RoutingParams, grouped_t
 from vllm.models.kimi_k3.amd.linear import KimiMoE
 from vllm.transformers_utils.configs import KimiLinearConfig
 from vllm.triton_utils import use_triton
+from vllm.utils.cli import run_main
 
 PATHS = {
     "grouped": moe_experts_grouped,
@@ -424,4 +425,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

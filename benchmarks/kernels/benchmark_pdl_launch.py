@@ -26,6 +26,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from vllm.utils.cli import run_main
+
 # (elements, elements per program, with a weight read): 16- and 128-program elementwise chains,
 # then two 72-program GEMV-like chains over 2304 / 4608 weight rows.
 CASES = [(4096, 256, False), (65536, 512, False), (2304, 32, True), (4608, 64, True)]
@@ -140,4 +142,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

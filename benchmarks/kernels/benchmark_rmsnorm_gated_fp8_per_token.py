@@ -51,6 +51,7 @@ from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import (
 from vllm.platforms import current_platform
 from vllm.triton_utils.launch import launch
 from vllm.triton_utils.pdl import use_pdl
+from vllm.utils.cli import run_main
 
 TOKENS = [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536]
 HEADS = [8, 12, 32]
@@ -440,4 +441,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -101,6 +101,7 @@ from vllm.model_executor.layers.fused_moe.router import (
 )
 from vllm.model_executor.layers.ops.rms_norm import fused_add_rms_norm
 from vllm.triton_utils import use_triton
+from vllm.utils.cli import run_main
 
 TOKENS = [1, 8, 64, 256]
 FUSED_TOKENS = [1, 2, 4, 8]
@@ -476,4 +477,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

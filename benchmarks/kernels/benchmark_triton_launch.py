@@ -32,6 +32,7 @@ import triton.language as tl
 from kernel_bench import require_gpu
 
 from vllm.triton_utils.launch import LaunchSpec, launch
+from vllm.utils.cli import run_main
 
 N = 4096
 BLOCK = 256
@@ -116,4 +117,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -4,10 +4,13 @@ import argparse
 import sys
 
 import vllm
-from vllm.entrypoints.cli import serve
+from vllm.utils.cli import run_main
 
 
 def make_parser() -> argparse.ArgumentParser:
+    # Imported here, inside `main`'s Ctrl-C handling: it imports torch (about a second).
+    from vllm.entrypoints.cli import serve
+
     parser = argparse.ArgumentParser(
         prog="vllm", description="vllm-k3: serve Kimi-K3 / Kimi-Linear models."
     )
@@ -18,6 +21,12 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command's exit status; Ctrl-C before the server's own handlers are installed (while
+    torch is imported, the flags are checked) exits 130 with one line, not a traceback."""
+    return run_main(lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
     if args.command is None:
