@@ -19,7 +19,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from kernel_bench import write_csv
+from kernel_bench import output_file, write_csv
 
 from vllm.utils.cli import run_main
 
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--world-size", type=int, default=None, help="GPUs (default: all)")
     parser.add_argument("--graph-calls", type=int, default=50, help="all-reduces per graph")
     parser.add_argument("--reps", type=int, default=20, help="timed repetitions")
-    parser.add_argument("--csv", help="write the results to this CSV file")
+    parser.add_argument("--csv", type=output_file, help="write the results to this CSV file")
     parser.add_argument(
         "--dry-run", action="store_true", help="gloo on the CPU with 2 processes, tiny sizes"
     )

@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from kernel_bench import (
     add_common_args,
     copy_gbps,
+    output_file,
     require_gpu,
     round_like_the_gpu_if_interpreting,
     time_eager,
@@ -242,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--copies", type=int, default=16, help="rotating weight copies (>= 16)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--output-json", "--out", dest="output_json",
+        "--output-json", "--out", dest="output_json", type=output_file,
         help="write the environment, copy bandwidth and rows to this JSON file",
     )  # fmt: skip
     add_common_args(

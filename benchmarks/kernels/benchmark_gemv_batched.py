@@ -28,6 +28,7 @@ from benchmark_gemv import gemv_config
 from kernel_bench import (
     add_common_args,
     copy_gbps,
+    output_file,
     require_gpu,
     round_like_the_gpu_if_interpreting,
     time_eager,
@@ -54,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         metavar="BN,BK,W[,S[,ST]]", help="GEMV configs to time; default: batched_config only",
     )  # fmt: skip
     parser.add_argument("--copies", type=int, default=16, help="rotating weight copies (>= 16)")
-    parser.add_argument("--output-json", help="write the copy bandwidth and rows to this file")
+    parser.add_argument(
+        "--output-json", type=output_file, help="write the copy bandwidth and rows to this file"
+    )
     add_common_args(
         parser,
         dry_run="a tiny shape on the CPU, eager timing: checks the script, measures nothing useful",

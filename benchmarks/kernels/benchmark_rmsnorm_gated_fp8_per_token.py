@@ -34,7 +34,7 @@ from unittest import mock
 import torch
 import triton
 import triton.language as tl
-from kernel_bench import require_gpu, time_flushed, time_graph, write_csv
+from kernel_bench import output_file, require_gpu, time_flushed, time_graph, write_csv
 
 import vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token as op_module
 from vllm import _custom_ops
@@ -361,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only the host time per eager call and its breakdown (well under a minute)",
     )
-    parser.add_argument("--csv", help="write the results to this CSV file")
+    parser.add_argument("--csv", type=output_file, help="write the results to this CSV file")
     args = parser.parse_args(argv)
     require_gpu(parser, gpu="CUDA or ROCm GPU", dry_run=False)
     if args.head_dim & (args.head_dim - 1) or args.head_dim > 512:

@@ -9,6 +9,7 @@ and torch, so a script can import it at its top and still run --dry-run on a CPU
 """
 
 import argparse
+import math
 import os
 import statistics
 import time
@@ -127,11 +128,30 @@ def write_csv(path: str | None, rows: list[dict[str, object]]) -> None:
         writer.writerows(rows)
 
 
+def output_file(text: str) -> str:
+    """argparse type of an output file (`--csv`, `--output-json`): one that cannot be written is
+    a usage error now, not a traceback when the first rows are written (after the first
+    measurements on a GPU). A new file is created and removed again."""
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder")
+    existed = os.path.exists(text)
+    try:
+        with open(text, "a"):
+            pass
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot write {text!r} ({e.strerror})") from None
+    if not existed:
+        os.remove(text)
+    return text
+
+
 def _copy_gib(text: str) -> float:
     gib = float(text)
-    if gib < 1:
+    if not 1 <= gib < math.inf:  # NaN included
         # A smaller copy is partly served from L2: not the HBM bandwidth the % of copy means.
-        raise argparse.ArgumentTypeError(f"must be >= 1 so the copy is not served from L2: {gib:g}")
+        raise argparse.ArgumentTypeError(
+            f"must be >= 1 and finite, so that the copy is not served from L2: {gib:g}"
+        )
     return gib
 
 
@@ -147,7 +167,7 @@ def add_common_args(
         "--copy-gib", type=_copy_gib, default=2.0,
         help="GiB of the eager copy_ that %% of copy is against (>= 1)",
     )  # fmt: skip
-    parser.add_argument("--csv", help=csv)
+    parser.add_argument("--csv", type=output_file, help=csv)
     parser.add_argument("--dry-run", action="store_true", help=dry_run)
 
 
