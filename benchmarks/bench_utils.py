@@ -126,6 +126,23 @@ def cache_memory_for(ea: EngineArgs, num_seqs: int, tokens_per_seq: int) -> int:
     return (config.scheduler_config.max_num_seqs + 1) * slot_bytes + blocks * block_bytes
 
 
+def engine_summary(engine: LLMEngine, ea: EngineArgs) -> dict[str, Any]:
+    """The engine configuration the run measured (the sizes the benchmark chose included)."""
+    config = engine.config
+    return {
+        "max_num_seqs": config.scheduler_config.max_num_seqs,
+        "max_model_len": config.scheduler_config.max_model_len,
+        "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
+        "kv_cache_memory": ea.kv_cache_memory,
+        "num_blocks": config.cache_config.num_blocks,
+        "num_kda_slots": config.cache_config.num_kda_slots,
+        "cudagraph_capture_sizes": config.compilation_config.cudagraph_capture_sizes,
+        "tensor_parallel_size": config.parallel_config.tensor_parallel_size,
+        "dtype": str(config.model_config.dtype),
+        "quantization_config": config.model_config.quantization_config,
+    }
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

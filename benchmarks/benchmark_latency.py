@@ -75,6 +75,7 @@ from bench_utils import (
     distinct_experts_of_one_step,
     engine_args,
     engine_config,
+    engine_summary,
     environment,
     expected_distinct_experts,
     graphs_set_aside,
@@ -705,22 +706,6 @@ def main(argv: list[str] | None = None) -> int:
     write_json(args.output_json, record)
     print_summary(record)
     return 0
-
-
-def engine_summary(engine: LLMEngine, ea: EngineArgs) -> dict[str, Any]:
-    config = engine.config
-    return {
-        "max_num_seqs": config.scheduler_config.max_num_seqs,
-        "max_model_len": config.scheduler_config.max_model_len,
-        "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
-        "kv_cache_memory": ea.kv_cache_memory,
-        "num_blocks": config.cache_config.num_blocks,
-        "num_kda_slots": config.cache_config.num_kda_slots,
-        "cudagraph_capture_sizes": config.compilation_config.cudagraph_capture_sizes,
-        "tensor_parallel_size": config.parallel_config.tensor_parallel_size,
-        "dtype": str(config.model_config.dtype),
-        "quantization_config": config.model_config.quantization_config,
-    }
 
 
 def print_table(title: str, columns: list[tuple[str, str, str]], rows: list[dict]) -> None:

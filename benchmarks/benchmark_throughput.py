@@ -33,6 +33,7 @@ from bench_utils import (
     check_args,
     engine_args,
     engine_config,
+    engine_summary,
     environment,
     is_decode_only,
     make_parser,
@@ -108,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         engine = LLMEngine.from_engine_args(ea)
     except CacheSizeError as e:  # --num-gpu-blocks-override / --kv-cache-memory too small
         parser.error(f"the cache arguments: {e}")
+    record["engine"] = engine_summary(engine, ea)
     record["engine_start_s"] = time.perf_counter() - start
     try:
         vocab = engine.config.model_config.vocab_size

@@ -63,8 +63,14 @@ def test_throughput_dry_run(tmp_path: Path) -> None:
 
     out = tmp_path / "throughput.json"
     assert benchmark_throughput.main(["--dry-run", "--output-json", str(out)]) == 0
-    results = json.loads(out.read_text())["results"]
+    record = json.loads(out.read_text())
+    results = record["results"]
     assert results["requests_per_s"] > 0 and results["decode_only_steps"]["steps"] > 0
+    # The engine the run measured, as sized by the script (3 prompts of 12 + 3 tokens, 2 at once).
+    engine = record["engine"]
+    assert (engine["max_num_seqs"], engine["max_model_len"]) == (2, 15)
+    assert engine["kv_cache_memory"] > 0 and engine["num_blocks"] > 0
+    assert engine["tensor_parallel_size"] == 1
 
 
 @pytest.mark.parametrize(
