@@ -43,6 +43,26 @@ from vllm.utils.cli import run_main
 
 DRY_RUN_MODEL = "kimi-linear-tiny"
 INDEX = "model.safetensors.index.json"
+# The file that marks a folder as this script's checkpoint: only such a folder (or an empty one)
+# is replaced by --out, then deleted without --keep.
+MARKER = "BENCHMARK_LOAD_CHECKPOINT"
+
+
+def check_out(parser: argparse.ArgumentParser, out: Path) -> None:
+    """A parser error unless `out` is new, an empty folder or a checkpoint this script wrote: the
+    run replaces it and deletes it afterwards, so a folder of anything else (a real checkpoint
+    passed by mistake, `.`) would be lost."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        parser.error(f"argument --out: {str(out)!r} exists and is not a folder")
+    if any(out.iterdir()) and not (out / MARKER).is_file():
+        parser.error(
+            f"argument --out: {str(out)!r} is not empty and was not written by this script; "
+            "the run replaces --out and deletes it afterwards, so pass a new or empty folder"
+        )
+
+
 # Tensors the model keeps in fp32 whatever its dtype (checkpoints store them so too).
 FP32_SUFFIXES = ("A_log", "dt_bias", "e_score_correction_bias")
 
@@ -60,6 +80,7 @@ def write_checkpoint(
         config_json["num_experts"] = num_experts
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
+    (out / MARKER).write_text("written by benchmarks/benchmark_load.py, which may replace it\n")
     (out / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
     config = load_model_config(out)
     start = time.perf_counter()
@@ -144,7 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", default="kimi-linear-48b-a3b", help="built-in name or folder")
-    parser.add_argument("--out", type=Path, help="checkpoint folder to write (replaced)")
+    parser.add_argument(
+        "--out", type=Path,
+        help="checkpoint folder to write: new, empty or written by this script (it is replaced, "
+        "and deleted afterwards unless --keep)",
+    )  # fmt: skip
     parser.add_argument(
         "--num-experts", type=int, default=16, help="routed experts per MoE layer (0: as config)"
     )
@@ -165,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         args.shard_gb = 0.002
     if args.out is None:
         parser.error("--out is required")
+    check_out(parser, args.out)
     check_writable(parser, args.output_json)
     if args.shard_gb <= 0 or args.num_experts < 0:
         parser.error("--shard-gb must be positive and --num-experts >= 0")

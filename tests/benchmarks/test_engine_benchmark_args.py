@@ -127,3 +127,23 @@ def test_tp_greedy_refuses_before_any_run(argv, message, monkeypatch, capsys) ->
         benchmark_tp_greedy.main(["--dry-run", *argv])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_load_refuses_an_out_folder_it_did_not_write(tmp_path: Path, capsys) -> None:
+    """--out is replaced and deleted afterwards: a folder of anything else (a real checkpoint
+    given by mistake) was deleted with it."""
+    import benchmark_load
+
+    precious = tmp_path / "checkpoint"
+    precious.mkdir()
+    (precious / "model.safetensors").write_text("weights")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for out, message in ((precious, "is not empty and was not written by this script"),
+                         (a_file, "exists and is not a folder")):  # fmt: skip
+        with pytest.raises(SystemExit) as exit_info:
+            benchmark_load.main(["--dry-run", "--out", str(out)])
+        assert exit_info.value.code == 2
+        assert f"argument --out: '{out}' {message}" in capsys.readouterr().err
+    assert (precious / "model.safetensors").read_text() == "weights"
+    assert a_file.read_text() == "x"
