@@ -174,8 +174,13 @@ def main(argv: list[str] | None = None) -> int:
         "--num-experts", type=int, default=16, help="routed experts per MoE layer (0: as config)"
     )
     parser.add_argument("--shard-gb", type=float, default=5.0, help="shard size, GB")
-    parser.add_argument("--device", default="cuda", help="device to draw and load on")
-    parser.add_argument("--dtype", default="bfloat16", help="model dtype of the loads")
+    parser.add_argument(
+        "--device", default="cuda", choices=["cuda", "cpu"], help="device to draw and load on"
+    )
+    parser.add_argument(
+        "--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
+        help="model dtype of the loads",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", action="store_true", help="keep the checkpoint afterwards")
     parser.add_argument("--output-json", help="write the results to this JSON file")
@@ -191,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None:
         parser.error("--out is required")
     check_out(parser, args.out)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("argument --device: torch sees no GPU (use --device cpu, or --dry-run)")
     check_writable(parser, args.output_json)
     if args.shard_gb <= 0 or args.num_experts < 0:
         parser.error("--shard-gb must be positive and --num-experts >= 0")
@@ -198,9 +205,15 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "load",
         "args": {k: str(v) for k, v in vars(args).items()},
     }
-    record["checkpoint"] = ckpt = write_checkpoint(
-        args.model, args.out, args.num_experts or None, args.shard_gb, args.device, args.seed
-    )
+    try:
+        record["checkpoint"] = ckpt = write_checkpoint(
+            args.model, args.out, args.num_experts or None, args.shard_gb, args.device, args.seed
+        )
+    except ValueError as e:  # the model's name or config; found before any weight is drawn
+        if not args.keep:
+            shutil.rmtree(args.out, ignore_errors=True)
+        flag = "--num-experts" if "num_experts" in str(e) else "--model"
+        parser.error(f"argument {flag}: {e}")
     print(f"wrote {ckpt['bytes'] / 1e9:.2f} GB in {ckpt['shards']} shards "
           f"({ckpt['tensors']} tensors, {ckpt['num_experts']} experts) in {ckpt['write_s']:.1f} s",
           flush=True)  # fmt: skip

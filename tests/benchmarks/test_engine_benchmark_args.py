@@ -147,3 +147,29 @@ def test_load_refuses_an_out_folder_it_did_not_write(tmp_path: Path, capsys) -> 
         assert f"argument --out: '{out}' {message}" in capsys.readouterr().err
     assert (precious / "model.safetensors").read_text() == "weights"
     assert a_file.read_text() == "x"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--device", "cuda"], "argument --device: torch sees no GPU"),
+        (["--dtype", "int3"], "argument --dtype: invalid choice: 'int3'"),
+        (["--model", "/nonexistent"], "argument --model: model '/nonexistent' is neither"),
+        (["--model", "kimi-linear-tiny", "--num-experts", "1"],
+         "argument --num-experts: config field 'num_experts_per_token': exceeds num_experts"),
+        (["--model", "kimi-k3-tiny", "--num-experts", "3"],
+         "argument --num-experts: kimi-k3-tiny's config has no num_experts to change"),
+    ],
+)  # fmt: skip
+def test_load_refuses_bad_values_by_flag(argv, message, tmp_path, monkeypatch, capsys) -> None:
+    """Each was a traceback (from the parent, or from the child process that loads); --out is
+    left behind by none of them."""
+    import benchmark_load
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "ckpt"
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark_load.main(["--out", str(out), "--device", "cpu", *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
