@@ -212,8 +212,12 @@ def main(argv: list[str] | None = None) -> int:
         help="also time a tensor-parallel worker's host work per step (see above)",
     )
     args = parser.parse_args(argv)
-    if min(args.batch_sizes + [args.input_len, args.steps]) < 1 or args.warmup_steps < 0:
+    if min(args.batch_sizes + [args.input_len, args.steps]) < 1:
         parser.error("batch sizes, --input-len and --steps must be positive")
+    if args.warmup_steps < 0:
+        parser.error(f"argument --warmup-steps: must be >= 0, got {args.warmup_steps}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("argument --device: torch sees no GPU")
     # One thread: on a shared CPU, torch's worker threads make the small CPU ops jitter.
     torch.set_num_threads(1)
     # The fastest step: the least disturbed by other processes on a shared CPU.

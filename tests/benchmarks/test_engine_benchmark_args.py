@@ -173,3 +173,20 @@ def test_load_refuses_bad_values_by_flag(argv, message, tmp_path, monkeypatch, c
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--device", "cuda"], "argument --device: torch sees no GPU"),  # was a ValueError
+        (["--warmup-steps", "-1"], "argument --warmup-steps: must be >= 0, got -1"),
+    ],
+)
+def test_host_overhead_refuses_by_flag(argv, message, monkeypatch, capsys) -> None:
+    import benchmark_host_overhead
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark_host_overhead.main(["--batch-sizes", "1", "--steps", "1", *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
