@@ -339,6 +339,50 @@ def test_shutdown_waits_once_for_all_workers_that_never_answer(monkeypatch):
         executor.workers.append((proc, parent))
     procs = [proc for proc, _ in executor.workers]
     start = time.monotonic()
-    executor.shutdown()
+    # The wait of a shutdown once the group exists (shutdown() itself kills workers at once
+    # before it does: see the next test).
+    executor._release(multiproc_executor._SHUTDOWN_WAIT_S)
     assert time.monotonic() - start < 2.5  # one wait of 1 s; one each would be 3 s
     assert not any(proc.is_alive() for proc in procs)
+
+
+def _sigint_ignored(pid: int) -> bool:
+    """Whether process `pid` ignores SIGINT (its SigIgn mask in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = int(
+        next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), 16
+    )
+    return bool(mask & (1 << (signal.SIGINT - 1)))
+
+
+def test_ctrl_c_while_workers_start_is_quiet_and_quick(monkeypatch):
+    """A Ctrl-C reaches the whole process group. A worker spawned by the executor ignores SIGINT
+    from its first instruction, not only once its imports are done (a KeyboardInterrupt
+    traceback from inside an import otherwise), and rank 0 interrupted before the group exists
+    kills the starting workers at once (none reads "shutdown" before joining the group; the
+    10 s wait was spent in full)."""
+    import multiprocessing.context
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    config = EngineArgs(FAST, tensor_parallel_size=2, skip_tokenizer_init=True,
+                        load_format="dummy", **ARGS).create_engine_config()  # fmt: skip
+    spawned = []
+    start = multiprocessing.context.SpawnProcess.start
+
+    def start_and_look(self):
+        start(self)
+        spawned.append((self, _sigint_ignored(self.pid)))
+
+    def interrupted(self, rank):
+        raise KeyboardInterrupt  # Ctrl-C while rank 0 waits for the workers to start
+
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", start_and_look)
+    monkeypatch.setattr(Executor, "_answer", interrupted)
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        Executor(config)
+    assert time.monotonic() - began < 5
+    [(worker, ignored)] = spawned
+    assert ignored and not worker.is_alive()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored

@@ -19,11 +19,14 @@ for a worker that died while bootstrapping (e.g. a script without the `if __name
 guard that spawn needs) until the collective timeout.
 """
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
+import threading
 import time
 import traceback
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
@@ -87,6 +90,22 @@ def _init_distributed(config: VllmConfig, rank: int, store: dist.Store | None = 
     initialize_model_parallel(config.parallel_config.tensor_parallel_size)
 
 
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored inside (main thread only): a worker spawned here inherits the ignored
+    SIGINT through exec, so Python never installs its KeyboardInterrupt handler there. The
+    worker ignores SIGINT anyway (`_worker_main`), but only once its imports are done; a Ctrl-C
+    during that second printed a KeyboardInterrupt traceback from inside some import."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _worker_main(rank: int, config: VllmConfig, conn) -> None:
     # Ctrl-C in a terminal signals the whole process group. Rank 0 stops the workers through
     # their pipes once the server has wound down; a worker killed by the SIGINT mid-step would
@@ -146,7 +165,8 @@ class Executor:
                 for rank in range(1, tp):
                     parent, child = ctx.Pipe()
                     proc = ctx.Process(target=_worker_main, args=(rank, config, child), daemon=True)
-                    proc.start()
+                    with _sigint_ignored():
+                        proc.start()
                     self.workers.append((proc, parent))
                 for rank in range(1, tp):
                     self._answer(rank)  # "started"
@@ -233,7 +253,10 @@ class Executor:
         self._release(wait_s=0.0)
 
     def shutdown(self) -> None:
-        self._release(_SHUTDOWN_WAIT_S)
+        # Before rank 0 joined the group (start-up stopped: Ctrl-C, SIGTERM, an error), every
+        # worker is still starting, with nothing to wind down, and none reads "shutdown" before
+        # joining: killed at once rather than after the whole wait.
+        self._release(_SHUTDOWN_WAIT_S if self._owns_group else 0.0)
 
     def _release(self, wait_s: float) -> None:
         """Stop the workers (killing those still running after `wait_s`, one wait for all) and
