@@ -603,15 +603,16 @@ def check_cache_holds(
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser(__doc__)
     sweep = parser.add_argument_group("latency sweep")
-    sweep.add_argument("--batch-size", type=int, default=8, help="sequences decoded together")
-    sweep.add_argument("--input-len", type=int, default=32, help="prompt tokens")
+    # Each single-value flag (vLLM's) or its sweep, not both: one would be ignored.
+    batches = sweep.add_mutually_exclusive_group()
+    batches.add_argument(
+        "--batch-size", type=int, default=8, help="sequences decoded together (default: 8)"
+    )
+    batches.add_argument("--batch-sizes", type=int, nargs="+", help="sweep these batch sizes")
+    lengths = sweep.add_mutually_exclusive_group()
+    lengths.add_argument("--input-len", type=int, default=32, help="prompt tokens (default: 32)")
+    lengths.add_argument("--input-lens", type=int, nargs="+", help="sweep these prompt lengths")
     sweep.add_argument("--output-len", type=int, default=128, help="decode steps timed per case")
-    sweep.add_argument(
-        "--batch-sizes", type=int, nargs="+", help="sweep these batch sizes (default --batch-size)"
-    )
-    sweep.add_argument(
-        "--input-lens", type=int, nargs="+", help="sweep these prompt lengths (default --input-len)"
-    )
     sweep.add_argument(
         "--warmup-steps", type=int, default=2, help="untimed decode steps before each case"
     )

@@ -148,6 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.result_file:  # one TP size, in a child process of the run below
         run_one(args, Path(args.result_file))
         return 0
+    if args.tensor_parallel_size != 1:
+        parser.error(
+            "argument -tp/--tensor-parallel-size: this script runs one engine per size of "
+            "--tp-sizes; pass the sizes there"
+        )
     if 1 not in args.tp_sizes:
         parser.error("--tp-sizes must include 1: the other sizes are compared with it")
     check_workload(parser, args)

@@ -73,6 +73,13 @@ def test_documented_values_pass_the_checks(name, argv, monkeypatch) -> None:
         ("benchmark_latency", ["-tp", "0"], "argument --tensor-parallel-size: tensor_parallel"),
         ("benchmark_throughput", ["-tp", "3"], "argument --tensor-parallel-size: tensor_parallel"),
         ("benchmark_latency", ["--block-size", "0"], "argument --block-size: block_size"),
+        # A value and its sweep: one of them was silently ignored.
+        ("benchmark_latency", ["--batch-size", "4", "--batch-sizes", "1", "8"],
+         "argument --batch-sizes: not allowed with argument --batch-size"),
+        ("benchmark_latency", ["--input-len", "64", "--input-lens", "128"],
+         "argument --input-lens: not allowed with argument --input-len"),
+        # tp_greedy runs each of --tp-sizes: a -tp was ignored.
+        ("benchmark_tp_greedy", ["-tp", "2"], "argument -tp/--tensor-parallel-size: this script"),
     ],
 )  # fmt: skip
 def test_bad_values_are_refused_by_flag(name, argv, message, monkeypatch, capsys) -> None:
