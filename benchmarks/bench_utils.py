@@ -37,9 +37,12 @@ from vllm.v1.core.kv_cache_utils import cache_bytes
 from vllm.v1.engine.llm_engine import LLMEngine
 
 DRY_RUN_MODEL = "kimi-k3-tiny"
+# EngineArgs fields that an engine benchmark sizes for its workload unless given (the default
+# `sized` of make_parser).
+SIZED = ("max_num_seqs", "max_model_len", "kv_cache_memory")
 
 
-def make_parser(doc: str) -> argparse.ArgumentParser:
+def make_parser(doc: str, sized: tuple[str, ...] = SIZED) -> argparse.ArgumentParser:
     """Every `EngineArgs` flag (as `vllm serve` has them), `-tp`, `--output-json` and `--dry-run`.
     `--max-num-seqs` and `--max-model-len` default to None: the benchmark sizes them."""
     parser = argparse.ArgumentParser(
@@ -48,6 +51,12 @@ def make_parser(doc: str) -> argparse.ArgumentParser:
     engine = parser.add_argument_group("engine (EngineArgs: the same fields as LLM(...) keywords)")
     EngineArgs.add_cli_args(engine)
     parser.set_defaults(max_num_seqs=None)
+    # The engine's defaults that the benchmarks replace by sizes for their workload (--help
+    # showed the engine's `(default: 256)`).
+    for action in engine._group_actions:
+        if action.dest in sized:
+            text = action.help.split(" (default:")[0]
+            action.help = f"{text} (default: sized for the workload, see above)"
     bench = parser.add_argument_group("benchmark")
     bench.add_argument(
         "--output-json", help="write the results to this JSON file (after each case)"

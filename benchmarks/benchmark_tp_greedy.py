@@ -6,7 +6,8 @@ all-reduce of row-parallel outputs). Each TP size runs in its own process, one a
 that each gets the GPUs to itself. For every prompt the script records the greedy tokens and, at
 each position, the logprob gap between the two most likely tokens of the TP = 1 run; a divergence
 is then either a near-tie (the gap at the first differing position is within a bf16 rounding of
-the logits) or a bug.
+the logits) or a bug. `--max-model-len` defaults to `--input-len` + `--output-len`, `--max-num-seqs`
+to `--num-prompts` (all decoded together).
 
     python benchmarks/benchmark_tp_greedy.py --dry-run
     python benchmarks/benchmark_tp_greedy.py --model kimi-linear-48b-a3b --load-format dummy \\
@@ -45,11 +46,17 @@ from vllm.utils.cli import run_main
 TOP_LOGPROBS = 2
 
 
+def workload_sizes(args: Any) -> dict[str, Any]:
+    """max_model_len and max_num_seqs: as given, else the workload's (every prompt at once)."""
+    return {
+        "max_model_len": args.max_model_len or args.input_len + args.output_len,
+        "max_num_seqs": args.num_prompts if args.max_num_seqs is None else args.max_num_seqs,
+    }
+
+
 def run_one(args: Any, out: Path) -> None:
     """Generate greedily at `args.tensor_parallel_size` and write tokens, gaps and timing."""
-    ea = engine_args(
-        args, max_model_len=args.input_len + args.output_len, max_num_seqs=args.num_prompts
-    )
+    ea = engine_args(args, **workload_sizes(args))
     kwargs = dataclasses.asdict(ea)
     start = time.perf_counter()
     llm = LLM(kwargs.pop("model"), **kwargs)
@@ -112,10 +119,7 @@ def check_workload(parser: argparse.ArgumentParser, args: Any) -> None:
     for tp in sorted(set(args.tp_sizes)):
         if tp < 1:
             parser.error(f"argument --tp-sizes: must be >= 1, got {tp}")
-        ea = engine_args(
-            args, tensor_parallel_size=tp, max_model_len=args.input_len + args.output_len,
-            max_num_seqs=args.num_prompts,
-        )  # fmt: skip
+        ea = engine_args(args, tensor_parallel_size=tp, **workload_sizes(args))
         try:
             ea.create_engine_config()
         except ValueError as e:
@@ -128,7 +132,7 @@ def check_workload(parser: argparse.ArgumentParser, args: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = make_parser(__doc__)
+    parser = make_parser(__doc__, sized=("max_num_seqs", "max_model_len"))
     work = parser.add_argument_group("workload")
     work.add_argument("--tp-sizes", type=int, nargs="+", default=[1, 2], help="TP sizes to run")
     work.add_argument("--num-prompts", type=int, default=64, help="prompts, decoded together")

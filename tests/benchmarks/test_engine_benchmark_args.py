@@ -197,3 +197,41 @@ def test_host_overhead_refuses_by_flag(argv, message, monkeypatch, capsys) -> No
         benchmark_host_overhead.main(["--batch-sizes", "1", "--steps", "1", *argv])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "name, sized",
+    [
+        ("benchmark_latency", {"max_num_seqs", "max_model_len", "kv_cache_memory"}),
+        ("benchmark_throughput", {"max_num_seqs", "max_model_len", "kv_cache_memory"}),
+        ("benchmark_tp_greedy", {"max_num_seqs", "max_model_len"}),
+    ],
+)
+def test_help_gives_the_benchmark_defaults_not_the_engine_ones(name, sized, monkeypatch) -> None:
+    """--help said `--max-num-seqs ... (default: 256)`, the engine's default, where the script
+    sizes it for its workload."""
+    module = importlib.import_module(name)
+    parsers = []
+
+    def recorded(*args, **kwargs):
+        parsers.append(make_parser(*args, **kwargs))
+        return parsers[-1]
+
+    make_parser = module.make_parser
+    monkeypatch.setattr(module, "make_parser", recorded)
+    with pytest.raises(SystemExit):
+        module.main(["--help"])
+    helps = {a.dest: a.help for a in parsers[0]._actions}
+    for dest in ("max_num_seqs", "max_model_len", "kv_cache_memory"):
+        assert ("sized for the workload" in helps[dest]) == (dest in sized), (dest, helps[dest])
+    assert "256" not in helps["max_num_seqs"]
+
+
+def test_tp_greedy_honours_the_sizes_given() -> None:
+    import benchmark_tp_greedy
+
+    args = SimpleNamespace(max_model_len=None, max_num_seqs=None, num_prompts=64, input_len=256,
+                           output_len=32)  # fmt: skip
+    assert benchmark_tp_greedy.workload_sizes(args) == {"max_model_len": 288, "max_num_seqs": 64}
+    args.max_model_len, args.max_num_seqs = "4k", 16  # were replaced by the two above
+    assert benchmark_tp_greedy.workload_sizes(args) == {"max_model_len": "4k", "max_num_seqs": 16}
