@@ -63,6 +63,12 @@ def parse_max_model_len(value: "int | str | None") -> int | None:
 
 # upstream's short spellings of some flags
 _SHORT_FLAGS = {"tensor_parallel_size": ("-tp",)}
+# What `None` resolves to, for the --help of the fields whose default is None.
+_NONE_DEFAULTS = {
+    "max_model_len": "auto, the model's max_position_embeddings",
+    "max_num_batched_tokens": "8192, or max_num_seqs if larger",
+    "max_cudagraph_capture_size": "512, at most max_num_seqs",
+}
 
 
 @dataclass
@@ -79,15 +85,14 @@ class EngineArgs:
     tensor_parallel_size: int = 1  # ranks sharding the model (workers: NCCL on GPU, gloo on CPU)
     max_model_len: int | str | None = None  # prompt+output tokens: 4096, 32k, 1m (K: x1024), auto
     max_num_seqs: int = 256  # sequences in flight
-    max_num_batched_tokens: int | None = None  # tokens per step (default: max(8192, max_num_seqs))
+    max_num_batched_tokens: int | None = None  # tokens per step
     block_size: int = 16  # tokens per MLA latent cache block
     gpu_memory_utilization: float = 0.9  # fraction of GPU memory the engine may use
     num_gpu_blocks_override: int | None = None  # MLA blocks, instead of sizing from memory
     kv_cache_memory: int | None = None  # bytes for all caches, instead of profiling (CPU: 1 GiB)
     enforce_eager: bool = False  # no CUDA graphs
     async_scheduling: bool | None = None  # launch decode steps ahead (default: on for CUDA, TP=1)
-    max_cudagraph_capture_size: int | None = None  # largest decode batch captured (default 512)
-    max_logprobs: int = 20  # most (prompt_)logprobs a request may ask for (-1: the vocabulary)
+    max_cudagraph_capture_size: int | None = None  # largest decode batch captured
     device: str = "auto"  # auto | cuda | cpu
     kv_cache_dtype: str = "auto"  # auto (the model dtype) only: fp8 MLA caches are refused
     trust_remote_code: bool = False  # accepted for recipe compatibility: no remote code runs
@@ -107,8 +112,9 @@ class EngineArgs:
                                     help=helps.get(f.name))  # fmt: skip
                 continue
             help_text = helps.get(f.name)
-            if f.default is not None:
-                help_text = f"{help_text} (default: {f.default})"
+            default = f.default if f.default is not None else _NONE_DEFAULTS.get(f.name)
+            if default is not None:
+                help_text = f"{help_text} (default: {default})"
             parser.add_argument(*flags, default=f.default, help=help_text, type=_cli_type(f))
         return parser
 

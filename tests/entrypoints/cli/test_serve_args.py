@@ -37,16 +37,6 @@ def test_help_lists_every_flag_with_text(capsys: pytest.CaptureFixture) -> None:
     assert helps["--max-num-seqs"].endswith("(default: 256)")
 
 
-def test_max_num_batched_tokens_help_gives_the_default_the_engine_resolves() -> None:
-    """Unset, a step holds max(8192, max_num_seqs) tokens; --help says so (it said 8192)."""
-    serve = make_parser()._subparsers._group_actions[0].choices["serve"]
-    helps = {name: action.help for action in serve._actions for name in action.option_strings}
-    assert "max(8192, max_num_seqs)" in helps["--max-num-batched-tokens"]
-    for seqs, tokens in ((256, 8192), (9000, 9000)):
-        config = EngineArgs(max_num_seqs=seqs).create_engine_config()
-        assert config.scheduler_config.max_num_batched_tokens == tokens
-
-
 @pytest.mark.parametrize(
     "value, expected",
     [
@@ -145,3 +135,20 @@ def test_a_model_config_that_is_not_an_object_names_the_model(tmp_path, capsys) 
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "argument --model: model config" in err and "must be a JSON object" in err, err
+
+
+def test_help_states_what_each_unset_default_resolves_to() -> None:
+    """The fields whose default is None said nothing (--max-model-len) or a bare number that is
+    not always the value (--max-num-batched-tokens: max(8192, max_num_seqs)); checked against
+    what the config resolves."""
+    serve = make_parser()._subparsers._group_actions[0].choices["serve"]
+    helps = {name: action.help for action in serve._actions for name in action.option_strings}
+    assert "(default: auto, the model's max_position_embeddings)" in helps["--max-model-len"]
+    assert "(default: 8192, or max_num_seqs if larger)" in helps["--max-num-batched-tokens"]
+    assert "(default: 512, at most max_num_seqs)" in helps["--max-cudagraph-capture-size"]
+    assert helps["--uvicorn-log-level"].endswith("(default: info)")
+    config = EngineArgs(skip_tokenizer_init=True).create_engine_config()
+    assert config.model_config.max_model_len == 4096  # kimi-k3-tiny's max_position_embeddings
+    assert config.scheduler_config.max_num_batched_tokens == 8192
+    big = EngineArgs(skip_tokenizer_init=True, max_num_seqs=9000).create_engine_config()
+    assert big.scheduler_config.max_num_batched_tokens == 9000

@@ -66,7 +66,7 @@ _SERVER_FLAGS: list[tuple[tuple[str, ...], dict]] = [
         dict(
             default="info",
             choices=["critical", "error", "warning", "info", "debug", "trace"],
-            help="log level of uvicorn's access and error logs",
+            help="log level of uvicorn's access and error logs (default: info)",
         ),
     ),
     (
