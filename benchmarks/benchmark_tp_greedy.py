@@ -124,7 +124,9 @@ def check_workload(parser: argparse.ArgumentParser, args: Any) -> None:
             ea.create_engine_config()
         except ValueError as e:
             if str(e).startswith("tensor_parallel_size"):
-                parser.error(f"argument --tp-sizes: {e}")
+                parser.error(
+                    f"argument --tp-sizes: {str(e).removeprefix('tensor_parallel_size: ')}"
+                )
             if "max_position_embeddings" in str(e):
                 parser.error(f"--input-len + --output-len: {e}")
             refuse(parser, e)

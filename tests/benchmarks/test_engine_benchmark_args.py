@@ -71,7 +71,8 @@ def test_documented_values_pass_the_checks(name, argv, monkeypatch) -> None:
         ("benchmark_latency", ["--time-budget-s", "nan"], "argument --time-budget-s: must be > 0"),
         ("benchmark_latency", ["--copy-gib", "nan"], "argument --copy-gib: must be at least 1"),
         ("benchmark_latency", ["-tp", "0"], "argument --tensor-parallel-size: tensor_parallel"),
-        ("benchmark_throughput", ["-tp", "3"], "argument --tensor-parallel-size: tensor_parallel"),
+        ("benchmark_throughput", ["-tp", "3"],
+         "argument --tensor-parallel-size: 3 does not shard this model"),
         ("benchmark_latency", ["--block-size", "0"], "argument --block-size: block_size"),
         # A value and its sweep: one of them was silently ignored.
         ("benchmark_latency", ["--batch-size", "4", "--batch-sizes", "1", "8"],
@@ -116,7 +117,7 @@ def test_latency_refuses_a_cache_that_cannot_hold_the_largest_batch(
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--tp-sizes", "1", "3"], "argument --tp-sizes: tensor_parallel_size 3 does not split"),
+        (["--tp-sizes", "1", "3"], "argument --tp-sizes: 3 does not shard this model"),
         (["--tp-sizes", "1", "0"], "argument --tp-sizes: must be >= 1, got 0"),
         (["--runs-dir", "/proc/no-such-folder"], "argument --runs-dir: cannot create"),
     ],

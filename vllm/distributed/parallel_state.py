@@ -4,6 +4,7 @@ With no group initialized everything runs as TP=1 and collectives return their i
 so single-process use needs no process group at all.
 """
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -41,28 +42,33 @@ def destroy_model_parallel() -> None:
     _TP_GROUP, _TP_SIZE, _TP_RANK = None, 1, 0
 
 
+# A layout that `tensor_parallel_layout` sets for its own thread: the getters answer from it there.
+_layout = threading.local()
+
+
 @contextmanager
 def tensor_parallel_layout(tensor_parallel_size: int) -> Iterator[None]:
-    """Within: layers take the shapes of rank 0 of `tensor_parallel_size` ranks, with no group.
-
-    For building a model on the meta device before any worker starts, so that a size that does
-    not split (each layer checks its own) is refused up front; nothing may run a collective here.
+    """Within, in this thread only: layers take the shapes of rank 0 of `tensor_parallel_size`
+    ranks. For building a model on the meta device before any worker starts, so that a size that
+    does not split (each layer checks its own) is refused up front. The process's own TP state
+    stays as it is: an engine stepping on another thread (a server's loop) and the collectives
+    never see the layout, and nothing in it may run a collective.
     """
-    global _TP_GROUP, _TP_SIZE, _TP_RANK
-    saved = _TP_GROUP, _TP_SIZE, _TP_RANK
-    _TP_GROUP, _TP_SIZE, _TP_RANK = None, tensor_parallel_size, 0
+    saved = getattr(_layout, "size", None)
+    _layout.size = tensor_parallel_size
     try:
         yield
     finally:
-        _TP_GROUP, _TP_SIZE, _TP_RANK = saved
+        _layout.size = saved
 
 
 def get_tensor_model_parallel_world_size() -> int:
-    return _TP_SIZE
+    size = getattr(_layout, "size", None)
+    return _TP_SIZE if size is None else size
 
 
 def get_tensor_model_parallel_rank() -> int:
-    return _TP_RANK
+    return _TP_RANK if getattr(_layout, "size", None) is None else 0
 
 
 def tensor_model_parallel_all_reduce(

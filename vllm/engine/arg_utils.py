@@ -93,6 +93,7 @@ class EngineArgs:
     enforce_eager: bool = False  # no CUDA graphs
     async_scheduling: bool | None = None  # launch decode steps ahead (default: on for CUDA, TP=1)
     max_cudagraph_capture_size: int | None = None  # largest decode batch captured
+    max_logprobs: int = 20  # most (prompt_)logprobs a request may ask for (-1: the vocabulary)
     device: str = "auto"  # auto | cuda | cpu
     kv_cache_dtype: str = "auto"  # auto (the model dtype) only: fp8 MLA caches are refused
     trust_remote_code: bool = False  # accepted for recipe compatibility: no remote code runs

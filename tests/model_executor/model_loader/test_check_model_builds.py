@@ -4,6 +4,7 @@ is an argument error up front; the dry run leaves the process's TP state as it w
 nothing (the real build logs)."""
 
 import logging
+import threading
 
 import pytest
 import torch
@@ -47,6 +48,30 @@ def test_the_tp_layout_is_restored_after_a_refusal() -> None:
         check_model_builds(config, torch.bfloat16, None, 64)
     assert get_tensor_model_parallel_world_size() == 1
     check_model_builds(config, torch.bfloat16, None, 1)
+
+
+def test_the_layout_holds_in_its_own_thread_only() -> None:
+    """An engine stepping on another thread (a server's loop, at its own TP size) keeps its size
+    while a config is checked."""
+    from vllm.distributed import parallel_state
+
+    seen: list[tuple[int, int]] = []
+
+    def look() -> None:
+        seen.append(
+            (
+                get_tensor_model_parallel_world_size(),
+                parallel_state.get_tensor_model_parallel_rank(),
+            )
+        )
+
+    with parallel_state.tensor_parallel_layout(4):
+        other = threading.Thread(target=look)
+        other.start()
+        other.join()
+        look()
+    look()
+    assert seen == [(1, 0), (4, 0), (1, 0)]
 
 
 def test_the_dry_run_logs_nothing_that_the_real_build_logs() -> None:
