@@ -158,6 +158,28 @@ def test_bad_prompts_are_refused_and_leave_nothing_queued(llm, prompts, params, 
     assert kv.num_free_blocks == kv.initial_num_free_blocks
 
 
+def test_an_interrupt_while_adding_leaves_nothing_queued(llm, monkeypatch):
+    """Ctrl-C while the prompts are tokenized and added (a long batch spends a while there):
+    those already added are aborted, not left to run in the next call."""
+    engine = llm.llm_engine
+    add, calls = engine.add_request, []
+
+    def interrupted_at_the_third(*args, **kwargs):
+        calls.append(args[0])
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        add(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "add_request", interrupted_at_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(["a", "b", "c", "d"], GREEDY, use_tqdm=False)
+    monkeypatch.undo()
+    assert engine.get_num_unfinished_requests() == 0
+    assert not engine.has_unfinished_requests()
+    kv = engine.kv_cache_manager
+    assert kv.num_free_blocks == kv.initial_num_free_blocks
+
+
 # -- chat -----------------------------------------------------------------------------------------
 
 

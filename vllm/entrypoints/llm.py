@@ -92,7 +92,7 @@ class LLM:
                 final_only = dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY)
                 engine.add_request(request_id, prompt, final_only)
                 order[request_id] = len(order)
-        except Exception:
+        except BaseException:  # a bad prompt, or Ctrl-C while a long batch is added
             engine.abort_request(list(order))
             raise
         results: dict[str, RequestOutput] = {}
