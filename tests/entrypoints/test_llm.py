@@ -132,6 +132,18 @@ def test_text_and_token_id_prompts(llm):
     # One prompt, bare: a string, or a list of ints (not a list of one-token prompts).
     assert tokens_of(llm.generate(texts[0], GREEDY, use_tqdm=False)) == tokens_of(by_text[:1])
     assert tokens_of(llm.generate(ids[1], GREEDY, use_tqdm=False)) == tokens_of(by_ids[1:])
+    # Upstream's dict forms (TextPrompt / TokensPrompt), in a list or bare (one prompt, not its
+    # keys taken as prompts).
+    by_dicts = llm.generate(
+        [{"prompt": texts[0]}, {"prompt_token_ids": ids[1]}], GREEDY, use_tqdm=False
+    )
+    assert [out.prompt for out in by_dicts] == [texts[0], None]
+    assert [out.prompt_token_ids for out in by_dicts] == ids
+    assert tokens_of(by_dicts) == tokens_of(by_text)
+    for bare in ({"prompt": texts[0]}, {"prompt_token_ids": ids[0]}):
+        (one,) = llm.generate(bare, GREEDY, use_tqdm=False)
+        assert one.prompt_token_ids == ids[0]
+        assert tokens_of([one]) == tokens_of(by_text[:1])
     # Mixed, with one SamplingParams per prompt, outputs in prompt order.
     longer = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     mixed = llm.generate([ids[1], texts[0]], [longer, GREEDY], use_tqdm=False)
@@ -143,19 +155,32 @@ def test_text_and_token_id_prompts(llm):
 @pytest.mark.parametrize(
     "prompts, params, message",
     [
-        ([[1, "2"]], GREEDY, "prompt must be a string or a list of token ids"),
+        ([[1, "2"]], GREEDY, "^prompt 1: prompt must be a string or a list of token ids"),
         (["a", "b"], [GREEDY], "sampling_params has 1 entries for 3 prompts"),
-        ([""], GREEDY, "the prompt is empty"),
-        ([[5, 100000]], GREEDY, "outside the vocabulary"),
-        (["a \ud800"], GREEDY, "not valid Unicode"),
+        ([""], GREEDY, "^prompt 1: the prompt is empty"),
+        ([[5, 100000]], GREEDY, "^prompt 1: prompt token ids outside the vocabulary"),
+        (["a \ud800"], GREEDY, "^prompt 1: .*not valid Unicode"),
+        ([list(range(5, 205))], GREEDY, "^prompt 1: the prompt has 200 tokens; max_model_len 128"),
+        (["a", "b", [5] * 128], GREEDY, "^prompt 3: the prompt has 128 tokens"),
+        (
+            [{"prompt_ids": [5]}],
+            GREEDY,
+            r"^prompt 1: a dict prompt holds 'prompt' .*\['prompt_ids'\]",
+        ),
+        ([{"prompt": [5]}], GREEDY, "^prompt 1: 'prompt' must be a string"),
+        ([{"prompt_token_ids": "5"}], GREEDY, "^prompt 1: 'prompt_token_ids' must be a list"),
     ],
 )
 def test_bad_prompts_are_refused_and_leave_nothing_queued(llm, prompts, params, message):
+    """The error names the prompt's index; nothing of the call is left in the engine, and the
+    next call runs."""
     with pytest.raises(ValueError, match=message):
         llm.generate(["fine", *prompts], params, use_tqdm=False)
     assert not llm.llm_engine.has_unfinished_requests()
     kv = llm.llm_engine.kv_cache_manager
     assert kv.num_free_blocks == kv.initial_num_free_blocks
+    (after,) = llm.generate(["fine"], GREEDY, use_tqdm=False)
+    assert len(after.outputs[0].token_ids) == 4
 
 
 def test_an_interrupt_while_adding_leaves_nothing_queued(llm, monkeypatch):
@@ -208,6 +233,14 @@ def test_chat_renders_the_models_template(llm):
     assert again.prompt_token_ids == closed.prompt_token_ids
     with pytest.raises(ValueError, match="chat_template_kwargs may not set tokenize"):
         llm.chat(second, GREEDY, use_tqdm=False, chat_template_kwargs={"tokenize": False})
+    # A conversation that cannot be rendered or run is named by its index; nothing is left.
+    with pytest.raises(ValueError, match="^conversation 1: messages must be a list of dicts"):
+        llm.chat([second, [{"content": "no role"}]], GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match="^conversation 2: the prompt has [0-9]+ tokens"):
+        llm.chat([first, second, [{"role": "user", "content": "x " * 200}]], GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match="sampling_params has 1 entries for 2 conversations"):
+        llm.chat([first, second], [GREEDY], use_tqdm=False)
+    assert llm.llm_engine.get_num_unfinished_requests() == 0
 
 
 # -- progress bar ---------------------------------------------------------------------------------

@@ -22,7 +22,41 @@ from vllm.outputs import RequestOutput
 from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.v1.engine.llm_engine import LLMEngine
 
-Prompt = str | list[int]
+# Text, token ids, or upstream's dict forms: {"prompt": text} (TextPrompt) and
+# {"prompt_token_ids": ids} (TokensPrompt).
+Prompt = str | list[int] | dict[str, Any]
+
+
+def _unpack(prompt: Prompt) -> str | list[int]:
+    """The text or token ids of one prompt (a dict form unpacked; the rest the engine checks)."""
+    if not isinstance(prompt, dict):
+        return prompt
+    if set(prompt) == {"prompt"}:
+        if not isinstance(prompt["prompt"], str):
+            raise ValueError(f"'prompt' must be a string, got {prompt['prompt']!r}")
+        return prompt["prompt"]
+    if set(prompt) == {"prompt_token_ids"}:
+        ids = prompt["prompt_token_ids"]
+        if not isinstance(ids, list | tuple):
+            raise ValueError(f"'prompt_token_ids' must be a list of token ids, got {ids!r}")
+        return ids
+    raise ValueError(
+        "a dict prompt holds 'prompt' (text) or 'prompt_token_ids' (token ids) alone, got keys "
+        f"{sorted(prompt, key=str)}"
+    )
+
+
+def _per_prompt(
+    sampling_params: "SamplingParams | Sequence[SamplingParams] | None", count: int, what: str
+) -> list[SamplingParams]:
+    """One `SamplingParams` per prompt: the one given (default: `SamplingParams()`) for all, or
+    the list, which must have one per prompt."""
+    if sampling_params is None or isinstance(sampling_params, SamplingParams):
+        return [sampling_params or SamplingParams()] * count
+    params = list(sampling_params)
+    if len(params) != count:
+        raise ValueError(f"sampling_params has {len(params)} entries for {count} {what}")
+    return params
 
 
 class LLM:
@@ -43,22 +77,15 @@ class LLM:
         sampling_params: "SamplingParams | Sequence[SamplingParams] | None" = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Generate for every prompt (text or token ids); outputs in prompt order. One
-        `SamplingParams` for all, or one per prompt."""
-        if isinstance(prompts, str) or (
+        """Generate for every prompt (text, token ids, `{"prompt": text}` or
+        `{"prompt_token_ids": ids}`); outputs in prompt order. One `SamplingParams` for all, or
+        one per prompt. A bad prompt raises `ValueError` naming its index."""
+        if isinstance(prompts, str | dict) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
             prompts = [prompts]
         prompts = list(prompts)
-        if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params = [sampling_params or SamplingParams()] * len(prompts)
-        else:
-            params = list(sampling_params)
-            if len(params) != len(prompts):
-                raise ValueError(
-                    f"sampling_params has {len(params)} entries for {len(prompts)} prompts"
-                )
-        return self._run(prompts, params, use_tqdm)
+        return self._run(prompts, _per_prompt(sampling_params, len(prompts), "prompts"), use_tqdm)
 
     def chat(
         self,
@@ -75,22 +102,33 @@ class LLM:
             raise ValueError("chat needs a tokenizer (skip_tokenizer_init is set)")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         kwargs = tokenizer.chat_template_arguments(add_generation_prompt, chat_template_kwargs)
-        prompts = [
-            tokenizer.apply_chat_template(conv, tokenize=True, **kwargs) for conv in conversations
-        ]
-        return self.generate(prompts, sampling_params, use_tqdm)
+        params = _per_prompt(sampling_params, len(conversations), "conversations")
+        prompts = []
+        for index, conversation in enumerate(conversations):
+            try:
+                prompts.append(tokenizer.apply_chat_template(conversation, tokenize=True, **kwargs))
+            except ValueError as e:
+                raise ValueError(f"conversation {index}: {e}") from None
+        return self._run(prompts, params, use_tqdm, "conversation")
 
     def _run(
-        self, prompts: list[Prompt], params: list[SamplingParams], use_tqdm: bool
+        self,
+        prompts: list[Prompt],
+        params: list[SamplingParams],
+        use_tqdm: bool,
+        what: str = "prompt",
     ) -> list[RequestOutput]:
         engine = self.llm_engine
         order = {}
         try:
-            for prompt, p in zip(prompts, params, strict=True):
+            for index, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
                 request_id = str(next(self._ids))
                 # Only final outputs are read here: the engine need not build the others.
                 final_only = dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY)
-                engine.add_request(request_id, prompt, final_only)
+                try:
+                    engine.add_request(request_id, _unpack(prompt), final_only)
+                except ValueError as e:
+                    raise ValueError(f"{what} {index}: {e}") from None
                 order[request_id] = len(order)
         except BaseException:  # a bad prompt, or Ctrl-C while a long batch is added
             engine.abort_request(list(order))
