@@ -116,6 +116,24 @@ def test_a_tp_engine_that_fails_late_leaves_the_process_free(torch_reference_ker
     LLM(MODEL, **ARGS).shutdown()
 
 
+@pytest.mark.parametrize("tp", [1, 2])
+def test_generate_after_shutdown_is_refused(torch_reference_kernels, tp):
+    """After `shutdown()` the engine refuses work by name (at TP 2 it used to run rank 0's shard
+    alone and fail on the logits' shape; at TP 1 it silently went on); shutdown is idempotent."""
+    llm = LLM(MODEL, **dict(ARGS, tensor_parallel_size=tp))
+    llm.shutdown()
+    llm.shutdown()
+    for call in (
+        lambda: llm.generate(["a"], GREEDY, use_tqdm=False),
+        lambda: llm.chat([{"role": "user", "content": "hi"}], GREEDY, use_tqdm=False),
+        lambda: llm.llm_engine.step(),
+    ):
+        with pytest.raises(RuntimeError, match=r"the engine was shut down \(shutdown\(\)\)"):
+            call()
+    assert multiprocessing.active_children() == []
+    assert llm.llm_engine.get_num_unfinished_requests() == 0
+
+
 # -- prompts --------------------------------------------------------------------------------------
 
 

@@ -89,6 +89,7 @@ class LLMEngine:
         self._in_flight: _Launched | None = None
         self.output_processor = OutputProcessor(self.tokenizer)
         self._arrivals = itertools.count()
+        self._shut_down = False
         freeze_startup_heap()
 
     @classmethod
@@ -106,6 +107,7 @@ class LLMEngine:
         """Check and queue a request. Raises ValueError (naming what is wrong) for an empty or
         too long prompt, token ids outside the vocabulary, `max_tokens` that cannot fit in
         `max_model_len`, or a request id already in use."""
+        self._check_running()
         params = params or SamplingParams()
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
@@ -225,6 +227,7 @@ class LLMEngine:
         """Run one step and return the outputs of the requests it changed. With asynchronous
         scheduling, a decode step that can go on launches its continuation before its own tokens
         are read back (`AsyncScheduler`); the next call completes that one."""
+        self._check_running()
         launched, self._in_flight = self._in_flight, None
         if launched is not None and not any(
             e.request.status is _RUNNING for e in launched.scheduled.entries
@@ -316,6 +319,15 @@ class LLMEngine:
         for seq_id in seq_ids:
             self.output_processor.finish_with(seq_id, "error")
 
+    def _check_running(self) -> None:
+        # Past shutdown a TP engine's workers and process group are gone (rank 0 alone would
+        # run its shard of the model); refuse at TP 1 as well, for one behaviour.
+        if self._shut_down:
+            raise RuntimeError("the engine was shut down (shutdown()); build a new one")
+
     def shutdown(self) -> None:
+        """Stop the workers; later `add_request` / `step` calls raise `RuntimeError`. Calling it
+        again does nothing more."""
+        self._shut_down = True
         self.executor.shutdown()
         unfreeze_heap()
