@@ -5,6 +5,7 @@ through the tiny model's chat template; the `use_tqdm` progress bar."""
 import multiprocessing
 
 import pytest
+import torch
 
 from vllm import LLM, SamplingParams
 
@@ -221,6 +222,24 @@ def test_an_interrupt_while_adding_leaves_nothing_queued(llm, monkeypatch):
     assert not engine.has_unfinished_requests()
     kv = engine.kv_cache_manager
     assert kv.num_free_blocks == kv.initial_num_free_blocks
+
+
+def test_the_engine_seed_makes_unseeded_sampling_reproducible(torch_reference_kernels):
+    """As upstream documents for its `seed` (default 0): two engines built with the same seed
+    sample the same tokens for requests without a seed of their own; the caller's global torch
+    generator is neither read nor advanced."""
+    prompts = ["alpha beta", "the quick brown fox", "x"]
+    params = SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True)
+    runs = []
+    for seed in (0, 0, 1):
+        other = LLM(MODEL, **dict(ARGS, seed=seed))
+        state = torch.random.get_rng_state()
+        runs.append(tokens_of(other.generate(prompts, params, use_tqdm=False)))
+        assert torch.equal(torch.random.get_rng_state(), state)
+        other.shutdown()
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+    LLM(MODEL, **dict(ARGS, seed=-(2**70))).shutdown()  # any integer is a seed, as before
 
 
 # -- chat -----------------------------------------------------------------------------------------

@@ -25,7 +25,8 @@ class SamplingMetadata:
     - `top_k` [N] int64 (`vocab_size` where off) with `max_top_k` the largest active k;
       `top_p`, `min_p` [N] float32 (1.0 / 0.0 where off). Each is None when no row uses it.
     - `generators`: row -> the row's own generator, for random rows that have one; the other
-      random rows share one draw from the device's default generator.
+      random rows share one draw from `unseeded_generator` (the engine's, seeded with its
+      `seed`; None: the device's default generator).
     - `repetition_penalty` [N] float32 and `seen_mask` [N, V] bool (tokens of the prompt or the
       output so far, only on penalized rows); both None when no row is penalized.
     - `suppress_rows`, `suppress_ids` [S] int64: (row, token) pairs forced to -inf because the
@@ -46,6 +47,7 @@ class SamplingMetadata:
     min_p: torch.Tensor | None = None
     generators: dict[int, torch.Generator] = field(default_factory=dict)
     any_unseeded_random: bool = False
+    unseeded_generator: torch.Generator | None = None
     repetition_penalty: torch.Tensor | None = None
     seen_mask: torch.Tensor | None = None
     suppress_rows: torch.Tensor | None = None

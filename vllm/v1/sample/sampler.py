@@ -150,7 +150,7 @@ def _sample_random(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
 
     noise = torch.empty_like(probs)
     if md.any_unseeded_random:
-        noise.exponential_()
+        noise.exponential_(generator=md.unseeded_generator)
     for row, generator in md.generators.items():
         noise[row].exponential_(generator=generator)
     # An Exp(1) draw can round to 0; 0/0 would be NaN, which argmax would pick.

@@ -138,6 +138,13 @@ class ModelRunner:
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.sampler = Sampler()
         self.generators: dict[str, torch.Generator] = {}
+        # Requests without a seed draw from this one, seeded with the engine's `seed` (as
+        # upstream: the same seed samples the same tokens run after run), not from the process's
+        # default generator, which the caller's code shares. Any integer is a seed (the dummy
+        # weights hash it); torch's generators take [0, 2**64).
+        self.unseeded_generator = torch.Generator(device=self.device).manual_seed(
+            config.model_config.seed % 2**64
+        )
         self.prompt_logprobs_done: dict[str, int] = {}
         self._last_sampling: tuple[list, SamplingMetadata] | None = None
         # The last step's sampled ids, on the device: the input of a step that follows it.
@@ -416,6 +423,8 @@ class ModelRunner:
             self.vocab_size,
             device,
         )
+        if metadata.any_unseeded_random:
+            metadata.unseeded_generator = self.unseeded_generator
         reusable = metadata.seen_mask is None and metadata.suppress_rows is None
         self._last_sampling = (reqs, metadata) if reusable else None
         return metadata
