@@ -2,10 +2,12 @@
 message naming the argument, before any worker starts; prompts as text or as token ids; `chat`
 through the tiny model's chat template; the `use_tqdm` progress bar."""
 
+import io
 import multiprocessing
 
 import pytest
 import torch
+from tqdm import tqdm
 
 from vllm import LLM, SamplingParams
 
@@ -289,3 +291,22 @@ def test_use_tqdm_shows_a_progress_bar(llm, capsys):
     assert "Processed prompts" in shown and "3/3" in shown
     llm.generate(["a", "b", "c"], GREEDY, use_tqdm=False)
     assert "Processed prompts" not in capsys.readouterr().err
+
+
+def test_use_tqdm_takes_a_bar_factory(llm, capsys):
+    """As upstream: a callable builds the bar (`functools.partial(tqdm, ...)`, a notebook tqdm),
+    called with the total and description; it is updated once per prompt and closed."""
+    made = []
+
+    def factory(**kwargs):
+        made.append((kwargs, tqdm(file=io.StringIO(), **kwargs)))
+        return made[-1][1]
+
+    llm.generate(["a", "b", "c"], GREEDY, use_tqdm=factory)
+    ((kwargs, bar),) = made
+    assert kwargs["total"] == 3 and kwargs["desc"] == "Processed prompts"
+    assert bar.n == 3
+    assert "Processed prompts" in bar.fp.getvalue()
+    assert "Processed prompts" not in capsys.readouterr().err  # not the default bar as well
+    llm.chat([{"role": "user", "content": "hi"}], GREEDY, use_tqdm=factory)
+    assert len(made) == 2 and made[1][1].n == 1

@@ -12,7 +12,7 @@ at construction with a message naming it.
 import dataclasses
 import itertools
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tqdm import tqdm
@@ -75,11 +75,12 @@ class LLM:
         self,
         prompts: "Prompt | Sequence[Prompt]",
         sampling_params: "SamplingParams | Sequence[SamplingParams] | None" = None,
-        use_tqdm: bool = True,
+        use_tqdm: bool | Callable[..., tqdm] = True,
     ) -> list[RequestOutput]:
         """Generate for every prompt (text, token ids, `{"prompt": text}` or
         `{"prompt_token_ids": ids}`); outputs in prompt order. One `SamplingParams` for all, or
-        one per prompt. A bad prompt raises `ValueError` naming its index."""
+        one per prompt. A bad prompt raises `ValueError` naming its index. `use_tqdm`: show a
+        progress bar, or a callable that makes one (called with `total` and `desc`)."""
         if isinstance(prompts, str | dict) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
@@ -91,7 +92,7 @@ class LLM:
         self,
         messages: "list[dict[str, str]] | list[list[dict[str, str]]]",
         sampling_params: "SamplingParams | Sequence[SamplingParams] | None" = None,
-        use_tqdm: bool = True,
+        use_tqdm: bool | Callable[..., tqdm] = True,
         add_generation_prompt: bool = True,
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
@@ -115,7 +116,7 @@ class LLM:
         self,
         prompts: list[Prompt],
         params: list[SamplingParams],
-        use_tqdm: bool,
+        use_tqdm: bool | Callable[..., tqdm],
         what: str = "prompt",
     ) -> list[RequestOutput]:
         engine = self.llm_engine
@@ -134,7 +135,10 @@ class LLM:
             engine.abort_request(list(order))
             raise
         results: dict[str, RequestOutput] = {}
-        bar = tqdm(total=len(order), desc="Processed prompts", disable=not use_tqdm)
+        if callable(use_tqdm):  # a bar factory, as upstream (`functools.partial(tqdm, ...)`)
+            bar = use_tqdm(total=len(order), desc="Processed prompts")
+        else:
+            bar = tqdm(total=len(order), desc="Processed prompts", disable=not use_tqdm)
         try:
             while len(results) < len(order):
                 if not engine.has_unfinished_requests():
