@@ -282,6 +282,29 @@ def test_chat_renders_the_models_template(llm):
     assert llm.llm_engine.get_num_unfinished_requests() == 0
 
 
+def test_chat_passes_tools_to_the_template(llm, monkeypatch):
+    """`tools` (upstream's argument, as the server's request field) reaches the template."""
+    tokenizer = llm.get_tokenizer()
+    template = (
+        "{{ bos_token }}{% for t in tools or [] %}tool {{ t['function']['name'] }};{% endfor %}"
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    )
+    monkeypatch.setattr(tokenizer, "chat_template", template)
+    monkeypatch.setattr(tokenizer, "_template", None)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    conversation = [{"role": "user", "content": "hi"}]
+
+    def prompt_of(**kwargs) -> str:
+        (out,) = llm.chat(conversation, GREEDY, use_tqdm=False, **kwargs)
+        return tokenizer.decode(out.prompt_token_ids, skip_special_tokens=False)
+
+    assert prompt_of(tools=tools) == tokenizer.bos_token + "tool get_weather;hi"
+    assert prompt_of() == tokenizer.bos_token + "hi"
+    other = [{"type": "function", "function": {"name": "other", "parameters": {}}}]
+    # chat_template_kwargs win, as over add_generation_prompt.
+    assert prompt_of(tools=tools, chat_template_kwargs={"tools": other}).endswith("tool other;hi")
+
+
 # -- progress bar ---------------------------------------------------------------------------------
 
 

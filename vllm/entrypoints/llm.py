@@ -95,14 +95,19 @@ class LLM:
         use_tqdm: bool | Callable[..., tqdm] = True,
         add_generation_prompt: bool = True,
         chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[RequestOutput]:
         """Generate replies to one conversation (a list of `{"role", "content"}` messages) or a
-        list of them, rendered with the tokenizer's chat template."""
+        list of them, rendered with the tokenizer's chat template. `tools` is passed to the
+        template (as the server's request field; no tool-call parsing); `chat_template_kwargs`
+        win over it and over `add_generation_prompt`."""
         tokenizer = self.get_tokenizer()
         if tokenizer is None:
             raise ValueError("chat needs a tokenizer (skip_tokenizer_init is set)")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         kwargs = tokenizer.chat_template_arguments(add_generation_prompt, chat_template_kwargs)
+        if tools:
+            kwargs.setdefault("tools", tools)
         params = _per_prompt(sampling_params, len(conversations), "conversations")
         prompts = []
         for index, conversation in enumerate(conversations):
