@@ -178,6 +178,8 @@ def test_text_and_token_id_prompts(llm):
     [
         ([[1, "2"]], GREEDY, "^prompt 1: prompt must be a string or a list of token ids"),
         (["a", "b"], [GREEDY], "sampling_params has 1 entries for 3 prompts"),
+        (["b"], [GREEDY, None], r"^sampling_params\[1\] must be a SamplingParams, got None"),
+        (["b"], (GREEDY, {"temperature": 0}), r"^sampling_params\[1\] must be a SamplingParams"),
         ([""], GREEDY, "^prompt 1: the prompt is empty"),
         ([[5, 100000]], GREEDY, "^prompt 1: prompt token ids outside the vocabulary"),
         (["a \ud800"], GREEDY, "^prompt 1: .*not valid Unicode"),

@@ -56,6 +56,9 @@ def _per_prompt(
     params = list(sampling_params)
     if len(params) != count:
         raise ValueError(f"sampling_params has {len(params)} entries for {count} {what}")
+    for i, p in enumerate(params):
+        if not isinstance(p, SamplingParams):
+            raise ValueError(f"sampling_params[{i}] must be a SamplingParams, got {p!r}")
     return params
 
 
