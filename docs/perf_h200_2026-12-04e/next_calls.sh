@@ -15,7 +15,12 @@
 #                    grouped kernels (the default) and as its own dense MLP (cuBLAS, ~99% of the
 #                    matmul peak at prefill sizes, where the grouped kernels reach ~78% on the
 #                    rows they compute): whether prefill-sized steps should run it apart.
-# The probe ran in call 120 (twenty-ninth run); mixed, sync and grid are still to run.
+#   gpu    (~8 min)  the whole GPU suite (added in the thirtieth run, which had no device): the
+#                    thirtieth run's launcher checks (MLA decode, fused KDA decode, the conv's
+#                    prefill, gather_rows, moe_weighted_sum, kda_gate_beta), the sampler's own
+#                    generator for unseeded rows and the meta-device check at engine start have
+#                    run on the CPU only. Run it first, then `grid` (which also exercises them).
+# The probe ran in call 120 (twenty-ninth run); gpu, mixed, sync, shared and grid are still to run.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl .devrun/xd/*.whl
 export PYTHONPATH=/tmp/site:$PWD
@@ -24,6 +29,10 @@ case "${PART:-probe}" in
   probe)
     timeout 300 python docs/perf_h200_2026-12-04e/prefill_host_probe.py > $OUT/probe.log 2>&1
     echo "probe rc $?"; cat $OUT/probe.log ;;
+  gpu)
+    timeout 560 python -m pytest -q -m gpu -n 4 -p no:cacheprovider --durations=20 tests \
+      > $OUT/gpu_tests.log 2>&1
+    echo "gpu rc $?"; tail -40 $OUT/gpu_tests.log ;;
   grid)
     timeout 560 python benchmarks/benchmark_latency.py --model kimi-linear-48b-a3b --load-format dummy \
       --skip-tokenizer-init --quantization-config "$P" --batch-sizes 1 8 64 256 --input-lens 1024 8192 \

@@ -21,6 +21,7 @@ def bare_runner() -> ModelRunner:
     runner = ModelRunner.__new__(ModelRunner)
     runner.device, runner.vocab_size = CPU, VOCAB
     runner.generators, runner._last_sampling = {}, None
+    runner.unseeded_generator = torch.Generator(CPU).manual_seed(0)
     return runner
 
 
