@@ -1,6 +1,7 @@
 """Logging for the fork: `init_logger(__name__)` gives a logger under the `vllm` root."""
 
 import logging
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -22,13 +23,28 @@ def init_logger(name: str) -> logging.Logger:
     return logging.getLogger(name)
 
 
+class _QuietThread(logging.Filter):
+    """Drops the records below `level` that one thread logs."""
+
+    def __init__(self, thread: int, level: int) -> None:
+        super().__init__()
+        self.thread, self.level = thread, level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread != self.thread or record.levelno >= self.level
+
+
 @contextmanager
-def logging_at_least(level: int) -> Iterator[None]:
-    """Within: the fork's loggers drop records below `level`. For a dry run of work that is done
-    again for real (whose logs would otherwise be said twice)."""
-    saved = _root.level
-    _root.setLevel(max(level, saved))
+def quiet_below(level: int) -> Iterator[None]:
+    """Within: what this thread logs through the fork's loggers below `level` is dropped; other
+    threads (a server's engine loop) log as before. For a dry run of work that is done again for
+    real, whose logs would otherwise be said twice."""
+    quiet = _QuietThread(threading.get_ident(), level)
+    handlers = list(_root.handlers)
+    for handler in handlers:
+        handler.addFilter(quiet)
     try:
         yield
     finally:
-        _root.setLevel(saved)
+        for handler in handlers:
+            handler.removeFilter(quiet)

@@ -91,7 +91,34 @@ def test_the_dry_run_logs_nothing_that_the_real_build_logs() -> None:
         assert records == []
         build_model(config, torch.bfloat16, quant, "meta")  # the kernel choice of each o_proj
         assert records
-        assert root.level == logging.INFO
+        assert root.level == logging.INFO and handler.filters == []
     finally:
         root.removeHandler(handler)
         root.setLevel(level)
+
+
+def test_the_quiet_dry_run_leaves_other_threads_logging() -> None:
+    """A server's engine loop logs on another thread while an engine config is checked."""
+    from vllm.logger import init_logger, quiet_below
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    root = logging.getLogger("vllm")
+    root.addHandler(handler)
+    logger = init_logger("vllm.test_quiet")
+    try:
+        with quiet_below(logging.ERROR):
+            logger.warning("from the dry run")
+            other = threading.Thread(target=lambda: logger.warning("from the engine loop"))
+            other.start()
+            other.join()
+            logger.error("an error still shows")
+        logger.warning("after")
+    finally:
+        root.removeHandler(handler)
+    assert [r.getMessage() for r in records] == [
+        "from the engine loop",
+        "an error still shows",
+        "after",
+    ]

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 import torch
 
 from vllm.distributed.parallel_state import tensor_parallel_layout
-from vllm.logger import init_logger, logging_at_least
+from vllm.logger import init_logger, quiet_below
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.model_loader.builtin import check_load_format, resolve_model
 from vllm.model_executor.model_loader.safetensors_loader import iterate_tensors
@@ -95,7 +95,7 @@ def check_model_builds(
     would (rank 0's shapes stand for every rank's), and drop it: a layer's own refusal (a size
     that does not split over the ranks, `ignore` patterns that split a fused layer) then comes
     before any worker starts or weight loads. Its logs are dropped; the real build says them."""
-    with tensor_parallel_layout(tensor_parallel_size), logging_at_least(logging.ERROR):
+    with tensor_parallel_layout(tensor_parallel_size), quiet_below(logging.ERROR):
         build_model(config, dtype, quant_config, "meta")
 
 
