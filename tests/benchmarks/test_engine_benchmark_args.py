@@ -120,6 +120,8 @@ def test_latency_refuses_a_cache_that_cannot_hold_the_largest_batch(
         (["--tp-sizes", "1", "3"], "argument --tp-sizes: 3 does not shard this model"),
         (["--tp-sizes", "1", "0"], "argument --tp-sizes: must be >= 1, got 0"),
         (["--runs-dir", "/proc/no-such-folder"], "argument --runs-dir: cannot create"),
+        # The user's own --max-model-len at fault, not the workload.
+        (["--max-model-len", "100000"], "argument --max-model-len: max_model_len 100000 exceeds"),
     ],
 )
 def test_tp_greedy_refuses_before_any_run(argv, message, monkeypatch, capsys) -> None:
