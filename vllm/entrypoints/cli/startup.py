@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 from vllm.logger import init_logger
+from vllm.v1.core.kv_cache_utils import blocks_per_sequence
 
 logger = init_logger(__name__)
 
@@ -64,13 +65,11 @@ def log_startup(engine: Any, served_model_names: list[str], args: argparse.Names
         logger.info("Online quantization %s: %s", json.dumps(mc.quantization_config), summary)
     kv = engine.kv_cache_manager
     tokens = kv.initial_num_free_blocks * cc.block_size
-    # Counted in whole blocks, as they are handed out: a full-length request caches every token
-    # but its last sampled one (as the scheduler's admission check counts).
-    blocks_per_request = -(-(mc.max_model_len - 1) // cc.block_size)
+    # In whole blocks, as they are handed out.
     concurrency = min(
         sc.max_num_seqs,
         kv.initial_num_free_kda_slots,
-        kv.initial_num_free_blocks // blocks_per_request,
+        kv.initial_num_free_blocks // blocks_per_sequence(mc.max_model_len, cc.block_size),
     )
     logger.info(
         "Cache: %d MLA blocks x %d tokens (%d tokens), %d KDA state slots; max concurrency for "

@@ -33,6 +33,12 @@ def cache_bytes(spec: dict, block_size: int) -> tuple[int, int]:
     return block, slot
 
 
+def blocks_per_sequence(max_model_len: int, block_size: int) -> int:
+    """Cache blocks one sequence of `max_model_len` tokens holds at most: every token but its last
+    sampled one, which ends it unfed (the scheduler's admission bound)."""
+    return math.ceil((max_model_len - 1) / block_size)
+
+
 class CacheSizeError(ValueError):
     """The cache arguments cannot hold what they must (found once the model's memory is known)."""
 
@@ -49,7 +55,7 @@ def determine_cache_sizes(
     blocks). Raises `CacheSizeError` when one sequence of `max_model_len` tokens would not fit."""
     block_bytes, slot_bytes = cache_bytes(spec, block_size)
     num_slots = max_num_seqs + 1
-    blocks_per_seq = math.ceil(max_model_len / block_size)
+    blocks_per_seq = blocks_per_sequence(max_model_len, block_size)
     if num_blocks_override is not None:
         num_blocks = num_blocks_override + 1
     else:
