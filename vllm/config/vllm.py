@@ -33,6 +33,15 @@ class ModelConfig:
     def vocab_size(self) -> int:
         return self.text_config.vocab_size
 
+    @property
+    def logprobs_limit(self) -> int:
+        """The most (prompt_)logprobs a request may ask for: `max_logprobs`, within the vocabulary
+        (-1: the whole vocabulary). Each listed entry is detokenized on the engine thread at every
+        token, so one request listing the whole vocabulary would stall every other request."""
+        if self.max_logprobs == -1:
+            return self.vocab_size
+        return min(self.max_logprobs, self.vocab_size)
+
 
 @dataclass
 class CacheConfig:

@@ -52,7 +52,7 @@ class FakeEngine:
         self.script = self.tokenizer.encode(script, add_special_tokens=False)
         self.config = SimpleNamespace(
             model_config=SimpleNamespace(
-                max_model_len=max_model_len, vocab_size=320, max_logprobs=20
+                max_model_len=max_model_len, vocab_size=320, logprobs_limit=20
             )
         )
         # `stats_delay` slows the loop's reading of the cache counters, which follows every abort.

@@ -264,7 +264,7 @@ def test_logprobs_past_max_logprobs_are_refused_and_minus_one_allows_the_vocabul
     engine = make_engine()
     try:
         for name in ("logprobs", "prompt_logprobs"):
-            with pytest.raises(ValueError, match=f"{name} 21 exceeds the engine's max_logprobs 20"):
+            with pytest.raises(ValueError, match=f"{name} 21 exceeds 20, the most a request may"):
                 engine.add_request(name, [1, 2, 3], SamplingParams(**{name: 21}))
         assert not engine.has_unfinished_requests()
         params = SamplingParams(max_tokens=1, logprobs=20, prompt_logprobs=20)

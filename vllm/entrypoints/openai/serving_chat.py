@@ -98,10 +98,7 @@ class OpenAIServingChat(OpenAIServing):
         if request.logprobs:
             num_top = request.top_logprobs or 0
             # Checked here, under its own name: the engine's check would name `logprobs`.
-            config = self.engine.config.model_config
-            most = config.vocab_size
-            if config.max_logprobs != -1:
-                most = min(most, config.max_logprobs)
+            most = self.engine.config.model_config.logprobs_limit
             if not 0 <= num_top <= most:
                 raise OpenAIError(
                     f"top_logprobs must be in [0, {most}] (the vocabulary and --max-logprobs), "

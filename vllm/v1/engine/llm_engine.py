@@ -161,17 +161,13 @@ class LLMEngine:
         bad = [t for t in params.stop_token_ids or [] if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"stop_token_ids outside the vocabulary [0, {vocab}): {bad[:5]}")
-        cap = self.config.model_config.max_logprobs
+        limit = self.config.model_config.logprobs_limit
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
-            if value is not None and value > vocab:
-                raise ValueError(f"{name} {value} exceeds the vocabulary size {vocab}")
-            # Each listed entry is detokenized on the engine thread, for every token: one
-            # request asking for the whole vocabulary would stall every other request.
-            if value is not None and cap != -1 and value > cap:
+            if value is not None and value > limit:
                 raise ValueError(
-                    f"{name} {value} exceeds the engine's max_logprobs {cap} (set by the "
-                    "max_logprobs argument; -1 allows the whole vocabulary)"
+                    f"{name} {value} exceeds {limit}, the most a request may ask for (the "
+                    f"vocabulary size {vocab}, or max_logprobs if smaller; -1 lifts that)"
                 )
 
     def _tokenize(self, prompt: "str | list[int]") -> tuple[str | None, list[int]]:
