@@ -144,11 +144,7 @@ class OpenAIServingChat(OpenAIServing):
                 )
             )
         completion = sum(len(c.token_ids) for c in final.outputs)
-        usage = UsageInfo(
-            prompt_tokens=len(final.prompt_token_ids),
-            completion_tokens=completion,
-            total_tokens=len(final.prompt_token_ids) + completion,
-        )
+        usage = UsageInfo.of(len(final.prompt_token_ids), completion)
         return ChatCompletionResponse(
             id=request_id, model=self.model_name, choices=choices, usage=usage
         )
@@ -217,11 +213,7 @@ class OpenAIServingChat(OpenAIServing):
             if request.stream_options and request.stream_options.include_usage and final:
                 completion = sum(len(c.token_ids) for c in final.outputs)
                 prompt = len(final.prompt_token_ids)
-                usage = UsageInfo(
-                    prompt_tokens=prompt,
-                    completion_tokens=completion,
-                    total_tokens=prompt + completion,
-                )
+                usage = UsageInfo.of(prompt, completion)
                 yield chunk([], usage)
         except EngineDeadError as e:
             yield sse(OpenAIError(str(e), 503).response())

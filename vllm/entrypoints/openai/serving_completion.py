@@ -139,14 +139,14 @@ class OpenAIServingCompletion(OpenAIServing):
             raise OpenAIError(str(e), 503) from None
         finally:
             self._abort(ids_of)
-        choices, usage = [], UsageInfo()
+        choices, prompt_tokens, completion_tokens = [], 0, 0
         for i in range(len(inputs)):
             out = finals[i]
-            usage.prompt_tokens += len(out.prompt_token_ids)
+            prompt_tokens += len(out.prompt_token_ids)
             for c in out.outputs:
-                usage.completion_tokens += len(c.token_ids)
+                completion_tokens += len(c.token_ids)
                 choices.append(self._choice(request, i, out, c, prompt_texts[i]))
-        usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+        usage = UsageInfo.of(prompt_tokens, completion_tokens)
         return CompletionResponse(
             id=request_id, model=self.model_name, choices=choices, usage=usage
         )
@@ -254,11 +254,7 @@ class OpenAIServingCompletion(OpenAIServing):
                         )
                     )
             if request.stream_options and request.stream_options.include_usage:
-                usage = UsageInfo(
-                    prompt_tokens=sum(prompt_tokens.values()),
-                    completion_tokens=sum(completion_tokens.values()),
-                )
-                usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+                usage = UsageInfo.of(sum(prompt_tokens.values()), sum(completion_tokens.values()))
                 yield sse(
                     CompletionResponse(
                         id=request_id, model=self.model_name, choices=[], usage=usage
