@@ -27,8 +27,7 @@ from typing import Any
 import torch
 
 from vllm.config.vllm import VllmConfig
-from vllm.engine.arg_utils import EngineArgs
-from vllm.entrypoints.cli.serve import refuse
+from vllm.engine.arg_utils import EngineArgs, refuse
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 from vllm.model_executor.model_loader.builtin import resolve_model
 from vllm.model_executor.model_loader.loader import build_model

@@ -90,8 +90,7 @@ from bench_utils import (
 )
 from step_profile import GAP_SPLIT_US, breakdown, profile_steps_and_gaps
 
-from vllm.engine.arg_utils import EngineArgs
-from vllm.entrypoints.cli.serve import refuse
+from vllm.engine.arg_utils import EngineArgs, refuse
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 from vllm.models.kimi_k3.amd.footprint import model_footprint
 from vllm.models.kimi_k3.amd.mla import KimiMLAAttention

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, fields
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 
@@ -328,3 +328,22 @@ def _field_help() -> dict[str, str]:
         if match:
             helps[match[1]] = match[2]
     return helps
+
+
+def refuse(parser: argparse.ArgumentParser, error: ValueError) -> NoReturn:
+    """Exit 2 naming the `--flag` of the field that `error` (from `create_engine_config`)
+    names, without the message's own `field: ` prefix: the inverse of `add_cli_args`."""
+    message = str(error)
+    field = _field_of(message)
+    if field is None:
+        parser.error(f"argument engine arguments: {message}")
+    flag = "--" + field.replace("_", "-")
+    parser.error(f"argument {flag}: {message.removeprefix(field + ': ')}")
+
+
+def _field_of(message: str) -> str | None:
+    """The first EngineArgs field that an error message names (messages name their field
+    first; words after it may come from the user's own values)."""
+    names = {f.name for f in dataclasses.fields(EngineArgs)}
+    message = re.sub(r"^(--)?quantization[ _-]config\b", "quantization_config", message)
+    return next((w for w in re.findall(r"[a-z][a-z_]+", message) if w in names), None)

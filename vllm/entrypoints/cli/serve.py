@@ -7,13 +7,10 @@ loads.
 """
 
 import argparse
-import dataclasses
 import json
-import re
-from typing import NoReturn
 
 from vllm import envs
-from vllm.engine.arg_utils import EngineArgs
+from vllm.engine.arg_utils import EngineArgs, refuse
 from vllm.logger import init_logger
 from vllm.reasoning import REASONING_PARSERS
 
@@ -127,24 +124,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         server.add_argument(*names, **kwargs)
     parser.set_defaults(dispatch=run, subparser=parser)
     return parser
-
-
-def refuse(parser: argparse.ArgumentParser, error: ValueError) -> NoReturn:
-    """Exit 2 naming the flag at fault, without the message's own `field: ` prefix."""
-    message = str(error)
-    field = _field_of(message)
-    if field is None:
-        parser.error(f"argument engine arguments: {message}")
-    flag = "--" + field.replace("_", "-")
-    parser.error(f"argument {flag}: {message.removeprefix(field + ': ')}")
-
-
-def _field_of(message: str) -> str | None:
-    """The first EngineArgs field that an error message names (messages name their field
-    first; words after it may come from the user's own values)."""
-    names = {f.name for f in dataclasses.fields(EngineArgs)}
-    message = re.sub(r"^(--)?quantization[ _-]config\b", "quantization_config", message)
-    return next((w for w in re.findall(r"[a-z][a-z_]+", message) if w in names), None)
 
 
 def check_server_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
