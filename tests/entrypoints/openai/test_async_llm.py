@@ -162,6 +162,35 @@ def test_stat_loggers_see_the_requests_released_when_the_loop_dies() -> None:
         llm.shutdown()
 
 
+def test_a_request_ended_before_its_first_token_has_no_time_to_first_token(llm: AsyncLLM) -> None:
+    """A failed step finishes its requests with finish_reason "error" and no token: counted as
+    finished, never as a time to first token."""
+    seen = {"finished": [], "ttft": 0}
+
+    class Recorder(StatLogger):
+        def record(self, scheduler, iteration) -> None:
+            if iteration is not None:
+                seen["finished"] += [reason for reason, _ in iteration.finished]
+                seen["ttft"] += len(iteration.time_to_first_token)
+
+    engine = llm.engine
+
+    def failed_step():
+        for request in list(engine.requests.values()):
+            request.finish_reason = "error"
+        return [engine._finish(request) for request in list(engine.requests.values())]
+
+    engine.step = failed_step
+    llm.add_stat_logger(Recorder())
+
+    async def main() -> list:
+        return [out async for out in llm.generate("e", "hi", SamplingParams(max_tokens=4))]
+
+    (out,) = asyncio.run(asyncio.wait_for(main(), timeout=10))
+    assert out.finished and out.outputs[0].token_ids == []
+    assert seen == {"finished": ["error"], "ttft": 0}
+
+
 def test_stat_loggers_see_tokens_and_finished_requests(llm: AsyncLLM) -> None:
     seen = {"generated": 0, "finished": [], "ttft": 0}
 

@@ -280,7 +280,8 @@ class AsyncLLM:
             if tracked.first_token_time is None and (new > 0 or out.finished):
                 tracked.first_token_time = now
                 stats.num_prompt_tokens += len(out.prompt_token_ids)
-                stats.time_to_first_token.append(now - tracked.arrival)
+                if new > 0:  # not one that ended without a token (a failed step's)
+                    stats.time_to_first_token.append(now - tracked.arrival)
             for c in out.outputs:
                 # Time per output token: per completion, the time since its previous tokens
                 # over the tokens that came now (not over all completions' tokens, which would
