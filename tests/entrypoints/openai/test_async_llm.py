@@ -388,13 +388,17 @@ def test_a_caller_cancelled_while_the_dying_loop_answers_it_leaves_the_rest_answ
             patch.setattr(concurrent.futures, "Future", _CancelledRightAfterTheCheck)
             racing = asyncio.ensure_future(llm.call(lambda engine: None))
             await asyncio.sleep(0)  # queued with its future made while the patch holds
+        gone = asyncio.ensure_future(llm.call(lambda engine: None))
         later = asyncio.ensure_future(llm.call(lambda engine: None))
         await asyncio.sleep(0)
+        gone.cancel()  # its caller gave up before the loop died: skipped by the drain
+        await asyncio.gather(gone, return_exceptions=True)
         gate.set()
         for task in (doomed, later):
             with pytest.raises(EngineDeadError):
                 await task
         await asyncio.gather(racing, return_exceptions=True)
+        assert gone.cancelled()
 
     try:
         asyncio.run(asyncio.wait_for(main(), timeout=10))

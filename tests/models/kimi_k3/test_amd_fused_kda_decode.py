@@ -212,7 +212,12 @@ def _bad_inputs():
     yield "norm_weight must be", dict(step, norm_weight=step["norm_weight"].repeat(2))
 
 
-@pytest.mark.parametrize("match,step", list(_bad_inputs()), ids=lambda x: str(x)[:24])
+_BAD_INPUTS = list(_bad_inputs())
+
+
+@pytest.mark.parametrize(
+    "match,step", _BAD_INPUTS, ids=[f"{i}-{match}" for i, (match, _) in enumerate(_BAD_INPUTS)]
+)
 def test_inputs_are_checked(match, step):
     with pytest.raises(ValueError, match=match):
         fused_kda_decode(**step, lower_bound=None, config=KdaDecodeConfig(16, 2))
