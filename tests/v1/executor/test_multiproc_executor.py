@@ -329,8 +329,15 @@ def test_shutdown_waits_once_for_all_workers_that_never_answer(monkeypatch):
 
     monkeypatch.setattr(multiproc_executor, "_SHUTDOWN_WAIT_S", 1.0)
     context = mp.get_context("fork")
+    # A shutdown once the group exists (the group's teardown stubbed: there is none here);
+    # shutdown() before that kills at once (the next test).
+    torn_down = []
+    monkeypatch.setattr(multiproc_executor, "destroy_model_parallel", lambda: None)
+    monkeypatch.setattr(
+        multiproc_executor.dist, "destroy_process_group", lambda: torn_down.append(True)
+    )
     executor = object.__new__(multiproc_executor.Executor)
-    executor._owns_group = False
+    executor._owns_group = True
     executor.workers = []
     for _ in range(3):
         parent, child = context.Pipe()
@@ -339,11 +346,11 @@ def test_shutdown_waits_once_for_all_workers_that_never_answer(monkeypatch):
         executor.workers.append((proc, parent))
     procs = [proc for proc, _ in executor.workers]
     start = time.monotonic()
-    # The wait of a shutdown once the group exists (shutdown() itself kills workers at once
-    # before it does: see the next test).
-    executor._release(multiproc_executor._SHUTDOWN_WAIT_S)
-    assert time.monotonic() - start < 2.5  # one wait of 1 s; one each would be 3 s
+    executor.shutdown()
+    elapsed = time.monotonic() - start
+    assert 0.9 < elapsed < 2.5  # one wait of 1 s: none would kill at once, one each take 3 s
     assert not any(proc.is_alive() for proc in procs)
+    assert torn_down == [True]
 
 
 def _sigint_ignored(pid: int) -> bool:
