@@ -201,3 +201,34 @@ def test_unselected_layers_keep_the_default_method():
     config = OnlineQuantizationConfig(parse_quantization_config({"ignore": []}))
     layer = RowParallelLinear(32, 16, params_dtype=torch.bfloat16, quant_config=config)
     assert type(layer.quant_method).__name__ == "UnquantizedLinearMethod"
+
+
+def test_ignore_patterns_that_match_no_layer_of_the_built_model_are_reported():
+    """K3's checkpoint spells a layer `language_model.layers.0...`, its module is
+    `language_model.model.layers.0...`: an exact pattern copied from the checkpoint keeps nothing
+    in bf16, and the build says so (naming only the patterns that matched nothing)."""
+    import logging
+
+    from vllm.model_executor.model_loader.builtin import resolve_model
+    from vllm.model_executor.model_loader.loader import build_model
+    from vllm.models.registry import model_class
+    from vllm.transformers_utils.configs import load_model_config
+
+    hf_config = load_model_config(resolve_model("kimi-k3-tiny")[0])
+    checkpoint_name = "language_model.layers.0.mlp.down_proj"
+    args = parse_quantization_config(
+        {"linear": "fp8_per_channel", "ignore": [checkpoint_name, "re:.*\\.(gate|up)_proj$"]}
+    )
+    quant = OnlineQuantizationConfig(args, model_class(hf_config).packed_modules_mapping)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logging.getLogger("vllm").addHandler(handler)
+    try:
+        build_model(hf_config, torch.bfloat16, quant, "meta")
+    finally:
+        logging.getLogger("vllm").removeHandler(handler)
+    assert args.unmatched_ignore() == [checkpoint_name]  # (gate|up)_proj: shards of gate_up_proj
+    messages = [r.getMessage() for r in records if "match no linear layer" in r.getMessage()]
+    assert len(messages) == 1 and repr(checkpoint_name) in messages[0]
+    assert "(gate|up)_proj" not in messages[0]

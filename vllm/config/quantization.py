@@ -77,9 +77,12 @@ class QuantizationConfigArgs:
     linear: QuantSpec | None = None
     ignore: list[str] = field(default_factory=list)
     _compiled: list[re.Pattern | str] = field(init=False, repr=False)
+    # Indices of the `ignore` patterns that matched a module path asked about so far.
+    _matched: set[int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._compiled = []
+        self._matched = set()
         for i, pattern in enumerate(self.ignore):
             if not pattern.startswith("re:"):
                 self._compiled.append(pattern)
@@ -110,14 +113,24 @@ class QuantizationConfigArgs:
             )
         return next(iter(verdicts.values()))
 
+    def unmatched_ignore(self) -> list[str]:
+        """The `ignore` patterns that matched none of the module paths (fused shards included)
+        asked about so far: after a model is built, patterns that select no layer of it."""
+        return [p for i, p in enumerate(self.ignore) if i not in self._matched]
+
     def _matches(self, name: str) -> bool:
-        for pattern in self._compiled:
+        # Every pattern is tried (not only up to the first match), so that each one that
+        # selects a layer is recorded as used.
+        found = False
+        for i, pattern in enumerate(self._compiled):
             if isinstance(pattern, re.Pattern):
-                if pattern.match(name):
-                    return True
-            elif name == pattern or fnmatch.fnmatch(name, pattern):
-                return True
-        return False
+                hit = pattern.match(name) is not None
+            else:
+                hit = name == pattern or fnmatch.fnmatch(name, pattern)
+            if hit:
+                self._matched.add(i)
+                found = True
+        return found
 
 
 def _spec(field_name: str, value: Any) -> QuantSpec | None:

@@ -82,7 +82,10 @@ def build_model(
     """The registered model class of `config`, its parameters allocated on `device`
     (uninitialised; `meta` builds the structure only, for counting), never on the host first."""
     with torch.device(device):
-        return model_class(config)(config, dtype, quant_config)
+        model = model_class(config)(config, dtype, quant_config)
+    if quant_config is not None:
+        quant_config.check_model_built()
+    return model
 
 
 def check_model_builds(

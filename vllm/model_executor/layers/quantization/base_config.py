@@ -24,3 +24,6 @@ class QuantizationConfig(ABC):
     @abstractmethod
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> QuantizeMethodBase | None:
         """The method for `layer` at module path `prefix`, or None for the default."""
+
+    def check_model_built(self) -> None:  # noqa: B027
+        """Called once the model's layers are built (default: nothing to check)."""

@@ -8,6 +8,7 @@ from vllm.config.quantization import (
     QuantizationConfigArgs,
     quant_key_name,
 )
+from vllm.logger import init_logger
 from vllm.model_executor.layers.linear import LinearBase, LinearMethodBase
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.layers.quantization.online.fp8 import Fp8PtpcOnlineLinearMethod
@@ -15,6 +16,8 @@ from vllm.model_executor.layers.quantization.utils.quant_utils import (
     QuantKey,
     kFp8StaticChannelSym,
 )
+
+logger = init_logger(__name__)
 
 _ONLINE_LINEAR_METHODS: dict[QuantKey, type[LinearMethodBase]] = {
     kFp8StaticChannelSym: Fp8PtpcOnlineLinearMethod,
@@ -35,6 +38,7 @@ class OnlineQuantizationConfig(QuantizationConfig):
     ) -> None:
         self.args = args
         self.packed_modules_mapping = packed_modules_mapping or {}
+        self._example_path: str | None = None  # a linear layer's module path, for messages
         if args.linear is not None and args.linear.weight not in _ONLINE_LINEAR_METHODS:
             supported = [n for n, spec in ONLINE_SHORTHANDS.items() if "linear" in spec
                          and spec["linear"].weight in _ONLINE_LINEAR_METHODS]  # fmt: skip
@@ -48,7 +52,22 @@ class OnlineQuantizationConfig(QuantizationConfig):
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> LinearMethodBase | None:
         if not isinstance(layer, LinearBase) or self.args.linear is None:
             return None
+        if self._example_path is None:
+            self._example_path = prefix
         shards = self.packed_modules_mapping.get(prefix.rsplit(".", 1)[-1])
         if self.args.should_ignore(prefix, shards):
             return None
         return _ONLINE_LINEAR_METHODS[self.args.linear.weight]()
+
+    def check_model_built(self) -> None:
+        """Warn about `ignore` patterns that matched no linear layer of the model just built: a
+        pattern spelled after another naming (a checkpoint's `language_model.layers.N` where the
+        module is `language_model.model.layers.N`) or with a typo would otherwise leave the
+        layers it meant to keep in bf16 quantized, silently."""
+        unmatched = self.args.unmatched_ignore()
+        if unmatched and self.args.linear is not None:
+            logger.warning(
+                "quantization config field 'ignore': %d pattern(s) match no linear layer of the "
+                "model, so they keep nothing unquantized: %s (module paths look like %r)",
+                len(unmatched), unmatched, self._example_path,
+            )  # fmt: skip
