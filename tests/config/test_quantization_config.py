@@ -185,6 +185,8 @@ def test_fused_layer_follows_its_shards_and_they_must_agree():
         ('{"linear": {"scale": 1}}', "unknown keys"),
         ('{"targets": {"re:.*": "fp8_per_channel"}}', "field 'targets': is not supported"),
         ('{"kv_cache": "fp8"}', "unknown field 'kv_cache'"),
+        ('{"linear": {"weight": null}}', "'linear.weight' must be a scheme name, got None"),
+        ('{"linear": {"weight": {"weight": "fp8_per_channel"}}}', "'linear.weight' must be a"),
     ],
 )  # fmt: skip
 def test_bad_configs_name_the_field(config, message):
@@ -232,3 +234,10 @@ def test_ignore_patterns_that_match_no_layer_of_the_built_model_are_reported():
     messages = [r.getMessage() for r in records if "match no linear layer" in r.getMessage()]
     assert len(messages) == 1 and repr(checkpoint_name) in messages[0]
     assert "(gate|up)_proj" not in messages[0]
+
+
+def test_null_targets_is_absent_like_null_moe():
+    """Both are upstream fields refused here by name; null means absent for either."""
+    assert parse_quantization_config({"linear": "fp8_per_channel", "targets": None}).linear == (
+        parse_quantization_config({"linear": "fp8_per_channel", "moe": None}).linear
+    )

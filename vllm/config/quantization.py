@@ -156,7 +156,14 @@ def _spec(field_name: str, value: Any) -> QuantSpec | None:
             )
         if "weight" not in value:
             raise ValueError(f"quantization config field {field_name!r} needs a 'weight'")
-        return _spec(field_name, value["weight"])
+        weight = value["weight"]
+        if not isinstance(weight, str):
+            # A null weight would quantize nothing, silently; a nested object is no scheme name.
+            raise ValueError(
+                f"quantization config field '{field_name}.weight' must be a scheme name, got "
+                f"{weight!r}"
+            )
+        return _spec(field_name, weight)
     raise ValueError(
         f"quantization config field {field_name!r} must be a string or an object, got "
         f"{type(value).__name__}"
@@ -177,7 +184,7 @@ def parse_quantization_config(config: "str | dict[str, Any]") -> QuantizationCon
     for name in config:
         if name in _UNSUPPORTED_FIELDS and config[name] is not None:
             raise ValueError(f"quantization config field {name!r}: {_UNSUPPORTED_FIELDS[name]}")
-        if name not in _FIELDS:
+        if name not in _FIELDS and name not in _UNSUPPORTED_FIELDS:
             raise ValueError(
                 f"quantization config has an unknown field {name!r}; expected {list(_FIELDS)}"
             )
