@@ -113,6 +113,26 @@ def test_builtin_tiny_chat_template(name):
     assert (info["bos_token"], info["eos_token"], info["pad_token"]) == TINY_SPECIAL
 
 
+@pytest.mark.parametrize(
+    "part, shown",
+    [
+        ({"type": "image_url", "image_url": {"url": "http://x/y.png"}}, "type 'image_url'"),
+        ({"type": "input_audio", "input_audio": {"data": "", "format": "wav"}},
+         "type 'input_audio'"),
+        ({"text": "no type"}, "no type"),
+        ({"type": "text", "text": 5}, "type 'text'"),
+        ("a bare string", "no type"),
+    ],
+)  # fmt: skip
+def test_chat_template_refuses_parts_other_than_text(part, shown):
+    """The tiny templates (like many) render text parts and skip the rest: an image-only message
+    rendered as an empty one and was answered as such, with no error."""
+    tok = get_tokenizer(BUILTIN_MODELS["kimi-k3-tiny"])
+    messages = [{"role": "user", "content": [{"type": "text", "text": "what is this?"}, part]}]
+    with pytest.raises(ValueError, match=rf"messages\[0\]\.content\[1\]: .*{shown}"):
+        tok.apply_chat_template(messages)
+
+
 @pytest.mark.parametrize("name", sorted(BUILTIN_MODELS))
 def test_tokenizer_json_without_tokenizer_config_reads_config_ids(tmp_path, name):
     for file in ("tokenizer.json", "config.json"):

@@ -90,6 +90,28 @@ def _token_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _check_messages(messages: Any) -> None:
+    """A list of dicts, each with a 'role', whose list contents hold text parts only: the engine
+    reads no images or audio, and the templates drop parts they do not know, so a message of an
+    image alone would be answered as if it were empty."""
+    if not isinstance(messages, list) or not all(
+        isinstance(m, dict) and "role" in m for m in messages
+    ):
+        raise ValueError("messages must be a list of dicts, each with a 'role'")
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text" or not isinstance(part.get("text"), str):
+                shown = f"type {kind!r}" if isinstance(kind, str) else "no type"
+                raise ValueError(
+                    f"messages[{i}].content[{j}]: only text parts ({{'type': 'text', 'text': "
+                    f"str}}) are supported, got a part with {shown}"
+                )
+
+
 class Tokenizer(ABC):
     """Encode/decode plus special tokens, chat template and tokenizer info of one checkpoint.
 
@@ -211,10 +233,7 @@ class Tokenizer(ABC):
         """
         if self.chat_template is None:
             raise ValueError("chat_template: this tokenizer has none; pass a prompt instead")
-        if not isinstance(messages, list) or not all(
-            isinstance(m, dict) and "role" in m for m in messages
-        ):
-            raise ValueError("messages must be a list of dicts, each with a 'role'")
+        _check_messages(messages)
         if self._template is None:
             env = ImmutableSandboxedEnvironment(
                 trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]

@@ -166,6 +166,9 @@ USER = [{"role": "user", "content": "hi"}]
          "messages"),
         ("/v1/chat/completions", {"messages": USER, "chat_template_kwargs": {"tokenize": True}},
          "chat_template_kwargs"),
+        ("/v1/chat/completions",
+         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+         "messages"),  # the template skipped the image: answered as an empty message
         ("/tokenize", {}, "prompt"),
         ("/tokenize", {"prompt": 3}, "prompt"),
         ("/tokenize", {"prompt": "\ud800"}, "prompt"),
