@@ -2,6 +2,7 @@
 split into `reasoning` and `content` by the reasoning parser (if one is configured), chat-style
 logprobs, and SSE streaming of deltas."""
 
+import os
 from collections.abc import AsyncIterator
 
 from vllm.entrypoints.openai.protocol import (
@@ -63,8 +64,7 @@ class OpenAIServingChat(OpenAIServing):
         super().__init__(*args, **kw)
         self.reasoning_parser = reasoning_parser
 
-    def render(self, request: ChatCompletionRequest) -> str:
-        """The prompt text of the conversation (400 naming messages if the template fails)."""
+    def _template_kwargs(self, request: ChatCompletionRequest) -> dict:
         try:
             kwargs = self.tokenizer.chat_template_arguments(
                 request.add_generation_prompt, request.chat_template_kwargs
@@ -73,12 +73,47 @@ class OpenAIServingChat(OpenAIServing):
             raise OpenAIError(str(e), 400, "chat_template_kwargs") from None
         if request.tools:
             kwargs.setdefault("tools", request.tools)
+        return kwargs
+
+    def render(self, request: ChatCompletionRequest) -> str:
+        """The prompt text of the conversation (400 naming messages if the template fails)."""
+        kwargs = self._template_kwargs(request)
         try:
             return self.tokenizer.apply_chat_template(
                 render_messages(request), tokenize=False, **kwargs
             )
         except ValueError as e:
             raise OpenAIError(str(e), 400, "messages") from None
+
+    def starts_in_reasoning(self, request: ChatCompletionRequest, prompt_text: str) -> bool:
+        """Whether the reply starts inside a think block that its prompt opened."""
+        parser = self.reasoning_parser
+        return parser is not None and parser.starts_in_reasoning(
+            self.reply_turn(request, prompt_text)
+        )
+
+    def reply_turn(self, request: ChatCompletionRequest, prompt_text: str) -> str:
+        """The end of `prompt_text` that belongs to the reply's own turn: what the generation
+        prompt adds after the messages or, without one, the final message's rendering (what
+        the prompt has beyond the same conversation rendered without it). Only there can an
+        open think block be the reply's: a marker quoted in an earlier message, or an earlier
+        turn's unclosed block, is not (all of the reply was taken for reasoning). The whole
+        prompt if the shorter rendering fails."""
+        kwargs = self._template_kwargs(request)
+        messages = render_messages(request)
+        if not kwargs["add_generation_prompt"]:
+            messages = messages[:-1]
+        kwargs["add_generation_prompt"] = False
+        try:
+            base = self.tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+        except ValueError:
+            return prompt_text
+        if not isinstance(base, str):
+            return prompt_text
+        common = len(os.path.commonprefix([prompt_text, base]))
+        # A marker may have begun in the shared text (the two differ only from its middle on).
+        margin = len(self.reasoning_parser.start) - 1 if self.reasoning_parser else 0
+        return prompt_text[max(0, common - margin) :]
 
     async def create_chat_completion(
         self, request: ChatCompletionRequest
@@ -112,12 +147,12 @@ class OpenAIServingChat(OpenAIServing):
             params = request.sampling_params(max_tokens, num_top, skip_special_tokens=skip_special)
         except ValueError as e:
             raise bad_request(e, ChatCompletionRequest) from None
+        in_reasoning = self.starts_in_reasoning(request, prompt_text)
         request_id = random_id("chatcmpl")
         try:
             stream = await self.engine.add_request(request_id, ids, params)
         except ValueError as e:  # refused: the engine never tracked it, nothing to abort
             raise bad_request(e, ChatCompletionRequest) from None
-        in_reasoning = parser is not None and parser.starts_in_reasoning(prompt_text)
         if request.stream:
             return self._stream(request, request_id, stream, in_reasoning)
         final = None

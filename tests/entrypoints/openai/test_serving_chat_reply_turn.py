@@ -1,0 +1,59 @@
+"""Whether a chat reply starts inside a think block: only one that the reply's own turn (the
+generation prompt, or a final message it continues) opened counts, not a marker that an earlier
+message quotes or an earlier turn left unclosed."""
+
+import pytest
+
+from vllm.entrypoints.openai.protocol import ChatCompletionRequest
+from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
+from vllm.model_executor.model_loader.builtin import BUILTIN_MODELS
+from vllm.reasoning.kimi_k3_reasoning_parser import THINK_END, THINK_START, KimiK3ReasoningParser
+from vllm.transformers_utils.tokenizer import get_tokenizer
+
+# The tiny template, with a generation prompt that opens a think block when `thinking` is set.
+TEMPLATE = (
+    "{%- for m in messages -%}{{ m['role'] + ': ' + (m['content'] or '') }}"
+    "{%- if not loop.last or add_generation_prompt %}<|eos|>\n{% endif -%}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}assistant: "
+    "{%- if thinking | default(false) %}" + THINK_START + "{% endif -%}{%- endif -%}"
+)
+
+
+def _chat() -> OpenAIServingChat:
+    tokenizer = get_tokenizer(BUILTIN_MODELS["kimi-k3-tiny"])
+    tokenizer.chat_template = TEMPLATE
+    # Only the parts `render` and `starts_in_reasoning` read: no engine is needed.
+    chat = OpenAIServingChat.__new__(OpenAIServingChat)
+    chat.tokenizer, chat.reasoning_parser = tokenizer, KimiK3ReasoningParser(tokenizer)
+    return chat
+
+
+QUOTED = f"what does {THINK_START} mean?"
+UNCLOSED = f"{THINK_START}an earlier turn's thought, never closed"
+
+
+@pytest.mark.parametrize(
+    "messages, fields, expected",
+    [
+        # The block is the generation prompt's.
+        ([{"role": "user", "content": "hi"}], {"chat_template_kwargs": {"thinking": True}}, True),
+        ([{"role": "user", "content": QUOTED}], {"chat_template_kwargs": {"thinking": True}},
+         True),
+        # A marker in an earlier message does not open the reply's block.
+        ([{"role": "user", "content": QUOTED}], {}, False),
+        ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": UNCLOSED},
+          {"role": "user", "content": "and now?"}], {}, False),
+        # Without a generation prompt the final message is the reply's turn: its open block is.
+        ([{"role": "user", "content": "hi"},
+          {"role": "assistant", "content": f"{THINK_START}let me see"}],
+         {"add_generation_prompt": False}, True),
+        ([{"role": "user", "content": QUOTED},
+          {"role": "assistant", "content": f"{THINK_START}done{THINK_END}so"}],
+         {"add_generation_prompt": False}, False),
+    ],
+)  # fmt: skip
+def test_only_the_replys_own_turn_opens_its_think_block(messages, fields, expected) -> None:
+    chat = _chat()
+    request = ChatCompletionRequest(messages=messages, **fields)
+    prompt = chat.render(request)
+    assert chat.starts_in_reasoning(request, prompt) is expected, prompt
