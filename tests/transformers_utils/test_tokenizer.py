@@ -113,6 +113,17 @@ def test_builtin_tiny_chat_template(name):
     assert (info["bos_token"], info["eos_token"], info["pad_token"]) == TINY_SPECIAL
 
 
+def test_continue_final_message_is_refused_not_ignored():
+    """The template would take it as a variable it never reads and close the final message."""
+    tok = get_tokenizer(BUILTIN_MODELS["kimi-k3-tiny"])
+    with pytest.raises(ValueError, match="continue_final_message is not supported"):
+        tok.chat_template_arguments(False, {"continue_final_message": True})
+    assert tok.chat_template_arguments(False, {"continue_final_message": False}) == {
+        "continue_final_message": False,
+        "add_generation_prompt": False,
+    }
+
+
 @pytest.mark.parametrize(
     "part, shown",
     [

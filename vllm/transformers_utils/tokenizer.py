@@ -45,6 +45,10 @@ NUM_RESERVED_SPECIAL_TOKENS = 256
 # whitespace or non-whitespace, so text is encoded in pieces cut at these lengths (as Kimi does).
 _MAX_ENCODE_CHARS = 400_000
 _MAX_RUN_CHARS = 25_000
+CONTINUE_UNSUPPORTED = (
+    "continue_final_message is not supported: the final message is rendered closed and the "
+    "reply starts a turn of its own"
+)
 # HF writes int(1e30) as model_max_length when a checkpoint sets no limit.
 _NO_LIMIT = 10**12
 
@@ -210,11 +214,16 @@ class Tokenizer(ABC):
     ) -> dict[str, Any]:
         """Keywords for `apply_chat_template` from a caller's `add_generation_prompt` and its
         extra template variables, which win over it (as upstream's `chat_template_kwargs` do);
-        they may not set `messages` or `tokenize`, which are the call's own (`ValueError`)."""
+        they may not set `messages` or `tokenize`, which are the call's own (`ValueError`).
+        A true `continue_final_message` (HF's and vLLM's: render the last message open, for the
+        reply to continue it) is not implemented: a `ValueError` too, as the template would
+        ignore it and close the message, so the reply would start a new turn instead."""
         kwargs = dict(chat_template_kwargs or {})
         reserved = sorted(kwargs.keys() & {"messages", "tokenize"})
         if reserved:
             raise ValueError(f"chat_template_kwargs may not set {', '.join(reserved)}")
+        if kwargs.get("continue_final_message"):
+            raise ValueError(CONTINUE_UNSUPPORTED)
         kwargs.setdefault("add_generation_prompt", add_generation_prompt)
         return kwargs
 

@@ -169,6 +169,16 @@ USER = [{"role": "user", "content": "hi"}]
         ("/v1/chat/completions",
          {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
          "messages"),  # the template skipped the image: answered as an empty message
+        # Not implemented: ignored, the final message was rendered closed and the reply began
+        # a turn of its own instead of continuing it.
+        ("/v1/chat/completions",
+         {"messages": USER, "add_generation_prompt": False, "continue_final_message": True},
+         "continue_final_message"),
+        ("/v1/chat/completions",
+         {"messages": USER, "chat_template_kwargs": {"continue_final_message": True}},
+         "chat_template_kwargs"),
+        ("/tokenize", {"messages": USER, "continue_final_message": True},
+         "continue_final_message"),
         ("/tokenize", {}, "prompt"),
         ("/tokenize", {"prompt": 3}, "prompt"),
         ("/tokenize", {"prompt": "\ud800"}, "prompt"),

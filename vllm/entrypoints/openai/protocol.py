@@ -217,6 +217,7 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False  # refused when true: not implemented
     chat_template_kwargs: dict[str, Any] | None = None
     include_reasoning: bool = True
     tools: list[dict[str, Any]] | None = None  # passed to the chat template; no tool parser
@@ -291,6 +292,7 @@ class TokenizeRequest(OpenAIModel):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    continue_final_message: bool = False  # refused when true: not implemented
     chat_template_kwargs: dict[str, Any] | None = None
     return_token_strs: bool = False
 

@@ -22,6 +22,7 @@ from vllm.entrypoints.openai.protocol import (
 from vllm.entrypoints.openai.serving_engine import OpenAIError, OpenAIServing, bad_request, sse
 from vllm.outputs import CompletionOutput, PositionLogprobs
 from vllm.reasoning import KimiK3ReasoningParser
+from vllm.transformers_utils.tokenizer import CONTINUE_UNSUPPORTED
 from vllm.v1.engine.async_llm import EngineDeadError
 
 
@@ -65,6 +66,8 @@ class OpenAIServingChat(OpenAIServing):
         self.reasoning_parser = reasoning_parser
 
     def _template_kwargs(self, request: ChatCompletionRequest) -> dict:
+        if request.continue_final_message:
+            raise OpenAIError(CONTINUE_UNSUPPORTED, 400, "continue_final_message")
         try:
             kwargs = self.tokenizer.chat_template_arguments(
                 request.add_generation_prompt, request.chat_template_kwargs

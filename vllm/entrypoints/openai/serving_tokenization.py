@@ -27,6 +27,7 @@ class OpenAIServingTokenization(OpenAIServing):
             chat = ChatCompletionRequest(
                 messages=request.messages,
                 add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message,
                 chat_template_kwargs=request.chat_template_kwargs,
             )
             ids = self.encode(self.chat.render(chat), False, "messages")
