@@ -325,6 +325,36 @@ def test_a_failed_step_finishes_its_requests_as_errors_and_the_engine_goes_on(ex
         engine.shutdown()
 
 
+def test_nothing_in_the_engine_keeps_an_ended_request_alive():
+    """Every way a sequence ends (length, stop token, abort mid-decode, a seeded n > 1 request
+    aborted) leaves no reference to it behind once the engine is idle."""
+    import gc
+    import weakref
+
+    engine = make_engine(async_scheduling=False)
+    try:
+        prompts = prompts_of([7, 12, 5])
+        engine.add_request("len", prompts[0], GREEDY)
+        engine.add_request("seeded", prompts[1], SamplingParams(n=2, seed=1, max_tokens=20))
+        every_token = list(range(engine.config.model_config.vocab_size))
+        stop = SamplingParams(temperature=0.0, max_tokens=20, min_tokens=2,
+                              stop_token_ids=every_token)  # fmt: skip
+        engine.add_request("stop", prompts[2], stop)
+        refs = [weakref.ref(r) for r in engine.scheduler.requests.values()]
+        finals = {}
+        for _ in range(2):
+            finals.update((o.request_id, o) for o in engine.step() if o.finished)
+        engine.abort_request("seeded")
+        finals.update(run_all(engine, {}))
+        assert finals["stop"].outputs[0].finish_reason == "stop"
+        assert len(finals["stop"].outputs[0].token_ids) == 2  # min_tokens
+        assert_cache_free(engine)
+        gc.collect()
+        assert [r() for r in refs if r() is not None] == []
+    finally:
+        engine.shutdown()
+
+
 def test_the_startup_heap_is_frozen_until_shutdown():
     import gc
 

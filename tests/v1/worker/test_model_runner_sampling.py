@@ -21,6 +21,7 @@ def bare_runner() -> ModelRunner:
     runner = ModelRunner.__new__(ModelRunner)
     runner.device, runner.vocab_size = CPU, VOCAB
     runner.generators, runner._last_sampling = {}, None
+    runner.prompt_logprobs_done = {}
     runner.unseeded_generator = torch.Generator(CPU).manual_seed(0)
     return runner
 
@@ -109,3 +110,14 @@ def test_execute_computes_the_logits_of_exactly_the_rows_asked(rows, consecutive
     logits = runner.execute(StepInput(ids, batch, rows))
     assert logits[:, 0].tolist() == [float(ids[r]) for r in rows]
     assert uploads == ([] if consecutive else [rows])
+
+
+def test_freeing_a_row_drops_the_cached_metadata_and_a_request_outside_it_does_not():
+    runner = bare_runner()
+    a, b = request("a", temperature=0.7, seed=3), request("b", temperature=0.0)
+    first = runner._sampling_metadata([a, b], CPU)
+    runner.free_requests(["waiting"])  # not a row: the cache still serves the next step
+    assert runner._sampling_metadata([a, b], CPU) is first
+    runner.free_requests(["a"])
+    # Not kept for rows that cannot come back (it held `a` and its generator alive).
+    assert runner._last_sampling is None and "a" not in runner.generators

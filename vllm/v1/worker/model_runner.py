@@ -444,3 +444,11 @@ class ModelRunner:
         for request_id in request_ids:
             self.generators.pop(request_id, None)
             self.prompt_logprobs_done.pop(request_id, None)
+        last = self._last_sampling
+        if last is not None and request_ids:
+            # Rows with a finished request never come back: the cached metadata could only keep
+            # those requests (their tokens, their generators) alive until the next step, or for
+            # as long as the engine then stays idle.
+            ended = set(request_ids)
+            if any(req.request_id in ended for req in last[0]):
+                self._last_sampling = None
