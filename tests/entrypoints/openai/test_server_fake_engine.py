@@ -389,3 +389,28 @@ def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(
     body["stream_options"] = {"include_usage": True}
     events = _events(_post(server, path, body, stream=True))
     assert all(e["usage"] is None for e in events[:-2])
+
+
+@pytest.mark.parametrize(
+    "method, path, status",
+    [
+        ("GET", "/nope", 404),
+        ("GET", "/v1/nope", 404),
+        ("POST", "/health", 405),
+        ("POST", "/v1/models", 405),
+        ("GET", "/tokenize", 405),
+        ("GET", "/v1/chat/completions", 405),
+    ],
+)
+def test_unknown_routes_and_methods_have_the_error_shape(
+    server: RemoteServer, method: str, path: str, status: int
+) -> None:
+    """Starlette's own 404s and 405s answered `{"detail": ...}`, unlike every other error."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    response = requests.request(method, server.url(path), headers=headers, timeout=10)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["code"] == status and path in error["message"], error
+    assert error["type"] == ("NotFoundError" if status == 404 else "MethodNotAllowed"), error
+    if status == 405:  # which methods the route takes
+        assert response.headers["allow"] in ("GET", "POST"), response.headers

@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException
 
 import vllm
 from vllm.entrypoints.openai.protocol import (
@@ -156,6 +157,14 @@ def build_app(
     @app.exception_handler(OpenAIError)
     async def openai_error(_: Request, e: OpenAIError) -> JSONResponse:
         return JSONResponse(e.response().model_dump(), status_code=e.code)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, e: HTTPException) -> JSONResponse:
+        # Starlette's own errors (no such route, a method the route lacks) in the same shape as
+        # ours, not `{"detail": ...}`; the 405's `Allow` header is kept.
+        message = f"{e.detail}: {request.method} {request.url.path}"
+        body = OpenAIError(message, e.status_code).response().model_dump()
+        return JSONResponse(body, status_code=e.status_code, headers=e.headers)
 
     @app.exception_handler(EngineDeadError)
     async def engine_dead(_: Request, e: EngineDeadError) -> JSONResponse:
