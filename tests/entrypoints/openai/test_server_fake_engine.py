@@ -180,6 +180,7 @@ USER = [{"role": "user", "content": "hi"}]
         ("/tokenize", {"messages": USER, "continue_final_message": True},
          "continue_final_message"),
         ("/tokenize", {}, "prompt"),
+        ("/tokenize", {"messages": []}, "messages"),  # was a 500
         ("/tokenize", {"prompt": 3}, "prompt"),
         ("/tokenize", {"prompt": "\ud800"}, "prompt"),
         ("/tokenize", {"messages": USER, "chat_template_kwargs": {"messages": []}},

@@ -289,7 +289,9 @@ class ChatCompletionChunk(BaseModel):
 class TokenizeRequest(OpenAIModel):
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    # At least one, as for chat: an empty list got past here and failed as a 500 when the chat
+    # request was built from it.
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # refused when true: not implemented
