@@ -296,6 +296,7 @@ class TokenizeRequest(OpenAIModel):
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # refused when true: not implemented
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None  # passed to the chat template, as for chat
     return_token_strs: bool = False
 
 

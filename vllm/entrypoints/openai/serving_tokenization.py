@@ -29,6 +29,7 @@ class OpenAIServingTokenization(OpenAIServing):
                 add_generation_prompt=request.add_generation_prompt,
                 continue_final_message=request.continue_final_message,
                 chat_template_kwargs=request.chat_template_kwargs,
+                tools=request.tools,
             )
             ids = self.encode(self.chat.render(chat), False, "messages")
         else:
