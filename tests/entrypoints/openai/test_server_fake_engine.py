@@ -198,15 +198,23 @@ def test_bad_chat_and_tokenizer_fields_are_400s_naming_them(
     assert (error["param"], error["code"], error["type"]) == (param, 400, "BadRequestError"), error
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/detokenize"])
 @pytest.mark.parametrize(
-    "body", [b"{oops", b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"], ids=["bad", "deep"]
+    "body",
+    [
+        b"{oops",
+        b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        # Over Python's limit on the digits of an int read from text: a bare ValueError (500).
+        b'{"prompt": [' + b"9" * 5000 + b'], "tokens": [' + b"9" * 5000 + b"]}",
+    ],
+    ids=["bad", "deep", "long_int"],
 )
-def test_a_body_that_is_not_json_is_a_400(server: RemoteServer, body: bytes) -> None:
+def test_a_body_that_is_not_json_is_a_400(server: RemoteServer, path: str, body: bytes) -> None:
     response = requests.post(
-        server.url("/v1/completions"), data=body, timeout=10,
+        server.url(path), data=body, timeout=10,
         headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
     )  # fmt: skip
-    assert response.status_code == 400
+    assert response.status_code == 400, response.text
     assert "not valid JSON" in response.json()["error"]["message"]
 
 

@@ -7,7 +7,6 @@ and serves with uvicorn until SIGINT/SIGTERM, then stops the engine and its work
 
 import argparse
 import asyncio
-import json
 import re
 import signal
 import socket
@@ -83,7 +82,7 @@ async def _parse(request: Request, model: type[BaseModel]) -> Any:
     """The JSON body as `model`; a 400 naming the first bad field otherwise."""
     try:
         body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an int over Python's digits
         raise OpenAIError(f"the request body is not valid JSON: {e}", 400) from None
     except RecursionError:
         raise OpenAIError("the request body is not valid JSON: nested too deeply", 400) from None
