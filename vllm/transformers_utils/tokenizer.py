@@ -262,6 +262,12 @@ class Tokenizer(ABC):
             text = self._template.render(variables)
         except jinja2.TemplateError as e:  # includes the sandbox's SecurityError
             raise ValueError(f"chat_template failed on these messages: {e}") from e
+        except (TypeError, ArithmeticError, LookupError, AttributeError) as e:
+            # Python's own errors on the request's values, e.g. a `chat_template_kwargs`
+            # eos_token that is an object added to a string (a 500 in the server).
+            raise ValueError(
+                f"chat_template failed on these messages: {type(e).__name__}: {e}"
+            ) from e
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
     def tokenizer_info(self) -> dict[str, Any]:

@@ -180,6 +180,11 @@ USER = [{"role": "user", "content": "hi"}]
         ("/tokenize", {"messages": USER, "continue_final_message": True},
          "continue_final_message"),
         ("/tokenize", {}, "prompt"),
+        # The template adds the eos text to a string: a TypeError, which was a 500.
+        ("/tokenize", {"messages": USER, "chat_template_kwargs": {"eos_token": {"a": 1}}},
+         "messages"),
+        ("/v1/chat/completions",
+         {"messages": USER, "chat_template_kwargs": {"eos_token": {"a": 1}}}, "messages"),
         ("/tokenize", {"messages": []}, "messages"),  # was a 500
         ("/tokenize", {"prompt": 3}, "prompt"),
         ("/tokenize", {"prompt": "\ud800"}, "prompt"),
