@@ -50,6 +50,8 @@ UNCLOSED = f"{THINK_START}an earlier turn's thought, never closed"
         ([{"role": "user", "content": QUOTED},
           {"role": "assistant", "content": f"{THINK_START}done{THINK_END}so"}],
          {"add_generation_prompt": False}, False),
+        # Without a generation prompt and a final assistant message, nothing is continued.
+        ([{"role": "user", "content": QUOTED}], {"add_generation_prompt": False}, False),
     ],
 )  # fmt: skip
 def test_only_the_replys_own_turn_opens_its_think_block(messages, fields, expected) -> None:

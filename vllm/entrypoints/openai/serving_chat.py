@@ -89,34 +89,41 @@ class OpenAIServingChat(OpenAIServing):
             raise OpenAIError(str(e), 400, "messages") from None
 
     def starts_in_reasoning(self, request: ChatCompletionRequest, prompt_text: str) -> bool:
-        """Whether the reply starts inside a think block that its prompt opened."""
+        """Whether the reply starts inside a think block that its own turn opened."""
         parser = self.reasoning_parser
-        return parser is not None and parser.starts_in_reasoning(
-            self.reply_turn(request, prompt_text)
-        )
+        # The reply's turn ends the prompt: a prompt with no open block has none there (and most
+        # prompts are settled here, without a second rendering).
+        if parser is None or not parser.starts_in_reasoning(prompt_text):
+            return False
+        return parser.starts_in_reasoning(self.reply_turn(request, prompt_text))
 
     def reply_turn(self, request: ChatCompletionRequest, prompt_text: str) -> str:
         """The end of `prompt_text` that belongs to the reply's own turn: what the generation
-        prompt adds after the messages or, without one, the final message's rendering (what
-        the prompt has beyond the same conversation rendered without it). Only there can an
-        open think block be the reply's: a marker quoted in an earlier message, or an earlier
-        turn's unclosed block, is not (all of the reply was taken for reasoning). The whole
-        prompt if the shorter rendering fails."""
+        prompt adds after the messages or, without one, a final assistant message's rendering
+        (what the prompt has beyond the same conversation rendered without it). Only there can
+        an open think block be the reply's: a marker quoted in another message, or an earlier
+        turn's unclosed block, is not (all of the reply was taken for reasoning). Without a
+        generation prompt and a final assistant message, the reply continues nothing: "". With a
+        template whose earlier turns render differently once a message follows, the part is
+        longer (from where the renderings differ), erring towards the whole prompt; the whole
+        prompt too if the shorter rendering fails."""
         kwargs = self._template_kwargs(request)
         messages = render_messages(request)
         if not kwargs["add_generation_prompt"]:
+            if not messages or messages[-1].get("role") != "assistant":
+                return ""
             messages = messages[:-1]
         kwargs["add_generation_prompt"] = False
         try:
             base = self.tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
         except ValueError:
             return prompt_text
-        if not isinstance(base, str):
-            return prompt_text
-        common = len(os.path.commonprefix([prompt_text, base]))
+        if prompt_text.startswith(base):
+            common = len(base)
+        else:  # character by character in Python: only for templates that differ earlier
+            common = len(os.path.commonprefix([prompt_text, base]))
         # A marker may have begun in the shared text (the two differ only from its middle on).
-        margin = len(self.reasoning_parser.start) - 1 if self.reasoning_parser else 0
-        return prompt_text[max(0, common - margin) :]
+        return prompt_text[max(0, common - (len(self.reasoning_parser.start) - 1)) :]
 
     async def create_chat_completion(
         self, request: ChatCompletionRequest
