@@ -282,6 +282,19 @@ def test_logprobs_past_max_logprobs_are_refused_and_minus_one_allows_the_vocabul
         engine.shutdown()
 
 
+def test_a_second_shutdown_does_nothing(monkeypatch):
+    """Not even unfreezing the heap: an old engine collected after a new one started (its name
+    rebound) would undo the new engine's frozen start-up heap."""
+    from vllm.v1.engine import llm_engine
+
+    engine = make_engine()
+    calls = []
+    monkeypatch.setattr(llm_engine, "unfreeze_heap", lambda: calls.append("unfreeze"))
+    engine.shutdown()
+    engine.shutdown()
+    assert calls == ["unfreeze"]
+
+
 def test_sampling_params_beyond_the_vocabulary_are_refused_at_add_request():
     engine = make_engine(max_logprobs=-1)
     try:

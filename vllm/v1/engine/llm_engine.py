@@ -323,7 +323,10 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         """Stop the workers; later `add_request` / `step` calls raise `RuntimeError`. Calling it
-        again does nothing more."""
+        again does nothing more: not even `unfreeze_heap`, which would undo the frozen start-up
+        heap of an engine built since (an old `LLM` collected after its name was rebound)."""
+        if self._shut_down:
+            return
         self._shut_down = True
         self.executor.shutdown()
         unfreeze_heap()
