@@ -218,9 +218,9 @@ def test_ignore_patterns_that_match_no_layer_of_the_built_model_are_reported():
 
     hf_config = load_model_config(resolve_model("kimi-k3-tiny")[0])
     checkpoint_name = "language_model.layers.0.mlp.down_proj"
-    args = parse_quantization_config(
-        {"linear": "fp8_per_channel", "ignore": [checkpoint_name, "re:.*\\.(gate|up)_proj$"]}
-    )
+    # Besides: two patterns naming one layer (both used, not only the first).
+    ignore = [checkpoint_name, "re:.*\\.(gate|up)_proj$", "*.down_proj", "re:.*down_proj$"]
+    args = parse_quantization_config({"linear": "fp8_per_channel", "ignore": ignore})
     quant = OnlineQuantizationConfig(args, model_class(hf_config).packed_modules_mapping)
     records: list[logging.LogRecord] = []
     handler = logging.Handler(logging.WARNING)

@@ -84,7 +84,7 @@ def build_model(
     with torch.device(device):
         model = model_class(config)(config, dtype, quant_config)
     if quant_config is not None:
-        quant_config.check_model_built()
+        quant_config.check_model_built(model)
     return model
 
 

@@ -25,5 +25,5 @@ class QuantizationConfig(ABC):
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> QuantizeMethodBase | None:
         """The method for `layer` at module path `prefix`, or None for the default."""
 
-    def check_model_built(self) -> None:  # noqa: B027
-        """Called once the model's layers are built (default: nothing to check)."""
+    def check_model_built(self, model: torch.nn.Module) -> None:  # noqa: B027
+        """Called once `model`'s layers are built (default: nothing to check)."""

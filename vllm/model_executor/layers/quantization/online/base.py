@@ -8,6 +8,7 @@ from vllm.config.quantization import (
     QuantizationConfigArgs,
     quant_key_name,
 )
+from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 from vllm.logger import init_logger
 from vllm.model_executor.layers.linear import LinearBase, LinearMethodBase
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
@@ -59,15 +60,19 @@ class OnlineQuantizationConfig(QuantizationConfig):
             return None
         return _ONLINE_LINEAR_METHODS[self.args.linear.weight]()
 
-    def check_model_built(self) -> None:
-        """Warn about `ignore` patterns that matched no linear layer of the model just built: a
-        pattern spelled after another naming (a checkpoint's `language_model.layers.N` where the
-        module is `language_model.model.layers.N`) or with a typo would otherwise leave the
-        layers it meant to keep in bf16 quantized, silently."""
+    def check_model_built(self, model: torch.nn.Module) -> None:
+        """Warn (once, on rank 0) about `ignore` patterns that matched no linear layer of the
+        model just built: a pattern spelled after another naming (a checkpoint's
+        `language_model.layers.N` where the layer's prefix is `language_model.model.layers.N`)
+        or with a typo would otherwise leave the layers it meant to keep in bf16 quantized,
+        silently. A pattern naming a module that is never quantized (`lm_head`) is reported
+        too: it keeps nothing unquantized either."""
+        if self.args.linear is None or get_tensor_model_parallel_rank() != 0:
+            return
         unmatched = self.args.unmatched_ignore()
-        if unmatched and self.args.linear is not None:
+        if unmatched:
             logger.warning(
                 "quantization config field 'ignore': %d pattern(s) match no linear layer of the "
-                "model, so they keep nothing unquantized: %s (module paths look like %r)",
+                "model, so they keep nothing unquantized: %s (layer prefixes look like %r)",
                 len(unmatched), unmatched, self._example_path,
             )  # fmt: skip
