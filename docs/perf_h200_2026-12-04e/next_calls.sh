@@ -20,7 +20,8 @@
 #                    prefill, gather_rows, moe_weighted_sum, kda_gate_beta), the sampler's own
 #                    generator for unseeded rows and the meta-device check at engine start have
 #                    run on the CPU only. Run it first, then `grid` (which also exercises them).
-# The probe ran in call 120 (twenty-ninth run); gpu, mixed, sync, shared and grid are still to run.
+# The probe ran in call 120 (twenty-ninth run); gpu, grid, shared, mixed and sync in calls 121-125
+# (thirtieth run, docs/perf_h200_2026-12-05/).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl .devrun/xd/*.whl
 export PYTHONPATH=/tmp/site:$PWD
