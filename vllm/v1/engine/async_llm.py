@@ -69,8 +69,7 @@ class _Tracked:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
     arrival: float
-    num_tokens: int = 0
-    first_token_time: float | None = None
+    prompt_counted: bool = False  # once its first token came (or it ended without one)
     # Completion index -> (its tokens so far, when the last of them came): with n > 1 each
     # completion is a sequence of its own, whose tokens come one step apart.
     completions: dict[int, tuple[int, float]] = dataclasses.field(default_factory=dict)
@@ -275,10 +274,10 @@ class AsyncLLM:
             tracked = self._tracked.get(out.request_id)
             if tracked is None:
                 continue
-            num_tokens = sum(len(c.token_ids) for c in out.outputs)
-            new = num_tokens - tracked.num_tokens
-            if tracked.first_token_time is None and (new > 0 or out.finished):
-                tracked.first_token_time = now
+            before_step = sum(count for count, _ in tracked.completions.values())
+            new = sum(len(c.token_ids) for c in out.outputs) - before_step
+            if not tracked.prompt_counted and (new > 0 or out.finished):
+                tracked.prompt_counted = True
                 stats.num_prompt_tokens += len(out.prompt_token_ids)
                 if new > 0:  # not one that ended without a token (a failed step's)
                     stats.time_to_first_token.append(now - tracked.arrival)
@@ -293,7 +292,6 @@ class AsyncLLM:
                         stats.time_per_output_token.append(gap)
                     tracked.completions[c.index] = (len(c.token_ids), now)
             stats.num_generation_tokens += max(new, 0)
-            tracked.num_tokens = num_tokens
             if out.finished:
                 del self._tracked[out.request_id]
                 reason = out.outputs[0].finish_reason if out.outputs else "abort"
