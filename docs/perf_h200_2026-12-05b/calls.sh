@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Thirty-first run's device calls, one PART per call; carry [".whl", ".devrun"].
+#   host  (~5 min)  the conftest rule for GPU hosts without the serving dependencies (collection
+#                   only), then host_profile.py: steady-state mixed steps of 256 prompts of 1k and
+#                   of 8k timed, device busy against wall, and the host's time by function.
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl .devrun/xd/*.whl
+export PYTHONPATH=/tmp/site:$PWD
+P='{"linear":"fp8_per_channel","ignore":["re:(?!.*self_attn\\.o_proj$).*"]}'
+D=docs/perf_h200_2026-12-05b
+case "${PART:-host}" in
+  host)
+    timeout 120 python -m pytest --collect-only -q -m gpu -p no:cacheprovider tests > $OUT/collect.log 2>&1
+    echo "collect rc $?"; tail -4 $OUT/collect.log
+    timeout 480 python $D/host_profile.py --model kimi-linear-48b-a3b --load-format dummy \
+      --skip-tokenizer-init --quantization-config "$P" --batch-sizes 256 --input-lens 1024 8192 \
+      --output-len 64 --warmup-steps 1 --max-num-batched-tokens 8192 > $OUT/host.log 2>&1
+    echo "host rc $?"; grep -v "^INFO\|USDT" $OUT/host.log | grep -v "^ *[0-9/]* *0.000 *0.000" | head -150 ;;
+esac
