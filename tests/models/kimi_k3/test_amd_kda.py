@@ -651,20 +651,30 @@ def test_kda_prefill_applies_the_gate_itself(device, lower_bound):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_prefill_only_steps_hand_the_raw_gate_to_the_core(device, monkeypatch):
-    """A prefill-only step passes the gate's raw input and `KdaGate` to `kda_prefill` (on the GPU
-    fla-core applies it); a mixed step applies the gate itself and passes the decay. Both give
-    what transformers computes (test_layer_matches_transformers_prefill_then_decode)."""
+def test_steps_hand_the_raw_gate_to_the_core_and_decode_rows_to_the_fused_kernel(
+    device, monkeypatch
+):
+    """Prefill rows, alone or after decodes, pass the gate's raw input and `KdaGate` to
+    `kda_prefill` (on the GPU fla-core applies it); the decode rows of a mixed step run
+    `fused_kda_decode` on their own rows without its norm (the epilogue norms every row), so no
+    state is gathered for them. Both give what transformers computes
+    (test_layer_matches_transformers_prefill_then_decode)."""
     from vllm.models.kimi_k3.amd.ops.kda_core import KdaGate
 
     layer = our_kda(device=device)
-    seen, core = [], kda_module.kda_prefill
+    seen, decoded = [], []
+    core, fused = kda_module.kda_prefill, kda_module.fused_kda_decode
 
     def spy(q, k, v, g, beta, *args):
         seen.append((args[4] if len(args) == 5 else None, g.clone()))
         return core(q, k, v, g, beta, *args)
 
+    def spy_fused(mixed_qkv, *args, **kwargs):
+        decoded.append((mixed_qkv.shape[0], len(args), kwargs))
+        return fused(mixed_qkv, *args, **kwargs)
+
     monkeypatch.setattr(kda_module, "kda_prefill", spy)
+    monkeypatch.setattr(kda_module, "fused_kda_decode", spy_fused)
     harness = harness_for(layer, device=device)
     gen = torch.Generator().manual_seed(2)
     with torch.no_grad():
@@ -672,13 +682,16 @@ def test_prefill_only_steps_hand_the_raw_gate_to_the_core(device, monkeypatch):
         mixed = harness.schedule({0: 1, 1: 3}).kda
         assert (mixed.num_decodes, mixed.num_prefills) == (1, 1)
         layer(torch.randn(4, HIDDEN, generator=gen).to(device), mixed)
-    (prefill_gate, raw), (mixed_gate, decay) = seen
-    assert isinstance(prefill_gate, KdaGate) and prefill_gate.A_log is layer.A_log
-    assert prefill_gate.dt_bias is layer.dt_bias
-    assert prefill_gate.lower_bound == layer.gate_lower_bound
-    # The raw projection takes both signs; the decay, -exp(A) * softplus(.), is never positive.
-    assert (raw > 0).any() and (raw < 0).any()
-    assert mixed_gate is None and decay.dtype == torch.float32 and (decay <= 0).all()
+    (prefill_gate, raw), (mixed_gate, mixed_raw) = seen
+    for gate in (prefill_gate, mixed_gate):
+        assert isinstance(gate, KdaGate) and gate.A_log is layer.A_log
+        assert gate.dt_bias is layer.dt_bias and gate.lower_bound == layer.gate_lower_bound
+    # The raw projection takes both signs, where a decay, -exp(A) * softplus(.), never would.
+    for g in (raw, mixed_raw):
+        assert (g > 0).any() and (g < 0).any()
+    assert mixed_raw.shape[0] == 3  # the prefill rows only
+    # One row, the ten positional inputs up to the slots: no norm weight, gate or config.
+    assert decoded == [(1, 9, {})]
 
 
 def test_initial_states_zero_new_sequences_and_leave_the_pool():

@@ -55,15 +55,14 @@ from vllm.model_executor.layers.linear import (
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.layers.quantization.utils.quant_utils import kFp8DynamicTokenSym
 from vllm.model_executor.model_loader.weight_utils import check_shape
-from vllm.models.kimi_k3.amd.ops.causal_conv1d import causal_conv1d_decode, causal_conv1d_prefill
+from vllm.models.kimi_k3.amd.ops.causal_conv1d import causal_conv1d_prefill
 from vllm.models.kimi_k3.amd.ops.fused_kda_decode import (
     KdaDecodeConfig,
     LowRankProj,
     fused_kda_decode,
     kda_decode_config,
 )
-from vllm.models.kimi_k3.amd.ops.kda_core import KdaGate, kda_decode, kda_prefill
-from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate_beta
+from vllm.models.kimi_k3.amd.ops.kda_core import KdaGate, kda_prefill
 from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import (
     per_token_fp8_quant,
     rmsnorm_gated_fp8_per_token,
@@ -253,10 +252,13 @@ class KimiK3DeltaAttention(torch.nn.Module):
         A batch of decodes only runs the fused decode kernel (on `config`, the forward's launch,
         which `raw_g` / `gate` may be `LowRankProj` for) with its norm epilogue, which with
         `quantize` also quantizes per token: its core is then the `(codes, scales)` pair.
-        Anything else runs the conv, gate and core ops and leaves norm and quantization to the
-        epilogue.
+        Otherwise the prefill rows run the conv and the chunked core (which applies the gate
+        itself), and the decode rows before them, if any, the fused decode kernel without its
+        norm: each row is computed as in a step of its own kind, and the state of the decodes is
+        updated in place at their slots, not gathered and scattered. The epilogue norms them all.
         """
-        if metadata.num_prefills == 0 and metadata.num_decodes:
+        nd = metadata.num_decodes
+        if metadata.num_prefills == 0 and nd:
             core = fused_kda_decode(
                 mixed_qkv, self.conv1d_weight, pool.conv_state, raw_g, self.A_log, self.dt_bias,
                 self.gate_lower_bound, b, pool.ssm_state, metadata.state_slots,
@@ -265,49 +267,34 @@ class KimiK3DeltaAttention(torch.nn.Module):
             return core, True
         tokens = mixed_qkv.shape[0]
         h, d = self.local_heads, self.head_dim
-        nd = metadata.num_decodes
-        if metadata.num_prefills and not nd:
-            # Prefill only: the core applies the gate to the raw input (kda_core.kda_prefill).
-            # On the GPU fla-core's chunked cumsum of the decay does it, one pass where our gate
-            # kernel and fla's cumsum took two, with the fp32 decay written and read between
-            # them; on the CPU the reference applies `kda_gate`, our gate kernel's reference.
-            decay_gate = KdaGate(self.A_log, self.dt_bias, self.gate_lower_bound)
-            g, beta = raw_g.view(tokens, h, d), torch.sigmoid(b.float())
-        else:
-            decay_gate = None
-            g, beta = kda_gate_beta(raw_g, self.A_log, self.dt_bias, self.gate_lower_bound, b)
-        slots = metadata.state_slots
+        slots, rows = metadata.state_slots, tokens - nd
+        # On the GPU fla-core's chunked cumsum of the decay applies the gate to the raw input, one
+        # pass where our gate kernel and fla's cumsum took two, with the fp32 decay written and
+        # read between them; on the CPU the reference applies `kda_gate`, our gate kernel's
+        # reference.
+        decay_gate = KdaGate(self.A_log, self.dt_bias, self.gate_lower_bound)
         # q | k | v written group-major, so that each is contiguous: fla-core's chunk_kda makes
         # its inputs contiguous, which for column views of one [T, 3HD] buffer is a copy each.
-        conv = torch.empty(3, tokens, h * d, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
-        if nd:
-            dec = causal_conv1d_decode(
-                mixed_qkv[:nd], self.conv1d_weight, pool.conv_state, slots[:nd]
-            )
-            conv[:, :nd] = dec.view(nd, 3, h * d).transpose(0, 1)
-        if metadata.num_prefills:
-            causal_conv1d_prefill(
-                mixed_qkv[nd:], self.conv1d_weight, pool.conv_state,
-                metadata.prefill_query_start_loc, slots[nd:], metadata.has_initial_state[nd:],
-                out=conv[:, nd:],
-            )  # fmt: skip
-        q, k, v = conv.view(3, tokens, h, d).unbind(0)
-        if metadata.num_prefills and not nd:
+        conv = torch.empty(3, rows, h * d, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
+        causal_conv1d_prefill(
+            mixed_qkv[nd:], self.conv1d_weight, pool.conv_state, metadata.prefill_query_start_loc,
+            slots[nd:], metadata.has_initial_state[nd:], out=conv,
+        )  # fmt: skip
+        q, k, v = conv.view(3, rows, h, d).unbind(0)
+        prefilled = kda_prefill(
+            q, k, v, raw_g[nd:].view(rows, h, d), torch.sigmoid(b[nd:].float()), pool.ssm_state,
+            metadata.prefill_query_start_loc, slots[nd:], metadata.has_initial_state[nd:],
+            decay_gate,
+        )  # fmt: skip
+        if not nd:
             # Prefill only: the core's output is the layer's, no copy into a [T, H, D] buffer.
-            return kda_prefill(
-                q, k, v, g, beta, pool.ssm_state, metadata.prefill_query_start_loc, slots,
-                metadata.has_initial_state, decay_gate,
-            ), False  # fmt: skip
+            return prefilled, False
         core = torch.empty(tokens, h, d, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
-        if nd:
-            core[:nd] = kda_decode(
-                q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], pool.ssm_state, slots[:nd]
-            )
-        if metadata.num_prefills:
-            core[nd:] = kda_prefill(
-                q[nd:], k[nd:], v[nd:], g[nd:], beta[nd:], pool.ssm_state,
-                metadata.prefill_query_start_loc, slots[nd:], metadata.has_initial_state[nd:],
-            )  # fmt: skip
+        core[nd:] = prefilled
+        core[:nd] = fused_kda_decode(
+            mixed_qkv[:nd], self.conv1d_weight, pool.conv_state, raw_g[:nd], self.A_log,
+            self.dt_bias, self.gate_lower_bound, b[:nd], pool.ssm_state, slots[:nd],
+        )  # fmt: skip
         return core, False
 
     def o_proj_is_ptpc_fp8(self) -> bool:
