@@ -69,6 +69,9 @@ def steady_steps(sweep, length: int, batch: int, max_tokens: int, stop_at: float
     if gaps is not None:
         print(f"  idle {gaps.short_us / 1e3:.1f} ms in {gaps.short_count:.0f} gaps <= 20 us, "
               f"{gaps.long_us / 1e3:.1f} ms in {gaps.long_count:.0f} longer")  # fmt: skip
+    if not PROFILED:
+        sweep.abort_all()
+        return 0
     profiler = cProfile.Profile()
     whats = []
     benchmark_latency.synchronize(device)
