@@ -307,6 +307,34 @@ def test_chat_passes_tools_to_the_template(llm, monkeypatch):
     assert prompt_of(tools=tools, chat_template_kwargs={"tools": other}).endswith("tool other;hi")
 
 
+def test_chat_continues_the_final_message(llm):
+    """The prompt ends with the final assistant message's text (no end of turn after it), as the
+    server's `continue_final_message` renders it; with a generation prompt it is refused."""
+    tokenizer = llm.get_tokenizer()
+    conversation = [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "It"}]
+    (out,) = llm.chat(
+        conversation, GREEDY, use_tqdm=False, add_generation_prompt=False,
+        continue_final_message=True,
+    )  # fmt: skip
+    prompt = tokenizer.decode(out.prompt_token_ids, skip_special_tokens=False)
+    assert prompt == "<|bos|>user: 2 + 2?<|eos|>\nassistant: It"
+    (closed,) = llm.chat(conversation, GREEDY, use_tqdm=False, add_generation_prompt=False)
+    end_of_turn = tokenizer.encode("<|eos|>\n", add_special_tokens=False)
+    assert closed.prompt_token_ids == [*out.prompt_token_ids, *end_of_turn]
+    # chat_template_kwargs may set it too, as they may set add_generation_prompt.
+    kwargs = {"add_generation_prompt": False, "continue_final_message": True}
+    (again,) = llm.chat(conversation, GREEDY, use_tqdm=False, chat_template_kwargs=kwargs)
+    assert again.prompt_token_ids == out.prompt_token_ids
+    with pytest.raises(ValueError, match="cannot both be true"):
+        llm.chat(conversation, GREEDY, use_tqdm=False, continue_final_message=True)
+    with pytest.raises(ValueError, match="^conversation 0: continue_final_message .*role 'user'"):
+        llm.chat(
+            conversation[:1], GREEDY, use_tqdm=False, add_generation_prompt=False,
+            continue_final_message=True,
+        )  # fmt: skip
+    assert llm.llm_engine.get_num_unfinished_requests() == 0
+
+
 # -- progress bar ---------------------------------------------------------------------------------
 
 

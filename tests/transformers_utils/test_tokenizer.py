@@ -113,15 +113,83 @@ def test_builtin_tiny_chat_template(name):
     assert (info["bos_token"], info["eos_token"], info["pad_token"]) == TINY_SPECIAL
 
 
-def test_continue_final_message_is_refused_not_ignored():
-    """The template would take it as a variable it never reads and close the final message."""
+@pytest.mark.parametrize(
+    "content, end",
+    [
+        ("The answer is", "assistant: The answer is"),
+        # Text that the template's own markup also holds: HF's search for it in the rendering
+        # would cut inside the closing "<|eos|>".
+        ("eos", "assistant: eos"),
+        ("", "assistant: "),  # HF's search finds an empty text at the end: the turn stays closed
+        ([{"type": "text", "text": "It is "}, {"type": "text", "text": "4"}], "assistant: It is 4"),
+    ],
+)
+def test_continue_final_message_leaves_it_open(content, end):
+    """The rendering ends with the final message's text, without what closes its turn."""
     tok = get_tokenizer(BUILTIN_MODELS["kimi-k3-tiny"])
-    with pytest.raises(ValueError, match="continue_final_message is not supported"):
-        tok.chat_template_arguments(False, {"continue_final_message": True})
-    assert tok.chat_template_arguments(False, {"continue_final_message": False}) == {
+    messages = [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": content}]
+    text = tok.apply_chat_template(
+        messages, add_generation_prompt=False, continue_final_message=True
+    )
+    assert text == "<|bos|>user: 2 + 2?<|eos|>\n" + end
+    closed = tok.apply_chat_template(messages, add_generation_prompt=False)
+    assert closed == text + "<|eos|>\n"
+    ids = tok.apply_chat_template(
+        messages, add_generation_prompt=False, continue_final_message=True, tokenize=True
+    )
+    assert ids == tok.encode(text, add_special_tokens=False) and ids[-1] != tok.eos_token_id
+    assert messages[1]["content"] == content  # the caller's messages are left as they were
+
+
+def test_continue_final_message_with_kimis_markup(kimi):
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "end"}]
+    text = kimi.apply_chat_template(
+        messages, add_generation_prompt=False, continue_final_message=True
+    )
+    # "end" is also in "<|im_end|>", which the closed rendering puts after it.
+    assert text == (
+        "<|im_user|>user<|im_middle|>hi<|im_end|><|im_assistant|>assistant<|im_middle|>end"
+    )
+
+
+def test_continue_final_message_is_refused_where_it_is_not_well_defined(tmp_path):
+    tok = get_tokenizer(BUILTIN_MODELS["kimi-k3-tiny"])
+    user = [{"role": "user", "content": "hi"}]
+    answer = [*user, {"role": "assistant", "content": "It is"}]
+    # The generation prompt would open a new turn after the message (HF refuses this too).
+    with pytest.raises(ValueError, match="cannot both be true"):
+        tok.apply_chat_template(answer, continue_final_message=True)
+    # Only the assistant's message is the reply's to continue.
+    with pytest.raises(ValueError, match="must be the assistant's .*got role 'user'"):
+        tok.apply_chat_template(user, add_generation_prompt=False, continue_final_message=True)
+    with pytest.raises(ValueError, match="must be the assistant's .*got no messages"):
+        tok.apply_chat_template([], add_generation_prompt=False, continue_final_message=True)
+    # A template that leaves the message's text out gives no place to continue from.
+    roles = "{% for m in messages %}{{ m['role'] }}{% endfor %}"
+    tok = get_tokenizer(write_tiktoken_folder(tmp_path / "roles", chat_template=roles))
+    with pytest.raises(ValueError, match="does not render the final message's text"):
+        tok.apply_chat_template(answer, add_generation_prompt=False, continue_final_message=True)
+
+
+def test_chat_template_arguments():
+    tok = get_tokenizer(BUILTIN_MODELS["kimi-k3-tiny"])
+    assert tok.chat_template_arguments(True, None) == {
+        "add_generation_prompt": True,
         "continue_final_message": False,
-        "add_generation_prompt": False,
     }
+    # chat_template_kwargs win over the caller's own fields, continue_final_message included.
+    assert tok.chat_template_arguments(True, {"add_generation_prompt": False}, True) == {
+        "add_generation_prompt": False,
+        "continue_final_message": True,
+    }
+    assert tok.chat_template_arguments(False, {"continue_final_message": True}) == {
+        "add_generation_prompt": False,
+        "continue_final_message": True,
+    }
+    with pytest.raises(ValueError, match="cannot both be true"):
+        tok.chat_template_arguments(True, None, True)
+    with pytest.raises(ValueError, match="cannot both be true"):
+        tok.chat_template_arguments(True, {"continue_final_message": True})
 
 
 @pytest.mark.parametrize(

@@ -99,16 +99,21 @@ class LLM:
         add_generation_prompt: bool = True,
         chat_template_kwargs: dict[str, Any] | None = None,
         tools: list[dict[str, Any]] | None = None,
+        continue_final_message: bool = False,
     ) -> list[RequestOutput]:
         """Generate replies to one conversation (a list of `{"role", "content"}` messages) or a
         list of them, rendered with the tokenizer's chat template. `tools` is passed to the
         template (as the server's request field; no tool-call parsing); `chat_template_kwargs`
-        win over it and over `add_generation_prompt`."""
+        win over it and over `add_generation_prompt` and `continue_final_message` (which leaves
+        the final, assistant, message open for the reply to continue; not with a generation
+        prompt: set `add_generation_prompt=False`)."""
         tokenizer = self.get_tokenizer()
         if tokenizer is None:
             raise ValueError("chat needs a tokenizer (skip_tokenizer_init is set)")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        kwargs = tokenizer.chat_template_arguments(add_generation_prompt, chat_template_kwargs)
+        kwargs = tokenizer.chat_template_arguments(
+            add_generation_prompt, chat_template_kwargs, continue_final_message
+        )
         if tools:
             kwargs.setdefault("tools", tools)
         params = _per_prompt(sampling_params, len(conversations), "conversations")

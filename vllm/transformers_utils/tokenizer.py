@@ -7,12 +7,14 @@ Two formats are read:
   pre-tokenizer split and 256 special-token ids numbered right after the BPE ranks.
 
 Special tokens, the chat template and `model_max_length` come from `tokenizer_config.json` when the
-folder has one; otherwise bos/eos/pad come from `config.json` ids (or its `text_config`).
+folder has one; otherwise bos/eos/pad come from `config.json` ids (or its `text_config`). The final
+message may be left open for the reply to continue (HF's `continue_final_message`).
 """
 
 import base64
 import json
 import re
+import secrets
 from abc import ABC, abstractmethod
 from datetime import datetime
 from pathlib import Path
@@ -45,9 +47,10 @@ NUM_RESERVED_SPECIAL_TOKENS = 256
 # whitespace or non-whitespace, so text is encoded in pieces cut at these lengths (as Kimi does).
 _MAX_ENCODE_CHARS = 400_000
 _MAX_RUN_CHARS = 25_000
-CONTINUE_UNSUPPORTED = (
-    "continue_final_message is not supported: the final message is rendered closed and the "
-    "reply starts a turn of its own"
+CONTINUE_WITH_GENERATION_PROMPT = (
+    "continue_final_message and add_generation_prompt cannot both be true: the generation prompt "
+    "opens a new turn after the final message, which is then no longer continued (set "
+    "add_generation_prompt to false, its default is true)"
 )
 # HF writes int(1e30) as model_max_length when a checkpoint sets no limit.
 _NO_LIMIT = 10**12
@@ -92,6 +95,52 @@ def _token_text(value: Any) -> str | None:
     if isinstance(value, dict):
         value = value.get("content")
     return value if isinstance(value, str) else None
+
+
+def _mark_final_message(messages: list[dict]) -> tuple[list[dict], str]:
+    """`messages` with a unique stand-in appended to the final message's text, and the stand-in.
+
+    The rendering is cut where the stand-in lands: HF instead looks for the message's text in
+    the rendering, which a short text also matches inside the template's own markup (a final
+    "end" found in "<|im_end|>"), and which an empty one matches at the very end (the message
+    is left closed). The final message must be the assistant's: the reply continues it as the
+    assistant's turn, and the reasoning split reads it as the reply's own.
+    """
+    role = messages[-1]["role"] if messages else None
+    if role != "assistant":
+        shown = f"role {role!r}" if messages else "no messages"
+        raise ValueError(
+            "continue_final_message continues the final message, which must be the "
+            f"assistant's (the reply's own turn), got {shown}"
+        )
+    stand_in = f"CONTINUE{secrets.token_hex(16)}"
+    content = messages[-1].get("content")
+    if isinstance(content, list):
+        if content:
+            last = content[-1]
+            content = [*content[:-1], {**last, "text": last["text"] + stand_in}]
+        else:
+            content = [{"type": "text", "text": stand_in}]
+    elif content is None or isinstance(content, str):
+        content = (content or "") + stand_in
+    else:
+        raise ValueError(
+            "continue_final_message: the final message's content must be a string or a list of "
+            f"text parts, got {type(content).__name__}"
+        )
+    return [*messages[:-1], {**messages[-1], "content": content}], stand_in
+
+
+def _cut_at_stand_in(text: str, stand_in: str) -> str:
+    """The rendering up to where the final message's text ends (copies of it that the template
+    rendered earlier keep their text, without the stand-in)."""
+    end = text.rfind(stand_in)
+    if end < 0:
+        raise ValueError(
+            "continue_final_message: the chat template does not render the final message's "
+            "text as given, so there is no place to continue it from"
+        )
+    return text[:end].replace(stand_in, "")
 
 
 def _check_messages(messages: Any) -> None:
@@ -210,21 +259,23 @@ class Tokenizer(ABC):
 
     @staticmethod
     def chat_template_arguments(
-        add_generation_prompt: bool, chat_template_kwargs: dict[str, Any] | None
+        add_generation_prompt: bool,
+        chat_template_kwargs: dict[str, Any] | None,
+        continue_final_message: bool = False,
     ) -> dict[str, Any]:
-        """Keywords for `apply_chat_template` from a caller's `add_generation_prompt` and its
-        extra template variables, which win over it (as upstream's `chat_template_kwargs` do);
-        they may not set `messages` or `tokenize`, which are the call's own (`ValueError`).
-        A true `continue_final_message` (HF's and vLLM's: render the last message open, for the
-        reply to continue it) is not implemented: a `ValueError` too, as the template would
-        ignore it and close the message, so the reply would start a new turn instead."""
+        """Keywords for `apply_chat_template` from a caller's `add_generation_prompt`,
+        `continue_final_message` and extra template variables, which win over both (as
+        upstream's `chat_template_kwargs` do); they may not set `messages` or `tokenize`, which
+        are the call's own (`ValueError`). Continuing the final message
+        and adding a generation prompt exclude each other (a `ValueError`, as HF's)."""
         kwargs = dict(chat_template_kwargs or {})
         reserved = sorted(kwargs.keys() & {"messages", "tokenize"})
         if reserved:
             raise ValueError(f"chat_template_kwargs may not set {', '.join(reserved)}")
-        if kwargs.get("continue_final_message"):
-            raise ValueError(CONTINUE_UNSUPPORTED)
         kwargs.setdefault("add_generation_prompt", add_generation_prompt)
+        kwargs.setdefault("continue_final_message", continue_final_message)
+        if kwargs["continue_final_message"] and kwargs["add_generation_prompt"]:
+            raise ValueError(CONTINUE_WITH_GENERATION_PROMPT)
         return kwargs
 
     def apply_chat_template(
@@ -232,17 +283,26 @@ class Tokenizer(ABC):
         messages: list[dict],
         add_generation_prompt: bool = True,
         tokenize: bool = False,
+        continue_final_message: bool = False,
         **kwargs: Any,
     ) -> str | list[int]:
         """Render `messages` with the checkpoint's template, as HF does; ids if `tokenize`.
 
         The template sees `messages`, `add_generation_prompt`, the bos/eos/pad token texts and every
         extra keyword (`tools`, ...). Its text already holds the special tokens, so tokenizing adds
-        none.
+        none. With `continue_final_message`, the rendering ends where the final (assistant)
+        message's text does, with none of what the template closes the message with, for the
+        reply to continue it; its text stays as given (a template that trims it still leaves its
+        trailing spaces, which HF would cut).
         """
         if self.chat_template is None:
             raise ValueError("chat_template: this tokenizer has none; pass a prompt instead")
         _check_messages(messages)
+        if continue_final_message and add_generation_prompt:
+            raise ValueError(CONTINUE_WITH_GENERATION_PROMPT)
+        stand_in = None
+        if continue_final_message:
+            messages, stand_in = _mark_final_message(messages)
         if self._template is None:
             env = ImmutableSandboxedEnvironment(
                 trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
@@ -268,6 +328,8 @@ class Tokenizer(ABC):
             raise ValueError(
                 f"chat_template failed on these messages: {type(e).__name__}: {e}"
             ) from e
+        if stand_in is not None:
+            text = _cut_at_stand_in(text, stand_in)
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
     def tokenizer_info(self) -> dict[str, Any]:

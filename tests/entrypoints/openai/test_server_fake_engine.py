@@ -86,6 +86,25 @@ def test_streamed_chat_deltas_add_up(server: RemoteServer) -> None:
     assert len(deltas) > 5  # really streamed
 
 
+def test_chat_continues_the_final_message_inside_its_think_block(server: RemoteServer) -> None:
+    """The final assistant message opened a think block and is continued: the prompt ends with
+    its text (no end of turn after it) and the reply goes on reasoning until it closes the block
+    (the marker that the scripted reply opens on the way is reasoning's text)."""
+    prefill = f"{THINK_START}Hm"
+    fields = {"messages": [{"role": "user", "content": "q"},
+                           {"role": "assistant", "content": prefill}],
+              "add_generation_prompt": False, "continue_final_message": True}  # fmt: skip
+    tokens = _post(server, "/tokenize", fields).json()["tokens"]
+    prompt = _post(server, "/detokenize", {"tokens": tokens}).json()["prompt"]
+    assert prompt.endswith("<|eos|>\nassistant: " + prefill), prompt
+    reply = _post(server, "/v1/chat/completions", {**fields, "max_tokens": len(SCRIPT)}).json()
+    assert reply["usage"] == {"prompt_tokens": len(tokens), "completion_tokens": len(SCRIPT),
+                              "total_tokens": len(tokens) + len(SCRIPT)}  # fmt: skip
+    message = reply["choices"][0]["message"]
+    assert message["reasoning"] == f"Hmm.{THINK_START}Two and two make four."
+    assert message["content"] == " The answer is 4."
+
+
 @pytest.mark.parametrize(
     "body, param",
     [
@@ -134,6 +153,7 @@ def test_neutral_values_of_the_knobs_the_engine_lacks_are_accepted(server: Remot
 
 
 USER = [{"role": "user", "content": "hi"}]
+ANSWER = [*USER, {"role": "assistant", "content": "It is"}]
 
 
 @pytest.mark.parametrize(
@@ -169,15 +189,17 @@ USER = [{"role": "user", "content": "hi"}]
         ("/v1/chat/completions",
          {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
          "messages"),  # the template skipped the image: answered as an empty message
-        # Not implemented: ignored, the final message was rendered closed and the reply began
-        # a turn of its own instead of continuing it.
+        # Only a final assistant message is continued; never after a generation prompt (true
+        # unless set to false), which would open a new turn after it.
         ("/v1/chat/completions",
          {"messages": USER, "add_generation_prompt": False, "continue_final_message": True},
+         "messages"),
+        ("/v1/chat/completions", {"messages": ANSWER, "continue_final_message": True},
          "continue_final_message"),
         ("/v1/chat/completions",
-         {"messages": USER, "chat_template_kwargs": {"continue_final_message": True}},
-         "chat_template_kwargs"),
-        ("/tokenize", {"messages": USER, "continue_final_message": True},
+         {"messages": ANSWER, "chat_template_kwargs": {"continue_final_message": True}},
+         "continue_final_message"),
+        ("/tokenize", {"messages": ANSWER, "continue_final_message": True},
          "continue_final_message"),
         ("/tokenize", {}, "prompt"),
         # The template adds the eos text to a string: a TypeError, which was a 500.

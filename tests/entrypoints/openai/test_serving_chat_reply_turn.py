@@ -30,6 +30,7 @@ def _chat() -> OpenAIServingChat:
 
 QUOTED = f"what does {THINK_START} mean?"
 UNCLOSED = f"{THINK_START}an earlier turn's thought, never closed"
+CONTINUE = {"add_generation_prompt": False, "continue_final_message": True}
 
 
 @pytest.mark.parametrize(
@@ -52,6 +53,15 @@ UNCLOSED = f"{THINK_START}an earlier turn's thought, never closed"
          {"add_generation_prompt": False}, False),
         # Without a generation prompt and a final assistant message, nothing is continued.
         ([{"role": "user", "content": QUOTED}], {"add_generation_prompt": False}, False),
+        # A continued final message is the reply's turn: a block it opened and left open is the
+        # reply's to go on with; one it closed, or one an earlier turn left open, is not.
+        ([{"role": "user", "content": QUOTED},
+          {"role": "assistant", "content": f"{THINK_START}let me see"}], CONTINUE, True),
+        ([{"role": "user", "content": QUOTED},
+          {"role": "assistant", "content": f"{THINK_START}done{THINK_END}so"}], CONTINUE, False),
+        ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": UNCLOSED},
+          {"role": "user", "content": "and now?"}, {"role": "assistant", "content": "Well,"}],
+         CONTINUE, False),
     ],
 )  # fmt: skip
 def test_only_the_replys_own_turn_opens_its_think_block(messages, fields, expected) -> None:

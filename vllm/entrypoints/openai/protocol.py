@@ -217,7 +217,7 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
-    continue_final_message: bool = False  # refused when true: not implemented
+    continue_final_message: bool = False  # the final (assistant) message left open
     chat_template_kwargs: dict[str, Any] | None = None
     include_reasoning: bool = True
     tools: list[dict[str, Any]] | None = None  # passed to the chat template; no tool parser
@@ -294,7 +294,7 @@ class TokenizeRequest(OpenAIModel):
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
-    continue_final_message: bool = False  # refused when true: not implemented
+    continue_final_message: bool = False  # as for chat
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None  # passed to the chat template, as for chat
     return_token_strs: bool = False

@@ -22,7 +22,6 @@ from vllm.entrypoints.openai.protocol import (
 from vllm.entrypoints.openai.serving_engine import OpenAIError, OpenAIServing, bad_request, sse
 from vllm.outputs import CompletionOutput, PositionLogprobs
 from vllm.reasoning import KimiK3ReasoningParser
-from vllm.transformers_utils.tokenizer import CONTINUE_UNSUPPORTED
 from vllm.v1.engine.async_llm import EngineDeadError
 
 
@@ -66,14 +65,14 @@ class OpenAIServingChat(OpenAIServing):
         self.reasoning_parser = reasoning_parser
 
     def _template_kwargs(self, request: ChatCompletionRequest) -> dict:
-        if request.continue_final_message:
-            raise OpenAIError(CONTINUE_UNSUPPORTED, 400, "continue_final_message")
         try:
             kwargs = self.tokenizer.chat_template_arguments(
-                request.add_generation_prompt, request.chat_template_kwargs
+                request.add_generation_prompt,
+                request.chat_template_kwargs,
+                request.continue_final_message,
             )
-        except ValueError as e:
-            raise OpenAIError(str(e), 400, "chat_template_kwargs") from None
+        except ValueError as e:  # names chat_template_kwargs or continue_final_message
+            raise bad_request(e, ChatCompletionRequest) from None
         if request.tools:
             kwargs.setdefault("tools", request.tools)
         return kwargs
@@ -100,20 +99,24 @@ class OpenAIServingChat(OpenAIServing):
     def reply_turn(self, request: ChatCompletionRequest, prompt_text: str) -> str:
         """The end of `prompt_text` that belongs to the reply's own turn: what the generation
         prompt adds after the messages or, without one, a final assistant message's rendering
-        (what the prompt has beyond the same conversation rendered without it). Only there can
-        an open think block be the reply's: a marker quoted in another message, or an earlier
-        turn's unclosed block, is not (all of the reply was taken for reasoning). Without a
-        generation prompt and a final assistant message, the reply continues nothing: "". With a
-        template whose earlier turns render differently once a message follows, the part is
-        longer (from where the renderings differ), erring towards the whole prompt; the whole
-        prompt too if the shorter rendering fails."""
+        (what the prompt has beyond the same conversation rendered without it), which
+        `continue_final_message` leaves open: a think block that the message opened and did not
+        close is then the reply's to go on with. Only there can an open think block be the
+        reply's: a marker quoted in another message, or an earlier turn's unclosed block, is not
+        (all of the reply was taken for reasoning). Without a generation prompt and a final
+        assistant message, the reply continues nothing: "". With a template whose earlier turns
+        render differently once a message follows, the part is longer (from where the renderings
+        differ), erring towards the whole prompt; the whole prompt too if the shorter rendering
+        fails."""
         kwargs = self._template_kwargs(request)
         messages = render_messages(request)
         if not kwargs["add_generation_prompt"]:
             if not messages or messages[-1].get("role") != "assistant":
                 return ""
             messages = messages[:-1]
-        kwargs["add_generation_prompt"] = False
+        # The conversation before the reply's turn, closed: there is no final message of the
+        # reply's in it to continue (the one before it may not even be the assistant's).
+        kwargs.update(add_generation_prompt=False, continue_final_message=False)
         try:
             base = self.tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
         except ValueError:
