@@ -292,7 +292,6 @@ def test_chat_passes_tools_to_the_template(llm, monkeypatch):
         "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     )
     monkeypatch.setattr(tokenizer, "chat_template", template)
-    monkeypatch.setattr(tokenizer, "_template", None)
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
     conversation = [{"role": "user", "content": "hi"}]
 
@@ -333,6 +332,27 @@ def test_chat_continues_the_final_message(llm):
             continue_final_message=True,
         )  # fmt: skip
     assert llm.llm_engine.get_num_unfinished_requests() == 0
+
+
+def test_chat_renders_a_template_of_its_own(llm):
+    """`chat_template` replaces the tokenizer's for this call; `chat_template_kwargs` reach it."""
+    tokenizer = llm.get_tokenizer()
+    own = "{{ bos_token }}{{ greeting }}{% for m in messages %}[{{ m['content'] }}]{% endfor %}"
+    conversation = [{"role": "user", "content": "hi"}]
+    kwargs = {"greeting": "hey "}
+    (out,) = llm.chat(
+        conversation, GREEDY, use_tqdm=False, chat_template=own, chat_template_kwargs=kwargs
+    )
+    prompt = tokenizer.decode(out.prompt_token_ids, skip_special_tokens=False)
+    assert prompt == tokenizer.bos_token + "hey [hi]"
+    (default,) = llm.chat(conversation, GREEDY, use_tqdm=False)
+    assert tokenizer.decode(default.prompt_token_ids, skip_special_tokens=False).endswith(
+        "user: hi<|eos|>\nassistant: "
+    )
+    with pytest.raises(ValueError, match="^conversation 0: chat_template does not parse"):
+        llm.chat(conversation, GREEDY, use_tqdm=False, chat_template="{% if %}")
+    with pytest.raises(ValueError, match="chat_template_kwargs may not set chat_template"):
+        llm.chat(conversation, GREEDY, use_tqdm=False, chat_template_kwargs={"chat_template": own})
 
 
 # -- progress bar ---------------------------------------------------------------------------------

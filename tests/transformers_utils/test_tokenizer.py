@@ -165,10 +165,13 @@ def test_continue_final_message_is_refused_where_it_is_not_well_defined(tmp_path
     with pytest.raises(ValueError, match="must be the assistant's .*got no messages"):
         tok.apply_chat_template([], add_generation_prompt=False, continue_final_message=True)
     # A template that leaves the message's text out gives no place to continue from.
-    roles = "{% for m in messages %}{{ m['role'] }}{% endfor %}"
-    tok = get_tokenizer(write_tiktoken_folder(tmp_path / "roles", chat_template=roles))
     with pytest.raises(ValueError, match="does not render the final message's text"):
-        tok.apply_chat_template(answer, add_generation_prompt=False, continue_final_message=True)
+        tok.apply_chat_template(
+            answer,
+            add_generation_prompt=False,
+            continue_final_message=True,
+            chat_template="{% for m in messages %}{{ m['role'] }}{% endfor %}",
+        )
 
 
 def test_chat_template_arguments():
@@ -190,6 +193,23 @@ def test_chat_template_arguments():
         tok.chat_template_arguments(True, None, True)
     with pytest.raises(ValueError, match="cannot both be true"):
         tok.chat_template_arguments(True, {"continue_final_message": True})
+    # The template itself is the call's own argument, as are the messages.
+    with pytest.raises(ValueError, match="may not set chat_template, messages"):
+        tok.chat_template_arguments(True, {"chat_template": "x", "messages": []})
+
+
+def test_a_callers_chat_template_replaces_the_checkpoints():
+    tok = get_tokenizer(BUILTIN_MODELS["kimi-k3-tiny"])
+    messages = [{"role": "user", "content": "hi"}]
+    own = "{{ greeting }}{% for m in messages %}[{{ m['content'] }}]{% endfor %}"
+    assert tok.apply_chat_template(messages, chat_template=own, greeting="hey ") == "hey [hi]"
+    assert tok.apply_chat_template(messages).startswith("<|bos|>user: hi")  # left as it was
+    with pytest.raises(ValueError, match="chat_template does not parse"):
+        tok.apply_chat_template(messages, chat_template="{% if %}")
+    # The same sandbox as the checkpoint's template.
+    with pytest.raises(ValueError, match="chat_template failed"):
+        tok.apply_chat_template(messages, chat_template="{{ messages.pop() }}")
+    assert messages == [{"role": "user", "content": "hi"}]
 
 
 @pytest.mark.parametrize(

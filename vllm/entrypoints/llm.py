@@ -100,13 +100,14 @@ class LLM:
         chat_template_kwargs: dict[str, Any] | None = None,
         tools: list[dict[str, Any]] | None = None,
         continue_final_message: bool = False,
+        chat_template: str | None = None,
     ) -> list[RequestOutput]:
         """Generate replies to one conversation (a list of `{"role", "content"}` messages) or a
-        list of them, rendered with the tokenizer's chat template. `tools` is passed to the
-        template (as the server's request field; no tool-call parsing); `chat_template_kwargs`
-        win over it and over `add_generation_prompt` and `continue_final_message` (which leaves
-        the final, assistant, message open for the reply to continue; not with a generation
-        prompt: set `add_generation_prompt=False`)."""
+        list of them, rendered with `chat_template` (default: the tokenizer's). `tools` is passed
+        to the template (as the server's request field; no tool-call parsing);
+        `chat_template_kwargs` win over it and over `add_generation_prompt` and
+        `continue_final_message` (which leaves the final, assistant, message open for the reply
+        to continue; not with a generation prompt: set `add_generation_prompt=False`)."""
         tokenizer = self.get_tokenizer()
         if tokenizer is None:
             raise ValueError("chat needs a tokenizer (skip_tokenizer_init is set)")
@@ -116,6 +117,8 @@ class LLM:
         )
         if tools:
             kwargs.setdefault("tools", tools)
+        if chat_template is not None:
+            kwargs["chat_template"] = chat_template
         params = _per_prompt(sampling_params, len(conversations), "conversations")
         prompts = []
         for index, conversation in enumerate(conversations):

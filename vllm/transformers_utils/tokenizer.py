@@ -7,11 +7,13 @@ Two formats are read:
   pre-tokenizer split and 256 special-token ids numbered right after the BPE ranks.
 
 Special tokens, the chat template and `model_max_length` come from `tokenizer_config.json` when the
-folder has one; otherwise bos/eos/pad come from `config.json` ids (or its `text_config`). The final
-message may be left open for the reply to continue (HF's `continue_final_message`).
+folder has one; otherwise bos/eos/pad come from `config.json` ids (or its `text_config`). A caller
+may render with a chat template of its own instead, and may leave the final message open for the
+reply to continue (HF's `continue_final_message`).
 """
 
 import base64
+import functools
 import json
 import re
 import secrets
@@ -95,6 +97,23 @@ def _token_text(value: Any) -> str | None:
     if isinstance(value, dict):
         value = value.get("content")
     return value if isinstance(value, str) else None
+
+
+@functools.lru_cache(maxsize=32)
+def compile_chat_template(source: str) -> jinja2.Template:
+    """`source` compiled in the sandbox HF renders chat templates in (with its `tojson`,
+    `raise_exception` and `strftime_now`); a `ValueError` if it does not parse. Cached by text,
+    so a caller's own template is parsed once, however many requests bring it."""
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as e:
+        raise ValueError(f"chat_template does not parse: {e}") from e
 
 
 def _mark_final_message(messages: list[dict]) -> tuple[list[dict], str]:
@@ -181,7 +200,6 @@ class Tokenizer(ABC):
         self.eos_token = self._special_text("eos")
         self.pad_token = self._special_text("pad")
         self.chat_template = self._find_chat_template(folder)
-        self._template: jinja2.Template | None = None
 
     # Backend surface.
     @abstractmethod
@@ -265,11 +283,11 @@ class Tokenizer(ABC):
     ) -> dict[str, Any]:
         """Keywords for `apply_chat_template` from a caller's `add_generation_prompt`,
         `continue_final_message` and extra template variables, which win over both (as
-        upstream's `chat_template_kwargs` do); they may not set `messages` or `tokenize`, which
-        are the call's own (`ValueError`). Continuing the final message
+        upstream's `chat_template_kwargs` do); they may not set `messages`, `tokenize` or
+        `chat_template`, which are the call's own (`ValueError`). Continuing the final message
         and adding a generation prompt exclude each other (a `ValueError`, as HF's)."""
         kwargs = dict(chat_template_kwargs or {})
-        reserved = sorted(kwargs.keys() & {"messages", "tokenize"})
+        reserved = sorted(kwargs.keys() & {"messages", "tokenize", "chat_template"})
         if reserved:
             raise ValueError(f"chat_template_kwargs may not set {', '.join(reserved)}")
         kwargs.setdefault("add_generation_prompt", add_generation_prompt)
@@ -284,9 +302,11 @@ class Tokenizer(ABC):
         add_generation_prompt: bool = True,
         tokenize: bool = False,
         continue_final_message: bool = False,
+        chat_template: str | None = None,
         **kwargs: Any,
     ) -> str | list[int]:
-        """Render `messages` with the checkpoint's template, as HF does; ids if `tokenize`.
+        """Render `messages` with `chat_template` (default: the checkpoint's), as HF does; ids if
+        `tokenize`.
 
         The template sees `messages`, `add_generation_prompt`, the bos/eos/pad token texts and every
         extra keyword (`tools`, ...). Its text already holds the special tokens, so tokenizing adds
@@ -295,7 +315,9 @@ class Tokenizer(ABC):
         reply to continue it; its text stays as given (a template that trims it still leaves its
         trailing spaces, which HF would cut).
         """
-        if self.chat_template is None:
+        if chat_template is None:
+            chat_template = self.chat_template
+        if chat_template is None:
             raise ValueError("chat_template: this tokenizer has none; pass a prompt instead")
         _check_messages(messages)
         if continue_final_message and add_generation_prompt:
@@ -303,23 +325,13 @@ class Tokenizer(ABC):
         stand_in = None
         if continue_final_message:
             messages, stand_in = _mark_final_message(messages)
-        if self._template is None:
-            env = ImmutableSandboxedEnvironment(
-                trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
-            )
-            env.filters["tojson"] = _tojson
-            env.globals["raise_exception"] = _raise_exception
-            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-            try:
-                self._template = env.from_string(self.chat_template)
-            except jinja2.TemplateSyntaxError as e:
-                raise ValueError(f"chat_template does not parse: {e}") from e
+        template = compile_chat_template(chat_template)
         variables = {"bos_token": self.bos_token, "eos_token": self.eos_token}
         variables.update(pad_token=self.pad_token)
         variables.update(kwargs)  # may replace the special tokens' texts, as HF's
         variables.update(messages=messages, add_generation_prompt=add_generation_prompt)
         try:
-            text = self._template.render(variables)
+            text = template.render(variables)
         except jinja2.TemplateError as e:  # includes the sandbox's SecurityError
             raise ValueError(f"chat_template failed on these messages: {e}") from e
         except (TypeError, ArithmeticError, LookupError, AttributeError) as e:

@@ -2,7 +2,8 @@
 scripted reply, e.g. the reasoning parser; PORT 0 binds one the OS picks, logged as `vllm serve`
 logs its address):
 `python tests/entrypoints/openai/fake_server.py PORT SCRIPT [--reasoning-parser kimi_k3]
-[--api-key KEY] [--step-delay SECONDS] [--abort-delay SECONDS] [--max-model-len N]`."""
+[--api-key KEY] [--step-delay SECONDS] [--abort-delay SECONDS] [--max-model-len N]
+[--trust-request-chat-template]`."""
 
 import argparse
 import sys
@@ -27,6 +28,7 @@ def main() -> None:
     parser.add_argument("--step-delay", type=float, default=0.0)
     parser.add_argument("--abort-delay", type=float, default=0.0)
     parser.add_argument("--max-model-len", type=int, default=128)
+    parser.add_argument("--trust-request-chat-template", action="store_true")
     args = parser.parse_args()
     engine = AsyncLLM(
         FakeEngine(args.script, args.max_model_len, args.step_delay, args.abort_delay)
@@ -37,6 +39,7 @@ def main() -> None:
         "fake",
         api_key=args.api_key,
         reasoning_parser=args.reasoning_parser,
+        trust_request_chat_template=args.trust_request_chat_template,
     )
     sock = bind_socket("127.0.0.1", args.port)
     # The address as `vllm serve` logs it: with PORT 0, how RemoteServer learns the OS's pick.

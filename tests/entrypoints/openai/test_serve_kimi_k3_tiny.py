@@ -2,7 +2,8 @@
 
 The official openai client (completion, streamed completion, chat, streamed chat, logprobs) with
 greedy text equal to `LLM.generate` / `LLM.chat`; the prompt forms and sampling fields of
-/v1/completions on the real engine; the tokenizer endpoints lm_eval probes; lm_eval 0.4.12
+/v1/completions on the real engine; the tokenizer endpoints lm_eval probes; a request's own chat
+template on a server that trusts them; lm_eval 0.4.12
 local-completions with the PR recipe's model_args on the local GSM8K-format task, plain and on a
 server started with the PR recipe's flags, env and PTPC quantization config; /metrics; a clean
 SIGTERM shutdown.
@@ -35,7 +36,8 @@ RECIPE = ["serve", MODEL, "--served-model-name", NAME, "--trust-remote-code",
           "--attention-config", '{"mla_prefill_backend":"FLASH_ATTN"}',
           "--quantization-config", PTPC]  # fmt: skip
 RECIPE_ENV = {"VLLM_ROCM_USE_AITER": "1", "VLLM_USE_BREAKABLE_CUDAGRAPH": "0"}
-SERVE = ["serve", MODEL, "--served-model-name", NAME, MODEL, "--max-model-len", "2048"]
+SERVE = ["serve", MODEL, "--served-model-name", NAME, MODEL, "--max-model-len", "2048",
+         "--trust-request-chat-template"]  # fmt: skip
 PROMPTS = ["Question: What is 2 + 3?\nAnswer:", "The capital of France is", "Once upon a time"]
 CHAT = [{"role": "user", "content": "Say hello."}]
 MAX_TOKENS = 12
@@ -260,6 +262,16 @@ def test_tokenizer_endpoints_lm_eval_probes(server: RemoteServer) -> None:
     assert probe["max_model_len"] == 2048
     text = requests.post(server.url("/detokenize"), json={"tokens": probe["tokens"]}).json()
     assert text == {"prompt": "test"}
+
+
+def test_a_trusting_server_renders_a_requests_chat_template(server: RemoteServer) -> None:
+    """`--trust-request-chat-template` reaches the chat handler (off, the request is a 400)."""
+    own = "{{ messages[0]['content'] }}{{ suffix }}"
+    body = {"messages": CHAT, "chat_template": own, "chat_template_kwargs": {"suffix": "!"}}
+    counted = requests.post(server.url("/tokenize"), json=body, timeout=10)
+    assert counted.status_code == 200, counted.text
+    tokenizer = get_tokenizer(resolve_model(MODEL)[0])
+    assert counted.json()["tokens"] == tokenizer.encode("Say hello.!", add_special_tokens=False)
     models = requests.get(server.url("/v1/models"), timeout=10).json()
     assert [m["id"] for m in models["data"]] == [NAME, MODEL]
     assert models["data"][0]["max_model_len"] == 2048 and models["data"][0]["root"] == MODEL

@@ -201,6 +201,12 @@ ANSWER = [*USER, {"role": "assistant", "content": "It is"}]
          "continue_final_message"),
         ("/tokenize", {"messages": ANSWER, "continue_final_message": True},
          "continue_final_message"),
+        # A request's own template, on a server that does not trust them (the default).
+        ("/v1/chat/completions", {"messages": USER, "chat_template": "{{ messages }}"},
+         "chat_template"),
+        ("/tokenize", {"messages": USER, "chat_template": "{{ messages }}"}, "chat_template"),
+        ("/tokenize", {"messages": USER, "chat_template_kwargs": {"chat_template": "x"}},
+         "chat_template_kwargs"),
         ("/tokenize", {}, "prompt"),
         # The template adds the eos text to a string: a TypeError, which was a 500.
         ("/tokenize", {"messages": USER, "chat_template_kwargs": {"eos_token": {"a": 1}}},

@@ -76,6 +76,15 @@ _SERVER_FLAGS: list[tuple[tuple[str, ...], dict]] = [
         ),
     ),
     (
+        ("--trust-request-chat-template",),
+        dict(
+            action="store_true",
+            help="accept a request's own `chat_template` (chat, /tokenize); off by default, as "
+            "in vLLM: a template is a program the server runs, and even sandboxed it can loop "
+            "for as long as it likes",
+        ),
+    ),
+    (
         ("--language-model-only",),
         dict(
             action="store_true",

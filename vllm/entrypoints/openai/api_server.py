@@ -137,6 +137,7 @@ def build_app(
     api_key: str | None = None,
     enable_tokenizer_info_endpoint: bool = True,
     reasoning_parser: str | None = None,
+    trust_request_chat_template: bool = False,
 ) -> FastAPI:
     """The OpenAI-compatible app over `engine` (see docs/serving.md for the endpoints)."""
     parser = None
@@ -144,7 +145,9 @@ def build_app(
         parser = REASONING_PARSERS[reasoning_parser](engine.tokenizer)
     shared = (engine, served_model_names, model_path)
     completion = OpenAIServingCompletion(*shared)
-    chat = OpenAIServingChat(*shared, reasoning_parser=parser)
+    chat = OpenAIServingChat(
+        *shared, reasoning_parser=parser, trust_request_chat_template=trust_request_chat_template
+    )
     tokenization = OpenAIServingTokenization(*shared, chat=chat)
     metrics = PrometheusStatLogger(served_model_names[0])
     engine.add_stat_logger(metrics)
@@ -299,6 +302,7 @@ def run_server(args: argparse.Namespace, engine_config: Any) -> None:
             api_key=args.api_key,
             enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
             reasoning_parser=args.reasoning_parser,
+            trust_request_chat_template=args.trust_request_chat_template,
         )
         config = uvicorn.Config(
             app,

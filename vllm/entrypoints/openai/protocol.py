@@ -218,6 +218,7 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # the final (assistant) message left open
+    chat_template: str | None = None  # refused unless --trust-request-chat-template
     chat_template_kwargs: dict[str, Any] | None = None
     include_reasoning: bool = True
     tools: list[dict[str, Any]] | None = None  # passed to the chat template; no tool parser
@@ -295,6 +296,7 @@ class TokenizeRequest(OpenAIModel):
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # as for chat
+    chat_template: str | None = None  # as for chat
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None  # passed to the chat template, as for chat
     return_token_strs: bool = False

@@ -22,6 +22,7 @@ from vllm.entrypoints.openai.protocol import (
 from vllm.entrypoints.openai.serving_engine import OpenAIError, OpenAIServing, bad_request, sse
 from vllm.outputs import CompletionOutput, PositionLogprobs
 from vllm.reasoning import KimiK3ReasoningParser
+from vllm.transformers_utils.tokenizer import compile_chat_template
 from vllm.v1.engine.async_llm import EngineDeadError
 
 
@@ -59,10 +60,24 @@ def render_messages(request: ChatCompletionRequest) -> list[dict]:
     return [m.model_dump(exclude_none=False) for m in request.messages]
 
 
+# A template is a program the server runs: sandboxed, yet one can loop for as long as it likes.
+UNTRUSTED_CHAT_TEMPLATE = (
+    "chat_template: a request's own chat template is refused unless the server runs with "
+    "--trust-request-chat-template"
+)
+
+
 class OpenAIServingChat(OpenAIServing):
-    def __init__(self, *args, reasoning_parser: KimiK3ReasoningParser | None = None, **kw) -> None:
+    def __init__(
+        self,
+        *args,
+        reasoning_parser: KimiK3ReasoningParser | None = None,
+        trust_request_chat_template: bool = False,
+        **kw,
+    ) -> None:
         super().__init__(*args, **kw)
         self.reasoning_parser = reasoning_parser
+        self.trust_request_chat_template = trust_request_chat_template
 
     def _template_kwargs(self, request: ChatCompletionRequest) -> dict:
         try:
@@ -75,6 +90,14 @@ class OpenAIServingChat(OpenAIServing):
             raise bad_request(e, ChatCompletionRequest) from None
         if request.tools:
             kwargs.setdefault("tools", request.tools)
+        if request.chat_template is not None:
+            if not self.trust_request_chat_template:
+                raise OpenAIError(UNTRUSTED_CHAT_TEMPLATE, 400, "chat_template")
+            try:  # here, so that a template that does not parse is named as the culprit
+                compile_chat_template(request.chat_template)
+            except ValueError as e:
+                raise OpenAIError(str(e), 400, "chat_template") from None
+            kwargs["chat_template"] = request.chat_template
         return kwargs
 
     def render(self, request: ChatCompletionRequest) -> str:

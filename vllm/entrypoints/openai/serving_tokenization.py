@@ -28,6 +28,7 @@ class OpenAIServingTokenization(OpenAIServing):
                 messages=request.messages,
                 add_generation_prompt=request.add_generation_prompt,
                 continue_final_message=request.continue_final_message,
+                chat_template=request.chat_template,
                 chat_template_kwargs=request.chat_template_kwargs,
                 tools=request.tools,
             )
