@@ -209,13 +209,17 @@ def build_app(
         work = chat.create_chat_completion(body)
         return _respond(await _unless_disconnected(request, work))
 
+    # (De)tokenizing megabytes takes seconds: on a worker thread, not on the event loop, which
+    # meanwhile answers every other request and /health.
     @app.post("/tokenize")
     async def tokenize(request: Request) -> Response:
-        return _respond(tokenization.tokenize(await _parse(request, TokenizeRequest)))
+        body = await _parse(request, TokenizeRequest)
+        return _respond(await asyncio.to_thread(tokenization.tokenize, body))
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> Response:
-        return _respond(tokenization.detokenize(await _parse(request, DetokenizeRequest)))
+        body = await _parse(request, DetokenizeRequest)
+        return _respond(await asyncio.to_thread(tokenization.detokenize, body))
 
     if enable_tokenizer_info_endpoint:
 

@@ -2,6 +2,7 @@
 split into `reasoning` and `content` by the reasoning parser (if one is configured), chat-style
 logprobs, and SSE streaming of deltas."""
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
 
@@ -22,6 +23,7 @@ from vllm.entrypoints.openai.protocol import (
 from vllm.entrypoints.openai.serving_engine import OpenAIError, OpenAIServing, bad_request, sse
 from vllm.outputs import CompletionOutput, PositionLogprobs
 from vllm.reasoning import KimiK3ReasoningParser
+from vllm.sampling_params import SamplingParams
 from vllm.transformers_utils.tokenizer import compile_chat_template
 from vllm.v1.engine.async_llm import EngineDeadError
 
@@ -154,36 +156,9 @@ class OpenAIServingChat(OpenAIServing):
     async def create_chat_completion(
         self, request: ChatCompletionRequest
     ) -> "ChatCompletionResponse | AsyncIterator[str]":
-        self.check_model(request.model)
-        prompt_text = self.render(request)
-        ids = self.encode(prompt_text, False, "messages")
-        requested = request.max_completion_tokens
-        if requested is None:
-            requested = request.max_tokens
-        max_tokens = self.max_tokens_for(ids, requested, "messages")
-        parser = self.reasoning_parser
-        skip_special = request.skip_special_tokens
-        if parser is not None and parser.needs_special_tokens:
-            skip_special = False
-        num_top = None
-        if request.logprobs:
-            num_top = request.top_logprobs or 0
-            # Checked here, under its own name: the engine's check would name `logprobs`.
-            most = self.engine.config.model_config.logprobs_limit
-            if not 0 <= num_top <= most:
-                raise OpenAIError(
-                    f"top_logprobs must be in [0, {most}] (the vocabulary and --max-logprobs), "
-                    f"got {num_top}",
-                    400,
-                    "top_logprobs",
-                )
-        elif request.top_logprobs:
-            raise OpenAIError("top_logprobs needs logprobs: true", 400, "top_logprobs")
-        try:
-            params = request.sampling_params(max_tokens, num_top, skip_special_tokens=skip_special)
-        except ValueError as e:
-            raise bad_request(e, ChatCompletionRequest) from None
-        in_reasoning = self.starts_in_reasoning(request, prompt_text)
+        # Rendering and tokenizing a conversation of megabytes takes seconds: done on a worker
+        # thread, the event loop answers other requests and /health meanwhile.
+        ids, params, num_top, in_reasoning = await asyncio.to_thread(self._inputs, request)
         request_id = random_id("chatcmpl")
         try:
             stream = await self.engine.add_request(request_id, ids, params)
@@ -219,6 +194,43 @@ class OpenAIServingChat(OpenAIServing):
         return ChatCompletionResponse(
             id=request_id, model=self.model_name, choices=choices, usage=usage
         )
+
+    def _inputs(
+        self, request: ChatCompletionRequest
+    ) -> tuple[list[int], SamplingParams, int | None, bool]:
+        """The prompt's token ids, the sampling parameters, the top logprobs each token shows
+        (None: no logprobs) and whether the reply starts inside a think block; the request's
+        first refused field is a 400."""
+        self.check_model(request.model)
+        prompt_text = self.render(request)
+        ids = self.encode(prompt_text, False, "messages")
+        requested = request.max_completion_tokens
+        if requested is None:
+            requested = request.max_tokens
+        max_tokens = self.max_tokens_for(ids, requested, "messages")
+        parser = self.reasoning_parser
+        skip_special = request.skip_special_tokens
+        if parser is not None and parser.needs_special_tokens:
+            skip_special = False
+        num_top = None
+        if request.logprobs:
+            num_top = request.top_logprobs or 0
+            # Checked here, under its own name: the engine's check would name `logprobs`.
+            most = self.engine.config.model_config.logprobs_limit
+            if not 0 <= num_top <= most:
+                raise OpenAIError(
+                    f"top_logprobs must be in [0, {most}] (the vocabulary and --max-logprobs), "
+                    f"got {num_top}",
+                    400,
+                    "top_logprobs",
+                )
+        elif request.top_logprobs:
+            raise OpenAIError("top_logprobs needs logprobs: true", 400, "top_logprobs")
+        try:
+            params = request.sampling_params(max_tokens, num_top, skip_special_tokens=skip_special)
+        except ValueError as e:
+            raise bad_request(e, ChatCompletionRequest) from None
+        return ids, params, num_top, self.starts_in_reasoning(request, prompt_text)
 
     def _split(
         self, request: ChatCompletionRequest, c: CompletionOutput, in_reasoning: bool

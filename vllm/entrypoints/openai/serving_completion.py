@@ -1,6 +1,7 @@
 """POST /v1/completions: prompts in all four OpenAI forms, echo and logprobs (prompt logprobs
 for loglikelihood scoring), n completions per prompt, and SSE streaming."""
 
+import asyncio
 import codecs
 from collections.abc import AsyncIterator
 
@@ -20,6 +21,7 @@ from vllm.entrypoints.openai.serving_engine import (
     sse,
 )
 from vllm.outputs import CompletionOutput, PositionLogprobs, RequestOutput
+from vllm.sampling_params import SamplingParams
 from vllm.v1.engine.async_llm import EngineDeadError
 
 
@@ -96,21 +98,9 @@ class OpenAIServingCompletion(OpenAIServing):
         self, request: CompletionRequest
     ) -> "CompletionResponse | AsyncIterator[str]":
         """The response, or for `stream` the SSE events (after the requests were accepted)."""
-        self.check_model(request.model)
-        if request.suffix:
-            raise OpenAIError("suffix is not supported", 400, "suffix")
-        prompts = normalize_prompts(request.prompt)
-        inputs = []
-        for prompt in prompts:
-            ids = self.encode(prompt, request.add_special_tokens, "prompt")
-            max_tokens = self.max_tokens_for(ids, request.max_tokens, "prompt")
-            text = prompt if isinstance(prompt, str) else None
-            prompt_logprobs = request.logprobs if request.echo else None
-            try:
-                params = request.sampling_params(max_tokens, request.logprobs, prompt_logprobs)
-            except ValueError as e:
-                raise bad_request(e, CompletionRequest) from None
-            inputs.append((ids, text, params))
+        # A prompt of megabytes takes seconds to tokenize (or, as ids, to check and decode):
+        # done on a worker thread, the event loop answers other requests and /health meanwhile.
+        inputs = await asyncio.to_thread(self._inputs, request)
         request_id = random_id("cmpl")
         ids_of = [f"{request_id}-{i}" for i in range(len(inputs))]
         streams = []
@@ -123,10 +113,7 @@ class OpenAIServingCompletion(OpenAIServing):
         except BaseException:
             self._abort(ids_of)
             raise
-        prompt_texts = [
-            text if text is not None else self.tokenizer.decode(ids, skip_special_tokens=False)
-            for ids, text, _ in inputs
-        ]
+        prompt_texts = [text for _, text, _ in inputs]
         if request.stream:
             prompt_total = sum(len(ids) for ids, _, _ in inputs)
             return self._stream(request, request_id, ids_of, streams, prompt_texts, prompt_total)
@@ -139,17 +126,49 @@ class OpenAIServingCompletion(OpenAIServing):
             raise OpenAIError(str(e), 503) from None
         finally:
             self._abort(ids_of)
+        # With echo and logprobs every prompt token is detokenized, one by one: a worker thread's
+        # job too for a long prompt.
+        return await asyncio.to_thread(self._response, request, request_id, finals, prompt_texts)
+
+    def _response(
+        self,
+        request: CompletionRequest,
+        request_id: str,
+        finals: dict[int, RequestOutput],
+        prompt_texts: list[str],
+    ) -> CompletionResponse:
         choices, prompt_tokens, completion_tokens = [], 0, 0
-        for i in range(len(inputs)):
+        for i, text in enumerate(prompt_texts):
             out = finals[i]
             prompt_tokens += len(out.prompt_token_ids)
             for c in out.outputs:
                 completion_tokens += len(c.token_ids)
-                choices.append(self._choice(request, i, out, c, prompt_texts[i]))
+                choices.append(self._choice(request, i, out, c, text))
         usage = UsageInfo.of(prompt_tokens, completion_tokens)
         return CompletionResponse(
             id=request_id, model=self.model_name, choices=choices, usage=usage
         )
+
+    def _inputs(self, request: CompletionRequest) -> list[tuple[list[int], str, SamplingParams]]:
+        """Each prompt's token ids, its text as echo shows it and its sampling parameters; the
+        request's first refused field is a 400."""
+        self.check_model(request.model)
+        if request.suffix:
+            raise OpenAIError("suffix is not supported", 400, "suffix")
+        inputs = []
+        for prompt in normalize_prompts(request.prompt):
+            ids = self.encode(prompt, request.add_special_tokens, "prompt")
+            max_tokens = self.max_tokens_for(ids, request.max_tokens, "prompt")
+            prompt_logprobs = request.logprobs if request.echo else None
+            try:
+                params = request.sampling_params(max_tokens, request.logprobs, prompt_logprobs)
+            except ValueError as e:
+                raise bad_request(e, CompletionRequest) from None
+            text = prompt
+            if not isinstance(prompt, str):
+                text = self.tokenizer.decode(ids, skip_special_tokens=False) if request.echo else ""
+            inputs.append((ids, text, params))
+        return inputs
 
     def _abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:
@@ -226,13 +245,13 @@ class OpenAIServingCompletion(OpenAIServing):
                         continue
                     logprobs = None
                     if request.logprobs is not None:
-                        logprobs = self._logprobs(
-                            out,
-                            c,
-                            request.echo and first,
-                            sent_tokens.get(index, 0),
-                            text_offsets.setdefault(index, TextOffsets()),
-                        )
+                        with_prompt = request.echo and first
+                        args = (out, c, with_prompt, sent_tokens.get(index, 0))
+                        offsets = text_offsets.setdefault(index, TextOffsets())
+                        if with_prompt:  # every prompt token: a worker thread's job, as above
+                            logprobs = await asyncio.to_thread(self._logprobs, *args, offsets)
+                        else:
+                            logprobs = self._logprobs(*args, offsets)
                     sent_tokens[index] = len(c.token_ids)
                     sent_text[index] = len(c.text)
                     text = prompt_texts[i] + delta if first and request.echo else delta
