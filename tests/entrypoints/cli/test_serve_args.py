@@ -90,6 +90,7 @@ def test_recipe_flags_parse() -> None:
         (["--port", "-1"], ["--port", "0: one the OS picks"]),
         (["--skip-tokenizer-init"], ["--skip-tokenizer-init", "needs a"]),
         (["--api-key", ""], ["--api-key", "must not be empty"]),
+        (["--max-request-body-bytes", "0"], ["--max-request-body-bytes", "at least 1"]),
         # Words of the user's JSON (seed, device) are not the flag at fault.
         (["--quantization-config", '{"linear": {"seed": 1}}'],
          ["argument --quantization-config:", "unknown keys"]),
@@ -147,6 +148,7 @@ def test_help_states_what_each_unset_default_resolves_to() -> None:
     assert "(default: 8192, or max_num_seqs if larger)" in helps["--max-num-batched-tokens"]
     assert "(default: 512, at most max_num_seqs)" in helps["--max-cudagraph-capture-size"]
     assert helps["--uvicorn-log-level"].endswith("(default: info)")
+    assert helps["--max-request-body-bytes"].endswith("(default: 33554432, 32 MiB)")
     config = EngineArgs(skip_tokenizer_init=True).create_engine_config()
     assert config.model_config.max_model_len == 4096  # kimi-k3-tiny's max_position_embeddings
     assert config.scheduler_config.max_num_batched_tokens == 8192

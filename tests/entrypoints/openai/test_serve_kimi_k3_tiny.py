@@ -36,8 +36,9 @@ RECIPE = ["serve", MODEL, "--served-model-name", NAME, "--trust-remote-code",
           "--attention-config", '{"mla_prefill_backend":"FLASH_ATTN"}',
           "--quantization-config", PTPC]  # fmt: skip
 RECIPE_ENV = {"VLLM_ROCM_USE_AITER": "1", "VLLM_USE_BREAKABLE_CUDAGRAPH": "0"}
+BODY_LIMIT = 1 << 20  # far above any other test's body
 SERVE = ["serve", MODEL, "--served-model-name", NAME, MODEL, "--max-model-len", "2048",
-         "--trust-request-chat-template"]  # fmt: skip
+         "--trust-request-chat-template", "--max-request-body-bytes", str(BODY_LIMIT)]  # fmt: skip
 PROMPTS = ["Question: What is 2 + 3?\nAnswer:", "The capital of France is", "Once upon a time"]
 CHAT = [{"role": "user", "content": "Say hello."}]
 MAX_TOKENS = 12
@@ -276,6 +277,14 @@ def test_a_trusting_server_renders_a_requests_chat_template(server: RemoteServer
     assert [m["id"] for m in models["data"]] == [NAME, MODEL]
     assert models["data"][0]["max_model_len"] == 2048 and models["data"][0]["root"] == MODEL
     assert requests.get(server.url("/version"), timeout=10).json()["version"]
+
+
+def test_server_flags_reach_the_app(server: RemoteServer) -> None:
+    body = b'{"prompt": "' + b"x" * BODY_LIMIT + b'"}'
+    headers = {"Content-Type": "application/json"}
+    response = requests.post(server.url("/v1/completions"), data=body, headers=headers, timeout=60)
+    assert response.status_code == 413, response.text
+    assert str(BODY_LIMIT) in response.json()["error"]["message"]
 
 
 def _run_lm_eval(server: RemoteServer, tmp_path: Path, limit: int | None = None) -> dict:

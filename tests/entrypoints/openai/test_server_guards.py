@@ -1,7 +1,10 @@
 """The app over the scripted engine, served by uvicorn on a thread of the test process (so that a
 test can hold its tokenizer and watch its engine): tokenizing, rendering and detokenizing a
-request's prompt happen off the event loop, which answers /health meanwhile."""
+request's prompt happen off the event loop, which answers /health meanwhile; a body over
+`max_request_body_bytes` is a 413 that no handler (nor the engine) sees, refused unread when its
+Content-Length says so and otherwise at the chunk that crosses the limit."""
 
+import asyncio
 import concurrent.futures
 import contextlib
 import sys
@@ -23,6 +26,9 @@ from vllm.entrypoints.openai.api_server import bind_socket, build_app  # noqa: E
 from vllm.v1.engine.async_llm import AsyncLLM  # noqa: E402
 
 SCRIPT = "The answer is 4."
+KEY = "sk-test"
+HEADERS = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+LIMIT = 4096
 USER = [{"role": "user", "content": "2+2?"}]
 # Bounds only a failing run (a request held on the event loop stalls /health until released);
 # a passing one answers at once.
@@ -55,6 +61,18 @@ def served() -> Iterator[SimpleNamespace]:
     try:
         with _serve(build_app(llm, ["fake"], "fake")) as url:
             yield SimpleNamespace(url=url, tokenizer=llm.tokenizer)
+    finally:
+        llm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def guarded() -> Iterator[SimpleNamespace]:
+    engine = FakeEngine(SCRIPT)
+    llm = AsyncLLM(engine)
+    app = build_app(llm, ["fake"], "fake", api_key=KEY, max_request_body_bytes=LIMIT)
+    try:
+        with _serve(app) as url:
+            yield SimpleNamespace(url=url, engine=engine, app=app)
     finally:
         llm.shutdown()
 
@@ -115,3 +133,92 @@ def test_health_answers_while_a_request_is_tokenized(
             release.set()
         response = held.result()
     assert response.status_code == 200, response.text
+
+
+def _completion_body(size: int) -> bytes:
+    """A valid completion request of exactly `size` bytes (padded in a field the API ignores)."""
+    head, tail = b'{"prompt": "hi", "max_tokens": 1, "pad": "', b'"}'
+    return head + b"x" * (size - len(head) - len(tail)) + tail
+
+
+TOO_LARGE = {
+    "error": {
+        "message": f"the request body is over the server's limit of {LIMIT} bytes "
+        "(--max-request-body-bytes)",
+        "type": "ContentTooLarge",
+        "param": None,
+        "code": 413,
+    }
+}
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content_length", "chunked"])
+def test_a_body_over_the_limit_is_a_413_the_engine_never_sees(
+    guarded: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, chunked: bool
+) -> None:
+    added = []
+    add_request = guarded.engine.add_request
+
+    def spy(request_id, prompt, params):
+        added.append(request_id)
+        return add_request(request_id, prompt, params)
+
+    monkeypatch.setattr(guarded.engine, "add_request", spy)
+
+    def post(body: bytes) -> requests.Response:
+        # A generator makes requests send the body chunked, without a Content-Length.
+        data = iter([body[: LIMIT // 2], body[LIMIT // 2 :]]) if chunked else body
+        url = guarded.url + "/v1/completions"
+        return requests.post(url, data=data, headers=HEADERS, timeout=60)
+
+    response = post(_completion_body(LIMIT + 1))
+    assert response.status_code == 413, response.text
+    assert response.json() == TOO_LARGE
+    assert added == []
+    response = post(_completion_body(LIMIT))  # at the limit: served, and the engine sees it
+    assert response.status_code == 200, response.text
+    assert len(added) == 1
+
+
+def test_a_request_without_the_key_is_refused_before_its_body_is_read(
+    guarded: SimpleNamespace,
+) -> None:
+    response = requests.post(
+        guarded.url + "/v1/completions", data=_completion_body(LIMIT + 1), timeout=60
+    )
+    assert response.status_code == 401, response.text
+
+
+def _call(app, headers: list[tuple[bytes, bytes]], chunks: list[bytes]) -> tuple[int, list]:
+    """Run one POST /v1/completions through the ASGI `app` with a body sent in `chunks`; the
+    response status and the chunks the app took."""
+    taken: list[bytes] = []
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        if len(taken) == len(chunks):  # all sent: what a server says once the client is gone
+            return {"type": "http.disconnect"}
+        taken.append(chunks[len(taken)])
+        return {"type": "http.request", "body": taken[-1], "more_body": len(taken) < len(chunks)}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions",
+        "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1), "server": None,
+        "headers": [(b"authorization", f"Bearer {KEY}".encode()), *headers],
+    }  # fmt: skip
+    asyncio.run(app(scope, receive, send))
+    return sent[0]["status"], taken
+
+
+def test_the_limit_is_checked_before_the_body_is_taken(guarded: SimpleNamespace) -> None:
+    """A declared Content-Length over the limit: no chunk taken. A chunked body: taken up to the
+    chunk that crosses the limit, no further."""
+    chunks = [b"x" * 1000] * 20
+    status, taken = _call(guarded.app, [(b"content-length", b"20000")], chunks)
+    assert (status, taken) == (413, [])
+    status, taken = _call(guarded.app, [(b"transfer-encoding", b"chunked")], chunks)
+    assert (status, len(taken)) == (413, LIMIT // 1000 + 1)

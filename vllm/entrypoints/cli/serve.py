@@ -11,6 +11,7 @@ import json
 
 from vllm import envs
 from vllm.engine.arg_utils import EngineArgs, refuse
+from vllm.entrypoints.openai.protocol import DEFAULT_MAX_REQUEST_BODY_BYTES
 from vllm.logger import init_logger
 from vllm.reasoning import REASONING_PARSERS
 
@@ -56,6 +57,16 @@ _SERVER_FLAGS: list[tuple[tuple[str, ...], dict]] = [
             default=True,
             help="serve GET /tokenizer_info (on by default here, unlike vLLM: lm_eval's "
             "remote tokenizer needs it, or it downloads a tokenizer from the hub)",
+        ),
+    ),
+    (
+        ("--max-request-body-bytes",),
+        dict(
+            type=int,
+            default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+            metavar="BYTES",
+            help="largest request body accepted, in bytes; a larger one is a 413 and never read "
+            f"whole (default: {DEFAULT_MAX_REQUEST_BODY_BYTES}, 32 MiB)",
         ),
     ),
     (
@@ -173,6 +184,9 @@ def check_server_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
         logger.info("--language-model-only: the text model is all that vllm-k3 serves")
     if args.served_model_name is not None and not all(args.served_model_name):
         parser.error("argument --served-model-name: names must not be empty")
+    if args.max_request_body_bytes < 1:
+        limit = args.max_request_body_bytes
+        parser.error(f"argument --max-request-body-bytes: must be at least 1, got {limit}")
     if not 0 <= args.port < 65536:
         parser.error(f"argument --port: must be in 0..65535 (0: one the OS picks), got {args.port}")
 

@@ -7,6 +7,7 @@ and serves with uvicorn until SIGINT/SIGTERM, then stops the engine and its work
 
 import argparse
 import asyncio
+import collections
 import re
 import signal
 import socket
@@ -22,6 +23,7 @@ from starlette.exceptions import HTTPException
 
 import vllm
 from vllm.entrypoints.openai.protocol import (
+    DEFAULT_MAX_REQUEST_BODY_BYTES,
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -76,6 +78,51 @@ class _ApiKeyMiddleware:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+class _BodyLimitMiddleware:
+    """413 for a request body over `limit` bytes, before any handler runs. A Content-Length over
+    the limit is refused unread; any other body (chunked ones too) is read here, counting, and
+    refused at the chunk that crosses the limit, so no more than the limit and that one chunk is
+    ever held. A body within the limit is handed on as it came."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.limit:
+            await self._refuse(scope, receive, send)
+            return
+        chunks: collections.deque = collections.deque()
+        size, more = 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left mid-body: nobody to answer
+                return
+            size += len(message.get("body", b""))
+            if size > self.limit:
+                await self._refuse(scope, receive, send)
+                return
+            chunks.append(message)
+            more = message.get("more_body", False)
+
+        async def replay() -> dict:
+            # The body as it came, then the server's own messages (the disconnect watchers').
+            return chunks.popleft() if chunks else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope: dict, receive: Any, send: Any) -> None:
+        error = OpenAIError(
+            f"the request body is over the server's limit of {self.limit} bytes "
+            "(--max-request-body-bytes)",
+            413,
+        )
+        await JSONResponse(error.response().model_dump(), status_code=413)(scope, receive, send)
 
 
 async def _parse(request: Request, model: type[BaseModel]) -> Any:
@@ -138,6 +185,7 @@ def build_app(
     enable_tokenizer_info_endpoint: bool = True,
     reasoning_parser: str | None = None,
     trust_request_chat_template: bool = False,
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
 ) -> FastAPI:
     """The OpenAI-compatible app over `engine` (see docs/serving.md for the endpoints)."""
     parser = None
@@ -153,6 +201,8 @@ def build_app(
     engine.add_stat_logger(metrics)
 
     app = FastAPI(title="vllm-k3", version=vllm.__version__)
+    # The last added runs first: a request without the key is refused before its body is read.
+    app.add_middleware(_BodyLimitMiddleware, limit=max_request_body_bytes)
     if api_key:
         app.add_middleware(_ApiKeyMiddleware, api_key=api_key)
 
@@ -307,6 +357,7 @@ def run_server(args: argparse.Namespace, engine_config: Any) -> None:
             enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
             reasoning_parser=args.reasoning_parser,
             trust_request_chat_template=args.trust_request_chat_template,
+            max_request_body_bytes=args.max_request_body_bytes,
         )
         config = uvicorn.Config(
             app,

@@ -23,6 +23,11 @@ from vllm.sampling_params import SamplingParams
 # own when the request is added: an unbounded `n` (say 2**62) made one request allocate until the
 # server was killed for memory, taking every other client with it.
 MAX_N = 128
+# The largest request body the server reads (`vllm serve --max-request-body-bytes`): with none, a
+# client could make it hold any amount. A million-token prompt is at most about 10 MB of JSON (as
+# text with every character escaped, or as token ids), so this leaves room for long contexts and
+# batched prompts.
+DEFAULT_MAX_REQUEST_BODY_BYTES = 32 * 1024 * 1024
 
 
 def random_id(prefix: str) -> str:

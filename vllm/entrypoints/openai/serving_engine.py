@@ -20,6 +20,8 @@ _ERROR_TYPES = {
     400: "BadRequestError",
     401: "Unauthorized",
     404: "NotFoundError",
+    # RFC 9110's name, which Python's HTTPStatus phrase took only in 3.13.
+    413: "ContentTooLarge",
     503: "ServiceUnavailableError",
 }
 
