@@ -69,6 +69,15 @@ def test_recipe_flags_parse() -> None:
     assert args.tensor_parallel_size == 2 and args.trust_remote_code
     assert args.reasoning_parser == "kimi_k3" and args.max_model_len == "2k"
     assert args.enable_tokenizer_info_endpoint  # on by default
+    # CORS as vLLM: any origin, method and header, no credentials, unless told otherwise.
+    assert args.allowed_origins == args.allowed_methods == args.allowed_headers == ["*"]
+    assert not args.allow_credentials
+    args = make_parser().parse_args(
+        ["serve", "kimi-k3-tiny", "--allowed-origins", '["https://ui.example"]',
+         "--allowed-methods", '["GET", "POST"]', "--allow-credentials"]
+    )  # fmt: skip
+    assert args.allowed_origins == ["https://ui.example"]
+    assert args.allowed_methods == ["GET", "POST"] and args.allow_credentials
 
 
 @pytest.mark.parametrize(
@@ -91,6 +100,9 @@ def test_recipe_flags_parse() -> None:
         (["--skip-tokenizer-init"], ["--skip-tokenizer-init", "needs a"]),
         (["--api-key", ""], ["--api-key", "must not be empty"]),
         (["--max-request-body-bytes", "0"], ["--max-request-body-bytes", "at least 1"]),
+        (["--allowed-origins", "https://ui.example"], ["--allowed-origins", "not valid JSON"]),
+        (["--allowed-methods", '"GET"'], ["--allowed-methods", "a JSON list of strings"]),
+        (["--allowed-headers", "[1]"], ["--allowed-headers", "a JSON list of strings"]),
         # Words of the user's JSON (seed, device) are not the flag at fault.
         (["--quantization-config", '{"linear": {"seed": 1}}'],
          ["argument --quantization-config:", "unknown keys"]),

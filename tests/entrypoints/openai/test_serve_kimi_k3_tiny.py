@@ -37,8 +37,10 @@ RECIPE = ["serve", MODEL, "--served-model-name", NAME, "--trust-remote-code",
           "--quantization-config", PTPC]  # fmt: skip
 RECIPE_ENV = {"VLLM_ROCM_USE_AITER": "1", "VLLM_USE_BREAKABLE_CUDAGRAPH": "0"}
 BODY_LIMIT = 1 << 20  # far above any other test's body
+ORIGIN = "https://ui.example"
 SERVE = ["serve", MODEL, "--served-model-name", NAME, MODEL, "--max-model-len", "2048",
-         "--trust-request-chat-template", "--max-request-body-bytes", str(BODY_LIMIT)]  # fmt: skip
+         "--trust-request-chat-template", "--max-request-body-bytes", str(BODY_LIMIT),
+         "--allowed-origins", json.dumps([ORIGIN])]  # fmt: skip
 PROMPTS = ["Question: What is 2 + 3?\nAnswer:", "The capital of France is", "Once upon a time"]
 CHAT = [{"role": "user", "content": "Say hello."}]
 MAX_TOKENS = 12
@@ -285,6 +287,10 @@ def test_server_flags_reach_the_app(server: RemoteServer) -> None:
     response = requests.post(server.url("/v1/completions"), data=body, headers=headers, timeout=60)
     assert response.status_code == 413, response.text
     assert str(BODY_LIMIT) in response.json()["error"]["message"]
+    preflight = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST"}
+    response = requests.options(server.url("/v1/completions"), headers=preflight, timeout=10)
+    assert response.status_code == 200, response.text
+    assert response.headers["access-control-allow-origin"] == ORIGIN
 
 
 def _run_lm_eval(server: RemoteServer, tmp_path: Path, limit: int | None = None) -> dict:

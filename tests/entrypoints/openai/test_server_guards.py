@@ -2,7 +2,8 @@
 test can hold its tokenizer and watch its engine): tokenizing, rendering and detokenizing a
 request's prompt happen off the event loop, which answers /health meanwhile; a body over
 `max_request_body_bytes` is a 413 that no handler (nor the engine) sees, refused unread when its
-Content-Length says so and otherwise at the chunk that crosses the limit."""
+Content-Length says so and otherwise at the chunk that crosses the limit; CORS preflights from the
+allowed origins are answered (without the API key), and the errors carry the CORS headers."""
 
 import asyncio
 import concurrent.futures
@@ -29,6 +30,7 @@ SCRIPT = "The answer is 4."
 KEY = "sk-test"
 HEADERS = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
 LIMIT = 4096
+ORIGIN = "https://ui.example"
 USER = [{"role": "user", "content": "2+2?"}]
 # Bounds only a failing run (a request held on the event loop stalls /health until released);
 # a passing one answers at once.
@@ -69,7 +71,9 @@ def served() -> Iterator[SimpleNamespace]:
 def guarded() -> Iterator[SimpleNamespace]:
     engine = FakeEngine(SCRIPT)
     llm = AsyncLLM(engine)
-    app = build_app(llm, ["fake"], "fake", api_key=KEY, max_request_body_bytes=LIMIT)
+    app = build_app(
+        llm, ["fake"], "fake", api_key=KEY, max_request_body_bytes=LIMIT, allowed_origins=[ORIGIN]
+    )
     try:
         with _serve(app) as url:
             yield SimpleNamespace(url=url, engine=engine, app=app)
@@ -222,3 +226,42 @@ def test_the_limit_is_checked_before_the_body_is_taken(guarded: SimpleNamespace)
     assert (status, taken) == (413, [])
     status, taken = _call(guarded.app, [(b"transfer-encoding", b"chunked")], chunks)
     assert (status, len(taken)) == (413, LIMIT // 1000 + 1)
+
+
+def _preflight(url: str, origin: str) -> requests.Response:
+    headers = {
+        "Origin": origin,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type",
+    }
+    return requests.options(url + "/v1/chat/completions", headers=headers, timeout=60)
+
+
+def test_cors_preflight_answers_with_the_configured_origin(guarded: SimpleNamespace) -> None:
+    """A browser's preflight carries no API key: it is answered all the same, for the allowed
+    origin only."""
+    response = _preflight(guarded.url, ORIGIN)
+    assert response.status_code == 200, response.text
+    assert response.headers["access-control-allow-origin"] == ORIGIN
+    assert "POST" in response.headers["access-control-allow-methods"]
+    assert "authorization" in response.headers["access-control-allow-headers"].lower()
+    response = _preflight(guarded.url, "https://elsewhere.example")
+    assert response.status_code == 400
+    assert "access-control-allow-origin" not in response.headers
+
+
+@pytest.mark.parametrize(
+    "headers, status", [({}, 401), (HEADERS, 413)], ids=["no_key", "too_large"]
+)
+def test_the_errors_of_the_guards_carry_the_cors_headers(
+    guarded: SimpleNamespace, headers: dict, status: int
+) -> None:
+    """Without them the page could not read why its request failed."""
+    response = requests.post(
+        guarded.url + "/v1/completions",
+        data=_completion_body(LIMIT + 1),
+        headers={**headers, "Origin": ORIGIN},
+        timeout=60,
+    )
+    assert response.status_code == status, response.text
+    assert response.headers["access-control-allow-origin"] == ORIGIN

@@ -22,6 +22,18 @@ Serve MODEL (a checkpoint folder or a built-in name such as kimi-k3-tiny) over a
 OpenAI-compatible HTTP API: /v1/completions, /v1/chat/completions, /v1/models, /tokenize,
 /detokenize, /tokenizer_info, /health, /version, /metrics. See docs/serving.md."""
 
+
+def _json_list(text: str) -> list[str]:
+    """A flag's JSON list of strings (argparse names the flag in the error)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {e}") from None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise argparse.ArgumentTypeError(f"must be a JSON list of strings, got {text!r}")
+    return value
+
+
 _SERVER_FLAGS: list[tuple[tuple[str, ...], dict]] = [
     (
         ("--served-model-name",),
@@ -48,6 +60,42 @@ _SERVER_FLAGS: list[tuple[tuple[str, ...], dict]] = [
             default=None,
             help="require `Authorization: Bearer KEY` on /v1/* requests (401 otherwise); "
             "default: $VLLM_API_KEY",
+        ),
+    ),
+    (
+        ("--allowed-origins",),
+        dict(
+            type=_json_list,
+            default=["*"],
+            metavar="JSON",
+            help="CORS: the origins whose web pages may call the API, a JSON list such as "
+            '\'["https://ui.example"]\' (default: ["*"], any, as vLLM)',
+        ),
+    ),
+    (
+        ("--allowed-methods",),
+        dict(
+            type=_json_list,
+            default=["*"],
+            metavar="JSON",
+            help='CORS: the methods those pages may use, a JSON list (default: ["*"])',
+        ),
+    ),
+    (
+        ("--allowed-headers",),
+        dict(
+            type=_json_list,
+            default=["*"],
+            metavar="JSON",
+            help='CORS: the request headers those pages may send, a JSON list (default: ["*"])',
+        ),
+    ),
+    (
+        ("--allow-credentials",),
+        dict(
+            action="store_true",
+            help="CORS: let those pages send the browser's cookies and HTTP authentication "
+            "(default: off)",
         ),
     ),
     (

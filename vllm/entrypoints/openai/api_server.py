@@ -1,8 +1,9 @@
 """The FastAPI app of `vllm serve` and the function that runs it.
 
-`build_app` wires the endpoints to an `AsyncLLM`; `run_server` validates the flags, binds the
-port (before loading, so a busy port fails fast), builds the engine, logs what a user needs to know
-and serves with uvicorn until SIGINT/SIGTERM, then stops the engine and its workers.
+`build_app` wires the endpoints to an `AsyncLLM`, behind CORS, the API key and the request body
+limit (middlewares, in that order); `run_server` validates the flags, binds the port (before
+loading, so a busy port fails fast), builds the engine, logs what a user needs to know and serves
+with uvicorn until SIGINT/SIGTERM, then stops the engine and its workers.
 """
 
 import argparse
@@ -11,11 +12,12 @@ import collections
 import re
 import signal
 import socket
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
@@ -186,6 +188,10 @@ def build_app(
     reasoning_parser: str | None = None,
     trust_request_chat_template: bool = False,
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
+    allowed_origins: Sequence[str] = ("*",),
+    allowed_methods: Sequence[str] = ("*",),
+    allowed_headers: Sequence[str] = ("*",),
+    allow_credentials: bool = False,
 ) -> FastAPI:
     """The OpenAI-compatible app over `engine` (see docs/serving.md for the endpoints)."""
     parser = None
@@ -201,10 +207,19 @@ def build_app(
     engine.add_stat_logger(metrics)
 
     app = FastAPI(title="vllm-k3", version=vllm.__version__)
-    # The last added runs first: a request without the key is refused before its body is read.
+    # The last added runs first: a request without the key is refused before its body is read,
+    # and CORS comes before both, since a browser's preflight carries no key and a page can read
+    # the 401s and 413s only with the CORS headers on them.
     app.add_middleware(_BodyLimitMiddleware, limit=max_request_body_bytes)
     if api_key:
         app.add_middleware(_ApiKeyMiddleware, api_key=api_key)
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=list(allowed_origins),
+        allow_methods=list(allowed_methods),
+        allow_headers=list(allowed_headers),
+        allow_credentials=allow_credentials,
+    )
 
     @app.exception_handler(OpenAIError)
     async def openai_error(_: Request, e: OpenAIError) -> JSONResponse:
@@ -358,6 +373,10 @@ def run_server(args: argparse.Namespace, engine_config: Any) -> None:
             reasoning_parser=args.reasoning_parser,
             trust_request_chat_template=args.trust_request_chat_template,
             max_request_body_bytes=args.max_request_body_bytes,
+            allowed_origins=args.allowed_origins,
+            allowed_methods=args.allowed_methods,
+            allowed_headers=args.allowed_headers,
+            allow_credentials=args.allow_credentials,
         )
         config = uvicorn.Config(
             app,
