@@ -1,6 +1,7 @@
 """The app over the scripted engine, served by uvicorn on a thread of the test process (so that a
 test can hold its tokenizer and watch its engine): tokenizing, rendering and detokenizing a
-request's prompt happen off the event loop, which answers /health meanwhile; a body over
+request's prompt, and writing a tokenizer endpoint's answer, happen off the event loop, which
+answers /health meanwhile; a body over
 `max_request_body_bytes` is a 413 that no handler (nor the engine) sees, refused unread when its
 Content-Length says so and otherwise at the chunk that crosses the limit; CORS preflights from the
 allowed origins are answered (without the API key), and the errors carry the CORS headers."""
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
+import pydantic
 import pytest
 import requests
 import uvicorn
@@ -23,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from fake_engine import FakeEngine  # noqa: E402
 
+from vllm.entrypoints.openai import serving_tokenization  # noqa: E402
 from vllm.entrypoints.openai.api_server import bind_socket, build_app  # noqa: E402
 from vllm.v1.engine.async_llm import AsyncLLM  # noqa: E402
 
@@ -126,11 +129,51 @@ def test_health_answers_while_a_request_is_tokenized(
     """The tokenizer call is held until /health has answered: on the event loop it would hold
     the loop too, and /health would wait for it."""
     entered, release = _hold(monkeypatch, served.tokenizer, method)
+    _assert_health_answers_while_held(served.url, path, body, entered, release)
+
+
+@pytest.mark.parametrize(
+    "path, body, module, name, field",
+    [
+        ("/tokenize", {"prompt": "hello"}, serving_tokenization, "TokenizeResponse", "tokens"),
+        ("/detokenize", {"tokens": [104, 105]}, serving_tokenization, "DetokenizeResponse",
+         "prompt"),
+    ],
+)  # fmt: skip
+def test_health_answers_while_a_tokenizer_answer_is_written(
+    served: SimpleNamespace,
+    monkeypatch: pytest.MonkeyPatch,
+    path: str,
+    body: dict,
+    module: object,
+    name: str,
+    field: str,
+) -> None:
+    """The answer's JSON (the ids of a long prompt: megabytes) is held while it is written, until
+    /health has answered."""
+    entered, release = threading.Event(), threading.Event()
+
+    class Held(getattr(module, name)):
+        @pydantic.field_serializer(field)
+        def _held(self, value):
+            entered.set()
+            release.wait()
+            return value
+
+    monkeypatch.setattr(module, name, Held)
+    _assert_health_answers_while_held(served.url, path, body, entered, release)
+
+
+def _assert_health_answers_while_held(
+    url: str, path: str, body: dict, entered: threading.Event, release: threading.Event
+) -> None:
+    """POST `body` to `path`; once it is held (`entered`), /health must answer before `release`
+    lets the request finish, with a 200."""
     with concurrent.futures.ThreadPoolExecutor(1) as client:
-        held = client.submit(requests.post, served.url + path, json=body, timeout=60)
+        held = client.submit(requests.post, url + path, json=body, timeout=60)
         try:
-            assert entered.wait(60), f"{path} never called tokenizer.{method}"
-            health = requests.get(served.url + "/health", timeout=STALL_TIMEOUT)
+            assert entered.wait(60), f"{path} was never held"
+            health = requests.get(url + "/health", timeout=STALL_TIMEOUT)
             assert health.status_code == 200
             assert not held.done()  # answered while the request was still held
         finally:
