@@ -1,6 +1,7 @@
 """`gather_rows` (under TRITON_INTERPRET=1 on CPU) against `index_select(order // k)`, bit for bit:
 dtypes, a hidden size no column block divides, strided rows, both index widths, k 1 and 9, tail
-row blocks, empty inputs; its checks; on a GPU the same at Kimi-Linear's prefill size."""
+row blocks, empty inputs; its checks (on every device, strides the kernel cannot read included);
+on a GPU the same at Kimi-Linear's prefill size."""
 
 import pytest
 import torch
@@ -63,17 +64,29 @@ def test_empty_launches_nothing(triton_launches):
     assert triton_launches["_gather_rows_kernel"] == 0
 
 
-def test_other_dtypes_and_column_strides_take_the_reference(triton_launches):
+def test_other_dtypes_take_the_reference(triton_launches):
     x, order = make_case(3, 2, 8, torch.float64, seed=4)
     assert torch.equal(gather_rows(x, order, 2), gather_rows_ref(x, order, 2))
-    columns = x.bfloat16().t().contiguous().t()  # strided on H: what index_select accepts too
-    assert torch.equal(gather_rows(columns, order, 2), gather_rows_ref(columns, order, 2))
-    # A strided order (the kernel reads it at unit stride: it was read wrong, silently).
-    strided = order.flip(0).repeat_interleave(2)[::2]
-    assert torch.equal(
-        gather_rows(x.bfloat16(), strided, 2), gather_rows_ref(x.bfloat16(), strided, 2)
-    )
     assert triton_launches["_gather_rows_kernel"] == 0
+
+
+@pytest.mark.parametrize("interpret", ["1", "0"], ids=["kernel", "reference"])
+def test_rejects_strides_the_kernel_cannot_read(interpret, monkeypatch, triton_launches):
+    """As `moe_weighted_sum` does: a ValueError on every device, whether the kernel or the
+    reference would run, rather than a silent fallback that hides a slower path."""
+    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    x, order = make_case(3, 2, 8, torch.bfloat16, seed=4)
+    columns = x.t().contiguous().t()  # strided on H: what index_select accepts
+    with pytest.raises(ValueError, match="x must have unit stride on its last dim"):
+        gather_rows(columns, order, 2)
+    with pytest.raises(ValueError, match="order must have unit stride"):
+        gather_rows(x, order.repeat_interleave(2)[::2], 2)
+    # One column or one index has no stride to get wrong.
+    one_column = torch.zeros(4, 3, dtype=torch.bfloat16).t()[:, :1]
+    assert torch.equal(gather_rows(one_column, order, 2), gather_rows_ref(one_column, order, 2))
+    one_index = order.repeat_interleave(2)[:2:2]
+    assert torch.equal(gather_rows(x, one_index, 2), gather_rows_ref(x, one_index, 2))
+    assert triton_launches["_gather_rows_kernel"] == (2 if interpret == "1" else 0)
 
 
 def test_rejects_bad_inputs():

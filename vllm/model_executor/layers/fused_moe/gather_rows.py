@@ -2,11 +2,12 @@
 token's hidden state, in the expert-sorted order, in one Triton launch.
 
 ``gather_rows(x, order, k, config=None)``
-    ``x``: ``[T, H]``, any strides; bf16 / fp16 / fp32 with unit stride on the last dim for the
-    kernel (any row stride), other dtypes and strides take the reference. ``order``: ``[R]``
-    int32 / int64 on ``x``'s device (unit stride for the kernel, another takes the reference),
-    flat (token, slot) row numbers (``token * k + slot``), e.g.
-    ``group_rows``'s expert-sorted order. ``k``: the slots per token, ``>= 1``. Returns a new
+    ``x``: ``[T, H]`` with unit stride on the last dim (any row stride); bf16 / fp16 / fp32 for
+    the kernel, other dtypes take the reference. ``order``: ``[R]`` int32 / int64 with unit
+    stride, on ``x``'s device, flat (token, slot) row numbers (``token * k + slot``), e.g.
+    ``group_rows``'s expert-sorted order. Other strides are a ``ValueError`` on every device, as
+    in ``moe_weighted_sum``: the engine never passes them, and a quiet fallback to the reference
+    would hide a slower path. ``k``: the slots per token, ``>= 1``. Returns a new
     contiguous ``[R, H]`` tensor of ``x``'s dtype whose row r is ``x[order[r] // k]``, bit for bit
     ``gather_rows_ref`` (``x.index_select(0, order // k)``).
 
@@ -137,6 +138,11 @@ def _check(x: torch.Tensor, order: torch.Tensor, k: int) -> None:
         raise ValueError(f"order is on {order.device}, x on {x.device}")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be an int >= 1, got {k!r}")
+    # The kernel reads x's rows and order at unit stride.
+    if x.stride(1) != 1 and x.shape[1] > 1:
+        raise ValueError(f"x must have unit stride on its last dim, got strides {x.stride()}")
+    if order.stride(0) != 1 and order.shape[0] > 1:
+        raise ValueError(f"order must have unit stride, got {order.stride()}")
 
 
 def gather_rows(
@@ -145,8 +151,8 @@ def gather_rows(
     """Rows ``x[order[r] // k]`` for every r, in one launch (module docstring).
 
     Args:
-        x: ``[T, H]`` rows to copy.
-        order: ``[R]`` flat (token, slot) row numbers.
+        x: ``[T, H]`` rows to copy, unit stride on H.
+        order: ``[R]`` flat (token, slot) row numbers, unit stride.
         k: slots per token.
         config: the launch (default ``DEFAULT_GATHER_ROWS_CONFIG``); the result does not depend
             on it.
@@ -155,9 +161,7 @@ def gather_rows(
         A new contiguous ``[R, H]`` tensor of ``x``'s dtype.
     """
     _check(x, order, k)
-    # The kernel reads x's rows and order at unit stride.
-    unit = (x.stride(1) == 1 or x.shape[1] <= 1) and (order.stride(0) == 1 or order.shape[0] <= 1)
-    if not use_triton(x.device) or x.dtype not in KERNEL_DTYPES or not unit:
+    if not use_triton(x.device) or x.dtype not in KERNEL_DTYPES:
         return gather_rows_ref(x, order, k)
     config = config or DEFAULT_GATHER_ROWS_CONFIG
     num_rows, hidden = order.shape[0], x.shape[1]
