@@ -32,6 +32,7 @@ from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 from vllm.model_executor.model_loader.builtin import resolve_model
 from vllm.model_executor.model_loader.loader import build_model
 from vllm.transformers_utils.configs import load_model_config
+from vllm.utils.cli import output_file
 from vllm.v1.core.kv_cache_utils import cache_bytes
 from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -58,8 +59,9 @@ def make_parser(doc: str, sized: tuple[str, ...] = SIZED) -> argparse.ArgumentPa
             action.help = f"{text} (default: sized for the workload, see above)"
     bench = parser.add_argument_group("benchmark")
     bench.add_argument(
-        "--output-json", help="write the results to this JSON file (after each case)"
-    )
+        "--output-json", type=output_file,
+        help="write the results to this JSON file (after each case)",
+    )  # fmt: skip
     bench.add_argument(
         "--dry-run",
         action="store_true",
@@ -69,24 +71,9 @@ def make_parser(doc: str, sized: tuple[str, ...] = SIZED) -> argparse.ArgumentPa
     return parser
 
 
-def check_writable(parser: argparse.ArgumentParser, output_json: str | None) -> None:
-    """A parser error now if `--output-json` cannot be written, rather than a traceback when the
-    first results are (minutes into a GPU run)."""
-    if not output_json:
-        return
-    probe = f"{output_json}.tmp"  # the name write_json writes through
-    try:
-        with open(probe, "w"):
-            pass
-        os.remove(probe)
-    except OSError as e:
-        parser.error(f"--output-json {output_json!r}: cannot write there ({e.strerror})")
-
-
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> torch.device:
-    """The device the benchmark runs on; parser errors for flags that cannot work, among them an
-    `--output-json` that cannot be written (checked now, not after the first case's minutes)."""
-    check_writable(parser, args.output_json)
+    """The device the benchmark runs on; parser errors for flags that cannot work (an
+    `--output-json` that cannot be written is one already when the flags are parsed)."""
     if args.dry_run:
         return torch.device("cpu")
     if args.device == "cpu" or not torch.cuda.is_available():

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_utils import check_writable
 from safetensors.torch import save_file
 from tqdm import tqdm
 
@@ -39,7 +38,7 @@ from vllm.model_executor.model_loader.builtin import resolve_model
 from vllm.model_executor.model_loader.loader import dummy_tensors, load_model
 from vllm.model_executor.model_loader.safetensors_loader import checkpoint_files
 from vllm.transformers_utils.configs import load_model_config
-from vllm.utils.cli import run_main
+from vllm.utils.cli import output_file, run_main
 
 DRY_RUN_MODEL = "kimi-linear-tiny"
 INDEX = "model.safetensors.index.json"
@@ -183,7 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", action="store_true", help="keep the checkpoint afterwards")
-    parser.add_argument("--output-json", help="write the results to this JSON file")
+    parser.add_argument(
+        "--output-json", type=output_file, help="write the results to this JSON file"
+    )
     parser.add_argument("--dry-run", action="store_true", help=f"{DRY_RUN_MODEL} on the CPU")
     parser.add_argument("--load-only", type=Path, help=argparse.SUPPRESS)  # the child process
     args = parser.parse_args(argv)
@@ -198,7 +199,6 @@ def main(argv: list[str] | None = None) -> int:
     check_out(parser, args.out)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("argument --device: torch sees no GPU (use --device cpu, or --dry-run)")
-    check_writable(parser, args.output_json)
     if args.shard_gb <= 0 or args.num_experts < 0:
         parser.error("--shard-gb must be positive and --num-experts >= 0")
     record: dict[str, Any] = {

@@ -19,9 +19,9 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from kernel_bench import output_file, write_csv
+from kernel_bench import write_csv
 
-from vllm.utils.cli import run_main
+from vllm.utils.cli import output_file, run_main
 
 HIDDEN = 2304  # Kimi-Linear-48B-A3B
 

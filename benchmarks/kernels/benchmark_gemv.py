@@ -49,7 +49,6 @@ import torch.nn.functional as F
 from kernel_bench import (
     add_common_args,
     copy_gbps,
-    output_file,
     require_gpu,
     round_like_the_gpu_if_interpreting,
     time_eager,
@@ -63,7 +62,7 @@ from vllm.model_executor.kernels.linear.gemv import gemv, gemv_fp8
 from vllm.model_executor.kernels.linear.gemv_config import GemvConfig
 from vllm.model_executor.kernels.linear.scaled_mm.pytorch import dequantized_matmul
 from vllm.platforms import current_platform
-from vllm.utils.cli import run_main
+from vllm.utils.cli import output_file, run_main
 
 SHAPES = {  # name -> (K, N)
     "o_proj": (4096, 2304),

@@ -28,7 +28,6 @@ from benchmark_gemv import gemv_config
 from kernel_bench import (
     add_common_args,
     copy_gbps,
-    output_file,
     require_gpu,
     round_like_the_gpu_if_interpreting,
     time_eager,
@@ -38,7 +37,7 @@ from kernel_bench import (
 
 from vllm.model_executor.kernels.linear import gemv_config as gemv_cfg
 from vllm.model_executor.kernels.linear.gemv import gemv_batched
-from vllm.utils.cli import run_main
+from vllm.utils.cli import output_file, run_main
 
 SHAPES = {"w_uk": (32, 512, 128), "w_uv": (32, 128, 512)}  # name -> (heads, N, K)
 DRY_RUN_SHAPES = {"tiny": (2, 16, 32)}

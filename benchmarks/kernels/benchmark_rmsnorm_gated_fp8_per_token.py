@@ -34,7 +34,7 @@ from unittest import mock
 import torch
 import triton
 import triton.language as tl
-from kernel_bench import output_file, require_gpu, time_flushed, time_graph, write_csv
+from kernel_bench import require_gpu, time_flushed, time_graph, write_csv
 
 import vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token as op_module
 from vllm import _custom_ops
@@ -51,7 +51,7 @@ from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import (
 from vllm.platforms import current_platform
 from vllm.triton_utils.launch import launch
 from vllm.triton_utils.pdl import use_pdl
-from vllm.utils.cli import run_main
+from vllm.utils.cli import output_file, run_main
 
 TOKENS = [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536]
 HEADS = [8, 12, 32]

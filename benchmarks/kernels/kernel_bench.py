@@ -4,8 +4,10 @@ that their % of copy is against, the CSV they rewrite after every row, and the c
 they all have (--copy-gib, --csv, --dry-run, the refusal without a GPU, the copy line they print
 first).
 
-The scripts import it as a sibling, as run from this folder. It imports only the standard library
-and torch, so a script can import it at its top and still run --dry-run on a CPU without Triton.
+The scripts import it as a sibling, as run from this folder. It imports only the standard library,
+torch and `vllm.utils.cli` (whose `output_file` checks --csv as it checks the engine benchmarks'
+--output-json), so a script can import it at its top and still run --dry-run on a CPU without
+Triton.
 """
 
 import argparse
@@ -17,6 +19,8 @@ from collections.abc import Callable
 from csv import DictWriter
 
 import torch
+
+from vllm.utils.cli import output_file
 
 
 def _capture(fn: Callable[[], object], calls: int) -> torch.cuda.CUDAGraph:
@@ -126,23 +130,6 @@ def write_csv(path: str | None, rows: list[dict[str, object]]) -> None:
         writer = DictWriter(f, fieldnames=keys)
         writer.writeheader()
         writer.writerows(rows)
-
-
-def output_file(text: str) -> str:
-    """argparse type of an output file (`--csv`, `--output-json`): one that cannot be written is
-    a usage error now, not a traceback when the first rows are written (after the first
-    measurements on a GPU). A new file is created and removed again."""
-    if os.path.isdir(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is a folder")
-    existed = os.path.exists(text)
-    try:
-        with open(text, "a"):
-            pass
-    except OSError as e:
-        raise argparse.ArgumentTypeError(f"cannot write {text!r} ({e.strerror})") from None
-    if not existed:
-        os.remove(text)
-    return text
 
 
 def _copy_gib(text: str) -> float:

@@ -4,6 +4,7 @@ a JSON record with every case measured: the scripts cannot rot between GPU runs.
 import importlib
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -74,19 +75,40 @@ def test_throughput_dry_run(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "name, argv",
-    [("benchmark_latency", []), ("benchmark_throughput", []), ("benchmark_load", ["--out", "x"])],
+    "name, argv, first_step",
+    [
+        ("benchmark_latency", [], "check_args"),
+        ("benchmark_throughput", [], "check_args"),
+        ("benchmark_tp_greedy", [], "check_args"),
+        ("benchmark_load", ["--out", "x"], "check_out"),
+    ],
 )
-def test_unwritable_output_json_is_refused_before_the_run(
-    tmp_path: Path, capsys: pytest.CaptureFixture, name: str, argv: list[str]
+@pytest.mark.parametrize("folder", [False, True], ids=["missing-folder", "a-folder"])
+def test_unwritable_output_json_is_refused_before_any_work(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    argv: list[str],
+    first_step: str,
+    folder: bool,
 ) -> None:
+    """Refused as the flags are parsed, in the kernel benchmarks' words for --csv
+    (test_kernel_benchmark_args.py). A folder used to pass the check and fail when the record
+    was renamed over it, after the whole run."""
     module = importlib.import_module(name)
-    out = tmp_path / "no-such-folder" / "result.json"
+
+    def first(*args: object) -> None:
+        raise AssertionError(f"{name} went on past its flags")
+
+    monkeypatch.setattr(module, first_step, first)
+    out = tmp_path if folder else tmp_path / "no-such-folder" / "result.json"
     with pytest.raises(SystemExit) as exit_info:
         module.main(["--dry-run", "--output-json", str(out), *argv])
     assert exit_info.value.code == 2
-    assert f"--output-json '{out}': cannot write there" in capsys.readouterr().err
-    assert not out.parent.exists()
+    why = f"'{out}' is a folder" if folder else f"cannot write '{out}' (No such file or directory)"
+    assert f"argument --output-json: {why}" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []
 
 
 def test_help_names_the_vllm_flags(capsys: pytest.CaptureFixture) -> None:

@@ -3,7 +3,6 @@ usage error naming the flag (exit 2), not a traceback when the first rows are wr
 first measurements on a GPU."""
 
 import importlib
-import os
 from pathlib import Path
 
 import pytest
@@ -34,9 +33,24 @@ def test_every_csv_script_is_checked() -> None:
 
 @pytest.mark.parametrize("name", WITH_CSV)
 def test_unwritable_csv_is_refused(name: str, tmp_path: Path, capsys) -> None:
-    err = refused(name, ["--csv", str(tmp_path / "no-such-folder" / "rows.csv")], capsys)
-    assert "argument --csv: cannot write" in err and "No such file or directory" in err
+    # The words of the engine benchmarks' --output-json (test_engine_benchmarks_dry_run.py).
+    out = tmp_path / "no-such-folder" / "rows.csv"
+    err = refused(name, ["--csv", str(out)], capsys)
+    assert f"argument --csv: cannot write '{out}' (No such file or directory)" in err
     err = refused(name, ["--csv", str(tmp_path)], capsys)
+    assert f"argument --csv: '{tmp_path}' is a folder" in err
+
+
+def test_unwritable_csv_is_refused_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import benchmark_gather_rows
+
+    def work(*args: object) -> int:
+        raise AssertionError("the dry run started")
+
+    monkeypatch.setattr(benchmark_gather_rows, "dry_run", work)
+    err = refused("benchmark_gather_rows", ["--csv", str(tmp_path)], capsys)
     assert f"argument --csv: '{tmp_path}' is a folder" in err
 
 
@@ -50,13 +64,3 @@ def test_unwritable_output_json_is_refused(name: str, tmp_path: Path, capsys) ->
 def test_copy_gib_must_be_finite_and_at_least_one(value: str, capsys) -> None:
     err = refused("benchmark_argmax", ["--copy-gib", value], capsys)
     assert "argument --copy-gib: must be >= 1 and finite" in err
-
-
-def test_a_writable_output_file_is_left_as_found(tmp_path: Path) -> None:
-    from kernel_bench import output_file
-
-    new, old = tmp_path / "new.csv", tmp_path / "old.csv"
-    old.write_text("kept")
-    assert output_file(str(new)) == str(new) and not new.exists()
-    assert output_file(str(old)) == str(old) and old.read_text() == "kept"
-    assert os.listdir(tmp_path) == ["old.csv"]

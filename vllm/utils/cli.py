@@ -1,6 +1,10 @@
-"""Running a command-line `main` (the `vllm` command, the scripts under benchmarks/)."""
+"""Running a command-line `main` (the `vllm` command, the scripts under benchmarks/), and the
+checks of their arguments that are not engine arguments (those are `EngineArgs`')."""
 
+import argparse
+import os
 import sys
+import tempfile
 from collections.abc import Callable
 
 
@@ -14,3 +18,30 @@ def run_main(main: Callable[[], int | None]) -> int | None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
         return 130
+
+
+def output_file(text: str) -> str:
+    """argparse `type` of an output file (the benchmarks' `--csv` and `--output-json`): one that
+    cannot be written is a usage error naming the flag when the flags are parsed, before any work,
+    not a traceback when the first results are written (minutes into a GPU run).
+
+    Checked: not a folder, the file opens for writing, and its folder takes a new file (a writer
+    may write a temporary file beside it and rename it over it, as the engine benchmarks do, so
+    that an interrupted write keeps the last complete one). A file created to check is removed.
+    """
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder")
+    existed = os.path.exists(text)
+    try:
+        with open(text, "a"):
+            pass
+        if existed:
+            # Creating the file showed that its folder takes new files; opening one that was
+            # there shows nothing about the folder.
+            with tempfile.TemporaryFile(dir=os.path.dirname(text) or "."):
+                pass
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot write {text!r} ({e.strerror})") from None
+    if not existed:
+        os.remove(text)
+    return text

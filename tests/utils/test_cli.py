@@ -1,0 +1,28 @@
+"""`output_file`, the argparse type of every benchmark's output file (`--csv`, `--output-json`):
+what it refuses, with which words, and that checking leaves the folder as it was."""
+
+import argparse
+import os
+from pathlib import Path
+
+import pytest
+
+from vllm.utils.cli import output_file
+
+
+def test_a_writable_output_file_is_left_as_found(tmp_path: Path) -> None:
+    new, old = tmp_path / "new.csv", tmp_path / "old.csv"
+    old.write_text("kept")
+    assert output_file(str(new)) == str(new) and not new.exists()
+    assert output_file(str(old)) == str(old) and old.read_text() == "kept"
+    assert os.listdir(tmp_path) == ["old.csv"]
+
+
+def test_refuses_a_folder_and_a_missing_folder(tmp_path: Path) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=f"^'{tmp_path}' is a folder$"):
+        output_file(str(tmp_path))
+    missing = tmp_path / "missing" / "out.json"
+    with pytest.raises(argparse.ArgumentTypeError) as error:
+        output_file(str(missing))
+    assert str(error.value) == f"cannot write '{missing}' (No such file or directory)"
+    assert os.listdir(tmp_path) == []
