@@ -18,33 +18,45 @@ if not _root.handlers:
     _root.propagate = False
 
 
-def init_logger(name: str) -> logging.Logger:
-    """The logger for module `name` (pass `__name__`)."""
-    return logging.getLogger(name)
+class _QuietThreads(logging.Filter):
+    """Drops the records below the level that `quiet_below` set for the thread logging them."""
 
-
-class _QuietThread(logging.Filter):
-    """Drops the records below `level` that one thread logs."""
-
-    def __init__(self, thread: int, level: int) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.thread, self.level = thread, level
+        # Thread id -> level; each thread writes only its own entry.
+        self.levels: dict[int, int] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.thread != self.thread or record.levelno >= self.level
+        level = self.levels.get(record.thread)
+        return level is None or record.levelno >= level
+
+
+_QUIET = _QuietThreads()
+_root.addFilter(_QUIET)
+
+
+def init_logger(name: str) -> logging.Logger:
+    """The logger for module `name` (pass `__name__`)."""
+    logger = logging.getLogger(name)
+    # On the logger rather than on handlers: a logger's filters judge each record once, where it
+    # is logged, before it goes to any handler (the logger's own, an ancestor's, the root's where
+    # `vllm` propagates, one added later), so a dropped record reaches none of them.
+    logger.addFilter(_QUIET)
+    return logger
 
 
 @contextmanager
 def quiet_below(level: int) -> Iterator[None]:
-    """Within: what this thread logs through the fork's loggers below `level` is dropped; other
+    """Within: what this thread logs through `init_logger`'s loggers below `level` is dropped; other
     threads (a server's engine loop) log as before. For a dry run of work that is done again for
-    real, whose logs would otherwise be said twice."""
-    quiet = _QuietThread(threading.get_ident(), level)
-    handlers = list(_root.handlers)
-    for handler in handlers:
-        handler.addFilter(quiet)
+    real, whose logs would otherwise be said twice. Nested, the stricter level holds."""
+    thread = threading.get_ident()
+    outer = _QUIET.levels.get(thread)
+    _QUIET.levels[thread] = level if outer is None else max(level, outer)
     try:
         yield
     finally:
-        for handler in handlers:
-            handler.removeFilter(quiet)
+        if outer is None:
+            del _QUIET.levels[thread]
+        else:
+            _QUIET.levels[thread] = outer
