@@ -1,41 +1,82 @@
 """Chat with the kimi_k3 reasoning parser on a tokenizer whose marker pieces are special tokens
 (so replies keep special tokens): which eos text the reply loses, and that the streamed deltas
-still add up to the non-streamed message."""
+still add up to the non-streamed message. Through the chat handler, as the server calls it, over
+an engine that replies with scripted outputs."""
 
+import asyncio
+import json
 from types import SimpleNamespace
 
 import pytest
 
 from vllm.entrypoints.openai.protocol import ChatCompletionRequest
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
-from vllm.outputs import CompletionOutput
+from vllm.model_executor.model_loader.builtin import resolve_model
+from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.reasoning.kimi_k3_reasoning_parser import KimiK3ReasoningParser
+from vllm.transformers_utils.tokenizer import get_tokenizer
 
-EOS, EOS_ID, TEXT_ID = "<|eos|>", 257, 65
+EOS, EOS_ID = "<|eos|>", 257
+MARKER_IDS = {"<|open|>": 300, "<|close|>": 301, "<|sep|>": 302}
 
 
-def _chat() -> OpenAIServingChat:
-    ids = {"<|open|>": 300, "<|close|>": 301, "<|sep|>": 302, EOS: EOS_ID}
-    tokenizer = SimpleNamespace(
-        all_special_ids=list(ids.values()), token_to_id=ids.get, eos_token=EOS, eos_token_id=EOS_ID
-    )
-    parser = KimiK3ReasoningParser(tokenizer)
+class MarkerTokenizer:
+    """The tiny model's tokenizer (its chat template, `<|eos|>` = 257), with the think markers'
+    pieces as special tokens, as Kimi-K3's are."""
+
+    def __init__(self) -> None:
+        self.base = get_tokenizer(resolve_model("kimi-k3-tiny")[0])
+        assert (self.base.eos_token, self.base.eos_token_id) == (EOS, EOS_ID)
+        self.all_special_ids = [*self.base.all_special_ids, *MARKER_IDS.values()]
+
+    def token_to_id(self, token: str) -> int | None:
+        return MARKER_IDS.get(token, self.base.token_to_id(token))
+
+    def __getattr__(self, name: str):
+        return getattr(self.base, name)
+
+
+class ScriptedEngine:
+    """What the chat handler uses of `AsyncLLM`: every request gets the cumulative outputs of
+    `steps` ((text, token ids, finish reason, stop reason) each), one at a time."""
+
+    def __init__(self, steps: list[tuple]) -> None:
+        self.tokenizer = MarkerTokenizer()
+        self.config = SimpleNamespace(
+            model_config=SimpleNamespace(max_model_len=128, vocab_size=320, logprobs_limit=20)
+        )
+        self.steps = steps
+
+    async def add_request(self, request_id: str, prompt: list[int], params):
+        async def outputs():
+            for text, token_ids, finish_reason, stop_reason in self.steps:
+                c = CompletionOutput(0, text, token_ids, None, None, finish_reason, stop_reason)
+                yield RequestOutput(request_id, None, prompt, None, [c], finish_reason is not None)
+
+        return outputs()
+
+    def abort(self, request_id: str) -> None:
+        pass
+
+
+async def _streamed_and_whole(fields: dict, steps: list[tuple]) -> tuple[str, str]:
+    """The reply's content from the deltas of a streamed request, and from a non-streamed one."""
+    engine = ScriptedEngine(steps)
+    parser = KimiK3ReasoningParser(engine.tokenizer)
     assert parser.needs_special_tokens
-    # Only the parts `_split` and `_delta` read: no engine is needed.
-    chat = OpenAIServingChat.__new__(OpenAIServingChat)
-    chat.tokenizer, chat.reasoning_parser = tokenizer, parser
-    return chat
-
-
-def _streamed_and_whole(request, steps):
-    """Content from the deltas of cumulative outputs `steps`, and from the last one alone."""
-    chat, sent, streamed = _chat(), {0: (0, 0, 0)}, ""
-    for text, token_ids, finish_reason, stop_reason in steps:
-        c = CompletionOutput(0, text, token_ids, None, None, finish_reason, stop_reason)
-        piece = chat._delta(request, c, False, sent, None)
-        if piece is not None:
-            streamed += piece.delta.content or ""
-    return streamed, chat._split(request, c, False)[1]
+    chat = OpenAIServingChat(engine, ["tiny"], "tiny", reasoning_parser=parser)
+    messages = [{"role": "user", "content": "hi"}]
+    whole = await chat.create_chat_completion(ChatCompletionRequest(messages=messages, **fields))
+    events = await chat.create_chat_completion(
+        ChatCompletionRequest(messages=messages, stream=True, **fields)
+    )
+    streamed = ""
+    async for event in events:
+        data = event.removeprefix("data: ").strip()
+        if data != "[DONE]":
+            for choice in json.loads(data)["choices"]:
+                streamed += choice["delta"]["content"] or ""
+    return streamed, whole.choices[0].message.content
 
 
 @pytest.mark.parametrize(
@@ -56,5 +97,4 @@ def _streamed_and_whole(request, steps):
     ],
 )  # fmt: skip
 def test_streamed_chat_equals_whole_chat_around_eos_text(steps, fields, expected):
-    request = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], **fields)
-    assert _streamed_and_whole(request, steps) == (expected, expected)
+    assert asyncio.run(_streamed_and_whole(fields, steps)) == (expected, expected)
