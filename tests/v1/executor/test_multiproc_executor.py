@@ -2,7 +2,8 @@
 on CPU (torch reference kernels, inherited through the environment).
 
 - TP=2 gives the TP=1 greedy tokens on the built-in tiny models and on a checkpoint saved by
-  transformers' `save_pretrained`;
+  transformers' `save_pretrained`; a quantization config's `ignore` pattern that matches no layer
+  is warned about once (by rank 0), not once a rank;
 - a worker that is killed (idle or in the middle of a generation) or that raises fails the engine
   with a RuntimeError naming it, in bounded time; so does one that dies before joining the group;
 - shutdown (explicit or when the `LLM` is collected) leaves no worker process behind and leaves a
@@ -11,6 +12,8 @@ on CPU (torch reference kernels, inherited through the environment).
 
 import functools
 import gc
+import io
+import logging
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -37,6 +40,9 @@ FAST = "kimi-linear-tiny"
 ARGS = dict(max_model_len=64, max_num_seqs=4, kv_cache_memory=32 << 20)
 PROMPTS = [[5, 6, 7], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50], [90, 91, 92, 93, 94, 95]]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+# Keeps every linear layer in bf16 (so the tokens stay TP=1's), with a pattern naming no layer.
+KEEP_BF16_WITH_STRAY_IGNORE = {"linear": "fp8_per_channel", "ignore": ["re:.*", "no.such.layer"]}
+UNMATCHED_IGNORE_WARNING = "pattern(s) match no linear layer of the model"
 # Far above a step's time on a loaded CPU, far below the 10-minute collective timeout.
 BOUND_S = 60.0
 
@@ -75,9 +81,29 @@ def tp1_tokens(model: str) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("model", ["kimi-k3-tiny", "kimi-linear-tiny"])
-def test_tp2_gives_the_tp1_greedy_tokens_on_builtin_models(model):
+def test_tp2_gives_the_tp1_greedy_tokens_on_builtin_models(model, capfd, monkeypatch):
+    """Also: each rank builds the model and finds the stray `ignore` pattern matching nothing,
+    and it is warned about once in all (in rank 0's log)."""
     assert all(len(tokens) == GREEDY.max_tokens for tokens in tp1_tokens(model))
-    assert greedy_tokens(model, 2) == tp1_tokens(model)
+    # Rank 0 logs through the `vllm` stream handler, here into `rank0`; the worker writes to the
+    # stderr it inherits (file descriptor 2, which capfd reads). Both at INFO, whatever the
+    # suite's level, so that the worker says something there.
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "INFO")
+    vllm_logger = logging.getLogger("vllm")
+    (handler,) = [h for h in vllm_logger.handlers if type(h) is logging.StreamHandler]
+    capfd.readouterr()
+    stream, level = handler.setStream(rank0 := io.StringIO()), vllm_logger.level
+    vllm_logger.setLevel(logging.INFO)
+    try:
+        tokens = greedy_tokens(model, 2, quantization_config=KEEP_BF16_WITH_STRAY_IGNORE)
+    finally:
+        handler.setStream(stream)
+        vllm_logger.setLevel(level)
+    assert tokens == tp1_tokens(model)
+    workers = capfd.readouterr().err
+    assert "Loaded " in workers, workers  # the worker's output is read here
+    assert UNMATCHED_IGNORE_WARNING not in workers, workers
+    assert rank0.getvalue().count(UNMATCHED_IGNORE_WARNING) == 1, rank0.getvalue()
 
 
 @pytest.fixture(scope="module")
