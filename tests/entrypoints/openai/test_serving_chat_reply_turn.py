@@ -19,9 +19,16 @@ TEMPLATE = (
 )
 
 
-def _chat() -> OpenAIServingChat:
+# Closes every message, the final one too (as Kimi's template does with <|im_end|>).
+CLOSING = (
+    "{%- for m in messages -%}{{ m['role'] + ': ' + (m['content'] or '') }}<|eos|>\n"
+    "{%- endfor -%}{%- if add_generation_prompt -%}assistant: {%- endif -%}"
+)
+
+
+def _chat(template: str = TEMPLATE) -> OpenAIServingChat:
     tokenizer = get_tokenizer(BUILTIN_MODELS["kimi-k3-tiny"])
-    tokenizer.chat_template = TEMPLATE
+    tokenizer.chat_template = template
     # Only the parts `render` and `starts_in_reasoning` read: no engine is needed.
     chat = OpenAIServingChat.__new__(OpenAIServingChat)
     chat.tokenizer, chat.reasoning_parser = tokenizer, KimiK3ReasoningParser(tokenizer)
@@ -68,4 +75,25 @@ def test_only_the_replys_own_turn_opens_its_think_block(messages, fields, expect
     chat = _chat()
     request = ChatCompletionRequest(messages=messages, **fields)
     prompt = chat.render(request)
+    assert chat.starts_in_reasoning(request, prompt) is expected, prompt
+
+
+OPEN_FINAL = [{"role": "user", "content": "hi"},
+              {"role": "assistant", "content": f"{THINK_START}let me see"}]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "fields, expected",
+    [
+        # The template closed the final message: the reply starts a turn of its own.
+        ({"add_generation_prompt": False}, False),
+        # Continued, the message is left open, and its block with it.
+        (CONTINUE, True),
+    ],
+)
+def test_a_final_message_the_template_closed_leaves_no_block_open(fields, expected) -> None:
+    chat = _chat(CLOSING)
+    request = ChatCompletionRequest(messages=OPEN_FINAL, **fields)
+    prompt = chat.render(request)
+    assert chat.reasoning_parser.starts_in_reasoning(prompt)  # the marker is unclosed in the text
     assert chat.starts_in_reasoning(request, prompt) is expected, prompt

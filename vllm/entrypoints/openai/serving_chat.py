@@ -129,14 +129,16 @@ class OpenAIServingChat(OpenAIServing):
         close is then the reply's to go on with. Only there can an open think block be the
         reply's: a marker quoted in another message, or an earlier turn's unclosed block, is not
         (all of the reply was taken for reasoning). Without a generation prompt and a final
-        assistant message, the reply continues nothing: "". With a template whose earlier turns
-        render differently once a message follows, the part is longer (from where the renderings
-        differ), erring towards the whole prompt; the whole prompt too if the shorter rendering
-        fails."""
+        assistant message, or with a final message that the template closed, the reply continues
+        nothing: "". With a template whose earlier turns render differently once a message
+        follows, the part is longer (from where the renderings differ), erring towards the whole
+        prompt; the whole prompt too if the shorter rendering fails."""
         kwargs = self._template_kwargs(request)
         messages = render_messages(request)
         if not kwargs["add_generation_prompt"]:
             if not messages or messages[-1].get("role") != "assistant":
+                return ""
+            if not kwargs["continue_final_message"] and self._closes(messages, kwargs, prompt_text):
                 return ""
             messages = messages[:-1]
         # The conversation before the reply's turn, closed: there is no final message of the
@@ -152,6 +154,19 @@ class OpenAIServingChat(OpenAIServing):
             common = len(os.path.commonprefix([prompt_text, base]))
         # A marker may have begun in the shared text (the two differ only from its middle on).
         return prompt_text[max(0, common - (len(self.reasoning_parser.start) - 1)) :]
+
+    def _closes(self, messages: list[dict], kwargs: dict, prompt_text: str) -> bool:
+        """Whether the template closed the final message in `prompt_text` (rendered without
+        `continue_final_message`): it wrote something after the message (an end-of-turn token)
+        that continuing the message leaves out. The reply then starts a turn of its own, outside
+        any block the message left open."""
+        try:
+            continued = self.tokenizer.apply_chat_template(
+                messages, tokenize=False, **{**kwargs, "continue_final_message": True}
+            )
+        except ValueError:  # the message's content is not found in its rendering
+            return False
+        return continued != prompt_text
 
     async def create_chat_completion(
         self, request: ChatCompletionRequest
