@@ -3,7 +3,11 @@
 import base64
 import json
 import random
+import re
 import shutil
+import sys
+import threading
+import time
 
 import pytest
 
@@ -359,6 +363,100 @@ def test_tiktoken_long_runs_are_encoded_in_pieces(kimi, monkeypatch):
     ]  # fmt: skip
     assert kimi.decode(kimi.encode(text)) == text
     assert kimi.encode("hellohello") == [256 + MERGES.index(b"hello")] * 2
+
+
+def _split_in_one_pass(text):
+    """The split as it was made before `_long_runs`: one regex pass finds the long runs (the
+    lookbehinds anchor each match at a run's start). The reference for the cuts, which decide
+    the token ids."""
+    max_run, max_encode = tokenizer_module._MAX_RUN_CHARS, tokenizer_module._MAX_ENCODE_CHARS
+    cuts = set(range(max_encode, len(text), max_encode))
+    for run in re.finditer(rf"(?<!\s)\s{{{max_run},}}|(?<!\S)\S{{{max_run},}}", text):
+        cuts.update(range(run.start() + max_run, run.end(), max_run))
+    bounds = [0, *sorted(cuts), len(text)]
+    return [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+def _assert_split_as_in_one_pass(kimi, text):
+    pieces = tokenizer_module._split_for_tiktoken(text)
+    assert pieces == _split_in_one_pass(text), repr(text[:80])
+    reference = [i for piece in pieces for i in kimi._enc.encode(piece, allowed_special="all")]
+    assert kimi.encode(text) == reference
+
+
+# Runs that the split cuts or leaves whole: whitespace of several kinds (Unicode's too), digits,
+# letters, CJK, emoji, and special-token text, which is non-whitespace.
+RUNS = [" ", "\n", "\r\n", "\t", "\u3000", "\xa0", "\u2028", "\x1c", "7", "a", "世", "🙂", "é",
+        ".", "[BOS]", "<|im_end|>", "[EOS]"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "max_run, max_encode, scan", [(1, 3, 1), (2, 7, 3), (5, 16, 4), (7, 1000, 2), (13, 40, 100)]
+)
+def test_tiktoken_split_cuts_as_one_regex_pass(kimi, monkeypatch, max_run, max_encode, scan):
+    """Runs found position by position, and followed `scan` characters at a time, are cut where
+    the one-pass regex cut them: the same pieces, so the same ids. Small limits make the cuts
+    many, and put them everywhere: at a run's first and last characters, on the text's ends, in
+    special tokens."""
+    monkeypatch.setattr(tokenizer_module, "_MAX_RUN_CHARS", max_run)
+    monkeypatch.setattr(tokenizer_module, "_MAX_ENCODE_CHARS", max_encode)
+    monkeypatch.setattr(tokenizer_module, "_SCAN_CHARS", scan)
+    rng = random.Random(max_run)
+    texts = ["", " ", "a", " " * 40, "9" * 41, "\n" * 39 + "x", "x" + "\t" * 39, "[BOS]" * 9]
+    lengths = [1, 2, max_run - 1, max_run, max_run + 1, 3 * max_run]
+    for _ in range(300):
+        runs = [rng.choice(RUNS) * rng.choice(lengths) for _ in range(rng.randint(1, 12))]
+        texts.append("".join(runs))
+    for text in texts:
+        _assert_split_as_in_one_pass(kimi, text)
+
+
+def test_tiktoken_split_of_long_texts_as_one_regex_pass(kimi):
+    """The real limits, on texts of runs around them, crossing the 400k cuts."""
+    max_run = tokenizer_module._MAX_RUN_CHARS
+    rng = random.Random(0)
+    for kind in RUNS:
+        runs = [kind * n for n in (max_run - 1, max_run, max_run + 1, 2 * max_run, 170_001)]
+        rng.shuffle(runs)
+        _assert_split_as_in_one_pass(kimi, " hello 12".join(runs) + "\n")
+    text = "".join(rng.choice(RUNS) * rng.randint(1, 3 * max_run) for _ in range(150))
+    _assert_split_as_in_one_pass(kimi, text)
+
+
+def test_tiktoken_split_lets_other_threads_run(monkeypatch):
+    """While the runs of 23 MB of prose are looked for, a thread waiting for the GIL (the server's
+    event loop, while a worker thread tokenizes a prompt) takes it many times; one regex pass
+    over the text held it throughout (1 turn, 1.4 s here). Counted in the thread's turns, not in
+    time: waiting, it asks for the GIL after the switch interval (1 us here) and gets it at the
+    next point between two bytecodes, of which that pass had none. A run limit of 100 makes
+    positions to measure, so chances for a turn, in the hundreds of thousands (1900 to 2600
+    turns seen on an idle machine of two cores, 1500 to 6400 with two busy processes on it); no
+    400k cuts, so that the turns counted are all the search's."""
+    monkeypatch.setattr(tokenizer_module, "_MAX_ENCODE_CHARS", 10**9)
+    monkeypatch.setattr(tokenizer_module, "_MAX_RUN_CHARS", 100)
+    unit = "The quick brown fox, 12345 jumps!\n\nhello  world\t世界 é "
+    text = unit * (23_000_000 // len(unit))
+    turns, stop = [0], threading.Event()
+
+    def other() -> None:
+        while not stop.is_set():
+            time.sleep(0)  # gives up the GIL, and waits to take it back
+            turns[0] += 1
+
+    interval = sys.getswitchinterval()
+    thread = threading.Thread(target=other)
+    sys.setswitchinterval(1e-6)
+    try:
+        thread.start()
+        before = turns[0]
+        pieces = tokenizer_module._split_for_tiktoken(text)
+        during = turns[0] - before
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+    assert pieces == [text]
+    assert during >= 100, during
 
 
 def test_bad_input(tmp_path):

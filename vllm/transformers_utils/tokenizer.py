@@ -18,6 +18,7 @@ import json
 import re
 import secrets
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -47,8 +48,15 @@ KIMI_PAT_STR = "|".join(
 NUM_RESERVED_SPECIAL_TOKENS = 256
 # tiktoken panics past ~400k characters in one call and turns quadratic on very long runs of
 # whitespace or non-whitespace, so text is encoded in pieces cut at these lengths (as Kimi does).
+# The cuts decide the token ids: changing them changes how a long prompt is tokenized.
 _MAX_ENCODE_CHARS = 400_000
 _MAX_RUN_CHARS = 25_000
+# Most characters one `re` call scans while following a long run to its end (0.1 ms): the
+# GIL is held through a C call, and passes to other threads only between such calls.
+_SCAN_CHARS = 1 << 16
+_SPACE = re.compile(r"\s")
+_SPACES = re.compile(r"\s*")
+_NON_SPACES = re.compile(r"\S*")
 CONTINUE_WITH_GENERATION_PROMPT = (
     "continue_final_message and add_generation_prompt cannot both be true: the generation prompt "
     "opens a new turn after the final message, which is then no longer continued (set "
@@ -443,12 +451,47 @@ def _read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
     return ranks
 
 
+def _run_end(same: re.Pattern, text: str, pos: int) -> int:
+    """Where the run of `same`'s characters from `pos` on ends in `text`, matched `_SCAN_CHARS`
+    characters per call."""
+    while True:
+        stop = min(pos + _SCAN_CHARS, len(text))
+        end = same.match(text, pos, stop).end()
+        if end < stop or stop == len(text):
+            return end
+        pos = stop
+
+
+def _long_runs(text: str) -> Iterator[tuple[int, int]]:
+    """Start and end of each run of whitespace or of non-whitespace in `text` (whole: the
+    characters around it are of the other kind) of at least `_MAX_RUN_CHARS` characters.
+
+    Such a run covers a multiple of `_MAX_RUN_CHARS`, so only the runs through those positions
+    are measured, mostly a word or a space long. One regex pass over the whole text found the
+    same runs, but at 1 s per 23 MB in a single C call, which holds the GIL: the server's event
+    loop stood still that long although it tokenizes on a worker thread. Here no `re` call
+    scans more than `_MAX_RUN_CHARS` or `_SCAN_CHARS` characters; 23 MB take 10 ms (prose) to
+    65 ms (runs of 25k characters).
+    """
+    end = 0
+    for at in range(0, len(text), _MAX_RUN_CHARS):
+        if at < end:  # inside the long run found last
+            continue
+        same = _SPACES if _SPACE.match(text, at) else _NON_SPACES
+        # The run began after the previous multiple: one through both would have been found
+        # there, and `at` skipped. Its characters before `at`, counted backwards:
+        start = at - same.match(text[max(0, at - _MAX_RUN_CHARS + 1) : at][::-1]).end()
+        end = _run_end(same, text, at)
+        if end - start >= _MAX_RUN_CHARS:
+            yield start, end
+
+
 def _split_for_tiktoken(text: str) -> list[str]:
+    """`text` cut every `_MAX_ENCODE_CHARS` characters, and every `_MAX_RUN_CHARS` characters of
+    a long run counted from the run's start."""
     cuts = set(range(_MAX_ENCODE_CHARS, len(text), _MAX_ENCODE_CHARS))
-    # The lookbehinds anchor each match at the start of a run, keeping the scan linear.
-    long_run = rf"(?<!\s)\s{{{_MAX_RUN_CHARS},}}|(?<!\S)\S{{{_MAX_RUN_CHARS},}}"
-    for run in re.finditer(long_run, text):
-        cuts.update(range(run.start() + _MAX_RUN_CHARS, run.end(), _MAX_RUN_CHARS))
+    for start, end in _long_runs(text):
+        cuts.update(range(start + _MAX_RUN_CHARS, end, _MAX_RUN_CHARS))
     bounds = [0, *sorted(cuts), len(text)]
     return [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
 
