@@ -33,6 +33,7 @@ from vllm.entrypoints.openai.protocol import (
     ModelList,
     TokenizeRequest,
 )
+from vllm.entrypoints.openai.response_json import response_json
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from vllm.entrypoints.openai.serving_engine import OpenAIError
@@ -180,12 +181,18 @@ async def _answer_in_worker(handler: Callable[[Any], BaseModel], body: BaseModel
     return Response(text, media_type="application/json")
 
 
-def _respond(result: Any) -> Response:
+async def _respond(result: Any) -> Response:
+    """The HTTP response for a completion handler's `result`: a response as is, a stream as
+    server-sent events, a model as its JSON."""
     if isinstance(result, Response):
         return result
     if isinstance(result, AsyncIterator):
         return StreamingResponse(result, media_type="text/event-stream")
-    return JSONResponse(result.model_dump())
+    # The JSON of a long prompt's echo and logprobs is megabytes, seconds of writing: done on a
+    # worker thread, in pieces between which the event loop runs (`JSONResponse(model_dump())`'s
+    # bytes, with the same writers).
+    body = await asyncio.to_thread(response_json, result)
+    return Response(body, media_type="application/json")
 
 
 def build_app(
@@ -275,14 +282,16 @@ def build_app(
     async def completions(request: Request) -> Response:
         body = await _parse(request, CompletionRequest)
         completion.check_health()
-        return _respond(await _unless_disconnected(request, completion.create_completion(body)))
+        return await _respond(
+            await _unless_disconnected(request, completion.create_completion(body))
+        )
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         body = await _parse(request, ChatCompletionRequest)
         completion.check_health()
         work = chat.create_chat_completion(body)
-        return _respond(await _unless_disconnected(request, work))
+        return await _respond(await _unless_disconnected(request, work))
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> Response:
