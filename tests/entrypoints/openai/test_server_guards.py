@@ -4,7 +4,8 @@ request's prompt, and writing a tokenizer endpoint's answer, happen off the even
 answers /health meanwhile; a body over
 `max_request_body_bytes` is a 413 that no handler (nor the engine) sees, refused unread when its
 Content-Length says so and otherwise at the chunk that crosses the limit; CORS preflights from the
-allowed origins are answered (without the API key), and the errors carry the CORS headers."""
+allowed origins are answered (without the API key) as Starlette answers them, refused ones are a
+400 in the server's error shape, and the errors carry the CORS headers."""
 
 import asyncio
 import concurrent.futures
@@ -20,6 +21,8 @@ import pydantic
 import pytest
 import requests
 import uvicorn
+from starlette.datastructures import Headers
+from starlette.middleware.cors import CORSMiddleware
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -34,6 +37,8 @@ KEY = "sk-test"
 HEADERS = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
 LIMIT = 4096
 ORIGIN = "https://ui.example"
+CORS_METHODS = ["GET", "POST"]
+CORS_HEADERS = ["authorization", "content-type"]
 USER = [{"role": "user", "content": "2+2?"}]
 # Bounds only a failing run (a request held on the event loop stalls /health until released);
 # a passing one answers at once.
@@ -75,7 +80,14 @@ def guarded() -> Iterator[SimpleNamespace]:
     engine = FakeEngine(SCRIPT)
     llm = AsyncLLM(engine)
     app = build_app(
-        llm, ["fake"], "fake", api_key=KEY, max_request_body_bytes=LIMIT, allowed_origins=[ORIGIN]
+        llm,
+        ["fake"],
+        "fake",
+        api_key=KEY,
+        max_request_body_bytes=LIMIT,
+        allowed_origins=[ORIGIN],
+        allowed_methods=CORS_METHODS,
+        allowed_headers=CORS_HEADERS,
     )
     try:
         with _serve(app) as url:
@@ -271,26 +283,71 @@ def test_the_limit_is_checked_before_the_body_is_taken(guarded: SimpleNamespace)
     assert (status, len(taken)) == (413, LIMIT // 1000 + 1)
 
 
-def _preflight(url: str, origin: str) -> requests.Response:
-    headers = {
+def _preflight_headers(
+    origin: str, method: str = "POST", headers: str = "authorization, content-type"
+) -> dict[str, str]:
+    return {
         "Origin": origin,
-        "Access-Control-Request-Method": "POST",
-        "Access-Control-Request-Headers": "authorization, content-type",
+        "Access-Control-Request-Method": method,
+        "Access-Control-Request-Headers": headers,
     }
+
+
+def _preflight(url: str, origin: str, **kwargs: str) -> requests.Response:
+    headers = _preflight_headers(origin, **kwargs)
     return requests.options(url + "/v1/chat/completions", headers=headers, timeout=60)
 
 
 def test_cors_preflight_answers_with_the_configured_origin(guarded: SimpleNamespace) -> None:
-    """A browser's preflight carries no API key: it is answered all the same, for the allowed
-    origin only."""
+    """A browser's preflight carries no API key: it is answered all the same, as Starlette's
+    CORSMiddleware answers it (same status, body and headers, uvicorn's own aside)."""
     response = _preflight(guarded.url, ORIGIN)
     assert response.status_code == 200, response.text
     assert response.headers["access-control-allow-origin"] == ORIGIN
     assert "POST" in response.headers["access-control-allow-methods"]
     assert "authorization" in response.headers["access-control-allow-headers"].lower()
-    response = _preflight(guarded.url, "https://elsewhere.example")
-    assert response.status_code == 400
-    assert "access-control-allow-origin" not in response.headers
+    starlette = CORSMiddleware(
+        None, allow_origins=[ORIGIN], allow_methods=CORS_METHODS, allow_headers=CORS_HEADERS
+    ).preflight_response(Headers(_preflight_headers(ORIGIN)))
+    assert (response.status_code, response.content) == (starlette.status_code, starlette.body)
+    served = {name.lower(): value for name, value in response.headers.items()}
+    del served["date"], served["server"]  # uvicorn's
+    assert served == dict(starlette.headers)
+
+
+@pytest.mark.parametrize(
+    "origin, method, headers, refused",
+    [
+        ("https://elsewhere.example", "POST", "content-type", "origin (see --allowed-origins)"),
+        (ORIGIN, "PUT", "content-type", "method (see --allowed-methods)"),
+        (ORIGIN, "POST", "authorization, x-other", "headers (see --allowed-headers)"),
+        ("https://elsewhere.example", "PUT", "x-other",
+         "origin, method, headers (see --allowed-origins, --allowed-methods, --allowed-headers)"),
+    ],
+    ids=["origin", "method", "headers", "all"],
+)  # fmt: skip
+def test_a_refused_cors_preflight_is_a_json_error(
+    guarded: SimpleNamespace, origin: str, method: str, headers: str, refused: str
+) -> None:
+    """Starlette's 400, in the server's error shape (not its plain-text `Disallowed CORS ...`),
+    naming the flags that would allow the request; its CORS headers are kept."""
+    response = _preflight(guarded.url, origin, method=method, headers=headers)
+    assert response.status_code == 400, response.text
+    assert response.headers["content-type"] == "application/json"
+    assert response.json() == {
+        "error": {
+            "message": f"Disallowed CORS {refused}",
+            "type": "BadRequestError",
+            "param": None,
+            "code": 400,
+        }
+    }
+    assert response.headers["vary"].startswith("Origin")
+    assert response.headers["access-control-allow-methods"] == "GET, POST"
+    # Starlette names an allowed origin even when the method or headers are refused.
+    assert response.headers.get("access-control-allow-origin") == (
+        ORIGIN if origin == ORIGIN else None
+    )
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,10 @@
 """The FastAPI app of `vllm serve` and the function that runs it.
 
-`build_app` wires the endpoints to an `AsyncLLM`, behind CORS, the API key and the request body
-limit (middlewares, in that order); `run_server` validates the flags, binds the port (before
-loading, so a busy port fails fast), builds the engine, logs what a user needs to know and serves
-with uvicorn until SIGINT/SIGTERM, then stops the engine and its workers.
+`build_app` wires the endpoints to an `AsyncLLM`, behind CORS (whose refused preflights are JSON
+errors too), the API key and the request body limit (middlewares, in that order); `run_server`
+validates the flags, binds the port (before loading, so a busy port fails fast), builds the engine,
+logs what a user needs to know and serves with uvicorn until SIGINT/SIGTERM, then stops the engine
+and its workers.
 """
 
 import argparse
@@ -21,6 +22,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
 import vllm
@@ -128,6 +130,41 @@ class _BodyLimitMiddleware:
         await JSONResponse(error.response().model_dump(), status_code=413)(scope, receive, send)
 
 
+# The parts of a preflight that Starlette's refusal names ("Disallowed CORS origin, headers"), and
+# the flag that allows more of each.
+_CORS_FLAGS = {
+    "origin": "--allowed-origins",
+    "method": "--allowed-methods",
+    "headers": "--allowed-headers",
+}
+
+
+class _CORSMiddleware(CORSMiddleware):
+    """Starlette's CORS middleware, with a refused preflight answered in the server's error shape
+    (`{"error": ...}`, naming the flags to change) instead of plain text, with Starlette's status
+    (400) and headers. Allowed preflights, and the CORS headers on other responses, are
+    Starlette's."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code < 400:
+            return response
+        text = bytes(response.body).decode()
+        refused = text.removeprefix("Disallowed CORS ").split(", ")
+        flags = [_CORS_FLAGS[part] for part in refused if part in _CORS_FLAGS]
+        message = f"{text} (see {', '.join(flags)})" if flags else text
+        error = OpenAIError(message, response.status_code)
+        # Starlette's CORS headers (Vary, the allowed methods...) stay; the plain text's type and
+        # length go with it.
+        headers = {
+            name: value
+            for name, value in response.headers.items()
+            if name not in ("content-length", "content-type")
+        }
+        body = error.response().model_dump()
+        return JSONResponse(body, status_code=response.status_code, headers=headers)
+
+
 async def _parse(request: Request, model: type[BaseModel]) -> Any:
     """The JSON body as `model`; a 400 naming the first bad field otherwise."""
     try:
@@ -231,7 +268,7 @@ def build_app(
     if api_key:
         app.add_middleware(_ApiKeyMiddleware, api_key=api_key)
     app.add_middleware(
-        CORSMiddleware,
+        _CORSMiddleware,
         allow_origins=list(allowed_origins),
         allow_methods=list(allowed_methods),
         allow_headers=list(allowed_headers),
