@@ -35,7 +35,6 @@ COUNTED_KERNELS = {
     "vllm.models.kimi_k3.amd.ops.causal_conv1d": (
         "_causal_conv1d_prefill_kernel", "_conv_state_update_kernel",
     ),
-    "vllm.models.kimi_k3.amd.ops.kda_gate": ("_kda_gate_beta_kernel",),
     "vllm.models.kimi_k3.amd.ops.mla_cache_write": ("_mla_cache_write_kernel",),
     "vllm.models.kimi_k3.amd.ops.mla_prefill": ("_mla_prefill_key_kernel",),
     "vllm.v1.sample.ops.argmax": ("_argmax_partial_kernel", "_argmax_pick_kernel"),

@@ -64,7 +64,6 @@ from vllm.models.kimi_k3.amd.ops.fused_kda_decode import (
     kda_decode_config,
 )
 from vllm.models.kimi_k3.amd.ops.fused_kda_decode_config import gate_proj_tiling
-from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate_beta
 from vllm.models.kimi_k3.amd.ops.mla_cache_write import mla_cache_write
 from vllm.models.kimi_k3.amd.ops.mla_decode import launch_mla_decode
 from vllm.models.kimi_k3.amd.ops.mla_decode_config import (
@@ -522,14 +521,6 @@ def _drive_ops() -> None:
                 qsl, torch.tensor([2, 0]), torch.tensor([True, False]),
                 out=out if groups > 1 else None, config=config,
             )  # fmt: skip
-
-    for tokens, heads, key_dim in ((300, 32, 128), (5, 3, 16)):
-        raw = torch.randn(tokens, heads * key_dim, generator=gen).to(torch.bfloat16)
-        b = torch.randn(tokens, heads, generator=gen).to(torch.bfloat16)
-        a_log = torch.rand(heads, generator=gen)
-        dt_bias = torch.randn(heads * key_dim, generator=gen)
-        for lower_bound in (-5.0, None):
-            kda_gate_beta(raw, a_log, dt_bias, lower_bound, b)
 
     # Kimi-Linear's latent write: bf16 kv_a sliced from the merged q | kv_a projection (32 heads
     # x 192, then 576), int64 slots; then fp32 into a bf16 cache, int32 slots, small odd widths.
