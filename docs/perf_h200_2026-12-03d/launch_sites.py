@@ -4,6 +4,7 @@ twentieth session, with ``launch()``'s fast path on and off (off: every launch t
 phase. Kimi-Linear-48B shapes at a 1k-token prefill; the calls a prefill step makes of each.
 
 Run from the repository root on a GPU: ``python docs/perf_h200_2026-12-03d/launch_sites.py``.
+``kda_gate_beta``, measured then, was removed in the thirty-first session (no caller is left).
 """
 
 import statistics
@@ -16,7 +17,6 @@ from vllm.model_executor.layers.fused_moe.group_rows import group_rows
 from vllm.model_executor.layers.fused_moe.router import RoutingParams, grouped_topk_triton
 from vllm.model_executor.layers.fused_moe.weighted_sum import moe_weighted_sum
 from vllm.models.kimi_k3.amd.ops.causal_conv1d import causal_conv1d_prefill
-from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate_beta
 from vllm.models.kimi_k3.amd.ops.mla_prefill import mla_prefill_key
 
 T, E, K, H, HEADS, DK = 1024, 256, 8, 2304, 32, 128
@@ -28,10 +28,6 @@ routing = RoutingParams(E, K, routed_scaling_factor=2.446, num_fused_shared_expe
 ids = torch.randint(0, E, (T, K + 1), device=dev, generator=g)
 y = torch.randn(T * (K + 1), H, device=dev, generator=g).bfloat16()
 w = torch.rand(T, K + 1, device=dev, generator=g)
-raw = torch.randn(T, HEADS * DK, device=dev, generator=g).bfloat16()
-a_log = torch.randn(HEADS, device=dev, generator=g)
-dt_bias = torch.randn(HEADS * DK, device=dev, generator=g)
-b = torch.randn(T, HEADS, device=dev, generator=g).bfloat16()
 channels = 3 * HEADS * DK
 x = torch.randn(T, channels, device=dev, generator=g).bfloat16()
 conv_w = torch.randn(channels, 4, device=dev, generator=g).bfloat16()
@@ -47,7 +43,6 @@ ops = {
     "grouped_topk_triton": (lambda: grouped_topk_triton(logits, bias, routing), 26),
     "group_rows": (lambda: group_rows(ids, E, 128), 26),
     "moe_weighted_sum": (lambda: moe_weighted_sum(y, w, torch.bfloat16), 26),
-    "kda_gate_beta": (lambda: kda_gate_beta(raw, a_log, dt_bias, -5.0, b), 20),
     "causal_conv1d_prefill": (
         lambda: causal_conv1d_prefill(x, conv_w, conv_state, qsl, slots, has_init),
         20,
