@@ -97,3 +97,19 @@ def test_a_final_message_the_template_closed_leaves_no_block_open(fields, expect
     prompt = chat.render(request)
     assert chat.reasoning_parser.starts_in_reasoning(prompt)  # the marker is unclosed in the text
     assert chat.starts_in_reasoning(request, prompt) is expected, prompt
+
+
+# Leaves the final message open, as TEMPLATE, but trims each message's text.
+TRIMMING = TEMPLATE.replace("(m['content'] or '')", "((m['content'] or '') | trim)")
+
+
+@pytest.mark.parametrize("tail", ["", "\n", "  "])
+def test_a_template_that_trims_the_final_message_does_not_close_it(tail) -> None:
+    # Continuing keeps the message's trailing spaces, which the trimmed rendering lacks: the
+    # renderings differ, yet the template wrote nothing after the message.
+    chat = _chat(TRIMMING)
+    messages = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": f"{THINK_START}let me see{tail}"}]  # fmt: skip
+    request = ChatCompletionRequest(messages=messages, add_generation_prompt=False)
+    prompt = chat.render(request)
+    assert chat.starts_in_reasoning(request, prompt), prompt

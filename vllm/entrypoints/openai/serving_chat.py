@@ -159,14 +159,16 @@ class OpenAIServingChat(OpenAIServing):
         """Whether the template closed the final message in `prompt_text` (rendered without
         `continue_final_message`): it wrote something after the message (an end-of-turn token)
         that continuing the message leaves out. The reply then starts a turn of its own, outside
-        any block the message left open."""
+        any block the message left open. Continuing keeps the text's trailing spaces, which a
+        template that trims the text drops: a rendering that the continued one merely extends
+        wrote nothing after the message."""
         try:
             continued = self.tokenizer.apply_chat_template(
                 messages, tokenize=False, **{**kwargs, "continue_final_message": True}
             )
         except ValueError:  # the message's content is not found in its rendering
             return False
-        return continued != prompt_text
+        return not continued.startswith(prompt_text)
 
     async def create_chat_completion(
         self, request: ChatCompletionRequest
