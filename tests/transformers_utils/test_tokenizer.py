@@ -5,11 +5,9 @@ import json
 import random
 import re
 import shutil
-import sys
-import threading
-import time
 
 import pytest
+from gil_turns import gil_turns
 
 from vllm.model_executor.model_loader.builtin import BUILTIN_MODELS
 from vllm.transformers_utils import tokenizer as tokenizer_module
@@ -436,25 +434,7 @@ def test_tiktoken_split_lets_other_threads_run(monkeypatch):
     monkeypatch.setattr(tokenizer_module, "_MAX_RUN_CHARS", 100)
     unit = "The quick brown fox, 12345 jumps!\n\nhello  world\t世界 é "
     text = unit * (23_000_000 // len(unit))
-    turns, stop = [0], threading.Event()
-
-    def other() -> None:
-        while not stop.is_set():
-            time.sleep(0)  # gives up the GIL, and waits to take it back
-            turns[0] += 1
-
-    interval = sys.getswitchinterval()
-    thread = threading.Thread(target=other)
-    sys.setswitchinterval(1e-6)
-    try:
-        thread.start()
-        before = turns[0]
-        pieces = tokenizer_module._split_for_tiktoken(text)
-        during = turns[0] - before
-    finally:
-        stop.set()
-        thread.join()
-        sys.setswitchinterval(interval)
+    pieces, during = gil_turns(lambda: tokenizer_module._split_for_tiktoken(text))
     assert pieces == [text]
     assert during >= 100, during
 

@@ -5,13 +5,11 @@ response models have none of the custom serialization that writing them field by
 skip."""
 
 import random
-import sys
-import threading
-import time
 import typing
 
 import pytest
 from fastapi.responses import JSONResponse
+from gil_turns import gil_turns
 from pydantic import BaseModel
 
 from vllm.entrypoints.openai import response_json as response_json_module
@@ -108,25 +106,7 @@ def test_writing_a_large_answer_lets_other_threads_run() -> None:
     in time: waiting, it asks for the GIL after the switch interval (1 us here) and gets it at the
     next point between two bytecodes, of which the writing's 3,200 pieces give about a thousand."""
     model = _completion(100_000)
-    turns, stop = [0], threading.Event()
-
-    def other() -> None:
-        while not stop.is_set():
-            time.sleep(0)  # gives up the GIL, and waits to take it back
-            turns[0] += 1
-
-    interval = sys.getswitchinterval()
-    thread = threading.Thread(target=other)
-    sys.setswitchinterval(1e-6)
-    try:
-        thread.start()
-        before = turns[0]
-        body = response_json(model)
-        during = turns[0] - before
-    finally:
-        stop.set()
-        thread.join()
-        sys.setswitchinterval(interval)
+    body, during = gil_turns(lambda: response_json(model))
     assert len(body) > 6_000_000
     assert during >= 100, during
 
