@@ -180,6 +180,44 @@ def test_a_step_launched_ahead_needs_the_last_sampled_rows():
         engine.shutdown()
 
 
+@pytest.mark.parametrize("end", ["stop_token", "abort"])
+def test_a_step_launched_ahead_is_dropped_once_its_sequences_end(end):
+    """A sequence that ends on a stop token (or is aborted) while its next step is in flight
+    leaves nothing in flight and nothing scheduled: the step is forgotten at once, not held
+    until a later step() call."""
+    engine = make_engine(True)
+    try:
+        free = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+        engine.add_request("probe", PROMPTS["a"], free)
+        tokens = []
+        while engine.has_unfinished_requests():
+            tokens += [o.outputs[0].token_ids for o in engine.step() if o.finished]
+        stop = tokens[0][3]
+        assert stop not in tokens[0][:3]
+        params = SamplingParams(temperature=0.0, max_tokens=8, stop_token_ids=[stop])
+        engine.add_request("a", PROMPTS["a"], params if end == "stop_token" else free)
+        for _ in range(3):
+            engine.step()
+        assert engine.step_in_flight
+        if end == "abort":
+            engine.abort_request("a")
+        else:
+            while engine.has_unfinished_requests():
+                engine.step()
+        assert not engine.has_unfinished_requests()
+        assert not engine.step_in_flight and not engine.scheduler._pending
+        kv = engine.kv_cache_manager
+        assert kv.num_free_blocks == kv.initial_num_free_blocks
+        assert kv.num_free_kda_slots == kv.initial_num_free_kda_slots
+        engine.add_request("b", PROMPTS["b"], free)
+        finals = []
+        while engine.has_unfinished_requests():
+            finals += [o for o in engine.step() if o.finished]
+        assert [len(o.outputs[0].token_ids) for o in finals] == [8]
+    finally:
+        engine.shutdown()
+
+
 def test_on_by_default_for_cuda_at_tp1_and_refused_at_tp2():
     def resolved(**kwargs) -> bool:
         config = EngineArgs(model="kimi-k3-tiny", **kwargs).create_engine_config()

@@ -204,6 +204,7 @@ class LLMEngine:
                 out = self.output_processor.finish_with(seq, "abort")
                 if out is not None and out.finished:
                     outputs.append(out)
+        self._drop_stale_in_flight()
         return outputs
 
     @property
@@ -225,11 +226,6 @@ class LLMEngine:
         are read back (`AsyncScheduler`); the next call completes that one."""
         self._check_running()
         launched, self._in_flight = self._in_flight, None
-        if launched is not None and not any(
-            e.request.status is _RUNNING for e in launched.scheduled.entries
-        ):
-            self._complete(launched)  # every sequence in it ended since it was launched
-            launched = None
         if launched is None:
             scheduled = self.scheduler.schedule()
             if not scheduled.entries:
@@ -237,7 +233,22 @@ class LLMEngine:
             launched = self._launch(scheduled)
         if self.async_scheduling:
             self._in_flight = self._launch_ahead(launched)
-        return self._complete(launched)
+        outputs = self._complete(launched)
+        self._drop_stale_in_flight()
+        return outputs
+
+    def _drop_stale_in_flight(self) -> None:
+        """Forget the step launched ahead once every sequence in it has ended (a stop token in
+        the step before, an abort): nothing would be taken from it. The device still runs it,
+        ordered before any later step on the stream, so the blocks and KDA slots its sequences
+        freed are only reused after it; its host buffers are the caching allocator's to keep
+        until their copies are done."""
+        launched = self._in_flight
+        if launched is not None and not any(
+            e.request.status is _RUNNING for e in launched.scheduled.entries
+        ):
+            self._in_flight = None
+            self.scheduler.cancel_step(launched.scheduled)
 
     def _launch(
         self, scheduled: SchedulerOutput, failing: SchedulerOutput | None = None
