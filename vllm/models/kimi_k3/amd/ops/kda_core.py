@@ -10,9 +10,10 @@ Inputs: `q`, `k` `[T, H, K]`, `v` `[T, H, V]`, `g` `[T, H, K]` (log decay, fp32)
 `state` `[S, H, K, V]` fp32, read at `slots` (zeros where a sequence has no initial state) and
 written back. Output `[T, H, V]` in the inputs' dtype (q, k, v share one).
 
-GPU: fla-core's `chunk_kda` (prefill) and `fused_recurrent_kda` (decode) with `cu_seqlens`.
-CPU: the per-token recurrence above in fp32, the exact reference. `kda_prefill` / `kda_decode`
-choose.
+GPU: fla-core's `chunk_kda` (`kda_prefill`) and `fused_recurrent_kda` (`kda_decode`) with
+`cu_seqlens`. CPU: the per-token recurrence above in fp32, the exact reference. `kda_prefill` /
+`kda_decode` choose. The layer's decode rows take neither: they run `fused_kda_decode`, whose
+unfused reference (`fused_kda_decode_ref`) is where `kda_decode` serves.
 """
 
 from typing import NamedTuple
@@ -92,7 +93,9 @@ def kda_prefill(
     that writes the fp32 decay and another that reads it; on the CPU through `kda_gate`. With a
     lower bound fla computes what `kda_gate` does; without one its softplus uses approximate
     exp2 / log2 instructions and is 0 below x of about -17, where `kda_gate`'s log1p is not: the
-    decay differs by about 1e-7 at most."""
+    decay differs by about 1e-7 at most. fla-core 0.6.0 applies `lower_bound` whatever its
+    `safe_gate` flag (left off here), although its docstring pairs the two;
+    `test_kda_prefill_applies_the_gate_itself` checks that result on the GPU."""
     if query_start_loc.dtype != torch.int64:
         raise ValueError(f"query_start_loc must be int64, got {query_start_loc.dtype}")
     if q.is_cuda:
