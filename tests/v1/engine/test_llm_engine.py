@@ -312,6 +312,29 @@ def test_sampling_params_beyond_the_vocabulary_are_refused_at_add_request():
         engine.shutdown()
 
 
+def test_max_tokens_zero_ends_by_length_even_when_its_dropped_token_is_a_stop_token():
+    """max_tokens=0 scores the prompt and drops the one token sampled to end the prefill: no
+    token is generated, so nothing can have stopped on one, even when the dropped token is a
+    stop token (it reported finish_reason "stop" with that unseen token as its stop_reason)."""
+    engine = make_engine()
+    try:
+        prompt = prompts_of([5])[0]
+        greedy = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+        (first,) = run_all(engine, {"probe": (prompt, greedy)})["probe"].outputs[0].token_ids
+        scoring = {
+            "stop_token": SamplingParams(temperature=0.0, max_tokens=0, stop_token_ids=[first]),
+            "plain": SamplingParams(temperature=0.0, max_tokens=0, ignore_eos=True),
+        }
+        finals = run_all(engine, {name: (prompt, p) for name, p in scoring.items()})
+        for name in scoring:
+            out = finals[name].outputs[0]
+            assert (out.token_ids, out.text) == ([], ""), name
+            assert (out.finish_reason, out.stop_reason) == ("length", None), name
+        assert_cache_free(engine)
+    finally:
+        engine.shutdown()
+
+
 def test_a_failed_step_finishes_its_requests_as_errors_and_the_engine_goes_on(expected):
     engine = make_engine()
     try:

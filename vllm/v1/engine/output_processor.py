@@ -144,8 +144,13 @@ class OutputProcessor:
             request_id, index = self.parent_of[seq.request_id]
             completion = self.requests[request_id].completions[index]
             if completion.finish_reason is None:
-                completion.finish_reason = seq.finish_reason
-                completion.stop_reason = seq.stop_reason
+                if completion.discard_output:
+                    # max_tokens=0: the dropped token generated nothing, so stopped nothing,
+                    # whether or not it is a stop token.
+                    completion.finish_reason = "length"
+                else:
+                    completion.finish_reason = seq.finish_reason
+                    completion.stop_reason = seq.stop_reason
             touched[request_id] = self.requests[request_id]
         outputs = []
         for state in touched.values():
