@@ -59,13 +59,16 @@ def alone():
 
 def random_workload(gen: random.Random, alone, num: int, block_size: int, chunk: int) -> list:
     """(prompt, params) per request: prompt lengths around a block and a prefill chunk, greedy and
-    seeded sampling, n = 2, logprobs, prompt logprobs, stop token ids met mid-output."""
+    seeded sampling, n = 2, logprobs, prompt logprobs, stop token ids met mid-output, outputs that
+    run to `max_model_len`."""
     requests = []
     for _ in range(num):
         length = gen.choice([1, block_size - 1, block_size, block_size + 1, chunk + 1,
                              gen.randint(2, 32), gen.randint(2, 32)])  # fmt: skip
         prompt = [gen.randrange(0, 300) for _ in range(length)]
         params = SamplingParams(temperature=0.0, max_tokens=gen.randint(1, 12), ignore_eos=True)
+        if gen.random() < 0.15:  # to max_model_len: the room the prompt leaves
+            params = replace(params, max_tokens=None)
         if gen.random() < 0.3:
             params = replace(
                 params, temperature=1.0, top_k=gen.choice([0, 5]), seed=gen.randrange(99)
@@ -200,3 +203,8 @@ def test_requests_together_equal_each_alone(alone, name, seed):
         if not aborted:
             assert_close_logprobs(got.prompt_logprobs, want.prompt_logprobs, f"{what} prompt")
     assert any(c.finish_reason == "abort" for out in finals.values() for c in out.outputs)
+    assert any(
+        len(out.prompt_token_ids) + len(c.token_ids) == MAX_MODEL_LEN
+        for out in finals.values()
+        for c in out.outputs
+    )
