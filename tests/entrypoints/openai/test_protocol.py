@@ -100,3 +100,23 @@ def test_text_offsets_count_a_character_split_across_tokens_once() -> None:
     for chunk in (ids[:2], ids[2:4], ids[4:]):
         streamed += completion_logprobs(chunk, [None] * len(chunk), tokenizer, offsets).text_offset
     assert streamed == result.text_offset
+
+
+def test_text_offsets_after_an_unfinished_character() -> None:
+    """A lead byte that the next token does not continue is a U+FFFD of its own: the next
+    token's text starts after it (it was given the unfinished character's offset)."""
+    tokenizer = get_tokenizer(resolve_model("kimi-k3-tiny")[0])
+    id_of = {tokenizer.token_bytes(i): i for i in range(tokenizer.vocab_size)}
+    pieces = b"a \xc9 \xc8 \x11 \xe3 \x80 b \xed \xa0 \x80 !"
+    ids = [id_of[b] for b in pieces.split(b" ")]
+    text = tokenizer.decode(ids)
+    # E3 80 is one U+FFFD (a character's start); ED A0 80 three (a surrogate's bytes).
+    assert text == "a\ufffd\ufffd\x11\ufffdb\ufffd\ufffd\ufffd!"
+    expected = [0, 1, 2, 3, 4, 4, 5, 6, 7, 8, 9]
+    assert completion_logprobs(ids, [None] * len(ids), tokenizer).text_offset == expected
+    for cut in range(1, len(ids)):  # streamed, split anywhere
+        offsets, streamed = TextOffsets(), []
+        for chunk in (ids[:cut], ids[cut:]):
+            positions = [None] * len(chunk)
+            streamed += completion_logprobs(chunk, positions, tokenizer, offsets).text_offset
+        assert streamed == expected, cut

@@ -36,6 +36,15 @@ def normalize_prompts(prompt: "str | list[str] | list[int] | list[list[int]]") -
     return list(prompt)
 
 
+def _continues(prefix: bytes, byte: int) -> bool:
+    """Whether `byte` goes on with `prefix`, the start of a UTF-8 character (or completes it)."""
+    try:
+        (prefix + bytes([byte])).decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e.start == 0 and e.reason == "unexpected end of data"
+    return True
+
+
 class TextOffsets:
     """Character offsets of tokens in the text their bytes decode to. A character split across
     tokens counts once, when its last byte comes: every token of it is at its offset. (Adding up
@@ -49,6 +58,11 @@ class TextOffsets:
     def advance(self, token_bytes: bytes) -> int:
         """The offset of a token with these bytes; moves past its complete characters."""
         at = self.offset
+        unfinished = self._decoder.getstate()[0]
+        if unfinished and token_bytes and not _continues(unfinished, token_bytes[0]):
+            # The earlier bytes that the decoder holds end here, unfinished: their U+FFFD (one,
+            # or one per byte where it held a surrogate's) come before this token's text.
+            at += len(unfinished.decode("utf-8", "replace"))
         self.offset += len(self._decoder.decode(token_bytes))
         return at
 
