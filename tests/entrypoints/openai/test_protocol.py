@@ -1,14 +1,32 @@
 """Request bodies and response pieces in-process (no server): field limits, the legacy
 completion logprobs and chat logprobs' bytes."""
 
+import asyncio
+import json
+import sys
+from pathlib import Path
+
 import pytest
 
-from vllm.entrypoints.openai.protocol import MAX_N, ChatCompletionRequest, CompletionRequest
-from vllm.entrypoints.openai.serving_chat import chat_logprobs
-from vllm.entrypoints.openai.serving_completion import TextOffsets, completion_logprobs
-from vllm.model_executor.model_loader.builtin import resolve_model
-from vllm.outputs import Logprob
-from vllm.transformers_utils.tokenizer import get_tokenizer
+sys.path.insert(0, str(Path(__file__).parent))
+
+from fake_engine import FakeEngine  # noqa: E402
+
+from vllm.entrypoints.openai.protocol import (  # noqa: E402
+    MAX_N,
+    ChatCompletionRequest,
+    CompletionRequest,
+)
+from vllm.entrypoints.openai.serving_chat import chat_logprobs  # noqa: E402
+from vllm.entrypoints.openai.serving_completion import (  # noqa: E402
+    OpenAIServingCompletion,
+    TextOffsets,
+    completion_logprobs,
+)
+from vllm.model_executor.model_loader.builtin import resolve_model  # noqa: E402
+from vllm.outputs import Logprob  # noqa: E402
+from vllm.transformers_utils.tokenizer import get_tokenizer  # noqa: E402
+from vllm.v1.engine.async_llm import AsyncLLM  # noqa: E402
 
 
 @pytest.mark.parametrize("n", [MAX_N + 1, 2**62])
@@ -120,3 +138,36 @@ def test_text_offsets_after_an_unfinished_character() -> None:
             positions = [None] * len(chunk)
             streamed += completion_logprobs(chunk, positions, tokenizer, offsets).text_offset
         assert streamed == expected, cut
+
+
+def test_text_offsets_skip_the_special_tokens_the_text_leaves_out() -> None:
+    """With skip_special_tokens (the default) a special token in the reply is not in its text,
+    so it moves the offsets on by nothing (they moved by the length of its name, "<|bos|>": every
+    later token was 7 characters too far). An echoed prompt keeps its special tokens' text."""
+    llm = AsyncLLM(FakeEngine("a<|bos|>b"))
+    serving = OpenAIServingCompletion(llm, ["fake"], "fake")
+    body = {"prompt": "x<|bos|>y", "max_tokens": 3, "logprobs": 0, "echo": True}
+
+    async def whole() -> tuple[str, list[str], list[int]]:
+        choice = (await serving.create_completion(CompletionRequest(**body))).choices[0]
+        return choice.text, choice.logprobs.tokens, choice.logprobs.text_offset
+
+    async def streamed() -> tuple[str, list[str], list[int]]:
+        text, tokens, offsets = "", [], []
+        async for event in await serving.create_completion(CompletionRequest(**body, stream=True)):
+            data = event.removeprefix("data: ").strip()
+            if data != "[DONE]":
+                (choice,) = json.loads(data)["choices"]
+                text += choice["text"]
+                tokens += choice["logprobs"]["tokens"]
+                offsets += choice["logprobs"]["text_offset"]
+        return text, tokens, offsets
+
+    try:
+        for run in (whole, streamed):
+            text, tokens, offsets = asyncio.run(run())
+            assert text == "x<|bos|>yab"
+            assert len(tokens) == 6  # x <|bos|> y, then a <|bos|> b
+            assert offsets == [0, 1, 8, 9, 10, 10], run.__name__
+    finally:
+        llm.shutdown()

@@ -72,12 +72,16 @@ def completion_logprobs(
     positions: "list[PositionLogprobs | None]",
     tokenizer,
     offsets: TextOffsets | None = None,
+    reply_from: int | None = None,
 ) -> CompletionLogProbs:
     """OpenAI's legacy logprobs: per token its text, logprob (None where nothing predicts it),
-    the top alternatives {text: logprob}, and its character offset."""
+    the top alternatives {text: logprob}, and its character offset. `reply_from`: where the
+    tokens of a reply detokenized with skip_special_tokens begin; its special tokens are not in
+    its text, so they take no room there (an echoed prompt's are)."""
     offsets = offsets or TextOffsets()
     result = CompletionLogProbs()
-    for token, position in zip(token_ids, positions, strict=True):
+    skipped = set(tokenizer.all_special_ids) if reply_from is not None else set()
+    for i, (token, position) in enumerate(zip(token_ids, positions, strict=True)):
         if position is None or token not in position:
             text = tokenizer.decode([token], skip_special_tokens=False)
             result.tokens.append(text)
@@ -103,7 +107,9 @@ def completion_logprobs(
                 if value > top.get(key, float("-inf")):
                     top[key] = value
             result.top_logprobs.append(top)
-        result.text_offset.append(offsets.advance(tokenizer.token_bytes(token)))
+        in_text = token not in skipped or i < reply_from
+        token_bytes = tokenizer.token_bytes(token) if in_text else b""
+        result.text_offset.append(offsets.advance(token_bytes))
     return result
 
 
@@ -200,7 +206,7 @@ class OpenAIServingCompletion(OpenAIServing):
         if request.echo:
             text = prompt_text + text
         if request.logprobs is not None:
-            logprobs = self._logprobs(out, c, request.echo)
+            logprobs = self._logprobs(request, out, c, request.echo)
         return CompletionChoice(
             index=prompt_index * request.n + c.index,
             text=text,
@@ -211,6 +217,7 @@ class OpenAIServingCompletion(OpenAIServing):
 
     def _logprobs(
         self,
+        request: CompletionRequest,
         out: RequestOutput,
         c: CompletionOutput,
         with_prompt: bool,
@@ -224,10 +231,11 @@ class OpenAIServingCompletion(OpenAIServing):
             prompt_positions = out.prompt_logprobs or []
             positions += prompt_positions + [None] * (len(tokens) - len(prompt_positions))
         generated = c.token_ids[start:]
+        reply_from = len(tokens) if request.skip_special_tokens else None
         tokens += generated
         positions += (c.logprobs or [])[start : start + len(generated)]
         positions += [None] * (len(tokens) - len(positions))
-        return completion_logprobs(tokens, positions, self.tokenizer, offsets)
+        return completion_logprobs(tokens, positions, self.tokenizer, offsets, reply_from)
 
     async def _stream(
         self,
@@ -260,7 +268,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     logprobs = None
                     if request.logprobs is not None:
                         with_prompt = request.echo and first
-                        args = (out, c, with_prompt, sent_tokens.get(index, 0))
+                        args = (request, out, c, with_prompt, sent_tokens.get(index, 0))
                         offsets = text_offsets.setdefault(index, TextOffsets())
                         if with_prompt:  # every prompt token: a worker thread's job, as above
                             logprobs = await asyncio.to_thread(self._logprobs, *args, offsets)
