@@ -133,6 +133,7 @@ def test_chat_continues_the_final_message_inside_its_think_block(server: RemoteS
         ({"prompt": "hi", "frequency_penalty": -1.0}, "frequency_penalty"),
         ({"prompt": "hi", "logit_bias": {"7": 0, "5": 100}}, "logit_bias"),
         ({"prompt": "hi", "response_format": {"type": "json_object"}}, "response_format"),
+        ({"prompt": "hi", "stream_options": {"include_usage": True}}, "stream_options"),
     ],
 )
 def test_bad_completion_fields_are_400s_naming_them(
@@ -168,6 +169,9 @@ ANSWER = [*USER, {"role": "assistant", "content": "It is"}]
         ("/v1/chat/completions", {"messages": USER, "max_completion_tokens": "x"},
          "max_completion_tokens"),
         ("/v1/chat/completions", {"messages": USER, "temperature": -1}, "temperature"),
+        ("/v1/chat/completions",
+         {"messages": USER, "stream": False, "stream_options": {"include_usage": True}},
+         "stream_options"),
         ("/v1/chat/completions", {"messages": USER, "top_logprobs": 2}, "top_logprobs"),
         ("/v1/chat/completions", {"messages": USER, "logprobs": True, "top_logprobs": -1},
          "top_logprobs"),

@@ -144,6 +144,9 @@ class SamplingFields(OpenAIModel):
                 raise ValueError(
                     f"{name} is not supported (use repetition_penalty), got {getattr(self, name)!r}"
                 )
+        if self.stream_options is not None and not self.stream:
+            # As OpenAI and vLLM: the options of a stream that the request does not ask for.
+            raise ValueError("stream_options is only allowed when stream is true")
         if self.logit_bias and any(bias != 0 for bias in self.logit_bias.values()):
             raise ValueError("logit_bias is not supported (only biases of 0)")
         if self.response_format and self.response_format.get("type", "text") != "text":
