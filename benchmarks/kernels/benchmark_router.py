@@ -13,7 +13,7 @@ and the reference choose the same experts.
 
     python benchmarks/kernels/benchmark_router.py --csv router.csv
     python benchmarks/kernels/benchmark_router.py --warps 1 2 4 --tokens 64 256
-    python benchmarks/kernels/benchmark_router.py --dry-run     # tiny, CPU, no GPU needed
+    TRITON_INTERPRET=1 python benchmarks/kernels/benchmark_router.py --dry-run   # tiny, CPU
 
 --logits times the router's logits instead: `router_logits` (the fp32-weight GEMV of gemv.py)
 against `F.linear(x.float(), w)` (what KimiMoE ran before) for bf16 x `[T, 2304]` and the fp32
