@@ -16,7 +16,7 @@ the page cache (cold: read from disk, where the kernel honours it); the second r
 right away (warm: page cache).
 
     python benchmarks/benchmark_load.py --out /tmp/kimi-48b-e16 --output-json load.json
-    python benchmarks/benchmark_load.py --dry-run      # tiny model on the CPU: checks the script
+    python benchmarks/benchmark_load.py --dry-run --out /tmp/load-dry   # tiny model on the CPU
 """
 
 import argparse
