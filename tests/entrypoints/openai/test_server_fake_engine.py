@@ -134,6 +134,7 @@ def test_chat_continues_the_final_message_inside_its_think_block(server: RemoteS
         ({"prompt": "hi", "logit_bias": {"7": 0, "5": 100}}, "logit_bias"),
         ({"prompt": "hi", "response_format": {"type": "json_object"}}, "response_format"),
         ({"prompt": "hi", "stream_options": {"include_usage": True}}, "stream_options"),
+        ({"prompt": "hi", "best_of": 2}, "best_of"),
     ],
 )
 def test_bad_completion_fields_are_400s_naming_them(
@@ -151,6 +152,10 @@ def test_neutral_values_of_the_knobs_the_engine_lacks_are_accepted(server: Remot
             "logit_bias": {"5": 0}}  # fmt: skip
     response = _post(server, "/v1/completions", body)
     assert response.status_code == 200, response.text
+    for n, best_of in ((1, None), (1, 1), (2, 2)):
+        body = {"prompt": "hi", "max_tokens": 2, "n": n, "best_of": best_of}
+        response = _post(server, "/v1/completions", body)
+        assert response.status_code == 200, response.text
 
 
 USER = [{"role": "user", "content": "hi"}]

@@ -184,6 +184,7 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = None
     add_special_tokens: bool = True
     suffix: str | None = None
+    best_of: int | None = None  # refused unless it changes nothing (null or n)
 
 
 class CompletionLogProbs(BaseModel):

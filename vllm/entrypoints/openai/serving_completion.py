@@ -175,6 +175,9 @@ class OpenAIServingCompletion(OpenAIServing):
         self.check_model(request.model)
         if request.suffix:
             raise OpenAIError("suffix is not supported", 400, "suffix")
+        if request.best_of not in (None, request.n):
+            message = f"best_of is not supported (only null or n), got {request.best_of}"
+            raise OpenAIError(message, 400, "best_of")
         inputs = []
         for prompt in normalize_prompts(request.prompt):
             ids = self.encode(prompt, request.add_special_tokens, "prompt")
