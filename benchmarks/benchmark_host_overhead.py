@@ -7,7 +7,8 @@ for the API server's streamed requests.
 
 One at a time (`--no-async-scheduling` in the engine) a decode step costs its forward plus this
 host time, so the numbers here are what `benchmark_latency.py`'s step ms minus forward ms should
-then come to; with asynchronous scheduling (the default at TP = 1; not with `--tp-worker`) the
+then come to. The engine here runs with asynchronous scheduling (on by default for CUDA at TP = 1,
+and on here on the CPU too; not with `--tp-worker`): the
 next step's host time overlaps this step's forward and only shows where it is the longer. Runs on
 the CPU as well as on a GPU (`--device cuda`); prompts are prefilled through the same stub.
 
