@@ -261,6 +261,7 @@ def test_chat_renders_the_models_template(llm):
         positions = [rendered.index(m["content"]) for m in conversation]
         assert positions == sorted(positions)
         assert tokenizer.decode(out.prompt_token_ids, skip_special_tokens=False) == rendered
+        assert out.prompt == rendered  # as upstream: the rendered conversation
         (expected,) = llm.generate([out.prompt_token_ids], GREEDY, use_tqdm=False)
         assert out.outputs[0].token_ids == expected.outputs[0].token_ids
     (single,) = llm.chat(second, GREEDY, use_tqdm=False)  # one conversation, not a list of them

@@ -120,13 +120,16 @@ class LLM:
         if chat_template is not None:
             kwargs["chat_template"] = chat_template
         params = _per_prompt(sampling_params, len(conversations), "conversations")
-        prompts = []
+        prompts, texts = [], []
         for index, conversation in enumerate(conversations):
             try:
-                prompts.append(tokenizer.apply_chat_template(conversation, tokenize=True, **kwargs))
+                text = tokenizer.apply_chat_template(conversation, tokenize=False, **kwargs)
             except ValueError as e:
                 raise ValueError(f"conversation {index}: {e}") from None
-        return self._run(prompts, params, use_tqdm, "conversation")
+            # What `tokenize=True` gives: the rendering holds its special tokens already.
+            prompts.append(tokenizer.encode(text, add_special_tokens=False))
+            texts.append(text)
+        return self._run(prompts, params, use_tqdm, "conversation", texts)
 
     def _run(
         self,
@@ -134,6 +137,7 @@ class LLM:
         params: list[SamplingParams],
         use_tqdm: bool | Callable[..., tqdm],
         what: str = "prompt",
+        texts: list[str] | None = None,
     ) -> list[RequestOutput]:
         engine = self.llm_engine
         order = {}
@@ -142,8 +146,9 @@ class LLM:
                 request_id = str(next(self._ids))
                 # Only final outputs are read here: the engine need not build the others.
                 final_only = dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY)
+                text = None if texts is None else texts[index]
                 try:
-                    engine.add_request(request_id, _unpack(prompt), final_only)
+                    engine.add_request(request_id, _unpack(prompt), final_only, text)
                 except ValueError as e:
                     raise ValueError(f"{what} {index}: {e}") from None
                 order[request_id] = len(order)

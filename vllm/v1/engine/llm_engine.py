@@ -103,10 +103,12 @@ class LLMEngine:
         request_id: str,
         prompt: "str | list[int]",
         params: SamplingParams | None = None,
+        prompt_text: str | None = None,
     ) -> None:
         """Check and queue a request. Raises ValueError (naming what is wrong) for an empty or
         too long prompt, token ids outside the vocabulary, `max_tokens` that cannot fit in
-        `max_model_len`, or a request id already in use."""
+        `max_model_len`, or a request id already in use. `prompt_text`: the text the outputs
+        report as their `prompt` where `prompt` is token ids (`LLM.chat`'s rendering)."""
         self._check_running()
         params = params or SamplingParams()
         if not isinstance(request_id, str) or not request_id:
@@ -116,6 +118,8 @@ class LLMEngine:
         if self.tokenizer is None and params.stop:
             raise ValueError("stop strings need a tokenizer (skip_tokenizer_init is set)")
         text, ids = self._tokenize(prompt)
+        if text is None:
+            text = prompt_text
         self._check_vocab_bounds(params)
         max_len = self.config.scheduler_config.max_model_len
         if len(ids) >= max_len:
