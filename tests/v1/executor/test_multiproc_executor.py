@@ -236,6 +236,43 @@ def test_rank0_raising_mid_step_stops_the_workers_it_left_behind(monkeypatch, er
         llm.shutdown()
 
 
+class _InterruptedAfterSecondStep:
+    """A worker's pipe on which Ctrl-C lands just after the second step message went out."""
+
+    def __init__(self, pipe) -> None:
+        self.pipe, self.steps = pipe, 0
+
+    def __getattr__(self, name):
+        return getattr(self.pipe, name)
+
+    def send(self, message) -> None:
+        self.pipe.send(message)
+        if message[0] == "execute":
+            self.steps += 1
+            if self.steps == 2:
+                raise KeyboardInterrupt
+
+
+def test_ctrl_c_while_sending_a_step_stops_the_workers_it_reached():
+    """A Ctrl-C that lands while rank 0 hands a step to the workers, after a worker got it:
+    that worker runs the step, whose collectives only rank 0's next step would answer. As for
+    one during rank 0's forward, the workers are stopped and later steps refused."""
+    llm = LLM(FAST, tensor_parallel_size=2, **ARGS)
+    executor = llm.llm_engine.executor
+    pids = [proc.pid for proc in worker_processes(llm)]
+    (proc, pipe) = executor.workers[0]
+    executor.workers[0] = (proc, _InterruptedAfterSecondStep(pipe))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+        assert_no_workers_left(pids)
+        with pytest.raises(RuntimeError, match="rank 0 raised KeyboardInterrupt during 'execute'"):
+            llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert_no_workers_left(pids)
+
+
 def test_collecting_an_llm_stops_its_workers_and_spares_a_newer_engine():
     """Also: while a TP engine is alive, another engine in the process is refused at once."""
     expected = tp1_tokens(FAST)

@@ -182,11 +182,12 @@ class Executor:
         if self._failure is not None:
             raise RuntimeError(self._failure)
         self._check_workers()
-        if self.workers:
-            sent = (self._encoder.encode(*args),) if method == "execute" else args
+        sent = (self._encoder.encode(*args),) if method == "execute" and self.workers else args
+        try:
+            # Inside: a Ctrl-C (or a dead worker's pipe) while handing the call out can leave a
+            # worker running a call that rank 0 then never runs, out of step as below.
             for _, pipe in self.workers:
                 pipe.send((method, *sent))
-        try:
             result = getattr(self.runner, method)(*args)
         except BaseException as e:
             if not self.workers:
