@@ -176,12 +176,20 @@ class ModelRunner:
         if get_tensor_model_parallel_world_size() > 1:
             t = torch.tensor([budget], dtype=torch.float64, device=self.device)
             budget = int(tensor_model_parallel_all_reduce(t, torch.distributed.ReduceOp.MIN))
+        # After the reduction, so that every rank raises: one rank raising before it would leave
+        # the others waiting in it until the collective timeout.
+        if budget <= 0:
+            raise ValueError(
+                "no GPU memory left for the caches: raise gpu_memory_utilization or lower "
+                "max_num_batched_tokens"
+            )
         return budget
 
     def _profile_gpu_budget(self) -> int:
         """Run the largest step the scheduler can produce (max_num_batched_tokens of prefill in
         up to max_num_seqs sequences, logits of max_num_seqs rows) on throw-away caches, and give
-        the caches what gpu_memory_utilization leaves after weights and that peak."""
+        the caches what gpu_memory_utilization leaves after weights and that peak (<= 0 when
+        nothing is left: `available_cache_memory` raises, on every rank)."""
         torch.cuda.synchronize(self.device)
         free, total = torch.cuda.mem_get_info(self.device)
         used = total - free
@@ -222,11 +230,6 @@ class ModelRunner:
             "Memory: %.2f GiB used after loading, %.2f GiB activation peak, %.2f GiB for caches",
             used / 2**30, peak / 2**30, budget / 2**30,
         )  # fmt: skip
-        if budget <= 0:
-            raise ValueError(
-                "no GPU memory left for the caches: raise gpu_memory_utilization or lower "
-                "max_num_batched_tokens"
-            )
         return budget
 
     def initialize_cache(self, num_blocks: int, num_kda_slots: int) -> None:
