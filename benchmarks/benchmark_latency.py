@@ -380,13 +380,15 @@ class Sweep:
     def eager_step(self, batch: int) -> float | None:
         """Seconds of one eager step of the case (graphs set aside): against the graph step, the
         host's cost of launching the forward kernel by kernel, which prefill and mixed steps
-        always pay. None where rank 0 alone cannot run it eagerly (TP > 1 with graphs)."""
+        always pay. None where rank 0 alone cannot run it eagerly: at TP > 1 the other ranks
+        replay their graph of the smallest captured size >= `batch`, whose collectives match an
+        eager step's only where that size is `batch` (as in `distinct_experts`)."""
         runner = self.engine.executor.runner
         tp = self.engine.config.parallel_config.tensor_parallel_size
         if not runner.graphs:
             return None  # --enforce-eager: the timed steps are eager already
-        if tp > 1 and batch in runner.graphs:
-            return None  # the other ranks would replay graphs while rank 0 runs eagerly
+        if tp > 1 and batch not in runner.graphs:
+            return None  # the other ranks' padded graph would meet mismatched collectives
         with synchronous_steps(self.engine), graphs_set_aside(self.engine):
             return timed_step(self.engine)
 
