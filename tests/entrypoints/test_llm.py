@@ -278,6 +278,8 @@ def test_chat_renders_the_models_template(llm):
     # A conversation that cannot be rendered or run is named by its index; nothing is left.
     with pytest.raises(ValueError, match="^conversation 1: messages must be a list of dicts"):
         llm.chat([second, [{"content": "no role"}]], GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match="^conversation 1: .*not valid Unicode"):
+        llm.chat([second, [{"role": "user", "content": "a \ud800"}]], GREEDY, use_tqdm=False)
     with pytest.raises(ValueError, match="^conversation 2: the prompt has [0-9]+ tokens"):
         llm.chat([first, second, [{"role": "user", "content": "x " * 200}]], GREEDY, use_tqdm=False)
     with pytest.raises(ValueError, match="sampling_params has 1 entries for 2 conversations"):

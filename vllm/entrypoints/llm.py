@@ -124,10 +124,10 @@ class LLM:
         for index, conversation in enumerate(conversations):
             try:
                 text = tokenizer.apply_chat_template(conversation, tokenize=False, **kwargs)
+                # What `tokenize=True` gives: the rendering holds its special tokens already.
+                prompts.append(tokenizer.encode(text, add_special_tokens=False))
             except ValueError as e:
                 raise ValueError(f"conversation {index}: {e}") from None
-            # What `tokenize=True` gives: the rendering holds its special tokens already.
-            prompts.append(tokenizer.encode(text, add_special_tokens=False))
             texts.append(text)
         return self._run(prompts, params, use_tqdm, "conversation", texts)
 
