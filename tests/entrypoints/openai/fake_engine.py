@@ -94,7 +94,7 @@ class FakeEngine:
             params = request.params
             token = self.script[len(request.tokens) % len(self.script)]
             request.tokens.append(token)
-            request.text = self.tokenizer.decode(request.tokens)
+            request.text = self.tokenizer.decode(request.tokens, params.skip_special_tokens)
             for stop in params.stop:
                 cut = request.text.find(stop)
                 if cut >= 0:

@@ -143,7 +143,8 @@ def test_text_offsets_after_an_unfinished_character() -> None:
 def test_text_offsets_skip_the_special_tokens_the_text_leaves_out() -> None:
     """With skip_special_tokens (the default) a special token in the reply is not in its text,
     so it moves the offsets on by nothing (they moved by the length of its name, "<|bos|>": every
-    later token was 7 characters too far). An echoed prompt keeps its special tokens' text."""
+    later token was 7 characters too far). An echoed prompt keeps its special tokens' text, and
+    so does a reply with skip_special_tokens false."""
     llm = AsyncLLM(FakeEngine("a<|bos|>b"))
     serving = OpenAIServingCompletion(llm, ["fake"], "fake")
     body = {"prompt": "x<|bos|>y", "max_tokens": 3, "logprobs": 0, "echo": True}
@@ -169,5 +170,10 @@ def test_text_offsets_skip_the_special_tokens_the_text_leaves_out() -> None:
             assert text == "x<|bos|>yab"
             assert len(tokens) == 6  # x <|bos|> y, then a <|bos|> b
             assert offsets == [0, 1, 8, 9, 10, 10], run.__name__
+        body["skip_special_tokens"] = False
+        for run in (whole, streamed):
+            text, tokens, offsets = asyncio.run(run())
+            assert text == "x<|bos|>ya<|bos|>b"
+            assert offsets == [0, 1, 8, 9, 10, 17], run.__name__
     finally:
         llm.shutdown()
