@@ -233,6 +233,15 @@ class Tokenizer(ABC):
     def all_special_ids(self) -> list[int]: ...
 
     # Shared behaviour.
+    def is_special(self, token_id: int) -> bool:
+        """Whether `token_id` is a special token (what `decode(skip_special_tokens=True)` drops);
+        one set lookup, for per-token paths."""
+        return token_id in self._special_id_set
+
+    @functools.cached_property
+    def _special_id_set(self) -> frozenset[int]:
+        return frozenset(self.all_special_ids)
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`; special-token text in it becomes the special token. `text` must
         be Unicode that UTF-8 can hold: a lone surrogate (what a JSON `\ud800` escape decodes
@@ -257,7 +266,7 @@ class Tokenizer(ABC):
         U+FFFD alone; its bytes are what joins with its neighbours' into the character (the
         `bytes` of OpenAI's chat logprobs). Special tokens: their text; unknown ids: none."""
         text = self.decode([token_id], skip_special_tokens=False)
-        if "\ufffd" not in text or token_id in self.all_special_ids:
+        if "\ufffd" not in text or self.is_special(token_id):
             return text.encode()
         token = self.convert_ids_to_tokens([token_id])[0]
         byte_fallback = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", token)  # SentencePiece's

@@ -80,7 +80,6 @@ def completion_logprobs(
     its text, so they take no room there (an echoed prompt's are)."""
     offsets = offsets or TextOffsets()
     result = CompletionLogProbs()
-    skipped = set(tokenizer.all_special_ids) if reply_from is not None else set()
     for i, (token, position) in enumerate(zip(token_ids, positions, strict=True)):
         if position is None or token not in position:
             text = tokenizer.decode([token], skip_special_tokens=False)
@@ -107,7 +106,7 @@ def completion_logprobs(
                 if value > top.get(key, float("-inf")):
                     top[key] = value
             result.top_logprobs.append(top)
-        in_text = token not in skipped or i < reply_from
+        in_text = reply_from is None or i < reply_from or not tokenizer.is_special(token)
         token_bytes = tokenizer.token_bytes(token) if in_text else b""
         result.text_offset.append(offsets.advance(token_bytes))
     return result
