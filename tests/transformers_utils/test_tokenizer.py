@@ -357,22 +357,67 @@ def test_tiktoken_long_runs_are_encoded_in_pieces(kimi, monkeypatch):
     pieces = tokenizer_module._split_for_tiktoken(text)
     # Runs cut every 5 characters, the text every 16.
     assert pieces == [
-        "hello", "hello", "hello ", "    ", "     ", "  12121", "21212", "12121", "212\n"
+        "hello", "hello", "hello ", "     ", "     ", " 12121", "21212", "12121", "212\n"
     ]  # fmt: skip
     assert kimi.decode(kimi.encode(text)) == text
     assert kimi.encode("hellohello") == [256 + MERGES.index(b"hello")] * 2
 
 
 def _split_in_one_pass(text):
-    """The split as it was made before `_long_runs`: one regex pass finds the long runs (the
-    lookbehinds anchor each match at a run's start). The reference for the cuts, which decide
-    the token ids."""
+    """The split as it was made before `_long_runs`: per chunk of `_MAX_ENCODE_CHARS`, one regex
+    pass finds the long runs (the lookbehinds anchor each match at a run's start in the chunk).
+    The reference for the cuts, which decide the token ids."""
     max_run, max_encode = tokenizer_module._MAX_RUN_CHARS, tokenizer_module._MAX_ENCODE_CHARS
-    cuts = set(range(max_encode, len(text), max_encode))
-    for run in re.finditer(rf"(?<!\s)\s{{{max_run},}}|(?<!\S)\S{{{max_run},}}", text):
-        cuts.update(range(run.start() + max_run, run.end(), max_run))
-    bounds = [0, *sorted(cuts), len(text)]
-    return [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    pieces = []
+    for at in range(0, len(text), max_encode):
+        chunk = text[at : at + max_encode]
+        cuts = set()
+        for run in re.finditer(rf"(?<!\s)\s{{{max_run},}}|(?<!\S)\S{{{max_run},}}", chunk):
+            cuts.update(range(run.start() + max_run, run.end(), max_run))
+        bounds = [0, *sorted(cuts), len(chunk)]
+        pieces += [chunk[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    return pieces
+
+
+def _split_as_kimi(text, max_run, max_encode):
+    """Kimi's tokenization_kimi.py, restated character by character: the text in chunks of
+    `max_encode`, and in each chunk on its own, a piece ends before the character that would
+    make its current run of whitespace or of non-whitespace longer than `max_run`."""
+    pieces = []
+    for at in range(0, len(text), max_encode):
+        chunk = text[at : at + max_encode]
+        piece_start, run, space = 0, 0, chunk[0].isspace()
+        for i, char in enumerate(chunk):
+            run = run + 1 if char.isspace() == space else 1
+            space = char.isspace()
+            if run > max_run:
+                pieces.append(chunk[piece_start:i])
+                piece_start, run = i, 1
+        pieces.append(chunk[piece_start:])
+    return pieces
+
+
+@pytest.mark.parametrize("max_run, max_encode", [(1, 3), (2, 7), (5, 16), (7, 1000)])
+def test_tiktoken_split_restarts_runs_in_each_chunk_as_kimi(monkeypatch, max_run, max_encode):
+    """A run across a chunk's end is counted afresh in the next chunk, as in Kimi's encode."""
+    monkeypatch.setattr(tokenizer_module, "_MAX_RUN_CHARS", max_run)
+    monkeypatch.setattr(tokenizer_module, "_MAX_ENCODE_CHARS", max_encode)
+    rng = random.Random(max_encode)
+    for _ in range(300):
+        text = "".join(rng.choice(RUNS) * rng.randint(1, 3 * max_run) for _ in range(12))
+        expected = _split_as_kimi(text, max_run, max_encode)
+        assert tokenizer_module._split_for_tiktoken(text) == expected, repr(text)
+
+
+def test_tiktoken_run_across_a_400k_cut_encodes_as_kimi(kimi):
+    """Real limits: a 30k run from 10 characters before the 400k cut. Counted from its start in
+    the text, it was also cut 25k in, mid-"hello": one more token than Kimi's ids."""
+    text = "x" * 390_000 + " y" + "hello" * 6_000 + " end"
+    expected = _split_as_kimi(text, 25_000, 400_000)
+    assert tokenizer_module._split_for_tiktoken(text) == expected
+    assert kimi.encode(text) == [
+        i for piece in expected for i in kimi._enc.encode(piece, allowed_special="all")
+    ]
 
 
 def _assert_split_as_in_one_pass(kimi, text):

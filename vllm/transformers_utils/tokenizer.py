@@ -496,13 +496,19 @@ def _long_runs(text: str) -> Iterator[tuple[int, int]]:
 
 
 def _split_for_tiktoken(text: str) -> list[str]:
-    """`text` cut every `_MAX_ENCODE_CHARS` characters, and every `_MAX_RUN_CHARS` characters of
-    a long run counted from the run's start."""
-    cuts = set(range(_MAX_ENCODE_CHARS, len(text), _MAX_ENCODE_CHARS))
-    for start, end in _long_runs(text):
-        cuts.update(range(start + _MAX_RUN_CHARS, end, _MAX_RUN_CHARS))
-    bounds = [0, *sorted(cuts), len(text)]
-    return [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    """`text` cut every `_MAX_ENCODE_CHARS` characters, then each such chunk every
+    `_MAX_RUN_CHARS` characters of a long run counted from the run's start in the chunk: Kimi
+    measures the runs of each chunk on its own, so a run that crosses a chunk's end is counted
+    afresh from there (counted from its start in the text, it was cut elsewhere: other ids)."""
+    pieces = []
+    for at in range(0, len(text), _MAX_ENCODE_CHARS):
+        chunk = text[at : at + _MAX_ENCODE_CHARS]
+        cuts = set()
+        for start, end in _long_runs(chunk):
+            cuts.update(range(start + _MAX_RUN_CHARS, end, _MAX_RUN_CHARS))
+        bounds = [0, *sorted(cuts), len(chunk)]
+        pieces += [chunk[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    return pieces
 
 
 class TiktokenTokenizer(Tokenizer):
