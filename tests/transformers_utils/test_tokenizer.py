@@ -42,6 +42,8 @@ NAMED = {
     BASE + 255: "[PAD]",
 }
 
+NAMED_ID = {text: i for i, text in NAMED.items()}
+
 
 def write_tiktoken_folder(folder, **config):
     folder.mkdir(exist_ok=True)
@@ -420,11 +422,24 @@ def test_tiktoken_run_across_a_400k_cut_encodes_as_kimi(kimi):
     ]
 
 
+def _encode_as_hf(kimi, text):
+    """Kimi's ids as HF runs its tokenizer: special tokens split off first (one regex pass),
+    the text between them split on its own."""
+    specials = sorted(kimi._special_by_text, key=len, reverse=True)
+    segments = re.split(f"({'|'.join(map(re.escape, specials))})", text)
+    ids = []
+    for k, segment in enumerate(segments):
+        if k % 2:
+            ids.append(kimi._special_by_text[segment])
+        else:
+            ids += [i for piece in _split_in_one_pass(segment) for i in kimi._enc.encode(piece)]
+    return ids
+
+
 def _assert_split_as_in_one_pass(kimi, text):
     pieces = tokenizer_module._split_for_tiktoken(text)
     assert pieces == _split_in_one_pass(text), repr(text[:80])
-    reference = [i for piece in pieces for i in kimi._enc.encode(piece, allowed_special="all")]
-    assert kimi.encode(text) == reference
+    assert kimi.encode(text) == _encode_as_hf(kimi, text)
 
 
 # Runs that the split cuts or leaves whole: whitespace of several kinds (Unicode's too), digits,
@@ -464,6 +479,30 @@ def test_tiktoken_split_of_long_texts_as_one_regex_pass(kimi):
         _assert_split_as_in_one_pass(kimi, " hello 12".join(runs) + "\n")
     text = "".join(rng.choice(RUNS) * rng.randint(1, 3 * max_run) for _ in range(150))
     _assert_split_as_in_one_pass(kimi, text)
+
+
+@pytest.mark.parametrize("length", [24_970, 24_950, 49_968, 49_955])
+def test_tiktoken_long_run_keeps_the_special_tokens_around_it(kimi, length):
+    """A message of one long run of non-whitespace: the run goes on through the template's
+    special tokens, and was cut every 25k characters from its start, inside <|im_end|> here,
+    which then encoded as the bytes of its text. Split off first, each stays one token."""
+    messages = [{"role": "user", "content": "A" * length}]
+    ids = kimi.apply_chat_template(messages, tokenize=True)
+    specials = [i for i in ids if kimi.is_special(i)]
+    names = ["<|im_user|>", "<|im_middle|>", "<|im_end|>", "<|im_assistant|>", "<|im_middle|>"]
+    assert specials == [NAMED_ID[name] for name in names]
+    assert ids == _encode_as_hf(kimi, kimi.apply_chat_template(messages))
+
+
+def test_tiktoken_special_token_across_the_400k_cut(kimi):
+    """A special token whose text spans character 400k stays one token; the text after it is
+    cut 400k characters from the token's end, not from the text's start."""
+    text = "ab " * 133_332 + "<|im_end|>" + "cd " * 133_334
+    assert text.index("<|im_end|>") < 400_000 < text.index("<|im_end|>") + 10
+    ids = kimi.encode(text)
+    assert ids.count(NAMED_ID["<|im_end|>"]) == 1
+    assert ids == _encode_as_hf(kimi, text)
+    assert kimi.decode(ids, skip_special_tokens=False) == text
 
 
 def test_tiktoken_split_lets_other_threads_run(monkeypatch):
