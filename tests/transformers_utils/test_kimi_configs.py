@@ -193,3 +193,23 @@ def test_a_checkpoints_own_quantization_config_is_warned_about(tmp_path, where):
     else:
         assert len(warned) == 1
         assert "'compressed-tensors'" in warned[0] and "refused" in warned[0]
+
+
+def test_model_max_length_bounds_the_context_as_upstream(tmp_path):
+    """transformers' Kimi-Linear config keeps `max_position_embeddings` as `model_max_length`
+    (its attribute map), so its `save_pretrained`, like the published config, writes only that
+    name; upstream vLLM's context limit is the smaller of the two keys present. Read as absent,
+    a 4096-token checkpoint was served up to the 1,048,576 default."""
+    from hf_kimi_linear import TINY
+    from transformers import KimiLinearConfig as HFKimiLinearConfig
+
+    HFKimiLinearConfig(**TINY, max_position_embeddings=4096).save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["model_max_length"] == 4096 and "max_position_embeddings" not in saved
+    assert load_model_config(tmp_path).max_position_embeddings == 4096
+    both = dict(KIMI_LINEAR_48B, max_position_embeddings=8192, model_max_length=4096)
+    assert KimiLinearConfig.from_dict(both).max_position_embeddings == 4096
+    both = dict(KIMI_LINEAR_48B, max_position_embeddings=2048, model_max_length=4096)
+    assert KimiLinearConfig.from_dict(both).max_position_embeddings == 2048
+    with pytest.raises(ValueError, match="'model_max_length': must be a positive integer"):
+        KimiLinearConfig.from_dict(dict(KIMI_LINEAR_48B, model_max_length="4k"))

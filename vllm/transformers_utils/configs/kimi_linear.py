@@ -153,6 +153,15 @@ class KimiLinearConfig:
         values = {k: v for k, v in config.items() if k in known}
         if "rope_scaling" in config and config["rope_scaling"] is not None:
             _fail("rope_scaling", "not supported: Kimi MLA layers use no rotary embedding")
+        # transformers' Kimi-Linear config keeps `max_position_embeddings` as `model_max_length`
+        # (its attribute map): its save_pretrained, like the published config, writes only that
+        # name. Upstream's context limit is the smaller of the two keys present.
+        limit = config.get("model_max_length")
+        if limit is not None:
+            _check_int("model_max_length", limit, 1)
+            own = values.get("max_position_embeddings")
+            if own is None or _is_int(own):  # any other value is refused by `validate`
+                values["max_position_embeddings"] = limit if own is None else min(own, limit)
         self = cls(**values)
         self.validate()
         return self
