@@ -213,3 +213,11 @@ def test_model_max_length_bounds_the_context_as_upstream(tmp_path):
     assert KimiLinearConfig.from_dict(both).max_position_embeddings == 2048
     with pytest.raises(ValueError, match="'model_max_length': must be a positive integer"):
         KimiLinearConfig.from_dict(dict(KIMI_LINEAR_48B, model_max_length="4k"))
+
+
+def test_undecodable_config_is_named(tmp_path):
+    """A config.json that is not UTF-8 is a ValueError naming the file, like malformed JSON (was
+    the codec's bare message, naming no file)."""
+    (tmp_path / "config.json").write_bytes(b'\xff{"model_type": "kimi_linear"}')
+    with pytest.raises(ValueError, match=f"cannot read model config {tmp_path / 'config.json'}"):
+        load_model_config(tmp_path)

@@ -326,7 +326,8 @@ def load_model_config(
     file = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
     try:
         config = json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    # UnicodeDecodeError (a binary or non-UTF-8 file) is a ValueError that names no file.
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"cannot read model config {file}: {e}") from None
     if not isinstance(config, dict):
         raise ValueError(f"model config {file} must be a JSON object, got {type(config).__name__}")
