@@ -1,5 +1,7 @@
 """`--quantization-config` parsing, and the PR recipe's ignore pattern over Kimi-K3's layers."""
 
+import re
+
 import pytest
 import torch
 
@@ -241,3 +243,33 @@ def test_null_targets_is_absent_like_null_moe():
     assert parse_quantization_config({"linear": "fp8_per_channel", "targets": None}).linear == (
         parse_quantization_config({"linear": "fp8_per_channel", "moe": None}).linear
     )
+
+
+@pytest.mark.parametrize(
+    "model, layer, shards",
+    [
+        ("kimi-linear-tiny", "layers.0.self_attn", "(q|k|v|g_a|f_a|b)_proj"),  # low-rank gate KDA
+        ("kimi-k3-tiny", "layers.0.self_attn", "(q|k|v|g|f_a|b)_proj"),  # full-rank gate KDA
+        ("kimi-linear-tiny", "layers.3.self_attn", "(q_proj|kv_a_proj_with_mqa)"),  # MLA, no gate
+    ],
+)
+def test_rule_naming_every_shard_a_fused_layer_holds_ignores_it(model, layer, shards):
+    """The model-wide mapping lists the shards a fused layer may hold (g_proj or g_a_proj, MLA's
+    gate); a shard this layer lacks must not count as "not ignored": the rule was refused as
+    splitting the layer (e.g. {'g_proj': False} for a KDA layer that has no g_proj)."""
+    from vllm.model_executor.model_loader.builtin import resolve_model
+    from vllm.model_executor.model_loader.loader import build_model
+    from vllm.models.registry import model_class
+    from vllm.transformers_utils.configs import load_model_config
+
+    hf_config = load_model_config(resolve_model(model)[0])
+    pattern = "re:.*\\." + re.escape(layer) + "\\." + shards + "$"
+    args = parse_quantization_config({"linear": "fp8_per_channel", "ignore": [pattern]})
+    quant = OnlineQuantizationConfig(args, model_class(hf_config).packed_modules_mapping)
+    built = build_model(hf_config, torch.bfloat16, quant, "meta")
+    methods = {
+        m.prefix: type(m.quant_method).__name__
+        for m in built.modules()
+        if getattr(m, "shard_names", None) and f".{layer}." in m.prefix
+    }
+    assert methods and set(methods.values()) == {"UnquantizedLinearMethod"}, methods

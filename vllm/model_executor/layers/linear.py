@@ -88,7 +88,11 @@ class UnquantizedLinearMethod(LinearMethodBase):
 
 
 class LinearBase(torch.nn.Module):
-    """Common setup: sizes, dtype, and the quant method chosen by the quantization config."""
+    """Common setup: sizes, dtype, and the quant method chosen by the quantization config.
+
+    `shard_names` (fused layers): the checkpoint modules the layer holds, one per output shard,
+    set before the quant method is chosen so that an ignore rule weighs exactly those shards.
+    """
 
     # True for layers that need the raw activation (LoRA): producers must not pre-quantize.
     requires_unquantized_input = False
@@ -101,8 +105,10 @@ class LinearBase(torch.nn.Module):
         params_dtype: torch.dtype | None = None,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
+        shard_names: list[str] | None = None,
     ) -> None:
         super().__init__()
+        self.shard_names = shard_names
         self.input_size = input_size
         self.output_size = output_size
         self.skip_bias_add = skip_bias_add
@@ -187,9 +193,14 @@ class ColumnParallelLinear(LinearBase):
         output_sizes: list[int] | None = None,
         prefix: str = "",
         replicated_shards: frozenset[int] = frozenset(),
+        shard_names: list[str] | None = None,
     ) -> None:
-        super().__init__(input_size, output_size, skip_bias_add, params_dtype, quant_config, prefix)
+        super().__init__(
+            input_size, output_size, skip_bias_add, params_dtype, quant_config, prefix, shard_names
+        )
         self.output_sizes = output_sizes or [output_size]
+        if shard_names is not None and len(shard_names) != len(self.output_sizes):
+            raise ValueError(f"{prefix}: {len(shard_names)} shard names for {self.output_sizes}")
         self.replicated_shards = replicated_shards
         for i, size in enumerate(self.output_sizes):
             if size % self.tp_size and i not in replicated_shards:
@@ -250,6 +261,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
         replicated_shards: frozenset[int] = frozenset(),
+        shard_names: list[str] | None = None,
     ) -> None:
         super().__init__(
             input_size,
@@ -261,6 +273,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
             output_sizes=list(output_sizes),
             prefix=prefix,
             replicated_shards=replicated_shards,
+            shard_names=shard_names,
         )
 
 

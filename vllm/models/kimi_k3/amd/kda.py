@@ -147,7 +147,7 @@ class KimiK3DeltaAttention(torch.nn.Module):
         replicated = frozenset(self.shard_ids[n] for n in ("f_a_proj", "g_a_proj") if n in names)
         self.in_proj_qkvgfab = MergedColumnParallelLinear(
             hidden_size, sizes, bias=False, params_dtype=dtype, quant_config=quant_config,
-            prefix=f"{prefix}.in_proj_qkvgfab", replicated_shards=replicated,
+            prefix=f"{prefix}.in_proj_qkvgfab", replicated_shards=replicated, shard_names=names,
         )  # fmt: skip
         self.local_sizes = list(self.in_proj_qkvgfab.output_partition_sizes)
         if not full_rank_gate:

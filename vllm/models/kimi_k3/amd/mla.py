@@ -129,15 +129,17 @@ class KimiMLAAttention(torch.nn.Module):
         sizes = [self.q_lora or heads * qk, self.kv_lora + self.rope]
         sizes += [heads * self.v_dim] if self.use_gate else []
         self.fused_a_name = "fused_qkv_a_proj" if self.q_lora else "fused_q_kv_a_proj"
+        names = ["q_a_proj" if self.q_lora else "q_proj", "kv_a_proj_with_mqa", "g_proj"]
+        names = names[: len(sizes)]
         fused = MergedColumnParallelLinear(
             h, sizes, prefix=f"{prefix}.{self.fused_a_name}",
-            replicated_shards=frozenset({0, 1} if self.q_lora else {1}), **common,
+            replicated_shards=frozenset({0, 1} if self.q_lora else {1}), shard_names=names,
+            **common,
         )  # fmt: skip
         setattr(self, self.fused_a_name, fused)
         self.fused_a_sizes = list(fused.output_partition_sizes)
         # Checkpoint module -> its shard of the fused projection.
-        names = ["q_a_proj" if self.q_lora else "q_proj", "kv_a_proj_with_mqa", "g_proj"]
-        self.fused_a_shards = {name: i for i, name in enumerate(names[: len(sizes)])}
+        self.fused_a_shards = {name: i for i, name in enumerate(names)}
         if self.q_lora:
             self.q_a_layernorm = RMSNorm(
                 self.q_lora, config.rms_norm_eps, params_dtype, f"{prefix}.q_a_layernorm"

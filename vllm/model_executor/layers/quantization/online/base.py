@@ -55,7 +55,10 @@ class OnlineQuantizationConfig(QuantizationConfig):
             return None
         if self._example_path is None:
             self._example_path = prefix
-        shards = self.packed_modules_mapping.get(prefix.rsplit(".", 1)[-1])
+        # The shards the layer holds when it names them: the model-wide mapping lists every shard
+        # a fused layer may hold (KDA's g_proj or g_a_proj, MLA's gate, by config), and one this
+        # layer lacks would count as not ignored, refusing a rule that covers all of its shards.
+        shards = layer.shard_names or self.packed_modules_mapping.get(prefix.rsplit(".", 1)[-1])
         if self.args.should_ignore(prefix, shards):
             return None
         return _ONLINE_LINEAR_METHODS[self.args.linear.weight]()
