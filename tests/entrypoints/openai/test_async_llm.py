@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from fake_engine import FakeEngine  # noqa: E402
 
+from vllm.outputs import CompletionOutput, RequestOutput  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.v1.engine.async_llm import AsyncLLM, EngineDeadError, StatLogger  # noqa: E402
 
@@ -229,6 +230,56 @@ def test_time_per_output_token_is_per_completion_with_n() -> None:
         llm.shutdown()
     assert len(gaps) == 3 * (5 - 1)  # each completion's tokens after its first
     assert min(gaps) >= step_delay  # each gap spans at least one whole step
+
+
+def test_each_completion_of_n_is_a_finished_request_with_its_own_reason() -> None:
+    """Upstream runs each of n's completions as a request of its own: each one counts in
+    request_success under its own finish reason, and in the e2e latency at its own end (not one
+    request under completion 0's reason)."""
+    step_delay = 0.02
+    finished: list[tuple[str, float]] = []
+
+    class Recorder(StatLogger):
+        def record(self, scheduler, iteration) -> None:
+            if iteration is not None:
+                finished.extend(iteration.finished)
+
+    engine = FakeEngine("abcdefgh")
+    steps = iter(
+        [
+            # Completion 1 ends on a stop token at its first token; completion 0 goes on.
+            [(1, None), (1, "stop")],
+            [(2, "length"), (1, "stop")],
+        ]
+    )
+
+    def scripted_step():
+        time.sleep(step_delay)
+        (request,) = engine.requests.values()
+        completions = next(steps)
+        outputs = [
+            CompletionOutput(i, "", [7] * count, None, None, reason, None)
+            for i, (count, reason) in enumerate(completions)
+        ]
+        done = all(reason is not None for _, reason in completions)
+        if done:
+            del engine.requests[request.request_id]
+        return [RequestOutput(request.request_id, None, request.prompt_ids, None, outputs, done)]
+
+    engine.step = scripted_step
+    llm = AsyncLLM(engine, [Recorder()])
+    try:
+
+        async def main() -> None:
+            async for _ in llm.generate("n2", "hi", SamplingParams(max_tokens=2, n=2)):
+                pass
+
+        asyncio.run(asyncio.wait_for(main(), timeout=10))
+    finally:
+        llm.shutdown()
+    assert sorted(reason for reason, _ in finished) == ["length", "stop"]
+    latency = dict(finished)
+    assert latency["length"] - latency["stop"] >= step_delay  # each at its own end
 
 
 def test_a_failing_stat_logger_still_delivers_the_final_output(llm: AsyncLLM) -> None:

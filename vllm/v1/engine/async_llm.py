@@ -52,7 +52,8 @@ class IterationStats:
     num_generation_tokens: int = 0
     time_to_first_token: list[float] = dataclasses.field(default_factory=list)
     time_per_output_token: list[float] = dataclasses.field(default_factory=list)
-    finished: list[tuple[str, float]] = dataclasses.field(default_factory=list)  # reason, e2e
+    # (finish reason, e2e latency) of each completion that ended (each of n counts).
+    finished: list[tuple[str, float]] = dataclasses.field(default_factory=list)
 
 
 class StatLogger:
@@ -73,6 +74,8 @@ class _Tracked:
     # Completion index -> (its tokens so far, when the last of them came): with n > 1 each
     # completion is a sequence of its own, whose tokens come one step apart.
     completions: dict[int, tuple[int, float]] = dataclasses.field(default_factory=dict)
+    # Completion indices already counted as finished (each of n is a finished request).
+    ended: set[int] = dataclasses.field(default_factory=set)
 
 
 class AsyncLLM:
@@ -291,11 +294,17 @@ class AsyncLLM:
                         gap = (now - last) / (len(c.token_ids) - before)
                         stats.time_per_output_token.append(gap)
                     tracked.completions[c.index] = (len(c.token_ids), now)
+                # Each completion counts as a finished request at its own end, under its own
+                # reason, as upstream's child requests of n do (not the whole request once,
+                # under completion 0's reason).
+                if (c.finish_reason is not None or out.finished) and c.index not in tracked.ended:
+                    tracked.ended.add(c.index)
+                    stats.finished.append((c.finish_reason or "stop", now - tracked.arrival))
             stats.num_generation_tokens += max(new, 0)
             if out.finished:
                 del self._tracked[out.request_id]
-                reason = out.outputs[0].finish_reason if out.outputs else "abort"
-                stats.finished.append((reason or "stop", now - tracked.arrival))
+                if not out.outputs:
+                    stats.finished.append(("abort", now - tracked.arrival))
             deliveries.append((tracked, out))
         return stats, deliveries
 
