@@ -110,3 +110,17 @@ def test_exposition_has_the_documented_metrics_and_no_created_series() -> None:
     doc = (Path(__file__).parents[3] / "docs" / "serving.md").read_text()
     section = doc.split("## Metrics", 1)[1].split("\n## ", 1)[0]
     assert exposed == set(re.findall(r"`(vllm:[a-z0-9_]+)", section))
+
+
+def test_request_success_has_every_finish_reason_from_the_start() -> None:
+    """As upstream, each finish reason's series is exposed at 0 before any request ends with it:
+    a fresh server shows `vllm:request_success_total` (not "no data"), and a query or alert on
+    one reason (`finished_reason="length"`) reads 0 rather than nothing."""
+    metrics = PrometheusStatLogger("m")
+    (family,) = [
+        f
+        for f in text_string_to_metric_families(metrics.exposition().decode())
+        if f.name == "vllm:request_success"
+    ]
+    counts = {s.labels["finished_reason"]: s.value for s in family.samples}
+    assert counts == {"stop": 0.0, "length": 0.0, "abort": 0.0, "error": 0.0}

@@ -84,6 +84,8 @@ _E2E_BUCKETS = (
     1920.0,
     7680.0,
 )
+# The finish reasons a request can end with (`Request.finish_reason`).
+_FINISH_REASONS = ("stop", "length", "abort", "error")
 # Window of the tokens/s gauges.
 _THROUGHPUT_WINDOW_S = 10.0
 
@@ -168,6 +170,10 @@ class PrometheusStatLogger(StatLogger):
             [*labels, "finished_reason"],
             registry=self.registry,
         )
+        # Every reason's series exists from the start, at 0 (as upstream's): a fresh server
+        # exposes the counter, and a query on one reason reads 0 rather than no data.
+        for reason in _FINISH_REASONS:
+            self.request_success.labels(**labels, finished_reason=reason)
         self.ttft = histogram(
             "vllm:time_to_first_token_seconds", "Time to first token.", _TTFT_BUCKETS
         )
