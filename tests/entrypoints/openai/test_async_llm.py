@@ -282,6 +282,42 @@ def test_each_completion_of_n_is_a_finished_request_with_its_own_reason() -> Non
     assert latency["length"] - latency["stop"] >= step_delay  # each at its own end
 
 
+def test_latencies_count_from_the_request_s_arrival_not_from_its_admission() -> None:
+    """Time to first token and e2e latency count from when the request arrived (upstream: from
+    the frontend's arrival, to include input processing), not from when the engine accepted it:
+    that left out its tokenization and its wait for the step the loop was running."""
+    input_processing = 0.2
+    seen: dict[str, list[float]] = {"ttft": [], "e2e": []}
+
+    class Recorder(StatLogger):
+        def record(self, scheduler, iteration) -> None:
+            if iteration is not None:
+                seen["ttft"] += iteration.time_to_first_token
+                seen["e2e"] += [latency for _, latency in iteration.finished]
+
+    engine = FakeEngine("abcdefgh")
+    add = engine.add_request
+
+    def slow_add(*args) -> None:
+        time.sleep(input_processing)  # tokenizing a long prompt
+        add(*args)
+
+    engine.add_request = slow_add
+    llm = AsyncLLM(engine, [Recorder()])
+    try:
+
+        async def main() -> None:
+            async for _ in llm.generate("slow", "hi", SamplingParams(max_tokens=2)):
+                pass
+
+        asyncio.run(asyncio.wait_for(main(), timeout=10))
+    finally:
+        llm.shutdown()
+    assert len(seen["ttft"]) == len(seen["e2e"]) == 1
+    assert seen["ttft"][0] >= input_processing
+    assert seen["e2e"][0] >= input_processing
+
+
 def test_a_failing_stat_logger_still_delivers_the_final_output(llm: AsyncLLM) -> None:
     """A request that finishes in the step whose stats fail is no longer tracked when the loop
     ends: its last output must go out anyway, or its caller would wait forever."""

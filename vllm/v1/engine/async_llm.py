@@ -122,10 +122,13 @@ class AsyncLLM:
         whenever it changed, until it finishes; closing it early aborts the request. A caller that
         may drop the iterator unstarted must `abort()` the id itself (aborting is idempotent);
         cancelled while waiting for the engine, it leaves nothing behind."""
+        # The request's latencies count from here (as upstream's from the frontend's arrival):
+        # its tokenization and its wait for the step the loop is running are part of them.
+        arrival = time.monotonic()
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue = asyncio.Queue()
         added: concurrent.futures.Future = concurrent.futures.Future()
-        self._submit(("add", request_id, prompt, params, loop, outputs, added))
+        self._submit(("add", request_id, prompt, params, loop, outputs, arrival, added))
         try:
             await asyncio.wrap_future(added)
         except asyncio.CancelledError:
@@ -251,7 +254,7 @@ class AsyncLLM:
                 except Exception as e:
                     done.set_exception(e)
 
-    def _add(self, request_id, prompt, params, loop, outputs, added) -> None:
+    def _add(self, request_id, prompt, params, loop, outputs, arrival, added) -> None:
         if request_id in self._tracked:
             added.set_exception(ValueError(f"request id {request_id!r} is already in use"))
             return
@@ -260,7 +263,7 @@ class AsyncLLM:
         except Exception as e:  # the request's own fault (ValueError) or a refused value
             added.set_exception(e)
             return
-        self._tracked[request_id] = _Tracked(loop, outputs, time.monotonic())
+        self._tracked[request_id] = _Tracked(loop, outputs, arrival)
         added.set_result(None)
 
     def _abort(self, request_id: str) -> None:
