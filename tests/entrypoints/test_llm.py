@@ -45,6 +45,7 @@ BAD_ARGUMENTS = [
     ),
     (dict(quantization_config='{"lienar": "fp8_per_channel"}'), "unknown field 'lienar'"),
     (dict(tokenizer="/no/such/folder"), "tokenizer '/no/such/folder' is neither a folder"),
+    (dict(generation_config="/no/such/folder"), "generation_config '/no/such/folder' does not"),
     (dict(enforce_eager="yes"), "enforce_eager must be a bool"),
     (dict(kv_cache_dtype="fp8"), "kv_cache_dtype 'fp8' is not supported"),
     (dict(gpu_memory_utilization=0), "gpu_memory_utilization must be in"),

@@ -1,11 +1,13 @@
 """The resolved engine configuration: what `EngineArgs` becomes once every default is decided and
 every value checked. Plain dataclasses, picklable (tensor-parallel workers receive a copy)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from vllm.config.generation import GenerationConfig
 
 
 @dataclass
@@ -23,6 +25,8 @@ class ModelConfig:
     quantization_config: dict[str, Any] | None  # the parsed --quantization-config object
     enforce_eager: bool
     max_logprobs: int  # most (prompt_)logprobs a request may ask for; -1: the whole vocabulary
+    # eos ids and default sampling from the model's generation config (vllm/config/generation.py)
+    generation_config: GenerationConfig = field(default_factory=GenerationConfig)
 
     @property
     def text_config(self) -> Any:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 
+from vllm.config.generation import load_generation_config
 from vllm.config.quantization import FusedLayerSplitError, parse_quantization_config
 from vllm.config.vllm import (
     CacheConfig,
@@ -96,6 +97,7 @@ class EngineArgs:
     max_logprobs: int = 20  # most (prompt_)logprobs a request may ask for (-1: the vocabulary)
     device: str = "auto"  # auto | cuda | cpu
     kv_cache_dtype: str = "auto"  # auto (the model dtype) only: fp8 MLA caches are refused
+    generation_config: str = "auto"  # auto (model's generation_config.json) | vllm (none) | folder
     trust_remote_code: bool = False  # accepted for recipe compatibility: no remote code runs
 
     @classmethod
@@ -199,11 +201,12 @@ class EngineArgs:
             )
         dtype = self._dtype(device)
         tokenizer = self._tokenizer_folder(folder)
+        generation_config = load_generation_config(self.generation_config, folder, hf_config)
         model_config = ModelConfig(
             model=str(self.model), folder=folder, tokenizer=tokenizer, hf_config=hf_config,
             dtype=dtype, max_model_len=max_model_len, load_format=self.load_format,
             seed=self.seed, quantization_config=quant, enforce_eager=self.enforce_eager,
-            max_logprobs=self.max_logprobs,
+            max_logprobs=self.max_logprobs, generation_config=generation_config,
         )  # fmt: skip
         graphs = device == "cuda" and not self.enforce_eager
         async_scheduling = self._async_scheduling(device)

@@ -89,6 +89,7 @@ def test_recipe_flags_parse() -> None:
         (["-ac", "[1]"], ["--attention-config", "object"]),
         (["--kv-cache-dtype", "fp8"], ["--kv-cache-dtype", "not supported"]),
         (["--max-model-len", "12q"], ["--max-model-len", "cannot parse"]),
+        (["--generation-config", "/no/such/folder"], ["--generation-config", "does not exist"]),
         (["--max-model-len", "1m"], ["--max-model-len", "max_position_embeddings"]),
         (["--quantization-config", "{oops"], ["--quantization-config", "not valid JSON"]),
         (["--load-format", "pt"], ["--load-format"]),
