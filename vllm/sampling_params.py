@@ -73,7 +73,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
-    # Filled by the engine: the tokenizer's eos id and the full stop-token set it implies.
+    # Filled by the engine: the full stop-token set (stop_token_ids, the tokenizer's eos and the
+    # model's generation-config eos ids).
     all_stop_token_ids: set[int] = field(default_factory=set, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -162,3 +163,16 @@ class SamplingParams:
         self.all_stop_token_ids = set(self.stop_token_ids)
         if eos_token_id is not None and not self.ignore_eos:
             self.all_stop_token_ids.add(eos_token_id)
+
+    def update_from_generation_config(
+        self, eos_token_ids: "tuple[int, ...]", tokenizer_eos: int | None
+    ) -> None:
+        """Make the model's eos ids (vllm/config/generation.py) other than the tokenizer's stop
+        token ids, unless `ignore_eos` (called by the engine, after `update_from_tokenizer`). As
+        upstream, they then are the output's `stop_reason`, as a request's own stop tokens."""
+        if self.ignore_eos:
+            return
+        extra = [t for t in eos_token_ids if t != tokenizer_eos and t not in self.stop_token_ids]
+        if extra:
+            self.stop_token_ids = [*self.stop_token_ids, *extra]  # a copy: not the caller's list
+            self.all_stop_token_ids.update(extra)

@@ -5,8 +5,10 @@
     outputs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=8))
 
 Keyword arguments are `EngineArgs` fields (`tensor_parallel_size`, `quantization_config`,
-`load_format`, `max_model_len`, `enforce_eager`, `seed`, `dtype`, ...); an unknown or bad one fails
-at construction with a message naming it.
+`load_format`, `max_model_len`, `enforce_eager`, `seed`, `dtype`, `generation_config`, ...); an
+unknown or bad one fails at construction with a message naming it. Without sampling params,
+`generate` and `chat` use `get_default_sampling_params()`: the model's generation config may set
+some (vllm/config/generation.py).
 """
 
 import dataclasses
@@ -47,12 +49,15 @@ def _unpack(prompt: Prompt) -> str | list[int]:
 
 
 def _per_prompt(
-    sampling_params: "SamplingParams | Sequence[SamplingParams] | None", count: int, what: str
+    sampling_params: "SamplingParams | Sequence[SamplingParams] | None",
+    count: int,
+    what: str,
+    default: SamplingParams,
 ) -> list[SamplingParams]:
-    """One `SamplingParams` per prompt: the one given (default: `SamplingParams()`) for all, or
-    the list, which must have one per prompt."""
+    """One `SamplingParams` per prompt: the one given (or `default`) for all, or the list, which
+    must have one per prompt."""
     if sampling_params is None or isinstance(sampling_params, SamplingParams):
-        return [sampling_params or SamplingParams()] * count
+        return [sampling_params or default] * count
     params = list(sampling_params)
     if len(params) != count:
         raise ValueError(f"sampling_params has {len(params)} entries for {count} {what}")
@@ -74,6 +79,12 @@ class LLM:
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What `generate` and `chat` use without sampling params: vLLM's defaults, with those
+        the model's generation config sets (vllm/config/generation.py), as upstream."""
+        defaults = self.llm_engine.config.model_config.generation_config.sampling_defaults
+        return SamplingParams(**defaults)
+
     def generate(
         self,
         prompts: "Prompt | Sequence[Prompt]",
@@ -89,7 +100,10 @@ class LLM:
         ):
             prompts = [prompts]
         prompts = list(prompts)
-        return self._run(prompts, _per_prompt(sampling_params, len(prompts), "prompts"), use_tqdm)
+        params = _per_prompt(
+            sampling_params, len(prompts), "prompts", self.get_default_sampling_params()
+        )
+        return self._run(prompts, params, use_tqdm)
 
     def chat(
         self,
@@ -119,7 +133,9 @@ class LLM:
             kwargs.setdefault("tools", tools)
         if chat_template is not None:
             kwargs["chat_template"] = chat_template
-        params = _per_prompt(sampling_params, len(conversations), "conversations")
+        params = _per_prompt(
+            sampling_params, len(conversations), "conversations", self.get_default_sampling_params()
+        )
         prompts, texts = [], []
         for index, conversation in enumerate(conversations):
             try:

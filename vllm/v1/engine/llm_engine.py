@@ -10,9 +10,14 @@ returns one step's outputs.
 A request with `n > 1` is scheduled as n sequences `<request_id>#<i>` (their own KDA slots and
 blocks; no prefix sharing), gathered back into one `RequestOutput`.
 
+Besides the tokenizer's eos and a request's `stop_token_ids`, the model's own eos ids (its
+generation config, `--generation-config`: vllm/config/generation.py) stop a sequence unless the
+request sets `ignore_eos`.
+
 With `skip_tokenizer_init` there is no tokenizer (as upstream): prompts must be token ids, outputs
-carry token ids and empty text, no eos id stops a sequence (only `stop_token_ids`, `max_tokens`
-and `max_model_len` do) and stop strings are refused.
+carry token ids and empty text, no tokenizer eos stops a sequence (only `stop_token_ids`, the
+model's generation-config eos ids, `max_tokens` and `max_model_len` do) and stop strings are
+refused.
 """
 
 import dataclasses
@@ -86,6 +91,11 @@ class LLMEngine:
                     time.perf_counter() - start, mc.model, mc.dtype,
                     config.parallel_config.tensor_parallel_size,
                     "on" if sc.async_scheduling else "off")  # fmt: skip
+        generation = mc.generation_config
+        if generation.sampling_defaults:
+            logger.info("Default sampling parameters %s come from the model's generation config "
+                        "%s (requests that set them win; --generation-config vllm ignores it)",
+                        generation.sampling_defaults, generation.source)  # fmt: skip
         self._in_flight: _Launched | None = None
         self.output_processor = OutputProcessor(self.tokenizer)
         self._arrivals = itertools.count()
@@ -136,6 +146,7 @@ class LLMEngine:
         max_tokens = room if params.max_tokens is None else params.max_tokens
         discard = max_tokens == 0  # prompt scoring only: run the prefill, drop its token
         eos = None if self.tokenizer is None else self.tokenizer.eos_token_id
+        model_eos = self.config.model_config.generation_config.eos_token_ids
         sequences = []
         for i in range(params.n):
             seed = None if params.seed is None else params.seed + i
@@ -144,6 +155,7 @@ class LLMEngine:
                 prompt_logprobs=params.prompt_logprobs if i == 0 else None,
             )  # fmt: skip
             child.update_from_tokenizer(eos)
+            child.update_from_generation_config(model_eos, eos)
             sequences.append(
                 Request(
                     f"{request_id}#{i}",
