@@ -7,6 +7,7 @@ import dataclasses
 import time
 from types import SimpleNamespace
 
+from vllm.config.generation import GenerationConfig
 from vllm.model_executor.model_loader.builtin import resolve_model
 from vllm.outputs import CompletionOutput, Logprob, RequestOutput
 from vllm.sampling_params import SamplingParams
@@ -45,6 +46,7 @@ class FakeEngine:
         step_delay: float = 0.0,
         abort_delay: float = 0.0,
         stats_delay: float = 0.0,
+        generation_config: GenerationConfig | None = None,
     ) -> None:
         self.step_delay = step_delay
         self.abort_delay = abort_delay
@@ -52,7 +54,10 @@ class FakeEngine:
         self.script = self.tokenizer.encode(script, add_special_tokens=False)
         self.config = SimpleNamespace(
             model_config=SimpleNamespace(
-                max_model_len=max_model_len, vocab_size=320, logprobs_limit=20
+                max_model_len=max_model_len,
+                vocab_size=320,
+                logprobs_limit=20,
+                generation_config=generation_config or GenerationConfig(),
             )
         )
         # `stats_delay` slows the loop's reading of the cache counters, which follows every abort.

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from vllm.config.generation import GenerationConfig
 from vllm.entrypoints.openai.protocol import ChatCompletionRequest
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from vllm.model_executor.model_loader.builtin import resolve_model
@@ -43,7 +44,12 @@ class ScriptedEngine:
     def __init__(self, steps: list[tuple]) -> None:
         self.tokenizer = MarkerTokenizer()
         self.config = SimpleNamespace(
-            model_config=SimpleNamespace(max_model_len=128, vocab_size=320, logprobs_limit=20)
+            model_config=SimpleNamespace(
+                max_model_len=128,
+                vocab_size=320,
+                logprobs_limit=20,
+                generation_config=GenerationConfig(),
+            )
         )
         self.steps = steps
 

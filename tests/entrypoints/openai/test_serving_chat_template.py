@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from vllm.config.generation import GenerationConfig
 from vllm.entrypoints.openai.protocol import ChatCompletionRequest, TokenizeRequest
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from vllm.entrypoints.openai.serving_engine import OpenAIError
@@ -25,7 +26,11 @@ OWN = (
 
 def _servers(trust: bool) -> tuple[OpenAIServingChat, OpenAIServingTokenization]:
     tokenizer = get_tokenizer(BUILTIN_MODELS["kimi-k3-tiny"])
-    config = SimpleNamespace(model_config=SimpleNamespace(max_model_len=4096, vocab_size=320))
+    config = SimpleNamespace(
+        model_config=SimpleNamespace(
+            max_model_len=4096, vocab_size=320, generation_config=GenerationConfig()
+        )
+    )
     engine = SimpleNamespace(tokenizer=tokenizer, config=config)
     parser = KimiK3ReasoningParser(tokenizer)
     chat = OpenAIServingChat(

@@ -2,6 +2,7 @@
 
 from types import SimpleNamespace
 
+from vllm.config.generation import GenerationConfig
 from vllm.entrypoints.openai.protocol import ChatCompletionRequest, TokenizeRequest
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from vllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
@@ -22,7 +23,11 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 def _servers() -> tuple[OpenAIServingChat, OpenAIServingTokenization]:
     tokenizer = get_tokenizer(BUILTIN_MODELS["kimi-k3-tiny"])
     tokenizer.chat_template = TEMPLATE
-    config = SimpleNamespace(model_config=SimpleNamespace(max_model_len=4096, vocab_size=320))
+    config = SimpleNamespace(
+        model_config=SimpleNamespace(
+            max_model_len=4096, vocab_size=320, generation_config=GenerationConfig()
+        )
+    )
     engine = SimpleNamespace(tokenizer=tokenizer, config=config)
     chat = OpenAIServingChat(engine, ["m"], "m")
     return chat, OpenAIServingTokenization(engine, ["m"], "m", chat=chat)

@@ -135,8 +135,17 @@ class SamplingFields(OpenAIModel):
         logprobs: int | None,
         prompt_logprobs: int | None = None,
         skip_special_tokens: bool | None = None,
+        defaults: dict[str, Any] | None = None,
     ) -> SamplingParams:
-        """Engine parameters; raises ValueError naming a field that is out of range."""
+        """Engine parameters; raises ValueError naming a field that is out of range. `defaults`
+        (the model's generation config) stand in for the sampling fields the request leaves
+        null or out; vLLM's defaults for the rest."""
+        defaults = defaults or {}
+
+        def knob(name: str, vllm_default: float) -> float:
+            value = getattr(self, name)
+            return defaults.get(name, vllm_default) if value is None else value
+
         if isinstance(self.n, int) and self.n > MAX_N:
             raise ValueError(f"n must be <= {MAX_N}, got {self.n}")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -154,10 +163,10 @@ class SamplingFields(OpenAIModel):
             raise ValueError(f"response_format {kind!r} is not supported (only 'text')")
         return SamplingParams(
             n=self.n,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=0 if self.top_k is None else self.top_k,
-            min_p=0.0 if self.min_p is None else self.min_p,
+            temperature=knob("temperature", 1.0),
+            top_p=knob("top_p", 1.0),
+            top_k=knob("top_k", 0),
+            min_p=knob("min_p", 0.0),
             seed=self.seed,
             max_tokens=max_tokens,
             min_tokens=self.min_tokens,
@@ -167,7 +176,7 @@ class SamplingFields(OpenAIModel):
             include_stop_str_in_output=self.include_stop_str_in_output,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
-            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            repetition_penalty=knob("repetition_penalty", 1.0),
             skip_special_tokens=(
                 self.skip_special_tokens if skip_special_tokens is None else skip_special_tokens
             ),

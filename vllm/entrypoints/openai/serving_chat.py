@@ -244,7 +244,12 @@ class OpenAIServingChat(OpenAIServing):
         elif request.top_logprobs:
             raise OpenAIError("top_logprobs needs logprobs: true", 400, "top_logprobs")
         try:
-            params = request.sampling_params(max_tokens, num_top, skip_special_tokens=skip_special)
+            params = request.sampling_params(
+                max_tokens,
+                num_top,
+                skip_special_tokens=skip_special,
+                defaults=self.sampling_defaults,
+            )
         except ValueError as e:
             raise bad_request(e, ChatCompletionRequest) from None
         return ids, params, num_top, self.starts_in_reasoning(request, prompt_text)

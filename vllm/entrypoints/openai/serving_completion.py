@@ -183,7 +183,9 @@ class OpenAIServingCompletion(OpenAIServing):
             max_tokens = self.max_tokens_for(ids, request.max_tokens, "prompt")
             prompt_logprobs = request.logprobs if request.echo else None
             try:
-                params = request.sampling_params(max_tokens, request.logprobs, prompt_logprobs)
+                params = request.sampling_params(
+                    max_tokens, request.logprobs, prompt_logprobs, defaults=self.sampling_defaults
+                )
             except ValueError as e:
                 raise bad_request(e, CompletionRequest) from None
             text = prompt

@@ -110,6 +110,8 @@ class OpenAIServing:
         self.served_model_names = served_model_names
         self.model_path = model_path
         self.max_model_len: int = engine.config.model_config.max_model_len
+        # The model's generation config: defaults of the sampling fields a request leaves unset.
+        self.sampling_defaults = engine.config.model_config.generation_config.sampling_defaults
 
     @property
     def model_name(self) -> str:
@@ -141,7 +143,8 @@ class OpenAIServing:
 
     def max_tokens_for(self, prompt_ids: list[int], max_tokens: int | None, param: str) -> int:
         """Effective max_tokens: a prompt that leaves no room or `max_tokens` over
-        `max_model_len` is a 400; otherwise it is clamped to the room left (as vLLM does)."""
+        `max_model_len` is a 400; otherwise it is clamped to the room left and to the model's
+        generation config's `max_new_tokens`, a server-wide limit (as vLLM does)."""
         limit, n = self.max_model_len, len(prompt_ids)
         if n == 0:
             raise OpenAIError(f"{param} is empty", 400, param)
@@ -163,5 +166,5 @@ class OpenAIServing:
                 )
             if max_tokens < 0:
                 raise OpenAIError(f"max_tokens must be >= 0, got {max_tokens}", 400, "max_tokens")
-        room = limit - n
+        room = min(limit - n, self.sampling_defaults.get("max_tokens", limit))
         return room if max_tokens is None else min(max_tokens, room)

@@ -1,0 +1,68 @@
+"""/v1/completions and /v1/chat/completions take the sampling fields a request leaves out (or
+sends as null) from the model's generation_config.json, and never override one it sends (1.0 and
+0 included); its max_new_tokens caps max_tokens, as upstream."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from vllm.config.generation import load_generation_config
+from vllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
+from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from vllm.model_executor.model_loader.builtin import BUILTIN_MODELS
+from vllm.transformers_utils.configs import load_model_config
+from vllm.transformers_utils.tokenizer import get_tokenizer
+
+MODEL = BUILTIN_MODELS["kimi-k3-tiny"]
+GENERATION = {"temperature": 0.6, "top_p": 0.8, "top_k": 20, "max_new_tokens": 10}
+
+
+def _servers(tmp_path, setting: str = "auto"):
+    (tmp_path / "generation_config.json").write_text(json.dumps(GENERATION))
+    generation = load_generation_config(setting, tmp_path, load_model_config(MODEL))
+    model_config = SimpleNamespace(
+        max_model_len=4096, vocab_size=320, logprobs_limit=20, generation_config=generation
+    )
+    engine = SimpleNamespace(tokenizer=get_tokenizer(MODEL), config=SimpleNamespace(
+        model_config=model_config
+    ))  # fmt: skip
+    return OpenAIServingChat(engine, ["m"], "m"), OpenAIServingCompletion(engine, ["m"], "m")
+
+
+def _params(tmp_path, body: dict, setting: str = "auto"):
+    chat, completion = _servers(tmp_path, setting)
+    messages = [{"role": "user", "content": "hi"}]
+    chat_params = chat._inputs(ChatCompletionRequest.model_validate({**body, "messages": messages}))
+    (_, _, completion_params), = completion._inputs(
+        CompletionRequest.model_validate({**body, "prompt": "hi"})
+    )  # fmt: skip
+    return chat_params[1], completion_params
+
+
+@pytest.mark.parametrize("body", [{}, {"temperature": None, "top_p": None, "top_k": None}])
+def test_unset_fields_take_the_generation_config(tmp_path, body):
+    for params in _params(tmp_path, body):
+        assert (params.temperature, params.top_p, params.top_k) == (0.6, 0.8, 20)
+        assert (params.min_p, params.repetition_penalty) == (0.0, 1.0)  # vLLM's: not in the file
+        assert params.max_tokens == 10  # chat: none asked for; completions: 16, capped
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0, 0.3])
+def test_sent_fields_win(tmp_path, temperature):
+    body = {"temperature": temperature, "top_p": 1.0, "top_k": 0, "max_tokens": 4}
+    for params in _params(tmp_path, body):
+        assert params.temperature == temperature
+        if temperature:  # greedy resets top_p and top_k anyway
+            assert (params.top_p, params.top_k) == (1.0, 0)
+        assert params.max_tokens == 4
+    for params in _params(tmp_path, {"max_tokens": 50}):
+        assert params.max_tokens == 10  # max_new_tokens is a server-wide limit, as upstream
+
+
+def test_vllm_setting_keeps_vllm_defaults(tmp_path):
+    for params in _params(tmp_path, {}, setting="vllm"):
+        assert (params.temperature, params.top_p, params.top_k) == (1.0, 1.0, 0)
+    chat_params, completion_params = _params(tmp_path, {}, setting="vllm")
+    assert completion_params.max_tokens == 16 and chat_params.max_tokens > 16
