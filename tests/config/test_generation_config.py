@@ -54,9 +54,13 @@ def test_auto_without_the_file_takes_config_json_eos(tmp_path, hf_config):
     assert args.model_config.generation_config.eos_token_ids == (257,)
 
 
-def test_vllm_reads_nothing(tmp_path, hf_config):
+def test_vllm_keeps_the_eos_ids_alone(tmp_path, hf_config):
     folder = _folder(tmp_path, {"eos_token_id": [300], "temperature": 0.5})
-    assert load_generation_config("vllm", folder, hf_config) == GenerationConfig()
+    config = load_generation_config("vllm", folder, hf_config)
+    assert config.eos_token_ids == (300,) and config.sampling_defaults == {}
+    # Without a file, config.json's eos ids, as at `auto`.
+    config = load_generation_config("vllm", tmp_path / "none", hf_config)
+    assert config == GenerationConfig("config.json", (257,), {})
 
 
 def test_a_folder_of_its_own(tmp_path, hf_config):

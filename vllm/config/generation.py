@@ -15,10 +15,12 @@ authors recommend generating with. As upstream vLLM, two things are taken from i
 
 Where the setting is `auto` and the model folder has no `generation_config.json`, the eos ids of
 `config.json` are used, as upstream falls back to the model config (it keeps no sampling fields).
-`vllm` reads nothing: the tokenizer's eos and vLLM's defaults alone. A folder reads its
-`generation_config.json`, which must exist.
+`vllm` keeps vLLM's sampling defaults but still stops on the model's eos ids, read as at `auto`
+(upstream reads the file for them at either setting: an instruct model must end its turns). A folder
+reads its `generation_config.json`, which must exist.
 """
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,12 +55,12 @@ def load_generation_config(setting: Any, model_folder: Path, hf_config: Any) -> 
     if not isinstance(setting, str | Path) or not str(setting).strip():
         raise ValueError(f"generation_config must be 'auto', 'vllm' or a folder, got {setting!r}")
     vocab = getattr(hf_config, "text_config", hf_config).vocab_size
-    if setting == "vllm":
-        return GenerationConfig()
-    if setting == "auto":
+    if setting in ("auto", "vllm"):
         file = Path(model_folder) / GENERATION_CONFIG_FILE
         if not file.is_file():
             return _of_model_config(hf_config, vocab)
+        if setting == "vllm":
+            return dataclasses.replace(_read(file, vocab), sampling_defaults={})
     else:
         folder = Path(setting)
         if not folder.is_dir():

@@ -1,7 +1,8 @@
 """The model's generation config end to end (`LLM`, kimi-linear-tiny's config, tokenizer and dummy
 weights copied to a folder with a `generation_config.json` of its own; CPU, torch reference
 kernels): its eos ids stop a sequence although the tokenizer's eos is another, unless
-`ignore_eos` or `--generation-config vllm`; its sampling values are `LLM`'s defaults."""
+`ignore_eos` (at `--generation-config vllm` too, as upstream); its sampling values are `LLM`'s
+defaults, not at `vllm`."""
 
 import json
 import shutil
@@ -84,12 +85,13 @@ def test_generation_config_sets_llm_defaults(llm, model_folder, greedy_tokens):
     assert len(out.outputs[0].token_ids) == 12
 
 
-def test_vllm_setting_ignores_the_generation_config(model_folder, greedy_tokens):
+def test_vllm_setting_keeps_only_the_eos_ids(model_folder, greedy_tokens):
+    _, j = model_folder
     llm = LLM(str(model_folder[0]), generation_config="vllm", **ARGS)
     try:
         (out,) = llm.generate([PROMPT], GREEDY, use_tqdm=False)
-        assert list(out.outputs[0].token_ids) == greedy_tokens
-        assert out.outputs[0].finish_reason == "length"
+        assert list(out.outputs[0].token_ids) == greedy_tokens[: j + 1]
+        assert out.outputs[0].stop_reason == greedy_tokens[j]
         assert llm.get_default_sampling_params() == SamplingParams()
     finally:
         llm.shutdown()
