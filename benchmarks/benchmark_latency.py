@@ -92,7 +92,7 @@ from step_profile import GAP_SPLIT_US, breakdown, profile_steps_and_gaps
 
 from vllm.engine.arg_utils import EngineArgs, refuse
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE
-from vllm.models.kimi_k3.amd.footprint import model_footprint
+from vllm.models.kimi_k3.amd.footprint import ModelFootprint, model_footprint
 from vllm.models.kimi_k3.amd.mla import KimiMLAAttention
 from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.utils.cli import run_main
@@ -131,6 +131,53 @@ def parent_id(seq_id: str) -> str:
     return seq_id.rsplit("#", 1)[0]
 
 
+def decode_group_floors(
+    fp: ModelFootprint, distinct: list[float], contexts: list[int], fp8_weight_bytes: int
+) -> dict[str, float]:
+    """Bytes a decode step's kernel groups must move (step_profile.py's groups): `distinct`
+    experts per MoE layer, `contexts` per sequence (tokens in its cache after the step)."""
+    batch = len(contexts)
+    return {
+        "routed experts": sum(distinct) * fp.expert_bytes,
+        "KDA decode": 2 * batch * fp.kda_state_bytes_per_seq,
+        "MLA decode": (sum(contexts) + batch) * fp.mla_bytes_per_token,
+        "FP8 GEMM": fp8_weight_bytes,
+        # Every other weight a decode step reads; norms and convolution taps included
+        # (a few MB of 3 GB).
+        "bf16 GEMM / GEMV": fp.dense_decode_bytes - fp8_weight_bytes,
+    }
+
+
+def prefill_group_floors(
+    fp: ModelFootprint, length: int, chunks: list[int], fp8_dense_params: int,
+    fp8_experts: bool, attention_flops: float,
+) -> tuple[dict[str, float], dict[str, float]]:  # fmt: skip
+    """(FLOPs, bytes) a prefill of one prompt of `length` tokens in `chunks` must compute and
+    move per kernel group: `fp8_dense_params` FP8 weights outside the routed experts (one byte
+    each), `fp8_experts` whether the experts are FP8."""
+    routed_active = fp.num_moe_layers * fp.top_k * fp.params_per_expert
+    bf16_dense = fp.active_params_without_lm_head - routed_active - fp8_dense_params
+    num_experts = fp.routed_expert_params // max(1, fp.params_per_expert * fp.num_moe_layers)
+    experts_read = (
+        sum(expected_distinct_experts(num_experts, fp.top_k, n) for n in chunks) * fp.num_moe_layers
+    )
+    # FP8 GEMMs run at twice the bf16 rate on the H200: their FLOPs count half at its peak.
+    fp8_scale = 0.5
+    expert_flops = 2.0 * length * routed_active * (fp8_scale if fp8_experts else 1.0)
+    floor_flops = {
+        "MLA prefill attention": attention_flops,
+        "routed experts": expert_flops,
+        "FP8 GEMM": fp8_scale * 2.0 * length * fp8_dense_params,
+        "bf16 GEMM / GEMV": 2.0 * (length * bf16_dense + fp.lm_head_params),
+    }
+    floor_bytes = {
+        "routed experts": experts_read * fp.expert_bytes,
+        "FP8 GEMM": len(chunks) * fp8_dense_params,
+        "bf16 GEMM / GEMV": len(chunks) * (fp.dense_decode_bytes - fp8_dense_params),
+    }
+    return floor_flops, floor_bytes
+
+
 class Sweep:
     """One loaded engine, the ceilings and footprint of the run, and the record being filled."""
 
@@ -161,7 +208,6 @@ class Sweep:
             p.numel() for p in model.parameters()
             if p.dtype == torch.float8_e4m3fn and id(p) not in expert_ids
         )  # fmt: skip
-        self.fp8_dense_bytes = self.fp8_dense_params
         self.fp8_experts = any(m.w13_weight.dtype == torch.float8_e4m3fn for m in moe)
 
     # -- driving the engine ---------------------------------------------------------------------
@@ -279,27 +325,9 @@ class Sweep:
         attention_flops = sum(
             2 * m.heads * (m.nope + m.rope + m.v_dim) * length * (length + 1) / 2 for m in mla
         )
-        routed_active = fp.num_moe_layers * fp.top_k * fp.params_per_expert
-        bf16_dense = fp.active_params_without_lm_head - routed_active - self.fp8_dense_params
-        num_experts = fp.routed_expert_params // max(1, fp.params_per_expert * fp.num_moe_layers)
-        experts_read = (
-            sum(expected_distinct_experts(num_experts, fp.top_k, n) for n in chunks)
-            * fp.num_moe_layers
+        floor_flops, floor_bytes = prefill_group_floors(
+            fp, length, chunks, self.fp8_dense_params, self.fp8_experts, attention_flops
         )
-        # FP8 GEMMs run at twice the bf16 rate on the H200: their FLOPs count half at its peak.
-        fp8_scale = 0.5
-        expert_flops = 2.0 * length * routed_active * (fp8_scale if self.fp8_experts else 1.0)
-        floor_flops = {
-            "MLA prefill attention": attention_flops,
-            "routed experts": expert_flops,
-            "FP8 GEMM": fp8_scale * 2.0 * length * self.fp8_dense_params,
-            "bf16 GEMM / GEMV": 2.0 * (length * bf16_dense + fp.lm_head_params),
-        }
-        floor_bytes = {
-            "routed experts": experts_read * fp.expert_bytes,
-            "FP8 GEMM": len(chunks) * self.fp8_dense_bytes,
-            "bf16 GEMM / GEMV": len(chunks) * (fp.dense_decode_bytes - self.fp8_dense_bytes),
-        }
         groups = breakdown(kernels, 1e6 * seconds, floor_bytes, self.copy_gbps, floor_flops,
                            self.peak)  # fmt: skip
         flops = 2.0 * (fp.active_params_without_lm_head * length + fp.lm_head_params)
@@ -485,16 +513,7 @@ class Sweep:
         # One at a time: every kernel in the window is one of the profiled steps'.
         with synchronous_steps(self.engine):
             kernels, gaps = profile_steps_and_gaps(step, self.args.profile_steps, self.device)
-        fp = self.fp
-        floors = {
-            "routed experts": sum(distinct) * fp.expert_bytes,
-            "KDA decode": 2 * batch * fp.kda_state_bytes_per_seq,
-            "MLA decode": (sum(contexts) + batch) * fp.mla_bytes_per_token,
-            "FP8 GEMM": self.fp8_weight_bytes,
-            # Every other weight a decode step reads; norms and convolution taps included
-            # (a few MB of 3 GB).
-            "bf16 GEMM / GEMV": fp.dense_decode_bytes - self.fp8_weight_bytes,
-        }
+        floors = decode_group_floors(self.fp, distinct, contexts, self.fp8_weight_bytes)
         groups = breakdown(kernels, 1e6 * forward_s, floors, self.copy_gbps)
         print_table(
             f"B={batch}: device time per decode step by kernel group (forward "
