@@ -131,32 +131,53 @@ def parent_id(seq_id: str) -> str:
     return seq_id.rsplit("#", 1)[0]
 
 
+def fused_shared_experts(model: torch.nn.Module) -> tuple[int, int]:
+    """(parameters, bytes) of the shared experts that `model` runs as one more expert of the
+    routed experts' kernels (`VLLM_KIMI_FUSE_SHARED_EXPERTS`, the default where they fit): the
+    routed experts' group computes and reads them, not a dense GEMM."""
+    shared = [
+        w[m.num_experts :]
+        for m in model.modules()
+        if isinstance(m, FusedMoE)
+        for w in (m.w13_weight, m.w2_weight)
+    ]
+    return sum(w.numel() for w in shared), sum(w.numel() * w.element_size() for w in shared)
+
+
 def decode_group_floors(
-    fp: ModelFootprint, distinct: list[float], contexts: list[int], fp8_weight_bytes: int
-) -> dict[str, float]:
+    fp: ModelFootprint, distinct: list[float], contexts: list[int], fp8_weight_bytes: int,
+    fused_shared_bytes: int,
+) -> dict[str, float]:  # fmt: skip
     """Bytes a decode step's kernel groups must move (step_profile.py's groups): `distinct`
-    experts per MoE layer, `contexts` per sequence (tokens in its cache after the step)."""
+    experts per MoE layer, `contexts` per sequence (tokens in its cache after the step),
+    `fused_shared_bytes` of shared experts read by the routed experts' kernels (in
+    `fp.dense_decode_bytes`, as every step reads them)."""
     batch = len(contexts)
     return {
-        "routed experts": sum(distinct) * fp.expert_bytes,
+        "routed experts": sum(distinct) * fp.expert_bytes + fused_shared_bytes,
         "KDA decode": 2 * batch * fp.kda_state_bytes_per_seq,
         "MLA decode": (sum(contexts) + batch) * fp.mla_bytes_per_token,
         "FP8 GEMM": fp8_weight_bytes,
         # Every other weight a decode step reads; norms and convolution taps included
-        # (a few MB of 3 GB).
-        "bf16 GEMM / GEMV": fp.dense_decode_bytes - fp8_weight_bytes,
+        # (a few MB of 3 GB), and the fp32 routers (61 MB on Kimi-Linear-48B) that the fused
+        # router, in "other", reads.
+        "bf16 GEMM / GEMV": fp.dense_decode_bytes - fp8_weight_bytes - fused_shared_bytes,
     }
 
 
 def prefill_group_floors(
     fp: ModelFootprint, length: int, chunks: list[int], fp8_dense_params: int,
-    fp8_experts: bool, attention_flops: float,
+    fp8_experts: bool, attention_flops: float, fused_shared_params: int,
+    fused_shared_bytes: int,
 ) -> tuple[dict[str, float], dict[str, float]]:  # fmt: skip
     """(FLOPs, bytes) a prefill of one prompt of `length` tokens in `chunks` must compute and
     move per kernel group: `fp8_dense_params` FP8 weights outside the routed experts (one byte
-    each), `fp8_experts` whether the experts are FP8."""
+    each), `fp8_experts` whether the experts are FP8, `fused_shared_params` / `_bytes` of shared
+    experts that the routed experts' kernels run (bf16: FP8 experts do not fuse them)."""
     routed_active = fp.num_moe_layers * fp.top_k * fp.params_per_expert
-    bf16_dense = fp.active_params_without_lm_head - routed_active - fp8_dense_params
+    bf16_dense = (
+        fp.active_params_without_lm_head - routed_active - fp8_dense_params - fused_shared_params
+    )
     num_experts = fp.routed_expert_params // max(1, fp.params_per_expert * fp.num_moe_layers)
     experts_read = (
         sum(expected_distinct_experts(num_experts, fp.top_k, n) for n in chunks) * fp.num_moe_layers
@@ -164,6 +185,7 @@ def prefill_group_floors(
     # FP8 GEMMs run at twice the bf16 rate on the H200: their FLOPs count half at its peak.
     fp8_scale = 0.5
     expert_flops = 2.0 * length * routed_active * (fp8_scale if fp8_experts else 1.0)
+    expert_flops += 2.0 * length * fused_shared_params
     floor_flops = {
         "MLA prefill attention": attention_flops,
         "routed experts": expert_flops,
@@ -171,9 +193,10 @@ def prefill_group_floors(
         "bf16 GEMM / GEMV": 2.0 * (length * bf16_dense + fp.lm_head_params),
     }
     floor_bytes = {
-        "routed experts": experts_read * fp.expert_bytes,
+        "routed experts": experts_read * fp.expert_bytes + len(chunks) * fused_shared_bytes,
         "FP8 GEMM": len(chunks) * fp8_dense_params,
-        "bf16 GEMM / GEMV": len(chunks) * (fp.dense_decode_bytes - fp8_dense_params),
+        "bf16 GEMM / GEMV": len(chunks)
+        * (fp.dense_decode_bytes - fp8_dense_params - fused_shared_bytes),
     }
     return floor_flops, floor_bytes
 
@@ -209,6 +232,7 @@ class Sweep:
             if p.dtype == torch.float8_e4m3fn and id(p) not in expert_ids
         )  # fmt: skip
         self.fp8_experts = any(m.w13_weight.dtype == torch.float8_e4m3fn for m in moe)
+        self.fused_shared = fused_shared_experts(model)
 
     # -- driving the engine ---------------------------------------------------------------------
 
@@ -326,8 +350,9 @@ class Sweep:
             2 * m.heads * (m.nope + m.rope + m.v_dim) * length * (length + 1) / 2 for m in mla
         )
         floor_flops, floor_bytes = prefill_group_floors(
-            fp, length, chunks, self.fp8_dense_params, self.fp8_experts, attention_flops
-        )
+            fp, length, chunks, self.fp8_dense_params, self.fp8_experts, attention_flops,
+            *self.fused_shared,
+        )  # fmt: skip
         groups = breakdown(kernels, 1e6 * seconds, floor_bytes, self.copy_gbps, floor_flops,
                            self.peak)  # fmt: skip
         flops = 2.0 * (fp.active_params_without_lm_head * length + fp.lm_head_params)
@@ -513,7 +538,9 @@ class Sweep:
         # One at a time: every kernel in the window is one of the profiled steps'.
         with synchronous_steps(self.engine):
             kernels, gaps = profile_steps_and_gaps(step, self.args.profile_steps, self.device)
-        floors = decode_group_floors(self.fp, distinct, contexts, self.fp8_weight_bytes)
+        floors = decode_group_floors(
+            self.fp, distinct, contexts, self.fp8_weight_bytes, self.fused_shared[1]
+        )
         groups = breakdown(kernels, 1e6 * forward_s, floors, self.copy_gbps)
         print_table(
             f"B={batch}: device time per decode step by kernel group (forward "

@@ -5,12 +5,12 @@ prefill, the FLOPs it must compute (issue 12's profiler breakdown).
 The profiler records the kernels of a CUDA-graph replay like eager ones (CUPTI sees graph
 nodes), so the steps profiled are the ones the latency benchmark times. Kernel names are matched
 against `CATEGORIES` in order; the first pattern that matches names the group. A group's floor is
-the bytes it must read or write at least once per step (the routed experts the router chose, the
-KDA state, the MLA cache, the weights of the dense linears) at the copy bandwidth of the run;
-groups whose traffic is activations only have no floor. A prefill group's floor is the larger of
-its bytes at the copy bandwidth and its FLOPs at the run's bf16 matmul peak. On the CPU (the
-benchmarks' `--dry-run`) the profiler's CPU operators stand in for kernels, so the code path runs
-without a GPU.
+the bytes it must read or write at least once per step (the routed experts the router chose and a
+shared expert their kernels run, the KDA state, the MLA cache, the weights of the dense linears)
+at the copy bandwidth of the run; groups whose traffic is activations only have no floor. A
+prefill group's floor is the larger of its bytes at the copy bandwidth and its FLOPs at the
+run's bf16 matmul peak. On the CPU (the benchmarks' `--dry-run`) the profiler's CPU operators
+stand in for kernels, so the code path runs without a GPU.
 """
 
 import re
