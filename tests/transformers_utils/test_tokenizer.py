@@ -305,10 +305,18 @@ def test_tiktoken_add_bos_token(tmp_path):
 
 def test_tiktoken_chat_template(kimi):
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok <b>"}]
-    tools = [{"name": "f", "description": "<x> & 'y'"}]
+    # Kimi's tokenizer sorts the tools' keys at every depth before rendering.
+    tools = [
+        {
+            "name": "f",
+            "parameters": {"type": "object", "properties": {}},
+            "description": "<x> & 'y'",
+        }
+    ]
     text = kimi.apply_chat_template(messages, tools=tools)
     assert text == (
-        '<|im_system|>tools<|im_middle|>[{"name":"f","description":"<x> & \'y\'"}]<|im_end|>'
+        '<|im_system|>tools<|im_middle|>[{"description":"<x> & \'y\'","name":"f",'
+        '"parameters":{"properties":{},"type":"object"}}]<|im_end|>'
         "<|im_user|>user<|im_middle|>hi<|im_end|>"
         "<|im_assistant|>assistant<|im_middle|>ok <b><|im_end|>"
         "<|im_assistant|>assistant<|im_middle|>"

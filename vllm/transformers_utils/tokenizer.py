@@ -548,6 +548,15 @@ def _special_spans(pattern: re.Pattern, longest: int, text: str) -> Iterator[tup
         pos = match.end()
 
 
+def _sorted_keys(value: Any) -> Any:
+    """`value` (JSON-like) with the keys of each dict in it in sorted order."""
+    if isinstance(value, dict):
+        return {key: _sorted_keys(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted_keys(item) for item in value]
+    return value
+
+
 class TiktokenTokenizer(Tokenizer):
     """Kimi's format: `tiktoken.model` ranks, special tokens from `tokenizer_config.json`.
 
@@ -581,6 +590,16 @@ class TiktokenTokenizer(Tokenizer):
         self._special_pattern = re.compile(_trie_pattern(list(self._special_by_text)))
         self._longest_special = max(map(len, self._special_by_text))
         super().__init__(folder)
+
+    def apply_chat_template(
+        self, messages: list[dict], *args: Any, **kwargs: Any
+    ) -> str | list[int]:
+        """As the base class, with the keys of every object in `tools` sorted at each depth
+        first: Kimi's own tokenizer class does so before rendering, so a tool declared with its
+        keys in any order gives the prompt the model was trained on."""
+        if kwargs.get("tools") is not None:
+            kwargs["tools"] = _sorted_keys(kwargs["tools"])
+        return super().apply_chat_template(messages, *args, **kwargs)
 
     def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
         bos = self.bos_token_id
