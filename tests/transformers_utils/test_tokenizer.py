@@ -513,6 +513,58 @@ def test_tiktoken_special_token_across_the_400k_cut(kimi):
     assert kimi.decode(ids, skip_special_tokens=False) == text
 
 
+@pytest.mark.parametrize("scan", [1, 2, 5, 9, 64])
+def test_tiktoken_special_tokens_across_scan_windows(kimi, monkeypatch, scan):
+    """Special tokens are looked for `_SCAN_CHARS` characters at a time: one that starts in a
+    window and ends past it, or ends where the next begins, is still found whole."""
+    monkeypatch.setattr(tokenizer_module, "_SCAN_CHARS", scan)
+    rng = random.Random(scan)
+    parts = [*NAMED.values(), "<|im_", "|>", "[EO", "x", "hello ", "<", "|"]
+    for _ in range(300):
+        text = "".join(rng.choice(parts) for _ in range(rng.randint(0, 12)))
+        assert kimi.encode(text) == _encode_as_hf(kimi, text), repr(text)
+
+
+def test_tiktoken_short_texts_between_special_tokens_skip_the_split(kimi, monkeypatch):
+    """A chat's text between two special tokens (a role, a short message) is too short to hold
+    a run to cut: it is encoded in one call, without looking for long runs, which cost a
+    1M-character chat of 7k turns 3x the time of encoding it."""
+
+    def no_split(text):
+        raise AssertionError(f"split searched for long runs in {len(text)} characters")
+
+    monkeypatch.setattr(tokenizer_module, "_split_for_tiktoken", no_split)
+    turn = "<|im_user|>user<|im_middle|>" + "hello world " * 8 + "<|im_end|>"
+    text = turn * 100 + "x" * tokenizer_module._MAX_RUN_CHARS
+    monkeypatch.undo()
+    expected = _encode_as_hf(kimi, text)
+    monkeypatch.setattr(tokenizer_module, "_split_for_tiktoken", no_split)
+    assert kimi.encode(text) == expected
+
+
+@pytest.mark.parametrize("extra", [0, 1, 2])
+def test_tiktoken_run_at_the_cut_length_between_special_tokens(kimi, extra):
+    """A run of `_MAX_RUN_CHARS` characters stays whole, one character more is cut (between
+    "hell" and "o" here, which changes the ids), also between two special tokens."""
+    limit = tokenizer_module._MAX_RUN_CHARS
+    text = "<|im_end|>" + ("x" + "hello" * limit)[: limit + extra] + "<|im_end|>"
+    ids = kimi.encode(text)
+    assert ids == _encode_as_hf(kimi, text)
+    if extra == 1:  # the run's last "hello" cut after its "hell"
+        assert ids[-3:] == [256 + MERGES.index(b"hell"), ord("o"), NAMED_ID["<|im_end|>"]]
+
+
+def test_tiktoken_longest_special_token_wins(tmp_path):
+    """Where one special token's text starts another's, the longer one is taken (as HF's
+    trie): "<|a|>x" is one token, not "<|a|>" then "x"; "<|a" alone is the short one."""
+    names = {**NAMED, BASE + 7: "<|a", BASE + 8: "<|a|>", BASE + 9: "<|a|>x"}
+    decoder = {str(i): {"content": t, "special": True} for i, t in names.items()}
+    kimi = get_tokenizer(write_tiktoken_folder(tmp_path / "k", added_tokens_decoder=decoder))
+    assert kimi.encode("<|a|>x") == [BASE + 9]
+    assert kimi.encode("<|a|>y") == [BASE + 8, ord("y")]
+    assert kimi.encode("<|a|") == [BASE + 7, ord("|")]
+
+
 def test_tiktoken_split_lets_other_threads_run(monkeypatch):
     """While the runs of 23 MB of prose are looked for, a thread waiting for the GIL (the server's
     event loop, while a worker thread tokenizes a prompt) takes it many times; one regex pass
