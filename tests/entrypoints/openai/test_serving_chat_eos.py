@@ -41,14 +41,14 @@ class ScriptedEngine:
     """What the chat handler uses of `AsyncLLM`: every request gets the cumulative outputs of
     `steps` ((text, token ids, finish reason, stop reason) each), one at a time."""
 
-    def __init__(self, steps: list[tuple]) -> None:
+    def __init__(self, steps: list[tuple], eos_token_ids: tuple[int, ...] = ()) -> None:
         self.tokenizer = MarkerTokenizer()
         self.config = SimpleNamespace(
             model_config=SimpleNamespace(
                 max_model_len=128,
                 vocab_size=320,
                 logprobs_limit=20,
-                generation_config=GenerationConfig(),
+                generation_config=GenerationConfig("test", eos_token_ids),
             )
         )
         self.steps = steps
@@ -65,9 +65,11 @@ class ScriptedEngine:
         pass
 
 
-async def _streamed_and_whole(fields: dict, steps: list[tuple]) -> tuple[str, str]:
+async def _streamed_and_whole(
+    fields: dict, steps: list[tuple], eos_token_ids: tuple[int, ...] = ()
+) -> tuple[str, str]:
     """The reply's content from the deltas of a streamed request, and from a non-streamed one."""
-    engine = ScriptedEngine(steps)
+    engine = ScriptedEngine(steps, eos_token_ids)
     parser = KimiK3ReasoningParser(engine.tokenizer)
     assert parser.needs_special_tokens
     chat = OpenAIServingChat(engine, ["tiny"], "tiny", reasoning_parser=parser)
@@ -104,3 +106,24 @@ async def _streamed_and_whole(fields: dict, steps: list[tuple]) -> tuple[str, st
 )  # fmt: skip
 def test_streamed_chat_equals_whole_chat_around_eos_text(steps, fields, expected):
     assert asyncio.run(_streamed_and_whole(fields, steps)) == (expected, expected)
+
+
+PAD, PAD_ID = "<|pad|>", 258
+
+
+@pytest.mark.parametrize(
+    "steps, fields, expected",
+    [
+        # A generation-config eos (here <|pad|>, as Kimi's <|im_end|> beside its [EOS]) ended the
+        # reply: like the tokenizer's eos, its text is no part of the answer.
+        ([("ok", [1, 2], None, None), ("ok" + PAD, [1, 2, PAD_ID], "stop", PAD_ID)],
+         {"include_stop_str_in_output": True}, "ok"),
+        # Written mid-reply under ignore_eos, it stays.
+        ([("ok" + PAD, [1, 2, PAD_ID], None, None),
+          ("ok" + PAD, [1, 2, PAD_ID, 3, 4], "stop", "ST")],
+         {"ignore_eos": True, "stop": ["ST"]}, "ok" + PAD),
+    ],
+)  # fmt: skip
+def test_generation_config_eos_text_leaves_the_reply_as_the_tokenizer_eos(steps, fields, expected):
+    result = asyncio.run(_streamed_and_whole(fields, steps, eos_token_ids=(EOS_ID, PAD_ID)))
+    assert result == (expected, expected)

@@ -80,6 +80,19 @@ class OpenAIServingChat(OpenAIServing):
         super().__init__(*args, **kw)
         self.reasoning_parser = reasoning_parser
         self.trust_request_chat_template = trust_request_chat_template
+        # Text of each eos that may end a reply: the tokenizer's, and the model's generation
+        # config's that are special tokens (Kimi's <|im_end|> beside its [EOS]).
+        tokenizer = self.tokenizer
+        generation = self.engine.config.model_config.generation_config
+        self._eos_texts: dict[int, str] = {}
+        if tokenizer is not None:
+            special = set(tokenizer.all_special_ids)
+            for token_id in generation.eos_token_ids:
+                if token_id in special:
+                    text = tokenizer.decode([token_id], skip_special_tokens=False)
+                    self._eos_texts[token_id] = text
+            if tokenizer.eos_token and tokenizer.eos_token_id is not None:
+                self._eos_texts[tokenizer.eos_token_id] = tokenizer.eos_token
 
     def _template_kwargs(self, request: ChatCompletionRequest) -> dict:
         try:
@@ -260,20 +273,19 @@ class OpenAIServingChat(OpenAIServing):
         if self.reasoning_parser is None:
             return None, c.text
         text, final = c.text, c.finish_reason is not None
-        eos, eos_id = self.tokenizer.eos_token, self.tokenizer.eos_token_id
         if (
             self.reasoning_parser.needs_special_tokens
             and request.include_stop_str_in_output
             and c.finish_reason == "stop"
             and not isinstance(c.stop_reason, str)
             and c.token_ids
-            and c.token_ids[-1] == eos_id
-            and eos
+            and c.token_ids[-1] in self._eos_texts
         ):
             # Special tokens are kept for the markers' sake, so the eos that ended the reply
-            # shows up in the final text; it is not part of the answer. An eos text anywhere
-            # else (the model wrote one under ignore_eos) is, and may have been streamed already.
-            text = text.removesuffix(eos)
+            # (the tokenizer's or a generation-config one) shows up in the final text; it is not
+            # part of the answer. An eos text anywhere else (the model wrote one under
+            # ignore_eos) is, and may have been streamed already.
+            text = text.removesuffix(self._eos_texts[c.token_ids[-1]])
         reasoning, content = self.reasoning_parser.split(text, in_reasoning, final)
         return (reasoning if request.include_reasoning else None), content
 
