@@ -10,6 +10,7 @@ import pytest
 from vllm.config.generation import GenerationConfig, load_generation_config
 from vllm.engine.arg_utils import EngineArgs
 from vllm.model_executor.model_loader.builtin import resolve_model
+from vllm.sampling_params import SamplingParams
 from vllm.transformers_utils.configs import load_model_config
 
 MODEL = "kimi-linear-tiny"  # config.json: eos_token_id 257, vocab_size 320
@@ -106,3 +107,18 @@ def test_bad_settings_are_named(tmp_path, hf_config):
     args = EngineArgs(model=MODEL, generation_config=str(_folder(tmp_path, {"top_p": 0})))
     with pytest.raises(ValueError, match="^generation_config: .*top_p must be"):
         args.create_engine_config()
+
+
+def test_only_eos_ids_other_than_the_tokenizer_eos_become_stop_token_ids():
+    """The tokenizer's eos stops without being a stop token id (its stop_reason stays None, as
+    upstream); the others join a copy of the request's stop_token_ids; ignore_eos adds none."""
+    own = [9]
+    params = SamplingParams(stop_token_ids=own)
+    params.update_from_tokenizer(5)
+    params.update_from_generation_config((5, 7, 9), 5)
+    assert params.stop_token_ids == [9, 7] and own == [9]
+    assert params.all_stop_token_ids == {5, 7, 9}
+    ignoring = SamplingParams(ignore_eos=True)
+    ignoring.update_from_tokenizer(5)
+    ignoring.update_from_generation_config((5, 7), 5)
+    assert ignoring.stop_token_ids == [] and ignoring.all_stop_token_ids == set()
