@@ -64,6 +64,19 @@ def test_vllm_keeps_the_eos_ids_alone(tmp_path, hf_config):
     assert config == GenerationConfig("config.json", (257,), {})
 
 
+def test_vllm_does_not_check_the_sampling_values_it_drops(tmp_path, hf_config):
+    # `vllm` is the way out of a file whose sampling values this engine refuses: only its eos ids
+    # are read, so only they (and the file being a JSON object) can fail.
+    folder = _folder(tmp_path, {"eos_token_id": [300], "temperature": -1, "top_p": "x"})
+    config = load_generation_config("vllm", folder, hf_config)
+    assert config == GenerationConfig(str(folder / "generation_config.json"), (300,), {})
+    with pytest.raises(ValueError, match="^generation_config: .*temperature must be"):
+        load_generation_config("auto", folder, hf_config)
+    _folder(tmp_path, {"eos_token_id": [1000], "temperature": -1})
+    with pytest.raises(ValueError, match="eos_token_id 1000 is outside the vocabulary"):
+        load_generation_config("vllm", folder, hf_config)
+
+
 def test_a_folder_of_its_own(tmp_path, hf_config):
     (tmp_path / "gen").mkdir()
     folder = _folder(tmp_path / "gen", {"eos_token_id": [300], "top_p": 0.5})
@@ -82,7 +95,7 @@ def test_a_folder_of_its_own(tmp_path, hf_config):
         ({"temperature": "hot"}, "temperature must be a number, got 'hot'"),
         ({"top_p": 2}, r"top_p must be in \[0.0, 1.0\], got 2"),
         ({"top_k": 1.5}, "top_k must be an integer"),
-        ({"max_new_tokens": -1}, "max_new_tokens must be >= 0"),
+        ({"max_new_tokens": -1}, "max_new_tokens must be >= 1, got -1"),
         ({"max_new_tokens": 0}, "max_new_tokens must be >= 1"),
     ],
 )

@@ -16,11 +16,11 @@ authors recommend generating with. As upstream vLLM, two things are taken from i
 Where the setting is `auto` and the model folder has no `generation_config.json`, the eos ids of
 `config.json` are used, as upstream falls back to the model config (it keeps no sampling fields).
 `vllm` keeps vLLM's sampling defaults but still stops on the model's eos ids, read as at `auto`
-(upstream reads the file for them at either setting: an instruct model must end its turns). A folder
-reads its `generation_config.json`, which must exist.
+(upstream reads the file for them at either setting: an instruct model must end its turns); the
+file's sampling values are then neither used nor checked. A folder reads its
+`generation_config.json`, which must exist.
 """
 
-import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,7 +60,7 @@ def load_generation_config(setting: Any, model_folder: Path, hf_config: Any) -> 
         if not file.is_file():
             return _of_model_config(hf_config, vocab)
         if setting == "vllm":
-            return dataclasses.replace(_read(file, vocab), sampling_defaults={})
+            return _read(file, vocab, sampling=False)
     else:
         folder = Path(setting)
         if not folder.is_dir():
@@ -80,7 +80,10 @@ def _of_model_config(hf_config: Any, vocab: int) -> GenerationConfig:
     return GenerationConfig("config.json", eos) if eos else GenerationConfig()
 
 
-def _read(file: Path, vocab: int) -> GenerationConfig:
+def _read(file: Path, vocab: int, sampling: bool = True) -> GenerationConfig:
+    """The file's eos ids and, if `sampling`, its sampling defaults. Without them (`vllm`) their
+    values are not checked either: that setting is how a user serves a model whose file holds a
+    value this engine refuses."""
     try:
         config = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -90,17 +93,23 @@ def _read(file: Path, vocab: int) -> GenerationConfig:
             f"generation_config: {file} must hold a JSON object, got {type(config).__name__}"
         )
     eos = _eos_ids(config.get("eos_token_id"), vocab, str(file))
+    if not sampling:
+        return GenerationConfig(str(file), eos)
     defaults = {
         name: config[key] for key, name in _SAMPLING_KEYS.items() if config.get(key) is not None
     }
+    max_new = defaults.get("max_tokens")
+    # At least 1, where SamplingParams takes 0: as a cap on every request, 0 would leave no output
+    # at all. Checked first, so that every integer below 1 gets this one message (its type is
+    # SamplingParams' to check).
+    if isinstance(max_new, int) and not isinstance(max_new, bool) and max_new < 1:
+        raise ValueError(f"generation_config: {file}: max_new_tokens must be >= 1, got {max_new}")
     try:
         SamplingParams(**defaults)  # the values' types and ranges, checked once at start-up
     except ValueError as e:
         # The field keeps the file's name (max_new_tokens) in the message.
         message = str(e).replace("max_tokens", "max_new_tokens")
         raise ValueError(f"generation_config: {file}: {message}") from None
-    if defaults.get("max_tokens") == 0:
-        raise ValueError(f"generation_config: {file}: max_new_tokens must be >= 1, got 0")
     return GenerationConfig(str(file), eos, defaults)
 
 

@@ -94,7 +94,7 @@ class LLMEngine:
         generation = mc.generation_config
         if generation.sampling_defaults:
             logger.info("Default sampling parameters %s come from the model's generation config "
-                        "%s (requests that set them win; --generation-config vllm ignores it)",
+                        "%s (requests that set them win; --generation-config vllm drops them)",
                         generation.sampling_defaults, generation.source)  # fmt: skip
         self._in_flight: _Launched | None = None
         self.output_processor = OutputProcessor(self.tokenizer)
