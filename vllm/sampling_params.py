@@ -4,6 +4,7 @@ Every field is validated at construction; a bad value raises `ValueError` naming
 bad request is refused when it is added, never in the middle of a step.
 """
 
+import math
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -92,9 +93,9 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         self._check_int("n", self.n, 1)
         self._check_number("temperature", self.temperature, 0.0, _FLOAT32_MAX)
-        self._check_number("top_p", self.top_p, 0.0, 1.0)
-        if self.top_p == 0.0:
-            raise ValueError("top_p must be in (0, 1], got 0")
+        self._check_number("top_p", self.top_p)
+        if not 0.0 < self.top_p <= 1.0:  # one message for 0 (keeps no token) and out of range
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         self._check_int("top_k", self.top_k, -1)
         self._check_number("min_p", self.min_p, 0.0, 1.0)
         if self.seed is not None:
@@ -141,7 +142,9 @@ class SamplingParams:
         SamplingParams._check_range(name, value, low, high)
 
     @staticmethod
-    def _check_number(name: str, value: object, low: float, high: float | None = None) -> None:
+    def _check_number(
+        name: str, value: object, low: float = -math.inf, high: float | None = None
+    ) -> None:
         if not isinstance(value, int | float) or isinstance(value, bool) or value != value:
             raise ValueError(f"{name} must be a number, got {value!r}")
         SamplingParams._check_range(name, value, low, high)

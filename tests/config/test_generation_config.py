@@ -93,7 +93,7 @@ def test_a_folder_of_its_own(tmp_path, hf_config):
         ({"eos_token_id": [257, True]}, "eos_token_id must be a token id"),
         ({"eos_token_id": [1000]}, r"eos_token_id 1000 is outside the vocabulary \[0, 320\)"),
         ({"temperature": "hot"}, "temperature must be a number, got 'hot'"),
-        ({"top_p": 2}, r"top_p must be in \[0.0, 1.0\], got 2"),
+        ({"top_p": 2}, r"top_p must be in \(0, 1\], got 2"),
         ({"top_k": 1.5}, "top_k must be an integer"),
         ({"max_new_tokens": -1}, "max_new_tokens must be >= 1, got -1"),
         ({"max_new_tokens": 0}, "max_new_tokens must be >= 1"),

@@ -192,6 +192,11 @@ def test_params_the_generators_or_float32_cannot_hold_are_refused(field, value, 
         ("stop_token_ids", {1, 2}, "stop_token_ids must be a list of token ids"),
         ("spaces_between_special_tokens", "no", "spaces_between_special_tokens must be a bool"),
         ("spaces_between_special_tokens", None, "spaces_between_special_tokens must be a bool"),
+        # One range for top_p, whether it keeps no token (0) or is out of range.
+        ("top_p", 0, r"top_p must be in \(0, 1\], got 0"),
+        ("top_p", 1.5, r"top_p must be in \(0, 1\], got 1.5"),
+        ("top_p", -0.5, r"top_p must be in \(0, 1\], got -0.5"),
+        ("top_p", "0.5", "top_p must be a number"),
     ],
 )
 def test_params_of_the_wrong_kind_are_refused_naming_the_field(field, value, message):
