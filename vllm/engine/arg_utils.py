@@ -165,11 +165,11 @@ class EngineArgs:
             )
         device = self._device()
         folder, _ = resolve_model(self.model)
-        check_load_format(folder, self.load_format)
         try:
             hf_config = load_model_config(folder, warn_checkpoint_quantization=True)
         except ValueError as e:
             raise ValueError(f"model: {e}") from None
+        check_load_format(folder, self.load_format)  # a folder's config first, then its weights
         text = getattr(hf_config, "text_config", hf_config)
         max_model_len = parse_max_model_len(self.max_model_len)
         limit = text.max_position_embeddings

@@ -8,6 +8,7 @@ import pytest
 
 from vllm.engine.arg_utils import EngineArgs
 from vllm.entrypoints.cli.main import main, make_parser
+from vllm.model_executor.model_loader.builtin import resolve_model
 
 RECIPE_FLAGS = [
     "--served-model-name", "--host", "--port", "--trust-remote-code", "--tensor-parallel-size",
@@ -149,6 +150,19 @@ def test_a_model_config_that_is_not_an_object_names_the_model(tmp_path, capsys) 
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "argument --model: model config" in err and "must be a JSON object" in err, err
+
+
+def test_a_model_folder_without_weights_is_refused_before_loading(tmp_path, capsys) -> None:
+    """It stopped the server with a traceback (exit 1) once loading had begun."""
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        file = resolve_model("kimi-linear-tiny")[0] / name
+        (tmp_path / name).write_bytes(file.read_bytes())
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", str(tmp_path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --load-format: load_format 'auto': no safetensors checkpoint" in err, err
+    assert "--load-format dummy" in err, err
 
 
 def test_help_states_what_each_unset_default_resolves_to() -> None:

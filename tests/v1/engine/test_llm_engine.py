@@ -177,8 +177,13 @@ def test_skip_tokenizer_init_runs_on_token_ids(expected, tmp_path):
     # A folder without tokenizer files names both ways out.
     (tmp_path / "config.json").write_bytes((resolve_model(MODEL)[0] / "config.json").read_bytes())
     with pytest.raises(ValueError, match="skip_tokenizer_init"):
-        EngineArgs(model=str(tmp_path)).create_engine_config()
-    EngineArgs(model=str(tmp_path), skip_tokenizer_init=True).create_engine_config()
+        EngineArgs(model=str(tmp_path), load_format="dummy").create_engine_config()
+    EngineArgs(
+        model=str(tmp_path), skip_tokenizer_init=True, load_format="dummy"
+    ).create_engine_config()
+    # Nor has it weights: refused with the other arguments, not once loading has begun.
+    with pytest.raises(ValueError, match=r"^load_format 'auto': no safetensors checkpoint in "):
+        EngineArgs(model=str(tmp_path), skip_tokenizer_init=True).create_engine_config()
 
 
 def test_randomized_soak():

@@ -66,12 +66,26 @@ def resolve_model(name_or_path: "str | Path", argument: str = "model") -> tuple[
 
 
 def check_load_format(folder: "str | Path", load_format: str) -> None:
-    """Raise ValueError when `folder` is a config-only model and `load_format` is not "dummy":
-    it has no weights to read."""
+    """Raise ValueError when `load_format` would read weights that `folder` does not have: a
+    config-only model, or a folder without a safetensors checkpoint (a built-in tiny model has
+    none either, but "auto" means dummy for it). Checked with the other arguments, before the
+    model is built: found while loading, it stopped a server with a traceback after its start."""
     resolved = Path(folder).resolve()
+    builtin = resolved in {path.resolve() for path in BUILTIN_MODELS.values()}
+    if load_format == "dummy" or (builtin and load_format == "auto"):
+        return
     for name, config_only in CONFIG_ONLY_MODELS.items():
-        if resolved == config_only.resolve() and load_format != "dummy":
+        if resolved == config_only.resolve():
             raise ValueError(
                 f"load_format {load_format!r}: the built-in {name!r} is a config without weights; "
                 "load it with load_format='dummy' (--load-format dummy)"
             )
+    from vllm.model_executor.model_loader.safetensors_loader import checkpoint_files
+
+    try:
+        checkpoint_files(Path(folder))
+    except ValueError as e:
+        raise ValueError(
+            f"load_format {load_format!r}: {e}; load_format='dummy' (--load-format dummy) draws "
+            "random weights instead"
+        ) from None
