@@ -97,7 +97,7 @@ class EngineArgs:
     max_logprobs: int = 20  # most (prompt_)logprobs a request may ask for (-1: the vocabulary)
     device: str = "auto"  # auto | cuda | cpu
     kv_cache_dtype: str = "auto"  # auto (the model dtype) only: fp8 MLA caches are refused
-    generation_config: str = "auto"  # auto | vllm (its eos ids alone) | a folder
+    generation_config: str = "auto"  # eos ids, defaults: auto (the model's) | vllm (eos) | folder
     trust_remote_code: bool = False  # accepted for recipe compatibility: no remote code runs
 
     @classmethod
