@@ -5,12 +5,14 @@ kernels): its eos ids stop a sequence although the tokenizer's eos is another, u
 defaults, not at `vllm`."""
 
 import json
+import logging
 import shutil
 
 import pytest
 
 from vllm import LLM, SamplingParams
 from vllm.model_executor.model_loader.builtin import resolve_model
+from vllm.v1.engine import llm_engine
 
 MODEL = "kimi-linear-tiny"
 ARGS = dict(max_model_len=128, max_num_seqs=4, kv_cache_memory=16 << 20, load_format="dummy")
@@ -95,3 +97,19 @@ def test_vllm_setting_keeps_only_the_eos_ids(model_folder, greedy_tokens):
         assert llm.get_default_sampling_params() == SamplingParams()
     finally:
         llm.shutdown()
+
+
+def test_the_model_s_own_stop_ids_are_logged_at_start(model_folder, greedy_tokens, caplog):
+    """They decide where every reply ends, so start-up says which they are and where from."""
+    _, j = model_folder
+    log = logging.getLogger(llm_engine.__name__)
+    log.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger=llm_engine.__name__):
+            LLM(str(model_folder[0]), **ARGS).shutdown()
+    finally:
+        log.removeHandler(caplog.handler)
+    # The tokenizer's own eos (257) is not among them: it stops requests anyway.
+    assert f"Stop token ids [{greedy_tokens[j]}] come from the model's generation config " in (
+        caplog.text
+    )

@@ -96,6 +96,13 @@ class LLMEngine:
             logger.info("Default sampling parameters %s come from the model's generation config "
                         "%s (requests that set them win; --generation-config vllm drops them)",
                         generation.sampling_defaults, generation.source)  # fmt: skip
+        tokenizer_eos = None if self.tokenizer is None else self.tokenizer.eos_token_id
+        extra_eos = [i for i in generation.eos_token_ids if i != tokenizer_eos]
+        if extra_eos:
+            # A model that ends its turns on another token than the tokenizer's eos: said once,
+            # since it decides where every reply stops.
+            logger.info("Stop token ids %s come from the model's generation config %s "
+                        "(ignore_eos turns them off)", extra_eos, generation.source)  # fmt: skip
         self._in_flight: _Launched | None = None
         self.output_processor = OutputProcessor(self.tokenizer)
         self._arrivals = itertools.count()
