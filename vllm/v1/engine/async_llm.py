@@ -300,14 +300,12 @@ class AsyncLLM:
                 # Each completion counts as a finished request at its own end, under its own
                 # reason, as upstream's child requests of n do (not the whole request once,
                 # under completion 0's reason).
-                if (c.finish_reason is not None or out.finished) and c.index not in tracked.ended:
+                if c.finish_reason is not None and c.index not in tracked.ended:
                     tracked.ended.add(c.index)
-                    stats.finished.append((c.finish_reason or "stop", now - tracked.arrival))
+                    stats.finished.append((c.finish_reason, now - tracked.arrival))
             stats.num_generation_tokens += max(new, 0)
-            if out.finished:
+            if out.finished:  # every completion has its finish reason: counted above
                 del self._tracked[out.request_id]
-                if not out.outputs:
-                    stats.finished.append(("abort", now - tracked.arrival))
             deliveries.append((tracked, out))
         return stats, deliveries
 
