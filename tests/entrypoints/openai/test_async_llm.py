@@ -282,6 +282,50 @@ def test_each_completion_of_n_is_a_finished_request_with_its_own_reason() -> Non
     assert latency["length"] - latency["stop"] >= step_delay  # each at its own end
 
 
+def test_each_completion_of_n_counts_the_prompt_and_a_time_to_first_token() -> None:
+    """Each of n prefills the prompt as a sequence of its own (upstream's child requests): each
+    counts its prompt tokens and its time to first token, when its own first token comes."""
+    seen = {"prompt": [], "ttft": []}
+
+    class Recorder(StatLogger):
+        def record(self, scheduler, iteration) -> None:
+            if iteration is not None:
+                seen["prompt"].append(iteration.num_prompt_tokens)
+                seen["ttft"].append(len(iteration.time_to_first_token))
+
+    engine = FakeEngine("abcdefgh")
+    # Completion 1's first token comes a step after completion 0's.
+    steps = iter([[(1, None), (0, None)], [(2, "length"), (1, "length")]])
+
+    def scripted_step():
+        (request,) = engine.requests.values()
+        completions = next(steps)
+        outputs = [
+            CompletionOutput(i, "", [7] * count, None, None, reason, None)
+            for i, (count, reason) in enumerate(completions)
+        ]
+        done = all(reason is not None for _, reason in completions)
+        if done:
+            del engine.requests[request.request_id]
+        return [RequestOutput(request.request_id, None, request.prompt_ids, None, outputs, done)]
+
+    engine.step = scripted_step
+    llm = AsyncLLM(engine, [Recorder()])
+    try:
+
+        async def main() -> list:
+            params = SamplingParams(max_tokens=2, n=2)
+            return [out async for out in llm.generate("n2", "hi", params)]
+
+        outs = asyncio.run(asyncio.wait_for(main(), timeout=10))
+    finally:
+        llm.shutdown()
+    prompt = len(outs[-1].prompt_token_ids)
+    assert prompt > 0
+    assert [n for n in seen["prompt"] if n] == [prompt, prompt]
+    assert [n for n in seen["ttft"] if n] == [1, 1]
+
+
 def test_latencies_count_from_the_request_s_arrival_not_from_its_admission() -> None:
     """Time to first token and e2e latency count from when the request arrived (upstream: from
     the frontend's arrival, to include input processing), not from when the engine accepted it:

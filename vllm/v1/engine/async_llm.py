@@ -70,7 +70,10 @@ class _Tracked:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
     arrival: float
-    prompt_counted: bool = False  # once its first token came (or it ended without one)
+    # Completion indices whose prompt is counted: once its first token came (or it ended
+    # without one). Each of n prefills the prompt as a sequence of its own, as upstream's child
+    # requests do, so each counts it, and its time to first token.
+    prompted: set[int] = dataclasses.field(default_factory=set)
     # Completion index -> (its tokens so far, when the last of them came): with n > 1 each
     # completion is a sequence of its own, whose tokens come one step apart.
     completions: dict[int, tuple[int, float]] = dataclasses.field(default_factory=dict)
@@ -282,12 +285,12 @@ class AsyncLLM:
                 continue
             before_step = sum(count for count, _ in tracked.completions.values())
             new = sum(len(c.token_ids) for c in out.outputs) - before_step
-            if not tracked.prompt_counted and (new > 0 or out.finished):
-                tracked.prompt_counted = True
-                stats.num_prompt_tokens += len(out.prompt_token_ids)
-                if new > 0:  # not one that ended without a token (a failed step's)
-                    stats.time_to_first_token.append(now - tracked.arrival)
             for c in out.outputs:
+                if c.index not in tracked.prompted and (c.token_ids or c.finish_reason):
+                    tracked.prompted.add(c.index)
+                    stats.num_prompt_tokens += len(out.prompt_token_ids)
+                    if c.token_ids:  # not one that ended without a token (a failed step's)
+                        stats.time_to_first_token.append(now - tracked.arrival)
                 # Time per output token: per completion, the time since its previous tokens
                 # over the tokens that came now (not over all completions' tokens, which would
                 # divide a step's time by n).
