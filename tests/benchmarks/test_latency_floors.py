@@ -85,3 +85,7 @@ def test_prefill_floors_give_the_shared_expert_to_the_kernels_that_run_it(monkey
     assert math.isclose(sum(flops.values()), total)
     fused_bytes = len(chunks) * MOE_LAYERS * EXPERT_BYTES if fuse == "1" else 0
     assert nbytes["bf16 GEMM / GEMV"] == len(chunks) * fp.dense_decode_bytes - fused_bytes
+    # Each chunk's routed kernels read the experts it routes to and, fused, the shared expert.
+    num_experts = fp.routed_expert_params // (fp.params_per_expert * MOE_LAYERS)
+    routed = 4 * bl.expected_distinct_experts(num_experts, 8, 2048) * MOE_LAYERS * EXPERT_BYTES
+    assert math.isclose(nbytes["routed experts"], routed + fused_bytes)

@@ -554,6 +554,21 @@ def test_tiktoken_run_at_the_cut_length_between_special_tokens(kimi, extra):
         assert ids[-3:] == [256 + MERGES.index(b"hell"), ord("o"), NAMED_ID["<|im_end|>"]]
 
 
+@pytest.mark.parametrize("scan", [1, 2, 3, 4, 5])
+def test_tiktoken_special_token_past_its_scan_window_is_not_scanned_again(
+    tmp_path, monkeypatch, scan
+):
+    """A special token that starts in one window and ends in the next is taken whole, and the
+    next window starts after it: a special token that is the end of another ("y|>" of "<|xy|>")
+    is not found again inside it."""
+    monkeypatch.setattr(tokenizer_module, "_SCAN_CHARS", scan)
+    names = {**NAMED, BASE + 7: "<|xy|>", BASE + 8: "y|>"}
+    decoder = {str(i): {"content": t, "special": True} for i, t in names.items()}
+    kimi = get_tokenizer(write_tiktoken_folder(tmp_path / "k", added_tokens_decoder=decoder))
+    assert kimi.encode("<|xy|>") == [BASE + 7]
+    assert kimi.encode("a<|xy|>y|>") == [ord("a"), BASE + 7, BASE + 8]
+
+
 def test_tiktoken_longest_special_token_wins(tmp_path):
     """Where one special token's text starts another's, the longer one is taken (as HF's
     trie): "<|a|>x" is one token, not "<|a|>" then "x"; "<|a" alone is the short one."""

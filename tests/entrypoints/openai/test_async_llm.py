@@ -326,6 +326,42 @@ def test_each_completion_of_n_counts_the_prompt_and_a_time_to_first_token() -> N
     assert [n for n in seen["ttft"] if n] == [1, 1]
 
 
+def test_each_completion_of_n_that_ends_without_a_token_counts_the_prompt() -> None:
+    """A completion that ends before any token (max_tokens=0 scores the prompt: its prefill ran)
+    counts its prompt's tokens, each of n, but no time to first token."""
+    seen = {"prompt": 0, "ttft": 0, "finished": []}
+
+    class Recorder(StatLogger):
+        def record(self, scheduler, iteration) -> None:
+            if iteration is not None:
+                seen["prompt"] += iteration.num_prompt_tokens
+                seen["ttft"] += len(iteration.time_to_first_token)
+                seen["finished"] += [reason for reason, _ in iteration.finished]
+
+    engine = FakeEngine("abcdefgh")
+
+    def scripted_step():
+        (request,) = engine.requests.values()
+        del engine.requests[request.request_id]
+        outputs = [CompletionOutput(i, "", [], None, None, "length", None) for i in range(2)]
+        return [RequestOutput(request.request_id, None, request.prompt_ids, None, outputs, True)]
+
+    engine.step = scripted_step
+    llm = AsyncLLM(engine, [Recorder()])
+    try:
+
+        async def main() -> list:
+            params = SamplingParams(max_tokens=0, n=2)
+            return [out async for out in llm.generate("n0", "hi", params)]
+
+        (out,) = asyncio.run(asyncio.wait_for(main(), timeout=10))
+    finally:
+        llm.shutdown()
+    prompt = len(out.prompt_token_ids)
+    assert prompt > 0
+    assert seen == {"prompt": 2 * prompt, "ttft": 0, "finished": ["length", "length"]}
+
+
 def test_latencies_count_from_the_request_s_arrival_not_from_its_admission() -> None:
     """Time to first token and e2e latency count from when the request arrived (upstream: from
     the frontend's arrival, to include input processing), not from when the engine accepted it:

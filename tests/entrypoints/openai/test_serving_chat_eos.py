@@ -122,8 +122,12 @@ PAD, PAD_ID = "<|pad|>", 258
         ([("ok" + PAD, [1, 2, PAD_ID], None, None),
           ("ok" + PAD, [1, 2, PAD_ID, 3, 4], "stop", "ST")],
          {"ignore_eos": True, "stop": ["ST"]}, "ok" + PAD),
+        # One that is no special token (33, "B") is text like a request's stop token: kept,
+        # as include_stop_str_in_output asks.
+        ([("ok", [1, 2], None, None), ("okB", [1, 2, 33], "stop", 33)],
+         {"include_stop_str_in_output": True}, "okB"),
     ],
 )  # fmt: skip
 def test_generation_config_eos_text_leaves_the_reply_as_the_tokenizer_eos(steps, fields, expected):
-    result = asyncio.run(_streamed_and_whole(fields, steps, eos_token_ids=(EOS_ID, PAD_ID)))
+    result = asyncio.run(_streamed_and_whole(fields, steps, eos_token_ids=(EOS_ID, PAD_ID, 33)))
     assert result == (expected, expected)

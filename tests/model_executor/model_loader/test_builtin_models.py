@@ -94,3 +94,23 @@ def test_fused_shared_expert_keeps_the_footprint(monkeypatch):
         assert moe.experts.w13_weight.shape[0] == 256 + int(fuse)
         footprints[fuse] = model_footprint(model)
     assert footprints["1"] == footprints["0"]
+
+
+@pytest.mark.parametrize("by_path", [False, True])
+def test_a_tiny_model_with_safetensors_is_refused_before_loading(by_path, monkeypatch):
+    """A built-in tiny model has no weight files: "auto" means dummy for it, but an explicit
+    "safetensors" is refused with the other arguments (named by path too), not once loading
+    has begun."""
+    from vllm.model_executor.model_loader import loader
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("the model was built before load_format was checked")
+
+    model = str(resolve_model("kimi-linear-tiny")[0]) if by_path else "kimi-linear-tiny"
+    with pytest.raises(ValueError, match="^load_format 'safetensors': no safetensors checkpoint"):
+        EngineArgs(model=model, load_format="safetensors").create_engine_config()
+    monkeypatch.setattr(loader, "build_model", no_build)
+    with pytest.raises(ValueError, match="^load_format 'safetensors': no safetensors checkpoint"):
+        load_model(model, load_format="safetensors", device="meta")
+    monkeypatch.undo()
+    EngineArgs(model=model).create_engine_config()  # "auto": dummy weights
