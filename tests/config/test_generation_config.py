@@ -72,9 +72,14 @@ def test_vllm_does_not_check_the_sampling_values_it_drops(tmp_path, hf_config):
     assert config == GenerationConfig(str(folder / "generation_config.json"), (300,), {})
     with pytest.raises(ValueError, match="^generation_config: .*temperature must be"):
         load_generation_config("auto", folder, hf_config)
-    _folder(tmp_path, {"eos_token_id": [1000], "temperature": -1})
-    with pytest.raises(ValueError, match="eos_token_id 1000 is outside the vocabulary"):
-        load_generation_config("vllm", folder, hf_config)
+    # A file it cannot use at all is passed over for config.json's eos ids, as upstream falls
+    # back: `vllm` is the way to serve such a model (`auto` refuses it).
+    for broken in ({"eos_token_id": [1000]}, "{not json", [1, 2]):
+        _folder(tmp_path, broken)
+        with pytest.raises(ValueError, match="^generation_config: "):
+            load_generation_config("auto", folder, hf_config)
+        config = load_generation_config("vllm", folder, hf_config)
+        assert config == GenerationConfig("config.json", (257,), {})
 
 
 def test_a_folder_of_its_own(tmp_path, hf_config):

@@ -17,7 +17,8 @@ Where the setting is `auto` and the model folder has no `generation_config.json`
 `config.json` are used, as upstream falls back to the model config (it keeps no sampling fields).
 `vllm` keeps vLLM's sampling defaults but still stops on the model's eos ids, read as at `auto`
 (upstream reads the file for them at either setting: an instruct model must end its turns); the
-file's sampling values are then neither used nor checked. A folder reads its
+file's sampling values are then neither used nor checked, and a file it cannot read is logged and
+passed over for `config.json`'s eos ids, as upstream falls back. A folder reads its
 `generation_config.json`, which must exist.
 """
 
@@ -26,7 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm.logger import init_logger
 from vllm.sampling_params import SamplingParams
+
+logger = init_logger(__name__)
 
 GENERATION_CONFIG_FILE = "generation_config.json"
 # generation_config.json key -> the SamplingParams field it is the default of.
@@ -60,7 +64,13 @@ def load_generation_config(setting: Any, model_folder: Path, hf_config: Any) -> 
         if not file.is_file():
             return _of_model_config(hf_config, vocab)
         if setting == "vllm":
-            return _read(file, vocab, sampling=False)
+            try:
+                return _read(file, vocab, sampling=False)
+            except ValueError as e:
+                # `vllm` is how a user serves a model whose file this engine cannot use: as
+                # upstream, its eos ids then come from config.json.
+                logger.warning("%s; its eos ids come from config.json instead", e)
+                return _of_model_config(hf_config, vocab)
     else:
         folder = Path(setting)
         if not folder.is_dir():
