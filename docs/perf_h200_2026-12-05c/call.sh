@@ -14,8 +14,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 python -c "import torch, triton; print(torch.__version__, triton.__version__)"
 P='{"linear":"fp8_per_channel","ignore":["re:(?!.*self_attn\\.o_proj$).*"]}'
 M=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-[ "$S" = 2 ] && M=0  # SHORT=2 (~160 s): the KDA layer's GPU tests alone, on either card
-if [ "$S" = 2 ]; then
+if [ "$S" = 2 ]; then  # SHORT=2 (~160 s): the KDA layer's GPU tests alone, on either card
   timeout 170 python -m pytest -q -m gpu -p no:cacheprovider tests/models/kimi_k3/test_amd_kda.py \
     tests/models/kimi_k3/test_amd_kda_oproj_ptpc.py > $OUT/kda_tests.log 2>&1
   echo "kda tests rc $?"; tail -8 $OUT/kda_tests.log
