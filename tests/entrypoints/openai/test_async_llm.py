@@ -232,6 +232,29 @@ def test_time_per_output_token_is_per_completion_with_n() -> None:
     assert min(gaps) >= step_delay  # each gap spans at least one whole step
 
 
+def _scripted(steps: list[list[tuple[int, str | None]]], step_delay: float = 0.0) -> FakeEngine:
+    """A fake engine whose steps give the one request's completions as scripted: per step, per
+    completion, (its token count, its finish reason); the request ends when all have one."""
+    engine = FakeEngine("abcdefgh")
+    script = iter(steps)
+
+    def scripted_step() -> list[RequestOutput]:
+        time.sleep(step_delay)
+        (request,) = engine.requests.values()
+        completions = next(script)
+        outputs = [
+            CompletionOutput(i, "", [7] * count, None, None, reason, None)
+            for i, (count, reason) in enumerate(completions)
+        ]
+        done = all(reason is not None for _, reason in completions)
+        if done:
+            del engine.requests[request.request_id]
+        return [RequestOutput(request.request_id, None, request.prompt_ids, None, outputs, done)]
+
+    engine.step = scripted_step
+    return engine
+
+
 def test_each_completion_of_n_is_a_finished_request_with_its_own_reason() -> None:
     """Upstream runs each of n's completions as a request of its own: each one counts in
     request_success under its own finish reason, and in the e2e latency at its own end (not one
@@ -244,29 +267,8 @@ def test_each_completion_of_n_is_a_finished_request_with_its_own_reason() -> Non
             if iteration is not None:
                 finished.extend(iteration.finished)
 
-    engine = FakeEngine("abcdefgh")
-    steps = iter(
-        [
-            # Completion 1 ends on a stop token at its first token; completion 0 goes on.
-            [(1, None), (1, "stop")],
-            [(2, "length"), (1, "stop")],
-        ]
-    )
-
-    def scripted_step():
-        time.sleep(step_delay)
-        (request,) = engine.requests.values()
-        completions = next(steps)
-        outputs = [
-            CompletionOutput(i, "", [7] * count, None, None, reason, None)
-            for i, (count, reason) in enumerate(completions)
-        ]
-        done = all(reason is not None for _, reason in completions)
-        if done:
-            del engine.requests[request.request_id]
-        return [RequestOutput(request.request_id, None, request.prompt_ids, None, outputs, done)]
-
-    engine.step = scripted_step
+    # Completion 1 ends on a stop token at its first token; completion 0 goes on.
+    engine = _scripted([[(1, None), (1, "stop")], [(2, "length"), (1, "stop")]], step_delay)
     llm = AsyncLLM(engine, [Recorder()])
     try:
 
@@ -293,23 +295,8 @@ def test_each_completion_of_n_counts_the_prompt_and_a_time_to_first_token() -> N
                 seen["prompt"].append(iteration.num_prompt_tokens)
                 seen["ttft"].append(len(iteration.time_to_first_token))
 
-    engine = FakeEngine("abcdefgh")
     # Completion 1's first token comes a step after completion 0's.
-    steps = iter([[(1, None), (0, None)], [(2, "length"), (1, "length")]])
-
-    def scripted_step():
-        (request,) = engine.requests.values()
-        completions = next(steps)
-        outputs = [
-            CompletionOutput(i, "", [7] * count, None, None, reason, None)
-            for i, (count, reason) in enumerate(completions)
-        ]
-        done = all(reason is not None for _, reason in completions)
-        if done:
-            del engine.requests[request.request_id]
-        return [RequestOutput(request.request_id, None, request.prompt_ids, None, outputs, done)]
-
-    engine.step = scripted_step
+    engine = _scripted([[(1, None), (0, None)], [(2, "length"), (1, "length")]])
     llm = AsyncLLM(engine, [Recorder()])
     try:
 
@@ -338,15 +325,7 @@ def test_each_completion_of_n_that_ends_without_a_token_counts_the_prompt() -> N
                 seen["ttft"] += len(iteration.time_to_first_token)
                 seen["finished"] += [reason for reason, _ in iteration.finished]
 
-    engine = FakeEngine("abcdefgh")
-
-    def scripted_step():
-        (request,) = engine.requests.values()
-        del engine.requests[request.request_id]
-        outputs = [CompletionOutput(i, "", [], None, None, "length", None) for i in range(2)]
-        return [RequestOutput(request.request_id, None, request.prompt_ids, None, outputs, True)]
-
-    engine.step = scripted_step
+    engine = _scripted([[(0, "length"), (0, "length")]])
     llm = AsyncLLM(engine, [Recorder()])
     try:
 
