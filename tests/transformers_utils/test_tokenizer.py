@@ -10,7 +10,7 @@ import pytest
 from gil_turns import gil_turns
 
 from vllm.model_executor.model_loader.builtin import BUILTIN_MODELS
-from vllm.transformers_utils import tokenizer as tokenizer_module
+from vllm.transformers_utils import tiktoken_split
 from vllm.transformers_utils.tokenizer import get_tokenizer
 
 TINY_SPECIAL = ("<|bos|>", "<|eos|>", "<|pad|>")
@@ -361,10 +361,10 @@ def test_chat_template_is_sandboxed_and_checked(tmp_path):
 
 
 def test_tiktoken_long_runs_are_encoded_in_pieces(kimi, monkeypatch):
-    monkeypatch.setattr(tokenizer_module, "_MAX_RUN_CHARS", 5)
-    monkeypatch.setattr(tokenizer_module, "_MAX_ENCODE_CHARS", 16)
+    monkeypatch.setattr(tiktoken_split, "MAX_RUN_CHARS", 5)
+    monkeypatch.setattr(tiktoken_split, "MAX_ENCODE_CHARS", 16)
     text = "hellohellohello" + " " * 12 + "12" * 9 + "\n"
-    pieces = tokenizer_module._split_for_tiktoken(text)
+    pieces = tiktoken_split.split_for_tiktoken(text)
     # Runs cut every 5 characters, the text every 16.
     assert pieces == [
         "hello", "hello", "hello ", "     ", "     ", " 12121", "21212", "12121", "212\n"
@@ -374,10 +374,10 @@ def test_tiktoken_long_runs_are_encoded_in_pieces(kimi, monkeypatch):
 
 
 def _split_in_one_pass(text):
-    """The split as it was made before `_long_runs`: per chunk of `_MAX_ENCODE_CHARS`, one regex
+    """The split as it was made before `_long_runs`: per chunk of `MAX_ENCODE_CHARS`, one regex
     pass finds the long runs (the lookbehinds anchor each match at a run's start in the chunk).
     The reference for the cuts, which decide the token ids."""
-    max_run, max_encode = tokenizer_module._MAX_RUN_CHARS, tokenizer_module._MAX_ENCODE_CHARS
+    max_run, max_encode = tiktoken_split.MAX_RUN_CHARS, tiktoken_split.MAX_ENCODE_CHARS
     pieces = []
     for at in range(0, len(text), max_encode):
         chunk = text[at : at + max_encode]
@@ -410,13 +410,13 @@ def _split_as_kimi(text, max_run, max_encode):
 @pytest.mark.parametrize("max_run, max_encode", [(1, 3), (2, 7), (5, 16), (7, 1000)])
 def test_tiktoken_split_restarts_runs_in_each_chunk_as_kimi(monkeypatch, max_run, max_encode):
     """A run across a chunk's end is counted afresh in the next chunk, as in Kimi's encode."""
-    monkeypatch.setattr(tokenizer_module, "_MAX_RUN_CHARS", max_run)
-    monkeypatch.setattr(tokenizer_module, "_MAX_ENCODE_CHARS", max_encode)
+    monkeypatch.setattr(tiktoken_split, "MAX_RUN_CHARS", max_run)
+    monkeypatch.setattr(tiktoken_split, "MAX_ENCODE_CHARS", max_encode)
     rng = random.Random(max_encode)
     for _ in range(300):
         text = "".join(rng.choice(RUNS) * rng.randint(1, 3 * max_run) for _ in range(12))
         expected = _split_as_kimi(text, max_run, max_encode)
-        assert tokenizer_module._split_for_tiktoken(text) == expected, repr(text)
+        assert tiktoken_split.split_for_tiktoken(text) == expected, repr(text)
 
 
 def test_tiktoken_run_across_a_400k_cut_encodes_as_kimi(kimi):
@@ -424,7 +424,7 @@ def test_tiktoken_run_across_a_400k_cut_encodes_as_kimi(kimi):
     the text, it was also cut 25k in, mid-"hello": one more token than Kimi's ids."""
     text = "x" * 390_000 + " y" + "hello" * 6_000 + " end"
     expected = _split_as_kimi(text, 25_000, 400_000)
-    assert tokenizer_module._split_for_tiktoken(text) == expected
+    assert tiktoken_split.split_for_tiktoken(text) == expected
     assert kimi.encode(text) == [
         i for piece in expected for i in kimi._enc.encode(piece, allowed_special="all")
     ]
@@ -445,7 +445,7 @@ def _encode_as_hf(kimi, text):
 
 
 def _assert_split_as_in_one_pass(kimi, text):
-    pieces = tokenizer_module._split_for_tiktoken(text)
+    pieces = tiktoken_split.split_for_tiktoken(text)
     assert pieces == _split_in_one_pass(text), repr(text[:80])
     assert kimi.encode(text) == _encode_as_hf(kimi, text)
 
@@ -464,9 +464,9 @@ def test_tiktoken_split_cuts_as_one_regex_pass(kimi, monkeypatch, max_run, max_e
     the one-pass regex cut them: the same pieces, so the same ids. Small limits make the cuts
     many, and put them everywhere: at a run's first and last characters, on the text's ends, in
     special tokens."""
-    monkeypatch.setattr(tokenizer_module, "_MAX_RUN_CHARS", max_run)
-    monkeypatch.setattr(tokenizer_module, "_MAX_ENCODE_CHARS", max_encode)
-    monkeypatch.setattr(tokenizer_module, "_SCAN_CHARS", scan)
+    monkeypatch.setattr(tiktoken_split, "MAX_RUN_CHARS", max_run)
+    monkeypatch.setattr(tiktoken_split, "MAX_ENCODE_CHARS", max_encode)
+    monkeypatch.setattr(tiktoken_split, "SCAN_CHARS", scan)
     rng = random.Random(max_run)
     texts = ["", " ", "a", " " * 40, "9" * 41, "\n" * 39 + "x", "x" + "\t" * 39, "[BOS]" * 9]
     lengths = [1, 2, max_run - 1, max_run, max_run + 1, 3 * max_run]
@@ -479,7 +479,7 @@ def test_tiktoken_split_cuts_as_one_regex_pass(kimi, monkeypatch, max_run, max_e
 
 def test_tiktoken_split_of_long_texts_as_one_regex_pass(kimi):
     """The real limits, on texts of runs around them, crossing the 400k cuts."""
-    max_run = tokenizer_module._MAX_RUN_CHARS
+    max_run = tiktoken_split.MAX_RUN_CHARS
     rng = random.Random(0)
     for kind in RUNS:
         runs = [kind * n for n in (max_run - 1, max_run, max_run + 1, 2 * max_run, 170_001)]
@@ -515,9 +515,9 @@ def test_tiktoken_special_token_across_the_400k_cut(kimi):
 
 @pytest.mark.parametrize("scan", [1, 2, 5, 9, 64])
 def test_tiktoken_special_tokens_across_scan_windows(kimi, monkeypatch, scan):
-    """Special tokens are looked for `_SCAN_CHARS` characters at a time: one that starts in a
+    """Special tokens are looked for `SCAN_CHARS` characters at a time: one that starts in a
     window and ends past it, or ends where the next begins, is still found whole."""
-    monkeypatch.setattr(tokenizer_module, "_SCAN_CHARS", scan)
+    monkeypatch.setattr(tiktoken_split, "SCAN_CHARS", scan)
     rng = random.Random(scan)
     parts = [*NAMED.values(), "<|im_", "|>", "[EO", "x", "hello ", "<", "|"]
     for _ in range(300):
@@ -533,20 +533,20 @@ def test_tiktoken_short_texts_between_special_tokens_skip_the_split(kimi, monkey
     def no_split(text):
         raise AssertionError(f"split searched for long runs in {len(text)} characters")
 
-    monkeypatch.setattr(tokenizer_module, "_split_for_tiktoken", no_split)
+    monkeypatch.setattr(tiktoken_split, "split_for_tiktoken", no_split)
     turn = "<|im_user|>user<|im_middle|>" + "hello world " * 8 + "<|im_end|>"
-    text = turn * 100 + "x" * tokenizer_module._MAX_RUN_CHARS
+    text = turn * 100 + "x" * tiktoken_split.MAX_RUN_CHARS
     monkeypatch.undo()
     expected = _encode_as_hf(kimi, text)
-    monkeypatch.setattr(tokenizer_module, "_split_for_tiktoken", no_split)
+    monkeypatch.setattr(tiktoken_split, "split_for_tiktoken", no_split)
     assert kimi.encode(text) == expected
 
 
 @pytest.mark.parametrize("extra", [0, 1, 2])
 def test_tiktoken_run_at_the_cut_length_between_special_tokens(kimi, extra):
-    """A run of `_MAX_RUN_CHARS` characters stays whole, one character more is cut (between
+    """A run of `MAX_RUN_CHARS` characters stays whole, one character more is cut (between
     "hell" and "o" here, which changes the ids), also between two special tokens."""
-    limit = tokenizer_module._MAX_RUN_CHARS
+    limit = tiktoken_split.MAX_RUN_CHARS
     text = "<|im_end|>" + ("x" + "hello" * limit)[: limit + extra] + "<|im_end|>"
     ids = kimi.encode(text)
     assert ids == _encode_as_hf(kimi, text)
@@ -561,7 +561,7 @@ def test_tiktoken_special_token_past_its_scan_window_is_not_scanned_again(
     """A special token that starts in one window and ends in the next is taken whole, and the
     next window starts after it: a special token that is the end of another ("y|>" of "<|xy|>")
     is not found again inside it."""
-    monkeypatch.setattr(tokenizer_module, "_SCAN_CHARS", scan)
+    monkeypatch.setattr(tiktoken_split, "SCAN_CHARS", scan)
     names = {**NAMED, BASE + 7: "<|xy|>", BASE + 8: "y|>"}
     decoder = {str(i): {"content": t, "special": True} for i, t in names.items()}
     kimi = get_tokenizer(write_tiktoken_folder(tmp_path / "k", added_tokens_decoder=decoder))
@@ -589,11 +589,11 @@ def test_tiktoken_split_lets_other_threads_run(monkeypatch):
     positions to measure, so chances for a turn, in the hundreds of thousands (1900 to 2600
     turns seen on an idle machine of two cores, 1500 to 6400 with two busy processes on it); no
     400k cuts, so that the turns counted are all the search's."""
-    monkeypatch.setattr(tokenizer_module, "_MAX_ENCODE_CHARS", 10**9)
-    monkeypatch.setattr(tokenizer_module, "_MAX_RUN_CHARS", 100)
+    monkeypatch.setattr(tiktoken_split, "MAX_ENCODE_CHARS", 10**9)
+    monkeypatch.setattr(tiktoken_split, "MAX_RUN_CHARS", 100)
     unit = "The quick brown fox, 12345 jumps!\n\nhello  world\t世界 é "
     text = unit * (23_000_000 // len(unit))
-    pieces, during = gil_turns(lambda: tokenizer_module._split_for_tiktoken(text))
+    pieces, during = gil_turns(lambda: tiktoken_split.split_for_tiktoken(text))
     assert pieces == [text]
     assert during >= 100, during
 

@@ -18,7 +18,6 @@ import json
 import re
 import secrets
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,8 @@ import tiktoken
 import tokenizers
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from vllm.transformers_utils import tiktoken_split
 
 # Kimi's split regex (tokenization_kimi.py): CJK ideographs form their own runs, letter runs may
 # carry one leading non-letter and an English contraction, digits group by at most three.
@@ -46,17 +47,6 @@ KIMI_PAT_STR = "|".join(
     ]
 )
 NUM_RESERVED_SPECIAL_TOKENS = 256
-# tiktoken panics past ~400k characters in one call and turns quadratic on very long runs of
-# whitespace or non-whitespace, so text is encoded in pieces cut at these lengths (as Kimi does).
-# The cuts decide the token ids: changing them changes how a long prompt is tokenized.
-_MAX_ENCODE_CHARS = 400_000
-_MAX_RUN_CHARS = 25_000
-# Most characters one `re` call scans while following a long run to its end (0.1 ms): the
-# GIL is held through a C call, and passes to other threads only between such calls.
-_SCAN_CHARS = 1 << 16
-_SPACE = re.compile(r"\s")
-_SPACES = re.compile(r"\s*")
-_NON_SPACES = re.compile(r"\S*")
 CONTINUE_WITH_GENERATION_PROMPT = (
     "continue_final_message and add_generation_prompt cannot both be true: the generation prompt "
     "opens a new turn after the final message, which is then no longer continued (set "
@@ -460,95 +450,6 @@ def _read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
     return ranks
 
 
-def _run_end(same: re.Pattern, text: str, pos: int) -> int:
-    """Where the run of `same`'s characters from `pos` on ends in `text`, matched `_SCAN_CHARS`
-    characters per call."""
-    while True:
-        stop = min(pos + _SCAN_CHARS, len(text))
-        end = same.match(text, pos, stop).end()
-        if end < stop or stop == len(text):
-            return end
-        pos = stop
-
-
-def _long_runs(text: str) -> Iterator[tuple[int, int]]:
-    """Start and end of each run of whitespace or of non-whitespace in `text` (whole: the
-    characters around it are of the other kind) of at least `_MAX_RUN_CHARS` characters.
-
-    Such a run covers a multiple of `_MAX_RUN_CHARS`, so only the runs through those positions
-    are measured, mostly a word or a space long. One regex pass over the whole text found the
-    same runs, but at 1 s per 23 MB in a single C call, which holds the GIL: the server's event
-    loop stood still that long although it tokenizes on a worker thread. Here no `re` call
-    scans more than `_MAX_RUN_CHARS` or `_SCAN_CHARS` characters; 23 MB take 10 ms (prose) to
-    65 ms (runs of 25k characters).
-    """
-    end = 0
-    for at in range(0, len(text), _MAX_RUN_CHARS):
-        if at < end:  # inside the long run found last
-            continue
-        same = _SPACES if _SPACE.match(text, at) else _NON_SPACES
-        # The run began after the previous multiple: one through both would have been found
-        # there, and `at` skipped. Its characters before `at`, counted backwards:
-        start = at - same.match(text[max(0, at - _MAX_RUN_CHARS + 1) : at][::-1]).end()
-        end = _run_end(same, text, at)
-        if end - start >= _MAX_RUN_CHARS:
-            yield start, end
-
-
-def _split_for_tiktoken(text: str) -> list[str]:
-    """`text` cut every `_MAX_ENCODE_CHARS` characters, then each such chunk every
-    `_MAX_RUN_CHARS` characters of a long run counted from the run's start in the chunk: Kimi
-    measures the runs of each chunk on its own, so a run that crosses a chunk's end is counted
-    afresh from there (counted from its start in the text, it was cut elsewhere: other ids)."""
-    pieces = []
-    for at in range(0, len(text), _MAX_ENCODE_CHARS):
-        chunk = text[at : at + _MAX_ENCODE_CHARS]
-        cuts = set()
-        for start, end in _long_runs(chunk):
-            cuts.update(range(start + _MAX_RUN_CHARS, end, _MAX_RUN_CHARS))
-        bounds = [0, *sorted(cuts), len(chunk)]
-        pieces += [chunk[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
-    return pieces
-
-
-def _trie_pattern(words: list[str]) -> str:
-    """A regex matching any of `words`, the longest at a position, as a trie of alternations:
-    at a character a word may start with, one alternative per next character is tried, where
-    a flat alternation tries every word (the 256 Kimi specials: 3 ms per 64k characters of
-    text rich in "<|" and "[", ten times the trie's)."""
-    tree: dict[str, dict] = {}
-    for word in words:
-        node = tree
-        for char in word:
-            node = node.setdefault(char, {})
-        node[""] = {}  # a word ends here
-
-    def alternation(node: dict[str, dict]) -> str:
-        # A word ending here goes last, so that a longer word through this node wins.
-        alts = [re.escape(c) + alternation(child) for c, child in node.items() if c]
-        alts += [""] if "" in node else []
-        return alts[0] if len(alts) == 1 else f"(?:{'|'.join(alts)})"
-
-    return alternation(tree)
-
-
-def _special_spans(pattern: re.Pattern, longest: int, text: str) -> Iterator[tuple[int, int]]:
-    """Start and end of each special token's text in `text` (`pattern` matches them, the longest
-    at a position), left to right; no `re` call scans more than `_SCAN_CHARS` + `longest`
-    characters, so the GIL passes to other threads on a long text (see `_long_runs`)."""
-    pos = 0
-    while pos < len(text):
-        stop = min(pos + _SCAN_CHARS, len(text))
-        # A token that starts before `stop` ends within `longest - 1` characters past it. One
-        # iterator per window: a `search` per token cost a chat of short turns 2 us a token.
-        for match in pattern.finditer(text, pos, min(stop + longest - 1, len(text))):
-            if match.start() >= stop:
-                break
-            yield match.span()
-            pos = match.end()
-        pos = max(pos, stop)
-
-
 def _sorted_keys(value: Any) -> Any:
     """`value` (JSON-like) with the keys of each dict in it in sorted order."""
     if isinstance(value, dict):
@@ -588,7 +489,7 @@ class TiktokenTokenizer(Tokenizer):
             mergeable_ranks=ranks,
             special_tokens=self._special_by_text,
         )
-        self._special_pattern = re.compile(_trie_pattern(list(self._special_by_text)))
+        self._special_pattern = re.compile(tiktoken_split.trie_pattern(list(self._special_by_text)))
         self._longest_special = max(map(len, self._special_by_text))
         super().__init__(folder)
 
@@ -612,7 +513,7 @@ class TiktokenTokenizer(Tokenizer):
         # token's text, which would turn the token into plain bytes (a chat turn's <|im_end|>
         # after a long run of non-whitespace).
         end = 0
-        spans = _special_spans(self._special_pattern, self._longest_special, text)
+        spans = tiktoken_split.special_spans(self._special_pattern, self._longest_special, text)
         for start, stop in spans:
             ids += self._encode_ordinary(text[end:start])
             ids.append(self._special_by_text[text[start:stop]])
@@ -622,13 +523,13 @@ class TiktokenTokenizer(Tokenizer):
 
     def _encode_ordinary(self, text: str) -> list[int]:
         """Ids of text that holds no special token's text."""
-        if len(text) <= _MAX_RUN_CHARS:
+        if len(text) <= tiktoken_split.MAX_RUN_CHARS:
             # Nothing to cut (a cut needs a run longer than this): one call, skipping the
             # search for long runs, whose cost per call was most of a chat's encode (one
             # text between two special tokens per message and role: 3x the time at 7k turns).
             return self._enc.encode_ordinary(text)
         ids: list[int] = []
-        for piece in _split_for_tiktoken(text):
+        for piece in tiktoken_split.split_for_tiktoken(text):
             ids += self._enc.encode_ordinary(piece)
         return ids
 
