@@ -173,6 +173,12 @@ ANSWER = [*USER, {"role": "assistant", "content": "It is"}]
         ("/v1/chat/completions", {"messages": USER, "max_tokens": 129}, "max_tokens"),
         ("/v1/chat/completions", {"messages": USER, "max_completion_tokens": "x"},
          "max_completion_tokens"),
+        # Checked as max_tokens, but named as sent: the field that newer OpenAI clients send.
+        ("/v1/chat/completions", {"messages": USER, "max_completion_tokens": 129},
+         "max_completion_tokens"),
+        ("/v1/chat/completions", {"messages": USER, "max_completion_tokens": -1},
+         "max_completion_tokens"),
+        ("/v1/chat/completions", {"messages": USER, "max_tokens": -1}, "max_tokens"),
         ("/v1/chat/completions", {"messages": USER, "temperature": -1}, "temperature"),
         ("/v1/chat/completions",
          {"messages": USER, "stream": False, "stream_options": {"include_usage": True}},

@@ -234,10 +234,10 @@ class OpenAIServingChat(OpenAIServing):
         self.check_model(request.model)
         prompt_text = self.render(request)
         ids = self.encode(prompt_text, False, "messages")
-        requested = request.max_completion_tokens
+        requested, field = request.max_completion_tokens, "max_completion_tokens"
         if requested is None:
-            requested = request.max_tokens
-        max_tokens = self.max_tokens_for(ids, requested, "messages")
+            requested, field = request.max_tokens, "max_tokens"
+        max_tokens = self.max_tokens_for(ids, requested, "messages", field)
         parser = self.reasoning_parser
         skip_special = request.skip_special_tokens
         if parser is not None and parser.needs_special_tokens:

@@ -141,10 +141,18 @@ class OpenAIServing:
             )
         return list(prompt)
 
-    def max_tokens_for(self, prompt_ids: list[int], max_tokens: int | None, param: str) -> int:
+    def max_tokens_for(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int | None,
+        param: str,
+        field: str = "max_tokens",
+    ) -> int:
         """Effective max_tokens: a prompt that leaves no room or `max_tokens` over
         `max_model_len` is a 400; otherwise it is clamped to the room left and to the model's
-        generation config's `max_new_tokens`, a server-wide limit (as vLLM does)."""
+        generation config's `max_new_tokens`, a server-wide limit (as vLLM does). `field`: the
+        request field `max_tokens` came from, which its errors name (chat's
+        `max_completion_tokens`)."""
         limit, n = self.max_model_len, len(prompt_ids)
         if n == 0:
             raise OpenAIError(f"{param} is empty", 400, param)
@@ -159,12 +167,12 @@ class OpenAIServing:
         if max_tokens is not None and not isinstance(max_tokens, bool):
             if max_tokens > limit:
                 raise OpenAIError(
-                    f"max_tokens ({max_tokens}) is greater than the model's maximum context "
+                    f"{field} ({max_tokens}) is greater than the model's maximum context "
                     f"length ({limit} tokens).",
                     400,
-                    "max_tokens",
+                    field,
                 )
             if max_tokens < 0:
-                raise OpenAIError(f"max_tokens must be >= 0, got {max_tokens}", 400, "max_tokens")
+                raise OpenAIError(f"{field} must be >= 0, got {max_tokens}", 400, field)
         room = min(limit - n, self.sampling_defaults.get("max_tokens", limit))
         return room if max_tokens is None else min(max_tokens, room)
