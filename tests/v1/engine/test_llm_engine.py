@@ -144,6 +144,8 @@ def test_add_request_refuses_what_cannot_fit():
             engine.add_request("a", [1] * 32)
         with pytest.raises(ValueError, match="max_tokens 10 does not fit"):
             engine.add_request("b", [1] * 25, SamplingParams(max_tokens=10))
+        with pytest.raises(ValueError, match="min_tokens 8 does not fit.*at most 7"):
+            engine.add_request("b", [1] * 25, SamplingParams(max_tokens=None, min_tokens=8))
         with pytest.raises(ValueError, match="outside the vocabulary"):
             engine.add_request("c", [1, 100000])
         with pytest.raises(ValueError, match="empty"):

@@ -123,9 +123,10 @@ class LLMEngine:
         prompt_text: str | None = None,
     ) -> None:
         """Check and queue a request. Raises ValueError (naming what is wrong) for an empty or
-        too long prompt, token ids outside the vocabulary, `max_tokens` that cannot fit in
-        `max_model_len`, or a request id already in use. `prompt_text`: the text the outputs
-        report as their `prompt` where `prompt` is token ids (`LLM.chat`'s rendering)."""
+        too long prompt, token ids outside the vocabulary, `max_tokens` (or, where it is None,
+        `min_tokens`) that cannot fit in `max_model_len`, or a request id already in use.
+        `prompt_text`: the text the outputs report as their `prompt` where `prompt` is token ids
+        (`LLM.chat`'s rendering)."""
         self._check_running()
         params = params or SamplingParams()
         if not isinstance(request_id, str) or not request_id:
@@ -148,6 +149,11 @@ class LLMEngine:
         if params.max_tokens is not None and params.max_tokens > room:
             raise ValueError(
                 f"max_tokens {params.max_tokens} does not fit: the prompt has {len(ids)} tokens "
+                f"and max_model_len is {max_len} (at most {room})"
+            )
+        if params.max_tokens is None and params.min_tokens > room:
+            raise ValueError(
+                f"min_tokens {params.min_tokens} does not fit: the prompt has {len(ids)} tokens "
                 f"and max_model_len is {max_len} (at most {room})"
             )
         max_tokens = room if params.max_tokens is None else params.max_tokens
