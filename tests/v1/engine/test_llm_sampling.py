@@ -268,6 +268,20 @@ def test_eos_and_ignore_eos(llm, eos_is_a_generated_token):
     assert tokens_of(out) == tokens and out.outputs[0].finish_reason == "length"
 
 
+@pytest.mark.parametrize("ignore_eos", [False, True])
+def test_eos_in_stop_token_ids_reports_as_eos(llm, eos_is_a_generated_token, ignore_eos):
+    """As upstream, the eos is checked first: listing it in `stop_token_ids` too leaves
+    `stop_reason` None, unless `ignore_eos` makes it a plain stop token."""
+    tokens, j = eos_is_a_generated_token
+    params = SamplingParams(temperature=0.0, max_tokens=12, stop_token_ids=[tokens[j]],
+                            ignore_eos=ignore_eos)  # fmt: skip
+    (out,) = generate(llm, [PROMPTS[0]], params)
+    completion = out.outputs[0]
+    assert list(completion.token_ids) == tokens[: j + 1]
+    expected = tokens[j] if ignore_eos else None
+    assert (completion.finish_reason, completion.stop_reason) == ("stop", expected)
+
+
 @pytest.mark.parametrize("kind", ["eos", "stop_token_ids"])
 def test_min_tokens_suppresses_stop_tokens_before_it(llm, eos_is_a_generated_token, kind):
     tokens, j = eos_is_a_generated_token

@@ -238,7 +238,10 @@ class Scheduler:
         params = request.sampling_params
         num_output = len(request.output_token_ids)
         if num_output >= params.min_tokens and token_id in params.all_stop_token_ids:
-            request.stop_reason = token_id if token_id in params.stop_token_ids else None
+            # The eos first, as upstream: a stop list that repeats it still reports None.
+            is_eos = token_id == request.eos_token_id and not params.ignore_eos
+            in_list = token_id in params.stop_token_ids
+            request.stop_reason = token_id if in_list and not is_eos else None
             return RequestStatus.FINISHED_STOPPED
         if num_output >= request.max_tokens or request.num_tokens >= self.max_model_len:
             return RequestStatus.FINISHED_LENGTH_CAPPED
