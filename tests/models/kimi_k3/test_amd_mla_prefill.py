@@ -131,6 +131,21 @@ def test_key_kernel_equals_cat(ctx, heads, nope, rope, dtype, triton_launches):
     assert torch.equal(got, torch.cat([k_nope, k_pe.unsqueeze(1).expand(-1, heads, -1)], dim=-1))
 
 
+@pytest.mark.parametrize(
+    "k_pe_shape,k_pe_dtype,match",
+    [((3, 4), torch.float32, "k_pe \\[ctx, rope\\]"), ((6, 4), torch.bfloat16, "share a dtype"),
+     ((6, 2, 4), torch.float32, "k_pe \\[ctx, rope\\]")],
+    ids=["fewer_rows", "other_dtype", "three_dims"],
+)  # fmt: skip
+def test_key_rejects_operands_that_do_not_fit(k_pe_shape, k_pe_dtype, match, triton_launches):
+    """A `k_pe` of fewer rows than `k_nope` (the kernel read past its end) or of another dtype
+    (the kernel converted it where the cat promotes) is a ValueError, before any launch."""
+    k_nope = torch.randn(6, 2, 8)
+    with pytest.raises(ValueError, match=match):
+        mla_prefill_key(k_nope, torch.randn(k_pe_shape).to(k_pe_dtype))
+    assert triton_launches["_mla_prefill_key_kernel"] == 0
+
+
 def padded_value_attention(q, k, v, scale, mask):
     """Attention on v zero-padded to the query's head dim, the output's first Dv columns: what
     the value operands must reproduce."""

@@ -98,7 +98,19 @@ if triton is not None:
 def mla_prefill_key(k_nope: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
     """`[k_nope | k_pe]` per head: `k_nope` `[ctx, H, nope]`, `k_pe` `[ctx, rope]` (one dtype)
     -> contiguous `[ctx, H, nope + rope]`. One Triton launch where `use_triton` and both have a
-    unit last stride, else a torch cat (the same values: both only move them)."""
+    unit last stride, else a torch cat (the same values: both only move them). Mismatched
+    operands are a ValueError: the kernel would read `k_pe` rows past its end for a shorter one,
+    and convert a `k_pe` of another dtype where the cat promotes."""
+    if k_nope.dim() != 3 or k_pe.dim() != 2 or k_pe.shape[0] != k_nope.shape[0]:
+        raise ValueError(
+            f"expected k_nope [ctx, H, nope] and k_pe [ctx, rope], got {tuple(k_nope.shape)} and "
+            f"{tuple(k_pe.shape)}"
+        )
+    if k_pe.dtype != k_nope.dtype or k_pe.device != k_nope.device:
+        raise ValueError(
+            f"k_nope and k_pe must share a dtype and device, got {k_nope.dtype} on "
+            f"{k_nope.device} and {k_pe.dtype} on {k_pe.device}"
+        )
     ctx, heads, nope = k_nope.shape
     rope = k_pe.shape[1]
     if not use_triton(k_nope.device) or k_nope.stride(2) != 1 or k_pe.stride(1) != 1:
