@@ -210,6 +210,14 @@ def _bad_inputs():
     yield "A_log must be a contiguous", dict(step, A_log=step["A_log"].repeat_interleave(2)[::2])
     yield "norm_weight must be", dict(step, norm_weight=step["norm_weight"][:8])
     yield "norm_weight must be", dict(step, norm_weight=step["norm_weight"].repeat(2))
+    # A conv window of another dtype was convolved unrounded (the reference rounds it to
+    # mixed_qkv's dtype: output and window differed); a bf16 recurrent state ran in the kernel
+    # and crashed the reference's index_put.
+    yield (
+        "conv_state must have mixed_qkv's dtype",
+        dict(step, conv_state=step["conv_state"].to(torch.bfloat16)),
+    )
+    yield "ssm_state must be float32", dict(step, ssm_state=step["ssm_state"].to(torch.bfloat16))
 
 
 _BAD_INPUTS = list(_bad_inputs())

@@ -5,7 +5,8 @@ gated-RMSNorm epilogue, in one call of one or two kernels (the fork's counterpar
 One token for each of N sequences, H local heads, head dim D (= K = V), conv width W:
 
 - `mixed_qkv` `[N, 3 * H * D]` (q | k | v channels, any row stride), `conv_weight` `[3 * H * D, W]`
-  fp32, `conv_state` `[S, 3 * H * D, W - 1]` (updated in place at `slots`);
+  fp32, `conv_state` `[S, 3 * H * D, W - 1]` in `mixed_qkv`'s dtype (updated in place at
+  `slots`);
 - `raw_g` `[N, H * D]` (the `f_b_proj` output, any row stride), `A_log` `[H]`, `dt_bias` `[H * D]`,
   `lower_bound` (None: softplus gate);
 - `b` `[N, H]` beta logits (any row stride), `ssm_state` `[S, H, D, D]` fp32 (updated at `slots`);
@@ -515,6 +516,14 @@ def fused_kda_decode(
         raise ValueError("conv_state and ssm_state must be contiguous in their last dims")
     if b.stride(-1) != 1:
         raise ValueError("b must have unit stride on its last dim")
+    # The kernel convolves the stored window as it is, where the reference (and the prefill
+    # conv) round it to mixed_qkv's dtype first; and it keeps the recurrence in the state's dtype.
+    if conv_state.dtype != mixed_qkv.dtype:
+        raise ValueError(
+            f"conv_state must have mixed_qkv's dtype {mixed_qkv.dtype}, got {conv_state.dtype}"
+        )
+    if ssm_state.dtype != torch.float32:
+        raise ValueError(f"ssm_state must be float32, got {ssm_state.dtype}")
     if (norm_weight is None) != (gate is None):
         raise ValueError("norm_weight and gate go together: both for the norm epilogue, or none")
     if quantize and norm_weight is None:
