@@ -322,6 +322,16 @@ def test_forced_per_tensor_kernel_leaves_the_layer_unmarked(monkeypatch):
         layer(QuantizedActivation(q, scale, x.dtype, x.shape, kFp8DynamicTokenSym))
 
 
+def test_forced_per_tensor_kernel_takes_an_empty_batch(monkeypatch):
+    """No tokens (an empty batch) give an empty output, as with the per-token kernels; the
+    tensor scale's amax over no elements raised torch's reduction error."""
+    monkeypatch.setenv("VLLM_FP8_LINEAR_KERNEL", "PerTensorTorchFP8ScaledMMLinearKernel")
+    layer, weight = ptpc_layer()
+    x = torch.empty(0, weight.shape[1], dtype=torch.bfloat16, device=DEVICE)
+    out = layer(x)[0]
+    assert out.shape == (0, weight.shape[0]) and out.dtype == torch.bfloat16
+
+
 def test_bad_kernel_override_is_reported(monkeypatch):
     monkeypatch.setenv("VLLM_FP8_LINEAR_KERNEL", "NoSuchKernel")
     with pytest.raises(ValueError, match="VLLM_FP8_LINEAR_KERNEL='NoSuchKernel' is not one of"):

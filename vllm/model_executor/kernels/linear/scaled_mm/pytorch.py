@@ -86,7 +86,8 @@ class PerTensorTorchFP8ScaledMMLinearKernel(FP8ScaledMMLinearKernel):
         current_platform = vllm.platforms.current_platform
         fp8_max = current_platform.fp8_max()
         xf = x_2d.float()
-        amax = xf.abs().amax().reshape(1, 1)
+        # torch's amax of no elements is an error: an empty batch takes the zero-row policy.
+        amax = xf.abs().amax().reshape(1, 1) if xf.numel() else xf.new_zeros(1, 1)
         scale = torch.clamp(amax / amax.new_full((), fp8_max), min=current_platform.fp8_min_scale())
         q = (xf * torch.reciprocal(scale)).to(current_platform.fp8_dtype())
         return q, scale.expand(x_2d.shape[0], 1)
