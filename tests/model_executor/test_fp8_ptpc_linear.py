@@ -198,6 +198,15 @@ def test_unquantized_layer_refuses_a_quantized_activation():
         layer.to(DEVICE)(qa)
 
 
+@pytest.mark.parametrize("shape", [(4, 128), (3, 257), (2, 2, 64)], ids=str)
+def test_layer_names_an_activation_of_the_wrong_width(shape):
+    """A plain activation whose last dim is not the layer's K is a ValueError naming K; the
+    reshape to [-1, K] raised torch's shape error (or regrouped the rows) before."""
+    layer, _ = ptpc_layer()
+    with pytest.raises(ValueError, match="K=256"):
+        layer(torch.randn(shape, dtype=torch.bfloat16, device=DEVICE))
+
+
 def test_merged_column_loads_shards_into_place():
     layer = MergedColumnParallelLinear(16, [8, 24], bias=False, params_dtype=torch.float32)
     gen = torch.Generator().manual_seed(5)

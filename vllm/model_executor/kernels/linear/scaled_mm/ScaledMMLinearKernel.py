@@ -105,6 +105,11 @@ class FP8ScaledMMLinearKernel(ScaledMMLinearKernel):
             orig_shape, orig_dtype = qa.orig_shape, qa.orig_dtype
         else:
             orig_shape, orig_dtype = x.shape, x.dtype
+            if x.dim() == 0 or orig_shape[-1] != k:
+                # Else a reshape to [-1, K] fails, or regroups the rows, with torch's message.
+                raise ValueError(
+                    f"x must be [..., K={k}] (the weight's in_features), got {tuple(orig_shape)}"
+                )
             x_q, x_s = self.quantize_input(x.reshape(-1, k))
         out_dtype = self.config.out_dtype or orig_dtype
         output_shape = (*orig_shape[:-1], self.config.weight_shape[0])
