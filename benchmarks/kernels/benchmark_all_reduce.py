@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from kernel_bench import write_csv
 
-from vllm.utils.cli import output_file, run_main
+from vllm.utils.cli import output_file, positive_int, run_main
 
 HIDDEN = 2304  # Kimi-Linear-48B-A3B
 
@@ -99,11 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 64, 256])
-    parser.add_argument("--hidden", type=int, default=HIDDEN, help="hidden size of a token")
+    parser.add_argument("--tokens", type=positive_int, nargs="+", default=[1, 8, 64, 256])
+    parser.add_argument(
+        "--hidden", type=positive_int, default=HIDDEN, help="hidden size of a token"
+    )
     parser.add_argument("--world-size", type=int, default=None, help="GPUs (default: all)")
-    parser.add_argument("--graph-calls", type=int, default=50, help="all-reduces per graph")
-    parser.add_argument("--reps", type=int, default=20, help="timed repetitions")
+    parser.add_argument(
+        "--graph-calls", type=positive_int, default=50, help="all-reduces per graph"
+    )
+    parser.add_argument("--reps", type=positive_int, default=20, help="timed repetitions")
     parser.add_argument("--csv", type=output_file, help="write the results to this CSV file")
     parser.add_argument(
         "--dry-run", action="store_true", help="gloo on the CPU with 2 processes, tiny sizes"

@@ -34,7 +34,7 @@ from kernel_bench import (
 )
 
 from vllm.triton_utils import use_triton
-from vllm.utils.cli import run_main
+from vllm.utils.cli import positive_int, run_main
 from vllm.v1.sample.ops.argmax import MAX_KERNEL_ROWS, TARGET_PROGRAMS, argmax, split_count
 
 VOCAB = 163840
@@ -74,8 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         default=sorted({512, 1024, TARGET_PROGRAMS, 4096, 8192}),
         help="chunkings of the Triton kernel to time",
     )  # fmt: skip
-    parser.add_argument("--calls", type=int, default=20, help="calls per graph replay (graph)")
-    parser.add_argument("--reps", type=int, default=50, help="replays per timing")
+    parser.add_argument(
+        "--calls", type=positive_int, default=20, help="calls per graph replay (graph)"
+    )
+    parser.add_argument("--reps", type=positive_int, default=50, help="replays per timing")
     add_common_args(
         parser, csv="write one row per (case, provider) to this CSV file",
         dry_run="every chunking once, checked, untimed (CPU too)",

@@ -42,7 +42,7 @@ from vllm.models.kimi_k3.amd.ops.causal_conv1d import (
     causal_conv1d_prefill_ref,
 )
 from vllm.triton_utils import use_triton
-from vllm.utils.cli import run_main
+from vllm.utils.cli import positive_int, run_main
 
 HEADS, HEAD_DIM, WIDTH = 32, 128, 4
 # in_proj columns after q | k | v: f_a (head_dim), g_a (head_dim), b (heads).
@@ -115,13 +115,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--tokens", type=int, default=8192, help="prefill tokens")
-    parser.add_argument("--seqs", type=int, nargs="+", default=[1, 8], help="sequences in T")
+    parser.add_argument("--tokens", type=positive_int, default=8192, help="prefill tokens")
+    parser.add_argument(
+        "--seqs", type=positive_int, nargs="+", default=[1, 8], help="sequences in T"
+    )
     parser.add_argument(
         "--configs", nargs="+", default=CONFIGS,
         help="launches to time, as block_t,block_c,num_warps[,step] or `default`",
     )  # fmt: skip
-    parser.add_argument("--reps", type=int, default=30, help="flushed replays per timing")
+    parser.add_argument("--reps", type=positive_int, default=30, help="flushed replays per timing")
     add_common_args(
         parser, csv="write one row per (case, config) to this CSV file",
         dry_run="every config once, checked, untimed (CPU too)",

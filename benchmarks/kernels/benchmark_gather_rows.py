@@ -39,7 +39,7 @@ from vllm.model_executor.layers.fused_moe.gather_rows import (
 )
 from vllm.model_executor.layers.fused_moe.group_rows import group_rows
 from vllm.triton_utils import use_triton
-from vllm.utils.cli import run_main
+from vllm.utils.cli import positive_int, run_main
 
 HIDDEN, TOPK, EXPERTS = 2304, 9, 257
 CONFIGS = [
@@ -84,12 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--tokens", type=int, nargs="+", default=[1024, 8192], help="prefill T")
+    parser.add_argument(
+        "--tokens", type=positive_int, nargs="+", default=[1024, 8192], help="prefill T"
+    )
     parser.add_argument(
         "--configs", nargs="+", default=CONFIGS,
         help="launches to time, as block_rows,block_cols,num_warps or `default`",
     )  # fmt: skip
-    parser.add_argument("--reps", type=int, default=50, help="flushed replays per timing")
+    parser.add_argument("--reps", type=positive_int, default=50, help="flushed replays per timing")
     add_common_args(
         parser, csv="write one row per (size, provider) to this CSV file",
         dry_run="every config once, checked, untimed (CPU too)",

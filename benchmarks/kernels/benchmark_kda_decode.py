@@ -88,7 +88,7 @@ from vllm.models.kimi_k3.amd.ops.fused_kda_decode import (
 from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate
 from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import per_token_fp8_quant
 from vllm.triton_utils import use_triton
-from vllm.utils.cli import run_main
+from vllm.utils.cli import positive_int, run_main
 
 SHAPES = {"kimi-k3-tp8": 12, "kimi-linear": 32}
 BATCHES = [1, 4, 16, 64, 128, 256]
@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--batches", type=int, nargs="+", default=BATCHES, help="decode batch sizes"
+        "--batches", type=positive_int, nargs="+", default=BATCHES, help="decode batch sizes"
     )
     parser.add_argument(
         "--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES), help="model shapes"
@@ -396,10 +396,12 @@ def main(argv: list[str] | None = None) -> int:
         help="sweep the engine's PTPC call (quantize=True: FP8 codes from the epilogue)",
     )  # fmt: skip
     parser.add_argument("--lower-bound", type=float, default=-5.0, help="gate lower bound (K3)")
-    parser.add_argument("--graph-calls", type=int, default=20, help="calls per captured graph")
-    parser.add_argument("--reps", type=int, default=20, help="graph replays per timing")
     parser.add_argument(
-        "--compare-batches", type=int, nargs="+", default=[1, 64, 256],
+        "--graph-calls", type=positive_int, default=20, help="calls per captured graph"
+    )
+    parser.add_argument("--reps", type=positive_int, default=20, help="graph replays per timing")
+    parser.add_argument(
+        "--compare-batches", type=positive_int, nargs="+", default=[1, 64, 256],
         help="batch sizes of the fused/unfused comparison",
     )  # fmt: skip
     parser.add_argument(

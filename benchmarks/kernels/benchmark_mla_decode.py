@@ -66,7 +66,7 @@ from vllm.models.kimi_k3.amd.ops.mla_decode_config import (
     mla_decode_config,
 )
 from vllm.triton_utils import use_triton
-from vllm.utils.cli import run_main
+from vllm.utils.cli import nonnegative_int, positive_int, run_main
 
 HEADS, LATENT, ROPE = 32, 512, 64
 BATCHES = [1, 4, 16, 64]
@@ -305,13 +305,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--batches", type=int, nargs="+", default=BATCHES, help="batch sizes")
     parser.add_argument(
-        "--contexts", type=int, nargs="+", default=CONTEXTS, help="tokens per sequence"
+        "--batches", type=positive_int, nargs="+", default=BATCHES, help="batch sizes"
     )
-    parser.add_argument("--block-size", type=int, default=64, help="tokens per cache block")
     parser.add_argument(
-        "--capacity", type=int, default=0,
+        "--contexts", type=positive_int, nargs="+", default=CONTEXTS, help="tokens per sequence"
+    )
+    parser.add_argument(
+        "--block-size", type=positive_int, default=64, help="tokens per cache block"
+    )
+    parser.add_argument(
+        "--capacity", type=nonnegative_int, default=0,
         help="block-table width in tokens (the engine's max_model_len); default: the context",
     )  # fmt: skip
     parser.add_argument(
@@ -326,8 +330,10 @@ def main(argv: list[str] | None = None) -> int:
         help="kernel configs to sweep, block_h,block_n,num_warps,num_stages[,c2|,c4] (latent "
         "chunks)",
     )  # fmt: skip
-    parser.add_argument("--graph-calls", type=int, default=20, help="calls per captured graph")
-    parser.add_argument("--reps", type=int, default=10, help="graph replays per timing")
+    parser.add_argument(
+        "--graph-calls", type=positive_int, default=20, help="calls per captured graph"
+    )
+    parser.add_argument("--reps", type=positive_int, default=10, help="graph replays per timing")
     parser.add_argument("--ref", action="store_true", help="also time the torch reference")
     parser.add_argument(
         "--ref-max-gib", type=float, default=24.0, help="skip the reference above this scratch"

@@ -46,7 +46,7 @@ from torch.nn.attention.bias import causal_lower_right
 from vllm.model_executor.layers.quantization.utils.fp8_per_token import per_token_fp8_quant
 from vllm.models.kimi_k3.amd.ops.mla_prefill import mla_prefill_attention, mla_prefill_key
 from vllm.triton_utils import use_triton
-from vllm.utils.cli import run_main
+from vllm.utils.cli import positive_int, run_main
 
 HEADS, NOPE, ROPE, V, LATENT = 32, 128, 64, 128, 512
 
@@ -138,9 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--ctx", type=int, nargs="+", default=[2048, 8192], help="prompt lengths")
+    parser.add_argument(
+        "--ctx", type=positive_int, nargs="+", default=[2048, 8192], help="prompt lengths"
+    )
     parser.add_argument("--timing", choices=["graph", "eager"], default="graph")
-    parser.add_argument("--reps", type=int, default=30, help="flushed calls per timing")
+    parser.add_argument("--reps", type=positive_int, default=30, help="flushed calls per timing")
     add_common_args(
         parser, csv="write one row per (ctx, provider) to this CSV file",
         dry_run="checked at a tiny shape (CPU too)",

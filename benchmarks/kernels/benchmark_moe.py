@@ -92,7 +92,7 @@ from vllm.model_executor.layers.fused_moe.router import RoutingParams, grouped_t
 from vllm.models.kimi_k3.amd.linear import KimiMoE
 from vllm.transformers_utils.configs import KimiLinearConfig
 from vllm.triton_utils import use_triton
-from vllm.utils.cli import run_main
+from vllm.utils.cli import nonnegative_int, positive_int, run_main
 
 PATHS = {
     "grouped": moe_experts_grouped,
@@ -287,7 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--tokens", type=int, nargs="+", default=TOKENS, help="tokens per call")
+    parser.add_argument(
+        "--tokens", type=positive_int, nargs="+", default=TOKENS, help="tokens per call"
+    )
     parser.add_argument(
         "--paths",
         nargs="+",
@@ -316,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--fused-shared-experts",
-        type=int,
+        type=nonnegative_int,
         default=0,
         help="append this many shared experts that every token takes (1: Kimi-Linear's fused "
         "layout, 257 experts, top-8 + 1)",
@@ -328,7 +330,9 @@ def main(argv: list[str] | None = None) -> int:
         help="graph: --graph-calls calls replayed back to back (decode sizes); flushed: one call "
         "per graph replay with L2 flushed before it (prefill sizes, e.g. --tokens 8192)",
     )
-    parser.add_argument("--graph-calls", type=int, default=10, help="calls per captured graph")
+    parser.add_argument(
+        "--graph-calls", type=positive_int, default=10, help="calls per captured graph"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of weights and router logits")
     add_common_args(
         parser,

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from vllm.utils.cli import run_main
+from vllm.utils.cli import positive_int, run_main
 
 # (elements, elements per program, with a weight read): 16- and 128-program elementwise chains,
 # then two 72-program GEMV-like chains over 2304 / 4608 weight rows.
@@ -116,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--chain", type=int, default=200, help="kernels per captured chain")
     parser.add_argument("--reps", type=int, default=20, help="graph replays per timing")
-    parser.add_argument("--weight-cols", type=int, default=256, help="weight columns per row")
+    parser.add_argument(
+        "--weight-cols", type=positive_int, default=256, help="weight columns per row"
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
         parser.error("PDL needs an NVIDIA GPU of compute capability 9.0 or newer")

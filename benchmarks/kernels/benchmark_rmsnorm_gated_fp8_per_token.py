@@ -51,7 +51,7 @@ from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import (
 from vllm.platforms import current_platform
 from vllm.triton_utils.launch import launch
 from vllm.triton_utils.pdl import use_pdl
-from vllm.utils.cli import output_file, run_main
+from vllm.utils.cli import nonnegative_int, output_file, positive_float, positive_int, run_main
 
 TOKENS = [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536]
 HEADS = [8, 12, 32]
@@ -340,18 +340,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--tokens", type=int, nargs="+", default=TOKENS, help="T values")
-    parser.add_argument("--heads", type=int, nargs="+", default=HEADS, help="H values")
-    parser.add_argument("--head-dim", type=int, default=128, help="D (default 128)")
-    parser.add_argument("--eps", type=float, default=1e-5)
+    parser.add_argument("--tokens", type=positive_int, nargs="+", default=TOKENS, help="T values")
+    parser.add_argument("--heads", type=positive_int, nargs="+", default=HEADS, help="H values")
+    parser.add_argument("--head-dim", type=positive_int, default=128, help="D (default 128)")
+    parser.add_argument("--eps", type=positive_float, default=1e-5)
     parser.add_argument(
         "--strided-gate-heads",
-        type=int,
+        type=nonnegative_int,
         default=12,
         help="H of the extra strided-gate case (gate sliced from a fused projection); 0: none",
     )
-    parser.add_argument("--graph-max-tokens", type=int, default=1024)
-    parser.add_argument("--graph-calls", type=int, default=20, help="calls per captured graph")
+    parser.add_argument("--graph-max-tokens", type=nonnegative_int, default=1024)
+    parser.add_argument(
+        "--graph-calls", type=positive_int, default=20, help="calls per captured graph"
+    )
     parser.add_argument("--no-fla", action="store_true", help="skip the fla-core baselines")
     parser.add_argument(
         "--sweep", action="store_true", help="time every fused launch config instead"

@@ -101,7 +101,7 @@ from vllm.model_executor.layers.fused_moe.router import (
 )
 from vllm.model_executor.layers.ops.rms_norm import fused_add_rms_norm
 from vllm.triton_utils import use_triton
-from vllm.utils.cli import run_main
+from vllm.utils.cli import positive_int, run_main
 
 TOKENS = [1, 8, 64, 256]
 FUSED_TOKENS = [1, 2, 4, 8]
@@ -367,17 +367,22 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--tokens", type=int, nargs="+",
+        "--tokens", type=positive_int, nargs="+",
         help=f"tokens per call (default {TOKENS}, with --fused {FUSED_TOKENS})",
     )  # fmt: skip
     parser.add_argument("--experts", type=int, default=KIMI_LINEAR["experts"])
     parser.add_argument("--top-k", type=int, default=KIMI_LINEAR["top_k"])
     parser.add_argument("--groups", type=int, default=1, help="num_expert_group")
-    parser.add_argument("--topk-group", type=int, default=1)
+    parser.add_argument("--topk-group", type=positive_int, default=1)
     parser.add_argument(
-        "--warps", type=int, nargs="+", help="time the kernel at each num_warps (default: its own)"
+        "--warps",
+        type=positive_int,
+        nargs="+",
+        help="time the kernel at each num_warps (default: its own)",
     )
-    parser.add_argument("--graph-calls", type=int, default=20, help="calls per captured graph")
+    parser.add_argument(
+        "--graph-calls", type=positive_int, default=20, help="calls per captured graph"
+    )
     parser.add_argument(
         "--logits", action="store_true", help="time the router logits (module docstring)"
     )
@@ -399,12 +404,12 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument(
         "--hidden",
-        type=int,
+        type=positive_int,
         default=KIMI_LINEAR["hidden"],
         help="--logits / --fused / --fused-norm: H",
     )
     parser.add_argument(
-        "--layers", type=int, default=KIMI_LINEAR["layers"],
+        "--layers", type=positive_int, default=KIMI_LINEAR["layers"],
         help="--logits / --fused / --fused-norm: distinct gates per graph (one per MoE layer)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)

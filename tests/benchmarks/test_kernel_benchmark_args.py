@@ -64,3 +64,50 @@ def test_unwritable_output_json_is_refused(name: str, tmp_path: Path, capsys) ->
 def test_copy_gib_must_be_finite_and_at_least_one(value: str, capsys) -> None:
     err = refused("benchmark_argmax", ["--copy-gib", value], capsys)
     assert "argument --copy-gib: must be >= 1 and finite" in err
+
+
+@pytest.mark.parametrize(
+    "name, flag, value",
+    [
+        ("benchmark_all_reduce", "--tokens", "0"), ("benchmark_all_reduce", "--hidden", "-1"),
+        ("benchmark_all_reduce", "--graph-calls", "0"), ("benchmark_all_reduce", "--reps", "0"),
+        ("benchmark_argmax", "--calls", "0"), ("benchmark_argmax", "--reps", "-1"),
+        ("benchmark_causal_conv1d", "--tokens", "0"), ("benchmark_causal_conv1d", "--seqs", "-1"),
+        ("benchmark_causal_conv1d", "--reps", "0"),
+        ("benchmark_gather_rows", "--tokens", "-1"), ("benchmark_gather_rows", "--reps", "0"),
+        ("benchmark_kda_decode", "--batches", "0"), ("benchmark_kda_decode", "--reps", "0"),
+        ("benchmark_kda_decode", "--graph-calls", "-1"),
+        ("benchmark_kda_decode", "--compare-batches", "0"),
+        ("benchmark_mla_decode", "--batches", "0"), ("benchmark_mla_decode", "--contexts", "-1"),
+        ("benchmark_mla_decode", "--block-size", "0"), ("benchmark_mla_decode", "--capacity", "-1"),
+        ("benchmark_mla_decode", "--graph-calls", "0"), ("benchmark_mla_decode", "--reps", "0"),
+        ("benchmark_mla_prefill", "--ctx", "0"), ("benchmark_mla_prefill", "--reps", "-1"),
+        ("benchmark_moe", "--tokens", "0"), ("benchmark_moe", "--graph-calls", "0"),
+        ("benchmark_moe", "--fused-shared-experts", "-1"),
+        ("benchmark_pdl_launch", "--weight-cols", "0"),
+        ("benchmark_rmsnorm_gated_fp8_per_token", "--tokens", "0"),
+        ("benchmark_rmsnorm_gated_fp8_per_token", "--heads", "-1"),
+        ("benchmark_rmsnorm_gated_fp8_per_token", "--head-dim", "0"),
+        ("benchmark_rmsnorm_gated_fp8_per_token", "--eps", "nan"),
+        ("benchmark_rmsnorm_gated_fp8_per_token", "--eps", "-1"),
+        ("benchmark_rmsnorm_gated_fp8_per_token", "--strided-gate-heads", "-1"),
+        ("benchmark_rmsnorm_gated_fp8_per_token", "--graph-max-tokens", "-1"),
+        ("benchmark_rmsnorm_gated_fp8_per_token", "--graph-calls", "0"),
+        ("benchmark_router", "--tokens", "0"), ("benchmark_router", "--topk-group", "0"),
+        ("benchmark_router", "--warps", "-1"), ("benchmark_router", "--graph-calls", "0"),
+        ("benchmark_router", "--hidden", "0"), ("benchmark_router", "--layers", "0"),
+    ],
+)  # fmt: skip
+def test_zero_or_negative_sizes_are_refused_by_flag(name, flag, value, capsys) -> None:
+    """Were taken as given: on a GPU the benchmark measured the copy bandwidth, then failed with a
+    traceback (negative shapes, an empty median of 0 reps, a division by a 0 block size). Refused
+    as the flags are parsed, before the GPU check, so on this CPU host too."""
+    module = importlib.import_module(name)
+    with pytest.raises(SystemExit) as exit_info:
+        module.main([flag, value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    low = "0" if flag in ("--capacity", "--fused-shared-experts", "--strided-gate-heads",
+                          "--graph-max-tokens") else "1"  # fmt: skip
+    expected = "must be a finite number > 0" if flag == "--eps" else f"must be >= {low}"
+    assert f"argument {flag}: {expected}, got {value}" in err, err

@@ -3,6 +3,7 @@ what it refuses, with which words, and that checking leaves the folder as it was
 
 import argparse
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -26,3 +27,20 @@ def test_refuses_a_folder_and_a_missing_folder(tmp_path: Path) -> None:
         output_file(str(missing))
     assert str(error.value) == f"cannot write '{missing}' (No such file or directory)"
     assert os.listdir(tmp_path) == []
+
+
+def test_size_types_refuse_what_is_not_a_size() -> None:
+    from vllm.utils.cli import nonnegative_int, positive_float, positive_int
+
+    assert (positive_int("3"), nonnegative_int("0"), positive_float("1e-5")) == (3, 0, 1e-5)
+    for parse, text, message in [
+        (positive_int, "0", "must be >= 1, got 0"),
+        (positive_int, "1.5", "not an integer: '1.5'"),
+        (nonnegative_int, "-1", "must be >= 0, got -1"),
+        (positive_float, "nan", "must be a finite number > 0, got nan"),
+        (positive_float, "inf", "must be a finite number > 0, got inf"),
+        (positive_float, "0", "must be a finite number > 0, got 0"),
+        (positive_float, "x", "not a number: 'x'"),
+    ]:
+        with pytest.raises(argparse.ArgumentTypeError, match=f"^{re.escape(message)}$"):
+            parse(text)

@@ -2,6 +2,7 @@
 checks of their arguments that are not engine arguments (those are `EngineArgs`')."""
 
 import argparse
+import math
 import os
 import sys
 import tempfile
@@ -45,3 +46,36 @@ def output_file(text: str) -> str:
     if not existed:
         os.remove(text)
     return text
+
+
+def _int_at_least(text: str, low: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse `type` of a size or a count (tokens, batch sizes, repetitions): an integer >= 1,
+    else a usage error naming the flag when the flags are parsed, not a traceback (or an empty
+    median) once the benchmark has started on the GPU."""
+    return _int_at_least(text, 1)
+
+
+def nonnegative_int(text: str) -> int:
+    """argparse `type` of a count where 0 means none (or the default): an integer >= 0."""
+    return _int_at_least(text, 0)
+
+
+def positive_float(text: str) -> float:
+    """argparse `type` of a finite number > 0 (NaN and infinity refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < math.inf:  # NaN included
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
