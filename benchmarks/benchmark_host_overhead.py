@@ -193,7 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64, 256])
+    parser.add_argument(
+        "--batch-sizes", type=int, nargs="+", default=[1, 64, 256],
+        help="decode batch sizes, one engine each (default: 1 64 256)",
+    )  # fmt: skip
     parser.add_argument("--input-len", type=int, default=1024, help="prompt tokens")
     parser.add_argument(
         "--steps",
@@ -201,8 +204,13 @@ def main(argv: list[str] | None = None) -> int:
         default=50,
         help="decode steps timed per batch (the p99.9 column is the max below 1000)",
     )
-    parser.add_argument("--warmup-steps", type=int, default=5)
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument(
+        "--warmup-steps", type=int, default=5, help="untimed decode steps before the timed ones"
+    )
+    parser.add_argument(
+        "--device", choices=["cpu", "cuda"], default="cpu",
+        help="device the engine runs on (default: cpu; the forward is stubbed on either)",
+    )  # fmt: skip
     parser.add_argument("--profile", action="store_true", help="cProfile the timed steps")
     parser.add_argument(
         "--stream", action="store_true", help="every step returns the outputs (API streaming)"

@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         "--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
         help="model dtype of the loads",
     )  # fmt: skip
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the dummy weights")
     parser.add_argument("--keep", action="store_true", help="keep the checkpoint afterwards")
     parser.add_argument(
         "--output-json", type=output_file, help="write the results to this JSON file"

@@ -99,7 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--tokens", type=positive_int, nargs="+", default=[1, 8, 64, 256])
+    parser.add_argument(
+        "--tokens", type=positive_int, nargs="+", default=[1, 8, 64, 256],
+        help="tokens per all-reduce (rows of --hidden values)",
+    )  # fmt: skip
     parser.add_argument(
         "--hidden", type=positive_int, default=HIDDEN, help="hidden size of a token"
     )

@@ -68,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64, 256], help="N")
     parser.add_argument("--vocab", type=int, default=VOCAB, help="V")
-    parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=["bfloat16"])
+    parser.add_argument(
+        "--dtypes", nargs="+", choices=DTYPES, default=["bfloat16"], help="dtypes of the logits"
+    )
     parser.add_argument(
         "--target-programs", type=int, nargs="+",
         default=sorted({512, 1024, TARGET_PROGRAMS, 4096, 8192}),

@@ -225,8 +225,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
-    parser.add_argument("--dtypes", nargs="+", choices=["bf16", "fp8"], default=["bf16", "fp8"])
+    parser.add_argument(
+        "--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES),
+        help="model layers whose (K, N) to time (default: all)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--dtypes", nargs="+", choices=["bf16", "fp8"], default=["bf16", "fp8"],
+        help="weight dtypes (fp8: the FP8 shapes only)",
+    )  # fmt: skip
     parser.add_argument("--m", type=int, nargs="+", default=M_VALUES, help="rows (tokens)")
     parser.add_argument(
         "--configs",
@@ -240,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         "--dot-sweep", action="store_true", help="add the tl.dot configs of DOT_SWEEP"
     )
     parser.add_argument("--copies", type=int, default=16, help="rotating weight copies (>= 16)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and rows")
     parser.add_argument(
         "--output-json", "--out", dest="output_json", type=output_file,
         help="write the environment, copy bandwidth and rows to this JSON file",

@@ -47,7 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
+    parser.add_argument(
+        "--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES),
+        help="model shapes to time (default: all)",
+    )  # fmt: skip
     parser.add_argument("--m", type=int, nargs="+", default=[1, 2, 4, 8, 16, 64], help="rows")
     parser.add_argument(
         "--configs", nargs="+", type=gemv_config, default=[("default", None)],

@@ -141,7 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--ctx", type=positive_int, nargs="+", default=[2048, 8192], help="prompt lengths"
     )
-    parser.add_argument("--timing", choices=["graph", "eager"], default="graph")
+    parser.add_argument(
+        "--timing", choices=["graph", "eager"], default="graph",
+        help="replay each call from a CUDA graph, or launch it eagerly (default: graph)",
+    )  # fmt: skip
     parser.add_argument("--reps", type=positive_int, default=30, help="flushed calls per timing")
     add_common_args(
         parser, csv="write one row per (ctx, provider) to this CSV file",

@@ -343,14 +343,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=positive_int, nargs="+", default=TOKENS, help="T values")
     parser.add_argument("--heads", type=positive_int, nargs="+", default=HEADS, help="H values")
     parser.add_argument("--head-dim", type=positive_int, default=128, help="D (default 128)")
-    parser.add_argument("--eps", type=positive_float, default=1e-5)
+    parser.add_argument(
+        "--eps", type=positive_float, default=1e-5, help="RMSNorm epsilon (default 1e-5)"
+    )
     parser.add_argument(
         "--strided-gate-heads",
         type=nonnegative_int,
         default=12,
         help="H of the extra strided-gate case (gate sliced from a fused projection); 0: none",
     )
-    parser.add_argument("--graph-max-tokens", type=nonnegative_int, default=1024)
+    parser.add_argument(
+        "--graph-max-tokens", type=nonnegative_int, default=1024,
+        help="T up to which calls are timed in a CUDA graph; larger T: L2 flushed before each "
+        "call (default 1024)",
+    )  # fmt: skip
     parser.add_argument(
         "--graph-calls", type=positive_int, default=20, help="calls per captured graph"
     )

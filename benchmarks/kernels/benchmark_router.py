@@ -370,10 +370,16 @@ def main(argv: list[str] | None = None) -> int:
         "--tokens", type=positive_int, nargs="+",
         help=f"tokens per call (default {TOKENS}, with --fused {FUSED_TOKENS})",
     )  # fmt: skip
-    parser.add_argument("--experts", type=int, default=KIMI_LINEAR["experts"])
-    parser.add_argument("--top-k", type=int, default=KIMI_LINEAR["top_k"])
+    parser.add_argument(
+        "--experts", type=int, default=KIMI_LINEAR["experts"], help="routed experts (E)"
+    )
+    parser.add_argument(
+        "--top-k", type=int, default=KIMI_LINEAR["top_k"], help="experts chosen per token"
+    )
     parser.add_argument("--groups", type=int, default=1, help="num_expert_group")
-    parser.add_argument("--topk-group", type=positive_int, default=1)
+    parser.add_argument(
+        "--topk-group", type=positive_int, default=1, help="groups kept per token (topk_group)"
+    )
     parser.add_argument(
         "--warps",
         type=positive_int,
@@ -412,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         "--layers", type=positive_int, default=KIMI_LINEAR["layers"],
         help="--logits / --fused / --fused-norm: distinct gates per graph (one per MoE layer)",
     )  # fmt: skip
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the logits and weights")
     add_common_args(
         parser,
         dry_run="32 experts, top-4, on the CPU (kernel under TRITON_INTERPRET=1), eager timing: "
