@@ -15,9 +15,7 @@ import contextlib
 import dataclasses
 import datetime
 import importlib.metadata
-import json
 import math
-import os
 import platform
 import statistics
 import time
@@ -32,6 +30,7 @@ from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 from vllm.model_executor.model_loader.builtin import resolve_model
 from vllm.model_executor.model_loader.loader import build_model
 from vllm.transformers_utils.configs import load_model_config
+from vllm.utils import cli
 from vllm.utils.cli import output_file
 from vllm.v1.core.kv_cache_utils import cache_bytes
 from vllm.v1.engine.llm_engine import LLMEngine
@@ -335,9 +334,5 @@ def expected_distinct_experts(num_experts: int, top_k: int, tokens: int) -> floa
 def write_json(path: str | None, record: dict[str, Any]) -> None:
     """Write `record` to `path` (if given) through a temporary file, so that a run killed
     mid-write leaves the previous complete record."""
-    if not path:
-        return
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(record, f, indent=1, default=str)
-    os.replace(tmp, path)
+    if path:
+        cli.write_json(path, record, indent=1, default=str)

@@ -38,7 +38,7 @@ from vllm.model_executor.model_loader.builtin import resolve_model
 from vllm.model_executor.model_loader.loader import dummy_tensors, load_model
 from vllm.model_executor.model_loader.safetensors_loader import checkpoint_files
 from vllm.transformers_utils.configs import load_model_config
-from vllm.utils.cli import output_file, run_main
+from vllm.utils.cli import output_file, run_main, write_json
 
 DRY_RUN_MODEL = "kimi-linear-tiny"
 INDEX = "model.safetensors.index.json"
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(args.out, ignore_errors=True)
     if args.output_json:
-        Path(args.output_json).write_text(json.dumps(record, indent=1) + "\n")
+        write_json(args.output_json, record, indent=1)
     return 0
 
 

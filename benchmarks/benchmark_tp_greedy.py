@@ -76,7 +76,7 @@ def run_one(args: Any, out: Path) -> None:
         tokens.append(completion.token_ids)
         gaps.append([top_two_gap(position) for position in completion.logprobs])
     record = {"tokens": tokens, "gaps": gaps, "ready_s": ready_s, "generate_s": generate_s}
-    out.write_text(json.dumps(record))
+    write_json(str(out), record)
 
 
 def top_two_gap(position: dict) -> float | None:

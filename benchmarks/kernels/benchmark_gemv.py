@@ -40,7 +40,6 @@ DOT_SWEEP. A config that does not fit the GPU (shared memory, registers) is repo
 """
 
 import argparse
-import json
 import sys
 from dataclasses import replace
 
@@ -62,7 +61,7 @@ from vllm.model_executor.kernels.linear.gemv import gemv, gemv_fp8
 from vllm.model_executor.kernels.linear.gemv_config import GemvConfig
 from vllm.model_executor.kernels.linear.scaled_mm.pytorch import dequantized_matmul
 from vllm.platforms import current_platform
-from vllm.utils.cli import output_file, run_main
+from vllm.utils.cli import output_file, run_main, write_json
 
 SHAPES = {  # name -> (K, N)
     "o_proj": (4096, 2304),
@@ -366,8 +365,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{name} = {record[name]} (now {getattr(gemv_cfg, name)})"
             )
     if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump(record, f, indent=1)
+        write_json(args.output_json, record, indent=1)
     return 0
 
 

@@ -20,7 +20,6 @@ K splits) or `default` (gemv_config.batched_config); a config a shape cannot tak
 """
 
 import argparse
-import json
 import sys
 
 import torch
@@ -37,7 +36,7 @@ from kernel_bench import (
 
 from vllm.model_executor.kernels.linear import gemv_config as gemv_cfg
 from vllm.model_executor.kernels.linear.gemv import gemv_batched
-from vllm.utils.cli import output_file, run_main
+from vllm.utils.cli import output_file, run_main, write_json
 
 SHAPES = {"w_uk": (32, 512, 128), "w_uv": (32, 128, 512)}  # name -> (heads, N, K)
 DRY_RUN_SHAPES = {"tiny": (2, 16, 32)}
@@ -147,8 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{shape} M={m}: best GEMV {row['config']} {row['us']} us, bmm {bmm} us, "
               f"{bmm / row['us']:.2f}x")  # fmt: skip
     if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump({"copy_gbps": round(copy, 1), "rows": rows}, f, indent=1)
+        write_json(args.output_json, {"copy_gbps": round(copy, 1), "rows": rows}, indent=1)
     return 0
 
 

@@ -320,3 +320,25 @@ def test_time_eager_times_calls_after_a_warm_up() -> None:
 
     us = kernel_bench.time_eager(call, torch.device("cpu"))
     assert len(calls) == 2 and 2000 <= us < 200_000
+
+
+@pytest.mark.parametrize("name", ["benchmark_gemv", "benchmark_gemv_batched"])
+def test_output_json_is_not_left_half_written(name: str, tmp_path: Path, monkeypatch) -> None:
+    """It was opened for writing and streamed into: a write that failed halfway (here a disk
+    that fills up) left a truncated, unparsable file in place of the previous run's."""
+    import json
+
+    module = importlib.import_module(name)
+    out = tmp_path / "out.json"
+    out.write_text('{"previous": "run"}')
+
+    def full_disk_after_half(record, f, **kwargs) -> None:
+        text = json.dumps(record, **kwargs)
+        f.write(text[: len(text) // 2])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(json, "dump", full_disk_after_half)
+    with pytest.raises(OSError, match="No space left"):
+        module.main(["--dry-run", "--output-json", str(out)])
+    assert json.loads(out.read_text()) == {"previous": "run"}
+    assert os.listdir(tmp_path) == ["out.json"]

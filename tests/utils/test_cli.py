@@ -2,6 +2,8 @@
 what it refuses, with which words, and that checking leaves the folder as it was."""
 
 import argparse
+import errno
+import json
 import os
 import re
 from pathlib import Path
@@ -44,3 +46,24 @@ def test_size_types_refuse_what_is_not_a_size() -> None:
     ]:
         with pytest.raises(argparse.ArgumentTypeError, match=f"^{re.escape(message)}$"):
             parse(text)
+
+
+def _full_disk_after_half(record: object, f, **kwargs: object) -> None:
+    """`json.dump` on a disk that fills up halfway through the record."""
+    text = json.dumps(record, **kwargs)
+    f.write(text[: len(text) // 2])
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_write_json_is_whole_or_not_at_all(tmp_path: Path, monkeypatch) -> None:
+    from vllm.utils.cli import write_json
+
+    out = tmp_path / "out.json"
+    write_json(str(out), {"run": 1, "rows": [1, 2]}, indent=1)
+    assert json.loads(out.read_text()) == {"run": 1, "rows": [1, 2]}
+    monkeypatch.setattr(json, "dump", _full_disk_after_half)
+    with pytest.raises(OSError, match="No space left"):
+        write_json(str(out), {"run": 2, "rows": list(range(100))})
+    monkeypatch.undo()
+    assert json.loads(out.read_text()) == {"run": 1, "rows": [1, 2]}  # the last complete one
+    assert os.listdir(tmp_path) == ["out.json"]  # no temporary file left behind

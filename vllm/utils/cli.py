@@ -2,11 +2,14 @@
 checks of their arguments that are not engine arguments (those are `EngineArgs`')."""
 
 import argparse
+import contextlib
+import json
 import math
 import os
 import sys
 import tempfile
 from collections.abc import Callable
+from typing import Any
 
 
 def run_main(main: Callable[[], int | None]) -> int | None:
@@ -79,3 +82,20 @@ def positive_float(text: str) -> float:
     if not 0 < value < math.inf:  # NaN included
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return value
+
+
+def write_json(path: str, record: Any, **dump_kwargs: Any) -> None:
+    """Write `record` as JSON to `path` whole or not at all: through `<path>.tmp`, renamed over
+    `path` once complete, so that a write that fails or is interrupted (a value json cannot
+    encode, a full disk, Ctrl-C) leaves the previous file as it was and no temporary file.
+    `dump_kwargs` go to `json.dump` (indent, default)."""
+    tmp = f"{path}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(record, f, **dump_kwargs)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
