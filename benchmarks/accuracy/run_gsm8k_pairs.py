@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm.entrypoints.openai.api_server import logged_port
+from vllm.utils.cli import nonnegative_int, positive_int, run_main
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK = "arith_gsm8k"
@@ -328,19 +329,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("model", type=Path, help="model folder (e.g. the output of train_arith.py)")
     add("--out", type=Path, required=True, help="folder for results.json, results.md and logs")
     add("--modes", nargs="+", choices=list(MODES), default=list(MODES), help="modes to run")
-    add("--limit", type=int, default=None, help="lm_eval documents (None: all 500)")
+    add("--limit", type=positive_int, default=None, help="lm_eval documents (None: all 500)")
     add(
         "--compare-limit",
-        type=int,
+        type=positive_int,
         default=None,
         help="questions of the LLM greedy comparison (default: --limit, or all)",
     )
-    add("--kl-limit", type=int, default=100, help="questions for the KL comparison")
-    add("--num-fewshot", type=int, default=5, help="few-shot examples per prompt")
-    add("--max-gen-toks", type=int, default=128, help="generation limit (answers are < 100)")
-    add("--max-model-len", type=int, default=4096, help="context of the served model")
-    add("--num-concurrent", type=int, default=8, help="lm_eval's concurrent requests")
-    add("--batch", type=int, default=16, help="prompts per LLM.generate call")
+    add("--kl-limit", type=positive_int, default=100, help="questions for the KL comparison")
+    add("--num-fewshot", type=nonnegative_int, default=5, help="few-shot examples per prompt")
+    add(
+        "--max-gen-toks",
+        type=positive_int,
+        default=128,
+        help="generation limit (answers are < 100)",
+    )
+    add("--max-model-len", type=positive_int, default=4096, help="context of the served model")
+    add("--num-concurrent", type=positive_int, default=8, help="lm_eval's concurrent requests")
+    add("--batch", type=positive_int, default=16, help="prompts per LLM.generate call")
     add("--dtype", default="bfloat16", help="model dtype of every mode")
     add("--skip-lm-eval", action="store_true", help="only the direct LLM comparison")
     add(
@@ -350,6 +356,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "flags), instead of serving and running lm_eval again",
     )
     args = parser.parse_args(argv)
+    # Checked before any server or engine starts: each was a traceback once one had.
+    if not (args.model / "config.json").is_file():
+        parser.error(f"argument model: {str(args.model)!r} is not a model folder (no config.json)")
+    if args.out.exists() and not args.out.is_dir():
+        parser.error(f"argument --out: {str(args.out)!r} exists and is not a folder")
     args.model = args.model.resolve()
     return args
 
@@ -407,4 +418,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -43,8 +43,51 @@ def test_server_that_exits_before_binding_is_an_error(run_gsm8k_pairs, tmp_path)
 
 
 def test_lm_eval_command_points_at_the_bound_port(run_gsm8k_pairs, tmp_path):
-    args = run_gsm8k_pairs.parse_args(["model", "--out", str(tmp_path), "--limit", "4"])
+    (tmp_path / "config.json").write_text("{}")
+    args = run_gsm8k_pairs.parse_args([str(tmp_path), "--out", str(tmp_path), "--limit", "4"])
     command = run_gsm8k_pairs.lm_eval_command(args, 43210, tmp_path / "r")
     model_args = command[command.index("--model_args") + 1]
     assert "base_url=http://127.0.0.1:43210/v1/completions" in model_args
     assert command[-2:] == ["--limit", "4"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--limit", "0"], "argument --limit: must be >= 1, got 0"),
+        (["--compare-limit", "-2"], "argument --compare-limit: must be >= 1, got -2"),
+        (["--kl-limit", "0"], "argument --kl-limit: must be >= 1, got 0"),
+        (["--num-fewshot", "-1"], "argument --num-fewshot: must be >= 0, got -1"),
+        (["--max-gen-toks", "0"], "argument --max-gen-toks: must be >= 1, got 0"),
+        (["--max-model-len", "0"], "argument --max-model-len: must be >= 1, got 0"),
+        (["--num-concurrent", "0"], "argument --num-concurrent: must be >= 1, got 0"),
+        (["--batch", "0"], "argument --batch: must be >= 1, got 0"),
+    ],
+)
+def test_bad_sizes_are_refused_by_flag(run_gsm8k_pairs, tmp_path, capsys, argv, message):
+    """Were taken as given: --batch 0 and --kl-limit 0 failed with a traceback after the lm_eval
+    runs (minutes each), --limit 0 silently meant all 500 documents."""
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(SystemExit) as exit_info:
+        run_gsm8k_pairs.parse_args([str(tmp_path), "--out", str(tmp_path / "out"), *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_missing_model_folder_or_a_file_for_out_is_refused(run_gsm8k_pairs, tmp_path, capsys):
+    """A missing model was a traceback from the first server or LLM (after earlier modes' runs
+    with --modes), an --out that is a file a FileExistsError."""
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(SystemExit) as exit_info:
+        run_gsm8k_pairs.parse_args([str(missing), "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    assert f"argument model: '{missing}' is not a model folder (no config.json)" in (
+        capsys.readouterr().err
+    )
+    (tmp_path / "config.json").write_text("{}")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    with pytest.raises(SystemExit) as exit_info:
+        run_gsm8k_pairs.parse_args([str(tmp_path), "--out", str(a_file)])
+    assert exit_info.value.code == 2
+    assert f"argument --out: '{a_file}' exists and is not a folder" in capsys.readouterr().err
