@@ -238,3 +238,24 @@ def test_tp_greedy_honours_the_sizes_given() -> None:
     assert benchmark_tp_greedy.workload_sizes(args) == {"max_model_len": 288, "max_num_seqs": 64}
     args.max_model_len, args.max_num_seqs = "4k", 16  # were replaced by the two above
     assert benchmark_tp_greedy.workload_sizes(args) == {"max_model_len": "4k", "max_num_seqs": 16}
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--shard-gb", "nan"], "argument --shard-gb: must be a finite number > 0, got nan"),
+        (["--shard-gb", "0"], "argument --shard-gb: must be a finite number > 0, got 0"),
+        (["--num-experts", "-1"], "argument --num-experts: must be >= 0, got -1"),
+    ],
+)
+def test_load_refuses_a_shard_size_that_is_not_a_size(argv, message, tmp_path, capsys) -> None:
+    """`--shard-gb nan` passed the `<= 0` check (NaN compares false), and no shard ever filled:
+    the whole checkpoint went into one; the checks now run as the flags are parsed."""
+    import benchmark_load
+
+    out = tmp_path / "ckpt"
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark_load.main(["--dry-run", "--out", str(out), *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
