@@ -89,6 +89,10 @@ def test_recipe_flags_parse() -> None:
         (["-ac", "{not json"], ["--attention-config", "JSON"]),
         (["-ac", "[1]"], ["--attention-config", "object"]),
         (["--kv-cache-dtype", "fp8"], ["--kv-cache-dtype", "not supported"]),
+        # Upstream's --quantization / -q: it was taken as an abbreviation of
+        # --quantization-config, whose error (fp8 "is not valid JSON") named the wrong flag.
+        (["--quantization", "fp8"], ["argument --quantization/-q:", "--quantization-config"]),
+        (["-q", "fp8"], ["argument --quantization/-q:", "('fp8') are not supported"]),
         (["--max-model-len", "12q"], ["--max-model-len", "cannot parse"]),
         (["--generation-config", "/no/such/folder"], ["--generation-config", "does not exist"]),
         (["--max-model-len", "1m"], ["--max-model-len", "max_position_embeddings"]),

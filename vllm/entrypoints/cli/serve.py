@@ -161,6 +161,16 @@ _SERVER_FLAGS: list[tuple[tuple[str, ...], dict]] = [
         ),
     ),
     (
+        ("--quantization", "-q"),
+        dict(
+            default=None,
+            metavar="METHOD",
+            help="upstream's quantization method name (e.g. fp8): refused, this fork quantizes "
+            "online through --quantization-config JSON (docs/quantization.md); without this "
+            "flag, --quantization was taken as an abbreviation of --quantization-config",
+        ),
+    ),
+    (
         ("--speculative-config", "-sc"),
         dict(
             default=None,
@@ -201,6 +211,12 @@ def check_server_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
             "argument --speculative-config/-sc: speculative decoding is not implemented in "
             "vllm-k3 (no draft model runner or rejection sampler); remove the flag to serve "
             "without it"
+        )
+    if args.quantization is not None:
+        parser.error(
+            f"argument --quantization/-q: upstream's method names ({args.quantization!r}) are not "
+            "supported; vllm-k3 quantizes online through --quantization-config, e.g. the PTPC "
+            'recipe \'{"linear":"fp8_per_channel"}\' (docs/quantization.md)'
         )
     if args.attention_config is not None:
         try:
