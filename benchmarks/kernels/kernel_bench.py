@@ -20,7 +20,7 @@ from csv import DictWriter
 
 import torch
 
-from vllm.utils.cli import output_file
+from vllm.utils.cli import output_file, replaced_whole
 
 
 def _capture(fn: Callable[[], object], calls: int) -> torch.cuda.CUDAGraph:
@@ -122,11 +122,12 @@ def copy_gbps(gib: float, device: torch.device | None = None) -> float:
 
 
 def write_csv(path: str | None, rows: list[dict[str, object]]) -> None:
-    """(Re)write all rows so far, so an interrupted run keeps what it measured."""
+    """(Re)write all rows so far, so an interrupted run keeps what it measured: whole, so that
+    an interruption during the write does not lose the rows written before."""
     if not path or not rows:
         return
     keys = list(dict.fromkeys(k for r in rows for k in r))
-    with open(path, "w", newline="") as f:
+    with replaced_whole(path, newline="") as f:
         writer = DictWriter(f, fieldnames=keys)
         writer.writeheader()
         writer.writerows(rows)

@@ -342,3 +342,23 @@ def test_output_json_is_not_left_half_written(name: str, tmp_path: Path, monkeyp
         module.main(["--dry-run", "--output-json", str(out)])
     assert json.loads(out.read_text()) == {"previous": "run"}
     assert os.listdir(tmp_path) == ["out.json"]
+
+
+def test_csv_keeps_the_rows_before_an_interrupted_rewrite(tmp_path: Path, monkeypatch) -> None:
+    """The CSV is rewritten after every row; written in place, an interruption during the
+    rewrite (here Ctrl-C after the header) lost every row measured before it."""
+    import csv
+
+    import kernel_bench
+
+    out = tmp_path / "rows.csv"
+    kernel_bench.write_csv(str(out), [{"m": 1, "us": 2.5}])
+
+    def interrupted(self, rows) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(csv.DictWriter, "writerows", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        kernel_bench.write_csv(str(out), [{"m": 1, "us": 2.5}, {"m": 2, "us": 3.0}])
+    assert out.read_text().splitlines() == ["m,us", "1,2.5"]
+    assert os.listdir(tmp_path) == ["rows.csv"]

@@ -8,8 +8,8 @@ import math
 import os
 import sys
 import tempfile
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TextIO
 
 
 def run_main(main: Callable[[], int | None]) -> int | None:
@@ -84,18 +84,25 @@ def positive_float(text: str) -> float:
     return value
 
 
-def write_json(path: str, record: Any, **dump_kwargs: Any) -> None:
-    """Write `record` as JSON to `path` whole or not at all: through `<path>.tmp`, renamed over
-    `path` once complete, so that a write that fails or is interrupted (a value json cannot
-    encode, a full disk, Ctrl-C) leaves the previous file as it was and no temporary file.
-    `dump_kwargs` go to `json.dump` (indent, default)."""
+@contextlib.contextmanager
+def replaced_whole(path: str, newline: str | None = None) -> Iterator[TextIO]:
+    """A text file to write `path` whole or not at all: `<path>.tmp`, renamed over `path` when
+    the block completes, removed when it raises (a value that cannot be encoded, a full disk,
+    Ctrl-C), so that the previous file stays as it was and no temporary file is left."""
     tmp = f"{path}.tmp"
     try:
-        with open(tmp, "w") as f:
-            json.dump(record, f, **dump_kwargs)
-            f.write("\n")
+        with open(tmp, "w", newline=newline) as f:
+            yield f
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
+
+
+def write_json(path: str, record: Any, **dump_kwargs: Any) -> None:
+    """Write `record` as JSON to `path` whole or not at all (`replaced_whole`). `dump_kwargs` go
+    to `json.dump` (indent, default)."""
+    with replaced_whole(path) as f:
+        json.dump(record, f, **dump_kwargs)
+        f.write("\n")
