@@ -31,7 +31,7 @@ from vllm.model_executor.model_loader.builtin import resolve_model
 from vllm.model_executor.model_loader.loader import build_model
 from vllm.transformers_utils.configs import load_model_config
 from vllm.utils import cli
-from vllm.utils.cli import output_file
+from vllm.utils.cli import FlexibleArgumentParser, output_file
 from vllm.v1.core.kv_cache_utils import cache_bytes
 from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -41,10 +41,10 @@ DRY_RUN_MODEL = "kimi-k3-tiny"
 SIZED = ("max_num_seqs", "max_model_len", "kv_cache_memory")
 
 
-def make_parser(doc: str, sized: tuple[str, ...] = SIZED) -> argparse.ArgumentParser:
+def make_parser(doc: str, sized: tuple[str, ...] = SIZED) -> FlexibleArgumentParser:
     """Every `EngineArgs` flag (as `vllm serve` has them), `-tp`, `--output-json` and `--dry-run`.
     `--max-num-seqs` and `--max-model-len` default to None: the benchmark sizes them."""
-    parser = argparse.ArgumentParser(
+    parser = FlexibleArgumentParser(
         description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     engine = parser.add_argument_group("engine (EngineArgs: the same fields as LLM(...) keywords)")

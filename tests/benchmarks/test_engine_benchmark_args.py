@@ -259,3 +259,12 @@ def test_load_refuses_a_shard_size_that_is_not_a_size(argv, message, tmp_path, c
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_engine_flags_take_upstreams_underscore_spellings() -> None:
+    import benchmark_latency
+
+    args = benchmark_latency.make_parser("").parse_args(
+        ["--load_format", "dummy", "--max_num_batched_tokens=512"]
+    )
+    assert (args.load_format, args.max_num_batched_tokens) == ("dummy", 512)

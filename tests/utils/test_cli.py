@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm.utils.cli import output_file
+from vllm.utils.cli import FlexibleArgumentParser, output_file
 
 
 def test_a_writable_output_file_is_left_as_found(tmp_path: Path) -> None:
@@ -67,3 +67,11 @@ def test_write_json_is_whole_or_not_at_all(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.undo()
     assert json.loads(out.read_text()) == {"run": 1, "rows": [1, 2]}  # the last complete one
     assert os.listdir(tmp_path) == ["out.json"]  # no temporary file left behind
+
+
+def test_flexible_parser_leaves_what_follows_a_bare_double_dash() -> None:
+    parser = FlexibleArgumentParser()
+    parser.add_argument("--max-len", type=int)
+    parser.add_argument("rest", nargs="*")
+    args = parser.parse_args(["--max_len=7", "--", "--max_len", "a_b"])
+    assert args.max_len == 7 and args.rest == ["--max_len", "a_b"]

@@ -8,8 +8,29 @@ import math
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
+
+
+class FlexibleArgumentParser(argparse.ArgumentParser):
+    """An `ArgumentParser` that also reads a long flag spelled with underscores as its dashed
+    name (`--max_model_len 4096`, `--max_model_len=4096`), as upstream vLLM's parser does, so
+    that commands written for either spelling run. Values are left as they are, and so is
+    everything after a bare `--`."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        args = sys.argv[1:] if args is None else list(args)
+        end = args.index("--") if "--" in args else len(args)
+        return super().parse_known_args([_dashed(a) for a in args[:end]] + args[end:], namespace)
+
+
+def _dashed(arg: str) -> str:
+    if not arg.startswith("--"):
+        return arg
+    name, eq, value = arg.partition("=")
+    return name.replace("_", "-") + eq + value
 
 
 def run_main(main: Callable[[], int | None]) -> int | None:

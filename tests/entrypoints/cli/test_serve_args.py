@@ -185,3 +185,16 @@ def test_help_states_what_each_unset_default_resolves_to() -> None:
     assert config.scheduler_config.max_num_batched_tokens == 8192
     big = EngineArgs(skip_tokenizer_init=True, max_num_seqs=9000).create_engine_config()
     assert big.scheduler_config.max_num_batched_tokens == 9000
+
+
+def test_underscore_spellings_of_long_flags_are_read_as_dashed() -> None:
+    """As upstream's parser: `--max_model_len` is `--max-model-len`, in either form, while
+    values (a JSON with underscores, a name) stay as they are."""
+    recipe = '{"linear":"fp8_per_channel","ignore":["re:.*gate_proj$"]}'
+    args = make_parser().parse_args(
+        ["serve", "kimi-k3-tiny", "--max_model_len", "100", "--max_num_seqs=3",
+         "--quantization_config", recipe, "--served_model_name", "a_b"]
+    )  # fmt: skip
+    assert (args.max_model_len, args.max_num_seqs) == ("100", 3)  # suffixes are read later
+    assert args.quantization_config == recipe
+    assert args.served_model_name == ["a_b"]

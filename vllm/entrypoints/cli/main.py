@@ -1,17 +1,16 @@
 """Entry point of the `vllm` console script: one subcommand per action (`serve`)."""
 
-import argparse
 import sys
 
 import vllm
-from vllm.utils.cli import run_main
+from vllm.utils.cli import FlexibleArgumentParser, run_main
 
 
-def make_parser() -> argparse.ArgumentParser:
+def make_parser() -> FlexibleArgumentParser:
     # Imported here, inside `main`'s Ctrl-C handling: it imports torch (about a second).
     from vllm.entrypoints.cli import serve
 
-    parser = argparse.ArgumentParser(
+    parser = FlexibleArgumentParser(
         prog="vllm", description="vllm-k3: serve Kimi-K3 / Kimi-Linear models."
     )
     parser.add_argument("-v", "--version", action="version", version=vllm.__version__)
