@@ -182,6 +182,23 @@ def _check_messages(messages: Any) -> None:
                 )
 
 
+def _with_reasoning_aliases(messages: list[dict]) -> list[dict]:
+    """`messages` where an assistant message that gives its thinking as `reasoning` (the field
+    chat replies carry it in, so what a client sends back) or as `reasoning_content` (the older
+    name, which Kimi's and most other templates read) has it under both, as upstream passes
+    them: a template reading either sees it. The caller's dicts are left as they are."""
+    out = []
+    for message in messages:
+        if message.get("role") == "assistant":
+            reasoning, legacy = message.get("reasoning"), message.get("reasoning_content")
+            if reasoning is not None and legacy is None:
+                message = {**message, "reasoning_content": reasoning}
+            elif legacy is not None and reasoning is None:
+                message = {**message, "reasoning": legacy}
+        out.append(message)
+    return out
+
+
 class Tokenizer(ABC):
     """Encode/decode plus special tokens, chat template and tokenizer info of one checkpoint.
 
@@ -315,18 +332,20 @@ class Tokenizer(ABC):
         """Render `messages` with `chat_template` (default: the checkpoint's), as HF does; ids if
         `tokenize`.
 
-        The template sees `messages`, `add_generation_prompt`, the bos/eos/pad token texts and every
-        extra keyword (`tools`, ...). Its text already holds the special tokens, so tokenizing adds
-        none. With `continue_final_message`, the rendering ends where the final (assistant)
-        message's text does, with none of what the template closes the message with, for the
-        reply to continue it; its text stays as given (a template that trims it still leaves its
-        trailing spaces, which HF would cut).
+        The template sees `messages` (an assistant message's `reasoning` also as
+        `reasoning_content`, and the other way round), `add_generation_prompt`, the bos/eos/pad
+        token texts and every extra keyword (`tools`, ...). Its text already holds the special
+        tokens, so tokenizing adds none. With `continue_final_message`, the rendering ends where the
+        final (assistant) message's text does, with none of what the template closes the message
+        with, for the reply to continue it; its text stays as given (a template that trims it still
+        leaves its trailing spaces, which HF would cut).
         """
         if chat_template is None:
             chat_template = self.chat_template
         if chat_template is None:
             raise ValueError("chat_template: this tokenizer has none; pass a prompt instead")
         _check_messages(messages)
+        messages = _with_reasoning_aliases(messages)
         if continue_final_message and add_generation_prompt:
             raise ValueError(CONTINUE_WITH_GENERATION_PROMPT)
         stand_in = None

@@ -87,3 +87,28 @@ def test_the_replys_turn_is_found_with_the_requests_template(thinking, expected)
     request = ChatCompletionRequest(messages=USER, chat_template=OWN, chat_template_kwargs=kwargs)
     prompt = chat.render(request)
     assert chat.starts_in_reasoning(request, prompt) is expected, prompt
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+@pytest.mark.parametrize("sent", ["reasoning", "reasoning_content"])
+def test_an_earlier_replys_reasoning_reaches_the_template_under_both_names(field, sent) -> None:
+    """A client sends a reply back as it got it (`reasoning`, what chat replies carry) or under
+    the older `reasoning_content`, which Kimi's templates read: a template reading either name
+    sees it, as upstream passes both."""
+    chat, tokenization = _servers(trust=True)
+    template = (
+        "{% for m in messages %}{% if m." + field + " %}<{{ m." + field + " }}>{% endif %}"
+        "[{{ m['content'] }}]{% endfor %}"
+    )
+    messages = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "four", sent: "2 + 2"},
+        {"role": "user", "content": "why?"},
+    ]
+    request = ChatCompletionRequest(messages=messages, chat_template=template)
+    assert chat.render(request) == "[q]<2 + 2>[four][why?]"
+    # LLM.chat renders through the tokenizer alike, leaving the caller's messages as they are.
+    tokenizer = chat.tokenizer
+    rendered = tokenizer.apply_chat_template(messages, chat_template=template)
+    assert rendered == "[q]<2 + 2>[four][why?]"
+    assert messages[1] == {"role": "assistant", "content": "four", sent: "2 + 2"}
