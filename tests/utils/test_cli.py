@@ -75,3 +75,29 @@ def test_flexible_parser_leaves_what_follows_a_bare_double_dash() -> None:
     parser.add_argument("rest", nargs="*")
     args = parser.parse_args(["--max_len=7", "--", "--max_len", "a_b"])
     assert args.max_len == 7 and args.rest == ["--max_len", "a_b"]
+
+
+def test_replaced_whole_keeps_links_modes_and_devices(tmp_path: Path) -> None:
+    from vllm.utils.cli import replaced_whole
+
+    target, link = tmp_path / "target.csv", tmp_path / "link.csv"
+    target.write_text("old")
+    os.chmod(target, 0o640)
+    link.symlink_to(target)
+    with replaced_whole(str(link)) as f:
+        f.write("new")
+    # The link still points at the file, which has the new text and its permission bits.
+    assert link.is_symlink() and target.read_text() == "new"
+    assert (target.stat().st_mode & 0o777) == 0o640
+    assert sorted(os.listdir(tmp_path)) == ["link.csv", "target.csv"]
+    # A FIFO (as /dev/null or /dev/stdout) is written through, not renamed over.
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        with replaced_whole(str(fifo)) as f:
+            f.write("row\n")
+        assert os.read(fd, 100) == b"row\n"
+    finally:
+        os.close(fd)
+    assert fifo.is_fifo()

@@ -6,6 +6,7 @@ import contextlib
 import json
 import math
 import os
+import stat
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -109,12 +110,27 @@ def positive_float(text: str) -> float:
 def replaced_whole(path: str, newline: str | None = None) -> Iterator[TextIO]:
     """A text file to write `path` whole or not at all: `<path>.tmp`, renamed over `path` when
     the block completes, removed when it raises (a value that cannot be encoded, a full disk,
-    Ctrl-C), so that the previous file stays as it was and no temporary file is left."""
-    tmp = f"{path}.tmp"
+    Ctrl-C), so that the previous file stays as it was and no temporary file is left.
+
+    A symlink's target is the file replaced (the link stays), and keeps its permission bits; a
+    path that is not a regular file (`/dev/null`, `/dev/stdout`, a pipe) is written in place:
+    renaming over it would replace the device or pipe itself (as root, `/dev/null`)."""
+    real = os.path.realpath(path)
+    try:
+        mode = os.stat(real).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        with open(path, "w", newline=newline) as f:
+            yield f
+        return
+    tmp = f"{real}.tmp"
     try:
         with open(tmp, "w", newline=newline) as f:
+            if mode is not None:
+                os.chmod(tmp, stat.S_IMODE(mode))
             yield f
-        os.replace(tmp, path)
+        os.replace(tmp, real)
     except BaseException:
         with contextlib.suppress(OSError):
             os.remove(tmp)
