@@ -101,3 +101,13 @@ def test_replaced_whole_keeps_links_modes_and_devices(tmp_path: Path) -> None:
     finally:
         os.close(fd)
     assert fifo.is_fifo()
+
+
+def test_flexible_parser_leaves_a_value_with_a_space() -> None:
+    # argparse takes an argument with a space as a value even where it starts with "--".
+    parser = FlexibleArgumentParser()
+    parser.add_argument("--api-key")
+    parser.add_argument("--max-len", type=int)
+    args = parser.parse_args(["--api_key", "--my_key x", "--max_len", "-3"])
+    assert args.api_key == "--my_key x" and args.max_len == -3
+    assert parser.parse_args(["--api_key=", "--max_len=4"]).api_key == ""

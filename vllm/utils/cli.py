@@ -28,9 +28,10 @@ class FlexibleArgumentParser(argparse.ArgumentParser):
 
 
 def _dashed(arg: str) -> str:
-    if not arg.startswith("--"):
-        return arg
     name, eq, value = arg.partition("=")
+    # With a space, argparse reads an argument as a value, not a flag ("--be_brief please").
+    if not name.startswith("--") or any(c.isspace() for c in name):
+        return arg
     return name.replace("_", "-") + eq + value
 
 
