@@ -146,6 +146,9 @@ def test_add_request_refuses_what_cannot_fit():
             engine.add_request("b", [1] * 25, SamplingParams(max_tokens=10))
         with pytest.raises(ValueError, match="min_tokens 8 does not fit.*at most 7"):
             engine.add_request("b", [1] * 25, SamplingParams(max_tokens=None, min_tokens=8))
+        # A min_tokens of exactly the room left fits.
+        engine.add_request("f", [1] * 25, SamplingParams(max_tokens=None, min_tokens=7))
+        engine.abort_request("f")
         with pytest.raises(ValueError, match="outside the vocabulary"):
             engine.add_request("c", [1, 100000])
         with pytest.raises(ValueError, match="empty"):
