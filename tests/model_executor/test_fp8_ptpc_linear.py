@@ -198,7 +198,7 @@ def test_unquantized_layer_refuses_a_quantized_activation():
         layer.to(DEVICE)(qa)
 
 
-@pytest.mark.parametrize("shape", [(4, 128), (3, 257), (2, 2, 64)], ids=str)
+@pytest.mark.parametrize("shape", [(4, 128), (3, 257), (2, 2, 64), ()], ids=str)
 def test_layer_names_an_activation_of_the_wrong_width(shape):
     """A plain activation whose last dim is not the layer's K is a ValueError naming K; the
     reshape to [-1, K] raised torch's shape error (or regrouped the rows) before."""
