@@ -112,3 +112,16 @@ def test_an_earlier_replys_reasoning_reaches_the_template_under_both_names(field
     rendered = tokenizer.apply_chat_template(messages, chat_template=template)
     assert rendered == "[q]<2 + 2>[four][why?]"
     assert messages[1] == {"role": "assistant", "content": "four", sent: "2 + 2"}
+
+
+def test_reasoning_given_under_both_names_keeps_each_and_other_roles_get_no_alias() -> None:
+    """Where a message gives both names, each keeps its own text; only assistant messages get
+    the other name (as upstream)."""
+    chat, _ = _servers(trust=True)
+    template = "{% for m in messages %}<{{ m.reasoning }}|{{ m.reasoning_content }}>{% endfor %}"
+    messages = [
+        {"role": "user", "content": "q", "reasoning": "u"},
+        {"role": "assistant", "content": "a", "reasoning": "new", "reasoning_content": "old"},
+    ]
+    rendered = chat.tokenizer.apply_chat_template(messages, chat_template=template)
+    assert rendered == "<u|><new|old>"
