@@ -111,3 +111,5 @@ def test_flexible_parser_leaves_a_value_with_a_space() -> None:
     args = parser.parse_args(["--api_key", "--my_key x", "--max_len", "-3"])
     assert args.api_key == "--my_key x" and args.max_len == -3
     assert parser.parse_args(["--api_key=", "--max_len=4"]).api_key == ""
+    # After an `=`, only the name is re-spelled.
+    assert parser.parse_args(["--api_key=a_b=c_d"]).api_key == "a_b=c_d"
