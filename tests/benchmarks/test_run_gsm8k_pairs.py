@@ -84,6 +84,11 @@ def test_a_missing_model_folder_or_a_file_for_out_is_refused(run_gsm8k_pairs, tm
     assert f"argument model: '{missing}' is not a model folder (no config.json)" in (
         capsys.readouterr().err
     )
+    # A folder without config.json (not a checkpoint) is refused alike.
+    missing.mkdir()
+    with pytest.raises(SystemExit):
+        run_gsm8k_pairs.parse_args([str(missing), "--out", str(tmp_path / "out")])
+    assert "is not a model folder (no config.json)" in capsys.readouterr().err
     (tmp_path / "config.json").write_text("{}")
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
