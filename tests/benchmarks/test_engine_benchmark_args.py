@@ -4,6 +4,7 @@ stops where the measuring would start): every bad value is a parser error naming
 
 import importlib
 import math
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -268,3 +269,17 @@ def test_engine_flags_take_upstreams_underscore_spellings() -> None:
         ["--load_format", "dummy", "--max_num_batched_tokens=512"]
     )
     assert (args.load_format, args.max_num_batched_tokens) == ("dummy", 512)
+
+
+def test_output_json_writes_what_json_cannot_as_text(tmp_path: Path) -> None:
+    """A record's dtype (or any value json has no type for) is written as its text, not a
+    TypeError after the run."""
+    import json
+
+    import bench_utils
+
+    out = tmp_path / "out.json"
+    bench_utils.write_json(str(out), {"dtype": torch.bfloat16})
+    assert json.loads(out.read_text()) == {"dtype": "torch.bfloat16"}
+    bench_utils.write_json(None, {"dtype": torch.bfloat16})  # no --output-json: nothing
+    assert os.listdir(tmp_path) == ["out.json"]
