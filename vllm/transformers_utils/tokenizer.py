@@ -16,19 +16,23 @@ import base64
 import functools
 import json
 import re
-import secrets
 from abc import ABC, abstractmethod
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import jinja2
 import tiktoken
 import tokenizers
-from jinja2.ext import loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from vllm.transformers_utils import tiktoken_split
+from vllm.transformers_utils.chat_template import (
+    CONTINUE_WITH_GENERATION_PROMPT,
+    check_messages,
+    compile_chat_template,
+    cut_at_stand_in,
+    mark_final_message,
+    with_reasoning_aliases,
+)
 
 # Kimi's split regex (tokenization_kimi.py): CJK ideographs form their own runs, letter runs may
 # carry one leading non-letter and an English contraction, digits group by at most three.
@@ -47,11 +51,6 @@ KIMI_PAT_STR = "|".join(
     ]
 )
 NUM_RESERVED_SPECIAL_TOKENS = 256
-CONTINUE_WITH_GENERATION_PROMPT = (
-    "continue_final_message and add_generation_prompt cannot both be true: the generation prompt "
-    "opens a new turn after the final message, which is then no longer continued (set "
-    "add_generation_prompt to false, its default is true)"
-)
 # HF writes int(1e30) as model_max_length when a checkpoint sets no limit.
 _NO_LIMIT = 10**12
 
@@ -72,15 +71,6 @@ _BYTE_TO_UNICODE = _byte_to_unicode()
 _UNICODE_TO_BYTE = {c: b for b, c in _BYTE_TO_UNICODE.items()}
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, **kwargs: Any) -> str:
-    # Jinja's own tojson escapes <, >, & and ' for HTML, which would corrupt prompts.
-    return json.dumps(value, ensure_ascii=ensure_ascii, **kwargs)
-
-
-def _raise_exception(message: str) -> None:
-    raise ValueError(f"chat template: {message}")
-
-
 def _read_json(path: Path) -> dict:
     if not path.is_file():
         return {}
@@ -95,108 +85,6 @@ def _token_text(value: Any) -> str | None:
     if isinstance(value, dict):
         value = value.get("content")
     return value if isinstance(value, str) else None
-
-
-@functools.lru_cache(maxsize=32)
-def compile_chat_template(source: str) -> jinja2.Template:
-    """`source` compiled in the sandbox HF renders chat templates in (with its `tojson`,
-    `raise_exception` and `strftime_now`); a `ValueError` if it does not parse. Cached by text,
-    so a caller's own template is parsed once, however many requests bring it."""
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    try:
-        return env.from_string(source)
-    except jinja2.TemplateSyntaxError as e:
-        raise ValueError(f"chat_template does not parse: {e}") from e
-
-
-def _mark_final_message(messages: list[dict]) -> tuple[list[dict], str]:
-    """`messages` with a unique stand-in appended to the final message's text, and the stand-in.
-
-    The rendering is cut where the stand-in lands: HF instead looks for the message's text in
-    the rendering, which a short text also matches inside the template's own markup (a final
-    "end" found in "<|im_end|>"), and which an empty one matches at the very end (the message
-    is left closed). The final message must be the assistant's: the reply continues it as the
-    assistant's turn, and the reasoning split reads it as the reply's own.
-    """
-    role = messages[-1]["role"] if messages else None
-    if role != "assistant":
-        shown = f"role {role!r}" if messages else "no messages"
-        raise ValueError(
-            "continue_final_message continues the final message, which must be the "
-            f"assistant's (the reply's own turn), got {shown}"
-        )
-    stand_in = f"CONTINUE{secrets.token_hex(16)}"
-    content = messages[-1].get("content")
-    if isinstance(content, list):
-        if content:
-            last = content[-1]
-            content = [*content[:-1], {**last, "text": last["text"] + stand_in}]
-        else:
-            content = [{"type": "text", "text": stand_in}]
-    elif content is None or isinstance(content, str):
-        content = (content or "") + stand_in
-    else:
-        raise ValueError(
-            "continue_final_message: the final message's content must be a string or a list of "
-            f"text parts, got {type(content).__name__}"
-        )
-    return [*messages[:-1], {**messages[-1], "content": content}], stand_in
-
-
-def _cut_at_stand_in(text: str, stand_in: str) -> str:
-    """The rendering up to where the final message's text ends (copies of it that the template
-    rendered earlier keep their text, without the stand-in)."""
-    end = text.rfind(stand_in)
-    if end < 0:
-        raise ValueError(
-            "continue_final_message: the chat template does not render the final message's "
-            "text as given, so there is no place to continue it from"
-        )
-    return text[:end].replace(stand_in, "")
-
-
-def _check_messages(messages: Any) -> None:
-    """A list of dicts, each with a 'role', whose list contents hold text parts only: the engine
-    reads no images or audio, and the templates drop parts they do not know, so a message of an
-    image alone would be answered as if it were empty."""
-    if not isinstance(messages, list) or not all(
-        isinstance(m, dict) and "role" in m for m in messages
-    ):
-        raise ValueError("messages must be a list of dicts, each with a 'role'")
-    for i, message in enumerate(messages):
-        content = message.get("content")
-        if not isinstance(content, list):
-            continue
-        for j, part in enumerate(content):
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind != "text" or not isinstance(part.get("text"), str):
-                shown = f"type {kind!r}" if isinstance(kind, str) else "no type"
-                raise ValueError(
-                    f"messages[{i}].content[{j}]: only text parts ({{'type': 'text', 'text': "
-                    f"str}}) are supported, got a part with {shown}"
-                )
-
-
-def _with_reasoning_aliases(messages: list[dict]) -> list[dict]:
-    """`messages` where an assistant message that gives its thinking as `reasoning` (the field
-    chat replies carry it in, so what a client sends back) or as `reasoning_content` (the older
-    name, which Kimi's and most other templates read) has it under both, as upstream passes
-    them: a template reading either sees it. The caller's dicts are left as they are."""
-    out = []
-    for message in messages:
-        if message.get("role") == "assistant":
-            reasoning, legacy = message.get("reasoning"), message.get("reasoning_content")
-            if reasoning is not None and legacy is None:
-                message = {**message, "reasoning_content": reasoning}
-            elif legacy is not None and reasoning is None:
-                message = {**message, "reasoning": legacy}
-        out.append(message)
-    return out
 
 
 class Tokenizer(ABC):
@@ -344,13 +232,13 @@ class Tokenizer(ABC):
             chat_template = self.chat_template
         if chat_template is None:
             raise ValueError("chat_template: this tokenizer has none; pass a prompt instead")
-        _check_messages(messages)
-        messages = _with_reasoning_aliases(messages)
+        check_messages(messages)
+        messages = with_reasoning_aliases(messages)
         if continue_final_message and add_generation_prompt:
             raise ValueError(CONTINUE_WITH_GENERATION_PROMPT)
         stand_in = None
         if continue_final_message:
-            messages, stand_in = _mark_final_message(messages)
+            messages, stand_in = mark_final_message(messages)
         template = compile_chat_template(chat_template)
         variables = {"bos_token": self.bos_token, "eos_token": self.eos_token}
         variables.update(pad_token=self.pad_token)
@@ -367,7 +255,7 @@ class Tokenizer(ABC):
                 f"chat_template failed on these messages: {type(e).__name__}: {e}"
             ) from e
         if stand_in is not None:
-            text = _cut_at_stand_in(text, stand_in)
+            text = cut_at_stand_in(text, stand_in)
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
     def tokenizer_info(self) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from vllm.entrypoints.openai.serving_engine import OpenAIError, OpenAIServing, b
 from vllm.outputs import CompletionOutput, PositionLogprobs
 from vllm.reasoning import KimiK3ReasoningParser
 from vllm.sampling_params import SamplingParams
-from vllm.transformers_utils.tokenizer import compile_chat_template
+from vllm.transformers_utils.chat_template import compile_chat_template
 from vllm.v1.engine.async_llm import EngineDeadError
 
 

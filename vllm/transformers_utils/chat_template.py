@@ -1,0 +1,130 @@
+"""Rendering chat messages with a Jinja chat template as HF does: the sandbox and its helpers,
+the checks of the messages, the names an assistant's reasoning goes by, and where a rendering
+ends when its final message is continued (HF's `continue_final_message`)."""
+
+import functools
+import json
+import secrets
+from datetime import datetime
+from typing import Any
+
+import jinja2
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+CONTINUE_WITH_GENERATION_PROMPT = (
+    "continue_final_message and add_generation_prompt cannot both be true: the generation prompt "
+    "opens a new turn after the final message, which is then no longer continued (set "
+    "add_generation_prompt to false, its default is true)"
+)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, **kwargs: Any) -> str:
+    # Jinja's own tojson escapes <, >, & and ' for HTML, which would corrupt prompts.
+    return json.dumps(value, ensure_ascii=ensure_ascii, **kwargs)
+
+
+def _raise_exception(message: str) -> None:
+    raise ValueError(f"chat template: {message}")
+
+
+@functools.lru_cache(maxsize=32)
+def compile_chat_template(source: str) -> jinja2.Template:
+    """`source` compiled in the sandbox HF renders chat templates in (with its `tojson`,
+    `raise_exception` and `strftime_now`); a `ValueError` if it does not parse. Cached by text,
+    so a caller's own template is parsed once, however many requests bring it."""
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as e:
+        raise ValueError(f"chat_template does not parse: {e}") from e
+
+
+def mark_final_message(messages: list[dict]) -> tuple[list[dict], str]:
+    """`messages` with a unique stand-in appended to the final message's text, and the stand-in.
+
+    The rendering is cut where the stand-in lands: HF instead looks for the message's text in
+    the rendering, which a short text also matches inside the template's own markup (a final
+    "end" found in "<|im_end|>"), and which an empty one matches at the very end (the message
+    is left closed). The final message must be the assistant's: the reply continues it as the
+    assistant's turn, and the reasoning split reads it as the reply's own.
+    """
+    role = messages[-1]["role"] if messages else None
+    if role != "assistant":
+        shown = f"role {role!r}" if messages else "no messages"
+        raise ValueError(
+            "continue_final_message continues the final message, which must be the "
+            f"assistant's (the reply's own turn), got {shown}"
+        )
+    stand_in = f"CONTINUE{secrets.token_hex(16)}"
+    content = messages[-1].get("content")
+    if isinstance(content, list):
+        if content:
+            last = content[-1]
+            content = [*content[:-1], {**last, "text": last["text"] + stand_in}]
+        else:
+            content = [{"type": "text", "text": stand_in}]
+    elif content is None or isinstance(content, str):
+        content = (content or "") + stand_in
+    else:
+        raise ValueError(
+            "continue_final_message: the final message's content must be a string or a list of "
+            f"text parts, got {type(content).__name__}"
+        )
+    return [*messages[:-1], {**messages[-1], "content": content}], stand_in
+
+
+def cut_at_stand_in(text: str, stand_in: str) -> str:
+    """The rendering up to where the final message's text ends (copies of it that the template
+    rendered earlier keep their text, without the stand-in)."""
+    end = text.rfind(stand_in)
+    if end < 0:
+        raise ValueError(
+            "continue_final_message: the chat template does not render the final message's "
+            "text as given, so there is no place to continue it from"
+        )
+    return text[:end].replace(stand_in, "")
+
+
+def check_messages(messages: Any) -> None:
+    """A list of dicts, each with a 'role', whose list contents hold text parts only: the engine
+    reads no images or audio, and the templates drop parts they do not know, so a message of an
+    image alone would be answered as if it were empty."""
+    if not isinstance(messages, list) or not all(
+        isinstance(m, dict) and "role" in m for m in messages
+    ):
+        raise ValueError("messages must be a list of dicts, each with a 'role'")
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text" or not isinstance(part.get("text"), str):
+                shown = f"type {kind!r}" if isinstance(kind, str) else "no type"
+                raise ValueError(
+                    f"messages[{i}].content[{j}]: only text parts ({{'type': 'text', 'text': "
+                    f"str}}) are supported, got a part with {shown}"
+                )
+
+
+def with_reasoning_aliases(messages: list[dict]) -> list[dict]:
+    """`messages` where an assistant message that gives its thinking as `reasoning` (the field
+    chat replies carry it in, so what a client sends back) or as `reasoning_content` (the older
+    name, which Kimi's and most other templates read) has it under both, as upstream passes
+    them: a template reading either sees it. The caller's dicts are left as they are."""
+    out = []
+    for message in messages:
+        if message.get("role") == "assistant":
+            reasoning, legacy = message.get("reasoning"), message.get("reasoning_content")
+            if reasoning is not None and legacy is None:
+                message = {**message, "reasoning_content": reasoning}
+            elif legacy is not None and reasoning is None:
+                message = {**message, "reasoning": legacy}
+        out.append(message)
+    return out
