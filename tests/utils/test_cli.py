@@ -113,3 +113,27 @@ def test_flexible_parser_leaves_a_value_with_a_space() -> None:
     assert parser.parse_args(["--api_key=", "--max_len=4"]).api_key == ""
     # After an `=`, only the name is re-spelled.
     assert parser.parse_args(["--api_key=a_b=c_d"]).api_key == "a_b=c_d"
+
+
+def test_replaced_whole_leaves_a_file_named_like_its_temporary(tmp_path: Path) -> None:
+    # A user's own `<path>.tmp` (or a second writer's) is neither overwritten nor renamed away.
+    from vllm.utils.cli import replaced_whole
+
+    out, theirs = tmp_path / "out.json", tmp_path / "out.json.tmp"
+    theirs.write_text("theirs")
+    with replaced_whole(str(out)) as f:
+        f.write("ours")
+    assert out.read_text() == "ours" and theirs.read_text() == "theirs"
+    assert sorted(os.listdir(tmp_path)) == ["out.json", "out.json.tmp"]
+
+
+def test_replaced_whole_gives_a_new_file_the_umasks_mode(tmp_path: Path) -> None:
+    from vllm.utils.cli import replaced_whole
+
+    old = os.umask(0o027)
+    try:
+        with replaced_whole(str(tmp_path / "new.csv")) as f:
+            f.write("row\n")
+    finally:
+        os.umask(old)
+    assert ((tmp_path / "new.csv").stat().st_mode & 0o777) == 0o640

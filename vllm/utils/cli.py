@@ -6,6 +6,7 @@ import contextlib
 import json
 import math
 import os
+import secrets
 import stat
 import sys
 import tempfile
@@ -109,9 +110,11 @@ def positive_float(text: str) -> float:
 
 @contextlib.contextmanager
 def replaced_whole(path: str, newline: str | None = None) -> Iterator[TextIO]:
-    """A text file to write `path` whole or not at all: `<path>.tmp`, renamed over `path` when
-    the block completes, removed when it raises (a value that cannot be encoded, a full disk,
-    Ctrl-C), so that the previous file stays as it was and no temporary file is left.
+    """A text file to write `path` whole or not at all: a new file beside it
+    (`<path>.<random>.tmp`, created exclusively so that no other file of that name is touched),
+    renamed over `path` when the block completes, removed when it raises (a value that cannot be
+    encoded, a full disk, Ctrl-C), so that the previous file stays as it was and no temporary file
+    is left. A new file gets the mode the umask gives.
 
     A symlink's target is the file replaced (the link stays), and keeps its permission bits; a
     path that is not a regular file (`/dev/null`, `/dev/stdout`, a pipe) is written in place:
@@ -125,9 +128,10 @@ def replaced_whole(path: str, newline: str | None = None) -> Iterator[TextIO]:
         with open(path, "w", newline=newline) as f:
             yield f
         return
-    tmp = f"{real}.tmp"
+    tmp = f"{real}.{secrets.token_hex(8)}.tmp"
+    f = open(tmp, "x", newline=newline)
     try:
-        with open(tmp, "w", newline=newline) as f:
+        with f:
             if mode is not None:
                 os.chmod(tmp, stat.S_IMODE(mode))
             yield f
