@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm.entrypoints.openai.api_server import logged_port
-from vllm.utils.cli import nonnegative_int, positive_int, run_main
+from vllm.utils.cli import nonnegative_int, positive_int, replaced_whole, run_main, write_json
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK = "arith_gsm8k"
@@ -283,6 +283,16 @@ def compare(llm_runs: dict[str, dict]) -> dict[str, dict[str, Any]]:
     return pairs
 
 
+def write_report(out: Path, report: dict[str, Any]) -> str:
+    """Write `results.json` and then `results.md` into `out`, each whole or not at all, so that a
+    run stopped mid-write keeps the previous complete files; return the tables."""
+    write_json(str(out / "results.json"), report, indent=2)
+    table = markdown(report)
+    with replaced_whole(str(out / "results.md")) as f:
+        f.write(table)
+    return table
+
+
 def markdown(report: dict[str, Any]) -> str:
     def f4(x: float) -> str:
         return f"{x:.4f}"
@@ -410,10 +420,7 @@ def main() -> None:
         "server_agreement": server_agreement,
         "args": {k: str(v) for k, v in vars(args).items()},
     }  # fmt: skip
-    (args.out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
-    table = markdown(report)
-    (args.out / "results.md").write_text(table)
-    print(table, flush=True)
+    print(write_report(args.out, report), flush=True)
     log(f"wrote {args.out / 'results.json'} and {args.out / 'results.md'}")
 
 

@@ -1,5 +1,6 @@
-"""The accuracy script's server handling: `Server` learns the port a server bound on port 0 from
-its log, waits for /health, and stops the server's whole session on exit."""
+"""The accuracy script's server handling and results files: `Server` learns the port a server
+bound on port 0 from its log, waits for /health, and stops the server's whole session on exit;
+`write_report` writes its files whole or not at all."""
 
 import os
 import sys
@@ -96,3 +97,21 @@ def test_a_missing_model_folder_or_a_file_for_out_is_refused(run_gsm8k_pairs, tm
         run_gsm8k_pairs.parse_args([str(tmp_path), "--out", str(a_file)])
     assert exit_info.value.code == 2
     assert f"argument --out: '{a_file}' exists and is not a folder" in capsys.readouterr().err
+
+
+def test_results_are_written_whole_or_not_at_all(run_gsm8k_pairs, tmp_path, monkeypatch):
+    import errno
+    import json
+
+    (tmp_path / "results.json").write_text('{"run": 1}\n')
+
+    def full_disk_after_half(record, f, **kwargs):
+        text = json.dumps(record, **kwargs)
+        f.write(text[: len(text) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(json, "dump", full_disk_after_half)
+    with pytest.raises(OSError, match="No space left"):
+        run_gsm8k_pairs.write_report(tmp_path, {"run": 2, "rows": list(range(100))})
+    assert (tmp_path / "results.json").read_text() == '{"run": 1}\n'
+    assert os.listdir(tmp_path) == ["results.json"]
