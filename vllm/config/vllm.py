@@ -92,13 +92,27 @@ class VllmConfig:
     device: str  # "cuda" | "cpu"
 
 
+def decode_batch_class(n: int) -> int:
+    """The size class of a decode batch of `n` sequences: the smallest of 1, 2, 4, 8, then every
+    8 up to 256 and every 16 beyond, that is at least `n`.
+
+    The CUDA graphs are captured at these sizes, and the decode kernels choose their launch
+    (splits, tiles, program counts) for a batch's class rather than its exact size: each new
+    launch configuration is a Triton compile of 0.1-0.5 s in the step that first meets it, so an
+    eager decode (the decode rows of a mixed step, or any step under `--enforce-eager`) of any
+    size up to the largest graph reuses kernels that the graphs' capture compiled."""
+    if n <= 4:
+        return 1 if n <= 1 else 1 << (n - 1).bit_length()
+    if n <= 256:
+        return -(-n // 8) * 8
+    return 256 + -(-(n - 256) // 16) * 16
+
+
 def cudagraph_capture_sizes(max_num_seqs: int, max_capture_size: int | None) -> list[int]:
-    """Decode batch sizes captured as CUDA graphs: 1, 2, 4, 8, then every 8 up to 256 and every 16
-    beyond, capped by `max_num_seqs` and `max_capture_size`; the cap itself is always included
-    so every batch up to it has a graph to pad to."""
+    """Decode batch sizes captured as CUDA graphs: the batch classes (`decode_batch_class`: 1, 2,
+    4, 8, then every 8 up to 256 and every 16 beyond), capped by `max_num_seqs` and
+    `max_capture_size`; the cap itself is always included so every batch up to it has a graph to
+    pad to."""
     cap = min(max_num_seqs, max_capture_size if max_capture_size is not None else 512)
-    sizes = [s for s in (1, 2, 4) if s <= cap]
-    sizes += list(range(8, min(cap, 256) + 1, 8)) + list(range(272, cap + 1, 16))
-    if cap >= 1 and (not sizes or sizes[-1] != cap):
-        sizes.append(cap)
-    return sorted(set(sizes))
+    sizes = {decode_batch_class(n) for n in range(1, cap + 1)}
+    return sorted({s for s in sizes if s <= cap} | ({cap} if cap >= 1 else set()))
