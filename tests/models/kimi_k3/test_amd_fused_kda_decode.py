@@ -11,6 +11,7 @@ from engine_harness import EngineHarness, SingleLayer
 
 import vllm.models.kimi_k3.amd.ops.fused_kda_decode as decode_module
 import vllm.models.kimi_k3.amd.ops.fused_kda_decode_config as config_module
+from vllm.config.vllm import decode_batch_class
 from vllm.model_executor.layers.quantization.utils.fp8_per_token import per_token_fp8_quant
 from vllm.models.kimi_k3.amd.kda import KimiK3DeltaAttention
 from vllm.models.kimi_k3.amd.ops.fused_kda_decode import (
@@ -103,13 +104,25 @@ def test_every_launch_variant_matches_unfused_ops(d, block_v, norm, dtype, trito
     check_against_unfused(step, -5.0, config, triton_launches)
 
 
+def test_default_launch_is_the_batch_class_launch():
+    # An eager decode (a mixed step's decode rows) takes the launch its class's graph was
+    # captured with: one of its own (shift programs of 4 * 132 // n) was a Triton compile in
+    # the step (H100, docs/performance.md, "Thirty-fifth run").
+    for n in range(1, 600):
+        for heads, d, sms in ((32, 128, 132), (12, 128, 78), (2, 32, 132)):
+            assert kda_decode_config(n, heads, d, sms) == kda_decode_config(
+                decode_batch_class(n), heads, d, sms
+            ), (n, heads, d, sms)
+
+
 def test_default_config_depends_on_shapes_only():
     sms = 132
     # D = 128: V-split; 16-column blocks while 64-column ones would not give 2 programs per SM.
     assert kda_decode_config(1, 32, 128, sms) == KdaDecodeConfig(16, 4, 64, gate_proj=True)
     assert kda_decode_config(4, 32, 128, sms).block_v == 16
     assert kda_decode_config(5, 32, 128, sms) == KdaDecodeConfig(64, 4, 64, gate_proj=True)
-    assert kda_decode_config(9, 32, 128, sms) == KdaDecodeConfig(64, 4, 58, gate_proj=True)
+    # 9 sequences take the launch of their batch class, 16: 4 * 132 // 16 shift programs.
+    assert kda_decode_config(9, 32, 128, sms) == KdaDecodeConfig(64, 4, 33, gate_proj=True)
     assert kda_decode_config(64, 32, 128, sms) == KdaDecodeConfig(64, 4, 8, evict_state=True)
     assert kda_decode_config(256, 12, 128, sms) == KdaDecodeConfig(64, 4, 3, gate_proj=False)
     # Small heads: one program per head.
@@ -119,11 +132,12 @@ def test_default_config_depends_on_shapes_only():
     for heads, d in ((32, 128), (2, 32)):
         assert kda_decode_config(most, heads, d, sms).gate_proj
         assert not kda_decode_config(most + 1, heads, d, sms).gate_proj
-    # The state is evicted first from EVICT_STATE_MIN_BATCH to EVICT_STATE_MAX_BATCH sequences.
+    # The state is evicted first from EVICT_STATE_MIN_BATCH to EVICT_STATE_MAX_BATCH sequences
+    # (batch classes: 57 sequences take the launch of 64).
     low, high = config_module.EVICT_STATE_MIN_BATCH, config_module.EVICT_STATE_MAX_BATCH
     for heads, d in ((32, 128), (2, 32)):
         evicts = [kda_decode_config(n, heads, d, sms).evict_state for n in range(1, 2 * high)]
-        assert evicts == [low <= n <= high for n in range(1, 2 * high)]
+        assert evicts == [low - 8 < n <= high for n in range(1, 2 * high)]
 
 
 def test_default_shift_programs_shrink_with_the_batch():

@@ -14,6 +14,7 @@ import torch
 from counted_kernels import record_launches
 
 import vllm.models.kimi_k3.amd.ops.mla_decode as op_module
+from vllm.config.vllm import decode_batch_class
 from vllm.models.kimi_k3.amd.ops.mla_decode import (
     launch_mla_decode,
     mla_decode_paged,
@@ -22,6 +23,7 @@ from vllm.models.kimi_k3.amd.ops.mla_decode import (
 from vllm.models.kimi_k3.amd.ops.mla_decode_config import (
     DECODE_COUNTERS,
     MlaDecodeConfig,
+    merge_block_l,
     mla_decode_config,
 )
 from vllm.triton_utils import num_sms
@@ -286,6 +288,21 @@ def test_default_config_depends_on_shapes_only():
     bf16 = mla_decode_config(1, 32, 512, 32768, 132, max_smem=227 * 1024, elem_bytes=2)
     assert (bf16.block_n, bf16.num_stages, bf16.latent_chunks) == (64, 5, 4)
     assert mla_decode_config(1, 4, 32, 64, 1).latent_chunks == 1  # narrow latents
+
+
+def test_default_launch_is_the_batch_class_launch():
+    # An eager decode of n sequences (a mixed step's decode rows) takes the launch of the graph
+    # its class would replay, compiled at capture: a launch of its own (the splits of 132 // n,
+    # a new SPLITS constexpr for the merge) cost a Triton compile of ~0.3 s in the step (H100,
+    # docs/performance.md, "Thirty-fifth run").
+    for capacity in (1066, 8224, 32800):
+        for n in range(1, 600):
+            c = decode_batch_class(n)
+            for sms, smem in ((132, 227 * 1024), (108, 164 * 1024)):
+                assert mla_decode_config(n, 32, 512, capacity, sms, smem, counters=1024) == (
+                    mla_decode_config(c, 32, 512, capacity, sms, smem, counters=1024)
+                ), (capacity, n)
+                assert merge_block_l(n, 32, 512, sms) == merge_block_l(c, 32, 512, sms)
 
 
 def test_default_merge_form_and_short_context_splits(monkeypatch):

@@ -3,7 +3,9 @@
 - every configured batch size is captured;
 - a mixed workload (prompts of different lengths arriving at different steps, so decode-only steps
   of many sizes and mixed prefill steps) gives the same greedy tokens with graphs and eagerly;
-- a graph-replayed decode step neither synchronizes with the host nor compiles anything.
+- a graph-replayed decode step neither synchronizes with the host nor compiles anything;
+- the decode rows of a mixed step, run eagerly at their own count, reuse the MLA decode kernels the
+  capture compiled (the KDA ones: at most one compile per batch class).
 """
 
 import random
@@ -18,12 +20,14 @@ from vllm.v1.engine.llm_engine import LLMEngine
 PTPC = {"linear": "fp8_per_channel", "ignore": ["re:(?!.*self_attn\\.o_proj$).*"]}
 
 
-def engine(enforce_eager: bool, async_scheduling: bool | None = None) -> LLMEngine:
+def engine(
+    enforce_eager: bool, async_scheduling: bool | None = None, max_model_len: int = 512
+) -> LLMEngine:
     return LLMEngine.from_engine_args(
         EngineArgs(
             model="kimi-k3-tiny", quantization_config=PTPC, enforce_eager=enforce_eager,
             max_num_seqs=24, max_num_batched_tokens=256, kv_cache_memory=1 << 30,
-            max_model_len=512, async_scheduling=async_scheduling,
+            max_model_len=max_model_len, async_scheduling=async_scheduling,
         )
     )  # fmt: skip
 
@@ -146,3 +150,45 @@ def test_steps_launched_ahead_replay_graphs_without_host_sync(monkeypatch):
     want, none = run(False)
     assert got == want
     assert ahead == 18 and none == 0  # every decode step but the first and the last
+
+
+@pytest.mark.gpu
+def test_mixed_steps_decode_rows_reuse_the_graphs_decode_kernels(monkeypatch):
+    """A mixed step runs its decode rows eagerly at their own count; the decode kernels choose
+    their launch by the count's batch class, so they reuse what the capture of that class's
+    graph compiled. Before, the MLA decode's split count (the SMs // N) was a constexpr of its
+    merge kernel, and every new count compiled one inside the step (the probe on an H100: 0.3-2
+    s a step). The tiny model's merge runs in the split launch at most counts; without that
+    form every count takes the merge kernel. The KDA kernels differ from the graphs' where the
+    gate projections run outside them (a mixed step projects every row first): at most one
+    compile per class met."""
+    import triton
+
+    import vllm.models.kimi_k3.amd.ops.mla_decode_config as mla_config
+    from vllm.config.vllm import decode_batch_class
+
+    monkeypatch.setattr(mla_config, "_FUSED_MERGE_MAX_BYTES", 0)
+    eng = engine(enforce_eager=False, async_scheduling=False, max_model_len=4096)
+    compiled = []
+
+    def record(*, key, repr, fn, compile, is_manual_warmup, already_compiled):  # noqa: A002
+        compiled.append(fn.name)
+        return False
+
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+        triton.knobs.runtime.jit_cache_hook = record
+        decoding = []
+        for step in range(12):  # one new prompt a step: 0, 1, ..., 11 sequences decoding
+            eng.add_request(str(step), [1 + step] * 40, params)
+            decoding.append(len(eng.scheduler.running))
+            eng.step()
+        assert decoding == list(range(12))
+        assert "_mla_decode_merge_kernel" not in compiled, compiled
+        assert "_mla_decode_split_kernel" not in compiled, compiled
+        classes = len({decode_batch_class(n) for n in decoding if n})  # 1, 2, 4, 8, 16
+        for kernel in ("_fused_kda_decode_kernel", "_kda_decode_epilogue_kernel"):
+            assert compiled.count(kernel) <= classes, (kernel, compiled)
+    finally:
+        triton.knobs.runtime.jit_cache_hook = None
+        eng.shutdown()

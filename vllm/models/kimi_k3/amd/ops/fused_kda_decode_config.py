@@ -6,6 +6,7 @@ shapes alone, with the H200 measurements behind each choice.
 
 from dataclasses import dataclass
 
+from vllm.config.vllm import decode_batch_class
 from vllm.triton_utils import next_power_of_2
 
 
@@ -107,7 +108,11 @@ def kda_decode_config(n: int, heads: int, d: int, num_sms: int) -> KdaDecodeConf
     Small heads have small tiles: no split. The epilogue's shift programs: see
     `kda_epilogue_programs`. Gate projections in the kernel up to `GATE_PROJ_MAX_BATCH`, and the
     state evicted first from L2 from `EVICT_STATE_MIN_BATCH` to `EVICT_STATE_MAX_BATCH`.
+
+    Chosen for N's batch class (`decode_batch_class`: the size of the graph N would replay), so
+    an eager decode (a mixed step's decode rows) launches what the graphs' capture compiled.
     """
+    n = decode_batch_class(n)
     gate_proj = n <= GATE_PROJ_MAX_BATCH
     evict = EVICT_STATE_MIN_BATCH <= n <= EVICT_STATE_MAX_BATCH
     if d < 64:

@@ -6,6 +6,7 @@ measurements behind each choice.
 
 from dataclasses import dataclass
 
+from vllm.config.vllm import decode_batch_class
 from vllm.platforms import current_platform
 from vllm.triton_utils import next_power_of_2
 
@@ -125,8 +126,11 @@ def mla_decode_config(
     7 MLA layers at batch 64 took 343 us a step with 4 chunks and two launches against 391 with
     one chunk and one launch (docs/performance.md, "Eleventh run").
 
-    Depends on shapes only, so a captured graph stays valid for every `seq_lens`.
+    Depends on shapes only, so a captured graph stays valid for every `seq_lens`, and on N only
+    through its batch class (`decode_batch_class`), so an eager decode launches what a graph's
+    capture compiled.
     """
+    n = decode_batch_class(n)
     wide = next_power_of_2(latent) >= 256
     rocm = current_platform.is_rocm()
     widest_h = _SINGLE_SEQUENCE_BLOCK_H if n == 1 and wide and not rocm else 32
@@ -157,7 +161,9 @@ def mla_decode_config(
 
 def merge_block_l(n: int, heads: int, latent: int, num_sms: int) -> int:
     """Output columns per merge program: narrower until there are ~4 programs per SM, so that a
-    small batch reads its partials from many SMs at once."""
+    small batch reads its partials from many SMs at once. Chosen for N's batch class, as
+    `mla_decode_config`."""
+    n = decode_batch_class(n)
     block = next_power_of_2(latent)
     while block > 64 and n * heads * -(-latent // block) < 4 * num_sms:
         block //= 2
