@@ -5,11 +5,12 @@
 # steady-state mixed steps' host profile (docs/perf_h200_2026-12-05b/host_profile.py) on
 # Kimi-Linear-48B-A3B's config with 128 of its 256 routed experts (~25 B parameters). A step's
 # host work (layers, launches, shapes) does not depend on the number of experts, only the
-# routing's distribution over them does.
+# routing's distribution over them does. PART=compiles: step_compiles.py, which kernels Triton
+# compiles in which mixed step.
 set -u
 M=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-if [ "$M" -gt 100000 ]; then
+if [ "$M" -gt 100000 ] && [ "${PART:-}" != compiles ]; then
   PART=grid bash docs/perf_h200_2026-12-04e/next_calls.sh
   exit
 fi
@@ -23,6 +24,14 @@ c["num_experts"] = 128
 json.dump(c, open("/tmp/k128/config.json", "w"), indent=1)
 PY
 P='{"linear":"fp8_per_channel","ignore":["re:(?!.*self_attn\\.o_proj$).*"]}'
+if [ "${PART:-}" = compiles ]; then  # which kernels compile in which mixed steps (eager)
+  timeout ${LIMIT:-400} python docs/perf_h200_2026-12-05e/step_compiles.py --model /tmp/k128 \
+    --load-format dummy --skip-tokenizer-init --quantization-config "$P" --batch-sizes ${BATCH:-32} \
+    --input-lens 8192 --output-len 64 --warmup-steps 1 --max-num-batched-tokens 8192 \
+    --enforce-eager > $OUT/compiles.log 2>&1
+  echo "compiles rc $?"; grep -v "^INFO\|USDT" $OUT/compiles.log | cut -c1-700 | tail -80
+  exit
+fi
 WARM=${WARM:-4} TIMED=${TIMED:-4} PROFILED=${PROFILED:-2} timeout ${LIMIT:-480} python \
   docs/perf_h200_2026-12-05b/host_profile.py --model /tmp/k128 --load-format dummy \
   --skip-tokenizer-init --quantization-config "$P" --batch-sizes ${BATCH:-32} --input-lens 8192 \
