@@ -158,6 +158,22 @@ def test_top_p_off_rows_keep_tokens_below_cumsum_rounding():
     assert floor[0].item() == pytest.approx(0.25) and floor[1].item() == pytest.approx(2e-9)
 
 
+def test_top_p_measures_the_mass_of_every_token_top_k_keeps_ties_included():
+    # top_k=4 keeps the three 2s and, tied at the 4th place, all three 1s (as the sampler
+    # documents). top_p then measures those six: the three 2s hold e / (e + 1) = .731 < .75 of
+    # it, so a 1 must be kept too. Measured over only the first four positions (3 e^2 + e), the
+    # 2s would already hold .891 and every 1 would be dropped.
+    logits = torch.tensor([[2.0, 1.0, 2.0, 1.0, 0.0, 2.0, 1.0, 0.0]]).repeat(2, 1)
+    params = [SamplingParams(top_k=4, top_p=0.75) for _ in range(2)]
+    floor = _top_k_top_p_floor(logits.softmax(-1), _metadata(params))
+    assert floor.flatten().tolist() == pytest.approx([logits.softmax(-1)[0, 1].item()] * 2)
+    n = 64
+    out = _sample(logits[:1].expand(n, V).contiguous(),
+                  [SamplingParams(top_k=4, top_p=0.75, seed=i) for i in range(n)],
+                  generators=[_seeded(i) for i in range(n)])  # fmt: skip
+    assert set(out.sampled_token_ids.tolist()) == {0, 1, 2, 3, 5, 6}
+
+
 def test_top_p_that_float32_rounds_to_zero_keeps_the_most_likely_token():
     # 1e-46 is a valid top_p (> 0) that is 0 in float32: no token's mass before it is below
     # it, and the row must still keep its most likely token rather than index position -1.

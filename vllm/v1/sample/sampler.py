@@ -161,8 +161,11 @@ def _sample_random(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
 def _top_k_top_p_floor(probs: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     """[N, 1] smallest probability kept by top-k then top-p (top-p measured after top-k)."""
     ordered = probs.sort(dim=-1, descending=True).values
-    position = torch.arange(md.vocab_size, device=probs.device).unsqueeze(0)
-    in_k = position < (md.top_k.unsqueeze(1) if md.top_k is not None else md.vocab_size)
+    if md.top_k is not None:
+        # Top-k keeps the tokens tied with its k-th: top-p measures their mass too.
+        in_k = ordered >= ordered.gather(1, md.top_k.unsqueeze(1) - 1)
+    else:
+        in_k = torch.ones_like(ordered, dtype=torch.bool)
     ordered_k = ordered.masked_fill(~in_k, 0.0)
     cumulative = ordered_k.cumsum(dim=-1)
     top_p = md.top_p.unsqueeze(1)
