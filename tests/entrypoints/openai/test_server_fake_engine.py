@@ -105,6 +105,19 @@ def test_chat_continues_the_final_message_inside_its_think_block(server: RemoteS
     assert message["content"] == " The answer is 4."
 
 
+def test_a_reply_that_is_all_reasoning_has_null_content(server: RemoteServer) -> None:
+    """As upstream's reasoning parsers (the content after the think block, `or None`): a reply
+    the parser takes whole, here one that stops inside the block the final message opened, has
+    `content: null`, not `""`."""
+    fields = {"messages": [{"role": "user", "content": "q"},
+                           {"role": "assistant", "content": THINK_START}],
+              "add_generation_prompt": False, "continue_final_message": True,
+              "max_tokens": SCRIPT.index(THINK_END)}  # fmt: skip
+    message = _post(server, "/v1/chat/completions", fields).json()["choices"][0]["message"]
+    assert message["reasoning"] == SCRIPT[: SCRIPT.index(THINK_END)]
+    assert message["content"] is None, message
+
+
 @pytest.mark.parametrize(
     "body, param",
     [

@@ -207,6 +207,9 @@ class OpenAIServingChat(OpenAIServing):
         choices = []
         for c in final.outputs:
             reasoning, content = self._split(request, c, in_reasoning)
+            if self.reasoning_parser is not None:
+                # As upstream's parsers: a reply they take whole for reasoning has no content.
+                content = content or None
             logprobs = None
             if num_top is not None:
                 logprobs = chat_logprobs(c.token_ids, c.logprobs or [], num_top, self.tokenizer)
