@@ -80,10 +80,33 @@ def test_streamed_chat_deltas_add_up(server: RemoteServer) -> None:
     assert events[0]["choices"][0]["delta"]["role"] == "assistant"
     assert events[-2]["choices"] == [] and events[-2]["usage"]["completion_tokens"] > 0
     deltas = [e["choices"][0]["delta"] for e in events[1:-2]]
-    assert "".join(d["reasoning"] or "" for d in deltas) == "Two and two make four."
-    assert "".join(d["content"] or "" for d in deltas) == "Hmm. The answer is 4."
+    assert "".join(d.get("reasoning", "") for d in deltas) == "Two and two make four."
+    assert "".join(d.get("content", "") for d in deltas) == "Hmm. The answer is 4."
     assert events[-3]["choices"][0]["finish_reason"] == "length"
     assert len(deltas) > 5  # really streamed
+
+
+def test_streamed_chat_chunks_carry_only_what_is_set(server: RemoteServer) -> None:
+    """As upstream's chat stream (`model_dump_json(exclude_unset=True)`): a delta holds only its
+    own fields (no `"content": null` beside reasoning, no `role` after the first chunk), each
+    choice `index`, `delta`, `logprobs` and `finish_reason`, with `stop_reason` in the last only,
+    no `usage` unless asked for, and every chunk the same `created`."""
+    body = {"messages": [{"role": "user", "content": "2+2?"}], "max_tokens": len(SCRIPT),
+            "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    events = _events(_post(server, "/v1/chat/completions", body, stream=True))[:-1]
+    top = {"id", "object", "created", "model", "choices"}
+    assert all(set(e) == top for e in events[:-1]), events
+    assert set(events[-1]) == top | {"usage"} and events[-1]["choices"] == []
+    assert len({e["created"] for e in events}) == 1 and len({e["id"] for e in events}) == 1
+    choices = [e["choices"][0] for e in events[:-1]]
+    assert choices[0] == {"index": 0, "delta": {"role": "assistant", "content": ""},
+                          "logprobs": None, "finish_reason": None}  # fmt: skip
+    base = {"index", "delta", "logprobs", "finish_reason"}
+    assert all(set(c) == base for c in choices[1:-1]), choices
+    assert set(choices[-1]) == base | {"stop_reason"} and choices[-1]["finish_reason"] == "length"
+    deltas = [c["delta"] for c in choices[1:]]
+    assert all(set(d) <= {"content", "reasoning"} and None not in d.values() for d in deltas)
+    assert any(set(d) == {"reasoning"} for d in deltas), deltas  # reasoning alone, no content
 
 
 def test_chat_continues_the_final_message_inside_its_think_block(server: RemoteServer) -> None:
@@ -455,10 +478,12 @@ def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(
     counts = [u["completion_tokens"] for u in usages]
     assert counts == sorted(counts) and counts[-1] == final["completion_tokens"]
     assert all(u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"] for u in usages)
-    # Without continuous_usage_stats the chunks carry none, as before.
+    # Without continuous_usage_stats the chunks carry none, as before: as upstream, a chat chunk
+    # leaves the field out, a completion chunk has it null.
     body["stream_options"] = {"include_usage": True}
     events = _events(_post(server, path, body, stream=True))
-    assert all(e["usage"] is None for e in events[:-2])
+    assert all(("usage" in e) == ("prompt" in body) for e in events[:-2]), events
+    assert all(e.get("usage") is None for e in events[:-2])
 
 
 @pytest.mark.parametrize(

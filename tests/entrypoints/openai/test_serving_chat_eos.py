@@ -83,7 +83,7 @@ async def _streamed_and_whole(
         data = event.removeprefix("data: ").strip()
         if data != "[DONE]":
             for choice in json.loads(data)["choices"]:
-                streamed += choice["delta"]["content"] or ""
+                streamed += choice["delta"].get("content") or ""
     return streamed, whole.choices[0].message.content
 
 

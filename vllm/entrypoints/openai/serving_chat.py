@@ -4,6 +4,7 @@ logprobs, and SSE streaming of deltas."""
 
 import asyncio
 import os
+import time
 from collections.abc import AsyncIterator
 
 from vllm.entrypoints.openai.protocol import (
@@ -299,12 +300,21 @@ class OpenAIServingChat(OpenAIServing):
         stream: AsyncIterator,
         in_reasoning: bool,
     ) -> AsyncIterator[str]:
+        created = int(time.time())  # one time for every chunk, as upstream and OpenAI
+
         def chunk(choices: list[ChatStreamChoice], usage: UsageInfo | None = None) -> str:
-            return sse(
-                ChatCompletionChunk(
-                    id=request_id, model=self.model_name, choices=choices, usage=usage
-                )
+            # As upstream, only the fields set are written: a delta has no `"content": null`
+            # beside its reasoning, no `role` after the first, a chunk no `usage` unless asked.
+            fields = {"usage": usage} if usage is not None else {}
+            payload = ChatCompletionChunk(
+                id=request_id,
+                object="chat.completion.chunk",
+                created=created,
+                model=self.model_name,
+                choices=choices,
+                **fields,
             )
+            return sse(payload, exclude_unset=True)
 
         num_top = (request.top_logprobs or 0) if request.logprobs else None
         sent: dict[int, tuple[int, int, int]] = {}  # index -> reasoning, content, tokens sent
@@ -323,7 +333,10 @@ class OpenAIServingChat(OpenAIServing):
                     if c.index not in sent:
                         sent[c.index] = (0, 0, 0)
                         delta = DeltaMessage(role="assistant", content="")
-                        yield chunk([ChatStreamChoice(index=c.index, delta=delta)], usage)
+                        first = ChatStreamChoice(
+                            index=c.index, delta=delta, logprobs=None, finish_reason=None
+                        )
+                        yield chunk([first], usage)
                     piece = self._delta(request, c, in_reasoning, sent, num_top)
                     if piece is None:
                         continue
@@ -366,11 +379,11 @@ class OpenAIServingChat(OpenAIServing):
                 num_top,
                 self.tokenizer,
             )
-        delta = DeltaMessage(content=new_content or None, reasoning=new_reasoning or None)
+        # Only what this delta carries is set (the chunk is written without unset fields); the
+        # last one of a reply may carry nothing: `{}`.
+        parts = {"reasoning": new_reasoning, "content": new_content}
+        delta = DeltaMessage(**{k: v for k, v in parts.items() if v})
+        ending = {"stop_reason": c.stop_reason} if finished else {}
         return ChatStreamChoice(
-            index=c.index,
-            delta=delta,
-            logprobs=logprobs,
-            finish_reason=c.finish_reason,
-            stop_reason=c.stop_reason,
+            index=c.index, delta=delta, logprobs=logprobs, finish_reason=c.finish_reason, **ending
         )

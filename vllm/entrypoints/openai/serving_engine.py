@@ -52,10 +52,11 @@ def bad_request(error: ValueError, fields: "type[BaseModel] | None" = None) -> O
     return OpenAIError(message, 400, param)
 
 
-def sse(payload: "BaseModel | dict[str, Any] | str") -> str:
-    """One server-sent event carrying `payload` (`[DONE]` as is)."""
+def sse(payload: "BaseModel | dict[str, Any] | str", exclude_unset: bool = False) -> str:
+    """One server-sent event carrying `payload` (`[DONE]` as is); a model without the fields
+    left unset if `exclude_unset` (upstream's chat chunks; its completion chunks have all)."""
     if isinstance(payload, BaseModel):
-        data = payload.model_dump_json(exclude_unset=False)
+        data = payload.model_dump_json(exclude_unset=exclude_unset)
     elif isinstance(payload, dict):
         data = json.dumps(payload)
     else:
