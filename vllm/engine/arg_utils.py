@@ -62,8 +62,42 @@ def parse_max_model_len(value: "int | str | None") -> int | None:
     return int(tokens)
 
 
+def human_readable_int(value: str) -> int:
+    """An int as upstream's `--kv-cache-memory-bytes` takes one: `123456`, or a number with a
+    suffix, k/m/g/t for 1000s (decimals allowed: `1.5g`), K/M/G/T for 1024s (whole numbers:
+    `8G`). `8GiB` is refused, as upstream does."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgtKMGT]?)", value.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(
+            f"cannot parse {value!r} (e.g. 123456, 8G for 8 * 2**30, 1.5g for 1.5 * 10**9)"
+        )
+    number, suffix = Fraction(match[1]), match[2]
+    if suffix.isupper() and number.denominator != 1:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: decimals only go with the suffixes of 1000s (k, m, g, t): "
+            f"{match[1]}{suffix.lower()}?"
+        )
+    if not suffix and "." in match[1]:
+        raise argparse.ArgumentTypeError(f"cannot parse {value!r}: not a whole number")
+    scale = (1000 ** ("kmgt".index(suffix) + 1)) if suffix.islower() else 1
+    if suffix.isupper():
+        scale = 1 << (10 * ("KMGT".index(suffix) + 1))
+    return int(number * scale)  # a fraction of a byte is dropped, as upstream
+
+
 # upstream's short spellings of some flags
 _SHORT_FLAGS = {"tensor_parallel_size": ("-tp",)}
+# Upstream's names of flags that this fork named otherwise first; ours stay as aliases.
+_UPSTREAM_FLAGS = {"kv_cache_memory": "--kv-cache-memory-bytes"}
+
+
+def _flags(name: str) -> list[str]:
+    """The field's `--flag`s: upstream's name first (argparse names it in errors), then ours."""
+    ours = "--" + name.replace("_", "-")
+    upstream = _UPSTREAM_FLAGS.get(name)
+    return [upstream, ours] if upstream else [ours]
+
+
 # What `None` resolves to, for the --help of the fields whose default is None.
 _NONE_DEFAULTS = {
     "max_model_len": "auto, the model's max_position_embeddings",
@@ -90,7 +124,7 @@ class EngineArgs:
     block_size: int = 16  # tokens per MLA latent cache block
     gpu_memory_utilization: float = 0.9  # fraction of GPU memory the engine may use
     num_gpu_blocks_override: int | None = None  # MLA blocks, instead of sizing from memory
-    kv_cache_memory: int | None = None  # bytes for all caches, instead of profiling (CPU: 1 GiB)
+    kv_cache_memory: int | None = None  # bytes per rank, not profiled: 8G, 1.5g (CPU: 1 GiB)
     enforce_eager: bool = False  # no CUDA graphs
     async_scheduling: bool | None = None  # launch decode steps ahead (default: on for CUDA, TP=1)
     max_cudagraph_capture_size: int | None = None  # largest decode batch captured
@@ -105,7 +139,7 @@ class EngineArgs:
         """Add one `--flag` per field (help from the field comments of this class)."""
         helps = _field_help()
         for f in fields(cls):
-            flags = ["--" + f.name.replace("_", "-"), *_SHORT_FLAGS.get(f.name, ())]
+            flags = [*_flags(f.name), *_SHORT_FLAGS.get(f.name, ())]
             if f.type is bool or f.type == "bool":
                 parser.add_argument(*flags, action="store_true", help=helps.get(f.name))
                 continue
@@ -118,7 +152,9 @@ class EngineArgs:
             default = f.default if f.default is not None else _NONE_DEFAULTS.get(f.name)
             if default is not None:
                 help_text = f"{help_text} (default: {default})"
-            parser.add_argument(*flags, default=f.default, help=help_text, type=_cli_type(f))
+            parser.add_argument(
+                *flags, dest=f.name, default=f.default, help=help_text, type=_cli_type(f)
+            )
         return parser
 
     @classmethod
@@ -316,6 +352,8 @@ def _cli_type(f: dataclasses.Field) -> Any:
         return str
     if f.name == "gpu_memory_utilization":
         return float
+    if f.name == "kv_cache_memory":
+        return human_readable_int
     if "int" in str(f.type):
         return int
     return str
@@ -340,7 +378,7 @@ def refuse(parser: argparse.ArgumentParser, error: ValueError) -> NoReturn:
     field = _field_of(message)
     if field is None:
         parser.error(f"argument engine arguments: {message}")
-    flag = "--" + field.replace("_", "-")
+    flag = _flags(field)[0]
     parser.error(f"argument {flag}: {message.removeprefix(field + ': ')}")
 
 

@@ -59,6 +59,52 @@ def test_max_model_len_suffixes_and_auto(value: str, expected: int) -> None:
     assert config.scheduler_config.max_model_len == expected
 
 
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--kv-cache-memory-bytes", "8G"], 8 << 30),  # upstream's flag: K/M/G/T are 1024s
+        (["--kv-cache-memory-bytes", "1.5g"], 1_500_000_000),  # k/m/g/t 1000s, decimals too
+        (["--kv-cache-memory-bytes", "64K"], 64 << 10),
+        (["--kv-cache-memory-bytes", "2t"], 2 * 10**12),
+        (["--kv-cache-memory-bytes", "123456"], 123456),
+        (["--kv_cache_memory_bytes=1M"], 1 << 20),
+        (["--kv-cache-memory", "1048576"], 1 << 20),  # this fork's name, documented before
+        (["--kv-cache-memory", "3M"], 3 << 20),
+    ],
+)
+def test_kv_cache_memory_bytes_takes_upstreams_name_and_sizes(
+    argv: list[str], expected: int
+) -> None:
+    """Upstream's `--kv-cache-memory-bytes` (the bytes of each GPU's KV cache), read as its
+    `human_readable_int` reads it; `--kv-cache-memory`, this fork's name, is the same flag."""
+    args = make_parser().parse_args(["serve", "kimi-k3-tiny", *argv])
+    assert args.kv_cache_memory == expected
+    config = EngineArgs.from_cli_args(args).create_engine_config()
+    assert config.cache_config.kv_cache_memory == expected
+
+
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        ("8GiB", ["'8GiB'", "8G"]),  # upstream refuses it too
+        ("1.5G", ["decimals", "1.5g"]),  # as upstream: 1024s only in whole numbers
+        ("1.5", ["'1.5'"]),
+        ("lots", ["'lots'"]),
+        ("0", [">= 1, got 0"]),
+    ],
+)
+def test_bad_kv_cache_memory_bytes_are_refused_by_name(
+    value: str, words: list[str], capsys: pytest.CaptureFixture
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "kimi-k3-tiny", "--kv-cache-memory-bytes", value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --kv-cache-memory-bytes" in err, err
+    for word in words:
+        assert word in err, err
+
+
 def test_recipe_flags_parse() -> None:
     args = make_parser().parse_args(
         ["serve", "kimi-k3-tiny", "--served-model-name", "a", "b", "-tp", "2",
