@@ -8,6 +8,7 @@ import pytest
 
 from vllm.engine.arg_utils import EngineArgs
 from vllm.entrypoints.cli.main import main, make_parser
+from vllm.entrypoints.openai import api_server
 from vllm.model_executor.model_loader.builtin import resolve_model
 
 RECIPE_FLAGS = [
@@ -18,6 +19,17 @@ RECIPE_FLAGS = [
     "--enforce-eager", "--seed", "--dtype", "--api-key", "--enable-tokenizer-info-endpoint",
     "--uvicorn-log-level",
 ]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def no_serving(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`main(["serve", ...])` runs in this process: a refusal that broke would go on to serve
+    until killed, and the test would hang instead of failing. Serving fails the test instead."""
+
+    def serve(*args, **kwargs) -> None:
+        raise AssertionError("vllm serve started serving: the flags under test were accepted")
+
+    monkeypatch.setattr(api_server._Server, "run", serve)
 
 
 def test_help_lists_every_flag_with_text(capsys: pytest.CaptureFixture) -> None:
@@ -97,7 +109,8 @@ def test_bad_kv_cache_memory_bytes_are_refused_by_name(
     value: str, words: list[str], capsys: pytest.CaptureFixture
 ) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        main(["serve", "kimi-k3-tiny", "--kv-cache-memory-bytes", value])
+        main(["serve", "kimi-k3-tiny", "--host", "127.0.0.1", "--port", "0",
+              "--kv-cache-memory-bytes", value])  # fmt: skip
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "argument --kv-cache-memory-bytes" in err, err
@@ -174,7 +187,9 @@ def test_bad_flags_are_refused_by_name(
     argv: list[str], names: list[str], capsys: pytest.CaptureFixture
 ) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        main(["serve", "kimi-k3-tiny", *argv])
+        # On loopback and a port the OS picks, should a refusal break (a case's own --host or
+        # --port comes later, and wins).
+        main(["serve", "kimi-k3-tiny", "--host", "127.0.0.1", "--port", "0", *argv])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     for name in names:
@@ -196,7 +211,7 @@ def test_busy_port_is_refused_before_loading(capsys: pytest.CaptureFixture) -> N
 def test_a_model_config_that_is_not_an_object_names_the_model(tmp_path, capsys) -> None:
     (tmp_path / "config.json").write_text("[]")
     with pytest.raises(SystemExit) as exit_info:
-        main(["serve", str(tmp_path)])
+        main(["serve", str(tmp_path), "--host", "127.0.0.1", "--port", "0"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "argument --model: model config" in err and "must be a JSON object" in err, err
@@ -208,7 +223,7 @@ def test_a_model_folder_without_weights_is_refused_before_loading(tmp_path, caps
         file = resolve_model("kimi-linear-tiny")[0] / name
         (tmp_path / name).write_bytes(file.read_bytes())
     with pytest.raises(SystemExit) as exit_info:
-        main(["serve", str(tmp_path)])
+        main(["serve", str(tmp_path), "--host", "127.0.0.1", "--port", "0"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "argument --load-format: load_format 'auto': no safetensors checkpoint" in err, err
