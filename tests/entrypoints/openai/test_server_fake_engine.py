@@ -183,6 +183,28 @@ def test_bad_completion_fields_are_400s_naming_them(
     assert error["type"] == "BadRequestError" and error["message"]
 
 
+@pytest.mark.parametrize(
+    "prompt, message",
+    [
+        ([], "prompt must not be empty"),
+        ([[]], "prompt is empty"),
+        ([[1, 2], []], "prompt is empty"),
+        ("", "prompt is empty"),
+        (["hi", ""], "prompt is empty"),
+    ],
+)
+def test_an_empty_prompt_or_prompt_list_is_a_400(
+    server: RemoteServer, prompt: list, message: str
+) -> None:
+    """No prompt to complete: a 400 naming `prompt` (as upstream for "", and as its open fix
+    for `[]`: vllm-project/vllm#55391), not a 200 with no choices. The number of prompts is
+    not capped otherwise, as upstream's is not."""
+    response = _post(server, "/v1/completions", {"prompt": prompt, "max_tokens": 2})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "prompt" and error["message"] == message, error
+
+
 def test_neutral_values_of_the_knobs_the_engine_lacks_are_accepted(server: RemoteServer) -> None:
     body = {"prompt": "hi", "max_tokens": 2, "presence_penalty": 0, "frequency_penalty": 0.0,
             "logit_bias": {"5": 0}}  # fmt: skip
