@@ -387,3 +387,15 @@ def test_use_tqdm_takes_a_bar_factory(llm, capsys):
     assert "Processed prompts" not in capsys.readouterr().err  # not the default bar as well
     llm.chat([{"role": "user", "content": "hi"}], GREEDY, use_tqdm=factory)
     assert len(made) == 2 and made[1][1].n == 1
+
+
+def test_upstream_keyword_names_are_accepted():
+    # Upstream's `kv_cache_memory_bytes=` is our `kv_cache_memory`; both at once is ambiguous.
+    args = {k: v for k, v in ARGS.items() if k != "kv_cache_memory"}
+    llm = LLM("kimi-linear-tiny", kv_cache_memory_bytes=16 << 20, **args)
+    try:
+        assert llm.llm_engine.config.cache_config.kv_cache_memory == 16 << 20
+    finally:
+        llm.shutdown()
+    with pytest.raises(ValueError, match="both kv_cache_memory_bytes and kv_cache_memory"):
+        LLM("kimi-linear-tiny", kv_cache_memory_bytes=1 << 20, **ARGS)

@@ -87,15 +87,15 @@ def human_readable_int(value: str) -> int:
 
 # upstream's short spellings of some flags
 _SHORT_FLAGS = {"tensor_parallel_size": ("-tp",)}
-# Upstream's names of flags that this fork named otherwise first; ours stay as aliases.
-_UPSTREAM_FLAGS = {"kv_cache_memory": "--kv-cache-memory-bytes"}
+# Upstream's names of fields this fork named otherwise first (flags and `LLM(...)` keywords);
+# ours stay as aliases.
+UPSTREAM_NAMES = {"kv_cache_memory": "kv_cache_memory_bytes"}
 
 
 def _flags(name: str) -> list[str]:
     """The field's `--flag`s: upstream's name first (argparse names it in errors), then ours."""
-    ours = "--" + name.replace("_", "-")
-    upstream = _UPSTREAM_FLAGS.get(name)
-    return [upstream, ours] if upstream else [ours]
+    names = [UPSTREAM_NAMES[name], name] if name in UPSTREAM_NAMES else [name]
+    return ["--" + n.replace("_", "-") for n in names]
 
 
 # What `None` resolves to, for the --help of the fields whose default is None.

@@ -19,7 +19,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from vllm.engine.arg_utils import EngineArgs
+from vllm.engine.arg_utils import UPSTREAM_NAMES, EngineArgs
 from vllm.outputs import RequestOutput
 from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.v1.engine.llm_engine import LLMEngine
@@ -69,6 +69,11 @@ def _per_prompt(
 
 class LLM:
     def __init__(self, model: str, **kwargs: Any) -> None:
+        for ours, upstream in UPSTREAM_NAMES.items():
+            if upstream in kwargs:
+                if ours in kwargs:
+                    raise ValueError(f"LLM got both {upstream} and {ours}, one setting")
+                kwargs[ours] = kwargs.pop(upstream)
         known = {f.name for f in dataclasses.fields(EngineArgs)}
         unknown = sorted(set(kwargs) - known)
         if unknown:
