@@ -8,6 +8,25 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+
+def _switch(default: bool) -> Callable[[str | None], bool]:
+    """Parser of an on/off variable: 1 / true or 0 / false (any case), `default` when unset or
+    empty. Anything else is an error: read as off, `=true` or `=yes` once turned a default-on
+    switch off without a word."""
+
+    def parse(value: str | None) -> bool:
+        word = (value or "").strip().lower()
+        if not word:
+            return default
+        if word in ("1", "true"):
+            return True
+        if word in ("0", "false"):
+            return False
+        raise ValueError("expected 1 or 0 (true or false)")
+
+    return parse
+
+
 # name -> (parser of the raw value or None, help text)
 _VARIABLES: dict[str, tuple[Callable[[str | None], Any], str]] = {
     "VLLM_TARGET_DEVICE": (
@@ -25,15 +44,15 @@ _VARIABLES: dict[str, tuple[Callable[[str | None], Any], str]] = {
         "ChannelWiseTorchFP8ScaledMMLinearKernel) instead of choosing by platform.",
     ),
     "VLLM_ROCM_USE_AITER": (
-        lambda v: (v or "0") == "1",
+        _switch(False),
         "ROCm: use AITER kernels at all (default 0).",
     ),
     "VLLM_ROCM_USE_AITER_LINEAR": (
-        lambda v: (v or "1") == "1",
+        _switch(True),
         "ROCm: with VLLM_ROCM_USE_AITER=1, use AITER's FP8 linear kernels (default 1).",
     ),
     "VLLM_ROCM_USE_AITER_LINEAR_HIPBMM": (
-        lambda v: (v or "0") == "1",
+        _switch(False),
         "ROCm: allow the hipBLASLt preshuffled PTPC GEMM (aiter.hipb_mm) (default 0).",
     ),
     "VLLM_USE_BREAKABLE_CUDAGRAPH": (
@@ -42,20 +61,20 @@ _VARIABLES: dict[str, tuple[Callable[[str | None], Any], str]] = {
         "one per batch size). `vllm serve` logs that it is ignored.",
     ),
     "VLLM_KIMI_K3_FUSED_OPROJ_EPILOGUE": (
-        lambda v: (v or "1") == "1",
+        _switch(True),
         "KDA layers whose o_proj is PTPC FP8 run gated RMSNorm + per-token FP8 quantization as "
         "one fused op feeding o_proj (default 1). 0: o_norm, then o_proj quantizes its own "
         "normed input (the unfused baseline, for accuracy and speed comparisons).",
     ),
     "VLLM_KIMI_FUSE_SHARED_EXPERTS": (
-        lambda v: (v or "1") == "1",
+        _switch(True),
         "Kimi MoE blocks with exactly one shared expert of the routed experts' size (no latent "
         "MoE, SiLU, shared expert unquantized) run it as one more expert of the routed experts' "
         "kernels, weight 1.0, summed with the routed outputs in fp32 (default 1). 0: a separate "
         "shared MLP and a bf16 add (the unfused baseline, for accuracy and speed comparisons).",
     ),
     "VLLM_TRITON_PDL": (
-        lambda v: (v or "1") == "1",
+        _switch(True),
         "NVIDIA sm_90+: launch the fork's Triton kernels with programmatic dependent launch, so "
         "that a kernel's programs start while the one before it drains (default 1; "
         "vllm/triton_utils/pdl.py). 0: plain stream order (the baseline, for speed comparisons).",
@@ -72,15 +91,24 @@ _VARIABLES: dict[str, tuple[Callable[[str | None], Any], str]] = {
 
 
 def describe() -> str:
-    """One line per variable: name, current value, help."""
-    return "\n".join(
-        f"{name}={__getattr__(name)!r}: {help_text}" for name, (_, help_text) in _VARIABLES.items()
-    )
+    """One line per variable: name, current value (or the bad one, marked), help."""
+    lines = []
+    for name, (_, help_text) in _VARIABLES.items():
+        try:
+            value = repr(__getattr__(name))
+        except ValueError:
+            value = f"<invalid: {os.environ.get(name)!r}>"
+        lines.append(f"{name}={value}: {help_text}")
+    return "\n".join(lines)
 
 
 def __getattr__(name: str) -> Any:
     if name in _VARIABLES:
-        return _VARIABLES[name][0](os.environ.get(name))
+        raw = os.environ.get(name)
+        try:
+            return _VARIABLES[name][0](raw)
+        except ValueError as e:
+            raise ValueError(f"{name}={raw!r}: {e}") from None
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
