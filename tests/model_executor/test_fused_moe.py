@@ -12,6 +12,8 @@ from counted_kernels import record_launches
 import vllm.model_executor.layers.fused_moe.experts as experts_mod
 import vllm.model_executor.layers.fused_moe.experts_triton_grouped as experts_triton_grouped
 import vllm.model_executor.layers.fused_moe.group_rows as group_rows_module
+import vllm.model_executor.layers.fused_moe.weighted_sum as weighted_sum_module
+from vllm.config.vllm import decode_batch_class
 from vllm.model_executor.layers.activation import SiluAndMul, SituAndMul
 from vllm.model_executor.layers.fused_moe.experts import (
     GATHER_MAX_ROWS,
@@ -732,6 +734,45 @@ def test_default_tiles_keep_to_the_devices_shared_memory():
     assert load(large, 2) == 192 * 1024
     assert tiles(32768, 2, a100, tma=True).block_m == 32
     assert tiles(32768, 4, tma=True) == tiles(32768, 4)  # fp32: the decode tiles
+
+
+class _LaunchChoices:
+    """Stands in for a kernel: each launch appends its kernel's name and keyword arguments (the
+    constexprs and options) and runs nothing."""
+
+    def __init__(self, name: str, launches: list) -> None:
+        self._name, self._launches = name, launches
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self._launches.append((self._name, kwargs))
+
+
+def test_default_launch_is_the_batch_class_launch(monkeypatch):
+    # An eager decode of n tokens (every decode step under --enforce-eager) groups its rows and
+    # runs the grouped experts with the launches of the graph its batch class would replay: at
+    # top-8 + shared, 9n rows crossed the 32-row blocks' threshold (n = 114 in the class of 120),
+    # the prefill tiles' (n = 456 in 464) and a power of two of the grouping's rows per step
+    # (n = 29 in 32) inside a class, each a Triton compile in the step.
+    launches = []
+    for module, name in (
+        (group_rows_module, "_moe_group_rows_kernel"),
+        (experts_triton_grouped, "_moe_grouped_gate_up_kernel"),
+        (experts_triton_grouped, "_moe_grouped_down_kernel"),
+        (weighted_sum_module, "_moe_weighted_sum_kernel"),
+    ):
+        monkeypatch.setattr(module, name, _LaunchChoices(name, launches))
+    w13 = torch.zeros(257, 32, 16, dtype=torch.bfloat16, device=DEVICE)
+    w2 = torch.zeros(257, 16, 16, dtype=torch.bfloat16, device=DEVICE)
+
+    def choices(n):
+        launches.clear()
+        ids = torch.zeros(n, 9, dtype=torch.int64, device=DEVICE)
+        x = torch.zeros(n, 16, dtype=torch.bfloat16, device=DEVICE)
+        moe_experts_triton_grouped(x, w13, w2, torch.zeros(n, 9, device=DEVICE), ids, SiluAndMul())
+        return list(launches)
+
+    for n in range(1, 600):
+        assert choices(n) == choices(decode_batch_class(n)), n
 
 
 def test_triton_grouped_fp32_matches_fp64_reference():

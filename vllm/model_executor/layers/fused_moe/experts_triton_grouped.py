@@ -79,6 +79,7 @@ from typing import NamedTuple
 
 import torch
 
+from vllm.config.vllm import decode_batch_class
 from vllm.model_executor.layers.fused_moe.experts_triton import (
     check_expert_shapes,
     check_power_of_two,
@@ -381,7 +382,11 @@ def moe_experts_triton_grouped(
     num_experts, inter = w13.shape[0], w13.shape[1] // 2
     given = GroupedTiles(block_m, block_n, block_k, gate_up_warps, gate_up_stages, down_block_n,
                          down_block_k, down_warps, down_stages, tma, tail_block_m)  # fmt: skip
-    rows = topk_ids.numel()
+    # Tiles for the rows of T's batch class (`decode_batch_class`: the graph an eager decode of
+    # T sequences would replay), so that such a decode launches what the capture compiled: at
+    # top-8 + shared, 9T rows cross BLOCK_M_32_FROM_ROWS at T = 114 and the prefill tiles at
+    # T = 456, both inside a class.
+    rows = decode_batch_class(tokens) * topk_ids.shape[1]
     # Only the prefill tiles take TMA: decode-size calls (every eager decode step, per MoE
     # layer) skip the checks.
     auto_tma = (

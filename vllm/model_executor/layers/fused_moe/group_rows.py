@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 import torch
 
+from vllm.config.vllm import decode_batch_class
 from vllm.triton_utils import next_power_of_2, use_triton
 from vllm.triton_utils.launch import launch, launch_spec
 from vllm.triton_utils.pdl import pdl_options, use_pdl
@@ -293,7 +294,12 @@ def group_rows(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Groupe
     inverse = torch.empty(num_rows, dtype=torch.int32, device=device)
     blocks = torch.empty(3, max_blocks, dtype=torch.int32, device=device)
     offs = torch.empty(num_experts, dtype=torch.int32, device=device)
-    block_r = min(max(next_power_of_2(num_rows), _GROUP_MIN_BLOCK_R), _GROUP_MAX_BLOCK_R)
+    # Rows per step for the rows of T's batch class (`decode_batch_class`), so that an eager
+    # decode of T sequences launches what its class's graph compiled (at top-8 + shared, 9T
+    # rows cross a power of two inside the classes of 32 and 120).
+    tokens, slots = topk_ids.shape
+    class_rows = decode_batch_class(tokens) * slots
+    block_r = min(max(next_power_of_2(class_rows), _GROUP_MIN_BLOCK_R), _GROUP_MAX_BLOCK_R)
     # Bin E (out-of-range ids and padding) must exist: E + 1 bins at least.
     block_e = next_power_of_2(num_experts + 1)
     launch(
