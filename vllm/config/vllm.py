@@ -98,9 +98,9 @@ def decode_batch_class(n: int) -> int:
 
     The CUDA graphs are captured at these sizes, and the decode kernels choose their launch
     (splits, tiles, program counts) for a batch's class rather than its exact size: each new
-    launch configuration is a Triton compile of 0.1-0.5 s in the step that first meets it, so an
-    eager decode (the decode rows of a mixed step, or any step under `--enforce-eager`) of any
-    size up to the largest graph reuses kernels that the graphs' capture compiled."""
+    launch configuration is a Triton compile (0.3-2 s on an H100) in the step that first meets
+    it, so an eager decode (the decode rows of a mixed step, or any step under `--enforce-eager`)
+    of any size up to the largest graph reuses kernels that the graphs' capture compiled."""
     if n <= 4:
         return 1 if n <= 1 else 1 << (n - 1).bit_length()
     if n <= 256:
