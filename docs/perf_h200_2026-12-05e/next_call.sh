@@ -4,9 +4,10 @@
 # rows reuse the graphs' MLA decode kernels, then call 132's probe again on this tree (eager, so
 # the decode kernels compile once a class, at about 1, 2, 3, 5 and 9 sequences, and at no other
 # count; the conv's few int specializations stay).
-# Second call: `bash docs/perf_h200_2026-12-05e/call.sh`: on an H200 the grid (its batch phase
-# holds the mixed steps), on an H100 call 131's host profile with graphs (mixed steps at ~134 ms,
-# not 394-509).
+# Second call: `PART=ab bash docs/perf_h200_2026-12-05e/call.sh`: the batch phase of 64 prompts
+# of 8k with the decode launches by class, then by exact count (before af2246d), one machine.
+# Third: `bash docs/perf_h200_2026-12-05e/call.sh`: on an H200 the grid, on an H100 call 131's
+# host profile with graphs (mixed steps at ~134 ms, not 394-509).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl .devrun/xd/*.whl
 export PYTHONPATH=/tmp/site:$PWD
