@@ -174,6 +174,17 @@ def test_top_p_measures_the_mass_of_every_token_top_k_keeps_ties_included():
     assert set(out.sampled_token_ids.tolist()) == {0, 1, 2, 3, 5, 6}
 
 
+def test_top_p_measures_the_mass_of_exactly_the_top_k():
+    # Without ties top_k=2 keeps .3 and .25; of those .3 / .55 = .545 < .9, so both stay and
+    # nothing else: measured over three tokens (an off-by-one), the mass before .2 is .733 < .9
+    # and .2 would be kept too.
+    probs = PROBS.expand(2, V).contiguous()
+    params = [SamplingParams(top_k=2, top_p=0.9), SamplingParams(top_k=3, top_p=0.7)]
+    floor = _top_k_top_p_floor(probs, _metadata(params))
+    # Row 2: of .3, .25, .2 the mass before .2 is .733 > .7: two kept.
+    assert floor.flatten().tolist() == pytest.approx([0.25, 0.25])
+
+
 def test_top_p_that_float32_rounds_to_zero_keeps_the_most_likely_token():
     # 1e-46 is a valid top_p (> 0) that is 0 in float32: no token's mass before it is below
     # it, and the row must still keep its most likely token rather than index position -1.
