@@ -40,23 +40,29 @@ _DTYPES = {
     "float": torch.float32,
 }
 _LOAD_FORMATS = ("auto", "safetensors", "dummy")
-_SUFFIX = {"k": 1_000, "m": 1_000_000, "g": 1_000_000_000}
-_BINARY = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+# Size suffixes, as upstream reads them: lower case 1000s, upper case 1024s.
+_SCALES = {"": 1} | {s: 1000 ** (i + 1) for i, s in enumerate("kmgt")}
+_SCALES |= {s: 1 << 10 * (i + 1) for i, s in enumerate("KMGT")}
+
+
+def _suffixed(text: str) -> tuple[Fraction, str] | None:
+    """`text` as an exact number (`2.01` is 201/100) and its size suffix; None if it is not
+    one."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgtKMGT]?)", text.strip())
+    return (Fraction(match[1]), match[2]) if match else None
 
 
 def parse_max_model_len(value: "int | str | None") -> int | None:
-    """An int, a string with a k/m/g suffix (`32k`; `32K` means 1024s), or `auto`/`-1` (None:
+    """An int, a string with a k/m/g/t suffix (`32k`; `32K` means 1024s), or `auto`/`-1` (None:
     the model's `max_position_embeddings`)."""
     if value is None or value in ("auto", "-1", -1):
         return None
     if isinstance(value, int) and not isinstance(value, bool):
         return value
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgG]?)", str(value).strip())
-    if not match:
+    parsed = _suffixed(str(value))
+    if parsed is None:
         raise ValueError(f"max_model_len: cannot parse {value!r} (e.g. 4096, 32k, 1m, auto)")
-    number, suffix = Fraction(match[1]), match[2]  # exact: 2.01k is 2010, not 2009.99...
-    scale = _SUFFIX.get(suffix, 1) if suffix.islower() or not suffix else _BINARY[suffix]
-    tokens = number * scale
+    tokens = parsed[0] * _SCALES[parsed[1]]
     if tokens.denominator != 1:
         raise ValueError(f"max_model_len: {value!r} is not a whole number of tokens")
     return int(tokens)
@@ -66,23 +72,20 @@ def human_readable_int(value: str) -> int:
     """An int as upstream's `--kv-cache-memory-bytes` takes one: `123456`, or a number with a
     suffix, k/m/g/t for 1000s (decimals allowed: `1.5g`), K/M/G/T for 1024s (whole numbers:
     `8G`). `8GiB` is refused, as upstream does."""
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgtKMGT]?)", value.strip())
-    if not match:
+    parsed = _suffixed(value)
+    if parsed is None:
         raise argparse.ArgumentTypeError(
             f"cannot parse {value!r} (e.g. 123456, 8G for 8 * 2**30, 1.5g for 1.5 * 10**9)"
         )
-    number, suffix = Fraction(match[1]), match[2]
+    number, suffix = parsed
     if suffix.isupper() and number.denominator != 1:
         raise argparse.ArgumentTypeError(
             f"{value!r}: decimals only go with the suffixes of 1000s (k, m, g, t): "
-            f"{match[1]}{suffix.lower()}?"
+            f"{value.strip()[:-1]}{suffix.lower()}?"
         )
-    if not suffix and "." in match[1]:
+    if not suffix and "." in value:
         raise argparse.ArgumentTypeError(f"cannot parse {value!r}: not a whole number")
-    scale = (1000 ** ("kmgt".index(suffix) + 1)) if suffix.islower() else 1
-    if suffix.isupper():
-        scale = 1 << (10 * ("KMGT".index(suffix) + 1))
-    return int(number * scale)  # a fraction of a byte is dropped, as upstream
+    return int(number * _SCALES[suffix])  # a fraction of a byte is dropped, as upstream
 
 
 # upstream's short spellings of some flags
