@@ -613,9 +613,10 @@ def _compile_errors() -> tuple[str | None, ...]:
 
 
 def test_every_kernel_is_listed():
-    """A new `@triton.jit def ..._kernel` under vllm/ joins KERNELS (or the conftest registry)."""
+    """A new `@triton.jit def ..._kernel` under vllm/ (with or without the decorator's arguments)
+    joins KERNELS (or the conftest registry)."""
     root = Path(__file__).resolve().parents[2] / "vllm"
-    jit_kernel = re.compile(r"@triton\.jit\s*\n\s*def (\w+_kernel)\(")
+    jit_kernel = re.compile(r"@triton\.jit(?:\([^)]*\))?\s*\n\s*def (\w+_kernel)\(")
     found = {k for path in root.rglob("*.py") for k in jit_kernel.findall(path.read_text())}
     listed = {k for names in KERNELS.values() for k in names}
     assert found == listed
