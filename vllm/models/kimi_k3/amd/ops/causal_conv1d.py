@@ -133,7 +133,15 @@ if triton is not None:
         tl.store(o_rows, _conv_row(r0, r1, r2, r3, w0, w1, w2, w3, W).to(dtype), mask=c_ok)
         return r3, r2, r1
 
-    @triton.jit
+    # The counts and the metadata's addresses change from step to step (a mixed step's prefill
+    # metadata is a slice after its decode rows) and are only read as scalars: Triton's
+    # specialization on them (ints equal to 1 or divisible by 16, 16-byte aligned pointers)
+    # gained nothing and compiled both kernels again in the first mixed steps on the H100, for
+    # 0.5-1.5 s each. x, the state and the output keep theirs: their tiles move in vectors.
+    @triton.jit(
+        do_not_specialize=["tokens", "num_seqs", "search_steps"],
+        do_not_specialize_on_alignment=["qsl_ptr", "slots_ptr", "has_init_ptr"],
+    )
     def _causal_conv1d_prefill_kernel(
         x_ptr, w_ptr, state_ptr, qsl_ptr, slots_ptr, has_init_ptr, out_ptr,
         stride_xt, stride_xc, stride_wc, stride_wj, stride_ss, stride_sc, stride_sj,
@@ -227,7 +235,7 @@ if triton is not None:
                         h2 = h1
                         h1 = r
 
-    @triton.jit
+    @triton.jit(do_not_specialize_on_alignment=["qsl_ptr", "slots_ptr", "has_init_ptr"])
     def _conv_state_update_kernel(
         x_ptr, state_ptr, qsl_ptr, slots_ptr, has_init_ptr,
         stride_xt, stride_xc, stride_ss, stride_sc, stride_sj, channels,
