@@ -68,8 +68,10 @@ _KEY_BLOCK_R = 32
 FLASH_MAX_PROMPT = 2048
 
 if triton is not None:
-
-    @triton.jit
+    # `rows` (context tokens times heads) changes with every prompt chunk and only bounds the
+    # rows, never the contiguous columns: its specialization (1, or a multiple of 16) compiled
+    # the kernel again for nothing.
+    @triton.jit(do_not_specialize=["rows"])
     def _mla_prefill_key_kernel(
         nope_ptr, pe_ptr, k_ptr, rows, heads,
         stride_nt, stride_nh, stride_pt, stride_kt, stride_kh,
