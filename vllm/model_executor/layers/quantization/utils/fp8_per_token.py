@@ -114,7 +114,10 @@ if triton is not None:
             offsets = (cols // HEAD_DIM).to(tl.int64) * stride_xh + cols % HEAD_DIM
         return offsets
 
-    @triton.jit
+    # T only bounds the rows (each tile's loads and stores run along K): its specialization
+    # (1, or a multiple of 16) compiled the kernel a second time in a power-of-two bucket of
+    # token counts (`_quant_config`) for nothing.
+    @triton.jit(do_not_specialize=["T"])
     def _per_token_fp8_quant_kernel(
         x_ptr, q_ptr, s_ptr,
         T, K, stride_xt, stride_xh, stride_qt, stride_st,
