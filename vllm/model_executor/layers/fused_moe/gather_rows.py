@@ -81,8 +81,9 @@ DEFAULT_GATHER_ROWS_CONFIG = GatherRowsConfig(block_rows=16, block_cols=256, num
 # --------------------------------------------------------------------------------------------
 
 if triton is not None:
-
-    @triton.jit
+    # num_rows (tokens times top-k) changes with the batch and only bounds the rows (the copies
+    # run along the hidden columns): its specialization compiled the kernel again for nothing.
+    @triton.jit(do_not_specialize=["num_rows"])
     def _gather_rows_kernel(
         x_ptr, order_ptr, out_ptr,
         num_rows, hidden, stride_x,
