@@ -172,15 +172,20 @@ def test_dtype_device_and_kernel_are_in_the_key(fake_triton):
     assert other.log[-1] == ("run", GRID, (x.data_ptr(), 16, 0.5, 64, 4), 1001)
 
 
-def test_unaligned_tensor_always_takes_the_plain_path(fake_triton):
+def test_alignment_is_in_the_key(fake_triton):
+    """Triton specializes a pointer on its 16-byte alignment: an unaligned view (a mixed step's
+    metadata after an odd number of decode rows) has a key of its own, reused like any other."""
     kernel, spec = FakeJIT(), LaunchSpec(BLOCK=64)
     x = cuda_like(64)
     for _ in range(3):
         launch(kernel, GRID, (x[1:], 16, 0.5), spec)
-    assert kernel.kinds() == ["plain"] * 3
-    launch(kernel, GRID, (x, 16, 0.5), spec)
+    assert kernel.kinds() == ["plain", "run", "run"]
+    assert kernel.log[-1][2][0] == x[1:].data_ptr()
+    launch(kernel, GRID, (x, 16, 0.5), spec)  # aligned: another key
     launch(kernel, GRID, (x[4:], 16, 0.5), spec)  # 16 bytes in: aligned again
-    assert kernel.kinds() == ["plain"] * 4 + ["run"]
+    launch(kernel, GRID, (x[3:], 16, 0.5), spec)  # unaligned another way: the first key
+    assert kernel.kinds() == ["plain", "run", "run", "plain", "run", "run"]
+    assert len(spec.compiled) == 2
 
 
 @pytest.mark.parametrize("odd", [(1, 2), 2.0j, "s", [1, 2]], ids=str)
@@ -485,7 +490,14 @@ def test_gpu_unaligned_view_launches_correctly():
         y.zero_()
         launch(probe, (8, 1, 1), (x, y, 1000, 3, 4, 0.5), spec)
         assert torch.equal(y, _probe_expected(x, 0.5, 3, 4, torch.float32))
-    assert not spec.compiled
+    # Cached under its own key, as the kernel Triton's dispatch compiled for the unaligned view.
+    (entry,) = spec.compiled.values()
+    assert probe.warmup(x, y, 1000, 3, 4, 0.5, grid=(8, 1, 1), **spec.kwargs) is entry.compiled
+    aligned = torch.randn(1000, device="cuda", generator=_cuda_gen(5))
+    launch(probe, (8, 1, 1), (aligned, y, 1000, 3, 4, 0.5), spec)
+    assert torch.equal(y, _probe_expected(aligned, 0.5, 3, 4, torch.float32))
+    assert len(spec.compiled) == 2
+    assert len({e.compiled for e in spec.compiled.values()}) == 2  # Triton specialized them apart
 
 
 @pytest.mark.gpu

@@ -26,8 +26,9 @@ own ``compiled[grid](...)`` calls), with two savings on top of skipping the disp
 The launch key holds what Triton's specialization can depend on, the non-tensor arguments by
 value, so a compiled kernel is reused only for calls that Triton's own dispatch would give it:
 
-* the tensors: their dtypes, and that every address is a multiple of 16 (Triton specializes a
-  pointer on that; a call with any unaligned tensor takes the plain path, every time);
+* the tensors: their dtypes, and whether each address is a multiple of 16 (Triton specializes a
+  pointer on that, unless the kernel opts out; the key's split is then finer than Triton's, and
+  two keys reuse one compiled kernel);
 * every other argument (ints, floats, bools, None) by value and type (``1``, ``True`` and ``1.0``
   are equal in Python and specialize differently);
 * the constexprs and launch options: the ``LaunchSpec`` (the key lives in it);
@@ -178,18 +179,14 @@ def launch(kernel: Any, grid: tuple[int, int, int], args: tuple, spec: LaunchSpe
     device = active.get_current_device()
     key = [device]
     ptrs = []
-    aligned = 0
     for a in args[:n]:
-        if not (isinstance(a, _Tensor) and a.is_cuda):
-            aligned = 1  # a non-tensor, or a tensor off the GPU: plain path
-            break
+        if not (isinstance(a, _Tensor) and a.is_cuda):  # a non-tensor, or off the GPU
+            kernel[grid](*args, **spec.kwargs)
+            return
         ptr = a.data_ptr()
-        aligned |= ptr
         ptrs.append(ptr)
         key.append(a.dtype)
-    if aligned & 15:
-        kernel[grid](*args, **spec.kwargs)
-        return
+        key.append(not ptr & 15)
     scalars = args[n:]
     types = tuple(map(type, scalars))
     if not _SCALARS.issuperset(types):  # a tensor past the leading ones, or another type
