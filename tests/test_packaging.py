@@ -25,8 +25,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # Files beside the package that the engine never opens: the trained model's log of its training
 # run (documentation of how the weights were made, docs/accuracy.md).
 NOT_SHIPPED = {"vllm/models/kimi_k3/trained/kimi-linear-arith/train_log.jsonl"}
+# Build outputs, caches and a virtual environment kept in the checkout: the sdist takes none of
+# them, and copying a venv would cost the test most of its time.
 _SKIP_COPY = shutil.ignore_patterns(
-    ".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".ruff_cache", "*.so"
+    ".*", "venv", "build", "dist", "*.egg-info", "__pycache__", "*.so"
 )
 
 
