@@ -220,9 +220,11 @@ def test_rank0_raising_mid_step_stops_the_workers_it_left_behind(monkeypatch, er
         return forward(*args, **kwargs)
 
     monkeypatch.setattr(layer, "forward", fail_second_call)
-    with pytest.raises(error, match="rank 0 failed"):
+    with pytest.raises(error, match="rank 0 failed") as raised:
         llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     assert_no_workers_left(pids)
+    if sys.version_info >= (3, 11):
+        assert "tensor-parallel workers stopped" in raised.value.__notes__[-1]
     monkeypatch.undo()
     with pytest.raises(RuntimeError, match=f"rank 0 raised {error.__name__} during 'execute'"):
         llm.generate(PROMPTS, GREEDY, use_tqdm=False)

@@ -23,6 +23,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -250,8 +251,9 @@ class Executor:
             f"the tensor-parallel engine stopped: rank 0 raised {type(error).__name__} during "
             f"{method!r} ({error}), leaving its workers out of step; build a new engine"
         )
-        error.add_note("tensor-parallel workers stopped: the engine cannot continue")
         self._release(wait_s=0.0)
+        if sys.version_info >= (3, 11):  # notes came with 3.11; the package supports 3.10
+            error.add_note("tensor-parallel workers stopped: the engine cannot continue")
 
     def shutdown(self) -> None:
         # Before rank 0 joined the group (start-up stopped: Ctrl-C, SIGTERM, an error), every
