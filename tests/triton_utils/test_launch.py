@@ -188,6 +188,18 @@ def test_alignment_is_in_the_key(fake_triton):
     assert len(spec.compiled) == 2
 
 
+def test_each_tensors_alignment_is_in_the_key(fake_triton):
+    """Triton specializes every pointer apart: with one of two tensors unaligned, which one it is
+    picks another compiled kernel (a key of whether all are aligned would launch the wrong one)."""
+    kernel, spec = FakeJIT(), LaunchSpec(BLOCK=64)
+    x, y = cuda_like(64), cuda_like(64)
+    launch(kernel, GRID, (x[1:], y, 0.5), spec)
+    launch(kernel, GRID, (x, y[1:], 0.5), spec)  # the other one unaligned: another key
+    launch(kernel, GRID, (x[1:], y[4:], 0.5), spec)  # as the first
+    assert kernel.kinds() == ["plain", "plain", "run"]
+    assert len(spec.compiled) == 2
+
+
 @pytest.mark.parametrize("odd", [(1, 2), 2.0j, "s", [1, 2]], ids=str)
 def test_other_argument_types_take_the_plain_path(fake_triton, odd):
     kernel, spec = FakeJIT(), LaunchSpec(BLOCK=64)
