@@ -72,10 +72,11 @@ def test_wheel_built_from_the_sdist_has_every_package_file(tmp_path):
     # The CPU wheel first: it is what a user's `pip install <sdist>` does, and its failure says why.
     (tmp_path / "wheel").mkdir()
     wheel = _backend("build_wheel", tmp_path / "unpacked" / top, tmp_path / "wheel")
-    # A GPU build from the sdist needs the native extension's sources too, which the CPU wheel
-    # above does not read.
+    # A GPU build from the sdist needs its own requirements file (cuda.txt, rocm.txt) and the
+    # native extension's sources too, which the CPU wheel above does not read.
     gpu_inputs = [
         "CMakeLists.txt",
+        *(str(p.relative_to(source)) for p in (source / "requirements").glob("*.txt")),
         *(str(p.relative_to(source)) for p in (source / "csrc").rglob("*") if p.is_file()),
     ]
     assert not [f for f in gpu_inputs if f not in in_sdist], "GPU build inputs missing from sdist"
