@@ -16,6 +16,7 @@ import importlib
 import json
 import re
 import sys
+from collections import Counter
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -41,11 +42,14 @@ def _int_type(value: int) -> str:
     return "i64" if value <= _I64_MAX else "u64"
 
 
-def specialize(kernel, args: dict) -> tuple[dict, dict, dict]:
-    """``(signature, constexprs, attrs)`` of ``kernel`` launched with the recorded ``args``."""
+def specialize(kernel, args: dict, opt_outs: bool = True) -> tuple[dict, dict, dict]:
+    """``(signature, constexprs, attrs)`` of ``kernel`` launched with the recorded ``args``;
+    without ``opt_outs``, as if it specialized every parameter (see `_opt_out_error`)."""
     signature, constexprs, attrs = {}, {}, {}
     for param in kernel.params:
         name, value = param.name, args[param.name]
+        if not opt_outs:
+            param = _Specialized(param)
         if param.is_constexpr or value is None:
             signature[name], constexprs[name] = "constexpr", value
         elif isinstance(value, dict) and "tensordesc" in value:
@@ -69,6 +73,50 @@ def specialize(kernel, args: dict) -> tuple[dict, dict, dict]:
         else:
             raise TypeError(f"{name}: no Triton type for a {type(value).__name__} argument")
     return signature, constexprs, attrs
+
+
+class _Specialized:
+    """A kernel parameter as if its kernel did not opt it out of Triton's specialization."""
+
+    do_not_specialize = do_not_specialize_on_alignment = False
+
+    def __init__(self, param) -> None:
+        self._param = param
+
+    def __getattr__(self, attr):
+        return getattr(self._param, attr)
+
+
+def _global_memory(ptx: str) -> Counter:
+    """The PTX's global loads and stores, by instruction (its width and vector length)."""
+    return Counter(re.findall(r"\b(?:ld|st)\.global[\w.:]*", ptx))
+
+
+def _opt_out_error(launch: dict, ptx: str) -> str | None:
+    """Why the kernel's opt-outs of Triton's specialization (``do_not_specialize``,
+    ``do_not_specialize_on_alignment``) change its global loads and stores, against the launch
+    with those parameters specialized at their best (ints multiples of 16, 16-byte aligned
+    pointers): an opt-out that took a vector access away would cost bandwidth, which no result
+    shows (None if they change nothing, the kernel has none, or the launch says
+    ``opt_outs_may_narrow``)."""
+    kernel = getattr(importlib.import_module(launch["module"]), launch["kernel"])
+    opted = [p for p in kernel.params if p.do_not_specialize or p.do_not_specialize_on_alignment]
+    if not opted or launch.get("opt_outs_may_narrow"):
+        return None
+    args = dict(launch["args"])
+    for param in opted:
+        value = args[param.name]
+        if isinstance(value, dict) and "tensor" in value:
+            args[param.name] = dict(value, aligned=True)
+        elif isinstance(value, int) and not isinstance(value, bool):
+            args[param.name] = value + -value % 16  # a multiple of 16 of the same int type
+    specialized = _global_memory(_compile(dict(launch, args=args), opt_outs=False).asm["ptx"])
+    if specialized != _global_memory(ptx):
+        return (
+            f"the opt-outs of {[p.name for p in opted]} change the global accesses: "
+            f"{dict(_global_memory(ptx))} against {dict(specialized)} specialized"
+        )
+    return None
 
 
 def _order_error(
@@ -124,9 +172,9 @@ def reduce_layouts(launch: dict) -> list[str]:
     return layouts
 
 
-def _compile(launch: dict):
+def _compile(launch: dict, opt_outs: bool = True):
     kernel = getattr(importlib.import_module(launch["module"]), launch["kernel"])
-    signature, constexprs, attrs = specialize(kernel, launch["args"])
+    signature, constexprs, attrs = specialize(kernel, launch["args"], opt_outs)
     source = ASTSource(kernel, signature, constexprs, attrs)
     return triton.compile(source, target=HOPPER, options=launch["options"])
 
@@ -139,7 +187,8 @@ def compile_launch(launch: dict) -> str | None:
     ``not_before_first`` before ``first``, and, given ``launch["loads_before_barrier"]`` =
     ``[waits, upto]`` (``upto`` "" for the end), a match of ``waits`` before ``upto`` and no
     global load after the first of them up to ``upto``, and, given ``launch["stores_after"]``,
-    no ``st.global`` before its first occurrence; else why not."""
+    no ``st.global`` before its first occurrence, and the kernel's opt-outs of Triton's
+    specialization change none of its global loads and stores (`_opt_out_error`); else why not."""
     try:
         compiled = _compile(launch)
     except Exception as e:  # the test reports any failure
@@ -161,8 +210,10 @@ def compile_launch(launch: dict) -> str | None:
         if error:
             return error
     if "loads_before_barrier" in launch:
-        return _barrier_error(ptx, *launch["loads_before_barrier"])
-    return None
+        error = _barrier_error(ptx, *launch["loads_before_barrier"])
+        if error:
+            return error
+    return _opt_out_error(launch, ptx)
 
 
 def main() -> None:
