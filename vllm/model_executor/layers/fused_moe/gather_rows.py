@@ -81,8 +81,10 @@ DEFAULT_GATHER_ROWS_CONFIG = GatherRowsConfig(block_rows=16, block_cols=256, num
 # --------------------------------------------------------------------------------------------
 
 if triton is not None:
-    # num_rows (tokens times top-k) changes with the batch and only bounds the rows (the copies
-    # run along the hidden columns): its specialization compiled the kernel again for nothing.
+    # num_rows (tokens times top-k) changes with the batch and only bounds the rows: the copies,
+    # which run along the hidden columns, and the index load, scalar at the default tiles either
+    # way (other tiles load the indices in narrower pieces without it: 16-128 bytes a program).
+    # Its specialization compiled the kernel again for nothing.
     @triton.jit(do_not_specialize=["num_rows"])
     def _gather_rows_kernel(
         x_ptr, order_ptr, out_ptr,
