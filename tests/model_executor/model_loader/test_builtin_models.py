@@ -3,6 +3,8 @@ on the meta device with the expected parameter counts (about 48 B total, 3 B act
 loads only with dummy weights and runs only without a tokenizer; `model_footprint` counts a
 loaded model as it counts the same model on meta."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -94,6 +96,22 @@ def test_fused_shared_expert_keeps_the_footprint(monkeypatch):
         assert moe.experts.w13_weight.shape[0] == 256 + int(fuse)
         footprints[fuse] = model_footprint(model)
     assert footprints["1"] == footprints["0"]
+
+
+def test_tied_embedding_counts_as_the_lm_head():
+    """Tied, the one matrix is the LM head's: every step reads all of it and every sampled row
+    multiplies by it. It was counted as the embedding, so the decode floor and the active
+    parameters both lacked the head (755 MB of the 48B model's ~6.1 GB floor, were it tied)."""
+    config = load_model_config(resolve_model("kimi-linear-tiny")[0])
+    untied = model_footprint(build_model(config, device="meta"))
+    tied_config = dataclasses.replace(config, tie_word_embeddings=True)
+    tied = model_footprint(build_model(tied_config, device="meta"))
+    head = config.vocab_size * config.hidden_size
+    assert untied.lm_head_params == tied.lm_head_params == head
+    assert (untied.embedding_params, tied.embedding_params) == (head, 0)
+    assert tied.total_params == untied.total_params - head  # one matrix, not two
+    assert tied.active_params_per_token == untied.active_params_per_token
+    assert tied.dense_decode_bytes == untied.dense_decode_bytes
 
 
 @pytest.mark.parametrize("by_path", [False, True])

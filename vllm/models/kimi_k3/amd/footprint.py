@@ -27,8 +27,10 @@ from vllm.v1.kv_cache_interface import KDAStateSpec, MLAAttentionSpec
 @dataclass(frozen=True)
 class ModelFootprint:
     total_params: int
+    # 0 when tied to the LM head: the tied matrix is then the head's, which multiplies every
+    # sampled row by all of it and reads all of it each step (the lookup reads one row).
     embedding_params: int
-    lm_head_params: int  # 0 when tied to the embedding (then counted there)
+    lm_head_params: int
     routed_expert_params: int  # every routed expert of every MoE layer
     num_moe_layers: int
     top_k: int
@@ -80,11 +82,12 @@ def model_footprint(model: torch.nn.Module) -> ModelFootprint:
     as `language_model`."""
     text = getattr(model, "language_model", model)
     embedding = text.embed_tokens.weight
-    tied = text.lm_head.weight is embedding
-    lm_head_params = 0 if tied else text.lm_head.weight.numel()
-    # Parameters and derived buffers that decode never reads: embedding (one row per sequence),
-    # routed experts (only the chosen ones), and kv_b_proj where MLA decodes through W_UK / W_UV.
-    not_dense: set[int] = {id(embedding)}
+    lm_head = text.lm_head.weight
+    tied = lm_head is embedding
+    # Parameters and derived buffers that decode never reads whole: an untied embedding (one row
+    # per sequence), routed experts (only the chosen ones), and kv_b_proj where MLA decodes
+    # through W_UK / W_UV.
+    not_dense: set[int] = set() if tied else {id(embedding)}
     routed_params = expert_bytes = params_per_expert = moe_layers = 0
     absorbed_bytes = fused_shared_bytes = 0
     for module in text.modules():
@@ -116,8 +119,8 @@ def model_footprint(model: torch.nn.Module) -> ModelFootprint:
             mla += spec.bytes_per_token
     return ModelFootprint(
         total_params=sum(p.numel() for p in params),
-        embedding_params=embedding.numel(),
-        lm_head_params=lm_head_params,
+        embedding_params=0 if tied else embedding.numel(),
+        lm_head_params=lm_head.numel(),
         routed_expert_params=routed_params,
         num_moe_layers=moe_layers,
         top_k=text.config.num_experts_per_token,
