@@ -192,11 +192,13 @@ def prefill_group_floors(
         "FP8 GEMM": fp8_scale * 2.0 * length * fp8_dense_params,
         "bf16 GEMM / GEMV": 2.0 * (length * bf16_dense + fp.lm_head_params),
     }
+    # The LM head runs on the rows that sample: the last chunk's, one row; the other chunks'
+    # steps multiply no row by it and do not read it.
+    per_chunk = fp.dense_decode_bytes - fp8_dense_params - fused_shared_bytes - fp.lm_head_bytes
     floor_bytes = {
         "routed experts": experts_read * fp.expert_bytes + len(chunks) * fused_shared_bytes,
         "FP8 GEMM": len(chunks) * fp8_dense_params,
-        "bf16 GEMM / GEMV": len(chunks)
-        * (fp.dense_decode_bytes - fp8_dense_params - fused_shared_bytes),
+        "bf16 GEMM / GEMV": len(chunks) * per_chunk + fp.lm_head_bytes,
     }
     return floor_flops, floor_bytes
 

@@ -31,6 +31,7 @@ class ModelFootprint:
     # sampled row by all of it and reads all of it each step (the lookup reads one row).
     embedding_params: int
     lm_head_params: int
+    lm_head_bytes: int  # in dense_decode_bytes: a step reads them only where a row samples
     routed_expert_params: int  # every routed expert of every MoE layer
     num_moe_layers: int
     top_k: int
@@ -121,6 +122,7 @@ def model_footprint(model: torch.nn.Module) -> ModelFootprint:
         total_params=sum(p.numel() for p in params),
         embedding_params=0 if tied else embedding.numel(),
         lm_head_params=lm_head.numel(),
+        lm_head_bytes=_nbytes(lm_head),
         routed_expert_params=routed_params,
         num_moe_layers=moe_layers,
         top_k=text.config.num_experts_per_token,
