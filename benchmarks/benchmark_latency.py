@@ -107,6 +107,8 @@ DECODE_RESERVE_S = 20.0
 PREFILL_MARGIN = 1.25
 # Kernels listed per profiled case (the groups cover all of them).
 TOP_KERNELS = 25
+# Both FP8 flavours the PTPC weights take (`Platform.fp8_dtype`): one byte a weight.
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 
 
 def decode_tokens_needed(length: int, batch: int, budget: int, cases: int, per_case: int) -> int:
@@ -142,6 +144,17 @@ def fused_shared_experts(model: torch.nn.Module) -> tuple[int, int]:
         for w in (m.w13_weight, m.w2_weight)
     ]
     return sum(w.numel() for w in shared), sum(w.numel() * w.element_size() for w in shared)
+
+
+def fp8_weights(model: torch.nn.Module) -> tuple[int, int, bool]:
+    """(FP8 weights, those outside the routed experts, whether the experts are FP8) of `model`,
+    one byte each: the profiles' FP8 floors. Either FP8 flavour counts: the PTPC weights are
+    e4m3fnuz on gfx94x (MI300, MI325), e4m3fn elsewhere (`Platform.fp8_dtype`)."""
+    moe = [m for m in model.modules() if isinstance(m, FusedMoE)]
+    expert_ids = {id(p) for m in moe for p in m.parameters()}
+    fp8 = [p for p in model.parameters() if p.dtype in FP8_DTYPES]
+    dense = sum(p.numel() for p in fp8 if id(p) not in expert_ids)
+    return sum(p.numel() for p in fp8), dense, any(m.w13_weight.dtype in FP8_DTYPES for m in moe)
 
 
 def decode_group_floors(
@@ -222,18 +235,7 @@ class Sweep:
         }
         record["prefill"], record["decode"] = [], []
         model = engine.executor.runner.model
-        self.fp8_weight_bytes = sum(
-            p.numel() for p in model.parameters() if p.dtype == torch.float8_e4m3fn
-        )
-        # FP8 weights outside the routed experts (one byte per parameter) and whether the
-        # experts are FP8: the prefill profile's dense and expert floors.
-        moe = [m for m in model.modules() if isinstance(m, FusedMoE)]
-        expert_ids = {id(p) for m in moe for p in m.parameters()}
-        self.fp8_dense_params = sum(
-            p.numel() for p in model.parameters()
-            if p.dtype == torch.float8_e4m3fn and id(p) not in expert_ids
-        )  # fmt: skip
-        self.fp8_experts = any(m.w13_weight.dtype == torch.float8_e4m3fn for m in moe)
+        self.fp8_weight_bytes, self.fp8_dense_params, self.fp8_experts = fp8_weights(model)
         self.fused_shared = fused_shared_experts(model)
 
     # -- driving the engine ---------------------------------------------------------------------

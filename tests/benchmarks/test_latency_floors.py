@@ -94,3 +94,18 @@ def test_prefill_floors_give_the_shared_expert_to_the_kernels_that_run_it(monkey
     num_experts = fp.routed_expert_params // (fp.params_per_expert * MOE_LAYERS)
     routed = 4 * bl.expected_distinct_experts(num_experts, 8, 2048) * MOE_LAYERS * EXPERT_BYTES
     assert math.isclose(nbytes["routed experts"], routed + fused_bytes)
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e4m3fnuz])
+def test_fp8_weights_count_either_fp8_flavour(dtype):
+    """The PTPC o_proj weights are e4m3fnuz on MI300 / MI325: only e4m3fn was counted, so there
+    the FP8 group's floors were 0 and its bytes and FLOPs went to the bf16 group's."""
+    import benchmark_latency as bl
+
+    config = load_model_config(resolve_model("kimi-linear-tiny")[0])
+    model = build_model(config, torch.bfloat16, device="meta")
+    projections = [layer.self_attn.o_proj for layer in model.layers]
+    for proj in projections:
+        proj.weight = torch.nn.Parameter(proj.weight.to(dtype), requires_grad=False)
+    count = sum(proj.weight.numel() for proj in projections)
+    assert bl.fp8_weights(model) == (count, count, False)
