@@ -95,7 +95,7 @@ from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 from vllm.models.kimi_k3.amd.footprint import ModelFootprint, model_footprint
 from vllm.models.kimi_k3.amd.mla import KimiMLAAttention
 from vllm.sampling_params import RequestOutputKind, SamplingParams
-from vllm.utils.cli import positive_float, run_main
+from vllm.utils.cli import nonnegative_int, positive_float, positive_int, run_main
 from vllm.v1.core.kv_cache_utils import CacheSizeError
 from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -657,19 +657,33 @@ def main(argv: list[str] | None = None) -> int:
     # Each single-value flag (vLLM's) or its sweep, not both: one would be ignored.
     batches = sweep.add_mutually_exclusive_group()
     batches.add_argument(
-        "--batch-size", type=int, default=8, help="sequences decoded together (default: 8)"
+        "--batch-size",
+        type=positive_int,
+        default=8,
+        help="sequences decoded together (default: 8)",
     )
-    batches.add_argument("--batch-sizes", type=int, nargs="+", help="sweep these batch sizes")
+    batches.add_argument(
+        "--batch-sizes", type=positive_int, nargs="+", help="sweep these batch sizes"
+    )
     lengths = sweep.add_mutually_exclusive_group()
-    lengths.add_argument("--input-len", type=int, default=32, help="prompt tokens (default: 32)")
-    lengths.add_argument("--input-lens", type=int, nargs="+", help="sweep these prompt lengths")
-    sweep.add_argument("--output-len", type=int, default=128, help="decode steps timed per case")
+    lengths.add_argument(
+        "--input-len", type=positive_int, default=32, help="prompt tokens (default: 32)"
+    )
+    lengths.add_argument(
+        "--input-lens", type=positive_int, nargs="+", help="sweep these prompt lengths"
+    )
     sweep.add_argument(
-        "--warmup-steps", type=int, default=2, help="untimed decode steps before each case"
+        "--output-len", type=positive_int, default=128, help="decode steps timed per case"
+    )
+    sweep.add_argument(
+        "--warmup-steps",
+        type=nonnegative_int,
+        default=2,
+        help="untimed decode steps before each case",
     )
     sweep.add_argument(
         "--profile-steps",
-        type=int,
+        type=nonnegative_int,
         default=0,
         help="after each case, profile this many more decode steps: device time per kernel and "
         "per kernel group against each group's floor (0: no profile)",
@@ -687,7 +701,10 @@ def main(argv: list[str] | None = None) -> int:
         help="size of the eager copy_ ceiling (>= 1 GiB)",
     )
     sweep.add_argument(
-        "--matmul-size", type=int, default=8192, help="n of the n x n x n bf16 matmul ceiling"
+        "--matmul-size",
+        type=positive_int,
+        default=8192,
+        help="n of the n x n x n bf16 matmul ceiling",
     )
     sweep.add_argument(
         "--time-budget-s",
@@ -711,12 +728,6 @@ def main(argv: list[str] | None = None) -> int:
         args.async_scheduling = True
     batch_sizes = sorted(set(args.batch_sizes or [args.batch_size]))
     input_lens = sorted(set(args.input_lens or [args.input_len]))
-    if min(batch_sizes + input_lens + [args.output_len, args.matmul_size]) < 1:
-        parser.error("batch sizes, input lengths, --output-len and --matmul-size must be positive")
-    if args.warmup_steps < 0:
-        parser.error(f"argument --warmup-steps: must be >= 0, got {args.warmup_steps}")
-    if args.profile_steps < 0:
-        parser.error(f"argument --profile-steps: must be >= 0, got {args.profile_steps}")
     if args.copy_gib < 1 and not args.dry_run:
         # A smaller copy partly hits the 50 MB L2 and overstates the HBM bandwidth.
         parser.error(f"argument --copy-gib: must be at least 1, got {args.copy_gib}")

@@ -44,7 +44,7 @@ from bench_utils import (
 )
 
 from vllm.sampling_params import RequestOutputKind, SamplingParams
-from vllm.utils.cli import run_main
+from vllm.utils.cli import positive_int, run_main
 from vllm.v1.core.kv_cache_utils import CacheSizeError
 from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -78,9 +78,11 @@ def phase(steps: list[tuple[float, int]]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser(__doc__)
     work = parser.add_argument_group("workload")
-    work.add_argument("--num-prompts", type=int, default=256, help="prompts added at once")
-    work.add_argument("--input-len", type=int, default=1024, help="prompt tokens")
-    work.add_argument("--output-len", type=int, default=128, help="tokens generated per prompt")
+    work.add_argument("--num-prompts", type=positive_int, default=256, help="prompts added at once")
+    work.add_argument("--input-len", type=positive_int, default=1024, help="prompt tokens")
+    work.add_argument(
+        "--output-len", type=positive_int, default=128, help="tokens generated per prompt"
+    )
     args = parser.parse_args(argv)
     device = check_args(parser, args)
     if args.dry_run:
@@ -88,8 +90,6 @@ def main(argv: list[str] | None = None) -> int:
         args.device, args.dtype, args.max_num_batched_tokens = "cpu", "auto", 16
         args.num_prompts, args.input_len, args.output_len, args.max_num_seqs = 3, 12, 3, 2
         args.max_model_len = args.kv_cache_memory = args.num_gpu_blocks_override = None
-    if min(args.num_prompts, args.input_len, args.output_len) < 1:
-        parser.error("--num-prompts, --input-len and --output-len must be positive")
     # `is None`: an explicit 0 is refused by the engine's check, not replaced by the default.
     if args.max_num_seqs is None:
         seqs = min(args.num_prompts, MAX_NUM_SEQS)
