@@ -8,7 +8,9 @@ import dataclasses
 import pytest
 import torch
 
+from vllm.config.quantization import parse_quantization_config
 from vllm.engine.arg_utils import EngineArgs
+from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
 from vllm.model_executor.model_loader.builtin import CONFIG_ONLY_MODELS, resolve_model
 from vllm.model_executor.model_loader.loader import build_model, load_model
 from vllm.models.kimi_k3.amd.footprint import model_footprint
@@ -132,3 +134,34 @@ def test_a_tiny_model_with_safetensors_is_refused_before_loading(by_path, monkey
         load_model(model, load_format="safetensors", device="meta")
     monkeypatch.undo()
     EngineArgs(model=model).create_engine_config()  # "auto": dummy weights
+
+
+def test_ptpc_batch_1_floor_counted_by_hand():
+    """The batch-1 floor of the PTPC model as loaded, against the published config by hand: the
+    27 `o_proj` weights (KDA and MLA alike, 4096 -> 2304) read at one byte each plus an fp32 scale
+    per output channel, 255 MB under the bf16 model; the routers, conv taps, A_log and dt_bias
+    in fp32, as held; 8 routed experts and the fused shared expert per MoE layer."""
+    config = load_model_config(resolve_model(NAME)[0])
+    recipe = {"linear": "fp8_per_channel", "ignore": ["re:(?!.*self_attn\\.o_proj$).*"]}
+    packed = KimiLinearForCausalLM.packed_modules_mapping
+    quant = OnlineQuantizationConfig(parse_quantization_config(recipe), packed)
+    model = build_model(config, quant_config=quant, device="meta")
+    model.process_weights_after_loading()  # quantizes o_proj, derives W_UK / W_UV (shapes only)
+    o_proj_weights = [p for n, p in model.named_parameters() if n.endswith("o_proj.weight")]
+    assert len(o_proj_weights) == 27 and {p.element_size() for p in o_proj_weights} == {1}
+    o_proj = 27 * (4096 * 2304 + 4 * 2304)
+    bf16 = (
+        20 * (2304 * (3 * 4096 + 128 + 128 + 32) + 2 * 128 * 4096 + 128)  # KDA
+        + 7 * (2304 * (32 * 192 + 576) + 512 * 32 * 256 + 512)  # MLA, W_UK / W_UV as kv_b
+        + 3 * 2304 * 9216  # layer 0's dense MLP
+        + 26 * 9 * 3 * 2304 * 1024  # 8 routed experts and the shared one
+        + 27 * 2 * 2304 + 2304  # layer norms, final norm
+        + 163840 * 2304 + 2304  # LM head, one embedding row
+    )  # fmt: skip
+    fp32 = 26 * (256 * 2304 + 256) + 20 * (3 * 4096 * 4 + 32 + 4096)
+    weights = 2 * bf16 + 4 * fp32 + o_proj
+    assert weights == 5_992_209_920
+    kda_state = 20 * (32 * 128 * 128 * 4 + 3 * 4096 * 3 * 2)  # recurrent fp32, conv window bf16
+    mla = 7 * (512 + 64) * 2  # 8064 B a token: the one context token read and written
+    f = model_footprint(model)
+    assert f.decode_bytes([8] * 26, [1]) == weights + 2 * kda_state + 2 * mla
