@@ -724,8 +724,9 @@ def main(argv: list[str] | None = None) -> int:
         args.profile_steps, args.profile_prefill = 1, True
         args.max_num_seqs = args.max_model_len = args.kv_cache_memory = None
         args.num_gpu_blocks_override = None
-        # Off by default on the CPU; on here so that the dry run goes through its code.
-        args.async_scheduling = True
+        # Off by default on the CPU; on here so that the dry run goes through its code, where
+        # the engine runs it (TP = 1).
+        args.async_scheduling = args.tensor_parallel_size == 1
     batch_sizes = sorted(set(args.batch_sizes or [args.batch_size]))
     input_lens = sorted(set(args.input_lens or [args.input_len]))
     if args.copy_gib < 1 and not args.dry_run:
