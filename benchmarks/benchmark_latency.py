@@ -52,6 +52,9 @@ cannot run the sweep are refused before anything is measured: `--max-num-seqs` b
 batch, `--max-model-len` below what the sweep needs, and (once the engine is built) cache flags
 that cannot hold the largest batch at that length.
 
+`--output-json` is rewritten whole after every case, so a run that fails keeps the cases it
+measured; its `complete` is false until the run ends.
+
     python benchmarks/benchmark_latency.py --dry-run
     python benchmarks/benchmark_latency.py --model kimi-linear-48b-a3b --load-format dummy \\
         --skip-tokenizer-init --batch-sizes 1 8 64 256 --input-lens 1024 8192 --output-len 32 \\
@@ -736,7 +739,10 @@ def main(argv: list[str] | None = None) -> int:
     deadline = start + args.time_budget_s if args.time_budget_s else math.inf
     ea, max_tokens = sized_engine_args(parser, args, batch_sizes, input_lens)
 
-    record: dict[str, Any] = {"benchmark": "latency", "environment": environment(device)}
+    # Written after each case so that a crash keeps what was measured; "complete" says whether
+    # the run got to its end.
+    record: dict[str, Any] = {"benchmark": "latency", "complete": False}
+    record["environment"] = environment(device)
     record["args"] = vars(args)
     record["ceilings"] = c = measure_ceilings(device, args.copy_gib, args.matmul_size)
     print(
@@ -768,6 +774,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         engine.shutdown()
     record["total_s"] = time.perf_counter() - start
+    record["complete"] = True
     write_json(args.output_json, record)
     print_summary(record)
     return 0

@@ -25,6 +25,7 @@ def test_latency_dry_run(tmp_path: Path) -> None:
     out = tmp_path / "latency.json"
     assert benchmark_latency.main(["--dry-run", "--output-json", str(out)]) == 0
     record = json.loads(out.read_text())
+    assert record["complete"] is True
     assert [(p["phase"], p["input_len"]) for p in record["prefill"]] == [
         ("single prompt", 8), ("batch", 8), ("single prompt", 20), ("batch", 20),
     ]  # fmt: skip
@@ -57,6 +58,27 @@ def test_latency_dry_run(tmp_path: Path) -> None:
         groups = {g["group"]: g for g in d["profile"]["groups"]}  # the dry run profiles one step
         assert groups["bf16 GEMM / GEMV"]["us_per_step"] > 0
         assert groups["bf16 GEMM / GEMV"]["pct_of_floor"] > 0
+
+
+def test_latency_run_that_fails_keeps_its_cases_marked_incomplete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import benchmark_latency
+
+    run_context = benchmark_latency.Sweep.run_context
+
+    def fail_at_the_second_length(self, length, *args, **kwargs):
+        if length == 20:
+            raise RuntimeError("the device fell over")
+        return run_context(self, length, *args, **kwargs)
+
+    monkeypatch.setattr(benchmark_latency.Sweep, "run_context", fail_at_the_second_length)
+    out = tmp_path / "latency.json"
+    with pytest.raises(RuntimeError, match="fell over"):
+        benchmark_latency.main(["--dry-run", "--output-json", str(out)])
+    record = json.loads(out.read_text())
+    assert record["complete"] is False and "total_s" not in record
+    assert [(d["input_len"], d["batch"]) for d in record["decode"]] == [(8, 2), (8, 1)]
 
 
 def test_throughput_dry_run(tmp_path: Path) -> None:
