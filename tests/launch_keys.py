@@ -11,6 +11,7 @@ buffers that the forward drops; then on the torch references, whose outputs and 
 step keeps. A module of its own, like counted_kernels.py: several test folders use it.
 """
 
+import functools
 import sys
 from collections.abc import Iterable
 
@@ -109,6 +110,20 @@ def _rebind(monkeypatch, replacements: dict) -> None:
                     monkeypatch.setattr(module, attr, new)
 
 
+def _fresh_caches(monkeypatch) -> None:
+    """Give every cached function of the loaded vllm modules an empty cache until `monkeypatch`
+    undoes it: launch choices cached by an earlier test with the CPU's heuristics would be
+    recorded here, and the H100's left behind for the next test."""
+    fresh = {}
+    for name, module in list(sys.modules.items()):
+        if (name == "vllm" or name.startswith("vllm.")) and module is not None:
+            for value in vars(module).values():
+                if callable(getattr(value, "cache_parameters", None)) and value not in fresh:
+                    cache = functools.lru_cache(**value.cache_parameters())
+                    fresh[value] = cache(value.__wrapped__)
+    _rebind(monkeypatch, fresh)
+
+
 def record_launch_keys(monkeypatch, model, log: list, phase: list[str]) -> None:
     """Record the key of every kernel launch of `model`'s forwards and logits, and of the
     sampler's argmax, into `log` under `phase[0]` (see the module docstring)."""
@@ -120,6 +135,7 @@ def record_launch_keys(monkeypatch, model, log: list, phase: list[str]) -> None:
     import vllm.v1.sample.sampler as sampler
     from vllm.models.kimi_k3.amd.ops.mla_prefill import mla_prefill_attention
 
+    _fresh_caches(monkeypatch)
     for module, attr, kernel in _kernels():
         monkeypatch.setattr(module, attr, KeyRecorder(kernel.fn.__name__, kernel, log, phase))
     triton_path = {"on": False}
