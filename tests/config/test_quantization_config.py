@@ -196,13 +196,25 @@ def test_bad_configs_name_the_field(config, message):
         parse_quantization_config(config)
 
 
+@pytest.mark.parametrize(
+    "config", [{}, {"linear": None}, {"ignore": ["lm_head"]}, {"moe": None, "targets": None}]
+)
+def test_config_without_a_scheme_is_refused(config):
+    """Upstream's online config refuses one that sets none of its schemes (linear, moe,
+    targets): it would quantize no layer while the user believes the model quantized."""
+    with pytest.raises(ValueError, match="field 'linear' must name a scheme"):
+        OnlineQuantizationConfig(parse_quantization_config(config))
+
+
 def test_linear_scheme_without_online_method_is_rejected():
     with pytest.raises(ValueError, match="no online method"):
         OnlineQuantizationConfig(parse_quantization_config({"linear": "fp8_per_token"}))
 
 
 def test_unselected_layers_keep_the_default_method():
-    config = OnlineQuantizationConfig(parse_quantization_config({"ignore": []}))
+    config = OnlineQuantizationConfig(
+        parse_quantization_config({"linear": "fp8_per_channel", "ignore": ["re:.*"]})
+    )
     layer = RowParallelLinear(32, 16, params_dtype=torch.bfloat16, quant_config=config)
     assert type(layer.quant_method).__name__ == "UnquantizedLinearMethod"
 

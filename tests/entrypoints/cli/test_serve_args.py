@@ -175,6 +175,7 @@ def test_recipe_flags_parse() -> None:
         (["--quantization-config", '{"linear": "fp8_per_token"}'],
          ["argument --quantization-config:", "no online method for 'fp8_per_token'"]),
         (["--quantization-config", "[1, 2]"], ["argument --quantization-config:", "object"]),
+        (["--quantization-config", "{}"], ["argument --quantization-config:", "'linear' must"]),
         (["--quantization-config", '{"linear": "fp8_per_channel", "ignore": ["re:.*q_a_proj$"]}'],
          ["argument --quantization-config:", "split the fused layer"]),
         (["-tp", "5"], ["argument --tensor-parallel-size: 5 does not shard this model:",

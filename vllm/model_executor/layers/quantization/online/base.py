@@ -40,7 +40,14 @@ class OnlineQuantizationConfig(QuantizationConfig):
         self.args = args
         self.packed_modules_mapping = packed_modules_mapping or {}
         self._example_path: str | None = None  # a linear layer's module path, for messages
-        if args.linear is not None and args.linear.weight not in _ONLINE_LINEAR_METHODS:
+        if args.linear is None:
+            # As upstream, which refuses a config that sets none of its schemes: this one would
+            # quantize no layer while the user believes the model quantized.
+            raise ValueError(
+                "quantization config field 'linear' must name a scheme (e.g. 'fp8_per_channel'): "
+                "without one no layer is quantized"
+            )
+        if args.linear.weight not in _ONLINE_LINEAR_METHODS:
             supported = [n for n, spec in ONLINE_SHORTHANDS.items() if "linear" in spec
                          and spec["linear"].weight in _ONLINE_LINEAR_METHODS]  # fmt: skip
             supported += [n for n, k in QUANT_KEY_NAMES.items() if k in _ONLINE_LINEAR_METHODS]
@@ -51,7 +58,7 @@ class OnlineQuantizationConfig(QuantizationConfig):
             )
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> LinearMethodBase | None:
-        if not isinstance(layer, LinearBase) or self.args.linear is None:
+        if not isinstance(layer, LinearBase):
             return None
         if self._example_path is None:
             self._example_path = prefix
@@ -70,7 +77,7 @@ class OnlineQuantizationConfig(QuantizationConfig):
         or with a typo would otherwise leave the layers it meant to keep in bf16 quantized,
         silently. A pattern naming a module that is never quantized (`lm_head`) is reported
         too: it keeps nothing unquantized either."""
-        if self.args.linear is None or get_tensor_model_parallel_rank() != 0:
+        if get_tensor_model_parallel_rank() != 0:
             return
         unmatched = self.args.unmatched_ignore()
         if unmatched:
