@@ -250,6 +250,12 @@ def test_ignore_patterns_that_match_no_layer_of_the_built_model_are_reported():
     assert "(gate|up)_proj" not in messages[0]
 
 
+def test_null_activation_is_absent():
+    """Upstream refuses only an activation that is set; null is its default (none)."""
+    spec = {"weight": "fp8_per_channel_static", "activation": None}
+    assert parse_quantization_config({"linear": spec}).linear.weight == kFp8StaticChannelSym
+
+
 def test_null_targets_is_absent_like_null_moe():
     """Both are upstream fields refused here by name; null means absent for either."""
     assert parse_quantization_config({"linear": "fp8_per_channel", "targets": None}).linear == (

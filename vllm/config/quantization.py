@@ -151,7 +151,7 @@ def _spec(field_name: str, value: Any) -> QuantSpec | None:
         unknown = set(value) - {"weight", "activation"}
         if unknown:
             raise ValueError(f"quantization config field {field_name!r}: unknown keys {unknown}")
-        if "activation" in value:
+        if value.get("activation") is not None:  # null is upstream's default: no override
             raise ValueError(
                 f"quantization config field '{field_name}.activation': an activation override is "
                 "not supported for online quantization (the method sets it)"
