@@ -19,6 +19,7 @@ block attention residuals when `attn_res_block_size` is set (`attn_res.py`): per
 `self_attention_res_norm/_proj`, `mlp_res_norm/_proj`, and model-level `output_attn_res_norm/_proj`.
 """
 
+import logging
 import re
 from collections.abc import Iterable
 
@@ -26,6 +27,7 @@ import torch
 
 from vllm import envs
 from vllm.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_reduce
+from vllm.logger import quiet_below
 from vllm.model_executor.layers.activation import SiluAndMul, get_act_and_mul
 from vllm.model_executor.layers.fused_moe.fused_router import (
     fused_norm_router_topk,
@@ -115,21 +117,30 @@ class KimiMLP(torch.nn.Module):
 
 
 def shared_experts_fusable(
-    config: KimiLinearConfig, quant_config: QuantizationConfig | None = None, prefix: str = ""
+    config: KimiLinearConfig,
+    quant_config: QuantizationConfig | None = None,
+    prefix: str = "",
+    params_dtype: torch.dtype | None = None,
 ) -> bool:
     """Whether the MoE block at `prefix` can run its shared expert as one more routed expert:
     no latent MoE (the shared expert reads the hidden states, the routed ones the latent), one
     shared expert of the routed size, SiLU (the Triton experts' activation), and a shared MLP
-    that `quant_config` leaves unquantized (the routed experts are never quantized)."""
+    that `quant_config` leaves unquantized (the routed experts are never quantized).
+
+    The answer comes from a throw-away shared MLP built as the block builds it (`params_dtype`
+    included: a quantized linear's kernel depends on it, and one the real layer could run must
+    not fail here), silently: the real layer, if built, says its own kernel choice."""
     if config.routed_expert_hidden_size or config.num_shared_experts != 1:
         return False
     if type(_act(config)) is not SiluAndMul:
         return False
     if quant_config is None:
         return True
-    with torch.device("meta"):  # only the linears' quant methods are wanted: allocate nothing
+    # Only the linears' quant methods are wanted: allocate nothing.
+    with torch.device("meta"), quiet_below(logging.ERROR):
         mlp = KimiMLP(config, config.moe_intermediate_size, reduce_results=False,
-                      quant_config=quant_config, prefix=f"{prefix}.shared_experts")  # fmt: skip
+                      params_dtype=params_dtype, quant_config=quant_config,
+                      prefix=f"{prefix}.shared_experts")  # fmt: skip
     return all(
         type(layer.quant_method) is UnquantizedLinearMethod
         for layer in (mlp.gate_up_proj, mlp.down_proj)
@@ -158,7 +169,7 @@ class KimiMoE(torch.nn.Module):
         h = config.hidden_size
         self.latent = config.routed_expert_hidden_size
         routed_hidden = self.latent or h
-        fusable = shared_experts_fusable(config, quant_config, prefix)
+        fusable = shared_experts_fusable(config, quant_config, prefix, params_dtype)
         if fuse_shared_experts and not fusable:
             raise ValueError(f"{prefix}: this config's shared experts cannot be fused")
         if fuse_shared_experts is None:
