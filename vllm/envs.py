@@ -9,6 +9,11 @@ from collections.abc import Callable
 from typing import Any
 
 
+class EnvVarError(ValueError):
+    """A `VLLM_*` variable's value is refused; the message starts with `NAME=value`, so that a
+    command line reports the variable, not one of its own arguments."""
+
+
 def _switch(default: bool) -> Callable[[str | None], bool]:
     """Parser of an on/off variable: 1 / true or 0 / false (any case), `default` when unset or
     empty. Anything else is an error: read as off, `=true` or `=yes` once turned a default-on
@@ -108,7 +113,7 @@ def __getattr__(name: str) -> Any:
         try:
             return _VARIABLES[name][0](raw)
         except ValueError as e:
-            raise ValueError(f"{name}={raw!r}: {e}") from None
+            raise EnvVarError(f"{name}={raw!r}: {e}") from None
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -6,6 +6,7 @@ import torch
 from gloo_tp2 import run_tp2
 
 from vllm.config.quantization import parse_quantization_config
+from vllm.envs import EnvVarError
 from vllm.model_executor.kernels.linear.scaled_mm.pytorch import dequantized_matmul
 from vllm.model_executor.kernels.linear.scaled_mm.ScaledMMLinearKernel import (
     FP8ScaledMMLinearKernel,
@@ -343,11 +344,12 @@ def test_forced_per_tensor_kernel_takes_an_empty_batch(monkeypatch):
 
 def test_bad_kernel_override_is_reported(monkeypatch):
     monkeypatch.setenv("VLLM_FP8_LINEAR_KERNEL", "NoSuchKernel")
-    with pytest.raises(ValueError, match="VLLM_FP8_LINEAR_KERNEL='NoSuchKernel' is not one of"):
+    with pytest.raises(EnvVarError, match="VLLM_FP8_LINEAR_KERNEL='NoSuchKernel' is not one of"):
         ptpc_layer()
     monkeypatch.setenv("VLLM_FP8_LINEAR_KERNEL", "AiterPerTokenFp8ScaledMMLinearKernel")
     if not current_platform.is_rocm():
-        with pytest.raises(ValueError, match="AiterPerTokenFp8ScaledMMLinearKernel: needs ROCm"):
+        forced = "VLLM_FP8_LINEAR_KERNEL='AiterPerTokenFp8ScaledMMLinearKernel' cannot run"
+        with pytest.raises(EnvVarError, match=f"{forced} .*: needs ROCm"):
             ptpc_layer()
 
 

@@ -27,6 +27,7 @@ from vllm.config.vllm import (
     VllmConfig,
     cudagraph_capture_sizes,
 )
+from vllm.envs import EnvVarError
 
 if TYPE_CHECKING:
     from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
@@ -276,14 +277,16 @@ class EngineArgs:
 
         try:
             check_model_builds(hf_config, dtype, quant, 1)
-        except FusedLayerSplitError:
-            raise  # names the quantization config itself
+        except (FusedLayerSplitError, EnvVarError):
+            raise  # names the quantization config, or the environment variable, itself
         except ValueError as e:
             raise ValueError(f"model: {e}") from None
         tp = self.tensor_parallel_size
         if tp > 1:
             try:
                 check_model_builds(hf_config, dtype, quant, tp)
+            except EnvVarError:
+                raise
             except ValueError as e:
                 raise ValueError(
                     f"tensor_parallel_size: {tp} does not shard this model: {e}"
@@ -378,6 +381,8 @@ def refuse(parser: argparse.ArgumentParser, error: ValueError) -> NoReturn:
     """Exit 2 naming the `--flag` of the field that `error` (from `create_engine_config`)
     names, without the message's own `field: ` prefix: the inverse of `add_cli_args`."""
     message = str(error)
+    if isinstance(error, EnvVarError):  # its message names the variable; words after are values
+        parser.error(f"environment variable {message}")
     field = _field_of(message)
     if field is None:
         parser.error(f"argument engine arguments: {message}")

@@ -197,6 +197,30 @@ def test_bad_flags_are_refused_by_name(
         assert name in err, err
 
 
+@pytest.mark.parametrize(
+    "kernel,reason",
+    [
+        ("NoSuchKernel", "'NoSuchKernel' is not one of"),
+        # Forced, but unable to run a layer: the layer and the kernel's own reason are named.
+        ("AiterPerTokenFp8ScaledMMLinearKernel",
+         "cannot run language_model.model.layers.0.self_attn.o_proj (N=512, K=1536"),
+    ],
+)  # fmt: skip
+def test_bad_kernel_override_is_refused_by_its_variable(
+    kernel: str, reason: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """The environment variable is at fault, not `--model` (which the error used to name)."""
+    monkeypatch.setenv("VLLM_FP8_LINEAR_KERNEL", kernel)
+    recipe = '{"linear":"fp8_per_channel","ignore":["re:(?!.*self_attn\\\\.o_proj$).*"]}'
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "kimi-k3-tiny", "--host", "127.0.0.1", "--port", "0",
+              "--quantization-config", recipe])  # fmt: skip
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: environment variable VLLM_FP8_LINEAR_KERNEL={kernel!r}" in err, err
+    assert reason in err and "--model" not in err.splitlines()[-1], err
+
+
 def test_busy_port_is_refused_before_loading(capsys: pytest.CaptureFixture) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

@@ -2,13 +2,16 @@
 
 `init_fp8_linear_kernel` walks the platform's candidates in order and takes the first that is
 supported here and can implement the layer; `VLLM_FP8_LINEAR_KERNEL=<class name>` (or the
-`force_kernel` argument) picks one explicitly and fails loudly if it cannot run.
+`force_kernel` argument) picks one explicitly and fails loudly if it cannot run, with an
+`EnvVarError` naming the variable, the layer and the kernel's reason.
 """
 
 import torch
 
 import vllm.platforms
 from vllm import envs
+from vllm.config.quantization import quant_key_name
+from vllm.envs import EnvVarError
 from vllm.logger import init_logger
 from vllm.model_executor.kernels.linear.scaled_mm.aiter import (
     AiterHipbMMPerTokenFp8ScaledMMLinearKernel,
@@ -70,18 +73,18 @@ def init_fp8_linear_kernel(
         try:
             candidates = [ALL_FP8_KERNELS[forced]]
         except KeyError:
-            raise ValueError(
+            raise EnvVarError(
                 f"VLLM_FP8_LINEAR_KERNEL={forced!r} is not one of {sorted(ALL_FP8_KERNELS)}"
             ) from None
     else:
         candidates = _POSSIBLE_FP8_KERNELS[vllm.platforms.current_platform._enum]
+    name = module_name or "an FP8 linear"
     reasons = []
     for cls in candidates:
         ok, reason = cls.is_supported()
         if ok:
             ok, reason = cls.can_implement(config)
         if ok:
-            name = module_name or "an FP8 linear"
             if cls is ChannelWiseTorchFP8ScaledMMLinearKernel and reasons:
                 # On a GPU this dequantizes the weight on every call: far slower than the FP8 GEMM.
                 logger.warning("%s falls back to %s: %s", name, cls.__name__, "; ".join(reasons))
@@ -89,4 +92,11 @@ def init_fp8_linear_kernel(
                 logger.info("Selected %s for %s", cls.__name__, name)
             return cls(config)
         reasons.append(f"{cls.__name__}: {reason}")
-    raise ValueError(f"no FP8 linear kernel can run {config}: " + "; ".join(reasons))
+    n, k = weight_shape
+    layer = (
+        f"{name} (N={n}, K={k}, {quant_key_name(activation_quant_key)} activations, "
+        f"{quant_key_name(weight_quant_key)} weights, {input_dtype} in, {out_dtype} out)"
+    )
+    if forced:
+        raise EnvVarError(f"VLLM_FP8_LINEAR_KERNEL={forced!r} cannot run {layer}: {reasons[0]}")
+    raise ValueError(f"no FP8 linear kernel can run {layer}: " + "; ".join(reasons))
