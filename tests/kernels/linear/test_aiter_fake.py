@@ -28,18 +28,25 @@ SHUFFLE_MARK = 0.5  # the fake shuffle scales codes by this, so an unshuffled we
 class FakeAiter:
     """A stand-in `aiter` package: records calls, computes with plain torch."""
 
-    def __init__(self, root, per_token=(), bpreshuffle=()):
+    def __init__(self, root, per_token=(), bpreshuffle=(), tuned_dtype=torch.float8_e4m3fn):
         self.calls = []
         self.module = types.ModuleType("aiter")
         self.module.__file__ = str(root / "aiter" / "__init__.py")
         configs = root / "aiter" / "configs"
         configs.mkdir(parents=True)
+        # AITER's tables, keyed by (M, N, K, q_dtype_w); a8w8's holds int8 GEMMs beside FP8.
         for name, shapes in (
             (aiter_kernels._TUNED_PER_TOKEN_CSV, per_token),
             (aiter_kernels._TUNED_BPRESHUFFLE_CSV, bpreshuffle),
         ):
-            rows = "".join(f"{m},{n},{k},kernel\n" for n, k in shapes for m in (1, 128))
-            (configs / name).write_text("M,N,K,kernelName\n" + rows)
+            rows = "".join(
+                f"gfx950,256,{m},{n},{k},{dtype},0,0,1.0,kernel\n"
+                for n, k in shapes
+                for m in (1, 128)
+                for dtype in (tuned_dtype, torch.int8)
+            )
+            header = "gfx,cu_num,M,N,K,q_dtype_w,kernelId,splitK,us,kernelName\n"
+            (configs / name).write_text(header + rows)
         self.module.hipb_mm = self.hipb_mm
         self.module.gemm_a8w8_bpreshuffle = self.gemm_a8w8_bpreshuffle
         self.module.gemm_a8w8_CK = self.gemm_a8w8_CK
@@ -120,6 +127,15 @@ def test_selection_follows_upstreams_conditions(rocm, monkeypatch, env, tables, 
     layer = ptpc_o_proj()
     assert type(layer.fp8_linear).__name__ == expected
     assert get_input_quant_key(layer) == kFp8DynamicTokenSym
+
+
+@pytest.mark.parametrize("tuned_dtype", [torch.float8_e4m3fnuz, torch.int8])
+def test_a_shape_tuned_for_another_dtype_is_not_tuned(rocm, tuned_dtype):
+    """AITER tunes each GEMM per weight dtype (`q_dtype_w`), and upstream asks for the
+    platform's FP8 (gfx950: e4m3fn): a shape tuned only for gfx94x's e4m3fnuz, or for int8,
+    selected the CK kernels all the same."""
+    rocm(per_token=[(N, K)], bpreshuffle=[(N, K)], tuned_dtype=tuned_dtype)
+    assert type(ptpc_o_proj().fp8_linear).__name__ == "ChannelWiseTorchFP8ScaledMMLinearKernel"
 
 
 def test_nothing_is_selected_from_aiter_when_it_is_off(rocm, monkeypatch):

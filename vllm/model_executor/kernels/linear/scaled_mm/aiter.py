@@ -31,7 +31,8 @@ from vllm.model_executor.layers.quantization.utils.quant_utils import (
     kFp8DynamicTokenSym,
 )
 
-# AITER's tuned-GEMM tables, under the package's configs/ folder: columns include N and K.
+# AITER's tuned-GEMM tables, under the package's configs/ folder: one row per (M, N, K, weight
+# dtype `q_dtype_w`, as `str(torch dtype)`); the a8w8 table holds int8 GEMMs beside FP8 ones.
 _TUNED_PER_TOKEN_CSV = "a8w8_tuned_gemm.csv"
 _TUNED_BPRESHUFFLE_CSV = "a8w8_bpreshuffle_tuned_gemm.csv"
 
@@ -43,22 +44,28 @@ def _aiter():
 
 
 @cache
-def _tuned_shapes(csv_name: str) -> frozenset[tuple[int, int]]:
+def _tuned_shapes(csv_name: str, q_dtype_w: torch.dtype) -> frozenset[tuple[int, int]]:
     path = Path(_aiter().__file__).parent / "configs" / csv_name
     if not path.is_file():
         return frozenset()
     with path.open(newline="") as f:
-        return frozenset((int(row["N"]), int(row["K"])) for row in csv.DictReader(f))
+        # A table without the dtype column matches no row, as upstream's lookup by it.
+        return frozenset(
+            (int(row["N"]), int(row["K"]))
+            for row in csv.DictReader(f)
+            if row.get("q_dtype_w") == str(q_dtype_w)
+        )
 
 
-def is_per_token_w8a8_gemm_tuned(n: int, k: int) -> bool:
-    """Whether AITER's CK per-token GEMM has a tuned kernel for (N, K)."""
-    return (n, k) in _tuned_shapes(_TUNED_PER_TOKEN_CSV)
+def is_per_token_w8a8_gemm_tuned(n: int, k: int, q_dtype_w: torch.dtype) -> bool:
+    """Whether AITER's CK per-token GEMM has a tuned kernel for (N, K) with `q_dtype_w` weights."""
+    return (n, k) in _tuned_shapes(_TUNED_PER_TOKEN_CSV, q_dtype_w)
 
 
-def is_shuffled_per_token_w8a8_gemm_tuned(n: int, k: int) -> bool:
-    """Whether AITER's CK preshuffled per-token GEMM has a tuned kernel for (N, K)."""
-    return (n, k) in _tuned_shapes(_TUNED_BPRESHUFFLE_CSV)
+def is_shuffled_per_token_w8a8_gemm_tuned(n: int, k: int, q_dtype_w: torch.dtype) -> bool:
+    """Whether AITER's CK preshuffled per-token GEMM has a tuned kernel for (N, K) with
+    `q_dtype_w` weights."""
+    return (n, k) in _tuned_shapes(_TUNED_BPRESHUFFLE_CSV, q_dtype_w)
 
 
 def _aiter_linear_enabled() -> tuple[bool, str | None]:
@@ -134,8 +141,9 @@ class AiterPreshuffledPerTokenFp8ScaledMMLinearKernel(_AiterPtpcKernel):
         n, k = config.weight_shape
         if reason is None and (n % 16 or k % 16):
             reason = f"needs N, K multiples of 16, got N={n} K={k}"
-        if reason is None and not is_shuffled_per_token_w8a8_gemm_tuned(n, k):
-            reason = f"no tuned bpreshuffle GEMM for N={n} K={k}"
+        fp8 = vllm.platforms.current_platform.fp8_dtype()
+        if reason is None and not is_shuffled_per_token_w8a8_gemm_tuned(n, k, fp8):
+            reason = f"no tuned bpreshuffle GEMM for N={n} K={k} {fp8} weights"
         return reason is None, reason
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
@@ -154,8 +162,9 @@ class AiterPerTokenFp8ScaledMMLinearKernel(_AiterPtpcKernel):
     def can_implement(cls, config: FP8ScaledMMLinearLayerConfig) -> tuple[bool, str | None]:
         reason = _check_ptpc(config, bf16_only=False)
         n, k = config.weight_shape
-        if reason is None and not is_per_token_w8a8_gemm_tuned(n, k):
-            reason = f"no tuned per-token GEMM for N={n} K={k}"
+        fp8 = vllm.platforms.current_platform.fp8_dtype()
+        if reason is None and not is_per_token_w8a8_gemm_tuned(n, k, fp8):
+            reason = f"no tuned per-token GEMM for N={n} K={k} {fp8} weights"
         return reason is None, reason
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
