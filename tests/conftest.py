@@ -14,6 +14,7 @@ a widened tolerance.
 
 import functools
 import importlib.util
+import logging
 import os
 import zlib
 from collections.abc import Iterator
@@ -148,6 +149,24 @@ class _CountedKernel:
 
     def __getattr__(self, attr):
         return getattr(self._kernel, attr)
+
+
+@pytest.fixture
+def vllm_records() -> Iterator[list[logging.LogRecord]]:
+    """The records the `vllm` logger handles from INFO up during the test: that logger does not
+    propagate (vllm/logger.py), so pytest's caplog sees none of them."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("vllm")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 @pytest.fixture

@@ -260,12 +260,11 @@ def test_a_quantized_shared_expert_is_not_fused():
     assert not KimiMoE(fused_config(), quant_config=everything, prefix=prefix).fuses_shared_experts
 
 
-def test_shared_expert_probe_chooses_kernels_as_the_layer_does(monkeypatch):
+def test_shared_expert_probe_chooses_kernels_as_the_layer_does(monkeypatch, vllm_records):
     """Whether the shared expert is quantized is asked of a throw-away MLP: built in the default
     dtype (fp32), not the block's, it failed the bf16-only rowwise FP8 GEMM, so forcing that
     kernel refused a bf16 model it runs, and unforced, warned of a fallback for each linear of a
     layer never built; the real layer's selection is the one said, once."""
-    import logging
 
     import vllm.platforms
     from vllm.config.quantization import parse_quantization_config
@@ -277,26 +276,17 @@ def test_shared_expert_probe_chooses_kernels_as_the_layer_does(monkeypatch):
     monkeypatch.setattr(vllm.platforms, "current_platform", hopper)
     quant = OnlineQuantizationConfig(parse_quantization_config({"linear": "fp8_per_channel"}))
     prefix = "model.layers.1.block_sparse_moe"
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = records.append
-    vllm_logger = logging.getLogger("vllm")
-    vllm_logger.addHandler(handler)
-    level = vllm_logger.level
-    vllm_logger.setLevel(logging.INFO)
-    try:
-        with torch.device("meta"):
-            moe = KimiMoE(fused_config(), torch.bfloat16, quant, prefix)
-            monkeypatch.setenv("VLLM_FP8_LINEAR_KERNEL", "RowWiseTorchFP8ScaledMMLinearKernel")
-            forced = KimiMoE(fused_config(), torch.bfloat16, quant, prefix)
-    finally:
-        vllm_logger.removeHandler(handler)
-        vllm_logger.setLevel(level)
+    with torch.device("meta"):
+        moe = KimiMoE(fused_config(), torch.bfloat16, quant, prefix)
+        monkeypatch.setenv("VLLM_FP8_LINEAR_KERNEL", "RowWiseTorchFP8ScaledMMLinearKernel")
+        forced = KimiMoE(fused_config(), torch.bfloat16, quant, prefix)
     rowwise = "RowWiseTorchFP8ScaledMMLinearKernel"
     for block in (moe, forced):
         assert type(block.shared_experts.gate_up_proj.fp8_linear).__name__ == rowwise
     said = [
-        r.getMessage() for r in records if f"{prefix}.shared_experts.gate_up_proj" in r.getMessage()
+        r.getMessage()
+        for r in vllm_records
+        if f"{prefix}.shared_experts.gate_up_proj" in r.getMessage()
     ]
     assert said == [f"Selected {rowwise} for {prefix}.shared_experts.gate_up_proj"] * 2, said
 
