@@ -89,7 +89,7 @@ from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (
 )
 from vllm.model_executor.layers.fused_moe.group_rows import group_rows, group_rows_reference
 from vllm.model_executor.layers.fused_moe.router import RoutingParams, grouped_topk
-from vllm.models.kimi_k3.amd.linear import KimiMoE
+from vllm.models.kimi_k3.amd.moe import KimiMoE
 from vllm.transformers_utils.configs import KimiLinearConfig
 from vllm.triton_utils import use_triton
 from vllm.utils.cli import nonnegative_int, positive_int, run_main

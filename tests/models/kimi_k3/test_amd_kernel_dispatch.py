@@ -10,7 +10,7 @@ import pytest
 import torch
 from engine_harness import EngineHarness as Harness
 
-import vllm.models.kimi_k3.amd.linear as linear_mod
+import vllm.models.kimi_k3.amd.moe as moe_mod
 from vllm.config.quantization import parse_quantization_config
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
@@ -89,7 +89,7 @@ def test_one_token_decode_norms_in_the_moe_routers_launch(triton_launches, monke
     assert launches == (norms - moe_layers, moe_layers, 0)
     _, launches = decode({0: [5, 6, 7, 8], 1: [9, 10]})
     assert launches == (norms, 0, moe_layers)
-    monkeypatch.setattr(linear_mod, "use_fused_norm_router", lambda *args: False)
+    monkeypatch.setattr(moe_mod, "use_fused_norm_router", lambda *args: False)
     unfused, launches = decode({0: [5, 6, 7, 8]})
     assert launches == (norms, moe_layers, 0)
     assert torch.equal(fused, unfused)

@@ -12,7 +12,7 @@ import vllm.model_executor.layers.fused_moe.experts as experts_mod
 import vllm.model_executor.layers.fused_moe.layer as layer_mod
 from vllm.model_executor.layers.activation import SituAndMul, get_act_and_mul
 from vllm.model_executor.layers.fused_moe.router import RoutingParams, grouped_topk
-from vllm.models.kimi_k3.amd.linear import KimiMLP, KimiMoE, shared_experts_fusable
+from vllm.models.kimi_k3.amd.moe import KimiMLP, KimiMoE, shared_experts_fusable
 from vllm.transformers_utils.configs import KimiLinearConfig
 
 pytestmark = pytest.mark.usefixtures("interpreter_moe_blocks")

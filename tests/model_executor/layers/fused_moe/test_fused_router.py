@@ -39,7 +39,7 @@ from vllm.model_executor.layers.fused_moe.router import (
 )
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.ops.rms_norm import fused_add_rms_norm
-from vllm.models.kimi_k3.amd.linear import KimiMoE
+from vllm.models.kimi_k3.amd.moe import KimiMoE
 from vllm.transformers_utils.configs import KimiLinearConfig
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -15,7 +15,7 @@ config=None)``
 
 ``use_fused_router(x, gate_weight)`` says whether a MoE layer should call it: T in 1..
 ``FUSED_ROUTER_MAX_T``, the strides above, Triton on the device, and NVIDIA rather than ROCm (the
-ordering argument below is PTX's). ``KimiMoE`` (vllm/models/kimi_k3/amd/linear.py) owns one
+ordering argument below is PTX's). ``KimiMoE`` (vllm/models/kimi_k3/amd/moe.py) owns one
 semaphore per layer, so no two launches in flight ever share one.
 
 ``fused_norm_router_topk(x, residual, norm_weight, eps, gate_weight, e_score_correction_bias,
