@@ -172,7 +172,8 @@ def test_a_table_grown_in_place_is_written_and_checked_only_in_its_tail():
 def test_incremental_rows_equal_a_fresh_builders(seed):
     """One builder fed a random run of steps (tables grown in place, sequences finishing, new
     and preempted ones prefilling from zero on new lists, rows moving, copied tables, padded
-    decode steps) holds after each step what a fresh builder writes for that step alone."""
+    decode steps, some with a dummy prompt) holds after each step what a fresh builder writes for
+    that step alone."""
     rng = random.Random(seed)
     sizes = dict(max_num_seqs=6, max_blocks_per_seq=5, num_blocks=40, num_kda_slots=7)
     b, cap = builder(max_num_tokens=32, **sizes), 5 * BLOCK
@@ -204,10 +205,11 @@ def test_incremental_rows_equal_a_fresh_builders(seed):
             [s[1] for s in seqs], new, [s[0] for s in seqs], [s[2] for s in seqs], nd
         )
         pad_to = rng.randint(len(seqs), 6) if nd == len(seqs) and rng.random() < 0.5 else None
+        prompt = rng.randint(0, BLOCK) if pad_to is not None and pad_to < 6 else 0
         fresh = builder(max_num_tokens=32, **sizes)
-        t = b.stage(step, pad_to)
-        assert fresh.stage(step, pad_to) == t
-        n = len(seqs) if pad_to is None else pad_to
+        t = b.stage(step, pad_to, dummy_prompt=prompt)
+        assert fresh.stage(step, pad_to, dummy_prompt=prompt) == t
+        n = (len(seqs) if pad_to is None else pad_to) + (prompt > 0)
         for name in ("block_tables", "seq_lens", "kda_slots", "has_initial_state"):
             assert getattr(b, name)[:n].tolist() == getattr(fresh, name)[:n].tolist(), name
         assert b.slot_mapping[:t].tolist() == fresh.slot_mapping[:t].tolist()
@@ -225,6 +227,42 @@ def test_empty_schedule_builds():
     assert meta.num_tokens == 3 and meta.kda.state_slots.tolist() == [0, 0, 0]
     assert meta.mla.decode_seq_lens.tolist() == [1, 1, 1]
     assert meta.mla.slot_mapping.tolist() == [0, 0, 0]
+
+
+def test_dummy_prompt_follows_the_padded_rows_on_the_dummies():
+    b = builder()
+    first = batch([seq(5, 1, [7, 2], 3), seq(2, 1, [4], 1), seq(0, 3, [6], 2)], 2)
+    b.build(first)
+    meta = b.build(batch([seq(5, 1, [7, 2], 3)], 1), pad_to=2, dummy_prompt=3)
+    kda, mla = meta.kda, meta.mla
+    assert meta.num_tokens == 5
+    assert kda.query_start_loc.tolist() == [0, 1, 2, 5]
+    assert kda.state_slots.tolist() == [3, 0, 0]
+    assert kda.has_initial_state.tolist() == [True, True, False]  # the prompt: from zero
+    assert (kda.num_decodes, kda.num_prefills, mla.num_decodes) == (2, 1, 2)
+    assert kda.prefill_query_start_loc.tolist() == [0, 3]
+    assert mla.slot_mapping.tolist() == [9, 0, 0, 1, 2]  # block 0, offsets 0..2
+    assert mla.decode_block_tables.tolist() == [[7, 2, 0], [0, 0, 0]]
+    assert mla.decode_seq_lens.tolist() == [6, 1]
+    assert b.block_tables[2].tolist() == [0, 0, 0]  # the real row there was emptied
+    ((start, end, slots),) = mla.prefills
+    assert (start, end, slots.tolist()) == (2, 5, [0, 1, 2])
+    # The rows the dummies emptied are written again by the next real step.
+    meta = b.build(first)
+    assert meta.mla.decode_block_tables.tolist() == [[7, 2, 0], [4, 0, 0]]
+    assert b.block_tables[2].tolist() == [6, 0, 0]
+
+
+def test_dummy_prompt_is_refused_where_it_does_not_fit():
+    b = builder()  # 4 sequences, 16 tokens, blocks of 4
+    with pytest.raises(ValueError, match="dummy_prompt must be in \\[0, 4\\] \\(one block\\)"):
+        b.build(batch([], 0), pad_to=1, dummy_prompt=5)
+    with pytest.raises(ValueError, match="dummy_prompt must be in .* 0 without"):
+        b.build(batch([DECODE], 1), dummy_prompt=1)
+    with pytest.raises(ValueError, match="pad_to must be in \\[0, 3\\], got 4"):
+        b.build(batch([], 0), pad_to=4, dummy_prompt=1)  # no row left for the prompt
+    with pytest.raises(ValueError, match="batch: 5 tokens exceed max_num_tokens 4"):
+        builder(max_num_tokens=4).build(batch([], 0), pad_to=3, dummy_prompt=2)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,7 +26,10 @@ Padding rule (decode-only batches padded to a captured batch size with `pad_to`)
 slot 0 are reserved dummies, never handed to a sequence. A padded row is a decode on KDA slot 0
 with block table `[0, 0, ...]`, seq_len 1 and its slot mapping at block 0, offset 0, so padded
 rows read and write only the dummies; real rows and real slots / blocks are untouched. The runner
-feeds any token id for padded rows and ignores their outputs.
+feeds any token id for padded rows and ignores their outputs. `dummy_prompt` appends one more
+dummy row to a padded batch: a prompt of that many tokens (at most a block) from zero state on KDA
+slot 0, written at block 0 from offset 0. A batch of dummies alone then takes the mixed-step path,
+which the runner warms up at start-up (`ModelRunner.warm_up_mixed_steps`).
 
 The returned metadata views the builder's persistent fixed-capacity device buffers (staged in
 pinned host memory and copied without blocking on CUDA): a CUDA graph captured on them replays
@@ -137,16 +140,18 @@ class KimiMetadataBuilder:
         self._slot_ids = frozenset(range(1, num_kda_slots))
 
     def build(
-        self, batch: BatchSchedule, pad_to: int | None = None, input_ids: np.ndarray | None = None
-    ) -> KimiMetadata:
+        self, batch: BatchSchedule, pad_to: int | None = None, input_ids: np.ndarray | None = None,
+        dummy_prompt: int = 0,
+    ) -> KimiMetadata:  # fmt: skip
         """Metadata for `batch`; `pad_to` pads a decode-only batch with dummy rows to that many
-        sequences (see the module docstring). `input_ids` (int64, one per new token), when given,
-        are uploaded into `self.input_ids`."""
-        t = self.stage(batch, pad_to, input_ids)
+        sequences, and `dummy_prompt` (with `pad_to`) appends a dummy prompt of that many tokens
+        (see the module docstring). `input_ids` (int64, one per new token), when given, are
+        uploaded into `self.input_ids`."""
+        t = self.stage(batch, pad_to, input_ids, dummy_prompt)
         num_decodes = batch.num_decodes
-        n = len(batch.num_new) if pad_to is None else pad_to
-        nd = n if pad_to is not None else num_decodes  # padded rows are decodes too
-        num_prefills = len(batch.num_new) - num_decodes
+        nd = num_decodes if pad_to is None else pad_to  # padded rows are decodes too
+        num_prefills = len(batch.num_new) - num_decodes + (dummy_prompt > 0)
+        n = nd + num_prefills
         start = int(self._np["query_start_loc"][num_decodes])
         kda = KDAMetadata(
             query_start_loc=self.query_start_loc[: n + 1],
@@ -156,22 +161,26 @@ class KimiMetadataBuilder:
             num_prefills=num_prefills,
             prefill_query_start_loc=self.prefill_query_start_loc[: num_prefills + 1],
         )
+        prefills = self._prefill_contexts(batch, start)
+        if dummy_prompt:  # nothing cached: its context is its new tokens, the step's last
+            prefills.append((t - dummy_prompt, t, self.slot_mapping[t - dummy_prompt : t]))
         mla = MLAMetadata(
             num_decodes=nd,
             slot_mapping=self.slot_mapping[:t],
             decode_block_tables=self.block_tables[:nd],
             decode_seq_lens=self.seq_lens[:nd],
-            prefills=self._prefill_contexts(batch, start),
+            prefills=prefills,
         )
         return KimiMetadata(kda, mla, t)
 
     def stage(
-        self, batch: BatchSchedule, pad_to: int | None = None, input_ids: np.ndarray | None = None
-    ) -> int:
+        self, batch: BatchSchedule, pad_to: int | None = None, input_ids: np.ndarray | None = None,
+        dummy_prompt: int = 0,
+    ) -> int:  # fmt: skip
         """`build` without making the metadata's views: fills and uploads the buffers, which is
         all a CUDA-graph replay needs (the graph holds its own views). Returns the step's token
-        count T (padded rows included)."""
-        computed, new, lens = self._validate(batch, pad_to)
+        count T (dummy rows included)."""
+        computed, new, lens = self._validate(batch, pad_to, dummy_prompt)
         n_real = len(new)
         t_real = int(new.sum())
         if input_ids is not None and len(input_ids) != t_real:
@@ -181,10 +190,11 @@ class KimiMetadataBuilder:
             # them must have run (they normally have, long before the next step is built).
             self._copied.synchronize()
         n = n_real if pad_to is None else pad_to
-        self._write_tables(batch.block_tables, lens, n_real, n)
+        n_all = n + (dummy_prompt > 0)
+        self._write_tables(batch.block_tables, lens, n_real, n_all)
         h, bs = self._np, self.block_size
         t = t_real + n - n_real
-        qsl = h["query_start_loc"][: n + 1]
+        qsl = h["query_start_loc"][: n_all + 1]
         qsl[0] = 0
         np.cumsum(new, out=qsl[1 : n_real + 1])
         h["seq_lens"][:n_real] = computed + new
@@ -200,24 +210,32 @@ class KimiMetadataBuilder:
         h["slot_mapping"][:t_real] = blocks * bs + positions % bs
         if n > n_real:
             # Padded rows: one new token at position 0 of block 0, with "initial state" (slot 0).
-            qsl[n_real + 1 :] = np.arange(t_real + 1, t + 1)
+            qsl[n_real + 1 : n + 1] = np.arange(t_real + 1, t + 1)
             h["seq_lens"][n_real:n] = 1
             h["kda_slots"][n_real:n] = DUMMY_KDA_SLOT
             h["has_initial_state"][n_real:n] = True
             h["slot_mapping"][t_real:t] = DUMMY_BLOCK * bs
+        if dummy_prompt:
+            # The dummy prompt: from zero state on slot 0, its tokens at block 0 from offset 0.
+            qsl[n_all] = t + dummy_prompt
+            h["seq_lens"][n] = dummy_prompt
+            h["kda_slots"][n] = DUMMY_KDA_SLOT
+            h["has_initial_state"][n] = False
+            h["slot_mapping"][t : t + dummy_prompt] = DUMMY_BLOCK * bs + np.arange(dummy_prompt)
+            t += dummy_prompt
         nd = n if pad_to is not None else batch.num_decodes  # padded rows are decodes too
-        h["prefill_query_start_loc"][: n - nd + 1] = qsl[nd:] - qsl[nd]
+        h["prefill_query_start_loc"][: n_all - nd + 1] = qsl[nd:] - qsl[nd]
         if input_ids is not None:
             h["input_ids"][:t_real] = input_ids
         if self._copied is not None:
-            end = self._tables_offset + h["block_tables"][:n].nbytes
+            end = self._tables_offset + h["block_tables"][:n_all].nbytes
             self._dev[:end].copy_(self._host[:end], non_blocking=True)
             self._copied.record()
         return t
 
     def _write_tables(self, tables: list[list[int]], lens: np.ndarray, n_real: int, n: int) -> None:
         """Write the rows whose table is not the list last written there at the same length
-        (range-checking what is new), and empty the padded rows `n_real` to `n`."""
+        (range-checking what is new), and empty the dummy rows `n_real` to `n`."""
         old_lens = self._row_lens
         same = np.fromiter(map(operator.is_, tables, self._row_tables), bool, n_real)
         host = self._np["block_tables"]
@@ -277,7 +295,7 @@ class KimiMetadataBuilder:
         return 0
 
     def _validate(
-        self, batch: BatchSchedule, pad_to: int | None
+        self, batch: BatchSchedule, pad_to: int | None, dummy_prompt: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Check everything but the block ids with a few whole-batch checks (a Python check per
         row cost microseconds per sequence per step); only a bad schedule is walked row by row,
@@ -299,11 +317,18 @@ class KimiMetadataBuilder:
         if pad_to is not None:
             if nd != n:
                 raise ValueError("pad_to: only a decode-only batch can be padded")
-            if not n <= pad_to <= self.max_num_seqs:
-                raise ValueError(f"pad_to must be in [{n}, {self.max_num_seqs}], got {pad_to}")
+            top = self.max_num_seqs - (dummy_prompt > 0)  # the dummy prompt takes a row too
+            if not n <= pad_to <= top:
+                raise ValueError(f"pad_to must be in [{n}, {top}], got {pad_to}")
+        if not 0 <= dummy_prompt <= (0 if pad_to is None else self.block_size):
+            raise ValueError(
+                f"dummy_prompt must be in [0, {self.block_size}] (one block) with pad_to, 0 "
+                f"without, got {dummy_prompt}"
+            )
         tokens = sum(new)
-        if max(tokens, pad_to or 0) > self.max_num_tokens:
-            raise ValueError(f"batch: {tokens} tokens exceed max_num_tokens {self.max_num_tokens}")
+        total = max(tokens, pad_to or 0) + dummy_prompt  # the dummy rows' tokens included
+        if total > self.max_num_tokens:
+            raise ValueError(f"batch: {total} tokens exceed max_num_tokens {self.max_num_tokens}")
         lens, slot_set = list(map(len, tables)), set(slots)
         # Given min(new) >= 1, the decodes have one token each iff they sum to their count.
         if n and (
