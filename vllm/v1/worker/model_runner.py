@@ -10,7 +10,9 @@ B >= N; the N real rows come first and the B - N padded rows use the reserved du
 KDA slot 0 (see `vllm/models/kimi_k3/amd/metadata.py`), so they write nowhere that is read. The
 graph covers the model forward and the LM head of all B rows (every decode row samples); input
 ids and metadata live in persistent buffers that the builder's `stage` rewrites in place (one
-upload) before each replay.
+upload) before each replay. Before the capture, one dummy mixed step per size
+(`warm_up_mixed_steps`) compiles the other form that mixed steps run their decode rows in, which
+their first step of each batch class compiled otherwise.
 
 Asynchronous steps: `sample` only enqueues the sampler and the copy of its results to the host
 (`SampledStep`; `SampledStep.result` waits for them), so the engine can launch a step that
@@ -21,6 +23,7 @@ upload and replay run after the last step's sampler has read its logits.
 """
 
 import math
+import time
 from dataclasses import dataclass, field
 from itertools import accumulate, chain
 
@@ -246,13 +249,13 @@ class ModelRunner:
         self.input_ids = self.builder.input_ids
 
     def capture_cudagraphs(self) -> float:
-        """Capture one decode graph per configured batch size (largest first, one memory pool).
-        Returns the seconds it took."""
-        import time
-
+        """Warm up the mixed steps (`warm_up_mixed_steps`), then capture one decode graph per
+        configured batch size (largest first, one memory pool). Returns the seconds the capture
+        took."""
         sizes = self.config.compilation_config.cudagraph_capture_sizes
         if not sizes or self.device.type != "cuda":
             return 0.0
+        self.warm_up_mixed_steps(sizes)
         start = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
         with torch.no_grad():
@@ -269,6 +272,31 @@ class ModelRunner:
         elapsed = time.perf_counter() - start
         logger.info("Captured %d CUDA graphs (decode batch 1..%d) in %.1f s", len(sizes),
                     max(sizes), elapsed)  # fmt: skip
+        return elapsed
+
+    def warm_up_mixed_steps(self, sizes: list[int]) -> float:
+        """Run one eager dummy mixed step per decode batch size in `sizes`: that many padded
+        decode rows (at most max_num_seqs - 1, the most a step with a prompt holds) and a
+        one-token prompt, all on the dummy block and KDA slot (`KimiMetadataBuilder.build`'s
+        `dummy_prompt`), through the forward and LM head of a step. Returns the seconds it took.
+
+        A mixed step runs its decode rows in another form than the graphs (the KDA decode
+        without its norm epilogue), launched by their batch class: each class's first mixed step
+        compiled that form, 293 ms for a step of about 140 ms on an H100 (docs/performance.md,
+        "Mixed steps with graphs"). Every rank runs the same steps, so their collectives pair.
+        """
+        start = time.perf_counter()
+        counts = sorted({min(size, self.max_num_seqs - 1) for size in sizes} - {0}, reverse=True)
+        empty = BatchSchedule([], [], [], [], 0)
+        with torch.no_grad():
+            for count in counts:
+                metadata = self.builder.build(empty, pad_to=count, dummy_prompt=1)
+                self._logits(self.input_ids[: metadata.num_tokens], metadata)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elapsed = time.perf_counter() - start
+        logger.info("Warmed up mixed steps of %d decode batch sizes (up to %d) in %.1f s",
+                    len(counts), max(counts, default=0), elapsed)  # fmt: skip
         return elapsed
 
     # -- one step -----------------------------------------------------------------------------
