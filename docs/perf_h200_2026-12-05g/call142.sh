@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Thirty-seventh run, call 142 (carry [".whl", ".devrun"]): start-up on a cold Triton cache with
-# the mixed-step warm-up (efce2cb), the engine the grid's batch 256 sizes (35 decode graphs): load,
-# warm-up, capture and engine ready, then the benchmark's first prefill (its kernel compilation).
-# On an H100 (80 GB) the config with 128 of the 256 routed experts, as call140.sh.
+# Thirty-seventh run, call 142 (carry [".whl", ".devrun"]): start-up with the mixed-step warm-up
+# (efce2cb), the engine sized for batch 256 (35 decode graphs), three processes in a row:
+#   A  Triton's cache emptied first (a fresh machine's start);
+#   B  the same command again (compiled kernels and, with TRITON_CACHE_AUTOTUNING=1, the default
+#      since vllm/env_override.py sets it, fla-core's autotuning results on disk);
+#   C  B with TRITON_CACHE_AUTOTUNING=0 (fla-core autotunes in the process, as before).
+# Each prints load, warm-up, capture, engine ready and the benchmark's first prefill (the kernel
+# compilation it still pays). On an H100 (80 GB) the config with 128 of the 256 routed experts.
 set -u
 M=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
@@ -17,10 +21,13 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD
 rm -rf ~/.triton/cache ${TRITON_CACHE_DIR:-/nonexistent}
 P='{"linear":"fp8_per_channel","ignore":["re:(?!.*self_attn\\.o_proj$).*"]}'
-S=$(date +%s.%N)
-timeout ${LIMIT:-400} python benchmarks/benchmark_latency.py --model $MODEL \
-  --load-format dummy --skip-tokenizer-init --quantization-config "$P" --batch-sizes 256 \
-  --input-lens 1024 --output-len 2 --warmup-steps 1 --max-num-batched-tokens 8192 \
-  --time-budget-s 1 > $OUT/cold_start.log 2>&1
-echo "rc $? process $(python -c "print(round($(date +%s.%N) - $S, 1))") s"
-grep -h "Loaded\|load\|Warmed\|Captured\|engine ready\|warm-up (kernel" $OUT/cold_start.log | cut -c1-200 | head -12
+for RUN in A:1:270 B:1:75 C:0:75; do
+  IFS=: read NAME KNOB LIM <<< "$RUN"
+  S=$(date +%s.%N)
+  TRITON_CACHE_AUTOTUNING=$KNOB timeout $LIM python benchmarks/benchmark_latency.py --model $MODEL \
+    --load-format dummy --skip-tokenizer-init --quantization-config "$P" --batch-sizes 256 \
+    --input-lens 1024 --output-len 2 --warmup-steps 1 --max-num-batched-tokens 8192 \
+    --time-budget-s 1 > $OUT/start_$NAME.log 2>&1
+  echo "== $NAME (TRITON_CACHE_AUTOTUNING=$KNOB) rc $? process $(python3 -c "print(round($(date +%s.%N) - $S, 1))") s"
+  grep -h "Warmed\|Captured\|engine ready\|warm-up (kernel" $OUT/start_$NAME.log | cut -c1-160
+done
