@@ -21,11 +21,11 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD
 rm -rf ~/.triton/cache ${TRITON_CACHE_DIR:-/nonexistent}
 P='{"linear":"fp8_per_channel","ignore":["re:(?!.*self_attn\\.o_proj$).*"]}'
-for RUN in A:1:270 B:1:75 C:0:75; do
+for RUN in A:1:${LIM_A:-270} B:1:75 C:0:75; do
   IFS=: read NAME KNOB LIM <<< "$RUN"
   S=$(date +%s.%N)
   TRITON_CACHE_AUTOTUNING=$KNOB timeout $LIM python benchmarks/benchmark_latency.py --model $MODEL \
-    --load-format dummy --skip-tokenizer-init --quantization-config "$P" --batch-sizes 256 \
+    --load-format dummy --skip-tokenizer-init --quantization-config "$P" --batch-sizes ${BATCH:-256} \
     --input-lens 1024 --output-len 2 --warmup-steps 1 --max-num-batched-tokens 8192 \
     --time-budget-s 1 > $OUT/start_$NAME.log 2>&1
   echo "== $NAME (TRITON_CACHE_AUTOTUNING=$KNOB) rc $? process $(python3 -c "print(round($(date +%s.%N) - $S, 1))") s"
