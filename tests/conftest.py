@@ -24,19 +24,12 @@ import numpy as np
 import pytest
 import torch
 from counted_kernels import COUNTED_KERNELS
+from serving_deps import SERVING_DEPS, SERVING_TEST_GLOBS
 
 HAS_GPU = torch.cuda.is_available()
 # The serving tests hold no GPU test, and a GPU host may lack the serving dependencies (the lent
 # H200 has no fastapi, uvicorn or pydantic): there they are not collected rather than failing to
 # import. Without a GPU (CI) a missing dependency still fails them loudly.
-# tests/test_serving_collection.py checks that these globs cover every test module whose imports
-# reach those packages.
-SERVING_DEPS = ("fastapi", "uvicorn", "pydantic")
-SERVING_TEST_GLOBS = (
-    "entrypoints/openai/test_*.py",
-    "entrypoints/cli/test_serve_args.py",
-    "accuracy/test_arith_served.py",
-)
 _HAS_SERVING_DEPS = all(importlib.util.find_spec(m) for m in SERVING_DEPS)
 collect_ignore_glob = [] if _HAS_SERVING_DEPS or not HAS_GPU else list(SERVING_TEST_GLOBS)
 if not HAS_GPU:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
-from conftest import SERVING_DEPS, SERVING_TEST_GLOBS
+from serving_deps import SERVING_DEPS, SERVING_TEST_GLOBS
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -104,7 +104,7 @@ def test_every_test_module_that_imports_the_server_is_left_out_on_gpu_hosts_with
     uncovered = sorted(str(p.relative_to(TESTS)) for p in reaching if not _ignored(p))
     assert not uncovered, (
         f"{uncovered} import {SERVING_DEPS} at module level: add them to SERVING_TEST_GLOBS in "
-        "tests/conftest.py, or import the server inside the tests that need it"
+        "tests/serving_deps.py, or import the server inside the tests that need it"
     )
     assert reaching, "the scan found no serving test at all"
 
