@@ -214,6 +214,8 @@ def test_incremental_rows_equal_a_fresh_builders(seed):
             assert getattr(b, name)[:n].tolist() == getattr(fresh, name)[:n].tolist(), name
         assert b.slot_mapping[:t].tolist() == fresh.slot_mapping[:t].tolist()
         assert b.query_start_loc[: n + 1].tolist() == fresh.query_start_loc[: n + 1].tolist()
+        p = n - (nd if pad_to is None else pad_to) + 1  # the prefills' (the dummy prompt's too)
+        assert b.prefill_query_start_loc[:p].tolist() == fresh.prefill_query_start_loc[:p].tolist()
         for s, w in zip(seqs, new, strict=True):
             s[1] += w
 
