@@ -42,6 +42,15 @@ def _imported_names(path: Path) -> set[str]:
     return names
 
 
+@cache
+def _helpers() -> dict[str, Path]:
+    """Test helper modules (not tests, not conftest) by module name: each name is unique."""
+    paths = [p for p in TESTS.rglob("*.py") if not p.name.startswith(("test_", "conftest"))]
+    helpers = {p.stem: p for p in paths}
+    assert len(helpers) == len(paths), "two test helper modules share a name"
+    return helpers
+
+
 def _resolve(name: str, importer: Path) -> Path | None:
     """The source file of a vllm module or of a test helper module, else None."""
     parts = name.split(".")
@@ -55,7 +64,9 @@ def _resolve(name: str, importer: Path) -> Path | None:
         path = directory.joinpath(*parts).with_suffix(".py")
         if path.is_file():
             return path
-    return None
+    # A helper of another folder, which the importer puts on sys.path itself (as
+    # accuracy/test_arith_served.py does with entrypoints/openai/server_utils.py).
+    return _helpers().get(name)
 
 
 def _edges(path: Path) -> tuple[bool, set[Path]]:
@@ -97,6 +108,8 @@ def test_the_scan_sees_the_server_import_chain() -> None:
     assert _reaches_serving_deps(ROOT / "vllm/entrypoints/openai/api_server.py")
     assert _reaches_serving_deps(TESTS / "entrypoints/openai/test_server_utils.py")
     assert not _reaches_serving_deps(ROOT / "vllm/engine/arg_utils.py")
+    # Imports `server_utils` (uvicorn) from entrypoints/openai/, which it puts on sys.path.
+    assert _reaches_serving_deps(TESTS / "accuracy/test_arith_served.py")
 
 
 def test_every_test_module_that_imports_the_server_is_left_out_on_gpu_hosts_without_it() -> None:
