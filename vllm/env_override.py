@@ -10,22 +10,13 @@ any of them read them. Each respects a value the user has already set.
   passes when it is on). A process that ran a cuDNN attention before importing `vllm` keeps
   torch's per-shape plans (the results are the same). Measured in docs/performance.md,
   "Twenty-eighth run".
-- `TRITON_CACHE_AUTOTUNING=1`: Triton's autotuner (fla-core's KDA prefill kernels choose their
-  launch configs with it) benchmarks every candidate in every new process, and by timing alone, so
-  two processes may pick different configs; with it the winner goes to Triton's disk cache (keyed
-  by Triton's version, the GPU target, the kernel's source, the tuning key and the candidates)
-  and later processes load it. Triton reads it when an autotuned kernel is defined, at fla's
-  import (which the KDA layer defers to its first prefill). Measured in docs/performance.md,
-  "Thirty-seventh run".
 """
 
 import os
 
 CUDNN_SDPA_AVOID_RECOMPILE = "TORCH_CUDNN_SDPA_AVOID_RECOMPILE"
-TRITON_CACHE_AUTOTUNING = "TRITON_CACHE_AUTOTUNING"
 
 os.environ.setdefault(CUDNN_SDPA_AVOID_RECOMPILE, "1")
-os.environ.setdefault(TRITON_CACHE_AUTOTUNING, "1")
 
 
 def cudnn_sdpa_avoids_recompile() -> bool:
