@@ -22,7 +22,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD
 rm -rf ~/.triton/cache ${TRITON_CACHE_DIR:-/nonexistent}
 P='{"linear":"fp8_per_channel","ignore":["re:(?!.*self_attn\\.o_proj$).*"]}'
-for RUN in A:1:${LIM_A:-270} B:1:75 C:0:75; do
+for RUN in ${RUNS:-A:1:270 B:1:75 C:0:75}; do
   IFS=: read NAME KNOB LIM <<< "$RUN"
   S=$(date +%s.%N)
   FLA_CACHE_RESULTS=$KNOB timeout $LIM python benchmarks/benchmark_latency.py --model $MODEL \
