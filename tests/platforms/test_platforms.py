@@ -69,6 +69,15 @@ def test_triton_fp8_support_by_platform():
     assert CpuPlatform().triton_supports_fp8(torch.float8_e4m3fnuz)  # the interpreter does both
 
 
+@pytest.mark.parametrize(
+    "arch,mi3xx",
+    [("gfx942:sramecc+:xnack-", True), ("gfx950:sramecc+:xnack-", True), ("gfx940", True),
+     ("gfx90a:sramecc+:xnack-", False), ("gfx908", False), ("gfx1201", False)],
+)  # fmt: skip
+def test_mi3xx_is_cdna3_or_newer(arch, mi3xx):
+    assert RocmPlatform(gcn_arch=arch).on_mi3xx() is mi3xx
+
+
 def test_helpers_only_tests_called_are_gone():
     """Dead code removed: no library caller ever used these (issue 10)."""
     import inspect

@@ -2,6 +2,7 @@
 
 Written to the documented ROCm facts (no AMD GPU is available to this project): `is_fp8_fnuz` is
 true iff device 0's GCN arch name contains "gfx94" (MI300/MI325); gfx950 (MI355X) uses e4m3fn.
+`on_mi3xx` is the arch gate of the FP8 GEMMs (hipBLASLt's rowwise `_scaled_mm`, AITER's hipb_mm).
 """
 
 from functools import cached_property
@@ -27,6 +28,12 @@ class RocmPlatform(Platform):
 
     def is_fp8_fnuz(self) -> bool:
         return "gfx94" in self.gcn_arch
+
+    def on_mi3xx(self) -> bool:
+        """Whether device 0 is CDNA3 or newer: gfx94x (MI300/MI325, e4m3fnuz) or gfx95x (MI355X,
+        e4m3fn), the archs with FP8 matrix cores. Upstream's `on_mi3xx` names gfx942 and gfx950;
+        the prefixes also take the early MI300 parts (gfx940/941), of the same CDNA3 family."""
+        return self.gcn_arch.startswith(("gfx94", "gfx95"))
 
     def triton_supports_fp8(self, dtype: torch.dtype) -> bool:
         # gfx94x converts to e4m3fnuz, gfx950 to OCP e4m3fn: only the arch's own flavour.

@@ -104,7 +104,7 @@ class AiterHipbMMPerTokenFp8ScaledMMLinearKernel(_AiterPtpcKernel):
             return ok, reason
         if not envs.VLLM_ROCM_USE_AITER_LINEAR_HIPBMM:
             return False, "needs VLLM_ROCM_USE_AITER_LINEAR_HIPBMM=1"
-        if not vllm.platforms.current_platform.gcn_arch.startswith(("gfx94", "gfx95")):
+        if not vllm.platforms.current_platform.on_mi3xx():
             return False, "needs CDNA3 or newer"
         if not hasattr(_aiter(), "hipb_mm"):
             return False, "aiter has no hipb_mm"
