@@ -356,7 +356,7 @@ def test_bad_kernel_override_is_reported(monkeypatch):
 @pytest.mark.gpu
 def test_gpu_rowwise_scaled_mm_consumes_and_matches_bound():
     if not current_platform.is_cuda():
-        pytest.skip("the rowwise torch._scaled_mm kernel is the CUDA choice")
+        pytest.skip("a CUDA run; ROCm's is faked on CPU in test_rowwise_rocm_fake.py")
     layer, weight = ptpc_layer(RowParallelLinear, k=1536, n=7168, bias=False)
     assert type(layer.fp8_linear).__name__ == "RowWiseTorchFP8ScaledMMLinearKernel"
     assert get_input_quant_key(layer) == kFp8DynamicTokenSym

@@ -114,9 +114,10 @@ def ptpc_o_proj(seed=0):
         ({}, {"bpreshuffle": [(N, K)], "per_token": [(N, K)]},
          "AiterPreshuffledPerTokenFp8ScaledMMLinearKernel"),
         ({}, {"per_token": [(N, K)]}, "AiterPerTokenFp8ScaledMMLinearKernel"),
-        ({}, {"per_token": [(N, 512)]}, "ChannelWiseTorchFP8ScaledMMLinearKernel"),
+        # Past the AITER kernels, gfx950 takes hipBLASLt's rowwise _scaled_mm (upstream's order).
+        ({}, {"per_token": [(N, 512)]}, "RowWiseTorchFP8ScaledMMLinearKernel"),
         ({"VLLM_ROCM_USE_AITER_LINEAR": "0"}, {"per_token": [(N, K)]},
-         "ChannelWiseTorchFP8ScaledMMLinearKernel"),
+         "RowWiseTorchFP8ScaledMMLinearKernel"),
     ],
     ids=["hipbmm-opt-in", "tuned-bpreshuffle", "tuned-per-token", "untuned", "linear-off"],
 )  # fmt: skip
@@ -135,13 +136,13 @@ def test_a_shape_tuned_for_another_dtype_is_not_tuned(rocm, tuned_dtype):
     platform's FP8 (gfx950: e4m3fn): a shape tuned only for gfx94x's e4m3fnuz, or for int8,
     selected the CK kernels all the same."""
     rocm(per_token=[(N, K)], bpreshuffle=[(N, K)], tuned_dtype=tuned_dtype)
-    assert type(ptpc_o_proj().fp8_linear).__name__ == "ChannelWiseTorchFP8ScaledMMLinearKernel"
+    assert type(ptpc_o_proj().fp8_linear).__name__ == "RowWiseTorchFP8ScaledMMLinearKernel"
 
 
 def test_nothing_is_selected_from_aiter_when_it_is_off(rocm, monkeypatch):
     monkeypatch.setenv("VLLM_ROCM_USE_AITER", "0")
     rocm(per_token=[(N, K)], bpreshuffle=[(N, K)])
-    assert type(ptpc_o_proj().fp8_linear).__name__ == "ChannelWiseTorchFP8ScaledMMLinearKernel"
+    assert type(ptpc_o_proj().fp8_linear).__name__ == "RowWiseTorchFP8ScaledMMLinearKernel"
 
 
 @pytest.mark.parametrize(

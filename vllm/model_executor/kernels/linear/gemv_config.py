@@ -27,9 +27,10 @@ fp16 inputs of at most ``max(BF16_GEMV_MAX_M, BF16_DOT_MAX_M)`` rows, and
 ``FP8_GEMV_MAX_WEIGHT_NUMEL`` elements; otherwise the vendor GEMM runs. A ``*_DOT_MAX_M`` of 0 keeps
 the ``tl.dot`` path off: so for bf16, while FP8 takes it up to 128 rows (the H200 sweep). The LM
 head (``ParallelLMHead.compute_logits``) keeps its own F.linear: cuBLAS already reads it at 96-100%
-of copy. NVIDIA only: on ROCm neither path selects it (the rowwise FP8 kernel is CUDA-only, and the
-bf16 dispatch asks ``current_platform.is_cuda()``); the kernel itself reads any FP8 flavour Triton
-loads, e4m3fnuz included, but is not validated on ROCm.
+of copy. NVIDIA only: on ROCm neither path selects it (the bf16 dispatch asks
+``current_platform.is_cuda()``, and the rowwise FP8 kernel, which runs on ROCm too, sends every ROCm
+call to ``torch._scaled_mm``); the kernel itself reads any FP8 flavour Triton loads, e4m3fnuz
+included, but is not validated on ROCm.
 """
 
 from dataclasses import dataclass, replace

@@ -1,5 +1,5 @@
-"""FP8 scaled-mm kernels built on torch: CUDA rowwise `_scaled_mm`, a per-tensor kernel, and a
-portable fallback that runs anywhere (CPU included).
+"""FP8 scaled-mm kernels built on torch: rowwise `_scaled_mm` (CUDA sm_89+, and ROCm CDNA3+ through
+hipBLASLt), a per-tensor kernel, and a portable fallback that runs anywhere (CPU included).
 """
 
 import torch
@@ -20,21 +20,39 @@ from vllm.model_executor.layers.quantization.utils.quant_utils import (
 
 
 class RowWiseTorchFP8ScaledMMLinearKernel(FP8ScaledMMLinearKernel):
-    """CUDA PTPC GEMM: `torch._scaled_mm` with `[M, 1]` and `[1, N]` fp32 scales, bf16 out; at
-    most `max(FP8_GEMV_MAX_M, FP8_DOT_MAX_M)` rows against a weight of at most
+    """PTPC GEMM: `torch._scaled_mm` with `[M, 1]` and `[1, N]` fp32 scales, bf16 out, on CUDA
+    sm_89+ and on ROCm CDNA3+ (gfx94x, gfx95x: hipBLASLt's rowwise scaled GEMM, which has bf16
+    output only; upstream selects it there after the AITER kernels).
+
+    On NVIDIA, at most `max(FP8_GEMV_MAX_M, FP8_DOT_MAX_M)` rows against a weight of at most
     `FP8_GEMV_MAX_WEIGHT_NUMEL` elements (kernels/linear/gemv_config.py) take the Triton GEMV
     instead (it reads such weights at a higher share of HBM bandwidth at these sizes; above
-    `FP8_GEMV_MAX_M` rows through FP8 MMAs, see kernels/linear/gemv.py).
+    `FP8_GEMV_MAX_M` rows through FP8 MMAs, see kernels/linear/gemv.py). ROCm never does: the GEMV
+    was measured and validated on NVIDIA only.
 
-    Consumes a pre-quantized per-token activation, so the KDA epilogue fusion engages on NVIDIA
-    too (upstream's CUDA kernels return no key).
+    Consumes a pre-quantized per-token activation, so the KDA epilogue fusion engages with this
+    kernel on both platforms (a deviation: upstream's, ROCm-only there, and its CUDA kernels
+    return no key).
     """
+
+    def __init__(self, config: FP8ScaledMMLinearLayerConfig) -> None:
+        super().__init__(config)
+        # Decided once, off the per-call path: the platform does not change after start-up.
+        self._gemv_allowed = vllm.platforms.current_platform.is_cuda()
 
     @classmethod
     def is_supported(cls) -> tuple[bool, str | None]:
-        if not vllm.platforms.current_platform.is_cuda():
-            return False, "needs CUDA"
-        if vllm.platforms.current_platform.device_capability < (8, 9):
+        platform = vllm.platforms.current_platform
+        if platform.is_rocm():
+            if not platform.on_mi3xx():
+                return False, (
+                    f"rowwise FP8 _scaled_mm needs CDNA3 or newer (gfx94x, gfx95x) on ROCm, "
+                    f"got {platform.gcn_arch}"
+                )
+            return True, None
+        if not platform.is_cuda():
+            return False, "needs CUDA or ROCm"
+        if platform.device_capability < (8, 9):
             return False, "rowwise FP8 _scaled_mm needs sm_89 or newer"
         return True, None
 
@@ -53,9 +71,10 @@ class RowWiseTorchFP8ScaledMMLinearKernel(FP8ScaledMMLinearKernel):
         return kFp8DynamicTokenSym
 
     def apply_scaled_mm(self, a, b, out_dtype, a_scale, b_scale, bias):
-        if not a.is_cuda:  # a layer kept on the CPU of a CUDA host (tests, references)
+        if not a.is_cuda:  # a layer kept on the CPU of a GPU host (tests, references)
             return dequantized_matmul(a, b, out_dtype, a_scale, b_scale, bias)
-        if gemv_cfg.use_fp8_gemv(a.shape[0], b):
+        # HIP tensors report is_cuda too: the platform, not the tensor, keeps ROCm off the GEMV.
+        if self._gemv_allowed and gemv_cfg.use_fp8_gemv(a.shape[0], b):
             # b.t() is the row-major [N, K] codes the GEMV streams along K.
             return gemv_op.gemv_fp8(a, a_scale, b.t(), b_scale, bias, out_dtype)
         # b is the [K, N] transposed view of row-major [N, K] codes: column-major, as required.
