@@ -6,22 +6,19 @@ import types
 
 import pytest
 import torch
+from ptpc_layer import K, N, ptpc_o_proj
 
 import vllm.platforms
-from vllm.config.quantization import parse_quantization_config
 from vllm.model_executor.kernels.linear.scaled_mm import aiter as aiter_kernels
 from vllm.model_executor.kernels.linear.scaled_mm.pytorch import dequantized_matmul
 from vllm.model_executor.layers.fusion.quant_activation import (
     QuantizedActivation,
     get_input_quant_key,
 )
-from vllm.model_executor.layers.linear import RowParallelLinear
-from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
 from vllm.model_executor.layers.quantization.utils.fp8_per_token import per_token_fp8_quant
 from vllm.model_executor.layers.quantization.utils.quant_utils import kFp8DynamicTokenSym
 from vllm.platforms import RocmPlatform
 
-N, K = 96, 256  # the layer below: o_proj-like, N and K multiples of 16
 SHUFFLE_MARK = 0.5  # the fake shuffle scales codes by this, so an unshuffled weight is detectable
 
 
@@ -95,15 +92,6 @@ def rocm(monkeypatch, tmp_path):
 
     yield make
     aiter_kernels._tuned_shapes.cache_clear()
-
-
-def ptpc_o_proj(seed=0):
-    config = OnlineQuantizationConfig(parse_quantization_config({"linear": "fp8_per_channel"}))
-    layer = RowParallelLinear(K, N, bias=False, params_dtype=torch.bfloat16, quant_config=config)
-    gen = torch.Generator().manual_seed(seed)
-    layer.weight_loader(layer.weight, (torch.randn(N, K, generator=gen) * 0.05).to(torch.bfloat16))
-    layer.process_weights_after_loading()
-    return layer
 
 
 @pytest.mark.parametrize(

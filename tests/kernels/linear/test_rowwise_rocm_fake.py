@@ -11,9 +11,9 @@ import dataclasses
 
 import pytest
 import torch
+from ptpc_layer import K, N, ptpc_o_proj
 
 import vllm.platforms
-from vllm.config.quantization import parse_quantization_config
 from vllm.model_executor.kernels.linear import gemv as gemv_op
 from vllm.model_executor.kernels.linear import init_fp8_linear_kernel
 from vllm.model_executor.kernels.linear.scaled_mm.pytorch import (
@@ -24,8 +24,6 @@ from vllm.model_executor.layers.fusion.quant_activation import (
     QuantizedActivation,
     get_input_quant_key,
 )
-from vllm.model_executor.layers.linear import RowParallelLinear
-from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
 from vllm.model_executor.layers.quantization.utils.fp8_per_token import per_token_fp8_quant
 from vllm.model_executor.layers.quantization.utils.quant_utils import (
     kFp8DynamicTokenSym,
@@ -33,7 +31,6 @@ from vllm.model_executor.layers.quantization.utils.quant_utils import (
 )
 from vllm.platforms import CudaPlatform, RocmPlatform
 
-N, K = 96, 256  # o_proj-like, N and K multiples of 16; small enough for the GEMV on NVIDIA
 ROWWISE = "RowWiseTorchFP8ScaledMMLinearKernel"
 CHANNELWISE = "ChannelWiseTorchFP8ScaledMMLinearKernel"
 
@@ -80,15 +77,6 @@ def scaled_mm(monkeypatch):
 
     monkeypatch.setattr(torch, "_scaled_mm", fake)
     return calls
-
-
-def ptpc_o_proj(seed: int = 0) -> RowParallelLinear:
-    config = OnlineQuantizationConfig(parse_quantization_config({"linear": "fp8_per_channel"}))
-    layer = RowParallelLinear(K, N, bias=False, params_dtype=torch.bfloat16, quant_config=config)
-    gen = torch.Generator().manual_seed(seed)
-    layer.weight_loader(layer.weight, (torch.randn(N, K, generator=gen) * 0.05).to(torch.bfloat16))
-    layer.process_weights_after_loading()
-    return layer
 
 
 def quantized_input(m: int, seed: int = 1) -> QuantizedActivation:
