@@ -274,11 +274,11 @@ class ModelRunner:
                     max(sizes), elapsed)  # fmt: skip
         return elapsed
 
-    def warm_up_mixed_steps(self, sizes: list[int]) -> float:
+    def warm_up_mixed_steps(self, sizes: list[int]) -> None:
         """Run one eager dummy mixed step per decode batch size in `sizes`: that many padded
         decode rows (at most max_num_seqs - 1, the most a step with a prompt holds) and a
         one-token prompt, all on the dummy block and KDA slot (`KimiMetadataBuilder.build`'s
-        `dummy_prompt`), through the forward and LM head of a step. Returns the seconds it took.
+        `dummy_prompt`), through the forward and LM head of a step, and logs the seconds it took.
 
         A mixed step runs its decode rows in another form than the graphs (the KDA decode
         without its norm epilogue), launched by their batch class: each class's first mixed step
@@ -297,7 +297,6 @@ class ModelRunner:
         elapsed = time.perf_counter() - start
         logger.info("Warmed up mixed steps of %d decode batch sizes (up to %d) in %.1f s",
                     len(counts), max(counts, default=0), elapsed)  # fmt: skip
-        return elapsed
 
     # -- one step -----------------------------------------------------------------------------
 
