@@ -336,3 +336,22 @@ def write_json(path: str | None, record: dict[str, Any]) -> None:
     mid-write leaves the previous complete record."""
     if path:
         cli.write_json(path, record, indent=1, default=str)
+
+
+def print_table(title: str, columns: list[tuple[str, str, str]], rows: list[dict]) -> None:
+    """`columns`: (heading, record key, format spec); a missing value prints "-", a row with
+    "skipped" prints its reason."""
+    cells = [
+        [
+            "-" if row.get(k) is None else format(row[k], f)
+            for _, k, f in (columns[:2] if "skipped" in row else columns)
+        ]
+        for row in rows
+    ]
+    widths = [max([len(h)] + [len(c[i]) for c in cells if i < len(c)]) for i, (h, _, _) in
+              enumerate(columns)]  # fmt: skip
+    print(f"\n{title}")
+    print("  ".join(h.rjust(w) for (h, _, _), w in zip(columns, widths, strict=True)))
+    for row, line in zip(rows, cells, strict=True):
+        text = "  ".join(v.rjust(w) for v, w in zip(line, widths, strict=False))
+        print(text + (f"  skipped: {row['skipped']}" if "skipped" in row else ""))

@@ -85,17 +85,23 @@ from bench_utils import (
     is_decode_only,
     make_parser,
     measure_ceilings,
+    print_table,
     random_prompts,
     synchronize,
     synchronous_steps,
     timed_step,
     write_json,
 )
+from group_floors import (
+    decode_group_floors,
+    fp8_weights,
+    fused_shared_experts,
+    prefill_group_floors,
+)
 from step_profile import GAP_SPLIT_US, breakdown, profile_steps_and_gaps
 
 from vllm.engine.arg_utils import EngineArgs, refuse
-from vllm.model_executor.layers.fused_moe.layer import FusedMoE
-from vllm.models.kimi_k3.amd.footprint import ModelFootprint, model_footprint
+from vllm.models.kimi_k3.amd.footprint import model_footprint
 from vllm.models.kimi_k3.amd.mla import KimiMLAAttention
 from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.utils.cli import nonnegative_int, positive_float, positive_int, run_main
@@ -110,8 +116,6 @@ DECODE_RESERVE_S = 20.0
 PREFILL_MARGIN = 1.25
 # Kernels listed per profiled case (the groups cover all of them).
 TOP_KERNELS = 25
-# Both FP8 flavours the PTPC weights take (`Platform.fp8_dtype`): one byte a weight.
-FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 
 
 def decode_tokens_needed(length: int, batch: int, budget: int, cases: int, per_case: int) -> int:
@@ -134,89 +138,6 @@ def greedy(max_tokens: int) -> SamplingParams:
 def parent_id(seq_id: str) -> str:
     """The request id of a sequence id `<request_id>#<i>`."""
     return seq_id.rsplit("#", 1)[0]
-
-
-def fused_shared_experts(model: torch.nn.Module) -> tuple[int, int]:
-    """(parameters, bytes) of the shared experts that `model` runs as one more expert of the
-    routed experts' kernels (`VLLM_KIMI_FUSE_SHARED_EXPERTS`, the default where they fit): the
-    routed experts' group computes and reads them, not a dense GEMM."""
-    shared = [
-        w[m.num_experts :]
-        for m in model.modules()
-        if isinstance(m, FusedMoE)
-        for w in (m.w13_weight, m.w2_weight)
-    ]
-    return sum(w.numel() for w in shared), sum(w.numel() * w.element_size() for w in shared)
-
-
-def fp8_weights(model: torch.nn.Module) -> tuple[int, int, bool]:
-    """(FP8 weights, those outside the routed experts, whether the experts are FP8) of `model`,
-    one byte each: the profiles' FP8 floors. Either FP8 flavour counts: the PTPC weights are
-    e4m3fnuz on gfx94x (MI300, MI325), e4m3fn elsewhere (`Platform.fp8_dtype`)."""
-    moe = [m for m in model.modules() if isinstance(m, FusedMoE)]
-    expert_ids = {id(p) for m in moe for p in m.parameters()}
-    fp8 = [p for p in model.parameters() if p.dtype in FP8_DTYPES]
-    dense = sum(p.numel() for p in fp8 if id(p) not in expert_ids)
-    return sum(p.numel() for p in fp8), dense, any(m.w13_weight.dtype in FP8_DTYPES for m in moe)
-
-
-def decode_group_floors(
-    fp: ModelFootprint, distinct: list[float], contexts: list[int], fp8_weight_bytes: int,
-    fused_shared_bytes: int,
-) -> dict[str, float]:  # fmt: skip
-    """Bytes a decode step's kernel groups must move (step_profile.py's groups): `distinct`
-    experts per MoE layer, `contexts` per sequence (tokens in its cache after the step),
-    `fused_shared_bytes` of shared experts read by the routed experts' kernels (in
-    `fp.dense_decode_bytes`, as every step reads them)."""
-    batch = len(contexts)
-    return {
-        "routed experts": sum(distinct) * fp.expert_bytes + fused_shared_bytes,
-        "KDA decode": 2 * batch * fp.kda_state_bytes_per_seq,
-        "MLA decode": (sum(contexts) + batch) * fp.mla_bytes_per_token,
-        "FP8 GEMM": fp8_weight_bytes,
-        # Every other weight a decode step reads; norms and convolution taps included
-        # (a few MB of 3 GB), and the fp32 routers (61 MB on Kimi-Linear-48B) that the fused
-        # router, in "other", reads.
-        "bf16 GEMM / GEMV": fp.dense_decode_bytes - fp8_weight_bytes - fused_shared_bytes,
-    }
-
-
-def prefill_group_floors(
-    fp: ModelFootprint, length: int, chunks: list[int], fp8_dense_params: int,
-    fp8_experts: bool, attention_flops: float, fused_shared_params: int,
-    fused_shared_bytes: int,
-) -> tuple[dict[str, float], dict[str, float]]:  # fmt: skip
-    """(FLOPs, bytes) a prefill of one prompt of `length` tokens in `chunks` must compute and
-    move per kernel group: `fp8_dense_params` FP8 weights outside the routed experts (one byte
-    each), `fp8_experts` whether the experts are FP8, `fused_shared_params` / `_bytes` of shared
-    experts that the routed experts' kernels run (bf16: FP8 experts do not fuse them)."""
-    routed_active = fp.num_moe_layers * fp.top_k * fp.params_per_expert
-    bf16_dense = (
-        fp.active_params_without_lm_head - routed_active - fp8_dense_params - fused_shared_params
-    )
-    num_experts = fp.routed_expert_params // max(1, fp.params_per_expert * fp.num_moe_layers)
-    experts_read = (
-        sum(expected_distinct_experts(num_experts, fp.top_k, n) for n in chunks) * fp.num_moe_layers
-    )
-    # FP8 GEMMs run at twice the bf16 rate on the H200: their FLOPs count half at its peak.
-    fp8_scale = 0.5
-    expert_flops = 2.0 * length * routed_active * (fp8_scale if fp8_experts else 1.0)
-    expert_flops += 2.0 * length * fused_shared_params
-    floor_flops = {
-        "MLA prefill attention": attention_flops,
-        "routed experts": expert_flops,
-        "FP8 GEMM": fp8_scale * 2.0 * length * fp8_dense_params,
-        "bf16 GEMM / GEMV": 2.0 * (length * bf16_dense + fp.lm_head_params),
-    }
-    # The LM head runs on the rows that sample: the last chunk's, one row; the other chunks'
-    # steps multiply no row by it and do not read it.
-    per_chunk = fp.dense_decode_bytes - fp8_dense_params - fused_shared_bytes - fp.lm_head_bytes
-    floor_bytes = {
-        "routed experts": experts_read * fp.expert_bytes + len(chunks) * fused_shared_bytes,
-        "FP8 GEMM": len(chunks) * fp8_dense_params,
-        "bf16 GEMM / GEMV": len(chunks) * per_chunk + fp.lm_head_bytes,
-    }
-    return floor_flops, floor_bytes
 
 
 class Sweep:
@@ -778,25 +699,6 @@ def main(argv: list[str] | None = None) -> int:
     write_json(args.output_json, record)
     print_summary(record)
     return 0
-
-
-def print_table(title: str, columns: list[tuple[str, str, str]], rows: list[dict]) -> None:
-    """`columns`: (heading, record key, format spec); a missing value prints "-", a row with
-    "skipped" prints its reason."""
-    cells = [
-        [
-            "-" if row.get(k) is None else format(row[k], f)
-            for _, k, f in (columns[:2] if "skipped" in row else columns)
-        ]
-        for row in rows
-    ]
-    widths = [max([len(h)] + [len(c[i]) for c in cells if i < len(c)]) for i, (h, _, _) in
-              enumerate(columns)]  # fmt: skip
-    print(f"\n{title}")
-    print("  ".join(h.rjust(w) for (h, _, _), w in zip(columns, widths, strict=True)))
-    for row, line in zip(rows, cells, strict=True):
-        text = "  ".join(v.rjust(w) for v, w in zip(line, widths, strict=False))
-        print(text + (f"  skipped: {row['skipped']}" if "skipped" in row else ""))
 
 
 def print_summary(record: dict[str, Any]) -> None:

@@ -181,11 +181,6 @@ def suggest_max_rows(rows: list[dict[str, object]], family: str, above: int = 0)
     return limit
 
 
-def suggest_triton_max_rows(rows: list[dict[str, object]]) -> int | None:
-    """`suggest_max_rows` for the GEMV triton path (TRITON_MAX_ROWS)."""
-    return suggest_max_rows(rows, "triton")
-
-
 def make_moe(
     shape: dict[str, int], tokens: int, device: torch.device, seed: int, fused_shared: int = 0
 ):

@@ -133,11 +133,12 @@ def test_triton_max_rows_suggestion() -> None:
         row(128, "grouped", 400.0), row(128, "triton[a]", 410.0),
         row(512, "grouped", 700.0), row(512, "triton[a]", 650.0),  # a win past a loss: ignored
     ]  # fmt: skip
-    assert benchmark_moe.suggest_triton_max_rows(measured) == 64
-    assert benchmark_moe.suggest_triton_max_rows(measured[6:]) == 0  # loses at its smallest
-    assert benchmark_moe.suggest_triton_max_rows([row(8, "grouped", 1.0)]) is None
+    assert benchmark_moe.suggest_max_rows(measured, "triton") == 64
+    assert benchmark_moe.suggest_max_rows(measured[6:], "triton") == 0  # loses at its smallest
+    assert benchmark_moe.suggest_max_rows([row(8, "grouped", 1.0)], "triton") is None
     assert (
-        benchmark_moe.suggest_triton_max_rows([row(8, "grouped", 1.0), row(8, "triton", 2.0)]) == 0
+        benchmark_moe.suggest_max_rows([row(8, "grouped", 1.0), row(8, "triton", 2.0)], "triton")
+        == 0
     )
 
 

@@ -36,14 +36,14 @@ def footprint_and_model(monkeypatch: pytest.MonkeyPatch, fuse: str):
 
 @pytest.mark.parametrize("fuse", ["1", "0"])
 def test_decode_floors_give_the_shared_expert_to_the_kernels_that_read_it(monkeypatch, fuse):
-    import benchmark_latency as bl
+    import group_floors as gf
 
     fp, model = footprint_and_model(monkeypatch, fuse)
-    params, shared = bl.fused_shared_experts(model)
+    params, shared = gf.fused_shared_experts(model)
     assert (params, shared) == ((MOE_LAYERS * EXPERT_PARAMS, MOE_LAYERS * EXPERT_BYTES)
                                 if fuse == "1" else (0, 0))  # fmt: skip
     fp8 = 27 * 4096 * 2304  # the PTPC recipe's o_proj weights, as a loaded model holds them
-    floors = bl.decode_group_floors(fp, [8.0] * MOE_LAYERS, [1024], fp8, shared)
+    floors = gf.decode_group_floors(fp, [8.0] * MOE_LAYERS, [1024], fp8, shared)
     routed = MOE_LAYERS * 8 * EXPERT_BYTES
     # Fused (the default), the shared expert is one more expert of the routed kernels.
     assert floors["routed experts"] == routed + (MOE_LAYERS * EXPERT_BYTES if fuse == "1" else 0)
@@ -71,12 +71,13 @@ def test_decode_floors_give_the_shared_expert_to_the_kernels_that_read_it(monkey
 
 @pytest.mark.parametrize("fuse", ["1", "0"])
 def test_prefill_floors_give_the_shared_expert_to_the_kernels_that_run_it(monkeypatch, fuse):
-    import benchmark_latency as bl
+    import group_floors as gf
+    from bench_utils import expected_distinct_experts
 
     fp, model = footprint_and_model(monkeypatch, fuse)
-    shared = bl.fused_shared_experts(model)
+    shared = gf.fused_shared_experts(model)
     length, chunks = 8192, [2048] * 4
-    flops, nbytes = bl.prefill_group_floors(fp, length, chunks, 0, False, 0.0, *shared)
+    flops, nbytes = gf.prefill_group_floors(fp, length, chunks, 0, False, 0.0, *shared)
     experts = MOE_LAYERS * (8 + (fuse == "1")) * EXPERT_PARAMS
     assert flops["routed experts"] == 2.0 * length * experts
     # Every active parameter's FLOPs are in one group: the body's for every token, the LM head's
@@ -92,7 +93,7 @@ def test_prefill_floors_give_the_shared_expert_to_the_kernels_that_run_it(monkey
     assert nbytes["bf16 GEMM / GEMV"] == expected
     # Each chunk's routed kernels read the experts it routes to and, fused, the shared expert.
     num_experts = fp.routed_expert_params // (fp.params_per_expert * MOE_LAYERS)
-    routed = 4 * bl.expected_distinct_experts(num_experts, 8, 2048) * MOE_LAYERS * EXPERT_BYTES
+    routed = 4 * expected_distinct_experts(num_experts, 8, 2048) * MOE_LAYERS * EXPERT_BYTES
     assert math.isclose(nbytes["routed experts"], routed + fused_bytes)
 
 
@@ -100,7 +101,7 @@ def test_prefill_floors_give_the_shared_expert_to_the_kernels_that_run_it(monkey
 def test_fp8_weights_count_either_fp8_flavour(dtype):
     """The PTPC o_proj weights are e4m3fnuz on MI300 / MI325: only e4m3fn was counted, so there
     the FP8 group's floors were 0 and its bytes and FLOPs went to the bf16 group's."""
-    import benchmark_latency as bl
+    import group_floors as gf
 
     config = load_model_config(resolve_model("kimi-linear-tiny")[0])
     model = build_model(config, torch.bfloat16, device="meta")
@@ -108,4 +109,4 @@ def test_fp8_weights_count_either_fp8_flavour(dtype):
     for proj in projections:
         proj.weight = torch.nn.Parameter(proj.weight.to(dtype), requires_grad=False)
     count = sum(proj.weight.numel() for proj in projections)
-    assert bl.fp8_weights(model) == (count, count, False)
+    assert gf.fp8_weights(model) == (count, count, False)
