@@ -27,6 +27,10 @@ from torch.profiler import ProfilerActivity, profile
 # fork's functions; cuBLAS / CUTLASS kernels carry their library's names (nvjet, gemv, cutlass,
 # xmma), FP8 ones an e4m3 / f8 tag.
 CATEGORIES: list[tuple[str, str]] = [
+    # Tensor parallelism's collectives: NCCL's kernels (ncclDevKernel_AllReduce_Sum_bf16_RING_LL,
+    # ..._AllGather_...). On rank 0, the profiled rank, their time includes waiting for the other
+    # ranks to reach them: a late rank shows here, not in "other".
+    ("TP collectives", r"nccl|all_?reduce|all_?gather"),
     ("routed experts", r"moe|grouped|GroupProblemShape"),
     ("MLA decode", r"mla_decode"),
     ("KDA decode", r"kda_decode"),

@@ -52,6 +52,11 @@ from step_profile import (  # noqa: E402
         ("recompute_w_u_fwd_kernel", "KDA prefill (fla)"),
         ("l2norm_fwd_kernel", "KDA prefill (fla)"),
         ("fused_moe_kernel", "routed experts"),
+        (
+            "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+            "TP collectives",
+        ),
+        ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "TP collectives"),
     ],
 )
 def test_kernel_names_land_in_their_group(name: str, group: str) -> None:
