@@ -7,8 +7,8 @@ for the API server's streamed requests.
 
 One at a time (`--no-async-scheduling` in the engine) a decode step costs its forward plus this
 host time, so the numbers here are what `benchmark_latency.py`'s step ms minus forward ms should
-then come to. The engine here runs with asynchronous scheduling (on by default for CUDA at TP = 1,
-and on here on the CPU too; not with `--tp-worker`): the
+then come to. The engine here runs with asynchronous scheduling (on by default for CUDA, and on
+here on the CPU too; not with `--tp-worker`): the
 next step's host time overlaps this step's forward and only shows where it is the longer. Runs on
 the CPU as well as on a GPU (`--device cuda`); prompts are prefilled through the same stub.
 
@@ -150,7 +150,8 @@ def run_case(
         enforce_eager=True, max_num_seqs=batch, max_model_len=max_len,
         max_num_batched_tokens=budget, block_size=16,
         num_gpu_blocks_override=batch * math.ceil(max_len / 16) + 1,
-        # The replica stands for a TP worker, which takes every step's ids from the host.
+        # The replica is a copy of rank 0's runner, which has no device broadcast to feed it the
+        # ids of a step launched ahead: it runs one step at a time.
         async_scheduling=not tp_worker,
     )  # fmt: skip
     engine = LLMEngine.from_engine_args(ea)

@@ -21,7 +21,7 @@ every kernel (untimed):
 3. for each batch size B <= B_max, largest first: the requests beyond the first B are aborted,
    `--warmup-steps` decode steps run, then `--output-len` decode steps (CUDA-graph replays unless
    `--enforce-eager`) are timed back to back, each `engine.step()` call by the host clock (with
-   asynchronous scheduling, the default at TP = 1, each call's time is the interval between two
+   asynchronous scheduling, the default on a GPU, each call's time is the interval between two
    steps' tokens; `--no-async-scheduling` times them one at a time); then, one step at a time,
    `--output-len` more steps as the baseline of asynchronous scheduling (when it is on), one
    step eagerly (graphs set aside: the host's launch cost, which prefill and mixed steps
@@ -648,9 +648,8 @@ def main(argv: list[str] | None = None) -> int:
         args.profile_steps, args.profile_prefill = 1, True
         args.max_num_seqs = args.max_model_len = args.kv_cache_memory = None
         args.num_gpu_blocks_override = None
-        # Off by default on the CPU; on here so that the dry run goes through its code, where
-        # the engine runs it (TP = 1).
-        args.async_scheduling = args.tensor_parallel_size == 1
+        # Off by default on the CPU; on here so that the dry run goes through its code.
+        args.async_scheduling = True
     batch_sizes = sorted(set(args.batch_sizes or [args.batch_size]))
     input_lens = sorted(set(args.input_lens or [args.input_len]))
     if args.copy_gib < 1 and not args.dry_run:

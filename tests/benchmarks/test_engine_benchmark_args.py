@@ -43,8 +43,8 @@ def run(name: str, argv: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
         ("benchmark_throughput", ["--max-model-len", "auto"]),
         ("benchmark_throughput", ["--max-model-len", "2K"]),
         ("benchmark_throughput", ["-tp", "2", "--max-num-seqs", "8"]),
-        # The dry run turned asynchronous scheduling on whatever the TP size: refused at TP 2 as
-        # "argument --async-scheduling", a flag not given.
+        # The dry run turns asynchronous scheduling on whatever the TP size (once refused at TP
+        # 2 as "argument --async-scheduling", a flag not given).
         ("benchmark_latency", ["--dry-run", "-tp", "2"]),
     ],
 )  # fmt: skip

@@ -7,6 +7,7 @@ from vllm.distributed.parallel_state import (
     initialize_model_parallel,
     tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,
+    tensor_model_parallel_broadcast,
 )
 
 __all__ = [
@@ -16,4 +17,5 @@ __all__ = [
     "initialize_model_parallel",
     "tensor_model_parallel_all_gather",
     "tensor_model_parallel_all_reduce",
+    "tensor_model_parallel_broadcast",
 ]

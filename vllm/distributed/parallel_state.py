@@ -80,6 +80,14 @@ def tensor_model_parallel_all_reduce(
     return x
 
 
+def tensor_model_parallel_broadcast(x: torch.Tensor, src: int = 0) -> torch.Tensor:
+    """Overwrite `x` on every rank of the TP group with rank `src`'s `x`, in place (identity at
+    TP=1); returns `x`. On NCCL the current stream waits for it, the host does not."""
+    if _TP_SIZE > 1:
+        dist.broadcast(x, src=src, group=_TP_GROUP)
+    return x
+
+
 def tensor_model_parallel_all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Concatenate every rank's `x` along `dim` (identity at TP=1)."""
     if _TP_SIZE == 1:

@@ -130,7 +130,7 @@ class EngineArgs:
     num_gpu_blocks_override: int | None = None  # MLA blocks, instead of sizing from memory
     kv_cache_memory: int | None = None  # bytes per rank, not profiled: 8G, 1.5g (CPU: 1 GiB)
     enforce_eager: bool = False  # no CUDA graphs
-    async_scheduling: bool | None = None  # launch decode steps ahead (default: on for CUDA, TP=1)
+    async_scheduling: bool | None = None  # launch decode steps ahead (default: on for CUDA)
     max_cudagraph_capture_size: int | None = None  # largest decode batch captured
     max_logprobs: int = 20  # most (prompt_)logprobs a request may ask for (-1: the vocabulary)
     device: str = "auto"  # auto | cuda | cpu
@@ -294,16 +294,12 @@ class EngineArgs:
 
     def _async_scheduling(self, device: str) -> bool:
         """On by default where it overlaps anything: on a GPU (a CPU runs each forward before
-        the call returns), at TP = 1 (the other ranks take every step's input ids from the
-        host, so it is refused there)."""
+        the call returns), at any TP size (a step launched ahead takes its input ids from rank
+        0's sampler, broadcast on the device to the other ranks)."""
         value = self.async_scheduling
         if value is not None and not isinstance(value, bool):
             raise ValueError(f"async_scheduling must be a bool or None, got {value!r}")
-        if self.tensor_parallel_size > 1:
-            if self.async_scheduling:
-                raise ValueError("async_scheduling needs tensor_parallel_size 1")
-            return False
-        return device == "cuda" if self.async_scheduling is None else self.async_scheduling
+        return device == "cuda" if value is None else value
 
     def _tokenizer_folder(self, model_folder: Path) -> Path | None:
         """The folder the tokenizer is read from; None with `skip_tokenizer_init`."""

@@ -106,6 +106,29 @@ def test_tp2_gives_the_tp1_greedy_tokens_on_builtin_models(model, capfd, monkeyp
     assert rank0.getvalue().count(UNMATCHED_IGNORE_WARNING) == 1, rank0.getvalue()
 
 
+def test_tp2_launches_steps_ahead_and_keeps_the_tp1_greedy_tokens():
+    """Asynchronous scheduling at TP = 2: a step launched ahead carries no input ids (only rank 0
+    samples), so the worker takes them from rank 0's broadcast; the tokens are TP = 1's, one
+    step at a time."""
+    llm = LLM(FAST, tensor_parallel_size=2, async_scheduling=True, **ARGS)
+    runner = llm.llm_engine.executor.runner
+    execute, ahead = runner.execute, []
+
+    def spy(step):
+        ahead.append(step.input_ids is None)
+        return execute(step)
+
+    runner.execute = spy
+    try:
+        pids = [proc.pid for proc in worker_processes(llm)]
+        outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert_no_workers_left(pids)
+    assert sum(ahead) >= GREEDY.max_tokens - 2
+    assert [list(out.outputs[0].token_ids) for out in outputs] == tp1_tokens(FAST)
+
+
 @pytest.fixture(scope="module")
 def hf_checkpoint(tmp_path_factory) -> Path:
     """A random tiny Kimi-Linear saved by transformers, with the built-in models' vocabulary (so

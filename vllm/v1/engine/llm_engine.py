@@ -2,7 +2,7 @@
 schedules a batch, runs it, samples, folds the tokens into the requests and returns the outputs of
 the requests that changed.
 
-With `async_scheduling` (the default at TP=1), a decode step that can go on launches its
+With `async_scheduling` (the default on a GPU), a decode step that can go on launches its
 continuation before its own tokens are read back (`AsyncScheduler`, vllm/v1/core/sched/), so the
 host's work of one step overlaps the device's work of the step before; each `step()` call still
 returns one step's outputs.

@@ -32,7 +32,11 @@ import torch
 
 from vllm.config.quantization import parse_quantization_config
 from vllm.config.vllm import VllmConfig
-from vllm.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_reduce
+from vllm.distributed import (
+    get_tensor_model_parallel_world_size,
+    tensor_model_parallel_all_reduce,
+    tensor_model_parallel_broadcast,
+)
 from vllm.logger import init_logger
 from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
 from vllm.model_executor.model_loader.loader import load_model
@@ -150,8 +154,12 @@ class ModelRunner:
         )
         self.prompt_logprobs_done: dict[str, int] = {}
         self._last_sampling: tuple[list, SamplingMetadata] | None = None
-        # The last step's sampled ids, on the device: the input of a step that follows it.
+        # The last step's sampled ids, on the device: the input of a step that follows it. Only
+        # rank 0 samples; at TP > 1 the other ranks receive them into `received_ids`.
         self.last_sampled: torch.Tensor | None = None
+        self.received_ids = torch.empty(
+            self.max_num_seqs if rank else 0, dtype=torch.int64, device=self.device
+        )
 
     # -- start-up ---------------------------------------------------------------------------
 
@@ -313,11 +321,7 @@ class ModelRunner:
             raise ValueError(f"step of {tokens} tokens exceeds the buffers ({self.max_num_tokens})")
         ids = None
         if follows:
-            last = self.last_sampled
-            if last is None or len(last) != n or step.batch.num_decodes != n:
-                raise ValueError(
-                    "a step without input ids must be decodes of the last sampled rows, one each"
-                )
+            last = self._last_sampled_rows(n, step.batch.num_decodes)
         else:
             ids = np.array(step.input_ids, dtype=np.int64)
             bad = ids[(ids < 0) | (ids >= self.vocab_size)]
@@ -347,6 +351,17 @@ class ModelRunner:
             return self.model.compute_logits(
                 hidden[async_tensor_h2d(rows, torch.long, self.device)]
             )
+
+    def _last_sampled_rows(self, n: int, num_decodes: int) -> torch.Tensor:
+        """The input ids of a step without host ids: the last step's `n` sampled ids, which only
+        rank 0 samples. At TP > 1 every rank runs this at the same point of the step (before its
+        forward's collectives) and the others receive the ids from rank 0 on the device."""
+        last = self.last_sampled if self.rank == 0 else self.received_ids[:n]
+        if last is None or len(last) != n or num_decodes != n:
+            raise ValueError(
+                "a step without input ids must be decodes of the last sampled rows, one each"
+            )
+        return tensor_model_parallel_broadcast(last, src=0)
 
     def _graph_size(self, step: StepInput) -> int | None:
         n = len(step.batch.num_new)
