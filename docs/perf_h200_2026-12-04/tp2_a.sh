@@ -3,7 +3,9 @@
 # the ~40 ms a step that TP = 2 added from batch 8 on in the third run (docs/performance.md,
 # "TP = 2 on nvidia-h200-x2") goes: the all-reduce alone, eager and graph-replayed, then the
 # engine at -tp 2 with the step profile (rank 0's kernels, the all-reduces among them).
-# NVLink multicast stays off (KINDS.md).
+# NVLink multicast stays off (KINDS.md). Since aca1334 asynchronous scheduling is on at -tp 2 too
+# (the step launched ahead gets rank 0's sampled ids by a broadcast): each decode line also gives
+# the step one at a time, the only form TP = 2 had before.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
