@@ -181,7 +181,11 @@ def test_recipe_flags_parse() -> None:
         (["-tp", "5"], ["argument --tensor-parallel-size: 5 does not shard this model:",
                         "KDA heads do not split over TP 5"]),
         (["--host", "127.0.0.1", "--port", "0", "--num-gpu-blocks-override", "1"],
-         ["the cache arguments:", "cannot hold one sequence"]),
+         ["the cache arguments:", "cannot hold one sequence",
+          # The override fixes the block count: max_num_seqs and memory do not change it.
+          "raise num_gpu_blocks_override to at least 256"]),
+        (["--max-num-seqs", "1", "--kv-cache-memory", "5600K"],
+         ["the cache arguments:", "cannot hold one sequence", "or max_num_seqs"]),
     ],
 )  # fmt: skip
 def test_bad_flags_are_refused_by_name(

@@ -71,10 +71,15 @@ def determine_cache_sizes(
         # A model without MLA layers needs no blocks; keep the dummy and one sequence's worth.
         num_blocks = left // block_bytes if block_bytes else blocks_per_seq + 1
     if num_blocks - 1 < blocks_per_seq:
+        # An override fixes the block count: neither max_num_seqs nor memory changes it.
+        remedy = (
+            f"raise num_gpu_blocks_override to at least {blocks_per_seq} or lower max_model_len"
+            if num_blocks_override is not None
+            else "lower max_model_len or max_num_seqs, or give the cache more memory"
+        )
         raise CacheSizeError(
             f"{num_blocks - 1} cache blocks of {block_size} tokens cannot hold one sequence of "
-            f"max_model_len={max_model_len} tokens ({blocks_per_seq} blocks): lower "
-            "max_model_len or max_num_seqs, or give the cache more memory"
+            f"max_model_len={max_model_len} tokens ({blocks_per_seq} blocks): {remedy}"
         )
     concurrency = min(max_num_seqs, (num_blocks - 1) / blocks_per_seq)
     sizes = CacheSizes(int(num_blocks), num_slots, concurrency)
