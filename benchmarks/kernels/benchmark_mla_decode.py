@@ -186,9 +186,8 @@ def dry_run(block_size: int) -> int:
         for key in results
         if key.endswith(" one")
     )
-    path = "Triton" if use_triton(torch.device(device)) else "the torch reference"
     print(
-        f"dry run on {device} via {path}: batch 2, ctx {ctx}, {', '.join(results)}: "
+        f"dry run on {device} via Triton: batch 2, ctx {ctx}, {', '.join(results)}: "
         f"max |diff| / max |ref| {err:.2e}; one launch == two launches: {same}; counters at 0: "
         f"{not counters.any().item()}"
     )
@@ -340,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_common_args(
         parser, csv="write every measurement to this CSV file",
-        dry_run="one tiny checked case, untimed (works on CPU)",
+        dry_run="one tiny checked case, untimed (on CPU: under TRITON_INTERPRET=1)",
     )  # fmt: skip
     args = parser.parse_args(argv)
     try:
@@ -348,6 +347,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         parser.error(str(e))
     if args.dry_run:
+        # The dry run launches the kernels at fixed configs (launch_mla_decode), which have no
+        # torch fallback: without this, Triton's "0 active drivers" traceback.
+        if not use_triton(torch.device("cuda" if torch.cuda.is_available() else "cpu")):
+            parser.error("--dry-run: the kernel runs on CPU only under TRITON_INTERPRET=1")
         round_like_the_gpu_if_interpreting()
         return dry_run(args.block_size)
     require_gpu(parser, gpu="CUDA or ROCm GPU")

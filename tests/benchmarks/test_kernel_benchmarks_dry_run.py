@@ -50,6 +50,22 @@ def test_mla_decode_dry_run(capsys: pytest.CaptureFixture) -> None:
     assert "one launch == two launches: True; counters at 0: True" in out
 
 
+def test_mla_decode_dry_run_without_the_interpreter_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """On CPU without TRITON_INTERPRET=1 the fixed-config launches have no torch fallback: a
+    usage error naming the variable, not Triton's "0 active drivers" traceback."""
+    import benchmark_mla_decode
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark_mla_decode.main(["--dry-run"])
+    assert exit_info.value.code == 2
+    assert "--dry-run: the kernel runs on CPU only under TRITON_INTERPRET=1" in (
+        capsys.readouterr().err
+    )
+
+
 def test_mla_decode_kernel_configs_parse() -> None:
     import benchmark_mla_decode
 
