@@ -1,0 +1,81 @@
+"""Tensor parallelism on two GPUs (marked `gpu`, skipped below two): kimi-k3-tiny with the PTPC
+recipe and CUDA graphs at TP = 2, NCCL.
+
+- asynchronous scheduling (only rank 0 samples; a step launched ahead reaches rank 1 without
+  input ids, which it takes from rank 0's broadcast on the device) gives the tokens of steps run
+  one at a time, its steps launched ahead are graph replays, and launching one never waits for
+  the device.
+
+The CPU tests cover the same path over gloo (tests/v1/executor/test_multiproc_executor.py); this
+one runs it where the collectives are NCCL's and the decode steps are graphs.
+"""
+
+import random
+
+import pytest
+import torch
+
+from vllm.engine.arg_utils import EngineArgs
+from vllm.sampling_params import SamplingParams
+from vllm.v1.engine.llm_engine import LLMEngine
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs"),
+]
+
+PTPC = {"linear": "fp8_per_channel", "ignore": ["re:(?!.*self_attn\\.o_proj$).*"]}
+
+
+def run(async_scheduling: bool, monkeypatch) -> tuple[dict[str, list[int]], int]:
+    """Six prompts of random lengths, 20 greedy tokens each: (tokens by request, steps launched
+    ahead). Every sequence runs to the same length, so both modes decode the same batches."""
+    eng = LLMEngine.from_engine_args(
+        EngineArgs(
+            model="kimi-k3-tiny", quantization_config=PTPC, tensor_parallel_size=2,
+            max_num_seqs=8, max_num_batched_tokens=256, kv_cache_memory=1 << 30,
+            max_model_len=256, async_scheduling=async_scheduling,
+        )
+    )  # fmt: skip
+    try:
+        runner = eng.executor.runner
+        assert runner.graphs
+        execute, launch_ahead = runner.execute, eng._launch_ahead
+        ahead = []
+
+        def spy(step):
+            if step.input_ids is None:
+                assert runner._graph_size(step) is not None
+                ahead.append(step)
+            return execute(step)
+
+        def unsynchronized(launched):
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                return launch_ahead(launched)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+
+        monkeypatch.setattr(runner, "execute", spy)
+        monkeypatch.setattr(eng, "_launch_ahead", unsynchronized)
+        gen = random.Random(2)
+        params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+        for i in range(6):
+            prompt = [gen.randrange(0, 256) for _ in range(gen.randint(1, 40))]
+            eng.add_request(str(i), prompt, params)
+        out = {}
+        while eng.has_unfinished_requests():
+            for o in eng.step():
+                if o.finished:
+                    out[o.request_id] = list(o.outputs[0].token_ids)
+        return out, len(ahead)
+    finally:
+        eng.shutdown()
+
+
+def test_tp2_steps_launched_ahead_get_rank0s_ids_and_keep_the_tokens(monkeypatch):
+    launched_ahead, ahead = run(True, monkeypatch)
+    one_at_a_time, none = run(False, monkeypatch)
+    assert ahead >= 15 and none == 0
+    assert all(len(tokens) == 20 for tokens in one_at_a_time.values())
+    assert launched_ahead == one_at_a_time
