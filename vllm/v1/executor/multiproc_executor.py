@@ -3,9 +3,11 @@ process per other rank.
 
 Workers are spawned processes that join a torch.distributed group (NCCL on GPU, gloo on CPU) and
 then follow rank 0: each control message is `(method, *args)` on a pipe, and the worker calls
-the same method of its own runner. Tensors only move through the collectives inside the model;
-the pipes carry the step's host data: `execute`'s `StepInput` as a `StepMessage`, whose block
-tables are only their changes since the last step (`step_message.py`). Only rank 0 samples.
+the same method of its own runner. Tensors only move through collectives (the model's, and the
+broadcast of rank 0's sampled ids that starts a step launched ahead, whose message has no input
+ids: `ModelRunner._last_sampled_rows`); the pipes carry the step's host data: `execute`'s
+`StepInput` as a `StepMessage`, whose block tables are only their changes since the last step
+(`step_message.py`). Only rank 0 samples.
 
 A worker that raises sends its traceback and exits; one that dies is noticed by its pipe closing or
 its process ending. Either fails the engine with `RuntimeError` naming the rank instead of hanging

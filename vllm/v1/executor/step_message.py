@@ -24,7 +24,7 @@ from vllm.v1.worker.model_runner import StepInput
 class StepMessage:
     """A `StepInput` with its block tables' changes instead of the tables."""
 
-    input_ids: list[int]
+    input_ids: list[int] | None  # None: a step launched ahead (ids broadcast from rank 0)
     num_decodes: int
     logits_rows: list[int]
     num_computed: list[int]

@@ -19,7 +19,9 @@ Asynchronous steps: `sample` only enqueues the sampler and the copy of its resul
 `follows` the last one (`AsyncScheduler`) before reading that one's tokens. Such a step has no
 host token ids: `execute` copies the last step's sampled ids into the input buffer on the device,
 after the metadata upload, row for row. Everything is ordered by the one stream: the follower's
-upload and replay run after the last step's sampler has read its logits.
+upload and replay run after the last step's sampler has read its logits. At TP > 1 only rank 0
+has those ids: every rank starts such a step with their broadcast from rank 0
+(`_last_sampled_rows`), which the stream waits for before the upload.
 """
 
 import math
