@@ -13,6 +13,7 @@ import random
 
 import pytest
 import torch
+from steps_ahead import greedy_steps_ahead
 
 from vllm.engine.arg_utils import EngineArgs
 from vllm.sampling_params import SamplingParams
@@ -107,43 +108,12 @@ def test_replayed_decode_step_has_no_host_sync_or_compilation(monkeypatch):
 def test_steps_launched_ahead_replay_graphs_without_host_sync(monkeypatch):
     """Asynchronous scheduling on the graph path: the same tokens as one step at a time, the
     steps launched ahead are graph replays fed on the device, and launching one never waits for
-    the device (so the step in flight keeps running). Every sequence runs to the same length, so
-    both modes decode the same batches: a sequence that ends before the others keeps its row in
-    the step launched after its end, and a batch of another size may round differently."""
+    the device (`greedy_steps_ahead`)."""
 
     def run(async_scheduling: bool) -> tuple[dict[str, list[int]], int]:
         eng = engine(enforce_eager=False, async_scheduling=async_scheduling)
         try:
-            runner = eng.executor.runner
-            execute, launch_ahead = runner.execute, eng._launch_ahead
-            ahead = []
-
-            def spy(step):
-                if step.input_ids is None:
-                    assert runner._graph_size(step) is not None
-                    ahead.append(step)
-                return execute(step)
-
-            def unsynchronized(launched):
-                torch.cuda.set_sync_debug_mode("error")
-                try:
-                    return launch_ahead(launched)
-                finally:
-                    torch.cuda.set_sync_debug_mode("default")
-
-            monkeypatch.setattr(runner, "execute", spy)
-            monkeypatch.setattr(eng, "_launch_ahead", unsynchronized)
-            gen = random.Random(1)
-            params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
-            for i in range(6):
-                prompt = [gen.randrange(0, 256) for _ in range(gen.randint(1, 40))]
-                eng.add_request(str(i), prompt, params)
-            out = {}
-            while eng.has_unfinished_requests():
-                for o in eng.step():
-                    if o.finished:
-                        out[o.request_id] = o.outputs[0].token_ids
-            return out, len(ahead)
+            return greedy_steps_ahead(eng, monkeypatch)
         finally:
             eng.shutdown()
 

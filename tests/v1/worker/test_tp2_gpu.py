@@ -10,13 +10,11 @@ The CPU tests cover the same path over gloo (tests/v1/executor/test_multiproc_ex
 one runs it where the collectives are NCCL's and the decode steps are graphs.
 """
 
-import random
-
 import pytest
 import torch
+from steps_ahead import greedy_steps_ahead
 
 from vllm.engine.arg_utils import EngineArgs
-from vllm.sampling_params import SamplingParams
 from vllm.v1.engine.llm_engine import LLMEngine
 
 pytestmark = [
@@ -28,8 +26,6 @@ PTPC = {"linear": "fp8_per_channel", "ignore": ["re:(?!.*self_attn\\.o_proj$).*"
 
 
 def run(async_scheduling: bool, monkeypatch) -> tuple[dict[str, list[int]], int]:
-    """Six prompts of random lengths, 20 greedy tokens each: (tokens by request, steps launched
-    ahead). Every sequence runs to the same length, so both modes decode the same batches."""
     eng = LLMEngine.from_engine_args(
         EngineArgs(
             model="kimi-k3-tiny", quantization_config=PTPC, tensor_parallel_size=2,
@@ -38,37 +34,8 @@ def run(async_scheduling: bool, monkeypatch) -> tuple[dict[str, list[int]], int]
         )
     )  # fmt: skip
     try:
-        runner = eng.executor.runner
-        assert runner.graphs
-        execute, launch_ahead = runner.execute, eng._launch_ahead
-        ahead = []
-
-        def spy(step):
-            if step.input_ids is None:
-                assert runner._graph_size(step) is not None
-                ahead.append(step)
-            return execute(step)
-
-        def unsynchronized(launched):
-            torch.cuda.set_sync_debug_mode("error")
-            try:
-                return launch_ahead(launched)
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-
-        monkeypatch.setattr(runner, "execute", spy)
-        monkeypatch.setattr(eng, "_launch_ahead", unsynchronized)
-        gen = random.Random(2)
-        params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
-        for i in range(6):
-            prompt = [gen.randrange(0, 256) for _ in range(gen.randint(1, 40))]
-            eng.add_request(str(i), prompt, params)
-        out = {}
-        while eng.has_unfinished_requests():
-            for o in eng.step():
-                if o.finished:
-                    out[o.request_id] = list(o.outputs[0].token_ids)
-        return out, len(ahead)
+        assert eng.executor.runner.graphs
+        return greedy_steps_ahead(eng, monkeypatch)
     finally:
         eng.shutdown()
 
@@ -76,6 +43,6 @@ def run(async_scheduling: bool, monkeypatch) -> tuple[dict[str, list[int]], int]
 def test_tp2_steps_launched_ahead_get_rank0s_ids_and_keep_the_tokens(monkeypatch):
     launched_ahead, ahead = run(True, monkeypatch)
     one_at_a_time, none = run(False, monkeypatch)
-    assert ahead >= 15 and none == 0
+    assert ahead == 18 and none == 0  # every decode step but the first and the last
     assert all(len(tokens) == 20 for tokens in one_at_a_time.values())
     assert launched_ahead == one_at_a_time
