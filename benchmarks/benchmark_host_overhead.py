@@ -8,7 +8,7 @@ for the API server's streamed requests.
 One at a time (`--no-async-scheduling` in the engine) a decode step costs its forward plus this
 host time, so the numbers here are what `benchmark_latency.py`'s step ms minus forward ms should
 then come to. The engine here runs with asynchronous scheduling (on by default for CUDA, and on
-here on the CPU too; not with `--tp-worker`): the
+here on the CPU too): the
 next step's host time overlaps this step's forward and only shows where it is the longer. Runs on
 the CPU as well as on a GPU (`--device cuda`); prompts are prefilled through the same stub.
 
@@ -82,13 +82,18 @@ class WorkerReplica:
     """Rank 1's host side of every step, run in this process after rank 0's: the executor's
     `collective_rpc` is wrapped so that each `execute` step is encoded and pickled as the executor
     does for its pipes, then unpickled, decoded and executed by a copy of rank 0's (stubbed) runner
-    with a builder of its own. Both times are kept apart from rank 0's step, which `timed_step`
-    times as usual (a TP = 1 engine: no workers)."""
+    with a builder of its own, as rank 1. Both times are kept apart from rank 0's step, which
+    `timed_step` times as usual (a TP = 1 engine: no workers). A step launched ahead carries no
+    ids: a copy of rank 0's sampled ids into the replica's receive buffer stands in for the
+    broadcast (untimed: on a GPU it is a device-side transfer)."""
 
     def __init__(self, engine: LLMEngine) -> None:
         runner = engine.executor.runner
         b = runner.builder
+        self.rank0 = runner
         self.runner: ModelRunner = copy.copy(runner)
+        self.runner.rank = 1
+        self.runner.received_ids = torch.empty(b.max_num_seqs, dtype=torch.int64, device=b.device)
         self.runner.builder = type(b)(
             b.max_num_tokens, b.max_num_seqs, b.max_blocks_per_seq, b.block_size, b.num_blocks,
             b.num_kda_slots, b.device,
@@ -109,6 +114,9 @@ class WorkerReplica:
         engine.executor.collective_rpc = collective_rpc
 
     def _execute(self, step: StepInput) -> None:
+        if step.input_ids is None:
+            last = self.rank0.last_sampled
+            self.runner.received_ids[: len(last)].copy_(last)
         start = time.perf_counter()
         message = pickle.dumps(("execute", self.encoder.encode(step)), pickle.HIGHEST_PROTOCOL)
         sent = time.perf_counter()
@@ -150,9 +158,7 @@ def run_case(
         enforce_eager=True, max_num_seqs=batch, max_model_len=max_len,
         max_num_batched_tokens=budget, block_size=16,
         num_gpu_blocks_override=batch * math.ceil(max_len / 16) + 1,
-        # The replica is a copy of rank 0's runner, which has no device broadcast to feed it the
-        # ids of a step launched ahead: it runs one step at a time.
-        async_scheduling=not tp_worker,
+        async_scheduling=True,
     )  # fmt: skip
     engine = LLMEngine.from_engine_args(ea)
     try:
