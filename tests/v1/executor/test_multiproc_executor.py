@@ -30,7 +30,7 @@ import torch
 from hf_kimi_linear import import_modeling_kimi_linear, random_hf_model
 
 from vllm import LLM, SamplingParams
-from vllm.v1.executor.multiproc_executor import Executor, WorkerFailed, tcp_store
+from vllm.v1.executor.multiproc_executor import Executor, WorkerFailed, rank_cpu_threads, tcp_store
 from vllm.v1.executor.step_message import StepMessage
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the gloo engine runs on CPU")
@@ -127,6 +127,34 @@ def test_tp2_launches_steps_ahead_and_keeps_the_tp1_greedy_tokens():
     assert_no_workers_left(pids)
     assert sum(ahead) >= GREEDY.max_tokens - 2
     assert [list(out.outputs[0].token_ids) for out in outputs] == tp1_tokens(FAST)
+
+
+@pytest.mark.parametrize("cores, tp, threads", [(2, 2, 1), (16, 2, 8), (1, 4, 1), (6, 4, 1)])
+def test_each_rank_takes_its_share_of_the_cores(cores, tp, threads, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    assert rank_cpu_threads(tp) == threads
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's choice, inherited by every rank
+    assert rank_cpu_threads(tp) is None
+
+
+def test_a_cpu_tp_engine_shares_the_cores_and_gives_rank0_its_threads_back(monkeypatch):
+    """At torch's default every rank ran a thread per core: on 2 cores `LLM.generate` at TP = 2
+    took 4.2 s, 0.9 s with one thread a rank."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    share = rank_cpu_threads(2)
+    torch.set_num_threads(share + 1)  # any count but the share
+    try:
+        llm = LLM(FAST, tensor_parallel_size=2, **ARGS)
+        try:
+            assert torch.get_num_threads() == share
+            llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
+        finally:
+            llm.shutdown()
+        assert torch.get_num_threads() == share + 1
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
