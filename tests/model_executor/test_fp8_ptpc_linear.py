@@ -68,6 +68,8 @@ def ptpc_layer(cls=RowParallelLinear, k=256, n=96, bias=False, seed=0, **kwargs)
 
 @pytest.mark.parametrize("heads,head_dim,padded", [(4, 128, 192), (3, 40, 48), (70, 128, 160)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+# The NaN the test puts in reaches numpy's multiply under Triton's interpreter, which warns.
+@pytest.mark.filterwarnings("ignore:invalid value encountered in multiply:RuntimeWarning")
 def test_per_token_quant_reads_heads_in_place(heads, head_dim, padded, dtype, triton_launches):
     """`[T, H, D]` heads of padded rows (an attention output's kept columns) give the codes and
     scales of the contiguous `[T, H * D]` copy, bit for bit, in one launch each; 70 x 128 takes
