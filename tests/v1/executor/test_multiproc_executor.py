@@ -134,6 +134,8 @@ def test_each_rank_takes_its_share_of_the_cores(cores, tp, threads, monkeypatch)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
     assert rank_cpu_threads(tp) == threads
+    monkeypatch.setenv("OMP_NUM_THREADS", "")  # OpenMP ignores it: torch's default again
+    assert rank_cpu_threads(tp) == threads
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's choice, inherited by every rank
     assert rank_cpu_threads(tp) is None
 

@@ -71,13 +71,14 @@ _ANSWERED = frozenset({"load_model", "available_cache_memory", "initialize_cache
 
 
 def rank_cpu_threads(tensor_parallel_size: int) -> int | None:
-    """Intra-op CPU threads for each rank of a TP engine: the cores this process may run on,
-    shared evenly (at least one a rank); None where `OMP_NUM_THREADS` is set (the user's choice,
-    which the spawned ranks inherit). At torch's default every rank starts a thread per core, and
-    an OpenMP thread that spins after its parallel region holds a core that the other ranks'
-    collectives wait on: `LLM.generate` of kimi-linear-tiny at TP = 2 on 2 cores took 4.2 s with
-    the default, 0.9 s with one thread a rank (1.2 s with the worker's alone cut)."""
-    if "OMP_NUM_THREADS" in os.environ:
+    """Intra-op CPU threads for each rank of a TP engine: the cores this process may run on, shared
+    evenly (at least one a rank); None where `OMP_NUM_THREADS` is set (the user's choice, which
+    the spawned ranks inherit; empty counts as unset, as OpenMP ignores it). At torch's default
+    every rank starts a thread per core, and an OpenMP thread that spins after its parallel
+    region holds a core that the other ranks' collectives wait on: `LLM.generate` of
+    kimi-linear-tiny at TP = 2 on 2 cores took 4.2 s with the default, 0.9 s with one thread a
+    rank (1.2 s with the worker's alone cut)."""
+    if os.environ.get("OMP_NUM_THREADS"):
         return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, (cores or 1) // tensor_parallel_size)
