@@ -156,9 +156,13 @@ class EngineArgs:
             default = f.default if f.default is not None else _NONE_DEFAULTS.get(f.name)
             if default is not None:
                 help_text = f"{help_text} (default: {default})"
+            # The value named after the first flag, as argparse names it without a `dest`:
+            # `--kv-cache-memory-bytes KV_CACHE_MEMORY_BYTES`, as upstream's help shows it.
+            metavar = flags[0].lstrip("-").replace("-", "_").upper()
             parser.add_argument(
-                *flags, dest=f.name, default=f.default, help=help_text, type=_cli_type(f)
-            )
+                *flags, dest=f.name, default=f.default, help=help_text, type=_cli_type(f),
+                metavar=metavar,
+            )  # fmt: skip
         return parser
 
     @classmethod

@@ -48,6 +48,8 @@ def test_help_lists_every_flag_with_text(capsys: pytest.CaptureFixture) -> None:
     assert "32k" in helps["--max-model-len"] and "auto" in helps["--max-model-len"]
     assert "fp8" in helps["--kv-cache-dtype"]
     assert helps["--max-num-seqs"].endswith("(default: 256)")
+    # The value is named after upstream's flag, which comes first.
+    assert "--kv-cache-memory-bytes KV_CACHE_MEMORY_BYTES, --kv-cache-memory" in text
 
 
 @pytest.mark.parametrize(
