@@ -20,7 +20,7 @@ logger = init_logger(__name__)
 _DESCRIPTION = """\
 Serve MODEL (a checkpoint folder or a built-in name such as kimi-k3-tiny) over an
 OpenAI-compatible HTTP API: /v1/completions, /v1/chat/completions, /v1/models, /tokenize,
-/detokenize, /tokenizer_info, /health, /version, /metrics. See docs/serving.md."""
+/detokenize, /tokenizer_info, /health (and /ping), /version, /metrics. See docs/serving.md."""
 
 
 def _json_list(text: str) -> list[str]:
