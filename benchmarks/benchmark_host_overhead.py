@@ -8,9 +8,9 @@ for the API server's streamed requests.
 One at a time (`--no-async-scheduling` in the engine) a decode step costs its forward plus this
 host time, so the numbers here are what `benchmark_latency.py`'s step ms minus forward ms should
 then come to. The engine here runs with asynchronous scheduling (on by default for CUDA, and on
-here on the CPU too): the
-next step's host time overlaps this step's forward and only shows where it is the longer. Runs on
-the CPU as well as on a GPU (`--device cuda`); prompts are prefilled through the same stub.
+here on the CPU too): the next step's host time overlaps this step's forward and only shows where
+it is the longer. Runs on the CPU as well as on a GPU (`--device cuda`); prompts are prefilled
+through the same stub.
 
     python benchmarks/benchmark_host_overhead.py --batch-sizes 1 64 256
     python benchmarks/benchmark_host_overhead.py --device cuda --batch-sizes 1 64 256

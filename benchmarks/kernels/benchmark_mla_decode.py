@@ -163,8 +163,7 @@ def ref_scratch_bytes(batch: int, capacity: int) -> int:
     return batch * capacity * (LATENT + ROPE) * (4 + 2) + 2 * batch * HEADS * capacity * 4
 
 
-def dry_run(block_size: int) -> int:
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+def dry_run(block_size: int, device: str) -> int:
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     ctx = 3 * block_size + 1
     case, _ = make_case(2, ctx, block_size, device, dtype, seed=0, capacity=5 * block_size)
@@ -349,10 +348,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         # The dry run launches the kernels at fixed configs (launch_mla_decode), which have no
         # torch fallback: without this, Triton's "0 active drivers" traceback.
-        if not use_triton(torch.device("cuda" if torch.cuda.is_available() else "cpu")):
-            parser.error("--dry-run: the kernel runs on CPU only under TRITON_INTERPRET=1")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        if not use_triton(torch.device(device)):
+            parser.error(
+                "--dry-run: the kernel runs on CPU only under TRITON_INTERPRET=1"
+                if device == "cpu"
+                else "--dry-run: Triton is not importable"
+            )
         round_like_the_gpu_if_interpreting()
-        return dry_run(args.block_size)
+        return dry_run(args.block_size, device)
     require_gpu(parser, gpu="CUDA or ROCm GPU")
     if args.splits and min(args.splits) < 1:
         parser.error("--splits must be >= 1")

@@ -7,13 +7,8 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 L=$OUT/logs; mkdir -p $L
 export PYTHONPATH=/tmp/site:$PWD
-# First the two-GPU test (kimi-k3-tiny, NCCL, graphs): asynchronous scheduling at TP = 2 gives the
-# tokens of steps one at a time (the broadcast of rank 0's sampled ids, aca1334).
-timeout 240 python -m pytest -q -p no:cacheprovider tests/v1/worker/test_tp2_gpu.py \
-  > $L/tp2_gpu_test.log 2>&1
-echo "tp2 gpu test rc $?"; tail -3 $L/tp2_gpu_test.log
 P='{"linear":"fp8_per_channel","ignore":["re:(?!.*self_attn\\.o_proj$).*"]}'
-timeout 320 python benchmarks/benchmark_tp_greedy.py --model kimi-linear-48b-a3b --load-format dummy \
+timeout 560 python benchmarks/benchmark_tp_greedy.py --model kimi-linear-48b-a3b --load-format dummy \
   --skip-tokenizer-init --quantization-config "$P" --tp-sizes 1 2 --num-prompts 64 --input-len 256 \
   --output-len 32 --runs-dir $L/tp_runs --output-json $L/tp2_greedy.json > $L/tp2_greedy.log 2>&1
 echo "greedy rc $?"; tail -20 $L/tp2_greedy.log

@@ -218,7 +218,7 @@ def test_a_step_launched_ahead_is_dropped_once_its_sequences_end(end):
         engine.shutdown()
 
 
-def test_on_by_default_for_cuda_only_at_any_tp_size():
+def test_on_by_default_for_cuda_at_any_tp_size():
     def resolved(**kwargs) -> bool:
         config = EngineArgs(model="kimi-k3-tiny", **kwargs).create_engine_config()
         return config.scheduler_config.async_scheduling

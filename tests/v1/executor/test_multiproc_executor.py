@@ -7,7 +7,11 @@ on CPU (torch reference kernels, inherited through the environment).
 - a worker that is killed (idle or in the middle of a generation) or that raises fails the engine
   with a RuntimeError naming it, in bounded time; so does one that dies before joining the group;
 - shutdown (explicit or when the `LLM` is collected) leaves no worker process behind and leaves a
-  newer engine's process group alone; no other engine starts beside a live TP engine.
+  newer engine's process group alone; no other engine starts beside a live TP engine;
+- with asynchronous scheduling, steps launched ahead (no input ids: the worker takes rank 0's
+  sampled ids from a broadcast) give the TP=1 greedy tokens;
+- the ranks share the CPU's cores (`rank_cpu_threads`), and rank 0 gets its own thread count
+  back at shutdown.
 """
 
 import functools
@@ -32,6 +36,7 @@ from hf_kimi_linear import import_modeling_kimi_linear, random_hf_model
 from vllm import LLM, SamplingParams
 from vllm.v1.executor.multiproc_executor import Executor, WorkerFailed, rank_cpu_threads, tcp_store
 from vllm.v1.executor.step_message import StepMessage
+from vllm.v1.worker.model_runner import StepInput
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the gloo engine runs on CPU")
 
@@ -63,11 +68,23 @@ def assert_no_workers_left(pids: list[int]) -> None:
             os.kill(pid, 0)  # reaped, not a zombie either
 
 
-def greedy_tokens(model: str, tp: int, **kwargs) -> list[list[int]]:
+def greedy_tokens(
+    model: str, tp: int, steps: list[StepInput] | None = None, **kwargs
+) -> list[list[int]]:
+    """The greedy tokens of `PROMPTS` at TP = `tp`; rank 0's step inputs go into `steps`."""
     llm = LLM(model, tensor_parallel_size=tp, **ARGS, **kwargs)
     try:
         assert len(worker_processes(llm)) == tp - 1
         pids = [proc.pid for proc in worker_processes(llm)]
+        if steps is not None:
+            runner = llm.llm_engine.executor.runner
+            execute = runner.execute
+
+            def recorded(step: StepInput) -> torch.Tensor:
+                steps.append(step)
+                return execute(step)
+
+            runner.execute = recorded
         outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     finally:
         llm.shutdown()
@@ -110,23 +127,10 @@ def test_tp2_launches_steps_ahead_and_keeps_the_tp1_greedy_tokens():
     """Asynchronous scheduling at TP = 2: a step launched ahead carries no input ids (only rank 0
     samples), so the worker takes them from rank 0's broadcast; the tokens are TP = 1's, one
     step at a time."""
-    llm = LLM(FAST, tensor_parallel_size=2, async_scheduling=True, **ARGS)
-    runner = llm.llm_engine.executor.runner
-    execute, ahead = runner.execute, []
-
-    def spy(step):
-        ahead.append(step.input_ids is None)
-        return execute(step)
-
-    runner.execute = spy
-    try:
-        pids = [proc.pid for proc in worker_processes(llm)]
-        outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
-    finally:
-        llm.shutdown()
-    assert_no_workers_left(pids)
-    assert sum(ahead) >= GREEDY.max_tokens - 2
-    assert [list(out.outputs[0].token_ids) for out in outputs] == tp1_tokens(FAST)
+    steps: list[StepInput] = []
+    tokens = greedy_tokens(FAST, 2, steps, async_scheduling=True)
+    assert sum(step.input_ids is None for step in steps) >= GREEDY.max_tokens - 2
+    assert tokens == tp1_tokens(FAST)
 
 
 @pytest.mark.parametrize("cores, tp, threads", [(2, 2, 1), (16, 2, 8), (1, 4, 1), (6, 4, 1)])
@@ -141,8 +145,8 @@ def test_each_rank_takes_its_share_of_the_cores(cores, tp, threads, monkeypatch)
 
 
 def test_a_cpu_tp_engine_shares_the_cores_and_gives_rank0_its_threads_back(monkeypatch):
-    """At torch's default every rank ran a thread per core: on 2 cores `LLM.generate` at TP = 2
-    took 4.2 s, 0.9 s with one thread a rank."""
+    """At torch's default every rank ran a thread per core, oversubscribing the cores (about 4x
+    slower at TP = 2 on 2 cores)."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     before = torch.get_num_threads()
     share = rank_cpu_threads(2)

@@ -25,7 +25,9 @@ pytestmark = [
 PTPC = {"linear": "fp8_per_channel", "ignore": ["re:(?!.*self_attn\\.o_proj$).*"]}
 
 
-def run(async_scheduling: bool, monkeypatch) -> tuple[dict[str, list[int]], int]:
+def run(
+    async_scheduling: bool, monkeypatch: pytest.MonkeyPatch
+) -> tuple[dict[str, list[int]], int]:
     eng = LLMEngine.from_engine_args(
         EngineArgs(
             model="kimi-k3-tiny", quantization_config=PTPC, tensor_parallel_size=2,

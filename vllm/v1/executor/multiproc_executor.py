@@ -75,9 +75,8 @@ def rank_cpu_threads(tensor_parallel_size: int) -> int | None:
     evenly (at least one a rank); None where `OMP_NUM_THREADS` is set (the user's choice, which
     the spawned ranks inherit; empty counts as unset, as OpenMP ignores it). At torch's default
     every rank starts a thread per core, and an OpenMP thread that spins after its parallel
-    region holds a core that the other ranks' collectives wait on: `LLM.generate` of
-    kimi-linear-tiny at TP = 2 on 2 cores took 4.2 s with the default, 0.9 s with one thread a
-    rank (1.2 s with the worker's alone cut)."""
+    region holds a core that the other ranks' collectives wait on (docs/performance.md,
+    "Thirty-eighth run": about 4x slower at TP = 2 on 2 cores)."""
     if os.environ.get("OMP_NUM_THREADS"):
         return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
