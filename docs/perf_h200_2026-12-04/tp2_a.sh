@@ -6,11 +6,7 @@
 # NVLink multicast stays off (KINDS.md). Since aca1334 asynchronous scheduling is on at -tp 2 too
 # (the step launched ahead gets rank 0's sampled ids by a broadcast): each decode line also gives
 # the step one at a time, the only form TP = 2 had before.
-set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-L=$OUT/logs; mkdir -p $L
-export PYTHONPATH=/tmp/site:$PWD
+source "$(dirname "$0")/tp2_env.sh"
 python3 -c 'import torch; print(torch.cuda.device_count(), "GPUs")'
 nvidia-smi topo -m > $L/tp2_topology.txt 2>&1
 timeout 120 python benchmarks/kernels/benchmark_all_reduce.py --tokens 1 8 64 256 \

@@ -5,11 +5,7 @@
 # NCCL chose between the two GPUs (NCCL_DEBUG=INFO: P2P over NVLink, or SHM through the host).
 # tp2_a.sh's engine profile sees rank 0 only and cannot tell a late rank 1 from slow captured
 # all-reduces; this can. NVLink multicast stays off (KINDS.md).
-set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-L=$OUT/logs; mkdir -p $L
-export PYTHONPATH=/tmp/site:$PWD
+source "$(dirname "$0")/tp2_env.sh"
 P='{"linear":"fp8_per_channel","ignore":["re:(?!.*self_attn\\.o_proj$).*"]}'
 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT timeout 330 python docs/perf_h200_2026-12-04/tp2_rank_probe.py \
   --quantization-config "$P" --batch-sizes 1 8 64 --output-json $L/tp2_rank_probe.json \

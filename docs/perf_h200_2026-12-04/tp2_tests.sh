@@ -3,11 +3,7 @@
 # two-GPU test (kimi-k3-tiny, NCCL, CUDA graphs, the PTPC recipe: asynchronous scheduling at TP = 2
 # gives the tokens of steps one at a time, fed by the broadcast of rank 0's sampled ids, aca1334),
 # then every other GPU test on the two GPUs. NVLink multicast stays off (KINDS.md).
-set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl .devrun/xd/*.whl
-L=$OUT/logs; mkdir -p $L
-export PYTHONPATH=/tmp/site:$PWD
+source "$(dirname "$0")/tp2_env.sh"
 timeout 240 python -m pytest -q -p no:cacheprovider tests/v1/worker/test_tp2_gpu.py \
   > $L/tp2_gpu_test.log 2>&1
 echo "tp2 gpu test rc $?"; tail -3 $L/tp2_gpu_test.log
