@@ -16,11 +16,14 @@ GPU: fla-core's `chunk_kda` (`kda_prefill`) and `fused_recurrent_kda` (`kda_deco
 unfused reference (`fused_kda_decode_ref`) is where `kda_decode` serves.
 """
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate
+
+if TYPE_CHECKING:  # kda_prefill_graphs.py imports this module
+    from vllm.models.kimi_k3.amd.ops.kda_prefill_graphs import KdaPrefillGraphs
 
 
 class KdaGate(NamedTuple):
@@ -83,6 +86,7 @@ def kda_prefill(
     slots: torch.Tensor,
     has_initial_state: torch.Tensor,
     gate: KdaGate | None = None,
+    graphs: "KdaPrefillGraphs | None" = None,
 ) -> torch.Tensor:
     """Prefill (or continued prefill) of N sequences; `query_start_loc` `[N + 1]` int64 (fla's
     offsets dtype: converting here would hand fla a new tensor per layer, and fla's per-tensor
@@ -95,9 +99,16 @@ def kda_prefill(
     exp2 / log2 instructions and is 0 below x of about -17, where `kda_gate`'s log1p is not: the
     decay differs by about 1e-7 at most. fla-core 0.6.0 applies `lower_bound` whatever its
     `safe_gate` flag (left off here), although its docstring pairs the two;
-    `test_kda_prefill_applies_the_gate_itself` checks that result on the GPU."""
+    `test_kda_prefill_applies_the_gate_itself` checks that result on the GPU.
+
+    `graphs` (a `KdaPrefillGraphs`, kda_prefill_graphs.py): the same result from a captured
+    replay where one of its buckets holds the step."""
     if query_start_loc.dtype != torch.int64:
         raise ValueError(f"query_start_loc must be int64, got {query_start_loc.dtype}")
+    if graphs is not None:
+        out = graphs.run(q, k, v, g, beta, state, query_start_loc, slots, has_initial_state, gate)
+        if out is not None:
+            return out
     if q.is_cuda:
         from fla.ops.kda import chunk_kda
 
