@@ -78,6 +78,12 @@ _VARIABLES: dict[str, tuple[Callable[[str | None], Any], str]] = {
         "kernels, weight 1.0, summed with the routed outputs in fp32 (default 1). 0: a separate "
         "shared MLP and a bf16 add (the unfused baseline, for accuracy and speed comparisons).",
     ),
+    "VLLM_KDA_PREFILL_GRAPHS": (
+        _switch(True),
+        "On CUDA without --enforce-eager, the KDA layers' prefill core (fla-core's chunk_kda) "
+        "replays CUDA graphs captured at start-up for steps of up to 2048 prefill tokens in up "
+        "to 16 sequences (default 1). 0: always eager.",
+    ),
     "VLLM_TRITON_PDL": (
         _switch(True),
         "NVIDIA sm_90+: launch the fork's Triton kernels with programmatic dependent launch, so "

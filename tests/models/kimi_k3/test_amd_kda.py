@@ -666,7 +666,7 @@ def test_steps_hand_the_raw_gate_to_the_core_and_decode_rows_to_the_fused_kernel
     core, fused = kda_module.kda_prefill, kda_module.fused_kda_decode
 
     def spy(q, k, v, g, beta, *args):
-        seen.append((args[4] if len(args) == 5 else None, g.clone()))
+        seen.append((args[4] if len(args) > 4 else None, g.clone()))
         return core(q, k, v, g, beta, *args)
 
     def spy_fused(mixed_qkv, *args, **kwargs):

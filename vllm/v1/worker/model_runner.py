@@ -1,6 +1,7 @@
 """The model runner: one per tensor-parallel rank. It owns the model, its caches and the step's
 device buffers, turns a `StepInput` (flattened tokens + per-sequence schedule, host data that is
-the same on every rank) into logits, and replays CUDA graphs for decode-only steps.
+the same on every rank) into logits, and replays CUDA graphs for decode-only steps (and, for the
+KDA layers' prefill core, `capture_prefill_graphs`).
 
 Rank 0's runner also samples (`sample`): the scheduler's view of requests never reaches the other
 ranks, which only need the flattened batch.
@@ -32,6 +33,7 @@ from itertools import accumulate, chain
 import numpy as np
 import torch
 
+from vllm import envs
 from vllm.config.quantization import parse_quantization_config
 from vllm.config.vllm import VllmConfig
 from vllm.distributed import (
@@ -44,6 +46,7 @@ from vllm.model_executor.layers.quantization.online.base import OnlineQuantizati
 from vllm.model_executor.model_loader.loader import load_model
 from vllm.models.kimi_k3.amd.metadata import BatchSchedule, KimiMetadataBuilder
 from vllm.models.registry import model_class
+from vllm.platforms import current_platform
 from vllm.utils.torch_utils import async_tensor_h2d
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import allocate_kv_caches
@@ -176,6 +179,27 @@ class ModelRunner:
         self.model = load_model(mc.folder, mc.load_format, mc.dtype, quant, self.device, mc.seed)
         self.spec = self.model.get_kv_cache_spec()
         self.vocab_size = mc.vocab_size
+        self.capture_prefill_graphs()
+
+    def capture_prefill_graphs(self) -> float:
+        """Capture the KDA prefill core's graphs (kda_prefill_graphs.py) on CUDA without
+        `enforce_eager` unless `VLLM_KDA_PREFILL_GRAPHS=0`; returns the seconds it took. Before the
+        cache sizing, so that the memory they hold counts as used."""
+        mc = self.config.model_config
+        on_cuda = self.device.type == "cuda" and current_platform.is_cuda()
+        if not on_cuda or mc.enforce_eager or not envs.VLLM_KDA_PREFILL_GRAPHS:
+            return 0.0
+        start = time.perf_counter()
+        sched = self.config.scheduler_config
+        with torch.no_grad():
+            count = self.model.capture_prefill_graphs(
+                sched.max_num_batched_tokens, self.max_num_seqs
+            )
+        torch.cuda.synchronize(self.device)
+        elapsed = time.perf_counter() - start
+        if count:
+            logger.info("Captured %d KDA prefill graphs in %.1f s", count, elapsed)
+        return elapsed
 
     def available_cache_memory(self) -> int:
         """Bytes the caches may take on this rank (the minimum over TP ranks): measured after a

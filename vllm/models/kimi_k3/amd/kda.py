@@ -63,6 +63,7 @@ from vllm.models.kimi_k3.amd.ops.fused_kda_decode import (
     kda_decode_config,
 )
 from vllm.models.kimi_k3.amd.ops.kda_core import KdaGate, kda_prefill
+from vllm.models.kimi_k3.amd.ops.kda_prefill_graphs import KdaPrefillGraphs
 from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import (
     per_token_fp8_quant,
     rmsnorm_gated_fp8_per_token,
@@ -174,6 +175,9 @@ class KimiK3DeltaAttention(torch.nn.Module):
             prefix=f"{prefix}.o_proj",
         )  # fmt: skip
         self.state_pool: KDAStatePool | None = None  # set once by `bind_kv_cache`
+        # The model's `KdaPrefillGraphs`, shared by its KDA layers; set by the model runner's
+        # `capture_prefill_graphs` (None: the prefill core always runs eagerly).
+        self.prefill_graphs: KdaPrefillGraphs | None = None
 
     # -- cache ----------------------------------------------------------------------------------
 
@@ -284,7 +288,7 @@ class KimiK3DeltaAttention(torch.nn.Module):
         prefilled = kda_prefill(
             q, k, v, raw_g[nd:].view(rows, h, d), torch.sigmoid(b[nd:].float()), pool.ssm_state,
             metadata.prefill_query_start_loc, slots[nd:], metadata.has_initial_state[nd:],
-            decay_gate,
+            decay_gate, self.prefill_graphs,
         )  # fmt: skip
         if not nd:
             # Prefill only: the core's output is the layer's, no copy into a [T, H, D] buffer.

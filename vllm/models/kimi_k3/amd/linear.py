@@ -30,6 +30,11 @@ from vllm.models.kimi_k3.amd.kda import KDAStatePool, KimiK3DeltaAttention
 from vllm.models.kimi_k3.amd.metadata import KimiMetadata
 from vllm.models.kimi_k3.amd.mla import KimiMLAAttention
 from vllm.models.kimi_k3.amd.moe import KimiMLP, KimiMoE
+from vllm.models.kimi_k3.amd.ops.kda_prefill_graphs import (
+    DEFAULT_SEQ_BUCKETS,
+    DEFAULT_TOKEN_BUCKETS,
+    KdaPrefillGraphs,
+)
 from vllm.transformers_utils.configs import KimiLinearConfig
 from vllm.v1.kv_cache_interface import KDAStateSpec, KVCacheSpec, MLAAttentionSpec
 
@@ -222,6 +227,35 @@ class KimiLinearForCausalLM(torch.nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head.compute_logits(hidden)
+
+    def capture_prefill_graphs(
+        self, max_tokens: int, max_seqs: int, pool: "tuple[int, int] | None" = None
+    ) -> int:
+        """Capture the KDA prefill core's graphs (`KdaPrefillGraphs`) for steps of up to
+        `max_tokens` prefill tokens in `max_seqs` sequences, in `pool`, and hand them to every KDA
+        layer. Returns how many were captured (0: no KDA layer, or no bucket fits)."""
+        kda = [
+            layer.self_attn for layer in self.layers
+            if isinstance(layer.self_attn, KimiK3DeltaAttention)
+        ]  # fmt: skip
+        if not kda:
+            return 0
+        shapes = {(a.local_heads, a.head_dim, a.gate_lower_bound) for a in kda}
+        if len(shapes) != 1:
+            raise ValueError(f"KDA layers of several shapes cannot share graphs: {shapes}")
+        ((heads, head_dim, lower_bound),) = shapes
+        tokens = tuple(b for b in DEFAULT_TOKEN_BUCKETS if b <= max_tokens)
+        seqs = tuple(b for b in DEFAULT_SEQ_BUCKETS if b <= max_seqs)
+        if not tokens or not seqs:
+            return 0
+        weight = self.embed_tokens.weight
+        graphs = KdaPrefillGraphs(
+            heads, head_dim, weight.dtype, weight.device, lower_bound, tokens, seqs
+        )
+        graphs.capture(pool)
+        for attn in kda:
+            attn.prefill_graphs = graphs
+        return len(graphs.replays)
 
     # -- caches ---------------------------------------------------------------------------------
 
