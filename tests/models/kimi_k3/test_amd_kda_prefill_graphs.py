@@ -8,7 +8,11 @@ import torch
 from tests.models.kimi_k3.engine_harness import EngineHarness
 from vllm.model_executor.model_loader.loader import load_model
 from vllm.models.kimi_k3.amd.ops.kda_core import KdaGate, kda_prefill
-from vllm.models.kimi_k3.amd.ops.kda_prefill_graphs import KdaPrefillGraphs, pick_bucket
+from vllm.models.kimi_k3.amd.ops.kda_prefill_graphs import (
+    KdaPrefillGraphs,
+    buckets_within,
+    pick_bucket,
+)
 
 H, D = 2, 16
 
@@ -21,6 +25,14 @@ def test_pick_bucket_takes_the_smallest_that_holds_the_step():
     assert pick_bucket(1025, 1, tokens, seqs) is None
     assert pick_bucket(10, 17, tokens, seqs) is None
     assert pick_bucket(0, 1, tokens, seqs) is None
+
+
+def test_step_limits_below_a_bucket_are_buckets_of_their_own():
+    assert buckets_within((256, 512, 1024), 4096) == (256, 512, 1024)
+    assert buckets_within((256, 512, 1024), 512) == (256, 512)
+    assert buckets_within((256, 512, 1024), 300) == (256, 300)
+    assert buckets_within((256, 512, 1024), 100) == (100,)
+    assert buckets_within((1, 4, 16), 8) == (1, 4, 8)
 
 
 def step_inputs(gen, lens, device="cpu", dtype=torch.float32, heads=H, dim=D):
@@ -64,6 +76,9 @@ def test_replays_give_the_eager_results_with_padded_rows_and_sequences():
     graphs = KdaPrefillGraphs(H, D, torch.float32, torch.device("cpu"), None, (16, 32), (1, 4))
     graphs.capture()
     assert sorted(graphs.replays) == [(16, 1), (16, 4), (32, 1), (32, 4)]
+    # Each pair was recorded after a call on one sequence filling its tokens (the last: 16, 1),
+    # so that fla-core tunes its kernels on real chunks rather than on grid rows that return.
+    assert graphs.cu.tolist() == [0, 16, 16, 16, 16]
     check_against_eager(graphs, gen, [32], [3], [True])
     check_against_eager(graphs, gen, [9, 11, 5, 7], [1, 5, 2, 6], [True, False, True, False])
     qsl = check_against_eager(graphs, gen, [3, 4], [4, 2], [False, True])
@@ -78,17 +93,27 @@ def test_steps_outside_the_buckets_or_gate_run_eagerly():
     graphs.capture()
     pool = torch.zeros(4, H, D, D)
 
-    def run(lens, slots, gate=None, dtype=torch.float32, device="cpu"):
+    def run(lens, slots, gate=True, dtype=torch.float32, device="cpu", change=None):
         q, k, v, g, beta, qsl = step_inputs(gen, lens, dtype=dtype)
         init = torch.ones(len(slots), dtype=torch.bool)
-        gate = gate or make_gate(gen)
+        gate = make_gate(gen) if gate is True else gate
         q = q.to(device)
-        return graphs.run(q, k, v, g, beta, pool, qsl, torch.tensor(slots), init, gate)
+        inputs = dict(q=q, k=k, v=v, g=g, beta=beta)
+        if change is not None:
+            inputs[change[0]] = change[1](inputs[change[0]])
+        return graphs.run(*inputs.values(), pool, qsl, torch.tensor(slots), init, gate)
 
     assert run([8], [1]) is not None
+    assert run([8], [1], gate=None) is None  # the decay already applied: not this call
+    assert run([8], [1], change=("g", lambda g: g.double())) is None
+    assert run([8], [1], change=("k", lambda k: k[:, :1])) is None
+    assert run([8], [1], change=("beta", lambda b: b.half())) is None
+    graphs.enabled = False
+    assert run([8], [1]) is None
+    graphs.enabled = True
     assert run([17], [1]) is None  # more tokens than the largest bucket
     assert run([2, 2, 2], [1, 2, 3]) is None  # more sequences
-    assert run([8], [1], make_gate(gen, lower_bound=-5.0)) is None  # another lower bound
+    assert run([8], [1], gate=make_gate(gen, lower_bound=-5.0)) is None  # another lower bound
     assert run([8], [1], dtype=torch.float64) is None  # another dtype
     assert run([8], [1], device="meta") is None  # another device
 
@@ -108,11 +133,11 @@ def test_the_model_hands_one_capture_to_every_kda_layer_and_computes_the_same():
         return [harness.step(step) for step in steps]
 
     want = logits()
-    assert model.capture_prefill_graphs(max_tokens=300, max_seqs=8) == 2
+    shared = model.capture_prefill_graphs(max_tokens=300, max_seqs=8)
     kda = [layer.self_attn for layer in model.layers if hasattr(layer.self_attn, "prefill_graphs")]
-    shared = kda[0].prefill_graphs
     assert len(kda) > 1 and all(a.prefill_graphs is shared for a in kda)
-    assert shared.token_buckets == (256,) and shared.seq_buckets == (1, 4)
+    assert shared.token_buckets == (256, 300) and shared.seq_buckets == (1, 4, 8)
+    assert len(shared.replays) == 6
     calls = []
     run = shared.run
     shared.run = lambda *args: calls.append(args[0].shape[0]) or run(*args)

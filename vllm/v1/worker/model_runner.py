@@ -45,6 +45,7 @@ from vllm.logger import init_logger
 from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
 from vllm.model_executor.model_loader.loader import load_model
 from vllm.models.kimi_k3.amd.metadata import BatchSchedule, KimiMetadataBuilder
+from vllm.models.kimi_k3.amd.ops.kda_prefill_graphs import KdaPrefillGraphs
 from vllm.models.registry import model_class
 from vllm.platforms import current_platform
 from vllm.utils.torch_utils import async_tensor_h2d
@@ -162,6 +163,8 @@ class ModelRunner:
         # The last step's sampled ids, on the device: the input of a step that follows it. Only
         # rank 0 samples; at TP > 1 the other ranks receive them into `received_ids`.
         self.last_sampled: torch.Tensor | None = None
+        # The KDA prefill core's graphs, once captured (`load_model`).
+        self.prefill_graphs: KdaPrefillGraphs | None = None
         self.received_ids = torch.empty(
             self.max_num_seqs if rank else 0, dtype=torch.int64, device=self.device
         )
@@ -191,14 +194,18 @@ class ModelRunner:
             return 0.0
         start = time.perf_counter()
         sched = self.config.scheduler_config
+        torch.cuda.empty_cache()
+        free = torch.cuda.mem_get_info(self.device)[0]
         with torch.no_grad():
-            count = self.model.capture_prefill_graphs(
+            self.prefill_graphs = self.model.capture_prefill_graphs(
                 sched.max_num_batched_tokens, self.max_num_seqs
             )
         torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - start
-        if count:
-            logger.info("Captured %d KDA prefill graphs in %.1f s", count, elapsed)
+        if self.prefill_graphs is not None:
+            held = free - torch.cuda.mem_get_info(self.device)[0]
+            logger.info("Captured %d KDA prefill graphs in %.1f s (%.2f GiB)",
+                        len(self.prefill_graphs.replays), elapsed, held / 2**30)  # fmt: skip
         return elapsed
 
     def available_cache_memory(self) -> int:
@@ -252,10 +259,17 @@ class ModelRunner:
         slots = list(range(1, len(lengths) + 1))
         batch = BatchSchedule([0] * len(lengths), lengths, tables, slots, 0)
         ids = torch.zeros(sum(lengths), dtype=torch.long, device=self.device)
-        with torch.no_grad():
-            hidden = self.model(ids, builder.build(batch))
-            rows = hidden[: self.max_num_seqs]
-            torch.softmax(self.model.compute_logits(rows).float(), dim=-1)
+        # The eager KDA core's peak, which steps outside the graphs' buckets take.
+        if self.prefill_graphs is not None:
+            self.prefill_graphs.enabled = False
+        try:
+            with torch.no_grad():
+                hidden = self.model(ids, builder.build(batch))
+                rows = hidden[: self.max_num_seqs]
+                torch.softmax(self.model.compute_logits(rows).float(), dim=-1)
+        finally:
+            if self.prefill_graphs is not None:
+                self.prefill_graphs.enabled = True
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - base
         del kda, mla, builder, hidden, rows

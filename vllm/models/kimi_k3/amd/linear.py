@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 import torch
 
+from vllm.logger import init_logger
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (
     ReplicatedLinear,
@@ -34,9 +35,12 @@ from vllm.models.kimi_k3.amd.ops.kda_prefill_graphs import (
     DEFAULT_SEQ_BUCKETS,
     DEFAULT_TOKEN_BUCKETS,
     KdaPrefillGraphs,
+    buckets_within,
 )
 from vllm.transformers_utils.configs import KimiLinearConfig
 from vllm.v1.kv_cache_interface import KDAStateSpec, KVCacheSpec, MLAAttentionSpec
+
+logger = init_logger(__name__)
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.([a-z_]+)\.(.+)")
 _LAYER_NORMS = ("input_layernorm", "post_attention_layernorm")
@@ -230,24 +234,23 @@ class KimiLinearForCausalLM(torch.nn.Module):
 
     def capture_prefill_graphs(
         self, max_tokens: int, max_seqs: int, pool: "tuple[int, int] | None" = None
-    ) -> int:
+    ) -> KdaPrefillGraphs | None:
         """Capture the KDA prefill core's graphs (`KdaPrefillGraphs`) for steps of up to
         `max_tokens` prefill tokens in `max_seqs` sequences, in `pool`, and hand them to every KDA
-        layer. Returns how many were captured (0: no KDA layer, or no bucket fits)."""
+        layer. Returns them (None: no KDA layer, or KDA layers of different shapes, which stay
+        eager with a warning)."""
         kda = [
             layer.self_attn for layer in self.layers
             if isinstance(layer.self_attn, KimiK3DeltaAttention)
         ]  # fmt: skip
-        if not kda:
-            return 0
         shapes = {(a.local_heads, a.head_dim, a.gate_lower_bound) for a in kda}
         if len(shapes) != 1:
-            raise ValueError(f"KDA layers of several shapes cannot share graphs: {shapes}")
+            if shapes:
+                logger.warning("KDA layers of several shapes %s: no prefill graphs", shapes)
+            return None
         ((heads, head_dim, lower_bound),) = shapes
-        tokens = tuple(b for b in DEFAULT_TOKEN_BUCKETS if b <= max_tokens)
-        seqs = tuple(b for b in DEFAULT_SEQ_BUCKETS if b <= max_seqs)
-        if not tokens or not seqs:
-            return 0
+        tokens = buckets_within(DEFAULT_TOKEN_BUCKETS, max_tokens)
+        seqs = buckets_within(DEFAULT_SEQ_BUCKETS, max_seqs)
         weight = self.embed_tokens.weight
         graphs = KdaPrefillGraphs(
             heads, head_dim, weight.dtype, weight.device, lower_bound, tokens, seqs
@@ -255,7 +258,7 @@ class KimiLinearForCausalLM(torch.nn.Module):
         graphs.capture(pool)
         for attn in kda:
             attn.prefill_graphs = graphs
-        return len(graphs.replays)
+        return graphs
 
     # -- caches ---------------------------------------------------------------------------------
 

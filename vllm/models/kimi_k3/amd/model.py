@@ -12,6 +12,7 @@ from vllm.model_executor.layers.quantization.base_config import QuantizationConf
 from vllm.models.kimi_k3.amd.kda import KDAStatePool
 from vllm.models.kimi_k3.amd.linear import KimiLinearForCausalLM
 from vllm.models.kimi_k3.amd.metadata import KimiMetadata
+from vllm.models.kimi_k3.amd.ops.kda_prefill_graphs import KdaPrefillGraphs
 from vllm.transformers_utils.configs import KimiK3Config
 from vllm.v1.kv_cache_interface import KVCacheSpec
 
@@ -73,7 +74,7 @@ class KimiK3ForConditionalGeneration(torch.nn.Module):
 
     def capture_prefill_graphs(
         self, max_tokens: int, max_seqs: int, pool: "tuple[int, int] | None" = None
-    ) -> int:
+    ) -> KdaPrefillGraphs | None:
         return self.language_model.capture_prefill_graphs(max_tokens, max_seqs, pool)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:

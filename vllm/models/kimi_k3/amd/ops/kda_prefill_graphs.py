@@ -19,14 +19,17 @@ before the next replay, by stream order). Rows past the step keep what an earlie
 works per row or per chunk of a sequence.
 
 Which steps: `run` returns None (the caller runs `chunk_kda` eagerly) when no bucket holds the
-step's tokens and sequences, on another device or dtype, or its gate's `lower_bound` is not the
-captured one. The token buckets stop at 2048 (`DEFAULT_TOKEN_BUCKETS`), where the device becomes
-the bottleneck: 4096- and 8192-token buckets left those prompts' prefill 1-2% slower (the copies
-into the buffers; same run). The model runner captures at start-up (`capture_prefill_graphs`:
-CUDA without `enforce_eager`, `VLLM_KDA_PREFILL_GRAPHS`), before sizing the caches, so the
-memory held counts as used: the buffers (at Kimi-Linear's 32 x 128 heads, 2048 tokens and 16
-sequences about 100 MiB), each graph's output and final states, and one pool of intermediates.
-Not on ROCm: fla-core's fixed-shape form is not validated there.
+step's tokens and sequences, its inputs are not shaped, typed or placed as the buffers, or its
+gate's `lower_bound` is not the captured one. The token buckets stop at 2048
+(`DEFAULT_TOKEN_BUCKETS`), where the device becomes the bottleneck: 4096- and 8192-token buckets
+left those prompts' prefill 1-2% slower (the copies into the buffers; same run); a step limit
+below a bucket is a bucket of its own (`buckets_within`). The model runner captures at start-up
+(`capture_prefill_graphs`: CUDA without `enforce_eager`, `VLLM_KDA_PREFILL_GRAPHS`), before it
+sizes the caches, so the memory held counts as used (the runner logs it): the buffers (about
+100 MiB at Kimi-Linear's 32 x 128 heads, 2048 tokens and 16 sequences), each graph's output and
+final states (up to 2 MiB a sequence) and one pool of intermediates; its profiling forward turns
+the replays off (`enabled`), so the peak it measures is the eager core's, which steps outside the
+buckets take. Not on ROCm: fla-core's fixed-shape form is not validated there.
 
 Numerics: the replay runs the kernels an eager `chunk_kda` runs, at the configs fla-core's
 autotuner chose for the process (its keys hold no token count), in their fixed-shape form; the
@@ -41,10 +44,25 @@ import torch
 from vllm.models.kimi_k3.amd.ops.kda_core import kda_recurrent_ref
 from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate
 
-__all__ = ["DEFAULT_SEQ_BUCKETS", "DEFAULT_TOKEN_BUCKETS", "KdaPrefillGraphs", "pick_bucket"]
+__all__ = [
+    "DEFAULT_SEQ_BUCKETS",
+    "DEFAULT_TOKEN_BUCKETS",
+    "KdaPrefillGraphs",
+    "buckets_within",
+    "pick_bucket",
+]
 
 DEFAULT_TOKEN_BUCKETS = (256, 512, 1024, 2048)
 DEFAULT_SEQ_BUCKETS = (1, 4, 16)
+
+
+def buckets_within(buckets: tuple[int, ...], limit: int) -> tuple[int, ...]:
+    """`buckets` up to `limit`, and `limit` itself where it falls below the largest: the steps
+    a limit allows all find a bucket up to the largest."""
+    kept = tuple(b for b in buckets if b <= limit)
+    if 0 < limit < max(buckets) and limit not in kept:
+        kept += (limit,)
+    return kept
 
 
 def pick_bucket(
@@ -129,6 +147,9 @@ class KdaPrefillGraphs:
         self.a_log = torch.zeros(heads, dtype=torch.float32, **kw)
         self.dt_bias = torch.zeros(heads * d, dtype=torch.float32, **kw)
         self.replays: dict[tuple[int, int], _Replay] = {}
+        # False: `run` declines every step (the runner's profiling forward measures the eager
+        # core's peak memory, which steps outside the buckets still take).
+        self.enabled = True
 
     def _call(self, tokens: int, seqs: int) -> tuple[torch.Tensor, torch.Tensor]:
         q, k, v, g = (x[:, :tokens] for x in self.qkvg)
@@ -171,14 +192,18 @@ class KdaPrefillGraphs:
         gate,
     ) -> torch.Tensor | None:
         """`kda_prefill`'s result for its arguments (`gate` a `KdaGate`) from a replay, or None
-        where no captured bucket holds the step (module docstring)."""
+        where no captured bucket holds the step, an input is not shaped or typed as the buffers,
+        or `enabled` is off (module docstring)."""
         tokens, seqs = q.shape[0], slots.shape[0]
         bucket = pick_bucket(tokens, seqs, self.token_buckets, self.seq_buckets)
-        if bucket not in self.replays or gate is None or gate.lower_bound != self.lower_bound:
+        if not self.enabled or bucket not in self.replays or gate is None:
             return None
-        if q.dtype != self.dtype or tuple(q.shape[1:]) != (self.heads, self.head_dim):
+        if gate.lower_bound != self.lower_bound or q.device != self.qkvg.device:
             return None
-        if q.device != self.qkvg.device:
+        shape = (tokens, self.heads, self.head_dim)
+        if any(x.dtype != self.dtype or tuple(x.shape) != shape for x in (q, k, v, g)):
+            return None
+        if beta.dtype != torch.float32 or tuple(beta.shape) != shape[:2]:
             return None
         t, n = bucket
         for dst, src in zip(self.qkvg, (q, k, v, g), strict=True):
