@@ -41,7 +41,7 @@ from collections.abc import Callable
 
 import torch
 
-from vllm.models.kimi_k3.amd.ops.kda_core import kda_recurrent_ref
+from vllm.models.kimi_k3.amd.ops.kda_core import KdaGate, kda_recurrent_ref
 from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate
 
 __all__ = [
@@ -98,7 +98,7 @@ class _Replay:
     """One captured call: its CUDA graph and output tensors (on the CPU, the call itself,
     copied into the outputs of its first run)."""
 
-    def __init__(self, fn: Callable, pool) -> None:
+    def __init__(self, fn: Callable, pool: "tuple[int, int] | None") -> None:
         self.fn, self.graph = fn, None
         if pool is None:
             self.out = fn()
@@ -166,7 +166,7 @@ class KdaPrefillGraphs:
             use_graph=True, max_num_seqs=seqs,
         )  # fmt: skip
 
-    def capture(self, pool=None) -> None:
+    def capture(self, pool: "tuple[int, int] | None" = None) -> None:
         """Record every bucket pair, largest first (on CUDA into graphs in `pool`, which
         `torch.cuda.graph_pool_handle()` gives when None). The buffers then hold one sequence
         filling the bucket, so that every chunk's kernels run before the capture."""
@@ -189,7 +189,7 @@ class KdaPrefillGraphs:
         query_start_loc: torch.Tensor,
         slots: torch.Tensor,
         has_initial_state: torch.Tensor,
-        gate,
+        gate: KdaGate | None,
     ) -> torch.Tensor | None:
         """`kda_prefill`'s result for its arguments (`gate` a `KdaGate`) from a replay, or None
         where no captured bucket holds the step, an input is not shaped or typed as the buffers,
