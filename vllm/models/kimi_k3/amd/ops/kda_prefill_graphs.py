@@ -41,8 +41,7 @@ from collections.abc import Callable
 
 import torch
 
-from vllm.models.kimi_k3.amd.ops.kda_core import KdaGate, kda_recurrent_ref
-from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate
+from vllm.models.kimi_k3.amd.ops.kda_core import KdaGate, kda_prefill
 
 __all__ = [
     "DEFAULT_SEQ_BUCKETS",
@@ -78,20 +77,16 @@ def pick_bucket(
 
 def _sequences_ref(q, k, v, g, beta, h0, cu, a_log, dt_bias, lower_bound):
     """The graphed call's contract on the CPU: `[1, T, H, *]` inputs, initial states `[N, H, K, V]`
-    for the N sequences of `cu` (empty ones included), the raw gate applied as the GPU applies it;
-    returns (out `[1, T, H, V]`, final states `[N, H, K, V]`). Rows past `cu[-1]` are left
-    uninitialised, as no sequence covers them."""
-    out = torch.empty(v.shape, dtype=v.dtype)
+    for the N sequences of `cu` (empty ones included), the raw gate; returns (out `[1, T, H, V]`,
+    final states `[N, H, K, V]`): `kda_prefill`'s reference with slot i for sequence i. Rows
+    past `cu[-1]` are left uninitialised, as no sequence covers them."""
     final = h0.clone()
-    starts = cu.tolist()
-    for i in range(len(starts) - 1):
-        a, b = starts[i], starts[i + 1]
-        if a == b:
-            continue
-        decay = kda_gate(g[0, a:b].flatten(1), a_log, dt_bias, lower_bound)
-        o, final[i] = kda_recurrent_ref(q[0, a:b], k[0, a:b], v[0, a:b], decay, beta[0, a:b], h0[i])
-        out[0, a:b] = o.to(v.dtype)
-    return out, final
+    n = final.shape[0]
+    out = kda_prefill(
+        q[0], k[0], v[0], g[0], beta[0], final, cu, torch.arange(n),
+        torch.ones(n, dtype=torch.bool), KdaGate(a_log, dt_bias, lower_bound),
+    )  # fmt: skip
+    return out[None], final
 
 
 class _Replay:
