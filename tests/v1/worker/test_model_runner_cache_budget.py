@@ -1,9 +1,12 @@
-"""ModelRunner.available_cache_memory: the caches' byte budget, reduced over TP ranks."""
+"""ModelRunner.available_cache_memory: the caches' byte budget (profiled on a GPU), reduced over TP
+ranks."""
 
 import pytest
 import torch
 
 import vllm.v1.worker.model_runner as runner_module
+from vllm.engine.arg_utils import EngineArgs
+from vllm.v1.engine.llm_engine import LLMEngine
 from vllm.v1.worker.model_runner import ModelRunner
 
 
@@ -35,3 +38,46 @@ def test_no_cache_budget_raises_on_every_rank_after_the_reduction(monkeypatch):
     assert reduced == [0.0]
     monkeypatch.setattr(runner_module, "_CPU_DEFAULT_CACHE_BYTES", 1 << 20)
     assert runner.available_cache_memory() == 1 << 20
+
+
+class FakeCudaMemory:
+    """torch.cuda's memory queries for a CPU runner: `tensors` bytes in use, `cached` bytes the
+    allocator keeps reserved until `empty_cache`, on a device of `total` bytes."""
+
+    def __init__(self, total: int, tensors: int, cached: int) -> None:
+        self.total, self.tensors, self.cached = total, tensors, cached
+
+    def install(self, monkeypatch) -> None:
+        noop = lambda *args, **kwargs: None  # noqa: E731
+        for name in ("synchronize", "reset_peak_memory_stats"):
+            monkeypatch.setattr(torch.cuda, name, noop)
+        monkeypatch.setattr(torch.cuda, "empty_cache", self.empty_cache)
+        monkeypatch.setattr(torch.cuda, "mem_get_info", self.mem_get_info)
+        monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: self.tensors)
+        monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: self.tensors)
+
+    def empty_cache(self) -> None:
+        self.cached = 0
+
+    def mem_get_info(self, *args) -> tuple[int, int]:
+        return self.total - self.tensors - self.cached, self.total
+
+
+def test_profiled_budget_counts_the_allocators_cached_blocks_as_free(monkeypatch):
+    """The profiled budget is `gpu_memory_utilization` of the device minus the memory in use and
+    the step's peak: blocks the caching allocator still holds from loading (the 48B model's 1.2
+    GiB on the H200, fortieth run) are free for the caches, not used."""
+    eng = LLMEngine.from_engine_args(
+        EngineArgs(model="kimi-linear-tiny", max_num_batched_tokens=64, max_num_seqs=4,
+                   max_model_len=64, kv_cache_memory=1 << 24)
+    )  # fmt: skip
+    try:
+        runner = eng.executor.runner
+        gib = 1 << 30
+        memory = FakeCudaMemory(total=80 * gib, tensors=10 * gib, cached=2 * gib)
+        memory.install(monkeypatch)
+        utilization = runner.config.cache_config.gpu_memory_utilization
+        expected = int(80 * gib * utilization) - 10 * gib - runner_module._GRAPH_RESERVE_BYTES
+        assert runner._profile_gpu_budget() == expected
+    finally:
+        eng.shutdown()
