@@ -203,6 +203,7 @@ class ModelRunner:
         torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - start
         if self.prefill_graphs is not None:
+            torch.cuda.empty_cache()  # the warm-ups' freed tensors: not held by the graphs
             held = free - torch.cuda.mem_get_info(self.device)[0]
             logger.info("Captured %d KDA prefill graphs in %.1f s (%.2f GiB)",
                         len(self.prefill_graphs.replays), elapsed, held / 2**30)  # fmt: skip
