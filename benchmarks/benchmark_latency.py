@@ -7,7 +7,9 @@ other `EngineArgs` flag, and a sweep on one loaded model (`--batch-sizes`, `--in
 
 For each context length L of `--input-lens`, shortest first, after a warm-up workload that compiles
 every kernel (untimed):
-1. one prompt of L tokens is prefilled alone: prefill seconds and TFLOP/s of one prompt; with
+1. one prompt of L tokens is prefilled alone, `--prefill-reps` different prompts one after
+   another: the median's prefill seconds and TFLOP/s of one prompt, each prompt's seconds kept in
+   the JSON (`seconds_each`); with
    `--profile-prefill` the same prefill (all its chunks) runs once more under `torch.profiler`:
    device time per kernel group (MLA prefill attention, KDA prefill, routed experts, dense GEMMs,
    other), each group against its floor (bytes at the copy bandwidth or FLOPs at the bf16 matmul
@@ -217,9 +219,11 @@ class Sweep:
             "pct_of_matmul_peak": 100 * tflops / self.peak, **extra,
         }  # fmt: skip
         self.record["prefill"].append(p)
+        each = extra.get("seconds_each", [])
+        spread = f" (median of {len(each)}: {min(each):.3f}-{max(each):.3f} s)" if each else ""
         print(
-            f"L={length:>6} B={batch:>4} prefill ({phase}): {tokens} tokens in {seconds:.2f} s, "
-            f"{p['tokens_per_s']:.0f} tok/s, {tflops:.1f} TFLOP/s "
+            f"L={length:>6} B={batch:>4} prefill ({phase}): {tokens} tokens in {seconds:.3f} s"
+            f"{spread}, {p['tokens_per_s']:.0f} tok/s, {tflops:.1f} TFLOP/s "
             f"({p['pct_of_matmul_peak']:.1f}% of the bf16 matmul)",
             flush=True,
         )
@@ -233,15 +237,19 @@ class Sweep:
         write_json(self.args.output_json, self.record)
 
     def single_prefill(self, length: int) -> float:
-        """Prefill one prompt of `length` tokens alone; returns its seconds."""
-        (prompt,) = random_prompts(1, length, self.vocab, self.args.seed + 1)
-        self.engine.add_request(f"single-{length}", prompt, greedy(1))
-        synchronize(self.device)
-        start = time.perf_counter()
-        self.run_until_idle()
-        synchronize(self.device)
-        seconds = time.perf_counter() - start
-        entry = self.add_prefill("single prompt", length, 1, length, 1, seconds)
+        """Prefill `--prefill-reps` prompts of `length` tokens, each alone; returns the median
+        seconds."""
+        prompts = random_prompts(self.args.prefill_reps, length, self.vocab, self.args.seed + 1)
+        each = []
+        for i, prompt in enumerate(prompts):
+            self.engine.add_request(f"single-{length}-{i}", prompt, greedy(1))
+            synchronize(self.device)
+            start = time.perf_counter()
+            self.run_until_idle()
+            synchronize(self.device)
+            each.append(time.perf_counter() - start)
+        seconds = statistics.median(each)
+        entry = self.add_prefill("single prompt", length, 1, length, 1, seconds, seconds_each=each)
         if self.args.profile_prefill:
             entry["profile"] = self.profile_prefill(length)
             write_json(self.args.output_json, self.record)
@@ -611,6 +619,13 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="after each case, profile this many more decode steps: device time per kernel and "
         "per kernel group against each group's floor (0: no profile)",
+    )
+    sweep.add_argument(
+        "--prefill-reps",
+        type=positive_int,
+        default=3,
+        help="prompts prefilled one after another (each alone) for a context's single-prompt "
+        "figure, which is their median",
     )
     sweep.add_argument(
         "--profile-prefill",

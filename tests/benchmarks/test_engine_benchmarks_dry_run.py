@@ -32,6 +32,10 @@ def test_latency_dry_run(tmp_path: Path) -> None:
     fp = record["footprint"]
     for p in record["prefill"]:
         assert ("profile" in p) == (p["phase"] == "single prompt")  # the dry run profiles prefill
+        if p["phase"] == "single prompt":  # --prefill-reps 3 (the default): their median
+            each = p["seconds_each"]
+            assert len(each) == 3 and p["seconds"] == sorted(each)[1]
+            assert math.isclose(p["tokens_per_s"], p["input_len"] / sorted(each)[1])
         if "profile" not in p:
             continue
         prof, length = p["profile"], p["input_len"]
