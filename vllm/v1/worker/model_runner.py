@@ -184,14 +184,14 @@ class ModelRunner:
         self.vocab_size = mc.vocab_size
         self.capture_prefill_graphs()
 
-    def capture_prefill_graphs(self) -> float:
+    def capture_prefill_graphs(self) -> None:
         """Capture the KDA prefill core's graphs (kda_prefill_graphs.py) on CUDA without
-        `enforce_eager` unless `VLLM_KDA_PREFILL_GRAPHS=0`; returns the seconds it took. Before the
-        cache sizing, so that the memory they hold counts as used."""
+        `enforce_eager` unless `VLLM_KDA_PREFILL_GRAPHS=0`, and log their seconds and memory.
+        Before the cache sizing, so that the memory they hold counts as used."""
         mc = self.config.model_config
         on_cuda = self.device.type == "cuda" and current_platform.is_cuda()
         if not on_cuda or mc.enforce_eager or not envs.VLLM_KDA_PREFILL_GRAPHS:
-            return 0.0
+            return
         start = time.perf_counter()
         sched = self.config.scheduler_config
         torch.cuda.empty_cache()
@@ -207,7 +207,6 @@ class ModelRunner:
             held = free - torch.cuda.mem_get_info(self.device)[0]
             logger.info("Captured %d KDA prefill graphs in %.1f s (%.2f GiB)",
                         len(self.prefill_graphs.replays), elapsed, held / 2**30)  # fmt: skip
-        return elapsed
 
     def available_cache_memory(self) -> int:
         """Bytes the caches may take on this rank (the minimum over TP ranks): measured after a

@@ -72,10 +72,8 @@ class KimiK3ForConditionalGeneration(torch.nn.Module):
     ) -> None:
         self.language_model.bind_kv_caches(kda_pools, mla_caches)
 
-    def capture_prefill_graphs(
-        self, max_tokens: int, max_seqs: int, pool: "tuple[int, int] | None" = None
-    ) -> KdaPrefillGraphs | None:
-        return self.language_model.capture_prefill_graphs(max_tokens, max_seqs, pool)
+    def capture_prefill_graphs(self, max_tokens: int, max_seqs: int) -> KdaPrefillGraphs | None:
+        return self.language_model.capture_prefill_graphs(max_tokens, max_seqs)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load Kimi-K3 checkpoint tensors one by one; returns the canonical K3 names loaded."""

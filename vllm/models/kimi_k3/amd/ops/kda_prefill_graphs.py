@@ -116,7 +116,7 @@ class _Replay:
 class KdaPrefillGraphs:
     """Static buffers and one replay per bucket pair for the KDA layers of one model rank, which
     must share `heads`, `head_dim`, the activations' `dtype` and the gate's `lower_bound`.
-    `capture` records them (CUDA: graphs in `pool`; CPU: the reference), `run` replays."""
+    `capture` records them (CUDA: graphs in one pool; CPU: the reference), `run` replays."""
 
     def __init__(
         self,
@@ -161,12 +161,11 @@ class KdaPrefillGraphs:
             use_graph=True, max_num_seqs=seqs,
         )  # fmt: skip
 
-    def capture(self, pool: "tuple[int, int] | None" = None) -> None:
-        """Record every bucket pair, largest first (on CUDA into graphs in `pool`, which
-        `torch.cuda.graph_pool_handle()` gives when None). The buffers then hold one sequence
-        filling the bucket, so that every chunk's kernels run before the capture."""
-        if self.qkvg.device.type == "cuda" and pool is None:
-            pool = torch.cuda.graph_pool_handle()
+    def capture(self) -> None:
+        """Record every bucket pair, largest first (on CUDA into graphs sharing one memory
+        pool). The buffers then hold one sequence filling the bucket, so that every chunk's
+        kernels run before the capture."""
+        pool = torch.cuda.graph_pool_handle() if self.qkvg.device.type == "cuda" else None
         for t in sorted(self.token_buckets, reverse=True):
             for n in sorted(self.seq_buckets, reverse=True):
                 self.cu.fill_(t)
