@@ -30,7 +30,8 @@ sizes the caches, so the memory held counts as used (the runner logs it): the bu
 final states (up to 2 MiB a sequence) and one pool of intermediates (0.34-0.41 GiB in all on the
 48B model, H200, an upper bound that still counted the allocator's cached blocks; fortieth run);
 its profiling forward turns the replays off (`enabled`), so the peak it measures is the eager
-core's, which steps outside the buckets take. Not on ROCm: fla-core's fixed-shape form is not validated there.
+core's, which steps outside the buckets take. Not on ROCm: fla-core's fixed-shape form is not
+validated there.
 
 Numerics: the replay runs the kernels an eager `chunk_kda` runs, at the configs fla-core's
 autotuner chose for the process (its keys hold no token count), in their fixed-shape form; the
