@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 from counted_kernels import record_launches
+from launch_keys import KeyRecorder, native_specialize_impl
 
 import vllm.model_executor.layers.fused_moe.experts as experts_mod
 import vllm.model_executor.layers.fused_moe.experts_triton_grouped as experts_triton_grouped
@@ -855,6 +856,30 @@ def test_group_rows_chunked_matches_reference(case, chunk, triton_launches):
             assert torch.equal(a, b), name
     assert triton_launches["_moe_group_count_kernel"] == 2
     assert triton_launches["_moe_group_place_kernel"] == 2
+
+
+@pytest.mark.skipif(native_specialize_impl is None, reason="needs Triton's CUDA specialization")
+def test_group_rows_chunked_keys_follow_the_row_count_alone(monkeypatch):
+    """Prefill-sized groupings (Kimi-Linear's 257 experts, top-8 + shared) whose row counts are
+    all multiples of 16 but whose chunk counts (17, 32, 36) and block-table widths (512, 751,
+    830) fall in different classes of Triton's specialization: one Triton key per kernel, so no
+    step compiles the placing kernel again (4.2-4.4 s on a fresh H100, docs/performance.md
+    "Forty-first run")."""
+    log, phase = [], ["prefill"]
+    for name in ("_moe_group_count_kernel", "_moe_group_place_kernel"):
+        kernel = getattr(group_rows_module, name)
+        monkeypatch.setattr(group_rows_module, name, KeyRecorder(name, kernel, log, phase))
+    block_m, rows_each = 128, [tokens * 9 for tokens in (3664, 7056, 8192)]
+    for rows in rows_each:
+        assert rows % 16 == 0 and rows > group_rows_module.GROUP_KERNEL_MAX_ROWS
+        group_rows_chunked(torch.zeros(rows, dtype=torch.int32), 257, block_m)
+    chunks = [-(-rows // 2048) for rows in rows_each]
+    widths = [max_blocks_for(rows, 257, block_m) for rows in rows_each]
+    assert (chunks, widths) == ([17, 32, 36], [512, 751, 830])
+    keys = {name: {key for _, n, key in log if n == name} for _, name, _ in log}
+    assert {name: len(k) for name, k in keys.items()} == {
+        "_moe_group_count_kernel": 1, "_moe_group_place_kernel": 1,
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize("limit", [None, 8])  # the one-launch kernel; the chunked kernels

@@ -158,7 +158,12 @@ if triton is not None:
         keys = _chunk_keys(ids_ptr, c * CHUNK + tl.arange(0, CHUNK), num_rows, num_experts, BLOCK_E)
         tl.store(counts_ptr + c * BLOCK_E + tl.arange(0, BLOCK_E), tl.histogram(keys, BLOCK_E))
 
-    @triton.jit
+    # `num_chunks` and `max_blocks` change with the batch and only bound loops and masks whose
+    # accesses keep their width; specialized on being 1 or a multiple of 16, a new class of
+    # either is a new key, i.e. a compile of this kernel (its `tl.sort`: 4.2-4.4 s on a fresh
+    # H100, in two steps of one batch phase). `num_rows` stays specialized: the id loads go out
+    # in vectors on it.
+    @triton.jit(do_not_specialize=["num_chunks", "max_blocks"])
     def _moe_group_place_kernel(
         ids_ptr, counts_ptr, delta_ptr, order_ptr, inverse_ptr, blocks_ptr, offs_ptr,
         num_rows, num_experts, num_chunks, max_blocks,
