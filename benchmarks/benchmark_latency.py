@@ -142,6 +142,26 @@ def parent_id(seq_id: str) -> str:
     return seq_id.rsplit("#", 1)[0]
 
 
+# Tokens per band of `warm_up_bands`: fla-core 0.6.0 tunes its q / k L2 norm (the KDA prefill's
+# first kernels) once per process for each count of 65536-row blocks of q, i.e. per 2048 tokens
+# at Kimi-Linear's 32 heads (fewer heads: wider bands, still met).
+WARM_UP_BAND_TOKENS = 2048
+
+
+def warm_up_bands(length: int, budget: int, band: int = WARM_UP_BAND_TOKENS) -> list[list[int]]:
+    """Prompt lengths of one warm-up step per band of `band` tokens up to the step budget: step b
+    holds min(budget, b * band) prompt tokens in prompts of at most `length` tokens (the last
+    one shorter where needed), so that steps of every band, which the timed phases' chunked and
+    batched steps may meet, run before them."""
+    if min(length, budget, band) < 1:
+        raise ValueError(f"length, budget and band must be >= 1, got {length}, {budget}, {band}")
+    steps = []
+    for tokens in sorted({min(budget, b * band) for b in range(1, -(-budget // band) + 1)}):
+        full, rest = divmod(tokens, length)
+        steps.append([length] * full + ([rest] if rest else []))
+    return steps
+
+
 class Sweep:
     """One loaded engine, the ceilings and footprint of the run, and the record being filled."""
 
@@ -186,11 +206,15 @@ class Sweep:
 
     def warm_up(self, input_lens: list[int], max_batch: int) -> None:
         """Per length, up to three prompts at once, two tokens each (prefill, mixed and decode
-        steps), then one prompt alone (the single-prompt prefill's shapes): kernels compiled or
-        tuned per shape (Triton, fla's chunked KDA, cuDNN's attention graphs) compile here,
-        outside every timed region. Without the lone prompt, the first timed 1k prefill of the
-        2026-12-01 run took 11.9 s instead of 0.12 s."""
+        steps), then one prompt alone (the single-prompt prefill's shapes), then one step per
+        band of `warm_up_bands`: kernels compiled or tuned per shape (Triton, fla's chunked KDA,
+        cuDNN's attention graphs) compile here, outside every timed region. Without the lone
+        prompt, the first timed 1k prefill of the 2026-12-01 run took 11.9 s instead of 0.12 s;
+        without the bands, the batch phase of 256 prompts of 1k ran 33 steps of ~347 ms on a
+        fresh H200 (steps of ~130 ms once tuned), fla-core tuning its q / k norm for a band of
+        step sizes it first met there (9.1 s on a fresh H100)."""
         start = time.perf_counter()
+        budget = self.engine.config.scheduler_config.max_num_batched_tokens
         for length in input_lens:
             prompts = random_prompts(min(3, max_batch), length, self.vocab, self.args.seed)
             for i, prompt in enumerate(prompts):
@@ -198,6 +222,11 @@ class Sweep:
             self.run_until_idle()
             self.engine.add_request(f"warmup-{length}-alone", prompts[0], greedy(2))
             self.run_until_idle()
+            for band, lengths in enumerate(warm_up_bands(length, budget)):
+                for i, n in enumerate(lengths):
+                    prompt = random_prompts(1, n, self.vocab, self.args.seed + i)[0]
+                    self.engine.add_request(f"warmup-{length}-band{band}-{i}", prompt, greedy(2))
+                self.run_until_idle()
         self.record["warmup_s"] = time.perf_counter() - start
         print(f"warm-up (kernel compilation) {self.record['warmup_s']:.1f} s", flush=True)
 

@@ -64,6 +64,26 @@ def test_latency_dry_run(tmp_path: Path) -> None:
         assert groups["bf16 GEMM / GEMV"]["pct_of_floor"] > 0
 
 
+def test_latency_warm_up_runs_a_step_in_every_band_up_to_the_budget() -> None:
+    """`warm_up_bands`: one step per 2048-token band of the step budget (where fla-core tunes its
+    q / k norm anew), each in prompts of at most the case's length, its tokens inside its band."""
+    from benchmark_latency import warm_up_bands
+
+    assert warm_up_bands(1024, 8192) == [[1024] * 2, [1024] * 4, [1024] * 6, [1024] * 8]
+    assert warm_up_bands(8192, 8192) == [[2048], [4096], [6144], [8192]]
+    assert warm_up_bands(3000, 8192) == [
+        [2048], [3000, 1096], [3000, 3000, 144], [3000, 3000, 2192],
+    ]  # fmt: skip
+    assert warm_up_bands(1024, 5000) == [[1024] * 2, [1024] * 4, [1024] * 4 + [904]]
+    assert warm_up_bands(8, 16) == [[8, 8]]  # the dry run's
+    for length in (1, 7, 1000, 2048, 8192):
+        steps = warm_up_bands(length, 8192)
+        bands = [-(-sum(lengths) // 2048) for lengths in steps]
+        assert bands == [1, 2, 3, 4] and all(max(lengths) <= length for lengths in steps)
+    with pytest.raises(ValueError, match="must be >= 1"):
+        warm_up_bands(1024, 0)
+
+
 def test_latency_run_that_fails_keeps_its_cases_marked_incomplete(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
