@@ -149,14 +149,16 @@ WARM_UP_BAND_TOKENS = 2048
 
 
 def warm_up_bands(length: int, budget: int, band: int = WARM_UP_BAND_TOKENS) -> list[list[int]]:
-    """Prompt lengths of one warm-up step per band of `band` tokens up to the step budget: step b
-    holds min(budget, b * band) prompt tokens in prompts of at most `length` tokens (the last
-    one shorter where needed), so that steps of every band, which the timed phases' chunked and
-    batched steps may meet, run before them."""
+    """Prompt lengths of the warm-up steps that cover every band of `band` tokens up to the step
+    budget: per band b, a step of min(budget, b * band) prompt tokens and one of a token fewer
+    (Triton specializes an int on being a multiple of 16, and the MoE's row counts follow the
+    step's), each in prompts of at most `length` tokens (the last one shorter where needed). The
+    timed phases' chunked and batched steps may meet any of them."""
     if min(length, budget, band) < 1:
         raise ValueError(f"length, budget and band must be >= 1, got {length}, {budget}, {band}")
+    tops = {min(budget, b * band) for b in range(1, -(-budget // band) + 1)}
     steps = []
-    for tokens in sorted({min(budget, b * band) for b in range(1, -(-budget // band) + 1)}):
+    for tokens in sorted(tops | {t - 1 for t in tops if t > 1}):
         full, rest = divmod(tokens, length)
         steps.append([length] * full + ([rest] if rest else []))
     return steps

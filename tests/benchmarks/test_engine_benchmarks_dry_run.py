@@ -64,22 +64,28 @@ def test_latency_dry_run(tmp_path: Path) -> None:
         assert groups["bf16 GEMM / GEMV"]["pct_of_floor"] > 0
 
 
-def test_latency_warm_up_runs_a_step_in_every_band_up_to_the_budget() -> None:
-    """`warm_up_bands`: one step per 2048-token band of the step budget (where fla-core tunes its
-    q / k norm anew), each in prompts of at most the case's length, its tokens inside its band."""
+def test_latency_warm_up_runs_two_steps_in_every_band_up_to_the_budget() -> None:
+    """`warm_up_bands`: per 2048-token band of the step budget (where fla-core tunes its q / k
+    norm anew), a step at the band's top and one a token below it (a count a multiple of 16 and
+    one not), each in prompts of at most the case's length, its tokens inside its band."""
     from benchmark_latency import warm_up_bands
 
-    assert warm_up_bands(1024, 8192) == [[1024] * 2, [1024] * 4, [1024] * 6, [1024] * 8]
-    assert warm_up_bands(8192, 8192) == [[2048], [4096], [6144], [8192]]
-    assert warm_up_bands(3000, 8192) == [
-        [2048], [3000, 1096], [3000, 3000, 144], [3000, 3000, 2192],
+    k = [1024]
+    assert warm_up_bands(1024, 8192) == [
+        k + [1023], k * 2, k * 3 + [1023], k * 4, k * 5 + [1023], k * 6, k * 7 + [1023], k * 8,
     ]  # fmt: skip
-    assert warm_up_bands(1024, 5000) == [[1024] * 2, [1024] * 4, [1024] * 4 + [904]]
-    assert warm_up_bands(8, 16) == [[8, 8]]  # the dry run's
+    assert warm_up_bands(8192, 8192) == [[n] for n in (2047, 2048, 4095, 4096, 6143, 6144,
+                                                          8191, 8192)]  # fmt: skip
+    assert warm_up_bands(3000, 8192)[2:4] == [[3000, 1095], [3000, 1096]]
+    assert warm_up_bands(1024, 5000)[-2:] == [k * 4 + [903], k * 4 + [904]]
+    assert warm_up_bands(8, 16) == [[8, 7], [8, 8]]  # the dry run's
+    assert warm_up_bands(1, 1) == [[1]]
     for length in (1, 7, 1000, 2048, 8192):
         steps = warm_up_bands(length, 8192)
-        bands = [-(-sum(lengths) // 2048) for lengths in steps]
-        assert bands == [1, 2, 3, 4] and all(max(lengths) <= length for lengths in steps)
+        totals = [sum(lengths) for lengths in steps]
+        assert [-(-t // 2048) for t in totals] == [1, 1, 2, 2, 3, 3, 4, 4]
+        assert [t % 16 == 0 for t in totals] == [False, True] * 4
+        assert all(max(lengths) <= length for lengths in steps)
     with pytest.raises(ValueError, match="must be >= 1"):
         warm_up_bands(1024, 0)
 
