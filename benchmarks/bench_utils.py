@@ -29,6 +29,7 @@ from vllm.engine.arg_utils import EngineArgs, refuse
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 from vllm.model_executor.model_loader.builtin import resolve_model
 from vllm.model_executor.model_loader.loader import build_model
+from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.transformers_utils.configs import load_model_config
 from vllm.utils import cli
 from vllm.utils.cli import FlexibleArgumentParser, output_file
@@ -219,6 +220,51 @@ def random_prompts(count: int, length: int, vocab_size: int, seed: int) -> list[
     """`count` prompts of `length` token ids drawn uniformly from the vocabulary."""
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab_size, (count, length), generator=gen).tolist()
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    """Greedy sampling of exactly `max_tokens` tokens (no eos stop), final output only (as
+    `LLM.generate`: the steps' outputs are not read)."""
+    return SamplingParams(
+        temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )  # fmt: skip
+
+
+# Tokens per band of `warm_up_bands`: fla-core 0.6.0 tunes its q / k L2 norm (the KDA prefill's
+# first kernels) once per process for each count of 65536-row blocks of q, i.e. per 2048 tokens
+# at Kimi-Linear's 32 heads (fewer heads: wider bands, still met). Met first in a timed phase on
+# a fresh machine, one band cost 9.1 s (H100, docs/performance.md "Forty-first run").
+WARM_UP_BAND_TOKENS = 2048
+
+
+def warm_up_bands(length: int, budget: int, band: int = WARM_UP_BAND_TOKENS) -> list[list[int]]:
+    """Prompt lengths of the warm-up steps that cover every band of `band` tokens up to the step
+    budget: per band b, a step of min(budget, b * band) prompt tokens and one of a token fewer
+    (Triton specializes an int on being a multiple of 16, and the MoE's row counts follow the
+    step's), each in prompts of at most `length` tokens (the last one shorter where needed). The
+    timed steps, chunked and batched, may meet any of them."""
+    if min(length, budget, band) < 1:
+        raise ValueError(f"length, budget and band must be >= 1, got {length}, {budget}, {band}")
+    tops = {min(budget, b * band) for b in range(1, -(-budget // band) + 1)}
+    steps = []
+    for tokens in sorted(tops | {t - 1 for t in tops if t > 1}):
+        full, rest = divmod(tokens, length)
+        steps.append([length] * full + ([rest] if rest else []))
+    return steps
+
+
+def run_warm_up_bands(engine: LLMEngine, length: int, seed: int) -> None:
+    """Run the steps of `warm_up_bands` for prompts of up to `length` tokens at the engine's step
+    budget, each as requests of two tokens run to completion."""
+    budget = engine.config.scheduler_config.max_num_batched_tokens
+    vocab = engine.config.model_config.vocab_size
+    for band, lengths in enumerate(warm_up_bands(length, budget)):
+        for i, n in enumerate(lengths):
+            prompt = random_prompts(1, n, vocab, seed + i)[0]
+            engine.add_request(f"warmup-{length}-band{band}-{i}", prompt, greedy(2))
+        while engine.has_unfinished_requests():
+            engine.step()
 
 
 def is_decode_only(engine: LLMEngine) -> bool:

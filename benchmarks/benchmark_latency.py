@@ -84,11 +84,13 @@ from bench_utils import (
     environment,
     expected_distinct_experts,
     graphs_set_aside,
+    greedy,
     is_decode_only,
     make_parser,
     measure_ceilings,
     print_table,
     random_prompts,
+    run_warm_up_bands,
     synchronize,
     synchronous_steps,
     timed_step,
@@ -105,7 +107,6 @@ from step_profile import GAP_SPLIT_US, breakdown, profile_steps_and_gaps
 from vllm.engine.arg_utils import EngineArgs, refuse
 from vllm.models.kimi_k3.amd.footprint import model_footprint
 from vllm.models.kimi_k3.amd.mla import KimiMLAAttention
-from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.utils.cli import nonnegative_int, positive_float, positive_int, run_main
 from vllm.v1.core.kv_cache_utils import CacheSizeError
 from vllm.v1.engine.llm_engine import LLMEngine
@@ -128,40 +129,9 @@ def decode_tokens_needed(length: int, batch: int, budget: int, cases: int, per_c
     return prefill_steps + cases * per_case + 1
 
 
-def greedy(max_tokens: int) -> SamplingParams:
-    """Greedy sampling of exactly `max_tokens` tokens (no eos stop), final output only (as
-    `LLM.generate`: the steps' outputs are not read)."""
-    return SamplingParams(
-        temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
-        output_kind=RequestOutputKind.FINAL_ONLY,
-    )  # fmt: skip
-
-
 def parent_id(seq_id: str) -> str:
     """The request id of a sequence id `<request_id>#<i>`."""
     return seq_id.rsplit("#", 1)[0]
-
-
-# Tokens per band of `warm_up_bands`: fla-core 0.6.0 tunes its q / k L2 norm (the KDA prefill's
-# first kernels) once per process for each count of 65536-row blocks of q, i.e. per 2048 tokens
-# at Kimi-Linear's 32 heads (fewer heads: wider bands, still met).
-WARM_UP_BAND_TOKENS = 2048
-
-
-def warm_up_bands(length: int, budget: int, band: int = WARM_UP_BAND_TOKENS) -> list[list[int]]:
-    """Prompt lengths of the warm-up steps that cover every band of `band` tokens up to the step
-    budget: per band b, a step of min(budget, b * band) prompt tokens and one of a token fewer
-    (Triton specializes an int on being a multiple of 16, and the MoE's row counts follow the
-    step's), each in prompts of at most `length` tokens (the last one shorter where needed). The
-    timed phases' chunked and batched steps may meet any of them."""
-    if min(length, budget, band) < 1:
-        raise ValueError(f"length, budget and band must be >= 1, got {length}, {budget}, {band}")
-    tops = {min(budget, b * band) for b in range(1, -(-budget // band) + 1)}
-    steps = []
-    for tokens in sorted(tops | {t - 1 for t in tops if t > 1}):
-        full, rest = divmod(tokens, length)
-        steps.append([length] * full + ([rest] if rest else []))
-    return steps
 
 
 class Sweep:
@@ -216,7 +186,6 @@ class Sweep:
         fresh H200 (steps of ~130 ms once tuned), fla-core tuning its q / k norm for a band of
         step sizes it first met there (9.1 s on a fresh H100)."""
         start = time.perf_counter()
-        budget = self.engine.config.scheduler_config.max_num_batched_tokens
         for length in input_lens:
             prompts = random_prompts(min(3, max_batch), length, self.vocab, self.args.seed)
             for i, prompt in enumerate(prompts):
@@ -224,11 +193,7 @@ class Sweep:
             self.run_until_idle()
             self.engine.add_request(f"warmup-{length}-alone", prompts[0], greedy(2))
             self.run_until_idle()
-            for band, lengths in enumerate(warm_up_bands(length, budget)):
-                for i, n in enumerate(lengths):
-                    prompt = random_prompts(1, n, self.vocab, self.args.seed + i)[0]
-                    self.engine.add_request(f"warmup-{length}-band{band}-{i}", prompt, greedy(2))
-                self.run_until_idle()
+            run_warm_up_bands(self.engine, length, self.args.seed)
         self.record["warmup_s"] = time.perf_counter() - start
         print(f"warm-up (kernel compilation) {self.record['warmup_s']:.1f} s", flush=True)
 

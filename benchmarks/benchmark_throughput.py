@@ -8,10 +8,11 @@ median step and mean batch.
 vLLM's script name and main flags (`--model`, `--load-format dummy`, `--quantization-config`,
 `--input-len`, `--output-len`, `--num-prompts`, `--enforce-eager`, `-tp`, `--output-json`) and
 every other `EngineArgs` flag. A warm-up of as many requests as fill one prefill step (at least
-two, 2 output tokens each) compiles the kernels first. The engine is sized for the workload unless
-the flags say otherwise: `--max-num-seqs` = min(number of prompts, 256), `--max-model-len` = input
-+ output length, `--kv-cache-memory` = exactly the caches of that many sequences of that length (no
-profiling run).
+two, 2 output tokens each), then steps in every 2048-token band of the step budget
+(`bench_utils.warm_up_bands`), compiles and tunes the kernels first. The engine is sized for the
+workload unless the flags say otherwise: `--max-num-seqs` = min(number of prompts, 256),
+`--max-model-len` = input + output length, `--kv-cache-memory` = exactly the caches of that many
+sequences of that length (no profiling run).
 
 The decode floor against the copy bandwidth, per batch size and context, is
 `benchmark_latency.py`'s job.
@@ -35,30 +36,22 @@ from bench_utils import (
     engine_config,
     engine_summary,
     environment,
+    greedy,
     is_decode_only,
     make_parser,
     random_prompts,
+    run_warm_up_bands,
     synchronize,
     timed_step,
     write_json,
 )
 
-from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.utils.cli import positive_int, run_main
 from vllm.v1.core.kv_cache_utils import CacheSizeError
 from vllm.v1.engine.llm_engine import LLMEngine
 
 # Default concurrency cap, as the engine's own max_num_seqs default.
 MAX_NUM_SEQS = 256
-
-
-def greedy(max_tokens: int) -> SamplingParams:
-    """Greedy sampling of exactly `max_tokens` tokens (no eos stop), final output only (as
-    `LLM.generate`: the steps' outputs are not read)."""
-    return SamplingParams(
-        temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
-        output_kind=RequestOutputKind.FINAL_ONLY,
-    )  # fmt: skip
 
 
 def phase(steps: list[tuple[float, int]]) -> dict[str, Any]:
@@ -123,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             engine.add_request(f"warmup-{i}", prompt, greedy(2))
         while engine.has_unfinished_requests():
             engine.step()
+        run_warm_up_bands(engine, args.input_len, args.seed)
         record["warmup_s"] = time.perf_counter() - start
         print(f"engine start {record['engine_start_s']:.1f} s, warm-up {record['warmup_s']:.1f} s")
         prompts = random_prompts(args.num_prompts, args.input_len, vocab, args.seed + 1)

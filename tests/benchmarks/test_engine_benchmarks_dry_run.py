@@ -68,7 +68,7 @@ def test_latency_warm_up_runs_two_steps_in_every_band_up_to_the_budget() -> None
     """`warm_up_bands`: per 2048-token band of the step budget (where fla-core tunes its q / k
     norm anew), a step at the band's top and one a token below it (a count a multiple of 16 and
     one not), each in prompts of at most the case's length, its tokens inside its band."""
-    from benchmark_latency import warm_up_bands
+    from bench_utils import warm_up_bands
 
     k = [1024]
     assert warm_up_bands(1024, 8192) == [
