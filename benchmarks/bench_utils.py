@@ -255,14 +255,17 @@ def warm_up_bands(length: int, budget: int, band: int = WARM_UP_BAND_TOKENS) -> 
 
 
 def run_warm_up_bands(engine: LLMEngine, length: int, seed: int) -> None:
-    """Run the steps of `warm_up_bands` for prompts of up to `length` tokens at the engine's step
-    budget, each as requests of two tokens run to completion."""
-    budget = engine.config.scheduler_config.max_num_batched_tokens
+    """Run the steps of `warm_up_bands` for prompts of up to `length` tokens, each as requests of
+    two tokens run to completion, up to the largest prefill one step can hold: the step budget,
+    or max_num_seqs prompts of `length` tokens (the scheduler admits no more sequences, so a
+    larger warm-up step would run as many small ones)."""
+    sc = engine.config.scheduler_config
+    budget = min(sc.max_num_batched_tokens, sc.max_num_seqs * length)
     vocab = engine.config.model_config.vocab_size
-    for band, lengths in enumerate(warm_up_bands(length, budget)):
+    for step, lengths in enumerate(warm_up_bands(length, budget)):
         for i, n in enumerate(lengths):
             prompt = random_prompts(1, n, vocab, seed + i)[0]
-            engine.add_request(f"warmup-{length}-band{band}-{i}", prompt, greedy(2))
+            engine.add_request(f"warmup-{length}-step{step}-{i}", prompt, greedy(2))
         while engine.has_unfinished_requests():
             engine.step()
 

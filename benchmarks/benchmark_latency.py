@@ -178,7 +178,7 @@ class Sweep:
 
     def warm_up(self, input_lens: list[int], max_batch: int) -> None:
         """Per length, up to three prompts at once, two tokens each (prefill, mixed and decode
-        steps), then one prompt alone (the single-prompt prefill's shapes), then one step per
+        steps), then one prompt alone (the single-prompt prefill's shapes), then two steps per
         band of `warm_up_bands`: kernels compiled or tuned per shape (Triton, fla's chunked KDA,
         cuDNN's attention graphs) compile here, outside every timed region. Without the lone
         prompt, the first timed 1k prefill of the 2026-12-01 run took 11.9 s instead of 0.12 s;

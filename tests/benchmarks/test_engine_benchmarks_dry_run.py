@@ -90,6 +90,38 @@ def test_latency_warm_up_runs_two_steps_in_every_band_up_to_the_budget() -> None
         warm_up_bands(1024, 0)
 
 
+def test_warm_up_bands_stop_at_the_largest_prefill_one_step_holds() -> None:
+    """`run_warm_up_bands` runs each warm-up step as its own batch of requests, none larger than
+    max_num_seqs prompts (the scheduler admits no more sequences: 8 prompts of 32 tokens cap the
+    step at 256 tokens however large the token budget), each run to completion."""
+    from types import SimpleNamespace
+
+    from bench_utils import run_warm_up_bands
+
+    class Engine:
+        config = SimpleNamespace(
+            scheduler_config=SimpleNamespace(max_num_batched_tokens=8192, max_num_seqs=8),
+            model_config=SimpleNamespace(vocab_size=100),
+        )
+
+        def __init__(self) -> None:
+            self.batches: list[list[int]] = [[]]
+
+        def add_request(self, request_id: str, prompt: list[int], params) -> None:
+            assert params.max_tokens == 2
+            self.batches[-1].append(len(prompt))
+
+        def has_unfinished_requests(self) -> bool:
+            return bool(self.batches[-1])
+
+        def step(self) -> None:
+            self.batches.append([])
+
+    engine = Engine()
+    run_warm_up_bands(engine, 32, seed=0)
+    assert engine.batches[:-1] == [[32] * 7 + [31], [32] * 8]
+
+
 def test_latency_run_that_fails_keeps_its_cases_marked_incomplete(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
