@@ -35,6 +35,7 @@ from vllm.utils import cli
 from vllm.utils.cli import FlexibleArgumentParser, output_file
 from vllm.v1.core.kv_cache_utils import cache_bytes
 from vllm.v1.engine.llm_engine import LLMEngine
+from vllm.v1.worker.warm_up_bands import warm_up_bands
 
 DRY_RUN_MODEL = "kimi-k3-tiny"
 # EngineArgs fields that an engine benchmark sizes for its workload unless given (the default
@@ -231,34 +232,11 @@ def greedy(max_tokens: int) -> SamplingParams:
     )  # fmt: skip
 
 
-# Tokens per band of `warm_up_bands`: fla-core 0.6.0 tunes its q / k L2 norm (the KDA prefill's
-# first kernels) once per process for each count of 65536-row blocks of q, i.e. per 2048 tokens
-# at Kimi-Linear's 32 heads (fewer heads: wider bands, still met). Met first in a timed phase on
-# a fresh machine, one band cost 9.1 s (H100, docs/performance.md "Forty-first run").
-WARM_UP_BAND_TOKENS = 2048
-
-
-def warm_up_bands(length: int, budget: int, band: int = WARM_UP_BAND_TOKENS) -> list[list[int]]:
-    """Prompt lengths of the warm-up steps that cover every band of `band` tokens up to the step
-    budget: per band b, a step of min(budget, b * band) prompt tokens and one of a token fewer
-    (Triton specializes an int on being a multiple of 16, and the MoE's row counts follow the
-    step's), each in prompts of at most `length` tokens (the last one shorter where needed). The
-    timed steps, chunked and batched, may meet any of them."""
-    if min(length, budget, band) < 1:
-        raise ValueError(f"length, budget and band must be >= 1, got {length}, {budget}, {band}")
-    tops = {min(budget, b * band) for b in range(1, -(-budget // band) + 1)}
-    steps = []
-    for tokens in sorted(tops | {t - 1 for t in tops if t > 1}):
-        full, rest = divmod(tokens, length)
-        steps.append([length] * full + ([rest] if rest else []))
-    return steps
-
-
 def run_warm_up_bands(engine: LLMEngine, length: int, seed: int) -> None:
-    """Run the steps of `warm_up_bands` for prompts of up to `length` tokens, each as requests of
-    two tokens run to completion, up to the largest prefill one step can hold: the step budget,
-    or max_num_seqs prompts of `length` tokens (the scheduler admits no more sequences, so a
-    larger warm-up step would run as many small ones)."""
+    """Run the steps of `warm_up_bands` (vllm/v1/worker/warm_up_bands.py) for prompts of up to
+    `length` tokens, each as requests of two tokens run to completion, up to the largest prefill
+    one step can hold: the step budget, or max_num_seqs prompts of `length` tokens (the scheduler
+    admits no more sequences, so a larger warm-up step would run as many small ones)."""
     sc = engine.config.scheduler_config
     budget = min(sc.max_num_batched_tokens, sc.max_num_seqs * length)
     vocab = engine.config.model_config.vocab_size

@@ -8,6 +8,7 @@ import vllm.v1.worker.model_runner as runner_module
 from vllm.engine.arg_utils import EngineArgs
 from vllm.v1.engine.llm_engine import LLMEngine
 from vllm.v1.worker.model_runner import ModelRunner
+from vllm.v1.worker.warm_up_bands import warm_up_bands
 
 
 def cpu_runner() -> ModelRunner:
@@ -81,3 +82,33 @@ def test_profiled_budget_counts_the_allocators_cached_blocks_as_free(monkeypatch
         assert runner._profile_gpu_budget() == expected
     finally:
         eng.shutdown()
+
+
+def test_profiling_forward_then_warms_every_prefill_band(monkeypatch, torch_reference_kernels):
+    """After the profiled step (its memory peak read first), the profiling run prefills the steps
+    of `warm_up_bands` up to the step's tokens on the same throw-away caches, in sequences of at
+    most its longest: a step at the top of each band and one a token below (bands of 32 tokens
+    here, for the CPU's references; 2048 in the engine)."""
+    eng = LLMEngine.from_engine_args(
+        EngineArgs(model="kimi-linear-tiny", max_num_batched_tokens=80, max_num_seqs=4,
+                   max_model_len=40, kv_cache_memory=1 << 24)
+    )  # fmt: skip
+    try:
+        runner = eng.executor.runner
+        FakeCudaMemory(total=80 << 30, tensors=10 << 30, cached=0).install(monkeypatch)
+        monkeypatch.setattr(
+            runner_module, "warm_up_bands", lambda length, budget: warm_up_bands(length, budget, 32)
+        )
+        steps = []
+        forward = runner.model.forward
+
+        def recorded(ids, metadata):
+            steps.append(metadata.kda.query_start_loc.diff().tolist())
+            return forward(ids, metadata)
+
+        monkeypatch.setattr(runner.model, "forward", recorded)
+        runner._profile_gpu_budget()
+    finally:
+        eng.shutdown()
+    bands = [[31], [32], [40, 23], [40, 24], [40, 39], [40, 40]]
+    assert steps == [[40, 40], *bands]

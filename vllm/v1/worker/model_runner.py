@@ -53,6 +53,7 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import allocate_kv_caches
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.sampler import Sampler, compute_prompt_logprobs
+from vllm.v1.worker.warm_up_bands import warm_up_bands
 
 logger = init_logger(__name__)
 
@@ -233,7 +234,8 @@ class ModelRunner:
         """Run the largest step the scheduler can produce (max_num_batched_tokens of prefill in
         up to max_num_seqs sequences, logits of max_num_seqs rows) on throw-away caches, and give
         the caches what gpu_memory_utilization leaves after weights and that peak (<= 0 when
-        nothing is left: `available_cache_memory` raises, on every rank)."""
+        nothing is left: `available_cache_memory` raises, on every rank). Then, on the same
+        caches, the smaller prefill steps of `_warm_up_prefill_bands`."""
         torch.cuda.synchronize(self.device)
         # Blocks the allocator keeps cached (loading's transient tensors: the 48B model's dummy
         # fp32 embedding alone is 1.4 GiB) are free for the caches, not used.
@@ -270,12 +272,14 @@ class ModelRunner:
                 hidden = self.model(ids, builder.build(batch))
                 rows = hidden[: self.max_num_seqs]
                 torch.softmax(self.model.compute_logits(rows).float(), dim=-1)
+                torch.cuda.synchronize(self.device)
+                peak = torch.cuda.max_memory_allocated(self.device) - base
+                del hidden, rows
+                self._warm_up_prefill_bands(builder, batch, ids)
         finally:
             if self.prefill_graphs is not None:
                 self.prefill_graphs.enabled = True
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device) - base
-        del kda, mla, builder, hidden, rows
+        del kda, mla, builder
         self.model.bind_kv_caches({}, {})
         torch.cuda.empty_cache()
         budget = int(total * self.config.cache_config.gpu_memory_utilization) - used - peak
@@ -285,6 +289,28 @@ class ModelRunner:
             used / 2**30, peak / 2**30, budget / 2**30,
         )  # fmt: skip
         return budget
+
+    def _warm_up_prefill_bands(
+        self, builder: KimiMetadataBuilder, batch: BatchSchedule, ids: torch.Tensor
+    ) -> None:
+        """Run the prefill steps of `warm_up_bands` up to the profiled step's tokens, in sequences
+        of at most its longest, on its throw-away caches and metadata (fewer sequences, each
+        with the first blocks of its table): the eager KDA core's per-band tuning and the
+        kernels' per-class compiles happen here, not in the first served step that meets them
+        (9.1 s for one band on a fresh H100, docs/performance.md "Forty-first run")."""
+        start = time.perf_counter()
+        steps = warm_up_bands(max(batch.num_new), sum(batch.num_new))
+        for lengths in steps:
+            n = len(lengths)
+            tables = [
+                table[: math.ceil(length / self.block_size)]
+                for table, length in zip(batch.block_tables, lengths, strict=False)
+            ]
+            step = BatchSchedule([0] * n, lengths, tables, batch.kda_slots[:n], 0)
+            self.model(ids[: sum(lengths)], builder.build(step))
+        torch.cuda.synchronize(self.device)
+        logger.info("Warmed up %d prefill step sizes (up to %d tokens) in %.1f s", len(steps),
+                    sum(batch.num_new), time.perf_counter() - start)  # fmt: skip
 
     def initialize_cache(self, num_blocks: int, num_kda_slots: int) -> None:
         kda, mla = allocate_kv_caches(
