@@ -6,7 +6,8 @@
 #    tokens) and the engine benchmarks' dry runs on the GPU;
 # 2. the issue's grid (call148.sh's arguments) with the warm-up bands (c6a509b): the 1k batch
 #    phase's steps should take ~130 ms (call 154) instead of ~347 (call 148), the warm-up longer;
-# 3. profile_check.py with the graphs on: 167402c's profiled cache budget on a GPU.
+# 3. profile_check.py with the graphs on: 167402c's profiled cache budget on a GPU, and the
+#    profiling run's band warm-up (c55301a: its "Warmed up N prefill step sizes" line).
 set -u
 M=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -20,4 +21,4 @@ PART=grid bash docs/perf_h200_2026-12-04e/next_calls.sh
 grep -h "Warmed\|Captured\|engine ready\|warm-up (kernel\|Loaded" $OUT/grid.log | cut -c1-200
 VLLM_KDA_PREFILL_GRAPHS=1 timeout 90 python docs/perf_h200_2026-12-06/profile_check.py \
   > $OUT/profile_1.log 2>&1
-echo "profile rc $?"; grep -h "Captured\|Memory:\|KV cache:\|Error" $OUT/profile_1.log | cut -c1-220
+echo "profile rc $?"; grep -h "Captured\|Warmed\|Memory:\|KV cache:\|Error" $OUT/profile_1.log | cut -c1-220
