@@ -1,6 +1,9 @@
 """ModelRunner.available_cache_memory: the caches' byte budget (profiled on a GPU), reduced over TP
 ranks."""
 
+import contextlib
+from collections.abc import Iterator
+
 import pytest
 import torch
 
@@ -64,24 +67,33 @@ class FakeCudaMemory:
         return self.total - self.tensors - self.cached, self.total
 
 
-def test_profiled_budget_counts_the_allocators_cached_blocks_as_free(monkeypatch):
+@contextlib.contextmanager
+def tiny_runner(tokens: int, model_len: int) -> Iterator[ModelRunner]:
+    """The runner of a kimi-linear-tiny engine with a step budget of `tokens` tokens in up to 4
+    sequences of up to `model_len` tokens, shut down after use."""
+    eng = LLMEngine.from_engine_args(
+        EngineArgs(model="kimi-linear-tiny", max_num_batched_tokens=tokens, max_num_seqs=4,
+                   max_model_len=model_len, kv_cache_memory=1 << 24)
+    )  # fmt: skip
+    try:
+        yield eng.executor.runner
+    finally:
+        eng.shutdown()
+
+
+def test_profiled_budget_counts_the_allocators_cached_blocks_as_free(
+    monkeypatch, torch_reference_kernels
+):
     """The profiled budget is `gpu_memory_utilization` of the device minus the memory in use and
     the step's peak: blocks the caching allocator still holds from loading (the 48B model's 1.2
     GiB on the H200, fortieth run) are free for the caches, not used."""
-    eng = LLMEngine.from_engine_args(
-        EngineArgs(model="kimi-linear-tiny", max_num_batched_tokens=64, max_num_seqs=4,
-                   max_model_len=64, kv_cache_memory=1 << 24)
-    )  # fmt: skip
-    try:
-        runner = eng.executor.runner
+    with tiny_runner(64, 64) as runner:
         gib = 1 << 30
         memory = FakeCudaMemory(total=80 * gib, tensors=10 * gib, cached=2 * gib)
         memory.install(monkeypatch)
         utilization = runner.config.cache_config.gpu_memory_utilization
         expected = int(80 * gib * utilization) - 10 * gib - runner_module._GRAPH_RESERVE_BYTES
         assert runner._profile_gpu_budget() == expected
-    finally:
-        eng.shutdown()
 
 
 def test_profiling_forward_then_warms_every_prefill_band(monkeypatch, torch_reference_kernels):
@@ -89,17 +101,12 @@ def test_profiling_forward_then_warms_every_prefill_band(monkeypatch, torch_refe
     of `warm_up_bands` up to the step's tokens on the same throw-away caches, in sequences of at
     most its longest: a step at the top of each band and one a token below (bands of 32 tokens
     here, for the CPU's references; 2048 in the engine)."""
-    eng = LLMEngine.from_engine_args(
-        EngineArgs(model="kimi-linear-tiny", max_num_batched_tokens=80, max_num_seqs=4,
-                   max_model_len=40, kv_cache_memory=1 << 24)
-    )  # fmt: skip
-    try:
-        runner = eng.executor.runner
+    steps = []
+    with tiny_runner(80, 40) as runner:
         FakeCudaMemory(total=80 << 30, tensors=10 << 30, cached=0).install(monkeypatch)
         monkeypatch.setattr(
             runner_module, "warm_up_bands", lambda length, budget: warm_up_bands(length, budget, 32)
         )
-        steps = []
         forward = runner.model.forward
 
         def recorded(ids, metadata):
@@ -108,7 +115,5 @@ def test_profiling_forward_then_warms_every_prefill_band(monkeypatch, torch_refe
 
         monkeypatch.setattr(runner.model, "forward", recorded)
         runner._profile_gpu_budget()
-    finally:
-        eng.shutdown()
     bands = [[31], [32], [40, 23], [40, 24], [40, 39], [40, 40]]
     assert steps == [[40, 40], *bands]
