@@ -9,8 +9,8 @@ vLLM's script name and main flags (`--model`, `--load-format dummy`, `--quantiza
 `--input-len`, `--output-len`, `--num-prompts`, `--enforce-eager`, `-tp`, `--output-json`) and
 every other `EngineArgs` flag. A warm-up of as many requests as fill one prefill step (at least
 two, 2 output tokens each), then steps in every 2048-token band of the step budget
-(`bench_utils.warm_up_bands`), compiles and tunes the kernels first. The engine is sized for the
-workload unless the flags say otherwise: `--max-num-seqs` = min(number of prompts, 256),
+(`bench_utils.run_warm_up_bands`), compiles and tunes the kernels first. The engine is sized for
+the workload unless the flags say otherwise: `--max-num-seqs` = min(number of prompts, 256),
 `--max-model-len` = input + output length, `--kv-cache-memory` = exactly the caches of that many
 sequences of that length (no profiling run).
 
