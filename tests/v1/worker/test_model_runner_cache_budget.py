@@ -97,15 +97,17 @@ def test_profiled_budget_counts_the_allocators_cached_blocks_as_free(
 
 
 def test_profiling_forward_then_warms_every_prefill_band(monkeypatch, torch_reference_kernels):
-    """After the profiled step (its memory peak read first), the profiling run prefills the steps
-    of `warm_up_bands` up to the step's tokens on the same throw-away caches, in sequences of at
-    most its longest: a step at the top of each band and one a token below (bands of 32 tokens
-    here, for the CPU's references; 2048 in the engine)."""
+    """After the profiled step, the profiling run prefills the steps of `warm_up_bands` up to the
+    step's tokens on the same throw-away caches, in sequences of at most its longest: a step at
+    the top of each band and one a token below the largest (bands of 32 tokens here, for the
+    CPU's references; 2048 in the engine); then it unbinds those caches."""
     steps = []
     with tiny_runner(80, 40) as runner:
         FakeCudaMemory(total=80 << 30, tensors=10 << 30, cached=0).install(monkeypatch)
         monkeypatch.setattr(
-            runner_module, "warm_up_bands", lambda length, budget: warm_up_bands(length, budget, 32)
+            runner_module,
+            "warm_up_bands",
+            lambda length, budget, below_each: warm_up_bands(length, budget, 32, below_each),
         )
         forward = runner.model.forward
 
@@ -115,5 +117,27 @@ def test_profiling_forward_then_warms_every_prefill_band(monkeypatch, torch_refe
 
         monkeypatch.setattr(runner.model, "forward", recorded)
         runner._profile_gpu_budget()
-    bands = [[31], [32], [40, 23], [40, 24], [40, 39], [40, 40]]
-    assert steps == [[40, 40], *bands]
+        assert steps == [[40, 40], [32], [40, 24], [40, 39], [40, 40]]
+        assert not bound_caches(runner)
+        # A band step that fails leaves no throw-away cache bound either.
+        steps.clear()
+
+        def fails_in_a_band(ids, metadata):
+            if steps:
+                raise RuntimeError("a band step failed")
+            return recorded(ids, metadata)
+
+        monkeypatch.setattr(runner.model, "forward", fails_in_a_band)
+        with pytest.raises(RuntimeError, match="a band step failed"):
+            runner._profile_gpu_budget()
+        assert steps == [[40, 40]] and not bound_caches(runner)
+
+
+def bound_caches(runner: ModelRunner) -> list[torch.Tensor]:
+    """The MLA latent caches and KDA state pools bound to the runner's model's layers."""
+    found = (
+        getattr(m, name, None)
+        for m in runner.model.modules()
+        for name in ("kv_cache", "state_pool")
+    )
+    return [cache for cache in found if cache is not None]

@@ -27,3 +27,20 @@ def test_two_steps_in_every_band_up_to_the_budget() -> None:
         assert all(max(lengths) <= length for lengths in steps)
     with pytest.raises(ValueError, match="must be >= 1"):
         warm_up_bands(1024, 0)
+
+
+def test_the_runners_steps_go_a_token_below_the_budget_alone() -> None:
+    """`below_each=False` (the model runner's start-up, one forward a step): every band's top and
+    one step a token below the budget, so both int classes of the largest steps still run."""
+    k = [1024]
+    assert warm_up_bands(1024, 8192, below_each=False) == [
+        k * 2,
+        k * 4,
+        k * 6,
+        k * 7 + [1023],
+        k * 8,
+    ]
+    assert warm_up_bands(1000, 2500, below_each=False) == [
+        [1000, 1000, 48], [1000, 1000, 499], [1000, 1000, 500],
+    ]  # fmt: skip
+    assert warm_up_bands(16, 16, below_each=False) == [[15], [16]]

@@ -232,10 +232,10 @@ class ModelRunner:
 
     def _profile_gpu_budget(self) -> int:
         """Run the largest step the scheduler can produce (max_num_batched_tokens of prefill in
-        up to max_num_seqs sequences, logits of max_num_seqs rows) on throw-away caches, and give
-        the caches what gpu_memory_utilization leaves after weights and that peak (<= 0 when
-        nothing is left: `available_cache_memory` raises, on every rank). Then, on the same
-        caches, the smaller prefill steps of `_warm_up_prefill_bands`."""
+        up to max_num_seqs sequences, logits of max_num_seqs rows), then the smaller prefill
+        steps of `_warm_up_prefill_bands`, on throw-away caches, and give the caches what
+        gpu_memory_utilization leaves after weights and the peak (<= 0 when nothing is left:
+        `available_cache_memory` raises, on every rank)."""
         torch.cuda.synchronize(self.device)
         # Blocks the allocator keeps cached (loading's transient tensors: the 48B model's dummy
         # fp32 embedding alone is 1.4 GiB) are free for the caches, not used.
@@ -272,15 +272,17 @@ class ModelRunner:
                 hidden = self.model(ids, builder.build(batch))
                 rows = hidden[: self.max_num_seqs]
                 torch.softmax(self.model.compute_logits(rows).float(), dim=-1)
-                torch.cuda.synchronize(self.device)
-                peak = torch.cuda.max_memory_allocated(self.device) - base
                 del hidden, rows
                 self._warm_up_prefill_bands(builder, batch, ids)
+            torch.cuda.synchronize(self.device)
+            # After the bands too: what only their sizes allocate (fla-core's tuning buffers,
+            # say) counts.
+            peak = torch.cuda.max_memory_allocated(self.device) - base
         finally:
             if self.prefill_graphs is not None:
                 self.prefill_graphs.enabled = True
+            self.model.bind_kv_caches({}, {})
         del kda, mla, builder
-        self.model.bind_kv_caches({}, {})
         torch.cuda.empty_cache()
         budget = int(total * self.config.cache_config.gpu_memory_utilization) - used - peak
         budget -= _GRAPH_RESERVE_BYTES
@@ -293,13 +295,15 @@ class ModelRunner:
     def _warm_up_prefill_bands(
         self, builder: KimiMetadataBuilder, batch: BatchSchedule, ids: torch.Tensor
     ) -> None:
-        """Run the prefill steps of `warm_up_bands` up to the profiled step's tokens, in sequences
-        of at most its longest, on its throw-away caches and metadata (fewer sequences, each
-        with the first blocks of its table): the eager KDA core's per-band tuning and the
-        kernels' per-class compiles happen here, not in the first served step that meets them
-        (9.1 s for one band on a fresh H100, docs/performance.md "Forty-first run")."""
+        """Run the prefill steps of `warm_up_bands` up to the profiled step's tokens (a token
+        fewer only below that step's), in sequences of at most its longest, on its throw-away
+        caches and metadata (fewer sequences, each with the first blocks of its table): the
+        eager KDA core's per-band tuning and the kernels' per-class compiles happen here, not in
+        the first served step that meets them (9.1 s for one band on a fresh H100,
+        docs/performance.md "Forty-first run"). One forward per 2048 tokens of the step budget,
+        plus one."""
         start = time.perf_counter()
-        steps = warm_up_bands(max(batch.num_new), sum(batch.num_new))
+        steps = warm_up_bands(max(batch.num_new), sum(batch.num_new), below_each=False)
         for lengths in steps:
             n = len(lengths)
             tables = [
