@@ -27,8 +27,8 @@ below a bucket is a bucket of its own (`buckets_within`). The model runner captu
 (`capture_prefill_graphs`: CUDA without `enforce_eager`, `VLLM_KDA_PREFILL_GRAPHS`), before it
 sizes the caches, so the memory held counts as used (the runner logs it): the buffers (about
 100 MiB at Kimi-Linear's 32 x 128 heads, 2048 tokens and 16 sequences), each graph's output and
-final states (up to 2 MiB a sequence) and one pool of intermediates (0.34-0.41 GiB in all on the
-48B model, H200, an upper bound that still counted the allocator's cached blocks; fortieth run);
+final states (up to 2 MiB a sequence) and one pool of intermediates (0.41 GiB in all on the 48B
+model at 256 sequences, H200, with the allocator's cached blocks left out; forty-first run);
 its profiling forward turns the replays off (`enabled`), so the peak it measures is the eager
 core's, which steps outside the buckets take. Not on ROCm: fla-core's fixed-shape form is not
 validated there.
