@@ -100,7 +100,8 @@ def test_profiling_forward_then_warms_every_prefill_band(monkeypatch, torch_refe
     """After the profiled step, the profiling run prefills the steps of `warm_up_bands` up to the
     step's tokens on the same throw-away caches, in sequences of at most its longest: a step at
     the top of each band and one a token below the largest (bands of 32 tokens here, for the
-    CPU's references; 2048 in the engine); then it unbinds those caches."""
+    CPU's references; 2048 in the engine), not the profiled step again; then it unbinds those
+    caches."""
     steps = []
     with tiny_runner(80, 40) as runner:
         FakeCudaMemory(total=80 << 30, tensors=10 << 30, cached=0).install(monkeypatch)
@@ -117,7 +118,7 @@ def test_profiling_forward_then_warms_every_prefill_band(monkeypatch, torch_refe
 
         monkeypatch.setattr(runner.model, "forward", recorded)
         runner._profile_gpu_budget()
-        assert steps == [[40, 40], [32], [40, 24], [40, 39], [40, 40]]
+        assert steps == [[40, 40], [32], [40, 24], [40, 39]]
         assert not bound_caches(runner)
         # A band step that fails leaves no throw-away cache bound either.
         steps.clear()

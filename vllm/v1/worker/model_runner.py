@@ -300,10 +300,11 @@ class ModelRunner:
         caches and metadata (fewer sequences, each with the first blocks of its table): the
         eager KDA core's per-band tuning and the kernels' per-class compiles happen here, not in
         the first served step that meets them (9.1 s for one band on a fresh H100,
-        docs/performance.md "Forty-first run"). One forward per 2048 tokens of the step budget,
-        plus one."""
+        docs/performance.md "Forty-first run"). One forward per 2048 tokens of the step budget:
+        the largest band's top is the profiled step itself, which is not run again."""
         start = time.perf_counter()
         steps = warm_up_bands(max(batch.num_new), sum(batch.num_new), below_each=False)
+        steps = [lengths for lengths in steps if lengths != batch.num_new]
         for lengths in steps:
             n = len(lengths)
             tables = [
