@@ -87,6 +87,21 @@ def test_replays_give_the_eager_results_with_padded_rows_and_sequences():
     check_against_eager(graphs, gen, [1], [6], [False])
 
 
+def test_capture_walks_the_bucket_pairs_through_progress_largest_first():
+    """The runner's progress bar gets every pair, in the capture's order, and the capture
+    records each pair it yields."""
+    walked = []
+
+    def progress(pairs):
+        walked.append(list(pairs))
+        return pairs
+
+    graphs = KdaPrefillGraphs(H, D, torch.float32, torch.device("cpu"), None, (16, 32), (1, 4))
+    graphs.capture(progress)
+    assert walked == [[(32, 4), (32, 1), (16, 4), (16, 1)]]
+    assert list(graphs.replays) == walked[0]
+
+
 def test_steps_outside_the_buckets_or_gate_run_eagerly():
     gen = torch.Generator().manual_seed(1)
     graphs = KdaPrefillGraphs(H, D, torch.float32, torch.device("cpu"), None, (16,), (2,))

@@ -41,7 +41,7 @@ def engine(model: str) -> LLMEngine:
 @pytest.mark.skipif(native_specialize_impl is None, reason="needs Triton's CUDA specialization")
 @pytest.mark.parametrize("model", ["kimi-k3-tiny", "kimi-linear-tiny"])
 def test_mixed_steps_launch_only_decode_keys_the_warm_up_launched(
-    monkeypatch, torch_reference_kernels, model
+    monkeypatch, capsys, torch_reference_kernels, model
 ):
     log, phase = [], ["warm-up"]
     eng = engine(model)
@@ -50,6 +50,7 @@ def test_mixed_steps_launch_only_decode_keys_the_warm_up_launched(
         runner = eng.executor.runner
         record_launch_keys(monkeypatch, runner.model, log, phase)
         runner.warm_up_mixed_steps(SIZES)
+        assert "Warming up mixed steps: 100%" in capsys.readouterr().err
         execute = runner.execute
 
         def scheduled(step):

@@ -96,7 +96,9 @@ def test_profiled_budget_counts_the_allocators_cached_blocks_as_free(
         assert runner._profile_gpu_budget() == expected
 
 
-def test_profiling_forward_then_warms_every_prefill_band(monkeypatch, torch_reference_kernels):
+def test_profiling_forward_then_warms_every_prefill_band(
+    monkeypatch, capsys, torch_reference_kernels
+):
     """After the profiled step, the profiling run prefills the steps of `warm_up_bands` up to the
     step's tokens on the same throw-away caches, in sequences of at most its longest: a step at
     the top of each band and one a token below the largest (bands of 32 tokens here, for the
@@ -120,6 +122,8 @@ def test_profiling_forward_then_warms_every_prefill_band(monkeypatch, torch_refe
         runner._profile_gpu_budget()
         assert steps == [[40, 40], [32], [40, 24], [40, 39]]
         assert not bound_caches(runner)
+        # The band steps behind the start-up progress bar.
+        assert "Warming up prefill step sizes: 100%" in capsys.readouterr().err
         # A band step that fails leaves no throw-away cache bound either.
         steps.clear()
 

@@ -27,16 +27,21 @@ has those ids: every rank starts such a step with their broadcast from rank 0
 
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import accumulate, chain
+from typing import TypeVar
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from vllm import envs
 from vllm.config.quantization import parse_quantization_config
 from vllm.config.vllm import VllmConfig
 from vllm.distributed import (
+    get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
     tensor_model_parallel_all_reduce,
     tensor_model_parallel_broadcast,
@@ -56,6 +61,18 @@ from vllm.v1.sample.sampler import Sampler, compute_prompt_logprobs
 from vllm.v1.worker.warm_up_bands import warm_up_bands
 
 logger = init_logger(__name__)
+
+_T = TypeVar("_T")
+
+
+def startup_progress(items: list[_T], desc: str) -> Iterable[_T]:
+    """`items` behind a progress bar on stderr, on the first TP rank only (the others run the
+    same steps): start-up work that takes minutes on a fresh machine (Triton compiles,
+    fla-core's tuning), which the log sums up only at its end. On the first rank `disable` is
+    left to tqdm's environment (`TQDM_DISABLE=1` turns the bars off)."""
+    off = {"disable": True} if get_tensor_model_parallel_rank() != 0 else {}
+    return tqdm(items, desc=desc, **off)
+
 
 # Memory kept free for CUDA-graph pools and allocator fragmentation when sizing from
 # gpu_memory_utilization.
@@ -199,8 +216,9 @@ class ModelRunner:
         free = torch.cuda.mem_get_info(self.device)[0]
         with torch.no_grad():
             self.prefill_graphs = self.model.capture_prefill_graphs(
-                sched.max_num_batched_tokens, self.max_num_seqs
-            )
+                sched.max_num_batched_tokens, self.max_num_seqs,
+                partial(startup_progress, desc="Capturing KDA prefill graphs"),
+            )  # fmt: skip
         torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - start
         if self.prefill_graphs is not None:
@@ -305,7 +323,7 @@ class ModelRunner:
         start = time.perf_counter()
         steps = warm_up_bands(max(batch.num_new), sum(batch.num_new), below_each=False)
         steps = [lengths for lengths in steps if lengths != batch.num_new]
-        for lengths in steps:
+        for lengths in startup_progress(steps, "Warming up prefill step sizes"):
             n = len(lengths)
             tables = [
                 table[: math.ceil(length / self.block_size)]
@@ -341,7 +359,7 @@ class ModelRunner:
         start = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
         with torch.no_grad():
-            for size in sorted(sizes, reverse=True):
+            for size in startup_progress(sorted(sizes, reverse=True), "Capturing decode graphs"):
                 metadata = self.builder.build(BatchSchedule([], [], [], [], 0), pad_to=size)
                 ids = self.input_ids[:size]
                 self._logits(ids, metadata)  # warm-up: Triton compiles outside the capture
@@ -371,7 +389,7 @@ class ModelRunner:
         counts = sorted({min(size, self.max_num_seqs - 1) for size in sizes} - {0}, reverse=True)
         empty = BatchSchedule([], [], [], [], 0)
         with torch.no_grad():
-            for count in counts:
+            for count in startup_progress(counts, "Warming up mixed steps"):
                 metadata = self.builder.build(empty, pad_to=count, dummy_prompt=1)
                 self._logits(self.input_ids[: metadata.num_tokens], metadata)
         if self.device.type == "cuda":

@@ -34,6 +34,7 @@ from vllm.models.kimi_k3.amd.moe import KimiMLP, KimiMoE
 from vllm.models.kimi_k3.amd.ops.kda_prefill_graphs import (
     DEFAULT_SEQ_BUCKETS,
     DEFAULT_TOKEN_BUCKETS,
+    CaptureProgress,
     KdaPrefillGraphs,
     buckets_within,
 )
@@ -232,11 +233,13 @@ class KimiLinearForCausalLM(torch.nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head.compute_logits(hidden)
 
-    def capture_prefill_graphs(self, max_tokens: int, max_seqs: int) -> KdaPrefillGraphs | None:
-        """Capture the KDA prefill core's graphs (`KdaPrefillGraphs`) for steps of up to
-        `max_tokens` prefill tokens in `max_seqs` sequences, and hand them to every KDA layer.
-        Returns them (None: no KDA layer, or KDA layers of different shapes, which stay eager
-        with a warning)."""
+    def capture_prefill_graphs(
+        self, max_tokens: int, max_seqs: int, progress: CaptureProgress = iter
+    ) -> KdaPrefillGraphs | None:
+        """Capture the KDA prefill core's graphs (`KdaPrefillGraphs`, walking its bucket pairs
+        through `progress`) for steps of up to `max_tokens` prefill tokens in `max_seqs`
+        sequences, and hand them to every KDA layer. Returns them (None: no KDA layer, or KDA
+        layers of different shapes, which stay eager with a warning)."""
         kda = [
             layer.self_attn for layer in self.layers
             if isinstance(layer.self_attn, KimiK3DeltaAttention)
@@ -253,7 +256,7 @@ class KimiLinearForCausalLM(torch.nn.Module):
         graphs = KdaPrefillGraphs(
             heads, head_dim, weight.dtype, weight.device, lower_bound, tokens, seqs
         )
-        graphs.capture()
+        graphs.capture(progress)
         for attn in kda:
             attn.prefill_graphs = graphs
         return graphs

@@ -39,7 +39,7 @@ GPU test compares the two bit for bit. On the CPU a "replay" calls the exact ref
 (`kda_prefill`'s) on the same padded buffers, which tests the plumbing around the graphs.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -48,6 +48,7 @@ from vllm.models.kimi_k3.amd.ops.kda_core import KdaGate, kda_prefill
 __all__ = [
     "DEFAULT_SEQ_BUCKETS",
     "DEFAULT_TOKEN_BUCKETS",
+    "CaptureProgress",
     "KdaPrefillGraphs",
     "buckets_within",
     "pick_bucket",
@@ -55,6 +56,8 @@ __all__ = [
 
 DEFAULT_TOKEN_BUCKETS = (256, 512, 1024, 2048)
 DEFAULT_SEQ_BUCKETS = (1, 4, 16)
+# What `KdaPrefillGraphs.capture` walks its (token bucket, sequence bucket) pairs through.
+CaptureProgress = Callable[[list[tuple[int, int]]], Iterable[tuple[int, int]]]
 
 
 def buckets_within(buckets: tuple[int, ...], limit: int) -> tuple[int, ...]:
@@ -163,16 +166,24 @@ class KdaPrefillGraphs:
             use_graph=True, max_num_seqs=seqs,
         )  # fmt: skip
 
-    def capture(self) -> None:
+    def capture(
+        self,
+        progress: CaptureProgress = iter,
+    ) -> None:
         """Record every bucket pair, largest first (on CUDA into graphs sharing one memory
         pool). The buffers then hold one sequence filling the bucket, so that every chunk's
-        kernels run before the capture."""
+        kernels run before the capture. The pairs are walked through `progress` (the model
+        runner's progress bar: a fresh machine's capture takes minutes of fla-core tuning)."""
         pool = torch.cuda.graph_pool_handle() if self.qkvg.device.type == "cuda" else None
-        for t in sorted(self.token_buckets, reverse=True):
-            for n in sorted(self.seq_buckets, reverse=True):
-                self.cu.fill_(t)
-                self.cu[0] = 0
-                self.replays[(t, n)] = _Replay(lambda t=t, n=n: self._call(t, n), pool)
+        pairs = [
+            (t, n)
+            for t in sorted(self.token_buckets, reverse=True)
+            for n in sorted(self.seq_buckets, reverse=True)
+        ]
+        for t, n in progress(pairs):
+            self.cu.fill_(t)
+            self.cu[0] = 0
+            self.replays[(t, n)] = _Replay(lambda t=t, n=n: self._call(t, n), pool)
 
     def run(
         self,
