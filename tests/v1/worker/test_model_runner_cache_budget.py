@@ -146,3 +146,60 @@ def bound_caches(runner: ModelRunner) -> list[torch.Tensor]:
         for name in ("kv_cache", "state_pool")
     )
     return [cache for cache in found if cache is not None]
+
+
+def test_a_given_budget_runs_the_profiling_runs_steps_once(monkeypatch, torch_reference_kernels):
+    """Where the budget is given (`kv_cache_memory` here), `warm_up_prefill_steps` runs what the
+    profiling run would have: the largest step, then the bands, on throw-away caches it unbinds;
+    once (a second call, or one after a profiling run, runs nothing); nothing off the GPU."""
+    steps = []
+    with tiny_runner(80, 40) as runner:
+        forward = runner.model.forward
+
+        def recorded(ids, metadata):
+            steps.append(metadata.kda.query_start_loc.diff().tolist())
+            return forward(ids, metadata)
+
+        monkeypatch.setattr(runner.model, "forward", recorded)
+        runner.warm_up_prefill_steps()  # the CPU: nothing
+        assert steps == []
+        monkeypatch.setattr(runner, "_on_gpu", lambda: True)
+        FakeCudaMemory(total=80 << 30, tensors=10 << 30, cached=0).install(monkeypatch)
+        monkeypatch.setattr(
+            runner_module,
+            "warm_up_bands",
+            lambda length, budget, below_each: warm_up_bands(length, budget, 32, below_each),
+        )
+        runner.warm_up_prefill_steps()
+        assert steps == [[40, 40], [32], [40, 24], [40, 39]]
+        assert not bound_caches(runner)
+        runner.warm_up_prefill_steps()
+        assert len(steps) == 4
+        runner.prefill_bands_warmed = False
+        runner._profile_gpu_budget()
+        assert len(steps) == 8
+        runner.warm_up_prefill_steps()
+        assert len(steps) == 8
+
+
+@pytest.mark.parametrize("override", [None, 40])
+def test_engine_start_warms_up_prefill_steps_after_the_sizing(monkeypatch, override):
+    """Every engine start asks the runners for the prefill warm-up after the cache sizing and
+    before the caches are allocated, whether the budget was profiled, given, or replaced by a
+    block count."""
+    calls = []
+    for name in ("available_cache_memory", "warm_up_prefill_steps", "initialize_cache"):
+        method = getattr(ModelRunner, name)
+
+        def recorded(self, *args, method=method, name=name):
+            calls.append(name)
+            return method(self, *args)
+
+        monkeypatch.setattr(ModelRunner, name, recorded)
+    eng = LLMEngine.from_engine_args(
+        EngineArgs(model="kimi-linear-tiny", max_num_seqs=4, max_model_len=64,
+                   kv_cache_memory=1 << 24, num_gpu_blocks_override=override)
+    )  # fmt: skip
+    eng.shutdown()
+    expected = ["warm_up_prefill_steps", "initialize_cache"]
+    assert calls == (expected if override else ["available_cache_memory", *expected])

@@ -72,6 +72,8 @@ class LLMEngine:
                 cc.num_gpu_blocks_override,
             )  # fmt: skip
             cc.num_blocks, cc.num_kda_slots = sizes.num_blocks, sizes.num_kda_slots
+            # Where the budget was given, not profiled: the profiling run's prefill steps.
+            self.executor.collective_rpc("warm_up_prefill_steps")
             self.executor.collective_rpc("initialize_cache", sizes.num_blocks, sizes.num_kda_slots)
             self.executor.collective_rpc("capture_cudagraphs")
             self.kv_cache_manager = KVCacheManager(

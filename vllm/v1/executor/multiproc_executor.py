@@ -66,8 +66,8 @@ _COLLECTIVE_TIMEOUT = timedelta(minutes=10)
 # How long shutdown waits for all the workers together before killing the ones left.
 _SHUTDOWN_WAIT_S = 10.0
 # Methods whose workers answer (start-up); step messages are not answered, to keep steps fast.
-_ANSWERED = frozenset({"load_model", "available_cache_memory", "initialize_cache",
-                       "capture_cudagraphs"})  # fmt: skip
+_ANSWERED = frozenset({"load_model", "available_cache_memory", "warm_up_prefill_steps",
+                       "initialize_cache", "capture_cudagraphs"})  # fmt: skip
 
 
 def rank_cpu_threads(tensor_parallel_size: int) -> int | None:

@@ -183,6 +183,8 @@ class ModelRunner:
         self.last_sampled: torch.Tensor | None = None
         # The KDA prefill core's graphs, once captured (`load_model`).
         self.prefill_graphs: KdaPrefillGraphs | None = None
+        # Whether the start-up prefill steps of `_warm_up_prefill_bands` have run.
+        self.prefill_bands_warmed = False
         self.received_ids = torch.empty(
             self.max_num_seqs if rank else 0, dtype=torch.int64, device=self.device
         )
@@ -232,7 +234,7 @@ class ModelRunner:
         profiling forward of a full step on GPU, else the explicit `kv_cache_memory` (CPU
         default 1 GiB)."""
         cc = self.config.cache_config
-        if cc.kv_cache_memory is not None or self.device.type != "cuda":
+        if cc.kv_cache_memory is not None or not self._on_gpu():
             budget = cc.kv_cache_memory or _CPU_DEFAULT_CACHE_BYTES
         else:
             budget = self._profile_gpu_budget()
@@ -262,6 +264,39 @@ class ModelRunner:
         used = total - free
         torch.cuda.reset_peak_memory_stats(self.device)
         base = torch.cuda.memory_allocated(self.device)
+        self._run_largest_step_and_bands()
+        # After the bands too: what only their sizes allocate (fla-core's tuning buffers, say)
+        # counts.
+        peak = torch.cuda.max_memory_allocated(self.device) - base
+        torch.cuda.empty_cache()
+        budget = int(total * self.config.cache_config.gpu_memory_utilization) - used - peak
+        budget -= _GRAPH_RESERVE_BYTES
+        logger.info(
+            "Memory: %.2f GiB used after loading, %.2f GiB activation peak, %.2f GiB for caches",
+            used / 2**30, peak / 2**30, budget / 2**30,
+        )  # fmt: skip
+        return budget
+
+    def _on_gpu(self) -> bool:
+        return self.device.type == "cuda"
+
+    def warm_up_prefill_steps(self) -> None:
+        """On a GPU whose cache budget was given rather than profiled (`kv_cache_memory`, or the
+        engine's `num_gpu_blocks_override`), run what the profiling run runs otherwise: the
+        largest step, then the prefill bands (`_warm_up_prefill_bands`), on throw-away caches,
+        so that the first served step of each band does not pay the tuning (9.1 s a band on a
+        fresh H100). Nothing on the CPU, or where the profiling run has run them. The engine
+        calls it on every rank after the cache sizing, before the caches are allocated."""
+        if not self._on_gpu() or self.prefill_bands_warmed:
+            return
+        self._run_largest_step_and_bands()
+        torch.cuda.empty_cache()
+
+    def _run_largest_step_and_bands(self) -> None:
+        """The largest step the scheduler can produce (its prefill and the logits of
+        max_num_seqs rows), then `_warm_up_prefill_bands`, on throw-away caches that are
+        unbound afterwards whatever happens, with the KDA prefill graphs' replays off (steps
+        outside their buckets take the eager core, whose peak and tuning count)."""
         mc = self.config.model_config
         tokens = self.config.scheduler_config.max_num_batched_tokens
         seq_len = min(mc.max_model_len, tokens)
@@ -282,7 +317,6 @@ class ModelRunner:
         slots = list(range(1, len(lengths) + 1))
         batch = BatchSchedule([0] * len(lengths), lengths, tables, slots, 0)
         ids = torch.zeros(sum(lengths), dtype=torch.long, device=self.device)
-        # The eager KDA core's peak, which steps outside the graphs' buckets take.
         if self.prefill_graphs is not None:
             self.prefill_graphs.enabled = False
         try:
@@ -293,22 +327,10 @@ class ModelRunner:
                 del hidden, rows
                 self._warm_up_prefill_bands(builder, batch, ids)
             torch.cuda.synchronize(self.device)
-            # After the bands too: what only their sizes allocate (fla-core's tuning buffers,
-            # say) counts.
-            peak = torch.cuda.max_memory_allocated(self.device) - base
         finally:
             if self.prefill_graphs is not None:
                 self.prefill_graphs.enabled = True
             self.model.bind_kv_caches({}, {})
-        del kda, mla, builder
-        torch.cuda.empty_cache()
-        budget = int(total * self.config.cache_config.gpu_memory_utilization) - used - peak
-        budget -= _GRAPH_RESERVE_BYTES
-        logger.info(
-            "Memory: %.2f GiB used after loading, %.2f GiB activation peak, %.2f GiB for caches",
-            used / 2**30, peak / 2**30, budget / 2**30,
-        )  # fmt: skip
-        return budget
 
     def _warm_up_prefill_bands(
         self, builder: KimiMetadataBuilder, batch: BatchSchedule, ids: torch.Tensor
@@ -332,6 +354,7 @@ class ModelRunner:
             step = BatchSchedule([0] * n, lengths, tables, batch.kda_slots[:n], 0)
             self.model(ids[: sum(lengths)], builder.build(step))
         torch.cuda.synchronize(self.device)
+        self.prefill_bands_warmed = True
         logger.info("Warmed up %d prefill step sizes (up to %d tokens) in %.1f s", len(steps),
                     sum(batch.num_new), time.perf_counter() - start)  # fmt: skip
 
