@@ -82,7 +82,7 @@ from vllm.model_executor.kernels.linear.gemv_config import (
     default_config,
 )
 from vllm.platforms import current_platform, supported_fp8_dtypes
-from vllm.triton_utils import use_triton
+from vllm.triton_utils import cdiv, use_triton
 from vllm.triton_utils.launch import LaunchSpec, launch
 from vllm.triton_utils.pdl import pdl_options, use_pdl
 
@@ -342,8 +342,8 @@ def _launch(
         config = replace(config, split_k=auto_split_k(m, n, k, config))
     block_m = block_rows(config, m)
     # Whole K chunks in every split: the split's last chunk ends on its boundary.
-    k_per_split = triton.cdiv(triton.cdiv(k, config.split_k), config.block_k) * config.block_k
-    split_k = triton.cdiv(k, k_per_split)
+    k_per_split = cdiv(cdiv(k, config.split_k), config.block_k) * config.block_k
+    split_k = cdiv(k, k_per_split)
     if split_k != config.split_k:
         config = replace(config, split_k=split_k)
     has_scales = x_scale is not None
@@ -357,7 +357,7 @@ def _launch(
     xs = x_scale if has_scales else out
     ws = w_scale if has_scales else out
     b = bias if bias is not None else out
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, config.block_n), split_k)
+    grid = (cdiv(m, block_m), cdiv(n, config.block_n), split_k)
     if max(grid[1:]) > MAX_GRID_Y:
         raise ValueError(
             f"config.block_n {config.block_n} and {split_k} K splits give a grid of {grid[1]} N "
@@ -374,7 +374,7 @@ def _launch(
     )  # fmt: skip
     if reduce is not None:
         launch(
-            _gemv_split_reduce_kernel, (triton.cdiv(m * n, _REDUCE_BLOCK), 1, 1),
+            _gemv_split_reduce_kernel, (cdiv(m * n, _REDUCE_BLOCK), 1, 1),
             (target, out, xs, ws, b, m, n, out.stride(0)),
             reduce,
         )  # fmt: skip
@@ -395,7 +395,7 @@ def _launch_batched(
                 f"split_k={config.split_k}, use_dot={config.use_dot}"
             )
     block_m = block_rows(config, m)
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, config.block_n), batch)
+    grid = (cdiv(m, block_m), cdiv(n, config.block_n), batch)
     if max(grid[1:]) > MAX_GRID_Y:
         raise ValueError(
             f"{grid[1]} N blocks of {config.block_n} by {batch} batches: CUDA's second and third "
@@ -409,7 +409,7 @@ def _launch_batched(
     launch(
         _gemv_kernel, grid,
         (x, weight, out, out, out, out, m, n, k, x.stride(1), weight.stride(1), out.stride(1),
-         triton.cdiv(k, config.block_k) * config.block_k, x.stride(0), weight.stride(0),
+         cdiv(k, config.block_k) * config.block_k, x.stride(0), weight.stride(0),
          out.stride(0)),
         main,
     )  # fmt: skip

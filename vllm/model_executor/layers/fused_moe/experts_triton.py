@@ -50,7 +50,7 @@ down kernel that reduced a `[K padded to 16, block_h, block_i]` tile per step).
 import torch
 
 from vllm.model_executor.layers.activation import SiluAndMul
-from vllm.triton_utils import next_power_of_2, use_triton
+from vllm.triton_utils import cdiv, next_power_of_2, use_triton
 from vllm.triton_utils.pdl import pdl_options, use_pdl
 
 try:
@@ -279,14 +279,14 @@ def moe_experts_triton(
         return out.zero_()
     a = torch.empty(tokens * topk, inter, dtype=x.dtype, device=x.device)
     pdl = pdl_options(use_pdl(x.device))
-    _moe_gate_up_kernel[(tokens * topk, triton.cdiv(inter, block_n))](
+    _moe_gate_up_kernel[(tokens * topk, cdiv(inter, block_n))](
         x, w13, topk_ids, a,
         x.stride(0), topk_ids.stride(0), topk_ids.stride(1), w13.stride(0), w13.stride(1),
         a.stride(0), hidden, inter,
         TOPK=topk, BLOCK_N=block_n, BLOCK_K=block_k, HIDDEN=hidden if gate_up_unroll else 0,
         num_warps=gate_up_warps, **pdl,
     )  # fmt: skip
-    _moe_down_kernel[(tokens, triton.cdiv(hidden, block_h))](
+    _moe_down_kernel[(tokens, cdiv(hidden, block_h))](
         a, w2, topk_ids, topk_weights, out,
         a.stride(0), topk_ids.stride(0), topk_ids.stride(1), topk_weights.stride(0),
         topk_weights.stride(1), w2.stride(0), w2.stride(1), out.stride(0), hidden,

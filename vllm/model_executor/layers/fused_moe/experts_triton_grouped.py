@@ -75,6 +75,7 @@ at 4 stages, then 128-row blocks at 8 warps. `benchmarks/kernels/benchmark_moe.p
 --tgrouped-configs` sweeps them.
 """
 
+from functools import lru_cache
 from typing import NamedTuple
 
 import torch
@@ -88,6 +89,7 @@ from vllm.model_executor.layers.fused_moe.experts_triton import (
 from vllm.model_executor.layers.fused_moe.group_rows import group_rows
 from vllm.model_executor.layers.fused_moe.weighted_sum import moe_weighted_sum
 from vllm.triton_utils import (
+    cdiv,
     max_shared_memory,
     supports_tma,
     triton_interpreting,
@@ -339,6 +341,33 @@ def tma_operands_ok(w13: torch.Tensor, w2: torch.Tensor) -> bool:
     )
 
 
+@lru_cache(maxsize=256)
+def _resolve_tiles(given: GroupedTiles, default: GroupedTiles) -> GroupedTiles:
+    """`given`'s tiles with `default`'s for those left None, checked (ValueError). Cached: an
+    eager step asks this of every MoE layer with the same arguments, and the checks were most
+    of the launch path's host time besides the launches."""
+    if given.block_m is not None:
+        # The default tail tiles belong to the default blocks, not to blocks the caller chose.
+        default = default._replace(tail_block_m=0)
+    t = GroupedTiles(*(d if g is None else g for g, d in zip(given, default, strict=True)))
+    for name in ("block_m", "block_n", "block_k", "down_block_n", "down_block_k"):
+        value = getattr(t, name)
+        check_power_of_two(name, value)
+        if value < 16:
+            raise ValueError(f"{name} must be >= 16 (tl.dot's smallest tile), got {value}")
+    for name in ("gate_up_warps", "gate_up_stages", "down_warps", "down_stages"):
+        if getattr(t, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(t, name)}")
+    if t.tail_block_m:
+        check_power_of_two("tail_block_m", t.tail_block_m)
+        if not 16 <= t.tail_block_m < t.block_m:
+            raise ValueError(
+                f"tail_block_m must be 0 or from 16 to below block_m ({t.block_m}), "
+                f"got {t.tail_block_m}"
+            )
+    return t
+
+
 def moe_experts_triton_grouped(
     x: torch.Tensor,
     w13: torch.Tensor,
@@ -389,15 +418,11 @@ def moe_experts_triton_grouped(
     rows = decode_batch_class(tokens) * topk_ids.shape[1]
     # Only the prefill tiles take TMA: decode-size calls (every eager decode step, per MoE
     # layer) skip the checks.
-    auto_tma = (
-        rows > PREFILL_TILES_ABOVE_ROWS and supports_tma(x.device) and tma_operands_ok(w13, w2)
-    )
+    operands_ok = rows > PREFILL_TILES_ABOVE_ROWS and tma_operands_ok(w13, w2)
+    auto_tma = operands_ok and supports_tma(x.device)
     default = default_tiles(rows, x.element_size(), max_shared_memory(x.device), tma=auto_tma)
-    if block_m is not None:
-        # The default tail tiles belong to the default blocks, not to blocks the caller chose.
-        default = default._replace(tail_block_m=0)
-    t = GroupedTiles(*(d if g is None else g for g, d in zip(given, default, strict=True)))
-    if t.tma and not tma_operands_ok(w13, w2):
+    t = _resolve_tiles(given, default)
+    if t.tma and not (operands_ok or tma_operands_ok(w13, w2)):
         raise ValueError(
             "tma needs contiguous, 16-byte aligned w13 and w2 whose rows are multiples of 16 "
             f"bytes, got strides {w13.stride()} and {w2.stride()}, base offsets "
@@ -406,21 +431,6 @@ def moe_experts_triton_grouped(
         )
     if t.tma and not (supports_tma(x.device) or triton_interpreting()):
         raise ValueError(f"tma needs an NVIDIA GPU from Hopper on (supports_tma), got {x.device}")
-    for name in ("block_m", "block_n", "block_k", "down_block_n", "down_block_k"):
-        value = getattr(t, name)
-        check_power_of_two(name, value)
-        if value < 16:
-            raise ValueError(f"{name} must be >= 16 (tl.dot's smallest tile), got {value}")
-    for name in ("gate_up_warps", "gate_up_stages", "down_warps", "down_stages"):
-        if getattr(t, name) < 1:
-            raise ValueError(f"{name} must be >= 1, got {getattr(t, name)}")
-    if t.tail_block_m:
-        check_power_of_two("tail_block_m", t.tail_block_m)
-        if not 16 <= t.tail_block_m < t.block_m:
-            raise ValueError(
-                f"tail_block_m must be 0 or from 16 to below block_m ({t.block_m}), "
-                f"got {t.tail_block_m}"
-            )
     topk = topk_ids.shape[1]
     if 0 in (tokens, topk, hidden, inter, num_experts):
         return torch.zeros(tokens, hidden, dtype=x.dtype, device=x.device)
@@ -439,7 +449,7 @@ def moe_experts_triton_grouped(
         if t.tail_block_m:
             a_tail_desc = TensorDescriptor.from_tensor(a, [t.tail_block_m, t.down_block_k])
         w2_desc = TensorDescriptor.from_tensor(w2.view(-1, inter), [t.down_block_n, t.down_block_k])
-    _moe_grouped_gate_up_kernel[(max_blocks * triton.cdiv(inter, t.block_n),)](
+    _moe_grouped_gate_up_kernel[(max_blocks * cdiv(inter, t.block_n),)](
         x, w13, w13_desc, order, blocks, a,
         x.stride(0), w13.stride(0), w13.stride(1), a.stride(0), hidden, inter, max_blocks,
         TOPK=topk, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, PRECISION=precision,
@@ -447,7 +457,7 @@ def moe_experts_triton_grouped(
         num_stages=t.gate_up_stages, **pdl,
     )  # fmt: skip
     y = torch.empty(tokens * topk, hidden, dtype=x.dtype, device=x.device)
-    _moe_grouped_down_kernel[(max_blocks * triton.cdiv(hidden, t.down_block_n),)](
+    _moe_grouped_down_kernel[(max_blocks * cdiv(hidden, t.down_block_n),)](
         a, w2, a_desc, a_tail_desc, w2_desc, order, blocks, y,
         a.stride(0), w2.stride(0), w2.stride(1), y.stride(0), hidden, inter, max_blocks,
         BLOCK_M=t.block_m, BLOCK_N=t.down_block_n, BLOCK_K=t.down_block_k, PRECISION=precision,

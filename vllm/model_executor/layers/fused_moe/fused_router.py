@@ -117,7 +117,7 @@ from vllm.model_executor.layers.fused_moe.router import (
 )
 from vllm.model_executor.layers.ops.rms_norm import fused_add_rms_norm_ref, row_tile_warps
 from vllm.platforms import current_platform
-from vllm.triton_utils import next_power_of_2, use_triton
+from vllm.triton_utils import cdiv, next_power_of_2, use_triton
 from vllm.triton_utils.launch import LaunchSpec, launch
 from vllm.triton_utils.pdl import pdl_options, use_pdl
 
@@ -475,7 +475,7 @@ def _launch(
         routing.num_fused_shared_experts, use_pdl(x.device),
     )  # fmt: skip
     launch(
-        _fused_router_topk_kernel, (triton.cdiv(experts, config.block_n), 1, 1),
+        _fused_router_topk_kernel, (cdiv(experts, config.block_n), 1, 1),
         (x, residual, norm_weight, h, res_out,
          gate_weight, bias if bias is not None else scratch, scratch, weights, ids, semaphore,
          tokens, hidden, x.stride(0), residual.stride(0), gate_weight.stride(0),

@@ -30,7 +30,7 @@ from functools import cache
 
 import torch
 
-from vllm.triton_utils import use_triton
+from vllm.triton_utils import cdiv, use_triton
 from vllm.triton_utils.launch import LaunchSpec, launch
 from vllm.triton_utils.pdl import pdl_options, use_pdl
 
@@ -171,7 +171,7 @@ def gather_rows(
     out = torch.empty(num_rows, hidden, dtype=x.dtype, device=x.device)
     if num_rows == 0 or hidden == 0:
         return out
-    grid = triton.cdiv(num_rows, config.block_rows) * triton.cdiv(hidden, config.block_cols)
+    grid = cdiv(num_rows, config.block_rows) * cdiv(hidden, config.block_cols)
     launch(
         _gather_rows_kernel, (grid, 1, 1),
         (x, order, out, num_rows, hidden, x.stride(0)),

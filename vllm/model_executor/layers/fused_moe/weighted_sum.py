@@ -24,7 +24,7 @@ reference, unless ``TRITON_INTERPRET=1`` (``vllm.triton_utils.use_triton``).
 
 import torch
 
-from vllm.triton_utils import use_triton
+from vllm.triton_utils import cdiv, use_triton
 from vllm.triton_utils.launch import launch, launch_spec
 from vllm.triton_utils.pdl import pdl_options, use_pdl
 
@@ -162,7 +162,7 @@ def moe_weighted_sum(
     if tokens == 0 or hidden == 0:
         return out
     launch(
-        _moe_weighted_sum_kernel, (tokens, triton.cdiv(hidden, _BLOCK_H), 1),
+        _moe_weighted_sum_kernel, (tokens, cdiv(hidden, _BLOCK_H), 1),
         (
             # Without rows the kernel never reads `rows_ptr`: y stands in, so that every tensor
             # leads the arguments (vllm.triton_utils.launch).

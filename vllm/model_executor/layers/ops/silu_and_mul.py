@@ -28,7 +28,7 @@ from functools import cache
 import torch
 import torch.nn.functional as F
 
-from vllm.triton_utils import next_power_of_2, triton_interpreting, use_triton
+from vllm.triton_utils import cdiv, next_power_of_2, triton_interpreting, use_triton
 from vllm.triton_utils.launch import LaunchSpec, launch
 from vllm.triton_utils.pdl import pdl_options, use_pdl
 
@@ -130,7 +130,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return out
     block = min(next_power_of_2(inter), _MAX_BLOCK)
     launch(
-        _silu_and_mul_kernel, (rows, triton.cdiv(inter, block), 1),
+        _silu_and_mul_kernel, (rows, cdiv(inter, block), 1),
         (x2, out, inter, x2.stride(0), inter),
         _spec(block, use_pdl(x.device)),
     )  # fmt: skip

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from vllm.triton_utils import next_power_of_2, use_triton
+from vllm.triton_utils import cdiv, next_power_of_2, use_triton
 from vllm.triton_utils.launch import launch, launch_spec
 from vllm.triton_utils.pdl import pdl_options, use_pdl
 
@@ -399,7 +399,7 @@ def causal_conv1d_prefill(
     pdl = pdl_options(use_pdl(x.device))
     launch(
         _causal_conv1d_prefill_kernel,
-        (triton.cdiv(tokens, block_t), triton.cdiv(channels, block_c), 1),
+        (cdiv(tokens, block_t), cdiv(channels, block_c), 1),
         (
             x, weight, conv_state, query_start_loc, slots, has_initial_state, out3,
             x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
@@ -414,7 +414,7 @@ def causal_conv1d_prefill(
         ),
     )  # fmt: skip
     launch(
-        _conv_state_update_kernel, (n, triton.cdiv(channels, _STATE_BLOCK_C), 1),
+        _conv_state_update_kernel, (n, cdiv(channels, _STATE_BLOCK_C), 1),
         (
             x, conv_state, query_start_loc, slots, has_initial_state,
             x.stride(0), x.stride(1), conv_state.stride(0), conv_state.stride(1),

@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from vllm.env_override import cudnn_sdpa_avoids_recompile
-from vllm.triton_utils import next_power_of_2, use_triton
+from vllm.triton_utils import cdiv, next_power_of_2, use_triton
 from vllm.triton_utils.launch import launch, launch_spec
 from vllm.triton_utils.pdl import pdl_options, use_pdl
 
@@ -122,7 +122,7 @@ def mla_prefill_key(k_nope: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
     if rows == 0:
         return k
     launch(
-        _mla_prefill_key_kernel, (triton.cdiv(rows, _KEY_BLOCK_R), 1, 1),
+        _mla_prefill_key_kernel, (cdiv(rows, _KEY_BLOCK_R), 1, 1),
         (
             k_nope, k_pe, k, rows, heads,
             k_nope.stride(0), k_nope.stride(1), k_pe.stride(0), k.stride(0), k.stride(1),
