@@ -149,6 +149,15 @@ class _CountedKernel:
 
 
 @pytest.fixture
+def startup_bars(monkeypatch) -> None:
+    """The model runner's start-up progress bars on rank 0 even where the shell that started the
+    tests set `TQDM_DISABLE` (tqdm reads it when imported), for tests that look for them."""
+    import vllm.v1.worker.model_runner as runner_module
+
+    monkeypatch.setattr(runner_module, "tqdm", functools.partial(runner_module.tqdm, disable=False))
+
+
+@pytest.fixture
 def vllm_records() -> Iterator[list[logging.LogRecord]]:
     """The records the `vllm` logger handles from INFO up during the test: that logger does not
     propagate (vllm/logger.py), so pytest's caplog sees none of them."""

@@ -34,7 +34,15 @@ import torch
 from hf_kimi_linear import import_modeling_kimi_linear, random_hf_model
 
 from vllm import LLM, SamplingParams
-from vllm.v1.executor.multiproc_executor import Executor, WorkerFailed, rank_cpu_threads, tcp_store
+from vllm.engine.arg_utils import EngineArgs
+from vllm.v1.engine.llm_engine import LLMEngine
+from vllm.v1.executor.multiproc_executor import (
+    _ANSWERED,
+    Executor,
+    WorkerFailed,
+    rank_cpu_threads,
+    tcp_store,
+)
 from vllm.v1.executor.step_message import StepMessage
 from vllm.v1.worker.model_runner import StepInput
 
@@ -131,6 +139,22 @@ def test_tp2_launches_steps_ahead_and_keeps_the_tp1_greedy_tokens():
     tokens = greedy_tokens(FAST, 2, steps, async_scheduling=True)
     assert sum(step.input_ids is None for step in steps) >= GREEDY.max_tokens - 2
     assert tokens == tp1_tokens(FAST)
+
+
+def test_every_start_up_call_is_answered(monkeypatch):
+    """Rank 0 waits for the workers' answer to each start-up call (`_ANSWERED`): the next call
+    starts after it, and a worker's failure is blamed on the call that failed. Every method the
+    engine's start sends is one of them."""
+    sent = []
+    rpc = Executor.collective_rpc
+
+    def recorded(self, method, *args):
+        sent.append(method)
+        return rpc(self, method, *args)
+
+    monkeypatch.setattr(Executor, "collective_rpc", recorded)
+    LLMEngine.from_engine_args(EngineArgs(model=FAST, **ARGS)).shutdown()
+    assert "warm_up_prefill_steps" in sent and set(sent) <= _ANSWERED
 
 
 @pytest.mark.parametrize("cores, tp, threads", [(2, 2, 1), (16, 2, 8), (1, 4, 1), (6, 4, 1)])

@@ -41,7 +41,7 @@ def engine(model: str) -> LLMEngine:
 @pytest.mark.skipif(native_specialize_impl is None, reason="needs Triton's CUDA specialization")
 @pytest.mark.parametrize("model", ["kimi-k3-tiny", "kimi-linear-tiny"])
 def test_mixed_steps_launch_only_decode_keys_the_warm_up_launched(
-    monkeypatch, capsys, torch_reference_kernels, model
+    monkeypatch, capsys, startup_bars, torch_reference_kernels, model
 ):
     log, phase = [], ["warm-up"]
     eng = engine(model)

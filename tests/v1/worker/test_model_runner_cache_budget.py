@@ -97,7 +97,7 @@ def test_profiled_budget_counts_the_allocators_cached_blocks_as_free(
 
 
 def test_profiling_forward_then_warms_every_prefill_band(
-    monkeypatch, capsys, torch_reference_kernels
+    monkeypatch, capsys, startup_bars, torch_reference_kernels
 ):
     """After the profiled step, the profiling run prefills the steps of `warm_up_bands` up to the
     step's tokens on the same throw-away caches, in sequences of at most its longest: a step at
@@ -203,3 +203,19 @@ def test_engine_start_warms_up_prefill_steps_after_the_sizing(monkeypatch, overr
     eng.shutdown()
     expected = ["warm_up_prefill_steps", "initialize_cache"]
     assert calls == (expected if override else ["available_cache_memory", *expected])
+
+
+def test_a_failure_before_the_first_step_leaves_no_throw_away_cache_bound(monkeypatch):
+    """The throw-away caches are unbound even when what follows their binding fails (here the
+    metadata builder, as an allocation that runs out of memory would)."""
+    with tiny_runner(80, 40) as runner:
+        FakeCudaMemory(total=80 << 30, tensors=10 << 30, cached=0).install(monkeypatch)
+
+        def no_memory(*args):
+            assert bound_caches(runner)  # bound by then
+            raise torch.OutOfMemoryError("no memory for the metadata")
+
+        monkeypatch.setattr(runner_module, "KimiMetadataBuilder", no_memory)
+        with pytest.raises(torch.OutOfMemoryError):
+            runner._profile_gpu_budget()
+        assert not bound_caches(runner)

@@ -12,7 +12,7 @@ from vllm.v1.worker.model_runner import startup_progress
 
 
 @pytest.mark.parametrize("rank, shown", [(0, True), (1, False)])
-def test_the_bar_is_the_first_ranks(monkeypatch, capsys, rank, shown):
+def test_the_bar_is_the_first_ranks(monkeypatch, capsys, startup_bars, rank, shown):
     monkeypatch.setattr(runner_module, "get_tensor_model_parallel_rank", lambda: rank)
     assert list(startup_progress([3, 1, 2], "Warming up things")) == [3, 1, 2]
     err = capsys.readouterr().err

@@ -304,22 +304,22 @@ class ModelRunner:
         lengths = lengths[: self.max_num_seqs]
         blocks = [math.ceil(n / self.block_size) for n in lengths]
         num_blocks, num_slots = sum(blocks) + 1, len(lengths) + 1
-        kda, mla = allocate_kv_caches(
-            self.spec, num_blocks, self.block_size, num_slots, self.device
-        )
-        self.model.bind_kv_caches(kda, mla)
-        builder = KimiMetadataBuilder(
-            sum(lengths), len(lengths), max(blocks), self.block_size, num_blocks, num_slots,
-            self.device,
-        )  # fmt: skip
         firsts = list(accumulate(blocks, initial=1))[:-1]
         tables = [list(range(f, f + b)) for f, b in zip(firsts, blocks, strict=True)]
         slots = list(range(1, len(lengths) + 1))
         batch = BatchSchedule([0] * len(lengths), lengths, tables, slots, 0)
-        ids = torch.zeros(sum(lengths), dtype=torch.long, device=self.device)
         if self.prefill_graphs is not None:
             self.prefill_graphs.enabled = False
         try:
+            kda, mla = allocate_kv_caches(
+                self.spec, num_blocks, self.block_size, num_slots, self.device
+            )
+            self.model.bind_kv_caches(kda, mla)
+            builder = KimiMetadataBuilder(
+                sum(lengths), len(lengths), max(blocks), self.block_size, num_blocks, num_slots,
+                self.device,
+            )  # fmt: skip
+            ids = torch.zeros(sum(lengths), dtype=torch.long, device=self.device)
             with torch.no_grad():
                 hidden = self.model(ids, builder.build(batch))
                 rows = hidden[: self.max_num_seqs]
