@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Prepared in the forty-second run for the next device session (not run; carry [".whl",
 # ".devrun"]). One PART per call, a fresh machine's compiles counted in each limit:
-#   tests (~5 min)  the MoE and worker GPU tests on this tree: 59e5d80's integer grids and
-#                   cached tile checks, e928996's warm-up with a given budget, the start-up bars;
+#   tests (~6 min)  the MoE, launch and worker GPU tests on this tree: the grouped experts
+#                   through `launch` (TMA descriptors on its fast path; not yet run on a GPU),
+#                   59e5d80's grids and cached tile checks, e928996's warm-up with a given
+#                   budget, the start-up bars; run it first;
 #   host  (~4 min)  the 1k prompt under the profiler (call159.sh, one process): the gaps around
 #                   the MoE blocks against call 159's (top-k -> grouping 162 us a layer, grouping
 #                   -> gate/up 142, norm -> router GEMV 102, router -> top-k 75; H100, 128
@@ -15,7 +17,8 @@ export PYTHONPATH=/tmp/site:$PWD
 case "${PART:-tests}" in
   tests)
     timeout 540 python -m pytest -q -m gpu -n 4 -p no:cacheprovider \
-      tests/model_executor/test_fused_moe.py tests/v1/worker > $OUT/gpu_tests.log 2>&1
+      tests/model_executor/test_fused_moe.py tests/triton_utils tests/v1/worker \
+      > $OUT/gpu_tests.log 2>&1
     echo "tests rc $?"; tail -5 $OUT/gpu_tests.log ;;
   host)
     L2=1 bash docs/perf_h200_2026-12-06c/call159.sh

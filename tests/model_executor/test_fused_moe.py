@@ -14,6 +14,7 @@ import vllm.model_executor.layers.fused_moe.experts as experts_mod
 import vllm.model_executor.layers.fused_moe.experts_triton_grouped as experts_triton_grouped
 import vllm.model_executor.layers.fused_moe.group_rows as group_rows_module
 import vllm.model_executor.layers.fused_moe.weighted_sum as weighted_sum_module
+import vllm.triton_utils.launch as launch_module
 from vllm.config.vllm import decode_batch_class
 from vllm.model_executor.layers.activation import SiluAndMul, SituAndMul
 from vllm.model_executor.layers.fused_moe.experts import (
@@ -1041,6 +1042,30 @@ def test_triton_grouped_tma_gives_the_pointer_loads_bits_on_gpu(tokens, monkeypa
     tma = moe_experts_triton_grouped(*case, SiluAndMul())  # the default on this GPU
     assert [kw["TMA"] for kw in launched] == [True]
     assert torch.equal(tma, pointer)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [8192, 600, 64])  # TMA: 128- / 64-row tiles; decode tiles
+def test_triton_grouped_reused_launches_give_tritons_dispatch_bits_on_gpu(tokens, monkeypatch):
+    """Calls after the first launch the grouped kernels through `launch`'s fast path: the TMA
+    descriptors handed to Triton's launcher as they are, placeholders where no descriptor is
+    read. The bits of Triton's own dispatch."""
+    case = make_case(tokens, torch.bfloat16, "cuda", seed=tokens, **dict(KIMI_LINEAR, experts=257))
+    with monkeypatch.context() as plain_only:
+        plain_only.setattr(launch_module, "_FAST", False)
+        plain = moe_experts_triton_grouped(*case, SiluAndMul())
+    moe_experts_triton_grouped(*case, SiluAndMul())  # a launch key's first call: Triton's
+    fast = moe_experts_triton_grouped(*case, SiluAndMul())
+    assert torch.equal(fast, plain)
+    kernels = (
+        experts_triton_grouped._moe_grouped_gate_up_kernel,
+        experts_triton_grouped._moe_grouped_down_kernel,
+    )
+    reused = [
+        any(spec.compiled for key, spec in launch_module._SPECS.items() if key[0] is kernel)
+        for kernel in kernels
+    ]
+    assert reused == [True, True]
 
 
 @pytest.mark.gpu

@@ -200,6 +200,45 @@ def test_each_tensors_alignment_is_in_the_key(fake_triton):
     assert len(spec.compiled) == 2
 
 
+def _descriptor(x: torch.Tensor, block: list[int]):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(x.view(-1, 16), block)
+
+
+def test_tma_descriptors_among_the_leading_tensors_are_passed_as_they_are(fake_triton):
+    """A TensorDescriptor among the leading tensors takes the fast path, handed to the launcher
+    itself (its wrapper builds the TMA descriptor at each launch); its dtype, block shape, shape
+    and strides are in the key."""
+    pytest.importorskip("triton.tools.tensor_descriptor")
+    kernel, spec = FakeJIT(), LaunchSpec(BLOCK=64)
+    x, y = cuda_like(64), cuda_like(64)
+    desc = _descriptor(y, [2, 16])
+    launch(kernel, GRID, (x, desc, 0.5), spec)
+    again = _descriptor(cuda_like(64), [2, 16])  # another base, the same layout
+    launch(kernel, GRID, (x, again, 0.5), spec)
+    assert kernel.kinds() == ["plain", "run"] and spec.num_tensors == 2
+    assert kernel.log[1][2] == (x.data_ptr(), again, 0.5, 64, 4)
+    launch(kernel, GRID, (x, _descriptor(y, [4, 16]), 0.5), spec)  # another block shape
+    launch(kernel, GRID, (x, _descriptor(y.half(), [2, 16]), 0.5), spec)  # another dtype
+    launch(kernel, GRID, (x, _descriptor(y[:32], [2, 16]), 0.5), spec)  # another shape
+    assert kernel.kinds()[2:] == ["plain", "plain", "plain"]
+    launch(kernel, GRID, (x, _descriptor(y[:32], [2, 16]), 0.5), spec)
+    assert kernel.kinds()[-1] == "run" and len(spec.compiled) == 4
+
+
+def test_a_descriptor_after_the_leading_tensors_or_off_the_gpu_takes_the_plain_path(fake_triton):
+    pytest.importorskip("triton.tools.tensor_descriptor")
+    kernel, spec = FakeJIT(), LaunchSpec(BLOCK=64)
+    x = cuda_like(64)
+    for _ in range(2):
+        launch(kernel, GRID, (x, 16, _descriptor(x, [2, 16])), spec)
+    other = LaunchSpec(BLOCK=64)
+    for _ in range(2):
+        launch(kernel, GRID, (x, _descriptor(torch.zeros(64), [2, 16]), 0.5), other)
+    assert kernel.kinds() == ["plain"] * 4 and not spec.compiled and not other.compiled
+
+
 @pytest.mark.parametrize("odd", [(1, 2), 2.0j, "s", [1, 2]], ids=str)
 def test_other_argument_types_take_the_plain_path(fake_triton, odd):
     kernel, spec = FakeJIT(), LaunchSpec(BLOCK=64)

@@ -29,6 +29,11 @@ value, so a compiled kernel is reused only for calls that Triton's own dispatch 
 * the tensors: their dtypes, and whether each address is a multiple of 16 (Triton specializes a
   pointer on that, unless the kernel opts out; the key's split is then finer than Triton's, and
   two keys reuse one compiled kernel);
+* TMA tensor descriptors (``triton.tools.tensor_descriptor.TensorDescriptor``) among the leading
+  tensors: their base's dtype, block shape, shape, strides and padding (Triton 3.6 and 3.9
+  specialize one on its dtype and block shape alone; the rest only makes the split finer). They
+  are handed to the launcher as they are: its own wrapper builds each one's TMA descriptor at
+  every launch, as for Triton's dispatch;
 * every other argument (ints, floats, bools, None) by value and type (``1``, ``True`` and ``1.0``
   are equal in Python and specialize differently);
 * the constexprs and launch options: the ``LaunchSpec`` (the key lives in it);
@@ -57,8 +62,9 @@ try:
     from triton.compiler import CompiledKernel
     from triton.knobs import HookChain
     from triton.runtime import JITFunction, driver
+    from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # CPU-only installs without Triton launch no kernel
-    CompiledKernel = HookChain = JITFunction = driver = knobs = None
+    CompiledKernel = HookChain = JITFunction = TensorDescriptor = driver = knobs = None
 
 __all__ = ["LaunchSpec", "launch", "launch_spec"]
 
@@ -153,6 +159,19 @@ def _launcher(compiled: Any) -> tuple[Any, tuple]:
 _FAST = JITFunction is not None and current_platform.is_cuda()
 
 
+# What may stand among a launch's leading tensors (`launch`).
+_TENSOR_LIKE = (_Tensor,) if TensorDescriptor is None else (_Tensor, TensorDescriptor)
+
+
+def _descriptor_key(desc: Any) -> tuple:
+    """A TMA descriptor's part of a launch key (module docstring): more than Triton's
+    specialization reads, never less."""
+    return (
+        desc.base.dtype, tuple(desc.block_shape), tuple(desc.shape), tuple(desc.strides),
+        getattr(desc, "padding", None), not desc.base.data_ptr() & 15,
+    )  # fmt: skip
+
+
 def _hook_idle(hook: Any) -> bool:
     return hook is None or (type(hook) is HookChain and not hook.calls)
 
@@ -173,13 +192,17 @@ def launch(kernel: Any, grid: tuple[int, int, int], args: tuple, spec: LaunchSpe
     n = spec.num_tensors
     if n is None:
         n = spec.num_tensors = next(
-            (i for i, a in enumerate(args) if not isinstance(a, _Tensor)), len(args)
+            (i for i, a in enumerate(args) if not isinstance(a, _TENSOR_LIKE)), len(args)
         )
     active = driver.active
     device = active.get_current_device()
     key = [device]
     ptrs = []
     for a in args[:n]:
+        if type(a) is TensorDescriptor and isinstance(a.base, _Tensor) and a.base.is_cuda:
+            ptrs.append(a)
+            key.append(_descriptor_key(a))
+            continue
         if not (isinstance(a, _Tensor) and a.is_cuda):  # a non-tensor, or off the GPU
             kernel[grid](*args, **spec.kwargs)
             return

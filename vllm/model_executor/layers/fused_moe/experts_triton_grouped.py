@@ -94,6 +94,7 @@ from vllm.triton_utils import (
     supports_tma,
     triton_interpreting,
 )
+from vllm.triton_utils.launch import launch, launch_spec
 from vllm.triton_utils.pdl import pdl_options, use_pdl
 
 try:
@@ -441,27 +442,40 @@ def moe_experts_triton_grouped(
     max_blocks = blocks.shape[1]
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     a = torch.empty(tokens * topk, inter, dtype=x.dtype, device=x.device)
-    w13_desc = a_desc = a_tail_desc = w2_desc = None
-    pdl = pdl_options(use_pdl(x.device))
+    # A descriptor that a launch does not read (no TMA, or no tail tiles: code compiled out by
+    # the `TMA` / `TAIL_M` constexprs) is passed as a tensor already among its arguments, so
+    # that the leading arguments are tensors and descriptors only (`launch`'s fast path).
+    w13_desc, a_desc, a_tail_desc, w2_desc = w13, a, a, w2
     if t.tma:
         w13_desc = TensorDescriptor.from_tensor(w13.view(-1, hidden), [t.block_n, t.block_k])
         a_desc = TensorDescriptor.from_tensor(a, [t.block_m, t.down_block_k])
         if t.tail_block_m:
             a_tail_desc = TensorDescriptor.from_tensor(a, [t.tail_block_m, t.down_block_k])
         w2_desc = TensorDescriptor.from_tensor(w2.view(-1, inter), [t.down_block_n, t.down_block_k])
-    _moe_grouped_gate_up_kernel[(max_blocks * cdiv(inter, t.block_n),)](
-        x, w13, w13_desc, order, blocks, a,
-        x.stride(0), w13.stride(0), w13.stride(1), a.stride(0), hidden, inter, max_blocks,
-        TOPK=topk, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, PRECISION=precision,
-        TMA=t.tma, TAIL_M=t.tail_block_m, num_warps=t.gate_up_warps,
-        num_stages=t.gate_up_stages, **pdl,
+    pdl = pdl_options(use_pdl(x.device))
+    launch(
+        _moe_grouped_gate_up_kernel, (max_blocks * cdiv(inter, t.block_n), 1, 1),
+        (
+            x, w13, w13_desc, order, blocks, a,
+            x.stride(0), w13.stride(0), w13.stride(1), a.stride(0), hidden, inter, max_blocks,
+        ),
+        launch_spec(
+            _moe_grouped_gate_up_kernel, TOPK=topk, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+            BLOCK_K=t.block_k, PRECISION=precision, TMA=t.tma, TAIL_M=t.tail_block_m,
+            num_warps=t.gate_up_warps, num_stages=t.gate_up_stages, **pdl,
+        ),
     )  # fmt: skip
     y = torch.empty(tokens * topk, hidden, dtype=x.dtype, device=x.device)
-    _moe_grouped_down_kernel[(max_blocks * cdiv(hidden, t.down_block_n),)](
-        a, w2, a_desc, a_tail_desc, w2_desc, order, blocks, y,
-        a.stride(0), w2.stride(0), w2.stride(1), y.stride(0), hidden, inter, max_blocks,
-        BLOCK_M=t.block_m, BLOCK_N=t.down_block_n, BLOCK_K=t.down_block_k, PRECISION=precision,
-        TMA=t.tma, TAIL_M=t.tail_block_m, num_warps=t.down_warps, num_stages=t.down_stages,
-        **pdl,
+    launch(
+        _moe_grouped_down_kernel, (max_blocks * cdiv(hidden, t.down_block_n), 1, 1),
+        (
+            a, w2, a_desc, a_tail_desc, w2_desc, order, blocks, y,
+            a.stride(0), w2.stride(0), w2.stride(1), y.stride(0), hidden, inter, max_blocks,
+        ),
+        launch_spec(
+            _moe_grouped_down_kernel, BLOCK_M=t.block_m, BLOCK_N=t.down_block_n,
+            BLOCK_K=t.down_block_k, PRECISION=precision, TMA=t.tma, TAIL_M=t.tail_block_m,
+            num_warps=t.down_warps, num_stages=t.down_stages, **pdl,
+        ),
     )  # fmt: skip
     return moe_weighted_sum(y, topk_weights, x.dtype)
