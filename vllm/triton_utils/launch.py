@@ -20,8 +20,9 @@ own ``compiled[grid](...)`` calls), with two savings on top of skipping the disp
   (``CudaLauncher.launch``) instead of the launcher's Python ``__call__``, which for a kernel
   without scratch memory only inserts the launch's cooperative-grid and PDL flags and two
   ``None`` scratch buffers before the arguments, through a nested function and two calls: about
-  1 us of Python a launch. Later launchers (3.7 on: the hook arguments named, the kernel's
-  arguments passed as one tuple, a sanitizer's extra arguments) keep ``run``.
+  1 us of Python a launch (for a kernel with TMA descriptors ``CudaLauncher.launch`` is Triton's
+  Python wrapper around it, which builds them). Later launchers (3.7 on: the hook arguments
+  named, the kernel's arguments passed as one tuple, a sanitizer's extra arguments) keep ``run``.
 
 The launch key holds what Triton's specialization can depend on, the non-tensor arguments by
 value, so a compiled kernel is reused only for calls that Triton's own dispatch would give it:
