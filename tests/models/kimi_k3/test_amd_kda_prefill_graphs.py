@@ -134,7 +134,7 @@ def test_steps_outside_the_buckets_or_gate_run_eagerly():
 
 
 @pytest.mark.usefixtures("torch_reference_kernels")
-def test_the_model_hands_one_capture_to_every_kda_layer_and_computes_the_same():
+def test_the_model_hands_one_capture_to_every_kda_layer_and_computes_the_same(monkeypatch):
     """`capture_prefill_graphs` on the tiny model: one `KdaPrefillGraphs` shared by its KDA
     layers, buckets within the step limits; a prefill step, then a mixed step (decode rows and a
     continued prompt), give the logits of the model without them, bit for bit."""
@@ -153,20 +153,77 @@ def test_the_model_hands_one_capture_to_every_kda_layer_and_computes_the_same():
     assert len(kda) > 1 and all(a.prefill_graphs is shared for a in kda)
     assert shared.token_buckets == (256, 300) and shared.seq_buckets == (1, 4, 8)
     assert len(shared.replays) == 6
-    replayed = []
+    replayed, copied = [], []
     run = shared.run
 
     def spy(*args):
+        seen = copies_into(shared.qkvg[:3], monkeypatch)
         out = run(*args)
+        monkeypatch.undo()
+        copied.extend(seen)
         replayed.append(out is not None)
         return out
 
     shared.run = spy
     got = logits()
-    # Every KDA layer of both steps replayed (none declined the layer's inputs).
+    # Every KDA layer of both steps replayed (none declined the layer's inputs), its conv having
+    # written q, k and v into the graphs' buffers: `run` copied none into them.
     assert len(replayed) == 2 * len(kda) and all(replayed)
+    assert copied == []
     for a, b in zip(got, want, strict=True):
         assert torch.equal(a, b)
+
+
+def copies_into(buffers: torch.Tensor, monkeypatch) -> list[int]:
+    """The `copy_` calls from now on whose destination starts inside `buffers` (their start
+    addresses, appended as they come)."""
+    lo = buffers.data_ptr()
+    hi = lo + buffers.numel() * buffers.element_size()
+    seen: list[int] = []
+    copy = torch.Tensor.copy_
+
+    def spy(dst, src, *args, **kwargs):
+        if lo <= dst.data_ptr() < hi:
+            seen.append(dst.data_ptr())
+        return copy(dst, src, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "copy_", spy)
+    return seen
+
+
+def test_qkv_buffer_is_where_a_replayed_step_reads_q_k_v(monkeypatch):
+    """`qkv_buffer`: views of the q, k, v buffers for the steps `run` replays (None for the
+    others); q, k and v written there are not copied again, and the replay gives the eager
+    result."""
+    gen = torch.Generator().manual_seed(6)
+    graphs = KdaPrefillGraphs(H, D, torch.float32, torch.device("cpu"), None, (16, 32), (1, 4))
+    graphs.capture()
+    cpu = torch.device("cpu")
+    buffer = graphs.qkv_buffer(20, 2, torch.float32, cpu)
+    assert buffer.shape == (3, 20, H * D)
+    for i in range(3):
+        assert buffer[i].data_ptr() == graphs.qkvg[i, 0].data_ptr()
+    assert graphs.qkv_buffer(33, 1, torch.float32, cpu) is None  # no bucket
+    assert graphs.qkv_buffer(8, 5, torch.float32, cpu) is None
+    assert graphs.qkv_buffer(8, 1, torch.float64, cpu) is None
+    assert graphs.qkv_buffer(8, 1, torch.float32, torch.device("meta")) is None
+    graphs.enabled = False
+    assert graphs.qkv_buffer(8, 1, torch.float32, cpu) is None
+    graphs.enabled = True
+    q, k, v, g, beta, qsl = step_inputs(gen, [12, 8])
+    want_pool = torch.randn(4, H, D, D, generator=gen) * 0.1
+    got_pool = want_pool.clone()
+    slots, init = torch.tensor([1, 3]), torch.tensor([True, False])
+    gate = make_gate(gen)
+    want = kda_prefill(q, k, v, g, beta, want_pool, qsl, slots, init, gate)
+    buffer = graphs.qkv_buffer(20, 2, torch.float32, cpu).view(3, 20, H, D)
+    for dst, src in zip(buffer, (q, k, v), strict=True):
+        dst.copy_(src)
+    copied = copies_into(graphs.qkvg, monkeypatch)
+    got = graphs.run(*buffer.unbind(0), g, beta, got_pool, qsl, slots, init, gate)
+    monkeypatch.undo()
+    assert copied == [graphs.qkvg[3, 0].data_ptr()]  # only g
+    assert torch.equal(got, want) and torch.equal(got_pool, want_pool)
 
 
 @pytest.mark.gpu

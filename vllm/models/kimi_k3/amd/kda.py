@@ -279,7 +279,12 @@ class KimiK3DeltaAttention(torch.nn.Module):
         decay_gate = KdaGate(self.A_log, self.dt_bias, self.gate_lower_bound)
         # q | k | v written group-major, so that each is contiguous: fla-core's chunk_kda makes
         # its inputs contiguous, which for column views of one [T, 3HD] buffer is a copy each.
-        conv = torch.empty(3, rows, h * d, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
+        # Where the core will replay a graph, into the graph's own input buffers.
+        graphs, dtype, device = self.prefill_graphs, mixed_qkv.dtype, mixed_qkv.device
+        seqs = slots.shape[0] - nd
+        conv = None if graphs is None else graphs.qkv_buffer(rows, seqs, dtype, device)
+        if conv is None:
+            conv = torch.empty(3, rows, h * d, dtype=dtype, device=device)
         causal_conv1d_prefill(
             mixed_qkv[nd:], self.conv1d_weight, pool.conv_state, metadata.prefill_query_start_loc,
             slots[nd:], metadata.has_initial_state[nd:], out=conv,

@@ -185,6 +185,20 @@ class KdaPrefillGraphs:
             self.cu[0] = 0
             self.replays[(t, n)] = _Replay(lambda t=t, n=n: self._call(t, n), pool)
 
+    def qkv_buffer(
+        self, tokens: int, seqs: int, dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor | None:
+        """Where a step of `tokens` prefill tokens in `seqs` sequences of `dtype` on `device`
+        would replay: a `[3, tokens, heads * head_dim]` view of the q, k, v buffers, for the
+        layer's conv to write them into, so that `run` copies none of them (three copies a KDA
+        layer, each a launch of host time in a host-bound step); None where it would not."""
+        bucket = pick_bucket(tokens, seqs, self.token_buckets, self.seq_buckets)
+        if not self.enabled or bucket not in self.replays:
+            return None
+        if dtype != self.dtype or device != self.qkvg.device:
+            return None
+        return self.qkvg[:3, 0, :tokens].flatten(2)
+
     def run(
         self,
         q: torch.Tensor,
@@ -214,7 +228,10 @@ class KdaPrefillGraphs:
             return None
         t, n = bucket
         for dst, src in zip(self.qkvg, (q, k, v, g), strict=True):
-            dst[0, :tokens].copy_(src)
+            dst = dst[0, :tokens]
+            # Written there already (`qkv_buffer`): the same elements.
+            if dst.data_ptr() != src.data_ptr() or dst.stride() != src.stride():
+                dst.copy_(src)
         self.beta[0, :tokens].copy_(beta)
         h0 = self.h0[:seqs]
         torch.index_select(state, 0, slots, out=h0)
