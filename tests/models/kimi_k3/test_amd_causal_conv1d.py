@@ -116,6 +116,23 @@ def test_grouped_out_gives_contiguous_groups(triton_launches):
         )
 
 
+def test_grouped_out_in_a_larger_buffer(triton_launches):
+    """`out` `[3, T, C / 3]` as the first T rows of three larger planes (the KDA prefill graphs'
+    q, k, v buffers, `KdaPrefillGraphs.qkv_buffer`): each group lands in its own plane, the
+    rows past T untouched."""
+    batch = make_batch([5, 1, 17], 48, 4, torch.bfloat16, torch.bfloat16, [True, False, True], 5)
+    args = {k: v for k, v in batch.items() if k != "conv_state"}
+    ref = causal_conv1d_prefill_ref(conv_state=batch["conv_state"].clone(), **args)
+    planes = torch.full((3, 40, 16), 7.0, dtype=torch.bfloat16, device=DEVICE)
+    causal_conv1d_prefill(conv_state=batch["conv_state"].clone(), out=planes[:, :23], **args)
+    assert triton_launches["_causal_conv1d_prefill_kernel"] == 1
+    for i in range(3):
+        torch.testing.assert_close(
+            planes[i, :23].float(), ref[:, 16 * i : 16 * (i + 1)].float(), rtol=2**-7, atol=2**-7
+        )
+    assert (planes[:, 23:] == 7).all()
+
+
 # Small blocks, so that most steps take 4 or 8 rows of one sequence and the others start a
 # sequence (several in one block), or run past T.
 SMALL_BLOCKS = [Conv1dPrefillConfig(4, 16, 2), Conv1dPrefillConfig(8, 8, 1, step=8)]
