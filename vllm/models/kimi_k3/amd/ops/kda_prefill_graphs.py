@@ -12,7 +12,8 @@ the device at a fixed shape, for `cu_seqlens` padded with empty sequences to N +
 rows past the real chunks return at once), so one call captures. `KdaPrefillGraphs.run` copies a
 layer's inputs into the first rows of the static buffers (q, k, v, the raw gate, beta; the
 sequences' initial states, zeros where a sequence has none; the offsets, then empty sequences up
-to the bucket; the layer's `A_log` / `dt_bias`), replays the smallest graph that holds the step,
+to the bucket; the layer's `A_log` / `dt_bias`; not q, k, v that the layer's conv wrote there
+already, into the views `qkv_buffer` gave it), replays the smallest graph that holds the step,
 writes the final states back to the slots and returns the first rows of the graph's output (read
 before the next replay, by stream order). Rows past the step keep what an earlier call left there
 (zeros at first, finite values after): no sequence covers them, and every kernel that reads them
