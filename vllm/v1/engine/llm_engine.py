@@ -39,8 +39,8 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine.output_processor import OutputProcessor
 from vllm.v1.executor.multiproc_executor import Executor
+from vllm.v1.outputs import SampledStep
 from vllm.v1.request import Request, RequestStatus
-from vllm.v1.worker.model_runner import SampledStep
 
 logger = init_logger(__name__)
 _RUNNING = RequestStatus.RUNNING

@@ -16,12 +16,12 @@ upload) before each replay. Before the capture, one dummy mixed step per size
 their first step of each batch class compiled otherwise.
 
 Asynchronous steps: `sample` only enqueues the sampler and the copy of its results to the host
-(`SampledStep`; `SampledStep.result` waits for them), so the engine can launch a step that
-`follows` the last one (`AsyncScheduler`) before reading that one's tokens. Such a step has no
-host token ids: `execute` copies the last step's sampled ids into the input buffer on the device,
-after the metadata upload, row for row. Everything is ordered by the one stream: the follower's
-upload and replay run after the last step's sampler has read its logits. At TP > 1 only rank 0
-has those ids: every rank starts such a step with their broadcast from rank 0
+(`SampledStep` in vllm/v1/outputs.py; `SampledStep.result` waits for them), so the engine can launch
+a step that `follows` the last one (`AsyncScheduler`) before reading that one's tokens. Such a step
+has no host token ids: `execute` copies the last step's sampled ids into the input buffer on the
+device, after the metadata upload, row for row. Everything is ordered by the one stream: the
+follower's upload and replay run after the last step's sampler has read its logits. At TP > 1 only
+rank 0 has those ids: every rank starts such a step with their broadcast from rank 0
 (`_last_sampled_rows`), which the stream waits for before the upload.
 """
 
@@ -56,6 +56,7 @@ from vllm.platforms import current_platform
 from vllm.utils.torch_utils import async_tensor_h2d
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import allocate_kv_caches
+from vllm.v1.outputs import SampledStep, copy_to_host
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.sampler import Sampler, compute_prompt_logprobs
 from vllm.v1.worker.warm_up_bands import warm_up_bands
@@ -96,60 +97,6 @@ class SamplePlan:
     sample_requests: list = field(default_factory=list)  # Request per sampling row
     # (request_id, first row, number of rows, target token ids) per prompt-logprob slice
     prompt_slices: list[tuple[str, int, int, list[int], int]] = field(default_factory=list)
-
-
-@dataclass
-class ModelRunnerOutput:
-    sampled: dict[str, list[int]]
-    # request_id -> (token ids, logprobs, rank of the sampled token) of its sampled token
-    logprobs: dict[str, tuple[list[int], list[float], int]]
-    # request_id -> one (token ids, logprobs, rank) per prompt position this step
-    prompt_logprobs: dict[str, list[tuple[list[int], list[float], int]]]
-
-
-@dataclass
-class SampledStep:
-    """A step's samples on their way to the host: tensors that the device is copying into host
-    memory, complete once `ready` has passed (None on the CPU: already there)."""
-
-    request_ids: list[str]  # per sampling row
-    tokens: torch.Tensor  # [rows] int64
-    # (token ids, logprobs, ranks) of the sampling rows, when some row asked for logprobs
-    logprobs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
-    num_logprobs: list[int | None]  # per sampling row
-    # (request_id, (token ids, logprobs, ranks)) per prompt-logprob slice
-    prompt_logprobs: list[tuple[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]
-    ready: "torch.cuda.Event | None"
-
-    def result(self) -> ModelRunnerOutput:
-        """Wait for the copies (not for anything enqueued after them) and unpack them."""
-        if self.ready is not None:
-            self.ready.synchronize()
-        result = ModelRunnerOutput({}, {}, {})
-        ids = self.request_ids
-        result.sampled = dict(zip(ids, [[t] for t in self.tokens.tolist()], strict=True))
-        if self.logprobs is not None:
-            tokens, values, ranks = (t.tolist() for t in self.logprobs)
-            for i, k in enumerate(self.num_logprobs):
-                if k is not None:
-                    result.logprobs[ids[i]] = (tokens[i][: k + 1], values[i][: k + 1], ranks[i])
-        for request_id, lp in self.prompt_logprobs:
-            rows = zip(*(t.tolist() for t in lp), strict=True)
-            result.prompt_logprobs[request_id] = list(rows)
-        return result
-
-
-def _to_host(tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    """Device tensors copied into pinned host memory without waiting (a copy into pageable
-    memory would wait for the stream); CPU tensors as they are."""
-    out = []
-    for t in tensors:
-        if t.device.type == "cpu":
-            out.append(t)
-            continue
-        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-        out.append(host.copy_(t, non_blocking=True))
-    return tuple(out)
 
 
 class ModelRunner:
@@ -546,15 +493,15 @@ class ModelRunner:
             metadata = self._sampling_metadata(reqs, logits.device)
             out = self.sampler(logits[: len(reqs)], metadata)
             self.last_sampled = out.sampled_token_ids
-            (tokens,) = _to_host((out.sampled_token_ids,))
+            (tokens,) = copy_to_host((out.sampled_token_ids,))
             if out.logprobs is not None:
                 lp = out.logprobs
-                logprobs = _to_host((lp.token_ids, lp.logprobs, lp.ranks))
+                logprobs = copy_to_host((lp.token_ids, lp.logprobs, lp.ranks))
         prompt = []
         for request_id, first, count, targets, k in plan.prompt_slices:
             target = torch.tensor(targets, dtype=torch.long, device=logits.device)
             lp = compute_prompt_logprobs(logits[first : first + count], target, k)
-            prompt.append((request_id, _to_host((lp.token_ids, lp.logprobs, lp.ranks))))
+            prompt.append((request_id, copy_to_host((lp.token_ids, lp.logprobs, lp.ranks))))
         ready = None
         if logits.device.type == "cuda":
             ready = torch.cuda.Event()
