@@ -39,7 +39,7 @@ from functools import cache
 import torch
 
 from vllm.platforms import current_platform
-from vllm.triton_utils import next_power_of_2, num_sms
+from vllm.triton_utils import cdiv, next_power_of_2, num_sms
 
 __all__ = [
     "BATCHED_GEMV_MAX_M",
@@ -160,10 +160,6 @@ class GemvConfig:
             raise ValueError(f"use_dot needs block_m >= 16 (tl.dot's minimum), got {self.block_m}")
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _split_k(programs: int, k: int, block_k: int, min_programs: int) -> int:
     """Doubles the K splits until ``programs`` times them reach ``min_programs``; each split
     keeps at least two K chunks, so the reduction never outweighs the weight read."""
@@ -186,7 +182,7 @@ def auto_split_k(m: int, n: int, k: int, config: GemvConfig) -> int:
     """K splits for ``config`` (its own ``split_k`` aside) at ``[m, k] @ [n, k]^T``: the fewest
     that give at least two programs per SM (one with ``tl.dot``, whose programs keep 64 KB of
     loads in flight by their pipeline stages), each split keeping at least two K chunks."""
-    programs = _cdiv(n, config.block_n) * _cdiv(m, block_rows(config, m))
+    programs = cdiv(n, config.block_n) * cdiv(m, block_rows(config, m))
     per_sm = 1 if config.use_dot else 2
     return _split_k(programs, k, config.block_k, per_sm * num_sms())
 
@@ -223,8 +219,8 @@ def batched_config(batch: int, m: int, n: int, k: int) -> GemvConfig:
     step = _STEP_ELEMENTS.get(m, min(_STEP_ELEMENTS.values())) * _TILE_CHANNELS
     block_k = max(64, min(step, next_power_of_2(k)))
     block_n = max(_TILE_CHANNELS, min(step // block_k, next_power_of_2(n)))
-    rows = _cdiv(m, min(_MAX_BLOCK_M, next_power_of_2(m)))
-    while block_n > _TILE_CHANNELS and batch * _cdiv(n, block_n) * rows < 2 * num_sms():
+    rows = cdiv(m, min(_MAX_BLOCK_M, next_power_of_2(m)))
+    while block_n > _TILE_CHANNELS and batch * cdiv(n, block_n) * rows < 2 * num_sms():
         block_n //= 2
     return GemvConfig(block_n, block_k, num_warps=4, num_stages=1)
 
@@ -232,7 +228,7 @@ def batched_config(batch: int, m: int, n: int, k: int) -> GemvConfig:
 def _fitting_block_n(block_n: int, n: int) -> int:
     """`block_n`, doubled until the N blocks fit a grid's second axis (the LM head's 163840
     channels take 4 where 2 would need 81920 blocks)."""
-    while _cdiv(n, block_n) > MAX_GRID_Y:
+    while cdiv(n, block_n) > MAX_GRID_Y:
         block_n *= 2
     return block_n
 
@@ -266,7 +262,7 @@ def _fp32_config(m: int, n: int, k: int, bf16_x: bool) -> GemvConfig:
     else:
         block_n, block_k, use_dot = 16, 64, True
         block_m = max(16, min(64, next_power_of_2(m)))
-    programs = _cdiv(n, block_n) * _cdiv(m, block_m or _MAX_BLOCK_M)
+    programs = cdiv(n, block_n) * cdiv(m, block_m or _MAX_BLOCK_M)
     split_k = _split_k(programs, k, block_k, num_sms())
     return GemvConfig(block_n, block_k, split_k=split_k, use_dot=use_dot, block_m=block_m)
 

@@ -38,7 +38,7 @@ from functools import cache
 
 import torch
 
-from vllm.triton_utils import next_power_of_2, use_triton
+from vllm.triton_utils import cdiv, next_power_of_2, use_triton
 from vllm.triton_utils.launch import LaunchSpec, launch
 from vllm.triton_utils.pdl import pdl_options, use_pdl
 
@@ -139,17 +139,13 @@ def _pick_spec(block_s: int, pdl: bool) -> LaunchSpec:
     return LaunchSpec(BLOCK_S=block_s, num_warps=max(1, min(block_s // 256, 4)), **pdl_options(pdl))
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def split_count(rows: int, vocab: int, target_programs: int = TARGET_PROGRAMS) -> tuple[int, int]:
     """``(S, chunk)``: the chunks each of ``rows`` rows of ``vocab`` columns is cut into, and the
     columns of one chunk (a multiple of ``BLOCK``; the last chunk may be shorter)."""
-    blocks = _cdiv(vocab, BLOCK)
-    wanted = min(_cdiv(target_programs, rows), blocks, MAX_SPLITS)
-    chunk = _cdiv(blocks, wanted) * BLOCK
-    return _cdiv(vocab, chunk), chunk
+    blocks = cdiv(vocab, BLOCK)
+    wanted = min(cdiv(target_programs, rows), blocks, MAX_SPLITS)
+    chunk = cdiv(blocks, wanted) * BLOCK
+    return cdiv(vocab, chunk), chunk
 
 
 # --------------------------------------------------------------------------------------------
