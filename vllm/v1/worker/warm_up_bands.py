@@ -5,8 +5,9 @@ fla-core 0.6.0 tunes its q / k L2 norm (the first kernels of the KDA prefill cor
 tokens at Kimi-Linear's 32 heads. On a fresh H100 one such tuning took 9.1 s of the step that first
 met its band (docs/performance.md, "Forty-first run"), and Triton compiles the fork's kernels per
 class of their int arguments (1, a multiple of 16, other), which follow the step's token count.
-So the model runner's profiling run and the engine benchmarks' warm-ups run a step at the top of
-every band, and steps a token below (the benchmarks below every top, the runner below its largest).
+So the model runner's start-up (its profiling run, or `warm_up_prefill_steps` where the cache
+budget is given) and the engine benchmarks' warm-ups run a step at the top of every band, and steps
+a token below (the benchmarks below every top, the runner below its largest).
 """
 
 # Tokens per band: 65536 rows of q over Kimi-Linear's 32 heads (fewer heads: wider bands, still
