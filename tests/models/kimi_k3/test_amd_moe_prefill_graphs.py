@@ -13,11 +13,11 @@ from vllm.models.kimi_k3.amd.moe_prefill_graphs import (
     moe_token_buckets,
 )
 
-# The torch references on the CPU: at the sizes below (more than 64 routed rows) the experts take
-# the loop both eagerly and in the padded calls, and the router's GEMM gives each row the same
-# bits whatever the row count, so a padded call and the eager block agree bit for bit. (Under the
-# interpreter the padded and eager calls take different kernels: tile shapes by row count.)
-pytestmark = pytest.mark.usefixtures("torch_reference_kernels")
+# The CPU tests run the torch references: at their sizes (more than 64 routed rows) the experts
+# take the loop both eagerly and in the padded calls, and the router's GEMM gives each row the
+# same bits whatever the row count, so a padded call and the eager block agree bit for bit. (Under
+# the interpreter the padded and eager calls take different kernels: tile shapes by row count.)
+on_references = pytest.mark.usefixtures("torch_reference_kernels")
 
 
 def test_buckets_are_the_step_limits_from_min_tokens():
@@ -32,6 +32,7 @@ def tiny_moes(dtype=torch.float32, device="cpu"):
     return model, [layer.block_sparse_moe for layer in model.layers if layer.is_moe]
 
 
+@on_references
 def test_local_forward_keeps_the_padding_rows_from_the_experts():
     """`valid_rows`: the rows past it get ids past every expert slot; the rows before it give the
     block's output on those rows alone."""
@@ -47,6 +48,7 @@ def test_local_forward_keeps_the_padding_rows_from_the_experts():
     assert torch.equal(got[:30], moe.local_forward(h[:30]))
 
 
+@on_references
 def test_capture_walks_each_bucket_and_layer_and_run_declines_what_it_does_not_hold():
     _, moes = tiny_moes()
     hidden = moes[0].config.hidden_size
@@ -61,11 +63,15 @@ def test_capture_walks_each_bucket_and_layer_and_run_declines_what_it_does_not_h
     assert walked == [(t, i) for t in (64, 32) for i in range(len(moes))]
     assert set(graphs.graphs) == {(m, t) for m in moes for t in (32, 64)}
     gen = torch.Generator().manual_seed(2)
+    buckets = []
+    call = graphs._call
+    graphs._call = lambda moe, t: buckets.append(t) or call(moe, t)
     for tokens in (40, 25, 64, 32):
         h = torch.randn(tokens, hidden, generator=gen)
         got = graphs.run(moes[1], h)
         assert got.data_ptr() == graphs.out.data_ptr() and got.shape == h.shape
         assert torch.equal(got, moes[1].local_forward(h))
+    assert buckets == [64, 32, 64, 32]  # the smallest that holds each step
     h = torch.randn(8, hidden, generator=gen)
     assert graphs.run(moes[0], torch.randn(65, hidden)) is None  # no bucket
     assert graphs.run(moes[0], h[:0]) is None
@@ -78,6 +84,7 @@ def test_capture_walks_each_bucket_and_layer_and_run_declines_what_it_does_not_h
     assert graphs.run(moes[0], h) is None
 
 
+@on_references
 def test_the_model_hands_one_capture_to_every_moe_layer_and_computes_the_same():
     """`capture_moe_prefill_graphs` on the tiny model: one `MoePrefillGraphs` shared by its MoE
     layers, buckets within the step limit; a prefill step, then a mixed step, replay every MoE
@@ -110,6 +117,7 @@ def test_the_model_hands_one_capture_to_every_moe_layer_and_computes_the_same():
         assert torch.equal(a, b)
 
 
+@on_references
 def test_no_moe_graphs_where_the_blocks_would_not_replay():
     """Kimi-K3's AttnRes layers call the block without `forward_with_norm`: nothing captured."""
     model = load_model("kimi-k3-tiny", dtype=torch.float32)
