@@ -14,7 +14,6 @@ SWITCHES = {  # name -> default
     "VLLM_KIMI_FUSE_SHARED_EXPERTS": True,
     "VLLM_TRITON_PDL": True,
     "VLLM_KDA_PREFILL_GRAPHS": True,
-    "VLLM_MOE_PREFILL_GRAPHS": True,
 }
 
 

@@ -84,12 +84,6 @@ _VARIABLES: dict[str, tuple[Callable[[str | None], Any], str]] = {
         "replays CUDA graphs captured at start-up for steps of up to 2048 prefill tokens in up "
         "to 16 sequences (default 1). 0: always eager.",
     ),
-    "VLLM_MOE_PREFILL_GRAPHS": (
-        _switch(True),
-        "On CUDA without --enforce-eager at TP 1, the MoE blocks of eager steps (prefill and "
-        "mixed) of up to 2048 tokens replay CUDA graphs captured at start-up, one per layer "
-        "and token bucket (default 1). 0: always eager.",
-    ),
     "VLLM_TRITON_PDL": (
         _switch(True),
         "NVIDIA sm_90+: launch the fork's Triton kernels with programmatic dependent launch, so "

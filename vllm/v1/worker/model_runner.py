@@ -27,11 +27,11 @@ rank 0 has those ids: every rank starts such a step with their broadcast from ra
 
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import accumulate, chain
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -50,7 +50,6 @@ from vllm.logger import init_logger
 from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
 from vllm.model_executor.model_loader.loader import load_model
 from vllm.models.kimi_k3.amd.metadata import BatchSchedule, KimiMetadataBuilder
-from vllm.models.kimi_k3.amd.moe_prefill_graphs import MoePrefillGraphs
 from vllm.models.kimi_k3.amd.ops.kda_prefill_graphs import KdaPrefillGraphs
 from vllm.models.registry import model_class
 from vllm.platforms import current_platform
@@ -129,9 +128,8 @@ class ModelRunner:
         # The last step's sampled ids, on the device: the input of a step that follows it. Only
         # rank 0 samples; at TP > 1 the other ranks receive them into `received_ids`.
         self.last_sampled: torch.Tensor | None = None
-        # The KDA prefill core's and the MoE blocks' graphs, once captured (`load_model`).
+        # The KDA prefill core's graphs, once captured (`load_model`).
         self.prefill_graphs: KdaPrefillGraphs | None = None
-        self.moe_prefill_graphs: MoePrefillGraphs | None = None
         # Whether the start-up prefill steps of `_warm_up_prefill_bands` have run.
         self.prefill_bands_warmed = False
         self.received_ids = torch.empty(
@@ -154,44 +152,29 @@ class ModelRunner:
         self.capture_prefill_graphs()
 
     def capture_prefill_graphs(self) -> None:
-        """Capture the KDA prefill core's graphs (kda_prefill_graphs.py) and the MoE blocks'
-        (moe_prefill_graphs.py) on CUDA without `enforce_eager`, unless
-        `VLLM_KDA_PREFILL_GRAPHS=0` / `VLLM_MOE_PREFILL_GRAPHS=0`, and log their seconds and
-        memory. Before the cache sizing, so that the memory they hold counts as used."""
+        """Capture the KDA prefill core's graphs (kda_prefill_graphs.py) on CUDA without
+        `enforce_eager` unless `VLLM_KDA_PREFILL_GRAPHS=0`, and log their seconds and memory.
+        Before the cache sizing, so that the memory they hold counts as used."""
         mc = self.config.model_config
         on_cuda = self.device.type == "cuda" and current_platform.is_cuda()
-        if not on_cuda or mc.enforce_eager:
+        if not on_cuda or mc.enforce_eager or not envs.VLLM_KDA_PREFILL_GRAPHS:
             return
-        tokens = self.config.scheduler_config.max_num_batched_tokens
-        if envs.VLLM_KDA_PREFILL_GRAPHS:
-            self.prefill_graphs = self._capture_logged(
-                "KDA prefill",
-                lambda bar: self.model.capture_prefill_graphs(tokens, self.max_num_seqs, bar),
-                lambda graphs: len(graphs.replays),
-            )
-        if envs.VLLM_MOE_PREFILL_GRAPHS:
-            self.moe_prefill_graphs = self._capture_logged(
-                "MoE prefill",
-                lambda bar: self.model.capture_moe_prefill_graphs(tokens, bar),
-                lambda graphs: len(graphs.graphs),
-            )
-
-    def _capture_logged(self, name: str, capture: Callable, count: Callable) -> Any:
-        """`capture(progress bar)`'s graphs (or None), with their count, seconds and the device
-        memory they hold logged."""
         start = time.perf_counter()
+        sched = self.config.scheduler_config
         torch.cuda.empty_cache()
         free = torch.cuda.mem_get_info(self.device)[0]
         with torch.no_grad():
-            graphs = capture(partial(startup_progress, desc=f"Capturing {name} graphs"))
+            self.prefill_graphs = self.model.capture_prefill_graphs(
+                sched.max_num_batched_tokens, self.max_num_seqs,
+                partial(startup_progress, desc="Capturing KDA prefill graphs"),
+            )  # fmt: skip
         torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - start
-        if graphs is not None:
+        if self.prefill_graphs is not None:
             torch.cuda.empty_cache()  # the warm-ups' freed tensors: not held by the graphs
             held = free - torch.cuda.mem_get_info(self.device)[0]
-            logger.info("Captured %d %s graphs in %.1f s (%.2f GiB)",
-                        count(graphs), name, elapsed, held / 2**30)  # fmt: skip
-        return graphs
+            logger.info("Captured %d KDA prefill graphs in %.1f s (%.2f GiB)",
+                        len(self.prefill_graphs.replays), elapsed, held / 2**30)  # fmt: skip
 
     def available_cache_memory(self) -> int:
         """Bytes the caches may take on this rank (the minimum over TP ranks): measured after a
@@ -259,9 +242,8 @@ class ModelRunner:
     def _run_largest_step_and_bands(self) -> None:
         """The largest step the scheduler can produce (its prefill and the logits of
         max_num_seqs rows), then `_warm_up_prefill_bands`, on throw-away caches that are
-        unbound afterwards whatever happens, with the KDA and MoE prefill graphs' replays off
-        (steps outside their buckets take the eager core and blocks, whose peak and tuning
-        count)."""
+        unbound afterwards whatever happens, with the KDA prefill graphs' replays off (steps
+        outside their buckets take the eager core, whose peak and tuning count)."""
         mc = self.config.model_config
         tokens = self.config.scheduler_config.max_num_batched_tokens
         seq_len = min(mc.max_model_len, tokens)
@@ -273,9 +255,8 @@ class ModelRunner:
         tables = [list(range(f, f + b)) for f, b in zip(firsts, blocks, strict=True)]
         slots = list(range(1, len(lengths) + 1))
         batch = BatchSchedule([0] * len(lengths), lengths, tables, slots, 0)
-        graph_sets = [g for g in (self.prefill_graphs, self.moe_prefill_graphs) if g is not None]
-        for graphs in graph_sets:
-            graphs.enabled = False
+        if self.prefill_graphs is not None:
+            self.prefill_graphs.enabled = False
         try:
             kda, mla = allocate_kv_caches(
                 self.spec, num_blocks, self.block_size, num_slots, self.device
@@ -294,8 +275,8 @@ class ModelRunner:
                 self._warm_up_prefill_bands(builder, batch, ids)
             torch.cuda.synchronize(self.device)
         finally:
-            for graphs in graph_sets:
-                graphs.enabled = True
+            if self.prefill_graphs is not None:
+                self.prefill_graphs.enabled = True
             self.model.bind_kv_caches({}, {})
 
     def _warm_up_prefill_bands(

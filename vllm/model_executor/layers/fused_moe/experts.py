@@ -25,11 +25,6 @@ GEMMs); the weighted sum over the K chosen experts runs in fp32, slot by slot in
 
 `select_experts_impl` picks one from shapes, dtype, device and the activation's type only, so the
 choice is the same in eager mode and inside a CUDA graph.
-
-Ids outside `[0, E)`: loop, grouped and triton_grouped leave such a (token, slot) out of every
-expert, and its token's output is unspecified; the other tokens' outputs are as without it. The
-MoE prefill graphs mark their padding rows so (`KimiMoE.local_forward`). gathered and triton
-index the weights by id and need every id in range.
 """
 
 from collections.abc import Callable
@@ -86,11 +81,8 @@ def moe_experts_loop(
     check_expert_shapes(x, w13, w2, topk_weights, topk_ids)
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     flat_ids = topk_ids.reshape(-1)
-    num_experts = w13.shape[0]
-    # Ids outside [0, E) sort after the experts' rows and are left out (module docstring).
-    in_range = (flat_ids >= 0) & (flat_ids < num_experts)
-    order = torch.where(in_range, flat_ids, num_experts).argsort()
-    counts = torch.bincount(flat_ids[in_range], minlength=num_experts).tolist()
+    order = flat_ids.argsort()
+    counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()
     token_of = order // topk_ids.shape[1]
     weight_of = topk_weights.reshape(-1)[order]
     start = 0

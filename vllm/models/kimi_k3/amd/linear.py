@@ -14,7 +14,6 @@ from collections.abc import Iterable
 
 import torch
 
-from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.logger import init_logger
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (
@@ -32,7 +31,6 @@ from vllm.models.kimi_k3.amd.kda import KDAStatePool, KimiK3DeltaAttention
 from vllm.models.kimi_k3.amd.metadata import KimiMetadata
 from vllm.models.kimi_k3.amd.mla import KimiMLAAttention
 from vllm.models.kimi_k3.amd.moe import KimiMLP, KimiMoE
-from vllm.models.kimi_k3.amd.moe_prefill_graphs import MoePrefillGraphs, moe_token_buckets
 from vllm.models.kimi_k3.amd.ops.kda_prefill_graphs import (
     DEFAULT_SEQ_BUCKETS,
     DEFAULT_TOKEN_BUCKETS,
@@ -261,25 +259,6 @@ class KimiLinearForCausalLM(torch.nn.Module):
         graphs.capture(progress)
         for attn in kda:
             attn.prefill_graphs = graphs
-        return graphs
-
-    def capture_moe_prefill_graphs(
-        self, max_tokens: int, progress: CaptureProgress = iter
-    ) -> MoePrefillGraphs | None:
-        """Capture the MoE blocks' prefill graphs (`MoePrefillGraphs`, walking its (bucket,
-        layer) pairs through `progress`) for steps of up to `max_tokens` tokens, and hand them
-        to every MoE layer. Returns them (None: no MoE layer or no bucket; AttnRes models and
-        TP > 1, whose blocks do not run where the graphs replay or are not measured there)."""
-        moes = [layer.block_sparse_moe for layer in self.layers if layer.is_moe]
-        buckets = moe_token_buckets(DEFAULT_TOKEN_BUCKETS, max_tokens)
-        attn_res = self.config.attn_res_block_size is not None
-        if not moes or not buckets or attn_res or get_tensor_model_parallel_world_size() > 1:
-            return None
-        weight = self.embed_tokens.weight
-        graphs = MoePrefillGraphs(self.config.hidden_size, weight.dtype, weight.device, buckets)
-        graphs.capture(moes, progress)
-        for moe in moes:
-            moe.prefill_graphs = graphs
         return graphs
 
     # -- caches ---------------------------------------------------------------------------------

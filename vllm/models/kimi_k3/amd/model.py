@@ -12,7 +12,6 @@ from vllm.model_executor.layers.quantization.base_config import QuantizationConf
 from vllm.models.kimi_k3.amd.kda import KDAStatePool
 from vllm.models.kimi_k3.amd.linear import KimiLinearForCausalLM
 from vllm.models.kimi_k3.amd.metadata import KimiMetadata
-from vllm.models.kimi_k3.amd.moe_prefill_graphs import MoePrefillGraphs
 from vllm.models.kimi_k3.amd.ops.kda_prefill_graphs import CaptureProgress, KdaPrefillGraphs
 from vllm.transformers_utils.configs import KimiK3Config
 from vllm.v1.kv_cache_interface import KVCacheSpec
@@ -77,11 +76,6 @@ class KimiK3ForConditionalGeneration(torch.nn.Module):
         self, max_tokens: int, max_seqs: int, progress: CaptureProgress = iter
     ) -> KdaPrefillGraphs | None:
         return self.language_model.capture_prefill_graphs(max_tokens, max_seqs, progress)
-
-    def capture_moe_prefill_graphs(
-        self, max_tokens: int, progress: CaptureProgress = iter
-    ) -> MoePrefillGraphs | None:
-        return self.language_model.capture_moe_prefill_graphs(max_tokens, progress)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load Kimi-K3 checkpoint tensors one by one; returns the canonical K3 names loaded."""

@@ -14,7 +14,6 @@ more accurate). `VLLM_KIMI_FUSE_SHARED_EXPERTS=0` keeps the separate shared MLP.
 import logging
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -40,9 +39,6 @@ from vllm.model_executor.layers.linear import (
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.model_loader.weight_utils import copy_checked
 from vllm.transformers_utils.configs import KimiLinearConfig
-
-if TYPE_CHECKING:  # moe_prefill_graphs.py imports this module
-    from vllm.models.kimi_k3.amd.moe_prefill_graphs import MoePrefillGraphs
 
 _EXPERT = re.compile(r"experts\.(\d+)\.(w[123])\.weight")
 # A fused shared expert's checkpoint tensors -> its FusedMoE shard names.
@@ -201,26 +197,12 @@ class KimiMoE(torch.nn.Module):
             if config.num_shared_experts and not fuse_shared_experts
             else None
         )
-        # The model's `MoePrefillGraphs` (moe_prefill_graphs.py), once captured: prefill and
-        # mixed steps they hold replay this block (`forward_with_norm`).
-        self.prefill_graphs: MoePrefillGraphs | None = None
 
     @property
     def fuses_shared_experts(self) -> bool:
         return self.experts.num_fused_shared_experts > 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _reduce(self.local_forward(x))
-
-    def local_forward(
-        self, x: torch.Tensor, valid_rows: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """This rank's part of the block's output for the normed `x` `[T, hidden]` (before the
-        TP all-reduce). `valid_rows` (int64 `[1]` on x's device; the MoE prefill graphs' padded
-        buffers): rows from `valid_rows[0]` on are padding. Their ids are set past the experts'
-        slots, so they reach no routed expert (the expert implementations skip such ids,
-        experts.py) and their outputs are unspecified; the other rows are computed as without
-        it, from the same values of the tensor."""
         bias = self.e_score_correction_bias
         if use_fused_router(x, self.gate_weight):
             weights, ids = fused_router_topk(
@@ -228,10 +210,7 @@ class KimiMoE(torch.nn.Module):
             )
         else:
             weights, ids = grouped_topk(router_logits(x, self.gate_weight), bias, self.routing)
-        if valid_rows is not None:
-            rows = torch.arange(x.shape[0], device=x.device).unsqueeze(1)
-            ids = ids.masked_fill(rows >= valid_rows, self.experts.w13_weight.shape[0])
-        return self._local_experts(x, weights, ids)
+        return self._experts_forward(x, weights, ids)
 
     def forward_with_norm(
         self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
@@ -239,9 +218,7 @@ class KimiMoE(torch.nn.Module):
         """`(self(h), s)` for `h, s = norm(x, residual)`: the pre-norm block's residual add and
         norm, then the MoE block. Where `use_fused_norm_router` holds (decode sizes) the add
         and norm run inside the router's launch, one launch fewer, with the same `h` and `s` bit
-        for bit (fused_router.py); elsewhere the norm's own launch, then the block, replayed
-        from `prefill_graphs` where they hold the step (its output is then theirs, valid until
-        their next replay: the caller's next layer reads it before its own MoE block)."""
+        for bit (fused_router.py); elsewhere the norm's own launch, then `forward`."""
         if not isinstance(norm, RMSNorm):
             raise TypeError(f"norm must be an RMSNorm, got {type(norm).__name__}")
         if use_fused_norm_router(x, residual, norm.weight, self.gate_weight):
@@ -249,18 +226,14 @@ class KimiMoE(torch.nn.Module):
                 x, residual, norm.weight, norm.eps, self.gate_weight, self.e_score_correction_bias,
                 self.routing, self.router_semaphore,
             )  # fmt: skip
-            return _reduce(self._local_experts(h, weights, ids)), residual
+            return self._experts_forward(h, weights, ids), residual
         h, residual = norm(x, residual)
-        out = None if self.prefill_graphs is None else self.prefill_graphs.run(self, h)
-        if out is None:
-            out = self.local_forward(h)
-        return _reduce(out), residual
+        return self(h), residual
 
-    def _local_experts(
+    def _experts_forward(
         self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
     ) -> torch.Tensor:
-        """This rank's routed and shared experts of the normed `x`, routed by `weights` and
-        `ids` (before the TP all-reduce)."""
+        """The routed and shared experts of the normed `x`, routed by `weights` and `ids`."""
         routed_in = x
         if self.latent:
             routed_in = self.routed_expert_down_proj(x)[0]
@@ -268,9 +241,11 @@ class KimiMoE(torch.nn.Module):
                 routed_in = self.routed_expert_norm(routed_in)
         out = self.experts(routed_in, weights, ids)
         if self.latent:
-            out = self.routed_expert_up_proj(out)[0]  # linear: commutes with the TP sum
+            out = self.routed_expert_up_proj(out)[0]  # linear: commutes with the TP sum below
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
+        if get_tensor_model_parallel_world_size() > 1:
+            out = tensor_model_parallel_all_reduce(out)
         return out
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
@@ -309,10 +284,3 @@ class KimiMoE(torch.nn.Module):
                 raise ValueError(f"{self.prefix}: unexpected checkpoint tensor {name!r}")
             loaded.add(name)
         return loaded
-
-
-def _reduce(out: torch.Tensor) -> torch.Tensor:
-    """The block's output summed over the TP ranks (each rank holds its experts' part)."""
-    if get_tensor_model_parallel_world_size() > 1:
-        return tensor_model_parallel_all_reduce(out)
-    return out
