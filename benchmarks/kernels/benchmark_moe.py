@@ -17,9 +17,21 @@ Routing: `grouped_topk` (sigmoid, score-correction bias, renormalised) of random
   gathered  the chosen experts' weights gathered per (token, slot), then two bmm
   loop      the per-expert Python loop (syncs the host; timed eagerly, not in a CUDA graph)
 
+`--routing-histogram FILE` routes by recorded rows per expert instead: a JSON list with one list
+per MoE layer of each expert's routed rows, as the twenty-sixth run's `prefill_tail.py` records
+them from the engine's 8k prefill (docs/perf_h200_2026-12-04c/c101_hist_0.json: the dummy 48B
+model's routing, median 46-99 rows an expert, the largest 1998-3616, a fifth of the experts
+idle), where random router logits give every expert about the mean. Each layer's tokens are its
+routed rows over top-k; the rows of one expert go to distinct tokens, the tokens in a seeded
+random order; a column past the routed experts (the fused shared expert's) must hold every token
+and needs `--fused-shared-experts`. `--layers` picks layers (default all); the last lines sum
+each path over them, the routed experts of one prefill step of that many layers.
+
 The sync-free paths are timed as CUDA-graph replay of --graph-calls back-to-back calls (what a
 decode step pays), or with `--timing flushed` one call per replay after an L2 flush (prefill
-sizes, where a call moves GBs and host time is no concern). Expert-weight bytes touched are the
+sizes, where a call moves GBs and host time is no concern). Each row also gives the TFLOP/s of
+the routed rows' two GEMMs (2 x rows x 3 x hidden x intermediate FLOPs, the shared slots
+included), the measure at prefill sizes. Expert-weight bytes touched are the
 distinct experts the router chose in the run times the bytes of one expert (w13 and w2); the
 bandwidth is reported against an eager `copy_` of --copy-gib GiB measured in the same run after a
 warm-up (read + write bytes / time).
@@ -43,6 +55,8 @@ largest T * K up to which the fastest triton config beats grouped at every measu
     python benchmarks/kernels/benchmark_moe.py --shared-expert --tokens 1 8 64 256 1024
     python benchmarks/kernels/benchmark_moe.py --paths grouped --tokens 1024 8192 \
         --fused-shared-experts 1 --timing flushed    # prefill: one layer's routed experts
+    python benchmarks/kernels/benchmark_moe.py --paths tgrouped --fused-shared-experts 1 \
+        --timing flushed --routing-histogram docs/perf_h200_2026-12-04c/c101_hist_0.json
     python benchmarks/kernels/benchmark_moe.py --dry-run      # tiny shapes, CPU, no GPU needed
 
 A triton config is `BLOCK_N,BLOCK_K,WARPS/BLOCK_H,BLOCK_I,WARPS`: gate/up kernel (intermediate
@@ -60,6 +74,7 @@ paths run only under TRITON_INTERPRET=1 (slow: keep --tokens small).
 
 import argparse
 import functools
+import json
 import sys
 
 import torch
@@ -182,10 +197,16 @@ def suggest_max_rows(rows: list[dict[str, object]], family: str, above: int = 0)
 
 
 def make_moe(
-    shape: dict[str, int], tokens: int, device: torch.device, seed: int, fused_shared: int = 0
+    shape: dict[str, int],
+    tokens: int,
+    device: torch.device,
+    seed: int,
+    fused_shared: int = 0,
+    counts: list[int] | None = None,
 ):
     """Inputs of the routed experts; `fused_shared` shared experts appended as experts E, E + 1,
-    ... that every token takes (Kimi-Linear with VLLM_KIMI_FUSE_SHARED_EXPERTS=1: 257, top-9)."""
+    ... that every token takes (Kimi-Linear with VLLM_KIMI_FUSE_SHARED_EXPERTS=1: 257, top-9).
+    With `counts` (one layer of a histogram), `histogram_routing`'s routing and its tokens."""
     gen = torch.Generator(device=device).manual_seed(seed)
     e, h, i, k = shape["experts"], shape["hidden"], shape["intermediate"], shape["topk"]
 
@@ -194,6 +215,9 @@ def make_moe(
 
     w13 = randn(e + fused_shared, 2 * i, h, scale=h**-0.5)
     w2 = randn(e + fused_shared, h, i, scale=i**-0.5)
+    if counts is not None:
+        weights, ids = histogram_routing(counts, e, k, fused_shared, device, seed)
+        return randn(ids.shape[0], h, scale=1.0), w13, w2, weights, ids
     x = randn(tokens, h, scale=1.0)
     logits = torch.randn(tokens, e, generator=gen, device=device)
     bias = torch.randn(e, generator=gen, device=device) * 0.1
@@ -201,6 +225,67 @@ def make_moe(
         logits, bias, RoutingParams(e, k, num_fused_shared_experts=fused_shared)
     )
     return x, w13, w2, weights, ids
+
+
+def read_histogram(path: str, experts: int, fused_shared: int, topk: int) -> list[list[int]]:
+    """The layers' rows per expert in `path` (module docstring), checked against the shape:
+    each layer `experts` routed counts (then `fused_shared` shared ones, each every token) whose
+    sum is a multiple of `topk`, none above the layer's tokens. ValueError names what is
+    wrong."""
+    with open(path) as f:
+        layers = json.load(f)
+    if not isinstance(layers, list) or not layers:
+        raise ValueError(f"{path}: expected a JSON list of per-layer lists of expert row counts")
+    for i, counts in enumerate(layers):
+        where = f"{path}: layer {i}"
+        ok = isinstance(counts, list) and all(type(c) is int and c >= 0 for c in counts)
+        if not ok or len(counts) not in (experts, experts + fused_shared):
+            raise ValueError(
+                f"{where}: expected {experts} routed counts (+ {fused_shared} shared, as "
+                "--fused-shared-experts says), non-negative ints"
+            )
+        routed, shared = counts[:experts], counts[experts:]
+        if sum(routed) % topk or not sum(routed):
+            raise ValueError(f"{where}: {sum(routed)} routed rows are not tokens x top-{topk}")
+        tokens = sum(routed) // topk
+        if max(routed) > tokens or any(c != tokens for c in shared):
+            raise ValueError(
+                f"{where}: an expert takes a token at most once ({tokens} tokens), a shared "
+                "expert every token"
+            )
+    return layers
+
+
+def histogram_routing(
+    counts: list[int], experts: int, topk: int, fused_shared: int, device: torch.device, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router outputs `(weights [T, topk + S] fp32, ids [T, topk + S] int64)` whose routed rows
+    per expert are `counts[:experts]` (checked by `read_histogram`), with the `fused_shared` S
+    shared columns after them at weight 1.0, as `grouped_topk` writes them. The experts' rows,
+    the largest first, fill slot 0 of every token, then slot 1, ...: an expert's rows, no more
+    than the tokens, land on distinct tokens. Then the tokens are shuffled."""
+    routed = torch.tensor(counts[:experts])
+    tokens = int(routed.sum()) // topk
+    by_count = torch.argsort(routed, descending=True, stable=True)
+    flat = torch.repeat_interleave(by_count, routed[by_count])
+    gen = torch.Generator().manual_seed(seed)
+    ids = flat.view(topk, tokens).t()[torch.randperm(tokens, generator=gen)]
+    weights = torch.rand(tokens, topk, generator=gen) + 0.5
+    weights /= weights.sum(dim=1, keepdim=True)
+    shared = torch.arange(experts, experts + fused_shared).expand(tokens, fused_shared)
+    ids = torch.cat([ids, shared], dim=1)
+    weights = torch.cat([weights, torch.ones(tokens, fused_shared)], dim=1)
+    return weights.to(device), ids.to(device)
+
+
+def print_layer_sums(rows: list[dict[str, object]], flops_per_row: int) -> None:
+    """Each path's time summed over the histogram's layers it ran (a prefill step's routed
+    experts), with the TFLOP/s of the sum."""
+    for path in dict.fromkeys(str(r["path"]) for r in rows):
+        mine = [r for r in rows if r["path"] == path and "layer" in r]
+        us = sum(float(r["us"]) for r in mine)
+        tflops = sum(int(r["rows"]) for r in mine) * flops_per_row / (us * 1e-6) / 1e12
+        print(f"{path}: {len(mine)} layers {us / 1e3:.3f} ms, {tflops:.1f} TFLOP/s", flush=True)
 
 
 def make_moe_blocks(
@@ -328,6 +413,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--graph-calls", type=positive_int, default=10, help="calls per captured graph"
     )
+    parser.add_argument(
+        "--routing-histogram",
+        metavar="FILE",
+        help="route by these recorded rows per expert, a JSON list per MoE layer (module "
+        "docstring); the tokens come from it (--tokens is ignored)",
+    )
+    parser.add_argument(
+        "--layers",
+        type=nonnegative_int,
+        nargs="+",
+        help="with --routing-histogram: the layers to time (default: all)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of weights and router logits")
     add_common_args(
         parser,
@@ -341,7 +438,23 @@ def main(argv: list[str] | None = None) -> int:
         require_gpu(parser)
         device, shape, copy_gib = torch.device("cuda"), KIMI_LINEAR, args.copy_gib
 
+    # (tokens, one layer's rows per expert or None, its layer) per case
+    cases: list[tuple[int, list[int] | None, int | None]] = [(t, None, None) for t in args.tokens]
+    if args.layers and not args.routing_histogram:
+        parser.error("--layers needs --routing-histogram")
+    if args.routing_histogram:
+        try:
+            hist = read_histogram(
+                args.routing_histogram, shape["experts"], args.fused_shared_experts, shape["topk"]
+            )
+        except (OSError, ValueError) as e:
+            parser.error(f"--routing-histogram: {e}")
+        layers = args.layers if args.layers is not None else range(len(hist))
+        if any(i >= len(hist) for i in layers):
+            parser.error(f"--layers: the histogram has layers 0-{len(hist) - 1}")
+        cases = [(sum(hist[i][: shape["experts"]]) // shape["topk"], hist[i], i) for i in layers]
     expert_bytes = 3 * shape["intermediate"] * shape["hidden"] * 2  # gate, up, down in bf16
+    flops_per_row = 2 * 3 * shape["intermediate"] * shape["hidden"]
     copy = copy_gbps(copy_gib, device)
     print(f"{device.type}: eager copy_ of {copy_gib:g} GiB: {copy:.0f} GB/s", flush=True)
     if args.shared_expert:
@@ -363,14 +476,16 @@ def main(argv: list[str] | None = None) -> int:
             impls.append((name, PATHS[name]))
     rows = []
     with torch.inference_mode():
-        for tokens in args.tokens:
-            inputs = make_moe(shape, tokens, device, args.seed, args.fused_shared_experts)
+        for tokens, counts, layer in cases:
+            inputs = make_moe(shape, tokens, device, args.seed, args.fused_shared_experts, counts)
             distinct = inputs[-1].unique().numel()  # host read, outside every timed region
             touched = distinct * expert_bytes
             for name, impl in impls:
                 row = dict(tokens=tokens, rows=inputs[-1].numel(), path=name,
                            distinct_experts=distinct,
                            weight_mb=round(touched / 1e6, 2))  # fmt: skip
+                if layer is not None:
+                    row["layer"] = layer
                 graphed = device.type == "cuda" and name != "loop"
                 if name == "grouped" and device.type == "cuda":
                     if not grouped_mm_is_sync_free(device, torch.bfloat16):
@@ -402,17 +517,21 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"T={tokens:>4} {name:>13} ({row['timing']}) {us:10.2f} us", flush=True)
                     continue
                 gbps = touched / (us * 1e-6) / 1e9
+                tflops = row["rows"] * flops_per_row / (us * 1e-6) / 1e12
                 row.update(timing=args.timing if graphed else "eager", us=round(us, 2),
                            gbps=round(gbps, 1), pct_copy=round(100 * gbps / copy, 1),
-                           copy_gbps=round(copy, 1))  # fmt: skip
+                           copy_gbps=round(copy, 1), tflops=round(tflops, 1))  # fmt: skip
                 rows.append(row)
                 write_csv(args.csv, rows)  # after every row: an interrupted run keeps its rows
+                at = "" if layer is None else f"layer {layer:>2} "
                 print(
-                    f"T={tokens:>4} {name:>8} ({row['timing']}) {us:10.2f} us  "
+                    f"{at}T={tokens:>4} {name:>8} ({row['timing']}) {us:10.2f} us  "
                     f"{distinct:>3} experts {row['weight_mb']:9.2f} MB  {gbps:7.1f} GB/s  "
-                    f"{row['pct_copy']:5.1f}% of copy",
+                    f"{row['pct_copy']:5.1f}% of copy  {tflops:6.1f} TFLOP/s",
                     flush=True,
                 )
+    if args.routing_histogram:
+        print_layer_sums(rows, flops_per_row)
     # The grouped Triton path serves only rows above TRITON_MAX_ROWS (the GEMV path's).
     suggestions = (("triton", 0, "TRITON_MAX_ROWS"),
                    ("tgrouped", TRITON_MAX_ROWS, "TRITON_GROUPED_MAX_ROWS"))  # fmt: skip

@@ -3,6 +3,7 @@ tgrouped config sweeps, and its TRITON_MAX_ROWS / TRITON_GROUPED_MAX_ROWS sugges
 measured crossovers."""
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,74 @@ def test_moe_dry_run_shared_expert_fused_vs_separate(tmp_path: Path) -> None:
     # One token's two routed experts plus the shared expert and the router, both layouts alike.
     assert all(r["distinct_experts"] == "2" and float(r["us"]) > 0 for r in rows)
     assert rows[0]["weight_mb"] == rows[1]["weight_mb"]
+
+
+# Two layers of the dry run's 8 experts, top-2, then the fused shared expert's column.
+HISTOGRAM = [[6, 2, 0, 4, 1, 3, 0, 0, 8], [4, 4, 4, 4, 0, 0, 0, 0, 8]]
+
+
+def test_histogram_routing_gives_each_expert_its_recorded_rows() -> None:
+    """The routed rows per expert are the histogram's, an expert never twice in a token, the
+    shared column last at weight 1.0, the routed weights a distribution."""
+    import benchmark_moe
+
+    cpu = torch.device("cpu")
+    for counts in HISTOGRAM:
+        weights, ids = benchmark_moe.histogram_routing(counts, 8, 2, 1, cpu, seed=3)
+        assert ids.shape == (8, 3) and weights.shape == (8, 3)
+        assert torch.bincount(ids[:, :2].flatten(), minlength=8).tolist() == counts[:8]
+        assert all(len(set(row)) == 3 for row in ids.tolist())
+        assert (ids[:, 2] == 8).all() and (weights[:, 2] == 1.0).all()
+        assert torch.allclose(weights[:, :2].sum(dim=1), torch.ones(8))
+
+
+def test_moe_dry_run_routed_by_a_histogram(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    import benchmark_moe
+
+    hist, out = tmp_path / "hist.json", tmp_path / "moe.csv"
+    hist.write_text(json.dumps(HISTOGRAM))
+    argv = ["--dry-run", "--paths", "loop", "--fused-shared-experts", "1",
+            "--routing-histogram", str(hist), "--layers", "1", "0", "--csv", str(out)]  # fmt: skip
+    assert benchmark_moe.main(argv) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert [(r["layer"], r["tokens"], r["rows"]) for r in rows] == [
+        ("1", "8", "24"),
+        ("0", "8", "24"),
+    ]
+    assert [r["distinct_experts"] for r in rows] == ["5", "6"]
+    total = sum(float(r["us"]) for r in rows) / 1e3
+    assert capsys.readouterr().out.splitlines()[-1].startswith(f"loop: 2 layers {total:.3f} ms")
+
+
+@pytest.mark.parametrize(
+    "layers, extra, message",
+    [
+        ([[6, 2, 0, 4, 1, 3, 0]], [], "expected 8 routed counts"),
+        ([[6, 2, 0, 4, 1, 3, 0, 1]], [], "not tokens x top-2"),
+        ([[9, 1, 0, 0, 0, 0, 0, 0]], [], "at most once"),
+        ([[6, 2, 0, 4, 1, 3, 0, 0, 7]], ["--fused-shared-experts", "1"], "every token"),
+        ([[6, 2, 0, 4, 1, 3, 0, 0, 8]], [], "expected 8 routed counts"),
+        ({"0": [1]}, [], "a JSON list"),
+        (HISTOGRAM, ["--fused-shared-experts", "1", "--layers", "2"], "layers 0-1"),
+    ],
+)
+def test_bad_histogram_is_a_usage_error(tmp_path, capsys, layers, extra, message) -> None:
+    import benchmark_moe
+
+    hist = tmp_path / "hist.json"
+    hist.write_text(json.dumps(layers))
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark_moe.main(
+            ["--dry-run", "--paths", "loop", "--routing-histogram", str(hist), *extra]
+        )
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_layers_without_a_histogram_is_a_usage_error(capsys) -> None:
+    import benchmark_moe
+
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark_moe.main(["--dry-run", "--layers", "0"])
+    assert exit_info.value.code == 2
+    assert "--layers needs --routing-histogram" in capsys.readouterr().err
