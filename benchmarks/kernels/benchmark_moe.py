@@ -280,12 +280,16 @@ def histogram_routing(
 
 def print_layer_sums(rows: list[dict[str, object]], flops_per_row: int) -> None:
     """Each path's time summed over the histogram's layers it ran (a prefill step's routed
-    experts), with the TFLOP/s of the sum."""
+    experts), with the TFLOP/s of the sum; a path given more than once (to see the noise) is
+    summed per pass and the passes averaged."""
     for path in dict.fromkeys(str(r["path"]) for r in rows):
         mine = [r for r in rows if r["path"] == path and "layer" in r]
-        us = sum(float(r["us"]) for r in mine)
-        tflops = sum(int(r["rows"]) for r in mine) * flops_per_row / (us * 1e-6) / 1e12
-        print(f"{path}: {len(mine)} layers {us / 1e3:.3f} ms, {tflops:.1f} TFLOP/s", flush=True)
+        layers = len({r["layer"] for r in mine})
+        passes = len(mine) / layers
+        us = sum(float(r["us"]) for r in mine) / passes
+        tflops = sum(int(r["rows"]) for r in mine) / passes * flops_per_row / (us * 1e-6) / 1e12
+        mean = f" (mean of {passes:g} passes)" if passes > 1 else ""
+        print(f"{path}: {layers} layers {us / 1e3:.3f} ms{mean}, {tflops:.1f} TFLOP/s", flush=True)
 
 
 def make_moe_blocks(

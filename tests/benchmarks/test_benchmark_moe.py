@@ -192,7 +192,15 @@ def test_moe_dry_run_routed_by_a_histogram(tmp_path: Path, capsys: pytest.Captur
     ]
     assert [r["distinct_experts"] for r in rows] == ["5", "6"]
     total = sum(float(r["us"]) for r in rows) / 1e3
-    assert capsys.readouterr().out.splitlines()[-1].startswith(f"loop: 2 layers {total:.3f} ms")
+    assert capsys.readouterr().out.splitlines()[-1].startswith(f"loop: 2 layers {total:.3f} ms,")
+    # The same path twice: each pass summed, the passes averaged.
+    argv += ["--tokens", "1"]  # ignored with a histogram
+    assert benchmark_moe.main(argv[:2] + ["loop", *argv[2:]]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 4
+    total = sum(float(r["us"]) for r in rows) / 2 / 1e3
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith(f"loop: 2 layers {total:.3f} ms (mean of 2 passes),")
 
 
 @pytest.mark.parametrize(
