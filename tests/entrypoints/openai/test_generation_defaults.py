@@ -11,6 +11,7 @@ from vllm.config.generation import load_generation_config
 from vllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from vllm.entrypoints.openai.serving_engine import OpenAIError
 from vllm.model_executor.model_loader.builtin import BUILTIN_MODELS
 from vllm.transformers_utils.configs import load_model_config
 from vllm.transformers_utils.tokenizer import get_tokenizer
@@ -66,3 +67,30 @@ def test_vllm_setting_keeps_vllm_defaults(tmp_path):
         assert (params.temperature, params.top_p, params.top_k) == (1.0, 1.0, 0)
     chat_params, completion_params = _params(tmp_path, {}, setting="vllm")
     assert completion_params.max_tokens == 16 and chat_params.max_tokens > 16
+
+
+def test_min_tokens_that_the_room_left_cannot_hold_is_a_400_naming_why(tmp_path):
+    """A min_tokens above what max_tokens is clamped to (the server's max_new_tokens here, or
+    what the prompt leaves of the context) is refused with that cause: the message quoted the
+    clamped max_tokens, which the client never sent. A max_tokens the client sent below it keeps
+    the sampling parameters' message."""
+    chat, completion = _servers(tmp_path)  # max_new_tokens 10, max_model_len 4096
+    messages = [{"role": "user", "content": "hi"}]
+    for serving, body in ((completion, {"prompt": "hi"}), (chat, {"messages": messages})):
+        request = CompletionRequest if serving is completion else ChatCompletionRequest
+        with pytest.raises(OpenAIError) as error:
+            serving._inputs(request.model_validate({**body, "min_tokens": 11}))
+        assert (error.value.code, error.value.param) == (400, "min_tokens")
+        assert str(error.value) == (
+            "min_tokens (11) does not fit: the server generates at most 10 tokens a request"
+        )
+        serving._inputs(request.model_validate({**body, "min_tokens": 10}))
+        with pytest.raises(OpenAIError, match=r"min_tokens \(5\) must be <= max_tokens \(3\)"):
+            serving._inputs(request.model_validate({**body, "min_tokens": 5, "max_tokens": 3}))
+    long = {"prompt": [5] * 4090, "min_tokens": 8}
+    with pytest.raises(OpenAIError) as error:
+        completion._inputs(CompletionRequest.model_validate(long))
+    assert str(error.value) == (
+        "min_tokens (8) does not fit: the prompt's 4090 tokens leave 6 of the model's maximum "
+        "context length (4096 tokens)"
+    )

@@ -140,6 +140,53 @@ def test_text_offsets_after_an_unfinished_character() -> None:
         assert streamed == expected, cut
 
 
+def test_a_finished_replys_last_eos_is_at_the_end_of_its_text() -> None:
+    """An eos ending a reply whose last character is unfinished comes after that character's
+    U+FFFD, which the finished text holds (it was given the unfinished character's offset, one
+    too small); a reply that goes on keeps it at the unfinished character. Streamed, with the
+    eos alone in the last chunk: the same."""
+    tokenizer = get_tokenizer(resolve_model("kimi-k3-tiny")[0])
+    id_of = {tokenizer.token_bytes(i): i for i in range(tokenizer.vocab_size)}
+    ids = [id_of[b"a"], id_of[b"\xe3"], tokenizer.eos_token_id]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "a\ufffd"
+    positions = [None] * len(ids)
+    got = completion_logprobs(ids, positions, tokenizer, reply_from=0, finished=True)
+    assert got.text_offset == [0, 1, 2]
+    assert completion_logprobs(ids, positions, tokenizer, reply_from=0).text_offset == [0, 1, 1]
+    offsets = TextOffsets()
+    first = completion_logprobs(ids[:2], positions[:2], tokenizer, offsets, reply_from=0)
+    last = completion_logprobs(ids[2:], positions[2:], tokenizer, offsets, 0, finished=True)
+    assert first.text_offset + last.text_offset == [0, 1, 2]
+    # Without a held byte, the end is where the text ends anyway.
+    ids = [id_of[b"a"], tokenizer.eos_token_id]
+    got = completion_logprobs(ids, positions[:2], tokenizer, reply_from=0, finished=True)
+    assert got.text_offset == [0, 1]
+    # Through the server, whole and streamed: the eos is the reply's finishing token.
+    engine = FakeEngine("a")
+    engine.script = [id_of[b"a"], id_of[b"\xe3"], tokenizer.eos_token_id]
+    llm = AsyncLLM(engine)
+    serving = OpenAIServingCompletion(llm, ["fake"], "fake")
+    body = {"prompt": "x", "max_tokens": 5, "logprobs": 0,
+            "stop_token_ids": [tokenizer.eos_token_id]}  # fmt: skip
+
+    async def whole() -> list[int]:
+        choice = (await serving.create_completion(CompletionRequest(**body))).choices[0]
+        return choice.logprobs.text_offset
+
+    async def streamed() -> list[int]:
+        offsets = []
+        async for event in await serving.create_completion(CompletionRequest(**body, stream=True)):
+            data = event.removeprefix("data: ").strip()
+            if data != "[DONE]":
+                offsets += json.loads(data)["choices"][0]["logprobs"]["text_offset"]
+        return offsets
+
+    try:
+        assert asyncio.run(whole()) == asyncio.run(streamed()) == [0, 1, 2]
+    finally:
+        llm.shutdown()
+
+
 def test_text_offsets_skip_the_special_tokens_the_text_leaves_out() -> None:
     """With skip_special_tokens (the default) a special token in the reply is not in its text,
     so it moves the offsets on by nothing (they moved by the length of its name, "<|bos|>": every

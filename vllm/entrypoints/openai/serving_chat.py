@@ -241,7 +241,7 @@ class OpenAIServingChat(OpenAIServing):
         requested, field = request.max_completion_tokens, "max_completion_tokens"
         if requested is None:
             requested, field = request.max_tokens, "max_tokens"
-        max_tokens = self.max_tokens_for(ids, requested, "messages", field)
+        max_tokens = self.max_tokens_for(ids, requested, "messages", field, request.min_tokens)
         parser = self.reasoning_parser
         skip_special = request.skip_special_tokens
         if parser is not None and parser.needs_special_tokens:

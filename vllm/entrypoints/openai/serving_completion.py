@@ -66,6 +66,12 @@ class TextOffsets:
         self.offset += len(self._decoder.decode(token_bytes))
         return at
 
+    def end(self) -> int:
+        """The offset of the text's end once its reply is finished: past the U+FFFD of any
+        bytes the decoder still holds (an unfinished character, which the detokenizer flushes
+        into the finished text)."""
+        return self.offset + len(self._decoder.getstate()[0].decode("utf-8", "replace"))
+
 
 def completion_logprobs(
     token_ids: list[int],
@@ -73,13 +79,17 @@ def completion_logprobs(
     tokenizer,
     offsets: TextOffsets | None = None,
     reply_from: int | None = None,
+    finished: bool = False,
 ) -> CompletionLogProbs:
     """OpenAI's legacy logprobs: per token its text, logprob (None where nothing predicts it),
     the top alternatives {text: logprob}, and its character offset. `reply_from`: where the
     tokens of a reply detokenized with skip_special_tokens begin; its special tokens are not in
-    its text, so they take no room there (an echoed prompt's are)."""
+    its text, so they take no room there (an echoed prompt's are). `finished`: the tokens end
+    the reply, so those after its last byte (a final eos the text leaves out) are at the text's
+    end, after an unfinished last character's U+FFFD."""
     offsets = offsets or TextOffsets()
     result = CompletionLogProbs()
+    bytes_of: list[bytes] = []
     for i, (token, position) in enumerate(zip(token_ids, positions, strict=True)):
         if position is None or token not in position:
             text = tokenizer.decode([token], skip_special_tokens=False)
@@ -108,7 +118,13 @@ def completion_logprobs(
             result.top_logprobs.append(top)
         in_text = reply_from is None or i < reply_from or not tokenizer.is_special(token)
         token_bytes = tokenizer.token_bytes(token) if in_text else b""
+        bytes_of.append(token_bytes)
         result.text_offset.append(offsets.advance(token_bytes))
+    if finished:
+        i = len(bytes_of) - 1
+        while i >= 0 and not bytes_of[i]:
+            result.text_offset[i] = offsets.end()
+            i -= 1
     return result
 
 
@@ -180,7 +196,9 @@ class OpenAIServingCompletion(OpenAIServing):
         inputs = []
         for prompt in normalize_prompts(request.prompt):
             ids = self.encode(prompt, request.add_special_tokens, "prompt")
-            max_tokens = self.max_tokens_for(ids, request.max_tokens, "prompt")
+            max_tokens = self.max_tokens_for(
+                ids, request.max_tokens, "prompt", min_tokens=request.min_tokens
+            )
             prompt_logprobs = request.logprobs if request.echo else None
             try:
                 params = request.sampling_params(
@@ -239,7 +257,8 @@ class OpenAIServingCompletion(OpenAIServing):
         tokens += generated
         positions += (c.logprobs or [])[start : start + len(generated)]
         positions += [None] * (len(tokens) - len(positions))
-        return completion_logprobs(tokens, positions, self.tokenizer, offsets, reply_from)
+        finished = c.finish_reason is not None
+        return completion_logprobs(tokens, positions, self.tokenizer, offsets, reply_from, finished)
 
     async def _stream(
         self,

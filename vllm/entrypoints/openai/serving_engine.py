@@ -148,12 +148,15 @@ class OpenAIServing:
         max_tokens: int | None,
         param: str,
         field: str = "max_tokens",
+        min_tokens: object = 0,
     ) -> int:
         """Effective max_tokens: a prompt that leaves no room or `max_tokens` over
         `max_model_len` is a 400; otherwise it is clamped to the room left and to the model's
         generation config's `max_new_tokens`, a server-wide limit (as vLLM does). `field`: the
         request field `max_tokens` came from, which its errors name (chat's
-        `max_completion_tokens`)."""
+        `max_completion_tokens`). A `min_tokens` that the clamping leaves no room for is a 400
+        naming the cause (the sampling parameters' check would quote the clamped max_tokens,
+        which the client never sent); its type is checked there."""
         limit, n = self.max_model_len, len(prompt_ids)
         if n == 0:
             raise OpenAIError(f"{param} is empty", 400, param)
@@ -175,5 +178,17 @@ class OpenAIServing:
                 )
             if max_tokens < 0:
                 raise OpenAIError(f"{field} must be >= 0, got {max_tokens}", 400, field)
-        room = min(limit - n, self.sampling_defaults.get("max_tokens", limit))
+        server_limit = self.sampling_defaults.get("max_tokens", limit)
+        room = min(limit - n, server_limit)
+        wanted = (
+            min_tokens if isinstance(min_tokens, int) and not isinstance(min_tokens, bool) else 0
+        )
+        if wanted > room and (max_tokens is None or wanted <= max_tokens):
+            because = (
+                f"the {param}'s {n} tokens leave {limit - n} of the model's maximum context "
+                f"length ({limit} tokens)"
+                if room == limit - n
+                else f"the server generates at most {server_limit} tokens a request"
+            )
+            raise OpenAIError(f"min_tokens ({wanted}) does not fit: {because}", 400, "min_tokens")
         return room if max_tokens is None else min(max_tokens, room)
