@@ -5,6 +5,7 @@ bad request is refused when it is added, never in the middle of a step.
 """
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -90,7 +91,11 @@ class SamplingParams:
                 f"stop_token_ids must be a list of token ids, got {self.stop_token_ids!r}"
             )
         self.stop = list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
+        # numpy integers (the elements of `list(array)`) are token ids too, kept as Python ints.
+        self.stop_token_ids = [
+            int(t) if isinstance(t, numbers.Integral) and not isinstance(t, bool) else t
+            for t in self.stop_token_ids or []
+        ]
         self._check_int("n", self.n, 1)
         self._check_number("temperature", self.temperature, 0.0, _FLOAT32_MAX)
         self._check_number("top_p", self.top_p)

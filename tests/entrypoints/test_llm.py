@@ -5,6 +5,7 @@ through the tiny model's chat template; the `use_tqdm` progress bar."""
 import io
 import multiprocessing
 
+import numpy as np
 import pytest
 import torch
 from tqdm import tqdm
@@ -172,6 +173,27 @@ def test_text_and_token_id_prompts(llm):
     assert [len(t) for t in tokens_of(mixed)] == [6, 4]
     assert tokens_of(mixed)[1] == tokens_of(by_text)[0]
     assert tokens_of(mixed)[0][:4] == tokens_of(by_ids)[1]
+
+
+def test_numpy_token_ids_are_token_ids(llm):
+    """Prompt and stop token ids as numpy integers (`list(array)`'s elements) are taken as the
+    Python ints they hold: the same tokens, and the stop id stops."""
+    ids = llm.get_tokenizer().encode("Question: 12 + 30 = ?")
+    want = llm.generate([ids], GREEDY, use_tqdm=False)
+    got = llm.generate([list(np.array(ids))], GREEDY, use_tqdm=False)
+    assert got[0].prompt_token_ids == ids and tokens_of(got) == tokens_of(want)
+    assert all(type(t) is int for t in got[0].prompt_token_ids)
+    first = tokens_of(want)[0][0]
+    stop = SamplingParams(temperature=0.0, max_tokens=4, stop_token_ids=[np.int64(first)])
+    assert stop.stop_token_ids == [first] and type(stop.stop_token_ids[0]) is int
+    (out,) = llm.generate([ids], stop, use_tqdm=False)
+    assert out.outputs[0].finish_reason == "stop" and out.outputs[0].stop_reason == first
+
+
+@pytest.mark.parametrize("prompts", [None, 5, 2.0])
+def test_prompts_that_are_not_prompts_are_a_value_error(llm, prompts):
+    with pytest.raises(ValueError, match="^prompts must be a prompt or a sequence of prompts"):
+        llm.generate(prompts, GREEDY, use_tqdm=False)
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ some (vllm/config/generation.py).
 import dataclasses
 import itertools
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from tqdm import tqdm
@@ -104,6 +104,10 @@ class LLM:
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
             prompts = [prompts]
+        if not isinstance(prompts, Iterable):
+            raise ValueError(
+                f"prompts must be a prompt or a sequence of prompts, got {type(prompts).__name__}"
+            )
         prompts = list(prompts)
         params = _per_prompt(
             sampling_params, len(prompts), "prompts", self.get_default_sampling_params()

@@ -22,6 +22,7 @@ refused.
 
 import dataclasses
 import itertools
+import numbers
 import time
 from dataclasses import dataclass
 
@@ -208,9 +209,10 @@ class LLMEngine:
             ids = self.tokenizer.encode(prompt)
             text = prompt
         elif isinstance(prompt, list | tuple) and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+            isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt
         ):
-            ids, text = list(prompt), None
+            # numpy integers (the elements of `list(array)`) as Python ints.
+            ids, text = [int(t) for t in prompt], None
         else:
             raise ValueError("prompt must be a string or a list of token ids")
         if not ids:
