@@ -180,9 +180,10 @@ def test_numpy_token_ids_are_token_ids(llm):
     Python ints they hold: the same tokens, and the stop id stops."""
     ids = llm.get_tokenizer().encode("Question: 12 + 30 = ?")
     want = llm.generate([ids], GREEDY, use_tqdm=False)
-    got = llm.generate([list(np.array(ids))], GREEDY, use_tqdm=False)
-    assert got[0].prompt_token_ids == ids and tokens_of(got) == tokens_of(want)
-    assert all(type(t) is int for t in got[0].prompt_token_ids)
+    for prompts in ([list(np.array(ids))], list(np.array(ids))):  # in a list, and bare
+        got = llm.generate(prompts, GREEDY, use_tqdm=False)
+        assert got[0].prompt_token_ids == ids and tokens_of(got) == tokens_of(want)
+        assert all(type(t) is int for t in got[0].prompt_token_ids)
     first = tokens_of(want)[0][0]
     stop = SamplingParams(temperature=0.0, max_tokens=4, stop_token_ids=[np.int64(first)])
     assert stop.stop_token_ids == [first] and type(stop.stop_token_ids[0]) is int

@@ -13,6 +13,7 @@ some (vllm/config/generation.py).
 
 import dataclasses
 import itertools
+import numbers
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -101,7 +102,7 @@ class LLM:
         one per prompt. A bad prompt raises `ValueError` naming its index. `use_tqdm`: show a
         progress bar, or a callable that makes one (called with `total` and `desc`)."""
         if isinstance(prompts, str | dict) or (
-            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], numbers.Integral)
         ):
             prompts = [prompts]
         if not isinstance(prompts, Iterable):
