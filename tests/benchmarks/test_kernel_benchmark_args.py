@@ -75,6 +75,8 @@ def test_copy_gib_must_be_finite_and_at_least_one(value: str, capsys) -> None:
         ("benchmark_causal_conv1d", "--tokens", "0"), ("benchmark_causal_conv1d", "--seqs", "-1"),
         ("benchmark_causal_conv1d", "--reps", "0"),
         ("benchmark_gather_rows", "--tokens", "-1"), ("benchmark_gather_rows", "--reps", "0"),
+        ("benchmark_kda_prefill", "--tokens", "0"), ("benchmark_kda_prefill", "--seqs", "-1"),
+        ("benchmark_kda_prefill", "--heads", "0"), ("benchmark_kda_prefill", "--reps", "0"),
         ("benchmark_kda_decode", "--batches", "0"), ("benchmark_kda_decode", "--reps", "0"),
         ("benchmark_kda_decode", "--graph-calls", "-1"),
         ("benchmark_kda_decode", "--compare-batches", "0"),

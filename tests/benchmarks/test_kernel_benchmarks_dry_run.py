@@ -269,6 +269,28 @@ def test_argmax_dry_run(triton_launches, capsys: pytest.CaptureFixture) -> None:
         benchmark_argmax.main(["--rows", "0"])
 
 
+def test_kda_prefill_dry_run(capsys: pytest.CaptureFixture) -> None:
+    import benchmark_kda_prefill
+
+    assert benchmark_kda_prefill.main(["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "softplus bounded unsafe at T = 45" in out and "FAILED" not in out
+
+
+def test_kda_prefill_dry_run_fails_where_the_forms_disagree(monkeypatch, capsys) -> None:
+    import benchmark_kda_prefill
+
+    real, calls = benchmark_kda_prefill.kda_prefill, []
+
+    def unsafe_off(*args):  # the third call is the unsafe form's: as if its result were wrong
+        calls.append(1)
+        return real(*args) + (len(calls) == 3)
+
+    monkeypatch.setattr(benchmark_kda_prefill, "kda_prefill", unsafe_off)
+    assert benchmark_kda_prefill.main(["--dry-run"]) == 1
+    assert "FAILED" in capsys.readouterr().out
+
+
 COPY_BENCHMARKS = [
     "benchmark_argmax", "benchmark_causal_conv1d", "benchmark_gather_rows", "benchmark_gemv",
     "benchmark_gemv_batched", "benchmark_kda_decode", "benchmark_mla_decode",
@@ -287,9 +309,11 @@ def test_copy_gib_below_one_is_a_usage_error(script, capsys: pytest.CaptureFixtu
 
 # No dry run in these: they time the GPU's launch path and torch's GPU attention backends.
 GPU_ONLY_BENCHMARKS = ["benchmark_triton_launch", "benchmark_mla_prefill_sdpa"]
+# No --copy-gib: compute-bound, timed against its own other forms.
+OTHER_DRY_RUN_BENCHMARKS = ["benchmark_kda_prefill"]
 
 
-@pytest.mark.parametrize("script", COPY_BENCHMARKS + GPU_ONLY_BENCHMARKS)
+@pytest.mark.parametrize("script", COPY_BENCHMARKS + GPU_ONLY_BENCHMARKS + OTHER_DRY_RUN_BENCHMARKS)
 def test_benchmarks_refuse_without_a_gpu(script, capsys: pytest.CaptureFixture) -> None:
     # They import, then refuse with a usage error, pointing to --dry-run where they have one.
     if torch.cuda.is_available():

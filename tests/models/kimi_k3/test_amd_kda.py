@@ -709,3 +709,19 @@ def test_initial_states_zero_new_sequences_and_leave_the_pool():
     expected = torch.where(has_initial.view(-1, 1, 1, 1), init, torch.zeros_like(init))
     assert torch.equal(got.view(torch.int32), expected.view(torch.int32))  # bits: NaN, -0.0
     assert torch.equal(state.view(torch.int32), pool.view(torch.int32))
+
+
+def test_fla_takes_its_safe_gate_path_for_bounded_gates_only():
+    """A lower-bounded gate's decay lies in [lower_bound, 0): fla-core's `safe_gate` (tensor-core
+    intra-chunk products) is valid for it and not for the softplus gate, whose decay is
+    unbounded below."""
+    from vllm.models.kimi_k3.amd.ops.kda_core import KdaGate, fla_gate_kwargs
+
+    a_log, dt_bias = torch.zeros(2), torch.zeros(8)
+    bounded = fla_gate_kwargs(KdaGate(a_log, dt_bias, -5.0))
+    plain = fla_gate_kwargs(KdaGate(a_log, dt_bias, None))
+    assert bounded["safe_gate"] is True and bounded["lower_bound"] == -5.0
+    assert plain["safe_gate"] is False and plain["lower_bound"] is None
+    for kwargs in (bounded, plain):
+        assert kwargs["use_gate_in_kernel"] and kwargs["A_log"] is a_log
+        assert kwargs["dt_bias"] is dt_bias

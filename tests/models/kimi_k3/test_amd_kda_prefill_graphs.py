@@ -54,7 +54,7 @@ def check_against_eager(graphs, gen, lens, slots, init, device="cpu", dtype=torc
     every slot of the pool (written or not) are the same bits."""
     heads, dim = graphs.heads, graphs.head_dim
     q, k, v, g, beta, qsl = step_inputs(gen, lens, device, dtype, heads, dim)
-    gate = make_gate(gen, device, None, heads, dim)
+    gate = make_gate(gen, device, graphs.lower_bound, heads, dim)
     slots = torch.tensor(slots, device=device)
     init = torch.tensor(init, device=device)
     pool = torch.randn(7, heads, dim, dim, generator=gen).to(device) * 0.1
@@ -227,13 +227,15 @@ def test_qkv_buffer_is_where_a_replayed_step_reads_q_k_v(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("lower_bound", [None, -5.0])
 @pytest.mark.parametrize("lens", [[64], [100, 3, 77], [1000]])
-def test_cuda_graph_replays_give_fla_core_eager_bits(lens):
+def test_cuda_graph_replays_give_fla_core_eager_bits(lens, lower_bound):
     """On the GPU: CUDA graphs of fla-core's fixed-shape `chunk_kda` against its eager call, at
-    Kimi-Linear's 32 heads of 128 in bf16, bit for bit (the same kernels and autotuned configs),
-    each case after a step of another shape on the same buffers."""
+    Kimi-Linear's 32 heads of 128 in bf16, bit for bit (the same kernels and autotuned configs;
+    with Kimi-K3's lower bound, both through fla-core's `safe_gate` path), each case after a step
+    of another shape on the same buffers."""
     gen = torch.Generator().manual_seed(3)
-    graphs = KdaPrefillGraphs(32, 128, torch.bfloat16, torch.device("cuda"), None,
+    graphs = KdaPrefillGraphs(32, 128, torch.bfloat16, torch.device("cuda"), lower_bound,
                               (128, 1024), (1, 4))  # fmt: skip
     graphs.capture()
     check_against_eager(graphs, gen, [50, 60], [5, 6], [True, True], "cuda", torch.bfloat16)

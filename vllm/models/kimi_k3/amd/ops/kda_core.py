@@ -69,6 +69,19 @@ def kda_recurrent_ref(
     return out, s
 
 
+def fla_gate_kwargs(gate: KdaGate) -> dict:
+    """fla-core's `chunk_kda` arguments that apply `gate` inside its chunked cumsum of the decay.
+
+    A lower-bounded gate (Kimi-K3's) also takes fla-core's `safe_gate` path: its decay lies in
+    `[lower_bound, 0)`, so fla-core computes the intra-chunk scores of 16-token sub-chunks with
+    tensor-core products (`chunk_kda_fwd_kernel_intra_sub_chunk`) instead of its token-parallel
+    kernel, the form its docstring pairs with `lower_bound` (its shift of the gate exponents
+    comes from the bound)."""
+    bounded = gate.lower_bound is not None
+    return dict(use_gate_in_kernel=True, A_log=gate.A_log, dt_bias=gate.dt_bias,
+                lower_bound=gate.lower_bound, safe_gate=bounded)  # fmt: skip
+
+
 def _gather_initial(state: torch.Tensor, slots: torch.Tensor, has_initial: torch.Tensor):
     # Indexing copies the slots' states, so zeroing new sequences' in place touches no slot: one
     # launch where a zero-filled tensor and a `where` took two.
@@ -97,9 +110,9 @@ def kda_prefill(
     that writes the fp32 decay and another that reads it; on the CPU through `kda_gate`. With a
     lower bound fla computes what `kda_gate` does; without one its softplus uses approximate
     exp2 / log2 instructions and is 0 below x of about -17, where `kda_gate`'s log1p is not: the
-    decay differs by about 1e-7 at most. fla-core 0.6.0 applies `lower_bound` whatever its
-    `safe_gate` flag (left off here), although its docstring pairs the two;
-    `test_kda_prefill_applies_the_gate_itself` checks that result on the GPU.
+    decay differs by about 1e-7 at most. A lower bound also takes fla-core's `safe_gate` path
+    (`fla_gate_kwargs`); `test_kda_prefill_applies_the_gate_itself` checks both results on the
+    GPU.
 
     `graphs` (a `KdaPrefillGraphs`, kda_prefill_graphs.py): the same result from a captured
     replay where one of its buckets holds the step."""
@@ -113,10 +126,7 @@ def kda_prefill(
         from fla.ops.kda import chunk_kda
 
         init = _gather_initial(state, slots, has_initial_state)
-        gate_args = {}
-        if gate is not None:
-            gate_args = dict(use_gate_in_kernel=True, A_log=gate.A_log, dt_bias=gate.dt_bias,
-                             lower_bound=gate.lower_bound)  # fmt: skip
+        gate_args = {} if gate is None else fla_gate_kwargs(gate)
         out, final = chunk_kda(
             q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0), beta.unsqueeze(0),
             initial_state=init, output_final_state=True, use_qk_l2norm_in_kernel=True,

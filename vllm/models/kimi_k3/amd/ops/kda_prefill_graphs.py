@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from vllm.models.kimi_k3.amd.ops.kda_core import KdaGate, kda_prefill
+from vllm.models.kimi_k3.amd.ops.kda_core import KdaGate, fla_gate_kwargs, kda_prefill
 
 __all__ = [
     "DEFAULT_SEQ_BUCKETS",
@@ -160,11 +160,11 @@ class KdaPrefillGraphs:
         from fla.ops.kda import chunk_kda
 
         q, k, v, g, beta, h0, cu = args
+        gate = KdaGate(self.a_log, self.dt_bias, self.lower_bound)
         return chunk_kda(
             q, k, v, g, beta, initial_state=h0, output_final_state=True,
-            use_qk_l2norm_in_kernel=True, cu_seqlens=cu, use_gate_in_kernel=True,
-            A_log=self.a_log, dt_bias=self.dt_bias, lower_bound=self.lower_bound,
-            use_graph=True, max_num_seqs=seqs,
+            use_qk_l2norm_in_kernel=True, cu_seqlens=cu, use_graph=True, max_num_seqs=seqs,
+            **fla_gate_kwargs(gate),
         )  # fmt: skip
 
     def capture(
