@@ -32,16 +32,36 @@ def case(t, heads, d, lens, seed, lower_bound=-5.0, raw_scale=2.0, bias_scale=0.
 
     def fla(**kw):
         out, final = chunk_kda(
-            q[None], k[None], v[None], kw.pop("g")[None], beta[None], initial_state=start.clone(),
-            output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=qsl, **kw)
+            q[None],
+            k[None],
+            v[None],
+            kw.pop("g")[None],
+            beta[None],
+            initial_state=start.clone(),
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+            cu_seqlens=qsl,
+            **kw,
+        )
         return out[0].float(), final
 
     paths = {
         "precomputed": fla(g=g.view(t, heads, d)),
-        "in-kernel": fla(g=raw.view(t, heads, d), use_gate_in_kernel=True, A_log=a_log,
-                         dt_bias=dt_bias, lower_bound=lower_bound),
-        "in-kernel safe": fla(g=raw.view(t, heads, d), use_gate_in_kernel=True, A_log=a_log,
-                              dt_bias=dt_bias, lower_bound=lower_bound, safe_gate=True),
+        "in-kernel": fla(
+            g=raw.view(t, heads, d),
+            use_gate_in_kernel=True,
+            A_log=a_log,
+            dt_bias=dt_bias,
+            lower_bound=lower_bound,
+        ),
+        "in-kernel safe": fla(
+            g=raw.view(t, heads, d),
+            use_gate_in_kernel=True,
+            A_log=a_log,
+            dt_bias=dt_bias,
+            lower_bound=lower_bound,
+            safe_gate=True,
+        ),
     }
     print(f"T {t}, H {heads}, D {d}, lens {lens}, raw x{raw_scale}, bias x{bias_scale}:")
     for name, (o, s) in paths.items():
