@@ -171,7 +171,11 @@ def _cuda_platform(capability):
     return platform
 
 
-SILU, SITU = SiluAndMul(), SituAndMul(4.0, 25.0)
+class UnfusedSilu(SiluAndMul):
+    """A subclass may change `forward`: the kernels fuse exact types only."""
+
+
+SILU, SITU, UNFUSED = SiluAndMul(), SituAndMul(4.0, 25.0), UnfusedSilu()
 
 
 @pytest.mark.parametrize(
@@ -207,20 +211,23 @@ SILU, SITU = SiluAndMul(), SituAndMul(4.0, 25.0)
             SILU,
             moe_experts_loop,
         ),
-        ((9, 0), torch.bfloat16, 8, 2304, SITU, moe_experts_grouped),  # SiTU is not fused
-        ((9, 0), torch.bfloat16, 512, 2304, SITU, moe_experts_grouped),
+        ((9, 0), torch.bfloat16, 8, 2304, SITU, moe_experts_triton),  # SiTU is fused too
+        ((9, 0), torch.bfloat16, 512, 2304, SITU, moe_experts_triton_grouped),
+        ((9, 0), torch.bfloat16, 8, 2304, UNFUSED, moe_experts_grouped),
+        ((9, 0), torch.bfloat16, 512, 2304, UNFUSED, moe_experts_grouped),
         ((10, 0), torch.bfloat16, TRITON_GROUPED_MAX_ROWS + 1, 2304, SILU, moe_experts_grouped),
-        ((9, 0), torch.bfloat16, 8, 2300, SITU, moe_experts_gathered),  # rows not 16-byte aligned
+        ((9, 0), torch.bfloat16, 8, 2300, UNFUSED, moe_experts_gathered),  # rows not aligned
         ((9, 0), torch.bfloat16, 8, 2300, SILU, moe_experts_triton),  # any alignment
         ((9, 0), torch.bfloat16, 512, 2300, SILU, moe_experts_triton_grouped),
         ((9, 0), torch.float32, 8, 2304, SILU, moe_experts_triton),
-        ((9, 0), torch.float32, GATHER_MAX_ROWS, 2304, SITU, moe_experts_gathered),
+        ((9, 0), torch.float32, GATHER_MAX_ROWS, 2304, UNFUSED, moe_experts_gathered),
         ((9, 0), torch.float32, TRITON_MAX_ROWS + 1, 2304, SILU, moe_experts_triton_grouped),
         ((9, 0), torch.float32, TRITON_GROUPED_MAX_ROWS + 1, 2304, SILU, moe_experts_loop),
-        ((8, 0), torch.bfloat16, 8, 2304, SITU, moe_experts_gathered),  # torch's fallback syncs
+        ((8, 0), torch.bfloat16, 8, 2304, UNFUSED, moe_experts_gathered),  # torch's syncs
         ((8, 0), torch.bfloat16, 8, 2304, SILU, moe_experts_triton),
         ((8, 0), torch.bfloat16, 512, 2304, SILU, moe_experts_triton_grouped),
-        ((12, 0), torch.bfloat16, 8, 2304, SITU, moe_experts_gathered),
+        ((12, 0), torch.bfloat16, 8, 2304, UNFUSED, moe_experts_gathered),
+        ((12, 0), torch.bfloat16, 8, 2304, SITU, moe_experts_triton),
     ],
 )
 def test_selection_on_cuda(monkeypatch, capability, dtype, rows, hidden, act, expected):
@@ -246,7 +253,10 @@ def test_selection_on_cpu_under_the_triton_interpreter(monkeypatch):
     rows = TRITON_MAX_ROWS
     assert select_experts_impl(cpu, torch.float32, rows, H, INTER, SILU) is moe_experts_triton
     gather = GATHER_MAX_ROWS
-    assert select_experts_impl(cpu, torch.float32, gather, H, INTER, SITU) is moe_experts_gathered
+    assert (
+        select_experts_impl(cpu, torch.float32, gather, H, INTER, UNFUSED) is moe_experts_gathered
+    )
+    assert select_experts_impl(cpu, torch.float32, rows, H, INTER, SITU) is moe_experts_triton
     grouped = select_experts_impl(cpu, torch.float32, rows + 1, H, INTER, SILU)
     assert grouped is moe_experts_triton_grouped
     above = TRITON_GROUPED_MAX_ROWS + 1
@@ -424,6 +434,29 @@ def test_triton_matches_loop(
     assert triton_launches["_moe_gate_up_kernel"] == triton_launches["_moe_down_kernel"] == launches
 
 
+# Kimi-K3's constants (O(1) GEMM outputs stay in tanh's linear part) and small ones (saturated).
+SITU_CASES = [SITU, SituAndMul(0.5, 0.75)]
+
+
+@pytest.mark.parametrize("act", SITU_CASES, ids=["k3", "saturated"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    "tokens,experts,topk,hidden,inter", [(1, 16, 4, 64, 32), (5, 8, 3, 40, 24)]
+)
+def test_triton_situ_matches_loop(
+    tokens, experts, topk, hidden, inter, dtype, act, triton_launches
+):
+    """SiTU in the gate/up kernel's epilogue, at the rounding points of `SituAndMul` (fp32 from the
+    rounded GEMM outputs, rounded once)."""
+    shape = dict(experts=experts, hidden=hidden, inter=inter, topk=topk)
+    x, w13, w2, w, ids = make_case(tokens, dtype, DEVICE, seed=tokens + topk, **shape)
+    expected = moe_experts_loop(x, w13, w2, w, ids, act)
+    assert_close_to_loop(moe_experts_triton(x, w13, w2, w, ids, act), expected)
+    assert triton_launches["_moe_gate_up_kernel"] == 1
+    with pytest.raises(AssertionError):  # SiLU's result is not SiTU's
+        assert_close_to_loop(moe_experts_triton(x, w13, w2, w, ids, SiluAndMul()), expected)
+
+
 @pytest.mark.parametrize("tokens", [1, 5, 13])
 def test_triton_fp32_matches_fp64_reference(tokens):
     x, w13, w2, w, ids = make_case(tokens, torch.float32, DEVICE)
@@ -480,7 +513,7 @@ def test_triton_rejects_bad_inputs(monkeypatch):
         ((x, w13, w2, w, ids.float(), silu), {}, "int32 / int64"),
         ((x, w13.transpose(1, 2).contiguous().transpose(1, 2), w2, w, ids, silu), {},
          "unit stride"),
-        ((x, w13, w2, w, ids, SituAndMul(4.0, 25.0)), {}, "must be SiluAndMul"),
+        ((x, w13, w2, w, ids, UNFUSED), {}, "must be SiluAndMul or SituAndMul"),
         ((x, w13, w2, w, ids, silu), {"block_n": 24}, "block_n must be a positive power of two"),
         ((x, w13, w2, w, ids, silu), {"down_warps": 0}, "down_warps must be"),
     ]  # fmt: skip
@@ -553,6 +586,28 @@ def test_triton_grouped_matches_loop(tokens, topk, hidden, inter, skewed, dtype,
     assert [triton_launches[name] for name in GROUPED_KERNELS] == [1, 1, 1, 1]
 
 
+@pytest.mark.parametrize("act", SITU_CASES, ids=["k3", "saturated"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_triton_grouped_situ_matches_loop(dtype, act, triton_launches):
+    shape = dict(experts=8, hidden=40, inter=24, topk=4)
+    x, w13, w2, w, ids = make_case(40, dtype, DEVICE, seed=3, **shape)
+    expected = moe_experts_loop(x, w13, w2, w, ids, act)
+    out = moe_experts_triton_grouped(x, w13, w2, w, ids, act, **GROUPED_BLOCKS)
+    assert_close_to_loop(out, expected)
+    assert triton_launches["_moe_grouped_gate_up_kernel"] == 1
+    with pytest.raises(AssertionError):  # SiLU's result is not SiTU's
+        silu = moe_experts_triton_grouped(x, w13, w2, w, ids, SiluAndMul(), **GROUPED_BLOCKS)
+        assert_close_to_loop(silu, expected)
+
+
+def test_fused_activation_kinds_and_constants():
+    from vllm.model_executor.layers.fused_moe import fused_activation as fa
+
+    assert fa.fused_activation(SILU) == (fa.SILU, 1.0, 1.0)
+    assert fa.fused_activation(SituAndMul(0.5, 0.75)) == (fa.SITU, 0.5, 0.75)
+    assert fa.fused_activation(UNFUSED) is None and fa.fused_activation(torch.nn.SiLU()) is None
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize(
     "tokens,topk,hidden,inter,skewed",
@@ -595,7 +650,7 @@ def spy_block_rows(monkeypatch):
     """The BLOCK_M each program's block code runs with (gate/up and down), as the interpreter
     calls the kernels' helpers."""
     seen = {"_gate_up_block": [], "_down_block": []}
-    for name, at in (("_gate_up_block", 16), ("_down_block", 16)):
+    for name, at in (("_gate_up_block", 18), ("_down_block", 16)):
         helper = getattr(experts_triton_grouped, name)
 
         def spy(*args, helper=helper, rows=seen[name], at=at):
@@ -978,7 +1033,7 @@ def test_triton_grouped_rejects_bad_inputs():
         ((x, w13[:, :, :-1], w2, w, ids, silu), {}, "w13 must be"),
         ((x, w13, w2, w[:, :2], ids, silu), {}, "topk_weights shape"),
         ((x.bfloat16(), w13, w2, w, ids, silu), {}, "share one dtype"),
-        ((x, w13, w2, w, ids, SituAndMul(4.0, 25.0)), {}, "must be SiluAndMul"),
+        ((x, w13, w2, w, ids, UNFUSED), {}, "must be SiluAndMul or SituAndMul"),
         ((x, w13, w2, w, ids, silu), {"block_m": 8}, "block_m must be >= 16"),
         ((x, w13, w2, w, ids, silu), {"down_block_k": 48}, "down_block_k must be a positive"),
         ((x, w13, w2, w, ids, silu), {"gate_up_stages": 0}, "gate_up_stages must be >= 1"),

@@ -32,7 +32,7 @@ import vllm.models.kimi_k3.amd.ops.fused_kda_decode as kda_decode_module
 import vllm.models.kimi_k3.amd.ops.mla_decode as mla_decode_module
 from vllm.model_executor.kernels.linear.gemv import gemv, gemv_batched, gemv_fp8, gemv_fp32
 from vllm.model_executor.kernels.linear.gemv_config import GemvConfig
-from vllm.model_executor.layers.activation import SiluAndMul
+from vllm.model_executor.layers.activation import SiluAndMul, SituAndMul
 from vllm.model_executor.layers.fused_moe.experts_triton import moe_experts_triton
 from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (
     LARGE_PREFILL_TILES_FROM_ROWS,
@@ -89,15 +89,16 @@ KERNELS = {
 # Variants compiled per kernel: the first launches with distinct constexprs, dtypes and options
 # (the ops are driven at Kimi-Linear's sizes first). A compile takes 0.1-3 s on 2 cores.
 MAX_VARIANTS = 8
-# The grouped experts' gate/up kernel 14 (decode and prefill tiles, pointer and TMA loads, tail
-# tiles of 16, 32 and 64 rows, each at two TOPK); the GEMV's one kernel runs two algorithms
-# (multiply-and-sum, tl.dot) on three weight dtypes, and batched (MLA's absorbs: 3 more); the KDA
+# The grouped experts' gate/up kernel 16 (decode and prefill tiles, pointer and TMA loads, tail
+# tiles of 16, 32 and 64 rows, each at two TOPK; SiTU on the decode tiles at two TOPK); the
+# GEMV's one kernel runs two algorithms (multiply-and-sum, tl.dot) on three weight dtypes, and
+# batched (MLA's absorbs: 3 more); the KDA
 # decode epilogue 9 (norm, quantized, shift-only; three shift tiles; chunked norm), its main
 # kernel 13 (8 launches without the gate projections, one of them with the state evicted first, 5
 # with them); the MLA decode split kernel 10 (4 with one latent chunk, 6 with 2 or 4).
 MAX_VARIANTS_OF = {
     "_gemv_kernel": 27, "_kda_decode_epilogue_kernel": 10, "_fused_kda_decode_kernel": 13,
-    "_mla_decode_split_kernel": 10, "_moe_grouped_gate_up_kernel": 14,
+    "_mla_decode_split_kernel": 10, "_moe_grouped_gate_up_kernel": 16,
 }  # fmt: skip
 
 
@@ -340,8 +341,9 @@ def _drive_moe(tokens: int, experts: int, hidden: int, inter: int, topk: int) ->
         torch.randn(experts, generator=gen),
         RoutingParams(experts, topk),
     )
-    moe_experts_triton(x, w13, w2, weights, ids, SiluAndMul())
-    moe_experts_triton_grouped(x, w13, w2, weights, ids, SiluAndMul())
+    for act in (SiluAndMul(), SituAndMul(4.0, 25.0)):  # SiTU: libdevice's tanh for sm_90
+        moe_experts_triton(x, w13, w2, weights, ids, act)
+        moe_experts_triton_grouped(x, w13, w2, weights, ids, act)
     # The prefill tiles (64-row blocks at 4 stages, 128-row blocks at 8 warps), at these sizes,
     # with pointer loads and through TMA descriptors (the H200's choice).
     for rows in (PREFILL_TILES_ABOVE_ROWS + 1, LARGE_PREFILL_TILES_FROM_ROWS):

@@ -238,9 +238,11 @@ def test_which_configs_fuse(monkeypatch):
     assert not shared_experts_fusable(fused_config(routed_expert_hidden_size=24))
     situ = fused_config(hidden_act="situ", activation_situ_beta=4.0,
                         activation_situ_linear_beta=25.0)  # fmt: skip
-    assert not shared_experts_fusable(situ)
+    assert shared_experts_fusable(situ)  # the Triton experts fuse SiTU too
+    latent = fused_config(routed_expert_hidden_size=24, hidden_act="situ",
+                          activation_situ_beta=4.0, activation_situ_linear_beta=25.0)  # fmt: skip
     with pytest.raises(ValueError, match="moe: this config's shared experts cannot be fused"):
-        KimiMoE(situ, torch.float32, prefix="moe", fuse_shared_experts=True)
+        KimiMoE(latent, torch.float32, prefix="moe", fuse_shared_experts=True)
     assert KimiMoE(fused_config()).fuses_shared_experts  # the default where fusable
     monkeypatch.setenv("VLLM_KIMI_FUSE_SHARED_EXPERTS", "0")
     assert not KimiMoE(fused_config()).fuses_shared_experts

@@ -17,11 +17,12 @@ GEMMs); the weighted sum over the K chosen experts runs in fp32, slot by slot in
             the device. No host sync where torch runs its CUTLASS kernel: CUDA, bf16, sm90 / sm100
             (elsewhere torch falls back to a per-group loop that copies the ends to the host).
   triton    `moe_experts_triton` (experts_triton.py): two GEMV-style Triton kernels that stream
-            each routed row's expert weights once, for decode-size `T * K`; SiluAndMul only.
+            each routed row's expert weights once, for decode-size `T * K`; SiluAndMul or
+            SituAndMul (fused_activation.py).
   triton_grouped
             `moe_experts_triton_grouped` (experts_triton_grouped.py): rows grouped by expert on
             the device, then Triton GEMM kernels that read each expert's weights once per block
-            of its rows, for batches between the two above; SiluAndMul only.
+            of its rows, for batches between the two above; SiluAndMul or SituAndMul.
 
 `select_experts_impl` picks one from shapes, dtype, device and the activation's type only, so the
 choice is the same in eager mode and inside a CUDA graph.

@@ -11,14 +11,15 @@ references), with the same shapes:
   topk_weights  `[T, K]` floating point (read as fp32)
   topk_ids      `[T, K]` int32 / int64, values in `[0, E)` (not checked: that would read them on
                 the host)
-  act_and_mul   must be `SiluAndMul` (the only activation the first kernel fuses)
+  act_and_mul   `SiluAndMul` or `SituAndMul`, the activations the first kernel fuses
+                (fused_activation.py)
   returns       `[T, H]` in x's dtype
 
 Kernels (R = T * K routed rows, row r = (t, k) = (r // K, r % K), e = topk_ids[t, k]):
 
   gate/up  grid (R, cdiv(I, block_n)). Dot products of x[t] with block_n gate rows and block_n up
            rows of w13[e], reduced over H in chunks of block_k, fp32 accumulation; writes
-           `a[r] = silu(gate) * up` `[R, I]` in x's dtype.
+           `a[r] = act(gate) * up` `[R, I]` in x's dtype (`gated_product`).
   down     grid (T, cdiv(H, block_h)). For each of token t's K slots, `w2[e] @ a[r]` for block_h
            hidden outputs over I in chunks of block_i with fp32 accumulation, then
            `sum_k topk_weights[t, k] * y_k` in fp32, slots in order (no atomics:
@@ -31,8 +32,9 @@ static shapes, CUDA-graph capturable. Row r's programs for one output block are 
 order, so rows that share an expert read its weight tile while it is still in L2.
 
 Rounding, chosen to match the references (which round every GEMM output and the activation to x's
-dtype): `gate` and `up` are rounded to x's dtype, `silu(gate)` is computed in fp32 from the rounded
-gate and rounded, its product with `up` is computed in fp32 and rounded (`a`); each `y_k` is
+dtype): `gate` and `up` are rounded to x's dtype, and the activation's product is computed from
+them as its torch module rounds it (`gated_product`, fused_activation.py: for SiLU `silu(gate)`
+in fp32, rounded, times `up` in fp32, rounded; SiTU in fp32, rounded once) (`a`); each `y_k` is
 rounded to x's dtype before the fp32 weighted sum. So the kernels differ from the references only
 in the GEMMs' accumulation order (within a few ulps of x's dtype; fp32 summation order in the
 weighted sum). In fp32 every rounding is the identity.
@@ -49,7 +51,7 @@ down kernel that reduced a `[K padded to 16, block_h, block_i]` tile per step).
 
 import torch
 
-from vllm.model_executor.layers.activation import SiluAndMul
+from vllm.model_executor.layers.fused_moe.fused_activation import fused_activation
 from vllm.triton_utils import cdiv, next_power_of_2, use_triton
 from vllm.triton_utils.pdl import pdl_options, use_pdl
 
@@ -57,6 +59,7 @@ try:
     import triton
     import triton.language as tl
 
+    from vllm.model_executor.layers.fused_moe.fused_activation import gated_product
     from vllm.triton_utils.pdl import pdl_wait
 except ImportError:  # CPU-only installs without Triton never select this path
     triton = None
@@ -84,9 +87,9 @@ if triton is not None:
     def _moe_gate_up_kernel(
         x_ptr, w13_ptr, ids_ptr, a_ptr,
         stride_xt, stride_it, stride_ik, stride_we, stride_wn, stride_ar,
-        hidden, inter,
+        hidden, inter, beta, linear_beta,
         TOPK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HIDDEN: tl.constexpr,
-        PDL: tl.constexpr = False,
+        ACT: tl.constexpr, PDL: tl.constexpr = False,
     ):  # fmt: skip
         pdl_wait(PDL)
         # HIDDEN > 0 (= hidden): the steps over H are unrolled, so the compiler may issue the
@@ -112,12 +115,8 @@ if triton is not None:
                 acc_gate, acc_up = _gate_up_step(
                     x_row, gate_ptrs, up_ptrs, kk, k0, hidden, n_ok, acc_gate, acc_up
                 )
-        # The references' rounding points (module docstring); silu as torch writes it.
-        dtype = a_ptr.dtype.element_ty
-        gate = acc_gate.to(dtype).to(tl.float32)
-        up = acc_up.to(dtype).to(tl.float32)
-        act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-        tl.store(a_ptr + r * stride_ar + n, (act * up).to(dtype), mask=n_ok)
+        a = gated_product(acc_gate, acc_up, a_ptr.dtype.element_ty, ACT, beta, linear_beta)
+        tl.store(a_ptr + r * stride_ar + n, a, mask=n_ok)
 
     @triton.jit
     def _moe_down_kernel(
@@ -156,8 +155,7 @@ def triton_experts_supported(
     device: torch.device, dtype: torch.dtype, act_and_mul: torch.nn.Module
 ) -> bool:
     """Whether `moe_experts_triton` runs for `dtype` tensors on `device` with `act_and_mul`."""
-    # Exact type: a subclass may change forward, which the kernel would not follow.
-    return use_triton(device) and dtype in _DTYPES and type(act_and_mul) is SiluAndMul
+    return use_triton(device) and dtype in _DTYPES and fused_activation(act_and_mul) is not None
 
 
 def check_expert_shapes(
@@ -199,8 +197,8 @@ def check_triton_operands(
     op: str,
 ) -> None:
     """What the Triton expert kernels need beyond the shapes: dtypes, one device, unit inner
-    strides, the SiluAndMul activation and a device Triton runs on. `op` names the caller in the
-    errors. Metadata only, so the call stays free of host syncs."""
+    strides, an activation the kernels fuse and a device Triton runs on. `op` names the caller
+    in the errors. Metadata only, so the call stays free of host syncs."""
     if x.dtype not in _DTYPES or w13.dtype != x.dtype or w2.dtype != x.dtype:
         raise ValueError(
             f"x, w13 and w2 must share one dtype of {_DTYPES}, got {x.dtype}, {w13.dtype}, "
@@ -215,10 +213,10 @@ def check_triton_operands(
         raise ValueError("x, w13, w2, topk_weights and topk_ids must be on one device")
     if x.stride(1) != 1 or w13.stride(2) != 1 or w2.stride(2) != 1:
         raise ValueError("x, w13 and w2 must have unit stride on their last dim")
-    if type(act_and_mul) is not SiluAndMul:
+    if fused_activation(act_and_mul) is None:
         raise ValueError(
-            f"act_and_mul must be SiluAndMul (the activation the kernel fuses), got "
-            f"{type(act_and_mul).__name__}; use select_experts_impl to pick a path"
+            f"act_and_mul must be SiluAndMul or SituAndMul (the activations the kernels fuse), "
+            f"got {type(act_and_mul).__name__}; use select_experts_impl to pick a path"
         )
     if not use_triton(x.device):
         raise ValueError(
@@ -279,12 +277,13 @@ def moe_experts_triton(
         return out.zero_()
     a = torch.empty(tokens * topk, inter, dtype=x.dtype, device=x.device)
     pdl = pdl_options(use_pdl(x.device))
+    act = fused_activation(act_and_mul)
     _moe_gate_up_kernel[(tokens * topk, cdiv(inter, block_n))](
         x, w13, topk_ids, a,
         x.stride(0), topk_ids.stride(0), topk_ids.stride(1), w13.stride(0), w13.stride(1),
-        a.stride(0), hidden, inter,
+        a.stride(0), hidden, inter, act.beta, act.linear_beta,
         TOPK=topk, BLOCK_N=block_n, BLOCK_K=block_k, HIDDEN=hidden if gate_up_unroll else 0,
-        num_warps=gate_up_warps, **pdl,
+        ACT=act.kind, num_warps=gate_up_warps, **pdl,
     )  # fmt: skip
     _moe_down_kernel[(tokens, cdiv(hidden, block_h))](
         a, w2, topk_ids, topk_weights, out,

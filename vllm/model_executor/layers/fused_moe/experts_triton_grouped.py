@@ -12,7 +12,7 @@ dtypes of `moe_experts_triton` (experts_triton.py):
   topk_weights  `[T, K]` floating point (read as fp32)
   topk_ids      `[T, K]` int32 / int64, values in `[0, E)` (not checked: that would read them on
                 the host)
-  act_and_mul   must be `SiluAndMul`
+  act_and_mul   `SiluAndMul` or `SituAndMul` (fused_activation.py)
   returns       `[T, H]` in x's dtype
 
 Steps (R = T * K routed rows, row r = (t, k) = (r // K, r % K)):
@@ -24,7 +24,7 @@ Steps (R = T * K routed rows, row r = (t, k) = (r // K, r % K)):
             reading the table.
   gate/up   grid (max_blocks * cdiv(I, block_n),). The block's rows of x (gathered by token) times
             block_n gate and block_n up columns of w13[e], `tl.dot` over H in chunks of block_k
-            with fp32 accumulation; writes `a = silu(gate) * up` `[R, I]` in sorted order.
+            with fp32 accumulation; writes `a = act(gate) * up` `[R, I]` in sorted order.
   down      grid (max_blocks * cdiv(H, down_block_n),). The block's rows of `a` times down_block_n
             rows of w2[e], over I in chunks of down_block_k; writes `y` `[R, H]` in x's dtype at
             each row's (token, slot) position.
@@ -60,8 +60,9 @@ table is unchanged). It reads the same weight tiles, from L2 when its expert's f
 just before (grid order, above).
 
 Rounding, as in experts_triton.py (chosen to match the references): `gate` and `up` are rounded
-to x's dtype, `silu(gate)` is computed in fp32 from the rounded gate and rounded, its product with
-`up` in fp32 and rounded (`a`); each `y` row is rounded to x's dtype before the fp32 weighted sum.
+to x's dtype, and the activation's product is computed from them as its torch module rounds it
+(`gated_product`, fused_activation.py) (`a`); each `y` row is rounded to x's dtype before the fp32
+weighted sum.
 fp32 inputs use IEEE fp32 dots (no TF32), so the kernels differ from the references only in the
 GEMMs' accumulation order.
 
@@ -86,6 +87,7 @@ from vllm.model_executor.layers.fused_moe.experts_triton import (
     check_power_of_two,
     check_triton_operands,
 )
+from vllm.model_executor.layers.fused_moe.fused_activation import fused_activation
 from vllm.model_executor.layers.fused_moe.group_rows import group_rows
 from vllm.model_executor.layers.fused_moe.weighted_sum import moe_weighted_sum
 from vllm.triton_utils import (
@@ -102,6 +104,7 @@ try:
     import triton.language as tl
     from triton.tools.tensor_descriptor import TensorDescriptor
 
+    from vllm.model_executor.layers.fused_moe.fused_activation import gated_product
     from vllm.triton_utils.pdl import pdl_wait
 except ImportError:  # CPU-only installs without Triton never select this path
     triton = None
@@ -124,9 +127,9 @@ if triton is not None:
     @triton.jit
     def _gate_up_block(
         x_ptr, w13_ptr, w13_desc, order_ptr, a_ptr, e, row0, row1, tile,
-        stride_xt, stride_we, stride_wn, stride_ar, hidden, inter,
+        stride_xt, stride_we, stride_wn, stride_ar, hidden, inter, beta, linear_beta,
         TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
+        BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, ACT: tl.constexpr,
     ):  # fmt: skip
         # Expert e's sorted rows [row0, row1) (at most BLOCK_M) times output tile `tile`.
         rows = row0 + tl.arange(0, BLOCK_M)
@@ -156,21 +159,17 @@ if triton is not None:
                 up = tl.load(up_ptrs + k0, mask=w_mask, other=0.0)
             acc_gate = tl.dot(xv, gate, acc_gate, input_precision=PRECISION)
             acc_up = tl.dot(xv, up, acc_up, input_precision=PRECISION)
-        # The references' rounding points (module docstring); silu as torch writes it.
-        dtype = a_ptr.dtype.element_ty
-        gate = acc_gate.to(dtype).to(tl.float32)
-        up = acc_up.to(dtype).to(tl.float32)
-        act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+        a = gated_product(acc_gate, acc_up, a_ptr.dtype.element_ty, ACT, beta, linear_beta)
         a_ptrs = a_ptr + rows[:, None] * stride_ar + n[None, :]
-        tl.store(a_ptrs, (act * up).to(dtype), mask=m_ok[:, None] & n_ok[None, :])
+        tl.store(a_ptrs, a, mask=m_ok[:, None] & n_ok[None, :])
 
     @triton.jit
     def _moe_grouped_gate_up_kernel(
         x_ptr, w13_ptr, w13_desc, order_ptr, blocks_ptr, a_ptr,
         stride_xt, stride_we, stride_wn, stride_ar,
-        hidden, inter, max_blocks,
+        hidden, inter, max_blocks, beta, linear_beta,
         TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
+        BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, ACT: tl.constexpr,
         TAIL_M: tl.constexpr = 0, PDL: tl.constexpr = False,
     ):  # fmt: skip
         pdl_wait(PDL)
@@ -181,12 +180,14 @@ if triton is not None:
         # TAIL_M-row tiles (TAIL_M == 0: the condition is a constexpr False, so no tail code).
         if TAIL_M > 0 and row1 - row0 <= TAIL_M:
             _gate_up_block(x_ptr, w13_ptr, w13_desc, order_ptr, a_ptr, e, row0, row1, tile,
-                           stride_xt, stride_we, stride_wn, stride_ar, hidden, inter,
-                           TOPK, TAIL_M, BLOCK_N, BLOCK_K, PRECISION, TMA)  # fmt: skip
+                           stride_xt, stride_we, stride_wn, stride_ar, hidden, inter, beta,
+                           linear_beta, TOPK, TAIL_M, BLOCK_N, BLOCK_K, PRECISION, TMA,
+                           ACT)  # fmt: skip
         else:
             _gate_up_block(x_ptr, w13_ptr, w13_desc, order_ptr, a_ptr, e, row0, row1, tile,
-                           stride_xt, stride_we, stride_wn, stride_ar, hidden, inter,
-                           TOPK, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, TMA)  # fmt: skip
+                           stride_xt, stride_we, stride_wn, stride_ar, hidden, inter, beta,
+                           linear_beta, TOPK, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, TMA,
+                           ACT)  # fmt: skip
 
     @triton.jit
     def _down_block(
@@ -453,15 +454,18 @@ def moe_experts_triton_grouped(
             a_tail_desc = TensorDescriptor.from_tensor(a, [t.tail_block_m, t.down_block_k])
         w2_desc = TensorDescriptor.from_tensor(w2.view(-1, inter), [t.down_block_n, t.down_block_k])
     pdl = pdl_options(use_pdl(x.device))
+    act = fused_activation(act_and_mul)
     launch(
         _moe_grouped_gate_up_kernel, (max_blocks * cdiv(inter, t.block_n), 1, 1),
         (
             x, w13, w13_desc, order, blocks, a,
             x.stride(0), w13.stride(0), w13.stride(1), a.stride(0), hidden, inter, max_blocks,
+            act.beta, act.linear_beta,
         ),
         launch_spec(
             _moe_grouped_gate_up_kernel, TOPK=topk, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
-            BLOCK_K=t.block_k, PRECISION=precision, TMA=t.tma, TAIL_M=t.tail_block_m,
+            BLOCK_K=t.block_k, PRECISION=precision, TMA=t.tma, ACT=act.kind,
+            TAIL_M=t.tail_block_m,
             num_warps=t.gate_up_warps, num_stages=t.gate_up_stages, **pdl,
         ),
     )  # fmt: skip

@@ -20,7 +20,8 @@ import torch
 from vllm import envs
 from vllm.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_reduce
 from vllm.logger import quiet_below
-from vllm.model_executor.layers.activation import SiluAndMul, get_act_and_mul
+from vllm.model_executor.layers.activation import get_act_and_mul
+from vllm.model_executor.layers.fused_moe.fused_activation import fused_activation
 from vllm.model_executor.layers.fused_moe.fused_router import (
     fused_norm_router_topk,
     fused_router_topk,
@@ -97,7 +98,7 @@ def shared_experts_fusable(
 ) -> bool:
     """Whether the MoE block at `prefix` can run its shared expert as one more routed expert:
     no latent MoE (the shared expert reads the hidden states, the routed ones the latent), one
-    shared expert of the routed size, SiLU (the Triton experts' activation), and a shared MLP
+    shared expert of the routed size, an activation the Triton experts fuse, and a shared MLP
     that `quant_config` leaves unquantized (the routed experts are never quantized).
 
     The answer comes from a throw-away shared MLP built as the block builds it (`params_dtype`
@@ -105,7 +106,7 @@ def shared_experts_fusable(
     not fail here), silently: the real layer, if built, says its own kernel choice."""
     if config.routed_expert_hidden_size or config.num_shared_experts != 1:
         return False
-    if type(_act(config)) is not SiluAndMul:
+    if fused_activation(_act(config)) is None:
         return False
     if quant_config is None:
         return True
