@@ -2,6 +2,8 @@
 
 Shapes: 256 experts, top-8, hidden 2304, intermediate 1024, bf16, tokens 1-512 (decode sizes).
 Routing: `grouped_topk` (sigmoid, score-correction bias, renormalised) of random router logits.
+Activation: SiLU (Kimi-Linear's), or with `--activation situ` Kimi-K3's SiTU (`SituAndMul(4,
+25)`), which the Triton paths fuse as they fuse SiLU and the others apply in torch.
 
   grouped   torch._grouped_mm over rows sorted by expert (sync-free on sm90 / sm100 only)
   triton    moe_experts_triton: GEMV-style gate/up + SiLU and down + weighted-sum kernels, at its
@@ -89,7 +91,7 @@ from kernel_bench import (
     write_csv,
 )
 
-from vllm.model_executor.layers.activation import SiluAndMul
+from vllm.model_executor.layers.activation import SiluAndMul, SituAndMul
 from vllm.model_executor.layers.fused_moe.experts import (
     TRITON_MAX_ROWS,
     grouped_mm_is_sync_free,
@@ -429,12 +431,21 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         help="with --routing-histogram: the layers to time (default: all)",
     )
+    parser.add_argument(
+        "--activation",
+        choices=("silu", "situ"),
+        default="silu",
+        help="the experts' gated activation: silu (Kimi-Linear) or situ (Kimi-K3's SiTU, beta 4, "
+        "linear beta 25); not with --shared-expert",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of weights and router logits")
     add_common_args(
         parser,
         dry_run="tiny shapes on the CPU, eager timing: checks the script, measures nothing useful",
     )
     args = parser.parse_args(argv)
+    if args.shared_expert and args.activation != "silu":
+        parser.error("--shared-expert times Kimi-Linear's block: SiLU only")
     if args.dry_run:
         round_like_the_gpu_if_interpreting()
         device, shape, copy_gib = torch.device("cpu"), DRY_RUN, 1 / 64
@@ -465,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         with torch.inference_mode():
             shared_expert_rows(args, shape, device, copy)
         return 0
-    act = SiluAndMul()
+    act = SiluAndMul() if args.activation == "silu" else SituAndMul(4.0, 25.0)
     impls = []
     for name in args.paths:
         if name == "triton":
@@ -486,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
             touched = distinct * expert_bytes
             for name, impl in impls:
                 row = dict(tokens=tokens, rows=inputs[-1].numel(), path=name,
-                           distinct_experts=distinct,
+                           activation=args.activation, distinct_experts=distinct,
                            weight_mb=round(touched / 1e6, 2))  # fmt: skip
                 if layer is not None:
                     row["layer"] = layer

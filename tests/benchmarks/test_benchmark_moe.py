@@ -37,6 +37,30 @@ def test_moe_dry_run_with_a_triton_sweep(tmp_path: Path, capsys: pytest.CaptureF
         assert "TRITON_MAX_ROWS" in capsys.readouterr().out.splitlines()[-1]
 
 
+def test_moe_dry_run_with_situ(tmp_path: Path, monkeypatch, capsys) -> None:
+    """`--activation situ` hands every path Kimi-K3's SiTU; not with --shared-expert."""
+    import benchmark_moe
+
+    from vllm.model_executor.layers.activation import SituAndMul
+
+    seen = []
+
+    def spy(x, w13, w2, w, ids, act):
+        seen.append(act)
+        return torch.zeros_like(x)
+
+    monkeypatch.setitem(benchmark_moe.PATHS, "gathered", spy)
+    out = tmp_path / "moe.csv"
+    argv = ["--dry-run", "--tokens", "1", "--paths", "gathered", "--activation", "situ",
+            "--csv", str(out)]  # fmt: skip
+    assert benchmark_moe.main(argv) == 0
+    assert seen and all(type(a) is SituAndMul and (a.beta, a.linear_beta) == (4, 25) for a in seen)
+    assert [r["activation"] for r in csv.DictReader(out.open())] == ["situ"]
+    with pytest.raises(SystemExit):
+        benchmark_moe.main(["--dry-run", "--shared-expert", "--activation", "situ"])
+    assert "SiLU only" in capsys.readouterr().err
+
+
 def test_moe_dry_run_with_a_tgrouped_sweep(tmp_path: Path) -> None:
     import benchmark_moe
 

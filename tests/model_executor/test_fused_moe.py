@@ -535,15 +535,16 @@ GPU_BLOCKS = [
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("act", [SILU, SITU], ids=["silu", "situ"])
 @pytest.mark.parametrize("blocks", GPU_BLOCKS)
 @pytest.mark.parametrize("tokens", [1, 8, 16])
-def test_triton_kimi_linear_shapes_on_gpu(tokens, blocks):
-    # Kimi-Linear's expert shapes (fewer experts, so tokens share them), top-8.
+def test_triton_kimi_linear_shapes_on_gpu(tokens, blocks, act):
+    # Kimi-Linear's expert shapes (fewer experts, so tokens share them), top-8; SiTU: Kimi-K3's.
     shape = dict(experts=16, hidden=2304, inter=1024, topk=8)
     case = make_case(tokens, torch.bfloat16, "cuda", seed=tokens, **shape)
-    out = moe_experts_triton(*case, SiluAndMul(), **blocks)
-    loop = moe_experts_loop(*case, SiluAndMul())
-    expected = reference_fp64(*[t.cpu() for t in case], SiluAndMul())
+    out = moe_experts_triton(*case, act, **blocks)
+    loop = moe_experts_loop(*case, act)
+    expected = reference_fp64(*[t.cpu() for t in case], act)
     # The bf16 rounding bound that the loop meets on CPU (test_bf16_loop_is_within_...).
     bound = 4 * 2**-8 * expected.abs().max()
     assert (loop.double().cpu() - expected).abs().max() <= bound
@@ -1064,22 +1065,24 @@ def test_triton_grouped_empty_batch_is_zeros(triton_launches):
 KIMI_LINEAR = dict(experts=256, hidden=2304, inter=1024, topk=8)
 
 
-def _fp64_loop(case):
-    """The loop on fp64 operands on the case's device: GEMMs and activation in fp64, the weighted
-    sum in fp32 (the per-row fp64 reference is too slow at these sizes)."""
+def _fp64_loop(case, act=SILU):
+    """The loop on fp64 operands on the case's device: GEMMs and activation in fp64 (SiTU in
+    fp32, as `SituAndMul` computes), the weighted sum in fp32 (the per-row fp64 reference is too
+    slow at these sizes)."""
     x, w13, w2, w, ids = case
-    return moe_experts_loop(x.double(), w13.double(), w2.double(), w, ids, SiluAndMul())
+    return moe_experts_loop(x.double(), w13.double(), w2.double(), w, ids, act)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("act", [SILU, SITU], ids=["silu", "situ"])
 @pytest.mark.parametrize("experts", [256, 16])  # 16: many rows per expert, several blocks each
 @pytest.mark.parametrize("tokens", [32, 64, 256, 1024, 4096])  # 1024, 4096: the prefill tiles
-def test_triton_grouped_kimi_linear_shapes_on_gpu(tokens, experts):
+def test_triton_grouped_kimi_linear_shapes_on_gpu(tokens, experts, act):
     shape = dict(KIMI_LINEAR, experts=experts)
     case = make_case(tokens, torch.bfloat16, "cuda", seed=tokens, **shape)
-    out = moe_experts_triton_grouped(*case, SiluAndMul())
-    loop = moe_experts_loop(*case, SiluAndMul())
-    expected = _fp64_loop(case)
+    out = moe_experts_triton_grouped(*case, act)
+    loop = moe_experts_loop(*case, act)
+    expected = _fp64_loop(case, act)
     # The bf16 rounding bound that the loop meets on CPU (test_bf16_loop_is_within_...).
     bound = 4 * 2**-8 * expected.abs().max()
     assert (loop.double() - expected).abs().max() <= bound
