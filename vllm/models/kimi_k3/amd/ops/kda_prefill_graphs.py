@@ -186,6 +186,12 @@ class KdaPrefillGraphs:
             self.cu[0] = 0
             self.replays[(t, n)] = _Replay(lambda t=t, n=n: self._call(t, n), pool)
 
+    def _replay_bucket(self, tokens: int, seqs: int) -> tuple[int, int] | None:
+        """The captured bucket pair that a step of `tokens` in `seqs` sequences replays, or None
+        (no captured bucket holds it, or `enabled` is off)."""
+        bucket = pick_bucket(tokens, seqs, self.token_buckets, self.seq_buckets)
+        return bucket if self.enabled and bucket in self.replays else None
+
     def qkv_buffer(
         self, tokens: int, seqs: int, dtype: torch.dtype, device: torch.device
     ) -> torch.Tensor | None:
@@ -193,8 +199,7 @@ class KdaPrefillGraphs:
         would replay: a `[3, tokens, heads * head_dim]` view of the q, k, v buffers, for the
         layer's conv to write them into, so that `run` copies none of them (three copies a KDA
         layer, each a launch of host time in a host-bound step); None where it would not."""
-        bucket = pick_bucket(tokens, seqs, self.token_buckets, self.seq_buckets)
-        if not self.enabled or bucket not in self.replays:
+        if self._replay_bucket(tokens, seqs) is None:
             return None
         if dtype != self.dtype or device != self.qkvg.device:
             return None
@@ -217,8 +222,8 @@ class KdaPrefillGraphs:
         where no captured bucket holds the step, an input is not shaped or typed as the buffers,
         or `enabled` is off (module docstring)."""
         tokens, seqs = q.shape[0], slots.shape[0]
-        bucket = pick_bucket(tokens, seqs, self.token_buckets, self.seq_buckets)
-        if not self.enabled or bucket not in self.replays or gate is None:
+        bucket = self._replay_bucket(tokens, seqs)
+        if bucket is None or gate is None:
             return None
         if gate.lower_bound != self.lower_bound or q.device != self.qkvg.device:
             return None
