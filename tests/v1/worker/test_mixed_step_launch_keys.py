@@ -31,11 +31,12 @@ DECODE = {
 CONV = ("_causal_conv1d_prefill_kernel", "_conv_state_update_kernel")
 # The kernels whose keys once changed in these steps, per model: the recorder must see them, or
 # a path that no longer reaches a kernel on the CPU (a layer's device branch) passes unchecked.
-# kimi-linear-tiny's experts run grouped, without the row gather.
+# Both models' experts run the Triton grouped path (SiLU, and Kimi-K3's SiTU since the kernels
+# fuse it), without the row gather of torch's grouped GEMM.
 RECORDED = {*CONV, "_mla_prefill_key_kernel", "_per_token_fp8_quant_kernel"}
 RECORDED_BY_MODEL = {
-    "kimi-k3-tiny": RECORDED | {"_gather_rows_kernel"},
-    "kimi-linear-tiny": RECORDED,
+    "kimi-k3-tiny": RECORDED | {"_moe_grouped_gate_up_kernel"},
+    "kimi-linear-tiny": RECORDED | {"_moe_grouped_gate_up_kernel"},
 }
 # Arguments whose specialization may change between launches, and why.
 ALLOWED = {
