@@ -5,7 +5,7 @@ Gate forms (--gates):
 
   softplus   Kimi-Linear's gate, `-exp(A_log) * softplus(g + dt_bias)` (no lower bound)
   bounded    Kimi-K3's, `lower_bound * sigmoid(exp(A_log) * (g + dt_bias))` at lower bound -5,
-             through fla-core's `safe_gate` path (`fla_gate_kwargs`, the engine's default)
+             through fla-core's `safe_gate` path (`fla_chunk_kda`, the engine's default)
   unsafe     the bounded gate with `safe_gate` off (the engine's call before it took that path)
 
 Shapes: T tokens (--tokens) in N equal sequences (--seqs), H heads (--heads; 32 is Kimi-Linear
@@ -30,7 +30,7 @@ import sys
 import torch
 from kernel_bench import time_graph, write_csv
 
-from vllm.models.kimi_k3.amd.ops.kda_core import KdaGate, fla_gate_kwargs, kda_prefill
+from vllm.models.kimi_k3.amd.ops.kda_core import KdaGate, fla_chunk_kda, kda_prefill
 from vllm.utils.cli import output_file, positive_int, run_main
 
 HEAD_DIM = 128
@@ -67,18 +67,12 @@ def gate_of(case: dict, form: str) -> KdaGate:
 def graphed_call(case: dict, form: str):
     """fla-core's fixed-shape call for `form` (the engine's prefill-graph call): returns a
     function of no arguments giving (out, final states)."""
-    from fla.ops.kda import chunk_kda
-
-    c = {k: v.unsqueeze(0) for k, v in case.items() if k in ("q", "k", "v", "raw", "beta")}
-    kwargs = fla_gate_kwargs(gate_of(case, form))
+    x = [case[name].unsqueeze(0) for name in ("q", "k", "v", "raw", "beta")]
+    extra = dict(use_graph=True, max_num_seqs=case["qsl"].numel() - 1)
     if form == "unsafe":
-        kwargs["safe_gate"] = False
-    seqs = case["qsl"].numel() - 1
-    return lambda: chunk_kda(
-        c["q"], c["k"], c["v"], c["raw"], c["beta"], initial_state=case["state"],
-        output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=case["qsl"],
-        use_graph=True, max_num_seqs=seqs, **kwargs,
-    )  # fmt: skip
+        extra["safe_gate"] = False
+    gate = gate_of(case, form)
+    return lambda: fla_chunk_kda(*x, case["state"], case["qsl"], gate, **extra)
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -2,6 +2,8 @@
 prefill against one-shot prefill, and the PTPC `o_proj` epilogue (norm exactly once, fused vs
 unfused within the bound the bf16 intermediate and one FP8 step imply)."""
 
+import sys
+
 import pytest
 import torch
 from engine_harness import EngineHarness, SingleLayer
@@ -722,17 +724,32 @@ def test_initial_states_zero_new_sequences_and_leave_the_pool():
     assert torch.equal(state.view(torch.int32), pool.view(torch.int32))
 
 
-def test_fla_takes_its_safe_gate_path_for_bounded_gates_only():
+@pytest.mark.parametrize("lower_bound", [None, -5.0])
+def test_fla_takes_its_safe_gate_path_for_bounded_gates_only(monkeypatch, lower_bound):
     """A lower-bounded gate's decay lies in [lower_bound, 0): fla-core's `safe_gate` (tensor-core
-    intra-chunk products) is valid for it and not for the softplus gate, whose decay is
-    unbounded below."""
-    from vllm.models.kimi_k3.amd.ops.kda_core import KdaGate, fla_gate_kwargs
+    intra-chunk products) is valid for it and not for the softplus gate, whose decay is unbounded
+    below. The arguments that reach fla-core's `chunk_kda` (a stand-in module records them),
+    from the eager core's call and from the prefill graphs' fixed-shape one."""
+    import types
 
-    a_log, dt_bias = torch.zeros(2), torch.zeros(8)
-    bounded = fla_gate_kwargs(KdaGate(a_log, dt_bias, -5.0))
-    plain = fla_gate_kwargs(KdaGate(a_log, dt_bias, None))
-    assert bounded["safe_gate"] is True and bounded["lower_bound"] == -5.0
-    assert plain["safe_gate"] is False and plain["lower_bound"] is None
-    for kwargs in (bounded, plain):
-        assert kwargs["use_gate_in_kernel"] and kwargs["A_log"] is a_log
-        assert kwargs["dt_bias"] is dt_bias
+    from vllm.models.kimi_k3.amd.ops.kda_core import KdaGate, fla_chunk_kda
+
+    calls = []
+    fla_kda = types.ModuleType("fla.ops.kda")
+    fla_kda.chunk_kda = lambda *args, **kwargs: calls.append((args, kwargs)) or ("out", "final")
+    for name, module in (("fla", types.ModuleType("fla")), ("fla.ops", types.ModuleType("fla.ops")),
+                         ("fla.ops.kda", fla_kda)):  # fmt: skip
+        monkeypatch.setitem(sys.modules, name, module)
+    x, h0, cu = torch.zeros(1, 3, 2, 4), torch.zeros(1, 2, 4, 4), torch.tensor([0, 3])
+    gate = KdaGate(torch.zeros(2), torch.zeros(8), lower_bound)
+    assert fla_chunk_kda(x, x, x, x, x[..., 0], h0, cu, gate) == ("out", "final")
+    fla_chunk_kda(x, x, x, x, x[..., 0], h0, cu, gate, use_graph=True, max_num_seqs=1)
+    fla_chunk_kda(x, x, x, x, x[..., 0], h0, cu, None)
+    (eager, kw), (_, graphed), (_, plain) = calls
+    assert len(eager) == 5 and eager[0] is x
+    assert kw["safe_gate"] is (lower_bound is not None) and kw["lower_bound"] == lower_bound
+    assert kw["use_gate_in_kernel"] and kw["A_log"] is gate.A_log and kw["dt_bias"] is gate.dt_bias
+    assert kw["initial_state"] is h0 and kw["cu_seqlens"] is cu and kw["output_final_state"]
+    assert kw["use_qk_l2norm_in_kernel"]
+    assert graphed == dict(kw, use_graph=True, max_num_seqs=1)
+    assert "safe_gate" not in plain and "use_gate_in_kernel" not in plain

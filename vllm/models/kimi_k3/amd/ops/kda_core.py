@@ -69,17 +69,41 @@ def kda_recurrent_ref(
     return out, s
 
 
-def fla_gate_kwargs(gate: KdaGate) -> dict:
-    """fla-core's `chunk_kda` arguments that apply `gate` inside its chunked cumsum of the decay.
+def fla_chunk_kda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    gate: KdaGate | None,
+    **extra,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fla-core's `chunk_kda` as the engine calls it: `[1, T, H, *]` inputs, N sequences of
+    `cu_seqlens` `[N + 1]` int64 starting from `initial_state` `[N, H, K, V]` fp32, q and k
+    L2-normalised in fla-core; returns (out `[1, T, H, V]`, final states `[N, H, K, V]`).
+    `extra`: further `chunk_kda` arguments, overriding the ones set here (the prefill graphs'
+    fixed-shape form; a benchmark's `safe_gate=False`).
 
-    A lower-bounded gate (Kimi-K3's) also takes fla-core's `safe_gate` path: its decay lies in
-    `[lower_bound, 0)`, so fla-core computes the intra-chunk scores of 16-token sub-chunks with
-    tensor-core products (`chunk_kda_fwd_kernel_intra_sub_chunk`) instead of its token-parallel
-    kernel, the form its docstring pairs with `lower_bound` (its shift of the gate exponents
-    comes from the bound)."""
-    bounded = gate.lower_bound is not None
-    return dict(use_gate_in_kernel=True, A_log=gate.A_log, dt_bias=gate.dt_bias,
-                lower_bound=gate.lower_bound, safe_gate=bounded)  # fmt: skip
+    With `gate`, `g` is the gate's raw input and fla-core applies the gate in its chunked cumsum
+    of the decay (`use_gate_in_kernel`). A lower-bounded gate (Kimi-K3's) also takes fla-core's
+    `safe_gate` path: its decay lies in `[lower_bound, 0)`, so fla-core computes the intra-chunk
+    scores of 16-token sub-chunks with tensor-core products
+    (`chunk_kda_fwd_kernel_intra_sub_chunk`) instead of its token-parallel kernel, the form its
+    docstring pairs with `lower_bound` (its shift of the gate exponents comes from the bound)."""
+    from fla.ops.kda import chunk_kda
+
+    kwargs = {}
+    if gate is not None:
+        bounded = gate.lower_bound is not None
+        kwargs = dict(use_gate_in_kernel=True, A_log=gate.A_log, dt_bias=gate.dt_bias,
+                      lower_bound=gate.lower_bound, safe_gate=bounded)  # fmt: skip
+    kwargs.update(extra)
+    return chunk_kda(
+        q, k, v, g, beta, initial_state=initial_state, output_final_state=True,
+        use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens, **kwargs,
+    )  # fmt: skip
 
 
 def _gather_initial(state: torch.Tensor, slots: torch.Tensor, has_initial: torch.Tensor):
@@ -111,7 +135,7 @@ def kda_prefill(
     lower bound fla computes what `kda_gate` does; without one its softplus uses approximate
     exp2 / log2 instructions and is 0 below x of about -17, where `kda_gate`'s log1p is not: the
     decay differs by about 1e-7 at most. A lower bound also takes fla-core's `safe_gate` path
-    (`fla_gate_kwargs`); `test_kda_prefill_applies_the_gate_itself` checks both results on the
+    (`fla_chunk_kda`); `test_kda_prefill_applies_the_gate_itself` checks both results on the
     GPU.
 
     `graphs` (a `KdaPrefillGraphs`, kda_prefill_graphs.py): the same result from a captured
@@ -123,15 +147,9 @@ def kda_prefill(
         if out is not None:
             return out
     if q.is_cuda:
-        from fla.ops.kda import chunk_kda
-
         init = _gather_initial(state, slots, has_initial_state)
-        gate_args = {} if gate is None else fla_gate_kwargs(gate)
-        out, final = chunk_kda(
-            q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0), beta.unsqueeze(0),
-            initial_state=init, output_final_state=True, use_qk_l2norm_in_kernel=True,
-            cu_seqlens=query_start_loc, **gate_args,
-        )  # fmt: skip
+        x = (t.unsqueeze(0) for t in (q, k, v, g, beta))
+        out, final = fla_chunk_kda(*x, init, query_start_loc, gate)
         state[slots] = final
         return out.squeeze(0)
     if gate is not None:

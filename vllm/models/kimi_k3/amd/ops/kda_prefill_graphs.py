@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from vllm.models.kimi_k3.amd.ops.kda_core import KdaGate, fla_gate_kwargs, kda_prefill
+from vllm.models.kimi_k3.amd.ops.kda_core import KdaGate, fla_chunk_kda, kda_prefill
 
 __all__ = [
     "DEFAULT_SEQ_BUCKETS",
@@ -157,15 +157,8 @@ class KdaPrefillGraphs:
         args = (q, k, v, g, self.beta[:, :tokens], self.h0[:seqs], self.cu[: seqs + 1])
         if self.qkvg.device.type != "cuda":
             return _sequences_ref(*args, self.a_log, self.dt_bias, self.lower_bound)
-        from fla.ops.kda import chunk_kda
-
-        q, k, v, g, beta, h0, cu = args
         gate = KdaGate(self.a_log, self.dt_bias, self.lower_bound)
-        return chunk_kda(
-            q, k, v, g, beta, initial_state=h0, output_final_state=True,
-            use_qk_l2norm_in_kernel=True, cu_seqlens=cu, use_graph=True, max_num_seqs=seqs,
-            **fla_gate_kwargs(gate),
-        )  # fmt: skip
+        return fla_chunk_kda(*args, gate, use_graph=True, max_num_seqs=seqs)
 
     def capture(
         self,
