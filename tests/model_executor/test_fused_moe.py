@@ -601,6 +601,36 @@ def test_triton_grouped_situ_matches_loop(dtype, act, triton_launches):
         assert_close_to_loop(silu, expected)
 
 
+@pytest.mark.parametrize("act", [*SITU_CASES, SILU], ids=["k3", "saturated", "silu"])
+@pytest.mark.parametrize("path", ["gemv", "grouped"])
+def test_triton_activation_rounds_where_its_module_does(path, act, triton_launches):
+    """The gate/up epilogue's rounding points. One slot a token, weight 1 and identity down
+    weights make the output the activation's product itself, and the gate and up sums are exact in
+    fp32 but not in bf16 (multiples of 2^-10 around 0.5: 10 significant bits), so rounding them
+    first, then SiTU's one rounding or SiLU's two, decide the bf16 result: equal to the loop's but
+    for rare one-ulp flips where the interpreter's fp32 exp or tanh lands on the other side of a
+    rounding boundary than torch's (one extra or one missing rounding moves a quarter or more of
+    the elements)."""
+    gen = torch.Generator().manual_seed(11)
+    tokens, experts, hidden = (48 if path == "grouped" else 4), 4, 64
+    x = torch.randint(-2, 3, (tokens, hidden), generator=gen).to(DEVICE, torch.bfloat16)
+    w13 = torch.randint(-64, 65, (experts, 2 * hidden, hidden), generator=gen) * 2.0**-10
+    w13 = w13.to(DEVICE, torch.bfloat16)
+    w2 = torch.eye(hidden).expand(experts, hidden, hidden).to(DEVICE, torch.bfloat16).contiguous()
+    ids = torch.randint(0, experts, (tokens, 1), generator=gen).to(DEVICE)
+    w = torch.ones(tokens, 1, device=DEVICE)
+    if path == "gemv":
+        got = moe_experts_triton(x, w13, w2, w, ids, act)
+    else:
+        got = moe_experts_triton_grouped(x, w13, w2, w, ids, act, **GROUPED_BLOCKS)
+    want = moe_experts_loop(x, w13, w2, w, ids, act)
+    assert want.abs().max() > 0.1  # not all in a flat region
+    differ = got != want
+    assert differ.float().mean() <= 0.01
+    ulp = 2.0 ** (torch.frexp(want.float()).exponent - 8).float()
+    assert ((got.float() - want.float()).abs() <= ulp).all()
+
+
 def test_fused_activation_kinds_and_constants():
     from vllm.model_executor.layers.fused_moe import fused_activation as fa
 
