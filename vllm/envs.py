@@ -74,9 +74,10 @@ _VARIABLES: dict[str, tuple[Callable[[str | None], Any], str]] = {
     "VLLM_KIMI_FUSE_SHARED_EXPERTS": (
         _switch(True),
         "Kimi MoE blocks with exactly one shared expert of the routed experts' size (no latent "
-        "MoE, SiLU, shared expert unquantized) run it as one more expert of the routed experts' "
-        "kernels, weight 1.0, summed with the routed outputs in fp32 (default 1). 0: a separate "
-        "shared MLP and a bf16 add (the unfused baseline, for accuracy and speed comparisons).",
+        "MoE, SiLU or SiTU, shared expert unquantized) run it as one more expert of the routed "
+        "experts' kernels, weight 1.0, summed with the routed outputs in fp32 (default 1). 0: a "
+        "separate shared MLP and a bf16 add (the unfused baseline, for accuracy and speed "
+        "comparisons).",
     ),
     "VLLM_KDA_PREFILL_GRAPHS": (
         _switch(True),

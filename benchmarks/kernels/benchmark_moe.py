@@ -6,12 +6,12 @@ Activation: SiLU (Kimi-Linear's), or with `--activation situ` Kimi-K3's SiTU (`S
 25)`), which the Triton paths fuse as they fuse SiLU and the others apply in torch.
 
   grouped   torch._grouped_mm over rows sorted by expert (sync-free on sm90 / sm100 only)
-  triton    moe_experts_triton: GEMV-style gate/up + SiLU and down + weighted-sum kernels, at its
-            default blocks or at each --triton-configs entry (a sweep; a `u` after the gate/up
-            part unrolls that kernel's steps over H, `gate_up_unroll`)
-  tgrouped  moe_experts_triton_grouped: rows grouped by expert on the device, Triton GEMM gate/up
-            + SiLU and down kernels, weighted sum; at its defaults or at each --tgrouped-configs
-            entry
+  triton    moe_experts_triton: GEMV-style gate/up + activation and down + weighted-sum
+            kernels, at its default blocks or at each --triton-configs entry (a sweep; a `u`
+            after the gate/up part unrolls that kernel's steps over H, `gate_up_unroll`)
+  tgrouped  moe_experts_triton_grouped: rows grouped by expert on the device, Triton GEMM
+            gate/up + activation and down kernels, weighted sum; at its defaults or at each
+            --tgrouped-configs entry
   grouping  tgrouped's grouping of the rows by expert alone (not in the default --paths):
             `group_rows` (one kernel; two, chunked, past 32768 rows) as `grouping`, and
             `group_rows_reference` (a torch sort, what prefills past 32768 rows ran before the

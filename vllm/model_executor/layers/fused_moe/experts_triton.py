@@ -37,7 +37,8 @@ them as its torch module rounds it (`gated_product`, fused_activation.py: for Si
 in fp32, rounded, times `up` in fp32, rounded; SiTU in fp32, rounded once) (`a`); each `y_k` is
 rounded to x's dtype before the fp32 weighted sum. So the kernels differ from the references only
 in the GEMMs' accumulation order (within a few ulps of x's dtype; fp32 summation order in the
-weighted sum). In fp32 every rounding is the identity.
+weighted sum) and in the activation's approximate fp32 division and exponentials on the GPU (a
+few fp32 ulps before its rounding, fused_activation.py). In fp32 every rounding is the identity.
 
 Launch shapes: defaults are for Hopper at 1-4 tokens of Kimi-Linear (H 2304, I 1024, K 8 + 1
 fused shared expert): K rows x 128 blocks of 8 intermediate columns of gate/up programs, and 2304

@@ -13,7 +13,11 @@ both accumulators are first rounded to `dtype` (the references' GEMM outputs), t
 - SiLU (`ACT` = `SILU`): `silu(gate)` in fp32 as `gate / (1 + exp(-gate))`, rounded to `dtype`
   (torch's `F.silu` on a 16-bit tensor), times `up` in fp32, rounded;
 - SiTU (`ACT` = `SITU`): `beta * tanh(gate / beta) * sigmoid(gate) * (linear_beta * tanh(up /
-  linear_beta))`, all in fp32 as `SituAndMul` computes it, rounded once.
+  linear_beta))` in fp32 with `SituAndMul`'s operations in its order, rounded once.
+
+On the GPU Triton's fp32 division and `exp` are approximate (`div.full`, `ex2.approx`), where
+torch's are IEEE division and `expf`: the fp32 values before the last rounding may differ by a few
+ulps, which moves a bf16 result by one ulp where they straddle a rounding boundary.
 
 `tanh` is libdevice's (`tanhf`) on the GPU; Triton's CPU interpreter has no libdevice, so there it
 is `(1 - e) / (1 + e)` with `e = exp(-2|x|)` and x's sign, within a few fp32 ulps of 1 above |x|
