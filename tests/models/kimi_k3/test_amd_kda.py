@@ -728,8 +728,9 @@ def test_initial_states_zero_new_sequences_and_leave_the_pool():
 def test_fla_takes_its_safe_gate_path_for_bounded_gates_only(monkeypatch, lower_bound):
     """A lower-bounded gate's decay lies in [lower_bound, 0): fla-core's `safe_gate` (tensor-core
     intra-chunk products) is valid for it and not for the softplus gate, whose decay is unbounded
-    below. The arguments that reach fla-core's `chunk_kda` (a stand-in module records them),
-    from the eager core's call and from the prefill graphs' fixed-shape one."""
+    below. The arguments that `fla_chunk_kda`, the call of the eager core and (with the
+    fixed-shape arguments) of the prefill graphs, hands fla-core's `chunk_kda` (a stand-in
+    module records them)."""
     import types
 
     from vllm.models.kimi_k3.amd.ops.kda_core import KdaGate, fla_chunk_kda
