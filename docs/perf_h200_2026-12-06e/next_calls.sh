@@ -4,9 +4,10 @@
 #   grid     (~9 min, an H200: needs_h200) the grid; last on an H200 in call 148;
 #   moehist  (~2 min, after grid on the same H200) the default grouped tiles against 256-wide
 #            down tiles on the engine's recorded routing (docs/perf_h200_2026-12-06d);
-#   k3       (~3 min, any GPU) this run's Kimi-K3 paths on the H200 as well: fla-core's
-#            safe_gate path (benchmark_kda_prefill.py) and SiTU in the Triton experts
-#            (benchmark_moe.py --activation situ), measured on an H100 in calls 171 and 175.
+#   k3       (~5 min, any GPU) the KDA GPU tests on `fla_chunk_kda` (the refactor after the
+#            last device call, not yet run on a GPU), then this run's Kimi-K3 paths on the H200
+#            as well: fla-core's safe_gate path (benchmark_kda_prefill.py) and SiTU in the Triton
+#            experts (benchmark_moe.py --activation situ), measured on an H100 in calls 171, 175.
 set -u
 case "${PART:-k3}" in
   grid|moehist)
@@ -15,6 +16,10 @@ case "${PART:-k3}" in
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl .devrun/xd/*.whl
     export PYTHONPATH=/tmp/site:$PWD
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    timeout 240 python -m pytest -q -m gpu -n 4 -p no:cacheprovider -rf --tb=short \
+      tests/models/kimi_k3/test_amd_kda.py tests/models/kimi_k3/test_amd_kda_prefill_graphs.py \
+      > $OUT/kda_tests.log 2>&1
+    echo "kda tests rc $?"; grep -v "Warn\|warn" $OUT/kda_tests.log | tail -4
     cd benchmarks/kernels
     timeout 270 python benchmark_kda_prefill.py --tokens 1024 2048 8192 --heads 32 12 \
       --csv $OUT/kda_prefill.csv > $OUT/kda_prefill.log 2>&1
