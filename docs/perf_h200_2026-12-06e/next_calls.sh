@@ -16,16 +16,16 @@ case "${PART:-k3}" in
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl .devrun/xd/*.whl
     export PYTHONPATH=/tmp/site:$PWD
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-    timeout 240 python -m pytest -q -m gpu -n 4 -p no:cacheprovider -rf --tb=short \
+    timeout 200 python -m pytest -q -m gpu -n 4 -p no:cacheprovider -rf --tb=short \
       tests/models/kimi_k3/test_amd_kda.py tests/models/kimi_k3/test_amd_kda_prefill_graphs.py \
       > $OUT/kda_tests.log 2>&1
     echo "kda tests rc $?"; grep -v "Warn\|warn" $OUT/kda_tests.log | tail -4
     cd benchmarks/kernels
-    timeout 270 python benchmark_kda_prefill.py --tokens 1024 2048 8192 --heads 32 12 \
+    timeout 150 python benchmark_kda_prefill.py --tokens 1024 2048 8192 --heads 32 12 \
       --csv $OUT/kda_prefill.csv > $OUT/kda_prefill.log 2>&1
     echo "kda rc $?"; tail -7 $OUT/kda_prefill.log
     for A in situ silu; do
-      timeout 120 python benchmark_moe.py --paths grouped triton tgrouped --activation $A \
+      timeout 100 python benchmark_moe.py --paths grouped triton tgrouped --activation $A \
         --tokens 1 2 8 64 256 --csv $OUT/moe_$A.csv > $OUT/moe_$A.log 2>&1
       echo "$A rc $?"; grep "T=" $OUT/moe_$A.log | cut -c1-120
     done ;;
