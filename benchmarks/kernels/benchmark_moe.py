@@ -1,6 +1,8 @@
 """Benchmark FusedMoE's routed-expert paths on Kimi-Linear-48B expert shapes.
 
-Shapes: 256 experts, top-8, hidden 2304, intermediate 1024, bf16, tokens 1-512 (decode sizes).
+Shapes (`--shape`): `kimi-linear` (the default), 256 experts, top-8, hidden 2304, intermediate
+1024; `kimi-k3-tp8`, Kimi-K3's routed experts on one GPU at TP 8, 896 experts, top-16, the latent
+MoE's hidden 3584, intermediate 3072 / 8 = 384. bf16, tokens 1-512 (decode sizes).
 Routing: `grouped_topk` (sigmoid, score-correction bias, renormalised) of random router logits.
 Activation: SiLU (Kimi-Linear's), or with `--activation situ` Kimi-K3's SiTU (`SituAndMul(4,
 25)`), which the Triton paths fuse as they fuse SiLU and the others apply in torch.
@@ -124,6 +126,12 @@ GROUPINGS = {"grouping": group_rows, "grouping:sort": group_rows_reference}
 # (the gathered path copies ~14 MB per row: keep it out of --tokens 512 runs).
 TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 KIMI_LINEAR = dict(experts=256, topk=8, hidden=2304, intermediate=1024)
+# Kimi-K3's routed experts (896, top-16, latent hidden 3584, intermediate 3072) at TP 8, which
+# shards the intermediate dim (FusedMoE).
+SHAPES = {
+    "kimi-linear": KIMI_LINEAR,
+    "kimi-k3-tp8": dict(experts=896, topk=16, hidden=3584, intermediate=3072 // 8),
+}
 DRY_RUN = dict(experts=8, topk=2, hidden=64, intermediate=32)
 
 
@@ -438,6 +446,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the experts' gated activation: silu (Kimi-Linear) or situ (Kimi-K3's SiTU, beta 4, "
         "linear beta 25); not with --shared-expert",
     )
+    parser.add_argument(
+        "--shape",
+        choices=tuple(SHAPES),
+        default="kimi-linear",
+        help="expert shapes (module docstring); --shared-expert and --routing-histogram are "
+        "kimi-linear's",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of weights and router logits")
     add_common_args(
         parser,
@@ -446,12 +461,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.shared_expert and args.activation != "silu":
         parser.error("--shared-expert times Kimi-Linear's block: SiLU only")
+    if args.shape != "kimi-linear" and (args.shared_expert or args.routing_histogram):
+        parser.error("--shared-expert and --routing-histogram are kimi-linear's (--shape)")
     if args.dry_run:
         round_like_the_gpu_if_interpreting()
         device, shape, copy_gib = torch.device("cpu"), DRY_RUN, 1 / 64
     else:
         require_gpu(parser)
-        device, shape, copy_gib = torch.device("cuda"), KIMI_LINEAR, args.copy_gib
+        device, shape, copy_gib = torch.device("cuda"), SHAPES[args.shape], args.copy_gib
 
     # (tokens, one layer's rows per expert or None, its layer) per case
     cases: list[tuple[int, list[int] | None, int | None]] = [(t, None, None) for t in args.tokens]

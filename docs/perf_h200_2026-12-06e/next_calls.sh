@@ -7,7 +7,8 @@
 #   k3       (~5 min, any GPU) the KDA GPU tests on `fla_chunk_kda` (the refactor after the
 #            last device call, not yet run on a GPU), then this run's Kimi-K3 paths on the H200
 #            as well: fla-core's safe_gate path (benchmark_kda_prefill.py) and SiTU in the Triton
-#            experts (benchmark_moe.py --activation situ), measured on an H100 in calls 171, 175.
+#            experts (benchmark_moe.py --activation situ), measured on an H100 in calls 171, 175,
+#            and at Kimi-K3's TP-8 expert shapes (--shape kimi-k3-tp8, not measured yet).
 set -u
 case "${PART:-k3}" in
   grid|moehist)
@@ -25,8 +26,12 @@ case "${PART:-k3}" in
       --csv $OUT/kda_prefill.csv > $OUT/kda_prefill.log 2>&1
     echo "kda rc $?"; tail -7 $OUT/kda_prefill.log
     for A in situ silu; do
-      timeout 100 python benchmark_moe.py --paths grouped triton tgrouped --activation $A \
+      timeout 80 python benchmark_moe.py --paths grouped triton tgrouped --activation $A \
         --tokens 1 2 8 64 256 --csv $OUT/moe_$A.csv > $OUT/moe_$A.log 2>&1
       echo "$A rc $?"; grep "T=" $OUT/moe_$A.log | cut -c1-120
-    done ;;
+    done
+    # Kimi-K3's routed experts at TP 8 (896 of 3584 x 384, top-16), SiTU: not measured yet.
+    timeout 80 python benchmark_moe.py --shape kimi-k3-tp8 --paths grouped triton tgrouped \
+      --activation situ --tokens 1 2 8 64 --csv $OUT/moe_k3.csv > $OUT/moe_k3.log 2>&1
+    echo "k3 rc $?"; grep "T=" $OUT/moe_k3.log | cut -c1-120 ;;
 esac

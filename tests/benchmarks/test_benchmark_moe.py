@@ -61,6 +61,16 @@ def test_moe_dry_run_with_situ(tmp_path: Path, monkeypatch, capsys) -> None:
     assert "SiLU only" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("extra", [["--shared-expert"], ["--routing-histogram", "h.json"]])
+def test_k3_shape_refuses_the_kimi_linear_modes(extra, capsys) -> None:
+    import benchmark_moe
+
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark_moe.main(["--dry-run", "--shape", "kimi-k3-tp8", *extra])
+    assert exit_info.value.code == 2
+    assert "are kimi-linear's (--shape)" in capsys.readouterr().err
+
+
 def test_moe_dry_run_with_a_tgrouped_sweep(tmp_path: Path) -> None:
     import benchmark_moe
 
