@@ -52,7 +52,10 @@ down kernel that reduced a `[K padded to 16, block_h, block_i]` tile per step).
 
 import torch
 
-from vllm.model_executor.layers.fused_moe.fused_activation import fused_activation
+from vllm.model_executor.layers.fused_moe.fused_activation import (
+    FusedActivation,
+    fused_activation,
+)
 from vllm.triton_utils import cdiv, next_power_of_2, use_triton
 from vllm.triton_utils.pdl import pdl_options, use_pdl
 
@@ -196,10 +199,11 @@ def check_triton_operands(
     topk_ids: torch.Tensor,
     act_and_mul: torch.nn.Module,
     op: str,
-) -> None:
+) -> FusedActivation:
     """What the Triton expert kernels need beyond the shapes: dtypes, one device, unit inner
-    strides, an activation the kernels fuse and a device Triton runs on. `op` names the caller
-    in the errors. Metadata only, so the call stays free of host syncs."""
+    strides, an activation the kernels fuse and a device Triton runs on; returns the kernels'
+    form of the activation. `op` names the caller in the errors. Metadata only, so the call
+    stays free of host syncs."""
     if x.dtype not in _DTYPES or w13.dtype != x.dtype or w2.dtype != x.dtype:
         raise ValueError(
             f"x, w13 and w2 must share one dtype of {_DTYPES}, got {x.dtype}, {w13.dtype}, "
@@ -214,7 +218,8 @@ def check_triton_operands(
         raise ValueError("x, w13, w2, topk_weights and topk_ids must be on one device")
     if x.stride(1) != 1 or w13.stride(2) != 1 or w2.stride(2) != 1:
         raise ValueError("x, w13 and w2 must have unit stride on their last dim")
-    if fused_activation(act_and_mul) is None:
+    act = fused_activation(act_and_mul)
+    if act is None:
         raise ValueError(
             f"act_and_mul must be SiluAndMul or SituAndMul (the activations the kernels fuse), "
             f"got {type(act_and_mul).__name__}; use select_experts_impl to pick a path"
@@ -224,6 +229,7 @@ def check_triton_operands(
             f"{op} needs a CUDA / ROCm device or TRITON_INTERPRET=1 on CPU, got "
             f"{x.device}; use select_experts_impl to pick a path"
         )
+    return act
 
 
 def moe_experts_triton(
@@ -259,7 +265,9 @@ def moe_experts_triton(
     check_expert_shapes(x, w13, w2, topk_weights, topk_ids)
     tokens, hidden = x.shape
     inter = w13.shape[1] // 2
-    check_triton_operands(x, w13, w2, topk_weights, topk_ids, act_and_mul, "moe_experts_triton")
+    act = check_triton_operands(
+        x, w13, w2, topk_weights, topk_ids, act_and_mul, "moe_experts_triton"
+    )
     if block_i is None:
         block_i = min(next_power_of_2(inter), 1024)
     if block_h is None:
@@ -278,7 +286,6 @@ def moe_experts_triton(
         return out.zero_()
     a = torch.empty(tokens * topk, inter, dtype=x.dtype, device=x.device)
     pdl = pdl_options(use_pdl(x.device))
-    act = fused_activation(act_and_mul)
     _moe_gate_up_kernel[(tokens * topk, cdiv(inter, block_n))](
         x, w13, topk_ids, a,
         x.stride(0), topk_ids.stride(0), topk_ids.stride(1), w13.stride(0), w13.stride(1),

@@ -87,7 +87,6 @@ from vllm.model_executor.layers.fused_moe.experts_triton import (
     check_power_of_two,
     check_triton_operands,
 )
-from vllm.model_executor.layers.fused_moe.fused_activation import fused_activation
 from vllm.model_executor.layers.fused_moe.group_rows import group_rows
 from vllm.model_executor.layers.fused_moe.weighted_sum import moe_weighted_sum
 from vllm.triton_utils import (
@@ -406,7 +405,7 @@ def moe_experts_triton_grouped(
     `default_tiles` for T * K rows on x's device.
     """
     check_expert_shapes(x, w13, w2, topk_weights, topk_ids)
-    check_triton_operands(
+    act = check_triton_operands(
         x, w13, w2, topk_weights, topk_ids, act_and_mul, "moe_experts_triton_grouped"
     )
     tokens, hidden = x.shape
@@ -454,7 +453,6 @@ def moe_experts_triton_grouped(
             a_tail_desc = TensorDescriptor.from_tensor(a, [t.tail_block_m, t.down_block_k])
         w2_desc = TensorDescriptor.from_tensor(w2.view(-1, inter), [t.down_block_n, t.down_block_k])
     pdl = pdl_options(use_pdl(x.device))
-    act = fused_activation(act_and_mul)
     launch(
         _moe_grouped_gate_up_kernel, (max_blocks * cdiv(inter, t.block_n), 1, 1),
         (
