@@ -36,7 +36,7 @@ COUNTED_KERNELS = {
         "_causal_conv1d_prefill_kernel", "_conv_state_update_kernel",
     ),
     "vllm.models.kimi_k3.amd.ops.mla_cache_write": ("_mla_cache_write_kernel",),
-    "vllm.models.kimi_k3.amd.ops.mla_prefill": ("_mla_prefill_key_kernel",),
+    "vllm.models.kimi_k3.amd.ops.mla_prefill": ("_mla_prefill_operands_kernel",),
     "vllm.v1.sample.ops.argmax": ("_argmax_partial_kernel", "_argmax_pick_kernel"),
 }  # fmt: skip
 

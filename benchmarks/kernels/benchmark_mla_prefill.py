@@ -6,18 +6,23 @@ Providers, per context length (one new prompt: Lq = ctx):
   key:cat        torch's cat of k_nope with k_pe broadcast over the heads (the old key)
   key:kernel     `mla_prefill_key`, one Triton launch (the new key)
   copy_same_size `copy_` of a tensor the key's size: the yardstick for the two above
+  operands:torch q and v made contiguous by torch's copies, and the key kernel (cuDNN's
+                 per-length-class path before `mla_prefill_dense_operands`)
+  operands:kernel `mla_prefill_dense_operands`: q, k and v in one Triton launch
   layer:old      the old prefill up to o_proj's input: cat, v zero-padded to 192, SDPA, the
                  output copied into the layer's [T, H, v] buffer, per-token FP8 quantization
   layer:new      the new one: `mla_prefill_attention` (key kernel, value read in place from
                  kv_b_proj's output) and per-token FP8 quantization of the attention output in
                  place
 
-k_nope and v are the halves of one `kv_b_proj` output `[ctx, H, 256]`, k_pe the last 64 columns
-of `[ctx, 576]` cache rows, as the layer passes them. Before timing, the new key and layer output
-are checked bit for bit against the old. Timing: L2 flushed before each call, the call replayed
-from a CUDA graph (`--timing graph`) or launched eagerly (`--timing eager`, should a capture of
-the fused attention fail). Bytes for the key providers: k_nope read, k written (k_pe is 1/64 of
-it); % of copy against an eager `copy_` of --copy-gib GiB measured in the same run.
+k_nope and v are the halves of one `kv_b_proj` output `[ctx, H, 256]`, k_pe the last 64 columns of
+`[ctx, 576]` cache rows, as the layer passes them; the operands providers take q as the layer does
+too, a column slice of the fused `[q | kv_a]` projection. Before timing, the new key, operands and
+layer output are checked bit for bit against the old. Timing: L2 flushed before each call, the call
+replayed from a CUDA graph (`--timing graph`) or launched eagerly (`--timing eager`, should a
+capture of the fused attention fail). Bytes for the key providers: k_nope read, k written (k_pe is
+1/64 of it); for the operands providers those plus q and v each read and written; % of copy against
+an eager `copy_` of --copy-gib GiB measured in the same run.
 
     python benchmarks/kernels/benchmark_mla_prefill.py --csv mla_prefill.csv
     python benchmarks/kernels/benchmark_mla_prefill.py --ctx 8192 --timing eager
@@ -44,7 +49,11 @@ from kernel_bench import (
 from torch.nn.attention.bias import causal_lower_right
 
 from vllm.model_executor.layers.quantization.utils.fp8_per_token import per_token_fp8_quant
-from vllm.models.kimi_k3.amd.ops.mla_prefill import mla_prefill_attention, mla_prefill_key
+from vllm.models.kimi_k3.amd.ops.mla_prefill import (
+    mla_prefill_attention,
+    mla_prefill_dense_operands,
+    mla_prefill_key,
+)
 from vllm.triton_utils import use_triton
 from vllm.utils.cli import positive_int, run_main
 
@@ -63,6 +72,26 @@ def make_case(ctx: int, heads: int, nope: int, rope: int, v_dim: int, device: st
     kv = draw(ctx, heads * (nope + v_dim)).view(ctx, heads, nope + v_dim)
     cached = draw(ctx, LATENT + rope)
     return q, kv[..., :nope], cached[:, LATENT:], kv[..., nope:]
+
+
+def sliced_q(q: torch.Tensor) -> torch.Tensor:
+    """`q` copied into the leading columns of a `[q | kv_a]` projection's rows, as MLA slices it."""
+    ctx, heads, qk = q.shape
+    fused = torch.empty(ctx, heads * qk + LATENT + ROPE, dtype=q.dtype, device=q.device)
+    fused[:, : heads * qk] = q.view(ctx, -1)
+    return fused[:, : heads * qk].view(ctx, heads, qk)
+
+
+def torch_operands(q, k_nope, k_pe, v):
+    """The per-length-class path's operands before `mla_prefill_dense_operands`."""
+    return q.contiguous(), mla_prefill_key(k_nope, k_pe), v.contiguous()
+
+
+def same_operands(q, k_nope, k_pe, v) -> bool:
+    got = mla_prefill_dense_operands(q, k_nope, k_pe, v)
+    return all(
+        torch.equal(a, b) for a, b in zip(got, torch_operands(q, k_nope, k_pe, v), strict=True)
+    )
 
 
 def old_key(k_nope: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
@@ -106,14 +135,15 @@ def dry_run() -> int:
     q, k_nope, k_pe, v = make_case(24, 3, 16, 8, 16, device)
     scale = 24**-0.5
     key_ok = torch.equal(mla_prefill_key(k_nope, k_pe), old_key(k_nope, k_pe))
+    key_ok = key_ok and same_operands(sliced_q(q), k_nope, k_pe, v)
     out = torch.empty(v.shape, dtype=v.dtype, device=device)
     layer_ok = same_codes(
         new_layer(q, k_nope, k_pe, v, scale), old_layer(q, k_nope, k_pe, v, scale, out)
     )
     path = "Triton" if use_triton(torch.device(device)) else "the torch references"
     print(
-        f"dry run on {device} via {path} at ctx 24, 3 heads: key bit for bit: {key_ok}, layer "
-        f"codes bit for bit: {layer_ok}"
+        f"dry run on {device} via {path} at ctx 24, 3 heads: key and operands bit for bit: "
+        f"{key_ok}, layer codes bit for bit: {layer_ok}"
     )
     return 0 if key_ok and layer_ok else 1
 
@@ -163,10 +193,15 @@ def main(argv: list[str] | None = None) -> int:
             q, k_nope, k_pe, v = make_case(ctx, HEADS, NOPE, ROPE, V, "cuda", seed=ctx)
             out = torch.empty(v.shape, dtype=v.dtype, device="cuda")
             key_ok = torch.equal(mla_prefill_key(k_nope, k_pe), old_key(k_nope, k_pe))
+            q_sliced = sliced_q(q)
+            key_ok = key_ok and same_operands(q_sliced, k_nope, k_pe, v)
             layer_ok = same_codes(
                 new_layer(q, k_nope, k_pe, v, scale), old_layer(q, k_nope, k_pe, v, scale, out)
             )
-            print(f"ctx {ctx}: key bit for bit {key_ok}, layer codes bit for bit {layer_ok}")
+            print(
+                f"ctx {ctx}: key and operands bit for bit {key_ok}, layer codes bit for bit "
+                f"{layer_ok}"
+            )
             if not (key_ok and layer_ok):
                 return 1
             src = torch.empty(ctx, HEADS, NOPE + ROPE, dtype=torch.bfloat16, device="cuda")
@@ -175,10 +210,16 @@ def main(argv: list[str] | None = None) -> int:
                 "key:cat": lambda k_nope=k_nope, k_pe=k_pe: old_key(k_nope, k_pe),
                 "key:kernel": lambda k_nope=k_nope, k_pe=k_pe: mla_prefill_key(k_nope, k_pe),
                 "copy_same_size": lambda src=src, dst=dst: dst.copy_(src),
+                "operands:torch": lambda c=(q_sliced, k_nope, k_pe, v): torch_operands(*c),
+                "operands:kernel": lambda c=(q_sliced, k_nope, k_pe, v): mla_prefill_dense_operands(
+                    *c
+                ),
                 "layer:old": lambda c=(q, k_nope, k_pe, v), out=out: old_layer(*c, scale, out),
                 "layer:new": lambda c=(q, k_nope, k_pe, v): new_layer(*c, scale),
             }
             key_bytes = 2 * ctx * HEADS * (NOPE + (NOPE + ROPE))  # k_nope read, k written
+            # ... and q and v each read and written
+            operand_bytes = key_bytes + 2 * 2 * ctx * HEADS * (NOPE + ROPE + V)
             for label, fn in providers.items():
                 if args.timing == "graph":
                     us = time_flushed(fn, reps=args.reps)
@@ -186,8 +227,10 @@ def main(argv: list[str] | None = None) -> int:
                     us = time_flushed_eager(fn, args.reps)
                 row = dict(ctx=ctx, provider=label, us=round(us, 2))
                 line = f"  {label:>14}: {us:9.1f} us"
-                if label.startswith(("key", "copy")):
-                    moved = 2 * src.numel() * 2 if label == "copy_same_size" else key_bytes
+                if label.startswith(("key", "copy", "operands")):
+                    moved = {"copy_same_size": 2 * src.numel() * 2, "operands": operand_bytes}.get(
+                        label.split(":")[0], key_bytes
+                    )
                     gbps = moved / us / 1e3
                     row.update(gbps=round(gbps), pct_copy=round(100 * gbps / copy, 1))
                     line += f" {gbps:6.0f} GB/s {100 * gbps / copy:5.1f}% of copy"

@@ -253,9 +253,10 @@ def test_mla_prefill_dry_run(triton_launches, capsys: pytest.CaptureFixture) -> 
     import benchmark_mla_prefill
 
     assert benchmark_mla_prefill.main(["--dry-run"]) == 0
-    assert triton_launches["_mla_prefill_key_kernel"] == 2  # the key check, the new attention
+    # The key check, the dense operands against torch's copies and the key, the new attention.
+    assert triton_launches["_mla_prefill_operands_kernel"] == 4
     out = capsys.readouterr().out
-    assert "key bit for bit: True, layer codes bit for bit: True" in out
+    assert "key and operands bit for bit: True, layer codes bit for bit: True" in out
 
 
 def test_argmax_dry_run(triton_launches, capsys: pytest.CaptureFixture) -> None:

@@ -75,7 +75,7 @@ from vllm.models.kimi_k3.amd.ops.mla_decode_config import (
     MlaDecodeConfig,
     mla_decode_config,
 )
-from vllm.models.kimi_k3.amd.ops.mla_prefill import mla_prefill_key
+from vllm.models.kimi_k3.amd.ops.mla_prefill import mla_prefill_dense_operands, mla_prefill_key
 from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import rmsnorm_gated_fp8_per_token
 from vllm.v1.sample.ops.argmax import argmax
 
@@ -556,6 +556,10 @@ def _drive_ops() -> None:
     mla_prefill_key(kv[..., :128], torch.randn(5, 576, generator=gen).to(torch.bfloat16)[:, 512:])
     k_nope = torch.randn(3, 3, 40, generator=gen)[..., :24]
     mla_prefill_key(k_nope, torch.randn(3, 12, generator=gen))
+    # The same launch making a new prompt's q (a column slice of the fused projection) and v
+    # contiguous as well, for cuDNN's per-length-class plans.
+    q = torch.randn(5, 32 * 192 + 576, generator=gen).to(torch.bfloat16)[:, : 32 * 192]
+    mla_prefill_dense_operands(q.view(5, 32, 192), kv[..., :128], kv[:, 0, 192:], kv[..., 128:])
 
     # Kimi-Linear's sizes; then the benchmark's h16 tiles merged in the split launch, and both
     # wide tiles with the latent in 2 and 4 chunks, merged both ways and with one split; two

@@ -22,6 +22,7 @@ from vllm.models.kimi_k3.amd.ops.mla_prefill import (
     causal_masked,
     mla_prefill_attention,
     mla_prefill_attention_ref,
+    mla_prefill_dense_operands,
     mla_prefill_key,
 )
 
@@ -126,9 +127,42 @@ def test_key_kernel_equals_cat(ctx, heads, nope, rope, dtype, triton_launches):
     cached = torch.randn(ctx, 40 + rope, generator=gen).to(dtype)
     k_nope, k_pe = kv[..., :nope], cached[:, 40:]
     got = mla_prefill_key(k_nope, k_pe)
-    assert triton_launches["_mla_prefill_key_kernel"] == 1
+    assert triton_launches["_mla_prefill_operands_kernel"] == 1
     assert got.is_contiguous()
     assert torch.equal(got, torch.cat([k_nope, k_pe.unsqueeze(1).expand(-1, heads, -1)], dim=-1))
+
+
+@pytest.mark.parametrize(
+    "ctx,heads,nope,rope,dv", [(5, 32, 128, 64, 128), (37, 3, 24, 12, 20), (1, 1, 8, 4, 8)]
+)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_dense_operands_in_one_launch(ctx, heads, nope, rope, dv, dtype, triton_launches):
+    """A new prompt's q (a column slice of the fused projection, at an odd offset), k_nope and v
+    (the halves of `kv_b_proj`'s output) and k_pe (cache rows after the latent), as MLA passes
+    them: one launch makes q, k and v contiguous for cuDNN's per-length-class plans, bit for bit
+    torch's copies and cat; Kimi-Linear's dims, and dims off powers of two."""
+    gen = torch.Generator().manual_seed(ctx + dv)
+    proj = torch.randn(ctx, 7 + heads * (nope + rope) + 3, generator=gen).to(dtype)
+    q = proj[:, 7 : 7 + heads * (nope + rope)].view(ctx, heads, nope + rope)
+    kv = torch.randn(ctx, heads, nope + dv, generator=gen).to(dtype)
+    k_nope, v = kv[..., :nope], kv[..., nope:]
+    k_pe = torch.randn(ctx, 40 + rope, generator=gen).to(dtype)[:, 40:]
+    got = mla_prefill_dense_operands(q, k_nope, k_pe, v)
+    assert triton_launches["_mla_prefill_operands_kernel"] == 1
+    key = torch.cat([k_nope, k_pe.unsqueeze(1).expand(-1, heads, -1)], dim=-1)
+    for got_, want in zip(got, (q, key, v), strict=True):
+        assert got_.is_contiguous() and got_.shape == want.shape
+        assert torch.equal(got_, want)
+
+
+def test_dense_operands_reject_a_chunk(triton_launches):
+    """Rows of q and of the context are one row each only for a new prompt: a chunk on cached
+    context (`Lq < ctx`) is a ValueError, before any launch."""
+    (q, k_nope, k_pe, v), _, _ = make_case(3, 5, 2, 8, 4, 8, torch.float32,
+                                           torch.Generator().manual_seed(1))  # fmt: skip
+    with pytest.raises(ValueError, match="Lq == ctx"):
+        mla_prefill_dense_operands(q, k_nope, k_pe, v)
+    assert triton_launches["_mla_prefill_operands_kernel"] == 0
 
 
 @pytest.mark.parametrize(
@@ -143,7 +177,7 @@ def test_key_rejects_operands_that_do_not_fit(k_pe_shape, k_pe_dtype, match, tri
     k_nope = torch.zeros(6, 2, 8)
     with pytest.raises(ValueError, match=match):
         mla_prefill_key(k_nope, torch.zeros(k_pe_shape, dtype=k_pe_dtype))
-    assert triton_launches["_mla_prefill_key_kernel"] == 0
+    assert triton_launches["_mla_prefill_operands_kernel"] == 0
 
 
 def padded_value_attention(q, k, v, scale, mask):

@@ -33,7 +33,7 @@ CONV = ("_causal_conv1d_prefill_kernel", "_conv_state_update_kernel")
 # a path that no longer reaches a kernel on the CPU (a layer's device branch) passes unchecked.
 # Both models' experts run the Triton grouped path (SiLU, and Kimi-K3's SiTU since the kernels
 # fuse it), without the row gather of torch's grouped GEMM.
-RECORDED = {*CONV, "_mla_prefill_key_kernel", "_per_token_fp8_quant_kernel"}
+RECORDED = {*CONV, "_mla_prefill_operands_kernel", "_per_token_fp8_quant_kernel"}
 RECORDED_BY_MODEL = {
     "kimi-k3-tiny": RECORDED | {"_moe_grouped_gate_up_kernel"},
     "kimi-linear-tiny": RECORDED | {"_moe_grouped_gate_up_kernel"},

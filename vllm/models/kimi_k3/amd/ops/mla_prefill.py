@@ -22,9 +22,10 @@ MLA layer's prefill at 8192 tokens on the H200). On a GPU the kernel depends on 
 - a longer new prompt: cuDNN (1.29 ms at 8192 against flash's 2.76). cuDNN builds an execution
   plan per new shape (75-90 ms a length), so while torch's per-length-class plans are on
   (`vllm.env_override`) q, k and v go in `[S, H, D]` row order, the one layout that path takes:
-  q and v are copied into it (q is a column slice of MLA's fused projection; v goes at its own
-  width). The path adds ~0.4 ms a call, hidden behind the kernel at 8192 tokens (0.04 ms more
-  than the per-shape plans there). With those plans off, per-shape plans and v read in place.
+  q and v are copied into it by the key's launch (`mla_prefill_dense_operands`; q is a column
+  slice of MLA's fused projection, v goes at its own width). The path adds ~0.4 ms a call,
+  hidden behind the kernel at 8192 tokens (0.04 ms more than the per-shape plans there). With
+  those plans off, per-shape plans and v read in place.
 The flash kernel and cuDNN's per-shape path need one head dim for q, k and v. For
 `Dv < nope + rope`, where `k_nope` and `v` are the two halves of each head's row of one buffer (the
 split of `kv_b_proj`'s output, as MLA passes them), the value operand is a view that starts
@@ -72,29 +73,72 @@ if triton is not None:
     # rows, never the contiguous columns: its specialization (1, or a multiple of 16) compiled
     # the kernel again for nothing.
     @triton.jit(do_not_specialize=["rows"])
-    def _mla_prefill_key_kernel(
-        nope_ptr, pe_ptr, k_ptr, rows, heads,
-        stride_nt, stride_nh, stride_pt, stride_kt, stride_kh,
-        NOPE: tl.constexpr, ROPE: tl.constexpr, BLOCK_NOPE: tl.constexpr,
-        BLOCK_ROPE: tl.constexpr, BLOCK_R: tl.constexpr,
-        PDL: tl.constexpr = False,
+    def _mla_prefill_operands_kernel(
+        nope_ptr, pe_ptr, k_ptr, q_ptr, q_out_ptr, v_ptr, v_out_ptr, rows, heads,
+        stride_nt, stride_nh, stride_pt, stride_qt, stride_qh, stride_vt, stride_vh,
+        NOPE: tl.constexpr, ROPE: tl.constexpr, DV: tl.constexpr, BLOCK_NOPE: tl.constexpr,
+        BLOCK_ROPE: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
+        DENSE_QV: tl.constexpr, PDL: tl.constexpr = False,
     ):  # fmt: skip
         pdl_wait(PDL)
-        # Rows r = t * heads + h: k[t, h] = [k_nope[t, h] | k_pe[t]]. Neighbouring rows share
-        # t, so k_pe's row is read from L1 / L2 after its first head.
+        # Rows r = t * heads + h of the contiguous outputs: k[t, h] = [k_nope[t, h] | k_pe[t]];
+        # with DENSE_QV also q[t, h] and v[t, h] copied. Neighbouring rows share t, so k_pe's
+        # row is read from L1 / L2 after its first head.
         r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         r_ok = r < rows
         t = (r // heads).to(tl.int64)
         h = (r % heads).to(tl.int64)
-        k_rows = k_ptr + t * stride_kt + h * stride_kh
+        out_rows = r.to(tl.int64) * (NOPE + ROPE)
         d = tl.arange(0, BLOCK_NOPE)
         ok = r_ok[:, None] & (d < NOPE)[None, :]
         src = nope_ptr + (t * stride_nt + h * stride_nh)[:, None] + d[None, :]
-        tl.store(k_rows[:, None] + d[None, :], tl.load(src, mask=ok), mask=ok)
+        tl.store(k_ptr + out_rows[:, None] + d[None, :], tl.load(src, mask=ok), mask=ok)
         e = tl.arange(0, BLOCK_ROPE)
-        ok = r_ok[:, None] & (e < ROPE)[None, :]
-        pe = tl.load(pe_ptr + (t * stride_pt)[:, None] + e[None, :], mask=ok)
-        tl.store(k_rows[:, None] + NOPE + e[None, :], pe, mask=ok)
+        ok_e = r_ok[:, None] & (e < ROPE)[None, :]
+        pe = tl.load(pe_ptr + (t * stride_pt)[:, None] + e[None, :], mask=ok_e)
+        tl.store(k_ptr + out_rows[:, None] + NOPE + e[None, :], pe, mask=ok_e)
+        if DENSE_QV:
+            q_rows = q_ptr + (t * stride_qt + h * stride_qh)[:, None]
+            q_out = q_out_ptr + out_rows[:, None]
+            tl.store(q_out + d[None, :], tl.load(q_rows + d[None, :], mask=ok), mask=ok)
+            tail = tl.load(q_rows + NOPE + e[None, :], mask=ok_e)
+            tl.store(q_out + NOPE + e[None, :], tail, mask=ok_e)
+            c = tl.arange(0, BLOCK_V)
+            ok_c = r_ok[:, None] & (c < DV)[None, :]
+            v_rows = v_ptr + (t * stride_vt + h * stride_vh)[:, None] + c[None, :]
+            v_out = v_out_ptr + (r.to(tl.int64) * DV)[:, None] + c[None, :]
+            tl.store(v_out, tl.load(v_rows, mask=ok_c), mask=ok_c)
+
+
+def _launch_operands(
+    k_nope: torch.Tensor,
+    k_pe: torch.Tensor,
+    k: torch.Tensor,
+    qv: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None,
+) -> None:
+    """One launch of the operands kernel into the contiguous `k` (and, with `qv` = `(q, q_out,
+    v, v_out)`, the contiguous `q_out` and `v_out`)."""
+    ctx, heads, nope = k_nope.shape
+    rope = k_pe.shape[1]
+    rows = ctx * heads
+    if rows == 0:
+        return
+    q, q_out, v, v_out = qv if qv is not None else (k, k, k, k)
+    dv = v.shape[2] if qv is not None else 1
+    launch(
+        _mla_prefill_operands_kernel, (cdiv(rows, _KEY_BLOCK_R), 1, 1),
+        (
+            k_nope, k_pe, k, q, q_out, v, v_out, rows, heads,
+            k_nope.stride(0), k_nope.stride(1), k_pe.stride(0),
+            q.stride(0), q.stride(1), v.stride(0), v.stride(1),
+        ),
+        launch_spec(
+            _mla_prefill_operands_kernel, NOPE=nope, ROPE=rope, DV=dv,
+            BLOCK_NOPE=next_power_of_2(nope), BLOCK_ROPE=next_power_of_2(rope),
+            BLOCK_V=next_power_of_2(dv), BLOCK_R=_KEY_BLOCK_R, DENSE_QV=qv is not None,
+            num_warps=4, **pdl_options(use_pdl(k.device)),
+        ),
+    )  # fmt: skip
 
 
 def mla_prefill_key(k_nope: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
@@ -118,21 +162,7 @@ def mla_prefill_key(k_nope: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
     if not use_triton(k_nope.device) or k_nope.stride(2) != 1 or k_pe.stride(1) != 1:
         return torch.cat([k_nope, k_pe.unsqueeze(1).expand(ctx, heads, rope)], dim=-1)
     k = torch.empty(ctx, heads, nope + rope, dtype=k_nope.dtype, device=k_nope.device)
-    rows = ctx * heads
-    if rows == 0:
-        return k
-    launch(
-        _mla_prefill_key_kernel, (cdiv(rows, _KEY_BLOCK_R), 1, 1),
-        (
-            k_nope, k_pe, k, rows, heads,
-            k_nope.stride(0), k_nope.stride(1), k_pe.stride(0), k.stride(0), k.stride(1),
-        ),
-        launch_spec(
-            _mla_prefill_key_kernel, NOPE=nope, ROPE=rope, BLOCK_NOPE=next_power_of_2(nope),
-            BLOCK_ROPE=next_power_of_2(rope), BLOCK_R=_KEY_BLOCK_R, num_warps=4,
-            **pdl_options(use_pdl(k.device)),
-        ),
-    )  # fmt: skip
+    _launch_operands(k_nope, k_pe, k, None)
     return k
 
 
@@ -159,6 +189,30 @@ def _check(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.T
             f"q, k_nope, k_pe, v must share a dtype, got {q.dtype}, {k_nope.dtype}, "
             f"{k_pe.dtype}, {v.dtype}"
         )
+
+
+def mla_prefill_dense_operands(
+    q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Contiguous `(q, k, v)` of a new prompt (`Lq == ctx`; shapes as `mla_prefill_attention`'s)
+    in the `[S, H, D]` row order that torch's per-length-class cuDNN plans take: q and v copied
+    from their strided views, k built as `mla_prefill_key` builds it. One Triton launch where
+    `use_triton` and every operand has a unit last stride (torch's copies of the two strided
+    views ran at about 40% of copy bandwidth on the H200), else `.contiguous()` and the key's own
+    path; the same values either way (only moved). A chunk (`Lq < ctx`) is a ValueError."""
+    _check(q, k_nope, k_pe, v)
+    if q.shape[0] != k_nope.shape[0]:
+        raise ValueError(
+            f"need a new prompt (Lq == ctx), got Lq={q.shape[0]}, ctx={k_nope.shape[0]}"
+        )
+    strides = (q.stride(2), k_nope.stride(2), k_pe.stride(1), v.stride(2))
+    if not use_triton(q.device) or strides != (1, 1, 1, 1):
+        return q.contiguous(), mla_prefill_key(k_nope, k_pe), v.contiguous()
+    k = torch.empty_like(q, memory_format=torch.contiguous_format)
+    q_out = torch.empty_like(k)
+    v_out = torch.empty_like(v, memory_format=torch.contiguous_format)
+    _launch_operands(k_nope, k_pe, k, (q, q_out, v, v_out))
+    return q_out, k, v_out
 
 
 def _value_operand(k_nope: torch.Tensor, v: torch.Tensor, qk: int) -> tuple[torch.Tensor, int]:
@@ -225,8 +279,8 @@ def mla_prefill_attention(
     _check(q, k_nope, k_pe, v)
     lq, _, qk = q.shape
     ctx, dv = v.shape[0], v.shape[2]
-    k = mla_prefill_key(k_nope, k_pe)
     if not q.is_cuda:
+        k = mla_prefill_key(k_nope, k_pe)
         return _attention(q, k, v, causal_masked(lq, ctx, q.device).logical_not_(), scale)
     # Imported here: the modules pull in torch._dynamo (~1.5 s), which CPU-only processes (the
     # engine's workers on a host without a GPU, the tests' TP ranks) never need.
@@ -234,7 +288,8 @@ def mla_prefill_attention(
 
     path = _gpu_path(lq, ctx)
     if path == "cudnn_classes":
-        return _attention(q.contiguous(), k, v.contiguous(), None, scale)
+        return _attention(*mla_prefill_dense_operands(q, k_nope, k_pe, v), None, scale)
+    k = mla_prefill_key(k_nope, k_pe)
     operand, first = _value_operand(k_nope, v, qk)
     if path == "flash":
         # cuDNN off for this call only, so torch takes flash where it applies and its other
