@@ -46,10 +46,12 @@ from kernel_bench import (
     time_flushed,
     write_csv,
 )
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
 from vllm.model_executor.layers.quantization.utils.fp8_per_token import per_token_fp8_quant
 from vllm.models.kimi_k3.amd.ops.mla_prefill import (
+    _gpu_path,
     mla_prefill_attention,
     mla_prefill_dense_operands,
     mla_prefill_key,
@@ -58,6 +60,11 @@ from vllm.triton_utils import use_triton
 from vllm.utils.cli import positive_int, run_main
 
 HEADS, NOPE, ROPE, V, LATENT = 32, 128, 64, 128, 512
+SDPA_BACKEND = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "cudnn_classes": SDPBackend.CUDNN_ATTENTION,
+    "cudnn_shapes": SDPBackend.CUDNN_ATTENTION,
+}
 
 
 def make_case(ctx: int, heads: int, nope: int, rope: int, v_dim: int, device: str, seed: int = 0):
@@ -195,9 +202,11 @@ def main(argv: list[str] | None = None) -> int:
             key_ok = torch.equal(mla_prefill_key(k_nope, k_pe), old_key(k_nope, k_pe))
             q_sliced = sliced_q(q)
             key_ok = key_ok and same_operands(q_sliced, k_nope, k_pe, v)
-            layer_ok = same_codes(
-                new_layer(q, k_nope, k_pe, v, scale), old_layer(q, k_nope, k_pe, v, scale, out)
-            )
+            # The glue compared through the fused kernel the new path takes (flash up to
+            # FLASH_MAX_PROMPT, cuDNN above), whichever torch would choose for the old one.
+            with sdpa_kernel(SDPA_BACKEND[_gpu_path(ctx, ctx)]):
+                old = old_layer(q, k_nope, k_pe, v, scale, out)
+            layer_ok = same_codes(new_layer(q, k_nope, k_pe, v, scale), old)
             print(
                 f"ctx {ctx}: key and operands bit for bit {key_ok}, layer codes bit for bit "
                 f"{layer_ok}"

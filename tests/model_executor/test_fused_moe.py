@@ -812,14 +812,18 @@ def test_default_tiles_keep_to_the_devices_shared_memory():
     assert tiles(32768, 4).block_m == 32  # fp32: the decode tiles
     load = experts_triton_grouped.load_buffer_bytes
     assert load(tiles(4097), 2) == 160 * 1024 and load(tiles(32768), 2) == 144 * 1024
-    # With TMA the prefill tiles (and only they) take it; the 128-row gate/up kernel a 4th stage,
-    # which an H200 holds (192 KB) and an A100 would not.
+    # With TMA the prefill tiles (and only they) take it; the 128-row gate/up kernel a 4th stage
+    # and the down kernel 256-wide tiles at 4, which an H200 holds (192 KB each) and an A100
+    # would not.
     for rows in (32, 1024, 4096):
         assert tiles(rows, 2, h200, tma=True) == tiles(rows)
     assert tiles(4097, 2, h200, tma=True) == tiles(4097)._replace(tma=True)
     large = tiles(32768, 2, h200, tma=True)
-    assert large == tiles(32768)._replace(gate_up_stages=4, tma=True, tail_block_m=64)
+    assert large == tiles(32768)._replace(
+        gate_up_stages=4, down_block_n=256, down_stages=4, tma=True, tail_block_m=64
+    )
     assert load(large, 2) == 192 * 1024
+    assert load(large._replace(gate_up_stages=3), 2) == 192 * 1024  # the down kernel's
     assert tiles(32768, 2, a100, tma=True).block_m == 32
     assert tiles(32768, 4, tma=True) == tiles(32768, 4)  # fp32: the decode tiles
 

@@ -286,10 +286,13 @@ _LARGE_PREFILL_TILES = GroupedTiles(128, 128, 64, 8, 3, 128, 64, 8, 3)
 # blocks of at most 64 rows take 64-row tiles (module docstring, "tail blocks"): a layer at 8192 /
 # 4096 tokens of random routing 2350 / 1419 us against 2435 / 1489 (32 rows: 2335 / 1444); the
 # engine's 8k prefill, whose routing is skewed (median 46-99 rows an expert), 57.2 ms of routed
-# experts against 58.8 (32 rows: 58.0) (docs/performance.md, "Twenty-sixth run").
+# experts against 58.8 (32 rows: 58.0) (docs/performance.md, "Twenty-sixth run"). Its down
+# kernel takes 256-wide tiles at 4 stages (the gate/up kernel's 192 KB of shared memory): on
+# that prefill's recorded routing, all 26 layers, 63.98 ms against 65.35 for 128-wide tiles at 3
+# (an H100, faster in 23 of the 26 layers; docs/performance.md, "Forty-fifth run").
 _TMA_PREFILL_TILES = _PREFILL_TILES._replace(tma=True)
 _TMA_LARGE_PREFILL_TILES = _LARGE_PREFILL_TILES._replace(
-    gate_up_stages=4, tma=True, tail_block_m=64
+    gate_up_stages=4, down_block_n=256, down_stages=4, tma=True, tail_block_m=64
 )
 _SMEM_HEADROOM = 16 * 1024
 
