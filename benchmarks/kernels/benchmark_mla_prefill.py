@@ -6,14 +6,14 @@ Providers, per context length (one new prompt: Lq = ctx):
   key:cat        torch's cat of k_nope with k_pe broadcast over the heads (the old key)
   key:kernel     `mla_prefill_key`, one Triton launch (the new key)
   copy_same_size `copy_` of a tensor the key's size: the yardstick for the two above
-  operands:torch q and v made contiguous by torch's copies, and the key kernel (cuDNN's
+  operands:torch q and v made contiguous by torch's copies, and `mla_prefill_key` (cuDNN's
                  per-length-class path before `mla_prefill_dense_operands`)
   operands:kernel `mla_prefill_dense_operands`: q, k and v in one Triton launch
   layer:old      the old prefill up to o_proj's input: cat, v zero-padded to 192, SDPA, the
                  output copied into the layer's [T, H, v] buffer, per-token FP8 quantization
-  layer:new      the new one: `mla_prefill_attention` (key kernel, value read in place from
-                 kv_b_proj's output) and per-token FP8 quantization of the attention output in
-                 place
+  layer:new      the new one: `mla_prefill_attention` (up to 2048 tokens the key's launch and
+                 the value read in place from kv_b_proj's output, above q, k and v in one
+                 launch) and per-token FP8 quantization of the attention output in place
 
 k_nope and v are the halves of one `kv_b_proj` output `[ctx, H, 256]`, k_pe the last 64 columns of
 `[ctx, 576]` cache rows, as the layer passes them; the operands providers take q as the layer does

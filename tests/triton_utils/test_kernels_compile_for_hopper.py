@@ -684,6 +684,17 @@ def test_the_decode_launches_reach_the_load_order_check():
     assert has("_fused_kda_decode_kernel", RANK_F=128, BLOCK_V=16)  # the engine's batch 1
 
 
+def test_mla_prefill_operands_kernel_compiles_in_both_forms():
+    """The MLA prefill's operands kernel is compiled for the key alone and for a new prompt's q,
+    k and v together (the form cuDNN's per-length-class plans take), not one of them twice."""
+    forms = {
+        launch["args"]["DENSE_QV"]
+        for launch in _launches()
+        if launch["kernel"] == "_mla_prefill_operands_kernel"
+    }
+    assert forms == {False, True}
+
+
 @pytest.mark.skipif(not _has_nvidia_backend(), reason="needs Triton's NVIDIA backend and ptxas")
 @pytest.mark.parametrize("block_v", [16, 64])  # the engine's V-split at batch 1 and 8-16
 def test_kda_decode_state_sums_keep_their_layout_with_gate_projections(block_v):

@@ -1,9 +1,9 @@
 """MLA prefill attention: torch's fused attention (the GPU path, run here on the CPU with its
-explicit mask) against the fp32 einsum reference, for new prompts (`Lq == ctx`) and chunks on top
-of cached context (`Lq < ctx`); the key kernel (under TRITON_INTERPRET=1 on CPU) against torch's
-cat; the value read in place against a zero-padded copy; which fused kernel runs which shape; at
-Kimi-Linear's sizes on a GPU, without the score matrix, and bit for bit as the cat and pad it
-replaces."""
+explicit mask) against the fp32 einsum reference, for new prompts (`Lq == ctx`) and chunks on top of
+cached context (`Lq < ctx`); the key kernel, and its launch that also makes a new prompt's q and v
+contiguous (under TRITON_INTERPRET=1 on CPU), against torch's cat and copies; the value read in
+place against a zero-padded copy; which fused kernel runs which shape; at Kimi-Linear's sizes on a
+GPU, without the score matrix, and bit for bit as the cat and pad it replaces."""
 
 import os
 import subprocess
@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
+from vllm.models.kimi_k3.amd.ops import mla_prefill
 from vllm.models.kimi_k3.amd.ops.mla_prefill import (
     FLASH_MAX_PROMPT,
     _gpu_path,
@@ -105,6 +106,7 @@ def test_causality_is_bottom_right_aligned():
         (lambda a: (a[0], a[1][:, :1], *a[2:]), "heads / context"),
         (lambda a: (a[0][:1].expand(12, -1, -1), *a[1:]), "Lq <= ctx"),
         (lambda a: (*a[:3], a[3].double()), "share a dtype"),
+        (lambda a: (*a[:3], a[3].to("meta")), "share a device"),
         (lambda a: (a[0][0], *a[1:]), "expected q"),
     ],
 )
@@ -132,27 +134,56 @@ def test_key_kernel_equals_cat(ctx, heads, nope, rope, dtype, triton_launches):
     assert torch.equal(got, torch.cat([k_nope, k_pe.unsqueeze(1).expand(-1, heads, -1)], dim=-1))
 
 
+# (One token of one head would be contiguous by torch's rules, whatever its strides.)
 @pytest.mark.parametrize(
-    "ctx,heads,nope,rope,dv", [(5, 32, 128, 64, 128), (37, 3, 24, 12, 20), (1, 1, 8, 4, 8)]
+    "ctx,heads,nope,rope,dv", [(5, 32, 128, 64, 128), (37, 3, 24, 12, 20), (2, 1, 8, 4, 8)]
 )
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_dense_operands_in_one_launch(ctx, heads, nope, rope, dv, dtype, triton_launches):
+@pytest.mark.parametrize("v_apart", [False, True], ids=["v_after_k_nope", "v_apart"])
+def test_dense_operands_in_one_launch(
+    ctx, heads, nope, rope, dv, dtype, v_apart, triton_launches, monkeypatch
+):
     """A new prompt's q (a column slice of the fused projection, at an odd offset), k_nope and v
-    (the halves of `kv_b_proj`'s output) and k_pe (cache rows after the latent), as MLA passes
-    them: one launch makes q, k and v contiguous for cuDNN's per-length-class plans, bit for bit
-    torch's copies and cat; Kimi-Linear's dims, and dims off powers of two."""
+    (the halves of `kv_b_proj`'s output, or v in a strided buffer of its own) and k_pe (cache
+    rows after the latent), as MLA passes them: one launch makes q, k and v contiguous for
+    cuDNN's per-length-class plans (the key's own path is not taken), bit for bit torch's
+    copies and cat; Kimi-Linear's dims, and dims off powers of two."""
     gen = torch.Generator().manual_seed(ctx + dv)
     proj = torch.randn(ctx, 7 + heads * (nope + rope) + 3, generator=gen).to(dtype)
     q = proj[:, 7 : 7 + heads * (nope + rope)].view(ctx, heads, nope + rope)
     kv = torch.randn(ctx, heads, nope + dv, generator=gen).to(dtype)
     k_nope, v = kv[..., :nope], kv[..., nope:]
+    if v_apart:
+        v = torch.randn(ctx, heads + 2, dv + 5, generator=gen).to(dtype)[:, 1 : 1 + heads, 2:-3]
     k_pe = torch.randn(ctx, 40 + rope, generator=gen).to(dtype)[:, 40:]
+    monkeypatch.setattr(mla_prefill, "mla_prefill_key", _not_called)
     got = mla_prefill_dense_operands(q, k_nope, k_pe, v)
     assert triton_launches["_mla_prefill_operands_kernel"] == 1
     key = torch.cat([k_nope, k_pe.unsqueeze(1).expand(-1, heads, -1)], dim=-1)
     for got_, want in zip(got, (q, key, v), strict=True):
         assert got_.is_contiguous() and got_.shape == want.shape
         assert torch.equal(got_, want)
+
+
+def _not_called(*args):
+    raise AssertionError("the dense operands took the key's own path")
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "q_strided_columns"])
+def test_dense_operands_elsewhere_copy_and_build_the_key(layout, triton_launches):
+    """Operands already contiguous are returned as they are, and a q without a unit last stride
+    goes through torch's copy; the key is `mla_prefill_key`'s either way, the values the same."""
+    (q, k_nope, k_pe, v), _, _ = make_case(6, 6, 3, 8, 4, 8, torch.float32,
+                                           torch.Generator().manual_seed(2))  # fmt: skip
+    if layout == "q_strided_columns":
+        q = torch.stack([q, -q], dim=-1)[..., 0]
+    got = mla_prefill_dense_operands(q, k_nope, k_pe, v)
+    assert triton_launches["_mla_prefill_operands_kernel"] == 1  # the key's launch alone
+    if layout == "contiguous":
+        assert got[0] is q and got[2] is v
+    key = torch.cat([k_nope, k_pe.unsqueeze(1).expand(-1, 3, -1)], dim=-1)
+    for got_, want in zip(got, (q, key, v), strict=True):
+        assert got_.is_contiguous() and torch.equal(got_, want)
 
 
 def test_dense_operands_reject_a_chunk(triton_launches):
@@ -276,9 +307,9 @@ def test_gpu_kimi_linear_sizes(lq, ctx):
 def test_gpu_same_bits_as_cat_and_pad(lq, ctx):
     """At Kimi-Linear's sizes (a long prompt for cuDNN, a short one for flash, a chunk on cached
     context), k_nope and v split from one `kv_b_proj` output as MLA passes them: the key kernel
-    and the value operand (read in place for flash; at its own width, contiguous, for cuDNN's
-    per-length-class plans) give the bits of the cat and of the zero-padded value, through the
-    same fused kernel."""
+    and the value operand (read in place for flash; for cuDNN's per-length-class plans q, k and
+    v at their own widths, made contiguous in one launch) give the bits of the cat and of the
+    zero-padded value, through the same fused kernel."""
     device = torch.device("cuda")
     gen = torch.Generator(device=device).manual_seed(lq)
     q = torch.randn(lq, 32, 192, generator=gen, device=device).to(torch.bfloat16)

@@ -6,13 +6,14 @@ prompt: `Lq == ctx`; a prefill chunk on top of cached tokens: `Lq < ctx`). Query
 shared by the heads (MLA, NoPE: no rotary embedding).
 
 - `q` `[Lq, H, nope + rope]`, `k_nope` `[ctx, H, nope]`, `k_pe` `[ctx, rope]`, `v` `[ctx, H, Dv]`,
-  all in one dtype (fp32, fp16 or bf16); `Dv` may differ from `nope + rope`.
+  all in one dtype (fp32, fp16 or bf16) on one device; `Dv` may differ from `nope + rope`.
 - Output `[Lq, H, Dv]` in `q`'s dtype (a view of the attention's output, unit last stride).
 
 `mla_prefill_attention`: torch's fused scaled-dot-product attention in the inputs' dtype. The key
-`[ctx, H, nope + rope]` is built by `mla_prefill_key` in one pass (one Triton launch: a torch cat
-of `k_nope` with `k_pe` broadcast over the heads ran at a fifth of copy bandwidth, 188 us of each
-MLA layer's prefill at 8192 tokens on the H200). On a GPU the kernel depends on the shape
+`[ctx, H, nope + rope]` is built in one pass, by `mla_prefill_key` or, with q and v, by
+`mla_prefill_dense_operands` (one Triton launch: a torch cat of `k_nope` with `k_pe` broadcast
+over the heads ran at a fifth of copy bandwidth, 188 us of each MLA layer's prefill at 8192
+tokens on the H200). On a GPU the kernel depends on the shape
 (`_gpu_path`; H200 figures per MLA layer, docs/performance.md "Twenty-eighth run"):
 - a chunk on cached context (`Lq < ctx`): torch's `causal_lower_right` mask (a description,
   never a tensor), which torch runs with its flash kernel;
@@ -23,9 +24,10 @@ MLA layer's prefill at 8192 tokens on the H200). On a GPU the kernel depends on 
   plan per new shape (75-90 ms a length), so while torch's per-length-class plans are on
   (`vllm.env_override`) q, k and v go in `[S, H, D]` row order, the one layout that path takes:
   q and v are copied into it by the key's launch (`mla_prefill_dense_operands`; q is a column
-  slice of MLA's fused projection, v goes at its own width). The path adds ~0.4 ms a call,
-  hidden behind the kernel at 8192 tokens (0.04 ms more than the per-shape plans there). With
-  those plans off, per-shape plans and v read in place.
+  slice of MLA's fused projection, v goes at its own width). The path added ~0.4 ms a call
+  with the operands already in that order (H200, "Twenty-eighth run"), hidden behind the
+  kernel at 8192 tokens (0.04 ms more than the per-shape plans there). With those plans off,
+  per-shape plans and v read in place.
 The flash kernel and cuDNN's per-shape path need one head dim for q, k and v. For
 `Dv < nope + rope`, where `k_nope` and `v` are the two halves of each head's row of one buffer (the
 split of `kv_b_proj`'s output, as MLA passes them), the value operand is a view that starts
@@ -61,7 +63,8 @@ except ImportError:  # CPU-only installs without Triton use the torch cat
 if TYPE_CHECKING:
     from torch.nn.attention.bias import CausalBias
 
-# Rows (token, head) of the key per program of the key kernel: 32 rows of 192 bf16 are 12 KB.
+# Rows (token, head) per program of the operands kernel: 32 rows of the key's 192 bf16 are 12
+# KB, with q and v as well (`mla_prefill_dense_operands`) 32 KB at Kimi-Linear's dims.
 _KEY_BLOCK_R = 32
 # New prompts up to this length run torch's flash kernel (see the module docstring): at 2048
 # tokens 0.24 ms a layer on the H200 against 0.45 for cuDNN's per-length-class path (operands
@@ -189,6 +192,11 @@ def _check(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.T
             f"q, k_nope, k_pe, v must share a dtype, got {q.dtype}, {k_nope.dtype}, "
             f"{k_pe.dtype}, {v.dtype}"
         )
+    if len({q.device, k_nope.device, k_pe.device, v.device}) != 1:
+        raise ValueError(
+            f"q, k_nope, k_pe, v must share a device, got {q.device}, {k_nope.device}, "
+            f"{k_pe.device}, {v.device}"
+        )
 
 
 def mla_prefill_dense_operands(
@@ -198,17 +206,25 @@ def mla_prefill_dense_operands(
     in the `[S, H, D]` row order that torch's per-length-class cuDNN plans take: q and v copied
     from their strided views, k built as `mla_prefill_key` builds it. One Triton launch where
     `use_triton` and every operand has a unit last stride, else `.contiguous()` and the key's own
-    path; the same values either way (only moved). At Kimi-Linear's 8192 tokens on an H100 the
-    launch takes 182 us (91% of copy bandwidth) against 271 us (62%) for torch's copies of the
-    two strided views and the key's launch (docs/performance.md, "Forty-fifth run"). A chunk
-    (`Lq < ctx`) is a ValueError."""
+    path (also where q and v are contiguous already); the same values either way (only moved).
+    At Kimi-Linear's 8192 tokens on an H100 the launch takes 182 us (91% of copy bandwidth)
+    against 271 us (62%) for torch's copies of the two strided views and the key's launch
+    (docs/performance.md, "Forty-fifth run"). A chunk (`Lq < ctx`) is a ValueError."""
     _check(q, k_nope, k_pe, v)
     if q.shape[0] != k_nope.shape[0]:
         raise ValueError(
             f"need a new prompt (Lq == ctx), got Lq={q.shape[0]}, ctx={k_nope.shape[0]}"
         )
+    return _dense_operands(q, k_nope, k_pe, v)
+
+
+def _dense_operands(
+    q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`mla_prefill_dense_operands` on checked operands."""
     strides = (q.stride(2), k_nope.stride(2), k_pe.stride(1), v.stride(2))
-    if not use_triton(q.device) or strides != (1, 1, 1, 1):
+    dense = q.is_contiguous() and v.is_contiguous()
+    if dense or not use_triton(q.device) or strides != (1, 1, 1, 1):
         return q.contiguous(), mla_prefill_key(k_nope, k_pe), v.contiguous()
     k = torch.empty_like(q, memory_format=torch.contiguous_format)
     q_out = torch.empty_like(k)
@@ -290,7 +306,7 @@ def mla_prefill_attention(
 
     path = _gpu_path(lq, ctx)
     if path == "cudnn_classes":
-        return _attention(*mla_prefill_dense_operands(q, k_nope, k_pe, v), None, scale)
+        return _attention(*_dense_operands(q, k_nope, k_pe, v), None, scale)
     k = mla_prefill_key(k_nope, k_pe)
     operand, first = _value_operand(k_nope, v, qk)
     if path == "flash":
