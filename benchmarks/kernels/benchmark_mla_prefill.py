@@ -18,11 +18,12 @@ Providers, per context length (one new prompt: Lq = ctx):
 k_nope and v are the halves of one `kv_b_proj` output `[ctx, H, 256]`, k_pe the last 64 columns of
 `[ctx, 576]` cache rows, as the layer passes them; the operands providers take q as the layer does
 too, a column slice of the fused `[q | kv_a]` projection. Before timing, the new key, operands and
-layer output are checked bit for bit against the old. Timing: L2 flushed before each call, the call
-replayed from a CUDA graph (`--timing graph`) or launched eagerly (`--timing eager`, should a
-capture of the fused attention fail). Bytes for the key providers: k_nope read, k written (k_pe is
-1/64 of it); for the operands providers those plus q and v each read and written; % of copy against
-an eager `copy_` of --copy-gib GiB measured in the same run.
+layer output are checked bit for bit against the old (the old layer through the fused kernel the new
+one takes). Timing: L2 flushed before each call, the call replayed from a CUDA graph (`--timing
+graph`) or launched eagerly (`--timing eager`, should a capture of the fused attention fail). Bytes
+for the key providers: k_nope read, k written (k_pe is 1/64 of it); for the operands providers those
+plus q and v each read and written; % of copy against an eager `copy_` of --copy-gib GiB measured in
+the same run.
 
     python benchmarks/kernels/benchmark_mla_prefill.py --csv mla_prefill.csv
     python benchmarks/kernels/benchmark_mla_prefill.py --ctx 8192 --timing eager
