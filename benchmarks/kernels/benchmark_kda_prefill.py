@@ -25,10 +25,11 @@ recurrence and must agree bit for bit).
 """
 
 import argparse
+import itertools
 import sys
 
 import torch
-from kernel_bench import time_graph, write_csv
+from kernel_bench import require_gpu, time_graph, write_csv
 
 from vllm.models.kimi_k3.amd.ops.kda_core import KdaGate, fla_chunk_kda, kda_prefill
 from vllm.utils.cli import output_file, positive_int, run_main
@@ -124,32 +125,29 @@ def main(argv: list[str] | None = None) -> int:
     gates = list(dict.fromkeys(args.gates))
     if args.dry_run:
         return dry_run(gates)
-    if not torch.cuda.is_available():
-        parser.error("this benchmark needs a CUDA GPU with fla-core (or --dry-run)")
+    require_gpu(parser, gpu="CUDA GPU with fla-core")
     print(f"{torch.cuda.get_device_name(0)}: {', '.join(gates)}; us a call, graph replay")
     rows = []
     with torch.inference_mode():
-        for heads in args.heads:
-            for tokens in args.tokens:
-                for seqs in args.seqs:
-                    case = make_case(tokens, seqs, heads, HEAD_DIM, "cuda", seed=tokens + seqs)
-                    calls = {form: graphed_call(case, form) for form in gates}
-                    if "bounded" in calls and "unsafe" in calls:
-                        err = rel(calls["unsafe"]()[0], calls["bounded"]()[0])
-                        if not err < 1e-2:
-                            print(f"H {heads}, T {tokens}, N {seqs}: bounded is off the "
-                                  f"unsafe form by {err:.2e}")  # fmt: skip
-                            return 1
-                    times = {form: time_graph(fn, 1, reps=args.reps) for form, fn in calls.items()}
-                    for form, us in times.items():
-                        rows.append(dict(heads=heads, tokens=tokens, seqs=seqs, gate=form,
-                                         us=round(us, 1)))  # fmt: skip
-                    write_csv(args.csv, rows)
-                    line = "  ".join(f"{form} {us:8.1f}" for form, us in times.items())
-                    ratio = ""
-                    if "bounded" in times and "unsafe" in times:
-                        ratio = f"  unsafe / bounded {times['unsafe'] / times['bounded']:.2f}x"
-                    print(f"H {heads:>3}, T {tokens:>6}, N {seqs:>3}: {line}{ratio}", flush=True)
+        for heads, tokens, seqs in itertools.product(args.heads, args.tokens, args.seqs):
+            case = make_case(tokens, seqs, heads, HEAD_DIM, "cuda", seed=tokens + seqs)
+            calls = {form: graphed_call(case, form) for form in gates}
+            if "bounded" in calls and "unsafe" in calls:
+                err = rel(calls["unsafe"]()[0], calls["bounded"]()[0])
+                if not err < 1e-2:
+                    print(f"H {heads}, T {tokens}, N {seqs}: bounded is off the unsafe form by "
+                          f"{err:.2e}")  # fmt: skip
+                    return 1
+            times = {form: time_graph(fn, 1, reps=args.reps) for form, fn in calls.items()}
+            for form, us in times.items():
+                rows.append(dict(heads=heads, tokens=tokens, seqs=seqs, gate=form,
+                                 us=round(us, 1)))  # fmt: skip
+            write_csv(args.csv, rows)
+            line = "  ".join(f"{form} {us:8.1f}" for form, us in times.items())
+            ratio = ""
+            if "bounded" in times and "unsafe" in times:
+                ratio = f"  unsafe / bounded {times['unsafe'] / times['bounded']:.2f}x"
+            print(f"H {heads:>3}, T {tokens:>6}, N {seqs:>3}: {line}{ratio}", flush=True)
     return 0
 
 

@@ -64,6 +64,7 @@ def fused_activation(act_and_mul: torch.nn.Module) -> FusedActivation | None:
 if triton is not None:
     # Fixed at import, as `@triton.jit` chooses between compiling and interpreting then.
     _LIBDEVICE_TANH = tl.constexpr(not triton_interpreting())
+    _SITU = tl.constexpr(SITU)
 
     @triton.jit
     def _tanh(x):
@@ -78,7 +79,7 @@ if triton is not None:
         """`act(gate) * up` of fp32 accumulator tiles, in `dtype` (module docstring)."""
         gate = acc_gate.to(dtype).to(tl.float32)
         up = acc_up.to(dtype).to(tl.float32)
-        if ACT == 1:  # SITU
+        if ACT == _SITU:
             soft_gate = beta * _tanh(gate / beta) * (1.0 / (1.0 + tl.exp(-gate)))
             return (soft_gate * (linear_beta * _tanh(up / linear_beta))).to(dtype)
         act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
