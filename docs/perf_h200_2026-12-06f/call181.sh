@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Forty-fifth run, last call (not run: no machine; next_calls.sh PART=gpu), any GPU (carry [".whl", ".devrun"]): the MLA prefill GPU tests on
-# c679e50 (the second reading's changes to mla_prefill_dense_operands), the operands at 8192
-# tokens once more, then the one-token-path (GEMV) tiles at Kimi-K3's TP-8 expert shapes, where
-# 2 tokens read at 76.8% of copy against 85.2% at 1 (call 177): the default against neighbours
-# (first and last: the default, for the spread).
+# Forty-fifth run, the last call (not run: no machine; now next_calls.sh PART=gpu), any GPU
+# (carry [".whl", ".devrun"]): the MLA prefill GPU tests on c679e50 (the second reading's changes
+# to mla_prefill_dense_operands), the MoE SiTU GPU tests on d2dde5c, the operands at 8192 tokens
+# once more, then the one-token-path (GEMV) tiles at Kimi-K3's TP-8 expert shapes, where 2 tokens
+# read at 76.8% of copy against 85.2% at 1 (call 177): the default against neighbours (first
+# and last: the default, for the spread).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl .devrun/xd/*.whl
 export PYTHONPATH=/tmp/site:$PWD
