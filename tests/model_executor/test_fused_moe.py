@@ -343,17 +343,16 @@ def test_cuda_graph_bf16(tokens):
 
 SMALL_BLOCKS = dict(block_n=8, block_k=16, gate_up_warps=2, block_h=16, block_i=8, down_warps=2)
 # For the tests of something other than the tiling (ids, strides, slots, fp64 parity): 2 programs
-# per routed row and per token at I 32 / H 64, where the defaults launch 4 and 32 (64 at one
-# token; the interpreter pays per program). Only block_k / block_i cut a sum into chunks, so the
+# per routed row and per token at I 32 / H 64, where the defaults launch 4 and 64 (the
+# interpreter pays per program). Only block_k / block_i cut a sum into chunks, so the
 # interpreter's outputs are the defaults' bit for bit; test_triton_matches_loop runs the defaults
 # themselves.
 WIDE_BLOCKS = dict(block_n=16, block_h=32)
 
 
-def test_triton_down_launch_by_tokens(monkeypatch):
-    # The H200 defaults of the down kernel: one hidden output and one warp per program at one
-    # token, two and two above (docs/performance.md, seventh run); the gate/up kernel's steps
-    # over H unrolled at one token only (eighth run).
+def test_triton_default_launch(monkeypatch):
+    # The defaults at every token count (docs/performance.md, forty-sixth run): one hidden output
+    # and one warp per down program, the gate/up kernel's 512-wide steps over H unrolled.
     import vllm.model_executor.layers.fused_moe.experts_triton as experts_triton
 
     launches = []
@@ -364,19 +363,19 @@ def test_triton_down_launch_by_tokens(monkeypatch):
 
         def __getitem__(self, grid):
             def run(*args, **kwargs):
-                block = kwargs.get("BLOCK_H", kwargs.get("HIDDEN"))
-                launches.append((self.name, grid, block, kwargs["num_warps"]))
+                blocks = tuple(kwargs.get(k) for k in ("BLOCK_H", "BLOCK_K", "HIDDEN"))
+                launches.append((self.name, grid, blocks, kwargs["num_warps"]))
 
             return run
 
     for name in ("_moe_gate_up_kernel", "_moe_down_kernel"):
         monkeypatch.setattr(experts_triton, name, Recorder(name))
-    for tokens in (1, 2):
+    for tokens in (1, 2, 5):
         moe_experts_triton(*make_case(tokens, torch.float32), SiluAndMul())
     down = [launch[1:] for launch in launches if launch[0] == "_moe_down_kernel"]
-    assert down == [((1, H), 1, 1), ((2, H // 2), 2, 2)]
-    unrolled = [launch[2] for launch in launches if launch[0] == "_moe_gate_up_kernel"]
-    assert unrolled == [H, 0]
+    assert down == [((tokens, H), (1, None, None), 1) for tokens in (1, 2, 5)]
+    gate_up = [launch[2:] for launch in launches if launch[0] == "_moe_gate_up_kernel"]
+    assert gate_up == [((None, 512, H), 4)] * 3
 
 
 @pytest.mark.parametrize("tokens,experts,warps", [(1, 256, 4), (256, 256, 4), (257, 256, 1),
@@ -528,7 +527,7 @@ def test_triton_rejects_bad_inputs(monkeypatch):
 
 GPU_BLOCKS = [
     {},
-    dict(gate_up_unroll=True),
+    dict(gate_up_unroll=False, block_k=256, block_h=2, down_warps=2),
     dict(block_n=32, block_k=128, gate_up_warps=8, block_h=16, block_i=256, down_warps=8),
     dict(block_h=4, block_i=512, down_warps=4),
 ]

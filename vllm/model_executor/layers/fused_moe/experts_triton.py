@@ -40,14 +40,13 @@ in the GEMMs' accumulation order (within a few ulps of x's dtype; fp32 summation
 weighted sum) and in the activation's approximate fp32 division and exponentials on the GPU (a
 few fp32 ulps before its rounding, fused_activation.py). In fp32 every rounding is the identity.
 
-Launch shapes: defaults are for Hopper at 1-4 tokens of Kimi-Linear (H 2304, I 1024, K 8 + 1
-fused shared expert): K rows x 128 blocks of 8 intermediate columns of gate/up programs, and 2304
-/ 2 = 1152 down programs per token, each reading 2 rows of all K experts' I = 1024 (a 4 KB tile
-per slot); at one token 2304 one-warp down programs of one row each, and the gate/up kernel's
-steps over H unrolled. On an H200 (2026-12-01, `benchmarks/kernels/benchmark_moe.py
---triton-configs`) the block at one token reads 80-82% of the copy bandwidth (75% with the
-two-row down programs, or with the gate/up loop not unrolled, in another run; 62% for the earlier
-down kernel that reduced a `[K padded to 16, block_h, block_i]` tile per step).
+Launch shapes: the defaults give a token's K rows `cdiv(I, 8)` gate/up programs each, which walk
+H in unrolled 512-wide steps, and H one-warp down programs, each reading one row of all K
+experts' I (2 KB a slot at Kimi-Linear's I = 1024). On an H100 (2026-12-06,
+`benchmarks/kernels/benchmark_moe.py --triton-configs`) they read 89-96% of the copy bandwidth at
+1-8 tokens of Kimi-Linear-48B's shapes, and 86-96% of Kimi-K3's at TP 8 (H 3584, I 384, K 16),
+where the earlier defaults (two-row, two-warp down programs above one token, 256-wide steps over
+H in a loop) read 76% at two tokens.
 """
 
 import torch
@@ -241,12 +240,12 @@ def moe_experts_triton(
     act_and_mul: torch.nn.Module,
     *,
     block_n: int = 8,
-    block_k: int = 256,
+    block_k: int = 512,
     gate_up_warps: int = 4,
-    gate_up_unroll: bool | None = None,
-    block_h: int | None = None,
+    gate_up_unroll: bool = True,
+    block_h: int = 1,
     block_i: int | None = None,
-    down_warps: int | None = None,
+    down_warps: int = 1,
 ) -> torch.Tensor:
     """Routed experts in two Triton launches; see the module docstring for shapes and numerics.
 
@@ -254,13 +253,10 @@ def moe_experts_triton(
     program, hidden chunk per step, warps); `block_h` / `block_i` / `down_warps` tile the down
     kernel (hidden outputs per program, intermediate chunk per step (default: all of I up to
     1024), warps). Powers of two. `gate_up_unroll` unrolls the gate/up kernel's steps over H
-    (compiled per H; None: at one token only: 37.6 against 40.2 us for both kernels at one token
-    on the H200, 2026-12-01, docs/performance.md "Eighth run", but 66.3 / 119.5 against 64.0 /
-    112.9 at 2 / 4 tokens). The defaults were the fastest configurations timed on an H200
-    at Kimi-Linear-48B expert shapes with the fused shared expert at 1-8 tokens (2026-12-01,
-    docs/performance.md): the down kernel takes one hidden output and one warp per program at one
-    token (twice the programs, each with a single warp's loads in flight: 37.1 against 40.4 us for
-    both kernels), two and two above (equal at 2 tokens, better at 4).
+    (compiled per H). The defaults are the fastest of a sweep at 1-8 tokens on an H100 at
+    Kimi-Linear-48B's expert shapes (with the fused shared expert) and Kimi-K3's at TP 8
+    (2026-12-06, docs/performance.md "Forty-sixth run"): one hidden output and one warp per
+    down program, 512-wide steps over H, unrolled, at every token count.
     """
     check_expert_shapes(x, w13, w2, topk_weights, topk_ids)
     tokens, hidden = x.shape
@@ -270,12 +266,6 @@ def moe_experts_triton(
     )
     if block_i is None:
         block_i = min(next_power_of_2(inter), 1024)
-    if block_h is None:
-        block_h = 1 if tokens == 1 else 2
-    if down_warps is None:
-        down_warps = 1 if tokens == 1 else 2
-    if gate_up_unroll is None:
-        gate_up_unroll = tokens == 1
     blocks = dict(block_n=block_n, block_k=block_k, gate_up_warps=gate_up_warps,
                   block_h=block_h, block_i=block_i, down_warps=down_warps)  # fmt: skip
     for name, value in blocks.items():
