@@ -350,9 +350,11 @@ SMALL_BLOCKS = dict(block_n=8, block_k=16, gate_up_warps=2, block_h=16, block_i=
 WIDE_BLOCKS = dict(block_n=16, block_h=32)
 
 
-def test_triton_default_launch(monkeypatch):
+@pytest.mark.parametrize("hidden,block_k", [(H, 256), (2304, 256), (3584, 512), (1024, 512)])
+def test_triton_default_launch(hidden, block_k, monkeypatch):
     # The defaults at every token count (docs/performance.md, forty-sixth run): one hidden output
-    # and one warp per down program, the gate/up kernel's 512-wide steps over H unrolled.
+    # and one warp per down program, the gate/up kernel's steps over H unrolled, 512 wide where
+    # 512 divides H (Kimi-K3's 3584 at TP 8), else 256 (Kimi-Linear's 2304).
     import vllm.model_executor.layers.fused_moe.experts_triton as experts_triton
 
     launches = []
@@ -371,11 +373,13 @@ def test_triton_default_launch(monkeypatch):
     for name in ("_moe_gate_up_kernel", "_moe_down_kernel"):
         monkeypatch.setattr(experts_triton, name, Recorder(name))
     for tokens in (1, 2, 5):
-        moe_experts_triton(*make_case(tokens, torch.float32), SiluAndMul())
+        moe_experts_triton(*make_case(tokens, torch.float32, hidden=hidden), SiluAndMul())
     down = [launch[1:] for launch in launches if launch[0] == "_moe_down_kernel"]
-    assert down == [((tokens, H), (1, None, None), 1) for tokens in (1, 2, 5)]
-    gate_up = [launch[2:] for launch in launches if launch[0] == "_moe_gate_up_kernel"]
-    assert gate_up == [((None, 512, H), 4)] * 3
+    assert down == [((tokens, hidden), (1, None, None), 1) for tokens in (1, 2, 5)]
+    gate_up = [launch[1:] for launch in launches if launch[0] == "_moe_gate_up_kernel"]
+    assert gate_up == [
+        ((tokens * K, INTER // 8), (None, block_k, hidden), 4) for tokens in (1, 2, 5)
+    ]
 
 
 @pytest.mark.parametrize("tokens,experts,warps", [(1, 256, 4), (256, 256, 4), (257, 256, 1),

@@ -41,12 +41,14 @@ weighted sum) and in the activation's approximate fp32 division and exponentials
 few fp32 ulps before its rounding, fused_activation.py). In fp32 every rounding is the identity.
 
 Launch shapes: the defaults give a token's K rows `cdiv(I, 8)` gate/up programs each, which walk
-H in unrolled 512-wide steps, and H one-warp down programs, each reading one row of all K
-experts' I (2 KB a slot at Kimi-Linear's I = 1024). On an H100 (2026-12-06,
-`benchmarks/kernels/benchmark_moe.py --triton-configs`) they read 89-96% of the copy bandwidth at
-1-8 tokens of Kimi-Linear-48B's shapes, and 86-96% of Kimi-K3's at TP 8 (H 3584, I 384, K 16),
-where the earlier defaults (two-row, two-warp down programs above one token, 256-wide steps over
-H in a loop) read 76% at two tokens.
+H in unrolled steps (512 wide where 512 divides H, else 256), and H one-warp down programs, each
+reading one row of all K experts' I (2 KB a slot at Kimi-Linear's I = 1024). On an H100
+(2026-12-06, `benchmarks/kernels/benchmark_moe.py --triton-configs --fused-shared-experts 1`)
+they read 89-95% of the copy bandwidth at 1-3 tokens of Kimi-Linear-48B's shapes (top-8 + 1),
+85% at one token of Kimi-K3's at TP 8 (H 3584, I 384, top-16 + 1). At two Kimi-K3 tokens the
+earlier defaults (two-row, two-warp down programs above one token, 256-wide steps over H in a
+loop) read 75-76%, these 90-95% in a process that times two tokens alone, but 76-77% where one
+token's case ran first in the process (not explained).
 """
 
 import torch
@@ -240,7 +242,7 @@ def moe_experts_triton(
     act_and_mul: torch.nn.Module,
     *,
     block_n: int = 8,
-    block_k: int = 512,
+    block_k: int | None = None,
     gate_up_warps: int = 4,
     gate_up_unroll: bool = True,
     block_h: int = 1,
@@ -253,10 +255,11 @@ def moe_experts_triton(
     program, hidden chunk per step, warps); `block_h` / `block_i` / `down_warps` tile the down
     kernel (hidden outputs per program, intermediate chunk per step (default: all of I up to
     1024), warps). Powers of two. `gate_up_unroll` unrolls the gate/up kernel's steps over H
-    (compiled per H). The defaults are the fastest of a sweep at 1-8 tokens on an H100 at
-    Kimi-Linear-48B's expert shapes (with the fused shared expert) and Kimi-K3's at TP 8
-    (2026-12-06, docs/performance.md "Forty-sixth run"): one hidden output and one warp per
-    down program, 512-wide steps over H, unrolled, at every token count.
+    (compiled per H). The defaults, at every token count: one hidden output and one warp per
+    down program, the steps over H unrolled and 512 wide where 512 divides H, else 256 wide
+    (Kimi-K3's H 3584 at TP 8: 512; Kimi-Linear's 2304: 256). They were the fastest of sweeps
+    at 1-8 tokens on H100s (2026-12-06, docs/performance.md "Forty-sixth run") at both models'
+    expert shapes, with the fused shared expert.
     """
     check_expert_shapes(x, w13, w2, topk_weights, topk_ids)
     tokens, hidden = x.shape
@@ -264,6 +267,8 @@ def moe_experts_triton(
     act = check_triton_operands(
         x, w13, w2, topk_weights, topk_ids, act_and_mul, "moe_experts_triton"
     )
+    if block_k is None:
+        block_k = 512 if hidden % 512 == 0 else 256
     if block_i is None:
         block_i = min(next_power_of_2(inter), 1024)
     blocks = dict(block_n=block_n, block_k=block_k, gate_up_warps=gate_up_warps,
