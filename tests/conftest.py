@@ -113,9 +113,9 @@ def _import_every_kernel() -> None:
 @pytest.fixture(scope="module")
 def interpreter_moe_blocks() -> Iterator[None]:
     """Model and MoE-block tests: the GEMV MoE path (`moe_experts_triton`) with wider tiles than
-    its H200 defaults, two programs per routed row (I 32) and per token (H 48 / 64). The
-    interpreter pays per program, and the default tiles (1-2 hidden outputs per down program) made
-    the experts most of a model test's time. Only block_k / block_i cut a sum into chunks, so the
+    its defaults, two programs per routed row (I 32) and per token (H 48 / 64). The interpreter
+    pays per program, and the default tiles (one hidden output per down program) made the
+    experts most of a model test's time. Only block_k / block_i cut a sum into chunks, so the
     outputs are the defaults' bit for bit; the kernel's tests run the defaults, with tail blocks.
     Module-scoped, like `torch_reference_kernels`; a GPU keeps the defaults."""
     if os.environ.get("TRITON_INTERPRET") != "1":

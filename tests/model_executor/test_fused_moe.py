@@ -532,6 +532,7 @@ def test_triton_rejects_bad_inputs(monkeypatch):
 GPU_BLOCKS = [
     {},
     dict(gate_up_unroll=False, block_k=256, block_h=2, down_warps=2),
+    dict(block_k=512),  # the default where 512 divides H; here 4.5 steps, the last masked
     dict(block_n=32, block_k=128, gate_up_warps=8, block_h=16, block_i=256, down_warps=8),
     dict(block_h=4, block_i=512, down_warps=4),
 ]

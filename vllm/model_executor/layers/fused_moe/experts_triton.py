@@ -42,13 +42,14 @@ few fp32 ulps before its rounding, fused_activation.py). In fp32 every rounding 
 
 Launch shapes: the defaults give a token's K rows `cdiv(I, 8)` gate/up programs each, which walk
 H in unrolled steps (512 wide where 512 divides H, else 256), and H one-warp down programs, each
-reading one row of all K experts' I (2 KB a slot at Kimi-Linear's I = 1024). On an H100
-(2026-12-06, `benchmarks/kernels/benchmark_moe.py --triton-configs --fused-shared-experts 1`)
-they read 89-95% of the copy bandwidth at 1-3 tokens of Kimi-Linear-48B's shapes (top-8 + 1),
-85% at one token of Kimi-K3's at TP 8 (H 3584, I 384, top-16 + 1). At two Kimi-K3 tokens the
-earlier defaults (two-row, two-warp down programs above one token, 256-wide steps over H in a
-loop) read 75-76%, these 90-95% in a process that times two tokens alone, but 76-77% where one
-token's case ran first in the process (not explained).
+reading one row of all K experts' I (2 KB a slot at Kimi-Linear's I = 1024). They were chosen on
+H100s (2026-12-06, `benchmarks/kernels/benchmark_moe.py --triton-configs`) at the two models'
+expert shapes only: Kimi-Linear-48B's (H 2304, I 1024, top-8 + the fused shared expert), where
+they read 89-96% of the copy bandwidth at 1-3 tokens, and Kimi-K3's at TP 8 (H 3584, I 384,
+top-16; its latent MoE keeps the shared expert apart), 86% at one token. At two Kimi-K3 tokens
+the earlier defaults (two-row, two-warp down programs above one token, 256-wide steps over H in
+a loop) read 75-76%, these 95% in a process that timed two tokens alone, but 76-77% where one
+token's case ran first in the process (with the fused shared slot; not explained).
 """
 
 import torch
@@ -257,9 +258,10 @@ def moe_experts_triton(
     1024), warps). Powers of two. `gate_up_unroll` unrolls the gate/up kernel's steps over H
     (compiled per H). The defaults, at every token count: one hidden output and one warp per
     down program, the steps over H unrolled and 512 wide where 512 divides H, else 256 wide
-    (Kimi-K3's H 3584 at TP 8: 512; Kimi-Linear's 2304: 256). They were the fastest of sweeps
-    at 1-8 tokens on H100s (2026-12-06, docs/performance.md "Forty-sixth run") at both models'
-    expert shapes, with the fused shared expert.
+    (Kimi-K3's H 3584 at TP 8: 512; Kimi-Linear's 2304: 256). They were chosen from sweeps at
+    1-8 tokens on H100s at those two models' expert shapes (2026-12-06, docs/performance.md
+    "Forty-sixth run"; at Kimi-K3's, 16-wide gate/up programs were within 1.5%); other shapes
+    were not timed.
     """
     check_expert_shapes(x, w13, w2, topk_weights, topk_ids)
     tokens, hidden = x.shape
