@@ -10,10 +10,11 @@ Activation: SiLU (Kimi-Linear's), or with `--activation situ` Kimi-K3's SiTU (`S
   grouped   torch._grouped_mm over rows sorted by expert (sync-free on sm90 / sm100 only)
   triton    moe_experts_triton: GEMV-style gate/up + activation and down + weighted-sum
             kernels, at its default blocks or at each --triton-configs entry (a sweep; a `u`
-            after the gate/up part unrolls that kernel's steps over H, `gate_up_unroll`)
+            after the gate/up part unrolls that kernel's steps over H, `gate_up_unroll`;
+            `default` for the defaults, to time them beside other entries in one process)
   tgrouped  moe_experts_triton_grouped: rows grouped by expert on the device, Triton GEMM
             gate/up + activation and down kernels, weighted sum; at its defaults or at each
-            --tgrouped-configs entry
+            --tgrouped-configs entry (`default` as for triton)
   grouping  tgrouped's grouping of the rows by expert alone (not in the default --paths):
             `group_rows` (one kernel; two, chunked, past 32768 rows) as `grouping`, and
             `group_rows_reference` (a torch sort, what prefills past 32768 rows ran before the
@@ -137,7 +138,10 @@ DRY_RUN = dict(experts=8, topk=2, hidden=64, intermediate=32)
 
 def triton_config(text: str) -> tuple[str, dict[str, int | bool]]:
     """`BLOCK_N,BLOCK_K,WARPS[u]/BLOCK_H,BLOCK_I,WARPS` -> (path name, moe_experts_triton's
-    keyword arguments); `u` unrolls the gate/up kernel's steps over H (`gate_up_unroll`)."""
+    keyword arguments); `u` unrolls the gate/up kernel's steps over H (`gate_up_unroll`).
+    `default`: the defaults, named `triton` as without --triton-configs."""
+    if text == "default":
+        return "triton", {}
     names = ("block_n", "block_k", "gate_up_warps", "block_h", "block_i", "down_warps")
     unroll = "u/" in text
     try:
@@ -153,7 +157,9 @@ def triton_config(text: str) -> tuple[str, dict[str, int | bool]]:
 
 def tgrouped_config(text: str) -> tuple[str, dict[str, int | bool]]:
     """`BLOCK_M[+TAIL_M]/BLOCK_N,BLOCK_K,WARPS,STAGES/BLOCK_N,BLOCK_K,WARPS,STAGES[/tma|/ptr]`
-    -> (path name, moe_experts_triton_grouped's keyword arguments)."""
+    -> (path name, moe_experts_triton_grouped's keyword arguments); `default`: the defaults."""
+    if text == "default":
+        return "tgrouped", {}
     names = ("block_m", "block_n", "block_k", "gate_up_warps", "gate_up_stages",
              "down_block_n", "down_block_k", "down_warps", "down_stages")  # fmt: skip
     parts = text.split("/")
@@ -396,14 +402,16 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         type=triton_config,
         metavar="BN,BK,W/BH,BI,W",
-        help="time the triton path at each of these block configs (default: its defaults)",
+        help="time the triton path at each of these block configs, `default` for its defaults "
+        "(without the option: its defaults)",
     )
     parser.add_argument(
         "--tgrouped-configs",
         nargs="+",
         type=tgrouped_config,
         metavar="BM/BN,BK,W,S/BN,BK,W,S",
-        help="time the tgrouped path at each of these configs (default: its defaults)",
+        help="time the tgrouped path at each of these configs, `default` for its defaults "
+        "(without the option: its defaults)",
     )
     parser.add_argument(
         "--shared-expert",

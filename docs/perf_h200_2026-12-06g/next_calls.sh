@@ -22,13 +22,13 @@ case "${PART:-gemv}" in
     cd benchmarks/kernels
     for T in 1 2 3; do
       timeout 60 python benchmark_moe.py --shape kimi-linear --fused-shared-experts 1 \
-        --paths triton --tokens $T --triton-configs 8,256,4u/1,1024,1 8,256,4/2,1024,2 \
-        8,512,4u/1,1024,1 8,256,4u/1,1024,1 --csv $OUT/kl_t$T.csv 2>&1 | grep "T=" | cut -c1-96
+        --paths triton --tokens $T --triton-configs default 8,256,4/2,1024,2 \
+        8,512,4u/1,1024,1 default --csv $OUT/kl_t$T.csv 2>&1 | grep "T=" | cut -c1-96
     done
     for tokens in "2 2" "1 2" "2"; do
       timeout 60 python benchmark_moe.py --shape kimi-k3-tp8 --paths triton --activation situ \
-        --tokens $tokens --triton-configs 8,512,4u/1,512,1 8,256,4/2,512,2 2>&1 \
-        | grep "T=" | cut -c1-96
+        --tokens $tokens --triton-configs default 8,256,4/2,512,2 \
+        --csv $OUT/k3_${tokens// /_}.csv 2>&1 | grep "T=" | cut -c1-96
     done
     for T in 3 4 5 6 7 8; do
       timeout 60 python benchmark_moe.py --shape kimi-linear --fused-shared-experts 1 \

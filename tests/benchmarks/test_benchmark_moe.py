@@ -25,12 +25,12 @@ def test_moe_dry_run_with_a_triton_sweep(tmp_path: Path, capsys: pytest.CaptureF
 
     out = tmp_path / "moe.csv"
     argv = ["--dry-run", "--tokens", "1", "--paths", "grouped", "triton", "--csv", str(out),
-            "--triton-configs", "16,256,4/8,256,4", "32,64,4/64,32,4"]  # fmt: skip
+            "--triton-configs", "16,256,4/8,256,4", "default", "32,64,4/64,32,4"]  # fmt: skip
     assert benchmark_moe.main(argv) == 0
     rows = list(csv.DictReader(out.open()))
     paths = [r["path"] for r in rows]
     # Under the interpreter (a CPU-only test run) the triton configs run; else they are skipped.
-    triton = ["triton[16,256,4/8,256,4]", "triton[32,64,4/64,32,4]"]
+    triton = ["triton[16,256,4/8,256,4]", "triton", "triton[32,64,4/64,32,4]"]
     assert paths == ["grouped"] + (triton if use_triton(torch.device("cpu")) else [])
     assert all(r["rows"] == "2" and float(r["us"]) > 0 for r in rows)
     if len(paths) > 1:
@@ -119,6 +119,7 @@ def test_tgrouped_config_takes_the_loads() -> None:
     assert kwargs["tma"] is True and kwargs["gate_up_stages"] == 4 and kwargs["block_m"] == 128
     assert benchmark_moe.tgrouped_config("16/64,128,4,3/64,128,4,3/ptr")[1]["tma"] is False
     assert "tma" not in benchmark_moe.tgrouped_config("16/64,128,4,3/64,128,4,3")[1]
+    assert benchmark_moe.tgrouped_config("default") == ("tgrouped", {})
 
 
 def test_tgrouped_config_takes_the_tail_tiles() -> None:
