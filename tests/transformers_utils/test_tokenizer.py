@@ -5,6 +5,7 @@ import json
 import random
 import re
 import shutil
+import sys
 
 import pytest
 from gil_turns import gil_turns
@@ -332,6 +333,11 @@ def test_tiktoken_chat_template(kimi):
         *b"assistant",
         BASE + 6,
     ]
+    deep: list = []
+    for _ in range(sys.getrecursionlimit()):
+        deep = [deep]  # JSON that json.loads accepts nests this deep
+    with pytest.raises(ValueError, match="tools: nested too deeply"):
+        kimi.apply_chat_template(messages, tools=[{"name": "f", "parameters": deep}])
     with pytest.raises(ValueError, match="unknown role tool"):
         kimi.apply_chat_template([{"role": "tool", "content": "x"}])
     with pytest.raises(ValueError, match="messages"):

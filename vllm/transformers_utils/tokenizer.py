@@ -248,9 +248,10 @@ class Tokenizer(ABC):
             text = template.render(variables)
         except jinja2.TemplateError as e:  # includes the sandbox's SecurityError
             raise ValueError(f"chat_template failed on these messages: {e}") from e
-        except (TypeError, ArithmeticError, LookupError, AttributeError) as e:
+        except (TypeError, ArithmeticError, LookupError, AttributeError, RecursionError) as e:
             # Python's own errors on the request's values, e.g. a `chat_template_kwargs`
-            # eos_token that is an object added to a string (a 500 in the server).
+            # eos_token that is an object added to a string, or a request's template whose
+            # macro calls itself (500s in the server).
             raise ValueError(
                 f"chat_template failed on these messages: {type(e).__name__}: {e}"
             ) from e
@@ -407,7 +408,10 @@ class TiktokenTokenizer(Tokenizer):
         first: Kimi's own tokenizer class does so before rendering, so a tool declared with its
         keys in any order gives the prompt the model was trained on."""
         if kwargs.get("tools") is not None:
-            kwargs["tools"] = _sorted_keys(kwargs["tools"])
+            try:
+                kwargs["tools"] = _sorted_keys(kwargs["tools"])
+            except RecursionError as e:  # JSON the server parsed, nested past Python's stack
+                raise ValueError("tools: nested too deeply to render") from e
         return super().apply_chat_template(messages, *args, **kwargs)
 
     def _encode(self, text: str, add_special_tokens: bool) -> list[int]:

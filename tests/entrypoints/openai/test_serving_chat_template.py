@@ -68,6 +68,7 @@ def test_a_trusted_requests_template_renders_the_prompt() -> None:
         ("{% for m in messages %}", "chat_template"),  # does not parse
         ("{{ messages.pop() }}", "messages"),  # the sandbox refuses it
         ("{{ 1 + messages }}", "messages"),  # a TypeError, as the model's template's are 400s
+        ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "messages"),  # RecursionError
     ],
 )
 def test_a_trusted_template_that_fails_is_a_400(template: str, param: str) -> None:
