@@ -299,6 +299,12 @@ def test_chat_renders_the_models_template(llm):
     assert again.prompt_token_ids == closed.prompt_token_ids
     with pytest.raises(ValueError, match="chat_template_kwargs may not set tokenize"):
         llm.chat(second, GREEDY, use_tqdm=False, chat_template_kwargs={"tokenize": False})
+    for kwargs in ("x", [1]):  # were dict()'s errors, naming no argument
+        with pytest.raises(ValueError, match="chat_template_kwargs must be a dict"):
+            llm.chat(second, GREEDY, use_tqdm=False, chat_template_kwargs=kwargs)
+    for messages in (None, 5, "hi"):  # None and 5 were TypeErrors from len()
+        with pytest.raises(ValueError, match="^messages must be a conversation"):
+            llm.chat(messages, GREEDY, use_tqdm=False)
     # A conversation that cannot be rendered or run is named by its index; nothing is left.
     with pytest.raises(ValueError, match="^conversation 1: messages must be a list of dicts"):
         llm.chat([second, [{"content": "no role"}]], GREEDY, use_tqdm=False)

@@ -237,6 +237,19 @@ def test_chat_template_refuses_parts_other_than_text(part, shown):
         tok.apply_chat_template(messages)
 
 
+@pytest.mark.parametrize("content", [1, {"text": "hi"}, 2.5])
+def test_chat_template_refuses_content_of_another_type(content):
+    # The templates rendered such a content as nothing: the reply answered an empty turn.
+    tok = get_tokenizer(BUILTIN_MODELS["kimi-k3-tiny"])
+    with pytest.raises(ValueError, match=r"messages\[1\]\.content must be a string or a list"):
+        tok.apply_chat_template(
+            [{"role": "user", "content": "a"}, {"role": "user", "content": content}]
+        )
+    # None (a turn of tool calls) and a missing content stay the template's to render.
+    for message in ({"role": "assistant", "content": None}, {"role": "assistant"}):
+        tok.apply_chat_template([{"role": "user", "content": "a"}, message])
+
+
 @pytest.mark.parametrize("name", sorted(BUILTIN_MODELS))
 def test_tokenizer_json_without_tokenizer_config_reads_config_ids(tmp_path, name):
     for file in ("tokenizer.json", "config.json"):

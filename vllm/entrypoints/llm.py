@@ -135,6 +135,11 @@ class LLM:
         tokenizer = self.get_tokenizer()
         if tokenizer is None:
             raise ValueError("chat needs a tokenizer (skip_tokenizer_init is set)")
+        if not isinstance(messages, list | tuple):
+            raise ValueError(
+                "messages must be a conversation (a list of message dicts) or a list of them, "
+                f"got {type(messages).__name__}"
+            )
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         kwargs = tokenizer.chat_template_arguments(
             add_generation_prompt, chat_template_kwargs, continue_final_message

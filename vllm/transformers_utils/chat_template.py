@@ -101,8 +101,13 @@ def check_messages(messages: Any) -> None:
         raise ValueError("messages must be a list of dicts, each with a 'role'")
     for i, message in enumerate(messages):
         content = message.get("content")
-        if not isinstance(content, list):
+        if content is None or isinstance(content, str):  # None: e.g. a turn of tool calls
             continue
+        if not isinstance(content, list):
+            raise ValueError(
+                f"messages[{i}].content must be a string or a list of text parts, got "
+                f"{type(content).__name__}"
+            )
         for j, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else None
             if kind != "text" or not isinstance(part.get("text"), str):

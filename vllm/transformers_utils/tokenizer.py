@@ -198,6 +198,10 @@ class Tokenizer(ABC):
         upstream's `chat_template_kwargs` do); they may not set `messages`, `tokenize` or
         `chat_template`, which are the call's own (`ValueError`). Continuing the final message
         and adding a generation prompt exclude each other (a `ValueError`, as HF's)."""
+        if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
+            raise ValueError(
+                f"chat_template_kwargs must be a dict, got {type(chat_template_kwargs).__name__}"
+            )
         kwargs = dict(chat_template_kwargs or {})
         reserved = sorted(kwargs.keys() & {"messages", "tokenize", "chat_template"})
         if reserved:
