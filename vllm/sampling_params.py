@@ -16,7 +16,7 @@ _GREEDY_EPS = 1e-5
 _FLOAT32_MAX = 3.4028234663852886e38
 _FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
 # What torch's generators take (`manual_seed`): int64 or uint64 values.
-_SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 
 
 class SamplingType(IntEnum):
@@ -103,7 +103,7 @@ class SamplingParams:
         self._check_number("min_p", self.min_p, 0.0, 1.0)
         if self.seed is not None:
             # Completion i of n uses seed + i.
-            self._check_int("seed", self.seed, _SEED_MIN, _SEED_MAX - (self.n - 1))
+            self._check_int("seed", self.seed, SEED_MIN, SEED_MAX - (self.n - 1))
         if self.max_tokens is not None:
             self._check_int("max_tokens", self.max_tokens, 0)
         self._check_int("min_tokens", self.min_tokens, 0)

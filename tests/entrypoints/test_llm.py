@@ -56,6 +56,8 @@ BAD_ARGUMENTS = [
     (dict(tokenizer=123), "tokenizer must be a folder or a built-in model, got 123"),
     (dict(max_num_seqs=8, max_num_batched_tokens=4), r"max_num_batched_tokens \(4\) must be >="),
     (dict(tensor_parallel_size=2, tensor_paralel_size=2), "unknown arguments.*tensor_paralel_size"),
+    (dict(seed=2**64), f"seed must be <= {2**64 - 1}"),  # was wrapped: the tokens of seed 0
+    (dict(seed=-(2**63) - 1), f"seed must be >= {-(2**63)}"),
 ]
 
 

@@ -28,6 +28,7 @@ from vllm.config.vllm import (
     cudagraph_capture_sizes,
 )
 from vllm.envs import EnvVarError
+from vllm.sampling_params import SEED_MAX, SEED_MIN
 
 if TYPE_CHECKING:
     from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
@@ -182,7 +183,9 @@ class EngineArgs:
         _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
         _check_int("max_num_seqs", self.max_num_seqs, 1)
         _check_int("block_size", self.block_size, 1)
-        _check_int("seed", self.seed, None)
+        _check_int("seed", self.seed, SEED_MIN)
+        if self.seed > SEED_MAX:  # torch's generators take int64 / uint64 values
+            raise ValueError(f"seed must be <= {SEED_MAX}, got {self.seed}")
         _check_int("max_logprobs", self.max_logprobs, -1)
         for name in ("max_num_batched_tokens", "num_gpu_blocks_override", "kv_cache_memory"):
             if getattr(self, name) is not None:

@@ -188,6 +188,9 @@ def test_recipe_flags_parse() -> None:
           "raise num_gpu_blocks_override to at least 256"]),
         (["--max-num-seqs", "1", "--kv-cache-memory", "5600K"],
          ["the cache arguments:", "cannot hold one sequence", "or max_num_seqs"]),
+        # More than the device holds: the allocator's refusal (was a traceback, exit 1).
+        (["--max-num-seqs", "1", "--num-gpu-blocks-override", "1000000000000"],
+         ["the cache arguments:", "1000000000000 cache blocks and 1 KDA slots do not fit on cpu"]),
     ],
 )  # fmt: skip
 def test_bad_flags_are_refused_by_name(

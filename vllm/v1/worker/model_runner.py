@@ -54,6 +54,7 @@ from vllm.models.kimi_k3.amd.ops.kda_prefill_graphs import KdaPrefillGraphs
 from vllm.models.registry import model_class
 from vllm.platforms import current_platform
 from vllm.utils.torch_utils import async_tensor_h2d
+from vllm.v1.core.kv_cache_utils import CacheSizeError
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import allocate_kv_caches
 from vllm.v1.outputs import SampledStep, copy_to_host
@@ -306,9 +307,17 @@ class ModelRunner:
                     sum(batch.num_new), time.perf_counter() - start)  # fmt: skip
 
     def initialize_cache(self, num_blocks: int, num_kda_slots: int) -> None:
-        kda, mla = allocate_kv_caches(
-            self.spec, num_blocks, self.block_size, num_kda_slots, self.device
-        )
+        try:
+            kda, mla = allocate_kv_caches(
+                self.spec, num_blocks, self.block_size, num_kda_slots, self.device
+            )
+        except RuntimeError as e:  # torch.OutOfMemoryError is one; the CPU allocator's is not
+            if not isinstance(e, torch.OutOfMemoryError) and "allocate" not in str(e):
+                raise
+            raise CacheSizeError(
+                f"{num_blocks - 1} cache blocks and {num_kda_slots - 1} KDA slots do not fit on "
+                f"{self.device}: give the cache less memory or fewer blocks ({e})"
+            ) from None
         self.model.bind_kv_caches(kda, mla)
         max_blocks = math.ceil(self.config.model_config.max_model_len / self.block_size)
         self.builder = KimiMetadataBuilder(
