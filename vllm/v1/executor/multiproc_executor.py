@@ -18,7 +18,8 @@ own in a call the workers run (an exception, Ctrl-C) leaves them in collectives 
 the workers are stopped at once and later calls are refused. At start-up each
 worker reports that it is running before rank 0 enters the rendezvous, which would otherwise wait
 for a worker that died while bootstrapping (e.g. a script without the `if __name__ == "__main__":`
-guard that spawn needs) until the collective timeout.
+guard that spawn needs) until the collective timeout; both that worker's error and rank 0's name
+the guard.
 """
 
 import contextlib
@@ -157,12 +158,27 @@ def _worker_main(rank: int, config: VllmConfig, conn) -> None:
             dist.destroy_process_group()
 
 
+# The name of rank r's process is this plus r: a process so named is one of our workers.
+_WORKER_NAME = "vllm-tp-worker-"
+_GUARD_HINT = (
+    "Each worker is a spawned process that first imports the script that started the engine: a "
+    'script must start a tensor-parallel engine under `if __name__ == "__main__":`.'
+)
+
+
 class Executor:
     # Rank 0's own intra-op threads before a CPU TP engine shared the cores out (restored at
     # shutdown). On a GPU rank 0 keeps them: its CPU work is the host's, not the model's.
     _saved_threads: int | None = None
 
     def __init__(self, config: VllmConfig) -> None:
+        if mp.current_process().name.startswith(_WORKER_NAME):
+            # Set while the worker imports its parent's main script, before any of its own code
+            # (multiprocessing's error from the start below is about freezing executables).
+            raise RuntimeError(
+                f"this process ({mp.current_process().name}, pid {os.getpid()}) is a worker "
+                f"importing its parent's main script, which starts an engine. {_GUARD_HINT}"
+            )
         self.config = config
         tp = config.parallel_config.tensor_parallel_size
         # The TP group is the process's default group and the TP size a process-wide setting
@@ -192,12 +208,15 @@ class Executor:
                 ctx = mp.get_context("spawn")
                 for rank in range(1, tp):
                     parent, child = ctx.Pipe()
-                    proc = ctx.Process(target=_worker_main, args=(rank, config, child), daemon=True)
+                    name = f"{_WORKER_NAME}{rank}"
+                    proc = ctx.Process(
+                        target=_worker_main, args=(rank, config, child), name=name, daemon=True
+                    )
                     with _sigint_ignored():
                         proc.start()
                     self.workers.append((proc, parent))
                 for rank in range(1, tp):
-                    self._answer(rank)  # "started"
+                    self._answer(rank, starting=True)  # "started"
                 _init_distributed(config, 0, store)
                 self._owns_group = True
             self.runner = ModelRunner(config, 0)
@@ -235,12 +254,13 @@ class Executor:
         self._check_workers()
         return result
 
-    def _answer(self, rank: int) -> Any:
-        """Wait for worker `rank`'s answer, failing as soon as it fails or dies."""
+    def _answer(self, rank: int, starting: bool = False) -> Any:
+        """Wait for worker `rank`'s answer, failing as soon as it fails or dies (`starting`: the
+        answer is its first, sent once its process has imported what it runs)."""
         proc, pipe = self.workers[rank - 1]
         while not pipe.poll(1.0):
             if not proc.is_alive():
-                self._fail(rank)
+                self._fail(rank, starting)
         return self._receive(rank)
 
     def _check_workers(self) -> None:
@@ -260,10 +280,18 @@ class Executor:
             raise WorkerFailed(rank, payload)
         return payload
 
-    def _fail(self, rank: int) -> NoReturn:
+    def _fail(self, rank: int, starting: bool = False) -> NoReturn:
         proc = self.workers[rank - 1][0]
         # Its pipe may close a moment before the process is reaped; wait for the exit code.
         proc.join(timeout=5)
+        if starting:
+            # Nothing of the engine ran there yet: the error, printed by the worker itself, is
+            # in importing the main script or its modules.
+            raise RuntimeError(
+                f"tensor-parallel worker {rank} exited while starting (exit code "
+                f"{proc.exitcode}), before it ran any engine code; its error is printed above. "
+                f"{_GUARD_HINT}"
+            )
         raise RuntimeError(
             f"tensor-parallel worker {rank} died (exit code {proc.exitcode}); the engine cannot "
             "continue"
