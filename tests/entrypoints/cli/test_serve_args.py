@@ -1,6 +1,7 @@
 """`vllm serve` flags: --help documents every flag, and each flag that cannot work is refused
 before the model loads, by name and with the reason (argparse exit code 2)."""
 
+import argparse
 import dataclasses
 import socket
 
@@ -228,6 +229,32 @@ def test_bad_kernel_override_is_refused_by_its_variable(
     err = capsys.readouterr().err
     assert f"error: environment variable VLLM_FP8_LINEAR_KERNEL={kernel!r}" in err, err
     assert reason in err and "--model" not in err.splitlines()[-1], err
+
+
+def test_model_given_twice_must_agree(capsys: pytest.CaptureFixture) -> None:
+    """MODEL silently replaced a different --model."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "kimi-linear-tiny", "--model", "other", "--port", "0"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --model: 'other' differs from MODEL 'kimi-linear-tiny'" in err, err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["kimi-linear-tiny"], ["--model", "kimi-linear-tiny"],
+     ["kimi-linear-tiny", "--model", "kimi-linear-tiny"], []],
+)  # fmt: skip
+def test_model_from_either_spelling(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model that reaches the engine (stopped there: this test loads nothing)."""
+    seen = []
+
+    def stop(args: argparse.Namespace, config: object) -> None:
+        seen.append(args.model)
+
+    monkeypatch.setattr(api_server, "run_server", stop)
+    main(["serve", *argv, "--port", "0"])
+    assert seen == ["kimi-linear-tiny" if argv else EngineArgs.model]
 
 
 def test_busy_port_is_refused_before_loading(capsys: pytest.CaptureFixture) -> None:

@@ -193,7 +193,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         nargs="?",
         default=None,
         metavar="MODEL",
-        help="checkpoint folder or built-in model name (overrides --model)",
+        help="checkpoint folder or built-in model name (or --model; not both)",
     )
     engine = parser.add_argument_group("engine (the same fields as LLM(...) keywords)")
     EngineArgs.add_cli_args(engine)
@@ -261,6 +261,13 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from vllm.v1.core.kv_cache_utils import CacheSizeError
 
     if args.model_tag is not None:
+        # A --model left at its default cannot be told from one given as the default: only a
+        # different one is seen.
+        if args.model not in (EngineArgs.model, args.model_tag):
+            parser.error(
+                f"argument --model: {args.model!r} differs from MODEL {args.model_tag!r}: give "
+                "the model once"
+            )
         args.model = args.model_tag
     check_server_args(args, parser)
     try:
