@@ -28,10 +28,13 @@ from vllm.config.vllm import (
     cudagraph_capture_sizes,
 )
 from vllm.envs import EnvVarError
+from vllm.logger import init_logger
 from vllm.sampling_params import SEED_MAX, SEED_MIN
 
 if TYPE_CHECKING:
     from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+
+logger = init_logger(__name__)
 
 _DTYPES = {
     "bfloat16": torch.bfloat16,
@@ -228,6 +231,13 @@ class EngineArgs:
             raise ValueError(
                 f"max_model_len {max_model_len} exceeds the model's max_position_embeddings {limit}"
             )
+        if self.block_size > max(max_model_len, EngineArgs.block_size):
+            # Works, but no sequence ever fills its one block (more likely a mistaken flag).
+            logger.warning(
+                "block_size %d exceeds max_model_len %d: each sequence takes one block, of which "
+                "at least %d tokens' cache stay unused",
+                self.block_size, max_model_len, self.block_size - max_model_len,
+            )  # fmt: skip
         batched = self.max_num_batched_tokens or max(8192, self.max_num_seqs)
         if batched < self.max_num_seqs:
             raise ValueError(

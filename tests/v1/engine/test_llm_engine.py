@@ -7,12 +7,14 @@
 - a randomized soak of 200 requests.
 """
 
+import logging
 import random
 from dataclasses import replace
 
 import pytest
 from model_reference import reference_decode
 
+from vllm.engine import arg_utils
 from vllm.engine.arg_utils import EngineArgs
 from vllm.model_executor.model_loader.builtin import resolve_model
 from vllm.sampling_params import RequestOutputKind, SamplingParams
@@ -189,6 +191,30 @@ def test_skip_tokenizer_init_runs_on_token_ids(expected, tmp_path):
     # Nor has it weights: refused with the other arguments, not once loading has begun.
     with pytest.raises(ValueError, match=r"^load_format 'auto': no safetensors checkpoint in "):
         EngineArgs(model=str(tmp_path), skip_tokenizer_init=True).create_engine_config()
+
+
+@pytest.mark.parametrize(
+    "block_size, warned", [(100_000, True), (65, True), (64, False), (16, False)]
+)
+def test_blocks_longer_than_any_sequence_are_warned_of(block_size, warned, caplog):
+    """A block past max_model_len (64 here) is never filled: accepted, with the waste named (the
+    default 16 is not warned of where max_model_len is shorter)."""
+    log = logging.getLogger(arg_utils.__name__)
+    log.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING, logger=arg_utils.__name__):
+            for max_model_len in (64, 8):
+                EngineArgs(
+                    model=MODEL, skip_tokenizer_init=True, max_model_len=max_model_len,
+                    block_size=block_size if max_model_len == 64 else 16,
+                ).create_engine_config()  # fmt: skip
+    finally:
+        log.removeHandler(caplog.handler)
+    message = f"block_size {block_size} exceeds max_model_len 64: each sequence takes one block"
+    assert (message in caplog.text) == warned, caplog.text
+    assert "max_model_len 8" not in caplog.text
+    if warned:
+        assert f"at least {block_size - 64} tokens' cache stay unused" in caplog.text
 
 
 def test_randomized_soak():
