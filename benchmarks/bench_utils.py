@@ -18,6 +18,7 @@ import importlib.metadata
 import math
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -67,9 +68,28 @@ def make_parser(doc: str, sized: tuple[str, ...] = SIZED) -> FlexibleArgumentPar
         "--dry-run",
         action="store_true",
         help=f"run the whole script on the CPU on {DRY_RUN_MODEL} at tiny sizes (replacing the "
-        "model, device and sizes): checks the script, measures nothing useful",
+        "model, device and sizes; given flags it replaces are named): checks the script, measures "
+        "nothing useful",
     )
     return parser
+
+
+def apply_dry_run(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, **values: Any
+) -> list[str]:
+    """Set `--dry-run`'s `values` in `args` and say on stderr which flags given on the command
+    line they replace (a given flag differing from both its default and the dry run's value):
+    a `--batch-sizes 4 --dry-run` ran batches 1 and 2 without a word. Returns those notes."""
+    flags = {a.dest: max(a.option_strings, key=len) for a in parser._actions if a.option_strings}
+    notes = []
+    for dest, value in values.items():
+        given = getattr(args, dest)
+        if given not in (parser.get_default(dest), value):
+            notes.append(f"{flags[dest]} {given!r} by {value!r}")
+        setattr(args, dest, value)
+    if notes:
+        print(f"--dry-run replaces {', '.join(notes)}", file=sys.stderr)
+    return notes
 
 
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> torch.device:

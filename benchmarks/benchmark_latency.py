@@ -75,6 +75,7 @@ import torch
 from bench_utils import (
     DRY_RUN_MODEL,
     ForwardTimer,
+    apply_dry_run,
     cache_memory_for,
     check_args,
     distinct_experts_of_one_step,
@@ -652,15 +653,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     device = check_args(parser, args)
     if args.dry_run:
-        args.model, args.load_format, args.skip_tokenizer_init = DRY_RUN_MODEL, "dummy", True
-        args.device, args.dtype, args.copy_gib, args.matmul_size = "cpu", "auto", 1 / 64, 256
-        args.batch_sizes, args.input_lens = [1, 2], [8, 20]
-        args.output_len, args.warmup_steps, args.max_num_batched_tokens = 2, 1, 16
-        args.profile_steps, args.profile_prefill = 1, True
-        args.max_num_seqs = args.max_model_len = args.kv_cache_memory = None
-        args.num_gpu_blocks_override = None
-        # Off by default on the CPU; on here so that the dry run goes through its code.
-        args.async_scheduling = True
+        apply_dry_run(
+            parser, args, model=DRY_RUN_MODEL, load_format="dummy", skip_tokenizer_init=True,
+            device="cpu", dtype="auto", copy_gib=1 / 64, matmul_size=256, batch_sizes=[1, 2],
+            input_lens=[8, 20], output_len=2, warmup_steps=1, max_num_batched_tokens=16,
+            profile_steps=1, profile_prefill=True, max_num_seqs=None, max_model_len=None,
+            kv_cache_memory=None, num_gpu_blocks_override=None,
+            # Off by default on the CPU; on here so that the dry run goes through its code.
+            async_scheduling=True,
+        )  # fmt: skip
     batch_sizes = sorted(set(args.batch_sizes or [args.batch_size]))
     input_lens = sorted(set(args.input_lens or [args.input_len]))
     if args.copy_gib < 1 and not args.dry_run:

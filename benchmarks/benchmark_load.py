@@ -201,8 +201,14 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(load_once(args.load_only, args.device, args.dtype)))
         return 0
     if args.dry_run:
-        args.model, args.device, args.dtype, args.num_experts = DRY_RUN_MODEL, "cpu", "float32", 4
-        args.shard_gb = 0.002
+        # Here, not at the top: the loading child imports this module, and bench_utils brings the
+        # engine's modules into the host memory it reports.
+        from bench_utils import apply_dry_run
+
+        apply_dry_run(
+            parser, args, model=DRY_RUN_MODEL, device="cpu", dtype="float32", num_experts=4,
+            shard_gb=0.002,
+        )  # fmt: skip
     if args.out is None:
         parser.error("--out is required")
     check_out(parser, args.out)

@@ -30,6 +30,7 @@ from typing import Any
 
 from bench_utils import (
     DRY_RUN_MODEL,
+    apply_dry_run,
     cache_memory_for,
     check_args,
     engine_args,
@@ -79,10 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     device = check_args(parser, args)
     if args.dry_run:
-        args.model, args.load_format, args.skip_tokenizer_init = DRY_RUN_MODEL, "dummy", True
-        args.device, args.dtype, args.max_num_batched_tokens = "cpu", "auto", 16
-        args.num_prompts, args.input_len, args.output_len, args.max_num_seqs = 3, 12, 3, 2
-        args.max_model_len = args.kv_cache_memory = args.num_gpu_blocks_override = None
+        apply_dry_run(
+            parser, args, model=DRY_RUN_MODEL, load_format="dummy", skip_tokenizer_init=True,
+            device="cpu", dtype="auto", max_num_batched_tokens=16, num_prompts=3, input_len=12,
+            output_len=3, max_num_seqs=2, max_model_len=None, kv_cache_memory=None,
+            num_gpu_blocks_override=None,
+        )  # fmt: skip
     # `is None`: an explicit 0 is refused by the engine's check, not replaced by the default.
     if args.max_num_seqs is None:
         seqs = min(args.num_prompts, MAX_NUM_SEQS)

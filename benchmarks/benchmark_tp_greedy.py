@@ -29,6 +29,7 @@ from typing import Any
 
 from bench_utils import (
     DRY_RUN_MODEL,
+    apply_dry_run,
     check_args,
     engine_args,
     engine_config,
@@ -149,8 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     device = check_args(parser, args)
     if args.dry_run:
-        args.model, args.load_format, args.skip_tokenizer_init = DRY_RUN_MODEL, "dummy", True
-        args.device, args.num_prompts, args.input_len, args.output_len = "cpu", 3, 6, 4
+        apply_dry_run(
+            parser, args, model=DRY_RUN_MODEL, load_format="dummy", skip_tokenizer_init=True,
+            device="cpu", num_prompts=3, input_len=6, output_len=4,
+        )  # fmt: skip
     if args.result_file:  # one TP size, in a child process of the run below
         run_one(args, Path(args.result_file))
         return 0

@@ -54,6 +54,28 @@ def test_documented_values_pass_the_checks(name, argv, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize(
+    "name, argv, notes",
+    [
+        ("benchmark_latency", ["--batch-sizes", "4", "--output-len", "2", "--model", "x"],
+         "--model 'x' by 'kimi-k3-tiny', --batch-sizes [4] by [1, 2]"),
+        ("benchmark_throughput", ["--num-prompts", "3", "--input-len", "100"],
+         "--input-len 100 by 12"),
+        ("benchmark_latency", ["--async-scheduling"], None),
+    ],
+)  # fmt: skip
+def test_dry_run_names_the_given_flags_it_replaces(name, argv, notes, monkeypatch, capsys) -> None:
+    """Flags given with --dry-run that it replaces (batch sizes, model) were dropped without a
+    word; one given at the dry run's own value (--output-len 2, --num-prompts 3) is not named."""
+    with pytest.raises(Reached):
+        run(name, ["--dry-run", *argv], monkeypatch)
+    err = capsys.readouterr().err
+    if notes is None:
+        assert "--dry-run replaces" not in err, err
+    else:
+        assert f"--dry-run replaces {notes}\n" in err, err
+
+
+@pytest.mark.parametrize(
     "name, argv, message",
     [
         ("benchmark_throughput", ["--max-model-len", "12q"],
