@@ -11,6 +11,7 @@ import torch
 from tqdm import tqdm
 
 from vllm import LLM, SamplingParams
+from vllm.sampling_params import SEED_MAX, SEED_MIN
 
 MODEL = "kimi-linear-tiny"
 ARGS = dict(max_model_len=128, max_num_seqs=4, kv_cache_memory=16 << 20)
@@ -269,7 +270,8 @@ def test_the_engine_seed_makes_unseeded_sampling_reproducible(torch_reference_ke
         other.shutdown()
     assert runs[0] == runs[1]
     assert runs[0] != runs[2]
-    LLM(MODEL, **dict(ARGS, seed=-(2**70))).shutdown()  # any integer is a seed, as before
+    for seed in (SEED_MIN, SEED_MAX):  # the ends of torch's generators' seeds are seeds
+        LLM(MODEL, **dict(ARGS, seed=seed)).shutdown()
 
 
 # -- chat -----------------------------------------------------------------------------------------
