@@ -109,6 +109,25 @@ def test_streamed_chat_chunks_carry_only_what_is_set(server: RemoteServer) -> No
     assert any(set(d) == {"reasoning"} for d in deltas), deltas  # reasoning alone, no content
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_a_stream_longer_than_a_second_keeps_one_created(long_server: RemoteServer, path) -> None:
+    """Every chunk of a stream carries the request's `created`, as upstream and OpenAI; the
+    completions stream stamped each chunk with its own time. 300 steps of 5 ms: the stream spans
+    a change of the clock's second."""
+    fields = (
+        {"prompt": "2+2?"}
+        if path == "/v1/completions"
+        else {"messages": [{"role": "user", "content": "2+2?"}]}
+    )
+    body = {**fields, "max_tokens": 300, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    start = time.time()
+    events = _events(_post(long_server, path, body, key=None, stream=True))[:-1]
+    assert time.time() - start > 1.0 and len(events) > 100
+    assert {e["created"] for e in events} == {events[0]["created"]}
+    assert int(start) <= events[0]["created"] <= int(time.time())
+
+
 def test_chat_continues_the_final_message_inside_its_think_block(server: RemoteServer) -> None:
     """The final assistant message opened a think block and is continued: the prompt ends with
     its text (no end of turn after it) and the reply goes on reasoning until it closes the block

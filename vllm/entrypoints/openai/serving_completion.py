@@ -3,6 +3,7 @@ for loglikelihood scoring), n completions per prompt, and SSE streaming."""
 
 import asyncio
 import codecs
+import time
 from collections.abc import AsyncIterator
 
 from vllm.entrypoints.openai.protocol import (
@@ -276,6 +277,7 @@ class OpenAIServingCompletion(OpenAIServing):
         done: set[int] = set()
         prompt_tokens: dict[int, int] = {}
         completion_tokens: dict[int, int] = {}
+        created = int(time.time())  # one time for every chunk, as upstream and OpenAI
         try:
             async for i, out in merge_streams(streams):
                 prompt_tokens[i] = len(out.prompt_token_ids)
@@ -314,16 +316,18 @@ class OpenAIServingCompletion(OpenAIServing):
                         usage = UsageInfo.of(prompt_total, sum(completion_tokens.values()))
                     yield sse(
                         CompletionResponse(
-                            id=request_id, model=self.model_name, choices=[choice], usage=usage
+                            id=request_id, created=created, model=self.model_name,
+                            choices=[choice], usage=usage,
                         )
-                    )
+                    )  # fmt: skip
             if request.stream_options and request.stream_options.include_usage:
                 usage = UsageInfo.of(sum(prompt_tokens.values()), sum(completion_tokens.values()))
                 yield sse(
                     CompletionResponse(
-                        id=request_id, model=self.model_name, choices=[], usage=usage
+                        id=request_id, created=created, model=self.model_name, choices=[],
+                        usage=usage,
                     )
-                )
+                )  # fmt: skip
         except EngineDeadError as e:
             yield sse(OpenAIError(str(e), 503).response())
         finally:
