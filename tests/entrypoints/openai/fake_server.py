@@ -15,7 +15,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from fake_engine import FakeEngine  # noqa: E402
 
-from vllm.entrypoints.openai.api_server import SERVING_LINE, bind_socket, build_app  # noqa: E402
+from vllm.entrypoints.openai.api_server import (  # noqa: E402
+    SERVING_LINE,
+    _Server,
+    bind_socket,
+    build_app,
+)
 from vllm.v1.engine.async_llm import AsyncLLM  # noqa: E402
 
 
@@ -45,7 +50,8 @@ def main() -> None:
     # The address as `vllm serve` logs it: with PORT 0, how RemoteServer learns the OS's pick.
     print(SERVING_LINE % ("fake", "127.0.0.1", sock.getsockname()[1]), flush=True)
     try:
-        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+        # `vllm serve`'s server: shutdown ends the requests in flight at once.
+        _Server(uvicorn.Config(app, log_level="warning"), engine).run(sockets=[sock])
     finally:
         sock.close()
         engine.shutdown()

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fake_engine import FakeEngine  # noqa: E402
 
 from vllm.entrypoints.openai import serving_tokenization  # noqa: E402
-from vllm.entrypoints.openai.api_server import bind_socket, build_app  # noqa: E402
+from vllm.entrypoints.openai.api_server import _Server, bind_socket, build_app  # noqa: E402
 from vllm.v1.engine.async_llm import AsyncLLM  # noqa: E402
 
 SCRIPT = "The answer is 4."
@@ -192,6 +192,53 @@ def _assert_health_answers_while_held(
             release.set()
         response = held.result()
     assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize(
+    "path, body, method",
+    [
+        ("/v1/completions", {"prompt": "hello", "max_tokens": 2}, "encode"),
+        ("/v1/chat/completions", {"messages": USER, "max_tokens": 2}, "apply_chat_template"),
+        ("/tokenize", {"prompt": "hello"}, "encode"),
+        ("/detokenize", {"tokens": [104, 105]}, "decode"),
+    ],
+)  # fmt: skip
+def test_shutdown_ends_a_request_held_on_a_worker_thread(
+    monkeypatch: pytest.MonkeyPatch, path: str, body: dict, method: str
+) -> None:
+    """A request still tokenizing (a worker thread, not yet in the engine) when shutdown begins
+    gets the 503 that the engine's requests get, at once: stopping the engine did not end it, and
+    uvicorn cancelled it after its graceful timeout with a plain-text 500."""
+    llm = AsyncLLM(FakeEngine(SCRIPT))
+    entered, release = _hold(monkeypatch, llm.tokenizer, method)
+    sock = bind_socket("127.0.0.1", 0)
+    config = uvicorn.Config(build_app(llm, ["fake"], "fake"), log_level="warning",
+                            timeout_graceful_shutdown=5)  # fmt: skip
+    server = _Server(config, llm)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.01)
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        with concurrent.futures.ThreadPoolExecutor(1) as client:
+            held = client.submit(requests.post, url + path, json=body, timeout=60)
+            try:
+                assert entered.wait(60), f"{path} was never held"
+                server.should_exit = True
+                # Before the tokenizer lets go, and well before the graceful timeout.
+                response = held.result(timeout=3)
+            finally:
+                release.set()
+    finally:
+        server.should_exit = True
+        thread.join(60)
+        sock.close()
+        llm.shutdown()
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["message"] == "the server is shutting down"
 
 
 def _completion_body(size: int) -> bytes:

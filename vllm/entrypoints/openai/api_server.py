@@ -189,7 +189,10 @@ async def _parse(request: Request, model: type[BaseModel]) -> Any:
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
-    """Run `work`, cancelling it (which aborts its engine requests) if the client goes away."""
+    """Run `work`, cancelling it (which aborts its engine requests) if the client goes away, or
+    when the server begins to shut down (`EngineDeadError`, a 503: work still on a worker thread,
+    tokenizing a long prompt say, is not ended by stopping the engine, and uvicorn would cancel it
+    after its graceful timeout with a plain-text 500)."""
     task = asyncio.ensure_future(work)
 
     async def disconnected() -> None:
@@ -197,24 +200,36 @@ async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
             pass
 
     watcher = asyncio.ensure_future(disconnected())
+    stopping = asyncio.ensure_future(request.app.state.stopping.wait())
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({task, watcher, stopping}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watcher.cancel()
-    if not task.done():
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        stopping.cancel()
+        if not task.done():
+            # Also when this handler is cancelled itself: `work` must not outlive it.
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if not task.cancelled():
+        return task.result()
+    if watcher.done() and not watcher.cancelled():
         return Response(status_code=499)
-    return task.result()
+    raise EngineDeadError("the server is shutting down")
 
 
-async def _answer_in_worker(handler: Callable[[Any], BaseModel], body: BaseModel) -> Response:
+async def _answer_in_worker(
+    request: Request, handler: Callable[[Any], BaseModel], body: BaseModel
+) -> Response:
     """`handler(body)` as JSON, both computed on a worker thread: (de)tokenizing megabytes takes
     seconds, during which the event loop answers every other request and /health. The JSON is
     written by pydantic: these answers hold only ints and strings, so it is the same JSON as
     `JSONResponse(model_dump())`, five times faster (0.5 s for the 23 M ids of a 23 MB prompt,
-    during which the GIL is held either way)."""
-    text = await asyncio.to_thread(lambda: handler(body).model_dump_json())
+    during which the GIL is held either way). A client that leaves, or a shutdown, ends the wait
+    (the thread finishes on its own)."""
+    work = asyncio.to_thread(lambda: handler(body).model_dump_json())
+    text = await _unless_disconnected(request, work)
+    if isinstance(text, Response):
+        return text
     return Response(text, media_type="application/json")
 
 
@@ -261,6 +276,8 @@ def build_app(
     engine.add_stat_logger(metrics)
 
     app = FastAPI(title="vllm-k3", version=vllm.__version__)
+    # Set by `_Server` when shutdown begins: ends the requests that wait outside the engine.
+    app.state.stopping = asyncio.Event()
     # The last added runs first: a request without the key is refused before its body is read,
     # and CORS comes before both, since a browser's preflight carries no key and a page can read
     # the 401s and 413s only with the CORS headers on them.
@@ -333,12 +350,12 @@ def build_app(
     @app.post("/tokenize")
     async def tokenize(request: Request) -> Response:
         body = await _parse(request, TokenizeRequest)
-        return await _answer_in_worker(tokenization.tokenize, body)
+        return await _answer_in_worker(request, tokenization.tokenize, body)
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> Response:
         body = await _parse(request, DetokenizeRequest)
-        return await _answer_in_worker(tokenization.detokenize, body)
+        return await _answer_in_worker(request, tokenization.detokenize, body)
 
     if enable_tokenizer_info_endpoint:
 
@@ -374,11 +391,12 @@ class _Server(uvicorn.Server):
     (streams: that error event, then `[DONE]`), so the wait is short and the exit clean."""
 
     def __init__(self, config: uvicorn.Config, engine: AsyncLLM) -> None:
-        super().__init__(config)
+        super().__init__(config)  # config.app: an app of `build_app` over `engine`
         self.engine = engine
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.engine.stop()
+        self.config.app.state.stopping.set()
         await super().shutdown(sockets)
 
 
