@@ -19,7 +19,7 @@ logger = init_logger(__name__)
 
 _DESCRIPTION = """\
 Serve MODEL (a checkpoint folder or a built-in name such as kimi-k3-tiny) over an
-OpenAI-compatible HTTP API: /v1/completions, /v1/chat/completions, /v1/models, /tokenize,
+OpenAI-compatible HTTP API: /v1/completions, /v1/chat/completions, /v1/models[/MODEL], /tokenize,
 /detokenize, /tokenizer_info, /health (and /ping), /version, /metrics. See docs/serving.md."""
 
 

@@ -324,13 +324,20 @@ def build_app(
     async def version() -> dict[str, str]:
         return {"version": vllm.__version__}
 
+    def card(name: str) -> ModelCard:
+        return ModelCard(id=name, root=model_path, max_model_len=completion.max_model_len)
+
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        cards = [
-            ModelCard(id=name, root=model_path, max_model_len=completion.max_model_len)
-            for name in served_model_names
-        ]
-        return JSONResponse(ModelList(data=cards).model_dump())
+        return JSONResponse(
+            ModelList(data=[card(name) for name in served_model_names]).model_dump()
+        )
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> JSONResponse:
+        # OpenAI's "retrieve model"; `:path` since a served name may hold slashes (org/name).
+        completion.check_model(model)
+        return JSONResponse(card(model).model_dump())
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
