@@ -46,10 +46,11 @@ STALL_TIMEOUT = 10
 
 
 @contextlib.contextmanager
-def _serve(app) -> Iterator[str]:
-    """`app` served by uvicorn on a thread of this process, on a port the OS picks; its URL."""
+def _serve(app, server: uvicorn.Server | None = None) -> Iterator[str]:
+    """`app` served by uvicorn (or by `server`, of `app`) on a thread of this process, on a port
+    the OS picks; its URL."""
     sock = bind_socket("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    server = server or uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
@@ -211,19 +212,13 @@ def test_shutdown_ends_a_request_held_on_a_worker_thread(
     uvicorn cancelled it after its graceful timeout with a plain-text 500."""
     llm = AsyncLLM(FakeEngine(SCRIPT))
     entered, release = _hold(monkeypatch, llm.tokenizer, method)
-    sock = bind_socket("127.0.0.1", 0)
-    config = uvicorn.Config(build_app(llm, ["fake"], "fake"), log_level="warning",
-                            timeout_graceful_shutdown=5)  # fmt: skip
-    server = _Server(config, llm)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
+    app = build_app(llm, ["fake"], "fake")
+    server = _Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5), llm)
     try:
-        deadline = time.monotonic() + 60
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.01)
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        with concurrent.futures.ThreadPoolExecutor(1) as client:
+        with (
+            _serve(app, server) as url,
+            concurrent.futures.ThreadPoolExecutor(1) as client,
+        ):
             held = client.submit(requests.post, url + path, json=body, timeout=60)
             try:
                 assert entered.wait(60), f"{path} was never held"
@@ -233,9 +228,6 @@ def test_shutdown_ends_a_request_held_on_a_worker_thread(
             finally:
                 release.set()
     finally:
-        server.should_exit = True
-        thread.join(60)
-        sock.close()
         llm.shutdown()
     assert response.status_code == 503, response.text
     assert response.json()["error"]["message"] == "the server is shutting down"
