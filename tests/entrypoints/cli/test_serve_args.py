@@ -6,11 +6,14 @@ import dataclasses
 import socket
 
 import pytest
+from safetensors.torch import save_file
 
 from vllm.engine.arg_utils import EngineArgs
 from vllm.entrypoints.cli.main import main, make_parser
 from vllm.entrypoints.openai import api_server
 from vllm.model_executor.model_loader.builtin import resolve_model
+from vllm.model_executor.model_loader.loader import dummy_tensors
+from vllm.transformers_utils.configs import load_model_config
 
 RECIPE_FLAGS = [
     "--served-model-name", "--host", "--port", "--trust-remote-code", "--tensor-parallel-size",
@@ -289,6 +292,22 @@ def test_a_model_folder_without_weights_is_refused_before_loading(tmp_path, caps
     err = capsys.readouterr().err
     assert "argument --load-format: load_format 'auto': no safetensors checkpoint" in err, err
     assert "--load-format dummy" in err, err
+
+
+def test_a_checkpoint_that_does_not_match_its_config_exits_2(tmp_path, capsys) -> None:
+    """Found while loading (a tensor of the wrong shape): a traceback and exit 1 before."""
+    folder = resolve_model("kimi-linear-tiny")[0]
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((folder / name).read_bytes())
+    tensors = dict(dummy_tensors(load_model_config(folder), seed=0))
+    tensors["model.norm.weight"] = tensors["model.norm.weight"][:3]
+    save_file({k: v.contiguous() for k, v in tensors.items()}, tmp_path / "model.safetensors")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", str(tmp_path), "--host", "127.0.0.1", "--port", "0", "--max-num-seqs", "2"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: the checkpoint of {tmp_path}: checkpoint tensor 'model.norm.weight': " in err
+    assert "Traceback" not in err
 
 
 def test_help_states_what_each_unset_default_resolves_to() -> None:

@@ -3,8 +3,10 @@ wrong model: the checks of loaders that slice a tensor themselves (KDA's conv an
 experts), and the dtype check every tensor passes. The model is the built-in kimi-linear-tiny
 (layer 0: KDA with a dense MLP; layer 1: KDA with MoE, 8 experts and one shared expert that the
 experts' kernels hold as slot 8). A corrupt shard or a malformed shard index is a ValueError
-naming the file."""
+naming the file; a tensor in two files names both; a quantized checkpoint's scales are refused
+by name; an error while a tensor loads names it as the checkpoint spells it (`CheckpointError`)."""
 
+import json
 import re
 
 import pytest
@@ -13,6 +15,7 @@ from safetensors.torch import save_file
 
 from vllm.model_executor.model_loader.builtin import BUILTIN_MODELS
 from vllm.model_executor.model_loader.loader import dummy_tensors, load_model
+from vllm.model_executor.model_loader.weight_utils import CheckpointError
 from vllm.transformers_utils.configs import load_model_config
 
 KDA = "model.layers.0.self_attn."
@@ -122,3 +125,62 @@ def test_multi_token_prediction_tensors_are_skipped_whatever_their_dtype(model, 
     monkeypatch.setattr(model.config, "num_nextn_predict_layers", 1)
     name = f"model.layers.{len(model.layers)}.self_attn.q_proj.weight"
     assert model.load_weights([(name, torch.zeros(4, 4, dtype=torch.float8_e4m3fn))]) == set()
+
+
+def _shards(folder, tensors, split):
+    """Two shards and their index: the first `split` tensors, then the rest."""
+    names = list(tensors)
+    halves = {"a.safetensors": names[:split], "b.safetensors": names[split:]}
+    for file, part in halves.items():
+        save_file({n: tensors[n].contiguous() for n in part}, folder / file)
+    weight_map = {n: file for file, part in halves.items() for n in part}
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+
+
+@pytest.mark.parametrize("indexed", [True, False])
+def test_a_tensor_in_two_files_names_both(tensors, tmp_path, indexed):
+    """A second copy (a zeroed one here) loaded silently, the last file's winning: the output
+    was all zeros. With an index the copy is in the other shard than the index says; without
+    one, a stale file beside the checkpoint."""
+    folder = write_checkpoint(tmp_path / "ckpt", {})
+    (folder / "model.safetensors").unlink()
+    _shards(folder, tensors, 10)
+    name = next(iter(tensors))
+    extra = {n: tensors[n] for n in list(tensors)[10:]} | {name: torch.zeros_like(tensors[name])}
+    save_file({n: t.contiguous() for n, t in extra.items()}, folder / "b.safetensors")
+    if not indexed:
+        (folder / "model.safetensors.index.json").unlink()
+    message = (
+        f"tensor '{name}' is in both {folder / 'a.safetensors'} and {folder / 'b.safetensors'}"
+    )
+    with pytest.raises(CheckpointError, match=re.escape(message)):
+        load_model(folder, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("leaf", ["input_scale", "weight_scale", "weight_scale_inv", "qweight"])
+def test_a_quantized_checkpoints_tensors_are_named_as_such(tensors, tmp_path, leaf):
+    """Static FP8's `input_scale` sorts before its `weight`: the error was "unexpected MLP
+    tensor 'down_proj.input_scale'", without the layer or the cause."""
+    name = f"model.layers.0.mlp.down_proj.{leaf}"
+    folder = write_checkpoint(tmp_path / "ckpt", tensors | {name: torch.ones(1)})
+    message = f"{name}: a quantized checkpoint's tensor; quantized checkpoints are not supported"
+    with pytest.raises(CheckpointError, match=re.escape(message)):
+        load_model(folder, dtype=torch.float32)
+
+
+@pytest.mark.parametrize(
+    "name, shape, said",
+    [
+        # Fused layers name their own parameter and shard; the checkpoint's name comes first.
+        (KDA + "f_a_proj.weight", (256, 64), "in_proj_qkvgfab shard 3"),
+        ("model.layers.0.mlp.gate_proj.weight", (512, 128), "gate_up_proj shard 0"),
+        (MOE + "shared_experts.gate_proj.weight", (256, 256), "experts.experts.8.w1"),
+        (MOE + "experts.3.w1.weight", (256, 128), "experts.experts.3.w1"),
+    ],
+)
+def test_a_tensor_that_fails_to_load_is_named_as_the_checkpoint_spells_it(
+    tensors, tmp_path, name, shape, said
+):
+    folder = write_checkpoint(tmp_path / "ckpt", tensors | {name: torch.zeros(shape)})
+    with pytest.raises(CheckpointError, match=f"^checkpoint tensor '{re.escape(name)}': .*{said}"):
+        load_model(folder, dtype=torch.float32)

@@ -258,6 +258,7 @@ def check_server_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Validate everything, then serve until interrupted."""
     from vllm.entrypoints.openai.api_server import BindError, run_server
+    from vllm.model_executor.model_loader.weight_utils import CheckpointError
     from vllm.v1.core.kv_cache_utils import CacheSizeError
 
     if args.model_tag is not None:
@@ -280,4 +281,6 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(str(e))
     except CacheSizeError as e:  # found once the model is on the device
         parser.error(f"the cache arguments: {e}")
+    except CheckpointError as e:  # found while the weights load
+        parser.error(f"the checkpoint of {args.model}: {e}")
     return 0

@@ -24,6 +24,7 @@ from vllm.logger import init_logger, quiet_below
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.model_loader.builtin import check_load_format, resolve_model
 from vllm.model_executor.model_loader.safetensors_loader import iterate_tensors
+from vllm.model_executor.model_loader.weight_utils import CheckpointError, check_not_quantized
 from vllm.models.registry import model_class
 from vllm.transformers_utils.configs import load_model_config
 
@@ -57,8 +58,8 @@ def load_model(
         tensors = dummy_tensors(config, seed, device)
     else:
         tensors = iterate_tensors(folder)
-    counter = _ByteCounter(tensors)
-    loaded = model.load_weights(counter)
+    counter = _TensorStream(tensors)
+    loaded = _load_checkpoint(model, counter)
     check_complete(expected_checkpoint_tensors(config), loaded)
     model.process_weights_after_loading()
     if device.type == "cuda":  # copies and dummy draws are asynchronous: time their end
@@ -102,17 +103,42 @@ def check_model_builds(
         build_model(config, dtype, quant_config, "meta")
 
 
-class _ByteCounter:
-    """Passes (name, tensor) pairs through, counting their bytes (for the load-speed log)."""
+class _TensorStream:
+    """Passes (name, tensor) pairs through, counting their bytes (for the load-speed log) and
+    keeping the name of the one being loaded (None while the next is read), refusing a quantized
+    checkpoint's extra tensors by name."""
 
     def __init__(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.tensors = tensors
         self.bytes = 0
+        self.current: str | None = None
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, tensor in self.tensors:
+        tensors = iter(self.tensors)
+        while True:
+            self.current = None  # an error in reading is the reader's, named by it
+            try:
+                name, tensor = next(tensors)
+            except StopIteration:
+                return
+            check_not_quantized(name)
+            self.current = name
             self.bytes += tensor.numel() * tensor.element_size()
             yield name, tensor
+
+
+def _load_checkpoint(model: torch.nn.Module, stream: _TensorStream) -> set[str]:
+    """`model.load_weights(stream)`; a ValueError while a tensor loads names that tensor as the
+    checkpoint spells it (the model's own message names the parameter it was loaded into: for a
+    fused layer, say, its internal name and shard)."""
+    try:
+        return model.load_weights(stream)
+    except CheckpointError:
+        raise
+    except ValueError as e:
+        if stream.current is None:
+            raise
+        raise CheckpointError(f"checkpoint tensor {stream.current!r}: {e}") from None
 
 
 def expected_checkpoint_tensors(config: object) -> dict[str, tuple[int, ...]]:
@@ -128,7 +154,7 @@ def check_complete(expected: Iterable[str], loaded: set[str]) -> None:
         shown = ", ".join(missing[:5]) + (
             f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         )
-        raise ValueError(f"the checkpoint is missing tensors for the parameters: {shown}")
+        raise CheckpointError(f"the checkpoint is missing tensors for the parameters: {shown}")
 
 
 def _seed_of(seed: int, name: str) -> int:

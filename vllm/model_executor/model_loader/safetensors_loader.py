@@ -11,6 +11,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
+from vllm.model_executor.model_loader.weight_utils import CheckpointError
+
 _INDEX = "model.safetensors.index.json"
 
 
@@ -44,12 +46,21 @@ def checkpoint_files(folder: Path) -> list[Path]:
 
 
 def iterate_tensors(folder: Path, progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) for every tensor of the checkpoint, with a progress bar over shards."""
+    """Yield (name, tensor) for every tensor of the checkpoint, with a progress bar over shards.
+    A name in two files is a CheckpointError naming both: which copy is right is unknown (a stale
+    file beside a new one, say), and loading both kept the last silently."""
     files = checkpoint_files(folder)
+    seen: dict[str, Path] = {}
     for file in tqdm(files, desc="Loading safetensors shards", disable=not progress, unit="shard"):
         try:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                    if name in seen:
+                        raise CheckpointError(
+                            f"tensor {name!r} is in both {seen[name]} and {file}: remove the "
+                            "file that should not be there"
+                        )
+                    seen[name] = file
                     yield name, f.get_tensor(name)
         except (SafetensorError, OSError) as e:
-            raise ValueError(f"{file}: not a readable safetensors file: {e}") from None
+            raise CheckpointError(f"{file}: not a readable safetensors file: {e}") from None
