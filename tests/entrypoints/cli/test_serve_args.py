@@ -310,6 +310,21 @@ def test_a_checkpoint_that_does_not_match_its_config_exits_2(tmp_path, capsys) -
     assert "Traceback" not in err
 
 
+def test_an_index_listing_missing_shards_blames_the_model(tmp_path, capsys) -> None:
+    """It blamed --load-format (whose 'dummy' is no cure for a broken checkpoint)."""
+    folder = resolve_model("kimi-linear-tiny")[0]
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((folder / name).read_bytes())
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text('{"weight_map": {"model.norm.weight": "model-00001-of-00002.safetensors"}}')
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", str(tmp_path), "--host", "127.0.0.1", "--port", "0"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    expected = f"argument --model: {index} lists shards that do not exist: ['model-00001-of-00002"
+    assert expected in err, err
+
+
 def test_help_states_what_each_unset_default_resolves_to() -> None:
     """The fields whose default is None said nothing (--max-model-len) or a bare number that is
     not always the value (--max-num-batched-tokens: max(8192, max_num_seqs)); checked against

@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from vllm.model_executor.model_loader import safetensors_loader
 from vllm.model_executor.model_loader.builtin import BUILTIN_MODELS
 from vllm.model_executor.model_loader.loader import dummy_tensors, load_model
 from vllm.model_executor.model_loader.weight_utils import CheckpointError
@@ -183,4 +184,20 @@ def test_a_tensor_that_fails_to_load_is_named_as_the_checkpoint_spells_it(
 ):
     folder = write_checkpoint(tmp_path / "ckpt", tensors | {name: torch.zeros(shape)})
     with pytest.raises(CheckpointError, match=f"^checkpoint tensor '{re.escape(name)}': .*{said}"):
+        load_model(folder, dtype=torch.float32)
+
+
+def test_a_shard_without_read_permission_says_so(tensors, tmp_path, monkeypatch):
+    """safetensors reports it as "No such file or directory" (faked here: root reads anything)."""
+    folder = write_checkpoint(tmp_path / "ckpt", tensors)
+
+    def unreadable(path, *args, **kwargs):
+        raise OSError("No such file or directory")
+
+    monkeypatch.setattr(safetensors_loader, "safe_open", unreadable)
+    monkeypatch.setattr(safetensors_loader.os, "access", lambda path, mode: False)
+    shard = folder / "model.safetensors"
+    with pytest.raises(
+        CheckpointError, match=f"^{re.escape(str(shard))}: no permission to read it$"
+    ):
         load_model(folder, dtype=torch.float32)

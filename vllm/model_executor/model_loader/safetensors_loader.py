@@ -4,6 +4,7 @@ A malformed index or an unreadable (truncated, corrupt) shard is a ValueError na
 not the JSON or safetensors library's own exception without it."""
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,23 +22,24 @@ def _weight_map(index: Path) -> dict[str, str]:
     try:
         data = json.loads(index.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{index}: cannot read the shard index: {e}") from None
+        raise CheckpointError(f"{index}: cannot read the shard index: {e}") from None
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not all(
         isinstance(shard, str) for shard in weight_map.values()
     ):
-        raise ValueError(f"{index}: no 'weight_map' object of tensor name -> shard file name")
+        raise CheckpointError(f"{index}: no 'weight_map' object of tensor name -> shard file name")
     return weight_map
 
 
 def checkpoint_files(folder: Path) -> list[Path]:
-    """The safetensors files of a checkpoint folder, from its index when sharded."""
+    """The safetensors files of a checkpoint folder, from its index when sharded: a ValueError
+    if it has none, a CheckpointError if its index is malformed or lists missing files."""
     index = folder / _INDEX
     if index.is_file():
         files = sorted({folder / name for name in _weight_map(index).values()})
         missing = [f.name for f in files if not f.is_file()]
         if missing:
-            raise ValueError(f"{index} lists shards that do not exist: {missing}")
+            raise CheckpointError(f"{index} lists shards that do not exist: {missing}")
         return files
     files = sorted(folder.glob("*.safetensors"))
     if not files:
@@ -63,4 +65,6 @@ def iterate_tensors(folder: Path, progress: bool = True) -> Iterator[tuple[str, 
                     seen[name] = file
                     yield name, f.get_tensor(name)
         except (SafetensorError, OSError) as e:
+            if not os.access(file, os.R_OK):  # safetensors says "No such file or directory"
+                raise CheckpointError(f"{file}: no permission to read it") from None
             raise CheckpointError(f"{file}: not a readable safetensors file: {e}") from None
