@@ -11,6 +11,7 @@ import pytest
 from gil_turns import gil_turns
 
 from vllm.model_executor.model_loader.builtin import BUILTIN_MODELS
+from vllm.model_executor.model_loader.weight_utils import CheckpointError
 from vllm.transformers_utils import tiktoken_split
 from vllm.transformers_utils.tokenizer import get_tokenizer
 
@@ -636,6 +637,33 @@ def test_bad_input(tmp_path):
         tmp_path / "b", added_tokens_decoder={"5": {"content": "[X]", "special": True}}
     )
     with pytest.raises(ValueError, match="added_tokens_decoder"):
+        get_tokenizer(folder)
+
+
+@pytest.mark.parametrize(
+    "file, content",
+    [
+        ("tokenizer.json", b'{"a" 1}'),  # the library's bare Exception, without the file
+        ("tokenizer.json", b"\xff\xfe"),
+        ("tokenizer_config.json", b"{oops"),  # a JSONDecodeError without the file
+        ("tokenizer_config.json", b"\xff"),
+        ("config.json", b"[1"),
+    ],
+)  # fmt: skip
+def test_unreadable_tokenizer_files_are_named(tmp_path, file, content):
+    folder = tmp_path / "tok"
+    shutil.copytree(BUILTIN_MODELS["kimi-linear-tiny"], folder)
+    (folder / file).write_bytes(content)
+    with pytest.raises(CheckpointError, match=f"^the tokenizer: {re.escape(str(folder / file))}: "):
+        get_tokenizer(folder)
+
+
+def test_a_tiktoken_model_that_is_not_ascii_is_named(tmp_path):
+    folder = write_tiktoken_folder(tmp_path / "a")
+    (folder / "tiktoken.model").write_bytes("aGk= 0\né 1\n".encode())
+    file = re.escape(str(folder / "tiktoken.model"))
+    message = f"^the tokenizer: {file}: cannot read it as ASCII"
+    with pytest.raises(CheckpointError, match=message):
         get_tokenizer(folder)
 
 

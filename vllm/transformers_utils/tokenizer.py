@@ -24,6 +24,7 @@ import jinja2
 import tiktoken
 import tokenizers
 
+from vllm.model_executor.model_loader.weight_utils import CheckpointError
 from vllm.transformers_utils import tiktoken_split
 from vllm.transformers_utils.chat_template import (
     CONTINUE_WITH_GENERATION_PROMPT,
@@ -74,7 +75,10 @@ _UNICODE_TO_BYTE = {c: b for b, c in _BYTE_TO_UNICODE.items()}
 def _read_json(path: Path) -> dict:
     if not path.is_file():
         return {}
-    data = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot read it as JSON: {e}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path} must hold a JSON object")
     return data
@@ -317,7 +321,11 @@ class JsonTokenizer(Tokenizer):
     default_class = "PreTrainedTokenizerFast"
 
     def __init__(self, folder: Path) -> None:
-        self._tok = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+        file = folder / "tokenizer.json"
+        try:
+            self._tok = tokenizers.Tokenizer.from_file(str(file))
+        except Exception as e:  # the library raises a bare Exception, without the file's name
+            raise ValueError(f"{file}: not a tokenizer the tokenizers library reads: {e}") from None
         added = self._tok.get_added_tokens_decoder()
         self._special_ids = sorted(i for i, tok in added.items() if tok.special)
         super().__init__(folder)
@@ -349,7 +357,11 @@ class JsonTokenizer(Tokenizer):
 
 def _read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
     ranks: dict[bytes, int] = {}
-    for number, line in enumerate(path.read_text(encoding="ascii").splitlines(), 1):
+    try:
+        text = path.read_text(encoding="ascii")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot read it as ASCII text: {e}") from None
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -487,12 +499,18 @@ def has_tokenizer(folder: "str | Path") -> bool:
 
 
 def get_tokenizer(folder: "str | Path") -> Tokenizer:
-    """The tokenizer of checkpoint `folder`: its tokenizer.json, else its tiktoken.model."""
+    """The tokenizer of checkpoint `folder`: its tokenizer.json, else its tiktoken.model. A file
+    that cannot be read as a tokenizer is a CheckpointError naming it."""
     path = Path(folder)
     if not path.is_dir():
         raise ValueError(f"folder {str(folder)!r} is not a directory")
     if (path / "tokenizer.json").is_file():
-        return JsonTokenizer(path)
-    if (path / "tiktoken.model").is_file():
-        return TiktokenTokenizer(path)
-    raise ValueError(f"folder {str(folder)!r} has neither tokenizer.json nor tiktoken.model")
+        kind: type[Tokenizer] = JsonTokenizer
+    elif (path / "tiktoken.model").is_file():
+        kind = TiktokenTokenizer
+    else:
+        raise ValueError(f"folder {str(folder)!r} has neither tokenizer.json nor tiktoken.model")
+    try:
+        return kind(path)
+    except ValueError as e:  # its files' content, each error naming its file
+        raise CheckpointError(f"the tokenizer: {e}") from None

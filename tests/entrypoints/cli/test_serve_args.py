@@ -294,19 +294,30 @@ def test_a_model_folder_without_weights_is_refused_before_loading(tmp_path, caps
     assert "--load-format dummy" in err, err
 
 
-def test_a_checkpoint_that_does_not_match_its_config_exits_2(tmp_path, capsys) -> None:
-    """Found while loading (a tensor of the wrong shape): a traceback and exit 1 before."""
+@pytest.mark.parametrize(
+    "broken, said",
+    [
+        ("model.norm.weight", "checkpoint tensor 'model.norm.weight': "),
+        ("tokenizer.json", "the tokenizer: {folder}/tokenizer.json: not a tokenizer"),
+    ],
+)
+def test_a_checkpoint_that_cannot_load_exits_2(tmp_path, capsys, broken: str, said: str) -> None:
+    """Found while loading (a tensor of the wrong shape, a corrupt tokenizer): a traceback and
+    exit 1 before."""
     folder = resolve_model("kimi-linear-tiny")[0]
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
         (tmp_path / name).write_bytes((folder / name).read_bytes())
     tensors = dict(dummy_tensors(load_model_config(folder), seed=0))
-    tensors["model.norm.weight"] = tensors["model.norm.weight"][:3]
+    if broken == "tokenizer.json":
+        (tmp_path / broken).write_text('{"a" 1}')
+    else:
+        tensors[broken] = tensors[broken][:3]
     save_file({k: v.contiguous() for k, v in tensors.items()}, tmp_path / "model.safetensors")
     with pytest.raises(SystemExit) as exit_info:
         main(["serve", str(tmp_path), "--host", "127.0.0.1", "--port", "0", "--max-num-seqs", "2"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert f"error: the checkpoint of {tmp_path}: checkpoint tensor 'model.norm.weight': " in err
+    assert f"error: the checkpoint of {tmp_path}: {said.format(folder=tmp_path)}" in err, err
     assert "Traceback" not in err
 
 
