@@ -97,6 +97,10 @@ def test_kimi_k3_text_config_through_the_wrapper(tmp_path):
         ({"hidden_size": True}, "'hidden_size': must be a positive integer, got True"),
         ({"rms_norm_eps": True}, "'rms_norm_eps': must be a positive number, got True"),
         ({"intermediate_size": -1}, "'intermediate_size': must be a positive integer, got -1"),
+        # Overflowed inside torch.empty (a TypeError naming no field).
+        ({"intermediate_size": 10**30}, f"'intermediate_size': must be at most {2**31 - 1}, got"),
+        ({"attn_res_block_size": 2**31}, f"'attn_res_block_size': .* <= {2**31 - 1} when set"),
+        ({"eos_token_id": 2**40}, "'eos_token_id'"),
         ({"kv_lora_rank": 0}, "'kv_lora_rank': must be a positive integer, got 0"),
         ({"first_k_dense_replace": -3}, "'first_k_dense_replace': .* non-negative .* got -3"),
         ({"tie_word_embeddings": "false"}, "'tie_word_embeddings': must be true or false"),

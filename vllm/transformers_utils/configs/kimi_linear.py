@@ -89,10 +89,17 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+# Sizes, counts and ids fit torch's int32 indexing (and a size of 10**30 overflowed inside
+# torch.empty without naming its field).
+_MAX_INT = 2**31 - 1
+
+
 def _check_int(name: str, value: Any, minimum: int) -> None:
     if not _is_int(value) or value < minimum:
         kind = "a positive integer" if minimum > 0 else "a non-negative integer"
         _fail(name, f"must be {kind}, got {value!r}")
+    if value > _MAX_INT:
+        _fail(name, f"must be at most {_MAX_INT}, got {value!r}")
 
 
 @dataclass
@@ -240,15 +247,15 @@ class KimiLinearConfig:
             _check_int(name, getattr(self, name), 0)
         for name in _OPTIONAL_POSITIVE_INTS:
             value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value <= 0):
-                _fail(name, f"must be a positive integer when set, got {value!r}")
+            if value is not None and (not _is_int(value) or not 0 < value <= _MAX_INT):
+                _fail(name, f"must be a positive integer <= {_MAX_INT} when set, got {value!r}")
         for name in _OPTIONAL_TOKEN_IDS:
             value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value < 0):
-                _fail(name, f"must be a non-negative integer when set, got {value!r}")
+            if value is not None and (not _is_int(value) or not 0 <= value <= _MAX_INT):
+                _fail(name, f"must be a non-negative integer <= {_MAX_INT} when set, got {value!r}")
         eos = self.eos_token_id
         eos_ids = eos if isinstance(eos, list) and eos else [eos]
-        if eos is not None and not all(_is_int(i) and i >= 0 for i in eos_ids):
+        if eos is not None and not all(_is_int(i) and 0 <= i <= _MAX_INT for i in eos_ids):
             _fail("eos_token_id", f"must be a token id or a non-empty list of them, got {eos!r}")
         for name in _BOOLS:
             if not isinstance(getattr(self, name), bool):
