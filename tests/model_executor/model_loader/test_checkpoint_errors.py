@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from vllm.model_executor.model_loader import safetensors_loader
+from vllm.model_executor.model_loader import loader, safetensors_loader
 from vllm.model_executor.model_loader.builtin import BUILTIN_MODELS
 from vllm.model_executor.model_loader.loader import dummy_tensors, load_model
 from vllm.model_executor.model_loader.weight_utils import CheckpointError
@@ -201,3 +201,19 @@ def test_a_shard_without_read_permission_says_so(tensors, tmp_path, monkeypatch)
         CheckpointError, match=f"^{re.escape(str(shard))}: no permission to read it$"
     ):
         load_model(folder, dtype=torch.float32)
+
+
+def test_a_model_larger_than_its_device_names_its_size(tmp_path, monkeypatch):
+    """The allocator's own error (a RuntimeError: "DefaultCPUAllocator: can't allocate memory")
+    came as a traceback, with no word of the model's size."""
+    built = loader.build_model
+
+    def full(config, dtype, quant, device):
+        if torch.device(device).type == "meta":
+            return built(config, dtype, quant, device)
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 9")
+
+    monkeypatch.setattr(loader, "build_model", full)
+    message = r"its weights \(0\.\d GB in torch\.float32\) do not fit on cpu: DefaultCPUAllocator"
+    with pytest.raises(loader.ModelSizeError, match=message):
+        load_model("kimi-linear-tiny", dtype=torch.float32)

@@ -258,6 +258,7 @@ def check_server_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Validate everything, then serve until interrupted."""
     from vllm.entrypoints.openai.api_server import BindError, run_server
+    from vllm.model_executor.model_loader.loader import ModelSizeError
     from vllm.model_executor.model_loader.weight_utils import CheckpointError
     from vllm.v1.core.kv_cache_utils import CacheSizeError
 
@@ -283,4 +284,6 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"the cache arguments: {e}")
     except CheckpointError as e:  # found while the weights load
         parser.error(f"the checkpoint of {args.model}: {e}")
+    except ModelSizeError as e:
+        parser.error(f"the model {args.model}: {e}")
     return 0

@@ -50,7 +50,16 @@ def load_model(
     check_load_format(folder, load_format)
     config = load_model_config(folder)
     device = torch.device(device)
-    model = build_model(config, dtype, quant_config, device)
+    try:
+        model = build_model(config, dtype, quant_config, device)
+    except RuntimeError as e:  # torch.OutOfMemoryError is one; the CPU allocator's is not
+        if not isinstance(e, torch.OutOfMemoryError) and "allocate" not in str(e):
+            raise
+        meta = build_model(config, dtype, quant_config, "meta")
+        size = sum(p.numel() * p.element_size() for p in meta.parameters()) / 1e9
+        raise ModelSizeError(
+            f"its weights ({size:.1f} GB in {dtype}) do not fit on {device}: {e}"
+        ) from None
     if builtin and load_format == "auto":
         load_format, seed = "dummy", 0
     start = time.perf_counter()
@@ -101,6 +110,10 @@ def check_model_builds(
     before any worker starts or weight loads. Its logs are dropped; the real build says them."""
     with tensor_parallel_layout(tensor_parallel_size), quiet_below(logging.ERROR):
         build_model(config, dtype, quant_config, "meta")
+
+
+class ModelSizeError(ValueError):
+    """The model of a config is larger than its device can hold."""
 
 
 class _TensorStream:
