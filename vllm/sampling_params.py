@@ -45,7 +45,8 @@ class SamplingParams:
     - `seed`: per-request generator: the same seed gives the same tokens whatever else is batched.
     - `max_tokens` (None: up to `max_model_len`), `min_tokens` (eos and `stop_token_ids` are
       suppressed, and stop strings ending in the text of those tokens ignored, before it).
-    - `stop` strings (matched in the detokenized text, across token boundaries), `stop_token_ids`,
+    - `stop` strings (matched in the detokenized text, across token boundaries; of several that
+      match in one step, the one starting first in the text), `stop_token_ids`,
       `ignore_eos`. The matched stop string, or the text of the stop token (eos included), is left
       out of the text unless `include_stop_str_in_output`; a stop token stays in the token ids.
     - `logprobs`: number of top logprobs per sampled token (0: only the sampled one);
@@ -55,6 +56,9 @@ class SamplingParams:
       upstream's API only: it is an option of upstream's slow tokenizers, and the `tokenizers`
       and tiktoken decoders used here have none, so it changes nothing.
     - `output_kind`: see `RequestOutputKind`.
+    - Upstream's `presence_penalty`, `frequency_penalty` (0), `logit_bias` (None or all 0),
+      `allowed_token_ids` and `bad_words` (None or empty) are taken only at values that change
+      nothing; others are a ValueError naming the field.
     """
 
     n: int = 1
@@ -75,6 +79,13 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    # Upstream's fields that this engine does not implement, taken at the values that change
+    # nothing (so that upstream code passing them runs as it did) and refused by name otherwise.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
     # Filled by the engine: the full stop-token set (stop_token_ids, the tokenizer's eos and the
     # model's generation-config eos ids).
     all_stop_token_ids: set[int] = field(default_factory=set, init=False, repr=False)
@@ -133,10 +144,27 @@ class SamplingParams:
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.output_kind, RequestOutputKind):
             raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
+        self._check_unsupported()
         if self.temperature < _GREEDY_EPS:
             # Greedy: the sampling knobs would change nothing (upstream resets them the same way).
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
         self.all_stop_token_ids = set(self.stop_token_ids)
+
+    def _check_unsupported(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) not in (None, 0, 0.0):
+                raise ValueError(
+                    f"{name} is not supported (use repetition_penalty), got {getattr(self, name)!r}"
+                )
+        if self.logit_bias is not None and not isinstance(self.logit_bias, dict):
+            raise ValueError(
+                f"logit_bias must be a dict of token id -> bias, got {self.logit_bias!r}"
+            )
+        if self.logit_bias and any(bias != 0 for bias in self.logit_bias.values()):
+            raise ValueError("logit_bias is not supported (only biases of 0)")
+        for name in ("allowed_token_ids", "bad_words"):
+            if getattr(self, name):  # None or empty: nothing to restrict
+                raise ValueError(f"{name} is not supported, got {getattr(self, name)!r}")
 
     @staticmethod
     def _check_int(name: str, value: object, low: int, high: int | None = None) -> None:

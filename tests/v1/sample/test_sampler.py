@@ -231,6 +231,27 @@ def test_params_of_the_wrong_kind_are_refused_naming_the_field(field, value, mes
         SamplingParams(**{field: value})
 
 
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("presence_penalty", 0.5, r"presence_penalty is not supported \(use repetition_penalty\)"),
+        ("frequency_penalty", -1, "frequency_penalty is not supported"),
+        ("frequency_penalty", float("nan"), "frequency_penalty is not supported"),
+        ("logit_bias", {7: 0, 5: 100}, r"logit_bias is not supported \(only biases of 0\)"),
+        ("logit_bias", [1], "logit_bias must be a dict"),
+        ("allowed_token_ids", [1, 2], r"allowed_token_ids is not supported, got \[1, 2\]"),
+        ("bad_words", ["x"], "bad_words is not supported"),
+    ],
+)  # fmt: skip
+def test_upstream_fields_not_implemented_are_refused_unless_neutral(field, value, message):
+    """Upstream code passing them unchanged runs; a value that would change the sampling is a
+    ValueError naming the field (each was a TypeError, at any value)."""
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**{field: value})
+    neutral = {"logit_bias": {7: 0}, "allowed_token_ids": None, "bad_words": []}
+    SamplingParams(**{field: neutral.get(field, 0.0)})
+
+
 def test_stop_lists_may_be_tuples():
     params = SamplingParams(stop=("a", "b"), stop_token_ids=(1, 2))
     assert params.stop == ["a", "b"] and params.stop_token_ids == [1, 2]

@@ -148,16 +148,9 @@ class SamplingFields(OpenAIModel):
 
         if isinstance(self.n, int) and self.n > MAX_N:
             raise ValueError(f"n must be <= {MAX_N}, got {self.n}")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) not in (None, 0, 0.0):
-                raise ValueError(
-                    f"{name} is not supported (use repetition_penalty), got {getattr(self, name)!r}"
-                )
         if self.stream_options is not None and not self.stream:
             # As OpenAI and vLLM: the options of a stream that the request does not ask for.
             raise ValueError("stream_options is only allowed when stream is true")
-        if self.logit_bias and any(bias != 0 for bias in self.logit_bias.values()):
-            raise ValueError("logit_bias is not supported (only biases of 0)")
         if self.response_format and self.response_format.get("type", "text") != "text":
             kind = self.response_format.get("type")
             raise ValueError(f"response_format {kind!r} is not supported (only 'text')")
@@ -177,6 +170,10 @@ class SamplingFields(OpenAIModel):
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             repetition_penalty=knob("repetition_penalty", 1.0),
+            # Taken at the values that change nothing; SamplingParams refuses others by name.
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            logit_bias=self.logit_bias,
             skip_special_tokens=(
                 self.skip_special_tokens if skip_special_tokens is None else skip_special_tokens
             ),
