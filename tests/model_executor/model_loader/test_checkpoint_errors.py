@@ -217,3 +217,13 @@ def test_a_model_larger_than_its_device_names_its_size(tmp_path, monkeypatch):
     message = r"its weights \(0\.\d GB in torch\.float32\) do not fit on cpu: DefaultCPUAllocator"
     with pytest.raises(loader.ModelSizeError, match=message):
         load_model("kimi-linear-tiny", dtype=torch.float32)
+
+
+def test_moe_tensors_of_a_layer_the_config_makes_dense_name_the_fields(model, tensors):
+    """ "unexpected MLP tensor 'experts.0.w1.weight'" named neither the layer nor the cause."""
+    name = "model.layers.0.block_sparse_moe.experts.0.w1.weight"
+    with pytest.raises(ValueError, match=re.escape(
+        f"checkpoint tensor '{name}' is a MoE layer's, but the config makes layer 0 dense "
+        "(first_k_dense_replace 1, moe_layer_freq 1)"
+    )):  # fmt: skip
+        model.load_weights([(name, tensors[MOE + "experts.0.w1.weight"])])

@@ -329,9 +329,12 @@ def test_unexpected_or_misshapen_attn_res_tensors_are_named(checkpoint):
     config, tensors, _ = checkpoint
     plain = build(config, tensors, attn_res_block_size=None)  # no AttnRes: its tensors are extra
     assert not any("res_" in name for name, _ in plain.named_parameters())
-    with pytest.raises(ValueError, match="unexpected checkpoint tensor 'model.output_attn_res_"):
+    # The config field they need is named (the layer's said "unexpected checkpoint tensors
+    # under model.layers.1.mlp_res_proj").
+    no_field = "AttnRes weights, but the config sets no attn_res_block_size"
+    with pytest.raises(ValueError, match=f"tensor 'model.output_attn_res_proj.weight': {no_field}"):
         plain.load_weights([("model.output_attn_res_proj.weight", torch.zeros(1, HIDDEN))])
-    with pytest.raises(ValueError, match="under model.layers.1.mlp_res_proj"):
+    with pytest.raises(ValueError, match=f"'model.layers.1.mlp_res_proj.weight': {no_field}"):
         plain.load_weights([("model.layers.1.mlp_res_proj.weight", torch.zeros(1, HIDDEN))])
     model = build(config, tensors)
     with pytest.raises(ValueError, match=r"model.layers.2.self_attention_res_proj.weight: check"):

@@ -52,6 +52,9 @@ _LAYER_ATTN_RES = (
     "mlp_res_proj",
 )
 _MODEL_ATTN_RES = ("model.output_attn_res_norm.weight", "model.output_attn_res_proj.weight")
+_NO_ATTN_RES = "AttnRes weights, but the config sets no attn_res_block_size"
+# The leading names of a MoE block's tensors (routed, router, shared) under `block_sparse_moe.`.
+_MOE_TENSORS = ("experts.", "gate.", "shared_experts.")
 
 
 def _attn_res_proj(
@@ -337,6 +340,8 @@ class KimiLinearForCausalLM(torch.nn.Module):
                 # Tied: the head is the embedding; transformers still saves a copy, skipped.
                 if not self.config.tie_word_embeddings:
                     self.lm_head.weight_loader(self.lm_head.weight, tensor)
+            elif name in _MODEL_ATTN_RES:
+                raise ValueError(f"unexpected checkpoint tensor {name!r}: {_NO_ATTN_RES}")
             else:
                 raise ValueError(f"unexpected checkpoint tensor {name!r}")
             loaded.add(name)
@@ -355,9 +360,18 @@ class KimiLinearForCausalLM(torch.nn.Module):
         elif part == "block_sparse_moe" and layer.is_moe:
             layer.block_sparse_moe.load_weights([(rest, tensor)])
         elif part in ("mlp", "block_sparse_moe") and not layer.is_moe:
+            if rest.startswith(_MOE_TENSORS):
+                c = self.config
+                raise ValueError(
+                    f"checkpoint tensor {name!r} is a MoE layer's, but the config makes layer {i} "
+                    f"dense (first_k_dense_replace {c.first_k_dense_replace}, moe_layer_freq "
+                    f"{c.moe_layer_freq})"
+                )
             # transformers' save_pretrained names the dense MLP `block_sparse_moe.*` too
             layer.mlp.load_weight(rest, tensor)
             name = f"model.layers.{i}.mlp.{rest}"
+        elif part in _LAYER_ATTN_RES:
+            raise ValueError(f"unexpected checkpoint tensor {name!r}: {_NO_ATTN_RES}")
         else:
             raise ValueError(f"unexpected checkpoint tensors under model.layers.{i}.{part}")
         return name
