@@ -83,7 +83,7 @@ class SamplingParams:
     # nothing (so that upstream code passing them runs as it did) and refused by name otherwise.
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    logit_bias: dict[int, float] | None = None
+    logit_bias: dict[int, float] | dict[str, float] | None = None  # OpenAI's keys are strings
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     # Filled by the engine: the full stop-token set (stop_token_ids, the tokenizer's eos and the

@@ -60,6 +60,9 @@ def test_documented_values_pass_the_checks(name, argv, monkeypatch) -> None:
          "--model 'x' by 'kimi-k3-tiny', --batch-sizes [4] by [1, 2]"),
         ("benchmark_throughput", ["--num-prompts", "3", "--input-len", "100"],
          "--input-len 100 by 12"),
+        # The singular flags, which the dry run's lists supersede.
+        ("benchmark_latency", ["--batch-size", "4", "--input-len", "64"],
+         "--batch-size 4 by 1, --input-len 64 by 8"),
         ("benchmark_latency", ["--async-scheduling"], None),
     ],
 )  # fmt: skip

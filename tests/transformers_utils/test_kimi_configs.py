@@ -217,6 +217,9 @@ def test_model_max_length_bounds_the_context_as_upstream(tmp_path):
     assert KimiLinearConfig.from_dict(both).max_position_embeddings == 2048
     with pytest.raises(ValueError, match="'model_max_length': must be a positive integer"):
         KimiLinearConfig.from_dict(dict(KIMI_LINEAR_48B, model_max_length="4k"))
+    # transformers' "no limit" (int(1e30)) leaves max_position_embeddings the limit.
+    unlimited = dict(KIMI_LINEAR_48B, max_position_embeddings=8192, model_max_length=int(1e30))
+    assert KimiLinearConfig.from_dict(unlimited).max_position_embeddings == 8192
 
 
 def test_undecodable_config_is_named(tmp_path):

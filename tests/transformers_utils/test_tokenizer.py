@@ -11,7 +11,7 @@ import pytest
 from gil_turns import gil_turns
 
 from vllm.model_executor.model_loader.builtin import BUILTIN_MODELS
-from vllm.model_executor.model_loader.weight_utils import CheckpointError
+from vllm.model_executor.model_loader.errors import CheckpointError
 from vllm.transformers_utils import tiktoken_split
 from vllm.transformers_utils.tokenizer import get_tokenizer
 

@@ -24,7 +24,7 @@ import jinja2
 import tiktoken
 import tokenizers
 
-from vllm.model_executor.model_loader.weight_utils import CheckpointError
+from vllm.model_executor.model_loader.errors import CheckpointError
 from vllm.transformers_utils import tiktoken_split
 from vllm.transformers_utils.chat_template import (
     CONTINUE_WITH_GENERATION_PROMPT,

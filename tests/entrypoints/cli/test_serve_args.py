@@ -9,6 +9,7 @@ import pytest
 from safetensors.torch import save_file
 
 from vllm.engine.arg_utils import EngineArgs
+from vllm.entrypoints.cli import serve
 from vllm.entrypoints.cli.main import main, make_parser
 from vllm.entrypoints.openai import api_server
 from vllm.model_executor.model_loader.builtin import resolve_model
@@ -260,6 +261,11 @@ def test_model_from_either_spelling(argv: list[str], monkeypatch: pytest.MonkeyP
     assert seen == ["kimi-linear-tiny" if argv else EngineArgs.model]
 
 
+def test_model_and_model_tag_agree_across_spellings_of_one_folder() -> None:
+    assert serve._same_model("./ckpt/", "ckpt") and serve._same_model("a/../b", "b")
+    assert not serve._same_model("ckpt", "ckpt2")
+
+
 def test_busy_port_is_refused_before_loading(capsys: pytest.CaptureFixture) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -317,7 +323,7 @@ def test_a_checkpoint_that_cannot_load_exits_2(tmp_path, capsys, broken: str, sa
         main(["serve", str(tmp_path), "--host", "127.0.0.1", "--port", "0", "--max-num-seqs", "2"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert f"error: the checkpoint of {tmp_path}: {said.format(folder=tmp_path)}" in err, err
+    assert f"error: loading {tmp_path}: {said.format(folder=tmp_path)}" in err, err
     assert "Traceback" not in err
 
 

@@ -535,6 +535,10 @@ def test_retrieve_model_answers_each_served_name(server: RemoteServer) -> None:
     for card in listed:
         response = requests.get(server.url(f"/v1/models/{card['id']}"), headers=headers, timeout=10)
         assert response.status_code == 200 and response.json() == card, response.text
+    # The trailing slash: the list, as Starlette's redirect gave before the route.
+    assert requests.get(server.url("/v1/models/"), headers=headers, timeout=10).json() == {
+        "object": "list", "data": listed
+    }  # fmt: skip
     response = requests.get(server.url("/v1/models/org/other"), headers=headers, timeout=10)
     assert response.status_code == 404
     error = response.json()["error"]

@@ -29,8 +29,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fake_engine import FakeEngine  # noqa: E402
 
 from vllm.entrypoints.openai import serving_tokenization  # noqa: E402
-from vllm.entrypoints.openai.api_server import _Server, bind_socket, build_app  # noqa: E402
-from vllm.v1.engine.async_llm import AsyncLLM  # noqa: E402
+from vllm.entrypoints.openai.api_server import (  # noqa: E402
+    _Server,
+    _unless_disconnected,
+    bind_socket,
+    build_app,
+)
+from vllm.v1.engine.async_llm import AsyncLLM, EngineDeadError  # noqa: E402
 
 SCRIPT = "The answer is 4."
 KEY = "sk-test"
@@ -231,6 +236,81 @@ def test_shutdown_ends_a_request_held_on_a_worker_thread(
         llm.shutdown()
     assert response.status_code == 503, response.text
     assert response.json()["error"]["message"] == "the server is shutting down"
+
+
+class _Quiet:
+    """The request `_unless_disconnected` watches: a client that never leaves, and the app state
+    a lifespan made."""
+
+    def __init__(self) -> None:
+        self.app = SimpleNamespace(state=SimpleNamespace(stopping=asyncio.Event()))
+
+    async def receive(self) -> dict:
+        await asyncio.Event().wait()
+        return {}
+
+
+def test_a_cancelled_handler_cancels_its_work() -> None:
+    """uvicorn cancelling a handler (its graceful timeout) left the work running, to fail later
+    as "Task exception was never retrieved"."""
+
+    async def run() -> bool:
+        started, ended = asyncio.Event(), asyncio.Event()
+
+        async def work() -> None:
+            started.set()
+            try:
+                await asyncio.sleep(60)
+            finally:
+                ended.set()
+
+        handler = asyncio.ensure_future(_unless_disconnected(_Quiet(), work()))
+        await started.wait()
+        handler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await handler
+        return ended.is_set()
+
+    assert asyncio.run(run())
+
+
+@pytest.mark.parametrize("seconds, answered", [(0.1, True), (30.0, False)])
+def test_shutdown_lets_work_about_to_end_finish(seconds: float, answered: bool) -> None:
+    """Work still running when shutdown begins has a moment to end (an answer being written);
+    after it, a 503."""
+
+    async def run() -> object:
+        request = _Quiet()
+
+        async def work() -> str:
+            request.app.state.stopping.set()
+            await asyncio.sleep(seconds)
+            return "answer"
+
+        try:
+            return await _unless_disconnected(request, work())
+        except EngineDeadError as e:
+            return e
+
+    result = asyncio.run(run())
+    if answered:
+        assert result == "answer"
+    else:
+        assert isinstance(result, EngineDeadError) and str(result) == "the server is shutting down"
+
+
+def test_the_app_serves_on_a_second_event_loop() -> None:
+    """The shutdown Event is made by each serving loop's lifespan: one made with the app was
+    bound to the first loop, and every request on a second one was a 503."""
+    llm = AsyncLLM(FakeEngine(SCRIPT))
+    app = build_app(llm, ["fake"], "fake")
+    try:
+        for _ in range(2):
+            with _serve(app) as url:
+                response = requests.post(url + "/tokenize", json={"prompt": "hi"}, timeout=30)
+                assert response.status_code == 200, response.text
+    finally:
+        llm.shutdown()
 
 
 def _completion_body(size: int) -> bytes:

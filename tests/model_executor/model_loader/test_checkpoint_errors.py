@@ -7,6 +7,7 @@ naming the file; a tensor in two files names both; a quantized checkpoint's scal
 by name; an error while a tensor loads names it as the checkpoint spells it (`CheckpointError`)."""
 
 import json
+import logging
 import re
 
 import pytest
@@ -15,8 +16,12 @@ from safetensors.torch import save_file
 
 from vllm.model_executor.model_loader import loader, safetensors_loader
 from vllm.model_executor.model_loader.builtin import BUILTIN_MODELS
+from vllm.model_executor.model_loader.errors import (
+    QUANTIZED_TENSOR_LEAVES,
+    CheckpointError,
+    ModelSizeError,
+)
 from vllm.model_executor.model_loader.loader import dummy_tensors, load_model
-from vllm.model_executor.model_loader.weight_utils import CheckpointError
 from vllm.transformers_utils.configs import load_model_config
 
 KDA = "model.layers.0.self_attn."
@@ -138,35 +143,82 @@ def _shards(folder, tensors, split):
     (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
 
 
-@pytest.mark.parametrize("indexed", [True, False])
-def test_a_tensor_in_two_files_names_both(tensors, tmp_path, indexed):
-    """A second copy (a zeroed one here) loaded silently, the last file's winning: the output
-    was all zeros. With an index the copy is in the other shard than the index says; without
-    one, a stale file beside the checkpoint."""
+def _with_a_stale_copy(tmp_path, tensors):
+    """Two shards and their index, and a zeroed copy of the first shard's first tensor in the
+    second: the copy that loaded, silently, before (the output was all zeros)."""
     folder = write_checkpoint(tmp_path / "ckpt", {})
     (folder / "model.safetensors").unlink()
     _shards(folder, tensors, 10)
     name = next(iter(tensors))
     extra = {n: tensors[n] for n in list(tensors)[10:]} | {name: torch.zeros_like(tensors[name])}
     save_file({n: t.contiguous() for n, t in extra.items()}, folder / "b.safetensors")
-    if not indexed:
-        (folder / "model.safetensors.index.json").unlink()
+    return folder, name
+
+
+def test_the_index_settles_which_copy_of_a_tensor_loads(tensors, tmp_path, caplog):
+    folder, name = _with_a_stale_copy(tmp_path, tensors)
+    log = logging.getLogger(safetensors_loader.__name__)
+    log.addHandler(caplog.handler)
+    try:
+        model = load_model(folder, dtype=torch.float32)
+    finally:
+        log.removeHandler(caplog.handler)
+    assert name == "model.embed_tokens.weight"  # the index's copy, not the zeroed one
+    assert torch.equal(model.embed_tokens.weight, tensors[name])
+    assert "1 tensors are also in files the index does not place them in" in caplog.text
+    assert f"(the first: '{name}' in {folder / 'b.safetensors'})" in caplog.text
+
+
+@pytest.mark.parametrize("index", ["none", "elsewhere"])
+def test_a_tensor_in_two_files_that_no_index_settles_names_both(tensors, tmp_path, index):
+    """Without an index, a stale file beside the checkpoint; with one that places the tensor in
+    neither file."""
+    folder, name = _with_a_stale_copy(tmp_path, tensors)
+    path = folder / "model.safetensors.index.json"
+    if index == "none":
+        path.unlink()
+        where = ""
+    else:
+        weight_map = json.loads(path.read_text())["weight_map"]
+        other = next(n for n, file in weight_map.items() if file == "b.safetensors")
+        weight_map[name] = weight_map[other] = "c.safetensors"
+        save_file({other: tensors[other].contiguous()}, folder / "c.safetensors")
+        path.write_text(json.dumps({"weight_map": weight_map}))
+        where = f", and {path} does not list it in either"
     message = (
         f"tensor '{name}' is in both {folder / 'a.safetensors'} and {folder / 'b.safetensors'}"
+        f"{where}: which copy to load is unknown"
     )
     with pytest.raises(CheckpointError, match=re.escape(message)):
         load_model(folder, dtype=torch.float32)
 
 
-@pytest.mark.parametrize("leaf", ["input_scale", "weight_scale", "weight_scale_inv", "qweight"])
-def test_a_quantized_checkpoints_tensors_are_named_as_such(tensors, tmp_path, leaf):
+@pytest.mark.parametrize("leaf", sorted(QUANTIZED_TENSOR_LEAVES))
+@pytest.mark.parametrize("module", ["model.layers.0.mlp.down_proj", KDA + "q_proj"])
+def test_a_quantized_checkpoints_tensors_are_named_as_such(tensors, tmp_path, leaf, module):
     """Static FP8's `input_scale` sorts before its `weight`: the error was "unexpected MLP
     tensor 'down_proj.input_scale'", without the layer or the cause."""
-    name = f"model.layers.0.mlp.down_proj.{leaf}"
+    name = f"{module}.{leaf}"
     folder = write_checkpoint(tmp_path / "ckpt", tensors | {name: torch.ones(1)})
     message = f"{name}: a quantized checkpoint's tensor; quantized checkpoints are not supported"
     with pytest.raises(CheckpointError, match=re.escape(message)):
         load_model(folder, dtype=torch.float32)
+
+
+def test_a_skipped_layers_quantized_tensors_load(tensors, tmp_path):
+    """A bf16 model whose multi-token-prediction layer (not served) is FP8 with its scales: it
+    loads, as before the names were checked."""
+    folder = write_checkpoint(tmp_path / "ckpt", {})
+    config = json.loads((folder / "config.json").read_text())
+    config["num_nextn_predict_layers"] = 1
+    (folder / "config.json").write_text(json.dumps(config))
+    mtp = f"model.layers.{config['num_hidden_layers']}.self_attn.q_proj"
+    extra = {f"{mtp}.weight": torch.zeros(4, 4).to(torch.float8_e4m3fn),
+             f"{mtp}.weight_scale_inv": torch.ones(1)}  # fmt: skip
+    save_file(
+        {k: v.contiguous() for k, v in (tensors | extra).items()}, folder / "model.safetensors"
+    )
+    load_model(folder, dtype=torch.float32)
 
 
 @pytest.mark.parametrize(
@@ -215,7 +267,7 @@ def test_a_model_larger_than_its_device_names_its_size(tmp_path, monkeypatch):
 
     monkeypatch.setattr(loader, "build_model", full)
     message = r"its weights \(0\.\d GB in torch\.float32\) do not fit on cpu: DefaultCPUAllocator"
-    with pytest.raises(loader.ModelSizeError, match=message):
+    with pytest.raises(ModelSizeError, match=message):
         load_model("kimi-linear-tiny", dtype=torch.float32)
 
 

@@ -8,6 +8,7 @@ loads.
 
 import argparse
 import json
+import os
 
 from vllm import envs
 from vllm.engine.arg_utils import EngineArgs, refuse
@@ -193,7 +194,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         nargs="?",
         default=None,
         metavar="MODEL",
-        help="checkpoint folder or built-in model name (or --model; not both)",
+        help="checkpoint folder or built-in model name (or --model; both only if they agree)",
     )
     engine = parser.add_argument_group("engine (the same fields as LLM(...) keywords)")
     EngineArgs.add_cli_args(engine)
@@ -255,17 +256,21 @@ def check_server_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
         parser.error(f"argument --port: must be in 0..65535 (0: one the OS picks), got {args.port}")
 
 
+def _same_model(a: str, b: str) -> bool:
+    """Whether two spellings name one model (`./ckpt` and `ckpt/` are one folder)."""
+    return a == b or os.path.normpath(a) == os.path.normpath(b)
+
+
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Validate everything, then serve until interrupted."""
     from vllm.entrypoints.openai.api_server import BindError, run_server
-    from vllm.model_executor.model_loader.loader import ModelSizeError
-    from vllm.model_executor.model_loader.weight_utils import CheckpointError
+    from vllm.model_executor.model_loader.errors import CheckpointError, ModelSizeError
     from vllm.v1.core.kv_cache_utils import CacheSizeError
 
     if args.model_tag is not None:
         # A --model left at its default cannot be told from one given as the default: only a
         # different one is seen.
-        if args.model not in (EngineArgs.model, args.model_tag):
+        if args.model != EngineArgs.model and not _same_model(args.model, args.model_tag):
             parser.error(
                 f"argument --model: {args.model!r} differs from MODEL {args.model_tag!r}: give "
                 "the model once"
@@ -282,8 +287,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(str(e))
     except CacheSizeError as e:  # found once the model is on the device
         parser.error(f"the cache arguments: {e}")
-    except CheckpointError as e:  # found while the weights load
-        parser.error(f"the checkpoint of {args.model}: {e}")
+    except CheckpointError as e:  # found while the tokenizer and the weights load
+        parser.error(f"loading {args.model}: {e}")
     except ModelSizeError as e:
-        parser.error(f"the model {args.model}: {e}")
+        parser.error(f"loading {args.model}: {e}")
     return 0

@@ -10,6 +10,7 @@ and its workers.
 import argparse
 import asyncio
 import collections
+import contextlib
 import re
 import signal
 import socket
@@ -188,6 +189,11 @@ async def _parse(request: Request, model: type[BaseModel]) -> Any:
     return parsed
 
 
+# How long a request may still take once shutdown begins (below uvicorn's graceful 5 s, after
+# which it cancels what is left with a plain-text 500).
+_SHUTDOWN_GRACE_S = 1.0
+
+
 async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
     """Run `work`, cancelling it (which aborts its engine requests) if the client goes away, or
     when the server begins to shut down (`EngineDeadError`, a 503: work still on a worker thread,
@@ -200,12 +206,19 @@ async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
             pass
 
     watcher = asyncio.ensure_future(disconnected())
-    stopping = asyncio.ensure_future(request.app.state.stopping.wait())
+    # Made by the app's lifespan on the serving loop; absent where no lifespan ran.
+    stopping = getattr(request.app.state, "stopping", None)
+    stop = asyncio.ensure_future(stopping.wait()) if stopping is not None else None
+    waiters = {task, watcher} | ({stop} if stop is not None else set())
     try:
-        await asyncio.wait({task, watcher, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        if stop is not None and stop.done() and not task.done():
+            stop.result()  # raises if waiting itself failed: not a shutdown
+            # Work that has finished in the engine (its answer being written, say) may end.
+            await asyncio.wait({task, watcher}, timeout=_SHUTDOWN_GRACE_S)
     finally:
-        watcher.cancel()
-        stopping.cancel()
+        for waiter in waiters - {task}:
+            waiter.cancel()
         if not task.done():
             # Also when this handler is cancelled itself: `work` must not outlive it.
             task.cancel()
@@ -275,9 +288,14 @@ def build_app(
     metrics = PrometheusStatLogger(served_model_names[0])
     engine.add_stat_logger(metrics)
 
-    app = FastAPI(title="vllm-k3", version=vllm.__version__)
-    # Set by `_Server` when shutdown begins: ends the requests that wait outside the engine.
-    app.state.stopping = asyncio.Event()
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Set by `_Server` when shutdown begins: ends the requests that wait outside the engine.
+        # Made here, on the loop that serves (an Event is bound to the first loop that waits).
+        app.state.stopping = asyncio.Event()
+        yield
+
+    app = FastAPI(title="vllm-k3", version=vllm.__version__, lifespan=lifespan)
     # The last added runs first: a request without the key is refused before its body is read,
     # and CORS comes before both, since a browser's preflight carries no key and a page can read
     # the 401s and 413s only with the CORS headers on them.
@@ -336,6 +354,8 @@ def build_app(
     @app.get("/v1/models/{model:path}")
     async def model(model: str) -> JSONResponse:
         # OpenAI's "retrieve model"; `:path` since a served name may hold slashes (org/name).
+        if not model:  # `/v1/models/`: the list, as Starlette's redirect to /v1/models gave
+            return await models()
         completion.check_model(model)
         return JSONResponse(card(model).model_dump())
 
@@ -403,7 +423,9 @@ class _Server(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.engine.stop()
-        self.config.app.state.stopping.set()
+        stopping = getattr(self.config.app.state, "stopping", None)
+        if stopping is not None:  # None: the lifespan is off
+            stopping.set()
         await super().shutdown(sockets)
 
 

@@ -80,13 +80,13 @@ def check_load_format(folder: "str | Path", load_format: str) -> None:
                 f"load_format {load_format!r}: the built-in {name!r} is a config without weights; "
                 "load it with load_format='dummy' (--load-format dummy)"
             )
+    from vllm.model_executor.model_loader.errors import CheckpointError
     from vllm.model_executor.model_loader.safetensors_loader import checkpoint_files
-    from vllm.model_executor.model_loader.weight_utils import CheckpointError
 
     try:
         checkpoint_files(Path(folder))
     except CheckpointError as e:  # a sharded checkpoint, broken: the model is at fault
-        raise ValueError(f"model: {e}") from None
+        raise CheckpointError(f"model: {e}") from None
     except ValueError as e:
         raise ValueError(
             f"load_format {load_format!r}: {e}; load_format='dummy' (--load-format dummy) draws "

@@ -23,8 +23,13 @@ from vllm.distributed.parallel_state import tensor_parallel_layout
 from vllm.logger import init_logger, quiet_below
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.model_loader.builtin import check_load_format, resolve_model
+from vllm.model_executor.model_loader.errors import (
+    QUANTIZED_CHECKPOINTS,
+    QUANTIZED_TENSOR_LEAVES,
+    CheckpointError,
+    ModelSizeError,
+)
 from vllm.model_executor.model_loader.safetensors_loader import iterate_tensors
-from vllm.model_executor.model_loader.weight_utils import CheckpointError, check_not_quantized
 from vllm.models.registry import model_class
 from vllm.transformers_utils.configs import load_model_config
 
@@ -112,14 +117,9 @@ def check_model_builds(
         build_model(config, dtype, quant_config, "meta")
 
 
-class ModelSizeError(ValueError):
-    """The model of a config is larger than its device can hold."""
-
-
 class _TensorStream:
     """Passes (name, tensor) pairs through, counting their bytes (for the load-speed log) and
-    keeping the name of the one being loaded (None while the next is read), refusing a quantized
-    checkpoint's extra tensors by name."""
+    keeping the name of the one being loaded (None while the next is read)."""
 
     def __init__(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.tensors = tensors
@@ -134,7 +134,6 @@ class _TensorStream:
                 name, tensor = next(tensors)
             except StopIteration:
                 return
-            check_not_quantized(name)
             self.current = name
             self.bytes += tensor.numel() * tensor.element_size()
             yield name, tensor
@@ -143,15 +142,24 @@ class _TensorStream:
 def _load_checkpoint(model: torch.nn.Module, stream: _TensorStream) -> set[str]:
     """`model.load_weights(stream)`; a ValueError while a tensor loads names that tensor as the
     checkpoint spells it (the model's own message names the parameter it was loaded into: for a
-    fused layer, say, its internal name and shard)."""
+    fused layer, say, its internal name and shard), and a quantized checkpoint's scale or codes
+    as such (static FP8's `input_scale` sorts before its weight, and was only "unexpected").
+    Only errors are reworded: a tensor the model skips (a multi-token-prediction layer's, say)
+    loads whatever its name."""
     try:
         return model.load_weights(stream)
     except CheckpointError:
         raise
     except ValueError as e:
-        if stream.current is None:
+        name = stream.current
+        if name is None:
             raise
-        raise CheckpointError(f"checkpoint tensor {stream.current!r}: {e}") from None
+        if name.rsplit(".", 1)[-1] in QUANTIZED_TENSOR_LEAVES:
+            message = f"{name}: a quantized checkpoint's tensor; {QUANTIZED_CHECKPOINTS}"
+            raise CheckpointError(message) from None
+        if repr(name) in str(e):  # the message names it already
+            raise CheckpointError(str(e)) from None
+        raise CheckpointError(f"checkpoint tensor {name!r}: {e}") from None
 
 
 def expected_checkpoint_tensors(config: object) -> dict[str, tuple[int, ...]]:

@@ -1,18 +1,24 @@
 """Reading Hugging Face safetensors checkpoints: one file or shards listed in an index.
 
-A malformed index or an unreadable (truncated, corrupt) shard is a ValueError naming the file,
-not the JSON or safetensors library's own exception without it."""
+A malformed index or an unreadable (truncated, corrupt) shard is a CheckpointError naming the
+file, not the JSON or safetensors library's own exception without it; so is a tensor in two files
+that no index settles."""
 
+import contextlib
 import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
-from vllm.model_executor.model_loader.weight_utils import CheckpointError
+from vllm.logger import init_logger
+from vllm.model_executor.model_loader.errors import CheckpointError
+
+logger = init_logger(__name__)
 
 _INDEX = "model.safetensors.index.json"
 
@@ -47,24 +53,57 @@ def checkpoint_files(folder: Path) -> list[Path]:
     return files
 
 
+@contextlib.contextmanager
+def _opened(file: Path) -> Iterator[Any]:
+    """`safe_open(file)`, its errors (also while reading tensors) a CheckpointError naming it."""
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            yield f
+    except (SafetensorError, OSError) as e:
+        if not os.access(file, os.R_OK):  # safetensors says "No such file or directory"
+            raise CheckpointError(f"{file}: no permission to read it") from None
+        raise CheckpointError(f"{file}: not a readable safetensors file: {e}") from None
+
+
+def _sources(folder: Path, files: list[Path]) -> dict[str, Path]:
+    """The file each tensor is read from (from the files' headers). A name in two files loaded
+    both, the last copy winning silently (a stale shard beside the checkpoint gave all-zero
+    output): the index's file is taken where it holds one of the copies, the others are named
+    in a warning; otherwise it is a CheckpointError naming the files."""
+    index = folder / _INDEX
+    weight_map = _weight_map(index) if index.is_file() else {}
+    holders: dict[str, list[Path]] = {}
+    for file in files:
+        with _opened(file) as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                holders.setdefault(name, []).append(file)
+    sources, ignored = {}, []
+    for name, held in holders.items():
+        listed = folder / weight_map[name] if name in weight_map else None
+        if len(held) > 1 and listed not in held:
+            where = f", and {index} does not list it in either" if weight_map else ""
+            raise CheckpointError(
+                f"tensor {name!r} is in both {held[0]} and {held[1]}{where}: which copy to load "
+                "is unknown"
+            )
+        sources[name] = listed if len(held) > 1 else held[0]
+        ignored += [(name, file) for file in held if file != sources[name]]
+    if ignored:
+        name, file = ignored[0]
+        logger.warning(
+            "%d tensors are also in files the index does not place them in; those copies are "
+            "not loaded (the first: %r in %s)", len(ignored), name, file,
+        )  # fmt: skip
+    return sources
+
+
 def iterate_tensors(folder: Path, progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) for every tensor of the checkpoint, with a progress bar over shards.
-    A name in two files is a CheckpointError naming both: which copy is right is unknown (a stale
-    file beside a new one, say), and loading both kept the last silently."""
+    """Yield (name, tensor) for every tensor of the checkpoint, once each (see `_sources`), with
+    a progress bar over shards."""
     files = checkpoint_files(folder)
-    seen: dict[str, Path] = {}
+    sources = _sources(folder, files)
     for file in tqdm(files, desc="Loading safetensors shards", disable=not progress, unit="shard"):
-        try:
-            with safe_open(str(file), framework="pt") as f:
-                for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                    if name in seen:
-                        raise CheckpointError(
-                            f"tensor {name!r} is in both {seen[name]} and {file}: remove the "
-                            "file that should not be there"
-                        )
-                    seen[name] = file
+        with _opened(file) as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                if sources[name] == file:
                     yield name, f.get_tensor(name)
-        except (SafetensorError, OSError) as e:
-            if not os.access(file, os.R_OK):  # safetensors says "No such file or directory"
-                raise CheckpointError(f"{file}: no permission to read it") from None
-            raise CheckpointError(f"{file}: not a readable safetensors file: {e}") from None

@@ -164,6 +164,8 @@ class KimiLinearConfig:
         # (its attribute map): its save_pretrained, like the published config, writes only that
         # name. Upstream's context limit is the smaller of the two keys present.
         limit = config.get("model_max_length")
+        if _is_int(limit) and limit > _MAX_INT:
+            limit = None  # transformers writes int(1e30) for "no limit"
         if limit is not None:
             _check_int("model_max_length", limit, 1)
             own = values.get("max_position_embeddings")

@@ -161,7 +161,7 @@ def _worker_main(rank: int, config: VllmConfig, conn) -> None:
 # The name of rank r's process is this plus r: a process so named is one of our workers.
 _WORKER_NAME = "vllm-tp-worker-"
 _GUARD_HINT = (
-    "Each worker is a spawned process that first imports the script that started the engine: a "
+    "each worker is a spawned process that first imports the script that started the engine: a "
     'script must start a tensor-parallel engine under `if __name__ == "__main__":`.'
 )
 
@@ -177,7 +177,7 @@ class Executor:
             # (multiprocessing's error from the start below is about freezing executables).
             raise RuntimeError(
                 f"this process ({mp.current_process().name}, pid {os.getpid()}) is a worker "
-                f"importing its parent's main script, which starts an engine. {_GUARD_HINT}"
+                f"importing its parent's main script, which starts an engine: {_GUARD_HINT}"
             )
         self.config = config
         tp = config.parallel_config.tensor_parallel_size
@@ -285,12 +285,13 @@ class Executor:
         # Its pipe may close a moment before the process is reaped; wait for the exit code.
         proc.join(timeout=5)
         if starting:
-            # Nothing of the engine ran there yet: the error, printed by the worker itself, is
-            # in importing the main script or its modules.
+            # Nothing of the engine ran there yet. Exit code 1 is a Python error, which the worker
+            # printed itself: in importing the main script or its modules.
+            printed = " (its error is printed above)" if proc.exitcode == 1 else ""
+            hint = f" One cause: {_GUARD_HINT}" if proc.exitcode == 1 else ""
             raise RuntimeError(
                 f"tensor-parallel worker {rank} exited while starting (exit code "
-                f"{proc.exitcode}), before it ran any engine code; its error is printed above. "
-                f"{_GUARD_HINT}"
+                f"{proc.exitcode}), before it ran any engine code{printed}.{hint}"
             )
         raise RuntimeError(
             f"tensor-parallel worker {rank} died (exit code {proc.exitcode}); the engine cannot "
