@@ -531,7 +531,7 @@ def test_ctrl_c_while_workers_start_is_quiet_and_quick(monkeypatch):
         start(self)
         spawned.append((self, _sigint_ignored(self.pid)))
 
-    def interrupted(self, rank):
+    def interrupted(self, rank, starting=False):
         raise KeyboardInterrupt  # Ctrl-C while rank 0 waits for the workers to start
 
     monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", start_and_look)
