@@ -655,10 +655,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         apply_dry_run(
             parser, args, model=DRY_RUN_MODEL, load_format="dummy", skip_tokenizer_init=True,
-            device="cpu", dtype="auto", copy_gib=1 / 64, matmul_size=256, batch_sizes=[1, 2],
-            input_lens=[8, 20], batch_size=1, input_len=8, output_len=2, warmup_steps=1,
-            max_num_batched_tokens=16, profile_steps=1, profile_prefill=True, max_num_seqs=None,
-            max_model_len=None, kv_cache_memory=None, num_gpu_blocks_override=None,
+            tokenizer=None, device="cpu", dtype="auto", copy_gib=1 / 64, matmul_size=256,
+            batch_sizes=[1, 2], input_lens=[8, 20], batch_size=1, input_len=8, output_len=2,
+            warmup_steps=1, max_num_batched_tokens=16, profile_steps=1, profile_prefill=True,
+            max_num_seqs=None, max_model_len=None, kv_cache_memory=None,
+            num_gpu_blocks_override=None,
             # Off by default on the CPU; on here so that the dry run goes through its code.
             async_scheduling=True,
         )  # fmt: skip

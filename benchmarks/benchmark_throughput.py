@@ -82,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         apply_dry_run(
             parser, args, model=DRY_RUN_MODEL, load_format="dummy", skip_tokenizer_init=True,
-            device="cpu", dtype="auto", max_num_batched_tokens=16, num_prompts=3, input_len=12,
-            output_len=3, max_num_seqs=2, max_model_len=None, kv_cache_memory=None,
+            tokenizer=None, device="cpu", dtype="auto", max_num_batched_tokens=16, num_prompts=3,
+            input_len=12, output_len=3, max_num_seqs=2, max_model_len=None, kv_cache_memory=None,
             num_gpu_blocks_override=None,
         )  # fmt: skip
     # `is None`: an explicit 0 is refused by the engine's check, not replaced by the default.

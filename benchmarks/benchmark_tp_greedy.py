@@ -76,8 +76,19 @@ def run_one(args: Any, out: Path) -> None:
         completion = request.outputs[0]
         tokens.append(completion.token_ids)
         gaps.append([top_two_gap(position) for position in completion.logprobs])
-    record = {"tokens": tokens, "gaps": gaps, "ready_s": ready_s, "generate_s": generate_s}
+    record = {"settings": run_settings(args), "tokens": tokens, "gaps": gaps,
+              "ready_s": ready_s, "generate_s": generate_s}  # fmt: skip
     write_json(str(out), record)
+
+
+# Flags that say where runs go, not what they compute.
+_NOT_SETTINGS = ("tp_sizes", "runs_dir", "result_file", "output_json", "tensor_parallel_size")
+
+
+def run_settings(args: Any) -> dict[str, str]:
+    """What a run computes from (model, weights, seed, workload, engine flags), as strings: a run
+    kept in --runs-dir is reused only by a run of the same settings."""
+    return {k: str(v) for k, v in sorted(vars(args).items()) if k not in _NOT_SETTINGS}
 
 
 def top_two_gap(position: dict) -> float | None:
@@ -152,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         apply_dry_run(
             parser, args, model=DRY_RUN_MODEL, load_format="dummy", skip_tokenizer_init=True,
-            device="cpu", num_prompts=3, input_len=6, output_len=4,
+            tokenizer=None, device="cpu", num_prompts=3, input_len=6, output_len=4,
         )  # fmt: skip
     if args.result_file:  # one TP size, in a child process of the run below
         run_one(args, Path(args.result_file))
@@ -162,9 +173,17 @@ def main(argv: list[str] | None = None) -> int:
             "argument -tp/--tensor-parallel-size: this script runs one engine per size of "
             "--tp-sizes; pass the sizes there"
         )
+    if min(args.tp_sizes) < 1:
+        parser.error(f"argument --tp-sizes: must be >= 1, got {min(args.tp_sizes)}")
     if 1 not in args.tp_sizes:
         parser.error("--tp-sizes must include 1: the other sizes are compared with it")
+    if set(args.tp_sizes) == {1} and not args.runs_dir:
+        parser.error(
+            "argument --tp-sizes: 1 alone compares nothing; keep its tokens with --runs-dir for "
+            "a later run of the other sizes"
+        )
     check_workload(parser, args)
+    settings = run_settings(args)
     runs = {}
     with contextlib.ExitStack() as stack:
         folder = args.runs_dir or stack.enter_context(tempfile.TemporaryDirectory())
@@ -175,6 +194,15 @@ def main(argv: list[str] | None = None) -> int:
         for tp in sorted(set(args.tp_sizes)):
             result = Path(folder) / f"tp{tp}.json"
             if result.exists():
+                kept = json.loads(result.read_text()).get("settings", {})
+                differ = sorted(k for k in settings.keys() | kept.keys()
+                                if settings.get(k) != kept.get(k))  # fmt: skip
+                if differ:
+                    shown = ", ".join(f"{k} {kept.get(k)} (now {settings.get(k)})" for k in differ)
+                    parser.error(
+                        f"argument --runs-dir: {result} was made with other settings: {shown}; "
+                        "use another folder, or remove the file to run it again"
+                    )
                 print(f"TP={tp}: reusing {result}", flush=True)
             else:
                 child = [sys.executable, __file__, *argv, "-tp", str(tp), "--result-file",

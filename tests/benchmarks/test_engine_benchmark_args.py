@@ -175,6 +175,11 @@ def test_latency_refuses_a_cache_that_cannot_hold_the_largest_batch(
     [
         (["--tp-sizes", "1", "3"], "argument --tp-sizes: 3 does not shard this model"),
         (["--tp-sizes", "1", "0"], "argument --tp-sizes: must be >= 1, got 0"),
+        (["--tp-sizes", "-1"], "argument --tp-sizes: must be >= 1, got -1"),  # was "include 1"
+        # Exited 0 having thrown the tokens away.
+        (["--tp-sizes", "1"], "argument --tp-sizes: 1 alone compares nothing"),
+        # The dry run's own skip_tokenizer_init had refused it ("exclude each other").
+        (["--tokenizer", "x", "--tp-sizes", "1", "3"], "argument --tp-sizes: 3 does not shard"),
         (["--runs-dir", "/proc/no-such-folder"], "argument --runs-dir: cannot create"),
         # The user's own --max-model-len at fault, not the workload.
         (["--max-model-len", "100000"], "argument --max-model-len: max_model_len 100000 exceeds"),

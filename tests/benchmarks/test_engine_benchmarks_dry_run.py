@@ -200,7 +200,7 @@ def test_load_dry_run(tmp_path: Path) -> None:
     assert not folder.exists()  # removed without --keep
 
 
-def test_tp_greedy_dry_run(tmp_path: Path) -> None:
+def test_tp_greedy_dry_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """TP=2 (gloo, two worker processes) against TP=1 on kimi-k3-tiny: every greedy token equal."""
     import benchmark_tp_greedy
 
@@ -214,6 +214,16 @@ def test_tp_greedy_dry_run(tmp_path: Path) -> None:
     assert set(record["runs"]) == {"1", "2"}
     comparison = record["comparisons"]["2"]
     assert comparison["prompts"] == 3 and comparison["identical"] == 3
+    # Kept runs of other settings are not compared with: seed 5's prompts against seed 0's
+    # tokens read as a TP divergence.
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark_tp_greedy.main([*argv, "--seed", "5"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        f"argument --runs-dir: {runs / 'tp1.json'} was made with other settings: seed 0 (now 5)"
+        in err
+    )
 
 
 def test_tp_greedy_compare_reports_the_first_divergence_and_its_gap() -> None:
