@@ -25,6 +25,7 @@ import sys
 import torch
 from kernel_bench import (
     add_common_args,
+    note_dry_run_ignores,
     print_copy_gbps,
     require_gpu,
     round_like_the_gpu_if_interpreting,
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.rows) < 1 or args.vocab < 1 or min(args.target_programs) < 1:
         parser.error("--rows, --vocab and --target-programs must be positive")
     if args.dry_run:
+        note_dry_run_ignores(parser, args, used=("target_programs",))
         round_like_the_gpu_if_interpreting()
         return dry_run(args.target_programs)
     require_gpu(parser)

@@ -28,6 +28,7 @@ import sys
 import torch
 from kernel_bench import (
     add_common_args,
+    note_dry_run_ignores,
     print_copy_gbps,
     require_gpu,
     round_like_the_gpu_if_interpreting,
@@ -134,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     except (TypeError, ValueError):
         parser.error("--configs are block_t,block_c,num_warps[,step] (e.g. 64,1024,4,8) or default")
     if args.dry_run:
+        note_dry_run_ignores(parser, args, used=("configs",))
         round_like_the_gpu_if_interpreting()
         return dry_run(configs)
     require_gpu(parser)

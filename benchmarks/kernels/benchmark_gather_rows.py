@@ -25,6 +25,7 @@ import sys
 import torch
 from kernel_bench import (
     add_common_args,
+    note_dry_run_ignores,
     print_copy_gbps,
     require_gpu,
     round_like_the_gpu_if_interpreting,
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         parser.error("--configs are block_rows,block_cols,num_warps (powers of two) or default")
     if args.dry_run:
+        note_dry_run_ignores(parser, args, used=("configs",))
         round_like_the_gpu_if_interpreting()
         return dry_run(configs)
     require_gpu(parser)

@@ -27,6 +27,7 @@ from benchmark_gemv import gemv_config
 from kernel_bench import (
     add_common_args,
     copy_gbps,
+    note_dry_run_ignores,
     require_gpu,
     round_like_the_gpu_if_interpreting,
     time_eager,
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.dry_run:
+        note_dry_run_ignores(parser, args, ignored=("shapes", "copies", "copy_gib"))
         round_like_the_gpu_if_interpreting()
         device, shapes, copies = torch.device("cpu"), DRY_RUN_SHAPES, 2
     else:

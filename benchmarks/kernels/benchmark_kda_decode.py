@@ -69,6 +69,7 @@ import sys
 import torch
 from kernel_bench import (
     add_common_args,
+    note_dry_run_ignores,
     print_copy_gbps,
     require_gpu,
     round_like_the_gpu_if_interpreting,
@@ -418,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     args = parser.parse_args(argv)
     if args.dry_run:
+        note_dry_run_ignores(parser, args, used=("gate_proj",))
         round_like_the_gpu_if_interpreting()
     if args.dry_run and args.gate_proj:
         return dry_run_gate_proj("cuda" if torch.cuda.is_available() else "cpu")

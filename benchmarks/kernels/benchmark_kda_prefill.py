@@ -29,7 +29,7 @@ import itertools
 import sys
 
 import torch
-from kernel_bench import require_gpu, time_graph, write_csv
+from kernel_bench import note_dry_run_ignores, require_gpu, time_graph, write_csv
 
 from vllm.models.kimi_k3.amd.ops.kda_core import KdaGate, fla_chunk_kda, kda_prefill
 from vllm.utils.cli import output_file, positive_int, run_main
@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     gates = list(dict.fromkeys(args.gates))
     if args.dry_run:
+        note_dry_run_ignores(parser, args, used=("gates",))
         return dry_run(gates)
     require_gpu(parser, gpu="CUDA GPU with fla-core")
     print(f"{torch.cuda.get_device_name(0)}: {', '.join(gates)}; us a call, graph replay")

@@ -48,6 +48,7 @@ from dataclasses import replace
 import torch
 from kernel_bench import (
     add_common_args,
+    note_dry_run_ignores,
     print_copy_gbps,
     require_gpu,
     round_like_the_gpu_if_interpreting,
@@ -355,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
                 if device == "cpu"
                 else "--dry-run: Triton is not importable"
             )
+        note_dry_run_ignores(parser, args, used=("block_size",))
         round_like_the_gpu_if_interpreting()
         return dry_run(args.block_size, device)
     require_gpu(parser, gpu="CUDA or ROCm GPU")

@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from kernel_bench import (
     add_common_args,
+    note_dry_run_ignores,
     print_copy_gbps,
     require_gpu,
     round_like_the_gpu_if_interpreting,
@@ -190,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     args = parser.parse_args(argv)
     if args.dry_run:
+        note_dry_run_ignores(parser, args)
         round_like_the_gpu_if_interpreting()
         return dry_run()
     require_gpu(parser)

@@ -86,6 +86,7 @@ import torch
 from kernel_bench import (
     add_common_args,
     copy_gbps,
+    note_dry_run_ignores,
     require_gpu,
     round_like_the_gpu_if_interpreting,
     time_eager,
@@ -472,6 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.shape != "kimi-linear" and (args.shared_expert or args.routing_histogram):
         parser.error("--shared-expert and --routing-histogram are kimi-linear's (--shape)")
     if args.dry_run:
+        ignored = ("shape", "copy_gib", "timing", "graph_calls")  # eager timing on the CPU
+        note_dry_run_ignores(parser, args, ignored=ignored)
         round_like_the_gpu_if_interpreting()
         device, shape, copy_gib = torch.device("cpu"), DRY_RUN, 1 / 64
     else:

@@ -78,6 +78,7 @@ from benchmark_gemv import gemv_config
 from kernel_bench import (
     add_common_args,
     copy_gbps,
+    note_dry_run_ignores,
     require_gpu,
     round_like_the_gpu_if_interpreting,
     time_eager,
@@ -426,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.dry_run:
+        ignored = ("tokens", "experts", "top_k", "hidden", "layers", "copy_gib", "graph_calls")
+        note_dry_run_ignores(parser, args, ignored=ignored)
         round_like_the_gpu_if_interpreting()
         device, tokens_list, copy_gib = torch.device("cpu"), [1, 3], 1 / 64
         args.experts, args.top_k, args.hidden, args.layers = 32, 4, 72, 2

@@ -14,6 +14,7 @@ import argparse
 import math
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from csv import DictWriter
@@ -157,6 +158,29 @@ def add_common_args(
     )  # fmt: skip
     parser.add_argument("--csv", type=output_file, help=csv)
     parser.add_argument("--dry-run", action="store_true", help=dry_run)
+
+
+def note_dry_run_ignores(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    *,
+    used: tuple[str, ...] = (),
+    ignored: tuple[str, ...] | None = None,
+) -> None:
+    """Say on stderr which flags given with --dry-run (a value other than the default) the dry
+    run does not read: the dests in `ignored`, or else every dest but `used` (a `--shapes
+    lm_head --dry-run` ran the tiny shape, and a `--csv` was not written, without a word).
+    argparse lists a parser's flags only in its private `_actions`."""
+    notes = [
+        f"{max(a.option_strings, key=len)} {getattr(args, a.dest)!r}"
+        for a in parser._actions
+        if a.option_strings
+        and hasattr(args, a.dest)  # not --help's
+        and (a.dest in ignored if ignored is not None else a.dest not in (*used, "dry_run"))
+        and getattr(args, a.dest) != parser.get_default(a.dest)
+    ]
+    if notes:
+        print(f"--dry-run ignores the given {', '.join(notes)}", file=sys.stderr)
 
 
 def require_gpu(

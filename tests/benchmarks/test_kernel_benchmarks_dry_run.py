@@ -30,6 +30,19 @@ def test_kda_decode_dry_run(triton_launches, capsys: pytest.CaptureFixture) -> N
     assert "v32w4 v16w2 v8w1" in capsys.readouterr().out
 
 
+def test_kda_decode_dry_run_names_the_flags_it_ignores(tmp_path, capsys) -> None:
+    """The untimed dry run writes no CSV and runs its own shapes: said, not silently."""
+    import benchmark_kda_decode
+
+    csv = tmp_path / "rows.csv"
+    assert benchmark_kda_decode.main(["--dry-run", "--csv", str(csv), "--reps", "3"]) == 0
+    err = capsys.readouterr().err
+    assert f"--dry-run ignores the given --reps 3, --csv {str(csv)!r}\n" in err, err
+    assert not csv.exists()
+    assert benchmark_kda_decode.main(["--dry-run"]) == 0
+    assert "--dry-run ignores" not in capsys.readouterr().err
+
+
 def test_kda_decode_gate_proj_dry_run(triton_launches, capsys: pytest.CaptureFixture) -> None:
     import benchmark_kda_decode
 
