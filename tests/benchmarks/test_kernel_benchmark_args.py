@@ -67,6 +67,25 @@ def test_copy_gib_must_be_finite_and_at_least_one(value: str, capsys) -> None:
 
 
 @pytest.mark.parametrize(
+    "argv, message",
+    [
+        # Failed in the launch with a traceback, after the reference had been timed.
+        (["--warps", "3"], "argument --warps: must be a power of two up to 32, got 3"),
+        (["--warps", "64"], "argument --warps: must be a power of two up to 32, got 64"),
+        # The second was dropped silently.
+        (["--logits", "--fused"], "argument --fused: not allowed with argument --logits"),
+        (["--fused", "--fused-norm"], "argument --fused-norm: not allowed with argument --fused"),
+    ],
+)
+def test_router_flags_that_cannot_run_are_refused(argv, message, capsys) -> None:
+    module = importlib.import_module("benchmark_router")
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
     "name, flag, value",
     [
         ("benchmark_all_reduce", "--tokens", "0"), ("benchmark_all_reduce", "--hidden", "-1"),
