@@ -58,6 +58,11 @@ def check_out(parser: argparse.ArgumentParser, out: Path) -> None:
     run replaces it and deletes it afterwards, so a folder of anything else (a real checkpoint
     passed by mistake, `.`) would be lost."""
     if not out.exists():
+        # Its folder must exist: parents made here were left behind, empty, when --out went.
+        if not out.parent.is_dir():
+            parser.error(f"argument --out: the folder {str(out.parent)!r} does not exist")
+        if not os.access(out.parent, os.W_OK):
+            parser.error(f"argument --out: the folder {str(out.parent)!r} is not writable")
         return
     if not out.is_dir():
         parser.error(f"argument --out: {str(out)!r} exists and is not a folder")
@@ -78,7 +83,10 @@ def write_checkpoint(
     """Write `model`'s config (with `num_experts` routed experts if given) and its dummy weights
     as shards of about `shard_gb` GB to `out`; returns what was written."""
     folder, _ = resolve_model(model)
-    config_json = json.loads((folder / "config.json").read_text())
+    try:
+        config_json = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ValueError(f"{folder}: no readable config.json ({e})") from None
     if num_experts is not None:
         if "num_experts" not in config_json:
             raise ValueError(f"{model}'s config has no num_experts to change")

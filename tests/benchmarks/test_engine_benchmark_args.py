@@ -220,10 +220,27 @@ def test_load_refuses_an_out_folder_it_did_not_write(tmp_path: Path, capsys) -> 
     assert a_file.read_text() == "x"
 
 
+def test_load_refuses_an_out_it_cannot_create(tmp_path: Path, capsys) -> None:
+    """A traceback (NotADirectoryError) where a parent is a file; missing parents were made and
+    left behind, empty, when --out was deleted."""
+    import benchmark_load
+
+    (tmp_path / "a-file").write_text("x")
+    for out, folder in ((tmp_path / "a-file" / "ckpt", tmp_path / "a-file"),
+                        (tmp_path / "new" / "ckpt", tmp_path / "new")):  # fmt: skip
+        with pytest.raises(SystemExit) as exit_info:
+            benchmark_load.main(["--dry-run", "--out", str(out)])
+        assert exit_info.value.code == 2
+        assert f"argument --out: the folder '{folder}' does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
         (["--device", "cuda"], "argument --device: torch sees no GPU"),
+        # A folder without config.json: a FileNotFoundError traceback.
+        (["--model", "{tmp}"], "argument --model: {tmp}: no readable config.json"),
         (["--dtype", "int3"], "argument --dtype: invalid choice: 'int3'"),
         (["--model", "/nonexistent"], "argument --model: model '/nonexistent' is neither"),
         (["--model", "kimi-linear-tiny", "--num-experts", "1"],
@@ -239,10 +256,13 @@ def test_load_refuses_bad_values_by_flag(argv, message, tmp_path, monkeypatch, c
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     out = tmp_path / "ckpt"
+    folder = tmp_path / "no-config"
+    folder.mkdir()
+    argv = [a.format(tmp=folder) for a in argv]
     with pytest.raises(SystemExit) as exit_info:
         benchmark_load.main(["--out", str(out), "--device", "cpu", *argv])
     assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
+    assert message.format(tmp=folder) in capsys.readouterr().err
     assert not out.exists()
 
 
