@@ -378,6 +378,18 @@ def run_gate_proj(args, sms: int, call: str) -> int:
     return 0
 
 
+def _lower_bound(text: str) -> float:
+    """The gate's lower bound as a config may hold it (`linear_attn_config.gate_lower_bound`):
+    in [-5, 0), so NaN and infinities too are refused."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not -5 <= value < 0:
+        raise argparse.ArgumentTypeError(f"must be in [-5, 0), got {text}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -396,7 +408,9 @@ def main(argv: list[str] | None = None) -> int:
         "--quantize", action="store_true",
         help="sweep the engine's PTPC call (quantize=True: FP8 codes from the epilogue)",
     )  # fmt: skip
-    parser.add_argument("--lower-bound", type=float, default=-5.0, help="gate lower bound (K3)")
+    parser.add_argument(
+        "--lower-bound", type=_lower_bound, default=-5.0, help="gate lower bound (K3), in [-5, 0)"
+    )
     parser.add_argument(
         "--graph-calls", type=positive_int, default=20, help="calls per captured graph"
     )

@@ -67,7 +67,7 @@ from vllm.models.kimi_k3.amd.ops.mla_decode_config import (
     mla_decode_config,
 )
 from vllm.triton_utils import use_triton
-from vllm.utils.cli import nonnegative_int, positive_int, run_main
+from vllm.utils.cli import nonnegative_int, positive_float, positive_int, run_main
 
 HEADS, LATENT, ROPE = 32, 512, 64
 BATCHES = [1, 4, 16, 64]
@@ -335,7 +335,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=positive_int, default=10, help="graph replays per timing")
     parser.add_argument("--ref", action="store_true", help="also time the torch reference")
     parser.add_argument(
-        "--ref-max-gib", type=float, default=24.0, help="skip the reference above this scratch"
+        "--ref-max-gib",
+        type=positive_float,
+        default=24.0,
+        help="skip the reference above this scratch",
     )
     add_common_args(
         parser, csv="write every measurement to this CSV file",

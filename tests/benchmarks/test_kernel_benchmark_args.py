@@ -86,6 +86,23 @@ def test_router_flags_that_cannot_run_are_refused(argv, message, capsys) -> None
 
 
 @pytest.mark.parametrize(
+    "name, argv, message",
+    [
+        ("benchmark_kda_decode", ["--lower-bound", "nan"], "must be in [-5, 0), got nan"),
+        ("benchmark_kda_decode", ["--lower-bound", "0"], "must be in [-5, 0), got 0"),
+        ("benchmark_mla_decode", ["--ref-max-gib", "-1"], "must be a finite number > 0, got -1"),
+    ],
+)  # fmt: skip
+def test_gpu_only_numbers_are_checked_as_parsed(name, argv, message, capsys) -> None:
+    """Taken as given (NaN, a bound the gate cannot have, a negative budget), to misbehave on a
+    GPU only."""
+    with pytest.raises(SystemExit) as exit_info:
+        importlib.import_module(name).main(argv)
+    assert exit_info.value.code == 2
+    assert f"argument {argv[0]}: {message}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
     "name, flag, value",
     [
         ("benchmark_all_reduce", "--tokens", "0"), ("benchmark_all_reduce", "--hidden", "-1"),
