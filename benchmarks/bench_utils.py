@@ -74,11 +74,14 @@ def make_parser(doc: str, sized: tuple[str, ...] = SIZED) -> FlexibleArgumentPar
     return parser
 
 
-def apply_dry_run(parser: argparse.ArgumentParser, args: argparse.Namespace, **values: Any) -> None:
-    """Set `--dry-run`'s `values` in `args` and say on stderr which flags given on the command
-    line they replace (a given flag differing from both its default and the dry run's value):
-    a `--batch-sizes 4 --dry-run` ran batches 1 and 2 without a word. (argparse lists a parser's
-    flags only in its private `_actions`.)"""
+def apply_dry_run(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, quiet: bool = False, **values: Any
+) -> None:
+    """Set `--dry-run`'s `values` in `args` and say on stderr (unless `quiet`: a child process
+    of a run that said it) which flags given on the command line they replace (a given flag
+    differing from both its default and the dry run's value): a `--batch-sizes 4 --dry-run` ran
+    batches 1 and 2 without a word. (argparse lists a parser's flags only in its private
+    `_actions`.)"""
     flags = {a.dest: max(a.option_strings, key=len) for a in parser._actions if a.option_strings}
     notes = []
     for dest, value in values.items():
@@ -86,7 +89,7 @@ def apply_dry_run(parser: argparse.ArgumentParser, args: argparse.Namespace, **v
         if given not in (parser.get_default(dest), value):
             notes.append(f"{flags[dest]} {given!r} by {value!r}")
         setattr(args, dest, value)
-    if notes:
+    if notes and not quiet:
         print(f"--dry-run replaces {', '.join(notes)}", file=sys.stderr)
 
 

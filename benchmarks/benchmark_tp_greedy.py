@@ -162,8 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     device = check_args(parser, args)
     if args.dry_run:
         apply_dry_run(
-            parser, args, model=DRY_RUN_MODEL, load_format="dummy", skip_tokenizer_init=True,
-            tokenizer=None, device="cpu", num_prompts=3, input_len=6, output_len=4,
+            parser, args, quiet=bool(args.result_file), model=DRY_RUN_MODEL, load_format="dummy",
+            skip_tokenizer_init=True, tokenizer=None, device="cpu", num_prompts=3, input_len=6,
+            output_len=4,
         )  # fmt: skip
     if args.result_file:  # one TP size, in a child process of the run below
         run_one(args, Path(args.result_file))
