@@ -120,18 +120,23 @@ class RemoteServer:
         sig: int = signal.SIGTERM,
         group: bool = False,
         linger: float = 30.0,
+        times: int = 1,
     ) -> None:
-        """Send `sig` (to the whole process group with `group`, as Ctrl-C in a terminal does) and
-        wait; record the exit code and any process of its session still alive `linger` seconds
-        after it exited, then SIGKILL that process group, so that nothing outlives the test."""
+        """Send `sig` `times` times 10 ms apart (to the whole process group with `group`, as
+        Ctrl-C in a terminal does) and wait; record the exit code and any process of its session
+        still alive `linger` seconds after it exited, then SIGKILL that process group, so that
+        nothing outlives the test."""
         if self.proc is None or self._stopped:
             return
         self._stopped = True
         if self.proc.poll() is None:
-            if group:
-                os.killpg(self.proc.pid, sig)
-            else:
-                self.proc.send_signal(sig)
+            for i in range(times):
+                if i:
+                    time.sleep(0.01)
+                if group:
+                    os.killpg(self.proc.pid, sig)
+                else:
+                    self.proc.send_signal(sig)
             try:
                 self.exit_code = self.proc.wait(timeout)
             except subprocess.TimeoutExpired:

@@ -176,6 +176,20 @@ def _stop_with_streams_in_flight(
             "leftover": server.leftover}  # fmt: skip
 
 
+def test_a_second_ctrl_c_forces_a_quiet_exit() -> None:
+    """uvicorn's forced exit on a second Ctrl-C skipped the app's lifespan shutdown, which ended
+    cancelled and was logged as an ERROR traceback."""
+    with RemoteServer(SERVE) as server:
+        body = {"prompt": "hello", "max_tokens": 900, "ignore_eos": True, "stream": True}
+        with requests.post(server.url("/v1/completions"), json=body, stream=True,
+                           timeout=120) as response:  # fmt: skip
+            next(response.iter_lines())  # streaming
+            server.stop(sig=signal.SIGINT, times=2)
+        log = server.output()
+    assert server.exit_code == 0, log[-3000:]
+    assert "Traceback" not in log and "CancelledError" not in log, log[-3000:]
+
+
 def _assert_shut_down_cleanly(stopped: dict) -> None:
     for tail in stopped["tails"]:
         assert isinstance(tail, list), tail

@@ -427,6 +427,11 @@ class _Server(uvicorn.Server):
         if stopping is not None:  # None: the lifespan is off
             stopping.set()
         await super().shutdown(sockets)
+        if self.force_exit:
+            # A second Ctrl-C skips the app's lifespan shutdown, which then ends cancelled and
+            # is logged as an ERROR traceback; it is instant here (the engine stops afterwards,
+            # in `run_server`), so it runs anyway.
+            await self.lifespan.shutdown()
 
 
 def bind_socket(host: str | None, port: int) -> socket.socket:
