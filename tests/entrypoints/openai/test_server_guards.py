@@ -10,6 +10,7 @@ allowed origins are answered (without the API key) as Starlette answers them, re
 import asyncio
 import concurrent.futures
 import contextlib
+import re
 import sys
 import threading
 import time
@@ -311,6 +312,37 @@ def test_the_app_serves_on_a_second_event_loop() -> None:
                 assert response.status_code == 200, response.text
     finally:
         llm.shutdown()
+
+
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/completions", {"prompt": "hello", "max_tokens": 2}),
+        ("/v1/chat/completions", {"messages": USER, "max_tokens": 2}),
+    ],
+)
+def test_latencies_count_the_tokenization(
+    monkeypatch: pytest.MonkeyPatch, path: str, body: dict
+) -> None:
+    """As upstream's, from the request's arrival: they counted from the engine's `add_request`,
+    after the handler had tokenized the prompt (docs/serving.md said they included it)."""
+    llm = AsyncLLM(FakeEngine(SCRIPT))
+    encode = llm.tokenizer.encode
+
+    def slow(*args, **kwargs):
+        time.sleep(0.5)  # a long prompt
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(llm.tokenizer, "encode", slow)
+    try:
+        with _serve(build_app(llm, ["fake"], "fake")) as url:
+            assert requests.post(url + path, json=body, timeout=30).status_code == 200
+            metrics = requests.get(url + "/metrics", timeout=30).text
+    finally:
+        llm.shutdown()
+    for name in ("time_to_first_token_seconds", "e2e_request_latency_seconds"):
+        total = re.search(rf"^vllm:{name}_sum{{[^}}]*}} (\S+)$", metrics, re.M)
+        assert total is not None and float(total[1]) >= 0.5, (name, metrics)
 
 
 def _completion_body(size: int) -> bytes:

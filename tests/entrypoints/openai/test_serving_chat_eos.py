@@ -53,7 +53,7 @@ class ScriptedEngine:
         )
         self.steps = steps
 
-    async def add_request(self, request_id: str, prompt: list[int], params):
+    async def add_request(self, request_id: str, prompt: list[int], params, arrival=None):
         async def outputs():
             for text, token_ids, finish_reason, stop_reason in self.steps:
                 c = CompletionOutput(0, text, token_ids, None, None, finish_reason, stop_reason)

@@ -187,12 +187,13 @@ class OpenAIServingChat(OpenAIServing):
     async def create_chat_completion(
         self, request: ChatCompletionRequest
     ) -> "ChatCompletionResponse | AsyncIterator[str]":
+        arrival = time.monotonic()  # the latencies count the rendering, as upstream's
         # Rendering and tokenizing a conversation of megabytes takes seconds: done on a worker
         # thread, the event loop answers other requests and /health meanwhile.
         ids, params, num_top, in_reasoning = await asyncio.to_thread(self._inputs, request)
         request_id = random_id("chatcmpl")
         try:
-            stream = await self.engine.add_request(request_id, ids, params)
+            stream = await self.engine.add_request(request_id, ids, params, arrival)
         except ValueError as e:  # refused: the engine never tracked it, nothing to abort
             raise bad_request(e, ChatCompletionRequest) from None
         if request.stream:

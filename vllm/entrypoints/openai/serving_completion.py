@@ -134,6 +134,7 @@ class OpenAIServingCompletion(OpenAIServing):
         self, request: CompletionRequest
     ) -> "CompletionResponse | AsyncIterator[str]":
         """The response, or for `stream` the SSE events (after the requests were accepted)."""
+        arrival = time.monotonic()  # the latencies count the tokenization, as upstream's
         # A prompt of megabytes takes seconds to tokenize (or, as ids, to check and decode):
         # done on a worker thread, the event loop answers other requests and /health meanwhile.
         inputs = await asyncio.to_thread(self._inputs, request)
@@ -142,7 +143,7 @@ class OpenAIServingCompletion(OpenAIServing):
         streams = []
         try:
             for rid, (ids, _, params) in zip(ids_of, inputs, strict=True):
-                streams.append(await self.engine.add_request(rid, ids, params))
+                streams.append(await self.engine.add_request(rid, ids, params, arrival))
         except ValueError as e:
             self._abort(ids_of)
             raise bad_request(e, CompletionRequest) from None

@@ -117,17 +117,24 @@ class AsyncLLM:
         stat_logger.record(self.scheduler_stats, None)
 
     async def add_request(
-        self, request_id: str, prompt: "str | list[int]", params: SamplingParams
+        self,
+        request_id: str,
+        prompt: "str | list[int]",
+        params: SamplingParams,
+        arrival: float | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Add a request; once the engine accepted it, return the iterator of its outputs.
+
+        `arrival`: the `time.monotonic()` its latencies count from (default: now); a server
+        handler passes the time it got the request, before it tokenized the prompt.
 
         Raises ValueError if the engine refuses the request. The iterator yields the latest output
         whenever it changed, until it finishes; closing it early aborts the request. A caller that
         may drop the iterator unstarted must `abort()` the id itself (aborting is idempotent);
         cancelled while waiting for the engine, it leaves nothing behind."""
-        # The request's latencies count from here (as upstream's from the frontend's arrival):
-        # its tokenization and its wait for the step the loop is running are part of them.
-        arrival = time.monotonic()
+        # As upstream's from the frontend's arrival: the caller's input processing (a server's
+        # tokenization) and the wait for the step the loop is running are part of the latencies.
+        arrival = time.monotonic() if arrival is None else arrival
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue = asyncio.Queue()
         added: concurrent.futures.Future = concurrent.futures.Future()

@@ -13,8 +13,9 @@ on the GPU). Random rows divide by their temperature and take probabilities, dro
 most-likely prefix whose mass reaches `top_p` of what is left, and sample by an exponential race:
 argmax of p / E with E ~ Exp(1) i.i.d., which picks token i with probability p_i / sum(p). A
 seeded row draws its E from its own generator, so its tokens depend only on its seed and its
-logits; unseeded rows share one draw from the device's default generator. The top-k / top-p cut
-keeps every token tied with the last one kept.
+logits; unseeded rows share one draw from `unseeded_generator`: the engine's, seeded with its
+`seed` by the model runner (the device's default one where the metadata has none). The
+top-k / top-p cut keeps every token tied with the last one kept.
 
 Logprobs are of the raw model distribution (log_softmax of the logits as given, before penalties,
 suppression, temperature and filtering). Rank policy: a token's rank is 1 + the number of tokens
