@@ -1,7 +1,9 @@
 """A scripted stand-in for `LLMEngine` (same interface), for testing the server layers without a
 model: every request replies with the token ids of a fixed script, one token per step, cut by
-max_tokens, stop strings and stop token ids like the real engine; logprobs are made up but
-consistent (the sampled token is always rank 1)."""
+max_tokens, stop strings and stop token ids like the real engine, its text from the real engine's
+`IncrementalDetokenizer` (so what streams is what the engine would stream: a possible start of a
+stop string, or half a character, is held back); logprobs are made up but consistent (the sampled
+token is always rank 1)."""
 
 import dataclasses
 import time
@@ -12,6 +14,7 @@ from vllm.model_executor.model_loader.builtin import resolve_model
 from vllm.outputs import CompletionOutput, Logprob, RequestOutput
 from vllm.sampling_params import SamplingParams
 from vllm.transformers_utils.tokenizer import get_tokenizer
+from vllm.v1.engine.detokenizer import IncrementalDetokenizer
 
 
 @dataclasses.dataclass
@@ -20,6 +23,7 @@ class _Request:
     prompt: str | None
     prompt_ids: list[int]
     params: SamplingParams
+    detokenizer: IncrementalDetokenizer
     tokens: list[int] = dataclasses.field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
@@ -74,7 +78,11 @@ class FakeEngine:
             raise ValueError("the prompt is empty")
         if len(ids) >= self.config.model_config.max_model_len:
             raise ValueError("the prompt is too long")
-        self.requests[request_id] = _Request(request_id, prompt, ids, params)
+        detokenizer = IncrementalDetokenizer(
+            self.tokenizer, ids, params.stop, params.include_stop_str_in_output,
+            params.skip_special_tokens, params.min_tokens,
+        )  # fmt: skip
+        self.requests[request_id] = _Request(request_id, prompt, ids, params, detokenizer)
         self.kv_cache_manager.num_free_blocks -= 1
         self.kv_cache_manager.num_free_kda_slots -= 1
         self.scheduler.num_running = len(self.requests)
@@ -99,18 +107,15 @@ class FakeEngine:
             params = request.params
             token = self.script[len(request.tokens) % len(self.script)]
             request.tokens.append(token)
-            request.text = self.tokenizer.decode(request.tokens, params.skip_special_tokens)
-            for stop in params.stop:
-                cut = request.text.find(stop)
-                if cut >= 0:
-                    keep = cut + len(stop) if params.include_stop_str_in_output else cut
-                    request.text = request.text[:keep]
-                    request.finish_reason, request.stop_reason = "stop", stop
-                    break
+            stop = request.detokenizer.update([token])
+            if stop is not None:
+                request.finish_reason, request.stop_reason = "stop", stop
             if request.finish_reason is None and token in params.stop_token_ids:
                 request.finish_reason, request.stop_reason = "stop", token
             if request.finish_reason is None and len(request.tokens) >= params.max_tokens:
                 request.finish_reason = "length"
+            finished = request.finish_reason is not None
+            request.text = request.detokenizer.get_next_output_text(finished, delta=False)
             if request.finish_reason is not None:
                 outputs.append(self._finish(request))
             else:

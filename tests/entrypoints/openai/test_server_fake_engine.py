@@ -86,6 +86,20 @@ def test_streamed_chat_deltas_add_up(server: RemoteServer) -> None:
     assert len(deltas) > 5  # really streamed
 
 
+@pytest.mark.parametrize("stop", ["four", "Hmm."])
+def test_streamed_and_whole_agree_at_a_stop_string(server: RemoteServer, stop: str) -> None:
+    """The scripted engine streamed text the real one holds back (a possible start of a stop
+    string): streamed reasoning "Two and two make fou", whole "Two and two make "."""
+    fields = {"messages": [{"role": "user", "content": "2+2?"}], "max_tokens": len(SCRIPT),
+              "stop": [stop]}  # fmt: skip
+    whole = _post(server, "/v1/chat/completions", fields).json()["choices"][0]["message"]
+    events = _events(_post(server, "/v1/chat/completions", {**fields, "stream": True}, stream=True))
+    deltas = [e["choices"][0]["delta"] for e in events[:-1] if e["choices"]]
+    for part in ("reasoning", "content"):
+        streamed = "".join(d.get(part) or "" for d in deltas)
+        assert streamed == (whole.get(part) or ""), (part, streamed, whole)
+
+
 def test_streamed_chat_chunks_carry_only_what_is_set(server: RemoteServer) -> None:
     """As upstream's chat stream (`model_dump_json(exclude_unset=True)`): a delta holds only its
     own fields (no `"content": null` beside reasoning, no `role` after the first chunk), each
