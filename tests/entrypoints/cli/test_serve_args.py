@@ -303,7 +303,10 @@ def test_a_model_folder_without_weights_is_refused_before_loading(tmp_path, caps
 @pytest.mark.parametrize(
     "broken, said",
     [
-        ("model.norm.weight", "checkpoint tensor 'model.norm.weight': "),
+        (
+            "model.norm.weight",
+            "checkpoint tensor 'model.norm.weight' (in {folder}/model.safetensors): ",
+        ),
         ("tokenizer.json", "the tokenizer: {folder}/tokenizer.json: not a tokenizer"),
     ],
 )

@@ -200,7 +200,10 @@ def test_a_quantized_checkpoints_tensors_are_named_as_such(tensors, tmp_path, le
     tensor 'down_proj.input_scale'", without the layer or the cause."""
     name = f"{module}.{leaf}"
     folder = write_checkpoint(tmp_path / "ckpt", tensors | {name: torch.ones(1)})
-    message = f"{name}: a quantized checkpoint's tensor; quantized checkpoints are not supported"
+    message = (
+        f"{name} (in {folder / 'model.safetensors'}): a quantized checkpoint's tensor; quantized "
+        "checkpoints are not supported"
+    )
     with pytest.raises(CheckpointError, match=re.escape(message)):
         load_model(folder, dtype=torch.float32)
 
@@ -235,7 +238,8 @@ def test_a_tensor_that_fails_to_load_is_named_as_the_checkpoint_spells_it(
     tensors, tmp_path, name, shape, said
 ):
     folder = write_checkpoint(tmp_path / "ckpt", tensors | {name: torch.zeros(shape)})
-    with pytest.raises(CheckpointError, match=f"^checkpoint tensor '{re.escape(name)}': .*{said}"):
+    where = re.escape(f"'{name}' (in {folder / 'model.safetensors'}): ")
+    with pytest.raises(CheckpointError, match=f"^checkpoint tensor {where}.*{said}"):
         load_model(folder, dtype=torch.float32)
 
 
@@ -279,3 +283,13 @@ def test_moe_tensors_of_a_layer_the_config_makes_dense_name_the_fields(model, te
         "(first_k_dense_replace 1, moe_layer_freq 1)"
     )):  # fmt: skip
         model.load_weights([(name, tensors[MOE + "experts.0.w1.weight"])])
+
+
+def test_a_stray_files_tensor_is_named_with_its_file(tensors, tmp_path):
+    """A LoRA adapter's file beside the checkpoint: "unexpected checkpoint tensor" without the
+    file it came from."""
+    folder = write_checkpoint(tmp_path / "ckpt", tensors)
+    save_file({"base_model.lora_A.weight": torch.zeros(2, 2)}, folder / "adapter_model.safetensors")
+    message = f"'base_model.lora_A.weight' (in {folder / 'adapter_model.safetensors'})"
+    with pytest.raises(CheckpointError, match=re.escape(message)):
+        load_model(folder, dtype=torch.float32)

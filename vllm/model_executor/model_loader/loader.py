@@ -16,6 +16,7 @@ import math
 import os
 import time
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import torch
 
@@ -29,7 +30,7 @@ from vllm.model_executor.model_loader.errors import (
     CheckpointError,
     ModelSizeError,
 )
-from vllm.model_executor.model_loader.safetensors_loader import iterate_tensors
+from vllm.model_executor.model_loader.safetensors_loader import iterate_tensors, tensor_file
 from vllm.models.registry import model_class
 from vllm.transformers_utils.configs import load_model_config
 
@@ -73,7 +74,7 @@ def load_model(
     else:
         tensors = iterate_tensors(folder)
     counter = _TensorStream(tensors)
-    loaded = _load_checkpoint(model, counter)
+    loaded = _load_checkpoint(model, counter, None if load_format == "dummy" else folder)
     check_complete(expected_checkpoint_tensors(config), loaded)
     model.process_weights_after_loading()
     if device.type == "cuda":  # copies and dummy draws are asynchronous: time their end
@@ -139,13 +140,16 @@ class _TensorStream:
             yield name, tensor
 
 
-def _load_checkpoint(model: torch.nn.Module, stream: _TensorStream) -> set[str]:
+def _load_checkpoint(
+    model: torch.nn.Module, stream: _TensorStream, folder: Path | None
+) -> set[str]:
     """`model.load_weights(stream)`; a ValueError while a tensor loads names that tensor as the
-    checkpoint spells it (the model's own message names the parameter it was loaded into: for a
-    fused layer, say, its internal name and shard), and a quantized checkpoint's scale or codes
-    as such (static FP8's `input_scale` sorts before its weight, and was only "unexpected").
-    Only errors are reworded: a tensor the model skips (a multi-token-prediction layer's, say)
-    loads whatever its name."""
+    checkpoint spells it, and the file of `folder` it came from (the model's own message names
+    the parameter it was loaded into: for a fused layer, say, its internal name and shard; a
+    stray file's tensor was "unexpected" without the file), and a quantized checkpoint's scale or
+    codes as such (static FP8's `input_scale` sorts before its weight, and was only
+    "unexpected"). Only errors are reworded: a tensor the model skips (a multi-token-prediction
+    layer's, say) loads whatever its name."""
     try:
         return model.load_weights(stream)
     except CheckpointError:
@@ -154,12 +158,14 @@ def _load_checkpoint(model: torch.nn.Module, stream: _TensorStream) -> set[str]:
         name = stream.current
         if name is None:
             raise
+        file = tensor_file(folder, name) if folder is not None else None
+        where = f" (in {file})" if file is not None else ""
         if name.rsplit(".", 1)[-1] in QUANTIZED_TENSOR_LEAVES:
-            message = f"{name}: a quantized checkpoint's tensor; {QUANTIZED_CHECKPOINTS}"
+            message = f"{name}{where}: a quantized checkpoint's tensor; {QUANTIZED_CHECKPOINTS}"
             raise CheckpointError(message) from None
         if repr(name) in str(e):  # the message names it already
-            raise CheckpointError(str(e)) from None
-        raise CheckpointError(f"checkpoint tensor {name!r}: {e}") from None
+            raise CheckpointError(f"{e}{where}") from None
+        raise CheckpointError(f"checkpoint tensor {name!r}{where}: {e}") from None
 
 
 def expected_checkpoint_tensors(config: object) -> dict[str, tuple[int, ...]]:

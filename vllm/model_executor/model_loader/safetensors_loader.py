@@ -97,6 +97,12 @@ def _sources(folder: Path, files: list[Path]) -> dict[str, Path]:
     return sources
 
 
+def tensor_file(folder: Path, name: str) -> Path | None:
+    """The file of `folder`'s checkpoint that tensor `name` is read from (None if none holds
+    it): for an error's message, so it reads the files' headers again."""
+    return _sources(folder, checkpoint_files(folder)).get(name)
+
+
 def iterate_tensors(folder: Path, progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (name, tensor) for every tensor of the checkpoint, once each (see `_sources`), with
     a progress bar over shards."""
