@@ -33,7 +33,7 @@ from vllm.model_executor.model_loader.loader import build_model
 from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.transformers_utils.configs import load_model_config
 from vllm.utils import cli
-from vllm.utils.cli import FlexibleArgumentParser, output_file
+from vllm.utils.cli import FlexibleArgumentParser, given_flags, output_file
 from vllm.v1.core.kv_cache_utils import cache_bytes
 from vllm.v1.engine.llm_engine import LLMEngine
 from vllm.v1.worker.warm_up_bands import warm_up_bands
@@ -80,14 +80,14 @@ def apply_dry_run(
     """Set `--dry-run`'s `values` in `args` and say on stderr (unless `quiet`: a child process
     of a run that said it) which flags given on the command line they replace (a given flag
     differing from both its default and the dry run's value): a `--batch-sizes 4 --dry-run` ran
-    batches 1 and 2 without a word. (argparse lists a parser's flags only in its private
-    `_actions`.)"""
-    flags = {a.dest: max(a.option_strings, key=len) for a in parser._actions if a.option_strings}
-    notes = []
+    batches 1 and 2 without a word."""
+    given = given_flags(parser, args)
+    notes = [
+        f"{given[dest]} {getattr(args, dest)!r} by {value!r}"
+        for dest, value in values.items()
+        if dest in given and getattr(args, dest) != value
+    ]
     for dest, value in values.items():
-        given = getattr(args, dest)
-        if given not in (parser.get_default(dest), value):
-            notes.append(f"{flags[dest]} {given!r} by {value!r}")
         setattr(args, dest, value)
     if notes and not quiet:
         print(f"--dry-run replaces {', '.join(notes)}", file=sys.stderr)

@@ -21,7 +21,7 @@ from csv import DictWriter
 
 import torch
 
-from vllm.utils.cli import output_file, replaced_whole
+from vllm.utils.cli import given_flags, output_file, replaced_whole
 
 
 def _capture(fn: Callable[[], object], calls: int) -> torch.cuda.CUDAGraph:
@@ -169,15 +169,11 @@ def note_dry_run_ignores(
 ) -> None:
     """Say on stderr which flags given with --dry-run (a value other than the default) the dry
     run does not read: the dests in `ignored`, or else every dest but `used` (a `--shapes
-    lm_head --dry-run` ran the tiny shape, and a `--csv` was not written, without a word).
-    argparse lists a parser's flags only in its private `_actions`."""
+    lm_head --dry-run` ran the tiny shape, and a `--csv` was not written, without a word)."""
     notes = [
-        f"{max(a.option_strings, key=len)} {getattr(args, a.dest)!r}"
-        for a in parser._actions
-        if a.option_strings
-        and hasattr(args, a.dest)  # not --help's
-        and (a.dest in ignored if ignored is not None else a.dest not in (*used, "dry_run"))
-        and getattr(args, a.dest) != parser.get_default(a.dest)
+        f"{flag} {getattr(args, dest)!r}"
+        for dest, flag in given_flags(parser, args).items()
+        if (dest in ignored if ignored is not None else dest not in (*used, "dry_run"))
     ]
     if notes:
         print(f"--dry-run ignores the given {', '.join(notes)}", file=sys.stderr)

@@ -36,6 +36,18 @@ def _dashed(arg: str) -> str:
     return name.replace("_", "-") + eq + value
 
 
+def given_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, str]:
+    """`{dest: longest flag}` of the options whose parsed value is not their default: those given
+    on the command line (argparse lists a parser's options only in its private `_actions`)."""
+    return {
+        a.dest: max(a.option_strings, key=len)
+        for a in parser._actions
+        if a.option_strings
+        and hasattr(args, a.dest)  # not --help's
+        and getattr(args, a.dest) != parser.get_default(a.dest)
+    }
+
+
 def run_main(main: Callable[[], int | None]) -> int | None:
     """`main()`'s exit status, with Ctrl-C (a KeyboardInterrupt out of it) ending the process
     with one line and status 130 (the shell's status for SIGINT) instead of a traceback of
