@@ -560,6 +560,9 @@ def _drive_ops() -> None:
     # contiguous as well, for cuDNN's per-length-class plans.
     q = torch.randn(5, 32 * 192 + 576, generator=gen).to(torch.bfloat16)[:, : 32 * 192]
     mla_prefill_dense_operands(q.view(5, 32, 192), kv[..., :128], kv[:, 0, 192:], kv[..., 128:])
+    # Kimi-K3's q (q_b_proj's contiguous output): v alone copied.
+    q = torch.randn(5, 32, 192, generator=gen).to(torch.bfloat16)
+    mla_prefill_dense_operands(q, kv[..., :128], kv[:, 0, 192:], kv[..., 128:])
 
     # Kimi-Linear's sizes; then the benchmark's h16 tiles merged in the split launch, and both
     # wide tiles with the latent in 2 and 4 chunks, merged both ways and with one split; two
@@ -684,15 +687,16 @@ def test_the_decode_launches_reach_the_load_order_check():
     assert has("_fused_kda_decode_kernel", RANK_F=128, BLOCK_V=16)  # the engine's batch 1
 
 
-def test_mla_prefill_operands_kernel_compiles_in_both_forms():
-    """The MLA prefill's operands kernel is compiled for the key alone and for a new prompt's q,
-    k and v together (the form cuDNN's per-length-class plans take), not one of them twice."""
+def test_mla_prefill_operands_kernel_compiles_in_every_form():
+    """The MLA prefill's operands kernel is compiled for the key alone, for a new prompt's q, k
+    and v together (Kimi-Linear's strided q; the form cuDNN's per-length-class plans take) and
+    with v alone copied (Kimi-K3's contiguous q), not one of them twice."""
     forms = {
-        launch["args"]["DENSE_QV"]
+        (launch["args"]["COPY_Q"], launch["args"]["COPY_V"])
         for launch in _launches()
         if launch["kernel"] == "_mla_prefill_operands_kernel"
     }
-    assert forms == {False, True}
+    assert forms == {(False, False), (True, True), (False, True)}
 
 
 @pytest.mark.skipif(not _has_nvidia_backend(), reason="needs Triton's NVIDIA backend and ptxas")

@@ -169,6 +169,28 @@ def _not_called(*args):
     raise AssertionError("the dense operands took the key's own path")
 
 
+@pytest.mark.parametrize("strided", ["q", "v"])
+def test_dense_operands_copy_only_the_strided_one(strided, triton_launches, monkeypatch):
+    """Kimi-K3's q is `q_b_proj`'s own contiguous output while v is a half of `kv_b_proj`'s:
+    the one launch copies only the strided operand and returns the contiguous one as it is (no
+    copy of q's 8192 x H x 192 at a long prompt); the other way round likewise."""
+    (q, k_nope, k_pe, v), _, _ = make_case(6, 6, 3, 8, 4, 8, torch.float32,
+                                           torch.Generator().manual_seed(3))  # fmt: skip
+    kv = torch.randn(6, 3, 8 + 8, generator=torch.Generator().manual_seed(4))
+    if strided == "v":
+        k_nope, v = kv[..., :8], kv[..., 8:]
+    else:
+        q = torch.stack([q, -q], dim=1)[:, 0]
+    assert not (q if strided == "q" else v).is_contiguous()
+    monkeypatch.setattr(mla_prefill, "mla_prefill_key", _not_called)
+    got = mla_prefill_dense_operands(q, k_nope, k_pe, v)
+    assert triton_launches["_mla_prefill_operands_kernel"] == 1
+    assert (got[2] if strided == "q" else got[0]) is (v if strided == "q" else q)
+    key = torch.cat([k_nope, k_pe.unsqueeze(1).expand(-1, 3, -1)], dim=-1)
+    for got_, want in zip(got, (q, key, v), strict=True):
+        assert got_.is_contiguous() and torch.equal(got_, want)
+
+
 @pytest.mark.parametrize("layout", ["contiguous", "q_strided_columns"])
 def test_dense_operands_elsewhere_copy_and_build_the_key(layout, triton_launches):
     """Operands already contiguous are returned as they are, and a q without a unit last stride

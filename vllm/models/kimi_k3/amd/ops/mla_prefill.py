@@ -23,11 +23,12 @@ tokens on the H200). On a GPU the kernel depends on the shape
 - a longer new prompt: cuDNN (1.29 ms at 8192 against flash's 2.76). cuDNN builds an execution
   plan per new shape (75-90 ms a length), so while torch's per-length-class plans are on
   (`vllm.env_override`) q, k and v go in `[S, H, D]` row order, the one layout that path takes:
-  q and v are copied into it by the key's launch (`mla_prefill_dense_operands`; q is a column
-  slice of MLA's fused projection, v goes at its own width). The path added ~0.4 ms a call
-  with the operands already in that order (H200, "Twenty-eighth run"), hidden behind the
-  kernel at 8192 tokens (0.04 ms more than the per-shape plans there). With those plans off,
-  per-shape plans and v read in place.
+  q and v are copied into it by the key's launch where they are strided
+  (`mla_prefill_dense_operands`; Kimi-Linear's q is a column slice of MLA's fused projection,
+  Kimi-K3's q is `q_b_proj`'s contiguous output; v goes at its own width). The path added
+  ~0.4 ms a call with the operands already in that order (H200, "Twenty-eighth run"), hidden
+  behind the kernel at 8192 tokens (0.04 ms more than the per-shape plans there). With those
+  plans off, per-shape plans and v read in place.
 The flash kernel and cuDNN's per-shape path need one head dim for q, k and v. For
 `Dv < nope + rope`, where `k_nope` and `v` are the two halves of each head's row of one buffer (the
 split of `kv_b_proj`'s output, as MLA passes them), the value operand is a view that starts
@@ -81,12 +82,12 @@ if triton is not None:
         stride_nt, stride_nh, stride_pt, stride_qt, stride_qh, stride_vt, stride_vh,
         NOPE: tl.constexpr, ROPE: tl.constexpr, DV: tl.constexpr, BLOCK_NOPE: tl.constexpr,
         BLOCK_ROPE: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
-        DENSE_QV: tl.constexpr, PDL: tl.constexpr = False,
+        COPY_Q: tl.constexpr, COPY_V: tl.constexpr, PDL: tl.constexpr = False,
     ):  # fmt: skip
         pdl_wait(PDL)
         # Rows r = t * heads + h of the contiguous outputs: k[t, h] = [k_nope[t, h] | k_pe[t]];
-        # with DENSE_QV also q[t, h] and v[t, h] copied. Neighbouring rows share t, so k_pe's
-        # row is read from L1 / L2 after its first head.
+        # with COPY_Q / COPY_V also q[t, h] / v[t, h] copied. Neighbouring rows share t, so
+        # k_pe's row is read from L1 / L2 after its first head.
         r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         r_ok = r < rows
         t = (r // heads).to(tl.int64)
@@ -100,12 +101,13 @@ if triton is not None:
         ok_e = r_ok[:, None] & (e < ROPE)[None, :]
         pe = tl.load(pe_ptr + (t * stride_pt)[:, None] + e[None, :], mask=ok_e)
         tl.store(k_ptr + out_rows[:, None] + NOPE + e[None, :], pe, mask=ok_e)
-        if DENSE_QV:
+        if COPY_Q:
             q_rows = q_ptr + (t * stride_qt + h * stride_qh)[:, None]
             q_out = q_out_ptr + out_rows[:, None]
             tl.store(q_out + d[None, :], tl.load(q_rows + d[None, :], mask=ok), mask=ok)
             tail = tl.load(q_rows + NOPE + e[None, :], mask=ok_e)
             tl.store(q_out + NOPE + e[None, :], tail, mask=ok_e)
+        if COPY_V:
             c = tl.arange(0, BLOCK_V)
             ok_c = r_ok[:, None] & (c < DV)[None, :]
             v_rows = v_ptr + (t * stride_vt + h * stride_vh)[:, None] + c[None, :]
@@ -117,17 +119,20 @@ def _launch_operands(
     k_nope: torch.Tensor,
     k_pe: torch.Tensor,
     k: torch.Tensor,
-    qv: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None,
+    q_copy: tuple[torch.Tensor, torch.Tensor] | None = None,
+    v_copy: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
-    """One launch of the operands kernel into the contiguous `k` (and, with `qv` = `(q, q_out,
-    v, v_out)`, the contiguous `q_out` and `v_out`)."""
+    """One launch of the operands kernel into the contiguous `k`, and with `q_copy` = `(q,
+    q_out)` / `v_copy` = `(v, v_out)` the contiguous `q_out` / `v_out` as well."""
     ctx, heads, nope = k_nope.shape
     rope = k_pe.shape[1]
     rows = ctx * heads
     if rows == 0:
         return
-    q, q_out, v, v_out = qv if qv is not None else (k, k, k, k)
-    dv = v.shape[2] if qv is not None else 1
+    # A copy not asked for is compiled out: `k` stands in for its pointers and strides.
+    q, q_out = q_copy if q_copy is not None else (k, k)
+    v, v_out = v_copy if v_copy is not None else (k, k)
+    dv = v.shape[2] if v_copy is not None else 1
     launch(
         _mla_prefill_operands_kernel, (cdiv(rows, _KEY_BLOCK_R), 1, 1),
         (
@@ -138,7 +143,8 @@ def _launch_operands(
         launch_spec(
             _mla_prefill_operands_kernel, NOPE=nope, ROPE=rope, DV=dv,
             BLOCK_NOPE=next_power_of_2(nope), BLOCK_ROPE=next_power_of_2(rope),
-            BLOCK_V=next_power_of_2(dv), BLOCK_R=_KEY_BLOCK_R, DENSE_QV=qv is not None,
+            BLOCK_V=next_power_of_2(dv), BLOCK_R=_KEY_BLOCK_R, COPY_Q=q_copy is not None,
+            COPY_V=v_copy is not None,
             num_warps=4, **pdl_options(use_pdl(k.device)),
         ),
     )  # fmt: skip
@@ -165,7 +171,7 @@ def mla_prefill_key(k_nope: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
     if not use_triton(k_nope.device) or k_nope.stride(2) != 1 or k_pe.stride(1) != 1:
         return torch.cat([k_nope, k_pe.unsqueeze(1).expand(ctx, heads, rope)], dim=-1)
     k = torch.empty(ctx, heads, nope + rope, dtype=k_nope.dtype, device=k_nope.device)
-    _launch_operands(k_nope, k_pe, k, None)
+    _launch_operands(k_nope, k_pe, k)
     return k
 
 
@@ -204,9 +210,10 @@ def mla_prefill_dense_operands(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Contiguous `(q, k, v)` of a new prompt (`Lq == ctx`; shapes as `mla_prefill_attention`'s)
     in the `[S, H, D]` row order that torch's per-length-class cuDNN plans take: q and v copied
-    from their strided views, k built as `mla_prefill_key` builds it. One Triton launch where
-    `use_triton` and every operand has a unit last stride, else `.contiguous()` and the key's own
-    path (also where q and v are contiguous already); the same values either way (only moved).
+    from their strided views (a contiguous one returned as it is), k built as `mla_prefill_key`
+    builds it. One Triton launch where `use_triton` and every operand has a unit last stride,
+    else `.contiguous()` and the key's own path (also where q and v are contiguous already); the
+    same values either way (only moved).
     At Kimi-Linear's 8192 tokens on an H100 the launch takes 182 us (91% of copy bandwidth)
     against 271 us (62%) for torch's copies of the two strided views and the key's launch
     (docs/performance.md, "Forty-fifth run"). A chunk (`Lq < ctx`) is a ValueError."""
@@ -223,13 +230,16 @@ def _dense_operands(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`mla_prefill_dense_operands` on checked operands."""
     strides = (q.stride(2), k_nope.stride(2), k_pe.stride(1), v.stride(2))
-    dense = q.is_contiguous() and v.is_contiguous()
-    if dense or not use_triton(q.device) or strides != (1, 1, 1, 1):
+    copy_q, copy_v = not q.is_contiguous(), not v.is_contiguous()
+    if not (copy_q or copy_v) or not use_triton(q.device) or strides != (1, 1, 1, 1):
         return q.contiguous(), mla_prefill_key(k_nope, k_pe), v.contiguous()
+    # Kimi-K3's q (q_b_proj's own output) is contiguous already: only v is copied then.
     k = torch.empty_like(q, memory_format=torch.contiguous_format)
-    q_out = torch.empty_like(k)
-    v_out = torch.empty_like(v, memory_format=torch.contiguous_format)
-    _launch_operands(k_nope, k_pe, k, (q, q_out, v, v_out))
+    q_out = torch.empty_like(k) if copy_q else q
+    v_out = torch.empty_like(v, memory_format=torch.contiguous_format) if copy_v else v
+    _launch_operands(
+        k_nope, k_pe, k, (q, q_out) if copy_q else None, (v, v_out) if copy_v else None
+    )
     return q_out, k, v_out
 
 
