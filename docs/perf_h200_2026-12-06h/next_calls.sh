@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Forty-eighth run's device calls (carry [".whl", ".devrun"]). One PART per call:
+#   grid   (~9 min, an H200: needs_h200) the issue's grid on this tree
+#          (docs/perf_h200_2026-12-06c/next_calls.sh's `grid`);
+#   after  (~4 min, on the same machine) the GEMV experts' defaults on the H200
+#          (docs/perf_h200_2026-12-06g/next_calls.sh's `gemv`), then the MLA prefill GPU tests:
+#          1ad907b copies only v where q is contiguous (Kimi-K3's q; the 8192-token case of
+#          test_gpu_same_bits_as_cat_and_pad passes its q that way).
+set -u
+case "${PART:-after}" in
+  grid) PART=grid bash docs/perf_h200_2026-12-06g/next_calls.sh ;;
+  after)
+    PART=gemv bash docs/perf_h200_2026-12-06g/next_calls.sh
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .devrun/xd/*.whl
+    PYTHONPATH=/tmp/site:$PWD timeout 240 python -m pytest -q -m gpu -p no:cacheprovider \
+      tests/models/kimi_k3/test_amd_mla_prefill.py > $OUT/mla_prefill_gpu.log 2>&1
+    echo "mla prefill tests rc $?"; tail -3 $OUT/mla_prefill_gpu.log ;;
+esac
