@@ -5,7 +5,9 @@
 #   after  (~4 min, on the same machine) the GEMV experts' defaults on the H200
 #          (docs/perf_h200_2026-12-06g/next_calls.sh's `gemv`), then the MLA prefill GPU tests:
 #          1ad907b copies only v where q is contiguous (Kimi-K3's q; the 8192-token case of
-#          test_gpu_same_bits_as_cat_and_pad passes its q that way).
+#          test_gpu_same_bits_as_cat_and_pad passes its q that way);
+#   profile (~4 min, on the same machine) one 8k prompt, its prefill and 3 batch-1 decode steps
+#          under the profiler: the kernel groups against their floors with this tree's kernels.
 set -u
 case "${PART:-after}" in
   grid) PART=grid bash docs/perf_h200_2026-12-06g/next_calls.sh ;;
@@ -15,4 +17,12 @@ case "${PART:-after}" in
     PYTHONPATH=/tmp/site:$PWD timeout 240 python -m pytest -q -m gpu -p no:cacheprovider \
       tests/models/kimi_k3/test_amd_mla_prefill.py > $OUT/mla_prefill_gpu.log 2>&1
     echo "mla prefill tests rc $?"; tail -3 $OUT/mla_prefill_gpu.log ;;
+  profile)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    P='{"linear":"fp8_per_channel","ignore":["re:(?!.*self_attn\\.o_proj$).*"]}'
+    PYTHONPATH=/tmp/site:$PWD timeout 540 python benchmarks/benchmark_latency.py \
+      --model kimi-linear-48b-a3b --load-format dummy --skip-tokenizer-init --quantization-config "$P" \
+      --batch-sizes 1 --input-lens 8192 --output-len 8 --warmup-steps 2 \
+      --max-num-batched-tokens 8192 --profile-steps 3 --profile-prefill > $OUT/profile.log 2>&1
+    echo "profile rc $?"; grep -v "^INFO\|USDT" $OUT/profile.log | grep -B2 -A16 "kernel group" | cut -c1-150 ;;
 esac
