@@ -6,6 +6,8 @@
 #          (docs/perf_h200_2026-12-06g/next_calls.sh's `gemv`), then the MLA prefill GPU tests:
 #          1ad907b copies only v where q is contiguous (Kimi-K3's q; the 8192-token case of
 #          test_gpu_same_bits_as_cat_and_pad passes its q that way);
+#   alloc  (~1 min) alloc_probe.py: a second `make_moe` in one process read slower in call 190;
+#          placement, or time?
 #   profile (~4 min, on the same machine) one 8k prompt, its prefill and 3 batch-1 decode steps
 #          under the profiler: the kernel groups against their floors with this tree's kernels.
 set -u
@@ -13,10 +15,16 @@ case "${PART:-after}" in
   grid) PART=grid bash docs/perf_h200_2026-12-06g/next_calls.sh ;;
   after)
     PART=gemv bash docs/perf_h200_2026-12-06g/next_calls.sh
+    [ -n "${TESTS:-1}" ] || exit 0
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .devrun/xd/*.whl
     PYTHONPATH=/tmp/site:$PWD timeout 240 python -m pytest -q -m gpu -p no:cacheprovider \
       tests/models/kimi_k3/test_amd_mla_prefill.py > $OUT/mla_prefill_gpu.log 2>&1
     echo "mla prefill tests rc $?"; tail -3 $OUT/mla_prefill_gpu.log ;;
+  alloc)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    for case in "kimi-k3-tp8 2" "kimi-linear 1" "kimi-linear 2"; do
+      PYTHONPATH=/tmp/site:$PWD timeout 90 python docs/perf_h200_2026-12-06h/alloc_probe.py $case 2>&1 | grep "T="
+    done ;;
   profile)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     P='{"linear":"fp8_per_channel","ignore":["re:(?!.*self_attn\\.o_proj$).*"]}'
