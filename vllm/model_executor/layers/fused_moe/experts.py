@@ -48,11 +48,15 @@ from vllm.platforms import current_platform
 GATHER_MAX_ROWS = 64
 
 # Largest T * K that the Triton GEMV path serves where Triton runs; larger batches take the
-# grouped Triton path (or the grouped GEMM / gathered / loop fallbacks). On an H200
-# (`benchmarks/kernels/benchmark_moe.py --fused-shared-experts 1`, Kimi-Linear-48B experts, top-8
-# + 1, 2026-12-01) the GEMV path wins at 1-2 tokens (9-18 rows: 40 vs 43 us, 65 vs 70 us) and the
-# grouped Triton path from 8 tokens (72 rows: 173 vs 199 us).
-TRITON_MAX_ROWS = 32
+# grouped Triton path (or the grouped GEMM / gathered / loop fallbacks). With the GEMV tiles of
+# 2026-12-06, on H100s (`benchmarks/kernels/benchmark_moe.py --paths triton tgrouped`, one process
+# per token count; docs/performance.md "Forty-eighth run", call 190, and call 185 before it):
+# Kimi-Linear-48B's experts (top-8 + the fused shared one) ahead on the GEMV path up to 6 tokens
+# (54 rows: 190.8 vs 191.8 us; 4 tokens 150.5 vs 156.5), 1% behind at 7 (63 rows), even at 8;
+# Kimi-K3's at TP 8 (top-16, SiTU) ahead by 1.32x / 1.19x / 1.16x at 2 / 3 / 4 tokens (32 / 48 /
+# 64 rows). The H200 was last compared with earlier kernels (2026-12-01: GEMV ahead at 9-18 rows,
+# grouped at 72).
+TRITON_MAX_ROWS = 64
 
 # Largest T * K that the grouped Triton path serves where Triton runs (above TRITON_MAX_ROWS);
 # larger batches take torch's grouped GEMM. On the H200 (`benchmarks/kernels/benchmark_moe.py
