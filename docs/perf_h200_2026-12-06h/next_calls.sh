@@ -22,7 +22,7 @@ case "${PART:-after}" in
     echo "mla prefill tests rc $?"; tail -3 $OUT/mla_prefill_gpu.log ;;
   alloc)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-    for case in "kimi-k3-tp8 2" "kimi-linear 1" "kimi-linear 2"; do
+    for case in "kimi-k3-tp8 2" "kimi-k3-tp8 4" "kimi-linear 1" "kimi-linear 4"; do
       PYTHONPATH=/tmp/site:$PWD timeout 90 python docs/perf_h200_2026-12-06h/alloc_probe.py $case 2>&1 | grep "T="
     done ;;
   profile)
