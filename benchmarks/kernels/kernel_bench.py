@@ -23,8 +23,17 @@ import torch
 
 from vllm.utils.cli import given_flags, output_file, replaced_whole
 
+# Seconds of replays between a capture and its timing. Right after a new set of expert weights
+# was made, the first ~50 ms of replays read them 15% slower than every later timing, of those
+# tensors and of others made before them (Kimi-K3's two tokens on an H100: 104.7 against 89.4-89.7
+# us; docs/performance.md "Forty-eighth run", call 191): warm-up replays keep that transient
+# out of the figures.
+WARM_UP_S = 0.2
+
 
 def _capture(fn: Callable[[], object], calls: int) -> torch.cuda.CUDAGraph:
+    """`fn` called `calls` times in one CUDA graph, after three eager calls (compiles, lazy
+    allocations), the graph then replayed for `WARM_UP_S` before it is returned."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -35,9 +44,12 @@ def _capture(fn: Callable[[], object], calls: int) -> torch.cuda.CUDAGraph:
     with torch.cuda.graph(graph):
         for _ in range(calls):
             fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    return graph
+    deadline = time.perf_counter() + WARM_UP_S
+    while True:
+        graph.replay()
+        torch.cuda.synchronize()
+        if time.perf_counter() >= deadline:
+            return graph
 
 
 def time_graph(fn: Callable[[], object], calls: int, reps: int = 50) -> float:

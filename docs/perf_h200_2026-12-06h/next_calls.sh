@@ -7,7 +7,9 @@
 #          1ad907b copies only v where q is contiguous (Kimi-K3's q; the 8192-token case of
 #          test_gpu_same_bits_as_cat_and_pad passes its q that way);
 #   alloc  (~1 min) alloc_probe.py: a second `make_moe` in one process read slower in call 190;
-#          placement, or time?
+#          placement, or time? (call 191: the first ~50 ms of replays after it, a transient);
+#   verify (~1 min) kernel_bench's warm-up replays against that transient: its GPU test, and
+#          alloc_probe.py at the two cases that showed it;
 #   profile (~4 min, on the same machine) one 8k prompt, its prefill and 3 batch-1 decode steps
 #          under the profiler: the kernel groups against their floors with this tree's kernels.
 set -u
@@ -20,9 +22,17 @@ case "${PART:-after}" in
     PYTHONPATH=/tmp/site:$PWD timeout 240 python -m pytest -q -m gpu -p no:cacheprovider \
       tests/models/kimi_k3/test_amd_mla_prefill.py > $OUT/mla_prefill_gpu.log 2>&1
     echo "mla prefill tests rc $?"; tail -3 $OUT/mla_prefill_gpu.log ;;
+  verify)
+    # After call 191: the warm-up replays of kernel_bench._capture, by its GPU test and by the
+    # probe's two cases that showed the transient.
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl .devrun/xd/*.whl
+    PYTHONPATH=/tmp/site:$PWD timeout 120 python -m pytest -q -m gpu -p no:cacheprovider \
+      tests/benchmarks/test_kernel_bench_timing.py 2>&1 | tail -2
+    CASES="kimi-k3-tp8 2,kimi-linear 1" PART=alloc bash $0 ;;
   alloc)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-    for case in "kimi-k3-tp8 2" "kimi-k3-tp8 4" "kimi-linear 1" "kimi-linear 4"; do
+    IFS=, read -ra cases <<< "${CASES:-kimi-k3-tp8 2,kimi-k3-tp8 4,kimi-linear 1,kimi-linear 4}"
+    for case in "${cases[@]}"; do
       PYTHONPATH=/tmp/site:$PWD timeout 90 python docs/perf_h200_2026-12-06h/alloc_probe.py $case 2>&1 | grep "T="
     done ;;
   profile)
