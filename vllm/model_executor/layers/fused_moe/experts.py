@@ -50,7 +50,7 @@ GATHER_MAX_ROWS = 64
 # Largest T * K that the Triton GEMV path serves where Triton runs; larger batches take the
 # grouped Triton path (or the grouped GEMM / gathered / loop fallbacks). With the GEMV tiles of
 # 2026-12-06, on H100s (`benchmarks/kernels/benchmark_moe.py --paths triton tgrouped`, one process
-# per token count; docs/performance.md "Forty-eighth run", call 190, and call 185 before it):
+# per token count, and alloc_probe.py; docs/performance.md "Forty-eighth run", calls 190-191):
 # Kimi-Linear-48B's experts (top-8 + the fused shared one) ahead on the GEMV path up to 6 tokens
 # (54 rows: 190.8 vs 191.8 us; 4 tokens 150.5 vs 156.5), 1% behind at 7 (63 rows), even at 8;
 # Kimi-K3's at TP 8 (top-16, SiTU) ahead by 1.32x / 1.19x / 1.16x at 2 / 3 / 4 tokens (32 / 48 /
