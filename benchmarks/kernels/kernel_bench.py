@@ -24,10 +24,10 @@ import torch
 from vllm.utils.cli import given_flags, output_file, replaced_whole
 
 # Seconds of replays between a capture and its timing. Right after a new set of expert weights
-# was made, the first ~50 ms of replays read them 15% slower than every later timing, of those
-# tensors and of others made before them (Kimi-K3's two tokens on an H100: 104.7 against 89.4-89.7
-# us; docs/performance.md "Forty-eighth run", call 191): warm-up replays keep that transient
-# out of the figures.
+# was made, the first timing of them (50 replays, about 50 ms) took 17% longer than every later
+# one, of those tensors and of others made before them (Kimi-K3's two tokens on an H100: 104.72
+# against 89.3-89.7 us; docs/performance.md "Forty-eighth run", calls 191-193): warm-up replays
+# keep that transient out of the figures.
 WARM_UP_S = 0.2
 
 

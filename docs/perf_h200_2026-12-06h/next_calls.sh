@@ -2,7 +2,8 @@
 # Forty-eighth run's device calls (carry [".whl", ".devrun"]). One PART per call:
 #   grid   (~9 min, an H200: needs_h200) the issue's grid on this tree
 #          (docs/perf_h200_2026-12-06c/next_calls.sh's `grid`);
-#   after  (~4 min, on the same machine) the GEMV experts' defaults on the H200
+#   after  (~4 min, on the same machine) the GEMV experts' defaults on the H200 (ran on an H100
+#          instead: call 190)
 #          (docs/perf_h200_2026-12-06g/next_calls.sh's `gemv`), then the MLA prefill GPU tests:
 #          1ad907b copies only v where q is contiguous (Kimi-K3's q; the 8192-token case of
 #          test_gpu_same_bits_as_cat_and_pad passes its q that way);

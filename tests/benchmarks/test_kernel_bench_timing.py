@@ -1,5 +1,5 @@
 """The kernel benchmarks' CUDA-graph timings start only after `WARM_UP_S` of replays: right after
-a new set of weights was made, the first ~50 ms of replays ran 15% slower than every later one
+a new set of weights was made, the first timing of them took 17% longer than every later one
 (benchmarks/kernels/kernel_bench.py)."""
 
 import importlib

@@ -317,8 +317,9 @@ def _graph_replay_equals_eager(dtype, tokens):
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [1, 8, 64])
 def test_cuda_graph_fp32(tokens):
-    # Triton GEMV up to TRITON_MAX_ROWS rows (32 tokens here), grouped Triton above (IEEE fp32
-    # dots): the only difference from the loop is GEMM accumulation order (cuBLAS, TF32 off).
+    # Triton GEMV up to TRITON_MAX_ROWS rows (TRITON_MAX_ROWS // K tokens), grouped Triton above
+    # (IEEE fp32 dots): the only difference from the loop is GEMM accumulation order (cuBLAS,
+    # TF32 off).
     eager, reference = _graph_replay_equals_eager(torch.float32, tokens)
     torch.testing.assert_close(eager, reference)
 

@@ -687,10 +687,11 @@ def test_the_decode_launches_reach_the_load_order_check():
     assert has("_fused_kda_decode_kernel", RANK_F=128, BLOCK_V=16)  # the engine's batch 1
 
 
-def test_mla_prefill_operands_kernel_compiles_in_every_form():
+def test_mla_prefill_operands_kernel_compiles_in_the_models_forms():
     """The MLA prefill's operands kernel is compiled for the key alone, for a new prompt's q, k
     and v together (Kimi-Linear's strided q; the form cuDNN's per-length-class plans take) and
-    with v alone copied (Kimi-K3's contiguous q), not one of them twice."""
+    with v alone copied (Kimi-K3's contiguous q). The fourth form, q alone copied, is a subset of
+    the second's code that neither model launches; the interpreter runs it."""
     forms = {
         (launch["args"]["COPY_Q"], launch["args"]["COPY_V"])
         for launch in _launches()

@@ -176,8 +176,8 @@ def test_dense_operands_copy_only_the_strided_one(strided, triton_launches, monk
     copy of q's 8192 x H x 192 at a long prompt); the other way round likewise."""
     (q, k_nope, k_pe, v), _, _ = make_case(6, 6, 3, 8, 4, 8, torch.float32,
                                            torch.Generator().manual_seed(3))  # fmt: skip
-    kv = torch.randn(6, 3, 8 + 8, generator=torch.Generator().manual_seed(4))
     if strided == "v":
+        kv = torch.randn(6, 3, 8 + 8, generator=torch.Generator().manual_seed(4))
         k_nope, v = kv[..., :8], kv[..., 8:]
     else:
         q = torch.stack([q, -q], dim=1)[:, 0]

@@ -48,9 +48,10 @@ expert shapes only: Kimi-Linear-48B's (H 2304, I 1024, top-8 + the fused shared 
 they read 89-96% of the copy bandwidth at 1-3 tokens, and Kimi-K3's at TP 8 (H 3584, I 384,
 top-16; its latent MoE keeps the shared expert apart), 86% at one token. At two Kimi-K3 tokens
 the earlier defaults (two-row, two-warp down programs above one token, 256-wide steps over H in
-a loop) read 75-76%; these 95% in a process that timed two tokens alone (90% with a shared slot
-added), but 76-77% where one token's case ran first in the process (with the slot; not
-explained).
+a loop) read 75-76%; these 95-97% (90% with a shared slot added). The 76-77% once measured for
+them where another case ran first in the process was a transient in the first timing after new
+weights are made, which the benchmarks' warm-up replays now keep out (docs/performance.md,
+"Forty-eighth run").
 """
 
 import torch
