@@ -11,6 +11,7 @@
 #          placement, or time? (call 191: the first ~50 ms of replays after it, a transient);
 #   verify (~1 min) kernel_bench's warm-up replays against that transient: its GPU test, and
 #          alloc_probe.py at the two cases that showed it;
+#   h200   (~2 min, an H200) the GEMV experts' defaults and TRITON_MAX_ROWS there;
 #   profile (~4 min, on the same machine) one 8k prompt, its prefill and 3 batch-1 decode steps
 #          under the profiler: the kernel groups against their floors with this tree's kernels.
 set -u
@@ -35,6 +36,27 @@ case "${PART:-after}" in
     IFS=, read -ra cases <<< "${CASES:-kimi-k3-tp8 2,kimi-k3-tp8 4,kimi-linear 1,kimi-linear 4}"
     for case in "${cases[@]}"; do
       PYTHONPATH=/tmp/site:$PWD timeout 90 python docs/perf_h200_2026-12-06h/alloc_probe.py $case 2>&1 | grep "T="
+    done ;;
+  h200)
+    # The GEMV experts' defaults and TRITON_MAX_ROWS on the GPU the issue is about (calls 190-193
+    # ran on H100s), with kernel_bench's warm-up replays: the defaults against the old ones at
+    # 1-3 Kimi-Linear tokens, then the GEMV path against the grouped one, one process per count.
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH=/tmp/site:$PWD
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    cd benchmarks/kernels
+    for T in 1 2 3; do
+      timeout 60 python benchmark_moe.py --shape kimi-linear --fused-shared-experts 1 \
+        --paths triton --tokens $T --triton-configs default 8,256,4/2,1024,2 \
+        --csv $OUT/h200_kl_t$T.csv 2>&1 | grep "T=" | cut -c1-96
+    done
+    for T in 3 4 5 6 7 8; do
+      timeout 60 python benchmark_moe.py --shape kimi-linear --fused-shared-experts 1 \
+        --paths triton tgrouped --tokens $T 2>&1 | grep "T=" | cut -c1-96
+    done
+    for T in 2 3 4; do
+      timeout 60 python benchmark_moe.py --shape kimi-k3-tp8 --activation situ \
+        --paths triton tgrouped --tokens $T 2>&1 | grep "T=" | cut -c1-96
     done ;;
   profile)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
