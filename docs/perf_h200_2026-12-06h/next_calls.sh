@@ -12,6 +12,8 @@
 #   verify (~1 min) kernel_bench's warm-up replays against that transient: its GPU test, and
 #          alloc_probe.py at the two cases that showed it;
 #   h200   (~2 min, an H200) the GEMV experts' defaults and TRITON_MAX_ROWS there;
+#   qkv    (~2 min, any GPU) the Triton GEMV with the experts' tiles at the large input
+#          projections, against cuBLAS (below);
 #   profile (~4 min, on the same machine) one 8k prompt, its prefill and 3 batch-1 decode steps
 #          under the profiler: the kernel groups against their floors with this tree's kernels.
 set -u
@@ -58,6 +60,16 @@ case "${PART:-after}" in
       timeout 60 python benchmark_moe.py --shape kimi-k3-tp8 --activation situ \
         --paths triton tgrouped --tokens $T 2>&1 | grep "T=" | cut -c1-96
     done ;;
+  qkv)
+    # Call 191's batch-1 profile (H100): cuBLAS's M = 8 tiles read the 27 large input
+    # projections (KDA's fused q/k/v and gates 2304 -> 12448, MLA's q | kv_a 2304 -> 6720) at
+    # about 85% of copy (527 us a step against ~450), where the routed experts' GEMV-style
+    # kernels read 89-95%. The Triton GEMV at those shapes with the experts' tile shapes
+    # (8 channels, 256- or 512-wide steps, one stage) against cuBLAS, one row and two.
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    PYTHONPATH=/tmp/site:$PWD timeout 300 python benchmarks/kernels/benchmark_gemv.py --dtypes bf16 \
+      --shapes qkv mla_q_kv_a --m 1 2 --configs default 8,256,4,1,1 8,512,4,1,1 8,256,4,1,3 \
+      16,256,8,1,1 4,256,4,1,1 8,256,4,a,1 --csv $OUT/qkv.csv 2>&1 | tail -30 ;;
   profile)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     P='{"linear":"fp8_per_channel","ignore":["re:(?!.*self_attn\\.o_proj$).*"]}'
