@@ -11,7 +11,7 @@
 #          placement, or time? (call 191: the first ~50 ms of replays after it, a transient);
 #   verify (~1 min) kernel_bench's warm-up replays against that transient: its GPU test, and
 #          alloc_probe.py at the two cases that showed it;
-#   h200   (~2 min, an H200) the GEMV experts' defaults and TRITON_MAX_ROWS there;
+#   h200   (~3 min, an H200) the GEMV experts' defaults and TRITON_MAX_ROWS there;
 #   qkv    (~2 min, any GPU) the Triton GEMV with the experts' tiles at the large input
 #          projections, against cuBLAS (below);
 #   profile (~4 min, on the same machine) one 8k prompt, its prefill and 3 batch-1 decode steps
@@ -41,25 +41,9 @@ case "${PART:-after}" in
     done ;;
   h200)
     # The GEMV experts' defaults and TRITON_MAX_ROWS on the GPU the issue is about (calls 190-193
-    # ran on H100s), with kernel_bench's warm-up replays: the defaults against the old ones at
-    # 1-3 Kimi-Linear tokens, then the GEMV path against the grouped one, one process per count.
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-    export PYTHONPATH=/tmp/site:$PWD
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-    cd benchmarks/kernels
-    for T in 1 2 3; do
-      timeout 60 python benchmark_moe.py --shape kimi-linear --fused-shared-experts 1 \
-        --paths triton --tokens $T --triton-configs default 8,256,4/2,1024,2 \
-        --csv $OUT/h200_kl_t$T.csv 2>&1 | grep "T=" | cut -c1-96
-    done
-    for T in 3 4 5 6 7 8; do
-      timeout 60 python benchmark_moe.py --shape kimi-linear --fused-shared-experts 1 \
-        --paths triton tgrouped --tokens $T 2>&1 | grep "T=" | cut -c1-96
-    done
-    for T in 2 3 4; do
-      timeout 60 python benchmark_moe.py --shape kimi-k3-tp8 --activation situ \
-        --paths triton tgrouped --tokens $T 2>&1 | grep "T=" | cut -c1-96
-    done ;;
+    # ran on H100s), now with kernel_bench's warm-up replays: the forty-sixth run's `gemv` part
+    # as call 190 ran it (its Kimi-K3 orders should now agree).
+    PART=gemv bash docs/perf_h200_2026-12-06g/next_calls.sh ;;
   qkv)
     # Call 191's batch-1 profile (H100): cuBLAS's M = 8 tiles read the 27 large input
     # projections (KDA's fused q/k/v and gates 2304 -> 12448, MLA's q | kv_a 2304 -> 6720) at

@@ -53,9 +53,9 @@ GATHER_MAX_ROWS = 64
 # per token count, and alloc_probe.py; docs/performance.md "Forty-eighth run", calls 190-191):
 # Kimi-Linear-48B's experts (top-8 + the fused shared one) ahead on the GEMV path up to 6 tokens
 # (54 rows: 190.8 vs 191.8 us; 4 tokens 150.5 vs 156.5), 1% behind at 7 (63 rows), even at 8;
-# Kimi-K3's at TP 8 (top-16, SiTU) ahead by 1.32x / 1.19x / 1.16x at 2 / 3 / 4 tokens (32 / 48 /
-# 64 rows). The H200 was last compared with earlier kernels (2026-12-01: GEMV ahead at 9-18 rows,
-# grouped at 72).
+# Kimi-K3's at TP 8 (top-16, SiTU) ahead by 1.32-1.35x / 1.19x / 1.16-1.18x at 2 / 3 / 4 tokens
+# (32 / 48 / 64 rows). The H200 was last compared with earlier kernels (2026-12-01: GEMV ahead
+# at 9-18 rows, grouped at 72).
 TRITON_MAX_ROWS = 64
 
 # Largest T * K that the grouped Triton path serves where Triton runs (above TRITON_MAX_ROWS);
