@@ -259,20 +259,35 @@ def test_a_shard_without_read_permission_says_so(tensors, tmp_path, monkeypatch)
         load_model(folder, dtype=torch.float32)
 
 
-def test_a_model_larger_than_its_device_names_its_size(tmp_path, monkeypatch):
-    """The allocator's own error (a RuntimeError: "DefaultCPUAllocator: can't allocate memory")
-    came as a traceback, with no word of the model's size."""
+def _build_raising(error: str):
+    """`loader.build_model` that builds on the meta device and raises `error` elsewhere."""
     built = loader.build_model
 
-    def full(config, dtype, quant, device):
+    def build(config, dtype, quant, device):
         if torch.device(device).type == "meta":
             return built(config, dtype, quant, device)
-        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 9")
+        raise RuntimeError(error)
 
-    monkeypatch.setattr(loader, "build_model", full)
+    return build
+
+
+def test_a_model_larger_than_its_device_names_its_size(monkeypatch):
+    """The allocator's own error (a RuntimeError: "DefaultCPUAllocator: can't allocate memory")
+    came as a traceback, with no word of the model's size."""
+    error = "DefaultCPUAllocator: can't allocate memory: you tried to allocate 9"
+    monkeypatch.setattr(loader, "build_model", _build_raising(error))
     message = r"its weights \(0\.\d GB in torch\.float32\) do not fit on cpu: DefaultCPUAllocator"
     with pytest.raises(ModelSizeError, match=message):
         load_model("kimi-linear-tiny", dtype=torch.float32)
+
+
+def test_other_build_errors_are_not_called_a_size_error(monkeypatch):
+    """Only the allocator's words make a RuntimeError of the build a `ModelSizeError`: another
+    one, even one that says "allocate", comes out as it was raised."""
+    monkeypatch.setattr(loader, "build_model", _build_raising("allocate: bad shape [3, -1]"))
+    with pytest.raises(RuntimeError, match=r"^allocate: bad shape \[3, -1\]$") as raised:
+        load_model("kimi-linear-tiny", dtype=torch.float32)
+    assert type(raised.value) is RuntimeError
 
 
 def test_moe_tensors_of_a_layer_the_config_makes_dense_name_the_fields(model, tensors):

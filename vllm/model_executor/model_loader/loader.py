@@ -37,6 +37,10 @@ from vllm.transformers_utils.configs import load_model_config
 logger = init_logger(__name__)
 
 
+# What torch's CPU allocator says when an allocation fails (a plain RuntimeError).
+_CPU_OOM = "can't allocate memory"
+
+
 def load_model(
     model_path: "str | os.PathLike",
     load_format: str = "auto",
@@ -59,7 +63,7 @@ def load_model(
     try:
         model = build_model(config, dtype, quant_config, device)
     except RuntimeError as e:  # torch.OutOfMemoryError is one; the CPU allocator's is not
-        if not isinstance(e, torch.OutOfMemoryError) and "allocate" not in str(e):
+        if not isinstance(e, torch.OutOfMemoryError) and _CPU_OOM not in str(e):
             raise
         meta = build_model(config, dtype, quant_config, "meta")
         size = sum(p.numel() * p.element_size() for p in meta.parameters()) / 1e9
