@@ -213,9 +213,11 @@ async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
     try:
         await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         if stop is not None and stop.done() and not task.done():
-            stop.result()  # raises if waiting itself failed: not a shutdown
-            # Work that has finished in the engine (its answer being written, say) may end.
-            await asyncio.wait({task, watcher}, timeout=_SHUTDOWN_GRACE_S)
+            # Work that has finished in the engine (its answer being written, say) may end,
+            # and the handler with it (not at the end of the grace).
+            await asyncio.wait(
+                {task, watcher}, timeout=_SHUTDOWN_GRACE_S, return_when=asyncio.FIRST_COMPLETED
+            )
     finally:
         for waiter in waiters - {task}:
             waiter.cancel()
