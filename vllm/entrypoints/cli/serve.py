@@ -258,7 +258,7 @@ def check_server_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
 
 def _same_model(a: str, b: str) -> bool:
     """Whether two spellings name one model (`./ckpt` and `ckpt/` are one folder)."""
-    return a == b or os.path.normpath(a) == os.path.normpath(b)
+    return os.path.normpath(a) == os.path.normpath(b)
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -287,8 +287,6 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(str(e))
     except CacheSizeError as e:  # found once the model is on the device
         parser.error(f"the cache arguments: {e}")
-    except CheckpointError as e:  # found while the tokenizer and the weights load
-        parser.error(f"loading {args.model}: {e}")
-    except ModelSizeError as e:
+    except (CheckpointError, ModelSizeError) as e:  # found while the tokenizer and weights load
         parser.error(f"loading {args.model}: {e}")
     return 0
