@@ -128,6 +128,17 @@ def test_bad_fields_are_named(change, message):
         KimiLinearConfig.from_dict(dict(KIMI_LINEAR_48B, **change))
 
 
+@pytest.mark.parametrize(
+    "name", ["intermediate_size", "max_position_embeddings", "attn_res_block_size", "pad_token_id"]
+)
+def test_the_int32_bound_itself_is_accepted(name):
+    """2**31 - 1 fits the int32 indexing the bound is for: a required, an optional and a token id
+    field take it (2**31 is refused, above)."""
+    assert getattr(
+        KimiLinearConfig.from_dict(dict(KIMI_LINEAR_48B, **{name: 2**31 - 1})), name
+    ) == (2**31 - 1)
+
+
 def test_wrapper_prefixes_text_config_errors(tmp_path):
     with pytest.raises(ValueError, match="'text_config.hidden_act'"):
         KimiK3Config.from_dict({"text_config": dict(K3_TEXT, hidden_act="gelu")})
