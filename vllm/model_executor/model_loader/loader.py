@@ -30,7 +30,7 @@ from vllm.model_executor.model_loader.errors import (
     CheckpointError,
     ModelSizeError,
 )
-from vllm.model_executor.model_loader.safetensors_loader import iterate_tensors, tensor_file
+from vllm.model_executor.model_loader.safetensors_loader import iterate_tensors
 from vllm.models.registry import model_class
 from vllm.transformers_utils.configs import load_model_config
 
@@ -74,11 +74,11 @@ def load_model(
         load_format, seed = "dummy", 0
     start = time.perf_counter()
     if load_format == "dummy":
-        tensors = dummy_tensors(config, seed, device)
+        tensors = ((name, t, None) for name, t in dummy_tensors(config, seed, device))
     else:
         tensors = iterate_tensors(folder)
     counter = _TensorStream(tensors)
-    loaded = _load_checkpoint(model, counter, None if load_format == "dummy" else folder)
+    loaded = _load_checkpoint(model, counter)
     check_complete(expected_checkpoint_tensors(config), loaded)
     model.process_weights_after_loading()
     if device.type == "cuda":  # copies and dummy draws are asynchronous: time their end
@@ -123,20 +123,22 @@ def check_model_builds(
 
 
 class _TensorStream:
-    """Passes (name, tensor) pairs through, counting their bytes (for the load-speed log) and
-    keeping the name of the one being loaded (None while the next is read)."""
+    """Passes the (name, tensor) of (name, tensor, file or None) triples through, counting their
+    bytes (for the load-speed log) and keeping the name and file of the one being loaded (None
+    while the next is read)."""
 
-    def __init__(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def __init__(self, tensors: Iterable[tuple[str, torch.Tensor, Path | None]]) -> None:
         self.tensors = tensors
         self.bytes = 0
         self.current: str | None = None
+        self.current_file: Path | None = None
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         tensors = iter(self.tensors)
         while True:
             self.current = None  # an error in reading is the reader's, named by it
             try:
-                name, tensor = next(tensors)
+                name, tensor, self.current_file = next(tensors)
             except StopIteration:
                 return
             self.current = name
@@ -144,11 +146,9 @@ class _TensorStream:
             yield name, tensor
 
 
-def _load_checkpoint(
-    model: torch.nn.Module, stream: _TensorStream, folder: Path | None
-) -> set[str]:
+def _load_checkpoint(model: torch.nn.Module, stream: _TensorStream) -> set[str]:
     """`model.load_weights(stream)`; a ValueError while a tensor loads names that tensor as the
-    checkpoint spells it, and the file of `folder` it came from (the model's own message names
+    checkpoint spells it, and the file it came from (the model's own message names
     the parameter it was loaded into: for a fused layer, say, its internal name and shard; a
     stray file's tensor was "unexpected" without the file), and a quantized checkpoint's scale or
     codes as such (static FP8's `input_scale` sorts before its weight, and was only
@@ -162,7 +162,7 @@ def _load_checkpoint(
         name = stream.current
         if name is None:
             raise
-        file = tensor_file(folder, name) if folder is not None else None
+        file = stream.current_file
         where = f" (in {file})" if file is not None else ""
         if name.rsplit(".", 1)[-1] in QUANTIZED_TENSOR_LEAVES:
             message = f"{name}{where}: a quantized checkpoint's tensor; {QUANTIZED_CHECKPOINTS}"

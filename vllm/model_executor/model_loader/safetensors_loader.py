@@ -97,19 +97,15 @@ def _sources(folder: Path, files: list[Path]) -> dict[str, Path]:
     return sources
 
 
-def tensor_file(folder: Path, name: str) -> Path | None:
-    """The file of `folder`'s checkpoint that tensor `name` is read from (None if none holds
-    it): for an error's message, so it reads the files' headers again."""
-    return _sources(folder, checkpoint_files(folder)).get(name)
-
-
-def iterate_tensors(folder: Path, progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) for every tensor of the checkpoint, once each (see `_sources`), with
-    a progress bar over shards."""
+def iterate_tensors(
+    folder: Path, progress: bool = True
+) -> Iterator[tuple[str, torch.Tensor, Path]]:
+    """Yield (name, tensor, file it was read from) for every tensor of the checkpoint, once each
+    (see `_sources`), with a progress bar over shards. The file is for errors' messages."""
     files = checkpoint_files(folder)
     sources = _sources(folder, files)
     for file in tqdm(files, desc="Loading safetensors shards", disable=not progress, unit="shard"):
         with _opened(file) as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
                 if sources[name] == file:
-                    yield name, f.get_tensor(name)
+                    yield name, f.get_tensor(name), file
