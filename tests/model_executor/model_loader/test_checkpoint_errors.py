@@ -305,6 +305,10 @@ def test_a_stray_files_tensor_is_named_with_its_file(tensors, tmp_path):
     file it came from."""
     folder = write_checkpoint(tmp_path / "ckpt", tensors)
     save_file({"base_model.lora_A.weight": torch.zeros(2, 2)}, folder / "adapter_model.safetensors")
-    message = f"'base_model.lora_A.weight' (in {folder / 'adapter_model.safetensors'})"
-    with pytest.raises(CheckpointError, match=re.escape(message)):
+    # The whole message: the model's own, which names the tensor already, and its file once.
+    message = (
+        "unexpected checkpoint tensor 'base_model.lora_A.weight' "
+        f"(in {folder / 'adapter_model.safetensors'})"
+    )
+    with pytest.raises(CheckpointError, match=f"^{re.escape(message)}$"):
         load_model(folder, dtype=torch.float32)
