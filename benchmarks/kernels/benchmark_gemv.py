@@ -7,8 +7,9 @@ vendor GEMMs it replaces, on Kimi-Linear's dense-linear shapes.
 Shapes (K -> N) of Kimi-Linear-48B-A3B: o_proj 4096 -> 2304 (KDA and MLA), the KDA q/k/v-sized
 2304 -> 12448, shared expert 2304 -> 1024 and 1024 -> 2304, MLA q_proj 2304 -> 6144 (32 heads x
 192), kv_a_proj_with_mqa 2304 -> 576, the two merged as the model runs them (`fused_q_kv_a_proj`,
-2304 -> 6720) and kv_b_proj 512 -> 8192 (bf16 only), LM head 2304 -> 163840 (bf16 only: the LM
-head stays bf16). M in 1, 2, 4, 8, 16, 32, 64, 128, 256.
+2304 -> 6720) and kv_b_proj 512 -> 8192 (bf16 only), the dense first layer's down projection
+9216 -> 2304 (bf16 only), LM head 2304 -> 163840 (bf16 only: the LM head stays bf16). M in 1, 2,
+4, 8, 16, 32, 64, 128, 256.
 
 Timing: CUDA-graph replay of one call per weight copy over --copies rotating copies of the weight
 (>= 16 by default, so that consecutive calls never find their weight in the H200's 50 MB L2),
@@ -73,6 +74,7 @@ SHAPES = {  # name -> (K, N)
     "mla_kv_a": (2304, 576),
     "mla_q_kv_a": (2304, 6720),
     "mla_kv_b": (512, 8192),
+    "dense_down": (9216, 2304),
     "lm_head": (2304, 163840),
 }
 FP8_SHAPES = ("o_proj", "qkv", "shared_down", "shared_up")

@@ -51,6 +51,8 @@ CPU_CONFIGS = {
     "default": None,
     "split": GemvConfig(block_n=8, block_k=32, split_k=3),
     "dot": GemvConfig(block_n=16, block_k=64, use_dot=True),
+    # The one-row wide tile's shape (gemv_config.WIDE_TILE), K 200 in one masked step.
+    "wide": GemvConfig(block_n=16, block_k=256, num_warps=8, num_stages=1),
 }
 
 
@@ -335,6 +337,24 @@ def test_default_multiply_and_sum_steps_by_rows():
     assert wide.block_n * wide.block_k == 2 * 4096
 
 
+def test_wide_tile_at_one_bf16_row_of_a_wide_weight():
+    # KDA's fused input projection (12576 x 2304) at one row: WIDE_TILE, one stage, no split.
+    config = gemv_cfg.default_config(1, 12576, 2304, 2)
+    assert (config.block_n, config.block_k, config.num_warps) == gemv_cfg.WIDE_TILE
+    assert (config.num_stages, config.split_k, config.use_dot) == (1, 1, False)
+    # From WIDE_TILE_MIN_N channels on, at one row, bf16 only, up to the one-row weight bound.
+    narrow = gemv_cfg.default_config(1, gemv_cfg.WIDE_TILE_MIN_N - 1, 2304, 2)
+    assert gemv_cfg.default_config(1, gemv_cfg.WIDE_TILE_MIN_N, 2304, 2) != narrow
+    for m, n, k, weight_bytes in [
+        (1, gemv_cfg.WIDE_TILE_MIN_N - 1, 2304, 2),  # MLA's q | kv_a-sized: the default tiles
+        (2, 12576, 2304, 2),  # two rows
+        (1, 12576, 2304, 1),  # FP8
+        (1, 163840, 2304, 2),  # the LM head: past the one-row bound
+    ]:
+        config = gemv_cfg.default_config(m, n, k, weight_bytes)
+        assert (config.block_n, config.block_k, config.num_warps) != gemv_cfg.WIDE_TILE, config
+
+
 # ---------------------------------------------------------------------------------------------
 # Dispatch from the layers
 # ---------------------------------------------------------------------------------------------
@@ -372,12 +392,12 @@ def test_cpu_rowwise_fp8_kernel_uses_the_reference(triton_launches):
     assert triton_launches["_gemv_kernel"] == 0
 
 
-# Kimi-Linear's decode linears by weight size: o_proj (2304 x 4096, 9.4M elements) takes the
-# GEMV in bf16 and FP8; MLA's merged q | kv_a projection (6720 x 2304, 15.5M) cuBLAS in bf16 (it
-# was slower on the GEMV, docs/performance.md, seventh run) and the GEMV in FP8; the KDA in_proj
-# (12576 x 2304, 29M) the vendor GEMM in both.
-WEIGHT_SIZES = [((2304, 4096), True, True), ((6720, 2304), False, True),
-                ((12576, 2304), False, False)]  # fmt: skip
+# Kimi-Linear's decode linears by weight size, at one row: o_proj (2304 x 4096, 9.4M elements)
+# and MLA's merged q | kv_a projection (6720 x 2304, 15.5M) take the GEMV in bf16 and FP8; the
+# KDA in_proj (12576 x 2304, 29M) the GEMV in bf16 and the vendor GEMM in FP8; the dense first
+# layer's gate / up (18432 x 2304, 42M) the vendor GEMM in both.
+WEIGHT_SIZES = [((2304, 4096), True, True), ((6720, 2304), True, True),
+                ((12576, 2304), True, False), ((18432, 2304), False, False)]  # fmt: skip
 
 
 @pytest.mark.parametrize(("shape", "bf16", "fp8"), WEIGHT_SIZES)
@@ -388,10 +408,12 @@ def test_fp8_dispatch_by_weight_size(shape, bf16, fp8):
 @pytest.mark.gpu
 @pytest.mark.parametrize(("shape", "bf16", "fp8"), WEIGHT_SIZES)
 def test_gpu_bf16_dispatch_by_weight_size(shape, bf16, fp8):
-    x = torch.zeros(1, shape[1], dtype=torch.bfloat16, device="cuda")
-    assert (
-        gemv_cfg.use_bf16_gemv(x, torch.empty(shape, dtype=torch.bfloat16, device="cuda")) == bf16
-    )
+    w = torch.empty(shape, dtype=torch.bfloat16, device="cuda")
+    x = torch.zeros(1, 1, shape[1], dtype=torch.bfloat16, device="cuda")
+    assert gemv_cfg.use_bf16_gemv(x, w) == bf16
+    # At two rows only weights of up to BF16_GEMV_MAX_WEIGHT_NUMEL elements (o_proj's).
+    two_rows = torch.zeros(2, shape[1], dtype=torch.bfloat16, device="cuda")
+    assert gemv_cfg.use_bf16_gemv(two_rows, w) == (w.numel() <= gemv_cfg.BF16_GEMV_MAX_WEIGHT_NUMEL)
 
 
 @pytest.mark.gpu

@@ -24,7 +24,9 @@ Dispatch into the layers (thresholds are module constants, tuned from that bench
 fp16 inputs of at most ``max(BF16_GEMV_MAX_M, BF16_DOT_MAX_M)`` rows, and
 ``RowWiseTorchFP8ScaledMMLinearKernel`` (scaled_mm/pytorch.py) calls ``gemv_fp8`` for at most
 ``max(FP8_GEMV_MAX_M, FP8_DOT_MAX_M)`` rows, for weights of at most ``BF16_GEMV_MAX_WEIGHT_NUMEL`` /
-``FP8_GEMV_MAX_WEIGHT_NUMEL`` elements; otherwise the vendor GEMM runs. A ``*_DOT_MAX_M`` of 0 keeps
+``FP8_GEMV_MAX_WEIGHT_NUMEL`` elements (bf16 at one row: ``BF16_GEMV_M1_MAX_WEIGHT_NUMEL``, which
+holds the KDA and MLA input projections, in ``WIDE_TILE`` from ``WIDE_TILE_MIN_N`` channels);
+otherwise the vendor GEMM runs. A ``*_DOT_MAX_M`` of 0 keeps
 the ``tl.dot`` path off: so for bf16, while FP8 takes it up to 128 rows (the H200 sweep). The LM
 head (``ParallelLMHead.compute_logits``) keeps its own F.linear: cuBLAS already reads it at 96-100%
 of copy. NVIDIA only: on ROCm neither path selects it (the bf16 dispatch asks
@@ -44,6 +46,7 @@ from vllm.triton_utils import cdiv, next_power_of_2, num_sms
 __all__ = [
     "BATCHED_GEMV_MAX_M",
     "BF16_DOT_MAX_M",
+    "BF16_GEMV_M1_MAX_WEIGHT_NUMEL",
     "BF16_GEMV_MAX_M",
     "BF16_GEMV_MAX_WEIGHT_NUMEL",
     "FP8_DOT_MAX_M",
@@ -65,15 +68,21 @@ __all__ = [
 # (F.linear / rowwise torch._scaled_mm). From benchmarks/kernels/benchmark_gemv.py on the H200
 # (docs/performance.md, 2026-12-01): the GEMV's time grows with M (each row is its own pass over
 # the weight tile), so it wins only at M <= 2 (bf16 and FP8; at M = 4 the FP8 tl.dot path below
-# takes o_proj in 7.6 us against the GEMV's 12.2 and _scaled_mm's 13.6); cuBLAS already reads the
-# q/k/v-sized (28.7M) and LM-head weights at 76-100% at M = 1, so the large weights stay with it,
-# and so does MLA's merged q | kv_a projection (2304 x 6720, 15.5M): cuBLAS 11.3 us against the
-# GEMV's 14.9 at M = 1 and 11.2 / 14.7 at M = 2 (benchmark_gemv.py --shapes mla_q_kv_a, H200,
-# 2026-12-01, docs/performance.md "Seventh run"). FP8 weights keep the earlier 16M: the FP8
-# tl.dot path below was measured on o_proj only, and nothing says cuBLAS wins there.
+# takes o_proj in 7.6 us against the GEMV's 12.2 and _scaled_mm's 13.6). Above 12M elements
+# cuBLAS kept the weights then (MLA's merged q | kv_a projection, 2304 x 6720, 15.5M: 11.3 us
+# against the GEMV's 14.9 at M = 1 and 11.2 / 14.7 at M = 2; benchmark_gemv.py --shapes
+# mla_q_kv_a, H200, 2026-12-01, docs/performance.md "Seventh run"), and keeps them at two rows;
+# the one-row bound is BF16_GEMV_M1_MAX_WEIGHT_NUMEL since. FP8 weights keep the earlier 16M: the
+# FP8 tl.dot path below was measured on o_proj only, and nothing says cuBLAS wins there.
 BF16_GEMV_MAX_M = 2
 FP8_GEMV_MAX_M = 2
 BF16_GEMV_MAX_WEIGHT_NUMEL = 12 * 2**20
+# At one row, since the GEMV's tiles of 2026-12-06, larger bf16 weights go to it too: on the H200
+# (benchmark_gemv.py --shapes qkv mla_q_kv_a, docs/performance.md "Forty-ninth run", call 194)
+# KDA's fused input projection (2304 -> 12448) took 15.41 us in WIDE_TILE against cuBLAS's
+# 17.71, and MLA's q | kv_a (15.5M) 9.72 us in the default tiles against 11.88; at two rows
+# cuBLAS kept q | kv_a (11.04 against 13.47 us), so the 12M bound stays there.
+BF16_GEMV_M1_MAX_WEIGHT_NUMEL = 32 * 2**20
 FP8_GEMV_MAX_WEIGHT_NUMEL = 16 * 2**20
 # Above those rows and up to these, the layers take the tl.dot ("swap AB") configs of
 # default_config instead of the vendor GEMM. benchmark_gemv.py --dot-sweep on the H200
@@ -106,6 +115,12 @@ _MAX_DOT_BLOCK_M = 64  # the same with tl.dot: a [BLOCK_N, 64] fp32 acc stays in
 # 5.16 against 6.26 us at M = 1).
 _STEP_ELEMENTS = {1: 4096, 2: 2048}
 _TILE_CHANNELS = 2
+# One bf16 row, at least WIDE_TILE_MIN_N output channels and a weight the layers send at one row
+# (up to BF16_GEMV_M1_MAX_WEIGHT_NUMEL; the LM head's keeps the default): 16 channels of 256-wide
+# steps, 8 warps, one stage (call 194: KDA's fused input projection, N 12448, 15.41 us against
+# 17.38 or more in the other measured tiles; at N 6720 the default tiles won, 9.72 against 11.75).
+WIDE_TILE = (16, 256, 8)
+WIDE_TILE_MIN_N = 8192
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second (N blocks) and third (K splits) axes
 _FP32_DOT_MIN_M = 8  # fp32 weights: above this many rows the default config takes tl.dot
 _FP32_BF16X3_MIN_M = 4  # fp32 weights, bf16 x: above this many rows, tl.dot in bf16x3 form
@@ -201,6 +216,10 @@ def default_config(m: int, n: int, k: int, weight_bytes: int, bf16_x: bool = Fal
         return _dot_config(m, n, k, weight_bytes)
     # Multiply-and-sum serves 1-2 rows: few to re-read from L2. Wider channel blocks (the LM
     # head's, to fit the grid) keep the step's elements.
+    if m == 1 and weight_bytes == 2 and WIDE_TILE_MIN_N <= n <= BF16_GEMV_M1_MAX_WEIGHT_NUMEL // k:
+        block_n, block_k, num_warps = WIDE_TILE
+        config = GemvConfig(_fitting_block_n(block_n, n), block_k, num_warps, num_stages=1)
+        return replace(config, split_k=auto_split_k(m, n, k, config))
     block_n = _fitting_block_n(_TILE_CHANNELS, n)
     step = _STEP_ELEMENTS.get(m, min(_STEP_ELEMENTS.values())) * _TILE_CHANNELS // block_n
     block_k = max(64, min(step, next_power_of_2(k)))
@@ -291,10 +310,13 @@ def use_batched_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def use_bf16_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether ``UnquantizedLinearMethod`` sends ``x`` (any leading dims) to ``gemv``: an NVIDIA
     GPU, bf16 / fp16 x and weight of one dtype, unit stride on K, 1..``BF16_GEMV_MAX_M`` rows (or
-    ``BF16_DOT_MAX_M``, if more), a weight of at most ``BF16_GEMV_MAX_WEIGHT_NUMEL`` elements."""
+    ``BF16_DOT_MAX_M``, if more), a weight of at most ``BF16_GEMV_MAX_WEIGHT_NUMEL`` elements
+    (``BF16_GEMV_M1_MAX_WEIGHT_NUMEL`` at one row)."""
     k = weight.shape[-1]
+    one_row = x.numel() == k
+    max_numel = BF16_GEMV_M1_MAX_WEIGHT_NUMEL if one_row else BF16_GEMV_MAX_WEIGHT_NUMEL
     return (
-        weight.numel() <= BF16_GEMV_MAX_WEIGHT_NUMEL
+        weight.numel() <= max_numel
         and x.is_cuda
         and current_platform.is_cuda()
         and x.dtype in _X_DTYPES
