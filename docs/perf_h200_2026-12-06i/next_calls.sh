@@ -12,7 +12,8 @@
 #   engine (~6 min, an H200; .devrun/base holds `git archive d30d019 vllm benchmarks`, the tree
 #         before the one-row GEMV change) batch-1 decode at 1k and 8k, the wide tile (new), the
 #         tree before (base), the new tree with the default tiles only (WIDE_MIN_N past every N),
-#         then new and base again; KDA prefill graphs off (start-up time, not measured here).
+#         then new and base again; KDA prefill graphs off (start-up time, not measured here);
+#   tests (~1 min, any GPU) the GEMV's GPU tests (the one-row dispatch and the wide tile).
 set -u
 case "${PART:-sweep}" in
   sweep)
@@ -44,4 +45,9 @@ case "${PART:-sweep}" in
     }
     run new1 $PWD; run base1 $PWD/.devrun/base; run default1 $PWD WIDE_MIN_N=1000000000
     run new2 $PWD; run base2 $PWD/.devrun/base ;;
+  tests)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    PYTHONPATH=/tmp/site:$PWD timeout 180 python -m pytest -q -m gpu -p no:cacheprovider \
+      tests/kernels/linear/test_gemv.py > $OUT/gemv_gpu.log 2>&1
+    echo "gemv gpu tests rc $?"; tail -3 $OUT/gemv_gpu.log ;;
 esac
