@@ -9,7 +9,7 @@
 #         the changes since touched the routed experts' kernels (d5b8939's activation epilogues,
 #         c8abfd4's launches): the grouped Triton path at the decode batches' rows, each tree in
 #         its own process, old / new / old / new;
-#   engine (~6 min, an H200; .devrun/base holds `git archive d30d019 vllm benchmarks`, the tree
+#   engine (~6 min, an H200, or an H100 with 128 of the experts; .devrun/base holds `git archive d30d019 vllm benchmarks`, the tree
 #         before the one-row GEMV change) batch-1 decode at 1k and 8k, the wide tile (new), the
 #         tree before (base), the new tree with the default tiles only (WIDE_MIN_N past every N),
 #         then new and base again; KDA prefill graphs off (start-up time, not measured here);
@@ -35,10 +35,18 @@ case "${PART:-sweep}" in
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     P='{"linear":"fp8_per_channel","ignore":["re:(?!.*self_attn\\.o_proj$).*"]}'
     AB=$PWD/docs/perf_h200_2026-12-06i/ab_latency.py
+    MODEL=kimi-linear-48b-a3b
+    if [ "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)" -lt 100000 ]; then
+      # An H100: the 48B config with 128 of its 256 experts (as call 191).
+      mkdir -p /tmp/k128 && python3 -c "
+import json; c = json.load(open('vllm/models/kimi_k3/config_only/kimi-linear-48b-a3b/config.json'))
+c['num_experts'] = 128; json.dump(c, open('/tmp/k128/config.json', 'w'))"
+      MODEL=/tmp/k128
+    fi
     run() {
       label=$1; tree=$2; shift 2
       (cd $tree && env "$@" PYTHONPATH=/tmp/site:$tree VLLM_KDA_PREFILL_GRAPHS=0 TQDM_DISABLE=1 \
-        timeout 300 python $AB --model kimi-linear-48b-a3b --load-format dummy --skip-tokenizer-init \
+        timeout 300 python $AB --model $MODEL --load-format dummy --skip-tokenizer-init \
         --quantization-config "$P" --batch-sizes 1 --input-lens 1024 8192 --output-len 32 \
         --warmup-steps 4 --max-num-batched-tokens 8192 > $OUT/engine_$label.log 2>&1
        echo "$label rc $?"; grep "decode (graph)\|engine start" $OUT/engine_$label.log | cut -c1-150)
