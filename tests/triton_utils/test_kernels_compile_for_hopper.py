@@ -31,7 +31,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 import vllm.models.kimi_k3.amd.ops.fused_kda_decode as kda_decode_module
 import vllm.models.kimi_k3.amd.ops.mla_decode as mla_decode_module
 from vllm.model_executor.kernels.linear.gemv import gemv, gemv_batched, gemv_fp8, gemv_fp32
-from vllm.model_executor.kernels.linear.gemv_config import GemvConfig
+from vllm.model_executor.kernels.linear.gemv_config import WIDE_TILE_MIN_N, GemvConfig
 from vllm.model_executor.layers.activation import SiluAndMul, SituAndMul
 from vllm.model_executor.layers.fused_moe.experts_triton import moe_experts_triton
 from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (
@@ -92,12 +92,12 @@ MAX_VARIANTS = 8
 # The grouped experts' gate/up kernel 16 (decode and prefill tiles, pointer and TMA loads, tail
 # tiles of 16, 32 and 64 rows, each at two TOPK; SiTU on the decode tiles at two TOPK); the
 # GEMV's one kernel runs two algorithms (multiply-and-sum, tl.dot) on three weight dtypes, and
-# batched (MLA's absorbs: 3 more); the KDA
+# batched (MLA's absorbs: 3 more), and the one-row wide tile; the KDA
 # decode epilogue 9 (norm, quantized, shift-only; three shift tiles; chunked norm), its main
 # kernel 13 (8 launches without the gate projections, one of them with the state evicted first, 5
 # with them); the MLA decode split kernel 10 (4 with one latent chunk, 6 with 2 or 4).
 MAX_VARIANTS_OF = {
-    "_gemv_kernel": 27, "_kda_decode_epilogue_kernel": 10, "_fused_kda_decode_kernel": 13,
+    "_gemv_kernel": 28, "_kda_decode_epilogue_kernel": 10, "_fused_kda_decode_kernel": 13,
     "_mla_decode_split_kernel": 10, "_moe_grouped_gate_up_kernel": 16,
 }  # fmt: skip
 
@@ -420,6 +420,9 @@ def _drive_ops() -> None:
         w = torch.randn(n, k, generator=gen).to(FP8)
         gemv_fp8(x.to(FP8), a_scale, w, w_scale)
         gemv_fp8(x.to(FP8), a_scale, w, w_scale, torch.randn(n, generator=gen))
+    # One row of a weight of WIDE_TILE_MIN_N channels: the wide tile (KDA's input projection).
+    x = torch.randn(1, 2304, generator=gen).to(torch.bfloat16)
+    gemv(x, torch.randn(WIDE_TILE_MIN_N, 2304, generator=gen).to(torch.bfloat16))
     x = torch.randn(2, 64, generator=gen).to(torch.bfloat16)
     for config in (GemvConfig(8, 32, split_k=3), GemvConfig(16, 64, use_dot=True)):
         gemv(x, torch.randn(24, 64, generator=gen).to(torch.bfloat16), config=config)
