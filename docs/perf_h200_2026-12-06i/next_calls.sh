@@ -51,8 +51,13 @@ c['num_experts'] = 128; json.dump(c, open('/tmp/k128/config.json', 'w'))"
         --warmup-steps 4 --max-num-batched-tokens 8192 > $OUT/engine_$label.log 2>&1
        echo "$label rc $?"; grep "decode (graph)\|engine start" $OUT/engine_$label.log | cut -c1-150)
     }
-    run new1 $PWD; run base1 $PWD/.devrun/base; run default1 $PWD WIDE_MIN_N=1000000000
-    run new2 $PWD; run base2 $PWD/.devrun/base ;;
+    for label in ${RUNS:-new1 base1 default1 new2 base2}; do
+      case $label in
+        new*) run $label $PWD ;;
+        base*) run $label $PWD/.devrun/base ;;
+        default*) run $label $PWD WIDE_MIN_N=1000000000 ;;
+      esac
+    done ;;
   tests)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     PYTHONPATH=/tmp/site:$PWD timeout 180 python -m pytest -q -m gpu -p no:cacheprovider \
