@@ -13,7 +13,8 @@
 #         before the one-row GEMV change) batch-1 decode at 1k and 8k, the wide tile (new), the
 #         tree before (base), the new tree with the default tiles only (WIDE_MIN_N past every N),
 #         then new and base again; KDA prefill graphs off (start-up time, not measured here);
-#   tests (~1 min, any GPU) the GEMV's GPU tests (the one-row dispatch and the wide tile).
+#   tests (~1 min, any GPU) the GEMV's GPU tests (the one-row dispatch and the wide tile);
+#   short (~1 min, any GPU) the one-row defaults against cuBLAS at the three shapes it moves.
 set -u
 case "${PART:-sweep}" in
   sweep)
@@ -63,4 +64,8 @@ c['num_experts'] = 128; json.dump(c, open('/tmp/k128/config.json', 'w'))"
     PYTHONPATH=/tmp/site:$PWD timeout 180 python -m pytest -q -m gpu -p no:cacheprovider \
       tests/kernels/linear/test_gemv.py > $OUT/gemv_gpu.log 2>&1
     echo "gemv gpu tests rc $?"; tail -3 $OUT/gemv_gpu.log ;;
+  short)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    PYTHONPATH=/tmp/site:$PWD timeout 120 python benchmarks/kernels/benchmark_gemv.py --dtypes bf16 \
+      --shapes qkv mla_q_kv_a dense_down --m 1 --csv $OUT/short.csv 2>&1 | grep "M=\|speed-up\|   1 " ;;
 esac
