@@ -342,7 +342,11 @@ def test_wide_tile_at_one_bf16_row_of_a_wide_weight():
     config = gemv_cfg.default_config(1, 12576, 2304, 2)
     assert (config.block_n, config.block_k, config.num_warps) == gemv_cfg.WIDE_TILE
     assert (config.num_stages, config.split_k, config.use_dot) == (1, 1, False)
-    # From WIDE_TILE_MIN_N channels on, at one row, bf16 only, up to the one-row weight bound.
+    # From WIDE_TILE_MIN_N channels on, at one row, bf16 only, up to the one-row weight bound,
+    # which leaves K within the one-row dispatch's (default_config relies on it).
+    assert gemv_cfg.BF16_GEMV_M1_MAX_WEIGHT_NUMEL // gemv_cfg.WIDE_TILE_MIN_N <= (
+        gemv_cfg.BF16_GEMV_M1_MAX_K
+    )
     narrow = gemv_cfg.default_config(1, gemv_cfg.WIDE_TILE_MIN_N - 1, 2304, 2)
     assert gemv_cfg.default_config(1, gemv_cfg.WIDE_TILE_MIN_N, 2304, 2) != narrow
     for m, n, k, weight_bytes in [
@@ -395,14 +399,24 @@ def test_cpu_rowwise_fp8_kernel_uses_the_reference(triton_launches):
 # Kimi-Linear's decode linears by weight size, at one row: o_proj (2304 x 4096, 9.4M elements)
 # and MLA's merged q | kv_a projection (6720 x 2304, 15.5M) take the GEMV in bf16 and FP8; the
 # KDA in_proj (12576 x 2304, 29M) the GEMV in bf16 and the vendor GEMM in FP8; the dense first
-# layer's gate / up (18432 x 2304, 42M) the vendor GEMM in both.
+# layer's down (2304 x 9216, 21M: K past BF16_GEMV_M1_MAX_K, not timed on the GEMV) and gate / up
+# (18432 x 2304, 42M) the vendor GEMM in both.
 WEIGHT_SIZES = [((2304, 4096), True, True), ((6720, 2304), True, True),
-                ((12576, 2304), True, False), ((18432, 2304), False, False)]  # fmt: skip
+                ((12576, 2304), True, False), ((2304, 9216), False, False),
+                ((18432, 2304), False, False)]  # fmt: skip
 
 
 @pytest.mark.parametrize(("shape", "bf16", "fp8"), WEIGHT_SIZES)
 def test_fp8_dispatch_by_weight_size(shape, bf16, fp8):
     assert gemv_cfg.use_fp8_gemv(1, torch.empty(shape, device="meta")) == fp8
+
+
+@pytest.mark.parametrize(("shape", "bf16", "fp8"), WEIGHT_SIZES)
+def test_bf16_weight_bound_by_rows(shape, bf16, fp8):
+    # The size test of use_bf16_gemv (the rest needs a GPU): at two rows only o_proj's size.
+    numel, k = shape[0] * shape[1], shape[1]
+    assert gemv_cfg._bf16_weight_fits(1, numel, k) == bf16
+    assert gemv_cfg._bf16_weight_fits(2, numel, k) == (numel <= gemv_cfg.BF16_GEMV_MAX_WEIGHT_NUMEL)
 
 
 @pytest.mark.gpu

@@ -24,8 +24,9 @@ Dispatch into the layers (thresholds are module constants, tuned from that bench
 fp16 inputs of at most ``max(BF16_GEMV_MAX_M, BF16_DOT_MAX_M)`` rows, and
 ``RowWiseTorchFP8ScaledMMLinearKernel`` (scaled_mm/pytorch.py) calls ``gemv_fp8`` for at most
 ``max(FP8_GEMV_MAX_M, FP8_DOT_MAX_M)`` rows, for weights of at most ``BF16_GEMV_MAX_WEIGHT_NUMEL`` /
-``FP8_GEMV_MAX_WEIGHT_NUMEL`` elements (bf16 at one row: ``BF16_GEMV_M1_MAX_WEIGHT_NUMEL``, which
-holds the KDA and MLA input projections, in ``WIDE_TILE`` from ``WIDE_TILE_MIN_N`` channels);
+``FP8_GEMV_MAX_WEIGHT_NUMEL`` elements (bf16 at one row of K up to ``BF16_GEMV_M1_MAX_K``:
+``BF16_GEMV_M1_MAX_WEIGHT_NUMEL``, which holds the KDA and MLA input projections, in ``WIDE_TILE``
+from ``WIDE_TILE_MIN_N`` channels);
 otherwise the vendor GEMM runs. A ``*_DOT_MAX_M`` of 0 keeps
 the ``tl.dot`` path off: so for bf16, while FP8 takes it up to 128 rows (the H200 sweep). The LM
 head (``ParallelLMHead.compute_logits``) keeps its own F.linear: cuBLAS already reads it at 96-100%
@@ -46,6 +47,7 @@ from vllm.triton_utils import cdiv, next_power_of_2, num_sms
 __all__ = [
     "BATCHED_GEMV_MAX_M",
     "BF16_DOT_MAX_M",
+    "BF16_GEMV_M1_MAX_K",
     "BF16_GEMV_M1_MAX_WEIGHT_NUMEL",
     "BF16_GEMV_MAX_M",
     "BF16_GEMV_MAX_WEIGHT_NUMEL",
@@ -81,8 +83,11 @@ BF16_GEMV_MAX_WEIGHT_NUMEL = 12 * 2**20
 # (benchmark_gemv.py --shapes qkv mla_q_kv_a, docs/performance.md "Forty-ninth run", call 194)
 # KDA's fused input projection (2304 -> 12448) took 15.41 us in WIDE_TILE against cuBLAS's
 # 17.71, and MLA's q | kv_a (15.5M) 9.72 us in the default tiles against 11.88; at two rows
-# cuBLAS kept q | kv_a (11.04 against 13.47 us), so the 12M bound stays there.
+# cuBLAS kept q | kv_a (11.04 against 13.47 us), so the 12M bound stays there. Only weights whose
+# K fits one default step (BF16_GEMV_M1_MAX_K) were measured: the dense first layer's down
+# projection (K 9216, 21M) stays with cuBLAS until timed (benchmark_gemv.py --shapes dense_down).
 BF16_GEMV_M1_MAX_WEIGHT_NUMEL = 32 * 2**20
+BF16_GEMV_M1_MAX_K = 4096
 FP8_GEMV_MAX_WEIGHT_NUMEL = 16 * 2**20
 # Above those rows and up to these, the layers take the tl.dot ("swap AB") configs of
 # default_config instead of the vendor GEMM. benchmark_gemv.py --dot-sweep on the H200
@@ -116,9 +121,10 @@ _MAX_DOT_BLOCK_M = 64  # the same with tl.dot: a [BLOCK_N, 64] fp32 acc stays in
 _STEP_ELEMENTS = {1: 4096, 2: 2048}
 _TILE_CHANNELS = 2
 # One bf16 row, at least WIDE_TILE_MIN_N output channels and a weight the layers send at one row
-# (up to BF16_GEMV_M1_MAX_WEIGHT_NUMEL; the LM head's keeps the default): 16 channels of 256-wide
-# steps, 8 warps, one stage (call 194: KDA's fused input projection, N 12448, 15.41 us against
-# 17.38 or more in the other measured tiles; at N 6720 the default tiles won, 9.72 against 11.75).
+# (within the BF16_GEMV_M1_* bounds; the LM head's keeps the default): 16 channels of
+# 256-wide steps, 8 warps, one stage (call 194: KDA's fused input projection, N 12448, 15.41 us
+# against 17.38 or more in the other measured tiles; at N 6720 the default tiles won, 9.72 against
+# 11.75).
 WIDE_TILE = (16, 256, 8)
 WIDE_TILE_MIN_N = 8192
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second (N blocks) and third (K splits) axes
@@ -216,6 +222,7 @@ def default_config(m: int, n: int, k: int, weight_bytes: int, bf16_x: bool = Fal
         return _dot_config(m, n, k, weight_bytes)
     # Multiply-and-sum serves 1-2 rows: few to re-read from L2. Wider channel blocks (the LM
     # head's, to fit the grid) keep the step's elements.
+    # (Within the size bound, WIDE_TILE_MIN_N channels leave K at most BF16_GEMV_M1_MAX_K.)
     if m == 1 and weight_bytes == 2 and WIDE_TILE_MIN_N <= n <= BF16_GEMV_M1_MAX_WEIGHT_NUMEL // k:
         block_n, block_k, num_warps = WIDE_TILE
         config = GemvConfig(_fitting_block_n(block_n, n), block_k, num_warps, num_stages=1)
@@ -307,23 +314,28 @@ def use_batched_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
+def _bf16_weight_fits(rows: int, numel: int, k: int) -> bool:
+    """Whether a bf16 / fp16 weight of ``numel`` elements and row length ``k`` is small enough
+    for the GEMV at ``rows`` rows (the one-row bound where K is within ``BF16_GEMV_M1_MAX_K``)."""
+    one_short_row = rows == 1 and k <= BF16_GEMV_M1_MAX_K
+    return numel <= (BF16_GEMV_M1_MAX_WEIGHT_NUMEL if one_short_row else BF16_GEMV_MAX_WEIGHT_NUMEL)
+
+
 def use_bf16_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether ``UnquantizedLinearMethod`` sends ``x`` (any leading dims) to ``gemv``: an NVIDIA
     GPU, bf16 / fp16 x and weight of one dtype, unit stride on K, 1..``BF16_GEMV_MAX_M`` rows (or
     ``BF16_DOT_MAX_M``, if more), a weight of at most ``BF16_GEMV_MAX_WEIGHT_NUMEL`` elements
-    (``BF16_GEMV_M1_MAX_WEIGHT_NUMEL`` at one row)."""
+    (``BF16_GEMV_M1_MAX_WEIGHT_NUMEL`` at one row of at most ``BF16_GEMV_M1_MAX_K``)."""
     k = weight.shape[-1]
-    one_row = x.numel() == k
-    max_numel = BF16_GEMV_M1_MAX_WEIGHT_NUMEL if one_row else BF16_GEMV_MAX_WEIGHT_NUMEL
     return (
-        weight.numel() <= max_numel
+        k > 0
+        and _bf16_weight_fits(x.numel() // k, weight.numel(), k)
         and x.is_cuda
         and current_platform.is_cuda()
         and x.dtype in _X_DTYPES
         and weight.dtype == x.dtype
         and x.dim() >= 1
         and x.shape[-1] == k
-        and k > 0
         and 0 < x.numel() <= max(BF16_GEMV_MAX_M, BF16_DOT_MAX_M) * k
         and x.stride(-1) == 1
         and weight.stride(-1) == 1
