@@ -20,8 +20,8 @@ time), reported as % of copy.
 A table per (dtype, shape, M) then names the fastest GEMV config and its time against the
 vendor GEMM's. The last lines suggest BF16_GEMV_MAX_M / FP8_GEMV_MAX_M (gemv.py): the largest
 measured M up to which the fastest multiply-and-sum config beats the vendor GEMM at every shape
-the layers may send (weights of at most gemv_config.BF16_GEMV_MAX_WEIGHT_NUMEL /
-FP8_GEMV_MAX_WEIGHT_NUMEL elements) and every smaller M; and BF16_DOT_MAX_M / FP8_DOT_MAX_M: from
+the layers may send at that M (gemv_config.bf16_gemv_weight_fits / FP8_GEMV_MAX_WEIGHT_NUMEL
+elements) and every smaller M; and BF16_DOT_MAX_M / FP8_DOT_MAX_M: from
 there on, the same for the tl.dot configs.
 
     python benchmarks/kernels/benchmark_gemv.py --output-json gemv.json --csv gemv.csv
@@ -345,11 +345,15 @@ def main(argv: list[str] | None = None) -> int:
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
     print("\n".join(best_table(rows)))
-    # The thresholds only reach weights the layers may send to the GEMV.
+    # The thresholds only reach weights the layers may send to the GEMV at the row's M.
     for dtype in args.dtypes:
         prefix = dtype.upper()
-        max_numel = getattr(gemv_cfg, f"{prefix}_GEMV_MAX_WEIGHT_NUMEL")
-        sendable = [r for r in rows if r["n"] * r["k"] <= max_numel]
+        if dtype == "bf16":
+            sendable = [
+                r for r in rows if gemv_cfg.bf16_gemv_weight_fits(r["m"], r["n"] * r["k"], r["k"])
+            ]
+        else:
+            sendable = [r for r in rows if r["n"] * r["k"] <= gemv_cfg.FP8_GEMV_MAX_WEIGHT_NUMEL]
         limit = suggest_max_m(sendable, dtype)
         if limit is None:
             continue

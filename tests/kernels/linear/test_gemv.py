@@ -51,8 +51,8 @@ CPU_CONFIGS = {
     "default": None,
     "split": GemvConfig(block_n=8, block_k=32, split_k=3),
     "dot": GemvConfig(block_n=16, block_k=64, use_dot=True),
-    # The one-row wide tile's shape (gemv_config.WIDE_TILE), K 200 in one masked step.
-    "wide": GemvConfig(block_n=16, block_k=256, num_warps=8, num_stages=1),
+    # The one-row wide tile (gemv_config.WIDE_TILE), K 200 in one masked step.
+    "wide": GemvConfig(*gemv_cfg.WIDE_TILE, num_stages=1),
 }
 
 
@@ -317,6 +317,9 @@ def test_n_blocks_fit_the_grids_second_axis():
     assert -(-163840 // lm_head.block_n) <= 65535
     fp32 = gemv_cfg.default_config(1, 163840, 2304, 4)
     assert not fp32.use_dot and -(-163840 // fp32.block_n) <= 65535
+    # The wide tile's 16 channels too (a 16M weight of K 8: 131072 blocks of 16).
+    wide = gemv_cfg.default_config(1, 2**21, 8, 2)
+    assert wide.block_k == gemv_cfg.WIDE_TILE[1] and -(-(2**21) // wide.block_n) <= 65535
     x = torch.zeros(1, 16, dtype=torch.bfloat16)
     w = torch.zeros(65536, 16, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="65536 N blocks"):
@@ -337,26 +340,29 @@ def test_default_multiply_and_sum_steps_by_rows():
     assert wide.block_n * wide.block_k == 2 * 4096
 
 
+def is_wide(config: GemvConfig) -> bool:
+    return (config.block_n, config.block_k, config.num_warps) == gemv_cfg.WIDE_TILE
+
+
 def test_wide_tile_at_one_bf16_row_of_a_wide_weight():
     # KDA's fused input projection (12576 x 2304) at one row: WIDE_TILE, one stage, no split.
     config = gemv_cfg.default_config(1, 12576, 2304, 2)
-    assert (config.block_n, config.block_k, config.num_warps) == gemv_cfg.WIDE_TILE
+    assert is_wide(config)
     assert (config.num_stages, config.split_k, config.use_dot) == (1, 1, False)
-    # From WIDE_TILE_MIN_N channels on, at one row, bf16 only, up to the one-row weight bound,
-    # which leaves K within the one-row dispatch's (default_config relies on it).
-    assert gemv_cfg.BF16_GEMV_M1_MAX_WEIGHT_NUMEL // gemv_cfg.WIDE_TILE_MIN_N <= (
-        gemv_cfg.BF16_GEMV_M1_MAX_K
-    )
-    narrow = gemv_cfg.default_config(1, gemv_cfg.WIDE_TILE_MIN_N - 1, 2304, 2)
-    assert gemv_cfg.default_config(1, gemv_cfg.WIDE_TILE_MIN_N, 2304, 2) != narrow
+    # From WIDE_TILE_MIN_N channels on, up to the one-row weight bound (32M elements at K 2048).
+    widest = gemv_cfg.BF16_GEMV_M1_MAX_WEIGHT_NUMEL // 2048
+    assert is_wide(gemv_cfg.default_config(1, gemv_cfg.WIDE_TILE_MIN_N, 2304, 2))
+    assert is_wide(gemv_cfg.default_config(1, widest, 2048, 2))
     for m, n, k, weight_bytes in [
-        (1, gemv_cfg.WIDE_TILE_MIN_N - 1, 2304, 2),  # MLA's q | kv_a-sized: the default tiles
+        (1, gemv_cfg.WIDE_TILE_MIN_N - 1, 2304, 2),  # fewer channels: the default tiles
+        (1, widest + 1, 2048, 2),  # past the one-row bound
         (2, 12576, 2304, 2),  # two rows
         (1, 12576, 2304, 1),  # FP8
-        (1, 163840, 2304, 2),  # the LM head: past the one-row bound
+        (1, 163840, 2304, 2),  # the LM head
+        (1, 8192, 512, 2),  # MLA's kv_b: under the 12M bound, keeps the tiles it was timed in
+        (1, 8192, 2305, 2),  # K past BF16_GEMV_M1_MAX_K
     ]:
-        config = gemv_cfg.default_config(m, n, k, weight_bytes)
-        assert (config.block_n, config.block_k, config.num_warps) != gemv_cfg.WIDE_TILE, config
+        assert not is_wide(gemv_cfg.default_config(m, n, k, weight_bytes)), (m, n, k)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -400,10 +406,14 @@ def test_cpu_rowwise_fp8_kernel_uses_the_reference(triton_launches):
 # and MLA's merged q | kv_a projection (6720 x 2304, 15.5M) take the GEMV in bf16 and FP8; the
 # KDA in_proj (12576 x 2304, 29M) the GEMV in bf16 and the vendor GEMM in FP8; the dense first
 # layer's down (2304 x 9216, 21M: K past BF16_GEMV_M1_MAX_K, not timed on the GEMV) and gate / up
-# (18432 x 2304, 42M) the vendor GEMM in both.
+# (18432 x 2304, 42M) the vendor GEMM in both. Then the one-row bounds' edges: exactly 32M
+# elements (K 2048) and one row more; K 2305 (13.8M: the FP8 GEMV's 16M admits it); Kimi-K3's
+# latent-MoE up projection (7168 x 3584, 25.7M).
 WEIGHT_SIZES = [((2304, 4096), True, True), ((6720, 2304), True, True),
                 ((12576, 2304), True, False), ((2304, 9216), False, False),
-                ((18432, 2304), False, False)]  # fmt: skip
+                ((18432, 2304), False, False), ((16384, 2048), True, False),
+                ((16385, 2048), False, False), ((6000, 2305), False, True),
+                ((7168, 3584), False, False)]  # fmt: skip
 
 
 @pytest.mark.parametrize(("shape", "bf16", "fp8"), WEIGHT_SIZES)
@@ -415,8 +425,9 @@ def test_fp8_dispatch_by_weight_size(shape, bf16, fp8):
 def test_bf16_weight_bound_by_rows(shape, bf16, fp8):
     # The size test of use_bf16_gemv (the rest needs a GPU): at two rows only o_proj's size.
     numel, k = shape[0] * shape[1], shape[1]
-    assert gemv_cfg._bf16_weight_fits(1, numel, k) == bf16
-    assert gemv_cfg._bf16_weight_fits(2, numel, k) == (numel <= gemv_cfg.BF16_GEMV_MAX_WEIGHT_NUMEL)
+    assert gemv_cfg.bf16_gemv_weight_fits(1, numel, k) == bf16
+    small = numel <= gemv_cfg.BF16_GEMV_MAX_WEIGHT_NUMEL
+    assert gemv_cfg.bf16_gemv_weight_fits(2, numel, k) == small
 
 
 @pytest.mark.gpu
@@ -425,9 +436,11 @@ def test_gpu_bf16_dispatch_by_weight_size(shape, bf16, fp8):
     w = torch.empty(shape, dtype=torch.bfloat16, device="cuda")
     x = torch.zeros(1, 1, shape[1], dtype=torch.bfloat16, device="cuda")
     assert gemv_cfg.use_bf16_gemv(x, w) == bf16
-    # At two rows only weights of up to BF16_GEMV_MAX_WEIGHT_NUMEL elements (o_proj's).
-    two_rows = torch.zeros(2, shape[1], dtype=torch.bfloat16, device="cuda")
-    assert gemv_cfg.use_bf16_gemv(two_rows, w) == (w.numel() <= gemv_cfg.BF16_GEMV_MAX_WEIGHT_NUMEL)
+    # At two rows (in any leading dims) only weights of up to BF16_GEMV_MAX_WEIGHT_NUMEL elements.
+    small = w.numel() <= gemv_cfg.BF16_GEMV_MAX_WEIGHT_NUMEL
+    for rows in ((2, shape[1]), (1, 2, shape[1])):
+        x = torch.zeros(rows, dtype=torch.bfloat16, device="cuda")
+        assert gemv_cfg.use_bf16_gemv(x, w) == small
 
 
 @pytest.mark.gpu

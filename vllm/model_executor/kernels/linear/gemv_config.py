@@ -6,9 +6,11 @@ The defaults aim at tens of KB of weight loads in flight per SM, the amount HBM 
 H200 (132 SMs): BLOCK_N 2 channels (or more where N needs it to fit the grid) of BLOCK_K weights per
 step, 4096 at one row and 2048 at two (the 1-2 rows this form serves by default; o_proj's K of 4096
 is then one step at one row), 4 warps, one pipeline stage, and SPLIT_K > 1 only when the N blocks
-alone give fewer than two programs per SM. ``USE_DOT`` swaps the broadcast-multiply-and-sum for
-``tl.dot`` (weight as the wide operand, M padded to 16), whose time grows slowly with M: the default
-above ``FP8_GEMV_MAX_M`` (FP8) / ``BF16_GEMV_MAX_M`` (bf16 / fp16) rows (``_dot_config``: BLOCK_N 64
+alone give fewer than two programs per SM. At one row, a weight that only the one-row bounds below
+send here (over ``BF16_GEMV_MAX_WEIGHT_NUMEL``) takes ``WIDE_TILE`` instead from
+``WIDE_TILE_MIN_N`` channels. ``USE_DOT`` swaps the broadcast-multiply-and-sum for ``tl.dot``
+(weight as the wide operand, M padded to 16), whose time grows slowly with M: the default above
+``FP8_GEMV_MAX_M`` (FP8) / ``BF16_GEMV_MAX_M`` (bf16 / fp16) rows (``_dot_config``: BLOCK_N 64
 channels, the MMA's 64-row side, [64, 128] weight tiles, 4 stages, split-K up to one program per SM,
 fed to the same reduce kernel; FP8 MMAs for FP8 weights), and for fp32 weights at more than
 ``_FP32_DOT_MIN_M`` rows, where the FMA cost of one reduction per row and N block outgrows the
@@ -24,11 +26,10 @@ Dispatch into the layers (thresholds are module constants, tuned from that bench
 fp16 inputs of at most ``max(BF16_GEMV_MAX_M, BF16_DOT_MAX_M)`` rows, and
 ``RowWiseTorchFP8ScaledMMLinearKernel`` (scaled_mm/pytorch.py) calls ``gemv_fp8`` for at most
 ``max(FP8_GEMV_MAX_M, FP8_DOT_MAX_M)`` rows, for weights of at most ``BF16_GEMV_MAX_WEIGHT_NUMEL`` /
-``FP8_GEMV_MAX_WEIGHT_NUMEL`` elements (bf16 at one row of K up to ``BF16_GEMV_M1_MAX_K``:
-``BF16_GEMV_M1_MAX_WEIGHT_NUMEL``, which holds the KDA and MLA input projections, in ``WIDE_TILE``
-from ``WIDE_TILE_MIN_N`` channels);
-otherwise the vendor GEMM runs. A ``*_DOT_MAX_M`` of 0 keeps
-the ``tl.dot`` path off: so for bf16, while FP8 takes it up to 128 rows (the H200 sweep). The LM
+``FP8_GEMV_MAX_WEIGHT_NUMEL`` elements (bf16 at one row of K up to ``BF16_GEMV_M1_MAX_K``: up to
+``BF16_GEMV_M1_MAX_WEIGHT_NUMEL``, which admits Kimi-Linear's KDA and MLA input projections);
+otherwise the vendor GEMM runs. A ``*_DOT_MAX_M`` of 0 keeps the ``tl.dot`` path off: so for bf16,
+while FP8 takes it up to 128 rows (the H200 sweep). The LM
 head (``ParallelLMHead.compute_logits``) keeps its own F.linear: cuBLAS already reads it at 96-100%
 of copy. NVIDIA only: on ROCm neither path selects it (the bf16 dispatch asks
 ``current_platform.is_cuda()``, and the rowwise FP8 kernel, which runs on ROCm too, sends every ROCm
@@ -55,9 +56,12 @@ __all__ = [
     "FP8_GEMV_MAX_M",
     "FP8_GEMV_MAX_WEIGHT_NUMEL",
     "MAX_GRID_Y",
+    "WIDE_TILE",
+    "WIDE_TILE_MIN_N",
     "GemvConfig",
     "auto_split_k",
     "batched_config",
+    "bf16_gemv_weight_fits",
     "block_rows",
     "default_config",
     "use_batched_gemv",
@@ -66,7 +70,8 @@ __all__ = [
 ]
 
 # What the layers send to the Triton GEMV: at most this many rows (M of the flattened input) and
-# a weight of at most *_GEMV_MAX_WEIGHT_NUMEL elements; anything else runs the vendor GEMM
+# a weight of at most *_GEMV_MAX_WEIGHT_NUMEL elements (bf16 at one row: the BF16_GEMV_M1_*
+# bounds below); anything else runs the vendor GEMM
 # (F.linear / rowwise torch._scaled_mm). From benchmarks/kernels/benchmark_gemv.py on the H200
 # (docs/performance.md, 2026-12-01): the GEMV's time grows with M (each row is its own pass over
 # the weight tile), so it wins only at M <= 2 (bf16 and FP8; at M = 4 the FP8 tl.dot path below
@@ -79,15 +84,16 @@ __all__ = [
 BF16_GEMV_MAX_M = 2
 FP8_GEMV_MAX_M = 2
 BF16_GEMV_MAX_WEIGHT_NUMEL = 12 * 2**20
-# At one row, since the GEMV's tiles of 2026-12-06, larger bf16 weights go to it too: on the H200
+# At one row larger bf16 weights go to it too, of K up to the measured shapes': on the H200
 # (benchmark_gemv.py --shapes qkv mla_q_kv_a, docs/performance.md "Forty-ninth run", call 194)
-# KDA's fused input projection (2304 -> 12448) took 15.41 us in WIDE_TILE against cuBLAS's
-# 17.71, and MLA's q | kv_a (15.5M) 9.72 us in the default tiles against 11.88; at two rows
-# cuBLAS kept q | kv_a (11.04 against 13.47 us), so the 12M bound stays there. Only weights whose
-# K fits one default step (BF16_GEMV_M1_MAX_K) were measured: the dense first layer's down
-# projection (K 9216, 21M) stays with cuBLAS until timed (benchmark_gemv.py --shapes dense_down).
+# the benchmark's KDA input projection shape (2304 -> 12448; the model's is 12576 wide) took
+# 15.41 us in WIDE_TILE against cuBLAS's 17.71, and MLA's q | kv_a (15.5M) 9.72 us in the
+# default tiles against 11.88; at two rows cuBLAS kept q | kv_a (11.04 against 13.47 us), so the
+# 12M bound stays there. Larger K was not timed (the dense first layer's down projection, K 9216,
+# and Kimi-K3's latent-MoE up projection, K 3584, stay with cuBLAS; benchmark_gemv.py --shapes
+# dense_down times the first).
 BF16_GEMV_M1_MAX_WEIGHT_NUMEL = 32 * 2**20
-BF16_GEMV_M1_MAX_K = 4096
+BF16_GEMV_M1_MAX_K = 2304
 FP8_GEMV_MAX_WEIGHT_NUMEL = 16 * 2**20
 # Above those rows and up to these, the layers take the tl.dot ("swap AB") configs of
 # default_config instead of the vendor GEMM. benchmark_gemv.py --dot-sweep on the H200
@@ -120,11 +126,11 @@ _MAX_DOT_BLOCK_M = 64  # the same with tl.dot: a [BLOCK_N, 64] fp32 acc stays in
 # 5.16 against 6.26 us at M = 1).
 _STEP_ELEMENTS = {1: 4096, 2: 2048}
 _TILE_CHANNELS = 2
-# One bf16 row, at least WIDE_TILE_MIN_N output channels and a weight the layers send at one row
-# (within the BF16_GEMV_M1_* bounds; the LM head's keeps the default): 16 channels of
-# 256-wide steps, 8 warps, one stage (call 194: KDA's fused input projection, N 12448, 15.41 us
-# against 17.38 or more in the other measured tiles; at N 6720 the default tiles won, 9.72 against
-# 11.75).
+# One bf16 row of a weight that only the one-row bounds let in (above BF16_GEMV_MAX_WEIGHT_NUMEL,
+# within the BF16_GEMV_M1_* bounds; smaller weights keep the tiles they were timed in, the LM
+# head's too) with at least WIDE_TILE_MIN_N output channels: 16 channels of 256-wide steps, 8
+# warps, one stage (call 194: the KDA input projection's shape, N 12448, 15.41 us, the best of the
+# seven configs timed; at N 6720 the default tiles won, 9.72 against 11.75 us in this one).
 WIDE_TILE = (16, 256, 8)
 WIDE_TILE_MIN_N = 8192
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second (N blocks) and third (K splits) axes
@@ -213,20 +219,21 @@ def default_config(m: int, n: int, k: int, weight_bytes: int, bf16_x: bool = Fal
     """The launch shape for ``[m, k] @ [n, k]^T`` with ``weight_bytes`` per weight element
     (module docstring): 2 channels of 4096 / 2048 weights per step at 1 / 2 rows, one stage (a
     K beyond one step runs its steps unpipelined), split-K only when the N blocks give fewer
-    than two programs per SM; above ``FP8_GEMV_MAX_M`` (FP8) / ``BF16_GEMV_MAX_M`` rows:
-    ``_dot_config``; fp32 weights: ``_fp32_config``, where ``bf16_x`` (x in bf16) allows
-    ``bf16x3``."""
+    than two programs per SM; ``WIDE_TILE`` at one bf16 row of a weight only the one-row bounds
+    let in, from ``WIDE_TILE_MIN_N`` channels; above ``FP8_GEMV_MAX_M`` (FP8) /
+    ``BF16_GEMV_MAX_M`` rows: ``_dot_config``; fp32 weights: ``_fp32_config``, where ``bf16_x``
+    (x in bf16) allows ``bf16x3``."""
     if weight_bytes == 4:
         return _fp32_config(m, n, k, bf16_x)
     if m > (FP8_GEMV_MAX_M if weight_bytes == 1 else BF16_GEMV_MAX_M):
         return _dot_config(m, n, k, weight_bytes)
-    # Multiply-and-sum serves 1-2 rows: few to re-read from L2. Wider channel blocks (the LM
-    # head's, to fit the grid) keep the step's elements.
-    # (Within the size bound, WIDE_TILE_MIN_N channels leave K at most BF16_GEMV_M1_MAX_K.)
-    if m == 1 and weight_bytes == 2 and WIDE_TILE_MIN_N <= n <= BF16_GEMV_M1_MAX_WEIGHT_NUMEL // k:
+    # Multiply-and-sum serves 1-2 rows: few to re-read from L2.
+    one_row_only = BF16_GEMV_MAX_WEIGHT_NUMEL < n * k and bf16_gemv_weight_fits(m, n * k, k)
+    if weight_bytes == 2 and n >= WIDE_TILE_MIN_N and one_row_only:
         block_n, block_k, num_warps = WIDE_TILE
         config = GemvConfig(_fitting_block_n(block_n, n), block_k, num_warps, num_stages=1)
         return replace(config, split_k=auto_split_k(m, n, k, config))
+    # Wider channel blocks (the LM head's, to fit the grid) keep the step's elements.
     block_n = _fitting_block_n(_TILE_CHANNELS, n)
     step = _STEP_ELEMENTS.get(m, min(_STEP_ELEMENTS.values())) * _TILE_CHANNELS // block_n
     block_k = max(64, min(step, next_power_of_2(k)))
@@ -314,7 +321,7 @@ def use_batched_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-def _bf16_weight_fits(rows: int, numel: int, k: int) -> bool:
+def bf16_gemv_weight_fits(rows: int, numel: int, k: int) -> bool:
     """Whether a bf16 / fp16 weight of ``numel`` elements and row length ``k`` is small enough
     for the GEMV at ``rows`` rows (the one-row bound where K is within ``BF16_GEMV_M1_MAX_K``)."""
     one_short_row = rows == 1 and k <= BF16_GEMV_M1_MAX_K
@@ -329,7 +336,7 @@ def use_bf16_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     k = weight.shape[-1]
     return (
         k > 0
-        and _bf16_weight_fits(x.numel() // k, weight.numel(), k)
+        and bf16_gemv_weight_fits(x.numel() // k, weight.numel(), k)
         and x.is_cuda
         and current_platform.is_cuda()
         and x.dtype in _X_DTYPES
