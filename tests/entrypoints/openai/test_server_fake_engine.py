@@ -543,9 +543,11 @@ def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(
 
 def test_retrieve_model_answers_each_served_name(server: RemoteServer) -> None:
     """OpenAI's `GET /v1/models/{model}`: the card that `/v1/models` lists under that name, and
-    a 404 naming any other (it was a route-not-found 404)."""
+    a 404 naming any other (it was a route-not-found 404). A second later too: the card's
+    `created` is the server's, not the request's."""
     headers = {"Authorization": f"Bearer {KEY}"}
     listed = requests.get(server.url("/v1/models"), headers=headers, timeout=10).json()["data"]
+    time.sleep(1.05)
     for card in listed:
         response = requests.get(server.url(f"/v1/models/{card['id']}"), headers=headers, timeout=10)
         assert response.status_code == 200 and response.json() == card, response.text

@@ -14,6 +14,7 @@ import contextlib
 import re
 import signal
 import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
@@ -289,6 +290,9 @@ def build_app(
     tokenization = OpenAIServingTokenization(*shared, chat=chat)
     metrics = PrometheusStatLogger(served_model_names[0])
     engine.add_stat_logger(metrics)
+    # A model card's `created` is when this app began serving the model: one value for every
+    # request (a card made per request changed it each second, so list and retrieve disagreed).
+    created = int(time.time())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -345,7 +349,9 @@ def build_app(
         return {"version": vllm.__version__}
 
     def card(name: str) -> ModelCard:
-        return ModelCard(id=name, root=model_path, max_model_len=completion.max_model_len)
+        return ModelCard(
+            id=name, created=created, root=model_path, max_model_len=completion.max_model_len
+        )
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
