@@ -52,7 +52,7 @@ CPU_CONFIGS = {
     "split": GemvConfig(block_n=8, block_k=32, split_k=3),
     "dot": GemvConfig(block_n=16, block_k=64, use_dot=True),
     # The one-row wide tile (gemv_config.WIDE_TILE), K 200 in one masked step.
-    "wide": GemvConfig(*gemv_cfg.WIDE_TILE, num_stages=1),
+    "wide": gemv_cfg.WIDE_TILE,
 }
 
 
@@ -319,7 +319,7 @@ def test_n_blocks_fit_the_grids_second_axis():
     assert not fp32.use_dot and -(-163840 // fp32.block_n) <= 65535
     # The wide tile's 16 channels too (a 16M weight of K 8: 131072 blocks of 16).
     wide = gemv_cfg.default_config(1, 2**21, 8, 2)
-    assert wide.block_k == gemv_cfg.WIDE_TILE[1] and -(-(2**21) // wide.block_n) <= 65535
+    assert wide.block_k == gemv_cfg.WIDE_TILE.block_k and -(-(2**21) // wide.block_n) <= 65535
     x = torch.zeros(1, 16, dtype=torch.bfloat16)
     w = torch.zeros(65536, 16, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="65536 N blocks"):
@@ -341,7 +341,7 @@ def test_default_multiply_and_sum_steps_by_rows():
 
 
 def is_wide(config: GemvConfig) -> bool:
-    return (config.block_n, config.block_k, config.num_warps) == gemv_cfg.WIDE_TILE
+    return replace(config, split_k=gemv_cfg.WIDE_TILE.split_k) == gemv_cfg.WIDE_TILE
 
 
 def test_wide_tile_at_one_bf16_row_of_a_wide_weight():

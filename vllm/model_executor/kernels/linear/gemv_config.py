@@ -29,12 +29,11 @@ fp16 inputs of at most ``max(BF16_GEMV_MAX_M, BF16_DOT_MAX_M)`` rows, and
 ``FP8_GEMV_MAX_WEIGHT_NUMEL`` elements (bf16 at one row of K up to ``BF16_GEMV_M1_MAX_K``: up to
 ``BF16_GEMV_M1_MAX_WEIGHT_NUMEL``, which admits Kimi-Linear's KDA and MLA input projections);
 otherwise the vendor GEMM runs. A ``*_DOT_MAX_M`` of 0 keeps the ``tl.dot`` path off: so for bf16,
-while FP8 takes it up to 128 rows (the H200 sweep). The LM
-head (``ParallelLMHead.compute_logits``) keeps its own F.linear: cuBLAS already reads it at 96-100%
-of copy. NVIDIA only: on ROCm neither path selects it (the bf16 dispatch asks
-``current_platform.is_cuda()``, and the rowwise FP8 kernel, which runs on ROCm too, sends every ROCm
-call to ``torch._scaled_mm``); the kernel itself reads any FP8 flavour Triton loads, e4m3fnuz
-included, but is not validated on ROCm.
+while FP8 takes it up to 128 rows (the H200 sweep). The LM head (``ParallelLMHead.compute_logits``)
+keeps its own F.linear: cuBLAS already reads it at 96-100% of copy. NVIDIA only: on ROCm neither
+path selects it (the bf16 dispatch asks ``current_platform.is_cuda()``, and the rowwise FP8 kernel,
+which runs on ROCm too, sends every ROCm call to ``torch._scaled_mm``); the kernel itself reads any
+FP8 flavour Triton loads, e4m3fnuz included, but is not validated on ROCm.
 """
 
 from dataclasses import dataclass, replace
@@ -126,13 +125,6 @@ _MAX_DOT_BLOCK_M = 64  # the same with tl.dot: a [BLOCK_N, 64] fp32 acc stays in
 # 5.16 against 6.26 us at M = 1).
 _STEP_ELEMENTS = {1: 4096, 2: 2048}
 _TILE_CHANNELS = 2
-# One bf16 row of a weight that only the one-row bounds let in (above BF16_GEMV_MAX_WEIGHT_NUMEL,
-# within the BF16_GEMV_M1_* bounds; smaller weights keep the tiles they were timed in, the LM
-# head's too) with at least WIDE_TILE_MIN_N output channels: 16 channels of 256-wide steps, 8
-# warps, one stage (call 194: the KDA input projection's shape, N 12448, 15.41 us, the best of the
-# seven configs timed; at N 6720 the default tiles won, 9.72 against 11.75 us in this one).
-WIDE_TILE = (16, 256, 8)
-WIDE_TILE_MIN_N = 8192
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second (N blocks) and third (K splits) axes
 _FP32_DOT_MIN_M = 8  # fp32 weights: above this many rows the default config takes tl.dot
 _FP32_BF16X3_MIN_M = 4  # fp32 weights, bf16 x: above this many rows, tl.dot in bf16x3 form
@@ -187,6 +179,15 @@ class GemvConfig:
             raise ValueError(f"use_dot needs block_m >= 16 (tl.dot's minimum), got {self.block_m}")
 
 
+# One bf16 row of a weight that only the one-row bounds let in (above BF16_GEMV_MAX_WEIGHT_NUMEL,
+# within the BF16_GEMV_M1_* bounds; smaller weights keep the tiles they were timed in, the LM
+# head's too) with at least WIDE_TILE_MIN_N output channels: 16 channels of 256-wide steps, 8
+# warps, one stage (call 194: the KDA input projection's shape, N 12448, 15.41 us, the best of the
+# seven configs timed; at N 6720 the default tiles won, 9.72 against 11.75 us in this one).
+WIDE_TILE = GemvConfig(16, 256, num_warps=8, num_stages=1)
+WIDE_TILE_MIN_N = 8192
+
+
 def _split_k(programs: int, k: int, block_k: int, min_programs: int) -> int:
     """Doubles the K splits until ``programs`` times them reach ``min_programs``; each split
     keeps at least two K chunks, so the reduction never outweighs the weight read."""
@@ -230,8 +231,7 @@ def default_config(m: int, n: int, k: int, weight_bytes: int, bf16_x: bool = Fal
     # Multiply-and-sum serves 1-2 rows: few to re-read from L2.
     one_row_only = BF16_GEMV_MAX_WEIGHT_NUMEL < n * k and bf16_gemv_weight_fits(m, n * k, k)
     if weight_bytes == 2 and n >= WIDE_TILE_MIN_N and one_row_only:
-        block_n, block_k, num_warps = WIDE_TILE
-        config = GemvConfig(_fitting_block_n(block_n, n), block_k, num_warps, num_stages=1)
+        config = replace(WIDE_TILE, block_n=_fitting_block_n(WIDE_TILE.block_n, n))
         return replace(config, split_k=auto_split_k(m, n, k, config))
     # Wider channel blocks (the LM head's, to fit the grid) keep the step's elements.
     block_n = _fitting_block_n(_TILE_CHANNELS, n)
