@@ -32,6 +32,7 @@ import vllm.models.kimi_k3.amd.ops.fused_kda_decode as kda_decode_module
 import vllm.models.kimi_k3.amd.ops.mla_decode as mla_decode_module
 from vllm.model_executor.kernels.linear.gemv import gemv, gemv_batched, gemv_fp8, gemv_fp32
 from vllm.model_executor.kernels.linear.gemv_config import WIDE_TILE_MIN_N, GemvConfig
+from vllm.model_executor.kernels.linear.rms_norm_gemv import fused_add_rms_norm_gemv
 from vllm.model_executor.layers.activation import SiluAndMul, SituAndMul
 from vllm.model_executor.layers.fused_moe.experts_triton import moe_experts_triton
 from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (
@@ -423,6 +424,16 @@ def _drive_ops() -> None:
     # One row of a weight of WIDE_TILE_MIN_N channels: the wide tile (KDA's input projection).
     x = torch.randn(1, 2304, generator=gen).to(torch.bfloat16)
     gemv(x, torch.randn(WIDE_TILE_MIN_N, 2304, generator=gen).to(torch.bfloat16))
+    # The input norm in that launch (rms_norm_gemv.py), with and without a residual; a K tail.
+    w = torch.randn(WIDE_TILE_MIN_N, 2304, generator=gen).to(torch.bfloat16)
+    norm_w = torch.ones(2304, dtype=torch.bfloat16)
+    for residual in (x, None):
+        fused_add_rms_norm_gemv(x, residual, norm_w, 1e-6, w)
+    x = torch.randn(1, 300, generator=gen).to(torch.bfloat16)
+    fused_add_rms_norm_gemv(
+        x, x, torch.ones(300), 1e-6, torch.randn(40, 300, generator=gen).to(torch.bfloat16),
+        config=GemvConfig(16, 256, num_warps=1, num_stages=1),
+    )  # fmt: skip
     x = torch.randn(2, 64, generator=gen).to(torch.bfloat16)
     for config in (GemvConfig(8, 32, split_k=3), GemvConfig(16, 64, use_dot=True)):
         gemv(x, torch.randn(24, 64, generator=gen).to(torch.bfloat16), config=config)
