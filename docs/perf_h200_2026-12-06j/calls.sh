@@ -50,9 +50,9 @@ for part in ${PART:-tests}; do
         case $label in
           new*) engine_run $label $PWD ;;
           var*)
-            # This tree with rms_norm_gemv.py's form $VAR (.devrun/var, as `variants`).
+            # This tree with rms_norm_gemv.py's form $VAR (as `variants`).
             rm -rf /tmp/vtree && mkdir -p /tmp/vtree && cp -r vllm benchmarks /tmp/vtree/
-            cp .devrun/var/$VAR.py /tmp/vtree/vllm/model_executor/kernels/linear/rms_norm_gemv.py
+            [ $VAR = B ] || patch -s -p1 -d /tmp/vtree < docs/perf_h200_2026-12-06j/forms/$VAR.patch
             engine_run $label /tmp/vtree ;;
           prev*) engine_run $label $PWD/.devrun/prev ;;
           base*) engine_run $label $PWD/.devrun/base ;;
@@ -66,12 +66,13 @@ for part in ${PART:-tests}; do
       echo "profile rc $?"; grep -v "^INFO\|USDT" $OUT/profile.log | grep -A22 "B=1: device time" \
         | cut -c1-150 ;;
     variants)
-      # rms_norm_gemv.py's kernel in four forms (.devrun/var): A the loop as `_gemv_kernel`'s
-      # (32 registers), B the first weight tile loaded before the norm's sum (48), B40 that
-      # under maxnreg 40, C every next tile loaded a step ahead (47; call 198: 19.47 us).
+      # rms_norm_gemv.py's kernel in four forms (branch normgemv; forms/*.patch against its
+      # form B): A the loop as `_gemv_kernel`'s (32 registers on sm_90), B the first weight
+      # tile loaded before the norm's sum (48), B40 that under maxnreg 40, C every next tile
+      # loaded a step ahead (47; call 198: 19.47 us against 16.81 for the two launches).
       for v in ${VARIANTS:-A B B40 C A B}; do
         rm -rf /tmp/tree && mkdir -p /tmp/tree && cp -r vllm benchmarks /tmp/tree/
-        cp .devrun/var/$v.py /tmp/tree/vllm/model_executor/kernels/linear/rms_norm_gemv.py
+        [ $v = B ] || patch -s -p1 -d /tmp/tree < docs/perf_h200_2026-12-06j/forms/$v.patch
         (cd /tmp/tree/benchmarks/kernels && PYTHONPATH=/tmp/site:/tmp/tree timeout 100 python \
           benchmark_rms_norm_gemv.py --paths fused unfused > $OUT/var_$v.log 2>&1
          echo "$v rc $?"; grep "fused\|differ" $OUT/var_$v.log | cut -c1-100)

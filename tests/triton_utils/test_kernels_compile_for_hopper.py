@@ -735,6 +735,37 @@ def test_kda_decode_state_sums_keep_their_layout_with_gate_projections(block_v):
     assert layouts[0] and all(found == layouts[0] for found in layouts[1:]), layouts
 
 
+@pytest.mark.skipif(not _has_nvidia_backend(), reason="needs Triton's NVIDIA backend and ptxas")
+@pytest.mark.parametrize("residual", [True, False])
+def test_norm_gemv_sums_are_laid_out_as_the_unfused_kernels(residual):
+    """The fused input norm's two reductions at Kimi-Linear's KDA projection have the sm_90
+    layouts, hence the summation orders, of the kernels it replaces: the row's sum of squares
+    `_rms_norm_kernel`'s, the weight tile's sums `_gemv_kernel`'s in `WIDE_TILE`
+    (rms_norm_gemv.py's bit-for-bit claim, checked on the GPU by its tests). Checked in the
+    TTGIR."""
+
+    def recorded(kernel: str, **args) -> dict:
+        return next(
+            launch for launch in _launches()
+            if launch["kernel"] == kernel and launch["options"]["num_warps"] == 8
+            and all(launch["args"][name] == value for name, value in args.items())
+        )  # fmt: skip
+
+    fused = recorded("_rms_norm_gemv_kernel", BLOCK_D=4096, HAS_RESIDUAL=residual)
+    norm = recorded("_rms_norm_kernel", BLOCK=4096, HAS_RESIDUAL=residual)
+    gemv = recorded("_gemv_kernel", BLOCK_M=1, BLOCK_N=16, BLOCK_K=256, USE_DOT=False)
+    fused_row, norm_row, fused_tiles, gemv_tiles = _in_compiler(
+        [dict(fused, reduce_shape="4096"), dict(norm, reduce_shape="4096"),
+         dict(fused, reduce_shape="16x256"), dict(gemv, reduce_shape="16x256")],
+        "--reduce-layouts",
+    )  # fmt: skip
+    assert len(fused_row) == len(norm_row) == 1 and fused_row == norm_row
+    assert fused_tiles and gemv_tiles and set(fused_tiles) == set(gemv_tiles), (
+        fused_tiles,
+        gemv_tiles,
+    )
+
+
 def test_the_engine_launch_at_64_sequences_evicts_the_kda_state_first():
     """The H200's default launch at batch 64 reaches the kernel with the policy (whose PTX
     `_ptx_checks` then asks for), and the other recorded launches without it."""

@@ -8,10 +8,11 @@ from dataclasses import replace
 import pytest
 import torch
 
+import vllm.model_executor.kernels.linear.rms_norm_gemv as norm_gemv_mod
 from vllm.model_executor.kernels.linear.gemv import gemv
 from vllm.model_executor.kernels.linear.gemv_config import WIDE_TILE, GemvConfig, default_config
 from vllm.model_executor.kernels.linear.rms_norm_gemv import (
-    MAX_HIDDEN,
+    NORM_GEMV_MAX_HIDDEN,
     fused_add_rms_norm_gemv,
     fused_add_rms_norm_gemv_ref,
     norm_gemv_config,
@@ -109,6 +110,29 @@ def test_cpu_rows_never_take_it():
     assert not use_rms_norm_gemv(x, res, norm_w, w)
 
 
+def test_dispatch_takes_only_launches_the_op_makes(monkeypatch):
+    """With the GEMV's dispatch faked to take CPU rows: the KDA projection's row takes the fused
+    launch, and the op then accepts it; MLA's q | kv_a, the KDA projection's TP-2 shard, rows
+    laid out unlike the model's and weights without a fused launch do not."""
+    monkeypatch.setattr(norm_gemv_mod, "use_bf16_gemv", lambda x, w: True)
+    n, hidden = KDA_IN_PROJ
+    x, res, norm_w, w = case(n, hidden, True, "cpu", seed=7)
+    assert use_rms_norm_gemv(x, res, norm_w, w) and use_rms_norm_gemv(x, None, norm_w, w)
+    # What the op checks before it launches (the launch itself is too large to interpret).
+    assert norm_gemv_mod._args_error(x, res, norm_w, w) == ""
+    assert norm_gemv_config(n, hidden) is not None
+    padded = torch.zeros(2, hidden + 8, dtype=x.dtype)
+    rejected = {
+        "MLA q | kv_a": (x, res, norm_w, w[:6720]),
+        "TP 2 shard": (x, res, norm_w, w[: n // 2]),
+        "row stride 2312 (16 does not divide it)": (padded[:1, :hidden], res, norm_w, w),
+        "residual 8 bytes off": (x, padded[0, 4 : 4 + hidden][None], norm_w, w),
+        "x 8 bytes off": (padded.view(-1)[4 : 4 + hidden][None], res, norm_w, w),
+    }
+    for name, args in rejected.items():
+        assert not use_rms_norm_gemv(*args), name
+
+
 def _bad(change: str):
     x, res, norm_w, w = case(32, 256, True, "cpu", seed=5)
     args = {"x": x, "residual": res, "norm_weight": norm_w, "weight": w}
@@ -117,7 +141,7 @@ def _bad(change: str):
     elif change == "fp32 x":
         args["x"] = x.float()
     elif change == "wide":
-        args["x"] = torch.zeros(1, MAX_HIDDEN + 1, dtype=torch.bfloat16)
+        args["x"] = torch.zeros(1, NORM_GEMV_MAX_HIDDEN + 1, dtype=torch.bfloat16)
     elif change == "weight dtype":
         args["weight"] = w.half()
     elif change == "weight K":

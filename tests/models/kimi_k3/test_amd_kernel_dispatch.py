@@ -13,11 +13,13 @@ import pytest
 import torch
 from engine_harness import EngineHarness as Harness
 
+import vllm.model_executor.kernels.linear.gemv as gemv_op
+import vllm.model_executor.kernels.linear.gemv_config as gemv_cfg
 import vllm.model_executor.kernels.linear.rms_norm_gemv as norm_gemv_mod
 import vllm.models.kimi_k3.amd.kda as kda_mod
 import vllm.models.kimi_k3.amd.moe as moe_mod
 from vllm.config.quantization import parse_quantization_config
-from vllm.model_executor.kernels.linear.gemv_config import WIDE_TILE
+from vllm.model_executor.kernels.linear.gemv_config import WIDE_TILE, GemvConfig
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.ops.rms_norm import row_tile_warps
 from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
@@ -103,21 +105,23 @@ def test_one_token_decode_norms_in_the_moe_routers_launch(triton_launches, monke
     assert torch.equal(fused, unfused)
 
 
-def test_one_token_decode_norms_in_the_kda_projections(triton_launches, monkeypatch):
-    """Kimi-Linear decoding one token with the fused launch allowed on CPU rows (the GPU's
-    dispatch faked: `use_rms_norm_gemv` asks for CUDA, and the tiny model's weights are small
-    enough for the GEMV's 4-warp default tiles, so its launch takes `WIDE_TILE` under the norm's
-    warps): one RMSNorm launch fewer per KDA layer, the logits the unfused layers' bit for bit."""
+def test_one_token_decode_norms_in_the_kda_projections(triton_launches):
+    """Kimi-Linear decoding one token with the GPU's dispatch faked on CPU rows: every one-row
+    bf16 linear through `gemv` (`use_bf16_gemv` asks for CUDA) in `WIDE_TILE` under the norm
+    kernel's warps for its K (the tiny model's weights would take the 4-warp default tiles, which
+    no fused launch takes), and the KDA layers' input norms allowed into that launch. One RMSNorm
+    launch and one GEMV launch fewer per KDA layer, one fused launch each, and the logits those of
+    the norm kernel followed by the GEMV in the same tiles, bit for bit."""
     model = load_model("kimi-linear-tiny", dtype=torch.bfloat16)
     kda_layers = sum(layer.is_kda for layer in model.layers)
     assert kda_layers
-    kernels = ("_rms_norm_kernel", "_rms_norm_gemv_kernel")
+    kernels = ("_rms_norm_kernel", "_gemv_kernel", "_rms_norm_gemv_kernel")
 
-    def tile(n: int, hidden: int):
-        return replace(WIDE_TILE, num_warps=row_tile_warps(next_power_of_2(hidden)))
+    def tile(n: int, k: int, *args) -> GemvConfig:
+        return replace(WIDE_TILE, num_warps=row_tile_warps(next_power_of_2(k)))
 
-    def one_row(x, residual, norm_weight, weight) -> bool:
-        return x.dim() == 2 and x.shape[0] == 1 and x.dtype == weight.dtype
+    def one_row(x, weight, *args) -> bool:
+        return x.dim() == 2 and x.shape[0] == 1 and x.dtype == weight.dtype == torch.bfloat16
 
     def decode(fuse: bool) -> tuple[torch.Tensor, tuple[int, ...]]:
         harness = Harness(model)
@@ -125,17 +129,19 @@ def test_one_token_decode_norms_in_the_kda_projections(triton_launches, monkeypa
             env.setenv("TRITON_INTERPRET", "0")  # the prefill only writes the decode's state
             harness.step({0: [5, 6, 7, 8]})
         with pytest.MonkeyPatch.context() as env:
+            env.setattr(gemv_cfg, "use_bf16_gemv", lambda x, w: one_row(x, w))
+            env.setattr(gemv_op, "default_config", lambda m, n, k, *args: tile(n, k))
+            env.setattr(norm_gemv_mod, "norm_gemv_config", tile)
             if fuse:
-                env.setattr(norm_gemv_mod, "norm_gemv_config", tile)
-                env.setattr(kda_mod, "use_rms_norm_gemv", one_row)
+                env.setattr(kda_mod, "use_rms_norm_gemv", lambda x, res, nw, w: one_row(x, w))
             before = [triton_launches[k] for k in kernels]
             logits = harness.step({0: [7]})
         return logits, tuple(triton_launches[k] - b for k, b in zip(kernels, before, strict=True))
 
-    unfused, (norms, fused_launches) = decode(False)
-    assert fused_launches == 0
+    unfused, (norms, gemvs, fused_launches) = decode(False)
+    assert fused_launches == 0 and gemvs >= kda_layers
     fused, launches = decode(True)
-    assert launches == (norms - kda_layers, kda_layers)
+    assert launches == (norms - kda_layers, gemvs - kda_layers, kda_layers)
     assert torch.equal(fused, unfused)
 
 

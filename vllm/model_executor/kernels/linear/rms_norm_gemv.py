@@ -15,29 +15,36 @@ the H200 for one 2304-wide row, ahead of an input projection that reads tens of 
     linear. Reference: ``fused_add_rms_norm_gemv_ref``.
 
 ``use_rms_norm_gemv(x, residual, norm_weight, weight)`` says whether a layer should call it:
-where ``UnquantizedLinearMethod`` would send ``h`` to ``gemv`` (``use_bf16_gemv``) at one row,
+where ``UnquantizedLinearMethod`` would send ``h`` to ``gemv`` (``use_bf16_gemv``) at one row
+(a one-token decode, or a one-token prefill, which the unfused layer also sends to ``gemv``),
 with ``default_config``'s launch multiply-and-sum in one K split whose warps are the norm
 kernel's (``row_tile_warps``; below). On Kimi-Linear that is the KDA input projection (12576 x
-2304 at TP 1, ``WIDE_TILE``'s 8 warps); MLA's q | kv_a keeps its 4-warp tiles (at 8 warps it
-took 11.75 against 9.72 us on the H200) and so the norm kernel.
+2304 at TP 1, ``WIDE_TILE``'s 8 warps; its TP 2-8 shards keep the default tiles); MLA's q | kv_a
+keeps its 4-warp tiles (at 8 warps it took 11.75 against 9.72 us on the H200) and so the norm
+kernel.
+
+The op takes no bias and applies no quantization: a caller checks that its linear is an
+unquantized one without bias (the KDA layer's `_is_plain_linear`).
 
 Kernel: the GEMV's grid, ``cdiv(N, block_n)`` programs of ``default_config(1, N, H, ...)``. Each
-program first runs the norm kernel's arithmetic on the whole row (one ``[next_pow2(H)]`` tile:
-``s = x + residual`` rounded to x's dtype, the fp32 sum of ``s * s``, divided by H, plus eps,
-``rsqrt``) for the rstd; program 0 alone stores ``s``. It then walks K as ``gemv``'s
-multiply-and-sum path does at one row: ``[block_n, block_k]`` weight tiles, each times the
-matching chunk of ``h = ((s * rstd) * norm_weight)`` rounded to x's dtype, recomputed
+program loads its first weight tile, then runs the norm kernel's arithmetic on the whole row (one
+``[next_pow2(H)]`` tile: ``s = x + residual`` rounded to x's dtype, the fp32 sum of ``s * s``,
+divided by H, plus eps, ``rsqrt``) for the rstd; program 0 alone stores ``s``. It then walks K as
+``gemv``'s multiply-and-sum path does at one row: ``[block_n, block_k]`` weight tiles, each times
+the matching chunk of ``h = ((s * rstd) * norm_weight)`` rounded to x's dtype, recomputed
 elementwise from x, residual and the norm weight (the same value in any layout), summed in fp32
 and rounded once to x's dtype.
 
 Numerics: ``h`` is the norm kernel's, bit for bit, where the rstd is: Triton's order for the sum
 of squares follows the tile's layout, which follows the tile width, the warps and the alignment of
-the row's accesses, so the launch takes the norm kernel's warps (``use_rms_norm_gemv`` asks for
-them; another count is a ValueError) and a row 16-byte aligned like the model's. The GEMV then
-sums like ``gemv``'s multiply-and-sum (K chunks in order, a tree within a chunk), so on the GPU
-the fused and unfused forms agree bit for bit (the GPU tests check it at Kimi-Linear's shape);
-against the reference both differ only by fp32 summation order (gemv.py's bound) and the rstd's
-ulps (rms_norm.py).
+the row's accesses, so the launch takes the norm kernel's warps (another count is a ValueError),
+and ``use_rms_norm_gemv`` asks for rows laid out as the model's (16-byte aligned, row strides
+that 16 divides): a direct call outside those conditions is exact to the norm's bound, not
+necessarily bit for bit. The GEMV then sums like ``gemv``'s multiply-and-sum (K chunks in order, a
+tree within a chunk): under those conditions the fused and unfused forms agree bit for bit (the
+sm_90 layouts of both sums are the unfused kernels', and the GPU tests compare the bits at
+Kimi-Linear's shape); against the reference both differ only by fp32 summation order (gemv.py's
+bound) and the rstd's ulps (rms_norm.py).
 
 Host side: metadata checks only, static shapes, no sync: CUDA-graph capturable. PDL as the other
 kernels (vllm/triton_utils/pdl.py): every program waits before touching memory.
@@ -72,7 +79,7 @@ except ImportError:  # CPU-only installs without Triton use the torch reference
     triton = None
 
 __all__ = [
-    "MAX_HIDDEN",
+    "NORM_GEMV_MAX_HIDDEN",
     "fused_add_rms_norm_gemv",
     "fused_add_rms_norm_gemv_ref",
     "norm_gemv_config",
@@ -81,7 +88,7 @@ __all__ = [
 
 # Every program holds the whole row in registers beside its weight tile (the models' hidden
 # sizes are <= 8192).
-MAX_HIDDEN = 8192
+NORM_GEMV_MAX_HIDDEN = 8192
 _DTYPES = (torch.bfloat16, torch.float16)
 _NORM_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -166,7 +173,9 @@ def norm_gemv_config(n: int, hidden: int) -> GemvConfig | None:
 
 
 @cache
-def _spec(config: GemvConfig, block_d: int, has_residual: bool, even_k: bool, pdl: bool):
+def _spec(
+    config: GemvConfig, block_d: int, has_residual: bool, even_k: bool, pdl: bool
+) -> LaunchSpec:
     """Constexprs and options; cached: the spec holds the compiled kernels."""
     return LaunchSpec(
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, BLOCK_D=block_d,
@@ -200,13 +209,13 @@ def _args_error(
     op's checks and `use_rms_norm_gemv` share."""
     tensors = {"x": x, "residual": residual, "norm_weight": norm_weight, "weight": weight}
     for name, t in tensors.items():
-        if t is not None and not isinstance(t, torch.Tensor):
+        if not isinstance(t, torch.Tensor) and (name != "residual" or t is not None):
             return f"{name} must be a torch.Tensor, got {type(t).__name__}"
     if x.dim() != 2 or x.shape[0] != 1 or x.dtype not in _DTYPES:
         return f"x must be a [1, H] bf16 / fp16 row, got {tuple(x.shape)} {x.dtype}"
     hidden = x.shape[1]
-    if not 0 < hidden <= MAX_HIDDEN:
-        return f"H must be in [1, {MAX_HIDDEN}], got {hidden}"
+    if not 0 < hidden <= NORM_GEMV_MAX_HIDDEN:
+        return f"H must be in [1, {NORM_GEMV_MAX_HIDDEN}], got {hidden}"
     if weight.dim() != 2 or weight.shape[1] != hidden or weight.dtype != x.dtype:
         return f"weight must be [N, {hidden}] {x.dtype}, got {tuple(weight.shape)} {weight.dtype}"
     if weight.shape[0] == 0:

@@ -230,19 +230,19 @@ class KimiK3DeltaAttention(torch.nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The decoder layer's input norm, then the layer: ``(output, new residual)``, where the
         norm adds ``residual`` first (None: ``x`` is the stream, the first layer's embeddings).
-        Where `use_rms_norm_gemv` holds (one decode row on NVIDIA into a plain `in_proj`) the
+        Where `use_rms_norm_gemv` holds (one row on NVIDIA into a plain `in_proj`) the
         norm runs inside the input projection's launch (`fused_add_rms_norm_gemv`), with the
         same ``h`` and residual bit for bit (rms_norm_gemv.py); elsewhere the norm's own launch,
         then `forward`."""
         if not isinstance(norm, RMSNorm):
             raise TypeError(f"norm must be an RMSNorm, got {type(norm).__name__}")
         self._check_bound()
-        weight = self.in_proj_qkvgfab.weight
-        if _is_plain_linear(self.in_proj_qkvgfab) and use_rms_norm_gemv(
-            x, residual, norm.weight, weight
+        in_proj = self.in_proj_qkvgfab
+        if _is_plain_linear(in_proj) and use_rms_norm_gemv(
+            x, residual, norm.weight, in_proj.weight
         ):
             projected, residual = fused_add_rms_norm_gemv(
-                x, residual, norm.weight, norm.eps, weight
+                x, residual, norm.weight, norm.eps, in_proj.weight
             )
             return self._forward_projected(projected, metadata), residual
         if residual is None:
