@@ -26,8 +26,10 @@ kernel.
 The op takes no bias and applies no quantization: a caller checks that its linear is an
 unquantized one without bias (the KDA layer's `_is_plain_linear`).
 
-Kernel: the GEMV's grid, ``cdiv(N, block_n)`` programs of ``default_config(1, N, H, ...)``. Each
-program loads its first weight tile, then runs the norm kernel's arithmetic on the whole row (one
+Kernel: the GEMV's grid, ``cdiv(N, block_n)`` programs of ``default_config(1, N, H, ...)``, at
+most ``MAX_REGISTERS`` registers a thread (the GEMV's own, so that as many programs share an SM).
+Each program loads its first weight tile (so the weight stream does not wait for the norm's
+cross-warp sum), then runs the norm kernel's arithmetic on the whole row (one
 ``[next_pow2(H)]`` tile: ``s = x + residual`` rounded to x's dtype, the fp32 sum of ``s * s``,
 divided by H, plus eps, ``rsqrt``) for the rstd; program 0 alone stores ``s``. It then walks K as
 ``gemv``'s multiply-and-sum path does at one row: ``[block_n, block_k]`` weight tiles, each times
@@ -79,6 +81,7 @@ except ImportError:  # CPU-only installs without Triton use the torch reference
     triton = None
 
 __all__ = [
+    "MAX_REGISTERS",
     "NORM_GEMV_MAX_HIDDEN",
     "fused_add_rms_norm_gemv",
     "fused_add_rms_norm_gemv_ref",
@@ -89,6 +92,14 @@ __all__ = [
 # Every program holds the whole row in registers beside its weight tile (the models' hidden
 # sizes are <= 8192).
 NORM_GEMV_MAX_HIDDEN = 8192
+# Registers a thread, at most (the `maxnreg` launch option): `_gemv_kernel`'s count in
+# `WIDE_TILE` on sm_90, so that the fused launch keeps its 6 programs of 8 warps an SM, and
+# Kimi-Linear's 786 programs one wave on 132 SMs. Uncapped, the first weight tile live across the
+# norm's sum took 48 (5 an SM, a second wave); capped, ptxas spills 24 bytes a thread. On an H100
+# (benchmark_rms_norm_gemv.py, docs/performance.md "Fiftieth run"), us a call against the norm
+# then the GEMV (22.58): 21.55 capped, 24.55 uncapped, 23.11 with the first tile loaded after the
+# sum (32 registers, no spill).
+MAX_REGISTERS = 40
 _DTYPES = (torch.bfloat16, torch.float16)
 _NORM_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -180,7 +191,7 @@ def _spec(
     return LaunchSpec(
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, BLOCK_D=block_d,
         HAS_RESIDUAL=has_residual, EVEN_K=even_k, num_warps=config.num_warps,
-        num_stages=config.num_stages, **pdl_options(pdl),
+        num_stages=config.num_stages, maxnreg=MAX_REGISTERS, **pdl_options(pdl),
     )  # fmt: skip
 
 
