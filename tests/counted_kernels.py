@@ -30,6 +30,7 @@ COUNTED_KERNELS = {
     "vllm.model_executor.kernels.linear.gemv": (
         "_gemv_kernel", "_gemv_split_reduce_kernel",
     ),
+    "vllm.model_executor.kernels.linear.rms_norm_gemv": ("_rms_norm_gemv_kernel",),
     "vllm.model_executor.layers.ops.rms_norm": ("_rms_norm_kernel",),
     "vllm.model_executor.layers.ops.silu_and_mul": ("_silu_and_mul_kernel",),
     "vllm.models.kimi_k3.amd.ops.causal_conv1d": (

@@ -66,10 +66,11 @@ for part in ${PART:-tests}; do
       echo "profile rc $?"; grep -v "^INFO\|USDT" $OUT/profile.log | grep -A22 "B=1: device time" \
         | cut -c1-150 ;;
     variants)
-      # rms_norm_gemv.py's kernel in four forms (branch normgemv; forms/*.patch against its
+      # rms_norm_gemv.py's kernel in four forms (forms/*.patch apply to bcbed74's
       # form B): A the loop as `_gemv_kernel`'s (32 registers on sm_90), B the first weight
       # tile loaded before the norm's sum (48), B40 that under maxnreg 40, C every next tile
       # loaded a step ahead (47; call 198: 19.47 us against 16.81 for the two launches).
+      # B40 landed (1f56bfa): run this part on a checkout of bcbed74, where B is the tree's.
       for v in ${VARIANTS:-A B B40 C A B}; do
         rm -rf /tmp/tree && mkdir -p /tmp/tree && cp -r vllm benchmarks /tmp/tree/
         [ $v = B ] || patch -s -p1 -d /tmp/tree < docs/perf_h200_2026-12-06j/forms/$v.patch

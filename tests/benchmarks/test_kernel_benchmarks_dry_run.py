@@ -169,6 +169,24 @@ def test_gemv_dry_run_with_a_config_sweep(triton_launches, tmp_path: Path) -> No
     assert triton_launches["_gemv_split_reduce_kernel"] > 0
 
 
+def test_rms_norm_gemv_dry_run(triton_launches, tmp_path: Path, capsys) -> None:
+    import csv
+
+    import benchmark_rms_norm_gemv
+
+    out = tmp_path / "rows.csv"
+    assert benchmark_rms_norm_gemv.main(["--dry-run", "--csv", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    paths = benchmark_rms_norm_gemv.PATHS
+    assert [(r["residual"], r["path"]) for r in rows] == [
+        (res, p) for res in ("True", "False") for p in paths
+    ]
+    assert all(float(r["us"]) > 0 for r in rows)
+    # Both residual forms checked and timed: the interpreted kernel, not the reference.
+    assert triton_launches["_rms_norm_gemv_kernel"] > 2
+    assert "fused saves" in capsys.readouterr().out
+
+
 def test_gemv_batched_dry_run(triton_launches, tmp_path: Path, capsys) -> None:
     import json
 

@@ -32,6 +32,7 @@ import vllm.models.kimi_k3.amd.ops.fused_kda_decode as kda_decode_module
 import vllm.models.kimi_k3.amd.ops.mla_decode as mla_decode_module
 from vllm.model_executor.kernels.linear.gemv import gemv, gemv_batched, gemv_fp8, gemv_fp32
 from vllm.model_executor.kernels.linear.gemv_config import WIDE_TILE_MIN_N, GemvConfig
+from vllm.model_executor.kernels.linear.rms_norm_gemv import fused_add_rms_norm_gemv
 from vllm.model_executor.layers.activation import SiluAndMul, SituAndMul
 from vllm.model_executor.layers.fused_moe.experts_triton import moe_experts_triton
 from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (
@@ -423,6 +424,16 @@ def _drive_ops() -> None:
     # One row of a weight of WIDE_TILE_MIN_N channels: the wide tile (KDA's input projection).
     x = torch.randn(1, 2304, generator=gen).to(torch.bfloat16)
     gemv(x, torch.randn(WIDE_TILE_MIN_N, 2304, generator=gen).to(torch.bfloat16))
+    # The input norm in that launch (rms_norm_gemv.py), with and without a residual; a K tail.
+    w = torch.randn(WIDE_TILE_MIN_N, 2304, generator=gen).to(torch.bfloat16)
+    norm_w = torch.ones(2304, dtype=torch.bfloat16)
+    for residual in (x, None):
+        fused_add_rms_norm_gemv(x, residual, norm_w, 1e-6, w)
+    x = torch.randn(1, 300, generator=gen).to(torch.bfloat16)
+    fused_add_rms_norm_gemv(
+        x, x, torch.ones(300), 1e-6, torch.randn(40, 300, generator=gen).to(torch.bfloat16),
+        config=GemvConfig(16, 256, num_warps=1, num_stages=1),
+    )  # fmt: skip
     x = torch.randn(2, 64, generator=gen).to(torch.bfloat16)
     for config in (GemvConfig(8, 32, split_k=3), GemvConfig(16, 64, use_dot=True)):
         gemv(x, torch.randn(24, 64, generator=gen).to(torch.bfloat16), config=config)
@@ -722,6 +733,37 @@ def test_kda_decode_state_sums_keep_their_layout_with_gate_projections(block_v):
         variants.append(dict(base, args=args, reduce_shape=f"128x{block_v}"))
     layouts = _in_compiler(variants, "--reduce-layouts")
     assert layouts[0] and all(found == layouts[0] for found in layouts[1:]), layouts
+
+
+@pytest.mark.skipif(not _has_nvidia_backend(), reason="needs Triton's NVIDIA backend and ptxas")
+@pytest.mark.parametrize("residual", [True, False])
+def test_norm_gemv_sums_are_laid_out_as_the_unfused_kernels(residual):
+    """The fused input norm's two reductions at Kimi-Linear's KDA projection have the sm_90
+    layouts, hence the summation orders, of the kernels it replaces: the row's sum of squares
+    `_rms_norm_kernel`'s, the weight tile's sums `_gemv_kernel`'s in `WIDE_TILE`
+    (rms_norm_gemv.py's bit-for-bit claim, checked on the GPU by its tests). Checked in the
+    TTGIR."""
+
+    def recorded(kernel: str, **args) -> dict:
+        return next(
+            launch for launch in _launches()
+            if launch["kernel"] == kernel and launch["options"]["num_warps"] == 8
+            and all(launch["args"][name] == value for name, value in args.items())
+        )  # fmt: skip
+
+    fused = recorded("_rms_norm_gemv_kernel", BLOCK_D=4096, HAS_RESIDUAL=residual)
+    norm = recorded("_rms_norm_kernel", BLOCK=4096, HAS_RESIDUAL=residual)
+    gemv = recorded("_gemv_kernel", BLOCK_M=1, BLOCK_N=16, BLOCK_K=256, USE_DOT=False)
+    fused_row, norm_row, fused_tiles, gemv_tiles = _in_compiler(
+        [dict(fused, reduce_shape="4096"), dict(norm, reduce_shape="4096"),
+         dict(fused, reduce_shape="16x256"), dict(gemv, reduce_shape="16x256")],
+        "--reduce-layouts",
+    )  # fmt: skip
+    assert len(fused_row) == len(norm_row) == 1 and fused_row == norm_row
+    assert fused_tiles and gemv_tiles and set(fused_tiles) == set(gemv_tiles), (
+        fused_tiles,
+        gemv_tiles,
+    )
 
 
 def test_the_engine_launch_at_64_sequences_evicts_the_kda_state_first():

@@ -4,17 +4,27 @@ the MLA o_proj's per-token quantization, a decode the fused KDA decode kernel wi
 epilogue; every RMSNorm call is one launch of the RMSNorm kernel, except the MLA layers'
 `kv_a_layernorm`, which their one cache-write launch applies. A tiny Kimi-Linear (the standard
 residual) decoding one token runs each MoE layer's post-attention norm inside its router's
-launch."""
+launch, and where the one-row GEMV's launch allows it each KDA layer's input norm inside its input
+projection's launch."""
+
+from dataclasses import replace
 
 import pytest
 import torch
 from engine_harness import EngineHarness as Harness
 
+import vllm.model_executor.kernels.linear.gemv as gemv_op
+import vllm.model_executor.kernels.linear.gemv_config as gemv_cfg
+import vllm.model_executor.kernels.linear.rms_norm_gemv as norm_gemv_mod
+import vllm.models.kimi_k3.amd.kda as kda_mod
 import vllm.models.kimi_k3.amd.moe as moe_mod
 from vllm.config.quantization import parse_quantization_config
+from vllm.model_executor.kernels.linear.gemv_config import WIDE_TILE, GemvConfig
 from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.ops.rms_norm import row_tile_warps
 from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
 from vllm.model_executor.model_loader.loader import load_model
+from vllm.triton_utils import next_power_of_2
 
 pytestmark = pytest.mark.usefixtures("interpreter_moe_blocks")
 
@@ -93,3 +103,51 @@ def test_one_token_decode_norms_in_the_moe_routers_launch(triton_launches, monke
     unfused, launches = decode({0: [5, 6, 7, 8]})
     assert launches == (norms, moe_layers, 0)
     assert torch.equal(fused, unfused)
+
+
+def test_one_token_decode_norms_in_the_kda_projections(triton_launches):
+    """Kimi-Linear decoding one token with the GPU's dispatch faked on CPU rows: every one-row
+    bf16 linear through `gemv` (`use_bf16_gemv` asks for CUDA) in `WIDE_TILE` under the norm
+    kernel's warps for its K (the tiny model's weights would take the 4-warp default tiles, which
+    no fused launch takes), and the KDA layers' input norms allowed into that launch. One RMSNorm
+    launch and one GEMV launch fewer per KDA layer, one fused launch each, and the logits those of
+    the norm kernel followed by the GEMV in the same tiles, bit for bit."""
+    model = load_model("kimi-linear-tiny", dtype=torch.bfloat16)
+    kda_layers = sum(layer.is_kda for layer in model.layers)
+    assert kda_layers
+    kernels = ("_rms_norm_kernel", "_gemv_kernel", "_rms_norm_gemv_kernel")
+
+    def tile(n: int, k: int, *args) -> GemvConfig:
+        return replace(WIDE_TILE, num_warps=row_tile_warps(next_power_of_2(k)))
+
+    def one_row(x, weight, *args) -> bool:
+        return x.dim() == 2 and x.shape[0] == 1 and x.dtype == weight.dtype == torch.bfloat16
+
+    def decode(fuse: bool) -> tuple[torch.Tensor, tuple[int, ...]]:
+        harness = Harness(model)
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("TRITON_INTERPRET", "0")  # the prefill only writes the decode's state
+            harness.step({0: [5, 6, 7, 8]})
+        with pytest.MonkeyPatch.context() as env:
+            env.setattr(gemv_cfg, "use_bf16_gemv", lambda x, w: one_row(x, w))
+            env.setattr(gemv_op, "default_config", lambda m, n, k, *args: tile(n, k))
+            env.setattr(norm_gemv_mod, "norm_gemv_config", tile)
+            if fuse:
+                env.setattr(kda_mod, "use_rms_norm_gemv", lambda x, res, nw, w: one_row(x, w))
+            before = [triton_launches[k] for k in kernels]
+            logits = harness.step({0: [7]})
+        return logits, tuple(triton_launches[k] - b for k, b in zip(kernels, before, strict=True))
+
+    unfused, (norms, gemvs, fused_launches) = decode(False)
+    assert fused_launches == 0 and gemvs >= kda_layers
+    fused, launches = decode(True)
+    assert launches == (norms - kda_layers, gemvs - kda_layers, kda_layers)
+    assert torch.equal(fused, unfused)
+
+
+def test_kda_layer_takes_only_an_rms_norm():
+    model = load_model("kimi-linear-tiny", dtype=torch.bfloat16)
+    attn = next(layer for layer in model.layers if layer.is_kda).self_attn
+    x = torch.zeros(1, model.config.hidden_size, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="must be an RMSNorm"):
+        attn.forward_with_norm(x, None, torch.nn.LayerNorm(x.shape[1]), None)

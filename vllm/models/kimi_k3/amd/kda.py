@@ -40,11 +40,15 @@ import torch
 
 from vllm import envs
 from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+from vllm.model_executor.kernels.linear.rms_norm_gemv import (
+    fused_add_rms_norm_gemv,
+    use_rms_norm_gemv,
+)
 from vllm.model_executor.layers.fusion.quant_activation import (
     QuantizedActivation,
     get_input_quant_key,
 )
-from vllm.model_executor.layers.layernorm import RMSNormGated
+from vllm.model_executor.layers.layernorm import RMSNorm, RMSNormGated
 from vllm.model_executor.layers.linear import (
     ColumnParallelLinear,
     LinearBase,
@@ -214,10 +218,46 @@ class KimiK3DeltaAttention(torch.nn.Module):
         hidden_states: "torch.Tensor | QuantizedActivation",
         metadata: KDAMetadata,
     ) -> torch.Tensor:
-        pool = self.state_pool
-        if pool is None:
+        self._check_bound()
+        return self._forward_projected(self.in_proj_qkvgfab(hidden_states)[0], metadata)
+
+    def forward_with_norm(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        norm: RMSNorm,
+        metadata: KDAMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoder layer's input norm, then the layer: ``(output, new residual)``, where the
+        norm adds ``residual`` first (None: ``x`` is the stream, the first layer's embeddings).
+        Where `use_rms_norm_gemv` holds (one row on NVIDIA into a plain `in_proj`) the
+        norm runs inside the input projection's launch (`fused_add_rms_norm_gemv`), with the
+        same ``h`` and residual bit for bit (rms_norm_gemv.py); elsewhere the norm's own launch,
+        then `forward`."""
+        if not isinstance(norm, RMSNorm):
+            raise TypeError(f"norm must be an RMSNorm, got {type(norm).__name__}")
+        self._check_bound()
+        in_proj = self.in_proj_qkvgfab
+        if _is_plain_linear(in_proj) and use_rms_norm_gemv(
+            x, residual, norm.weight, in_proj.weight
+        ):
+            projected, residual = fused_add_rms_norm_gemv(
+                x, residual, norm.weight, norm.eps, in_proj.weight
+            )
+            return self._forward_projected(projected, metadata), residual
+        if residual is None:
+            h, residual = norm(x), x
+        else:
+            h, residual = norm(x, residual)
+        return self._forward_projected(self.in_proj_qkvgfab(h)[0], metadata), residual
+
+    def _check_bound(self) -> None:
+        if self.state_pool is None:
             raise RuntimeError(f"{self.prefix}: no state pool bound (call bind_kv_cache first)")
-        projected = self.in_proj_qkvgfab(hidden_states)[0]
+
+    def _forward_projected(self, projected: torch.Tensor, metadata: KDAMetadata) -> torch.Tensor:
+        """The layer after its input projection: conv, core, epilogue and o_proj."""
+        pool = self.state_pool
         tokens = projected.shape[0]
         h, d = self.local_heads, self.head_dim
         parts = torch.split(projected, self.local_sizes, dim=-1)

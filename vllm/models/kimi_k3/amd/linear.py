@@ -134,14 +134,21 @@ class KimiDecoderLayer(torch.nn.Module):
         layer, whose `x` is the embeddings). Each residual add is fused into the norm after it:
         the stream's values are those of `x + sublayer(norm(x))` computed step by step. A MoE
         layer hands its post-attention norm to the MoE block (`KimiMoE.forward_with_norm`),
-        which at decode sizes runs it inside the router's launch.
+        which at decode sizes runs it inside the router's launch; a KDA layer takes its input
+        norm likewise (`KimiK3DeltaAttention.forward_with_norm`: inside its input projection's
+        launch at one row).
         """
-        if residual is None:
-            residual = x
-            h = self.input_layernorm(x)
+        if self.is_kda:
+            out, residual = self.self_attn.forward_with_norm(
+                x, residual, self.input_layernorm, metadata.kda
+            )
         else:
-            h, residual = self.input_layernorm(x, residual)
-        out = self._attention(h, metadata)
+            if residual is None:
+                residual = x
+                h = self.input_layernorm(x)
+            else:
+                h, residual = self.input_layernorm(x, residual)
+            out = self._attention(h, metadata)
         if self.is_moe:
             return self.block_sparse_moe.forward_with_norm(
                 out, residual, self.post_attention_layernorm
