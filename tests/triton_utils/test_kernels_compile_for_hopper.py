@@ -32,7 +32,7 @@ import vllm.models.kimi_k3.amd.ops.fused_kda_decode as kda_decode_module
 import vllm.models.kimi_k3.amd.ops.mla_decode as mla_decode_module
 from vllm.model_executor.kernels.linear.gemv import gemv, gemv_batched, gemv_fp8, gemv_fp32
 from vllm.model_executor.kernels.linear.gemv_config import WIDE_TILE_MIN_N, GemvConfig
-from vllm.model_executor.kernels.linear.rms_norm_gemv import fused_add_rms_norm_gemv
+from vllm.model_executor.kernels.linear.rms_norm_gemv import MAX_REGISTERS, fused_add_rms_norm_gemv
 from vllm.model_executor.layers.activation import SiluAndMul, SituAndMul
 from vllm.model_executor.layers.fused_moe.experts_triton import moe_experts_triton
 from vllm.model_executor.layers.fused_moe.experts_triton_grouped import (
@@ -764,6 +764,17 @@ def test_norm_gemv_sums_are_laid_out_as_the_unfused_kernels(residual):
         fused_tiles,
         gemv_tiles,
     )
+
+
+def test_norm_gemv_caps_registers_in_the_wide_tile_only():
+    """The fused norm's launch at Kimi-Linear's projection (`WIDE_TILE`) asks for at most
+    `MAX_REGISTERS` registers (one wave of programs, measured); other tiles are not capped."""
+    caps = {
+        launch["args"]["BLOCK_D"]: launch["options"].get("maxnreg")
+        for launch in _launches()
+        if launch["kernel"] == "_rms_norm_gemv_kernel"
+    }
+    assert caps == {4096: MAX_REGISTERS, 512: None}, caps
 
 
 def test_the_engine_launch_at_64_sequences_evicts_the_kda_state_first():

@@ -26,8 +26,9 @@ kernel.
 The op takes no bias and applies no quantization: a caller checks that its linear is an
 unquantized one without bias (the KDA layer's `_is_plain_linear`).
 
-Kernel: the GEMV's grid, ``cdiv(N, block_n)`` programs of ``default_config(1, N, H, ...)``, at
-most ``MAX_REGISTERS`` registers a thread (the GEMV's own, so that as many programs share an SM).
+Kernel: the GEMV's grid, ``cdiv(N, block_n)`` programs of ``default_config(1, N, H, ...)``; in
+`WIDE_TILE` at most ``MAX_REGISTERS`` registers a thread (the GEMV's own, so that as many programs
+share an SM).
 Each program loads its first weight tile (so the weight stream does not wait for the norm's
 cross-warp sum), then runs the norm kernel's arithmetic on the whole row (one
 ``[next_pow2(H)]`` tile: ``s = x + residual`` rounded to x's dtype, the fp32 sum of ``s * s``,
@@ -59,6 +60,7 @@ import torch
 from vllm.model_executor.kernels.linear.gemv import gemv_ref
 from vllm.model_executor.kernels.linear.gemv_config import (
     MAX_GRID_Y,
+    WIDE_TILE,
     GemvConfig,
     default_config,
     use_bf16_gemv,
@@ -187,11 +189,16 @@ def norm_gemv_config(n: int, hidden: int) -> GemvConfig | None:
 def _spec(
     config: GemvConfig, block_d: int, has_residual: bool, even_k: bool, pdl: bool
 ) -> LaunchSpec:
-    """Constexprs and options; cached: the spec holds the compiled kernels."""
+    """Constexprs and options, with the ``MAX_REGISTERS`` cap on `WIDE_TILE`'s tile (where it
+    was measured; other tiles, for tests and sweeps, hold more per thread); cached: the spec
+    holds the compiled kernels."""
+    tile = (config.block_n, config.block_k, config.num_warps)
+    wide = tile == (WIDE_TILE.block_n, WIDE_TILE.block_k, WIDE_TILE.num_warps)
     return LaunchSpec(
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, BLOCK_D=block_d,
         HAS_RESIDUAL=has_residual, EVEN_K=even_k, num_warps=config.num_warps,
-        num_stages=config.num_stages, maxnreg=MAX_REGISTERS, **pdl_options(pdl),
+        num_stages=config.num_stages, **({"maxnreg": MAX_REGISTERS} if wide else {}),
+        **pdl_options(pdl),
     )  # fmt: skip
 
 
