@@ -231,9 +231,9 @@ class KimiK3DeltaAttention(torch.nn.Module):
         """The decoder layer's input norm, then the layer: ``(output, new residual)``, where the
         norm adds ``residual`` first (None: ``x`` is the stream, the first layer's embeddings).
         Where `use_rms_norm_gemv` holds (one row on NVIDIA into a plain `in_proj`) the
-        norm runs inside the input projection's launch (`fused_add_rms_norm_gemv`), with the
-        same ``h`` and residual bit for bit (rms_norm_gemv.py); elsewhere the norm's own launch,
-        then `forward`."""
+        norm runs inside the input projection's launch (`fused_add_rms_norm_gemv`): the
+        projection and residual of the norm's launch then the projection's, bit for bit
+        (rms_norm_gemv.py); elsewhere the norm's own launch, then `forward`."""
         if not isinstance(norm, RMSNorm):
             raise TypeError(f"norm must be an RMSNorm, got {type(norm).__name__}")
         self._check_bound()
