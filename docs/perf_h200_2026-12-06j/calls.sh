@@ -11,6 +11,7 @@
 #          `git archive d30d019 vllm benchmarks`, before the one-row GEMV); RUNS picks them,
 #          and var* runs this tree with rms_norm_gemv.py's form $VAR (below);
 #   profile (~3 min) batch-1 decode at 8k by kernel group, this tree;
+#   sweep  (~1 min, an H200) MLA's q | kv_a at one row in narrower K steps;
 #   ab     (~3 min, any GPU; .devrun/old: `git archive b528cce vllm benchmarks`) the grouped
 #          experts at 8 / 64 / 256 tokens, call 148's tree against this one, old / new / old / new.
 set -u
@@ -78,6 +79,15 @@ for part in ${PART:-tests}; do
           benchmark_rms_norm_gemv.py --paths fused unfused > $OUT/var_$v.log 2>&1
          echo "$v rc $?"; grep "fused\|differ" $OUT/var_$v.log | cut -c1-100)
       done ;;
+    sweep)
+      # MLA's q | kv_a at one row: the default tile (2 channels x 4096, K 2304 masked, 80
+      # registers, 4.24 waves) against narrower K steps that waste no lanes (performance.md,
+      # "Waves of the batch-1 decode launches").
+      (cd benchmarks/kernels && PYTHONPATH=/tmp/site:$PWD/../.. timeout 200 python \
+        benchmark_gemv.py --dtypes bf16 --shapes mla_q_kv_a --m 1 --configs default \
+        2,2048,4,1,1 2,1024,4,1,1 4,1024,4,1,1 4,512,4,1,1 8,256,4,1,1 \
+        --csv $OUT/sweep.csv > $OUT/sweep.log 2>&1)
+      echo "sweep rc $?"; grep "M=  1\|speed-up" $OUT/sweep.log | cut -c1-100 ;;
     ab)
       for label in old new old new; do
         tree=$PWD; [ $label = old ] && tree=$PWD/.devrun/old
