@@ -153,6 +153,8 @@ def _ptx_checks(launch: dict) -> dict:
         checks["ptx_lacks"] += ["mul.f32", "mul.rn.f32", "mul.ftz.f32", "mul.rn.ftz.f32"]
         if launch["args"]["SPLITS"] == launch["args"]["UNROLLED"]:
             checks["ptx_lacks"] += ["bra ", "bra.uni"]
+    if "maxnreg" in launch["options"]:  # the cap reaches the code generator
+        checks["ptx_has"].append(f".maxnreg {launch['options']['maxnreg']}")
     if launch["kernel"] == "_fused_kda_decode_kernel":
         # The conv windows' shift stores wait for every warp's loads of them (a race otherwise).
         checks["stores_after"] = "bar.sync"
@@ -770,11 +772,15 @@ def test_norm_gemv_caps_registers_in_the_wide_tile_only():
     """The fused norm's launch at Kimi-Linear's projection (`WIDE_TILE`) asks for at most
     `MAX_REGISTERS` registers (one wave of programs, measured); other tiles are not capped."""
     caps = {
-        launch["args"]["BLOCK_D"]: launch["options"].get("maxnreg")
+        (launch["args"]["BLOCK_D"], launch["args"]["HAS_RESIDUAL"], launch["args"]["PDL"]):
+            launch["options"].get("maxnreg")
         for launch in _launches()
         if launch["kernel"] == "_rms_norm_gemv_kernel"
-    }
-    assert caps == {4096: MAX_REGISTERS, 512: None}, caps
+    }  # fmt: skip
+    assert caps == {
+        (4096, True, True): MAX_REGISTERS, (4096, False, True): MAX_REGISTERS,
+        (512, True, True): None,
+    }, caps  # fmt: skip
 
 
 def test_the_engine_launch_at_64_sequences_evicts_the_kda_state_first():

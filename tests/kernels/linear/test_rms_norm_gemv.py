@@ -105,6 +105,18 @@ def test_default_launch_is_the_gemvs_where_its_warps_are_the_norms():
     assert norm_gemv_config(256, hidden) is None
 
 
+def test_register_cap_only_on_nvidia(monkeypatch):
+    """`WIDE_TILE`'s launch carries the register cap except on ROCm, whose Triton backend takes
+    no such option (a direct call there would fail at launch)."""
+    cap = {"maxnreg": norm_gemv_mod.MAX_REGISTERS}
+    for rocm, expected in ((False, cap), (True, {})):
+        monkeypatch.setattr(norm_gemv_mod.current_platform, "is_rocm", lambda rocm=rocm: rocm)
+        norm_gemv_mod._spec.cache_clear()
+        spec = norm_gemv_mod._spec(WIDE_TILE, 4096, True, True, False)
+        assert {k: v for k, v in spec.kwargs.items() if k == "maxnreg"} == expected
+    norm_gemv_mod._spec.cache_clear()
+
+
 def test_cpu_rows_never_take_it():
     x, res, norm_w, w = case(64, 256, True, "cpu", seed=4)
     assert not use_rms_norm_gemv(x, res, norm_w, w)

@@ -70,6 +70,7 @@ from vllm.model_executor.layers.ops.rms_norm import (
     rms_norm_ref,
     row_tile_warps,
 )
+from vllm.platforms import current_platform
 from vllm.triton_utils import cdiv, next_power_of_2, use_triton
 from vllm.triton_utils.launch import LaunchSpec, launch
 from vllm.triton_utils.pdl import pdl_options, use_pdl
@@ -189,11 +190,12 @@ def norm_gemv_config(n: int, hidden: int) -> GemvConfig | None:
 def _spec(
     config: GemvConfig, block_d: int, has_residual: bool, even_k: bool, pdl: bool
 ) -> LaunchSpec:
-    """Constexprs and options, with the ``MAX_REGISTERS`` cap on `WIDE_TILE`'s tile (where it
-    was measured; other tiles, for tests and sweeps, hold more per thread); cached: the spec
-    holds the compiled kernels."""
+    """Constexprs and options, with the ``MAX_REGISTERS`` cap on `WIDE_TILE`'s tile on NVIDIA
+    (where it was measured; other tiles, for tests and sweeps, hold more per thread, and Triton's
+    AMD backend has no such option); cached: the spec holds the compiled kernels."""
     tile = (config.block_n, config.block_k, config.num_warps)
     wide = tile == (WIDE_TILE.block_n, WIDE_TILE.block_k, WIDE_TILE.num_warps)
+    wide = wide and not current_platform.is_rocm()
     return LaunchSpec(
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, BLOCK_D=block_d,
         HAS_RESIDUAL=has_residual, EVEN_K=even_k, num_warps=config.num_warps,

@@ -136,7 +136,7 @@ class KimiDecoderLayer(torch.nn.Module):
         layer hands its post-attention norm to the MoE block (`KimiMoE.forward_with_norm`),
         which at decode sizes runs it inside the router's launch; a KDA layer takes its input
         norm likewise (`KimiK3DeltaAttention.forward_with_norm`: inside its input projection's
-        launch at one row).
+        launch at one row, where that launch allows it, `use_rms_norm_gemv`).
         """
         if self.is_kda:
             out, residual = self.self_attn.forward_with_norm(
