@@ -64,7 +64,12 @@ def assert_within_gemv_bound(out, h, w):
 @pytest.mark.parametrize("residual", [True, False])
 @pytest.mark.parametrize(
     "n, hidden, dtype",
-    [(48, 2304, torch.bfloat16), (40, 300, torch.bfloat16), (17, 256, torch.float16)],
+    [
+        (48, 2304, torch.bfloat16),
+        (40, 300, torch.bfloat16),
+        (17, 256, torch.float16),
+        (24, 257, torch.bfloat16),  # a one-column last K step
+    ],
 )
 def test_equals_the_norm_then_gemv(triton_launches, residual, n, hidden, dtype):
     x, res, norm_w, w = case(n, hidden, residual, "cpu", seed=n, dtype=dtype)
