@@ -93,12 +93,13 @@ MAX_VARIANTS = 8
 # The grouped experts' gate/up kernel 16 (decode and prefill tiles, pointer and TMA loads, tail
 # tiles of 16, 32 and 64 rows, each at two TOPK; SiTU on the decode tiles at two TOPK); the
 # GEMV's one kernel runs two algorithms (multiply-and-sum, tl.dot) on three weight dtypes, and
-# batched (MLA's absorbs: 3 more), and the one-row wide tile; the KDA
+# batched (MLA's absorbs: 3 more), and the one-row wide tile, the layers' launches with static
+# weights (PRELOAD) beside the plain ones; the KDA
 # decode epilogue 9 (norm, quantized, shift-only; three shift tiles; chunked norm), its main
 # kernel 13 (8 launches without the gate projections, one of them with the state evicted first, 5
 # with them); the MLA decode split kernel 10 (4 with one latent chunk, 6 with 2 or 4).
 MAX_VARIANTS_OF = {
-    "_gemv_kernel": 28, "_kda_decode_epilogue_kernel": 10, "_fused_kda_decode_kernel": 13,
+    "_gemv_kernel": 31, "_kda_decode_epilogue_kernel": 10, "_fused_kda_decode_kernel": 13,
     "_mla_decode_split_kernel": 10, "_moe_grouped_gate_up_kernel": 16,
 }  # fmt: skip
 
@@ -121,6 +122,8 @@ _TMA_LOAD_PTX = "cp.async.bulk.tensor"
 # before the wait (a program must not exit, or skip it, before waiting).
 _PDL_WAIT, _PDL_SIGNAL = "griddepcontrol.wait", "griddepcontrol.launch_dependents"
 _GLOBAL_ACCESS_PTX = ["ld.global", "st.global", "atom.", "red.", "cp.async"]
+# A static weight's first tile (gemv.py's PRELOAD) is the one access allowed before the wait.
+_WRITE_PTX = [s for s in _GLOBAL_ACCESS_PTX if s != "ld.global"]
 _EXIT_PTX = ["bra ", "bra.uni", "ret;", "exit;"]
 
 
@@ -131,7 +134,12 @@ def _ptx_checks(launch: dict) -> dict:
     access, and without it neither. Every kernel's opt-outs of Triton's specialization narrow
     none of its global accesses (sm90_compile.py), except where `opt_outs_may_narrow` says why."""
     checks = {"ptx_has": [], "ptx_lacks": []}
-    if launch["args"]["PDL"]:
+    if launch["args"]["PDL"] and launch["args"].get("PRELOAD"):
+        # Loads before the wait (the weight tile) and after it (the rows), nothing else before.
+        checks["ptx_has"] += [_PDL_WAIT, _PDL_SIGNAL]
+        checks["ptx_order"] = [_PDL_WAIT, _PDL_SIGNAL, _WRITE_PTX, _EXIT_PTX]
+        checks["loads_around"] = _PDL_WAIT
+    elif launch["args"]["PDL"]:
         checks["ptx_has"] += [_PDL_WAIT, _PDL_SIGNAL]
         checks["ptx_order"] = [_PDL_WAIT, _PDL_SIGNAL, _GLOBAL_ACCESS_PTX, _EXIT_PTX]
     else:
@@ -415,22 +423,29 @@ def _drive_ops() -> None:
         gemv_fp8(x.to(FP8), a_scale, w.to(FP8), w_scale, config=config)
     gemv(x, w.to(torch.bfloat16), config=GemvConfig(64, 128, split_k=4, use_dot=True, num_stages=4))
     gemv_fp8(x.to(FP8), a_scale, w.to(FP8), w_scale)
-    # One row, two rows at one full step (2 x 2048 weights), the tl.dot threshold, odd sizes.
+    # One row, two rows at one full step (2 x 2048 weights), the tl.dot threshold, odd sizes;
+    # as the layers launch them (static weights: the first tile before the PDL wait), and not.
     for m, n, k in ((1, 2304, 2304), (2, 2304, 2048), (4, 256, 2304), (3, 40, 96)):
         x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
-        gemv(x, torch.randn(n, k, generator=gen).to(torch.bfloat16))
+        for static in (True, False):
+            gemv(x, torch.randn(n, k, generator=gen).to(torch.bfloat16), static_weight=static)
         a_scale, w_scale = torch.rand(m, 1, generator=gen), torch.rand(n, 1, generator=gen)
         w = torch.randn(n, k, generator=gen).to(FP8)
         gemv_fp8(x.to(FP8), a_scale, w, w_scale)
-        gemv_fp8(x.to(FP8), a_scale, w, w_scale, torch.randn(n, generator=gen))
+        gemv_fp8(x.to(FP8), a_scale, w, w_scale, torch.randn(n, generator=gen), static_weight=True)
+    # o_proj (4096 -> 2304) at one row as the layers launch it: its one step of 2 x 4096 codes.
+    x = torch.randn(1, 4096, generator=gen).to(FP8)
+    w = torch.randn(2304, 4096, generator=gen).to(FP8)
+    gemv_fp8(x, torch.rand(1, 1), w, torch.rand(2304, 1), static_weight=True)
     # One row of a weight of WIDE_TILE_MIN_N channels: the wide tile (KDA's input projection).
     x = torch.randn(1, 2304, generator=gen).to(torch.bfloat16)
     gemv(x, torch.randn(WIDE_TILE_MIN_N, 2304, generator=gen).to(torch.bfloat16))
-    # The input norm in that launch (rms_norm_gemv.py), with and without a residual; a K tail.
+    # The input norm in that launch (rms_norm_gemv.py), with and without a residual (static, as
+    # the KDA layer launches it; with a residual also not); a K tail.
     w = torch.randn(WIDE_TILE_MIN_N, 2304, generator=gen).to(torch.bfloat16)
     norm_w = torch.ones(2304, dtype=torch.bfloat16)
-    for residual in (x, None):
-        fused_add_rms_norm_gemv(x, residual, norm_w, 1e-6, w)
+    for residual, static in ((x, True), (None, True), (x, False)):
+        fused_add_rms_norm_gemv(x, residual, norm_w, 1e-6, w, static_weight=static)
     x = torch.randn(1, 300, generator=gen).to(torch.bfloat16)
     fused_add_rms_norm_gemv(
         x, x, torch.ones(300), 1e-6, torch.randn(40, 300, generator=gen).to(torch.bfloat16),
@@ -444,7 +459,8 @@ def _drive_ops() -> None:
     for n, k, h200 in ((512, 128, GemvConfig(32, 128, num_stages=1)),
                        (128, 512, GemvConfig(8, 512, num_stages=1))):  # fmt: skip
         x = torch.randn(1, 32, k, generator=gen).to(torch.bfloat16).transpose(0, 1)
-        gemv_batched(x, torch.randn(32, n, k, generator=gen).to(torch.bfloat16), config=h200)
+        w = torch.randn(32, n, k, generator=gen).to(torch.bfloat16)
+        gemv_batched(x, w, config=h200, static_weight=True)
     gemv_batched(
         torch.randn(3, 3, 40, generator=gen).to(torch.bfloat16),
         torch.randn(3, 24, 40, generator=gen).to(torch.bfloat16),
@@ -696,9 +712,12 @@ def test_the_decode_launches_reach_the_load_order_check():
     assert has("_fused_router_topk_kernel", HAS_NORM=False, BLOCK_T=1)
     assert has("_fused_router_topk_kernel", HAS_NORM=True, BLOCK_T=1)
     assert has("_moe_gate_up_kernel", HIDDEN=2304)
-    assert has("_gemv_kernel", BLOCK_M=1, BLOCK_K=4096) and has("_gemv_kernel", BLOCK_M=2)
-    assert has("_gemv_kernel", BATCHED=True, BLOCK_M=1, BLOCK_K=128)  # MLA's W_UK at batch 1
-    assert has("_gemv_kernel", BATCHED=True, BLOCK_M=1, BLOCK_K=512)  # and W_UV
+    for preload in (True, False):
+        assert has("_gemv_kernel", BLOCK_M=1, BLOCK_K=4096, PRELOAD=preload)
+        assert has("_gemv_kernel", BLOCK_M=2, PRELOAD=preload)
+    # MLA's W_UK and W_UV at batch 1, as the layer launches them.
+    assert has("_gemv_kernel", BATCHED=True, BLOCK_M=1, BLOCK_K=128, PRELOAD=True)
+    assert has("_gemv_kernel", BATCHED=True, BLOCK_M=1, BLOCK_K=512, PRELOAD=True)
     assert has("_rms_norm_kernel") and has("_mla_cache_write_kernel")
     assert has("_fused_kda_decode_kernel", RANK_F=128, BLOCK_V=16)  # the engine's batch 1
 

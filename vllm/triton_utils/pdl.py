@@ -10,9 +10,10 @@ programmatic edge), a kernel may start once every program of the kernel before i
 touches memory that kernel, or any earlier one, may write or still read (a buffer the caching
 allocator hands out again is both).
 
-The contract every kernel here keeps, through ``pdl_wait`` as its first statement:
+The contract every kernel here keeps, through ``pdl_wait`` before its first access to memory:
 
-* Each program waits before its first load or store of any tensor, and before it could exit, so
+* Each program waits before its first load or store of any tensor (but the static weights
+  below), and before it could exit, so
   a kernel completes only after the kernel before it did. Hence, by induction along the stream,
   when a kernel's wait returns every kernel before it has completed, whether or not they were
   launched with PDL (a plain launch waits for completion anyway).
@@ -21,8 +22,12 @@ The contract every kernel here keeps, through ``pdl_wait`` as its first statemen
   started (the last wave's, in a grid of several): at most two kernels overlap. The next
   kernel's programs fill the SMs this kernel's tail leaves idle, and its launch latency overlaps
   this one's run.
-* Nothing is read before the wait, not even weights: the gain is the launch and scheduling
-  latency between kernels, with no ordering argument per kernel to get wrong.
+* Nothing is read before the wait but a weight its launcher declares static: memory no kernel
+  writes once the model is loaded (a layer's parameters), so no kernel in flight can be writing
+  it. The GEMVs load their first such tile before the wait (``static_weight``,
+  vllm/model_executor/kernels/linear/gemv.py), which streams it in while the kernel before
+  still runs; everything else gains only the launch and scheduling latency between kernels,
+  with no ordering argument per kernel to get wrong.
 
 ``pdl_options(use_pdl(device))`` is what a launcher adds to a kernel's constexprs and options:
 ``PDL=True, launch_pdl=True`` where PDL runs, ``PDL=False`` elsewhere (ROCm, GPUs before sm_90,
@@ -84,8 +89,9 @@ if triton is not None:
 
     @triton.jit
     def pdl_wait(PDL: tl.constexpr):
-        """A kernel's first statement: with ``PDL``, wait for the kernels before it, then let the
-        next one launch (module docstring). Nothing without."""
+        """A kernel's first access to memory (only loads of static weights may come before it):
+        with ``PDL``, wait for the kernels before it, then let the next one launch (module
+        docstring). Nothing without."""
         if PDL:
             gdc_wait()
             gdc_launch_dependents()

@@ -36,6 +36,8 @@ from vllm.model_executor.kernels.linear.scaled_mm.ScaledMMLinearKernel import (
     FP8ScaledMMLinearLayerConfig,
 )
 from vllm.model_executor.layers.linear import ReplicatedLinear
+from vllm.model_executor.layers.ops.rms_norm import rms_norm
+from vllm.model_executor.layers.quantization.utils.fp8_per_token import per_token_fp8_quant
 from vllm.model_executor.layers.quantization.utils.quant_utils import (
     kFp8DynamicTokenSym,
     kFp8StaticChannelSym,
@@ -458,13 +460,15 @@ def test_gpu_bf16_layer_dispatch_by_m(triton_launches, m):
 @pytest.mark.parametrize(
     "m", [1, gemv_cfg.FP8_GEMV_MAX_M + 1, gemv_cfg.FP8_DOT_MAX_M, gemv_cfg.FP8_DOT_MAX_M + 1]
 )
-def test_gpu_rowwise_fp8_dispatch_by_m(triton_launches, m):
+def test_gpu_rowwise_fp8_dispatch_by_m(triton_launches, preloads, m):
     if not RowWiseTorchFP8ScaledMMLinearKernel.is_supported()[0]:
         pytest.skip("rowwise _scaled_mm needs sm_89+")
     a, a_scale, w, w_scale, _ = fp8_case(m, 256, 512, "cuda", seed=18)
     out = rowwise_kernel(w).apply_scaled_mm(a, w.t(), torch.bfloat16, a_scale, w_scale, None)
     triton_max = max(gemv_cfg.FP8_GEMV_MAX_M, gemv_cfg.FP8_DOT_MAX_M)
     assert triton_launches["_gemv_kernel"] == (m <= triton_max)
+    # The layer's weight, static: preloaded where the launch is multiply-and-sum.
+    assert [p for p, _ in preloads] == [m <= gemv_cfg.FP8_GEMV_MAX_M] * (m <= triton_max)
     if m <= triton_max:
         assert_within_bound(out, a, w, None, a_scale, w_scale)
     else:  # the vendor GEMM, exactly (its accumulation is cuBLASLt's, not the GEMV's bound)
@@ -472,6 +476,61 @@ def test_gpu_rowwise_fp8_dispatch_by_m(triton_launches, m):
             a, w.t(), scale_a=a_scale, scale_b=w_scale.reshape(1, -1), out_dtype=torch.bfloat16
         )
         torch.testing.assert_close(out, vendor, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Static weights (gemv.py): the first weight tile loaded before the PDL wait, the same sums
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def preloads(monkeypatch) -> list[tuple[bool, bool]]:
+    """``(PRELOAD, ONE_STEP)`` of each `_gemv_kernel` launch during the test, in order."""
+    seen = []
+    launch = gemv_op.launch
+
+    def spy(kernel, grid, args, spec):
+        if "PRELOAD" in spec.kwargs:
+            seen.append((spec.kwargs["PRELOAD"], spec.kwargs["ONE_STEP"]))
+        return launch(kernel, grid, args, spec)
+
+    monkeypatch.setattr(gemv_op, "launch", spy)
+    return seen
+
+
+# The interpreter configs and four steps over K with a tail (200 = 3 x 64 + 8). The default
+# (one and two rows) and the wide tile take K in one step, "split" and "steps" in several.
+STATIC_CONFIGS = dict(CPU_CONFIGS, steps=GemvConfig(block_n=8, block_k=64))
+
+
+@pytest.mark.parametrize("config", list(STATIC_CONFIGS))
+@pytest.mark.parametrize("m", [1, 2])
+def test_static_weight_sums_bit_for_bit(triton_launches, preloads, config, m):
+    cfg = STATIC_CONFIGS[config]
+    x, w, b = bf16_case(m, 37, 200, DEVICE, seed=70 + m)
+    a, a_scale, wq, w_scale, fp8_bias = fp8_case(m, 37, 200, DEVICE, seed=72 + m, bias=True)
+    outs = [
+        (gemv(x, w, b, config=cfg, static_weight=static),
+         gemv_fp8(a, a_scale, wq, w_scale, fp8_bias, config=cfg, static_weight=static))
+        for static in (False, True)
+    ]  # fmt: skip
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    assert_within_bound(outs[1][0], x, w, b)
+    # tl.dot keeps its pipelined form; multiply-and-sum preloads, with no loop after a one-step K.
+    preload = config != "dot"
+    one_step = config in ("default", "wide")
+    assert preloads == [(False, False)] * 2 + [(preload, one_step)] * 2
+
+
+def test_layers_pass_their_weights_as_static(monkeypatch, triton_launches, preloads):
+    """`UnquantizedLinearMethod` hands `gemv` the layer's weight as static (the GPU's dispatch
+    faked on CPU rows)."""
+    monkeypatch.setattr(gemv_cfg, "use_bf16_gemv", lambda x, w: True)
+    layer = bf16_layer(64, 24, DEVICE)
+    x = bf16_case(1, 1, 64, DEVICE, seed=76)[0]
+    out = layer(x)[0]
+    assert_within_bound(out, x, layer.weight, layer.bias)
+    assert preloads == [(True, True)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -615,6 +674,41 @@ def test_gpu_cuda_graph_replay_equals_eager(config):
     assert torch.equal(captured[1], eager[1])
 
 
+@pytest.mark.gpu
+def test_gpu_static_weight_reads_rows_the_kernel_before_writes(preloads):
+    """A graph of the layers' one-row chains: a PDL kernel (the norm, the per-token quantization)
+    writes the row just before each static-weight GEMV at o_proj's shape, whose weight loads may
+    then run ahead of the wait. Every replay on new inputs reads the new rows: bit for bit the
+    eager chain."""
+    x = bf16_case(1, 1, 4096, "cuda", seed=23)[0]
+    w = bf16_case(1, 2304, 4096, "cuda", seed=24)[1]
+    wq, w_scale = fp8_case(1, 2304, 4096, "cuda", seed=25)[2:4]
+    norm_w = torch.ones(4096, dtype=torch.bfloat16, device="cuda")
+
+    def step():
+        h = rms_norm(x, norm_w, 1e-6)
+        a, a_scale = per_token_fp8_quant(h)
+        return (gemv(h, w, static_weight=True),
+                gemv_fp8(a, a_scale, wq, w_scale, static_weight=True))  # fmt: skip
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    assert preloads and all(preload for preload, _ in preloads)
+    gen = torch.Generator(device="cuda").manual_seed(26)
+    for _ in range(20):
+        x.copy_(torch.randn(x.shape, generator=gen, device="cuda"))
+        graph.replay()
+        eager = step()
+        torch.cuda.synchronize()
+        assert torch.equal(captured[0], eager[0]) and torch.equal(captured[1], eager[1])
+
+
 # ---------------------------------------------------------------------------------------------
 # Batched: one weight per batch (MLA's absorbed per-head W_UK / W_UV)
 # ---------------------------------------------------------------------------------------------
@@ -656,6 +750,16 @@ def test_batched_gemv_matches_exact_per_batch(triton_launches, config, m):
     assert torch.equal(rows.transpose(0, 1), out)
     assert triton_launches["_gemv_kernel"] == 2
     assert triton_launches["_gemv_split_reduce_kernel"] == 0
+
+
+@pytest.mark.parametrize("config", ["default", "tails"])
+def test_static_batched_weight_sums_bit_for_bit(triton_launches, preloads, config):
+    cfg = BATCHED_CONFIGS[config]
+    x, w = batched_case(3, 1, 20, 40, DEVICE, seed=74)
+    plain = gemv_batched(x, w, config=cfg)
+    assert torch.equal(gemv_batched(x, w, config=cfg, static_weight=True), plain)
+    # K 40: one 64-wide step by default, two of 32 in "tails".
+    assert preloads == [(False, False), (True, config == "default")]
 
 
 def test_batched_cpu_without_interpreter_and_empty(monkeypatch, triton_launches):

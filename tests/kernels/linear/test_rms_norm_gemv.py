@@ -61,6 +61,7 @@ def assert_within_gemv_bound(out, h, w):
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("static", [False, True])
 @pytest.mark.parametrize("residual", [True, False])
 @pytest.mark.parametrize(
     "n, hidden, dtype",
@@ -71,10 +72,13 @@ def assert_within_gemv_bound(out, h, w):
         (24, 257, torch.bfloat16),  # a one-column last K step
     ],
 )
-def test_equals_the_norm_then_gemv(triton_launches, residual, n, hidden, dtype):
+def test_equals_the_norm_then_gemv(triton_launches, static, residual, n, hidden, dtype):
+    # A static weight's first tile is loaded before the PDL wait: the same sums.
     x, res, norm_w, w = case(n, hidden, residual, "cpu", seed=n, dtype=dtype)
     config = fitting_tile(hidden)
-    out, new_res = fused_add_rms_norm_gemv(x, res, norm_w, 1e-6, w, config=config)
+    out, new_res = fused_add_rms_norm_gemv(
+        x, res, norm_w, 1e-6, w, config=config, static_weight=static
+    )
     assert triton_launches["_rms_norm_gemv_kernel"] == 1
     ref_out, ref_res = unfused(x, res, norm_w, 1e-6, w, config)
     assert out.shape == (1, n) and out.dtype == dtype
@@ -222,10 +226,11 @@ def test_launch_errors(config, message):
 @pytest.mark.gpu
 @pytest.mark.parametrize("residual", [True, False])
 def test_gpu_kda_in_proj_equals_the_norm_then_gemv(triton_launches, residual):
+    # As the KDA layer launches it: the weight static.
     n, hidden = KDA_IN_PROJ
     x, res, norm_w, w = case(n, hidden, residual, "cuda", seed=11)
     assert use_rms_norm_gemv(x, res, norm_w, w)
-    out, new_res = fused_add_rms_norm_gemv(x, res, norm_w, 1e-6, w)
+    out, new_res = fused_add_rms_norm_gemv(x, res, norm_w, 1e-6, w, static_weight=True)
     assert triton_launches["_rms_norm_gemv_kernel"] == 1
     ref_out, ref_res = unfused(x, res, norm_w, 1e-6, w, None)  # gemv's default: WIDE_TILE
     assert triton_launches["_gemv_kernel"] == 1 and triton_launches["_rms_norm_kernel"] == 1
@@ -235,17 +240,25 @@ def test_gpu_kda_in_proj_equals_the_norm_then_gemv(triton_launches, residual):
 
 @pytest.mark.gpu
 def test_gpu_cuda_graph_replay_equals_eager():
+    # As the KDA layer launches it (a static weight, whose first tile may load before the PDL
+    # wait), right after a PDL kernel that writes its row: the replay reads the new row.
     n, hidden = KDA_IN_PROJ
-    x, res, norm_w, w = case(n, hidden, True, "cuda", seed=12)
-    eager = fused_add_rms_norm_gemv(x, res, norm_w, 1e-6, w)
-    fused_add_rms_norm_gemv(x, res, norm_w, 1e-6, w)  # compiled before the capture
+    src, res, norm_w, w = case(n, hidden, True, "cuda", seed=12)
+    ones = torch.ones(hidden, dtype=src.dtype, device="cuda")
+
+    def step():
+        x = rms_norm(src, ones, 1e-6)
+        return fused_add_rms_norm_gemv(x, res, norm_w, 1e-6, w, static_weight=True)
+
+    eager = step()
+    step()  # compiled before the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = fused_add_rms_norm_gemv(x, res, norm_w, 1e-6, w)
-    x2, res2 = case(n, hidden, True, "cuda", seed=13)[:2]
-    x.copy_(x2)
+        captured = step()
+    src2, res2 = case(n, hidden, True, "cuda", seed=13)[:2]
+    src.copy_(src2)
     res.copy_(res2)
     graph.replay()
-    expected = fused_add_rms_norm_gemv(x, res, norm_w, 1e-6, w)
+    expected = step()
     assert torch.equal(captured[0], expected[0]) and torch.equal(captured[1], expected[1])
     assert not torch.equal(captured[0], eager[0])

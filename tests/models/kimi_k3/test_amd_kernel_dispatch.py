@@ -111,7 +111,8 @@ def test_one_token_decode_norms_in_the_kda_projections(triton_launches):
     kernel's warps for its K (the tiny model's weights would take the 4-warp default tiles, which
     no fused launch takes), and the KDA layers' input norms allowed into that launch. One RMSNorm
     launch and one GEMV launch fewer per KDA layer, one fused launch each, and the logits those of
-    the norm kernel followed by the GEMV in the same tiles, bit for bit."""
+    the norm kernel followed by the GEMV in the same tiles, bit for bit. Every one of those
+    launches takes its layer's weight as static (gemv.py: the first tile before the PDL wait)."""
     model = load_model("kimi-linear-tiny", dtype=torch.bfloat16)
     kda_layers = sum(layer.is_kda for layer in model.layers)
     assert kda_layers
@@ -123,6 +124,16 @@ def test_one_token_decode_norms_in_the_kda_projections(triton_launches):
     def one_row(x, weight, *args) -> bool:
         return x.dim() == 2 and x.shape[0] == 1 and x.dtype == weight.dtype == torch.bfloat16
 
+    preloads = set()
+
+    def spy(launch):
+        def record(kernel, grid, args, spec):
+            if "PRELOAD" in spec.kwargs:
+                preloads.add(spec.kwargs["PRELOAD"])
+            return launch(kernel, grid, args, spec)
+
+        return record
+
     def decode(fuse: bool) -> tuple[torch.Tensor, tuple[int, ...]]:
         harness = Harness(model)
         with pytest.MonkeyPatch.context() as env:
@@ -132,6 +143,8 @@ def test_one_token_decode_norms_in_the_kda_projections(triton_launches):
             env.setattr(gemv_cfg, "use_bf16_gemv", lambda x, w: one_row(x, w))
             env.setattr(gemv_op, "default_config", lambda m, n, k, *args: tile(n, k))
             env.setattr(norm_gemv_mod, "norm_gemv_config", tile)
+            env.setattr(gemv_op, "launch", spy(gemv_op.launch))
+            env.setattr(norm_gemv_mod, "launch", spy(norm_gemv_mod.launch))
             if fuse:
                 env.setattr(kda_mod, "use_rms_norm_gemv", lambda x, res, nw, w: one_row(x, w))
             before = [triton_launches[k] for k in kernels]
@@ -143,6 +156,7 @@ def test_one_token_decode_norms_in_the_kda_projections(triton_launches):
     fused, launches = decode(True)
     assert launches == (norms - kda_layers, gemvs - kda_layers, kda_layers)
     assert torch.equal(fused, unfused)
+    assert preloads == {True}
 
 
 def test_kda_layer_takes_only_an_rms_norm():

@@ -9,6 +9,7 @@ import torch
 from engine_harness import EngineHarness, SingleLayer
 from torch.autograd import DeviceType
 
+import vllm.model_executor.kernels.linear.gemv as gemv_op
 import vllm.models.kimi_k3.amd.mla as mla_module
 from vllm.config.quantization import parse_quantization_config
 from vllm.model_executor.kernels.linear.gemv_config import BATCHED_GEMV_MAX_M
@@ -256,8 +257,9 @@ def test_absorbed_decode_equals_exact_decompressing_path(q_lora, triton_launches
 
 def test_absorbed_products_take_the_batched_gemv_for_few_rows(monkeypatch, triton_launches):
     """Where the dispatch sends them (few rows on a GPU; forced here, under the interpreter),
-    both per-head products run as one batched GEMV launch each and give what torch.bmm gives,
-    W_UV's written straight into the output rows."""
+    both per-head products run as one batched GEMV launch each, with the layer's absorbed
+    weights as static ones (gemv.py: their first tiles loaded before the PDL wait), and give
+    what torch.bmm gives, W_UV's written straight into the output rows."""
     layer = KimiMLAAttention(KimiLinearConfig.from_dict(config()), params_dtype=torch.bfloat16)
     gen = torch.Generator().manual_seed(4)
     with torch.no_grad():
@@ -271,6 +273,14 @@ def test_absorbed_products_take_the_batched_gemv_for_few_rows(monkeypatch, trito
         layer(x, harness.schedule({0: 5, 1: 4}).mla)
         step = harness.schedule({0: 1, 1: 1}).mla
         q = torch.randn(2, HEADS, 24, generator=gen).to(torch.bfloat16)
+        preloads = []
+        launch = gemv_op.launch
+
+        def spy(kernel, grid, args, spec):
+            preloads.append(spec.kwargs["PRELOAD"])
+            return launch(kernel, grid, args, spec)
+
+        monkeypatch.setattr(gemv_op, "launch", spy)
         outs = {}
         for gemv in (False, True):
             monkeypatch.setattr(mla_module, "use_batched_gemv", lambda x, w, gemv=gemv: gemv)
@@ -278,6 +288,7 @@ def test_absorbed_products_take_the_batched_gemv_for_few_rows(monkeypatch, trito
             outs[gemv] = torch.full((2, HEADS, 16), float("nan"), dtype=torch.bfloat16)
             layer._decode(q, harness.mla_caches[0], step, outs[gemv])
             assert triton_launches["_gemv_kernel"] - before == 2 * gemv
+    assert preloads == [True, True]
     # The same fp32 sums (16 and 32 terms) in another order, each rounded once to bf16: at most
     # about one bf16 ulp apart (equal here on the CPU).
     torch.testing.assert_close(outs[True], outs[False], rtol=2**-7, atol=1e-3)

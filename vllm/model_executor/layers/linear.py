@@ -82,7 +82,8 @@ class UnquantizedLinearMethod(LinearMethodBase):
         as_quantized_activation(x, None)  # a pre-quantized input here is a producer bug: raise
         weight = layer.weight
         if gemv_cfg.use_bf16_gemv(x, weight):
-            out = gemv_op.gemv(x.reshape(-1, weight.shape[1]), weight, bias)
+            # The layer's parameters: static (gemv.py), their first tiles loaded early.
+            out = gemv_op.gemv(x.reshape(-1, weight.shape[1]), weight, bias, static_weight=True)
             return out.reshape(*x.shape[:-1], weight.shape[0])
         return F.linear(x, weight, bias)
 

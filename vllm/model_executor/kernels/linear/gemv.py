@@ -64,6 +64,16 @@ and the MMAs sum the 3 K products in fp32: the bound above with 3 K + 1 for K + 
 Launch shapes (``GemvConfig``, ``default_config``) and when the layers send a linear here
 (``use_bf16_gemv``, ``use_fp8_gemv``): gemv_config.py.
 
+Static weights: a caller whose weight no kernel writes while the op may run (a layer's
+parameters, written only at load) passes ``static_weight=True``. Under programmatic dependent
+launch (vllm/triton_utils/pdl.py) the multiply-and-sum configs then load each program's first
+weight tile before the program waits for the kernel before it, so that tile streams in while
+that kernel still runs: at one row the first tile is most of a program's weight (o_proj's
+4096-wide step is all of it), and the kernels before o_proj and MLA's projections are short
+latency chains (the KDA decode's epilogue, a norm) that leave HBM idle. The sums are the same,
+in the same order. A weight written by the kernel just before must not be passed as static: the
+early load could see it half written.
+
 Launches are static-shape and never read tensor values on the host: CUDA-graph capturable.
 """
 
@@ -162,19 +172,86 @@ if triton is not None:
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
 
     @triton.jit
+    def _gemv_weight_tile(w_rows, k, n_ok, K, EVEN_K: tl.constexpr):
+        """The ``[BLOCK_N, BLOCK_K]`` weight tile at columns ``k`` of the rows ``w_rows``: 0.0 past
+        N (``n_ok``), and past K unless ``EVEN_K``."""
+        if EVEN_K:
+            return tl.load(w_rows + k[None, :], mask=n_ok[:, None], other=0.0)
+        return tl.load(w_rows + k[None, :], mask=n_ok[:, None] & (k < K)[None, :], other=0.0)
+
+    @triton.jit
+    def _gemv_step(
+        acc, w, k, kk, x_ptr, m, m_ok, M, K, stride_xm,
+        EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, USE_DOT: tl.constexpr,
+        FP8_MMA: tl.constexpr, BF16X3: tl.constexpr,
+    ):  # fmt: skip
+        """``acc`` ``[BLOCK_N, BLOCK_M]`` plus the weight tile ``w`` times the rows' columns
+        ``k``."""
+        if USE_DOT:
+            x_rows = x_ptr + tl.where(m_ok, m, 0).to(tl.int64)[:, None] * stride_xm
+            x_mask = m_ok[:, None] if EVEN_K else m_ok[:, None] & (k < K)[None, :]
+            x = tl.load(x_rows + k[None, :], mask=x_mask, other=0.0)
+            if FP8_MMA:
+                # FP8 codes straight into the tensor cores. sm_90 sums FP8 products in less
+                # than fp32: its partial sums join the fp32 acc every 32 products (one
+                # wgmma's K), not once per loop (Triton's sm_90 default).
+                acc = tl.dot(w, tl.trans(x), acc, max_num_imprecise_acc=32)
+            else:
+                if w.dtype.is_fp8():  # e4m3 codes are exact in bf16, products in fp32
+                    w = w.to(tl.bfloat16)
+                    x = x.to(tl.bfloat16)
+                if BF16X3:
+                    # w = hi + mid + lo exactly (8 significant bits each, fp32 has 24), and
+                    # bf16 x times each term is exact in fp32: bf16 MMAs, smallest term first.
+                    hi = w.to(tl.bfloat16)
+                    rest = w - hi.to(tl.float32)
+                    mid = rest.to(tl.bfloat16)
+                    lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
+                    x_t = tl.trans(x)
+                    acc = tl.dot(lo, x_t, acc)
+                    acc = tl.dot(mid, x_t, acc)
+                    acc = tl.dot(hi, x_t, acc)
+                elif w.dtype == tl.float32:  # IEEE products: TF32 would round the weight
+                    acc += tl.dot(w, tl.trans(x.to(tl.float32)), input_precision="ieee")
+                else:
+                    acc += tl.dot(w, tl.trans(x))
+        else:
+            # One row at a time, so no [BLOCK_M, BLOCK_N, BLOCK_K] product is ever live. The
+            # weight tile is converted where the first row is used (one conversion: the
+            # compiler merges the rows' identical ones), so that row's load is issued with
+            # the weight's instead of after the conversion has waited for the weight. The
+            # PTX is the same either way (ptxas orders the SASS), so the compile test's
+            # barrier check cannot see this placement; the call-54 timings and SASS can.
+            # Each row's load is issued before the previous row's sum, whose cross-warp
+            # barrier would otherwise hold it back one round trip.
+            cols = tl.arange(0, BLOCK_M)[None, :]
+            x_next = _gemv_x_row(x_ptr, tl.program_id(0) * BLOCK_M, M, stride_xm, k, kk, K,
+                                 EVEN_K)  # fmt: skip
+            for i in tl.static_range(BLOCK_M):
+                xi = x_next
+                if i + 1 < BLOCK_M:
+                    x_next = _gemv_x_row(x_ptr, tl.program_id(0) * BLOCK_M + i + 1, M,
+                                         stride_xm, k, kk, K, EVEN_K)  # fmt: skip
+                part = tl.sum(w.to(tl.float32) * xi[None, :], axis=1)
+                acc = tl.where(cols == i, acc + part[:, None], acc)
+        return acc
+
+    @triton.jit
     def _gemv_kernel(
         x_ptr, w_ptr, out_ptr, x_scale_ptr, w_scale_ptr, bias_ptr,
         M, N, K, stride_xm, stride_wn, stride_om, k_per_split, stride_xb, stride_wb, stride_ob,
         HAS_SCALES: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
         EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, FP8_MMA: tl.constexpr,
-        BF16X3: tl.constexpr, BATCHED: tl.constexpr,
-        PDL: tl.constexpr = False,
+        BF16X3: tl.constexpr, BATCHED: tl.constexpr, PRELOAD: tl.constexpr = False,
+        ONE_STEP: tl.constexpr = False, PDL: tl.constexpr = False,
     ):  # fmt: skip
-        pdl_wait(PDL)
         # Program (M block, N block, K split), or with BATCHED (M block, N block, batch) over
         # the whole K. PARTIAL: write fp32 sums to out_ptr's [SPLIT_K, M, N] buffer for
-        # _gemv_split_reduce_kernel instead of the epilogue.
+        # _gemv_split_reduce_kernel instead of the epilogue. PRELOAD: the weight is static (no
+        # kernel in flight writes it), so the program's first weight tile is loaded before the
+        # PDL wait, while the kernel before it still runs (vllm/triton_utils/pdl.py); ONE_STEP
+        # (with PRELOAD only): that tile is the split's whole K, and no loop follows it.
         m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         m_ok = m < M
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -190,64 +267,24 @@ if triton is not None:
         kk = tl.arange(0, BLOCK_K)
         # Padded rows and channels address row 0 under a false mask: no address leaves a tensor.
         w_rows = w_ptr + tl.where(n_ok, n, 0).to(tl.int64)[:, None] * stride_wn
+        if PRELOAD:
+            w_first = _gemv_weight_tile(w_rows, k_lo + kk, n_ok, K, EVEN_K)
+        pdl_wait(PDL)
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         if not PARTIAL and not USE_DOT:
             x_scale, w_scale, bias = _gemv_epilogue_operands(
                 m, n, m_ok, n_ok, x_scale_ptr, w_scale_ptr, bias_ptr, HAS_SCALES, HAS_BIAS
             )
-        for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
-            k = k0 + kk
-            if EVEN_K:
-                w = tl.load(w_rows + k[None, :], mask=n_ok[:, None], other=0.0)
-            else:
-                w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & (k < K)[None, :], other=0.0)
-            if USE_DOT:
-                x_rows = x_ptr + tl.where(m_ok, m, 0).to(tl.int64)[:, None] * stride_xm
-                x_mask = m_ok[:, None] if EVEN_K else m_ok[:, None] & (k < K)[None, :]
-                x = tl.load(x_rows + k[None, :], mask=x_mask, other=0.0)
-                if FP8_MMA:
-                    # FP8 codes straight into the tensor cores. sm_90 sums FP8 products in less
-                    # than fp32: its partial sums join the fp32 acc every 32 products (one
-                    # wgmma's K), not once per loop (Triton's sm_90 default).
-                    acc = tl.dot(w, tl.trans(x), acc, max_num_imprecise_acc=32)
-                else:
-                    if w.dtype.is_fp8():  # e4m3 codes are exact in bf16, products in fp32
-                        w = w.to(tl.bfloat16)
-                        x = x.to(tl.bfloat16)
-                    if BF16X3:
-                        # w = hi + mid + lo exactly (8 significant bits each, fp32 has 24), and
-                        # bf16 x times each term is exact in fp32: bf16 MMAs, smallest term first.
-                        hi = w.to(tl.bfloat16)
-                        rest = w - hi.to(tl.float32)
-                        mid = rest.to(tl.bfloat16)
-                        lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
-                        x_t = tl.trans(x)
-                        acc = tl.dot(lo, x_t, acc)
-                        acc = tl.dot(mid, x_t, acc)
-                        acc = tl.dot(hi, x_t, acc)
-                    elif w.dtype == tl.float32:  # IEEE products: TF32 would round the weight
-                        acc += tl.dot(w, tl.trans(x.to(tl.float32)), input_precision="ieee")
-                    else:
-                        acc += tl.dot(w, tl.trans(x))
-            else:
-                # One row at a time, so no [BLOCK_M, BLOCK_N, BLOCK_K] product is ever live. The
-                # weight tile is converted where the first row is used (one conversion: the
-                # compiler merges the rows' identical ones), so that row's load is issued with
-                # the weight's instead of after the conversion has waited for the weight. The
-                # PTX is the same either way (ptxas orders the SASS), so the compile test's
-                # barrier check cannot see this placement; the call-54 timings and SASS can.
-                # Each row's load is issued before the previous row's sum, whose cross-warp
-                # barrier would otherwise hold it back one round trip.
-                cols = tl.arange(0, BLOCK_M)[None, :]
-                x_next = _gemv_x_row(x_ptr, tl.program_id(0) * BLOCK_M, M, stride_xm, k, kk, K,
-                                     EVEN_K)  # fmt: skip
-                for i in tl.static_range(BLOCK_M):
-                    xi = x_next
-                    if i + 1 < BLOCK_M:
-                        x_next = _gemv_x_row(x_ptr, tl.program_id(0) * BLOCK_M + i + 1, M,
-                                             stride_xm, k, kk, K, EVEN_K)  # fmt: skip
-                    part = tl.sum(w.to(tl.float32) * xi[None, :], axis=1)
-                    acc = tl.where(cols == i, acc + part[:, None], acc)
+        k_start = k_lo
+        if PRELOAD:
+            acc = _gemv_step(acc, w_first, k_lo + kk, kk, x_ptr, m, m_ok, M, K, stride_xm,
+                             EVEN_K, BLOCK_M, USE_DOT, FP8_MMA, BF16X3)  # fmt: skip
+            k_start = k_lo + BLOCK_K
+        if not ONE_STEP:
+            for k0 in range(k_start, k_lo + k_per_split, BLOCK_K):
+                w = _gemv_weight_tile(w_rows, k0 + kk, n_ok, K, EVEN_K)
+                acc = _gemv_step(acc, w, k0 + kk, kk, x_ptr, m, m_ok, M, K, stride_xm, EVEN_K,
+                                 BLOCK_M, USE_DOT, FP8_MMA, BF16X3)  # fmt: skip
         if PARTIAL:
             part_ptr = out_ptr + tl.program_id(2).to(tl.int64) * M * N
             out = part_ptr + m.to(tl.int64)[None, :] * N + n[:, None]
@@ -304,12 +341,19 @@ def _launch_specs(
     bf16x3: bool,
     pdl: bool,
     batched: bool = False,
+    static_weight: bool = False,
+    one_step: bool = False,
 ) -> tuple[LaunchSpec, LaunchSpec | None]:
-    """Cached ``LaunchSpec`` s (they hold the compiled kernels) of the main and reduce kernels."""
+    """Cached ``LaunchSpec`` s (they hold the compiled kernels) of the main and reduce kernels.
+    A ``static_weight`` preloads its first tile in the multiply-and-sum configs (``PRELOAD``),
+    the whole split's K where ``one_step`` (``ONE_STEP``: no loop after it); the ``tl.dot``
+    configs, pipelined over K by Triton, keep their timed form."""
+    preload = static_weight and not config.use_dot
     main = LaunchSpec(
         HAS_SCALES=has_scales, HAS_BIAS=has_bias, PARTIAL=config.split_k > 1, EVEN_K=even_k,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         USE_DOT=config.use_dot, FP8_MMA=fp8_mma, BF16X3=bf16x3, BATCHED=batched,
+        PRELOAD=preload, ONE_STEP=preload and one_step,
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl_options(pdl),
     )  # fmt: skip
     if config.split_k == 1:
@@ -329,6 +373,7 @@ def _launch(
     w_scale: torch.Tensor | None,
     bias: torch.Tensor | None,
     config: GemvConfig | None,
+    static_weight: bool,
 ) -> None:
     m, k = x.shape
     n = weight.shape[0]
@@ -351,8 +396,9 @@ def _launch(
     fp8_mma = config.fp8_mma and weight.dtype in supported_fp8_dtypes()
     bf16x3 = config.bf16x3 and weight.dtype == torch.float32
     main, reduce = _launch_specs(
-        config, block_m, has_scales, bias is not None, even_k, fp8_mma, bf16x3, use_pdl(x.device)
-    )
+        config, block_m, has_scales, bias is not None, even_k, fp8_mma, bf16x3, use_pdl(x.device),
+        static_weight=static_weight, one_step=k_per_split == config.block_k,
+    )  # fmt: skip
     # Unused pointer arguments get `out`: a valid tensor the constexpr flags never let be read.
     xs = x_scale if has_scales else out
     ws = w_scale if has_scales else out
@@ -381,7 +427,11 @@ def _launch(
 
 
 def _launch_batched(
-    x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, config: GemvConfig | None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    out: torch.Tensor,
+    config: GemvConfig | None,
+    static_weight: bool,
 ) -> None:
     batch, m, k = x.shape
     n = weight.shape[1]
@@ -403,7 +453,7 @@ def _launch_batched(
         )
     main, _ = _launch_specs(
         config, block_m, False, False, k % config.block_k == 0, False, False, use_pdl(x.device),
-        batched=True,
+        batched=True, static_weight=static_weight, one_step=k <= config.block_k,
     )  # fmt: skip
     # The scale and bias pointers get `out`, never read (HAS_SCALES / HAS_BIAS off).
     launch(
@@ -528,9 +578,11 @@ def gemv(
     bias: torch.Tensor | None = None,
     *,
     config: GemvConfig | None = None,
+    static_weight: bool = False,
 ) -> torch.Tensor:
     """``x @ weight^T + bias`` for ``x`` ``[M, K]`` bf16 / fp16 and ``weight`` ``[N, K]`` of its
-    dtype; ``[M, N]`` in x's dtype. ``config`` overrides ``default_config`` (benchmark sweeps)."""
+    dtype; ``[M, N]`` in x's dtype. ``config`` overrides ``default_config`` (benchmark sweeps);
+    ``static_weight``: see "Static weights" in the module docstring."""
     _check_operands(x, weight, bias, _FLOAT_DTYPES)
     if bias is not None and bias.dtype != x.dtype:
         raise ValueError(f"bias must be {x.dtype}, got {bias.dtype}")
@@ -538,7 +590,7 @@ def gemv(
         return gemv_ref(x, weight, bias)
     out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
     if out.numel() and x.shape[1]:
-        _launch(x, weight, out, None, None, bias, config)
+        _launch(x, weight, out, None, None, bias, config, static_weight)
     elif out.numel():
         out.copy_(gemv_ref(x, weight, bias))  # K == 0: the bias alone
     return out
@@ -564,12 +616,14 @@ def gemv_batched(
     *,
     out: torch.Tensor | None = None,
     config: GemvConfig | None = None,
+    static_weight: bool = False,
 ) -> torch.Tensor:
     """``x[b] @ weight[b]^T`` for each ``b``: ``x`` ``[B, M, K]`` bf16 / fp16 and ``weight``
     ``[B, N, K]`` of its dtype, unit stride on K (any other strides); ``[B, M, N]`` in x's dtype,
     written into ``out`` when given (any strides with unit stride on N: a transposed view of the
     caller's rows takes the product in place). One launch, the batch on the grid's third axis.
-    ``config`` overrides ``batched_config`` (multiply-and-sum, no K splits)."""
+    ``config`` overrides ``batched_config`` (multiply-and-sum, no K splits); ``static_weight``:
+    see "Static weights" in the module docstring."""
     _check_batched(x, weight, out)
     if not use_triton(x.device):
         ref = gemv_batched_ref(x, weight)
@@ -577,7 +631,7 @@ def gemv_batched(
     if out is None:
         out = torch.empty(x.shape[0], x.shape[1], weight.shape[1], dtype=x.dtype, device=x.device)
     if out.numel() and x.shape[2]:
-        _launch_batched(x, weight, out, config)
+        _launch_batched(x, weight, out, config, static_weight)
     elif out.numel():
         out.zero_()  # K == 0: the empty sum
     return out
@@ -596,7 +650,7 @@ def gemv_fp32(
         return gemv_fp32_ref(x, weight)
     out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32, device=x.device)
     if out.numel() and x.shape[1]:
-        _launch(x, weight, out, None, None, None, config)
+        _launch(x, weight, out, None, None, None, config, False)
     elif out.numel():
         out.zero_()  # K == 0: the empty sum
     return out
@@ -611,10 +665,12 @@ def gemv_fp8(
     out_dtype: torch.dtype = torch.bfloat16,
     *,
     config: GemvConfig | None = None,
+    static_weight: bool = False,
 ) -> torch.Tensor:
     """PTPC FP8 ``((a @ weight^T) * a_scale) * w_scale^T + bias``: ``a`` ``[M, K]`` and ``weight``
     ``[N, K]`` FP8 codes, ``a_scale`` M and ``w_scale`` N fp32 values; ``[M, N]`` in
-    ``out_dtype``. ``config`` overrides ``default_config`` (benchmark sweeps)."""
+    ``out_dtype``. ``config`` overrides ``default_config`` (benchmark sweeps);
+    ``static_weight``: see "Static weights" in the module docstring."""
     _check_operands(a, weight, bias, supported_fp8_dtypes())
     _check_scale("a_scale", a_scale, a.shape[0], a.device)
     _check_scale("w_scale", w_scale, weight.shape[0], a.device)
@@ -629,7 +685,7 @@ def gemv_fp8(
         return gemv_fp8_ref(a, a_scale, weight, w_scale, bias, out_dtype)
     out = torch.empty(a.shape[0], weight.shape[0], dtype=out_dtype, device=a.device)
     if out.numel() and a.shape[1]:
-        _launch(a, weight, out, a_scale, w_scale, bias, config)
+        _launch(a, weight, out, a_scale, w_scale, bias, config, static_weight)
     elif out.numel():
         out.copy_(gemv_fp8_ref(a, a_scale, weight, w_scale, bias, out_dtype))
     return out

@@ -50,7 +50,8 @@ Kimi-Linear's shape); against the reference both differ only by fp32 summation o
 bound) and the rstd's ulps (rms_norm.py).
 
 Host side: metadata checks only, static shapes, no sync: CUDA-graph capturable. PDL as the other
-kernels (vllm/triton_utils/pdl.py): every program waits before touching memory.
+kernels (vllm/triton_utils/pdl.py): every program waits before touching memory, but for a
+``static_weight``'s first tile, as in gemv.py.
 """
 
 from functools import cache
@@ -79,6 +80,7 @@ try:
     import triton
     import triton.language as tl
 
+    from vllm.model_executor.kernels.linear.gemv import _gemv_weight_tile
     from vllm.triton_utils.pdl import pdl_wait
 except ImportError:  # CPU-only installs without Triton use the torch reference
     triton = None
@@ -110,15 +112,6 @@ _NORM_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 if triton is not None:
 
     @triton.jit
-    def _weight_tile(w_rows, k0, kk, n_ok, H, EVEN_K: tl.constexpr):
-        """The ``[BLOCK_N, BLOCK_K]`` weight tile at columns ``k0 + kk``: `_gemv_kernel`'s load,
-        0.0 past N (and past H unless EVEN_K)."""
-        k = k0 + kk
-        if EVEN_K:
-            return tl.load(w_rows + k[None, :], mask=n_ok[:, None], other=0.0)
-        return tl.load(w_rows + k[None, :], mask=n_ok[:, None] & (k < H)[None, :], other=0.0)
-
-    @triton.jit
     def _normed_step(acc, w, x_ptr, res_ptr, norm_w_ptr, k0, kk, H, rstd,
                      HAS_RESIDUAL: tl.constexpr):  # fmt: skip
         """``acc`` plus the weight tile ``w`` times the row's chunk of h at columns ``k0 + kk``,
@@ -140,10 +133,9 @@ if triton is not None:
         x_ptr, res_ptr, norm_w_ptr, w_ptr, out_ptr, res_out_ptr,
         N, H, stride_wn, eps,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-        HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr,
+        HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr, PRELOAD: tl.constexpr = False,
         PDL: tl.constexpr = False,
     ):  # fmt: skip
-        pdl_wait(PDL)
         dtype = out_ptr.dtype.element_ty
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = n < N
@@ -151,8 +143,13 @@ if triton is not None:
         # Padded channels address row 0 under a false mask: no address leaves the weight.
         w_rows = w_ptr + tl.where(n_ok, n, 0).to(tl.int64)[:, None] * stride_wn
         # The first weight tile is loaded before the norm's sum, whose cross-warp barrier would
-        # otherwise hold the weight stream back by the row's round trip.
-        w = _weight_tile(w_rows, 0, kk, n_ok, H, EVEN_K)
+        # otherwise hold the weight stream back by the row's round trip; a static weight's
+        # (PRELOAD) before the PDL wait too, as gemv.py's.
+        if PRELOAD:
+            w = _gemv_weight_tile(w_rows, kk, n_ok, H, EVEN_K)
+        pdl_wait(PDL)
+        if not PRELOAD:
+            w = _gemv_weight_tile(w_rows, kk, n_ok, H, EVEN_K)
 
         # `_rms_norm_kernel`'s expression on its tile (BLOCK_D lanes under the same warps): the
         # same fp32 sum of squares, hence the same rstd.
@@ -170,7 +167,7 @@ if triton is not None:
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
         acc = _normed_step(acc, w, x_ptr, res_ptr, norm_w_ptr, 0, kk, H, rstd, HAS_RESIDUAL)
         for k0 in range(BLOCK_K, H, BLOCK_K):
-            w = _weight_tile(w_rows, k0, kk, n_ok, H, EVEN_K)
+            w = _gemv_weight_tile(w_rows, k0 + kk, n_ok, H, EVEN_K)
             acc = _normed_step(acc, w, x_ptr, res_ptr, norm_w_ptr, k0, kk, H, rstd, HAS_RESIDUAL)
         tl.store(out_ptr + n, acc.to(dtype), mask=n_ok)
 
@@ -188,7 +185,12 @@ def norm_gemv_config(n: int, hidden: int) -> GemvConfig | None:
 
 @cache
 def _spec(
-    config: GemvConfig, block_d: int, has_residual: bool, even_k: bool, pdl: bool
+    config: GemvConfig,
+    block_d: int,
+    has_residual: bool,
+    even_k: bool,
+    pdl: bool,
+    static_weight: bool = False,
 ) -> LaunchSpec:
     """Constexprs and options, with the ``MAX_REGISTERS`` cap on `WIDE_TILE`'s tile on NVIDIA
     (where it was measured; other tiles, for tests and sweeps, hold more per thread, and Triton's
@@ -198,7 +200,8 @@ def _spec(
     wide = wide and not current_platform.is_rocm()
     return LaunchSpec(
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, BLOCK_D=block_d,
-        HAS_RESIDUAL=has_residual, EVEN_K=even_k, num_warps=config.num_warps,
+        HAS_RESIDUAL=has_residual, EVEN_K=even_k, PRELOAD=static_weight,
+        num_warps=config.num_warps,
         num_stages=config.num_stages, **({"maxnreg": MAX_REGISTERS} if wide else {}),
         **pdl_options(pdl),
     )  # fmt: skip
@@ -266,12 +269,14 @@ def fused_add_rms_norm_gemv(
     weight: torch.Tensor,
     *,
     config: GemvConfig | None = None,
+    static_weight: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(gemv(h, weight), new_residual)`` with ``h, new_residual = fused_add_rms_norm(x,
     residual, norm_weight, eps)`` (``rms_norm`` and ``x`` itself without a residual), in one
     launch (module docstring). ``config`` overrides ``norm_gemv_config`` (tests, benchmark
-    sweeps): multiply-and-sum in one K split under the norm kernel's warps. ValueError for
-    operands the op does not take, or for a launch it cannot make."""
+    sweeps): multiply-and-sum in one K split under the norm kernel's warps. ``static_weight``:
+    as ``gemv``'s (gemv.py, "Static weights"), the first weight tile loaded before the PDL
+    wait. ValueError for operands the op does not take, or for a launch it cannot make."""
     error = _args_error(x, residual, norm_weight, weight)
     if error:
         raise ValueError(f"fused_add_rms_norm_gemv: {error}")
@@ -301,7 +306,7 @@ def fused_add_rms_norm_gemv(
     res_out = x if residual is None else torch.empty_like(x)
     spec = _spec(
         config, next_power_of_2(hidden), residual is not None, hidden % config.block_k == 0,
-        use_pdl(x.device),
+        use_pdl(x.device), static_weight,
     )  # fmt: skip
     launch(
         _rms_norm_gemv_kernel, (grid, 1, 1),

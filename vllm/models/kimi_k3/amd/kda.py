@@ -242,7 +242,7 @@ class KimiK3DeltaAttention(torch.nn.Module):
             x, residual, norm.weight, in_proj.weight
         ):
             projected, residual = fused_add_rms_norm_gemv(
-                x, residual, norm.weight, norm.eps, in_proj.weight
+                x, residual, norm.weight, norm.eps, in_proj.weight, static_weight=True
             )
             return self._forward_projected(projected, metadata), residual
         if residual is None:

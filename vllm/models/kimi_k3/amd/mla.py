@@ -78,10 +78,11 @@ from vllm.v1.kv_cache_interface import MLAAttentionSpec
 def _per_head(
     x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """`x[h] @ weight[h]^T` per head: `x` `[h, Nd, in]`, `weight` `[h, out, in]`; the batched
-    GEMV for a few rows (it reads each head's weight once, with PDL), torch.bmm for more."""
+    """`x[h] @ weight[h]^T` per head: `x` `[h, Nd, in]`, `weight` `[h, out, in]` (the layer's
+    absorbed `w_uk` / `w_uv`, made once at load: static, gemv.py); the batched GEMV for a few
+    rows (it reads each head's weight once, with PDL), torch.bmm for more."""
     if use_batched_gemv(x, weight):
-        return gemv_batched(x, weight, out=out)
+        return gemv_batched(x, weight, out=out, static_weight=True)
     return torch.bmm(x, weight.transpose(1, 2), out=out)
 
 

@@ -75,8 +75,9 @@ class RowWiseTorchFP8ScaledMMLinearKernel(FP8ScaledMMLinearKernel):
             return dequantized_matmul(a, b, out_dtype, a_scale, b_scale, bias)
         # HIP tensors report is_cuda too: the platform, not the tensor, keeps ROCm off the GEMV.
         if self._gemv_allowed and gemv_cfg.use_fp8_gemv(a.shape[0], b):
-            # b.t() is the row-major [N, K] codes the GEMV streams along K.
-            return gemv_op.gemv_fp8(a, a_scale, b.t(), b_scale, bias, out_dtype)
+            # b.t() is the row-major [N, K] codes the GEMV streams along K; the layer's
+            # parameters, static (gemv.py).
+            return gemv_op.gemv_fp8(a, a_scale, b.t(), b_scale, bias, out_dtype, static_weight=True)
         # b is the [K, N] transposed view of row-major [N, K] codes: column-major, as required.
         return torch._scaled_mm(
             a, b, scale_a=a_scale, scale_b=b_scale.t(), bias=bias, out_dtype=out_dtype
