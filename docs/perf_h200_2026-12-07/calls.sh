@@ -9,6 +9,8 @@
 #           benchmarks`, the fused input norm without the early loads) and nofuse
 #           (.devrun/nofuse: fa6db8c, before the fused input norm); RUNS picks them;
 #   profile (~3 min) batch-1 decode at 8k by kernel group, this tree;
+#   static  (~1 min) benchmark_gemv_static_weight.py: o_proj, MLA's q | kv_a and the KDA
+#           projection right after the short launches before them, static against plain;
 #   bench   (~1 min) benchmark_rms_norm_gemv.py (call 198's first form, now B40 + early loads);
 #   sweep   (~1 min) MLA's q | kv_a at one row in narrower K steps (as the fiftieth run's);
 #   ab      (~3 min, .devrun/old: `git archive b528cce vllm benchmarks`) the grouped experts at
@@ -56,6 +58,10 @@ for part in ${PART:-tests}; do
         --warmup-steps 2 --max-num-batched-tokens 8192 --profile-steps 3 > $OUT/profile.log 2>&1
       echo "profile rc $?"; grep -v "^INFO\|USDT" $OUT/profile.log | grep -A22 "B=1: device time" \
         | cut -c1-150 ;;
+    static)
+      (cd benchmarks/kernels && PYTHONPATH=/tmp/site:$PWD/../.. timeout 150 python \
+        benchmark_gemv_static_weight.py --csv $OUT/static_weight.csv > $OUT/static.log 2>&1)
+      echo "static rc $?"; cut -c1-130 $OUT/static.log ;;
     bench)
       (cd benchmarks/kernels && PYTHONPATH=/tmp/site:$PWD/../.. timeout 150 python \
         benchmark_rms_norm_gemv.py --csv $OUT/rms_norm_gemv.csv > $OUT/bench.log 2>&1)
