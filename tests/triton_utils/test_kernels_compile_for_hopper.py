@@ -436,7 +436,8 @@ def _drive_ops() -> None:
     # o_proj (4096 -> 2304) at one row as the layers launch it: its one step of 2 x 4096 codes.
     x = torch.randn(1, 4096, generator=gen).to(FP8)
     w = torch.randn(2304, 4096, generator=gen).to(FP8)
-    gemv_fp8(x, torch.rand(1, 1), w, torch.rand(2304, 1), static_weight=True)
+    a_scale, w_scale = torch.rand(1, 1, generator=gen), torch.rand(2304, 1, generator=gen)
+    gemv_fp8(x, a_scale, w, w_scale, static_weight=True)
     # One row of a weight of WIDE_TILE_MIN_N channels: the wide tile (KDA's input projection).
     x = torch.randn(1, 2304, generator=gen).to(torch.bfloat16)
     gemv(x, torch.randn(WIDE_TILE_MIN_N, 2304, generator=gen).to(torch.bfloat16))

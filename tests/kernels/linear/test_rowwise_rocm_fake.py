@@ -144,20 +144,21 @@ def test_output_equals_the_portable_kernel_and_skips_the_gemv(rocm, scaled_mm, m
 
 def test_nvidia_still_takes_the_gemv(monkeypatch, scaled_mm):
     """The control for the test above: the same call on CUDA goes to the GEMV, so that test's
-    `_scaled_mm` is ROCm's doing, not the shape's."""
+    `_scaled_mm` is ROCm's doing, not the shape's. The layer's weight goes as a static one
+    (gemv.py: its first tiles loaded before the PDL wait)."""
     hopper = CudaPlatform()
     hopper.__dict__["device_capability"] = (9, 0)  # cached_property: no GPU needed
     monkeypatch.setattr(vllm.platforms, "current_platform", hopper)
     monkeypatch.delenv("VLLM_FP8_LINEAR_KERNEL", raising=False)
     gemv_calls = []
 
-    def gemv_fp8(a, a_scale, weight, w_scale, bias, out_dtype):
-        gemv_calls.append(tuple(a.shape))
+    def gemv_fp8(a, a_scale, weight, w_scale, bias, out_dtype, *, static_weight):
+        gemv_calls.append((tuple(a.shape), static_weight))
         return dequantized_matmul(a, weight.t(), out_dtype, a_scale, w_scale, bias)
 
     monkeypatch.setattr(gemv_op, "gemv_fp8", gemv_fp8)
     layer = ptpc_o_proj()
     assert type(layer.fp8_linear).__name__ == ROWWISE
     out = layer(on_gpu(quantized_input(1)))[0]
-    assert gemv_calls == [(1, K)] and scaled_mm == []
+    assert gemv_calls == [((1, K), True)] and scaled_mm == []
     assert out.shape == (1, N)
