@@ -468,14 +468,16 @@ def _drive_ops() -> None:
     )
 
     # The fused router at Kimi-Linear's sizes (bf16 x, 256 experts top-8 + 1 shared, sigmoid,
-    # bias) at T = 1 and 4, a swept config, then a small grouped softmax one in fp32.
+    # bias) at T = 1 and 4 (static weights, as the layers launch it), a swept config (plain),
+    # then a small grouped softmax one in fp32.
     kimi = RoutingParams(256, 8, routed_scaling_factor=2.446, num_fused_shared_experts=1)
     small = RoutingParams(24, 4, num_expert_group=4, topk_group=2, renormalize=False,
                           scoring_func="softmax")  # fmt: skip
     semaphore = torch.zeros(1, dtype=torch.int32)
     for t, config in ((1, None), (4, None), (2, FusedRouterConfig(4, 512, 8))):
         x = torch.randn(t, 2304, generator=gen).to(torch.bfloat16)
-        fused_router_topk(x, gate, torch.randn(256, generator=gen), kimi, semaphore, config=config)
+        fused_router_topk(x, gate, torch.randn(256, generator=gen), kimi, semaphore, config=config,
+                          static_weight=config is None)  # fmt: skip
     fused_router_topk(
         torch.randn(3, 40, generator=gen), torch.randn(24, 40, generator=gen), None, small,
         semaphore,
@@ -486,13 +488,14 @@ def _drive_ops() -> None:
                       top1, semaphore)  # fmt: skip
     grouped_topk_triton(torch.randn(2, 16, generator=gen), None, top1)
     # The residual add and RMSNorm in the same launch: Kimi-Linear's bf16 rows at T = 1 (the
-    # norm's 8 warps), default and swept, then small fp32 rows with tail chunks at T = 3.
+    # norm's 8 warps), default (static, as the layers launch it) and swept (plain), then small
+    # fp32 rows with tail chunks at T = 3.
     norm_weight = torch.ones(2304, dtype=torch.bfloat16)
     for config in (None, FusedRouterConfig(4, 512, 8)):
         x, residual = (torch.randn(1, 2304, generator=gen).to(torch.bfloat16) for _ in range(2))
         fused_norm_router_topk(
             x, residual, norm_weight, 1e-6, gate, torch.randn(256, generator=gen), kimi,
-            semaphore, config=config,
+            semaphore, config=config, static_weight=config is None,
         )  # fmt: skip
     fused_norm_router_topk(
         torch.randn(3, 40, generator=gen), torch.randn(3, 40, generator=gen), torch.ones(40),
@@ -710,8 +713,9 @@ def test_the_decode_launches_reach_the_load_order_check():
             for launch in checked
         )
 
-    assert has("_fused_router_topk_kernel", HAS_NORM=False, BLOCK_T=1)
-    assert has("_fused_router_topk_kernel", HAS_NORM=True, BLOCK_T=1)
+    for norm in (False, True):
+        assert has("_fused_router_topk_kernel", HAS_NORM=norm, BLOCK_T=1, PRELOAD=True)
+    assert has("_fused_router_topk_kernel", BLOCK_T=1, WHOLE_ROW=True, PRELOAD=False)
     assert has("_moe_gate_up_kernel", HIDDEN=2304)
     for preload in (True, False):
         assert has("_gemv_kernel", BLOCK_M=1, BLOCK_K=4096, PRELOAD=preload)

@@ -550,6 +550,42 @@ def test_fused_norm_argument_errors(change, message, triton_launches):
     assert triton_launches[KERNEL] == 0
 
 
+@pytest.fixture
+def preload_flags(monkeypatch):
+    """The ``PRELOAD`` constexpr of each fused-router launch, in order."""
+    flags = []
+    real_launch = fused_mod.launch
+
+    def spy(kernel, grid, args, spec):
+        flags.append(spec.kwargs["PRELOAD"])
+        return real_launch(kernel, grid, args, spec)
+
+    monkeypatch.setattr(fused_mod, "launch", spy)
+    return flags
+
+
+@pytest.mark.parametrize("norm", [False, True])
+def test_static_weights_route_bit_for_bit(norm, preload_flags, triton_launches):
+    """A static gate (and norm) weight is loaded before the PDL wait on the one-token path
+    (`PRELOAD`), and only there: every output bit for bit the plain launch's."""
+    routing = ROUTINGS[1]
+
+    def route(x, residual, norm_weight, w, bias, static: bool):
+        if norm:
+            return fused_norm_router_topk(
+                x, residual, norm_weight, EPS, w, bias, routing, semaphore=sem(x),
+                static_weight=static,
+            )  # fmt: skip
+        return fused_router_topk(x, w, bias, routing, semaphore=sem(x), static_weight=static)
+
+    for t in (1, 3):
+        case = norm_case(t, 32, 80, seed=30 + t)
+        plain, static = route(*case, False), route(*case, True)
+        assert all(torch.equal(a, b) for a, b in zip(plain, static, strict=True))
+    assert preload_flags == [False, True, False, False]
+    assert triton_launches[KERNEL] == 4
+
+
 def test_fused_norm_takes_rows_up_to_its_hidden_limit():
     hidden = FUSED_NORM_MAX_HIDDEN + 16
     x, residual = torch.zeros(1, hidden), torch.zeros(1, hidden)
@@ -609,11 +645,13 @@ def moe_and_norm(dtype, device=DEVICE, hidden=48, experts=16, top_k=4):
 
 @pytest.mark.usefixtures("interpreter_moe_blocks")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_kimi_moe_norms_in_the_router_launch_at_one_token(dtype, triton_launches, monkeypatch):
+def test_kimi_moe_norms_in_the_router_launch_at_one_token(
+    dtype, triton_launches, monkeypatch, preload_flags
+):
     """forward_with_norm at T = 1: one launch for the norm and the router, and the block's output
     and residual stream bit for bit those of the norm's launch, then `forward` (its router at the
     fused norm's launch config, as the contract states it; the interpreter's sums would not tell
-    the warps apart anyway)."""
+    the warps apart anyway). Both launches take the layer's weights as static."""
     config = default_norm_config(48)
     monkeypatch.setattr(fused_mod, "default_config", lambda hidden: config)
     moe, norm = moe_and_norm(dtype)
@@ -627,6 +665,7 @@ def test_kimi_moe_norms_in_the_router_launch_at_one_token(dtype, triton_launches
         expected = moe(h)
     assert triton_launches[KERNEL] == 2 and triton_launches["_rms_norm_kernel"] == 1
     assert torch.equal(new_residual, expected_residual) and torch.equal(out, expected)
+    assert preload_flags == [True, True]
 
 
 @pytest.mark.usefixtures("interpreter_moe_blocks")

@@ -69,7 +69,8 @@ Ordering (why the last program sees every logit, on NVIDIA, Triton 3.6 and 3.9):
 * The last program's count proves every other program has incremented, so its store of 0 races
   with nothing; the kernel's end orders it before the next launch on the stream and before the
   next replay of a CUDA graph holding it (with programmatic dependent launch, the next kernel's
-  wait does: vllm/triton_utils/pdl.py; every program here waits before touching memory).
+  wait does: vllm/triton_utils/pdl.py; every program here waits before touching memory, but
+  for the one-token path's static gate and norm weights, which no kernel writes).
 
 The fused norm: every program first runs the norm kernel's arithmetic on each token's whole
 row (one ``[next_pow2(H)]`` tile: ``s = x + residual`` rounded to x's dtype, the fp32 sum of
@@ -217,28 +218,36 @@ if triton is not None:
         BLOCK_K: tl.constexpr, NUM_GROUPS: tl.constexpr, GROUP_SIZE: tl.constexpr,
         BLOCK_G: tl.constexpr, TOPK_GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
         SOFTMAX: tl.constexpr, RENORMALIZE: tl.constexpr, NUM_SHARED: tl.constexpr,
-        PDL: tl.constexpr = False,
+        PRELOAD: tl.constexpr = False, PDL: tl.constexpr = False,
     ):  # fmt: skip
-        pdl_wait(PDL)
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = n < E
         hh = tl.arange(0, BLOCK_H)
         cols = tl.arange(0, BLOCK_T)
         # Padded experts and tokens address row 0 under a false mask: no address leaves a tensor.
         w_rows = w_ptr + tl.where(n_ok, n, 0).to(tl.int64)[:, None] * stride_we
-        acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
         if WHOLE_ROW:
             tl.static_assert(BLOCK_T == 1, "the whole-row path reads one token's row")
             # One token (BLOCK_T 1): the program's whole gate rows, and the norm weight, are
             # loaded first, beside the token's row, so that their round trip is the only one
             # before the sums (the chunk loop below waits for each chunk after the last one's
-            # cross-warp sum).
+            # cross-warp sum). Static ones (PRELOAD: the layer's parameters, which no kernel in
+            # flight writes) before the PDL wait, while the kernel before still runs
+            # (vllm/triton_utils/pdl.py).
             d = tl.arange(0, BLOCK_D)
             d_ok = d < H
-            w_all = tl.load(w_rows + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-            if HAS_NORM:
-                nw = tl.load(norm_w_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
-            else:
+            if PRELOAD:
+                w_all = tl.load(w_rows + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+                if HAS_NORM:
+                    nw = tl.load(norm_w_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
+        pdl_wait(PDL)
+        acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
+        if WHOLE_ROW:
+            if not PRELOAD:
+                w_all = tl.load(w_rows + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+                if HAS_NORM:
+                    nw = tl.load(norm_w_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
+            if not HAS_NORM:
                 xi = tl.load(x_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
                 acc += tl.sum(w_all * xi[None, :], axis=1)[:, None]
         if HAS_NORM:
@@ -335,16 +344,18 @@ def _spec(
     renormalize: bool,
     shared: int,
     pdl: bool,
+    preload: bool = False,
 ) -> LaunchSpec:
     """Constexprs and options (``block_d``: the padded row, 0 where neither the norm nor the
-    whole-row path reads it); cached: the spec holds the compiled kernels."""
+    whole-row path reads it; ``preload``: the whole-row path's static gate and norm weights
+    loaded before the PDL wait); cached: the spec holds the compiled kernels."""
     return LaunchSpec(
         BLOCK_T=block_t, BLOCK_N=config.block_n, BLOCK_H=config.block_h, EVEN_H=even_h,
         HAS_NORM=has_norm, WHOLE_ROW=whole_row, BLOCK_D=max(block_d, 1), E=experts,
         BLOCK_E=next_power_of_2(max(experts, columns)), TOP_K=top_k,
         BLOCK_K=next_power_of_2(columns), NUM_GROUPS=groups, GROUP_SIZE=experts // groups,
         BLOCK_G=next_power_of_2(groups), TOPK_GROUP=topk_group, HAS_BIAS=has_bias,
-        SOFTMAX=softmax, RENORMALIZE=renormalize, NUM_SHARED=shared,
+        SOFTMAX=softmax, RENORMALIZE=renormalize, NUM_SHARED=shared, PRELOAD=preload,
         num_warps=config.num_warps, **pdl_options(pdl),
     )  # fmt: skip
 
@@ -444,6 +455,7 @@ def _launch(
     routing: RoutingParams,
     semaphore: torch.Tensor,
     config: FusedRouterConfig,
+    static_weight: bool,
 ) -> tuple[torch.Tensor, ...]:
     """The kernel's (weights, ids), after (h, new residual) with ``norm`` = (residual, norm
     weight, eps); arguments checked."""
@@ -472,7 +484,7 @@ def _launch(
         whole_row, block_d if norm is not None or whole_row else 0, experts, routing.top_k,
         columns, groups, routing.topk_group if groups > 1 else 1, bias is not None,
         routing.scoring_func == "softmax", bool(routing.renormalize),
-        routing.num_fused_shared_experts, use_pdl(x.device),
+        routing.num_fused_shared_experts, use_pdl(x.device), static_weight and whole_row,
     )  # fmt: skip
     launch(
         _fused_router_topk_kernel, (cdiv(experts, config.block_n), 1, 1),
@@ -494,10 +506,13 @@ def fused_router_topk(
     semaphore: torch.Tensor,
     *,
     config: FusedRouterConfig | None = None,
+    static_weight: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights ``[T, top_k + S]`` fp32, ids ``[T, top_k + S]`` int64) of
     ``grouped_topk(router_logits(x, gate_weight), ...)`` in one launch (module docstring).
-    ``config`` overrides ``default_config`` (benchmark sweeps)."""
+    ``config`` overrides ``default_config`` (benchmark sweeps). ``static_weight``: the gate
+    weight is a layer's parameter, which no kernel in flight writes, so one token's launch loads
+    its gate rows before the PDL wait (gemv.py, "Static weights")."""
     _check_args(x, gate_weight, e_score_correction_bias, routing, semaphore)
     if config is None:
         config = default_config(x.shape[1])
@@ -505,7 +520,9 @@ def fused_router_topk(
         config.check()
     if not use_triton(x.device):
         return fused_router_topk_ref(x, gate_weight, e_score_correction_bias, routing)
-    return _launch(x, None, gate_weight, e_score_correction_bias, routing, semaphore, config)
+    return _launch(
+        x, None, gate_weight, e_score_correction_bias, routing, semaphore, config, static_weight
+    )
 
 
 def fused_norm_router_topk(
@@ -519,11 +536,13 @@ def fused_norm_router_topk(
     semaphore: torch.Tensor,
     *,
     config: FusedRouterConfig | None = None,
+    static_weight: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(h, new_residual, weights, ids)``: ``h, new_residual = fused_add_rms_norm(x, residual,
     norm_weight, eps)`` and ``fused_router_topk(h, ...)``, in one launch (module docstring).
     ``h`` and ``new_residual`` are new contiguous ``[T, H]`` tensors in x's dtype. ``config``
-    overrides ``default_norm_config``; its warps must be the norm's (``row_tile_warps``)."""
+    overrides ``default_norm_config``; its warps must be the norm's (``row_tile_warps``).
+    ``static_weight``: as ``fused_router_topk``'s, for the gate and norm weights both."""
     _check_args(x, gate_weight, e_score_correction_bias, routing, semaphore)
     _check_norm_args(x, residual, norm_weight)
     hidden = x.shape[1]
@@ -540,7 +559,10 @@ def fused_norm_router_topk(
     bias = e_score_correction_bias
     if not use_triton(x.device):
         return fused_norm_router_topk_ref(x, residual, norm_weight, eps, gate_weight, bias, routing)
-    return _launch(x, (residual, norm_weight, eps), gate_weight, bias, routing, semaphore, config)
+    return _launch(
+        x, (residual, norm_weight, eps), gate_weight, bias, routing, semaphore, config,
+        static_weight,
+    )  # fmt: skip
 
 
 def use_fused_router(x: torch.Tensor, gate_weight: torch.Tensor) -> bool:

@@ -206,8 +206,9 @@ class KimiMoE(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = self.e_score_correction_bias
         if use_fused_router(x, self.gate_weight):
+            # The layer's parameters: static (fused_router.py).
             weights, ids = fused_router_topk(
-                x, self.gate_weight, bias, self.routing, self.router_semaphore
+                x, self.gate_weight, bias, self.routing, self.router_semaphore, static_weight=True
             )
         else:
             weights, ids = grouped_topk(router_logits(x, self.gate_weight), bias, self.routing)
@@ -225,7 +226,7 @@ class KimiMoE(torch.nn.Module):
         if use_fused_norm_router(x, residual, norm.weight, self.gate_weight):
             h, residual, weights, ids = fused_norm_router_topk(
                 x, residual, norm.weight, norm.eps, self.gate_weight, self.e_score_correction_bias,
-                self.routing, self.router_semaphore,
+                self.routing, self.router_semaphore, static_weight=True,
             )  # fmt: skip
             return self._experts_forward(h, weights, ids), residual
         h, residual = norm(x, residual)
