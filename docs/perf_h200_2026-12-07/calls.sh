@@ -5,8 +5,9 @@
 #           weights' first tiles loaded before the PDL wait (gemv.py, "Static weights"): bit
 #           for bit the plain launches, and graphs whose rows a PDL kernel writes just before;
 #   engine  (~4 min, an H200, or an H100 with 128 of the experts) batch-1 decode at 1k and 8k,
-#           trees alternating: new (this one), prev (.devrun/prev: `git archive fa7da33 vllm
-#           benchmarks`, the fused input norm without the early loads) and nofuse
+#           trees alternating: new (this one: the GEMVs' and the router's early loads), gemv
+#           (.devrun/gemv: `git archive 6051793 vllm benchmarks`, the GEMVs' early loads only),
+#           prev (.devrun/prev: fa7da33, the fused input norm without early loads) and nofuse
 #           (.devrun/nofuse: fa6db8c, before the fused input norm); RUNS picks them;
 #   profile (~3 min) batch-1 decode at 8k by kernel group, this tree;
 #   static  (~1 min) benchmark_gemv_static_weight.py: o_proj, MLA's q | kv_a and the KDA
@@ -44,9 +45,10 @@ for part in ${PART:-tests}; do
         > $OUT/gpu_tests.log 2>&1
       echo "gpu tests rc $?"; grep -E "passed|failed|Error" $OUT/gpu_tests.log | tail -5 ;;
     engine)
-      for label in ${RUNS:-new1 prev1 nofuse1 new2 prev2 nofuse2}; do
+      for label in ${RUNS:-new1 prev1 gemv1 nofuse1 new2 prev2 gemv2 nofuse2}; do
         case $label in
           new*) engine_run $label $PWD ;;
+          gemv*) engine_run $label $PWD/.devrun/gemv ;;
           prev*) engine_run $label $PWD/.devrun/prev ;;
           nofuse*) engine_run $label $PWD/.devrun/nofuse ;;
         esac
