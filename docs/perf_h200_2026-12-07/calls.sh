@@ -7,6 +7,8 @@
 #   engine  (~4 min, an H200, or an H100 with 128 of the experts) batch-1 decode at 1k and 8k,
 #           trees alternating: new (this one: the GEMVs' and the router's early loads), gemv
 #           (.devrun/gemv: `git archive 6051793 vllm benchmarks`, the GEMVs' early loads only),
+#           sel (.devrun/sel: cf7a974 with the bf16 linears and the fused KDA projection
+#           launched plain, as landed after call 206),
 #           prev (.devrun/prev: fa7da33, the fused input norm without early loads) and nofuse
 #           (.devrun/nofuse: fa6db8c, before the fused input norm); RUNS picks them;
 #   profile (~3 min) batch-1 decode at 8k by kernel group, this tree;
@@ -49,6 +51,7 @@ for part in ${PART:-tests}; do
         case $label in
           new*) engine_run $label $PWD ;;
           gemv*) engine_run $label $PWD/.devrun/gemv ;;
+          sel*) engine_run $label $PWD/.devrun/sel ;;
           prev*) engine_run $label $PWD/.devrun/prev ;;
           nofuse*) engine_run $label $PWD/.devrun/nofuse ;;
         esac
@@ -75,10 +78,12 @@ for part in ${PART:-tests}; do
         --csv $OUT/sweep.csv > $OUT/sweep.log 2>&1)
       echo "sweep rc $?"; grep "M=  1\|speed-up" $OUT/sweep.log | cut -c1-100 ;;
     ab)
+      # b528cce's benchmark_moe.py has no --shape (Kimi-Linear's was its only shape).
       for label in old new old new; do
-        tree=$PWD; [ $label = old ] && tree=$PWD/.devrun/old
+        tree=$PWD; shape="--shape kimi-linear"
+        [ $label = old ] && tree=$PWD/.devrun/old && shape=""
         (cd $tree/benchmarks/kernels && PYTHONPATH=/tmp/site:$tree timeout 100 python \
-          benchmark_moe.py --shape kimi-linear --fused-shared-experts 1 --paths tgrouped \
+          benchmark_moe.py $shape --fused-shared-experts 1 --paths tgrouped \
           --tokens 8 64 256 2>&1 | grep "T=" | cut -c1-100 | sed "s|^|$label: |")
       done ;;
   esac

@@ -24,10 +24,10 @@ The contract every kernel here keeps, through ``pdl_wait`` before its first acce
   this one's run.
 * Nothing is read before the wait but a weight its launcher declares static: memory no kernel
   writes once the model is loaded (a layer's parameters), so no kernel in flight can be writing
-  it. The GEMVs load their first such tile before the wait (``static_weight``,
-  vllm/model_executor/kernels/linear/gemv.py), which streams it in while the kernel before
-  still runs; everything else gains only the launch and scheduling latency between kernels,
-  with no ordering argument per kernel to get wrong.
+  it. The FP8 and batched GEMVs and the one-token router load such weights before the wait
+  (``static_weight``: vllm/model_executor/kernels/linear/gemv.py, fused_router.py), which
+  streams them in while the kernel before still runs; everything else gains only the launch
+  and scheduling latency between kernels, with no ordering argument per kernel to get wrong.
 
 ``pdl_options(use_pdl(device))`` is what a launcher adds to a kernel's constexprs and options:
 ``PDL=True, launch_pdl=True`` where PDL runs, ``PDL=False`` elsewhere (ROCm, GPUs before sm_90,

@@ -65,14 +65,20 @@ Launch shapes (``GemvConfig``, ``default_config``) and when the layers send a li
 (``use_bf16_gemv``, ``use_fp8_gemv``): gemv_config.py.
 
 Static weights: a caller whose weight no kernel writes while the op may run (a layer's
-parameters, written only at load) passes ``static_weight=True``. Under programmatic dependent
+parameters, written only at load) may pass ``static_weight=True``. Under programmatic dependent
 launch (vllm/triton_utils/pdl.py) the multiply-and-sum configs then load each program's first
 weight tile before the program waits for the kernel before it, so that tile streams in while
-that kernel still runs: at one row the first tile is most of a program's weight (o_proj's
-4096-wide step is all of it), and the kernels before o_proj and MLA's projections are short
-latency chains (the KDA decode's epilogue, a norm) that leave HBM idle. The sums are the same,
-in the same order. A weight written by the kernel just before must not be passed as static: the
-early load could see it half written.
+that kernel still runs. The sums are the same, in the same order. A weight written by the kernel
+just before must not be passed as static: the early load could see it half written. Measured on
+an H100 (2026-12-07, ``benchmarks/kernels/benchmark_gemv_static_weight.py``: each GEMV right after
+the short launches before it, graph replay; docs/performance.md "Fifty-first run"), it pays where
+the program's whole weight is that tile: the FP8 o_proj at one row (one 2 x 4096 step, 0.87 of a
+wave) 0.28-0.41 us faster. The bf16 GEMVs of MLA's q | kv_a (one step, 4.24 waves) and KDA's
+input projection (nine steps, fused with its norm) were 0.4-0.7 us slower. So the PTPC FP8
+layers (scaled_mm/pytorch.py) and MLA's absorbed products (one step, under half a wave) pass
+their weights as static, the bf16 linears do not; in the engine (48B config with 128 of the
+experts, batch 1) the step took about 20 us less with the router's early loads too
+(fused_router.py).
 
 Launches are static-shape and never read tensor values on the host: CUDA-graph capturable.
 """

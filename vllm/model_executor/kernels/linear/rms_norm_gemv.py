@@ -276,7 +276,9 @@ def fused_add_rms_norm_gemv(
     launch (module docstring). ``config`` overrides ``norm_gemv_config`` (tests, benchmark
     sweeps): multiply-and-sum in one K split under the norm kernel's warps. ``static_weight``:
     as ``gemv``'s (gemv.py, "Static weights"), the first weight tile loaded before the PDL
-    wait. ValueError for operands the op does not take, or for a launch it cannot make."""
+    wait; measured 0.4-0.5 us slower at Kimi-Linear's projection on an H100, so the KDA layer
+    does not pass it (kept for benchmark_gemv_static_weight.py's comparison). ValueError for
+    operands the op does not take, or for a launch it cannot make."""
     error = _args_error(x, residual, norm_weight, weight)
     if error:
         raise ValueError(f"fused_add_rms_norm_gemv: {error}")
