@@ -187,10 +187,10 @@ def compile_launch(launch: dict) -> str | None:
     ``not_before_first`` before ``first``, and, given ``launch["loads_before_barrier"]`` =
     ``[waits, upto]`` (``upto`` "" for the end), a match of ``waits`` before ``upto`` and no
     global load after the first of them up to ``upto``, and, given ``launch["stores_after"]``,
-    no ``st.global`` before its first occurrence, and, given ``launch["loads_around"]``, an
-    ``ld.global`` both before and after its first occurrence, and the kernel's opt-outs of
-    Triton's specialization change none of its global loads and stores (`_opt_out_error`); else
-    why not."""
+    no ``st.global`` before its first occurrence, and, given ``launch["loads_around"]`` =
+    ``[mark, before]``, exactly ``before`` ``ld.global`` s ahead of the first ``mark`` and one or
+    more after it, and the kernel's opt-outs of Triton's specialization change none of its global
+    loads and stores (`_opt_out_error`); else why not."""
     try:
         compiled = _compile(launch)
     except Exception as e:  # the test reports any failure
@@ -212,9 +212,11 @@ def compile_launch(launch: dict) -> str | None:
         if error:
             return error
     if "loads_around" in launch:
-        mark = ptx.find(launch["loads_around"])
-        if not 0 <= ptx.find("ld.global") < mark or ptx.find("ld.global", mark) < 0:
-            return f"PTX lacks an ld.global before and one after {launch['loads_around']!r}"
+        mark, before = launch["loads_around"]
+        at = ptx.find(mark)
+        early = ptx.count("ld.global", 0, at) if at >= 0 else -1
+        if early != before or ptx.find("ld.global", at) < 0:
+            return f"PTX has {early} ld.global before {mark!r}, not {before}, or none after it"
     if "loads_before_barrier" in launch:
         error = _barrier_error(ptx, *launch["loads_before_barrier"])
         if error:

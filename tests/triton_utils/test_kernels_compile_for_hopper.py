@@ -121,9 +121,29 @@ _TMA_LOAD_PTX = "cp.async.bulk.tensor"
 # signal, both before the first instruction that touches global memory, and no branch or return
 # before the wait (a program must not exit, or skip it, before waiting).
 _PDL_WAIT, _PDL_SIGNAL = "griddepcontrol.wait", "griddepcontrol.launch_dependents"
-_GLOBAL_ACCESS_PTX = ["ld.global", "st.global", "atom.", "red.", "cp.async"]
-# A static weight's first tile (gemv.py's PRELOAD) is the one access allowed before the wait.
+_GLOBAL_ACCESS_PTX = ["ld.global", "st.global", "atom.", "red.global", "cp.async"]
+# Static weights' loads (PRELOAD) are the one access allowed before the wait.
 _WRITE_PTX = [s for s in _GLOBAL_ACCESS_PTX if s != "ld.global"]
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
+
+
+def _preloaded_loads(launch: dict) -> int:
+    """The 16-byte global loads a PRELOAD launch's static tiles take a thread (each tile spread
+    over all the program's threads): gemv.py's and rms_norm_gemv.py's weight tile, the fused
+    router's gate rows and norm weight. The PTX must hold exactly these before the wait, so that
+    no load of what the kernel before writes (the rows, their scales) moves ahead of it."""
+    args = launch["args"]
+    lanes = 16 * 32 * launch["options"]["num_warps"]
+
+    def loads(elements: int, tensor: str) -> int:
+        return -(-elements * _DTYPE_BYTES[args[tensor]["tensor"]] // lanes)
+
+    if launch["kernel"] == "_fused_router_topk_kernel":
+        gate = loads(args["BLOCK_N"] * args["BLOCK_D"], "w_ptr")
+        return gate + (loads(args["BLOCK_D"], "norm_w_ptr") if args["HAS_NORM"] else 0)
+    return loads(args["BLOCK_N"] * args["BLOCK_K"], "w_ptr")
+
+
 _EXIT_PTX = ["bra ", "bra.uni", "ret;", "exit;"]
 
 
@@ -135,10 +155,10 @@ def _ptx_checks(launch: dict) -> dict:
     none of its global accesses (sm90_compile.py), except where `opt_outs_may_narrow` says why."""
     checks = {"ptx_has": [], "ptx_lacks": []}
     if launch["args"]["PDL"] and launch["args"].get("PRELOAD"):
-        # Loads before the wait (the weight tile) and after it (the rows), nothing else before.
+        # The static tiles' loads before the wait and the rows' after it, nothing else before.
         checks["ptx_has"] += [_PDL_WAIT, _PDL_SIGNAL]
         checks["ptx_order"] = [_PDL_WAIT, _PDL_SIGNAL, _WRITE_PTX, _EXIT_PTX]
-        checks["loads_around"] = _PDL_WAIT
+        checks["loads_around"] = [_PDL_WAIT, _preloaded_loads(launch)]
     elif launch["args"]["PDL"]:
         checks["ptx_has"] += [_PDL_WAIT, _PDL_SIGNAL]
         checks["ptx_order"] = [_PDL_WAIT, _PDL_SIGNAL, _GLOBAL_ACCESS_PTX, _EXIT_PTX]

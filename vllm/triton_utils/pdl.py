@@ -10,7 +10,8 @@ programmatic edge), a kernel may start once every program of the kernel before i
 touches memory that kernel, or any earlier one, may write or still read (a buffer the caching
 allocator hands out again is both).
 
-The contract every kernel here keeps, through ``pdl_wait`` before its first access to memory:
+The contract every kernel here keeps, through ``pdl_wait`` before its first access to memory
+other than a static weight's load:
 
 * Each program waits before its first load or store of any tensor (but the static weights
   below), and before it could exit, so
@@ -22,12 +23,14 @@ The contract every kernel here keeps, through ``pdl_wait`` before its first acce
   started (the last wave's, in a grid of several): at most two kernels overlap. The next
   kernel's programs fill the SMs this kernel's tail leaves idle, and its launch latency overlaps
   this one's run.
-* Nothing is read before the wait but a weight its launcher declares static: memory no kernel
-  writes once the model is loaded (a layer's parameters), so no kernel in flight can be writing
-  it. The FP8 and batched GEMVs and the one-token router load such weights before the wait
-  (``static_weight``: vllm/model_executor/kernels/linear/gemv.py, fused_router.py), which
-  streams them in while the kernel before still runs; everything else gains only the launch
-  and scheduling latency between kernels, with no ordering argument per kernel to get wrong.
+* Nothing is read before the wait but a weight its launcher declares static. By the bullet
+  above only the kernel just before can still be running when such a load issues, and only the
+  wait makes that kernel's writes visible: a static weight is memory that kernel does not write
+  (a layer's parameters, written once at load, qualify). The FP8 and batched GEMVs and the
+  one-token router load such weights before the wait (``static_weight``:
+  vllm/model_executor/kernels/linear/gemv.py, rms_norm_gemv.py, fused_router.py), which streams
+  them in while the kernel before still runs; everything else gains only the launch and
+  scheduling latency between kernels, with no ordering argument per kernel to get wrong.
 
 ``pdl_options(use_pdl(device))`` is what a launcher adds to a kernel's constexprs and options:
 ``PDL=True, launch_pdl=True`` where PDL runs, ``PDL=False`` elsewhere (ROCm, GPUs before sm_90,
@@ -89,8 +92,8 @@ if triton is not None:
 
     @triton.jit
     def pdl_wait(PDL: tl.constexpr):
-        """A kernel's first access to memory (only loads of static weights may come before it):
-        with ``PDL``, wait for the kernels before it, then let the next one launch (module
+        """Before a kernel's first access to memory other than a static weight's load: with
+        ``PDL``, wait for the kernels before it, then let the next one launch (module
         docstring). Nothing without."""
         if PDL:
             gdc_wait()

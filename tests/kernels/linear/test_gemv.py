@@ -468,7 +468,7 @@ def test_gpu_rowwise_fp8_dispatch_by_m(triton_launches, preloads, m):
     triton_max = max(gemv_cfg.FP8_GEMV_MAX_M, gemv_cfg.FP8_DOT_MAX_M)
     assert triton_launches["_gemv_kernel"] == (m <= triton_max)
     # The layer's weight, static: preloaded where the launch is multiply-and-sum.
-    assert [p for p, _ in preloads] == [m <= gemv_cfg.FP8_GEMV_MAX_M] * (m <= triton_max)
+    assert preloads == [m <= gemv_cfg.FP8_GEMV_MAX_M] * (m <= triton_max)
     if m <= triton_max:
         assert_within_bound(out, a, w, None, a_scale, w_scale)
     else:  # the vendor GEMM, exactly (its accumulation is cuBLASLt's, not the GEMV's bound)
@@ -479,28 +479,33 @@ def test_gpu_rowwise_fp8_dispatch_by_m(triton_launches, preloads, m):
 
 
 # ---------------------------------------------------------------------------------------------
-# Static weights (gemv.py): the first weight tile loaded before the PDL wait, the same sums
+# Static weights (gemv.py): a one-step split's tile loaded before the PDL wait, the same sums
 # ---------------------------------------------------------------------------------------------
 
 
 @pytest.fixture
-def preloads(monkeypatch) -> list[tuple[bool, bool]]:
-    """``(PRELOAD, ONE_STEP)`` of each `_gemv_kernel` launch during the test, in order."""
+def preloads(monkeypatch) -> list[bool]:
+    """``PRELOAD`` of each `_gemv_kernel` launch during the test, in order."""
     seen = []
     launch = gemv_op.launch
 
     def spy(kernel, grid, args, spec):
         if "PRELOAD" in spec.kwargs:
-            seen.append((spec.kwargs["PRELOAD"], spec.kwargs["ONE_STEP"]))
+            seen.append(spec.kwargs["PRELOAD"])
         return launch(kernel, grid, args, spec)
 
     monkeypatch.setattr(gemv_op, "launch", spy)
     return seen
 
 
-# The interpreter configs and four steps over K with a tail (200 = 3 x 64 + 8). The default
-# (one and two rows) and the wide tile take K in one step, "split" and "steps" in several.
-STATIC_CONFIGS = dict(CPU_CONFIGS, steps=GemvConfig(block_n=8, block_k=64))
+# The interpreter configs, four steps over K with a tail (200 = 3 x 64 + 8) and four splits of
+# one step each (the last one short). The default (one and two rows), the wide tile and
+# "one_step_splits" take each split's K in one step, "split" and "steps" in several.
+STATIC_CONFIGS = dict(
+    CPU_CONFIGS,
+    steps=GemvConfig(block_n=8, block_k=64),
+    one_step_splits=GemvConfig(block_n=8, block_k=64, split_k=4),
+)
 
 
 @pytest.mark.parametrize("config", list(STATIC_CONFIGS))
@@ -516,10 +521,9 @@ def test_static_weight_sums_bit_for_bit(triton_launches, preloads, config, m):
     ]  # fmt: skip
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
     assert_within_bound(outs[1][0], x, w, b)
-    # tl.dot keeps its pipelined form; multiply-and-sum preloads, with no loop after a one-step K.
-    preload = config != "dot"
-    one_step = config in ("default", "wide")
-    assert preloads == [(False, False)] * 2 + [(preload, one_step)] * 2
+    # Multiply-and-sum splits of one step preload; tl.dot and several steps keep their form.
+    preload = config in ("default", "wide", "one_step_splits")
+    assert preloads == [False] * 2 + [preload] * 2
 
 
 def test_bf16_layers_launch_plainly(monkeypatch, triton_launches, preloads):
@@ -530,7 +534,7 @@ def test_bf16_layers_launch_plainly(monkeypatch, triton_launches, preloads):
     x = bf16_case(1, 1, 64, DEVICE, seed=76)[0]
     out = layer(x)[0]
     assert_within_bound(out, x, layer.weight, layer.bias)
-    assert preloads == [(False, False)]
+    assert preloads == [False]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -686,10 +690,11 @@ def test_gpu_static_weight_reads_rows_the_kernel_before_writes(preloads):
     norm_w = torch.ones(4096, dtype=torch.bfloat16, device="cuda")
 
     def step():
+        # Each GEMV right after the launch that writes its rows.
         h = rms_norm(x, norm_w, 1e-6)
+        out = gemv(h, w, static_weight=True)
         a, a_scale = per_token_fp8_quant(h)
-        return (gemv(h, w, static_weight=True),
-                gemv_fp8(a, a_scale, wq, w_scale, static_weight=True))  # fmt: skip
+        return out, gemv_fp8(a, a_scale, wq, w_scale, static_weight=True)
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -699,7 +704,7 @@ def test_gpu_static_weight_reads_rows_the_kernel_before_writes(preloads):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = step()
-    assert preloads and all(preload for preload, _ in preloads)
+    assert preloads and all(preloads)
     gen = torch.Generator(device="cuda").manual_seed(26)
     for _ in range(20):
         x.copy_(torch.randn(x.shape, generator=gen, device="cuda"))
@@ -759,7 +764,7 @@ def test_static_batched_weight_sums_bit_for_bit(triton_launches, preloads, confi
     plain = gemv_batched(x, w, config=cfg)
     assert torch.equal(gemv_batched(x, w, config=cfg, static_weight=True), plain)
     # K 40: one 64-wide step by default, two of 32 in "tails".
-    assert preloads == [(False, False), (True, config == "default")]
+    assert preloads == [False, config == "default"]
 
 
 def test_batched_cpu_without_interpreter_and_empty(monkeypatch, triton_launches):

@@ -61,6 +61,20 @@ def assert_within_gemv_bound(out, h, w):
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.fixture
+def preloads(monkeypatch) -> list[bool]:
+    """``PRELOAD`` of each fused launch during the test, in order."""
+    seen = []
+    launch = norm_gemv_mod.launch
+
+    def spy(kernel, grid, args, spec):
+        seen.append(spec.kwargs["PRELOAD"])
+        return launch(kernel, grid, args, spec)
+
+    monkeypatch.setattr(norm_gemv_mod, "launch", spy)
+    return seen
+
+
 @pytest.mark.parametrize("static", [False, True])
 @pytest.mark.parametrize("residual", [True, False])
 @pytest.mark.parametrize(
@@ -72,14 +86,14 @@ def assert_within_gemv_bound(out, h, w):
         (24, 257, torch.bfloat16),  # a one-column last K step
     ],
 )
-def test_equals_the_norm_then_gemv(triton_launches, static, residual, n, hidden, dtype):
+def test_equals_the_norm_then_gemv(triton_launches, preloads, static, residual, n, hidden, dtype):
     # A static weight's first tile is loaded before the PDL wait: the same sums.
     x, res, norm_w, w = case(n, hidden, residual, "cpu", seed=n, dtype=dtype)
     config = fitting_tile(hidden)
     out, new_res = fused_add_rms_norm_gemv(
         x, res, norm_w, 1e-6, w, config=config, static_weight=static
     )
-    assert triton_launches["_rms_norm_gemv_kernel"] == 1
+    assert triton_launches["_rms_norm_gemv_kernel"] == 1 and preloads == [static]
     ref_out, ref_res = unfused(x, res, norm_w, 1e-6, w, config)
     assert out.shape == (1, n) and out.dtype == dtype
     assert torch.equal(out, ref_out) and torch.equal(new_res, ref_res)

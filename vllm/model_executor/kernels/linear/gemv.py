@@ -66,19 +66,20 @@ Launch shapes (``GemvConfig``, ``default_config``) and when the layers send a li
 
 Static weights: a caller whose weight no kernel writes while the op may run (a layer's
 parameters, written only at load) may pass ``static_weight=True``. Under programmatic dependent
-launch (vllm/triton_utils/pdl.py) the multiply-and-sum configs then load each program's first
-weight tile before the program waits for the kernel before it, so that tile streams in while
-that kernel still runs. The sums are the same, in the same order. A weight written by the kernel
-just before must not be passed as static: the early load could see it half written. Measured on
+launch (vllm/triton_utils/pdl.py) a multiply-and-sum launch whose split is one BLOCK_K step then
+loads that tile, the program's whole weight, before the program waits for the kernel before it,
+so that it streams in while that kernel still runs. The sums are the same, in the same order.
+Only the kernel just before can still be running then (pdl.py), and only the wait makes its
+writes visible, finished or not: a weight written by it must not be passed as static. Measured on
 an H100 (2026-12-07, ``benchmarks/kernels/benchmark_gemv_static_weight.py``: each GEMV right after
-the short launches before it, graph replay; docs/performance.md "Fifty-first run"), it pays where
-the program's whole weight is that tile: the FP8 o_proj at one row (one 2 x 4096 step, 0.87 of a
-wave) 0.28-0.41 us faster. The bf16 GEMVs of MLA's q | kv_a (one step, 4.24 waves) and KDA's
-input projection (nine steps, fused with its norm) were 0.4-0.7 us slower. So the PTPC FP8
-layers (scaled_mm/pytorch.py) and MLA's absorbed products (one step, under half a wave) pass
-their weights as static, the bf16 linears do not; in the engine (48B config with 128 of the
-experts, batch 1) the step took about 20 us less with the router's early loads too
-(fused_router.py).
+the short launches before it, graph replay; docs/performance.md "Fifty-first run"): the FP8
+o_proj at one row (one 2 x 4096 step, 0.87 of a wave) 0.28-0.41 us faster; the bf16 GEMVs of
+MLA's q | kv_a (one step, 4.24 waves) and of KDA's input projection (nine steps, fused with its
+norm) 0.4-0.7 us slower. So the PTPC FP8 layers (scaled_mm/pytorch.py) and MLA's absorbed
+products (one step, under half a wave) pass their weights as static, the bf16 linears do not,
+and weights of several steps (FP8 o_proj at two rows: two 2048-wide steps) load as before: not
+measured. In the engine (the 48B config with 128 of the experts, batch 1) the step took 20-25 us
+less with the router's early loads too (fused_router.py).
 
 Launches are static-shape and never read tensor values on the host: CUDA-graph capturable.
 """
@@ -250,14 +251,14 @@ if triton is not None:
         EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, FP8_MMA: tl.constexpr,
         BF16X3: tl.constexpr, BATCHED: tl.constexpr, PRELOAD: tl.constexpr = False,
-        ONE_STEP: tl.constexpr = False, PDL: tl.constexpr = False,
+        PDL: tl.constexpr = False,
     ):  # fmt: skip
         # Program (M block, N block, K split), or with BATCHED (M block, N block, batch) over
         # the whole K. PARTIAL: write fp32 sums to out_ptr's [SPLIT_K, M, N] buffer for
         # _gemv_split_reduce_kernel instead of the epilogue. PRELOAD: the weight is static (no
-        # kernel in flight writes it), so the program's first weight tile is loaded before the
-        # PDL wait, while the kernel before it still runs (vllm/triton_utils/pdl.py); ONE_STEP
-        # (with PRELOAD only): that tile is the split's whole K, and no loop follows it.
+        # kernel in flight writes it) and the split's K is one BLOCK_K step, whose tile is
+        # loaded before the PDL wait, while the kernel before it still runs
+        # (vllm/triton_utils/pdl.py); no loop follows it.
         m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         m_ok = m < M
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -281,13 +282,11 @@ if triton is not None:
             x_scale, w_scale, bias = _gemv_epilogue_operands(
                 m, n, m_ok, n_ok, x_scale_ptr, w_scale_ptr, bias_ptr, HAS_SCALES, HAS_BIAS
             )
-        k_start = k_lo
         if PRELOAD:
             acc = _gemv_step(acc, w_first, k_lo + kk, kk, x_ptr, m, m_ok, M, K, stride_xm,
                              EVEN_K, BLOCK_M, USE_DOT, FP8_MMA, BF16X3)  # fmt: skip
-            k_start = k_lo + BLOCK_K
-        if not ONE_STEP:
-            for k0 in range(k_start, k_lo + k_per_split, BLOCK_K):
+        else:
+            for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
                 w = _gemv_weight_tile(w_rows, k0 + kk, n_ok, K, EVEN_K)
                 acc = _gemv_step(acc, w, k0 + kk, kk, x_ptr, m, m_ok, M, K, stride_xm, EVEN_K,
                                  BLOCK_M, USE_DOT, FP8_MMA, BF16X3)  # fmt: skip
@@ -351,15 +350,16 @@ def _launch_specs(
     one_step: bool = False,
 ) -> tuple[LaunchSpec, LaunchSpec | None]:
     """Cached ``LaunchSpec`` s (they hold the compiled kernels) of the main and reduce kernels.
-    A ``static_weight`` preloads its first tile in the multiply-and-sum configs (``PRELOAD``),
-    the whole split's K where ``one_step`` (``ONE_STEP``: no loop after it); the ``tl.dot``
-    configs, pipelined over K by Triton, keep their timed form."""
-    preload = static_weight and not config.use_dot
+    A ``static_weight`` whose split is ``one_step`` (one BLOCK_K step) is loaded before the PDL
+    wait in the multiply-and-sum configs (``PRELOAD``, where it was measured faster); the
+    ``tl.dot`` configs, pipelined over K by Triton, and weights of several steps keep their timed
+    form."""
+    preload = static_weight and one_step and not config.use_dot
     main = LaunchSpec(
         HAS_SCALES=has_scales, HAS_BIAS=has_bias, PARTIAL=config.split_k > 1, EVEN_K=even_k,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         USE_DOT=config.use_dot, FP8_MMA=fp8_mma, BF16X3=bf16x3, BATCHED=batched,
-        PRELOAD=preload, ONE_STEP=preload and one_step,
+        PRELOAD=preload,
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl_options(pdl),
     )  # fmt: skip
     if config.split_k == 1:

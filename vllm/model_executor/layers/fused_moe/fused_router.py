@@ -2,7 +2,7 @@
 selection, which otherwise take two (`router_logits`, then `grouped_topk`, router.py).
 
 ``fused_router_topk(x, gate_weight, e_score_correction_bias, routing, semaphore, *,
-config=None)``
+config=None, static_weight=False)``
     ``x`` ``[T, H]`` bf16 / fp16 / fp32 with unit stride on H (any row stride), 1 <= T <=
     ``MAX_TOKENS`` (or 0: empty results, no launch); ``gate_weight`` ``[E, H]`` fp32 with unit
     stride on H; the bias and ``routing`` (a `RoutingParams`) as router.py's `grouped_topk`
@@ -12,6 +12,8 @@ config=None)``
     ``routing.num_fused_shared_experts``): what ``grouped_topk(router_logits(x, gate_weight),
     ...)`` returns. Reference: ``fused_router_topk_ref``, that composition of the two
     references. CPU tensors take it unless ``TRITON_INTERPRET=1`` (``use_triton``).
+    ``static_weight``: the gate weight is a layer's parameter, loaded before the PDL wait at one
+    token (gemv.py, "Static weights"; ``KimiMoE`` passes it).
 
 ``use_fused_router(x, gate_weight)`` says whether a MoE layer should call it: T in 1..
 ``FUSED_ROUTER_MAX_T``, the strides above, Triton on the device, and NVIDIA rather than ROCm (the
@@ -19,7 +21,7 @@ ordering argument below is PTX's). ``KimiMoE`` (vllm/models/kimi_k3/amd/moe.py) 
 semaphore per layer, so no two launches in flight ever share one.
 
 ``fused_norm_router_topk(x, residual, norm_weight, eps, gate_weight, e_score_correction_bias,
-routing, semaphore, *, config=None)``
+routing, semaphore, *, config=None, static_weight=False)``
     The decoder layer's residual add and RMSNorm before the MoE block, in the same launch:
     returns ``(h, new_residual, weights, ids)`` where ``h, new_residual =
     fused_add_rms_norm(x, residual, norm_weight, eps)`` (ops/rms_norm.py) and the routing is
