@@ -191,3 +191,24 @@ def triton_launches(monkeypatch):
             counts[name] = 0
             monkeypatch.setattr(module, name, _CountedKernel(getattr(module, name), name, counts))
     return counts
+
+
+@pytest.fixture
+def launch_constexprs(monkeypatch):
+    """``record(module, name)``: a list that receives the constexpr ``name`` of each launch the
+    module makes through its `launch` (vllm/triton_utils/launch.py) during the test, in order,
+    for the launches whose spec holds it; the launches still run."""
+
+    def record(module, name: str) -> list:
+        seen = []
+        launch = module.launch
+
+        def spy(kernel, grid, args, spec):
+            if name in spec.kwargs:
+                seen.append(spec.kwargs[name])
+            return launch(kernel, grid, args, spec)
+
+        monkeypatch.setattr(module, "launch", spy)
+        return seen
+
+    return record

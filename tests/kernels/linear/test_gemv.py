@@ -484,18 +484,9 @@ def test_gpu_rowwise_fp8_dispatch_by_m(triton_launches, preloads, m):
 
 
 @pytest.fixture
-def preloads(monkeypatch) -> list[bool]:
+def preloads(launch_constexprs) -> list[bool]:
     """``PRELOAD`` of each `_gemv_kernel` launch during the test, in order."""
-    seen = []
-    launch = gemv_op.launch
-
-    def spy(kernel, grid, args, spec):
-        if "PRELOAD" in spec.kwargs:
-            seen.append(spec.kwargs["PRELOAD"])
-        return launch(kernel, grid, args, spec)
-
-    monkeypatch.setattr(gemv_op, "launch", spy)
-    return seen
+    return launch_constexprs(gemv_op, "PRELOAD")
 
 
 # The interpreter configs, four steps over K with a tail (200 = 3 x 64 + 8) and four splits of

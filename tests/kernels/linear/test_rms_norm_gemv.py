@@ -62,17 +62,9 @@ def assert_within_gemv_bound(out, h, w):
 
 
 @pytest.fixture
-def preloads(monkeypatch) -> list[bool]:
+def preloads(launch_constexprs) -> list[bool]:
     """``PRELOAD`` of each fused launch during the test, in order."""
-    seen = []
-    launch = norm_gemv_mod.launch
-
-    def spy(kernel, grid, args, spec):
-        seen.append(spec.kwargs["PRELOAD"])
-        return launch(kernel, grid, args, spec)
-
-    monkeypatch.setattr(norm_gemv_mod, "launch", spy)
-    return seen
+    return launch_constexprs(norm_gemv_mod, "PRELOAD")
 
 
 @pytest.mark.parametrize("static", [False, True])

@@ -255,7 +255,9 @@ def test_absorbed_decode_equals_exact_decompressing_path(q_lora, triton_launches
             assert torch.equal(cache[1:], exact.mla_caches[0][1:])  # block 0: padded rows'
 
 
-def test_absorbed_products_take_the_batched_gemv_for_few_rows(monkeypatch, triton_launches):
+def test_absorbed_products_take_the_batched_gemv_for_few_rows(
+    monkeypatch, triton_launches, launch_constexprs
+):
     """Where the dispatch sends them (few rows on a GPU; forced here, under the interpreter),
     both per-head products run as one batched GEMV launch each, with the layer's absorbed
     weights as static ones (gemv.py: their first tiles loaded before the PDL wait), and give
@@ -273,14 +275,7 @@ def test_absorbed_products_take_the_batched_gemv_for_few_rows(monkeypatch, trito
         layer(x, harness.schedule({0: 5, 1: 4}).mla)
         step = harness.schedule({0: 1, 1: 1}).mla
         q = torch.randn(2, HEADS, 24, generator=gen).to(torch.bfloat16)
-        preloads = []
-        launch = gemv_op.launch
-
-        def spy(kernel, grid, args, spec):
-            preloads.append(spec.kwargs["PRELOAD"])
-            return launch(kernel, grid, args, spec)
-
-        monkeypatch.setattr(gemv_op, "launch", spy)
+        preloads = launch_constexprs(gemv_op, "PRELOAD")
         outs = {}
         for gemv in (False, True):
             monkeypatch.setattr(mla_module, "use_batched_gemv", lambda x, w, gemv=gemv: gemv)

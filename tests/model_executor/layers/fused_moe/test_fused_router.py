@@ -303,17 +303,9 @@ def test_default_config():
 
 
 @pytest.fixture
-def whole_row_flags(monkeypatch):
+def whole_row_flags(launch_constexprs):
     """The ``WHOLE_ROW`` constexpr of each fused-router launch, in order."""
-    flags = []
-    real_launch = fused_mod.launch
-
-    def spy(kernel, grid, args, spec):
-        flags.append(spec.kwargs["WHOLE_ROW"])
-        return real_launch(kernel, grid, args, spec)
-
-    monkeypatch.setattr(fused_mod, "launch", spy)
-    return flags
+    return launch_constexprs(fused_mod, "WHOLE_ROW")
 
 
 # H 80 pads to 128: with the limit at 256, 2 experts a program fit it, 4 do not.
@@ -551,17 +543,9 @@ def test_fused_norm_argument_errors(change, message, triton_launches):
 
 
 @pytest.fixture
-def preload_flags(monkeypatch):
+def preload_flags(launch_constexprs):
     """The ``PRELOAD`` constexpr of each fused-router launch, in order."""
-    flags = []
-    real_launch = fused_mod.launch
-
-    def spy(kernel, grid, args, spec):
-        flags.append(spec.kwargs["PRELOAD"])
-        return real_launch(kernel, grid, args, spec)
-
-    monkeypatch.setattr(fused_mod, "launch", spy)
-    return flags
+    return launch_constexprs(fused_mod, "PRELOAD")
 
 
 @pytest.mark.parametrize("norm", [False, True])
