@@ -43,8 +43,6 @@ for part in ${PART:-tests}; do
       for label in ${RUNS:-new1 prev1 gemv1 nofuse1 new2 prev2 gemv2 nofuse2}; do
         case $label in
           new*) engine_run $label $PWD ;;
-          gemv*) engine_run $label $PWD/.devrun/gemv ;;
-          sel*) engine_run $label $PWD/.devrun/sel ;;
           l2*) engine_run $label $PWD/.devrun/l2 ;;
           prev*) engine_run $label $PWD/.devrun/prev ;;
           nofuse*) engine_run $label $PWD/.devrun/nofuse ;;
