@@ -5,10 +5,13 @@
 #           l2 (.devrun/l2: `git archive shared-l2-prefetch vllm benchmarks tests pyproject.toml`,
 #           the router's L2 prefetch of the fused shared expert's gate / up rows), prev
 #           (.devrun/prev: fa7da33, before the static weights' early loads) and nofuse
-#           (.devrun/nofuse: fa6db8c, before the fused KDA input norm);
+#           (.devrun/nofuse: fa6db8c, before the fused KDA input norm), sf (.devrun/sf: branch
+#           moe-shared-first, the same archive: the fused shared slot's gate/up programs first,
+#           their rows prefetched into L2 before the PDL wait);
 #   tests   the GEMV's and the fused input norm's GPU tests on this tree;
 #   l2tests the branch's router and L2-prefetch GPU tests (in .devrun/l2);
-#   moe     benchmark_moe.py --shared-expert at 1 and 8 tokens, this tree / l2 / this / l2;
+#   sftests the shared-first branch's GPU tests (in .devrun/sf): the MoE and router files;
+#   moe     benchmark_moe.py --shared-expert at 1 and 8 tokens, this tree / l2 / sf, twice;
 #   profile batch-1 decode at 8k by kernel group, this tree (LIMIT seconds, default 300);
 #   static  benchmark_gemv_static_weight.py (fifty-first run's).
 set -u
@@ -44,6 +47,7 @@ for part in ${PART:-tests}; do
         case $label in
           new*) engine_run $label $PWD ;;
           l2*) engine_run $label $PWD/.devrun/l2 ;;
+          sf*) engine_run $label $PWD/.devrun/sf ;;
           prev*) engine_run $label $PWD/.devrun/prev ;;
           nofuse*) engine_run $label $PWD/.devrun/nofuse ;;
         esac
@@ -64,9 +68,14 @@ for part in ${PART:-tests}; do
         -p no:cacheprovider tests/model_executor/layers/fused_moe/test_fused_router.py \
         tests/triton_utils/test_l2_prefetch.py > $OUT/l2_tests.log 2>&1)
       echo "l2 tests rc $?"; grep -E "passed|failed|Error" $OUT/l2_tests.log | tail -5 ;;
+    sftests)
+      (cd .devrun/sf && PYTHONPATH=/tmp/site:$PWD timeout 300 python -m pytest -q -m gpu \
+        -p no:cacheprovider tests/model_executor/test_fused_moe.py \
+        tests/model_executor/layers/fused_moe/test_fused_router.py > $OUT/sf_tests.log 2>&1)
+      echo "sf tests rc $?"; grep -E "passed|failed|Error" $OUT/sf_tests.log | tail -5 ;;
     moe)
-      for label in new l2 new l2; do
-        tree=$PWD; [ $label = l2 ] && tree=$PWD/.devrun/l2
+      for label in new l2 sf new l2 sf; do
+        tree=$PWD; [ $label != new ] && tree=$PWD/.devrun/$label
         (cd $tree/benchmarks/kernels && PYTHONPATH=/tmp/site:$tree timeout 120 python \
           benchmark_moe.py --shared-expert --tokens 1 8 2>&1 | grep -v "^INFO" | cut -c1-110 \
           | sed "s|^|$label: |")
