@@ -11,7 +11,7 @@
 #   tests   the GEMV's and the fused input norm's GPU tests on this tree;
 #   l2tests the branch's router and L2-prefetch GPU tests (in .devrun/l2);
 #   sftests the shared-first branch's GPU tests (in .devrun/sf): the MoE and router files;
-#   moe     benchmark_moe.py --shared-expert at 1 and 8 tokens, this tree / l2 / sf, twice;
+#   moe     benchmark_moe.py --shared-expert at 1 and 8 tokens, MOE_RUNS (default new sf new sf);
 #   profile batch-1 decode at 8k by kernel group, this tree (LIMIT seconds, default 300);
 #   static  benchmark_gemv_static_weight.py (fifty-first run's).
 set -u
@@ -74,7 +74,7 @@ for part in ${PART:-tests}; do
         tests/model_executor/layers/fused_moe/test_fused_router.py > $OUT/sf_tests.log 2>&1)
       echo "sf tests rc $?"; grep -E "passed|failed|Error" $OUT/sf_tests.log | tail -5 ;;
     moe)
-      for label in new l2 sf new l2 sf; do
+      for label in ${MOE_RUNS:-new sf new sf}; do
         tree=$PWD; [ $label != new ] && tree=$PWD/.devrun/$label
         (cd $tree/benchmarks/kernels && PYTHONPATH=/tmp/site:$tree timeout 120 python \
           benchmark_moe.py --shared-expert --tokens 1 8 2>&1 | grep -v "^INFO" | cut -c1-110 \
