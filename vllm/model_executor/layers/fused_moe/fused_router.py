@@ -209,6 +209,17 @@ def default_norm_config(hidden: int) -> FusedRouterConfig:
 if triton is not None:
 
     @triton.jit
+    def _whole_row_loads(w_rows, norm_w_ptr, d, d_ok, n_ok, HAS_NORM: tl.constexpr):
+        # The whole-row path's first loads: the program's gate rows and, with the norm, its
+        # weight (fp32; an unused 0 without it).
+        w_all = tl.load(w_rows + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        if HAS_NORM:
+            nw = tl.load(norm_w_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
+        else:
+            nw = tl.zeros([d.shape[0]], dtype=tl.float32)
+        return w_all, nw
+
+    @triton.jit
     def _fused_router_topk_kernel(
         x_ptr, res_ptr, norm_w_ptr, h_ptr, res_out_ptr,
         w_ptr, bias_ptr, scratch_ptr, weights_ptr, ids_ptr, semaphore_ptr,
@@ -239,16 +250,12 @@ if triton is not None:
             d = tl.arange(0, BLOCK_D)
             d_ok = d < H
             if PRELOAD:
-                w_all = tl.load(w_rows + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-                if HAS_NORM:
-                    nw = tl.load(norm_w_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
+                w_all, nw = _whole_row_loads(w_rows, norm_w_ptr, d, d_ok, n_ok, HAS_NORM)
         pdl_wait(PDL)
         acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
         if WHOLE_ROW:
             if not PRELOAD:
-                w_all = tl.load(w_rows + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-                if HAS_NORM:
-                    nw = tl.load(norm_w_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
+                w_all, nw = _whole_row_loads(w_rows, norm_w_ptr, d, d_ok, n_ok, HAS_NORM)
             if not HAS_NORM:
                 xi = tl.load(x_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
                 acc += tl.sum(w_all * xi[None, :], axis=1)[:, None]
