@@ -5,7 +5,8 @@
 #           default 420);
 #   engine  batch-1 decode at 1k and 8k, trees alternating (RUNS picks them): new (this tree),
 #           prev (.devrun/prev: fa7da33, before the static weights' early loads) and nofuse
-#           (.devrun/nofuse: fa6db8c, before the fused KDA input norm); each tree is
+#           (.devrun/nofuse: fa6db8c, before the fused KDA input norm), sig (.devrun/sig: branch
+#           pdl-signal-first, each kernel signals the next before its PDL wait); each tree is
 #           `git archive <commit> vllm benchmarks` without `vllm/models/kimi_k3/trained`;
 #   profile batch-1 decode at 8k by kernel group, this tree (LIMIT seconds, default 300).
 set -u
@@ -41,6 +42,7 @@ for part in ${PART:-suite}; do
           new*) engine_run $label $PWD ;;
           prev*) engine_run $label $PWD/.devrun/prev ;;
           nofuse*) engine_run $label $PWD/.devrun/nofuse ;;
+          sig*) engine_run $label $PWD/.devrun/sig ;;
         esac
       done ;;
     profile)
