@@ -3,7 +3,7 @@
 #   PART="suite profile" runs both in order.
 #   suite   the whole GPU test suite on this tree (`pytest -m gpu -n 4 tests`, LIMIT seconds,
 #           default 420);
-#   engine  batch-1 decode at 1k and 8k, trees alternating (RUNS picks them): new (this tree),
+#   engine  decode at 1k and 8k (BATCHES, default 1), trees alternating (RUNS picks them): new (this tree),
 #           prev (.devrun/prev: fa7da33, before the static weights' early loads) and nofuse
 #           (.devrun/nofuse: fa6db8c, before the fused KDA input norm), sig (.devrun/sig: branch
 #           pdl-signal-first, each kernel signals the next before its PDL wait); each tree is
@@ -26,7 +26,7 @@ engine_run() {
   label=$1; tree=$2
   (cd $tree && PYTHONPATH=/tmp/site:$tree VLLM_KDA_PREFILL_GRAPHS=0 TQDM_DISABLE=1 \
     timeout 300 python $AB --model $MODEL --load-format dummy --skip-tokenizer-init \
-    --quantization-config "$P" --batch-sizes 1 --input-lens 1024 8192 --output-len 32 \
+    --quantization-config "$P" --batch-sizes ${BATCHES:-1} --input-lens 1024 8192 --output-len 32 \
     --warmup-steps 4 --max-num-batched-tokens 8192 > $OUT/engine_$label.log 2>&1
    echo "$label rc $?"; grep "decode (graph)\|engine start" $OUT/engine_$label.log | cut -c1-150)
 }
