@@ -12,7 +12,7 @@ from torch.autograd import DeviceType
 import vllm.model_executor.kernels.linear.gemv as gemv_op
 import vllm.models.kimi_k3.amd.mla as mla_module
 from vllm.config.quantization import parse_quantization_config
-from vllm.model_executor.kernels.linear.gemv_config import BATCHED_GEMV_MAX_M
+from vllm.model_executor.kernels.linear.gemv_config import BATCHED_GEMV_MAX_M, use_bf16_gemv
 from vllm.model_executor.layers.fusion.quant_activation import QuantizedActivation
 from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
 from vllm.models.kimi_k3.amd.mla import KimiMLAAttention
@@ -374,10 +374,14 @@ def test_gpu_kimi_linear_decode_step_kernels(batch):
         expected = layer(step, exact.schedule(decodes, decodes=False).mla)
     names = [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
     assert sum("_mla_cache_write_kernel" in n for n in names) == 1, names
-    # W_UK and W_UV as batched GEMVs up to BATCHED_GEMV_MAX_M rows (torch.bmm above), plus the
-    # bf16 o_proj's GEMV at one row.
+    # W_UK and W_UV as batched GEMVs up to BATCHED_GEMV_MAX_M rows (torch.bmm above), plus each
+    # bf16 linear that use_bf16_gemv sends to the GEMV (q | kv_a and o_proj at one row).
     absorbs = 2 if batch <= BATCHED_GEMV_MAX_M else 0
-    assert sum("_gemv_kernel" in n for n in names) == absorbs + (batch == 1), names
+    linears = [getattr(layer, layer.fused_a_name).weight, layer.o_proj.weight]
+    rows = [torch.empty(batch, w.shape[1], dtype=w.dtype, device="cuda") for w in linears]
+    gemv_linears = sum(use_bf16_gemv(x, w) for x, w in zip(rows, linears, strict=True))
+    assert gemv_linears == (2 if batch == 1 else 0)  # the rule as measured for these shapes
+    assert sum("_gemv_kernel" in n for n in names) == absorbs + gemv_linears, names
     banned = re.compile(r"rms_norm|CatArray|index_put|index_elementwise|[Mm]emcpy|copy_kernel")
     assert not [n for n in names if banned.search(n)], names
     assert torch.equal(absorbed.mla_caches[0][1:], exact.mla_caches[0][1:])
