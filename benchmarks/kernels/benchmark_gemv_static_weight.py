@@ -5,8 +5,6 @@ where the layers run it at a batch-1 decode: right after a short kernel that wri
   o_proj       rms_norm(x), per_token_fp8_quant, then gemv_fp8 (4096 -> 2304, FP8): the KDA
                o_proj after its quantizing epilogue (two short launches here, one there)
   mla_q_kv_a   rms_norm(x), then gemv (2304 -> 6720, bf16): MLA's input norm and q | kv_a
-  kda_in_proj  rms_norm(x), then fused_add_rms_norm_gemv(h, residual, ...) (2304 -> 12576,
-               bf16; rms_norm_gemv.py): the KDA projection after the kernel before it
 
 Modes: `static` (the layers' launch), `plain` (the launch before static weights) and `before` (the
 chain's launches before the GEMV alone, so that chain minus before is what the GEMV adds). Timing:
@@ -22,7 +20,6 @@ plain outputs are compared bit for bit first.
 
 import argparse
 import sys
-from dataclasses import replace
 
 import torch
 from kernel_bench import (
@@ -37,32 +34,24 @@ from kernel_bench import (
 )
 
 from vllm.model_executor.kernels.linear.gemv import gemv, gemv_fp8
-from vllm.model_executor.kernels.linear.gemv_config import WIDE_TILE, GemvConfig
-from vllm.model_executor.kernels.linear.rms_norm_gemv import (
-    fused_add_rms_norm_gemv,
-    norm_gemv_config,
-)
-from vllm.model_executor.layers.ops.rms_norm import rms_norm, row_tile_warps
+from vllm.model_executor.layers.ops.rms_norm import rms_norm
 from vllm.model_executor.layers.quantization.utils.fp8_per_token import per_token_fp8_quant
 from vllm.platforms import current_platform
-from vllm.triton_utils import next_power_of_2
 from vllm.utils.cli import run_main
 
-SHAPES = {"o_proj": (4096, 2304), "mla_q_kv_a": (2304, 6720), "kda_in_proj": (2304, 12576)}
+SHAPES = {"o_proj": (4096, 2304), "mla_q_kv_a": (2304, 6720)}
 DRY_RUN_SHAPE = (256, 48)  # (K, N) of every chain in the dry run
 MODES = ("static", "plain", "before")
 EPS = 1e-6
 
 
 class Chain:
-    """One chain's operands: the row, the norm weight, the weight copies (FP8 codes with their
-    per-channel scales for o_proj) and, for the fused KDA projection, the residual and the
-    launch config."""
+    """One chain's operands: the row, the norm weight and the weight copies (FP8 codes with
+    their per-channel scales for o_proj)."""
 
     def __init__(self, name: str, k: int, n: int, copies: int, device, gen) -> None:
         self.name = name
         self.x = torch.randn(1, k, generator=gen, device=device).to(torch.bfloat16)
-        self.residual = torch.randn(1, k, generator=gen, device=device).to(torch.bfloat16)
         self.norm_w = (1 + 0.1 * torch.randn(k, generator=gen, device=device)).to(torch.bfloat16)
         base = torch.randn(n, k, generator=gen, device=device) * k**-0.5
         if name == "o_proj":
@@ -74,11 +63,6 @@ class Chain:
             base = base.to(torch.bfloat16)
         self.weights = [base.clone() for _ in range(copies)]
         self.weight_bytes = base.numel() * base.element_size()
-        self.config: GemvConfig | None = None
-        if name == "kda_in_proj":
-            self.config = norm_gemv_config(n, k) or replace(
-                WIDE_TILE, num_warps=row_tile_warps(next_power_of_2(k))
-            )
 
     def before(self):
         h = rms_norm(self.x, self.norm_w, EPS)
@@ -89,11 +73,7 @@ class Chain:
         h = self.before()
         if self.name == "o_proj":
             return gemv_fp8(*h, w, self.w_scale, static_weight=static)
-        if self.name == "mla_q_kv_a":
-            return gemv(h, w, static_weight=static)
-        return fused_add_rms_norm_gemv(
-            h, self.residual, self.norm_w, EPS, w, config=self.config, static_weight=static
-        )[0]
+        return gemv(h, w, static_weight=static)
 
     def calls(self, mode: str) -> list:
         if mode == "before":

@@ -201,7 +201,7 @@ def test_gemv_static_weight_dry_run(triton_launches, tmp_path: Path, capsys) -> 
     # The GEMV's share on the chains that hold it, from the `before` row timed after them.
     assert all((r["gemv_us"] != "") == (r["mode"] != "before") for r in rows)
     # Checked (static against plain) and timed: the interpreted kernels, not the references.
-    assert triton_launches["_gemv_kernel"] > 4 and triton_launches["_rms_norm_gemv_kernel"] > 2
+    assert triton_launches["_gemv_kernel"] > 4
     assert capsys.readouterr().out.count("static saves") == len(bench.SHAPES)
 
 

@@ -129,9 +129,9 @@ _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
 
 def _preloaded_loads(launch: dict) -> int:
     """The 16-byte global loads a PRELOAD launch's static tiles take a thread (each tile spread
-    over all the program's threads): gemv.py's and rms_norm_gemv.py's weight tile, the fused
-    router's gate rows and norm weight. The PTX must hold exactly these before the wait, so that
-    no load of what the kernel before writes (the rows, their scales) moves ahead of it."""
+    over all the program's threads): gemv.py's weight tile, the fused router's gate rows and norm
+    weight. The PTX must hold exactly these before the wait, so that no load of what the kernel
+    before writes (the rows, their scales) moves ahead of it."""
     args = launch["args"]
     lanes = 16 * 32 * launch["options"]["num_warps"]
 
@@ -461,12 +461,11 @@ def _drive_ops() -> None:
     # One row of a weight of WIDE_TILE_MIN_N channels: the wide tile (KDA's input projection).
     x = torch.randn(1, 2304, generator=gen).to(torch.bfloat16)
     gemv(x, torch.randn(WIDE_TILE_MIN_N, 2304, generator=gen).to(torch.bfloat16))
-    # The input norm in that launch (rms_norm_gemv.py), with and without a residual (static, as
-    # the KDA layer launches it; with a residual also not); a K tail.
+    # The input norm in that launch (rms_norm_gemv.py), with and without a residual; a K tail.
     w = torch.randn(WIDE_TILE_MIN_N, 2304, generator=gen).to(torch.bfloat16)
     norm_w = torch.ones(2304, dtype=torch.bfloat16)
-    for residual, static in ((x, True), (None, True), (x, False)):
-        fused_add_rms_norm_gemv(x, residual, norm_w, 1e-6, w, static_weight=static)
+    for residual in (x, None):
+        fused_add_rms_norm_gemv(x, residual, norm_w, 1e-6, w)
     x = torch.randn(1, 300, generator=gen).to(torch.bfloat16)
     fused_add_rms_norm_gemv(
         x, x, torch.ones(300), 1e-6, torch.randn(40, 300, generator=gen).to(torch.bfloat16),

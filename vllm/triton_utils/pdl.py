@@ -28,9 +28,9 @@ other than a static weight's load:
   wait makes that kernel's writes visible: a static weight is memory that kernel does not write
   (a layer's parameters, written once at load, qualify). The FP8 and batched GEMVs and the
   one-token router load such weights before the wait (``static_weight``:
-  vllm/model_executor/kernels/linear/gemv.py, rms_norm_gemv.py, fused_router.py), which streams
-  them in while the kernel before still runs; everything else gains only the launch and
-  scheduling latency between kernels, with no ordering argument per kernel to get wrong.
+  vllm/model_executor/kernels/linear/gemv.py, fused_router.py), which streams them in while the
+  kernel before still runs; everything else gains only the launch and scheduling latency between
+  kernels, with no ordering argument per kernel to get wrong.
 
 ``pdl_options(use_pdl(device))`` is what a launcher adds to a kernel's constexprs and options:
 ``PDL=True, launch_pdl=True`` where PDL runs, ``PDL=False`` elsewhere (ROCm, GPUs before sm_90,

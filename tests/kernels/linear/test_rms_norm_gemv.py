@@ -61,13 +61,6 @@ def assert_within_gemv_bound(out, h, w):
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def preloads(launch_constexprs) -> list[bool]:
-    """``PRELOAD`` of each fused launch during the test, in order."""
-    return launch_constexprs(norm_gemv_mod, "PRELOAD")
-
-
-@pytest.mark.parametrize("static", [False, True])
 @pytest.mark.parametrize("residual", [True, False])
 @pytest.mark.parametrize(
     "n, hidden, dtype",
@@ -78,14 +71,11 @@ def preloads(launch_constexprs) -> list[bool]:
         (24, 257, torch.bfloat16),  # a one-column last K step
     ],
 )
-def test_equals_the_norm_then_gemv(triton_launches, preloads, static, residual, n, hidden, dtype):
-    # A static weight's first tile is loaded before the PDL wait: the same sums.
+def test_equals_the_norm_then_gemv(triton_launches, residual, n, hidden, dtype):
     x, res, norm_w, w = case(n, hidden, residual, "cpu", seed=n, dtype=dtype)
     config = fitting_tile(hidden)
-    out, new_res = fused_add_rms_norm_gemv(
-        x, res, norm_w, 1e-6, w, config=config, static_weight=static
-    )
-    assert triton_launches["_rms_norm_gemv_kernel"] == 1 and preloads == [static]
+    out, new_res = fused_add_rms_norm_gemv(x, res, norm_w, 1e-6, w, config=config)
+    assert triton_launches["_rms_norm_gemv_kernel"] == 1
     ref_out, ref_res = unfused(x, res, norm_w, 1e-6, w, config)
     assert out.shape == (1, n) and out.dtype == dtype
     assert torch.equal(out, ref_out) and torch.equal(new_res, ref_res)
@@ -232,11 +222,11 @@ def test_launch_errors(config, message):
 @pytest.mark.gpu
 @pytest.mark.parametrize("residual", [True, False])
 def test_gpu_kda_in_proj_equals_the_norm_then_gemv(triton_launches, residual):
-    # As the KDA layer launches it: the weight static.
+    # As the KDA layer launches it: the default launch.
     n, hidden = KDA_IN_PROJ
     x, res, norm_w, w = case(n, hidden, residual, "cuda", seed=11)
     assert use_rms_norm_gemv(x, res, norm_w, w)
-    out, new_res = fused_add_rms_norm_gemv(x, res, norm_w, 1e-6, w, static_weight=True)
+    out, new_res = fused_add_rms_norm_gemv(x, res, norm_w, 1e-6, w)
     assert triton_launches["_rms_norm_gemv_kernel"] == 1
     ref_out, ref_res = unfused(x, res, norm_w, 1e-6, w, None)  # gemv's default: WIDE_TILE
     assert triton_launches["_gemv_kernel"] == 1 and triton_launches["_rms_norm_kernel"] == 1
@@ -246,15 +236,15 @@ def test_gpu_kda_in_proj_equals_the_norm_then_gemv(triton_launches, residual):
 
 @pytest.mark.gpu
 def test_gpu_cuda_graph_replay_equals_eager():
-    # As the KDA layer launches it (a static weight, whose first tile may load before the PDL
-    # wait), right after a PDL kernel that writes its row: the replay reads the new row.
+    # As the KDA layer launches it, right after a PDL kernel that writes its row: the replay
+    # reads the new row.
     n, hidden = KDA_IN_PROJ
     src, res, norm_w, w = case(n, hidden, True, "cuda", seed=12)
     ones = torch.ones(hidden, dtype=src.dtype, device="cuda")
 
     def step():
         x = rms_norm(src, ones, 1e-6)
-        return fused_add_rms_norm_gemv(x, res, norm_w, 1e-6, w, static_weight=True)
+        return fused_add_rms_norm_gemv(x, res, norm_w, 1e-6, w)
 
     eager = step()
     step()  # compiled before the capture

@@ -50,8 +50,8 @@ Kimi-Linear's shape); against the reference both differ only by fp32 summation o
 bound) and the rstd's ulps (rms_norm.py).
 
 Host side: metadata checks only, static shapes, no sync: CUDA-graph capturable. PDL as the other
-kernels (vllm/triton_utils/pdl.py): every program waits before touching memory, but for a
-``static_weight``'s first tile, as in gemv.py.
+kernels (vllm/triton_utils/pdl.py): every program waits before touching memory, its first weight
+tile included.
 """
 
 from functools import cache
@@ -133,8 +133,7 @@ if triton is not None:
         x_ptr, res_ptr, norm_w_ptr, w_ptr, out_ptr, res_out_ptr,
         N, H, stride_wn, eps,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-        HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr, PRELOAD: tl.constexpr = False,
-        PDL: tl.constexpr = False,
+        HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr = False,
     ):  # fmt: skip
         dtype = out_ptr.dtype.element_ty
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -142,14 +141,10 @@ if triton is not None:
         kk = tl.arange(0, BLOCK_K)
         # Padded channels address row 0 under a false mask: no address leaves the weight.
         w_rows = w_ptr + tl.where(n_ok, n, 0).to(tl.int64)[:, None] * stride_wn
-        # The first weight tile is loaded before the norm's sum, whose cross-warp barrier would
-        # otherwise hold the weight stream back by the row's round trip; a static weight's
-        # (PRELOAD) before the PDL wait too, as gemv.py's.
-        if PRELOAD:
-            w = _gemv_weight_tile(w_rows, kk, n_ok, H, EVEN_K)
         pdl_wait(PDL)
-        if not PRELOAD:
-            w = _gemv_weight_tile(w_rows, kk, n_ok, H, EVEN_K)
+        # The first weight tile is loaded before the norm's sum, whose cross-warp barrier would
+        # otherwise hold the weight stream back by the row's round trip.
+        w = _gemv_weight_tile(w_rows, kk, n_ok, H, EVEN_K)
 
         # `_rms_norm_kernel`'s expression on its tile (BLOCK_D lanes under the same warps): the
         # same fp32 sum of squares, hence the same rstd.
@@ -190,7 +185,6 @@ def _spec(
     has_residual: bool,
     even_k: bool,
     pdl: bool,
-    static_weight: bool = False,
 ) -> LaunchSpec:
     """Constexprs and options, with the ``MAX_REGISTERS`` cap on `WIDE_TILE`'s tile on NVIDIA
     (where it was measured; other tiles, for tests and sweeps, hold more per thread, and Triton's
@@ -200,8 +194,7 @@ def _spec(
     wide = wide and not current_platform.is_rocm()
     return LaunchSpec(
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, BLOCK_D=block_d,
-        HAS_RESIDUAL=has_residual, EVEN_K=even_k, PRELOAD=static_weight,
-        num_warps=config.num_warps,
+        HAS_RESIDUAL=has_residual, EVEN_K=even_k, num_warps=config.num_warps,
         num_stages=config.num_stages, **({"maxnreg": MAX_REGISTERS} if wide else {}),
         **pdl_options(pdl),
     )  # fmt: skip
@@ -269,16 +262,14 @@ def fused_add_rms_norm_gemv(
     weight: torch.Tensor,
     *,
     config: GemvConfig | None = None,
-    static_weight: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(gemv(h, weight), new_residual)`` with ``h, new_residual = fused_add_rms_norm(x,
     residual, norm_weight, eps)`` (``rms_norm`` and ``x`` itself without a residual), in one
     launch (module docstring). ``config`` overrides ``norm_gemv_config`` (tests, benchmark
-    sweeps): multiply-and-sum in one K split under the norm kernel's warps. ``static_weight``:
-    as ``gemv``'s (gemv.py, "Static weights"), the first weight tile loaded before the PDL
-    wait; measured 0.4-0.5 us slower at Kimi-Linear's projection on an H100, so the KDA layer
-    does not pass it (kept for benchmark_gemv_static_weight.py's comparison). ValueError for
-    operands the op does not take, or for a launch it cannot make."""
+    sweeps): multiply-and-sum in one K split under the norm kernel's warps. The weight is loaded
+    after the PDL wait (loaded before it, as gemv.py's static weights, it measured slower:
+    docs/performance.md "Fifty-first run" and "Fifty-second run"). ValueError for operands the op
+    does not take, or for a launch it cannot make."""
     error = _args_error(x, residual, norm_weight, weight)
     if error:
         raise ValueError(f"fused_add_rms_norm_gemv: {error}")
@@ -308,7 +299,7 @@ def fused_add_rms_norm_gemv(
     res_out = x if residual is None else torch.empty_like(x)
     spec = _spec(
         config, next_power_of_2(hidden), residual is not None, hidden % config.block_k == 0,
-        use_pdl(x.device), static_weight,
+        use_pdl(x.device),
     )  # fmt: skip
     launch(
         _rms_norm_gemv_kernel, (grid, 1, 1),

@@ -241,7 +241,6 @@ class KimiK3DeltaAttention(torch.nn.Module):
         if _is_plain_linear(in_proj) and use_rms_norm_gemv(
             x, residual, norm.weight, in_proj.weight
         ):
-            # A plain launch, not a static weight's (0.4-0.5 us slower: rms_norm_gemv.py).
             projected, residual = fused_add_rms_norm_gemv(
                 x, residual, norm.weight, norm.eps, in_proj.weight
             )
