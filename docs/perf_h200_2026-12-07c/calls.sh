@@ -3,7 +3,7 @@
 #   PART="suite profile" runs both in order.
 #   suite   the whole GPU test suite on this tree (`pytest -m gpu -n 4 tests`, LIMIT seconds,
 #           default 420);
-#   rerun   the files of call 218's two failures and the router's, one process (no -n), in TREE
+#   rerun   the files of call 218's two failures and the router's, one process (no -n), in TREE, with the test files in EXTRA
 #           (default this tree; .devrun/cur: `git archive <commit> vllm tests benchmarks pyproject.toml`);
 #   engine  decode at 1k and 8k (BATCHES, default 1), trees alternating (RUNS picks them): new (this tree),
 #           prev (.devrun/prev: fa7da33, before the static weights' early loads) and nofuse
@@ -42,6 +42,7 @@ for part in ${PART:-suite}; do
       (cd ${TREE:-.} && PYTHONPATH=/tmp/site:$PWD timeout ${LIMIT:-300} python -m pytest -q -m gpu \
         -p no:cacheprovider tests/models/kimi_k3/test_amd_kda_prefill_graphs.py \
         tests/models/kimi_k3/test_amd_mla.py tests/model_executor/layers/fused_moe/test_fused_router.py \
+        ${EXTRA:-} \
         > $OUT/gpu_rerun.log 2>&1)
       echo "gpu rerun rc $?"; grep -E "passed|failed|FAILED|Error" $OUT/gpu_rerun.log | tail -15 ;;
     engine)
