@@ -6,8 +6,9 @@ where the layers run it at a batch-1 decode: right after a short kernel that wri
                o_proj after its quantizing epilogue (two short launches here, one there)
   mla_q_kv_a   rms_norm(x), then gemv (2304 -> 6720, bf16): MLA's input norm and q | kv_a
 
-Modes: `static` (the layers' launch), `plain` (the launch before static weights) and `before` (the
-chain's launches before the GEMV alone, so that chain minus before is what the GEMV adds). Timing:
+Modes: `static` (the early loads: the layers' launch of o_proj; q | kv_a they launch plain),
+`plain` and `before` (the chain's launches before the GEMV alone, so that chain minus before is
+what the GEMV adds). Timing:
 CUDA-graph replay of one chain per weight copy over --copies rotating copies of the weight (>= 16,
 so that no chain finds its weight in the H200's 50 MB L2), microseconds per chain, PDL as the
 engine launches it (unless VLLM_TRITON_PDL=0). % of copy counts the weight bytes over the time the
