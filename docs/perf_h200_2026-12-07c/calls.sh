@@ -5,6 +5,7 @@
 #           default 420);
 #   rerun   the files of call 218's two failures and the router's, one process (no -n), in TREE, with the test files in EXTRA
 #           (default this tree; .devrun/cur: `git archive <commit> vllm tests benchmarks pyproject.toml`);
+#   gc      gc_capture.py: does a garbage collection inside a capture break it (one process a case);
 #   engine  decode at 1k and 8k (BATCHES, default 1), trees alternating (RUNS picks them): new (this tree),
 #           prev (.devrun/prev: fa7da33, before the static weights' early loads) and nofuse
 #           (.devrun/nofuse: fa6db8c, before the fused KDA input norm), sig (.devrun/sig: branch
@@ -45,6 +46,10 @@ for part in ${PART:-suite}; do
         ${EXTRA:-} \
         > $OUT/gpu_rerun.log 2>&1)
       echo "gpu rerun rc $?"; grep -E "passed|failed|FAILED|Error" $OUT/gpu_rerun.log | tail -15 ;;
+    gc)
+      for kind in none tensor event graph graph_pool; do
+        timeout 60 python docs/perf_h200_2026-12-07c/gc_capture.py $kind 2>&1 | tail -1 | cut -c1-200
+      done ;;
     engine)
       for label in ${RUNS:-new1 nofuse1 new2 nofuse2}; do
         case $label in
