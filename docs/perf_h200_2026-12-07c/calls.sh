@@ -9,7 +9,9 @@
 #   engine  decode at 1k and 8k (BATCHES, default 1), trees alternating (RUNS picks them): new (this tree),
 #           prev (.devrun/prev: fa7da33, before the static weights' early loads) and nofuse
 #           (.devrun/nofuse: fa6db8c, before the fused KDA input norm), sig (.devrun/sig: branch
-#           pdl-signal-first, each kernel signals the next before its PDL wait); each tree is
+#           pdl-signal-first, each kernel signals the next before its PDL wait), mla (.devrun/mla:
+#           branch mla-early-tile, the MLA split's first cache tile read before its PDL wait,
+#           archived with tests and pyproject.toml too); each tree is
 #           `git archive <commit> vllm benchmarks` without `vllm/models/kimi_k3/trained`;
 #   profile batch-1 decode at 8k by kernel group, this tree (LIMIT seconds, default 300).
 set -u
@@ -57,6 +59,7 @@ for part in ${PART:-suite}; do
           prev*) engine_run $label $PWD/.devrun/prev ;;
           nofuse*) engine_run $label $PWD/.devrun/nofuse ;;
           sig*) engine_run $label $PWD/.devrun/sig ;;
+          mla*) engine_run $label $PWD/.devrun/mla ;;
         esac
       done ;;
     profile)
