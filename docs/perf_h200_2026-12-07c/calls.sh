@@ -11,7 +11,8 @@
 #           (.devrun/nofuse: fa6db8c, before the fused KDA input norm), sig (.devrun/sig: branch
 #           pdl-signal-first, each kernel signals the next before its PDL wait), mla (.devrun/mla:
 #           branch mla-early-tile, the MLA split's first cache tile read before its PDL wait,
-#           archived with tests and pyproject.toml too); each tree is
+#           archived with tests and pyproject.toml too), mlapf (.devrun/mlapf: branch
+#           mla-early-prefetch, the same tile asked of L2 before the wait instead); each tree is
 #           `git archive <commit> vllm benchmarks` without `vllm/models/kimi_k3/trained`;
 #   profile batch-1 decode at 8k by kernel group, this tree (LIMIT seconds, default 300).
 set -u
@@ -59,6 +60,7 @@ for part in ${PART:-suite}; do
           prev*) engine_run $label $PWD/.devrun/prev ;;
           nofuse*) engine_run $label $PWD/.devrun/nofuse ;;
           sig*) engine_run $label $PWD/.devrun/sig ;;
+          mlapf*) engine_run $label $PWD/.devrun/mlapf ;;
           mla*) engine_run $label $PWD/.devrun/mla ;;
         esac
       done ;;
