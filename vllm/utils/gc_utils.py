@@ -1,4 +1,5 @@
-"""Keeping the garbage collector off the heap an engine builds at start-up.
+"""Keeping Python's cyclic garbage collector off the engine's way: off the heap an engine builds at
+start-up, and out of CUDA-graph captures.
 
 An engine's start-up leaves hundreds of thousands of long-lived objects (the model's modules and
 parameters, the tokenizer's tables, the captured graphs), and every step allocates short-lived
@@ -11,10 +12,21 @@ token lists, which `Request` now keeps short (vllm/v1/request.py; 8-9 ms, "Eleve
 the engine later drops in reference cycles is still collected; objects frozen here are not,
 until `unfreeze_heap`, which an engine's shutdown calls, or the interpreter's exit (objects
 frozen at exit would never be collected, and their native owners report them as leaked).
+
+`collector_paused` keeps automatic collections out of a block of CUDA-graph captures. A
+collection inside a capture that frees garbage holding a CUDA graph (a dropped
+`KdaPrefillGraphs`, whose replays sit in a reference cycle) destroys that graph mid-capture, and
+the capture fails ("operation failed due to a previous error during capture"; measured on an
+H100, docs/performance.md "Fifty-fourth run"). Freed tensors and events do no harm: their
+memory goes back to torch's caching allocator. torch 2.11's `torch.cuda.graph` no longer
+collects before a capture unless `torch.compiler.config.force_cudagraph_gc` is set, so such
+garbage can reach a capture from any earlier code of the process.
 """
 
 import atexit
+import contextlib
 import gc
+from collections.abc import Iterator
 
 atexit.register(gc.unfreeze)
 
@@ -32,3 +44,17 @@ def unfreeze_heap() -> None:
     """Return the frozen objects to the collector (at an engine's shutdown: an offline process
     may build and drop several engines)."""
     gc.unfreeze()
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Turn automatic collection off for the block (around CUDA-graph captures; module
+    docstring), and back on after it if it was on. Garbage made before or inside the block is
+    collected by the first collection after it, outside any capture."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

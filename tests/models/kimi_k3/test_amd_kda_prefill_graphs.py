@@ -2,6 +2,8 @@
 plumbing against the eager `kda_prefill` (CPU: the reference "replays"; GPU: CUDA graphs of
 fla-core's fixed-shape `chunk_kda`), the fallbacks, and the model's capture hook."""
 
+import gc
+
 import pytest
 import torch
 
@@ -100,6 +102,23 @@ def test_capture_walks_the_bucket_pairs_through_progress_largest_first():
     graphs.capture(progress)
     assert walked == [[(32, 4), (32, 1), (16, 4), (16, 1)]]
     assert list(graphs.replays) == walked[0]
+
+
+def test_capture_pauses_the_garbage_collector():
+    """No automatic collection runs while the replays are recorded (`collector_paused`: one
+    inside a CUDA-graph capture can destroy a dropped graph and fail the capture), and the
+    collector is back on after."""
+    seen = []
+
+    def progress(pairs):
+        for pair in pairs:
+            seen.append(gc.isenabled())
+            yield pair
+
+    graphs = KdaPrefillGraphs(H, D, torch.float32, torch.device("cpu"), None, (16,), (1, 2))
+    assert gc.isenabled()
+    graphs.capture(progress)
+    assert seen == [False, False] and gc.isenabled()
 
 
 def test_steps_outside_the_buckets_or_gate_run_eagerly():

@@ -1,6 +1,6 @@
 """CUDA-graph decode on a GPU (marked `gpu`): kimi-k3-tiny with the PTPC recipe.
 
-- every configured batch size is captured;
+- every configured batch size is captured, with automatic garbage collection paused;
 - a mixed workload (prompts of different lengths arriving at different steps, so decode-only steps
   of many sizes and mixed prefill steps) gives the same greedy tokens with graphs and eagerly;
 - a graph-replayed decode step neither synchronizes with the host nor compiles anything;
@@ -9,6 +9,7 @@
   dummy mixed steps compiled.
 """
 
+import gc
 import random
 
 import pytest
@@ -66,6 +67,28 @@ def test_graphs_capture_every_size_and_match_eager():
         assert workload(eager) == with_graphs
     finally:
         eager.shutdown()
+
+
+@pytest.mark.gpu
+def test_captures_run_with_the_garbage_collector_paused(monkeypatch):
+    """Every capture of the start-up (decode graphs and KDA prefill graphs) begins with automatic
+    collection off (`collector_paused`), and the collector is on again once the engine runs."""
+    collector_on = []
+    begin = torch.cuda.CUDAGraph.capture_begin
+
+    def recording_begin(self, *args, **kwargs):
+        collector_on.append(gc.isenabled())
+        return begin(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "capture_begin", recording_begin)
+    monkeypatch.setenv("VLLM_KDA_PREFILL_GRAPHS", "1")
+    eng = engine(enforce_eager=False)
+    try:
+        assert len(collector_on) > len(eng.config.compilation_config.cudagraph_capture_sizes)
+        assert not any(collector_on)
+        assert gc.isenabled()
+    finally:
+        eng.shutdown()
 
 
 @pytest.mark.gpu

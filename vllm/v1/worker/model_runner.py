@@ -53,6 +53,7 @@ from vllm.models.kimi_k3.amd.metadata import BatchSchedule, KimiMetadataBuilder
 from vllm.models.kimi_k3.amd.ops.kda_prefill_graphs import KdaPrefillGraphs
 from vllm.models.registry import model_class
 from vllm.platforms import current_platform
+from vllm.utils.gc_utils import collector_paused
 from vllm.utils.torch_utils import async_tensor_h2d
 from vllm.v1.core.kv_cache_utils import CacheSizeError
 from vllm.v1.core.sched.output import SchedulerOutput
@@ -329,15 +330,15 @@ class ModelRunner:
 
     def capture_cudagraphs(self) -> float:
         """Warm up the mixed steps (`warm_up_mixed_steps`), then capture one decode graph per
-        configured batch size (largest first, one memory pool). Returns the seconds the capture
-        took."""
+        configured batch size (largest first, one memory pool), with automatic garbage
+        collection paused (`collector_paused`). Returns the seconds the capture took."""
         sizes = self.config.compilation_config.cudagraph_capture_sizes
         if not sizes or self.device.type != "cuda":
             return 0.0
         self.warm_up_mixed_steps(sizes)
         start = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
-        with torch.no_grad():
+        with torch.no_grad(), collector_paused():
             for size in startup_progress(sorted(sizes, reverse=True), "Capturing decode graphs"):
                 metadata = self.builder.build(BatchSchedule([], [], [], [], 0), pad_to=size)
                 ids = self.input_ids[:size]

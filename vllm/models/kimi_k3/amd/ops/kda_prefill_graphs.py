@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterable
 import torch
 
 from vllm.models.kimi_k3.amd.ops.kda_core import KdaGate, fla_chunk_kda, kda_prefill
+from vllm.utils.gc_utils import collector_paused
 
 __all__ = [
     "DEFAULT_SEQ_BUCKETS",
@@ -167,17 +168,19 @@ class KdaPrefillGraphs:
         """Record every bucket pair, largest first (on CUDA into graphs sharing one memory
         pool). The buffers then hold one sequence filling the bucket, so that every chunk's
         kernels run before the capture. The pairs are walked through `progress` (the model
-        runner's progress bar: a fresh machine's capture takes minutes of fla-core tuning)."""
+        runner's progress bar: a fresh machine's capture takes minutes of fla-core tuning), with
+        automatic garbage collection paused (`collector_paused`)."""
         pool = torch.cuda.graph_pool_handle() if self.qkvg.device.type == "cuda" else None
         pairs = [
             (t, n)
             for t in sorted(self.token_buckets, reverse=True)
             for n in sorted(self.seq_buckets, reverse=True)
         ]
-        for t, n in progress(pairs):
-            self.cu.fill_(t)
-            self.cu[0] = 0
-            self.replays[(t, n)] = _Replay(lambda t=t, n=n: self._call(t, n), pool)
+        with collector_paused():
+            for t, n in progress(pairs):
+                self.cu.fill_(t)
+                self.cu[0] = 0
+                self.replays[(t, n)] = _Replay(lambda t=t, n=n: self._call(t, n), pool)
 
     def _replay_bucket(self, tokens: int, seqs: int) -> tuple[int, int] | None:
         """The captured bucket pair that a step of `tokens` in `seqs` sequences replays, or None
