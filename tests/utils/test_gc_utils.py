@@ -9,6 +9,8 @@ import torch
 
 from vllm.utils.gc_utils import collector_paused
 
+YOUNG = 10_000  # generation 0's threshold in these tests
+
 
 class _Cycle:
     """An object in a reference cycle: only a collection frees it."""
@@ -22,25 +24,32 @@ def _unreachable_cycle() -> weakref.ref:
 
 
 @pytest.fixture
-def eager_collector():
-    """The collector on, collecting every generation at each new container (thresholds 1),
-    restored after the test."""
+def young_collector():
+    """The collector on and generation 0 empty, so that the next automatic collection comes after
+    `YOUNG` more containers and finds what the test made since in generation 0. Restored
+    after the test."""
     thresholds, enabled = gc.get_threshold(), gc.isenabled()
+    gc.set_threshold(YOUNG, *thresholds[1:])
     gc.enable()
-    gc.set_threshold(1, 1, 1)
+    gc.collect()
     yield
     gc.set_threshold(*thresholds)
     (gc.enable if enabled else gc.disable)()
 
 
-def test_no_automatic_collection_inside_and_the_collector_back_on_after(eager_collector):
+def _containers(n: int) -> list:
+    """`n` new containers, alive until the list goes: enough to start an automatic collection."""
+    return [[i] for i in range(n)]
+
+
+def test_no_automatic_collection_inside_and_the_collector_back_on_after(young_collector):
     with collector_paused():
         assert not gc.isenabled()
         garbage = _unreachable_cycle()
-        _ = [[i] for i in range(1000)]  # would start many collections with the collector on
+        live = _containers(2 * YOUNG)
         assert garbage() is not None
     assert gc.isenabled()
-    _ = [[i] for i in range(10)]
+    live += _containers(2 * YOUNG)
     assert garbage() is None
 
 
@@ -60,13 +69,12 @@ def test_the_collector_is_restored_on_an_error_and_stays_off_if_it_was_off():
 
 
 @pytest.mark.gpu
-def test_a_capture_survives_garbage_that_holds_a_cuda_graph(eager_collector):
+def test_a_capture_survives_garbage_that_holds_a_cuda_graph(young_collector):
     """A cycle holding a captured graph becomes garbage inside a capture whose Python code would
-    start collections: paused, the capture succeeds and replays right, and the next collection
-    after it frees the garbage. Unpaused, a collection inside the capture destroys that graph
-    and the capture fails (measured on an H100, docs/performance.md "Fifty-fourth run")."""
+    start a collection: paused, the capture succeeds and replays right, and a collection after
+    it frees the garbage. Unpaused, the collection inside the capture destroys that graph and
+    the capture fails (measured on an H100, docs/performance.md "Fifty-fourth run")."""
     x = torch.zeros(1024, device="cuda")
-    gc.disable()  # the cycle stays in a young generation, which the collections below walk
     dropped = torch.cuda.CUDAGraph()
     with torch.cuda.graph(dropped):
         y = x + 1
@@ -74,16 +82,16 @@ def test_a_capture_survives_garbage_that_holds_a_cuda_graph(eager_collector):
     garbage = weakref.ref(held)
     del dropped, y
     graph = torch.cuda.CUDAGraph()
-    gc.enable()
     with collector_paused(), torch.cuda.graph(graph):
         z = x + 2
         del held
-        _ = [[i] for i in range(1000)]
+        live = _containers(2 * YOUNG)
         assert garbage() is not None
         z = z * 3
     x.fill_(1.0)
     graph.replay()
     torch.cuda.synchronize()
     assert bool((z == 9.0).all())
-    _ = [[i] for i in range(10)]
+    del live
+    gc.collect()
     assert garbage() is None
