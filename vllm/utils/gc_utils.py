@@ -18,9 +18,10 @@ collection inside a capture that frees garbage holding a CUDA graph (a dropped
 `KdaPrefillGraphs`, whose replays sit in a reference cycle) destroys that graph mid-capture, and
 the capture fails ("operation failed due to a previous error during capture"; measured on an
 H100, docs/performance.md "Fifty-fourth run"). Freed tensors and events do no harm: their
-memory goes back to torch's caching allocator. torch 2.11's `torch.cuda.graph` no longer
-collects before a capture unless `torch.compiler.config.force_cudagraph_gc` is set, so such
-garbage can reach a capture from any earlier code of the process.
+memory goes back to torch's caching allocator. torch's `torch.cuda.graph` no longer collects
+before a capture unless `torch.compiler.config.force_cudagraph_gc` is set (pytorch PR #158193),
+so such garbage can reach a capture from any earlier code of the process; a collected Triton
+`CompiledKernel`, which unloads its module, is another such hazard (triton PR #10712).
 """
 
 import atexit
