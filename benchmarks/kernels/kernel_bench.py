@@ -5,9 +5,9 @@ they all have (--copy-gib, --csv, --dry-run, the refusal without a GPU, the copy
 first).
 
 The scripts import it as a sibling, as run from this folder. It imports only the standard library,
-torch and `vllm.utils.cli` (whose `output_file` checks --csv as it checks the engine benchmarks'
---output-json), so a script can import it at its top and still run --dry-run on a CPU without
-Triton.
+torch, `vllm.utils.gc_utils` (its captures pause the garbage collector) and `vllm.utils.cli`
+(whose `output_file` checks --csv as it checks the engine benchmarks' --output-json), so a script
+can import it at its top and still run --dry-run on a CPU without Triton.
 """
 
 import argparse
@@ -22,6 +22,7 @@ from csv import DictWriter
 import torch
 
 from vllm.utils.cli import given_flags, output_file, replaced_whole
+from vllm.utils.gc_utils import collector_paused
 
 # Seconds of replays between a capture and its timing. Right after a new set of expert weights
 # was made, the first timing of them (50 replays, about 50 ms) took 17% longer than every later
@@ -32,8 +33,9 @@ WARM_UP_S = 0.2
 
 
 def _capture(fn: Callable[[], object], calls: int) -> torch.cuda.CUDAGraph:
-    """`fn` called `calls` times in one CUDA graph, after three eager calls (compiles, lazy
-    allocations), the graph then replayed for `WARM_UP_S` before it is returned."""
+    """`fn` called `calls` times in one CUDA graph (automatic garbage collection paused:
+    `collector_paused`), after three eager calls (compiles, lazy allocations), the graph then
+    replayed for `WARM_UP_S` before it is returned."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -41,7 +43,7 @@ def _capture(fn: Callable[[], object], calls: int) -> torch.cuda.CUDAGraph:
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with collector_paused(), torch.cuda.graph(graph):
         for _ in range(calls):
             fn()
     deadline = time.perf_counter() + WARM_UP_S

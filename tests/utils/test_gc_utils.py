@@ -1,5 +1,6 @@
-"""`collector_paused`: no automatic collection inside the block, the collector's state restored
-after it, and (on a GPU) a capture that garbage holding a CUDA graph cannot break."""
+"""`collector_paused`: no automatic collection inside the block, one collection after it, the
+collector's state restored, and (on a GPU) a capture that garbage holding a CUDA graph cannot
+break."""
 
 import gc
 import weakref
@@ -42,18 +43,31 @@ def _containers(n: int) -> list:
     return [[i] for i in range(n)]
 
 
-def test_no_automatic_collection_inside_and_the_collector_back_on_after(young_collector):
+@pytest.fixture
+def collections():
+    """The generation of every collection that starts while the test runs, in order."""
+    started = []
+
+    def record(phase: str, info: dict) -> None:
+        if phase == "start":
+            started.append(info["generation"])
+
+    gc.callbacks.append(record)
+    yield started
+    gc.callbacks.remove(record)
+
+
+def test_no_automatic_collection_inside_then_a_full_one_after(young_collector, collections):
     with collector_paused():
         assert not gc.isenabled()
         garbage = _unreachable_cycle()
         live = _containers(2 * YOUNG)
-        assert garbage() is not None
-    assert gc.isenabled()
-    live += _containers(2 * YOUNG)
-    assert garbage() is None
+        assert garbage() is not None and collections == []
+    assert collections[:1] == [2] and garbage() is None
+    assert gc.isenabled() and len(live) == 2 * YOUNG
 
 
-def test_the_collector_is_restored_on_an_error_and_stays_off_if_it_was_off():
+def test_the_collector_is_restored_on_an_error_and_left_alone_if_it_was_off():
     enabled = gc.isenabled()
     try:
         gc.enable()
@@ -62,8 +76,8 @@ def test_the_collector_is_restored_on_an_error_and_stays_off_if_it_was_off():
         assert gc.isenabled()
         gc.disable()
         with collector_paused():
-            pass
-        assert not gc.isenabled()
+            garbage = _unreachable_cycle()
+        assert not gc.isenabled() and garbage() is not None
     finally:
         (gc.enable if enabled else gc.disable)()
 
@@ -71,9 +85,9 @@ def test_the_collector_is_restored_on_an_error_and_stays_off_if_it_was_off():
 @pytest.mark.gpu
 def test_a_capture_survives_garbage_that_holds_a_cuda_graph(young_collector):
     """A cycle holding a captured graph becomes garbage inside a capture whose Python code would
-    start a collection: paused, the capture succeeds and replays right, and a collection after
-    it frees the garbage. Unpaused, the collection inside the capture destroys that graph and
-    the capture fails (measured on an H100, docs/performance.md "Fifty-fourth run")."""
+    start a collection: paused, the capture succeeds and replays right, and the collection after
+    the block frees the garbage. Unpaused, the collection inside the capture destroys that graph
+    and the capture fails (measured on an H100, docs/performance.md "Fifty-fourth run")."""
     x = torch.zeros(1024, device="cuda")
     dropped = torch.cuda.CUDAGraph()
     with torch.cuda.graph(dropped):
@@ -88,10 +102,8 @@ def test_a_capture_survives_garbage_that_holds_a_cuda_graph(young_collector):
         live = _containers(2 * YOUNG)
         assert garbage() is not None
         z = z * 3
+    assert garbage() is None and len(live) == 2 * YOUNG
     x.fill_(1.0)
     graph.replay()
     torch.cuda.synchronize()
     assert bool((z == 9.0).all())
-    del live
-    gc.collect()
-    assert garbage() is None

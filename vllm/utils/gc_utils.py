@@ -13,15 +13,18 @@ the engine later drops in reference cycles is still collected; objects frozen he
 until `unfreeze_heap`, which an engine's shutdown calls, or the interpreter's exit (objects
 frozen at exit would never be collected, and their native owners report them as leaked).
 
-`collector_paused` keeps automatic collections out of a block of CUDA-graph captures. A
-collection inside a capture that frees garbage holding a CUDA graph (a dropped
-`KdaPrefillGraphs`, whose replays sit in a reference cycle) destroys that graph mid-capture, and
-the capture fails ("operation failed due to a previous error during capture"; measured on an
-H100, docs/performance.md "Fifty-fourth run"). Freed tensors and events do no harm: their
+`collector_paused` keeps automatic collections out of a block of CUDA-graph captures. Destroying
+a CUDA graph while a stream is capturing invalidates that capture, and a collection that frees
+garbage holding a graph (a dropped engine's decode graphs, say) does just that; measured on an
+H100, where the capture then fails with "operation failed due to a previous error during
+capture" (docs/performance.md "Fifty-fourth run"). Freed tensors and events do no harm: their
 memory goes back to torch's caching allocator. torch's `torch.cuda.graph` no longer collects
-before a capture unless `torch.compiler.config.force_cudagraph_gc` is set (pytorch PR #158193),
-so such garbage can reach a capture from any earlier code of the process; a collected Triton
-`CompiledKernel`, which unloads its module, is another such hazard (triton PR #10712).
+before a capture unless `torch.compiler.config.force_cudagraph_gc` is set (pytorch PR #158193;
+PR #161037, which would have paused the collector there, was closed), so such garbage can reach
+a capture from any earlier code of the process; a Triton `CompiledKernel` freed by a collection
+unloads its module, another call a capture does not allow (triton PR #10712). The pause covers
+what a collection frees, not what reference counting frees inside the block: owners of graphs
+keep them out of reference cycles (`KdaPrefillGraphs`).
 """
 
 import atexit
@@ -50,8 +53,9 @@ def unfreeze_heap() -> None:
 @contextlib.contextmanager
 def collector_paused() -> Iterator[None]:
     """Turn automatic collection off for the block (around CUDA-graph captures; module
-    docstring), and back on after it if it was on. Garbage made before or inside the block is
-    collected by the first collection after it, outside any capture."""
+    docstring). If it was on, turn it back on after the block and collect once, outside any
+    capture the block held, so that what became garbage meanwhile (minutes of autotuning on a
+    fresh machine) is freed before the caller measures memory; if it was off, leave it off."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -59,3 +63,4 @@ def collector_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+            gc.collect()

@@ -3,6 +3,7 @@ plumbing against the eager `kda_prefill` (CPU: the reference "replays"; GPU: CUD
 fla-core's fixed-shape `chunk_kda`), the fallbacks, and the model's capture hook."""
 
 import gc
+import weakref
 
 import pytest
 import torch
@@ -119,6 +120,23 @@ def test_capture_pauses_the_garbage_collector():
     assert gc.isenabled()
     graphs.capture(progress)
     assert seen == [False, False] and gc.isenabled()
+
+
+def test_a_dropped_capture_is_freed_without_a_collection():
+    """No reference cycle holds a capture: dropping its last reference frees it and its replays
+    (on CUDA, their graphs) at once, not in some later collection, which might run inside
+    another capture."""
+    graphs = KdaPrefillGraphs(H, D, torch.float32, torch.device("cpu"), None, (16,), (1, 2))
+    graphs.capture()
+    owner, replay = weakref.ref(graphs), weakref.ref(graphs.replays[(16, 2)])
+    assert graphs.replays[(16, 1)]()[0].shape == (1, 16, H, D)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del graphs
+        assert owner() is None and replay() is None
+    finally:
+        (gc.enable if enabled else gc.disable)()
 
 
 def test_steps_outside_the_buckets_or_gate_run_eagerly():

@@ -73,6 +73,7 @@ def test_graphs_capture_every_size_and_match_eager():
 def test_captures_run_with_the_garbage_collector_paused(monkeypatch):
     """Every capture of the start-up (decode graphs and KDA prefill graphs) begins with automatic
     collection off (`collector_paused`), and the collector is on again once the engine runs."""
+    assert gc.isenabled()
     collector_on = []
     begin = torch.cuda.CUDAGraph.capture_begin
 
@@ -84,7 +85,9 @@ def test_captures_run_with_the_garbage_collector_paused(monkeypatch):
     monkeypatch.setenv("VLLM_KDA_PREFILL_GRAPHS", "1")
     eng = engine(enforce_eager=False)
     try:
-        assert len(collector_on) > len(eng.config.compilation_config.cudagraph_capture_sizes)
+        runner = eng.executor.runner
+        assert runner.prefill_graphs is not None
+        assert len(collector_on) == len(runner.graphs) + len(runner.prefill_graphs.replays)
         assert not any(collector_on)
         assert gc.isenabled()
     finally:

@@ -40,7 +40,9 @@ GPU test compares the two bit for bit. On the CPU a "replay" calls the exact ref
 (`kda_prefill`'s) on the same padded buffers, which tests the plumbing around the graphs.
 """
 
+import weakref
 from collections.abc import Callable, Iterable
+from functools import partial
 
 import torch
 
@@ -180,7 +182,10 @@ class KdaPrefillGraphs:
             for t, n in progress(pairs):
                 self.cu.fill_(t)
                 self.cu[0] = 0
-                self.replays[(t, n)] = _Replay(lambda t=t, n=n: self._call(t, n), pool)
+                # Through a weak proxy: a replay holding its owner would make a reference
+                # cycle, which only a collection frees, perhaps inside a later capture.
+                call = partial(KdaPrefillGraphs._call, weakref.proxy(self), t, n)
+                self.replays[(t, n)] = _Replay(call, pool)
 
     def _replay_bucket(self, tokens: int, seqs: int) -> tuple[int, int] | None:
         """The captured bucket pair that a step of `tokens` in `seqs` sequences replays, or None
