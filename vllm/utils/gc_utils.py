@@ -15,8 +15,8 @@ frozen at exit would never be collected, and their native owners report them as 
 
 `collector_paused` keeps automatic collections out of a block of CUDA-graph captures. Destroying
 a CUDA graph while a stream is capturing invalidates that capture, and a collection that frees
-garbage holding a graph (a dropped engine's decode graphs, say) does just that; measured on an
-H100, where the capture then fails with "operation failed due to a previous error during
+garbage holding a graph (one whose owner sat in a reference cycle) does just that; measured on
+an H100, where the capture then fails with "operation failed due to a previous error during
 capture" (docs/performance.md "Fifty-fourth run"). Freed tensors and events do no harm: their
 memory goes back to torch's caching allocator. torch's `torch.cuda.graph` no longer collects
 before a capture unless `torch.compiler.config.force_cudagraph_gc` is set (pytorch PR #158193;
