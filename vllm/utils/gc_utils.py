@@ -53,9 +53,8 @@ def unfreeze_heap() -> None:
 @contextlib.contextmanager
 def collector_paused() -> Iterator[None]:
     """Turn automatic collection off for the block (around CUDA-graph captures; module
-    docstring). If it was on, turn it back on after the block and collect once, outside any
-    capture the block held, so that what became garbage meanwhile (minutes of autotuning on a
-    fresh machine) is freed before the caller measures memory; if it was off, leave it off."""
+    docstring), and back on after it if it was on. What became garbage inside is left to the
+    next collection, outside the block: for an engine, `freeze_startup_heap`'s at the latest."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -63,4 +62,3 @@ def collector_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
-            gc.collect()

@@ -16,6 +16,7 @@ from vllm.models.kimi_k3.amd.ops.kda_prefill_graphs import (
     buckets_within,
     pick_bucket,
 )
+from vllm.utils.gc_utils import collector_paused
 
 H, D = 2, 16
 
@@ -130,13 +131,9 @@ def test_a_dropped_capture_is_freed_without_a_collection():
     graphs.capture()
     owner, replay = weakref.ref(graphs), weakref.ref(graphs.replays[(16, 2)])
     assert graphs.replays[(16, 1)]()[0].shape == (1, 16, H, D)
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         del graphs
         assert owner() is None and replay() is None
-    finally:
-        (gc.enable if enabled else gc.disable)()
 
 
 def test_steps_outside_the_buckets_or_gate_run_eagerly():

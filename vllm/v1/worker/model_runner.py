@@ -25,6 +25,7 @@ rank 0 has those ids: every rank starts such a step with their broadcast from ra
 (`_last_sampled_rows`), which the stream waits for before the upload.
 """
 
+import gc
 import math
 import time
 from collections.abc import Iterable
@@ -173,7 +174,10 @@ class ModelRunner:
         torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - start
         if self.prefill_graphs is not None:
-            torch.cuda.empty_cache()  # the warm-ups' freed tensors: not held by the graphs
+            # The warm-ups' freed tensors are not held by the graphs, nor what the capture left in
+            # reference cycles (it ran with the collector paused: `collector_paused`).
+            gc.collect()
+            torch.cuda.empty_cache()
             held = free - torch.cuda.mem_get_info(self.device)[0]
             logger.info("Captured %d KDA prefill graphs in %.1f s (%.2f GiB)",
                         len(self.prefill_graphs.replays), elapsed, held / 2**30)  # fmt: skip
