@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Fifty-third run's device calls (carry [".whl", ".devrun"]). One PART per call, or several:
 #   PART="suite profile" runs both in order.
-#   suite   the whole GPU test suite on this tree (`pytest -m gpu -n 4 tests`, LIMIT seconds,
-#           default 420);
+#   suite   the whole GPU test suite on this tree (`pytest -m gpu -n 4 $TESTS`, TESTS default
+#           tests, LIMIT seconds, default 420);
 #   rerun   the files of call 218's two failures and the router's, one process (no -n), in TREE, with the test files in EXTRA
 #           (default this tree; .devrun/cur: `git archive <commit> vllm tests benchmarks pyproject.toml`);
 #   gc      gc_capture.py: does a garbage collection inside a capture break it (one process a case);
@@ -39,9 +39,9 @@ engine_run() {
 for part in ${PART:-suite}; do
   case $part in
     suite)
-      PYTHONPATH=/tmp/site:$PWD timeout ${LIMIT:-420} python -m pytest -q -m gpu -n 4 \
-        -p no:cacheprovider tests > $OUT/gpu_suite.log 2>&1
-      echo "gpu suite rc $?"; grep -E "passed|failed|FAILED|Error" $OUT/gpu_suite.log | tail -15 ;;
+      PYTHONPATH=/tmp/site:$PWD timeout ${LIMIT:-420} python -m pytest -q -m gpu -n 4 --durations=30 \
+        -p no:cacheprovider ${TESTS:-tests} > $OUT/gpu_suite${SUFFIX:-}.log 2>&1
+      echo "gpu suite rc $?"; grep -E "passed|failed|FAILED|Error" $OUT/gpu_suite${SUFFIX:-}.log | tail -15 ;;
     rerun)
       (cd ${TREE:-.} && PYTHONPATH=/tmp/site:$PWD timeout ${LIMIT:-300} python -m pytest -q -m gpu \
         -p no:cacheprovider tests/models/kimi_k3/test_amd_kda_prefill_graphs.py \
