@@ -13,6 +13,7 @@ a widened tolerance.
 """
 
 import functools
+import gc
 import importlib.util
 import logging
 import os
@@ -66,6 +67,20 @@ def _seed_each_test(request: pytest.FixtureRequest) -> None:
     seed = zlib.crc32(request.node.nodeid.encode())
     torch.manual_seed(seed)
     np.random.seed(seed)
+
+
+@pytest.fixture(autouse=True)
+def _release_gpu_memory() -> Iterator[None]:
+    """On a GPU host, hand what a test left in torch's caching allocator back to the driver.
+    `pytest -m gpu -n 4` runs four workers on one GPU, and each would otherwise keep the
+    memory of its largest test: on an H100 a launch in another worker then failed with
+    "Triton Error [CUDA]: out of memory" (the pointer-load prefill experts, which pass alone;
+    docs/performance.md, "Fifty-fifth run"). The collection first frees tensors held only by
+    reference cycles."""
+    yield
+    if HAS_GPU and torch.cuda.is_initialized():
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 @pytest.fixture(autouse=True, scope="session")
