@@ -14,6 +14,8 @@ from fake_engine import FakeEngine  # noqa: E402
 
 from vllm.entrypoints.openai.protocol import (  # noqa: E402
     MAX_N,
+    UNIMPLEMENTED_CHAT_FIELDS,
+    UNIMPLEMENTED_FIELDS,
     ChatCompletionRequest,
     CompletionRequest,
 )
@@ -51,6 +53,45 @@ class _ByteTokenizer:
 
     def token_bytes(self, token_id: int) -> bytes:
         return bytes([token_id])
+
+
+USER = [{"role": "user", "content": "hi"}]
+# A value of each unimplemented field that would change the reply.
+_DISOBEYED = {
+    "use_beam_search": True, "length_penalty": 0.5, "allowed_token_ids": [64],
+    "bad_words": ["g"], "prompt_logprobs": 0, "truncate_prompt_tokens": 1,
+    "return_tokens_as_token_ids": True, "return_token_ids": True,
+    "spaces_between_special_tokens": False, "logits_processors": ["x"],
+    "structured_outputs": {"regex": "a+"}, "guided_json": {"type": "object"},
+    "guided_regex": "a+", "guided_choice": ["a"], "guided_grammar": "root ::= 'a'",
+    "tool_choice": "auto", "echo": True,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(UNIMPLEMENTED_CHAT_FIELDS))
+def test_vllm_fields_this_server_lacks_are_refused_by_name(name: str) -> None:
+    """A client written for vLLM that sends one of its request fields this server does not
+    implement gets a refusal naming it, not a reply that disobeys it (unknown fields are only
+    logged). Chat also refuses a `tool_choice` other than "none" and its `echo`."""
+    value = _DISOBEYED[name]
+    requests = [ChatCompletionRequest(messages=USER, **{name: value})]
+    if name in UNIMPLEMENTED_FIELDS:
+        requests.append(CompletionRequest(prompt="hi", **{name: value}))
+    for request in requests:
+        with pytest.raises(ValueError, match=f"^{name} is not supported by this server"):
+            request.sampling_params(max_tokens=4, logprobs=None)
+
+
+def test_vllm_fields_this_server_lacks_pass_at_values_that_change_nothing() -> None:
+    for name, neutral in UNIMPLEMENTED_CHAT_FIELDS.items():
+        for value in neutral:
+            ChatCompletionRequest(messages=USER, **{name: value}).sampling_params(4, None)
+    for name, neutral in UNIMPLEMENTED_FIELDS.items():
+        for value in neutral:
+            CompletionRequest(prompt="hi", **{name: value}).sampling_params(4, None)
+    # Completions has no tool_choice or echo of chat's kind: an unknown field is only logged,
+    # and its own `echo` is implemented.
+    CompletionRequest(prompt="hi", tool_choice="auto", echo=True).sampling_params(4, None)
 
 
 def test_top_logprobs_keep_the_likeliest_of_tokens_that_decode_alike() -> None:

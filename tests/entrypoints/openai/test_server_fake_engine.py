@@ -204,6 +204,11 @@ def test_a_reply_that_is_all_reasoning_has_null_content(server: RemoteServer) ->
         ({"prompt": "hi", "response_format": {"type": "json_object"}}, "response_format"),
         ({"prompt": "hi", "stream_options": {"include_usage": True}}, "stream_options"),
         ({"prompt": "hi", "best_of": 2}, "best_of"),
+        # vLLM's own request fields that this server does not implement (unknown ones are only
+        # logged): refused by name, not answered as if absent.
+        ({"prompt": "hi", "allowed_token_ids": [64]}, "allowed_token_ids"),
+        ({"prompt": "hi", "prompt_logprobs": 1}, "prompt_logprobs"),
+        ({"prompt": "hi", "guided_json": {"type": "object"}}, "guided_json"),
     ],
 )
 def test_bad_completion_fields_are_400s_naming_them(
@@ -285,6 +290,8 @@ ANSWER = [*USER, {"role": "assistant", "content": "It is"}]
         ("/v1/chat/completions", {"messages": USER, "n": 129}, "n"),
         ("/v1/chat/completions", {"messages": USER, "logit_bias": {"65": 5}}, "logit_bias"),
         ("/v1/chat/completions", {"messages": USER, "logit_bias": []}, "logit_bias"),
+        ("/v1/chat/completions", {"messages": USER, "tool_choice": "required"}, "tool_choice"),
+        ("/v1/chat/completions", {"messages": USER, "bad_words": ["g"]}, "bad_words"),
         ("/v1/chat/completions",
          {"messages": USER, "response_format": {"type": "json_schema", "json_schema": {}}},
          "response_format"),

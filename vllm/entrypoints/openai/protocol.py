@@ -6,14 +6,16 @@ field means its default (the OpenAI reference has `n`, `stream`, `echo`, chat `l
 "integer/boolean or null"; some clients send every field, unset ones as null). Value checks
 (ranges) are left to `SamplingParams`, whose errors also name the field. Sampling knobs the engine
 lacks (`presence_penalty`, `frequency_penalty`, `logit_bias`) are refused unless they change
-nothing.
+nothing, and so are the fields of vLLM's request schema that this server does not implement
+(`UNIMPLEMENTED_FIELDS`): a client written for vLLM that sends one gets a 400 naming it, not a
+reply that silently disobeys it.
 """
 
 import time
 import types
 import typing
 import uuid
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -28,6 +30,35 @@ MAX_N = 128
 # text with every character escaped, or as token ids), so this leaves room for long contexts and
 # batched prompts.
 DEFAULT_MAX_REQUEST_BODY_BYTES = 32 * 1024 * 1024
+
+
+# Fields of vLLM's completion and chat requests (its "extra parameters") that would change the
+# reply and are not implemented here, with the values that change nothing. They are not declared
+# below, so pydantic keeps them as extra fields, which `SamplingFields.refuse_unimplemented` checks.
+UNIMPLEMENTED_FIELDS: dict[str, tuple[Any, ...]] = {
+    "use_beam_search": (None, False),
+    "length_penalty": (None, 1.0),
+    "allowed_token_ids": (None, []),
+    "bad_words": (None, []),
+    "prompt_logprobs": (None,),
+    "truncate_prompt_tokens": (None,),
+    "return_tokens_as_token_ids": (None, False),
+    "return_token_ids": (None, False),
+    "spaces_between_special_tokens": (None, True),
+    "logits_processors": (None, []),
+    "structured_outputs": (None,),
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+    "guided_grammar": (None,),
+}
+# Chat's own: `tool_choice` other than "none" needs a tool-call parser, which this server lacks
+# (vLLM too refuses "auto" without one); `echo` repeats the last message in the reply.
+UNIMPLEMENTED_CHAT_FIELDS: dict[str, tuple[Any, ...]] = {
+    **UNIMPLEMENTED_FIELDS,
+    "tool_choice": (None, "none"),
+    "echo": (None, False),
+}
 
 
 def random_id(prefix: str) -> str:
@@ -98,6 +129,8 @@ class UsageInfo(BaseModel):
 class SamplingFields(OpenAIModel):
     """Sampling fields shared by completions and chat completions."""
 
+    unimplemented_fields: ClassVar[dict[str, tuple[Any, ...]]] = UNIMPLEMENTED_FIELDS
+
     model: str | None = None
     n: int = 1
     temperature: float | None = None
@@ -129,6 +162,17 @@ class SamplingFields(OpenAIModel):
         options = self.stream_options
         return bool(options and options.include_usage and options.continuous_usage_stats)
 
+    def refuse_unimplemented(self) -> None:
+        """Raises ValueError naming the first field of `unimplemented_fields` that the request
+        sets to a value that would change the reply."""
+        for name, value in (self.model_extra or {}).items():
+            neutral = self.unimplemented_fields.get(name)
+            if neutral is not None and value not in neutral:
+                raise ValueError(
+                    f"{name} is not supported by this server (it takes only "
+                    f"{' or '.join(repr(v) for v in neutral)}; leave it out)"
+                )
+
     def sampling_params(
         self,
         max_tokens: int,
@@ -141,6 +185,7 @@ class SamplingFields(OpenAIModel):
         (the model's generation config) stand in for the sampling fields the request leaves
         null or out; vLLM's defaults for the rest."""
         defaults = defaults or {}
+        self.refuse_unimplemented()
 
         def knob(name: str, vllm_default: float) -> float:
             value = getattr(self, name)
@@ -226,6 +271,8 @@ class ChatMessage(OpenAIModel):
 
 
 class ChatCompletionRequest(SamplingFields):
+    unimplemented_fields: ClassVar[dict[str, tuple[Any, ...]]] = UNIMPLEMENTED_CHAT_FIELDS
+
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None

@@ -47,6 +47,7 @@ def bad_request(error: ValueError, fields: "type[BaseModel] | None" = None) -> O
     """A 400 for a refused value; `param` is the first request field its message names."""
     message = str(error)
     names = set(fields.model_fields) if fields is not None else set()
+    names |= set(getattr(fields, "unimplemented_fields", ()))
     names |= {"prompt", "messages", "max_tokens", "tokens"}
     param = next((w for w in re.findall(r"[a-z_]+", message) if w in names), None)
     return OpenAIError(message, 400, param)
