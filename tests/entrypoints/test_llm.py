@@ -294,6 +294,10 @@ def test_chat_renders_the_models_template(llm):
         assert out.outputs[0].token_ids == expected.outputs[0].token_ids
     (single,) = llm.chat(second, GREEDY, use_tqdm=False)  # one conversation, not a list of them
     assert single.prompt_token_ids == outputs[1].prompt_token_ids
+    # Tuples for lists, as sequences: each message had a role, yet they were refused as if not.
+    for messages in (tuple(second), (tuple(second),), [tuple(second)]):
+        (same,) = llm.chat(messages, GREEDY, use_tqdm=False)
+        assert same.prompt_token_ids == single.prompt_token_ids
     (closed,) = llm.chat(second, GREEDY, use_tqdm=False, add_generation_prompt=False)
     assert len(closed.prompt_token_ids) < len(single.prompt_token_ids)
     # chat_template_kwargs win over add_generation_prompt (as upstream), and may not set the

@@ -140,7 +140,11 @@ class LLM:
                 "messages must be a conversation (a list of message dicts) or a list of them, "
                 f"got {type(messages).__name__}"
             )
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        # Tuples are sequences here as upstream's `Sequence` types have them; the template
+        # renderer takes lists.
+        if messages and isinstance(messages[0], dict):
+            messages = [messages]
+        conversations = [list(c) if isinstance(c, tuple) else c for c in messages]
         kwargs = tokenizer.chat_template_arguments(
             add_generation_prompt, chat_template_kwargs, continue_final_message
         )
