@@ -200,6 +200,17 @@ def test_prompts_that_are_not_prompts_are_a_value_error(llm, prompts):
         llm.generate(prompts, GREEDY, use_tqdm=False)
 
 
+def test_dict_prompts_take_upstreams_optional_keys_when_they_change_nothing(llm):
+    """Upstream's TextPrompt / TokensPrompt have optional keys that some callers always set:
+    null ones, and `cache_salt` (no prefix cache is shared between requests here), are taken."""
+    (plain,) = llm.generate(["fine"], GREEDY, use_tqdm=False)
+    text = {"prompt": "fine", "multi_modal_data": None, "cache_salt": "a"}
+    ids = {"prompt_token_ids": plain.prompt_token_ids, "mm_processor_kwargs": None}
+    for prompt in (text, ids):
+        (out,) = llm.generate([prompt], GREEDY, use_tqdm=False)
+        assert out.outputs[0].token_ids == plain.outputs[0].token_ids
+
+
 @pytest.mark.parametrize(
     "prompts, params, message",
     [
@@ -217,6 +228,12 @@ def test_prompts_that_are_not_prompts_are_a_value_error(llm, prompts):
             GREEDY,
             r"^prompt 1: a dict prompt holds 'prompt' .*\['prompt_ids'\]",
         ),
+        (
+            [{"prompt": "a", "multi_modal_data": {"image": 1}}],
+            GREEDY,
+            r"^prompt 1: a dict prompt holds 'prompt' .*\['multi_modal_data', 'prompt'\]",
+        ),
+        ([{"prompt": None}], GREEDY, r"^prompt 1: a dict prompt holds 'prompt' .*got keys \[\]"),
         ([{"prompt": [5]}], GREEDY, "^prompt 1: 'prompt' must be a string"),
         ([{"prompt_token_ids": "5"}], GREEDY, "^prompt 1: 'prompt_token_ids' must be a list"),
     ],

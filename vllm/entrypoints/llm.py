@@ -30,10 +30,18 @@ from vllm.v1.engine.llm_engine import LLMEngine
 Prompt = str | list[int] | dict[str, Any]
 
 
+# Keys of upstream's dict prompts that change nothing here: `cache_salt` isolates a request's
+# prefix-cache entries, and this engine shares none between requests.
+_NEUTRAL_PROMPT_KEYS = frozenset({"cache_salt"})
+
+
 def _unpack(prompt: Prompt) -> str | list[int]:
-    """The text or token ids of one prompt (a dict form unpacked; the rest the engine checks)."""
+    """The text or token ids of one prompt (a dict form unpacked; the rest the engine checks).
+    A dict's other keys are taken when null (upstream's optional fields, which some callers
+    always set) or neutral (`_NEUTRAL_PROMPT_KEYS`), else refused by name."""
     if not isinstance(prompt, dict):
         return prompt
+    prompt = {k: v for k, v in prompt.items() if v is not None and k not in _NEUTRAL_PROMPT_KEYS}
     if set(prompt) == {"prompt"}:
         if not isinstance(prompt["prompt"], str):
             raise ValueError(f"'prompt' must be a string, got {prompt['prompt']!r}")
