@@ -144,10 +144,10 @@ def test_add_request_refuses_what_cannot_fit():
     try:
         with pytest.raises(ValueError, match="max_model_len 32"):
             engine.add_request("a", [1] * 32)
-        with pytest.raises(ValueError, match="max_tokens 10 does not fit"):
-            engine.add_request("b", [1] * 25, SamplingParams(max_tokens=10))
-        with pytest.raises(ValueError, match="min_tokens 8 does not fit.*at most 7"):
-            engine.add_request("b", [1] * 25, SamplingParams(max_tokens=None, min_tokens=8))
+        for max_tokens in (None, 10):
+            with pytest.raises(ValueError, match="min_tokens 8 does not fit.*at most 7"):
+                params = SamplingParams(max_tokens=max_tokens, min_tokens=8)
+                engine.add_request("b", [1] * 25, params)
         # A min_tokens of exactly the room left fits.
         engine.add_request("f", [1] * 25, SamplingParams(max_tokens=None, min_tokens=7))
         engine.abort_request("f")
@@ -159,6 +159,23 @@ def test_add_request_refuses_what_cannot_fit():
         with pytest.raises(ValueError, match="already in use"):
             engine.add_request("e", [1, 2])
         engine.abort_request("e")
+        assert_cache_free(engine)
+    finally:
+        engine.shutdown()
+
+
+def test_max_tokens_past_the_room_left_stop_at_max_model_len():
+    """As upstream, a reply stops at max_model_len with finish_reason "length": a max_tokens
+    beyond the room its prompt leaves fails neither it nor the prompts batched with it."""
+    engine = make_engine(max_model_len=32)
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+        prompts = prompts_of([25, 5])
+        finals = run_all(engine, {"long": (prompts[0], params), "short": (prompts[1], params)})
+        for request_id, expected_tokens in (("long", 7), ("short", 10)):
+            (completion,) = finals[request_id].outputs
+            assert len(completion.token_ids) == expected_tokens, request_id
+            assert completion.finish_reason == "length"
         assert_cache_free(engine)
     finally:
         engine.shutdown()

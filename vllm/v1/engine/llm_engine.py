@@ -125,8 +125,8 @@ class LLMEngine:
         prompt_text: str | None = None,
     ) -> None:
         """Check and queue a request. Raises ValueError (naming what is wrong) for an empty or
-        too long prompt, token ids outside the vocabulary, `max_tokens` (or, where it is None,
-        `min_tokens`) that cannot fit in `max_model_len`, or a request id already in use.
+        too long prompt, token ids outside the vocabulary, a `min_tokens` that cannot fit in
+        `max_model_len` (a `max_tokens` past it is capped there), or a request id already in use.
         `prompt_text`: the text the outputs report as their `prompt` where `prompt` is token ids
         (`LLM.chat`'s rendering)."""
         self._check_running()
@@ -148,17 +148,14 @@ class LLMEngine:
                 "an output token"
             )
         room = max_len - len(ids)
-        if params.max_tokens is not None and params.max_tokens > room:
-            raise ValueError(
-                f"max_tokens {params.max_tokens} does not fit: the prompt has {len(ids)} tokens "
-                f"and max_model_len is {max_len} (at most {room})"
-            )
-        if params.max_tokens is None and params.min_tokens > room:
+        if params.min_tokens > room:
             raise ValueError(
                 f"min_tokens {params.min_tokens} does not fit: the prompt has {len(ids)} tokens "
                 f"and max_model_len is {max_len} (at most {room})"
             )
-        max_tokens = room if params.max_tokens is None else params.max_tokens
+        # As upstream, a reply stops at max_model_len (finish_reason "length"): a max_tokens past
+        # the room the prompt leaves is capped there, so one long prompt fails no batch.
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         discard = max_tokens == 0  # prompt scoring only: run the prefill, drop its token
         eos = None if self.tokenizer is None else self.tokenizer.eos_token_id
         model_eos = self.config.model_config.generation_config.eos_token_ids
