@@ -200,15 +200,26 @@ def test_prompts_that_are_not_prompts_are_a_value_error(llm, prompts):
         llm.generate(prompts, GREEDY, use_tqdm=False)
 
 
+def test_a_max_tokens_past_max_model_len_ends_the_reply_there(llm):
+    """As upstream: one prompt too long for its max_tokens fails no batch (max_model_len 128)."""
+    params = SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True)
+    long, short = llm.generate([[5] * 120, "fine"], params, use_tqdm=False)
+    assert len(long.outputs[0].token_ids) == 8 and long.outputs[0].finish_reason == "length"
+    assert len(short.outputs[0].token_ids) == 50
+
+
 def test_dict_prompts_take_upstreams_optional_keys_when_they_change_nothing(llm):
     """Upstream's TextPrompt / TokensPrompt have optional keys that some callers always set:
     null ones, and `cache_salt` (no prefix cache is shared between requests here), are taken."""
     (plain,) = llm.generate(["fine"], GREEDY, use_tqdm=False)
     text = {"prompt": "fine", "multi_modal_data": None, "cache_salt": "a"}
     ids = {"prompt_token_ids": plain.prompt_token_ids, "mm_processor_kwargs": None}
-    for prompt in (text, ids):
+    # TokensPrompt's optional text: the ids are the prompt, the text what the output reports.
+    both = {"prompt_token_ids": plain.prompt_token_ids, "prompt": "its text"}
+    for prompt, reported in ((text, "fine"), (ids, None), (both, "its text")):
         (out,) = llm.generate([prompt], GREEDY, use_tqdm=False)
         assert out.outputs[0].token_ids == plain.outputs[0].token_ids
+        assert out.prompt == reported
 
 
 @pytest.mark.parametrize(

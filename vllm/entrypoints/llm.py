@@ -35,25 +35,28 @@ Prompt = str | list[int] | dict[str, Any]
 _NEUTRAL_PROMPT_KEYS = frozenset({"cache_salt"})
 
 
-def _unpack(prompt: Prompt) -> str | list[int]:
-    """The text or token ids of one prompt (a dict form unpacked; the rest the engine checks).
-    A dict's other keys are taken when null (upstream's optional fields, which some callers
-    always set) or neutral (`_NEUTRAL_PROMPT_KEYS`), else refused by name."""
+def _unpack(prompt: Prompt) -> tuple[str | list[int], str | None]:
+    """The text or token ids of one prompt (a dict form unpacked; the rest the engine checks),
+    and the text its outputs report where the dict gives token ids with their `prompt` text (as
+    upstream's TokensPrompt may). A dict's other keys are taken when null (upstream's optional
+    fields, which some callers always set) or neutral (`_NEUTRAL_PROMPT_KEYS`), else refused by
+    name."""
     if not isinstance(prompt, dict):
-        return prompt
+        return prompt, None
     prompt = {k: v for k, v in prompt.items() if v is not None and k not in _NEUTRAL_PROMPT_KEYS}
+    text = prompt.get("prompt")
+    if "prompt" in prompt and not isinstance(text, str):
+        raise ValueError(f"'prompt' must be a string, got {text!r}")
     if set(prompt) == {"prompt"}:
-        if not isinstance(prompt["prompt"], str):
-            raise ValueError(f"'prompt' must be a string, got {prompt['prompt']!r}")
-        return prompt["prompt"]
-    if set(prompt) == {"prompt_token_ids"}:
+        return text, None
+    if set(prompt) in ({"prompt_token_ids"}, {"prompt_token_ids", "prompt"}):
         ids = prompt["prompt_token_ids"]
         if not isinstance(ids, list | tuple):
             raise ValueError(f"'prompt_token_ids' must be a list of token ids, got {ids!r}")
-        return ids
+        return ids, text
     raise ValueError(
-        "a dict prompt holds 'prompt' (text) or 'prompt_token_ids' (token ids) alone, got keys "
-        f"{sorted(prompt, key=str)}"
+        "a dict prompt holds 'prompt' (text) or 'prompt_token_ids' (token ids, optionally with "
+        f"their 'prompt' text), got keys {sorted(prompt, key=str)}"
     )
 
 
@@ -189,9 +192,11 @@ class LLM:
                 request_id = str(next(self._ids))
                 # Only final outputs are read here: the engine need not build the others.
                 final_only = dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY)
-                text = None if texts is None else texts[index]
                 try:
-                    engine.add_request(request_id, _unpack(prompt), final_only, text)
+                    inputs, text = _unpack(prompt)
+                    if texts is not None:
+                        text = texts[index]
+                    engine.add_request(request_id, inputs, final_only, text)
                 except ValueError as e:
                     raise ValueError(f"{what} {index}: {e}") from None
                 order[request_id] = len(order)

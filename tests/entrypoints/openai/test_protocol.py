@@ -15,7 +15,7 @@ from fake_engine import FakeEngine  # noqa: E402
 from vllm.entrypoints.openai.protocol import (  # noqa: E402
     MAX_N,
     UNIMPLEMENTED_CHAT_FIELDS,
-    UNIMPLEMENTED_FIELDS,
+    UNIMPLEMENTED_COMPLETION_FIELDS,
     ChatCompletionRequest,
     CompletionRequest,
 )
@@ -58,40 +58,50 @@ class _ByteTokenizer:
 USER = [{"role": "user", "content": "hi"}]
 # A value of each unimplemented field that would change the reply.
 _DISOBEYED = {
-    "use_beam_search": True, "length_penalty": 0.5, "allowed_token_ids": [64],
-    "bad_words": ["g"], "prompt_logprobs": 0, "truncate_prompt_tokens": 1,
-    "return_tokens_as_token_ids": True, "return_token_ids": True,
-    "spaces_between_special_tokens": False, "logits_processors": ["x"],
+    "use_beam_search": True, "allowed_token_ids": [64], "bad_words": ["g"],
+    "prompt_logprobs": 0, "truncate_prompt_tokens": 1, "return_tokens_as_token_ids": True,
+    "return_token_ids": True, "logits_processors": ["x"],
     "structured_outputs": {"regex": "a+"}, "guided_json": {"type": "object"},
     "guided_regex": "a+", "guided_choice": ["a"], "guided_grammar": "root ::= 'a'",
-    "tool_choice": "auto", "echo": True,
+    "priority": 1, "prompt_embeds": "AAAA", "tool_choice": "required", "echo": True,
+    "documents": [{"text": "x"}],
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("name", sorted(UNIMPLEMENTED_CHAT_FIELDS))
+@pytest.mark.parametrize(
+    "name", sorted(UNIMPLEMENTED_CHAT_FIELDS.keys() | UNIMPLEMENTED_COMPLETION_FIELDS.keys())
+)
 def test_vllm_fields_this_server_lacks_are_refused_by_name(name: str) -> None:
     """A client written for vLLM that sends one of its request fields this server does not
     implement gets a refusal naming it, not a reply that disobeys it (unknown fields are only
-    logged). Chat also refuses a `tool_choice` other than "none" and its `echo`."""
+    logged). Chat also refuses a `tool_choice` that asks for a tool call, and its `echo`."""
     value = _DISOBEYED[name]
-    requests = [ChatCompletionRequest(messages=USER, **{name: value})]
-    if name in UNIMPLEMENTED_FIELDS:
+    requests = []
+    if name in UNIMPLEMENTED_CHAT_FIELDS:
+        requests.append(ChatCompletionRequest(messages=USER, **{name: value}))
+    if name in UNIMPLEMENTED_COMPLETION_FIELDS:
         requests.append(CompletionRequest(prompt="hi", **{name: value}))
     for request in requests:
         with pytest.raises(ValueError, match=f"^{name} is not supported by this server"):
             request.sampling_params(max_tokens=4, logprobs=None)
+    named = {"type": "function", "function": {"name": "f"}}
+    with pytest.raises(ValueError, match="^tool_choice is not supported"):
+        ChatCompletionRequest(messages=USER, tool_choice=named).sampling_params(4, None)
 
 
 def test_vllm_fields_this_server_lacks_pass_at_values_that_change_nothing() -> None:
     for name, neutral in UNIMPLEMENTED_CHAT_FIELDS.items():
         for value in neutral:
             ChatCompletionRequest(messages=USER, **{name: value}).sampling_params(4, None)
-    for name, neutral in UNIMPLEMENTED_FIELDS.items():
+    for name, neutral in UNIMPLEMENTED_COMPLETION_FIELDS.items():
         for value in neutral:
             CompletionRequest(prompt="hi", **{name: value}).sampling_params(4, None)
+    # Beam search's own knob alone, and a no-op of these tokenizers', change nothing.
+    for fields in ({"length_penalty": 0.5}, {"spaces_between_special_tokens": False}):
+        ChatCompletionRequest(messages=USER, **fields).sampling_params(4, None)
     # Completions has no tool_choice or echo of chat's kind: an unknown field is only logged,
     # and its own `echo` is implemented.
-    CompletionRequest(prompt="hi", tool_choice="auto", echo=True).sampling_params(4, None)
+    CompletionRequest(prompt="hi", tool_choice="required", echo=True).sampling_params(4, None)
 
 
 def test_top_logprobs_keep_the_likeliest_of_tokens_that_decode_alike() -> None:

@@ -245,9 +245,15 @@ def test_an_empty_prompt_or_prompt_list_is_a_400(
 
 def test_neutral_values_of_the_knobs_the_engine_lacks_are_accepted(server: RemoteServer) -> None:
     body = {"prompt": "hi", "max_tokens": 2, "presence_penalty": 0, "frequency_penalty": 0.0,
-            "logit_bias": {"5": 0}}  # fmt: skip
+            "logit_bias": {"5": 0}, "use_beam_search": False, "bad_words": [],
+            "prompt_logprobs": None}  # fmt: skip
     response = _post(server, "/v1/completions", body)
     assert response.status_code == 200, response.text
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for tool_choice in ("none", "auto", None):
+        body = {"messages": USER, "max_tokens": 2, "tools": tools, "tool_choice": tool_choice}
+        response = _post(server, "/v1/chat/completions", body)
+        assert response.status_code == 200, response.text
     for n, best_of in ((1, None), (1, 1), (2, 2)):
         body = {"prompt": "hi", "max_tokens": 2, "n": n, "best_of": best_of}
         response = _post(server, "/v1/completions", body)

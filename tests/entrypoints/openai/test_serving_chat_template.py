@@ -126,3 +126,26 @@ def test_reasoning_given_under_both_names_keeps_each_and_other_roles_get_no_alia
     ]
     rendered = chat.tokenizer.apply_chat_template(messages, chat_template=template)
     assert rendered == "<u|><new|old>"
+
+
+@pytest.mark.parametrize("add_special_tokens", [None, False, True])
+def test_chat_encodes_the_rendering_with_the_requests_add_special_tokens(
+    add_special_tokens: bool | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's chat field: false by default (the template holds the special tokens), true adds
+    the tokenizer's own on top. It was taken and ignored as an unknown field."""
+    chat, _ = _servers(trust=False)
+    seen = []
+
+    class Encoded(Exception):
+        pass
+
+    def encode(prompt, add_special_tokens, param):
+        seen.append(add_special_tokens)
+        raise Encoded
+
+    monkeypatch.setattr(chat, "encode", encode)
+    fields = {} if add_special_tokens is None else {"add_special_tokens": add_special_tokens}
+    with pytest.raises(Encoded):
+        chat._inputs(ChatCompletionRequest(messages=USER, **fields))
+    assert seen == [bool(add_special_tokens)]

@@ -170,12 +170,18 @@ def test_max_tokens_past_the_room_left_stop_at_max_model_len():
     engine = make_engine(max_model_len=32)
     try:
         params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+        sampled = SamplingParams(n=2, seed=3, max_tokens=10, ignore_eos=True)
         prompts = prompts_of([25, 5])
-        finals = run_all(engine, {"long": (prompts[0], params), "short": (prompts[1], params)})
-        for request_id, expected_tokens in (("long", 7), ("short", 10)):
-            (completion,) = finals[request_id].outputs
-            assert len(completion.token_ids) == expected_tokens, request_id
-            assert completion.finish_reason == "length"
+        finals = run_all(
+            engine,
+            {"long": (prompts[0], params), "short": (prompts[1], params),
+             "long_n2": (prompts[0], sampled)},
+        )  # fmt: skip
+        for request_id, expected_tokens in (("long", 7), ("short", 10), ("long_n2", 7)):
+            for completion in finals[request_id].outputs:
+                assert len(completion.token_ids) == expected_tokens, request_id
+                assert completion.finish_reason == "length"
+        assert len(finals["long_n2"].outputs) == 2
         assert_cache_free(engine)
     finally:
         engine.shutdown()

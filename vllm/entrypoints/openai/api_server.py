@@ -184,7 +184,9 @@ async def _parse(request: Request, model: type[BaseModel]) -> Any:
         loc = [str(part) for part in first["loc"]]
         param = loc[0] if loc else None
         raise OpenAIError(f"{'.'.join(loc)}: {first['msg']}", 400, param) from None
-    extra = sorted(parsed.model_extra or {})
+    # Those the request class refuses unless neutral are not unknown: its handler checks them.
+    refused = getattr(model, "unimplemented_fields", {})
+    extra = sorted(k for k in parsed.model_extra or {} if k not in refused)
     if extra:
         logger.warning("%s: ignoring unknown fields %s", request.url.path, extra)
     return parsed

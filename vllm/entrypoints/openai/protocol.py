@@ -35,29 +35,38 @@ DEFAULT_MAX_REQUEST_BODY_BYTES = 32 * 1024 * 1024
 # Fields of vLLM's completion and chat requests (its "extra parameters") that would change the
 # reply and are not implemented here, with the values that change nothing. They are not declared
 # below, so pydantic keeps them as extra fields, which `SamplingFields.refuse_unimplemented` checks.
+# (`length_penalty` is beam search's, refused anyway; `spaces_between_special_tokens` changes
+# nothing with these tokenizers: sampling_params.py.)
 UNIMPLEMENTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "use_beam_search": (None, False),
-    "length_penalty": (None, 1.0),
     "allowed_token_ids": (None, []),
     "bad_words": (None, []),
     "prompt_logprobs": (None,),
     "truncate_prompt_tokens": (None,),
     "return_tokens_as_token_ids": (None, False),
     "return_token_ids": (None, False),
-    "spaces_between_special_tokens": (None, True),
     "logits_processors": (None, []),
     "structured_outputs": (None,),
     "guided_json": (None,),
     "guided_regex": (None,),
     "guided_choice": (None,),
     "guided_grammar": (None,),
+    "priority": (None, 0),
 }
-# Chat's own: `tool_choice` other than "none" needs a tool-call parser, which this server lacks
-# (vLLM too refuses "auto" without one); `echo` repeats the last message in the reply.
+# Completions' own: `prompt_embeds` stand for the prompt.
+UNIMPLEMENTED_COMPLETION_FIELDS: dict[str, tuple[Any, ...]] = {
+    **UNIMPLEMENTED_FIELDS,
+    "prompt_embeds": (None,),
+}
+# Chat's own: a `tool_choice` of "required" or a named function makes the reply a tool call,
+# which needs a tool-call parser this server lacks ("auto", like leaving it out, lets the model
+# answer in text: `tools` only reach the chat template); `echo` prepends the last message to a
+# reply of its role; `documents` reach vLLM's chat template.
 UNIMPLEMENTED_CHAT_FIELDS: dict[str, tuple[Any, ...]] = {
     **UNIMPLEMENTED_FIELDS,
-    "tool_choice": (None, "none"),
+    "tool_choice": (None, "none", "auto"),
     "echo": (None, False),
+    "documents": (None, []),
 }
 
 
@@ -229,6 +238,8 @@ class SamplingFields(OpenAIModel):
 
 
 class CompletionRequest(SamplingFields):
+    unimplemented_fields: ClassVar[dict[str, tuple[Any, ...]]] = UNIMPLEMENTED_COMPLETION_FIELDS
+
     prompt: list[int] | list[list[int]] | str | list[str]
     max_tokens: int | None = 16
     echo: bool = False
@@ -284,6 +295,7 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
     include_reasoning: bool = True
     tools: list[dict[str, Any]] | None = None  # passed to the chat template; no tool parser
+    add_special_tokens: bool = False  # vLLM's: the tokenizer's own (BOS) on top of the template's
 
 
 class ChatLogProb(BaseModel):

@@ -238,7 +238,7 @@ class OpenAIServingChat(OpenAIServing):
         first refused field is a 400."""
         self.check_model(request.model)
         prompt_text = self.render(request)
-        ids = self.encode(prompt_text, False, "messages")
+        ids = self.encode(prompt_text, request.add_special_tokens, "messages")
         requested, field = request.max_completion_tokens, "max_completion_tokens"
         if requested is None:
             requested, field = request.max_tokens, "max_tokens"
