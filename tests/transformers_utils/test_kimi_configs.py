@@ -117,6 +117,15 @@ def test_kimi_k3_text_config_through_the_wrapper(tmp_path):
         ({"linear_attn_config": dict(KIMI_LINEAR_48B["linear_attn_config"],
                                      short_conv_kernel_size=0)},
          "'linear_attn_config.short_conv_kernel_size': must be a positive integer, got 0"),
+        # Accepted before and refused by the kernels at the first request, stopping the engine.
+        ({"linear_attn_config": dict(KIMI_LINEAR_48B["linear_attn_config"],
+                                     short_conv_kernel_size=1)},
+         r"'linear_attn_config.short_conv_kernel_size': must be in \[2, 4\] .* got 1"),
+        ({"linear_attn_config": dict(KIMI_LINEAR_48B["linear_attn_config"],
+                                     short_conv_kernel_size=5)},
+         r"'linear_attn_config.short_conv_kernel_size': must be in \[2, 4\] .* got 5"),
+        ({"qk_rope_head_dim": 0}, "'qk_rope_head_dim': must be >= 1 with MLA layers"),
+        ({"kv_lora_rank": 65536 - 63}, "'kv_lora_rank': .* must be <= 65536 .* got 65537"),
         ({"linear_attn_config": dict(KIMI_LINEAR_48B["linear_attn_config"], head_dim=96)},
          "'linear_attn_config.head_dim': must be a power of two <= 256, got 96"),
         ({"linear_attn_config": dict(KIMI_LINEAR_48B["linear_attn_config"], head_dim=512)},
@@ -126,6 +135,24 @@ def test_kimi_k3_text_config_through_the_wrapper(tmp_path):
 def test_bad_fields_are_named(change, message):
     with pytest.raises(ValueError, match=message):
         KimiLinearConfig.from_dict(dict(KIMI_LINEAR_48B, **change))
+
+
+def test_the_kernel_limits_the_config_checks_are_the_kernels():
+    """The bounds the config refuses beyond are those the kernels check at run time (a drifted
+    copy would let a config through to fail at the first request again)."""
+    from vllm.model_executor.layers.ops.rms_norm import MAX_HIDDEN
+    from vllm.models.kimi_k3.amd.ops.causal_conv1d import MAX_WIDTH
+    from vllm.transformers_utils.configs import kimi_linear
+
+    assert kimi_linear._CONV_WIDTHS == (2, MAX_WIDTH)
+    assert kimi_linear._MAX_MLA_CACHE_ROW == MAX_HIDDEN
+    widest = dict(KIMI_LINEAR_48B, kv_lora_rank=MAX_HIDDEN - 64, qk_rope_head_dim=64)
+    assert KimiLinearConfig.from_dict(widest).kv_lora_rank == MAX_HIDDEN - 64
+    # Without MLA layers there is no cache row to bound.
+    lac = dict(KIMI_LINEAR_48B["linear_attn_config"])
+    lac["kda_layers"] = lac["kda_layers"] + lac["full_attn_layers"]
+    lac["full_attn_layers"] = []
+    KimiLinearConfig.from_dict(dict(KIMI_LINEAR_48B, linear_attn_config=lac, qk_rope_head_dim=0))
 
 
 @pytest.mark.parametrize(

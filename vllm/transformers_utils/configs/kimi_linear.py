@@ -32,6 +32,12 @@ _LINEAR_ATTN_KEYS = {
 _ACTIVATIONS = ("silu", "situ")
 # head_dim limit of the fused KDA decode kernel (ops/fused_kda_decode.py): one power-of-two tile
 _MAX_KDA_HEAD_DIM = 256
+# The short conv's widths the conv kernels take (ops/causal_conv1d.py, `MAX_WIDTH`): a window of
+# W - 1 past tokens, at least one.
+_CONV_WIDTHS = (2, 4)
+# Widest MLA cache row, kv_lora_rank + qk_rope_head_dim: the cache write normalizes the latent
+# in one row tile (ops/mla_cache_write.py, the rms_norm's `MAX_HIDDEN`).
+_MAX_MLA_CACHE_ROW = 65536
 
 # Type and range of every scalar field, checked before any semantic rule reads them.
 _POSITIVE_INTS = (
@@ -297,9 +303,14 @@ class KimiLinearConfig:
                 f"must be a power of two <= {_MAX_KDA_HEAD_DIM}, got {head_dim}",
             )
         if "short_conv_kernel_size" in lac:
-            _check_int(
-                "linear_attn_config.short_conv_kernel_size", lac["short_conv_kernel_size"], 1
-            )
+            width = lac["short_conv_kernel_size"]
+            _check_int("linear_attn_config.short_conv_kernel_size", width, 1)
+            if not _CONV_WIDTHS[0] <= width <= _CONV_WIDTHS[1]:
+                _fail(
+                    "linear_attn_config.short_conv_kernel_size",
+                    f"must be in [{_CONV_WIDTHS[0]}, {_CONV_WIDTHS[1]}] (the conv kernels' "
+                    f"widths), got {width}",
+                )
         if not isinstance(lac.get("use_full_rank_gate", False), bool):
             _fail(
                 "linear_attn_config.use_full_rank_gate",
@@ -322,6 +333,17 @@ class KimiLinearConfig:
         lower = lac.get("gate_lower_bound")
         if lower is not None and (not _is_number(lower) or not -5.0 <= lower < 0.0):
             _fail("linear_attn_config.gate_lower_bound", f"must be in [-5, 0), got {lower!r}")
+        if lac["full_attn_layers"]:
+            # The MLA cache keeps the latent and the rope part side by side in one row.
+            if self.qk_rope_head_dim < 1:
+                _fail("qk_rope_head_dim", "must be >= 1 with MLA layers (the cache's rope part)")
+            row = self.kv_lora_rank + self.qk_rope_head_dim
+            if row > _MAX_MLA_CACHE_ROW:
+                _fail(
+                    "kv_lora_rank",
+                    f"kv_lora_rank + qk_rope_head_dim must be <= {_MAX_MLA_CACHE_ROW} (the MLA "
+                    f"cache row), got {row}",
+                )
 
 
 def load_model_config(
