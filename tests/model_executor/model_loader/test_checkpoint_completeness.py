@@ -72,8 +72,13 @@ def test_transformers_spellings_and_tied_head_load(tensors, tmp_path):
         assert torch.equal(p, q), name
     config = json.loads((TINY / "config.json").read_text())
     config["tie_word_embeddings"] = True
-    tied = load_model(write(tmp_path / "c", tensors, config), dtype=torch.float32)
+    copied = dict(tensors, **{"lm_head.weight": tensors["model.embed_tokens.weight"].clone()})
+    tied = load_model(write(tmp_path / "c", copied, config), dtype=torch.float32)
     assert torch.equal(tied.lm_head.weight, tensors["model.embed_tokens.weight"])
+    # A head of its own is not a tied head's copy (transformers' KimiLinear saves and uses one
+    # even with the flag set): refused, not silently replaced by the embedding.
+    with pytest.raises(ValueError, match="lm_head.weight differs from model.embed_tokens"):
+        load_model(write(tmp_path / "d", tensors, config), dtype=torch.float32)
     with pytest.raises(ValueError, match=r"A_log: checkpoint shape \(2, 2\)"):
         spelled.load_weights([("model.layers.0.self_attn.A_log", torch.zeros(2, 2))])
 

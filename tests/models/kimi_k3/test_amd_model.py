@@ -341,7 +341,8 @@ def test_tp2_model_equals_tp1(checkpoint, load_format):
 
 def test_tied_checkpoint_skips_the_saved_head_copy(checkpoint, tmp_path):
     import json
-    import shutil
+
+    from safetensors.torch import save_file
 
     from vllm.model_executor.model_loader.loader import load_model
 
@@ -349,12 +350,14 @@ def test_tied_checkpoint_skips_the_saved_head_copy(checkpoint, tmp_path):
     config = json.loads((folder / "config.json").read_text())
     config["tie_word_embeddings"] = True
     (tmp_path / "config.json").write_text(json.dumps(config))
-    shutil.copy(folder / "model.safetensors", tmp_path / "model.safetensors")
+    tensors = load_file(folder / "model.safetensors")
+    embedding = tensors["model.embed_tokens.weight"]
+    copied = dict(tensors, **{"lm_head.weight": embedding.clone()})
+    save_file(copied, tmp_path / "model.safetensors")
     model = load_model(tmp_path, dtype=torch.float32)  # lm_head.weight present, not an error
     assert model.lm_head.weight is model.embed_tokens.weight
     hidden = torch.randn(2, 64, generator=torch.Generator().manual_seed(0))
-    expected = hidden @ load_file(folder / "model.safetensors")["model.embed_tokens.weight"].t()
-    torch.testing.assert_close(model.compute_logits(hidden), expected)
+    torch.testing.assert_close(model.compute_logits(hidden), hidden @ embedding.t())
 
 
 def test_kimi_k3_checkpoint_loads_end_to_end(checkpoint, tmp_path):

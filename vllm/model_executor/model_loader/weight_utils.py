@@ -1,6 +1,8 @@
 """Checks on checkpoint tensors: the one shape-checked copy into a parameter (or a slice of one),
 the shape check of a tensor that a loader cuts up itself before copying, the dtype check of
-every tensor a model loads."""
+every tensor a model loads, and a digest that tells two tensors apart without holding both."""
+
+import hashlib
 
 import torch
 
@@ -34,3 +36,13 @@ def check_floating(loaded: torch.Tensor, name: str) -> None:
             f"{name}: checkpoint dtype {loaded.dtype}, expected floating point of 16 bits or "
             f"more (bfloat16, float16, float32, float64); {QUANTIZED_CHECKPOINTS}"
         )
+
+
+def tensor_digest(tensor: torch.Tensor) -> bytes:
+    """A digest of `tensor`'s dtype, shape and bytes: equal for equal tensors of one dtype, and
+    for others only by a hash collision. For two checkpoint tensors that arrive one at a time
+    (a tied head's saved copy and the embedding) without keeping the first."""
+    data = tensor.detach().cpu().contiguous()
+    digest = hashlib.blake2b(f"{data.dtype}{tuple(data.shape)}".encode(), digest_size=32)
+    digest.update(data.view(-1).view(torch.uint8).numpy())
+    return digest.digest()

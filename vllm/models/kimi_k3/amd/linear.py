@@ -24,7 +24,11 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
     ParallelLMHead,
     VocabParallelEmbedding,
 )
-from vllm.model_executor.model_loader.weight_utils import check_floating, copy_checked
+from vllm.model_executor.model_loader.weight_utils import (
+    check_floating,
+    copy_checked,
+    tensor_digest,
+)
 from vllm.models.kimi_k3.amd.attn_res import AttnResState
 from vllm.models.kimi_k3.amd.checkpoint_names import text_checkpoint_tensors
 from vllm.models.kimi_k3.amd.kda import KDAStatePool, KimiK3DeltaAttention
@@ -319,10 +323,13 @@ class KimiLinearForCausalLM(torch.nn.Module):
 
         Each tensor is dispatched as it arrives (nothing is held back), so a streamed checkpoint
         needs host memory for one tensor only. Raises ValueError naming an unexpected tensor or one
-        that is not 16-bit-or-wider floating point;
-        returns the canonical names loaded (`checkpoint_tensors`): transformers'
-        `block_sparse_moe.*` spelling of a dense MLP is reported as `mlp.*`."""
+        that is not 16-bit-or-wider floating point, and, with tied embeddings, for a saved
+        `lm_head.weight` that is not a copy of the embedding (compared by digest); returns the
+        canonical names loaded (`checkpoint_tensors`): transformers' `block_sparse_moe.*`
+        spelling of a dense MLP is reported as `mlp.*`."""
         loaded = set()
+        tied = self.config.tie_word_embeddings
+        digests = {}  # tied: the embedding's and the saved head's, which must be one tensor
         for name, tensor in weights:
             match = _LAYER.fullmatch(name)
             if match:
@@ -338,20 +345,30 @@ class KimiLinearForCausalLM(torch.nn.Module):
             check_floating(tensor, name)
             if name == "model.embed_tokens.weight":
                 self.embed_tokens.weight_loader(self.embed_tokens.weight, tensor)
+                if tied:
+                    digests[name] = tensor_digest(tensor)
             elif name == "model.norm.weight":
                 copy_checked(self.norm.weight, tensor, name)
             elif name in _MODEL_ATTN_RES and self.config.attn_res_block_size is not None:
                 # a norm or an unquantized replicated projection: the whole weight on every rank
                 copy_checked(getattr(self, name.split(".")[1]).weight, tensor, name)
             elif name == "lm_head.weight":
-                # Tied: the head is the embedding; transformers still saves a copy, skipped.
-                if not self.config.tie_word_embeddings:
+                if tied:  # the head is the embedding: a saved copy is skipped once compared
+                    digests[name] = tensor_digest(tensor)
+                else:
                     self.lm_head.weight_loader(self.lm_head.weight, tensor)
             elif name in _MODEL_ATTN_RES:
                 raise ValueError(f"unexpected checkpoint tensor {name!r}: {_NO_ATTN_RES}")
             else:
                 raise ValueError(f"unexpected checkpoint tensor {name!r}")
             loaded.add(name)
+        if len(set(digests.values())) > 1:
+            # transformers' KimiLinear saves and uses its own head even with the flag set.
+            raise ValueError(
+                "the config ties the LM head to the embedding (tie_word_embeddings: true), but "
+                "the checkpoint's lm_head.weight differs from model.embed_tokens.weight; set "
+                "tie_word_embeddings to false in config.json to load the checkpoint's head"
+            )
         return loaded
 
     def _load_layer_tensor(self, i: int, part: str, rest: str, tensor: torch.Tensor) -> str:
