@@ -122,7 +122,7 @@ class EngineArgs:
     tokenizer: str | None = None  # folder with the tokenizer files (default: the model's)
     skip_tokenizer_init: bool = False  # no tokenizer: prompts must be token ids, outputs no text
     dtype: str = "auto"  # auto | bfloat16 | float16 | float32 (auto: bf16 on GPU, fp32 on CPU)
-    seed: int = 0  # seeds the dummy weights and the sampling of requests that have no seed
+    seed: int = 0  # seeds unseeded requests' sampling and --load-format dummy's weights
     load_format: str = "auto"  # auto | safetensors | dummy
     quantization_config: str | dict | None = None  # online quantization JSON, docs/quantization.md
     tensor_parallel_size: int = 1  # ranks sharding the model (workers: NCCL on GPU, gloo on CPU)

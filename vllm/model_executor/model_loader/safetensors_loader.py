@@ -49,6 +49,17 @@ def checkpoint_files(folder: Path) -> list[Path]:
         return files
     files = sorted(folder.glob("*.safetensors"))
     if not files:
+        pickled = sorted(p.name for p in folder.glob("*.bin")) + sorted(
+            p.name for p in folder.glob("*.pt")
+        )
+        if pickled:
+            # PyTorch's pickle format runs code when loaded; this fork reads safetensors only.
+            raise ValueError(
+                f"no safetensors checkpoint in {folder}, only PyTorch pickle files "
+                f"({', '.join(pickled[:3])}{', ...' if len(pickled) > 3 else ''}), which are "
+                "not supported: convert them to safetensors (transformers' save_pretrained "
+                "writes safetensors by default)"
+            )
         raise ValueError(f"no safetensors checkpoint in {folder}")
     return files
 
