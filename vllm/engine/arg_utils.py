@@ -108,8 +108,7 @@ def _flags(name: str) -> list[str]:
 
 # What `None` resolves to, for the --help of the fields whose default is None.
 _NONE_DEFAULTS = {
-    "max_model_len": "auto: the model's max_position_embeddings, or the tokenizer's "
-    "model_max_length if smaller",
+    "max_model_len": "auto, the model's max_position_embeddings",
     "max_num_batched_tokens": "8192, or max_num_seqs if larger",
     "max_cudagraph_capture_size": "512, at most max_num_seqs",
 }
@@ -180,7 +179,6 @@ class EngineArgs:
         from vllm.model_executor.model_loader.builtin import check_load_format, resolve_model
         from vllm.models.registry import model_class
         from vllm.transformers_utils.configs import load_model_config
-        from vllm.transformers_utils.tokenizer import tokenizer_max_length
 
         for f in fields(self):
             if f.type is bool and not isinstance(getattr(self, f.name), bool):
@@ -224,23 +222,15 @@ class EngineArgs:
         check_load_format(folder, self.load_format)  # a folder's config first, then its weights
         text = getattr(hf_config, "text_config", hf_config)
         max_model_len = parse_max_model_len(self.max_model_len)
-        limit, source = text.max_position_embeddings, "the model's max_position_embeddings"
-        if not self.skip_tokenizer_init:
-            # As upstream, the tokenizer's own limit too, where it is the smaller.
-            try:
-                tokens = tokenizer_max_length(
-                    resolve_model(self.tokenizer, "tokenizer")[0] if self.tokenizer else folder
-                )
-            except ValueError:  # a tokenizer that does not resolve: reported with its loading
-                tokens = None
-            if tokens is not None and tokens < limit:
-                limit, source = tokens, "the tokenizer's model_max_length"
+        limit = text.max_position_embeddings
         if max_model_len is None:
             max_model_len = limit
         # One prompt token and one generated token at least (the scheduler's own bound).
         _check_int("max_model_len", max_model_len, 2)
         if max_model_len > limit:
-            raise ValueError(f"max_model_len {max_model_len} exceeds {source} {limit}")
+            raise ValueError(
+                f"max_model_len {max_model_len} exceeds the model's max_position_embeddings {limit}"
+            )
         if self.block_size > max(max_model_len, EngineArgs.block_size):
             # Works, but no sequence ever fills its one block (more likely a mistaken flag).
             logger.warning(

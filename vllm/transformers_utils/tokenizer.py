@@ -492,19 +492,6 @@ class TiktokenTokenizer(Tokenizer):
         return list(self._special)
 
 
-def tokenizer_max_length(folder: "str | Path") -> int | None:
-    """`model_max_length` of the folder's tokenizer_config.json, where it sets a limit (HF writes
-    int(1e30) for none); None without one, or where the file cannot be read (the tokenizer's
-    own loading reports that)."""
-    try:
-        limit = _read_json(Path(folder) / "tokenizer_config.json").get("model_max_length")
-    except ValueError:
-        return None
-    if isinstance(limit, bool) or not isinstance(limit, int | float) or not 0 < limit < _NO_LIMIT:
-        return None
-    return int(limit)
-
-
 def has_tokenizer(folder: "str | Path") -> bool:
     """Whether `folder` holds a tokenizer that `get_tokenizer` reads."""
     path = Path(folder)

@@ -3,7 +3,6 @@ before the model loads, by name and with the reason (argparse exit code 2)."""
 
 import argparse
 import dataclasses
-import json
 import socket
 
 import pytest
@@ -358,10 +357,7 @@ def test_help_states_what_each_unset_default_resolves_to() -> None:
     what the config resolves."""
     serve = make_parser()._subparsers._group_actions[0].choices["serve"]
     helps = {name: action.help for action in serve._actions for name in action.option_strings}
-    assert (
-        "(default: auto: the model's max_position_embeddings, or the tokenizer's "
-        "model_max_length if smaller)"
-    ) in " ".join(helps["--max-model-len"].split())
+    assert "(default: auto, the model's max_position_embeddings)" in helps["--max-model-len"]
     assert "(default: 8192, or max_num_seqs if larger)" in helps["--max-num-batched-tokens"]
     assert "(default: 512, at most max_num_seqs)" in helps["--max-cudagraph-capture-size"]
     assert helps["--uvicorn-log-level"].endswith("(default: info)")
@@ -384,27 +380,3 @@ def test_underscore_spellings_of_long_flags_are_read_as_dashed() -> None:
     assert (args.max_model_len, args.max_num_seqs) == ("100", 3)  # suffixes are read later
     assert args.quantization_config == recipe
     assert args.served_model_name == ["a_b"]
-
-
-def test_max_model_len_is_bounded_by_the_tokenizers_model_max_length(tmp_path) -> None:
-    """As upstream: tokenizer_config.json's model_max_length, where smaller than the model's
-    max_position_embeddings (kimi-k3-tiny's 4096), is the default and the bound; it was served
-    at 4096 while /tokenizer_info reported 2048."""
-    tiny = resolve_model("kimi-k3-tiny")[0]
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        (tmp_path / name).write_bytes((tiny / name).read_bytes())
-
-    def limit(model_max_length, **kwargs) -> int:
-        config = json.loads((tiny / "tokenizer_config.json").read_text())
-        config["model_max_length"] = model_max_length
-        (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
-        args = EngineArgs(model=str(tmp_path), load_format="dummy", **kwargs)
-        return args.create_engine_config().model_config.max_model_len
-
-    assert limit(2048) == 2048
-    assert limit(2048, skip_tokenizer_init=True) == 4096  # no tokenizer, no tokenizer limit
-    assert limit(int(1e30)) == limit(8192) == 4096  # HF's "no limit", and a larger one
-    assert limit(2048, tokenizer="kimi-k3-tiny") == 4096  # the tokenizer's folder counts
-    with pytest.raises(ValueError, match="max_model_len 4096 exceeds the tokenizer's "
-                       "model_max_length 2048"):  # fmt: skip
-        limit(2048, max_model_len=4096)
