@@ -256,6 +256,7 @@ def test_loglikelihood_request_shape(server: RemoteServer) -> None:
 def test_tokenizer_endpoints_lm_eval_probes(server: RemoteServer) -> None:
     info = requests.get(server.url("/tokenizer_info"), timeout=10).json()
     assert info["eos_token"] == "<|eos|>" and info["chat_template"]
+    assert info["model_max_length"] == 2048  # served with --max-model-len 2048, as /tokenize
     probe = requests.post(
         server.url("/tokenize"), json={"prompt": "test", "add_special_tokens": False}, timeout=10
     ).json()

@@ -42,3 +42,14 @@ def test_tokenize_renders_the_tools_as_chat_does() -> None:
     assert with_tools.tokens == chat.tokenizer.encode(prompt, add_special_tokens=False)
     without = tokenization.tokenize(TokenizeRequest(messages=USER))
     assert with_tools.count > without.count
+
+
+def test_tokenizer_info_reports_the_length_the_engine_serves() -> None:
+    """/tokenizer_info's model_max_length is the engine's max_model_len, as /v1/models and
+    /tokenize report it: it passed the tokenizer file's own value through (kimi-k3-tiny's 4096
+    while serving 2048; 0 or -5 as written), which generation does not go by."""
+    _, tokenization = _servers()
+    assert tokenization.tokenizer.tokenizer_info()["model_max_length"] == 4096  # the file's
+    for served in (2048, 8192):
+        tokenization.max_model_len = served
+        assert tokenization.tokenizer_info()["model_max_length"] == served

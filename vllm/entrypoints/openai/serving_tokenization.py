@@ -46,6 +46,6 @@ class OpenAIServingTokenization(OpenAIServing):
         return DetokenizeResponse(prompt=self.tokenizer.decode(ids, skip_special_tokens=False))
 
     def tokenizer_info(self) -> dict[str, Any]:
-        info = dict(self.tokenizer.tokenizer_info())
-        info.setdefault("model_max_length", self.max_model_len)
-        return info
+        # The length the engine serves, as /v1/models and /tokenize report it: not the tokenizer
+        # file's own model_max_length, which generation does not go by (as upstream).
+        return dict(self.tokenizer.tokenizer_info(), model_max_length=self.max_model_len)
