@@ -72,13 +72,20 @@ def test_transformers_spellings_and_tied_head_load(tensors, tmp_path):
         assert torch.equal(p, q), name
     config = json.loads((TINY / "config.json").read_text())
     config["tie_word_embeddings"] = True
-    copied = dict(tensors, **{"lm_head.weight": tensors["model.embed_tokens.weight"].clone()})
+    embedding = tensors["model.embed_tokens.weight"].to(torch.bfloat16)
+    # The saved copy in another dtype is still a copy (values compared in fp32).
+    copied = dict(tensors, **{"model.embed_tokens.weight": embedding,
+                              "lm_head.weight": embedding.float()})  # fmt: skip
     tied = load_model(write(tmp_path / "c", copied, config), dtype=torch.float32)
-    assert torch.equal(tied.lm_head.weight, tensors["model.embed_tokens.weight"])
+    assert torch.equal(tied.lm_head.weight, embedding.float())
     # A head of its own is not a tied head's copy (transformers' KimiLinear saves and uses one
-    # even with the flag set): refused, not silently replaced by the embedding.
+    # even with the flag set): refused, not silently replaced by the embedding; the error names
+    # the tensor that showed it. One changed row is enough.
+    own = dict(copied, **{"lm_head.weight": embedding.float().index_fill(0, torch.tensor([3]), 1)})
     with pytest.raises(ValueError, match="lm_head.weight differs from model.embed_tokens"):
-        load_model(write(tmp_path / "d", tensors, config), dtype=torch.float32)
+        load_model(write(tmp_path / "d", own, config), dtype=torch.float32)
+    with pytest.raises(ValueError, match="lm_head.weight differs from model.embed_tokens"):
+        load_model(write(tmp_path / "e", tensors, config), dtype=torch.float32)
     with pytest.raises(ValueError, match=r"A_log: checkpoint shape \(2, 2\)"):
         spelled.load_weights([("model.layers.0.self_attn.A_log", torch.zeros(2, 2))])
 

@@ -39,10 +39,11 @@ def check_floating(loaded: torch.Tensor, name: str) -> None:
 
 
 def tensor_digest(tensor: torch.Tensor) -> bytes:
-    """A digest of `tensor`'s dtype, shape and bytes: equal for equal tensors of one dtype, and
-    for others only by a hash collision. For two checkpoint tensors that arrive one at a time
-    (a tied head's saved copy and the embedding) without keeping the first."""
-    data = tensor.detach().cpu().contiguous()
-    digest = hashlib.blake2b(f"{data.dtype}{tuple(data.shape)}".encode(), digest_size=32)
+    """A digest of `tensor`'s shape and values, taken in fp32 (exact for the 16-bit float dtypes,
+    so a bf16 tensor and its fp32 copy agree): equal for equal values, and for others only by a
+    hash collision. For two checkpoint tensors that arrive one at a time (a tied head's saved
+    copy and the embedding) without keeping the first."""
+    data = tensor.detach().to("cpu", torch.float32).contiguous()
+    digest = hashlib.blake2b(str(tuple(data.shape)).encode(), digest_size=32)
     digest.update(data.view(-1).view(torch.uint8).numpy())
     return digest.digest()

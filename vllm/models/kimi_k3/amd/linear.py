@@ -361,14 +361,14 @@ class KimiLinearForCausalLM(torch.nn.Module):
                 raise ValueError(f"unexpected checkpoint tensor {name!r}: {_NO_ATTN_RES}")
             else:
                 raise ValueError(f"unexpected checkpoint tensor {name!r}")
+            if len(set(digests.values())) > 1:
+                # transformers' KimiLinear saves and uses its own head even with the flag set.
+                raise ValueError(
+                    "the config ties the LM head to the embedding (tie_word_embeddings true), "
+                    "but the checkpoint's lm_head.weight differs from model.embed_tokens.weight; "
+                    "set tie_word_embeddings (Kimi-K3: text_config's) to false to load its head"
+                )
             loaded.add(name)
-        if len(set(digests.values())) > 1:
-            # transformers' KimiLinear saves and uses its own head even with the flag set.
-            raise ValueError(
-                "the config ties the LM head to the embedding (tie_word_embeddings: true), but "
-                "the checkpoint's lm_head.weight differs from model.embed_tokens.weight; set "
-                "tie_word_embeddings to false in config.json to load the checkpoint's head"
-            )
         return loaded
 
     def _load_layer_tensor(self, i: int, part: str, rest: str, tensor: torch.Tensor) -> str:
