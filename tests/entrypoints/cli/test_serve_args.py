@@ -298,12 +298,22 @@ def test_a_model_folder_without_weights_is_refused_before_loading(tmp_path, caps
     err = capsys.readouterr().err
     assert "argument --load-format: load_format 'auto': no safetensors checkpoint" in err, err
     assert "--load-format dummy" in err, err
-    # PyTorch's pickle files are named as such: this fork reads safetensors only.
-    (tmp_path / "pytorch_model.bin").write_bytes(b"")
+    # PyTorch's pickle files are named as such (this fork reads safetensors only); a training
+    # run's other pickles are not weights and not named.
+    for name in ("training_args.bin", "optimizer.pt", "rng_state_0.pth"):
+        (tmp_path / name).write_bytes(b"")
+    with pytest.raises(SystemExit):
+        main(["serve", str(tmp_path), "--host", "127.0.0.1", "--port", "0"])
+    assert "pickle" not in capsys.readouterr().err
+    for name in ("pytorch_model.bin", "consolidated.00.pth"):
+        (tmp_path / name).write_bytes(b"")
     with pytest.raises(SystemExit):
         main(["serve", str(tmp_path), "--host", "127.0.0.1", "--port", "0"])
     err = capsys.readouterr().err
-    assert "only PyTorch pickle files (pytorch_model.bin), which are not supported" in err, err
+    assert (
+        "only PyTorch pickle files (consolidated.00.pth, pytorch_model.bin), which are not "
+        "supported"
+    ) in err, err
 
 
 @pytest.mark.parametrize(

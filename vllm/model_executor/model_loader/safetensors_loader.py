@@ -37,6 +37,10 @@ def _weight_map(index: Path) -> dict[str, str]:
     return weight_map
 
 
+# Files a training run leaves beside its weights, pickled too but not weights.
+_TRAINER_STATE = ("training_args", "optimizer", "scheduler", "rng_state")
+
+
 def checkpoint_files(folder: Path) -> list[Path]:
     """The safetensors files of a checkpoint folder, from its index when sharded: a ValueError
     if it has none, a CheckpointError if its index is malformed or lists missing files."""
@@ -49,8 +53,11 @@ def checkpoint_files(folder: Path) -> list[Path]:
         return files
     files = sorted(folder.glob("*.safetensors"))
     if not files:
-        pickled = sorted(p.name for p in folder.glob("*.bin")) + sorted(
-            p.name for p in folder.glob("*.pt")
+        pickled = sorted(
+            p.name
+            for pattern in ("*.bin", "*.pt", "*.pth")
+            for p in folder.glob(pattern)
+            if not p.name.startswith(_TRAINER_STATE)
         )
         if pickled:
             # PyTorch's pickle format runs code when loaded; this fork reads safetensors only.
