@@ -390,3 +390,9 @@ def test_underscore_spellings_of_long_flags_are_read_as_dashed() -> None:
     assert (args.max_model_len, args.max_num_seqs) == ("100", 3)  # suffixes are read later
     assert args.quantization_config == recipe
     assert args.served_model_name == ["a_b"]
+
+
+def test_vllm_alone_prints_its_help_and_succeeds(capsys) -> None:
+    """As upstream: `vllm` with no subcommand shows the commands (it exited 2, a usage error)."""
+    assert main([]) == 0
+    assert "serve" in capsys.readouterr().out

@@ -28,9 +28,9 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
-    if args.command is None:
+    if args.command is None:  # `vllm` alone: its help, as upstream (not a usage error)
         parser.print_help()
-        return 2
+        return 0
     return args.dispatch(args, args.subparser)
 
 
