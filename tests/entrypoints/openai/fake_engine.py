@@ -90,6 +90,9 @@ class FakeEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
+    def workers_alive(self) -> bool:
+        return True  # no tensor-parallel workers
+
     def abort_request(self, request_ids: list[str]) -> list[RequestOutput]:
         time.sleep(self.abort_delay)
         outputs = []

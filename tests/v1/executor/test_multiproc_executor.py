@@ -408,6 +408,70 @@ def test_worker_dying_before_joining_fails_startup(tmp_path):
     assert result.stderr.count('under `if __name__ == "__main__":`') == 2
 
 
+@pytest.mark.parametrize("how", ["raise", "exit"])
+def test_worker_failing_after_it_started_but_before_joining_fails_startup(tmp_path, how):
+    """A worker that fails (here: cannot join the group) or is killed after it reported
+    "started" and before the group exists: rank 0 waited in the rendezvous for the collective
+    timeout (10 minutes), deaf to Ctrl-C, the worker's error unread in its pipe."""
+    script = tmp_path / "join_fails.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""\
+            import multiprocessing
+            import os
+
+            if multiprocessing.current_process().name.startswith("vllm-tp-worker-"):
+                from vllm.v1.executor import multiproc_executor
+
+                def cannot_join(config, rank, store=None):
+                    if {how!r} == "exit":
+                        os._exit(9)
+                    raise OSError("no route to the rendezvous store")
+
+                multiproc_executor._init_distributed = cannot_join
+
+            if __name__ == "__main__":
+                from vllm import LLM
+
+                LLM({FAST!r}, tensor_parallel_size=2, **{ARGS!r})
+            """
+        )
+    )
+    start = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=2 * BOUND_S,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert time.monotonic() - start < 2 * BOUND_S
+    assert result.returncode != 0
+    if how == "raise":
+        expected = "WorkerFailed: tensor-parallel worker 1 failed"
+        assert "OSError: no route to the rendezvous store" in result.stderr, result.stderr[-3000:]
+    else:
+        expected = "RuntimeError: tensor-parallel worker 1 died (exit code 9)"
+    assert expected in result.stderr, result.stderr[-3000:]
+
+
+def test_a_worker_that_died_while_idle_is_seen_before_the_next_request():
+    """/health asks `AsyncLLM.is_running`, which asked only whether the engine's loop thread
+    ran: a worker killed while no request ran left it at 200 until a request failed on it."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    llm = LLM(FAST, tensor_parallel_size=2, skip_tokenizer_init=True, **ARGS)
+    engine = AsyncLLM(llm.llm_engine)
+    try:
+        assert llm.llm_engine.workers_alive() and engine.is_running
+        (worker,) = worker_processes(llm)
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.join(timeout=BOUND_S)
+        assert not llm.llm_engine.workers_alive()
+        assert not engine.is_running
+    finally:
+        engine.shutdown()
+        del llm
+        gc.collect()
+
+
 class _FailingWorker:
     """A worker (process and pipe) that fails the first call it is sent with `error`: it sends
     the traceback and exits."""
@@ -504,12 +568,12 @@ def test_shutdown_waits_once_for_all_workers_that_never_answer(monkeypatch):
 
 
 def _sigint_ignored(pid: int) -> bool:
-    """Whether process `pid` ignores SIGINT (its SigIgn mask in /proc)."""
+    """Whether process `pid` ignores SIGINT and SIGTERM (its SigIgn mask in /proc)."""
     status = Path(f"/proc/{pid}/status").read_text()
     mask = int(
         next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), 16
     )
-    return bool(mask & (1 << (signal.SIGINT - 1)))
+    return all(mask & (1 << (sig - 1)) for sig in (signal.SIGINT, signal.SIGTERM))
 
 
 def test_ctrl_c_while_workers_start_is_quiet_and_quick(monkeypatch):
@@ -536,6 +600,7 @@ def test_ctrl_c_while_workers_start_is_quiet_and_quick(monkeypatch):
 
     monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", start_and_look)
     monkeypatch.setattr(Executor, "_answer", interrupted)
+    sigterm = signal.getsignal(signal.SIGTERM)
     began = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         Executor(config)
@@ -543,3 +608,4 @@ def test_ctrl_c_while_workers_start_is_quiet_and_quick(monkeypatch):
     [(worker, ignored)] = spawned
     assert ignored and not worker.is_alive()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    assert signal.getsignal(signal.SIGTERM) is sigterm

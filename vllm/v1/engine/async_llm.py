@@ -103,7 +103,15 @@ class AsyncLLM:
 
     @property
     def is_running(self) -> bool:
-        return self.errored is None and not self._stopping and self._thread.is_alive()
+        """Whether requests can be served: the loop runs, and so do any tensor-parallel
+        workers (one that died while the engine was idle is otherwise found only by the next
+        request, which it fails, while /health said 200)."""
+        return (
+            self.errored is None
+            and not self._stopping
+            and self._thread.is_alive()
+            and self.engine.workers_alive()
+        )
 
     def _submit(self, command: tuple) -> None:
         """Queue a command whose future the loop answers; refused once the loop has closed."""

@@ -241,6 +241,10 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
+    def workers_alive(self) -> bool:
+        """Whether every tensor-parallel worker still runs (safe from any thread)."""
+        return self.executor.workers_alive()
+
     def get_num_unfinished_requests(self) -> int:
         return len(self.output_processor.requests)
 

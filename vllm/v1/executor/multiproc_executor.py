@@ -19,7 +19,9 @@ the workers are stopped at once and later calls are refused. At start-up each
 worker reports that it is running before rank 0 enters the rendezvous, which would otherwise wait
 for a worker that died while bootstrapping (e.g. a script without the `if __name__ == "__main__":`
 guard that spawn needs) until the collective timeout; both that worker's error and rank 0's name
-the guard.
+the guard. Rank 0 then joins the group on a thread while it keeps checking the workers, so one
+that fails or dies between its report and the join fails the start-up as well. `workers_alive`
+answers from any thread whether every worker still runs (the server's health check).
 """
 
 import contextlib
@@ -32,6 +34,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from datetime import timedelta
+from multiprocessing import connection as mp_connection
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
@@ -108,27 +111,35 @@ def _init_distributed(config: VllmConfig, rank: int, store: dist.Store | None = 
     initialize_model_parallel(config.parallel_config.tensor_parallel_size)
 
 
+# Signals sent to a whole process group that the workers leave to rank 0 (`_worker_main`).
+_GROUP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 @contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """SIGINT ignored inside (main thread only): a worker spawned here inherits the ignored
-    SIGINT through exec, so Python never installs its KeyboardInterrupt handler there. The
-    worker ignores SIGINT anyway (`_worker_main`), but only once its imports are done; a Ctrl-C
+def _group_signals_ignored() -> Iterator[None]:
+    """`_GROUP_SIGNALS` ignored inside (main thread only): a worker spawned here inherits them
+    ignored through exec, so Python never installs its KeyboardInterrupt handler there. The
+    worker ignores them anyway (`_worker_main`), but only once its imports are done; a Ctrl-C
     during that second printed a KeyboardInterrupt traceback from inside some import."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = [signal.signal(sig, signal.SIG_IGN) for sig in _GROUP_SIGNALS]
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in zip(_GROUP_SIGNALS, previous, strict=True):
+            signal.signal(sig, handler)
 
 
 def _worker_main(rank: int, config: VllmConfig, conn) -> None:
-    # Ctrl-C in a terminal signals the whole process group. Rank 0 stops the workers through
-    # their pipes once the server has wound down; a worker killed by the SIGINT mid-step would
-    # instead fail rank 0's collective and turn a clean shutdown into an engine error.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Ctrl-C in a terminal signals the whole process group, and so do service managers' SIGTERM
+    # (systemd's default KillMode) and `kill -- -PGID`. Rank 0 stops the workers through their
+    # pipes once the server has wound down (and kills any left); a worker killed by the signal
+    # mid-step would instead fail rank 0's collective and turn a clean shutdown into an engine
+    # error.
+    for sig in _GROUP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
     threads = rank_cpu_threads(config.parallel_config.tensor_parallel_size)
     if threads is not None:
         torch.set_num_threads(threads)
@@ -212,17 +223,39 @@ class Executor:
                     proc = ctx.Process(
                         target=_worker_main, args=(rank, config, child), name=name, daemon=True
                     )
-                    with _sigint_ignored():
+                    with _group_signals_ignored():
                         proc.start()
                     self.workers.append((proc, parent))
                 for rank in range(1, tp):
                     self._answer(rank, starting=True)  # "started"
-                _init_distributed(config, 0, store)
+                self._join_group(config, store)
                 self._owns_group = True
             self.runner = ModelRunner(config, 0)
         except BaseException:
             self.shutdown()
             raise
+
+    def _join_group(self, config: VllmConfig, store: dist.Store) -> None:
+        """Rank 0 joins the TP group in a thread while this one watches the workers: a worker
+        that fails or dies after "started" but before joining (it cannot reach the store, it is
+        killed) left rank 0 in the rendezvous until the collective timeout, deaf to Ctrl-C, its
+        error unread in the pipe. Raised here, the shutdown that follows kills the workers; the
+        thread is then left waiting in the rendezvous (a daemon, until the store's timeout)."""
+        error: list[BaseException] = []
+
+        def join() -> None:
+            try:
+                _init_distributed(config, 0, store)
+            except BaseException as e:  # re-raised on the calling thread
+                error.append(e)
+
+        thread = threading.Thread(target=join, name="tp-rendezvous", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(timeout=0.5)
+            self._check_workers()
+        if error:
+            raise error[0]
 
     def collective_rpc(self, method: str, *args: Any) -> Any:
         """Call `method` on every rank's runner; returns rank 0's result."""
@@ -262,6 +295,11 @@ class Executor:
             if not proc.is_alive():
                 self._fail(rank, starting)
         return self._receive(rank)
+
+    def workers_alive(self) -> bool:
+        """Whether every worker process still runs (a dead one's sentinel is ready; nothing is
+        reaped, so any thread may ask)."""
+        return not mp_connection.wait([proc.sentinel for proc, _ in self.workers], timeout=0)
 
     def _check_workers(self) -> None:
         for rank, (proc, pipe) in enumerate(self.workers, start=1):
