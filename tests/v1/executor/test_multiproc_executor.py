@@ -452,6 +452,49 @@ def test_worker_failing_after_it_started_but_before_joining_fails_startup(tmp_pa
     assert expected in result.stderr, result.stderr[-3000:]
 
 
+def test_a_start_up_failed_after_the_join_leaves_no_group_behind(tmp_path):
+    """A worker whose runner fails right after the group formed (as every rank's does for a
+    model that cannot be built): the failed start-up must leave the process without a group,
+    or every later engine there is refused as a second TP engine."""
+    script = tmp_path / "runner_fails.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""\
+            import multiprocessing
+
+            if multiprocessing.current_process().name.startswith("vllm-tp-worker-"):
+                from vllm.v1.executor import multiproc_executor
+
+                def no_runner(config, rank):
+                    raise OSError("the worker's runner cannot be built")
+
+                multiproc_executor.ModelRunner = no_runner
+
+            if __name__ == "__main__":
+                import torch.distributed as dist
+
+                from vllm import LLM
+
+                try:
+                    LLM({FAST!r}, tensor_parallel_size=2, **{ARGS!r})
+                except Exception as e:
+                    print("failed:", type(e).__name__)
+                print("group left:", dist.is_initialized())
+                LLM({FAST!r}, **{ARGS!r})
+                print("next engine built")
+            """
+        )
+    )
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=2 * BOUND_S,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == [
+        "failed: WorkerFailed", "group left: False", "next engine built"
+    ], result.stdout  # fmt: skip
+
+
 def test_a_worker_that_died_while_idle_is_seen_before_the_next_request():
     """/health asks `AsyncLLM.is_running`, which asked only whether the engine's loop thread
     ran: a worker killed while no request ran left it at 200 until a request failed on it."""

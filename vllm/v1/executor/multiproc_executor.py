@@ -229,7 +229,6 @@ class Executor:
                 for rank in range(1, tp):
                     self._answer(rank, starting=True)  # "started"
                 self._join_group(config, store)
-                self._owns_group = True
             self.runner = ModelRunner(config, 0)
         except BaseException:
             self.shutdown()
@@ -240,20 +239,38 @@ class Executor:
         that fails or dies after "started" but before joining (it cannot reach the store, it is
         killed) left rank 0 in the rendezvous until the collective timeout, deaf to Ctrl-C, its
         error unread in the pipe. Raised here, the shutdown that follows kills the workers; the
-        thread is then left waiting in the rendezvous (a daemon, until the store's timeout)."""
+        thread is then left waiting in the rendezvous (a daemon, until the store's timeout).
+        The group is this executor's (`_owns_group`, which its shutdown destroys) once joined,
+        unless the start-up was given up first: then the thread destroys it itself, so that a
+        failed start-up leaves no group to refuse the process's next engine."""
         error: list[BaseException] = []
+        handover = threading.Lock()
+        abandoned = False
 
         def join() -> None:
             try:
                 _init_distributed(config, 0, store)
             except BaseException as e:  # re-raised on the calling thread
                 error.append(e)
+                return
+            with handover:
+                if abandoned:
+                    destroy_model_parallel()
+                    dist.destroy_process_group()
+                else:
+                    self._owns_group = True
 
         thread = threading.Thread(target=join, name="tp-rendezvous", daemon=True)
         thread.start()
-        while thread.is_alive():
-            thread.join(timeout=0.5)
-            self._check_workers()
+        try:
+            while thread.is_alive():
+                thread.join(timeout=0.5)
+                if thread.is_alive():
+                    self._check_workers()
+        except BaseException:  # a worker failed, or Ctrl-C
+            with handover:
+                abandoned = True
+            raise
         if error:
             raise error[0]
 
@@ -297,9 +314,12 @@ class Executor:
         return self._receive(rank)
 
     def workers_alive(self) -> bool:
-        """Whether every worker process still runs (a dead one's sentinel is ready; nothing is
-        reaped, so any thread may ask)."""
-        return not mp_connection.wait([proc.sentinel for proc, _ in self.workers], timeout=0)
+        """Whether every worker process still runs and the ranks are in step (a dead one's
+        sentinel is ready; nothing is reaped, so any thread may ask)."""
+        workers = self.workers  # held: shutdown drops the list, whose processes close their fds
+        return self._failure is None and not mp_connection.wait(
+            [proc.sentinel for proc, _ in workers], timeout=0
+        )
 
     def _check_workers(self) -> None:
         for rank, (proc, pipe) in enumerate(self.workers, start=1):
