@@ -380,26 +380,32 @@ def test_collecting_an_llm_stops_its_workers_and_spares_a_newer_engine():
     assert_no_workers_left(old_pids + new_pids)
 
 
+def _run_script(folder: Path, source: str) -> subprocess.CompletedProcess:
+    """Run `source` (dedented) as a script of its own in `folder`, within 2 * BOUND_S: start-up
+    paths that only a fresh process shows (the workers re-import its main script)."""
+    script = folder / "script.py"
+    script.write_text(textwrap.dedent(source))
+    start = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=2 * BOUND_S,
+        cwd=folder,
+    )  # fmt: skip
+    assert time.monotonic() - start < 2 * BOUND_S
+    return result
+
+
 def test_worker_dying_before_joining_fails_startup(tmp_path):
     """A script that builds a TP engine without the `__main__` guard: each spawned worker
     re-runs it and dies while bootstrapping, before joining the process group. Rank 0 must not
     wait for it at the rendezvous."""
-    script = tmp_path / "unguarded.py"
-    script.write_text(
-        textwrap.dedent(
-            f"""\
-            from vllm import LLM
+    result = _run_script(
+        tmp_path,
+        f"""\
+        from vllm import LLM
 
-            LLM({FAST!r}, tensor_parallel_size=2, **{ARGS!r})
-            """
-        )
+        LLM({FAST!r}, tensor_parallel_size=2, **{ARGS!r})
+        """,
     )
-    start = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=2 * BOUND_S,
-        cwd=tmp_path,
-    )  # fmt: skip
-    assert time.monotonic() - start < 2 * BOUND_S
     assert result.returncode != 0
     # The worker's own error and rank 0's name the guard (multiprocessing's talks of freezing).
     worker_error = "RuntimeError: this process (vllm-tp-worker-1, pid"
@@ -413,36 +419,28 @@ def test_worker_failing_after_it_started_but_before_joining_fails_startup(tmp_pa
     """A worker that fails (here: cannot join the group) or is killed after it reported
     "started" and before the group exists: rank 0 waited in the rendezvous for the collective
     timeout (10 minutes), deaf to Ctrl-C, the worker's error unread in its pipe."""
-    script = tmp_path / "join_fails.py"
-    script.write_text(
-        textwrap.dedent(
-            f"""\
-            import multiprocessing
-            import os
+    result = _run_script(
+        tmp_path,
+        f"""\
+        import multiprocessing
+        import os
 
-            if multiprocessing.current_process().name.startswith("vllm-tp-worker-"):
-                from vllm.v1.executor import multiproc_executor
+        if multiprocessing.current_process().name.startswith("vllm-tp-worker-"):
+            from vllm.v1.executor import multiproc_executor
 
-                def cannot_join(config, rank, store=None):
-                    if {how!r} == "exit":
-                        os._exit(9)
-                    raise OSError("no route to the rendezvous store")
+            def cannot_join(config, rank, store=None):
+                if {how!r} == "exit":
+                    os._exit(9)
+                raise OSError("no route to the rendezvous store")
 
-                multiproc_executor._init_distributed = cannot_join
+            multiproc_executor._init_distributed = cannot_join
 
-            if __name__ == "__main__":
-                from vllm import LLM
+        if __name__ == "__main__":
+            from vllm import LLM
 
-                LLM({FAST!r}, tensor_parallel_size=2, **{ARGS!r})
-            """
-        )
+            LLM({FAST!r}, tensor_parallel_size=2, **{ARGS!r})
+        """,
     )
-    start = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=2 * BOUND_S,
-        cwd=tmp_path,
-    )  # fmt: skip
-    assert time.monotonic() - start < 2 * BOUND_S
     assert result.returncode != 0
     if how == "raise":
         expected = "WorkerFailed: tensor-parallel worker 1 failed"
@@ -456,39 +454,33 @@ def test_a_start_up_failed_after_the_join_leaves_no_group_behind(tmp_path):
     """A worker whose runner fails right after the group formed (as every rank's does for a
     model that cannot be built): the failed start-up must leave the process without a group,
     or every later engine there is refused as a second TP engine."""
-    script = tmp_path / "runner_fails.py"
-    script.write_text(
-        textwrap.dedent(
-            f"""\
-            import multiprocessing
+    result = _run_script(
+        tmp_path,
+        f"""\
+        import multiprocessing
 
-            if multiprocessing.current_process().name.startswith("vllm-tp-worker-"):
-                from vllm.v1.executor import multiproc_executor
+        if multiprocessing.current_process().name.startswith("vllm-tp-worker-"):
+            from vllm.v1.executor import multiproc_executor
 
-                def no_runner(config, rank):
-                    raise OSError("the worker's runner cannot be built")
+            def no_runner(config, rank):
+                raise OSError("the worker's runner cannot be built")
 
-                multiproc_executor.ModelRunner = no_runner
+            multiproc_executor.ModelRunner = no_runner
 
-            if __name__ == "__main__":
-                import torch.distributed as dist
+        if __name__ == "__main__":
+            import torch.distributed as dist
 
-                from vllm import LLM
+            from vllm import LLM
 
-                try:
-                    LLM({FAST!r}, tensor_parallel_size=2, **{ARGS!r})
-                except Exception as e:
-                    print("failed:", type(e).__name__)
-                print("group left:", dist.is_initialized())
-                LLM({FAST!r}, **{ARGS!r})
-                print("next engine built")
-            """
-        )
+            try:
+                LLM({FAST!r}, tensor_parallel_size=2, **{ARGS!r})
+            except Exception as e:
+                print("failed:", type(e).__name__)
+            print("group left:", dist.is_initialized())
+            LLM({FAST!r}, **{ARGS!r})
+            print("next engine built")
+        """,
     )
-    result = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=2 * BOUND_S,
-        cwd=tmp_path,
-    )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines() == [
         "failed: WorkerFailed", "group left: False", "next engine built"
