@@ -145,6 +145,9 @@ def test_the_kernel_limits_the_config_checks_are_the_kernels():
     from vllm.transformers_utils.configs import kimi_linear
 
     assert kimi_linear._CONV_WIDTHS == (2, MAX_WIDTH)
+    for width in range(2, MAX_WIDTH + 1):  # every width the kernels take is accepted
+        lac = dict(KIMI_LINEAR_48B["linear_attn_config"], short_conv_kernel_size=width)
+        KimiLinearConfig.from_dict(dict(KIMI_LINEAR_48B, linear_attn_config=lac))
     assert kimi_linear._MAX_MLA_CACHE_ROW == MAX_HIDDEN
     widest = dict(KIMI_LINEAR_48B, kv_lora_rank=MAX_HIDDEN - 64, qk_rope_head_dim=64)
     assert KimiLinearConfig.from_dict(widest).kv_lora_rank == MAX_HIDDEN - 64

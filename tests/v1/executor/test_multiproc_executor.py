@@ -349,6 +349,9 @@ def test_ctrl_c_while_sending_a_step_stops_the_workers_it_reached():
         with pytest.raises(KeyboardInterrupt):
             llm.generate(PROMPTS, GREEDY, use_tqdm=False)
         assert_no_workers_left(pids)
+        # Stopped out of step, the workers list is empty: /health must still say the engine
+        # cannot serve.
+        assert not llm.llm_engine.workers_alive()
         with pytest.raises(RuntimeError, match="rank 0 raised KeyboardInterrupt during 'execute'"):
             llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     finally:
