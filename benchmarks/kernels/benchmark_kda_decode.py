@@ -55,10 +55,17 @@ and cuBLAS above, then `fused_kda_decode`) against the kernel computing them (fu
     python benchmarks/kernels/benchmark_kda_decode.py --gate-proj --shapes kimi-linear --quantize \
         --batches 1 2 4 8 16 32 64 128 256
 
+`--sweep-gate-proj` runs the variant sweep with the gate projections in the kernel for every
+variant and for the heuristic (the engine's call up to `GATE_PROJ_MAX_BATCH` sequences, where each
+of a head's D / block_v programs recomputes its raw_g), each call on its own cold weights:
+
+    python benchmarks/kernels/benchmark_kda_decode.py --sweep-gate-proj --shapes kimi-linear \
+        --quantize --batches 1 2 4 --no-compare --variants v16w4 v16w8 v32w4 v32w8 v64w4
+
 `--dry-run` checks three variants (v32w4 single, v16w2 and v8w1e1 split, at D = 32) once against the
-torch reference at a tiny shape, untimed (with `--gate-proj`: fused and unfused gate projections,
-v32w4 and v8w1, bit for bit); without a GPU run it under the Triton interpreter:
-TRITON_INTERPRET=1 python ... --dry-run
+torch reference at a tiny shape, untimed (with `--gate-proj` or `--sweep-gate-proj`: fused and
+unfused gate projections, v32w4 and v8w1, bit for bit); without a GPU run it under the Triton
+interpreter: TRITON_INTERPRET=1 python ... --dry-run
 """
 
 import argparse
@@ -238,15 +245,20 @@ def sweep(shape: str, batch: int, args, copy: float, sms: int, variants) -> dict
     calls = max(args.graph_calls, blocks)
     step = make_step(batch, heads, args.lower_bound, slots=blocks * batch)
     slot_sets = [torch.arange(batch, device="cuda") + batch * i for i in range(blocks)]
+    # With --sweep-gate-proj each slot set has its own f_b / g_b weights too (cold in L2).
+    gates = [gate_proj_inputs(batch, heads) if args.sweep_gate_proj else None for _ in slot_sets]
     quantize = args.quantize
     row = dict(shape=shape, batch=batch)
 
     def caller(config: KdaDecodeConfig):
-        sets = itertools.cycle(slot_sets)
+        sets = itertools.cycle(zip(slot_sets, gates, strict=True))
 
         def call():
-            slots = next(sets)
-            return fused_kda_decode(**dict(step, slots=slots), config=config, quantize=quantize)
+            slots, inputs = next(sets)
+            at = dict(step, slots=slots)
+            if inputs is None:
+                return fused_kda_decode(**at, config=config, quantize=quantize)
+            return decode_with_gate_proj(at, inputs, True, config, quantize)
 
         return call
 
@@ -427,15 +439,21 @@ def main(argv: list[str] | None = None) -> int:
         "--gate-proj", action="store_true",
         help="instead of the sweep: f_b_proj / g_b_proj as linears vs in the kernel, per batch",
     )  # fmt: skip
+    parser.add_argument(
+        "--sweep-gate-proj", action="store_true",
+        help="the sweep with the gate projections computed in the kernel (LowRankProj)",
+    )  # fmt: skip
     add_common_args(
         parser, csv="write the variant sweep (or --gate-proj) to this CSV file",
         dry_run="three variants once, checked, untimed (CPU too)",
     )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.gate_proj and args.sweep_gate_proj:
+        parser.error("--gate-proj replaces the sweep that --sweep-gate-proj changes: give one")
     if args.dry_run:
-        note_dry_run_ignores(parser, args, used=("gate_proj",))
+        note_dry_run_ignores(parser, args, used=("gate_proj", "sweep_gate_proj"))
         round_like_the_gpu_if_interpreting()
-    if args.dry_run and args.gate_proj:
+    if args.dry_run and (args.gate_proj or args.sweep_gate_proj):
         return dry_run_gate_proj("cuda" if torch.cuda.is_available() else "cpu")
     if args.dry_run:
         return dry_run()
@@ -450,6 +468,8 @@ def main(argv: list[str] | None = None) -> int:
     call = "quantize=True" if args.quantize else "norm epilogue"
     if args.gate_proj:
         return run_gate_proj(args, sms, call)
+    if args.sweep_gate_proj:
+        call += ", gate projections in the kernel"
     print(f"variant sweep (op alone, {call}, cold state): us (% of copy) [ep epilogue us]")
     width = 24
     header = " ".join(f"{name(c):>{width}}" for c in variants)

@@ -102,6 +102,15 @@ def test_gpu_only_numbers_are_checked_as_parsed(name, argv, message, capsys) -> 
     assert f"argument {argv[0]}: {message}" in capsys.readouterr().err
 
 
+def test_kda_decode_gate_proj_modes_exclude_each_other(capsys) -> None:
+    """--gate-proj replaces the sweep; with --sweep-gate-proj as well one of them was dropped."""
+    with pytest.raises(SystemExit) as exit_info:
+        importlib.import_module("benchmark_kda_decode").main(["--gate-proj", "--sweep-gate-proj"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--gate-proj replaces the sweep that --sweep-gate-proj changes" in err
+
+
 @pytest.mark.parametrize(
     "name, flag, value",
     [

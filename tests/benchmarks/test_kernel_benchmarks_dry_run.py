@@ -43,10 +43,11 @@ def test_kda_decode_dry_run_names_the_flags_it_ignores(tmp_path, capsys) -> None
     assert "--dry-run ignores" not in capsys.readouterr().err
 
 
-def test_kda_decode_gate_proj_dry_run(triton_launches, capsys: pytest.CaptureFixture) -> None:
+@pytest.mark.parametrize("flag", ["--gate-proj", "--sweep-gate-proj"])
+def test_kda_decode_gate_proj_dry_run(flag, triton_launches, capsys: pytest.CaptureFixture) -> None:
     import benchmark_kda_decode
 
-    assert benchmark_kda_decode.main(["--dry-run", "--gate-proj"]) == 0
+    assert benchmark_kda_decode.main(["--dry-run", flag]) == 0
     # Each form once on each variant (v32w4 single, v8w1 split), through the kernels.
     assert triton_launches["_fused_kda_decode_kernel"] == 4
     assert triton_launches["_kda_decode_epilogue_kernel"] == 2
