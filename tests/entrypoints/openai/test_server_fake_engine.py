@@ -260,6 +260,22 @@ def test_neutral_values_of_the_knobs_the_engine_lacks_are_accepted(server: Remot
         assert response.status_code == 200, response.text
 
 
+def test_only_unknown_fields_are_logged_as_ignored(server: RemoteServer) -> None:
+    """An unknown field is taken with a warning naming it; a refused field at its neutral value
+    is checked by the request's handler, so the warning does not call it ignored."""
+    body = {"prompt": "hi", "max_tokens": 2, "not_a_field_1": 1, "allowed_token_ids": None,
+            "priority": 0}  # fmt: skip
+    response = _post(server, "/v1/completions", body)
+    assert response.status_code == 200, response.text
+    body = {"messages": USER, "max_tokens": 2, "not_a_field_2": True, "tool_choice": "auto"}
+    assert _post(server, "/v1/chat/completions", body).status_code == 200
+    lines = [line for line in server.output().splitlines() if "ignoring unknown fields" in line]
+    assert any("/v1/completions: ignoring unknown fields ['not_a_field_1']" in x for x in lines)
+    chat = "/v1/chat/completions: ignoring unknown fields ['not_a_field_2']"
+    assert any(chat in x for x in lines)
+    assert not any("allowed_token_ids" in x or "priority" in x or "tool_choice" in x for x in lines)
+
+
 USER = [{"role": "user", "content": "hi"}]
 ANSWER = [*USER, {"role": "assistant", "content": "It is"}]
 
