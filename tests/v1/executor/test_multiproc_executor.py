@@ -605,6 +605,47 @@ def test_shutdown_waits_once_for_all_workers_that_never_answer(monkeypatch):
     assert torn_down == [True]
 
 
+@pytest.mark.parametrize("abandoned", [False, True])
+def test_the_group_goes_to_the_executor_only_if_start_up_still_waits(monkeypatch, abandoned):
+    """The rendezvous thread hands the joined group to the executor (whose shutdown destroys it),
+    unless start-up was given up while it joined (a worker failed, Ctrl-C): then the thread
+    destroys the group itself, so that no group is left to refuse the process's next engine."""
+    from vllm.v1.executor import multiproc_executor
+
+    joining, join_may_end, torn_down = threading.Event(), threading.Event(), []
+
+    def slow_join(config, rank, store):
+        joining.set()
+        assert join_may_end.wait(30)
+
+    monkeypatch.setattr(multiproc_executor, "_init_distributed", slow_join)
+    monkeypatch.setattr(multiproc_executor, "destroy_model_parallel", lambda: torn_down.append(1))
+    monkeypatch.setattr(
+        multiproc_executor.dist, "destroy_process_group", lambda: torn_down.append(2)
+    )
+    executor = object.__new__(multiproc_executor.Executor)
+    executor._owns_group = False
+
+    def check_workers():
+        assert joining.wait(30)
+        if abandoned:
+            raise RuntimeError("worker 1 failed")
+        join_may_end.set()
+
+    executor._check_workers = check_workers
+    if abandoned:
+        with pytest.raises(RuntimeError, match="worker 1 failed"):
+            executor._join_group(None, None)
+        join_may_end.set()  # the join completes after start-up gave up
+        for thread in threading.enumerate():
+            if thread.name == "tp-rendezvous":
+                thread.join(30)
+        assert torn_down == [1, 2] and not executor._owns_group
+    else:
+        executor._join_group(None, None)
+        assert torn_down == [] and executor._owns_group
+
+
 def _sigint_ignored(pid: int) -> bool:
     """Whether process `pid` ignores SIGINT and SIGTERM (its SigIgn mask in /proc)."""
     status = Path(f"/proc/{pid}/status").read_text()
