@@ -5,9 +5,11 @@
 #             seconds, default 420), log gpu_suite$SUFFIX.log;
 #   kdasweep  benchmark_kda_decode.py's variant sweep at 1, 2 and 4 sequences with the gate
 #             projections in the kernel (the engine's call there), the V-split widths and warps;
-#   engine    batch-1 decode at 1k and 8k, trees alternating (RUNS, default "new1 v32_1 new2
-#             v32_2"): new (this tree), v32 (.devrun/v32: this tree with one sequence's KDA decode
-#             in 32-column V blocks, `git archive HEAD vllm benchmarks` then the config's line);
+#   engine    batch-1 decode at 1k and 8k, trees alternating (RUNS, default "new_1 v32w4_1 new_2
+#             v32w4_2", each label a tree and a run number): new (this tree) or .devrun/<tree>,
+#             `git archive HEAD vllm benchmarks` with `kda_decode_config`'s V-split for 1-4
+#             sequences (16-column blocks, 4 warps on main) changed to the tree's name: v32w4,
+#             v16w8, v32w8;
 #   profile   batch-1 decode at 8k by kernel group, this tree (LIMIT seconds, default 300).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -43,11 +45,9 @@ for part in ${PART:-suite}; do
         > $OUT/kda_sweep_gate_proj.log 2>&1
       echo "kdasweep rc $?"; cat $OUT/kda_sweep_gate_proj.log | cut -c1-400 ;;
     engine)
-      for label in ${RUNS:-new1 v32_1 new2 v32_2}; do
-        case $label in
-          new*) engine_run $label $PWD ;;
-          v32*) engine_run $label $PWD/.devrun/v32 ;;
-        esac
+      for label in ${RUNS:-new_1 v32w4_1 new_2 v32w4_2}; do
+        tree=${label%_*}
+        if [ "$tree" = new ]; then engine_run $label $PWD; else engine_run $label $PWD/.devrun/$tree; fi
       done ;;
     profile)
       PYTHONPATH=/tmp/site:$PWD TQDM_DISABLE=1 timeout ${LIMIT:-300} python \
