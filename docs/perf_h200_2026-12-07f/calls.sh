@@ -10,6 +10,9 @@
 #             `git archive HEAD vllm benchmarks` with `kda_decode_config`'s V-split for 1-4
 #             sequences (16-column blocks, 4 warps on main) changed to the tree's name: v32w4,
 #             v16w8, v32w8;
+#   auto      after kdasweep: the engine A/B (new, then the tree, twice) of the fastest of the
+#             prepared trees at one sequence in the sweep, if it beat main's v16w4 by 3% or more;
+#             else the suite with TESTS as given;
 #   profile   batch-1 decode at 8k by kernel group, this tree (LIMIT seconds, default 300).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -49,6 +52,24 @@ for part in ${PART:-suite}; do
         tree=${label%_*}
         if [ "$tree" = new ]; then engine_run $label $PWD; else engine_run $label $PWD/.devrun/$tree; fi
       done ;;
+    auto)
+      best=$(CSV=$OUT/kda_sweep_gate_proj.csv python3 -c "
+import csv, os
+row = next(r for r in csv.DictReader(open(os.environ['CSV'])) if r['batch'] == '1')
+trees = [t for t in ('v16w8', 'v32w4', 'v32w8') if row.get(t + '_us')]
+best = min(trees, key=lambda t: float(row[t + '_us']))
+print(best if float(row[best + '_us']) <= 0.97 * float(row['v16w4_us']) else 'none')")
+      echo "auto: $best"
+      if [ "$best" != none ]; then
+        for label in new_1 ${best}_1 new_2 ${best}_2; do
+          tree=${label%_*}
+          if [ "$tree" = new ]; then engine_run $label $PWD; else engine_run $label $PWD/.devrun/$tree; fi
+        done
+      else
+        PYTHONPATH=/tmp/site:$PWD timeout ${LIMIT:-300} python -m pytest -q -m gpu -n 4 \
+          --durations=30 -p no:cacheprovider ${TESTS:-tests} > $OUT/gpu_suite${SUFFIX:-}.log 2>&1
+        echo "gpu suite rc $?"; grep -E "passed|failed|FAILED|Error" $OUT/gpu_suite${SUFFIX:-}.log | tail -15
+      fi ;;
     profile)
       PYTHONPATH=/tmp/site:$PWD TQDM_DISABLE=1 timeout ${LIMIT:-300} python \
         benchmarks/benchmark_latency.py --model $MODEL --load-format dummy --skip-tokenizer-init \
