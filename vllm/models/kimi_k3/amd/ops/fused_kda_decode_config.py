@@ -55,6 +55,12 @@ _SHIFT_TILE = 4096
 _SHIFT_PROGRAMS_PER_SM = 4
 
 # Heads x V blocks per SM below which the split variant uses narrower blocks (more programs).
+# Timed with raw_g and the gate passed in. With the kernel computing them (`gate_proj`, as the
+# engine calls it there) the kernel benchmark favours wider blocks at 1-4 sequences (H100,
+# benchmark_kda_decode.py --sweep-gate-proj, docs/performance.md "Fifty-sixth run": 16-column
+# blocks 9.2 / 13.4 / 20.0 us at 1 / 2 / 4 sequences, 32-column 8.4 / 11.1 / 16.5), but the
+# engine's batch-1 step was the same with 32-column blocks (2.69-2.70 ms at 1k context, both), and
+# 2-4 sequences are untimed in the engine: unchanged until they are.
 _MIN_PROGRAMS_PER_SM = 2
 
 # `kda_decode_config` has the kernel compute the gate projections up to this many sequences. The
