@@ -93,6 +93,7 @@ from vllm.models.kimi_k3.amd.ops.fused_kda_decode import (
     fused_kda_decode_ref,
     kda_decode_config,
 )
+from vllm.models.kimi_k3.amd.ops.fused_kda_decode_config import GATE_PROJ_MAX_BATCH
 from vllm.models.kimi_k3.amd.ops.kda_gate import kda_gate
 from vllm.models.kimi_k3.amd.ops.rmsnorm_gated_fp8_per_token import per_token_fp8_quant
 from vllm.triton_utils import use_triton
@@ -441,7 +442,9 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument(
         "--sweep-gate-proj", action="store_true",
-        help="the sweep with the gate projections computed in the kernel (LowRankProj)",
+        help="the sweep with the gate projections computed in the kernel (LowRankProj), as the "
+        f"engine calls it up to {GATE_PROJ_MAX_BATCH} sequences; %%copy still counts only the "
+        "state bytes, not the f_b / g_b weights the kernel reads beside them",
     )  # fmt: skip
     add_common_args(
         parser, csv="write the variant sweep (or --gate-proj) to this CSV file",
@@ -457,6 +460,12 @@ def main(argv: list[str] | None = None) -> int:
         return dry_run_gate_proj("cuda" if torch.cuda.is_available() else "cpu")
     if args.dry_run:
         return dry_run()
+    if args.sweep_gate_proj and max(args.batches) > GATE_PROJ_MAX_BATCH:
+        parser.error(
+            f"--sweep-gate-proj times the engine's call up to {GATE_PROJ_MAX_BATCH} sequences "
+            "(above it the layer runs the projections as linears first): give --batches up to "
+            f"{GATE_PROJ_MAX_BATCH}"
+        )
     require_gpu(parser, gpu="CUDA or ROCm GPU")
     try:
         variants = [parse_variant(v) for v in args.variants]

@@ -111,6 +111,17 @@ def test_kda_decode_gate_proj_modes_exclude_each_other(capsys) -> None:
     assert "--gate-proj replaces the sweep that --sweep-gate-proj changes" in err
 
 
+def test_kda_decode_sweep_gate_proj_takes_only_the_engines_batches(capsys) -> None:
+    """Above GATE_PROJ_MAX_BATCH the layer runs the projections as linears: a sweep with them in
+    the kernel would time a call the engine never makes (the default --batches go to 256)."""
+    module = importlib.import_module("benchmark_kda_decode")
+    for argv in (["--sweep-gate-proj"], ["--sweep-gate-proj", "--batches", "4", "17"]):
+        with pytest.raises(SystemExit) as exit_info:
+            module.main(argv)
+        assert exit_info.value.code == 2
+        assert "give --batches up to 16" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "name, flag, value",
     [

@@ -47,6 +47,8 @@ def test_kda_decode_dry_run_names_the_flags_it_ignores(tmp_path, capsys) -> None
 def test_kda_decode_gate_proj_dry_run(flag, triton_launches, capsys: pytest.CaptureFixture) -> None:
     import benchmark_kda_decode
 
+    # Both flags' dry run is this check of the in-kernel projections; the sweep's own rotation of
+    # slots and weights needs a GPU (time_graph) and runs there only.
     assert benchmark_kda_decode.main(["--dry-run", flag]) == 0
     # Each form once on each variant (v32w4 single, v8w1 split), through the kernels.
     assert triton_launches["_fused_kda_decode_kernel"] == 4

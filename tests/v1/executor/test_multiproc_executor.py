@@ -612,9 +612,10 @@ def test_the_group_goes_to_the_executor_only_if_start_up_still_waits(monkeypatch
     destroys the group itself, so that no group is left to refuse the process's next engine."""
     from vllm.v1.executor import multiproc_executor
 
-    joining, join_may_end, torn_down = threading.Event(), threading.Event(), []
+    joining, join_may_end, torn_down, joiners = threading.Event(), threading.Event(), [], []
 
     def slow_join(config, rank, store):
+        joiners.append(threading.current_thread())
         joining.set()
         assert join_may_end.wait(30)
 
@@ -637,9 +638,8 @@ def test_the_group_goes_to_the_executor_only_if_start_up_still_waits(monkeypatch
         with pytest.raises(RuntimeError, match="worker 1 failed"):
             executor._join_group(None, None)
         join_may_end.set()  # the join completes after start-up gave up
-        for thread in threading.enumerate():
-            if thread.name == "tp-rendezvous":
-                thread.join(30)
+        [thread] = joiners
+        thread.join(30)
         assert torn_down == [1, 2] and not executor._owns_group
     else:
         executor._join_group(None, None)
