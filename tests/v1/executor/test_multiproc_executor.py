@@ -8,6 +8,7 @@ on CPU (torch reference kernels, inherited through the environment).
   with a RuntimeError naming it, in bounded time; so does one that dies before joining the group;
 - shutdown (explicit or when the `LLM` is collected) leaves no worker process behind and leaves a
   newer engine's process group alone; no other engine starts beside a live TP engine;
+- a worker whose rank 0 is killed outright ends within seconds, even when busy;
 - with asynchronous scheduling, steps launched ahead (no input ids: the worker takes rank 0's
   sampled ids from a broadcast) give the TP=1 greedy tokens;
 - the ranks share the CPU's cores (`rank_cpu_threads`), and rank 0 gets its own thread count
@@ -21,6 +22,7 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -451,6 +453,67 @@ def test_worker_failing_after_it_started_but_before_joining_fails_startup(tmp_pa
     else:
         expected = "RuntimeError: tensor-parallel worker 1 died (exit code 9)"
     assert expected in result.stderr, result.stderr[-3000:]
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (an orphan's zombie lingers where the
+    container's init does not reap)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states in /proc")
+def test_a_worker_ends_when_rank0_is_killed_while_it_is_busy(tmp_path):
+    """Rank 0 killed outright (SIGKILL, the out-of-memory killer) while its worker is busy, here
+    held before the join: the worker went on until the collective timeout (10 minutes; on a GPU
+    it held its memory all along). It must end within seconds."""
+    script = tmp_path / "script.py"
+    script.write_text(
+        textwrap.dedent(f"""\
+        import multiprocessing
+        import os
+        import time
+
+        if multiprocessing.current_process().name.startswith("vllm-tp-worker-"):
+            from vllm.v1.executor import multiproc_executor
+
+            def busy(config, rank, store=None):
+                print("worker", os.getpid(), flush=True)
+                time.sleep(600)
+
+            multiproc_executor._init_distributed = busy
+
+        if __name__ == "__main__":
+            from vllm import LLM
+
+            LLM({FAST!r}, tensor_parallel_size=2, **{ARGS!r})
+        """)
+    )
+    rank0 = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        text=True, cwd=tmp_path,
+    )  # fmt: skip
+    worker = None
+    try:
+        ready, _, _ = select.select([rank0.stdout], [], [], 2 * BOUND_S)
+        assert ready, "the worker never reported its pid"
+        words = rank0.stdout.readline().split()
+        assert words[:1] == ["worker"], words
+        worker = int(words[1])
+        rank0.kill()
+        rank0.wait()
+        deadline = time.monotonic() + 15.0
+        while _running(worker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(worker), "the worker outlived its killed rank 0"
+    finally:
+        rank0.kill()
+        rank0.wait()
+        if worker is not None and _running(worker):
+            os.kill(worker, signal.SIGKILL)
 
 
 def test_a_start_up_failed_after_the_join_leaves_no_group_behind(tmp_path):

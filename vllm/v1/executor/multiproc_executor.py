@@ -21,7 +21,8 @@ for a worker that died while bootstrapping (e.g. a script without the `if __name
 guard that spawn needs) until the collective timeout; both that worker's error and rank 0's name
 the guard. Rank 0 then joins the group on a thread while it keeps checking the workers, so one
 that fails or dies between its report and the join fails the start-up as well. `workers_alive`
-answers from any thread whether every worker still runs (the server's health check).
+answers from any thread whether every worker still runs (the server's health check). A worker
+whose rank 0 process ended without stopping it exits at once (`_exit_with_parent`).
 """
 
 import contextlib
@@ -132,7 +133,30 @@ def _group_signals_ignored() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+# A worker's exit status when rank 0's process has ended without stopping it.
+ORPHAN_EXIT_CODE = 3
+
+
+def _exit_with_parent() -> None:
+    """End this worker as soon as the process that spawned it (rank 0) ends, from a daemon
+    thread. A worker notices a rank 0 that died without stopping it (killed, or out of memory)
+    at its next pipe read or gloo collective, but one busy in a long step, in an NCCL collective
+    (which does not see a dead peer) or waiting to join the group went on until the collective
+    timeout (10 minutes), holding its GPU's memory. Nothing is left to report to, so it exits at
+    once (`os._exit`, `ORPHAN_EXIT_CODE`)."""
+    parent = mp.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        mp_connection.wait([parent.sentinel])
+        os._exit(ORPHAN_EXIT_CODE)
+
+    threading.Thread(target=watch, name="tp-parent-watch", daemon=True).start()
+
+
 def _worker_main(rank: int, config: VllmConfig, conn) -> None:
+    _exit_with_parent()
     # Ctrl-C in a terminal signals the whole process group, and so do service managers' SIGTERM
     # (systemd's default KillMode) and `kill -- -PGID`. Rank 0 stops the workers through their
     # pipes once the server has wound down (and kills any left); a worker killed by the signal
