@@ -134,7 +134,7 @@ def _group_signals_ignored() -> Iterator[None]:
 
 
 # A worker's exit status when rank 0's process has ended without stopping it.
-ORPHAN_EXIT_CODE = 3
+_ORPHAN_EXIT_CODE = 3
 
 
 def _exit_with_parent() -> None:
@@ -143,14 +143,14 @@ def _exit_with_parent() -> None:
     at its next pipe read or gloo collective, but one busy in a long step, in an NCCL collective
     (which does not see a dead peer) or waiting to join the group went on until the collective
     timeout (10 minutes), holding its GPU's memory. Nothing is left to report to, so it exits at
-    once (`os._exit`, `ORPHAN_EXIT_CODE`)."""
+    once (`os._exit`, `_ORPHAN_EXIT_CODE`)."""
     parent = mp.parent_process()
     if parent is None:
         return
 
     def watch() -> None:
         mp_connection.wait([parent.sentinel])
-        os._exit(ORPHAN_EXIT_CODE)
+        os._exit(_ORPHAN_EXIT_CODE)
 
     threading.Thread(target=watch, name="tp-parent-watch", daemon=True).start()
 
