@@ -54,13 +54,17 @@ _SHIFT_TILE = 4096
 # a whole tile of loads in flight, instead of many waves of one-row blocks.
 _SHIFT_PROGRAMS_PER_SM = 4
 
-# Heads x V blocks per SM below which the split variant uses narrower blocks (more programs).
-# Timed with raw_g and the gate passed in. With the kernel computing them (`gate_proj`, as the
-# engine calls it there) the kernel benchmark favours wider blocks at 1-4 sequences (H100,
-# benchmark_kda_decode.py --sweep-gate-proj, docs/performance.md "Fifty-sixth run": 16-column
-# blocks 9.2 / 13.4 / 20.0 us at 1 / 2 / 4 sequences, 32-column 8.4 / 11.1 / 16.5), but the
-# engine's batch-1 step was the same with 32-column blocks (2.69-2.70 ms at 1k context, both), and
-# 2-4 sequences are untimed in the engine: unchanged until they are.
+# Heads x V blocks per SM below which the split variant narrows its blocks to the widest that
+# still gives every SM a program (16 columns if none does). The kernel computes the gate
+# projections there (`gate_proj`), and each of a head's programs re-reads its f_b slice, so
+# the narrowest blocks are not the fastest. H100, benchmark_kda_decode.py --sweep-gate-proj
+# --quantize (docs/performance.md, "Fifty-seventh run"), us per call with its epilogue:
+# Kimi-Linear (32 heads): 1 / 2 / 4 sequences take 16 / 32 / 64 columns, 9.2 / 11.0 / 15.9 (the
+# best 8.9 / 11.0 / 15.3), where 16 columns throughout took 9.2 / 13.4 / 20.0. Kimi-K3 TP8 (12
+# heads): 4 / 8 sequences take 32 / 64 columns, 9.0 / 11.9 (the best) against 9.2 / 14.3; at 1-2
+# its 16 columns are within 10% of the best. The engine (the 48B config with 128 experts,
+# H100): 2 sequences 3.84 against 3.89 ms a step at 1k context, 4 sequences 5.48 against 5.59,
+# one sequence unchanged.
 _MIN_PROGRAMS_PER_SM = 2
 
 # `kda_decode_config` has the kernel compute the gate projections up to this many sequences. The
@@ -68,8 +72,9 @@ _MIN_PROGRAMS_PER_SM = 2
 # block_v slices, 32 MB from L2 at batch 16 (64-column blocks), 128 MB at 64. On the H200
 # (benchmark_kda_decode.py --gate-proj --quantize, 2026-12-01, docs/performance.md "Seventh run"),
 # fused against the two GEMVs plus the kernels: 12.8 / 15.0 us at batch 1, 22.8 / 26.6 at 8, 36.2
-# / 36.8 at 16, but 63.0 / 57.6 at 32 and 114 / 97 at 64; batch 4 (16-column V blocks, 8 programs
-# per head) is the exception below the cut, 21.7 / 20.7.
+# / 36.8 at 16, but 63.0 / 57.6 at 32 and 114 / 97 at 64; batch 4, then in 16-column V blocks
+# (8 programs per head; 64-column ones since the fifty-seventh run), was the exception below the
+# cut, 21.7 / 20.7.
 GATE_PROJ_MAX_BATCH = 16
 
 
@@ -107,10 +112,9 @@ def kda_decode_config(n: int, heads: int, d: int, num_sms: int) -> KdaDecodeConf
     prologue and reductions barely overlap. The split variant's [D, 64] tiles with 4 warps
     give twice as many programs and let several share an SM: on an H200 at Kimi-Linear sizes
     (32 heads of 128) 89 / 336 us at batch 64 / 256 against 97 / 375 with [D, 32] tiles and
-    145 / 554 for the single kernel (2026-12-01). Narrower [D, 16] blocks when even that would
-    not put `_MIN_PROGRAMS_PER_SM` programs on every SM (batch 1: 7.4 us against 9.2; with the
-    quantizing epilogue 8.1-8.3 against 8.6-8.9, but at batch 8, 4 programs per SM, 18.1 against
-    22.1, 2026-12-01).
+    145 / 554 for the single kernel (2026-12-01). Narrower blocks when even that would not put
+    `_MIN_PROGRAMS_PER_SM` programs on every SM: the widest of [D, 32] and [D, 16] giving each
+    SM one (see `_MIN_PROGRAMS_PER_SM`).
     Small heads have small tiles: no split. The epilogue's shift programs: see
     `kda_epilogue_programs`. Gate projections in the kernel up to `GATE_PROJ_MAX_BATCH`, and the
     state evicted first from L2 from `EVICT_STATE_MIN_BATCH` to `EVICT_STATE_MAX_BATCH`.
@@ -125,7 +129,8 @@ def kda_decode_config(n: int, heads: int, d: int, num_sms: int) -> KdaDecodeConf
         return KdaDecodeConfig(block_v=d, num_warps=4, gate_proj=gate_proj, evict_state=evict)
     block_v = 64
     if n * heads * (d // block_v) < _MIN_PROGRAMS_PER_SM * num_sms:
-        block_v = 16
+        # The widest block that still gives every SM a program.
+        block_v = next((b for b in (64, 32) if n * heads * (d // b) >= num_sms), 16)
     shift_programs = kda_epilogue_programs(n, heads, d, num_sms)
     return KdaDecodeConfig(block_v, 4, shift_programs, gate_proj, evict)
 
