@@ -554,11 +554,11 @@ def test_gate_proj_is_checked():
 @pytest.mark.gpu
 @pytest.mark.parametrize("quantize", [False, True])
 @pytest.mark.parametrize("variant", ["default", "single"])
-@pytest.mark.parametrize("n", [1, 8, 64])
+@pytest.mark.parametrize("n", [1, 2, 4, 8, 64])
 def test_gpu_gate_proj_kimi_linear_sizes(n, variant, quantize, triton_launches):
-    """32 heads x 128, R = 128: the default launch (V-split; on the GPU the epilogue reads the
-    gate buffer the V blocks wrote in the launch before) and the single kernel, against the
-    unfused call."""
+    """32 heads x 128, R = 128: the default launch (V-split in 16, 32 or 64-column blocks; on
+    the GPU the epilogue reads the gate buffer the V blocks wrote in the launch before) and the
+    single kernel, against the unfused call."""
     step = with_low_rank(make_step(n, 32, 128, 4, torch.bfloat16, seed=n), 128, seed=n)
     default = kda_decode_config(n, 32, 128, num_sms(torch.device("cuda")))
     config = default if variant == "default" else KdaDecodeConfig(128, 8)
