@@ -419,7 +419,7 @@ def _drive_ops() -> None:
     _drive_kda_decode(3, 3, 16, [KdaDecodeConfig(4, 2), KdaDecodeConfig(16, 2)])
     # The gate projections in the kernel: R = D = 128 at the H200's launches and in the single
     # kernel, then R = 20 (a masked chunk) small.
-    for n in (8, 2):
+    for n in (8, 2, 1):  # 64, 32 and 16-column V blocks
         h200 = kda_decode_config(n, 32, 128, H200_SMS)
         _drive_kda_decode(n, 32, 128, [h200, KdaDecodeConfig(128, 8)], rank=128)
     _drive_kda_decode(3, 3, 16, [KdaDecodeConfig(4, 2), KdaDecodeConfig(16, 2)], rank=20)
@@ -760,7 +760,7 @@ def test_mla_prefill_operands_kernel_compiles_in_the_models_forms():
 
 
 @pytest.mark.skipif(not _has_nvidia_backend(), reason="needs Triton's NVIDIA backend and ptxas")
-@pytest.mark.parametrize("block_v", [16, 64])  # the engine's V-split at batch 1 and 8-16
+@pytest.mark.parametrize("block_v", [16, 32, 64])  # the engine's V-split at batch 1, 2, 4-16
 def test_kda_decode_state_sums_keep_their_layout_with_gate_projections(block_v):
     """The V-split's state tile reductions (`[D, block_v]`) have the same sm_90 layout, hence
     the same summation order, with the gate projections in the kernel as without, at ranks
