@@ -224,12 +224,13 @@ class LLM:
         return sorted(results.values(), key=lambda out: order[out.request_id])
 
     def shutdown(self) -> None:
-        """Stop tensor-parallel workers (also done at interpreter exit, as they are daemons)."""
+        """Stop tensor-parallel workers (also done at interpreter exit, and when the `LLM` is
+        collected)."""
         self.llm_engine.shutdown()
 
     def __del__(self, _is_finalizing=sys.is_finalizing) -> None:
         engine = getattr(self, "llm_engine", None)
         # At interpreter exit module globals (`sys` too: hence the default argument) may already
-        # be gone; the daemon workers die anyway.
+        # be gone; the executor's exit hook has stopped the workers by then.
         if engine is not None and not _is_finalizing():
             engine.shutdown()

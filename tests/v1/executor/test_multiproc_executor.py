@@ -8,13 +8,15 @@ on CPU (torch reference kernels, inherited through the environment).
   with a RuntimeError naming it, in bounded time; so does one that dies before joining the group;
 - shutdown (explicit or when the `LLM` is collected) leaves no worker process behind and leaves a
   newer engine's process group alone; no other engine starts beside a live TP engine;
-- a worker whose rank 0 is killed outright ends within seconds, even when busy;
+- a worker whose rank 0 is killed outright ends within seconds, even when busy; a script that
+  never shuts its TP engine down still exits;
 - with asynchronous scheduling, steps launched ahead (no input ids: the worker takes rank 0's
   sampled ids from a broadcast) give the TP=1 greedy tokens;
 - the ranks share the CPU's cores (`rank_cpu_threads`), and rank 0 gets its own thread count
   back at shutdown.
 """
 
+import contextlib
 import functools
 import gc
 import io
@@ -466,10 +468,12 @@ def _running(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states in /proc")
-def test_a_worker_ends_when_rank0_is_killed_while_it_is_busy(tmp_path):
+@pytest.mark.parametrize("forked_helper", [False, True])
+def test_a_worker_ends_when_rank0_is_killed_while_it_is_busy(tmp_path, forked_helper):
     """Rank 0 killed outright (SIGKILL, the out-of-memory killer) while its worker is busy, here
     held before the join: the worker went on until the collective timeout (10 minutes; on a GPU
-    it held its memory all along). It must end within seconds."""
+    it held its memory all along). It must end within seconds, also when a process rank 0 forked
+    after the spawn (holding the worker's parent sentinel open) lives on."""
     script = tmp_path / "script.py"
     script.write_text(
         textwrap.dedent(f"""\
@@ -486,34 +490,67 @@ def test_a_worker_ends_when_rank0_is_killed_while_it_is_busy(tmp_path):
 
             multiproc_executor._init_distributed = busy
 
+        def fork_a_helper():
+            while not multiprocessing.active_children():
+                time.sleep(0.05)
+            if os.fork() == 0:
+                print("helper", os.getpid(), flush=True)
+                time.sleep(120)
+                os._exit(0)
+
         if __name__ == "__main__":
+            import threading
+
             from vllm import LLM
 
+            if {forked_helper!r}:
+                threading.Thread(target=fork_a_helper, daemon=True).start()
             LLM({FAST!r}, tensor_parallel_size=2, **{ARGS!r})
         """)
     )
-    rank0 = subprocess.Popen(
-        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        text=True, cwd=tmp_path,
-    )  # fmt: skip
-    worker = None
-    try:
-        ready, _, _ = select.select([rank0.stdout], [], [], 2 * BOUND_S)
-        assert ready, "the worker never reported its pid"
-        words = rank0.stdout.readline().split()
-        assert words[:1] == ["worker"], words
-        worker = int(words[1])
-        rank0.kill()
-        rank0.wait()
-        deadline = time.monotonic() + 15.0
-        while _running(worker) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not _running(worker), "the worker outlived its killed rank 0"
-    finally:
-        rank0.kill()
-        rank0.wait()
-        if worker is not None and _running(worker):
-            os.kill(worker, signal.SIGKILL)
+    log = tmp_path / "stderr.txt"
+    with log.open("w") as err, subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=err, text=True,
+        cwd=tmp_path, start_new_session=True,
+    ) as rank0:  # fmt: skip
+        try:
+            pids = {}
+            while len(pids) < 1 + forked_helper:
+                ready, _, _ = select.select([rank0.stdout], [], [], 2 * BOUND_S)
+                assert ready, f"no pid reported:\n{log.read_text()[-3000:]}"
+                words = rank0.stdout.readline().split()
+                assert words[:1] in (["worker"], ["helper"]), f"{words}\n{log.read_text()[-3000:]}"
+                pids[words[0]] = int(words[1])
+            worker = pids["worker"]
+            rank0.kill()
+            rank0.wait()
+            deadline = time.monotonic() + 15.0
+            while _running(worker) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not _running(worker), "the worker outlived its killed rank 0"
+        finally:
+            # Rank 0's session holds its worker too: nothing outlives a failure above.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(rank0.pid, signal.SIGKILL)
+            rank0.wait()
+
+
+def test_a_script_that_never_shuts_its_engine_down_exits(tmp_path):
+    """multiprocessing's exit handler sends the daemon workers SIGTERM, which they ignore, then
+    joins them without a timeout: such a script hung at exit until killed."""
+    result = _run_script(
+        tmp_path,
+        f"""\
+        from vllm import LLM, SamplingParams
+
+        if __name__ == "__main__":
+            llm = LLM({FAST!r}, tensor_parallel_size=2, **{ARGS!r})
+            out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2), use_tqdm=False)
+            print("generated", len(out[0].outputs[0].token_ids))
+        """,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == ["generated 2"], result.stdout
 
 
 def test_a_start_up_failed_after_the_join_leaves_no_group_behind(tmp_path):

@@ -25,6 +25,7 @@ answers from any thread whether every worker still runs (the server's health che
 whose rank 0 process ended without stopping it exits at once (`_exit_with_parent`).
 """
 
+import atexit
 import contextlib
 import multiprocessing as mp
 import os
@@ -33,7 +34,8 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from multiprocessing import connection as mp_connection
 from typing import Any, NoReturn
@@ -149,7 +151,11 @@ def _exit_with_parent() -> None:
         return
 
     def watch() -> None:
-        mp_connection.wait([parent.sentinel])
+        # A process rank 0 forked (a helper, a fork-context pool) holds the sentinel's other
+        # end too and would hide rank 0's end until its own: the parent pid changes at once.
+        while not mp_connection.wait([parent.sentinel], timeout=1.0):
+            if os.getppid() != parent.pid:
+                break
         os._exit(_ORPHAN_EXIT_CODE)
 
     threading.Thread(target=watch, name="tp-parent-watch", daemon=True).start()
@@ -205,6 +211,8 @@ class Executor:
     # Rank 0's own intra-op threads before a CPU TP engine shared the cores out (restored at
     # shutdown). On a GPU rank 0 keeps them: its CPU work is the host's, not the model's.
     _saved_threads: int | None = None
+    # The interpreter-exit shutdown (`_stop_at_exit`), registered while workers may run.
+    _exit_hook: Callable[[], None] | None = None
 
     def __init__(self, config: VllmConfig) -> None:
         if mp.current_process().name.startswith(_WORKER_NAME):
@@ -236,6 +244,7 @@ class Executor:
                 self._saved_threads = torch.get_num_threads()
                 torch.set_num_threads(threads)
             if tp > 1:
+                self._stop_at_exit()
                 # The rendezvous store binds its port before any worker starts: a port found
                 # free and released first could be taken by another process in between.
                 store = tcp_store("127.0.0.1", 0, tp, is_master=True, wait_for_workers=False)
@@ -257,6 +266,21 @@ class Executor:
         except BaseException:
             self.shutdown()
             raise
+
+    def _stop_at_exit(self) -> None:
+        """Shut down at interpreter exit if nothing did before. multiprocessing's own exit
+        handler (registered at its import, so run after this one) sends the daemon workers
+        SIGTERM, which they ignore (`_worker_main`), then joins them without a timeout: a script
+        that never shut its TP engine down hung at exit. Holds the executor weakly."""
+        ref = weakref.ref(self)
+
+        def stop() -> None:
+            executor = ref()
+            if executor is not None:
+                executor.shutdown()
+
+        self._exit_hook = stop
+        atexit.register(stop)
 
     def _join_group(self, config: VllmConfig, store: dist.Store) -> None:
         """Rank 0 joins the TP group in a thread while this one watches the workers: a worker
@@ -417,6 +441,9 @@ class Executor:
                 proc.kill()
                 proc.join()
         self.workers = []
+        if self._exit_hook is not None:
+            atexit.unregister(self._exit_hook)
+            self._exit_hook = None
         # Only its own group: shutting down again (an `LLM` collected after `shutdown()`) must not
         # tear down the group of an engine built since, which would silently turn its
         # collectives into no-ops on rank 0.
