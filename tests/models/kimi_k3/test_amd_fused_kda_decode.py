@@ -117,17 +117,20 @@ def test_default_launch_is_the_batch_class_launch():
 
 def test_default_config_depends_on_shapes_only():
     sms = 132
-    # D = 128: V-split. Where 64-column blocks would not give 2 programs per SM, the widest
-    # block that gives each SM one (Kimi-Linear: 1 sequence 16 columns, 2 32, 4 64; Kimi-K3 TP8's
-    # 12 heads: 1-2 sequences 16, 4 32, 8 64), 16 columns if none does.
+    # D = 128: V-split in the widest of 64 and 32-column blocks that gives each SM a program, 16
+    # if neither does (Kimi-Linear: 1 sequence 16 columns, 2 32, 4 64; Kimi-K3 TP8's 12 heads:
+    # 1-2 sequences 16, 4 32, 8 64).
     widths = {heads: [kda_decode_config(n, heads, 128, sms).block_v for n in (1, 2, 3, 4, 8)]
               for heads in (32, 12)}  # fmt: skip
     assert widths == {32: [16, 32, 64, 64, 64], 12: [16, 16, 32, 32, 64]}
     assert kda_decode_config(1, 32, 128, sms) == KdaDecodeConfig(16, 4, 64, gate_proj=True)
     assert kda_decode_config(2, 32, 128, sms) == KdaDecodeConfig(32, 4, 64, gate_proj=True)
     assert kda_decode_config(5, 32, 128, sms) == KdaDecodeConfig(64, 4, 64, gate_proj=True)
-    # On fewer SMs (an H100 PCIe's 114) 2 sequences fill them with 64-column blocks.
+    # On fewer SMs (an H100 PCIe's 114) 2 sequences fill them with 64-column blocks; 128 programs
+    # on 128 SMs are enough.
     assert kda_decode_config(2, 32, 128, 114).block_v == 64
+    assert kda_decode_config(2, 32, 128, 128).block_v == 64
+    assert kda_decode_config(2, 32, 128, 129).block_v == 32
     # 9 sequences take the launch of their batch class, 16: 4 * 132 // 16 shift programs.
     assert kda_decode_config(9, 32, 128, sms) == KdaDecodeConfig(64, 4, 33, gate_proj=True)
     assert kda_decode_config(64, 32, 128, sms) == KdaDecodeConfig(64, 4, 8, evict_state=True)

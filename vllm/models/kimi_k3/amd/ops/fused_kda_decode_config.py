@@ -54,18 +54,18 @@ _SHIFT_TILE = 4096
 # a whole tile of loads in flight, instead of many waves of one-row blocks.
 _SHIFT_PROGRAMS_PER_SM = 4
 
-# Heads x V blocks per SM below which the split variant narrows its blocks to the widest that
-# still gives every SM a program (16 columns if none does). The kernel computes the gate
-# projections there (`gate_proj`), and each of a head's programs re-reads its f_b slice, so
-# the narrowest blocks are not the fastest. H100, benchmark_kda_decode.py --sweep-gate-proj
-# --quantize (docs/performance.md, "Fifty-seventh run"), us per call with its epilogue:
-# Kimi-Linear (32 heads): 1 / 2 / 4 sequences take 16 / 32 / 64 columns, 9.2 / 11.0 / 15.9 (the
-# best 8.9 / 11.0 / 15.3), where 16 columns throughout took 9.2 / 13.4 / 20.0. Kimi-K3 TP8 (12
-# heads): 4 / 8 sequences take 32 / 64 columns, 9.0 / 11.9 (the best) against 9.2 / 14.3; at 1-2
-# its 16 columns are within 10% of the best. The engine (the 48B config with 128 experts,
-# H100): 2 sequences 3.84 against 3.89 ms a step at 1k context, 4 sequences 5.48 against 5.59,
-# one sequence unchanged.
-_MIN_PROGRAMS_PER_SM = 2
+# Programs per SM the V-split's block width must give: the widest of 64 and 32 columns that
+# does, else 16. With the gate projections in the kernel (`gate_proj`, up to
+# `GATE_PROJ_MAX_BATCH`) each of a head's programs re-reads its f_b slice, so the narrowest
+# blocks are not the fastest. H100, benchmark_kda_decode.py --sweep-gate-proj --quantize
+# (docs/performance.md, "Fifty-seventh run"), us per call with its epilogue: Kimi-Linear (32
+# heads): 1 / 2 / 4 sequences take 16 / 32 / 64 columns, 9.2 / 11.0 / 15.9 (the best 8.9 / 11.0 /
+# 15.3), where the previous rule's 16 columns took 9.2 / 13.4 / 20.0. Kimi-K3 TP8 (12 heads): 4 /
+# 8 sequences take 32 / 64 columns, 9.0 (64 columns 8.99, a tie) / 11.9 (the best) against 9.2 /
+# 14.3; at 1-2 its 16 columns are within 10% of the best. The engine (the 48B config with 128
+# experts, H100): 2 sequences 3.84 against 3.89 ms a step at 1k context, 4 sequences 5.48
+# against 5.59, one sequence unchanged.
+_MIN_PROGRAMS_PER_SM = 1
 
 # `kda_decode_config` has the kernel compute the gate projections up to this many sequences. The
 # kernel re-reads a head's 32 KB f_b slice (Kimi-Linear, D = R = 128) per program: N * H * D /
@@ -112,9 +112,9 @@ def kda_decode_config(n: int, heads: int, d: int, num_sms: int) -> KdaDecodeConf
     prologue and reductions barely overlap. The split variant's [D, 64] tiles with 4 warps
     give twice as many programs and let several share an SM: on an H200 at Kimi-Linear sizes
     (32 heads of 128) 89 / 336 us at batch 64 / 256 against 97 / 375 with [D, 32] tiles and
-    145 / 554 for the single kernel (2026-12-01). Narrower blocks when even that would not put
-    `_MIN_PROGRAMS_PER_SM` programs on every SM: the widest of [D, 32] and [D, 16] giving each
-    SM one (see `_MIN_PROGRAMS_PER_SM`).
+    145 / 554 for the single kernel (2026-12-01). Narrower [D, 32], then [D, 16] blocks when
+    that would not put `_MIN_PROGRAMS_PER_SM` programs on every SM. At D = 64 the 64-column
+    block is the single kernel (not measured against the split there).
     Small heads have small tiles: no split. The epilogue's shift programs: see
     `kda_epilogue_programs`. Gate projections in the kernel up to `GATE_PROJ_MAX_BATCH`, and the
     state evicted first from L2 from `EVICT_STATE_MIN_BATCH` to `EVICT_STATE_MAX_BATCH`.
@@ -127,10 +127,8 @@ def kda_decode_config(n: int, heads: int, d: int, num_sms: int) -> KdaDecodeConf
     evict = EVICT_STATE_MIN_BATCH <= n <= EVICT_STATE_MAX_BATCH
     if d < 64:
         return KdaDecodeConfig(block_v=d, num_warps=4, gate_proj=gate_proj, evict_state=evict)
-    block_v = 64
-    if n * heads * (d // block_v) < _MIN_PROGRAMS_PER_SM * num_sms:
-        # The widest block that still gives every SM a program.
-        block_v = next((b for b in (64, 32) if n * heads * (d // b) >= num_sms), 16)
+    least = _MIN_PROGRAMS_PER_SM * num_sms
+    block_v = next((b for b in (64, 32) if n * heads * (d // b) >= least), 16)
     shift_programs = kda_epilogue_programs(n, heads, d, num_sms)
     return KdaDecodeConfig(block_v, 4, shift_programs, gate_proj, evict)
 
