@@ -269,9 +269,10 @@ class Executor:
 
     def _stop_at_exit(self) -> None:
         """Shut down at interpreter exit if nothing did before. multiprocessing's own exit
-        handler (registered at its import, so run after this one) sends the daemon workers
-        SIGTERM, which they ignore (`_worker_main`), then joins them without a timeout: a script
-        that never shut its TP engine down hung at exit. Holds the executor weakly."""
+        handler (registered when `multiprocessing.util` is imported, which this module's import
+        of `multiprocessing.connection` does: so it runs after this one) sends the daemon
+        workers SIGTERM, which they ignore (`_worker_main`), then joins them without a timeout:
+        a script that never shut its TP engine down hung at exit. Holds the executor weakly."""
         ref = weakref.ref(self)
 
         def stop() -> None:
