@@ -420,6 +420,43 @@ def test_a_failed_step_finishes_its_requests_as_errors_and_the_engine_goes_on(ex
         engine.shutdown()
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("error", [KeyboardInterrupt, ValueError])
+def test_a_step_that_fails_before_it_is_recorded_leaves_the_engine_usable(
+    expected, async_scheduling, error
+):
+    """An error (or Ctrl-C) after a step's tokens are read back but before the scheduler records
+    them fails the step like an error in its forward: had it stayed scheduled, every later
+    schedule() would have refused."""
+    engine = make_engine(async_scheduling=async_scheduling)
+    try:
+        prompts = prompts_of(LENGTHS)
+        engine.add_request("doomed", prompts[0], GREEDY)
+        scheduler = engine.scheduler
+        update, calls = scheduler.update_from_output, []
+
+        def fails_at_the_third(*args, **kwargs):  # the prefill, a decode, then this decode
+            calls.append(args[0])
+            if len(calls) == 3:
+                raise error("injected")
+            return update(*args, **kwargs)
+
+        scheduler.update_from_output = fails_at_the_third
+        with pytest.raises(error, match="injected"):
+            for _ in range(3):
+                engine.step()
+        del scheduler.update_from_output
+        assert not scheduler.is_scheduled(calls[-1]) and not engine.step_in_flight
+        assert "doomed" not in engine.output_processor.requests
+        assert_cache_free(engine)
+        requests = {str(i): (p, GREEDY) for i, p in enumerate(prompts)}
+        finals = run_all(engine, requests)
+        assert {r: o.outputs[0].token_ids for r, o in finals.items()} == expected
+        assert_cache_free(engine)
+    finally:
+        engine.shutdown()
+
+
 def test_nothing_in_the_engine_keeps_an_ended_request_alive():
     """Every way a sequence ends (length, stop token, abort mid-decode, a seeded n > 1 request
     aborted) leaves no reference to it behind once the engine is idle."""

@@ -317,19 +317,23 @@ class LLMEngine:
         scheduled = launched.scheduled
         try:
             result = launched.sampled.result()
+            sampled, logprobs = result.sampled, result.logprobs
+            if scheduled.follows:
+                # Sequences that ended after this step was launched (a stop token or string in
+                # the step before, an abort) get nothing from it.
+                live = [e.request_id for e in scheduled.entries if e.request.status is _RUNNING]
+                if len(live) < len(sampled):
+                    sampled = {rid: sampled[rid] for rid in live}
+                    logprobs = {rid: logprobs[rid] for rid in live if rid in logprobs}
+            finished = self.scheduler.update_from_output(scheduled, sampled)
         except BaseException:
-            self._in_flight = None  # a step launched after this one is void with it
-            self._fail_step(scheduled)
+            # Until the scheduler records the step (an error, or Ctrl-C, before that), it stays
+            # scheduled and every later schedule() would refuse: fail it, with any step launched
+            # after it (void with it). Once recorded, the caller's aborts clean up (`LLM`).
+            if self.scheduler.is_scheduled(scheduled):
+                self._in_flight = None
+                self._fail_step(scheduled)
             raise
-        sampled, logprobs = result.sampled, result.logprobs
-        if scheduled.follows:
-            # Sequences that ended after this step was launched (a stop token or string in the
-            # step before, an abort) get nothing from it.
-            live = [e.request_id for e in scheduled.entries if e.request.status is _RUNNING]
-            if len(live) < len(sampled):
-                sampled = {rid: sampled[rid] for rid in live}
-                logprobs = {rid: logprobs[rid] for rid in live if rid in logprobs}
-        finished = self.scheduler.update_from_output(scheduled, sampled)
         outputs, stopped = self.output_processor.process(
             sampled, logprobs, result.prompt_logprobs, finished
         )

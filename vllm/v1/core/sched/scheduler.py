@@ -183,10 +183,14 @@ class Scheduler:
             self._pending.append(out)
         return out
 
+    def is_scheduled(self, scheduler_output: SchedulerOutput) -> bool:
+        """Whether `scheduler_output` is a scheduled step not yet recorded (nor cancelled)."""
+        return any(out is scheduler_output for out in self._pending)
+
     def cancel_step(self, scheduler_output: SchedulerOutput) -> None:
         """Forget a scheduled step without recording it (its step failed), with any step scheduled
         after it; the caller finishes or requeues their requests."""
-        if not any(out is scheduler_output for out in self._pending):
+        if not self.is_scheduled(scheduler_output):
             raise ValueError("scheduler_output must be a scheduled step not yet recorded")
         while self._pending.pop() is not scheduler_output:
             pass
