@@ -87,10 +87,49 @@ def test_min_tokens_that_the_room_left_cannot_hold_is_a_400_naming_why(tmp_path)
         serving._inputs(request.model_validate({**body, "min_tokens": 10}))
         with pytest.raises(OpenAIError, match=r"min_tokens \(5\) must be <= max_tokens \(3\)"):
             serving._inputs(request.model_validate({**body, "min_tokens": 5, "max_tokens": 3}))
-    long = {"prompt": [5] * 4090, "min_tokens": 8}
+    long = {"prompt": [5] * 4090, "min_tokens": 8, "max_tokens": None}  # null: the room left
     with pytest.raises(OpenAIError) as error:
         completion._inputs(CompletionRequest.model_validate(long))
     assert str(error.value) == (
         "min_tokens (8) does not fit: the prompt's 4090 tokens leave 6 of the model's maximum "
         "context length (4096 tokens)"
     )
+
+
+def test_a_prompt_and_max_tokens_over_the_context_length_are_a_400(tmp_path):
+    """As upstream's server: the prompt's tokens and max_tokens (chat: either field) together may
+    not exceed max_model_len; up to it, max_tokens is taken as sent (capped only by the server's
+    max_new_tokens, which the second server has not)."""
+    chat, completion = _servers(tmp_path)  # max_model_len 4096
+    (tmp_path / "plain").mkdir()
+    plain_chat, plain = _servers(tmp_path / "plain", setting="vllm")
+    prompt = [5] * 4090
+    for max_tokens in (7, 4096):
+        with pytest.raises(OpenAIError) as error:
+            completion._inputs(
+                CompletionRequest.model_validate({"prompt": prompt, "max_tokens": max_tokens})
+            )
+        assert (error.value.code, error.value.param) == (400, "max_tokens")
+        total = 4090 + max_tokens
+        assert str(error.value).startswith(
+            f"This model's maximum context length is 4096 tokens. However, the request asks for "
+            f"{total} tokens: 4090 in the prompt and {max_tokens} in the completion (max_tokens)."
+        )
+    with pytest.raises(OpenAIError, match="^This model's maximum context length is 4096"):
+        completion._inputs(CompletionRequest.model_validate({"prompt": prompt}))  # 16 by default
+    ((_, _, params),) = plain._inputs(
+        CompletionRequest.model_validate({"prompt": prompt, "max_tokens": 6})
+    )
+    assert params.max_tokens == 6
+    messages = [{"role": "user", "content": "hi " * 100}]
+    n = len(plain_chat._inputs(ChatCompletionRequest.model_validate({"messages": messages}))[0])
+    for field in ("max_tokens", "max_completion_tokens"):
+        for serving in (chat, plain_chat):
+            body = {"messages": messages, field: 4096 - n + 1}
+            with pytest.raises(OpenAIError, match="maximum context length") as error:
+                serving._inputs(ChatCompletionRequest.model_validate(body))
+            assert error.value.param == field
+        body = {"messages": messages, field: 4096 - n}
+        assert plain_chat._inputs(ChatCompletionRequest.model_validate(body))[1].max_tokens == (
+            4096 - n
+        )

@@ -151,9 +151,11 @@ class OpenAIServing:
         field: str = "max_tokens",
         min_tokens: object = 0,
     ) -> int:
-        """Effective max_tokens: a prompt that leaves no room or `max_tokens` over
-        `max_model_len` is a 400; otherwise it is clamped to the room left and to the model's
-        generation config's `max_new_tokens`, a server-wide limit (as vLLM does). `field`: the
+        """Effective max_tokens: a prompt that leaves no room, or a prompt and `max_tokens` that
+        together exceed `max_model_len`, is a 400, as vLLM's server refuses them (a client may
+        shorten its prompt on that error rather than get a reply cut at the limit); otherwise
+        it is clamped to the model's generation config's `max_new_tokens`, a server-wide limit,
+        and a missing one is the room left (both as vLLM does). `field`: the
         request field `max_tokens` came from, which its errors name (chat's
         `max_completion_tokens`). A `min_tokens` that the clamping leaves no room for is a 400
         naming the cause (the sampling parameters' check would quote the clamped max_tokens,
@@ -170,15 +172,17 @@ class OpenAIServing:
                 param,
             )
         if max_tokens is not None and not isinstance(max_tokens, bool):
-            if max_tokens > limit:
+            if max_tokens < 0:
+                raise OpenAIError(f"{field} must be >= 0, got {max_tokens}", 400, field)
+            if n + max_tokens > limit:
                 raise OpenAIError(
-                    f"{field} ({max_tokens}) is greater than the model's maximum context "
-                    f"length ({limit} tokens).",
+                    f"This model's maximum context length is {limit} tokens. However, the "
+                    f"request asks for {n + max_tokens} tokens: {n} in the {param} and "
+                    f"{max_tokens} in the completion ({field}). Please reduce the length of the "
+                    f"{param} or {field}.",
                     400,
                     field,
                 )
-            if max_tokens < 0:
-                raise OpenAIError(f"{field} must be >= 0, got {max_tokens}", 400, field)
         server_limit = self.sampling_defaults.get("max_tokens", limit)
         room = min(limit - n, server_limit)
         wanted = (
