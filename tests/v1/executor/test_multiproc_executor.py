@@ -39,6 +39,7 @@ from hf_kimi_linear import import_modeling_kimi_linear, random_hf_model
 
 from vllm import LLM, SamplingParams
 from vllm.engine.arg_utils import EngineArgs
+from vllm.v1.core.kv_cache_utils import CacheSizeError
 from vllm.v1.engine.llm_engine import LLMEngine
 from vllm.v1.executor.multiproc_executor import (
     _ANSWERED,
@@ -633,20 +634,28 @@ class _FailingWorker:
         pass
 
 
+_CACHE = "vllm.v1.core.kv_cache_utils.CacheSizeError"
+
+
 @pytest.mark.parametrize(
-    "worker_error, raised",
+    "error, worker_error, raised",
     [
-        ("ValueError: 4 heads do not split over TP 3", ValueError),  # the same failure
-        ("ValueError: something else", WorkerFailed),
-        ("KeyError: 'x'", WorkerFailed),
+        (ValueError, "ValueError: 4 heads do not split over TP 3", ValueError),  # the same
+        (ValueError, "ValueError: something else", WorkerFailed),
+        (ValueError, "KeyError: 'x'", WorkerFailed),
+        # Types outside builtins are written with their module (`vllm serve` maps this one to
+        # its exit 2; a worker's copy of it had hidden it behind WorkerFailed).
+        (CacheSizeError, f"{_CACHE}: 4 heads do not split over TP 3", CacheSizeError),
+        (CacheSizeError, "CacheSizeError: 4 heads do not split over TP 3", WorkerFailed),
+        (ValueError, f"{_CACHE}: 4 heads do not split over TP 3", WorkerFailed),
     ],
 )
-def test_rank0_error_wins_over_the_same_error_from_a_worker(worker_error, raised):
+def test_rank0_error_wins_over_the_same_error_from_a_worker(error, worker_error, raised):
     # Whichever reports first (a worker, here), a failure every rank shares keeps rank 0's own
     # exception type; a different worker failure is the engine's error.
     class Runner:
         def load_model(self):
-            raise ValueError("4 heads do not split over TP 3")
+            raise error("4 heads do not split over TP 3")
 
     executor = object.__new__(Executor)
     executor._failure, executor._owns_group = None, False
