@@ -172,6 +172,7 @@ def test_recipe_flags_parse() -> None:
         (["--skip-tokenizer-init"], ["--skip-tokenizer-init", "needs a"]),
         (["--api-key", ""], ["--api-key", "must not be empty"]),
         (["--max-request-body-bytes", "0"], ["--max-request-body-bytes", "at least 1"]),
+        (["--max-log-len", "-1"], ["--max-log-len", "must be >= 0"]),
         (["--allowed-origins", "https://ui.example"], ["--allowed-origins", "not valid JSON"]),
         (["--allowed-methods", '"GET"'], ["--allowed-methods", "a JSON list of strings"]),
         (["--allowed-headers", "[1]"], ["--allowed-headers", "a JSON list of strings"]),
@@ -259,6 +260,23 @@ def test_model_from_either_spelling(argv: list[str], monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(api_server, "run_server", stop)
     main(["serve", *argv, "--port", "0"])
     assert seen == ["kimi-linear-tiny" if argv else EngineArgs.model]
+
+
+@pytest.mark.parametrize(
+    "argv, loggers, max_log_len",
+    [([], 1, None), (["--disable-log-stats", "--enable-log-requests", "--max-log-len", "5"], 0, 5)],
+)
+def test_log_flags_reach_the_server(
+    argv: list[str], loggers: int, max_log_len: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Upstream's --disable-log-stats, --enable-log-requests and --max-log-len (stopped before
+    loading: the request log itself is tested on a real server, test_serve_kimi_k3_tiny.py)."""
+    seen = []
+    monkeypatch.setattr(api_server, "run_server", lambda args, config: seen.append(args))
+    main(["serve", "kimi-k3-tiny", "--port", "0", *argv])
+    (args,) = seen
+    assert len(api_server.stat_loggers(args)) == loggers
+    assert args.enable_log_requests == bool(argv) and args.max_log_len == max_log_len
 
 
 def test_model_and_model_tag_agree_across_spellings_of_one_folder() -> None:

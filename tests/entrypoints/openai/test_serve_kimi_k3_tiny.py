@@ -40,7 +40,8 @@ BODY_LIMIT = 1 << 20  # far above any other test's body
 ORIGIN = "https://ui.example"
 SERVE = ["serve", MODEL, "--served-model-name", NAME, MODEL, "--max-model-len", "2048",
          "--trust-request-chat-template", "--max-request-body-bytes", str(BODY_LIMIT),
-         "--allowed-origins", json.dumps([ORIGIN])]  # fmt: skip
+         "--allowed-origins", json.dumps([ORIGIN]), "--enable-log-requests",
+         "--max-log-len", "3"]  # fmt: skip
 PROMPTS = ["Question: What is 2 + 3?\nAnswer:", "The capital of France is", "Once upon a time"]
 CHAT = [{"role": "user", "content": "Say hello."}]
 MAX_TOKENS = 12
@@ -280,6 +281,19 @@ def test_a_trusting_server_renders_a_requests_chat_template(server: RemoteServer
     assert [m["id"] for m in models["data"]] == [NAME, MODEL]
     assert models["data"][0]["max_model_len"] == 2048 and models["data"][0]["root"] == MODEL
     assert requests.get(server.url("/version"), timeout=10).json()["version"]
+
+
+def test_each_request_is_logged_with_enable_log_requests(server: RemoteServer) -> None:
+    prompt = [7, 8, 9, 10, 11]
+    reply = _complete(server, prompt=prompt, max_tokens=2, temperature=0, seed=5)
+    deadline = time.monotonic() + 10
+    while reply["id"] not in server.output() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    (line,) = [x for x in server.output().splitlines() if f"Received request {reply['id']}" in x]
+    assert (
+        f"Received request {reply['id']}-0: 5 prompt tokens (first 3) [7, 8, 9], params: " in line
+    )
+    assert "max_tokens=2" in line and "seed=5" in line, line
 
 
 def test_server_flags_reach_the_app(server: RemoteServer) -> None:

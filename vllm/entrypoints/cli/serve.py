@@ -127,6 +127,31 @@ _SERVER_FLAGS: list[tuple[tuple[str, ...], dict]] = [
         ),
     ),
     (
+        ("--enable-log-requests",),
+        dict(
+            action="store_true",
+            help="log each request handed to the engine: its id, prompt token ids and sampling "
+            "parameters (off by default, as upstream)",
+        ),
+    ),
+    (
+        ("--max-log-len",),
+        dict(
+            type=int,
+            default=None,
+            metavar="N",
+            help="with --enable-log-requests, the most prompt token ids a request's line shows "
+            "(default: all)",
+        ),
+    ),
+    (
+        ("--disable-log-stats",),
+        dict(
+            action="store_true",
+            help="do not log the throughput, load and cache usage every 10 s while serving",
+        ),
+    ),
+    (
         ("--reasoning-parser",),
         dict(
             default=None,
@@ -252,6 +277,8 @@ def check_server_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
     if args.max_request_body_bytes < 1:
         limit = args.max_request_body_bytes
         parser.error(f"argument --max-request-body-bytes: must be at least 1, got {limit}")
+    if args.max_log_len is not None and args.max_log_len < 0:
+        parser.error(f"argument --max-log-len: must be >= 0, got {args.max_log_len}")
     if not 0 <= args.port < 65536:
         parser.error(f"argument --port: must be in 0..65535 (0: one the OS picks), got {args.port}")
 

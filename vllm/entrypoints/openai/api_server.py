@@ -28,6 +28,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
 import vllm
+from vllm.entrypoints.logger import RequestLogger
 from vllm.entrypoints.openai.protocol import (
     DEFAULT_MAX_REQUEST_BODY_BYTES,
     ChatCompletionRequest,
@@ -279,15 +280,20 @@ def build_app(
     allowed_methods: Sequence[str] = ("*",),
     allowed_headers: Sequence[str] = ("*",),
     allow_credentials: bool = False,
+    request_logger: RequestLogger | None = None,
 ) -> FastAPI:
-    """The OpenAI-compatible app over `engine` (see docs/serving.md for the endpoints)."""
+    """The OpenAI-compatible app over `engine` (see docs/serving.md for the endpoints);
+    `request_logger` logs each request handed to the engine (`--enable-log-requests`)."""
     parser = None
     if reasoning_parser is not None:
         parser = REASONING_PARSERS[reasoning_parser](engine.tokenizer)
     shared = (engine, served_model_names, model_path)
-    completion = OpenAIServingCompletion(*shared)
+    completion = OpenAIServingCompletion(*shared, request_logger=request_logger)
     chat = OpenAIServingChat(
-        *shared, reasoning_parser=parser, trust_request_chat_template=trust_request_chat_template
+        *shared,
+        request_logger=request_logger,
+        reasoning_parser=parser,
+        trust_request_chat_template=trust_request_chat_template,
     )
     tokenization = OpenAIServingTokenization(*shared, chat=chat)
     metrics = PrometheusStatLogger(served_model_names[0])
@@ -461,6 +467,12 @@ def bind_socket(host: str | None, port: int) -> socket.socket:
     return sock
 
 
+def stat_loggers(args: argparse.Namespace) -> list[LoggingStatLogger]:
+    """The engine's log of throughput, load and cache usage (every 10 s of traffic), unless
+    `--disable-log-stats`; /metrics is built by `build_app` either way."""
+    return [] if args.disable_log_stats else [LoggingStatLogger()]
+
+
 def run_server(args: argparse.Namespace, engine_config: Any) -> None:
     """Serve `engine_config` (validated `VllmConfig`) with the server flags in `args`."""
     from vllm.entrypoints.cli.startup import log_startup
@@ -479,7 +491,7 @@ def run_server(args: argparse.Namespace, engine_config: Any) -> None:
 
         engine = LLMEngine(engine_config)
         log_startup(engine, served, args)
-        async_llm = AsyncLLM(engine, [LoggingStatLogger()])
+        async_llm = AsyncLLM(engine, stat_loggers(args))
         app = build_app(
             async_llm,
             served,
@@ -493,6 +505,7 @@ def run_server(args: argparse.Namespace, engine_config: Any) -> None:
             allowed_methods=args.allowed_methods,
             allowed_headers=args.allowed_headers,
             allow_credentials=args.allow_credentials,
+            request_logger=RequestLogger(args.max_log_len) if args.enable_log_requests else None,
         )
         config = uvicorn.Config(
             app,

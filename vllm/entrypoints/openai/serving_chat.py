@@ -193,7 +193,7 @@ class OpenAIServingChat(OpenAIServing):
         ids, params, num_top, in_reasoning = await asyncio.to_thread(self._inputs, request)
         request_id = random_id("chatcmpl")
         try:
-            stream = await self.engine.add_request(request_id, ids, params, arrival)
+            stream = await self.add_request(request_id, ids, params, arrival)
         except ValueError as e:  # refused: the engine never tracked it, nothing to abort
             raise bad_request(e, ChatCompletionRequest) from None
         if request.stream:

@@ -143,7 +143,7 @@ class OpenAIServingCompletion(OpenAIServing):
         streams = []
         try:
             for rid, (ids, _, params) in zip(ids_of, inputs, strict=True):
-                streams.append(await self.engine.add_request(rid, ids, params, arrival))
+                streams.append(await self.add_request(rid, ids, params, arrival))
         except ValueError as e:
             self._abort(ids_of)
             raise bad_request(e, CompletionRequest) from None

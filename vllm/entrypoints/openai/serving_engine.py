@@ -10,8 +10,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from vllm.entrypoints.logger import RequestLogger
 from vllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
 from vllm.logger import init_logger
+from vllm.outputs import RequestOutput
+from vllm.sampling_params import SamplingParams
 from vllm.v1.engine.async_llm import AsyncLLM
 
 logger = init_logger(__name__)
@@ -106,14 +109,29 @@ async def merge_streams(streams: list[AsyncIterator[Any]]) -> AsyncIterator[tupl
 class OpenAIServing:
     """State the endpoint handlers share: engine, served names, limits."""
 
-    def __init__(self, engine: AsyncLLM, served_model_names: list[str], model_path: str) -> None:
+    def __init__(
+        self,
+        engine: AsyncLLM,
+        served_model_names: list[str],
+        model_path: str,
+        request_logger: RequestLogger | None = None,
+    ) -> None:
         self.engine = engine
+        self.request_logger = request_logger
         self.tokenizer = engine.tokenizer
         self.served_model_names = served_model_names
         self.model_path = model_path
         self.max_model_len: int = engine.config.model_config.max_model_len
         # The model's generation config: defaults of the sampling fields a request leaves unset.
         self.sampling_defaults = engine.config.model_config.generation_config.sampling_defaults
+
+    async def add_request(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, arrival: float
+    ) -> AsyncIterator[RequestOutput]:
+        """The engine's `add_request`, logged first with `--enable-log-requests`."""
+        if self.request_logger is not None:
+            self.request_logger.log_request(request_id, prompt_ids, params)
+        return await self.engine.add_request(request_id, prompt_ids, params, arrival)
 
     @property
     def model_name(self) -> str:
