@@ -14,6 +14,17 @@ class EnvVarError(ValueError):
     command line reports the variable, not one of its own arguments."""
 
 
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _log_level(value: str | None) -> str:
+    """A `logging` level name, any case (default INFO)."""
+    level = (value or "INFO").strip().upper()
+    if level not in _LOG_LEVELS:
+        raise ValueError(f"expected one of {', '.join(_LOG_LEVELS)}")
+    return level
+
+
 def _switch(default: bool) -> Callable[[str | None], bool]:
     """Parser of an on/off variable: 1 / true or 0 / false (any case), `default` when unset or
     empty. Anything else is an error: read as off, `=true` or `=yes` once turned a default-on
@@ -96,7 +107,7 @@ _VARIABLES: dict[str, tuple[Callable[[str | None], Any], str]] = {
         "`vllm serve`: the API key when --api-key is not given.",
     ),
     "VLLM_LOGGING_LEVEL": (
-        lambda v: (v or "INFO").upper(),
+        _log_level,
         "Level of the `vllm` loggers (default INFO).",
     ),
 }
