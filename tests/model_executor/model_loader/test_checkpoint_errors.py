@@ -115,6 +115,15 @@ def test_corrupt_shard_is_named(tensors, tmp_path, keep):
         load_model(folder, dtype=torch.float32)
 
 
+def test_hidden_files_beside_the_shards_are_not_read(tensors, tmp_path):
+    """macOS leaves `._<name>` metadata files beside what it copies to a foreign file system:
+    they are not shards (one stopped the load as an unreadable shard)."""
+    folder = write_checkpoint(tmp_path / "ckpt", tensors)
+    (folder / "._model.safetensors").write_bytes(b"\x00\x05\x16\x07" + bytes(4092))
+    assert safetensors_loader.checkpoint_files(folder) == [folder / "model.safetensors"]
+    load_model(folder, dtype=torch.float32)
+
+
 @pytest.mark.parametrize(
     "index", ["{not json", "[]", '{"weight_map": []}', '{"weight_map": {"a": 3}}', "\xff"]
 )

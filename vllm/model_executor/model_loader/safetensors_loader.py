@@ -51,7 +51,9 @@ def checkpoint_files(folder: Path) -> list[Path]:
         if missing:
             raise CheckpointError(f"{index} lists shards that do not exist: {missing}")
         return files
-    files = sorted(folder.glob("*.safetensors"))
+    # Hidden files are not shards: macOS writes `._<name>` metadata beside every file it copies
+    # to a foreign file system, and pathlib's glob matches them.
+    files = sorted(p for p in folder.glob("*.safetensors") if not p.name.startswith("."))
     if not files:
         pickled = sorted(
             p.name
