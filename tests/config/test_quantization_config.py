@@ -136,7 +136,7 @@ def test_shorthand_fills_linear():
 
 @pytest.mark.parametrize("moe", ["fp8_per_channel", {"weight": "fp8_per_channel_static"}, 3])
 def test_moe_field_is_refused_by_name(moe):
-    # parsed but never applied on main: experts and shared experts silently stayed bf16
+    # parsed but never applied: the routed experts silently stayed bf16
     with pytest.raises(ValueError, match="'moe': MoE online FP8 is not implemented"):
         parse_quantization_config({"linear": "fp8_per_channel", "moe": moe})
 

@@ -8,10 +8,11 @@ Fields: `linear` takes an online shorthand (`fp8_per_channel`: per-channel FP8 w
 per-token activations) or a weight quant-key name, or `{"weight": <name>}`;
 `OnlineQuantizationConfig` requires it (upstream refuses a config that sets none of its schemes:
 it would quantize no layer). `moe` is parsed by upstream but refused here by name: MoE online FP8
-is not implemented, and accepting it would leave every routed and shared expert in bf16 while the
-user believes them FP8. `ignore` lists module paths that stay unquantized. An `ignore` pattern
-starting with `re:` is a regular expression matched with `re.match` against the full module path
-(anchored at the start only, as upstream); any other pattern matches by equality or fnmatch. A
+is not implemented, and accepting it would leave every routed expert in bf16 while the user
+believes them FP8 (a shared expert is a plain MLP of linears: `linear` quantizes it). `ignore`
+lists module paths that stay unquantized. An `ignore` pattern starting with `re:` is a regular
+expression matched with `re.match` against the full module path (anchored at the start only, as
+upstream); any other pattern matches by equality or fnmatch. A
 fused layer that matches nothing by its own name is ignored when all of its shards are, and mixing
 ignored and quantized shards is an error. `targets` (upstream's per-pattern shorthands) is not
 supported yet and is rejected by name, as is an explicit `activation` (online methods choose their
@@ -67,7 +68,8 @@ ONLINE_SHORTHANDS: dict[str, dict[str, QuantSpec]] = {
 _FIELDS = ("linear", "moe", "ignore")
 _UNSUPPORTED_FIELDS = {
     "targets": "is not supported yet",
-    "moe": "MoE online FP8 is not implemented (routed and shared experts would stay bf16); "
+    "moe": "MoE online FP8 is not implemented (the routed experts would stay bf16; shared "
+    "experts are linears, which `linear` quantizes); "
     "remove it, or set it to null",
 }
 
