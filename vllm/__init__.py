@@ -16,6 +16,8 @@ _LAZY = {
     "RequestOutput": "vllm.outputs",
     "CompletionOutput": "vllm.outputs",
     "EngineArgs": "vllm.engine.arg_utils",
+    "TextPrompt": "vllm.inputs",
+    "TokensPrompt": "vllm.inputs",
 }
 
 

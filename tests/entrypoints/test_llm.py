@@ -166,6 +166,14 @@ def test_text_and_token_id_prompts(llm):
     assert [out.prompt for out in by_dicts] == [texts[0], None]
     assert [out.prompt_token_ids for out in by_dicts] == ids
     assert tokens_of(by_dicts) == tokens_of(by_text)
+    # Built as upstream scripts build them.
+    from vllm import TextPrompt
+    from vllm.inputs import TokensPrompt
+
+    typed = [TextPrompt(prompt=texts[0]), TokensPrompt(prompt_token_ids=ids[1], prompt="t")]
+    by_types = llm.generate(typed, GREEDY, use_tqdm=False)
+    assert [out.prompt for out in by_types] == [texts[0], "t"]
+    assert tokens_of(by_types) == tokens_of(by_text)
     for bare in ({"prompt": texts[0]}, {"prompt_token_ids": ids[0]}):
         (one,) = llm.generate(bare, GREEDY, use_tqdm=False)
         assert one.prompt_token_ids == ids[0]

@@ -21,13 +21,14 @@ from typing import Any
 from tqdm import tqdm
 
 from vllm.engine.arg_utils import UPSTREAM_NAMES, EngineArgs
+from vllm.inputs import PromptType
 from vllm.outputs import RequestOutput
 from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.v1.engine.llm_engine import LLMEngine
 
-# Text, token ids, or upstream's dict forms: {"prompt": text} (TextPrompt) and
-# {"prompt_token_ids": ids} (TokensPrompt).
-Prompt = str | list[int] | dict[str, Any]
+# Text, token ids, or upstream's dict forms (vllm/inputs): {"prompt": text} (TextPrompt) and
+# {"prompt_token_ids": ids} (TokensPrompt); other keys of a dict are checked by `_unpack`.
+Prompt = PromptType | dict[str, Any]
 
 
 # Keys of upstream's dict prompts that change nothing here: `cache_salt` isolates a request's
