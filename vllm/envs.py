@@ -4,6 +4,7 @@ Read through this module (`vllm.envs.VLLM_LOGGING_LEVEL`), never with `os.enviro
 that `python -c "import vllm.envs as e; print(e.describe())"` lists them all.
 """
 
+import logging
 import os
 from collections.abc import Callable
 from typing import Any
@@ -14,14 +15,11 @@ class EnvVarError(ValueError):
     command line reports the variable, not one of its own arguments."""
 
 
-_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-
-
 def _log_level(value: str | None) -> str:
-    """A `logging` level name, any case (default INFO)."""
+    """A level name `logging` knows (WARN, FATAL and NOTSET too), any case (default INFO)."""
     level = (value or "INFO").strip().upper()
-    if level not in _LOG_LEVELS:
-        raise ValueError(f"expected one of {', '.join(_LOG_LEVELS)}")
+    if not isinstance(logging.getLevelName(level), int):
+        raise ValueError("expected a logging level: DEBUG, INFO, WARNING, ERROR or CRITICAL")
     return level
 
 

@@ -18,7 +18,7 @@ if not _root.handlers:
         _root.setLevel(envs.VLLM_LOGGING_LEVEL)
     except envs.EnvVarError as _error:
         # Read at the first import of anything in the package, before a command could report
-        # it: a bad level is said once and logging goes on at the default.
+        # it: a bad level is said (once a process) and logging goes on at the default.
         _root.setLevel("INFO")
         _root.warning("%s; logging at INFO", _error)
     _root.propagate = False

@@ -10,7 +10,8 @@ import pytest
 import torch
 from tqdm import tqdm
 
-from vllm import LLM, SamplingParams
+from vllm import LLM, SamplingParams, TextPrompt
+from vllm.inputs import TokensPrompt
 from vllm.sampling_params import SEED_MAX, SEED_MIN
 
 MODEL = "kimi-linear-tiny"
@@ -167,9 +168,6 @@ def test_text_and_token_id_prompts(llm):
     assert [out.prompt_token_ids for out in by_dicts] == ids
     assert tokens_of(by_dicts) == tokens_of(by_text)
     # Built as upstream scripts build them.
-    from vllm import TextPrompt
-    from vllm.inputs import TokensPrompt
-
     typed = [TextPrompt(prompt=texts[0]), TokensPrompt(prompt_token_ids=ids[1], prompt="t")]
     by_types = llm.generate(typed, GREEDY, use_tqdm=False)
     assert [out.prompt for out in by_types] == [texts[0], "t"]

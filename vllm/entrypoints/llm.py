@@ -28,7 +28,7 @@ from vllm.v1.engine.llm_engine import LLMEngine
 
 # Text, token ids, or upstream's dict forms (vllm/inputs): {"prompt": text} (TextPrompt) and
 # {"prompt_token_ids": ids} (TokensPrompt); other keys of a dict are checked by `_unpack`.
-Prompt = PromptType | dict[str, Any]
+Prompt = PromptType | list[int] | dict[str, Any]
 
 
 # Keys of upstream's dict prompts that change nothing here: `cache_salt` isolates a request's

@@ -24,4 +24,5 @@ class TokensPrompt(TypedDict):
     cache_salt: NotRequired[str]
 
 
-PromptType = str | list[int] | TextPrompt | TokensPrompt
+# As upstream's (token ids alone are a TokensPrompt there; `LLM.generate` also takes a bare list).
+PromptType = str | TextPrompt | TokensPrompt

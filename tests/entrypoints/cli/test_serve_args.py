@@ -264,19 +264,31 @@ def test_model_from_either_spelling(argv: list[str], monkeypatch: pytest.MonkeyP
 
 @pytest.mark.parametrize(
     "argv, loggers, max_log_len",
-    [([], 1, None), (["--disable-log-stats", "--enable-log-requests", "--max-log-len", "5"], 0, 5)],
+    [
+        ([], ["LoggingStatLogger"], None),
+        (["--disable-log-stats", "--enable-log-requests", "--max-log-len", "5"], [], 5),
+    ],
 )
 def test_log_flags_reach_the_server(
-    argv: list[str], loggers: int, max_log_len: int | None, monkeypatch: pytest.MonkeyPatch
+    argv: list[str], loggers: list[str], max_log_len: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Upstream's --disable-log-stats, --enable-log-requests and --max-log-len (stopped before
-    loading: the request log itself is tested on a real server, test_serve_kimi_k3_tiny.py)."""
+    """Upstream's --disable-log-stats, --enable-log-requests and --max-log-len, as the server is
+    built (stopped there, as Ctrl-C would: the request log's lines are tested on a real server,
+    test_serve_kimi_k3_tiny.py)."""
     seen = []
-    monkeypatch.setattr(api_server, "run_server", lambda args, config: seen.append(args))
-    main(["serve", "kimi-k3-tiny", "--port", "0", *argv])
-    (args,) = seen
-    assert len(api_server.stat_loggers(args)) == loggers
-    assert args.enable_log_requests == bool(argv) and args.max_log_len == max_log_len
+
+    def stop(engine, *args, request_logger=None, **kwargs):
+        seen.append(([type(x).__name__ for x in engine.stat_loggers], request_logger))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(api_server, "build_app", stop)
+    main(["serve", "kimi-k3-tiny", "--host", "127.0.0.1", "--port", "0", *argv])
+    ((stats, request_logger),) = seen
+    assert stats == loggers
+    if argv:
+        assert request_logger.max_log_len == max_log_len
+    else:
+        assert request_logger is None
 
 
 def test_model_and_model_tag_agree_across_spellings_of_one_folder() -> None:

@@ -457,6 +457,43 @@ def test_a_step_that_fails_before_it_is_recorded_leaves_the_engine_usable(
         engine.shutdown()
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_an_error_after_the_step_was_recorded_propagates_and_an_abort_cleans_up(
+    expected, async_scheduling
+):
+    """Once the scheduler has recorded the step, the error is the caller's (as `LLM.generate`
+    aborts its requests): it is raised as it was, not hidden behind a refusal to cancel a step
+    no longer scheduled."""
+    engine = make_engine(async_scheduling=async_scheduling)
+    try:
+        prompts = prompts_of(LENGTHS)
+        engine.add_request("doomed", prompts[0], GREEDY)
+        scheduler = engine.scheduler
+        update, calls = scheduler.update_from_output, []
+
+        def fails_after_the_third(*args, **kwargs):
+            calls.append(args[0])
+            finished = update(*args, **kwargs)
+            if len(calls) == 3:
+                raise KeyboardInterrupt
+            return finished
+
+        scheduler.update_from_output = fails_after_the_third
+        with pytest.raises(KeyboardInterrupt):
+            for _ in range(3):
+                engine.step()
+        del scheduler.update_from_output
+        assert not scheduler.is_scheduled(calls[-1])
+        engine.abort_request("doomed")
+        assert_cache_free(engine)
+        requests = {str(i): (p, GREEDY) for i, p in enumerate(prompts)}
+        finals = run_all(engine, requests)
+        assert {r: o.outputs[0].token_ids for r, o in finals.items()} == expected
+        assert_cache_free(engine)
+    finally:
+        engine.shutdown()
+
+
 def test_nothing_in_the_engine_keeps_an_ended_request_alive():
     """Every way a sequence ends (length, stop token, abort mid-decode, a seeded n > 1 request
     aborted) leaves no reference to it behind once the engine is idle."""

@@ -637,6 +637,10 @@ class _FailingWorker:
 _CACHE = "vllm.v1.core.kv_cache_utils.CacheSizeError"
 
 
+class _MultiLine(ValueError):
+    """An error type outside builtins whose messages span lines."""
+
+
 @pytest.mark.parametrize(
     "error, worker_error, raised",
     [
@@ -648,6 +652,11 @@ _CACHE = "vllm.v1.core.kv_cache_utils.CacheSizeError"
         (CacheSizeError, f"{_CACHE}: 4 heads do not split over TP 3", CacheSizeError),
         (CacheSizeError, "CacheSizeError: 4 heads do not split over TP 3", WorkerFailed),
         (ValueError, f"{_CACHE}: 4 heads do not split over TP 3", WorkerFailed),
+        # The whole message and the notes are compared, not the last line alone.
+        (ValueError, "ValueError: 4 heads do not split over TP 3\nsee the log", ValueError),
+        (ValueError, "KeyError: 'x'\nsee the log", WorkerFailed),
+        (_MultiLine, f"{__name__}._MultiLine: bad A\nsee the docs", _MultiLine),
+        (_MultiLine, f"{__name__}._MultiLine: bad B\nsee the docs", WorkerFailed),
     ],
 )
 def test_rank0_error_wins_over_the_same_error_from_a_worker(error, worker_error, raised):
@@ -655,7 +664,12 @@ def test_rank0_error_wins_over_the_same_error_from_a_worker(error, worker_error,
     # exception type; a different worker failure is the engine's error.
     class Runner:
         def load_model(self):
-            raise error("4 heads do not split over TP 3")
+            if error is _MultiLine:
+                raise error("bad A\nsee the docs")
+            e = error("4 heads do not split over TP 3")
+            if worker_error.endswith("see the log"):
+                e.add_note("see the log")
+            raise e
 
     executor = object.__new__(Executor)
     executor._failure, executor._owns_group = None, False

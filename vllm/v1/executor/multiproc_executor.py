@@ -58,18 +58,18 @@ from vllm.v1.worker.model_runner import ModelRunner
 logger = init_logger(__name__)
 
 
-def _last_line(formatted: str) -> str:
-    lines = formatted.strip().splitlines()
-    return lines[-1] if lines else ""
-
-
 class WorkerFailed(RuntimeError):
-    """A worker raised: its traceback is the message, `error` its last line (`Type: message`,
-    the type with its module unless a builtin, as `traceback` writes it)."""
+    """A worker raised: its traceback is the message and `traceback`."""
 
     def __init__(self, rank: int, formatted_traceback: str) -> None:
         super().__init__(f"tensor-parallel worker {rank} failed:\n{formatted_traceback}")
-        self.error = _last_line(formatted_traceback)
+        self.traceback = formatted_traceback
+
+    def raised(self, error: BaseException) -> bool:
+        """Whether the worker's traceback ends with `error` as `traceback` writes it: its type
+        (with its module unless a builtin), its whole message and its notes."""
+        block = "".join(traceback.format_exception_only(error)).strip()
+        return ("\n" + self.traceback.strip()).endswith("\n" + block)
 
 
 # Long enough for the first Triton compilation of a step; a dead peer fails a gloo collective at
@@ -348,7 +348,7 @@ class Executor:
             except WorkerFailed as failed:
                 # Every rank runs the same code: a worker that failed with rank 0's own error
                 # adds nothing, and whichever reported first, the caller sees that error's type.
-                if failed.error != _last_line("".join(traceback.format_exception_only(e))):
+                if not failed.raised(e):
                     raise
             self._stop_out_of_step(method, e)
             raise
