@@ -122,6 +122,11 @@ def test_hidden_files_beside_the_shards_are_not_read(tensors, tmp_path):
     (folder / "._model.safetensors").write_bytes(b"\x00\x05\x16\x07" + bytes(4092))
     assert safetensors_loader.checkpoint_files(folder) == [folder / "model.safetensors"]
     load_model(folder, dtype=torch.float32)
+    # Nor are they the pickle files the error names when no shard is left.
+    (folder / "model.safetensors").unlink()
+    (folder / "._model.bin").write_bytes(bytes(16))
+    with pytest.raises(ValueError, match=r"^no safetensors checkpoint in \S+$"):
+        safetensors_loader.checkpoint_files(folder)
 
 
 @pytest.mark.parametrize(

@@ -59,7 +59,7 @@ def checkpoint_files(folder: Path) -> list[Path]:
             p.name
             for pattern in ("*.bin", "*.pt", "*.pth")
             for p in folder.glob(pattern)
-            if not p.name.startswith((_TRAINER_STATE, "."))
+            if not p.name.startswith((*_TRAINER_STATE, "."))
         )
         if pickled:
             # PyTorch's pickle format runs code when loaded; this fork reads safetensors only.
