@@ -173,7 +173,8 @@ class OpenAIServing:
         together exceed `max_model_len`, is a 400, as vLLM's server refuses them (a client may
         shorten its prompt on that error rather than get a reply cut at the limit); otherwise
         it is clamped to the model's generation config's `max_new_tokens`, a server-wide limit,
-        and a missing one is the room left (both as vLLM does). `field`: the
+        and None (chat's missing field, completions' null) is the room left (both as vLLM
+        does). `field`: the
         request field `max_tokens` came from, which its errors name (chat's
         `max_completion_tokens`). A `min_tokens` that the clamping leaves no room for is a 400
         naming the cause (the sampling parameters' check would quote the clamped max_tokens,
