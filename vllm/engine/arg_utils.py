@@ -391,16 +391,21 @@ def _field_help() -> dict[str, str]:
 
 
 def refuse(parser: argparse.ArgumentParser, error: ValueError) -> NoReturn:
-    """Exit 2 naming the `--flag` of the field that `error` (from `create_engine_config`)
-    names, without the message's own `field: ` prefix: the inverse of `add_cli_args`."""
+    """Exit 2 with `refusal(error)`."""
+    parser.error(refusal(error))
+
+
+def refusal(error: ValueError) -> str:
+    """The usage error for `error` (from `create_engine_config`): the `--flag` of the field that
+    it names, without the message's own `field: ` prefix (the inverse of `add_cli_args`)."""
     message = str(error)
     if isinstance(error, EnvVarError):  # its message names the variable; words after are values
-        parser.error(f"environment variable {message}")
+        return f"environment variable {message}"
     field = _field_of(message)
     if field is None:
-        parser.error(f"argument engine arguments: {message}")
+        return f"argument engine arguments: {message}"
     flag = _flags(field)[0]
-    parser.error(f"argument {flag}: {message.removeprefix(field + ': ')}")
+    return f"argument {flag}: {message.removeprefix(field + ': ')}"
 
 
 def _field_of(message: str) -> str | None:

@@ -236,6 +236,24 @@ def test_bad_kernel_override_is_refused_by_its_variable(
     assert reason in err and "--model" not in err.splitlines()[-1], err
 
 
+def test_every_refusal_of_a_recipe_is_reported_in_one_run(capsys: pytest.CaptureFixture) -> None:
+    """The PR's recipe has a server flag and an engine flag that this fork refuses; both are
+    named in one run (the first alone was, so the user learned of the second only after fixing
+    it), along with a bad server value found by the same checks."""
+    recipe = '{"linear":"fp8_per_channel","ignore":["re:(?!.*self_attn\\\\.o_proj$).*"]}'
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "kimi-k3-tiny", "--host", "127.0.0.1", "--port", "0",
+              "--kv-cache-dtype", "fp8", "-ac", "[1]", "--quantization-config", recipe,
+              "--speculative-config", '{"method": "dspark"}'])  # fmt: skip
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert "error: 3 arguments refused:" in lines[-4], err
+    assert lines[-3].startswith("  argument --speculative-config/-sc: speculative decoding"), err
+    assert lines[-2] == "  argument --attention-config/-ac: must be a JSON object", err
+    assert lines[-1].startswith("  argument --kv-cache-dtype: kv_cache_dtype 'fp8' is not"), err
+
+
 def test_model_given_twice_must_agree(capsys: pytest.CaptureFixture) -> None:
     """MODEL silently replaced a different --model."""
     with pytest.raises(SystemExit) as exit_info:

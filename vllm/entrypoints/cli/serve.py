@@ -11,7 +11,7 @@ import json
 import os
 
 from vllm import envs
-from vllm.engine.arg_utils import EngineArgs, refuse
+from vllm.engine.arg_utils import EngineArgs, refusal
 from vllm.entrypoints.openai.protocol import DEFAULT_MAX_REQUEST_BODY_BYTES
 from vllm.logger import init_logger
 from vllm.reasoning import REASONING_PARSERS
@@ -230,16 +230,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
-def check_server_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    """Refuse (by name, with the reason) the flags that cannot work; warn for no-op ones."""
+def check_server_args(args: argparse.Namespace) -> list[str]:
+    """The refusals (`argument --flag: reason`) of the flags that cannot work, all of them, so
+    that a recipe with several learns of each in one run; warns for no-op flags."""
+    refusals = []
     if args.speculative_config is not None:
-        parser.error(
+        refusals.append(
             "argument --speculative-config/-sc: speculative decoding is not implemented in "
             "vllm-k3 (no draft model runner or rejection sampler); remove the flag to serve "
             "without it"
         )
     if args.quantization is not None:
-        parser.error(
+        refusals.append(
             f"argument --quantization/-q: upstream's method names ({args.quantization!r}) are not "
             "supported; vllm-k3 quantizes online through --quantization-config, e.g. the PTPC "
             'recipe \'{"linear":"fp8_per_channel"}\' (docs/quantization.md)'
@@ -248,10 +250,11 @@ def check_server_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
         try:
             config = json.loads(args.attention_config)
         except json.JSONDecodeError as e:
-            parser.error(f"argument --attention-config/-ac: not valid JSON: {e}")
-        if not isinstance(config, dict):
-            parser.error("argument --attention-config/-ac: must be a JSON object")
-        for key, value in config.items():
+            config = None
+            refusals.append(f"argument --attention-config/-ac: not valid JSON: {e}")
+        if config is not None and not isinstance(config, dict):
+            refusals.append("argument --attention-config/-ac: must be a JSON object")
+        for key, value in config.items() if isinstance(config, dict) else ():
             logger.warning(
                 "--attention-config %s=%r has no effect: vllm-k3 has one MLA and one KDA "
                 "implementation per platform (no backend choice)",
@@ -259,13 +262,13 @@ def check_server_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
                 value,
             )
     if args.skip_tokenizer_init:
-        parser.error(
+        refusals.append(
             "argument --skip-tokenizer-init: the server takes and returns text, so it needs a "
             "tokenizer; use LLM(...) or the benchmarks for token-id-only runs"
         )
     if args.api_key is not None and not args.api_key.strip():
         # An unset shell variable (`--api-key "$KEY"`) would otherwise serve with no key at all.
-        parser.error("argument --api-key: must not be empty (leave the flag out for no key)")
+        refusals.append("argument --api-key: must not be empty (leave the flag out for no key)")
     if args.api_key is None:
         args.api_key = envs.VLLM_API_KEY
     if envs.VLLM_USE_BREAKABLE_CUDAGRAPH is not None:
@@ -273,14 +276,16 @@ def check_server_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
     if args.language_model_only:
         logger.info("--language-model-only: the text model is all that vllm-k3 serves")
     if args.served_model_name is not None and not all(args.served_model_name):
-        parser.error("argument --served-model-name: names must not be empty")
+        refusals.append("argument --served-model-name: names must not be empty")
     if args.max_request_body_bytes < 1:
         limit = args.max_request_body_bytes
-        parser.error(f"argument --max-request-body-bytes: must be at least 1, got {limit}")
+        refusals.append(f"argument --max-request-body-bytes: must be at least 1, got {limit}")
     if args.max_log_len is not None and args.max_log_len < 0:
-        parser.error(f"argument --max-log-len: must be >= 0, got {args.max_log_len}")
+        refusals.append(f"argument --max-log-len: must be >= 0, got {args.max_log_len}")
     if not 0 <= args.port < 65536:
-        parser.error(f"argument --port: must be in 0..65535 (0: one the OS picks), got {args.port}")
+        port = args.port
+        refusals.append(f"argument --port: must be in 0..65535 (0: one the OS picks), got {port}")
+    return refusals
 
 
 def _same_model(a: str, b: str) -> bool:
@@ -303,11 +308,15 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 "the model once"
             )
         args.model = args.model_tag
-    check_server_args(args, parser)
+    refusals = check_server_args(args)
     try:
         config = EngineArgs.from_cli_args(args).create_engine_config()
     except ValueError as e:
-        refuse(parser, e)
+        refusals.append(refusal(e))
+    if len(refusals) > 1:
+        parser.error(f"{len(refusals)} arguments refused:\n  " + "\n  ".join(refusals))
+    if refusals:
+        parser.error(refusals[0])
     try:
         run_server(args, config)
     except BindError as e:
