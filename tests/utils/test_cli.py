@@ -137,3 +137,84 @@ def test_replaced_whole_gives_a_new_file_the_umasks_mode(tmp_path: Path) -> None
     finally:
         os.umask(old)
     assert ((tmp_path / "new.csv").stat().st_mode & 0o777) == 0o640
+
+
+def _searchable() -> FlexibleArgumentParser:
+    parser = FlexibleArgumentParser(prog="demo")
+    parser.add_argument("model", nargs="?", help="the model")
+    engine = parser.add_argument_group("engine (fields)")
+    engine.add_argument("--max-num-seqs", type=int, help="sequences in flight")
+    engine.add_argument("--max-model-len", help="prompt+output tokens")
+    server = parser.add_argument_group("server")
+    server.add_argument("--port", type=int, help="TCP port")
+    server.add_argument("--max-log-len", type=int, help="prompt ids logged")
+    return parser
+
+
+def _help(argv: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exit_info:
+        _searchable().parse_args(argv)
+    out, err = capsys.readouterr()
+    return exit_info.value.code, out, err
+
+
+def _flags_shown(text: str) -> list[str]:
+    return re.findall(r"^  (--[a-z-]+)", text, flags=re.M)
+
+
+@pytest.mark.parametrize(
+    "argv, title, flags",
+    [
+        # One flag by its name, in any spelling; a group by its title's start; else a word.
+        (["--help=max-num-seqs"], "--max-num-seqs:", ["--max-num-seqs"]),
+        (["--help=--MAX_NUM_SEQS"], "--max-num-seqs:", ["--max-num-seqs"]),
+        (["-h", "server"], "server:", ["--port", "--max-log-len"]),
+        (["--help=Engine"], "engine (fields):", ["--max-num-seqs", "--max-model-len"]),
+        (["--help=max"], "flags matching 'max':",
+         ["--max-num-seqs", "--max-model-len", "--max-log-len"]),
+        (["--help=len"], "flags matching 'len':", ["--max-model-len", "--max-log-len"]),
+    ],
+)  # fmt: skip
+def test_help_search_shows_what_matches_and_only_that(
+    argv: list[str], title: str, flags: list[str], capsys: pytest.CaptureFixture
+) -> None:
+    code, out, err = _help(argv, capsys)
+    assert (code, err) == (0, "")
+    assert out.splitlines()[0] == title, out
+    assert _flags_shown(out) == flags, out
+
+
+def test_help_alone_or_all_is_the_whole_help_and_listgroup_the_titles(capsys) -> None:
+    whole = _help(["--help"], capsys)
+    assert whole[0] == 0 and whole[1].startswith("usage: demo [-h [SEARCH]]")
+    assert "  -h [SEARCH], --help [SEARCH]" in whole[1]
+    assert _flags_shown(whole[1]) == [
+        "--max-num-seqs",
+        "--max-model-len",
+        "--port",
+        "--max-log-len",
+    ]
+    assert _help(["--help=all"], capsys) == whole
+    # "options" holds only --help here, so it is no group to search.
+    code, out, _ = _help(["--help=listgroup"], capsys)
+    assert (code, out) == (0, "positional arguments\nengine (fields)\nserver\n")
+
+
+def test_help_search_that_matches_nothing_is_a_usage_error(capsys) -> None:
+    code, out, err = _help(["--help=ModelConfig"], capsys)
+    assert (code, out) == (2, "")
+    assert err.splitlines()[-1] == (
+        "demo: error: argument -h/--help: no flag or group matches 'ModelConfig'; groups: "
+        "positional arguments, engine (fields), server"
+    )
+    assert _help(["--help="], capsys)[0] == 2
+
+
+def test_vllm_serve_help_search(capsys) -> None:
+    from vllm.entrypoints.cli.main import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--help=kv_cache"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert _flags_shown(out) == ["--kv-cache-memory-bytes", "--kv-cache-dtype"], out

@@ -18,7 +18,18 @@ class FlexibleArgumentParser(argparse.ArgumentParser):
     """An `ArgumentParser` that also reads a long flag spelled with underscores as its dashed
     name (`--max_model_len 4096`, `--max_model_len=4096`), as upstream vLLM's parser does, so
     that commands written for either spelling run. Values are left as they are, and so is
-    everything after a bare `--`."""
+    everything after a bare `--`. Its `-h/--help` takes upstream's optional search
+    (`HelpSearchAction`)."""
+
+    def __init__(self, *args: Any, add_help: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, add_help=False, **kwargs)
+        if add_help:
+            self.add_argument(
+                "-h", "--help", action=HelpSearchAction, nargs="?", metavar="SEARCH",
+                help="show this help and exit; --help=SEARCH shows one flag (max-num-seqs), one "
+                "group (engine; listgroup lists them) or the flags whose names contain a word "
+                "(--help=max); --help=all is the whole help",
+            )  # fmt: skip
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
@@ -26,6 +37,61 @@ class FlexibleArgumentParser(argparse.ArgumentParser):
         args = sys.argv[1:] if args is None else list(args)
         end = args.index("--") if "--" in args else len(args)
         return super().parse_known_args([_dashed(a) for a in args[:end]] + args[end:], namespace)
+
+
+class HelpSearchAction(argparse.Action):
+    """`--help` alone (or `--help=all`): the whole help. `--help=SEARCH`, as upstream's: the one
+    flag named SEARCH (`max-num-seqs`, `--max_num_seqs`), else the argument group whose title
+    starts with it (`engine`, `server`; `listgroup` lists the titles), else every flag whose name
+    contains it (`max`); case and underscores do not matter. A search that matches nothing is a
+    usage error that lists the groups. Exits, as argparse's help does."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        if values is None or values.lower() == "all":
+            parser.print_help()
+            parser.exit()
+        word = values.strip().lstrip("-").lower().replace("_", "-")
+        flags = [a for a in parser._actions if a.option_strings and a is not self]
+        # Groups with something besides this flag (argparse's "options" may hold only it).
+        groups = [g for g in parser._action_groups if set(g._group_actions) - {self}]
+        titles = [g.title for g in groups]
+        if word == "listgroup":
+            print("\n".join(titles))
+            parser.exit()
+        if not word:
+            parser.error("argument -h/--help: the search is empty (--help alone: the whole help)")
+        exact = [a for a in flags if any(o.lstrip("-") == word for o in a.option_strings)]
+        group = next((g for g in groups if g.title.lower().startswith(word)), None)
+        if exact:
+            _print_flags(parser, f"--{word}", exact)
+        elif group is not None:
+            _print_flags(parser, group.title, group._group_actions)
+        else:
+            found = [a for a in flags if any(word in o.lstrip("-") for o in a.option_strings)]
+            if not found:
+                parser.error(
+                    f"argument -h/--help: no flag or group matches {values!r}; groups: "
+                    + ", ".join(titles)
+                )
+            _print_flags(parser, f"flags matching {values!r}", found)
+        parser.exit()
+
+
+def _print_flags(
+    parser: argparse.ArgumentParser, title: str, actions: list[argparse.Action]
+) -> None:
+    """Print `actions` as argparse's help prints them, under `title`."""
+    formatter = parser._get_formatter()
+    formatter.start_section(title)
+    formatter.add_arguments(actions)
+    formatter.end_section()
+    print(formatter.format_help(), end="")
 
 
 def _dashed(arg: str) -> str:
