@@ -218,3 +218,69 @@ def test_vllm_serve_help_search(capsys) -> None:
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert _flags_shown(out) == ["--kv-cache-memory-bytes", "--kv-cache-dtype"], out
+
+
+def _json_parser() -> FlexibleArgumentParser:
+    parser = FlexibleArgumentParser(prog="demo")
+    parser.add_argument("--attention-config", metavar="JSON", help="a JSON object")
+    parser.add_argument("--max-model-len", help="not JSON")
+    return parser
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        # Keys keep their underscores (the flag's part is dashed); values are JSON where they
+        # parse, else strings; nested keys make nested objects; `+` appends.
+        (["--attention_config.mla_prefill_backend", "FLASH_ATTN", "--max_model_len", "4",
+          "--attention-config.a.b=3", "--attention-config.a.c", "true"],
+         {"mla_prefill_backend": "FLASH_ATTN", "a": {"b": 3, "c": True}}),
+        (["--attention-config.l+", "x", "--attention-config.l+=1,y", "--attention-config.s",
+          '"1"'], {"l": ["x", 1, "y"], "s": "1"}),
+        # With a space the value is one item, commas and all (a regex's {1,2}).
+        (["--attention-config.ignore+", "re:a{1,2}"], {"ignore": ["re:a{1,2}"]}),
+    ],
+)  # fmt: skip
+def test_dotted_keys_of_a_json_flag_are_its_json(argv: list[str], expected: dict) -> None:
+    args = _json_parser().parse_args(argv)
+    assert json.loads(args.attention_config) == expected
+    assert args.max_model_len == ("4" if "--max_model_len" in argv else None)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--attention-config.a"], "argument --attention-config.a: expected one argument"),
+        (["--attention-config", "{}", "--attention-config.a", "1"],
+         "argument --attention-config: give it as one JSON object or as dotted keys, not both"),
+        (["--attention-config.a", "1", "--attention-config.a.b", "2"],
+         "argument --attention-config.a.b: 'a' was given a value, so it has no keys"),
+        (["--attention-config.a", "1", "--attention-config.a+", "2"],
+         "argument --attention-config.a+: 'a' was given a value, so it cannot be appended to"),
+        (["--attention-config..a", "1"], "argument --attention-config..a: empty key"),
+        # A flag that is not JSON takes no keys.
+        (["--max-model-len.a", "1"], "unrecognized arguments: --max-model-len.a 1"),
+    ],
+)  # fmt: skip
+def test_dotted_keys_that_cannot_be_json_are_usage_errors(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        _json_parser().parse_args(argv)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"demo: error: {message}"
+
+
+def test_vllm_serve_reads_the_recipes_json_flags_as_dotted_keys() -> None:
+    from vllm.entrypoints.cli.main import make_parser
+
+    args = make_parser().parse_args(
+        ["serve", "kimi-k3-tiny", "--quantization-config.linear", "fp8_per_channel",
+         "--quantization-config.ignore+", r"re:(?!.*self_attn\.o_proj$).*",
+         "--attention-config.mla_prefill_backend", "FLASH_ATTN"]
+    )  # fmt: skip
+    assert json.loads(args.quantization_config) == {
+        "linear": "fp8_per_channel",
+        "ignore": [r"re:(?!.*self_attn\.o_proj$).*"],
+    }
+    assert json.loads(args.attention_config) == {"mla_prefill_backend": "FLASH_ATTN"}

@@ -30,6 +30,7 @@ from vllm.config.vllm import (
 from vllm.envs import EnvVarError
 from vllm.logger import init_logger
 from vllm.sampling_params import SEED_MAX, SEED_MIN
+from vllm.utils.cli import JSON_METAVAR
 
 if TYPE_CHECKING:
     from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
@@ -162,7 +163,10 @@ class EngineArgs:
                 help_text = f"{help_text} (default: {default})"
             # The value named after the first flag, as argparse names it without a `dest`:
             # `--kv-cache-memory-bytes KV_CACHE_MEMORY_BYTES`, as upstream's help shows it.
+            # A JSON object's flag says so, and takes dotted keys (FlexibleArgumentParser).
             metavar = flags[0].lstrip("-").replace("-", "_").upper()
+            if "dict" in str(f.type):
+                metavar = JSON_METAVAR
             parser.add_argument(
                 *flags, dest=f.name, default=f.default, help=help_text, type=_cli_type(f),
                 metavar=metavar,

@@ -13,13 +13,16 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
+# The metavar of a flag whose value is a JSON object: such a flag also takes dotted keys.
+JSON_METAVAR = "JSON"
+
 
 class FlexibleArgumentParser(argparse.ArgumentParser):
     """An `ArgumentParser` that also reads a long flag spelled with underscores as its dashed
     name (`--max_model_len 4096`, `--max_model_len=4096`), as upstream vLLM's parser does, so
     that commands written for either spelling run. Values are left as they are, and so is
     everything after a bare `--`. Its `-h/--help` takes upstream's optional search
-    (`HelpSearchAction`)."""
+    (`HelpSearchAction`), and its JSON flags upstream's dotted keys (`_json_keys`)."""
 
     def __init__(self, *args: Any, add_help: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, add_help=False, **kwargs)
@@ -36,7 +39,77 @@ class FlexibleArgumentParser(argparse.ArgumentParser):
     ) -> tuple[argparse.Namespace, list[str]]:
         args = sys.argv[1:] if args is None else list(args)
         end = args.index("--") if "--" in args else len(args)
-        return super().parse_known_args([_dashed(a) for a in args[:end]] + args[end:], namespace)
+        head = self._json_keys([_dashed(a) for a in args[:end]])
+        return super().parse_known_args(head + args[end:], namespace)
+
+    def _json_keys(self, args: list[str]) -> list[str]:
+        """Upstream's dotted form of a JSON flag, read as the JSON it stands for:
+        `--attention-config.a.b 1` is `--attention-config '{"a": {"b": 1}}'`, and `key+ v`
+        appends v to the list at key (`key+=v,w`: v and w; with a space, a value's commas are
+        its own, as in a regex's `{1,2}`). Values are JSON where they parse as JSON (`1`,
+        `true`, `"1"`), else strings. A flag's dotted keys make one object, given where the
+        first of them is; the flag given whole as well is a usage error (which would win is
+        not obvious). JSON flags are those whose metavar is `JSON_METAVAR`, of this parser (a
+        subcommand's parser reads its own)."""
+        objects: dict[str, dict] = {}
+        out: list[str] = []
+        at: dict[str, int] = {}  # where each flag's object goes in `out`
+        i = 0
+        while i < len(args):
+            name, eq, inline = args[i].partition("=")
+            flag, dot, path = name.partition(".")
+            action = self._option_string_actions.get(flag) if flag.startswith("--") else None
+            if not (dot and action is not None and action.metavar == JSON_METAVAR):
+                out.append(args[i])
+                i += 1
+                continue
+            if not eq and i + 1 == len(args):
+                self.error(f"argument {name}: expected one argument")
+            value = inline if eq else args[i + 1]
+            try:
+                _set_key(objects.setdefault(flag, {}), path, value, split=bool(eq))
+            except ValueError as e:
+                self.error(f"argument {name}: {e}")
+            if flag not in at:
+                at[flag] = len(out)
+                out.append(flag)
+            i += 1 if eq else 2
+        for flag, k in sorted(at.items(), key=lambda item: -item[1]):
+            if any(a == flag or a.startswith(flag + "=") for a in out[:k] + out[k + 1 :]):
+                self.error(
+                    f"argument {flag}: give it as one JSON object or as dotted keys, not both"
+                )
+            out.insert(k + 1, json.dumps(objects[flag]))
+        return out
+
+
+def _json_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _set_key(obj: dict, path: str, value: str, split: bool) -> None:
+    """Set `obj`'s dotted `path` to `value`, or append to it where the path ends in `+` (with
+    `split`, each comma-separated item); ValueError where a key is empty or already holds
+    another kind."""
+    keys = path.split(".")
+    append = keys[-1].endswith("+")
+    keys[-1] = keys[-1].removesuffix("+")
+    if not all(keys):
+        raise ValueError("empty key")
+    for key in keys[:-1]:
+        obj = obj.setdefault(key, {})
+        if not isinstance(obj, dict):
+            raise ValueError(f"{key!r} was given a value, so it has no keys")
+    if not append:
+        obj[keys[-1]] = _json_value(value)
+        return
+    items = obj.setdefault(keys[-1], [])
+    if not isinstance(items, list):
+        raise ValueError(f"{keys[-1]!r} was given a value, so it cannot be appended to")
+    items.extend(_json_value(v) for v in (value.split(",") if split else [value]))
 
 
 class HelpSearchAction(argparse.Action):
@@ -99,7 +172,9 @@ def _dashed(arg: str) -> str:
     # With a space, argparse reads an argument as a value, not a flag ("--be_brief please").
     if not name.startswith("--") or any(c.isspace() for c in name):
         return arg
-    return name.replace("_", "-") + eq + value
+    # A JSON flag's dotted keys (`--attention-config.mla_backend`) are the JSON's, kept.
+    flag, dot, keys = name.partition(".")
+    return flag.replace("_", "-") + dot + keys + eq + value
 
 
 def given_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, str]:

@@ -15,6 +15,7 @@ from vllm.engine.arg_utils import EngineArgs, refusal
 from vllm.entrypoints.openai.protocol import DEFAULT_MAX_REQUEST_BODY_BYTES
 from vllm.logger import init_logger
 from vllm.reasoning import REASONING_PARSERS
+from vllm.utils.cli import JSON_METAVAR
 
 logger = init_logger(__name__)
 
@@ -68,7 +69,7 @@ _SERVER_FLAGS: list[tuple[tuple[str, ...], dict]] = [
         dict(
             type=_json_list,
             default=["*"],
-            metavar="JSON",
+            metavar=JSON_METAVAR,
             help="CORS: the origins whose web pages may call the API, a JSON list such as "
             '\'["https://ui.example"]\' (default: ["*"], any, as vLLM)',
         ),
@@ -78,7 +79,7 @@ _SERVER_FLAGS: list[tuple[tuple[str, ...], dict]] = [
         dict(
             type=_json_list,
             default=["*"],
-            metavar="JSON",
+            metavar=JSON_METAVAR,
             help='CORS: the methods those pages may use, a JSON list (default: ["*"])',
         ),
     ),
@@ -87,7 +88,7 @@ _SERVER_FLAGS: list[tuple[tuple[str, ...], dict]] = [
         dict(
             type=_json_list,
             default=["*"],
-            metavar="JSON",
+            metavar=JSON_METAVAR,
             help='CORS: the request headers those pages may send, a JSON list (default: ["*"])',
         ),
     ),
@@ -181,7 +182,7 @@ _SERVER_FLAGS: list[tuple[tuple[str, ...], dict]] = [
         ("--attention-config", "-ac"),
         dict(
             default=None,
-            metavar="JSON",
+            metavar=JSON_METAVAR,
             help="upstream AttentionConfig as a JSON object; this fork has one MLA/KDA "
             "implementation per platform, so each key is reported as having no effect",
         ),
@@ -200,7 +201,7 @@ _SERVER_FLAGS: list[tuple[tuple[str, ...], dict]] = [
         ("--speculative-config", "-sc"),
         dict(
             default=None,
-            metavar="JSON",
+            metavar=JSON_METAVAR,
             help="speculative decoding config: refused, speculative decoding is not implemented",
         ),
     ),
