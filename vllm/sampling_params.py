@@ -52,6 +52,10 @@ class SamplingParams:
     - `logprobs`: number of top logprobs per sampled token (0: only the sampled one);
       `prompt_logprobs`: the same for each prompt token.
     - `repetition_penalty` (1: off; > 1 discourages tokens already in the prompt or output).
+    - `detokenize` (False: the outputs carry token ids only: their text is empty, their logprobs'
+      `decoded_token` None, and nothing of the request is decoded, which saves the engine
+      thread's time for callers that read ids; stop strings, matched in the text, are refused
+      with it, as upstream).
     - `skip_special_tokens`: detokenization. `spaces_between_special_tokens` is taken for
       upstream's API only: it is an option of upstream's slow tokenizers, and the `tokenizers`
       and tiktoken decoders used here have none, so it changes nothing.
@@ -76,6 +80,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     repetition_penalty: float = 1.0
+    detokenize: bool = True
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
@@ -137,11 +142,15 @@ class SamplingParams:
         for name in (
             "ignore_eos",
             "include_stop_str_in_output",
+            "detokenize",
             "skip_special_tokens",
             "spaces_between_special_tokens",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.stop and not self.detokenize:
+            # Stop strings are matched in the text, which such a request does not have.
+            raise ValueError("stop strings need detokenize=True (they are matched in the text)")
         if not isinstance(self.output_kind, RequestOutputKind):
             raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
         self._check_unsupported()

@@ -15,6 +15,7 @@ the right request, position and token:
 """
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -151,6 +152,32 @@ def test_logprobs_are_the_models_log_softmax(llm):
         assert completion.cumulative_logprob == total
     # The random request did sample below the top: the sampled token was reported, not the best.
     assert max(sampled_ranks) > 1
+
+
+def test_detokenize_false_gives_the_same_tokens_and_decodes_none(llm, monkeypatch):
+    """As upstream: the same tokens and logprobs, with an empty text and no token texts; the
+    tokenizer is never called for the request (it would fail the request here)."""
+    params = SamplingParams(temperature=0.0, max_tokens=5, logprobs=2, prompt_logprobs=1,
+                            ignore_eos=True)  # fmt: skip
+    (decoded,) = generate(llm, [PROMPTS[0]], params)
+
+    def no_decode(*args, **kwargs):
+        raise AssertionError("a detokenize=False request was decoded")
+
+    monkeypatch.setattr(llm.get_tokenizer(), "decode", no_decode)
+    (raw,) = generate(llm, [PROMPTS[0]], replace(params, detokenize=False))
+    completion = raw.outputs[0]
+    assert completion.finish_reason == "length" and completion.text == ""
+    assert decoded.outputs[0].text != ""
+    assert completion.token_ids == decoded.outputs[0].token_ids
+    positions = [*completion.logprobs, *raw.prompt_logprobs[1:]]
+    expected = [*decoded.outputs[0].logprobs, *decoded.prompt_logprobs[1:]]
+    for position, reference in zip(positions, expected, strict=True):
+        assert {t: lp.logprob for t, lp in position.items()} == {
+            t: lp.logprob for t, lp in reference.items()
+        }
+        assert all(lp.decoded_token is None for lp in position.values())
+    assert_engine_cache_free(llm)
 
 
 @pytest.fixture(scope="module")

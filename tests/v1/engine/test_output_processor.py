@@ -38,3 +38,43 @@ def test_tied_logprobs_share_the_best_rank_in_the_top_k_too():
     assert {t: lp.rank for t, lp in second.items()} == expected
     # Every token tied (at -inf): all share rank 1, as the sampler ranks the target itself.
     assert {t: lp.rank for t, lp in third.items()} == {9: 1, 0: 1, 8: 1}
+
+
+class _CountingTokenizer:
+    """Decodes byte ids and counts its decodes."""
+
+    def __init__(self) -> None:
+        self.decodes = 0
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        self.decodes += 1
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_detokenize_false_decodes_nothing_of_the_request():
+    """As upstream: token ids only, an empty text and logprobs without their tokens' text; and
+    no decode at all, which is the time such a caller asks to save."""
+    tokenizer = _CountingTokenizer()
+    processor = OutputProcessor(tokenizer)
+    outputs = {}
+    for detokenize in (True, False):
+        params = SamplingParams(logprobs=1, prompt_logprobs=1, detokenize=detokenize)
+        request_id = f"r{detokenize}"
+        seq = Request(f"{request_id}#0", [72, 105, 33], params, None, 4, 0)
+        processor.add_request(request_id, None, [72, 105, 33], params, [seq], False)
+        tokenizer.decodes = 0
+        seq.append_output_token_id(104)
+        (out,), _ = processor.process(
+            {seq.request_id: [104]},
+            {seq.request_id: ([104, 105], [-0.5, -1.0], 1)},
+            {seq.request_id: [([105, 104], [-0.1, -2.0], 1), ([33, 104], [-0.2, -3.0], 1)]},
+            [],
+        )
+        outputs[detokenize] = (out, tokenizer.decodes)
+    (decoded, decoded_count), (raw, raw_count) = outputs[True], outputs[False]
+    assert decoded.outputs[0].text == "h" and decoded_count > 0
+    assert decoded.outputs[0].logprobs[0][105].decoded_token == "i"
+    assert raw_count == 0
+    assert raw.outputs[0].text == "" and raw.outputs[0].token_ids == [104]
+    for position in [*raw.outputs[0].logprobs, *raw.prompt_logprobs[1:]]:
+        assert all(lp.decoded_token is None for lp in position.values())

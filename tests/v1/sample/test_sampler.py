@@ -219,6 +219,7 @@ def test_params_the_generators_or_float32_cannot_hold_are_refused(field, value, 
         ("stop_token_ids", {1, 2}, "stop_token_ids must be a list of token ids"),
         ("spaces_between_special_tokens", "no", "spaces_between_special_tokens must be a bool"),
         ("spaces_between_special_tokens", None, "spaces_between_special_tokens must be a bool"),
+        ("detokenize", 0, "detokenize must be a bool, got 0"),
         # One range for top_p, whether it keeps no token (0) or is out of range.
         ("top_p", 0, r"top_p must be in \(0, 1\], got 0"),
         ("top_p", 1.5, r"top_p must be in \(0, 1\], got 1.5"),
@@ -250,6 +251,14 @@ def test_upstream_fields_not_implemented_are_refused_unless_neutral(field, value
         SamplingParams(**{field: value})
     neutral = {"logit_bias": {7: 0}, "allowed_token_ids": None, "bad_words": []}
     SamplingParams(**{field: neutral.get(field, 0.0)})
+
+
+def test_stop_strings_need_detokenize():
+    """As upstream: stop strings are matched in the text, which `detokenize=False` leaves out;
+    stop token ids need none."""
+    with pytest.raises(ValueError, match=r"stop strings need detokenize=True"):
+        SamplingParams(stop="x", detokenize=False)
+    assert SamplingParams(stop_token_ids=[3], detokenize=False).stop_token_ids == [3]
 
 
 def test_stop_lists_may_be_tuples():

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from vllm.logger import init_logger
 from vllm.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from vllm.sampling_params import RequestOutputKind, SamplingParams
+from vllm.transformers_utils.tokenizer import Tokenizer
 from vllm.v1.engine.detokenizer import IncrementalDetokenizer
 from vllm.v1.request import Request
 
@@ -16,7 +17,8 @@ logger = init_logger(__name__)
 class _Completion:
     index: int
     request: Request
-    detokenizer: IncrementalDetokenizer | None  # None without a tokenizer: no text
+    # None without a tokenizer, or with `detokenize=False`: no text.
+    detokenizer: IncrementalDetokenizer | None
     logprobs: list[PositionLogprobs] | None
     cumulative_logprob: float | None
     discard_output: bool  # max_tokens=0: the one token sampled to end the prefill is dropped
@@ -33,6 +35,8 @@ class _RequestState:
     prompt_token_ids: tuple[int, ...]
     params: SamplingParams
     completions: list[_Completion]
+    # What decodes the logprobs' tokens: None without a tokenizer or with `detokenize=False`.
+    tokenizer: Tokenizer | None = None
     prompt_logprobs: list[PositionLogprobs | None] | None = field(default=None)
     prompt_list: list[int] | None = None
 
@@ -55,12 +59,15 @@ class OutputProcessor:
         sequences: list[Request],
         discard_output: bool,
     ) -> None:
+        # As upstream, `detokenize=False` takes the tokenizer away from the request's text and
+        # logprobs alike: none of its tokens is decoded.
+        tokenizer = self.tokenizer if params.detokenize else None
         completions = []
         for i, seq in enumerate(sequences):
             detok = None
-            if self.tokenizer is not None:
+            if tokenizer is not None:
                 detok = IncrementalDetokenizer(
-                    self.tokenizer, prompt_token_ids, params.stop,
+                    tokenizer, prompt_token_ids, params.stop,
                     params.include_stop_str_in_output, params.skip_special_tokens,
                     params.min_tokens,
                 )  # fmt: skip
@@ -78,7 +85,9 @@ class OutputProcessor:
                 and not discard_output
             ):
                 self._idle.add(seq.request_id)
-        state = _RequestState(request_id, prompt, tuple(prompt_token_ids), params, completions)
+        state = _RequestState(
+            request_id, prompt, tuple(prompt_token_ids), params, completions, tokenizer
+        )
         if params.prompt_logprobs is not None:
             state.prompt_logprobs = [None]
         self.requests[request_id] = state
@@ -104,7 +113,7 @@ class OutputProcessor:
         stop_token_ended = {seq.request_id for seq in finished if seq.finish_reason == "stop"}
         for seq_id, rows in prompt_logprobs.items():
             state = self.requests[self.parent_of[seq_id][0]]
-            state.prompt_logprobs += [self._position(*row) for row in rows]
+            state.prompt_logprobs += [self._position(state.tokenizer, *row) for row in rows]
         idle = self._idle
         for seq_id, tokens in sampled.items():
             if seq_id in idle:
@@ -117,7 +126,7 @@ class OutputProcessor:
             if completion.discard_output:
                 continue
             if seq_id in logprobs:
-                position = self._position(*logprobs[seq_id])
+                position = self._position(state.tokenizer, *logprobs[seq_id])
                 completion.logprobs.append(position)
                 completion.cumulative_logprob += position[tokens[-1]].logprob
             if completion.detokenizer is None:
@@ -182,8 +191,12 @@ class OutputProcessor:
             self.parent_of.pop(completion.request.request_id, None)
             self._idle.discard(completion.request.request_id)
 
-    def _position(self, token_ids: list[int], logprobs: list[float], rank: int) -> PositionLogprobs:
-        """Column 0 is the chosen token (with its vocabulary rank), then the top-k, best first.
+    @staticmethod
+    def _position(
+        tokenizer: Tokenizer | None, token_ids: list[int], logprobs: list[float], rank: int
+    ) -> PositionLogprobs:
+        """Column 0 is the chosen token (with its vocabulary rank), then the top-k, best first;
+        each with its text where `tokenizer` is given.
 
         Every rank follows the sampler's policy: 1 + the number of strictly more likely tokens,
         so tied tokens share the best rank. Every token more likely than top-k column i is in
@@ -195,8 +208,8 @@ class OutputProcessor:
                 top_rank = i
             if token not in position:
                 text = None
-                if self.tokenizer is not None:
-                    text = self.tokenizer.decode([token], skip_special_tokens=False)
+                if tokenizer is not None:
+                    text = tokenizer.decode([token], skip_special_tokens=False)
                 position[token] = Logprob(value, rank if i == 0 else top_rank, text)
         return position
 
