@@ -59,6 +59,10 @@ class SamplingParams:
     - `skip_special_tokens`: detokenization. `spaces_between_special_tokens` is taken for
       upstream's API only: it is an option of upstream's slow tokenizers, and the `tokenizers`
       and tiktoken decoders used here have none, so it changes nothing.
+    - `truncate_prompt_tokens`: run on the last k tokens of the prompt only (left truncation, as
+      upstream; -1: the last `max_model_len`; None: the whole prompt), applied before the
+      prompt's length is checked. A k above `max_model_len` is refused when the request is added
+      (`truncate_prompt`).
     - `output_kind`: see `RequestOutputKind`.
     - Upstream's `presence_penalty`, `frequency_penalty` (0), `logit_bias` (None or all 0),
       `allowed_token_ids` and `bad_words` (None or empty) are taken only at values that change
@@ -83,6 +87,7 @@ class SamplingParams:
     detokenize: bool = True
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     # Upstream's fields that this engine does not implement, taken at the values that change
     # nothing (so that upstream code passing them runs as it did) and refused by name otherwise.
@@ -130,6 +135,8 @@ class SamplingParams:
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise ValueError(f"stop must hold non-empty strings, got {s!r}")
+        if self.truncate_prompt_tokens is not None:
+            check_truncate_prompt_tokens(self.truncate_prompt_tokens)
         for t in self.stop_token_ids:
             self._check_int("stop_token_ids", t, 0)
         if self.logprobs is not None:
@@ -219,6 +226,32 @@ class SamplingParams:
         if extra:
             self.stop_token_ids = [*self.stop_token_ids, *extra]  # a copy: not the caller's list
             self.all_stop_token_ids.update(extra)
+
+
+def check_truncate_prompt_tokens(value: object) -> None:
+    """Raises ValueError naming the field unless `value` is -1 or an integer >= 1 (upstream's
+    range: 0 would keep no prompt at all)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value == 0 or value < -1:
+        raise ValueError(f"truncate_prompt_tokens must be -1 or an integer >= 1, got {value!r}")
+
+
+def truncate_prompt(
+    prompt_token_ids: list[int], truncate_prompt_tokens: int | None, max_model_len: int
+) -> list[int]:
+    """The prompt tokens a request runs on: the last `truncate_prompt_tokens` of them (-1: the
+    last `max_model_len`, as upstream), or all where it is None. Callers apply it before they
+    check the prompt's length (upstream's order), so that the prompt is checked as it will run.
+    A value above `max_model_len` is a ValueError naming the field, as upstream refuses it (it
+    could only keep prompts that cannot run)."""
+    if truncate_prompt_tokens is None:
+        return prompt_token_ids
+    check_truncate_prompt_tokens(truncate_prompt_tokens)
+    keep = max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
+    if keep > max_model_len:
+        raise ValueError(
+            f"truncate_prompt_tokens ({keep}) must be <= max_model_len ({max_model_len})"
+        )
+    return prompt_token_ids[-keep:]
 
 
 def as_token_ids(values: object) -> list[int] | None:

@@ -4,6 +4,7 @@ through the tiny model's chat template; the `use_tqdm` progress bar."""
 
 import io
 import multiprocessing
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -228,6 +229,38 @@ def test_dict_prompts_take_upstreams_optional_keys_when_they_change_nothing(llm)
         assert out.prompt == reported
 
 
+def test_truncate_prompt_tokens_runs_the_last_tokens_and_reports_them(llm):
+    """As upstream: only the last k prompt tokens run (left truncation), checked against
+    max_model_len once truncated. The output reports the prompt that ran: its token ids and their
+    text (the given text would claim tokens that did not run)."""
+    tokenizer = llm.get_tokenizer()
+    text = "Question: 12 + 30 = ? Answer with a number."
+    ids = tokenizer.encode(text)
+    truncated = replace(GREEDY, truncate_prompt_tokens=5)
+    (cut,) = llm.generate([text], truncated, use_tqdm=False)
+    (last,) = llm.generate([ids[-5:]], GREEDY, use_tqdm=False)
+    assert cut.prompt_token_ids == ids[-5:] and tokens_of([cut]) == tokens_of([last])
+    assert cut.prompt == tokenizer.decode(ids[-5:], skip_special_tokens=False) != text
+    # Nothing to cut (-1 is max_model_len): the prompt as given.
+    for value in (len(ids), 128, -1):
+        (whole,) = llm.generate(
+            [text], replace(GREEDY, truncate_prompt_tokens=value), use_tqdm=False
+        )
+        assert whole.prompt == text and whole.prompt_token_ids == ids
+    # A prompt longer than max_model_len runs once truncated to fit.
+    long = list(range(5, 205))
+    (fits,) = llm.generate([long], replace(GREEDY, truncate_prompt_tokens=100), use_tqdm=False)
+    assert fits.prompt_token_ids == long[-100:] and len(tokens_of([fits])[0]) == 4
+    # A chat's rendering is cut the same way, and its text follows.
+    (chat,) = llm.chat([{"role": "user", "content": text}], truncated, use_tqdm=False)
+    assert len(chat.prompt_token_ids) == 5
+    assert chat.prompt == tokenizer.decode(chat.prompt_token_ids, skip_special_tokens=False)
+    # detokenize=False decodes nothing, so the cut prompt has no text.
+    (raw,) = llm.generate([text], replace(truncated, detokenize=False), use_tqdm=False)
+    assert raw.prompt is None and raw.prompt_token_ids == ids[-5:]
+    assert tokens_of([raw]) == tokens_of([cut])
+
+
 @pytest.mark.parametrize(
     "prompts, params, message",
     [
@@ -253,6 +286,18 @@ def test_dict_prompts_take_upstreams_optional_keys_when_they_change_nothing(llm)
         ([{"prompt": None}], GREEDY, r"^prompt 1: a dict prompt holds 'prompt' .*got keys \[\]"),
         ([{"prompt": [5]}], GREEDY, "^prompt 1: 'prompt' must be a string"),
         ([{"prompt_token_ids": "5"}], GREEDY, "^prompt 1: 'prompt_token_ids' must be a list"),
+        # As upstream, a truncation longer than max_model_len is refused.
+        (
+            [[5] * 10],
+            [GREEDY, replace(GREEDY, truncate_prompt_tokens=129)],
+            r"^prompt 1: truncate_prompt_tokens \(129\) must be <= max_model_len \(128\)",
+        ),
+        # Truncated before the length check: -1 keeps 128 tokens, which leave no room.
+        (
+            [list(range(5, 205))],
+            replace(GREEDY, truncate_prompt_tokens=-1),
+            "^prompt 1: the prompt has 128 tokens; max_model_len 128",
+        ),
     ],
 )
 def test_bad_prompts_are_refused_and_leave_nothing_queued(llm, prompts, params, message):

@@ -220,6 +220,12 @@ def test_params_the_generators_or_float32_cannot_hold_are_refused(field, value, 
         ("spaces_between_special_tokens", "no", "spaces_between_special_tokens must be a bool"),
         ("spaces_between_special_tokens", None, "spaces_between_special_tokens must be a bool"),
         ("detokenize", 0, "detokenize must be a bool, got 0"),
+        # Upstream's range: -1 (max_model_len) or a count of tokens to keep; 0 would keep none.
+        ("truncate_prompt_tokens", 0, r"truncate_prompt_tokens must be -1 or .*>= 1, got 0"),
+        ("truncate_prompt_tokens", -2, r"truncate_prompt_tokens must be -1 or .*>= 1, got -2"),
+        ("truncate_prompt_tokens", 1.5, "truncate_prompt_tokens must be -1 or an integer"),
+        ("truncate_prompt_tokens", True, "truncate_prompt_tokens must be -1 or an integer"),
+        ("truncate_prompt_tokens", "8", "truncate_prompt_tokens must be -1 or an integer"),
         # One range for top_p, whether it keeps no token (0) or is out of range.
         ("top_p", 0, r"top_p must be in \(0, 1\], got 0"),
         ("top_p", 1.5, r"top_p must be in \(0, 1\], got 1.5"),

@@ -29,7 +29,7 @@ from vllm.config.vllm import VllmConfig
 from vllm.engine.arg_utils import EngineArgs
 from vllm.logger import init_logger
 from vllm.outputs import RequestOutput
-from vllm.sampling_params import SamplingParams, as_token_ids
+from vllm.sampling_params import SamplingParams, as_token_ids, truncate_prompt
 from vllm.transformers_utils.tokenizer import get_tokenizer
 from vllm.utils.gc_utils import freeze_startup_heap, unfreeze_heap
 from vllm.v1.core.kv_cache_manager import KVCacheManager
@@ -126,9 +126,11 @@ class LLMEngine:
     ) -> None:
         """Check and queue a request. Raises ValueError (naming what is wrong) for an empty or
         too long prompt, token ids outside the vocabulary, a `min_tokens` that cannot fit in
-        `max_model_len` (a `max_tokens` past it is capped there), or a request id already in use.
-        `prompt_text`: the text the outputs report as their `prompt` where `prompt` is token ids
-        (`LLM.chat`'s rendering)."""
+        `max_model_len` (a `max_tokens` past it is capped there), a `truncate_prompt_tokens`
+        above `max_model_len`, or a request id already in use. The prompt is truncated
+        (`truncate_prompt_tokens`) before its length is checked, and the outputs report the
+        tokens that run. `prompt_text`: the text the outputs report as their `prompt` where
+        `prompt` is token ids (`LLM.chat`'s rendering)."""
         self._check_running()
         params = params or SamplingParams()
         if not isinstance(request_id, str) or not request_id:
@@ -142,6 +144,9 @@ class LLMEngine:
             text = prompt_text
         self._check_vocab_bounds(params)
         max_len = self.config.scheduler_config.max_model_len
+        kept = truncate_prompt(ids, params.truncate_prompt_tokens, max_len)
+        if len(kept) < len(ids):
+            ids, text = kept, self._prompt_text(kept, params)
         if len(ids) >= max_len:
             raise ValueError(
                 f"the prompt has {len(ids)} tokens; max_model_len {max_len} leaves no room for "
@@ -181,6 +186,14 @@ class LLMEngine:
         self.output_processor.add_request(request_id, text, ids, params, sequences, discard)
         for seq in sequences:
             self.scheduler.add_request(seq)
+
+    def _prompt_text(self, ids: list[int], params: SamplingParams) -> str | None:
+        """The text the outputs report for a truncated prompt: that of the tokens that run (the
+        given text would claim tokens that did not), special tokens included as in a chat
+        rendering; None where nothing may be decoded (no tokenizer, `detokenize=False`)."""
+        if self.tokenizer is None or not params.detokenize:
+            return None
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def _check_vocab_bounds(self, params: SamplingParams) -> None:
         """What SamplingParams cannot check alone: token ids and top-k counts against the
