@@ -59,7 +59,7 @@ USER = [{"role": "user", "content": "hi"}]
 # A value of each unimplemented field that would change the reply.
 _DISOBEYED = {
     "use_beam_search": True, "allowed_token_ids": [64], "bad_words": ["g"],
-    "prompt_logprobs": 0, "truncate_prompt_tokens": 1, "return_tokens_as_token_ids": True,
+    "prompt_logprobs": 0, "return_tokens_as_token_ids": True,
     "return_token_ids": True, "logits_processors": ["x"],
     "structured_outputs": {"regex": "a+"}, "guided_json": {"type": "object"},
     "guided_regex": "a+", "guided_choice": ["a"], "guided_grammar": "root ::= 'a'",

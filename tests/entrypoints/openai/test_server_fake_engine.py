@@ -13,7 +13,9 @@ import pytest
 import requests
 from server_utils import RemoteServer
 
+from vllm.model_executor.model_loader.builtin import resolve_model
 from vllm.reasoning.kimi_k3_reasoning_parser import THINK_END, THINK_START
+from vllm.transformers_utils.tokenizer import get_tokenizer
 
 SCRIPT = f"Hmm.{THINK_START}Two and two make four.{THINK_END} The answer is 4."
 KEY = "sk-test"
@@ -209,6 +211,11 @@ def test_a_reply_that_is_all_reasoning_has_null_content(server: RemoteServer) ->
         ({"prompt": "hi", "allowed_token_ids": [64]}, "allowed_token_ids"),
         ({"prompt": "hi", "prompt_logprobs": 1}, "prompt_logprobs"),
         ({"prompt": "hi", "guided_json": {"type": "object"}}, "guided_json"),
+        # vLLM's range: -1 or a count of tokens (0 would keep none), at most max_model_len.
+        ({"prompt": "hi", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+        ({"prompt": "hi", "truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
+        ({"prompt": "hi", "truncate_prompt_tokens": 129}, "truncate_prompt_tokens"),
+        ({"prompt": "hi", "truncate_prompt_tokens": "many"}, "truncate_prompt_tokens"),
     ],
 )
 def test_bad_completion_fields_are_400s_naming_them(
@@ -241,6 +248,42 @@ def test_an_empty_prompt_or_prompt_list_is_a_400(
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == "prompt" and error["message"] == message, error
+
+
+def test_truncate_prompt_tokens_runs_the_last_tokens_and_reports_them(server: RemoteServer) -> None:
+    """vLLM's extra field: only the last k prompt tokens run, truncated before the length
+    checks (a prompt too long for the model runs once cut to fit); the usage counts, and echo
+    shows, the prompt that ran."""
+    tokenizer = get_tokenizer(resolve_model("kimi-k3-tiny")[0])
+    long = "x" * 200
+    assert _post(server, "/v1/completions", {"prompt": long}).status_code == 400
+    ids = list(range(1, 201))
+    for prompt, kept in ((long, tokenizer.encode(long)[-10:]), (ids, ids[-10:])):
+        body = {"prompt": prompt, "max_tokens": 3, "echo": True, "truncate_prompt_tokens": 10}
+        response = _post(server, "/v1/completions", body)
+        assert response.status_code == 200, response.text
+        reply = response.json()
+        assert reply["usage"]["prompt_tokens"] == 10
+        echoed = tokenizer.decode(kept, skip_special_tokens=False)
+        assert reply["choices"][0]["text"] == echoed + SCRIPT[:3]
+        stream = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        events = _events(_post(server, "/v1/completions", stream, stream=True))
+        assert "".join(e["choices"][0]["text"] for e in events[:-2]) == echoed + SCRIPT[:3]
+        assert events[-2]["usage"]["prompt_tokens"] == 10
+    # -1 keeps the last max_model_len (128) tokens, checked once truncated: they leave no room.
+    body = {"prompt": long, "truncate_prompt_tokens": -1}
+    error = _post(server, "/v1/completions", body).json()["error"]
+    assert error["param"] == "prompt" and "has 128 input tokens" in error["message"], error
+    # A prompt no longer than k runs whole; so does a prompt within max_model_len at -1.
+    for value in (100, -1):
+        body = {"prompt": "hi", "max_tokens": 2, "echo": True, "truncate_prompt_tokens": value}
+        assert _post(server, "/v1/completions", body).json()["choices"][0]["text"].startswith("hi")
+    # Chat cuts its rendered conversation the same way.
+    chat = {"messages": [{"role": "user", "content": long}], "max_tokens": 2}
+    assert _post(server, "/v1/chat/completions", chat).status_code == 400
+    response = _post(server, "/v1/chat/completions", {**chat, "truncate_prompt_tokens": 20})
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["prompt_tokens"] == 20
 
 
 def test_neutral_values_of_the_knobs_the_engine_lacks_are_accepted(server: RemoteServer) -> None:
@@ -356,6 +399,10 @@ ANSWER = [*USER, {"role": "assistant", "content": "It is"}]
          "chat_template_kwargs"),
         ("/detokenize", {"tokens": [1, 100000]}, "tokens"),
         ("/detokenize", {"tokens": "abc"}, "tokens"),
+        ("/v1/chat/completions", {"messages": USER, "truncate_prompt_tokens": 0},
+         "truncate_prompt_tokens"),
+        ("/v1/chat/completions", {"messages": USER, "truncate_prompt_tokens": 129},
+         "truncate_prompt_tokens"),
     ],
 )  # fmt: skip
 def test_bad_chat_and_tokenizer_fields_are_400s_naming_them(

@@ -42,7 +42,6 @@ UNIMPLEMENTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "allowed_token_ids": (None, []),
     "bad_words": (None, []),
     "prompt_logprobs": (None,),
-    "truncate_prompt_tokens": (None,),
     "return_tokens_as_token_ids": (None, False),
     "return_token_ids": (None, False),
     "logits_processors": (None, []),
@@ -160,6 +159,9 @@ class SamplingFields(OpenAIModel):
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
     skip_special_tokens: bool = True
+    # vLLM's: the last k prompt tokens only (-1: the last max_model_len). The server truncates
+    # before its length checks (`OpenAIServing.truncate`); the sampling parameters carry it too.
+    truncate_prompt_tokens: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # sent by some OpenAI clients; unused
@@ -231,6 +233,7 @@ class SamplingFields(OpenAIModel):
             skip_special_tokens=(
                 self.skip_special_tokens if skip_special_tokens is None else skip_special_tokens
             ),
+            truncate_prompt_tokens=self.truncate_prompt_tokens,
         )
 
 

@@ -239,6 +239,7 @@ class OpenAIServingChat(OpenAIServing):
         self.check_model(request.model)
         prompt_text = self.render(request)
         ids = self.encode(prompt_text, request.add_special_tokens, "messages")
+        ids = self.truncate(ids, request.truncate_prompt_tokens)
         requested, field = request.max_completion_tokens, "max_completion_tokens"
         if requested is None:
             requested, field = request.max_tokens, "max_tokens"

@@ -187,8 +187,8 @@ class OpenAIServingCompletion(OpenAIServing):
         )
 
     def _inputs(self, request: CompletionRequest) -> list[tuple[list[int], str, SamplingParams]]:
-        """Each prompt's token ids, its text as echo shows it and its sampling parameters; the
-        request's first refused field is a 400."""
+        """Each prompt's token ids (truncated: `truncate_prompt_tokens`), its text as echo shows
+        it and its sampling parameters; the request's first refused field is a 400."""
         self.check_model(request.model)
         if request.suffix:
             raise OpenAIError("suffix is not supported", 400, "suffix")
@@ -197,7 +197,8 @@ class OpenAIServingCompletion(OpenAIServing):
             raise OpenAIError(message, 400, "best_of")
         inputs = []
         for prompt in normalize_prompts(request.prompt):
-            ids = self.encode(prompt, request.add_special_tokens, "prompt")
+            encoded = self.encode(prompt, request.add_special_tokens, "prompt")
+            ids = self.truncate(encoded, request.truncate_prompt_tokens)
             max_tokens = self.max_tokens_for(
                 ids, request.max_tokens, "prompt", min_tokens=request.min_tokens
             )
@@ -209,7 +210,8 @@ class OpenAIServingCompletion(OpenAIServing):
             except ValueError as e:
                 raise bad_request(e, CompletionRequest) from None
             text = prompt
-            if not isinstance(prompt, str):
+            # Echo shows the prompt that ran: the text of the kept tokens once truncated.
+            if not isinstance(prompt, str) or len(ids) < len(encoded):
                 text = self.tokenizer.decode(ids, skip_special_tokens=False) if request.echo else ""
             inputs.append((ids, text, params))
         return inputs

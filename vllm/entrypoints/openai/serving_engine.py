@@ -14,7 +14,7 @@ from vllm.entrypoints.logger import RequestLogger
 from vllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
 from vllm.logger import init_logger
 from vllm.outputs import RequestOutput
-from vllm.sampling_params import SamplingParams
+from vllm.sampling_params import SamplingParams, truncate_prompt
 from vllm.v1.engine.async_llm import AsyncLLM
 
 logger = init_logger(__name__)
@@ -160,6 +160,16 @@ class OpenAIServing:
                 f"{param} holds token ids outside [0, {vocab}): {bad[:5]}", 400, param
             )
         return list(prompt)
+
+    def truncate(self, prompt_ids: list[int], truncate_prompt_tokens: int | None) -> list[int]:
+        """The prompt tokens that run: the last `truncate_prompt_tokens` (vLLM's field; -1: the
+        last max_model_len). Called before `max_tokens_for`, as upstream truncates before its
+        length checks: a prompt too long for the model runs once truncated to fit. A bad value
+        (0, below -1, above max_model_len) is a 400 naming the field."""
+        try:
+            return truncate_prompt(prompt_ids, truncate_prompt_tokens, self.max_model_len)
+        except ValueError as e:
+            raise OpenAIError(str(e), 400, "truncate_prompt_tokens") from None
 
     def max_tokens_for(
         self,
