@@ -2,6 +2,7 @@
 message naming the argument, before any worker starts; prompts as text or as token ids; `chat`
 through the tiny model's chat template; the `use_tqdm` progress bar."""
 
+import dataclasses
 import io
 import multiprocessing
 from dataclasses import replace
@@ -12,6 +13,7 @@ import torch
 from tqdm import tqdm
 
 from vllm import LLM, SamplingParams, TextPrompt
+from vllm.engine.arg_utils import EngineArgs
 from vllm.inputs import TokensPrompt
 from vllm.sampling_params import SEED_MAX, SEED_MIN
 
@@ -51,6 +53,7 @@ BAD_ARGUMENTS = [
     (dict(tokenizer="/no/such/folder"), "tokenizer '/no/such/folder' is neither a folder"),
     (dict(generation_config="/no/such/folder"), "generation_config '/no/such/folder' does not"),
     (dict(enforce_eager="yes"), "enforce_eager must be a bool"),
+    (dict(disable_log_stats="no"), "disable_log_stats must be a bool"),
     (dict(kv_cache_dtype="fp8"), "kv_cache_dtype 'fp8' is not supported"),
     (dict(gpu_memory_utilization=0), "gpu_memory_utilization must be in"),
     (dict(gpu_memory_utilization=True), "gpu_memory_utilization must be in"),
@@ -515,3 +518,29 @@ def test_upstream_keyword_names_are_accepted():
         llm.shutdown()
     with pytest.raises(ValueError, match="both kv_cache_memory_bytes and kv_cache_memory"):
         LLM("kimi-linear-tiny", kv_cache_memory_bytes=1 << 20, **ARGS)
+
+
+def test_upstream_keywords_that_change_nothing_here_are_taken(llm):
+    """Upstream's engine keywords whose effect is already this engine's behaviour are taken
+    (they were unknown arguments), and the outputs are the same (docs/engine.md)."""
+    neutral = LLM(MODEL, **ARGS, disable_log_stats=True)
+    try:
+        prompts = ["Question: 12 + 30 = ?", [5, 6, 7]]
+        got = neutral.generate(prompts, GREEDY, use_tqdm=False)
+        assert tokens_of(got) == tokens_of(llm.generate(prompts, GREEDY, use_tqdm=False))
+    finally:
+        neutral.shutdown()
+
+
+def test_engine_args_build_an_llm_through_its_keywords(llm):
+    """Upstream's benchmarks build their engine as `LLM(**dataclasses.asdict(engine_args))`, and
+    so does benchmarks/benchmark_tp_greedy.py: every field, at its default (disable_log_stats
+    False included, which the offline engine takes though it keeps no stats log), is a keyword
+    that `LLM` takes."""
+    built = LLM(**dataclasses.asdict(EngineArgs(MODEL, **ARGS)))
+    try:
+        prompts = ["Question: 12 + 30 = ?"]
+        got = built.generate(prompts, GREEDY, use_tqdm=False)
+        assert tokens_of(got) == tokens_of(llm.generate(prompts, GREEDY, use_tqdm=False))
+    finally:
+        built.shutdown()

@@ -142,6 +142,7 @@ class EngineArgs:
     kv_cache_dtype: str = "auto"  # auto (the model dtype) only: fp8 MLA caches are refused
     generation_config: str = "auto"  # eos ids, defaults: auto (the model's) | vllm (eos) | folder
     trust_remote_code: bool = False  # accepted for recipe compatibility: no remote code runs
+    disable_log_stats: bool = False  # no throughput/cache log every 10 s of serving (LLM: none)
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -309,6 +309,19 @@ def test_log_flags_reach_the_server(
         assert request_logger is None
 
 
+def test_disable_log_stats_is_the_engine_field() -> None:
+    """One definition: `--disable-log-stats` is `EngineArgs.disable_log_stats` (`LLM`'s keyword
+    too, as upstream), listed with the engine flags, not a flag of the server's own."""
+    parser = make_parser()
+    serve_parser = parser._subparsers._group_actions[0].choices["serve"]
+    (engine,) = [g for g in serve_parser._action_groups if g.title.startswith("engine")]
+    flags = [a for a in serve_parser._actions if "--disable-log-stats" in a.option_strings]
+    assert len(flags) == 1 and flags[0] in engine._group_actions
+    for argv, disabled in (([], False), (["--disable-log-stats"], True)):
+        args = parser.parse_args(["serve", "kimi-k3-tiny", *argv])
+        assert EngineArgs.from_cli_args(args).disable_log_stats is disabled
+
+
 def test_model_and_model_tag_agree_across_spellings_of_one_folder() -> None:
     assert serve._same_model("./ckpt/", "ckpt") and serve._same_model("a/../b", "b")
     assert not serve._same_model("ckpt", "ckpt2")

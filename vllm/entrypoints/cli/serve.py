@@ -146,13 +146,6 @@ _SERVER_FLAGS: list[tuple[tuple[str, ...], dict]] = [
         ),
     ),
     (
-        ("--disable-log-stats",),
-        dict(
-            action="store_true",
-            help="do not log the throughput, load and cache usage every 10 s while serving",
-        ),
-    ),
-    (
         ("--reasoning-parser",),
         dict(
             default=None,

@@ -469,7 +469,8 @@ def bind_socket(host: str | None, port: int) -> socket.socket:
 
 def stat_loggers(args: argparse.Namespace) -> list[LoggingStatLogger]:
     """The engine's log of throughput, load and cache usage (every 10 s of traffic), unless
-    `--disable-log-stats`; /metrics is built by `build_app` either way."""
+    `--disable-log-stats` (the `EngineArgs` field, which `LLM` takes too, logging no statistics
+    with either value); /metrics is built by `build_app` either way."""
     return [] if args.disable_log_stats else [LoggingStatLogger()]
 
 
