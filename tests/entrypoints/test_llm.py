@@ -54,6 +54,8 @@ BAD_ARGUMENTS = [
     (dict(generation_config="/no/such/folder"), "generation_config '/no/such/folder' does not"),
     (dict(enforce_eager="yes"), "enforce_eager must be a bool"),
     (dict(disable_log_stats="no"), "disable_log_stats must be a bool"),
+    (dict(enable_prefix_caching="yes"), "enable_prefix_caching must be a bool or None"),
+    (dict(enable_chunked_prefill=False), "enable_chunked_prefill: turning it off is not supp"),
     (dict(kv_cache_dtype="fp8"), "kv_cache_dtype 'fp8' is not supported"),
     (dict(gpu_memory_utilization=0), "gpu_memory_utilization must be in"),
     (dict(gpu_memory_utilization=True), "gpu_memory_utilization must be in"),
@@ -523,7 +525,10 @@ def test_upstream_keyword_names_are_accepted():
 def test_upstream_keywords_that_change_nothing_here_are_taken(llm):
     """Upstream's engine keywords whose effect is already this engine's behaviour are taken
     (they were unknown arguments), and the outputs are the same (docs/engine.md)."""
-    neutral = LLM(MODEL, **ARGS, disable_log_stats=True)
+    neutral = LLM(
+        MODEL, **ARGS, disable_log_stats=True, enable_prefix_caching=True,
+        enable_chunked_prefill=True,
+    )  # fmt: skip
     try:
         prompts = ["Question: 12 + 30 = ?", [5, 6, 7]]
         got = neutral.generate(prompts, GREEDY, use_tqdm=False)

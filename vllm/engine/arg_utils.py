@@ -130,7 +130,9 @@ class EngineArgs:
     max_model_len: int | str | None = None  # prompt+output tokens: 4096, 32k, 1m (K: x1024), auto
     max_num_seqs: int = 256  # sequences in flight
     max_num_batched_tokens: int | None = None  # tokens per step
+    enable_chunked_prefill: bool | None = None  # on only: prompts are chunked to each step's budget
     block_size: int = 16  # tokens per MLA latent cache block
+    enable_prefix_caching: bool | None = None  # no prefix cache: on is taken with a warning
     gpu_memory_utilization: float = 0.9  # fraction of GPU memory the engine may use
     num_gpu_blocks_override: int | None = None  # MLA blocks, instead of sizing from memory
     kv_cache_memory: int | None = None  # bytes per rank, not profiled: 8G, 1.5g (CPU: 1 GiB)
@@ -186,8 +188,12 @@ class EngineArgs:
         from vllm.transformers_utils.configs import load_model_config
 
         for f in fields(self):
-            if f.type is bool and not isinstance(getattr(self, f.name), bool):
-                raise ValueError(f"{f.name} must be a bool, got {getattr(self, f.name)!r}")
+            value = getattr(self, f.name)
+            if f.type is bool and not isinstance(value, bool):
+                raise ValueError(f"{f.name} must be a bool, got {value!r}")
+            if f.type == bool | None and not isinstance(value, bool | None):
+                raise ValueError(f"{f.name} must be a bool or None, got {value!r}")
+        self._check_neutral_fields()
         _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
         _check_int("max_num_seqs", self.max_num_seqs, 1)
         _check_int("block_size", self.block_size, 1)
@@ -314,14 +320,31 @@ class EngineArgs:
                     f"tensor_parallel_size: {tp} does not shard this model: {e}"
                 ) from None
 
+    def _check_neutral_fields(self) -> None:
+        """Upstream's fields whose effect here is nil, or what this engine does anyway
+        (docs/engine.md; prefix caching, which changes no output, is only warned of when asked
+        for): a value that names what it does is taken; one that asks for what it
+        does not do is refused, by name and with the reason."""
+        if self.enable_chunked_prefill is False:
+            raise ValueError(
+                "enable_chunked_prefill: turning it off is not supported: the scheduler always "
+                "splits a prompt that does not fit the tokens left in a step "
+                "(max_num_batched_tokens) over several steps; leave it unset or on"
+            )
+        if self.enable_prefix_caching:
+            # Upstream's default is on, so only the explicit spelling of what every upstream
+            # run asks for could be refused; outputs are the same without a cache.
+            logger.warning(
+                "enable_prefix_caching has no effect: vllm-k3 has no prefix cache (a KDA state "
+                "cannot be resumed from a block of cached tokens), so every prompt is prefilled "
+                "in full; outputs are the same, without a cache hit's speed-up (docs/engine.md)"
+            )
+
     def _async_scheduling(self, device: str) -> bool:
         """On by default where it overlaps anything: on a GPU (a CPU runs each forward before
         the call returns), at any TP size (a step launched ahead takes its input ids from rank
         0's sampler, broadcast on the device to the other ranks)."""
-        value = self.async_scheduling
-        if value is not None and not isinstance(value, bool):
-            raise ValueError(f"async_scheduling must be a bool or None, got {value!r}")
-        return device == "cuda" if value is None else value
+        return device == "cuda" if self.async_scheduling is None else self.async_scheduling
 
     def _tokenizer_folder(self, model_folder: Path) -> Path | None:
         """The folder the tokenizer is read from; None with `skip_tokenizer_init`."""

@@ -170,6 +170,8 @@ def test_recipe_flags_parse() -> None:
         (["--port", "70000"], ["--port"]),
         (["--port", "-1"], ["--port", "0: one the OS picks"]),
         (["--skip-tokenizer-init"], ["--skip-tokenizer-init", "needs a"]),
+        (["--no-enable-chunked-prefill"],
+         ["argument --enable-chunked-prefill: turning it off is not supported", "always splits"]),
         (["--api-key", ""], ["--api-key", "must not be empty"]),
         (["--max-request-body-bytes", "0"], ["--max-request-body-bytes", "at least 1"]),
         (["--max-log-len", "-1"], ["--max-log-len", "must be >= 0"]),
@@ -307,6 +309,32 @@ def test_log_flags_reach_the_server(
         assert request_logger.max_log_len == max_log_len
     else:
         assert request_logger is None
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--enable-prefix-caching"], dict(enable_prefix_caching=True)),
+        (["--no-enable-prefix-caching"], dict(enable_prefix_caching=False)),
+        (["--enable-chunked-prefill"], dict(enable_chunked_prefill=True)),
+        ([], dict(enable_prefix_caching=None, enable_chunked_prefill=None)),
+    ],
+)
+def test_upstream_flags_that_change_nothing_here_are_taken(
+    argv: list[str], expected: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Upstream's engine flags whose effect is what this engine does anyway get past every
+    check to the server (stopped there: this test loads nothing); they were unrecognized."""
+    seen = []
+
+    def stop(args: argparse.Namespace, config: object) -> None:
+        seen.append(EngineArgs.from_cli_args(args))
+
+    monkeypatch.setattr(api_server, "run_server", stop)
+    main(["serve", "kimi-k3-tiny", "--port", "0", *argv])
+    (engine_args,) = seen
+    for name, value in expected.items():
+        assert getattr(engine_args, name) is value, name
 
 
 def test_disable_log_stats_is_the_engine_field() -> None:

@@ -240,6 +240,23 @@ def test_blocks_longer_than_any_sequence_are_warned_of(block_size, warned, caplo
         assert f"at least {block_size - 64} tokens' cache stay unused" in caplog.text
 
 
+@pytest.mark.parametrize("value, warned", [(True, True), (False, False), (None, False)])
+def test_prefix_caching_asked_for_is_warned_to_have_no_effect(value, warned, caplog):
+    """Upstream's default is on, and outputs are the same without a cache: on is taken with a
+    warning that nothing is cached, off and unset are silent."""
+    log = logging.getLogger(arg_utils.__name__)
+    log.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING, logger=arg_utils.__name__):
+            EngineArgs(
+                model=MODEL, skip_tokenizer_init=True, enable_prefix_caching=value
+            ).create_engine_config()
+    finally:
+        log.removeHandler(caplog.handler)
+    said = "enable_prefix_caching has no effect: vllm-k3 has no prefix cache"
+    assert (said in caplog.text) == warned, caplog.text
+
+
 def test_randomized_soak():
     """200 requests of random lengths and sampling parameters, random arrivals and aborts."""
     gen = random.Random(1234)
