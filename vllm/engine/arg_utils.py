@@ -127,6 +127,7 @@ class EngineArgs:
     load_format: str = "auto"  # auto | safetensors | dummy
     quantization_config: str | dict | None = None  # online quantization JSON, docs/quantization.md
     tensor_parallel_size: int = 1  # ranks sharding the model (workers: NCCL on GPU, gloo on CPU)
+    disable_custom_all_reduce: bool = False  # no effect: TP all-reduces are NCCL's (CPU: gloo)
     max_model_len: int | str | None = None  # prompt+output tokens: 4096, 32k, 1m (K: x1024), auto
     max_num_seqs: int = 256  # sequences in flight
     max_num_batched_tokens: int | None = None  # tokens per step

@@ -317,6 +317,7 @@ def test_log_flags_reach_the_server(
         (["--enable-prefix-caching"], dict(enable_prefix_caching=True)),
         (["--no-enable-prefix-caching"], dict(enable_prefix_caching=False)),
         (["--enable-chunked-prefill"], dict(enable_chunked_prefill=True)),
+        (["--disable-custom-all-reduce", "-tp", "2"], dict(disable_custom_all_reduce=True)),
         ([], dict(enable_prefix_caching=None, enable_chunked_prefill=None)),
     ],
 )
