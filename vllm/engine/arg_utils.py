@@ -121,6 +121,7 @@ class EngineArgs:
 
     model: str = "kimi-k3-tiny"  # checkpoint folder or built-in model name
     tokenizer: str | None = None  # folder with the tokenizer files (default: the model's)
+    tokenizer_mode: str = "auto"  # auto only: its tokenizer.json / tiktoken.model, read here
     skip_tokenizer_init: bool = False  # no tokenizer: prompts must be token ids, outputs no text
     dtype: str = "auto"  # auto | bfloat16 | float16 | float32 (auto: bf16 on GPU, fp32 on CPU)
     seed: int = 0  # seeds unseeded requests' sampling and --load-format dummy's weights
@@ -326,6 +327,13 @@ class EngineArgs:
         (docs/engine.md; prefix caching, which changes no output, is only warned of when asked
         for): a value that names what it does is taken; one that asks for what it
         does not do is refused, by name and with the reason."""
+        if self.tokenizer_mode != "auto":
+            raise ValueError(
+                f"tokenizer_mode {self.tokenizer_mode!r} is not supported: 'auto' only, the "
+                "tokenizer folder's tokenizer.json or tiktoken.model read by vllm-k3 itself; there "
+                "is no transformers ('hf', 'slow'), mistral_common or registered ('custom') "
+                "tokenizer"
+            )
         if self.enable_chunked_prefill is False:
             raise ValueError(
                 "enable_chunked_prefill: turning it off is not supported: the scheduler always "
