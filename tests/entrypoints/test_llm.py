@@ -57,6 +57,7 @@ BAD_ARGUMENTS = [
     (dict(enable_prefix_caching="yes"), "enable_prefix_caching must be a bool or None"),
     (dict(disable_custom_all_reduce=1), "disable_custom_all_reduce must be a bool, got 1"),
     (dict(tokenizer_mode="slow"), "tokenizer_mode 'slow' is not supported: 'auto' only"),
+    (dict(revision="main"), "revision 'main' cannot be honoured: vllm-k3 loads the model folder"),
     (dict(enable_chunked_prefill=False), "enable_chunked_prefill: turning it off is not supp"),
     (dict(kv_cache_dtype="fp8"), "kv_cache_dtype 'fp8' is not supported"),
     (dict(gpu_memory_utilization=0), "gpu_memory_utilization must be in"),
@@ -530,6 +531,7 @@ def test_upstream_keywords_that_change_nothing_here_are_taken(llm):
     neutral = LLM(
         MODEL, **ARGS, disable_log_stats=True, enable_prefix_caching=True,
         enable_chunked_prefill=True, disable_custom_all_reduce=True, tokenizer_mode="auto",
+        revision=None,
     )  # fmt: skip
     try:
         prompts = ["Question: 12 + 30 = ?", [5, 6, 7]]

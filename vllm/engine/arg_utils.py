@@ -120,6 +120,7 @@ class EngineArgs:
     """Arguments of the engine (see each field's comment; CLI help is generated from them)."""
 
     model: str = "kimi-k3-tiny"  # checkpoint folder or built-in model name
+    revision: str | None = None  # None only: the folder as it is (no hub revision is fetched)
     tokenizer: str | None = None  # folder with the tokenizer files (default: the model's)
     tokenizer_mode: str = "auto"  # auto only: its tokenizer.json / tiktoken.model, read here
     skip_tokenizer_init: bool = False  # no tokenizer: prompts must be token ids, outputs no text
@@ -327,6 +328,13 @@ class EngineArgs:
         (docs/engine.md; prefix caching, which changes no output, is only warned of when asked
         for): a value that names what it does is taken; one that asks for what it
         does not do is refused, by name and with the reason."""
+        if self.revision is not None:
+            # Ignored, a pinned revision would run another version without a word.
+            raise ValueError(
+                f"revision {self.revision!r} cannot be honoured: vllm-k3 loads the model folder "
+                "(or built-in model) as it is and downloads nothing, so no hub revision can be "
+                "checked out or checked; leave revision unset"
+            )
         if self.tokenizer_mode != "auto":
             raise ValueError(
                 f"tokenizer_mode {self.tokenizer_mode!r} is not supported: 'auto' only, the "

@@ -170,6 +170,8 @@ def test_recipe_flags_parse() -> None:
         (["--port", "70000"], ["--port"]),
         (["--port", "-1"], ["--port", "0: one the OS picks"]),
         (["--skip-tokenizer-init"], ["--skip-tokenizer-init", "needs a"]),
+        (["--revision", "0123abc"],
+         ["argument --revision: revision '0123abc' cannot be honoured", "downloads nothing"]),
         (["--tokenizer-mode", "mistral"],
          ["argument --tokenizer-mode: tokenizer_mode 'mistral' is not", "mistral_common"]),
         (["--no-enable-chunked-prefill"],
