@@ -6,7 +6,10 @@
 
 Keyword arguments are `EngineArgs` fields (`tensor_parallel_size`, `quantization_config`,
 `load_format`, `max_model_len`, `enforce_eager`, `seed`, `dtype`, `generation_config`, ...); an
-unknown or bad one fails at construction with a message naming it. Without sampling params,
+unknown or bad one fails at construction with a message naming it. Upstream's keywords whose effect
+here is nil or already the behaviour (`disable_log_stats`, `enable_prefix_caching`, `revision`,
+...) are fields too, taken where their value names what this engine does (docs/engine.md,
+"Upstream's arguments that change nothing here"). Without sampling params,
 `generate` and `chat` use `get_default_sampling_params()`: the model's generation config may set
 some (vllm/config/generation.py).
 """
