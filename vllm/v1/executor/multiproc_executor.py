@@ -124,20 +124,17 @@ _GROUP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextlib.contextmanager
-def _group_signals_ignored() -> Iterator[None]:
-    """`_GROUP_SIGNALS` ignored inside (main thread only): a worker spawned here inherits them
-    ignored through exec, so Python never installs its KeyboardInterrupt handler there. The
-    worker ignores them anyway (`_worker_main`), but only once its imports are done; a Ctrl-C
-    during that second printed a KeyboardInterrupt traceback from inside some import."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = [signal.signal(sig, signal.SIG_IGN) for sig in _GROUP_SIGNALS]
+def _group_signals_held() -> Iterator[None]:
+    """`_GROUP_SIGNALS` blocked inside, for the calling thread. A worker spawned here starts
+    with them blocked (the mask survives exec), so a Ctrl-C during its imports stays pending
+    until `_worker_main` ignores them, which discards it: Python's KeyboardInterrupt would
+    otherwise come out of some import as a traceback. Blocked rather than ignored: one that
+    reaches rank 0 meanwhile is delivered when the block ends (ignored, it was lost)."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _GROUP_SIGNALS)
     try:
         yield
     finally:
-        for sig, handler in zip(_GROUP_SIGNALS, previous, strict=True):
-            signal.signal(sig, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 # A worker's exit status when rank 0's process has ended without stopping it.
@@ -175,6 +172,9 @@ def _worker_main(rank: int, config: VllmConfig, conn) -> None:
     # error.
     for sig in _GROUP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+    # Blocked since the spawn (`_group_signals_held`); ignored now, so what the worker starts
+    # (compilers) inherits them ignored rather than blocked.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _GROUP_SIGNALS)
     threads = rank_cpu_threads(config.parallel_config.tensor_parallel_size)
     if threads is not None:
         torch.set_num_threads(threads)
@@ -261,7 +261,7 @@ class Executor:
                     proc = ctx.Process(
                         target=_worker_main, args=(rank, config, child), name=name, daemon=True
                     )
-                    with _group_signals_ignored():
+                    with _group_signals_held():
                         proc.start()
                     self.workers.append((proc, parent))
                 for rank in range(1, tp):
