@@ -168,8 +168,10 @@ def _flags_shown(text: str) -> list[str]:
         # One flag by its name, in any spelling; a group by its title's start; else a word.
         (["--help=max-num-seqs"], "--max-num-seqs:", ["--max-num-seqs"]),
         (["--help=--MAX_NUM_SEQS"], "--max-num-seqs:", ["--max-num-seqs"]),
-        (["-h", "server"], "server:", ["--port", "--max-log-len"]),
+        (["-h=server"], "server:", ["--port", "--max-log-len"]),
         (["--help=Engine"], "engine (fields):", ["--max-num-seqs", "--max-model-len"]),
+        # A group by its title or the title's first word, not by a part of it.
+        (["--help=po"], "flags matching 'po':", ["--port"]),
         (["--help=max"], "flags matching 'max':",
          ["--max-num-seqs", "--max-model-len", "--max-log-len"]),
         (["--help=len"], "flags matching 'len':", ["--max-model-len", "--max-log-len"]),
@@ -200,6 +202,21 @@ def test_help_alone_or_all_is_the_whole_help_and_listgroup_the_titles(capsys) ->
     assert (code, out) == (0, "positional arguments\nengine (fields)\nserver\n")
 
 
+@pytest.mark.parametrize("argv", [["-h", "server"], ["--help", "max"], ["server", "--help"]])
+def test_help_without_equals_is_the_whole_help_and_takes_no_word(argv, capsys) -> None:
+    """As argparse's: `vllm --help serve` is vllm's help, `serve -h MODEL` serve's."""
+    code, out, err = _help(argv, capsys)
+    assert (code, err) == (0, "") and out.startswith("usage: demo")
+    assert _flags_shown(out) == ["--max-num-seqs", "--max-model-len", "--port", "--max-log-len"]
+
+
+def test_help_leaves_nothing_in_the_parsed_arguments() -> None:
+    assert vars(_searchable().parse_args(["m"])) == {
+        "model": "m", "max_num_seqs": None, "max_model_len": None, "port": None,
+        "max_log_len": None,
+    }  # fmt: skip
+
+
 def test_help_search_that_matches_nothing_is_a_usage_error(capsys) -> None:
     code, out, err = _help(["--help=ModelConfig"], capsys)
     assert (code, out) == (2, "")
@@ -222,7 +239,7 @@ def test_vllm_serve_help_search(capsys) -> None:
 
 def _json_parser() -> FlexibleArgumentParser:
     parser = FlexibleArgumentParser(prog="demo")
-    parser.add_argument("--attention-config", metavar="JSON", help="a JSON object")
+    parser.add_argument("--attention-config", "-ac", metavar="JSON", help="a JSON object")
     parser.add_argument("--max-model-len", help="not JSON")
     return parser
 
@@ -239,6 +256,8 @@ def _json_parser() -> FlexibleArgumentParser:
           '"1"'], {"l": ["x", 1, "y"], "s": "1"}),
         # With a space the value is one item, commas and all (a regex's {1,2}).
         (["--attention-config.ignore+", "re:a{1,2}"], {"ignore": ["re:a{1,2}"]}),
+        # The short flag, and an abbreviation argparse would take.
+        (["-ac.a", "1", "--attention-conf.b=x"], {"a": 1, "b": "x"}),
     ],
 )  # fmt: skip
 def test_dotted_keys_of_a_json_flag_are_its_json(argv: list[str], expected: dict) -> None:
@@ -252,12 +271,16 @@ def test_dotted_keys_of_a_json_flag_are_its_json(argv: list[str], expected: dict
     [
         (["--attention-config.a"], "argument --attention-config.a: expected one argument"),
         (["--attention-config", "{}", "--attention-config.a", "1"],
-         "argument --attention-config: give it as one JSON object or as dotted keys, not both"),
+         "argument --attention-config: give it whole (JSON) or as dotted keys, not both"),
         (["--attention-config.a", "1", "--attention-config.a.b", "2"],
          "argument --attention-config.a.b: 'a' was given a value, so it has no keys"),
         (["--attention-config.a", "1", "--attention-config.a+", "2"],
          "argument --attention-config.a+: 'a' was given a value, so it cannot be appended to"),
         (["--attention-config..a", "1"], "argument --attention-config..a: empty key"),
+        (["--attention-config.a", "1", "-ac.a", "2"],
+         "argument -ac.a: 'a' is given more than once"),
+        (["-ac.a", "1", "--attention-conf", "{}"],
+         "argument --attention-config: give it whole (JSON) or as dotted keys, not both"),
         # A flag that is not JSON takes no keys.
         (["--max-model-len.a", "1"], "unrecognized arguments: --max-model-len.a 1"),
     ],
@@ -284,3 +307,6 @@ def test_vllm_serve_reads_the_recipes_json_flags_as_dotted_keys() -> None:
         "ignore": [r"re:(?!.*self_attn\.o_proj$).*"],
     }
     assert json.loads(args.attention_config) == {"mla_prefill_backend": "FLASH_ATTN"}
+    # A JSON list's flag takes no keys.
+    with pytest.raises(SystemExit):
+        make_parser().parse_args(["serve", "--allowed-origins.a", "x"])

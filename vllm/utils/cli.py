@@ -13,22 +13,25 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
-# The metavar of a flag whose value is a JSON object: such a flag also takes dotted keys.
+# The metavar of a flag whose value is a JSON object: such a flag also takes dotted keys. A flag
+# whose value is a JSON list has `JSON_LIST_METAVAR` (no keys).
 JSON_METAVAR = "JSON"
+JSON_LIST_METAVAR = "JSON_LIST"
 
 
 class FlexibleArgumentParser(argparse.ArgumentParser):
     """An `ArgumentParser` that also reads a long flag spelled with underscores as its dashed
     name (`--max_model_len 4096`, `--max_model_len=4096`), as upstream vLLM's parser does, so
     that commands written for either spelling run. Values are left as they are, and so is
-    everything after a bare `--`. Its `-h/--help` takes upstream's optional search
-    (`HelpSearchAction`), and its JSON flags upstream's dotted keys (`_json_keys`)."""
+    everything after a bare `--`. Its help takes upstream's search (`--help=SEARCH`:
+    `HelpSearchAction`), and its JSON flags upstream's dotted keys (`_json_keys`)."""
 
     def __init__(self, *args: Any, add_help: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, add_help=False, **kwargs)
         if add_help:
             self.add_argument(
                 "-h", "--help", action=HelpSearchAction, nargs="?", metavar="SEARCH",
+                default=argparse.SUPPRESS,
                 help="show this help and exit; --help=SEARCH shows one flag (max-num-seqs), one "
                 "group (engine; listgroup lists them) or the flags whose names contain a word "
                 "(--help=max); --help=all is the whole help",
@@ -39,27 +42,38 @@ class FlexibleArgumentParser(argparse.ArgumentParser):
     ) -> tuple[argparse.Namespace, list[str]]:
         args = sys.argv[1:] if args is None else list(args)
         end = args.index("--") if "--" in args else len(args)
-        head = self._json_keys([_dashed(a) for a in args[:end]])
-        return super().parse_known_args(head + args[end:], namespace)
+        # Help without `=` is the whole help, as argparse's: the word after it is not a search.
+        head = ["--help=all" if a in ("-h", "--help") else _dashed(a) for a in args[:end]]
+        return super().parse_known_args(self._json_keys(head) + args[end:], namespace)
+
+    def _action_named(self, name: str) -> argparse.Action | None:
+        """The action a flag names: exactly, or by an abbreviation that argparse would take."""
+        if name in self._option_string_actions:
+            return self._option_string_actions[name]
+        if not (self.allow_abbrev and name.startswith("--")):
+            return None
+        found = {a for o, a in self._option_string_actions.items() if o.startswith(name)}
+        return found.pop() if len(found) == 1 else None
 
     def _json_keys(self, args: list[str]) -> list[str]:
         """Upstream's dotted form of a JSON flag, read as the JSON it stands for:
-        `--attention-config.a.b 1` is `--attention-config '{"a": {"b": 1}}'`, and `key+ v`
-        appends v to the list at key (`key+=v,w`: v and w; with a space, a value's commas are
-        its own, as in a regex's `{1,2}`). Values are JSON where they parse as JSON (`1`,
-        `true`, `"1"`), else strings. A flag's dotted keys make one object, given where the
-        first of them is; the flag given whole as well is a usage error (which would win is
-        not obvious). JSON flags are those whose metavar is `JSON_METAVAR`, of this parser (a
-        subcommand's parser reads its own)."""
-        objects: dict[str, dict] = {}
+        `--attention-config.a.b 1` (or `-ac.a.b=1`) is `--attention-config '{"a": {"b": 1}}'`,
+        and `key+ v` appends v to the list at key. Values are JSON where they parse as JSON (`1`,
+        `true`, `"1"`), else strings. Unlike upstream, only `key+=v,w` splits at commas (v and
+        w); with a space, a value's commas are its own, as in a regex's `{1,2}`. A flag's dotted
+        keys make one object, given where the first of them is; a key given twice, or the flag
+        given whole as well, is a usage error (which would win is not obvious). JSON flags are
+        those whose metavar is `JSON_METAVAR`, of this parser (a subcommand's parser reads its
+        own)."""
+        objects: dict[argparse.Action, dict] = {}
         out: list[str] = []
-        at: dict[str, int] = {}  # where each flag's object goes in `out`
+        at: dict[argparse.Action, int] = {}  # where each flag's object goes in `out`
         i = 0
         while i < len(args):
             name, eq, inline = args[i].partition("=")
             flag, dot, path = name.partition(".")
-            action = self._option_string_actions.get(flag) if flag.startswith("--") else None
-            if not (dot and action is not None and action.metavar == JSON_METAVAR):
+            action = self._action_named(flag) if dot and flag.startswith("-") else None
+            if action is None or action.metavar != JSON_METAVAR:
                 out.append(args[i])
                 i += 1
                 continue
@@ -67,19 +81,19 @@ class FlexibleArgumentParser(argparse.ArgumentParser):
                 self.error(f"argument {name}: expected one argument")
             value = inline if eq else args[i + 1]
             try:
-                _set_key(objects.setdefault(flag, {}), path, value, split=bool(eq))
+                _set_key(objects.setdefault(action, {}), path, value, split=bool(eq))
             except ValueError as e:
                 self.error(f"argument {name}: {e}")
-            if flag not in at:
-                at[flag] = len(out)
-                out.append(flag)
+            if action not in at:
+                at[action] = len(out)
+                out.append(max(action.option_strings, key=len))
             i += 1 if eq else 2
-        for flag, k in sorted(at.items(), key=lambda item: -item[1]):
-            if any(a == flag or a.startswith(flag + "=") for a in out[:k] + out[k + 1 :]):
-                self.error(
-                    f"argument {flag}: give it as one JSON object or as dotted keys, not both"
-                )
-            out.insert(k + 1, json.dumps(objects[flag]))
+        for action, k in sorted(at.items(), key=lambda item: -item[1]):
+            for a in out[:k] + out[k + 1 :]:
+                if a.startswith("-") and self._action_named(a.partition("=")[0]) is action:
+                    flag = out[k]
+                    self.error(f"argument {flag}: give it whole (JSON) or as dotted keys, not both")
+            out.insert(k + 1, json.dumps(objects[action]))
         return out
 
 
@@ -92,8 +106,8 @@ def _json_value(text: str) -> Any:
 
 def _set_key(obj: dict, path: str, value: str, split: bool) -> None:
     """Set `obj`'s dotted `path` to `value`, or append to it where the path ends in `+` (with
-    `split`, each comma-separated item); ValueError where a key is empty or already holds
-    another kind."""
+    `split`, each comma-separated item); ValueError where a key is empty, set twice, or already
+    holds another kind."""
     keys = path.split(".")
     append = keys[-1].endswith("+")
     keys[-1] = keys[-1].removesuffix("+")
@@ -104,6 +118,8 @@ def _set_key(obj: dict, path: str, value: str, split: bool) -> None:
         if not isinstance(obj, dict):
             raise ValueError(f"{key!r} was given a value, so it has no keys")
     if not append:
+        if keys[-1] in obj:
+            raise ValueError(f"{keys[-1]!r} is given more than once")
         obj[keys[-1]] = _json_value(value)
         return
     items = obj.setdefault(keys[-1], [])
@@ -113,11 +129,11 @@ def _set_key(obj: dict, path: str, value: str, split: bool) -> None:
 
 
 class HelpSearchAction(argparse.Action):
-    """`--help` alone (or `--help=all`): the whole help. `--help=SEARCH`, as upstream's: the one
-    flag named SEARCH (`max-num-seqs`, `--max_num_seqs`), else the argument group whose title
-    starts with it (`engine`, `server`; `listgroup` lists the titles), else every flag whose name
-    contains it (`max`); case and underscores do not matter. A search that matches nothing is a
-    usage error that lists the groups. Exits, as argparse's help does."""
+    """`--help` (or `--help=all`): the whole help. `--help=SEARCH`, as upstream's: the one flag
+    named SEARCH (`max-num-seqs`, `--max_num_seqs`, `tp`), else the argument group whose title,
+    or its first word, is SEARCH (`engine`, `server`; `listgroup` lists the titles), else every
+    flag whose name contains it (`max`); case and underscores do not matter. A search that
+    matches nothing is a usage error that lists the groups. Exits, as argparse's help does."""
 
     def __call__(
         self,
@@ -139,10 +155,13 @@ class HelpSearchAction(argparse.Action):
             parser.exit()
         if not word:
             parser.error("argument -h/--help: the search is empty (--help alone: the whole help)")
-        exact = [a for a in flags if any(o.lstrip("-") == word for o in a.option_strings)]
-        group = next((g for g in groups if g.title.lower().startswith(word)), None)
-        if exact:
-            _print_flags(parser, f"--{word}", exact)
+        named = {o: a for a in flags for o in a.option_strings if o.lstrip("-") == word}
+        titled = {g.title.lower(): g for g in groups} | {
+            g.title.split()[0].lower(): g for g in groups
+        }
+        group = titled.get(word)
+        if named:
+            _print_flags(parser, next(iter(named)), list(dict.fromkeys(named.values())))
         elif group is not None:
             _print_flags(parser, group.title, group._group_actions)
         else:

@@ -15,7 +15,7 @@ from vllm.engine.arg_utils import EngineArgs, refusal
 from vllm.entrypoints.openai.protocol import DEFAULT_MAX_REQUEST_BODY_BYTES
 from vllm.logger import init_logger
 from vllm.reasoning import REASONING_PARSERS
-from vllm.utils.cli import JSON_METAVAR
+from vllm.utils.cli import JSON_LIST_METAVAR, JSON_METAVAR
 
 logger = init_logger(__name__)
 
@@ -69,7 +69,7 @@ _SERVER_FLAGS: list[tuple[tuple[str, ...], dict]] = [
         dict(
             type=_json_list,
             default=["*"],
-            metavar=JSON_METAVAR,
+            metavar=JSON_LIST_METAVAR,
             help="CORS: the origins whose web pages may call the API, a JSON list such as "
             '\'["https://ui.example"]\' (default: ["*"], any, as vLLM)',
         ),
@@ -79,7 +79,7 @@ _SERVER_FLAGS: list[tuple[tuple[str, ...], dict]] = [
         dict(
             type=_json_list,
             default=["*"],
-            metavar=JSON_METAVAR,
+            metavar=JSON_LIST_METAVAR,
             help='CORS: the methods those pages may use, a JSON list (default: ["*"])',
         ),
     ),
@@ -88,7 +88,7 @@ _SERVER_FLAGS: list[tuple[tuple[str, ...], dict]] = [
         dict(
             type=_json_list,
             default=["*"],
-            metavar=JSON_METAVAR,
+            metavar=JSON_LIST_METAVAR,
             help='CORS: the request headers those pages may send, a JSON list (default: ["*"])',
         ),
     ),

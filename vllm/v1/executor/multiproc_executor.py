@@ -124,17 +124,28 @@ _GROUP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextlib.contextmanager
-def _group_signals_held() -> Iterator[None]:
-    """`_GROUP_SIGNALS` blocked inside, for the calling thread. A worker spawned here starts
-    with them blocked (the mask survives exec), so a Ctrl-C during its imports stays pending
-    until `_worker_main` ignores them, which discards it: Python's KeyboardInterrupt would
-    otherwise come out of some import as a traceback. Blocked rather than ignored: one that
-    reaches rank 0 meanwhile is delivered when the block ends (ignored, it was lost)."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _GROUP_SIGNALS)
+def _group_signals_deferred() -> Iterator[None]:
+    """`_GROUP_SIGNALS` held back inside, then delivered. Blocked for the calling thread: a
+    worker spawned here starts with them blocked (the mask survives exec), so a Ctrl-C during
+    its imports stays pending until `_worker_main` ignores them, which discards it (Python's
+    KeyboardInterrupt would come out of some import as a traceback). In the main thread their
+    Python handlers are also replaced by a recorder, since another thread of the process may
+    take one: a Ctrl-C then interrupts rank 0 after the block, once the worker it spawned is
+    in its list, for `shutdown` to stop, not inside `Process.start`."""
+    caught: list[int] = []
+    main = threading.current_thread() is threading.main_thread()
+    handlers = {}
+    if main:
+        handlers = {s: signal.signal(s, lambda sig, _: caught.append(sig)) for s in _GROUP_SIGNALS}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _GROUP_SIGNALS)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # what was blocked reaches the recorder
+        for sig, handler in handlers.items():  # None: not set from Python, the default
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        for sig in dict.fromkeys(caught):
+            signal.raise_signal(sig)
 
 
 # A worker's exit status when rank 0's process has ended without stopping it.
@@ -172,7 +183,7 @@ def _worker_main(rank: int, config: VllmConfig, conn) -> None:
     # error.
     for sig in _GROUP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
-    # Blocked since the spawn (`_group_signals_held`); ignored now, so what the worker starts
+    # Blocked since the spawn (`_group_signals_deferred`); ignored now, so what the worker starts
     # (compilers) inherits them ignored rather than blocked.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _GROUP_SIGNALS)
     threads = rank_cpu_threads(config.parallel_config.tensor_parallel_size)
@@ -261,9 +272,9 @@ class Executor:
                     proc = ctx.Process(
                         target=_worker_main, args=(rank, config, child), name=name, daemon=True
                     )
-                    with _group_signals_held():
+                    with _group_signals_deferred():
                         proc.start()
-                    self.workers.append((proc, parent))
+                        self.workers.append((proc, parent))
                 for rank in range(1, tp):
                     self._answer(rank, starting=True)  # "started"
                 self._join_group(config, store)
