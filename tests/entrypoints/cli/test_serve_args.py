@@ -242,6 +242,24 @@ def test_bad_kernel_override_is_refused_by_its_variable(
     assert reason in err and "--model" not in err.splitlines()[-1], err
 
 
+def test_bad_epilogue_switch_is_refused_at_start_up(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """The KDA layers read it in every forward: a typo passed start-up on the CPU, and the
+    first request stopped the engine (503 for every client). The PTPC build reads it too."""
+    monkeypatch.setenv("VLLM_KIMI_K3_FUSED_OPROJ_EPILOGUE", "yes")
+    recipe = '{"linear":"fp8_per_channel","ignore":["re:(?!.*self_attn\\\\.o_proj$).*"]}'
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "kimi-k3-tiny", "--host", "127.0.0.1", "--port", "0",
+              "--quantization-config", recipe])  # fmt: skip
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        "error: environment variable VLLM_KIMI_K3_FUSED_OPROJ_EPILOGUE='yes': expected 1 or 0"
+        in err
+    ), err
+
+
 def test_every_refusal_of_a_recipe_is_reported_in_one_run(capsys: pytest.CaptureFixture) -> None:
     """The PR's recipe has a server flag and an engine flag that this fork refuses; both are
     named in one run (the first alone was, so the user learned of the second only after fixing
