@@ -41,6 +41,17 @@ def test_describe_names_a_bad_value_instead_of_failing(monkeypatch):
     assert line.startswith("VLLM_TRITON_PDL=<invalid: 'yes'>: ")
 
 
+@pytest.mark.parametrize("name", SWITCHES)
+def test_check_refuses_any_bad_variable_but_the_logging_level(monkeypatch, name):
+    for other in SWITCHES:
+        monkeypatch.delenv(other, raising=False)
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "bogus")  # said at import; INFO instead
+    envs.check()
+    monkeypatch.setenv(name, "yes")
+    with pytest.raises(envs.EnvVarError, match=f"^{name}='yes': expected 1 or 0"):
+        envs.check()
+
+
 def test_logging_level(monkeypatch):
     monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
     assert envs.VLLM_LOGGING_LEVEL == "INFO"

@@ -111,6 +111,20 @@ _VARIABLES: dict[str, tuple[Callable[[str | None], Any], str]] = {
 }
 
 
+# Read where a bad value is reported and the default used instead: the logging level, read at
+# the first import of the package, before any command could report it (vllm/logger.py).
+_LENIENT = frozenset({"VLLM_LOGGING_LEVEL"})
+
+
+def check() -> None:
+    """Raise EnvVarError for the first variable whose value is refused (but `_LENIENT`'s). The
+    engine checks them all before it builds anything, so a bad one fails start-up, not the code
+    path that first reads it (a forward pass: a served engine's first request)."""
+    for name in _VARIABLES:
+        if name not in _LENIENT:
+            __getattr__(name)
+
+
 def describe() -> str:
     """One line per variable: name, current value (or the bad one, marked), help."""
     lines = []
@@ -134,4 +148,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return [*_VARIABLES, "describe"]
+    return [*_VARIABLES, "check", "describe"]

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 
+from vllm import envs
 from vllm.config.generation import load_generation_config
 from vllm.config.quantization import FusedLayerSplitError, parse_quantization_config
 from vllm.config.vllm import (
@@ -197,6 +198,7 @@ class EngineArgs:
             if f.type == bool | None and not isinstance(value, bool | None):
                 raise ValueError(f"{f.name} must be a bool or None, got {value!r}")
         self._check_neutral_fields()
+        envs.check()
         _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
         _check_int("max_num_seqs", self.max_num_seqs, 1)
         _check_int("block_size", self.block_size, 1)

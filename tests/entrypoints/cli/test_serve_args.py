@@ -242,22 +242,23 @@ def test_bad_kernel_override_is_refused_by_its_variable(
     assert reason in err and "--model" not in err.splitlines()[-1], err
 
 
-def test_bad_epilogue_switch_is_refused_at_start_up(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+@pytest.mark.parametrize(
+    "variable",
+    ["VLLM_KIMI_K3_FUSED_OPROJ_EPILOGUE", "VLLM_KDA_PREFILL_GRAPHS", "VLLM_TRITON_PDL",
+     "VLLM_KIMI_FUSE_SHARED_EXPERTS", "VLLM_ROCM_USE_AITER"],
+)  # fmt: skip
+def test_a_bad_switch_is_refused_at_start_up(
+    variable: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    """The KDA layers read it in every forward: a typo passed start-up on the CPU, and the
-    first request stopped the engine (503 for every client). The PTPC build reads it too."""
-    monkeypatch.setenv("VLLM_KIMI_K3_FUSED_OPROJ_EPILOGUE", "yes")
-    recipe = '{"linear":"fp8_per_channel","ignore":["re:(?!.*self_attn\\\\.o_proj$).*"]}'
+    """Each is read where its code path runs: the fused epilogue's in every KDA forward, so a
+    typo passed start-up on the CPU and the first request stopped the engine (503 for every
+    client); PDL's and the prefill graphs' only on a GPU. The engine checks them all first."""
+    monkeypatch.setenv(variable, "yes")
     with pytest.raises(SystemExit) as exit_info:
-        main(["serve", "kimi-k3-tiny", "--host", "127.0.0.1", "--port", "0",
-              "--quantization-config", recipe])  # fmt: skip
+        main(["serve", "kimi-k3-tiny", "--host", "127.0.0.1", "--port", "0"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert (
-        "error: environment variable VLLM_KIMI_K3_FUSED_OPROJ_EPILOGUE='yes': expected 1 or 0"
-        in err
-    ), err
+    assert f"error: environment variable {variable}='yes': expected 1 or 0" in err, err
 
 
 def test_every_refusal_of_a_recipe_is_reported_in_one_run(capsys: pytest.CaptureFixture) -> None:

@@ -178,10 +178,6 @@ class KimiK3DeltaAttention(torch.nn.Module):
             proj, hidden_size, bias=False, params_dtype=dtype, quant_config=quant_config,
             prefix=f"{prefix}.o_proj",
         )  # fmt: skip
-        if not isinstance(self.o_proj.quant_method, UnquantizedLinearMethod):
-            # Each forward reads the switch; read it here as well, so that a bad value fails
-            # the build (start-up), not the first forward (a served engine's first request).
-            _ = envs.VLLM_KIMI_K3_FUSED_OPROJ_EPILOGUE
         self.state_pool: KDAStatePool | None = None  # set once by `bind_kv_cache`
         # The model's `KdaPrefillGraphs`, shared by its KDA layers; set by the model runner's
         # `capture_prefill_graphs` (None: the prefill core always runs eagerly).
