@@ -218,6 +218,28 @@ def test_a_callers_chat_template_replaces_the_checkpoints():
     assert messages == [{"role": "user", "content": "hi"}]
 
 
+def test_chat_template_sees_no_tools_and_no_documents_as_none():
+    """HF renders with `tools` and `documents` always defined, None when not given: a template
+    that tests `tools is not none` (Mistral v0.3's does) took an undefined for a list of tools and
+    failed on `tojson`, so every chat without tools was a 400."""
+    tok = get_tokenizer(BUILTIN_MODELS["kimi-k3-tiny"])
+    messages = [{"role": "user", "content": "hi"}]
+    own = (
+        "{% if tools is not none %}tools: {{ tools | tojson }}\n{% endif %}"
+        "{% if documents is none %}no documents{% endif %}"
+    )
+    assert tok.apply_chat_template(messages, chat_template=own) == "no documents"
+    assert tok.apply_chat_template(messages, chat_template=own, tools=[{"name": "f"}]) == (
+        'tools: [{"name": "f"}]\nno documents'
+    )
+    assert (
+        tok.apply_chat_template(
+            messages, chat_template="{{ documents | length }}", documents=[{"text": "d"}]
+        )
+        == "1"
+    )
+
+
 @pytest.mark.parametrize(
     "part, shown",
     [

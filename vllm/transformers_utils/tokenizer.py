@@ -230,11 +230,11 @@ class Tokenizer(ABC):
 
         The template sees `messages` (an assistant message's `reasoning` also as
         `reasoning_content`, and the other way round), `add_generation_prompt`, the bos/eos/pad
-        token texts and every extra keyword (`tools`, ...). Its text already holds the special
-        tokens, so tokenizing adds none. With `continue_final_message`, the rendering ends where the
-        final (assistant) message's text does, with none of what the template closes the message
-        with, for the reply to continue it; its text stays as given (a template that trims it still
-        leaves its trailing spaces, which HF would cut).
+        token texts, `tools` and `documents` (None unless given) and every extra keyword. Its text
+        already holds the special tokens, so tokenizing adds none. With `continue_final_message`,
+        the rendering ends where the final (assistant) message's text does, with none of what the
+        template closes the message with, for the reply to continue it; its text stays as given (a
+        template that trims it still leaves its trailing spaces, which HF would cut).
         """
         if chat_template is None:
             chat_template = self.chat_template
@@ -250,6 +250,9 @@ class Tokenizer(ABC):
         template = compile_chat_template(chat_template)
         variables = {"bos_token": self.bos_token, "eos_token": self.eos_token}
         variables.update(pad_token=self.pad_token)
+        # Defined when not given, as HF's: a template that tests `tools is not none` would take
+        # an undefined for a list of tools.
+        variables.update(tools=None, documents=None)
         variables.update(kwargs)  # may replace the special tokens' texts, as HF's
         variables.update(messages=messages, add_generation_prompt=add_generation_prompt)
         try:
