@@ -240,6 +240,27 @@ def test_chat_template_sees_no_tools_and_no_documents_as_none():
     )
 
 
+def test_chat_template_renders_generation_blocks():
+    """HF's `{% generation %}` marks the assistant's tokens for its training masks; its body
+    renders as if unmarked. Templates that hold one did not parse."""
+    tok = get_tokenizer(BUILTIN_MODELS["kimi-k3-tiny"])
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    own = (
+        "{% for m in messages %}{{ m['role'] }}: {% if m['role'] == 'assistant' %}"
+        "{% generation %}{{ m['content'] }}{{ eos_token }}{% endgeneration %}"
+        "{% else %}{{ m['content'] }}{{ eos_token }}{% endif %}{% endfor %}"
+    )
+    assert (
+        tok.apply_chat_template(messages, chat_template=own)
+        == "user: hi<|eos|>assistant: yo<|eos|>"
+    )
+    # Its body has a scope of its own, as in HF: a `set` there is not seen after it.
+    scoped = "{% set x = 1 %}{% generation %}{% set x = 2 %}{{ x }}{% endgeneration %}{{ x }}"
+    assert tok.apply_chat_template(messages, chat_template=scoped) == "21"
+    with pytest.raises(ValueError, match="does not parse"):
+        tok.apply_chat_template(messages, chat_template="{% generation %}unclosed")
+
+
 @pytest.mark.parametrize(
     "part, shown",
     [

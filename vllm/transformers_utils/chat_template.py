@@ -9,7 +9,9 @@ from datetime import datetime
 from typing import Any
 
 import jinja2
-from jinja2.ext import loopcontrols
+from jinja2 import nodes
+from jinja2.ext import Extension, loopcontrols
+from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 CONTINUE_WITH_GENERATION_PROMPT = (
@@ -28,13 +30,27 @@ def _raise_exception(message: str) -> None:
     raise ValueError(f"chat template: {message}")
 
 
+class _GenerationBlock(Extension):
+    """HF's `{% generation %} ... {% endgeneration %}`, which marks the assistant's text for its
+    training masks: a prompt needs only the body, rendered in a scope of its own as HF's is (a
+    `set` inside is not seen after it). Without it such templates did not parse."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Parser) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.Scope(body, lineno=lineno)
+
+
 @functools.lru_cache(maxsize=32)
 def compile_chat_template(source: str) -> jinja2.Template:
     """`source` compiled in the sandbox HF renders chat templates in (with its `tojson`,
-    `raise_exception` and `strftime_now`); a `ValueError` if it does not parse. Cached by text,
-    so a caller's own template is parsed once, however many requests bring it."""
+    `raise_exception`, `strftime_now` and `generation` blocks); a `ValueError` if it does not
+    parse. Cached by text, so a caller's own template is parsed once, however many requests
+    bring it."""
     env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _GenerationBlock]
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
