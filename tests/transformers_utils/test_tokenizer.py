@@ -309,6 +309,25 @@ def test_tokenizer_json_without_tokenizer_config_reads_config_ids(tmp_path, name
     assert info["model_max_length"] == 4096 and info["chat_template"] is None
 
 
+@pytest.mark.parametrize("kind", ["json", "tiktoken"])
+def test_chat_template_jinja_wins_over_tokenizer_config(tmp_path, kind):
+    """HF (and so upstream) reads a folder's chat_template.jinja before the template in
+    tokenizer_config.json: where a checkpoint ships both, the file is the one it renders."""
+    if kind == "json":
+        folder = tmp_path / "tiny"
+        shutil.copytree(BUILTIN_MODELS["kimi-k3-tiny"], folder)
+    else:
+        folder = write_tiktoken_folder(tmp_path / "kimi")
+    messages = [{"role": "user", "content": "hi"}]
+    config_template = get_tokenizer(folder).chat_template
+    assert config_template is not None
+    own = "file:{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    (folder / "chat_template.jinja").write_text(own)
+    tok = get_tokenizer(folder)
+    assert tok.chat_template == own and tok.tokenizer_info()["chat_template"] == own
+    assert tok.apply_chat_template(messages) == "file:hi"
+
+
 def test_tiktoken_merges_and_kimi_split(kimi):
     rank = {t: 256 + i for i, t in enumerate(MERGES)}
     assert kimi.encode("hello") == [rank[b"hello"]]

@@ -7,7 +7,8 @@ Two formats are read:
   pre-tokenizer split and 256 special-token ids numbered right after the BPE ranks.
 
 Special tokens, the chat template and `model_max_length` come from `tokenizer_config.json` when the
-folder has one; otherwise bos/eos/pad come from `config.json` ids (or its `text_config`). A caller
+folder has one (the chat template from `chat_template.jinja` first, as HF reads it); otherwise
+bos/eos/pad come from `config.json` ids (or its `text_config`). A caller
 may render with a chat template of its own instead, and may leave the final message open for the
 reply to continue (HF's `continue_final_message`).
 """
@@ -308,14 +309,16 @@ class Tokenizer(ABC):
         return None
 
     def _find_chat_template(self, folder: Path) -> str | None:
+        # The file first, as HF (and so upstream) reads it: a checkpoint that ships both (they
+        # may differ) renders with the file there.
+        file = folder / "chat_template.jinja"
+        if file.is_file():
+            return file.read_text(encoding="utf-8")
         template = self._config.get("chat_template")
         if isinstance(template, list):  # named templates: the one HF uses by default
             named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
             template = named.get("default")
-        if isinstance(template, str):
-            return template
-        file = folder / "chat_template.jinja"
-        return file.read_text(encoding="utf-8") if file.is_file() else None
+        return template if isinstance(template, str) else None
 
 
 class JsonTokenizer(Tokenizer):
