@@ -262,6 +262,23 @@ def test_chat_template_renders_generation_blocks():
 
 
 @pytest.mark.parametrize(
+    "nested",
+    [
+        "{% for m in messages %}" * 30 + "x" + "{% endfor %}" * 30,  # Python's 20 nested blocks
+        "{% if true %}" * 200 + "x" + "{% endif %}" * 200,  # its 100 levels of indentation
+        "{{ " + "(" * 3000 + "1" + ")" * 3000 + " }}",  # the parser's recursion
+    ],
+)
+def test_a_chat_template_nested_past_pythons_limits_does_not_parse(nested):
+    """Jinja compiles a template to Python: one nested past what Python compiles raised its
+    SyntaxError or RecursionError (a 500 for a request's own template) where a template that
+    does not parse is a ValueError."""
+    tok = get_tokenizer(BUILTIN_MODELS["kimi-k3-tiny"])
+    with pytest.raises(ValueError, match="chat_template does not parse: nested too deeply"):
+        tok.apply_chat_template([{"role": "user", "content": "hi"}], chat_template=nested)
+
+
+@pytest.mark.parametrize(
     "part, shown",
     [
         ({"type": "image_url", "image_url": {"url": "http://x/y.png"}}, "type 'image_url'"),

@@ -59,6 +59,10 @@ def compile_chat_template(source: str) -> jinja2.Template:
         return env.from_string(source)
     except jinja2.TemplateSyntaxError as e:
         raise ValueError(f"chat_template does not parse: {e}") from e
+    except (SyntaxError, RecursionError) as e:
+        # Jinja's parser recurses per nested expression and compiles the template to Python,
+        # which refuses over 20 nested loops or 100 levels of indentation.
+        raise ValueError(f"chat_template does not parse: nested too deeply ({e})") from e
 
 
 def mark_final_message(messages: list[dict]) -> tuple[list[dict], str]:
