@@ -42,7 +42,25 @@ class CompletionOutput:
 class RequestOutput:
     """The state of a request after a step: its prompt and each completion so far.
 
-    `prompt_logprobs` has one entry per prompt token, the first None (nothing predicts it)."""
+    `prompt_logprobs` has one entry per prompt token, the first None (nothing predicts it).
+
+    The fields after `finished` are upstream's too (same names, same order, so that upstream code
+    that builds or reads a `RequestOutput` runs here), each holding what it holds upstream for a
+    request this engine can run:
+
+    - `metrics`: always None. Upstream's V1 engine puts a per-request `RequestStateStats` there
+      (arrival, queued, scheduled, first- and last-token timestamps) only while it logs stats;
+      its `LLM` turns that off unless told otherwise, so an upstream `LLM` script gets None too.
+      This engine records no per-request timestamps (the server's `AsyncLLM` times requests only
+      for its Prometheus histograms), and values made up here would be read as measurements.
+    - `lora_request`: None (no LoRA adapters here).
+    - `encoder_prompt`, `encoder_prompt_token_ids`: None, upstream's value for a decoder-only
+      model.
+    - `num_cached_tokens`: prompt tokens whose KV came from the prefix cache: 0, as there is no
+      prefix cache (every prompt is prefilled in full; docs/engine.md, "Not supported yet").
+
+    `kv_transfer_params` (upstream: what a KV connector passes on) is None: there is no KV
+    connector."""
 
     request_id: str
     prompt: str | None
@@ -50,3 +68,12 @@ class RequestOutput:
     prompt_logprobs: list[PositionLogprobs | None] | None
     outputs: list[CompletionOutput]
     finished: bool
+    metrics: None = None
+    lora_request: None = None
+    encoder_prompt: str | None = None
+    encoder_prompt_token_ids: list[int] | None = None
+    num_cached_tokens: int = 0
+
+    @property
+    def kv_transfer_params(self) -> None:
+        return None

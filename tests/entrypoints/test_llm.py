@@ -537,6 +537,9 @@ def test_upstream_keywords_that_change_nothing_here_are_taken(llm):
         prompts = ["Question: 12 + 30 = ?", [5, 6, 7]]
         got = neutral.generate(prompts, GREEDY, use_tqdm=False)
         assert tokens_of(got) == tokens_of(llm.generate(prompts, GREEDY, use_tqdm=False))
+        # Upstream's output fields, as upstream's LLM fills them with stats logging off: no
+        # metrics; and with the prefix cache asked for, still no cached token (there is none).
+        assert [(out.metrics, out.num_cached_tokens) for out in got] == [(None, 0), (None, 0)]
     finally:
         neutral.shutdown()
 
@@ -551,5 +554,8 @@ def test_engine_args_build_an_llm_through_its_keywords(llm):
         prompts = ["Question: 12 + 30 = ?"]
         got = built.generate(prompts, GREEDY, use_tqdm=False)
         assert tokens_of(got) == tokens_of(llm.generate(prompts, GREEDY, use_tqdm=False))
+        # Upstream's disable_log_stats=False would fill `metrics` with timestamps; this engine
+        # records none, so it is None rather than made up (docs/engine.md).
+        assert got[0].metrics is None and got[0].num_cached_tokens == 0
     finally:
         built.shutdown()

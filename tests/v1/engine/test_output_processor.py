@@ -1,9 +1,12 @@
 """`OutputProcessor` on hand-made step results (no model, no tokenizer): how the sampler's logprob
 rows become `Logprob`s."""
 
+import dataclasses
+
+from vllm.outputs import RequestOutput
 from vllm.sampling_params import SamplingParams
 from vllm.v1.engine.output_processor import OutputProcessor
-from vllm.v1.request import Request
+from vllm.v1.request import Request, RequestStatus
 
 NEG_INF = float("-inf")
 
@@ -78,3 +81,25 @@ def test_detokenize_false_decodes_nothing_of_the_request():
     assert raw.outputs[0].text == "" and raw.outputs[0].token_ids == [104]
     for position in [*raw.outputs[0].logprobs, *raw.prompt_logprobs[1:]]:
         assert all(lp.decoded_token is None for lp in position.values())
+
+
+def test_request_outputs_carry_upstreams_fields_with_this_engines_values():
+    """Upstream scripts read `metrics`, `num_cached_tokens` and the rest of upstream's
+    `RequestOutput`: each is there, with what it holds for a request of this engine (no prefix
+    cache: 0 cached tokens; no per-request timestamps: no metrics, as upstream's `LLM` gives by
+    default), in upstream's order after `finished`."""
+    processor = _processor_with_one_request(SamplingParams(max_tokens=1))
+    seq = processor.requests["r"].completions[0].request
+    seq.append_output_token_id(7)
+    seq.status = RequestStatus.FINISHED_LENGTH_CAPPED
+    (out,), _ = processor.process({"r#0": [7]}, {}, {}, [seq])
+    assert out.finished and out.outputs[0].token_ids == [7]
+    assert out.metrics is None
+    assert out.num_cached_tokens == 0
+    assert out.lora_request is None and out.kv_transfer_params is None
+    assert out.encoder_prompt is None and out.encoder_prompt_token_ids is None
+    names = [f.name for f in dataclasses.fields(RequestOutput)]
+    assert names[names.index("finished") + 1 :] == [
+        "metrics", "lora_request", "encoder_prompt", "encoder_prompt_token_ids",
+        "num_cached_tokens",
+    ]  # fmt: skip
