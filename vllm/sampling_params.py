@@ -50,7 +50,9 @@ class SamplingParams:
       `ignore_eos`. The matched stop string, or the text of the stop token (eos included), is left
       out of the text unless `include_stop_str_in_output`; a stop token stays in the token ids.
     - `logprobs`: number of top logprobs per sampled token (0: only the sampled one);
-      `prompt_logprobs`: the same for each prompt token.
+      `prompt_logprobs`: the same for each prompt token. -1 asks for the whole vocabulary, as
+      upstream: the engine takes it as the vocabulary size, which it allows only where its
+      `max_logprobs` is -1 (or at least that size), the limit any count is held to.
     - `repetition_penalty` (1: off; > 1 discourages tokens already in the prompt or output).
     - `detokenize` (False: the outputs carry token ids only: their text is empty, their logprobs'
       `decoded_token` None, and nothing of the request is decoded, which saves the engine
@@ -139,10 +141,11 @@ class SamplingParams:
             check_truncate_prompt_tokens(self.truncate_prompt_tokens)
         for t in self.stop_token_ids:
             self._check_int("stop_token_ids", t, 0)
+        # -1: the whole vocabulary, which only the engine knows (`resolve_logprobs`).
         if self.logprobs is not None:
-            self._check_int("logprobs", self.logprobs, 0)
+            self._check_int("logprobs", self.logprobs, -1)
         if self.prompt_logprobs is not None:
-            self._check_int("prompt_logprobs", self.prompt_logprobs, 0)
+            self._check_int("prompt_logprobs", self.prompt_logprobs, -1)
         self._check_number(
             "repetition_penalty", self.repetition_penalty, _FLOAT32_TINY, _FLOAT32_MAX
         )
@@ -226,6 +229,12 @@ class SamplingParams:
         if extra:
             self.stop_token_ids = [*self.stop_token_ids, *extra]  # a copy: not the caller's list
             self.all_stop_token_ids.update(extra)
+
+
+def resolve_logprobs(count: int | None, vocab_size: int) -> int | None:
+    """A `logprobs` / `prompt_logprobs` count as the sampler takes it: -1 (the whole vocabulary,
+    upstream's meaning) as `vocab_size`, any other as it is."""
+    return vocab_size if count == -1 else count
 
 
 def check_truncate_prompt_tokens(value: object) -> None:

@@ -19,12 +19,13 @@ from vllm.entrypoints.openai.protocol import (  # noqa: E402
     ChatCompletionRequest,
     CompletionRequest,
 )
-from vllm.entrypoints.openai.serving_chat import chat_logprobs  # noqa: E402
+from vllm.entrypoints.openai.serving_chat import OpenAIServingChat, chat_logprobs  # noqa: E402
 from vllm.entrypoints.openai.serving_completion import (  # noqa: E402
     OpenAIServingCompletion,
     TextOffsets,
     completion_logprobs,
 )
+from vllm.entrypoints.openai.serving_engine import OpenAIError  # noqa: E402
 from vllm.model_executor.model_loader.builtin import resolve_model  # noqa: E402
 from vllm.outputs import Logprob  # noqa: E402
 from vllm.transformers_utils.tokenizer import get_tokenizer  # noqa: E402
@@ -273,5 +274,66 @@ def test_text_offsets_skip_the_special_tokens_the_text_leaves_out() -> None:
             text, tokens, offsets = asyncio.run(run())
             assert text == "x<|bos|>ya<|bos|>b"
             assert offsets == [0, 1, 8, 9, 10, 17], run.__name__
+    finally:
+        llm.shutdown()
+
+
+def test_chat_top_logprobs_minus_one_lists_the_whole_vocabulary() -> None:
+    """Upstream's chat `top_logprobs: -1`: every entry of each position, whole and streamed,
+    held to --max-logprobs like any count (a 400 saying how to lift it); completions' `logprobs`
+    takes no -1, as upstream's does not."""
+    engine = FakeEngine("ab")
+    vocab = engine.config.model_config.vocab_size
+    asked = []
+    add = engine.add_request
+
+    def add_request(request_id, prompt, params):
+        asked.append(params.logprobs)
+        add(request_id, prompt, params)
+
+    engine.add_request = add_request
+    llm = AsyncLLM(engine)
+    chat = OpenAIServingChat(llm, ["fake"], "fake")
+    completion = OpenAIServingCompletion(llm, ["fake"], "fake")
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+        "logprobs": True,
+        "top_logprobs": -1,
+    }
+
+    async def whole() -> list[tuple[int, int]]:
+        response = await chat.create_chat_completion(ChatCompletionRequest(**body))
+        content = response.choices[0].logprobs.content
+        return [(len(entry.top_logprobs), entry.top_logprobs[0].logprob) for entry in content]
+
+    async def streamed() -> list[tuple[int, int]]:
+        counts = []
+        request = ChatCompletionRequest(**body, stream=True)
+        async for event in await chat.create_chat_completion(request):
+            data = event.removeprefix("data: ").strip()
+            if data != "[DONE]":
+                for choice in json.loads(data)["choices"]:
+                    for entry in (choice.get("logprobs") or {}).get("content") or []:
+                        top = entry["top_logprobs"]
+                        counts.append((len(top), top[0]["logprob"]))
+        return counts
+
+    try:
+        # The fake engine's max_logprobs (20) is below its vocabulary (320).
+        with pytest.raises(OpenAIError, match="start it with --max-logprobs -1") as refused:
+            asyncio.run(whole())
+        assert refused.value.param == "top_logprobs" and asked == []
+        engine.config.model_config.logprobs_limit = vocab  # --max-logprobs -1
+        expected = [
+            (len(engine._logprobs(t, vocab)), -0.5) for t in engine.script[:2]
+        ]  # every entry the engine gave, the likeliest first
+        assert asyncio.run(whole()) == asyncio.run(streamed()) == expected
+        assert asked == [vocab, vocab]  # the engine is asked for the vocabulary's count
+        for logprobs in (-1, -2):
+            request = CompletionRequest(prompt="hi", max_tokens=2, logprobs=logprobs)
+            with pytest.raises(OpenAIError, match="logprobs must be >= 0") as refused:
+                asyncio.run(completion.create_completion(request))
+            assert refused.value.param == "logprobs"
     finally:
         llm.shutdown()

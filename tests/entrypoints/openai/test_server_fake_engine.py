@@ -210,6 +210,8 @@ def test_a_reply_that_is_all_reasoning_has_null_content(server: RemoteServer) ->
         # logged): refused by name, not answered as if absent.
         ({"prompt": "hi", "allowed_token_ids": [64]}, "allowed_token_ids"),
         ({"prompt": "hi", "prompt_logprobs": 1}, "prompt_logprobs"),
+        # A count of alternatives: -1 (SamplingParams' whole vocabulary) is chat's, as upstream.
+        ({"prompt": "hi", "logprobs": -1}, "logprobs"),
         ({"prompt": "hi", "guided_json": {"type": "object"}}, "guided_json"),
         # vLLM's range: -1 or a count of tokens (0 would keep none), at most max_model_len.
         ({"prompt": "hi", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
@@ -347,6 +349,8 @@ ANSWER = [*USER, {"role": "assistant", "content": "It is"}]
          "stream_options"),
         ("/v1/chat/completions", {"messages": USER, "top_logprobs": 2}, "top_logprobs"),
         ("/v1/chat/completions", {"messages": USER, "logprobs": True, "top_logprobs": -1},
+         "top_logprobs"),  # the whole vocabulary: over max_logprobs (20)
+        ("/v1/chat/completions", {"messages": USER, "logprobs": True, "top_logprobs": -2},
          "top_logprobs"),
         ("/v1/chat/completions", {"messages": USER, "logprobs": True, "top_logprobs": 321},
          "top_logprobs"),  # over the fake engine's vocabulary of 320

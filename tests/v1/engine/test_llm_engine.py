@@ -336,12 +336,21 @@ def test_final_only_requests_return_just_the_streamed_final_output():
 
 def test_logprobs_past_max_logprobs_are_refused_and_minus_one_allows_the_vocabulary():
     """A request listing the whole vocabulary would detokenize it on the engine thread at every
-    token, stalling the others: the engine caps the count (20 by default, -1: no cap)."""
+    token, stalling the others: the engine caps the count (20 by default, -1: no cap). A
+    request's -1 is upstream's "the whole vocabulary", held to the same cap: refused by default
+    with what to do, listing every token under max_logprobs=-1."""
     engine = make_engine()
     try:
+        vocab = engine.config.model_config.vocab_size
         for name in ("logprobs", "prompt_logprobs"):
             with pytest.raises(ValueError, match=f"{name} 21 exceeds 20, the most a request may"):
                 engine.add_request(name, [1, 2, 3], SamplingParams(**{name: 21}))
+            with pytest.raises(
+                ValueError,
+                match=rf"{name} -1 asks for the whole vocabulary \({vocab} tokens\), but this "
+                r"engine allows at most 20 \(max_logprobs\); start it with max_logprobs=-1",
+            ):
+                engine.add_request(name, [1, 2, 3], SamplingParams(**{name: -1}))
         assert not engine.has_unfinished_requests()
         params = SamplingParams(max_tokens=1, logprobs=20, prompt_logprobs=20)
         (out,) = run_all(engine, {"at the cap": ([1, 2, 3], params)}).values()
@@ -354,6 +363,22 @@ def test_logprobs_past_max_logprobs_are_refused_and_minus_one_allows_the_vocabul
         params = SamplingParams(max_tokens=1, prompt_logprobs=vocab)
         (out,) = run_all(engine, {"whole vocabulary": ([1, 2, 3], params)}).values()
         assert [len(p) for p in out.prompt_logprobs[1:]] == [vocab, vocab]
+        # -1 is the same request, for the sampled tokens too (each of n), as upstream.
+        params = SamplingParams(max_tokens=2, n=2, logprobs=-1, prompt_logprobs=-1, seed=1)
+        (minus_one,) = run_all(engine, {"-1": ([1, 2, 3], params)}).values()
+        # (Batched with the second completion's prefill: equal up to rounding.)
+        for got, want in zip(minus_one.prompt_logprobs[1:], out.prompt_logprobs[1:], strict=True):
+            assert got.keys() == want.keys()
+            assert [got[t].logprob for t in want] == pytest.approx(
+                [lp.logprob for lp in want.values()], abs=1e-5
+            )
+        for completion in minus_one.outputs:
+            assert [len(p) for p in completion.logprobs] == [vocab, vocab]
+            for token, position in zip(completion.token_ids, completion.logprobs, strict=True):
+                # The whole vocabulary is there: the sampled token's rank counts it all.
+                chosen = position[token]
+                above = sum(lp.logprob > chosen.logprob for lp in position.values())
+                assert chosen.rank == 1 + above
     finally:
         engine.shutdown()
 

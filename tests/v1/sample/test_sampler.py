@@ -231,6 +231,10 @@ def test_params_the_generators_or_float32_cannot_hold_are_refused(field, value, 
         ("top_p", 1.5, r"top_p must be in \(0, 1\], got 1.5"),
         ("top_p", -0.5, r"top_p must be in \(0, 1\], got -0.5"),
         ("top_p", "0.5", "top_p must be a number"),
+        # -1 is upstream's "the whole vocabulary"; below it, nothing.
+        ("logprobs", -2, r"logprobs must be >= -1, got -2"),
+        ("prompt_logprobs", -2, r"prompt_logprobs must be >= -1, got -2"),
+        ("logprobs", 1.0, "logprobs must be an integer"),
     ],
 )
 def test_params_of_the_wrong_kind_are_refused_naming_the_field(field, value, message):
@@ -460,6 +464,9 @@ def test_validation_errors():
         _metadata([SamplingParams(min_tokens=1, stop_token_ids=[V])])
     with pytest.raises(ValueError, match="logprobs"):
         _metadata([SamplingParams(logprobs=V + 1)])
+    # -1 reaches the sampler only as the vocabulary size, which the engine makes of it.
+    with pytest.raises(ValueError, match="-1 logprobs: the engine makes that the vocabulary"):
+        _metadata([SamplingParams(logprobs=2), SamplingParams(logprobs=-1)])
     md = _metadata(ok)
     with pytest.raises(ValueError, match="bfloat16, float16 or float32"):
         Sampler()(torch.zeros(1, V, dtype=torch.float64), md)

@@ -197,7 +197,7 @@ class OpenAIServingChat(OpenAIServing):
         except ValueError as e:  # refused: the engine never tracked it, nothing to abort
             raise bad_request(e, ChatCompletionRequest) from None
         if request.stream:
-            return self._stream(request, request_id, stream, in_reasoning)
+            return self._stream(request, request_id, stream, in_reasoning, num_top)
         final = None
         try:
             async for out in stream:
@@ -252,11 +252,24 @@ class OpenAIServingChat(OpenAIServing):
         if request.logprobs:
             num_top = request.top_logprobs or 0
             # Checked here, under its own name: the engine's check would name `logprobs`.
-            most = self.engine.config.model_config.logprobs_limit
+            model_config = self.engine.config.model_config
+            most = model_config.logprobs_limit
+            if num_top == -1:
+                # Upstream's "the whole vocabulary", held to the same limit as any count.
+                vocab = model_config.vocab_size
+                if vocab > most:
+                    raise OpenAIError(
+                        f"top_logprobs -1 asks for the whole vocabulary ({vocab} tokens), but "
+                        f"this server allows at most {most} (--max-logprobs); start it with "
+                        "--max-logprobs -1 to allow the whole vocabulary",
+                        400,
+                        "top_logprobs",
+                    )
+                num_top = vocab
             if not 0 <= num_top <= most:
                 raise OpenAIError(
                     f"top_logprobs must be in [0, {most}] (the vocabulary and --max-logprobs), "
-                    f"got {num_top}",
+                    f"or -1 for the whole vocabulary, got {num_top}",
                     400,
                     "top_logprobs",
                 )
@@ -301,6 +314,7 @@ class OpenAIServingChat(OpenAIServing):
         request_id: str,
         stream: AsyncIterator,
         in_reasoning: bool,
+        num_top: int | None,
     ) -> AsyncIterator[str]:
         created = int(time.time())  # one time for every chunk, as upstream and OpenAI
 
@@ -318,7 +332,6 @@ class OpenAIServingChat(OpenAIServing):
             )
             return sse(payload, exclude_unset=True)
 
-        num_top = (request.top_logprobs or 0) if request.logprobs else None
         sent: dict[int, tuple[int, int, int]] = {}  # index -> reasoning, content, tokens sent
         done: set[int] = set()
         final = None

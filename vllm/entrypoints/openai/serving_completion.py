@@ -195,6 +195,11 @@ class OpenAIServingCompletion(OpenAIServing):
         if request.best_of not in (None, request.n):
             message = f"best_of is not supported (only null or n), got {request.best_of}"
             raise OpenAIError(message, 400, "best_of")
+        if request.logprobs is not None and request.logprobs < 0:
+            # SamplingParams takes -1 (the whole vocabulary, upstream's LLM API); as upstream,
+            # this endpoint does not: chat's top_logprobs does.
+            message = f"logprobs must be >= 0, got {request.logprobs}"
+            raise OpenAIError(message, 400, "logprobs")
         inputs = []
         for prompt in normalize_prompts(request.prompt):
             encoded = self.encode(prompt, request.add_special_tokens, "prompt")

@@ -29,7 +29,7 @@ from vllm.config.vllm import VllmConfig
 from vllm.engine.arg_utils import EngineArgs
 from vllm.logger import init_logger
 from vllm.outputs import RequestOutput
-from vllm.sampling_params import SamplingParams, as_token_ids, truncate_prompt
+from vllm.sampling_params import SamplingParams, as_token_ids, resolve_logprobs, truncate_prompt
 from vllm.transformers_utils.tokenizer import get_tokenizer
 from vllm.utils.gc_utils import freeze_startup_heap, unfreeze_heap
 from vllm.v1.core.kv_cache_manager import KVCacheManager
@@ -142,7 +142,7 @@ class LLMEngine:
         text, ids = self._tokenize(prompt)
         if text is None:
             text = prompt_text
-        self._check_vocab_bounds(params)
+        num_logprobs, num_prompt_logprobs = self._check_vocab_bounds(params)
         max_len = self.config.scheduler_config.max_model_len
         kept = truncate_prompt(ids, params.truncate_prompt_tokens, max_len)
         if len(kept) < len(ids):
@@ -167,9 +167,10 @@ class LLMEngine:
         sequences = []
         for i in range(params.n):
             seed = None if params.seed is None else params.seed + i
+            # The sequences carry the counts the sampler takes (-1 made the vocabulary size).
             child = dataclasses.replace(
-                params, n=1, seed=seed, max_tokens=max(max_tokens, 1),
-                prompt_logprobs=params.prompt_logprobs if i == 0 else None,
+                params, n=1, seed=seed, max_tokens=max(max_tokens, 1), logprobs=num_logprobs,
+                prompt_logprobs=num_prompt_logprobs if i == 0 else None,
             )  # fmt: skip
             child.update_from_tokenizer(eos)
             child.update_from_generation_config(model_eos, eos)
@@ -195,21 +196,34 @@ class LLMEngine:
             return None
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
-    def _check_vocab_bounds(self, params: SamplingParams) -> None:
+    def _check_vocab_bounds(self, params: SamplingParams) -> tuple[int | None, int | None]:
         """What SamplingParams cannot check alone: token ids and top-k counts against the
-        vocabulary, so that no request fails during a step."""
+        vocabulary, so that no request fails during a step. Returns the `logprobs` and
+        `prompt_logprobs` counts the sampler takes: -1, the whole vocabulary, is its size, held
+        to the same limit as upstream holds it (allowed only where `max_logprobs` is -1 or at
+        least the vocabulary size)."""
         vocab = self.config.model_config.vocab_size
         bad = [t for t in params.stop_token_ids or [] if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"stop_token_ids outside the vocabulary [0, {vocab}): {bad[:5]}")
         limit = self.config.model_config.logprobs_limit
+        counts = []
         for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(params, name)
+            asked = getattr(params, name)
+            value = resolve_logprobs(asked, vocab)
             if value is not None and value > limit:
+                if asked == -1:
+                    raise ValueError(
+                        f"{name} -1 asks for the whole vocabulary ({vocab} tokens), but this "
+                        f"engine allows at most {limit} (max_logprobs); start it with "
+                        "max_logprobs=-1 (--max-logprobs -1) to allow the whole vocabulary"
+                    )
                 raise ValueError(
                     f"{name} {value} exceeds {limit}, the most a request may ask for (the "
                     f"vocabulary size {vocab}, or max_logprobs if smaller; -1 lifts that)"
                 )
+            counts.append(value)
+        return counts[0], counts[1]
 
     def _tokenize(self, prompt: "str | list[int]") -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):

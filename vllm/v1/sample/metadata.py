@@ -136,6 +136,12 @@ class SamplingMetadata:
                     f"params ask for {md.max_num_logprobs} logprobs, the vocabulary has "
                     f"{vocab_size} tokens"
                 )
+            if min(asked) < 0:
+                # SamplingParams' -1 (the whole vocabulary) is the engine's to resolve.
+                raise ValueError(
+                    "params ask for -1 logprobs: the engine makes that the vocabulary size "
+                    "(LLMEngine.add_request) before a request is sampled"
+                )
         return md
 
     def _build_penalty(
