@@ -435,8 +435,9 @@ def test_chat_passes_tools_to_the_template(llm, monkeypatch):
 
 
 def test_chat_continues_the_final_message(llm):
-    """The prompt ends with the final assistant message's text (no end of turn after it), as the
-    server's `continue_final_message` renders it; with a generation prompt it is refused."""
+    """The prompt ends with the final message's text (no end of turn after it), as the server's
+    `continue_final_message` renders it, whatever its role; with a generation prompt it is
+    refused."""
     tokenizer = llm.get_tokenizer()
     conversation = [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "It"}]
     (out,) = llm.chat(
@@ -454,9 +455,16 @@ def test_chat_continues_the_final_message(llm):
     assert again.prompt_token_ids == out.prompt_token_ids
     with pytest.raises(ValueError, match="cannot both be true"):
         llm.chat(conversation, GREEDY, use_tqdm=False, continue_final_message=True)
-    with pytest.raises(ValueError, match="^conversation 0: continue_final_message .*role 'user'"):
+    # As upstream, a final message of another role is continued too: a user's text completed.
+    (user,) = llm.chat(
+        conversation[:1], GREEDY, use_tqdm=False, add_generation_prompt=False,
+        continue_final_message=True,
+    )  # fmt: skip
+    prompt = tokenizer.decode(user.prompt_token_ids, skip_special_tokens=False)
+    assert prompt == "<|bos|>user: 2 + 2?" and len(user.outputs[0].token_ids) == 4
+    with pytest.raises(ValueError, match="^conversation 1: continue_final_message .*there is none"):
         llm.chat(
-            conversation[:1], GREEDY, use_tqdm=False, add_generation_prompt=False,
+            [conversation, []], GREEDY, use_tqdm=False, add_generation_prompt=False,
             continue_final_message=True,
         )  # fmt: skip
     assert llm.llm_engine.get_num_unfinished_requests() == 0

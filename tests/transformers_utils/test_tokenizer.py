@@ -147,6 +147,20 @@ def test_continue_final_message_leaves_it_open(content, end):
     assert messages[1]["content"] == content  # the caller's messages are left as they were
 
 
+@pytest.mark.parametrize("role", ["user", "system"])
+def test_continue_final_message_of_any_role(role):
+    """As HF and upstream vLLM: a final message of another role than the assistant's is left
+    open too (a user's text, for the reply to complete in the user's turn)."""
+    tok = get_tokenizer(BUILTIN_MODELS["kimi-k3-tiny"])
+    messages = [{"role": "user", "content": "hi"}, {"role": role, "content": "Complete th"}]
+    text = tok.apply_chat_template(
+        messages, add_generation_prompt=False, continue_final_message=True
+    )
+    assert text == f"<|bos|>user: hi<|eos|>\n{role}: Complete th"
+    closed = tok.apply_chat_template(messages, add_generation_prompt=False)
+    assert closed == text + "<|eos|>\n"
+
+
 def test_continue_final_message_with_kimis_markup(kimi):
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "end"}]
     text = kimi.apply_chat_template(
@@ -165,10 +179,7 @@ def test_continue_final_message_is_refused_where_it_is_not_well_defined(tmp_path
     # The generation prompt would open a new turn after the message (HF refuses this too).
     with pytest.raises(ValueError, match="cannot both be true"):
         tok.apply_chat_template(answer, continue_final_message=True)
-    # Only the assistant's message is the reply's to continue.
-    with pytest.raises(ValueError, match="must be the assistant's .*got role 'user'"):
-        tok.apply_chat_template(user, add_generation_prompt=False, continue_final_message=True)
-    with pytest.raises(ValueError, match="must be the assistant's .*got no messages"):
+    with pytest.raises(ValueError, match="continues the final message: there is none"):
         tok.apply_chat_template([], add_generation_prompt=False, continue_final_message=True)
     # A template that leaves the message's text out gives no place to continue from.
     with pytest.raises(ValueError, match="does not render the final message's text"):

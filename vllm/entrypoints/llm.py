@@ -145,8 +145,9 @@ class LLM:
         list of them, rendered with `chat_template` (default: the tokenizer's). `tools` is passed
         to the template (as the server's request field; no tool-call parsing);
         `chat_template_kwargs` win over it and over `add_generation_prompt` and
-        `continue_final_message` (which leaves the final, assistant, message open for the reply
-        to continue; not with a generation prompt: set `add_generation_prompt=False`)."""
+        `continue_final_message` (which leaves the final message open for the reply to
+        continue, whatever its role, as upstream: a user's text is completed as the user's; not
+        with a generation prompt: set `add_generation_prompt=False`)."""
         tokenizer = self.get_tokenizer()
         if tokenizer is None:
             raise ValueError("chat needs a tokenizer (skip_tokenizer_init is set)")

@@ -71,16 +71,15 @@ def mark_final_message(messages: list[dict]) -> tuple[list[dict], str]:
     The rendering is cut where the stand-in lands: HF instead looks for the message's text in
     the rendering, which a short text also matches inside the template's own markup (a final
     "end" found in "<|im_end|>"), and which an empty one matches at the very end (the message
-    is left closed). The final message must be the assistant's: the reply continues it as the
-    assistant's turn, and the reasoning split reads it as the reply's own.
+    is left closed).
+
+    The final message may have any role, as HF and upstream vLLM take it: a user's text left
+    open is completed in the user's turn (the server answers in that role, as upstream). Only an
+    assistant's message is the reply's own turn for the reasoning split (`OpenAIServingChat.
+    reply_turn`): a think block opened in a user's text does not make the reply reasoning.
     """
-    role = messages[-1]["role"] if messages else None
-    if role != "assistant":
-        shown = f"role {role!r}" if messages else "no messages"
-        raise ValueError(
-            "continue_final_message continues the final message, which must be the "
-            f"assistant's (the reply's own turn), got {shown}"
-        )
+    if not messages:
+        raise ValueError("continue_final_message continues the final message: there is none")
     stand_in = f"CONTINUE{secrets.token_hex(16)}"
     content = messages[-1].get("content")
     if isinstance(content, list):

@@ -233,9 +233,10 @@ class Tokenizer(ABC):
         `reasoning_content`, and the other way round), `add_generation_prompt`, the bos/eos/pad
         token texts, `tools` and `documents` (None unless given) and every extra keyword. Its text
         already holds the special tokens, so tokenizing adds none. With `continue_final_message`,
-        the rendering ends where the final (assistant) message's text does, with none of what the
-        template closes the message with, for the reply to continue it; its text stays as given (a
-        template that trims it still leaves its trailing spaces, which HF would cut).
+        the rendering ends where the final message's text does (whatever its role, as HF's), with
+        none of what the template closes the message with, for the reply to continue it; its text
+        stays as given (a template that trims it still leaves its trailing spaces, which HF would
+        cut).
         """
         if chat_template is None:
             chat_template = self.chat_template

@@ -163,6 +163,36 @@ def test_chat_continues_the_final_message_inside_its_think_block(server: RemoteS
     assert message["content"] == " The answer is 4."
 
 
+def test_chat_continues_a_final_user_message_in_the_users_role(server: RemoteServer) -> None:
+    """As upstream: a final user message is continued too, and the reply, the rest of the user's
+    text, has the user's role (whole, and in the stream's first chunk). A think block the user's
+    text left open is not the reply's reasoning: the reply starts as content."""
+    fields = {"messages": [{"role": "user", "content": f"{THINK_START}Complete th"}],
+              "add_generation_prompt": False, "continue_final_message": True,
+              "max_tokens": len(SCRIPT)}  # fmt: skip
+    tokens = _post(server, "/tokenize", fields).json()["tokens"]
+    prompt = _post(server, "/detokenize", {"tokens": tokens}).json()["prompt"]
+    assert prompt.endswith(f"user: {THINK_START}Complete th"), prompt
+    message = _post(server, "/v1/chat/completions", fields).json()["choices"][0]["message"]
+    assert message == {"role": "user", "content": "Hmm. The answer is 4.",
+                       "reasoning": "Two and two make four."}  # fmt: skip
+    events = _events(_post(server, "/v1/chat/completions", {**fields, "stream": True}, stream=True))
+    assert events[0]["choices"][0]["delta"] == {"role": "user", "content": ""}
+    deltas = [e["choices"][0]["delta"] for e in events[1:-1]]
+    assert "".join(d.get("content", "") for d in deltas) == message["content"]
+    # Set through chat_template_kwargs, as upstream lets them set it: the same role.
+    kwargs = {"add_generation_prompt": False, "continue_final_message": True}
+    body = {"messages": fields["messages"], "chat_template_kwargs": kwargs, "max_tokens": 3}
+    reply = _post(server, "/v1/chat/completions", body).json()
+    assert reply["choices"][0]["message"]["role"] == "user"
+    # Continuing an assistant's message, or none, answers as the assistant.
+    answer = [*fields["messages"], {"role": "assistant", "content": "It"}]
+    body = {**fields, "messages": answer, "max_tokens": 3}
+    assert _post(server, "/v1/chat/completions", body).json()["choices"][0]["message"]["role"] == (
+        "assistant"
+    )
+
+
 def test_a_reply_that_is_all_reasoning_has_null_content(server: RemoteServer) -> None:
     """As upstream's reasoning parsers (the content after the think block, `or None`): a reply
     the parser takes whole, here one that stops inside the block the final message opened, has
@@ -372,11 +402,8 @@ ANSWER = [*USER, {"role": "assistant", "content": "It is"}]
         ("/v1/chat/completions",
          {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
          "messages"),  # the template skipped the image: answered as an empty message
-        # Only a final assistant message is continued; never after a generation prompt (true
-        # unless set to false), which would open a new turn after it.
-        ("/v1/chat/completions",
-         {"messages": USER, "add_generation_prompt": False, "continue_final_message": True},
-         "messages"),
+        # A final message is never continued after a generation prompt (true unless set to
+        # false), which would open a new turn after it.
         ("/v1/chat/completions", {"messages": ANSWER, "continue_final_message": True},
          "continue_final_message"),
         ("/v1/chat/completions",

@@ -69,6 +69,11 @@ CONTINUE = {"add_generation_prompt": False, "continue_final_message": True}
         ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": UNCLOSED},
           {"role": "user", "content": "and now?"}, {"role": "assistant", "content": "Well,"}],
          CONTINUE, False),
+        # A continued user message is the user's text, not the assistant's thinking: a block it
+        # left open does not make the reply reasoning.
+        ([{"role": "user", "content": f"{THINK_START}let me see"}], CONTINUE, False),
+        ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"},
+          {"role": "user", "content": f"{THINK_START}hm"}], CONTINUE, False),
     ],
 )  # fmt: skip
 def test_only_the_replys_own_turn_opens_its_think_block(messages, fields, expected) -> None:

@@ -293,7 +293,7 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
-    continue_final_message: bool = False  # the final (assistant) message left open
+    continue_final_message: bool = False  # the final message left open, in its own role
     chat_template: str | None = None  # refused unless --trust-request-chat-template
     chat_template_kwargs: dict[str, Any] | None = None
     include_reasoning: bool = True

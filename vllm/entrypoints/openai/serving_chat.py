@@ -126,6 +126,14 @@ class OpenAIServingChat(OpenAIServing):
         except ValueError as e:
             raise OpenAIError(str(e), 400, "messages") from None
 
+    def reply_role(self, request: ChatCompletionRequest) -> str:
+        """The role the reply is given: the assistant's, but a continued final message's own
+        (`continue_final_message`, the request's or its `chat_template_kwargs`'), since the reply
+        is the rest of that message, as upstream names it (its `get_chat_request_role`)."""
+        if self._template_kwargs(request)["continue_final_message"]:
+            return request.messages[-1].role
+        return "assistant"
+
     def starts_in_reasoning(self, request: ChatCompletionRequest, prompt_text: str) -> bool:
         """Whether the reply starts inside a think block that its own turn opened."""
         parser = self.reasoning_parser
@@ -144,9 +152,11 @@ class OpenAIServingChat(OpenAIServing):
         reply's: a marker quoted in another message, or an earlier turn's unclosed block, is not
         (all of the reply was taken for reasoning). Without a generation prompt and a final
         assistant message, or with a final message that the template closed, the reply continues
-        nothing: "". With a template whose earlier turns render differently once a message
-        follows, the part is longer (from where the renderings differ), erring towards the whole
-        prompt; the whole prompt too if the shorter rendering fails."""
+        nothing: "". A continued final message of another role (a user's text completed in the
+        user's turn) is not the assistant's thinking either: "" too. With a template whose
+        earlier turns render differently once a message follows, the part is longer (from where
+        the renderings differ), erring towards the whole prompt; the whole prompt too if the
+        shorter rendering fails."""
         kwargs = self._template_kwargs(request)
         messages = render_messages(request)
         if not kwargs["add_generation_prompt"]:
@@ -191,13 +201,14 @@ class OpenAIServingChat(OpenAIServing):
         # Rendering and tokenizing a conversation of megabytes takes seconds: done on a worker
         # thread, the event loop answers other requests and /health meanwhile.
         ids, params, num_top, in_reasoning = await asyncio.to_thread(self._inputs, request)
+        role = self.reply_role(request)
         request_id = random_id("chatcmpl")
         try:
             stream = await self.add_request(request_id, ids, params, arrival)
         except ValueError as e:  # refused: the engine never tracked it, nothing to abort
             raise bad_request(e, ChatCompletionRequest) from None
         if request.stream:
-            return self._stream(request, request_id, stream, in_reasoning, num_top)
+            return self._stream(request, request_id, stream, in_reasoning, num_top, role)
         final = None
         try:
             async for out in stream:
@@ -218,7 +229,9 @@ class OpenAIServingChat(OpenAIServing):
             choices.append(
                 ChatCompletionChoice(
                     index=c.index,
-                    message=ChatResponseMessage(content=content, reasoning=reasoning or None),
+                    message=ChatResponseMessage(
+                        role=role, content=content, reasoning=reasoning or None
+                    ),
                     logprobs=logprobs,
                     finish_reason=c.finish_reason,
                     stop_reason=c.stop_reason,
@@ -315,6 +328,7 @@ class OpenAIServingChat(OpenAIServing):
         stream: AsyncIterator,
         in_reasoning: bool,
         num_top: int | None,
+        role: str,
     ) -> AsyncIterator[str]:
         created = int(time.time())  # one time for every chunk, as upstream and OpenAI
 
@@ -347,7 +361,7 @@ class OpenAIServingChat(OpenAIServing):
                         continue
                     if c.index not in sent:
                         sent[c.index] = (0, 0, 0)
-                        delta = DeltaMessage(role="assistant", content="")
+                        delta = DeltaMessage(role=role, content="")
                         first = ChatStreamChoice(
                             index=c.index, delta=delta, logprobs=None, finish_reason=None
                         )
