@@ -191,6 +191,11 @@ def test_chat_continues_a_final_user_message_in_the_users_role(server: RemoteSer
     assert _post(server, "/v1/chat/completions", body).json()["choices"][0]["message"]["role"] == (
         "assistant"
     )
+    # Without a generation prompt, a closed final message's role too, as upstream names it.
+    body = {**fields, "continue_final_message": False, "max_tokens": 3}
+    assert _post(server, "/v1/chat/completions", body).json()["choices"][0]["message"]["role"] == (
+        "user"
+    )
 
 
 def test_a_reply_that_is_all_reasoning_has_null_content(server: RemoteServer) -> None:

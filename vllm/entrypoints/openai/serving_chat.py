@@ -127,12 +127,13 @@ class OpenAIServingChat(OpenAIServing):
             raise OpenAIError(str(e), 400, "messages") from None
 
     def reply_role(self, request: ChatCompletionRequest) -> str:
-        """The role the reply is given: the assistant's, but a continued final message's own
-        (`continue_final_message`, the request's or its `chat_template_kwargs`'), since the reply
-        is the rest of that message, as upstream names it (its `get_chat_request_role`)."""
-        if self._template_kwargs(request)["continue_final_message"]:
-            return request.messages[-1].role
-        return "assistant"
+        """The role the reply is given, as upstream names it (its `get_chat_request_role`): the
+        assistant's after a generation prompt (the request's `add_generation_prompt` or its
+        `chat_template_kwargs`'), else the final message's, whose turn no prompt closed: the
+        reply of a continued message is the rest of it."""
+        if self._template_kwargs(request)["add_generation_prompt"] or not request.messages:
+            return "assistant"
+        return request.messages[-1].role
 
     def starts_in_reasoning(self, request: ChatCompletionRequest, prompt_text: str) -> bool:
         """Whether the reply starts inside a think block that its own turn opened."""
