@@ -72,6 +72,19 @@ def assert_cache_free(engine: LLMEngine) -> None:
 
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+
+
+def assert_runs_the_reference(
+    engine: LLMEngine, prompts: list[list[int]], expected: dict[str, list[int]]
+) -> None:
+    """The engine is not stuck after a failure: `prompts` run greedily and give the reference
+    tokens, and the cache is free again."""
+    requests = {str(i): (p, GREEDY) for i, p in enumerate(prompts)}
+    finals = run_all(engine, requests)
+    assert {r: o.outputs[0].token_ids for r, o in finals.items()} == expected
+    assert_cache_free(engine)
+
+
 LENGTHS = [1, 5, 17, 9, 30, 2]
 
 
@@ -454,10 +467,7 @@ def test_a_failed_step_finishes_its_requests_as_errors_and_the_engine_goes_on(ex
         assert "doomed" not in engine.output_processor.requests
         assert_cache_free(engine)
         # The scheduler is not stuck: the next requests run and give the reference tokens.
-        requests = {str(i): (p, GREEDY) for i, p in enumerate(prompts)}
-        finals = run_all(engine, requests)
-        assert {r: o.outputs[0].token_ids for r, o in finals.items()} == expected
-        assert_cache_free(engine)
+        assert_runs_the_reference(engine, prompts, expected)
     finally:
         engine.shutdown()
 
@@ -491,10 +501,7 @@ def test_a_step_that_fails_before_it_is_recorded_leaves_the_engine_usable(
         assert not scheduler.is_scheduled(calls[-1]) and not engine.step_in_flight
         assert "doomed" not in engine.output_processor.requests
         assert_cache_free(engine)
-        requests = {str(i): (p, GREEDY) for i, p in enumerate(prompts)}
-        finals = run_all(engine, requests)
-        assert {r: o.outputs[0].token_ids for r, o in finals.items()} == expected
-        assert_cache_free(engine)
+        assert_runs_the_reference(engine, prompts, expected)
     finally:
         engine.shutdown()
 
@@ -528,10 +535,7 @@ def test_an_error_after_the_step_was_recorded_propagates_and_an_abort_cleans_up(
         assert not scheduler.is_scheduled(calls[-1])
         engine.abort_request("doomed")
         assert_cache_free(engine)
-        requests = {str(i): (p, GREEDY) for i, p in enumerate(prompts)}
-        finals = run_all(engine, requests)
-        assert {r: o.outputs[0].token_ids for r, o in finals.items()} == expected
-        assert_cache_free(engine)
+        assert_runs_the_reference(engine, prompts, expected)
     finally:
         engine.shutdown()
 
