@@ -242,6 +242,15 @@ def test_ignore_patterns_that_match_no_layer_of_the_built_model_are_reported(vll
     assert "(gate|up)_proj" not in messages[0]
 
 
+def test_a_pattern_naming_a_shard_of_an_ignored_fused_layer_counts_as_used():
+    """`gate_up_proj` ignored by its own name; the pattern naming its `up_proj` shard also selects
+    that layer, so it is no pattern that matches nothing."""
+    fused, shard = "model.layers.0.mlp.gate_up_proj", "model.layers.0.mlp.up_proj"
+    args = parse_quantization_config({"linear": "fp8_per_channel", "ignore": [fused, shard, "x"]})
+    assert args.should_ignore(fused, ["gate_proj", "up_proj"])
+    assert args.unmatched_ignore() == ["x"]
+
+
 def test_null_activation_is_absent():
     """Upstream refuses only an activation that is set; null is its default (none)."""
     spec = {"weight": "fp8_per_channel_static", "activation": None}

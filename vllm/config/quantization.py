@@ -102,13 +102,18 @@ class QuantizationConfigArgs:
         """Whether the layer at module path `prefix` stays unquantized.
 
         `fused_shards` names the checkpoint modules a fused layer stands for (for example
-        `["gate_proj", "up_proj"]` for `gate_up_proj`): tried when the fused name matches nothing.
+        `["gate_proj", "up_proj"]` for `gate_up_proj`): they decide when the fused name matches
+        nothing.
         """
         matched = self._matches(prefix)
-        if matched or not fused_shards:
+        if not fused_shards:
             return matched
         parent = prefix.rsplit(".", 1)[0] + "." if "." in prefix else ""
+        # Tried even when the fused name decided, so that a pattern naming a shard of an ignored
+        # layer counts as used: it selects that layer too.
         verdicts = {shard: self._matches(parent + shard) for shard in fused_shards}
+        if matched:
+            return True
         if len(set(verdicts.values())) > 1:
             raise FusedLayerSplitError(
                 f"quantization config field 'ignore': the patterns split the fused layer "
