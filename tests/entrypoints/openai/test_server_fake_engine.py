@@ -287,6 +287,25 @@ def test_an_empty_prompt_or_prompt_list_is_a_400(
     assert error["param"] == "prompt" and error["message"] == message, error
 
 
+@pytest.mark.parametrize(
+    "prompt, message",
+    [
+        (["hi", 1], "item 0 is a string, item 1 a token id"),
+        ([[1], "hi"], "item 0 is a list, item 1 a string"),
+        ([[1], [2, "x"]], "item 1.1: Input should be a valid integer"),
+    ],
+)
+def test_a_prompt_list_is_told_what_is_wrong_in_its_own_form(
+    server: RemoteServer, prompt: list, message: str
+) -> None:
+    """Not pydantic's first-tried form's complaint (that "hi" is no valid integer)."""
+    response = _post(server, "/v1/completions", {"prompt": prompt, "max_tokens": 2})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "prompt" and message in error["message"], error
+    assert "list[" not in error["message"], error
+
+
 def test_truncate_prompt_tokens_runs_the_last_tokens_and_reports_them(server: RemoteServer) -> None:
     """vLLM's extra field: only the last k prompt tokens run, truncated before the length
     checks (a prompt too long for the model runs once cut to fit); the usage counts, and echo

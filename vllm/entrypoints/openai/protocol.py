@@ -17,7 +17,15 @@ import typing
 import uuid
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from vllm.sampling_params import SamplingParams
 
@@ -250,6 +258,42 @@ class CompletionRequest(SamplingFields):
     add_special_tokens: bool = True
     suffix: str | None = None
     best_of: int | None = None  # refused unless it changes nothing (null or n)
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_kind_of_list(cls, value: Any) -> Any:
+        """A list prompt is checked as the one form its items say it is. Pydantic tries every form
+        of the union, and the server reports the first error, which is the first form's: `["a",
+        1]` was told that `"a"` is no valid integer."""
+        if not isinstance(value, list) or not value:
+            return value
+        kinds = [_prompt_item_kind(item) for item in value]
+        for i, kind in enumerate(kinds):
+            if kind != kinds[0]:
+                raise ValueError(
+                    "a list prompt holds only strings, only token ids or only lists of token "
+                    f"ids: item 0 is {kinds[0]}, item {i} {kind}"
+                )
+        try:
+            _PROMPT_LIST_FORMS[kinds[0]].validate_python(value)
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            raise ValueError(f"item {where}: {first['msg']}") from None
+        return value
+
+
+def _prompt_item_kind(item: Any) -> str:
+    if isinstance(item, str):
+        return "a string"
+    return "a list" if isinstance(item, list) else "a token id"
+
+
+_PROMPT_LIST_FORMS: dict[str, TypeAdapter] = {
+    "a string": TypeAdapter(list[str]),
+    "a token id": TypeAdapter(list[int]),
+    "a list": TypeAdapter(list[list[int]]),
+}
 
 
 class CompletionLogProbs(BaseModel):
