@@ -52,7 +52,8 @@ class SamplingParams:
     - `logprobs`: number of top logprobs per sampled token (0: only the sampled one);
       `prompt_logprobs`: the same for each prompt token. -1 asks for the whole vocabulary, as
       upstream: the engine takes it as the vocabulary size, which it allows only where its
-      `max_logprobs` is -1 (or at least that size), the limit any count is held to.
+      `max_logprobs` is -1 (or at least that size), the limit any count is held to. A bool is
+      taken as the count it stands for (True: 1, False: 0), as upstream takes it.
     - `repetition_penalty` (1: off; > 1 discourages tokens already in the prompt or output).
     - `detokenize` (False: the outputs carry token ids only: their text is empty, their logprobs'
       `decoded_token` None, and nothing of the request is decoded, which saves the engine
@@ -141,6 +142,13 @@ class SamplingParams:
             check_truncate_prompt_tokens(self.truncate_prompt_tokens)
         for t in self.stop_token_ids:
             self._check_int("stop_token_ids", t, 0)
+        # Upstream turns True into 1 and keeps False, which every use of the count there takes
+        # as 0 (the sampled token's logprob alone). Both become those ints here, so that the
+        # integer checks below and the engine see a count, never a bool.
+        if isinstance(self.logprobs, bool):
+            self.logprobs = int(self.logprobs)
+        if isinstance(self.prompt_logprobs, bool):
+            self.prompt_logprobs = int(self.prompt_logprobs)
         # -1: the whole vocabulary, which only the engine knows (`resolve_logprobs`).
         if self.logprobs is not None:
             self._check_int("logprobs", self.logprobs, -1)

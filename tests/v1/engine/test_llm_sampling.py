@@ -180,6 +180,21 @@ def test_detokenize_false_gives_the_same_tokens_and_decodes_none(llm, monkeypatc
     assert_engine_cache_free(llm)
 
 
+@pytest.mark.parametrize("flag, count", [(True, 1), (False, 0)])
+def test_bool_logprobs_give_the_outputs_of_their_count(llm, flag, count):
+    """Upstream scripts pass `logprobs=True` (and `prompt_logprobs=True`): the outputs have the
+    shape and values of the count it stands for, as upstream's."""
+    base = dict(temperature=0.0, max_tokens=4, ignore_eos=True)
+    params = [SamplingParams(**base, logprobs=v, prompt_logprobs=v) for v in (flag, count)]
+    as_bool, as_int = (generate(llm, [PROMPTS[0]], p)[0] for p in params)
+    assert as_bool.outputs == as_int.outputs and as_bool.prompt_logprobs == as_int.prompt_logprobs
+    positions = [*as_bool.outputs[0].logprobs, *as_bool.prompt_logprobs[1:]]
+    assert len(positions) == base["max_tokens"] + len(PROMPTS[0]) - 1
+    # The chosen token, and the top `count` (the greedy token, which is the chosen one here).
+    assert all(1 <= len(position) <= 1 + count for position in positions)
+    assert_engine_cache_free(llm)
+
+
 @pytest.fixture(scope="module")
 def chunked_llm(torch_reference_kernels):
     llm = LLM(MODEL, **dict(ARGS, max_num_seqs=2, max_num_batched_tokens=5))

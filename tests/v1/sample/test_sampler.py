@@ -263,6 +263,16 @@ def test_upstream_fields_not_implemented_are_refused_unless_neutral(field, value
     SamplingParams(**{field: neutral.get(field, 0.0)})
 
 
+@pytest.mark.parametrize("field", ["logprobs", "prompt_logprobs"])
+def test_a_bool_logprobs_count_is_the_int_it_stands_for(field):
+    """As upstream: True asks for one top logprob, False for none beyond the chosen token's (its
+    count 0); either becomes that int, which the engine's checks take (a bool was refused as not
+    an integer)."""
+    for flag, count in ((True, 1), (False, 0)):
+        value = getattr(SamplingParams(**{field: flag}), field)
+        assert value == count and type(value) is int
+
+
 def test_stop_strings_need_detokenize():
     """As upstream: stop strings are matched in the text, which `detokenize=False` leaves out;
     stop token ids need none."""
