@@ -24,15 +24,27 @@ class CompletionOutput:
 
     `finish_reason` is None while running, then "stop" (eos, a stop token or a stop string),
     "length" (`max_tokens` or `max_model_len`), "abort" or "error"; `stop_reason` is the matched
-    stop string or stop token id (None for eos and the other reasons)."""
+    stop string or stop token id (None for eos and the other reasons).
+
+    The fields are upstream's, in upstream's order (so that upstream code that builds one with
+    positional arguments fills the same fields here), each holding what it holds upstream for a
+    request this engine can run:
+
+    - `routed_experts`: None. Upstream fills it (the experts each token was routed to, per
+      layer) only when its engine is started to record them; this engine records no routing.
+    - `lora_request`: None (no LoRA adapters here).
+    - `kv_transfer_params`: None (upstream: what a KV connector passes on; there is none)."""
 
     index: int
     text: str
     token_ids: list[int]
     cumulative_logprob: float | None
     logprobs: list[PositionLogprobs] | None
+    routed_experts: None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    lora_request: None = None
+    kv_transfer_params: None = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None

@@ -156,8 +156,8 @@ class FakeEngine:
                 list(request.tokens),
                 None,
                 logprobs,
-                request.finish_reason,
-                request.stop_reason,
+                finish_reason=request.finish_reason,
+                stop_reason=request.stop_reason,
             )
             for i in range(params.n)
         ]

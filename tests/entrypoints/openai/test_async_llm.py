@@ -243,7 +243,7 @@ def _scripted(steps: list[list[tuple[int, str | None]]], step_delay: float = 0.0
         (request,) = engine.requests.values()
         completions = next(script)
         outputs = [
-            CompletionOutput(i, "", [7] * count, None, None, reason, None)
+            CompletionOutput(i, "", [7] * count, None, None, finish_reason=reason)
             for i, (count, reason) in enumerate(completions)
         ]
         done = all(reason is not None for _, reason in completions)

@@ -56,7 +56,15 @@ class ScriptedEngine:
     async def add_request(self, request_id: str, prompt: list[int], params, arrival=None):
         async def outputs():
             for text, token_ids, finish_reason, stop_reason in self.steps:
-                c = CompletionOutput(0, text, token_ids, None, None, finish_reason, stop_reason)
+                c = CompletionOutput(
+                    0,
+                    text,
+                    token_ids,
+                    None,
+                    None,
+                    finish_reason=finish_reason,
+                    stop_reason=stop_reason,
+                )
                 yield RequestOutput(request_id, None, prompt, None, [c], finish_reason is not None)
 
         return outputs()

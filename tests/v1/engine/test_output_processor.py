@@ -3,7 +3,7 @@ rows become `Logprob`s."""
 
 import dataclasses
 
-from vllm.outputs import RequestOutput
+from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.sampling_params import SamplingParams
 from vllm.v1.engine.output_processor import OutputProcessor
 from vllm.v1.request import Request, RequestStatus
@@ -83,17 +83,23 @@ def test_detokenize_false_decodes_nothing_of_the_request():
         assert all(lp.decoded_token is None for lp in position.values())
 
 
-def test_request_outputs_carry_upstreams_fields_with_this_engines_values():
-    """Upstream scripts read `metrics`, `num_cached_tokens` and the rest of upstream's
-    `RequestOutput`: each is there, with what it holds for a request of this engine (no prefix
-    cache: 0 cached tokens; no per-request timestamps: no metrics, as upstream's `LLM` gives by
-    default), in upstream's order after `finished`."""
+def _one_token_output() -> RequestOutput:
+    """The output of a request whose one token (7) ended it at its `max_tokens`."""
     processor = _processor_with_one_request(SamplingParams(max_tokens=1))
     seq = processor.requests["r"].completions[0].request
     seq.append_output_token_id(7)
     seq.status = RequestStatus.FINISHED_LENGTH_CAPPED
     (out,), _ = processor.process({"r#0": [7]}, {}, {}, [seq])
     assert out.finished and out.outputs[0].token_ids == [7]
+    return out
+
+
+def test_request_outputs_carry_upstreams_fields_with_this_engines_values():
+    """Upstream scripts read `metrics`, `num_cached_tokens` and the rest of upstream's
+    `RequestOutput`: each is there, with what it holds for a request of this engine (no prefix
+    cache: 0 cached tokens; no per-request timestamps: no metrics, as upstream's `LLM` gives by
+    default), in upstream's order after `finished`."""
+    out = _one_token_output()
     assert out.metrics is None
     assert out.num_cached_tokens == 0
     assert out.lora_request is None and out.kv_transfer_params is None
@@ -102,4 +108,19 @@ def test_request_outputs_carry_upstreams_fields_with_this_engines_values():
     assert names[names.index("finished") + 1 :] == [
         "metrics", "lora_request", "encoder_prompt", "encoder_prompt_token_ids",
         "num_cached_tokens",
+    ]  # fmt: skip
+
+
+def test_completion_outputs_carry_upstreams_fields_with_this_engines_values():
+    """Upstream's `CompletionOutput` has `routed_experts` between `logprobs` and `finish_reason`,
+    and `lora_request` and `kv_transfer_params` last: each is there, None for a completion of
+    this engine (no routing is recorded, no LoRA, no KV connector), in upstream's order, so that
+    upstream code that builds one with positional arguments fills the same fields here."""
+    (completion,) = _one_token_output().outputs
+    assert completion.finish_reason == "length" and completion.stop_reason is None
+    assert completion.routed_experts is None
+    assert completion.lora_request is None and completion.kv_transfer_params is None
+    assert [f.name for f in dataclasses.fields(CompletionOutput)] == [
+        "index", "text", "token_ids", "cumulative_logprob", "logprobs", "routed_experts",
+        "finish_reason", "stop_reason", "lora_request", "kv_transfer_params",
     ]  # fmt: skip

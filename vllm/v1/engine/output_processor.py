@@ -224,11 +224,13 @@ class OutputProcessor:
             if not c.discard_output and c.detokenizer is not None:
                 text = c.detokenizer.get_next_output_text(done, False)
             tokens = [] if c.discard_output else list(c.request.output_token_ids)
+            # Positional, `routed_experts` None: keyword arguments made each output's
+            # construction about 0.2 us slower (once per request per step when streamed).
             outputs.append(
                 CompletionOutput(
                     c.index, text, tokens, c.cumulative_logprob,
                     None if c.logprobs is None else list(c.logprobs),
-                    c.finish_reason, c.stop_reason,
+                    None, c.finish_reason, c.stop_reason,
                 )
             )  # fmt: skip
         if state.prompt_list is None:
