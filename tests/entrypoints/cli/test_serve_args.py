@@ -334,6 +334,23 @@ def test_log_flags_reach_the_server(
         assert request_logger is None
 
 
+@pytest.mark.parametrize("argv, enabled", [([], False), (["--enable-prompt-tokens-details"], True)])
+def test_enable_prompt_tokens_details_reaches_the_server(
+    argv: list[str], enabled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's flag, off by default, as the server is built (stopped there, as Ctrl-C would; the
+    replies it changes are tested on a server, test_server_fake_engine.py)."""
+    seen = []
+
+    def stop(*args, enable_prompt_tokens_details=None, **kwargs):
+        seen.append(enable_prompt_tokens_details)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(api_server, "build_app", stop)
+    main(["serve", "kimi-k3-tiny", "--host", "127.0.0.1", "--port", "0", *argv])
+    assert seen == [enabled]
+
+
 @pytest.mark.parametrize(
     "argv, expected",
     [

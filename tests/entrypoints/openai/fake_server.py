@@ -3,7 +3,7 @@ scripted reply, e.g. the reasoning parser; PORT 0 binds one the OS picks, logged
 logs its address):
 `python tests/entrypoints/openai/fake_server.py PORT SCRIPT [--reasoning-parser kimi_k3]
 [--api-key KEY] [--step-delay SECONDS] [--abort-delay SECONDS] [--max-model-len N]
-[--trust-request-chat-template]`."""
+[--trust-request-chat-template] [--enable-prompt-tokens-details]`."""
 
 import argparse
 import sys
@@ -34,6 +34,7 @@ def main() -> None:
     parser.add_argument("--abort-delay", type=float, default=0.0)
     parser.add_argument("--max-model-len", type=int, default=128)
     parser.add_argument("--trust-request-chat-template", action="store_true")
+    parser.add_argument("--enable-prompt-tokens-details", action="store_true")
     args = parser.parse_args()
     engine = AsyncLLM(
         FakeEngine(args.script, args.max_model_len, args.step_delay, args.abort_delay)
@@ -45,6 +46,7 @@ def main() -> None:
         api_key=args.api_key,
         reasoning_parser=args.reasoning_parser,
         trust_request_chat_template=args.trust_request_chat_template,
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
     )
     sock = bind_socket("127.0.0.1", args.port)
     # The address as `vllm serve` logs it: with PORT 0, how RemoteServer learns the OS's pick.

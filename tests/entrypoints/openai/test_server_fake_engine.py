@@ -39,6 +39,12 @@ def server():
 
 
 @pytest.fixture(scope="module")
+def details_server():
+    with _fake_server("--enable-prompt-tokens-details") as remote:
+        yield remote
+
+
+@pytest.fixture(scope="module")
 def long_server():
     # A slow abort: the aborted request leaves the engine well after the client went away.
     with _fake_server("--max-model-len", str(LONG + 100), "--abort-delay", "1.5") as remote:
@@ -157,7 +163,8 @@ def test_chat_continues_the_final_message_inside_its_think_block(server: RemoteS
     assert prompt.endswith("<|eos|>\nassistant: " + prefill), prompt
     reply = _post(server, "/v1/chat/completions", {**fields, "max_tokens": len(SCRIPT)}).json()
     assert reply["usage"] == {"prompt_tokens": len(tokens), "completion_tokens": len(SCRIPT),
-                              "total_tokens": len(tokens) + len(SCRIPT)}  # fmt: skip
+                              "total_tokens": len(tokens) + len(SCRIPT),
+                              "prompt_tokens_details": None}  # fmt: skip
     message = reply["choices"][0]["message"]
     assert message["reasoning"] == f"Hmm.{THINK_START}Two and two make four."
     assert message["content"] == " The answer is 4."
@@ -671,6 +678,44 @@ def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(
     events = _events(_post(server, path, body, stream=True))
     assert all(("usage" in e) == ("prompt" in body) for e in events[:-2]), events
     assert all(e.get("usage") is None for e in events[:-2])
+
+
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/completions", {"prompt": ["ab", "xyz"], "n": 2}),
+        ("/v1/chat/completions", {"messages": USER, "n": 2}),
+    ],
+)
+@pytest.mark.parametrize("enabled", [False, True])
+def test_prompt_tokens_details_only_with_the_flag(
+    server: RemoteServer, details_server: RemoteServer, path: str, body: dict, enabled: bool
+) -> None:
+    """As vLLM: with `--enable-prompt-tokens-details` a reply's usage, and a stream's final
+    usage chunk, have `prompt_tokens_details.cached_tokens` (0: there is no prefix cache);
+    without it the field is null in a reply and left out of the final chunk. The usage of the
+    other chunks (`continuous_usage_stats`) never has it: left out of a chat chunk, null in a
+    completion chunk, which keeps every field."""
+    remote, key = (details_server, None) if enabled else (server, KEY)
+    expected = {"cached_tokens": 0} if enabled else None
+    body = {**body, "max_tokens": 3}
+    usage = _post(remote, path, body, key=key).json()["usage"]
+    assert usage["prompt_tokens_details"] == expected
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    stream = {**body, "stream": True, "stream_options": options}
+    events = _events(_post(remote, path, stream, key=key, stream=True))
+    assert events[-1] == "[DONE]" and events[-2]["choices"] == []
+    final = events[-2]["usage"]
+    assert {k: v for k, v in final.items() if k != "prompt_tokens_details"} == {
+        k: v for k, v in usage.items() if k != "prompt_tokens_details"
+    }
+    assert final.get("prompt_tokens_details", "left out") == (expected or "left out")
+    chunks = [e["usage"] for e in events[:-2]]
+    assert chunks and all(u["total_tokens"] > 0 for u in chunks)
+    if "prompt" in body:
+        assert all(u["prompt_tokens_details"] is None for u in chunks), chunks
+    else:
+        assert all("prompt_tokens_details" not in u for u in chunks), chunks
 
 
 def test_retrieve_model_answers_each_served_name(server: RemoteServer) -> None:

@@ -164,6 +164,16 @@ _SERVER_FLAGS: list[tuple[tuple[str, ...], dict]] = [
         ),
     ),
     (
+        ("--enable-prompt-tokens-details",),
+        dict(
+            action="store_true",
+            help="report `usage.prompt_tokens_details` (`cached_tokens`: the prompt tokens "
+            "served from the prefix cache, 0 here, where there is none) in the replies of "
+            "/v1/completions and /v1/chat/completions and in a stream's final usage chunk; "
+            "off by default, as in vLLM (`prompt_tokens_details` null, or left out of a chunk)",
+        ),
+    ),
+    (
         ("--language-model-only",),
         dict(
             action="store_true",

@@ -281,17 +281,25 @@ def build_app(
     allowed_headers: Sequence[str] = ("*",),
     allow_credentials: bool = False,
     request_logger: RequestLogger | None = None,
+    enable_prompt_tokens_details: bool = False,
 ) -> FastAPI:
     """The OpenAI-compatible app over `engine` (see docs/serving.md for the endpoints);
-    `request_logger` logs each request handed to the engine (`--enable-log-requests`)."""
+    `request_logger` logs each request handed to the engine (`--enable-log-requests`);
+    `enable_prompt_tokens_details` adds them to the replies' usage
+    (`--enable-prompt-tokens-details`)."""
     parser = None
     if reasoning_parser is not None:
         parser = REASONING_PARSERS[reasoning_parser](engine.tokenizer)
     shared = (engine, served_model_names, model_path)
-    completion = OpenAIServingCompletion(*shared, request_logger=request_logger)
+    completion = OpenAIServingCompletion(
+        *shared,
+        request_logger=request_logger,
+        enable_prompt_tokens_details=enable_prompt_tokens_details,
+    )
     chat = OpenAIServingChat(
         *shared,
         request_logger=request_logger,
+        enable_prompt_tokens_details=enable_prompt_tokens_details,
         reasoning_parser=parser,
         trust_request_chat_template=trust_request_chat_template,
     )
@@ -507,6 +515,7 @@ def run_server(args: argparse.Namespace, engine_config: Any) -> None:
             allowed_headers=args.allowed_headers,
             allow_credentials=args.allow_credentials,
             request_logger=RequestLogger(args.max_log_len) if args.enable_log_requests else None,
+            enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         )
         config = uvicorn.Config(
             app,

@@ -128,17 +128,32 @@ class StreamOptions(OpenAIModel):
     continuous_usage_stats: bool = False
 
 
+class PromptTokenUsageInfo(BaseModel):
+    cached_tokens: int | None = None
+
+
 class UsageInfo(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    # vLLM's, set only with `--enable-prompt-tokens-details` (`OpenAIServing.final_usage`).
+    prompt_tokens_details: PromptTokenUsageInfo | None = None
 
     @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int) -> "UsageInfo":
+    def of(
+        cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+    ) -> "UsageInfo":
+        """The usage; with `cached_tokens` (the prompt tokens whose KV came from a cache), its
+        `prompt_tokens_details` too. Left unset otherwise, so that a chunk written without its
+        unset fields leaves it out, as vLLM's do."""
+        details = {}
+        if cached_tokens is not None:
+            details["prompt_tokens_details"] = PromptTokenUsageInfo(cached_tokens=cached_tokens)
         return cls(
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             total_tokens=prompt_tokens + completion_tokens,
+            **details,
         )
 
 

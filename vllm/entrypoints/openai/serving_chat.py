@@ -239,7 +239,7 @@ class OpenAIServingChat(OpenAIServing):
                 )
             )
         completion = sum(len(c.token_ids) for c in final.outputs)
-        usage = UsageInfo.of(len(final.prompt_token_ids), completion)
+        usage = self.final_usage(len(final.prompt_token_ids), completion, final.num_cached_tokens)
         return ChatCompletionResponse(
             id=request_id, model=self.model_name, choices=choices, usage=usage
         )
@@ -376,8 +376,7 @@ class OpenAIServingChat(OpenAIServing):
             if request.stream_options and request.stream_options.include_usage and final:
                 completion = sum(len(c.token_ids) for c in final.outputs)
                 prompt = len(final.prompt_token_ids)
-                usage = UsageInfo.of(prompt, completion)
-                yield chunk([], usage)
+                yield chunk([], self.final_usage(prompt, completion, final.num_cached_tokens))
         except EngineDeadError as e:
             yield sse(OpenAIError(str(e), 503).response())
         finally:

@@ -174,14 +174,15 @@ class OpenAIServingCompletion(OpenAIServing):
         finals: dict[int, RequestOutput],
         prompt_texts: list[str],
     ) -> CompletionResponse:
-        choices, prompt_tokens, completion_tokens = [], 0, 0
+        choices, prompt_tokens, completion_tokens, cached_tokens = [], 0, 0, 0
         for i, text in enumerate(prompt_texts):
             out = finals[i]
             prompt_tokens += len(out.prompt_token_ids)
+            cached_tokens += out.num_cached_tokens
             for c in out.outputs:
                 completion_tokens += len(c.token_ids)
                 choices.append(self._choice(request, i, out, c, text))
-        usage = UsageInfo.of(prompt_tokens, completion_tokens)
+        usage = self.final_usage(prompt_tokens, completion_tokens, cached_tokens)
         return CompletionResponse(
             id=request_id, model=self.model_name, choices=choices, usage=usage
         )
@@ -284,11 +285,13 @@ class OpenAIServingCompletion(OpenAIServing):
         text_offsets: dict[int, TextOffsets] = {}
         done: set[int] = set()
         prompt_tokens: dict[int, int] = {}
+        cached_tokens: dict[int, int] = {}
         completion_tokens: dict[int, int] = {}
         created = int(time.time())  # one time for every chunk, as upstream and OpenAI
         try:
             async for i, out in merge_streams(streams):
                 prompt_tokens[i] = len(out.prompt_token_ids)
+                cached_tokens[i] = out.num_cached_tokens
                 for c in out.outputs:
                     index = i * n + c.index
                     if index in done:
@@ -329,12 +332,19 @@ class OpenAIServingCompletion(OpenAIServing):
                         )
                     )  # fmt: skip
             if request.stream_options and request.stream_options.include_usage:
-                usage = UsageInfo.of(sum(prompt_tokens.values()), sum(completion_tokens.values()))
+                usage = self.final_usage(
+                    sum(prompt_tokens.values()),
+                    sum(completion_tokens.values()),
+                    sum(cached_tokens.values()),
+                )
+                # Without its None fields, as upstream writes this chunk: no
+                # `prompt_tokens_details` unless the server reports them.
                 yield sse(
                     CompletionResponse(
                         id=request_id, created=created, model=self.model_name, choices=[],
                         usage=usage,
-                    )
+                    ),
+                    exclude_none=True,
                 )  # fmt: skip
         except EngineDeadError as e:
             yield sse(OpenAIError(str(e), 503).response())

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from vllm.entrypoints.logger import RequestLogger
-from vllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
+from vllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, UsageInfo
 from vllm.logger import init_logger
 from vllm.outputs import RequestOutput
 from vllm.sampling_params import SamplingParams, truncate_prompt
@@ -56,11 +56,16 @@ def bad_request(error: ValueError, fields: "type[BaseModel] | None" = None) -> O
     return OpenAIError(message, 400, param)
 
 
-def sse(payload: "BaseModel | dict[str, Any] | str", exclude_unset: bool = False) -> str:
+def sse(
+    payload: "BaseModel | dict[str, Any] | str",
+    exclude_unset: bool = False,
+    exclude_none: bool = False,
+) -> str:
     """One server-sent event carrying `payload` (`[DONE]` as is); a model without the fields
-    left unset if `exclude_unset` (upstream's chat chunks; its completion chunks have all)."""
+    left unset if `exclude_unset` (upstream's chat chunks; its completion chunks have all), or
+    without those that are None if `exclude_none` (upstream's final usage chunks)."""
     if isinstance(payload, BaseModel):
-        data = payload.model_dump_json(exclude_unset=exclude_unset)
+        data = payload.model_dump_json(exclude_unset=exclude_unset, exclude_none=exclude_none)
     elif isinstance(payload, dict):
         data = json.dumps(payload)
     else:
@@ -115,9 +120,11 @@ class OpenAIServing:
         served_model_names: list[str],
         model_path: str,
         request_logger: RequestLogger | None = None,
+        enable_prompt_tokens_details: bool = False,
     ) -> None:
         self.engine = engine
         self.request_logger = request_logger
+        self.enable_prompt_tokens_details = enable_prompt_tokens_details
         self.tokenizer = engine.tokenizer
         self.served_model_names = served_model_names
         self.model_path = model_path
@@ -132,6 +139,15 @@ class OpenAIServing:
         if self.request_logger is not None:
             self.request_logger.log_request(request_id, prompt_ids, params)
         return await self.engine.add_request(request_id, prompt_ids, params, arrival)
+
+    def final_usage(
+        self, prompt_tokens: int, completion_tokens: int, cached_tokens: int
+    ) -> UsageInfo:
+        """A reply's usage, as a whole response or a stream's final usage chunk gives it: with
+        `--enable-prompt-tokens-details`, its `prompt_tokens_details.cached_tokens` too, as
+        vLLM's (which leaves them out of the usage of every other chunk)."""
+        cached = cached_tokens if self.enable_prompt_tokens_details else None
+        return UsageInfo.of(prompt_tokens, completion_tokens, cached)
 
     @property
     def model_name(self) -> str:
