@@ -23,6 +23,7 @@ import io
 import logging
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.context
 import os
 import select
 import signal
@@ -31,6 +32,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -810,28 +812,41 @@ def test_a_signal_to_rank_0_while_a_worker_is_spawned_is_delivered_after():
         signal.signal(signal.SIGTERM, previous)
 
 
-def test_ctrl_c_during_a_workers_spawn_stops_that_worker(monkeypatch):
+@pytest.fixture
+def dummy_tp2_config():
+    """The fast model at TP = 2 with random weights and no tokenizer: enough for an executor
+    that is stopped while its worker starts."""
+    return EngineArgs(FAST, tensor_parallel_size=2, skip_tokenizer_init=True,
+                      load_format="dummy", **ARGS).create_engine_config()  # fmt: skip
+
+
+def after_each_spawn(
+    monkeypatch: pytest.MonkeyPatch, then: Callable[[multiprocessing.context.SpawnProcess], None]
+) -> None:
+    """Runs `then(worker)` in rank 0 as soon as each worker process it spawns has started."""
+    start = multiprocessing.context.SpawnProcess.start
+
+    def start_then(self):
+        start(self)
+        then(self)
+
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", start_then)
+
+
+def test_ctrl_c_during_a_workers_spawn_stops_that_worker(monkeypatch, dummy_tp2_config):
     """The interrupt comes after the spawned worker is in the executor's list, so the start-up
     failure stops it; raised inside `Process.start` (a thread of the process took the signal),
     it left the worker running, untracked."""
-    import multiprocessing.context
-
-    from vllm.engine.arg_utils import EngineArgs
-
-    config = EngineArgs(FAST, tensor_parallel_size=2, skip_tokenizer_init=True,
-                        load_format="dummy", **ARGS).create_engine_config()  # fmt: skip
     spawned = []
-    start = multiprocessing.context.SpawnProcess.start
 
-    def start_then_ctrl_c(self):
-        start(self)
-        spawned.append(self)
+    def ctrl_c(worker):
+        spawned.append(worker)
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.2)  # time for whichever thread takes it
 
-    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", start_then_ctrl_c)
+    after_each_spawn(monkeypatch, ctrl_c)
     with pytest.raises(KeyboardInterrupt):
-        Executor(config)
+        Executor(dummy_tp2_config)
     [worker] = spawned
     worker.join(BOUND_S)
     # Killed by the shutdown (an untracked worker died later, of a broken pipe, with a traceback).
@@ -839,34 +854,26 @@ def test_ctrl_c_during_a_workers_spawn_stops_that_worker(monkeypatch):
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
 
 
-def test_ctrl_c_while_workers_start_is_quiet_and_quick(monkeypatch):
+def test_ctrl_c_while_workers_start_is_quiet_and_quick(monkeypatch, dummy_tp2_config):
     """A Ctrl-C reaches the whole process group. A worker spawned by the executor keeps SIGINT
     out from its first instruction, not only once its imports are done (a KeyboardInterrupt
     traceback from inside an import otherwise), and rank 0 interrupted before the group exists
     kills the starting workers at once (none reads "shutdown" before joining the group; the
     10 s wait was spent in full)."""
-    import multiprocessing.context
-
-    from vllm.engine.arg_utils import EngineArgs
-
-    config = EngineArgs(FAST, tensor_parallel_size=2, skip_tokenizer_init=True,
-                        load_format="dummy", **ARGS).create_engine_config()  # fmt: skip
     spawned = []
-    start = multiprocessing.context.SpawnProcess.start
 
-    def start_and_look(self):
-        start(self)
-        spawned.append((self, _group_signals_kept_out(self.pid)))
+    def look(worker):
+        spawned.append((worker, _group_signals_kept_out(worker.pid)))
 
     def interrupted(self, rank, starting=False):
         raise KeyboardInterrupt  # Ctrl-C while rank 0 waits for the workers to start
 
-    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", start_and_look)
+    after_each_spawn(monkeypatch, look)
     monkeypatch.setattr(Executor, "_answer", interrupted)
     sigterm = signal.getsignal(signal.SIGTERM)
     began = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        Executor(config)
+        Executor(dummy_tp2_config)
     assert time.monotonic() - began < 5
     [(worker, ignored)] = spawned
     assert ignored and not worker.is_alive()
