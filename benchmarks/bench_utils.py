@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from vllm.config.vllm import VllmConfig
-from vllm.engine.arg_utils import EngineArgs, refuse
+from vllm.engine.arg_utils import EngineArgs, each_refusal, refusal, usage_error
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 from vllm.model_executor.model_loader.builtin import resolve_model
 from vllm.model_executor.model_loader.loader import build_model
@@ -112,9 +112,13 @@ def engine_config(
     try:
         config = ea.create_engine_config()
     except ValueError as e:
-        if ea.max_model_len == needed and "max_position_embeddings" in str(e):
-            parser.error(f"{workload}: {needed} tokens per sequence; {e}")
-        refuse(parser, e)
+        refused = [
+            f"{workload}: {needed} tokens per sequence; {error}"
+            if ea.max_model_len == needed and "max_position_embeddings" in str(error)
+            else refusal(error)
+            for error in each_refusal(e)
+        ]
+        usage_error(parser, refused)
     if config.model_config.max_model_len < needed:
         parser.error(
             f"argument --max-model-len: {config.model_config.max_model_len} is too small, "

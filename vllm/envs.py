@@ -116,13 +116,18 @@ _VARIABLES: dict[str, tuple[Callable[[str | None], Any], str]] = {
 _LENIENT = frozenset({"VLLM_LOGGING_LEVEL"})
 
 
-def check() -> None:
-    """Raise EnvVarError for the first variable whose value is refused (but `_LENIENT`'s). The
-    engine checks them all before it builds anything, so a bad one fails start-up, not the code
-    path that first reads it (a forward pass: a served engine's first request)."""
+def refused() -> list[EnvVarError]:
+    """An EnvVarError for each variable whose value is refused (but `_LENIENT`'s). The engine
+    checks them all before it builds anything, so a bad one fails start-up, not the code path
+    that first reads it (a forward pass: a served engine's first request)."""
+    errors = []
     for name in _VARIABLES:
         if name not in _LENIENT:
-            __getattr__(name)
+            try:
+                __getattr__(name)
+            except EnvVarError as e:
+                errors.append(e)
+    return errors
 
 
 def describe() -> str:
@@ -148,4 +153,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return [*_VARIABLES, "check", "describe"]
+    return [*_VARIABLES, "describe", "refused"]

@@ -146,6 +146,26 @@ def test_bad_values_are_refused_by_flag(name, argv, message, monkeypatch, capsys
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("name", ["benchmark_throughput"])
+def test_every_engine_refusal_is_named_with_the_workloads(name, monkeypatch, capsys) -> None:
+    """The engine's refusals all come in one run, the workload's own length among them (named as
+    the workload's, as when it comes alone)."""
+    with pytest.raises(SystemExit) as exit_info:
+        run(
+            name,
+            ["--input-len", "5000", "--kv-cache-dtype", "fp8", "--revision", "v2"],
+            monkeypatch,
+        )
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert lines[-4].endswith("error: 3 arguments refused:"), err
+    assert lines[-3].startswith("  argument --revision: revision 'v2' cannot"), err
+    assert lines[-2].startswith("  argument --kv-cache-dtype: kv_cache_dtype 'fp8'"), err
+    assert " tokens per sequence; max_model_len " in lines[-1], err
+    assert "exceeds the model's max_position_embeddings 4096" in lines[-1], err
+
+
 @pytest.mark.parametrize("blocks, slots, ok", [(64, 4, True), (63, 4, False), (64, 3, False)])
 def test_latency_refuses_a_cache_that_cannot_hold_the_largest_batch(
     blocks: int, slots: int, ok: bool, capsys: pytest.CaptureFixture

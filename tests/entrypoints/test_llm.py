@@ -79,6 +79,24 @@ def test_bad_argument_fails_at_construction_naming_it(kwargs, message):
     assert multiprocessing.active_children() == []  # refused before any worker started
 
 
+def test_every_bad_argument_is_named_in_one_error():
+    """Each independent refusal, not only the first: a fix-and-retry loop per argument otherwise.
+    A check that needs a refused value is skipped (no dtype: no model is built to check), and
+    a single refusal is still raised as the error it is."""
+    bad = dict(kv_cache_dtype="fp8", revision="main", max_num_seqs=0, dtype="float8")
+    with pytest.raises(ValueError) as info:
+        LLM(MODEL, **dict(ARGS, **bad))
+    message = str(info.value)
+    assert message.startswith("4 engine arguments refused:\n  "), message
+    said = ["revision 'main' cannot be honoured", "max_num_seqs must be >= 1, got 0",
+            "kv_cache_dtype 'fp8' is not supported", "dtype must be auto or one of"]  # fmt: skip
+    assert [str(e)[: len(s)] for e, s in zip(info.value.errors, said, strict=True)] == said, message
+    assert multiprocessing.active_children() == []
+    with pytest.raises(ValueError, match="^kv_cache_dtype 'fp8' is not supported") as info:
+        LLM(MODEL, **dict(ARGS, kv_cache_dtype="fp8"))
+    assert not hasattr(info.value, "errors")
+
+
 def test_unknown_model_is_named():
     with pytest.raises(ValueError, match="model 'kimi-huge' is neither a folder nor a built-in"):
         LLM("kimi-huge")

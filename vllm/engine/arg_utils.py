@@ -2,23 +2,29 @@
 
 Every field is a keyword of `LLM(...)` and a `--flag` of the CLI (underscores become dashes);
 `create_engine_config()` resolves defaults and checks every value, so a bad argument fails at
-construction with a message naming it.
+construction with a message naming it; several fail together (`EngineArgsError`, one line each),
+so that a command line learns of all of them in one run.
 """
 
 import argparse
 import dataclasses
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import torch
 
 from vllm import envs
 from vllm.config.generation import load_generation_config
-from vllm.config.quantization import FusedLayerSplitError, parse_quantization_config
+from vllm.config.quantization import (
+    FusedLayerSplitError,
+    QuantizationConfigArgs,
+    parse_quantization_config,
+)
 from vllm.config.vllm import (
     CacheConfig,
     CompilationConfig,
@@ -185,106 +191,62 @@ class EngineArgs:
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
 
     def create_engine_config(self) -> VllmConfig:
-        """Resolve defaults and validate; raises ValueError naming the bad argument."""
-        from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
-        from vllm.model_executor.model_loader.builtin import check_load_format, resolve_model
-        from vllm.models.registry import model_class
-        from vllm.transformers_utils.configs import load_model_config
+        """Resolve defaults and validate; raises ValueError naming the bad argument, or
+        `EngineArgsError` naming each of them where several are refused."""
+        from vllm.model_executor.model_loader.builtin import check_load_format
 
+        refusals = _Refusals()
+        check = refusals.check
         for f in fields(self):
-            value = getattr(self, f.name)
-            if f.type is bool and not isinstance(value, bool):
-                raise ValueError(f"{f.name} must be a bool, got {value!r}")
-            if f.type == bool | None and not isinstance(value, bool | None):
-                raise ValueError(f"{f.name} must be a bool or None, got {value!r}")
-        self._check_neutral_fields()
-        envs.check()
-        _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
-        _check_int("max_num_seqs", self.max_num_seqs, 1)
-        _check_int("block_size", self.block_size, 1)
-        _check_int("seed", self.seed, SEED_MIN)
-        if self.seed > SEED_MAX:  # torch's generators take int64 / uint64 values
-            raise ValueError(f"seed must be <= {SEED_MAX}, got {self.seed}")
-        _check_int("max_logprobs", self.max_logprobs, -1)
-        for name in ("max_num_batched_tokens", "num_gpu_blocks_override", "kv_cache_memory"):
-            if getattr(self, name) is not None:
-                _check_int(name, getattr(self, name), 1)
-        if self.max_cudagraph_capture_size is not None:
-            _check_int("max_cudagraph_capture_size", self.max_cudagraph_capture_size, 0)
-        utilization = self.gpu_memory_utilization
-        if (
-            isinstance(utilization, bool)
-            or not isinstance(utilization, int | float)
-            or not (0 < utilization <= 1)
-        ):
-            raise ValueError(
-                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
-            )
-        if self.load_format not in _LOAD_FORMATS:
-            raise ValueError(
-                f"load_format must be one of {_LOAD_FORMATS}, got {self.load_format!r}"
-            )
-        if self.kv_cache_dtype != "auto":
-            raise ValueError(
-                f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported: the MLA latent cache is "
-                "kept in the model dtype ('auto')"
-            )
-        device = self._device()
-        folder, _ = resolve_model(self.model)
-        try:
-            hf_config = load_model_config(folder, warn_checkpoint_quantization=True)
-        except ValueError as e:
-            raise ValueError(f"model: {e}") from None
-        check_load_format(folder, self.load_format)  # a folder's config first, then its weights
-        text = getattr(hf_config, "text_config", hf_config)
-        max_model_len = parse_max_model_len(self.max_model_len)
-        limit = text.max_position_embeddings
-        if max_model_len is None:
-            max_model_len = limit
-        # One prompt token and one generated token at least (the scheduler's own bound).
-        _check_int("max_model_len", max_model_len, 2)
-        if max_model_len > limit:
-            raise ValueError(
-                f"max_model_len {max_model_len} exceeds the model's max_position_embeddings {limit}"
-            )
-        if self.block_size > max(max_model_len, EngineArgs.block_size):
-            # Works, but no sequence ever fills its one block (more likely a mistaken flag).
-            logger.warning(
-                "block_size %d exceeds max_model_len %d: each sequence takes one block, of which "
-                "at least %d tokens' cache stay unused",
-                self.block_size, max_model_len, self.block_size - max_model_len,
-            )  # fmt: skip
-        batched = self.max_num_batched_tokens or max(8192, self.max_num_seqs)
-        if batched < self.max_num_seqs:
-            raise ValueError(
-                f"max_num_batched_tokens ({batched}) must be >= max_num_seqs "
-                f"({self.max_num_seqs}): every running sequence's decode token fits in a step"
-            )
-        quant, quant_method = self.quantization_config, None
-        if quant is not None:
-            if isinstance(quant, str):
-                try:
-                    quant = json.loads(quant)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"quantization_config is not valid JSON: {e}") from None
-            # Validates (the fields, then whether an online method exists for the scheme) here,
-            # so that the error names the flag before any model is built; the runner parses again.
-            quant_method = OnlineQuantizationConfig(
-                parse_quantization_config(quant), model_class(hf_config).packed_modules_mapping
-            )
-        dtype = self._dtype(device)
-        tokenizer = self._tokenizer_folder(folder)
-        generation_config = load_generation_config(self.generation_config, folder, hf_config)
+            check(_check_bool_field, f.name, f.type, getattr(self, f.name))
+        refusals.errors.extend(self._neutral_field_refusals())
+        bad_variables = envs.refused()
+        refusals.errors.extend(bad_variables)
+        tp = check(_check_int, "tensor_parallel_size", self.tensor_parallel_size, 1)
+        max_num_seqs = check(_check_int, "max_num_seqs", self.max_num_seqs, 1)
+        block_size = check(_check_int, "block_size", self.block_size, 1)
+        check(_check_seed, self.seed)
+        check(_check_int, "max_logprobs", self.max_logprobs, -1)
+        asked_batched = check(
+            _check_optional_int, "max_num_batched_tokens", self.max_num_batched_tokens, 1
+        )
+        check(_check_optional_int, "num_gpu_blocks_override", self.num_gpu_blocks_override, 1)
+        check(_check_optional_int, "kv_cache_memory", self.kv_cache_memory, 1)
+        check(_check_optional_int, "max_cudagraph_capture_size", self.max_cudagraph_capture_size, 0)
+        check(self._check_gpu_memory_utilization)
+        load_format = check(self._load_format)
+        check(self._check_kv_cache_dtype)
+        device = check(self._device)
+        dtype = check(_resolve_dtype, check(self._dtype), device)
+        asked_len = check(parse_max_model_len, self.max_model_len)
+        quant = check(self._quantization_config)
+        folder = check(self._model_folder)
+        hf_config = check(_load_hf_config, folder)
+        # Each check below needs a value checked above, and `check` skips it where that value was
+        # refused (so one refusal is all such a chain reports): its message would only repeat
+        # that refusal, or judge a value that is not the user's (no model config: no limit for
+        # max_model_len, no layers for the quantization config).
+        if hf_config is not _REFUSED:  # a folder's config first, then its weights
+            check(check_load_format, folder, load_format)
+        max_model_len = check(_max_model_len, asked_len, hf_config)
+        check(self._warn_of_unfilled_blocks, block_size, max_model_len)
+        batched = check(_max_num_batched_tokens, asked_batched, max_num_seqs)
+        quant_method = check(_online_quantization, quant, hf_config)
+        tokenizer = check(self._tokenizer_folder, folder)
+        generation_config = check(load_generation_config, self.generation_config, folder, hf_config)
+        if not bad_variables:  # the model's layers read them, and would refuse them again
+            check(self._check_model_builds, hf_config, dtype, quant_method, tp)
+        refusals.raise_any()
         model_config = ModelConfig(
             model=str(self.model), folder=folder, tokenizer=tokenizer, hf_config=hf_config,
             dtype=dtype, max_model_len=max_model_len, load_format=self.load_format,
-            seed=self.seed, quantization_config=quant, enforce_eager=self.enforce_eager,
-            max_logprobs=self.max_logprobs, generation_config=generation_config,
+            seed=self.seed, quantization_config=None if quant is None else quant[0],
+            enforce_eager=self.enforce_eager, max_logprobs=self.max_logprobs,
+            generation_config=generation_config,
         )  # fmt: skip
         graphs = device == "cuda" and not self.enforce_eager
         async_scheduling = self._async_scheduling(device)
         sizes = cudagraph_capture_sizes(self.max_num_seqs, self.max_cudagraph_capture_size)
-        self._check_model_builds(hf_config, dtype, quant_method)
         return VllmConfig(
             model_config=model_config,
             cache_config=CacheConfig(
@@ -302,7 +264,11 @@ class EngineArgs:
         )
 
     def _check_model_builds(
-        self, hf_config: Any, dtype: torch.dtype, quant: "QuantizationConfig | None"
+        self,
+        hf_config: Any,
+        dtype: torch.dtype,
+        quant: "QuantizationConfig | None",
+        tp: int,
     ) -> None:
         """The model built on the meta device, at TP = 1 and then at this TP size, so that what
         its layers refuse is known before any worker starts, and blamed on the right argument."""
@@ -314,7 +280,6 @@ class EngineArgs:
             raise  # names the quantization config, or the environment variable, itself
         except ValueError as e:
             raise ValueError(f"model: {e}") from None
-        tp = self.tensor_parallel_size
         if tp > 1:
             try:
                 check_model_builds(hf_config, dtype, quant, tp)
@@ -325,31 +290,32 @@ class EngineArgs:
                     f"tensor_parallel_size: {tp} does not shard this model: {e}"
                 ) from None
 
-    def _check_neutral_fields(self) -> None:
+    def _neutral_field_refusals(self) -> list[ValueError]:
         """Upstream's fields whose effect here is nil, or what this engine does anyway
         (docs/engine.md; prefix caching, which changes no output, is only warned of when asked
         for): a value that names what it does is taken; one that asks for what it
         does not do is refused, by name and with the reason."""
+        refusals = []
         if self.revision is not None:
             # Ignored, a pinned revision would run another version without a word.
-            raise ValueError(
+            refusals.append(ValueError(
                 f"revision {self.revision!r} cannot be honoured: vllm-k3 loads the model folder "
                 "(or built-in model) as it is and downloads nothing, so no hub revision can be "
                 "checked out or checked; leave revision unset"
-            )
+            ))  # fmt: skip
         if self.tokenizer_mode != "auto":
-            raise ValueError(
+            refusals.append(ValueError(
                 f"tokenizer_mode {self.tokenizer_mode!r} is not supported: 'auto' only, the "
                 "tokenizer folder's tokenizer.json or tiktoken.model read by vllm-k3 itself; there "
                 "is no transformers ('hf', 'slow'), mistral_common or registered ('custom') "
                 "tokenizer"
-            )
+            ))  # fmt: skip
         if self.enable_chunked_prefill is False:
-            raise ValueError(
+            refusals.append(ValueError(
                 "enable_chunked_prefill: turning it off is not supported: the scheduler always "
                 "splits a prompt that does not fit the tokens left in a step "
                 "(max_num_batched_tokens) over several steps; leave it unset or on"
-            )
+            ))  # fmt: skip
         if self.enable_prefix_caching:
             # Upstream's default is on, so only the explicit spelling of what every upstream
             # run asks for could be refused; outputs are the same without a cache.
@@ -358,6 +324,56 @@ class EngineArgs:
                 "cannot be resumed from a block of cached tokens), so every prompt is prefilled "
                 "in full; outputs are the same, without a cache hit's speed-up (docs/engine.md)"
             )
+        return refusals
+
+    def _check_gpu_memory_utilization(self) -> None:
+        utilization = self.gpu_memory_utilization
+        if (
+            isinstance(utilization, bool)
+            or not isinstance(utilization, int | float)
+            or not (0 < utilization <= 1)
+        ):
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {utilization!r}")
+
+    def _load_format(self) -> str:
+        if self.load_format not in _LOAD_FORMATS:
+            raise ValueError(
+                f"load_format must be one of {_LOAD_FORMATS}, got {self.load_format!r}"
+            )
+        return self.load_format
+
+    def _check_kv_cache_dtype(self) -> None:
+        if self.kv_cache_dtype != "auto":
+            raise ValueError(
+                f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported: the MLA latent cache is "
+                "kept in the model dtype ('auto')"
+            )
+
+    def _quantization_config(self) -> "tuple[dict, QuantizationConfigArgs] | None":
+        """The decoded `quantization_config` and its parsed fields (None: not quantized)."""
+        quant = self.quantization_config
+        if quant is None:
+            return None
+        if isinstance(quant, str):
+            try:
+                quant = json.loads(quant)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"quantization_config is not valid JSON: {e}") from None
+        return quant, parse_quantization_config(quant)
+
+    def _model_folder(self) -> Path:
+        from vllm.model_executor.model_loader.builtin import resolve_model
+
+        return resolve_model(self.model)[0]
+
+    def _warn_of_unfilled_blocks(self, block_size: int, max_model_len: int) -> None:
+        if block_size > max(max_model_len, EngineArgs.block_size):
+            # Works, but no sequence ever fills its one block (more likely a mistaken flag).
+            logger.warning(
+                "block_size %d exceeds max_model_len %d: each sequence takes one block, of which "
+                "at least %d tokens' cache stay unused",
+                block_size, max_model_len, block_size - max_model_len,
+            )  # fmt: skip
 
     def _async_scheduling(self, device: str) -> bool:
         """On by default where it overlaps anything: on a GPU (a CPU runs each forward before
@@ -393,24 +409,137 @@ class EngineArgs:
             return "cuda" if torch.cuda.is_available() else "cpu"
         return self.device
 
-    def _dtype(self, device: str) -> torch.dtype:
+    def _dtype(self) -> torch.dtype | None:
+        """The dtype asked for; None for auto (`_resolve_dtype`)."""
         if isinstance(self.dtype, torch.dtype):
             if self.dtype not in _DTYPES.values():
                 raise ValueError(f"dtype {self.dtype} is not one of {sorted(set(_DTYPES))}")
             return self.dtype
         if self.dtype == "auto":
-            # CPU BLAS is slow and inexact in bf16; the CPU reference paths are fp32.
-            return torch.bfloat16 if device == "cuda" else torch.float32
+            return None
         if not isinstance(self.dtype, str) or self.dtype not in _DTYPES:  # a list is unhashable
             raise ValueError(f"dtype must be auto or one of {sorted(_DTYPES)}, got {self.dtype!r}")
         return _DTYPES[self.dtype]
 
 
-def _check_int(name: str, value: Any, low: int | None) -> None:
+class _Refused:
+    """The value of a refused check (`_REFUSED`)."""
+
+
+_REFUSED = _Refused()
+_T = TypeVar("_T")
+
+
+class EngineArgsError(ValueError):
+    """Several arguments refused by `EngineArgs.create_engine_config`: `errors`, each the
+    ValueError naming its argument (a single refusal is raised as it is)."""
+
+    def __init__(self, errors: list[ValueError]) -> None:
+        lines = "".join(f"\n  {e}" for e in errors)
+        super().__init__(f"{len(errors)} engine arguments refused:{lines}")
+        self.errors = errors
+
+
+class _Refusals:
+    """The ValueErrors of `create_engine_config`'s checks, all kept, so that one run reports
+    every bad argument rather than the first."""
+
+    def __init__(self) -> None:
+        self.errors: list[ValueError] = []
+
+    def check(self, check: Callable[..., _T], *args: Any) -> "_T | _Refused":
+        """`check(*args)`, or `_REFUSED` where it raises ValueError (kept), or where an argument
+        is `_REFUSED` (not run: it depends on a refused value)."""
+        if any(arg is _REFUSED for arg in args):
+            return _REFUSED
+        try:
+            return check(*args)
+        except ValueError as e:
+            self.errors.append(e)
+            return _REFUSED
+
+    def raise_any(self) -> None:
+        if len(self.errors) == 1:
+            raise self.errors[0]
+        if self.errors:
+            raise EngineArgsError(self.errors)
+
+
+def _check_bool_field(name: str, kind: Any, value: Any) -> None:
+    if kind is bool and not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool, got {value!r}")
+    if kind == bool | None and not isinstance(value, bool | None):
+        raise ValueError(f"{name} must be a bool or None, got {value!r}")
+
+
+def _check_seed(seed: Any) -> None:
+    _check_int("seed", seed, SEED_MIN)
+    if seed > SEED_MAX:  # torch's generators take int64 / uint64 values
+        raise ValueError(f"seed must be <= {SEED_MAX}, got {seed}")
+
+
+def _check_optional_int(name: str, value: Any, low: int) -> int | None:
+    return None if value is None else _check_int(name, value, low)
+
+
+def _resolve_dtype(dtype: torch.dtype | None, device: str) -> torch.dtype:
+    # CPU BLAS is slow and inexact in bf16; the CPU reference paths are fp32.
+    if dtype is not None:
+        return dtype
+    return torch.bfloat16 if device == "cuda" else torch.float32
+
+
+def _load_hf_config(folder: Path) -> Any:
+    from vllm.transformers_utils.configs import load_model_config
+
+    try:
+        return load_model_config(folder, warn_checkpoint_quantization=True)
+    except ValueError as e:
+        raise ValueError(f"model: {e}") from None
+
+
+def _max_model_len(asked: int | None, hf_config: Any) -> int:
+    """`max_model_len` (None: the model's `max_position_embeddings`), within the model's."""
+    limit = getattr(hf_config, "text_config", hf_config).max_position_embeddings
+    max_model_len = limit if asked is None else asked
+    # One prompt token and one generated token at least (the scheduler's own bound).
+    _check_int("max_model_len", max_model_len, 2)
+    if max_model_len > limit:
+        raise ValueError(
+            f"max_model_len {max_model_len} exceeds the model's max_position_embeddings {limit}"
+        )
+    return max_model_len
+
+
+def _max_num_batched_tokens(asked: int | None, max_num_seqs: int) -> int:
+    batched = asked or max(8192, max_num_seqs)
+    if batched < max_num_seqs:
+        raise ValueError(
+            f"max_num_batched_tokens ({batched}) must be >= max_num_seqs "
+            f"({max_num_seqs}): every running sequence's decode token fits in a step"
+        )
+    return batched
+
+
+def _online_quantization(
+    quant: "tuple[dict, QuantizationConfigArgs] | None", hf_config: Any
+) -> "QuantizationConfig | None":
+    """The online method of the quantization config, for this model's fused layers; checks
+    whether one exists for the scheme (the runner builds its own)."""
+    from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
+    from vllm.models.registry import model_class
+
+    if quant is None:
+        return None
+    return OnlineQuantizationConfig(quant[1], model_class(hf_config).packed_modules_mapping)
+
+
+def _check_int(name: str, value: Any, low: int | None) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise ValueError(f"{name} must be an integer, got {value!r}")
     if low is not None and value < low:
         raise ValueError(f"{name} must be >= {low}, got {value}")
+    return value
 
 
 def _cli_type(f: dataclasses.Field) -> Any:
@@ -438,8 +567,21 @@ def _field_help() -> dict[str, str]:
 
 
 def refuse(parser: argparse.ArgumentParser, error: ValueError) -> NoReturn:
-    """Exit 2 with `refusal(error)`."""
-    parser.error(refusal(error))
+    """Exit 2 with the `refusal` of each argument that `error` refuses (`each_refusal`)."""
+    usage_error(parser, [refusal(e) for e in each_refusal(error)])
+
+
+def usage_error(parser: argparse.ArgumentParser, refused: list[str]) -> NoReturn:
+    """Exit 2 with the usage errors `refused` (`argument --flag: reason`), all of them."""
+    if len(refused) == 1:
+        parser.error(refused[0])
+    parser.error(f"{len(refused)} arguments refused:\n  " + "\n  ".join(refused))
+
+
+def each_refusal(error: ValueError) -> list[ValueError]:
+    """The refusals that `error`, from `create_engine_config`, stands for: an
+    `EngineArgsError`'s, or `error` itself."""
+    return error.errors if isinstance(error, EngineArgsError) else [error]
 
 
 def refusal(error: ValueError) -> str:

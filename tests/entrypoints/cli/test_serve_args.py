@@ -262,21 +262,56 @@ def test_a_bad_switch_is_refused_at_start_up(
 
 
 def test_every_refusal_of_a_recipe_is_reported_in_one_run(capsys: pytest.CaptureFixture) -> None:
-    """The PR's recipe has a server flag and an engine flag that this fork refuses; both are
-    named in one run (the first alone was, so the user learned of the second only after fixing
-    it), along with a bad server value found by the same checks."""
+    """The PR's recipe has a server flag and engine flags that this fork refuses; all are named
+    in one run (the first alone was, so the user learned of the next only after fixing it), along
+    with a bad server value found by the same checks. The engine's own refusals were cut at its
+    first (--revision here) until it checked every independent argument."""
     recipe = '{"linear":"fp8_per_channel","ignore":["re:(?!.*self_attn\\\\.o_proj$).*"]}'
     with pytest.raises(SystemExit) as exit_info:
         main(["serve", "kimi-k3-tiny", "--host", "127.0.0.1", "--port", "0",
               "--kv-cache-dtype", "fp8", "-ac", "[1]", "--quantization-config", recipe,
-              "--speculative-config", '{"method": "dspark"}'])  # fmt: skip
+              "--speculative-config", '{"method": "dspark"}', "--revision", "v2",
+              "--max-num-seqs", "0"])  # fmt: skip
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     lines = err.splitlines()
-    assert "error: 3 arguments refused:" in lines[-4], err
-    assert lines[-3].startswith("  argument --speculative-config/-sc: speculative decoding"), err
-    assert lines[-2] == "  argument --attention-config/-ac: must be a JSON object", err
+    assert "error: 5 arguments refused:" in lines[-6], err
+    assert lines[-5].startswith("  argument --speculative-config/-sc: speculative decoding"), err
+    assert lines[-4] == "  argument --attention-config/-ac: must be a JSON object", err
+    assert lines[-3].startswith("  argument --revision: revision 'v2' cannot be honoured"), err
+    assert lines[-2] == "  argument --max-num-seqs: max_num_seqs must be >= 1, got 0", err
     assert lines[-1].startswith("  argument --kv-cache-dtype: kv_cache_dtype 'fp8' is not"), err
+
+
+def test_refusals_of_the_engine_and_its_environment_come_together(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """Each bad environment variable, each bad engine flag; a check that needs a refused value
+    is skipped (no model config: no limit for --max-model-len to exceed), one that does not
+    still runs (--max-model-len's own spelling)."""
+    monkeypatch.setenv("VLLM_TRITON_PDL", "yes")
+    monkeypatch.setenv("VLLM_KDA_PREFILL_GRAPHS", "no")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "no-such-model", "--host", "127.0.0.1", "--port", "0", "--max-model-len",
+              "12q", "--load-format", "pt", "--gpu-memory-utilization", "2"])  # fmt: skip
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    refused = err[err.index("arguments refused:") :].splitlines()[1:]
+    assert [line.split(":")[0].strip() for line in refused] == [
+        "environment variable VLLM_KDA_PREFILL_GRAPHS='no'",
+        "environment variable VLLM_TRITON_PDL='yes'",
+        "argument --gpu-memory-utilization",
+        "argument --load-format",
+        "argument --max-model-len",
+        "argument --model",
+    ], err
+    assert "cannot parse '12q'" in err and "'no-such-model' is neither a folder" in err, err
+    monkeypatch.delenv("VLLM_TRITON_PDL")
+    monkeypatch.delenv("VLLM_KDA_PREFILL_GRAPHS")
+    with pytest.raises(SystemExit):
+        main(["serve", "no-such-model", "--port", "0", "--max-model-len", "1m"])
+    err = capsys.readouterr().err
+    assert "arguments refused" not in err and "--max-model-len" not in err.splitlines()[-1], err
 
 
 def test_model_given_twice_must_agree(capsys: pytest.CaptureFixture) -> None:

@@ -11,7 +11,7 @@ import json
 import os
 
 from vllm import envs
-from vllm.engine.arg_utils import EngineArgs, refusal
+from vllm.engine.arg_utils import EngineArgs, each_refusal, refusal, usage_error
 from vllm.entrypoints.openai.protocol import DEFAULT_MAX_REQUEST_BODY_BYTES
 from vllm.logger import init_logger
 from vllm.reasoning import REASONING_PARSERS
@@ -312,15 +312,13 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 "the model once"
             )
         args.model = args.model_tag
-    refusals = check_server_args(args)
+    refused = check_server_args(args)
     try:
         config = EngineArgs.from_cli_args(args).create_engine_config()
     except ValueError as e:
-        refusals.append(refusal(e))
-    if len(refusals) > 1:
-        parser.error(f"{len(refusals)} arguments refused:\n  " + "\n  ".join(refusals))
-    if refusals:
-        parser.error(refusals[0])
+        refused += [refusal(error) for error in each_refusal(e)]
+    if refused:
+        usage_error(parser, refused)
     try:
         run_server(args, config)
     except BindError as e:
