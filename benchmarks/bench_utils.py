@@ -28,7 +28,6 @@ import torch
 from vllm.config.vllm import VllmConfig
 from vllm.engine.arg_utils import EngineArgs, each_refusal, refusal, usage_error
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE
-from vllm.model_executor.model_loader.builtin import resolve_model
 from vllm.model_executor.model_loader.loader import build_model
 from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.transformers_utils.configs import load_model_config
@@ -104,18 +103,27 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tor
 
 
 def engine_config(
-    parser: argparse.ArgumentParser, ea: EngineArgs, needed: int, workload: str
+    parser: argparse.ArgumentParser,
+    ea: EngineArgs,
+    needed: int,
+    workload: str,
+    flags: dict[str, str] | None = None,
 ) -> VllmConfig:
     """`ea`'s checked config, whose max_model_len holds `needed` tokens (prompt + decode steps of
     `workload`, e.g. "--input-len + --output-len"); a parser error naming the flag otherwise (an
-    explicit `--max-model-len` too small or `auto` above the model's limit included)."""
+    explicit `--max-model-len` too small or `auto` above the model's limit included). `flags`:
+    the script's own flags that set an engine flag (`{"--tensor-parallel-size": "--tp-sizes"}`),
+    named in its refusals instead.
+
+    Built once per run and passed on (`size_cache`, `LLMEngine(config)`): each build checks
+    the arguments again, and logs their warnings (`--enable-prefix-caching`) again."""
     try:
         config = ea.create_engine_config()
     except ValueError as e:
         refused = [
             f"{workload}: {needed} tokens per sequence; {error}"
             if ea.max_model_len == needed and "max_position_embeddings" in str(error)
-            else refusal(error)
+            else _renamed(refusal(error), flags or {})
             for error in each_refusal(e)
         ]
         usage_error(parser, refused)
@@ -127,34 +135,43 @@ def engine_config(
     return config
 
 
+def _renamed(refused: str, flags: dict[str, str]) -> str:
+    for flag, own in flags.items():
+        if refused.startswith(f"argument {flag}: "):
+            return f"argument {own}: " + refused.removeprefix(f"argument {flag}: ")
+    return refused
+
+
 def engine_args(args: argparse.Namespace, **overrides: Any) -> EngineArgs:
     """`EngineArgs` from the parsed flags, with `overrides` for the fields the benchmark sizes."""
     return dataclasses.replace(EngineArgs.from_cli_args(args), **overrides)
 
 
-def cache_memory_for(ea: EngineArgs, num_seqs: int, tokens_per_seq: int) -> int:
-    """Bytes of exactly the caches `ea`'s engine needs to run `num_seqs` sequences of
-    `tokens_per_seq` tokens: a KDA slot per schedulable sequence (the engine reserves
-    max_num_seqs of them) and the MLA blocks, plus the reserved dummy slot and block, counted on a
-    meta-device build of the model in the engine's dtype (TP=1 shapes: at TP > 1 a rank's KDA
-    slots are smaller and the surplus becomes MLA blocks). Passed as `kv_cache_memory`, it
-    replaces the start-up profiling run."""
-    config = ea.create_engine_config()
-    mc = config.model_config
-    model = build_model(load_model_config(resolve_model(mc.model)[0]), mc.dtype, device="meta")
-    block_bytes, slot_bytes = cache_bytes(model.get_kv_cache_spec(), ea.block_size)
-    blocks = num_seqs * math.ceil(tokens_per_seq / ea.block_size) + 1
-    return (config.scheduler_config.max_num_seqs + 1) * slot_bytes + blocks * block_bytes
+def size_cache(config: VllmConfig, num_seqs: int, tokens_per_seq: int) -> None:
+    """Give `config` exactly the caches its engine needs to run `num_seqs` sequences of
+    `tokens_per_seq` tokens, unless its cache arguments were given: a KDA slot per schedulable
+    sequence (the engine reserves max_num_seqs of them) and the MLA blocks, plus the reserved
+    dummy slot and block, counted on a meta-device build of the model in the engine's dtype (TP=1
+    shapes: at TP > 1 a rank's KDA slots are smaller and the surplus becomes MLA blocks). Set as
+    `kv_cache_memory`, it replaces the start-up profiling run."""
+    cc, mc = config.cache_config, config.model_config
+    if cc.kv_cache_memory is not None or cc.num_gpu_blocks_override is not None:
+        return
+    model = build_model(load_model_config(mc.folder), mc.dtype, device="meta")
+    block_bytes, slot_bytes = cache_bytes(model.get_kv_cache_spec(), cc.block_size)
+    blocks = num_seqs * math.ceil(tokens_per_seq / cc.block_size) + 1
+    slots = config.scheduler_config.max_num_seqs + 1
+    cc.kv_cache_memory = slots * slot_bytes + blocks * block_bytes
 
 
-def engine_summary(engine: LLMEngine, ea: EngineArgs) -> dict[str, Any]:
+def engine_summary(engine: LLMEngine) -> dict[str, Any]:
     """The engine configuration the run measured (the sizes the benchmark chose included)."""
     config = engine.config
     return {
         "max_num_seqs": config.scheduler_config.max_num_seqs,
         "max_model_len": config.scheduler_config.max_model_len,
         "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
-        "kv_cache_memory": ea.kv_cache_memory,
+        "kv_cache_memory": config.cache_config.kv_cache_memory,
         "num_blocks": config.cache_config.num_blocks,
         "num_kda_slots": config.cache_config.num_kda_slots,
         "cudagraph_capture_sizes": config.compilation_config.cudagraph_capture_sizes,

@@ -76,7 +76,6 @@ from bench_utils import (
     DRY_RUN_MODEL,
     ForwardTimer,
     apply_dry_run,
-    cache_memory_for,
     check_args,
     distinct_experts_of_one_step,
     engine_args,
@@ -92,6 +91,7 @@ from bench_utils import (
     print_table,
     random_prompts,
     run_warm_up_bands,
+    size_cache,
     synchronize,
     synchronous_steps,
     timed_step,
@@ -105,7 +105,7 @@ from group_floors import (
 )
 from step_profile import GAP_SPLIT_US, breakdown, profile_steps_and_gaps
 
-from vllm.engine.arg_utils import EngineArgs, refuse
+from vllm.config.vllm import VllmConfig, resolve_max_num_batched_tokens
 from vllm.models.kimi_k3.amd.footprint import model_footprint
 from vllm.models.kimi_k3.amd.mla import KimiMLAAttention
 from vllm.utils.cli import nonnegative_int, positive_float, positive_int, run_main
@@ -522,24 +522,17 @@ class Sweep:
         self.abort_all()
 
 
-def sized_engine_args(
+def sized_engine_config(
     parser: argparse.ArgumentParser, args: Any, batch_sizes: list[int], input_lens: list[int]
-) -> tuple[EngineArgs, dict[int, int]]:
-    """Engine arguments sized for the sweep (flags given explicitly win) and each context's
-    max_tokens per request."""
+) -> tuple[VllmConfig, dict[int, int]]:
+    """The engine config sized for the sweep (flags given explicitly win), built once, and each
+    context's max_tokens per request."""
     bmax = max(batch_sizes)
     # `is None`: an explicit 0 is refused by the engine's check, not replaced by the default.
     seqs = bmax if args.max_num_seqs is None else args.max_num_seqs
-    ea = engine_args(args, max_num_seqs=seqs)
-    try:
-        budget = ea.create_engine_config().scheduler_config.max_num_batched_tokens
-    except ValueError as e:
-        refuse(parser, e)
-    if seqs < bmax:
-        parser.error(
-            f"argument --max-num-seqs: {seqs} is below the largest batch size {bmax}, whose "
-            "sequences must decode together"
-        )
+    # The sweep's lengths, and so its max_model_len, follow from the step's token budget: the
+    # engine's, resolved here as the config will resolve it.
+    budget = resolve_max_num_batched_tokens(args.max_num_batched_tokens, seqs)
     if budget <= bmax:
         parser.error(f"--max-num-batched-tokens ({budget}) must exceed the largest batch ({bmax})")
     # + the one-at-a-time steps, the eager step, the routing step and the step in flight that
@@ -549,16 +542,21 @@ def sized_engine_args(
         n: decode_tokens_needed(n, bmax, budget, len(batch_sizes), per_case) for n in input_lens
     }
     needed = max(n + max_tokens[n] for n in input_lens)
-    ea.max_model_len = needed if args.max_model_len is None else args.max_model_len
-    engine_config(
+    max_model_len = needed if args.max_model_len is None else args.max_model_len
+    ea = engine_args(args, max_num_seqs=seqs, max_model_len=max_model_len)
+    config = engine_config(
         parser,
         ea,
         needed,
         "the longest prompt (--input-len/--input-lens) + the sweep's decode steps",
     )
-    if ea.kv_cache_memory is None and ea.num_gpu_blocks_override is None:
-        ea.kv_cache_memory = cache_memory_for(ea, bmax, needed)
-    return ea, max_tokens
+    if seqs < bmax:
+        parser.error(
+            f"argument --max-num-seqs: {seqs} is below the largest batch size {bmax}, whose "
+            "sequences must decode together"
+        )
+    size_cache(config, bmax, needed)
+    return config, max_tokens
 
 
 def check_cache_holds(
@@ -670,7 +668,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"argument --copy-gib: must be at least 1, got {args.copy_gib}")
     start = time.perf_counter()
     deadline = start + args.time_budget_s if args.time_budget_s else math.inf
-    ea, max_tokens = sized_engine_args(parser, args, batch_sizes, input_lens)
+    config, max_tokens = sized_engine_config(parser, args, batch_sizes, input_lens)
 
     # Written after each case so that a crash keeps what was measured; "complete" says whether
     # the run got to its end.
@@ -686,13 +684,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     t0 = time.perf_counter()
     try:
-        engine = LLMEngine.from_engine_args(ea)
+        engine = LLMEngine(config)
     except CacheSizeError as e:  # --num-gpu-blocks-override / --kv-cache-memory too small
         parser.error(f"the cache arguments: {e}")
     needed = max(n + tokens for n, tokens in max_tokens.items())
     check_cache_holds(parser, engine, max(batch_sizes), needed)
     record["engine_start_s"] = time.perf_counter() - t0
-    record["engine"] = engine_summary(engine, ea)
+    record["engine"] = engine_summary(engine)
     try:
         run = Sweep(engine, args, record, device, deadline)
         print(

@@ -31,7 +31,6 @@ from typing import Any
 from bench_utils import (
     DRY_RUN_MODEL,
     apply_dry_run,
-    cache_memory_for,
     check_args,
     engine_args,
     engine_config,
@@ -42,6 +41,7 @@ from bench_utils import (
     make_parser,
     random_prompts,
     run_warm_up_bands,
+    size_cache,
     synchronize,
     timed_step,
     write_json,
@@ -94,18 +94,17 @@ def main(argv: list[str] | None = None) -> int:
     needed = args.input_len + args.output_len
     max_model_len = needed if args.max_model_len is None else args.max_model_len
     ea = engine_args(args, max_num_seqs=seqs, max_model_len=max_model_len)
-    engine_config(parser, ea, needed, "--input-len + --output-len")
-    if ea.kv_cache_memory is None and ea.num_gpu_blocks_override is None:
-        ea.kv_cache_memory = cache_memory_for(ea, seqs, needed)
+    config = engine_config(parser, ea, needed, "--input-len + --output-len")
+    size_cache(config, seqs, needed)
 
     record: dict[str, Any] = {"benchmark": "throughput", "environment": environment(device)}
     record["args"] = vars(args)
     start = time.perf_counter()
     try:
-        engine = LLMEngine.from_engine_args(ea)
+        engine = LLMEngine(config)
     except CacheSizeError as e:  # --num-gpu-blocks-override / --kv-cache-memory too small
         parser.error(f"the cache arguments: {e}")
-    record["engine"] = engine_summary(engine, ea)
+    record["engine"] = engine_summary(engine)
     record["engine_start_s"] = time.perf_counter() - start
     try:
         vocab = engine.config.model_config.vocab_size

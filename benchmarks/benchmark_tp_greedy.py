@@ -132,16 +132,11 @@ def check_workload(parser: argparse.ArgumentParser, args: Any) -> None:
         if tp < 1:
             parser.error(f"argument --tp-sizes: must be >= 1, got {tp}")
         ea = engine_args(args, tensor_parallel_size=tp, **workload_sizes(args))
-        try:
-            ea.create_engine_config()
-        except ValueError as e:
-            if str(e).startswith("tensor_parallel_size"):
-                parser.error(
-                    f"argument --tp-sizes: {str(e).removeprefix('tensor_parallel_size: ')}"
-                )
-        # The rest as every engine benchmark names it (the workload or --max-model-len at fault).
+        # As every engine benchmark names them (the workload or --max-model-len at fault), but
+        # for the TP size, this run's from --tp-sizes.
         needed = args.input_len + args.output_len
-        engine_config(parser, ea, needed, "--input-len + --output-len")
+        flags = {"--tensor-parallel-size": "--tp-sizes"}
+        engine_config(parser, ea, needed, "--input-len + --output-len", flags)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -146,10 +146,11 @@ def test_bad_values_are_refused_by_flag(name, argv, message, monkeypatch, capsys
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["benchmark_throughput"])
+@pytest.mark.parametrize("name", ["benchmark_throughput", "benchmark_latency"])
 def test_every_engine_refusal_is_named_with_the_workloads(name, monkeypatch, capsys) -> None:
     """The engine's refusals all come in one run, the workload's own length among them (named as
-    the workload's, as when it comes alone)."""
+    the workload's, as when it comes alone). The latency sweep built a config to learn its step
+    budget before it knew its length: that build's refusals came alone."""
     with pytest.raises(SystemExit) as exit_info:
         run(
             name,
@@ -218,6 +219,20 @@ def test_tp_greedy_refuses_before_any_run(argv, message, monkeypatch, capsys) ->
         benchmark_tp_greedy.main(["--dry-run", *argv])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_tp_greedy_checks_each_tp_size_once(monkeypatch, vllm_records) -> None:
+    """One engine config per TP size before the runs (two, and their warnings, were built)."""
+    import benchmark_tp_greedy
+
+    def started(*args, **kwargs):
+        raise Reached
+
+    monkeypatch.setattr(benchmark_tp_greedy.subprocess, "run", started)
+    with pytest.raises(Reached):
+        benchmark_tp_greedy.main(["--dry-run", "--tp-sizes", "1", "2", "--enable-prefix-caching"])
+    said = [r for r in vllm_records if "enable_prefix_caching has no effect" in r.getMessage()]
+    assert len(said) == 2, [r.getMessage() for r in vllm_records]
 
 
 def test_load_refuses_an_out_folder_it_did_not_write(tmp_path: Path, capsys) -> None:

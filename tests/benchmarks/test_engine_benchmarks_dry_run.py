@@ -3,6 +3,7 @@ a JSON record with every case measured: the scripts cannot rot between GPU runs.
 
 import importlib
 import json
+import logging
 import math
 import os
 import sys
@@ -130,6 +131,20 @@ def test_throughput_dry_run(tmp_path: Path) -> None:
     assert (engine["max_num_seqs"], engine["max_model_len"]) == (2, 15)
     assert engine["kv_cache_memory"] > 0 and engine["num_blocks"] > 0
     assert engine["tensor_parallel_size"] == 1
+
+
+@pytest.mark.parametrize("name", ["benchmark_latency", "benchmark_throughput"])
+def test_an_argument_is_warned_of_once_per_run(
+    name: str, tmp_path: Path, vllm_records: list[logging.LogRecord]
+) -> None:
+    """The engine config is built once and passed on to the cache sizing and the engine: each
+    build warned of `--enable-prefix-caching` (taken, with no effect) again, three or four times
+    a run."""
+    module = importlib.import_module(name)
+    argv = ["--dry-run", "--enable-prefix-caching", "--output-json", str(tmp_path / "r.json")]
+    assert module.main(argv) == 0
+    said = [r for r in vllm_records if "enable_prefix_caching has no effect" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in vllm_records]
 
 
 @pytest.mark.parametrize(

@@ -108,6 +108,13 @@ def decode_batch_class(n: int) -> int:
     return 256 + -(-(n - 256) // 16) * 16
 
 
+def resolve_max_num_batched_tokens(max_num_batched_tokens: int | None, max_num_seqs: int) -> int:
+    """The tokens of a step: as given, else 8192, or `max_num_seqs` if larger (each running
+    sequence's decode token fits in a step). A caller that sizes its workload by the budget (the
+    latency benchmark's max_model_len) reads it here, before the engine config is built."""
+    return max_num_batched_tokens or max(8192, max_num_seqs)
+
+
 def cudagraph_capture_sizes(max_num_seqs: int, max_capture_size: int | None) -> list[int]:
     """Decode batch sizes captured as CUDA graphs: the batch classes (`decode_batch_class`: 1, 2,
     4, 8, then every 8 up to 256 and every 16 beyond), capped by `max_num_seqs` and

@@ -33,6 +33,7 @@ from vllm.config.vllm import (
     SchedulerConfig,
     VllmConfig,
     cudagraph_capture_sizes,
+    resolve_max_num_batched_tokens,
 )
 from vllm.envs import EnvVarError
 from vllm.logger import init_logger
@@ -512,7 +513,7 @@ def _max_model_len(asked: int | None, hf_config: Any) -> int:
 
 
 def _max_num_batched_tokens(asked: int | None, max_num_seqs: int) -> int:
-    batched = asked or max(8192, max_num_seqs)
+    batched = resolve_max_num_batched_tokens(asked, max_num_seqs)
     if batched < max_num_seqs:
         raise ValueError(
             f"max_num_batched_tokens ({batched}) must be >= max_num_seqs "
