@@ -5,12 +5,14 @@ their initial values. Then tensor parallelism: a TP=2 (gloo) server of a checkpo
 answers the same greedy text as TP=1. Both are stopped with streams in flight, TP=1 by SIGTERM and
 TP=2 by Ctrl-C (SIGINT to the process group, workers included): the streams end with a 503
 "shutting down" event and `[DONE]`, the server exits 0 with no traceback and leaves no process
-behind."""
+behind. A second signal once the engine is stopping ends the server at once, its workers killed."""
 
 import asyncio
 import collections
 import json
+import os
 import random
+import re
 import shutil
 import signal
 import threading
@@ -188,6 +190,44 @@ def test_a_second_ctrl_c_forces_a_quiet_exit() -> None:
         log = server.output()
     assert server.exit_code == 0, log[-3000:]
     assert "Traceback" not in log and "CancelledError" not in log, log[-3000:]
+
+
+def _is_tp_worker(pid: int) -> bool:
+    try:
+        return b"multiprocessing.spawn" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_second_signal_during_shutdown_exits_at_once(sig: int) -> None:
+    """Once the server stops its engine, a second Ctrl-C (or SIGTERM) ends it at once, with the
+    shell's status for the signal, its workers killed. Here the worker cannot wind down (stopped,
+    as one stuck in a collective would be), so the shutdown waits 10 s for it: the second SIGINT
+    raised a KeyboardInterrupt out of that wait, and the interpreter's exit then waited for the
+    worker all over again; a second SIGTERM killed the server and left the stopped worker."""
+    name = signal.Signals(sig).name
+    with RemoteServer([*SERVE, "-tp", "2"]) as server:
+        (worker,) = [pid for pid in server.session_pids() if _is_tp_worker(pid)]
+        os.kill(worker, signal.SIGSTOP)
+        os.killpg(server.proc.pid, sig)  # as a terminal's Ctrl-C: the workers get it too
+        deadline = time.monotonic() + 60
+        while not re.search(r"\[api_server\.py:\d+\] Shutting down", server.output()):
+            assert time.monotonic() < deadline, server.output()[-3000:]
+            time.sleep(0.05)
+        time.sleep(0.5)  # waiting for the worker
+        start = time.monotonic()
+        os.killpg(server.proc.pid, sig)
+        exit_code = server.proc.wait(60)
+        seconds = time.monotonic() - start
+        server.stop()
+        log = server.output()
+    assert exit_code == 128 + sig, log[-3000:]
+    assert seconds < 5, log[-3000:]
+    said = f"{name} during shutdown: exiting now, without waiting for the engine to stop (1 "
+    assert said + "tensor-parallel workers killed)" in log, log[-3000:]
+    assert "Traceback" not in log, log[-3000:]
+    assert server.leftover == []
 
 
 def _assert_shut_down_cleanly(stopped: dict) -> None:

@@ -4,19 +4,21 @@
 errors too), the API key and the request body limit (middlewares, in that order); `run_server`
 validates the flags, binds the port (before loading, so a busy port fails fast), builds the engine,
 logs what a user needs to know and serves with uvicorn until SIGINT/SIGTERM, then stops the engine
-and its workers.
+and its workers (a second signal meanwhile ends the process at once, the workers killed).
 """
 
 import argparse
 import asyncio
 import collections
 import contextlib
+import os
 import re
 import signal
 import socket
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -429,8 +431,46 @@ class _Terminated(Exception):
     """Raised by the SIGTERM handler so that shutdown runs through `finally` blocks."""
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
-    raise _Terminated()
+# The signals that stop the server: uvicorn's own handlers take them while it serves.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class _StopSignals:
+    """`run_server`'s handler of `_STOP_SIGNALS` outside uvicorn's serving (uvicorn hands it the
+    first signal it took once it has stopped serving). The first begins the shutdown, raising
+    KeyboardInterrupt (SIGINT) or `_Terminated` so that it runs through `finally` blocks. Once
+    the shutdown has begun, another one ends the process at once (`_exit_now`): the shutdown
+    waits for the engine loop's step and for each worker to wind down (up to 10 s for one that is
+    stuck), and a second Ctrl-C asks not to wait."""
+
+    def __init__(self) -> None:
+        self.shutting_down = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if self.shutting_down:
+            _exit_now(signum)
+        self.shutting_down = True
+        raise KeyboardInterrupt if signum == signal.SIGINT else _Terminated()
+
+
+def _exit_now(signum: int) -> NoReturn:
+    """Kill the tensor-parallel workers and end the process with the shell's status for the
+    signal (130 for SIGINT), skipping the rest of the shutdown and the interpreter's exit."""
+    from vllm.v1.executor.multiproc_executor import kill_workers
+
+    for sig in _STOP_SIGNALS:  # a third signal must not cut the kill short
+        signal.signal(sig, signal.SIG_IGN)
+    killed = kill_workers()
+    logger.warning(
+        "%s during shutdown: exiting now, without waiting for the engine to stop (%d "
+        "tensor-parallel workers killed)",
+        signal.Signals(signum).name,
+        killed,
+    )
+    # os._exit flushes nothing.
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(128 + signum)
 
 
 class _Server(uvicorn.Server):
@@ -486,11 +526,12 @@ def run_server(args: argparse.Namespace, engine_config: Any) -> None:
     """Serve `engine_config` (validated `VllmConfig`) with the server flags in `args`."""
     from vllm.entrypoints.cli.startup import log_startup
 
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    stop = _StopSignals()
+    previous = {sig: signal.signal(sig, stop) for sig in _STOP_SIGNALS}
     try:
         sock = bind_socket(args.host, args.port)
     except BindError:
-        signal.signal(signal.SIGTERM, previous)
+        _restore_handlers(previous)
         raise
     served = args.served_model_name or [args.model]
     engine = async_llm = None
@@ -536,10 +577,18 @@ def run_server(args: argparse.Namespace, engine_config: Any) -> None:
     except (KeyboardInterrupt, _Terminated):
         pass
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        logger.info("Shutting down")
-        if async_llm is not None:
-            async_llm.shutdown()
-        elif engine is not None:
-            engine.shutdown()
-        sock.close()
+        stop.shutting_down = True
+        try:
+            logger.info("Shutting down")
+            if async_llm is not None:
+                async_llm.shutdown()
+            elif engine is not None:
+                engine.shutdown()
+            sock.close()
+        finally:
+            _restore_handlers(previous)
+
+
+def _restore_handlers(handlers: dict[int, Any]) -> None:
+    for sig, handler in handlers.items():  # None: not set from Python, the default
+        signal.signal(sig, signal.SIG_DFL if handler is None else handler)

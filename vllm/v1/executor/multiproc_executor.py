@@ -223,6 +223,21 @@ _GUARD_HINT = (
 )
 
 
+def kill_workers(wait_s: float = 5.0) -> int:
+    """Kill this process's tensor-parallel workers at once (SIGKILL) and reap them (waiting at
+    most `wait_s` for all of them together); how many were running. For a process that must end
+    now, without its executors' shutdown, which waits for each worker to wind down: a worker left
+    to itself would outlive rank 0 by up to a second (`_exit_with_parent`), or for good if it
+    cannot run its watch (stopped, say)."""
+    workers = [p for p in mp.active_children() if p.name.startswith(_WORKER_NAME)]
+    for proc in workers:
+        proc.kill()
+    deadline = time.monotonic() + wait_s
+    for proc in workers:
+        proc.join(timeout=max(0.0, deadline - time.monotonic()))
+    return len(workers)
+
+
 class Executor:
     # Rank 0's own intra-op threads before a CPU TP engine shared the cores out (restored at
     # shutdown). On a GPU rank 0 keeps them: its CPU work is the host's, not the model's.
