@@ -68,8 +68,8 @@ class SamplingParams:
       (`truncate_prompt`).
     - `output_kind`: see `RequestOutputKind`.
     - Upstream's `presence_penalty`, `frequency_penalty` (0), `logit_bias` (None or all 0),
-      `allowed_token_ids` and `bad_words` (None or empty) are taken only at values that change
-      nothing; others are a ValueError naming the field.
+      `allowed_token_ids`, `bad_words` and `logits_processors` (None or empty) are taken only at
+      values that change nothing; others are a ValueError naming the field.
     """
 
     n: int = 1
@@ -99,6 +99,8 @@ class SamplingParams:
     logit_bias: dict[int, float] | dict[str, float] | None = None  # OpenAI's keys are strings
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
+    # Upstream's V1 engine refuses any too; the field is taken so that code passing None runs.
+    logits_processors: list | None = None
     # Filled by the engine: the full stop-token set (stop_token_ids, the tokenizer's eos and the
     # model's generation-config eos ids).
     all_stop_token_ids: set[int] = field(default_factory=set, init=False, repr=False)
@@ -192,6 +194,11 @@ class SamplingParams:
         for name in ("allowed_token_ids", "bad_words"):
             if getattr(self, name):  # None or empty: nothing to restrict
                 raise ValueError(f"{name} is not supported, got {getattr(self, name)!r}")
+        if self.logits_processors:
+            raise ValueError(
+                "logits_processors: per-request logits processors are not supported (nor are "
+                "they by upstream's V1 engine)"
+            )
 
     @staticmethod
     def _check_int(name: str, value: object, low: int, high: int | None = None) -> None:

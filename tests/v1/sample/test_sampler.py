@@ -252,6 +252,7 @@ def test_params_of_the_wrong_kind_are_refused_naming_the_field(field, value, mes
         ("logit_bias", [1], "logit_bias must be a dict"),
         ("allowed_token_ids", [1, 2], r"allowed_token_ids is not supported, got \[1, 2\]"),
         ("bad_words", ["x"], "bad_words is not supported"),
+        ("logits_processors", [lambda ids, logits: logits], "per-request logits processors"),
     ],
 )  # fmt: skip
 def test_upstream_fields_not_implemented_are_refused_unless_neutral(field, value, message):
@@ -259,7 +260,12 @@ def test_upstream_fields_not_implemented_are_refused_unless_neutral(field, value
     ValueError naming the field (each was a TypeError, at any value)."""
     with pytest.raises(ValueError, match=message):
         SamplingParams(**{field: value})
-    neutral = {"logit_bias": {7: 0}, "allowed_token_ids": None, "bad_words": []}
+    neutral = {
+        "logit_bias": {7: 0},
+        "allowed_token_ids": None,
+        "bad_words": [],
+        "logits_processors": [],
+    }
     SamplingParams(**{field: neutral.get(field, 0.0)})
 
 
