@@ -531,8 +531,13 @@ def sized_engine_config(
     # `is None`: an explicit 0 is refused by the engine's check, not replaced by the default.
     seqs = bmax if args.max_num_seqs is None else args.max_num_seqs
     # The sweep's lengths, and so its max_model_len, follow from the step's token budget: the
-    # engine's, resolved here as the config will resolve it.
-    budget = resolve_max_num_batched_tokens(args.max_num_batched_tokens, seqs)
+    # engine's, resolved here as the config will resolve it. One the engine refuses (below 1) is
+    # named by its check, with the other refusals, not judged here as a budget: the sweep is
+    # sized by the default meanwhile.
+    asked = args.max_num_batched_tokens
+    if asked is not None and asked < 1:
+        asked = None
+    budget = resolve_max_num_batched_tokens(asked, seqs)
     if budget <= bmax:
         parser.error(f"--max-num-batched-tokens ({budget}) must exceed the largest batch ({bmax})")
     # + the one-at-a-time steps, the eager step, the routing step and the step in flight that

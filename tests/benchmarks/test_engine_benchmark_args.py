@@ -167,6 +167,20 @@ def test_every_engine_refusal_is_named_with_the_workloads(name, monkeypatch, cap
     assert "exceeds the model's max_position_embeddings 4096" in lines[-1], err
 
 
+def test_a_refused_step_budget_is_named_by_the_engine_with_the_others(monkeypatch, capsys) -> None:
+    """The latency sweep sizes its lengths by the step's token budget before the engine config is
+    built: a negative --max-num-batched-tokens was judged there as a budget ("must exceed the
+    largest batch"), alone, and the engine's refusals (of it, of --revision) never came."""
+    with pytest.raises(SystemExit) as exit_info:
+        argv = ["--max-num-batched-tokens", "-5", "--revision", "v2"]
+        run("benchmark_latency", argv, monkeypatch)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: 2 arguments refused:" in err, err
+    assert "argument --max-num-batched-tokens: max_num_batched_tokens must be >= 1, got -5" in err
+    assert "argument --revision: revision 'v2' cannot" in err, err
+
+
 @pytest.mark.parametrize("blocks, slots, ok", [(64, 4, True), (63, 4, False), (64, 3, False)])
 def test_latency_refuses_a_cache_that_cannot_hold_the_largest_batch(
     blocks: int, slots: int, ok: bool, capsys: pytest.CaptureFixture
