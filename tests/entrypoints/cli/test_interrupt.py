@@ -70,3 +70,38 @@ def test_the_vllm_command_imports_torch_inside_its_ctrl_c_handling() -> None:
     code = "import sys, vllm.entrypoints.cli.main; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.stdout.strip() == "False", out.stderr
+
+
+class _Exited(BaseException):
+    """`os._exit`, faked: the status it was called with."""
+
+
+def test_a_second_signal_exits_even_where_its_line_cannot_be_written(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server's exit on a second signal during shutdown logs a line from the signal handler,
+    inside whatever the main thread was doing: a write to stderr blocked on a full pipe (a slow
+    log collector) cannot be re-entered, and its RuntimeError escaped the handler before
+    `os._exit`, leaving the server running with SIGINT and SIGTERM ignored."""
+    from vllm.entrypoints.openai import api_server
+    from vllm.v1.executor import multiproc_executor
+
+    def exit_(status: int) -> None:
+        raise _Exited(status)
+
+    def reentered(*args, **kwargs) -> None:
+        raise RuntimeError("reentrant call inside <_io.BufferedWriter name='<stderr>'>")
+
+    monkeypatch.setattr(multiproc_executor, "kill_workers", lambda: 0)
+    monkeypatch.setattr(api_server.logger, "warning", reentered)
+    monkeypatch.setattr(os, "_exit", exit_)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    stop = api_server._StopSignals()
+    stop.shutting_down = True
+    try:
+        with pytest.raises(_Exited) as exited:
+            stop(signal.SIGINT, None)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert exited.value.args == (130,)

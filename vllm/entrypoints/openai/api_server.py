@@ -460,17 +460,22 @@ def _exit_now(signum: int) -> NoReturn:
 
     for sig in _STOP_SIGNALS:  # a third signal must not cut the kill short
         signal.signal(sig, signal.SIG_IGN)
-    killed = kill_workers()
-    logger.warning(
-        "%s during shutdown: exiting now, without waiting for the engine to stop (%d "
-        "tensor-parallel workers killed)",
-        signal.Signals(signum).name,
-        killed,
-    )
-    # os._exit flushes nothing.
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    os._exit(128 + signum)
+    # Exits whatever the line's writing raises: this runs inside whatever the main thread was
+    # doing, a write to stderr too (blocked on a full pipe), which cannot be re-entered
+    # (RuntimeError). Escaping, that error left the process running with both signals ignored.
+    try:
+        killed = kill_workers()
+        logger.warning(
+            "%s during shutdown: exiting now, without waiting for the engine to stop (%d "
+            "tensor-parallel workers killed)",
+            signal.Signals(signum).name,
+            killed,
+        )
+        # os._exit flushes nothing.
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+    finally:
+        os._exit(128 + signum)
 
 
 class _Server(uvicorn.Server):
