@@ -32,6 +32,20 @@ from vllm.transformers_utils.tokenizer import get_tokenizer  # noqa: E402
 from vllm.v1.engine.async_llm import AsyncLLM  # noqa: E402
 
 
+@pytest.mark.parametrize("prompt", [[1, 2, 3], ["a", "b"], [[1], [2, 3]]])
+def test_a_valid_prompt_list_is_not_checked_item_by_item(prompt: list, monkeypatch) -> None:
+    """The item-by-item diagnosis of a list prompt is for one the union refuses: run on every
+    valid one, in Python on the event loop, it made a million-token prompt's validation 7 times
+    slower (30 to 220 ms), holding up every other stream meanwhile."""
+    from vllm.entrypoints.openai import protocol
+
+    def per_item(item):
+        raise AssertionError("a valid prompt list was checked item by item")
+
+    monkeypatch.setattr(protocol, "_prompt_item_kind", per_item)
+    assert CompletionRequest.model_validate({"model": "m", "prompt": prompt}).prompt == prompt
+
+
 @pytest.mark.parametrize("n", [MAX_N + 1, 2**62])
 def test_n_over_the_limit_is_refused_before_the_engine_sees_it(n: int) -> None:
     # Every completion becomes a sequence when the request is added: 2**62 of them allocated
