@@ -97,6 +97,20 @@ def test_every_bad_argument_is_named_in_one_error():
     assert not hasattr(info.value, "errors")
 
 
+def test_a_refused_bool_is_not_read_by_the_checks_after_it(vllm_records):
+    """A bool field refused as no bool was still read by the checks that take the field: the
+    truthy "no" was warned of as prefix caching asked for, and "yes" for skip_tokenizer_init
+    was refused again beside a tokenizer ("exclude each other"), judged as if it were True."""
+    bad = dict(skip_tokenizer_init="yes", tokenizer=MODEL, enable_prefix_caching="no")
+    with pytest.raises(ValueError) as info:
+        LLM(MODEL, **dict(ARGS, **bad))
+    assert [str(e).split(" must ")[0] for e in info.value.errors] == [
+        "skip_tokenizer_init",
+        "enable_prefix_caching",
+    ], str(info.value)
+    assert not any("enable_prefix_caching has no" in r.getMessage() for r in vllm_records)
+
+
 def test_unknown_model_is_named():
     with pytest.raises(ValueError, match="model 'kimi-huge' is neither a folder nor a built-in"):
         LLM("kimi-huge")

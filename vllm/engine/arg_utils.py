@@ -198,9 +198,13 @@ class EngineArgs:
 
         refusals = _Refusals()
         check = refusals.check
-        for f in fields(self):
-            check(_check_bool_field, f.name, f.type, getattr(self, f.name))
-        refusals.errors.extend(self._neutral_field_refusals())
+        # Not read by the checks below that take them (a truthy "no" is not the user's "on").
+        bad_bools = {
+            f.name
+            for f in fields(self)
+            if check(_check_bool_field, f.name, f.type, getattr(self, f.name)) is _REFUSED
+        }
+        refusals.errors.extend(self._neutral_field_refusals(bad_bools))
         bad_variables = envs.refused()
         refusals.errors.extend(bad_variables)
         tp = check(_check_int, "tensor_parallel_size", self.tensor_parallel_size, 1)
@@ -233,7 +237,9 @@ class EngineArgs:
         check(self._warn_of_unfilled_blocks, block_size, max_model_len)
         batched = check(_max_num_batched_tokens, asked_batched, max_num_seqs)
         quant_method = check(_online_quantization, quant, hf_config)
-        tokenizer = check(self._tokenizer_folder, folder)
+        tokenizer = _REFUSED
+        if "skip_tokenizer_init" not in bad_bools:
+            tokenizer = check(self._tokenizer_folder, folder)
         generation_config = check(load_generation_config, self.generation_config, folder, hf_config)
         if not bad_variables:  # the model's layers read them, and would refuse them again
             check(self._check_model_builds, hf_config, dtype, quant_method, tp)
@@ -291,11 +297,12 @@ class EngineArgs:
                     f"tensor_parallel_size: {tp} does not shard this model: {e}"
                 ) from None
 
-    def _neutral_field_refusals(self) -> list[ValueError]:
+    def _neutral_field_refusals(self, bad_bools: set[str]) -> list[ValueError]:
         """Upstream's fields whose effect here is nil, or what this engine does anyway
         (docs/engine.md; prefix caching, which changes no output, is only warned of when asked
         for): a value that names what it does is taken; one that asks for what it
-        does not do is refused, by name and with the reason."""
+        does not do is refused, by name and with the reason. `bad_bools`: the bool fields
+        already refused as no bool, not read here."""
         refusals = []
         if self.revision is not None:
             # Ignored, a pinned revision would run another version without a word.
@@ -317,7 +324,7 @@ class EngineArgs:
                 "splits a prompt that does not fit the tokens left in a step "
                 "(max_num_batched_tokens) over several steps; leave it unset or on"
             ))  # fmt: skip
-        if self.enable_prefix_caching:
+        if self.enable_prefix_caching and "enable_prefix_caching" not in bad_bools:
             # Upstream's default is on, so only the explicit spelling of what every upstream
             # run asks for could be refused; outputs are the same without a cache.
             logger.warning(
