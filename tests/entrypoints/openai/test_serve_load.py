@@ -15,6 +15,8 @@ import random
 import re
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -225,9 +227,45 @@ def test_a_second_signal_during_shutdown_exits_at_once(sig: int) -> None:
     assert exit_code == 128 + sig, log[-3000:]
     assert seconds < 5, log[-3000:]
     said = f"{name} during shutdown: exiting now, without waiting for the engine to stop (1 "
-    assert said + "tensor-parallel workers killed)" in log, log[-3000:]
+    assert said + "tensor-parallel worker killed)" in log, log[-3000:]
     assert "Traceback" not in log, log[-3000:]
     assert server.leftover == []
+
+
+# run_server with an engine whose start-up logging fails, and whose cleanup is interrupted by a
+# Ctrl-C (the engine's shutdown sends it).
+_FAILED_START = """
+import argparse, os, signal
+import vllm.entrypoints.cli.startup as startup
+import vllm.v1.engine.llm_engine as llm_engine
+from vllm.entrypoints.openai import api_server
+
+class Engine:
+    def __init__(self, config):
+        pass
+
+    def shutdown(self):
+        os.kill(os.getpid(), signal.SIGINT)
+
+def fail(*args):
+    raise RuntimeError("the start-up failed here")
+
+llm_engine.LLMEngine = Engine
+startup.log_startup = fail
+args = argparse.Namespace(host="127.0.0.1", port=0, served_model_name=None, model="m")
+api_server.run_server(args, None)
+"""
+
+
+def test_a_signal_during_the_cleanup_of_a_failed_start_keeps_the_error() -> None:
+    """Only a stop makes the next signal exit at once: after an error the signal interrupts the
+    cleanup as any other, and the error is still reported (an exit at once dropped it)."""
+    result = subprocess.run(
+        [sys.executable, "-c", _FAILED_START], capture_output=True, text=True, timeout=120
+    )
+    assert "RuntimeError: the start-up failed here" in result.stderr, result.stderr[-3000:]
+    assert "exiting now" not in result.stderr, result.stderr[-3000:]
+    assert result.returncode != 0
 
 
 def _assert_shut_down_cleanly(stopped: dict) -> None:

@@ -456,20 +456,21 @@ class _StopSignals:
 def _exit_now(signum: int) -> NoReturn:
     """Kill the tensor-parallel workers and end the process with the shell's status for the
     signal (130 for SIGINT), skipping the rest of the shutdown and the interpreter's exit."""
-    from vllm.v1.executor.multiproc_executor import kill_workers
-
     for sig in _STOP_SIGNALS:  # a third signal must not cut the kill short
         signal.signal(sig, signal.SIG_IGN)
     # Exits whatever the line's writing raises: this runs inside whatever the main thread was
     # doing, a write to stderr too (blocked on a full pipe), which cannot be re-entered
     # (RuntimeError). Escaping, that error left the process running with both signals ignored.
     try:
-        killed = kill_workers()
+        # Not imported here where it never was (the engine not built): no worker can exist.
+        executor = sys.modules.get("vllm.v1.executor.multiproc_executor")
+        killed = 0 if executor is None else executor.kill_workers()
         logger.warning(
             "%s during shutdown: exiting now, without waiting for the engine to stop (%d "
-            "tensor-parallel workers killed)",
+            "tensor-parallel worker%s killed)",
             signal.Signals(signum).name,
             killed,
+            "" if killed == 1 else "s",
         )
         # os._exit flushes nothing.
         for stream in (sys.stdout, sys.stderr):
@@ -540,6 +541,7 @@ def run_server(args: argparse.Namespace, engine_config: Any) -> None:
         raise
     served = args.served_model_name or [args.model]
     engine = async_llm = None
+    stopped = False
     try:
         # Imported only now: a busy port fails before the model code is even loaded.
         from vllm.v1.engine.llm_engine import LLMEngine
@@ -579,10 +581,13 @@ def run_server(args: argparse.Namespace, engine_config: Any) -> None:
             sock.getsockname()[1],  # the OS's pick where --port is 0
         )
         _Server(config, async_llm).run(sockets=[sock])
+        stopped = True  # uvicorn took the signal
     except (KeyboardInterrupt, _Terminated):
-        pass
+        stopped = True
     finally:
-        stop.shutting_down = True
+        # Not after an error: a signal then interrupts the cleanup with a traceback that keeps
+        # the error's, where an exit at once would lose it.
+        stop.shutting_down = stop.shutting_down or stopped
         try:
             logger.info("Shutting down")
             if async_llm is not None:
