@@ -194,6 +194,10 @@ class SamplingParams:
         for name in ("allowed_token_ids", "bad_words"):
             if getattr(self, name):  # None or empty: nothing to restrict
                 raise ValueError(f"{name} is not supported, got {getattr(self, name)!r}")
+        if self.logits_processors is not None and not isinstance(self.logits_processors, list):
+            raise ValueError(
+                f"logits_processors must be a list, got {type(self.logits_processors).__name__}"
+            )
         if self.logits_processors:
             raise ValueError(
                 "logits_processors: per-request logits processors are not supported (nor are "

@@ -111,6 +111,22 @@ def test_a_refused_bool_is_not_read_by_the_checks_after_it(vllm_records):
     assert not any("enable_prefix_caching has no" in r.getMessage() for r in vllm_records)
 
 
+def test_a_refused_quantization_config_leaves_the_tp_check_to_run(monkeypatch):
+    """The model is still built unquantized to check the TP size, and a bad `VLLM_*` variable
+    among the refusals is named as such in the header."""
+    with pytest.raises(ValueError) as info:
+        LLM(MODEL, **dict(ARGS, quantization_config="{bad", tensor_parallel_size=3))
+    message = str(info.value)
+    assert message.startswith("2 engine arguments refused:"), message
+    assert "quantization_config is not valid JSON" in message, message
+    assert "tensor_parallel_size: 3 does not shard this model" in message, message
+    monkeypatch.setenv("VLLM_TRITON_PDL", "maybe")
+    with pytest.raises(ValueError) as info:
+        LLM(MODEL, **dict(ARGS, max_num_seqs=0))
+    message = str(info.value)
+    assert message.startswith("2 engine arguments and environment variables refused:"), message
+
+
 def test_unknown_model_is_named():
     with pytest.raises(ValueError, match="model 'kimi-huge' is neither a folder nor a built-in"):
         LLM("kimi-huge")

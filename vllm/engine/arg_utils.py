@@ -242,7 +242,16 @@ class EngineArgs:
             tokenizer = check(self._tokenizer_folder, folder)
         generation_config = check(load_generation_config, self.generation_config, folder, hf_config)
         if not bad_variables:  # the model's layers read them, and would refuse them again
-            check(self._check_model_builds, hf_config, dtype, quant_method, tp)
+            # Unquantized where the quantization config was refused, so that what the model
+            # refuses otherwise (a TP size that does not shard it) is still reported with it.
+            unquantized = quant_method is _REFUSED
+            check(
+                self._check_model_builds,
+                hf_config,
+                dtype,
+                None if unquantized else quant_method,
+                tp,
+            )
         refusals.raise_any()
         model_config = ModelConfig(
             model=str(self.model), folder=folder, tokenizer=tokenizer, hf_config=hf_config,
@@ -444,7 +453,10 @@ class EngineArgsError(ValueError):
 
     def __init__(self, errors: list[ValueError]) -> None:
         lines = "".join(f"\n  {e}" for e in errors)
-        super().__init__(f"{len(errors)} engine arguments refused:{lines}")
+        what = "engine arguments"
+        if any(isinstance(e, EnvVarError) for e in errors):
+            what += " and environment variables"
+        super().__init__(f"{len(errors)} {what} refused:{lines}")
         self.errors = errors
 
 
@@ -572,11 +584,6 @@ def _field_help() -> dict[str, str]:
         if match:
             helps[match[1]] = match[2]
     return helps
-
-
-def refuse(parser: argparse.ArgumentParser, error: ValueError) -> NoReturn:
-    """Exit 2 with the `refusal` of each argument that `error` refuses (`each_refusal`)."""
-    usage_error(parser, [refusal(e) for e in each_refusal(error)])
 
 
 def usage_error(parser: argparse.ArgumentParser, refused: list[str]) -> NoReturn:

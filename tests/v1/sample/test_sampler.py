@@ -253,6 +253,7 @@ def test_params_of_the_wrong_kind_are_refused_naming_the_field(field, value, mes
         ("allowed_token_ids", [1, 2], r"allowed_token_ids is not supported, got \[1, 2\]"),
         ("bad_words", ["x"], "bad_words is not supported"),
         ("logits_processors", [lambda ids, logits: logits], "per-request logits processors"),
+        ("logits_processors", {}, "logits_processors must be a list, got dict"),
     ],
 )  # fmt: skip
 def test_upstream_fields_not_implemented_are_refused_unless_neutral(field, value, message):
