@@ -13,6 +13,7 @@ from gil_turns import gil_turns
 from vllm.model_executor.model_loader.builtin import BUILTIN_MODELS
 from vllm.model_executor.model_loader.errors import CheckpointError
 from vllm.transformers_utils import tiktoken_split
+from vllm.transformers_utils.chat_template import RenderingTooLong
 from vllm.transformers_utils.tokenizer import get_tokenizer
 
 TINY_SPECIAL = ("<|bos|>", "<|eos|>", "<|pad|>")
@@ -210,9 +211,29 @@ def test_chat_template_arguments():
         tok.chat_template_arguments(True, None, True)
     with pytest.raises(ValueError, match="cannot both be true"):
         tok.chat_template_arguments(True, {"continue_final_message": True})
-    # The template itself is the call's own argument, as are the messages.
-    with pytest.raises(ValueError, match="may not set chat_template, messages"):
-        tok.chat_template_arguments(True, {"chat_template": "x", "messages": []})
+    # The template itself is the call's own argument, as are the messages and the length limit.
+    with pytest.raises(ValueError, match="may not set chat_template, max_chars, messages"):
+        tok.chat_template_arguments(True, {"chat_template": "x", "messages": [], "max_chars": 9})
+
+
+def test_a_rendering_past_max_chars_stops_there():
+    """An eos_token replaced through the kwargs is written after every message: 64 kB of it after
+    each of 2,000 messages was 128 MB of prompt from a 64 kB request, all held before any length
+    check. With `max_chars` the rendering stops as it grows past the limit; within it, the text
+    is the one rendered without a limit."""
+    tok = get_tokenizer(BUILTIN_MODELS["kimi-k3-tiny"])
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    text = tok.apply_chat_template(messages)
+    assert tok.apply_chat_template(messages, max_chars=len(text)) == text
+    with pytest.raises(RenderingTooLong):
+        tok.apply_chat_template(messages, max_chars=len(text) - 1)
+    continued = {"add_generation_prompt": False, "continue_final_message": True}
+    text = tok.apply_chat_template(messages, **continued)
+    assert tok.apply_chat_template(messages, max_chars=1000, **continued) == text
+    eos = "x" * 64_000
+    with pytest.raises(RenderingTooLong, match="to more than 1000000 characters"):
+        tok.apply_chat_template(messages * 1000, max_chars=1_000_000, eos_token=eos)
+    assert issubclass(RenderingTooLong, ValueError)  # a bad request, as the template's errors
 
 
 def test_a_callers_chat_template_replaces_the_checkpoints():

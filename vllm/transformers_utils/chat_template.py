@@ -65,6 +65,28 @@ def compile_chat_template(source: str) -> jinja2.Template:
         raise ValueError(f"chat_template does not parse: nested too deeply ({e})") from e
 
 
+class RenderingTooLong(ValueError):
+    """A rendering that grew past the caller's `max_chars`."""
+
+
+def render_within(template: jinja2.Template, variables: dict[str, Any], max_chars: int) -> str:
+    """`template.render(variables)`, stopped with `RenderingTooLong` as soon as the text grows
+    past `max_chars` characters. A template writes some variables once per message (an
+    `eos_token` replaced through `chat_template_kwargs`, say), so its text may be thousands of
+    times its input: a 500 kB eos_token after each of 2,000 one-word messages is a gigabyte of
+    prompt from a 1 MB request, which filled the server's memory before the prompt's length was
+    ever checked. Piece by piece, no more than the limit and the piece that crossed it is held."""
+    pieces, size = [], 0
+    for piece in template.generate(variables):
+        size += len(piece)
+        if size > max_chars:
+            raise RenderingTooLong(
+                f"the chat template renders these messages to more than {max_chars} characters"
+            )
+        pieces.append(piece)
+    return "".join(pieces)
+
+
 def mark_final_message(messages: list[dict]) -> tuple[list[dict], str]:
     """`messages` with a unique stand-in appended to the final message's text, and the stand-in.
 

@@ -33,6 +33,7 @@ from vllm.transformers_utils.chat_template import (
     compile_chat_template,
     cut_at_stand_in,
     mark_final_message,
+    render_within,
     with_reasoning_aliases,
 )
 
@@ -200,15 +201,16 @@ class Tokenizer(ABC):
     ) -> dict[str, Any]:
         """Keywords for `apply_chat_template` from a caller's `add_generation_prompt`,
         `continue_final_message` and extra template variables, which win over both (as
-        upstream's `chat_template_kwargs` do); they may not set `messages`, `tokenize` or
-        `chat_template`, which are the call's own (`ValueError`). Continuing the final message
-        and adding a generation prompt exclude each other (a `ValueError`, as HF's)."""
+        upstream's `chat_template_kwargs` do); they may not set `messages`, `tokenize`,
+        `chat_template` or `max_chars`, which are the call's own (`ValueError`). Continuing the
+        final message and adding a generation prompt exclude each other (a `ValueError`, as
+        HF's)."""
         if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
             raise ValueError(
                 f"chat_template_kwargs must be a dict, got {type(chat_template_kwargs).__name__}"
             )
         kwargs = dict(chat_template_kwargs or {})
-        reserved = sorted(kwargs.keys() & {"messages", "tokenize", "chat_template"})
+        reserved = sorted(kwargs.keys() & {"messages", "tokenize", "chat_template", "max_chars"})
         if reserved:
             raise ValueError(f"chat_template_kwargs may not set {', '.join(reserved)}")
         kwargs.setdefault("add_generation_prompt", add_generation_prompt)
@@ -224,10 +226,12 @@ class Tokenizer(ABC):
         tokenize: bool = False,
         continue_final_message: bool = False,
         chat_template: str | None = None,
+        max_chars: int | None = None,
         **kwargs: Any,
     ) -> str | list[int]:
         """Render `messages` with `chat_template` (default: the checkpoint's), as HF does; ids if
-        `tokenize`.
+        `tokenize`. A rendering longer than `max_chars` characters (None: no limit) is a
+        `RenderingTooLong` (a `ValueError`), raised as soon as the text grows past it.
 
         The template sees `messages` (an assistant message's `reasoning` also as
         `reasoning_content`, and the other way round), `add_generation_prompt`, the bos/eos/pad
@@ -258,7 +262,10 @@ class Tokenizer(ABC):
         variables.update(kwargs)  # may replace the special tokens' texts, as HF's
         variables.update(messages=messages, add_generation_prompt=add_generation_prompt)
         try:
-            text = template.render(variables)
+            if max_chars is None:
+                text = template.render(variables)
+            else:
+                text = render_within(template, variables, max_chars)
         except jinja2.TemplateError as e:  # includes the sandbox's SecurityError
             raise ValueError(f"chat_template failed on these messages: {e}") from e
         except (TypeError, ArithmeticError, LookupError, AttributeError, RecursionError) as e:

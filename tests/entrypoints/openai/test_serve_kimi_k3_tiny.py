@@ -308,6 +308,27 @@ def test_server_flags_reach_the_app(server: RemoteServer) -> None:
     assert response.headers["access-control-allow-origin"] == ORIGIN
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"])
+def test_a_rendering_over_the_body_limit_is_a_400(server: RemoteServer, path: str) -> None:
+    """The model's template writes its eos_token after every message, and `chat_template_kwargs`
+    may replace it: 32 kB of it after each of 64 messages is a 2 MB prompt from a 33 kB body.
+    Scaled up (500 kB after each of 2,000) a 1 MB request was a gigabyte of prompt, rendered and
+    tokenized whole, and the server was killed for memory. A rendering is held to the body
+    limit, stopped as it crosses it."""
+    body = {"messages": CHAT * 64, "chat_template_kwargs": {"eos_token": "x" * 32_768}}
+    response = requests.post(server.url(path), json=body, timeout=60)
+    assert response.status_code == 400, response.text[:300]
+    error = response.json()["error"]
+    assert error["param"] == "messages"
+    assert f"more than {BODY_LIMIT} characters" in error["message"], error
+    assert "--max-request-body-bytes" in error["message"], error
+    # Within the limit the same replacement renders as before (a token a byte: the tiny
+    # tokenizer has no merges).
+    body["messages"] = CHAT
+    response = requests.post(server.url("/tokenize"), json=body, timeout=60)
+    assert response.status_code == 200 and response.json()["count"] > 32_768, response.text[:300]
+
+
 def _run_lm_eval(server: RemoteServer, tmp_path: Path, limit: int | None = None) -> dict:
     """lm_eval with the PR recipe's model_args (max_gen_toks small); returns the results and
     the logged samples."""

@@ -32,6 +32,7 @@ def _chat(template: str = TEMPLATE) -> OpenAIServingChat:
     # Only the parts `render` and `starts_in_reasoning` read: no engine is needed.
     chat = OpenAIServingChat.__new__(OpenAIServingChat)
     chat.tokenizer, chat.reasoning_parser = tokenizer, KimiK3ReasoningParser(tokenizer)
+    chat.max_prompt_chars = None
     return chat
 
 

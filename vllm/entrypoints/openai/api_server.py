@@ -304,6 +304,7 @@ def build_app(
         enable_prompt_tokens_details=enable_prompt_tokens_details,
         reasoning_parser=parser,
         trust_request_chat_template=trust_request_chat_template,
+        max_prompt_chars=max_request_body_bytes,
     )
     tokenization = OpenAIServingTokenization(*shared, chat=chat)
     metrics = PrometheusStatLogger(served_model_names[0])

@@ -25,7 +25,7 @@ from vllm.entrypoints.openai.serving_engine import OpenAIError, OpenAIServing, b
 from vllm.outputs import CompletionOutput, PositionLogprobs
 from vllm.reasoning import KimiK3ReasoningParser
 from vllm.sampling_params import SamplingParams
-from vllm.transformers_utils.chat_template import compile_chat_template
+from vllm.transformers_utils.chat_template import RenderingTooLong, compile_chat_template
 from vllm.v1.engine.async_llm import EngineDeadError
 
 
@@ -76,11 +76,15 @@ class OpenAIServingChat(OpenAIServing):
         *args,
         reasoning_parser: KimiK3ReasoningParser | None = None,
         trust_request_chat_template: bool = False,
+        max_prompt_chars: int | None = None,
         **kw,
     ) -> None:
         super().__init__(*args, **kw)
         self.reasoning_parser = reasoning_parser
         self.trust_request_chat_template = trust_request_chat_template
+        # The longest rendered conversation (None: no limit); the server's body limit, so that
+        # a small request cannot make the server hold more than the largest body it reads.
+        self.max_prompt_chars = max_prompt_chars
         # Text of each eos that may end a reply: the tokenizer's, and the model's generation
         # config's that are special tokens (Kimi's <|im_end|> beside its [EOS]).
         tokenizer = self.tokenizer
@@ -117,12 +121,16 @@ class OpenAIServingChat(OpenAIServing):
         return kwargs
 
     def render(self, request: ChatCompletionRequest) -> str:
-        """The prompt text of the conversation (400 naming messages if the template fails)."""
+        """The prompt text of the conversation (400 naming messages if the template fails or
+        its text grows past `max_prompt_chars`)."""
         kwargs = self._template_kwargs(request)
         try:
             return self.tokenizer.apply_chat_template(
-                render_messages(request), tokenize=False, **kwargs
+                render_messages(request), tokenize=False, max_chars=self.max_prompt_chars, **kwargs
             )
+        except RenderingTooLong as e:
+            message = f"{e}, the most this server takes (--max-request-body-bytes)"
+            raise OpenAIError(message, 400, "messages") from None
         except ValueError as e:
             raise OpenAIError(str(e), 400, "messages") from None
 
