@@ -69,7 +69,9 @@ class SamplingParams:
     - `output_kind`: see `RequestOutputKind`.
     - Upstream's `presence_penalty`, `frequency_penalty` (0), `logit_bias` (None or all 0),
       `allowed_token_ids`, `bad_words` and `logits_processors` (None or empty) are taken only at
-      values that change nothing; others are a ValueError naming the field.
+      values that change nothing; others are a ValueError naming the field. `logit_bias` keys
+      must be token ids (ints, or strings of them, as upstream reads them), in the vocabulary
+      (checked by the engine).
     """
 
     n: int = 1
@@ -189,6 +191,10 @@ class SamplingParams:
             raise ValueError(
                 f"logit_bias must be a dict of token id -> bias, got {self.logit_bias!r}"
             )
+        # Even at biases of 0, keys that are no token ids make a malformed request, which
+        # upstream refuses (the engine checks the ids against the vocabulary).
+        for key in self.logit_bias or {}:
+            logit_bias_token_id(key)
         if self.logit_bias and any(bias != 0 for bias in self.logit_bias.values()):
             raise ValueError("logit_bias is not supported (only biases of 0)")
         for name in ("allowed_token_ids", "bad_words"):
@@ -248,6 +254,22 @@ class SamplingParams:
         if extra:
             self.stop_token_ids = [*self.stop_token_ids, *extra]  # a copy: not the caller's list
             self.all_stop_token_ids.update(extra)
+
+
+def logit_bias_token_id(key: object) -> int:
+    """The token id a `logit_bias` key names: an integer, or a string of one (the keys of
+    OpenAI's JSON object), read as upstream reads it (`int`); a ValueError naming the field
+    otherwise."""
+    if isinstance(key, int) and not isinstance(key, bool):
+        return key
+    if isinstance(key, str):
+        try:
+            return int(key)
+        except ValueError:
+            pass
+    raise ValueError(
+        f"logit_bias keys must be token ids (integers, or strings of them), got {key!r}"
+    )
 
 
 def resolve_logprobs(count: int | None, vocab_size: int) -> int | None:

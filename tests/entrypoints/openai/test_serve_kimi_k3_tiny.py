@@ -194,6 +194,22 @@ def test_sampling_fields_on_the_real_engine(server: RemoteServer, reference: dic
     assert [c["index"] for c in sampled[0]["choices"]] == [0, 1]
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_logit_bias_on_no_token_of_the_vocabulary_is_a_400(server: RemoteServer, path: str) -> None:
+    """A bias of 0 changes nothing, and is taken; on a token id the vocabulary lacks, or on a key
+    that is no token id, the request is malformed, as upstream refuses it (each was a 200)."""
+    body = {"prompt": "hi"} if "chat" not in path else {"messages": CHAT}
+    body = {**body, "model": NAME, "max_tokens": 1}
+    for key in ("320", "-1", "x"):
+        response = requests.post(
+            server.url(path), json={**body, "logit_bias": {key: 0}}, timeout=60
+        )
+        assert response.status_code == 400, (key, response.text)
+        assert response.json()["error"]["param"] == "logit_bias", response.text
+    response = requests.post(server.url(path), json={**body, "logit_bias": {"319": 0}}, timeout=60)
+    assert response.status_code == 200, response.text
+
+
 def test_completion_logprobs_with_the_openai_client(client: openai.OpenAI, reference: dict) -> None:
     reply = client.completions.create(
         model=NAME, prompt=PROMPTS[0], max_tokens=4, temperature=0, logprobs=2

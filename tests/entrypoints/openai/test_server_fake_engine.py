@@ -245,6 +245,7 @@ def test_a_reply_that_is_all_reasoning_has_null_content(server: RemoteServer) ->
         ({"prompt": "hi", "presence_penalty": 0.5}, "presence_penalty"),
         ({"prompt": "hi", "frequency_penalty": -1.0}, "frequency_penalty"),
         ({"prompt": "hi", "logit_bias": {"7": 0, "5": 100}}, "logit_bias"),
+        ({"prompt": "hi", "logit_bias": {"abc": 0}}, "logit_bias"),  # no token id (was a 200)
         ({"prompt": "hi", "response_format": {"type": "json_object"}}, "response_format"),
         ({"prompt": "hi", "stream_options": {"include_usage": True}}, "stream_options"),
         ({"prompt": "hi", "best_of": 2}, "best_of"),

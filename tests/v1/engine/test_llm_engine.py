@@ -166,6 +166,10 @@ def test_add_request_refuses_what_cannot_fit():
         engine.abort_request("f")
         with pytest.raises(ValueError, match="outside the vocabulary"):
             engine.add_request("c", [1, 100000])
+        # A bias of 0 changes nothing, but on no token of the vocabulary the request is wrong.
+        for key in ("100000", -1):
+            with pytest.raises(ValueError, match=r"logit_bias token ids outside the vocabulary"):
+                engine.add_request("c", [1, 2], SamplingParams(logit_bias={key: 0}))
         with pytest.raises(ValueError, match="empty"):
             engine.add_request("d", [])
         engine.add_request("e", [1, 2], SamplingParams(max_tokens=2))

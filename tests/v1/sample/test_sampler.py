@@ -250,6 +250,10 @@ def test_params_of_the_wrong_kind_are_refused_naming_the_field(field, value, mes
         ("frequency_penalty", float("nan"), "frequency_penalty is not supported"),
         ("logit_bias", {7: 0, 5: 100}, r"logit_bias is not supported \(only biases of 0\)"),
         ("logit_bias", [1], "logit_bias must be a dict"),
+        # Keys that are no token ids, even at a bias of 0 (upstream reads them with int()).
+        ("logit_bias", {"abc": 0}, "logit_bias keys must be token ids .*got 'abc'"),
+        ("logit_bias", {"1.5": 0}, "logit_bias keys must be token ids"),
+        ("logit_bias", {True: 0}, "logit_bias keys must be token ids"),
         ("allowed_token_ids", [1, 2], r"allowed_token_ids is not supported, got \[1, 2\]"),
         ("bad_words", ["x"], "bad_words is not supported"),
         ("logits_processors", [lambda ids, logits: logits], "per-request logits processors"),
@@ -262,7 +266,7 @@ def test_upstream_fields_not_implemented_are_refused_unless_neutral(field, value
     with pytest.raises(ValueError, match=message):
         SamplingParams(**{field: value})
     neutral = {
-        "logit_bias": {7: 0},
+        "logit_bias": {7: 0, "8": 0},
         "allowed_token_ids": None,
         "bad_words": [],
         "logits_processors": [],

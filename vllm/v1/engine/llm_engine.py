@@ -29,7 +29,13 @@ from vllm.config.vllm import VllmConfig
 from vllm.engine.arg_utils import EngineArgs
 from vllm.logger import init_logger
 from vllm.outputs import RequestOutput
-from vllm.sampling_params import SamplingParams, as_token_ids, resolve_logprobs, truncate_prompt
+from vllm.sampling_params import (
+    SamplingParams,
+    as_token_ids,
+    logit_bias_token_id,
+    resolve_logprobs,
+    truncate_prompt,
+)
 from vllm.transformers_utils.tokenizer import get_tokenizer
 from vllm.utils.gc_utils import freeze_startup_heap, unfreeze_heap
 from vllm.v1.core.kv_cache_manager import KVCacheManager
@@ -206,6 +212,10 @@ class LLMEngine:
         bad = [t for t in params.stop_token_ids or [] if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"stop_token_ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+        biased = map(logit_bias_token_id, params.logit_bias or {})
+        bad = [t for t in biased if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"logit_bias token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
         limit = self.config.model_config.logprobs_limit
         counts = []
         for name in ("logprobs", "prompt_logprobs"):
