@@ -462,6 +462,13 @@ ANSWER = [*USER, {"role": "assistant", "content": "It is"}]
          "chat_template_kwargs"),
         ("/detokenize", {"tokens": [1, 100000]}, "tokens"),
         ("/detokenize", {"tokens": "abc"}, "tokens"),
+        # Not tools of vLLM's (and OpenAI's) schema, a function with a name: each was a 200,
+        # the template given whatever came.
+        ("/v1/chat/completions", {"messages": USER, "tools": [{}]}, "tools"),
+        ("/v1/chat/completions",
+         {"messages": USER, "tools": [{"type": "web", "function": {"name": "f"}}]}, "tools"),
+        ("/tokenize", {"messages": USER, "tools": [{"type": "function", "function": {}}]},
+         "tools"),
         ("/v1/chat/completions", {"messages": USER, "truncate_prompt_tokens": 0},
          "truncate_prompt_tokens"),
         ("/v1/chat/completions", {"messages": USER, "truncate_prompt_tokens": 129},

@@ -349,6 +349,36 @@ class ChatMessage(OpenAIModel):
     content: str | list[dict[str, Any]] | None = None
 
 
+class FunctionDefinition(OpenAIModel):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ChatTool(OpenAIModel):
+    """A tool as OpenAI's and vLLM's requests declare one: a function, its name required."""
+
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+_TOOLS = TypeAdapter(list[ChatTool])
+
+
+def check_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """`tools` as given, once each is a tool (`ChatTool`), as vLLM's request schema refuses any
+    other; a ValueError naming the first bad one otherwise. The dicts themselves reach the chat
+    template, so that it renders what the client sent (no defaults filled in)."""
+    if tools is not None:
+        try:
+            _TOOLS.validate_python(tools)
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            raise ValueError(f"tool {where}: {first['msg']}") from None
+    return tools
+
+
 class ChatCompletionRequest(SamplingFields):
     unimplemented_fields: ClassVar[dict[str, tuple[Any, ...]]] = UNIMPLEMENTED_CHAT_FIELDS
 
@@ -364,6 +394,11 @@ class ChatCompletionRequest(SamplingFields):
     include_reasoning: bool = True
     tools: list[dict[str, Any]] | None = None  # passed to the chat template; no tool parser
     add_special_tokens: bool = False  # vLLM's: the tokenizer's own (BOS) on top of the template's
+
+    @field_validator("tools")
+    @classmethod
+    def _tools_are_tools(cls, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        return check_tools(tools)
 
 
 class ChatLogProb(BaseModel):
@@ -442,6 +477,11 @@ class TokenizeRequest(OpenAIModel):
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None  # passed to the chat template, as for chat
     return_token_strs: bool = False
+
+    @field_validator("tools")
+    @classmethod
+    def _tools_are_tools(cls, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        return check_tools(tools)
 
 
 class TokenizeResponse(BaseModel):
