@@ -83,7 +83,7 @@ def test_a_second_signal_exits_even_where_its_line_cannot_be_written(
     inside whatever the main thread was doing: a write to stderr blocked on a full pipe (a slow
     log collector) cannot be re-entered, and its RuntimeError escaped the handler before
     `os._exit`, leaving the server running with SIGINT and SIGTERM ignored."""
-    from vllm.entrypoints.openai import api_server
+    from vllm.entrypoints.openai import stop_signals
     from vllm.v1.executor import multiproc_executor
 
     def exit_(status: int) -> None:
@@ -93,10 +93,10 @@ def test_a_second_signal_exits_even_where_its_line_cannot_be_written(
         raise RuntimeError("reentrant call inside <_io.BufferedWriter name='<stderr>'>")
 
     monkeypatch.setattr(multiproc_executor, "kill_workers", lambda: 0)
-    monkeypatch.setattr(api_server.logger, "warning", reentered)
+    monkeypatch.setattr(stop_signals.logger, "warning", reentered)
     monkeypatch.setattr(os, "_exit", exit_)
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    stop = api_server._StopSignals()
+    stop = stop_signals.StopSignals()
     stop.shutting_down = True
     try:
         with pytest.raises(_Exited) as exited:

@@ -11,14 +11,12 @@ import argparse
 import asyncio
 import collections
 import contextlib
-import os
 import re
 import signal
 import socket
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -45,6 +43,12 @@ from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from vllm.entrypoints.openai.serving_engine import OpenAIError
 from vllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
+from vllm.entrypoints.openai.stop_signals import (
+    STOP_SIGNALS,
+    StopSignals,
+    Terminated,
+    restore_handlers,
+)
 from vllm.logger import init_logger
 from vllm.reasoning import REASONING_PARSERS
 from vllm.v1.engine.async_llm import AsyncLLM, EngineDeadError
@@ -428,58 +432,6 @@ class BindError(OSError):
     """The server's address could not be bound (in use, not local, no permission)."""
 
 
-class _Terminated(Exception):
-    """Raised by the SIGTERM handler so that shutdown runs through `finally` blocks."""
-
-
-# The signals that stop the server: uvicorn's own handlers take them while it serves.
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-class _StopSignals:
-    """`run_server`'s handler of `_STOP_SIGNALS` outside uvicorn's serving (uvicorn hands it the
-    first signal it took once it has stopped serving). The first begins the shutdown, raising
-    KeyboardInterrupt (SIGINT) or `_Terminated` so that it runs through `finally` blocks. Once
-    the shutdown has begun, another one ends the process at once (`_exit_now`): the shutdown
-    waits for the engine loop's step and for each worker to wind down (up to 10 s for one that is
-    stuck), and a second Ctrl-C asks not to wait."""
-
-    def __init__(self) -> None:
-        self.shutting_down = False
-
-    def __call__(self, signum: int, frame: Any) -> None:
-        if self.shutting_down:
-            _exit_now(signum)
-        self.shutting_down = True
-        raise KeyboardInterrupt if signum == signal.SIGINT else _Terminated()
-
-
-def _exit_now(signum: int) -> NoReturn:
-    """Kill the tensor-parallel workers and end the process with the shell's status for the
-    signal (130 for SIGINT), skipping the rest of the shutdown and the interpreter's exit."""
-    for sig in _STOP_SIGNALS:  # a third signal must not cut the kill short
-        signal.signal(sig, signal.SIG_IGN)
-    # Exits whatever the line's writing raises: this runs inside whatever the main thread was
-    # doing, a write to stderr too (blocked on a full pipe), which cannot be re-entered
-    # (RuntimeError). Escaping, that error left the process running with both signals ignored.
-    try:
-        # Not imported here where it never was (the engine not built): no worker can exist.
-        executor = sys.modules.get("vllm.v1.executor.multiproc_executor")
-        killed = 0 if executor is None else executor.kill_workers()
-        logger.warning(
-            "%s during shutdown: exiting now, without waiting for the engine to stop (%d "
-            "tensor-parallel worker%s killed)",
-            signal.Signals(signum).name,
-            killed,
-            "" if killed == 1 else "s",
-        )
-        # os._exit flushes nothing.
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-    finally:
-        os._exit(128 + signum)
-
-
 class _Server(uvicorn.Server):
     """uvicorn's server, stopping the engine as soon as shutdown begins.
 
@@ -533,12 +485,12 @@ def run_server(args: argparse.Namespace, engine_config: Any) -> None:
     """Serve `engine_config` (validated `VllmConfig`) with the server flags in `args`."""
     from vllm.entrypoints.cli.startup import log_startup
 
-    stop = _StopSignals()
-    previous = {sig: signal.signal(sig, stop) for sig in _STOP_SIGNALS}
+    stop = StopSignals()
+    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
     try:
         sock = bind_socket(args.host, args.port)
     except BindError:
-        _restore_handlers(previous)
+        restore_handlers(previous)
         raise
     served = args.served_model_name or [args.model]
     engine = async_llm = None
@@ -583,7 +535,7 @@ def run_server(args: argparse.Namespace, engine_config: Any) -> None:
         )
         _Server(config, async_llm).run(sockets=[sock])
         stopped = True  # uvicorn took the signal
-    except (KeyboardInterrupt, _Terminated):
+    except (KeyboardInterrupt, Terminated):
         stopped = True
     finally:
         # Not after an error: a signal then interrupts the cleanup with a traceback that keeps
@@ -597,9 +549,4 @@ def run_server(args: argparse.Namespace, engine_config: Any) -> None:
                 engine.shutdown()
             sock.close()
         finally:
-            _restore_handlers(previous)
-
-
-def _restore_handlers(handlers: dict[int, Any]) -> None:
-    for sig, handler in handlers.items():  # None: not set from Python, the default
-        signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+            restore_handlers(previous)
