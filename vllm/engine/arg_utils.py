@@ -10,11 +10,10 @@ import argparse
 import dataclasses
 import json
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 
@@ -35,6 +34,7 @@ from vllm.config.vllm import (
     cudagraph_capture_sizes,
     resolve_max_num_batched_tokens,
 )
+from vllm.engine.refusals import REFUSED, EngineArgsError, Refusals
 from vllm.envs import EnvVarError
 from vllm.logger import init_logger
 from vllm.sampling_params import SEED_MAX, SEED_MIN
@@ -196,13 +196,13 @@ class EngineArgs:
         `EngineArgsError` naming each of them where several are refused."""
         from vllm.model_executor.model_loader.builtin import check_load_format
 
-        refusals = _Refusals()
+        refusals = Refusals()
         check = refusals.check
         # Not read by the checks below that take them (a truthy "no" is not the user's "on").
         bad_bools = {
             f.name
             for f in fields(self)
-            if check(_check_bool_field, f.name, f.type, getattr(self, f.name)) is _REFUSED
+            if check(_check_bool_field, f.name, f.type, getattr(self, f.name)) is REFUSED
         }
         refusals.errors.extend(self._neutral_field_refusals(bad_bools))
         bad_variables = envs.refused()
@@ -231,20 +231,20 @@ class EngineArgs:
         # refused (so one refusal is all such a chain reports): its message would only repeat
         # that refusal, or judge a value that is not the user's (no model config: no limit for
         # max_model_len, no layers for the quantization config).
-        if hf_config is not _REFUSED:  # a folder's config first, then its weights
+        if hf_config is not REFUSED:  # a folder's config first, then its weights
             check(check_load_format, folder, load_format)
         max_model_len = check(_max_model_len, asked_len, hf_config)
         check(self._warn_of_unfilled_blocks, block_size, max_model_len)
         batched = check(_max_num_batched_tokens, asked_batched, max_num_seqs)
         quant_method = check(_online_quantization, quant, hf_config)
-        tokenizer = _REFUSED
+        tokenizer = REFUSED
         if "skip_tokenizer_init" not in bad_bools:
             tokenizer = check(self._tokenizer_folder, folder)
         generation_config = check(load_generation_config, self.generation_config, folder, hf_config)
         if not bad_variables:  # the model's layers read them, and would refuse them again
             # Unquantized where the quantization config was refused, so that what the model
             # refuses otherwise (a TP size that does not shard it) is still reported with it.
-            unquantized = quant_method is _REFUSED
+            unquantized = quant_method is REFUSED
             check(
                 self._check_model_builds,
                 hf_config,
@@ -437,52 +437,6 @@ class EngineArgs:
         if not isinstance(self.dtype, str) or self.dtype not in _DTYPES:  # a list is unhashable
             raise ValueError(f"dtype must be auto or one of {sorted(_DTYPES)}, got {self.dtype!r}")
         return _DTYPES[self.dtype]
-
-
-class _Refused:
-    """The value of a refused check (`_REFUSED`)."""
-
-
-_REFUSED = _Refused()
-_T = TypeVar("_T")
-
-
-class EngineArgsError(ValueError):
-    """Several arguments refused by `EngineArgs.create_engine_config`: `errors`, each the
-    ValueError naming its argument (a single refusal is raised as it is)."""
-
-    def __init__(self, errors: list[ValueError]) -> None:
-        lines = "".join(f"\n  {e}" for e in errors)
-        what = "engine arguments"
-        if any(isinstance(e, EnvVarError) for e in errors):
-            what += " and environment variables"
-        super().__init__(f"{len(errors)} {what} refused:{lines}")
-        self.errors = errors
-
-
-class _Refusals:
-    """The ValueErrors of `create_engine_config`'s checks, all kept, so that one run reports
-    every bad argument rather than the first."""
-
-    def __init__(self) -> None:
-        self.errors: list[ValueError] = []
-
-    def check(self, check: Callable[..., _T], *args: Any) -> "_T | _Refused":
-        """`check(*args)`, or `_REFUSED` where it raises ValueError (kept), or where an argument
-        is `_REFUSED` (not run: it depends on a refused value)."""
-        if any(arg is _REFUSED for arg in args):
-            return _REFUSED
-        try:
-            return check(*args)
-        except ValueError as e:
-            self.errors.append(e)
-            return _REFUSED
-
-    def raise_any(self) -> None:
-        if len(self.errors) == 1:
-            raise self.errors[0]
-        if self.errors:
-            raise EngineArgsError(self.errors)
 
 
 def _check_bool_field(name: str, kind: Any, value: Any) -> None:
