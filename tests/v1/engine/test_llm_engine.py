@@ -167,9 +167,12 @@ def test_add_request_refuses_what_cannot_fit():
         with pytest.raises(ValueError, match="outside the vocabulary"):
             engine.add_request("c", [1, 100000])
         # A bias of 0 changes nothing, but on no token of the vocabulary the request is wrong.
-        for key in ("100000", -1):
+        vocab = engine.config.model_config.vocab_size
+        for key in ("100000", -1, str(vocab)):
             with pytest.raises(ValueError, match=r"logit_bias token ids outside the vocabulary"):
                 engine.add_request("c", [1, 2], SamplingParams(logit_bias={key: 0}))
+        engine.add_request("g", [1, 2], SamplingParams(logit_bias={"0": 0, str(vocab - 1): 0}))
+        engine.abort_request("g")
         with pytest.raises(ValueError, match="empty"):
             engine.add_request("d", [])
         engine.add_request("e", [1, 2], SamplingParams(max_tokens=2))
